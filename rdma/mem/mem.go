@@ -1,0 +1,441 @@
+// Package mem is the in-process fabric: every node lives in one process and
+// a verb is a direct copy into the target region's memory.
+//
+// In the default immediate mode an op is applied inside Post, so ops on a
+// Conn are trivially FIFO and complete at once. In queued mode (Options.Queued)
+// Post only queues the op; a driver, the deterministic simulator, decides
+// when each Conn's oldest op lands (Conn.Deliver), when a partition or a dead
+// target fails the queue (Conn.FailPending), and which prefix of a crashed
+// initiator's ops lands (Conn.DropPending). Permission and bounds checks and
+// the memory effect are the same in both modes.
+package mem
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Options configure a Fabric. The zero value is immediate mode with
+// rdma.DefaultSpin and rdma.DefaultQueueDepth.
+type Options struct {
+	// Queued holds posted ops until Conn.Deliver (simulator mode).
+	Queued bool
+	// OnPost, in queued mode, is called after an op is queued on c.
+	OnPost func(c *Conn)
+	// Spin is the doorbell spin budget; 0 means rdma.DefaultSpin, negative
+	// means park at once.
+	Spin time.Duration
+	// QueueDepth bounds outstanding ops and unpolled completions per Conn.
+	QueueDepth int
+}
+
+// Fabric is a set of in-process nodes.
+type Fabric struct {
+	opts  Options
+	mu    sync.RWMutex
+	nodes map[rdma.NodeID]*Node
+}
+
+// New returns an empty fabric.
+func New(opts Options) *Fabric {
+	if opts.QueueDepth <= 0 {
+		opts.QueueDepth = rdma.DefaultQueueDepth
+	}
+	switch {
+	case opts.Spin == 0:
+		opts.Spin = rdma.DefaultSpin
+	case opts.Spin < 0:
+		opts.Spin = 0
+	}
+	return &Fabric{opts: opts, nodes: make(map[rdma.NodeID]*Node)}
+}
+
+// NewNode adds node id. An id may be reused once its previous node is
+// closed (a restart); connections to the old node stay broken.
+func (f *Fabric) NewNode(id rdma.NodeID) (*Node, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.nodes[id]; ok {
+		return nil, fmt.Errorf("mem: node %d already exists", id)
+	}
+	n := &Node{f: f, id: id, regions: make(map[rdma.RegionID]*Region), db: rdma.NewLocalDoorbell(f.opts.Spin)}
+	f.nodes[id] = n
+	return n, nil
+}
+
+// Node returns the live node with id, if any.
+func (f *Fabric) Node(id rdma.NodeID) (*Node, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	n, ok := f.nodes[id]
+	return n, ok
+}
+
+// Node is one in-process endpoint.
+type Node struct {
+	f  *Fabric
+	id rdma.NodeID
+	db *rdma.LocalDoorbell
+
+	mu      sync.RWMutex
+	regions map[rdma.RegionID]*Region
+	conns   []*Conn
+	closed  bool
+}
+
+var _ rdma.Node = (*Node)(nil)
+
+// ID implements rdma.Node.
+func (n *Node) ID() rdma.NodeID { return n.id }
+
+// Doorbell implements rdma.Node.
+func (n *Node) Doorbell() rdma.Doorbell { return n.db }
+
+// Closed reports whether the node was closed (crashed).
+func (n *Node) Closed() bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.closed
+}
+
+// Register implements rdma.Node.
+func (n *Node) Register(id rdma.RegionID, size int) (rdma.Region, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil, rdma.ErrClosed
+	}
+	if _, ok := n.regions[id]; ok {
+		return nil, fmt.Errorf("mem: node %d region %d: %w", n.id, id, rdma.ErrRegionExists)
+	}
+	b, err := rdma.AllocMemory(rdma.Round8(size))
+	if err != nil {
+		return nil, err
+	}
+	r := &Region{node: n, id: id, mem: b, perms: make(map[rdma.NodeID]rdma.Perm)}
+	n.regions[id] = r
+	return r, nil
+}
+
+func (n *Node) region(id rdma.RegionID) *Region {
+	n.mu.RLock()
+	r := n.regions[id]
+	n.mu.RUnlock()
+	return r
+}
+
+// Connect implements rdma.Node.
+func (n *Node) Connect(peer rdma.NodeID) (rdma.Conn, error) {
+	return n.Dial(peer)
+}
+
+// Dial is Connect returning the concrete type (for the simulator).
+func (n *Node) Dial(peer rdma.NodeID) (*Conn, error) {
+	t, ok := n.f.Node(peer)
+	if !ok {
+		return nil, fmt.Errorf("mem: node %d: %w", peer, rdma.ErrUnknownPeer)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil, rdma.ErrClosed
+	}
+	c := &Conn{from: n, to: t, cq: rdma.NewCQ(n.f.opts.QueueDepth, nil)}
+	if n.f.opts.Queued {
+		c.pending = make([]rdma.WR, 0, n.f.opts.QueueDepth)
+		c.cq = rdma.NewCQ(n.f.opts.QueueDepth, n.db)
+	}
+	n.conns = append(n.conns, c)
+	return c, nil
+}
+
+// Close implements rdma.Node: the node's regions are freed and removed from
+// the fabric, and its connections closed.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	regions := n.regions
+	n.regions = map[rdma.RegionID]*Region{}
+	conns := n.conns
+	n.conns = nil
+	n.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	for _, r := range regions {
+		r.close()
+	}
+	n.f.mu.Lock()
+	if n.f.nodes[n.id] == n {
+		delete(n.f.nodes, n.id)
+	}
+	n.f.mu.Unlock()
+	n.db.Ring()
+	return nil
+}
+
+// Region is registered memory of a mem node. Remote ops hold mu for reading
+// while they check permission and touch memory; Grant, Revoke and Close
+// take it for writing, so when Revoke returns no op of the revoked peer is
+// in flight and none can start.
+type Region struct {
+	node   *Node
+	id     rdma.RegionID
+	mu     sync.RWMutex
+	mem    []byte
+	perms  map[rdma.NodeID]rdma.Perm
+	closed bool
+}
+
+var _ rdma.Region = (*Region)(nil)
+
+// ID implements rdma.Region.
+func (r *Region) ID() rdma.RegionID { return r.id }
+
+// Bytes implements rdma.Region.
+func (r *Region) Bytes() []byte { return r.mem }
+
+// Grant implements rdma.Region.
+func (r *Region) Grant(peer rdma.NodeID, p rdma.Perm) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return rdma.ErrClosed
+	}
+	if p == rdma.PermNone {
+		delete(r.perms, peer)
+	} else {
+		r.perms[peer] = p
+	}
+	return nil
+}
+
+// Revoke implements rdma.Region.
+func (r *Region) Revoke(peer rdma.NodeID) error { return r.Grant(peer, rdma.PermNone) }
+
+// Close implements rdma.Region.
+func (r *Region) Close() error {
+	n := r.node
+	n.mu.Lock()
+	if n.regions[r.id] == r {
+		delete(n.regions, r.id)
+	}
+	n.mu.Unlock()
+	return r.close()
+}
+
+func (r *Region) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	err := rdma.FreeMemory(r.mem)
+	r.mem = nil
+	return err
+}
+
+// apply checks and performs wr from initiator on r.
+func (r *Region) apply(from rdma.NodeID, wr *rdma.WR) (uint64, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return 0, rdma.ErrNoRegion
+	}
+	need := wr.NeedPerm()
+	if r.perms[from]&need != need {
+		return 0, rdma.ErrPermission
+	}
+	if !rdma.InBounds(wr.Offset, wr.Len(), len(r.mem)) {
+		return 0, rdma.ErrBounds
+	}
+	return rdma.Apply(r.mem, wr), nil
+}
+
+// Conn is a connection between two mem nodes.
+type Conn struct {
+	from, to *Node
+	cq       *rdma.CQ
+
+	mu      sync.Mutex
+	err     error // broken cause
+	closed  bool
+	pending []rdma.WR // queued mode: posted, not yet delivered
+}
+
+var _ rdma.Conn = (*Conn)(nil)
+
+// Local implements rdma.Conn.
+func (c *Conn) Local() rdma.NodeID { return c.from.id }
+
+// Peer implements rdma.Conn.
+func (c *Conn) Peer() rdma.NodeID { return c.to.id }
+
+// Err implements rdma.Conn.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Post implements rdma.Conn.
+func (c *Conn) Post(wr rdma.WR) error {
+	if err := rdma.CheckWR(&wr); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	switch {
+	case c.closed:
+		c.mu.Unlock()
+		return rdma.ErrClosed
+	case c.err != nil:
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %w", rdma.ErrConnBroken, c.err)
+	}
+	if c.from.f.opts.Queued {
+		if len(c.pending) == cap(c.pending) {
+			c.mu.Unlock()
+			return rdma.ErrQueueFull
+		}
+		c.pending = append(c.pending, wr)
+		c.mu.Unlock()
+		if h := c.from.f.opts.OnPost; h != nil {
+			h(c)
+		}
+		return nil
+	}
+	defer c.mu.Unlock()
+	if c.cq.Full() {
+		return rdma.ErrQueueFull
+	}
+	c.complete(&wr, c.exec(&wr))
+	return nil
+}
+
+// exec applies wr at the target and returns its completion.
+func (c *Conn) exec(wr *rdma.WR) rdma.Completion {
+	cp := rdma.Completion{ID: wr.ID, Kind: wr.Kind}
+	var err error
+	if c.to.Closed() {
+		err = rdma.ErrPeerDead
+	} else if r := c.to.region(wr.Region); r == nil {
+		err = rdma.ErrNoRegion
+	} else {
+		cp.Value, err = r.apply(c.from.id, wr)
+		if err == nil && wr.Kind == rdma.OpWrite && wr.Flags&rdma.Notify != 0 {
+			c.to.db.Ring()
+		}
+	}
+	if err != nil {
+		cp.Err = &rdma.OpError{Op: wr.Kind, Peer: c.to.id, Region: wr.Region, Offset: wr.Offset, Len: wr.Len(), Err: err}
+	}
+	return cp
+}
+
+// complete records cp's outcome; c.mu is held.
+func (c *Conn) complete(wr *rdma.WR, cp rdma.Completion) {
+	if cp.Err != nil {
+		if c.err == nil {
+			c.err = cp.Err
+		}
+		c.cq.Push(cp)
+		return
+	}
+	if wr.Flags&rdma.Signaled != 0 {
+		c.cq.Push(cp)
+	}
+}
+
+// Poll implements rdma.Conn.
+func (c *Conn) Poll(cs []rdma.Completion) int { return c.cq.Poll(cs) }
+
+// Wait implements rdma.Conn.
+func (c *Conn) Wait(cs []rdma.Completion, timeout time.Duration) int { return c.cq.Wait(cs, timeout) }
+
+// Outstanding implements rdma.Conn.
+func (c *Conn) Outstanding() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending)
+}
+
+// Close implements rdma.Conn. Queued ops are discarded.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	c.pending = c.pending[:0]
+	return nil
+}
+
+// Pending is the number of queued ops (queued mode).
+func (c *Conn) Pending() int { return c.Outstanding() }
+
+// Deliver lands the oldest queued op at the target (queued mode) and
+// reports whether there was one. After an error the Conn is broken and the
+// rest of the queue fails with ErrConnBroken, as on an RC queue pair.
+func (c *Conn) Deliver() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) == 0 {
+		return false
+	}
+	wr := c.pending[0]
+	copy(c.pending, c.pending[1:])
+	c.pending[len(c.pending)-1] = rdma.WR{}
+	c.pending = c.pending[:len(c.pending)-1]
+	if c.closed {
+		return true
+	}
+	cp := c.exec(&wr)
+	c.complete(&wr, cp)
+	if cp.Err != nil {
+		c.failLocked(rdma.ErrConnBroken)
+	}
+	return true
+}
+
+// FailPending fails every queued op with cause (a partition timed out, the
+// target died) and breaks the Conn.
+func (c *Conn) FailPending(cause error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = cause
+	}
+	c.failLocked(cause)
+}
+
+func (c *Conn) failLocked(cause error) {
+	for i := range c.pending {
+		wr := &c.pending[i]
+		c.cq.Push(rdma.Completion{ID: wr.ID, Kind: wr.Kind, Err: &rdma.OpError{Op: wr.Kind, Peer: c.to.id, Region: wr.Region, Offset: wr.Offset, Len: wr.Len(), Err: cause}})
+		c.pending[i] = rdma.WR{}
+	}
+	c.pending = c.pending[:0]
+}
+
+// DropPending keeps the first keep queued ops and silently discards the
+// rest: the initiator crashed and only a prefix of its ops left its NIC.
+func (c *Conn) DropPending(keep int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if keep < len(c.pending) {
+		clear(c.pending[keep:])
+		c.pending = c.pending[:keep]
+	}
+}
+
+// Target is the node c's ops land on.
+func (c *Conn) Target() *Node { return c.to }
+
+// Initiator is the node that posts on c.
+func (c *Conn) Initiator() *Node { return c.from }
