@@ -2,4 +2,8 @@ module github.com/rdmakv/rdmakv
 
 go 1.26.0
 
-require golang.org/x/sys v0.49.0 // indirect
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/tidwall/btree v1.7.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)
