@@ -12,6 +12,7 @@ package mem
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -111,11 +112,15 @@ func (n *Node) Register(id rdma.RegionID, size int) (rdma.Region, error) {
 	if _, ok := n.regions[id]; ok {
 		return nil, fmt.Errorf("mem: node %d region %d: %w", n.id, id, rdma.ErrRegionExists)
 	}
-	b, err := rdma.AllocMemory(rdma.Round8(size))
+	// Allocate whole pages and keep them in alloc: rdma.FreeMemory unmaps
+	// cap(b) rounded up to a page, which must not reach past the mapping.
+	size = rdma.Round8(size)
+	pg := os.Getpagesize()
+	alloc, err := rdma.AllocMemory((size + pg - 1) / pg * pg)
 	if err != nil {
 		return nil, err
 	}
-	r := &Region{node: n, id: id, mem: b, perms: make(map[rdma.NodeID]rdma.Perm)}
+	r := &Region{node: n, id: id, mem: alloc[:size:size], alloc: alloc, perms: make(map[rdma.NodeID]rdma.Perm)}
 	n.regions[id] = r
 	return r, nil
 }
@@ -189,7 +194,8 @@ type Region struct {
 	node   *Node
 	id     rdma.RegionID
 	mu     sync.RWMutex
-	mem    []byte
+	mem    []byte // the region: alloc[:size]
+	alloc  []byte // whole pages from rdma.AllocMemory
 	perms  map[rdma.NodeID]rdma.Perm
 	closed bool
 }
@@ -238,8 +244,8 @@ func (r *Region) close() error {
 		return nil
 	}
 	r.closed = true
-	err := rdma.FreeMemory(r.mem)
-	r.mem = nil
+	err := rdma.FreeMemory(r.alloc)
+	r.mem, r.alloc = nil, nil
 	return err
 }
 
