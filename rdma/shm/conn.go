@@ -1,0 +1,263 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// peer is a Node's view of one incarnation of a target node: its node file
+// mapping and the region files mapped so far. The Conns to the target share
+// it; it is unmapped when the last of them and the Node's cache let go.
+type peer struct {
+	id    rdma.NodeID
+	owner procIdent
+	nf    []byte
+	refs  int // Conns + the Node's peers map; guarded by the Node's mu
+
+	mu      sync.Mutex
+	regions map[rdma.RegionID]*remoteRegion
+	retired []*remoteRegion // closed by the owner; Conns may still hold them
+}
+
+// live reports whether the target is open and its process alive (a system
+// call: not for the hot path).
+func (p *peer) live() bool {
+	return rdma.Load64(p.nf, nodeClosedW) == 0 && p.owner.alive()
+}
+
+// release drops one reference; the Node's mu is held (or p is unshared).
+func (p *peer) release() {
+	p.refs--
+	if p.refs > 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, rr := range p.regions {
+		unix.Munmap(rr.file)
+	}
+	for _, rr := range p.retired {
+		unix.Munmap(rr.file)
+	}
+	p.regions, p.retired = nil, nil
+	unix.Munmap(p.nf)
+	p.nf = nil
+}
+
+// remoteRegion is a mapping of a target's region file.
+type remoteRegion struct {
+	file  []byte // header, peer table, data
+	data  []byte
+	slots int // peer table slots
+	// slot is the offset of the local node's slot in the peer table once
+	// found and claimed, else 0.
+	slot atomic.Int64
+}
+
+// region returns the current mapping of the target's region id, mapping the
+// file if needed. stale, if not nil, is a mapping found closed: it is
+// retired first.
+func (p *peer) region(id rdma.RegionID, dir, cluster string, stale *remoteRegion) (*remoteRegion, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rr := p.regions[id]
+	if rr != nil && (rr == stale || rdma.Load64(rr.file, regionClosedW) != 0) {
+		delete(p.regions, id)
+		p.retired = append(p.retired, rr)
+		rr = nil
+	}
+	if rr != nil {
+		return rr, nil
+	}
+	path := filepath.Join(dir, regionFileName(cluster, p.id, id))
+	b, err := mapFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, rdma.ErrNoRegion
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", rdma.ErrNoRegion, err)
+	}
+	h, err := decodeRegionHeader(b, len(b))
+	switch {
+	case err != nil:
+		err = fmt.Errorf("%w: %s: %w", rdma.ErrNoRegion, path, err)
+	case h.node != p.id || h.region != id:
+		err = fmt.Errorf("%w: %s: %w: header names node %d region %d", rdma.ErrNoRegion, path, ErrCorrupt, h.node, h.region)
+	case h.owner != p.owner || rdma.Load64(b, regionClosedW) != 0:
+		err = rdma.ErrNoRegion // left by an earlier incarnation, or closed
+	}
+	if err != nil {
+		unix.Munmap(b)
+		return nil, err
+	}
+	rr = &remoteRegion{file: b, data: b[h.dataOff:][:h.size:h.size], slots: h.slots}
+	p.regions[id] = rr
+	return rr, nil
+}
+
+// claim finds self's slot in rr for node me and claims it for this
+// process, returning its offset or 0 if the owner never granted me
+// anything. Claiming records the process in the writer word and resets the
+// in-flight count: only one live process holds a node id, and its Node
+// claims each region file once, before any of its ops, so a count left
+// there belongs to a dead predecessor.
+func (p *peer) claim(rr *remoteRegion, me rdma.NodeID, self procIdent) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if off := rr.slot.Load(); off != 0 {
+		return int(off)
+	}
+	off := findSlot(rr.file, rr.slots, me)
+	if off < 0 {
+		return 0
+	}
+	rdma.Store64(rr.file, off+slotWriter, uint64(self))
+	rdma.Store64(rr.file, off+slotInflight, 0)
+	rr.slot.Store(int64(off))
+	return off
+}
+
+// Conn is a connection from an shm node to a target node. It implements
+// rdma.Conn. Ops are applied inside Post, so they complete at once and in
+// order, and Outstanding is always 0.
+type Conn struct {
+	node  *Node
+	peer  *peer
+	cq    *rdma.CQ
+	every time.Duration // liveness check interval
+
+	mu      sync.Mutex // held by Post for the whole op
+	err     error
+	closed  bool
+	regions map[rdma.RegionID]*remoteRegion // this Conn's cache of peer.regions
+	checked time.Time                       // last liveness check
+}
+
+var _ rdma.Conn = (*Conn)(nil)
+
+// Local implements rdma.Conn.
+func (c *Conn) Local() rdma.NodeID { return c.node.id }
+
+// Peer implements rdma.Conn.
+func (c *Conn) Peer() rdma.NodeID { return c.peer.id }
+
+// Err implements rdma.Conn.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Post implements rdma.Conn: it checks and applies wr at once.
+func (c *Conn) Post(wr rdma.WR) error {
+	if err := rdma.CheckWR(&wr); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		return rdma.ErrClosed
+	case c.err != nil:
+		return fmt.Errorf("%w: %w", rdma.ErrConnBroken, c.err)
+	case c.cq.Full():
+		return rdma.ErrQueueFull
+	}
+	val, err := c.exec(&wr)
+	if err != nil {
+		cp := rdma.Completion{ID: wr.ID, Kind: wr.Kind, Err: &rdma.OpError{Op: wr.Kind, Peer: c.peer.id, Region: wr.Region, Offset: wr.Offset, Len: wr.Len(), Err: err}}
+		c.err = cp.Err
+		c.cq.Push(cp)
+		return nil
+	}
+	if wr.Flags&rdma.Signaled != 0 {
+		c.cq.Push(rdma.Completion{ID: wr.ID, Kind: wr.Kind, Value: val})
+	}
+	return nil
+}
+
+// exec applies wr at the target; c.mu is held.
+func (c *Conn) exec(wr *rdma.WR) (uint64, error) {
+	p := c.peer
+	if rdma.Load64(p.nf, nodeClosedW) != 0 {
+		return 0, rdma.ErrPeerDead
+	}
+	if now := time.Now(); now.Sub(c.checked) >= c.every {
+		c.checked = now
+		if !p.owner.alive() {
+			return 0, rdma.ErrPeerDead
+		}
+	}
+	rr := c.regions[wr.Region]
+	if rr == nil || rdma.Load64(rr.file, regionClosedW) != 0 {
+		// First op to the region, or the owner closed it (and may have
+		// registered it anew): look it up again.
+		if rr != nil {
+			delete(c.regions, wr.Region)
+		}
+		var err error
+		if rr, err = p.region(wr.Region, c.node.opts.Dir, c.node.opts.Cluster, rr); err != nil {
+			return 0, err
+		}
+		c.regions[wr.Region] = rr
+	}
+	off := int(rr.slot.Load())
+	if off == 0 {
+		if off = p.claim(rr, c.node.id, c.node.self); off == 0 {
+			return 0, rdma.ErrPermission
+		}
+	}
+	// The revocation handshake (layout.go): announce, check, touch, retract.
+	f := rr.file
+	rdma.Add64(f, off+slotInflight, 1)
+	defer rdma.Add64(f, off+slotInflight, ^uint64(0))
+	need := wr.NeedPerm()
+	if rdma.Perm(rdma.Load64(f, off+slotGrant))&need != need {
+		return 0, rdma.ErrPermission
+	}
+	if !rdma.InBounds(wr.Offset, wr.Len(), len(rr.data)) {
+		return 0, rdma.ErrBounds
+	}
+	val := rdma.Apply(rr.data, wr)
+	if wr.Kind == rdma.OpWrite && wr.Flags&rdma.Notify != 0 {
+		ringNode(p.nf)
+	}
+	return val, nil
+}
+
+// Poll implements rdma.Conn.
+func (c *Conn) Poll(cs []rdma.Completion) int { return c.cq.Poll(cs) }
+
+// Wait implements rdma.Conn. Ops complete inside Post, so Wait only waits
+// for completions already queued or for timeout.
+func (c *Conn) Wait(cs []rdma.Completion, timeout time.Duration) int { return c.cq.Wait(cs, timeout) }
+
+// Outstanding implements rdma.Conn; shm ops complete inside Post.
+func (c *Conn) Outstanding() int { return 0 }
+
+// Close implements rdma.Conn.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.regions = nil
+	c.mu.Unlock()
+	n := c.node
+	n.mu.Lock()
+	delete(n.conns, c)
+	c.peer.release()
+	n.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,119 @@
+package shm
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Futex operations (linux/futex.h), deliberately without FUTEX_PRIVATE_FLAG:
+// the word lives in a MAP_SHARED file mapping and waiters and wakers are in
+// different processes.
+const (
+	futexWait = 0
+	futexWake = 1
+)
+
+// ringNode rings the doorbell of the node whose node file is mapped at nf:
+// bump seq, then wake parked waiters. A waiter announces itself in parked
+// before its last look at seq, so either it sees the new seq or the ringer
+// sees it parked; a spinning target costs the ringer no system call.
+func ringNode(nf []byte) {
+	rdma.Add64(nf, nodeSeqW, 1)
+	if rdma.Load64(nf, nodeParkedW) != 0 {
+		futex(nf, nodeSeqW, futexWake, 1<<31-1, nil)
+	}
+}
+
+// futex calls futex(2) on the low 32 bits of the word at nf[off:].
+func futex(nf []byte, off int, op uintptr, val uint32, ts *unix.Timespec) unix.Errno {
+	addr := unsafe.Pointer(&nf[off:][:8][0])
+	_, _, e := unix.Syscall6(unix.SYS_FUTEX, uintptr(addr), op, uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+	return e
+}
+
+// doorbell is a node's rdma.Doorbell: the seq word of its node file, which
+// peers in any process ring with Notify writes.
+type doorbell struct {
+	spin time.Duration
+
+	// mu is held for reading by Wait and Seq while they use nf, and for
+	// writing by close before the node file is unmapped.
+	mu      sync.RWMutex
+	nf      []byte
+	closed  atomic.Bool
+	lastSeq uint64 // Seq after close
+}
+
+var _ rdma.Doorbell = (*doorbell)(nil)
+
+// Seq implements rdma.Doorbell.
+func (d *doorbell) Seq() uint64 {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed.Load() {
+		return d.lastSeq
+	}
+	return rdma.Load64(d.nf, nodeSeqW)
+}
+
+// Ring implements rdma.Doorbell.
+func (d *doorbell) Ring() {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if !d.closed.Load() {
+		ringNode(d.nf)
+	}
+}
+
+// Wait implements rdma.Doorbell. It spins for the node's spin budget, then
+// parks in FUTEX_WAIT. After the node is closed it returns true at once.
+func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed.Load() {
+		return true
+	}
+	nf := d.nf
+	changed := func() bool { return rdma.Load64(nf, nodeSeqW) != seq || d.closed.Load() }
+	if changed() {
+		return true
+	}
+	if timeout <= 0 {
+		return false
+	}
+	deadline := time.Now().Add(timeout)
+	if rdma.SpinUntil(changed, min(d.spin, timeout)) {
+		return true
+	}
+	rdma.Add64(nf, nodeParkedW, 1)
+	defer rdma.Add64(nf, nodeParkedW, ^uint64(0))
+	for !changed() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		ts := unix.NsecToTimespec(int64(left))
+		// Returns at once (EAGAIN) if the low word no longer holds seq, on
+		// a wake, on a signal (EINTR) or at the timeout: all recheck.
+		futex(nf, nodeSeqW, futexWait, uint32(seq), &ts)
+	}
+	return true
+}
+
+// close makes the doorbell inert: it wakes every waiter (through the node
+// file's seq), waits for them to leave, and returns; the caller may then
+// unmap the node file.
+func (d *doorbell) close() {
+	d.closed.Store(true)
+	ringNode(d.nf)
+	d.mu.Lock()
+	d.lastSeq = rdma.Load64(d.nf, nodeSeqW)
+	d.nf = nil
+	d.mu.Unlock()
+}
