@@ -1,0 +1,437 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Defaults of Options.
+const (
+	// DefaultPeerTimeout bounds how long a silent peer goes unnoticed.
+	DefaultPeerTimeout = 2 * time.Second
+	// DefaultMaxFrame admits a 1 MiB write or read plus its frame header.
+	DefaultMaxFrame = 1<<20 + headerLen + writeFixed
+	// MinSecret is the shortest accepted cluster secret, in bytes.
+	MinSecret = 16
+	// minMaxFrame keeps room for every fixed-size frame and a small payload.
+	minMaxFrame = 256
+)
+
+// ErrOptions reports invalid Options given to Open.
+var ErrOptions = errors.New("tcp: invalid options")
+
+// Options configure a Node. Listen and Secret are required.
+type Options struct {
+	// Listen is the TCP address to listen on, e.g. "127.0.0.1:0".
+	Listen string
+	// Peers maps node ids to their listen addresses; SetPeer adds more.
+	Peers map[rdma.NodeID]string
+	// Secret is the cluster secret, at least MinSecret bytes. Nodes prove
+	// they hold it with HMAC-SHA256 over random nonces; it never crosses
+	// the wire.
+	Secret []byte
+	// Spin is the doorbell spin budget before parking; 0 means
+	// rdma.DefaultSpin, negative parks at once.
+	Spin time.Duration
+	// PeerTimeout bounds dead-peer detection: a peer silent for this long
+	// (keepalives are sent every PeerTimeout/4) fails every outstanding op
+	// with rdma.ErrPeerDead. It also bounds Connect. Default
+	// DefaultPeerTimeout.
+	PeerTimeout time.Duration
+	// QueueDepth bounds each Conn's outstanding ops plus unpolled
+	// completions; default rdma.DefaultQueueDepth.
+	QueueDepth int
+	// MaxFrame is the largest frame accepted, header included; default
+	// DefaultMaxFrame. Larger Reads and Writes are rejected by Post.
+	MaxFrame int
+}
+
+// Node is one tcp fabric endpoint: a listener, a software RNIC applying
+// peers' verbs to this node's regions, and the node's outgoing Conns.
+type Node struct {
+	id   rdma.NodeID
+	opts Options
+	ln   net.Listener
+	db   *rdma.LocalDoorbell
+	done chan struct{}
+	wg   sync.WaitGroup
+
+	mu      sync.RWMutex
+	peers   map[rdma.NodeID]string
+	regions map[rdma.RegionID]*Region
+	conns   map[*Conn]struct{}
+	servers map[*rnic]struct{}
+	closed  bool
+}
+
+var _ rdma.Node = (*Node)(nil)
+
+// Open validates opts, listens on opts.Listen and starts node id's RNIC.
+func Open(id rdma.NodeID, opts Options) (*Node, error) {
+	if opts.Listen == "" {
+		return nil, fmt.Errorf("%w: node %d: Listen address is required", ErrOptions, id)
+	}
+	if len(opts.Secret) < MinSecret {
+		return nil, fmt.Errorf("%w: node %d: Secret of %d bytes, need at least %d", ErrOptions, id, len(opts.Secret), MinSecret)
+	}
+	if opts.PeerTimeout <= 0 {
+		opts.PeerTimeout = DefaultPeerTimeout
+	}
+	if opts.QueueDepth <= 0 {
+		opts.QueueDepth = rdma.DefaultQueueDepth
+	}
+	if opts.MaxFrame == 0 {
+		opts.MaxFrame = DefaultMaxFrame
+	}
+	if opts.MaxFrame < minMaxFrame {
+		return nil, fmt.Errorf("%w: node %d: MaxFrame %d below %d", ErrOptions, id, opts.MaxFrame, minMaxFrame)
+	}
+	spin := opts.Spin
+	switch {
+	case spin == 0:
+		spin = rdma.DefaultSpin
+	case spin < 0:
+		spin = 0
+	}
+	opts.Secret = append([]byte(nil), opts.Secret...)
+	peers := make(map[rdma.NodeID]string, len(opts.Peers))
+	for k, v := range opts.Peers {
+		peers[k] = v
+	}
+	opts.Peers = nil
+	ln, err := net.Listen("tcp", opts.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: node %d: listen: %w", id, err)
+	}
+	n := &Node{
+		id: id, opts: opts, ln: ln, db: rdma.NewLocalDoorbell(spin), done: make(chan struct{}),
+		peers: peers, regions: make(map[rdma.RegionID]*Region),
+		conns: make(map[*Conn]struct{}), servers: make(map[*rnic]struct{}),
+	}
+	n.wg.Add(2)
+	go n.acceptLoop()
+	go n.keepaliveLoop()
+	return n, nil
+}
+
+// ID implements rdma.Node.
+func (n *Node) ID() rdma.NodeID { return n.id }
+
+// Doorbell implements rdma.Node.
+func (n *Node) Doorbell() rdma.Doorbell { return n.db }
+
+// Addr is the address the node listens on (with the actual port when
+// Options.Listen asked for port 0).
+func (n *Node) Addr() string { return n.ln.Addr().String() }
+
+// SetPeer adds or changes the address of peer; later Connects use it.
+func (n *Node) SetPeer(id rdma.NodeID, addr string) {
+	n.mu.Lock()
+	n.peers[id] = addr
+	n.mu.Unlock()
+}
+
+// Register implements rdma.Node. Region memory comes from rdma.AllocMemory.
+func (n *Node) Register(id rdma.RegionID, size int) (rdma.Region, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil, fmt.Errorf("tcp: node %d: register region %d: %w", n.id, id, rdma.ErrClosed)
+	}
+	if _, ok := n.regions[id]; ok {
+		return nil, fmt.Errorf("tcp: node %d region %d: %w", n.id, id, rdma.ErrRegionExists)
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("tcp: node %d region %d: size %d must be positive: %w", n.id, id, size, rdma.ErrInvalidOp)
+	}
+	// Allocate whole pages: rdma.FreeMemory unmaps cap(b) rounded up to a
+	// page, which is only valid when the slice's capacity covers the pages.
+	pg := os.Getpagesize()
+	full, err := rdma.AllocMemory((rdma.Round8(size) + pg - 1) / pg * pg)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: node %d region %d: %w", n.id, id, err)
+	}
+	r := &Region{node: n, id: id, mem: full[:rdma.Round8(size)], full: full, perms: make(map[rdma.NodeID]rdma.Perm)}
+	n.regions[id] = r
+	return r, nil
+}
+
+func (n *Node) region(id rdma.RegionID) *Region {
+	n.mu.RLock()
+	r := n.regions[id]
+	n.mu.RUnlock()
+	return r
+}
+
+// Connect implements rdma.Node: it dials peer's address, authenticates
+// both ways with the cluster secret and returns a Conn over that one TCP
+// connection. Errors wrap rdma.ErrUnknownPeer (no address, or another node
+// answers), rdma.ErrPeerDead (unreachable, silent past PeerTimeout),
+// ErrAuth or ErrVersion.
+func (n *Node) Connect(peer rdma.NodeID) (rdma.Conn, error) {
+	n.mu.RLock()
+	addr, ok := n.peers[peer]
+	closed := n.closed
+	n.mu.RUnlock()
+	if closed {
+		return nil, fmt.Errorf("tcp: node %d: connect to node %d: %w", n.id, peer, rdma.ErrClosed)
+	}
+	if !ok {
+		return nil, fmt.Errorf("tcp: node %d: no address for node %d: %w", n.id, peer, rdma.ErrUnknownPeer)
+	}
+	d := net.Dialer{Timeout: n.opts.PeerTimeout}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: node %d: connect to node %d at %s: %v: %w", n.id, peer, addr, err, rdma.ErrPeerDead)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	nc.SetDeadline(time.Now().Add(n.opts.PeerTimeout))
+	if err := dialHandshake(nc, n.id, peer, addr, n.opts.Secret); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	nc.SetDeadline(time.Time{})
+	c := newConn(n, peer, addr, nc)
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		nc.Close()
+		return nil, fmt.Errorf("tcp: node %d: connect to node %d: %w", n.id, peer, rdma.ErrClosed)
+	}
+	n.conns[c] = struct{}{}
+	n.wg.Add(2)
+	n.mu.Unlock()
+	go c.readLoop()
+	go c.flusher()
+	return c, nil
+}
+
+func (n *Node) dropConn(c *Conn) {
+	n.mu.Lock()
+	delete(n.conns, c)
+	n.mu.Unlock()
+}
+
+// Close implements rdma.Node: it stops listening, closes every Conn and
+// incoming connection, frees every region and waits for the node's
+// goroutines.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	conns, servers, regions := n.conns, n.servers, n.regions
+	n.conns, n.servers, n.regions = map[*Conn]struct{}{}, map[*rnic]struct{}{}, map[rdma.RegionID]*Region{}
+	n.mu.Unlock()
+	close(n.done)
+	err := n.ln.Close()
+	for c := range conns {
+		c.Close()
+	}
+	for s := range servers {
+		s.nc.Close()
+	}
+	n.wg.Wait()
+	for _, r := range regions {
+		if e := r.close(); e != nil && err == nil {
+			err = e
+		}
+	}
+	n.db.Ring()
+	return err
+}
+
+func (n *Node) acceptLoop() {
+	defer n.wg.Done()
+	for {
+		nc, err := n.ln.Accept()
+		if err != nil {
+			select {
+			case <-n.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			time.Sleep(10 * time.Millisecond) // e.g. out of file descriptors
+			continue
+		}
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			nc.Close()
+			return
+		}
+		n.wg.Add(1)
+		n.mu.Unlock()
+		go n.accept(nc)
+	}
+}
+
+// accept authenticates an incoming connection and runs its RNIC loop.
+func (n *Node) accept(nc net.Conn) {
+	defer n.wg.Done()
+	defer nc.Close()
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	nc.SetDeadline(time.Now().Add(n.opts.PeerTimeout))
+	peer, err := acceptHandshake(nc, n.id, n.opts.Secret)
+	if err != nil {
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	s := &rnic{n: n, nc: nc, peer: peer}
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return
+	}
+	n.servers[s] = struct{}{}
+	n.mu.Unlock()
+	s.serve()
+	n.mu.Lock()
+	delete(n.servers, s)
+	n.mu.Unlock()
+}
+
+// keepaliveLoop pings the peers of outgoing Conns every PeerTimeout/4 and
+// breaks Conns (and drops incoming connections) whose peer went silent.
+func (n *Node) keepaliveLoop() {
+	defer n.wg.Done()
+	tick := n.opts.PeerTimeout / 4
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	var conns []*Conn
+	var servers []*rnic
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+		}
+		n.mu.RLock()
+		conns, servers = conns[:0], servers[:0]
+		for c := range n.conns {
+			conns = append(conns, c)
+		}
+		for s := range n.servers {
+			servers = append(servers, s)
+		}
+		n.mu.RUnlock()
+		for _, c := range conns {
+			c.keepalive(tick)
+		}
+		for _, s := range servers {
+			// Initiators ping every PeerTimeout/4; allow twice the
+			// timeout before giving up on one.
+			if s.alive.Swap(false) {
+				s.silent = 0
+			} else if s.silent += tick; s.silent >= 2*n.opts.PeerTimeout {
+				s.nc.Close()
+			}
+		}
+		clear(conns)
+		clear(servers)
+	}
+}
+
+// Region is registered memory of a tcp node. The RNIC holds mu for reading
+// while it checks permission and bounds and touches memory; Grant, Revoke
+// and Close take it for writing, so when Revoke returns no op of the
+// revoked peer is being applied and none will be.
+type Region struct {
+	node   *Node
+	id     rdma.RegionID
+	mu     sync.RWMutex
+	mem    []byte
+	full   []byte // mem's pages, as allocated
+	perms  map[rdma.NodeID]rdma.Perm
+	closed bool
+	gone   atomic.Bool // closed, readable without mu (RNIC region cache)
+}
+
+var _ rdma.Region = (*Region)(nil)
+
+// ID implements rdma.Region.
+func (r *Region) ID() rdma.RegionID { return r.id }
+
+// Bytes implements rdma.Region.
+func (r *Region) Bytes() []byte { return r.mem }
+
+// Grant implements rdma.Region.
+func (r *Region) Grant(peer rdma.NodeID, p rdma.Perm) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("tcp: node %d region %d: grant: %w", r.node.id, r.id, rdma.ErrClosed)
+	}
+	if p&rdma.PermReadWrite == rdma.PermNone {
+		delete(r.perms, peer)
+	} else {
+		r.perms[peer] = p & rdma.PermReadWrite
+	}
+	return nil
+}
+
+// Revoke implements rdma.Region.
+func (r *Region) Revoke(peer rdma.NodeID) error { return r.Grant(peer, rdma.PermNone) }
+
+// Close implements rdma.Region: the memory is freed once no op is being
+// applied to it; later ops fail with rdma.ErrNoRegion.
+func (r *Region) Close() error {
+	n := r.node
+	n.mu.Lock()
+	if n.regions[r.id] == r {
+		delete(n.regions, r.id)
+	}
+	n.mu.Unlock()
+	return r.close()
+}
+
+func (r *Region) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	r.gone.Store(true)
+	err := rdma.FreeMemory(r.full)
+	r.mem, r.full = nil, nil
+	return err
+}
+
+// apply checks and performs wr from peer; it is the only path by which a
+// remote op touches region memory.
+func (r *Region) apply(from rdma.NodeID, wr *rdma.WR) (uint64, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return 0, rdma.ErrNoRegion
+	}
+	need := wr.NeedPerm()
+	if r.perms[from]&need != need {
+		return 0, rdma.ErrPermission
+	}
+	if !rdma.InBounds(wr.Offset, wr.Len(), len(r.mem)) {
+		return 0, rdma.ErrBounds
+	}
+	if need == rdma.PermReadWrite && wr.Offset%8 != 0 {
+		return 0, rdma.ErrUnaligned
+	}
+	return rdma.Apply(r.mem, wr), nil
+}
