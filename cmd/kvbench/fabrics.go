@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
+)
+
+// clusterConfig tells a peer process how to open its node of the fabric
+// under test and reach the initiator's.
+type clusterConfig struct {
+	Fabric string        `json:"fabric"`
+	Mode   string        `json:"mode"`           // "spin" or "park"
+	Spin   time.Duration `json:"spin"`           // the fabric's Options.Spin
+	Dir    string        `json:"dir,omitempty"`  // shm: region directory
+	Name   string        `json:"name,omitempty"` // shm: cluster name
+	Secret []byte        `json:"secret,omitempty"`
+	Addr   string        `json:"addr,omitempty"` // tcp: the initiator's listen address
+}
+
+// fabricSpin is the doorbell spin budget a fabric is opened with. In spin
+// mode the benchmark polls memory itself and never waits in the doorbell,
+// so the default is kept; in park mode the doorbell parks at once unless
+// --park-spin asks for a spin phase, so that park-mode figures measure
+// wake-ups and not spinning.
+func fabricSpin(mode string, parkSpin time.Duration) time.Duration {
+	if mode != "park" {
+		return 0
+	}
+	if parkSpin <= 0 {
+		return -1
+	}
+	return parkSpin
+}
+
+// placement says where a fabric's two nodes run during the benchmark.
+func placement(fabric string) string {
+	if fabric == "mem" {
+		return "goroutines"
+	}
+	return "processes"
+}
+
+// openNode opens node id of a multi-process fabric in this process and
+// returns its address if it has one.
+func openNode(cfg *clusterConfig, id rdma.NodeID) (rdma.Node, string, error) {
+	return nil, "", fmt.Errorf("fabric %q cannot open node %d in another process", cfg.Fabric, id)
+}
+
+// openSession opens the fabric's two nodes: the initiator here, the target
+// in a peer (a goroutine for mem, a child process otherwise).
+func openSession(fabric, mode string, o *fabricFlags) (*session, error) {
+	spin := fabricSpin(mode, o.parkSpin)
+	s := &session{fabric: fabric, park: mode == "park"}
+	switch fabric {
+	case "mem":
+		f := mem.New(mem.Options{Spin: spin})
+		a, err := f.NewNode(initiatorID)
+		if err != nil {
+			return nil, err
+		}
+		b, err := f.NewNode(targetID)
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		bc, err := b.Connect(initiatorID)
+		if err != nil {
+			a.Close()
+			b.Close()
+			return nil, err
+		}
+		s.node = a
+		s.peer = &localPeer{t: &target{node: b, conn: bc, ww: &wordWriter{c: bc}, park: s.park}}
+		s.close = a.Close
+	default:
+		return nil, fmt.Errorf("unknown fabric %q", fabric)
+	}
+	c, err := s.node.Connect(targetID)
+	if err != nil {
+		s.shutdown()
+		return nil, fmt.Errorf("%s: connect node %d to %d: %w", fabric, initiatorID, targetID, err)
+	}
+	s.conn, s.ww = c, &wordWriter{c: c}
+	return s, nil
+}
+
+// shutdown closes the peer, then the initiator's node and resources.
+func (s *session) shutdown() error {
+	var err error
+	if s.peer != nil {
+		err = s.peer.close()
+	}
+	if s.conn != nil {
+		s.conn.Close()
+	}
+	if s.close != nil {
+		if cerr := s.close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}

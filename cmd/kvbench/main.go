@@ -1,0 +1,93 @@
+// Command kvbench benchmarks each layer of rdmakv and, in the same run, the
+// baseline each layer is judged against, so that every figure comes with a
+// ratio measured on the same machine under the same load.
+//
+//	kvbench fabric [flags]   one-sided verbs on the mem, shm and tcp fabrics
+//	kvbench help [command]   list the commands, or one command's flags
+//
+// Each command prints a table, or with --json one JSON object per result.
+// Progress goes to stderr. Benchmarks of the protocols above the fabrics
+// (broadcast, multicast, kv) will be further commands of the same shape.
+//
+// Two-party measurements run their second party in a child process: kvbench
+// re-executes itself with a hidden subcommand and drives the child with
+// JSON lines on its stdin and stdout (peer.go).
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+// command is one kvbench subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) error
+}
+
+// commands lists the subcommands in help order.
+func commands() []command {
+	return []command{
+		{"fabric", "latency and throughput of one-sided verbs on mem, shm and tcp, against raw shm, futex and TCP baselines", runFabric},
+	}
+}
+
+// plannedCommands are benchmarks of layers not written yet.
+const plannedCommands = "broadcast (Acuerdo), multicast (TRAM), kv (gets and puts)"
+
+func main() {
+	if os.Getenv(peerEnv) != "" || (len(os.Args) > 1 && os.Args[1] == peerCmd) {
+		if err := peerMain(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "kvbench peer: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes a kvbench command line and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	name := args[0]
+	if name == "help" || name == "-h" || name == "--help" || name == "-help" {
+		if len(args) > 1 && name == "help" {
+			return run([]string{args[1], "--help"}, stdout, stderr)
+		}
+		usage(stdout)
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name != name {
+			continue
+		}
+		err := c.run(args[1:], stdout, stderr)
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case err != nil:
+			fmt.Fprintf(stderr, "kvbench %s: %v\n", name, err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintf(stderr, "kvbench: unknown command %q\n\n", name)
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, "usage: kvbench <command> [flags]\n\ncommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "  %-9s %s\n", "help", "this list; 'kvbench help <command>' shows a command's flags")
+	fmt.Fprintf(w, "\nplanned: %s\n", plannedCommands)
+}

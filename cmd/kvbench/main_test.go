@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary play kvbench's peer process: the fabric
+// command re-executes its own binary with peerEnv set.
+func TestMain(m *testing.M) {
+	if os.Getenv(peerEnv) != "" {
+		if err := peerMain(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "kvbench peer: %v\n", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestFabricMemJSON runs the fabric benchmark on mem with a tiny duration
+// and checks the JSON lines: every line parses, carries the required keys,
+// and every selected row and its baseline are present.
+func TestFabricMemJSON(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"fabric", "--fabrics", "mem", "--duration", "20ms", "--runs", "1", "--json"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("kvbench fabric exited %d; stderr:\n%s", code, stderr.String())
+	}
+	required := []string{"bench", "fabric", "mode", "op", "size", "p50_ns", "p99_ns", "ops_per_s",
+		"baseline", "baseline_p50_ns", "baseline_ops_per_s"}
+	seen := map[string]map[string]any{}
+	measured := map[any]bool{} // fabric names with rows, baselines included
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		for _, k := range required {
+			if _, ok := obj[k]; !ok {
+				t.Errorf("line %q lacks key %q", line, k)
+			}
+		}
+		if obj["bench"] != "fabric" {
+			t.Errorf("line %q: bench = %v, want fabric", line, obj["bench"])
+		}
+		if ops, _ := obj["ops_per_s"].(float64); ops <= 0 {
+			t.Errorf("line %q: ops_per_s = %v, want > 0", line, obj["ops_per_s"])
+		}
+		seen[fmt.Sprintf("%v/%v/%v/%v", obj["fabric"], obj["mode"], obj["op"], obj["size"])] = obj
+		measured[obj["fabric"]] = true
+	}
+	for _, mode := range []string{"spin", "park"} {
+		for _, op := range []string{"write-oneway/8", "read-rtt/8", "ring-write/64", "ring-write/1024"} {
+			name := "mem/" + mode + "/" + op
+			obj, ok := seen[name]
+			if !ok {
+				t.Errorf("no row %s; have %v", name, keys(seen))
+				continue
+			}
+			if !measured[obj["baseline"]] {
+				t.Errorf("row %s compares to baseline %v, which has no row of its own", name, obj["baseline"])
+			}
+		}
+	}
+	for _, base := range []string{"raw-shm/spin/pingpong-oneway/8", "futex/park/pingpong-oneway/8", "raw-ring/spin/ring-write/64"} {
+		if _, ok := seen[base]; !ok {
+			t.Errorf("no baseline row %s; have %v", base, keys(seen))
+		}
+	}
+}
+
+func keys(m map[string]map[string]any) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// TestHelpListsCommands checks the command list and the exit codes of
+// help, a bad command and bad flags.
+func TestHelpListsCommands(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"help"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "fabric") {
+		t.Errorf("help: exit %d, output %q; want 0 and a list naming fabric", code, out.String())
+	}
+	if code := run([]string{"nosuch"}, &out, &errb); code != 2 {
+		t.Errorf("unknown command: exit %d, want 2", code)
+	}
+	if code := run([]string{"fabric", "--fabrics", "ib"}, &out, &errb); code != 1 {
+		t.Errorf("unknown fabric: exit %d, want 1", code)
+	}
+	errb.Reset()
+	if code := run([]string{"fabric", "--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--duration") && !strings.Contains(errb.String(), "-duration") {
+		t.Errorf("fabric --help: exit %d, output %q; want 0 and the flags", code, errb.String())
+	}
+}
+
+// TestHistQuantiles checks the histogram's quantiles against the exact
+// ones of random samples: within the bucket resolution (1/64).
+func TestHistQuantiles(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	var h hist
+	var vals []int64
+	for range 100000 {
+		v := int64(r.ExpFloat64() * 5000)
+		vals = append(vals, v)
+		h.record(time.Duration(v))
+	}
+	slices.Sort(vals)
+	for _, q := range []float64{0.01, 0.5, 0.9, 0.99, 0.999} {
+		exact := float64(vals[int(q*float64(len(vals)))])
+		got := float64(h.quantile(q))
+		if d := got - exact; d > exact/64+1 || -d > exact/64+1 {
+			t.Errorf("q%.3f = %v, exact %v", q, got, exact)
+		}
+	}
+	if top := time.Duration(vals[len(vals)-1]); h.quantile(1) > top {
+		t.Errorf("quantile(1) = %v, above the largest sample %v", h.quantile(1), top)
+	}
+}
