@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/fabrictest"
 )
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv(roleEnv); role != "" {
-		runRole(role)
+		runRole(role) // this package's own helper roles (helper_test.go)
 	}
-	os.Exit(m.Run())
+	fabrictest.Main(m, harness)
 }
 
 // opErr posts wr signaled and returns the completion's error (or Post's).
