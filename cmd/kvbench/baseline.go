@@ -182,7 +182,7 @@ func tcpEcho(c *net.TCPConn) result {
 
 // tcpSink is the target of the raw TCP stream: it reads messages of size
 // bytes, checks the sequence number in each one's first word, and closes
-// when the initiator has closed its side.
+// its side when the initiator has closed its own.
 func tcpSink(c *net.TCPConn, size int) result {
 	var res result
 	buf := make([]byte, 256*size)
@@ -202,7 +202,7 @@ func tcpSink(c *net.TCPConn, size int) result {
 			if !errors.Is(err, io.EOF) {
 				res.err = err
 			}
-			c.Close()
+			c.CloseWrite() // tells the initiator all is consumed
 			return res
 		}
 	}

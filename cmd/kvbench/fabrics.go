@@ -1,11 +1,16 @@
 package main
 
 import (
+	"crypto/rand"
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
 // clusterConfig tells a peer process how to open its node of the fabric
@@ -46,6 +51,21 @@ func placement(fabric string) string {
 // openNode opens node id of a multi-process fabric in this process and
 // returns its address if it has one.
 func openNode(cfg *clusterConfig, id rdma.NodeID) (rdma.Node, string, error) {
+	switch cfg.Fabric {
+	case "shm":
+		n, err := shm.Open(id, shm.Options{Dir: cfg.Dir, Cluster: cfg.Name, Spin: cfg.Spin})
+		return n, "", err
+	case "tcp":
+		peers := map[rdma.NodeID]string{}
+		if cfg.Addr != "" {
+			peers[initiatorID] = cfg.Addr
+		}
+		n, err := tcp.Open(id, tcp.Options{Listen: "127.0.0.1:0", Peers: peers, Secret: cfg.Secret, Spin: cfg.Spin})
+		if err != nil {
+			return nil, "", err
+		}
+		return n, n.Addr(), nil
+	}
 	return nil, "", fmt.Errorf("fabric %q cannot open node %d in another process", cfg.Fabric, id)
 }
 
@@ -75,6 +95,10 @@ func openSession(fabric, mode string, o *fabricFlags) (*session, error) {
 		s.node = a
 		s.peer = &localPeer{t: &target{node: b, conn: bc, ww: &wordWriter{c: bc}, park: s.park}}
 		s.close = a.Close
+	case "shm", "tcp":
+		if err := s.openProcs(fabric, mode, spin, o.shmDir); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, fmt.Errorf("unknown fabric %q", fabric)
 	}
@@ -85,6 +109,64 @@ func openSession(fabric, mode string, o *fabricFlags) (*session, error) {
 	}
 	s.conn, s.ww = c, &wordWriter{c: c}
 	return s, nil
+}
+
+// openProcs opens the initiator's node here and the target's in a child
+// process: shm nodes find each other in a fresh directory, tcp nodes
+// exchange their loopback addresses.
+func (s *session) openProcs(fabric, mode string, spin time.Duration, shmDir string) error {
+	cfg := &clusterConfig{Fabric: fabric, Mode: mode, Spin: spin}
+	var cleanup []func() error
+	undo := func() error {
+		var err error
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			err = errors.Join(err, cleanup[i]())
+		}
+		return err
+	}
+	var tn *tcp.Node
+	switch fabric {
+	case "shm":
+		dir, err := os.MkdirTemp(shmDir, "kvbench-")
+		if err != nil {
+			return fmt.Errorf("shm: cluster directory: %w", err)
+		}
+		cleanup = append(cleanup, func() error { return os.RemoveAll(dir) })
+		cfg.Dir, cfg.Name = dir, "kvbench"
+		n, err := shm.Open(initiatorID, shm.Options{Dir: cfg.Dir, Cluster: cfg.Name, Spin: spin})
+		if err != nil {
+			undo()
+			return err
+		}
+		s.node = n
+	case "tcp":
+		cfg.Secret = make([]byte, 32)
+		rand.Read(cfg.Secret)
+		n, err := tcp.Open(initiatorID, tcp.Options{Listen: "127.0.0.1:0", Secret: cfg.Secret, Spin: spin})
+		if err != nil {
+			return err
+		}
+		s.node, tn, cfg.Addr = n, n, n.Addr()
+	}
+	cleanup = append(cleanup, s.node.Close)
+	p, err := startPeer()
+	if err != nil {
+		undo()
+		return err
+	}
+	cleanup = append(cleanup, p.close)
+	r, err := callOK(p, request{Cmd: "open", Cluster: cfg})
+	if err != nil {
+		undo()
+		return err
+	}
+	if tn != nil {
+		tn.SetPeer(targetID, r.Addr)
+	}
+	// The peer is closed first, by shutdown; then the rest.
+	cleanup = cleanup[:len(cleanup)-1]
+	s.peer, s.close = p, undo
+	return nil
 }
 
 // shutdown closes the peer, then the initiator's node and resources.
