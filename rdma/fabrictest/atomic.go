@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -23,7 +24,7 @@ func wordWhole(v uint64) bool { return v == (v&0xff)*0x0101_0101_0101_0101 }
 // testAtomic8Byte: concurrent writers of whole-word patterns to one aligned
 // word; neither the owner's Load64 nor a peer's 8-byte read sees a mix.
 func testAtomic8Byte(t *testing.T, h Harness) {
-	const writers, perWriter = 3, 2000
+	const writers, minWrites, minReads = 3, 500, 300
 	const off = 8
 	cl := newCluster(t, h, writers+2)
 	owner := cl.open(1)
@@ -45,6 +46,7 @@ func testAtomic8Byte(t *testing.T, h Harness) {
 
 	var done atomic.Bool
 	started := make(chan struct{}, 2)
+	ov := newOverlap(2, minReads)
 	type result struct {
 		who      string
 		reads    int
@@ -59,6 +61,7 @@ func testAtomic8Byte(t *testing.T, h Harness) {
 		for last := false; !last; {
 			last = done.Load()
 			v := rdma.Load64(mem, off)
+			ov.read(0)
 			res.reads++
 			seen[v] = true
 			if !wordWhole(v) {
@@ -68,6 +71,9 @@ func testAtomic8Byte(t *testing.T, h Harness) {
 			runtime.Gosched()
 		}
 		res.distinct = len(seen)
+		if res.err != nil {
+			ov.quit(0)
+		}
 		results <- res
 	}()
 	go func() { // a peer's 8-byte reads
@@ -81,6 +87,7 @@ func testAtomic8Byte(t *testing.T, h Harness) {
 				res.err = fmt.Errorf("remote read: %w", err)
 				break
 			}
+			ov.read(1)
 			res.reads++
 			seen[v] = true
 			if !wordWhole(v) {
@@ -89,6 +96,9 @@ func testAtomic8Byte(t *testing.T, h Harness) {
 			}
 		}
 		res.distinct = len(seen)
+		if res.err != nil {
+			ov.quit(1)
+		}
 		results <- res
 	}()
 	<-started
@@ -96,12 +106,13 @@ func testAtomic8Byte(t *testing.T, h Harness) {
 
 	var wg sync.WaitGroup
 	werrs := make([]error, writers)
+	ov.start()
 	for k, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			p := newPipe(c, 32)
-			for j := range perWriter {
+			for j := 0; j < minWrites || ov.more(); j++ {
 				if _, err := p.write64(1, off, wordPattern(k, j), 0); err != nil {
 					werrs[k] = fmt.Errorf("writer %d: %w", k, err)
 					return
@@ -111,6 +122,7 @@ func testAtomic8Byte(t *testing.T, h Harness) {
 		}()
 	}
 	wg.Wait()
+	ov.stop()
 	done.Store(true)
 	for _, err := range werrs {
 		if err != nil {
@@ -129,6 +141,9 @@ func testAtomic8Byte(t *testing.T, h Harness) {
 			t.Errorf("%s: %d reads saw only %d distinct value(s); the writers' patterns never became visible", res.who, res.reads, res.distinct)
 		}
 		t.Logf("%s: %d reads, %d distinct whole words", res.who, res.reads, res.distinct)
+	}
+	if err := ov.check(); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -183,7 +198,7 @@ func recordConsistent(b []byte) bool {
 // testTornRecords: records rewritten concurrently by two peers; readers
 // validating them never accept an inconsistent one and do see valid ones.
 func testTornRecords(t *testing.T, h Harness) {
-	const perWriter = 1500
+	const minWrites, minReads = 300, 200
 	cl := newCluster(t, h, 4)
 	owner := cl.open(1)
 	r := register(t, owner, 1, recSize)
@@ -209,12 +224,13 @@ func testTornRecords(t *testing.T, h Harness) {
 	}
 
 	var done atomic.Bool
+	started := make(chan struct{}, 2)
+	ov := newOverlap(2, minReads)
 	type result struct {
 		who             string
 		accepted, torn  int
 		err             error
 		finalOK         bool
-		finalV, firstV  uint64
 		sawWriterRecord bool
 	}
 	results := make(chan result, 2)
@@ -237,13 +253,18 @@ func testTornRecords(t *testing.T, h Harness) {
 	go func() {
 		res := result{who: "owner"}
 		buf := make([]byte, recSize)
+		started <- struct{}{}
 		for last := false; !last; {
 			last = done.Load()
 			copy(buf, mem[:recSize])
+			ov.read(0)
 			if !check(&res, buf) {
 				break
 			}
 			runtime.Gosched()
+		}
+		if res.err != nil {
+			ov.quit(0)
 		}
 		copy(buf, mem[:recSize])
 		_, res.finalOK = decodeRecord(buf)
@@ -252,12 +273,14 @@ func testTornRecords(t *testing.T, h Harness) {
 	go func() {
 		res := result{who: "remote reader"}
 		buf := make([]byte, recSize)
+		started <- struct{}{}
 		for last := false; !last; {
 			last = done.Load()
 			if err := read(rc, 1, 0, buf); err != nil {
 				res.err = fmt.Errorf("read: %w", err)
 				break
 			}
+			ov.read(1)
 			if !check(&res, buf) {
 				break
 			}
@@ -267,27 +290,32 @@ func testTornRecords(t *testing.T, h Harness) {
 				res.err = fmt.Errorf("final read: %w", err)
 			}
 			_, res.finalOK = decodeRecord(buf)
+		} else {
+			ov.quit(1)
 		}
 		results <- res
 	}()
 
+	<-started
+	<-started
 	var wg sync.WaitGroup
 	werrs := make([]error, len(conns))
+	ov.start()
 	for k, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			p := newPipe(c, 16)
 			rec := make([]byte, recSize)
-			for j := range perWriter {
+			for j := 0; j < minWrites || ov.more(); j++ {
 				encodeRecord(rec, uint64(2*j+k+1))
 				if _, err := p.write(1, 0, rec, 0); err != nil {
 					werrs[k] = fmt.Errorf("writer %d: %w", k, err)
 					return
 				}
 			}
-			// Leave the record as is: sync with a signaled read-free write
-			// of the same final record.
+			// Wait for the last write by writing the last record again,
+			// signaled.
 			id, err := p.write(1, 0, rec, rdma.Signaled)
 			if err == nil {
 				err = p.waitDone(id, opTimeout)
@@ -296,6 +324,7 @@ func testTornRecords(t *testing.T, h Harness) {
 		}()
 	}
 	wg.Wait()
+	ov.stop()
 	done.Store(true)
 	for _, err := range werrs {
 		if err != nil {
@@ -316,6 +345,9 @@ func testTornRecords(t *testing.T, h Harness) {
 		}
 		t.Logf("%s: %d valid records accepted, %d torn copies rejected", res.who, res.accepted, res.torn)
 	}
+	if err := ov.check(); err != nil {
+		t.Error(err)
+	}
 }
 
 // testAtomicsContention: k peers FetchAdd one word and CAS-increment
@@ -334,47 +366,76 @@ func testAtomicsContention(t *testing.T, h Harness) {
 	faaVals := make([][]uint64, k)
 	casVals := make([][]uint64, k)
 	errs := make([]error, k)
+	// Every worker goes on until all have done their minimum, so that the
+	// workers overlap however the scheduler starts them.
+	var progress [2][k]atomic.Int64
+	deadline := time.Now().Add(liveTimeout)
 	var wg sync.WaitGroup
-	start := make(chan struct{})
 	for i, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			<-start
-			faaVals[i], casVals[i], errs[i] = atomicsWorker(c, 1, 0, 8, nFAA, nCAS)
+			more := func(phase, done int) bool {
+				progress[phase][i].Store(int64(done))
+				min := [2]int64{nFAA, nCAS}[phase]
+				if int64(done) < min {
+					return true
+				}
+				for w := range k {
+					if progress[phase][w].Load() < min && time.Now().Before(deadline) {
+						return true
+					}
+				}
+				return false
+			}
+			faaVals[i], casVals[i], errs[i] = atomicsWorker(c, 1, 0, 8, more)
 		}()
 	}
-	close(start)
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("worker %d: %v", i, err)
 		}
 	}
+	var totalFAA, totalCAS int
+	for i := range k {
+		totalFAA += len(faaVals[i])
+		totalCAS += len(casVals[i])
+	}
 	mem := r.Bytes()
-	if got := rdma.Load64(mem, 0); got != k*nFAA {
-		t.Errorf("FetchAdd word = %d after %d x %d increments: updates lost", got, k, nFAA)
+	if got := rdma.Load64(mem, 0); got != uint64(totalFAA) {
+		t.Errorf("FetchAdd word = %d after %d increments by %d peers: updates lost", got, totalFAA, k)
 	}
-	if got := rdma.Load64(mem, 8); got != k*nCAS {
-		t.Errorf("CAS word = %d after %d x %d successful CAS increments: updates lost", got, k, nCAS)
+	if got := rdma.Load64(mem, 8); got != uint64(totalCAS) {
+		t.Errorf("CAS word = %d after %d successful CAS increments by %d peers: updates lost", got, totalCAS, k)
 	}
-	checkPermutation(t, "FetchAdd", faaVals, k*nFAA)
-	checkPermutation(t, "CompareAndSwap", casVals, k*nCAS)
+	checkPermutation(t, "FetchAdd", faaVals, totalFAA)
+	checkPermutation(t, "CompareAndSwap", casVals, totalCAS)
+	t.Logf("%d FetchAdds, %d CAS increments", totalFAA, totalCAS)
 }
 
-// atomicsWorker does nFAA FetchAdd(1) at faaOff, pipelined, and nCAS
-// successful CAS increments at casOff; it returns the old values.
-func atomicsWorker(c rdma.Conn, region rdma.RegionID, faaOff, casOff uint64, nFAA, nCAS int) (faas, cass []uint64, err error) {
+// fixedQuota is a worker quota of n FetchAdds and n/2 CAS increments.
+func fixedQuota(n int) func(phase, done int) bool {
+	return func(phase, done int) bool { return done < [2]int{n, n / 2}[phase] }
+}
+
+// atomicsWorker does FetchAdd(1) at faaOff, pipelined, while more(0, done)
+// says so, then successful CAS increments at casOff while more(1, done) says
+// so; it returns the old values.
+func atomicsWorker(c rdma.Conn, region rdma.RegionID, faaOff, casOff uint64, more func(phase, done int) bool) (faas, cass []uint64, err error) {
 	const window = 16
 	var cs [window]rdma.Completion
 	posted := 0
-	for len(faas) < nFAA {
-		for posted < nFAA && posted-len(faas) < window {
+	for {
+		for posted-len(faas) < window && more(0, posted) {
 			err := c.Post(rdma.WR{ID: uint64(posted), Kind: rdma.OpFetchAdd, Flags: rdma.Signaled, Region: region, Offset: faaOff, Value: 1})
 			if err != nil {
 				return nil, nil, fmt.Errorf("post FetchAdd %d: %w", posted, err)
 			}
 			posted++
+		}
+		if len(faas) == posted {
+			break
 		}
 		n := c.Wait(cs[:], opTimeout)
 		if n == 0 {
@@ -391,7 +452,7 @@ func atomicsWorker(c rdma.Conn, region rdma.RegionID, faaOff, casOff uint64, nFA
 		}
 	}
 	var old uint64
-	for len(cass) < nCAS {
+	for more(1, len(cass)) {
 		got, err := cas(c, region, casOff, old, old+1)
 		if err != nil {
 			return nil, nil, fmt.Errorf("CAS %d->%d: %w", old, old+1, err)

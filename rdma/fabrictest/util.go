@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -340,4 +341,61 @@ func (p *pipe) sync(region rdma.RegionID, off, v uint64) error {
 		return err
 	}
 	return p.waitDone(id, opTimeout)
+}
+
+// overlap makes the readers and writers of a race case really overlap on a
+// fast fabric: writers keep writing until every reader has made minReads
+// reads while writes were under way (or liveTimeout passed).
+type overlap struct {
+	reads    []atomic.Int64
+	writing  atomic.Bool
+	minReads int64
+	deadline time.Time
+}
+
+func newOverlap(readers, minReads int) *overlap {
+	return &overlap{reads: make([]atomic.Int64, readers), minReads: int64(minReads)}
+}
+
+// start marks the writers as writing; call it before they start.
+func (o *overlap) start() {
+	o.deadline = time.Now().Add(liveTimeout)
+	o.writing.Store(true)
+}
+
+// stop marks the writers as finished.
+func (o *overlap) stop() { o.writing.Store(false) }
+
+// read counts one read by reader i.
+func (o *overlap) read(i int) {
+	if o.writing.Load() {
+		o.reads[i].Add(1)
+	}
+}
+
+// quit tells the writers not to wait for reader i, which failed.
+func (o *overlap) quit(i int) { o.reads[i].Store(o.minReads) }
+
+// more tells a writer to go on writing.
+func (o *overlap) more() bool {
+	if time.Now().After(o.deadline) {
+		return false
+	}
+	for i := range o.reads {
+		if o.reads[i].Load() < o.minReads {
+			return true
+		}
+	}
+	return false
+}
+
+// check reports a reader that made too few reads while writes were under
+// way, which would make the case vacuous.
+func (o *overlap) check() error {
+	for i := range o.reads {
+		if n := o.reads[i].Load(); n < o.minReads {
+			return fmt.Errorf("reader %d made only %d reads while the writers wrote (want %d in %v)", i, n, o.minReads, liveTimeout)
+		}
+	}
+	return nil
 }
