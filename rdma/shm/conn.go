@@ -23,6 +23,15 @@ type peer struct {
 	nf    []byte
 	refs  int // Conns + the Node's peers map; guarded by the Node's mu
 
+	// Liveness: every is the check interval. The timer sets due when a
+	// check is due; the next op makes it (reading the clock on every op
+	// costs more than the op) and re-arms the timer, so an idle peer costs
+	// no wake-ups. dead is sticky.
+	every time.Duration
+	timer *time.Timer
+	due   atomic.Bool
+	dead  atomic.Bool
+
 	mu      sync.Mutex
 	regions map[rdma.RegionID]*remoteRegion
 	retired []*remoteRegion // closed by the owner; Conns may still hold them
@@ -34,11 +43,34 @@ func (p *peer) live() bool {
 	return rdma.Load64(p.nf, nodeClosedW) == 0 && p.owner.alive()
 }
 
+// checkLive fails once the target is closed or, checked when due, its
+// process is gone. It allocates nothing and makes a system call at most
+// once per interval.
+func (p *peer) checkLive() error {
+	if rdma.Load64(p.nf, nodeClosedW) != 0 {
+		return rdma.ErrPeerDead
+	}
+	if p.due.Load() && p.due.CompareAndSwap(true, false) {
+		if !p.owner.alive() {
+			p.dead.Store(true)
+		} else {
+			p.timer.Reset(p.every)
+		}
+	}
+	if p.dead.Load() {
+		return rdma.ErrPeerDead
+	}
+	return nil
+}
+
 // release drops one reference; the Node's mu is held (or p is unshared).
 func (p *peer) release() {
 	p.refs--
 	if p.refs > 0 {
 		return
+	}
+	if p.timer != nil {
+		p.timer.Stop()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -130,16 +162,14 @@ func (p *peer) claim(rr *remoteRegion, me rdma.NodeID, self procIdent) int {
 // rdma.Conn. Ops are applied inside Post, so they complete at once and in
 // order, and Outstanding is always 0.
 type Conn struct {
-	node  *Node
-	peer  *peer
-	cq    *rdma.CQ
-	every time.Duration // liveness check interval
+	node *Node
+	peer *peer
+	cq   *rdma.CQ
 
 	mu      sync.Mutex // held by Post for the whole op
 	err     error
 	closed  bool
 	regions map[rdma.RegionID]*remoteRegion // this Conn's cache of peer.regions
-	checked time.Time                       // last liveness check
 }
 
 var _ rdma.Conn = (*Conn)(nil)
@@ -188,14 +218,8 @@ func (c *Conn) Post(wr rdma.WR) error {
 // exec applies wr at the target; c.mu is held.
 func (c *Conn) exec(wr *rdma.WR) (uint64, error) {
 	p := c.peer
-	if rdma.Load64(p.nf, nodeClosedW) != 0 {
-		return 0, rdma.ErrPeerDead
-	}
-	if now := time.Now(); now.Sub(c.checked) >= c.every {
-		c.checked = now
-		if !p.owner.alive() {
-			return 0, rdma.ErrPeerDead
-		}
+	if err := p.checkLive(); err != nil {
+		return 0, err
 	}
 	rr := c.regions[wr.Region]
 	if rr == nil || rdma.Load64(rr.file, regionClosedW) != 0 {

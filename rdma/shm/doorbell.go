@@ -72,13 +72,20 @@ func (d *doorbell) Ring() {
 }
 
 // Wait implements rdma.Doorbell. It spins for the node's spin budget, then
-// parks in FUTEX_WAIT. After the node is closed it returns true at once.
+// parks in FUTEX_WAIT. Closing the node rings it once; after that nothing
+// rings, so Wait with the final Seq sleeps out its timeout.
 func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 	d.mu.RLock()
-	defer d.mu.RUnlock()
 	if d.closed.Load() {
-		return true
+		last := d.lastSeq
+		d.mu.RUnlock()
+		if seq != last {
+			return true
+		}
+		time.Sleep(max(timeout, 0))
+		return false
 	}
+	defer d.mu.RUnlock()
 	nf := d.nf
 	changed := func() bool { return rdma.Load64(nf, nodeSeqW) != seq || d.closed.Load() }
 	if changed() {

@@ -175,7 +175,9 @@ func Open(id rdma.NodeID, opts Options) (*Node, error) {
 	if err := removeStale(opts.Dir, opts.Cluster); err != nil {
 		return nil, err
 	}
-	if h, closed, err := readNodeFile(n.path); err == nil {
+	if h, closed, err := readNodeFile(n.path); err == nil && h.id != id {
+		return nil, fmt.Errorf("shm: open node %d: %s is in the way: %w: it names node %d", id, n.path, ErrCorrupt, h.id)
+	} else if err == nil {
 		if !closed && h.owner.alive() {
 			return nil, fmt.Errorf("shm: open node %d of cluster %q in %s: %w (%v)", id, opts.Cluster, opts.Dir, ErrNodeInUse, h.owner)
 		}
@@ -302,6 +304,11 @@ func createFile(dir, name string, size int, init func([]byte)) ([]byte, error) {
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return nil, fmt.Errorf("size %s to %d bytes: %w", name, size, err)
 	}
+	// Reserve the pages now: on a full tmpfs a store into a sparse file's
+	// hole raises SIGBUS, so fail here instead.
+	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil && err != unix.EOPNOTSUPP {
+		return nil, fmt.Errorf("reserve %d bytes for %s: %w", size, name, err)
+	}
 	b, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map %s: %w", name, err)
@@ -412,7 +419,6 @@ func (n *Node) Connect(peerID rdma.NodeID) (rdma.Conn, error) {
 		peer:    p,
 		cq:      rdma.NewCQ(n.opts.QueueDepth, nil),
 		regions: make(map[rdma.RegionID]*remoteRegion),
-		every:   n.opts.checkInterval(),
 	}
 	n.conns[c] = struct{}{}
 	return c, nil
@@ -436,11 +442,12 @@ func (n *Node) openPeer(id rdma.NodeID) (*peer, error) {
 		unix.Munmap(nf)
 		return nil, fmt.Errorf("shm: connect to node %d: %s: %w", id, path, err)
 	}
-	p := &peer{id: id, owner: h.owner, nf: nf, regions: make(map[rdma.RegionID]*remoteRegion), refs: 1}
+	p := &peer{id: id, owner: h.owner, nf: nf, regions: make(map[rdma.RegionID]*remoteRegion), refs: 1, every: n.opts.checkInterval()}
 	if !p.live() {
 		p.release()
 		return nil, fmt.Errorf("shm: connect to node %d: its node file is left by a closed node or dead %v: %w", id, h.owner, rdma.ErrPeerDead)
 	}
+	p.timer = time.AfterFunc(p.every, func() { p.due.Store(true) })
 	return p, nil
 }
 

@@ -137,6 +137,9 @@ func TestFilesAndNodeIDs(t *testing.T) {
 	if _, err := Open(1, Options{Dir: o.Dir, Cluster: "bad.name"}); err == nil {
 		t.Fatal("Open accepted cluster name with a dot")
 	}
+	if _, err := Open(1, Options{Dir: filepath.Join(o.Dir, "missing"), Cluster: "c"}); err == nil {
+		t.Fatal("Open accepted a directory that does not exist")
+	}
 	n, err := Open(1, o)
 	if err != nil {
 		t.Fatal(err)
@@ -208,6 +211,18 @@ func TestCorruptFiles(t *testing.T) {
 		if _, err := Open(id, o); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("Open(%d) over a corrupt node file = %v, want ErrCorrupt", id, err)
 		}
+	}
+	// A valid node file under another node's name.
+	nf, err := os.ReadFile(filepath.Join(o.Dir, nodeFileName(o.Cluster, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(nodeFileName(o.Cluster, 9), nf)
+	if _, err := n1.Connect(9); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("Connect(9) to a copy of node 2's file = %v, want ErrCorrupt", err)
+	}
+	if _, err := Open(9, o); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("Open(9) over a copy of node 2's file = %v, want ErrCorrupt", err)
 	}
 	// Region files: garbage, too short, and a valid header whose sizes lie.
 	write(regionFileName(o.Cluster, 2, 5), garbage)
@@ -308,6 +323,9 @@ func TestDoorbell(t *testing.T) {
 	n2.Close()
 	if !<-woke {
 		t.Fatal("Close did not wake the parked waiter")
+	}
+	if s = db.Seq(); db.Wait(s, 10*time.Millisecond) {
+		t.Fatal("Wait on a closed node's final Seq reported a ring")
 	}
 }
 
