@@ -401,3 +401,62 @@ func TestProcIdent(t *testing.T) {
 		t.Fatal("identity 0 counts as alive")
 	}
 }
+
+// TestRevokeTimeout: a live peer that never finishes its op (simulated by
+// announcing one in its in-flight word) makes Revoke give up with
+// ErrRevokeTimeout instead of waiting forever.
+func TestRevokeTimeout(t *testing.T) {
+	o := newTestOptions(t)
+	o.PeerTimeout = 100 * time.Millisecond // revoke timeout: 1s
+	n1, n2 := mustOpen(t, 1, o), mustOpen(t, 2, o)
+	r := mustRegister(t, n2, 1, 64, 1, rdma.PermReadWrite)
+	c := mustConnect(t, n1, 2)
+	if err := rdma.Write(c, 1, 0, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	rr := c.(*Conn).regions[1]
+	inflight := int(rr.slot.Load()) + slotInflight
+	rdma.Add64(rr.file, inflight, 1)
+	if err := r.Revoke(1); !errors.Is(err, ErrRevokeTimeout) {
+		t.Fatalf("Revoke with a live op stuck in flight = %v, want ErrRevokeTimeout", err)
+	}
+	rdma.Add64(rr.file, inflight, ^uint64(0))
+	if err := rdma.Write(c, 1, 0, make([]byte, 8)); !errors.Is(err, rdma.ErrPermission) {
+		t.Fatalf("write after the timed-out revoke = %v, want ErrPermission", err)
+	}
+	if err := r.Grant(1, rdma.PermReadWrite); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Revoke(1); err != nil {
+		t.Fatalf("Revoke once the op finished: %v", err)
+	}
+}
+
+func TestPeerTableFull(t *testing.T) {
+	o := newTestOptions(t)
+	n := mustOpen(t, 1, o)
+	r, err := n.Register(1, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range rdma.NodeID(regionSlots) {
+		if err := r.Grant(p*7919, rdma.PermRead); err != nil {
+			t.Fatalf("grant to peer %d of %d: %v", p, regionSlots, err)
+		}
+	}
+	if err := r.Grant(1<<31, rdma.PermRead); err == nil {
+		t.Fatalf("grant to peer %d beyond the table's %d slots succeeded", regionSlots+1, regionSlots)
+	}
+	// In a full table a granted peer is found and an ungranted one is
+	// refused (the probe ends).
+	granted := mustOpen(t, 7919, o)
+	if err := rdma.Read(mustConnect(t, granted, 1), 1, 0, make([]byte, 8)); err != nil {
+		t.Fatalf("read by granted node 7919: %v", err)
+	}
+	if err := rdma.Read(mustConnect(t, n, 1), 1, 0, make([]byte, 8)); !errors.Is(err, rdma.ErrPermission) {
+		t.Fatalf("read by the never-granted node 1 = %v, want ErrPermission", err)
+	}
+	if err := r.Revoke(7919 * 5); err != nil {
+		t.Fatal(err)
+	}
+}
