@@ -1,0 +1,63 @@
+// Package broadcast implements Acuerdo atomic broadcast (Izraelevitz et al.,
+// ICPP '22, section 3, Figs. 1 and 4-7) inside one group of n = 2f+1
+// replicas, over the rdma contract only: every replica talks to the others
+// with one-sided writes into their registered memory and reads its own.
+// docs/broadcast.md is the design; code names the figure and line it
+// implements, e.g. "Acuerdo Fig. 7 l.100: vote for self".
+//
+// # The story
+//
+// A leader assigns each proposal a header (epoch, count) and writes it into
+// a ring buffer at every follower (Fig. 4), one RDMA write per message with
+// a checksum. Followers poll their rings, accept what they find as a batch
+// and acknowledge only the last header in their AcceptSST row (Fig. 5). The
+// leader commits when a majority of AcceptSST rows of its epoch reached a
+// header, and followers commit up to the leader's CommitSST row (Fig. 6),
+// delivering entries in order to the application's FSM. CommitSST rows,
+// pushed periodically with a heartbeat counter, are the failure detector: a
+// follower that stops seeing its leader's heartbeat elects (Fig. 7) a new
+// leader that is guaranteed to be the most up-to-date of a majority, which
+// sends each member a diff built from that member's commit point.
+//
+// Beyond the paper the package bounds memory (rings are finite, the Log is
+// pruned), catches up replicas that fell behind the pruned Log or restarted
+// with empty memory by a snapshot fetched with one-sided reads, records its
+// votes in a Stable store before publishing them, reconnects broken
+// connections with backoff, and forwards proposals made at followers to
+// the leader so that every proposer learns its proposal's outcome.
+//
+// # Using it
+//
+// Each member creates a Replica on its rdma.Node with the same Config
+// member list, an FSM and a Stable store, and then polls it:
+//
+//	r, err := broadcast.New(broadcast.Config{Self: id, Members: ids}, node, fsm, stable)
+//	d := broadcast.NewDriver(r, node.Doorbell()) // or call r.Poll(now) yourself
+//	go d.Run(ctx)
+//	p := r.Propose([]byte("x"))
+//	index, err := p.Wait(ctx) // delivered at index, or ErrBusy/ErrTimeout: not delivered
+//
+// Replica.Poll(now) is the whole protocol: a deterministic step that reads
+// local memory, runs the handlers, posts verbs and returns whether it made
+// progress. Time (a time.Duration since any fixed origin) and randomness
+// (Config.Seed) are inputs, so the simulator (package sim) drives the same
+// code from a seed; Driver runs it in real time, spinning briefly and then
+// parking on the node's doorbell until NextDeadline. Poll must be called by
+// one goroutine at a time; Propose, Status and the Proposal handles are safe
+// from any goroutine. FSM methods are called from Poll.
+//
+// # Contracts
+//
+//   - Delivery: every replica delivers the same sequence of entries, each at
+//     most once, in the same order (indices 1, 2, ...); a replica that
+//     catches up by snapshot restores the FSM and continues after it.
+//   - Proposals: a Proposal resolves once: delivered at an index, or
+//     ErrBusy / ErrTimeout / ErrTooLarge, which guarantee the data was not and
+//     will not be delivered (retrying is safe). ErrStopped (the replica was
+//     closed) leaves the outcome unknown.
+//   - Persistence: Stable.Save is called before a vote or an accept that
+//     raised E_new is published. Restarting with the same Stable and empty
+//     memory is supported while at most f members are down or catching up.
+//   - Regions: a group uses region ids Config.RegionBase .. +2n on every
+//     member; several groups on one node need disjoint ranges.
+package broadcast

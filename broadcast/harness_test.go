@@ -1,0 +1,195 @@
+package broadcast
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
+)
+
+// logFSM is a test state machine whose state is the delivered sequence
+// itself, so snapshots carry it and every replica's sequence is comparable.
+type logFSM struct {
+	seq      [][]byte
+	restores int
+}
+
+func (f *logFSM) Apply(index uint64, data []byte) {
+	if index != uint64(len(f.seq))+1 {
+		panic(fmt.Sprintf("apply index %d after %d entries", index, len(f.seq)))
+	}
+	f.seq = append(f.seq, append([]byte(nil), data...))
+}
+
+func (f *logFSM) Snapshot() ([]byte, error) {
+	var b bytes.Buffer
+	for _, d := range f.seq {
+		binary.Write(&b, binary.LittleEndian, uint32(len(d)))
+		b.Write(d)
+	}
+	return b.Bytes(), nil
+}
+
+func (f *logFSM) Restore(s []byte) error {
+	f.restores++
+	f.seq = nil
+	for len(s) > 0 {
+		if len(s) < 4 {
+			return fmt.Errorf("short snapshot")
+		}
+		n := int(binary.LittleEndian.Uint32(s))
+		if len(s) < 4+n {
+			return fmt.Errorf("short snapshot entry")
+		}
+		f.seq = append(f.seq, append([]byte(nil), s[4:4+n]...))
+		s = s[4+n:]
+	}
+	return nil
+}
+
+// qnode is one member of a queued-mode cluster.
+type qnode struct {
+	id     rdma.NodeID
+	node   *mem.Node
+	r      *Replica
+	fsm    *logFSM
+	stable *MemStable
+	up     bool
+}
+
+// qcluster drives replicas on the mem fabric in queued mode: the test
+// decides exactly when each posted op lands, so traces are exact.
+type qcluster struct {
+	t     testing.TB
+	f     *mem.Fabric
+	conns []*mem.Conn
+	seen  map[*mem.Conn]bool
+	nodes []*qnode
+	cfg   Config
+	now   time.Duration
+	trace []string
+}
+
+func newQCluster(t testing.TB, ids []rdma.NodeID, mod func(*Config)) *qcluster {
+	c := &qcluster{t: t, seen: map[*mem.Conn]bool{}}
+	c.f = mem.New(mem.Options{Queued: true, OnPost: func(mc *mem.Conn) {
+		if !c.seen[mc] {
+			c.seen[mc] = true
+			c.conns = append(c.conns, mc)
+		}
+	}})
+	c.cfg = Config{Members: ids, RingSize: 1 << 14, HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond}
+	if mod != nil {
+		mod(&c.cfg)
+	}
+	for _, id := range ids {
+		n := &qnode{id: id, stable: &MemStable{}}
+		c.nodes = append(c.nodes, n)
+		c.boot(n)
+	}
+	t.Cleanup(func() {
+		for _, n := range c.nodes {
+			if n.up {
+				n.r.Close()
+				n.node.Close()
+			}
+		}
+	})
+	return c
+}
+
+func (c *qcluster) boot(n *qnode) {
+	var err error
+	if n.node, err = c.f.NewNode(n.id); err != nil {
+		c.t.Fatal(err)
+	}
+	cfg := c.cfg
+	cfg.Self = n.id
+	cfg.Trace = func(format string, args ...any) {
+		c.trace = append(c.trace, fmt.Sprintf(format, args...))
+	}
+	n.fsm = &logFSM{}
+	if n.r, err = New(cfg, n.node, n.fsm, n.stable); err != nil {
+		c.t.Fatal(err)
+	}
+	n.up = true
+}
+
+func (c *qcluster) get(id rdma.NodeID) *qnode {
+	for _, n := range c.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	c.t.Fatalf("no node %d", id)
+	return nil
+}
+
+// crash stops node id; of its queued ops only the first keep of each Conn
+// may still land.
+func (c *qcluster) crash(id rdma.NodeID, keep int) {
+	n := c.get(id)
+	for _, mc := range c.conns {
+		if mc.Initiator() == n.node {
+			mc.DropPending(keep)
+		}
+	}
+	n.up = false
+	n.r.Close()
+	n.node.Close()
+	c.trace = append(c.trace, fmt.Sprintf("node %d crashes", id))
+}
+
+func (c *qcluster) pollAll() bool {
+	progress := false
+	for _, n := range c.nodes {
+		if n.up && n.r.Poll(c.now) {
+			progress = true
+		}
+	}
+	return progress
+}
+
+// deliver lands every queued op on the conns allowed by ok (all if nil).
+func (c *qcluster) deliver(ok func(from, to rdma.NodeID) bool) bool {
+	progress := false
+	for _, mc := range c.conns {
+		if ok != nil && !ok(mc.Initiator().ID(), mc.Target().ID()) {
+			continue
+		}
+		for mc.Deliver() {
+			progress = true
+		}
+	}
+	return progress
+}
+
+// settle polls and delivers until nothing moves.
+func (c *qcluster) settle(ok func(from, to rdma.NodeID) bool) {
+	for i := 0; i < 10000; i++ {
+		p := c.pollAll()
+		if !c.deliver(ok) && !p {
+			return
+		}
+	}
+	c.t.Fatal("cluster did not settle")
+}
+
+func (c *qcluster) delivered(id rdma.NodeID) []string {
+	var out []string
+	for _, d := range c.get(id).fsm.seq {
+		out = append(out, string(d))
+	}
+	return out
+}
+
+func (c *qcluster) takeTrace() string {
+	s := strings.Join(c.trace, "\n")
+	c.trace = nil
+	return s
+}

@@ -1,0 +1,233 @@
+package broadcast
+
+import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Memory layout (docs/broadcast.md, "Memory layout"). Every member registers:
+//
+//	region RegionBase+0: the SST region
+//	  rows, one 64-byte row per (table, member), table-major:
+//	    offset (t*n + i)*64, t = 0 AcceptSST, 1 CommitSST, 2 VoteSST
+//	    AcceptSST row: [epoch][cnt][0]        [incarnation][0]              [0][0][check]
+//	    CommitSST row: [epoch][cnt][heartbeat][incarnation][delivered index][0][0][check]
+//	    VoteSST row:   [e_new][acpt epoch][acpt cnt][incarnation][0]        [0][0][check]
+//	  ring acknowledgements, one word per member at 3*n*64 + i*8:
+//	    [sender inc tag u8 | receiver inc tag u8 | consumed bytes u48]
+//	    written by member i: how far it consumed the ring this node writes to it
+//	    (the sender's flow control; one word, so it needs no checksum)
+//	region RegionBase+1+i: the incoming ring from member i (RingSize bytes)
+//	region RegionBase+1+n+i: the snapshot this node serves to member i
+//
+// A row is written by its owner only, with one write of the whole row, and
+// check = xxhash(words 0..6) mixed with the row's slot, so a torn or
+// misplaced row is rejected and the reader keeps its last valid copy. Rows
+// are monotonic within an incarnation.
+const (
+	rowSize  = 64
+	rowWords = 8
+
+	tAccept = 0
+	tCommit = 1
+	tVote   = 2
+	nTables = 3
+
+	wIncarnation = 3
+	wCheck       = 7
+)
+
+type row [rowWords]uint64
+
+func sstSize(n int) int { return nTables*n*rowSize + n*8 }
+
+func rowOffset(t, i, n int) int { return (t*n + i) * rowSize }
+
+func ackOffset(i, n int) int { return nTables*n*rowSize + i*8 }
+
+func rowCheck(r *row, t, i int) uint64 {
+	var b [56]byte
+	for k := 0; k < 7; k++ {
+		binary.LittleEndian.PutUint64(b[k*8:], r[k])
+	}
+	return xxhash.Sum64(b[:]) ^ (uint64(t)<<8|uint64(i))*0x9e3779b97f4a7c15
+}
+
+// encodeRow seals r (sets its check word) and writes it to dst[0:64].
+func encodeRow(dst []byte, r *row, t, i int) {
+	r[wCheck] = rowCheck(r, t, i)
+	for k := 0; k < rowWords; k++ {
+		binary.LittleEndian.PutUint64(dst[k*8:], r[k])
+	}
+}
+
+// decodeRow reads the row at (t, i) from SST memory and reports whether it
+// is valid (written and not torn).
+func decodeRow(mem []byte, t, i, n int) (row, bool) {
+	var r row
+	off := rowOffset(t, i, n)
+	for k := 0; k < rowWords; k++ {
+		r[k] = rdma.Load64(mem, off+k*8)
+	}
+	return r, r[wIncarnation] != 0 && r[wCheck] == rowCheck(&r, t, i)
+}
+
+const ackMask = 1<<48 - 1
+
+func ackWord(sinc, rinc uint64, consumed uint64) uint64 {
+	return (sinc&0xff)<<56 | (rinc&0xff)<<48 | consumed&ackMask
+}
+
+// liftAck turns an acknowledged 48-bit cursor into an absolute one, given
+// the sender's absolute write position sent (consumed <= sent).
+func liftAck(a, sent uint64) uint64 {
+	return sent - ((sent - a) & ackMask)
+}
+
+// Ring records. One record is written with one RDMA write:
+//
+//	0        4      5      6      7    8          16          24        32
+//	[len u32][kind u8][sinc u8][rinc u8][0][seq u64][epoch u64][cnt u64][payload, len bytes, zero-padded to 8][check u64]
+//
+// seq is the record's absolute position in the ring (bytes written since the
+// ring was reset), sinc and rinc the low bytes of the sender's and receiver's
+// incarnations, and check is xxhash of everything before it: a record still
+// landing, an older record at the same offset, or a record of another
+// incarnation is not accepted. A kPad record sends the reader to offset 0;
+// if fewer than recHdr+8 bytes remain before the end, the reader wraps
+// without one.
+const (
+	recHdr = 32
+
+	kPad      = 1 // continue at offset 0
+	kMsg      = 2 // Acuerdo Fig. 4 message: (epoch, cnt) + entry payload
+	kForward  = 3 // a proposal forwarded to the leader of epoch
+	kDiffPart = 4 // part of a diff; applied when the kDiffEnd part arrives
+	kDiffEnd  = 5 // last part of a diff with header (epoch, cnt)
+	kSnapshot = 6 // a snapshot to fetch with one-sided reads, base of the next diff
+)
+
+func recSize(payload int) int { return recHdr + rdma.Round8(payload) + 8 }
+
+type recHeader struct {
+	len        int
+	kind       uint8
+	sinc, rinc uint8
+	seq        uint64
+	hdr        MsgHdr
+}
+
+// encodeRecord writes a record with payload already placed at
+// dst[recHdr:recHdr+h.len] and returns its size; dst must hold recSize(h.len)
+// bytes.
+func encodeRecord(dst []byte, h recHeader) int {
+	w0 := uint64(uint32(h.len)) | uint64(h.kind)<<32 | uint64(h.sinc)<<40 | uint64(h.rinc)<<48
+	binary.LittleEndian.PutUint64(dst[0:], w0)
+	binary.LittleEndian.PutUint64(dst[8:], h.seq)
+	binary.LittleEndian.PutUint64(dst[16:], uint64(h.hdr.E))
+	binary.LittleEndian.PutUint64(dst[24:], h.hdr.Cnt)
+	end := recHdr + rdma.Round8(h.len)
+	clear(dst[recHdr+h.len : end])
+	binary.LittleEndian.PutUint64(dst[end:], xxhash.Sum64(dst[:end]))
+	return end + 8
+}
+
+// decodeRecord validates the record at mem[off:] (a ring of len(mem) bytes)
+// and returns its header and size. ok is false while no complete valid
+// record is there.
+func decodeRecord(mem []byte, off int) (h recHeader, size int, ok bool) {
+	if len(mem)-off < recHdr+8 {
+		return h, 0, false
+	}
+	w0 := rdma.Load64(mem, off)
+	h.len = int(uint32(w0))
+	h.kind = uint8(w0 >> 32)
+	h.sinc = uint8(w0 >> 40)
+	h.rinc = uint8(w0 >> 48)
+	if h.kind < kPad || h.kind > kSnapshot || h.len > len(mem) {
+		return h, 0, false
+	}
+	size = recSize(h.len)
+	if size > len(mem)-off {
+		return h, 0, false
+	}
+	end := off + size - 8
+	if rdma.Load64(mem, end) != xxhash.Sum64(mem[off:end]) {
+		return h, 0, false
+	}
+	h.seq = rdma.Load64(mem, off+8)
+	h.hdr = MsgHdr{E: Epoch(rdma.Load64(mem, off+16)), Cnt: rdma.Load64(mem, off+24)}
+	return h, size, true
+}
+
+// Entry payloads.
+//
+//	kMsg, kForward payload:  [origin u32][oinc u32][pseq u64][data ...]
+//	kDiffPart/kDiffEnd payload: [base epoch u64][base cnt u64][flags u64] then entries
+//	  entry: [epoch u64][cnt u64][origin u32][oinc u32][pseq u64][dlen u64][data, zero-padded to 8]
+//	kSnapshot payload: [region u64][size u64][xxhash u64][commit epoch u64][commit cnt u64]
+//
+// (origin, oinc, pseq) names a proposal: the node that proposed it, the low
+// 32 bits of that node's incarnation, and its sequence number there.
+const (
+	entryMeta     = 16
+	diffHdr       = 24
+	diffEntryHdr  = 40
+	snapRecLen    = 40
+	diffSnapshot  = 1 // flags: the diff's base is the fetched snapshot
+	snapMetaWords = 2 // snapshot region: [index u64][ntable u64][table ...][fsm bytes]
+)
+
+type proposalID struct {
+	origin rdma.NodeID
+	oinc   uint32
+	pseq   uint64
+}
+
+func putMeta(dst []byte, id proposalID) {
+	binary.LittleEndian.PutUint32(dst[0:], uint32(id.origin))
+	binary.LittleEndian.PutUint32(dst[4:], id.oinc)
+	binary.LittleEndian.PutUint64(dst[8:], id.pseq)
+}
+
+func getMeta(src []byte) proposalID {
+	return proposalID{
+		origin: rdma.NodeID(binary.LittleEndian.Uint32(src[0:])),
+		oinc:   binary.LittleEndian.Uint32(src[4:]),
+		pseq:   binary.LittleEndian.Uint64(src[8:]),
+	}
+}
+
+func diffEntrySize(e *entry) int { return diffEntryHdr + rdma.Round8(len(e.data)) }
+
+func putDiffEntry(dst []byte, e *entry) int {
+	binary.LittleEndian.PutUint64(dst[0:], uint64(e.hdr.E))
+	binary.LittleEndian.PutUint64(dst[8:], e.hdr.Cnt)
+	putMeta(dst[16:], e.id)
+	binary.LittleEndian.PutUint64(dst[32:], uint64(len(e.data)))
+	n := copy(dst[diffEntryHdr:], e.data)
+	end := diffEntryHdr + rdma.Round8(n)
+	clear(dst[diffEntryHdr+n : end])
+	return end
+}
+
+// getDiffEntry decodes one entry from src (a validated record's payload);
+// ok is false if src is malformed.
+func getDiffEntry(src []byte) (e *entry, size int, ok bool) {
+	if len(src) < diffEntryHdr {
+		return nil, 0, false
+	}
+	dlen := binary.LittleEndian.Uint64(src[32:])
+	if dlen > uint64(len(src)-diffEntryHdr) {
+		return nil, 0, false
+	}
+	e = &entry{
+		hdr:  MsgHdr{E: Epoch(binary.LittleEndian.Uint64(src[0:])), Cnt: binary.LittleEndian.Uint64(src[8:])},
+		id:   getMeta(src[16:]),
+		data: append([]byte(nil), src[diffEntryHdr:diffEntryHdr+int(dlen)]...),
+	}
+	size = diffEntryHdr + rdma.Round8(int(dlen))
+	return e, min(size, len(src)), true
+}

@@ -1,0 +1,286 @@
+package broadcast
+
+import (
+	"encoding/binary"
+	"errors"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// link is this replica's side of everything it sends to one peer: the Conn
+// (reconnected with backoff when it breaks), a staging area for rows and
+// acknowledgement words (a write's buffer must stay untouched until the op
+// completes), the outgoing ring mirrored into the peer's incoming ring, and
+// a snapshot fetch in progress from that peer.
+type link struct {
+	peer rdma.NodeID
+	idx  int
+
+	conn    rdma.Conn
+	up      bool
+	retryAt time.Duration
+	backoff time.Duration
+
+	postSeq      uint64 // id of the next op
+	lastSignaled uint64
+	completed    uint64 // every op with id < completed is done
+
+	stage     []byte
+	stageSeq  []uint64 // per slot: 1 + id of the op using it, 0 when free
+	stageNext int
+
+	dirty    [nTables]bool // rows to push to this peer
+	ackDirty bool
+
+	out outRing
+
+	fetch snapFetch
+
+	cs [64]rdma.Completion
+}
+
+const (
+	stageSlots  = 128
+	signalEvery = 32
+)
+
+// outRing is the sender side of one ring: a local mirror of the peer's
+// incoming ring. Records are written into the mirror and posted from it (one
+// write per record); a byte of the mirror is reused only after the peer
+// acknowledged consuming it, which implies the write landed.
+type outRing struct {
+	mirror   []byte
+	rinc     uint64 // receiver incarnation this ring is for; 0 while unknown
+	sent     uint64 // bytes written into the mirror
+	posted   uint64 // bytes posted to the peer
+	consumed uint64 // bytes the peer acknowledged
+}
+
+// snapFetch is a snapshot being read with one-sided reads.
+type snapFetch struct {
+	active   bool
+	region   rdma.RegionID
+	check    uint64
+	commit   MsgHdr
+	buf      []byte
+	nextOff  int // next byte to request
+	doneOff  int // bytes whose read completed
+	inflight []int
+	ready    bool // fetched and verified
+	failed   bool
+}
+
+func newLink(peer rdma.NodeID, idx, ringSize int) *link {
+	return &link{
+		peer:     peer,
+		idx:      idx,
+		stage:    make([]byte, stageSlots*rowSize),
+		stageSeq: make([]uint64, stageSlots),
+		out:      outRing{mirror: make([]byte, ringSize)},
+	}
+}
+
+// connect (re)opens the Conn if it is down and its backoff has passed.
+func (l *link) connect(r *Replica, now time.Duration) {
+	if l.up || now < l.retryAt {
+		return
+	}
+	c, err := r.node.Connect(l.peer)
+	if err != nil {
+		l.fail(r, now)
+		return
+	}
+	l.conn = c
+	l.up = true
+	l.completed = l.postSeq
+	l.lastSignaled = l.postSeq
+	clear(l.stageSeq)
+	// Re-post what the peer may have missed: every row, our ack, and the
+	// ring from its last acknowledged byte (rewriting a landed record is
+	// harmless: same bytes at the same place).
+	for t := range l.dirty {
+		l.dirty[t] = true
+	}
+	l.ackDirty = true
+	l.out.posted = l.out.consumed
+	if l.fetch.active && !l.fetch.ready {
+		l.fetch.nextOff = l.fetch.doneOff
+		l.fetch.inflight = l.fetch.inflight[:0]
+	}
+	r.tracef("link %d->%d up", r.self, l.peer)
+}
+
+// fail marks the Conn broken and schedules a reconnect.
+func (l *link) fail(r *Replica, now time.Duration) {
+	if l.conn != nil {
+		l.conn.Close()
+		l.conn = nil
+	}
+	if l.up {
+		r.tracef("link %d->%d down", r.self, l.peer)
+	}
+	l.up = false
+	switch {
+	case l.backoff == 0:
+		l.backoff = r.cfg.ReconnectMin
+	default:
+		l.backoff = min(2*l.backoff, r.cfg.ReconnectMax)
+	}
+	// jitter in [backoff/2, backoff)
+	l.retryAt = now + l.backoff/2 + time.Duration(r.rng.Int64N(int64(l.backoff/2)+1))
+}
+
+// pollCompletions drains the Conn's completions; an error breaks the link.
+func (l *link) pollCompletions(r *Replica, now time.Duration) bool {
+	if !l.up {
+		return false
+	}
+	progress := false
+	for {
+		k := l.conn.Poll(l.cs[:])
+		if k == 0 {
+			break
+		}
+		progress = true
+		for _, c := range l.cs[:k] {
+			if c.Err != nil {
+				l.fail(r, now)
+				return true
+			}
+			if c.ID+1 > l.completed {
+				l.completed = c.ID + 1
+			}
+			if c.Kind == rdma.OpRead && l.fetch.active && len(l.fetch.inflight) > 0 {
+				l.fetch.doneOff = l.fetch.inflight[0]
+				l.fetch.inflight = l.fetch.inflight[1:]
+			}
+		}
+	}
+	if l.up && l.conn.Err() != nil {
+		l.fail(r, now)
+	}
+	if l.up {
+		l.backoff = 0
+	}
+	return progress
+}
+
+// post posts wr, signalling every signalEvery ops (selective signalling).
+func (l *link) post(r *Replica, now time.Duration, wr rdma.WR) bool {
+	if !l.up {
+		return false
+	}
+	wr.ID = l.postSeq
+	if wr.Kind == rdma.OpRead || l.postSeq-l.lastSignaled >= signalEvery {
+		wr.Flags |= rdma.Signaled
+		l.lastSignaled = l.postSeq
+	}
+	if err := l.conn.Post(wr); err != nil {
+		if !errors.Is(err, rdma.ErrQueueFull) {
+			l.fail(r, now)
+		}
+		return false
+	}
+	l.postSeq++
+	return true
+}
+
+// stageSlot returns a free 64-byte staging buffer, or nil if all are in flight.
+func (l *link) stageSlot() (int, []byte) {
+	s := l.stageNext
+	if q := l.stageSeq[s]; q != 0 && q-1 >= l.completed {
+		return -1, nil
+	}
+	return s, l.stage[s*rowSize : (s+1)*rowSize]
+}
+
+// postStaged posts a write of buf (a staging slot) and marks the slot used.
+func (l *link) postStaged(r *Replica, now time.Duration, slot int, buf []byte, region rdma.RegionID, off int, notify bool) bool {
+	wr := rdma.WR{Kind: rdma.OpWrite, Region: region, Offset: uint64(off), Buf: buf}
+	if notify {
+		wr.Flags |= rdma.Notify
+	}
+	id := l.postSeq
+	if !l.post(r, now, wr) {
+		return false
+	}
+	l.stageSeq[slot] = id + 1
+	l.stageNext = (l.stageNext + 1) % stageSlots
+	return true
+}
+
+// resetOut starts the outgoing ring afresh for receiver incarnation rinc.
+func (o *outRing) reset(rinc uint64) {
+	o.rinc = rinc
+	o.sent, o.posted, o.consumed = 0, 0, 0
+}
+
+// room reports whether a record of size bytes fits now.
+func (o *outRing) room(size int) bool {
+	rs := uint64(len(o.mirror))
+	off := o.sent % rs
+	need := uint64(size)
+	if off+need > rs {
+		need += rs - off
+	}
+	return o.sent-o.consumed+need <= rs
+}
+
+// reserve returns the mirror bytes for a record of size bytes (room must
+// have said yes), writing a pad record first if it must wrap.
+func (o *outRing) reserve(size int, sinc uint64) []byte {
+	rs := uint64(len(o.mirror))
+	off := o.sent % rs
+	if off+uint64(size) > rs {
+		if rs-off >= recHdr+8 {
+			encodeRecord(o.mirror[off:], recHeader{kind: kPad, sinc: uint8(sinc), rinc: uint8(o.rinc), seq: o.sent})
+		}
+		o.sent += rs - off
+		off = 0
+	}
+	return o.mirror[off : off+uint64(size)]
+}
+
+// commitRecord seals the record reserved at the current position.
+func (o *outRing) commitRecord(h recHeader, sinc uint64) {
+	rs := uint64(len(o.mirror))
+	off := o.sent % rs
+	h.sinc, h.rinc, h.seq = uint8(sinc), uint8(o.rinc), o.sent
+	n := encodeRecord(o.mirror[off:], h)
+	o.sent += uint64(n)
+}
+
+// flush posts the records in [posted, sent), one write per record; the last
+// one rings the peer's doorbell.
+func (l *link) flushRing(r *Replica, now time.Duration, region rdma.RegionID) bool {
+	o := &l.out
+	rs := uint64(len(o.mirror))
+	progress := false
+	for l.up && o.posted < o.sent {
+		off := o.posted % rs
+		if rs-off < recHdr+8 {
+			o.posted += rs - off
+			continue
+		}
+		w0 := binary.LittleEndian.Uint64(o.mirror[off:])
+		size := uint64(recSize(int(uint32(w0))))
+		if uint8(w0>>32) == kPad {
+			size = recHdr + 8
+		}
+		wr := rdma.WR{Kind: rdma.OpWrite, Region: region, Offset: off, Buf: o.mirror[off : off+size]}
+		next := o.posted + size
+		if uint8(w0>>32) == kPad {
+			next = o.posted + (rs - off)
+		}
+		if next >= o.sent {
+			wr.Flags |= rdma.Notify
+		}
+		if !l.post(r, now, wr) {
+			break
+		}
+		o.posted = next
+		progress = true
+	}
+	return progress
+}

@@ -1,0 +1,198 @@
+package broadcast
+
+import (
+	"context"
+	"time"
+)
+
+// Proposal is the handle of one proposed message. It resolves exactly once:
+// delivered at Index (Err nil), or failed with an error that says whether
+// the message may still be delivered (only ErrStopped leaves it unknown).
+type Proposal struct {
+	data     []byte
+	pseq     uint64
+	epoch    Epoch         // epoch it was handed to (inflight)
+	deadline time.Duration // set when the replica first sees it
+
+	done  chan struct{}
+	index uint64
+	err   error
+}
+
+// Done is closed once the proposal is resolved.
+func (p *Proposal) Done() <-chan struct{} { return p.done }
+
+// Result returns the index the message was delivered at and nil, or the
+// error. Index 0 with a nil error means delivered, but this replica caught
+// up through a snapshot and does not know where. Call it after Done.
+func (p *Proposal) Result() (uint64, error) {
+	<-p.done
+	return p.index, p.err
+}
+
+// Wait blocks until the proposal resolves or ctx ends, and returns Result.
+func (p *Proposal) Wait(ctx context.Context) (uint64, error) {
+	select {
+	case <-p.done:
+		return p.index, p.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func (p *Proposal) finish(index uint64, err error) {
+	p.index, p.err = index, err
+	close(p.done)
+}
+
+// Propose submits data for atomic broadcast and returns its handle. It is
+// safe from any goroutine; the replica takes it on its next Poll (a driver
+// should ring the node's doorbell). At a follower the proposal is
+// forwarded to the leader; during an election it waits, up to
+// ProposeTimeout, for a leader. data is copied.
+func (r *Replica) Propose(data []byte) *Proposal {
+	p := &Proposal{data: append([]byte(nil), data...), done: make(chan struct{})}
+	if entryMeta+len(data) > r.cfg.MaxRecord-diffEntryHdr {
+		p.finish(0, ErrTooLarge)
+		return p
+	}
+	r.mu.Lock()
+	switch {
+	case r.closed:
+		r.mu.Unlock()
+		p.finish(0, ErrStopped)
+		return p
+	case r.npending >= r.cfg.MaxPending:
+		r.mu.Unlock()
+		p.finish(0, ErrBusy)
+		return p
+	}
+	r.npending++
+	r.inbox = append(r.inbox, p)
+	r.mu.Unlock()
+	return p
+}
+
+// drainInbox moves new proposals to the waiting queue.
+func (r *Replica) drainInbox() bool {
+	r.mu.Lock()
+	in := r.inbox
+	r.inbox = nil
+	r.mu.Unlock()
+	for _, p := range in {
+		r.pseq++
+		p.pseq = r.pseq
+		p.deadline = r.now + r.cfg.ProposeTimeout
+		r.waiting = append(r.waiting, p)
+	}
+	return len(in) > 0
+}
+
+func (r *Replica) resolved(k int) {
+	r.mu.Lock()
+	r.npending -= k
+	r.mu.Unlock()
+}
+
+// resolveThrough resolves the in-flight proposals up to pseq as delivered:
+// proposals of one replica are delivered in pseq order (they are handed to
+// one epoch's leader at a time, in order, only once the fate of all earlier
+// ones is known), so the delivered ones form a prefix.
+func (r *Replica) resolveThrough(pseq, index uint64) {
+	k := 0
+	for k < len(r.inflight) && r.inflight[k].pseq <= pseq {
+		p := r.inflight[k]
+		if p.pseq == pseq {
+			p.finish(index, nil)
+		} else {
+			p.finish(0, nil)
+		}
+		k++
+	}
+	if k > 0 {
+		r.inflight = r.inflight[k:]
+		r.resolved(k)
+	}
+}
+
+// newEpochCommitted runs once the diff of a new epoch committed here: every
+// entry of earlier epochs that will ever be delivered has been, so
+// proposals handed to earlier epochs and not delivered never will be; they
+// go back to the front of the waiting queue (docs/broadcast.md, "Proposals").
+func (r *Replica) newEpochCommitted() {
+	k := 0
+	for k < len(r.inflight) && r.inflight[k].epoch < r.eCur {
+		k++
+	}
+	if k == 0 {
+		return
+	}
+	back := r.inflight[:k:k]
+	r.inflight = r.inflight[k:]
+	r.waiting = append(back, r.waiting...)
+}
+
+// submit hands waiting proposals to the leader: broadcast them if we lead
+// (Acuerdo Fig. 4), else forward them through our ring to the leader. Only
+// once this epoch's diff committed here, so that delivery follows pseq order.
+func (r *Replica) submit() bool {
+	if len(r.waiting) == 0 || !r.epochDone || r.role == Electing {
+		return false
+	}
+	k := 0
+	switch r.role {
+	case Leader:
+		for k < len(r.waiting) && r.uncommitted() < r.cfg.MaxUncommitted {
+			p := r.waiting[k]
+			p.epoch = r.eCur
+			r.broadcast(proposalID{origin: r.self, oinc: uint32(r.inc), pseq: p.pseq}, p.data)
+			k++
+		}
+	case Follower:
+		l := r.links[r.idxOf(r.eCur.Leader())]
+		if l.out.rinc == 0 {
+			return false
+		}
+		for k < len(r.waiting) {
+			p := r.waiting[k]
+			size := recSize(entryMeta + len(p.data))
+			if !l.out.room(size) {
+				break
+			}
+			buf := l.out.reserve(size, r.inc)
+			putMeta(buf[recHdr:], proposalID{origin: r.self, oinc: uint32(r.inc), pseq: p.pseq})
+			copy(buf[recHdr+entryMeta:], p.data)
+			l.out.commitRecord(recHeader{len: entryMeta + len(p.data), kind: kForward, hdr: MsgHdr{E: r.eCur}}, r.inc)
+			p.epoch = r.eCur
+			k++
+		}
+	}
+	if k == 0 {
+		return false
+	}
+	r.inflight = append(r.inflight, r.waiting[:k]...)
+	r.waiting = r.waiting[k:]
+	return true
+}
+
+// expireWaiting fails waiting proposals past their deadline with
+// ErrTimeout: they were never handed to a leader, or the epoch they were
+// handed to ended without delivering them, so they are not delivered.
+func (r *Replica) expireWaiting() {
+	if len(r.waiting) == 0 || r.waiting[0].deadline > r.now {
+		return
+	}
+	kept := r.waiting[:0]
+	k := 0
+	for _, p := range r.waiting {
+		if p.deadline <= r.now {
+			p.finish(0, ErrTimeout)
+			k++
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	clear(r.waiting[len(kept):])
+	r.waiting = kept
+	r.resolved(k)
+}

@@ -1,0 +1,134 @@
+package broadcast
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+var update = flag.Bool("update", false, "rewrite golden traces in testdata/")
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if string(want) != got+"\n" {
+		t.Errorf("trace differs from %s (rerun with -update after checking):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+func only(pairs ...[2]rdma.NodeID) func(from, to rdma.NodeID) bool {
+	return func(from, to rdma.NodeID) bool {
+		return slices.Contains(pairs, [2]rdma.NodeID{from, to})
+	}
+}
+
+func not(ids ...rdma.NodeID) func(from, to rdma.NodeID) bool {
+	return func(from, to rdma.NodeID) bool {
+		return !slices.Contains(ids, from) && !slices.Contains(ids, to)
+	}
+}
+
+func wantSeq(t *testing.T, c *qcluster, id rdma.NodeID, want ...string) {
+	t.Helper()
+	if got := c.delivered(id); !slices.Equal(got, want) {
+		t.Errorf("node %d delivered %q, want %q", id, got, want)
+	}
+}
+
+// TestFig3RunningExample replays the paper's running example (Acuerdo
+// section 3, Fig. 3): node 1 leads epoch (0,1) and broadcasts ((0,1),1) and
+// ((0,1),2), which node 3 discovers together and accepts as one batch; node
+// 1 times out (crashes) after node 3 but before node 2 got ((0,1),3); node 2
+// proposes itself for (0,2); node 3 refuses, having the more up-to-date
+// log, and proposes itself for (0,3); node 2 joins; node 3 wins and its
+// diff ((0,3),0) brings node 2 the missing message.
+func TestFig3RunningExample(t *testing.T) {
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, nil)
+	n1, n2, n3 := c.get(1), c.get(2), c.get(3)
+	c.settle(nil)
+	c.takeTrace() // boot and connections
+
+	// Node 1 times out first and wins epoch (0,1).
+	n1.r.startElection(true)
+	c.settle(nil)
+	golden(t, "fig3-1-elect-01.trace", c.takeTrace())
+	for _, n := range c.nodes {
+		if s := n.r.Status(); s.ECur != MakeEpoch(0, 1) || s.Committed != (MsgHdr{E: MakeEpoch(0, 1)}) {
+			t.Fatalf("node %d: %+v, want epoch (0,1) with its diff committed", n.id, s)
+		}
+	}
+
+	// ((0,1),1) and ((0,1),2): node 3 finds both in one look.
+	p1 := n1.r.Propose([]byte("m1"))
+	p2 := n1.r.Propose([]byte("m2"))
+	n1.r.Poll(c.now)
+	c.deliver(nil)
+	n3.r.Poll(c.now)
+	c.deliver(only([2]rdma.NodeID{3, 1}))
+	n1.r.Poll(c.now) // commits at node 1 on node 3's acceptance
+	c.settle(nil)
+	golden(t, "fig3-2-broadcast.trace", c.takeTrace())
+	for _, p := range []*Proposal{p1, p2} {
+		if _, err := p.Result(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if i, _ := p2.Result(); i != 2 {
+		t.Errorf("m2 delivered at %d, want 2", i)
+	}
+
+	// ((0,1),3) reaches node 3 only; then node 1 is gone.
+	p3 := n1.r.Propose([]byte("m3"))
+	n1.r.Poll(c.now)
+	c.deliver(only([2]rdma.NodeID{1, 3}))
+	n3.r.Poll(c.now)
+	c.crash(1, 0)
+	if _, err := p3.Result(); err != ErrStopped {
+		t.Errorf("m3 at the crashed node: %v, want ErrStopped", err)
+	}
+
+	// Node 2 times out and proposes itself for (0,2).
+	n2.r.startElection(true)
+	n2.r.Poll(c.now)
+	if v := n2.r.Status().Vote; v != (Vote{ENew: MakeEpoch(0, 2), Acpt: MsgHdr{E: MakeEpoch(0, 1), Cnt: 2}}) {
+		t.Fatalf("node 2 votes %v", v)
+	}
+	// Node 3 refuses and wins (0,3); its diff brings node 2 ((0,1),3).
+	c.settle(not(1))
+	golden(t, "fig3-3-elect-03.trace", c.takeTrace())
+	if s := n3.r.Status(); s.Role != Leader || s.ECur != MakeEpoch(0, 3) {
+		t.Fatalf("node 3: %+v, want leader of (0,3)", s)
+	}
+	if s := n2.r.Status(); s.Role != Follower || s.ECur != MakeEpoch(0, 3) {
+		t.Fatalf("node 2: %+v, want follower of (0,3)", s)
+	}
+	wantSeq(t, c, 2, "m1", "m2", "m3")
+	wantSeq(t, c, 3, "m1", "m2", "m3")
+
+	// A proposal at follower 2 is forwarded to node 3 and delivered at 4.
+	p4 := n2.r.Propose([]byte("m4"))
+	c.settle(not(1))
+	if i, err := p4.Result(); err != nil || i != 4 {
+		t.Errorf("m4: index %d, err %v, want 4", i, err)
+	}
+	wantSeq(t, c, 2, "m1", "m2", "m3", "m4")
+	wantSeq(t, c, 3, "m1", "m2", "m3", "m4")
+}

@@ -1,0 +1,265 @@
+package broadcast
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Epoch is the paper's epoch = (round, ldr) (Acuerdo Fig. 1 l.3) packed in
+// one word: round<<32 | leader. Epochs are ordered by round, then leader,
+// which is the order of the packed uint64.
+type Epoch uint64
+
+// MakeEpoch packs (round, leader) into an Epoch.
+func MakeEpoch(round uint32, leader rdma.NodeID) Epoch {
+	return Epoch(uint64(round)<<32 | uint64(leader))
+}
+
+// Round is the epoch's round number.
+func (e Epoch) Round() uint32 { return uint32(e >> 32) }
+
+// Leader is the node that leads the epoch.
+func (e Epoch) Leader() rdma.NodeID { return rdma.NodeID(uint32(e)) }
+
+// String formats the epoch as the paper does: (round,leader).
+func (e Epoch) String() string { return fmt.Sprintf("(%d,%d)", e.Round(), e.Leader()) }
+
+// newBiggerEpoch is Acuerdo Fig. 7 l.102: the smallest epoch led by self
+// that is bigger than both a and b.
+func newBiggerEpoch(a, b Epoch, self rdma.NodeID) Epoch {
+	mx := max(a, b)
+	if e := MakeEpoch(mx.Round(), self); e > mx {
+		return e
+	}
+	return MakeEpoch(mx.Round()+1, self)
+}
+
+// MsgHdr is the paper's msghdr = (e, cnt) (Acuerdo Fig. 1 l.4): a message's
+// position in the total order, by epoch then count. The zero MsgHdr is below
+// every message.
+type MsgHdr struct {
+	E   Epoch
+	Cnt uint64
+}
+
+// Less orders headers by epoch, then count.
+func (h MsgHdr) Less(o MsgHdr) bool { return h.E < o.E || (h.E == o.E && h.Cnt < o.Cnt) }
+
+// IsZero reports whether h is the zero header (nothing).
+func (h MsgHdr) IsZero() bool { return h == MsgHdr{} }
+
+// String formats the header as the paper does: ((round,leader),cnt).
+func (h MsgHdr) String() string { return fmt.Sprintf("(%v,%d)", h.E, h.Cnt) }
+
+func maxHdr(a, b MsgHdr) MsgHdr {
+	if a.Less(b) {
+		return b
+	}
+	return a
+}
+
+func minHdr(a, b MsgHdr) MsgHdr {
+	if b.Less(a) {
+		return b
+	}
+	return a
+}
+
+// Vote is the paper's vote = (e_new, acpt) (Acuerdo Fig. 1 l.6): the epoch a
+// node wants to join and its candidate's last accepted header, ordered by
+// epoch then header.
+type Vote struct {
+	ENew Epoch
+	Acpt MsgHdr
+}
+
+// Less orders votes by epoch, then accepted header.
+func (v Vote) Less(o Vote) bool { return v.ENew < o.ENew || (v.ENew == o.ENew && v.Acpt.Less(o.Acpt)) }
+
+// String formats the vote.
+func (v Vote) String() string { return fmt.Sprintf("<%v,%v>", v.ENew, v.Acpt) }
+
+// Role is the paper's Role (Acuerdo Fig. 1 l.17).
+type Role uint8
+
+// Roles.
+const (
+	Electing Role = iota
+	Follower
+	Leader
+)
+
+// String returns the role's name.
+func (r Role) String() string {
+	switch r {
+	case Electing:
+		return "electing"
+	case Follower:
+		return "follower"
+	case Leader:
+		return "leader"
+	}
+	return fmt.Sprintf("role(%d)", uint8(r))
+}
+
+// FSM is the application state machine that committed entries are
+// delivered to, in the spirit of hashicorp/raft's FSM. The replica calls it
+// from Poll only, so it needs no locking against the replica.
+type FSM interface {
+	// Apply delivers the committed entry at index (1, 2, ... in the total
+	// order). data must not be kept after Apply returns unless copied.
+	Apply(index uint64, data []byte)
+	// Snapshot serialises the state after every entry applied so far.
+	Snapshot() ([]byte, error)
+	// Restore replaces the state with a snapshot; the next Apply follows
+	// the snapshot's index.
+	Restore(snapshot []byte) error
+}
+
+// Config configures a Replica. Zero fields take the documented defaults.
+type Config struct {
+	// Self is this replica's node id; it must be in Members.
+	Self rdma.NodeID
+	// Members is the group, n = 2f+1 node ids, the same list on every member.
+	Members []rdma.NodeID
+	// RegionBase is the first region id the group uses; it uses
+	// RegionBase .. RegionBase+2n+1 (SST, one incoming ring per member,
+	// one snapshot region per member). Default 0x1000.
+	RegionBase rdma.RegionID
+	// RingSize is the byte size of each incoming ring (a multiple of 8).
+	// Default 1 MiB.
+	RingSize int
+	// MaxRecord bounds one ring record's payload; a proposal's data must fit
+	// in MaxRecord-16 bytes, larger diffs are sent in several parts.
+	// Default RingSize/8.
+	MaxRecord int
+	// HeartbeatInterval is how often a member pushes its CommitSST row with
+	// a new heartbeat (Acuerdo Fig. 6 l.93). Default 1 ms.
+	HeartbeatInterval time.Duration
+	// ElectionTimeout is how long a follower waits for its leader's
+	// heartbeat (and a leader for a majority) before electing; also the
+	// base of the randomised vote timeout. Default 20 ms.
+	ElectionTimeout time.Duration
+	// MaxLogEntries bounds the committed entries kept in the Log for
+	// catch-up; a member further behind gets a snapshot. Default 65536.
+	MaxLogEntries int
+	// MaxUncommitted bounds the leader's uncommitted entries; beyond it new
+	// proposals wait (back pressure). Default 16384.
+	MaxUncommitted int
+	// MaxPending bounds proposals waiting at this replica for a leader;
+	// beyond it Propose fails with ErrBusy. Default 65536.
+	MaxPending int
+	// ProposeTimeout is how long a proposal may wait without being
+	// handed to a leader before it fails with ErrTimeout. Default 2 s.
+	ProposeTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the exponential backoff between
+	// attempts to reconnect a broken Conn. Defaults 1 ms and 100 ms.
+	ReconnectMin, ReconnectMax time.Duration
+	// Seed seeds the replica's randomness (election timeouts). Replicas of
+	// a group should use different seeds; 0 derives one from Self.
+	Seed uint64
+	// Trace, if set, receives one line per protocol event (votes, role
+	// changes, diffs), for tests and debugging.
+	Trace func(format string, args ...any)
+}
+
+// Defaults.
+const (
+	DefaultRegionBase        rdma.RegionID = 0x1000
+	DefaultRingSize                        = 1 << 20
+	DefaultHeartbeatInterval               = time.Millisecond
+	DefaultElectionTimeout                 = 20 * time.Millisecond
+	DefaultMaxLogEntries                   = 1 << 16
+	DefaultMaxUncommitted                  = 1 << 14
+	DefaultMaxPending                      = 1 << 16
+	DefaultProposeTimeout                  = 2 * time.Second
+	DefaultReconnectMin                    = time.Millisecond
+	DefaultReconnectMax                    = 100 * time.Millisecond
+)
+
+// withDefaults validates c and fills in defaults.
+func (c Config) withDefaults() (Config, error) {
+	if len(c.Members) == 0 {
+		return c, fmt.Errorf("broadcast: config: no members: %w", ErrConfig)
+	}
+	if len(c.Members) > 255 {
+		return c, fmt.Errorf("broadcast: config: %d members, at most 255: %w", len(c.Members), ErrConfig)
+	}
+	seen := map[rdma.NodeID]bool{}
+	for _, m := range c.Members {
+		if seen[m] {
+			return c, fmt.Errorf("broadcast: config: member %d listed twice: %w", m, ErrConfig)
+		}
+		seen[m] = true
+	}
+	if !seen[c.Self] {
+		return c, fmt.Errorf("broadcast: config: self %d not in members %v: %w", c.Self, c.Members, ErrConfig)
+	}
+	if c.RegionBase == 0 {
+		c.RegionBase = DefaultRegionBase
+	}
+	if c.RingSize == 0 {
+		c.RingSize = DefaultRingSize
+	}
+	if c.RingSize%8 != 0 || c.RingSize < 4096 {
+		return c, fmt.Errorf("broadcast: config: ring size %d must be a multiple of 8 and >= 4096: %w", c.RingSize, ErrConfig)
+	}
+	if c.MaxRecord == 0 {
+		c.MaxRecord = c.RingSize / 8
+	}
+	if c.MaxRecord < 256 || c.MaxRecord > c.RingSize/4 {
+		return c, fmt.Errorf("broadcast: config: max record %d must be in [256, ring size/4]: %w", c.MaxRecord, ErrConfig)
+	}
+	c.MaxRecord &^= 7
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.ElectionTimeout == 0 {
+		c.ElectionTimeout = DefaultElectionTimeout
+	}
+	if c.ElectionTimeout < 2*c.HeartbeatInterval {
+		return c, fmt.Errorf("broadcast: config: election timeout %v must be at least twice the heartbeat interval %v: %w", c.ElectionTimeout, c.HeartbeatInterval, ErrConfig)
+	}
+	if c.MaxLogEntries == 0 {
+		c.MaxLogEntries = DefaultMaxLogEntries
+	}
+	if c.MaxUncommitted == 0 {
+		c.MaxUncommitted = DefaultMaxUncommitted
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	if c.ProposeTimeout == 0 {
+		c.ProposeTimeout = DefaultProposeTimeout
+	}
+	if c.ReconnectMin == 0 {
+		c.ReconnectMin = DefaultReconnectMin
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = DefaultReconnectMax
+	}
+	if c.Seed == 0 {
+		c.Seed = uint64(c.Self)*0x9e3779b97f4a7c15 + 1
+	}
+	return c, nil
+}
+
+// Sentinel errors.
+var (
+	// ErrConfig: the Config is invalid.
+	ErrConfig = errors.New("broadcast: invalid config")
+	// ErrBusy: too many proposals are waiting; this one was not delivered
+	// and will not be, so retrying later is safe.
+	ErrBusy = errors.New("broadcast: too many pending proposals")
+	// ErrTimeout: the proposal found no leader within ProposeTimeout; it was
+	// not delivered and will not be, so retrying is safe.
+	ErrTimeout = errors.New("broadcast: proposal timed out without a leader")
+	// ErrTooLarge: the proposal does not fit in one ring record.
+	ErrTooLarge = errors.New("broadcast: proposal larger than the record limit")
+	// ErrStopped: the replica was closed. The proposal's outcome is
+	// unknown: it may still be delivered by the rest of the group.
+	ErrStopped = errors.New("broadcast: replica stopped")
+)
