@@ -225,7 +225,7 @@ type pipe struct {
 	cs     [64]rdma.Completion
 }
 
-const pipeBufs = 256
+const pipeBufs = 128 // also bounds the writes in flight, as a protocol's window does
 
 func newPipe(c rdma.Conn, every int) *pipe {
 	return &pipe{c: c, every: every, bufs: make([][]byte, pipeBufs), usedBy: make([]uint64, pipeBufs)}
@@ -258,7 +258,7 @@ func (p *pipe) post(wr rdma.WR) (uint64, error) {
 		copy(b, wr.Buf)
 		wr.Buf = b
 		p.usedBy[k] = wr.ID
-		if wr.Flags&rdma.Signaled == 0 && p.every == 0 && p.next-p.done >= pipeBufs/2 {
+		if wr.Flags&rdma.Signaled == 0 && p.every == 0 && p.next-p.done >= pipeBufs*3/4 {
 			// Keep buffers reclaimable: signal now and then anyway.
 			wr.Flags |= rdma.Signaled
 		}
@@ -344,17 +344,17 @@ func (p *pipe) sync(region rdma.RegionID, off, v uint64) error {
 }
 
 // overlap makes the readers and writers of a race case really overlap on a
-// fast fabric: writers keep writing until every reader has made minReads
-// reads while writes were under way (or liveTimeout passed).
+// fast fabric: writers keep writing until every reader i has made
+// minReads[i] reads while writes were under way (or liveTimeout passed).
 type overlap struct {
 	reads    []atomic.Int64
 	writing  atomic.Bool
-	minReads int64
+	minReads []int64
 	deadline time.Time
 }
 
-func newOverlap(readers, minReads int) *overlap {
-	return &overlap{reads: make([]atomic.Int64, readers), minReads: int64(minReads)}
+func newOverlap(minReads ...int64) *overlap {
+	return &overlap{reads: make([]atomic.Int64, len(minReads)), minReads: minReads}
 }
 
 // start marks the writers as writing; call it before they start.
@@ -374,7 +374,7 @@ func (o *overlap) read(i int) {
 }
 
 // quit tells the writers not to wait for reader i, which failed.
-func (o *overlap) quit(i int) { o.reads[i].Store(o.minReads) }
+func (o *overlap) quit(i int) { o.reads[i].Store(o.minReads[i]) }
 
 // more tells a writer to go on writing.
 func (o *overlap) more() bool {
@@ -382,7 +382,7 @@ func (o *overlap) more() bool {
 		return false
 	}
 	for i := range o.reads {
-		if o.reads[i].Load() < o.minReads {
+		if o.reads[i].Load() < o.minReads[i] {
 			return true
 		}
 	}
@@ -393,8 +393,8 @@ func (o *overlap) more() bool {
 // way, which would make the case vacuous.
 func (o *overlap) check() error {
 	for i := range o.reads {
-		if n := o.reads[i].Load(); n < o.minReads {
-			return fmt.Errorf("reader %d made only %d reads while the writers wrote (want %d in %v)", i, n, o.minReads, liveTimeout)
+		if n := o.reads[i].Load(); n < o.minReads[i] {
+			return fmt.Errorf("reader %d made only %d reads while the writers wrote (want %d in %v)", i, n, o.minReads[i], liveTimeout)
 		}
 	}
 	return nil
