@@ -81,11 +81,13 @@ func testRevokeRacingWriters(t *testing.T, h Harness) {
 	var progress [writers]atomic.Uint64
 	errs := make([]error, writers)
 	var wg sync.WaitGroup
+	conns := make([]rdma.Conn, writers)
 	for k := range writers {
 		id := rdma.NodeID(2 + k)
 		n := cl.open(id)
 		grant(t, r, id, rdma.PermWrite)
 		c := connect(t, n, 1)
+		conns[k] = c
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -125,6 +127,9 @@ func testRevokeRacingWriters(t *testing.T, h Harness) {
 	wg.Wait()
 	if !errors.Is(errs[victim], rdma.ErrPermission) {
 		t.Errorf("revoked writer's stream ended with %v, want ErrPermission", errs[victim])
+	}
+	if err := conns[victim].Err(); !errors.Is(err, rdma.ErrPermission) {
+		t.Errorf("revoked writer's Conn.Err() = %v, want ErrPermission", err)
 	}
 	for k := 1; k < writers; k++ {
 		if errs[k] != nil {
