@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,12 +55,15 @@ type fabricFlags struct {
 	runs     int
 	fabrics  []string
 	modes    []string
+	ops      []string
 	sizes    []int
 	json     bool
 	parkSpin time.Duration
 	batch    int
 	slots    int
 	shmDir   string
+	cpuProf  string
+	noBase   bool
 }
 
 func parseFabricFlags(args []string, stderr io.Writer) (*fabricFlags, error) {
@@ -74,12 +78,15 @@ func parseFabricFlags(args []string, stderr io.Writer) (*fabricFlags, error) {
 	fs.IntVar(&o.runs, "runs", 3, "runs; every figure is the median over them")
 	fabrics := fs.String("fabrics", "mem,shm,tcp", "comma-separated fabrics to measure")
 	modes := fs.String("modes", "spin,park", "comma-separated modes: spin (poll memory), park (Doorbell.Wait)")
+	ops := fs.String("ops", "write,read,ring", "comma-separated measurements: write (write-oneway), read (read-rtt), ring (ring-write)")
 	sizes := fs.String("sizes", "64,1024", "comma-separated ring message sizes in bytes (multiples of 8, >= 16)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per result line instead of a table")
 	fs.DurationVar(&o.parkSpin, "park-spin", 0, "doorbell spin budget in park mode (0: park at once)")
 	fs.IntVar(&o.batch, "batch", 64, "ring messages per tail publication")
 	fs.IntVar(&o.slots, "slots", 4096, "ring slots")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files (shm fabric and baselines)")
+	fs.BoolVar(&o.noBase, "no-baselines", false, "skip the baselines (no ratios; for profiling a fabric alone)")
+	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this (the initiator's) process to `file`, for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -96,6 +103,12 @@ func parseFabricFlags(args []string, stderr io.Writer) (*fabricFlags, error) {
 	for _, m := range o.modes {
 		if m != "spin" && m != "park" {
 			return nil, fmt.Errorf("fabric: unknown mode %q (want spin, park)", m)
+		}
+	}
+	o.ops = splitList(*ops)
+	for _, op := range o.ops {
+		if op != "write" && op != "read" && op != "ring" {
+			return nil, fmt.Errorf("fabric: unknown measurement %q (want write, read, ring)", op)
 		}
 	}
 	for _, s := range splitList(*sizes) {
@@ -174,9 +187,16 @@ func fabricRows(o *fabricFlags) []key {
 	var rows []key
 	for _, f := range o.fabrics {
 		for _, m := range o.modes {
-			rows = append(rows, key{f, m, opWriteOneway, 8}, key{f, m, opReadRTT, 8})
-			for _, sz := range o.sizes {
-				rows = append(rows, key{f, m, opRingWrite, sz})
+			if slices.Contains(o.ops, "write") {
+				rows = append(rows, key{f, m, opWriteOneway, 8})
+			}
+			if slices.Contains(o.ops, "read") {
+				rows = append(rows, key{f, m, opReadRTT, 8})
+			}
+			if slices.Contains(o.ops, "ring") {
+				for _, sz := range o.sizes {
+					rows = append(rows, key{f, m, opRingWrite, sz})
+				}
 			}
 		}
 	}
@@ -215,9 +235,23 @@ func runFabric(args []string, stdout, stderr io.Writer) error {
 	rows := fabricRows(o)
 	var bases []key
 	for _, k := range rows {
+		if o.noBase {
+			break
+		}
 		if b := baselineOf(k); !slices.Contains(bases, b) {
 			bases = append(bases, b)
 		}
+	}
+	if o.cpuProf != "" {
+		f, err := os.Create(o.cpuProf)
+		if err != nil {
+			return fmt.Errorf("fabric: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("fabric: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	tm := timing{dur: o.duration, warm: min(o.duration/10, 100*time.Millisecond)}
 	res := results{}
@@ -324,14 +358,20 @@ func measureFabric(fabric, mode string, o *fabricFlags, tm timing, h *hist, add 
 		}
 		add(key{fabric, mode, op, size}, st)
 	}
-	one(opWriteOneway, 8, func() (stat, error) {
-		st, err := s.writeLatency(k, tm, h)
-		st.p50, st.p99 = st.p50/2, st.p99/2
-		return st, err
-	})
-	one(opReadRTT, 8, func() (stat, error) { return s.readLatency(k, tm, h) })
-	for _, sz := range o.sizes {
-		one(opRingWrite, sz, func() (stat, error) { return s.ringThroughput(k, sz, o.slots, o.batch, tm) })
+	if slices.Contains(o.ops, "write") {
+		one(opWriteOneway, 8, func() (stat, error) {
+			st, err := s.writeLatency(k, tm, h)
+			st.p50, st.p99 = st.p50/2, st.p99/2
+			return st, err
+		})
+	}
+	if slices.Contains(o.ops, "read") {
+		one(opReadRTT, 8, func() (stat, error) { return s.readLatency(k, tm, h) })
+	}
+	if slices.Contains(o.ops, "ring") {
+		for _, sz := range o.sizes {
+			one(opRingWrite, sz, func() (stat, error) { return s.ringThroughput(k, sz, o.slots, o.batch, tm) })
+		}
 	}
 }
 
