@@ -26,17 +26,16 @@ func AllocMemory(size int) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rdma: allocate %d bytes: %w", n, err)
 	}
-	return b[:size:size], nil
+	return b[:size], nil // cap(b) is the whole mapping, which FreeMemory needs
 }
 
-// FreeMemory releases memory from AllocMemory.
+// FreeMemory releases memory from AllocMemory. b must be the slice
+// AllocMemory returned (any length, same start and capacity).
 func FreeMemory(b []byte) error {
 	if cap(b) == 0 {
 		return nil
 	}
-	pg := unix.Getpagesize()
-	n := (cap(b) + pg - 1) / pg * pg
-	return unix.Munmap(b[:n:n])
+	return unix.Munmap(b[:cap(b)])
 }
 
 // Round8 rounds n up to a multiple of 8.
