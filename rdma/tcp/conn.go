@@ -52,6 +52,8 @@ type Conn struct {
 	unpolled atomic.Int64 // completions pushed, not yet polled
 	silent   time.Duration
 	pings    uint64
+	ready    chan struct{} // a completion was pushed (Wait parks on it)
+	timer    *time.Timer   // Wait's, reused (a Conn has one user at a time)
 
 	mu       sync.Mutex
 	space    sync.Cond // send buffer drained (Post waits on it above sendLimit)
@@ -74,6 +76,7 @@ func newConn(n *Node, peer rdma.NodeID, addr string, nc net.Conn) *Conn {
 		depth:   uint64(n.opts.QueueDepth),
 		maxData: n.opts.MaxFrame - headerLen - writeFixed,
 		kick:    make(chan struct{}, 1),
+		ready:   make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		ops:     make([]opRec, n.opts.QueueDepth),
 		head:    1, next: 1,
@@ -114,13 +117,30 @@ func (c *Conn) Poll(cs []rdma.Completion) int {
 	return k
 }
 
-// Wait implements rdma.Conn.
+// Wait implements rdma.Conn. It parks at once: a completion arrives from
+// the network through another goroutine, and spinning (with
+// runtime.Gosched) would only delay the network poller that delivers it.
+// The timer is the Conn's own, reused, so Wait allocates nothing.
 func (c *Conn) Wait(cs []rdma.Completion, timeout time.Duration) int {
-	k := c.cq.Wait(cs, timeout)
-	if k > 0 {
-		c.unpolled.Add(int64(-k))
+	if k := c.Poll(cs); k > 0 || timeout <= 0 {
+		return k
 	}
-	return k
+	if c.timer == nil {
+		c.timer = time.NewTimer(timeout)
+	} else {
+		c.timer.Reset(timeout)
+	}
+	defer c.timer.Stop()
+	for {
+		select {
+		case <-c.ready:
+			if k := c.Poll(cs); k > 0 {
+				return k
+			}
+		case <-c.timer.C:
+			return c.Poll(cs)
+		}
+	}
 }
 
 func (c *Conn) stateErr() error {
@@ -280,6 +300,10 @@ func (c *Conn) opErr(rec *opRec, err error) error {
 func (c *Conn) push(cp rdma.Completion) {
 	c.unpolled.Add(1)
 	c.cq.Push(cp)
+	select {
+	case c.ready <- struct{}{}:
+	default:
+	}
 }
 
 // completeThrough completes ops up to and including seq successfully.
