@@ -126,6 +126,7 @@ type Replica struct {
 	electAt    time.Duration
 	leaderHB   uint64
 	leaderHBAt time.Duration
+	leaderInc  uint64 // incarnation of the leader whose diff we accepted
 	heartbeat  uint64
 	nextHB     time.Duration
 	nextPrune  time.Duration
@@ -201,7 +202,15 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	}
 	r.role = Electing
 	r.electAt = r.voteTimeout(0)
+	if r.catchingUp && r.eNew != 0 {
+		// Publish the promise we kept on disk (with no accepted header, so
+		// that no candidate counts it): members of a smaller epoch see it
+		// and elect past it, or we could never accept their diff (Fig. 5
+		// l.54).
+		r.vote = Vote{ENew: r.eNew}
+	}
 	r.updateRows()
+	r.publishStatus()
 	r.tracef("node %d boots incarnation %d, e_new %v, catching up %v", r.self, r.inc, r.eNew, r.catchingUp)
 	return r, nil
 }
@@ -748,6 +757,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	}
 	r.leaderHBAt = r.now
 	r.leaderHB = r.mems[i].hb
+	r.leaderInc = r.mems[i].inc
 	r.tracef("node %d accepts diff %v base %v with %d entries from node %d (snapshot %v)", r.self, d.hdr, d.base, len(d.entries), sender, useSnap)
 }
 
@@ -860,6 +870,7 @@ func (r *Replica) commit() bool {
 		return false
 	}
 	if bound.E != r.eCur || !r.committed.Less(bound) {
+		r.checkEpochDone()
 		return false
 	}
 	var batch []*entry
@@ -877,11 +888,17 @@ func (r *Replica) commit() bool {
 	if r.cfg.Trace != nil {
 		r.tracef("node %d commits up to %v (delivered %d)", r.self, bound, r.index)
 	}
-	if !r.epochDone {
+	r.checkEpochDone()
+	return true
+}
+
+// checkEpochDone notes when this epoch's diff has committed here
+// (Committed >= (E_cur, 0)), also when a snapshot took us past it.
+func (r *Replica) checkEpochDone() {
+	if !r.epochDone && r.role != Electing && r.committed.E == r.eCur {
 		r.epochDone = true
 		r.newEpochCommitted()
 	}
-	return true
 }
 
 // deliver hands one committed entry to the application.
@@ -910,6 +927,11 @@ func (r *Replica) timers() bool {
 		if m.hb != r.leaderHB {
 			r.leaderHB = m.hb
 			r.leaderHBAt = now
+		}
+		if m.inc != r.leaderInc {
+			r.tracef("node %d: leader %d restarted", r.self, r.eCur.Leader())
+			r.startElection(true)
+			return true
 		}
 		if now-r.leaderHBAt > r.cfg.ElectionTimeout {
 			r.tracef("node %d: leader %d timed out", r.self, r.eCur.Leader())
@@ -1236,7 +1258,7 @@ func (r *Replica) prune() {
 	}
 	floor = minHdr(floor, keep)
 	ncommitted := r.log.Len()
-	r.log.Descend(nil, func(e *entry) bool {
+	r.log.Reverse(func(e *entry) bool {
 		if !r.committed.Less(e.hdr) {
 			return false
 		}

@@ -1,0 +1,333 @@
+package broadcast
+
+import (
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/sim"
+)
+
+var simFlags = sim.RegisterFlags(flag.CommandLine)
+
+// diskStable keeps StableState on a simulated node's Disk.
+type diskStable struct{ d *sim.Disk }
+
+func (s diskStable) Load() (StableState, error) {
+	b, ok := s.d.Get("acuerdo")
+	if !ok {
+		return StableState{}, nil
+	}
+	if len(b) != 16 {
+		return StableState{}, ErrCorrupt
+	}
+	return StableState{Incarnation: binary.LittleEndian.Uint64(b), ENew: Epoch(binary.LittleEndian.Uint64(b[8:]))}, nil
+}
+
+func (s diskStable) Save(st StableState) error {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[0:], st.Incarnation)
+	binary.LittleEndian.PutUint64(b[8:], uint64(st.ENew))
+	s.d.Put("acuerdo", b[:])
+	return nil
+}
+
+// checker holds the reference total order: the longest sequence any
+// replica delivered. Every delivery must agree with it (total order, no
+// gaps), no replica may deliver a message twice (no duplication), and
+// every message must have been proposed (integrity).
+type checker struct {
+	ref      []string
+	proposed map[string]*simProposal
+	err      error
+}
+
+type simProposal struct {
+	node rdma.NodeID
+	inc  int
+	p    *Proposal
+}
+
+func (c *checker) fail(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf(format, args...)
+	}
+}
+
+// apply checks that a replica's index-th delivery is d.
+func (c *checker) apply(id rdma.NodeID, index uint64, d string) {
+	if _, ok := c.proposed[d]; !ok {
+		c.fail("integrity: node %d delivered %q at %d, never proposed", id, d, index)
+	}
+	switch {
+	case index <= uint64(len(c.ref)):
+		if c.ref[index-1] != d {
+			c.fail("total order: node %d delivered %q at %d, another replica %q", id, d, index, c.ref[index-1])
+		}
+	case index == uint64(len(c.ref))+1:
+		c.ref = append(c.ref, d)
+	default:
+		c.fail("gap: node %d delivered %d with only %d in the reference", id, index, len(c.ref))
+	}
+}
+
+// checkFSM is a logFSM whose deliveries are checked as they happen.
+type checkFSM struct {
+	logFSM
+	id   rdma.NodeID
+	c    *checker
+	seen map[string]bool
+}
+
+func (f *checkFSM) Apply(index uint64, data []byte) {
+	f.logFSM.Apply(index, data)
+	d := string(data)
+	if f.seen[d] {
+		f.c.fail("duplication: node %d delivered %q twice (again at %d)", f.id, d, index)
+	}
+	f.seen[d] = true
+	f.c.apply(f.id, index, d)
+}
+
+func (f *checkFSM) Restore(s []byte) error {
+	if err := f.logFSM.Restore(s); err != nil {
+		return err
+	}
+	f.seen = map[string]bool{}
+	for i, d := range f.seq {
+		if f.seen[string(d)] {
+			f.c.fail("duplication: node %d restored a snapshot with %q twice", f.id, d)
+		}
+		f.seen[string(d)] = true
+		f.c.apply(f.id, uint64(i+1), string(d))
+	}
+	return nil
+}
+
+type simOpts struct {
+	n        int
+	until    time.Duration // faults and proposals until then
+	crashes  bool
+	restarts bool // crashes restart with empty memory (always, here) after a downtime
+	faults   sim.Faults
+	maxLog   int
+}
+
+// simProc is one incarnation of a replica in the simulator, with a client
+// that proposes at random times until the faults end.
+type simProc struct {
+	h    *simRun
+	env  *sim.Env
+	r    *Replica
+	fsm  *checkFSM
+	next time.Duration
+	k    int
+}
+
+type simRun struct {
+	o     simOpts
+	s     *sim.Sim
+	c     *checker
+	cfg   Config
+	procs map[rdma.NodeID]*simProc
+	rng   *rand.Rand
+	down  rdma.NodeID // crashed node, 0 if none
+}
+
+func (p *simProc) Start(env *sim.Env) error {
+	p.env = env
+	cfg := p.h.cfg
+	cfg.Self = env.ID()
+	cfg.Seed = env.Rand().Uint64() | 1
+	p.fsm = &checkFSM{id: env.ID(), c: p.h.c, seen: map[string]bool{}}
+	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
+	if err != nil {
+		return err
+	}
+	p.r = r
+	p.next = env.Now() + time.Duration(env.Rand().Int64N(int64(time.Millisecond)))
+	p.h.procs[env.ID()] = p
+	return nil
+}
+
+func (p *simProc) Step(now time.Duration) bool {
+	if now >= p.next && now < p.h.o.until {
+		p.k++
+		d := fmt.Sprintf("n%d.%d.%d", p.env.ID(), p.env.Incarnation(), p.k)
+		p.h.c.proposed[d] = &simProposal{node: p.env.ID(), inc: p.env.Incarnation(), p: p.r.Propose([]byte(d))}
+		p.next = now + time.Duration(p.env.Rand().Int64N(int64(2*time.Millisecond)))
+	}
+	progress := p.r.Poll(now)
+	wake := p.r.NextDeadline()
+	if now < p.h.o.until {
+		wake = min(wake, p.next)
+	}
+	p.env.WakeAt(wake)
+	return progress
+}
+
+// catchingUp reports whether any live member restarted and is not caught up.
+func (h *simRun) catchingUp() bool {
+	for id, p := range h.procs {
+		if h.s.Live(id) && p.r.Status().CatchingUp {
+			return true
+		}
+	}
+	return false
+}
+
+// scheduleCrashes crashes one member at a time, at random, and restarts it
+// with empty memory (its disk kept) after a random downtime, never while
+// another member is down or catching up (at most f = 1 at once).
+func (h *simRun) scheduleCrashes(at time.Duration) {
+	h.s.At(at, func() {
+		now := h.s.Now()
+		if now >= h.o.until {
+			return
+		}
+		if h.down == 0 && !h.catchingUp() {
+			ids := h.s.Nodes()
+			id := ids[h.rng.IntN(len(ids))]
+			if err := h.s.Crash(id); err == nil {
+				h.down = id
+				down := time.Millisecond + time.Duration(h.rng.Int64N(int64(4*time.Millisecond)))
+				h.s.At(now+down, func() {
+					if !h.s.Live(id) { // the end of random faults may have restarted it
+						if err := h.s.Restart(id, true); err != nil {
+							h.c.fail("restart %d: %v", id, err)
+						}
+					}
+					h.down = 0
+				})
+			}
+		}
+		h.scheduleCrashes(now + time.Millisecond + time.Duration(h.rng.Int64N(int64(6*time.Millisecond))))
+	})
+}
+
+func runSim(sd sim.Seed, o simOpts) error {
+	opts := sd.Options()
+	opts.Faults = o.faults
+	s := sim.New(opts)
+	defer s.Close()
+	h := &simRun{o: o, s: s, c: &checker{proposed: map[string]*simProposal{}}, procs: map[rdma.NodeID]*simProc{},
+		rng: rand.New(rand.NewPCG(sd.Seed, 0xc7a5))}
+	var ids []rdma.NodeID
+	for i := 1; i <= o.n; i++ {
+		ids = append(ids, rdma.NodeID(i))
+	}
+	h.cfg = Config{
+		Members:           ids,
+		RingSize:          8 << 10,
+		MaxRecord:         1 << 10,
+		HeartbeatInterval: 200 * time.Microsecond,
+		ElectionTimeout:   2 * time.Millisecond,
+		MaxLogEntries:     o.maxLog,
+		ProposeTimeout:    time.Second,
+		ReconnectMin:      100 * time.Microsecond,
+		ReconnectMax:      time.Millisecond,
+	}
+	if sd.Trace {
+		h.cfg.Trace = func(format string, args ...any) { opts.Logf("%12v %s", s.Now(), fmt.Sprintf(format, args...)) }
+	}
+	for _, id := range ids {
+		if err := s.AddNode(id, func() sim.Process { return &simProc{h: h} }); err != nil {
+			return err
+		}
+	}
+	s.Invariant(func() error { return h.c.err })
+	if o.crashes {
+		h.scheduleCrashes(2 * time.Millisecond)
+	}
+	if err := s.RunUntil(o.until); err != nil {
+		return err
+	}
+	// Liveness once faults heal: every member up to date and every proposal
+	// of a live incarnation resolved.
+	done := func() bool {
+		if h.down != 0 {
+			return false
+		}
+		for _, id := range ids {
+			p := h.procs[id]
+			if !s.Live(id) || p.r.Status().Index != uint64(len(h.c.ref)) {
+				return false
+			}
+		}
+		for _, sp := range h.c.proposed {
+			if s.Live(sp.node) && s.Incarnation(sp.node) == sp.inc {
+				select {
+				case <-sp.p.Done():
+				default:
+					return false
+				}
+			}
+		}
+		return true
+	}
+	if err := s.Await(done, o.until+500*time.Millisecond); err != nil {
+		var st []string
+		for _, id := range ids {
+			if p := h.procs[id]; p != nil {
+				st = append(st, fmt.Sprintf("%+v", p.r.Status()))
+			}
+		}
+		return fmt.Errorf("liveness after faults healed: %w; ref has %d; states %v", err, len(h.c.ref), st)
+	}
+	if h.c.err != nil {
+		return h.c.err
+	}
+	// Outcomes: delivered at the index they name, errors only for messages
+	// that were not delivered.
+	pos := map[string]int{}
+	for i, d := range h.c.ref {
+		pos[d] = i + 1
+	}
+	for d, sp := range h.c.proposed {
+		select {
+		case <-sp.p.Done():
+		default:
+			continue
+		}
+		index, err := sp.p.Result()
+		switch {
+		case err != nil && errors.Is(err, ErrStopped):
+		case err != nil:
+			if pos[d] != 0 {
+				return fmt.Errorf("proposal %q failed with %v but was delivered at %d", d, err, pos[d])
+			}
+			if s.Live(sp.node) && s.Incarnation(sp.node) == sp.inc {
+				return fmt.Errorf("liveness: proposal %q of a live proposer failed: %v", d, err)
+			}
+		case pos[d] == 0:
+			return fmt.Errorf("proposal %q reported delivered at %d but is not in the order", d, index)
+		case index != 0 && int(index) != pos[d]:
+			return fmt.Errorf("proposal %q reported at %d, delivered at %d", d, index, pos[d])
+		}
+	}
+	return nil
+}
+
+// TestSimAcuerdo runs the protocol in the deterministic simulator under
+// random faults and checks integrity, no duplication, total order, and
+// liveness once the faults heal. -seed N reruns one seed, -seeds K runs K.
+func TestSimAcuerdo(t *testing.T) {
+	cases := []struct {
+		name string
+		o    simOpts
+	}{
+		{"n3-crash-restart", simOpts{n: 3, until: 20 * time.Millisecond, crashes: true, maxLog: 32}},
+		{"n3-partition-slow", simOpts{n: 3, until: 20 * time.Millisecond, faults: sim.Faults{Until: 20 * time.Millisecond, Partition: 2, Slow: 1}}},
+		{"n5-mixed", simOpts{n: 5, until: 20 * time.Millisecond, crashes: true, maxLog: 32, faults: sim.Faults{Until: 20 * time.Millisecond, Partition: 1, Slow: 1}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			simFlags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), tc.o) })
+		})
+	}
+}
