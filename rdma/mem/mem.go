@@ -3,11 +3,14 @@
 //
 // In the default immediate mode an op is applied inside Post, so ops on a
 // Conn are trivially FIFO and complete at once. In queued mode (Options.Queued)
-// Post only queues the op; a driver, the deterministic simulator, decides
-// when each Conn's oldest op lands (Conn.Deliver), when a partition or a dead
-// target fails the queue (Conn.FailPending), and which prefix of a crashed
-// initiator's ops lands (Conn.DropPending). Permission and bounds checks and
-// the memory effect are the same in both modes.
+// Post only queues the op; a driver, the deterministic simulator (package
+// sim), decides when each Conn's oldest op lands at the target (Conn.Land,
+// or Conn.LandPrefix first for a torn write), when its completion returns to
+// the initiator (Conn.Complete), when a partition or a dead target fails the
+// queue (Conn.FailPending), and which prefix of a crashed initiator's ops
+// still lands (Conn.DropPending, Node.Crash). Conn.Deliver does Land and
+// Complete in one call. Permission and bounds checks and the memory effect
+// are the same in both modes; queued mode is in queued.go.
 package mem
 
 import (
@@ -85,6 +88,7 @@ type Node struct {
 	regions map[rdma.RegionID]*Region
 	conns   []*Conn
 	closed  bool
+	crashed []*Region // queued mode: regions of a crashed node, freed by Release
 }
 
 var _ rdma.Node = (*Node)(nil)
@@ -148,10 +152,12 @@ func (n *Node) Dial(peer rdma.NodeID) (*Conn, error) {
 	if n.closed {
 		return nil, rdma.ErrClosed
 	}
-	c := &Conn{from: n, to: t, cq: rdma.NewCQ(n.f.opts.QueueDepth, nil)}
+	c := &Conn{from: n, to: t}
 	if n.f.opts.Queued {
-		c.pending = make([]rdma.WR, 0, n.f.opts.QueueDepth)
+		// Completions arrive asynchronously: they ring the initiator.
 		c.cq = rdma.NewCQ(n.f.opts.QueueDepth, n.db)
+	} else {
+		c.cq = rdma.NewCQ(n.f.opts.QueueDepth, nil)
 	}
 	n.conns = append(n.conns, c)
 	return c, nil
@@ -271,10 +277,10 @@ type Conn struct {
 	from, to *Node
 	cq       *rdma.CQ
 
-	mu      sync.Mutex
-	err     error // broken cause
-	closed  bool
-	pending []rdma.WR // queued mode: posted, not yet delivered
+	mu     sync.Mutex
+	err    error // broken cause
+	closed bool
+	q      queue // queued mode: ops posted, landed, not yet completed
 }
 
 var _ rdma.Conn = (*Conn)(nil)
@@ -307,16 +313,7 @@ func (c *Conn) Post(wr rdma.WR) error {
 		return fmt.Errorf("%w: %w", rdma.ErrConnBroken, c.err)
 	}
 	if c.from.f.opts.Queued {
-		if len(c.pending) == cap(c.pending) {
-			c.mu.Unlock()
-			return rdma.ErrQueueFull
-		}
-		c.pending = append(c.pending, wr)
-		c.mu.Unlock()
-		if h := c.from.f.opts.OnPost; h != nil {
-			h(c)
-		}
-		return nil
+		return c.postQueued(wr) // unlocks c.mu
 	}
 	defer c.mu.Unlock()
 	if c.cq.Full() {
@@ -370,7 +367,7 @@ func (c *Conn) Wait(cs []rdma.Completion, timeout time.Duration) int { return c.
 func (c *Conn) Outstanding() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.pending)
+	return c.q.outstanding()
 }
 
 // Close implements rdma.Conn. Queued ops are discarded.
@@ -378,70 +375,6 @@ func (c *Conn) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
-	c.pending = c.pending[:0]
+	c.q.discard()
 	return nil
 }
-
-// Pending is the number of queued ops (queued mode).
-func (c *Conn) Pending() int { return c.Outstanding() }
-
-// Deliver lands the oldest queued op at the target (queued mode) and
-// reports whether there was one. After an error the Conn is broken and the
-// rest of the queue fails with ErrConnBroken, as on an RC queue pair.
-func (c *Conn) Deliver() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.pending) == 0 {
-		return false
-	}
-	wr := c.pending[0]
-	copy(c.pending, c.pending[1:])
-	c.pending[len(c.pending)-1] = rdma.WR{}
-	c.pending = c.pending[:len(c.pending)-1]
-	if c.closed {
-		return true
-	}
-	cp := c.exec(&wr)
-	c.complete(&wr, cp)
-	if cp.Err != nil {
-		c.failLocked(rdma.ErrConnBroken)
-	}
-	return true
-}
-
-// FailPending fails every queued op with cause (a partition timed out, the
-// target died) and breaks the Conn.
-func (c *Conn) FailPending(cause error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err == nil {
-		c.err = cause
-	}
-	c.failLocked(cause)
-}
-
-func (c *Conn) failLocked(cause error) {
-	for i := range c.pending {
-		wr := &c.pending[i]
-		c.cq.Push(rdma.Completion{ID: wr.ID, Kind: wr.Kind, Err: &rdma.OpError{Op: wr.Kind, Peer: c.to.id, Region: wr.Region, Offset: wr.Offset, Len: wr.Len(), Err: cause}})
-		c.pending[i] = rdma.WR{}
-	}
-	c.pending = c.pending[:0]
-}
-
-// DropPending keeps the first keep queued ops and silently discards the
-// rest: the initiator crashed and only a prefix of its ops left its NIC.
-func (c *Conn) DropPending(keep int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if keep < len(c.pending) {
-		clear(c.pending[keep:])
-		c.pending = c.pending[:keep]
-	}
-}
-
-// Target is the node c's ops land on.
-func (c *Conn) Target() *Node { return c.to }
-
-// Initiator is the node that posts on c.
-func (c *Conn) Initiator() *Node { return c.from }

@@ -1,0 +1,136 @@
+package sim
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// DefaultSeeds is how many seeds a simulation test runs when -seeds is not
+// given (a tenth of it with -short).
+const DefaultSeeds = 1000
+
+// Flags select the seeds of simulation tests: -seed N runs seed N alone,
+// -seeds K runs seeds 1..K, -trace logs every event of the runs. A test
+// package defines them once, in a _test.go file:
+//
+//	var simFlags = sim.RegisterFlags(flag.CommandLine)
+//
+// and each test runs its seeds with simFlags.Run.
+type Flags struct {
+	Seed  uint64 // -seed: the one seed to run; 0 means none was given
+	Seeds int    // -seeds: how many seeds to run, from 1
+	Trace bool   // -trace: log every event
+}
+
+// RegisterFlags defines -seed, -seeds and -trace on fs and returns where
+// their values go (read them after flag parsing, that is inside tests).
+func RegisterFlags(fs *flag.FlagSet) *Flags {
+	f := &Flags{}
+	fs.Uint64Var(&f.Seed, "seed", 0, "sim: run only this seed (and log its trace with -trace)")
+	fs.IntVar(&f.Seeds, "seeds", DefaultSeeds, "sim: number of seeds to run (seeds 1..N; a tenth with -short)")
+	fs.BoolVar(&f.Trace, "trace", false, "sim: log every event of every run")
+	return f
+}
+
+// Seed is one run handed to a simulation test's body.
+type Seed struct {
+	Seed  uint64
+	Trace bool
+	t     testing.TB
+}
+
+// WithLog returns sd logging to t when tracing, for tests that pick their
+// seeds themselves.
+func (sd Seed) WithLog(t testing.TB) Seed {
+	sd.t = t
+	return sd
+}
+
+// Options returns Options with this seed, and with Logf and Trace wired to
+// the test's log when tracing.
+func (sd Seed) Options() Options {
+	o := Options{Seed: sd.Seed, Trace: sd.Trace}
+	if sd.Trace && sd.t != nil {
+		o.Logf = sd.t.Logf
+	}
+	return o
+}
+
+// Run runs body once per selected seed, in order. The first seed whose
+// body returns an error fails the test with the seed, the error (a
+// *Failure also shows the events that led to it) and the command that
+// reruns exactly that seed; later seeds are not run.
+func (f *Flags) Run(t *testing.T, body func(sd Seed) error) {
+	t.Helper()
+	seeds := []uint64{}
+	switch {
+	case f.Seed != 0:
+		seeds = append(seeds, f.Seed)
+	default:
+		k := f.Seeds
+		if testing.Short() {
+			k = max(1, k/10)
+		}
+		for i := 1; i <= k; i++ {
+			seeds = append(seeds, uint64(i))
+		}
+	}
+	start := time.Now()
+	for _, seed := range seeds {
+		err := body(Seed{Seed: seed, Trace: f.Trace, t: t})
+		if err == nil {
+			continue
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "seed %d failed: %v\n", seed, err)
+		var fl *Failure
+		if errors.As(err, &fl) && len(fl.Recent) > 0 {
+			b.WriteString("last events:\n")
+			for _, ev := range fl.Recent {
+				fmt.Fprintf(&b, "  %v\n", ev)
+			}
+		}
+		fmt.Fprintf(&b, "rerun: %s", RerunCommand(t.Name(), seed))
+		t.Fatal(b.String())
+	}
+	t.Logf("%d seeds passed in %v", len(seeds), time.Since(start).Round(time.Millisecond))
+}
+
+// RerunCommand is the go test command that reruns test name (as t.Name()
+// gives it) with one seed, from the module root.
+func RerunCommand(name string, seed uint64) string {
+	parts := strings.Split(name, "/")
+	for i, p := range parts {
+		parts[i] = "^" + p + "$"
+	}
+	return fmt.Sprintf("go test %s -run '%s' -seed %d -v -trace", packageDir(), strings.Join(parts, "/"), seed)
+}
+
+// packageDir is the test's package directory relative to the module root
+// ("./sim"), or "." if it cannot be found.
+func packageDir() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for dir := wd; ; {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			rel, err := filepath.Rel(dir, wd)
+			if err != nil || rel == "." {
+				return "."
+			}
+			return "./" + filepath.ToSlash(rel)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "."
+		}
+		dir = parent
+	}
+}
