@@ -332,4 +332,3 @@ func (n *Node) Release() error {
 	}
 	return first
 }
-
