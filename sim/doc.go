@@ -75,7 +75,8 @@
 // # Determinism rules
 //
 // The simulator uses math/rand/v2 PCG sources seeded from Options.Seed
-// (separate streams for fabric delays and for faults), never real time,
+// (separate streams for the fabric, the faults, the test's workload through
+// Sim.Rand, and each incarnation through Env.Rand), never real time,
 // goroutines, or map iteration order in any decision. Processes must follow
 // the same rules to stay reproducible: randomness only from env.Rand(),
 // time only from Step's argument or env.Now(), no goroutines, no blocking

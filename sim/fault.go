@@ -128,7 +128,7 @@ func (s *Sim) Restart(id rdma.NodeID, keepDisk bool) error {
 		return err
 	}
 	if n.live || !s.booted {
-		return fmt.Errorf("sim: restart node %d: it is up: %w", id, ErrNodeState)
+		return fmt.Errorf("sim: restart node %d: it is up or not booted yet: %w", id, ErrNodeState)
 	}
 	if err := s.createMem(n); err != nil {
 		return err

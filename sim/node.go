@@ -202,16 +202,20 @@ func (d *Disk) Get(key string) ([]byte, bool) {
 	return slices.Clone(v), ok
 }
 
-// Put durably stores a copy of v under key.
-func (d *Disk) Put(key string, v []byte) {
+// Put durably stores a copy of v under key. It returns an error (never,
+// today) so that a replica's storage interface can be the same for the
+// simulator and a real file, which can fail.
+func (d *Disk) Put(key string, v []byte) error {
 	d.m[key] = slices.Clone(v)
 	d.s.record(Event{Kind: EvPersist, Node: d.id, Value: key, Len: len(v)})
+	return nil
 }
 
 // Delete removes key.
-func (d *Disk) Delete(key string) {
+func (d *Disk) Delete(key string) error {
 	delete(d.m, key)
 	d.s.record(Event{Kind: EvPersist, Node: d.id, Value: key, Len: -1})
+	return nil
 }
 
 // Keys returns the stored keys in sorted order.

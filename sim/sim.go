@@ -90,9 +90,9 @@ func (o *Options) setDefaults() {
 	o.Faults.setDefaults()
 }
 
-// Failure is the error a run stops with when an invariant fails, a
-// process fails to start, or an observer panics... it names the seed so the
-// run can be repeated.
+// Failure is the error a run stops with when an invariant fails or a
+// process fails to start. It names the seed, so the run can be repeated,
+// and carries the events that led to it.
 type Failure struct {
 	Seed   uint64
 	Time   time.Duration // virtual time of the failure
@@ -119,6 +119,7 @@ type Sim struct {
 	fabric *mem.Fabric
 	rng    *rand.Rand // delays, tears, crash prefixes
 	frng   *rand.Rand // random fault schedule
+	wrng   *rand.Rand // the test's workload (Sim.Rand)
 
 	now    time.Duration
 	agenda agenda
@@ -151,6 +152,7 @@ func New(opts Options) *Sim {
 		fabric: mem.New(mem.Options{Queued: true, Spin: -1, QueueDepth: opts.QueueDepth}),
 		rng:    rand.New(rand.NewPCG(opts.Seed, 0x73696d2d64656c61)),
 		frng:   rand.New(rand.NewPCG(opts.Seed, 0x73696d2d6661756c)),
+		wrng:   rand.New(rand.NewPCG(opts.Seed, 0x73696d2d776f726b)),
 		byID:   make(map[rdma.NodeID]*node),
 		hash:   opts.Seed,
 	}
@@ -168,6 +170,11 @@ func (s *Sim) Invariant(check func() error) { s.invariants = append(s.invariants
 
 // Seed returns the run's seed.
 func (s *Sim) Seed() uint64 { return s.opts.Seed }
+
+// Rand is a random source for the test's own workload (which client
+// proposes what, when), seeded from the run's seed and separate from the
+// streams of the fabric and the faults.
+func (s *Sim) Rand() *rand.Rand { return s.wrng }
 
 // Now returns the virtual time.
 func (s *Sim) Now() time.Duration { return s.now }
@@ -229,7 +236,9 @@ func (s *Sim) Err() error {
 	return s.failed
 }
 
-// Close releases every node's memory. The Sim is unusable afterwards.
+// Close releases every node's memory: region bytes that processes or
+// checkers hold must not be touched afterwards. The Sim is unusable
+// afterwards, except for read-only accessors such as TraceHash.
 func (s *Sim) Close() error {
 	var first error
 	for _, n := range s.nodes {

@@ -305,7 +305,9 @@ func TestCrashedTargetFailsOpsAfterTimeoutAndRestartsEmpty(t *testing.T) {
 
 func TestRestartKeepsOrLosesDisk(t *testing.T) {
 	s := twoNodes(t, sim.Options{Seed: 4})
-	proc(s, 2).env.Disk().Put("vote", []byte("epoch 7"))
+	if err := proc(s, 2).env.Disk().Put("vote", []byte("epoch 7")); err != nil {
+		t.Fatal(err)
+	}
 	for _, keep := range []bool{true, false} {
 		s.Crash(2)
 		run(t, s, time.Millisecond)
