@@ -427,7 +427,7 @@ func TestCounterSim(t *testing.T) {
 // TestCounterSimCatchesTornRows runs the broken variant that trusts rows
 // without validating them: the checker must catch a torn row within a few
 // seeds, and the failure must name the seed. With -seed N it runs the broken
-// variant on seed N only and logs the failure (with -trace, every event).
+// variant on seed N only and logs the failure (with -simtrace, every event).
 func TestCounterSimCatchesTornRows(t *testing.T) {
 	t.Parallel()
 	first, last := uint64(1), uint64(200)

@@ -88,12 +88,12 @@
 // # Seeds in tests
 //
 // Flags (RegisterFlags) give a test package -seed N (one seed), -seeds K
-// (seeds 1..K, DefaultSeeds by default, a tenth with -short) and -trace
+// (seeds 1..K, DefaultSeeds by default, a tenth with -short) and -simtrace
 // (log every event). Flags.Run runs a body per seed; on the first failure it
 // prints the seed, the last events before it (a *Failure carries them) and
 // the command that reruns just that seed, e.g.
 //
-//	go test ./sim -run '^TestCounterSim$' -seed 1234 -v -trace
+//	go test ./sim -run '^TestCounterSim$' -seed 1234 -v -simtrace
 //
 // The package's own tests show the whole pattern on a small protocol: a
 // replicated counter over a shared state table (counter_test.go), checked

@@ -89,8 +89,10 @@ func (e Event) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%12v %-8s n%d", e.Time, e.Kind, e.Node)
 	switch e.Kind {
-	case EvPost, EvTear, EvLand, EvComplete:
+	case EvPost, EvTear, EvLand:
 		fmt.Fprintf(&b, "->n%d c%d#%d %s r%d[%d,+%d)", e.Peer, e.Conn, e.Seq, e.Op, e.Region, e.Offset, e.Len)
+	case EvComplete:
+		fmt.Fprintf(&b, "->n%d c%d#%d %s", e.Peer, e.Conn, e.Seq, e.Op)
 	case EvFail, EvDrop:
 		fmt.Fprintf(&b, "->n%d c%d from #%d", e.Peer, e.Conn, e.Seq)
 		if e.Kind == EvDrop {

@@ -16,7 +16,7 @@ import (
 const DefaultSeeds = 1000
 
 // Flags select the seeds of simulation tests: -seed N runs seed N alone,
-// -seeds K runs seeds 1..K, -trace logs every event of the runs. A test
+// -seeds K runs seeds 1..K, -simtrace logs every event of the runs. A test
 // package defines them once, in a _test.go file:
 //
 //	var simFlags = sim.RegisterFlags(flag.CommandLine)
@@ -25,16 +25,17 @@ const DefaultSeeds = 1000
 type Flags struct {
 	Seed  uint64 // -seed: the one seed to run; 0 means none was given
 	Seeds int    // -seeds: how many seeds to run, from 1
-	Trace bool   // -trace: log every event
+	Trace bool   // -simtrace: log every event
 }
 
-// RegisterFlags defines -seed, -seeds and -trace on fs and returns where
+// RegisterFlags defines -seed, -seeds and -simtrace on fs and returns where
 // their values go (read them after flag parsing, that is inside tests).
+// (The event trace flag is not -trace: go test owns that one.)
 func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{}
-	fs.Uint64Var(&f.Seed, "seed", 0, "sim: run only this seed (and log its trace with -trace)")
+	fs.Uint64Var(&f.Seed, "seed", 0, "sim: run only this seed (with -simtrace, log its events)")
 	fs.IntVar(&f.Seeds, "seeds", DefaultSeeds, "sim: number of seeds to run (seeds 1..N; a tenth with -short)")
-	fs.BoolVar(&f.Trace, "trace", false, "sim: log every event of every run")
+	fs.BoolVar(&f.Trace, "simtrace", false, "sim: log every event of every run")
 	return f
 }
 
@@ -109,7 +110,7 @@ func RerunCommand(name string, seed uint64) string {
 	for i, p := range parts {
 		parts[i] = "^" + p + "$"
 	}
-	return fmt.Sprintf("go test %s -run '%s' -seed %d -v -trace", packageDir(), strings.Join(parts, "/"), seed)
+	return fmt.Sprintf("go test %s -run '%s' -seed %d -v -simtrace", packageDir(), strings.Join(parts, "/"), seed)
 }
 
 // packageDir is the test's package directory relative to the module root

@@ -472,7 +472,7 @@ func TestInvariantFailureNamesTheSeed(t *testing.T) {
 		t.Fatalf("the run went on to %v after the invariant failed", s.Now())
 	}
 	cmd := sim.RerunCommand("TestCounterSim", 4242)
-	if want := "go test ./sim -run '^TestCounterSim$' -seed 4242 -v -trace"; cmd != want {
+	if want := "go test ./sim -run '^TestCounterSim$' -seed 4242 -v -simtrace"; cmd != want {
 		t.Fatalf("rerun command %q, want %q", cmd, want)
 	}
 }
