@@ -63,6 +63,13 @@ func encodeRow(dst []byte, r *row, t, i int) {
 	}
 }
 
+// rowUnchanged reports whether the row at (t, i) is the valid row last
+// decoded into *last (seen true): a new row always brings a new check word,
+// so one load tells. A row that did not validate is looked at again in full.
+func rowUnchanged(mem []byte, t, i, n int, last *row, seen bool) bool {
+	return seen && rdma.Load64(mem, rowOffset(t, i, n)+wCheck*8) == last[wCheck]
+}
+
 // decodeRow reads the row at (t, i) from SST memory and reports whether it
 // is valid (written and not torn).
 func decodeRow(mem []byte, t, i, n int) (row, bool) {
@@ -135,10 +142,10 @@ func encodeRecord(dst []byte, h recHeader) int {
 }
 
 // decodeRecord validates the record at mem[off:] (a ring of len(mem) bytes)
-// and returns its header and size. ok is false while no complete valid
-// record is there.
-func decodeRecord(mem []byte, off int) (h recHeader, size int, ok bool) {
-	if len(mem)-off < recHdr+8 {
+// that should sit at absolute ring position seq, and returns its header and
+// size. ok is false while no complete valid record is there.
+func decodeRecord(mem []byte, off int, seq uint64) (h recHeader, size int, ok bool) {
+	if len(mem)-off < recHdr+8 || rdma.Load64(mem, off+8) != seq {
 		return h, 0, false
 	}
 	w0 := rdma.Load64(mem, off)

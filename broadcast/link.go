@@ -133,7 +133,9 @@ func (l *link) fail(r *Replica, now time.Duration) {
 
 // pollCompletions drains the Conn's completions; an error breaks the link.
 func (l *link) pollCompletions(r *Replica, now time.Duration) bool {
-	if !l.up {
+	// Only signaled ops and failures complete; a failure of an unsignaled
+	// op also shows at the next Post, and the heartbeat posts regularly.
+	if !l.up || (l.lastSignaled < l.completed && now < r.nextHB) {
 		return false
 	}
 	progress := false
@@ -156,9 +158,6 @@ func (l *link) pollCompletions(r *Replica, now time.Duration) bool {
 				l.fetch.inflight = l.fetch.inflight[1:]
 			}
 		}
-	}
-	if l.up && l.conn.Err() != nil {
-		l.fail(r, now)
 	}
 	if l.up {
 		l.backoff = 0

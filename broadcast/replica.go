@@ -26,6 +26,8 @@ type member struct {
 	inc     uint64 // highest incarnation seen in its rows; 0: never heard
 	rows    [nTables]row
 	valid   [nTables]bool // rows[t] is of incarnation inc
+	raw     [nTables]row  // the row last decoded, valid or not
+	rawOK   [nTables]bool // raw validated
 	hb      uint64        // last heartbeat seen in its CommitSST row
 	heardAt time.Duration // when a row of it last changed
 }
@@ -392,12 +394,17 @@ func (r *Replica) updateRows() {
 		if t == tVote && r.vote == (Vote{}) {
 			continue
 		}
+		// A follower's heartbeat alone matters to its leader only (the
+		// leader's failure detector); everyone gets it every fourth beat
+		// and whenever the commit point moves.
+		beatOnly := t == tCommit && r.role == Follower && r.heartbeat%4 != 0 &&
+			rs[t][0] == r.myRows[t][0] && rs[t][1] == r.myRows[t][1]
 		r.myRows[t] = rs[t]
 		for i, l := range r.links {
 			if l == nil {
 				continue
 			}
-			if t == tAccept && r.role != Electing && r.mems[i].id != r.eCur.Leader() {
+			if (t == tAccept || beatOnly) && r.role != Electing && r.mems[i].id != r.eCur.Leader() {
 				continue
 			}
 			l.dirty[t] = true
@@ -467,7 +474,11 @@ func (r *Replica) readRows() bool {
 		}
 		m := &r.mems[i]
 		for t := 0; t < nTables; t++ {
+			if rowUnchanged(r.sstMem, t, i, r.n, &m.raw[t], m.rawOK[t]) {
+				continue
+			}
 			rw, ok := decodeRow(r.sstMem, t, i, r.n)
+			m.raw[t], m.rawOK[t] = rw, ok
 			if !ok || rw[wIncarnation] < m.inc {
 				continue
 			}
@@ -552,8 +563,8 @@ func (r *Replica) readRing(i int) bool {
 			in.cursor += rs - off
 			continue
 		}
-		h, size, ok := decodeRecord(in.mem, int(off))
-		if !ok || h.seq != in.cursor || h.sinc != uint8(in.sinc) || h.rinc != uint8(r.inc) {
+		h, size, ok := decodeRecord(in.mem, int(off), in.cursor)
+		if !ok || h.sinc != uint8(in.sinc) || h.rinc != uint8(r.inc) {
 			break
 		}
 		payload := in.mem[int(off)+recHdr : int(off)+recHdr+h.len]

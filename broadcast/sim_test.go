@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -160,7 +161,7 @@ func (p *simProc) Step(now time.Duration) bool {
 		p.k++
 		d := fmt.Sprintf("n%d.%d.%d", p.env.ID(), p.env.Incarnation(), p.k)
 		p.h.c.proposed[d] = &simProposal{node: p.env.ID(), inc: p.env.Incarnation(), p: p.r.Propose([]byte(d))}
-		p.next = now + time.Duration(p.env.Rand().Int64N(int64(2*time.Millisecond)))
+		p.next = now + time.Duration(p.env.Rand().Int64N(int64(4*time.Millisecond)))
 	}
 	progress := p.r.Poll(now)
 	wake := p.r.NextDeadline()
@@ -213,6 +214,7 @@ func (h *simRun) scheduleCrashes(at time.Duration) {
 func runSim(sd sim.Seed, o simOpts) error {
 	opts := sd.Options()
 	opts.Faults = o.faults
+	opts.Tick = -1 // replicas ask for their steps (NextDeadline)
 	s := sim.New(opts)
 	defer s.Close()
 	h := &simRun{o: o, s: s, c: &checker{proposed: map[string]*simProposal{}}, procs: map[rdma.NodeID]*simProc{},
@@ -225,8 +227,8 @@ func runSim(sd sim.Seed, o simOpts) error {
 		Members:           ids,
 		RingSize:          8 << 10,
 		MaxRecord:         1 << 10,
-		HeartbeatInterval: 200 * time.Microsecond,
-		ElectionTimeout:   2 * time.Millisecond,
+		HeartbeatInterval: time.Millisecond,
+		ElectionTimeout:   4 * time.Millisecond,
 		MaxLogEntries:     o.maxLog,
 		ProposeTimeout:    time.Second,
 		ReconnectMin:      100 * time.Microsecond,
@@ -244,6 +246,11 @@ func runSim(sd sim.Seed, o simOpts) error {
 	if o.crashes {
 		h.scheduleCrashes(2 * time.Millisecond)
 	}
+	defer func() {
+		if os.Getenv("BCDEBUG") != "" {
+			fmt.Printf("seed %d events %d now %v ref %d\n", sd.Seed, s.Events(), s.Now(), len(h.c.ref))
+		}
+	}()
 	if err := s.RunUntil(o.until); err != nil {
 		return err
 	}
