@@ -476,3 +476,60 @@ func TestInvariantFailureNamesTheSeed(t *testing.T) {
 		t.Fatalf("rerun command %q, want %q", cmd, want)
 	}
 }
+
+// TestRandomFaultsRespectKnobsAndHeal: the random schedule draws every kind
+// of fault, never has more than MaxDown nodes down at once, loses disks
+// when told to, and at Until ends every fault.
+func TestRandomFaultsRespectKnobsAndHeal(t *testing.T) {
+	t.Parallel()
+	until := 30 * time.Millisecond
+	s := sim.New(sim.Options{Seed: 8, Faults: sim.Faults{Until: until, Every: 500 * time.Microsecond, MaxDown: 2, LoseDisk: 1}})
+	t.Cleanup(func() { s.Close() })
+	ids := []rdma.NodeID{1, 2, 3, 4, 5}
+	for _, id := range ids {
+		s.AddNode(id, func() sim.Process { return &prober{} })
+	}
+	kinds := map[sim.EventKind]int{}
+	down, maxDown, emptyDisk := 0, 0, 0
+	s.Observe(func(ev sim.Event) {
+		kinds[ev.Kind]++
+		switch ev.Kind {
+		case sim.EvCrash:
+			down++
+			maxDown = max(maxDown, down)
+		case sim.EvRestart:
+			down--
+			if ev.Len == 0 {
+				emptyDisk++
+			}
+		}
+	})
+	run(t, s, until+time.Microsecond)
+	for _, k := range []sim.EventKind{sim.EvCrash, sim.EvRestart, sim.EvCut, sim.EvHeal, sim.EvSlow} {
+		if kinds[k] == 0 {
+			t.Errorf("no %v events in %v of random faults: %v", k, until, kinds)
+		}
+	}
+	if maxDown > 2 || maxDown == 0 {
+		t.Errorf("at most %d nodes were down at once, want 1 or 2 (MaxDown 2)", maxDown)
+	}
+	if emptyDisk == 0 {
+		t.Error("LoseDisk 1, yet no restart before Until got an empty disk")
+	}
+	for _, a := range ids {
+		if !s.Live(a) {
+			t.Errorf("node %d is still down after Until", a)
+		}
+		for _, b := range ids {
+			if !s.Linked(a, b) {
+				t.Errorf("link %d->%d still cut after Until", a, b)
+			}
+		}
+	}
+	// Nothing happens after Until but steps.
+	before := kinds[sim.EvCrash] + kinds[sim.EvCut] + kinds[sim.EvSlow]
+	run(t, s, 20*time.Millisecond)
+	if after := kinds[sim.EvCrash] + kinds[sim.EvCut] + kinds[sim.EvSlow]; after != before {
+		t.Errorf("%d faults started after Until", after-before)
+	}
+}
