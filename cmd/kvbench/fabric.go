@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -86,7 +85,7 @@ func parseFabricFlags(args []string, stderr io.Writer) (*fabricFlags, error) {
 	fs.IntVar(&o.slots, "slots", 4096, "ring slots")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files (shm fabric and baselines)")
 	fs.BoolVar(&o.noBase, "no-baselines", false, "skip the baselines (no ratios; for profiling a fabric alone)")
-	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this (the initiator's) process to `file`, for go tool pprof")
+	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this (the initiator's) process to `file`, for go tool pprof; KVBENCH_PEER_CPUPROFILE=path profiles the peer processes")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -243,15 +242,11 @@ func runFabric(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if o.cpuProf != "" {
-		f, err := os.Create(o.cpuProf)
+		stop, err := startProfile(o.cpuProf)
 		if err != nil {
 			return fmt.Errorf("fabric: %w", err)
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("fabric: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	tm := timing{dur: o.duration, warm: min(o.duration/10, 100*time.Millisecond)}
 	res := results{}

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 )
 
 // command is one kvbench subcommand.
@@ -41,6 +42,14 @@ const plannedCommands = "broadcast (Acuerdo), multicast (TRAM), kv (gets and put
 
 func main() {
 	if os.Getenv(peerEnv) != "" || (len(os.Args) > 1 && os.Args[1] == peerCmd) {
+		if prof := os.Getenv(peerProfileEnv); prof != "" {
+			stop, err := startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid()))
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "kvbench peer: %v\n", err)
+				os.Exit(1)
+			}
+			defer stop()
+		}
 		if err := peerMain(os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintf(os.Stderr, "kvbench peer: %v\n", err)
 			os.Exit(1)
@@ -48,6 +57,24 @@ func main() {
 		return
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// peerProfileEnv, if set to a path, makes every peer process write a CPU
+// profile to that path suffixed with its process id (the target side of a
+// measurement; --cpuprofile covers the initiator's side).
+const peerProfileEnv = "KVBENCH_PEER_CPUPROFILE"
+
+// startProfile starts a CPU profile into path and returns its stop function.
+func startProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // run executes a kvbench command line and returns the exit status.
