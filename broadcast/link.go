@@ -93,6 +93,7 @@ func (l *link) connect(r *Replica, now time.Duration) {
 	}
 	l.conn = c
 	l.up = true
+	r.ctr.Reconnects++
 	l.completed = l.postSeq
 	l.lastSignaled = l.postSeq
 	clear(l.stageSeq)

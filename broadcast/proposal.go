@@ -127,6 +127,7 @@ func (r *Replica) newEpochCommitted() {
 	if k == 0 {
 		return
 	}
+	r.ctr.Requeued += uint64(k)
 	back := r.inflight[:k:k]
 	r.inflight = r.inflight[k:]
 	r.waiting = append(back, r.waiting...)

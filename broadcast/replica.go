@@ -78,6 +78,12 @@ type follower struct {
 	sentAt   time.Duration
 }
 
+// Deliberate bugs for tests that prove the checkers bite.
+const (
+	bugNone           = iota
+	bugMinorityCommit // the leader commits without a majority
+)
+
 const (
 	fsIdle   = iota // not serving (not leader)
 	fsSync          // sending a diff
@@ -147,6 +153,8 @@ type Replica struct {
 	npending int // len(inbox)+len(waiting)+len(inflight), under mu
 
 	now    time.Duration
+	ctr    Counters
+	bug    int // tests only: a deliberate protocol bug the checkers must catch
 	status Status
 	stmu   sync.Mutex
 }
@@ -687,6 +695,7 @@ func (r *Replica) acceptDiffPart(i int, sender rdma.NodeID, kind uint8, hdr MsgH
 	}
 	base := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[0:])), Cnt: binary.LittleEndian.Uint64(payload[8:])}
 	flags := binary.LittleEndian.Uint64(payload[16:])
+	r.ctr.DiffParts++
 	d := &in.diff
 	if d.hdr != hdr || d.base != base || d.flags != flags {
 		*d = pendingDiff{hdr: hdr, base: base, flags: flags}
@@ -769,6 +778,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	r.leaderHBAt = r.now
 	r.leaderHB = r.mems[i].hb
 	r.leaderInc = r.mems[i].inc
+	r.ctr.DiffsAccepted++
 	r.tracef("node %d accepts diff %v base %v with %d entries from node %d (snapshot %v)", r.self, d.hdr, d.base, len(d.entries), sender, useSnap)
 }
 
@@ -790,6 +800,7 @@ func (r *Replica) restore(b []byte, at MsgHdr) error {
 	if err := r.fsm.Restore(b[16+r.n*16:]); err != nil {
 		return err
 	}
+	r.ctr.SnapshotsRestored++
 	r.index = index
 	r.table = table
 	r.committed = at
@@ -853,7 +864,11 @@ func (r *Replica) commit() bool {
 				}
 			}
 		}
-		if k < r.quorum {
+		q := r.quorum
+		if r.bug == bugMinorityCommit {
+			q--
+		}
+		if k < q {
 			return false
 		}
 		s := vals[:k]
@@ -866,7 +881,7 @@ func (r *Replica) commit() bool {
 			}
 			return 0
 		})
-		bound = s[r.quorum-1]
+		bound = s[q-1]
 	case Follower:
 		m := &r.mems[r.idxOf(r.eCur.Leader())]
 		if !m.valid[tCommit] {
@@ -915,6 +930,7 @@ func (r *Replica) checkEpochDone() {
 // deliver hands one committed entry to the application.
 func (r *Replica) deliver(e *entry) {
 	r.index++
+	r.ctr.Delivered++
 	r.fsm.Apply(r.index, e.data)
 	if k := r.idxOf(e.id.origin); k >= 0 {
 		r.table[k] = tableRec{oinc: e.id.oinc, pseq: e.id.pseq}
@@ -978,6 +994,7 @@ func (r *Replica) timers() bool {
 // startElection is Acuerdo Fig. 7 l.96-97: Role = ELECTING; a timeout makes
 // the first round vote for self.
 func (r *Replica) startElection(timedOut bool) {
+	r.ctr.ElectionsStarted++
 	r.role = Electing
 	if timedOut {
 		r.electAt = r.now
@@ -1057,6 +1074,7 @@ func (r *Replica) setVote(v Vote) bool {
 // a diff to every member built from its Commit_SST entry. The leader's own
 // diff is empty; accepting it (Fig. 5 l.58-66) sets E_cur and Accepted.
 func (r *Replica) becomeLeader() {
+	r.ctr.Elected++
 	r.role = Leader
 	r.count = 0
 	r.eCur = r.eNew
@@ -1190,6 +1208,7 @@ func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
 		binary.LittleEndian.PutUint64(p[32:], f.base.Cnt)
 		l.out.commitRecord(recHeader{len: snapRecLen, kind: kSnapshot, hdr: f.end}, r.inc)
 		f.snapSent = true
+		r.ctr.SnapshotsSent++
 		r.tracef("node %d sends node %d a snapshot at %v (%d bytes)", r.self, r.mems[i].id, f.base, len(b))
 	}
 	var flags uint64
@@ -1306,6 +1325,20 @@ type Status struct {
 	Vote        Vote
 	CatchingUp  bool
 	Pending     int // proposals not yet resolved
+	Counters    Counters
+}
+
+// Counters count protocol events since the replica started.
+type Counters struct {
+	Elected           uint64 // epochs this replica won
+	ElectionsStarted  uint64 // times it became ELECTING
+	DiffsAccepted     uint64 // diffs accepted (Fig. 5 l.54-66)
+	DiffParts         uint64 // diff records received, parts and ends
+	SnapshotsSent     uint64
+	SnapshotsRestored uint64
+	Reconnects        uint64 // Conns re-opened after breaking
+	Requeued          uint64 // proposals handed back after an epoch ended without them
+	Delivered         uint64
 }
 
 // Leader returns the leader's node id if this replica follows or leads an
@@ -1323,7 +1356,7 @@ func (r *Replica) publishStatus() {
 	r.mu.Unlock()
 	s := Status{Self: r.self, Incarnation: r.inc, Role: r.role, ECur: r.eCur, ENew: r.eNew,
 		Accepted: r.accepted, Committed: r.committed, Index: r.index, LogLen: r.log.Len(),
-		Pruned: r.pruned, Vote: r.vote, CatchingUp: r.catchingUp, Pending: pending}
+		Pruned: r.pruned, Vote: r.vote, CatchingUp: r.catchingUp, Pending: pending, Counters: r.ctr}
 	r.stmu.Lock()
 	r.status = s
 	r.stmu.Unlock()

@@ -132,3 +132,43 @@ func TestFig3RunningExample(t *testing.T) {
 	wantSeq(t, c, 2, "m1", "m2", "m3", "m4")
 	wantSeq(t, c, 3, "m1", "m2", "m3", "m4")
 }
+
+// TestEmptyDiffTruncatesStaleEntries is the flaw docs/broadcast.md fixes
+// ("Diffs, made precise"): the paper's diff removes Log entries from the
+// diff's first key up, which removes nothing when the diff is empty. Node 2
+// holds ((0,1),1), accepted from leader 1 and never committed; node 3 wins
+// (0,3) without it and its diff to node 2 is empty. With the paper's rule
+// node 2 would keep ((0,1),1) and deliver it when the diff commits (Fig. 6
+// l.83-88); with the diff's base it drops it and delivers what 3, 4, 5 do.
+func TestEmptyDiffTruncatesStaleEntries(t *testing.T) {
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3, 4, 5}, nil)
+	n1, n2, n3 := c.get(1), c.get(2), c.get(3)
+	c.settle(nil)
+	n1.r.startElection(true)
+	c.settle(nil)
+	c.takeTrace()
+
+	n1.r.Propose([]byte("m1"))
+	n1.r.Poll(c.now)
+	c.deliver(only([2]rdma.NodeID{1, 2}))
+	n2.r.Poll(c.now)
+	if s := n2.r.Status(); s.Accepted != (MsgHdr{E: MakeEpoch(0, 1), Cnt: 1}) {
+		t.Fatalf("node 2 accepted %v, want ((0,1),1)", s.Accepted)
+	}
+	c.crash(1, 0)
+
+	// Node 2 is cut off while 3, 4, 5 elect node 3 and commit m2.
+	n3.r.startElection(true)
+	c.settle(not(1, 2))
+	p2 := n3.r.Propose([]byte("m2"))
+	c.settle(not(1, 2))
+	if i, err := p2.Result(); err != nil || i != 1 {
+		t.Fatalf("m2: index %d, err %v", i, err)
+	}
+	// Node 2 comes back and gets (0,3)'s empty diff, then m2.
+	c.settle(not(1))
+	golden(t, "empty-diff.trace", c.takeTrace())
+	for _, id := range []rdma.NodeID{2, 3, 4, 5} {
+		wantSeq(t, c, id, "m2")
+	}
+}

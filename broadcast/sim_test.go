@@ -6,7 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +15,9 @@ import (
 )
 
 var simFlags = sim.RegisterFlags(flag.CommandLine)
+
+// pad makes proposals of varied sizes, so that diffs take several parts.
+var pad = strings.Repeat("abcdefghijklmnopqrstuvwxyz", 10)
 
 // diskStable keeps StableState on a simulated node's Disk.
 type diskStable struct{ d *sim.Disk }
@@ -111,6 +114,7 @@ func (f *checkFSM) Restore(s []byte) error {
 }
 
 type simOpts struct {
+	bug      int
 	n        int
 	until    time.Duration // faults and proposals until then
 	crashes  bool
@@ -137,7 +141,8 @@ type simRun struct {
 	cfg   Config
 	procs map[rdma.NodeID]*simProc
 	rng   *rand.Rand
-	down  rdma.NodeID // crashed node, 0 if none
+	down  map[rdma.NodeID]bool // crashed by scheduleCrashes, not restarted yet
+	all   []*simProc           // every incarnation, for its counters
 }
 
 func (p *simProc) Start(env *sim.Env) error {
@@ -151,15 +156,17 @@ func (p *simProc) Start(env *sim.Env) error {
 		return err
 	}
 	p.r = r
+	r.bug = p.h.o.bug
 	p.next = env.Now() + time.Duration(env.Rand().Int64N(int64(time.Millisecond)))
 	p.h.procs[env.ID()] = p
+	p.h.all = append(p.h.all, p)
 	return nil
 }
 
 func (p *simProc) Step(now time.Duration) bool {
 	if now >= p.next && now < p.h.o.until {
 		p.k++
-		d := fmt.Sprintf("n%d.%d.%d", p.env.ID(), p.env.Incarnation(), p.k)
+		d := fmt.Sprintf("n%d.%d.%d.%s", p.env.ID(), p.env.Incarnation(), p.k, pad[:p.env.Rand().IntN(len(pad))])
 		p.h.c.proposed[d] = &simProposal{node: p.env.ID(), inc: p.env.Incarnation(), p: p.r.Propose([]byte(d))}
 		p.next = now + time.Duration(p.env.Rand().Int64N(int64(4*time.Millisecond)))
 	}
@@ -172,30 +179,32 @@ func (p *simProc) Step(now time.Duration) bool {
 	return progress
 }
 
-// catchingUp reports whether any live member restarted and is not caught up.
-func (h *simRun) catchingUp() bool {
+// unavailable counts the members that are down or restarted and not yet
+// caught up.
+func (h *simRun) unavailable() int {
+	k := len(h.down)
 	for id, p := range h.procs {
 		if h.s.Live(id) && p.r.Status().CatchingUp {
-			return true
+			k++
 		}
 	}
-	return false
+	return k
 }
 
-// scheduleCrashes crashes one member at a time, at random, and restarts it
-// with empty memory (its disk kept) after a random downtime, never while
-// another member is down or catching up (at most f = 1 at once).
+// scheduleCrashes crashes members at random and restarts each with empty
+// memory (its disk kept) after a random downtime, keeping at most f
+// members down or catching up at once (docs/broadcast.md).
 func (h *simRun) scheduleCrashes(at time.Duration) {
 	h.s.At(at, func() {
 		now := h.s.Now()
 		if now >= h.o.until {
 			return
 		}
-		if h.down == 0 && !h.catchingUp() {
-			ids := h.s.Nodes()
-			id := ids[h.rng.IntN(len(ids))]
+		ids := h.s.Nodes()
+		id := ids[h.rng.IntN(len(ids))]
+		if h.unavailable() < (len(ids)-1)/2 && h.s.Live(id) {
 			if err := h.s.Crash(id); err == nil {
-				h.down = id
+				h.down[id] = true
 				down := time.Millisecond + time.Duration(h.rng.Int64N(int64(4*time.Millisecond)))
 				h.s.At(now+down, func() {
 					if !h.s.Live(id) { // the end of random faults may have restarted it
@@ -203,7 +212,7 @@ func (h *simRun) scheduleCrashes(at time.Duration) {
 							h.c.fail("restart %d: %v", id, err)
 						}
 					}
-					h.down = 0
+					delete(h.down, id)
 				})
 			}
 		}
@@ -211,14 +220,14 @@ func (h *simRun) scheduleCrashes(at time.Duration) {
 	})
 }
 
-func runSim(sd sim.Seed, o simOpts) error {
+func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	opts := sd.Options()
 	opts.Faults = o.faults
 	opts.Tick = -1 // replicas ask for their steps (NextDeadline)
 	s := sim.New(opts)
 	defer s.Close()
 	h := &simRun{o: o, s: s, c: &checker{proposed: map[string]*simProposal{}}, procs: map[rdma.NodeID]*simProc{},
-		rng: rand.New(rand.NewPCG(sd.Seed, 0xc7a5))}
+		rng: rand.New(rand.NewPCG(sd.Seed, 0xc7a5)), down: map[rdma.NodeID]bool{}}
 	var ids []rdma.NodeID
 	for i := 1; i <= o.n; i++ {
 		ids = append(ids, rdma.NodeID(i))
@@ -247,8 +256,8 @@ func runSim(sd sim.Seed, o simOpts) error {
 		h.scheduleCrashes(2 * time.Millisecond)
 	}
 	defer func() {
-		if os.Getenv("BCDEBUG") != "" {
-			fmt.Printf("seed %d events %d now %v ref %d\n", sd.Seed, s.Events(), s.Now(), len(h.c.ref))
+		for _, p := range h.all {
+			total.add(p.r.Status().Counters)
 		}
 	}()
 	if err := s.RunUntil(o.until); err != nil {
@@ -257,7 +266,7 @@ func runSim(sd sim.Seed, o simOpts) error {
 	// Liveness once faults heal: every member up to date and every proposal
 	// of a live incarnation resolved.
 	done := func() bool {
-		if h.down != 0 {
+		if len(h.down) != 0 {
 			return false
 		}
 		for _, id := range ids {
@@ -320,21 +329,81 @@ func runSim(sd sim.Seed, o simOpts) error {
 	return nil
 }
 
+func (c *Counters) add(o Counters) {
+	c.Elected += o.Elected
+	c.ElectionsStarted += o.ElectionsStarted
+	c.DiffsAccepted += o.DiffsAccepted
+	c.DiffParts += o.DiffParts
+	c.SnapshotsSent += o.SnapshotsSent
+	c.SnapshotsRestored += o.SnapshotsRestored
+	c.Reconnects += o.Reconnects
+	c.Requeued += o.Requeued
+	c.Delivered += o.Delivered
+}
+
 // TestSimAcuerdo runs the protocol in the deterministic simulator under
 // random faults and checks integrity, no duplication, total order, and
-// liveness once the faults heal. -seed N reruns one seed, -seeds K runs K.
+// liveness once the faults heal; a failing seed prints its rerun command.
+// -seeds K runs seeds 1..K of every case (default: 2000 seeds in all),
+// -seed N one seed.
 func TestSimAcuerdo(t *testing.T) {
+	const window = 16 * time.Millisecond
 	cases := []struct {
-		name string
-		o    simOpts
+		name  string
+		share float64 // of the seeds
+		o     simOpts
+		want  func(c Counters) error
 	}{
-		{"n3-crash-restart", simOpts{n: 3, until: 20 * time.Millisecond, crashes: true, maxLog: 32}},
-		{"n3-partition-slow", simOpts{n: 3, until: 20 * time.Millisecond, faults: sim.Faults{Until: 20 * time.Millisecond, Partition: 2, Slow: 1}}},
-		{"n5-mixed", simOpts{n: 5, until: 20 * time.Millisecond, crashes: true, maxLog: 32, faults: sim.Faults{Until: 20 * time.Millisecond, Partition: 1, Slow: 1}}},
+		{"n3-crash-restart", 0.35, simOpts{n: 3, until: window, crashes: true, maxLog: 24}, wantSnapshots},
+		{"n3-partition-slow", 0.4, simOpts{n: 3, until: window, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
+		{"n5-mixed", 0.25, simOpts{n: 5, until: window, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			simFlags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), tc.o) })
+			var total Counters
+			flags := *simFlags
+			if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
+				flags.Seeds = int(float64(2*sim.DefaultSeeds)*tc.share + 0.5)
+			}
+			flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), tc.o, &total) })
+			t.Logf("counters over all seeds: %+v", total)
+			// The fault paths must have been taken (a test that never
+			// restores a snapshot proves nothing about snapshots).
+			if flags.Seed == 0 && flags.Seeds/max(1, map[bool]int{true: 10, false: 1}[testing.Short()]) >= 50 {
+				if err := tc.want(total); err != nil {
+					t.Errorf("fault paths not exercised: %v (counters %+v)", err, total)
+				}
+			}
 		})
 	}
+}
+
+func wantElections(c Counters) error {
+	if c.ElectionsStarted == 0 || c.Requeued == 0 || c.Reconnects == 0 {
+		return fmt.Errorf("want elections, re-queued proposals and reconnects")
+	}
+	return nil
+}
+
+func wantSnapshots(c Counters) error {
+	if c.SnapshotsRestored == 0 || c.DiffParts <= c.DiffsAccepted {
+		return fmt.Errorf("want snapshot restores and multi-part diffs")
+	}
+	return wantElections(c)
+}
+
+// TestSimCheckerCatchesBug runs a deliberately broken variant (the leader
+// commits without a majority) and expects the checkers to flag a seed.
+func TestSimCheckerCatchesBug(t *testing.T) {
+	o := simOpts{bug: bugMinorityCommit, n: 3, until: 16 * time.Millisecond, crashes: true, maxLog: 24,
+		faults: sim.Faults{Until: 16 * time.Millisecond, Partition: 1}}
+	for seed := uint64(1); seed <= 300; seed++ {
+		var total Counters
+		err := runSim(sim.Seed{Seed: seed}, o, &total)
+		if err != nil {
+			t.Logf("seed %d caught the bug: %v", seed, err)
+			return
+		}
+	}
+	t.Fatal("300 seeds of a leader committing without a majority passed the checkers")
 }
