@@ -169,8 +169,10 @@ func (c *qcluster) deliver(ok func(from, to rdma.NodeID) bool) bool {
 	return progress
 }
 
-// settle polls and delivers until nothing moves.
+// settle advances the clock by one heartbeat interval (far below the
+// election timeout), then polls and delivers until nothing moves.
 func (c *qcluster) settle(ok func(from, to rdma.NodeID) bool) {
+	c.now += c.cfg.HeartbeatInterval
 	for i := 0; i < 10000; i++ {
 		p := c.pollAll()
 		if !c.deliver(ok) && !p {

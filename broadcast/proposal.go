@@ -70,6 +70,7 @@ func (r *Replica) Propose(data []byte) *Proposal {
 	r.npending++
 	r.inbox = append(r.inbox, p)
 	r.mu.Unlock()
+	r.node.Doorbell().Ring() // a parked driver polls at once
 	return p
 }
 

@@ -130,18 +130,20 @@ type Replica struct {
 	pruned     MsgHdr // every entry <= pruned left the Log
 	catchingUp bool   // restarted with empty memory, no diff accepted yet
 
-	vote       Vote // our published VoteSST row
-	electAt    time.Duration
-	leaderHB   uint64
-	leaderHBAt time.Duration
-	leaderInc  uint64 // incarnation of the leader whose diff we accepted
-	heartbeat  uint64
-	nextHB     time.Duration
-	nextPrune  time.Duration
-	myRows     [nTables]row
-	epochDone  bool // committed >= (eCur, 0): proposals may be handed over
-	table      []tableRec
-	scratch    []byte
+	vote        Vote // our published VoteSST row
+	electAt     time.Duration
+	leaderHB    uint64
+	leaderHBAt  time.Duration
+	leaderInc   uint64 // incarnation of the leader whose diff we accepted
+	heartbeat   uint64
+	nextHB      time.Duration
+	beat        bool // this Poll is a heartbeat
+	commitMoved bool // Committed moved since our CommitSST row last went to all
+	nextPrune   time.Duration
+	myRows      [nTables]row
+	epochDone   bool // committed >= (eCur, 0): proposals may be handed over
+	table       []tableRec
+	scratch     []byte
 
 	// proposals
 	mu       sync.Mutex
@@ -402,11 +404,18 @@ func (r *Replica) updateRows() {
 		if t == tVote && r.vote == (Vote{}) {
 			continue
 		}
-		// A follower's heartbeat alone matters to its leader only (the
-		// leader's failure detector); everyone gets it every fourth beat
-		// and whenever the commit point moves.
-		beatOnly := t == tCommit && r.role == Follower && r.heartbeat%4 != 0 &&
-			rs[t][0] == r.myRows[t][0] && rs[t][1] == r.myRows[t][1]
+		// A follower's CommitSST row matters at once to its leader only
+		// (its heartbeat is the leader's failure detector); the others use
+		// it for diff bases and pruning (Fig. 7 l.113) and get it at the
+		// next beat after the commit point moved, and every fourth beat.
+		beatOnly := false
+		if t == tCommit && r.role == Follower {
+			if r.beat && (r.heartbeat%4 == 0 || r.commitMoved) {
+				r.commitMoved = false
+			} else {
+				beatOnly = true
+			}
+		}
 		r.myRows[t] = rs[t]
 		for i, l := range r.links {
 			if l == nil {
@@ -423,7 +432,8 @@ func (r *Replica) updateRows() {
 // push writes dirty rows, acknowledgements and ring records to the peers.
 func (r *Replica) push() bool {
 	now := r.now
-	if now >= r.nextHB {
+	r.beat = now >= r.nextHB
+	if r.beat {
 		// Acuerdo Fig. 6 l.93-95: push Commit_SST[Self] periodically; its
 		// heartbeat counter is the failure detector.
 		r.heartbeat++
@@ -595,7 +605,9 @@ func (r *Replica) readRing(i int) bool {
 		}
 		in.cursor += uint64(size)
 	}
-	if in.cursor != in.acked {
+	// Flow control: acknowledge consumed ring bytes once a quarter of the
+	// ring is consumed, and at every heartbeat.
+	if in.cursor-in.acked >= rs/4 || (in.cursor != in.acked && r.now >= r.nextHB) {
 		r.links[i].ackDirty = true
 	}
 	if r.cfg.Trace != nil && r.accepted != acc && r.role == Follower && r.accepted.Cnt > 0 {
@@ -911,6 +923,7 @@ func (r *Replica) commit() bool {
 		r.deliver(e)
 	}
 	r.committed = bound
+	r.commitMoved = true
 	if r.cfg.Trace != nil {
 		r.tracef("node %d commits up to %v (delivered %d)", r.self, bound, r.index)
 	}

@@ -146,6 +146,7 @@ func TestEmptyDiffTruncatesStaleEntries(t *testing.T) {
 	c.settle(nil)
 	n1.r.startElection(true)
 	c.settle(nil)
+	c.settle(nil) // a heartbeat spreads the commit rows
 	c.takeTrace()
 
 	n1.r.Propose([]byte("m1"))
