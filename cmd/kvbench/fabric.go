@@ -267,11 +267,21 @@ func runFabric(args []string, stdout, stderr io.Writer) error {
 			progress(k, st)
 		}
 		br := &baselineRun{dir: o.shmDir, tm: tm, h: h}
-		measureBaselines(br, bases, o.batch, o.slots, add, fail)
-		for _, f := range o.fabrics {
-			for _, m := range o.modes {
-				measureFabric(f, m, o, tm, h, add, fail)
+		fabrics := func() {
+			for _, f := range o.fabrics {
+				for _, m := range o.modes {
+					measureFabric(f, m, o, tm, h, add, fail)
+				}
 			}
+		}
+		// Alternate the order, so that drifting background load does not
+		// always favour the baselines or the fabrics.
+		if run%2 == 1 {
+			measureBaselines(br, bases, o.batch, o.slots, add, fail)
+			fabrics()
+		} else {
+			fabrics()
+			measureBaselines(br, bases, o.batch, o.slots, add, fail)
 		}
 	}
 	out := summarize(rows, bases, res, o.runs)
