@@ -263,6 +263,7 @@ func runFabric(args []string, stdout, stderr io.Writer) error {
 				run, o.runs, k.fabric, k.mode, k.op, k.size, fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS))
 		}
 		add := func(k key, st stat) {
+			st.run = run
 			res[k] = append(res[k], st)
 			progress(k, st)
 		}
@@ -410,11 +411,13 @@ func summarize(rows, bases []key, res results, runs int) []row {
 		if br, ok := mk(bk); ok {
 			r.Baseline = bk.fabric
 			r.BaselineP50NS, r.BaselineOpsPerS = br.P50NS, br.OpsPerS
-			// Per-run ratios: run i of the row against run i of its baseline.
+			// Per-run ratios: each run of the row against the same run of
+			// its baseline.
 			var ratios []stat
-			for i, st := range res[k] {
-				if i >= len(res[bk]) {
-					break
+			for _, st := range res[k] {
+				i := slices.IndexFunc(res[bk], func(b stat) bool { return b.run == st.run })
+				if i < 0 {
+					continue
 				}
 				b := res[bk][i]
 				var q float64

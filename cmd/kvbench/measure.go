@@ -28,6 +28,7 @@ type stat struct {
 	p50, p99 time.Duration
 	n        uint64  // ops measured
 	opsPerS  float64 // ops per second of the measured part
+	run      int     // which run (from 1) measured it
 }
 
 // timeLoop calls step(1), step(2), ... and times each call into h: first
