@@ -1,20 +1,27 @@
 package tcp
 
 import (
-	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"golang.org/x/sys/unix"
 )
 
 // sendLimit bounds the bytes a Conn buffers for sending; Post waits for
 // the flusher beyond it (a single larger frame is always admitted).
 const sendLimit = 1 << 20
+
+// inlineEvery is how many fruitless Polls (with ops outstanding) pass
+// between two inline receives.
+const inlineEvery = 8
 
 // opRec is a posted op awaiting its completion.
 type opRec struct {
@@ -48,12 +55,29 @@ type Conn struct {
 	done     chan struct{}
 	closeOne sync.Once
 
-	alive    atomic.Bool  // bytes arrived since the last keepalive tick
-	unpolled atomic.Int64 // completions pushed, not yet polled
-	silent   time.Duration
-	pings    uint64
-	ready    chan struct{} // a completion was pushed (Wait parks on it)
-	timer    *time.Timer   // Wait's, reused (a Conn has one user at a time)
+	alive       atomic.Bool  // bytes arrived since the last keepalive tick
+	unpolled    atomic.Int64 // completions pushed, not yet polled
+	outstanding atomic.Int64 // next - head, for Poll and Outstanding without mu
+	silent      time.Duration
+	pings       uint64
+	ready       chan struct{} // a completion was pushed (Wait parks on it)
+	timer       *time.Timer   // Wait's, reused (a Conn has one user at a time)
+
+	raw        syscall.RawConn
+	pollFn     func(fd uintptr) // pollReceive, bound once
+	emptyPolls uint32           // Polls that found nothing, since the last inline receive
+	pollErr    error            // pollReceive's result
+	wnc        net.Conn         // a duplicate of nc's descriptor, Wait's own
+	wraw       syscall.RawConn
+	waitFn     func(fd uintptr) bool // waitReceive, bound once
+	finalFn    func(fd uintptr)      // finalReceive, bound once
+	waitErr    error                 // waitReceive's result
+	waiting    atomic.Bool           // Wait is in the poller: the reader stands aside
+
+	rx   sync.Mutex // owns rbuf and reads the socket
+	rbuf []byte     // received bytes; [rr, rw) not yet handled
+	rr   int
+	rw   int
 
 	mu       sync.Mutex
 	space    sync.Cond // send buffer drained (Post waits on it above sendLimit)
@@ -69,7 +93,15 @@ type Conn struct {
 
 var _ rdma.Conn = (*Conn)(nil)
 
-func newConn(n *Node, peer rdma.NodeID, addr string, nc net.Conn) *Conn {
+func newConn(n *Node, peer rdma.NodeID, addr string, nc net.Conn) (*Conn, error) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("tcp: %T has no file descriptor", nc)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("tcp: connection to node %d: %w", peer, err)
+	}
 	c := &Conn{
 		node: n, peer: peer, addr: addr, nc: nc,
 		cq:      rdma.NewCQ(n.opts.QueueDepth, n.db),
@@ -82,10 +114,32 @@ func newConn(n *Node, peer rdma.NodeID, addr string, nc net.Conn) *Conn {
 		head:    1, next: 1,
 		wbuf:  make([]byte, 0, ioBufSize),
 		spare: make([]byte, 0, ioBufSize),
+		raw:   raw,
 	}
 	c.space.L = &c.mu
 	c.alive.Store(true)
-	return c
+	c.rbuf = make([]byte, ioBufSize)
+	c.pollFn = c.pollReceive
+	c.waitFn = c.waitReceive
+	c.finalFn = c.finalReceive
+	var derr error
+	if err := raw.Control(func(fd uintptr) {
+		d, err := unix.Dup(int(fd))
+		if err != nil {
+			derr = err
+			return
+		}
+		f := os.NewFile(uintptr(d), "tcp-wait")
+		c.wnc, derr = net.FileConn(f)
+		f.Close()
+	}); err != nil || derr != nil {
+		return nil, fmt.Errorf("tcp: connection to node %d: duplicate descriptor: %w", peer, errors.Join(err, derr))
+	}
+	if c.wraw, derr = c.wnc.(syscall.Conn).SyscallConn(); derr != nil {
+		c.wnc.Close()
+		return nil, fmt.Errorf("tcp: connection to node %d: %w", peer, derr)
+	}
+	return c, nil
 }
 
 // Local implements rdma.Conn.
@@ -102,28 +156,59 @@ func (c *Conn) Err() error {
 }
 
 // Outstanding implements rdma.Conn.
-func (c *Conn) Outstanding() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return int(c.next - c.head)
-}
+func (c *Conn) Outstanding() int { return int(c.outstanding.Load()) }
 
 // Poll implements rdma.Conn.
+// When it keeps finding nothing while ops are outstanding, it drains the
+// socket itself every inlineEvery calls (one non-blocking read).
 func (c *Conn) Poll(cs []rdma.Completion) int {
 	k := c.cq.Poll(cs)
 	if k > 0 {
 		c.unpolled.Add(int64(-k))
+		c.emptyPolls = 0
+		return k
+	}
+	if c.emptyPolls++; c.emptyPolls%inlineEvery == 0 && c.outstanding.Load() > 0 {
+		c.raw.Control(c.pollFn)
+		if err := c.pollErr; err != nil {
+			c.pollErr = nil
+			c.receiveFailed(err)
+		}
+		if k = c.cq.Poll(cs); k > 0 {
+			c.unpolled.Add(int64(-k))
+		}
 	}
 	return k
 }
 
-// Wait implements rdma.Conn. It parks at once: a completion arrives from
-// the network through another goroutine, and spinning (with
-// runtime.Gosched) would only delay the network poller that delivers it.
-// The timer is the Conn's own, reused, so Wait allocates nothing.
+// Wait implements rdma.Conn. It never spins (spinning, with or without
+// runtime.Gosched, takes the CPU the network poller and the target need).
+// With ops outstanding it blocks in the network poller itself, on its own
+// duplicate of the socket's descriptor, and handles the answer in its own
+// goroutine, as a raw TCP client would: no hand-off from the reader
+// goroutine (a cross-core wake-up) on the round trip. Otherwise it parks
+// until a completion is pushed. Wait allocates nothing.
 func (c *Conn) Wait(cs []rdma.Completion, timeout time.Duration) int {
 	if k := c.Poll(cs); k > 0 || timeout <= 0 {
 		return k
+	}
+	deadline := time.Now().Add(timeout)
+	if c.outstanding.Load() > 0 {
+		c.waiting.Store(true)
+		c.wnc.SetReadDeadline(deadline)
+		c.wraw.Read(c.waitFn)
+		c.waiting.Store(false)
+		c.wraw.Control(c.finalFn)
+		if err := c.waitErr; err != nil {
+			c.waitErr = nil
+			c.receiveFailed(err)
+		}
+		if k := c.Poll(cs); k > 0 {
+			return k
+		}
+		if timeout = time.Until(deadline); timeout <= 0 {
+			return 0
+		}
 	}
 	if c.timer == nil {
 		c.timer = time.NewTimer(timeout)
@@ -200,6 +285,7 @@ func (c *Conn) Post(wr rdma.WR) error {
 		c.wbuf = appendFAAReq(c.wbuf, &a)
 	}
 	c.next++
+	c.outstanding.Store(int64(c.next - c.head))
 	if c.flushing {
 		c.mu.Unlock()
 		return nil
@@ -231,11 +317,15 @@ func (c *Conn) flushLocked() {
 			c.breakLocked(c.deadErr(fmt.Sprintf("send: %v", err)), 0)
 		}
 	}
-	if c.err != nil || c.closed {
+	stop := c.err != nil || c.closed
+	if stop {
 		c.wbuf = c.wbuf[:0]
 	}
 	c.flushing = false
 	c.mu.Unlock()
+	if stop {
+		c.closeNet()
+	}
 }
 
 // flusher writes what Post and the keepalive loop leave to it.
@@ -307,14 +397,21 @@ func (c *Conn) push(cp rdma.Completion) {
 }
 
 // completeThrough completes ops up to and including seq successfully.
+// Outstanding drops before the completions appear, so a user who polled
+// one never sees its op still counted.
 func (c *Conn) completeThrough(seq uint64) {
-	for c.head <= seq {
-		rec := &c.ops[c.head%c.depth]
+	if seq < c.head {
+		return
+	}
+	from := c.head
+	c.head = seq + 1
+	c.outstanding.Store(int64(c.next - c.head))
+	for s := from; s <= seq; s++ {
+		rec := &c.ops[s%c.depth]
 		if rec.flags&rdma.Signaled != 0 {
 			c.push(rdma.Completion{ID: rec.id, Kind: rec.kind})
 		}
 		*rec = opRec{}
-		c.head++
 	}
 }
 
@@ -325,10 +422,13 @@ func (c *Conn) breakLocked(cause error, failed uint64) {
 	if c.err != nil || c.closed {
 		return
 	}
-	for ; c.head < c.next; c.head++ {
-		rec := &c.ops[c.head%c.depth]
+	from := c.head
+	c.head = c.next
+	c.outstanding.Store(0)
+	for s := from; s < c.next; s++ {
+		rec := &c.ops[s%c.depth]
 		e := cause
-		if failed != 0 && c.head != failed {
+		if failed != 0 && s != failed {
 			e = rdma.ErrConnBroken
 		}
 		err := c.opErr(rec, e)
@@ -342,7 +442,8 @@ func (c *Conn) breakLocked(cause error, failed uint64) {
 		c.err = cause
 	}
 	c.space.Broadcast()
-	c.closeNet()
+	// The caller closes the socket (closeNet) once it holds neither mu nor
+	// a reference to the descriptor: closing waits for those references.
 }
 
 // fail breaks the Conn, failing every outstanding op with cause.
@@ -350,12 +451,14 @@ func (c *Conn) fail(cause error) {
 	c.mu.Lock()
 	c.breakLocked(cause, 0)
 	c.mu.Unlock()
+	c.closeNet()
 }
 
 // closeNet closes the socket and stops the goroutines, once.
 func (c *Conn) closeNet() {
 	c.closeOne.Do(func() {
 		c.nc.Close()
+		c.wnc.Close()
 		close(c.done)
 		c.node.dropConn(c)
 	})
@@ -370,6 +473,7 @@ func (c *Conn) Close() error {
 		for ; c.head < c.next; c.head++ {
 			c.ops[c.head%c.depth] = opRec{}
 		}
+		c.outstanding.Store(0)
 		c.space.Broadcast()
 	}
 	c.mu.Unlock()
@@ -377,57 +481,166 @@ func (c *Conn) Close() error {
 	return nil
 }
 
+// The receive side. Responses land in rbuf, which whoever holds rx fills
+// from the socket with non-blocking reads and parses. Three parties may:
+//   - the reader goroutine, woken by the network poller, for users that
+//     park on the node's doorbell or do other work;
+//   - Wait, blocked in the poller on a duplicate descriptor (the reader
+//     skips its wake-ups meanwhile, and Wait drains once more as it
+//     leaves);
+//   - Poll, which drains the socket itself every inlineEvery fruitless
+//     calls while ops are outstanding, so a spinning user's completions do
+//     not wait for the Go scheduler to run the reader.
+//
+// Whoever drains reads until the socket is empty (or a read comes back
+// short), so any later byte raises a new readiness edge: none is lost.
+
+// errStop ends the reader after the Conn broke or closed.
+var errStop = errors.New("tcp: conn stopped")
+
 // readLoop turns the target's responses into completions.
 func (c *Conn) readLoop() {
 	defer c.node.wg.Done()
-	br := bufio.NewReaderSize(aliveReader{c.nc, &c.alive}, ioBufSize)
-	var scratch []byte
-	maxFrame := c.node.opts.MaxFrame
-	for {
-		hb, err := br.Peek(headerLen)
-		if err != nil {
-			c.fail(c.deadErr(fmt.Sprintf("receive: %v", err)))
-			return
+	var derr error
+	err := c.raw.Read(func(fd uintptr) bool {
+		if c.waiting.Load() {
+			return false
 		}
-		h, err := decodeHeader(hb, maxFrame)
+		c.rx.Lock()
+		derr = c.drain(int(fd))
+		c.rx.Unlock()
+		return derr != nil
+	})
+	if derr == nil {
+		derr = err
+	}
+	c.receiveFailed(derr)
+}
+
+// waitReceive is Wait's callback on the duplicate descriptor: it drains the
+// socket and says whether Wait is done (a completion arrived, or nothing is
+// outstanding any more).
+func (c *Conn) waitReceive(fd uintptr) bool {
+	if c.unpolled.Load() > 0 {
+		return true
+	}
+	c.rx.Lock()
+	err := c.drain(int(fd))
+	c.rx.Unlock()
+	if err != nil {
+		c.waitErr = err
+		return true
+	}
+	return c.unpolled.Load() > 0 || c.outstanding.Load() == 0
+}
+
+// finalReceive drains the socket as Wait leaves: while Wait was waiting the
+// reader goroutine skipped its wake-ups, so bytes that arrived after Wait's
+// last read are the leaver's to handle.
+func (c *Conn) finalReceive(fd uintptr) {
+	c.rx.Lock()
+	if err := c.drain(int(fd)); err != nil && c.waitErr == nil {
+		c.waitErr = err
+	}
+	c.rx.Unlock()
+}
+
+// pollReceive drains the socket from Poll when the reader goroutine is not
+// at it; c.pollFn calls it with the descriptor kept valid by Control, and
+// Poll handles pollErr once Control has returned.
+func (c *Conn) pollReceive(fd uintptr) {
+	if !c.rx.TryLock() {
+		return
+	}
+	c.pollErr = c.drain(int(fd))
+	c.rx.Unlock()
+}
+
+func (c *Conn) receiveFailed(err error) {
+	if err == nil || err == errStop {
+		c.closeNet()
+		return
+	}
+	if errors.Is(err, errMalformed) {
+		c.fail(c.deadErr(fmt.Sprintf("protocol violation: %v", err)))
+	} else {
+		c.fail(c.deadErr(fmt.Sprintf("receive: %v", err)))
+	}
+}
+
+// drain reads everything the socket holds and handles every whole frame;
+// c.rx is held. It returns nil when the socket is empty.
+func (c *Conn) drain(fd int) error {
+	for {
+		if err := c.parse(); err != nil {
+			return err
+		}
+		if c.rw == len(c.rbuf) && c.rr > 0 {
+			c.rw = copy(c.rbuf, c.rbuf[c.rr:c.rw])
+			c.rr = 0
+		}
+		space := len(c.rbuf) - c.rw
+		n, err := unix.Read(fd, c.rbuf[c.rw:])
+		switch {
+		case n > 0 && n < space:
+			// A short read emptied the socket: anything arriving later
+			// raises a new readiness edge, so skip the read that would
+			// only say EAGAIN and let the woken user run sooner.
+			c.rw += n
+			c.alive.Store(true)
+			return c.parse()
+		case n > 0:
+			c.rw += n
+			c.alive.Store(true)
+		case err == unix.EAGAIN:
+			return nil
+		case err == unix.EINTR:
+		case err != nil:
+			return err
+		default:
+			return io.EOF
+		}
+	}
+}
+
+// parse handles the whole frames in rbuf and makes room for the next one.
+func (c *Conn) parse() error {
+	if c.rw-c.rr < headerLen {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.rw-c.rr >= headerLen {
+		if c.err != nil || c.closed {
+			return errStop
+		}
+		h, err := decodeHeader(c.rbuf[c.rr:c.rw], c.node.opts.MaxFrame)
 		if err != nil {
-			c.fail(c.deadErr(fmt.Sprintf("protocol violation: %v", err)))
-			return
+			return err
 		}
 		total := headerLen + int(h.Len)
-		var body []byte
-		if total <= br.Size() {
-			fr, err := br.Peek(total)
-			if err != nil {
-				c.fail(c.deadErr(fmt.Sprintf("receive: %v", err)))
-				return
+		if c.rw-c.rr < total {
+			if c.rr+total > len(c.rbuf) {
+				c.rw = copy(c.rbuf, c.rbuf[c.rr:c.rw])
+				c.rr = 0
+				if total > len(c.rbuf) {
+					c.rbuf = append(c.rbuf, make([]byte, total-len(c.rbuf))...)
+				}
 			}
-			body = fr[headerLen:]
-		} else {
-			br.Discard(headerLen)
-			total = 0 // the body is read past, not peeked
-			if cap(scratch) < int(h.Len) {
-				scratch = make([]byte, h.Len)
-			}
-			body = scratch[:h.Len]
-			if _, err := io.ReadFull(br, body); err != nil {
-				c.fail(c.deadErr(fmt.Sprintf("receive: %v", err)))
-				return
-			}
+			return nil
 		}
-		c.mu.Lock()
-		err = c.handle(h.Type, body)
-		stop := c.err != nil || c.closed
-		if err != nil {
-			c.breakLocked(c.deadErr(fmt.Sprintf("protocol violation: %v", err)), 0)
+		if err := c.handle(h.Type, c.rbuf[c.rr+headerLen:c.rr+total]); err != nil {
+			return err
 		}
-		c.mu.Unlock()
-		if err != nil || stop {
-			c.closeNet()
-			return
-		}
-		br.Discard(total)
+		c.rr += total
 	}
+	if c.rr == c.rw {
+		c.rr, c.rw = 0, 0
+	}
+	if c.err != nil || c.closed {
+		return errStop
+	}
+	return nil
 }
 
 // pending returns the record of outstanding op seq if it has kind k.
@@ -487,11 +700,12 @@ func (c *Conn) handle(typ uint8, body []byte) error {
 			return err
 		}
 		c.completeThrough(seq - 1)
+		c.head++
+		c.outstanding.Store(int64(c.next - c.head))
 		if rec.flags&rdma.Signaled != 0 {
 			c.push(rdma.Completion{ID: rec.id, Kind: rec.kind, Value: old})
 		}
 		*rec = opRec{}
-		c.head++
 	case typeError:
 		seq, code, err := decodeErrorRsp(body)
 		if err != nil {

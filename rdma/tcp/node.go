@@ -200,7 +200,11 @@ func (n *Node) Connect(peer rdma.NodeID) (rdma.Conn, error) {
 		return nil, err
 	}
 	nc.SetDeadline(time.Time{})
-	c := newConn(n, peer, addr, nc)
+	c, err := newConn(n, peer, addr, nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
