@@ -126,3 +126,42 @@ func BenchmarkRawTCPPingPong(b *testing.B) {
 		}
 	}
 }
+
+// TestSteadyStateAllocs: posting every verb and waiting for its completion
+// (Conn.Wait, which parks in the network poller) allocates nothing once the
+// Conn is warm.
+func TestSteadyStateAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	a, b := pair(t, nil)
+	mustRegion(t, b, 1, 4096, 1, rdma.PermReadWrite)
+	c := mustConnect(t, a, 2)
+	buf := make([]byte, 64)
+	var cs [8]rdma.Completion
+	wrs := []rdma.WR{
+		{Kind: rdma.OpWrite, Region: 1, Offset: 64, Buf: buf},
+		{Kind: rdma.OpWrite, Flags: rdma.Notify, Region: 1, Offset: 128, Buf: buf[:8]},
+		{Kind: rdma.OpRead, Region: 1, Offset: 256, Buf: buf},
+		{Kind: rdma.OpCompareAndSwap, Region: 1, Offset: 512, Compare: 0, Value: 1},
+		{Kind: rdma.OpFetchAdd, Region: 1, Offset: 520, Value: 1},
+	}
+	var failed error
+	run := func() {
+		for _, wr := range wrs {
+			wr.Flags |= rdma.Signaled
+			if err := c.Post(wr); err != nil {
+				failed = err
+				return
+			}
+			if n := c.Wait(cs[:], 10*time.Second); n != 1 || cs[0].Err != nil {
+				failed = errors.Join(errors.New("no completion"), cs[0].Err)
+				return
+			}
+		}
+	}
+	run()
+	if allocs := testing.AllocsPerRun(200, run); allocs != 0 || failed != nil {
+		t.Fatalf("%v allocations per round of five verbs (error %v), want 0", allocs, failed)
+	}
+}

@@ -21,7 +21,7 @@ const sendLimit = 1 << 20
 
 // inlineEvery is how many fruitless Polls (with ops outstanding) pass
 // between two inline receives.
-const inlineEvery = 8
+const inlineEvery = 32
 
 // opRec is a posted op awaiting its completion.
 type opRec struct {
