@@ -144,6 +144,10 @@ type Replica struct {
 	epochDone   bool // committed >= (eCur, 0): proposals may be handed over
 	table       []tableRec
 	scratch     []byte
+	batch       []*entry // commit's delivery batch, reused
+	pivot       entry    // search key, reused
+	entSlab     []entry  // entries are carved from slabs: no allocation per message
+	dataSlab    []byte
 
 	// proposals
 	mu       sync.Mutex
@@ -626,7 +630,7 @@ func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 		return
 	}
 	// Acuerdo Fig. 5 l.49-51: Log[hdr] = M; Accepted = hdr; Accept_SST[Self] = hdr.
-	e := &entry{hdr: hdr, id: getMeta(payload), data: append([]byte(nil), payload[entryMeta:]...)}
+	e := r.newEntry(hdr, getMeta(payload), payload[entryMeta:])
 	r.log.Set(e)
 	r.accepted = hdr
 	// Fig. 5 l.52 (push to the leader) happens once per batch in push.
@@ -641,7 +645,7 @@ func (r *Replica) acceptForward(hdr MsgHdr, payload []byte) bool {
 	if r.uncommitted() >= r.cfg.MaxUncommitted {
 		return false
 	}
-	r.broadcast(getMeta(payload), append([]byte(nil), payload[entryMeta:]...))
+	r.broadcast(getMeta(payload), r.copyData(payload[entryMeta:]))
 	return true
 }
 
@@ -844,6 +848,52 @@ func (r *Replica) snapshotBytes() ([]byte, error) {
 	return b, nil
 }
 
+// nextAfter returns the Log entry following h, or nil. Within an epoch
+// counts are consecutive, so a lookup of (e, cnt+1) usually finds it
+// without allocating.
+func (r *Replica) nextAfter(h MsgHdr) *entry {
+	r.pivot.hdr = MsgHdr{E: h.E, Cnt: h.Cnt + 1}
+	if e, ok := r.log.Get(&r.pivot); ok {
+		return e
+	}
+	var next *entry
+	r.log.Ascend(&r.pivot, func(e *entry) bool {
+		next = e
+		return false
+	})
+	return next
+}
+
+// newEntry returns a Log entry holding a copy of data, carved from the
+// replica's slabs (a slab is freed by the GC once no entry in it is live).
+func (r *Replica) newEntry(hdr MsgHdr, id proposalID, data []byte) *entry {
+	if len(r.entSlab) == 0 {
+		r.entSlab = make([]entry, 256)
+	}
+	e := &r.entSlab[0]
+	r.entSlab = r.entSlab[1:]
+	*e = entry{hdr: hdr, id: id}
+	if data != nil {
+		e.data = r.copyData(data)
+	}
+	return e
+}
+
+// copyData copies data into the replica's data slab.
+func (r *Replica) copyData(data []byte) []byte {
+	n := len(data)
+	if n > 4096 {
+		return append([]byte(nil), data...)
+	}
+	if len(r.dataSlab) < n {
+		r.dataSlab = make([]byte, 64<<10)
+	}
+	d := r.dataSlab[:n:n]
+	r.dataSlab = r.dataSlab[n:]
+	copy(d, data)
+	return d
+}
+
 // ---- committing (Acuerdo Fig. 6) ----
 
 func (r *Replica) uncommitted() int {
@@ -911,7 +961,7 @@ func (r *Replica) commit() bool {
 		r.checkEpochDone()
 		return false
 	}
-	var batch []*entry
+	batch := r.batch[:0]
 	r.log.Ascend(&entry{hdr: MsgHdr{E: r.committed.E, Cnt: r.committed.Cnt + 1}}, func(e *entry) bool {
 		if bound.Less(e.hdr) {
 			return false
@@ -922,6 +972,8 @@ func (r *Replica) commit() bool {
 	for _, e := range batch {
 		r.deliver(e)
 	}
+	clear(batch)
+	r.batch = batch[:0]
 	r.committed = bound
 	r.commitMoved = true
 	if r.cfg.Trace != nil {
@@ -1109,7 +1161,9 @@ func (r *Replica) becomeLeader() {
 func (r *Replica) broadcast(id proposalID, data []byte) MsgHdr {
 	r.count++
 	hdr := MsgHdr{E: r.eNew, Cnt: r.count}
-	r.log.Set(&entry{hdr: hdr, id: id, data: data})
+	e := r.newEntry(hdr, id, nil)
+	e.data = data
+	r.log.Set(e)
 	r.accepted = hdr
 	return hdr
 }
@@ -1160,11 +1214,7 @@ func (r *Replica) serve(i int) bool {
 	}
 	// Stream new messages (Fig. 4 l.41: outgoing_buff.send_to_all).
 	for {
-		var next *entry
-		r.log.Ascend(&entry{hdr: MsgHdr{E: f.next.E, Cnt: f.next.Cnt + 1}}, func(e *entry) bool {
-			next = e
-			return false
-		})
+		next := r.nextAfter(f.next)
 		if next == nil {
 			break
 		}
