@@ -63,6 +63,8 @@ type fabricFlags struct {
 	shmDir   string
 	cpuProf  string
 	noBase   bool
+	maxOther float64
+	retries  int
 }
 
 func parseFabricFlags(args []string, stderr io.Writer) (*fabricFlags, error) {
@@ -84,6 +86,8 @@ func parseFabricFlags(args []string, stderr io.Writer) (*fabricFlags, error) {
 	fs.IntVar(&o.batch, "batch", 64, "ring messages per tail publication")
 	fs.IntVar(&o.slots, "slots", 4096, "ring slots")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files (shm fabric and baselines)")
+	fs.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a measurement while other processes use more than this many CPUs")
+	fs.IntVar(&o.retries, "retries", 2, "most repeats of one measurement because of background load")
 	fs.BoolVar(&o.noBase, "no-baselines", false, "skip the baselines (no ratios; for profiling a fabric alone)")
 	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this (the initiator's) process to `file`, for go tool pprof; KVBENCH_PEER_CPUPROFILE=path profiles the peer processes")
 	if err := fs.Parse(args); err != nil {
@@ -220,6 +224,8 @@ type row struct {
 	RatioOf         string  `json:"ratio_of,omitempty"`
 	Runs            int     `json:"runs"`
 	N               uint64  `json:"n"`
+	OtherCPU        float64 `json:"other_cpu"` // CPUs used by other processes (median over runs)
+	Retries         int     `json:"retries"`   // measurements repeated because of background load
 }
 
 // results collects per-run stats of every row.
@@ -259,19 +265,20 @@ func runFabric(args []string, stdout, stderr io.Writer) error {
 	h := &hist{}
 	for run := 1; run <= o.runs; run++ {
 		progress := func(k key, st stat) {
-			fmt.Fprintf(stderr, "[run %d/%d] %-10s %-5s %-15s %5dB  p50 %-8s p99 %-8s %s ops/s\n",
-				run, o.runs, k.fabric, k.mode, k.op, k.size, fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS))
+			fmt.Fprintf(stderr, "[run %d/%d] %-10s %-5s %-15s %5dB  p50 %-8s p99 %-8s %8s ops/s  other %.2f CPUs\n",
+				run, o.runs, k.fabric, k.mode, k.op, k.size, fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS), st.otherCPU)
 		}
 		add := func(k key, st stat) {
 			st.run = run
 			res[k] = append(res[k], st)
 			progress(k, st)
 		}
-		br := &baselineRun{dir: o.shmDir, tm: tm, h: h}
+		g := newGuard(o.maxOther, o.retries, func(msg string) { fmt.Fprintf(stderr, "[run %d/%d] %s\n", run, o.runs, msg) })
+		br := &baselineRun{dir: o.shmDir, tm: tm, h: h, guard: g}
 		fabrics := func() {
 			for _, f := range o.fabrics {
 				for _, m := range o.modes {
-					measureFabric(f, m, o, tm, h, add, fail)
+					measureFabric(f, m, o, tm, h, g, add, fail)
 				}
 			}
 		}
@@ -317,7 +324,9 @@ func measureBaselines(br *baselineRun, bases []key, batch, slots int, add func(k
 			return
 		}
 		add(rtt, st)
-		add(oneway, stat{p50: st.p50 / 2, p99: st.p99 / 2, n: st.n, opsPerS: st.opsPerS})
+		half := st
+		half.p50, half.p99 = st.p50/2, st.p99/2
+		add(oneway, half)
 	}
 	pingpong("raw-shm", "spin", br.rawShm)
 	pingpong("futex", "park", br.rawFutex)
@@ -343,7 +352,7 @@ func measureBaselines(br *baselineRun, bases []key, batch, slots int, add func(k
 
 // measureFabric measures every row of one fabric in one mode, on one
 // session (one pair of nodes).
-func measureFabric(fabric, mode string, o *fabricFlags, tm timing, h *hist, add func(key, stat), fail func(string, error)) {
+func measureFabric(fabric, mode string, o *fabricFlags, tm timing, h *hist, g guard, add func(key, stat), fail func(string, error)) {
 	s, err := openSession(fabric, mode, o)
 	if err != nil {
 		fail(fabric+" "+mode+" open", err)
@@ -357,7 +366,7 @@ func measureFabric(fabric, mode string, o *fabricFlags, tm timing, h *hist, add 
 	k := 0
 	one := func(op string, size int, f func() (stat, error)) {
 		k++
-		st, err := f()
+		st, err := g(s.peer.pid(), f)
 		if err != nil {
 			fail(fmt.Sprintf("%s %s %s %dB", fabric, mode, op, size), err)
 			return
@@ -395,6 +404,10 @@ func summarize(rows, bases []key, res results, runs int) []row {
 		r.P99NS = int64(median(sts, func(s stat) float64 { return float64(s.p99) }))
 		r.OpsPerS = median(sts, func(s stat) float64 { return s.opsPerS })
 		r.N = uint64(median(sts, func(s stat) float64 { return float64(s.n) }))
+		r.OtherCPU = median(sts, func(s stat) float64 { return s.otherCPU })
+		for _, st := range sts {
+			r.Retries += st.retries
+		}
 		return r, true
 	}
 	for _, b := range bases {
@@ -458,17 +471,18 @@ func printTable(w io.Writer, out []row, o *fabricFlags) {
 	fmt.Fprintf(w, "kvbench fabric  %s  %s, %d CPUs, %s  medians of %d run(s) x %v\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(), o.runs, o.duration)
 	fmt.Fprintf(w, "mem: both nodes goroutines of one process; shm, tcp and baselines: two OS processes\n")
-	fmt.Fprintf(w, "latency rows: ratio = p50 / baseline p50; ring/stream rows: ratio = ops/s / baseline ops/s\n\n")
+	fmt.Fprintf(w, "latency rows: ratio = p50 / baseline p50; ring/stream rows: ratio = ops/s / baseline ops/s\n")
+	fmt.Fprintf(w, "other cpu: CPUs used by other processes during the measurement (median over runs)\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "fabric\tmode\top\tsize\tp50\tp99\tops/s\tbaseline\tbase p50\tbase ops/s\tratio\t")
+	fmt.Fprintln(tw, "fabric\tmode\top\tsize\tp50\tp99\tops/s\tbaseline\tbase p50\tbase ops/s\tratio\tother cpu\t")
 	for _, r := range out {
 		base, bp50, bops, ratio := "", "", "", ""
 		if r.Baseline != "" {
 			base, bp50, bops = r.Baseline, fmtDur(time.Duration(r.BaselineP50NS)), fmtOps(r.BaselineOpsPerS)
 			ratio = fmt.Sprintf("%.2fx", r.Ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Fabric, r.Mode, r.Op, r.Size,
-			fmtDur(time.Duration(r.P50NS)), fmtDur(time.Duration(r.P99NS)), fmtOps(r.OpsPerS), base, bp50, bops, ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t\n", r.Fabric, r.Mode, r.Op, r.Size,
+			fmtDur(time.Duration(r.P50NS)), fmtDur(time.Duration(r.P99NS)), fmtOps(r.OpsPerS), base, bp50, bops, ratio, r.OtherCPU)
 	}
 	tw.Flush()
 }

@@ -50,6 +50,7 @@ type reply struct {
 type peer interface {
 	call(req request) (reply, error)
 	close() error
+	pid() int // the peer's process id; 0 if it is this process
 }
 
 // callOK is call that turns a reply's Err into an error.
@@ -112,6 +113,8 @@ func (p *procPeer) call(req request) (reply, error) {
 	return r, nil
 }
 
+func (p *procPeer) pid() int { return p.cmd.Process.Pid }
+
 func (p *procPeer) close() error {
 	p.in.Close() // the peer exits on EOF
 	return p.cmd.Wait()
@@ -130,6 +133,8 @@ func (p *localPeer) call(req request) (reply, error) {
 }
 
 func (p *localPeer) close() error { return p.t.shutdown() }
+
+func (p *localPeer) pid() int { return 0 }
 
 // peerMain is the peer process: it serves requests from stdin until EOF.
 func peerMain(stdin io.Reader, stdout io.Writer) error {
