@@ -1,11 +1,15 @@
 package broadcast
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -172,4 +176,88 @@ func TestEmptyDiffTruncatesStaleEntries(t *testing.T) {
 	for _, id := range []rdma.NodeID{2, 3, 4, 5} {
 		wantSeq(t, c, id, "m2")
 	}
+}
+
+// TestSnapshotCatchUp: a follower cut off while the group commits more than
+// MaxLogEntries entries comes back behind the pruned Log; the leader sends
+// a snapshot that the follower fetches with one-sided reads, then a diff
+// with the tail, and the follower ends with the same sequence.
+func TestSnapshotCatchUp(t *testing.T) {
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, func(cfg *Config) {
+		cfg.MaxLogEntries = 8
+		cfg.MaxRecord = 512
+	})
+	n1, n3 := c.get(1), c.get(3)
+	c.settle(nil)
+	n1.r.startElection(true)
+	c.settle(nil)
+	var want []string
+	propose := func(k int) {
+		for i := 0; i < k; i++ {
+			d := fmt.Sprintf("m%02d-%s", len(want), strings.Repeat("x", 40))
+			want = append(want, d)
+			n1.r.Propose([]byte(d))
+		}
+	}
+	propose(5)
+	c.settle(nil)
+	propose(40) // node 3 misses these; the Log keeps only the last 8 committed
+	for i := 0; i < 3; i++ {
+		c.settle(not(3))
+	}
+	if s := n1.r.Status(); s.LogLen > 8 || s.Pruned.Cnt < 30 {
+		t.Fatalf("leader log not pruned: %+v", s)
+	}
+	// Node 3 is still cut off: the leader keeps committing with node 2. Then
+	// it cannot stream to node 3 (its next entry was pruned) and re-syncs it
+	// with a snapshot while 20 more entries commit.
+	c.now += 25 * c.cfg.ElectionTimeout
+	propose(20)
+	for i := 0; i < 5; i++ {
+		c.settle(nil)
+	}
+	for _, id := range []rdma.NodeID{1, 2, 3} {
+		wantSeq(t, c, id, want...)
+	}
+	s3 := n3.r.Status()
+	if n3.fsm.restores != 1 || s3.Counters.SnapshotsRestored != 1 {
+		t.Errorf("node 3 restored %d snapshots, want 1: %+v", n3.fsm.restores, s3.Counters)
+	}
+}
+
+// TestProposalErrors: a proposal that cannot be delivered fails with an
+// error that guarantees it never will be.
+func TestProposalErrors(t *testing.T) {
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, func(cfg *Config) {
+		cfg.ElectionTimeout = time.Hour // no election: no leader
+		cfg.ProposeTimeout = 10 * time.Millisecond
+		cfg.MaxPending = 2
+		cfg.MaxRecord = 512
+	})
+	n1 := c.get(1)
+	c.settle(nil)
+	if _, err := n1.r.Propose(make([]byte, 600)).Result(); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("600 bytes: %v, want ErrTooLarge", err)
+	}
+	a, b := n1.r.Propose([]byte("a")), n1.r.Propose([]byte("b"))
+	if _, err := n1.r.Propose([]byte("c")).Result(); !errors.Is(err, ErrBusy) {
+		t.Errorf("third pending proposal: %v, want ErrBusy", err)
+	}
+	c.settle(nil)
+	c.now += 20 * time.Millisecond
+	c.settle(nil)
+	for _, p := range []*Proposal{a, b} {
+		if _, err := p.Result(); !errors.Is(err, ErrTimeout) {
+			t.Errorf("proposal without a leader: %v, want ErrTimeout", err)
+		}
+	}
+	// A leader now: the timed-out proposals are not delivered, new ones are.
+	n1.r.startElection(true)
+	c.settle(nil)
+	p := n1.r.Propose([]byte("d"))
+	c.settle(nil)
+	if i, err := p.Result(); err != nil || i != 1 {
+		t.Errorf("d: %d, %v; want index 1", i, err)
+	}
+	wantSeq(t, c, 2, "d")
 }
