@@ -36,9 +36,15 @@
 // mutex. When nothing else is outstanding Post writes it itself (no
 // goroutine hop on the latency path; TCP_NODELAY is set); otherwise a
 // flusher goroutine sends everything posted while its previous write was
-// in progress in one system call. The RNIC reads through a large buffer
-// and coalesces its answers into one write per batch. Steady-state Post
-// and Poll allocate nothing.
+// in progress in one system call. Conn.Wait blocks in the network poller
+// itself (on a duplicate descriptor) and handles the answer in the
+// caller's goroutine, as a raw TCP client would; a reader goroutine serves
+// users that park on the doorbell instead, and Poll drains the socket
+// inline now and then when a caller spins on it. The RNIC reads through a
+// large buffer with blocking system calls on a socket taken out of Go's
+// network poller, so a request wakes its thread directly even when the
+// process's goroutines are busy, and it coalesces its answers into one
+// write per batch. Steady-state Post, Poll and Wait allocate nothing.
 //
 // Dead peers: each node pings the targets of its Conns every
 // PeerTimeout/4. A Conn whose peer has sent nothing for PeerTimeout, or

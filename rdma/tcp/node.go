@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"golang.org/x/sys/unix"
 )
 
 // Defaults of Options.
@@ -244,7 +245,7 @@ func (n *Node) Close() error {
 		c.Close()
 	}
 	for s := range servers {
-		s.nc.Close()
+		s.sock.shutdown(unix.SHUT_RDWR)
 	}
 	n.wg.Wait()
 	for _, r := range regions {
@@ -298,7 +299,11 @@ func (n *Node) accept(nc net.Conn) {
 		return
 	}
 	nc.SetDeadline(time.Time{})
-	s := &rnic{n: n, nc: nc, peer: peer}
+	s := &rnic{n: n, peer: peer}
+	if s.sock, err = detach(nc, &s.alive); err != nil {
+		return
+	}
+	defer s.sock.close()
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
@@ -345,7 +350,7 @@ func (n *Node) keepaliveLoop() {
 			if s.alive.Swap(false) {
 				s.silent = 0
 			} else if s.silent += tick; s.silent >= 2*n.opts.PeerTimeout {
-				s.nc.Close()
+				s.sock.shutdown(unix.SHUT_RDWR)
 			}
 		}
 		clear(conns)

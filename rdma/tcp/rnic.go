@@ -2,12 +2,18 @@ package tcp
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"net"
+	"runtime"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -18,18 +24,99 @@ const (
 	ackEvery = 256
 )
 
-// aliveReader notes that bytes arrived, for the keepalive loop.
-type aliveReader struct {
-	r     io.Reader
-	alive *atomic.Bool
+// sock is an incoming connection's socket, taken out of Go's network
+// poller after the handshake and used with blocking system calls. The
+// RNIC goroutine then sleeps in read(2) and the kernel wakes its thread
+// directly when a request arrives: it does not wait for the Go scheduler
+// to poll the network, which a process whose goroutines spin (yielding
+// with runtime.Gosched) or compute can put off for up to 10 ms. It costs
+// one OS thread per incoming connection while it waits.
+type sock struct {
+	fd     int
+	alive  *atomic.Bool
+	mu     sync.Mutex // guards closed against fd reuse by shutdown
+	closed bool
 }
 
-func (a aliveReader) Read(p []byte) (int, error) {
-	n, err := a.r.Read(p)
-	if n > 0 {
-		a.alive.Store(true)
+// detach moves nc's socket to a blocking descriptor of its own and closes
+// nc.
+func detach(nc net.Conn, alive *atomic.Bool) (*sock, error) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("tcp: %T has no file descriptor", nc)
 	}
-	return n, err
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(f uintptr) { fd, derr = unix.Dup(int(f)) }); err != nil || derr != nil {
+		return nil, fmt.Errorf("tcp: duplicate descriptor: %w", errors.Join(err, derr))
+	}
+	nc.Close()
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tcp: blocking mode: %w", err)
+	}
+	return &sock{fd: fd, alive: alive}, nil
+}
+
+// Read implements io.Reader with read(2). It first yields the processor:
+// a thread blocked in a system call keeps its P (Go's scheduler context)
+// until sysmon takes it back, 20 us or more later, so a goroutine the RNIC
+// just woke (a Notify doorbell waiter) would wait that long to run.
+func (k *sock) Read(p []byte) (int, error) {
+	runtime.Gosched()
+	for {
+		n, err := unix.Read(k.fd, p)
+		switch {
+		case n > 0:
+			k.alive.Store(true)
+			return n, nil
+		case err == unix.EINTR:
+		case err != nil:
+			return 0, err
+		default:
+			return 0, io.EOF
+		}
+	}
+}
+
+// Write implements io.Writer with write(2).
+func (k *sock) Write(p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := unix.Write(k.fd, p[done:])
+		if n > 0 {
+			done += n
+		}
+		if err != nil && err != unix.EINTR {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// shutdown wakes a read or write blocked on the socket (how: unix.SHUT_*);
+// any goroutine may call it.
+func (k *sock) shutdown(how int) {
+	k.mu.Lock()
+	if !k.closed {
+		unix.Shutdown(k.fd, how)
+	}
+	k.mu.Unlock()
+}
+
+// close releases the descriptor; only the RNIC goroutine calls it, once it
+// is out of its reads and writes.
+func (k *sock) close() {
+	k.mu.Lock()
+	if !k.closed {
+		k.closed = true
+		unix.Close(k.fd)
+	}
+	k.mu.Unlock()
 }
 
 // rnic is the software RNIC serving one incoming connection: it applies
@@ -37,7 +124,7 @@ func (a aliveReader) Read(p []byte) (int, error) {
 // only the keepalive loop touches silent.
 type rnic struct {
 	n      *Node
-	nc     net.Conn
+	sock   *sock
 	peer   rdma.NodeID
 	alive  atomic.Bool
 	silent time.Duration
@@ -54,8 +141,8 @@ type rnic struct {
 // serve runs until the connection fails, a frame is malformed or an op
 // fails (then the error is reported and the connection wound down).
 func (s *rnic) serve() {
-	s.br = bufio.NewReaderSize(aliveReader{s.nc, &s.alive}, ioBufSize)
-	s.bw = bufio.NewWriterSize(s.nc, ioBufSize)
+	s.br = bufio.NewReaderSize(s.sock, ioBufSize)
+	s.bw = bufio.NewWriterSize(s.sock, ioBufSize)
 	maxFrame := s.n.opts.MaxFrame
 	for {
 		if s.br.Buffered() < headerLen && s.flush() != nil {
@@ -243,9 +330,8 @@ func (s *rnic) windDown(cause error) {
 	if s.bw.Flush() != nil {
 		return
 	}
-	if tc, ok := s.nc.(*net.TCPConn); ok {
-		tc.CloseWrite()
-	}
-	s.nc.SetReadDeadline(time.Now().Add(s.n.opts.PeerTimeout))
+	s.sock.shutdown(unix.SHUT_WR)
+	tv := unix.NsecToTimeval(s.n.opts.PeerTimeout.Nanoseconds())
+	unix.SetsockoptTimeval(s.sock.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	io.Copy(io.Discard, s.br)
 }
