@@ -42,7 +42,8 @@ type opRec struct {
 // under mu; when nothing else is outstanding it writes the buffer itself
 // (the latency path: no goroutine hop), otherwise it leaves the write to
 // the flusher goroutine, which sends everything posted meanwhile in one
-// system call. A reader goroutine turns responses into completions.
+// system call. Responses become completions in whichever goroutine drains
+// the socket (see the receive side below).
 type Conn struct {
 	node     *Node
 	peer     rdma.NodeID
