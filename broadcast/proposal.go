@@ -69,6 +69,7 @@ func (r *Replica) Propose(data []byte) *Proposal {
 	}
 	r.npending++
 	r.inbox = append(r.inbox, p)
+	r.inboxLen.Store(int64(len(r.inbox)))
 	r.mu.Unlock()
 	r.node.Doorbell().Ring() // a parked driver polls at once
 	return p
@@ -76,9 +77,13 @@ func (r *Replica) Propose(data []byte) *Proposal {
 
 // drainInbox moves new proposals to the waiting queue.
 func (r *Replica) drainInbox() bool {
+	if r.inboxLen.Load() == 0 {
+		return false
+	}
 	r.mu.Lock()
 	in := r.inbox
 	r.inbox = nil
+	r.inboxLen.Store(0)
 	r.mu.Unlock()
 	for _, p := range in {
 		r.pseq++
@@ -180,9 +185,9 @@ func (r *Replica) submit() bool {
 // expireWaiting fails waiting proposals past their deadline with
 // ErrTimeout: they were never handed to a leader, or the epoch they were
 // handed to ended without delivering them, so they are not delivered.
-func (r *Replica) expireWaiting() {
+func (r *Replica) expireWaiting() bool {
 	if len(r.waiting) == 0 || r.waiting[0].deadline > r.now {
-		return
+		return false
 	}
 	kept := r.waiting[:0]
 	k := 0
@@ -197,4 +202,5 @@ func (r *Replica) expireWaiting() {
 	clear(r.waiting[len(kept):])
 	r.waiting = kept
 	r.resolved(k)
+	return k > 0
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -152,6 +153,7 @@ type Replica struct {
 	// proposals
 	mu       sync.Mutex
 	inbox    []*Proposal
+	inboxLen atomic.Int64 // len(inbox), read without the lock by Poll
 	closed   bool
 	waiting  []*Proposal // not handed to a leader, in pseq order
 	inflight []*Proposal // handed to the leader of inflight[i].epoch, fate unknown
@@ -369,8 +371,9 @@ func (r *Replica) Poll(now time.Duration) bool {
 	if r.push() {
 		progress = true
 	}
-	r.expireWaiting()
-	r.publishStatus()
+	if r.expireWaiting() || progress || r.beat {
+		r.publishStatus()
+	}
 	return progress
 }
 

@@ -354,9 +354,9 @@ func TestSimAcuerdo(t *testing.T) {
 		o     simOpts
 		want  func(c Counters) error
 	}{
-		{"n3-crash-restart", 0.4, simOpts{n: 3, until: window, crashes: true, maxLog: 24}, wantSnapshots},
-		{"n3-partition-slow", 0.4, simOpts{n: 3, until: window, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
-		{"n5-mixed", 0.2, simOpts{n: 5, until: window, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
+		{"n3-crash-restart", 0.42, simOpts{n: 3, until: window, crashes: true, maxLog: 24}, wantSnapshots},
+		{"n3-partition-slow", 0.43, simOpts{n: 3, until: window, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
+		{"n5-mixed", 0.15, simOpts{n: 5, until: window, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
