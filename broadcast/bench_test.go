@@ -73,3 +73,38 @@ func BenchmarkPipelined(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
 }
+
+// BenchmarkLatencyW1 measures one proposal at a time at the leader, three
+// replicas each run by a Driver on the mem fabric (goroutines, doorbells).
+func BenchmarkLatencyW1(b *testing.B) {
+	f := mem.New(mem.Options{})
+	ids := []rdma.NodeID{1, 2, 3}
+	cfg := Config{Members: ids, ElectionTimeout: time.Second, HeartbeatInterval: 10 * time.Millisecond}
+	var ms []*rtMember
+	for _, id := range ids {
+		m := &rtMember{id: id, stable: &MemStable{}}
+		startMember(nil, f, cfg, m)
+		ms = append(ms, m)
+	}
+	defer func() {
+		for _, m := range ms {
+			m.stop()
+		}
+	}()
+	var leader *rtMember
+	for leader == nil {
+		for _, m := range ms {
+			if m.r.Status().Role == Leader && m.r.Status().Committed.E != 0 {
+				leader = m
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	msg := []byte("0123456789")
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := leader.r.Propose(msg).Result(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -56,16 +56,15 @@ type rtMember struct {
 	done   chan struct{}
 }
 
-func startMember(t *testing.T, f *mem.Fabric, cfg Config, m *rtMember) {
-	t.Helper()
+func startMember(t testing.TB, f *mem.Fabric, cfg Config, m *rtMember) {
 	var err error
 	if m.node, err = f.NewNode(m.id); err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	cfg.Self = m.id
 	m.fsm = &syncFSM{}
 	if m.r, err = New(cfg, m.node, m.fsm, m.stable); err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel, m.done = cancel, make(chan struct{})

@@ -279,7 +279,8 @@ func (r *Replica) closeRegions() {
 }
 
 // Close releases the replica's regions and connections and fails every
-// proposal not yet resolved with ErrStopped (outcome unknown).
+// proposal not yet resolved with ErrStopped (outcome unknown). Call it once
+// nothing polls the replica any more (after its Driver returned).
 func (r *Replica) Close() error {
 	r.mu.Lock()
 	r.closed = true
@@ -297,6 +298,12 @@ func (r *Replica) Close() error {
 	}
 	r.closeRegions()
 	return nil
+}
+
+func (r *Replica) event(k EventKind, e Epoch) {
+	if r.cfg.OnEvent != nil {
+		r.cfg.OnEvent(Event{Kind: k, Epoch: e})
+	}
 }
 
 func (r *Replica) tracef(format string, args ...any) {
@@ -798,6 +805,9 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	r.leaderHB = r.mems[i].hb
 	r.leaderInc = r.mems[i].inc
 	r.ctr.DiffsAccepted++
+	if newEpoch && r.role == Follower {
+		r.event(EventFollower, e)
+	}
 	r.tracef("node %d accepts diff %v base %v with %d entries from node %d (snapshot %v)", r.self, d.hdr, d.base, len(d.entries), sender, useSnap)
 }
 
@@ -991,6 +1001,7 @@ func (r *Replica) commit() bool {
 func (r *Replica) checkEpochDone() {
 	if !r.epochDone && r.role != Electing && r.committed.E == r.eCur {
 		r.epochDone = true
+		r.event(EventEpochCommitted, r.eCur)
 		r.newEpochCommitted()
 	}
 }
@@ -1064,6 +1075,7 @@ func (r *Replica) timers() bool {
 func (r *Replica) startElection(timedOut bool) {
 	r.ctr.ElectionsStarted++
 	r.role = Electing
+	r.event(EventElecting, r.eCur)
 	if timedOut {
 		r.electAt = r.now
 	} else {
@@ -1149,6 +1161,7 @@ func (r *Replica) becomeLeader() {
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
 	r.tracef("node %d leads epoch %v", r.self, r.eCur)
+	r.event(EventLeader, r.eCur)
 	for i := range r.mems {
 		r.mems[i].heardAt = r.now
 		if i != r.me {

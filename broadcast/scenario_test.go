@@ -65,7 +65,10 @@ func wantSeq(t *testing.T, c *qcluster, id rdma.NodeID, want ...string) {
 // log, and proposes itself for (0,3); node 2 joins; node 3 wins and its
 // diff ((0,3),0) brings node 2 the missing message.
 func TestFig3RunningExample(t *testing.T) {
-	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, nil)
+	var events []string
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, func(cfg *Config) {
+		cfg.OnEvent = func(ev Event) { events = append(events, fmt.Sprintf("%d %v", ev.Kind, ev.Epoch)) }
+	})
 	n1, n2, n3 := c.get(1), c.get(2), c.get(3)
 	c.settle(nil)
 	c.takeTrace() // boot and connections
@@ -126,6 +129,14 @@ func TestFig3RunningExample(t *testing.T) {
 	}
 	wantSeq(t, c, 2, "m1", "m2", "m3")
 	wantSeq(t, c, 3, "m1", "m2", "m3")
+	// Milestones: 1 elects and wins (0,1), followed by 2 and 3, committed by all;
+	// 2 and 3 elect (with 3 joining when it sees 2's vote); (0,3) is won
+	// and committed.
+	wantEv := []string{"1 (0,0)", "2 (0,1)", "3 (0,1)", "3 (0,1)", "4 (0,1)", "4 (0,1)", "4 (0,1)",
+		"1 (0,1)", "1 (0,1)", "2 (0,3)", "3 (0,3)", "4 (0,3)", "4 (0,3)"}
+	if !slices.Equal(events, wantEv) {
+		t.Errorf("events %q, want %q", events, wantEv)
+	}
 
 	// A proposal at follower 2 is forwarded to node 3 and delivered at 4.
 	p4 := n2.r.Propose([]byte("m4"))

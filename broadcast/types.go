@@ -164,6 +164,31 @@ type Config struct {
 	// Trace, if set, receives one line per protocol event (votes, role
 	// changes, diffs), for tests and debugging.
 	Trace func(format string, args ...any)
+	// OnEvent, if set, is called from Poll at protocol milestones (role
+	// changes, an epoch's diff committed), e.g. to time elections.
+	OnEvent func(Event)
+}
+
+// EventKind names a protocol milestone.
+type EventKind uint8
+
+// Milestones reported to Config.OnEvent.
+const (
+	// EventElecting: the replica became ELECTING (Acuerdo Fig. 7 l.97).
+	EventElecting EventKind = iota + 1
+	// EventLeader: the replica won Epoch (Fig. 7 l.117).
+	EventLeader
+	// EventFollower: the replica accepted Epoch's diff (Fig. 5 l.60).
+	EventFollower
+	// EventEpochCommitted: Epoch's diff committed here (Fig. 6 l.83): the
+	// new epoch's first commit, after which proposals flow again.
+	EventEpochCommitted
+)
+
+// Event is one protocol milestone.
+type Event struct {
+	Kind  EventKind
+	Epoch Epoch // the epoch concerned (E_cur, or the epoch won)
 }
 
 // Defaults.
