@@ -89,7 +89,8 @@ func appendHeader(b []byte, h header) []byte {
 
 // decodeHeader decodes the first headerLen bytes of b. It rejects unknown
 // versions and types, nonzero reserved bytes and frames longer than
-// maxFrame (header included).
+// maxFrame (header included); a maxFrame too small for a header rejects
+// every frame.
 func decodeHeader(b []byte, maxFrame int) (header, error) {
 	if len(b) < headerLen {
 		return header{}, fmt.Errorf("%w: header of %d bytes", errMalformed, len(b))
@@ -104,7 +105,7 @@ func decodeHeader(b []byte, maxFrame int) (header, error) {
 	if h.Type < typeWrite || h.Type > typeError {
 		return header{}, fmt.Errorf("%w: unknown frame type %d", errMalformed, h.Type)
 	}
-	if uint64(h.Len)+headerLen > uint64(maxFrame) {
+	if maxFrame < headerLen || uint64(h.Len)+headerLen > uint64(maxFrame) {
 		return header{}, fmt.Errorf("%w: frame of %d bytes exceeds MaxFrame %d", errMalformed, uint64(h.Len)+headerLen, maxFrame)
 	}
 	return h, nil
