@@ -30,8 +30,9 @@ type link struct {
 	stageSeq  []uint64 // per slot: 1 + id of the op using it, 0 when free
 	stageNext int
 
-	dirty    [nTables]bool // rows to push to this peer
-	ackDirty bool
+	dirty      [nTables]bool // rows to push to this peer
+	ackDirty   bool
+	commitSent MsgHdr // commit point in the last CommitSST row pushed
 
 	out outRing
 

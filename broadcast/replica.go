@@ -469,9 +469,15 @@ func (r *Replica) push() bool {
 			}
 			rw := r.myRows[t]
 			encodeRow(buf, &rw, t, r.me)
-			notify := t != tCommit || r.myRows[t][0] != 0
+			// Ring the peer's doorbell unless only the heartbeat moved: a
+			// parked peer wakes for its own timers anyway.
+			hdr := MsgHdr{E: Epoch(rw[0]), Cnt: rw[1]}
+			notify := t != tCommit || hdr != l.commitSent
 			if l.postStaged(r, now, slot, buf, r.cfg.RegionBase, rowOffset(t, r.me, r.n), notify) {
 				l.dirty[t] = false
+				if t == tCommit {
+					l.commitSent = hdr
+				}
 				progress = true
 			}
 		}

@@ -1,0 +1,146 @@
+package broadcast
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+)
+
+// TestShmGroup runs a three-replica group on the shm fabric (nodes in this
+// process, regions in /dev/shm files written one-sidedly by the peers):
+// concurrent proposals at every member are delivered in one order.
+func TestShmGroup(t *testing.T) {
+	if _, err := os.Stat("/dev/shm"); err != nil {
+		t.Skip("no /dev/shm")
+	}
+	ids := []rdma.NodeID{1, 2, 3}
+	cluster := fmt.Sprintf("bcast-test-%d", os.Getpid())
+	cfg := Config{Members: ids, RingSize: 256 << 10, HeartbeatInterval: time.Millisecond, ElectionTimeout: 100 * time.Millisecond}
+	type member struct {
+		node *shm.Node
+		r    *Replica
+		fsm  *syncFSM
+	}
+	ms := make([]member, len(ids))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		n, err := shm.Open(id, shm.Options{Cluster: cluster})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := cfg
+		c.Self = id
+		fsm := &syncFSM{}
+		r, err := New(c, n, fsm, &MemStable{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms[i] = member{n, r, fsm}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			NewDriver(r, n.Doorbell()).Run(ctx)
+		}()
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+		for _, m := range ms {
+			m.r.Close()
+			m.node.Close()
+		}
+	}()
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	var pw sync.WaitGroup
+	errs := make(chan error, len(ms))
+	for _, m := range ms {
+		pw.Add(1)
+		go func() {
+			defer pw.Done()
+			for k := 0; k < 200; k++ {
+				if _, err := m.r.Propose([]byte(fmt.Sprintf("n%d-%d", m.node.ID(), k))).Wait(wctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	pw.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, b, c := ms[0].fsm.seqCopy(), ms[1].fsm.seqCopy(), ms[2].fsm.seqCopy()
+		if len(a) == 600 && fmt.Sprint(a) == fmt.Sprint(b) && fmt.Sprint(b) == fmt.Sprint(c) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no agreement: %d %d %d entries", len(a), len(b), len(c))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// BenchmarkShmLatencyW1 measures one proposal at a time at the leader of a
+// three-replica shm group (all in this process).
+func BenchmarkShmLatencyW1(b *testing.B) {
+	ids := []rdma.NodeID{1, 2, 3}
+	cluster := fmt.Sprintf("bcast-bench-%d", os.Getpid())
+	cfg := Config{Members: ids, HeartbeatInterval: 10 * time.Millisecond, ElectionTimeout: time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var rs []*Replica
+	var nodes []*shm.Node
+	for _, id := range ids {
+		n, err := shm.Open(id, shm.Options{Cluster: cluster})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := cfg
+		c.Self = id
+		r, err := New(c, n, &nopFSM{}, &MemStable{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rs, nodes = append(rs, r), append(nodes, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			NewDriver(r, n.Doorbell()).Run(ctx)
+		}()
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+		for i := range rs {
+			rs[i].Close()
+			nodes[i].Close()
+		}
+	}()
+	var leader *Replica
+	for leader == nil {
+		for _, r := range rs {
+			if s := r.Status(); s.Role == Leader && s.Committed.E != 0 {
+				leader = r
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	msg := []byte("0123456789")
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := leader.Propose(msg).Result(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
