@@ -145,9 +145,12 @@ type Replica struct {
 	epochDone   bool // committed >= (eCur, 0): proposals may be handed over
 	table       []tableRec
 	scratch     []byte
-	batch       []*entry // commit's delivery batch, reused
-	pivot       entry    // search key, reused
-	entSlab     []entry  // entries are carved from slabs: no allocation per message
+	batch       []*entry       // commit's delivery batch, reused
+	pivot       entry          // search key, reused
+	setHint     btree.PathHint // Log access hints: appends and lookups are sequential
+	getHint     btree.PathHint
+	ascHint     btree.PathHint
+	entSlab     []entry // entries are carved from slabs: no allocation per message
 	dataSlab    []byte
 
 	// proposals
@@ -647,7 +650,7 @@ func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 	}
 	// Acuerdo Fig. 5 l.49-51: Log[hdr] = M; Accepted = hdr; Accept_SST[Self] = hdr.
 	e := r.newEntry(hdr, getMeta(payload), payload[entryMeta:])
-	r.log.Set(e)
+	r.log.SetHint(e, &r.setHint)
 	r.accepted = hdr
 	// Fig. 5 l.52 (push to the leader) happens once per batch in push.
 }
@@ -872,7 +875,7 @@ func (r *Replica) snapshotBytes() ([]byte, error) {
 // without allocating.
 func (r *Replica) nextAfter(h MsgHdr) *entry {
 	r.pivot.hdr = MsgHdr{E: h.E, Cnt: h.Cnt + 1}
-	if e, ok := r.log.Get(&r.pivot); ok {
+	if e, ok := r.log.GetHint(&r.pivot, &r.getHint); ok {
 		return e
 	}
 	var next *entry
@@ -981,13 +984,14 @@ func (r *Replica) commit() bool {
 		return false
 	}
 	batch := r.batch[:0]
-	r.log.Ascend(&entry{hdr: MsgHdr{E: r.committed.E, Cnt: r.committed.Cnt + 1}}, func(e *entry) bool {
+	r.pivot.hdr = MsgHdr{E: r.committed.E, Cnt: r.committed.Cnt + 1}
+	r.log.AscendHint(&r.pivot, func(e *entry) bool {
 		if bound.Less(e.hdr) {
 			return false
 		}
 		batch = append(batch, e)
 		return true
-	})
+	}, &r.ascHint)
 	for _, e := range batch {
 		r.deliver(e)
 	}
@@ -1185,7 +1189,7 @@ func (r *Replica) broadcast(id proposalID, data []byte) MsgHdr {
 	hdr := MsgHdr{E: r.eNew, Cnt: r.count}
 	e := r.newEntry(hdr, id, nil)
 	e.data = data
-	r.log.Set(e)
+	r.log.SetHint(e, &r.setHint)
 	r.accepted = hdr
 	return hdr
 }
