@@ -115,6 +115,8 @@ func (f *checkFSM) Restore(s []byte) error {
 
 type simOpts struct {
 	bug      int
+	qdepth   int // sim queue depth (0: default)
+	ring     int // ring size (0: 8 KiB)
 	n        int
 	until    time.Duration // faults and proposals until then
 	crashes  bool
@@ -224,6 +226,9 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	opts := sd.Options()
 	opts.Faults = o.faults
 	opts.Tick = -1 // replicas ask for their steps (NextDeadline)
+	if o.qdepth != 0 {
+		opts.QueueDepth = o.qdepth
+	}
 	s := sim.New(opts)
 	defer s.Close()
 	h := &simRun{o: o, s: s, c: &checker{proposed: map[string]*simProposal{}}, procs: map[rdma.NodeID]*simProc{},
@@ -234,7 +239,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	}
 	h.cfg = Config{
 		Members:           ids,
-		RingSize:          8 << 10,
+		RingSize:          max(o.ring, 8<<10),
 		MaxRecord:         1 << 10,
 		HeartbeatInterval: time.Millisecond,
 		ElectionTimeout:   4 * time.Millisecond,
@@ -354,12 +359,14 @@ func TestSimAcuerdo(t *testing.T) {
 		o     simOpts
 		want  func(c Counters) error
 	}{
-		{"n3-crash-restart", 0.42, simOpts{n: 3, until: window, crashes: true, maxLog: 24}, wantSnapshots},
-		{"n3-partition-slow", 0.43, simOpts{n: 3, until: window, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
+		{"n3-crash-restart", 0.37, simOpts{n: 3, until: window, crashes: true, maxLog: 24}, wantSnapshots},
+		{"n3-partition-slow", 0.38, simOpts{n: 3, until: window, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
+		{"n3-small-queues", 0.1, simOpts{n: 3, until: window, crashes: true, maxLog: 24, qdepth: 8, ring: 64 << 10, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
 		{"n5-mixed", 0.15, simOpts{n: 5, until: window, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each seed is its own single-goroutine Sim
 			var total Counters
 			flags := *simFlags
 			if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
