@@ -1,0 +1,344 @@
+package broadcast
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Accepting (Acuerdo Fig. 5): reading rings, messages, forwarded
+// proposals, diffs and snapshots.
+
+const maxBatch = 4096
+
+// readRing accepts the valid records the sender wrote, as one batch, and
+// acknowledges only the last one (Acuerdo Fig. 5; earlier ones are implied
+// by FIFO).
+func (r *Replica) readRing(i int) bool {
+	in := &r.ins[i]
+	if in.sinc == 0 {
+		return false
+	}
+	sender := r.mems[i].id
+	rs := uint64(len(in.mem))
+	start := in.cursor
+	acc := r.accepted
+	for k := 0; k < maxBatch; k++ {
+		off := in.cursor % rs
+		if rs-off < recHdr+8 {
+			in.cursor += rs - off
+			continue
+		}
+		h, size, ok := decodeRecord(in.mem, int(off), in.cursor)
+		if !ok || h.sinc != uint8(in.sinc) || h.rinc != uint8(r.inc) {
+			break
+		}
+		payload := in.mem[int(off)+recHdr : int(off)+recHdr+h.len]
+		done := true
+		switch h.kind {
+		case kPad:
+			in.cursor += rs - off
+			continue
+		case kMsg:
+			r.acceptMsg(sender, h.hdr, payload)
+		case kForward:
+			done = r.acceptForward(h.hdr, payload)
+		case kSnapshot:
+			done = r.acceptSnapshot(i, h.hdr, payload)
+		case kDiffPart, kDiffEnd:
+			r.acceptDiffPart(i, sender, h.kind, h.hdr, payload)
+		}
+		if !done {
+			break
+		}
+		in.cursor += uint64(size)
+	}
+	// Flow control: acknowledge consumed ring bytes once a quarter of the
+	// ring is consumed, and at every heartbeat.
+	if in.cursor-in.acked >= rs/4 || (in.cursor != in.acked && r.now >= r.nextHB) {
+		r.links[i].ackDirty = true
+	}
+	if r.cfg.Trace != nil && r.accepted != acc && r.role == Follower && r.accepted.Cnt > 0 {
+		r.tracef("node %d accepts up to %v", r.self, r.accepted)
+	}
+	return in.cursor != start
+}
+
+// acceptMsg is Acuerdo Fig. 5 l.47-53: normal message acceptance.
+func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
+	// Acuerdo Fig. 5 l.47: only messages of the epoch we are in.
+	if hdr.E != r.eNew || hdr.E != r.eCur || r.role != Follower || hdr.E.Leader() != sender || len(payload) < entryMeta {
+		return
+	}
+	if !r.accepted.Less(hdr) {
+		return
+	}
+	// Acuerdo Fig. 5 l.49-51: Log[hdr] = M; Accepted = hdr; Accept_SST[Self] = hdr.
+	e := r.newEntry(hdr, getMeta(payload), payload[entryMeta:])
+	r.log.SetHint(e, &r.setHint)
+	r.accepted = hdr
+	// Fig. 5 l.52 (push to the leader) happens once per batch in push.
+}
+
+// acceptForward takes a proposal a follower forwarded to us as the leader
+// of hdr.E. It reports false to leave it in the ring (back pressure).
+func (r *Replica) acceptForward(hdr MsgHdr, payload []byte) bool {
+	if r.role != Leader || hdr.E != r.eCur || !r.epochDone || len(payload) < entryMeta {
+		return true // not for us: the follower re-forwards after the next epoch's diff
+	}
+	if r.uncommitted() >= r.cfg.MaxUncommitted {
+		return false
+	}
+	r.broadcast(getMeta(payload), r.copyData(payload[entryMeta:]))
+	return true
+}
+
+// acceptSnapshot handles a snapshot announcement: fetch it with one-sided
+// reads before looking further in the ring.
+func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
+	if len(payload) < snapRecLen {
+		return true
+	}
+	f := &r.links[i].fetch
+	region := rdma.RegionID(binary.LittleEndian.Uint64(payload[0:]))
+	size := int(binary.LittleEndian.Uint64(payload[8:]))
+	check := binary.LittleEndian.Uint64(payload[16:])
+	commit := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[24:])), Cnt: binary.LittleEndian.Uint64(payload[32:])}
+	if hdr.E < r.eNew || size < snapMetaWords*8 || size > 1<<40 {
+		return true // Fig. 5 l.54 would refuse the diff it belongs to
+	}
+	if !f.active || f.region != region || f.check != check || f.commit != commit || len(f.buf) != size {
+		*f = snapFetch{active: true, region: region, check: check, commit: commit, buf: make([]byte, size)}
+		r.tracef("node %d fetches snapshot at %v (%d bytes) from node %d", r.self, commit, size, r.mems[i].id)
+	}
+	if f.failed {
+		*f = snapFetch{}
+		return true
+	}
+	return f.ready
+}
+
+// driveFetch posts the reads of a snapshot fetch and verifies it.
+func (r *Replica) driveFetch(l *link) bool {
+	f := &l.fetch
+	if !f.active || f.ready || f.failed {
+		return false
+	}
+	progress := false
+	const chunk = 64 << 10
+	for l.up && f.nextOff < len(f.buf) && len(f.inflight) < 16 {
+		n := min(chunk, len(f.buf)-f.nextOff)
+		wr := rdma.WR{Kind: rdma.OpRead, Region: f.region, Offset: uint64(f.nextOff), Buf: f.buf[f.nextOff : f.nextOff+n]}
+		if !l.post(r, r.now, wr) {
+			break
+		}
+		f.nextOff += n
+		f.inflight = append(f.inflight, f.nextOff)
+		progress = true
+	}
+	if f.doneOff == len(f.buf) {
+		if xxhash.Sum64(f.buf) == f.check {
+			f.ready = true
+		} else {
+			f.failed = true
+		}
+		progress = true
+	}
+	return progress
+}
+
+// acceptDiffPart collects diff parts and accepts the diff on its last part.
+func (r *Replica) acceptDiffPart(i int, sender rdma.NodeID, kind uint8, hdr MsgHdr, payload []byte) {
+	in := &r.ins[i]
+	if len(payload) < diffHdr {
+		return
+	}
+	base := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[0:])), Cnt: binary.LittleEndian.Uint64(payload[8:])}
+	flags := binary.LittleEndian.Uint64(payload[16:])
+	r.ctr.DiffParts++
+	d := &in.diff
+	if d.hdr != hdr || d.base != base || d.flags != flags {
+		*d = pendingDiff{hdr: hdr, base: base, flags: flags}
+	}
+	for p := payload[diffHdr:]; len(p) > 0; {
+		e, size, ok := getDiffEntry(p)
+		if !ok {
+			*d = pendingDiff{}
+			return
+		}
+		d.entries = append(d.entries, e)
+		p = p[size:]
+	}
+	if kind == kDiffEnd {
+		r.acceptDiff(i, sender, d)
+		*d = pendingDiff{}
+	}
+}
+
+// acceptDiff is Acuerdo Fig. 5 l.54-66: diff acceptance and transition into
+// broadcast, with the base fix of docs/broadcast.md: entries above the
+// diff's base are removed, not only those from the diff's first key.
+func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
+	e := d.hdr.E
+	// Acuerdo Fig. 5 l.54: accept unless we promised a bigger epoch.
+	if e < r.eNew || e.Leader() != sender {
+		return
+	}
+	f := &r.links[i].fetch
+	useSnap := false
+	if d.flags&diffSnapshot != 0 {
+		if r.committed.Less(d.base) {
+			if !f.ready || f.commit != d.base {
+				return // the snapshot did not arrive: the leader re-syncs us
+			}
+			useSnap = true
+		}
+	} else if r.committed.Less(d.base) {
+		return // a gap: the leader's view of our commit is stale; it re-syncs us
+	}
+	if e > r.eNew {
+		// A vote is recorded before it is published: E_new before the accept.
+		if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: e}); err != nil {
+			r.tracef("node %d: save e_new: %v", r.self, err)
+			return
+		}
+	}
+	if useSnap {
+		if err := r.restore(f.buf, d.base); err != nil {
+			r.tracef("node %d: restore snapshot: %v", r.self, err)
+			*f = snapFetch{}
+			return
+		}
+	}
+	*f = snapFetch{}
+	// Acuerdo Fig. 5 l.58-60: E_new = E_cur = e; Role = FOLLOWER.
+	newEpoch := e != r.eCur
+	r.eNew, r.eCur = e, e
+	if e.Leader() != r.self {
+		r.role = Follower
+	}
+	// Acuerdo Fig. 5 l.62-63, with the base: remove entries above the base,
+	// then insert the diff's entries.
+	for {
+		last, ok := r.log.Max()
+		if !ok || !d.base.Less(last.hdr) {
+			break
+		}
+		r.log.PopMax()
+	}
+	for _, en := range d.entries {
+		r.log.Set(en)
+	}
+	// Acuerdo Fig. 5 l.64: Accepted = hdr.
+	r.accepted = d.hdr
+	r.catchingUp = false
+	if newEpoch {
+		r.epochDone = false
+	}
+	r.leaderHBAt = r.now
+	r.leaderHB = r.mems[i].hb
+	r.leaderInc = r.mems[i].inc
+	r.ctr.DiffsAccepted++
+	if newEpoch && r.role == Follower {
+		r.event(EventFollower, e)
+	}
+	r.tracef("node %d accepts diff %v base %v with %d entries from node %d (snapshot %v)", r.self, d.hdr, d.base, len(d.entries), sender, useSnap)
+}
+
+// restore installs a fetched snapshot taken at commit point at.
+func (r *Replica) restore(b []byte, at MsgHdr) error {
+	if len(b) < snapMetaWords*8 {
+		return fmt.Errorf("broadcast: snapshot of %d bytes: %w", len(b), ErrCorrupt)
+	}
+	index := binary.LittleEndian.Uint64(b[0:])
+	nt := binary.LittleEndian.Uint64(b[8:])
+	if nt != uint64(r.n) || len(b) < 16+int(nt)*16 {
+		return fmt.Errorf("broadcast: snapshot table of %d rows for %d members: %w", nt, r.n, ErrCorrupt)
+	}
+	table := make([]tableRec, r.n)
+	for k := range table {
+		w := b[16+k*16:]
+		table[k] = tableRec{oinc: binary.LittleEndian.Uint32(w[4:]), pseq: binary.LittleEndian.Uint64(w[8:])}
+	}
+	if err := r.fsm.Restore(b[16+r.n*16:]); err != nil {
+		return err
+	}
+	r.ctr.SnapshotsRestored++
+	r.index = index
+	r.table = table
+	r.committed = at
+	r.log.Clear()
+	r.pruned = at
+	// Proposals of ours the snapshot covers were delivered; where is unknown.
+	if t := r.table[r.me]; t.oinc == uint32(r.inc) {
+		r.resolveThrough(t.pseq, 0)
+	}
+	return nil
+}
+
+// snapshotBytes serialises the snapshot region contents at our commit point.
+func (r *Replica) snapshotBytes() ([]byte, error) {
+	data, err := r.fsm.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 16+r.n*16+len(data))
+	binary.LittleEndian.PutUint64(b[0:], r.index)
+	binary.LittleEndian.PutUint64(b[8:], uint64(r.n))
+	for k, t := range r.table {
+		w := b[16+k*16:]
+		binary.LittleEndian.PutUint32(w[0:], uint32(r.cfg.Members[k]))
+		binary.LittleEndian.PutUint32(w[4:], t.oinc)
+		binary.LittleEndian.PutUint64(w[8:], t.pseq)
+	}
+	copy(b[16+r.n*16:], data)
+	return b, nil
+}
+
+// nextAfter returns the Log entry following h, or nil. Within an epoch
+// counts are consecutive, so a lookup of (e, cnt+1) usually finds it
+// without allocating.
+func (r *Replica) nextAfter(h MsgHdr) *entry {
+	r.pivot.hdr = MsgHdr{E: h.E, Cnt: h.Cnt + 1}
+	if e, ok := r.log.GetHint(&r.pivot, &r.getHint); ok {
+		return e
+	}
+	var next *entry
+	r.log.Ascend(&r.pivot, func(e *entry) bool {
+		next = e
+		return false
+	})
+	return next
+}
+
+// newEntry returns a Log entry holding a copy of data, carved from the
+// replica's slabs (a slab is freed by the GC once no entry in it is live).
+func (r *Replica) newEntry(hdr MsgHdr, id proposalID, data []byte) *entry {
+	if len(r.entSlab) == 0 {
+		r.entSlab = make([]entry, 256)
+	}
+	e := &r.entSlab[0]
+	r.entSlab = r.entSlab[1:]
+	*e = entry{hdr: hdr, id: id}
+	if data != nil {
+		e.data = r.copyData(data)
+	}
+	return e
+}
+
+// copyData copies data into the replica's data slab.
+func (r *Replica) copyData(data []byte) []byte {
+	n := len(data)
+	if n > 4096 {
+		return append([]byte(nil), data...)
+	}
+	if len(r.dataSlab) < n {
+		r.dataSlab = make([]byte, 64<<10)
+	}
+	d := r.dataSlab[:n:n]
+	r.dataSlab = r.dataSlab[n:]
+	copy(d, data)
+	return d
+}

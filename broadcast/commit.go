@@ -1,0 +1,166 @@
+package broadcast
+
+import "slices"
+
+// Committing (Acuerdo Fig. 6), delivery, and the Log's bounds.
+
+// uncommitted is how many entries of this epoch we accepted and did not
+// commit yet: at the leader, the back-pressure measure (MaxUncommitted).
+func (r *Replica) uncommitted() int {
+	if r.accepted.E != r.eCur || r.committed.E != r.eCur {
+		return 0
+	}
+	return int(r.accepted.Cnt - r.committed.Cnt)
+}
+
+// commit is Acuerdo Fig. 6 l.69-91. The leader commits up to the header a
+// majority of Accept_SST entries of its epoch reached (l.72-74); a follower
+// up to its leader's Commit_SST entry of its epoch (l.76-77). Entries are
+// delivered in Log order (l.79-88: a diff's entries, then the epoch's).
+// Committed also advances to (E_cur, 0) when the diff commits, so that an
+// empty diff's commit is visible to followers.
+func (r *Replica) commit() bool {
+	var bound MsgHdr
+	switch r.role {
+	case Leader:
+		var vals [256]MsgHdr
+		k := 0
+		vals[k] = r.accepted
+		k++
+		for i := range r.mems {
+			m := &r.mems[i]
+			if i != r.me && m.valid[tAccept] {
+				if h := m.acceptHdr(); h.E == r.eCur {
+					vals[k] = h
+					k++
+				}
+			}
+		}
+		q := r.quorum
+		if r.bug == bugMinorityCommit {
+			q--
+		}
+		if k < q {
+			return false
+		}
+		s := vals[:k]
+		slices.SortFunc(s, func(a, b MsgHdr) int {
+			if b.Less(a) {
+				return -1
+			}
+			if a.Less(b) {
+				return 1
+			}
+			return 0
+		})
+		bound = s[q-1]
+	case Follower:
+		m := &r.mems[r.idxOf(r.eCur.Leader())]
+		if !m.valid[tCommit] {
+			return false
+		}
+		h := m.commitHdr()
+		if h.E != r.eCur {
+			return false
+		}
+		bound = minHdr(h, r.accepted)
+	default:
+		return false
+	}
+	if bound.E != r.eCur || !r.committed.Less(bound) {
+		r.checkEpochDone()
+		return false
+	}
+	batch := r.batch[:0]
+	r.pivot.hdr = MsgHdr{E: r.committed.E, Cnt: r.committed.Cnt + 1}
+	r.log.AscendHint(&r.pivot, func(e *entry) bool {
+		if bound.Less(e.hdr) {
+			return false
+		}
+		batch = append(batch, e)
+		return true
+	}, &r.ascHint)
+	for _, e := range batch {
+		r.deliver(e)
+	}
+	clear(batch)
+	r.batch = batch[:0]
+	r.committed = bound
+	r.commitMoved = true
+	if r.cfg.Trace != nil {
+		r.tracef("node %d commits up to %v (delivered %d)", r.self, bound, r.index)
+	}
+	r.checkEpochDone()
+	return true
+}
+
+// checkEpochDone notes when this epoch's diff has committed here
+// (Committed >= (E_cur, 0)), also when a snapshot took us past it.
+func (r *Replica) checkEpochDone() {
+	if !r.epochDone && r.role != Electing && r.committed.E == r.eCur {
+		r.epochDone = true
+		r.event(EventEpochCommitted, r.eCur)
+		r.newEpochCommitted()
+	}
+}
+
+// deliver hands one committed entry to the application.
+func (r *Replica) deliver(e *entry) {
+	r.index++
+	r.ctr.Delivered++
+	r.fsm.Apply(r.index, e.data)
+	if k := r.idxOf(e.id.origin); k >= 0 {
+		r.table[k] = tableRec{oinc: e.id.oinc, pseq: e.id.pseq}
+	}
+	if e.id.origin == r.self && e.id.oinc == uint32(r.inc) {
+		r.resolveThrough(e.id.pseq, r.index)
+	}
+}
+
+// prune removes committed entries nobody is expected to need: below every
+// member's Commit_SST entry heard within the timeout and every follower
+// cursor, and in any case beyond MaxLogEntries committed entries (a member
+// that far behind gets a snapshot).
+func (r *Replica) prune() {
+	floor := r.committed
+	for i := range r.mems {
+		m := &r.mems[i]
+		if i == r.me || r.now-m.heardAt > r.cfg.ElectionTimeout || !m.valid[tCommit] {
+			continue
+		}
+		floor = minHdr(floor, m.commitHdr())
+	}
+	keep := MsgHdr{E: ^Epoch(0), Cnt: ^uint64(0)} // entries above keep are needed by a diff being sent
+	if r.role == Leader {
+		for i := range r.fol {
+			f := &r.fol[i]
+			switch f.state {
+			case fsSync:
+				keep = minHdr(keep, f.packed)
+			case fsStream:
+				floor = minHdr(floor, f.next)
+			}
+		}
+	}
+	floor = minHdr(floor, keep)
+	ncommitted := r.log.Len()
+	r.log.Reverse(func(e *entry) bool {
+		if !r.committed.Less(e.hdr) {
+			return false
+		}
+		ncommitted--
+		return true
+	})
+	for {
+		e, ok := r.log.Min()
+		if !ok || r.committed.Less(e.hdr) {
+			return
+		}
+		if floor.Less(e.hdr) && (ncommitted <= r.cfg.MaxLogEntries || keep.Less(e.hdr)) {
+			return
+		}
+		r.log.PopMin()
+		r.pruned = maxHdr(r.pruned, e.hdr)
+		ncommitted--
+	}
+}

@@ -1,0 +1,177 @@
+package broadcast
+
+import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Broadcasting (Acuerdo Fig. 4) and serving each follower its diff and
+// stream (Fig. 7 l.119-126).
+
+// broadcast is Acuerdo Fig. 4 l.38-41: hdr = (E_new, ++Count), added to the
+// Log (the leader is a receiver too); serve writes it to each follower.
+func (r *Replica) broadcast(id proposalID, data []byte) MsgHdr {
+	r.count++
+	hdr := MsgHdr{E: r.eNew, Cnt: r.count}
+	e := r.newEntry(hdr, id, nil)
+	e.data = data
+	r.log.SetHint(e, &r.setHint)
+	r.accepted = hdr
+	return hdr
+}
+
+// startSync begins a diff for member i (Acuerdo Fig. 7 l.119-126): base is
+// comm_cpy[i], the diff runs to our Accepted.
+func (r *Replica) startSync(i int) {
+	m := &r.mems[i]
+	f := &r.fol[i]
+	*f = follower{state: fsSync, inc: m.inc, end: r.accepted, sentAt: r.now}
+	if m.valid[tCommit] {
+		f.base = m.commitHdr()
+	}
+	if f.base.Less(r.pruned) {
+		f.snap = true
+	}
+	f.base = minHdr(f.base, r.accepted)
+	f.packed = f.base
+}
+
+// serve writes what follower i needs next into its ring: the diff, then
+// new messages as they are broadcast, while the ring has room.
+func (r *Replica) serve(i int) bool {
+	m := &r.mems[i]
+	f := &r.fol[i]
+	l := r.links[i]
+	if m.inc == 0 || l.out.rinc != m.inc {
+		return false
+	}
+	if f.state == fsIdle || f.inc != m.inc {
+		r.startSync(i)
+	}
+	if f.state == fsStream {
+		// A follower whose next entry was pruned, or that never accepted
+		// the diff, is synced again.
+		stalled := m.valid[tAccept] && m.acceptHdr().Less(f.end) && r.now-f.sentAt > 20*r.cfg.ElectionTimeout
+		if f.next.Less(r.pruned) || stalled {
+			r.tracef("node %d re-syncs node %d (stalled %v)", r.self, m.id, stalled)
+			r.startSync(i)
+		}
+	}
+	progress := false
+	if f.state == fsSync {
+		if !r.sendDiff(i, f, l) {
+			return progress
+		}
+		progress = true
+	}
+	// Stream new messages (Fig. 4 l.41: outgoing_buff.send_to_all).
+	for {
+		next := r.nextAfter(f.next)
+		if next == nil {
+			break
+		}
+		size := recSize(entryMeta + len(next.data))
+		if !l.out.room(size) {
+			break
+		}
+		buf := l.out.reserve(size, r.inc)
+		putMeta(buf[recHdr:], next.id)
+		copy(buf[recHdr+entryMeta:], next.data)
+		l.out.commitRecord(recHeader{len: entryMeta + len(next.data), kind: kMsg, hdr: next.hdr}, r.inc)
+		f.next = next.hdr
+		progress = true
+	}
+	return progress
+}
+
+// sendDiff writes the snapshot announcement and diff parts for follower i;
+// it reports true once the whole diff is in the ring.
+func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
+	if f.snap && !f.snapSent {
+		if !l.out.room(recSize(snapRecLen)) {
+			return false
+		}
+		b, err := r.snapshotBytes()
+		if err != nil {
+			r.tracef("node %d: snapshot: %v", r.self, err)
+			return false
+		}
+		id := r.cfg.RegionBase + 1 + rdma.RegionID(r.n+i)
+		if r.snaps[i] != nil {
+			r.snaps[i].Close()
+			r.snaps[i] = nil
+		}
+		reg, err := r.node.Register(id, len(b))
+		if err != nil {
+			r.tracef("node %d: register snapshot region: %v", r.self, err)
+			return false
+		}
+		copy(reg.Bytes(), b)
+		if err := reg.Grant(r.mems[i].id, rdma.PermRead); err != nil {
+			reg.Close()
+			return false
+		}
+		r.snaps[i] = reg
+		f.base = r.committed
+		f.packed = f.base
+		buf := l.out.reserve(recSize(snapRecLen), r.inc)
+		p := buf[recHdr:]
+		binary.LittleEndian.PutUint64(p[0:], uint64(id))
+		binary.LittleEndian.PutUint64(p[8:], uint64(len(b)))
+		binary.LittleEndian.PutUint64(p[16:], xxhash.Sum64(b))
+		binary.LittleEndian.PutUint64(p[24:], uint64(f.base.E))
+		binary.LittleEndian.PutUint64(p[32:], f.base.Cnt)
+		l.out.commitRecord(recHeader{len: snapRecLen, kind: kSnapshot, hdr: f.end}, r.inc)
+		f.snapSent = true
+		r.ctr.SnapshotsSent++
+		r.tracef("node %d sends node %d a snapshot at %v (%d bytes)", r.self, r.mems[i].id, f.base, len(b))
+	}
+	var flags uint64
+	if f.snap {
+		flags = diffSnapshot
+	}
+	for {
+		// Fig. 7 l.121-124: the entries h with comm_cpy[j] <= h <= Accepted,
+		// packed into parts of at most MaxRecord bytes.
+		p := r.scratch
+		binary.LittleEndian.PutUint64(p[0:], uint64(f.base.E))
+		binary.LittleEndian.PutUint64(p[8:], f.base.Cnt)
+		binary.LittleEndian.PutUint64(p[16:], flags)
+		n := diffHdr
+		last := f.packed
+		more := false
+		r.log.Ascend(&entry{hdr: MsgHdr{E: f.packed.E, Cnt: f.packed.Cnt + 1}}, func(e *entry) bool {
+			if f.end.Less(e.hdr) {
+				return false
+			}
+			if n+diffEntrySize(e) > len(p) {
+				more = true
+				return false
+			}
+			n += putDiffEntry(p[n:], e)
+			last = e.hdr
+			return true
+		})
+		kind := uint8(kDiffEnd)
+		if more {
+			kind = kDiffPart
+		}
+		size := recSize(n)
+		if !l.out.room(size) {
+			return false
+		}
+		buf := l.out.reserve(size, r.inc)
+		copy(buf[recHdr:], p[:n])
+		l.out.commitRecord(recHeader{len: n, kind: kind, hdr: f.end}, r.inc)
+		f.packed = last
+		if kind == kDiffEnd {
+			f.state = fsStream
+			f.next = f.end
+			f.sentAt = r.now
+			r.tracef("node %d sends node %d diff %v base %v", r.self, r.mems[i].id, f.end, f.base)
+			return true
+		}
+	}
+}
