@@ -44,7 +44,10 @@
 // code from a seed; Driver runs it in real time, spinning briefly and then
 // parking on the node's doorbell until NextDeadline. Poll must be called by
 // one goroutine at a time; Propose, Status and the Proposal handles are safe
-// from any goroutine. FSM methods are called from Poll.
+// from any goroutine. FSM methods, Config.Trace and Config.OnEvent (role
+// changes and an epoch's first commit, to time elections) are called from
+// Poll. Status reports the protocol state and Counters (elections, diffs,
+// snapshots, reconnects).
 //
 // # Contracts
 //
@@ -60,4 +63,11 @@
 //     memory is supported while at most f members are down or catching up.
 //   - Regions: a group uses region ids Config.RegionBase .. +2n on every
 //     member; several groups on one node need disjoint ranges.
+//   - Failures: n = 2f+1 members tolerate f crashed, partitioned or
+//     catching-up members at once. Memory is not durable: if more than f
+//     members lose their memory at once (a whole-group restart included),
+//     committed entries can be lost and restarted members wait for a diff
+//     forever; that is the durability issue's to solve.
+//   - Testing: -seed N, -seeds K and -simtrace select simulator runs of
+//     this package's tests (see package sim).
 package broadcast
