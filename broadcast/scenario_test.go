@@ -272,3 +272,39 @@ func TestProposalErrors(t *testing.T) {
 	}
 	wantSeq(t, c, 2, "d")
 }
+
+// TestElectionsRacing: two members time out at once and vote for
+// themselves in the same round; Fig. 7 converges on one leader (the larger
+// vote wins: both logs are equal, so the other joins it), and the group
+// commits.
+func TestElectionsRacing(t *testing.T) {
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, nil)
+	c.settle(nil)
+	c.get(1).r.startElection(true)
+	c.get(2).r.startElection(true)
+	c.get(1).r.Poll(c.now)
+	c.get(2).r.Poll(c.now)
+	if v1, v2 := c.get(1).r.Status().Vote, c.get(2).r.Status().Vote; v1.ENew != MakeEpoch(0, 1) || v2.ENew != MakeEpoch(0, 2) {
+		t.Fatalf("votes %v and %v, want both for themselves", v1, v2)
+	}
+	c.settle(nil)
+	leaders := 0
+	for _, n := range c.nodes {
+		s := n.r.Status()
+		if s.Role == Leader {
+			leaders++
+		}
+		if s.ECur != MakeEpoch(0, 2) {
+			t.Errorf("node %d in epoch %v, want (0,2)", n.id, s.ECur)
+		}
+	}
+	if leaders != 1 {
+		t.Fatalf("%d leaders", leaders)
+	}
+	p := c.get(1).r.Propose([]byte("x"))
+	c.settle(nil)
+	if i, err := p.Result(); err != nil || i != 1 {
+		t.Fatalf("x: %d, %v", i, err)
+	}
+	golden(t, "elections-racing.trace", c.takeTrace())
+}
