@@ -40,7 +40,7 @@ type peer struct {
 // live reports whether the target is open and its process alive (a system
 // call: not for the hot path).
 func (p *peer) live() bool {
-	return rdma.Load64(p.nf, nodeClosedW) == 0 && p.owner.alive()
+	return rdma.Load64(p.nf, nodeClosedW) == 0 && !p.dead.Load() && p.owner.alive()
 }
 
 // checkLive fails once the target is closed or, checked when due, its

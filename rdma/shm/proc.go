@@ -2,7 +2,9 @@ package shm
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 
@@ -60,19 +62,23 @@ func selfIdent() (procIdent, error) {
 	return procIdent(start<<pidBits | uint64(pid)), nil
 }
 
-// alive reports whether the process p still runs: its pid exists, is not a
-// zombie, and has p's start time (so a reused pid is not mistaken for it).
+// alive reports whether the process p may still run. It answers false only
+// on evidence of death: no such pid, no /proc entry, a zombie, or a
+// different start time (a reused pid). Any other failure to look (out of
+// file descriptors, a transient read error) counts as alive, because a
+// wrong "dead" would let Revoke return while that process still has a
+// write in flight, and would cut off a live peer.
 func (p procIdent) alive() bool {
 	if p == 0 {
 		return false
 	}
 	pid := p.pid()
-	if err := unix.Kill(pid, 0); err != nil && err != unix.EPERM {
+	if err := unix.Kill(pid, 0); err == unix.ESRCH {
 		return false
 	}
 	state, start, err := procStat(pid)
 	if err != nil {
-		return false
+		return !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ESRCH)
 	}
 	return state != 'Z' && state != 'X' && start == uint64(p)>>pidBits
 }

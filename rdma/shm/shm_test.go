@@ -3,6 +3,7 @@ package shm
 import (
 	"bytes"
 	"errors"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"sync"
@@ -399,6 +400,46 @@ func TestProcIdent(t *testing.T) {
 	}
 	if procIdent(0).alive() {
 		t.Fatal("identity 0 counts as alive")
+	}
+}
+
+// TestProcIdentFailureToLookIsNotDeath: when /proc cannot be read (here:
+// the process is out of file descriptors) a live process still counts as
+// alive. A wrong "dead" would let Revoke return with a write in flight and
+// would cut a live peer off for good.
+func TestProcIdentFailureToLookIsNotDeath(t *testing.T) {
+	self, err := selfIdent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	var held []int
+	defer func() {
+		for _, fd := range held {
+			unix.Close(fd)
+		}
+		unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	}()
+	low := old
+	low.Cur = 256
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower RLIMIT_NOFILE: %v", err)
+	}
+	for {
+		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			break
+		}
+		held = append(held, fd)
+	}
+	if _, _, err := procStat(self.pid()); err == nil {
+		t.Fatal("procStat succeeded with no file descriptor left: the test does not exercise the failure")
+	}
+	if !self.alive() {
+		t.Fatal("own process counts as dead because /proc could not be read")
 	}
 }
 
