@@ -36,6 +36,13 @@ func (q *CQ) Full() bool {
 	return q.n == len(q.buf)
 }
 
+// Len is the number of completions waiting to be polled.
+func (q *CQ) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
+
 // Push appends c; it returns false (dropping c) when the queue is full.
 func (q *CQ) Push(c Completion) bool {
 	q.mu.Lock()

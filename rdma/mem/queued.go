@@ -89,9 +89,12 @@ func (q *queue) discard() {
 }
 
 // postQueued queues wr; c.mu is held and is released here (the OnPost hook
-// runs unlocked, so it may look at the Conn).
+// runs unlocked, so it may look at the Conn). Every outstanding op yields at
+// most one completion, so bounding outstanding ops plus unpolled completions
+// by the queue depth means no completion is ever dropped: the poster gets
+// ErrQueueFull instead.
 func (c *Conn) postQueued(wr rdma.WR) error {
-	if c.q.outstanding() >= c.from.f.opts.QueueDepth {
+	if c.q.outstanding()+c.cq.Len() >= c.from.f.opts.QueueDepth {
 		c.mu.Unlock()
 		return rdma.ErrQueueFull
 	}

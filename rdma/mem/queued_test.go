@@ -228,3 +228,33 @@ func TestCrashedInitiatorsOpsStillLand(t *testing.T) {
 		t.Fatalf("op to a crashed node: %v, want ErrPeerDead", cp.Err)
 	}
 }
+
+// TestQueuedUnpolledCompletionsBoundPosting: completions nobody polled
+// count against the queue depth, so Post says ErrQueueFull rather than a
+// completion (an error's included) being dropped on the floor.
+func TestQueuedUnpolledCompletionsBoundPosting(t *testing.T) {
+	_, _, c, r := queuedPair(t, mem.Options{QueueDepth: 4})
+	accepted := 0
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 4; i++ {
+			err := c.Post(rdma.WR{ID: uint64(accepted + 1), Kind: rdma.OpFetchAdd, Flags: rdma.Signaled, Region: 1, Offset: 0, Value: 1})
+			if errors.Is(err, rdma.ErrQueueFull) {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			accepted++
+		}
+		for c.Deliver() {
+		}
+	}
+	var cs [16]rdma.Completion
+	n := c.Poll(cs[:])
+	if word := rdma.Load64(r.Bytes(), 0); n != accepted || word != uint64(accepted) {
+		t.Fatalf("accepted %d posts, the word shows %d, but %d completions came back", accepted, word, n)
+	}
+	if accepted != 4 {
+		t.Fatalf("accepted %d posts with depth 4 and nothing polled, want 4", accepted)
+	}
+}
