@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -66,7 +67,8 @@ func (sd Seed) Options() Options {
 // Run runs body once per selected seed, in order. The first seed whose
 // body returns an error fails the test with the seed, the error (a
 // *Failure also shows the events that led to it) and the command that
-// reruns exactly that seed; later seeds are not run.
+// reruns exactly that seed; later seeds are not run. A panic in the body
+// is reported the same way.
 func (f *Flags) Run(t *testing.T, body func(sd Seed) error) {
 	t.Helper()
 	seeds := []uint64{}
@@ -84,7 +86,7 @@ func (f *Flags) Run(t *testing.T, body func(sd Seed) error) {
 	}
 	start := time.Now()
 	for _, seed := range seeds {
-		err := body(Seed{Seed: seed, Trace: f.Trace, t: t})
+		err := runSeed(body, Seed{Seed: seed, Trace: f.Trace, t: t})
 		if err == nil {
 			continue
 		}
@@ -101,6 +103,18 @@ func (f *Flags) Run(t *testing.T, body func(sd Seed) error) {
 		t.Fatal(b.String())
 	}
 	t.Logf("%d seeds passed in %v", len(seeds), time.Since(start).Round(time.Millisecond))
+}
+
+// runSeed runs body for one seed, turning a panic into an error that
+// carries the panic value and stack, so that a crashing seed is reported
+// with its number and rerun command like a failing one.
+func runSeed(body func(sd Seed) error, sd Seed) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return body(sd)
 }
 
 // RerunCommand is the go test command that reruns test name (as t.Name()
