@@ -3,7 +3,7 @@ module github.com/rdmakv/rdmakv
 go 1.26.0
 
 require (
-	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/tidwall/btree v1.7.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/tidwall/btree v1.7.0
+	golang.org/x/sys v0.49.0
 )
