@@ -349,10 +349,10 @@ func testErrorState(t *testing.T, h Harness) {
 	}
 }
 
-// deadErr reports whether err is an acceptable way to learn that the target
-// died: ErrPeerDead, or the target's regions gone with it.
+// deadErr reports whether err says that the target died: ErrPeerDead,
+// directly or as the cause carried by ErrConnBroken.
 func deadErr(err error) bool {
-	return errors.Is(err, rdma.ErrPeerDead) || errors.Is(err, rdma.ErrNoRegion) || errors.Is(err, rdma.ErrConnBroken)
+	return errors.Is(err, rdma.ErrPeerDead)
 }
 
 // awaitDeath keeps posting ops on c (target region 1) until one fails or
