@@ -1,0 +1,370 @@
+package groupproc
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+)
+
+// Commands of the control protocol (Request.Cmd).
+const (
+	CmdPropose  = "propose"   // Data: propose it; answered when it resolves (Index or Err)
+	CmdStatus   = "status"    // answered with Status
+	CmdDump     = "dump"      // answered with Entries (record mode) and Digest
+	CmdDigest   = "digest"    // answered with Digest
+	CmdEvents   = "events"    // answered with Events
+	CmdLoad     = "load"      // Load: run a client here; answered with LoadResult when it ends
+	CmdStopLoad = "stop-load" // end every running load early (each answers its own request)
+)
+
+// Request is one line from the parent.
+type Request struct {
+	ID   uint64    `json:"id"`
+	Cmd  string    `json:"cmd"`
+	Data string    `json:"data,omitempty"`
+	Load *LoadSpec `json:"load,omitempty"`
+}
+
+// Codes classify Reply.Err, so that the parent can tell the proposal
+// outcomes broadcast distinguishes.
+const (
+	CodeBusy     = "busy"      // broadcast.ErrBusy: not delivered
+	CodeTimeout  = "timeout"   // broadcast.ErrTimeout: not delivered
+	CodeTooLarge = "too-large" // broadcast.ErrTooLarge: not delivered
+	CodeStopped  = "stopped"   // broadcast.ErrStopped: outcome unknown
+	CodeExited   = "exited"    // the process ended before answering: outcome unknown
+	CodeOther    = "error"     // anything else
+)
+
+// Reply is one line from the child. Ready is set on the first line, once
+// the member runs.
+type Reply struct {
+	ID      uint64            `json:"id"`
+	Err     string            `json:"err,omitempty"`
+	Code    string            `json:"code,omitempty"`
+	Ready   bool              `json:"ready,omitempty"`
+	Pid     int               `json:"pid,omitempty"`
+	Index   uint64            `json:"index,omitempty"`
+	Status  *broadcast.Status `json:"status,omitempty"`
+	Entries []string          `json:"entries,omitempty"`
+	Digest  *Digest           `json:"digest,omitempty"`
+	Events  []TimedEvent      `json:"events,omitempty"`
+	Load    *LoadResult       `json:"load,omitempty"`
+}
+
+// Error returns the reply's error, wrapping the broadcast sentinel its Code
+// names (nil if the request succeeded).
+func (r Reply) Error() error {
+	if r.Err == "" {
+		return nil
+	}
+	var s error
+	switch r.Code {
+	case CodeBusy:
+		s = broadcast.ErrBusy
+	case CodeTimeout:
+		s = broadcast.ErrTimeout
+	case CodeTooLarge:
+		s = broadcast.ErrTooLarge
+	case CodeStopped:
+		s = broadcast.ErrStopped
+	case CodeExited:
+		s = ErrExited
+	default:
+		return fmt.Errorf("groupproc: %s", r.Err)
+	}
+	return fmt.Errorf("groupproc: %s: %w", r.Err, s)
+}
+
+// ErrExited: the member's process ended before it answered.
+var ErrExited = errors.New("groupproc: member process exited")
+
+func codeOf(err error) string {
+	switch {
+	case errors.Is(err, broadcast.ErrBusy):
+		return CodeBusy
+	case errors.Is(err, broadcast.ErrTimeout):
+		return CodeTimeout
+	case errors.Is(err, broadcast.ErrTooLarge):
+		return CodeTooLarge
+	case errors.Is(err, broadcast.ErrStopped):
+		return CodeStopped
+	}
+	return CodeOther
+}
+
+// Serve is a member process's main loop: it reads the Config from the
+// first line of in, opens the node and starts the member, answers Ready,
+// then serves requests until in ends, and closes the member.
+func Serve(in io.Reader, out io.Writer) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	if !sc.Scan() {
+		return fmt.Errorf("groupproc: serve: no config line: %w", errors.Join(sc.Err(), io.ErrUnexpectedEOF))
+	}
+	var cfg Config
+	if err := json.Unmarshal(sc.Bytes(), &cfg); err != nil {
+		return fmt.Errorf("groupproc: serve: bad config line: %w", err)
+	}
+	node, err := OpenNode(cfg)
+	if err != nil {
+		return err
+	}
+	m, err := Start(cfg, node)
+	if err != nil {
+		return err
+	}
+	var wmu sync.Mutex
+	enc := json.NewEncoder(out)
+	send := func(r Reply) {
+		wmu.Lock()
+		defer wmu.Unlock()
+		enc.Encode(r) // a parent that stopped reading is gone; EOF on in follows
+	}
+	send(Reply{Ready: true, Pid: os.Getpid()})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var loads sync.WaitGroup
+	var lmu sync.Mutex
+	stopLoads := func() {}
+	for sc.Scan() {
+		var req Request
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+			send(Reply{Err: fmt.Sprintf("bad request %q: %v", sc.Text(), err), Code: CodeOther})
+			continue
+		}
+		switch req.Cmd {
+		case CmdPropose:
+			p := m.r.Propose([]byte(req.Data))
+			go func() {
+				i, err := p.Result()
+				r := Reply{ID: req.ID, Index: i}
+				if err != nil {
+					r.Err, r.Code = err.Error(), codeOf(err)
+				}
+				send(r)
+			}()
+		case CmdStatus:
+			s := m.r.Status()
+			send(Reply{ID: req.ID, Status: &s})
+		case CmdDump:
+			d := m.fsm.Digest()
+			send(Reply{ID: req.ID, Entries: m.fsm.Entries(), Digest: &d})
+		case CmdDigest:
+			d := m.fsm.Digest()
+			send(Reply{ID: req.ID, Digest: &d})
+		case CmdEvents:
+			send(Reply{ID: req.ID, Events: m.Events()})
+		case CmdLoad:
+			if req.Load == nil {
+				send(Reply{ID: req.ID, Err: "load without a spec", Code: CodeOther})
+				continue
+			}
+			lmu.Lock()
+			lctx, lcancel := context.WithCancel(ctx)
+			prev := stopLoads
+			stopLoads = func() { prev(); lcancel() }
+			lmu.Unlock()
+			loads.Add(1)
+			go func() {
+				defer loads.Done()
+				res, err := m.Load(lctx, *req.Load)
+				r := Reply{ID: req.ID, Load: &res}
+				if err != nil {
+					r.Err, r.Code = err.Error(), CodeOther
+				}
+				send(r)
+			}()
+		case CmdStopLoad:
+			lmu.Lock()
+			stopLoads()
+			stopLoads = func() {}
+			lmu.Unlock()
+			send(Reply{ID: req.ID})
+		default:
+			send(Reply{ID: req.ID, Err: fmt.Sprintf("unknown command %q", req.Cmd), Code: CodeOther})
+		}
+	}
+	cancel()
+	loads.Wait()
+	return errors.Join(sc.Err(), m.Close())
+}
+
+// Proc is the parent's handle on a member process.
+type Proc struct {
+	cmd *exec.Cmd
+	pid int
+
+	wmu sync.Mutex // serialises writes to in
+	in  io.WriteCloser
+	enc *json.Encoder
+
+	mu      sync.Mutex
+	nextID  uint64
+	waiting map[uint64]chan Reply
+	gone    bool
+
+	exited  chan struct{} // closed once the process was waited for
+	waitErr error
+}
+
+// Spawn starts cmd (an executable that calls Serve with its stdin and
+// stdout; Spawn sets both, the caller may set Stderr and Env), sends it cfg
+// and waits up to timeout for the member to run.
+func Spawn(cmd *exec.Cmd, cfg Config, timeout time.Duration) (*Proc, error) {
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, err)
+	}
+	outp, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, err)
+	}
+	p := &Proc{cmd: cmd, pid: cmd.Process.Pid, in: in, enc: json.NewEncoder(in),
+		waiting: map[uint64]chan Reply{}, exited: make(chan struct{})}
+	ready := make(chan Reply, 1)
+	p.waiting[0] = ready
+	go p.read(outp)
+	if err := p.write(cfg); err != nil {
+		p.Kill()
+		return nil, fmt.Errorf("groupproc: spawn member %d: send config: %w", cfg.Self, err)
+	}
+	select {
+	case r := <-ready:
+		if !r.Ready {
+			p.Kill()
+			return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, errors.Join(r.Error(), ErrExited))
+		}
+	case <-time.After(timeout):
+		p.Kill()
+		return nil, fmt.Errorf("groupproc: spawn member %d: not ready after %v", cfg.Self, timeout)
+	}
+	return p, nil
+}
+
+func (p *Proc) write(v any) error {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	return p.enc.Encode(v)
+}
+
+// read dispatches replies by id until the child's stdout ends, then fails
+// every request still waiting with CodeExited and reaps the process.
+func (p *Proc) read(out io.Reader) {
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 256<<20)
+	for sc.Scan() {
+		var r Reply
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			continue
+		}
+		p.mu.Lock()
+		ch := p.waiting[r.ID]
+		delete(p.waiting, r.ID)
+		p.mu.Unlock()
+		if ch != nil {
+			ch <- r
+		}
+	}
+	p.mu.Lock()
+	p.gone = true
+	w := p.waiting
+	p.waiting = nil
+	p.mu.Unlock()
+	for _, ch := range w {
+		ch <- Reply{Err: "member process exited", Code: CodeExited}
+	}
+	p.waitErr = p.cmd.Wait()
+	close(p.exited)
+}
+
+// Pid is the member process's id.
+func (p *Proc) Pid() int { return p.pid }
+
+// Send sends req (its ID is assigned) and returns where its reply will
+// arrive (a reply with CodeExited if the process ends first).
+func (p *Proc) Send(req Request) <-chan Reply {
+	ch := make(chan Reply, 1)
+	p.mu.Lock()
+	if p.gone {
+		p.mu.Unlock()
+		ch <- Reply{Err: "member process exited", Code: CodeExited}
+		return ch
+	}
+	p.nextID++
+	req.ID = p.nextID
+	p.waiting[req.ID] = ch
+	p.mu.Unlock()
+	if err := p.write(req); err != nil {
+		p.mu.Lock()
+		if p.waiting[req.ID] == ch {
+			delete(p.waiting, req.ID)
+			ch <- Reply{Err: "send: " + err.Error(), Code: CodeExited}
+		}
+		p.mu.Unlock()
+	}
+	return ch
+}
+
+// Call sends req and waits for its reply or ctx's end.
+func (p *Proc) Call(ctx context.Context, req Request) (Reply, error) {
+	select {
+	case r := <-p.Send(req):
+		return r, r.Error()
+	case <-ctx.Done():
+		return Reply{}, fmt.Errorf("groupproc: %s at pid %d: %w", req.Cmd, p.pid, ctx.Err())
+	}
+}
+
+// Status returns the member's broadcast status.
+func (p *Proc) Status(ctx context.Context) (broadcast.Status, error) {
+	r, err := p.Call(ctx, Request{Cmd: CmdStatus})
+	if err != nil {
+		return broadcast.Status{}, err
+	}
+	if r.Status == nil {
+		return broadcast.Status{}, fmt.Errorf("groupproc: status reply without status")
+	}
+	return *r.Status, nil
+}
+
+// Exited is closed once the process has ended and was reaped.
+func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// Kill is kill -9: the process dies at once, whatever it was doing.
+func (p *Proc) Kill() error {
+	err := p.cmd.Process.Kill()
+	<-p.exited
+	if errors.Is(err, os.ErrProcessDone) {
+		err = nil
+	}
+	return err
+}
+
+// Close ends the member cleanly (EOF on its stdin: it closes its replica
+// and node and exits) and waits up to timeout, then kills it. It returns
+// the process's exit error, if any.
+func (p *Proc) Close(timeout time.Duration) error {
+	p.wmu.Lock()
+	p.in.Close()
+	p.wmu.Unlock()
+	select {
+	case <-p.exited:
+		return p.waitErr
+	case <-time.After(timeout):
+		p.Kill()
+		return fmt.Errorf("groupproc: member pid %d did not exit within %v of EOF; killed", p.pid, timeout)
+	}
+}
