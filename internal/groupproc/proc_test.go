@@ -216,7 +216,7 @@ func killLeader(t *testing.T, fabric func(*Config)) {
 	g := &group{t: t, procs: make([]*Proc, len(ids))}
 	for _, id := range ids {
 		c := Config{Self: id, Members: ids, Record: true,
-			StablePath: filepath.Join(stable, fmt.Sprintf("node%d.stable", id)),
+			StablePath:  filepath.Join(stable, fmt.Sprintf("node%d.stable", id)),
 			PeerTimeout: 500 * time.Millisecond,
 			Tuning: Tuning{RingSize: 256 << 10, HeartbeatInterval: 2 * time.Millisecond,
 				ElectionTimeout: 150 * time.Millisecond, MaxLogEntries: 2048, ProposeTimeout: 5 * time.Second}}
