@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/groupproc"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
+)
+
+// replicaEnv marks a re-executed kvbench as one broadcast replica process
+// (groupproc.Serve on its stdin and stdout). It is checked in init, before
+// main or a test binary's TestMain, so that the command table stays the
+// only entry point users see.
+const replicaEnv = "KVBENCH_REPLICA"
+
+func init() {
+	if os.Getenv(replicaEnv) == "" {
+		return
+	}
+	stop := func() {}
+	if prof := os.Getenv(peerProfileEnv); prof != "" {
+		var err error
+		if stop, err = startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid())); err != nil {
+			fmt.Fprintf(os.Stderr, "kvbench replica: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	err := groupproc.Serve(os.Stdin, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvbench replica: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// groupSpec is one group to measure: a fabric and a size.
+type groupSpec struct {
+	fabric string
+	n      int
+}
+
+func (g groupSpec) String() string { return fmt.Sprintf("%s:%d", g.fabric, g.n) }
+
+// parseGroups parses "shm:3,mem:7".
+func parseGroups(s string) ([]groupSpec, error) {
+	var out []groupSpec
+	for _, f := range splitList(s) {
+		fab, n, ok := strings.Cut(f, ":")
+		k, err := strconv.Atoi(n)
+		if !ok || err != nil || k < 1 || k > 255 || k%2 == 0 {
+			return nil, fmt.Errorf("bad group %q (want fabric:replicas, an odd number of replicas, e.g. shm:3)", f)
+		}
+		if fab != "mem" && fab != "shm" && fab != "tcp" {
+			return nil, fmt.Errorf("bad group %q: unknown fabric %q (want mem, shm, tcp)", f, fab)
+		}
+		out = append(out, groupSpec{fab, k})
+	}
+	return out, nil
+}
+
+// bgroup is a running broadcast group: member processes (shm, tcp) or
+// in-process members on one mem fabric.
+type bgroup struct {
+	spec    groupSpec
+	cfgs    []groupproc.Config
+	procs   []*groupproc.Proc   // shm, tcp
+	members []*groupproc.Member // mem
+	memf    *mem.Fabric
+	dir     string // shm cluster directory
+}
+
+// openGroup starts a group of spec.n members with tuning and waits until
+// one leads an epoch whose diff has committed.
+func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, shmDir string) (*bgroup, error) {
+	g := &bgroup{spec: spec}
+	ids := make([]rdma.NodeID, spec.n)
+	for i := range ids {
+		ids[i] = rdma.NodeID(i + 1)
+	}
+	base := groupproc.Config{Fabric: spec.fabric, Members: ids, Tuning: tuning}
+	switch spec.fabric {
+	case "shm":
+		dir, err := os.MkdirTemp(shmDir, "kvbench-bcast-")
+		if err != nil {
+			return nil, fmt.Errorf("shm: cluster directory: %w", err)
+		}
+		g.dir, base.ShmDir, base.ShmCluster = dir, dir, "bcast"
+	case "tcp":
+		base.Secret = make([]byte, 32)
+		rand.Read(base.Secret)
+		base.Addrs = map[rdma.NodeID]string{}
+		var ls []net.Listener
+		for _, id := range ids {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				for _, l := range ls {
+					l.Close()
+				}
+				return nil, err
+			}
+			ls = append(ls, l)
+			base.Addrs[id] = l.Addr().String()
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+	case "mem":
+		g.memf = mem.New(mem.Options{})
+	}
+	for _, id := range ids {
+		c := base
+		c.Self = id
+		if g.dir != "" {
+			c.StablePath = filepath.Join(g.dir, fmt.Sprintf("stable.%d", id))
+		}
+		g.cfgs = append(g.cfgs, c)
+	}
+	for i := range ids {
+		if err := g.start(i); err != nil {
+			g.close()
+			return nil, err
+		}
+	}
+	if _, err := g.leader(ctx, -1); err != nil {
+		g.close()
+		return nil, err
+	}
+	return g, nil
+}
+
+// start starts member i.
+func (g *bgroup) start(i int) error {
+	c := g.cfgs[i]
+	if g.memf != nil {
+		n, err := g.memf.NewNode(c.Self)
+		if err != nil {
+			return err
+		}
+		m, err := groupproc.Start(c, n)
+		if err != nil {
+			return err
+		}
+		if g.members == nil {
+			g.members = make([]*groupproc.Member, len(g.cfgs))
+		}
+		g.members[i] = m
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), replicaEnv+"=1")
+	cmd.Stderr = os.Stderr
+	p, err := groupproc.Spawn(cmd, c, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	if g.procs == nil {
+		g.procs = make([]*groupproc.Proc, len(g.cfgs))
+	}
+	g.procs[i] = p
+	return nil
+}
+
+func (g *bgroup) alive(i int) bool {
+	if g.memf != nil {
+		return g.members[i] != nil
+	}
+	return g.procs[i] != nil
+}
+
+func (g *bgroup) status(ctx context.Context, i int) (broadcast.Status, error) {
+	if g.memf != nil {
+		return g.members[i].Replica().Status(), nil
+	}
+	return g.procs[i].Status(ctx)
+}
+
+// leader waits until a live member other than not leads an epoch whose
+// diff committed there (bounded by ctx and stallTimeout).
+func (g *bgroup) leader(ctx context.Context, not int) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, stallTimeout)
+	defer cancel()
+	for {
+		for i := range g.cfgs {
+			if i == not || !g.alive(i) {
+				continue
+			}
+			s, err := g.status(ctx, i)
+			if err == nil && s.Role == broadcast.Leader && s.Committed.E == s.ECur {
+				return i, nil
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return -1, fmt.Errorf("%v group: no leader: %w", g.spec, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// load runs a client at member i.
+func (g *bgroup) load(ctx context.Context, i int, spec groupproc.LoadSpec) (groupproc.LoadResult, error) {
+	if g.memf != nil {
+		return g.members[i].Load(ctx, spec)
+	}
+	r, err := g.procs[i].Call(ctx, groupproc.Request{Cmd: groupproc.CmdLoad, Load: &spec})
+	if err != nil {
+		return groupproc.LoadResult{}, err
+	}
+	return *r.Load, nil
+}
+
+func (g *bgroup) events(ctx context.Context, i int) ([]groupproc.TimedEvent, error) {
+	if g.memf != nil {
+		return g.members[i].Events(), nil
+	}
+	r, err := g.procs[i].Call(ctx, groupproc.Request{Cmd: groupproc.CmdEvents})
+	return r.Events, err
+}
+
+// kill crashes member i: kill -9 of its process, or Crash in process.
+func (g *bgroup) kill(i int) error {
+	if g.memf != nil {
+		err := g.members[i].Crash()
+		g.members[i] = nil
+		return err
+	}
+	err := g.procs[i].Kill()
+	g.procs[i] = nil
+	return err
+}
+
+// pids lists the member processes (none for mem).
+func (g *bgroup) pids() []int {
+	var out []int
+	for _, p := range g.procs {
+		if p != nil {
+			out = append(out, p.Pid())
+		}
+	}
+	return out
+}
+
+// close ends every member and removes the shm directory.
+func (g *bgroup) close() error {
+	var err error
+	for i, p := range g.procs {
+		if p != nil {
+			err = errors.Join(err, p.Close(10*time.Second))
+			g.procs[i] = nil
+		}
+	}
+	for i, m := range g.members {
+		if m != nil {
+			err = errors.Join(err, m.Close())
+			g.members[i] = nil
+		}
+	}
+	if g.dir != "" {
+		err = errors.Join(err, os.RemoveAll(g.dir))
+	}
+	return err
+}
+
+// rssKB is a process's resident set (VmRSS) in KiB, from /proc.
+func rssKB(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				return strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// cpuOf is takeCPU counting the group's processes as ours.
+func cpuOf(pids []int) cpuSnap {
+	s := takeCPU(0)
+	for _, p := range pids {
+		t, ok := procTicks(p)
+		if !ok {
+			s.ok = false
+		}
+		s.ours += t
+	}
+	return s
+}
