@@ -45,6 +45,11 @@ Ratios: latency rows p50 / baseline p50 (lower is better); ring rows
 ops/s / baseline ops/s (higher is better). Each figure is the median over
 --runs runs, the ratio the median of the per-run ratios.
 
+Spin figures need a free CPU per spinner: every measurement records how
+many CPUs other processes used meanwhile ("other cpu", JSON other_cpu) and
+is repeated (--retries) while that exceeds --max-other. Progress goes to
+stderr.
+
 flags:
 `
 

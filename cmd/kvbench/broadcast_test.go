@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/groupproc"
+)
+
+// TestBroadcastMemJSON runs the broadcast benchmark on mem with tiny
+// durations and checks the JSON lines: every line parses and carries the
+// required keys, commit rows for every window measured, an election row
+// with its duration, and the one-way baseline they compare to.
+func TestBroadcastMemJSON(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"broadcast", "--groups", "mem:3", "--election-groups", "mem:3", "--elections", "1",
+		"--sizes", "10", "--max-window", "2", "--duration", "30ms", "--runs", "1", "--json"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("kvbench broadcast exited %d; stderr:\n%s", code, stderr.String())
+	}
+	required := []string{"bench", "fabric", "replicas", "window", "size", "p50_ns", "p99_ns", "ops_per_s", "baseline_p50_ns"}
+	tables := map[string]int{}
+	windows := map[float64]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		for _, k := range required {
+			if _, ok := obj[k]; !ok {
+				t.Errorf("line %q lacks key %q", line, k)
+			}
+		}
+		if obj["bench"] != "broadcast" || obj["fabric"] != "mem" {
+			t.Errorf("line %q: bench %v fabric %v, want broadcast on mem", line, obj["bench"], obj["fabric"])
+		}
+		table, _ := obj["table"].(string)
+		tables[table]++
+		switch table {
+		case "commit":
+			if obj["replicas"] != 3.0 || obj["size"] != 10.0 {
+				t.Errorf("commit line %q: want 3 replicas, 10 B", line)
+			}
+			if ops, _ := obj["ops_per_s"].(float64); ops <= 0 {
+				t.Errorf("commit line %q: ops_per_s %v, want > 0", line, obj["ops_per_s"])
+			}
+			if b, _ := obj["baseline_p50_ns"].(float64); b <= 0 {
+				t.Errorf("commit line %q: no baseline", line)
+			}
+			windows[obj["window"].(float64)] = true
+		case "election":
+			if e, _ := obj["election_ns"].(float64); e <= 0 {
+				t.Errorf("election line %q: election_ns %v, want > 0", line, obj["election_ns"])
+			}
+		}
+	}
+	if tables["oneway"] != 1 || tables["election"] != 1 || !windows[1] || !windows[2] {
+		t.Errorf("rows by table %v, commit windows %v; want one one-way row, one election row, windows 1 and 2", tables, windows)
+	}
+}
+
+// TestElectionSpan checks which events time an election: the last
+// ELECTING before the new leader won an epoch above the old one, to that
+// epoch's first commit.
+func TestElectionSpan(t *testing.T) {
+	e := func(k broadcast.EventKind, ep broadcast.Epoch, ns int64) groupproc.TimedEvent {
+		return groupproc.TimedEvent{Kind: k, Epoch: ep, UnixNS: ns}
+	}
+	old := broadcast.MakeEpoch(1, 3)
+	won := broadcast.MakeEpoch(2, 2)
+	evs := []groupproc.TimedEvent{
+		e(broadcast.EventElecting, 0, 10), e(broadcast.EventFollower, old, 20), e(broadcast.EventEpochCommitted, old, 30),
+		e(broadcast.EventElecting, old, 100), e(broadcast.EventElecting, old, 150), // a second round
+		e(broadcast.EventLeader, won, 180), e(broadcast.EventEpochCommitted, won, 200),
+	}
+	el, c, ok := electionSpan(evs, old)
+	if !ok || el != 150 || c != 200 {
+		t.Errorf("electionSpan = %d, %d, %v; want 150, 200, true", el, c, ok)
+	}
+	if _, _, ok := electionSpan(evs[:6], old); ok {
+		t.Error("electionSpan found a span without the new epoch's commit")
+	}
+}
