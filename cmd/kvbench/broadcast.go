@@ -38,8 +38,9 @@ or goroutines of this process on mem:
             that commit (includes the election timeout).
   oneway    the baseline, measured in the same run: the fabric's 8-byte
             write-oneway ping-pong in the mode the replicas run in (doorbell
-            spin rdma.DefaultSpin, then park; writes with Notify), as
-            'kvbench fabric --modes park --park-spin 20us'. Commit and
+            spin --spin, default rdma.DefaultSpin = 20us, then park; writes
+            with Notify), as 'kvbench fabric --modes park --park-spin 20us'.
+            Commit and
             election rows show ratio = p50 / one-way p50.
 
 --soak D runs only the memory test: a 3-replica group (--soak-group) under
@@ -66,6 +67,7 @@ type bcastFlags struct {
 	shmDir     string
 	cpuProf    string
 	commitET   time.Duration
+	spin       time.Duration
 
 	soak       time.Duration
 	soakEvery  time.Duration
@@ -92,6 +94,7 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 	fs.IntVar(&o.elections, "elections", 5, "elections measured per group and run")
 	tables := fs.String("tables", "commit,election", "comma-separated tables to measure: commit, election")
 	fs.DurationVar(&o.commitET, "commit-election-timeout", time.Second, "election timeout of the commit table's groups (long, so that a descheduled leader is not voted out mid-measurement); the election table uses broadcast's default")
+	fs.DurationVar(&o.spin, "spin", 0, "doorbell spin budget of the replicas' nodes and of the one-way baseline (0: rdma.DefaultSpin; negative: park at once)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per result line instead of a table")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files")
 	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to `file`; KVBENCH_PEER_CPUPROFILE=path profiles every replica process (path.<pid>)")
@@ -252,7 +255,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	h := &hist{}
 	for run := 1; run <= o.runs; run++ {
 		for _, f := range fabrics {
-			st, err := onewayBaseline(f, o.shmDir, tm, h)
+			st, err := onewayBaseline(f, o.shmDir, o.spin, tm, h)
 			if err != nil {
 				fail(f+" one-way", err)
 				continue
@@ -301,9 +304,16 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 }
 
 // onewayBaseline measures the fabric's 8-byte write-oneway ping-pong in
-// the replicas' mode: doorbell waits with rdma.DefaultSpin, Notify writes.
-func onewayBaseline(fabric, shmDir string, tm timing, h *hist) (bstat, error) {
-	s, err := openSession(fabric, "park", &fabricFlags{parkSpin: rdma.DefaultSpin, shmDir: shmDir})
+// the replicas' mode: doorbell waits with the same spin budget, Notify
+// writes.
+func onewayBaseline(fabric, shmDir string, spin time.Duration, tm timing, h *hist) (bstat, error) {
+	switch {
+	case spin == 0:
+		spin = rdma.DefaultSpin
+	case spin < 0:
+		spin = 0 // fabricSpin: park at once
+	}
+	s, err := openSession(fabric, "park", &fabricFlags{parkSpin: spin, shmDir: shmDir})
 	if err != nil {
 		return bstat{}, err
 	}
@@ -321,7 +331,7 @@ func onewayBaseline(fabric, shmDir string, tm timing, h *hist) (bstat, error) {
 // windows 1, 2, 4, ... (run 1 finds where throughput saturates; later runs
 // measure the same windows).
 func commitRun(ctx context.Context, o *bcastFlags, spec groupSpec, run int, tm timing, windows map[bkey][]int, add func(bkey, bstat), stderr io.Writer) error {
-	g, err := openGroup(ctx, spec, groupproc.Tuning{ElectionTimeout: o.commitET}, o.shmDir)
+	g, err := openGroup(ctx, spec, groupproc.Tuning{ElectionTimeout: o.commitET}, o.spin, o.shmDir)
 	if err != nil {
 		return err
 	}
@@ -373,7 +383,7 @@ func electionRun(ctx context.Context, o *bcastFlags, spec groupSpec, stderr io.W
 	var el, fo []time.Duration
 	var other []float64
 	for range o.elections {
-		e, f, oc, err := oneElection(ctx, spec, o.shmDir)
+		e, f, oc, err := oneElection(ctx, spec, o.spin, o.shmDir)
 		if err != nil {
 			return bstat{}, err
 		}
@@ -387,8 +397,8 @@ func electionRun(ctx context.Context, o *bcastFlags, spec groupSpec, stderr io.W
 
 // oneElection starts a group, commits a little, kills the leader and
 // times the election that follows, from the new leader's events.
-func oneElection(ctx context.Context, spec groupSpec, shmDir string) (election, failover time.Duration, other float64, err error) {
-	g, err := openGroup(ctx, spec, groupproc.Tuning{}, shmDir)
+func oneElection(ctx context.Context, spec groupSpec, spin time.Duration, shmDir string) (election, failover time.Duration, other float64, err error) {
+	g, err := openGroup(ctx, spec, groupproc.Tuning{}, spin, shmDir)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -503,7 +513,14 @@ func printBroadcastTable(w io.Writer, out []bcastRow, o *bcastFlags) {
 	fmt.Fprintf(w, "kvbench broadcast  %s  %s, %d CPUs, %s  medians of %d run(s) x %v\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(), o.runs, o.duration)
 	fmt.Fprintf(w, "shm, tcp: every replica its own OS process; mem: replicas are goroutines of one process\n")
-	fmt.Fprintf(w, "one-way: the fabric's 8-byte write seen by a peer parked in its doorbell (spin %v, then park); ratio = p50 / one-way p50\n\n", rdma.DefaultSpin)
+	spin := fmt.Sprint(o.spin)
+	switch {
+	case o.spin == 0:
+		spin = fmt.Sprint(rdma.DefaultSpin)
+	case o.spin < 0:
+		spin = "0"
+	}
+	fmt.Fprintf(w, "replicas and one-way baseline wait in Doorbell.Wait: spin %s, then park; ratio = p50 / one-way p50\n\n", spin)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	section := ""
 	for _, r := range out {
@@ -544,7 +561,7 @@ func printBroadcastTable(w io.Writer, out []bcastRow, o *bcastFlags) {
 // runSoak runs sustained load on one group and samples every replica's RSS.
 func runSoak(o *bcastFlags, stdout, stderr io.Writer) error {
 	ctx := context.Background()
-	g, err := openGroup(ctx, o.soakGroup, groupproc.Tuning{ElectionTimeout: o.commitET}, o.shmDir)
+	g, err := openGroup(ctx, o.soakGroup, groupproc.Tuning{ElectionTimeout: o.commitET}, o.spin, o.shmDir)
 	if err != nil {
 		return fmt.Errorf("broadcast: soak: %w", err)
 	}

@@ -83,14 +83,15 @@ type bgroup struct {
 }
 
 // openGroup starts a group of spec.n members with tuning and waits until
-// one leads an epoch whose diff has committed.
-func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, shmDir string) (*bgroup, error) {
+// one leads an epoch whose diff has committed. spin is the nodes' doorbell
+// spin budget (0: rdma.DefaultSpin, negative: park at once).
+func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spin time.Duration, shmDir string) (*bgroup, error) {
 	g := &bgroup{spec: spec}
 	ids := make([]rdma.NodeID, spec.n)
 	for i := range ids {
 		ids[i] = rdma.NodeID(i + 1)
 	}
-	base := groupproc.Config{Fabric: spec.fabric, Members: ids, Tuning: tuning}
+	base := groupproc.Config{Fabric: spec.fabric, Members: ids, Tuning: tuning, Spin: spin}
 	switch spec.fabric {
 	case "shm":
 		dir, err := os.MkdirTemp(shmDir, "kvbench-bcast-")
@@ -118,7 +119,7 @@ func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, shm
 			l.Close()
 		}
 	case "mem":
-		g.memf = mem.New(mem.Options{})
+		g.memf = mem.New(mem.Options{Spin: spin})
 	}
 	for _, id := range ids {
 		c := base
