@@ -2,57 +2,119 @@ package broadcast
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
 // Proposal is the handle of one proposed message. It resolves exactly once:
 // delivered at Index (Err nil), or failed with an error that says whether
 // the message may still be delivered (only ErrStopped leaves it unknown).
+//
+// Handles and the copies of their data are carved from per-replica slabs,
+// and the Done channel is made only when asked for, so a proposal costs no
+// allocation of its own (a retained handle keeps its slab alive).
 type Proposal struct {
 	data     []byte
 	pseq     uint64
 	epoch    Epoch         // epoch it was handed to (inflight)
 	deadline time.Duration // set when the replica first sees it
+	cb       func(index uint64, err error)
 
-	done  chan struct{}
-	index uint64
-	err   error
+	mu       sync.Mutex
+	resolved bool
+	done     chan struct{} // made on demand by Done
+	index    uint64
+	err      error
 }
 
-// Done is closed once the proposal is resolved.
-func (p *Proposal) Done() <-chan struct{} { return p.done }
+// Done returns a channel that is closed once the proposal is resolved.
+func (p *Proposal) Done() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done == nil {
+		p.done = make(chan struct{})
+		if p.resolved {
+			close(p.done)
+		}
+	}
+	return p.done
+}
+
+// result reports the outcome if the proposal is resolved.
+func (p *Proposal) result() (index uint64, err error, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.index, p.err, p.resolved
+}
 
 // Result returns the index the message was delivered at and nil, or the
 // error. Index 0 with a nil error means delivered, but this replica caught
-// up through a snapshot and does not know where. Call it after Done.
+// up through a snapshot and does not know where. It blocks until the
+// proposal is resolved.
 func (p *Proposal) Result() (uint64, error) {
-	<-p.done
-	return p.index, p.err
+	if i, err, ok := p.result(); ok {
+		return i, err
+	}
+	<-p.Done()
+	i, err, _ := p.result()
+	return i, err
 }
 
 // Wait blocks until the proposal resolves or ctx ends, and returns Result.
 func (p *Proposal) Wait(ctx context.Context) (uint64, error) {
+	if i, err, ok := p.result(); ok {
+		return i, err
+	}
 	select {
-	case <-p.done:
-		return p.index, p.err
+	case <-p.Done():
+		i, err, _ := p.result()
+		return i, err
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
 }
 
 func (p *Proposal) finish(index uint64, err error) {
+	p.mu.Lock()
 	p.index, p.err = index, err
-	close(p.done)
+	p.resolved = true
+	if p.done != nil {
+		close(p.done)
+	}
+	p.mu.Unlock()
+	if p.cb != nil {
+		p.cb(index, err)
+	}
 }
 
+// Slab sizes for proposal handles and their data copies.
+const (
+	propSlab     = 128
+	propDataSlab = 64 << 10
+	propDataMax  = 1 << 10 // larger data gets an allocation of its own
+)
+
 // Propose submits data for atomic broadcast and returns its handle. It is
-// safe from any goroutine; the replica takes it on its next Poll (a driver
-// should ring the node's doorbell). At a follower the proposal is
-// forwarded to the leader; during an election it waits, up to
-// ProposeTimeout, for a leader. data is copied.
+// safe from any goroutine; the replica takes it on its next Poll (Propose
+// rings the node's doorbell when the replica's inbox was empty). At a
+// follower the proposal is forwarded to the leader; during an election it
+// waits, up to ProposeTimeout, for a leader. data is copied.
 func (r *Replica) Propose(data []byte) *Proposal {
-	p := &Proposal{data: append([]byte(nil), data...), done: make(chan struct{})}
+	return r.propose(data, nil)
+}
+
+// ProposeFunc is Propose with a completion callback instead of a handle to
+// wait on: done is called exactly once with the outcome Proposal.Result
+// would report, from the goroutine that polls the replica (or from
+// ProposeFunc itself when the proposal fails at once). done must not block
+// and must not call Poll; it may call Propose or ProposeFunc.
+func (r *Replica) ProposeFunc(data []byte, done func(index uint64, err error)) {
+	r.propose(data, done)
+}
+
+func (r *Replica) propose(data []byte, cb func(uint64, error)) *Proposal {
 	if entryMeta+len(data) > r.cfg.MaxRecord-diffEntryHdr {
+		p := &Proposal{cb: cb}
 		p.finish(0, ErrTooLarge)
 		return p
 	}
@@ -60,18 +122,42 @@ func (r *Replica) Propose(data []byte) *Proposal {
 	switch {
 	case r.closed:
 		r.mu.Unlock()
+		p := &Proposal{cb: cb}
 		p.finish(0, ErrStopped)
 		return p
 	case r.npending >= r.cfg.MaxPending:
 		r.mu.Unlock()
+		p := &Proposal{cb: cb}
 		p.finish(0, ErrBusy)
 		return p
 	}
+	if len(r.propSlab) == 0 {
+		r.propSlab = make([]Proposal, propSlab)
+	}
+	p := &r.propSlab[0]
+	r.propSlab = r.propSlab[1:]
+	p.cb = cb
+	if n := len(data); n > propDataMax {
+		p.data = append([]byte(nil), data...)
+	} else {
+		if len(r.propData) < n {
+			r.propData = make([]byte, propDataSlab)
+		}
+		p.data = r.propData[:n:n]
+		r.propData = r.propData[n:]
+		copy(p.data, data)
+	}
 	r.npending++
 	r.inbox = append(r.inbox, p)
+	first := len(r.inbox) == 1
 	r.inboxLen.Store(int64(len(r.inbox)))
 	r.mu.Unlock()
-	r.node.Doorbell().Ring() // a parked driver polls at once
+	if first {
+		// A parked driver polls at once. Later proposals find the inbox
+		// non-empty: the ring of the first is still due, or the driver
+		// has not drained the inbox since it last looked at the doorbell.
+		r.node.Doorbell().Ring()
+	}
 	return p
 }
 
@@ -82,7 +168,7 @@ func (r *Replica) drainInbox() bool {
 	}
 	r.mu.Lock()
 	in := r.inbox
-	r.inbox = nil
+	r.inbox, r.inboxSpare = r.inboxSpare[:0], nil
 	r.inboxLen.Store(0)
 	r.mu.Unlock()
 	for _, p := range in {
@@ -91,6 +177,12 @@ func (r *Replica) drainInbox() bool {
 		p.deadline = r.now + r.cfg.ProposeTimeout
 		r.waiting = append(r.waiting, p)
 	}
+	clear(in)
+	r.mu.Lock()
+	if r.inboxSpare == nil {
+		r.inboxSpare = in[:0] // the two inbox slices take turns
+	}
+	r.mu.Unlock()
 	return len(in) > 0
 }
 

@@ -152,14 +152,17 @@ type Replica struct {
 	dataSlab    []byte
 
 	// proposals
-	mu       sync.Mutex
-	inbox    []*Proposal
-	inboxLen atomic.Int64 // len(inbox), read without the lock by Poll
-	closed   bool
-	waiting  []*Proposal // not handed to a leader, in pseq order
-	inflight []*Proposal // handed to the leader of inflight[i].epoch, fate unknown
-	pseq     uint64
-	npending int // len(inbox)+len(waiting)+len(inflight), under mu
+	mu         sync.Mutex
+	inbox      []*Proposal
+	inboxLen   atomic.Int64 // len(inbox), read without the lock by Poll
+	inboxSpare []*Proposal  // the inbox's other backing array, under mu
+	propSlab   []Proposal   // handles are carved from it, under mu
+	propData   []byte       // proposal data copies are carved from it, under mu
+	closed     bool
+	waiting    []*Proposal // not handed to a leader, in pseq order
+	inflight   []*Proposal // handed to the leader of inflight[i].epoch, fate unknown
+	pseq       uint64
+	npending   int // len(inbox)+len(waiting)+len(inflight), under mu
 
 	now    time.Duration
 	ctr    Counters
