@@ -199,7 +199,10 @@ func (c *Conn) Post(wr rdma.WR) error {
 		return rdma.ErrClosed
 	case c.err != nil:
 		return fmt.Errorf("%w: %w", rdma.ErrConnBroken, c.err)
-	case c.cq.Full():
+	case wr.Flags&rdma.Signaled != 0 && c.cq.Len() >= c.node.opts.QueueDepth:
+		// Only a signaled op needs a free completion slot; the one error
+		// completion that breaks the Conn has a slot reserved (the CQ
+		// holds QueueDepth+1), so unsignaled ops skip the CQ's lock.
 		return rdma.ErrQueueFull
 	}
 	val, err := c.exec(&wr)

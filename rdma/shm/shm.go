@@ -417,7 +417,7 @@ func (n *Node) Connect(peerID rdma.NodeID) (rdma.Conn, error) {
 	c := &Conn{
 		node:    n,
 		peer:    p,
-		cq:      rdma.NewCQ(n.opts.QueueDepth, nil),
+		cq:      rdma.NewCQ(n.opts.QueueDepth+1, nil), // +1: see Post
 		regions: make(map[rdma.RegionID]*remoteRegion),
 	}
 	n.conns[c] = struct{}{}
