@@ -2,12 +2,13 @@
 // baseline each layer is judged against, so that every figure comes with a
 // ratio measured on the same machine under the same load.
 //
-//	kvbench fabric [flags]   one-sided verbs on the mem, shm and tcp fabrics
-//	kvbench help [command]   list the commands, or one command's flags
+//	kvbench fabric [flags]      one-sided verbs on the mem, shm and tcp fabrics
+//	kvbench broadcast [flags]   Acuerdo atomic broadcast inside one group
+//	kvbench help [command]      list the commands, or one command's flags
 //
 // Each command prints a table, or with --json one JSON object per result.
-// Progress goes to stderr. Benchmarks of the protocols above the fabrics
-// (broadcast, multicast, kv) will be further commands of the same shape.
+// Progress goes to stderr. Benchmarks of the layers above (multicast, kv)
+// will be further commands of the same shape.
 //
 // Two-party measurements run their second party in a child process: kvbench
 // re-executes itself with a hidden subcommand and drives the child with
@@ -39,7 +40,7 @@ func commands() []command {
 }
 
 // plannedCommands are benchmarks of layers not written yet.
-const plannedCommands = "broadcast (Acuerdo), multicast (TRAM), kv (gets and puts)"
+const plannedCommands = "multicast (TRAM), kv (gets and puts)"
 
 func main() {
 	if os.Getenv(peerEnv) != "" || (len(os.Args) > 1 && os.Args[1] == peerCmd) {
