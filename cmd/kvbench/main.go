@@ -115,8 +115,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprint(w, "usage: kvbench <command> [flags]\n\ncommands:\n")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "  %-9s %s\n", "help", "this list; 'kvbench help <command>' shows a command's flags")
+	fmt.Fprintf(w, "  %-10s %s\n", "help", "this list; 'kvbench help <command>' shows a command's flags")
 	fmt.Fprintf(w, "\nplanned: %s\n", plannedCommands)
 }
