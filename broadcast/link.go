@@ -252,8 +252,15 @@ func (o *outRing) commitRecord(h recHeader, sinc uint64) {
 	o.sent += uint64(n)
 }
 
-// flush posts the records in [posted, sent), one write per record; the last
-// one rings the peer's doorbell.
+// maxFlush bounds one ring write: records are coalesced up to it (a
+// record larger than it is written alone).
+const maxFlush = 64 << 10
+
+// flushRing posts the records in [posted, sent): contiguous records go in
+// one write (each still carries its own checksum, so the receiver accepts
+// them one by one as they become valid); a write ends at a pad record, at
+// the end of the ring or at maxFlush bytes. The last write rings the
+// peer's doorbell.
 func (l *link) flushRing(r *Replica, now time.Duration, region rdma.RegionID) bool {
 	o := &l.out
 	rs := uint64(len(o.mirror))
@@ -264,16 +271,28 @@ func (l *link) flushRing(r *Replica, now time.Duration, region rdma.RegionID) bo
 			o.posted += rs - off
 			continue
 		}
-		w0 := binary.LittleEndian.Uint64(o.mirror[off:])
-		size := uint64(recSize(int(uint32(w0))))
-		if uint8(w0>>32) == kPad {
-			size = recHdr + 8
+		// Gather records from off while they are contiguous.
+		pos, end, next := o.posted, off, o.posted
+		for pos < o.sent {
+			roff := pos % rs
+			if pos-o.posted >= rs-off || rs-roff < recHdr+8 {
+				break // at the ring's end, or wrapping without a pad record
+			}
+			w0 := binary.LittleEndian.Uint64(o.mirror[roff:])
+			if uint8(w0>>32) == kPad {
+				end = roff + recHdr + 8
+				next = pos + (rs - roff)
+				break
+			}
+			size := uint64(recSize(int(uint32(w0))))
+			if end > off && end+size-off > maxFlush {
+				break
+			}
+			end = roff + size
+			pos += size
+			next = pos
 		}
-		wr := rdma.WR{Kind: rdma.OpWrite, Region: region, Offset: off, Buf: o.mirror[off : off+size]}
-		next := o.posted + size
-		if uint8(w0>>32) == kPad {
-			next = o.posted + (rs - off)
-		}
+		wr := rdma.WR{Kind: rdma.OpWrite, Region: region, Offset: off, Buf: o.mirror[off:end]}
 		if next >= o.sent {
 			wr.Flags |= rdma.Notify
 		}
