@@ -121,6 +121,12 @@ type Conn interface {
 	// completions and retry). Permission, bounds and peer failures are
 	// reported in a Completion, never by Post.
 	Post(wr WR) error
+	// PostList posts wrs in order, as ibv_post_send does with a chain of
+	// work requests: the same as calling Post on each, but a fabric may
+	// amortise its per-post costs (locks, liveness and permission checks,
+	// one system call) over the list. It returns how many were posted and,
+	// if fewer than len(wrs), the error that stopped it at wrs[n].
+	PostList(wrs []WR) (int, error)
 	// Poll moves up to len(cs) completions into cs without blocking.
 	Poll(cs []Completion) int
 	// Wait blocks until a completion is available or timeout passes, then
@@ -215,6 +221,17 @@ func (e *OpError) Error() string {
 
 // Unwrap returns the sentinel cause.
 func (e *OpError) Unwrap() error { return e.Err }
+
+// PostEach is PostList for fabrics with nothing to amortise: Post on each
+// work request in order, stopping at the first error.
+func PostEach(c Conn, wrs []WR) (int, error) {
+	for i := range wrs {
+		if err := c.Post(wrs[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(wrs), nil
+}
 
 // CheckWR validates the shape of a work request (not permissions or bounds,
 // which the target checks). Fabrics call it in Post.

@@ -285,6 +285,9 @@ type Conn struct {
 
 var _ rdma.Conn = (*Conn)(nil)
 
+// PostList implements rdma.Conn.
+func (c *Conn) PostList(wrs []rdma.WR) (int, error) { return rdma.PostEach(c, wrs) }
+
 // Local implements rdma.Conn.
 func (c *Conn) Local() rdma.NodeID { return c.from.id }
 

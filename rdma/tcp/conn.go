@@ -94,6 +94,9 @@ type Conn struct {
 
 var _ rdma.Conn = (*Conn)(nil)
 
+// PostList implements rdma.Conn.
+func (c *Conn) PostList(wrs []rdma.WR) (int, error) { return rdma.PostEach(c, wrs) }
+
 func newConn(n *Node, peer rdma.NodeID, addr string, nc net.Conn) (*Conn, error) {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
