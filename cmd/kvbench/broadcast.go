@@ -68,6 +68,8 @@ type bcastFlags struct {
 	cpuProf    string
 	commitET   time.Duration
 	spin       time.Duration
+	maxOther   float64
+	retries    int
 
 	soak       time.Duration
 	soakEvery  time.Duration
@@ -95,6 +97,8 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 	tables := fs.String("tables", "commit,election", "comma-separated tables to measure: commit, election")
 	fs.DurationVar(&o.commitET, "commit-election-timeout", time.Second, "election timeout of the commit table's groups (long, so that a descheduled leader is not voted out mid-measurement); the election table uses broadcast's default")
 	fs.DurationVar(&o.spin, "spin", 0, "doorbell spin budget of the replicas' nodes and of the one-way baseline (0: rdma.DefaultSpin; negative: park at once)")
+	fs.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a one-way or commit measurement while other processes use more than this many CPUs")
+	fs.IntVar(&o.retries, "retries", 2, "most repeats of one measurement because of background load")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per result line instead of a table")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files")
 	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to `file`; KVBENCH_PEER_CPUPROFILE=path profiles every replica process (path.<pid>)")
@@ -171,7 +175,8 @@ type bstat struct {
 	n        uint64
 	failed   uint64
 	failover time.Duration // election rows: median kill-to-commit
-	otherCPU float64
+	otherCPU float64       // -1: unknown
+	retries  int
 	run      int
 }
 
@@ -193,6 +198,7 @@ type bcastRow struct {
 	ElectionNS    int64   `json:"election_ns,omitempty"`
 	FailoverNS    int64   `json:"failover_ns,omitempty"`
 	Failed        uint64  `json:"failed,omitempty"` // proposals that failed (commit rows)
+	Retries       int     `json:"retries"`          // measurements repeated because of background load
 	Runs          int     `json:"runs"`
 	N             uint64  `json:"n"`
 	OtherCPU      float64 `json:"other_cpu"`
@@ -255,7 +261,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	h := &hist{}
 	for run := 1; run <= o.runs; run++ {
 		for _, f := range fabrics {
-			st, err := onewayBaseline(f, o.shmDir, o.spin, tm, h)
+			st, err := retryDisturbed(o, stderr, func() (bstat, error) { return onewayBaseline(f, o.shmDir, o.spin, tm, h) })
 			if err != nil {
 				fail(f+" one-way", err)
 				continue
@@ -280,8 +286,8 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 				}
 				st.run = run
 				add(bkey{table: "election", fabric: spec.fabric, n: spec.n}, st)
-				fmt.Fprintf(stderr, "[run %d/%d] %-4s %d replicas  election p50 %-8s p99 %-8s failover p50 %-8s other %.2f CPUs\n",
-					run, o.runs, spec.fabric, spec.n, fmtDur(st.p50), fmtDur(st.p99), fmtDur(st.failover), st.otherCPU)
+				fmt.Fprintf(stderr, "[run %d/%d] %-4s %d replicas  election p50 %-8s max %-8s failover p50 %-8s\n",
+					run, o.runs, spec.fabric, spec.n, fmtDur(st.p50), fmtDur(st.p99), fmtDur(st.failover))
 			}
 		}
 	}
@@ -339,7 +345,7 @@ func commitRun(ctx context.Context, o *bcastFlags, spec groupSpec, run int, tm t
 	for _, size := range o.sizes {
 		wk := bkey{table: "commit", fabric: spec.fabric, n: spec.n, size: size}
 		ws, known := windows[wk]
-		best := 0.0
+		best, flat := 0.0, 0
 		for i, w := 0, 1; w <= o.maxWindow; i, w = i+1, w*2 {
 			if known && i >= len(ws) {
 				break
@@ -348,29 +354,43 @@ func commitRun(ctx context.Context, o *bcastFlags, spec groupSpec, run int, tm t
 			if err != nil {
 				return err
 			}
-			pids := g.pids()
-			a := cpuOf(pids)
-			r, err := g.load(ctx, ldr, groupproc.LoadSpec{Window: w, Size: size, Warmup: tm.warm, Duration: tm.dur})
-			b := cpuOf(pids)
+			st, err := retryDisturbed(o, stderr, func() (bstat, error) {
+				pids := g.pids()
+				a := cpuOf(pids)
+				r, err := g.load(ctx, ldr, groupproc.LoadSpec{Window: w, Size: size, Warmup: tm.warm, Duration: tm.dur})
+				b := cpuOf(pids)
+				if err != nil {
+					return bstat{}, fmt.Errorf("W=%d %dB: %w", w, size, err)
+				}
+				if r.N == 0 {
+					return bstat{}, fmt.Errorf("W=%d %dB: nothing committed (%d failed: %s)", w, size, r.Failed, r.FirstErr)
+				}
+				return bstat{p50: r.P50, p99: r.P99, opsPerS: r.OpsPerS, n: r.N, failed: r.Failed, otherCPU: otherCPUs(a, b, runtime.NumCPU())}, nil
+			})
 			if err != nil {
-				return fmt.Errorf("W=%d %dB: %w", w, size, err)
+				return err
 			}
-			if r.N == 0 {
-				return fmt.Errorf("W=%d %dB: nothing committed (%d failed: %s)", w, size, r.Failed, r.FirstErr)
-			}
-			st := bstat{p50: r.P50, p99: r.P99, opsPerS: r.OpsPerS, n: r.N, failed: r.Failed, otherCPU: otherCPUs(a, b, runtime.NumCPU()), run: run}
+			st.run = run
+			r := st
 			k := wk
 			k.window = w
 			add(k, st)
 			fmt.Fprintf(stderr, "[run %d/%d] %-4s %d replicas %5dB W=%-5d p50 %-8s p99 %-8s %8s msgs/s %7.1f MB/s  other %.2f CPUs\n",
-				run, o.runs, spec.fabric, spec.n, size, w, fmtDur(r.P50), fmtDur(r.P99), fmtOps(r.OpsPerS), r.OpsPerS*float64(size)/1e6, st.otherCPU)
+				run, o.runs, spec.fabric, spec.n, size, w, fmtDur(r.p50), fmtDur(r.p99), fmtOps(r.opsPerS), r.opsPerS*float64(size)/1e6, st.otherCPU)
 			if !known {
 				windows[wk] = append(windows[wk], w)
-				if w >= 4 && r.OpsPerS < 1.1*best {
-					break // saturated
+				// Saturated: two windows in a row did not beat the best
+				// smaller window by 10% (one could be noise).
+				if r.opsPerS < 1.1*best {
+					flat++
+				} else {
+					flat = 0
+				}
+				if w >= 16 && flat >= 2 {
+					break
 				}
 			}
-			best = max(best, r.OpsPerS)
+			best = max(best, r.opsPerS)
 		}
 	}
 	return nil
@@ -383,7 +403,16 @@ func electionRun(ctx context.Context, o *bcastFlags, spec groupSpec, stderr io.W
 	var el, fo []time.Duration
 	var other []float64
 	for range o.elections {
-		e, f, oc, err := oneElection(ctx, spec, o.spin, o.shmDir)
+		var e, f time.Duration
+		var oc float64
+		var err error
+		for try := 0; ; try++ {
+			e, f, oc, err = oneElection(ctx, spec, o.spin, o.shmDir)
+			if !errors.Is(err, errNoElection) || try == 2 {
+				break
+			}
+			fmt.Fprintf(stderr, "kvbench broadcast: %v: %v; repeating\n", spec, err)
+		}
 		if err != nil {
 			return bstat{}, err
 		}
@@ -398,6 +427,7 @@ func electionRun(ctx context.Context, o *bcastFlags, spec groupSpec, stderr io.W
 // oneElection starts a group, commits a little, kills the leader and
 // times the election that follows, from the new leader's events.
 func oneElection(ctx context.Context, spec groupSpec, spin time.Duration, shmDir string) (election, failover time.Duration, other float64, err error) {
+	other = -1
 	g, err := openGroup(ctx, spec, groupproc.Tuning{}, spin, shmDir)
 	if err != nil {
 		return 0, 0, 0, err
@@ -410,6 +440,11 @@ func oneElection(ctx context.Context, spec groupSpec, spin time.Duration, shmDir
 	if _, err := g.load(ctx, ldr, groupproc.LoadSpec{Window: 4, Size: 10, Duration: 50 * time.Millisecond}); err != nil {
 		return 0, 0, 0, err
 	}
+	// The leader may have changed meanwhile (a descheduled leader is voted
+	// out after the election timeout): kill the current one.
+	if ldr, err = g.leader(ctx, -1); err != nil {
+		return 0, 0, 0, err
+	}
 	st, err := g.status(ctx, ldr)
 	if err != nil {
 		return 0, 0, 0, err
@@ -419,22 +454,21 @@ func oneElection(ctx context.Context, spec groupSpec, spin time.Duration, shmDir
 	if err := g.kill(ldr); err != nil {
 		return 0, 0, 0, err
 	}
-	pids := g.pids() // the survivors
-	a := cpuOf(pids)
 	nl, err := g.leader(ctx, ldr)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	b := cpuOf(pids)
 	evs, err := g.events(ctx, nl)
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	elect, commit, ok := electionSpan(evs, old)
 	if !ok {
-		return 0, 0, 0, fmt.Errorf("new leader %d's events show no election after epoch %v: %v", nl+1, old, evs)
+		return 0, 0, 0, fmt.Errorf("new leader %d's events show no election after epoch %v (the leader changed before the kill?): %v: %w", nl+1, old, evs, errNoElection)
 	}
-	return time.Duration(commit - elect), time.Duration(commit - killAt.UnixNano()), otherCPUs(a, b, runtime.NumCPU()), nil
+	// An election lasts less than /proc/stat's 10 ms tick: other
+	// processes' CPU use during it is unknown.
+	return time.Duration(commit - elect), time.Duration(commit - killAt.UnixNano()), -1, nil
 }
 
 // electionSpan finds, in a new leader's events, the first epoch after old
@@ -461,6 +495,31 @@ func electionSpan(evs []groupproc.TimedEvent, old broadcast.Epoch) (elect, commi
 	return 0, 0, false
 }
 
+// errNoElection: the new leader's events show no election after the
+// killed leader's epoch (the leader changed just before the kill).
+var errNoElection = errors.New("no election seen")
+
+// retryDisturbed runs f, and again up to o.retries times while other
+// processes used more than o.maxOther CPUs meanwhile; it keeps the least
+// disturbed result.
+func retryDisturbed(o *bcastFlags, stderr io.Writer, f func() (bstat, error)) (bstat, error) {
+	var best bstat
+	for try := 0; ; try++ {
+		st, err := f()
+		if err != nil {
+			return st, err
+		}
+		if try == 0 || st.otherCPU < best.otherCPU {
+			best = st
+		}
+		best.retries = try
+		if st.otherCPU <= o.maxOther || try >= o.retries {
+			return best, nil
+		}
+		fmt.Fprintf(stderr, "kvbench broadcast: other processes used %.2f CPUs; repeating\n", st.otherCPU)
+	}
+}
+
 // summarizeBroadcast turns per-run stats into rows: medians over runs, and
 // ratios to the same run's one-way baseline.
 func summarizeBroadcast(order []bkey, res map[bkey][]bstat) []bcastRow {
@@ -484,6 +543,7 @@ func summarizeBroadcast(order []bkey, res map[bkey][]bstat) []bcastRow {
 		r.OtherCPU = med(sts, func(s bstat) float64 { return s.otherCPU })
 		for _, s := range sts {
 			r.Failed += s.failed
+			r.Retries += s.retries
 		}
 		if k.table == "election" {
 			r.ElectionNS = r.P50NS
@@ -539,7 +599,7 @@ func printBroadcastTable(w io.Writer, out []bcastRow, o *bcastFlags) {
 				fmt.Fprintln(tw, "fabric\treplicas\tsize\tW\tp50\tp99\tmsgs/s\tMB/s\tone-way\tratio\tfailed\tother cpu\t")
 			case "election":
 				fmt.Fprintln(w, "election duration (Acuerdo Table 1 analogue): new leader's detection to its first commit")
-				fmt.Fprintln(tw, "fabric\treplicas\telections\tp50\tmax\tfailover p50\tone-way\tratio\tother cpu\t")
+				fmt.Fprintln(tw, "fabric\treplicas\telections\tp50\tmax\tfailover p50\tone-way\tratio\t")
 			}
 		}
 		switch r.Table {
@@ -550,9 +610,9 @@ func printBroadcastTable(w io.Writer, out []bcastRow, o *bcastFlags) {
 				fmtDur(time.Duration(r.P50NS)), fmtDur(time.Duration(r.P99NS)), fmtOps(r.OpsPerS), r.MBPerS,
 				fmtDur(time.Duration(r.BaselineP50NS)), r.Ratio, r.Failed, r.OtherCPU)
 		case "election":
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%.0fx\t%.2f\t\n", r.Fabric, r.Replicas, r.N,
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%.0fx\t\n", r.Fabric, r.Replicas, r.N,
 				fmtDur(time.Duration(r.P50NS)), fmtDur(time.Duration(r.P99NS)), fmtDur(time.Duration(r.FailoverNS)),
-				fmtDur(time.Duration(r.BaselineP50NS)), r.Ratio, r.OtherCPU)
+				fmtDur(time.Duration(r.BaselineP50NS)), r.Ratio)
 		}
 	}
 	tw.Flush()
