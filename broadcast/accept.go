@@ -76,8 +76,7 @@ func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 		return
 	}
 	// Acuerdo Fig. 5 l.49-51: Log[hdr] = M; Accepted = hdr; Accept_SST[Self] = hdr.
-	e := r.newEntry(hdr, getMeta(payload), payload[entryMeta:])
-	r.log.SetHint(e, &r.setHint)
+	r.log.Set(entry{hdr: hdr, id: getMeta(payload), data: r.copyData(payload[entryMeta:])})
 	r.accepted = hdr
 	// Fig. 5 l.52 (push to the leader) happens once per batch in push.
 }
@@ -229,7 +228,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 		r.log.PopMax()
 	}
 	for _, en := range d.entries {
-		r.log.Set(en)
+		r.log.Set(*en)
 	}
 	// Acuerdo Fig. 5 l.64: Accepted = hdr.
 	r.accepted = d.hdr
@@ -297,38 +296,17 @@ func (r *Replica) snapshotBytes() ([]byte, error) {
 	return b, nil
 }
 
-// nextAfter returns the Log entry following h, or nil. Within an epoch
-// counts are consecutive, so a lookup of (e, cnt+1) usually finds it
-// without allocating.
+// nextAfter returns the Log entry following h, or nil.
 func (r *Replica) nextAfter(h MsgHdr) *entry {
-	r.pivot.hdr = MsgHdr{E: h.E, Cnt: h.Cnt + 1}
-	if e, ok := r.log.GetHint(&r.pivot, &r.getHint); ok {
-		return e
+	if i := r.log.above(h); i < r.log.Len() {
+		return r.log.at(i)
 	}
-	var next *entry
-	r.log.Ascend(&r.pivot, func(e *entry) bool {
-		next = e
-		return false
-	})
-	return next
+	return nil
 }
 
-// newEntry returns a Log entry holding a copy of data, carved from the
-// replica's slabs (a slab is freed by the GC once no entry in it is live).
-func (r *Replica) newEntry(hdr MsgHdr, id proposalID, data []byte) *entry {
-	if len(r.entSlab) == 0 {
-		r.entSlab = make([]entry, 256)
-	}
-	e := &r.entSlab[0]
-	r.entSlab = r.entSlab[1:]
-	*e = entry{hdr: hdr, id: id}
-	if data != nil {
-		e.data = r.copyData(data)
-	}
-	return e
-}
-
-// copyData copies data into the replica's data slab.
+// copyData copies data into the replica's data slab (a slab is freed by
+// the GC once no entry in it is live), so accepting allocates nothing per
+// message.
 func (r *Replica) copyData(data []byte) []byte {
 	n := len(data)
 	if n > 4096 {

@@ -71,20 +71,14 @@ func (r *Replica) commit() bool {
 		r.checkEpochDone()
 		return false
 	}
-	batch := r.batch[:0]
-	r.pivot.hdr = MsgHdr{E: r.committed.E, Cnt: r.committed.Cnt + 1}
-	r.log.AscendHint(&r.pivot, func(e *entry) bool {
+	// deliver neither changes the Log nor calls back into the replica.
+	for i := r.log.above(r.committed); i < r.log.Len(); i++ {
+		e := r.log.at(i)
 		if bound.Less(e.hdr) {
-			return false
+			break
 		}
-		batch = append(batch, e)
-		return true
-	}, &r.ascHint)
-	for _, e := range batch {
 		r.deliver(e)
 	}
-	clear(batch)
-	r.batch = batch[:0]
 	r.committed = bound
 	r.commitMoved = true
 	if r.cfg.Trace != nil {
@@ -143,14 +137,7 @@ func (r *Replica) prune() {
 		}
 	}
 	floor = minHdr(floor, keep)
-	ncommitted := r.log.Len()
-	r.log.Reverse(func(e *entry) bool {
-		if !r.committed.Less(e.hdr) {
-			return false
-		}
-		ncommitted--
-		return true
-	})
+	ncommitted := r.log.above(r.committed)
 	for {
 		e, ok := r.log.Min()
 		if !ok || r.committed.Less(e.hdr) {
@@ -159,8 +146,8 @@ func (r *Replica) prune() {
 		if floor.Less(e.hdr) && (ncommitted <= r.cfg.MaxLogEntries || keep.Less(e.hdr)) {
 			return
 		}
-		r.log.PopMin()
 		r.pruned = maxHdr(r.pruned, e.hdr)
+		r.log.PopMin() // e is invalid from here
 		ncommitted--
 	}
 }

@@ -15,9 +15,7 @@ import (
 func (r *Replica) broadcast(id proposalID, data []byte) MsgHdr {
 	r.count++
 	hdr := MsgHdr{E: r.eNew, Cnt: r.count}
-	e := r.newEntry(hdr, id, nil)
-	e.data = data
-	r.log.SetHint(e, &r.setHint)
+	r.log.Set(entry{hdr: hdr, id: id, data: data})
 	r.accepted = hdr
 	return hdr
 }
@@ -142,7 +140,7 @@ func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
 		n := diffHdr
 		last := f.packed
 		more := false
-		r.log.Ascend(&entry{hdr: MsgHdr{E: f.packed.E, Cnt: f.packed.Cnt + 1}}, func(e *entry) bool {
+		r.log.Ascend(f.packed, func(e *entry) bool {
 			if f.end.Less(e.hdr) {
 				return false
 			}

@@ -9,15 +9,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/tidwall/btree"
 )
-
-// entry is one message of the Log (Acuerdo Fig. 1 l.33).
-type entry struct {
-	hdr  MsgHdr
-	id   proposalID
-	data []byte
-}
 
 // member is what this replica knows of one member from its SST rows.
 type member struct {
@@ -124,7 +116,7 @@ type Replica struct {
 	committed  MsgHdr
 	count      uint64
 	role       Role
-	log        *btree.BTreeG[*entry]
+	log        entryLog
 	index      uint64 // entries delivered so far
 	pruned     MsgHdr // every entry <= pruned left the Log
 	catchingUp bool   // restarted with empty memory, no diff accepted yet
@@ -143,13 +135,7 @@ type Replica struct {
 	epochDone   bool // committed >= (eCur, 0): proposals may be handed over
 	table       []tableRec
 	scratch     []byte
-	batch       []*entry       // commit's delivery batch, reused
-	pivot       entry          // search key, reused
-	setHint     btree.PathHint // Log access hints: appends and lookups are sequential
-	getHint     btree.PathHint
-	ascHint     btree.PathHint
-	entSlab     []entry // entries are carved from slabs: no allocation per message
-	dataSlab    []byte
+	dataSlab    []byte // accepted data is copied into slabs: no allocation per message
 
 	// proposals
 	mu         sync.Mutex
@@ -189,16 +175,14 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 		return nil, err
 	}
 	r := &Replica{
-		cfg:    cfg,
-		node:   node,
-		fsm:    fsm,
-		stable: stable,
-		rng:    rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5bd1e995)),
-		self:   cfg.Self,
-		n:      len(cfg.Members),
-		quorum: len(cfg.Members)/2 + 1,
-		log: btree.NewBTreeGOptions(func(a, b *entry) bool { return a.hdr.Less(b.hdr) },
-			btree.Options{NoLocks: true}),
+		cfg:     cfg,
+		node:    node,
+		fsm:     fsm,
+		stable:  stable,
+		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5bd1e995)),
+		self:    cfg.Self,
+		n:       len(cfg.Members),
+		quorum:  len(cfg.Members)/2 + 1,
 		scratch: make([]byte, cfg.MaxRecord),
 	}
 	r.me = slices.Index(cfg.Members, cfg.Self)
