@@ -43,3 +43,40 @@ func benchOps(b *testing.B, kind rdma.OpKind) {
 func BenchmarkWrite8(b *testing.B) { benchOps(b, rdma.OpWrite) }
 
 func BenchmarkRead8(b *testing.B) { benchOps(b, rdma.OpRead) }
+
+// benchRing posts batches of 64 unsignaled 64-byte slot writes and a tail
+// write with Notify (signaled every 16th batch), as a ring producer does,
+// one Post per work request or one PostList per batch. b.N counts slots.
+func benchRing(b *testing.B, list bool) {
+	c := benchConn(b)
+	const batch = 64
+	slots := make([]byte, batch*64)
+	tail := make([]byte, 8)
+	wrs := make([]rdma.WR, batch+1)
+	var cs [1]rdma.Completion
+	b.ReportAllocs()
+	b.SetBytes(64)
+	for i := 0; i < b.N; i += batch {
+		for s := range batch {
+			wrs[s] = rdma.WR{Kind: rdma.OpWrite, Region: 1, Offset: uint64(8 + s*56), Buf: slots[s*64 : s*64+56]}
+		}
+		wrs[batch] = rdma.WR{ID: uint64(i), Kind: rdma.OpWrite, Flags: rdma.Notify, Region: 1, Buf: tail}
+		if i/batch%16 == 15 {
+			wrs[batch].Flags |= rdma.Signaled
+		}
+		if list {
+			if n, err := c.PostList(wrs); err != nil || n != len(wrs) {
+				b.Fatal(n, err)
+			}
+		} else if n, err := rdma.PostEach(c, wrs); err != nil || n != len(wrs) {
+			b.Fatal(n, err)
+		}
+		if wrs[batch].Flags&rdma.Signaled != 0 && (c.Poll(cs[:]) != 1 || cs[0].Err != nil) {
+			b.Fatalf("completion %+v", cs[0])
+		}
+	}
+}
+
+func BenchmarkRingPost(b *testing.B) { benchRing(b, false) }
+
+func BenchmarkRingPostList(b *testing.B) { benchRing(b, true) }

@@ -166,16 +166,13 @@ type Conn struct {
 	peer *peer
 	cq   *rdma.CQ
 
-	mu      sync.Mutex // held by Post for the whole op
+	mu      sync.Mutex // held by Post and PostList for the whole list
 	err     error
 	closed  bool
 	regions map[rdma.RegionID]*remoteRegion // this Conn's cache of peer.regions
 }
 
 var _ rdma.Conn = (*Conn)(nil)
-
-// PostList implements rdma.Conn.
-func (c *Conn) PostList(wrs []rdma.WR) (int, error) { return rdma.PostEach(c, wrs) }
 
 // Local implements rdma.Conn.
 func (c *Conn) Local() rdma.NodeID { return c.node.id }
@@ -190,30 +187,33 @@ func (c *Conn) Err() error {
 	return c.err
 }
 
-// Post implements rdma.Conn: it checks and applies wr at once.
+// Post implements rdma.Conn: it checks and applies wr at once. It is
+// PostList of one work request, without the list's bookkeeping.
 func (c *Conn) Post(wr rdma.WR) error {
 	if err := rdma.CheckWR(&wr); err != nil {
 		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case c.closed:
-		return rdma.ErrClosed
-	case c.err != nil:
-		return fmt.Errorf("%w: %w", rdma.ErrConnBroken, c.err)
-	case wr.Flags&rdma.Signaled != 0 && c.cq.Len() >= c.node.opts.QueueDepth:
+	if err := c.usable(); err != nil {
+		return err
+	}
+	if wr.Flags&rdma.Signaled != 0 && c.cq.Len() >= c.node.opts.QueueDepth {
 		// Only a signaled op needs a free completion slot; the one error
 		// completion that breaks the Conn has a slot reserved (the CQ
 		// holds QueueDepth+1), so unsignaled ops skip the CQ's lock.
 		return rdma.ErrQueueFull
 	}
-	val, err := c.exec(&wr)
+	var w window
+	live := false
+	val, err := c.exec(&w, &wr, &live)
+	w.close()
 	if err != nil {
-		cp := rdma.Completion{ID: wr.ID, Kind: wr.Kind, Err: &rdma.OpError{Op: wr.Kind, Peer: c.peer.id, Region: wr.Region, Offset: wr.Offset, Len: wr.Len(), Err: err}}
-		c.err = cp.Err
-		c.cq.Push(cp)
+		c.fail(&wr, err)
 		return nil
+	}
+	if wr.Kind == rdma.OpWrite && wr.Flags&rdma.Notify != 0 {
+		ringNode(c.peer.nf)
 	}
 	if wr.Flags&rdma.Signaled != 0 {
 		c.cq.Push(rdma.Completion{ID: wr.ID, Kind: wr.Kind, Value: val})
@@ -221,47 +221,157 @@ func (c *Conn) Post(wr rdma.WR) error {
 	return nil
 }
 
-// exec applies wr at the target; c.mu is held.
-func (c *Conn) exec(wr *rdma.WR) (uint64, error) {
-	p := c.peer
-	if err := p.checkLive(); err != nil {
+// usable is nil if the Conn takes posts; c.mu is held.
+func (c *Conn) usable() error {
+	switch {
+	case c.closed:
+		return rdma.ErrClosed
+	case c.err != nil:
+		return fmt.Errorf("%w: %w", rdma.ErrConnBroken, c.err)
+	}
+	return nil
+}
+
+// fail breaks the Conn with wr's failure: its error completion (which
+// has a reserved CQ slot) carries the cause. c.mu is held.
+func (c *Conn) fail(wr *rdma.WR, err error) {
+	cp := rdma.Completion{ID: wr.ID, Kind: wr.Kind, Err: &rdma.OpError{Op: wr.Kind, Peer: c.peer.id, Region: wr.Region, Offset: wr.Offset, Len: wr.Len(), Err: err}}
+	c.err = cp.Err
+	c.cq.Push(cp)
+}
+
+// PostList implements rdma.Conn: it checks and applies wrs at once, in
+// order. The per-post costs are paid once per list: the lock, the
+// liveness check and, for each run of consecutive work requests on the
+// same region, the region lookup and one revocation-handshake window
+// (announce, load the grant, apply the run, retract; see layout.go). The
+// grant is loaded inside the window, so a Revoke that returns has waited
+// for the whole run, and nothing of the list lands after it. Notify writes
+// ring the target's doorbell once, after the list.
+func (c *Conn) PostList(wrs []rdma.WR) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usable(); err != nil {
 		return 0, err
 	}
-	rr := c.regions[wr.Region]
+	var w window
+	n, notify, err := c.apply(&w, wrs)
+	w.close()
+	if notify {
+		ringNode(c.peer.nf)
+	}
+	return n, err
+}
+
+// apply is PostList's loop; c.mu is held. It leaves the last window open
+// and reports whether a Notify write landed.
+func (c *Conn) apply(w *window, wrs []rdma.WR) (n int, notify bool, err error) {
+	free := -1 // free completion slots, counted at the first signaled op
+	live := false
+	for i := range wrs {
+		wr := &wrs[i]
+		if err := rdma.CheckWR(wr); err != nil {
+			return i, notify, err
+		}
+		if wr.Flags&rdma.Signaled != 0 { // as in Post
+			if free < 0 {
+				free = c.node.opts.QueueDepth - c.cq.Len()
+			}
+			if free <= 0 {
+				return i, notify, rdma.ErrQueueFull
+			}
+			free--
+		}
+		val, err := c.exec(w, wr, &live)
+		if err != nil {
+			w.close()
+			c.fail(wr, err)
+			if i+1 < len(wrs) {
+				return i + 1, notify, fmt.Errorf("%w: %w", rdma.ErrConnBroken, c.err)
+			}
+			return i + 1, notify, nil
+		}
+		if wr.Kind == rdma.OpWrite && wr.Flags&rdma.Notify != 0 {
+			notify = true
+		}
+		if wr.Flags&rdma.Signaled != 0 {
+			c.cq.Push(rdma.Completion{ID: wr.ID, Kind: wr.Kind, Value: val})
+		}
+	}
+	return len(wrs), notify, nil
+}
+
+// window is a run of ops on one region inside one revocation-handshake
+// window: inflight announced in the local node's slot of rr, and the
+// grant loaded after the announcement.
+type window struct {
+	rr    *remoteRegion // nil when no window is open
+	id    rdma.RegionID
+	off   int // the slot's offset in rr.file
+	grant rdma.Perm
+}
+
+// close retracts the window's announcement, if one is open.
+func (w *window) close() {
+	if w.rr != nil {
+		rdma.Add64(w.rr.file, w.off+slotInflight, ^uint64(0))
+		w.rr = nil
+	}
+}
+
+// exec applies wr at the target inside w, opening a window on wr's region
+// if w is not on it; c.mu is held. *live records that the peer passed its
+// liveness check in this list.
+func (c *Conn) exec(w *window, wr *rdma.WR, live *bool) (uint64, error) {
+	if w.rr == nil || w.id != wr.Region {
+		w.close()
+		if err := c.open(w, wr.Region, live); err != nil {
+			return 0, err
+		}
+	}
+	need := wr.NeedPerm()
+	if w.grant&need != need {
+		return 0, rdma.ErrPermission
+	}
+	if !rdma.InBounds(wr.Offset, wr.Len(), len(w.rr.data)) {
+		return 0, rdma.ErrBounds
+	}
+	return rdma.Apply(w.rr.data, wr), nil
+}
+
+// open checks the peer (once per list), finds the current mapping of
+// region id and opens a window on it: announce, then load the grant.
+func (c *Conn) open(w *window, id rdma.RegionID, live *bool) error {
+	p := c.peer
+	if !*live {
+		if err := p.checkLive(); err != nil {
+			return err
+		}
+		*live = true
+	}
+	rr := c.regions[id]
 	if rr == nil || rdma.Load64(rr.file, regionClosedW) != 0 {
 		// First op to the region, or the owner closed it (and may have
 		// registered it anew): look it up again.
 		if rr != nil {
-			delete(c.regions, wr.Region)
+			delete(c.regions, id)
 		}
 		var err error
-		if rr, err = p.region(wr.Region, c.node.opts.Dir, c.node.opts.Cluster, rr); err != nil {
-			return 0, err
+		if rr, err = p.region(id, c.node.opts.Dir, c.node.opts.Cluster, rr); err != nil {
+			return err
 		}
-		c.regions[wr.Region] = rr
+		c.regions[id] = rr
 	}
 	off := int(rr.slot.Load())
 	if off == 0 {
 		if off = p.claim(rr, c.node.id, c.node.self); off == 0 {
-			return 0, rdma.ErrPermission
+			return rdma.ErrPermission
 		}
 	}
 	// The revocation handshake (layout.go): announce, check, touch, retract.
-	f := rr.file
-	rdma.Add64(f, off+slotInflight, 1)
-	defer rdma.Add64(f, off+slotInflight, ^uint64(0))
-	need := wr.NeedPerm()
-	if rdma.Perm(rdma.Load64(f, off+slotGrant))&need != need {
-		return 0, rdma.ErrPermission
-	}
-	if !rdma.InBounds(wr.Offset, wr.Len(), len(rr.data)) {
-		return 0, rdma.ErrBounds
-	}
-	val := rdma.Apply(rr.data, wr)
-	if wr.Kind == rdma.OpWrite && wr.Flags&rdma.Notify != 0 {
-		ringNode(p.nf)
-	}
-	return val, nil
+	rdma.Add64(rr.file, off+slotInflight, 1)
+	*w = window{rr: rr, id: id, off: off, grant: rdma.Perm(rdma.Load64(rr.file, off+slotGrant))}
+	return nil
 }
 
 // Poll implements rdma.Conn.
