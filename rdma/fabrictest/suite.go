@@ -27,6 +27,7 @@ func Run(t *testing.T, h Harness) {
 		{"DeadPeer", testDeadPeer},
 		{"Doorbell", testDoorbell},
 		{"NoAllocs", testNoAllocs},
+		{"PostList", testPostList},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
