@@ -26,9 +26,10 @@ Measures every fabric (mem, shm, tcp) in spin and park mode:
   read-rtt      round trip of a signaled 8-byte OpRead, waiting for its
                 completion (spin on Poll; park: Conn.Wait).
   ring-write    throughput of 64 B and 1 KiB writes into a ring: batches of
-                unsignaled slot writes, then one tail write with Notify; a
-                consumer in the target process validates every message and
-                returns credits. Counted: messages the consumer saw.
+                unsignaled slot writes, then one tail write with Notify, the
+                batch and its tail posted with one Conn.PostList; a consumer
+                in the target process validates every message and returns
+                credits. Counted: messages the consumer saw.
 
 mem runs its two nodes as goroutines of this process; shm and tcp run the
 target in a child process (kvbench re-executes itself). Every run also

@@ -216,21 +216,34 @@ func (s *session) readLatency(k int, tm timing, h *hist) (stat, error) {
 	return st, errors.Join(err, perr)
 }
 
-// fabricPoster writes ring slots unsignaled through a Conn and publishes
-// the tail with Notify (signaled now and then, to retire the slot writes).
+// fabricPoster writes a batch of ring slots unsignaled and the tail with
+// Notify (signaled now and then, to retire the slot writes) in one
+// Conn.PostList: the batched publication of a ring producer.
 type fabricPoster struct {
 	c    rdma.Conn
 	ring rdma.RegionID
 	ww   *wordWriter
+	wrs  []rdma.WR // the batch so far
 }
 
 func (p *fabricPoster) slot(off int, buf []byte) error {
-	wr := rdma.WR{Kind: rdma.OpWrite, Region: p.ring, Offset: uint64(off), Buf: buf}
-	return postRetry(p.c, &wr, p.ww.reap)
+	p.wrs = append(p.wrs, rdma.WR{Kind: rdma.OpWrite, Region: p.ring, Offset: uint64(off), Buf: buf})
+	return nil
 }
 
 func (p *fabricPoster) publish(tail uint64) error {
-	return p.ww.write(p.ring, 0, tail, rdma.Notify)
+	wr, err := p.ww.next(p.ring, 0, tail, rdma.Notify)
+	if err != nil {
+		return err
+	}
+	p.wrs = append(p.wrs, wr)
+	err = postListRetry(p.c, p.wrs, p.ww.reap)
+	p.wrs = p.wrs[:0]
+	if err != nil {
+		return err
+	}
+	p.ww.posted++
+	return nil
 }
 
 // ringThroughput streams size-byte messages into the target's ring.
@@ -244,7 +257,7 @@ func (s *session) ringThroughput(k, size, slots, batch int, tm timing) (stat, er
 		return stat{}, err
 	}
 	credits := r.Bytes()
-	p := &fabricPoster{c: s.conn, ring: regionID(k, regRing), ww: s.ww}
+	p := &fabricPoster{c: s.conn, ring: regionID(k, regRing), ww: s.ww, wrs: make([]rdma.WR, 0, batch+1)}
 	st, m, err := produceRing(p, s.waiter(), func() uint64 { return rdma.Load64(credits, 0) }, slots, size, batch, tm)
 	rep, perr := stopPeer(s.peer)
 	if err == nil && perr == nil {

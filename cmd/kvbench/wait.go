@@ -103,12 +103,26 @@ const (
 
 // write posts v to (region, off) on the peer.
 func (w *wordWriter) write(region rdma.RegionID, off uint64, v uint64, flags rdma.Flags) error {
+	wr, err := w.next(region, off, v, flags)
+	if err != nil {
+		return err
+	}
+	if err := postRetry(w.c, &wr, w.reap); err != nil {
+		return err
+	}
+	w.posted++
+	return nil
+}
+
+// next prepares the next write of v to (region, off), waiting for a free
+// buffer; the caller posts it and then counts it in posted.
+func (w *wordWriter) next(region rdma.RegionID, off uint64, v uint64, flags rdma.Flags) (rdma.WR, error) {
 	if w.posted-w.done >= wordWindow/2 {
 		w.reap(0)
 	}
 	for w.posted-w.done >= wordWindow {
 		if err := w.reap(stallTimeout); err != nil {
-			return err
+			return rdma.WR{}, err
 		}
 	}
 	n := w.posted
@@ -117,12 +131,7 @@ func (w *wordWriter) write(region rdma.RegionID, off uint64, v uint64, flags rdm
 	if n%sigEvery == sigEvery-1 {
 		flags |= rdma.Signaled
 	}
-	wr := rdma.WR{ID: n, Kind: rdma.OpWrite, Flags: flags, Region: region, Offset: off, Buf: buf[:]}
-	if err := postRetry(w.c, &wr, w.reap); err != nil {
-		return err
-	}
-	w.posted++
-	return nil
+	return rdma.WR{ID: n, Kind: rdma.OpWrite, Flags: flags, Region: region, Offset: off, Buf: buf[:]}, nil
 }
 
 // reap polls completions, waiting up to timeout for the first.
@@ -153,6 +162,28 @@ func postRetry(c rdma.Conn, wr *rdma.WR, reap func(time.Duration) error) error {
 	for {
 		err := c.Post(*wr)
 		if !errors.Is(err, rdma.ErrQueueFull) {
+			return err
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(stallTimeout)
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("post: send queue full: %w", errStalled)
+		}
+		if err := reap(0); err != nil {
+			return err
+		}
+		runtime.Gosched()
+	}
+}
+
+// postListRetry posts wrs with PostList, reaping completions and posting
+// the rest while the send queue is full.
+func postListRetry(c rdma.Conn, wrs []rdma.WR, reap func(time.Duration) error) error {
+	var deadline time.Time
+	for {
+		n, err := c.PostList(wrs)
+		wrs = wrs[n:]
+		if len(wrs) == 0 || !errors.Is(err, rdma.ErrQueueFull) {
 			return err
 		}
 		if deadline.IsZero() {
