@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/rdmakv/rdmakv/rdma"
 	"golang.org/x/sys/unix"
@@ -93,9 +94,6 @@ type Conn struct {
 }
 
 var _ rdma.Conn = (*Conn)(nil)
-
-// PostList implements rdma.Conn.
-func (c *Conn) PostList(wrs []rdma.WR) (int, error) { return rdma.PostEach(c, wrs) }
 
 func newConn(n *Node, peer rdma.NodeID, addr string, nc net.Conn) (*Conn, error) {
 	sc, ok := nc.(syscall.Conn)
@@ -245,31 +243,68 @@ func (c *Conn) stateErr() error {
 // Post implements rdma.Conn. Reads and writes longer than the frame limit
 // (MaxFrame less the header) fail with rdma.ErrInvalidOp.
 func (c *Conn) Post(wr rdma.WR) error {
-	if err := rdma.CheckWR(&wr); err != nil {
+	_, err := c.PostList(unsafe.Slice(&wr, 1)) // wr does not escape
+	return err
+}
+
+// PostList implements rdma.Conn. It encodes the list's frames under one
+// lock and sends them with one write: its own when nothing was
+// outstanding, else the flusher's.
+func (c *Conn) PostList(wrs []rdma.WR) (int, error) {
+	c.mu.Lock()
+	if err := c.stateErr(); err != nil {
+		c.mu.Unlock()
+		return 0, err
+	}
+	idle := c.next == c.head
+	n := 0
+	var err error
+	for ; n < len(wrs); n++ {
+		if err = c.encode(&wrs[n]); err != nil {
+			break
+		}
+	}
+	if n == 0 || c.flushing {
+		c.mu.Unlock()
+		return n, err
+	}
+	c.flushing = true
+	if !idle {
+		// Ops are in flight: more posts are likely to follow, so let the
+		// flusher batch them.
+		c.mu.Unlock()
+		c.wake()
+		return n, err
+	}
+	c.flushLocked()
+	return n, err
+}
+
+// encode checks wr, records it and appends its frame to the send buffer;
+// c.mu is held (Cond waits may release it).
+func (c *Conn) encode(wr *rdma.WR) error {
+	if err := rdma.CheckWR(wr); err != nil {
 		return err
 	}
 	if len(wr.Buf) > c.maxData && (wr.Kind == rdma.OpWrite || wr.Kind == rdma.OpRead) {
 		return fmt.Errorf("tcp: %s of %d bytes exceeds the %d-byte frame limit: %w", wr.Kind, len(wr.Buf), c.maxData, rdma.ErrInvalidOp)
 	}
-	c.mu.Lock()
-	if err := c.stateErr(); err != nil {
-		c.mu.Unlock()
-		return err
-	}
 	out := c.next - c.head
 	if out >= c.depth || out+uint64(c.unpolled.Load()) >= c.depth {
-		c.mu.Unlock()
 		return rdma.ErrQueueFull
 	}
 	if len(c.wbuf) > 0 && len(c.wbuf)+len(wr.Buf) > sendLimit {
+		if !c.flushing {
+			// Frames of this list are waiting: hand them to the flusher.
+			c.flushing = true
+			c.wake()
+		}
 		for c.flushing && len(c.wbuf) > 0 && c.err == nil && !c.closed {
 			c.space.Wait()
 		}
 		if err := c.stateErr(); err != nil {
-			c.mu.Unlock()
 			return err
 		}
-		out = c.next - c.head
 	}
 	rec := &c.ops[c.next%c.depth]
 	*rec = opRec{id: wr.ID, kind: wr.Kind, flags: wr.Flags, region: wr.Region, offset: wr.Offset, n: wr.Len()}
@@ -290,19 +325,6 @@ func (c *Conn) Post(wr rdma.WR) error {
 	}
 	c.next++
 	c.outstanding.Store(int64(c.next - c.head))
-	if c.flushing {
-		c.mu.Unlock()
-		return nil
-	}
-	c.flushing = true
-	if out > 0 {
-		// Ops are in flight: more posts are likely to follow, so let the
-		// flusher batch them.
-		c.mu.Unlock()
-		c.wake()
-		return nil
-	}
-	c.flushLocked()
 	return nil
 }
 
