@@ -34,6 +34,7 @@ const (
 type sock struct {
 	fd     int
 	alive  *atomic.Bool
+	yield  bool       // the RNIC rang the doorbell since the last Read
 	mu     sync.Mutex // guards closed against fd reuse by shutdown
 	closed bool
 }
@@ -62,12 +63,18 @@ func detach(nc net.Conn, alive *atomic.Bool) (*sock, error) {
 	return &sock{fd: fd, alive: alive}, nil
 }
 
-// Read implements io.Reader with read(2). It first yields the processor:
-// a thread blocked in a system call keeps its P (Go's scheduler context)
-// until sysmon takes it back, 20 us or more later, so a goroutine the RNIC
-// just woke (a Notify doorbell waiter) would wait that long to run.
+// Read implements io.Reader with read(2). If the RNIC rang the doorbell
+// since the last Read, it first yields the processor: a thread blocked in
+// a system call keeps its P (Go's scheduler context) until sysmon takes it
+// back, 20 us or more later, so a goroutine the ring just woke (a Notify
+// doorbell waiter) would wait that long to run. Otherwise it does not:
+// Gosched wakes another thread (wakep) that finds nothing to do, an extra
+// wake-up of an idle CPU per request.
 func (k *sock) Read(p []byte) (int, error) {
-	runtime.Gosched()
+	if k.yield {
+		k.yield = false
+		runtime.Gosched()
+	}
 	for {
 		n, err := unix.Read(k.fd, p)
 		switch {
@@ -253,6 +260,7 @@ func (s *rnic) handle(typ uint8, body []byte) (fail error, ok bool) {
 		}
 		if w.Notify {
 			s.n.db.Ring()
+			s.sock.yield = true
 		}
 	case typeRead:
 		rq, err := decodeReadReq(body)
