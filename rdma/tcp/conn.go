@@ -24,6 +24,10 @@ const sendLimit = 1 << 20
 // between two inline receives.
 const inlineEvery = 32
 
+// askEvery is how often an unsignaled write asks for an ack anyway (every
+// askEvery-th op), so that its buffer and queue slot are retired.
+const askEvery = 64
+
 // opRec is a posted op awaiting its completion.
 type opRec struct {
 	id     uint64
@@ -40,7 +44,7 @@ type opRec struct {
 // Ops are numbered 1, 2, ... in posting order; the target answers in that
 // order (acks, read and atomic responses, or one error), so op records sit
 // in a ring indexed by seq. Post encodes the op's frame into a send buffer
-// under mu; when nothing else is outstanding it writes the buffer itself
+// under mu; when no answer is pending it writes the buffer itself
 // (the latency path: no goroutine hop), otherwise it leaves the write to
 // the flusher goroutine, which sends everything posted meanwhile in one
 // system call. Responses become completions in whichever goroutine drains
@@ -86,6 +90,7 @@ type Conn struct {
 	ops      []opRec
 	head     uint64 // oldest outstanding op
 	next     uint64 // seq of the next op posted
+	asked    uint64 // latest op the target will answer (read, atomic, write with Ack)
 	wbuf     []byte // encoded frames not yet handed to the kernel
 	spare    []byte
 	flushing bool // a writer owns the socket
@@ -248,15 +253,16 @@ func (c *Conn) Post(wr rdma.WR) error {
 }
 
 // PostList implements rdma.Conn. It encodes the list's frames under one
-// lock and sends them with one write: its own when nothing was
-// outstanding, else the flusher's.
+// lock and sends them with one write: its own when no answer was pending
+// (the latency path: no goroutine hop), else the flusher's, which batches
+// what is posted while answers stream back.
 func (c *Conn) PostList(wrs []rdma.WR) (int, error) {
 	c.mu.Lock()
 	if err := c.stateErr(); err != nil {
 		c.mu.Unlock()
 		return 0, err
 	}
-	idle := c.next == c.head
+	idle := c.asked < c.head
 	n := 0
 	var err error
 	for ; n < len(wrs); n++ {
@@ -270,8 +276,8 @@ func (c *Conn) PostList(wrs []rdma.WR) (int, error) {
 	}
 	c.flushing = true
 	if !idle {
-		// Ops are in flight: more posts are likely to follow, so let the
-		// flusher batch them.
+		// Answers are in flight: more posts are likely to follow, so let
+		// the flusher batch them.
 		c.mu.Unlock()
 		c.wake()
 		return n, err
@@ -308,9 +314,12 @@ func (c *Conn) encode(wr *rdma.WR) error {
 	}
 	rec := &c.ops[c.next%c.depth]
 	*rec = opRec{id: wr.ID, kind: wr.Kind, flags: wr.Flags, region: wr.Region, offset: wr.Offset, n: wr.Len()}
+	if wr.Kind != rdma.OpWrite || wr.Flags&rdma.Signaled != 0 || c.next%askEvery == 0 || out >= c.depth/4 {
+		c.asked = c.next
+	}
 	switch wr.Kind {
 	case rdma.OpWrite:
-		w := writeReq{Notify: wr.Flags&rdma.Notify != 0, Region: wr.Region, Offset: wr.Offset, Data: wr.Buf}
+		w := writeReq{Notify: wr.Flags&rdma.Notify != 0, Ack: c.asked == c.next, Region: wr.Region, Offset: wr.Offset, Data: wr.Buf}
 		c.wbuf = appendWriteReq(c.wbuf, &w)
 	case rdma.OpRead:
 		rec.buf = wr.Buf

@@ -20,9 +20,12 @@
 // for writing, so once Revoke returns no op of that peer lands any more. A
 // Notify write rings the target node's Doorbell after it is applied. The
 // RNIC answers reads and atomics with their results and acknowledges
-// everything else cumulatively ("applied through op N") whenever its input
-// runs dry or every few hundred ops, which frees the initiator's send
-// queue slots and completes signaled ops in posting order. The first op
+// writes cumulatively ("applied through op N"), lazily: once its input runs
+// dry if a write asked for it (signaled writes, every 64th op, and any
+// while a quarter of the send queue is outstanding), and in any case every
+// few hundred ops and on each keepalive ping. That frees the initiator's
+// send queue slots and completes signaled ops in posting order, while an
+// unsignaled write costs no ack frame and no wake-up of the initiator. The first op
 // that fails (permission, bounds, missing region) is reported for that op
 // and ends the connection: later ops fail with rdma.ErrConnBroken. A frame
 // that is malformed, too long (Options.MaxFrame), of an unknown type, or
@@ -33,10 +36,10 @@
 // Doorbell (rdma.LocalDoorbell), so a node may park instead of spinning.
 //
 // Performance: Post encodes the frame into a send buffer under the Conn's
-// mutex. When nothing else is outstanding Post writes it itself (no
-// goroutine hop on the latency path; TCP_NODELAY is set); otherwise a
-// flusher goroutine sends everything posted while its previous write was
-// in progress in one system call. Conn.Wait blocks in the network poller
+// mutex (PostList encodes a whole list). When no answer is pending Post
+// writes it itself (no goroutine hop on the latency path; TCP_NODELAY is
+// set); otherwise a flusher goroutine sends everything posted while its
+// previous write was in progress in one system call. Conn.Wait blocks in the network poller
 // itself (on a duplicate descriptor) and handles the answer in the
 // caller's goroutine, as a raw TCP client would; a reader goroutine serves
 // users that park on the doorbell instead, and Poll drains the socket

@@ -50,6 +50,7 @@ func bodyOf(frame []byte) []byte { return frame[headerLen:] }
 func FuzzWriteReq(f *testing.F) {
 	f.Add(bodyOf(appendWriteReq(nil, &writeReq{Notify: true, Region: 3, Offset: 16, Data: []byte("12345678")})))
 	f.Add(bodyOf(appendWriteReq(nil, &writeReq{Region: 1, Offset: 1 << 60, Data: []byte{9}})))
+	f.Add(bodyOf(appendWriteReq(nil, &writeReq{Notify: true, Ack: true, Region: 2, Data: []byte("acked")})))
 	f.Add(make([]byte, 16))
 	f.Add([]byte{2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -139,6 +139,7 @@ type rnic struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	seq      uint64 // ops applied (or failed) so far
+	asked    uint64 // latest op the initiator wants acknowledged
 	reported uint64 // ops the initiator has been told about
 	flushed  uint64 // seq at the last flush
 	scratch  []byte
@@ -197,16 +198,19 @@ func (s *rnic) serve() {
 			s.windDown(fail)
 			return
 		}
-		if s.seq-s.flushed >= ackEvery && s.flush() != nil {
-			return
+		if s.seq-s.flushed >= ackEvery {
+			s.asked = s.seq
+			if s.flush() != nil {
+				return
+			}
 		}
 	}
 }
 
-// flush acks every op applied but not yet reported and writes out all
-// buffered responses.
+// flush acks every op applied but not yet reported, if the initiator
+// asked for an ack of one of them, and writes out all buffered responses.
 func (s *rnic) flush() error {
-	if s.seq > s.reported {
+	if s.asked > s.reported {
 		s.bw.Write(appendWord(s.room(), typeAck, s.seq))
 		s.reported = s.seq
 	}
@@ -254,6 +258,9 @@ func (s *rnic) handle(typ uint8, body []byte) (fail error, ok bool) {
 			return nil, false
 		}
 		s.seq++
+		if w.Ack {
+			s.asked = s.seq
+		}
 		wr := rdma.WR{Kind: rdma.OpWrite, Region: w.Region, Offset: w.Offset, Buf: w.Data}
 		if _, err := s.apply(&wr); err != nil {
 			return err, true
@@ -320,6 +327,7 @@ func (s *rnic) handle(typ uint8, body []byte) (fail error, ok bool) {
 		if err != nil {
 			return nil, false
 		}
+		s.asked = s.seq // a keepalive retires unacknowledged writes
 		s.bw.Write(appendWord(s.room(), typePong, tok))
 	default:
 		return nil, false // a response type sent to the RNIC

@@ -25,7 +25,7 @@ import (
 // body):
 //
 //	initiator -> target (requests; the k-th request of a Conn is op seq k, from 1)
-//	  1 write    0 flags u8 (bit 0 Notify) | 1 zero[3] | 4 region u32 | 8 offset u64 | 16 data (n-16 >= 1 bytes)
+//	  1 write    0 flags u8 (bit 0 Notify, bit 1 Ack) | 1 zero[3] | 4 region u32 | 8 offset u64 | 16 data (n-16 >= 1 bytes)
 //	  2 read     0 region u32 | 4 length u32 (>= 1) | 8 offset u64                        n = 16
 //	  3 cas      0 region u32 | 4 zero u32 | 8 offset u64 | 16 compare u64 | 24 swap u64   n = 32
 //	  4 faa      0 region u32 | 4 zero u32 | 8 offset u64 | 16 addend u64                  n = 24
@@ -37,11 +37,18 @@ import (
 //	  9 atomrsp  0 seq u64 | 8 previous value u64: op seq (cas/faa) and all before done  n = 16
 //	 10 error    0 seq u64 | 8 code u8 | 9 zero[7]: ops before seq done, seq failed    n = 16
 //
+// Acknowledgements are lazy: the target acks (cumulatively, once its input
+// runs dry) only writes that ask for it with the Ack flag, and in any case
+// after every few hundred ops and on a ping. The initiator asks on
+// signaled writes, on every 64th op and while a quarter of its send queue
+// is outstanding, so an unsignaled write costs no ack frame and no
+// wake-up of the initiator. (Version 1 acked every write.)
+//
 // A frame of an unknown type or version, with nonzero reserved bytes, a
 // wrong body length, or longer than MaxFrame is a protocol violation: the
 // receiver closes the connection without applying it.
 const (
-	wireVersion = 1
+	wireVersion = 2
 	headerLen   = 8
 	writeFixed  = 16 // write body bytes before the data
 	rspFixed    = 8  // readrsp body bytes before the data
@@ -130,6 +137,7 @@ func bodyLen(b []byte, n int, what string) error {
 // writeReq is a write request body.
 type writeReq struct {
 	Notify bool
+	Ack    bool // acknowledge this write when the input runs dry
 	Region rdma.RegionID
 	Offset uint64
 	Data   []byte
@@ -140,7 +148,10 @@ func appendWriteReq(b []byte, w *writeReq) []byte {
 	b = appendHeader(b, header{Type: typeWrite, Len: uint32(writeFixed + len(w.Data))})
 	var fl byte
 	if w.Notify {
-		fl = 1
+		fl |= 1
+	}
+	if w.Ack {
+		fl |= 2
 	}
 	b = append(b, fl, 0, 0, 0)
 	b = le.AppendUint32(b, uint32(w.Region))
@@ -153,11 +164,12 @@ func decodeWriteReq(b []byte) (writeReq, error) {
 	if len(b) <= writeFixed {
 		return writeReq{}, fmt.Errorf("%w: write body of %d bytes carries no data", errMalformed, len(b))
 	}
-	if b[0]&^1 != 0 || !zero(b[1:4]) {
+	if b[0]&^3 != 0 || !zero(b[1:4]) {
 		return writeReq{}, fmt.Errorf("%w: write flags %#x", errMalformed, b[0:4])
 	}
 	return writeReq{
 		Notify: b[0]&1 != 0,
+		Ack:    b[0]&2 != 0,
 		Region: rdma.RegionID(le.Uint32(b[4:])),
 		Offset: le.Uint64(b[8:]),
 		Data:   b[writeFixed:],
