@@ -27,7 +27,8 @@ or goroutines of this process on mem:
 
   commit    paper Fig. 8 analogue: a client at the leader keeps W proposals
             outstanding, W = 1, 2, 4, ... until throughput stops growing
-            (less than 10% over the best smaller window) or --max-window;
+            (from W=64, two windows in a row less than 10% over the best
+            smaller window; run 1 decides) or --max-window;
             commit latency (Propose to delivered at the leader) p50/p99,
             msgs/s and MB/s, for every --groups group and --sizes size.
   election  paper Table 1 analogue: kill -9 the leader (mem: crash it) of a
@@ -380,13 +381,14 @@ func commitRun(ctx context.Context, o *bcastFlags, spec groupSpec, run int, tm t
 			if !known {
 				windows[wk] = append(windows[wk], w)
 				// Saturated: two windows in a row did not beat the best
-				// smaller window by 10% (one could be noise).
+				// smaller window by 10% (one could be noise), from W=64
+				// (background load makes small windows flat at times).
 				if r.opsPerS < 1.1*best {
 					flat++
 				} else {
 					flat = 0
 				}
-				if w >= 16 && flat >= 2 {
+				if w >= 64 && flat >= 2 {
 					break
 				}
 			}
