@@ -58,6 +58,7 @@ type Conn struct {
 	depth    uint64
 	maxData  int
 	kick     chan struct{}
+	resume   chan struct{} // sends a reader that stands aside back to the socket
 	done     chan struct{}
 	closeOne sync.Once
 
@@ -115,6 +116,7 @@ func newConn(n *Node, peer rdma.NodeID, addr string, nc net.Conn) (*Conn, error)
 		depth:   uint64(n.opts.QueueDepth),
 		maxData: n.opts.MaxFrame - headerLen - writeFixed,
 		kick:    make(chan struct{}, 1),
+		resume:  make(chan struct{}, 1),
 		ready:   make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		ops:     make([]opRec, n.opts.QueueDepth),
@@ -403,8 +405,11 @@ func (c *Conn) wake() {
 	}
 }
 
-// keepalive runs every tick on the node's keepalive goroutine.
+// keepalive runs every tick on the node's keepalive goroutine. It also
+// resumes a reader that stands aside, so that pongs are read (and the
+// peer seen alive) while the user calls neither Wait nor Poll.
 func (c *Conn) keepalive(tick time.Duration) {
+	c.resumeReader()
 	if c.alive.Swap(false) {
 		c.silent = 0
 	} else if c.silent += tick; c.silent >= c.node.opts.PeerTimeout {
@@ -536,20 +541,65 @@ var errStop = errors.New("tcp: conn stopped")
 // readLoop turns the target's responses into completions.
 func (c *Conn) readLoop() {
 	defer c.node.wg.Done()
-	var derr error
-	err := c.raw.Read(func(fd uintptr) bool {
-		if c.waiting.Load() {
-			return false
+	for {
+		var derr error
+		aside := false
+		err := c.raw.Read(func(fd uintptr) bool {
+			if c.waiting.Load() {
+				aside = true
+				return true
+			}
+			c.rx.Lock()
+			derr = c.drain(int(fd))
+			c.rx.Unlock()
+			return derr != nil
+		})
+		if aside && err == nil {
+			if c.standAside() {
+				continue
+			}
+			return // closed
 		}
-		c.rx.Lock()
-		derr = c.drain(int(fd))
-		c.rx.Unlock()
-		return derr != nil
-	})
-	if derr == nil {
-		derr = err
+		if derr == nil {
+			derr = err
+		}
+		c.receiveFailed(derr)
+		return
 	}
-	c.receiveFailed(derr)
+}
+
+// standAside parks the reader off the socket while Wait reads it. Both
+// wait in the network poller on the same socket (the reader on nc, Wait on
+// its duplicate), so each answer would wake two goroutines, and the
+// second makes the runtime wake another thread, on this 2-CPU machine
+// often a halted CPU, on the round trip. The reader returns to the socket
+// when the node's doorbell is about to park (Node.Doorbell's Wait), on
+// the next keepalive tick, and if Wait has already left. It reports false
+// once the Conn is done.
+func (c *Conn) standAside() bool {
+	n := c.node
+	n.idle.Add(1)
+	defer n.idle.Add(-1)
+	// A doorbell Wait that missed the count above started after Wait
+	// left (Conn use is sequential), so the reader sees waiting false.
+	if !c.waiting.Load() {
+		return true
+	}
+	select {
+	case <-c.resume:
+		return true
+	case <-c.done:
+		return false
+	}
+}
+
+// resumeReader sends a reader that stands aside back to the socket (a
+// pending resume suffices).
+func (c *Conn) resumeReader() {
+	select {
+	case c.resume <- struct{}{}:
+	default:
+	}
 }
 
 // waitReceive is Wait's callback on the duplicate descriptor: it drains the

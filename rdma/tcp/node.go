@@ -61,6 +61,8 @@ type Node struct {
 	opts Options
 	ln   net.Listener
 	db   *rdma.LocalDoorbell
+	bell *doorbell    // db as users see it (Doorbell)
+	idle atomic.Int32 // Conn readers standing aside (see Conn.standAside)
 	done chan struct{}
 	wg   sync.WaitGroup
 
@@ -116,6 +118,7 @@ func Open(id rdma.NodeID, opts Options) (*Node, error) {
 		peers: peers, regions: make(map[rdma.RegionID]*Region),
 		conns: make(map[*Conn]struct{}), servers: make(map[*rnic]struct{}),
 	}
+	n.bell = &doorbell{LocalDoorbell: n.db, n: n}
 	n.wg.Add(2)
 	go n.acceptLoop()
 	go n.keepaliveLoop()
@@ -126,7 +129,34 @@ func Open(id rdma.NodeID, opts Options) (*Node, error) {
 func (n *Node) ID() rdma.NodeID { return n.id }
 
 // Doorbell implements rdma.Node.
-func (n *Node) Doorbell() rdma.Doorbell { return n.db }
+func (n *Node) Doorbell() rdma.Doorbell { return n.bell }
+
+// doorbell is the node's rdma.Doorbell: the LocalDoorbell that Notify
+// writes and completions ring, whose Wait first resumes the Conn readers
+// that stood aside for Conn.Wait, so that completions keep arriving while
+// the node parks.
+type doorbell struct {
+	*rdma.LocalDoorbell
+	n *Node
+}
+
+// Wait implements rdma.Doorbell.
+func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
+	if d.n.idle.Load() > 0 {
+		d.n.resumeReaders()
+	}
+	return d.LocalDoorbell.Wait(seq, timeout)
+}
+
+// resumeReaders sends every Conn reader that stands aside back to the
+// socket.
+func (n *Node) resumeReaders() {
+	n.mu.RLock()
+	for c := range n.conns {
+		c.resumeReader()
+	}
+	n.mu.RUnlock()
+}
 
 // Addr is the address the node listens on (with the actual port when
 // Options.Listen asked for port 0).
