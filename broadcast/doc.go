@@ -37,6 +37,10 @@
 //	p := r.Propose([]byte("x"))
 //	index, err := p.Wait(ctx) // delivered at index, or ErrBusy/ErrTimeout: not delivered
 //
+// ProposeFunc takes a completion callback instead of returning a handle;
+// the callback runs on the polling goroutine, so a closed-loop client that
+// proposes its next message from it costs no goroutine hand-off per message.
+//
 // Replica.Poll(now) is the whole protocol: a deterministic step that reads
 // local memory, runs the handlers, posts verbs and returns whether it made
 // progress. Time (a time.Duration since any fixed origin) and randomness
@@ -48,6 +52,18 @@
 // changes and an epoch's first commit, to time elections) are called from
 // Poll. Status reports the protocol state and Counters (elections, diffs,
 // snapshots, reconnects).
+//
+// # The hot path
+//
+// In steady state nothing is allocated per message: proposal handles and
+// data copies come from slabs, the Log is a ring buffer of entries by value
+// (appends, pruning and the next-entry lookup are O(1)), records accepted
+// from a ring are copied into a data slab. The leader writes the records a
+// Poll produced to each follower as one RDMA write per contiguous run, and
+// each Poll rings a peer's doorbell at most once: the last write to that
+// peer carries Notify when any of them should wake it (a ring record, an
+// AcceptSST or VoteSST row, a leader's moved commit point, a quarter-ring
+// acknowledgement). Heartbeats and followers' commit points do not wake.
 //
 // # Contracts
 //

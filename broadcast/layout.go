@@ -58,6 +58,11 @@ func rowCheck(r *row, t, i int) uint64 {
 // encodeRow seals r (sets its check word) and writes it to dst[0:64].
 func encodeRow(dst []byte, r *row, t, i int) {
 	r[wCheck] = rowCheck(r, t, i)
+	encodeSealed(dst, r)
+}
+
+// encodeSealed writes a row whose check word is set to dst[0:64].
+func encodeSealed(dst []byte, r *row) {
 	for k := 0; k < rowWords; k++ {
 		binary.LittleEndian.PutUint64(dst[k*8:], r[k])
 	}

@@ -33,6 +33,7 @@ type link struct {
 	dirty      [nTables]bool // rows to push to this peer
 	ackDirty   bool
 	commitSent MsgHdr // commit point in the last CommitSST row pushed
+	notifyOwed bool   // a write that should have rung the peer's doorbell was not posted with Notify
 
 	out outRing
 
@@ -260,11 +261,10 @@ const maxFlush = 64 << 10
 // one write (each still carries its own checksum, so the receiver accepts
 // them one by one as they become valid); a write ends at a pad record, at
 // the end of the ring or at maxFlush bytes. The last write rings the
-// peer's doorbell.
-func (l *link) flushRing(r *Replica, now time.Duration, region rdma.RegionID) bool {
+// peer's doorbell; notified reports that it was posted.
+func (l *link) flushRing(r *Replica, now time.Duration, region rdma.RegionID) (progress, notified bool) {
 	o := &l.out
 	rs := uint64(len(o.mirror))
-	progress := false
 	for l.up && o.posted < o.sent {
 		off := o.posted % rs
 		if rs-off < recHdr+8 {
@@ -301,6 +301,7 @@ func (l *link) flushRing(r *Replica, now time.Duration, region rdma.RegionID) bo
 		}
 		o.posted = next
 		progress = true
+		notified = wr.Flags&rdma.Notify != 0
 	}
-	return progress
+	return progress, notified
 }

@@ -132,7 +132,8 @@ type Replica struct {
 	commitMoved bool // Committed moved since our CommitSST row last went to all
 	nextPrune   time.Duration
 	myRows      [nTables]row
-	epochDone   bool // committed >= (eCur, 0): proposals may be handed over
+	sealed      [nTables]row // myRows with their check words, as pushed
+	epochDone   bool         // committed >= (eCur, 0): proposals may be handed over
 	table       []tableRec
 	scratch     []byte
 	dataSlab    []byte // accepted data is copied into slabs: no allocation per message

@@ -63,10 +63,47 @@ func (r *Replica) push() bool {
 	}
 	r.updateRows()
 	progress := false
+	for t := range r.sealed {
+		if [wCheck]uint64(r.sealed[t][:wCheck]) != [wCheck]uint64(r.myRows[t][:wCheck]) {
+			r.sealed[t] = r.myRows[t]
+			r.sealed[t][wCheck] = rowCheck(&r.sealed[t], t, r.me) // once, not per peer
+		}
+	}
 	for i, l := range r.links {
 		if l == nil || !l.up {
 			continue
 		}
+		// One doorbell ring per peer and push: every write that should
+		// wake the peer makes the last write of this push carry Notify
+		// (writes on a Conn land in order, so when that one is visible,
+		// so are the others). Ring records always end with a Notify write.
+		// A wake-up that could not be posted is owed to the next push.
+		want := l.notifyOwed
+		last := -1 // the last row table to post, if no ack or records follow
+		for t := range l.dirty {
+			if !l.dirty[t] {
+				continue
+			}
+			last = t
+			// A CommitSST row wakes the peer only when a leader's commit
+			// point moved (its followers deliver on it). A heartbeat
+			// alone, or another member's commit point (used for diff
+			// bases and pruning), waits for the peer's next poll: a
+			// parked peer wakes for its own timers anyway.
+			if t != tCommit || (r.role == Leader && r.commitHdr(t) != l.commitSent) {
+				want = true
+			}
+		}
+		in := &r.ins[i]
+		ack := l.ackDirty && in.sinc != 0
+		// A sender waiting for ring space waits for at least a quarter of
+		// the ring (records are at most a quarter): only such an ack
+		// wakes it, not the ones sent at heartbeats.
+		if ack && in.cursor-in.acked >= uint64(len(in.mem))/4 {
+			want = true
+		}
+		records := l.out.rinc != 0 && l.out.posted < l.out.sent
+		notified := false
 		for t := range l.dirty {
 			if !l.dirty[t] {
 				continue
@@ -75,40 +112,46 @@ func (r *Replica) push() bool {
 			if buf == nil {
 				break
 			}
-			rw := r.myRows[t]
-			encodeRow(buf, &rw, t, r.me)
-			// Ring the peer's doorbell unless only the heartbeat moved: a
-			// parked peer wakes for its own timers anyway.
-			hdr := MsgHdr{E: Epoch(rw[0]), Cnt: rw[1]}
-			notify := t != tCommit || hdr != l.commitSent
+			encodeSealed(buf, &r.sealed[t])
+			notify := want && t == last && !ack && !records
 			if l.postStaged(r, now, slot, buf, r.cfg.RegionBase, rowOffset(t, r.me, r.n), notify) {
 				l.dirty[t] = false
 				if t == tCommit {
-					l.commitSent = hdr
+					l.commitSent = r.commitHdr(t)
 				}
+				notified = notified || notify
 				progress = true
 			}
 		}
-		if l.ackDirty && r.ins[i].sinc != 0 {
+		if ack {
 			slot, buf := l.stageSlot()
 			if buf != nil {
-				in := &r.ins[i]
 				binary.LittleEndian.PutUint64(buf, ackWord(in.sinc, r.inc, in.cursor))
-				if l.postStaged(r, now, slot, buf[:8], r.cfg.RegionBase, ackOffset(r.me, r.n), true) {
+				notify := want && !records
+				if l.postStaged(r, now, slot, buf[:8], r.cfg.RegionBase, ackOffset(r.me, r.n), notify) {
 					l.ackDirty = false
 					in.acked = in.cursor
+					notified = notified || notify
 					progress = true
 				}
 			}
 		}
-		if l.out.rinc != 0 && l.flushRing(r, now, r.cfg.RegionBase+1+rdma.RegionID(r.me)) {
-			progress = true
+		if records {
+			p, n := l.flushRing(r, now, r.cfg.RegionBase+1+rdma.RegionID(r.me))
+			progress = progress || p
+			notified = notified || n
 		}
+		l.notifyOwed = want && !notified
 		if r.driveFetch(l) {
 			progress = true
 		}
 	}
 	return progress
+}
+
+// commitHdr is the commit point in our sealed CommitSST row (t == tCommit).
+func (r *Replica) commitHdr(t int) MsgHdr {
+	return MsgHdr{E: Epoch(r.myRows[t][0]), Cnt: r.myRows[t][1]}
 }
 
 // readRows reads every member's rows from our SST region.
