@@ -208,9 +208,20 @@ func (r *Replica) resolveThrough(pseq, index uint64) {
 		k++
 	}
 	if k > 0 {
-		r.inflight = r.inflight[k:]
+		r.inflight = dropFront(r.inflight, k)
 		r.resolved(k)
 	}
+}
+
+// dropFront removes the first k proposals of q. A queue it empties keeps
+// its backing array, so that a steady trickle of proposals appends without
+// allocating.
+func dropFront(q []*Proposal, k int) []*Proposal {
+	clear(q[:k])
+	if k == len(q) {
+		return q[:0]
+	}
+	return q[k:]
 }
 
 // newEpochCommitted runs once the diff of a new epoch committed here: every
@@ -270,7 +281,7 @@ func (r *Replica) submit() bool {
 		return false
 	}
 	r.inflight = append(r.inflight, r.waiting[:k]...)
-	r.waiting = r.waiting[k:]
+	r.waiting = dropFront(r.waiting, k)
 	return true
 }
 
