@@ -579,3 +579,33 @@ func TestManyConnsConcurrentAtomics(t *testing.T) {
 		}
 	}
 }
+
+// TestPostListBeyondSendLimit posts one list whose frames exceed the send
+// buffer limit several times: PostList hands the first frames to the
+// flusher and waits for room instead of growing the buffer or deadlocking,
+// and every write lands in order.
+func TestPostListBeyondSendLimit(t *testing.T) {
+	a, b := pair(t, nil)
+	const chunk, n = 256 << 10, 24 // 6 MiB in one list, sendLimit is 1 MiB
+	r := mustRegion(t, b, 1, chunk*n, 1, rdma.PermReadWrite)
+	c := mustConnect(t, a, 2)
+	src := make([]byte, chunk*n)
+	for i := range src {
+		src[i] = byte(i*7 + i/chunk)
+	}
+	wrs := make([]rdma.WR, n)
+	for i := range wrs {
+		wrs[i] = rdma.WR{ID: uint64(i), Kind: rdma.OpWrite, Region: 1, Offset: uint64(i * chunk), Buf: src[i*chunk : (i+1)*chunk]}
+	}
+	wrs[n-1].Flags = rdma.Signaled
+	if k, err := c.PostList(wrs); k != n || err != nil {
+		t.Fatalf("PostList = %d, %v; want %d, nil", k, err, n)
+	}
+	var cs [4]rdma.Completion
+	if k := c.Wait(cs[:], 10*time.Second); k != 1 || cs[0].Err != nil || cs[0].ID != n-1 {
+		t.Fatalf("Wait = %d, %+v; want the last write's completion", k, cs[0])
+	}
+	if !bytes.Equal(r.Bytes(), src) {
+		t.Fatal("region differs from the written data")
+	}
+}
