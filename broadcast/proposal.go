@@ -125,7 +125,7 @@ func (r *Replica) propose(data []byte, cb func(uint64, error)) *Proposal {
 		p := &Proposal{cb: cb}
 		p.finish(0, ErrStopped)
 		return p
-	case r.npending >= r.cfg.MaxPending:
+	case r.npending.Load() >= int64(r.cfg.MaxPending):
 		r.mu.Unlock()
 		p := &Proposal{cb: cb}
 		p.finish(0, ErrBusy)
@@ -147,7 +147,7 @@ func (r *Replica) propose(data []byte, cb func(uint64, error)) *Proposal {
 		r.propData = r.propData[n:]
 		copy(p.data, data)
 	}
-	r.npending++
+	r.npending.Add(1) // under mu: proposers check and add in turn; Poll only subtracts
 	r.inbox = append(r.inbox, p)
 	first := len(r.inbox) == 1
 	r.inboxLen.Store(int64(len(r.inbox)))
@@ -168,7 +168,7 @@ func (r *Replica) drainInbox() bool {
 	}
 	r.mu.Lock()
 	in := r.inbox
-	r.inbox, r.inboxSpare = r.inboxSpare[:0], nil
+	r.inbox, r.inboxSpare = r.inboxSpare[:0], in // the two slices take turns
 	r.inboxLen.Store(0)
 	r.mu.Unlock()
 	for _, p := range in {
@@ -177,20 +177,11 @@ func (r *Replica) drainInbox() bool {
 		p.deadline = r.now + r.cfg.ProposeTimeout
 		r.waiting = append(r.waiting, p)
 	}
-	clear(in)
-	r.mu.Lock()
-	if r.inboxSpare == nil {
-		r.inboxSpare = in[:0] // the two inbox slices take turns
-	}
-	r.mu.Unlock()
+	clear(in) // in is the spare now: only this goroutine touches it until the next drain
 	return len(in) > 0
 }
 
-func (r *Replica) resolved(k int) {
-	r.mu.Lock()
-	r.npending -= k
-	r.mu.Unlock()
-}
+func (r *Replica) resolved(k int) { r.npending.Add(-int64(k)) }
 
 // resolveThrough resolves the in-flight proposals up to pseq as delivered:
 // proposals of one replica are delivered in pseq order (they are handed to

@@ -142,14 +142,14 @@ type Replica struct {
 	mu         sync.Mutex
 	inbox      []*Proposal
 	inboxLen   atomic.Int64 // len(inbox), read without the lock by Poll
-	inboxSpare []*Proposal  // the inbox's other backing array, under mu
+	inboxSpare []*Proposal  // the inbox's other backing array, swapped in under mu
 	propSlab   []Proposal   // handles are carved from it, under mu
 	propData   []byte       // proposal data copies are carved from it, under mu
 	closed     bool
 	waiting    []*Proposal // not handed to a leader, in pseq order
 	inflight   []*Proposal // handed to the leader of inflight[i].epoch, fate unknown
 	pseq       uint64
-	npending   int // len(inbox)+len(waiting)+len(inflight), under mu
+	npending   atomic.Int64 // len(inbox)+len(waiting)+len(inflight); added to under mu
 
 	now    time.Duration
 	ctr    Counters
@@ -275,7 +275,7 @@ func (r *Replica) Close() error {
 	r.closed = true
 	ps := append(append(append([]*Proposal(nil), r.inbox...), r.waiting...), r.inflight...)
 	r.inbox, r.waiting, r.inflight = nil, nil, nil
-	r.npending = 0
+	r.npending.Store(0)
 	r.mu.Unlock()
 	for _, p := range ps {
 		p.finish(0, ErrStopped)

@@ -44,9 +44,7 @@ func (s Status) Leader() (rdma.NodeID, bool) {
 }
 
 func (r *Replica) publishStatus() {
-	r.mu.Lock()
-	pending := r.npending
-	r.mu.Unlock()
+	pending := int(r.npending.Load())
 	s := Status{Self: r.self, Incarnation: r.inc, Role: r.role, ECur: r.eCur, ENew: r.eNew,
 		Accepted: r.accepted, Committed: r.committed, Index: r.index, LogLen: r.log.Len(),
 		Pruned: r.pruned, Vote: r.vote, CatchingUp: r.catchingUp, Pending: pending, Counters: r.ctr}
