@@ -53,6 +53,42 @@ func hammer(c rdma.Conn, k int, stop *atomic.Bool, progress *atomic.Uint64) erro
 	return nil
 }
 
+// hammerList is hammer through Conn.PostList: each list carries
+// hammerRounds rounds (block, counter, block, counter, ...), the last write
+// signaled, and the next list waits for its completion.
+func hammerList(c rdma.Conn, k int, stop *atomic.Bool, progress *atomic.Uint64) error {
+	const rounds = 8
+	bufs := make([]byte, rounds*hammerArea)
+	wrs := make([]rdma.WR, 2*rounds)
+	var cs [4]rdma.Completion
+	for i := uint64(1); !stop.Load(); i += rounds {
+		for r := range uint64(rounds) {
+			b := bufs[r*hammerArea : (r+1)*hammerArea]
+			for j := range b[8:] {
+				b[8+j] = byte(i + r)
+			}
+			put64(b, i+r)
+			wrs[2*r] = rdma.WR{Kind: rdma.OpWrite, Region: 1, Offset: hammerOff(k) + 8, Buf: b[8:]}
+			wrs[2*r+1] = rdma.WR{ID: i + r, Kind: rdma.OpWrite, Region: 1, Offset: hammerOff(k), Buf: b[:8]}
+		}
+		wrs[len(wrs)-1].Flags = rdma.Signaled
+		if _, err := c.PostList(wrs); err != nil {
+			// A failed op's completion carries the cause.
+			if _, cerr := awaitAny(c, cs[:]); cerr != nil {
+				return cerr
+			}
+			return err
+		}
+		if _, err := awaitAny(c, cs[:]); err != nil {
+			return err
+		}
+		if progress != nil {
+			progress.Store(i + rounds - 1)
+		}
+	}
+	return nil
+}
+
 // watchUnchanged checks, for d, that area [off, off+n) of mem stays equal
 // to snap.
 func watchUnchanged(mem []byte, off, n int, snap []byte, d time.Duration) error {
@@ -68,10 +104,16 @@ func watchUnchanged(mem []byte, off, n int, snap []byte, d time.Duration) error 
 	}
 }
 
-// testRevokeRacingWriters: writers hammer a region over their own Conns;
-// the owner revokes one mid-stream. After Revoke returns none of that peer's
-// writes land, its Conn fails with ErrPermission, and the others go on.
+// testRevokeRacingWriters: writers hammer a region over their own Conns
+// (with Post, and with PostList); the owner revokes one mid-stream. After
+// Revoke returns none of that peer's writes land, its Conn fails with
+// ErrPermission, and the others go on.
 func testRevokeRacingWriters(t *testing.T, h Harness) {
+	t.Run("Post", func(t *testing.T) { revokeRacingWriters(t, h, hammer) })
+	t.Run("PostList", func(t *testing.T) { revokeRacingWriters(t, h, hammerList) })
+}
+
+func revokeRacingWriters(t *testing.T, h Harness, hammer func(rdma.Conn, int, *atomic.Bool, *atomic.Uint64) error) {
 	const writers = 3
 	cl := newCluster(t, h, writers+1)
 	owner := cl.open(1)
