@@ -255,3 +255,39 @@ func BenchmarkElection(b *testing.B) {
 	b.ReportMetric(float64(spans[len(spans)/2].Nanoseconds()), "elect-p50-ns")
 	b.ReportMetric(float64(spans[len(spans)-1].Nanoseconds()), "elect-max-ns")
 }
+
+// TestProposeFunc checks the callback form of Propose: at the leader and at
+// a follower (forwarded) the callback reports the index the data was
+// delivered at, once; a proposal that cannot fit fails at once.
+func TestProposeFunc(t *testing.T) {
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, nil)
+	c.settle(nil)
+	c.get(1).r.startElection(true)
+	c.settle(nil)
+	type outcome struct {
+		index uint64
+		err   error
+	}
+	var got []outcome
+	record := func(i uint64, err error) { got = append(got, outcome{i, err}) }
+	c.get(1).r.ProposeFunc([]byte("a"), record)
+	c.get(2).r.ProposeFunc([]byte("b"), record)
+	for k := 0; k < 3; k++ {
+		c.settle(nil)
+	}
+	if len(got) != 2 {
+		t.Fatalf("callbacks: %v, want 2", got)
+	}
+	seq := c.delivered(1)
+	for k, want := range []string{"a", "b"} {
+		o := got[k]
+		if o.err != nil || o.index == 0 || int(o.index) > len(seq) || seq[o.index-1] != want {
+			t.Errorf("%s: callback %+v; delivered %v", want, o, seq)
+		}
+	}
+	got = nil
+	c.get(1).r.ProposeFunc(make([]byte, c.cfg.RingSize), record) // above MaxRecord (RingSize/8)
+	if len(got) != 1 || got[0].err != ErrTooLarge {
+		t.Errorf("oversized proposal: %v, want one ErrTooLarge at once", got)
+	}
+}

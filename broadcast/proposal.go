@@ -105,9 +105,10 @@ func (r *Replica) Propose(data []byte) *Proposal {
 
 // ProposeFunc is Propose with a completion callback instead of a handle to
 // wait on: done is called exactly once with the outcome Proposal.Result
-// would report, from the goroutine that polls the replica (or from
-// ProposeFunc itself when the proposal fails at once). done must not block
-// and must not call Poll; it may call Propose or ProposeFunc.
+// would report, from the goroutine that polls the replica (from
+// ProposeFunc itself when the proposal fails at once, from Close with
+// ErrStopped). done must not block and must not call Poll; it may call
+// Propose or ProposeFunc.
 func (r *Replica) ProposeFunc(data []byte, done func(index uint64, err error)) {
 	r.propose(data, done)
 }
