@@ -4,6 +4,5 @@ go 1.26.0
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0
-	github.com/tidwall/btree v1.7.0
 	golang.org/x/sys v0.49.0
 )

@@ -4,8 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"sync"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // FSM is the members' state machine. It always keeps the number of
@@ -35,14 +36,14 @@ var ErrSnapshot = errors.New("groupproc: malformed snapshot")
 // NewFSM returns an empty FSM; record keeps every entry.
 func NewFSM(record bool) *FSM { return &FSM{record: record} }
 
-// chain folds one entry into the running hash.
+// chain folds one entry into the running hash (xxhash, seeded with the
+// previous link: cheap enough that a 1000-byte benchmark measures the
+// protocol rather than the FSM).
 func chain(h uint64, data []byte) uint64 {
-	f := fnv.New64a()
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], h)
-	f.Write(b[:])
-	f.Write(data)
-	return f.Sum64()
+	var d xxhash.Digest
+	d.ResetWithSeed(h)
+	d.Write(data)
+	return d.Sum64()
 }
 
 // Apply implements broadcast.FSM.
