@@ -15,11 +15,11 @@ package mem
 
 import (
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/internal/hostregion"
 )
 
 // Options configure a Fabric. The zero value is immediate mode with
@@ -116,15 +116,11 @@ func (n *Node) Register(id rdma.RegionID, size int) (rdma.Region, error) {
 	if _, ok := n.regions[id]; ok {
 		return nil, fmt.Errorf("mem: node %d region %d: %w", n.id, id, rdma.ErrRegionExists)
 	}
-	// Allocate whole pages and keep them in alloc: rdma.FreeMemory unmaps
-	// cap(b) rounded up to a page, which must not reach past the mapping.
-	size = rdma.Round8(size)
-	pg := os.Getpagesize()
-	alloc, err := rdma.AllocMemory((size + pg - 1) / pg * pg)
+	hr, err := hostregion.New(id, size)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("mem: node %d: %w", n.id, err)
 	}
-	r := &Region{node: n, id: id, mem: alloc[:size:size], alloc: alloc, perms: make(map[rdma.NodeID]rdma.Perm)}
+	r := &Region{Region: hr, node: n}
 	n.regions[id] = r
 	return r, nil
 }
@@ -181,7 +177,7 @@ func (n *Node) Close() error {
 		c.Close()
 	}
 	for _, r := range regions {
-		r.close()
+		r.Free()
 	}
 	n.f.mu.Lock()
 	if n.f.nodes[n.id] == n {
@@ -192,84 +188,24 @@ func (n *Node) Close() error {
 	return nil
 }
 
-// Region is registered memory of a mem node. Remote ops hold mu for reading
-// while they check permission and touch memory; Grant, Revoke and Close
-// take it for writing, so when Revoke returns no op of the revoked peer is
-// in flight and none can start.
+// Region is registered memory of a mem node (see package hostregion for
+// the locking that makes Revoke final).
 type Region struct {
-	node   *Node
-	id     rdma.RegionID
-	mu     sync.RWMutex
-	mem    []byte // the region: alloc[:size]
-	alloc  []byte // whole pages from rdma.AllocMemory
-	perms  map[rdma.NodeID]rdma.Perm
-	closed bool
+	*hostregion.Region
+	node *Node
 }
 
 var _ rdma.Region = (*Region)(nil)
-
-// ID implements rdma.Region.
-func (r *Region) ID() rdma.RegionID { return r.id }
-
-// Bytes implements rdma.Region.
-func (r *Region) Bytes() []byte { return r.mem }
-
-// Grant implements rdma.Region.
-func (r *Region) Grant(peer rdma.NodeID, p rdma.Perm) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return rdma.ErrClosed
-	}
-	if p == rdma.PermNone {
-		delete(r.perms, peer)
-	} else {
-		r.perms[peer] = p
-	}
-	return nil
-}
-
-// Revoke implements rdma.Region.
-func (r *Region) Revoke(peer rdma.NodeID) error { return r.Grant(peer, rdma.PermNone) }
 
 // Close implements rdma.Region.
 func (r *Region) Close() error {
 	n := r.node
 	n.mu.Lock()
-	if n.regions[r.id] == r {
-		delete(n.regions, r.id)
+	if n.regions[r.ID()] == r {
+		delete(n.regions, r.ID())
 	}
 	n.mu.Unlock()
-	return r.close()
-}
-
-func (r *Region) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
-	}
-	r.closed = true
-	err := rdma.FreeMemory(r.alloc)
-	r.mem, r.alloc = nil, nil
-	return err
-}
-
-// apply checks and performs wr from initiator on r.
-func (r *Region) apply(from rdma.NodeID, wr *rdma.WR) (uint64, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.closed {
-		return 0, rdma.ErrNoRegion
-	}
-	need := wr.NeedPerm()
-	if r.perms[from]&need != need {
-		return 0, rdma.ErrPermission
-	}
-	if !rdma.InBounds(wr.Offset, wr.Len(), len(r.mem)) {
-		return 0, rdma.ErrBounds
-	}
-	return rdma.Apply(r.mem, wr), nil
+	return r.Free()
 }
 
 // Conn is a connection between two mem nodes.
@@ -335,7 +271,7 @@ func (c *Conn) exec(wr *rdma.WR) rdma.Completion {
 	} else if r := c.to.region(wr.Region); r == nil {
 		err = rdma.ErrNoRegion
 	} else {
-		cp.Value, err = r.apply(c.from.id, wr)
+		cp.Value, err = r.Apply(c.from.id, wr)
 		if err == nil && wr.Kind == rdma.OpWrite && wr.Flags&rdma.Notify != 0 {
 			c.to.db.Ring()
 		}

@@ -184,7 +184,7 @@ func (c *Conn) LandPrefix(n int) bool {
 	}
 	wr.Buf = wr.Buf[:n]
 	wr.Flags &^= rdma.Notify
-	_, err := r.apply(c.from.id, &wr)
+	_, err := r.Apply(c.from.id, &wr)
 	return err == nil
 }
 
@@ -302,9 +302,7 @@ func (n *Node) Crash() {
 	regions := n.regions
 	n.regions = map[rdma.RegionID]*Region{}
 	for _, r := range regions {
-		r.mu.Lock()
-		r.closed = true
-		r.mu.Unlock()
+		r.Shut()
 		n.crashed = append(n.crashed, r)
 	}
 	n.conns = nil
@@ -326,12 +324,9 @@ func (n *Node) Release() error {
 	n.mu.Unlock()
 	var first error
 	for _, r := range crashed {
-		r.mu.Lock()
-		if err := rdma.FreeMemory(r.alloc); err != nil && first == nil {
+		if err := r.Free(); err != nil && first == nil {
 			first = err
 		}
-		r.mem, r.alloc = nil, nil
-		r.mu.Unlock()
 	}
 	return first
 }

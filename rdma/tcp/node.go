@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/internal/hostregion"
 	"golang.org/x/sys/unix"
 )
 
@@ -179,17 +179,11 @@ func (n *Node) Register(id rdma.RegionID, size int) (rdma.Region, error) {
 	if _, ok := n.regions[id]; ok {
 		return nil, fmt.Errorf("tcp: node %d region %d: %w", n.id, id, rdma.ErrRegionExists)
 	}
-	if size <= 0 {
-		return nil, fmt.Errorf("tcp: node %d region %d: size %d must be positive: %w", n.id, id, size, rdma.ErrInvalidOp)
-	}
-	// Allocate whole pages: rdma.FreeMemory unmaps cap(b) rounded up to a
-	// page, which is only valid when the slice's capacity covers the pages.
-	pg := os.Getpagesize()
-	full, err := rdma.AllocMemory((rdma.Round8(size) + pg - 1) / pg * pg)
+	hr, err := hostregion.New(id, size)
 	if err != nil {
-		return nil, fmt.Errorf("tcp: node %d region %d: %w", n.id, id, err)
+		return nil, fmt.Errorf("tcp: node %d: %w", n.id, err)
 	}
-	r := &Region{node: n, id: id, mem: full[:rdma.Round8(size)], full: full, perms: make(map[rdma.NodeID]rdma.Perm)}
+	r := &Region{Region: hr, node: n}
 	n.regions[id] = r
 	return r, nil
 }
@@ -279,7 +273,7 @@ func (n *Node) Close() error {
 	}
 	n.wg.Wait()
 	for _, r := range regions {
-		if e := r.close(); e != nil && err == nil {
+		if e := r.Free(); e != nil && err == nil {
 			err = e
 		}
 	}
@@ -388,89 +382,24 @@ func (n *Node) keepaliveLoop() {
 	}
 }
 
-// Region is registered memory of a tcp node. The RNIC holds mu for reading
-// while it checks permission and bounds and touches memory; Grant, Revoke
-// and Close take it for writing, so when Revoke returns no op of the
-// revoked peer is being applied and none will be.
+// Region is registered memory of a tcp node; the RNIC applies ops through
+// hostregion's checked path, so once Revoke returns no op of the revoked
+// peer is being applied and none will be.
 type Region struct {
-	node   *Node
-	id     rdma.RegionID
-	mu     sync.RWMutex
-	mem    []byte
-	full   []byte // mem's pages, as allocated
-	perms  map[rdma.NodeID]rdma.Perm
-	closed bool
-	gone   atomic.Bool // closed, readable without mu (RNIC region cache)
+	*hostregion.Region
+	node *Node
 }
 
 var _ rdma.Region = (*Region)(nil)
-
-// ID implements rdma.Region.
-func (r *Region) ID() rdma.RegionID { return r.id }
-
-// Bytes implements rdma.Region.
-func (r *Region) Bytes() []byte { return r.mem }
-
-// Grant implements rdma.Region.
-func (r *Region) Grant(peer rdma.NodeID, p rdma.Perm) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return fmt.Errorf("tcp: node %d region %d: grant: %w", r.node.id, r.id, rdma.ErrClosed)
-	}
-	if p&rdma.PermReadWrite == rdma.PermNone {
-		delete(r.perms, peer)
-	} else {
-		r.perms[peer] = p & rdma.PermReadWrite
-	}
-	return nil
-}
-
-// Revoke implements rdma.Region.
-func (r *Region) Revoke(peer rdma.NodeID) error { return r.Grant(peer, rdma.PermNone) }
 
 // Close implements rdma.Region: the memory is freed once no op is being
 // applied to it; later ops fail with rdma.ErrNoRegion.
 func (r *Region) Close() error {
 	n := r.node
 	n.mu.Lock()
-	if n.regions[r.id] == r {
-		delete(n.regions, r.id)
+	if n.regions[r.ID()] == r {
+		delete(n.regions, r.ID())
 	}
 	n.mu.Unlock()
-	return r.close()
-}
-
-func (r *Region) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
-	}
-	r.closed = true
-	r.gone.Store(true)
-	err := rdma.FreeMemory(r.full)
-	r.mem, r.full = nil, nil
-	return err
-}
-
-// apply checks and performs wr from peer; it is the only path by which a
-// remote op touches region memory.
-func (r *Region) apply(from rdma.NodeID, wr *rdma.WR) (uint64, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.closed {
-		return 0, rdma.ErrNoRegion
-	}
-	need := wr.NeedPerm()
-	if r.perms[from]&need != need {
-		return 0, rdma.ErrPermission
-	}
-	if !rdma.InBounds(wr.Offset, wr.Len(), len(r.mem)) {
-		return 0, rdma.ErrBounds
-	}
-	if need == rdma.PermReadWrite && wr.Offset%8 != 0 {
-		return 0, rdma.ErrUnaligned
-	}
-	return rdma.Apply(r.mem, wr), nil
+	return r.Free()
 }

@@ -230,7 +230,7 @@ func (s *rnic) room() []byte {
 
 // region returns the target region, from a one-entry cache.
 func (s *rnic) region(id rdma.RegionID) *Region {
-	if r := s.cache; r != nil && r.id == id && !r.gone.Load() {
+	if r := s.cache; r != nil && r.ID() == id && !r.Gone() {
 		return r
 	}
 	r := s.n.region(id)
@@ -245,7 +245,7 @@ func (s *rnic) apply(wr *rdma.WR) (uint64, error) {
 	if r == nil {
 		return 0, rdma.ErrNoRegion
 	}
-	return r.apply(s.peer, wr)
+	return r.Apply(s.peer, wr)
 }
 
 // handle decodes and applies one frame. ok is false on a protocol
