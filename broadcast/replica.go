@@ -350,6 +350,11 @@ func (r *Replica) Poll(now time.Duration) bool {
 	if r.role == Electing && r.elect() {
 		progress = true
 	}
+	// Proposals made while this Poll ran (a completion callback of
+	// commit proposes the next message) go out in this Poll, not the next.
+	if r.drainInbox() {
+		progress = true
+	}
 	if r.submit() {
 		progress = true
 	}

@@ -380,10 +380,11 @@ func commitRun(ctx context.Context, o *bcastFlags, spec groupSpec, run int, tm t
 				run, o.runs, spec.fabric, spec.n, size, w, fmtDur(r.p50), fmtDur(r.p99), fmtOps(r.opsPerS), r.opsPerS*float64(size)/1e6, st.otherCPU)
 			if !known {
 				windows[wk] = append(windows[wk], w)
-				// Saturated: two windows in a row did not beat the best
-				// smaller window by 10% (one could be noise), from W=64
-				// (background load makes small windows flat at times).
-				if r.opsPerS < 1.1*best {
+				// Saturated: two windows in a row from W=64 on did not
+				// beat the best smaller window by 10% (one could be
+				// noise; background load makes small windows flat at
+				// times).
+				if w >= 64 && r.opsPerS < 1.1*best {
 					flat++
 				} else {
 					flat = 0

@@ -3,8 +3,10 @@ package groupproc
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
@@ -37,9 +39,13 @@ type LoadResult struct {
 	FirstErr string        `json:"first_err,omitempty"`
 }
 
-// Load runs a closed-loop client at this member (see LoadSpec). A member
-// resolves its proposals in the order they were made, so the client waits
-// for the oldest outstanding one and replaces it with a new one.
+// Load runs a closed-loop client at this member (see LoadSpec). It submits
+// with ProposeFunc: each completion callback, which runs on the member's
+// driver goroutine, records the outcome and proposes the next message, so
+// the client costs no goroutine hand-off, channel or wake-up per message
+// (the shape of an application that proposes from its own event loop). A
+// member resolves its proposals in the order they were made, so the start
+// times wait in a FIFO ring of Window slots.
 func (m *Member) Load(ctx context.Context, spec LoadSpec) (LoadResult, error) {
 	if spec.Window <= 0 || spec.Size < 8 {
 		return LoadResult{}, fmt.Errorf("groupproc: load: window %d must be positive and size %d at least 8", spec.Window, spec.Size)
@@ -47,64 +53,129 @@ func (m *Member) Load(ctx context.Context, spec LoadSpec) (LoadResult, error) {
 	if spec.Samples <= 0 {
 		spec.Samples = 1 << 21
 	}
-	type out struct {
-		p     *broadcast.Proposal
-		start time.Time
+	l := &loader{
+		r:      m.r,
+		data:   make([]byte, spec.Size),
+		starts: make([]time.Time, spec.Window),
+		lat:    make([]time.Duration, 0, min(spec.Samples, 1<<16)),
+		spec:   spec,
+		done:   make(chan struct{}),
 	}
-	data := make([]byte, spec.Size)
-	seq := uint64(0)
-	propose := func() out {
-		seq++
-		binary.LittleEndian.PutUint64(data, seq) // distinct messages
-		return out{m.r.Propose(data), time.Now()}
-	}
-	q := make([]out, 0, spec.Window)
-	for range spec.Window {
-		q = append(q, propose())
-	}
-	var res LoadResult
-	lat := make([]time.Duration, 0, min(spec.Samples, 1<<16))
+	l.done1 = l.complete // one method value for every proposal
 	begin := time.Now()
-	measureFrom := begin.Add(spec.Warmup)
-	end := measureFrom.Add(spec.Duration)
-	var start time.Time
-	for head := 0; ; head = (head + 1) % spec.Window {
-		o := q[head]
-		select {
-		case <-o.p.Done():
-		case <-ctx.Done():
-			return finish(res, lat, start), nil
-		}
-		now := time.Now()
-		if _, err := o.p.Result(); err != nil {
-			if !start.IsZero() {
-				res.Failed++
-			}
-			if res.FirstErr == "" {
-				res.FirstErr = err.Error()
-			}
-		} else if !now.Before(measureFrom) {
-			if start.IsZero() {
-				start = now
-			} else {
-				res.N++
-				if len(lat) < spec.Samples {
-					lat = append(lat, now.Sub(o.start))
-				}
-			}
-		}
-		if !start.IsZero() && spec.Duration > 0 && !now.Before(end) {
-			return finish(res, lat, start), nil
-		}
-		q[head] = propose()
+	l.measureFrom = begin.Add(spec.Warmup)
+	l.end = l.measureFrom.Add(spec.Duration)
+	l.outstanding.Store(int64(spec.Window))
+	for range spec.Window {
+		l.propose(time.Now())
 	}
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+		cancelled := time.Now()
+		l.stop.Store(true)
+		// Every outstanding proposal resolves: delivered, or failed by
+		// ProposeTimeout, or ErrStopped when the replica closes.
+		t := time.NewTimer(drainBound(m.cfg.Tuning.ProposeTimeout))
+		defer t.Stop()
+		select {
+		case <-l.done:
+		case <-t.C:
+			return LoadResult{}, errors.New("groupproc: load: outstanding proposals did not resolve after the load was stopped")
+		}
+		if l.stopped.IsZero() {
+			l.stopped = cancelled
+		}
+	}
+	return finish(l.res, l.lat, l.measureFrom, l.stopped), nil
 }
 
-func finish(res LoadResult, lat []time.Duration, start time.Time) LoadResult {
-	if start.IsZero() {
-		return res
+// loader is Load's state. propose is called by Load for the first window
+// and then only by complete, which the replica calls on its driver
+// goroutine one proposal at a time; Load reads the fields after done is
+// closed.
+type loader struct {
+	r           *broadcast.Replica
+	spec        LoadSpec
+	data        []byte
+	seq         uint64
+	starts      []time.Time // FIFO of outstanding proposals' start times
+	head, tail  int
+	done1       func(uint64, error)
+	measureFrom time.Time
+	end         time.Time
+	stopped     time.Time // the end of the measured part
+	res         LoadResult
+	lat         []time.Duration
+	stop        atomic.Bool
+	outstanding atomic.Int64
+	done        chan struct{}
+}
+
+// propose submits the next message; now is its start time (the caller's
+// clock reading: one per completion, which also ends the previous one).
+func (l *loader) propose(now time.Time) {
+	l.seq++
+	binary.LittleEndian.PutUint64(l.data, l.seq) // distinct messages
+	l.starts[l.tail] = now
+	l.tail = (l.tail + 1) % len(l.starts)
+	l.r.ProposeFunc(l.data, l.done1)
+}
+
+// complete is the proposals' callback: it counts and times the outcome if
+// it falls in the measured part, then replaces the proposal by a new one
+// unless the load is stopping.
+func (l *loader) complete(_ uint64, err error) {
+	now := time.Now()
+	started := l.starts[l.head]
+	l.head = (l.head + 1) % len(l.starts)
+	stopping := l.stop.Load()
+	if !stopping {
+		measuring := !now.Before(l.measureFrom)
+		switch {
+		case err != nil:
+			if measuring {
+				l.res.Failed++
+			}
+			if l.res.FirstErr == "" {
+				l.res.FirstErr = err.Error()
+			}
+		case measuring:
+			l.res.N++
+			if len(l.lat) < l.spec.Samples {
+				l.lat = append(l.lat, now.Sub(started))
+			}
+		}
+		if measuring && l.spec.Duration > 0 && !now.Before(l.end) {
+			l.stopped = now // the end of the measured part; the drain is not counted
+			l.stop.Store(true)
+			stopping = true
+		}
 	}
-	res.Elapsed = time.Since(start)
+	if stopping || errors.Is(err, broadcast.ErrStopped) {
+		if l.outstanding.Add(-1) == 0 {
+			close(l.done)
+		}
+		return
+	}
+	l.propose(now)
+}
+
+// drainBound is how long a stopped load waits for its outstanding
+// proposals: each resolves within the replica's ProposeTimeout.
+func drainBound(proposeTimeout time.Duration) time.Duration {
+	if proposeTimeout <= 0 {
+		proposeTimeout = broadcast.DefaultProposeTimeout
+	}
+	return proposeTimeout + 5*time.Second
+}
+
+// finish computes the figures of a load measured from start to stopped.
+func finish(res LoadResult, lat []time.Duration, start, stopped time.Time) LoadResult {
+	if !stopped.After(start) {
+		return res // stopped during the warm-up
+	}
+	res.Elapsed = stopped.Sub(start)
 	res.OpsPerS = float64(res.N) / res.Elapsed.Seconds()
 	if len(lat) > 0 {
 		slices.Sort(lat)
