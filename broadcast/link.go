@@ -37,6 +37,9 @@ type link struct {
 
 	out outRing
 
+	wrs []rdma.WR // push list (pushLink), reused
+	ops []pushOp
+
 	fetch snapFetch
 
 	cs [64]rdma.Completion
@@ -188,28 +191,47 @@ func (l *link) post(r *Replica, now time.Duration, wr rdma.WR) bool {
 	return true
 }
 
-// stageSlot returns a free 64-byte staging buffer, or nil if all are in flight.
-func (l *link) stageSlot() (int, []byte) {
-	s := l.stageNext
+// slotBuf returns staging slot s's 64-byte buffer, or nil while the write
+// that last used it may still read it.
+func (l *link) slotBuf(s int) []byte {
 	if q := l.stageSeq[s]; q != 0 && q-1 >= l.completed {
-		return -1, nil
+		return nil
 	}
-	return s, l.stage[s*rowSize : (s+1)*rowSize]
+	return l.stage[s*rowSize : (s+1)*rowSize]
 }
 
-// postStaged posts a write of buf (a staging slot) and marks the slot used.
-func (l *link) postStaged(r *Replica, now time.Duration, slot int, buf []byte, region rdma.RegionID, off int, notify bool) bool {
-	wr := rdma.WR{Kind: rdma.OpWrite, Region: region, Offset: uint64(off), Buf: buf}
-	if notify {
-		wr.Flags |= rdma.Notify
+// useSlot records that op id (posted) reads slot s, the next slot in turn.
+func (l *link) useSlot(s int, id uint64) {
+	l.stageSeq[s] = id + 1
+	l.stageNext = (s + 1) % stageSlots
+}
+
+// postList posts wrs as one list, numbering them and signalling every
+// signalEvery ops (selective signalling); it returns how many were posted.
+// An error other than a full queue breaks the link.
+func (l *link) postList(r *Replica, wrs []rdma.WR) int {
+	if !l.up {
+		return 0
 	}
-	id := l.postSeq
-	if !l.post(r, now, wr) {
-		return false
+	last := l.lastSignaled
+	for k := range wrs {
+		wrs[k].ID = l.postSeq + uint64(k)
+		if wrs[k].Kind == rdma.OpRead || wrs[k].ID-last >= signalEvery {
+			wrs[k].Flags |= rdma.Signaled
+			last = wrs[k].ID
+		}
 	}
-	l.stageSeq[slot] = id + 1
-	l.stageNext = (l.stageNext + 1) % stageSlots
-	return true
+	n, err := l.conn.PostList(wrs)
+	for k := range n {
+		if wrs[k].Flags&rdma.Signaled != 0 {
+			l.lastSignaled = wrs[k].ID
+		}
+	}
+	l.postSeq += uint64(n)
+	if err != nil && !errors.Is(err, rdma.ErrQueueFull) {
+		l.fail(r, r.now)
+	}
+	return n
 }
 
 // resetOut starts the outgoing ring afresh for receiver incarnation rinc.
@@ -257,25 +279,26 @@ func (o *outRing) commitRecord(h recHeader, sinc uint64) {
 // record larger than it is written alone).
 const maxFlush = 64 << 10
 
-// flushRing posts the records in [posted, sent): contiguous records go in
+// ringWrites appends to wrs the writes that post the records in
+// [posted, sent), and to ops what each settles: contiguous records go in
 // one write (each still carries its own checksum, so the receiver accepts
 // them one by one as they become valid); a write ends at a pad record, at
-// the end of the ring or at maxFlush bytes. The last write rings the
-// peer's doorbell; notified reports that it was posted.
-func (l *link) flushRing(r *Replica, now time.Duration, region rdma.RegionID) (progress, notified bool) {
+// the end of the ring or at maxFlush bytes.
+func (l *link) ringWrites(wrs []rdma.WR, ops []pushOp, region rdma.RegionID) ([]rdma.WR, []pushOp) {
 	o := &l.out
 	rs := uint64(len(o.mirror))
-	for l.up && o.posted < o.sent {
-		off := o.posted % rs
+	posted := o.posted
+	for posted < o.sent && len(wrs) < maxPushList {
+		off := posted % rs
 		if rs-off < recHdr+8 {
-			o.posted += rs - off
+			posted += rs - off
 			continue
 		}
 		// Gather records from off while they are contiguous.
-		pos, end, next := o.posted, off, o.posted
+		pos, end, next := posted, off, posted
 		for pos < o.sent {
 			roff := pos % rs
-			if pos-o.posted >= rs-off || rs-roff < recHdr+8 {
+			if pos-posted >= rs-off || rs-roff < recHdr+8 {
 				break // at the ring's end, or wrapping without a pad record
 			}
 			w0 := binary.LittleEndian.Uint64(o.mirror[roff:])
@@ -292,16 +315,9 @@ func (l *link) flushRing(r *Replica, now time.Duration, region rdma.RegionID) (p
 			pos += size
 			next = pos
 		}
-		wr := rdma.WR{Kind: rdma.OpWrite, Region: region, Offset: off, Buf: o.mirror[off:end]}
-		if next >= o.sent {
-			wr.Flags |= rdma.Notify
-		}
-		if !l.post(r, now, wr) {
-			break
-		}
-		o.posted = next
-		progress = true
-		notified = wr.Flags&rdma.Notify != 0
+		wrs = append(wrs, rdma.WR{Kind: rdma.OpWrite, Region: region, Offset: off, Buf: o.mirror[off:end]})
+		ops = append(ops, pushOp{kind: pushRecords, next: next})
+		posted = next
 	}
-	return progress, notified
+	return wrs, ops
 }

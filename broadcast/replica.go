@@ -336,10 +336,16 @@ func (r *Replica) Poll(now time.Duration) bool {
 		progress = true
 	}
 	r.readAcks()
+	accepted := r.accepted
 	for i := range r.ins {
 		if i != r.me && r.readRing(i) {
 			progress = true
 		}
+	}
+	if r.role == Follower && r.accepted != accepted {
+		// The leader waits for our AcceptSST row (Fig. 5 l.52) to commit:
+		// push it before delivering what the leader committed.
+		r.push()
 	}
 	if r.commit() {
 		progress = true

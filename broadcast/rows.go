@@ -73,80 +73,118 @@ func (r *Replica) push() bool {
 		if l == nil || !l.up {
 			continue
 		}
-		// One doorbell ring per peer and push: every write that should
-		// wake the peer makes the last write of this push carry Notify
-		// (writes on a Conn land in order, so when that one is visible,
-		// so are the others). Ring records always end with a Notify write.
-		// A wake-up that could not be posted is owed to the next push.
-		want := l.notifyOwed
-		last := -1 // the last row table to post, if no ack or records follow
-		for t := range l.dirty {
-			if !l.dirty[t] {
-				continue
-			}
-			last = t
-			// A CommitSST row wakes the peer only when a leader's commit
-			// point moved (its followers deliver on it). A heartbeat
-			// alone, or another member's commit point (used for diff
-			// bases and pruning), waits for the peer's next poll: a
-			// parked peer wakes for its own timers anyway.
-			if t != tCommit || (r.role == Leader && r.commitHdr(t) != l.commitSent) {
-				want = true
-			}
+		if r.pushLink(i, l) {
+			progress = true
 		}
-		in := &r.ins[i]
-		ack := l.ackDirty && in.sinc != 0
-		// A sender waiting for ring space waits for at least a quarter of
-		// the ring (records are at most a quarter): only such an ack
-		// wakes it, not the ones sent at heartbeats.
-		if ack && in.cursor-in.acked >= uint64(len(in.mem))/4 {
-			want = true
-		}
-		records := l.out.rinc != 0 && l.out.posted < l.out.sent
-		notified := false
-		for t := range l.dirty {
-			if !l.dirty[t] {
-				continue
-			}
-			slot, buf := l.stageSlot()
-			if buf == nil {
-				break
-			}
-			encodeSealed(buf, &r.sealed[t])
-			notify := want && t == last && !ack && !records
-			if l.postStaged(r, now, slot, buf, r.cfg.RegionBase, rowOffset(t, r.me, r.n), notify) {
-				l.dirty[t] = false
-				if t == tCommit {
-					l.commitSent = r.commitHdr(t)
-				}
-				notified = notified || notify
-				progress = true
-			}
-		}
-		if ack {
-			slot, buf := l.stageSlot()
-			if buf != nil {
-				binary.LittleEndian.PutUint64(buf, ackWord(in.sinc, r.inc, in.cursor))
-				notify := want && !records
-				if l.postStaged(r, now, slot, buf[:8], r.cfg.RegionBase, ackOffset(r.me, r.n), notify) {
-					l.ackDirty = false
-					in.acked = in.cursor
-					notified = notified || notify
-					progress = true
-				}
-			}
-		}
-		if records {
-			p, n := l.flushRing(r, now, r.cfg.RegionBase+1+rdma.RegionID(r.me))
-			progress = progress || p
-			notified = notified || n
-		}
-		l.notifyOwed = want && !notified
 		if r.driveFetch(l) {
 			progress = true
 		}
 	}
 	return progress
+}
+
+// Kinds of the writes in one link's push list (pushOp.kind).
+const (
+	pushRecords = iota
+	pushRow
+	pushAck
+)
+
+// pushOp is what a posted write of a push list settles.
+type pushOp struct {
+	kind int
+	t    int    // pushRow: the table
+	slot int    // pushRow, pushAck: the staging slot
+	next uint64 // pushRecords: outRing.posted once it is posted
+}
+
+// maxPushList bounds one link's push list (ring writes are at most
+// maxFlush bytes each; what does not fit goes in the next Poll).
+const maxPushList = 16
+
+// pushLink posts, as one list (rdma.Conn.PostList: one lock and one
+// liveness check on shm), what peer i needs from us: new ring records
+// first (they are on the commit path), then dirty rows, then our ring
+// acknowledgement. The list's last write carries Notify when the peer
+// should wake: always after ring records, and for rows and acks as the
+// rules below say. Writes on a Conn land in order, so when the Notify
+// write is visible, so is everything before it. A wake-up that could not
+// be posted is owed to the next push.
+func (r *Replica) pushLink(i int, l *link) bool {
+	want := l.notifyOwed
+	for t := range l.dirty {
+		// A CommitSST row wakes the peer only when a leader's commit
+		// point moved (its followers deliver on it). A heartbeat alone,
+		// or another member's commit point (used for diff bases and
+		// pruning), waits for the peer's next poll: a parked peer wakes
+		// for its own timers anyway.
+		if l.dirty[t] && (t != tCommit || (r.role == Leader && r.commitHdr(t) != l.commitSent)) {
+			want = true
+		}
+	}
+	in := &r.ins[i]
+	ack := l.ackDirty && in.sinc != 0
+	// A sender waiting for ring space waits for at least a quarter of the
+	// ring (records are at most a quarter): only such an ack wakes it, not
+	// the ones sent at heartbeats.
+	if ack && in.cursor-in.acked >= uint64(len(in.mem))/4 {
+		want = true
+	}
+	wrs, ops := l.wrs[:0], l.ops[:0]
+	if l.out.rinc != 0 && l.out.posted < l.out.sent {
+		wrs, ops = l.ringWrites(wrs, ops, r.cfg.RegionBase+1+rdma.RegionID(r.me))
+		if len(ops) > 0 {
+			want = true // ring records always wake the peer
+		}
+	}
+	slot := l.stageNext
+	for t := range l.dirty {
+		if !l.dirty[t] || len(wrs) == maxPushList {
+			continue
+		}
+		buf := l.slotBuf(slot)
+		if buf == nil {
+			break
+		}
+		encodeSealed(buf, &r.sealed[t])
+		wrs = append(wrs, rdma.WR{Kind: rdma.OpWrite, Region: r.cfg.RegionBase, Offset: uint64(rowOffset(t, r.me, r.n)), Buf: buf})
+		ops = append(ops, pushOp{kind: pushRow, t: t, slot: slot})
+		slot = (slot + 1) % stageSlots
+	}
+	if ack && len(wrs) < maxPushList {
+		if buf := l.slotBuf(slot); buf != nil {
+			binary.LittleEndian.PutUint64(buf, ackWord(in.sinc, r.inc, in.cursor))
+			wrs = append(wrs, rdma.WR{Kind: rdma.OpWrite, Region: r.cfg.RegionBase, Offset: uint64(ackOffset(r.me, r.n)), Buf: buf[:8]})
+			ops = append(ops, pushOp{kind: pushAck, slot: slot})
+		}
+	}
+	l.wrs, l.ops = wrs, ops
+	if len(wrs) == 0 {
+		l.notifyOwed = want
+		return false
+	}
+	if want {
+		wrs[len(wrs)-1].Flags |= rdma.Notify
+	}
+	n := l.postList(r, wrs)
+	for k := range n {
+		switch op := &ops[k]; op.kind {
+		case pushRecords:
+			l.out.posted = op.next
+		case pushRow:
+			l.dirty[op.t] = false
+			if op.t == tCommit {
+				l.commitSent = r.commitHdr(op.t)
+			}
+			l.useSlot(op.slot, wrs[k].ID)
+		case pushAck:
+			l.ackDirty = false
+			in.acked = in.cursor
+			l.useSlot(op.slot, wrs[k].ID)
+		}
+	}
+	l.notifyOwed = want && n < len(wrs)
+	return n > 0
 }
 
 // commitHdr is the commit point in our sealed CommitSST row (t == tCommit).
@@ -178,6 +216,8 @@ func (r *Replica) readRows() bool {
 				continue
 			}
 			m.rows[t] = rw
+			if t == tAccept && r.role == Leader {
+			}
 			m.valid[t] = true
 			m.heardAt = r.now
 			progress = true

@@ -270,6 +270,10 @@ func (sc *simConn) Post(wr rdma.WR) error {
 	return nil
 }
 
+// PostList implements rdma.Conn: each op is scheduled as if posted alone
+// (the embedded mem.Conn's PostList would bypass the scheduler).
+func (sc *simConn) PostList(wrs []rdma.WR) (int, error) { return rdma.PostEach(sc, wrs) }
+
 // Wait implements rdma.Conn without blocking: virtual time does not pass
 // inside a Step.
 func (sc *simConn) Wait(cs []rdma.Completion, _ time.Duration) int { return sc.Conn.Poll(cs) }

@@ -40,12 +40,13 @@ type LoadResult struct {
 }
 
 // Load runs a closed-loop client at this member (see LoadSpec). It submits
-// with ProposeFunc: each completion callback, which runs on the member's
-// driver goroutine, records the outcome and proposes the next message, so
-// the client costs no goroutine hand-off, channel or wake-up per message
-// (the shape of an application that proposes from its own event loop). A
-// member resolves its proposals in the order they were made, so the start
-// times wait in a FIFO ring of Window slots.
+// with ProposeFunc, and every proposal after the first is made by a
+// completion callback on the member's driver goroutine: the callback
+// records the outcome and tops the window up, so the client costs no
+// goroutine hand-off, channel or wake-up per message (the shape of an
+// application that proposes from its own event loop), and the loader's
+// state has one goroutine. A member resolves its proposals in the order
+// they were made, so the start times wait in a FIFO ring of Window slots.
 func (m *Member) Load(ctx context.Context, spec LoadSpec) (LoadResult, error) {
 	if spec.Window <= 0 || spec.Size < 8 {
 		return LoadResult{}, fmt.Errorf("groupproc: load: window %d must be positive and size %d at least 8", spec.Window, spec.Size)
@@ -65,10 +66,9 @@ func (m *Member) Load(ctx context.Context, spec LoadSpec) (LoadResult, error) {
 	begin := time.Now()
 	l.measureFrom = begin.Add(spec.Warmup)
 	l.end = l.measureFrom.Add(spec.Duration)
-	l.outstanding.Store(int64(spec.Window))
-	for range spec.Window {
-		l.propose(time.Now())
-	}
+	// The first proposal is the only one made here; its callback fills the
+	// window. Its fields are handed over through the replica's lock.
+	l.propose(begin)
 	select {
 	case <-l.done:
 	case <-ctx.Done():
@@ -90,10 +90,10 @@ func (m *Member) Load(ctx context.Context, spec LoadSpec) (LoadResult, error) {
 	return finish(l.res, l.lat, l.measureFrom, l.stopped), nil
 }
 
-// loader is Load's state. propose is called by Load for the first window
-// and then only by complete, which the replica calls on its driver
-// goroutine one proposal at a time; Load reads the fields after done is
-// closed.
+// loader is Load's state. After Load's first propose, only complete and
+// the proposals it makes touch it (on the driver goroutine; a proposal
+// that fails at once calls complete from inside ProposeFunc, on the same
+// goroutine); Load reads it after done is closed.
 type loader struct {
 	r           *broadcast.Replica
 	spec        LoadSpec
@@ -101,6 +101,7 @@ type loader struct {
 	seq         uint64
 	starts      []time.Time // FIFO of outstanding proposals' start times
 	head, tail  int
+	inflight    int
 	done1       func(uint64, error)
 	measureFrom time.Time
 	end         time.Time
@@ -108,7 +109,7 @@ type loader struct {
 	res         LoadResult
 	lat         []time.Duration
 	stop        atomic.Bool
-	outstanding atomic.Int64
+	closed      bool // done is closed
 	done        chan struct{}
 }
 
@@ -119,18 +120,20 @@ func (l *loader) propose(now time.Time) {
 	binary.LittleEndian.PutUint64(l.data, l.seq) // distinct messages
 	l.starts[l.tail] = now
 	l.tail = (l.tail + 1) % len(l.starts)
+	l.inflight++
 	l.r.ProposeFunc(l.data, l.done1)
 }
 
 // complete is the proposals' callback: it counts and times the outcome if
-// it falls in the measured part, then replaces the proposal by a new one
-// unless the load is stopping.
+// it falls in the measured part, then tops the window up unless the load
+// is stopping. A proposal refused at once (ErrBusy: the window exceeds
+// the replica's MaxPending; ErrStopped; ErrTooLarge) stops the load.
 func (l *loader) complete(_ uint64, err error) {
 	now := time.Now()
 	started := l.starts[l.head]
 	l.head = (l.head + 1) % len(l.starts)
-	stopping := l.stop.Load()
-	if !stopping {
+	l.inflight--
+	if !l.stop.Load() {
 		measuring := !now.Before(l.measureFrom)
 		switch {
 		case err != nil:
@@ -149,16 +152,18 @@ func (l *loader) complete(_ uint64, err error) {
 		if measuring && l.spec.Duration > 0 && !now.Before(l.end) {
 			l.stopped = now // the end of the measured part; the drain is not counted
 			l.stop.Store(true)
-			stopping = true
+		}
+		if errors.Is(err, broadcast.ErrBusy) || errors.Is(err, broadcast.ErrStopped) || errors.Is(err, broadcast.ErrTooLarge) {
+			l.stop.Store(true)
 		}
 	}
-	if stopping || errors.Is(err, broadcast.ErrStopped) {
-		if l.outstanding.Add(-1) == 0 {
-			close(l.done)
-		}
-		return
+	for !l.stop.Load() && l.inflight < len(l.starts) {
+		l.propose(now)
 	}
-	l.propose(now)
+	if l.stop.Load() && l.inflight == 0 && !l.closed {
+		l.closed = true
+		close(l.done)
+	}
 }
 
 // drainBound is how long a stopped load waits for its outstanding

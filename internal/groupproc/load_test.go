@@ -2,6 +2,7 @@ package groupproc
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,5 +114,13 @@ func TestLoadStop(t *testing.T) {
 	}
 	if _, err := ms[ldr].Load(context.Background(), LoadSpec{Window: 0, Size: 8}); err == nil {
 		t.Fatal("window 0 accepted")
+	}
+	// A message the replica refuses at once ends the load with the error.
+	res, err = ms[ldr].Load(context.Background(), LoadSpec{Window: 4, Size: 1 << 20, Duration: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.FirstErr, "larger than the record limit") || res.N != 0 {
+		t.Fatalf("oversized load: %+v, want it refused as too large", res)
 	}
 }
