@@ -30,10 +30,11 @@ type link struct {
 	stageSeq  []uint64 // per slot: 1 + id of the op using it, 0 when free
 	stageNext int
 
-	dirty      [nTables]bool // rows to push to this peer
-	ackDirty   bool
-	commitSent MsgHdr // commit point in the last CommitSST row pushed
-	notifyOwed bool   // a write that should have rung the peer's doorbell was not posted with Notify
+	dirty        [nTables]bool // rows to push to this peer
+	ackDirty     bool
+	commitSent   MsgHdr // commit point in the last CommitSST row pushed
+	commitSentAt time.Duration
+	notifyOwed   bool // a write that should have rung the peer's doorbell was not posted with Notify
 
 	out outRing
 

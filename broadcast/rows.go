@@ -2,6 +2,7 @@ package broadcast
 
 import (
 	"encoding/binary"
+	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -137,9 +138,13 @@ func (r *Replica) pushLink(i int, l *link) bool {
 			want = true // ring records always wake the peer
 		}
 	}
+	records := len(ops) > 0
 	slot := l.stageNext
 	for t := range l.dirty {
 		if !l.dirty[t] || len(wrs) == maxPushList {
+			continue
+		}
+		if t == tCommit && records && r.lazyCommit(l) {
 			continue
 		}
 		buf := l.slotBuf(slot)
@@ -175,6 +180,7 @@ func (r *Replica) pushLink(i int, l *link) bool {
 			l.dirty[op.t] = false
 			if op.t == tCommit {
 				l.commitSent = r.commitHdr(op.t)
+				l.commitSentAt = r.now
 			}
 			l.useSlot(op.slot, wrs[k].ID)
 		case pushAck:
@@ -185,6 +191,28 @@ func (r *Replica) pushLink(i int, l *link) bool {
 	}
 	l.notifyOwed = want && n < len(wrs)
 	return n > 0
+}
+
+// Bounds on how long a streaming leader defers its CommitSST row.
+const (
+	lazyCommitEntries = 32
+	lazyCommitDelay   = 20 * time.Microsecond
+)
+
+// lazyCommit reports whether the leader may leave its CommitSST row for
+// peer l out of a push that carries ring records: the commit push is off
+// the critical path (Acuerdo, "Committing": Fig. 6 l.93), and while records stream, one
+// row write per message and peer is a cost on it. The row still goes out
+// at every heartbeat (its counter is the failure detector), in any push
+// without records, when the epoch changed, and once the commit point is
+// lazyCommitEntries ahead of the last row the peer got or that row is
+// lazyCommitDelay old; so followers deliver at most that much later.
+func (r *Replica) lazyCommit(l *link) bool {
+	if r.role != Leader || r.beat {
+		return false
+	}
+	c := r.commitHdr(tCommit)
+	return c.E == l.commitSent.E && c.Cnt-l.commitSent.Cnt < lazyCommitEntries && r.now-l.commitSentAt < lazyCommitDelay
 }
 
 // commitHdr is the commit point in our sealed CommitSST row (t == tCommit).
