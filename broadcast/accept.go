@@ -76,7 +76,8 @@ func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 		return
 	}
 	// Acuerdo Fig. 5 l.49-51: Log[hdr] = M; Accepted = hdr; Accept_SST[Self] = hdr.
-	r.log.Set(entry{hdr: hdr, id: getMeta(payload), data: r.copyData(payload[entryMeta:])})
+	data, s := r.acceptCur.copy(&r.slabs, payload[entryMeta:])
+	r.log.Set(entry{hdr: hdr, id: getMeta(payload), data: data, slab: s})
 	r.accepted = hdr
 	// Fig. 5 l.52 (push to the leader) happens once per batch in push.
 }
@@ -90,7 +91,8 @@ func (r *Replica) acceptForward(hdr MsgHdr, payload []byte) bool {
 	if r.uncommitted() >= r.cfg.MaxUncommitted {
 		return false
 	}
-	r.broadcast(getMeta(payload), r.copyData(payload[entryMeta:]))
+	data, s := r.acceptCur.copy(&r.slabs, payload[entryMeta:])
+	r.broadcast(getMeta(payload), data, s)
 	return true
 }
 
@@ -302,21 +304,4 @@ func (r *Replica) nextAfter(h MsgHdr) *entry {
 		return r.log.at(i)
 	}
 	return nil
-}
-
-// copyData copies data into the replica's data slab (a slab is freed by
-// the GC once no entry in it is live), so accepting allocates nothing per
-// message.
-func (r *Replica) copyData(data []byte) []byte {
-	n := len(data)
-	if n > 4096 {
-		return append([]byte(nil), data...)
-	}
-	if len(r.dataSlab) < n {
-		r.dataSlab = make([]byte, 64<<10)
-	}
-	d := r.dataSlab[:n:n]
-	r.dataSlab = r.dataSlab[n:]
-	copy(d, data)
-	return d
 }

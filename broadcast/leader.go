@@ -12,10 +12,11 @@ import (
 
 // broadcast is Acuerdo Fig. 4 l.38-41: hdr = (E_new, ++Count), added to the
 // Log (the leader is a receiver too); serve writes it to each follower.
-func (r *Replica) broadcast(id proposalID, data []byte) MsgHdr {
+// The Log takes over one reference on s, the slab holding data.
+func (r *Replica) broadcast(id proposalID, data []byte, s *slab) MsgHdr {
 	r.count++
 	hdr := MsgHdr{E: r.eNew, Cnt: r.count}
-	r.log.Set(entry{hdr: hdr, id: id, data: data})
+	r.log.Set(entry{hdr: hdr, id: id, data: data, slab: s})
 	r.accepted = hdr
 	return hdr
 }

@@ -5,6 +5,7 @@ type entry struct {
 	hdr  MsgHdr
 	id   proposalID
 	data []byte
+	slab *slab // holds data, with a reference for this entry (nil: data is not in a slab)
 }
 
 // entryLog is the Log (Acuerdo Fig. 1 l.33): accepted entries in header
@@ -48,6 +49,7 @@ func (l *entryLog) PopMin() {
 	if l.n == 0 {
 		return
 	}
+	l.at(0).slab.unref()
 	*l.at(0) = entry{} // drop the data reference
 	l.head = (l.head + 1) & (len(l.buf) - 1)
 	l.n--
@@ -58,12 +60,16 @@ func (l *entryLog) PopMax() {
 	if l.n == 0 {
 		return
 	}
+	l.at(l.n - 1).slab.unref()
 	*l.at(l.n - 1) = entry{}
 	l.n--
 }
 
 // Clear removes every entry.
 func (l *entryLog) Clear() {
+	for i := range l.n {
+		l.at(i).slab.unref()
+	}
 	clear(l.buf)
 	l.head, l.n = 0, 0
 }
@@ -114,10 +120,12 @@ func (l *entryLog) Get(h MsgHdr) (*entry, bool) {
 	return nil, false
 }
 
-// Set adds e, replacing an entry with the same header.
+// Set adds e, replacing an entry with the same header; the Log takes over
+// e's slab reference.
 func (l *entryLog) Set(e entry) {
 	i := l.search(e.hdr)
 	if i < l.n && l.at(i).hdr == e.hdr {
+		l.at(i).slab.unref()
 		*l.at(i) = e
 		return
 	}

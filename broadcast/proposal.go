@@ -10,15 +10,17 @@ import (
 // delivered at Index (Err nil), or failed with an error that says whether
 // the message may still be delivered (only ErrStopped leaves it unknown).
 //
-// Handles and the copies of their data are carved from per-replica slabs,
-// and the Done channel is made only when asked for, so a proposal costs no
-// allocation of its own (a retained handle keeps its slab alive).
+// Handles are carved from per-replica slabs, their copies of the data from
+// reused data slabs (arena.go; released when the proposal resolves), and
+// the Done channel is made only when asked for, so a proposal costs no
+// allocation of its own (a retained handle keeps its handle slab alive).
 type Proposal struct {
 	data     []byte
 	pseq     uint64
 	epoch    Epoch         // epoch it was handed to (inflight)
 	deadline time.Duration // set when the replica first sees it
 	cb       func(index uint64, err error)
+	slab     *slab // holds data, with a reference for this proposal
 
 	mu       sync.Mutex
 	resolved bool
@@ -75,6 +77,8 @@ func (p *Proposal) Wait(ctx context.Context) (uint64, error) {
 }
 
 func (p *Proposal) finish(index uint64, err error) {
+	p.slab.unref() // the data is not used once the proposal resolved
+	p.slab, p.data = nil, nil
 	p.mu.Lock()
 	p.index, p.err = index, err
 	p.resolved = true
@@ -87,12 +91,9 @@ func (p *Proposal) finish(index uint64, err error) {
 	}
 }
 
-// Slab sizes for proposal handles and their data copies.
-const (
-	propSlab     = 128
-	propDataSlab = 64 << 10
-	propDataMax  = 1 << 10 // larger data gets an allocation of its own
-)
+// propSlab is how many proposal handles are carved from one allocation
+// (their data copies live in the replica's data slabs, arena.go).
+const propSlab = 128
 
 // Propose submits data for atomic broadcast and returns its handle. It is
 // safe from any goroutine; the replica takes it on its next Poll (Propose
@@ -138,16 +139,7 @@ func (r *Replica) propose(data []byte, cb func(uint64, error)) *Proposal {
 	p := &r.propSlab[0]
 	r.propSlab = r.propSlab[1:]
 	p.cb = cb
-	if n := len(data); n > propDataMax {
-		p.data = append([]byte(nil), data...)
-	} else {
-		if len(r.propData) < n {
-			r.propData = make([]byte, propDataSlab)
-		}
-		p.data = r.propData[:n:n]
-		r.propData = r.propData[n:]
-		copy(p.data, data)
-	}
+	p.data, p.slab = r.propCur.copy(&r.slabs, data)
 	r.npending.Add(1) // under mu: proposers check and add in turn; Poll only subtracts
 	r.inbox = append(r.inbox, p)
 	first := len(r.inbox) == 1
@@ -247,7 +239,8 @@ func (r *Replica) submit() bool {
 		for k < len(r.waiting) && r.uncommitted() < r.cfg.MaxUncommitted {
 			p := r.waiting[k]
 			p.epoch = r.eCur
-			r.broadcast(proposalID{origin: r.self, oinc: uint32(r.inc), pseq: p.pseq}, p.data)
+			p.slab.ref() // the Log's; the proposal keeps its own until it resolves
+			r.broadcast(proposalID{origin: r.self, oinc: uint32(r.inc), pseq: p.pseq}, p.data, p.slab)
 			k++
 		}
 	case Follower:

@@ -136,7 +136,8 @@ type Replica struct {
 	epochDone   bool         // committed >= (eCur, 0): proposals may be handed over
 	table       []tableRec
 	scratch     []byte
-	dataSlab    []byte // accepted data is copied into slabs: no allocation per message
+	acceptCur   slabCursor // accepted data is copied into slabs (arena.go); driver only
+	slabs       slabPool   // free data slabs, for acceptCur and propCur
 
 	// proposals
 	mu         sync.Mutex
@@ -144,7 +145,7 @@ type Replica struct {
 	inboxLen   atomic.Int64 // len(inbox), read without the lock by Poll
 	inboxSpare []*Proposal  // the inbox's other backing array, swapped in under mu
 	propSlab   []Proposal   // handles are carved from it, under mu
-	propData   []byte       // proposal data copies are carved from it, under mu
+	propCur    slabCursor   // proposal data copies are carved from it, under mu
 	closed     bool
 	waiting    []*Proposal // not handed to a leader, in pseq order
 	inflight   []*Proposal // handed to the leader of inflight[i].epoch, fate unknown

@@ -1,0 +1,104 @@
+package broadcast
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Message data lives in 64 KiB slabs that are reused once nothing refers
+// to them: a replica carrying a steady stream of messages then neither
+// allocates nor makes garbage per message (at 1000-byte messages, fresh
+// slabs cost a replica about a fifth of its CPU in allocation, zeroing and
+// collection).
+//
+// A slab counts its references: one for the cursor carving it, one for
+// each Log entry whose data is in it, one for each unresolved Proposal
+// whose copy of the data is in it. Whoever drops the last reference puts
+// the slab in its pool. A Log entry's data is valid while the entry is in
+// the Log; a Proposal's until it resolves (FSM.Apply must not keep data,
+// see FSM).
+const (
+	slabSize     = 64 << 10
+	slabMaxData  = 4 << 10 // larger data gets an allocation of its own
+	slabPoolSize = 64      // free slabs kept (4 MiB)
+)
+
+type slab struct {
+	buf  []byte
+	refs atomic.Int32
+	pool *slabPool
+}
+
+// unref drops one reference; s may be nil (data not in a slab).
+func (s *slab) unref() {
+	if s == nil {
+		return
+	}
+	switch n := s.refs.Add(-1); {
+	case n == 0:
+		s.pool.put(s)
+	case n < 0:
+		panic("broadcast: data slab released more often than referenced")
+	}
+}
+
+// ref adds a reference; s may be nil.
+func (s *slab) ref() {
+	if s != nil {
+		s.refs.Add(1)
+	}
+}
+
+// slabPool keeps free slabs for the cursors of one replica.
+type slabPool struct {
+	mu   sync.Mutex
+	free []*slab
+}
+
+func (p *slabPool) get() *slab {
+	p.mu.Lock()
+	var s *slab
+	if k := len(p.free); k > 0 {
+		s = p.free[k-1]
+		p.free = p.free[:k-1]
+	}
+	p.mu.Unlock()
+	if s == nil {
+		s = &slab{buf: make([]byte, slabSize), pool: p}
+	}
+	s.refs.Store(1) // the cursor's
+	return s
+}
+
+func (p *slabPool) put(s *slab) {
+	p.mu.Lock()
+	if len(p.free) < slabPoolSize {
+		p.free = append(p.free, s)
+	}
+	p.mu.Unlock()
+}
+
+// slabCursor carves copies out of its current slab; one goroutine (or one
+// lock) at a time uses a cursor.
+type slabCursor struct {
+	s   *slab
+	off int
+}
+
+// copy returns a copy of data and the slab holding it, with a reference
+// for the caller (nil for data larger than slabMaxData, copied apart).
+func (c *slabCursor) copy(p *slabPool, data []byte) ([]byte, *slab) {
+	n := len(data)
+	if n > slabMaxData {
+		return append([]byte(nil), data...), nil
+	}
+	if c.s == nil || len(c.s.buf)-c.off < n {
+		c.s.unref()
+		c.s, c.off = p.get(), 0
+	}
+	d := c.s.buf[c.off : c.off+n : c.off+n]
+	c.off += n
+	copy(d, data)
+	c.s.ref()
+	return d, c.s
+}
