@@ -323,7 +323,20 @@ func (r *Replica) idxOf(id rdma.NodeID) int {
 // elections, Stable.Save).
 func (r *Replica) Poll(now time.Duration) bool {
 	r.now = now
-	progress := r.drainInbox()
+	progress := false
+	if r.role == Follower {
+		// The commit path first: a follower accepts what its leader
+		// streamed (Fig. 5 l.47-51) and pushes its AcceptSST row (l.52)
+		// before anything else this Poll does. A record of a sender
+		// incarnation readRows has not seen yet is left for later.
+		if i := r.idxOf(r.eCur.Leader()); i >= 0 && i != r.me && r.links[i] != nil && r.links[i].up && r.readRing(i) {
+			progress = true
+			r.push()
+		}
+	}
+	if r.drainInbox() {
+		progress = true
+	}
 	for _, l := range r.links {
 		if l == nil {
 			continue
