@@ -64,12 +64,6 @@ func (r *Replica) push() bool {
 	}
 	r.updateRows()
 	progress := false
-	for t := range r.sealed {
-		if [wCheck]uint64(r.sealed[t][:wCheck]) != [wCheck]uint64(r.myRows[t][:wCheck]) {
-			r.sealed[t] = r.myRows[t]
-			r.sealed[t][wCheck] = rowCheck(&r.sealed[t], t, r.me) // once, not per peer
-		}
-	}
 	for i, l := range r.links {
 		if l == nil || !l.up {
 			continue
@@ -151,7 +145,7 @@ func (r *Replica) pushLink(i int, l *link) bool {
 		if buf == nil {
 			break
 		}
-		encodeSealed(buf, &r.sealed[t])
+		encodeSealed(buf, r.seal(t))
 		wrs = append(wrs, rdma.WR{Kind: rdma.OpWrite, Region: r.cfg.RegionBase, Offset: uint64(rowOffset(t, r.me, r.n)), Buf: buf})
 		ops = append(ops, pushOp{kind: pushRow, t: t, slot: slot})
 		slot = (slot + 1) % stageSlots
@@ -213,6 +207,16 @@ func (r *Replica) lazyCommit(l *link) bool {
 	}
 	c := r.commitHdr(tCommit)
 	return c.E == l.commitSent.E && c.Cnt-l.commitSent.Cnt < lazyCommitEntries && r.now-l.commitSentAt < lazyCommitDelay
+}
+
+// seal returns our row of table t with its check word, computed once per
+// change of the row (not per peer), and only for rows that are pushed.
+func (r *Replica) seal(t int) *row {
+	if [wCheck]uint64(r.sealed[t][:wCheck]) != [wCheck]uint64(r.myRows[t][:wCheck]) {
+		r.sealed[t] = r.myRows[t]
+		r.sealed[t][wCheck] = rowCheck(&r.sealed[t], t, r.me)
+	}
+	return &r.sealed[t]
 }
 
 // commitHdr is the commit point in our sealed CommitSST row (t == tCommit).
