@@ -23,19 +23,25 @@ func (r *Replica) commit() bool {
 	var bound MsgHdr
 	switch r.role {
 	case Leader:
-		var vals [256]MsgHdr
-		k := 0
-		vals[k] = r.accepted
-		k++
+		if !r.committed.Less(r.accepted) {
+			// Followers accept only what we sent, so no quorum can be
+			// beyond our own Accepted: nothing to count (the common idle
+			// Poll).
+			r.checkEpochDone()
+			return false
+		}
+		vals := r.commitVals[:0]
+		vals = append(vals, r.accepted)
 		for i := range r.mems {
 			m := &r.mems[i]
 			if i != r.me && m.valid[tAccept] {
 				if h := m.acceptHdr(); h.E == r.eCur {
-					vals[k] = h
-					k++
+					vals = append(vals, h)
 				}
 			}
 		}
+		r.commitVals = vals
+		k := len(vals)
 		q := r.quorum
 		if r.bug == bugMinorityCommit {
 			q--
@@ -43,7 +49,7 @@ func (r *Replica) commit() bool {
 		if k < q {
 			return false
 		}
-		s := vals[:k]
+		s := vals
 		slices.SortFunc(s, func(a, b MsgHdr) int {
 			if b.Less(a) {
 				return -1

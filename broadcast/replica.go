@@ -137,6 +137,7 @@ type Replica struct {
 	table       []tableRec
 	scratch     []byte
 	acceptCur   slabCursor // accepted data is copied into slabs (arena.go); driver only
+	commitVals  []MsgHdr   // commit's scratch: the Accept_SST headers of our epoch
 	slabs       slabPool   // free data slabs, for acceptCur and propCur
 
 	// proposals
