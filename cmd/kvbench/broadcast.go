@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -69,6 +70,7 @@ type bcastFlags struct {
 	cpuProf    string
 	commitET   time.Duration
 	spin       time.Duration
+	pin        bool
 	maxOther   float64
 	retries    int
 
@@ -97,6 +99,7 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 	fs.IntVar(&o.elections, "elections", 5, "elections measured per group and run")
 	tables := fs.String("tables", "commit,election", "comma-separated tables to measure: commit, election")
 	fs.DurationVar(&o.commitET, "commit-election-timeout", time.Second, "election timeout of the commit table's groups (long, so that a descheduled leader is not voted out mid-measurement); the election table uses broadcast's default")
+	fs.BoolVar(&o.pin, "pin", false, "commit table and its one-way baseline, process fabrics: pin the leader's process to CPU 0 and the other replicas to the other CPUs, and the baseline's two processes to CPUs 0 and 1 (needs 2 CPUs)")
 	fs.DurationVar(&o.spin, "spin", 0, "doorbell spin budget of the replicas' nodes and of the one-way baseline (0: rdma.DefaultSpin; negative: park at once)")
 	fs.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a one-way or commit measurement while other processes use more than this many CPUs")
 	fs.IntVar(&o.retries, "retries", 2, "most repeats of one measurement because of background load")
@@ -262,7 +265,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	h := &hist{}
 	for run := 1; run <= o.runs; run++ {
 		for _, f := range fabrics {
-			st, err := retryDisturbed(o, stderr, func() (bstat, error) { return onewayBaseline(f, o.shmDir, o.spin, tm, h) })
+			st, err := retryDisturbed(o, stderr, func() (bstat, error) { return onewayBaseline(f, o.shmDir, o.spin, o.pin, tm, h) })
 			if err != nil {
 				fail(f+" one-way", err)
 				continue
@@ -292,7 +295,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	out := summarizeBroadcast(order, res)
+	out := summarizeBroadcast(order, res, o)
 	if o.json {
 		enc := json.NewEncoder(stdout)
 		for _, r := range out {
@@ -313,7 +316,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 // onewayBaseline measures the fabric's 8-byte write-oneway ping-pong in
 // the replicas' mode: doorbell waits with the same spin budget, Notify
 // writes.
-func onewayBaseline(fabric, shmDir string, spin time.Duration, tm timing, h *hist) (bstat, error) {
+func onewayBaseline(fabric, shmDir string, spin time.Duration, pin bool, tm timing, h *hist) (bstat, error) {
 	switch {
 	case spin == 0:
 		spin = rdma.DefaultSpin
@@ -323,6 +326,17 @@ func onewayBaseline(fabric, shmDir string, spin time.Duration, tm timing, h *his
 	s, err := openSession(fabric, "park", &fabricFlags{parkSpin: spin, shmDir: shmDir})
 	if err != nil {
 		return bstat{}, err
+	}
+	if pin && s.peer.pid() > 0 {
+		all := make([]int, runtime.NumCPU())
+		for c := range all {
+			all[c] = c
+		}
+		defer pinProcess(os.Getpid(), all...)
+		if err := errors.Join(pinProcess(os.Getpid(), 0), pinProcess(s.peer.pid(), 1)); err != nil {
+			s.shutdown()
+			return bstat{}, err
+		}
 	}
 	a := takeCPU(s.peer.pid())
 	st, err := s.writeLatency(1, tm, h)
@@ -354,6 +368,11 @@ func commitRun(ctx context.Context, o *bcastFlags, spec groupSpec, run int, tm t
 			ldr, err := g.leader(ctx, -1)
 			if err != nil {
 				return err
+			}
+			if o.pin {
+				if err := g.pin(ldr); err != nil {
+					return err
+				}
 			}
 			st, err := retryDisturbed(o, stderr, func() (bstat, error) {
 				pids := g.pids()
@@ -525,7 +544,7 @@ func retryDisturbed(o *bcastFlags, stderr io.Writer, f func() (bstat, error)) (b
 
 // summarizeBroadcast turns per-run stats into rows: medians over runs, and
 // ratios to the same run's one-way baseline.
-func summarizeBroadcast(order []bkey, res map[bkey][]bstat) []bcastRow {
+func summarizeBroadcast(order []bkey, res map[bkey][]bstat, o *bcastFlags) []bcastRow {
 	med := func(sts []bstat, f func(bstat) float64) float64 {
 		v := make([]stat, len(sts))
 		for i, s := range sts {
@@ -536,7 +555,11 @@ func summarizeBroadcast(order []bkey, res map[bkey][]bstat) []bcastRow {
 	var out []bcastRow
 	for _, k := range order {
 		sts := res[k]
-		r := bcastRow{Bench: "broadcast", Table: k.table, Fabric: k.fabric, Placement: placement(k.fabric), Replicas: k.n,
+		pl := placement(k.fabric)
+		if o.pin && pl == "processes" && k.table != "election" {
+			pl = "processes, pinned"
+		}
+		r := bcastRow{Bench: "broadcast", Table: k.table, Fabric: k.fabric, Placement: pl, Replicas: k.n,
 			Window: k.window, Size: k.size, Runs: len(sts)}
 		r.P50NS = int64(med(sts, func(s bstat) float64 { return float64(s.p50) }))
 		r.P99NS = int64(med(sts, func(s bstat) float64 { return float64(s.p99) }))
@@ -583,7 +606,11 @@ func printBroadcastTable(w io.Writer, out []bcastRow, o *bcastFlags) {
 	case o.spin < 0:
 		spin = "0"
 	}
-	fmt.Fprintf(w, "replicas and one-way baseline wait in Doorbell.Wait: spin %s, then park; ratio = p50 / one-way p50\n\n", spin)
+	fmt.Fprintf(w, "replicas and one-way baseline wait in Doorbell.Wait: spin %s, then park; ratio = p50 / one-way p50\n", spin)
+	if o.pin {
+		fmt.Fprintf(w, "pinned (--pin): commit table leader on CPU 0, other replicas on CPUs 1..%d; one-way baseline on CPUs 0 and 1\n", runtime.NumCPU()-1)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	section := ""
 	for _, r := range out {

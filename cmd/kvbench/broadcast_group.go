@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -255,6 +256,30 @@ func (g *bgroup) pids() []int {
 		}
 	}
 	return out
+}
+
+// pin pins member ldr's process to CPU 0 and the other members' processes
+// round-robin to CPUs 1, 2, ... (no-op for goroutine members).
+func (g *bgroup) pin(ldr int) error {
+	n := runtime.NumCPU()
+	if n < 2 {
+		return fmt.Errorf("kvbench: --pin needs at least 2 CPUs, have %d", n)
+	}
+	next := 1
+	for i, p := range g.procs {
+		if p == nil {
+			continue
+		}
+		cpu := 0
+		if i != ldr {
+			cpu = next
+			next = next%(n-1) + 1
+		}
+		if err := pinProcess(p.Pid(), cpu); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // close ends every member and removes the shm directory.

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"runtime"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/internal/groupproc"
@@ -82,5 +85,40 @@ func TestElectionSpan(t *testing.T) {
 	}
 	if _, _, ok := electionSpan(evs[:6], old); ok {
 		t.Error("electionSpan found a span without the new epoch's commit")
+	}
+}
+
+// TestBroadcastPin runs a tiny shm commit table with --pin: the rows say
+// they were pinned, and kvbench is not left pinned to one CPU.
+func TestBroadcastPin(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("--pin needs 2 CPUs")
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"broadcast", "--groups", "shm:3", "--tables", "commit", "--sizes", "10", "--max-window", "1",
+		"--duration", "30ms", "--runs", "1", "--json", "--pin", "--shm-dir", t.TempDir()}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("kvbench broadcast --pin exited %d; stderr:\n%s", code, stderr.String())
+	}
+	rows := 0
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		if obj["placement"] != "processes, pinned" {
+			t.Errorf("line %q: placement %v, want processes, pinned", line, obj["placement"])
+		}
+		rows++
+	}
+	if rows != 2 { // the one-way baseline and W=1
+		t.Fatalf("%d rows, want 2:\n%s", rows, stdout.String())
+	}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	if set.Count() != runtime.NumCPU() {
+		t.Fatalf("kvbench left pinned to %d of %d CPUs", set.Count(), runtime.NumCPU())
 	}
 }
