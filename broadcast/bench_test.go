@@ -54,45 +54,9 @@ func BenchmarkPipelined(b *testing.B) {
 }
 
 func benchPipelined(b *testing.B, window, size int) {
-	f := mem.New(mem.Options{})
-	ids := []rdma.NodeID{1, 2, 3}
-	var rs []*Replica
-	var dbs []rdma.Doorbell
-	rings := func() (k uint64) {
-		for _, db := range dbs {
-			k += db.Seq()
-		}
-		return k
-	}
-	for _, id := range ids {
-		n, err := f.NewNode(id)
-		if err != nil {
-			b.Fatal(err)
-		}
-		r, err := New(Config{Self: id, Members: ids, ElectionTimeout: time.Hour, HeartbeatInterval: time.Millisecond}, n, &nopFSM{}, &MemStable{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer r.Close()
-		rs = append(rs, r)
-		dbs = append(dbs, n.Doorbell())
-	}
-	now := time.Duration(0)
-	poll := func() { // a virtual microsecond per round: heartbeats and pruning run
-		now += time.Microsecond
-		for _, r := range rs {
-			r.Poll(now)
-		}
-	}
-	poll()
-	rs[0].startElection(true)
-	for i := 0; i < 20 && rs[0].Status().Committed.E == 0; i++ {
-		poll()
-	}
-	leader := rs[0]
-	if leader.Status().Role != Leader {
-		b.Fatal("no leader")
-	}
+	// A virtual microsecond per round: heartbeats and pruning run.
+	g := newLockstep(b, time.Millisecond, time.Microsecond)
+	leader, poll, rings := g.rs[0], g.round, g.rings
 	msg := make([]byte, size)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()

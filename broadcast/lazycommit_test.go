@@ -3,9 +3,6 @@ package broadcast
 import (
 	"testing"
 	"time"
-
-	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/mem"
 )
 
 // TestLazyCommitBound: while the leader streams, it may leave its
@@ -14,38 +11,9 @@ import (
 // round trip) behind the leader, and once the stream stops they catch up
 // at once, without waiting for a heartbeat.
 func TestLazyCommitBound(t *testing.T) {
-	f := mem.New(mem.Options{})
-	ids := []rdma.NodeID{1, 2, 3}
-	var rs []*Replica
-	for _, id := range ids {
-		n, err := f.NewNode(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Heartbeats far apart: catching up must not depend on them.
-		r, err := New(Config{Self: id, Members: ids, ElectionTimeout: time.Hour, HeartbeatInterval: 10 * time.Minute}, n, &nopFSM{}, &MemStable{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Close()
-		rs = append(rs, r)
-	}
-	now := time.Duration(0)
-	round := func() {
-		now += 100 * time.Nanosecond
-		for _, r := range rs {
-			r.Poll(now)
-		}
-	}
-	round()
-	rs[0].startElection(true)
-	for i := 0; i < 100 && rs[0].Status().Committed.E == 0; i++ {
-		round()
-	}
-	leader := rs[0]
-	if leader.Status().Role != Leader {
-		t.Fatal("no leader")
-	}
+	// Heartbeats far apart: catching up must not depend on them.
+	g := newLockstep(t, 10*time.Minute, 100*time.Nanosecond)
+	rs, leader, round := g.rs, g.rs[0], g.round
 	const window = 4
 	msg := []byte("0123456789")
 	behindSince := map[int]time.Duration{}
@@ -76,7 +44,7 @@ func TestLazyCommitBound(t *testing.T) {
 			t.Fatalf("proposal failed: %v", failed)
 		}
 		round()
-		if now > time.Second {
+		if g.now > time.Second {
 			t.Fatalf("3000 proposals not delivered in a virtual second: %+v", leader.Status())
 		}
 		li := leader.Status().Index
@@ -90,9 +58,9 @@ func TestLazyCommitBound(t *testing.T) {
 				continue
 			}
 			if _, ok := behindSince[k]; !ok {
-				behindSince[k] = now
+				behindSince[k] = g.now
 			}
-			if lag := now - behindSince[k]; lag > lazyCommitDelay+5*time.Microsecond {
+			if lag := g.now - behindSince[k]; lag > lazyCommitDelay+5*time.Microsecond {
 				t.Fatalf("follower %d has been behind the leader for %v", k+1, lag)
 			}
 		}
