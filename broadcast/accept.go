@@ -132,7 +132,7 @@ func (r *Replica) driveFetch(l *link) bool {
 	for l.up && f.nextOff < len(f.buf) && len(f.inflight) < 16 {
 		n := min(chunk, len(f.buf)-f.nextOff)
 		wr := rdma.WR{Kind: rdma.OpRead, Region: f.region, Offset: uint64(f.nextOff), Buf: f.buf[f.nextOff : f.nextOff+n]}
-		if !l.post(r, r.now, wr) {
+		if !l.post(r, wr) {
 			break
 		}
 		f.nextOff += n

@@ -40,6 +40,7 @@ type link struct {
 
 	wrs []rdma.WR // push list (pushLink), reused
 	ops []pushOp
+	one [1]rdma.WR // post's list
 
 	fetch snapFetch
 
@@ -172,24 +173,10 @@ func (l *link) pollCompletions(r *Replica, now time.Duration) bool {
 	return progress
 }
 
-// post posts wr, signalling every signalEvery ops (selective signalling).
-func (l *link) post(r *Replica, now time.Duration, wr rdma.WR) bool {
-	if !l.up {
-		return false
-	}
-	wr.ID = l.postSeq
-	if wr.Kind == rdma.OpRead || l.postSeq-l.lastSignaled >= signalEvery {
-		wr.Flags |= rdma.Signaled
-		l.lastSignaled = l.postSeq
-	}
-	if err := l.conn.Post(wr); err != nil {
-		if !errors.Is(err, rdma.ErrQueueFull) {
-			l.fail(r, now)
-		}
-		return false
-	}
-	l.postSeq++
-	return true
+// post posts wr alone (postList of one).
+func (l *link) post(r *Replica, wr rdma.WR) bool {
+	l.one[0] = wr
+	return l.postList(r, l.one[:]) == 1
 }
 
 // slotBuf returns staging slot s's 64-byte buffer, or nil while the write
