@@ -10,11 +10,28 @@ import (
 // lazyCommitEntries (plus what is in flight) or lazyCommitDelay (plus a
 // round trip) behind the leader, and once the stream stops they catch up
 // at once, without waiting for a heartbeat.
+//
+// Two clocks make each bound bite: with 100 ns rounds and a window of 4,
+// 32 entries commit well inside 20 µs, so the entries bound sends the row;
+// with 2 µs rounds and a window of 1, one entry commits every few rounds,
+// so 20 µs pass long before 32 entries do.
 func TestLazyCommitBound(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		step   time.Duration
+		window int
+	}{
+		{"entries", 100 * time.Nanosecond, 4},
+		{"delay", 2 * time.Microsecond, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) { testLazyCommitBound(t, c.step, c.window) })
+	}
+}
+
+func testLazyCommitBound(t *testing.T, step time.Duration, window int) {
 	// Heartbeats far apart: catching up must not depend on them.
-	g := newLockstep(t, 10*time.Minute, 100*time.Nanosecond)
+	g := newLockstep(t, 10*time.Minute, step)
 	rs, leader, round := g.rs, g.rs[0], g.round
-	const window = 4
 	msg := []byte("0123456789")
 	behindSince := map[int]time.Duration{}
 	var failed error
@@ -44,13 +61,13 @@ func TestLazyCommitBound(t *testing.T) {
 			t.Fatalf("proposal failed: %v", failed)
 		}
 		round()
-		if g.now > time.Second {
-			t.Fatalf("3000 proposals not delivered in a virtual second: %+v", leader.Status())
+		if g.now > 10*time.Second {
+			t.Fatalf("3000 proposals not delivered in 10 virtual seconds: %+v", leader.Status())
 		}
 		li := leader.Status().Index
 		for k, r := range rs[1:] {
 			fi := r.Status().Index
-			if li > fi+lazyCommitEntries+window+1 {
+			if li > fi+lazyCommitEntries+uint64(window)+1 {
 				t.Fatalf("follower %d delivered %d, leader %d: more than %d behind", k+1, fi, li, lazyCommitEntries+window+1)
 			}
 			if fi >= li {
@@ -60,7 +77,7 @@ func TestLazyCommitBound(t *testing.T) {
 			if _, ok := behindSince[k]; !ok {
 				behindSince[k] = g.now
 			}
-			if lag := g.now - behindSince[k]; lag > lazyCommitDelay+5*time.Microsecond {
+			if lag := g.now - behindSince[k]; lag > lazyCommitDelay+5*step+5*time.Microsecond {
 				t.Fatalf("follower %d has been behind the leader for %v", k+1, lag)
 			}
 		}
