@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -57,22 +56,16 @@ flags:
 
 // bcastFlags are the options of the broadcast benchmark.
 type bcastFlags struct {
-	duration   time.Duration
-	runs       int
+	commonFlags
 	groups     []groupSpec
 	elecGroups []groupSpec
 	sizes      []int
 	maxWindow  int
 	elections  int
 	tables     []string
-	json       bool
-	shmDir     string
-	cpuProf    string
 	commitET   time.Duration
 	spin       time.Duration
 	pin        bool
-	maxOther   float64
-	retries    int
 
 	soak       time.Duration
 	soakEvery  time.Duration
@@ -83,15 +76,11 @@ type bcastFlags struct {
 }
 
 func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
-	fs := flag.NewFlagSet("broadcast", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, broadcastUsage)
-		fs.PrintDefaults()
-	}
 	o := &bcastFlags{}
-	fs.DurationVar(&o.duration, "duration", time.Second, "how long each commit measurement and each one-way baseline runs (after a warm-up)")
-	fs.IntVar(&o.runs, "runs", 3, "runs; every figure is the median over them")
+	fs := o.commonFlags.flagSet("broadcast", broadcastUsage, stderr,
+		"how long each commit measurement and each one-way baseline runs (after a warm-up)",
+		"repeat a one-way or commit measurement while other processes use more than this many CPUs",
+		"write a CPU profile of this process to `file`; KVBENCH_PEER_CPUPROFILE=path profiles every replica process (path.<pid>)")
 	groups := fs.String("groups", "shm:3,mem:3,mem:7", "commit table: comma-separated fabric:replicas groups")
 	elec := fs.String("election-groups", "shm:3,shm:5,mem:7,mem:9", "election table: comma-separated fabric:replicas groups")
 	sizes := fs.String("sizes", "10,1000", "commit table: comma-separated message sizes in bytes (>= 8)")
@@ -101,11 +90,6 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 	fs.DurationVar(&o.commitET, "commit-election-timeout", time.Second, "election timeout of the commit table's groups (long, so that a descheduled leader is not voted out mid-measurement); the election table uses broadcast's default")
 	fs.BoolVar(&o.pin, "pin", false, "commit table and its one-way baseline, process fabrics: pin the leader's process to CPU 0 and the other replicas to the other CPUs, and the baseline's two processes to CPUs 0 and 1 (needs 2 CPUs)")
 	fs.DurationVar(&o.spin, "spin", 0, "doorbell spin budget of the replicas' nodes and of the one-way baseline (0: rdma.DefaultSpin; negative: park at once)")
-	fs.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a one-way or commit measurement while other processes use more than this many CPUs")
-	fs.IntVar(&o.retries, "retries", 2, "most repeats of one measurement because of background load")
-	fs.BoolVar(&o.json, "json", false, "print one JSON object per result line instead of a table")
-	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files")
-	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to `file`; KVBENCH_PEER_CPUPROFILE=path profiles every replica process (path.<pid>)")
 	fs.DurationVar(&o.soak, "soak", 0, "run only the memory test, for this long (e.g. 10m)")
 	fs.DurationVar(&o.soakEvery, "soak-every", time.Minute, "soak: RSS sampling interval")
 	fs.DurationVar(&o.soakWarm, "soak-warmup", 10*time.Second, "soak: load before the first RSS sample")
@@ -148,11 +132,10 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 			return nil, fmt.Errorf("broadcast: unknown table %q (want commit, election)", t)
 		}
 	}
+	if err := o.commonFlags.check("broadcast"); err != nil {
+		return nil, err
+	}
 	switch {
-	case o.duration <= 0:
-		return nil, errors.New("broadcast: --duration must be positive")
-	case o.runs <= 0:
-		return nil, errors.New("broadcast: --runs must be positive")
 	case o.maxWindow <= 0:
 		return nil, errors.New("broadcast: --max-window must be positive")
 	case o.elections <= 0:
@@ -323,7 +306,7 @@ func onewayBaseline(fabric, shmDir string, spin time.Duration, pin bool, tm timi
 	case spin < 0:
 		spin = 0 // fabricSpin: park at once
 	}
-	s, err := openSession(fabric, "park", &fabricFlags{parkSpin: spin, shmDir: shmDir})
+	s, err := openSession(fabric, "park", &fabricFlags{parkSpin: spin, commonFlags: commonFlags{shmDir: shmDir}})
 	if err != nil {
 		return bstat{}, err
 	}

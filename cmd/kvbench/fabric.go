@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -56,46 +54,31 @@ flags:
 
 // fabricFlags are the options of the fabric benchmark.
 type fabricFlags struct {
-	duration time.Duration
-	runs     int
+	commonFlags
 	fabrics  []string
 	modes    []string
 	ops      []string
 	sizes    []int
-	json     bool
 	parkSpin time.Duration
 	batch    int
 	slots    int
-	shmDir   string
-	cpuProf  string
 	noBase   bool
-	maxOther float64
-	retries  int
 }
 
 func parseFabricFlags(args []string, stderr io.Writer) (*fabricFlags, error) {
-	fs := flag.NewFlagSet("fabric", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, fabricUsage)
-		fs.PrintDefaults()
-	}
 	o := &fabricFlags{}
-	fs.DurationVar(&o.duration, "duration", time.Second, "how long each measurement runs (after a short warm-up)")
-	fs.IntVar(&o.runs, "runs", 3, "runs; every figure is the median over them")
+	fs := o.commonFlags.flagSet("fabric", fabricUsage, stderr,
+		"how long each measurement runs (after a short warm-up)",
+		"repeat a measurement while other processes use more than this many CPUs",
+		"write a CPU profile of this (the initiator's) process to `file`, for go tool pprof; KVBENCH_PEER_CPUPROFILE=path profiles the peer processes")
 	fabrics := fs.String("fabrics", "mem,shm,tcp", "comma-separated fabrics to measure")
 	modes := fs.String("modes", "spin,park", "comma-separated modes: spin (poll memory), park (Doorbell.Wait)")
 	ops := fs.String("ops", "write,read,ring", "comma-separated measurements: write (write-oneway), read (read-rtt), ring (ring-write)")
 	sizes := fs.String("sizes", "64,1024", "comma-separated ring message sizes in bytes (multiples of 8, >= 16)")
-	fs.BoolVar(&o.json, "json", false, "print one JSON object per result line instead of a table")
 	fs.DurationVar(&o.parkSpin, "park-spin", 0, "doorbell spin budget in park mode (0: park at once)")
 	fs.IntVar(&o.batch, "batch", 64, "ring messages per tail publication")
 	fs.IntVar(&o.slots, "slots", 4096, "ring slots")
-	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files (shm fabric and baselines)")
-	fs.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a measurement while other processes use more than this many CPUs")
-	fs.IntVar(&o.retries, "retries", 2, "most repeats of one measurement because of background load")
 	fs.BoolVar(&o.noBase, "no-baselines", false, "skip the baselines (no ratios; for profiling a fabric alone)")
-	fs.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this (the initiator's) process to `file`, for go tool pprof; KVBENCH_PEER_CPUPROFILE=path profiles the peer processes")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -127,11 +110,10 @@ func parseFabricFlags(args []string, stderr io.Writer) (*fabricFlags, error) {
 		}
 		o.sizes = append(o.sizes, n)
 	}
+	if err := o.commonFlags.check("fabric"); err != nil {
+		return nil, err
+	}
 	switch {
-	case o.duration <= 0:
-		return nil, errors.New("fabric: --duration must be positive")
-	case o.runs <= 0:
-		return nil, errors.New("fabric: --runs must be positive")
 	case o.batch <= 0 || o.slots < o.batch:
 		return nil, fmt.Errorf("fabric: need 0 < --batch (%d) <= --slots (%d)", o.batch, o.slots)
 	}

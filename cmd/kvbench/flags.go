@@ -1,0 +1,53 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"time"
+)
+
+// commonFlags are the options every kvbench benchmark takes.
+type commonFlags struct {
+	duration time.Duration
+	runs     int
+	json     bool
+	shmDir   string
+	cpuProf  string
+	maxOther float64
+	retries  int
+}
+
+// flagSet returns the flag set of subcommand cmd, printing usage and then
+// the flags' defaults on stderr, with the common flags registered into c.
+// The help texts of --duration, --max-other and --cpuprofile say what they
+// mean for this benchmark.
+func (c *commonFlags) flagSet(cmd, usage string, stderr io.Writer, durationHelp, maxOtherHelp, cpuProfHelp string) *flag.FlagSet {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	fs.DurationVar(&c.duration, "duration", time.Second, durationHelp)
+	fs.IntVar(&c.runs, "runs", 3, "runs; every figure is the median over them")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object per result line instead of a table")
+	fs.StringVar(&c.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files (shm fabric and baselines)")
+	fs.StringVar(&c.cpuProf, "cpuprofile", "", cpuProfHelp)
+	fs.Float64Var(&c.maxOther, "max-other", 0.25, maxOtherHelp)
+	fs.IntVar(&c.retries, "retries", 2, "most repeats of one measurement because of background load")
+	return fs
+}
+
+// check validates the common flags of subcommand cmd.
+func (c *commonFlags) check(cmd string) error {
+	switch {
+	case c.duration <= 0:
+		return fmt.Errorf("%s: --duration must be positive", cmd)
+	case c.runs <= 0:
+		return fmt.Errorf("%s: --runs must be positive", cmd)
+	case c.retries < 0:
+		return fmt.Errorf("%s: --retries must not be negative", cmd)
+	}
+	return nil
+}
