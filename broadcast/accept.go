@@ -2,7 +2,6 @@ package broadcast
 
 import (
 	"encoding/binary"
-	"fmt"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -107,8 +106,15 @@ func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 	size := int(binary.LittleEndian.Uint64(payload[8:]))
 	check := binary.LittleEndian.Uint64(payload[16:])
 	commit := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[24:])), Cnt: binary.LittleEndian.Uint64(payload[32:])}
-	if hdr.E < r.eNew || size < snapMetaWords*8 || size > 1<<40 {
+	if hdr.E < r.eNew || size < snapMetaWords*8 {
 		return true // Fig. 5 l.54 would refuse the diff it belongs to
+	}
+	if size > r.cfg.MaxSnapshot {
+		// Not fetched, so the diff that follows is refused and the leader
+		// re-syncs us: we stay behind, visibly, rather than allocate it.
+		r.tracef("node %d refuses a %d-byte snapshot from node %d: MaxSnapshot is %d", r.self, size, r.mems[i].id, r.cfg.MaxSnapshot)
+		r.ctr.SnapshotsRefused++
+		return true
 	}
 	if !f.active || f.region != region || f.check != check || f.commit != commit || len(f.buf) != size {
 		*f = snapFetch{active: true, region: region, check: check, commit: commit, buf: make([]byte, size)}
@@ -250,20 +256,11 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 
 // restore installs a fetched snapshot taken at commit point at.
 func (r *Replica) restore(b []byte, at MsgHdr) error {
-	if len(b) < snapMetaWords*8 {
-		return fmt.Errorf("broadcast: snapshot of %d bytes: %w", len(b), ErrCorrupt)
+	index, table, state, err := decodeSnapshot(b, r.cfg.Members)
+	if err != nil {
+		return err
 	}
-	index := binary.LittleEndian.Uint64(b[0:])
-	nt := binary.LittleEndian.Uint64(b[8:])
-	if nt != uint64(r.n) || len(b) < 16+int(nt)*16 {
-		return fmt.Errorf("broadcast: snapshot table of %d rows for %d members: %w", nt, r.n, ErrCorrupt)
-	}
-	table := make([]tableRec, r.n)
-	for k := range table {
-		w := b[16+k*16:]
-		table[k] = tableRec{oinc: binary.LittleEndian.Uint32(w[4:]), pseq: binary.LittleEndian.Uint64(w[8:])}
-	}
-	if err := r.fsm.Restore(b[16+r.n*16:]); err != nil {
+	if err := r.fsm.Restore(state); err != nil {
 		return err
 	}
 	r.ctr.SnapshotsRestored++
@@ -285,17 +282,7 @@ func (r *Replica) snapshotBytes() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := make([]byte, 16+r.n*16+len(data))
-	binary.LittleEndian.PutUint64(b[0:], r.index)
-	binary.LittleEndian.PutUint64(b[8:], uint64(r.n))
-	for k, t := range r.table {
-		w := b[16+k*16:]
-		binary.LittleEndian.PutUint32(w[0:], uint32(r.cfg.Members[k]))
-		binary.LittleEndian.PutUint32(w[4:], t.oinc)
-		binary.LittleEndian.PutUint64(w[8:], t.pseq)
-	}
-	copy(b[16+r.n*16:], data)
-	return b, nil
+	return encodeSnapshot(r.index, r.cfg.Members, r.table, data), nil
 }
 
 // nextAfter returns the Log entry following h, or nil.

@@ -2,6 +2,7 @@ package broadcast
 
 import (
 	"encoding/binary"
+	"fmt"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -190,6 +191,7 @@ const (
 	snapRecLen    = 40
 	diffSnapshot  = 1 // flags: the diff's base is the fetched snapshot
 	snapMetaWords = 2 // snapshot region: [index u64][ntable u64][table ...][fsm bytes]
+	snapTableRec  = 16
 )
 
 type proposalID struct {
@@ -242,4 +244,52 @@ func getDiffEntry(src []byte) (e *entry, size int, ok bool) {
 	}
 	size = diffEntryHdr + rdma.Round8(int(dlen))
 	return e, min(size, len(src)), true
+}
+
+// Snapshot region contents (what a member behind the pruned log fetches):
+//
+//	[index u64][n u64] then n table records, one per member in Members order:
+//	  [member u32][oinc u32][pseq u64]
+//	then the FSM's snapshot bytes, to the end.
+//
+// index is the number of entries the snapshot covers and the table each
+// member's last delivered proposal (the duplicate filter).
+
+// encodeSnapshot lays out a snapshot of the given members.
+func encodeSnapshot(index uint64, members []rdma.NodeID, table []tableRec, state []byte) []byte {
+	n := len(members)
+	b := make([]byte, snapMetaWords*8+n*snapTableRec+len(state))
+	binary.LittleEndian.PutUint64(b[0:], index)
+	binary.LittleEndian.PutUint64(b[8:], uint64(n))
+	for k, t := range table {
+		w := b[snapMetaWords*8+k*snapTableRec:]
+		binary.LittleEndian.PutUint32(w[0:], uint32(members[k]))
+		binary.LittleEndian.PutUint32(w[4:], t.oinc)
+		binary.LittleEndian.PutUint64(w[8:], t.pseq)
+	}
+	copy(b[snapMetaWords*8+n*snapTableRec:], state)
+	return b
+}
+
+// decodeSnapshot validates a fetched snapshot against this group's members
+// and splits it; state aliases b. Errors wrap ErrBadSnapshot.
+func decodeSnapshot(b []byte, members []rdma.NodeID) (index uint64, table []tableRec, state []byte, err error) {
+	if len(b) < snapMetaWords*8 {
+		return 0, nil, nil, fmt.Errorf("broadcast: snapshot of %d bytes: %w", len(b), ErrBadSnapshot)
+	}
+	index = binary.LittleEndian.Uint64(b[0:])
+	nt := binary.LittleEndian.Uint64(b[8:])
+	n := len(members)
+	if nt != uint64(n) || len(b) < snapMetaWords*8+n*snapTableRec {
+		return 0, nil, nil, fmt.Errorf("broadcast: snapshot table of %d records for %d members in %d bytes: %w", nt, n, len(b), ErrBadSnapshot)
+	}
+	table = make([]tableRec, n)
+	for k := range table {
+		w := b[snapMetaWords*8+k*snapTableRec:]
+		if m := rdma.NodeID(binary.LittleEndian.Uint32(w[0:])); m != members[k] {
+			return 0, nil, nil, fmt.Errorf("broadcast: snapshot table record %d is for node %d, member %d is node %d: %w", k, m, k, members[k], ErrBadSnapshot)
+		}
+		table[k] = tableRec{oinc: binary.LittleEndian.Uint32(w[4:]), pseq: binary.LittleEndian.Uint64(w[8:])}
+	}
+	return index, table, b[snapMetaWords*8+n*snapTableRec:], nil
 }

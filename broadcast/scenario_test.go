@@ -193,10 +193,18 @@ func TestEmptyDiffTruncatesStaleEntries(t *testing.T) {
 // MaxLogEntries entries comes back behind the pruned Log; the leader sends
 // a snapshot that the follower fetches with one-sided reads, then a diff
 // with the tail, and the follower ends with the same sequence.
+// With a MaxSnapshot below the snapshot's size the follower refuses it and
+// stays behind, with what it had delivered intact, while the others go on.
 func TestSnapshotCatchUp(t *testing.T) {
+	t.Run("fetched", func(t *testing.T) { testSnapshotCatchUp(t, 0) })
+	t.Run("refused", func(t *testing.T) { testSnapshotCatchUp(t, 32) })
+}
+
+func testSnapshotCatchUp(t *testing.T, maxSnapshot int) {
 	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, func(cfg *Config) {
 		cfg.MaxLogEntries = 8
 		cfg.MaxRecord = 512
+		cfg.MaxSnapshot = maxSnapshot
 	})
 	n1, n3 := c.get(1), c.get(3)
 	c.settle(nil)
@@ -227,10 +235,20 @@ func TestSnapshotCatchUp(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		c.settle(nil)
 	}
+	s3 := n3.r.Status()
+	if maxSnapshot != 0 {
+		for _, id := range []rdma.NodeID{1, 2} {
+			wantSeq(t, c, id, want...)
+		}
+		wantSeq(t, c, 3, want[:5]...)
+		if n3.fsm.restores != 0 || s3.Counters.SnapshotsRefused == 0 {
+			t.Errorf("node 3 restored %d snapshots and refused %d, want 0 and some: %+v", n3.fsm.restores, s3.Counters.SnapshotsRefused, s3.Counters)
+		}
+		return
+	}
 	for _, id := range []rdma.NodeID{1, 2, 3} {
 		wantSeq(t, c, id, want...)
 	}
-	s3 := n3.r.Status()
 	if n3.fsm.restores != 1 || s3.Counters.SnapshotsRestored != 1 {
 		t.Errorf("node 3 restored %d snapshots, want 1: %+v", n3.fsm.restores, s3.Counters)
 	}

@@ -59,7 +59,10 @@ type FileStable struct {
 }
 
 // stable file: [magic u32][incarnation u64][e_new u64][crc32 u32], little-endian.
-const stableMagic = 0x41435544 // "ACUD"
+const (
+	stableMagic = 0x41435544 // "ACUD"
+	stableLen   = 24
+)
 
 // ErrCorrupt: the stable file failed validation.
 var ErrCorrupt = errors.New("broadcast: stable file corrupt")
@@ -73,19 +76,34 @@ func (f FileStable) Load() (StableState, error) {
 	if err != nil {
 		return StableState{}, fmt.Errorf("broadcast: load stable state: %w", err)
 	}
-	if len(b) != 24 || binary.LittleEndian.Uint32(b) != stableMagic || crc32.ChecksumIEEE(b[:20]) != binary.LittleEndian.Uint32(b[20:]) {
-		return StableState{}, fmt.Errorf("broadcast: load stable state from %s: %w", f.Path, ErrCorrupt)
+	st, ok := decodeStable(b)
+	if !ok {
+		return StableState{}, fmt.Errorf("broadcast: load stable state from %s (%d bytes): %w", f.Path, len(b), ErrCorrupt)
 	}
-	return StableState{Incarnation: binary.LittleEndian.Uint64(b[4:]), ENew: Epoch(binary.LittleEndian.Uint64(b[12:]))}, nil
+	return st, nil
 }
 
-// Save implements Stable.
-func (f FileStable) Save(s StableState) error {
-	var b [24]byte
+// encodeStable lays out the stable file.
+func encodeStable(s StableState) [stableLen]byte {
+	var b [stableLen]byte
 	binary.LittleEndian.PutUint32(b[0:], stableMagic)
 	binary.LittleEndian.PutUint64(b[4:], s.Incarnation)
 	binary.LittleEndian.PutUint64(b[12:], uint64(s.ENew))
 	binary.LittleEndian.PutUint32(b[20:], crc32.ChecksumIEEE(b[:20]))
+	return b
+}
+
+// decodeStable validates a stable file's bytes.
+func decodeStable(b []byte) (StableState, bool) {
+	if len(b) != stableLen || binary.LittleEndian.Uint32(b) != stableMagic || crc32.ChecksumIEEE(b[:20]) != binary.LittleEndian.Uint32(b[20:]) {
+		return StableState{}, false
+	}
+	return StableState{Incarnation: binary.LittleEndian.Uint64(b[4:]), ENew: Epoch(binary.LittleEndian.Uint64(b[12:]))}, true
+}
+
+// Save implements Stable.
+func (f FileStable) Save(s StableState) error {
+	b := encodeStable(s)
 	tmp := f.Path + ".tmp"
 	fd, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {

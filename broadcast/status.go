@@ -29,6 +29,7 @@ type Counters struct {
 	DiffParts         uint64 // diff records received, parts and ends
 	SnapshotsSent     uint64
 	SnapshotsRestored uint64
+	SnapshotsRefused  uint64 // snapshot announcements larger than MaxSnapshot
 	Reconnects        uint64 // Conns re-opened after breaking
 	Requeued          uint64 // proposals handed back after an epoch ended without them
 	Delivered         uint64

@@ -146,6 +146,11 @@ type Config struct {
 	// MaxLogEntries bounds the committed entries kept in the Log for
 	// catch-up; a member further behind gets a snapshot. Default 65536.
 	MaxLogEntries int
+	// MaxSnapshot bounds the snapshot this replica fetches from a leader
+	// (its FSM state plus a small table); a larger one is refused, so a
+	// replica behind the pruned log stays behind rather than allocate it.
+	// Default 4 GiB.
+	MaxSnapshot int
 	// MaxUncommitted bounds the leader's uncommitted entries; beyond it new
 	// proposals wait (back pressure). Default 16384.
 	MaxUncommitted int
@@ -199,6 +204,7 @@ const (
 	DefaultElectionTimeout                 = 20 * time.Millisecond
 	DefaultMaxLogEntries                   = 1 << 16
 	DefaultMaxUncommitted                  = 1 << 14
+	DefaultMaxSnapshot                     = 4 << 30
 	DefaultMaxPending                      = 1 << 16
 	DefaultProposeTimeout                  = 2 * time.Second
 	DefaultReconnectMin                    = time.Millisecond
@@ -254,6 +260,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxUncommitted == 0 {
 		c.MaxUncommitted = DefaultMaxUncommitted
 	}
+	if c.MaxSnapshot == 0 {
+		c.MaxSnapshot = DefaultMaxSnapshot
+	}
+	if c.MaxSnapshot < 0 {
+		return c, fmt.Errorf("broadcast: config: max snapshot %d is negative: %w", c.MaxSnapshot, ErrConfig)
+	}
 	if c.MaxPending == 0 {
 		c.MaxPending = DefaultMaxPending
 	}
@@ -284,6 +296,9 @@ var (
 	ErrTimeout = errors.New("broadcast: proposal timed out without a leader")
 	// ErrTooLarge: the proposal does not fit in one ring record.
 	ErrTooLarge = errors.New("broadcast: proposal larger than the record limit")
+	// ErrBadSnapshot: a fetched snapshot failed validation (it is not
+	// installed; the replica fetches another).
+	ErrBadSnapshot = errors.New("broadcast: malformed snapshot")
 	// ErrStopped: the replica was closed. The proposal's outcome is
 	// unknown: it may still be delivered by the rest of the group.
 	ErrStopped = errors.New("broadcast: replica stopped")
