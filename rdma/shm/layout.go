@@ -188,7 +188,9 @@ func decodeRegionHeader(b []byte, fileSize int) (regionHeader, error) {
 	size, ids := le.Uint64(b[16:]), le.Uint64(b[24:])
 	slots, dataOff := le.Uint64(b[48:]), le.Uint64(b[56:])
 	switch {
-	case slots == 0 || slots > uint64(fileSize) || dataOff > uint64(fileSize) || dataOff%8 != 0 || dataOff < regionTableOff+slots*regionSlotSize:
+	// slots is bounded by what fits before dataOff (a division: slots *
+	// regionSlotSize could wrap around 2^64 and pass a product check).
+	case slots == 0 || dataOff > uint64(fileSize) || dataOff%8 != 0 || dataOff < regionTableOff || slots > (dataOff-regionTableOff)/regionSlotSize:
 		return regionHeader{}, fmt.Errorf("%w: bad peer table (%d slots, data at %d)", ErrCorrupt, slots, dataOff)
 	case size%8 != 0 || size > maxRegionLength || dataOff+size != uint64(fileSize):
 		return regionHeader{}, fmt.Errorf("%w: size %d and data offset %d do not match file size %d", ErrCorrupt, size, dataOff, fileSize)
