@@ -84,7 +84,11 @@ func (f *FSM) decode(s []byte) error {
 	if len(s) < 17 {
 		return fmt.Errorf("groupproc: snapshot of %d bytes: %w", len(s), ErrSnapshot)
 	}
-	index, hash, rec := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:]), s[16] == 1
+	index, hash, flag := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:]), s[16]
+	if flag > 1 {
+		return fmt.Errorf("groupproc: snapshot record flag %d: %w", flag, ErrSnapshot)
+	}
+	rec := flag == 1
 	s = s[17:]
 	var entries []string
 	if rec {
@@ -102,6 +106,9 @@ func (f *FSM) decode(s []byte) error {
 	}
 	if f.record && !rec {
 		return fmt.Errorf("groupproc: recording FSM restored from a digest-only snapshot: %w", ErrSnapshot)
+	}
+	if !f.record {
+		entries = nil // a digest-only FSM keeps no entries
 	}
 	f.index, f.hash, f.entries = index, hash, entries
 	return nil
