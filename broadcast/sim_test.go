@@ -341,6 +341,7 @@ func (c *Counters) add(o Counters) {
 	c.DiffParts += o.DiffParts
 	c.SnapshotsSent += o.SnapshotsSent
 	c.SnapshotsRestored += o.SnapshotsRestored
+	c.SnapshotsRefused += o.SnapshotsRefused
 	c.Reconnects += o.Reconnects
 	c.Requeued += o.Requeued
 	c.Delivered += o.Delivered
