@@ -169,7 +169,7 @@ func FuzzDiffEntry(f *testing.F) {
 	})
 }
 
-// FuzzSnapshot: a fetched snapshot either fails with ErrBadSnapshot or is
+// FuzzSnapshot: a fetched snapshot either fails with errBadSnapshot or is
 // exactly the encoding of what it decoded to (one encoding per snapshot).
 func FuzzSnapshot(f *testing.F) {
 	members := []rdma.NodeID{1, 2, 3}
@@ -184,8 +184,8 @@ func FuzzSnapshot(f *testing.F) {
 		}
 		index, table, state, err := decodeSnapshot(b, members)
 		if err != nil {
-			if !errors.Is(err, ErrBadSnapshot) {
-				t.Fatalf("error %v does not wrap ErrBadSnapshot", err)
+			if !errors.Is(err, errBadSnapshot) {
+				t.Fatalf("error %v does not wrap errBadSnapshot", err)
 			}
 			return
 		}

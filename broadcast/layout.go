@@ -2,6 +2,7 @@ package broadcast
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/cespare/xxhash/v2"
@@ -189,9 +190,9 @@ const (
 	diffHdr       = 24
 	diffEntryHdr  = 40
 	snapRecLen    = 40
-	diffSnapshot  = 1 // flags: the diff's base is the fetched snapshot
-	snapMetaWords = 2 // snapshot region: [index u64][ntable u64][table ...][fsm bytes]
-	snapTableRec  = 16
+	diffSnapshot  = 1  // flags: the diff's base is the fetched snapshot
+	snapMetaWords = 2  // snapshot region: [index u64][ntable u64][table ...][fsm bytes]
+	snapTableRec  = 16 // one member's record in the snapshot's table
 )
 
 type proposalID struct {
@@ -255,6 +256,10 @@ func getDiffEntry(src []byte) (e *entry, size int, ok bool) {
 // index is the number of entries the snapshot covers and the table each
 // member's last delivered proposal (the duplicate filter).
 
+// errBadSnapshot: a fetched snapshot failed validation. It is traced, not
+// installed, and the leader's re-sync sends another; no API returns it.
+var errBadSnapshot = errors.New("broadcast: malformed snapshot")
+
 // encodeSnapshot lays out a snapshot of the given members.
 func encodeSnapshot(index uint64, members []rdma.NodeID, table []tableRec, state []byte) []byte {
 	n := len(members)
@@ -272,22 +277,22 @@ func encodeSnapshot(index uint64, members []rdma.NodeID, table []tableRec, state
 }
 
 // decodeSnapshot validates a fetched snapshot against this group's members
-// and splits it; state aliases b. Errors wrap ErrBadSnapshot.
+// and splits it; state aliases b. Errors wrap errBadSnapshot.
 func decodeSnapshot(b []byte, members []rdma.NodeID) (index uint64, table []tableRec, state []byte, err error) {
 	if len(b) < snapMetaWords*8 {
-		return 0, nil, nil, fmt.Errorf("broadcast: snapshot of %d bytes: %w", len(b), ErrBadSnapshot)
+		return 0, nil, nil, fmt.Errorf("broadcast: snapshot of %d bytes: %w", len(b), errBadSnapshot)
 	}
 	index = binary.LittleEndian.Uint64(b[0:])
 	nt := binary.LittleEndian.Uint64(b[8:])
 	n := len(members)
 	if nt != uint64(n) || len(b) < snapMetaWords*8+n*snapTableRec {
-		return 0, nil, nil, fmt.Errorf("broadcast: snapshot table of %d records for %d members in %d bytes: %w", nt, n, len(b), ErrBadSnapshot)
+		return 0, nil, nil, fmt.Errorf("broadcast: snapshot table of %d records for %d members in %d bytes: %w", nt, n, len(b), errBadSnapshot)
 	}
 	table = make([]tableRec, n)
 	for k := range table {
 		w := b[snapMetaWords*8+k*snapTableRec:]
 		if m := rdma.NodeID(binary.LittleEndian.Uint32(w[0:])); m != members[k] {
-			return 0, nil, nil, fmt.Errorf("broadcast: snapshot table record %d is for node %d, member %d is node %d: %w", k, m, k, members[k], ErrBadSnapshot)
+			return 0, nil, nil, fmt.Errorf("broadcast: snapshot table record %d is for node %d, member %d is node %d: %w", k, m, k, members[k], errBadSnapshot)
 		}
 		table[k] = tableRec{oinc: binary.LittleEndian.Uint32(w[4:]), pseq: binary.LittleEndian.Uint64(w[8:])}
 	}

@@ -296,9 +296,6 @@ var (
 	ErrTimeout = errors.New("broadcast: proposal timed out without a leader")
 	// ErrTooLarge: the proposal does not fit in one ring record.
 	ErrTooLarge = errors.New("broadcast: proposal larger than the record limit")
-	// ErrBadSnapshot: a fetched snapshot failed validation (it is not
-	// installed; the replica fetches another).
-	ErrBadSnapshot = errors.New("broadcast: malformed snapshot")
 	// ErrStopped: the replica was closed. The proposal's outcome is
 	// unknown: it may still be delivered by the rest of the group.
 	ErrStopped = errors.New("broadcast: replica stopped")
