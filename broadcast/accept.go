@@ -68,7 +68,8 @@ func (r *Replica) readRing(i int) bool {
 // acceptMsg is Acuerdo Fig. 5 l.47-53: normal message acceptance.
 func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 	// Acuerdo Fig. 5 l.47: only messages of the epoch we are in.
-	if hdr.E != r.eNew || hdr.E != r.eCur || r.role != Follower || hdr.E.Leader() != sender || len(payload) < entryMeta {
+	if hdr.E != r.eNew || hdr.E != r.eCur || r.role != Follower || hdr.E.Leader() != sender || len(payload) < entryMeta ||
+		len(payload) > entryMeta+maxProposal(r.cfg.MaxRecord) { // a member with another MaxRecord: never accepted, never in a diff of ours
 		return
 	}
 	if !r.accepted.Less(hdr) {
@@ -86,6 +87,10 @@ func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 func (r *Replica) acceptForward(hdr MsgHdr, payload []byte) bool {
 	if r.role != Leader || hdr.E != r.eCur || !r.epochDone || len(payload) < entryMeta {
 		return true // not for us: the follower re-forwards after the next epoch's diff
+	}
+	if len(payload) > entryMeta+maxProposal(r.cfg.MaxRecord) {
+		r.tracef("node %d drops a forwarded proposal of %d bytes: its MaxRecord differs from ours", r.self, len(payload)-entryMeta)
+		return true
 	}
 	if r.uncommitted() >= r.cfg.MaxUncommitted {
 		return false
@@ -171,7 +176,7 @@ func (r *Replica) acceptDiffPart(i int, sender rdma.NodeID, kind uint8, hdr MsgH
 	}
 	for p := payload[diffHdr:]; len(p) > 0; {
 		e, size, ok := getDiffEntry(p)
-		if !ok {
+		if !ok || len(e.data) > maxProposal(r.cfg.MaxRecord) {
 			*d = pendingDiff{}
 			return
 		}

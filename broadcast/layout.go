@@ -195,6 +195,13 @@ const (
 	snapTableRec  = 16 // one member's record in the snapshot's table
 )
 
+// maxProposal is the largest proposal data for records of at most
+// maxRecord payload bytes (a multiple of 8): the tightest record that
+// carries a proposal is a diff part holding it alone, a diffHdr part header
+// and one diffEntryHdr entry header before the data; a message or forwarded
+// record needs only entryMeta. This is the one place the limit is derived.
+func maxProposal(maxRecord int) int { return maxRecord - diffHdr - diffEntryHdr }
+
 type proposalID struct {
 	origin rdma.NodeID
 	oinc   uint32

@@ -2,6 +2,7 @@ package broadcast
 
 import (
 	"encoding/binary"
+	"fmt"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -146,6 +147,12 @@ func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
 				return false
 			}
 			if n+diffEntrySize(e) > len(p) {
+				if n == diffHdr {
+					// Propose admits only data that fits a part alone
+					// (maxProposal); an entry that does not would stall
+					// this diff for ever.
+					panic(fmt.Sprintf("broadcast: entry %v of %d bytes does not fit a diff part of %d (acceptance admits only maxProposal)", e.hdr, len(e.data), len(p)))
+				}
 				more = true
 				return false
 			}

@@ -114,8 +114,13 @@ func (r *Replica) ProposeFunc(data []byte, done func(index uint64, err error)) {
 	r.propose(data, done)
 }
 
+// MaxProposal is the largest data Propose accepts (Config.MaxRecord-64
+// bytes): one that fits every record that may carry it (a message, a
+// forwarded proposal, a diff part after an election).
+func (r *Replica) MaxProposal() int { return maxProposal(r.cfg.MaxRecord) }
+
 func (r *Replica) propose(data []byte, cb func(uint64, error)) *Proposal {
-	if entryMeta+len(data) > r.cfg.MaxRecord-diffEntryHdr {
+	if len(data) > maxProposal(r.cfg.MaxRecord) {
 		p := &Proposal{cb: cb}
 		p.finish(0, ErrTooLarge)
 		return p

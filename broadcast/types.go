@@ -132,8 +132,13 @@ type Config struct {
 	// RingSize is the byte size of each incoming ring (a multiple of 8).
 	// Default 1 MiB.
 	RingSize int
-	// MaxRecord bounds one ring record's payload; a proposal's data must fit
-	// in MaxRecord-16 bytes, larger diffs are sent in several parts.
+	// MaxRecord bounds one ring record's payload (rounded down to a
+	// multiple of 8, in [256, RingSize/4]). It sets the proposal limit:
+	// a proposal's data may have up to MaxRecord-64 bytes
+	// (Replica.MaxProposal), so that it fits, with its headers, in every
+	// record that carries it: a message or forwarded proposal (16 bytes of
+	// metadata) and a diff part (a 24-byte part header and a 40-byte entry
+	// header). Diffs larger than one record go in several parts.
 	// Default RingSize/8.
 	MaxRecord int
 	// HeartbeatInterval is how often a member pushes its CommitSST row with
@@ -294,7 +299,7 @@ var (
 	// ErrTimeout: the proposal found no leader within ProposeTimeout; it was
 	// not delivered and will not be, so retrying is safe.
 	ErrTimeout = errors.New("broadcast: proposal timed out without a leader")
-	// ErrTooLarge: the proposal does not fit in one ring record.
+	// ErrTooLarge: the proposal's data is larger than MaxProposal.
 	ErrTooLarge = errors.New("broadcast: proposal larger than the record limit")
 	// ErrStopped: the replica was closed. The proposal's outcome is
 	// unknown: it may still be delivered by the rest of the group.
