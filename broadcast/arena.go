@@ -53,6 +53,7 @@ func (s *slab) ref() {
 type slabPool struct {
 	mu   sync.Mutex
 	free []*slab
+	live atomic.Int64 // slabs handed out and not put back (Status.Slabs)
 }
 
 func (p *slabPool) get() *slab {
@@ -67,10 +68,12 @@ func (p *slabPool) get() *slab {
 		s = &slab{buf: make([]byte, slabSize), pool: p}
 	}
 	s.refs.Store(1) // the cursor's
+	p.live.Add(1)
 	return s
 }
 
 func (p *slabPool) put(s *slab) {
+	p.live.Add(-1)
 	p.mu.Lock()
 	if len(p.free) < slabPoolSize {
 		p.free = append(p.free, s)

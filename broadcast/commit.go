@@ -87,6 +87,9 @@ func (r *Replica) commit() bool {
 	}
 	r.committed = bound
 	r.commitMoved = true
+	if r.log.Len() > r.cfg.MaxLogEntries+r.uncommitted() {
+		r.prune() // MaxLogEntries is a hard bound, not one per prune period
+	}
 	if r.cfg.Trace != nil {
 		r.tracef("node %d commits up to %v (delivered %d)", r.self, bound, r.index)
 	}
@@ -118,9 +121,12 @@ func (r *Replica) deliver(e *entry) {
 }
 
 // prune removes committed entries nobody is expected to need: below every
-// member's Commit_SST entry heard within the timeout and every follower
-// cursor, and in any case beyond MaxLogEntries committed entries (a member
-// that far behind gets a snapshot).
+// member's Commit_SST entry heard within the timeout, every streaming
+// follower's cursor and every diff being sent; and in any case beyond
+// MaxLogEntries committed entries, whoever still needs them. MaxLogEntries
+// is a hard bound: a follower whose cursor or diff was pruned (serve) is
+// synced again, by snapshot, so a member that is down, partitioned or
+// stuck mid catch-up for good never makes the leader's Log grow.
 func (r *Replica) prune() {
 	floor := r.committed
 	for i := range r.mems {
@@ -136,7 +142,9 @@ func (r *Replica) prune() {
 			f := &r.fol[i]
 			switch f.state {
 			case fsSync:
-				keep = minHdr(keep, f.packed)
+				if !f.snap || f.snapSent || r.bug == bugUnboundedLog { // else the snapshot will be the base
+					keep = minHdr(keep, f.packed)
+				}
 			case fsStream:
 				floor = minHdr(floor, f.next)
 			}
@@ -149,7 +157,7 @@ func (r *Replica) prune() {
 		if !ok || r.committed.Less(e.hdr) {
 			return
 		}
-		if floor.Less(e.hdr) && (ncommitted <= r.cfg.MaxLogEntries || keep.Less(e.hdr)) {
+		if floor.Less(e.hdr) && (ncommitted <= r.cfg.MaxLogEntries || r.bug == bugUnboundedLog && keep.Less(e.hdr)) {
 			return
 		}
 		r.pruned = maxHdr(r.pruned, e.hdr)

@@ -59,6 +59,13 @@ func (r *Replica) serve(i int) bool {
 			r.startSync(i)
 		}
 	}
+	if f.state == fsSync && (!f.snap || f.snapSent) && f.packed.Less(r.pruned) {
+		// The Log was pruned past what this diff still has to send
+		// (MaxLogEntries: the follower is down or too slow): start over,
+		// from a snapshot.
+		r.tracef("node %d re-syncs node %d: its diff was pruned at %v", r.self, m.id, r.pruned)
+		r.startSync(i)
+	}
 	progress := false
 	if f.state == fsSync {
 		if !r.sendDiff(i, f, l) {

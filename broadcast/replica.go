@@ -73,6 +73,7 @@ type follower struct {
 const (
 	bugNone           = iota
 	bugMinorityCommit // the leader commits without a majority
+	bugUnboundedLog   // a diff being sent holds the Log past MaxLogEntries
 )
 
 const (

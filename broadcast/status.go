@@ -1,6 +1,10 @@
 package broadcast
 
-import "github.com/rdmakv/rdmakv/rdma"
+import (
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
 
 // Status: what the replica shows other goroutines.
 
@@ -13,12 +17,79 @@ type Status struct {
 	Accepted    MsgHdr
 	Committed   MsgHdr
 	Index       uint64 // entries delivered
-	LogLen      int
+	LogLen      int    // entries in the Log (at most MaxLogEntries committed ones plus the uncommitted)
+	Slabs       int    // 64 KiB data slabs in use (Log entries and unresolved proposals)
 	Pruned      MsgHdr
 	Vote        Vote
 	CatchingUp  bool
 	Pending     int // proposals not yet resolved
-	Counters    Counters
+	// Members is what this replica knows of each member (itself included),
+	// in Config.Members order; a leader also says how it serves each one.
+	Members  []MemberStatus
+	Counters Counters
+}
+
+// MemberState is how a replica sees one member of its group.
+type MemberState uint8
+
+// Member states, as Status.Members reports them.
+const (
+	// MemberUnknown: never heard from (not started, or unreachable since
+	// this replica started).
+	MemberUnknown MemberState = iota
+	// MemberSelf: this replica.
+	MemberSelf
+	// MemberUnreachable: heard from before, but none of its rows changed
+	// for an election timeout (crashed, partitioned, or stopped).
+	MemberUnreachable
+	// MemberUp: its rows move (a follower's view of the others, or a
+	// leader's view of a member it is not serving yet).
+	MemberUp
+	// MemberSyncing: the leader is sending it a diff (Acuerdo Fig. 7
+	// l.119-126), from its Log.
+	MemberSyncing
+	// MemberSnapshot: the leader is catching it up with a snapshot (it
+	// was behind the pruned Log, or restarted with empty memory).
+	MemberSnapshot
+	// MemberStreaming: the diff went out; the leader streams new
+	// messages to it as they are broadcast.
+	MemberStreaming
+)
+
+// String returns the state's name.
+func (s MemberState) String() string {
+	switch s {
+	case MemberUnknown:
+		return "unknown"
+	case MemberSelf:
+		return "self"
+	case MemberUnreachable:
+		return "unreachable"
+	case MemberUp:
+		return "up"
+	case MemberSyncing:
+		return "syncing"
+	case MemberSnapshot:
+		return "snapshot"
+	case MemberStreaming:
+		return "streaming"
+	}
+	return "state(?)"
+}
+
+// MemberStatus is what a replica knows of one member.
+type MemberStatus struct {
+	ID          rdma.NodeID
+	State       MemberState
+	Incarnation uint64 // of its rows; 0: never heard
+	Accepted    MsgHdr // its AcceptSST row (a leader hears it; others may not)
+	Committed   MsgHdr // its CommitSST row
+	// HeardAt is when one of its rows last changed (the replica's clock,
+	// as passed to Poll); Silent is how long ago that was, as of the
+	// Status (0 for self).
+	HeardAt time.Duration
+	Silent  time.Duration
+	LinkUp  bool // this replica's Conn to it is up
 }
 
 // Counters count protocol events since the replica started.
@@ -44,13 +115,52 @@ func (s Status) Leader() (rdma.NodeID, bool) {
 	return s.ECur.Leader(), true
 }
 
+// memberStatus fills ms with what we know of member i.
+func (r *Replica) memberStatus(i int, ms *MemberStatus) {
+	m := &r.mems[i]
+	*ms = MemberStatus{ID: m.id, Incarnation: m.inc, HeardAt: m.heardAt}
+	if i == r.me {
+		ms.State, ms.Incarnation, ms.Accepted, ms.Committed, ms.HeardAt = MemberSelf, r.inc, r.accepted, r.committed, r.now
+		return
+	}
+	ms.LinkUp = r.links[i].up
+	if m.valid[tAccept] {
+		ms.Accepted = m.acceptHdr()
+	}
+	if m.valid[tCommit] {
+		ms.Committed = m.commitHdr()
+	}
+	ms.Silent = r.now - m.heardAt
+	switch {
+	case m.inc == 0:
+		ms.State = MemberUnknown
+	case ms.Silent > r.cfg.ElectionTimeout:
+		ms.State = MemberUnreachable
+	case r.role != Leader || r.fol[i].state == fsIdle:
+		ms.State = MemberUp
+	case r.fol[i].state == fsStream:
+		ms.State = MemberStreaming
+	case r.fol[i].snap:
+		ms.State = MemberSnapshot
+	default:
+		ms.State = MemberSyncing
+	}
+}
+
 func (r *Replica) publishStatus() {
 	pending := int(r.npending.Load())
-	s := Status{Self: r.self, Incarnation: r.inc, Role: r.role, ECur: r.eCur, ENew: r.eNew,
-		Accepted: r.accepted, Committed: r.committed, Index: r.index, LogLen: r.log.Len(),
-		Pruned: r.pruned, Vote: r.vote, CatchingUp: r.catchingUp, Pending: pending, Counters: r.ctr}
 	r.stmu.Lock()
-	r.status = s
+	ms := r.status.Members
+	if len(ms) != r.n {
+		ms = make([]MemberStatus, r.n)
+	}
+	for i := range ms {
+		r.memberStatus(i, &ms[i])
+	}
+	r.status = Status{Self: r.self, Incarnation: r.inc, Role: r.role, ECur: r.eCur, ENew: r.eNew,
+		Accepted: r.accepted, Committed: r.committed, Index: r.index, LogLen: r.log.Len(),
+		Slabs: int(r.slabs.live.Load()), Pruned: r.pruned, Vote: r.vote, CatchingUp: r.catchingUp,
+		Pending: pending, Members: ms, Counters: r.ctr}
 	r.stmu.Unlock()
 }
 
@@ -58,5 +168,7 @@ func (r *Replica) publishStatus() {
 func (r *Replica) Status() Status {
 	r.stmu.Lock()
 	defer r.stmu.Unlock()
-	return r.status
+	s := r.status
+	s.Members = append([]MemberStatus(nil), s.Members...)
+	return s
 }
