@@ -1,17 +1,40 @@
 # rdmakv developer entry points. `make test` is the one test command (README,
-# .ci/run); `make run` is the one run command.
+# .ci/run): gofmt and go vet, the allocation tests without the race detector
+# (noalloc), every package's tests with it (unit), then a short run of every
+# fuzz target (fuzz-short). `make run` is the one run command.
 
 GO ?= go
 # A count of executions, not a duration: see scripts/fuzz-short (golang/go#75804).
 FUZZTIME ?= 300000x
 
-.PHONY: test run vet unit fuzz-short bench
+.PHONY: test run vet noalloc unit fuzz-short bench
 
-test: vet unit fuzz-short
+test: vet noalloc unit fuzz-short
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+
+# The testing.AllocsPerRun tests skip under -race (the race detector
+# allocates on its own), so unit never runs them: this pass does, without
+# -race. NOALLOC_RUN selects exactly them: each fabric's conformance
+# subtests NoAllocs and PostList/NoAllocs (rdma/fabrictest), tcp's
+# TestSteadyStateAllocs, and broadcast's TestSlabReuse (which also runs in
+# unit). The pass fails if any is skipped or if fewer than NOALLOC_TESTS of
+# them pass (a renamed test would otherwise drop out of the regexp silently);
+# a new allocation test goes into NOALLOC_RUN and NOALLOC_TESTS.
+NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast
+NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse)$$/^(NoAllocs|PostList)$$/^NoAllocs$$
+# 3 fabrics x 2 subtests, TestSteadyStateAllocs, TestSlabReuse:
+NOALLOC_TESTS := 8
+
+noalloc:
+	@out=$$($(GO) test -v -timeout 5m -run '$(NOALLOC_RUN)' $(NOALLOC_PKGS) 2>&1); st=$$?; \
+	[ $$st -eq 0 ] || { printf '%s\n' "$$out"; exit $$st; }; \
+	printf '%s\n' "$$out" | grep -E -e '--- (PASS|SKIP)|^ok'; \
+	if printf '%s\n' "$$out" | grep -qE -e '--- SKIP|no tests to run'; then echo "noalloc: an allocation test was skipped or not selected"; exit 1; fi; \
+	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/(PostList/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse) '); \
+	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
 unit:
 	$(GO) test -race -timeout 30m ./...
