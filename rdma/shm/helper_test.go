@@ -152,6 +152,13 @@ func runRole(role string) {
 	if role == "waiter" {
 		o.Spin = -1
 	}
+	if role == "owned" { // the node lives in a directory of its own, marked as ours
+		d, err := MkdirOwned(o.Dir, "owned-")
+		if err != nil {
+			fail("mkdir: %v", err)
+		}
+		o.Dir = d
+	}
 	n, err := Open(rdma.NodeID(args["id"]), o)
 	if err != nil {
 		fail("open: %v", err)
@@ -165,6 +172,8 @@ func runRole(role string) {
 	switch role {
 	case "hold":
 		fmt.Println("ready")
+	case "owned":
+		fmt.Println("ready", o.Dir)
 	case "waiter":
 		db := n.Doorbell()
 		seq := db.Seq()
@@ -181,7 +190,7 @@ func runRole(role string) {
 			fail("post: %v", err)
 		}
 		fmt.Println("rang")
-	case "stuck-writer", "writer":
+	case "stuck-writer", "writer", "big-writer":
 		c, err := n.Connect(rdma.NodeID(args["peer"]))
 		if err != nil {
 			fail("connect: %v", err)
@@ -199,9 +208,18 @@ func runRole(role string) {
 		}
 		fmt.Println("ready")
 		buf := make([]byte, 8)
+		if role == "big-writer" {
+			// Whole-region writes: the op's window is open most of the
+			// time, so a SIGSTOP likely catches one in flight.
+			buf = make([]byte, 4096)
+		}
 		for v := uint64(1); ; v++ {
 			binary.LittleEndian.PutUint64(buf, v)
-			if err := c.Post(rdma.WR{Kind: rdma.OpWrite, Region: 1, Offset: 8 * (v % 8), Buf: buf}); err != nil {
+			off := 8 * (v % 8)
+			if role == "big-writer" {
+				off = 0
+			}
+			if err := c.Post(rdma.WR{Kind: rdma.OpWrite, Region: 1, Offset: off, Buf: buf}); err != nil {
 				fail("post: %v", err)
 			}
 			var cs [1]rdma.Completion

@@ -27,7 +27,11 @@
 // initiator announces the op in its peer slot's in-flight word, checks its
 // grant, touches the data, and retracts; Revoke clears the grant and waits
 // for in-flight to drain or for the writer's process to be gone, bounded by
-// a timeout (ErrRevokeTimeout), so it never waits forever.
+// a timeout (ErrRevokeTimeout), so it never waits forever; after a timeout
+// the ops then in flight may still land (a stopped, not dead, peer).
+//
+// SweepStale removes what dead processes left in a directory for every
+// cluster, and whole directories made by MkdirOwned (sweep.go).
 //
 // # Liveness and doorbells
 //
@@ -66,8 +70,11 @@ var (
 	// has an rdmakv name but is not a valid rdmakv file.
 	ErrCorrupt = errors.New("shm: not a valid rdmakv file")
 	// ErrRevokeTimeout is returned by Grant and Revoke when a live peer
-	// kept an op in flight on the region for longer than the revoke
-	// timeout. The grant is cleared, but that one op may still land.
+	// process (stopped, or not scheduled) kept an op in flight on the
+	// region for longer than the revoke timeout. The grant is cleared, but
+	// the ops in flight then (at most one Post or PostList run per Conn of
+	// the peer) may still land when that process runs again; a later
+	// Revoke waits for them again (see Region.Revoke).
 	ErrRevokeTimeout = errors.New("shm: peer op still in flight at revoke timeout")
 )
 
