@@ -149,10 +149,28 @@ type Region interface {
 	Bytes() []byte
 	// Grant sets peer's access. Granting PermNone is Revoke.
 	Grant(peer NodeID, p Perm) error
-	// Revoke removes peer's access. When it returns, no write or atomic
-	// from peer lands any more, also when the peer is mid-operation or its
-	// process has died; the peer's next op on this region fails with
-	// ErrPermission and breaks its Conn.
+	// Revoke removes peer's access at once: every op of peer on this
+	// region that has not begun by then (tcp: that the RNIC has not begun
+	// to apply) fails with ErrPermission and breaks its Conn. What it
+	// returns says whether ops already under way may still land:
+	//
+	//   - nil: no write or atomic from peer lands any more, also when peer
+	//     was mid-operation or its process has died. On mem and tcp every
+	//     op is applied in this process under the region's lock, which
+	//     Revoke takes, so this holds without waiting for the peer. On shm
+	//     the peer's process stores into the memory itself, so Revoke
+	//     waits until the ops it had in flight finished or that process is
+	//     provably dead.
+	//   - an error wrapping shm.ErrRevokeTimeout (shm only): a live peer
+	//     process (stopped by SIGSTOP, or not scheduled) kept an op in
+	//     flight for the whole revoke timeout, max(2*PeerTimeout, 1s).
+	//     Later ops fail as above, but the ops in flight then (at most one
+	//     Post or PostList run per Conn of that peer) may still land,
+	//     whenever that process runs again. Revoke again to wait again (it
+	//     returns nil once they drained), or Close the region: nothing
+	//     lands in this node's memory after Close.
+	//   - an error wrapping ErrClosed: the region is closed; nothing lands
+	//     in it.
 	Revoke(peer NodeID) error
 	// Close deregisters the region; peers' later ops fail with ErrNoRegion.
 	Close() error

@@ -24,6 +24,11 @@ type Region struct {
 
 	mu     sync.Mutex // serialises Grant, Revoke and Close
 	closed bool
+	// undrained: peers whose last reduction of access timed out
+	// (ErrRevokeTimeout), so an op the old grant allowed may still land.
+	// A later Grant that does not widen their access drains again instead
+	// of returning nil at once.
+	undrained map[rdma.NodeID]bool
 }
 
 var _ rdma.Region = (*Region)(nil)
@@ -35,8 +40,10 @@ func (r *Region) ID() rdma.RegionID { return r.id }
 func (r *Region) Bytes() []byte { return r.data }
 
 // Grant implements rdma.Region. Granting less than before (PermNone is
-// Revoke) returns only when no op of peer that the old grant allowed can
-// still land; see Revoke.
+// Revoke) returns nil only when no op of peer that the old grant allowed
+// can still land, and ErrRevokeTimeout otherwise; see Revoke. After such a
+// timeout, granting the same or less again waits again (a retried Revoke
+// returns nil only once the op drained); granting more forgets it.
 func (r *Region) Grant(peer rdma.NodeID, p rdma.Perm) error {
 	p &= rdma.PermReadWrite
 	r.mu.Lock()
@@ -53,10 +60,19 @@ func (r *Region) Grant(peer rdma.NodeID, p rdma.Perm) error {
 	}
 	old := rdma.Perm(rdma.Load64(r.file, off+slotGrant))
 	rdma.Store64(r.file, off+slotGrant, uint64(p))
-	if old&^p == 0 {
+	if old&^p == 0 && (!r.undrained[peer] || p&^old != 0) {
+		delete(r.undrained, peer)
 		return nil
 	}
-	return r.drain(peer, off)
+	if err := r.drain(peer, off); err != nil {
+		if r.undrained == nil {
+			r.undrained = map[rdma.NodeID]bool{}
+		}
+		r.undrained[peer] = true
+		return err
+	}
+	delete(r.undrained, peer)
+	return nil
 }
 
 // insertSlot gives peer a slot with grant p. Only the owner inserts, under
@@ -103,10 +119,24 @@ func (r *Region) drain(peer rdma.NodeID, off int) error {
 	}
 }
 
-// Revoke implements rdma.Region. When it returns nil, no op of peer lands
-// any more: the grant is cleared and every op in flight has finished or its
-// process is dead. It never waits longer than the revoke timeout (see
-// Options.PeerTimeout).
+// Revoke implements rdma.Region. It clears peer's grant at once, so every
+// op of peer that starts after that fails with rdma.ErrPermission. Then it
+// waits for the ops already in flight (announced in the peer's in-flight
+// word before the grant was cleared): at most one window per Conn of peer
+// to this node, each a run of consecutive work requests of one Post or
+// PostList on this region.
+//
+//   - nil: every op in flight has finished or its process is dead (pid
+//     gone, a zombie, or a new process with the same pid): no op of peer
+//     lands any more.
+//   - an error wrapping ErrRevokeTimeout: a live process of peer (e.g.
+//     stopped by SIGSTOP, or never scheduled) kept an op in flight for the
+//     whole revoke timeout, max(2*Options.PeerTimeout, 1s). The grant is
+//     cleared, but those in-flight ops may still land, whenever that
+//     process runs again. Revoke again to wait again: it returns nil only
+//     once they drained. Or Close the region: this node's memory is then
+//     unmapped, and what lands goes to the unlinked file only.
+//   - rdma.ErrClosed: the region was closed (nothing lands in its memory).
 func (r *Region) Revoke(peer rdma.NodeID) error { return r.Grant(peer, rdma.PermNone) }
 
 // Close implements rdma.Region: peers' later ops fail with

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -182,5 +185,79 @@ func TestXFutexWake(t *testing.T) {
 	nf.expect("rang")
 	if !<-woke {
 		t.Fatal("a Notify write from another process did not wake the parked node")
+	}
+}
+
+// TestXRevokeStoppedWriter: a peer process stopped by SIGSTOP in the middle
+// of an op is alive, so Revoke cannot wait it out: it returns
+// ErrRevokeTimeout after the revoke timeout, and so does a second Revoke
+// while the op is still in flight. Once the process runs again its op
+// finishes, its next one fails with ErrPermission, and Revoke returns nil.
+func TestXRevokeStoppedWriter(t *testing.T) {
+	o := newTestOptions(t)
+	o.PeerTimeout = 100 * time.Millisecond // revoke timeout: 1s
+	n1 := mustOpen(t, 1, o)
+	r := mustRegister(t, n1, 1, 4096, 2, rdma.PermReadWrite)
+	reg := r.(*Region)
+	ch := startChild(t, o, "big-writer", "id=2", "peer=1")
+	ch.expect("ready")
+	pid := ch.cmd.Process.Pid
+	defer unix.Kill(pid, unix.SIGCONT)
+	off := findSlot(reg.file, regionSlots, 2)
+	if off < 0 {
+		t.Fatal("no slot for node 2")
+	}
+	stop := func() {
+		t.Helper()
+		if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			if st, _, err := procStat(pid); err == nil && (st == 'T' || st == 't') {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the writer did not stop within 5s of SIGSTOP")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	caught := false
+	for try := 0; try < 500 && !caught; try++ {
+		stop()
+		if rdma.Load64(reg.file, off+slotInflight) != 0 {
+			caught = true
+			break
+		}
+		unix.Kill(pid, unix.SIGCONT)
+		time.Sleep(time.Duration(try%5) * 50 * time.Microsecond)
+	}
+	if !caught {
+		t.Skip("500 SIGSTOPs never caught the writer with an op in flight")
+	}
+	for i := 1; i <= 2; i++ {
+		start := time.Now()
+		err := r.Revoke(2)
+		if !errors.Is(err, ErrRevokeTimeout) {
+			t.Fatalf("Revoke %d with a stopped writer mid-op = %v, want ErrRevokeTimeout", i, err)
+		}
+		if d := time.Since(start); d < 900*time.Millisecond {
+			t.Fatalf("Revoke %d gave up after %v, before the 1s revoke timeout", i, d)
+		}
+	}
+	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	line := ch.expect("stopped")
+	if !strings.Contains(line, rdma.ErrPermission.Error()) {
+		t.Fatalf("writer after SIGCONT: %q, want its next op to fail with ErrPermission", line)
+	}
+	if err := r.Revoke(2); err != nil {
+		t.Fatalf("Revoke after the stopped op drained: %v", err)
+	}
+	snap := bytes.Clone(r.Bytes())
+	time.Sleep(20 * time.Millisecond)
+	if !bytes.Equal(snap, r.Bytes()) {
+		t.Fatal("a write landed after Revoke returned nil")
 	}
 }
