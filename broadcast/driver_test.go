@@ -75,11 +75,27 @@ func startMember(t testing.TB, f *mem.Fabric, cfg Config, m *rtMember) {
 	}()
 }
 
+// stop cancels the member's driver and, once it returned, closes the
+// replica and the node. A driver that does not return within testWait
+// panics (benchmarks use stop too) rather than hang.
 func (m *rtMember) stop() {
+	if err := m.stopWithin(testWait); err != nil {
+		panic(err)
+	}
+}
+
+// stopWithin is stop that returns an error, leaving the replica open, if
+// the driver has not returned within d of its cancel.
+func (m *rtMember) stopWithin(d time.Duration) error {
 	m.cancel()
-	<-m.done
+	select {
+	case <-m.done:
+	case <-time.After(d):
+		return fmt.Errorf("node %d: the driver did not return within %v of its cancel", m.id, d)
+	}
 	m.r.Close()
 	m.node.Close()
+	return nil
 }
 
 // TestDriverRealTime runs three replicas in real time on the mem fabric:
@@ -99,12 +115,19 @@ func TestDriverRealTime(t *testing.T) {
 	defer func() {
 		for _, m := range ms {
 			if m.done != nil {
-				m.stop()
+				if err := m.stopWithin(testWait); err != nil {
+					t.Error(err)
+				}
 			}
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	replicas := func() []*Replica {
+		var rs []*Replica
+		for _, m := range ms {
+			rs = append(rs, m.r)
+		}
+		return rs
+	}
 
 	propose := func(round, per int, at []*rtMember) {
 		t.Helper()
@@ -116,7 +139,12 @@ func TestDriverRealTime(t *testing.T) {
 				defer wg.Done()
 				for k := 0; k < per; k++ {
 					d := fmt.Sprintf("r%d-n%d-%d", round, m.id, k)
-					i, err := m.r.Propose([]byte(d)).Wait(ctx)
+					p := m.r.Propose([]byte(d))
+					if err := awaitResolved(p, fmt.Sprintf("%s at node %d", d, m.id), testWait, replicas()...); err != nil {
+						errs <- err
+						return
+					}
+					i, err := p.Result()
 					if err != nil {
 						errs <- fmt.Errorf("%s: %w", d, err)
 						return
@@ -146,7 +174,9 @@ func TestDriverRealTime(t *testing.T) {
 	if leader == nil {
 		t.Fatal("no leader after the first round")
 	}
-	leader.stop()
+	if err := leader.stopWithin(testWait); err != nil {
+		t.Fatal(err)
+	}
 	var rest []*rtMember
 	for _, m := range ms {
 		if m != leader {
@@ -158,18 +188,13 @@ func TestDriverRealTime(t *testing.T) {
 	// Restart it with empty memory and its stable state: it catches up.
 	startMember(t, f, cfg, leader)
 	propose(2, 50, ms)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitCond(t, "all three members deliver the same 650 entries", testWait, func() error {
 		a, b, c := ms[0].fsm.seqCopy(), ms[1].fsm.seqCopy(), ms[2].fsm.seqCopy()
 		if len(a) == 650 && fmt.Sprint(a) == fmt.Sprint(b) && fmt.Sprint(b) == fmt.Sprint(c) {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("members did not converge: %d %d %d entries; statuses %+v %+v %+v", len(a), len(b), len(c),
-				ms[0].r.Status(), ms[1].r.Status(), ms[2].r.Status())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("%d, %d, %d entries", len(a), len(b), len(c))
+	}, replicas()...)
 	if s := leader.r.Status(); s.Counters.SnapshotsRestored == 0 {
 		t.Logf("restarted member caught up by diff, not snapshot: %+v", s.Counters)
 	}

@@ -2,6 +2,7 @@ package broadcast
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -51,14 +52,16 @@ func TestShmGroup(t *testing.T) {
 	}
 	defer func() {
 		cancel()
-		wg.Wait()
+		if !waitGroup(&wg, testWait) {
+			t.Errorf("the drivers did not return within %v of their cancel", testWait)
+			return // the replicas may still be polled: leave them open
+		}
 		for _, m := range ms {
 			m.r.Close()
 			m.node.Close()
 		}
 	}()
-	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer wcancel()
+	rs := []*Replica{ms[0].r, ms[1].r, ms[2].r}
 	var pw sync.WaitGroup
 	errs := make(chan error, len(ms))
 	for _, m := range ms {
@@ -66,8 +69,14 @@ func TestShmGroup(t *testing.T) {
 		go func() {
 			defer pw.Done()
 			for k := 0; k < 200; k++ {
-				if _, err := m.r.Propose([]byte(fmt.Sprintf("n%d-%d", m.node.ID(), k))).Wait(wctx); err != nil {
+				d := fmt.Sprintf("n%d-%d", m.node.ID(), k)
+				p := m.r.Propose([]byte(d))
+				if err := awaitResolved(p, d, testWait, rs...); err != nil {
 					errs <- err
+					return
+				}
+				if _, err := p.Result(); err != nil {
+					errs <- fmt.Errorf("%s: %w", d, err)
 					return
 				}
 			}
@@ -78,17 +87,13 @@ func TestShmGroup(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitCond(t, "all three members deliver the same 600 entries", testWait, func() error {
 		a, b, c := ms[0].fsm.seqCopy(), ms[1].fsm.seqCopy(), ms[2].fsm.seqCopy()
 		if len(a) == 600 && fmt.Sprint(a) == fmt.Sprint(b) && fmt.Sprint(b) == fmt.Sprint(c) {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no agreement: %d %d %d entries", len(a), len(b), len(c))
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return fmt.Errorf("%d, %d, %d entries", len(a), len(b), len(c))
+	}, rs...)
 }
 
 // BenchmarkShmLatencyW1 measures one proposal at a time at the leader of a
@@ -121,25 +126,43 @@ func BenchmarkShmLatencyW1(b *testing.B) {
 	}
 	defer func() {
 		cancel()
-		wg.Wait()
+		if !waitGroup(&wg, testWait) {
+			b.Errorf("the drivers did not return within %v of their cancel", testWait)
+			return
+		}
 		for i := range rs {
 			rs[i].Close()
 			nodes[i].Close()
 		}
 	}()
 	var leader *Replica
-	for leader == nil {
+	if err := awaitCond("a leader that committed its epoch", testWait, func() error {
 		for _, r := range rs {
 			if s := r.Status(); s.Role == Leader && s.Committed.E != 0 {
 				leader = r
+				return nil
 			}
 		}
-		time.Sleep(time.Millisecond)
+		return errors.New("none")
+	}, rs...); err != nil {
+		b.Fatal(err)
 	}
+	// A watchdog bounds each wait: it cancels wctx when a proposal has not
+	// resolved within testWait (resetting a timer costs far less than the
+	// round trip measured).
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	watchdog := time.AfterFunc(testWait, wcancel)
+	defer watchdog.Stop()
 	msg := []byte("0123456789")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := leader.Propose(msg).Result(); err != nil {
+		watchdog.Reset(testWait)
+		p := leader.Propose(msg)
+		if _, err := p.Wait(wctx); err != nil {
+			if wctx.Err() != nil {
+				b.Fatal(awaitResolved(p, fmt.Sprintf("%d of %d", i+1, b.N), 0, rs...))
+			}
 			b.Fatal(err)
 		}
 	}
