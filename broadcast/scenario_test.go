@@ -93,8 +93,8 @@ func TestFig3RunningExample(t *testing.T) {
 	n1.r.Poll(c.now) // commits at node 1 on node 3's acceptance
 	c.settle(nil)
 	golden(t, "fig3-2-broadcast.trace", c.takeTrace())
-	for _, p := range []*Proposal{p1, p2} {
-		if _, err := p.Result(); err != nil {
+	for k, p := range []*Proposal{p1, p2} {
+		if _, err := waitProposal(t, p, fmt.Sprintf("m%d", k+1), 0, qreplicas(c)...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -108,7 +108,7 @@ func TestFig3RunningExample(t *testing.T) {
 	c.deliver(only([2]rdma.NodeID{1, 3}))
 	n3.r.Poll(c.now)
 	c.crash(1, 0)
-	if _, err := p3.Result(); err != ErrStopped {
+	if _, err := waitProposal(t, p3, "m3", 0, qreplicas(c)...); err != ErrStopped {
 		t.Errorf("m3 at the crashed node: %v, want ErrStopped", err)
 	}
 
@@ -141,7 +141,7 @@ func TestFig3RunningExample(t *testing.T) {
 	// A proposal at follower 2 is forwarded to node 3 and delivered at 4.
 	p4 := n2.r.Propose([]byte("m4"))
 	c.settle(not(1))
-	if i, err := p4.Result(); err != nil || i != 4 {
+	if i, err := waitProposal(t, p4, "m4", 0, qreplicas(c)...); err != nil || i != 4 {
 		t.Errorf("m4: index %d, err %v, want 4", i, err)
 	}
 	wantSeq(t, c, 2, "m1", "m2", "m3", "m4")
@@ -178,7 +178,7 @@ func TestEmptyDiffTruncatesStaleEntries(t *testing.T) {
 	c.settle(not(1, 2))
 	p2 := n3.r.Propose([]byte("m2"))
 	c.settle(not(1, 2))
-	if i, err := p2.Result(); err != nil || i != 1 {
+	if i, err := waitProposal(t, p2, "m2", 0, qreplicas(c)...); err != nil || i != 1 {
 		t.Fatalf("m2: index %d, err %v", i, err)
 	}
 	// Node 2 comes back and gets (0,3)'s empty diff, then m2.
@@ -265,18 +265,18 @@ func TestProposalErrors(t *testing.T) {
 	})
 	n1 := c.get(1)
 	c.settle(nil)
-	if _, err := n1.r.Propose(make([]byte, 600)).Result(); !errors.Is(err, ErrTooLarge) {
+	if _, err := waitProposal(t, n1.r.Propose(make([]byte, 600)), "of 600 bytes", 0); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("600 bytes: %v, want ErrTooLarge", err)
 	}
 	a, b := n1.r.Propose([]byte("a")), n1.r.Propose([]byte("b"))
-	if _, err := n1.r.Propose([]byte("c")).Result(); !errors.Is(err, ErrBusy) {
+	if _, err := waitProposal(t, n1.r.Propose([]byte("c")), "c", 0); !errors.Is(err, ErrBusy) {
 		t.Errorf("third pending proposal: %v, want ErrBusy", err)
 	}
 	c.settle(nil)
 	c.now += 20 * time.Millisecond
 	c.settle(nil)
-	for _, p := range []*Proposal{a, b} {
-		if _, err := p.Result(); !errors.Is(err, ErrTimeout) {
+	for k, p := range []*Proposal{a, b} {
+		if _, err := waitProposal(t, p, []string{"a", "b"}[k], 0, qreplicas(c)...); !errors.Is(err, ErrTimeout) {
 			t.Errorf("proposal without a leader: %v, want ErrTimeout", err)
 		}
 	}
@@ -285,7 +285,7 @@ func TestProposalErrors(t *testing.T) {
 	c.settle(nil)
 	p := n1.r.Propose([]byte("d"))
 	c.settle(nil)
-	if i, err := p.Result(); err != nil || i != 1 {
+	if i, err := waitProposal(t, p, "d", 0, qreplicas(c)...); err != nil || i != 1 {
 		t.Errorf("d: %d, %v; want index 1", i, err)
 	}
 	wantSeq(t, c, 2, "d")
@@ -321,7 +321,7 @@ func TestElectionsRacing(t *testing.T) {
 	}
 	p := c.get(1).r.Propose([]byte("x"))
 	c.settle(nil)
-	if i, err := p.Result(); err != nil || i != 1 {
+	if i, err := waitProposal(t, p, "x", 0, qreplicas(c)...); err != nil || i != 1 {
 		t.Fatalf("x: %d, %v", i, err)
 	}
 	golden(t, "elections-racing.trace", c.takeTrace())
