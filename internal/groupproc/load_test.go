@@ -2,6 +2,7 @@ package groupproc
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +31,7 @@ func memGroup(t *testing.T, record bool) ([]*Member, int) {
 		t.Cleanup(func() { m.Close() })
 		ms = append(ms, m)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testWait)
 	for time.Now().Before(deadline) {
 		for i, m := range ms {
 			if s := m.Replica().Status(); s.Role == broadcast.Leader && s.Committed.E == s.ECur {
@@ -39,8 +40,36 @@ func memGroup(t *testing.T, record bool) ([]*Member, int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	t.Fatal("no leader committed in its epoch within 10s")
+	t.Fatalf("no leader committed in its epoch within %v%s", testWait, memberStatuses(ms))
 	return nil, 0
+}
+
+// loadWithin runs ms[i].Load with a context that ends after d and fails
+// the test if the load was still running then: Load waits for its
+// proposals, which must resolve (the context bounds the wait: Load stops,
+// drains within its drain bound and returns).
+func loadWithin(t *testing.T, ms []*Member, i int, spec LoadSpec, d time.Duration) LoadResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	start := time.Now()
+	res, err := ms[i].Load(ctx, spec)
+	if err != nil {
+		t.Fatalf("load %+v at member %d: %v after %v%s", spec, i+1, err, time.Since(start).Round(time.Millisecond), memberStatuses(ms))
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("load %+v at member %d still running after %v (bound %v): %+v%s", spec, i+1, time.Since(start).Round(time.Millisecond), d, res, memberStatuses(ms))
+	}
+	return res
+}
+
+func memberStatuses(ms []*Member) string {
+	var b strings.Builder
+	for _, m := range ms {
+		s := m.Replica().Status()
+		fmt.Fprintf(&b, "\n\tmember %d: %+v", s.Self, s)
+	}
+	return b.String()
 }
 
 // TestLoad runs the closed-loop client at the leader: every measured
@@ -51,10 +80,7 @@ func TestLoad(t *testing.T) {
 	ms, ldr := memGroup(t, true)
 	const window = 8
 	spec := LoadSpec{Window: window, Size: 16, Warmup: 20 * time.Millisecond, Duration: 100 * time.Millisecond}
-	res, err := ms[ldr].Load(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := loadWithin(t, ms, ldr, spec, spec.Warmup+spec.Duration+testWait)
 	if res.N == 0 || res.Failed != 0 || res.FirstErr != "" {
 		t.Fatalf("load: %+v, want deliveries and no failures", res)
 	}
@@ -78,14 +104,14 @@ func TestLoad(t *testing.T) {
 		seen[e] = true
 	}
 	// The followers deliver the same sequence (prefixes of the leader's).
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(testWait)
 	for i, m := range ms {
 		for len(m.FSM().Entries()) < len(ents) && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 		got := m.FSM().Entries()
 		if len(got) < len(ents) {
-			t.Fatalf("member %d delivered %d entries, leader %d", i, len(got), len(ents))
+			t.Fatalf("member %d delivered %d entries, leader %d, after %v%s", i+1, len(got), len(ents), testWait, memberStatuses(ms))
 		}
 		for k := range ents {
 			if got[k] != ents[k] {
@@ -112,14 +138,14 @@ func TestLoadStop(t *testing.T) {
 	if res.N == 0 || res.Failed != 0 {
 		t.Fatalf("load: %+v", res)
 	}
-	if _, err := ms[ldr].Load(context.Background(), LoadSpec{Window: 0, Size: 8}); err == nil {
+	wctx, wcancel := context.WithTimeout(context.Background(), testWait)
+	defer wcancel()
+	if _, err := ms[ldr].Load(wctx, LoadSpec{Window: 0, Size: 8}); err == nil {
 		t.Fatal("window 0 accepted")
 	}
-	// A message the replica refuses at once ends the load with the error.
-	res, err = ms[ldr].Load(context.Background(), LoadSpec{Window: 4, Size: 1 << 20, Duration: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A message the replica refuses at once ends the load with the error
+	// (not the hour: loadWithin fails the test after testWait).
+	res = loadWithin(t, ms, ldr, LoadSpec{Window: 4, Size: 1 << 20, Duration: time.Hour}, testWait)
 	if !strings.Contains(res.FirstErr, "larger than the record limit") || res.N != 0 {
 		t.Fatalf("oversized load: %+v, want it refused as too large", res)
 	}

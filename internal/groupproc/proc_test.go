@@ -22,6 +22,11 @@ import (
 // memberEnv makes a re-executed test binary a member process.
 const memberEnv = "GROUPPROC_TEST_MEMBER"
 
+// testWait bounds a test's wait for one proposal, a leader, a convergence:
+// generous for a loaded 2-core machine under the race detector, far below
+// the package timeout, so that a test fails with a message, never hangs.
+const testWait = 30 * time.Second
+
 func TestMain(m *testing.M) {
 	if os.Getenv(memberEnv) != "" {
 		if err := Serve(os.Stdin, os.Stdout); err != nil {
@@ -70,6 +75,19 @@ func (g *group) statuses(ctx context.Context) []*broadcast.Status {
 	return out
 }
 
+// describe lists every member's status for a failure message.
+func (g *group) describe(ctx context.Context) string {
+	var b strings.Builder
+	for i, s := range g.statuses(ctx) {
+		if s == nil {
+			fmt.Fprintf(&b, "\n\tmember %d: down or not answering", i+1)
+		} else {
+			fmt.Fprintf(&b, "\n\tmember %d: %+v", i+1, *s)
+		}
+	}
+	return b.String()
+}
+
 // waitLeader waits until one live member leads an epoch whose diff has
 // committed there, and returns its index.
 func (g *group) waitLeader(ctx context.Context, not int) int {
@@ -88,22 +106,27 @@ func (g *group) waitLeader(ctx context.Context, not int) int {
 }
 
 // client proposes at one member with a window of workers, each proposing
-// distinct data one at a time, and records every outcome.
+// distinct data one at a time, and records every outcome. A worker waits
+// up to wait for each reply; a proposal still unanswered then is recorded
+// as stuck and ends the worker (the test fails on it).
 type client struct {
 	mu      sync.Mutex
 	acked   map[string]uint64 // delivered, at index (0: index unknown)
 	dropped map[string]error  // refused: must never be delivered
 	unknown map[string]error  // outcome unknown
+	stuck   []string          // not answered within wait
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
 
-func startClient(p *Proc, window int) *client {
+func startClient(p *Proc, window int, wait time.Duration) *client {
 	c := &client{acked: map[string]uint64{}, dropped: map[string]error{}, unknown: map[string]error{}, stop: make(chan struct{})}
 	for w := range window {
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
+			timer := time.NewTimer(wait)
+			defer timer.Stop()
 			for k := 0; ; k++ {
 				select {
 				case <-c.stop:
@@ -111,7 +134,17 @@ func startClient(p *Proc, window int) *client {
 				default:
 				}
 				d := fmt.Sprintf("w%d-%d", w, k)
-				r := <-p.Send(Request{Cmd: CmdPropose, Data: d})
+				start := time.Now()
+				timer.Reset(wait)
+				var r Reply
+				select {
+				case r = <-p.Send(Request{Cmd: CmdPropose, Data: d}):
+				case <-timer.C:
+					c.mu.Lock()
+					c.stuck = append(c.stuck, fmt.Sprintf("proposal %s at pid %d not resolved after %v (bound %v)", d, p.Pid(), time.Since(start).Round(time.Millisecond), wait))
+					c.mu.Unlock()
+					return
+				}
 				err := r.Error()
 				c.mu.Lock()
 				switch {
@@ -138,17 +171,47 @@ func (c *client) nacked() int {
 	return len(c.acked)
 }
 
-// waitAcked waits until at least n proposals were acknowledged.
-func (c *client) waitAcked(t *testing.T, ctx context.Context, n int, what string) {
+// waitAcked waits until at least n proposals were acknowledged; it fails
+// when ctx ends first or a worker's proposal got stuck.
+func (c *client) waitAcked(t *testing.T, ctx context.Context, g *group, n int, what string) {
 	t.Helper()
 	for c.nacked() < n {
-		if ctx.Err() != nil {
-			c.mu.Lock()
-			a, d, u := len(c.acked), len(c.dropped), len(c.unknown)
-			c.mu.Unlock()
-			t.Fatalf("%s: %d of %d proposals acknowledged; %d refused, %d unknown", what, a, n, d, u)
+		c.mu.Lock()
+		a, d, u, stuck := len(c.acked), len(c.dropped), len(c.unknown), slices.Clone(c.stuck)
+		c.mu.Unlock()
+		if ctx.Err() != nil || len(stuck) > 0 {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			st := g.describe(sctx)
+			cancel()
+			t.Fatalf("%s: %d of %d proposals acknowledged; %d refused, %d unknown; %v; stuck: %q%s", what, a, n, d, u, ctx.Err(), stuck, st)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// stopAndCheck stops the client's workers, waits for them (each waits at
+// most its bound for its last proposal, so wait is a bound here too), and
+// fails the test if one did not return or a proposal got stuck.
+func (c *client) stopAndCheck(t *testing.T, g *group, wait time.Duration) {
+	t.Helper()
+	close(c.stop)
+	done := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(wait):
+		t.Errorf("client workers still running %v after their stop", wait)
+	}
+	c.mu.Lock()
+	stuck := slices.Clone(c.stuck)
+	c.mu.Unlock()
+	if len(stuck) > 0 {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		t.Errorf("stuck proposals: %q%s", stuck, g.describe(sctx))
 	}
 }
 
@@ -238,10 +301,10 @@ func killLeader(t *testing.T, fabric func(*Config)) {
 
 	leader := g.waitLeader(ctx, -1)
 	proposer := (leader + 1) % len(ids)
-	c := startClient(g.procs[proposer], 16)
-	stopClient := sync.OnceFunc(func() { close(c.stop); c.wg.Wait() })
+	c := startClient(g.procs[proposer], 16, testWait)
+	stopClient := sync.OnceFunc(func() { c.stopAndCheck(t, g, testWait+5*time.Second) })
 	defer stopClient()
-	c.waitAcked(t, ctx, 1000, "before the kill")
+	c.waitAcked(t, ctx, g, 1000, "before the kill")
 
 	// kill -9 the leader mid-load; the client keeps proposing.
 	killed := leader
@@ -251,7 +314,7 @@ func killLeader(t *testing.T, fabric func(*Config)) {
 	}
 	g.procs[killed] = nil
 	newLeader := g.waitLeader(ctx, killed)
-	c.waitAcked(t, ctx, atKill+1000, "after the kill")
+	c.waitAcked(t, ctx, g, atKill+1000, "after the kill")
 	t.Logf("leader %d killed after %d acks; member %d leads now", ids[killed], atKill, ids[newLeader])
 
 	// Restart it with empty memory and the same stable file: it catches up.
@@ -260,7 +323,7 @@ func killLeader(t *testing.T, fabric func(*Config)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.waitAcked(t, ctx, c.nacked()+1000, "after the restart")
+	c.waitAcked(t, ctx, g, c.nacked()+1000, "after the restart")
 	for {
 		st := g.statuses(ctx)
 		if s := st[killed]; s != nil && !s.CatchingUp && s.Role == broadcast.Follower && s.Index >= ps.Index {
