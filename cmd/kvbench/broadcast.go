@@ -202,6 +202,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	sweepShmDir(o.shmDir, stderr)
 	if o.cpuProf != "" {
 		stop, err := startProfile(o.cpuProf)
 		if err != nil {
@@ -244,7 +245,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	}
 	windows := map[bkey][]int{} // from run 1: the sweep up to saturation
 	fmt.Fprintf(stderr, "kvbench broadcast: %d run(s); load average %s\n", o.runs, loadAvg())
-	ctx := context.Background()
+	ctx := runCtx
 	h := &hist{}
 	for run := 1; run <= o.runs; run++ {
 		for _, f := range fabrics {
@@ -633,7 +634,7 @@ func printBroadcastTable(w io.Writer, out []bcastRow, o *bcastFlags) {
 
 // runSoak runs sustained load on one group and samples every replica's RSS.
 func runSoak(o *bcastFlags, stdout, stderr io.Writer) error {
-	ctx := context.Background()
+	ctx := runCtx
 	g, err := openGroup(ctx, o.soakGroup, groupproc.Tuning{ElectionTimeout: o.commitET}, o.spin, o.shmDir)
 	if err != nil {
 		return fmt.Errorf("broadcast: soak: %w", err)

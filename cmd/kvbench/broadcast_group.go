@@ -95,7 +95,11 @@ func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spi
 	base := groupproc.Config{Fabric: spec.fabric, Members: ids, Tuning: tuning, Spin: spin}
 	switch spec.fabric {
 	case "shm":
-		dir, err := os.MkdirTemp(shmDir, "kvbench-bcast-")
+		wd, err := workDir(shmDir)
+		if err != nil {
+			return nil, err
+		}
+		dir, err := os.MkdirTemp(wd, "bcast-")
 		if err != nil {
 			return nil, fmt.Errorf("shm: cluster directory: %w", err)
 		}
@@ -167,6 +171,9 @@ func (g *bgroup) start(i int) error {
 	}
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), replicaEnv+"=1")
+	if err := childCmd(cmd); err != nil {
+		return err
+	}
 	cmd.Stderr = os.Stderr
 	p, err := groupproc.Spawn(cmd, c, 30*time.Second)
 	if err != nil {

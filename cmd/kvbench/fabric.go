@@ -225,6 +225,7 @@ func runFabric(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	sweepShmDir(o.shmDir, stderr)
 	rows := fabricRows(o)
 	var bases []key
 	for _, k := range rows {

@@ -127,7 +127,11 @@ func (s *session) openProcs(fabric, mode string, spin time.Duration, shmDir stri
 	var tn *tcp.Node
 	switch fabric {
 	case "shm":
-		dir, err := os.MkdirTemp(shmDir, "kvbench-")
+		wd, err := workDir(shmDir)
+		if err != nil {
+			return err
+		}
+		dir, err := os.MkdirTemp(wd, "fabric-")
 		if err != nil {
 			return fmt.Errorf("shm: cluster directory: %w", err)
 		}

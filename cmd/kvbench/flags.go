@@ -32,7 +32,7 @@ func (c *commonFlags) flagSet(cmd, usage string, stderr io.Writer, durationHelp,
 	fs.DurationVar(&c.duration, "duration", time.Second, durationHelp)
 	fs.IntVar(&c.runs, "runs", 3, "runs; every figure is the median over them")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object per result line instead of a table")
-	fs.StringVar(&c.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files (shm fabric and baselines)")
+	fs.StringVar(&c.shmDir, "shm-dir", "/dev/shm", "directory for shared-memory files (shm fabric, replicas, baselines): kvbench works in a kvbench-XXXX directory of its own there, removed when it ends or is interrupted, and first removes what dead processes left there (shm.SweepStale)")
 	fs.StringVar(&c.cpuProf, "cpuprofile", "", cpuProfHelp)
 	fs.Float64Var(&c.maxOther, "max-other", 0.25, maxOtherHelp)
 	fs.IntVar(&c.retries, "retries", 2, "most repeats of one measurement because of background load")

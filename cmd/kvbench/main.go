@@ -13,6 +13,12 @@
 // Two-party measurements run their second party in a child process: kvbench
 // re-executes itself with a hidden subcommand and drives the child with
 // JSON lines on its stdin and stdout (peer.go).
+//
+// Shared-memory files go to a work directory of this process under
+// --shm-dir. SIGINT, SIGTERM or a closed stdout end a run cleanly: the
+// children are killed, the work directory removed, and kvbench exits
+// non-zero (128+signal, or 1) with one line on stderr. Each run starts by
+// removing what dead processes left in --shm-dir (cleanup.go).
 package main
 
 import (
@@ -58,7 +64,9 @@ func main() {
 		}
 		return
 	}
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	stderr := &gatedWriter{w: os.Stderr}
+	handleSignals(stderr)
+	exit(run(os.Args[1:], stdoutWriter{w: os.Stdout, stderr: stderr}, stderr))
 }
 
 // peerProfileEnv, if set to a path, makes every peer process write a CPU
@@ -98,6 +106,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		err := c.run(args[1:], stdout, stderr)
+		if _, rerr := removeWorkDirs(false); rerr != nil {
+			fmt.Fprintf(stderr, "kvbench %s: remove work directory: %v\n", name, rerr)
+		}
 		switch {
 		case errors.Is(err, flag.ErrHelp):
 			return 0

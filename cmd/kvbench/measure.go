@@ -326,7 +326,11 @@ func (b *baselineRun) withPeer(f func(p peer) (stat, error)) (stat, error) {
 // sharedFile creates a fresh shared file for one baseline.
 func (b *baselineRun) sharedFile(name string, size int) (string, []byte, func(), error) {
 	b.k++
-	path := filepath.Join(b.dir, name+"-"+strconv.Itoa(os.Getpid())+"-"+strconv.Itoa(b.k))
+	wd, err := workDir(b.dir)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("baseline %s: %w", name, err)
+	}
+	path := filepath.Join(wd, name+"-"+strconv.Itoa(b.k))
 	m, err := createShared(path, size)
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("baseline %s: %w", name, err)

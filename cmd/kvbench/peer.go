@@ -78,6 +78,9 @@ func startPeer() (*procPeer, error) {
 	}
 	cmd := exec.Command(exe, peerCmd)
 	cmd.Env = append(os.Environ(), peerEnv+"=1")
+	if err := childCmd(cmd); err != nil {
+		return nil, err
+	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
