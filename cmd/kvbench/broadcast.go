@@ -48,6 +48,18 @@ or goroutines of this process on mem:
 sustained load for D; it prints every replica's RSS (VmRSS) at the start
 (after a warm-up) and every --soak-every.
 
+--kill-follower runs only the follower-outage test: the --soak-group group
+under the same load at the leader (--soak-window, --soak-size, after
+--soak-warmup); one follower is killed (kill -9) and left down for --down
+(default 10m) while the leader's process RSS (VmRSS), its Status (delivered
+index, LogLen) and its commits/s are sampled at the kill, every
+--outage-every (progress on stderr) and at the end; then the follower is
+restarted with the same stable file (a restarted member, higher
+incarnation), and the row says how long it took until its delivered index
+reached the leader's index at the restart (--catchup-timeout bounds it).
+It fails if the follower does not catch up or does not come back as a
+restart. One summary (--json: one object, with every sample).
+
 Each figure is the median over --runs runs; other cpu is how many CPUs
 processes other than kvbench and its replicas used meanwhile.
 
@@ -73,6 +85,11 @@ type bcastFlags struct {
 	soakWindow int
 	soakSize   int
 	soakGroup  groupSpec
+
+	killFollower   bool
+	down           time.Duration
+	outageEvery    time.Duration
+	catchupTimeout time.Duration
 }
 
 func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
@@ -92,10 +109,14 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 	fs.DurationVar(&o.spin, "spin", 0, "doorbell spin budget of the replicas' nodes and of the one-way baseline (0: rdma.DefaultSpin; negative: park at once)")
 	fs.DurationVar(&o.soak, "soak", 0, "run only the memory test, for this long (e.g. 10m)")
 	fs.DurationVar(&o.soakEvery, "soak-every", time.Minute, "soak: RSS sampling interval")
-	fs.DurationVar(&o.soakWarm, "soak-warmup", 10*time.Second, "soak: load before the first RSS sample")
-	fs.IntVar(&o.soakWindow, "soak-window", 64, "soak: client window")
-	fs.IntVar(&o.soakSize, "soak-size", 1000, "soak: message size in bytes")
-	soakGroup := fs.String("soak-group", "shm:3", "soak: the group (a process fabric)")
+	fs.DurationVar(&o.soakWarm, "soak-warmup", 10*time.Second, "soak and --kill-follower: load before the first RSS sample (the kill)")
+	fs.IntVar(&o.soakWindow, "soak-window", 64, "soak and --kill-follower: client window")
+	fs.IntVar(&o.soakSize, "soak-size", 1000, "soak and --kill-follower: message size in bytes")
+	soakGroup := fs.String("soak-group", "shm:3", "soak and --kill-follower: the group (a process fabric)")
+	fs.BoolVar(&o.killFollower, "kill-follower", false, "run only the follower-outage test: kill -9 a follower for --down under load, then restart it and time its catch-up")
+	fs.DurationVar(&o.down, "down", 10*time.Minute, "--kill-follower: how long the follower stays down")
+	fs.DurationVar(&o.outageEvery, "outage-every", 10*time.Second, "--kill-follower: interval of the leader's RSS and Status samples (progress on stderr)")
+	fs.DurationVar(&o.catchupTimeout, "catchup-timeout", 5*time.Minute, "--kill-follower: longest wait for the restarted follower to catch up")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -142,6 +163,10 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 		return nil, errors.New("broadcast: --elections must be positive")
 	case o.soak < 0 || o.soakEvery <= 0 || o.soakWindow <= 0 || o.soakSize < 8:
 		return nil, errors.New("broadcast: --soak, --soak-every, --soak-window and --soak-size must be positive (size >= 8)")
+	case o.down <= 0 || o.outageEvery <= 0 || o.catchupTimeout <= 0:
+		return nil, errors.New("broadcast: --down, --outage-every and --catchup-timeout must be positive")
+	case o.killFollower && o.soak > 0:
+		return nil, errors.New("broadcast: --kill-follower and --soak are separate tests; choose one")
 	}
 	return o, nil
 }
@@ -212,6 +237,9 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	}
 	if o.soak > 0 {
 		return runSoak(o, stdout, stderr)
+	}
+	if o.killFollower {
+		return runOutage(o, stdout, stderr)
 	}
 	tm := timing{dur: o.duration, warm: min(o.duration/5, 200*time.Millisecond)}
 	res := map[bkey][]bstat{}

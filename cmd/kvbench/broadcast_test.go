@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -120,5 +121,62 @@ func TestBroadcastPin(t *testing.T) {
 	}
 	if set.Count() != runtime.NumCPU() {
 		t.Fatalf("kvbench left pinned to %d of %d CPUs", set.Count(), runtime.NumCPU())
+	}
+}
+
+// TestBroadcastKillFollower runs the follower-outage test with a short
+// outage on shm:3 (replicas are processes of this test binary): the
+// summary row has every field, the killed follower came back as a
+// restarted member and caught up, and nothing is left in --shm-dir.
+func TestBroadcastKillFollower(t *testing.T) {
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"broadcast", "--kill-follower", "--down", "2s", "--outage-every", "500ms", "--soak-warmup", "200ms",
+		"--catchup-timeout", "60s", "--json", "--shm-dir", dir}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("kvbench broadcast --kill-follower exited %d; stdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want one summary object:\n%s", len(lines), stdout.String())
+	}
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &obj); err != nil {
+		t.Fatalf("summary %q is not JSON: %v", lines[0], err)
+	}
+	positive := []string{"replicas", "window", "size", "leader", "follower", "down_ns", "rss_start_kb", "rss_end_kb",
+		"rss_peak_kb", "rss_after_kb", "commits_per_s", "committed_down", "incarnation_before", "incarnation_after",
+		"ready_ns", "catchup_ns", "target_index", "follower_index", "load_ops_per_s"}
+	for _, k := range positive {
+		if v, ok := obj[k].(float64); !ok || v <= 0 {
+			t.Errorf("summary field %q = %v, want a positive number", k, obj[k])
+		}
+	}
+	for _, k := range []string{"log_len_start", "log_len_end", "log_len_after", "lag_after", "snapshots_restored", "diffs_accepted", "load_failed"} {
+		if _, ok := obj[k].(float64); !ok {
+			t.Errorf("summary lacks numeric field %q: %v", k, obj[k])
+		}
+	}
+	if obj["bench"] != "broadcast" || obj["table"] != "outage" || obj["fabric"] != "shm" {
+		t.Errorf("summary names %v/%v/%v, want broadcast/outage/shm", obj["bench"], obj["table"], obj["fabric"])
+	}
+	if obj["caught_up"] != true || obj["restarted"] != true {
+		t.Errorf("caught_up %v, restarted %v; want both true", obj["caught_up"], obj["restarted"])
+	}
+	if obj["down_ns"] != float64(2*time.Second) {
+		t.Errorf("down_ns %v, want 2s", obj["down_ns"])
+	}
+	if fi, ti := obj["follower_index"].(float64), obj["target_index"].(float64); fi < ti {
+		t.Errorf("follower index %v below the target %v", fi, ti)
+	}
+	// At the kill, every 500ms of the 2s outage, and after the catch-up.
+	if s, _ := obj["samples"].([]any); len(s) < 5 {
+		t.Errorf("%d samples, want at least 5", len(s))
+	}
+	if !strings.Contains(stderr.String(), "caught up") {
+		t.Errorf("no catch-up progress line on stderr:\n%s", stderr.String())
+	}
+	if left := filesBelow(dir); len(left) != 0 {
+		t.Errorf("left in --shm-dir: %v", left)
 	}
 }
