@@ -3,17 +3,35 @@ package broadcast
 // The failure detector and the election (Acuerdo Fig. 7).
 
 // timers runs the failure detector: a follower whose leader's heartbeat
-// stopped, or a leader that has not heard from a majority, for
-// ElectionTimeout starts electing; so does anyone who sees a vote for an
-// epoch above the one it promised.
+// stopped, or a leader that no majority follows any more, for
+// ElectionTimeout starts electing; so does a member that sees a vote for
+// an epoch above the one it promised, unless it hears its leader
+// (stickiness). Two rules beyond the paper keep a partial partition from
+// making the group elect again and again (docs/broadcast.md, "Pre-vote and
+// leader stickiness"):
+//
+//   - pre-vote: a member votes for itself with a new epoch (Fig. 7
+//     l.100-105) only while a majority, itself included, says in fresh
+//     CommitSST rows that it hears no leader (follows word 0). A follower
+//     whose leader timed out without that majority defers: it stays a
+//     follower of its epoch and takes its leader's stream again when the
+//     link heals; a member cut off from the others cannot raise E_new;
+//   - stickiness: a member that hears its leader ignores a higher vote
+//     until it has stood for two election timeouts; a vote that stands
+//     longer makes the group elect past it, since its voter can never
+//     accept our epoch's diff (Fig. 5 l.54).
 func (r *Replica) timers() bool {
 	now := r.now
 	switch r.role {
 	case Follower:
 		m := &r.mems[r.idxOf(r.eCur.Leader())]
-		if m.hb != r.leaderHB {
+		// A heartbeat counts while the leader says it leads our epoch
+		// (follows): one that lost its majority and stepped down still
+		// beats, but is no leader to stay with.
+		if m.hb != r.leaderHB && m.follows() == r.eCur {
 			r.leaderHB = m.hb
 			r.leaderHBAt = now
+			r.deferring = false
 		}
 		if m.inc != r.leaderInc {
 			r.tracef("node %d: leader %d restarted", r.self, r.eCur.Leader())
@@ -21,34 +39,95 @@ func (r *Replica) timers() bool {
 			return true
 		}
 		if now-r.leaderHBAt > r.cfg.ElectionTimeout {
+			if !r.preVote() {
+				if !r.deferring {
+					r.deferring = true
+					r.ctr.ElectionsDeferred++
+					r.tracef("node %d: leader %d timed out, but no majority lost it: no election", r.self, r.eCur.Leader())
+				}
+				return false
+			}
 			r.tracef("node %d: leader %d timed out", r.self, r.eCur.Leader())
 			r.startElection(true)
 			return true
 		}
 	case Leader:
-		heard := 1
-		for i := range r.mems {
-			if i != r.me && now-r.mems[i].heardAt <= r.cfg.ElectionTimeout {
-				heard++
-			}
-		}
-		if heard < r.quorum {
+		if r.followedBy() < r.quorum {
 			r.tracef("node %d: leader lost its majority", r.self)
 			r.startElection(true)
 			return true
 		}
 	}
 	if r.role != Electing {
+		hears := r.follows() != 0
 		for i := range r.mems {
 			m := &r.mems[i]
-			if i != r.me && m.valid[tVote] && m.vote().ENew > r.eNew {
-				r.tracef("node %d: sees vote %v from node %d", r.self, m.vote(), m.id)
-				r.startElection(false)
-				return true
+			if i == r.me || !m.valid[tVote] || m.vote().ENew <= r.eNew {
+				m.aboveSince = -1
+				continue
 			}
+			if m.aboveSince < 0 {
+				m.aboveSince = now
+			}
+			if hears && now-m.aboveSince <= 2*r.cfg.ElectionTimeout && r.bug != bugNoPreVote {
+				continue // leader stickiness
+			}
+			r.tracef("node %d: sees vote %v from node %d", r.self, m.vote(), m.id)
+			r.startElection(false)
+			return true
 		}
 	}
 	return false
+}
+
+// follows is the epoch whose leader we hear now, as our CommitSST row
+// says: E_cur at a follower whose leader's heartbeat moved within the
+// election timeout, and at a leader that a majority follows; else 0.
+func (r *Replica) follows() Epoch {
+	switch r.role {
+	case Follower:
+		if r.now-r.leaderHBAt <= r.cfg.ElectionTimeout {
+			return r.eCur
+		}
+	case Leader:
+		if r.followedBy() >= r.quorum {
+			return r.eCur
+		}
+	}
+	return 0
+}
+
+// followedBy counts the members (us included) that follow our leadership:
+// heard within the election timeout and, once they had the time to take
+// our diff, saying that they hear us. A leader that some members hear
+// but that cannot reach them (a one-way partition) thus steps down.
+func (r *Replica) followedBy() int {
+	k := 1
+	settled := r.now-r.leaderSince > r.cfg.ElectionTimeout
+	for i := range r.mems {
+		m := &r.mems[i]
+		if i != r.me && r.now-m.heardAt <= r.cfg.ElectionTimeout && (!settled || m.follows() == r.eCur) {
+			k++
+		}
+	}
+	return k
+}
+
+// preVote reports whether a majority, us included, hears no leader: the
+// members whose CommitSST row we heard within the election timeout and
+// says follows 0. Only then may we vote for ourselves with a new epoch.
+func (r *Replica) preVote() bool {
+	if r.bug == bugNoPreVote {
+		return true
+	}
+	k := 1
+	for i := range r.mems {
+		m := &r.mems[i]
+		if i != r.me && m.valid[tCommit] && r.now-m.heardAt <= r.cfg.ElectionTimeout && m.follows() == 0 {
+			k++
+		}
+	}
+	return k >= r.quorum
 }
 
 // startElection is Acuerdo Fig. 7 l.96-97: Role = ELECTING; a timeout makes
@@ -83,8 +162,9 @@ func (r *Replica) elect() bool {
 	timedOut := r.now >= r.electAt
 	progress := false
 	switch {
-	case timedOut || mx.Acpt.Less(r.accepted):
-		// Fig. 7 l.100-105: vote for self with a bigger epoch.
+	case (timedOut || mx.Acpt.Less(r.accepted)) && r.preVote():
+		// Fig. 7 l.100-105: vote for self with a bigger epoch, once a
+		// majority hears no leader (pre-vote).
 		e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
 		if !r.setVote(Vote{ENew: e, Acpt: r.accepted}) {
 			return false
@@ -141,6 +221,7 @@ func (r *Replica) becomeLeader() {
 	r.eCur = r.eNew
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
+	r.leaderSince = r.now
 	r.tracef("node %d leads epoch %v", r.self, r.eCur)
 	r.event(EventLeader, r.eCur)
 	for i := range r.mems {

@@ -190,6 +190,19 @@ func (c *qcluster) delivered(id rdma.NodeID) []string {
 	return out
 }
 
+// loseLeader makes the followers ids time out on their leader (as if its
+// heartbeat stopped an election timeout ago), polls them, and lands what
+// they post: with the pre-vote they defer, and say to every member that
+// they hear no leader, so that another member's vote may start.
+func (c *qcluster) loseLeader(ok func(from, to rdma.NodeID) bool, ids ...rdma.NodeID) {
+	for _, id := range ids {
+		n := c.get(id)
+		n.r.leaderHBAt = c.now - c.cfg.ElectionTimeout - 1
+		n.r.Poll(c.now)
+	}
+	c.deliver(ok)
+}
+
 func (c *qcluster) takeTrace() string {
 	s := strings.Join(c.trace, "\n")
 	c.trace = nil

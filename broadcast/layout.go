@@ -15,7 +15,7 @@ import (
 //	  rows, one 64-byte row per (table, member), table-major:
 //	    offset (t*n + i)*64, t = 0 AcceptSST, 1 CommitSST, 2 VoteSST
 //	    AcceptSST row: [epoch][cnt][0]        [incarnation][0]              [0][0][check]
-//	    CommitSST row: [epoch][cnt][heartbeat][incarnation][delivered index][0][0][check]
+//	    CommitSST row: [epoch][cnt][heartbeat][incarnation][delivered index][follows][0][check]
 //	    VoteSST row:   [e_new][acpt epoch][acpt cnt][incarnation][0]        [0][0][check]
 //	  ring acknowledgements, one word per member at 3*n*64 + i*8:
 //	    [sender inc tag u8 | receiver inc tag u8 | consumed bytes u48]
@@ -25,7 +25,10 @@ import (
 //	region RegionBase+1+n+i: the snapshot this node serves to member i
 //
 // A row is written by its owner only, with one write of the whole row, and
-// check = xxhash(words 0..6) mixed with the row's slot, so a torn or
+// follows (CommitSST) is the epoch whose leader the member hears now: a
+// follower's E_cur while its leader's heartbeat moves, a leader's own
+// epoch while a majority follows it, else 0 (docs/broadcast.md, "Pre-vote
+// and leader stickiness"). check = xxhash(words 0..6) mixed with the row's slot, so a torn or
 // misplaced row is rejected and the reader keeps its last valid copy. Rows
 // are monotonic within an incarnation.
 const (
@@ -37,7 +40,9 @@ const (
 	tVote   = 2
 	nTables = 3
 
+	wHeartbeat   = 2 // CommitSST: the failure detector's counter (Fig. 6 l.93-95)
 	wIncarnation = 3
+	wFollows     = 5 // CommitSST: the epoch whose leader this member hears now (0: none); pre-vote and leader stickiness
 	wCheck       = 7
 )
 

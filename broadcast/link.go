@@ -261,6 +261,13 @@ func (o *outRing) commitRecord(h recHeader, sinc uint64) {
 	h.sinc, h.rinc, h.seq = uint8(sinc), uint8(o.rinc), o.sent
 	n := encodeRecord(o.mirror[off:], h)
 	o.sent += uint64(n)
+	if tail := rs - o.sent%rs; tail < recHdr+8 && tail != rs {
+		// Too little room for even a pad record: the reader wraps
+		// here (readRing) and acknowledges the ring's end, so the
+		// sender skips the tail now, or that acknowledgement would lie
+		// beyond what it sent and be refused: a stalled ring.
+		o.sent += tail
+	}
 }
 
 // maxFlush bounds one ring write: records are coalesced up to it (a

@@ -21,7 +21,13 @@ type member struct {
 	rawOK   [nTables]bool // raw validated
 	hb      uint64        // last heartbeat seen in its CommitSST row
 	heardAt time.Duration // when a row of it last changed
+	// aboveSince is since when its vote has been above our E_new (-1: it
+	// is not); leader stickiness ignores such a vote for a while.
+	aboveSince time.Duration
 }
+
+// follows is the epoch whose leader the member said it hears (0: none).
+func (m *member) follows() Epoch { return Epoch(m.rows[tCommit][wFollows]) }
 
 func (m *member) acceptHdr() MsgHdr {
 	return MsgHdr{E: Epoch(m.rows[tAccept][0]), Cnt: m.rows[tAccept][1]}
@@ -74,6 +80,7 @@ const (
 	bugNone           = iota
 	bugMinorityCommit // the leader commits without a majority
 	bugUnboundedLog   // a diff being sent holds the Log past MaxLogEntries
+	bugNoPreVote      // no pre-vote and no leader stickiness
 )
 
 const (
@@ -126,7 +133,9 @@ type Replica struct {
 	electAt     time.Duration
 	leaderHB    uint64
 	leaderHBAt  time.Duration
-	leaderInc   uint64 // incarnation of the leader whose diff we accepted
+	leaderInc   uint64        // incarnation of the leader whose diff we accepted
+	leaderSince time.Duration // when we became leader
+	deferring   bool          // our leader timed out but another member still hears a leader: no election (pre-vote)
 	heartbeat   uint64
 	nextHB      time.Duration
 	beat        bool // this Poll is a heartbeat
@@ -206,6 +215,7 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	r.table = make([]tableRec, r.n)
 	for i, id := range cfg.Members {
 		r.mems[i].id = id
+		r.mems[i].aboveSince = -1
 		if i != r.me {
 			r.links[i] = newLink(id, i, cfg.RingSize)
 		}

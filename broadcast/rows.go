@@ -16,7 +16,7 @@ import (
 func (r *Replica) updateRows() {
 	var rs [nTables]row
 	rs[tAccept] = row{uint64(r.accepted.E), r.accepted.Cnt, 0, r.inc}
-	rs[tCommit] = row{uint64(r.committed.E), r.committed.Cnt, r.heartbeat, r.inc, r.index}
+	rs[tCommit] = row{uint64(r.committed.E), r.committed.Cnt, r.heartbeat, r.inc, r.index, uint64(r.follows())}
 	if r.vote != (Vote{}) {
 		rs[tVote] = row{uint64(r.vote.ENew), uint64(r.vote.Acpt.E), r.vote.Acpt.Cnt, r.inc}
 	}
@@ -33,7 +33,11 @@ func (r *Replica) updateRows() {
 		// next beat after the commit point moved, and every fourth beat.
 		beatOnly := false
 		if t == tCommit && r.role == Follower {
-			if r.beat && (r.heartbeat%4 == 0 || r.commitMoved) {
+			if rs[t][wFollows] != r.myRows[t][wFollows] || rs[t][wFollows] == 0 {
+				// Whether we hear our leader matters to every member at
+				// once, and a follower that lost its leader keeps its
+				// row fresh everywhere (pre-vote).
+			} else if r.beat && (r.heartbeat%4 == 0 || r.commitMoved) {
 				r.commitMoved = false
 			} else {
 				beatOnly = true
@@ -248,13 +252,11 @@ func (r *Replica) readRows() bool {
 				continue
 			}
 			m.rows[t] = rw
-			if t == tAccept && r.role == Leader {
-			}
 			m.valid[t] = true
 			m.heardAt = r.now
 			progress = true
-			if t == tCommit && rw[2] != m.hb {
-				m.hb = rw[2]
+			if t == tCommit && rw[wHeartbeat] != m.hb {
+				m.hb = rw[wHeartbeat]
 			}
 		}
 	}
@@ -298,6 +300,11 @@ func (r *Replica) readAcks() {
 		c := liftAck(w&ackMask, l.out.sent)
 		if c > l.out.consumed && c <= l.out.sent {
 			l.out.consumed = c
+			// An acknowledgement of records posted on an earlier Conn
+			// (re-posting restarted from an older one) may pass what
+			// we re-posted: those bytes are consumed and may be
+			// overwritten by new records, so never post them again.
+			l.out.posted = max(l.out.posted, c)
 		}
 	}
 }

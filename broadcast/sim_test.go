@@ -123,6 +123,9 @@ type simOpts struct {
 	restarts bool // crashes restart with empty memory (always, here) after a downtime
 	faults   sim.Faults
 	maxLog   int
+	// script, if set, schedules scripted faults and checks on the run
+	// (asym_test.go); it fails the run through h.c.fail.
+	script func(h *simRun)
 }
 
 // simProc is one incarnation of a replica in the simulator, with a client
@@ -260,6 +263,9 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	if o.crashes {
 		h.scheduleCrashes(2 * time.Millisecond)
 	}
+	if o.script != nil {
+		o.script(h)
+	}
 	defer func() {
 		for _, p := range h.all {
 			total.add(p.r.Status().Counters)
@@ -303,6 +309,15 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	if h.c.err != nil {
 		return h.c.err
 	}
+	// Elections stop once faults heal: a group that is up to date with
+	// every link up elects no more for ten election timeouts.
+	before := h.electionsStarted()
+	if err := s.RunFor(10 * h.cfg.ElectionTimeout); err != nil {
+		return err
+	}
+	if after := h.electionsStarted(); after != before {
+		return fmt.Errorf("elections after heal: %d elections started in the %v after every fault healed and every member caught up", after-before, 10*h.cfg.ElectionTimeout)
+	}
 	// Outcomes: delivered at the index they name, errors only for messages
 	// that were not delivered.
 	pos := map[string]int{}
@@ -334,9 +349,21 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	return nil
 }
 
+// electionsStarted sums ElectionsStarted over the live incarnations.
+func (h *simRun) electionsStarted() uint64 {
+	var k uint64
+	for id, p := range h.procs {
+		if h.s.Live(id) {
+			k += p.r.Status().Counters.ElectionsStarted
+		}
+	}
+	return k
+}
+
 func (c *Counters) add(o Counters) {
 	c.Elected += o.Elected
 	c.ElectionsStarted += o.ElectionsStarted
+	c.ElectionsDeferred += o.ElectionsDeferred
 	c.DiffsAccepted += o.DiffsAccepted
 	c.DiffParts += o.DiffParts
 	c.SnapshotsSent += o.SnapshotsSent

@@ -96,6 +96,7 @@ type MemberStatus struct {
 type Counters struct {
 	Elected           uint64 // epochs this replica won
 	ElectionsStarted  uint64 // times it became ELECTING
+	ElectionsDeferred uint64 // leader timeouts that did not start an election: another member still heard a leader (pre-vote)
 	DiffsAccepted     uint64 // diffs accepted (Fig. 5 l.54-66)
 	DiffParts         uint64 // diff records received, parts and ends
 	SnapshotsSent     uint64
