@@ -30,8 +30,8 @@ func (r *Replica) readRing(i int) bool {
 			in.cursor += rs - off
 			continue
 		}
-		h, size, ok := decodeRecord(in.mem, int(off), in.cursor)
-		if !ok || h.sinc != uint8(in.sinc) || h.rinc != uint8(r.inc) {
+		h, size, ok := decodeRecord(in.mem, int(off), in.cursor, in.sinc, r.inc)
+		if !ok {
 			break
 		}
 		payload := in.mem[int(off)+recHdr : int(off)+recHdr+h.len]
@@ -194,14 +194,15 @@ func (r *Replica) acceptDiffPart(i int, sender rdma.NodeID, kind uint8, hdr MsgH
 // diff's base are removed, not only those from the diff's first key.
 func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	e := d.hdr.E
-	// Acuerdo Fig. 5 l.54: accept unless we promised a bigger epoch.
-	if e < r.eNew || e.Leader() != sender {
+	// Acuerdo Fig. 5 l.54: accept unless we promised a bigger epoch (or,
+	// rejoining without stable state, do not know yet what we promised).
+	if e < r.eNew || e.Leader() != sender || r.recovering {
 		return
 	}
 	f := &r.links[i].fetch
 	useSnap := false
 	if d.flags&diffSnapshot != 0 {
-		if r.committed.Less(d.base) {
+		if r.committed.Less(d.base) || r.bug == bugSnapRollback && f.ready && f.commit == d.base {
 			if !f.ready || f.commit != d.base {
 				return // the snapshot did not arrive: the leader re-syncs us
 			}

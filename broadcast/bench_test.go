@@ -93,7 +93,7 @@ func benchPipelined(b *testing.B, window, size int) {
 func BenchmarkLatencyW1(b *testing.B) {
 	f := mem.New(mem.Options{})
 	ids := []rdma.NodeID{1, 2, 3}
-	cfg := Config{Members: ids, ElectionTimeout: time.Second, HeartbeatInterval: 10 * time.Millisecond}
+	cfg := Config{Members: ids, Start: StartNew, ElectionTimeout: time.Second, HeartbeatInterval: 10 * time.Millisecond}
 	var ms []*rtMember
 	for _, id := range ids {
 		m := &rtMember{id: id, stable: &MemStable{}}
@@ -143,7 +143,7 @@ func BenchmarkElection(b *testing.B) {
 	var evs []ev
 	ms := make([]*rtMember, len(ids))
 	start := func(m *rtMember) {
-		cfg := Config{Members: ids, HeartbeatInterval: time.Millisecond, ElectionTimeout: 20 * time.Millisecond,
+		cfg := Config{Members: ids, Start: StartNew, HeartbeatInterval: time.Millisecond, ElectionTimeout: 20 * time.Millisecond,
 			OnEvent: func(e Event) {
 				mu.Lock()
 				evs = append(evs, ev{m.id, e, time.Now()})

@@ -70,6 +70,9 @@ func (r *Replica) commit() bool {
 			return false
 		}
 		bound = minHdr(h, r.accepted)
+		if r.bug == bugUncommitted {
+			bound = r.accepted
+		}
 	default:
 		return false
 	}
@@ -84,6 +87,9 @@ func (r *Replica) commit() bool {
 			break
 		}
 		r.deliver(e)
+		if r.bug == bugDupDeliver && r.role == Follower && i == r.log.above(r.committed) {
+			r.deliver(e)
+		}
 	}
 	r.committed = bound
 	r.commitMoved = true

@@ -105,7 +105,7 @@ func (m *rtMember) stopWithin(d time.Duration) error {
 func TestDriverRealTime(t *testing.T) {
 	f := mem.New(mem.Options{})
 	ids := []rdma.NodeID{1, 2, 3}
-	cfg := Config{Members: ids, RingSize: 64 << 10, HeartbeatInterval: time.Millisecond,
+	cfg := Config{Members: ids, Start: StartNew, RingSize: 64 << 10, HeartbeatInterval: time.Millisecond,
 		ElectionTimeout: 60 * time.Millisecond, MaxLogEntries: 64}
 	ms := make([]*rtMember, len(ids))
 	for i, id := range ids {

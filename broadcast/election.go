@@ -130,6 +130,54 @@ func (r *Replica) preVote() bool {
 	return k >= r.quorum
 }
 
+// recoverENew is the first step of a member that rejoined without its
+// stable state (StartRejoin): once it heard rows from a majority of the
+// other members (f+1 of them, in this incarnation), it takes the highest
+// epoch they show (a vote's e_new, an accepted or committed epoch, the
+// epoch they follow) as its E_new, saves it, and publishes it like any
+// restarted member (a vote with no accepted header). Any candidate that
+// counted the vote this member forgot had the votes of f others, and f+1
+// of the 2f others intersect them, so the promise it forgot is at or
+// below what it takes now, as far as those members had published it.
+// Until then it neither votes nor accepts a diff.
+func (r *Replica) recoverENew() bool {
+	heard := 0
+	mx := r.eNew
+	for i := range r.mems {
+		m := &r.mems[i]
+		if i == r.me || m.inc == 0 {
+			continue
+		}
+		any := false
+		if m.valid[tVote] {
+			mx, any = max(mx, m.vote().ENew, m.vote().Acpt.E), true
+		}
+		if m.valid[tAccept] {
+			mx, any = max(mx, m.acceptHdr().E), true
+		}
+		if m.valid[tCommit] {
+			mx, any = max(mx, m.commitHdr().E, m.follows()), true
+		}
+		if any {
+			heard++
+		}
+	}
+	if heard < r.quorum {
+		return false
+	}
+	if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: mx}); err != nil {
+		r.tracef("node %d: save e_new: %v", r.self, err)
+		return false
+	}
+	r.eNew = mx
+	r.recovering = false
+	if mx != 0 {
+		r.vote = Vote{ENew: mx}
+	}
+	r.tracef("node %d rejoins: e_new %v from %d members' rows", r.self, mx, heard)
+	return true
+}
+
 // startElection is Acuerdo Fig. 7 l.96-97: Role = ELECTING; a timeout makes
 // the first round vote for self.
 func (r *Replica) startElection(timedOut bool) {
@@ -162,7 +210,7 @@ func (r *Replica) elect() bool {
 	timedOut := r.now >= r.electAt
 	progress := false
 	switch {
-	case (timedOut || mx.Acpt.Less(r.accepted)) && r.preVote():
+	case (timedOut || mx.Acpt.Less(r.accepted) && r.bug != bugVoteRule) && r.preVote():
 		// Fig. 7 l.100-105: vote for self with a bigger epoch, once a
 		// majority hears no leader (pre-vote).
 		e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
@@ -171,7 +219,7 @@ func (r *Replica) elect() bool {
 		}
 		r.tracef("node %d votes for itself %v", r.self, r.vote)
 		progress = true
-	case r.vote.Less(mx) && !mx.Acpt.Less(r.accepted) && mx.ENew > r.eCur && mx.ENew >= r.eNew:
+	case r.vote.Less(mx) && (!mx.Acpt.Less(r.accepted) || r.bug == bugVoteRule) && mx.ENew > r.eCur && mx.ENew >= r.eNew:
 		// Fig. 7 l.106-111: join the max vote.
 		if !r.setVote(mx) {
 			return false
@@ -199,7 +247,9 @@ func (r *Replica) elect() bool {
 
 // setVote records the vote (E_new first, durably), then publishes it.
 func (r *Replica) setVote(v Vote) bool {
-	if v.ENew != r.eNew {
+	if v.ENew != r.eNew && r.bug == bugVoteUnsaved {
+		r.unsaved = true
+	} else if v.ENew != r.eNew {
 		if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: v.ENew}); err != nil {
 			r.tracef("node %d: save e_new: %v", r.self, err)
 			return false

@@ -22,7 +22,7 @@ func TestShmGroup(t *testing.T) {
 	}
 	ids := []rdma.NodeID{1, 2, 3}
 	cluster := fmt.Sprintf("bcast-test-%d", os.Getpid())
-	cfg := Config{Members: ids, RingSize: 256 << 10, HeartbeatInterval: time.Millisecond, ElectionTimeout: 100 * time.Millisecond}
+	cfg := Config{Members: ids, Start: StartNew, RingSize: 256 << 10, HeartbeatInterval: time.Millisecond, ElectionTimeout: 100 * time.Millisecond}
 	type member struct {
 		node *shm.Node
 		r    *Replica
@@ -101,7 +101,7 @@ func TestShmGroup(t *testing.T) {
 func BenchmarkShmLatencyW1(b *testing.B) {
 	ids := []rdma.NodeID{1, 2, 3}
 	cluster := fmt.Sprintf("bcast-bench-%d", os.Getpid())
-	cfg := Config{Members: ids, HeartbeatInterval: 10 * time.Millisecond, ElectionTimeout: time.Second}
+	cfg := Config{Members: ids, Start: StartNew, HeartbeatInterval: 10 * time.Millisecond, ElectionTimeout: time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var rs []*Replica

@@ -40,7 +40,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		if o > len(mem) {
 			return
 		}
-		h, size, ok := decodeRecord(mem, o, seq)
+		h, size, ok := decodeRecord(mem, o, seq, 1, 2)
 		if !ok {
 			return
 		}
@@ -68,7 +68,10 @@ func FuzzTornRecord(f *testing.F) {
 		if len(payload) > 4096 {
 			payload = payload[:4096]
 		}
-		h := recHeader{len: len(payload), kind: kPad + kind%kSnapshot, sinc: sinc, rinc: rinc, seq: seq, hdr: MsgHdr{E: Epoch(e), Cnt: cnt}}
+		// Incarnations whose low bytes are sinc and rinc, the high ones
+		// from the other fuzzed words.
+		si, ri := e<<8|uint64(sinc), cnt<<8|uint64(rinc)
+		h := recHeader{len: len(payload), kind: kPad + kind%kSnapshot, sinc: si, rinc: ri, seq: seq, hdr: MsgHdr{E: Epoch(e), Cnt: cnt}}
 		o := int(off%1024) &^ 7
 		size := recSize(h.len)
 		mem := make([]byte, o+size+int(tail)*8)
@@ -76,7 +79,7 @@ func FuzzTornRecord(f *testing.F) {
 		if n := encodeRecord(mem[o:], h); n != size {
 			t.Fatalf("encodeRecord wrote %d bytes, recSize says %d", n, size)
 		}
-		got, gotSize, ok := decodeRecord(mem, o, seq)
+		got, gotSize, ok := decodeRecord(mem, o, seq, si, ri)
 		if !ok || got != h || gotSize != size {
 			t.Fatalf("encoded %+v (%d bytes), decoded %+v (%d bytes, ok %v)", h, size, got, gotSize, ok)
 		}
@@ -85,7 +88,15 @@ func FuzzTornRecord(f *testing.F) {
 		}
 		// The ring ends 8 to size bytes early (in whole words: rings are).
 		short := 8 * (1 + int(cut)%(size/8))
-		if _, _, ok := decodeRecord(mem[:o+size-short], o, seq); ok {
+		// Another incarnation of either side, even with the same low
+		// byte, does not accept it.
+		if _, _, ok := decodeRecord(mem, o, seq, si+256, ri); ok {
+			t.Fatalf("a record of sender incarnation %d accepted as one of %d", si, si+256)
+		}
+		if _, _, ok := decodeRecord(mem, o, seq, si, ri^1<<20); ok {
+			t.Fatalf("a record for receiver incarnation %d accepted by %d", ri, ri^1<<20)
+		}
+		if _, _, ok := decodeRecord(mem[:o+size-short], o, seq, si, ri); ok {
 			t.Fatalf("accepted a %d-byte record in a ring cut %d bytes short", size, short)
 		}
 		if mask == 0 {
@@ -93,7 +104,7 @@ func FuzzTornRecord(f *testing.F) {
 		}
 		k := o + int(at)%size
 		mem[k] ^= mask
-		if _, _, ok := decodeRecord(mem, o, seq); ok {
+		if _, _, ok := decodeRecord(mem, o, seq, si, ri); ok {
 			t.Fatalf("accepted the %d-byte record with byte %d xored with %#x", size, k-o, mask)
 		}
 	})

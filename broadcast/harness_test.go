@@ -15,8 +15,9 @@ import (
 // logFSM is a test state machine whose state is the delivered sequence
 // itself, so snapshots carry it and every replica's sequence is comparable.
 type logFSM struct {
-	seq      [][]byte
-	restores int
+	seq       [][]byte
+	restores  int
+	rollbacks int // restores that shortened the delivered sequence
 }
 
 func (f *logFSM) Apply(index uint64, data []byte) {
@@ -37,6 +38,12 @@ func (f *logFSM) Snapshot() ([]byte, error) {
 
 func (f *logFSM) Restore(s []byte) error {
 	f.restores++
+	delivered := len(f.seq)
+	defer func() {
+		if len(f.seq) < delivered {
+			f.rollbacks++
+		}
+	}()
 	f.seq = nil
 	for len(s) > 0 {
 		if len(s) < 4 {
@@ -83,7 +90,7 @@ func newQCluster(t testing.TB, ids []rdma.NodeID, mod func(*Config)) *qcluster {
 			c.conns = append(c.conns, mc)
 		}
 	}})
-	c.cfg = Config{Members: ids, RingSize: 1 << 14, HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond}
+	c.cfg = Config{Members: ids, Start: StartNew, RingSize: 1 << 14, HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond}
 	if mod != nil {
 		mod(&c.cfg)
 	}
@@ -201,6 +208,16 @@ func (c *qcluster) loseLeader(ok func(from, to rdma.NodeID) bool, ids ...rdma.No
 		n.r.Poll(c.now)
 	}
 	c.deliver(ok)
+}
+
+// newLeader reports whether a node leads an epoch above e.
+func (c *qcluster) newLeader(e Epoch) bool {
+	for _, n := range c.nodes {
+		if s := n.r.Status(); n.up && s.Role == Leader && s.ECur > e {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *qcluster) takeTrace() string {

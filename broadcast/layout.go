@@ -112,9 +112,11 @@ func liftAck(a, sent uint64) uint64 {
 //
 // seq is the record's absolute position in the ring (bytes written since the
 // ring was reset), sinc and rinc the low bytes of the sender's and receiver's
-// incarnations, and check is xxhash of everything before it: a record still
-// landing, an older record at the same offset, or a record of another
-// incarnation is not accepted. A kPad record sends the reader to offset 0;
+// incarnations, and check is xxhash of everything before it keyed with both
+// full incarnations (recKey): a record still landing, an older record at the
+// same offset, or a record of another pair of incarnations (also one whose
+// low bytes match: incarnations chosen by a rejoining member need not count
+// up by one) is not accepted. A kPad record sends the reader to offset 0;
 // if fewer than recHdr+8 bytes remain before the end, the reader wraps
 // without one.
 const (
@@ -133,39 +135,44 @@ func recSize(payload int) int { return recHdr + rdma.Round8(payload) + 8 }
 type recHeader struct {
 	len        int
 	kind       uint8
-	sinc, rinc uint8
+	sinc, rinc uint64 // the sender's and receiver's incarnations (their low bytes are in the record)
 	seq        uint64
 	hdr        MsgHdr
+}
+
+// recKey keys a record's check word with both full incarnations.
+func recKey(sinc, rinc uint64) uint64 {
+	return (sinc*0x9e3779b97f4a7c15 ^ rinc*0xc2b2ae3d27d4eb4f) | 1
 }
 
 // encodeRecord writes a record with payload already placed at
 // dst[recHdr:recHdr+h.len] and returns its size; dst must hold recSize(h.len)
 // bytes.
 func encodeRecord(dst []byte, h recHeader) int {
-	w0 := uint64(uint32(h.len)) | uint64(h.kind)<<32 | uint64(h.sinc)<<40 | uint64(h.rinc)<<48
+	w0 := uint64(uint32(h.len)) | uint64(h.kind)<<32 | uint64(uint8(h.sinc))<<40 | uint64(uint8(h.rinc))<<48
 	binary.LittleEndian.PutUint64(dst[0:], w0)
 	binary.LittleEndian.PutUint64(dst[8:], h.seq)
 	binary.LittleEndian.PutUint64(dst[16:], uint64(h.hdr.E))
 	binary.LittleEndian.PutUint64(dst[24:], h.hdr.Cnt)
 	end := recHdr + rdma.Round8(h.len)
 	clear(dst[recHdr+h.len : end])
-	binary.LittleEndian.PutUint64(dst[end:], xxhash.Sum64(dst[:end]))
+	binary.LittleEndian.PutUint64(dst[end:], xxhash.Sum64(dst[:end])^recKey(h.sinc, h.rinc))
 	return end + 8
 }
 
 // decodeRecord validates the record at mem[off:] (a ring of len(mem) bytes)
-// that should sit at absolute ring position seq, and returns its header and
+// that should sit at absolute ring position seq, written by sender
+// incarnation sinc for receiver incarnation rinc, and returns its header and
 // size. ok is false while no complete valid record is there.
-func decodeRecord(mem []byte, off int, seq uint64) (h recHeader, size int, ok bool) {
+func decodeRecord(mem []byte, off int, seq, sinc, rinc uint64) (h recHeader, size int, ok bool) {
 	if len(mem)-off < recHdr+8 || rdma.Load64(mem, off+8) != seq {
 		return h, 0, false
 	}
 	w0 := rdma.Load64(mem, off)
 	h.len = int(uint32(w0))
 	h.kind = uint8(w0 >> 32)
-	h.sinc = uint8(w0 >> 40)
-	h.rinc = uint8(w0 >> 48)
-	if h.kind < kPad || h.kind > kSnapshot || h.len > len(mem) {
+	h.sinc, h.rinc = sinc, rinc
+	if h.kind < kPad || h.kind > kSnapshot || h.len > len(mem) || uint8(w0>>40) != uint8(sinc) || uint8(w0>>48) != uint8(rinc) {
 		return h, 0, false
 	}
 	size = recSize(h.len)
@@ -173,7 +180,7 @@ func decodeRecord(mem []byte, off int, seq uint64) (h recHeader, size int, ok bo
 		return h, 0, false
 	}
 	end := off + size - 8
-	if rdma.Load64(mem, end) != xxhash.Sum64(mem[off:end]) {
+	if rdma.Load64(mem, end) != xxhash.Sum64(mem[off:end])^recKey(sinc, rinc) {
 		return h, 0, false
 	}
 	h.seq = rdma.Load64(mem, off+8)

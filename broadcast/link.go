@@ -246,7 +246,7 @@ func (o *outRing) reserve(size int, sinc uint64) []byte {
 	off := o.sent % rs
 	if off+uint64(size) > rs {
 		if rs-off >= recHdr+8 {
-			encodeRecord(o.mirror[off:], recHeader{kind: kPad, sinc: uint8(sinc), rinc: uint8(o.rinc), seq: o.sent})
+			encodeRecord(o.mirror[off:], recHeader{kind: kPad, sinc: sinc, rinc: o.rinc, seq: o.sent})
 		}
 		o.sent += rs - off
 		off = 0
@@ -258,7 +258,7 @@ func (o *outRing) reserve(size int, sinc uint64) []byte {
 func (o *outRing) commitRecord(h recHeader, sinc uint64) {
 	rs := uint64(len(o.mirror))
 	off := o.sent % rs
-	h.sinc, h.rinc, h.seq = uint8(sinc), uint8(o.rinc), o.sent
+	h.sinc, h.rinc, h.seq = sinc, o.rinc, o.sent
 	n := encodeRecord(o.mirror[off:], h)
 	o.sent += uint64(n)
 	if tail := rs - o.sent%rs; tail < recHdr+8 && tail != rs {

@@ -31,7 +31,7 @@ func newLockstep(tb testing.TB, hb, step time.Duration) *lockstep {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		r, err := New(Config{Self: id, Members: ids, ElectionTimeout: time.Hour, HeartbeatInterval: hb}, n, &nopFSM{}, &MemStable{})
+		r, err := New(Config{Self: id, Members: ids, Start: StartNew, ElectionTimeout: time.Hour, HeartbeatInterval: hb}, n, &nopFSM{}, &MemStable{})
 		if err != nil {
 			tb.Fatal(err)
 		}

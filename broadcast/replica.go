@@ -81,6 +81,11 @@ const (
 	bugMinorityCommit // the leader commits without a majority
 	bugUnboundedLog   // a diff being sent holds the Log past MaxLogEntries
 	bugNoPreVote      // no pre-vote and no leader stickiness
+	bugDupDeliver     // a follower delivers the first entry of a commit batch twice
+	bugUncommitted    // a follower delivers what it accepted, not what its leader committed
+	bugVoteRule       // Fig. 7 l.106: join the max vote even when our log is ahead of it
+	bugVoteUnsaved    // a vote is published before E_new is saved (saved at the next Poll)
+	bugSnapRollback   // a fetched snapshot is installed even behind our commit point
 )
 
 const (
@@ -128,6 +133,7 @@ type Replica struct {
 	index      uint64 // entries delivered so far
 	pruned     MsgHdr // every entry <= pruned left the Log
 	catchingUp bool   // restarted with empty memory, no diff accepted yet
+	recovering bool   // rejoined without stable state: E_new not learnt from a majority yet (recoverENew)
 
 	vote        Vote // our published VoteSST row
 	electAt     time.Duration
@@ -163,11 +169,12 @@ type Replica struct {
 	pseq       uint64
 	npending   atomic.Int64 // len(inbox)+len(waiting)+len(inflight); added to under mu
 
-	now    time.Duration
-	ctr    Counters
-	bug    int // tests only: a deliberate protocol bug the checkers must catch
-	status Status
-	stmu   sync.Mutex
+	now     time.Duration
+	ctr     Counters
+	bug     int  // tests only: a deliberate protocol bug the checkers must catch
+	unsaved bool // bugVoteUnsaved: E_new not saved yet
+	status  Status
+	stmu    sync.Mutex
 }
 
 // New creates a replica on node: it registers its regions and loads its
@@ -184,8 +191,20 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 		return nil, fmt.Errorf("broadcast: node id %d differs from config self %d: %w", node.ID(), cfg.Self, ErrConfig)
 	}
 	st, err := stable.Load()
-	if err != nil {
-		return nil, err
+	rejoin := false
+	switch {
+	case err != nil && cfg.Start != StartRejoin:
+		return nil, fmt.Errorf("broadcast: member %d: %w (if its stable state is lost for good, start it with Start: StartRejoin)", cfg.Self, err)
+	case err == nil && st.Incarnation > 0:
+		// A restart with its stable state, whatever the mode.
+	case cfg.Start == StartExisting:
+		return nil, fmt.Errorf("broadcast: member %d: %w: a member that ran before must keep it (start a member of a new group with Start: StartNew, one whose state was lost with Start: StartRejoin): %w", cfg.Self, ErrNoStableState, ErrConfig)
+	case cfg.Start == StartRejoin:
+		if st.Incarnation >= cfg.RejoinIncarnation {
+			return nil, fmt.Errorf("broadcast: member %d: rejoin incarnation %d is not above the %d found: %w", cfg.Self, cfg.RejoinIncarnation, st.Incarnation, ErrConfig)
+		}
+		st = StableState{Incarnation: cfg.RejoinIncarnation - 1}
+		rejoin = true
 	}
 	r := &Replica{
 		cfg:     cfg,
@@ -200,6 +219,7 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	}
 	r.me = slices.Index(cfg.Members, cfg.Self)
 	r.catchingUp = st.Incarnation > 0
+	r.recovering = rejoin
 	r.inc = st.Incarnation + 1
 	r.eNew = st.ENew
 	if err := stable.Save(StableState{Incarnation: r.inc, ENew: r.eNew}); err != nil {
@@ -231,7 +251,7 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	}
 	r.updateRows()
 	r.publishStatus()
-	r.tracef("node %d boots incarnation %d, e_new %v, catching up %v", r.self, r.inc, r.eNew, r.catchingUp)
+	r.tracef("node %d boots incarnation %d, e_new %v, catching up %v, rejoining %v", r.self, r.inc, r.eNew, r.catchingUp, r.recovering)
 	return r, nil
 }
 
@@ -335,6 +355,10 @@ func (r *Replica) idxOf(id rdma.NodeID) int {
 // elections, Stable.Save).
 func (r *Replica) Poll(now time.Duration) bool {
 	r.now = now
+	if r.bug == bugVoteUnsaved && r.unsaved {
+		r.unsaved = false
+		r.stable.Save(StableState{Incarnation: r.inc, ENew: r.eNew})
+	}
 	progress := false
 	if r.role == Follower {
 		// The commit path first: a follower accepts what its leader
@@ -374,6 +398,9 @@ func (r *Replica) Poll(now time.Duration) bool {
 		r.push()
 	}
 	if r.commit() {
+		progress = true
+	}
+	if r.recovering && r.recoverENew() {
 		progress = true
 	}
 	if r.timers() {

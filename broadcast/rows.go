@@ -278,6 +278,10 @@ func (r *Replica) memberRestarted(i int, inc uint64) {
 	l := r.links[i]
 	l.ackDirty = true
 	l.out.reset(inc)
+	// Its previous incarnation's acknowledgement of our ring to it is
+	// stale; the new one writes its own only after reading records we
+	// write from here on.
+	rdma.Store64(r.sstMem, ackOffset(i, r.n), 0)
 	l.fetch = snapFetch{}
 	for t := range l.dirty {
 		l.dirty[t] = true

@@ -168,6 +168,16 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the exponential backoff between
 	// attempts to reconnect a broken Conn. Defaults 1 ms and 100 ms.
 	ReconnectMin, ReconnectMax time.Duration
+	// Start says how a replica that finds no stable state starts (see
+	// StartMode). The zero value, StartExisting, refuses: a member that
+	// ran before and lost its stable state must not come back as a full
+	// voter with an empty log.
+	Start StartMode
+	// RejoinIncarnation is the incarnation a StartRejoin replica takes
+	// (its old one is lost with the stable state): it must be above any
+	// incarnation this member had, e.g. the Unix time in nanoseconds.
+	// Required with StartRejoin.
+	RejoinIncarnation uint64
 	// Seed seeds the replica's randomness (election timeouts). Replicas of
 	// a group should use different seeds; 0 derives one from Self.
 	Seed uint64
@@ -177,6 +187,48 @@ type Config struct {
 	// OnEvent, if set, is called from Poll at protocol milestones (role
 	// changes, an epoch's diff committed), e.g. to time elections.
 	OnEvent func(Event)
+}
+
+// StartMode says how New treats a replica whose Stable holds no state (or
+// holds a corrupt one).
+type StartMode uint8
+
+// Start modes.
+const (
+	// StartExisting: the replica must find its stable state; without it
+	// New fails with ErrNoStableState, and with a corrupt one with the
+	// Stable's error (ErrCorrupt for FileStable). A member that voted
+	// before and forgot it could vote twice in an epoch, and one that
+	// comes back as a full voter with an empty log can make the group
+	// lose committed entries.
+	StartExisting StartMode = iota
+	// StartNew: a member of a new group, starting for the first time:
+	// without stable state it starts as a full voter. With stable state
+	// it restarts as usual.
+	StartNew
+	// StartRejoin: the member lost its stable state (a lost or corrupt
+	// disk) and rejoins its group as a catching-up member: with a new
+	// incarnation (Config.RejoinIncarnation), it first learns from the
+	// rows of a majority of the other members the highest epoch any of
+	// them promised or joined, takes it as its E_new (so that no promise
+	// it forgot can be broken: every candidate that counted its vote had
+	// the votes of a majority, which that majority intersects), and votes
+	// and counts as accepting only after a leader's diff caught it up.
+	// With stable state it restarts as usual.
+	StartRejoin
+)
+
+// String returns the mode's name.
+func (m StartMode) String() string {
+	switch m {
+	case StartExisting:
+		return "existing"
+	case StartNew:
+		return "new"
+	case StartRejoin:
+		return "rejoin"
+	}
+	return fmt.Sprintf("start(%d)", uint8(m))
 }
 
 // EventKind names a protocol milestone.
@@ -286,6 +338,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Seed == 0 {
 		c.Seed = uint64(c.Self)*0x9e3779b97f4a7c15 + 1
 	}
+	if c.Start > StartRejoin {
+		return c, fmt.Errorf("broadcast: config: start mode %d unknown: %w", c.Start, ErrConfig)
+	}
+	if c.Start == StartRejoin && c.RejoinIncarnation == 0 {
+		return c, fmt.Errorf("broadcast: config: start mode rejoin needs a RejoinIncarnation above any this member had: %w", ErrConfig)
+	}
 	return c, nil
 }
 
@@ -301,6 +359,9 @@ var (
 	ErrTimeout = errors.New("broadcast: proposal timed out without a leader")
 	// ErrTooLarge: the proposal's data is larger than MaxProposal.
 	ErrTooLarge = errors.New("broadcast: proposal larger than the record limit")
+	// ErrNoStableState: the replica found no stable state and Config.Start
+	// is StartExisting (see StartMode).
+	ErrNoStableState = errors.New("broadcast: no stable state")
 	// ErrStopped: the replica was closed. The proposal's outcome is
 	// unknown: it may still be delivered by the rest of the group.
 	ErrStopped = errors.New("broadcast: replica stopped")

@@ -127,7 +127,7 @@ func TestWaitHelpersBite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(Config{Self: 1, Members: ids, HeartbeatInterval: time.Millisecond,
+	r, err := New(Config{Self: 1, Members: ids, Start: StartNew, HeartbeatInterval: time.Millisecond,
 		ElectionTimeout: 20 * time.Millisecond, ProposeTimeout: time.Hour}, n, &nopFSM{}, &MemStable{})
 	if err != nil {
 		t.Fatal(err)

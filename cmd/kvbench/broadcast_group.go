@@ -92,7 +92,7 @@ func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spi
 	for i := range ids {
 		ids[i] = rdma.NodeID(i + 1)
 	}
-	base := groupproc.Config{Fabric: spec.fabric, Members: ids, Tuning: tuning, Spin: spin}
+	base := groupproc.Config{Fabric: spec.fabric, Members: ids, Tuning: tuning, Spin: spin, Start: broadcast.StartNew}
 	switch spec.fabric {
 	case "shm":
 		wd, err := workDir(shmDir)

@@ -217,6 +217,7 @@ func runOutage(o *bcastFlags, stdout, stderr io.Writer) error {
 	}
 	row.TargetIndex = lst.Index
 	restartAt := time.Now()
+	g.cfgs[fol].Start = broadcast.StartExisting // a restart: its stable file must be there
 	if err := g.start(fol); err != nil {
 		return fmt.Errorf("broadcast: outage: restart member %d: %w", fol+1, err)
 	}

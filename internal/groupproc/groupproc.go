@@ -83,6 +83,11 @@ type Config struct {
 	// state in memory (a restart is then a new member, which broadcast
 	// does not support while others remember it).
 	StablePath string `json:"stable_path,omitempty"`
+	// Start is broadcast.Config.Start with a StablePath: StartNew for a
+	// member of a group starting for the first time, the default
+	// (StartExisting) for a restart, which then fails if the stable file
+	// is gone. Without a StablePath the member is always new.
+	Start broadcast.StartMode `json:"start,omitempty"`
 	// Record makes the FSM keep every delivered entry (Dump returns them);
 	// otherwise it keeps their count and a running hash only.
 	Record bool `json:"record,omitempty"`
@@ -176,6 +181,10 @@ func Start(cfg Config, node rdma.Node) (*Member, error) {
 		MaxLogEntries: t.MaxLogEntries, MaxUncommitted: t.MaxUncommitted,
 		MaxPending: t.MaxPending, ProposeTimeout: t.ProposeTimeout,
 		OnEvent: m.onEvent,
+		Start:   cfg.Start,
+	}
+	if cfg.StablePath == "" {
+		bc.Start = broadcast.StartNew
 	}
 	r, err := broadcast.New(bc, node, m.fsm, stable)
 	if err != nil {

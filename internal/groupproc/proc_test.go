@@ -280,6 +280,7 @@ func killLeader(t *testing.T, fabric func(*Config)) {
 	for _, id := range ids {
 		c := Config{Self: id, Members: ids, Record: true,
 			StablePath:  filepath.Join(stable, fmt.Sprintf("node%d.stable", id)),
+			Start:       broadcast.StartNew, // restarts find the file
 			PeerTimeout: 500 * time.Millisecond,
 			Tuning: Tuning{RingSize: 256 << 10, HeartbeatInterval: 2 * time.Millisecond,
 				ElectionTimeout: 150 * time.Millisecond, MaxLogEntries: 2048, ProposeTimeout: 5 * time.Second}}
