@@ -144,6 +144,8 @@ type simOpts struct {
 	// kept) only when random faults end: many times longer than it takes
 	// the leader to fill the ring to it and prune its Log past it.
 	longDown bool
+	// hash, if set, receives the run's trace hash (TestSimDeterminism).
+	hash *uint64
 	// script, if set, schedules scripted faults and checks on the run
 	// (asym_test.go); it fails the run through h.c.fail.
 	script func(h *simRun)
@@ -325,6 +327,9 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	}
 	s := sim.New(opts)
 	defer s.Close()
+	if o.hash != nil {
+		defer func() { *o.hash = s.TraceHash() }()
+	}
 	h := &simRun{o: o, s: s, c: &checker{proposed: map[string]*simProposal{}}, procs: map[rdma.NodeID]*simProc{},
 		rng: rand.New(rand.NewPCG(sd.Seed, 0xc7a5)), down: map[rdma.NodeID]bool{}}
 	var ids []rdma.NodeID
