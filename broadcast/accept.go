@@ -3,7 +3,6 @@ package broadcast
 import (
 	"encoding/binary"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -17,8 +16,8 @@ const maxBatch = 4096
 // by FIFO).
 func (r *Replica) readRing(i int) bool {
 	in := &r.ins[i]
-	if in.sinc == 0 {
-		return false
+	if in.sinc == 0 || r.recovering {
+		return false // rejoining: records wait until we know what we promised
 	}
 	sender := r.mems[i].id
 	rs := uint64(len(in.mem))
@@ -100,65 +99,27 @@ func (r *Replica) acceptForward(hdr MsgHdr, payload []byte) bool {
 	return true
 }
 
-// acceptSnapshot handles a snapshot announcement: fetch it with one-sided
-// reads before looking further in the ring.
+// acceptSnapshot handles a snapshot announcement: fetch it (driveFetch)
+// before looking further in the ring. A fetch that cannot succeed skips
+// the announcement; the diff after it is then refused and the leader
+// syncs us again.
 func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 	if len(payload) < snapRecLen {
 		return true
 	}
-	f := &r.links[i].fetch
-	region := rdma.RegionID(binary.LittleEndian.Uint64(payload[0:]))
-	size := int(binary.LittleEndian.Uint64(payload[8:]))
+	l := r.links[i]
+	metaID := rdma.RegionID(binary.LittleEndian.Uint64(payload[0:]))
+	size := binary.LittleEndian.Uint64(payload[8:])
 	check := binary.LittleEndian.Uint64(payload[16:])
 	commit := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[24:])), Cnt: binary.LittleEndian.Uint64(payload[32:])}
-	if hdr.E < r.eNew || size < snapMetaWords*8 {
-		return true // Fig. 5 l.54 would refuse the diff it belongs to
+	if hdr.E < r.eNew || size != uint64(snapMetaSize(r.n)) {
+		return true // Fig. 5 l.54 would refuse the diff it belongs to, or not a snapshot of this group
 	}
-	if size > r.cfg.MaxSnapshot {
-		// Not fetched, so the diff that follows is refused and the leader
-		// re-syncs us: we stay behind, visibly, rather than allocate it.
-		r.tracef("node %d refuses a %d-byte snapshot from node %d: MaxSnapshot is %d", r.self, size, r.mems[i].id, r.cfg.MaxSnapshot)
-		r.ctr.SnapshotsRefused++
-		return true
-	}
-	if !f.active || f.region != region || f.check != check || f.commit != commit || len(f.buf) != size {
-		*f = snapFetch{active: true, region: region, check: check, commit: commit, buf: make([]byte, size)}
-		r.tracef("node %d fetches snapshot at %v (%d bytes) from node %d", r.self, commit, size, r.mems[i].id)
-	}
-	if f.failed {
-		*f = snapFetch{}
-		return true
-	}
-	return f.ready
-}
-
-// driveFetch posts the reads of a snapshot fetch and verifies it.
-func (r *Replica) driveFetch(l *link) bool {
 	f := &l.fetch
-	if !f.active || f.ready || f.failed {
-		return false
+	if !f.active || f.metaID != metaID || f.metaCheck != check || f.commit != commit {
+		l.startFetch(metaID, int(size), check, commit)
 	}
-	progress := false
-	const chunk = 64 << 10
-	for l.up && f.nextOff < len(f.buf) && len(f.inflight) < 16 {
-		n := min(chunk, len(f.buf)-f.nextOff)
-		wr := rdma.WR{Kind: rdma.OpRead, Region: f.region, Offset: uint64(f.nextOff), Buf: f.buf[f.nextOff : f.nextOff+n]}
-		if !l.post(r, wr) {
-			break
-		}
-		f.nextOff += n
-		f.inflight = append(f.inflight, f.nextOff)
-		progress = true
-	}
-	if f.doneOff == len(f.buf) {
-		if xxhash.Sum64(f.buf) == f.check {
-			f.ready = true
-		} else {
-			f.failed = true
-		}
-		progress = true
-	}
-	return progress
+	return f.phase >= fetchReady
 }
 
 // acceptDiffPart collects diff parts and accepts the diff on its last part.
@@ -199,11 +160,13 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	if e < r.eNew || e.Leader() != sender || r.recovering {
 		return
 	}
-	f := &r.links[i].fetch
+	l := r.links[i]
+	f := &l.fetch
+	ready := f.active && f.phase == fetchReady && f.commit == d.base
 	useSnap := false
 	if d.flags&diffSnapshot != 0 {
-		if r.committed.Less(d.base) || r.bug == bugSnapRollback && f.ready && f.commit == d.base {
-			if !f.ready || f.commit != d.base {
+		if r.committed.Less(d.base) || r.bug == bugSnapRollback && ready {
+			if !ready {
 				return // the snapshot did not arrive: the leader re-syncs us
 			}
 			useSnap = true
@@ -219,13 +182,13 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 		}
 	}
 	if useSnap {
-		if err := r.restore(f.buf, d.base); err != nil {
+		if err := r.restore(&f.meta, f.buf, d.base); err != nil {
 			r.tracef("node %d: restore snapshot: %v", r.self, err)
-			*f = snapFetch{}
+			l.stopFetch()
 			return
 		}
 	}
-	*f = snapFetch{}
+	l.stopFetch()
 	// Acuerdo Fig. 5 l.58-60: E_new = E_cur = e; Role = FOLLOWER.
 	newEpoch := e != r.eCur
 	r.eNew, r.eCur = e, e
@@ -260,18 +223,15 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	r.tracef("node %d accepts diff %v base %v with %d entries from node %d (snapshot %v)", r.self, d.hdr, d.base, len(d.entries), sender, useSnap)
 }
 
-// restore installs a fetched snapshot taken at commit point at.
-func (r *Replica) restore(b []byte, at MsgHdr) error {
-	index, table, state, err := decodeSnapshot(b, r.cfg.Members)
-	if err != nil {
-		return err
-	}
+// restore installs a fetched snapshot (meta m, state bytes) taken at
+// commit point at.
+func (r *Replica) restore(m *snapMeta, state []byte, at MsgHdr) error {
 	if err := r.fsm.Restore(state); err != nil {
 		return err
 	}
 	r.ctr.SnapshotsRestored++
-	r.index = index
-	r.table = table
+	r.index = m.index
+	r.table = m.table
 	r.committed = at
 	r.log.Clear()
 	r.pruned = at
@@ -280,15 +240,6 @@ func (r *Replica) restore(b []byte, at MsgHdr) error {
 		r.resolveThrough(t.pseq, 0)
 	}
 	return nil
-}
-
-// snapshotBytes serialises the snapshot region contents at our commit point.
-func (r *Replica) snapshotBytes() ([]byte, error) {
-	data, err := r.fsm.Snapshot()
-	if err != nil {
-		return nil, err
-	}
-	return encodeSnapshot(r.index, r.cfg.Members, r.table, data), nil
 }
 
 // nextAfter returns the Log entry following h, or nil.

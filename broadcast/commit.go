@@ -148,8 +148,13 @@ func (r *Replica) prune() {
 			f := &r.fol[i]
 			switch f.state {
 			case fsSync:
-				if !f.snap || f.snapSent || r.bug == bugUnboundedLog { // else the snapshot will be the base
+				switch {
+				case !f.snap || f.snapSent || r.bug == bugUnboundedLog:
 					keep = minHdr(keep, f.packed)
+				case r.snap != nil:
+					// The snapshot being made for it: its diff will
+					// start at the snapshot's point.
+					keep = minHdr(keep, r.snap.at)
 				}
 			case fsStream:
 				floor = minHdr(floor, f.next)
@@ -157,6 +162,9 @@ func (r *Replica) prune() {
 		}
 	}
 	floor = minHdr(floor, keep)
+	if r.snap != nil && r.snap.done.Load() && !r.snapInUse() {
+		r.releaseSnap() // nobody needs it any more: free its copy of the state
+	}
 	ncommitted := r.log.above(r.committed)
 	for {
 		e, ok := r.log.Min()

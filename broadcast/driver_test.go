@@ -23,7 +23,7 @@ func (f *syncFSM) Apply(index uint64, data []byte) {
 	f.logFSM.Apply(index, data)
 }
 
-func (f *syncFSM) Snapshot() ([]byte, error) {
+func (f *syncFSM) Snapshot() (FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.logFSM.Snapshot()

@@ -180,12 +180,13 @@ func FuzzDiffEntry(f *testing.F) {
 	})
 }
 
-// FuzzSnapshot: a fetched snapshot either fails with errBadSnapshot or is
-// exactly the encoding of what it decoded to (one encoding per snapshot).
+// FuzzSnapshot: a fetched snapshot meta region either fails with
+// errBadSnapshot or is exactly the encoding of what it decoded to (one
+// encoding per snapshot), and names the group's members in order.
 func FuzzSnapshot(f *testing.F) {
 	members := []rdma.NodeID{1, 2, 3}
-	f.Add(encodeSnapshot(42, members, []tableRec{{1, 2}, {3, 4}, {5, 6}}, []byte("state")), uint8(3))
-	f.Add(encodeSnapshot(0, members[:1], []tableRec{{}}, nil), uint8(1))
+	f.Add(encodeSnapMeta(members, snapMeta{index: 42, table: []tableRec{{1, 2}, {3, 4}, {5, 6}}, region: 7, off: 8, size: 9, stateCheck: 10}), uint8(2))
+	f.Add(encodeSnapMeta(members[:1], snapMeta{table: []tableRec{{}}}), uint8(0))
 	f.Add(make([]byte, 16), uint8(0))
 	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255}, uint8(3))
 	f.Fuzz(func(t *testing.T, b []byte, n uint8) {
@@ -193,15 +194,18 @@ func FuzzSnapshot(f *testing.F) {
 		for k := range members {
 			members[k] = rdma.NodeID(k + 1)
 		}
-		index, table, state, err := decodeSnapshot(b, members)
+		m, err := decodeSnapMeta(b, members)
 		if err != nil {
 			if !errors.Is(err, errBadSnapshot) {
 				t.Fatalf("error %v does not wrap errBadSnapshot", err)
 			}
 			return
 		}
-		if got := encodeSnapshot(index, members, table, state); !bytes.Equal(got, b) {
-			t.Fatalf("snapshot %x re-encodes as %x", b, got)
+		if m.off+m.size < m.off {
+			t.Fatalf("accepted a state at %d+%d that wraps", m.off, m.size)
+		}
+		if got := encodeSnapMeta(members, m); !bytes.Equal(got, b) {
+			t.Fatalf("snapshot meta %x re-encodes as %x", b, got)
 		}
 	})
 }

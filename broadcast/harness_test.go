@@ -15,6 +15,7 @@ import (
 // logFSM is a test state machine whose state is the delivered sequence
 // itself, so snapshots carry it and every replica's sequence is comparable.
 type logFSM struct {
+	ballast   int // bytes of ballast in every snapshot (large snapshots)
 	seq       [][]byte
 	restores  int
 	rollbacks int // restores that shortened the delivered sequence
@@ -27,14 +28,50 @@ func (f *logFSM) Apply(index uint64, data []byte) {
 	f.seq = append(f.seq, append([]byte(nil), data...))
 }
 
-func (f *logFSM) Snapshot() ([]byte, error) {
-	var b bytes.Buffer
-	for _, d := range f.seq {
-		binary.Write(&b, binary.LittleEndian, uint32(len(d)))
+// Snapshot captures the sequence (its entries never change, and later
+// appends do not show through the capped slice); Persist lays it out,
+// followed by ballast bytes, if any, to make large snapshots.
+func (f *logFSM) Snapshot() (FSMSnapshot, error) {
+	return &logSnap{seq: f.seq[:len(f.seq):len(f.seq)], ballast: f.ballast}, nil
+}
+
+type logSnap struct {
+	seq     [][]byte
+	ballast int
+}
+
+const ballastMark = ^uint32(0)
+
+func (s *logSnap) Size() int {
+	n := 0
+	for _, d := range s.seq {
+		n += 4 + len(d)
+	}
+	if s.ballast > 0 {
+		n += 4 + s.ballast
+	}
+	return n
+}
+
+func (s *logSnap) Persist(dst []byte) error {
+	b := bytes.NewBuffer(dst[:0])
+	for _, d := range s.seq {
+		binary.Write(b, binary.LittleEndian, uint32(len(d)))
 		b.Write(d)
 	}
-	return b.Bytes(), nil
+	if s.ballast > 0 {
+		binary.Write(b, binary.LittleEndian, ballastMark)
+		for k := range s.ballast {
+			b.WriteByte(byte(k))
+		}
+	}
+	if b.Len() != len(dst) || &b.Bytes()[0] != &dst[0] {
+		return fmt.Errorf("logSnap: wrote %d bytes of %d", b.Len(), len(dst))
+	}
+	return nil
 }
+
+func (s *logSnap) Release() {}
 
 func (f *logFSM) Restore(s []byte) error {
 	f.restores++
@@ -48,6 +85,14 @@ func (f *logFSM) Restore(s []byte) error {
 	for len(s) > 0 {
 		if len(s) < 4 {
 			return fmt.Errorf("short snapshot")
+		}
+		if binary.LittleEndian.Uint32(s) == ballastMark {
+			for k, c := range s[4:] {
+				if c != byte(k) {
+					return fmt.Errorf("ballast byte %d is %d", k, c)
+				}
+			}
+			break
 		}
 		n := int(binary.LittleEndian.Uint32(s))
 		if len(s) < 4+n {
@@ -124,6 +169,7 @@ func (c *qcluster) boot(n *qnode) {
 	if n.r, err = New(cfg, n.node, n.fsm, n.stable); err != nil {
 		c.t.Fatal(err)
 	}
+	n.r.runPersist = func(fn func()) { fn() } // exact traces: the snapshot is ready at the next Poll
 	n.up = true
 }
 

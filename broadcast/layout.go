@@ -14,7 +14,7 @@ import (
 //	region RegionBase+0: the SST region
 //	  rows, one 64-byte row per (table, member), table-major:
 //	    offset (t*n + i)*64, t = 0 AcceptSST, 1 CommitSST, 2 VoteSST
-//	    AcceptSST row: [epoch][cnt][0]        [incarnation][0]              [0][0][check]
+//	    AcceptSST row: [epoch][cnt][fetched]  [incarnation][0]              [0][0][check]
 //	    CommitSST row: [epoch][cnt][heartbeat][incarnation][delivered index][follows][0][check]
 //	    VoteSST row:   [e_new][acpt epoch][acpt cnt][incarnation][0]        [0][0][check]
 //	  ring acknowledgements, one word per member at 3*n*64 + i*8:
@@ -25,6 +25,8 @@ import (
 //	region RegionBase+1+n+i: the snapshot this node serves to member i
 //
 // A row is written by its owner only, with one write of the whole row, and
+// fetched (AcceptSST) counts the snapshot bytes the member fetched so far:
+// the leader sees a long transfer progress and does not restart it.
 // follows (CommitSST) is the epoch whose leader the member hears now: a
 // follower's E_cur while its leader's heartbeat moves, a leader's own
 // epoch while a majority follows it, else 0 (docs/broadcast.md, "Pre-vote
@@ -193,7 +195,7 @@ func decodeRecord(mem []byte, off int, seq, sinc, rinc uint64) (h recHeader, siz
 //	kMsg, kForward payload:  [origin u32][oinc u32][pseq u64][data ...]
 //	kDiffPart/kDiffEnd payload: [base epoch u64][base cnt u64][flags u64] then entries
 //	  entry: [epoch u64][cnt u64][origin u32][oinc u32][pseq u64][dlen u64][data, zero-padded to 8]
-//	kSnapshot payload: [region u64][size u64][xxhash u64][commit epoch u64][commit cnt u64]
+//	kSnapshot payload: [meta region u64][meta size u64][meta xxhash u64][commit epoch u64][commit cnt u64]
 //
 // (origin, oinc, pseq) names a proposal: the node that proposed it, the low
 // 32 bits of that node's incarnation, and its sequence number there.
@@ -203,7 +205,7 @@ const (
 	diffEntryHdr  = 40
 	snapRecLen    = 40
 	diffSnapshot  = 1  // flags: the diff's base is the fetched snapshot
-	snapMetaWords = 2  // snapshot region: [index u64][ntable u64][table ...][fsm bytes]
+	snapMetaWords = 2  // snapshot meta region: [index u64][ntable u64][table ...][state location]
 	snapTableRec  = 16 // one member's record in the snapshot's table
 )
 
@@ -266,54 +268,85 @@ func getDiffEntry(src []byte) (e *entry, size int, ok bool) {
 	return e, min(size, len(src)), true
 }
 
-// Snapshot region contents (what a member behind the pruned log fetches):
+// A snapshot (what a member behind the pruned log fetches) is two regions
+// of the leader's: a small meta region, announced by a kSnapshot record
+// (region, size, xxhash of it, commit point), and the state the meta
+// region points to, in a region of the leader's (the FSM's bytes written
+// there by FSMSnapshot.Persist, off the polling goroutine) or in the FSM's
+// own registered memory (RegionSnapshot). Meta region:
 //
 //	[index u64][n u64] then n table records, one per member in Members order:
 //	  [member u32][oinc u32][pseq u64]
-//	then the FSM's snapshot bytes, to the end.
+//	then [state region u64][state offset u64][state size u64][state xxhash u64]
 //
-// index is the number of entries the snapshot covers and the table each
-// member's last delivered proposal (the duplicate filter).
+// index is the number of entries the snapshot covers, the table each
+// member's last delivered proposal (the duplicate filter), and the last
+// four words where the FSM's state is and its checksum.
+const snapStateWords = 4
+
+// snapMeta is a decoded meta region.
+type snapMeta struct {
+	index      uint64
+	table      []tableRec
+	region     rdma.RegionID
+	off        uint64
+	size       uint64
+	stateCheck uint64
+}
+
+// snapMetaSize is the meta region's size for a group of n.
+func snapMetaSize(n int) int { return snapMetaWords*8 + n*snapTableRec + snapStateWords*8 }
 
 // errBadSnapshot: a fetched snapshot failed validation. It is traced, not
 // installed, and the leader's re-sync sends another; no API returns it.
 var errBadSnapshot = errors.New("broadcast: malformed snapshot")
 
-// encodeSnapshot lays out a snapshot of the given members.
-func encodeSnapshot(index uint64, members []rdma.NodeID, table []tableRec, state []byte) []byte {
+// encodeSnapMeta lays out a snapshot's meta region for the given members.
+func encodeSnapMeta(members []rdma.NodeID, m snapMeta) []byte {
 	n := len(members)
-	b := make([]byte, snapMetaWords*8+n*snapTableRec+len(state))
-	binary.LittleEndian.PutUint64(b[0:], index)
+	b := make([]byte, snapMetaSize(n))
+	binary.LittleEndian.PutUint64(b[0:], m.index)
 	binary.LittleEndian.PutUint64(b[8:], uint64(n))
-	for k, t := range table {
+	for k, t := range m.table {
 		w := b[snapMetaWords*8+k*snapTableRec:]
 		binary.LittleEndian.PutUint32(w[0:], uint32(members[k]))
 		binary.LittleEndian.PutUint32(w[4:], t.oinc)
 		binary.LittleEndian.PutUint64(w[8:], t.pseq)
 	}
-	copy(b[snapMetaWords*8+n*snapTableRec:], state)
+	w := b[snapMetaWords*8+n*snapTableRec:]
+	binary.LittleEndian.PutUint64(w[0:], uint64(m.region))
+	binary.LittleEndian.PutUint64(w[8:], m.off)
+	binary.LittleEndian.PutUint64(w[16:], m.size)
+	binary.LittleEndian.PutUint64(w[24:], m.stateCheck)
 	return b
 }
 
-// decodeSnapshot validates a fetched snapshot against this group's members
-// and splits it; state aliases b. Errors wrap errBadSnapshot.
-func decodeSnapshot(b []byte, members []rdma.NodeID) (index uint64, table []tableRec, state []byte, err error) {
-	if len(b) < snapMetaWords*8 {
-		return 0, nil, nil, fmt.Errorf("broadcast: snapshot of %d bytes: %w", len(b), errBadSnapshot)
-	}
-	index = binary.LittleEndian.Uint64(b[0:])
-	nt := binary.LittleEndian.Uint64(b[8:])
+// decodeSnapMeta validates a fetched meta region against this group's
+// members. Errors wrap errBadSnapshot.
+func decodeSnapMeta(b []byte, members []rdma.NodeID) (m snapMeta, err error) {
 	n := len(members)
-	if nt != uint64(n) || len(b) < snapMetaWords*8+n*snapTableRec {
-		return 0, nil, nil, fmt.Errorf("broadcast: snapshot table of %d records for %d members in %d bytes: %w", nt, n, len(b), errBadSnapshot)
+	if len(b) != snapMetaSize(n) {
+		return m, fmt.Errorf("broadcast: snapshot meta of %d bytes for %d members, want %d: %w", len(b), n, snapMetaSize(n), errBadSnapshot)
 	}
-	table = make([]tableRec, n)
-	for k := range table {
+	m.index = binary.LittleEndian.Uint64(b[0:])
+	if nt := binary.LittleEndian.Uint64(b[8:]); nt != uint64(n) {
+		return m, fmt.Errorf("broadcast: snapshot table of %d records for %d members: %w", nt, n, errBadSnapshot)
+	}
+	m.table = make([]tableRec, n)
+	for k := range m.table {
 		w := b[snapMetaWords*8+k*snapTableRec:]
-		if m := rdma.NodeID(binary.LittleEndian.Uint32(w[0:])); m != members[k] {
-			return 0, nil, nil, fmt.Errorf("broadcast: snapshot table record %d is for node %d, member %d is node %d: %w", k, m, k, members[k], errBadSnapshot)
+		if id := rdma.NodeID(binary.LittleEndian.Uint32(w[0:])); id != members[k] {
+			return snapMeta{}, fmt.Errorf("broadcast: snapshot table record %d is for node %d, member %d is node %d: %w", k, id, k, members[k], errBadSnapshot)
 		}
-		table[k] = tableRec{oinc: binary.LittleEndian.Uint32(w[4:]), pseq: binary.LittleEndian.Uint64(w[8:])}
+		m.table[k] = tableRec{oinc: binary.LittleEndian.Uint32(w[4:]), pseq: binary.LittleEndian.Uint64(w[8:])}
 	}
-	return index, table, b[snapMetaWords*8+n*snapTableRec:], nil
+	w := b[snapMetaWords*8+n*snapTableRec:]
+	m.region = rdma.RegionID(binary.LittleEndian.Uint64(w[0:]))
+	m.off = binary.LittleEndian.Uint64(w[8:])
+	m.size = binary.LittleEndian.Uint64(w[16:])
+	m.stateCheck = binary.LittleEndian.Uint64(w[24:])
+	if m.off+m.size < m.off {
+		return snapMeta{}, fmt.Errorf("broadcast: snapshot state at %d+%d wraps: %w", m.off, m.size, errBadSnapshot)
+	}
+	return m, nil
 }

@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/cespare/xxhash/v2"
-	"github.com/rdmakv/rdmakv/rdma"
 )
 
 // Broadcasting (Acuerdo Fig. 4) and serving each follower its diff and
@@ -50,10 +48,15 @@ func (r *Replica) serve(i int) bool {
 	if f.state == fsIdle || f.inc != m.inc {
 		r.startSync(i)
 	}
+	if m.valid[tAccept] && m.rows[tAccept] != f.seen {
+		f.seen, f.progressAt = m.rows[tAccept], r.now // it accepted, or fetched snapshot bytes
+	}
 	if f.state == fsStream {
-		// A follower whose next entry was pruned, or that never accepted
-		// the diff, is synced again.
-		stalled := m.valid[tAccept] && m.acceptHdr().Less(f.end) && r.now-f.sentAt > 20*r.cfg.ElectionTimeout
+		// A follower whose next entry was pruned, or that has not
+		// accepted the diff and made no progress (accepting, or fetching
+		// its snapshot: a long transfer is not thrown away) for 20
+		// election timeouts, is synced again.
+		stalled := m.valid[tAccept] && m.acceptHdr().Less(f.end) && r.now-max(f.sentAt, f.progressAt) > 20*r.cfg.ElectionTimeout
 		if f.next.Less(r.pruned) || stalled {
 			r.tracef("node %d re-syncs node %d (stalled %v)", r.self, m.id, stalled)
 			r.startSync(i)
@@ -97,43 +100,27 @@ func (r *Replica) serve(i int) bool {
 // it reports true once the whole diff is in the ring.
 func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
 	if f.snap && !f.snapSent {
-		if !l.out.room(recSize(snapRecLen)) {
+		// A snapshot shared by every member behind the pruned Log, made
+		// off the polling goroutine: wait for it (heartbeats, commits and
+		// the other members go on meanwhile).
+		snap := r.snapshotFor()
+		if snap == nil || !l.out.room(recSize(snapRecLen)) {
 			return false
 		}
-		b, err := r.snapshotBytes()
-		if err != nil {
-			r.tracef("node %d: snapshot: %v", r.self, err)
-			return false
-		}
-		id := r.cfg.RegionBase + 1 + rdma.RegionID(r.n+i)
-		if r.snaps[i] != nil {
-			r.snaps[i].Close()
-			r.snaps[i] = nil
-		}
-		reg, err := r.node.Register(id, len(b))
-		if err != nil {
-			r.tracef("node %d: register snapshot region: %v", r.self, err)
-			return false
-		}
-		copy(reg.Bytes(), b)
-		if err := reg.Grant(r.mems[i].id, rdma.PermRead); err != nil {
-			reg.Close()
-			return false
-		}
-		r.snaps[i] = reg
-		f.base = r.committed
+		f.base = snap.at
 		f.packed = f.base
+		metaID, _ := r.snapRegionIDs(snap.slot)
 		buf := l.out.reserve(recSize(snapRecLen), r.inc)
 		p := buf[recHdr:]
-		binary.LittleEndian.PutUint64(p[0:], uint64(id))
-		binary.LittleEndian.PutUint64(p[8:], uint64(len(b)))
-		binary.LittleEndian.PutUint64(p[16:], xxhash.Sum64(b))
+		binary.LittleEndian.PutUint64(p[0:], uint64(metaID))
+		binary.LittleEndian.PutUint64(p[8:], uint64(snapMetaSize(r.n)))
+		binary.LittleEndian.PutUint64(p[16:], snap.mcheck)
 		binary.LittleEndian.PutUint64(p[24:], uint64(f.base.E))
 		binary.LittleEndian.PutUint64(p[32:], f.base.Cnt)
 		l.out.commitRecord(recHeader{len: snapRecLen, kind: kSnapshot, hdr: f.end}, r.inc)
 		f.snapSent = true
 		r.ctr.SnapshotsSent++
-		r.tracef("node %d sends node %d a snapshot at %v (%d bytes)", r.self, r.mems[i].id, f.base, len(b))
+		r.tracef("node %d sends node %d a snapshot at %v (%d bytes)", r.self, r.mems[i].id, f.base, snap.size)
 	}
 	var flags uint64
 	if f.snap {

@@ -12,7 +12,7 @@ import (
 // (reconnected with backoff when it breaks), a staging area for rows and
 // acknowledgement words (a write's buffer must stay untouched until the op
 // completes), the outgoing ring mirrored into the peer's incoming ring, and
-// a snapshot fetch in progress from that peer.
+// a snapshot fetch in progress from that peer (on a Conn of its own).
 type link struct {
 	peer rdma.NodeID
 	idx  int
@@ -64,20 +64,6 @@ type outRing struct {
 	consumed uint64 // bytes the peer acknowledged
 }
 
-// snapFetch is a snapshot being read with one-sided reads.
-type snapFetch struct {
-	active   bool
-	region   rdma.RegionID
-	check    uint64
-	commit   MsgHdr
-	buf      []byte
-	nextOff  int // next byte to request
-	doneOff  int // bytes whose read completed
-	inflight []int
-	ready    bool // fetched and verified
-	failed   bool
-}
-
 func newLink(peer rdma.NodeID, idx, ringSize int) *link {
 	return &link{
 		peer:     peer,
@@ -112,10 +98,6 @@ func (l *link) connect(r *Replica, now time.Duration) {
 	}
 	l.ackDirty = true
 	l.out.posted = l.out.consumed
-	if l.fetch.active && !l.fetch.ready {
-		l.fetch.nextOff = l.fetch.doneOff
-		l.fetch.inflight = l.fetch.inflight[:0]
-	}
 	r.tracef("link %d->%d up", r.self, l.peer)
 }
 
@@ -160,10 +142,6 @@ func (l *link) pollCompletions(r *Replica, now time.Duration) bool {
 			}
 			if c.ID+1 > l.completed {
 				l.completed = c.ID + 1
-			}
-			if c.Kind == rdma.OpRead && l.fetch.active && len(l.fetch.inflight) > 0 {
-				l.fetch.doneOff = l.fetch.inflight[0]
-				l.fetch.inflight = l.fetch.inflight[1:]
 			}
 		}
 	}

@@ -73,6 +73,9 @@ type follower struct {
 	snapSent bool
 	next     MsgHdr // streaming: last header written to the follower's ring
 	sentAt   time.Duration
+
+	seen       row           // its AcceptSST row when it last changed
+	progressAt time.Duration // when that was (serve's stall check)
 }
 
 // Deliberate bugs for tests that prove the checkers bite.
@@ -121,7 +124,14 @@ type Replica struct {
 	links  []*link // nil at me
 	mems   []member
 	fol    []follower
-	snaps  []rdma.Region
+
+	// snapshots (snapshot.go)
+	snap        *leaderSnap // the one this leader serves, or is making
+	snapSlot    int
+	snapRetryAt time.Duration
+	persisting  sync.WaitGroup
+	runPersist  func(func()) // runs a snapshot's Persist: a goroutine (tests: inline)
+	fetched     uint64       // snapshot bytes fetched, all fetches: progress in our AcceptSST row
 
 	// Acuerdo Fig. 1 l.11-17.
 	eCur, eNew Epoch
@@ -217,6 +227,7 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 		quorum:  len(cfg.Members)/2 + 1,
 		scratch: make([]byte, cfg.MaxRecord),
 	}
+	r.runPersist = func(fn func()) { go fn() }
 	r.me = slices.Index(cfg.Members, cfg.Self)
 	r.catchingUp = st.Incarnation > 0
 	r.recovering = rejoin
@@ -263,7 +274,6 @@ func (r *Replica) register() error {
 	}
 	r.sstMem = r.sst.Bytes()
 	r.ins = make([]inRing, r.n)
-	r.snaps = make([]rdma.Region, r.n)
 	for i, id := range r.cfg.Members {
 		if i == r.me {
 			continue
@@ -293,10 +303,9 @@ func (r *Replica) closeRegions() {
 			r.ins[i].region.Close()
 		}
 	}
-	for _, s := range r.snaps {
-		if s != nil {
-			s.Close()
-		}
+	r.persisting.Wait() // a Persist writes into a region we would close
+	if r.snap != nil {
+		r.releaseSnap()
 	}
 }
 
@@ -316,6 +325,9 @@ func (r *Replica) Close() error {
 	for _, l := range r.links {
 		if l != nil && l.conn != nil {
 			l.conn.Close()
+		}
+		if l != nil {
+			l.stopFetch()
 		}
 	}
 	r.closeRegions()

@@ -15,7 +15,7 @@ import (
 // CommitSST and VoteSST to all (Fig. 6 l.95, Fig. 7 l.104).
 func (r *Replica) updateRows() {
 	var rs [nTables]row
-	rs[tAccept] = row{uint64(r.accepted.E), r.accepted.Cnt, 0, r.inc}
+	rs[tAccept] = row{uint64(r.accepted.E), r.accepted.Cnt, r.fetched, r.inc}
 	rs[tCommit] = row{uint64(r.committed.E), r.committed.Cnt, r.heartbeat, r.inc, r.index, uint64(r.follows())}
 	if r.vote != (Vote{}) {
 		rs[tVote] = row{uint64(r.vote.ENew), uint64(r.vote.Acpt.E), r.vote.Acpt.Cnt, r.inc}
@@ -282,7 +282,7 @@ func (r *Replica) memberRestarted(i int, inc uint64) {
 	// stale; the new one writes its own only after reading records we
 	// write from here on.
 	rdma.Store64(r.sstMem, ackOffset(i, r.n), 0)
-	l.fetch = snapFetch{}
+	l.stopFetch()
 	for t := range l.dirty {
 		l.dirty[t] = true
 	}

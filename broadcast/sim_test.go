@@ -140,6 +140,9 @@ type simOpts struct {
 	// limits makes a third of the proposals MaxProposal-8..MaxProposal
 	// bytes long.
 	limits bool
+	// ballast adds that many bytes to every FSM snapshot (snapshots of
+	// many MiB).
+	ballast int
 	// longDown crashes one member at 5 ms and restarts it (its disk
 	// kept) only when random faults end: many times longer than it takes
 	// the leader to fill the ring to it and prune its Log past it.
@@ -196,6 +199,8 @@ func (p *simProc) Start(env *sim.Env) error {
 	}
 	p.r = r
 	r.bug = p.h.o.bug
+	r.runPersist = func(fn func()) { fn() } // deterministic: the snapshot is ready at the next step
+	p.fsm.ballast = p.h.o.ballast
 	p.next = env.Now() + time.Duration(env.Rand().Int64N(int64(time.Millisecond)))
 	p.h.procs[env.ID()] = p
 	p.h.all = append(p.h.all, p)
@@ -480,7 +485,9 @@ func (c *Counters) add(o Counters) {
 	c.ElectionsDeferred += o.ElectionsDeferred
 	c.DiffsAccepted += o.DiffsAccepted
 	c.DiffParts += o.DiffParts
+	c.SnapshotsTaken += o.SnapshotsTaken
 	c.SnapshotsSent += o.SnapshotsSent
+	c.SnapshotFetchesFailed += o.SnapshotFetchesFailed
 	c.SnapshotsRestored += o.SnapshotsRestored
 	c.SnapshotsRefused += o.SnapshotsRefused
 	c.Reconnects += o.Reconnects
@@ -507,7 +514,8 @@ func TestSimAcuerdo(t *testing.T) {
 		{"n5-mixed", 0.1, simOpts{n: 5, until: window, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
 		{"n3-long-down", 0.05, simOpts{n: 3, until: 6 * window, longDown: true, maxLog: 16, limits: true}, wantLongDown},
 		{"n5-lost-disk", 0.05, simOpts{n: 5, until: window, crashes: true, loseDisk: 0.5, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantSnapshots},
-		{"n3-crash-at-vote", 0.05, simOpts{n: 3, until: window, crashAtVote: true, maxLog: 24, limits: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
+		{"n3-big-snapshots", 0.01, simOpts{n: 3, until: window, crashes: true, maxLog: 24, ballast: 8 << 20, faults: sim.Faults{Until: window, Partition: 1}}, wantSnapshots},
+		{"n3-crash-at-vote", 0.04, simOpts{n: 3, until: window, crashAtVote: true, maxLog: 24, limits: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -143,7 +143,7 @@ func TestRejoinLostDisk(t *testing.T) {
 	}
 	s := n3.r.Status()
 	if s.ENew != epoch || s.CatchingUp || s.Vote.ENew != epoch || s.Counters.ElectionsStarted != 0 {
-		t.Fatalf("rejoined member: %+v, want e_new %v learnt, caught up, no election", s, epoch)
+		t.Fatalf("rejoined member: %+v, want e_new %v learnt, caught up, no election\n%s", s, epoch, c.takeTrace())
 	}
 	if st, _ := n3.stable.Load(); st.ENew != epoch {
 		t.Errorf("the rejoined member saved e_new %v, want %v", st.ENew, epoch)

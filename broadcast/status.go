@@ -99,9 +99,11 @@ type Counters struct {
 	ElectionsDeferred uint64 // leader timeouts that did not start an election: another member still heard a leader (pre-vote)
 	DiffsAccepted     uint64 // diffs accepted (Fig. 5 l.54-66)
 	DiffParts         uint64 // diff records received, parts and ends
-	SnapshotsSent     uint64
-	SnapshotsRestored uint64
-	SnapshotsRefused  uint64 // snapshot announcements larger than MaxSnapshot
+	SnapshotsTaken        uint64 // FSM captures this leader served (one serves every member behind)
+	SnapshotsSent         uint64 // snapshot announcements to members
+	SnapshotsRestored     uint64
+	SnapshotsRefused      uint64 // snapshots larger than MaxSnapshot, not fetched
+	SnapshotFetchesFailed uint64 // fetches abandoned: refused, malformed, or released by the leader
 	Reconnects        uint64 // Conns re-opened after breaking
 	Requeued          uint64 // proposals handed back after an epoch ended without them
 	Delivered         uint64

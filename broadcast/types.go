@@ -112,10 +112,16 @@ type FSM interface {
 	// Apply delivers the committed entry at index (1, 2, ... in the total
 	// order). data must not be kept after Apply returns unless copied.
 	Apply(index uint64, data []byte)
-	// Snapshot serialises the state after every entry applied so far.
-	Snapshot() ([]byte, error)
-	// Restore replaces the state with a snapshot; the next Apply follows
-	// the snapshot's index.
+	// Snapshot captures the state after every entry applied so far, at
+	// this point in time, without serialising it: it is called from Poll
+	// and must be quick (the leader's heartbeats and commits wait for it).
+	// The replica serialises the capture off the polling goroutine
+	// (FSMSnapshot.Persist), or serves it from the FSM's registered memory
+	// (RegionSnapshot). BytesSnapshot wraps a small state's copy.
+	Snapshot() (FSMSnapshot, error)
+	// Restore replaces the state with a snapshot's bytes (what Persist
+	// wrote), which the FSM may keep; the next Apply follows the
+	// snapshot's index.
 	Restore(snapshot []byte) error
 }
 
@@ -126,8 +132,8 @@ type Config struct {
 	// Members is the group, n = 2f+1 node ids, the same list on every member.
 	Members []rdma.NodeID
 	// RegionBase is the first region id the group uses; it uses
-	// RegionBase .. RegionBase+2n+1 (SST, one incoming ring per member,
-	// one snapshot region per member). Default 0x1000.
+	// RegionBase .. RegionBase+n+4 (SST, one incoming ring per member, and
+	// two slots of a snapshot's meta and state regions). Default 0x1000.
 	RegionBase rdma.RegionID
 	// RingSize is the byte size of each incoming ring (a multiple of 8).
 	// Default 1 MiB.

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/rdmakv/rdmakv/broadcast"
 )
 
 // FSM is the members' state machine. It always keeps the number of
@@ -114,8 +115,15 @@ func (f *FSM) decode(s []byte) error {
 	return nil
 }
 
-// Snapshot implements broadcast.FSM.
-func (f *FSM) Snapshot() ([]byte, error) {
+// Snapshot implements broadcast.FSM: the state is small (a digest, or the
+// test's entries), so the capture is a copy of its encoding.
+func (f *FSM) Snapshot() (broadcast.FSMSnapshot, error) {
+	b, err := f.snapshotBytes()
+	return broadcast.BytesSnapshot(b), err
+}
+
+// snapshotBytes is the snapshot's encoding (what Restore takes).
+func (f *FSM) snapshotBytes() ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.encode(), nil

@@ -15,7 +15,7 @@ func TestFSMSnapshot(t *testing.T) {
 		for i, d := range []string{"x", "", "yz"} {
 			a.Apply(uint64(i+1), []byte(d))
 		}
-		snap, err := a.Snapshot()
+		snap, err := a.snapshotBytes()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,10 +16,10 @@ func FuzzFSMRestore(f *testing.F) {
 	rec := NewFSM(true)
 	rec.Apply(1, []byte("a"))
 	rec.Apply(2, []byte("bc"))
-	snap, _ := rec.Snapshot()
+	snap, _ := rec.snapshotBytes()
 	dig := NewFSM(false)
 	dig.Apply(1, []byte("a"))
-	dsnap, _ := dig.Snapshot()
+	dsnap, _ := dig.snapshotBytes()
 	f.Add(snap, true)
 	f.Add(snap, false)
 	f.Add(dsnap, false)
@@ -29,17 +29,17 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, record bool) {
 		m := NewFSM(record)
 		m.Apply(1, []byte("before"))
-		before, _ := m.Snapshot()
+		before, _ := m.snapshotBytes()
 		if err := m.Restore(b); err != nil {
 			if !errors.Is(err, ErrSnapshot) {
 				t.Fatalf("error %v does not wrap ErrSnapshot", err)
 			}
-			if after, _ := m.Snapshot(); !bytes.Equal(after, before) {
+			if after, _ := m.snapshotBytes(); !bytes.Equal(after, before) {
 				t.Fatalf("a failed Restore changed the state from %x to %x", before, after)
 			}
 			return
 		}
-		got, _ := m.Snapshot()
+		got, _ := m.snapshotBytes()
 		switch {
 		case record && !bytes.Equal(got, b):
 			t.Fatalf("snapshot %x restores to a state whose snapshot is %x", b, got)
@@ -54,7 +54,7 @@ func FuzzFSMRestore(f *testing.F) {
 			if err := r.Restore(b); err != nil {
 				t.Fatalf("digest-only FSM accepted %x, which a recording FSM refuses: %v", b, err)
 			}
-			if again, _ := r.Snapshot(); !bytes.Equal(again, b) {
+			if again, _ := r.snapshotBytes(); !bytes.Equal(again, b) {
 				t.Fatalf("digest-only FSM accepted %x, which a recording FSM restores as %x", b, again)
 			}
 		}
