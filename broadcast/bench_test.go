@@ -35,7 +35,7 @@ func (m *cpuMeter) stop() {
 type nopFSM struct{ n uint64 }
 
 func (f *nopFSM) Apply(index uint64, data []byte) { f.n = index }
-func (f *nopFSM) Snapshot() (FSMSnapshot, error) { return BytesSnapshot(nil), nil }
+func (f *nopFSM) Snapshot() (FSMSnapshot, error)  { return BytesSnapshot(nil), nil }
 func (f *nopFSM) Restore([]byte) error            { return nil }
 
 // BenchmarkPipelined measures the protocol's CPU cost per message: three

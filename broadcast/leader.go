@@ -3,7 +3,6 @@ package broadcast
 import (
 	"encoding/binary"
 	"fmt"
-
 )
 
 // Broadcasting (Acuerdo Fig. 4) and serving each follower its diff and

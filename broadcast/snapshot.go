@@ -61,16 +61,16 @@ func (b bytesSnapshot) Release()                 {}
 // leaderSnap is the snapshot the leader serves (one at a time, shared by
 // every member it catches up).
 type leaderSnap struct {
-	at    MsgHdr // the commit point it was taken at
-	slot  int    // region id slot (snapRegionIDs)
-	fsm   FSMSnapshot
-	meta  rdma.Region
-	state rdma.Region // nil when served from the FSM's region
-	size  int         // state bytes
-	mcheck uint64     // xxhash of the meta region
-	done  atomic.Bool // Persist and the meta region are done (err says how)
-	err   error
-	since time.Duration // when it was taken
+	at     MsgHdr // the commit point it was taken at
+	slot   int    // region id slot (snapRegionIDs)
+	fsm    FSMSnapshot
+	meta   rdma.Region
+	state  rdma.Region // nil when served from the FSM's region
+	size   int         // state bytes
+	mcheck uint64      // xxhash of the meta region
+	done   atomic.Bool // Persist and the meta region are done (err says how)
+	err    error
+	since  time.Duration // when it was taken
 }
 
 // snapRegionIDs returns the meta and state region ids of a slot: two
@@ -209,10 +209,10 @@ func (r *Replica) snapInUse() bool {
 
 // Fetching, at the member: phases of a snapFetch.
 const (
-	fetchMeta  = iota // reading the meta region
-	fetchState        // reading the state
-	fetchReady        // fetched and verified
-	fetchFailed       // refused, malformed, or the leader released it: skip the announcement
+	fetchMeta   = iota // reading the meta region
+	fetchState         // reading the state
+	fetchReady         // fetched and verified
+	fetchFailed        // refused, malformed, or the leader released it: skip the announcement
 )
 
 // snapFetch is a snapshot being read with one-sided reads, on a Conn of

@@ -94,19 +94,19 @@ type MemberStatus struct {
 
 // Counters count protocol events since the replica started.
 type Counters struct {
-	Elected           uint64 // epochs this replica won
-	ElectionsStarted  uint64 // times it became ELECTING
-	ElectionsDeferred uint64 // leader timeouts that did not start an election: another member still heard a leader (pre-vote)
-	DiffsAccepted     uint64 // diffs accepted (Fig. 5 l.54-66)
-	DiffParts         uint64 // diff records received, parts and ends
+	Elected               uint64 // epochs this replica won
+	ElectionsStarted      uint64 // times it became ELECTING
+	ElectionsDeferred     uint64 // leader timeouts that did not start an election: another member still heard a leader (pre-vote)
+	DiffsAccepted         uint64 // diffs accepted (Fig. 5 l.54-66)
+	DiffParts             uint64 // diff records received, parts and ends
 	SnapshotsTaken        uint64 // FSM captures this leader served (one serves every member behind)
 	SnapshotsSent         uint64 // snapshot announcements to members
 	SnapshotsRestored     uint64
 	SnapshotsRefused      uint64 // snapshots larger than MaxSnapshot, not fetched
 	SnapshotFetchesFailed uint64 // fetches abandoned: refused, malformed, or released by the leader
-	Reconnects        uint64 // Conns re-opened after breaking
-	Requeued          uint64 // proposals handed back after an epoch ended without them
-	Delivered         uint64
+	Reconnects            uint64 // Conns re-opened after breaking
+	Requeued              uint64 // proposals handed back after an epoch ended without them
+	Delivered             uint64
 }
 
 // Leader returns the leader's node id if this replica follows or leads an
