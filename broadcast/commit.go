@@ -94,7 +94,7 @@ func (r *Replica) commit() bool {
 	r.committed = bound
 	r.commitMoved = true
 	if r.log.Len() > r.cfg.MaxLogEntries+r.uncommitted() {
-		r.prune() // MaxLogEntries is a hard bound, not one per prune period
+		r.prune() // the bounds are hard, not once per prune period
 	}
 	if r.cfg.Trace != nil {
 		r.tracef("node %d commits up to %v (delivered %d)", r.self, bound, r.index)
@@ -129,10 +129,13 @@ func (r *Replica) deliver(e *entry) {
 // prune removes committed entries nobody is expected to need: below every
 // member's Commit_SST entry heard within the timeout, every streaming
 // follower's cursor and every diff being sent; and in any case beyond
-// MaxLogEntries committed entries, whoever still needs them. MaxLogEntries
-// is a hard bound: a follower whose cursor or diff was pruned (serve) is
-// synced again, by snapshot, so a member that is down, partitioned or
-// stuck mid catch-up for good never makes the leader's Log grow.
+// MaxLogEntries committed entries, whoever still needs them, except for
+// the entries a member that makes progress still needs (catching up by
+// snapshot, or just behind), up to MaxCatchUpLogEntries. Both bounds
+// are hard: a follower whose cursor or diff was pruned (serve) is synced
+// again, by snapshot, so a member that is down, partitioned or stuck mid
+// catch-up for good never makes the leader's Log grow, and one that
+// fetches a large snapshot while the group commits keeps its entries.
 func (r *Replica) prune() {
 	floor := r.committed
 	for i := range r.mems {
@@ -142,22 +145,35 @@ func (r *Replica) prune() {
 		}
 		floor = minHdr(floor, m.commitHdr())
 	}
-	keep := MsgHdr{E: ^Epoch(0), Cnt: ^uint64(0)} // entries above keep are needed by a diff being sent
+	top := MsgHdr{E: ^Epoch(0), Cnt: ^uint64(0)}
+	keep := top // entries above keep are needed by a diff being sent
+	hold := top // entries above hold are needed by a member catching up by snapshot, making progress
 	if r.role == Leader {
 		for i := range r.fol {
 			f := &r.fol[i]
+			heard := r.now-r.mems[i].heardAt <= r.cfg.ElectionTimeout
+			// A member that makes progress (its AcceptSST row moves:
+			// it accepts, or fetches its snapshot) is catching up.
+			catching := heard && r.now-f.progressAt <= r.cfg.ElectionTimeout
 			switch f.state {
 			case fsSync:
 				switch {
 				case !f.snap || f.snapSent || r.bug == bugUnboundedLog:
 					keep = minHdr(keep, f.packed)
-				case r.snap != nil:
+				case r.snap != nil && heard:
 					// The snapshot being made for it: its diff will
 					// start at the snapshot's point.
 					keep = minHdr(keep, r.snap.at)
+					hold = minHdr(hold, r.snap.at)
+				}
+				if catching && f.snapSent {
+					hold = minHdr(hold, f.packed)
 				}
 			case fsStream:
 				floor = minHdr(floor, f.next)
+				if catching {
+					hold = minHdr(hold, f.next) // fetching a snapshot (its ring full until it installs it), or reading its ring
+				}
 			}
 		}
 	}
@@ -171,7 +187,8 @@ func (r *Replica) prune() {
 		if !ok || r.committed.Less(e.hdr) {
 			return
 		}
-		if floor.Less(e.hdr) && (ncommitted <= r.cfg.MaxLogEntries || r.bug == bugUnboundedLog && keep.Less(e.hdr)) {
+		held := hold.Less(e.hdr) && ncommitted <= r.cfg.MaxCatchUpLogEntries
+		if floor.Less(e.hdr) && (ncommitted <= r.cfg.MaxLogEntries || held || r.bug == bugUnboundedLog && keep.Less(e.hdr)) {
 			return
 		}
 		r.pruned = maxHdr(r.pruned, e.hdr)

@@ -24,7 +24,7 @@ func (r *Replica) broadcast(id proposalID, data []byte, s *slab) MsgHdr {
 func (r *Replica) startSync(i int) {
 	m := &r.mems[i]
 	f := &r.fol[i]
-	*f = follower{state: fsSync, inc: m.inc, end: r.accepted, sentAt: r.now}
+	*f = follower{state: fsSync, inc: m.inc, end: r.accepted, sentAt: r.now, seen: m.rows[tAccept], progressAt: f.progressAt}
 	if m.valid[tCommit] {
 		f.base = m.commitHdr()
 	}
@@ -101,7 +101,11 @@ func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
 	if f.snap && !f.snapSent {
 		// A snapshot shared by every member behind the pruned Log, made
 		// off the polling goroutine: wait for it (heartbeats, commits and
-		// the other members go on meanwhile).
+		// the other members go on meanwhile). None is made for a member
+		// we do not hear (down, or partitioned away).
+		if r.now-r.mems[i].heardAt > r.cfg.ElectionTimeout {
+			return false
+		}
 		snap := r.snapshotFor()
 		if snap == nil || !l.out.room(recSize(snapRecLen)) {
 			return false

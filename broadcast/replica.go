@@ -306,6 +306,7 @@ func (r *Replica) closeRegions() {
 	r.persisting.Wait() // a Persist writes into a region we would close
 	if r.snap != nil {
 		r.releaseSnap()
+		r.persisting.Wait()
 	}
 }
 

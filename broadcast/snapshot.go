@@ -136,7 +136,7 @@ func (r *Replica) persistSnap(s *leaderSnap, m snapMeta) error {
 			return fmt.Errorf("broadcast: region snapshot of %d bytes at %d of a %d-byte region", s.size, off, len(reg.Bytes()))
 		}
 		m.region, m.off = reg.ID(), uint64(off)
-		m.stateCheck = xxhash.Sum64(reg.Bytes()[off : off+s.size])
+		m.stateCheck = hashChunked(reg.Bytes()[off : off+s.size])
 	} else {
 		reg, err := r.node.Register(stateID, max(s.size, 8))
 		if err != nil {
@@ -151,7 +151,7 @@ func (r *Replica) persistSnap(s *leaderSnap, m snapMeta) error {
 			return fmt.Errorf("broadcast: persist snapshot: %w", err)
 		}
 		m.region = stateID
-		m.stateCheck = xxhash.Sum64(b)
+		m.stateCheck = hashChunked(b)
 	}
 	mb := encodeSnapMeta(r.cfg.Members, m)
 	reg, err := r.node.Register(metaID, len(mb))
@@ -162,6 +162,20 @@ func (r *Replica) persistSnap(s *leaderSnap, m snapMeta) error {
 	copy(reg.Bytes(), mb)
 	s.mcheck = xxhash.Sum64(mb)
 	return r.grantMembers(reg)
+}
+
+// hashChunked is xxhash.Sum64(b), fed a MiB at a time: one call over a GiB
+// is an assembly loop the Go scheduler cannot preempt for a tenth of a
+// second, which would hold up a stop-the-world and with it every
+// goroutine, the polling ones included.
+func hashChunked(b []byte) uint64 {
+	d := xxhash.New()
+	for len(b) > 0 {
+		n := min(len(b), 1<<20)
+		d.Write(b[:n])
+		b = b[n:]
+	}
+	return d.Sum64()
 }
 
 func (r *Replica) grantMembers(reg rdma.Region) error {
@@ -177,19 +191,25 @@ func (r *Replica) grantMembers(reg rdma.Region) error {
 
 // releaseSnap drops the leader's snapshot (it must be done): members still
 // reading it get ErrNoRegion, skip its announcement, and are synced again.
+// The regions are closed off the polling goroutine too: unmapping a GiB
+// of touched pages takes the kernel tens of milliseconds.
 func (r *Replica) releaseSnap() {
 	s := r.snap
 	if s == nil {
 		return
 	}
 	r.snap = nil
-	if s.meta != nil {
-		s.meta.Close()
-	}
-	if s.state != nil {
-		s.state.Close()
-	}
-	s.fsm.Release()
+	r.persisting.Add(1)
+	r.runPersist(func() {
+		defer r.persisting.Done()
+		if s.meta != nil {
+			s.meta.Close()
+		}
+		if s.state != nil {
+			s.state.Close()
+		}
+		s.fsm.Release()
+	})
 }
 
 // snapInUse reports whether a member may still need the leader's snapshot:

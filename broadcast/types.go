@@ -157,6 +157,14 @@ type Config struct {
 	// MaxLogEntries bounds the committed entries kept in the Log for
 	// catch-up; a member further behind gets a snapshot. Default 65536.
 	MaxLogEntries int
+	// MaxCatchUpLogEntries bounds the committed entries the Log keeps, past
+	// MaxLogEntries, for a member that is behind but makes progress: one
+	// catching up by snapshot needs the entries committed while it fetches
+	// and installs it (a large state takes a while to transfer), and then
+	// reads them. A member that makes no progress for an election timeout
+	// (down, partitioned, stopped) does not hold the Log. Default 8 x
+	// MaxLogEntries.
+	MaxCatchUpLogEntries int
 	// MaxSnapshot bounds the snapshot this replica fetches from a leader
 	// (its FSM state plus a small table); a larger one is refused, so a
 	// replica behind the pruned log stays behind rather than allocate it.
@@ -319,6 +327,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxLogEntries == 0 {
 		c.MaxLogEntries = DefaultMaxLogEntries
+	}
+	if c.MaxCatchUpLogEntries == 0 {
+		c.MaxCatchUpLogEntries = 8 * c.MaxLogEntries
+	}
+	if c.MaxCatchUpLogEntries < c.MaxLogEntries {
+		return c, fmt.Errorf("broadcast: config: MaxCatchUpLogEntries %d below MaxLogEntries %d: %w", c.MaxCatchUpLogEntries, c.MaxLogEntries, ErrConfig)
 	}
 	if c.MaxUncommitted == 0 {
 		c.MaxUncommitted = DefaultMaxUncommitted
