@@ -1,9 +1,14 @@
 package groupproc
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
+
+	"github.com/rdmakv/rdmakv/broadcast"
 )
 
 // TestFSMSnapshot checks that a restored FSM continues where the snapshot
@@ -37,5 +42,171 @@ func TestFSMSnapshot(t *testing.T) {
 		if err := b.Restore(snap[:len(snap)-1]); !errors.Is(err, ErrSnapshot) {
 			t.Errorf("record=%v: truncated snapshot: %v, want ErrSnapshot", record, err)
 		}
+	}
+}
+
+// applyN applies entries from+1 .. from+n, each derived from its index.
+func applyN(f *FSM, from, n uint64) {
+	for i := from + 1; i <= from+n; i++ {
+		f.Apply(i, fmt.Appendf(nil, "entry-%d", i))
+	}
+}
+
+// persist writes a capture into a fresh buffer.
+func persist(t *testing.T, s broadcast.FSMSnapshot) []byte {
+	t.Helper()
+	b := make([]byte, s.Size())
+	if err := s.Persist(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestFSMStateCopyOnWrite: a capture of the ballast does not change while
+// Apply writes every chunk after it (each chunk is copied once, on its
+// first write), a Persist taken later is byte for byte the one taken at
+// once, and once the capture is released Apply writes in place again.
+func TestFSMStateCopyOnWrite(t *testing.T) {
+	for _, tc := range []struct {
+		state int64
+		chunk int
+	}{{40, 16}, {3*StateChunk + 5, StateChunk}, {7, 16}} {
+		f := newFSM(false, tc.state, tc.chunk)
+		nch := uint64(len(f.chunks))
+		applyN(f, 0, 2*nch+1)
+		s, err := f.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Size() != headLen+int(tc.state) {
+			t.Fatalf("state %d: capture of %d bytes, want %d", tc.state, s.Size(), headLen+int(tc.state))
+		}
+		at := persist(t, s)
+		d0 := f.Digest()
+		applyN(f, 2*nch+1, 3*nch) // every chunk written, some twice
+		later := persist(t, s)
+		if !bytes.Equal(at, later) {
+			t.Fatalf("state %d: the capture changed under %d Applies", tc.state, 3*nch)
+		}
+		st := f.Stats()
+		if st.ChunkCopies != nch {
+			t.Errorf("state %d: %d chunk copies while one capture was live, want %d (one per chunk)", tc.state, st.ChunkCopies, nch)
+		}
+		if f.Digest() == d0 {
+			t.Errorf("state %d: digest unchanged by %d Applies", tc.state, 3*nch)
+		}
+		s.Release()
+		applyN(f, 5*nch+1, 2*nch)
+		if st := f.Stats(); st.ChunkCopies != nch || st.Live != 0 {
+			t.Errorf("state %d: after the release %d copies (want %d, none new), %d live", tc.state, st.ChunkCopies, nch, st.Live)
+		}
+		// The capture restores to the digest of when it was taken.
+		g := newFSM(false, tc.state, tc.chunk)
+		if err := g.Restore(at); err != nil {
+			t.Fatal(err)
+		}
+		if g.Digest() != d0 {
+			t.Errorf("state %d: capture restores to %+v, want %+v", tc.state, g.Digest(), d0)
+		}
+	}
+}
+
+// TestFSMStateRestore: Restore of a Persist gives the same digest (ballast
+// hash included), adopts the buffer without copying it, goes on like the
+// original, and refuses a snapshot of another state size.
+func TestFSMStateRestore(t *testing.T) {
+	for _, record := range []bool{false, true} {
+		a := newFSM(record, 100, 32)
+		applyN(a, 0, 37)
+		snap, err := a.snapshotBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := newFSM(record, 100, 32)
+		if err := b.Restore(snap); err != nil {
+			t.Fatalf("record=%v: %v", record, err)
+		}
+		if a.Digest() != b.Digest() || a.Digest().State == 0 || !slices.Equal(a.Entries(), b.Entries()) {
+			t.Fatalf("record=%v: restored %+v, want %+v", record, b.Digest(), a.Digest())
+		}
+		if &b.chunks[0][0] != &snap[len(snap)-100] {
+			t.Errorf("record=%v: Restore copied the state instead of adopting the buffer", record)
+		}
+		applyN(a, 37, 50)
+		applyN(b, 37, 50)
+		if a.Digest() != b.Digest() {
+			t.Errorf("record=%v: digests differ after the same Applies: %+v, %+v", record, a.Digest(), b.Digest())
+		}
+		for _, other := range []int64{0, 99, 101} {
+			c := newFSM(record, other, 32)
+			before := c.Digest()
+			if err := c.Restore(snap); !errors.Is(err, ErrSnapshot) {
+				t.Errorf("record=%v: %d-byte FSM restored a 100-byte state: %v", record, other, err)
+			}
+			if c.Digest() != before {
+				t.Errorf("record=%v: a refused Restore changed the state", record)
+			}
+		}
+	}
+}
+
+// TestFSMStateReplicas: FSMs applying the same entries hold the same
+// ballast; a different entry makes it differ; the initial fill is the same
+// everywhere and not all zero.
+func TestFSMStateReplicas(t *testing.T) {
+	a, b := NewStateFSM(false, 2*StateChunk+3), NewStateFSM(false, 2*StateChunk+3)
+	if a.Digest() != b.Digest() || a.Digest().State == NewStateFSM(false, 2*StateChunk+4).Digest().State {
+		t.Fatalf("initial ballasts: %+v, %+v", a.Digest(), b.Digest())
+	}
+	if !slices.ContainsFunc(a.chunks[1], func(c byte) bool { return c != 0 }) {
+		t.Fatal("ballast chunk 1 is all zero")
+	}
+	applyN(a, 0, 1000)
+	applyN(b, 0, 1000)
+	if a.Digest() != b.Digest() {
+		t.Fatalf("same entries, different states: %+v, %+v", a.Digest(), b.Digest())
+	}
+	c := NewStateFSM(false, 2*StateChunk+3)
+	applyN(c, 0, 999)
+	c.Apply(1000, []byte("other"))
+	if c.Digest().State == a.Digest().State {
+		t.Fatal("a different last entry left the ballast's hash unchanged")
+	}
+}
+
+// TestFSMStateConcurrentPersist persists captures on other goroutines
+// while Apply goes on (run it with -race): every persisted capture
+// restores to the digest it was taken at.
+func TestFSMStateConcurrentPersist(t *testing.T) {
+	f := newFSM(false, 64<<10, 4<<10)
+	var wg sync.WaitGroup
+	var idx uint64
+	for round := range 20 {
+		s, _ := f.Snapshot()
+		want := s.(*capture).digest()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer s.Release()
+			b := make([]byte, s.Size())
+			if err := s.Persist(b); err != nil {
+				t.Error(err)
+				return
+			}
+			g := newFSM(false, 64<<10, 4<<10)
+			if err := g.Restore(b); err != nil {
+				t.Error(err)
+				return
+			}
+			if got := g.Digest(); got != want {
+				t.Errorf("round %d: capture restores to %+v, want %+v", round, got, want)
+			}
+		}()
+		applyN(f, idx, 40)
+		idx += 40
+	}
+	wg.Wait()
+	if st := f.Stats(); st.Live != 0 {
+		t.Errorf("%d captures live after every release", st.Live)
 	}
 }

@@ -9,7 +9,9 @@
 // caller opened, e.g. on the mem fabric), a broadcast.Replica polled by a
 // broadcast.Driver on its own goroutine, an FSM that records what was
 // delivered (Config.Record: every entry, for tests; otherwise a count and a
-// running hash, so that benchmarks run for hours in bounded memory) and
+// running hash, so that benchmarks run for hours in bounded memory), with
+// an optional ballast state of Config.StateBytes bytes captured copy on
+// write for snapshots (large-snapshot catch-up benchmarks), and
 // the protocol milestones with their times (for timing elections). A Member
 // can also be its own client: Load keeps a window of proposals outstanding
 // and measures commit latency.
@@ -91,6 +93,10 @@ type Config struct {
 	// Record makes the FSM keep every delivered entry (Dump returns them);
 	// otherwise it keeps their count and a running hash only.
 	Record bool `json:"record,omitempty"`
+	// StateBytes gives the FSM a ballast state of that many bytes,
+	// replicated like the rest of it (see FSM): a member behind the
+	// leader's pruned Log catches up with a snapshot at least this large.
+	StateBytes int64 `json:"state_bytes,omitempty"`
 	// Tuning is handed to broadcast.Config.
 	Tuning Tuning `json:"tuning"`
 }
@@ -168,7 +174,7 @@ const maxEvents = 4096
 
 // Start runs a member on node (which it takes over: Close closes it).
 func Start(cfg Config, node rdma.Node) (*Member, error) {
-	m := &Member{cfg: cfg, node: node, fsm: NewFSM(cfg.Record), done: make(chan struct{})}
+	m := &Member{cfg: cfg, node: node, fsm: NewStateFSM(cfg.Record, cfg.StateBytes), done: make(chan struct{})}
 	var stable broadcast.Stable = &broadcast.MemStable{}
 	if cfg.StablePath != "" {
 		stable = broadcast.FileStable{Path: cfg.StablePath}

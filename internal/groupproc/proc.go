@@ -20,7 +20,8 @@ const (
 	CmdPropose  = "propose"   // Data: propose it; answered when it resolves (Index or Err)
 	CmdStatus   = "status"    // answered with Status
 	CmdDump     = "dump"      // answered with Entries (record mode) and Digest
-	CmdDigest   = "digest"    // answered with Digest
+	CmdDigest   = "digest"    // answered with Digest (hashing the ballast state, if any)
+	CmdFSMStats = "fsm-stats" // answered with FSMStats
 	CmdEvents   = "events"    // answered with Events
 	CmdLoad     = "load"      // Load: run a client here; answered with LoadResult when it ends
 	CmdStopLoad = "stop-load" // end every running load early (each answers its own request)
@@ -57,6 +58,7 @@ type Reply struct {
 	Status  *broadcast.Status `json:"status,omitempty"`
 	Entries []string          `json:"entries,omitempty"`
 	Digest  *Digest           `json:"digest,omitempty"`
+	FSM     *FSMStats         `json:"fsm,omitempty"`
 	Events  []TimedEvent      `json:"events,omitempty"`
 	Load    *LoadResult       `json:"load,omitempty"`
 }
@@ -133,7 +135,7 @@ func Serve(in io.Reader, out io.Writer) error {
 	send(Reply{Ready: true, Pid: os.Getpid()})
 
 	ctx, cancel := context.WithCancel(context.Background())
-	var loads sync.WaitGroup
+	var loads sync.WaitGroup // running loads and digests
 	var lmu sync.Mutex
 	stopLoads := func() {}
 	for sc.Scan() {
@@ -160,8 +162,15 @@ func Serve(in io.Reader, out io.Writer) error {
 			d := m.fsm.Digest()
 			send(Reply{ID: req.ID, Entries: m.fsm.Entries(), Digest: &d})
 		case CmdDigest:
-			d := m.fsm.Digest()
-			send(Reply{ID: req.ID, Digest: &d})
+			loads.Add(1)
+			go func() { // hashing a large ballast takes a while: other requests go on
+				defer loads.Done()
+				d := m.fsm.Digest()
+				send(Reply{ID: req.ID, Digest: &d})
+			}()
+		case CmdFSMStats:
+			st := m.fsm.Stats()
+			send(Reply{ID: req.ID, FSM: &st})
 		case CmdEvents:
 			send(Reply{ID: req.ID, Events: m.Events()})
 		case CmdLoad:
