@@ -167,6 +167,9 @@ type Member struct {
 
 	evmu   sync.Mutex
 	events []TimedEvent
+
+	lmu   sync.Mutex
+	loads map[*loader]struct{} // running loads (Mark)
 }
 
 // maxEvents bounds the event record (oldest dropped first).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +24,35 @@ type LoadSpec struct {
 	// Samples bounds the latencies kept for quantiles (the first ones of
 	// the measured part); default 1<<21.
 	Samples int `json:"samples,omitempty"`
+	// Segments makes the load also time every completion, warm-up
+	// included, into segments: the first, "start", begins with the load,
+	// and each Mark (CmdMark) ends the current one and begins the next.
+	// Each segment keeps a histogram (no sample bound) and its longest
+	// latency and gap between completions, so that a benchmark can compare
+	// the commit latency during an event with the same run's before it.
+	Segments bool `json:"segments,omitempty"`
+}
+
+// SegmentResult is what a load measured in one segment (LoadSpec.Segments):
+// the completions between its mark and the next one. Latencies are from a
+// histogram (under 1.6% error), Max exactly.
+type SegmentResult struct {
+	Label   string        `json:"label"`
+	StartNS int64         `json:"start_unix_ns"`
+	EndNS   int64         `json:"end_unix_ns"`
+	N       uint64        `json:"n"`      // delivered
+	Failed  uint64        `json:"failed"` // failed proposals (not timed)
+	OpsPerS float64       `json:"ops_per_s"`
+	P50     time.Duration `json:"p50_ns"`
+	P90     time.Duration `json:"p90_ns"`
+	P99     time.Duration `json:"p99_ns"`
+	P999    time.Duration `json:"p999_ns"`
+	Max     time.Duration `json:"max_ns"`
+	MaxAtNS int64         `json:"max_at_unix_ns"` // when the slowest proposal resolved
+	// MaxGap is the longest time between two completions, the later one
+	// in this segment: how long the client saw no proposal resolve.
+	MaxGap     time.Duration `json:"max_gap_ns"`
+	MaxGapAtNS int64         `json:"max_gap_at_unix_ns"`
 }
 
 // LoadResult is what a load measured: commit latency (Propose to resolved
@@ -37,6 +67,8 @@ type LoadResult struct {
 	Elapsed  time.Duration `json:"elapsed_ns"`
 	Failed   uint64        `json:"failed"`
 	FirstErr string        `json:"first_err,omitempty"`
+	// Segments: with LoadSpec.Segments, one per segment, in order.
+	Segments []SegmentResult `json:"segments,omitempty"`
 }
 
 // Load runs a closed-loop client at this member (see LoadSpec). It submits
@@ -64,6 +96,21 @@ func (m *Member) Load(ctx context.Context, spec LoadSpec) (LoadResult, error) {
 	}
 	l.done1 = l.complete // one method value for every proposal
 	begin := time.Now()
+	if spec.Segments {
+		l.segs = []*segment{{label: "start", start: begin}}
+		l.lastDone = begin
+	}
+	m.lmu.Lock()
+	if m.loads == nil {
+		m.loads = map[*loader]struct{}{}
+	}
+	m.loads[l] = struct{}{}
+	m.lmu.Unlock()
+	defer func() {
+		m.lmu.Lock()
+		delete(m.loads, l)
+		m.lmu.Unlock()
+	}()
 	l.measureFrom = begin.Add(spec.Warmup)
 	l.end = l.measureFrom.Add(spec.Duration)
 	// The first proposal is the only one made here; its callback fills the
@@ -87,7 +134,116 @@ func (m *Member) Load(ctx context.Context, spec LoadSpec) (LoadResult, error) {
 			l.stopped = cancelled
 		}
 	}
-	return finish(l.res, l.lat, l.measureFrom, l.stopped), nil
+	res := finish(l.res, l.lat, l.measureFrom, l.stopped)
+	if spec.Segments {
+		l.takeMarks(time.Now()) // marks no completion saw
+		end := l.stopped
+		if end.IsZero() {
+			end = time.Now()
+		}
+		for _, sg := range l.segs {
+			res.Segments = append(res.Segments, sg.result(end))
+		}
+	}
+	return res, nil
+}
+
+// Mark ends the current segment of every load running at this member with
+// LoadSpec.Segments and begins one named label; it returns how many loads
+// it marked.
+func (m *Member) Mark(label string) int {
+	now := time.Now()
+	m.lmu.Lock()
+	defer m.lmu.Unlock()
+	n := 0
+	for l := range m.loads {
+		if l.spec.Segments {
+			l.mmu.Lock()
+			l.marks = append(l.marks, mark{label, now})
+			l.mmu.Unlock()
+			l.nmarks.Add(1)
+			n++
+		}
+	}
+	return n
+}
+
+// mark is a segment boundary on its way to the loader.
+type mark struct {
+	label string
+	at    time.Time
+}
+
+// segment is one segment's record (driver goroutine only).
+type segment struct {
+	label      string
+	start, end time.Time
+	h          latHist
+	failed     uint64
+	maxAt      time.Time
+	maxGap     time.Duration
+	maxGapAt   time.Time
+}
+
+func (s *segment) result(end time.Time) SegmentResult {
+	if s.end.IsZero() {
+		s.end = end
+	}
+	r := SegmentResult{Label: s.label, StartNS: s.start.UnixNano(), EndNS: s.end.UnixNano(), N: s.h.n, Failed: s.failed,
+		P50: s.h.quantile(0.5), P90: s.h.quantile(0.9), P99: s.h.quantile(0.99), P999: s.h.quantile(0.999),
+		Max: time.Duration(s.h.max), MaxGap: s.maxGap}
+	if d := s.end.Sub(s.start); d > 0 {
+		r.OpsPerS = float64(r.N) / d.Seconds()
+	}
+	if !s.maxAt.IsZero() {
+		r.MaxAtNS = s.maxAt.UnixNano()
+	}
+	if !s.maxGapAt.IsZero() {
+		r.MaxGapAtNS = s.maxGapAt.UnixNano()
+	}
+	return r
+}
+
+// takeMarks begins the segments of the marks made so far (driver
+// goroutine, or Load once the loader is done).
+func (l *loader) takeMarks(now time.Time) {
+	n := l.nmarks.Load()
+	if n == l.seenMarks {
+		return
+	}
+	l.mmu.Lock()
+	ms := l.marks
+	l.marks = nil
+	l.mmu.Unlock()
+	l.seenMarks += int64(len(ms))
+	for _, mk := range ms {
+		at := mk.at
+		if at.After(now) {
+			at = now // a completion at now follows the mark
+		}
+		cur := l.segs[len(l.segs)-1]
+		cur.end = at
+		l.segs = append(l.segs, &segment{label: mk.label, start: at})
+	}
+}
+
+// timeSegment records a completion at now into the current segment.
+func (l *loader) timeSegment(now, started time.Time, err error) {
+	l.takeMarks(now)
+	s := l.segs[len(l.segs)-1]
+	if err != nil {
+		s.failed++
+	} else {
+		lat := now.Sub(started)
+		if uint64(max(lat, 0)) > s.h.max || s.h.n == 0 {
+			s.maxAt = now
+		}
+		s.h.record(lat)
+	}
+	if gap := now.Sub(l.lastDone); gap > s.maxGap {
+		s.maxGap, s.maxGapAt = gap, now
+	}
+	l.lastDone = now
 }
 
 // loader is Load's state. After Load's first propose, only complete and
@@ -111,6 +267,15 @@ type loader struct {
 	stop        atomic.Bool
 	closed      bool // done is closed
 	done        chan struct{}
+
+	// Segments (LoadSpec.Segments): marks arrive from Mark under mmu and
+	// are counted in nmarks, so that a completion looks at the count only.
+	segs      []*segment
+	lastDone  time.Time
+	seenMarks int64
+	nmarks    atomic.Int64
+	mmu       sync.Mutex
+	marks     []mark
 }
 
 // propose submits the next message; now is its start time (the caller's
@@ -134,6 +299,9 @@ func (l *loader) complete(_ uint64, err error) {
 	l.head = (l.head + 1) % len(l.starts)
 	l.inflight--
 	if !l.stop.Load() {
+		if l.segs != nil {
+			l.timeSegment(now, started, err)
+		}
 		measuring := !now.Before(l.measureFrom)
 		switch {
 		case err != nil:

@@ -150,3 +150,147 @@ func TestLoadStop(t *testing.T) {
 		t.Fatalf("oversized load: %+v, want it refused as too large", res)
 	}
 }
+
+// TestStateCatchupSegments: a mem group whose FSMs carry a 4 MiB ballast;
+// a follower crashes while the leader's client runs, the leader's Log is
+// pruned past it, and the follower restarts with empty memory and its
+// stable file: it catches up by snapshot, and every member ends with the
+// same digest, ballast hash included. The client's load is cut into
+// segments by Mark at the crash and the restart.
+func TestStateCatchupSegments(t *testing.T) {
+	const state = 4<<20 + 3
+	f := mem.New(mem.Options{})
+	ids := []rdma.NodeID{1, 2, 3}
+	dir := t.TempDir()
+	cfgs := make([]Config, len(ids))
+	ms := make([]*Member, len(ids))
+	start := func(i int) {
+		t.Helper()
+		n, err := f.NewNode(cfgs[i].Self)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := Start(cfgs[i], n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms[i] = m
+	}
+	for i, id := range ids {
+		cfgs[i] = Config{Self: id, Members: ids, StateBytes: state, StablePath: fmt.Sprintf("%s/stable.%d", dir, id), Start: broadcast.StartNew,
+			Tuning: Tuning{ElectionTimeout: 500 * time.Millisecond, MaxLogEntries: 64}}
+		start(i)
+	}
+	t.Cleanup(func() {
+		for _, m := range ms {
+			if m != nil {
+				m.Close()
+			}
+		}
+	})
+	statuses := func() string {
+		var b strings.Builder
+		for i, m := range ms {
+			if m != nil {
+				fmt.Fprintf(&b, "\n\tmember %d: %+v", i+1, m.Replica().Status())
+			}
+		}
+		return b.String()
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(testWait)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v%s", what, testWait, statuses())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	ldr := -1
+	waitFor("a leader", func() bool {
+		for i, m := range ms {
+			if s := m.Replica().Status(); s.Role == broadcast.Leader && s.Committed.E == s.ECur {
+				ldr = i
+				return true
+			}
+		}
+		return false
+	})
+	fol := (ldr + 1) % len(ids)
+	lm := ms[ldr]
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*testWait)
+	defer cancel()
+	type out struct {
+		r   LoadResult
+		err error
+	}
+	done := make(chan out, 1)
+	go func() {
+		r, err := lm.Load(ctx, LoadSpec{Window: 2, Size: 16, Segments: true})
+		done <- out{r, err}
+	}()
+	index := func(i int) uint64 { return ms[i].Replica().Status().Index }
+	waitFor("200 commits", func() bool { return index(ldr) >= 200 })
+	if n := lm.Mark("down"); n != 1 {
+		t.Fatalf("Mark marked %d loads, want 1", n)
+	}
+	at := ms[fol].Replica().Status().Committed
+	if err := ms[fol].Crash(); err != nil {
+		t.Fatal(err)
+	}
+	ms[fol] = nil
+	waitFor("the Log pruned past the crashed follower", func() bool { return at.Less(lm.Replica().Status().Pruned) })
+	lm.Mark("catch-up")
+	target := index(ldr)
+	cfgs[fol].Start = broadcast.StartExisting
+	start(fol)
+	waitFor("the restarted follower's catch-up", func() bool { return index(fol) >= target })
+	lm.Mark("after")
+	after := index(ldr)
+	waitFor("commits after the catch-up", func() bool { return index(ldr) >= after+100 })
+	cancel()
+	o := <-done
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if fs := ms[fol].Replica().Status(); fs.Counters.SnapshotsRestored == 0 {
+		t.Errorf("follower caught up without a snapshot: %+v", fs.Counters)
+	}
+	if st := ms[fol].FSM().Stats(); st.Restores == 0 || st.StateBytes != state {
+		t.Errorf("follower FSM stats %+v: want a restore of the %d-byte state", st, state)
+	}
+	if st := lm.FSM().Stats(); st.Captures == 0 || st.Persists == 0 {
+		t.Errorf("leader FSM stats %+v: want a capture persisted", st)
+	}
+	// Quiesced: the same digest, ballast included, everywhere.
+	var ds []Digest
+	waitFor("equal digests", func() bool {
+		ds = ds[:0]
+		for _, m := range ms {
+			ds = append(ds, m.FSM().Digest())
+		}
+		return ds[0] == ds[1] && ds[1] == ds[2] && ds[0].Index == index(ldr)
+	})
+	if ds[0].State == 0 || ds[0].StateBytes != state {
+		t.Errorf("digest %+v lacks the ballast", ds[0])
+	}
+
+	segs := o.r.Segments
+	var labels []string
+	for _, s := range segs {
+		labels = append(labels, s.Label)
+	}
+	if strings.Join(labels, ",") != "start,down,catch-up,after" {
+		t.Fatalf("segments %v, want start, down, catch-up, after", labels)
+	}
+	for i, s := range segs {
+		if s.N == 0 || s.P50 <= 0 || s.P99 < s.P50 || s.Max < s.P99 || s.MaxGap <= 0 || s.MaxAtNS < s.StartNS || s.EndNS < s.StartNS || s.OpsPerS <= 0 {
+			t.Errorf("segment %+v", s)
+		}
+		if i > 0 && s.StartNS != segs[i-1].EndNS {
+			t.Errorf("segment %s starts at %d, the previous one ended at %d", s.Label, s.StartNS, segs[i-1].EndNS)
+		}
+	}
+}

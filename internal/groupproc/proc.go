@@ -25,6 +25,7 @@ const (
 	CmdEvents   = "events"    // answered with Events
 	CmdLoad     = "load"      // Load: run a client here; answered with LoadResult when it ends
 	CmdStopLoad = "stop-load" // end every running load early (each answers its own request)
+	CmdMark     = "mark"      // Data: begin a segment so named in every running load (LoadSpec.Segments); answered with Index = loads marked
 )
 
 // Request is one line from the parent.
@@ -193,6 +194,8 @@ func Serve(in io.Reader, out io.Writer) error {
 				}
 				send(r)
 			}()
+		case CmdMark:
+			send(Reply{ID: req.ID, Index: uint64(m.Mark(req.Data))})
 		case CmdStopLoad:
 			lmu.Lock()
 			stopLoads()
