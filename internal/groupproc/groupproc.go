@@ -109,9 +109,12 @@ type Tuning struct {
 	HeartbeatInterval time.Duration `json:"heartbeat_interval,omitempty"`
 	ElectionTimeout   time.Duration `json:"election_timeout,omitempty"`
 	MaxLogEntries     int           `json:"max_log_entries,omitempty"`
-	MaxUncommitted    int           `json:"max_uncommitted,omitempty"`
-	MaxPending        int           `json:"max_pending,omitempty"`
-	ProposeTimeout    time.Duration `json:"propose_timeout,omitempty"`
+	// MaxCatchUpLogEntries: broadcast.Config.MaxCatchUpLogEntries (0: 8 x
+	// MaxLogEntries).
+	MaxCatchUpLogEntries int           `json:"max_catchup_log_entries,omitempty"`
+	MaxUncommitted       int           `json:"max_uncommitted,omitempty"`
+	MaxPending           int           `json:"max_pending,omitempty"`
+	ProposeTimeout       time.Duration `json:"propose_timeout,omitempty"`
 }
 
 // ErrFabric: the Config names no fabric OpenNode can open.
@@ -187,7 +190,7 @@ func Start(cfg Config, node rdma.Node) (*Member, error) {
 		Self: cfg.Self, Members: cfg.Members,
 		RingSize: t.RingSize, MaxRecord: t.MaxRecord,
 		HeartbeatInterval: t.HeartbeatInterval, ElectionTimeout: t.ElectionTimeout,
-		MaxLogEntries: t.MaxLogEntries, MaxUncommitted: t.MaxUncommitted,
+		MaxLogEntries: t.MaxLogEntries, MaxCatchUpLogEntries: t.MaxCatchUpLogEntries, MaxUncommitted: t.MaxUncommitted,
 		MaxPending: t.MaxPending, ProposeTimeout: t.ProposeTimeout,
 		OnEvent: m.onEvent,
 		Start:   cfg.Start,
