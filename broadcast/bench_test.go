@@ -106,20 +106,22 @@ func BenchmarkLatencyW1(b *testing.B) {
 		}
 	}()
 	var leader *rtMember
-	for leader == nil {
+	if err := awaitCond("a leader", testWait, cond(func() bool {
 		for _, m := range ms {
 			if m.r.Status().Role == Leader && m.r.Status().Committed.E != 0 {
 				leader = m
 			}
 		}
-		time.Sleep(time.Millisecond)
+		return leader != nil
+	})); err != nil {
+		b.Fatal(err)
 	}
 	msg := []byte("0123456789")
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu := startCPU(b)
 	for i := 0; i < b.N; i++ {
-		if _, err := leader.r.Propose(msg).Result(); err != nil {
+		if _, err := waitProposal(b, leader.r.Propose(msg), "message", testWait); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -24,7 +24,7 @@ func TestProposalSizeLimit(t *testing.T) {
 	if max != 512-64 {
 		t.Fatalf("MaxProposal %d with MaxRecord 512, want 448", max)
 	}
-	if _, err := n1.r.Propose(make([]byte, max+1)).Result(); !errors.Is(err, ErrTooLarge) {
+	if _, err := waitProposal(t, n1.r.Propose(make([]byte, max+1)), "MaxProposal+1 bytes", 0, qreplicas(c)...); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("a proposal of MaxProposal+1 bytes: %v, want ErrTooLarge", err)
 	}
 	c.settle(nil)
@@ -37,7 +37,7 @@ func TestProposalSizeLimit(t *testing.T) {
 	// Forwarded at the limit: committed normally first.
 	p := n2.r.Propose(data('f', max))
 	c.settle(nil)
-	if _, err := p.Result(); err != nil {
+	if _, err := waitProposal(t, p, "forwarded at the limit", 0, qreplicas(c)...); err != nil {
 		t.Fatalf("forwarded proposal of %d bytes: %v", max, err)
 	}
 	want = append(want, string(data('f', max)))
