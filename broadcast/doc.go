@@ -21,7 +21,9 @@
 //
 // Beyond the paper the package bounds memory (rings are finite, the Log is
 // pruned), catches up replicas that fell behind the pruned Log or restarted
-// with empty memory by a snapshot fetched with one-sided reads, records its
+// with empty memory by a snapshot fetched with one-sided reads, keeps a
+// partial partition from making the group elect again and again (pre-vote
+// and leader stickiness over the SST rows), records its
 // votes in a Stable store before publishing them, reconnects broken
 // connections with backoff, and forwards proposals made at followers to
 // the leader so that every proposer learns its proposal's outcome.
@@ -31,7 +33,7 @@
 // Each member creates a Replica on its rdma.Node with the same Config
 // member list, an FSM and a Stable store, and then polls it:
 //
-//	r, err := broadcast.New(broadcast.Config{Self: id, Members: ids}, node, fsm, stable)
+//	r, err := broadcast.New(broadcast.Config{Self: id, Members: ids, Start: broadcast.StartNew}, node, fsm, stable)
 //	d := broadcast.NewDriver(r, node.Doorbell()) // or call r.Poll(now) yourself
 //	go d.Run(ctx)
 //	p := r.Propose([]byte("x"))
@@ -77,7 +79,16 @@
 //   - Persistence: Stable.Save is called before a vote or an accept that
 //     raised E_new is published. Restarting with the same Stable and empty
 //     memory is supported while at most f members are down or catching up.
-//   - Regions: a group uses region ids Config.RegionBase .. +2n on every
+//     A replica without stable state starts only as Config.Start says:
+//     StartNew (a new group), StartRejoin (a lost disk: it learns E_new from
+//     a majority and catches up), or not at all (the default).
+//   - Snapshots: FSM.Snapshot is a cheap capture taken in Poll; Persist
+//     runs on a goroutine of the replica's, and a RegionSnapshot is served
+//     from the FSM's registered memory without a copy.
+//   - Memory: the Log holds at most MaxLogEntries committed entries, or
+//     MaxCatchUpLogEntries while a member that makes progress needs them;
+//     proposals are at most MaxProposal bytes.
+//   - Regions: a group uses region ids Config.RegionBase .. +n+4 on every
 //     member; several groups on one node need disjoint ranges.
 //   - Failures: n = 2f+1 members tolerate f crashed, partitioned or
 //     catching-up members at once. Memory is not durable: if more than f
