@@ -60,6 +60,29 @@ reached the leader's index at the restart (--catchup-timeout bounds it).
 It fails if the follower does not catch up or does not come back as a
 restart. One summary (--json: one object, with every sample).
 
+--snapshot-catchup runs only the large-snapshot catch-up test (issue 7):
+the --soak-group group, every replica's state machine carrying a --state
+ballast (e.g. 256MiB; replicated state, captured copy on write), the
+leader's Log bounded by --snap-log (MaxLogEntries) and --snap-catchup-log
+(MaxCatchUpLogEntries), election timeout --commit-election-timeout. A
+closed-loop client at the leader (--snap-window proposals of --snap-size
+bytes) runs throughout: 500 ms warm-up, then the baseline for
+--snap-baseline; a follower is killed (kill -9) and stays down until the
+leader's Log is pruned past it and at least --snap-down; it is restarted
+with its stable file (empty memory), so it catches up by snapshot while
+the client proposes; then --snap-after more load. Reported: the state
+size, the catch-up time (restart until the follower's index reaches the
+leader's at the restart; --catchup-timeout bounds it) and its timeline
+(capture, persist, restore), the client's commit latency p50/p90/p99/
+p99.9/max and longest gap between commits during the transfer against the
+same run's baseline (and while the follower was down, and after),
+snapshots taken/sent/restored, elections started after the initial one,
+the leader's RSS (VmRSS: baseline, at the restart, peak during the
+transfer, after), and whether every member ends with the same state
+(digest and ballast hash). It fails if an election starts, the follower
+does not catch up or not by a snapshot, a proposal fails, or the states
+differ. Progress on stderr; one summary (--json: one object).
+
 Each figure is the median over --runs runs; other cpu is how many CPUs
 processes other than kvbench and its replicas used meanwhile.
 
@@ -90,6 +113,16 @@ type bcastFlags struct {
 	down           time.Duration
 	outageEvery    time.Duration
 	catchupTimeout time.Duration
+
+	snapCatchup    bool
+	state          int64
+	snapWindow     int
+	snapSize       int
+	snapBaseline   time.Duration
+	snapDown       time.Duration
+	snapAfter      time.Duration
+	snapLog        int
+	snapCatchupLog int
 }
 
 func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
@@ -104,7 +137,7 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 	fs.IntVar(&o.maxWindow, "max-window", 4096, "largest window W")
 	fs.IntVar(&o.elections, "elections", 5, "elections measured per group and run")
 	tables := fs.String("tables", "commit,election", "comma-separated tables to measure: commit, election")
-	fs.DurationVar(&o.commitET, "commit-election-timeout", time.Second, "election timeout of the commit table's groups (long, so that a descheduled leader is not voted out mid-measurement); the election table uses broadcast's default")
+	fs.DurationVar(&o.commitET, "commit-election-timeout", time.Second, "election timeout of the commit table's groups and of --soak, --kill-follower and --snapshot-catchup (long, so that a descheduled leader is not voted out mid-measurement); the election table uses broadcast's default")
 	fs.BoolVar(&o.pin, "pin", false, "commit table and its one-way baseline, process fabrics: pin the leader's process to CPU 0 and the other replicas to the other CPUs, and the baseline's two processes to CPUs 0 and 1 (needs 2 CPUs)")
 	fs.DurationVar(&o.spin, "spin", 0, "doorbell spin budget of the replicas' nodes and of the one-way baseline (0: rdma.DefaultSpin; negative: park at once)")
 	fs.DurationVar(&o.soak, "soak", 0, "run only the memory test, for this long (e.g. 10m)")
@@ -116,7 +149,16 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 	fs.BoolVar(&o.killFollower, "kill-follower", false, "run only the follower-outage test: kill -9 a follower for --down under load, then restart it and time its catch-up")
 	fs.DurationVar(&o.down, "down", 10*time.Minute, "--kill-follower: how long the follower stays down")
 	fs.DurationVar(&o.outageEvery, "outage-every", 10*time.Second, "--kill-follower: interval of the leader's RSS and Status samples (progress on stderr)")
-	fs.DurationVar(&o.catchupTimeout, "catchup-timeout", 5*time.Minute, "--kill-follower: longest wait for the restarted follower to catch up")
+	fs.DurationVar(&o.catchupTimeout, "catchup-timeout", 5*time.Minute, "--kill-follower and --snapshot-catchup: longest wait for the restarted follower to catch up")
+	fs.BoolVar(&o.snapCatchup, "snapshot-catchup", false, "run only the large-snapshot catch-up test: a follower behind the pruned Log catches up by a --state snapshot while a client proposes at the leader")
+	state := fs.String("state", "256MiB", "--snapshot-catchup: every replica's ballast state (bytes, or with a unit: KiB, MiB, GiB)")
+	fs.IntVar(&o.snapWindow, "snap-window", 1, "--snapshot-catchup: client window at the leader")
+	fs.IntVar(&o.snapSize, "snap-size", 100, "--snapshot-catchup: message size in bytes (>= 8)")
+	fs.DurationVar(&o.snapBaseline, "snap-baseline", 5*time.Second, "--snapshot-catchup: load measured before the kill (the baseline segment)")
+	fs.DurationVar(&o.snapDown, "snap-down", time.Second, "--snapshot-catchup: least time the follower stays down (it stays until the leader's Log is pruned past it)")
+	fs.DurationVar(&o.snapAfter, "snap-after", 2*time.Second, "--snapshot-catchup: load measured after the catch-up")
+	fs.IntVar(&o.snapLog, "snap-log", 1024, "--snapshot-catchup: the replicas' MaxLogEntries")
+	fs.IntVar(&o.snapCatchupLog, "snap-catchup-log", 1<<18, "--snapshot-catchup: the replicas' MaxCatchUpLogEntries (entries the Log keeps for a member catching up; the transfer must end before the leader commits this many)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -140,6 +182,9 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 		return nil, fmt.Errorf("broadcast: --soak-group %q: want one shm or tcp group", *soakGroup)
 	}
 	o.soakGroup = sg[0]
+	if o.state, err = parseBytes(*state); err != nil {
+		return nil, fmt.Errorf("broadcast: --state: %w", err)
+	}
 	for _, s := range splitList(*sizes) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 8 {
@@ -165,10 +210,23 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 		return nil, errors.New("broadcast: --soak, --soak-every, --soak-window and --soak-size must be positive (size >= 8)")
 	case o.down <= 0 || o.outageEvery <= 0 || o.catchupTimeout <= 0:
 		return nil, errors.New("broadcast: --down, --outage-every and --catchup-timeout must be positive")
-	case o.killFollower && o.soak > 0:
-		return nil, errors.New("broadcast: --kill-follower and --soak are separate tests; choose one")
+	case o.snapWindow <= 0 || o.snapSize < 8 || o.snapBaseline <= 0 || o.snapDown < 0 || o.snapAfter < 0:
+		return nil, errors.New("broadcast: --snap-window, --snap-size (>= 8) and --snap-baseline must be positive, --snap-down and --snap-after not negative")
+	case o.snapLog <= 0 || o.snapCatchupLog < o.snapLog:
+		return nil, errors.New("broadcast: --snap-log must be positive and --snap-catchup-log at least --snap-log")
+	case o.snapCatchup && o.state <= 0:
+		return nil, errors.New("broadcast: --snapshot-catchup needs a positive --state")
+	case btoi(o.killFollower)+btoi(o.soak > 0)+btoi(o.snapCatchup) > 1:
+		return nil, errors.New("broadcast: --kill-follower, --soak and --snapshot-catchup are separate tests; choose one")
 	}
 	return o, nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // bkey names one broadcast result row.
@@ -240,6 +298,9 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	}
 	if o.killFollower {
 		return runOutage(o, stdout, stderr)
+	}
+	if o.snapCatchup {
+		return runSnapCatchup(o, stdout, stderr)
 	}
 	tm := timing{dur: o.duration, warm: min(o.duration/5, 200*time.Millisecond)}
 	res := map[bkey][]bstat{}

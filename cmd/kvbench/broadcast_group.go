@@ -87,6 +87,12 @@ type bgroup struct {
 // one leads an epoch whose diff has committed. spin is the nodes' doorbell
 // spin budget (0: rdma.DefaultSpin, negative: park at once).
 func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spin time.Duration, shmDir string) (*bgroup, error) {
+	return openGroupWith(ctx, spec, tuning, spin, shmDir, nil)
+}
+
+// openGroupWith is openGroup with a hook that adjusts every member's
+// Config (adjust may be nil) before the members start.
+func openGroupWith(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spin time.Duration, shmDir string, adjust func(*groupproc.Config)) (*bgroup, error) {
 	g := &bgroup{spec: spec}
 	ids := make([]rdma.NodeID, spec.n)
 	for i := range ids {
@@ -131,6 +137,9 @@ func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spi
 		c.Self = id
 		if g.dir != "" {
 			c.StablePath = filepath.Join(g.dir, fmt.Sprintf("stable.%d", id))
+		}
+		if adjust != nil {
+			adjust(&c)
 		}
 		g.cfgs = append(g.cfgs, c)
 	}

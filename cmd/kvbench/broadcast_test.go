@@ -180,3 +180,100 @@ func TestBroadcastKillFollower(t *testing.T) {
 		t.Errorf("left in --shm-dir: %v", left)
 	}
 }
+
+// TestBroadcastSnapshotCatchup runs the large-snapshot catch-up test with
+// a 16 MiB state and short phases on shm:3 (replicas are processes of this
+// test binary): the follower caught up by restoring a snapshot, no
+// election started, every member ends with the same state, the summary has
+// every field and the latency segments, and nothing is left in --shm-dir.
+func TestBroadcastSnapshotCatchup(t *testing.T) {
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"broadcast", "--snapshot-catchup", "--state", "16MiB", "--snap-baseline", "500ms", "--snap-down", "200ms",
+		"--snap-after", "300ms", "--catchup-timeout", "60s", "--json", "--shm-dir", dir}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("kvbench broadcast --snapshot-catchup exited %d; stdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want one summary object:\n%s", len(lines), stdout.String())
+	}
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &obj); err != nil {
+		t.Fatalf("summary %q is not JSON: %v", lines[0], err)
+	}
+	t.Logf("summary: %s", lines[0])
+	if obj["bench"] != "broadcast" || obj["table"] != "snapshot-catchup" || obj["fabric"] != "shm" {
+		t.Errorf("summary names %v/%v/%v, want broadcast/snapshot-catchup/shm", obj["bench"], obj["table"], obj["fabric"])
+	}
+	if obj["state_bytes"] != float64(16<<20) {
+		t.Errorf("state_bytes %v, want 16 MiB", obj["state_bytes"])
+	}
+	positive := []string{"replicas", "window", "size", "election_timeout_ns", "max_log_entries", "max_catchup_log_entries", "leader", "follower",
+		"down_ns", "committed_down", "target_index", "ready_ns", "catchup_ns", "follower_index", "transfer_mb_per_s",
+		"capture_after_ns", "persisted_after_ns", "restored_after_ns", "leader_persist_ns", "leader_max_capture_ns", "leader_captures",
+		"snapshots_taken", "snapshots_sent", "snapshots_restored", "diffs_accepted", "p99_ratio", "max_gap_frac_et", "load_ops_per_s",
+		"leader_rss_base_kb", "leader_rss_restart_kb", "leader_rss_peak_kb", "leader_rss_after_kb", "follower_rss_after_kb", "final_index", "final_state_hash"}
+	for _, k := range positive {
+		if v, ok := obj[k].(float64); !ok || v <= 0 {
+			t.Errorf("summary field %q = %v, want a positive number", k, obj[k])
+		}
+	}
+	for _, k := range []string{"elections_started", "elections_deferred", "snapshot_fetches_failed", "snapshots_refused", "load_failed",
+		"committed_transfer", "leader_chunk_copies", "leader_max_copy_ns", "leader_log_len_at_restart"} {
+		if _, ok := obj[k].(float64); !ok {
+			t.Errorf("summary lacks numeric field %q: %v", k, obj[k])
+		}
+	}
+	if obj["elections_started"] != 0.0 || obj["leader_changed"] != false {
+		t.Errorf("elections_started %v, leader_changed %v; want 0, false", obj["elections_started"], obj["leader_changed"])
+	}
+	for _, k := range []string{"caught_up", "pruned_past", "states_equal"} {
+		if obj[k] != true {
+			t.Errorf("%s = %v, want true", k, obj[k])
+		}
+	}
+	if fi, ti := obj["follower_index"].(float64), obj["target_index"].(float64); fi < ti {
+		t.Errorf("follower index %v below the target %v", fi, ti)
+	}
+	for _, seg := range []string{"baseline", "down", "transfer", "after"} {
+		s, ok := obj[seg].(map[string]any)
+		if !ok {
+			t.Errorf("no %s segment: %v", seg, obj[seg])
+			continue
+		}
+		if s["label"] != seg {
+			t.Errorf("segment %s labelled %v", seg, s["label"])
+		}
+		for _, k := range []string{"n", "p50_ns", "p99_ns", "max_ns", "max_gap_ns", "ops_per_s"} {
+			if v, ok := s[k].(float64); !ok || v <= 0 {
+				t.Errorf("segment %s field %q = %v, want a positive number", seg, k, s[k])
+			}
+		}
+		if s["p99_ns"].(float64) < s["p50_ns"].(float64) || s["max_ns"].(float64) < s["p99_ns"].(float64) {
+			t.Errorf("segment %s quantiles out of order: %v", seg, s)
+		}
+	}
+	for _, want := range []string{"killed member", "pruned past member", "restarted member", "caught up after", "digests"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("no %q progress line on stderr:\n%s", want, stderr.String())
+		}
+	}
+	if left := filesBelow(dir); len(left) != 0 {
+		t.Errorf("left in --shm-dir: %v", left)
+	}
+}
+
+// TestParseBytes checks --state's sizes.
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"256MiB": 256 << 20, "16M": 16 << 20, "1GiB": 1 << 30, "4096": 4096, "3KiB": 3 << 10, "7B": 7, " 2 G ": 2 << 30} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "-1", "1.5MiB", "12TB", "99999999999GiB"} {
+		if got, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q) = %d, want an error", in, got)
+		}
+	}
+}

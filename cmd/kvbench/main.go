@@ -41,7 +41,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"fabric", "latency and throughput of one-sided verbs on mem, shm and tcp, against raw shm, futex and TCP baselines", runFabric},
-		{"broadcast", "Acuerdo atomic broadcast: commit latency and throughput by window (Fig. 8), election time (Table 1), --soak memory, --kill-follower outage", runBroadcast},
+		{"broadcast", "Acuerdo atomic broadcast: commit latency and throughput by window (Fig. 8), election time (Table 1), --soak memory, --kill-follower outage, --snapshot-catchup large-snapshot catch-up", runBroadcast},
 	}
 }
 
