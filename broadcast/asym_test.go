@@ -34,6 +34,9 @@ func TestSimAsymmetricPartition(t *testing.T) {
 				flags := *simFlags
 				if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
 					flags.Seeds = 40
+					if raceEnabled {
+						flags.Seeds = 8 // 8 cases of 190 ms runs: several minutes under the race detector otherwise
+					}
 				}
 				flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), asymOpts(kind, n, bugNone), new(Counters)) })
 			})
