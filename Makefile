@@ -37,11 +37,12 @@ noalloc:
 	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/(PostList/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse) '); \
 	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
-# Tests whose assertions are about time skip them under -race (it slows
-# everything several times): broadcast's TestLargeSnapshotCatchUp (no Poll
-# of the leader runs long while a 64 MiB snapshot is taken and fetched).
+# Tests that skip assertions or seeds under -race (it slows everything
+# several times) run here in full: broadcast's TestLargeSnapshotCatchUp (no
+# Poll of the leader runs long while a 64 MiB snapshot is taken and
+# fetched) and TestSimAsymmetricPartition (40 seeds a case, 8 under -race).
 norace:
-	@out=$$($(GO) test -count=1 -timeout 10m -run '^TestLargeSnapshotCatchUp$$' -v ./broadcast 2>&1); st=$$?; \
+	@out=$$($(GO) test -count=1 -timeout 10m -run '^(TestLargeSnapshotCatchUp|TestSimAsymmetricPartition)$$' -v ./broadcast 2>&1); st=$$?; \
 	printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; exit $$st
 
 unit:
