@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/broadcast"
 )
@@ -208,5 +213,57 @@ func TestFSMStateConcurrentPersist(t *testing.T) {
 	wg.Wait()
 	if st := f.Stats(); st.Live != 0 {
 		t.Errorf("%d captures live after every release", st.Live)
+	}
+}
+
+// TestFSMPersistPreemptible: a stop of the world (here runtime.GC, in the
+// process a GC cycle the driver goroutine's allocations start) does not
+// wait for a long Persist on another goroutine. Persist into fresh memory
+// (mmap, as a registered region is) takes tens of milliseconds for 32 MiB;
+// a loop of copies without a preemption point held the GC, and so the
+// polling goroutine, for all of it. Only a build without -race catches
+// that (the race detector's calls around each copy are preemption
+// points); under -race the test still runs, as a smoke test.
+func TestFSMPersistPreemptible(t *testing.T) {
+	const state = 32 << 20
+	f := NewStateFSM(false, state)
+	applyN(f, 0, 10)
+	measured := 0
+	for round := 0; round < 5 && measured < 2; round++ {
+		s, _ := f.Snapshot()
+		dst, err := unix.Mmap(-1, 0, s.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			t.Skipf("mmap: %v", err)
+		}
+		var persistEnd atomic.Int64
+		began := time.Now()
+		go func() {
+			if err := s.Persist(dst); err != nil {
+				t.Error(err)
+			}
+			persistEnd.Store(int64(time.Since(began)))
+		}()
+		time.Sleep(time.Millisecond)
+		gcAt := time.Since(began)
+		runtime.GC()
+		gcEnd := time.Since(began)
+		for persistEnd.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		pe := time.Duration(persistEnd.Load())
+		s.Release()
+		unix.Munmap(dst)
+		if pe < gcAt+10*time.Millisecond {
+			t.Logf("round %d: Persist took %v, too short to tell", round, pe)
+			continue
+		}
+		measured++
+		t.Logf("round %d: Persist %v; runtime.GC from %v to %v", round, pe, gcAt, gcEnd)
+		if gcEnd >= pe {
+			t.Fatalf("round %d: runtime.GC started at %v waited for Persist: it returned at %v, Persist ended at %v", round, gcAt, gcEnd, pe)
+		}
+	}
+	if measured == 0 {
+		t.Skip("every Persist was too short to tell")
 	}
 }
