@@ -68,7 +68,8 @@ leader's Log bounded by --snap-log (MaxLogEntries) and --snap-catchup-log
 closed-loop client at the leader (--snap-window proposals of --snap-size
 bytes) runs throughout: 500 ms warm-up, then the baseline for
 --snap-baseline; a follower is killed (kill -9) and stays down until the
-leader's Log is pruned past it and at least --snap-down; it is restarted
+leader's Log is pruned past it, the leader sees it unreachable (an
+election timeout) and at least --snap-down; it is restarted
 with its stable file (empty memory), so it catches up by snapshot while
 the client proposes; then --snap-after more load. Reported: the state
 size, the catch-up time (restart until the follower's index reaches the
@@ -155,10 +156,10 @@ func parseBroadcastFlags(args []string, stderr io.Writer) (*bcastFlags, error) {
 	fs.IntVar(&o.snapWindow, "snap-window", 1, "--snapshot-catchup: client window at the leader")
 	fs.IntVar(&o.snapSize, "snap-size", 100, "--snapshot-catchup: message size in bytes (>= 8)")
 	fs.DurationVar(&o.snapBaseline, "snap-baseline", 5*time.Second, "--snapshot-catchup: load measured before the kill (the baseline segment)")
-	fs.DurationVar(&o.snapDown, "snap-down", time.Second, "--snapshot-catchup: least time the follower stays down (it stays until the leader's Log is pruned past it)")
+	fs.DurationVar(&o.snapDown, "snap-down", time.Second, "--snapshot-catchup: least time the follower stays down (it stays until the leader's Log is pruned past it and the leader sees it unreachable)")
 	fs.DurationVar(&o.snapAfter, "snap-after", 2*time.Second, "--snapshot-catchup: load measured after the catch-up")
 	fs.IntVar(&o.snapLog, "snap-log", 1024, "--snapshot-catchup: the replicas' MaxLogEntries")
-	fs.IntVar(&o.snapCatchupLog, "snap-catchup-log", 1<<18, "--snapshot-catchup: the replicas' MaxCatchUpLogEntries (entries the Log keeps for a member catching up; the transfer must end before the leader commits this many)")
+	fs.IntVar(&o.snapCatchupLog, "snap-catchup-log", 1<<20, "--snapshot-catchup: the replicas' MaxCatchUpLogEntries (entries the Log keeps for a member catching up; the transfer must end before the leader commits this many)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
