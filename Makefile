@@ -40,9 +40,12 @@ noalloc:
 # Tests that skip assertions or seeds under -race (it slows everything
 # several times) run here in full: broadcast's TestLargeSnapshotCatchUp (no
 # Poll of the leader runs long while a 64 MiB snapshot is taken and
-# fetched) and TestSimAsymmetricPartition (40 seeds a case, 8 under -race).
+# fetched), TestSimAsymmetricPartition (40 seeds a case, 8 under -race),
+# and groupproc's TestFSMPersistPreemptible (a Persist loop that the race
+# detector's instrumentation makes preemptible anyway).
 norace:
-	@out=$$($(GO) test -count=1 -timeout 10m -run '^(TestLargeSnapshotCatchUp|TestSimAsymmetricPartition)$$' -v ./broadcast 2>&1); st=$$?; \
+	@out=$$($(GO) test -count=1 -timeout 10m -run '^(TestLargeSnapshotCatchUp|TestSimAsymmetricPartition)$$' -v ./broadcast 2>&1 && \
+	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1); st=$$?; \
 	printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; exit $$st
 
 unit:
