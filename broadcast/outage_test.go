@@ -148,6 +148,7 @@ func logBoundRun(t *testing.T, how string, bug int) error {
 			return fmt.Errorf("node %d delivered %d entries, want %d (the same sequence)", id, len(got), len(want))
 		}
 	}
+	c.settle(nil) // Status.Members is refreshed at heartbeats
 	if s3 := n3.r.Status(); s3.Counters.SnapshotsRestored == 0 {
 		return fmt.Errorf("node 3 caught up without a snapshot: %+v", s3.Counters)
 	}

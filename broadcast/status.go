@@ -24,7 +24,8 @@ type Status struct {
 	CatchingUp  bool
 	Pending     int // proposals not yet resolved
 	// Members is what this replica knows of each member (itself included),
-	// in Config.Members order; a leader also says how it serves each one.
+	// in Config.Members order, as of its last heartbeat or role change; a
+	// leader also says how it serves each one.
 	Members  []MemberStatus
 	Counters Counters
 }
@@ -154,11 +155,15 @@ func (r *Replica) publishStatus() {
 	pending := int(r.npending.Load())
 	r.stmu.Lock()
 	ms := r.status.Members
-	if len(ms) != r.n {
-		ms = make([]MemberStatus, r.n)
-	}
-	for i := range ms {
-		r.memberStatus(i, &ms[i])
+	if len(ms) != r.n || r.beat || r.role != r.status.Role {
+		// The member view changes slowly: it is refreshed at heartbeats
+		// and role changes, not in every Poll of the hot path.
+		if len(ms) != r.n {
+			ms = make([]MemberStatus, r.n)
+		}
+		for i := range ms {
+			r.memberStatus(i, &ms[i])
+		}
 	}
 	r.status = Status{Self: r.self, Incarnation: r.inc, Role: r.role, ECur: r.eCur, ENew: r.eNew,
 		Accepted: r.accepted, Committed: r.committed, Index: r.index, LogLen: r.log.Len(),
