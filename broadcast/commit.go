@@ -154,7 +154,7 @@ func (r *Replica) prune() {
 			heard := r.now-r.mems[i].heardAt <= r.cfg.ElectionTimeout
 			// A member that makes progress (its AcceptSST row moves:
 			// it accepts, or fetches its snapshot) is catching up.
-			catching := heard && r.now-f.progressAt <= r.cfg.ElectionTimeout
+			catching := heard && r.now-r.mems[i].progressAt <= r.cfg.ElectionTimeout
 			switch f.state {
 			case fsSync:
 				switch {

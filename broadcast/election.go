@@ -52,7 +52,8 @@ func (r *Replica) timers() bool {
 			return true
 		}
 	case Leader:
-		if r.followedBy() < r.quorum {
+		r.followed = r.followedBy()
+		if r.followed < r.quorum {
 			r.tracef("node %d: leader lost its majority", r.self)
 			r.startElection(true)
 			return true
@@ -90,7 +91,7 @@ func (r *Replica) follows() Epoch {
 			return r.eCur
 		}
 	case Leader:
-		if r.followedBy() >= r.quorum {
+		if r.followed >= r.quorum { // as timers counted it in this Poll
 			return r.eCur
 		}
 	}
@@ -272,6 +273,7 @@ func (r *Replica) becomeLeader() {
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
 	r.leaderSince = r.now
+	r.followed = r.n // within its first election timeout every member heard counts
 	r.tracef("node %d leads epoch %v", r.self, r.eCur)
 	r.event(EventLeader, r.eCur)
 	for i := range r.mems {

@@ -24,7 +24,7 @@ func (r *Replica) broadcast(id proposalID, data []byte, s *slab) MsgHdr {
 func (r *Replica) startSync(i int) {
 	m := &r.mems[i]
 	f := &r.fol[i]
-	*f = follower{state: fsSync, inc: m.inc, end: r.accepted, sentAt: r.now, seen: m.rows[tAccept], progressAt: f.progressAt}
+	*f = follower{state: fsSync, inc: m.inc, end: r.accepted, sentAt: r.now}
 	if m.valid[tCommit] {
 		f.base = m.commitHdr()
 	}
@@ -47,15 +47,12 @@ func (r *Replica) serve(i int) bool {
 	if f.state == fsIdle || f.inc != m.inc {
 		r.startSync(i)
 	}
-	if m.valid[tAccept] && m.rows[tAccept] != f.seen {
-		f.seen, f.progressAt = m.rows[tAccept], r.now // it accepted, or fetched snapshot bytes
-	}
 	if f.state == fsStream {
 		// A follower whose next entry was pruned, or that has not
 		// accepted the diff and made no progress (accepting, or fetching
 		// its snapshot: a long transfer is not thrown away) for 20
 		// election timeouts, is synced again.
-		stalled := m.valid[tAccept] && m.acceptHdr().Less(f.end) && r.now-max(f.sentAt, f.progressAt) > 20*r.cfg.ElectionTimeout
+		stalled := m.valid[tAccept] && m.acceptHdr().Less(f.end) && r.now-max(f.sentAt, m.progressAt) > 20*r.cfg.ElectionTimeout
 		if f.next.Less(r.pruned) || stalled {
 			r.tracef("node %d re-syncs node %d (stalled %v)", r.self, m.id, stalled)
 			r.startSync(i)

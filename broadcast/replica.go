@@ -21,6 +21,9 @@ type member struct {
 	rawOK   [nTables]bool // raw validated
 	hb      uint64        // last heartbeat seen in its CommitSST row
 	heardAt time.Duration // when a row of it last changed
+	// progressAt is when its AcceptSST row last changed: it accepted, or
+	// fetched snapshot bytes (serve's stall check, prune's catch-up hold).
+	progressAt time.Duration
 	// aboveSince is since when its vote has been above our E_new (-1: it
 	// is not); leader stickiness ignores such a vote for a while.
 	aboveSince time.Duration
@@ -73,9 +76,6 @@ type follower struct {
 	snapSent bool
 	next     MsgHdr // streaming: last header written to the follower's ring
 	sentAt   time.Duration
-
-	seen       row           // its AcceptSST row when it last changed
-	progressAt time.Duration // when that was (serve's stall check)
 }
 
 // Deliberate bugs for tests that prove the checkers bite.
@@ -151,6 +151,7 @@ type Replica struct {
 	leaderHBAt  time.Duration
 	leaderInc   uint64        // incarnation of the leader whose diff we accepted
 	leaderSince time.Duration // when we became leader
+	followed    int           // followedBy, as timers counted it in the last Poll (a leader)
 	deferring   bool          // our leader timed out but another member still hears a leader: no election (pre-vote)
 	heartbeat   uint64
 	nextHB      time.Duration

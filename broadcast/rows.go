@@ -254,6 +254,9 @@ func (r *Replica) readRows() bool {
 			m.rows[t] = rw
 			m.valid[t] = true
 			m.heardAt = r.now
+			if t == tAccept {
+				m.progressAt = r.now
+			}
 			progress = true
 			if t == tCommit && rw[wHeartbeat] != m.hb {
 				m.hb = rw[wHeartbeat]
