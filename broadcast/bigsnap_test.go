@@ -54,6 +54,9 @@ func newBlobFSM(mib int) *blobFSM {
 		f.chunks[i] = backing[i*blobChunk : (i+1)*blobChunk : (i+1)*blobChunk]
 		binary.LittleEndian.PutUint64(f.chunks[i], uint64(i)) // not all zero pages
 		f.spare[i] = backing[(n+i)*blobChunk : (n+i+1)*blobChunk : (n+i+1)*blobChunk]
+		for p := 0; p < blobChunk; p += 4096 {
+			f.spare[i][p] = 1 // fault the pages in now, not in an Apply's copy on write
+		}
 	}
 	return f
 }

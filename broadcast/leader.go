@@ -72,8 +72,11 @@ func (r *Replica) serve(i int) bool {
 		}
 		progress = true
 	}
-	// Stream new messages (Fig. 4 l.41: outgoing_buff.send_to_all).
-	for {
+	// Stream new messages (Fig. 4 l.41: outgoing_buff.send_to_all), at
+	// most maxServe bytes a Poll: a member that comes back to an empty
+	// ring would otherwise have the whole ring filled in one Poll (a MiB
+	// of small records took the leader's Poll 5-7 ms).
+	for served := 0; served < maxServe; {
 		next := r.nextAfter(f.next)
 		if next == nil {
 			break
@@ -82,6 +85,7 @@ func (r *Replica) serve(i int) bool {
 		if !l.out.room(size) {
 			break
 		}
+		served += size
 		buf := l.out.reserve(size, r.inc)
 		putMeta(buf[recHdr:], next.id)
 		copy(buf[recHdr+entryMeta:], next.data)
@@ -91,6 +95,10 @@ func (r *Replica) serve(i int) bool {
 	}
 	return progress
 }
+
+// maxServe bounds the record bytes serve streams to one follower in one
+// Poll (a push posts at most maxPushList writes of maxFlush bytes anyway).
+const maxServe = 256 << 10
 
 // sendDiff writes the snapshot announcement and diff parts for follower i;
 // it reports true once the whole diff is in the ring.
