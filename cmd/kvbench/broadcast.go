@@ -16,6 +16,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/internal/groupproc"
+	"github.com/rdmakv/rdmakv/internal/hist"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -336,7 +337,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	windows := map[bkey][]int{} // from run 1: the sweep up to saturation
 	fmt.Fprintf(stderr, "kvbench broadcast: %d run(s); load average %s\n", o.runs, loadAvg())
 	ctx := runCtx
-	h := &hist{}
+	h := &hist.Hist{}
 	for run := 1; run <= o.runs; run++ {
 		for _, f := range fabrics {
 			st, err := retryDisturbed(o, stderr, func() (bstat, error) { return onewayBaseline(f, o.shmDir, o.spin, o.pin, tm, h) })
@@ -390,7 +391,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 // onewayBaseline measures the fabric's 8-byte write-oneway ping-pong in
 // the replicas' mode: doorbell waits with the same spin budget, Notify
 // writes.
-func onewayBaseline(fabric, shmDir string, spin time.Duration, pin bool, tm timing, h *hist) (bstat, error) {
+func onewayBaseline(fabric, shmDir string, spin time.Duration, pin bool, tm timing, h *hist.Hist) (bstat, error) {
 	switch {
 	case spin == 0:
 		spin = rdma.DefaultSpin

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/rdmakv/rdmakv/internal/hist"
 )
 
 const fabricUsage = `usage: kvbench fabric [flags]
@@ -251,7 +253,7 @@ func runFabric(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "kvbench: %s: %v\n", what, err)
 	}
 	fmt.Fprintf(stderr, "kvbench fabric: %d run(s) x %v per measurement; load average %s\n", o.runs, o.duration, loadAvg())
-	h := &hist{}
+	h := &hist.Hist{}
 	for run := 1; run <= o.runs; run++ {
 		progress := func(k key, st stat) {
 			fmt.Fprintf(stderr, "[run %d/%d] %-10s %-5s %-15s %5dB  p50 %-8s p99 %-8s %8s ops/s  other %.2f CPUs\n",
@@ -341,7 +343,7 @@ func measureBaselines(br *baselineRun, bases []key, batch, slots int, add func(k
 
 // measureFabric measures every row of one fabric in one mode, on one
 // session (one pair of nodes).
-func measureFabric(fabric, mode string, o *fabricFlags, tm timing, h *hist, g guard, add func(key, stat), fail func(string, error)) {
+func measureFabric(fabric, mode string, o *fabricFlags, tm timing, h *hist.Hist, g guard, add func(key, stat), fail func(string, error)) {
 	s, err := openSession(fabric, mode, o)
 	if err != nil {
 		fail(fabric+" "+mode+" open", err)

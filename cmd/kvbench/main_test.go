@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestMain lets the test binary play kvbench's peer process: the fabric
@@ -106,29 +104,5 @@ func TestHelpListsCommands(t *testing.T) {
 	errb.Reset()
 	if code := run([]string{"fabric", "--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--duration") && !strings.Contains(errb.String(), "-duration") {
 		t.Errorf("fabric --help: exit %d, output %q; want 0 and the flags", code, errb.String())
-	}
-}
-
-// TestHistQuantiles checks the histogram's quantiles against the exact
-// ones of random samples: within the bucket resolution (1/64).
-func TestHistQuantiles(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
-	var h hist
-	var vals []int64
-	for range 100000 {
-		v := int64(r.ExpFloat64() * 5000)
-		vals = append(vals, v)
-		h.record(time.Duration(v))
-	}
-	slices.Sort(vals)
-	for _, q := range []float64{0.01, 0.5, 0.9, 0.99, 0.999} {
-		exact := float64(vals[int(q*float64(len(vals)))])
-		got := float64(h.quantile(q))
-		if d := got - exact; d > exact/64+1 || -d > exact/64+1 {
-			t.Errorf("q%.3f = %v, exact %v", q, got, exact)
-		}
-	}
-	if top := time.Duration(vals[len(vals)-1]); h.quantile(1) > top {
-		t.Errorf("quantile(1) = %v, above the largest sample %v", h.quantile(1), top)
 	}
 }

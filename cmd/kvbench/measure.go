@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmakv/rdmakv/internal/hist"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -35,8 +36,8 @@ type stat struct {
 
 // timeLoop calls step(1), step(2), ... and times each call into h: first
 // for tm.warm (not recorded), then for tm.dur.
-func timeLoop(tm timing, h *hist, step func(i uint64) error) (stat, error) {
-	h.reset()
+func timeLoop(tm timing, h *hist.Hist, step func(i uint64) error) (stat, error) {
+	h.Reset()
 	i := uint64(0)
 	for end := time.Now().Add(tm.warm); time.Now().Before(end); {
 		i++
@@ -52,14 +53,14 @@ func timeLoop(tm timing, h *hist, step func(i uint64) error) (stat, error) {
 			return stat{}, fmt.Errorf("op %d: %w", i, err)
 		}
 		t1 := time.Now()
-		h.record(t1.Sub(t0))
+		h.Record(t1.Sub(t0))
 		t0 = t1
 		if t1.Sub(start) >= tm.dur {
 			break
 		}
 	}
 	el := t0.Sub(start)
-	return stat{p50: h.quantile(0.50), p99: h.quantile(0.99), n: h.n, opsPerS: float64(h.n) / el.Seconds()}, nil
+	return stat{p50: h.Quantile(0.50), p99: h.Quantile(0.99), n: h.N(), opsPerS: float64(h.N()) / el.Seconds()}, nil
 }
 
 // ringPoster is how a ring producer writes: through a fabric Conn, or by
@@ -149,7 +150,7 @@ func stopPeer(p peer) (reply, error) { return callOK(p, request{Cmd: "stop"}) }
 
 // writeLatency is the 8-byte write ping-pong: write the target's word,
 // wait until it writes ours. Round trips are recorded; one-way is half.
-func (s *session) writeLatency(k int, tm timing, h *hist) (stat, error) {
+func (s *session) writeLatency(k int, tm timing, h *hist.Hist) (stat, error) {
 	r, err := s.register(k, regPingPong, pingPongSize)
 	if err != nil {
 		return stat{}, err
@@ -177,7 +178,7 @@ func (s *session) writeLatency(k int, tm timing, h *hist) (stat, error) {
 // readLatency is the 8-byte read round trip: a signaled OpRead of the
 // target's word, then wait for its completion (spin on Poll, or Conn.Wait
 // in park mode).
-func (s *session) readLatency(k int, tm timing, h *hist) (stat, error) {
+func (s *session) readLatency(k int, tm timing, h *hist.Hist) (stat, error) {
 	if _, err := callOK(s.peer, request{Cmd: "passive", K: k}); err != nil {
 		return stat{}, err
 	}
@@ -278,7 +279,7 @@ func checkConsumed(rep reply, sent uint64) error {
 type baselineRun struct {
 	dir   string // for shared files
 	tm    timing
-	h     *hist
+	h     *hist.Hist
 	k     int // makes file names unique
 	guard guard
 }

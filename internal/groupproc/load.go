@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/hist"
 )
 
 // LoadSpec describes a closed-loop client at a member: it keeps Window
@@ -178,7 +179,7 @@ type mark struct {
 type segment struct {
 	label      string
 	start, end time.Time
-	h          latHist
+	h          hist.Hist
 	failed     uint64
 	maxAt      time.Time
 	maxGap     time.Duration
@@ -189,9 +190,9 @@ func (s *segment) result(end time.Time) SegmentResult {
 	if s.end.IsZero() {
 		s.end = end
 	}
-	r := SegmentResult{Label: s.label, StartNS: s.start.UnixNano(), EndNS: s.end.UnixNano(), N: s.h.n, Failed: s.failed,
-		P50: s.h.quantile(0.5), P90: s.h.quantile(0.9), P99: s.h.quantile(0.99), P999: s.h.quantile(0.999),
-		Max: time.Duration(s.h.max), MaxGap: s.maxGap}
+	r := SegmentResult{Label: s.label, StartNS: s.start.UnixNano(), EndNS: s.end.UnixNano(), N: s.h.N(), Failed: s.failed,
+		P50: s.h.Quantile(0.5), P90: s.h.Quantile(0.9), P99: s.h.Quantile(0.99), P999: s.h.Quantile(0.999),
+		Max: s.h.Max(), MaxGap: s.maxGap}
 	if d := s.end.Sub(s.start); d > 0 {
 		r.OpsPerS = float64(r.N) / d.Seconds()
 	}
@@ -235,10 +236,10 @@ func (l *loader) timeSegment(now, started time.Time, err error) {
 		s.failed++
 	} else {
 		lat := now.Sub(started)
-		if uint64(max(lat, 0)) > s.h.max || s.h.n == 0 {
+		if max(lat, 0) > s.h.Max() || s.h.N() == 0 {
 			s.maxAt = now
 		}
-		s.h.record(lat)
+		s.h.Record(lat)
 	}
 	if gap := now.Sub(l.lastDone); gap > s.maxGap {
 		s.maxGap, s.maxGapAt = gap, now
