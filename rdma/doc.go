@@ -25,8 +25,10 @@
 //   - Bounds: an op outside its region fails with ErrBounds and touches no
 //     memory. A missing region fails with ErrNoRegion.
 //   - Permissions: reads need PermRead, writes PermWrite, atomics both. When
-//     Region.Revoke returns, no op from that peer lands any more; the peer's
-//     next op fails with ErrPermission.
+//     Region.Revoke returns nil, no op from that peer lands any more; the
+//     peer's next op fails with ErrPermission. On shm a Revoke that times
+//     out (ErrRevokeTimeout: the peer process is alive but stopped) leaves
+//     the ops it had in flight free to land later (see Region.Revoke).
 //   - Errors break the Conn (an RC queue pair's error state): the failing
 //     op's Completion carries the cause, later posts fail with ErrConnBroken,
 //     and the user reconnects explicitly with Node.Connect.
