@@ -202,6 +202,9 @@ func (r *Replica) prune() {
 			return
 		}
 		r.pruned = maxHdr(r.pruned, e.hdr)
+		if r.bug == bugSlabLeak {
+			e.slab.ref()
+		}
 		r.log.PopMin() // e is invalid from here
 		ncommitted--
 	}

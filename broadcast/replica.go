@@ -89,6 +89,7 @@ const (
 	bugVoteRule       // Fig. 7 l.106: join the max vote even when our log is ahead of it
 	bugVoteUnsaved    // a vote is published before E_new is saved (saved at the next Poll)
 	bugSnapRollback   // a fetched snapshot is installed even behind our commit point
+	bugSlabLeak       // a pruned entry keeps its data slab
 )
 
 const (

@@ -280,6 +280,30 @@ func (p *simProc) checkBounds() {
 	if committed := r.log.above(r.committed); committed > r.cfg.MaxCatchUpLogEntries {
 		p.h.c.fail("log bound: node %d holds %d committed entries in its Log, MaxCatchUpLogEntries %d (log %d, pruned %v)", p.env.ID(), committed, r.cfg.MaxCatchUpLogEntries, r.log.Len(), r.pruned)
 	}
+	// The live data slabs are exactly those a Log entry, an unresolved
+	// proposal or one of the two cursors carving slabs refers to: none
+	// leaks, none is reused while referred to.
+	if live, used := r.slabs.live.Load(), slabsInUse(r); live != int64(used) {
+		p.h.c.fail("slab bound: node %d holds %d data slabs, %d referred to (%d Log entries, %d pending proposals)", p.env.ID(), live, used, r.log.Len(), r.npending.Load())
+	}
+}
+
+// slabsInUse counts the distinct data slabs r's Log entries, unresolved
+// proposals and slab cursors refer to.
+func slabsInUse(r *Replica) int {
+	used := map[*slab]bool{r.acceptCur.s: true, r.propCur.s: true}
+	for i := range r.log.Len() {
+		used[r.log.at(i).slab] = true
+	}
+	r.mu.Lock()
+	for _, q := range [][]*Proposal{r.inbox, r.waiting, r.inflight} {
+		for _, p := range q {
+			used[p.slab] = true
+		}
+	}
+	r.mu.Unlock()
+	delete(used, nil)
+	return len(used)
 }
 
 // unavailable counts the members that are down or restarted and not yet
@@ -588,6 +612,7 @@ func TestSimMutants(t *testing.T) {
 		{"vote-rule", simOpts{bug: bugVoteRule, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
 		{"vote-before-save", simOpts{bug: bugVoteUnsaved, n: 3, until: window, crashAtVote: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
 		{"unbounded-log", simOpts{bug: bugUnboundedLog, n: 3, until: 6 * window, longDown: true, maxLog: 16}, 100, "log bound:"},
+		{"slab-leak", simOpts{bug: bugSlabLeak, n: 3, until: 12 * window, longDown: true, maxLog: 16, limits: true}, 100, "slab bound:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
