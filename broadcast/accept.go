@@ -108,11 +108,12 @@ func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 		return true
 	}
 	l := r.links[i]
-	metaID := rdma.RegionID(binary.LittleEndian.Uint64(payload[0:]))
+	mw := binary.LittleEndian.Uint64(payload[0:])
+	metaID := rdma.RegionID(mw)
 	size := binary.LittleEndian.Uint64(payload[8:])
 	check := binary.LittleEndian.Uint64(payload[16:])
 	commit := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[24:])), Cnt: binary.LittleEndian.Uint64(payload[32:])}
-	if hdr.E < r.eNew || size != uint64(snapMetaSize(r.n)) {
+	if hdr.E < r.eNew || size != uint64(snapMetaSize(r.n)) || uint64(metaID) != mw {
 		return true // Fig. 5 l.54 would refuse the diff it belongs to, or not a snapshot of this group
 	}
 	f := &l.fetch

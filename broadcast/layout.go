@@ -341,7 +341,10 @@ func decodeSnapMeta(b []byte, members []rdma.NodeID) (m snapMeta, err error) {
 		m.table[k] = tableRec{oinc: binary.LittleEndian.Uint32(w[4:]), pseq: binary.LittleEndian.Uint64(w[8:])}
 	}
 	w := b[snapMetaWords*8+n*snapTableRec:]
-	m.region = rdma.RegionID(binary.LittleEndian.Uint64(w[0:]))
+	rw := binary.LittleEndian.Uint64(w[0:])
+	if m.region = rdma.RegionID(rw); uint64(m.region) != rw {
+		return snapMeta{}, fmt.Errorf("broadcast: snapshot state region %#x is no region id: %w", rw, errBadSnapshot)
+	}
 	m.off = binary.LittleEndian.Uint64(w[8:])
 	m.size = binary.LittleEndian.Uint64(w[16:])
 	m.stateCheck = binary.LittleEndian.Uint64(w[24:])
