@@ -112,3 +112,21 @@ func TestSnapshotReleasedMidFetch(t *testing.T) {
 		t.Errorf("node 3 delivered %d entries, want %d", len(got), len(want))
 	}
 }
+
+// TestSnapshotFreedWhenMemberDies: the member a snapshot was made for dies
+// part-way through fetching it. Once the member has been silent for an
+// election timeout the leader releases the snapshot (its copy of the
+// state) instead of keeping it for a member that may never return.
+func TestSnapshotFreedWhenMemberDies(t *testing.T) {
+	c, n1, _, _ := snapFetchCluster(t)
+	if n1.r.snap == nil {
+		t.Fatal("the leader holds no snapshot while node 3 fetches it")
+	}
+	c.crash(3, 0)
+	for k := 0; k < 2*int(c.cfg.ElectionTimeout/c.cfg.HeartbeatInterval); k++ {
+		c.settle(nil)
+	}
+	if s := n1.r.snap; s != nil {
+		t.Fatalf("the leader still holds the snapshot taken at %v for node 3, silent for %v (heard at %v, now %v)", s.at, n1.r.Status().Members[2].Silent, n1.r.mems[2].heardAt, c.now)
+	}
+}

@@ -213,11 +213,13 @@ func (r *Replica) releaseSnap() {
 }
 
 // snapInUse reports whether a member may still need the leader's snapshot:
-// it is to be announced, or announced and its diff not accepted yet.
+// it is to be announced, or announced and its diff not accepted yet, and
+// we heard the member within the election timeout (a dead member does not
+// keep a copy of the state alive; it gets a fresh snapshot if it returns).
 func (r *Replica) snapInUse() bool {
 	for i := range r.fol {
 		f := &r.fol[i]
-		if i == r.me || !f.snap {
+		if i == r.me || !f.snap || r.now-r.mems[i].heardAt > r.cfg.ElectionTimeout {
 			continue
 		}
 		if f.state == fsSync || (f.state == fsStream && r.mems[i].acceptHdr().Less(f.end)) {
