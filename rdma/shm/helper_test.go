@@ -135,6 +135,23 @@ func (c *child) kill() {
 
 func (c *child) reap() { c.cmd.Wait() }
 
+// awaitZombie waits (at most 10 s) until the killed, unreaped child is a
+// zombie: SIGKILL is delivered asynchronously, so right after kill the
+// process may still be running.
+func (c *child) awaitZombie() {
+	stat := fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return // gone altogether
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'Z' {
+			return
+		}
+	}
+	c.t.Fatalf("child %d did not become a zombie within 10 s of its kill", c.cmd.Process.Pid)
+}
+
 // runRole plays the role named by roleEnv and exits the process.
 func runRole(role string) {
 	o := Options{Dir: os.Getenv(dirEnv), Cluster: os.Getenv(clusterEnv), PeerTimeout: 2 * time.Second}

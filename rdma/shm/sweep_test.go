@@ -76,6 +76,7 @@ func TestXSweepStale(t *testing.T) {
 	deadTop.kill()
 	deadTop.reap()
 	deadOwned.kill() // a zombie: dead all the same
+	deadOwned.awaitZombie()
 	deadPlain.kill()
 	deadPlain.reap()
 
