@@ -40,10 +40,11 @@ type outageSample struct {
 	Leads       bool    `json:"leads"`
 }
 
-// outageRow is the test's summary (one JSON object with --json).
-type outageRow struct {
+// faultRow is what the rows of the broadcast fault tests (--kill-follower,
+// --snapshot-catchup) begin with: the group, the load, and the members.
+type faultRow struct {
 	Bench     string `json:"bench"` // "broadcast"
-	Table     string `json:"table"` // "outage"
+	Table     string `json:"table"` // "outage", "snapshot-catchup"
 	Fabric    string `json:"fabric"`
 	Placement string `json:"placement"`
 	Replicas  int    `json:"replicas"`
@@ -51,7 +52,12 @@ type outageRow struct {
 	Size      int    `json:"size"`
 	Leader    int    `json:"leader"`   // member number (node id)
 	Follower  int    `json:"follower"` // the member killed and restarted
-	DownNS    int64  `json:"down_ns"`
+}
+
+// outageRow is the test's summary (one JSON object with --json).
+type outageRow struct {
+	faultRow
+	DownNS int64 `json:"down_ns"`
 
 	// The leader's process and Status at the kill, at the end of the
 	// outage (before the restart) and after the catch-up; the largest RSS
@@ -102,8 +108,8 @@ func runOutage(o *bcastFlags, stdout, stderr io.Writer) error {
 	}
 	fol := (ldr + 1) % spec.n
 	lpid := g.procs[ldr].Pid()
-	row := outageRow{Bench: "broadcast", Table: "outage", Fabric: spec.fabric, Placement: placement(spec.fabric),
-		Replicas: spec.n, Window: o.soakWindow, Size: o.soakSize, Leader: ldr + 1, Follower: fol + 1, DownNS: int64(o.down)}
+	row := outageRow{faultRow: faultRow{Bench: "broadcast", Table: "outage", Fabric: spec.fabric, Placement: placement(spec.fabric),
+		Replicas: spec.n, Window: o.soakWindow, Size: o.soakSize, Leader: ldr + 1, Follower: fol + 1}, DownNS: int64(o.down)}
 	fmt.Fprintf(stderr, "kvbench broadcast --kill-follower: %v group, client at the leader (member %d, pid %d), W=%d, %d B; member %d down for %v; load average %s\n",
 		spec, ldr+1, lpid, o.soakWindow, o.soakSize, fol+1, o.down, loadAvg())
 

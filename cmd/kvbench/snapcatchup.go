@@ -43,19 +43,11 @@ import (
 
 // snapRow is the test's summary (one JSON object with --json).
 type snapRow struct {
-	Bench                string  `json:"bench"` // "broadcast"
-	Table                string  `json:"table"` // "snapshot-catchup"
-	Fabric               string  `json:"fabric"`
-	Placement            string  `json:"placement"`
-	Replicas             int     `json:"replicas"`
-	Window               int     `json:"window"`
-	Size                 int     `json:"size"`
+	faultRow
 	StateBytes           int64   `json:"state_bytes"`
 	ElectionTimeoutNS    int64   `json:"election_timeout_ns"`
 	MaxLogEntries        int     `json:"max_log_entries"`
 	MaxCatchUpLogEntries int     `json:"max_catchup_log_entries"`
-	Leader               int     `json:"leader"`   // member number (node id)
-	Follower             int     `json:"follower"` // the member killed and restarted
 	CPUs                 int     `json:"cpus"`
 	LoadAvg              string  `json:"load_avg"`
 	DownNS               int64   `json:"down_ns"` // kill to restart
@@ -177,10 +169,10 @@ func runSnapCatchup(o *bcastFlags, stdout, stderr io.Writer) error {
 	}
 	fol := (ldr + 1) % spec.n
 	lpid := g.procs[ldr].Pid()
-	row := snapRow{Bench: "broadcast", Table: "snapshot-catchup", Fabric: spec.fabric, Placement: placement(spec.fabric),
-		Replicas: spec.n, Window: o.snapWindow, Size: o.snapSize, StateBytes: o.state, ElectionTimeoutNS: int64(o.commitET),
-		MaxLogEntries: o.snapLog, MaxCatchUpLogEntries: o.snapCatchupLog, Leader: ldr + 1, Follower: fol + 1,
-		CPUs: runtime.NumCPU()}
+	row := snapRow{faultRow: faultRow{Bench: "broadcast", Table: "snapshot-catchup", Fabric: spec.fabric, Placement: placement(spec.fabric),
+		Replicas: spec.n, Window: o.snapWindow, Size: o.snapSize, Leader: ldr + 1, Follower: fol + 1},
+		StateBytes: o.state, ElectionTimeoutNS: int64(o.commitET),
+		MaxLogEntries: o.snapLog, MaxCatchUpLogEntries: o.snapCatchupLog, CPUs: runtime.NumCPU()}
 
 	// Elections so far: the initial one. Every later one counts.
 	before := make([]broadcast.Status, spec.n)
