@@ -130,20 +130,8 @@ func TestBroadcastPin(t *testing.T) {
 // restarted member and caught up, and nothing is left in --shm-dir.
 func TestBroadcastKillFollower(t *testing.T) {
 	dir := t.TempDir()
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"broadcast", "--kill-follower", "--down", "2s", "--outage-every", "500ms", "--soak-warmup", "200ms",
-		"--catchup-timeout", "60s", "--json", "--shm-dir", dir}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("kvbench broadcast --kill-follower exited %d; stdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	if len(lines) != 1 {
-		t.Fatalf("%d lines, want one summary object:\n%s", len(lines), stdout.String())
-	}
-	var obj map[string]any
-	if err := json.Unmarshal([]byte(lines[0]), &obj); err != nil {
-		t.Fatalf("summary %q is not JSON: %v", lines[0], err)
-	}
+	obj, _, stderr := runSummary(t, "broadcast", "--kill-follower", "--down", "2s", "--outage-every", "500ms", "--soak-warmup", "200ms",
+		"--catchup-timeout", "60s", "--json", "--shm-dir", dir)
 	positive := []string{"replicas", "window", "size", "leader", "follower", "down_ns", "rss_start_kb", "rss_end_kb",
 		"rss_peak_kb", "rss_after_kb", "commits_per_s", "committed_down", "incarnation_before", "incarnation_after",
 		"ready_ns", "catchup_ns", "target_index", "follower_index", "load_ops_per_s"}
@@ -188,21 +176,9 @@ func TestBroadcastKillFollower(t *testing.T) {
 // every field and the latency segments, and nothing is left in --shm-dir.
 func TestBroadcastSnapshotCatchup(t *testing.T) {
 	dir := t.TempDir()
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"broadcast", "--snapshot-catchup", "--state", "16MiB", "--snap-baseline", "500ms", "--snap-down", "200ms",
-		"--snap-after", "300ms", "--catchup-timeout", "60s", "--json", "--shm-dir", dir}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("kvbench broadcast --snapshot-catchup exited %d; stdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	if len(lines) != 1 {
-		t.Fatalf("%d lines, want one summary object:\n%s", len(lines), stdout.String())
-	}
-	var obj map[string]any
-	if err := json.Unmarshal([]byte(lines[0]), &obj); err != nil {
-		t.Fatalf("summary %q is not JSON: %v", lines[0], err)
-	}
-	t.Logf("summary: %s", lines[0])
+	obj, line, stderr := runSummary(t, "broadcast", "--snapshot-catchup", "--state", "16MiB", "--snap-baseline", "500ms", "--snap-down", "200ms",
+		"--snap-after", "300ms", "--catchup-timeout", "60s", "--json", "--shm-dir", dir)
+	t.Logf("summary: %s", line)
 	if obj["bench"] != "broadcast" || obj["table"] != "snapshot-catchup" || obj["fabric"] != "shm" {
 		t.Errorf("summary names %v/%v/%v, want broadcast/snapshot-catchup/shm", obj["bench"], obj["table"], obj["fabric"])
 	}
@@ -276,4 +252,24 @@ func TestParseBytes(t *testing.T) {
 			t.Errorf("parseBytes(%q) = %d, want an error", in, got)
 		}
 	}
+}
+
+// runSummary runs a kvbench command line that prints one JSON summary
+// object and returns it decoded, as printed, and the command's stderr; it
+// fails the test if the command fails or prints anything else on stdout.
+func runSummary(t *testing.T, args ...string) (map[string]any, string, *bytes.Buffer) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want one summary object:\n%s", len(lines), stdout.String())
+	}
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &obj); err != nil {
+		t.Fatalf("summary %q is not JSON: %v", lines[0], err)
+	}
+	return obj, lines[0], &stderr
 }
