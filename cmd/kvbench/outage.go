@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +55,25 @@ type faultRow struct {
 	Follower  int    `json:"follower"` // the member killed and restarted
 }
 
+// openFaultGroup opens the --soak-group group for a fault test (with
+// adjust, if set, applied to each member's Config), waits for its leader,
+// and returns the row header naming the leader and the follower the test
+// kills (the member after the leader).
+func openFaultGroup(ctx context.Context, o *bcastFlags, tuning groupproc.Tuning, adjust func(*groupproc.Config), table string, window, size int) (*bgroup, faultRow, error) {
+	spec := o.soakGroup
+	g, err := openGroupWith(ctx, spec, tuning, o.spin, o.shmDir, adjust)
+	if err != nil {
+		return nil, faultRow{}, err
+	}
+	ldr, err := g.leader(ctx, -1)
+	if err != nil {
+		g.close()
+		return nil, faultRow{}, err
+	}
+	return g, faultRow{Bench: "broadcast", Table: table, Fabric: spec.fabric, Placement: placement(spec.fabric),
+		Replicas: spec.n, Window: window, Size: size, Leader: ldr + 1, Follower: (ldr+1)%spec.n + 1}, nil
+}
+
 // outageRow is the test's summary (one JSON object with --json).
 type outageRow struct {
 	faultRow
@@ -97,19 +117,14 @@ func runOutage(o *bcastFlags, stdout, stderr io.Writer) error {
 		return fmt.Errorf("broadcast: --kill-follower: %v: needs at least 3 replicas", spec)
 	}
 	ctx := runCtx
-	g, err := openGroup(ctx, spec, groupproc.Tuning{ElectionTimeout: o.commitET}, o.spin, o.shmDir)
+	g, hdr, err := openFaultGroup(ctx, o, groupproc.Tuning{ElectionTimeout: o.commitET}, nil, "outage", o.soakWindow, o.soakSize)
 	if err != nil {
 		return fmt.Errorf("broadcast: outage: %w", err)
 	}
 	defer g.close()
-	ldr, err := g.leader(ctx, -1)
-	if err != nil {
-		return err
-	}
-	fol := (ldr + 1) % spec.n
+	ldr, fol := hdr.Leader-1, hdr.Follower-1
 	lpid := g.procs[ldr].Pid()
-	row := outageRow{faultRow: faultRow{Bench: "broadcast", Table: "outage", Fabric: spec.fabric, Placement: placement(spec.fabric),
-		Replicas: spec.n, Window: o.soakWindow, Size: o.soakSize, Leader: ldr + 1, Follower: fol + 1}, DownNS: int64(o.down)}
+	row := outageRow{faultRow: hdr, DownNS: int64(o.down)}
 	fmt.Fprintf(stderr, "kvbench broadcast --kill-follower: %v group, client at the leader (member %d, pid %d), W=%d, %d B; member %d down for %v; load average %s\n",
 		spec, ldr+1, lpid, o.soakWindow, o.soakSize, fol+1, o.down, loadAvg())
 

@@ -158,19 +158,14 @@ func runSnapCatchup(o *bcastFlags, stdout, stderr io.Writer) error {
 	tuning := groupproc.Tuning{ElectionTimeout: o.commitET, MaxLogEntries: o.snapLog, MaxCatchUpLogEntries: o.snapCatchupLog}
 	fmt.Fprintf(stderr, "kvbench broadcast --snapshot-catchup: %v group, %s state per replica, MaxLogEntries %d, MaxCatchUpLogEntries %d, election timeout %v; load average %s\n",
 		spec, fmtBytes(o.state), o.snapLog, o.snapCatchupLog, o.commitET, loadAvg())
-	g, err := openGroupWith(ctx, spec, tuning, o.spin, o.shmDir, func(c *groupproc.Config) { c.StateBytes = o.state })
+	g, hdr, err := openFaultGroup(ctx, o, tuning, func(c *groupproc.Config) { c.StateBytes = o.state }, "snapshot-catchup", o.snapWindow, o.snapSize)
 	if err != nil {
 		return fmt.Errorf("broadcast: snapshot catch-up: %w", err)
 	}
 	defer g.close()
-	ldr, err := g.leader(ctx, -1)
-	if err != nil {
-		return err
-	}
-	fol := (ldr + 1) % spec.n
+	ldr, fol := hdr.Leader-1, hdr.Follower-1
 	lpid := g.procs[ldr].Pid()
-	row := snapRow{faultRow: faultRow{Bench: "broadcast", Table: "snapshot-catchup", Fabric: spec.fabric, Placement: placement(spec.fabric),
-		Replicas: spec.n, Window: o.snapWindow, Size: o.snapSize, Leader: ldr + 1, Follower: fol + 1},
+	row := snapRow{faultRow: hdr,
 		StateBytes: o.state, ElectionTimeoutNS: int64(o.commitET),
 		MaxLogEntries: o.snapLog, MaxCatchUpLogEntries: o.snapCatchupLog, CPUs: runtime.NumCPU()}
 
