@@ -70,7 +70,6 @@ type leaderSnap struct {
 	mcheck uint64      // xxhash of the meta region
 	done   atomic.Bool // Persist and the meta region are done (err says how)
 	err    error
-	since  time.Duration // when it was taken
 }
 
 // snapRegionIDs returns the meta and state region ids of a slot: two
@@ -110,7 +109,7 @@ func (r *Replica) snapshotFor() *leaderSnap {
 		return nil
 	}
 	r.snapSlot ^= 1
-	s = &leaderSnap{at: r.committed, slot: r.snapSlot, fsm: capture, size: capture.Size(), since: r.now}
+	s = &leaderSnap{at: r.committed, slot: r.snapSlot, fsm: capture, size: capture.Size()}
 	r.snap = s
 	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...)}
 	r.ctr.SnapshotsTaken++
