@@ -360,19 +360,19 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 	if fs.Counters.SnapshotsRestored == 0 {
 		t.Errorf("the follower caught up without a snapshot: %+v", fs.Counters)
 	}
-	// Same state: wait for the follower to reach the leader's index once
-	// the client stopped, then compare digests.
-	if err := awaitCond("same index", testWait, cond(func() bool {
-		li, _, _ := leader.fsm.digest()
-		fi, _, _ := fol.fsm.digest()
-		return li == fi
-	})); err != nil {
-		t.Fatalf("indices differ after the client stopped: %v", err)
-	}
-	li, lh, ls := leader.fsm.digest()
-	fi, fh, fsd := fol.fsm.digest()
-	if li != fi || lh != fh || ls != fsd {
-		t.Errorf("states differ: leader (%d %#x %#x), follower (%d %#x %#x)", li, lh, ls, fi, fh, fsd)
+	// Same state: once the client stopped, the last proposals in flight
+	// commit and both replicas settle; wait until their digests (index,
+	// entry hash, state hash) agree, and report them if they never do.
+	var ld, fd [3]uint64
+	if err := awaitCond("same state", testWait, func() error {
+		ld[0], ld[1], ld[2] = leader.fsm.digest()
+		fd[0], fd[1], fd[2] = fol.fsm.digest()
+		if ld != fd {
+			return fmt.Errorf("leader (%d %#x %#x), follower (%d %#x %#x)", ld[0], ld[1], ld[2], fd[0], fd[1], fd[2])
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("states differ after the client stopped: %v", err)
 	}
 	smu.Lock()
 	var before, during []time.Duration
