@@ -238,7 +238,7 @@ func (r *Replica) restore(m *snapMeta, state []byte, at MsgHdr) error {
 	r.pruned = at
 	// Proposals of ours the snapshot covers were delivered; where is unknown.
 	if t := r.table[r.me]; t.oinc == uint32(r.inc) {
-		r.resolveThrough(t.pseq, 0)
+		r.resolveThrough(t.pseq, 0, nil)
 	}
 	return nil
 }

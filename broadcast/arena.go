@@ -105,3 +105,34 @@ func (c *slabCursor) copy(p *slabPool, data []byte) ([]byte, *slab) {
 	c.s.ref()
 	return d, c.s
 }
+
+// replyArena copies FSM results for the Proposal handles that keep them
+// (Proposal.Reply): small results are carved from chunks that are never
+// reused (a retained handle may read its result at any time, so a chunk
+// lives until no handle refers into it), larger ones get an allocation of
+// their own. A stream of proposals with small results then allocates once
+// per replyChunk bytes of results, and one with nil results never.
+// Only the polling goroutine uses it.
+type replyArena struct {
+	buf []byte
+}
+
+const (
+	replyChunk   = 16 << 10
+	replyMaxData = 512 // larger results get an allocation of their own
+)
+
+// copy returns a copy of b (non-nil, also for an empty b).
+func (a *replyArena) copy(b []byte) []byte {
+	n := len(b)
+	if n > replyMaxData {
+		return append(make([]byte, 0, n), b...)
+	}
+	if len(a.buf) < n || a.buf == nil {
+		a.buf = make([]byte, replyChunk)
+	}
+	d := a.buf[:n:n]
+	a.buf = a.buf[n:]
+	copy(d, b)
+	return d
+}

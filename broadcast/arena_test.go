@@ -8,7 +8,7 @@ import (
 
 // TestSlabReuse: copies stay intact while referenced, however slabs are
 // recycled under them, and a steady stream reuses slabs instead of
-// allocating.
+// allocating; so do copies of FSM results (replyArenaAllocs).
 func TestSlabReuse(t *testing.T) {
 	var pool slabPool
 	var cur slabCursor
@@ -62,6 +62,7 @@ func TestSlabReuse(t *testing.T) {
 	if allocs > 0.01 {
 		t.Fatalf("steady copy/unref allocates %.2f per op", allocs)
 	}
+	replyArenaAllocs(t) // results copied for Proposal.Reply
 }
 
 // TestSlabDoubleRelease: dropping a reference twice is a bug that would

@@ -34,9 +34,9 @@ func (m *cpuMeter) stop() {
 
 type nopFSM struct{ n uint64 }
 
-func (f *nopFSM) Apply(index uint64, data []byte) { f.n = index }
-func (f *nopFSM) Snapshot() (FSMSnapshot, error)  { return BytesSnapshot(nil), nil }
-func (f *nopFSM) Restore([]byte) error            { return nil }
+func (f *nopFSM) Apply(e Entry) []byte           { f.n = e.Index; return nil }
+func (f *nopFSM) Snapshot() (FSMSnapshot, error) { return BytesSnapshot(nil), nil }
+func (f *nopFSM) Restore([]byte) error           { return nil }
 
 // BenchmarkPipelined measures the protocol's CPU cost per message: three
 // replicas on the mem fabric in one goroutine, the leader proposing in
@@ -235,7 +235,7 @@ func TestProposeFunc(t *testing.T) {
 		err   error
 	}
 	var got []outcome
-	record := func(i uint64, err error) { got = append(got, outcome{i, err}) }
+	record := func(i uint64, _ []byte, err error) { got = append(got, outcome{i, err}) }
 	c.get(1).r.ProposeFunc([]byte("a"), record)
 	c.get(2).r.ProposeFunc([]byte("b"), record)
 	for k := 0; k < 3; k++ {

@@ -61,7 +61,8 @@ func newBlobFSM(mib int) *blobFSM {
 	return f
 }
 
-func (f *blobFSM) Apply(index uint64, data []byte) {
+func (f *blobFSM) Apply(e Entry) []byte {
+	index, data := e.Index, e.Data
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := int(index % uint64(len(f.chunks)))
@@ -84,6 +85,7 @@ func (f *blobFSM) Apply(index uint64, data []byte) {
 	binary.LittleEndian.PutUint64(b[:], f.hash)
 	binary.LittleEndian.PutUint64(b[8:], index)
 	f.hash = xxhash.Sum64(append(b[:], data...))
+	return nil
 }
 
 type blobSnap struct {
@@ -305,7 +307,7 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 			return
 		}
 		sent := time.Since(t0)
-		leader.r.ProposeFunc(msg, func(_ uint64, err error) {
+		leader.r.ProposeFunc(msg, func(_ uint64, _ []byte, err error) {
 			if err != nil {
 				clientE.Store(err)
 				return

@@ -117,12 +117,12 @@ func (r *Replica) checkEpochDone() {
 func (r *Replica) deliver(e *entry) {
 	r.index++
 	r.ctr.Delivered++
-	r.fsm.Apply(r.index, e.data)
+	res := r.fsm.Apply(Entry{Index: r.index, Hdr: e.hdr, Data: e.data})
 	if k := r.idxOf(e.id.origin); k >= 0 {
 		r.table[k] = tableRec{oinc: e.id.oinc, pseq: e.id.pseq}
 	}
 	if e.id.origin == r.self && e.id.oinc == uint32(r.inc) {
-		r.resolveThrough(e.id.pseq, r.index)
+		r.resolveThrough(e.id.pseq, r.index, res)
 	}
 }
 

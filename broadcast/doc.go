@@ -38,10 +38,16 @@
 //	go d.Run(ctx)
 //	p := r.Propose([]byte("x"))
 //	index, err := p.Wait(ctx) // delivered at index, or ErrBusy/ErrTimeout: not delivered
+//	result := p.Reply()       // what this replica's FSM.Apply returned for it
 //
-// ProposeFunc takes a completion callback instead of returning a handle;
-// the callback runs on the polling goroutine, so a closed-loop client that
-// proposes its next message from it costs no goroutine hand-off per message.
+// FSM.Apply receives each committed Entry (index, header, data) and
+// returns its result; the replica where the entry was proposed resolves
+// the proposal with the result its own FSM returned (FSMs are
+// deterministic, so every replica computes the same one and none travels
+// on the wire). ProposeFunc takes a completion callback instead of
+// returning a handle; the callback runs on the polling goroutine, so a
+// closed-loop client that proposes its next message from it costs no
+// goroutine hand-off per message.
 //
 // Replica.Poll(now) is the whole protocol: a deterministic step that reads
 // local memory, runs the handlers, posts verbs and returns whether it made

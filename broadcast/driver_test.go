@@ -17,10 +17,10 @@ type syncFSM struct {
 	logFSM
 }
 
-func (f *syncFSM) Apply(index uint64, data []byte) {
+func (f *syncFSM) Apply(e Entry) []byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.logFSM.Apply(index, data)
+	return f.logFSM.Apply(e)
 }
 
 func (f *syncFSM) Snapshot() (FSMSnapshot, error) {

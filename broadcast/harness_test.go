@@ -17,15 +17,29 @@ import (
 type logFSM struct {
 	ballast   int // bytes of ballast in every snapshot (large snapshots)
 	seq       [][]byte
+	hdrs      []MsgHdr // the header of each entry of seq delivered by Apply (not restored)
 	restores  int
 	rollbacks int // restores that shortened the delivered sequence
+	// reply makes Apply return a result, "index epoch data", from a
+	// buffer it reuses (the replica must copy what it keeps).
+	reply bool
+	out   []byte
 }
 
-func (f *logFSM) Apply(index uint64, data []byte) {
-	if index != uint64(len(f.seq))+1 {
-		panic(fmt.Sprintf("apply index %d after %d entries", index, len(f.seq)))
+func (f *logFSM) Apply(e Entry) []byte {
+	if e.Index != uint64(len(f.seq))+1 {
+		panic(fmt.Sprintf("apply index %d after %d entries", e.Index, len(f.seq)))
 	}
-	f.seq = append(f.seq, append([]byte(nil), data...))
+	f.seq = append(f.seq, append([]byte(nil), e.Data...))
+	for len(f.hdrs) < len(f.seq)-1 {
+		f.hdrs = append(f.hdrs, MsgHdr{}) // restored by a snapshot: unknown
+	}
+	f.hdrs = append(f.hdrs, e.Hdr)
+	if !f.reply {
+		return nil
+	}
+	f.out = fmt.Appendf(f.out[:0], "%d %v %s", e.Index, e.Hdr.E, e.Data)
+	return f.out
 }
 
 // Snapshot captures the sequence (its entries never change, and later
@@ -81,7 +95,7 @@ func (f *logFSM) Restore(s []byte) error {
 			f.rollbacks++
 		}
 	}()
-	f.seq = nil
+	f.seq, f.hdrs = nil, nil
 	for len(s) > 0 {
 		if len(s) < 4 {
 			return fmt.Errorf("short snapshot")

@@ -39,12 +39,12 @@ func testLazyCommitBound(t *testing.T, step time.Duration, window int) {
 	// A closed loop that proposes from the completion callbacks, as an
 	// application's event loop does: the next record is then in the same
 	// push as the moved commit point, which is when the row is deferred.
-	var done func(uint64, error)
+	var done func(uint64, []byte, error)
 	propose := func() {
 		proposed++
 		leader.ProposeFunc(msg, done)
 	}
-	done = func(_ uint64, err error) {
+	done = func(_ uint64, _ []byte, err error) {
 		if err != nil && failed == nil {
 			failed = err
 		}

@@ -7,25 +7,29 @@ import (
 )
 
 // Proposal is the handle of one proposed message. It resolves exactly once:
-// delivered at Index (Err nil), or failed with an error that says whether
-// the message may still be delivered (only ErrStopped leaves it unknown).
+// delivered at Index (Err nil) with the result this replica's FSM.Apply
+// returned for it (Reply), or failed with an error that says whether the
+// message may still be delivered (only ErrStopped leaves it unknown).
 //
 // Handles are carved from per-replica slabs, their copies of the data from
-// reused data slabs (arena.go; released when the proposal resolves), and
-// the Done channel is made only when asked for, so a proposal costs no
-// allocation of its own (a retained handle keeps its handle slab alive).
+// reused data slabs (arena.go; released when the proposal resolves), the
+// copies of their results from small chunks (replyArena), and the Done
+// channel is made only when asked for, so a proposal costs no allocation
+// of its own (a retained handle keeps its handle slab and its result's
+// chunk alive).
 type Proposal struct {
 	data     []byte
 	pseq     uint64
 	epoch    Epoch         // epoch it was handed to (inflight)
 	deadline time.Duration // set when the replica first sees it
-	cb       func(index uint64, err error)
+	cb       func(index uint64, result []byte, err error)
 	slab     *slab // holds data, with a reference for this proposal
 
 	mu       sync.Mutex
 	resolved bool
 	done     chan struct{} // made on demand by Done
 	index    uint64
+	reply    []byte // a copy of the FSM's result (handles without a callback only)
 	err      error
 }
 
@@ -62,6 +66,18 @@ func (p *Proposal) Result() (uint64, error) {
 	return i, err
 }
 
+// Reply returns the result FSM.Apply returned, at this replica, for the
+// entry the proposal was delivered as: nil until the proposal resolved,
+// when it failed, when Apply returned nil, and when Result reports index 0
+// (this replica skipped the entry by restoring a snapshot, so its FSM did
+// not compute the result). The bytes are the proposal's own copy (they do
+// not alias the FSM's memory); they must not be modified.
+func (p *Proposal) Reply() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reply
+}
+
 // Wait blocks until the proposal resolves or ctx ends, and returns Result.
 func (p *Proposal) Wait(ctx context.Context) (uint64, error) {
 	if i, err, ok := p.result(); ok {
@@ -76,18 +92,25 @@ func (p *Proposal) Wait(ctx context.Context) (uint64, error) {
 	}
 }
 
-func (p *Proposal) finish(index uint64, err error) {
+// finish resolves the proposal. result is the FSM's result for a
+// delivered proposal: the callback gets it as it is (valid during the
+// callback); a handle without a callback keeps it, so it must then be the
+// proposal's own copy (resolveThrough copies it).
+func (p *Proposal) finish(index uint64, result []byte, err error) {
 	p.slab.unref() // the data is not used once the proposal resolved
 	p.slab, p.data = nil, nil
 	p.mu.Lock()
 	p.index, p.err = index, err
+	if p.cb == nil {
+		p.reply = result
+	}
 	p.resolved = true
 	if p.done != nil {
 		close(p.done)
 	}
 	p.mu.Unlock()
 	if p.cb != nil {
-		p.cb(index, err)
+		p.cb(index, result, err)
 	}
 }
 
@@ -106,11 +129,13 @@ func (r *Replica) Propose(data []byte) *Proposal {
 
 // ProposeFunc is Propose with a completion callback instead of a handle to
 // wait on: done is called exactly once with the outcome Proposal.Result
-// would report, from the goroutine that polls the replica (from
-// ProposeFunc itself when the proposal fails at once, from Close with
-// ErrStopped). done must not block and must not call Poll; it may call
-// Propose or ProposeFunc.
-func (r *Replica) ProposeFunc(data []byte, done func(index uint64, err error)) {
+// would report and the result Proposal.Reply would (FSM.Apply's result at
+// this replica; nil on failure), from the goroutine that polls the replica
+// (from ProposeFunc itself when the proposal fails at once, from Close with
+// ErrStopped). result is the FSM's own memory, not a copy: it is valid
+// only during the callback. done must not block and must not call Poll;
+// it may call Propose or ProposeFunc.
+func (r *Replica) ProposeFunc(data []byte, done func(index uint64, result []byte, err error)) {
 	r.propose(data, done)
 }
 
@@ -119,10 +144,10 @@ func (r *Replica) ProposeFunc(data []byte, done func(index uint64, err error)) {
 // forwarded proposal, a diff part after an election).
 func (r *Replica) MaxProposal() int { return maxProposal(r.cfg.MaxRecord) }
 
-func (r *Replica) propose(data []byte, cb func(uint64, error)) *Proposal {
+func (r *Replica) propose(data []byte, cb func(uint64, []byte, error)) *Proposal {
 	if len(data) > maxProposal(r.cfg.MaxRecord) {
 		p := &Proposal{cb: cb}
-		p.finish(0, ErrTooLarge)
+		p.finish(0, nil, ErrTooLarge)
 		return p
 	}
 	r.mu.Lock()
@@ -130,12 +155,12 @@ func (r *Replica) propose(data []byte, cb func(uint64, error)) *Proposal {
 	case r.closed:
 		r.mu.Unlock()
 		p := &Proposal{cb: cb}
-		p.finish(0, ErrStopped)
+		p.finish(0, nil, ErrStopped)
 		return p
 	case r.npending.Load() >= int64(r.cfg.MaxPending):
 		r.mu.Unlock()
 		p := &Proposal{cb: cb}
-		p.finish(0, ErrBusy)
+		p.finish(0, nil, ErrBusy)
 		return p
 	}
 	if len(r.propSlab) == 0 {
@@ -184,15 +209,21 @@ func (r *Replica) resolved(k int) { r.npending.Add(-int64(k)) }
 // resolveThrough resolves the in-flight proposals up to pseq as delivered:
 // proposals of one replica are delivered in pseq order (they are handed to
 // one epoch's leader at a time, in order, only once the fate of all earlier
-// ones is known), so the delivered ones form a prefix.
-func (r *Replica) resolveThrough(pseq, index uint64) {
+// ones is known), so the delivered ones form a prefix. The one at pseq was
+// delivered at index with the FSM's result (nil for a snapshot's); the
+// earlier ones were skipped by a snapshot (index 0, no result).
+func (r *Replica) resolveThrough(pseq, index uint64, result []byte) {
 	k := 0
 	for k < len(r.inflight) && r.inflight[k].pseq <= pseq {
 		p := r.inflight[k]
 		if p.pseq == pseq {
-			p.finish(index, nil)
+			if p.cb == nil && result != nil {
+				p.finish(index, r.replies.copy(result), nil)
+			} else {
+				p.finish(index, result, nil)
+			}
 		} else {
-			p.finish(0, nil)
+			p.finish(0, nil, nil)
 		}
 		k++
 	}
@@ -286,7 +317,7 @@ func (r *Replica) expireWaiting() bool {
 	k := 0
 	for _, p := range r.waiting {
 		if p.deadline <= r.now {
-			p.finish(0, ErrTimeout)
+			p.finish(0, nil, ErrTimeout)
 			k++
 		} else {
 			kept = append(kept, p)

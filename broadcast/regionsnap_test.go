@@ -47,11 +47,13 @@ func (f *regionFSM) register(t testing.TB) rdma.Region {
 	return reg
 }
 
-func (f *regionFSM) Apply(index uint64, data []byte) {
+func (f *regionFSM) Apply(e Entry) []byte {
+	index, data := e.Index, e.Data
 	f.index = index
 	b := f.cur.Bytes()
 	binary.LittleEndian.PutUint64(b, index)
 	copy(b[8+int(index*16)%(regionState-64):], data)
+	return nil
 }
 
 type regionCapture struct {

@@ -167,6 +167,7 @@ type Replica struct {
 	acceptCur   slabCursor // accepted data is copied into slabs (arena.go); driver only
 	commitVals  []MsgHdr   // commit's scratch: the Accept_SST headers of our epoch
 	slabs       slabPool   // free data slabs, for acceptCur and propCur
+	replies     replyArena // copies of FSM results for Proposal.Reply; driver only
 
 	// proposals
 	mu         sync.Mutex
@@ -323,7 +324,7 @@ func (r *Replica) Close() error {
 	r.npending.Store(0)
 	r.mu.Unlock()
 	for _, p := range ps {
-		p.finish(0, ErrStopped)
+		p.finish(0, nil, ErrStopped)
 	}
 	for _, l := range r.links {
 		if l != nil && l.conn != nil {

@@ -88,14 +88,16 @@ type checkFSM struct {
 	seen map[string]bool
 }
 
-func (f *checkFSM) Apply(index uint64, data []byte) {
-	f.logFSM.Apply(index, data)
-	d := string(data)
+func (f *checkFSM) Apply(e Entry) []byte {
+	index := e.Index
+	res := f.logFSM.Apply(e)
+	d := string(e.Data)
 	if f.seen[d] {
 		f.c.fail("duplication: node %d delivered %q twice (again at %d)", f.id, d, index)
 	}
 	f.seen[d] = true
 	f.c.apply(f.id, index, d)
+	return res
 }
 
 func (f *checkFSM) Restore(s []byte) error {

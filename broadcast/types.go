@@ -105,13 +105,35 @@ func (r Role) String() string {
 	return fmt.Sprintf("role(%d)", uint8(r))
 }
 
+// Entry is one committed entry, as FSM.Apply receives it.
+type Entry struct {
+	// Index is the entry's position in the total order: 1, 2, ... on
+	// every replica.
+	Index uint64
+	// Hdr is the entry's header: Hdr.E is the epoch whose leader ordered
+	// it (broadcast it, Acuerdo Fig. 4), Hdr.Cnt its count in that
+	// epoch. Every replica delivers an entry with the same header.
+	Hdr MsgHdr
+	// Data is the proposed (or appended) bytes. It is valid only during
+	// Apply: copy what you keep.
+	Data []byte
+}
+
 // FSM is the application state machine that committed entries are
 // delivered to, in the spirit of hashicorp/raft's FSM. The replica calls it
 // from Poll only, so it needs no locking against the replica.
 type FSM interface {
-	// Apply delivers the committed entry at index (1, 2, ... in the total
-	// order). data must not be kept after Apply returns unless copied.
-	Apply(index uint64, data []byte)
+	// Apply delivers the committed entry e (e.Index 1, 2, ... in the
+	// total order) and returns its result. The result must be a
+	// deterministic function of the entries applied so far (every
+	// replica computes the same one, and none is sent on the wire): the
+	// replica where the entry was proposed resolves its Proposal with the
+	// result its own FSM returned (Proposal.Reply, the ProposeFunc
+	// callback). The replica copies the result, or hands it to the
+	// proposal's callback, before it calls the FSM again, so the FSM may
+	// return memory it reuses; a nil result costs nothing. e.Data must
+	// not be kept after Apply returns unless copied.
+	Apply(e Entry) []byte
 	// Snapshot captures the state after every entry applied so far, at
 	// this point in time, without serialising it: it is called from Poll
 	// and must be quick (the leader's heartbeats and commits wait for it).

@@ -143,8 +143,9 @@ func chain(h uint64, data []byte) uint64 {
 	return d.Sum64()
 }
 
-// Apply implements broadcast.FSM.
-func (f *FSM) Apply(index uint64, data []byte) {
+// Apply implements broadcast.FSM; its result is nil.
+func (f *FSM) Apply(e broadcast.Entry) []byte {
+	index, data := e.Index, e.Data
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if index != f.index+1 {
@@ -160,6 +161,7 @@ func (f *FSM) Apply(index uint64, data []byte) {
 	if len(f.chunks) > 0 {
 		f.writeState(index)
 	}
+	return nil
 }
 
 // writeState writes the entry's 8 bytes into the ballast (f.mu held),

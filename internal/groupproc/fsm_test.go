@@ -23,7 +23,7 @@ func TestFSMSnapshot(t *testing.T) {
 	for _, record := range []bool{false, true} {
 		a := NewFSM(record)
 		for i, d := range []string{"x", "", "yz"} {
-			a.Apply(uint64(i+1), []byte(d))
+			a.Apply(broadcast.Entry{Index: uint64(i + 1), Data: []byte(d)})
 		}
 		snap, err := a.snapshotBytes()
 		if err != nil {
@@ -36,8 +36,8 @@ func TestFSMSnapshot(t *testing.T) {
 		if a.Digest() != b.Digest() || !slices.Equal(a.Entries(), b.Entries()) {
 			t.Errorf("record=%v: restored %v %q, want %v %q", record, b.Digest(), b.Entries(), a.Digest(), a.Entries())
 		}
-		a.Apply(4, []byte("w"))
-		b.Apply(4, []byte("w"))
+		a.Apply(broadcast.Entry{Index: 4, Data: []byte("w")})
+		b.Apply(broadcast.Entry{Index: 4, Data: []byte("w")})
 		if a.Digest() != b.Digest() {
 			t.Errorf("record=%v: digests differ after the same Apply", record)
 		}
@@ -53,7 +53,7 @@ func TestFSMSnapshot(t *testing.T) {
 // applyN applies entries from+1 .. from+n, each derived from its index.
 func applyN(f *FSM, from, n uint64) {
 	for i := from + 1; i <= from+n; i++ {
-		f.Apply(i, fmt.Appendf(nil, "entry-%d", i))
+		f.Apply(broadcast.Entry{Index: i, Data: fmt.Appendf(nil, "entry-%d", i)})
 	}
 }
 
@@ -173,7 +173,7 @@ func TestFSMStateReplicas(t *testing.T) {
 	}
 	c := NewStateFSM(false, 2*StateChunk+3)
 	applyN(c, 0, 999)
-	c.Apply(1000, []byte("other"))
+	c.Apply(broadcast.Entry{Index: 1000, Data: []byte("other")})
 	if c.Digest().State == a.Digest().State {
 		t.Fatal("a different last entry left the ballast's hash unchanged")
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/rdmakv/rdmakv/broadcast"
 )
 
 // fuzzState is the ballast of FuzzFSMRestore's FSMs with state: three
@@ -31,11 +33,11 @@ func fuzzFSM(record, state bool) *FSM {
 func FuzzFSMRestore(f *testing.F) {
 	for _, state := range []bool{false, true} {
 		rec := fuzzFSM(true, state)
-		rec.Apply(1, []byte("a"))
-		rec.Apply(2, []byte("bc"))
+		rec.Apply(broadcast.Entry{Index: 1, Data: []byte("a")})
+		rec.Apply(broadcast.Entry{Index: 2, Data: []byte("bc")})
 		snap, _ := rec.snapshotBytes()
 		dig := fuzzFSM(false, state)
-		dig.Apply(1, []byte("a"))
+		dig.Apply(broadcast.Entry{Index: 1, Data: []byte("a")})
 		dsnap, _ := dig.snapshotBytes()
 		f.Add(snap, true, state)
 		f.Add(snap, false, state)
@@ -48,7 +50,7 @@ func FuzzFSMRestore(f *testing.F) {
 	f.Add([]byte{255, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, true, false)
 	f.Fuzz(func(t *testing.T, b []byte, record, state bool) {
 		m := fuzzFSM(record, state)
-		m.Apply(1, []byte("before"))
+		m.Apply(broadcast.Entry{Index: 1, Data: []byte("before")})
 		before, _ := m.snapshotBytes()
 		dbefore := m.Digest()
 		in := bytes.Clone(b) // Restore keeps its input: check against a copy
@@ -94,7 +96,7 @@ func FuzzFSMRestore(f *testing.F) {
 		}
 		// The restored FSM goes on like one that applied the same entries:
 		// its digest, ballast included, is what its snapshot restores to.
-		m.Apply(m.Digest().Index+1, []byte("after"))
+		m.Apply(broadcast.Entry{Index: m.Digest().Index + 1, Data: []byte("after")})
 		again, _ := m.snapshotBytes()
 		r := fuzzFSM(record, state)
 		if err := r.Restore(again); err != nil || r.Digest() != m.Digest() {

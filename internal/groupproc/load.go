@@ -259,7 +259,7 @@ type loader struct {
 	starts      []time.Time // FIFO of outstanding proposals' start times
 	head, tail  int
 	inflight    int
-	done1       func(uint64, error)
+	done1       func(uint64, []byte, error)
 	measureFrom time.Time
 	end         time.Time
 	stopped     time.Time // the end of the measured part
@@ -294,7 +294,7 @@ func (l *loader) propose(now time.Time) {
 // it falls in the measured part, then tops the window up unless the load
 // is stopping. A proposal refused at once (ErrBusy: the window exceeds
 // the replica's MaxPending; ErrStopped; ErrTooLarge) stops the load.
-func (l *loader) complete(_ uint64, err error) {
+func (l *loader) complete(_ uint64, _ []byte, err error) {
 	now := time.Now()
 	started := l.starts[l.head]
 	l.head = (l.head + 1) % len(l.starts)
