@@ -214,6 +214,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	if newEpoch {
 		r.epochDone = false
 	}
+	r.setLeading()
 	r.leaderHBAt = r.now
 	r.leaderHB = r.mems[i].hb
 	r.leaderInc = r.mems[i].inc

@@ -126,3 +126,102 @@ func replyArenaAllocs(t *testing.T) {
 		t.Errorf("a 10-byte result copy allocates %.3f per op", allocs)
 	}
 }
+
+// TestLeading: Leading is false at followers, false at a new leader until
+// its epoch's diff committed (and already true when EventEpochCommitted
+// is reported, so that OnEvent may Append), true then, and false again
+// once the leader is deposed, while the new leader reports its epoch.
+func TestLeading(t *testing.T) {
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, nil)
+	var atEvent []string
+	for _, n := range c.nodes {
+		n.r.cfg.OnEvent = func(ev Event) {
+			if ev.Kind == EventEpochCommitted && ev.Epoch.Leader() == n.id {
+				e, ok := n.r.Leading()
+				atEvent = append(atEvent, fmt.Sprintf("%d %v %v", n.id, e, ok))
+			}
+		}
+	}
+	leading := func(id rdma.NodeID) (Epoch, bool) { return c.get(id).r.Leading() }
+	c.settle(nil)
+	for _, n := range c.nodes {
+		if e, ok := n.r.Leading(); ok {
+			t.Fatalf("node %d leads %v before any election", n.id, e)
+		}
+	}
+	// Node 1 wins: Leading stays false until its diff committed.
+	c.get(1).r.startElection(true)
+	sawLeader := false
+	for i := 0; i < 100; i++ {
+		c.pollAll()
+		if c.get(1).r.Status().Role == Leader && c.get(1).r.Status().Committed.E != c.get(1).r.Status().ECur {
+			sawLeader = true
+			if e, ok := leading(1); ok {
+				t.Fatalf("node 1 reports Leading %v before its diff committed", e)
+			}
+		}
+		if _, ok := leading(1); ok {
+			break
+		}
+		c.deliver(nil)
+	}
+	if !sawLeader {
+		t.Fatal("never saw node 1 as a leader whose diff had not committed")
+	}
+	c.settle(nil)
+	e1, ok := leading(1)
+	if !ok || e1 != c.get(1).r.Status().ECur || e1.Leader() != 1 {
+		t.Fatalf("node 1: Leading %v %v after its diff committed, status %+v", e1, ok, c.get(1).r.Status())
+	}
+	for _, id := range []rdma.NodeID{2, 3} {
+		if e, ok := leading(id); ok {
+			t.Errorf("follower %d reports Leading %v", id, e)
+		}
+	}
+	if want := fmt.Sprintf("1 %v true", e1); len(atEvent) != 1 || atEvent[0] != want {
+		t.Errorf("Leading at EventEpochCommitted: %q, want [%q]", atEvent, want)
+	}
+
+	// Node 1 is cut off; 2 and 3 elect one of them.
+	c.loseLeader(not(1), 2, 3)
+	c.get(2).r.startElection(true)
+	for range 5 {
+		c.settle(not(1))
+	}
+	var e2 Epoch
+	for _, id := range []rdma.NodeID{2, 3} {
+		if e, ok := leading(id); ok {
+			e2 = e
+		}
+	}
+	if e2 <= e1 || e2.Leader() == 1 {
+		t.Fatalf("no new leader reports Leading: %v", statuses(qreplicas(c)))
+	}
+	// Node 1 steps down once it has not heard a majority for an election
+	// timeout, and follows node 2 when the partition heals.
+	c.now += c.cfg.ElectionTimeout
+	c.settle(not(1))
+	if e, ok := leading(1); ok {
+		t.Errorf("deposed node 1 still reports Leading %v (role %v)", e, c.get(1).r.Status().Role)
+	}
+	for range 5 {
+		c.settle(nil)
+	}
+	if e, ok := leading(1); ok {
+		t.Errorf("node 1 reports Leading %v after the partition healed", e)
+	}
+	var e3 Epoch
+	for _, id := range []rdma.NodeID{2, 3} {
+		if e, ok := leading(id); ok {
+			e3 = e
+		}
+	}
+	if e3 < e2 {
+		t.Fatalf("no leader after the partition healed: %v", statuses(qreplicas(c)))
+	}
+	// Closed: false.
+	c.crash(e3.Leader(), 0)
+	if e, ok := leading(e3.Leader()); ok {
+		t.Errorf("closed node %d reports Leading %v", e3.Leader(), e)
+	}
+}

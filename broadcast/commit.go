@@ -108,6 +108,7 @@ func (r *Replica) commit() bool {
 func (r *Replica) checkEpochDone() {
 	if !r.epochDone && r.role != Electing && r.committed.E == r.eCur {
 		r.epochDone = true
+		r.setLeading() // before the event: OnEvent may Append
 		r.event(EventEpochCommitted, r.eCur)
 		r.newEpochCommitted()
 	}

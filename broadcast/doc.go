@@ -56,9 +56,10 @@
 // code from a seed; Driver runs it in real time, spinning briefly and then
 // parking on the node's doorbell until NextDeadline. Poll must be called by
 // one goroutine at a time; Propose, Status and the Proposal handles are safe
-// from any goroutine. FSM methods, Config.Trace and Config.OnEvent (role
-// changes and an epoch's first commit, to time elections) are called from
-// Poll. Status reports the protocol state and Counters (elections, diffs,
+// from any goroutine, and so is Leading (whether this replica leads an
+// epoch whose diff committed here). FSM methods, Config.Trace and
+// Config.OnEvent (role changes and an epoch's first commit, to time
+// elections) are called from Poll. Status reports the protocol state and Counters (elections, diffs,
 // snapshots, reconnects).
 //
 // # The hot path

@@ -184,6 +184,7 @@ func (r *Replica) recoverENew() bool {
 func (r *Replica) startElection(timedOut bool) {
 	r.ctr.ElectionsStarted++
 	r.role = Electing
+	r.setLeading()
 	r.event(EventElecting, r.eCur)
 	if timedOut {
 		r.electAt = r.now
@@ -272,6 +273,7 @@ func (r *Replica) becomeLeader() {
 	r.eCur = r.eNew
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
+	r.setLeading()
 	r.leaderSince = r.now
 	r.followed = r.n // within its first election timeout every member heard counts
 	r.tracef("node %d leads epoch %v", r.self, r.eCur)

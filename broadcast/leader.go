@@ -8,6 +8,30 @@ import (
 // Broadcasting (Acuerdo Fig. 4) and serving each follower its diff and
 // stream (Fig. 7 l.119-126).
 
+// Leading reports whether this replica leads epoch E and E's diff has
+// committed here (the epoch's first commit, EventEpochCommitted): every
+// entry of earlier epochs that will ever be delivered has then been
+// delivered here, and Append accepts entries. It stays true until the
+// replica stops leading E (it starts an election, follows a later epoch's
+// leader, or is closed). It is an atomic load, safe from any goroutine;
+// from another goroutine than the one that polls, the answer may be stale
+// by the time it is used (the leader may have been deposed since).
+func (r *Replica) Leading() (Epoch, bool) {
+	e := Epoch(r.leading.Load())
+	return e, e != 0
+}
+
+// setLeading publishes what Leading reports; it is called wherever the role
+// or epochDone changes. No epoch is 0 (the first election's is (0,self)
+// with self > 0, or (1,0)), so 0 means not leading.
+func (r *Replica) setLeading() {
+	var e Epoch
+	if r.role == Leader && r.epochDone {
+		e = r.eCur
+	}
+	r.leading.Store(uint64(e))
+}
+
 // broadcast is Acuerdo Fig. 4 l.38-41: hdr = (E_new, ++Count), added to the
 // Log (the leader is a receiver too); serve writes it to each follower.
 // The Log takes over one reference on s, the slab holding data.

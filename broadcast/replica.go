@@ -160,8 +160,9 @@ type Replica struct {
 	commitMoved bool // Committed moved since our CommitSST row last went to all
 	nextPrune   time.Duration
 	myRows      [nTables]row
-	sealed      [nTables]row // myRows with their check words, as pushed
-	epochDone   bool         // committed >= (eCur, 0): proposals may be handed over
+	sealed      [nTables]row  // myRows with their check words, as pushed
+	epochDone   bool          // committed >= (eCur, 0): proposals may be handed over
+	leading     atomic.Uint64 // E_cur while we lead it and epochDone, else 0 (Leading); set by setLeading
 	table       []tableRec
 	scratch     []byte
 	acceptCur   slabCursor // accepted data is copied into slabs (arena.go); driver only
@@ -317,6 +318,7 @@ func (r *Replica) closeRegions() {
 // proposal not yet resolved with ErrStopped (outcome unknown). Call it once
 // nothing polls the replica any more (after its Driver returned).
 func (r *Replica) Close() error {
+	r.leading.Store(0)
 	r.mu.Lock()
 	r.closed = true
 	ps := append(append(append([]*Proposal(nil), r.inbox...), r.waiting...), r.inflight...)

@@ -48,7 +48,11 @@ func (s diskStable) Save(st StableState) error {
 type checker struct {
 	ref      []string
 	proposed map[string]*simProposal
-	err      error
+	// leadAt is, per epoch some replica reported Leading, how many
+	// entries it had delivered when it first did: no replica may deliver
+	// an entry of an earlier epoch beyond that index (checkLeading).
+	leadAt map[Epoch]uint64
+	err    error
 }
 
 type simProposal struct {
@@ -80,6 +84,19 @@ func (c *checker) apply(id rdma.NodeID, index uint64, d string) {
 	}
 }
 
+// leadingHdr checks Leading's promise as a replica delivers the entry at
+// index with header h: no replica that led a later epoch E (Leading)
+// had delivered fewer entries than this one's position when it first
+// reported Leading E, since every entry of an earlier epoch that is ever
+// delivered was delivered there by then.
+func (c *checker) leadingHdr(id rdma.NodeID, index uint64, h MsgHdr) {
+	for e, at := range c.leadAt {
+		if h.E < e && index > at {
+			c.fail("leading: node %d delivered %v (epoch before %v) at %d, but the leader of %v reported Leading with %d entries delivered", id, h, e, index, e, at)
+		}
+	}
+}
+
 // checkFSM is a logFSM whose deliveries are checked as they happen.
 type checkFSM struct {
 	logFSM
@@ -97,6 +114,7 @@ func (f *checkFSM) Apply(e Entry) []byte {
 	}
 	f.seen[d] = true
 	f.c.apply(f.id, index, d)
+	f.c.leadingHdr(f.id, index, e.Hdr)
 	return res
 }
 
@@ -223,6 +241,7 @@ func (p *simProc) Step(now time.Duration) bool {
 	progress := p.r.Poll(now)
 	p.checkPromises()
 	p.checkBounds()
+	p.checkLeading()
 	wake := p.r.NextDeadline()
 	if now < p.h.o.until {
 		wake = min(wake, p.next)
@@ -272,6 +291,23 @@ func (p *simProc) checkPromises() {
 			})
 		}
 	})
+}
+
+// checkLeading runs after every step: Leading reports exactly "leader of
+// E_cur, whose diff committed here", and the epoch's first report is
+// recorded for leadingHdr.
+func (p *simProc) checkLeading() {
+	r := p.r
+	e, ok := r.Leading()
+	want := r.role == Leader && r.epochDone && r.committed.E == r.eCur
+	if ok != want || ok && e != r.eCur {
+		p.h.c.fail("leading: node %d reports Leading %v %v, role %v, E_cur %v, committed %v", p.env.ID(), e, ok, r.role, r.eCur, r.committed)
+	}
+	if ok {
+		if _, seen := p.h.c.leadAt[e]; !seen {
+			p.h.c.leadAt[e] = r.index
+		}
+	}
 }
 
 // checkBounds runs after every step: the Log holds at most
@@ -362,7 +398,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	if o.hash != nil {
 		defer func() { *o.hash = s.TraceHash() }()
 	}
-	h := &simRun{o: o, s: s, c: &checker{proposed: map[string]*simProposal{}}, procs: map[rdma.NodeID]*simProc{},
+	h := &simRun{o: o, s: s, c: &checker{proposed: map[string]*simProposal{}, leadAt: map[Epoch]uint64{}}, procs: map[rdma.NodeID]*simProc{},
 		rng: rand.New(rand.NewPCG(sd.Seed, 0xc7a5)), down: map[rdma.NodeID]bool{}}
 	var ids []rdma.NodeID
 	for i := 1; i <= o.n; i++ {
