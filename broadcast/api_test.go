@@ -225,3 +225,152 @@ func TestLeading(t *testing.T) {
 		t.Errorf("closed node %d reports Leading %v", e3.Leader(), e)
 	}
 }
+
+// TestAppend: Append fails at followers (ErrNotLeader); at the leader it
+// takes up to MaxUncommitted entries (AppendRoom counts down, then
+// ErrBusy), sends them in the next Poll without a timer, and every
+// replica delivers them in Append order, interleaved with proposals in
+// the order the leader broadcast them. An OnEvent callback may Append at
+// its epoch's first commit.
+func TestAppend(t *testing.T) {
+	const bound = 8
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, func(cfg *Config) { cfg.MaxUncommitted = bound })
+	c.settle(nil)
+	var onEvent []error
+	n1 := c.get(1)
+	n1.r.cfg.OnEvent = func(ev Event) {
+		if ev.Kind == EventEpochCommitted {
+			onEvent = append(onEvent, n1.r.Append([]byte("first")))
+		}
+	}
+	if err := n1.r.Append([]byte("x")); err != ErrNotLeader {
+		t.Fatalf("Append before any election: %v, want ErrNotLeader", err)
+	}
+	n1.r.startElection(true)
+	c.settle(nil)
+	if _, ok := n1.r.Leading(); !ok || len(onEvent) != 1 || onEvent[0] != nil {
+		t.Fatalf("node 1 leads: %v; Append from OnEvent: %v", ok, onEvent)
+	}
+	for _, id := range []rdma.NodeID{2, 3} {
+		if err := c.get(id).r.Append([]byte("x")); err != ErrNotLeader {
+			t.Errorf("Append at follower %d: %v, want ErrNotLeader", id, err)
+		}
+		if k := c.get(id).r.AppendRoom(); k != 0 {
+			t.Errorf("AppendRoom at follower %d: %d", id, k)
+		}
+	}
+	c.settle(nil)
+	if err := n1.r.Append(make([]byte, n1.r.MaxProposal()+1)); err != ErrTooLarge {
+		t.Errorf("oversized Append: %v, want ErrTooLarge", err)
+	}
+	var want []string
+	for k := range bound {
+		if room := n1.r.AppendRoom(); room != bound-k {
+			t.Fatalf("AppendRoom %d after %d appends, want %d", room, k, bound-k)
+		}
+		d := fmt.Sprintf("e%d", k)
+		if err := n1.r.Append([]byte(d)); err != nil {
+			t.Fatalf("Append %s: %v", d, err)
+		}
+		want = append(want, d)
+	}
+	if err := n1.r.Append([]byte("over")); err != ErrBusy || n1.r.AppendRoom() != 0 {
+		t.Fatalf("Append beyond MaxUncommitted: %v, room %d; want ErrBusy, 0", err, n1.r.AppendRoom())
+	}
+	// One Poll of the leader, at the same instant (no timer due), sends
+	// them; the followers accept all of them.
+	n1.r.Poll(c.now)
+	c.deliver(nil)
+	for _, id := range []rdma.NodeID{2, 3} {
+		c.get(id).r.Poll(c.now)
+		if a := c.get(id).r.Status().Accepted; a.Cnt != uint64(1+bound) {
+			t.Errorf("follower %d accepted up to %v after one leader Poll, want count %d", id, a, 1+bound)
+		}
+	}
+	c.settle(nil)
+	if room := n1.r.AppendRoom(); room != bound {
+		t.Errorf("AppendRoom %d once committed, want %d", room, bound)
+	}
+	// Appends and proposals interleave in the leader's order.
+	p := n1.r.Propose([]byte("p0"))
+	n1.r.Poll(c.now) // broadcasts p0
+	if err := n1.r.Append([]byte("e-after-p0")); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		c.settle(nil)
+	}
+	if _, err := waitProposal(t, p, "p0", 0, qreplicas(c)...); err != nil {
+		t.Fatal(err)
+	}
+	want = append(append([]string{"first"}, want...), "p0", "e-after-p0")
+	for _, n := range c.nodes {
+		wantSeq(t, c, n.id, want...)
+	}
+}
+
+// TestAppendLostEpoch: entries a leader appended in an epoch that ends
+// before they commit are delivered by the next leader's diff (one that
+// reached a member of the new majority) or lost (one that reached
+// nobody), never twice, never forwarded or requeued, also when the old
+// leader's stale records land after the partition heals; the deposed
+// leader's Append fails.
+func TestAppendLostEpoch(t *testing.T) {
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, nil)
+	n1, n2 := c.get(1), c.get(2)
+	c.settle(nil)
+	n1.r.startElection(true)
+	c.settle(nil)
+	c.settle(nil)
+	if err := n1.r.Append([]byte("committed")); err != nil {
+		t.Fatal(err)
+	}
+	c.settle(nil)
+	// x1 reaches node 2 only; x2 is written but lands nowhere until the
+	// partition heals (then in an epoch nobody accepts any more).
+	if err := n1.r.Append([]byte("x1")); err != nil {
+		t.Fatal(err)
+	}
+	n1.r.Poll(c.now)
+	c.deliver(only([2]rdma.NodeID{1, 2}))
+	if err := n1.r.Append([]byte("x2")); err != nil {
+		t.Fatal(err)
+	}
+	n1.r.Poll(c.now)
+	n2.r.Poll(c.now)
+	if a := n2.r.Status().Accepted; a.Cnt != 2 {
+		t.Fatalf("node 2 accepted %v, want count 2 (committed, x1)", a)
+	}
+
+	// Node 1 is cut off; node 2 (with x1) wins.
+	c.loseLeader(not(1), 2, 3)
+	n2.r.startElection(true)
+	for range 5 {
+		c.settle(not(1))
+	}
+	e2, ok := n2.r.Leading()
+	if !ok {
+		t.Fatalf("node 2 does not lead: %v", statuses(qreplicas(c)))
+	}
+	if err := n2.r.Append([]byte("y1")); err != nil {
+		t.Fatal(err)
+	}
+	c.settle(not(1))
+	// Heal: node 1 steps down, its stale records land, it follows e2.
+	c.now += c.cfg.ElectionTimeout
+	for range 10 {
+		c.settle(nil)
+	}
+	if err := n1.r.Append([]byte("z")); err != ErrNotLeader {
+		t.Errorf("Append at the deposed leader: %v, want ErrNotLeader", err)
+	}
+	if s := n1.r.Status(); s.ECur < e2 {
+		t.Fatalf("node 1 did not follow %v: %+v", e2, s)
+	}
+	for _, n := range c.nodes {
+		wantSeq(t, c, n.id, "committed", "x1", "y1")
+		if s := n.r.Status(); s.Counters.Requeued != 0 {
+			t.Errorf("node %d requeued %d proposals", n.id, s.Counters.Requeued)
+		}
+	}
+}

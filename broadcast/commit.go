@@ -119,6 +119,9 @@ func (r *Replica) deliver(e *entry) {
 	r.index++
 	r.ctr.Delivered++
 	res := r.fsm.Apply(Entry{Index: r.index, Hdr: e.hdr, Data: e.data})
+	if e.id.pseq == 0 {
+		return // appended (Replica.Append): no proposal, no table record
+	}
 	if k := r.idxOf(e.id.origin); k >= 0 {
 		r.table[k] = tableRec{oinc: e.id.oinc, pseq: e.id.pseq}
 	}

@@ -47,7 +47,10 @@
 // on the wire). ProposeFunc takes a completion callback instead of
 // returning a handle; the callback runs on the polling goroutine, so a
 // closed-loop client that proposes its next message from it costs no
-// goroutine hand-off per message.
+// goroutine hand-off per message. A layer above that orders its own
+// entries uses Leading and Append instead: on the polling goroutine, the
+// leader of an epoch whose diff committed appends entries that are
+// broadcast like its proposals, without a handle and never retried.
 //
 // Replica.Poll(now) is the whole protocol: a deterministic step that reads
 // local memory, runs the handlers, posts verbs and returns whether it made

@@ -198,7 +198,10 @@ func decodeRecord(mem []byte, off int, seq, sinc, rinc uint64) (h recHeader, siz
 //	kSnapshot payload: [meta region u64][meta size u64][meta xxhash u64][commit epoch u64][commit cnt u64]
 //
 // (origin, oinc, pseq) names a proposal: the node that proposed it, the low
-// 32 bits of that node's incarnation, and its sequence number there.
+// 32 bits of that node's incarnation, and its sequence number there
+// (1, 2, ...). pseq 0 names no proposal: an entry a leader appended
+// (Replica.Append), which no proposal resolves on and no per-proposer
+// table records.
 const (
 	entryMeta     = 16
 	diffHdr       = 24

@@ -32,6 +32,50 @@ func (r *Replica) setLeading() {
 	r.leading.Store(uint64(e))
 }
 
+// Append broadcasts data as a new entry of the epoch this replica leads,
+// exactly as its own proposals are (Acuerdo Fig. 4), but without a
+// Proposal: no handle, no result, and nothing is retried. It must be
+// called on the goroutine that polls the replica (between Polls, or from
+// FSM.Apply or Config.OnEvent), and only while Leading. The entry goes to
+// the followers in the next Poll (in this one when called from its
+// callbacks), without waiting for a timer. If the epoch ends before the
+// entry committed, it is delivered by the next leader's diff or lost,
+// like any uncommitted entry: it is never requeued nor forwarded to
+// another leader, so it is delivered at most once. Entries appended in
+// one epoch are delivered in Append order, after every entry of earlier
+// epochs. data is copied (into a reused slab: no allocation in steady
+// state for data up to 4 KiB).
+//
+// Errors: ErrNotLeader when Leading is false; ErrTooLarge when data is
+// larger than MaxProposal; ErrBusy when the leader's uncommitted entries
+// (proposals and appends) reached Config.MaxUncommitted (back pressure:
+// retry after a Poll committed some; AppendRoom says how many fit now).
+// On an error nothing was appended.
+func (r *Replica) Append(data []byte) error {
+	if r.leading.Load() == 0 {
+		return ErrNotLeader
+	}
+	if len(data) > maxProposal(r.cfg.MaxRecord) {
+		return ErrTooLarge
+	}
+	if r.uncommitted() >= r.cfg.MaxUncommitted {
+		return ErrBusy
+	}
+	d, s := r.acceptCur.copy(&r.slabs, data) // the Log takes the reference
+	r.broadcast(proposalID{}, d, s)
+	return nil
+}
+
+// AppendRoom is how many more entries Append accepts now: 0 unless
+// Leading, else Config.MaxUncommitted less the leader's uncommitted
+// entries. Like Append, it is for the polling goroutine.
+func (r *Replica) AppendRoom() int {
+	if r.leading.Load() == 0 {
+		return 0
+	}
+	return max(0, r.cfg.MaxUncommitted-r.uncommitted())
+}
+
 // broadcast is Acuerdo Fig. 4 l.38-41: hdr = (E_new, ++Count), added to the
 // Log (the leader is a receiver too); serve writes it to each follower.
 // The Log takes over one reference on s, the slab holding data.

@@ -160,6 +160,9 @@ type simOpts struct {
 	// limits makes a third of the proposals MaxProposal-8..MaxProposal
 	// bytes long.
 	limits bool
+	// appends makes a replica that is Leading also Append an entry, at
+	// random, when it proposes (Replica.Append between Polls).
+	appends bool
 	// ballast adds that many bytes to every FSM snapshot (snapshots of
 	// many MiB).
 	ballast int
@@ -236,6 +239,21 @@ func (p *simProc) Step(now time.Duration) bool {
 			d += strings.Repeat("z", p.r.MaxProposal()-len(d)-p.env.Rand().IntN(9))
 		}
 		p.h.c.proposed[d] = &simProposal{node: p.env.ID(), inc: p.env.Incarnation(), p: p.r.Propose([]byte(d))}
+		if _, ok := p.r.Leading(); ok && p.h.o.appends {
+			// A leader's Appends, between Polls: delivered at most once
+			// (checkFSM), never requeued nor forwarded.
+			for k := range p.env.Rand().IntN(4) {
+				a := fmt.Sprintf("a%d.%s", k, d)
+				if len(a) > p.r.MaxProposal() {
+					a = a[:p.r.MaxProposal()]
+				}
+				if err := p.r.Append([]byte(a)); err == nil {
+					p.h.c.proposed[a] = &simProposal{node: p.env.ID(), inc: p.env.Incarnation()} // no handle
+				} else if err != ErrBusy {
+					p.h.c.fail("append at node %d, Leading: %v", p.env.ID(), err)
+				}
+			}
+		}
 		p.next = now + time.Duration(p.env.Rand().Int64N(int64(4*time.Millisecond)))
 	}
 	progress := p.r.Poll(now)
@@ -472,7 +490,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 			epoch = p.r.eCur
 		}
 		for _, sp := range h.c.proposed {
-			if s.Live(sp.node) && s.Incarnation(sp.node) == sp.inc {
+			if sp.p != nil && s.Live(sp.node) && s.Incarnation(sp.node) == sp.inc {
 				select {
 				case <-sp.p.Done():
 				default:
@@ -510,6 +528,9 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		pos[d] = i + 1
 	}
 	for d, sp := range h.c.proposed {
+		if sp.p == nil {
+			continue // appended: no outcome to check
+		}
 		select {
 		case <-sp.p.Done():
 		default:
@@ -581,6 +602,8 @@ func TestSimAcuerdo(t *testing.T) {
 		{"n3-long-down", 0.05, simOpts{n: 3, until: 6 * window, longDown: true, maxLog: 16, limits: true}, wantLongDown},
 		{"n5-lost-disk", 0.05, simOpts{n: 5, until: window, crashes: true, loseDisk: 0.5, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantSnapshots},
 		{"n3-big-snapshots", 0.01, simOpts{n: 3, until: window, crashes: true, maxLog: 24, ballast: 8 << 20, faults: sim.Faults{Until: window, Partition: 1}}, wantSnapshots},
+		{"n3-appends", 0.05, simOpts{n: 3, until: window, crashes: true, maxLog: 24, appends: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
+		{"n5-appends", 0.05, simOpts{n: 5, until: window, crashes: true, maxLog: 24, appends: true, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
 		{"n3-crash-at-vote", 0.04, simOpts{n: 3, until: window, crashAtVote: true, maxLog: 24, limits: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
 	}
 	for _, tc := range cases {

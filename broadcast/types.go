@@ -401,6 +401,9 @@ var (
 	ErrTimeout = errors.New("broadcast: proposal timed out without a leader")
 	// ErrTooLarge: the proposal's data is larger than MaxProposal.
 	ErrTooLarge = errors.New("broadcast: proposal larger than the record limit")
+	// ErrNotLeader: Append was called while the replica does not lead an
+	// epoch whose diff committed here (Leading is false).
+	ErrNotLeader = errors.New("broadcast: not the leader of a committed epoch")
 	// ErrNoStableState: the replica found no stable state and Config.Start
 	// is StartExisting (see StartMode).
 	ErrNoStableState = errors.New("broadcast: no stable state")
