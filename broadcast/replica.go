@@ -232,6 +232,9 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 		scratch: make([]byte, cfg.MaxRecord),
 	}
 	r.runPersist = func(fn func()) { go fn() }
+	if cfg.PersistInline {
+		r.runPersist = func(fn func()) { fn() }
+	}
 	r.me = slices.Index(cfg.Members, cfg.Self)
 	r.catchingUp = st.Incarnation > 0
 	r.recovering = rejoin

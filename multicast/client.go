@@ -1,0 +1,375 @@
+package multicast
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/regions"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// ClientConfig configures a TRAM client (Alg. 1). The ring geometry
+// (ClientSlots, SlotSize, MaxResult) must match the replicas'.
+type ClientConfig struct {
+	// Slot is the client slot this client holds; the cluster's
+	// Config.ClientNodes[Slot] must be this client's node. One live
+	// client per slot.
+	Slot uint32
+	// Inc is this incarnation of the slot: above every earlier one (the
+	// Unix time in nanoseconds does). Required.
+	Inc uint64
+	// Tree and Members are the cluster's overlay and groups.
+	Tree    *tree.Tree
+	Members [][]rdma.NodeID
+	// ReplyRegion is the id of the region replies land in; default
+	// regions.Client(Slot).
+	ReplyRegion rdma.RegionID
+	// ClientSlots, SlotSize, MaxResult: as the replicas' Config.
+	ClientSlots, SlotSize, MaxResult int
+	// RetryAfter is how long a message waits for its replies before the
+	// client writes it again and asks the destinations to re-send their
+	// replies; it doubles on each retry up to 20x. Default 50 ms.
+	RetryAfter time.Duration
+	// ReconnectMin and ReconnectMax bound the backoff of broken Conns.
+	ReconnectMin, ReconnectMax time.Duration
+	// OnDone is called from Poll when a message has every destination
+	// group's reply; the Outcome is valid only during the call.
+	OnDone func(*Outcome)
+}
+
+// Outcome is what a client learns of a message: each destination group's
+// reply, in ascending group order.
+type Outcome struct {
+	ID      MsgID
+	Dst     tree.Set
+	Replies []Reply
+	Sent    time.Duration // the Poll clock when it was first written
+	Retries int
+}
+
+// Reply is one destination group's outcome: the message's delivery index
+// in that group and the bytes the application's Apply returned.
+type Reply struct {
+	Group     tree.Group
+	Index     uint64
+	Result    []byte
+	Truncated bool // Apply returned more than MaxResult bytes
+}
+
+// Client errors.
+var (
+	ErrNotReady    = errors.New("multicast: client not registered with every group yet")
+	ErrWindowFull  = errors.New("multicast: client window full (ClientSlots messages outstanding)")
+	ErrTooLarge    = errors.New("multicast: payload larger than a ring slot holds")
+	ErrDestination = errors.New("multicast: destination set empty or outside the tree")
+)
+
+// Client multicasts messages (TRAM Alg. 1: write m into the client's ring
+// on every replica of lca(dst)) and collects the replies that the
+// destination groups' leaders write into its own reply region. It is a
+// polled state machine: call Multicast and Poll from one goroutine.
+type Client struct {
+	cfg   ClientConfig
+	node  rdma.Node
+	reg   rdma.Region
+	addr  Addr
+	base  []rdma.RegionID // per group: regions.Multicast(g)
+	peers [][]*peer       // per group, per member
+	now   time.Duration
+
+	ready     tree.Set // groups that acknowledged our incarnation
+	helloAt   time.Duration
+	helloWait time.Duration
+
+	seq   uint64
+	pos   []uint64   // per group: last ring position written
+	busy  [][]uint64 // per group, per ring slot: seq occupying it (0 free)
+	calls []call     // by seq mod ClientSlots
+	retry uint64     // our retry counter (the header's retry word)
+	out   int
+	rs    int // reply slot size
+	buf   []byte
+	rbuf  []byte
+	oc    Outcome
+}
+
+type call struct {
+	seq     uint64
+	dst     tree.Set
+	lca     tree.Group
+	pos     uint64
+	payload []byte
+	sent    time.Duration
+	retryAt time.Duration
+	wait    time.Duration
+	got     tree.Set
+	replies []Reply
+	retries int
+}
+
+// NewClient creates a client on node: it registers its reply region and
+// grants every replica of every group write access to it. Call Poll until
+// Ready before multicasting.
+func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
+	if cfg.Tree == nil || len(cfg.Members) != cfg.Tree.Len() {
+		return nil, fmt.Errorf("%w: client needs the tree and every group's members", ErrConfig)
+	}
+	if cfg.Inc == 0 {
+		return nil, fmt.Errorf("%w: client incarnation 0", ErrConfig)
+	}
+	if cfg.ClientSlots == 0 {
+		cfg.ClientSlots = DefaultClientSlots
+	}
+	if cfg.SlotSize == 0 {
+		cfg.SlotSize = DefaultSlotSize
+	}
+	if cfg.MaxResult == 0 {
+		cfg.MaxResult = DefaultMaxResult
+	}
+	cfg.SlotSize, cfg.MaxResult = pad8(cfg.SlotSize), pad8(cfg.MaxResult)
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = 50 * time.Millisecond
+	}
+	if cfg.ReconnectMin == 0 {
+		cfg.ReconnectMin = broadcast.DefaultReconnectMin
+	}
+	if cfg.ReconnectMax == 0 {
+		cfg.ReconnectMax = broadcast.DefaultReconnectMax
+	}
+	if cfg.ReplyRegion == 0 {
+		cfg.ReplyRegion = regions.Client(cfg.Slot)
+	}
+	ng := cfg.Tree.Len()
+	c := &Client{cfg: cfg, node: node, rs: replySlot(cfg.MaxResult)}
+	reg, err := node.Register(cfg.ReplyRegion, ng*cfg.ClientSlots*c.rs+ng*8)
+	if err != nil {
+		return nil, fmt.Errorf("multicast: client %d: register reply region: %w", cfg.Slot, err)
+	}
+	c.reg = reg
+	c.addr = Addr{Node: node.ID(), Region: cfg.ReplyRegion}
+	for g, ms := range cfg.Members {
+		c.base = append(c.base, regions.Multicast(tree.Group(g)))
+		var ps []*peer
+		for _, id := range ms {
+			if err := reg.Grant(id, rdma.PermWrite); err != nil && id != node.ID() {
+				reg.Close()
+				return nil, fmt.Errorf("multicast: client %d: grant %d: %w", cfg.Slot, id, err)
+			}
+			ps = append(ps, newPeer(node, id, max(64<<10, 4*cfg.SlotSize), cfg.ReconnectMin, cfg.ReconnectMax))
+		}
+		c.peers = append(c.peers, ps)
+		c.busy = append(c.busy, make([]uint64, cfg.ClientSlots))
+	}
+	c.pos = make([]uint64, ng)
+	c.calls = make([]call, cfg.ClientSlots)
+	c.buf = make([]byte, cfg.SlotSize)
+	c.rbuf = make([]byte, c.rs)
+	c.helloWait = cfg.RetryAfter
+	return c, nil
+}
+
+// Ready reports whether every group registered this incarnation.
+func (c *Client) Ready() bool { return c.ready == c.cfg.Tree.All() }
+
+// Outstanding is the number of messages waiting for replies.
+func (c *Client) Outstanding() int { return c.out }
+
+// Window is the number of messages the client may have outstanding.
+func (c *Client) Window() int { return c.cfg.ClientSlots }
+
+// NextID is the id the next successful Multicast gives its message (an
+// application may embed it in the payload).
+func (c *Client) NextID() MsgID { return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: c.seq + 1} }
+
+// Slot is the client's slot.
+func (c *Client) Slot() uint32 { return c.cfg.Slot }
+
+// Close releases the reply region and the Conns.
+func (c *Client) Close() error {
+	for _, ps := range c.peers {
+		for _, p := range ps {
+			p.close()
+		}
+	}
+	return c.reg.Close()
+}
+
+// Multicast writes payload to dst's lca (TRAM Alg. 1) and returns the
+// message's id; its Outcome arrives through OnDone. payload is copied.
+func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
+	if !c.Ready() {
+		return MsgID{}, ErrNotReady
+	}
+	if len(payload) > maxPayload(c.cfg.SlotSize) {
+		return MsgID{}, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(payload), maxPayload(c.cfg.SlotSize))
+	}
+	lca, err := c.cfg.Tree.LCA(dst)
+	if err != nil {
+		return MsgID{}, fmt.Errorf("%w: %v", ErrDestination, err)
+	}
+	w := uint64(c.cfg.ClientSlots)
+	seq := c.seq + 1
+	pos := c.pos[lca] + 1
+	if c.calls[seq%w].seq != 0 || c.busy[lca][pos%w] != 0 {
+		return MsgID{}, ErrWindowFull
+	}
+	c.seq, c.pos[lca] = seq, pos
+	c.busy[lca][pos%w] = seq
+	k := &c.calls[seq%w]
+	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, payload: append(k.payload[:0], payload...),
+		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0]}
+	c.out++
+	c.send(k)
+	return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: seq}, nil
+}
+
+// send writes k's record into its ring slot on every replica of its lca.
+func (c *Client) send(k *call) {
+	rec := record{pos: k.pos, id: MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: k.seq}, dst: k.dst, reply: c.addr, payload: k.payload}
+	b := encodeRecord(c.buf, &rec)
+	w := c.cfg.ClientSlots
+	off := uint64((int(c.cfg.Slot)*w + int(k.pos%uint64(w))) * c.cfg.SlotSize)
+	for _, p := range c.peers[k.lca] {
+		p.write(c.now, c.base[k.lca]+regRings, off, b, true)
+	}
+}
+
+// hello writes our header (reply address, then incarnation, then a new
+// retry count) to every replica of the groups not yet registered.
+func (c *Client) hello(groups tree.Set) {
+	c.retry++ // a group that registered us already writes its hello again
+	var b [8]byte
+	off := uint64(int(c.cfg.Slot) * clientHdrSize)
+	for g, ps := range c.peers {
+		if !groups.Has(tree.Group(g)) {
+			continue
+		}
+		for _, p := range ps {
+			putU64(b[:], c.addr.word())
+			p.write(c.now, c.base[g]+regClients, off+hAddr, b[:], false)
+			putU64(b[:], c.cfg.Inc)
+			p.write(c.now, c.base[g]+regClients, off+hInc, b[:], false)
+			putU64(b[:], c.retry)
+			p.write(c.now, c.base[g]+regClients, off+hRetry, b[:], true)
+		}
+	}
+}
+
+// askAgain bumps the retry word at every replica of groups: their leader
+// writes our replies (and hello) again.
+func (c *Client) askAgain(groups tree.Set) {
+	c.retry++
+	var b [8]byte
+	putU64(b[:], c.retry)
+	off := uint64(int(c.cfg.Slot)*clientHdrSize + hRetry)
+	for g, ps := range c.peers {
+		if groups.Has(tree.Group(g)) {
+			for _, p := range ps {
+				p.write(c.now, c.base[g]+regClients, off, b[:], true)
+			}
+		}
+	}
+}
+
+// NextDeadline is when Poll next has timed work.
+func (c *Client) NextDeadline() time.Duration {
+	d := c.now + time.Second
+	if !c.Ready() {
+		d = min(d, c.helloAt)
+	}
+	for i := range c.calls {
+		if c.calls[i].seq != 0 {
+			d = min(d, c.calls[i].retryAt)
+		}
+	}
+	return d
+}
+
+// Poll reads replies from the client's own memory, completes messages,
+// and retries what timed out. It reports whether anything progressed.
+func (c *Client) Poll(now time.Duration) bool {
+	c.now = now
+	progress := false
+	for _, ps := range c.peers {
+		for _, p := range ps {
+			if p.poll(now) {
+				progress = true
+			}
+		}
+	}
+	mem := c.reg.Bytes()
+	ng := c.cfg.Tree.Len()
+	w := c.cfg.ClientSlots
+	if !c.Ready() {
+		helloOff := ng * w * c.rs
+		for g := range ng {
+			if rdma.Load64(mem, helloOff+g*8) == c.cfg.Inc {
+				c.ready = c.ready.Add(tree.Group(g))
+			}
+		}
+		if c.Ready() {
+			progress = true
+		} else if now >= c.helloAt {
+			missing := c.cfg.Tree.All() &^ c.ready
+			c.hello(missing)
+			c.helloAt = now + c.helloWait
+			c.helloWait = min(2*c.helloWait, 20*c.cfg.RetryAfter)
+		}
+	}
+	for i := range c.calls {
+		k := &c.calls[i]
+		if k.seq == 0 {
+			continue
+		}
+		for _, g := range (k.dst &^ k.got).Groups() {
+			off := (int(g)*w + int(k.seq%uint64(w))) * c.rs
+			if rdma.Load64(mem, off) != k.seq {
+				continue
+			}
+			copy(c.rbuf, mem[off:off+c.rs])
+			rp, ok := decodeReply(c.rbuf, g, c.cfg.Inc, k.seq)
+			if !ok {
+				continue
+			}
+			k.got = k.got.Add(g)
+			k.replies = append(k.replies, Reply{Group: g, Index: rp.index, Result: append([]byte(nil), rp.result...), Truncated: rp.flags&replyTruncated != 0})
+			progress = true
+		}
+		if k.got == k.dst {
+			c.complete(k)
+			continue
+		}
+		if now >= k.retryAt {
+			c.send(k)
+			c.askAgain(k.dst &^ k.got)
+			k.retries++
+			k.wait = min(2*k.wait, 20*c.cfg.RetryAfter)
+			k.retryAt = now + k.wait
+			progress = true
+		}
+	}
+	return progress
+}
+
+func (c *Client) complete(k *call) {
+	w := uint64(c.cfg.ClientSlots)
+	c.busy[k.lca][k.pos%w] = 0
+	sortReplies(k.replies)
+	c.oc = Outcome{ID: MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: k.seq}, Dst: k.dst, Replies: k.replies, Sent: k.sent, Retries: k.retries}
+	k.seq = 0
+	c.out--
+	if c.cfg.OnDone != nil {
+		c.cfg.OnDone(&c.oc)
+	}
+}
+
+func sortReplies(rs []Reply) {
+	for i := 1; i < len(rs); i++ {
+		for j := i; j > 0 && rs[j].Group < rs[j-1].Group; j-- {
+			rs[j], rs[j-1] = rs[j-1], rs[j]
+		}
+	}
+}

@@ -1,0 +1,184 @@
+package multicast
+
+import (
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// peer is a Conn to one node that a replica or a client writes to (a
+// child's replica, a parent's replica, a client's reply region, a group's
+// replica), reconnected with backoff when it breaks. Every write's bytes
+// are staged in a ring of the peer's own until the write completes (a
+// write's buffer must not change until then), so callers may reuse theirs
+// at once. A write that finds the Conn down or the stage full is dropped
+// and counted: every write of this package is either repeated until the
+// peer's effect shows (retransmission by credits, client retries) or
+// re-sent by a new leader, so a lost one delays and never loses.
+type peer struct {
+	id      rdma.NodeID
+	node    rdma.Node
+	conn    rdma.Conn
+	retryAt time.Duration
+	backoff time.Duration
+	min     time.Duration
+	max     time.Duration
+
+	stage      []byte
+	head, tail uint64  // bytes staged: [tail, head) are in flight
+	ends       []opEnd // in-flight ops' stage ends, oldest first
+	nextID     uint64  // id of the next op
+	unsignaled int     // ops posted since the last signaled one
+	wrs        []rdma.WR
+	cs         [32]rdma.Completion
+
+	dropped uint64
+	failed  uint64
+	err     error // the last failure, for status
+}
+
+type opEnd struct {
+	id  uint64
+	end uint64
+}
+
+const signalEvery = 8
+
+func newPeer(node rdma.Node, id rdma.NodeID, stage int, minBackoff, maxBackoff time.Duration) *peer {
+	return &peer{id: id, node: node, stage: make([]byte, stage), min: minBackoff, max: maxBackoff}
+}
+
+// up reports whether the Conn is usable, connecting it if its backoff
+// passed.
+func (p *peer) up(now time.Duration) bool {
+	if p.conn != nil {
+		return true
+	}
+	if now < p.retryAt {
+		return false
+	}
+	c, err := p.node.Connect(p.id)
+	if err != nil {
+		p.fail(now, err)
+		return false
+	}
+	p.conn = c
+	return true
+}
+
+func (p *peer) fail(now time.Duration, err error) {
+	p.failed++
+	p.err = err
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn = nil
+	}
+	p.tail, p.head = 0, 0
+	p.ends = p.ends[:0]
+	p.unsignaled = 0
+	switch {
+	case p.backoff == 0:
+		p.backoff = p.min
+	default:
+		p.backoff = min(2*p.backoff, p.max)
+	}
+	p.retryAt = now + p.backoff
+}
+
+// poll reaps completions; it reports whether any arrived.
+func (p *peer) poll(now time.Duration) bool {
+	if p.conn == nil {
+		return false
+	}
+	any := false
+	for {
+		n := p.conn.Poll(p.cs[:])
+		if n == 0 {
+			break
+		}
+		any = true
+		for _, c := range p.cs[:n] {
+			if c.Err != nil {
+				p.fail(now, c.Err)
+				return true
+			}
+			k := 0
+			for k < len(p.ends) && p.ends[k].id <= c.ID {
+				p.tail = p.ends[k].end
+				k++
+			}
+			p.ends = append(p.ends[:0], p.ends[k:]...)
+			p.backoff = 0
+		}
+		if n < len(p.cs) {
+			break
+		}
+	}
+	if len(p.ends) == 0 {
+		p.tail, p.head = 0, 0
+	}
+	return any
+}
+
+// write stages buf and posts it as one write to (region, off); notify
+// rings the peer's doorbell. It reports whether the write was posted.
+func (p *peer) write(now time.Duration, region rdma.RegionID, off uint64, buf []byte, notify bool) bool {
+	if !p.up(now) {
+		p.dropped++
+		return false
+	}
+	n := uint64(len(buf))
+	size := uint64(len(p.stage))
+	if n > size {
+		p.dropped++
+		return false
+	}
+	// the staged copy must be contiguous: skip the ring's tail end if needed
+	start := p.head
+	if start%size+n > size {
+		start += size - start%size
+	}
+	if start+n-p.tail > size {
+		p.poll(now)
+		start = p.head
+		if start%size+n > size {
+			start += size - start%size
+		}
+		if start+n-p.tail > size || p.conn == nil {
+			p.dropped++
+			return false
+		}
+	}
+	dst := p.stage[start%size : start%size+n]
+	copy(dst, buf)
+	var fl rdma.Flags
+	p.unsignaled++
+	if p.unsignaled >= signalEvery || start+n-p.tail > size/2 {
+		fl |= rdma.Signaled
+		p.unsignaled = 0
+	}
+	if notify {
+		fl |= rdma.Notify
+	}
+	id := p.nextID
+	if err := p.conn.Post(rdma.WR{ID: id, Kind: rdma.OpWrite, Flags: fl, Region: region, Offset: off, Buf: dst}); err != nil {
+		p.fail(now, err)
+		p.dropped++
+		return false
+	}
+	p.nextID++
+	p.head = start + n
+	p.ends = append(p.ends, opEnd{id: id, end: p.head})
+	if fl&rdma.Signaled == 0 && len(p.ends) > 4*signalEvery {
+		// keep the in-flight list short even if nothing is signaled soon
+		p.unsignaled = signalEvery
+	}
+	return true
+}
+
+func (p *peer) close() {
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn = nil
+	}
+}

@@ -1,0 +1,773 @@
+package multicast
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/regions"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Config configures one TRAM replica: a member of one group. Zero fields
+// take the documented defaults; the ring geometry (ClientSlots,
+// ParentSlots, SlotSize, MaxResult) and the client list must be the same
+// on every replica and client of the cluster.
+type Config struct {
+	// Group is this replica's group, a group of Tree.
+	Group tree.Group
+	// Tree is the overlay (static, known to clients and replicas).
+	Tree *tree.Tree
+	// Members lists every group's replicas, indexed by group id.
+	Members [][]rdma.NodeID
+	// ClientNodes names the node of each client slot (slot c is
+	// ClientNodes[c]): replicas grant those nodes write access to the
+	// client headers and rings. A node may hold several slots.
+	ClientNodes []rdma.NodeID
+	// ClientSlots is the size of each client's input ring, and the
+	// number of messages a client may have outstanding. Default 8.
+	ClientSlots int
+	// ParentSlots is the size of the parent ring: how many forwarded
+	// messages a parent may have written ahead of this group's commits.
+	// Default 256.
+	ParentSlots int
+	// SlotSize is the byte size of one ring slot; a message's payload may
+	// have up to SlotSize-56 bytes (MaxPayload). Default 1024.
+	SlotSize int
+	// MaxResult bounds the result bytes of a reply; a longer result is
+	// truncated and flagged. Default 64.
+	MaxResult int
+	// RetransmitAfter is how long a leader waits for a child's credit to
+	// move before it writes the uncredited messages again (a child
+	// replica that restarted, a write lost with a broken Conn, a stale
+	// write of a deposed leader). Default 10 x the broadcast
+	// HeartbeatInterval.
+	RetransmitAfter time.Duration
+	// Broadcast configures the group's Acuerdo replica; Members and
+	// RegionBase are filled in (regions.Broadcast(Group)).
+	Broadcast broadcast.Config
+}
+
+// Defaults.
+const (
+	DefaultClientSlots = 8
+	DefaultParentSlots = 256
+	DefaultSlotSize    = 1024
+	DefaultMaxResult   = 64
+)
+
+// ErrConfig reports an invalid configuration.
+var ErrConfig = errors.New("multicast: invalid configuration")
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Tree == nil {
+		return c, fmt.Errorf("%w: no tree", ErrConfig)
+	}
+	if !c.Tree.Contains(c.Group) {
+		return c, fmt.Errorf("%w: group %d is not in the tree %v", ErrConfig, c.Group, c.Tree)
+	}
+	if len(c.Members) != c.Tree.Len() {
+		return c, fmt.Errorf("%w: members of %d groups, the tree has %d", ErrConfig, len(c.Members), c.Tree.Len())
+	}
+	for g, m := range c.Members {
+		if len(m) == 0 {
+			return c, fmt.Errorf("%w: group %d has no members", ErrConfig, g)
+		}
+	}
+	if c.ClientSlots == 0 {
+		c.ClientSlots = DefaultClientSlots
+	}
+	if c.ParentSlots == 0 {
+		c.ParentSlots = DefaultParentSlots
+	}
+	if c.SlotSize == 0 {
+		c.SlotSize = DefaultSlotSize
+	}
+	if c.MaxResult == 0 {
+		c.MaxResult = DefaultMaxResult
+	}
+	c.SlotSize = pad8(c.SlotSize)
+	c.MaxResult = pad8(c.MaxResult)
+	switch {
+	case c.ClientSlots < 1 || c.ClientSlots > 1<<16:
+		return c, fmt.Errorf("%w: ClientSlots %d not in [1, 65536]", ErrConfig, c.ClientSlots)
+	case c.ParentSlots < 4:
+		return c, fmt.Errorf("%w: ParentSlots %d below 4", ErrConfig, c.ParentSlots)
+	case c.SlotSize < recHdr+recCheck+8:
+		return c, fmt.Errorf("%w: SlotSize %d below %d", ErrConfig, c.SlotSize, recHdr+recCheck+8)
+	case c.MaxResult < 0 || c.MaxResult > 1<<20:
+		return c, fmt.Errorf("%w: MaxResult %d", ErrConfig, c.MaxResult)
+	}
+	b := c.Broadcast
+	b.Members = c.Members[c.Group]
+	if b.RegionBase == 0 {
+		b.RegionBase = regions.Broadcast(c.Group)
+	}
+	if b.HeartbeatInterval == 0 {
+		b.HeartbeatInterval = broadcast.DefaultHeartbeatInterval
+	}
+	c.Broadcast = b
+	if c.RetransmitAfter == 0 {
+		c.RetransmitAfter = 10 * b.HeartbeatInterval
+	}
+	return c, nil
+}
+
+// MaxPayload is the largest payload a message may have with slots of
+// slotSize bytes.
+func MaxPayload(slotSize int) int { return maxPayload(pad8(slotSize)) }
+
+// Replica is one member of a group running TRAM (Alg. 2) on top of the
+// group's Acuerdo replica: as leader of a committed epoch it scans its
+// input rings, orders messages with broadcast.Replica.Append, and once
+// they commit forwards them to its children, writes replies to clients
+// and credits to its parent; every replica applies the log (state).
+//
+// Poll, like broadcast's, is the whole protocol; call it from one
+// goroutine (broadcast.NewMultiDriver runs several groups' replicas on
+// one node).
+type Replica struct {
+	cfg   Config
+	g     tree.Group
+	node  rdma.Node
+	b     *broadcast.Replica
+	st    *state
+	base  rdma.RegionID
+	regs  [numRegions]rdma.Region
+	now   time.Duration
+	nsrc  int // client slots + 1 (the parent ring is source nsrc-1)
+	hbeat time.Duration
+
+	parent     tree.Group
+	hasParent  bool
+	childOfPar int // our index among our parent's children
+
+	// leader-local (not replicated): TRAM Alg. 2's private variables.
+	lead      broadcast.Epoch // the epoch we lead and have set up (0: none)
+	tinc      []uint64        // tentative registered incarnation per client
+	tpos      []uint64        // tentative in[] per client
+	tppos     uint64          // tentative in[] of the parent ring
+	tout      []uint64        // tentative out[] per child
+	fwdSent   []uint64        // per child: forwarded up to this position
+	credit    []uint64        // per child: highest credit seen
+	creditAt  []time.Duration // per child: when its credit last moved
+	rr        int             // round-robin start of the next scan
+	retrySeen []uint64
+	creditOut uint64 // the credit last sent to our parent
+	creditAtT time.Duration
+	replyQ    []int    // reply slots to write
+	helloQ    []uint32 // clients to say hello to
+	resyncAt  time.Duration
+
+	children [][]*peer // per child, per member
+	parents  []*peer
+	clients  map[rdma.NodeID]*peer
+
+	entry []byte // scratch
+	rec   []byte // scratch
+	slot  []byte // scratch copy of a ring slot
+	rbuf  []byte // scratch reply
+	fwdv  []uint64
+
+	ctr Counters
+
+	mutant int // a planted bug (TestSimMutants); 0 in production
+}
+
+// Planted bugs, each aimed at one checker (TestSimMutants).
+const (
+	// mutNoDedup: a leader takes whatever valid record sits in the slot
+	// of its next input position, also one of an earlier lap (a message
+	// re-forwarded or retried and already ordered), and Apply does not
+	// drop duplicates: caught by ExactlyOnce.
+	mutNoDedup = iota + 1
+	// mutForwardEarly: a leader forwards a message to its children when
+	// it orders it, before it commits: caught when leaders crash.
+	mutForwardEarly
+	// mutNoCatchUp: a new leader neither re-forwards what its
+	// predecessor may not have (TRAM Alg. 5 steps 2-3) nor retransmits:
+	// caught by Validity.
+	mutNoCatchUp
+	// mutNoFlowControl: positions are assigned in a child's parent ring
+	// without waiting for its credit, overwriting unconsumed messages.
+	mutNoFlowControl
+)
+
+// Counters are a replica's cumulative counts.
+type Counters struct {
+	Ordered     uint64 // messages this replica ordered as leader
+	Forwarded   uint64 // forward writes (per child replica)
+	Retransmits uint64 // times a child's uncredited messages were written again
+	Replies     uint64 // reply writes
+	Resets      uint64 // client registrations ordered
+	Blocked     uint64 // scans stopped by a full child ring
+	Dropped     uint64 // writes dropped (Conn down or stage full), to be repeated
+	Malformed   uint64 // client records refused (bad destinations or size)
+}
+
+// New creates the replica of cfg.Group on node, with the application's
+// FSM app (it sees the messages destined to this group, in order) and the
+// Acuerdo replica's stable store.
+func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable) (*Replica, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &Replica{cfg: cfg, g: cfg.Group, node: node, base: regions.Multicast(cfg.Group), hbeat: cfg.Broadcast.HeartbeatInterval}
+	r.st = newState(&cfg, app)
+	r.st.onReply = func(_ uint32, slot int) { r.replyQ = append(r.replyQ, slot) }
+	r.st.onHello = func(c uint32) { r.helloQ = append(r.helloQ, c) }
+	nc := len(cfg.ClientNodes)
+	r.nsrc = nc + 1
+	r.tinc, r.tpos, r.retrySeen = make([]uint64, nc), make([]uint64, nc), make([]uint64, nc)
+	kids := cfg.Tree.Children(cfg.Group)
+	r.tout, r.fwdSent, r.credit, r.creditAt = make([]uint64, len(kids)), make([]uint64, len(kids)), make([]uint64, len(kids)), make([]time.Duration, len(kids))
+	r.parent, r.hasParent = cfg.Tree.Parent(cfg.Group)
+	if r.hasParent {
+		for i, c := range cfg.Tree.Children(r.parent) {
+			if c == r.g {
+				r.childOfPar = i
+			}
+		}
+	}
+	r.slot = make([]byte, cfg.SlotSize)
+	r.rec = make([]byte, cfg.SlotSize)
+	r.rbuf = make([]byte, replySlot(cfg.MaxResult))
+	if err := r.register(kids); err != nil {
+		r.closeRegions()
+		return nil, err
+	}
+	minB, maxB := cfg.Broadcast.ReconnectMin, cfg.Broadcast.ReconnectMax
+	if minB == 0 {
+		minB = broadcast.DefaultReconnectMin
+	}
+	if maxB == 0 {
+		maxB = broadcast.DefaultReconnectMax
+	}
+	stage := max(64<<10, 4*cfg.SlotSize)
+	for _, c := range kids {
+		var ps []*peer
+		for _, id := range cfg.Members[c] {
+			ps = append(ps, newPeer(node, id, max(stage, cfg.ParentSlots*cfg.SlotSize/2), minB, maxB))
+		}
+		r.children = append(r.children, ps)
+	}
+	if r.hasParent {
+		for _, id := range cfg.Members[r.parent] {
+			r.parents = append(r.parents, newPeer(node, id, 4096, minB, maxB))
+		}
+	}
+	r.clients = map[rdma.NodeID]*peer{}
+	for _, id := range cfg.ClientNodes {
+		if r.clients[id] == nil {
+			r.clients[id] = newPeer(node, id, max(16<<10, 4*replySlot(cfg.MaxResult)*cfg.ClientSlots), minB, maxB)
+		}
+	}
+	b, err := broadcast.New(cfg.Broadcast, node, r.st, stable)
+	if err != nil {
+		r.closeRegions()
+		return nil, err
+	}
+	r.b = b
+	return r, nil
+}
+
+func (r *Replica) register(kids []tree.Group) error {
+	cfg := &r.cfg
+	nc := len(cfg.ClientNodes)
+	sizes := [numRegions]int{
+		regClients: max(8, nc*clientHdrSize),
+		regRings:   max(8, nc*cfg.ClientSlots*cfg.SlotSize),
+		regParent:  cfg.ParentSlots * cfg.SlotSize,
+		regCredits: max(8, len(kids)*8),
+	}
+	for k, size := range sizes {
+		reg, err := r.node.Register(r.base+rdma.RegionID(k), size)
+		if err != nil {
+			return fmt.Errorf("multicast: group %d: register region %d: %w", r.g, k, err)
+		}
+		r.regs[k] = reg
+	}
+	grant := func(k int, ids []rdma.NodeID) error {
+		for _, id := range ids {
+			if id == r.node.ID() {
+				continue
+			}
+			if err := r.regs[k].Grant(id, rdma.PermWrite); err != nil {
+				return fmt.Errorf("multicast: group %d: grant %d: %w", r.g, id, err)
+			}
+		}
+		return nil
+	}
+	if err := grant(regClients, cfg.ClientNodes); err != nil {
+		return err
+	}
+	if err := grant(regRings, cfg.ClientNodes); err != nil {
+		return err
+	}
+	if p, ok := cfg.Tree.Parent(r.g); ok {
+		if err := grant(regParent, cfg.Members[p]); err != nil {
+			return err
+		}
+	}
+	for _, c := range kids {
+		if err := grant(regCredits, cfg.Members[c]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Replica) closeRegions() {
+	for _, reg := range r.regs {
+		if reg != nil {
+			reg.Close()
+		}
+	}
+}
+
+// Close closes the replica: its Acuerdo replica, its regions and Conns.
+func (r *Replica) Close() error {
+	var err error
+	if r.b != nil {
+		err = r.b.Close()
+	}
+	for _, ps := range r.children {
+		for _, p := range ps {
+			p.close()
+		}
+	}
+	for _, p := range r.parents {
+		p.close()
+	}
+	for _, p := range r.clients {
+		p.close()
+	}
+	r.closeRegions()
+	return err
+}
+
+// Broadcast is the group's Acuerdo replica (status, counters).
+func (r *Replica) Broadcast() *broadcast.Replica { return r.b }
+
+// Group is the replica's group.
+func (r *Replica) Group() tree.Group { return r.g }
+
+// Counters returns the replica's counters; call from the polling goroutine.
+func (r *Replica) Counters() Counters {
+	c := r.ctr
+	for _, p := range r.allPeers() {
+		c.Dropped += p.dropped
+	}
+	return c
+}
+
+// Delivered is the number of messages delivered in this group at this
+// replica; call from the polling goroutine.
+func (r *Replica) Delivered() uint64 { return r.st.delivered }
+
+// Anomalies returns counts that a correct run keeps at zero: duplicate
+// entries dropped on apply, gaps in positions, and entries of an
+// unregistered client incarnation. Call from the polling goroutine.
+func (r *Replica) Anomalies() (dups, gaps, stale uint64) { return r.st.dups, r.st.gaps, r.st.stale }
+
+func (r *Replica) allPeers() []*peer {
+	var ps []*peer
+	for _, c := range r.children {
+		ps = append(ps, c...)
+	}
+	ps = append(ps, r.parents...)
+	for _, id := range r.cfg.ClientNodes {
+		ps = append(ps, r.clients[id])
+	}
+	return ps
+}
+
+// NextDeadline is when Poll next has timed work (the Acuerdo replica's
+// timers, and this layer's periodic credit, retransmission and header
+// scans while leading).
+func (r *Replica) NextDeadline() time.Duration {
+	d := r.b.NextDeadline()
+	if r.lead != 0 {
+		d = min(d, r.now+r.hbeat)
+	}
+	return d
+}
+
+// Poll runs one step: the Acuerdo replica's (which applies committed
+// entries), then, at the leader of a committed epoch, TRAM's leader
+// steps. It reports whether anything progressed.
+func (r *Replica) Poll(now time.Duration) bool {
+	r.now = now
+	progress := r.b.Poll(now)
+	e, leading := r.b.Leading()
+	if !leading {
+		if r.lead != 0 {
+			r.lead = 0
+		}
+		r.replyQ, r.helloQ = r.replyQ[:0], r.helloQ[:0] // a new leader sends them all
+		for _, p := range r.allPeers() {
+			if p.poll(now) {
+				progress = true
+			}
+		}
+		return progress
+	}
+	if e != r.lead {
+		r.becomeLeader(e)
+		progress = true
+	}
+	for _, p := range r.allPeers() {
+		if p.poll(now) {
+			progress = true
+		}
+	}
+	if r.readCredits() {
+		progress = true
+	}
+	if r.forward() {
+		progress = true
+	}
+	if r.sendReplies() {
+		progress = true
+	}
+	r.sendCredit(false)
+	if r.scanHeaders() {
+		progress = true
+	}
+	if r.scan() {
+		progress = true
+	}
+	return progress
+}
+
+// becomeLeader sets up the leader's private variables once its epoch's
+// diff committed (TRAM Alg. 5, tree catch-up): input and output pointers
+// from the applied log (step 1), everything not known to be in the
+// children written again to the same positions (steps 2-3), and every
+// remembered reply and registration sent again (the old leader may have
+// died before sending them).
+func (r *Replica) becomeLeader(e broadcast.Epoch) {
+	r.lead = e
+	copy(r.tinc, r.st.cinc)
+	copy(r.tpos, r.st.cpos)
+	r.tppos = r.st.ppos
+	copy(r.tout, r.st.out)
+	for i := range r.fwdSent {
+		r.fwdSent[i] = r.resendFrom(i)
+		if r.mutant == mutNoCatchUp {
+			r.fwdSent[i] = r.st.out[i]
+		}
+		r.creditAt[i] = r.now
+	}
+	r.replyQ = r.replyQ[:0]
+	for i := range r.st.replies {
+		if r.st.replies[i].seq != 0 {
+			r.replyQ = append(r.replyQ, i)
+		}
+	}
+	r.helloQ = r.helloQ[:0]
+	for c := range r.st.cinc {
+		if r.st.cinc[c] != 0 {
+			r.helloQ = append(r.helloQ, uint32(c))
+		}
+	}
+	r.creditOut = 0
+	r.sendCredit(true)
+}
+
+// resendFrom is the position after which child i's messages are written
+// (again): the child's credit, or what the forward buffer still holds.
+func (r *Replica) resendFrom(i int) uint64 {
+	from := r.credit[i]
+	if out := r.st.out[i]; out > uint64(r.cfg.ParentSlots) {
+		from = max(from, out-uint64(r.cfg.ParentSlots))
+	}
+	return min(from, r.st.out[i])
+}
+
+// readCredits reads the children's credit words (written by their
+// leaders into our memory) and schedules retransmission to a child whose
+// credit has not moved for RetransmitAfter while messages are outstanding.
+func (r *Replica) readCredits() bool {
+	mem := r.regs[regCredits].Bytes()
+	progress := false
+	for i := range r.credit {
+		if v := rdma.Load64(mem, i*8); v > r.credit[i] && v <= r.st.out[i]+uint64(r.cfg.ParentSlots) {
+			r.credit[i] = min(v, r.tout[i])
+			r.creditAt[i] = r.now
+			progress = true
+		}
+		if r.credit[i] < r.st.out[i] && r.now-r.creditAt[i] > r.cfg.RetransmitAfter && r.fwdSent[i] >= r.st.out[i] && r.mutant != mutNoCatchUp {
+			r.fwdSent[i] = r.resendFrom(i)
+			r.creditAt[i] = r.now
+			r.ctr.Retransmits++
+		}
+	}
+	return progress
+}
+
+// forward writes the committed messages assigned positions in each child
+// that it has not written yet into the parent ring of every replica of
+// the child (TRAM Alg. 2, "forwarding to children"), in position order.
+func (r *Replica) forward() bool {
+	progress := false
+	for i, c := range r.st.children {
+		if r.fwdSent[i] >= r.st.out[i] {
+			continue
+		}
+		reg := regions.Multicast(c) + regParent
+		for q := r.fwdSent[i] + 1; q <= r.st.out[i]; q++ {
+			slot := r.st.fwdSlot(i, q)
+			rec := slot[:recordSize(int(leU32(slot[28:])))]
+			off := uint64(int(q%uint64(r.cfg.ParentSlots)) * r.cfg.SlotSize)
+			last := q == r.st.out[i]
+			for _, p := range r.children[i] {
+				if p.write(r.now, reg, off, rec, last) {
+					r.ctr.Forwarded++
+				}
+			}
+		}
+		r.fwdSent[i] = r.st.out[i]
+		progress = true
+	}
+	return progress
+}
+
+// sendReplies writes the queued replies into their clients' reply
+// regions (the reply path: one write per destination group's leader).
+func (r *Replica) sendReplies() bool {
+	if len(r.replyQ) == 0 && len(r.helloQ) == 0 {
+		return false
+	}
+	w := r.cfg.ClientSlots
+	rs := replySlot(r.cfg.MaxResult)
+	for _, slot := range r.replyQ {
+		rec := &r.st.replies[slot]
+		p := r.clients[r.cfg.ClientNodes[slot/w]]
+		if p == nil || rec.addr.Node != p.id {
+			p = r.clientPeer(rec.addr.Node)
+		}
+		if p == nil {
+			continue
+		}
+		off := uint64((int(r.g)*w + int(rec.seq%uint64(w))) * rs)
+		b := encodeReply(r.rbuf, r.g, &rec.reply)
+		if p.write(r.now, rec.addr.Region, off, b, true) {
+			r.ctr.Replies++
+		}
+	}
+	r.replyQ = r.replyQ[:0]
+	for _, c := range r.helloQ {
+		addr := r.st.caddr[c]
+		p := r.clientPeer(addr.Node)
+		if p == nil {
+			continue
+		}
+		off := uint64(r.cfg.Tree.Len()*w*rs + int(r.g)*8)
+		var b [8]byte
+		putU64(b[:], r.st.cinc[c])
+		p.write(r.now, addr.Region, off, b[:], true)
+	}
+	r.helloQ = r.helloQ[:0]
+	return true
+}
+
+// clientPeer returns the Conn to a client node, if it is a configured one.
+func (r *Replica) clientPeer(id rdma.NodeID) *peer { return r.clients[id] }
+
+// sendCredit writes the committed parent-ring position to every replica
+// of the parent, when it moved a quarter ring, after a heartbeat interval
+// since it moved, or every 10 intervals anyway (a parent replica may have
+// restarted with empty memory).
+func (r *Replica) sendCredit(force bool) {
+	if !r.hasParent {
+		return
+	}
+	v := r.st.ppos
+	due := force || v >= r.creditOut+uint64(r.cfg.ParentSlots/4) ||
+		v > r.creditOut && r.now-r.creditAtT >= r.hbeat ||
+		r.now-r.creditAtT >= 10*r.hbeat
+	if !due {
+		return
+	}
+	var b [8]byte
+	putU64(b[:], v)
+	reg := regions.Multicast(r.parent) + regCredits
+	for _, p := range r.parents {
+		p.write(r.now, reg, uint64(r.childOfPar*8), b[:], v > r.creditOut)
+	}
+	r.creditOut, r.creditAtT = v, r.now
+}
+
+// scanHeaders looks at every client header: a new incarnation is
+// registered by ordering a reset entry; a moved retry word makes the
+// leader write that client's replies and hello again.
+func (r *Replica) scanHeaders() bool {
+	mem := r.regs[regClients].Bytes()
+	progress := false
+	for c := range r.tinc {
+		off := c * clientHdrSize
+		inc := rdma.Load64(mem, off+hInc)
+		if inc > r.tinc[c] && r.b.AppendRoom() > 0 {
+			addr := addrOf(rdma.Load64(mem, off+hAddr))
+			r.entry = appendResetEntry(r.entry[:0], uint32(c), inc, addr)
+			if err := r.b.Append(r.entry); err != nil {
+				continue
+			}
+			r.tinc[c], r.tpos[c] = inc, 0
+			r.ctr.Resets++
+			progress = true
+		}
+		if retry := rdma.Load64(mem, off+hRetry); retry != r.retrySeen[c] {
+			r.retrySeen[c] = retry
+			w := r.cfg.ClientSlots
+			for k := c * w; k < (c+1)*w; k++ {
+				if r.st.replies[k].seq != 0 && r.st.replies[k].inc == r.st.cinc[c] {
+					r.replyQ = append(r.replyQ, k)
+				}
+			}
+			if r.st.cinc[c] != 0 {
+				r.helloQ = append(r.helloQ, uint32(c))
+			}
+			progress = true
+		}
+	}
+	return progress
+}
+
+// maxBurst bounds the messages taken from one client ring per scan, so
+// that a busy client cannot shut out the others; the parent ring (which
+// carries many clients' messages) gets parentBurst.
+const maxBurst = 4
+
+// scan finds messages in the input rings and orders them (TRAM Alg. 2,
+// "finding a message" and "ordering messages"): sources round-robin, at
+// most a burst from each per scan, each ring strictly in position order.
+func (r *Replica) scan() bool {
+	progress := false
+	room := r.b.AppendRoom()
+	parentBurst := max(maxBurst, r.cfg.ParentSlots/4)
+	for k := 0; k < r.nsrc && room > 0; k++ {
+		src := (r.rr + k) % r.nsrc
+		burst := maxBurst
+		if src == r.nsrc-1 {
+			if !r.hasParent {
+				continue
+			}
+			burst = parentBurst
+		}
+		for n := 0; n < burst && room > 0; n++ {
+			ok, stop := r.orderNext(src)
+			if stop {
+				r.rr = (r.rr + 1) % r.nsrc
+				return progress
+			}
+			if !ok {
+				break
+			}
+			room--
+			progress = true
+		}
+	}
+	r.rr = (r.rr + 1) % r.nsrc
+	return progress
+}
+
+// orderNext orders the next message of source src if there is one. stop
+// means Append refused (not leading any more, or back pressure).
+func (r *Replica) orderNext(src int) (ok, stop bool) {
+	var mem []byte
+	var pos uint64
+	var off int
+	fromParent := src == r.nsrc-1
+	if fromParent {
+		pos = r.tppos + 1
+		mem = r.regs[regParent].Bytes()
+		off = int(pos%uint64(r.cfg.ParentSlots)) * r.cfg.SlotSize
+	} else {
+		if r.tinc[src] == 0 {
+			return false, false
+		}
+		pos = r.tpos[src] + 1
+		mem = r.regs[regRings].Bytes()
+		off = (src*r.cfg.ClientSlots + int(pos%uint64(r.cfg.ClientSlots))) * r.cfg.SlotSize
+	}
+	want := pos
+	if r.mutant == mutNoDedup {
+		want = rdma.Load64(mem, off) // any lap
+		if want == 0 || want > pos {
+			return false, false
+		}
+	}
+	if rdma.Load64(mem, off) != want {
+		return false, false
+	}
+	copy(r.slot, mem[off:off+r.cfg.SlotSize])
+	rec, err := decodeRecord(r.slot, want)
+	if err != nil {
+		return false, false // torn, or not yet written completely: look again later
+	}
+	if !fromParent && (rec.id.Inc != r.tinc[src] || rec.id.Client != uint32(src)) {
+		return false, false // a record of an older incarnation: the client rewrites the slot
+	}
+	// Destinations: a client writes to a group whose reach holds them
+	// all (the lca); a parent forwards what reaches us. A record outside
+	// is consumed as a delivery to nobody (a malformed request changes
+	// nothing) and counted.
+	reach := r.cfg.Tree.Reach(r.g)
+	if rec.dst&reach == 0 || !fromParent && rec.dst&^reach != 0 {
+		r.ctr.Malformed++
+		rec.dst = 0
+	}
+	// Flow control: each child the message goes to must have room in its
+	// parent ring for the position we assign.
+	next := r.cfg.Tree.Next(r.g, rec.dst)
+	r.fwdv = r.fwdv[:0]
+	for i, c := range r.st.children {
+		if !next.Has(c) {
+			continue
+		}
+		q := r.tout[i] + 1
+		if q > r.credit[i]+uint64(r.cfg.ParentSlots) && r.mutant != mutNoFlowControl {
+			r.ctr.Blocked++
+			return false, false
+		}
+		r.fwdv = append(r.fwdv, q)
+	}
+	s := uint8(srcClient)
+	client := uint32(src)
+	if fromParent {
+		s, client = srcParent, 0
+	}
+	r.entry = appendMessageEntry(r.entry[:0], s, client, pos, r.fwdv, &rec)
+	if err := r.b.Append(r.entry); err != nil {
+		return false, true
+	}
+	k := 0
+	for i, c := range r.st.children {
+		if next.Has(c) {
+			r.tout[i] = r.fwdv[k]
+			if r.mutant == mutForwardEarly {
+				fr := rec
+				fr.pos = r.fwdv[k]
+				b := encodeRecord(r.rec, &fr)
+				off := uint64(int(fr.pos%uint64(r.cfg.ParentSlots)) * r.cfg.SlotSize)
+				for _, p := range r.children[i] {
+					p.write(r.now, regions.Multicast(c)+regParent, off, b, true)
+				}
+				r.fwdSent[i] = max(r.fwdSent[i], fr.pos)
+			}
+			k++
+		}
+	}
+	if fromParent {
+		r.tppos = pos
+	} else {
+		r.tpos[src] = pos
+	}
+	r.ctr.Ordered++
+	return true, false
+}

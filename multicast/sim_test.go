@@ -1,0 +1,648 @@
+package multicast
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/multicast/mcheck"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/sim"
+)
+
+var simFlags = sim.RegisterFlags(flag.CommandLine)
+
+// diskStable keeps broadcast's StableState on a simulated node's Disk.
+type diskStable struct{ d *sim.Disk }
+
+func (s diskStable) Load() (broadcast.StableState, error) {
+	b, ok := s.d.Get("acuerdo")
+	if !ok {
+		return broadcast.StableState{}, nil
+	}
+	if len(b) != 16 {
+		return broadcast.StableState{}, broadcast.ErrCorrupt
+	}
+	return broadcast.StableState{Incarnation: binary.LittleEndian.Uint64(b), ENew: broadcast.Epoch(binary.LittleEndian.Uint64(b[8:]))}, nil
+}
+
+func (s diskStable) Save(st broadcast.StableState) error {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[0:], st.Incarnation)
+	binary.LittleEndian.PutUint64(b[8:], uint64(st.ENew))
+	return s.d.Put("acuerdo", b[:])
+}
+
+// recFSM is the application of a simulated replica: it records every
+// delivery with the checker and returns a result derived from the group,
+// the index and the message, so that replies can be checked byte for
+// byte. Its state (the delivered ids and results) travels in snapshots.
+type recFSM struct {
+	h    *mcRun
+	g    tree.Group
+	rep  uint32 // member index
+	inc  int
+	seq  []delivered
+	last uint64 // last index reported to the checker in this incarnation
+}
+
+type delivered struct {
+	id  mcheck.MsgID
+	res []byte
+}
+
+// payload layout of a simulated message: [slot u32][pad u32][inc u64][seq u64] then filler
+func msgPayload(id MsgID, size int) []byte {
+	b := make([]byte, max(24, size))
+	binary.LittleEndian.PutUint32(b, id.Client)
+	binary.LittleEndian.PutUint64(b[8:], id.Inc)
+	binary.LittleEndian.PutUint64(b[16:], id.Seq)
+	for i := 24; i < len(b); i++ {
+		b[i] = byte(i)
+	}
+	return b
+}
+
+func checkID(id MsgID) mcheck.MsgID {
+	return mcheck.MsgID{Client: uint64(id.Client)<<32 | id.Inc&0xffffffff, Seq: id.Seq}
+}
+
+func (f *recFSM) Apply(e broadcast.Entry) []byte {
+	id := MsgID{Client: binary.LittleEndian.Uint32(e.Data), Inc: binary.LittleEndian.Uint64(e.Data[8:]), Seq: binary.LittleEndian.Uint64(e.Data[16:])}
+	res := []byte(fmt.Sprintf("g%d@%d:%v", f.g, e.Index, id))
+	if e.Index != uint64(len(f.seq))+1 {
+		f.h.fail(fmt.Errorf("group %d replica %d: Apply index %d after %d deliveries", f.g, f.rep, e.Index, len(f.seq)))
+	}
+	f.seq = append(f.seq, delivered{checkID(id), res})
+	f.report(e.Index)
+	return res
+}
+
+func (f *recFSM) report(index uint64) {
+	if index <= f.last {
+		return
+	}
+	d := f.seq[index-1]
+	if err := f.h.chk.Deliver(f.g, f.rep, f.inc, index, d.id, d.res); err != nil {
+		f.h.fail(err)
+	}
+	f.last = index
+}
+
+func (f *recFSM) Snapshot() (broadcast.FSMSnapshot, error) {
+	var b []byte
+	for _, d := range f.seq {
+		b = binary.LittleEndian.AppendUint64(b, d.id.Client)
+		b = binary.LittleEndian.AppendUint64(b, d.id.Seq)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(d.res)))
+		b = append(b, d.res...)
+	}
+	return broadcast.BytesSnapshot(b), nil
+}
+
+func (f *recFSM) Restore(b []byte) error {
+	var seq []delivered
+	for len(b) > 0 {
+		if len(b) < 20 {
+			return errors.New("recFSM: truncated snapshot")
+		}
+		id := mcheck.MsgID{Client: binary.LittleEndian.Uint64(b), Seq: binary.LittleEndian.Uint64(b[8:])}
+		n := int(binary.LittleEndian.Uint32(b[16:]))
+		seq = append(seq, delivered{id, append([]byte(nil), b[20:20+n]...)})
+		b = b[20+n:]
+	}
+	if len(seq) < len(f.seq) {
+		f.h.fail(fmt.Errorf("group %d replica %d: restored %d deliveries after %d (rollback)", f.g, f.rep, len(seq), len(f.seq)))
+	}
+	f.seq = seq
+	for i := range f.seq {
+		f.report(uint64(i + 1))
+	}
+	return nil
+}
+
+type mcOpts struct {
+	shape    string
+	groups   int
+	replicas int
+	clients  int
+	msgs     int           // per client
+	until    time.Duration // clients stop issuing new messages then; faults end then
+	maxDst   int           // destinations drawn 1..maxDst (0: all groups)
+	size     int           // payload size (0: 24)
+	pslots   int           // parent ring slots (0: 16)
+
+	crashes     bool // crash and restart random replicas (disk kept), at most f per group down
+	loseMemory  bool // (always: a crash loses memory; the disk is kept)
+	partitions  bool // cut random replica pairs, both ways or one way
+	slow        bool // slow random replicas
+	leaders     int  // crash every group's leader at once this many times (TRAM section 8.7)
+	downForGood bool // one replica of every group crashes at 3 ms and never comes back
+
+	// retryAfter is the clients' retry timeout (0: 20 ms).
+	retryAfter time.Duration
+	// mutant plants a bug (TestSimMutants).
+	mutant int
+}
+
+type mcRun struct {
+	o       mcOpts
+	s       *sim.Sim
+	chk     *mcheck.Checker
+	t       *tree.Tree
+	members [][]rdma.NodeID
+	cnodes  []rdma.NodeID
+	group   map[rdma.NodeID]tree.Group
+	rep     map[rdma.NodeID]uint32
+	procs   map[rdma.NodeID]*repProc
+	clients map[rdma.NodeID]*cliProc
+	rng     *rand.Rand
+	down    map[rdma.NodeID]bool
+	err     error
+	issued  int
+	done    int
+	ctr     Counters
+}
+
+func (h *mcRun) fail(err error) {
+	if h.err == nil && err != nil {
+		h.err = err
+	}
+}
+
+type repProc struct {
+	h   *mcRun
+	env *sim.Env
+	r   *Replica
+	fsm *recFSM
+}
+
+func (p *repProc) Start(env *sim.Env) error {
+	h := p.h
+	p.env = env
+	id := env.ID()
+	g := h.group[id]
+	bc := broadcast.Config{
+		Self: id, Seed: env.Rand().Uint64() | 1, Start: broadcast.StartNew,
+		RingSize: 32 << 10, MaxRecord: 4 << 10, PersistInline: true,
+		HeartbeatInterval: time.Millisecond, ElectionTimeout: 4 * time.Millisecond,
+		MaxLogEntries: 256, MaxCatchUpLogEntries: 512, ProposeTimeout: time.Second,
+		ReconnectMin: 100 * time.Microsecond, ReconnectMax: time.Millisecond,
+	}
+	if env.Incarnation() > 1 {
+		bc.Start = broadcast.StartExisting
+	}
+	cfg := Config{Group: g, Tree: h.t, Members: h.members, ClientNodes: h.cnodes,
+		ClientSlots: 4, ParentSlots: cmp.Or(h.o.pslots, 16), SlotSize: 256 + max(h.o.size, 24), MaxResult: 64,
+		RetransmitAfter: 5 * time.Millisecond, Broadcast: bc}
+	p.fsm = &recFSM{h: h, g: g, rep: h.rep[id], inc: env.Incarnation()}
+	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
+	if err != nil {
+		return err
+	}
+	r.mutant = h.o.mutant
+	r.st.noDedup = h.o.mutant == mutNoDedup
+	p.r = r
+	h.procs[id] = p
+	return nil
+}
+
+func (p *repProc) Step(now time.Duration) bool {
+	progress := p.r.Poll(now)
+	if d, g, s := p.r.Anomalies(); d+g+s != 0 && p.h.o.mutant == 0 {
+		p.h.fail(fmt.Errorf("group %d node %d: log anomalies: %d duplicates, %d gaps, %d stale entries", p.r.g, p.env.ID(), d, g, s))
+	}
+	p.env.WakeAt(p.r.NextDeadline())
+	return progress
+}
+
+type cliProc struct {
+	h      *mcRun
+	env    *sim.Env
+	c      *Client
+	slot   uint32
+	issued int
+	next   time.Duration
+}
+
+func (p *cliProc) Start(env *sim.Env) error {
+	h := p.h
+	p.env = env
+	cfg := ClientConfig{Slot: p.slot, Inc: uint64(env.Incarnation()), Tree: h.t, Members: h.members,
+		ClientSlots: 4, SlotSize: 256 + max(h.o.size, 24), MaxResult: 64, RetryAfter: h.o.retryAfter,
+		ReconnectMin: 100 * time.Microsecond, ReconnectMax: time.Millisecond,
+		OnDone: func(o *Outcome) {
+			h.done++
+			for _, rp := range o.Replies {
+				if err := h.chk.Reply(checkID(o.ID), rp.Group, rp.Index, rp.Result); err != nil {
+					h.fail(err)
+				}
+			}
+		}}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = 20 * time.Millisecond
+	}
+	c, err := NewClient(cfg, env.Node())
+	if err != nil {
+		return err
+	}
+	p.c = c
+	h.clients[env.ID()] = p
+	return nil
+}
+
+func (p *cliProc) Step(now time.Duration) bool {
+	h := p.h
+	progress := p.c.Poll(now)
+	for p.c.Ready() && p.issued < h.o.msgs && now < h.o.until && now >= p.next && p.c.Outstanding() < p.c.Window() {
+		dst := h.randomDst()
+		id := p.c.NextID()
+		if _, err := p.c.Multicast(dst, msgPayload(id, h.o.size)); err != nil {
+			if errors.Is(err, ErrWindowFull) {
+				break
+			}
+			h.fail(fmt.Errorf("client %d: multicast: %v", p.slot, err))
+			return false
+		}
+		if err := h.chk.Multicast(checkID(id), uint64(dst)); err != nil {
+			h.fail(err)
+		}
+		p.issued++
+		h.issued++
+		p.next = now + time.Duration(p.env.Rand().Int64N(int64(500*time.Microsecond)))
+		progress = true
+	}
+	wake := p.c.NextDeadline()
+	if p.issued < h.o.msgs && now < h.o.until {
+		wake = min(wake, max(p.next, now+100*time.Microsecond))
+	}
+	p.env.WakeAt(wake)
+	return progress
+}
+
+func (h *mcRun) randomDst() tree.Set {
+	n := h.t.Len()
+	k := 1 + h.rng.IntN(min(n, max(h.o.maxDst, 1)))
+	if h.o.maxDst == 0 {
+		k = 1 + h.rng.IntN(n)
+	}
+	var s tree.Set
+	for s.Len() < k {
+		s = s.Add(tree.Group(h.rng.IntN(n)))
+	}
+	return s
+}
+
+// leaderOf returns group g's current leader node, if a live replica leads
+// a committed epoch.
+func (h *mcRun) leaderOf(g tree.Group) (rdma.NodeID, bool) {
+	for _, id := range h.members[g] {
+		if p := h.procs[id]; p != nil && h.s.Live(id) {
+			if _, ok := p.r.b.Leading(); ok {
+				return id, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// downIn counts group g's replicas that are down or restarted and not
+// caught up yet (Acuerdo needs a majority of caught-up members: at most f
+// may be either).
+func (h *mcRun) downIn(g tree.Group) int {
+	k := 0
+	for _, id := range h.members[g] {
+		if h.down[id] || h.procs[id] != nil && h.s.Live(id) && h.procs[id].r.b.Status().CatchingUp {
+			k++
+		}
+	}
+	return k
+}
+
+func (h *mcRun) crashFor(id rdma.NodeID, d time.Duration) {
+	if h.down[id] || !h.s.Live(id) {
+		return
+	}
+	if err := h.s.Crash(id); err != nil {
+		h.fail(err)
+		return
+	}
+	h.down[id] = true
+	h.s.At(h.s.Now()+d, func() {
+		if !h.s.Live(id) {
+			if err := h.s.Restart(id, true); err != nil {
+				h.fail(fmt.Errorf("restart %d: %v", id, err))
+			}
+		}
+		delete(h.down, id)
+	})
+}
+
+// scheduleFaults draws replica faults from the run's rng until o.until:
+// crashes (memory lost, disk kept; at most f per group down), partitions
+// of replica pairs (possibly one way), slow replicas.
+func (h *mcRun) scheduleFaults(at time.Duration) {
+	h.s.At(at, func() {
+		now := h.s.Now()
+		if now >= h.o.until-5*time.Millisecond {
+			return
+		}
+		var kinds []int
+		if h.o.crashes {
+			kinds = append(kinds, 0)
+		}
+		if h.o.partitions {
+			kinds = append(kinds, 1)
+		}
+		if h.o.slow {
+			kinds = append(kinds, 2)
+		}
+		g := tree.Group(h.rng.IntN(h.t.Len()))
+		ms := h.members[g]
+		id := ms[h.rng.IntN(len(ms))]
+		d := time.Millisecond + time.Duration(h.rng.Int64N(int64(8*time.Millisecond)))
+		switch kinds[h.rng.IntN(len(kinds))] {
+		case 0:
+			if h.downIn(g) < (len(ms)-1)/2 {
+				h.crashFor(id, d)
+			}
+		case 1:
+			// a replica cut from another node: a replica of its group, of a
+			// neighbouring group, or a client; one way or both
+			all := h.s.Nodes()
+			other := all[h.rng.IntN(len(all))]
+			if other != id {
+				oneWay := h.rng.IntN(2) == 0
+				if oneWay {
+					h.s.Cut(id, other)
+				} else {
+					h.s.Partition(id, other)
+				}
+				h.s.At(now+d, func() {
+					h.s.Heal(id, other)
+					h.s.Heal(other, id)
+				})
+			}
+		case 2:
+			h.s.SetSlow(id, 2+h.rng.IntN(8))
+			h.s.At(now+d, func() { h.s.SetSlow(id, 1) })
+		}
+		h.scheduleFaults(now + time.Millisecond + time.Duration(h.rng.Int64N(int64(3*time.Millisecond))))
+	})
+}
+
+// crashLeaders crashes every group's leader at the same instant (TRAM
+// section 8.7's worst case), restarting each after a few milliseconds.
+func (h *mcRun) crashLeaders(at time.Duration, times int) {
+	if times == 0 {
+		return
+	}
+	h.s.At(at, func() {
+		for g := range h.t.Len() {
+			if id, ok := h.leaderOf(tree.Group(g)); ok && h.downIn(tree.Group(g)) < (len(h.members[g])-1)/2 {
+				h.crashFor(id, 3*time.Millisecond+time.Duration(h.rng.Int64N(int64(3*time.Millisecond))))
+			}
+		}
+		h.crashLeaders(at+15*time.Millisecond, times-1)
+	})
+}
+
+func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
+	opts := sd.Options()
+	opts.Tick = -1
+	s := sim.New(opts)
+	defer s.Close()
+	t, err := tree.Shape(o.shape, o.groups)
+	if err != nil {
+		return nil, err
+	}
+	h := &mcRun{o: o, s: s, t: t, chk: mcheck.New(o.groups), group: map[rdma.NodeID]tree.Group{}, rep: map[rdma.NodeID]uint32{},
+		procs: map[rdma.NodeID]*repProc{}, clients: map[rdma.NodeID]*cliProc{},
+		rng: rand.New(rand.NewPCG(sd.Seed, 0x7a11)), down: map[rdma.NodeID]bool{}}
+	next := rdma.NodeID(1)
+	for g := range o.groups {
+		var ms []rdma.NodeID
+		for i := range o.replicas {
+			ms = append(ms, next)
+			h.group[next] = tree.Group(g)
+			h.rep[next] = uint32(i)
+			next++
+		}
+		h.members = append(h.members, ms)
+	}
+	for range o.clients {
+		h.cnodes = append(h.cnodes, next)
+		next++
+	}
+	for _, ms := range h.members {
+		for _, id := range ms {
+			if err := s.AddNode(id, func() sim.Process { return &repProc{h: h} }); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for k, id := range h.cnodes {
+		if err := s.AddNode(id, func() sim.Process { return &cliProc{h: h, slot: uint32(k)} }); err != nil {
+			return nil, err
+		}
+	}
+	s.Invariant(func() error { return h.err })
+	if o.crashes || o.partitions || o.slow {
+		h.scheduleFaults(5 * time.Millisecond)
+	}
+	h.crashLeaders(15*time.Millisecond, o.leaders)
+	gone := map[rdma.NodeID]bool{}
+	if o.downForGood {
+		s.At(3*time.Millisecond, func() {
+			for _, ms := range h.members {
+				id := ms[h.rng.IntN(len(ms))]
+				if err := s.Crash(id); err != nil {
+					h.fail(err)
+				}
+				h.down[id], gone[id] = true, true
+			}
+		})
+	}
+	if err := s.RunUntil(o.until); err != nil {
+		return h, err
+	}
+	// Converge: every client's messages answered, every live replica
+	// caught up with its group.
+	total := o.clients * o.msgs
+	converged := func() bool {
+		if h.done < h.issued {
+			return false
+		}
+		for _, ms := range h.members {
+			var want uint64
+			for _, id := range ms {
+				want = max(want, h.procs[id].r.Delivered())
+			}
+			for _, id := range ms {
+				if !gone[id] && h.procs[id].r.Delivered() != want {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	var convErr error
+	if err := s.Await(converged, o.until+2*time.Second); err != nil {
+		if h.err != nil {
+			return h, h.err
+		}
+		convErr = fmt.Errorf("no convergence: %d of %d issued (%d planned) answered: %w\n%s", h.done, h.issued, total, err, h.dump())
+	}
+	if h.err != nil {
+		return h, h.err
+	}
+	live := map[uint32][]uint32{}
+	for g, ms := range h.members {
+		for i, id := range ms {
+			if !gone[id] {
+				live[uint32(g)] = append(live[uint32(g)], uint32(i))
+			}
+		}
+	}
+	for _, p := range h.procs {
+		c := p.r.Counters()
+		h.ctr.Ordered += c.Ordered
+		h.ctr.Retransmits += c.Retransmits
+		h.ctr.Replies += c.Replies
+		h.ctr.Blocked += c.Blocked
+	}
+	if err := h.chk.Final(mcheck.FinalOptions{Live: live}); err != nil || convErr != nil {
+		return h, errors.Join(err, convErr)
+	}
+	return h, nil
+}
+
+// simSeeds is how many seeds each case runs by default.
+const simSeeds = 400
+
+// simCases are the simulator cases: each tree shape, with replica faults
+// of every kind and with every leader crashing at once.
+var simCases = []struct {
+	name string
+	o    mcOpts
+}{
+	{"calm", mcOpts{clients: 3, msgs: 30, until: 40 * time.Millisecond}},
+	{"faults", mcOpts{clients: 3, msgs: 40, until: 80 * time.Millisecond, crashes: true, partitions: true, slow: true}},
+	{"leaders", mcOpts{clients: 4, msgs: 40, until: 80 * time.Millisecond, leaders: 2, maxDst: 8}},
+	{"backpressure", mcOpts{clients: 4, msgs: 50, until: 60 * time.Millisecond, pslots: 4, slow: true, partitions: true}},
+	{"down-for-good", mcOpts{clients: 3, msgs: 30, until: 60 * time.Millisecond, downForGood: true, partitions: true}},
+}
+
+// Without -seeds (or -seed) each case runs simSeeds seeds: with its five
+// cases, 2,000 seeds per tree shape (make norace runs them); under the
+// race detector 4 a case. -seeds N runs N a case.
+func TestSim(t *testing.T) {
+	flags := *simFlags
+	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
+		flags.Seeds = simSeeds
+		if raceEnabled {
+			flags.Seeds = 4
+		}
+		if testing.Short() {
+			flags.Seeds /= 10
+		}
+	}
+	for _, shape := range []string{"breadth", "depth", "base"} {
+		for _, c := range simCases {
+			t.Run(shape+"/"+c.name, func(t *testing.T) {
+				o := c.o
+				o.shape, o.groups, o.replicas = shape, 4, 3
+				flags.Run(t, func(sd sim.Seed) error {
+					_, err := runMC(sd.WithLog(t), o)
+					return err
+				})
+			})
+		}
+	}
+}
+
+// dump describes every replica and client, for a failed run.
+func (h *mcRun) dump() string {
+	var b strings.Builder
+	for g, ms := range h.members {
+		for _, id := range ms {
+			p := h.procs[id]
+			if p == nil {
+				continue
+			}
+			r := p.r
+			e, lead := r.b.Leading()
+			fmt.Fprintf(&b, "g%d n%d live=%v lead=%v(%v) delivered=%d cpos=%v ppos=%d out=%v tout=%v fwdSent=%v credit=%v tinc=%v cinc=%v ctr=%+v\n",
+				g, id, h.s.Live(id), lead, e, r.st.delivered, r.st.cpos, r.st.ppos, r.st.out, r.tout, r.fwdSent, r.credit, r.tinc, r.st.cinc, r.Counters())
+		}
+	}
+	for _, id := range h.cnodes {
+		p := h.clients[id]
+		if p == nil {
+			continue
+		}
+		c := p.c
+		fmt.Fprintf(&b, "client %d: ready=%v issued=%d out=%d pos=%v\n", p.slot, c.ready, p.issued, c.out, c.pos)
+		for _, k := range c.calls {
+			if k.seq != 0 {
+				fmt.Fprintf(&b, "  seq %d dst %v lca %d pos %d got %v retries %d\n", k.seq, k.dst, k.lca, k.pos, k.got, k.retries)
+			}
+		}
+	}
+	return b.String()
+}
+
+// TestSimMutants plants one bug at a time and checks that the checker
+// aimed at it catches it within a few seeds.
+func TestSimMutants(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutant int
+		o      mcOpts
+		want   mcheck.Property
+	}{
+		{"no-dedup", mutNoDedup, mcOpts{shape: "base", clients: 3, msgs: 30, until: 40 * time.Millisecond}, mcheck.ExactlyOnce},
+		{"forward-early", mutForwardEarly, mcOpts{shape: "breadth", clients: 6, msgs: 60, until: 120 * time.Millisecond, leaders: 6}, mcheck.ExactlyOnce},
+		{"no-catch-up", mutNoCatchUp, mcOpts{shape: "depth", clients: 4, msgs: 40, until: 80 * time.Millisecond, leaders: 2}, mcheck.Validity},
+		{"no-flow-control", mutNoFlowControl, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 60 * time.Millisecond, pslots: 4, slow: true}, mcheck.Validity},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.o
+			o.groups, o.replicas, o.mutant = 4, 3, c.mutant
+			var caught []string
+			for seed := uint64(1); seed <= 30; seed++ {
+				_, err := runMC(sim.Seed{Seed: seed}, o)
+				if err == nil {
+					continue
+				}
+				var v *mcheck.Violation
+				if errors.As(err, &v) {
+					caught = append(caught, string(v.Property))
+					if v.Property == c.want {
+						t.Logf("seed %d: caught by %s: %.200s", seed, v.Property, v.Detail)
+						return
+					}
+				} else {
+					caught = append(caught, firstLine(err.Error()))
+				}
+			}
+			t.Fatalf("planted bug %s not caught by %s in 30 seeds (caught by: %q)", c.name, c.want, caught)
+		})
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
