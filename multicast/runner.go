@@ -33,6 +33,7 @@ type ClientRunner struct {
 type request struct {
 	dst     tree.Set
 	payload []byte
+	build   func(MsgID) []byte
 	ch      chan result
 }
 
@@ -121,6 +122,9 @@ func (r *ClientRunner) submit() bool {
 	for k < len(r.queue) {
 		q := r.queue[k]
 		id := r.c.NextID()
+		if q.build != nil && q.payload == nil {
+			q.payload = q.build(id)
+		}
 		if _, err := r.c.Multicast(q.dst, q.payload); err != nil {
 			if errors.Is(err, ErrWindowFull) {
 				break
@@ -152,7 +156,17 @@ func (r *ClientRunner) finish(o *Outcome) {
 // group's reply. If ctx ends first it returns ctx's error and the message
 // may still be delivered (the client keeps retrying it until Close).
 func (r *ClientRunner) Multicast(ctx context.Context, dst tree.Set, payload []byte) (Outcome, error) {
-	q := &request{dst: dst, payload: append([]byte(nil), payload...), ch: make(chan result, 1)}
+	return r.do(ctx, &request{dst: dst, payload: append([]byte{}, payload...), ch: make(chan result, 1)})
+}
+
+// MulticastID is Multicast with a payload built from the message's id
+// (build runs on the runner's goroutine once the id is known, and is
+// called at most once; its result is not copied).
+func (r *ClientRunner) MulticastID(ctx context.Context, dst tree.Set, build func(MsgID) []byte) (Outcome, error) {
+	return r.do(ctx, &request{dst: dst, build: build, ch: make(chan result, 1)})
+}
+
+func (r *ClientRunner) do(ctx context.Context, q *request) (Outcome, error) {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
