@@ -35,8 +35,10 @@ func (f *lockedFSM) Apply(e broadcast.Entry) []byte {
 	return res
 }
 
-func (f *lockedFSM) Snapshot() (broadcast.FSMSnapshot, error) { return broadcast.BytesSnapshot(nil), nil }
-func (f *lockedFSM) Restore([]byte) error                      { return nil }
+func (f *lockedFSM) Snapshot() (broadcast.FSMSnapshot, error) {
+	return broadcast.BytesSnapshot(nil), nil
+}
+func (f *lockedFSM) Restore([]byte) error { return nil }
 
 func decodeTestID(b []byte) MsgID {
 	le := func(b []byte) uint64 {
