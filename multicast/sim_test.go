@@ -139,6 +139,7 @@ type mcOpts struct {
 	maxDst   int           // destinations drawn 1..maxDst (0: all groups)
 	size     int           // payload size (0: 24)
 	pslots   int           // parent ring slots (0: 16)
+	gap      time.Duration // a client's mean gap between messages (0: 250 µs)
 
 	crashes     bool // crash and restart random replicas (disk kept), at most f per group down
 	loseMemory  bool // (always: a crash loses memory; the disk is kept)
@@ -146,6 +147,8 @@ type mcOpts struct {
 	slow        bool // slow random replicas
 	leaders     int  // crash every group's leader at once this many times (TRAM section 8.7)
 	downForGood bool // one replica of every group crashes at 3 ms and never comes back
+	clientCrash bool // clients crash and restart with a new incarnation
+	slowGroups  bool // slow every replica of a random group at once
 
 	// retryAfter is the clients' retry timeout (0: 20 ms).
 	retryAfter time.Duration
@@ -169,6 +172,12 @@ type mcRun struct {
 	err     error
 	issued  int
 	done    int
+	// completed holds the messages whose client got every reply; a
+	// crashed client's other messages need not be delivered (validity is
+	// for correct clients), though they may be.
+	completed map[mcheck.MsgID]bool
+	retries   int // client retries of completed messages
+	incs      int // client incarnations started
 	ctr     Counters
 }
 
@@ -241,6 +250,8 @@ func (p *cliProc) Start(env *sim.Env) error {
 		ReconnectMin: 100 * time.Microsecond, ReconnectMax: time.Millisecond,
 		OnDone: func(o *Outcome) {
 			h.done++
+			h.retries += o.Retries
+			h.completed[checkID(o.ID)] = true
 			for _, rp := range o.Replies {
 				if err := h.chk.Reply(checkID(o.ID), rp.Group, rp.Index, rp.Result); err != nil {
 					h.fail(err)
@@ -256,6 +267,7 @@ func (p *cliProc) Start(env *sim.Env) error {
 	}
 	p.c = c
 	h.clients[env.ID()] = p
+	h.incs++
 	return nil
 }
 
@@ -277,7 +289,7 @@ func (p *cliProc) Step(now time.Duration) bool {
 		}
 		p.issued++
 		h.issued++
-		p.next = now + time.Duration(p.env.Rand().Int64N(int64(500*time.Microsecond)))
+		p.next = now + time.Duration(p.env.Rand().Int64N(int64(2*cmp.Or(h.o.gap, 250*time.Microsecond))))
 		progress = true
 	}
 	wake := p.c.NextDeadline()
@@ -365,6 +377,12 @@ func (h *mcRun) scheduleFaults(at time.Duration) {
 		if h.o.slow {
 			kinds = append(kinds, 2)
 		}
+		if h.o.slowGroups {
+			kinds = append(kinds, 3)
+		}
+		if h.o.clientCrash {
+			kinds = append(kinds, 4)
+		}
 		g := tree.Group(h.rng.IntN(h.t.Len()))
 		ms := h.members[g]
 		id := ms[h.rng.IntN(len(ms))]
@@ -394,6 +412,21 @@ func (h *mcRun) scheduleFaults(at time.Duration) {
 		case 2:
 			h.s.SetSlow(id, 2+h.rng.IntN(8))
 			h.s.At(now+d, func() { h.s.SetSlow(id, 1) })
+		case 3:
+			k := 2 + h.rng.IntN(8)
+			for _, m := range ms {
+				h.s.SetSlow(m, k)
+			}
+			h.s.At(now+d, func() {
+				for _, m := range ms {
+					h.s.SetSlow(m, 1)
+				}
+			})
+		case 4:
+			c := h.cnodes[h.rng.IntN(len(h.cnodes))]
+			if !h.down[c] {
+				h.crashFor(c, d)
+			}
 		}
 		h.scheduleFaults(now + time.Millisecond + time.Duration(h.rng.Int64N(int64(3*time.Millisecond))))
 	})
@@ -411,7 +444,7 @@ func (h *mcRun) crashLeaders(at time.Duration, times int) {
 				h.crashFor(id, 3*time.Millisecond+time.Duration(h.rng.Int64N(int64(3*time.Millisecond))))
 			}
 		}
-		h.crashLeaders(at+15*time.Millisecond, times-1)
+		h.crashLeaders(at+12*time.Millisecond, times-1)
 	})
 }
 
@@ -426,7 +459,7 @@ func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
 	}
 	h := &mcRun{o: o, s: s, t: t, chk: mcheck.New(o.groups), group: map[rdma.NodeID]tree.Group{}, rep: map[rdma.NodeID]uint32{},
 		procs: map[rdma.NodeID]*repProc{}, clients: map[rdma.NodeID]*cliProc{},
-		rng: rand.New(rand.NewPCG(sd.Seed, 0x7a11)), down: map[rdma.NodeID]bool{}}
+		rng: rand.New(rand.NewPCG(sd.Seed, 0x7a11)), down: map[rdma.NodeID]bool{}, completed: map[mcheck.MsgID]bool{}}
 	next := rdma.NodeID(1)
 	for g := range o.groups {
 		var ms []rdma.NodeID
@@ -458,7 +491,7 @@ func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
 	if o.crashes || o.partitions || o.slow {
 		h.scheduleFaults(5 * time.Millisecond)
 	}
-	h.crashLeaders(15*time.Millisecond, o.leaders)
+	h.crashLeaders(8*time.Millisecond, o.leaders)
 	gone := map[rdma.NodeID]bool{}
 	if o.downForGood {
 		s.At(3*time.Millisecond, func() {
@@ -478,8 +511,10 @@ func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
 	// caught up with its group.
 	total := o.clients * o.msgs
 	converged := func() bool {
-		if h.done < h.issued {
-			return false
+		for id, p := range h.clients {
+			if h.s.Live(id) && (p.c.Outstanding() > 0 || !p.c.Ready()) {
+				return false
+			}
 		}
 		for _, ms := range h.members {
 			var want uint64
@@ -518,15 +553,25 @@ func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
 		h.ctr.Retransmits += c.Retransmits
 		h.ctr.Replies += c.Replies
 		h.ctr.Blocked += c.Blocked
+		h.ctr.Resets += c.Resets
+		h.ctr.Forwarded += c.Forwarded
 	}
-	if err := h.chk.Final(mcheck.FinalOptions{Live: live}); err != nil || convErr != nil {
+	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
+		st := h.chk.Stats()
+		fmt.Printf("seed %d %s: %d messages, %d deliveries, %d retries, %+v, %d client incarnations\n", sd.Seed, o.shape, st.Messages, st.Deliveries, h.retries, h.ctr, h.incs)
+	}
+	fo := mcheck.FinalOptions{Live: live}
+	if o.clientCrash {
+		fo.Completed = func(id mcheck.MsgID) bool { return h.completed[id] }
+	}
+	if err := h.chk.Final(fo); err != nil || convErr != nil {
 		return h, errors.Join(err, convErr)
 	}
 	return h, nil
 }
 
 // simSeeds is how many seeds each case runs by default.
-const simSeeds = 400
+const simSeeds = 350
 
 // simCases are the simulator cases: each tree shape, with replica faults
 // of every kind and with every leader crashing at once.
@@ -536,13 +581,14 @@ var simCases = []struct {
 }{
 	{"calm", mcOpts{clients: 3, msgs: 30, until: 40 * time.Millisecond}},
 	{"faults", mcOpts{clients: 3, msgs: 40, until: 80 * time.Millisecond, crashes: true, partitions: true, slow: true}},
-	{"leaders", mcOpts{clients: 4, msgs: 40, until: 80 * time.Millisecond, leaders: 2, maxDst: 8}},
+	{"leaders", mcOpts{clients: 4, msgs: 60, until: 80 * time.Millisecond, leaders: 4, maxDst: 8, gap: time.Millisecond}},
 	{"backpressure", mcOpts{clients: 4, msgs: 50, until: 60 * time.Millisecond, pslots: 4, slow: true, partitions: true}},
 	{"down-for-good", mcOpts{clients: 3, msgs: 30, until: 60 * time.Millisecond, downForGood: true, partitions: true}},
+	{"retries", mcOpts{clients: 3, msgs: 40, until: 60 * time.Millisecond, retryAfter: time.Millisecond, crashes: true, slowGroups: true, clientCrash: true}},
 }
 
-// Without -seeds (or -seed) each case runs simSeeds seeds: with its five
-// cases, 2,000 seeds per tree shape (make norace runs them); under the
+// Without -seeds (or -seed) each case runs simSeeds seeds: with its six
+// cases, 2,100 seeds per tree shape (make norace runs them); under the
 // race detector 4 a case. -seeds N runs N a case.
 func TestSim(t *testing.T) {
 	flags := *simFlags
