@@ -178,7 +178,7 @@ type mcRun struct {
 	completed map[mcheck.MsgID]bool
 	retries   int // client retries of completed messages
 	incs      int // client incarnations started
-	ctr     Counters
+	ctr       Counters
 }
 
 func (h *mcRun) fail(err error) {
