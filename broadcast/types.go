@@ -217,6 +217,11 @@ type Config struct {
 	// Seed seeds the replica's randomness (election timeouts). Replicas of
 	// a group should use different seeds; 0 derives one from Self.
 	Seed uint64
+	// PersistInline runs FSMSnapshot.Persist on the polling goroutine
+	// instead of a goroutine of its own: for the simulator, whose runs
+	// must not depend on goroutine scheduling. A large state then makes
+	// one Poll as long as its serialisation.
+	PersistInline bool
 	// Trace, if set, receives one line per protocol event (votes, role
 	// changes, diffs), for tests and debugging.
 	Trace func(format string, args ...any)
