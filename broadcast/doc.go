@@ -35,6 +35,7 @@
 //
 //	r, err := broadcast.New(broadcast.Config{Self: id, Members: ids, Start: broadcast.StartNew}, node, fsm, stable)
 //	d := broadcast.NewDriver(r, node.Doorbell()) // or call r.Poll(now) yourself
+//	// several groups on one node: NewMultiDriver(node.Doorbell(), r1, r2, ...)
 //	go d.Run(ctx)
 //	p := r.Propose([]byte("x"))
 //	index, err := p.Wait(ctx) // delivered at index, or ErrBusy/ErrTimeout: not delivered
@@ -99,7 +100,9 @@
 //     MaxCatchUpLogEntries while a member that makes progress needs them;
 //     proposals are at most MaxProposal bytes.
 //   - Regions: a group uses region ids Config.RegionBase .. +n+4 on every
-//     member; several groups on one node need disjoint ranges.
+//     member; several groups on one node need disjoint ranges, which
+//     internal/regions hands out (regions.Broadcast(g)), and may share
+//     one driver (NewMultiDriver).
 //   - Failures: n = 2f+1 members tolerate f crashed, partitioned or
 //     catching-up members at once. Memory is not durable: if more than f
 //     members lose their memory at once (a whole-group restart included),

@@ -155,7 +155,12 @@ type Config struct {
 	Members []rdma.NodeID
 	// RegionBase is the first region id the group uses; it uses
 	// RegionBase .. RegionBase+n+4 (SST, one incoming ring per member, and
-	// two slots of a snapshot's meta and state regions). Default 0x1000.
+	// two slots of a snapshot's meta and state regions). Several groups
+	// on one node (one replica each, e.g. polled by one NewMultiDriver)
+	// need disjoint ranges: the repository's one scheme for region ids is
+	// package internal/regions, whose regions.Broadcast(g) is group g's
+	// RegionBase. Default 0x1000 (DefaultRegionBase: one group per node,
+	// in regions' reserved range).
 	RegionBase rdma.RegionID
 	// RingSize is the byte size of each incoming ring (a multiple of 8).
 	// Default 1 MiB.
