@@ -154,7 +154,7 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 		c.base = append(c.base, regions.Multicast(tree.Group(g)))
 		var ps []*peer
 		for _, id := range ms {
-			if err := reg.Grant(id, rdma.PermWrite); err != nil && id != node.ID() {
+			if err := reg.Grant(id, rdma.PermWrite); err != nil {
 				reg.Close()
 				return nil, fmt.Errorf("multicast: client %d: grant %d: %w", cfg.Slot, id, err)
 			}

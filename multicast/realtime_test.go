@@ -72,11 +72,20 @@ func pollLoop(ctx context.Context, p interface {
 }
 
 // TestRealTime runs 3 groups (tree 0:1,2) of 3 replicas on the mem
-// fabric, each replica driven by its own goroutine, and two clients whose
-// ClientRunners multicast concurrently to random destinations; every
-// outcome must have one reply per destination and the history must pass
-// every checker.
-func TestRealTime(t *testing.T) {
+// fabric, each replica on its own node driven by its own goroutine, and
+// two clients whose ClientRunners multicast concurrently to random
+// destinations; every outcome must have one reply per destination and the
+// history must pass every checker.
+func TestRealTime(t *testing.T) { runRealTime(t, false) }
+
+// TestSharedNodes is TestRealTime with the three groups' replicas on
+// three nodes, one replica of each group per node, polled by one
+// broadcast.MultiDriver per node on the node's one doorbell (the embedded
+// cluster's layout), and one client on a replica's node: groups write to
+// each other's regions on the same node.
+func TestSharedNodes(t *testing.T) { runRealTime(t, true) }
+
+func runRealTime(t *testing.T, shared bool) {
 	tr, err := tree.Parse("0:1,2")
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +93,23 @@ func TestRealTime(t *testing.T) {
 	f := mem.New(mem.Options{})
 	members := [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}
 	cnodes := []rdma.NodeID{100, 101}
+	if shared {
+		members = [][]rdma.NodeID{{1, 2, 3}, {1, 2, 3}, {1, 2, 3}}
+		cnodes = []rdma.NodeID{1, 101}
+	}
+	nodes := map[rdma.NodeID]*mem.Node{}
+	node := func(id rdma.NodeID) *mem.Node {
+		if n := nodes[id]; n != nil {
+			return n
+		}
+		n, err := f.NewNode(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[id] = n
+		return n
+	}
+	perNode := map[rdma.NodeID][]broadcast.Poller{}
 	chk := mcheck.New(3)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -97,10 +123,7 @@ func TestRealTime(t *testing.T) {
 	}()
 	for g, ms := range members {
 		for i, id := range ms {
-			node, err := f.NewNode(id)
-			if err != nil {
-				t.Fatal(err)
-			}
+			node := node(id)
 			cfg := Config{Group: tree.Group(g), Tree: tr, Members: members, ClientNodes: cnodes,
 				Broadcast: broadcast.Config{Self: id, Start: broadcast.StartNew, RingSize: 64 << 10}}
 			r, err := New(cfg, node, &lockedFSM{chk: chk, g: tree.Group(g), rep: uint32(i)}, &broadcast.MemStable{})
@@ -108,16 +131,22 @@ func TestRealTime(t *testing.T) {
 				t.Fatal(err)
 			}
 			reps = append(reps, r)
-			wg.Add(1)
-			go func() { defer wg.Done(); pollLoop(ctx, r, node.Doorbell()) }()
+			perNode[id] = append(perNode[id], r)
+		}
+	}
+	for id, ps := range perNode {
+		db := nodes[id].Doorbell()
+		wg.Add(1)
+		if shared {
+			d := broadcast.NewMultiDriver(db, ps...)
+			go func() { defer wg.Done(); d.Run(ctx) }()
+		} else {
+			go func() { defer wg.Done(); pollLoop(ctx, ps[0], db) }()
 		}
 	}
 	var runners []*ClientRunner
 	for k, id := range cnodes {
-		node, err := f.NewNode(id)
-		if err != nil {
-			t.Fatal(err)
-		}
+		node := node(id)
 		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 		cr, err := StartClient(sctx, ClientConfig{Slot: uint32(k), Inc: uint64(time.Now().UnixNano()), Tree: tr, Members: members}, node)
 		scancel()

@@ -291,10 +291,7 @@ func (r *Replica) register(kids []tree.Group) error {
 		r.regs[k] = reg
 	}
 	grant := func(k int, ids []rdma.NodeID) error {
-		for _, id := range ids {
-			if id == r.node.ID() {
-				continue
-			}
+		for _, id := range ids { // also this node: several groups may share a node, and write to each other
 			if err := r.regs[k].Grant(id, rdma.PermWrite); err != nil {
 				return fmt.Errorf("multicast: group %d: grant %d: %w", r.g, id, err)
 			}
