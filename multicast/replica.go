@@ -164,6 +164,7 @@ type Replica struct {
 	children [][]*peer // per child, per member
 	parents  []*peer
 	clients  map[rdma.NodeID]*peer
+	peers    []*peer // every peer above, once
 
 	entry []byte // scratch
 	rec   []byte // scratch
@@ -265,6 +266,7 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 			r.clients[id] = newPeer(node, id, max(16<<10, 4*replySlot(cfg.MaxResult)*cfg.ClientSlots), minB, maxB)
 		}
 	}
+	r.peers = r.allPeers()
 	b, err := broadcast.New(cfg.Broadcast, node, r.st, stable)
 	if err != nil {
 		r.closeRegions()
@@ -398,28 +400,32 @@ func (r *Replica) NextDeadline() time.Duration {
 // steps. It reports whether anything progressed.
 func (r *Replica) Poll(now time.Duration) bool {
 	r.now = now
-	progress := r.b.Poll(now)
+	progress := false
+	// Scan before Acuerdo's step, so that what we append goes out to the
+	// followers in this Poll, not the next.
+	if e, ok := r.b.Leading(); ok && e == r.lead {
+		if r.scanHeaders() {
+			progress = true
+		}
+		if r.scan() {
+			progress = true
+		}
+	}
+	if r.b.Poll(now) {
+		progress = true
+	}
 	e, leading := r.b.Leading()
 	if !leading {
-		if r.lead != 0 {
-			r.lead = 0
-		}
+		r.lead = 0
 		r.replyQ, r.helloQ = r.replyQ[:0], r.helloQ[:0] // a new leader sends them all
-		for _, p := range r.allPeers() {
-			if p.poll(now) {
-				progress = true
-			}
-		}
-		return progress
+		return r.pollPeers() || progress
 	}
 	if e != r.lead {
 		r.becomeLeader(e)
 		progress = true
 	}
-	for _, p := range r.allPeers() {
-		if p.poll(now) {
-			progress = true
-		}
+	if r.pollPeers() {
+		progress = true
 	}
 	if r.readCredits() {
 		progress = true
@@ -431,11 +437,16 @@ func (r *Replica) Poll(now time.Duration) bool {
 		progress = true
 	}
 	r.sendCredit(false)
-	if r.scanHeaders() {
-		progress = true
-	}
-	if r.scan() {
-		progress = true
+	return progress
+}
+
+// pollPeers reaps every Conn's completions.
+func (r *Replica) pollPeers() bool {
+	progress := false
+	for _, p := range r.peers {
+		if p.poll(r.now) {
+			progress = true
+		}
 	}
 	return progress
 }
