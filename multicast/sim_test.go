@@ -150,7 +150,7 @@ type mcOpts struct {
 	// isolate cuts every group's leader from the rest of its group (not
 	// from clients or other groups) this many times: a deposed leader
 	// that goes on writing to children and clients.
-	isolate int
+	isolate     int
 	clientCrash bool // clients crash and restart with a new incarnation
 	slowGroups  bool // slow every replica of a random group at once
 
