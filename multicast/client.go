@@ -3,6 +3,7 @@ package multicast
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
@@ -372,4 +373,22 @@ func sortReplies(rs []Reply) {
 			rs[j], rs[j-1] = rs[j-1], rs[j]
 		}
 	}
+}
+
+// peerErrors describes the last failure of each Conn that failed, for an
+// error message (a replica that refuses the client's node because the
+// cluster does not list it in ClientNodes shows as a permission error).
+func (c *Client) peerErrors() string {
+	var b strings.Builder
+	for g, ps := range c.peers {
+		for _, p := range ps {
+			if p.err != nil {
+				fmt.Fprintf(&b, "group %d replica %d: %v; ", g, p.id, p.err)
+			}
+		}
+	}
+	if b.Len() == 0 {
+		return "no Conn failed (are the groups up and electing?)"
+	}
+	return strings.TrimSuffix(b.String(), "; ")
 }

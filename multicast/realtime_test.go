@@ -2,7 +2,9 @@ package multicast
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -214,5 +216,67 @@ func runRealTime(t *testing.T, shared bool) {
 	live := map[uint32][]uint32{0: {0, 1, 2}, 1: {0, 1, 2}, 2: {0, 1, 2}}
 	if err := chk.Final(mcheck.FinalOptions{Live: live}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestUnknownClientRefused: a client on a node the cluster does not list
+// in ClientNodes is refused by every replica (no write access), and
+// StartClient says so instead of hanging.
+func TestUnknownClientRefused(t *testing.T) {
+	tr, err := tree.Parse("0:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := mem.New(mem.Options{})
+	members := [][]rdma.NodeID{{1, 2, 3}}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var reps []*Replica
+	defer func() {
+		cancel()
+		wg.Wait()
+		for _, r := range reps {
+			r.Close()
+		}
+	}()
+	for _, id := range members[0] {
+		node, err := f.NewNode(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := New(Config{Group: 0, Tree: tr, Members: members, ClientNodes: []rdma.NodeID{100},
+			Broadcast: broadcast.Config{Self: id, Start: broadcast.StartNew}}, node, nopFSM{}, &broadcast.MemStable{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, r)
+		wg.Add(1)
+		go func() { defer wg.Done(); pollLoop(ctx, r, node.Doorbell()) }()
+	}
+	node, err := f.NewNode(200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer scancel()
+	_, err = StartClient(sctx, ClientConfig{Slot: 0, Inc: 1, Tree: tr, Members: members}, node)
+	if err == nil || !strings.Contains(err.Error(), "permission") || !strings.Contains(err.Error(), "did not register") {
+		t.Fatalf("StartClient on an unlisted node: %v, want a refusal naming the permission error", err)
+	}
+	t.Log(err)
+}
+
+// TestSlotTooLargeForGroup: a slot that does not fit one Acuerdo proposal
+// is refused at New, naming both sizes.
+func TestSlotTooLargeForGroup(t *testing.T) {
+	tr, _ := tree.Parse("0:")
+	node, err := mem.New(mem.Options{}).NewNode(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(Config{Group: 0, Tree: tr, Members: [][]rdma.NodeID{{1}}, SlotSize: 64 << 10,
+		Broadcast: broadcast.Config{Self: 1, Start: broadcast.StartNew, RingSize: 64 << 10}}, node, nopFSM{}, &broadcast.MemStable{})
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "largest proposal") {
+		t.Fatalf("New with 64 KiB slots in a 64 KiB ring: %v", err)
 	}
 }

@@ -273,6 +273,12 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 		return nil, err
 	}
 	r.b = b
+	// An entry holds a whole slot's record plus its header and one
+	// position per child: it must fit one Acuerdo proposal.
+	if need := entryHdr + 8*len(kids) + cfg.SlotSize; need > b.MaxProposal() {
+		r.Close()
+		return nil, fmt.Errorf("%w: SlotSize %d needs entries of %d bytes, the group's largest proposal is %d (raise Broadcast.MaxRecord or RingSize)", ErrConfig, cfg.SlotSize, need, b.MaxProposal())
+	}
 	return r, nil
 }
 

@@ -3,6 +3,7 @@ package multicast
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -71,7 +72,7 @@ func StartClient(ctx context.Context, cfg ClientConfig, node rdma.Node) (*Client
 		return r, nil
 	case <-ctx.Done():
 		r.Close()
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("multicast: client slot %d: groups %v did not register it (%w); %s", cfg.Slot, c.cfg.Tree.All()&^c.ready, ctx.Err(), c.peerErrors())
 	}
 }
 
