@@ -4,11 +4,12 @@
 //
 //	kvbench fabric [flags]      one-sided verbs on the mem, shm and tcp fabrics
 //	kvbench broadcast [flags]   Acuerdo atomic broadcast inside one group
+//	kvbench multicast [flags]   TRAM atomic multicast across groups
 //	kvbench help [command]      list the commands, or one command's flags
 //
 // Each command prints a table, or with --json one JSON object per result.
-// Progress goes to stderr. Benchmarks of the layers above (multicast, kv)
-// will be further commands of the same shape.
+// Progress goes to stderr. The benchmark of the layer above (kv) will be a
+// further command of the same shape.
 //
 // Two-party measurements run their second party in a child process: kvbench
 // re-executes itself with a hidden subcommand and drives the child with
@@ -42,11 +43,12 @@ func commands() []command {
 	return []command{
 		{"fabric", "latency and throughput of one-sided verbs on mem, shm and tcp, against raw shm, futex and TCP baselines", runFabric},
 		{"broadcast", "Acuerdo atomic broadcast: commit latency and throughput by window (Fig. 8), election time (Table 1), --soak memory, --kill-follower outage, --snapshot-catchup large-snapshot catch-up", runBroadcast},
+		{"multicast", "TRAM atomic multicast: latency and throughput by tree, destinations, payload and group size (Fig. 5-8), leader changes (Table 1), client path against the one-way write, single-group tax against broadcast, scaling, --soak memory", runMulticast},
 	}
 }
 
 // plannedCommands are benchmarks of layers not written yet.
-const plannedCommands = "multicast (TRAM), kv (gets and puts)"
+const plannedCommands = "kv (gets and puts)"
 
 func main() {
 	if os.Getenv(peerEnv) != "" || (len(os.Args) > 1 && os.Args[1] == peerCmd) {

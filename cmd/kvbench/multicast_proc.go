@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"time"
+
+	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+)
+
+// The client path across processes: every replica of the cluster runs in
+// one child process (kvbench re-executed with mcastEnv set; each replica
+// an shm node of its own there, polled by its own goroutine), and the
+// client in this process, on an shm node of its own. The child reads its
+// mcProcConfig as the first JSON line on stdin, answers {"ready":true}
+// once every group has a leader and then one line per request ("check":
+// the replicas' anomaly counters); EOF on stdin closes the replicas and
+// ends it.
+
+// mcastEnv marks a re-executed kvbench as the replicas' process of the
+// multicast client path. It is checked in init, like replicaEnv, so that a
+// test binary plays it too.
+const mcastEnv = "KVBENCH_MCAST"
+
+func init() {
+	if os.Getenv(mcastEnv) == "" {
+		return
+	}
+	stop := func() {}
+	if prof := os.Getenv(peerProfileEnv); prof != "" {
+		var err error
+		if stop, err = startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid())); err != nil {
+			fmt.Fprintf(os.Stderr, "kvbench multicast replicas: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	err := mcServe(os.Stdin, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvbench multicast replicas: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// mcProcConfig is the cluster the child runs.
+type mcProcConfig struct {
+	Dir         string        `json:"dir"`  // the shm cluster directory
+	Tree        string        `json:"tree"` // tree.Tree text form
+	Replicas    int           `json:"replicas"`
+	Window      int           `json:"window"`
+	SlotSize    int           `json:"slot_size"`
+	ET          time.Duration `json:"election_timeout"`
+	Spin        time.Duration `json:"spin"`
+	ClientNodes []rdma.NodeID `json:"client_nodes"`
+}
+
+// mcProcReply answers the config (ready) and each request.
+type mcProcReply struct {
+	Ready bool   `json:"ready,omitempty"`
+	Err   string `json:"err,omitempty"`
+}
+
+// mcServe is the child: it runs the cluster until EOF on in.
+func mcServe(in io.Reader, out io.Writer) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	enc := json.NewEncoder(out)
+	if !sc.Scan() {
+		return fmt.Errorf("no configuration on stdin: %v", sc.Err())
+	}
+	var cfg mcProcConfig
+	if err := json.Unmarshal(sc.Bytes(), &cfg); err != nil {
+		return fmt.Errorf("bad configuration: %w", err)
+	}
+	tr, err := tree.Parse(cfg.Tree)
+	if err != nil {
+		enc.Encode(mcProcReply{Err: err.Error()})
+		return err
+	}
+	c, err := openMcCluster(context.Background(), mcSpec{fabric: "shm", tree: tr, replicas: cfg.Replicas, clients: len(cfg.ClientNodes),
+		window: cfg.Window, slotSize: cfg.SlotSize, et: cfg.ET, spin: cfg.Spin, shmPath: cfg.Dir, clientNodes: cfg.ClientNodes})
+	if err != nil {
+		enc.Encode(mcProcReply{Err: err.Error()})
+		return err
+	}
+	defer c.close()
+	if err := enc.Encode(mcProcReply{Ready: true}); err != nil {
+		return err
+	}
+	for sc.Scan() {
+		var req struct {
+			Cmd string `json:"cmd"`
+		}
+		var r mcProcReply
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+			r.Err = fmt.Sprintf("bad request: %v", err)
+		} else if req.Cmd == "check" {
+			if err := c.check(); err != nil {
+				r.Err = err.Error()
+			}
+		} else {
+			r.Err = fmt.Sprintf("unknown command %q", req.Cmd)
+		}
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return c.close()
+}
+
+// mcProc is the parent's handle on the child.
+type mcProc struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines chan []byte
+}
+
+// startMcProc starts the child with cfg and waits until it is ready.
+func startMcProc(cfg mcProcConfig) (*mcProc, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own executable: %w", err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), mcastEnv+"=1")
+	if err := childCmd(cmd); err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the replicas' process: %w", err)
+	}
+	p := &mcProc{cmd: cmd, in: in, lines: make(chan []byte, 4)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.lines <- append([]byte(nil), sc.Bytes()...)
+		}
+		close(p.lines)
+	}()
+	if err := json.NewEncoder(in).Encode(cfg); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("configure the replicas' process: %w", err)
+	}
+	if _, err := p.reply(30 * time.Second); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("replicas' process: %w", err)
+	}
+	return p, nil
+}
+
+// reply waits for the child's next answer.
+func (p *mcProc) reply(timeout time.Duration) (mcProcReply, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case b, ok := <-p.lines:
+		if !ok {
+			return mcProcReply{}, errors.New("exited")
+		}
+		var r mcProcReply
+		if err := json.Unmarshal(b, &r); err != nil {
+			return r, fmt.Errorf("bad answer %q: %w", b, err)
+		}
+		if r.Err != "" {
+			return r, errors.New(r.Err)
+		}
+		return r, nil
+	case <-t.C:
+		return mcProcReply{}, fmt.Errorf("no answer in %v", timeout)
+	}
+}
+
+// check asks the child for its replicas' anomaly counters.
+func (p *mcProc) check() error {
+	if _, err := fmt.Fprintln(p.in, `{"cmd":"check"}`); err != nil {
+		return err
+	}
+	_, err := p.reply(stallTimeout)
+	return err
+}
+
+func (p *mcProc) pid() int { return p.cmd.Process.Pid }
+
+// close ends the child (EOF on its stdin), killing it if it does not exit
+// in 10 s.
+func (p *mcProc) close() error {
+	p.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+		return errors.New("replicas' process did not exit in 10 s; killed")
+	}
+}
+
+func (p *mcProc) kill() {
+	p.in.Close()
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// mcRemote is a cluster whose replicas run in a child process (shm) and
+// whose clients run here.
+type mcRemote struct {
+	proc    *mcProc
+	dir     string
+	nodes   []rdma.Node
+	loaders []*mcLoader
+}
+
+// openMcRemote starts spec's replicas in a child process and its clients
+// in this one.
+func openMcRemote(ctx context.Context, spec mcSpec) (*mcRemote, error) {
+	wd, err := workDir(spec.shmDir)
+	if err != nil {
+		return nil, err
+	}
+	m := &mcRemote{}
+	if m.dir, err = os.MkdirTemp(wd, "mcast-"); err != nil {
+		return nil, fmt.Errorf("shm: cluster directory: %w", err)
+	}
+	var members [][]rdma.NodeID
+	for g := range spec.tree.Len() {
+		var ms []rdma.NodeID
+		for i := range spec.replicas {
+			ms = append(ms, mcReplicaID(g, i, spec.replicas))
+		}
+		members = append(members, ms)
+	}
+	var cnodes []rdma.NodeID
+	for k := range spec.clients {
+		id := mcClientID(k)
+		n, err := shm.Open(id, shm.Options{Dir: m.dir, Cluster: "mcast", Spin: spec.spin})
+		if err != nil {
+			m.close()
+			return nil, fmt.Errorf("shm: open client node %d: %w", id, err)
+		}
+		m.nodes = append(m.nodes, n)
+		cnodes = append(cnodes, id)
+	}
+	m.proc, err = startMcProc(mcProcConfig{Dir: m.dir, Tree: spec.tree.String(), Replicas: spec.replicas, Window: spec.window,
+		SlotSize: spec.slotSize, ET: spec.et, Spin: spec.spin, ClientNodes: cnodes})
+	if err != nil {
+		m.close()
+		return nil, err
+	}
+	inc := uint64(time.Now().UnixNano())
+	for k, n := range m.nodes {
+		l, err := newMcLoader(n, k, inc, spec.tree, members, spec.window, spec.slotSize)
+		if err != nil {
+			m.close()
+			return nil, err
+		}
+		m.loaders = append(m.loaders, l)
+	}
+	if err := registerAll(ctx, m.loaders); err != nil {
+		m.close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// close ends the clients, then the child, and removes the directory.
+func (m *mcRemote) close() error {
+	var err error
+	for _, l := range m.loaders {
+		err = errors.Join(err, l.c.Close())
+	}
+	if m.proc != nil {
+		err = errors.Join(err, m.proc.close())
+	}
+	for _, n := range m.nodes {
+		err = errors.Join(err, n.Close())
+	}
+	return errors.Join(err, os.RemoveAll(m.dir))
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/rdmakv/rdmakv/multicast/tree"
+)
+
+// runMulticastJSON runs kvbench multicast with args and --json and returns
+// its rows.
+func runMulticastJSON(t *testing.T, args ...string) []map[string]any {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	args = append([]string{"multicast", "--json", "--runs", "1", "--retries", "0", "--shm-dir", t.TempDir()}, args...)
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	}
+	var rows []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		rows = append(rows, obj)
+	}
+	return rows
+}
+
+// positive checks that row has every key of keys with a positive number.
+func positive(t *testing.T, row map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if v, ok := row[k].(float64); !ok || v <= 0 {
+			t.Errorf("row %v: %q = %v, want a positive number", row, k, row[k])
+		}
+	}
+}
+
+// TestMulticastJSON runs the multicast benchmark briefly over two groups of
+// three replicas: a Fig. 5 row per destination count, Table 1's leader
+// changes with their delayed messages, the client path on shm (replicas in
+// a child process, a one-way baseline) and the single-group tax against a
+// broadcast group; every line carries the required keys.
+func TestMulticastJSON(t *testing.T) {
+	rows := runMulticastJSON(t, "--fig", "5,table1,client,tax", "--groups", "2", "--duration", "100ms",
+		"--election-timeout", "50ms", "--clients", "2", "--window", "2")
+	required := []string{"bench", "fig", "tree", "groups", "dests", "replicas", "size", "p50_ns", "p99_ns", "ops_per_s"}
+	figs := map[string]int{}
+	changes := map[float64]bool{}
+	trees := map[any]int{}
+	for _, r := range rows {
+		for _, k := range required {
+			if _, ok := r[k]; !ok {
+				t.Errorf("row %v lacks key %q", r, k)
+			}
+		}
+		if r["bench"] != "multicast" || r["groups"] != 2.0 || r["replicas"] != 3.0 {
+			t.Errorf("row %v: want bench multicast, 2 groups of 3", r)
+		}
+		fig, _ := r["fig"].(string)
+		figs[fig]++
+		switch fig {
+		case "5":
+			positive(t, r, "p50_ns", "p99_ns", "ops_per_s", "dests")
+			trees[r["tree"]]++
+			if r["fabric"] != "mem" || r["dest_kind"] != "random" || r["clients"] != 2.0 || r["window"] != 2.0 {
+				t.Errorf("fig 5 row %v: want mem, random destinations, 2 clients W=2", r)
+			}
+		case "table1":
+			positive(t, r, "p50_ns", "ops_per_s")
+			if r["tree"] != "breadth" || r["dests"] != 2.0 {
+				t.Errorf("table1 row %v: want the breadth tree, messages to both groups", r)
+			}
+			if c, ok := r["change"].(float64); ok {
+				changes[c] = true
+				positive(t, r, "change_ns", "count", "avg_ns", "min_ns", "max_ns", "baseline_p50_ns", "ratio")
+				if r["min_ns"].(float64) > r["avg_ns"].(float64) || r["avg_ns"].(float64) > r["max_ns"].(float64) {
+					t.Errorf("table1 row %v: min, avg, max out of order", r)
+				}
+			}
+		case "client", "tax":
+			positive(t, r, "p50_ns", "p99_ns", "ops_per_s", "baseline_p50_ns", "ratio", "target")
+			if r["dests"] != 1.0 || r["window"] != 1.0 || r["clients"] != 1.0 {
+				t.Errorf("%s row %v: want one client, W=1, single-group messages", fig, r)
+			}
+			if want := map[string]string{"client": "shm", "tax": "mem"}[fig]; r["fabric"] != want {
+				t.Errorf("%s row %v: fabric %v, want %s", fig, r, r["fabric"], want)
+			}
+		default:
+			t.Errorf("unexpected row %v", r)
+		}
+	}
+	// Fig. 5: k = 1, 2 (the default 4 and 8 exceed 2 groups) for each of
+	// the three trees; table1: a normal row and three changes.
+	if figs["5"] != 6 || trees["base"] != 2 || trees["breadth"] != 2 || trees["depth"] != 2 ||
+		figs["table1"] != 4 || figs["client"] != 1 || figs["tax"] != 1 || len(changes) != 3 {
+		t.Errorf("rows by figure %v, fig 5 trees %v, changes %v; want 6 fig 5 (k=1,2 for base, breadth, depth), 4 table1 (changes 1-3), 1 client, 1 tax",
+			figs, trees, changes)
+	}
+}
+
+// TestMulticastScale runs the scaling figure and Fig. 6 over breadth trees
+// of 1 and 3 groups: the 3-group rows have a speedup over the 1-group row
+// of the same run, and Fig. 6's destinations are adjacent.
+func TestMulticastScale(t *testing.T) {
+	rows := runMulticastJSON(t, "--fig", "scale,6", "--tree", "breadth", "--groups", "1,3", "--dests", "2",
+		"--duration", "100ms", "--election-timeout", "50ms", "--window", "2")
+	var scale, six int
+	for _, r := range rows {
+		switch r["fig"] {
+		case "scale":
+			scale++
+			positive(t, r, "ops_per_s", "p50_ns", "speedup")
+			if r["dests"] != 1.0 || r["clients"] != 2*r["groups"].(float64) {
+				t.Errorf("scale row %v: want single-group messages, 2 clients per group", r)
+			}
+		case "6":
+			six++
+			positive(t, r, "ops_per_s", "p50_ns")
+			if r["dest_kind"] != "adjacent" || r["groups"] != 3.0 || r["dests"] != 2.0 {
+				t.Errorf("fig 6 row %v: want 2 adjacent destinations of 3 groups", r)
+			}
+		}
+	}
+	if scale != 2 || six != 1 {
+		t.Errorf("%d scale rows, %d fig 6 rows; want 2 and 1:\n%v", scale, six, rows)
+	}
+}
+
+// TestAdjacentSet checks that Fig. 6's destination sets are connected
+// sets of k groups.
+func TestAdjacentSet(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, shape := range []string{"base", "breadth", "depth"} {
+		tr, err := tree.Shape(shape, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := 1; k <= 8; k++ {
+			for range 50 {
+				s := adjacentSet(tr, k, rng)
+				if s.Len() != k {
+					t.Fatalf("%s k=%d: %v has %d groups", shape, k, s, s.Len())
+				}
+				// connected: exactly one group of s has its parent outside s
+				tops := 0
+				for _, g := range s.Groups() {
+					if p, ok := tr.Parent(g); !ok || !s.Has(p) {
+						tops++
+					}
+				}
+				if tops != 1 {
+					t.Fatalf("%s k=%d: %v is not connected (%d tops)", shape, k, s, tops)
+				}
+			}
+		}
+	}
+}
+
+// TestMulticastFlags checks the figure defaults and flag errors.
+func TestMulticastFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	o, err := parseMulticastFlags([]string{"--fig", "all"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range o.figs {
+		var trees []string
+		for _, tr := range f.trees {
+			trees = append(trees, fmt.Sprintf("%s/%d", tr.name, tr.t.Len()))
+		}
+		got = append(got, fmt.Sprintf("%s %v r%v k%v s%v %s c%d w%d", f.name, trees, f.replicas, f.dests, f.sizes, f.fabric, f.clients, f.window))
+	}
+	want := []string{
+		"5 [base/8 breadth/8 depth/8] r[3] k[1 2 4 8] s[64] mem c8 w4",
+		"6 [base/8 breadth/8 depth/8] r[3] k[2 4] s[64] mem c8 w4",
+		"7 [base/8] r[3] k[1 8] s[64 256 1024 4096 16384] mem c8 w4",
+		"8 [0:1,2/3] r[3 5 7] k[1 2 3] s[64] mem c8 w4",
+		"table1 [breadth/8] r[3] k[8] s[64] mem c16 w4",
+		"client [base/1] r[3] k[1] s[64] shm c1 w1",
+		"tax [base/1] r[3] k[1] s[64] mem c1 w1",
+		"scale [breadth/1 breadth/2 breadth/4 breadth/8] r[3] k[1] s[64] mem c2 w4",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("figure defaults:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, bad := range [][]string{{"--fig", "9"}, {"--replicas", "4"}, {"--fabric", "tcp"}, {"--tree", "0:0"}, {"--size", "4"}, {"--fig", "table1", "--replicas", "1"}} {
+		if _, err := parseMulticastFlags(bad, &stderr); err == nil {
+			t.Errorf("flags %v accepted", bad)
+		}
+	}
+}
