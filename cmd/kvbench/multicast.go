@@ -873,7 +873,7 @@ func mcTable1Run(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, 
 }
 
 // restart starts the crashed replicas again (stable state kept, memory
-// empty) and waits until each follows its group's leader and delivered
+// empty) and waits until each follows (or leads) its group and delivered
 // what the leader had when it restarted.
 func restart(ctx context.Context, c *mcCluster, down []*mcReplica) error {
 	ldrs, err := c.leaders(ctx, nil)
@@ -893,7 +893,7 @@ func restart(ctx context.Context, c *mcCluster, down []*mcReplica) error {
 	for _, x := range down {
 		for {
 			s := x.r.Broadcast().Status()
-			if s.Role == broadcast.Follower && s.Index >= target[x.g] && !s.CatchingUp {
+			if (s.Role == broadcast.Follower || s.Role == broadcast.Leader) && s.Index >= target[x.g] && !s.CatchingUp {
 				break
 			}
 			if time.Now().After(deadline) || ctx.Err() != nil {
