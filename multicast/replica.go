@@ -533,6 +533,11 @@ func (r *Replica) forward() bool {
 			continue
 		}
 		reg := regions.Multicast(c) + regParent
+		if r.credit[i] >= r.fwdSent[i] {
+			// the child had everything: its credit is not late from now,
+			// but only RetransmitAfter after these writes
+			r.creditAt[i] = r.now
+		}
 		for q := r.fwdSent[i] + 1; q <= r.st.out[i]; q++ {
 			slot := r.st.fwdSlot(i, q)
 			rec := slot[:recordSize(int(leU32(slot[28:])))]

@@ -154,6 +154,10 @@ type mcOpts struct {
 	clientCrash bool // clients crash and restart with a new incarnation
 	slowGroups  bool // slow every replica of a random group at once
 
+	// calm: no fault at all, so no write is ever lost and nothing may be
+	// retransmitted or retried (idle gaps longer than RetransmitAfter
+	// included).
+	calm bool
 	// retryAfter is the clients' retry timeout (0: 20 ms).
 	retryAfter time.Duration
 	// mutant plants a bug (TestSimMutants).
@@ -588,6 +592,9 @@ func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
 		st := h.chk.Stats()
 		fmt.Printf("seed %d %s: %d messages, %d deliveries, %d retries, %+v, %d client incarnations\n", sd.Seed, o.shape, st.Messages, st.Deliveries, h.retries, h.ctr, h.incs)
 	}
+	if o.calm && (h.ctr.Retransmits != 0 || h.retries != 0) {
+		return h, fmt.Errorf("calm run: %d retransmissions to children and %d client retries, want none", h.ctr.Retransmits, h.retries)
+	}
 	fo := mcheck.FinalOptions{Live: live}
 	if o.clientCrash {
 		fo.Completed = func(id mcheck.MsgID) bool { return h.completed[id] }
@@ -607,7 +614,7 @@ var simCases = []struct {
 	name string
 	o    mcOpts
 }{
-	{"calm", mcOpts{clients: 3, msgs: 30, until: 40 * time.Millisecond}},
+	{"calm", mcOpts{clients: 3, msgs: 30, until: 100 * time.Millisecond, gap: 2 * time.Millisecond, calm: true}},
 	{"faults", mcOpts{clients: 3, msgs: 40, until: 80 * time.Millisecond, crashes: true, partitions: true, slow: true}},
 	{"leaders", mcOpts{clients: 4, msgs: 60, until: 80 * time.Millisecond, leaders: 3, isolate: 3, maxDst: 8, gap: time.Millisecond}},
 	{"backpressure", mcOpts{clients: 4, msgs: 50, until: 60 * time.Millisecond, pslots: 4, slow: true, partitions: true}},
