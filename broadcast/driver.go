@@ -71,16 +71,18 @@ func (d *Driver) Run(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		// One clock read a pass: every poller of the pass polls at it,
+		// and a pass without progress takes its waiting time from it.
+		now := d.Now()
 		progress := false
 		for _, p := range d.ps {
-			if p.Poll(d.Now()) {
+			if p.Poll(now) {
 				progress = true
 			}
 		}
 		if progress {
 			continue
 		}
-		now := d.Now()
 		wait := d.MaxPark
 		for _, p := range d.ps {
 			wait = min(wait, p.NextDeadline()-now)

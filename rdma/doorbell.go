@@ -61,11 +61,11 @@ func (d *LocalDoorbell) Wait(seq uint64, timeout time.Duration) bool {
 	if timeout <= 0 {
 		return false
 	}
-	start := time.Now()
-	if SpinUntil(func() bool { return d.seq.Load() != seq }, min(d.spin, timeout)) {
+	start := Mono()
+	if d.spinSeq(seq, start+min(d.spin, timeout)) {
 		return true
 	}
-	left := timeout - time.Since(start)
+	left := timeout - (Mono() - start)
 	if left <= 0 {
 		return false
 	}
@@ -100,6 +100,35 @@ func (d *LocalDoorbell) Wait(seq uint64, timeout time.Duration) bool {
 	}
 }
 
+// spinSeq spins until seq moves or the Mono clock passes deadline, like
+// SpinUntil with the condition inlined (no indirect call per try).
+func (d *LocalDoorbell) spinSeq(seq uint64, deadline time.Duration) bool {
+	for i := 1; ; i++ {
+		if d.seq.Load() != seq {
+			return true
+		}
+		if i%spinCheck == 0 {
+			if Mono() >= deadline {
+				return d.seq.Load() != seq
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// spinCheck is how many tries a spin makes between looks at the clock
+// (each followed by a yield).
+const spinCheck = 16
+
+// monoStart is Mono's origin.
+var monoStart = time.Now()
+
+// Mono is a monotonic clock (time since a fixed origin in this process).
+// It costs one read of the runtime's monotonic clock: time.Since of a
+// time.Time that carries a monotonic reading skips the wall clock that
+// time.Now also reads, so spin loops and drivers use it for deadlines.
+func Mono() time.Duration { return time.Since(monoStart) }
+
 // SpinUntil calls cond until it returns true or budget has passed, yielding
 // the processor between tries so that a spinner cannot starve the goroutine
 // it waits for. It reports cond's last result.
@@ -110,13 +139,13 @@ func SpinUntil(cond func() bool, budget time.Duration) bool {
 	if budget <= 0 {
 		return false
 	}
-	deadline := time.Now().Add(budget)
+	deadline := Mono() + budget
 	for i := 1; ; i++ {
 		if cond() {
 			return true
 		}
-		if i%16 == 0 {
-			if time.Now().After(deadline) {
+		if i%spinCheck == 0 {
+			if Mono() >= deadline {
 				return cond()
 			}
 			runtime.Gosched()

@@ -94,14 +94,14 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 	if timeout <= 0 {
 		return false
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := rdma.Mono() + timeout
 	if rdma.SpinUntil(changed, min(d.spin, timeout)) {
 		return true
 	}
 	rdma.Add64(nf, nodeParkedW, 1)
 	defer rdma.Add64(nf, nodeParkedW, ^uint64(0))
 	for !changed() {
-		left := time.Until(deadline)
+		left := deadline - rdma.Mono()
 		if left <= 0 {
 			return false
 		}
