@@ -110,6 +110,9 @@ const maxPushList = 16
 // write is visible, so is everything before it. A wake-up that could not
 // be posted is owed to the next push.
 func (r *Replica) pushLink(i int, l *link) bool {
+	if !l.notifyOwed && !l.ackDirty && l.dirty == [nTables]bool{} && (l.out.rinc == 0 || l.out.posted >= l.out.sent) {
+		return false // nothing to post and no wake-up owed: most Polls
+	}
 	want := l.notifyOwed
 	for t := range l.dirty {
 		// A CommitSST row wakes the peer only when a leader's commit
