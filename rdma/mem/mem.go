@@ -221,8 +221,32 @@ type Conn struct {
 
 var _ rdma.Conn = (*Conn)(nil)
 
-// PostList implements rdma.Conn.
-func (c *Conn) PostList(wrs []rdma.WR) (int, error) { return rdma.PostEach(c, wrs) }
+// PostList implements rdma.Conn. In immediate mode the list is applied
+// under one hold of the Conn's lock, each op exactly as Post would apply
+// it (the same checks, in the same order, stopping at the first error).
+func (c *Conn) PostList(wrs []rdma.WR) (int, error) {
+	if c.from.f.opts.Queued {
+		return rdma.PostEach(c, wrs)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range wrs {
+		wr := &wrs[i]
+		if err := rdma.CheckWR(wr); err != nil {
+			return i, err
+		}
+		switch {
+		case c.closed:
+			return i, rdma.ErrClosed
+		case c.err != nil:
+			return i, fmt.Errorf("%w: %w", rdma.ErrConnBroken, c.err)
+		case c.cq.Full():
+			return i, rdma.ErrQueueFull
+		}
+		c.complete(wr, c.exec(wr))
+	}
+	return len(wrs), nil
+}
 
 // Local implements rdma.Conn.
 func (c *Conn) Local() rdma.NodeID { return c.from.id }
