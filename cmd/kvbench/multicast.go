@@ -76,7 +76,11 @@ messages (not deliveries) completed in the measured part.
           and the broadcast replicas are a process each.
   scale   aggregate msgs/s of single-group messages (to a random group)
           with breadth trees of 1, 2, 4, 8 groups on mem, --clients clients
-          per group; speedup = msgs/s / the same run's 1-group msgs/s.
+          per group; speedup = msgs/s / the same run's 1-group msgs/s of
+          the same placement. --placement own: a node and a polling
+          goroutine per replica; shared: replica i of every group on node
+          i, one broadcast.MultiDriver per node (the embedded cluster's
+          layout); scale measures both by default.
 
 Each figure's defaults (a flag given applies to every figure selected):
 
@@ -88,7 +92,7 @@ Each figure's defaults (a flag given applies to every figure selected):
   table1  breadth            8        3         8        64                      16       4
   client  base               1        3         1        64                      1        1
   tax     base               1        3         1        64                      1        1
-  scale   breadth            1,2,4,8  3         1        64                      2/group  4
+  scale   breadth            1,2,4,8  3         1        64                      2/group  4  (placements own and shared)
 
 --tree takes shape names (base, breadth, depth; comma-separated, each
 built with every --groups count) or one tree in text form (parent:children
@@ -119,18 +123,19 @@ var mcFigs = []string{"5", "6", "7", "8", "table1", "client", "tax", "scale"}
 type mcFigDefault struct {
 	tree, groups, replicas, dests, sizes, fabric string
 	clients, window                              int
+	placements                                   string
 }
 
 var mcFigDefaults = map[string]mcFigDefault{
-	"5":      {"base,breadth,depth", "8", "3", "1,2,4,8", "64", "mem", 8, 4},
-	"6":      {"base,breadth,depth", "8", "3", "2,4", "64", "mem", 8, 4},
-	"7":      {"base", "8", "3", "1,8", "64,256,1024,4096,16384", "mem", 8, 4},
-	"8":      {"0:1,2", "3", "3,5,7", "1,2,3", "64", "mem", 8, 4},
-	"table1": {"breadth", "8", "3", "8", "64", "mem", 16, 4},
-	"client": {"base", "1", "3", "1", "64", "shm", 1, 1},
-	"tax":    {"base", "1", "3", "1", "64", "mem", 1, 1},
-	"scale":  {"breadth", "1,2,4,8", "3", "1", "64", "mem", 2, 4},
-	"soak":   {"base", "8", "3", "", "64", "mem", 8, 4},
+	"5":      {"base,breadth,depth", "8", "3", "1,2,4,8", "64", "mem", 8, 4, "own"},
+	"6":      {"base,breadth,depth", "8", "3", "2,4", "64", "mem", 8, 4, "own"},
+	"7":      {"base", "8", "3", "1,8", "64,256,1024,4096,16384", "mem", 8, 4, "own"},
+	"8":      {"0:1,2", "3", "3,5,7", "1,2,3", "64", "mem", 8, 4, "own"},
+	"table1": {"breadth", "8", "3", "8", "64", "mem", 16, 4, "own"},
+	"client": {"base", "1", "3", "1", "64", "shm", 1, 1, "own"},
+	"tax":    {"base", "1", "3", "1", "64", "mem", 1, 1, "own"},
+	"scale":  {"breadth", "1,2,4,8", "3", "1", "64", "mem", 2, 4, "own,shared"},
+	"soak":   {"base", "8", "3", "", "64", "mem", 8, 4, "own"},
 }
 
 // mcTree is one overlay to measure: its name in the rows and the tree.
@@ -149,6 +154,10 @@ type mcFig struct {
 	fabric   string
 	clients  int
 	window   int
+	// shared: the placements to measure (false: a node and goroutine per
+	// replica; true: replica i of every group on node i, one MultiDriver
+	// per node)
+	shared []bool
 }
 
 // mcFlags are the options of the multicast benchmark.
@@ -177,6 +186,7 @@ func parseMulticastFlags(args []string, stderr io.Writer) (*mcFlags, error) {
 	sizes := fs.String("size", "", "comma-separated payload sizes in bytes (default: per figure)")
 	fabric := fs.String("fabric", "", "mem or shm (default: per figure; mem and shm clusters other than the client path run every node in this process)")
 	clients := fs.Int("clients", 0, "closed-loop clients (scale: per group; default: per figure)")
+	placement := fs.String("placement", "", "figures 5-8 and scale: own (a node and a polling goroutine per replica), shared (replica i of every group on node i, one broadcast.MultiDriver per node, as an embedded cluster), or own,shared (default: per figure; scale: both)")
 	window := fs.Int("window", 0, "messages each client keeps outstanding, its ClientSlots (default: per figure; client and tax: 1)")
 	fs.DurationVar(&o.et, "election-timeout", 250*time.Millisecond, "the replicas' election timeout in every figure but table1 (long, so that a descheduled leader is not voted out mid-measurement)")
 	fs.DurationVar(&o.crashET, "crash-election-timeout", broadcast.DefaultElectionTimeout, "table1: the replicas' election timeout")
@@ -260,6 +270,21 @@ func parseMulticastFlags(args []string, stderr io.Writer) (*mcFlags, error) {
 		}
 		if f.sizes, err = parseInts(pick("size", *sizes, d.sizes), 8, 1<<20); err != nil {
 			return nil, fmt.Errorf("multicast: --size: %w", err)
+		}
+		for _, pl := range splitList(pick("placement", *placement, d.placements)) {
+			switch {
+			case pl == "own":
+				f.shared = append(f.shared, false)
+			case pl == "shared" && (name == "table1" || name == "client" || name == "tax" || name == "soak"):
+				return nil, fmt.Errorf("multicast: --placement shared: %s runs each replica on a node of its own", name)
+			case pl == "shared":
+				f.shared = append(f.shared, true)
+			default:
+				return nil, fmt.Errorf("multicast: --placement %q: want own, shared or own,shared", pl)
+			}
+		}
+		if len(f.shared) == 0 {
+			return nil, errors.New("multicast: --placement: empty")
 		}
 		return f, nil
 	}
@@ -347,6 +372,7 @@ type mkey struct {
 	clients  int
 	window   int
 	change   int // table1
+	shared   bool
 }
 
 // mstat is one measurement of a row.
@@ -584,50 +610,52 @@ func destKind(f *mcFig) string {
 // per tree, replica count and size, every k in it.
 func mcFigRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add func(mkey, mstat), stderr io.Writer) error {
 	var errs []error
-	for _, tr := range f.trees {
-		for _, nrep := range f.replicas {
-			for _, size := range f.sizes {
-				clients := f.clients
-				if f.name == "scale" {
-					clients *= tr.t.Len()
-				}
-				spec := mcSpec{fabric: f.fabric, tree: tr.t, replicas: nrep, clients: clients, window: f.window,
-					slotSize: mcSlotSize(size), et: o.et, shmDir: o.shmDir}
-				c, err := openMcCluster(ctx, spec)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("%s %dx%d: %w", tr.name, tr.t.Len(), nrep, err))
-					continue
-				}
-				p := payload(size)
-				for _, k := range f.dests {
-					if k > tr.t.Len() {
-						continue
+	for _, shared := range f.shared {
+		for _, tr := range f.trees {
+			for _, nrep := range f.replicas {
+				for _, size := range f.sizes {
+					clients := f.clients
+					if f.name == "scale" {
+						clients *= tr.t.Len()
 					}
-					if f.name == "6" && k < 2 {
-						continue
-					}
-					sp := &mcLoadSpec{dests: k, adjacent: f.name == "6", window: f.window, payload: p}
-					st, err := mcRetry(o, stderr, func() (mstat, error) { return c.measure(sp, tm) })
+					spec := mcSpec{fabric: f.fabric, tree: tr.t, replicas: nrep, clients: clients, window: f.window,
+						slotSize: mcSlotSize(size), et: o.et, shmDir: o.shmDir, shared: shared}
+					c, err := openMcCluster(ctx, spec)
 					if err != nil {
-						errs = append(errs, fmt.Errorf("%s %dx%d k=%d %dB: %w", tr.name, tr.t.Len(), nrep, k, size, err))
+						errs = append(errs, fmt.Errorf("%s %dx%d: %w", tr.name, tr.t.Len(), nrep, err))
 						continue
 					}
-					st.run = run
-					add(mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: k, adjacent: sp.adjacent, replicas: nrep, size: size,
-						fabric: f.fabric, clients: clients, window: f.window}, st)
-					note := ""
-					if st.leaderChanges > 0 {
-						note = fmt.Sprintf("  (%d leader change(s))", st.leaderChanges)
+					p := payload(size)
+					for _, k := range f.dests {
+						if k > tr.t.Len() {
+							continue
+						}
+						if f.name == "6" && k < 2 {
+							continue
+						}
+						sp := &mcLoadSpec{dests: k, adjacent: f.name == "6", window: f.window, payload: p}
+						st, err := mcRetry(o, stderr, func() (mstat, error) { return c.measure(sp, tm) })
+						if err != nil {
+							errs = append(errs, fmt.Errorf("%s %dx%d k=%d %dB: %w", tr.name, tr.t.Len(), nrep, k, size, err))
+							continue
+						}
+						st.run = run
+						add(mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: k, adjacent: sp.adjacent, replicas: nrep, size: size,
+							fabric: f.fabric, clients: clients, window: f.window, shared: shared}, st)
+						note := ""
+						if st.leaderChanges > 0 {
+							note = fmt.Sprintf("  (%d leader change(s))", st.leaderChanges)
+						}
+						fmt.Fprintf(stderr, "[run %d/%d] fig %-5s %-7s %dx%d k=%d %s %5dB %d clients W=%d  p50 %-8s p99 %-8s %8s msgs/s  other %.2f CPUs%s\n",
+							run, o.runs, f.name, tr.name, tr.t.Len(), nrep, k, destKind(f), size, clients, f.window,
+							fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS), st.otherCPU, note)
 					}
-					fmt.Fprintf(stderr, "[run %d/%d] fig %-5s %-7s %dx%d k=%d %s %5dB %d clients W=%d  p50 %-8s p99 %-8s %8s msgs/s  other %.2f CPUs%s\n",
-						run, o.runs, f.name, tr.name, tr.t.Len(), nrep, k, destKind(f), size, clients, f.window,
-						fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS), st.otherCPU, note)
-				}
-				if err := c.check(); err != nil {
-					errs = append(errs, err)
-				}
-				if err := c.close(); err != nil {
-					errs = append(errs, err)
+					if err := c.check(); err != nil {
+						errs = append(errs, err)
+					}
+					if err := c.close(); err != nil {
+						errs = append(errs, err)
+					}
 				}
 			}
 		}
@@ -951,7 +979,7 @@ func summarizeMulticast(order []mkey, res map[mkey][]mstat) []mcRow {
 			kind = "adjacent"
 		}
 		r := mcRow{Bench: "multicast", Fig: k.fig, Tree: k.tree, Groups: k.groups, Dests: k.dests, DestKind: kind, Replicas: k.replicas,
-			Size: k.size, Fabric: k.fabric, Placement: mcPlacement(k.fig, k.fabric), Clients: k.clients, Window: k.window, Runs: len(sts), Change: k.change}
+			Size: k.size, Fabric: k.fabric, Placement: mcPlacement(k.fig, k.fabric, k.shared), Clients: k.clients, Window: k.window, Runs: len(sts), Change: k.change}
 		r.P50NS = int64(med(sts, func(s mstat) float64 { return float64(s.p50) }))
 		r.P99NS = int64(med(sts, func(s mstat) float64 { return float64(s.p99) }))
 		r.OpsPerS = med(sts, func(s mstat) float64 { return s.opsPerS })
@@ -1009,8 +1037,10 @@ func summarizeMulticast(order []mkey, res map[mkey][]mstat) []mcRow {
 }
 
 // mcPlacement says where a row's replicas and clients ran.
-func mcPlacement(fig, fabric string) string {
+func mcPlacement(fig, fabric string, shared bool) string {
 	switch {
+	case shared:
+		return "shared nodes"
 	case fabric == "mem":
 		return "goroutines"
 	case fig == "client" || fig == "tax":
@@ -1052,7 +1082,7 @@ func printMulticastTable(w io.Writer, out []mcRow, o *mcFlags) {
 				fmt.Fprintln(tw, "fabric\treplicas\tsize\tmulticast p50\tp99\tbroadcast p50\tratio\ttarget\t")
 			case "scale":
 				fmt.Fprintln(w, "throughput scaling: single-group messages to random groups, breadth trees, clients per group as given")
-				fmt.Fprintln(tw, "groups\treplicas\tclients\tW\tsize\tmsgs/s\tspeedup\tp50\tp99\tother cpu\t")
+				fmt.Fprintln(tw, "placement\tgroups\treplicas\tclients\tW\tsize\tmsgs/s\tspeedup\tp50\tp99\tother cpu\t")
 			}
 		}
 		d := func(ns int64) string { return fmtDur(time.Duration(ns)) }
@@ -1078,7 +1108,7 @@ func printMulticastTable(w io.Writer, out []mcRow, o *mcFlags) {
 			if r.Speedup > 0 {
 				sp = fmt.Sprintf("%.2fx", r.Speedup)
 			}
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%.2f\t\n", r.Groups, r.Replicas, r.Clients, r.Window, r.Size, fmtOps(r.OpsPerS), sp,
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%.2f\t\n", r.Placement, r.Groups, r.Replicas, r.Clients, r.Window, r.Size, fmtOps(r.OpsPerS), sp,
 				d(r.P50NS), d(r.P99NS), r.OtherCPU)
 		}
 	}
@@ -1111,7 +1141,7 @@ func runMcSoak(o *mcFlags, stdout, stderr io.Writer) error {
 		return err
 	}
 	base := mcRow{Bench: "multicast", Fig: "soak", Tree: tr.name, Groups: tr.t.Len(), Dests: sp.dests, DestKind: destKind(f), Replicas: nrep, Size: size,
-		Fabric: f.fabric, Placement: mcPlacement("soak", f.fabric), Clients: f.clients, Window: f.window, Runs: 1, RSSStartKB: start, RSSKB: start}
+		Fabric: f.fabric, Placement: mcPlacement("soak", f.fabric, false), Clients: f.clients, Window: f.window, Runs: 1, RSSStartKB: start, RSSKB: start}
 	emit := func(r mcRow) error {
 		if o.json {
 			return json.NewEncoder(stdout).Encode(r)

@@ -43,6 +43,12 @@ type mcSpec struct {
 	// clientNodes, if set, names the client slots' nodes, which live in
 	// another process (no loaders here).
 	clientNodes []rdma.NodeID
+	// shared places replica i of every group on node i (replicas nodes in
+	// all, as an embedded cluster does), each node's replicas polled by one
+	// broadcast.MultiDriver on its one doorbell; otherwise every replica is
+	// a node of its own with a goroutine of its own. Shared replicas do
+	// not crash one by one (no table1).
+	shared bool
 }
 
 // Node ids: group g's replica i, and client slot c.
@@ -70,7 +76,29 @@ type mcCluster struct {
 	dir     string // shm cluster directory
 	reps    [][]*mcReplica
 	loaders []*mcLoader
+	// shared placement: the nodes and their drivers
+	nodes   map[rdma.NodeID]rdma.Node
+	drivers []*mcDriver
 }
+
+// mcDriver polls the replicas of one shared node.
+type mcDriver struct {
+	node   rdma.Node
+	reps   []*mcReplica
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// callPoller runs x's queued calls (do) before each Poll, on the driver's
+// goroutine.
+type callPoller struct{ x *mcReplica }
+
+func (p callPoller) Poll(now time.Duration) bool {
+	p.x.runCalls()
+	return p.x.r.Poll(now)
+}
+
+func (p callPoller) NextDeadline() time.Duration { return p.x.r.NextDeadline() }
 
 // mcReplica is one replica and its polling goroutine. It keeps its
 // broadcast stable state across a crash, so it can restart (empty memory,
@@ -87,6 +115,7 @@ type mcReplica struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	shared bool // its node and driver are shared with other groups' replicas
 
 	mu      sync.Mutex
 	calls   []func()
@@ -129,7 +158,11 @@ func openMcCluster(ctx context.Context, spec mcSpec) (*mcCluster, error) {
 	for g := range n {
 		var ms []rdma.NodeID
 		for i := range spec.replicas {
-			ms = append(ms, mcReplicaID(g, i, spec.replicas))
+			if spec.shared {
+				ms = append(ms, mcReplicaID(0, i, spec.replicas))
+			} else {
+				ms = append(ms, mcReplicaID(g, i, spec.replicas))
+			}
 		}
 		c.members = append(c.members, ms)
 	}
@@ -177,6 +210,7 @@ func openMcCluster(ctx context.Context, spec mcSpec) (*mcCluster, error) {
 			}
 		}
 	}
+	c.startDrivers()
 	if _, err := c.leaders(ctx, nil); err != nil {
 		c.close()
 		return nil, err
@@ -245,21 +279,81 @@ func (c *mcCluster) openNode(id rdma.NodeID) (rdma.Node, error) {
 // start opens x's node and replica (again, after a crash: a restart with
 // its stable state and empty memory) and its polling goroutine.
 func (c *mcCluster) start(x *mcReplica) error {
-	node, err := c.openNode(x.id)
-	if err != nil {
-		return err
+	var node rdma.Node
+	if c.spec.shared {
+		if c.nodes == nil {
+			c.nodes = map[rdma.NodeID]rdma.Node{}
+		}
+		if node = c.nodes[x.id]; node == nil {
+			n, err := c.openNode(x.id)
+			if err != nil {
+				return err
+			}
+			node = n
+			c.nodes[x.id] = n
+			c.drivers = append(c.drivers, &mcDriver{node: n})
+		}
+	} else {
+		n, err := c.openNode(x.id)
+		if err != nil {
+			return err
+		}
+		node = n
 	}
 	x.app = &mcApp{}
 	r, err := multicast.New(x.cfg, node, x.app, x.stable)
 	if err != nil {
-		node.Close()
+		if !c.spec.shared {
+			node.Close()
+		}
 		return fmt.Errorf("group %d replica %d: %w", x.g, x.i, err)
 	}
 	x.node, x.r = node, r
+	if c.spec.shared {
+		x.shared = true
+		for _, d := range c.drivers {
+			if d.node == node {
+				d.reps = append(d.reps, x)
+			}
+		}
+		return nil // the node's driver polls it (startDrivers)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel, x.done = cancel, make(chan struct{})
 	go x.loop(ctx)
 	return nil
+}
+
+// startDrivers starts one MultiDriver per shared node.
+func (c *mcCluster) startDrivers() {
+	for _, d := range c.drivers {
+		ps := make([]broadcast.Poller, len(d.reps))
+		for i, x := range d.reps {
+			ps[i] = callPoller{x}
+		}
+		md := broadcast.NewMultiDriver(d.node.Doorbell(), ps...)
+		ctx, cancel := context.WithCancel(context.Background())
+		d.cancel, d.done = cancel, make(chan struct{})
+		for _, x := range d.reps {
+			x.cancel, x.done = cancel, d.done
+		}
+		go func() { defer close(d.done); md.Run(ctx) }()
+	}
+}
+
+// runCalls runs the calls queued by do.
+func (x *mcReplica) runCalls() {
+	if !x.pending.Load() {
+		return
+	}
+	x.mu.Lock()
+	calls := x.calls
+	x.calls = nil
+	x.pending.Store(false)
+	x.mu.Unlock()
+	for _, f := range calls {
+		f()
+	}
 }
 
 // loop polls the replica until ctx ends: while there is progress, then
@@ -272,16 +366,7 @@ func (x *mcReplica) loop(ctx context.Context) {
 	defer stop()
 	start := time.Now()
 	for ctx.Err() == nil {
-		if x.pending.Load() {
-			x.mu.Lock()
-			calls := x.calls
-			x.calls = nil
-			x.pending.Store(false)
-			x.mu.Unlock()
-			for _, f := range calls {
-				f()
-			}
-		}
+		x.runCalls()
 		seq := db.Seq()
 		now := time.Since(start)
 		if x.r.Poll(now) {
@@ -328,7 +413,10 @@ func (x *mcReplica) halt() error {
 	if x.done == nil {
 		return nil
 	}
-	err := errors.Join(x.r.Close(), x.node.Close())
+	err := x.r.Close()
+	if !x.shared {
+		err = errors.Join(err, x.node.Close())
+	}
 	x.done = nil
 	return err
 }
@@ -443,6 +531,10 @@ func (c *mcCluster) close() error {
 			err = errors.Join(err, x.halt())
 		}
 	}
+	for _, d := range c.drivers {
+		err = errors.Join(err, d.node.Close())
+	}
+	c.drivers, c.nodes = nil, nil
 	if c.dir != "" && c.spec.shmPath == "" {
 		err = errors.Join(err, os.RemoveAll(c.dir))
 	}

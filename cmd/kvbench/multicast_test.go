@@ -104,17 +104,24 @@ func TestMulticastJSON(t *testing.T) {
 	}
 }
 
-// TestMulticastScale runs the scaling figure and Fig. 6 over breadth trees
-// of 1 and 3 groups: the 3-group rows have a speedup over the 1-group row
-// of the same run, and Fig. 6's destinations are adjacent.
+// TestMulticastScale runs the scaling figure (both placements: a node per
+// replica, and nodes shared by the groups with one MultiDriver each) and
+// Fig. 6 over breadth trees of 1 and 3 groups: the 3-group rows have a
+// speedup over the 1-group row of the same run and placement, and Fig.
+// 6's destinations are adjacent.
 func TestMulticastScale(t *testing.T) {
 	rows := runMulticastJSON(t, "--fig", "scale,6", "--tree", "breadth", "--groups", "1,3", "--dests", "2",
 		"--duration", "100ms", "--election-timeout", "50ms", "--window", "2")
 	var scale, six int
+	placements := map[any]int{}
 	for _, r := range rows {
 		switch r["fig"] {
 		case "scale":
 			scale++
+			placements[r["placement"]]++
+			if r["groups"] == 1.0 && r["speedup"] != 1.0 {
+				t.Errorf("scale row %v: the 1-group row is its placement's baseline", r)
+			}
 			positive(t, r, "ops_per_s", "p50_ns", "speedup")
 			if r["dests"] != 1.0 || r["clients"] != 2*r["groups"].(float64) {
 				t.Errorf("scale row %v: want single-group messages, 2 clients per group", r)
@@ -127,8 +134,8 @@ func TestMulticastScale(t *testing.T) {
 			}
 		}
 	}
-	if scale != 2 || six != 1 {
-		t.Errorf("%d scale rows, %d fig 6 rows; want 2 and 1:\n%v", scale, six, rows)
+	if scale != 4 || six != 1 || placements["goroutines"] != 2 || placements["shared nodes"] != 2 {
+		t.Errorf("%d scale rows (by placement %v), %d fig 6 rows; want 2 per placement and 1:\n%v", scale, placements, six, rows)
 	}
 }
 
