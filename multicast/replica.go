@@ -194,6 +194,9 @@ const (
 	// mutNoFlowControl: positions are assigned in a child's parent ring
 	// without waiting for its credit, overwriting unconsumed messages.
 	mutNoFlowControl
+	// mutSpinDeadline: a leader says it is always due, so its driver never
+	// parks: caught by TestIdleParks.
+	mutSpinDeadline
 )
 
 // Counters are a replica's cumulative counts.
@@ -397,6 +400,9 @@ func (r *Replica) NextDeadline() time.Duration {
 	d := r.b.NextDeadline()
 	if r.lead != 0 {
 		d = min(d, r.now+r.hbeat)
+		if r.mutant == mutSpinDeadline {
+			d = r.now
+		}
 	}
 	return d
 }
