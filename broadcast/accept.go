@@ -113,7 +113,7 @@ func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 	size := binary.LittleEndian.Uint64(payload[8:])
 	check := binary.LittleEndian.Uint64(payload[16:])
 	commit := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[24:])), Cnt: binary.LittleEndian.Uint64(payload[32:])}
-	if hdr.E < r.eNew || size != uint64(snapMetaSize(r.n)) || uint64(metaID) != mw {
+	if hdr.E < r.eNew || size < uint64(snapMetaSize(r.n)) || size > maxSnapMetaSize(r.n, r.cfg.MaxKeyedClients) || uint64(metaID) != mw {
 		return true // Fig. 5 l.54 would refuse the diff it belongs to, or not a snapshot of this group
 	}
 	f := &l.fetch
@@ -234,12 +234,13 @@ func (r *Replica) restore(m *snapMeta, state []byte, at MsgHdr) error {
 	r.ctr.SnapshotsRestored++
 	r.index = m.index
 	r.table = m.table
+	r.keys.restore(m.keys, r.cfg.MaxKeyedClients)
 	r.committed = at
 	r.log.Clear()
 	r.pruned = at
 	// Proposals of ours the snapshot covers were delivered; where is unknown.
 	if t := r.table[r.me]; t.oinc == uint32(r.inc) {
-		r.resolveThrough(t.pseq, 0, nil)
+		r.resolveThrough(t.pseq, 0, nil, nil)
 	}
 	return nil
 }

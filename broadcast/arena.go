@@ -91,9 +91,14 @@ type slabCursor struct {
 // copy returns a copy of data and the slab holding it, with a reference
 // for the caller (nil for data larger than slabMaxData, copied apart).
 func (c *slabCursor) copy(p *slabPool, data []byte) ([]byte, *slab) {
-	n := len(data)
+	return c.copy2(p, nil, data)
+}
+
+// copy2 is copy of the concatenation of a and b.
+func (c *slabCursor) copy2(p *slabPool, a, b []byte) ([]byte, *slab) {
+	n := len(a) + len(b)
 	if n > slabMaxData {
-		return append([]byte(nil), data...), nil
+		return append(append(make([]byte, 0, n), a...), b...), nil
 	}
 	if c.s == nil || len(c.s.buf)-c.off < n {
 		c.s.unref()
@@ -101,7 +106,7 @@ func (c *slabCursor) copy(p *slabPool, data []byte) ([]byte, *slab) {
 	}
 	d := c.s.buf[c.off : c.off+n : c.off+n]
 	c.off += n
-	copy(d, data)
+	copy(d[copy(d, a):], b)
 	c.s.ref()
 	return d, c.s
 }

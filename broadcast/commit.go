@@ -1,6 +1,9 @@
 package broadcast
 
-import "slices"
+import (
+	"encoding/binary"
+	"slices"
+)
 
 // Committing (Acuerdo Fig. 6), delivery, and the Log's bounds.
 
@@ -115,18 +118,47 @@ func (r *Replica) checkEpochDone() {
 }
 
 // deliver hands one committed entry to the application.
+// A keyed entry (keyedBit) the keyed table shows as delivered already is a
+// duplicate: it takes its index, FSM.Apply is not called, and its proposal
+// resolves with the original delivery's index and result (same Seq) or
+// ErrDuplicate (an older Seq). Every replica decides alike: the table is
+// replicated state (keyed.go).
 func (r *Replica) deliver(e *entry) {
 	r.index++
 	r.ctr.Delivered++
-	res := r.fsm.Apply(Entry{Index: r.index, Hdr: e.hdr, Data: e.data})
-	if e.id.pseq == 0 {
+	pseq := e.id.pseq &^ keyedBit
+	index, data := r.index, e.data
+	var key Key
+	var res []byte
+	var err error
+	dup := false
+	if e.id.pseq&keyedBit != 0 && len(data) >= keyLen {
+		key = Key{Client: binary.LittleEndian.Uint64(data[0:]), Seq: binary.LittleEndian.Uint64(data[8:])}
+		data = data[keyLen:]
+		if k := r.keys.get(key.Client); k != nil && key.Seq <= k.seq {
+			dup = true
+			r.ctr.Duplicates++
+			if key.Seq == k.seq {
+				index, res = k.index, k.reply()
+			} else {
+				index, err = 0, ErrDuplicate
+			}
+		}
+	}
+	if !dup {
+		res = r.fsm.Apply(Entry{Index: r.index, Hdr: e.hdr, Data: data, Key: key})
+		if key.Client != 0 {
+			r.keys.record(key, r.index, res, r.cfg.MaxKeyedClients)
+		}
+	}
+	if pseq == 0 {
 		return // appended (Replica.Append): no proposal, no table record
 	}
 	if k := r.idxOf(e.id.origin); k >= 0 {
-		r.table[k] = tableRec{oinc: e.id.oinc, pseq: e.id.pseq}
+		r.table[k] = tableRec{oinc: e.id.oinc, pseq: pseq}
 	}
 	if e.id.origin == r.self && e.id.oinc == uint32(r.inc) {
-		r.resolveThrough(e.id.pseq, r.index, res)
+		r.resolveThrough(pseq, index, res, err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/rdmakv/rdmakv/rdma"
@@ -182,11 +183,15 @@ func FuzzDiffEntry(f *testing.F) {
 
 // FuzzSnapshot: a fetched snapshot meta region either fails with
 // errBadSnapshot or is exactly the encoding of what it decoded to (one
-// encoding per snapshot), and names the group's members in order.
+// encoding per snapshot), names the group's members in order, decodes
+// again to the same snapshot, and its keyed table restores and captures
+// unchanged.
 func FuzzSnapshot(f *testing.F) {
 	members := []rdma.NodeID{1, 2, 3}
 	f.Add(encodeSnapMeta(members, snapMeta{index: 42, table: []tableRec{{1, 2}, {3, 4}, {5, 6}}, region: 7, off: 8, size: 9, stateCheck: 10}), uint8(2))
 	f.Add(encodeSnapMeta(members[:1], snapMeta{table: []tableRec{{}}}), uint8(0))
+	f.Add(encodeSnapMeta(members, snapMeta{index: 42, table: []tableRec{{1, 2}, {3, 4}, {5, 6}}, region: 7, off: 8, size: 9, stateCheck: 10,
+		keys: []keySnap{{client: 9, seq: 1, index: 3, result: []byte("abc")}, {client: 2, seq: 7, index: 5, big: true}, {client: 4, seq: 2, index: 42, result: make([]byte, 16)}}}), uint8(2))
 	f.Add(make([]byte, 16), uint8(0))
 	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255}, uint8(3))
 	f.Fuzz(func(t *testing.T, b []byte, n uint8) {
@@ -206,6 +211,17 @@ func FuzzSnapshot(f *testing.F) {
 		}
 		if got := encodeSnapMeta(members, m); !bytes.Equal(got, b) {
 			t.Fatalf("snapshot meta %x re-encodes as %x", b, got)
+		}
+		// Round trip: the encoding decodes to the same snapshot, and a
+		// table restored from it captures the same key records.
+		m2, err := decodeSnapMeta(encodeSnapMeta(members, m), members)
+		if err != nil || !reflect.DeepEqual(m2, m) {
+			t.Fatalf("snapshot %+v round-trips as %+v, %v", m, m2, err)
+		}
+		var kt keyTable
+		kt.restore(m.keys, len(m.keys))
+		if got := kt.capture(); !reflect.DeepEqual(got, m.keys) {
+			t.Fatalf("key table %+v restores and captures as %+v", m.keys, got)
 		}
 	})
 }

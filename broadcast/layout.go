@@ -195,21 +195,31 @@ func decodeRecord(mem []byte, off int, seq, sinc, rinc uint64) (h recHeader, siz
 //	kMsg, kForward payload:  [origin u32][oinc u32][pseq u64][data ...]
 //	kDiffPart/kDiffEnd payload: [base epoch u64][base cnt u64][flags u64] then entries
 //	  entry: [epoch u64][cnt u64][origin u32][oinc u32][pseq u64][dlen u64][data, zero-padded to 8]
+//	a keyed proposal's (ProposeKeyed) pseq word has bit 63 set (keyedBit), and its
+//	data starts with its key: [client u64][seq u64][the proposal's data ...]
 //	kSnapshot payload: [meta region u64][meta size u64][meta xxhash u64][commit epoch u64][commit cnt u64]
 //
 // (origin, oinc, pseq) names a proposal: the node that proposed it, the low
 // 32 bits of that node's incarnation, and its sequence number there
 // (1, 2, ...). pseq 0 names no proposal: an entry a leader appended
 // (Replica.Append), which no proposal resolves on and no per-proposer
-// table records.
+// table records. A keyed proposal's entry carries its Key in the first
+// keyLen bytes of its data (flagged by keyedBit in the pseq word), so the
+// Log, the forward path, messages and diffs move it as they move any data
+// and unkeyed entries are unchanged.
 const (
 	entryMeta     = 16
 	diffHdr       = 24
 	diffEntryHdr  = 40
 	snapRecLen    = 40
 	diffSnapshot  = 1  // flags: the diff's base is the fetched snapshot
-	snapMetaWords = 2  // snapshot meta region: [index u64][ntable u64][table ...][state location]
+	snapMetaWords = 2  // snapshot meta region: [index u64][ntable u64][table ...][state location][keys]
 	snapTableRec  = 16 // one member's record in the snapshot's table
+
+	keyedBit   = 1 << 63 // in a proposal's pseq word: its data starts with its Key
+	keyLen     = 16      // [client u64][seq u64]
+	snapKeyRec = 32      // a keyed client's record in a snapshot, before its result
+	keyFlagBig = 1       // the result was longer than maxKeptResult and is not kept
 )
 
 // maxProposal is the largest proposal data for records of at most
@@ -281,10 +291,16 @@ func getDiffEntry(src []byte) (e *entry, size int, ok bool) {
 //	[index u64][n u64] then n table records, one per member in Members order:
 //	  [member u32][oinc u32][pseq u64]
 //	then [state region u64][state offset u64][state size u64][state xxhash u64]
+//	then [nkeys u64] and nkeys key records, oldest last delivery first (strictly
+//	increasing index):
+//	  [client u64][seq u64][index u64][rlen u32][flags u32][result, rlen bytes, zero-padded to 8]
 //
 // index is the number of entries the snapshot covers, the table each
-// member's last delivered proposal (the duplicate filter), and the last
-// four words where the FSM's state is and its checksum.
+// member's last delivered proposal (the duplicate filter), the four state
+// words where the FSM's state is and its checksum, and the key records the
+// keyed-proposal table (keyed.go): each client's last delivered Seq, the
+// index it was delivered at and the result the FSM returned (flags
+// keyFlagBig: longer than maxKeptResult, not kept; rlen is then 0).
 const snapStateWords = 4
 
 // snapMeta is a decoded meta region.
@@ -295,10 +311,25 @@ type snapMeta struct {
 	off        uint64
 	size       uint64
 	stateCheck uint64
+	keys       []keySnap
 }
 
-// snapMetaSize is the meta region's size for a group of n.
-func snapMetaSize(n int) int { return snapMetaWords*8 + n*snapTableRec + snapStateWords*8 }
+// keySnap is one keyed client's record in a snapshot.
+type keySnap struct {
+	client, seq, index uint64
+	result             []byte // nil when empty or not kept
+	big                bool   // the result was longer than maxKeptResult
+}
+
+// snapMetaSize is the size of a meta region's fixed part (everything but
+// the key records) for a group of n.
+func snapMetaSize(n int) int { return snapMetaWords*8 + n*snapTableRec + snapStateWords*8 + 8 }
+
+// maxSnapMetaSize bounds a meta region whose key table holds at most
+// maxKeys records.
+func maxSnapMetaSize(n, maxKeys int) uint64 {
+	return uint64(snapMetaSize(n)) + uint64(maxKeys)*(snapKeyRec+maxKeptResult)
+}
 
 // errBadSnapshot: a fetched snapshot failed validation. It is traced, not
 // installed, and the leader's re-sync sends another; no API returns it.
@@ -307,7 +338,11 @@ var errBadSnapshot = errors.New("broadcast: malformed snapshot")
 // encodeSnapMeta lays out a snapshot's meta region for the given members.
 func encodeSnapMeta(members []rdma.NodeID, m snapMeta) []byte {
 	n := len(members)
-	b := make([]byte, snapMetaSize(n))
+	size := snapMetaSize(n)
+	for _, k := range m.keys {
+		size += snapKeyRec + rdma.Round8(len(k.result))
+	}
+	b := make([]byte, size)
 	binary.LittleEndian.PutUint64(b[0:], m.index)
 	binary.LittleEndian.PutUint64(b[8:], uint64(n))
 	for k, t := range m.table {
@@ -321,6 +356,19 @@ func encodeSnapMeta(members []rdma.NodeID, m snapMeta) []byte {
 	binary.LittleEndian.PutUint64(w[8:], m.off)
 	binary.LittleEndian.PutUint64(w[16:], m.size)
 	binary.LittleEndian.PutUint64(w[24:], m.stateCheck)
+	binary.LittleEndian.PutUint64(w[32:], uint64(len(m.keys)))
+	w = w[40:]
+	for _, k := range m.keys {
+		binary.LittleEndian.PutUint64(w[0:], k.client)
+		binary.LittleEndian.PutUint64(w[8:], k.seq)
+		binary.LittleEndian.PutUint64(w[16:], k.index)
+		binary.LittleEndian.PutUint32(w[24:], uint32(len(k.result)))
+		if k.big {
+			binary.LittleEndian.PutUint32(w[28:], keyFlagBig)
+		}
+		copy(w[snapKeyRec:], k.result)
+		w = w[snapKeyRec+rdma.Round8(len(k.result)):]
+	}
 	return b
 }
 
@@ -328,7 +376,7 @@ func encodeSnapMeta(members []rdma.NodeID, m snapMeta) []byte {
 // members. Errors wrap errBadSnapshot.
 func decodeSnapMeta(b []byte, members []rdma.NodeID) (m snapMeta, err error) {
 	n := len(members)
-	if len(b) != snapMetaSize(n) {
+	if len(b) < snapMetaSize(n) {
 		return m, fmt.Errorf("broadcast: snapshot meta of %d bytes for %d members, want %d: %w", len(b), n, snapMetaSize(n), errBadSnapshot)
 	}
 	m.index = binary.LittleEndian.Uint64(b[0:])
@@ -354,5 +402,63 @@ func decodeSnapMeta(b []byte, members []rdma.NodeID) (m snapMeta, err error) {
 	if m.off+m.size < m.off {
 		return snapMeta{}, fmt.Errorf("broadcast: snapshot state at %d+%d wraps: %w", m.off, m.size, errBadSnapshot)
 	}
+	if m.keys, err = decodeSnapKeys(b[snapMetaSize(n):], binary.LittleEndian.Uint64(w[32:]), m.index); err != nil {
+		return snapMeta{}, err
+	}
 	return m, nil
+}
+
+// decodeSnapKeys decodes and validates nkeys key records filling b
+// exactly, in the one encoding encodeSnapMeta writes: clients and Seqs
+// nonzero, clients distinct, indices strictly increasing and at most the
+// snapshot's index, results at most maxKeptResult bytes and zero-padded,
+// a result not kept only with rlen 0. Results alias b.
+func decodeSnapKeys(b []byte, nkeys, index uint64) ([]keySnap, error) {
+	if nkeys > uint64(len(b))/snapKeyRec {
+		return nil, fmt.Errorf("broadcast: snapshot of %d key records in %d bytes: %w", nkeys, len(b), errBadSnapshot)
+	}
+	if nkeys == 0 {
+		if len(b) != 0 {
+			return nil, fmt.Errorf("broadcast: snapshot meta has %d bytes after its key table: %w", len(b), errBadSnapshot)
+		}
+		return nil, nil
+	}
+	keys := make([]keySnap, nkeys)
+	seen := make(map[uint64]bool, nkeys)
+	var last uint64
+	for i := range keys {
+		if len(b) < snapKeyRec {
+			return nil, fmt.Errorf("broadcast: snapshot key record %d truncated: %w", i, errBadSnapshot)
+		}
+		k := keySnap{client: binary.LittleEndian.Uint64(b[0:]), seq: binary.LittleEndian.Uint64(b[8:]), index: binary.LittleEndian.Uint64(b[16:])}
+		rlen := int(binary.LittleEndian.Uint32(b[24:]))
+		flags := binary.LittleEndian.Uint32(b[28:])
+		switch {
+		case k.client == 0 || k.seq == 0 || seen[k.client]:
+			return nil, fmt.Errorf("broadcast: snapshot key record %d: client %d seq %d: %w", i, k.client, k.seq, errBadSnapshot)
+		case k.index <= last || k.index > index:
+			return nil, fmt.Errorf("broadcast: snapshot key record %d at index %d (previous %d, snapshot %d): %w", i, k.index, last, index, errBadSnapshot)
+		case rlen > maxKeptResult || flags > keyFlagBig || flags == keyFlagBig && rlen != 0:
+			return nil, fmt.Errorf("broadcast: snapshot key record %d: result of %d bytes, flags %#x: %w", i, rlen, flags, errBadSnapshot)
+		case len(b)-snapKeyRec < rdma.Round8(rlen):
+			return nil, fmt.Errorf("broadcast: snapshot key record %d truncated: %w", i, errBadSnapshot)
+		}
+		seen[k.client], last = true, k.index
+		k.big = flags == keyFlagBig
+		end := snapKeyRec + rdma.Round8(rlen)
+		for _, c := range b[snapKeyRec+rlen : end] {
+			if c != 0 {
+				return nil, fmt.Errorf("broadcast: snapshot key record %d: padding not zero: %w", i, errBadSnapshot)
+			}
+		}
+		if rlen > 0 {
+			k.result = b[snapKeyRec : snapKeyRec+rlen : snapKeyRec+rlen]
+		}
+		keys[i] = k
+		b = b[end:]
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("broadcast: snapshot meta has %d bytes after its key table: %w", len(b), errBadSnapshot)
+	}
+	return keys, nil
 }

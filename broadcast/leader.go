@@ -189,7 +189,7 @@ func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
 		buf := l.out.reserve(recSize(snapRecLen), r.inc)
 		p := buf[recHdr:]
 		binary.LittleEndian.PutUint64(p[0:], uint64(metaID))
-		binary.LittleEndian.PutUint64(p[8:], uint64(snapMetaSize(r.n)))
+		binary.LittleEndian.PutUint64(p[8:], uint64(snap.metaSize))
 		binary.LittleEndian.PutUint64(p[16:], snap.mcheck)
 		binary.LittleEndian.PutUint64(p[24:], uint64(f.base.E))
 		binary.LittleEndian.PutUint64(p[32:], f.base.Cnt)

@@ -20,6 +20,7 @@ import (
 type Proposal struct {
 	data     []byte
 	pseq     uint64
+	key      Key           // ProposeKeyed's (zero: unkeyed)
 	epoch    Epoch         // epoch it was handed to (inflight)
 	deadline time.Duration // set when the replica first sees it
 	cb       func(index uint64, result []byte, err error)
@@ -70,7 +71,9 @@ func (p *Proposal) Result() (uint64, error) {
 // entry the proposal was delivered as: nil until the proposal resolved,
 // when it failed, when Apply returned nil, and when Result reports index 0
 // (this replica skipped the entry by restoring a snapshot, so its FSM did
-// not compute the result). The bytes are the proposal's own copy (they do
+// not compute the result). A keyed proposal delivered as a duplicate
+// (ProposeKeyed) gets the original delivery's result, nil if it was
+// longer than 1 KiB. The bytes are the proposal's own copy (they do
 // not alias the FSM's memory); they must not be modified.
 func (p *Proposal) Reply() []byte {
 	p.mu.Lock()
@@ -124,7 +127,7 @@ const propSlab = 128
 // follower the proposal is forwarded to the leader; during an election it
 // waits, up to ProposeTimeout, for a leader. data is copied.
 func (r *Replica) Propose(data []byte) *Proposal {
-	return r.propose(data, nil)
+	return r.propose(Key{}, data, nil)
 }
 
 // ProposeFunc is Propose with a completion callback instead of a handle to
@@ -136,7 +139,7 @@ func (r *Replica) Propose(data []byte) *Proposal {
 // only during the callback. done must not block and must not call Poll;
 // it may call Propose or ProposeFunc.
 func (r *Replica) ProposeFunc(data []byte, done func(index uint64, result []byte, err error)) {
-	r.propose(data, done)
+	r.propose(Key{}, data, done)
 }
 
 // MaxProposal is the largest data Propose accepts (Config.MaxRecord-64
@@ -144,7 +147,8 @@ func (r *Replica) ProposeFunc(data []byte, done func(index uint64, result []byte
 // forwarded proposal, a diff part after an election).
 func (r *Replica) MaxProposal() int { return maxProposal(r.cfg.MaxRecord) }
 
-func (r *Replica) propose(data []byte, cb func(uint64, []byte, error)) *Proposal {
+// propose submits data, keyed unless key is zero (proposeKeyed checked it).
+func (r *Replica) propose(key Key, data []byte, cb func(uint64, []byte, error)) *Proposal {
 	if len(data) > maxProposal(r.cfg.MaxRecord) {
 		p := &Proposal{cb: cb}
 		p.finish(0, nil, ErrTooLarge)
@@ -169,7 +173,14 @@ func (r *Replica) propose(data []byte, cb func(uint64, []byte, error)) *Proposal
 	p := &r.propSlab[0]
 	r.propSlab = r.propSlab[1:]
 	p.cb = cb
-	p.data, p.slab = r.propCur.copy(&r.slabs, data)
+	if key != (Key{}) {
+		var kb [keyLen]byte
+		putKey(kb[:], key)
+		p.key = key
+		p.data, p.slab = r.propCur.copy2(&r.slabs, kb[:], data)
+	} else {
+		p.data, p.slab = r.propCur.copy(&r.slabs, data)
+	}
 	r.npending.Add(1) // under mu: proposers check and add in turn; Poll only subtracts
 	r.inbox = append(r.inbox, p)
 	first := len(r.inbox) == 1
@@ -210,17 +221,19 @@ func (r *Replica) resolved(k int) { r.npending.Add(-int64(k)) }
 // proposals of one replica are delivered in pseq order (they are handed to
 // one epoch's leader at a time, in order, only once the fate of all earlier
 // ones is known), so the delivered ones form a prefix. The one at pseq was
-// delivered at index with the FSM's result (nil for a snapshot's); the
-// earlier ones were skipped by a snapshot (index 0, no result).
-func (r *Replica) resolveThrough(pseq, index uint64, result []byte) {
+// delivered at index with the FSM's result (nil for a snapshot's), or,
+// keyed, found a duplicate (err ErrDuplicate, or the original's index and
+// result); the earlier ones were skipped by a snapshot (index 0, no
+// result).
+func (r *Replica) resolveThrough(pseq, index uint64, result []byte, err error) {
 	k := 0
 	for k < len(r.inflight) && r.inflight[k].pseq <= pseq {
 		p := r.inflight[k]
 		if p.pseq == pseq {
 			if p.cb == nil && result != nil {
-				p.finish(index, r.replies.copy(result), nil)
+				p.finish(index, r.replies.copy(result), err)
 			} else {
-				p.finish(index, result, nil)
+				p.finish(index, result, err)
 			}
 		} else {
 			p.finish(0, nil, nil)
@@ -231,6 +244,16 @@ func (r *Replica) resolveThrough(pseq, index uint64, result []byte) {
 		r.inflight = dropFront(r.inflight, k)
 		r.resolved(k)
 	}
+}
+
+// id names the proposal in its entry: keyedBit marks a keyed one, whose
+// data starts with its key.
+func (p *Proposal) id(r *Replica) proposalID {
+	id := proposalID{origin: r.self, oinc: uint32(r.inc), pseq: p.pseq}
+	if p.key != (Key{}) {
+		id.pseq |= keyedBit
+	}
+	return id
 }
 
 // dropFront removes the first k proposals of q. A queue it empties keeps
@@ -276,7 +299,7 @@ func (r *Replica) submit() bool {
 			p := r.waiting[k]
 			p.epoch = r.eCur
 			p.slab.ref() // the Log's; the proposal keeps its own until it resolves
-			r.broadcast(proposalID{origin: r.self, oinc: uint32(r.inc), pseq: p.pseq}, p.data, p.slab)
+			r.broadcast(p.id(r), p.data, p.slab)
 			k++
 		}
 	case Follower:
@@ -291,7 +314,7 @@ func (r *Replica) submit() bool {
 				break
 			}
 			buf := l.out.reserve(size, r.inc)
-			putMeta(buf[recHdr:], proposalID{origin: r.self, oinc: uint32(r.inc), pseq: p.pseq})
+			putMeta(buf[recHdr:], p.id(r))
 			copy(buf[recHdr+entryMeta:], p.data)
 			l.out.commitRecord(recHeader{len: entryMeta + len(p.data), kind: kForward, hdr: MsgHdr{E: r.eCur}}, r.inc)
 			p.epoch = r.eCur

@@ -164,6 +164,7 @@ type Replica struct {
 	epochDone   bool          // committed >= (eCur, 0): proposals may be handed over
 	leading     atomic.Uint64 // E_cur while we lead it and epochDone, else 0 (Leading); set by setLeading
 	table       []tableRec
+	keys        keyTable // keyed proposals' last delivery per client (keyed.go)
 	scratch     []byte
 	acceptCur   slabCursor // accepted data is copied into slabs (arena.go); driver only
 	commitVals  []MsgHdr   // commit's scratch: the Accept_SST headers of our epoch

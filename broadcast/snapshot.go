@@ -61,15 +61,16 @@ func (b bytesSnapshot) Release()                 {}
 // leaderSnap is the snapshot the leader serves (one at a time, shared by
 // every member it catches up).
 type leaderSnap struct {
-	at     MsgHdr // the commit point it was taken at
-	slot   int    // region id slot (snapRegionIDs)
-	fsm    FSMSnapshot
-	meta   rdma.Region
-	state  rdma.Region // nil when served from the FSM's region
-	size   int         // state bytes
-	mcheck uint64      // xxhash of the meta region
-	done   atomic.Bool // Persist and the meta region are done (err says how)
-	err    error
+	at       MsgHdr // the commit point it was taken at
+	slot     int    // region id slot (snapRegionIDs)
+	fsm      FSMSnapshot
+	meta     rdma.Region
+	state    rdma.Region // nil when served from the FSM's region
+	size     int         // state bytes
+	mcheck   uint64      // xxhash of the meta region
+	metaSize int         // the meta region's bytes
+	done     atomic.Bool // Persist and the meta region are done (err says how)
+	err      error
 }
 
 // snapRegionIDs returns the meta and state region ids of a slot: two
@@ -111,7 +112,7 @@ func (r *Replica) snapshotFor() *leaderSnap {
 	r.snapSlot ^= 1
 	s = &leaderSnap{at: r.committed, slot: r.snapSlot, fsm: capture, size: capture.Size()}
 	r.snap = s
-	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...)}
+	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
 	r.ctr.SnapshotsTaken++
 	r.tracef("node %d takes a snapshot at %v (%d bytes)", r.self, s.at, s.size)
 	r.persisting.Add(1)
@@ -153,6 +154,7 @@ func (r *Replica) persistSnap(s *leaderSnap, m snapMeta) error {
 		m.stateCheck = hashChunked(b)
 	}
 	mb := encodeSnapMeta(r.cfg.Members, m)
+	s.metaSize = len(mb)
 	reg, err := r.node.Register(metaID, len(mb))
 	if err != nil {
 		return fmt.Errorf("broadcast: register snapshot meta region: %w", err)

@@ -108,6 +108,7 @@ type Counters struct {
 	Reconnects            uint64 // Conns re-opened after breaking
 	Requeued              uint64 // proposals handed back after an epoch ended without them
 	Delivered             uint64
+	Duplicates            uint64 // keyed entries delivered as duplicates (not applied; counted in Delivered)
 }
 
 // Leader returns the leader's node id if this replica follows or leads an

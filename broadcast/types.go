@@ -117,6 +117,10 @@ type Entry struct {
 	// Data is the proposed (or appended) bytes. It is valid only during
 	// Apply: copy what you keep.
 	Data []byte
+	// Key is the key of a keyed proposal (ProposeKeyed), zero otherwise.
+	// An entry whose key the keyed table shows as delivered already is
+	// not applied (its index is skipped).
+	Key Key
 }
 
 // FSM is the application state machine that committed entries are
@@ -200,6 +204,11 @@ type Config struct {
 	// MaxUncommitted bounds the leader's uncommitted entries; beyond it new
 	// proposals wait (back pressure). Default 16384.
 	MaxUncommitted int
+	// MaxKeyedClients bounds the keyed table (ProposeKeyed): the clients
+	// whose last delivered Seq every replica remembers; a new client
+	// evicts the one whose last delivery is the oldest. It must be the
+	// same on every member. Default 65536.
+	MaxKeyedClients int
 	// MaxPending bounds proposals waiting at this replica for a leader;
 	// beyond it Propose fails with ErrBusy. Default 65536.
 	MaxPending int
@@ -309,6 +318,7 @@ const (
 	DefaultMaxUncommitted                  = 1 << 14
 	DefaultMaxSnapshot                     = 4 << 30
 	DefaultMaxPending                      = 1 << 16
+	DefaultMaxKeyedClients                 = 1 << 16
 	DefaultProposeTimeout                  = 2 * time.Second
 	DefaultReconnectMin                    = time.Millisecond
 	DefaultReconnectMax                    = 100 * time.Millisecond
@@ -378,6 +388,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxPending == 0 {
 		c.MaxPending = DefaultMaxPending
 	}
+	if c.MaxKeyedClients == 0 {
+		c.MaxKeyedClients = DefaultMaxKeyedClients
+	}
+	if c.MaxKeyedClients < 0 {
+		return c, fmt.Errorf("broadcast: config: max keyed clients %d is negative: %w", c.MaxKeyedClients, ErrConfig)
+	}
 	if c.ProposeTimeout == 0 {
 		c.ProposeTimeout = DefaultProposeTimeout
 	}
@@ -411,6 +427,13 @@ var (
 	ErrTimeout = errors.New("broadcast: proposal timed out without a leader")
 	// ErrTooLarge: the proposal's data is larger than MaxProposal.
 	ErrTooLarge = errors.New("broadcast: proposal larger than the record limit")
+	// ErrInvalidKey: ProposeKeyed was given a Key with a zero Client or
+	// Seq; the proposal was not submitted.
+	ErrInvalidKey = errors.New("broadcast: keyed proposal needs a nonzero Client and Seq")
+	// ErrDuplicate: a keyed proposal was delivered, but its Key's Seq is
+	// below the last Seq already delivered for its Client, so the FSM did
+	// not apply it (and never will: retrying does not help).
+	ErrDuplicate = errors.New("broadcast: keyed proposal older than its client's last delivered one")
 	// ErrNotLeader: Append was called while the replica does not lead an
 	// epoch whose diff committed here (Leading is false).
 	ErrNotLeader = errors.New("broadcast: not the leader of a committed epoch")
