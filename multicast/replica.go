@@ -1,6 +1,7 @@
 package multicast
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -42,8 +43,11 @@ type Config struct {
 	// RetransmitAfter is how long a leader waits for a child's credit to
 	// move before it writes the uncredited messages again (a child
 	// replica that restarted, a write lost with a broken Conn, a stale
-	// write of a deposed leader). Default 10 x the broadcast
-	// HeartbeatInterval.
+	// write of a deposed leader: events of failures, which take an
+	// election timeout to matter). Each retransmission that brings no
+	// credit doubles the wait, up to 32 x RetransmitAfter, so that a child
+	// that is only slow is not flooded with copies. Default the group's
+	// election timeout (broadcast's default if unset).
 	RetransmitAfter time.Duration
 	// Broadcast configures the group's Acuerdo replica; Members and
 	// RegionBase are filled in (regions.Broadcast(Group)).
@@ -110,7 +114,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.Broadcast = b
 	if c.RetransmitAfter == 0 {
-		c.RetransmitAfter = 10 * b.HeartbeatInterval
+		c.RetransmitAfter = cmp.Or(b.ElectionTimeout, broadcast.DefaultElectionTimeout)
 	}
 	return c, nil
 }
@@ -152,7 +156,8 @@ type Replica struct {
 	tout      []uint64        // tentative out[] per child
 	fwdSent   []uint64        // per child: forwarded up to this position
 	credit    []uint64        // per child: highest credit seen
-	creditAt  []time.Duration // per child: when its credit last moved
+	creditAt  []time.Duration // per child: when its credit last moved (or we last wrote to it)
+	rtWait    []time.Duration // per child: the wait before the next retransmission (backoff)
 	rr        int             // round-robin start of the next scan
 	retrySeen []uint64
 	creditOut uint64 // the credit last sent to our parent
@@ -228,6 +233,7 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 	r.tinc, r.tpos, r.retrySeen = make([]uint64, nc), make([]uint64, nc), make([]uint64, nc)
 	kids := cfg.Tree.Children(cfg.Group)
 	r.tout, r.fwdSent, r.credit, r.creditAt = make([]uint64, len(kids)), make([]uint64, len(kids)), make([]uint64, len(kids)), make([]time.Duration, len(kids))
+	r.rtWait = make([]time.Duration, len(kids))
 	r.parent, r.hasParent = cfg.Tree.Parent(cfg.Group)
 	if r.hasParent {
 		for i, c := range cfg.Tree.Children(r.parent) {
@@ -510,19 +516,25 @@ func (r *Replica) resendFrom(i int) uint64 {
 
 // readCredits reads the children's credit words (written by their
 // leaders into our memory) and schedules retransmission to a child whose
-// credit has not moved for RetransmitAfter while messages are outstanding.
+// credit has not moved for RetransmitAfter while messages are outstanding
+// (doubling the wait after each retransmission that brought no credit).
 func (r *Replica) readCredits() bool {
 	mem := r.regs[regCredits].Bytes()
 	progress := false
 	for i := range r.credit {
+		if r.rtWait[i] == 0 {
+			r.rtWait[i] = r.cfg.RetransmitAfter
+		}
 		if v := rdma.Load64(mem, i*8); v > r.credit[i] && v <= r.st.out[i]+uint64(r.cfg.ParentSlots) {
 			r.credit[i] = min(v, r.tout[i])
 			r.creditAt[i] = r.now
+			r.rtWait[i] = r.cfg.RetransmitAfter
 			progress = true
 		}
-		if r.credit[i] < r.st.out[i] && r.now-r.creditAt[i] > r.cfg.RetransmitAfter && r.fwdSent[i] >= r.st.out[i] && r.mutant != mutNoCatchUp {
+		if r.credit[i] < r.st.out[i] && r.now-r.creditAt[i] > r.rtWait[i] && r.fwdSent[i] >= r.st.out[i] && r.mutant != mutNoCatchUp {
 			r.fwdSent[i] = r.resendFrom(i)
 			r.creditAt[i] = r.now
+			r.rtWait[i] = min(2*r.rtWait[i], 32*r.cfg.RetransmitAfter)
 			r.ctr.Retransmits++
 		}
 	}
