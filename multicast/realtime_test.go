@@ -14,6 +14,7 @@ import (
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
 // lockedFSM records deliveries with a checker from a real-time replica.
@@ -87,30 +88,62 @@ func TestRealTime(t *testing.T) { runRealTime(t, false) }
 // each other's regions on the same node.
 func TestSharedNodes(t *testing.T) { runRealTime(t, true) }
 
-func runRealTime(t *testing.T, shared bool) {
+func runRealTime(t *testing.T, shared bool) { runRealTimeOn(t, "mem", shared) }
+
+// TestRealTimeTCP is TestRealTime on the tcp fabric (every node its own
+// software RNIC on a loopback port, authenticated with a cluster secret):
+// TRAM runs on the fabric that crosses hosts.
+func TestRealTimeTCP(t *testing.T) { runRealTimeOn(t, "tcp", false) }
+
+func runRealTimeOn(t *testing.T, fabric string, shared bool) {
 	tr, err := tree.Parse("0:1,2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := mem.New(mem.Options{})
 	members := [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}
 	cnodes := []rdma.NodeID{100, 101}
 	if shared {
 		members = [][]rdma.NodeID{{1, 2, 3}, {1, 2, 3}, {1, 2, 3}}
 		cnodes = []rdma.NodeID{1, 101}
 	}
-	nodes := map[rdma.NodeID]*mem.Node{}
-	node := func(id rdma.NodeID) *mem.Node {
-		if n := nodes[id]; n != nil {
-			return n
+	nodes := map[rdma.NodeID]rdma.Node{}
+	var ids []rdma.NodeID
+	for _, ms := range members {
+		ids = append(ids, ms...)
+	}
+	ids = append(ids, cnodes...)
+	memf := mem.New(mem.Options{})
+	secret := []byte("multicast realtime test cluster secret, 32+ bytes")
+	for _, id := range ids {
+		if nodes[id] != nil {
+			continue
 		}
-		n, err := f.NewNode(id)
+		var n rdma.Node
+		var err error
+		switch fabric {
+		case "mem":
+			n, err = memf.NewNode(id)
+		case "tcp":
+			n, err = tcp.Open(id, tcp.Options{Listen: "127.0.0.1:0", Secret: secret})
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		nodes[id] = n
-		return n
 	}
+	if fabric == "tcp" {
+		for _, a := range nodes {
+			for id, b := range nodes {
+				a.(*tcp.Node).SetPeer(id, b.(*tcp.Node).Addr())
+			}
+		}
+		defer func() {
+			for _, n := range nodes {
+				n.Close()
+			}
+		}()
+	}
+	node := func(id rdma.NodeID) rdma.Node { return nodes[id] }
 	perNode := map[rdma.NodeID][]broadcast.Poller{}
 	chk := mcheck.New(3)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -216,6 +249,11 @@ func runRealTime(t *testing.T, shared bool) {
 	live := map[uint32][]uint32{0: {0, 1, 2}, 1: {0, 1, 2}, 2: {0, 1, 2}}
 	if err := chk.Final(mcheck.FinalOptions{Live: live}); err != nil {
 		t.Fatal(err)
+	}
+	st := chk.Stats()
+	t.Logf("%s: %d messages, %d deliveries, %d replies, group lengths %v", fabric, st.Messages, st.Deliveries, st.Replies, st.GroupLen)
+	if st.Messages != len(runners)*perClient {
+		t.Fatalf("%d messages recorded, want %d", st.Messages, len(runners)*perClient)
 	}
 }
 
