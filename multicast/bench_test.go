@@ -1,35 +1,13 @@
 package multicast
 
 import (
-	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/mem"
 )
-
-// countPolls wraps a Poller and counts its Polls and the ones that made
-// progress.
-type countPolls struct {
-	p        broadcast.Poller
-	n, progr atomic.Int64
-}
-
-func (c *countPolls) Poll(now time.Duration) bool {
-	c.n.Add(1)
-	ok := c.p.Poll(now)
-	if ok {
-		c.progr.Add(1)
-	}
-	return ok
-}
-
-func (c *countPolls) NextDeadline() time.Duration { return c.p.NextDeadline() }
 
 // BenchmarkSingleGroupW1: one group of 3 replicas on the mem fabric, each
 // on its own node and goroutine, and one client with one message
@@ -37,47 +15,11 @@ func (c *countPolls) NextDeadline() time.Duration { return c.p.NextDeadline() }
 // reply). Reports each replica's Polls per message.
 func BenchmarkSingleGroupW1(b *testing.B) {
 	tr, _ := tree.Parse("0:")
-	f := mem.New(mem.Options{})
-	members := [][]rdma.NodeID{{1, 2, 3}}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var reps []*Replica
-	var counts []*countPolls
-	defer func() {
-		cancel()
-		wg.Wait()
-		for _, r := range reps {
-			r.Close()
-		}
-	}()
-	for _, id := range members[0] {
-		node, err := f.NewNode(id)
-		if err != nil {
-			b.Fatal(err)
-		}
-		r, err := New(Config{Group: 0, Tree: tr, Members: members, ClientNodes: []rdma.NodeID{100},
-			Broadcast: broadcast.Config{Self: id, Start: broadcast.StartNew, ElectionTimeout: 250 * time.Millisecond}}, node, nopFSM{}, &broadcast.MemStable{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		reps = append(reps, r)
-		c := &countPolls{p: r}
-		counts = append(counts, c)
-		d := broadcast.NewMultiDriver(node.Doorbell(), c)
-		wg.Add(1)
-		go func() { defer wg.Done(); d.Run(ctx) }()
-	}
-	node, err := f.NewNode(100)
-	if err != nil {
-		b.Fatal(err)
-	}
-	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-	cr, err := StartClient(sctx, ClientConfig{Slot: 0, Inc: 1, Tree: tr, Members: members}, node)
-	scancel()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cr.Close()
+	c := startCluster(b, clusterSpec{tree: tr, members: [][]rdma.NodeID{{1, 2, 3}}, cnodes: []rdma.NodeID{100},
+		bcast: broadcast.Config{ElectionTimeout: 250 * time.Millisecond}})
+	c.waitLeaders(b)
+	cr := c.client(b, 0, 100)
+	ctx, reps, counts := c.ctx, c.reps, c.counts
 	payload := make([]byte, 64)
 	for range 1000 { // warm up
 		if _, err := cr.Multicast(ctx, tree.Of(0), payload); err != nil {
@@ -112,65 +54,16 @@ func BenchmarkSingleGroupW1(b *testing.B) {
 // 200 ms with no client.
 func idlePolls(t *testing.T, mutant int) []int64 {
 	tr, _ := tree.Parse("0:1")
-	f := mem.New(mem.Options{})
-	members := [][]rdma.NodeID{{1, 2, 3}, {1, 2, 3}}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var reps []*Replica
-	defer func() {
-		cancel()
-		wg.Wait()
-		for _, r := range reps {
-			r.Close()
-		}
-	}()
-	var counts []*countPolls
-	for _, id := range members[0] {
-		node, err := f.NewNode(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ps []broadcast.Poller
-		for g := range members {
-			r, err := New(Config{Group: tree.Group(g), Tree: tr, Members: members, ClientNodes: []rdma.NodeID{100},
-				Broadcast: broadcast.Config{Self: id, Start: broadcast.StartNew}}, node, nopFSM{}, &broadcast.MemStable{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.mutant = mutant
-			reps = append(reps, r)
-			c := &countPolls{p: r}
-			counts = append(counts, c)
-			ps = append(ps, c)
-		}
-		d := broadcast.NewMultiDriver(node.Doorbell(), ps...)
-		wg.Add(1)
-		go func() { defer wg.Done(); d.Run(ctx) }()
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		leaders := 0
-		for _, r := range reps {
-			if _, ok := r.Broadcast().Leading(); ok {
-				leaders++
-			}
-		}
-		if leaders == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no leaders after 5 s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	c := startCluster(t, clusterSpec{tree: tr, members: [][]rdma.NodeID{{1, 2, 3}, {1, 2, 3}}, cnodes: []rdma.NodeID{100}, mutant: mutant})
+	c.waitLeaders(t)
 	time.Sleep(50 * time.Millisecond) // settle
-	for _, c := range counts {
-		c.n.Store(0)
+	for _, cp := range c.counts {
+		cp.n.Store(0)
 	}
 	time.Sleep(200 * time.Millisecond)
 	var out []int64
-	for _, c := range counts {
-		out = append(out, c.n.Load())
+	for _, cp := range c.counts {
+		out = append(out, cp.n.Load())
 	}
 	return out
 }

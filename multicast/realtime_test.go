@@ -14,7 +14,6 @@ import (
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
-	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
 // lockedFSM records deliveries with a checker from a real-time replica.
@@ -54,26 +53,6 @@ func decodeTestID(b []byte) MsgID {
 	return MsgID{Client: uint32(le(b)), Inc: le(b[8:]), Seq: le(b[16:])}
 }
 
-// pollLoop drives p in real time on db until ctx ends.
-func pollLoop(ctx context.Context, p interface {
-	Poll(time.Duration) bool
-	NextDeadline() time.Duration
-}, db rdma.Doorbell) {
-	start := time.Now()
-	stop := context.AfterFunc(ctx, db.Ring)
-	defer stop()
-	for ctx.Err() == nil {
-		seq := db.Seq()
-		now := time.Since(start)
-		if p.Poll(now) {
-			continue
-		}
-		if w := min(p.NextDeadline()-now, time.Millisecond); w > 0 {
-			db.Wait(seq, w)
-		}
-	}
-}
-
 // TestRealTime runs 3 groups (tree 0:1,2) of 3 replicas on the mem
 // fabric, each replica on its own node driven by its own goroutine, and
 // two clients whose ClientRunners multicast concurrently to random
@@ -106,90 +85,15 @@ func runRealTimeOn(t *testing.T, fabric string, shared bool) {
 		members = [][]rdma.NodeID{{1, 2, 3}, {1, 2, 3}, {1, 2, 3}}
 		cnodes = []rdma.NodeID{1, 101}
 	}
-	nodes := map[rdma.NodeID]rdma.Node{}
-	var ids []rdma.NodeID
-	for _, ms := range members {
-		ids = append(ids, ms...)
-	}
-	ids = append(ids, cnodes...)
-	memf := mem.New(mem.Options{})
-	secret := []byte("multicast realtime test cluster secret, 32+ bytes")
-	for _, id := range ids {
-		if nodes[id] != nil {
-			continue
-		}
-		var n rdma.Node
-		var err error
-		switch fabric {
-		case "mem":
-			n, err = memf.NewNode(id)
-		case "tcp":
-			n, err = tcp.Open(id, tcp.Options{Listen: "127.0.0.1:0", Secret: secret})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		nodes[id] = n
-	}
-	if fabric == "tcp" {
-		for _, a := range nodes {
-			for id, b := range nodes {
-				a.(*tcp.Node).SetPeer(id, b.(*tcp.Node).Addr())
-			}
-		}
-		defer func() {
-			for _, n := range nodes {
-				n.Close()
-			}
-		}()
-	}
-	node := func(id rdma.NodeID) rdma.Node { return nodes[id] }
-	perNode := map[rdma.NodeID][]broadcast.Poller{}
 	chk := mcheck.New(3)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var reps []*Replica
-	defer func() {
-		cancel()
-		wg.Wait()
-		for _, r := range reps {
-			r.Close()
-		}
-	}()
-	for g, ms := range members {
-		for i, id := range ms {
-			node := node(id)
-			cfg := Config{Group: tree.Group(g), Tree: tr, Members: members, ClientNodes: cnodes,
-				Broadcast: broadcast.Config{Self: id, Start: broadcast.StartNew, RingSize: 64 << 10}}
-			r, err := New(cfg, node, &lockedFSM{chk: chk, g: tree.Group(g), rep: uint32(i)}, &broadcast.MemStable{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			reps = append(reps, r)
-			perNode[id] = append(perNode[id], r)
-		}
-	}
-	for id, ps := range perNode {
-		db := nodes[id].Doorbell()
-		wg.Add(1)
-		if shared {
-			d := broadcast.NewMultiDriver(db, ps...)
-			go func() { defer wg.Done(); d.Run(ctx) }()
-		} else {
-			go func() { defer wg.Done(); pollLoop(ctx, ps[0], db) }()
-		}
-	}
+	c := startCluster(t, clusterSpec{fabric: fabric, tree: tr, members: members, cnodes: cnodes,
+		bcast: broadcast.Config{RingSize: 64 << 10},
+		app:   func(g tree.Group, i int) broadcast.FSM { return &lockedFSM{chk: chk, g: g, rep: uint32(i)} }})
+	reps := c.reps
+	ctx := c.ctx
 	var runners []*ClientRunner
 	for k, id := range cnodes {
-		node := node(id)
-		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-		cr, err := StartClient(sctx, ClientConfig{Slot: uint32(k), Inc: uint64(time.Now().UnixNano()), Tree: tr, Members: members}, node)
-		scancel()
-		if err != nil {
-			t.Fatalf("client %d: %v", k, err)
-		}
-		defer cr.Close()
-		runners = append(runners, cr)
+		runners = append(runners, c.client(t, uint32(k), id))
 	}
 	const perClient = 200
 	var cwg sync.WaitGroup
@@ -265,39 +169,11 @@ func TestUnknownClientRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := mem.New(mem.Options{})
 	members := [][]rdma.NodeID{{1, 2, 3}}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var reps []*Replica
-	defer func() {
-		cancel()
-		wg.Wait()
-		for _, r := range reps {
-			r.Close()
-		}
-	}()
-	for _, id := range members[0] {
-		node, err := f.NewNode(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := New(Config{Group: 0, Tree: tr, Members: members, ClientNodes: []rdma.NodeID{100},
-			Broadcast: broadcast.Config{Self: id, Start: broadcast.StartNew}}, node, nopFSM{}, &broadcast.MemStable{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		reps = append(reps, r)
-		wg.Add(1)
-		go func() { defer wg.Done(); pollLoop(ctx, r, node.Doorbell()) }()
-	}
-	node, err := f.NewNode(200)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	c := startCluster(t, clusterSpec{tree: tr, members: members, cnodes: []rdma.NodeID{100}, extra: []rdma.NodeID{200}})
+	sctx, scancel := context.WithTimeout(c.ctx, 300*time.Millisecond)
 	defer scancel()
-	_, err = StartClient(sctx, ClientConfig{Slot: 0, Inc: 1, Tree: tr, Members: members}, node)
+	_, err = StartClient(sctx, ClientConfig{Slot: 0, Inc: 1, Tree: tr, Members: members}, c.nodes[200])
 	if err == nil || !strings.Contains(err.Error(), "permission") || !strings.Contains(err.Error(), "did not register") {
 		t.Fatalf("StartClient on an unlisted node: %v, want a refusal naming the permission error", err)
 	}

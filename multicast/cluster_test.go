@@ -1,0 +1,174 @@
+package multicast
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/rdma/tcp"
+)
+
+// clusterSpec describes a real-time test cluster: every group's replicas
+// on the nodes members names (a node may host several groups' replicas),
+// each node's replicas polled by one broadcast.MultiDriver, plus the
+// client nodes, on the mem or tcp fabric.
+type clusterSpec struct {
+	fabric  string // "mem" (default) or "tcp"
+	tree    *tree.Tree
+	members [][]rdma.NodeID
+	cnodes  []rdma.NodeID // ClientNodes
+	extra   []rdma.NodeID // nodes to open that are not listed clients
+	app     func(g tree.Group, i int) broadcast.FSM
+	bcast   broadcast.Config // template: Self and Start are set per replica
+	mutant  int
+}
+
+// testCluster is a running clusterSpec; its Cleanup stops the drivers
+// and closes every replica and node.
+type testCluster struct {
+	spec   clusterSpec
+	nodes  map[rdma.NodeID]rdma.Node
+	reps   []*Replica
+	counts []*countPolls // one per replica, in reps order
+	ctx    context.Context
+}
+
+// countPolls wraps a Poller and counts its Polls and the ones that made
+// progress.
+type countPolls struct {
+	p        broadcast.Poller
+	n, progr atomic.Int64
+}
+
+func (c *countPolls) Poll(now time.Duration) bool {
+	c.n.Add(1)
+	ok := c.p.Poll(now)
+	if ok {
+		c.progr.Add(1)
+	}
+	return ok
+}
+
+func (c *countPolls) NextDeadline() time.Duration { return c.p.NextDeadline() }
+
+const testSecret = "multicast test cluster secret, at least 32 bytes"
+
+func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &testCluster{spec: sp, nodes: map[rdma.NodeID]rdma.Node{}, ctx: ctx}
+	var wg sync.WaitGroup
+	tb.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		for _, r := range c.reps {
+			r.Close()
+		}
+		for _, n := range c.nodes {
+			n.Close()
+		}
+	})
+	var ids []rdma.NodeID
+	for _, ms := range sp.members {
+		ids = append(ids, ms...)
+	}
+	ids = append(append(ids, sp.cnodes...), sp.extra...)
+	memf := mem.New(mem.Options{})
+	for _, id := range ids {
+		if c.nodes[id] != nil {
+			continue
+		}
+		var n rdma.Node
+		var err error
+		switch sp.fabric {
+		case "", "mem":
+			n, err = memf.NewNode(id)
+		case "tcp":
+			n, err = tcp.Open(id, tcp.Options{Listen: "127.0.0.1:0", Secret: []byte(testSecret)})
+		default:
+			tb.Fatalf("fabric %q", sp.fabric)
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		c.nodes[id] = n
+	}
+	if sp.fabric == "tcp" {
+		for _, a := range c.nodes {
+			for id, b := range c.nodes {
+				a.(*tcp.Node).SetPeer(id, b.(*tcp.Node).Addr())
+			}
+		}
+	}
+	perNode := map[rdma.NodeID][]broadcast.Poller{}
+	var order []rdma.NodeID
+	for g, ms := range sp.members {
+		for i, id := range ms {
+			bc := sp.bcast
+			bc.Self, bc.Start = id, broadcast.StartNew
+			var app broadcast.FSM = nopFSM{}
+			if sp.app != nil {
+				app = sp.app(tree.Group(g), i)
+			}
+			r, err := New(Config{Group: tree.Group(g), Tree: sp.tree, Members: sp.members, ClientNodes: sp.cnodes, Broadcast: bc},
+				c.nodes[id], app, &broadcast.MemStable{})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			r.mutant = sp.mutant
+			c.reps = append(c.reps, r)
+			cp := &countPolls{p: r}
+			c.counts = append(c.counts, cp)
+			if perNode[id] == nil {
+				order = append(order, id)
+			}
+			perNode[id] = append(perNode[id], cp)
+		}
+	}
+	for _, id := range order {
+		d := broadcast.NewMultiDriver(c.nodes[id].Doorbell(), perNode[id]...)
+		wg.Add(1)
+		go func() { defer wg.Done(); d.Run(ctx) }()
+	}
+	return c
+}
+
+// waitLeaders waits until every group has a leader of a committed epoch.
+func (c *testCluster) waitLeaders(tb testing.TB) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		led := map[tree.Group]bool{}
+		for _, r := range c.reps {
+			if _, ok := r.Broadcast().Leading(); ok {
+				led[r.Group()] = true
+			}
+		}
+		if len(led) == len(c.spec.members) {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("groups led after 10 s: %v of %d", led, len(c.spec.members))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// client starts client slot k on node id (registered with every group).
+func (c *testCluster) client(tb testing.TB, k uint32, id rdma.NodeID) *ClientRunner {
+	tb.Helper()
+	sctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	cr, err := StartClient(sctx, ClientConfig{Slot: k, Inc: uint64(time.Now().UnixNano()), Tree: c.spec.tree, Members: c.spec.members}, c.nodes[id])
+	if err != nil {
+		tb.Fatalf("client %d: %v", k, err)
+	}
+	tb.Cleanup(func() { cr.Close() })
+	return cr
+}
