@@ -1,7 +1,6 @@
 package groupproc
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/childproc"
 )
 
 // Commands of the control protocol (Request.Cmd).
@@ -109,14 +109,10 @@ func codeOf(err error) string {
 // first line of in, opens the node and starts the member, answers Ready,
 // then serves requests until in ends, and closes the member.
 func Serve(in io.Reader, out io.Writer) error {
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	if !sc.Scan() {
-		return fmt.Errorf("groupproc: serve: no config line: %w", errors.Join(sc.Err(), io.ErrUnexpectedEOF))
-	}
 	var cfg Config
-	if err := json.Unmarshal(sc.Bytes(), &cfg); err != nil {
-		return fmt.Errorf("groupproc: serve: bad config line: %w", err)
+	sc, err := childproc.ReadConfig(in, &cfg)
+	if err != nil {
+		return fmt.Errorf("groupproc: %w", err)
 	}
 	node, err := OpenNode(cfg)
 	if err != nil {
@@ -213,119 +209,44 @@ func Serve(in io.Reader, out io.Writer) error {
 
 // Proc is the parent's handle on a member process.
 type Proc struct {
-	cmd *exec.Cmd
-	pid int
-
-	wmu sync.Mutex // serialises writes to in
-	in  io.WriteCloser
-	enc *json.Encoder
-
-	mu      sync.Mutex
-	nextID  uint64
-	waiting map[uint64]chan Reply
-	gone    bool
-
-	exited  chan struct{} // closed once the process was waited for
-	waitErr error
+	c *childproc.Proc[Reply]
 }
+
+// exitedReply answers every request still waiting when the process ends.
+var exitedReply = Reply{Err: "member process exited", Code: CodeExited}
 
 // Spawn starts cmd (an executable that calls Serve with its stdin and
 // stdout; Spawn sets both, the caller may set Stderr and Env), sends it cfg
 // and waits up to timeout for the member to run.
 func Spawn(cmd *exec.Cmd, cfg Config, timeout time.Duration) (*Proc, error) {
-	in, err := cmd.StdinPipe()
+	c, r, err := childproc.Start(cmd, cfg, timeout, childproc.Options[Reply]{
+		Name:    "groupproc: member",
+		MaxLine: 256 << 20,
+		ID:      func(r *Reply) uint64 { return r.ID },
+		Exited:  exitedReply,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, err)
 	}
-	outp, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, err)
+	if !r.Ready {
+		c.Kill()
+		return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, errors.Join(r.Error(), ErrExited))
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, err)
-	}
-	p := &Proc{cmd: cmd, pid: cmd.Process.Pid, in: in, enc: json.NewEncoder(in),
-		waiting: map[uint64]chan Reply{}, exited: make(chan struct{})}
-	ready := make(chan Reply, 1)
-	p.waiting[0] = ready
-	go p.read(outp)
-	if err := p.write(cfg); err != nil {
-		p.Kill()
-		return nil, fmt.Errorf("groupproc: spawn member %d: send config: %w", cfg.Self, err)
-	}
-	select {
-	case r := <-ready:
-		if !r.Ready {
-			p.Kill()
-			return nil, fmt.Errorf("groupproc: spawn member %d: %w", cfg.Self, errors.Join(r.Error(), ErrExited))
-		}
-	case <-time.After(timeout):
-		p.Kill()
-		return nil, fmt.Errorf("groupproc: spawn member %d: not ready after %v", cfg.Self, timeout)
-	}
-	return p, nil
-}
-
-func (p *Proc) write(v any) error {
-	p.wmu.Lock()
-	defer p.wmu.Unlock()
-	return p.enc.Encode(v)
-}
-
-// read dispatches replies by id until the child's stdout ends, then fails
-// every request still waiting with CodeExited and reaps the process.
-func (p *Proc) read(out io.Reader) {
-	sc := bufio.NewScanner(out)
-	sc.Buffer(make([]byte, 64<<10), 256<<20)
-	for sc.Scan() {
-		var r Reply
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			continue
-		}
-		p.mu.Lock()
-		ch := p.waiting[r.ID]
-		delete(p.waiting, r.ID)
-		p.mu.Unlock()
-		if ch != nil {
-			ch <- r
-		}
-	}
-	p.mu.Lock()
-	p.gone = true
-	w := p.waiting
-	p.waiting = nil
-	p.mu.Unlock()
-	for _, ch := range w {
-		ch <- Reply{Err: "member process exited", Code: CodeExited}
-	}
-	p.waitErr = p.cmd.Wait()
-	close(p.exited)
+	return &Proc{c: c}, nil
 }
 
 // Pid is the member process's id.
-func (p *Proc) Pid() int { return p.pid }
+func (p *Proc) Pid() int { return p.c.Pid() }
 
 // Send sends req (its ID is assigned) and returns where its reply will
 // arrive (a reply with CodeExited if the process ends first).
 func (p *Proc) Send(req Request) <-chan Reply {
-	ch := make(chan Reply, 1)
-	p.mu.Lock()
-	if p.gone {
-		p.mu.Unlock()
-		ch <- Reply{Err: "member process exited", Code: CodeExited}
-		return ch
-	}
-	p.nextID++
-	req.ID = p.nextID
-	p.waiting[req.ID] = ch
-	p.mu.Unlock()
-	if err := p.write(req); err != nil {
-		p.mu.Lock()
-		if p.waiting[req.ID] == ch {
-			delete(p.waiting, req.ID)
-			ch <- Reply{Err: "send: " + err.Error(), Code: CodeExited}
-		}
-		p.mu.Unlock()
+	_, ch, _ := p.c.Send(func(id uint64) any { req.ID = id; return req },
+		func(err error) Reply { return Reply{Err: "send: " + err.Error(), Code: CodeExited} })
+	if ch == nil {
+		gone := make(chan Reply, 1)
+		gone <- exitedReply
+		return gone
 	}
 	return ch
 }
@@ -336,7 +257,7 @@ func (p *Proc) Call(ctx context.Context, req Request) (Reply, error) {
 	case r := <-p.Send(req):
 		return r, r.Error()
 	case <-ctx.Done():
-		return Reply{}, fmt.Errorf("groupproc: %s at pid %d: %w", req.Cmd, p.pid, ctx.Err())
+		return Reply{}, fmt.Errorf("groupproc: %s at pid %d: %w", req.Cmd, p.Pid(), ctx.Err())
 	}
 }
 
@@ -353,30 +274,12 @@ func (p *Proc) Status(ctx context.Context) (broadcast.Status, error) {
 }
 
 // Exited is closed once the process has ended and was reaped.
-func (p *Proc) Exited() <-chan struct{} { return p.exited }
+func (p *Proc) Exited() <-chan struct{} { return p.c.Exited() }
 
 // Kill is kill -9: the process dies at once, whatever it was doing.
-func (p *Proc) Kill() error {
-	err := p.cmd.Process.Kill()
-	<-p.exited
-	if errors.Is(err, os.ErrProcessDone) {
-		err = nil
-	}
-	return err
-}
+func (p *Proc) Kill() error { return p.c.Kill() }
 
 // Close ends the member cleanly (EOF on its stdin: it closes its replica
 // and node and exits) and waits up to timeout, then kills it. It returns
 // the process's exit error, if any.
-func (p *Proc) Close(timeout time.Duration) error {
-	p.wmu.Lock()
-	p.in.Close()
-	p.wmu.Unlock()
-	select {
-	case <-p.exited:
-		return p.waitErr
-	case <-time.After(timeout):
-		p.Kill()
-		return fmt.Errorf("groupproc: member pid %d did not exit within %v of EOF; killed", p.pid, timeout)
-	}
-}
+func (p *Proc) Close(timeout time.Duration) error { return p.c.Close(timeout) }
