@@ -37,7 +37,8 @@ type ClientConfig struct {
 	// ReconnectMin and ReconnectMax bound the backoff of broken Conns.
 	ReconnectMin, ReconnectMax time.Duration
 	// OnDone is called from Poll when a message has every destination
-	// group's reply; the Outcome is valid only during the call.
+	// group's reply; the Outcome, its Replies and their Result bytes are
+	// valid only during the call (the client reuses them).
 	OnDone func(*Outcome)
 }
 
@@ -108,6 +109,8 @@ type call struct {
 	wait    time.Duration
 	got     tree.Set
 	replies []Reply
+	rbuf    []byte // the replies' results, in arrival order
+	rends   []int  // end of each reply's result in rbuf
 	retries int
 }
 
@@ -221,7 +224,7 @@ func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
 	c.busy[lca][pos%w] = seq
 	k := &c.calls[seq%w]
 	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, payload: append(k.payload[:0], payload...),
-		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0]}
+		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0], rbuf: k.rbuf[:0], rends: k.rends[:0]}
 	c.out++
 	c.send(k)
 	return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: seq}, nil
@@ -325,7 +328,9 @@ func (c *Client) Poll(now time.Duration) bool {
 		if k.seq == 0 {
 			continue
 		}
-		for _, g := range (k.dst &^ k.got).Groups() {
+		for missing := k.dst &^ k.got; !missing.Empty(); {
+			g, _ := missing.Min()
+			missing = missing.Remove(g)
 			off := (int(g)*w + int(k.seq%uint64(w))) * c.rs
 			if rdma.Load64(mem, off) != k.seq {
 				continue
@@ -336,7 +341,12 @@ func (c *Client) Poll(now time.Duration) bool {
 				continue
 			}
 			k.got = k.got.Add(g)
-			k.replies = append(k.replies, Reply{Group: g, Index: rp.index, Result: append([]byte(nil), rp.result...), Truncated: rp.flags&replyTruncated != 0})
+			// the result bytes go to the call's buffer (Result is set in
+			// complete: the buffer may grow until then), nothing allocated
+			// once the buffers reached their size
+			k.rends = append(k.rends, len(k.rbuf)+len(rp.result))
+			k.rbuf = append(k.rbuf, rp.result...)
+			k.replies = append(k.replies, Reply{Group: g, Index: rp.index, Truncated: rp.flags&replyTruncated != 0})
 			progress = true
 		}
 		if k.got == k.dst {
@@ -358,6 +368,11 @@ func (c *Client) Poll(now time.Duration) bool {
 func (c *Client) complete(k *call) {
 	w := uint64(c.cfg.ClientSlots)
 	c.busy[k.lca][k.pos%w] = 0
+	start := 0
+	for i := range k.replies {
+		k.replies[i].Result = k.rbuf[start:k.rends[i]:k.rends[i]]
+		start = k.rends[i]
+	}
 	sortReplies(k.replies)
 	c.oc = Outcome{ID: MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: k.seq}, Dst: k.dst, Replies: k.replies, Sent: k.sent, Retries: k.retries}
 	k.seq = 0

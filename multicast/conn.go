@@ -33,7 +33,6 @@ type peer struct {
 	cs         [32]rdma.Completion
 
 	dropped uint64
-	failed  uint64
 	err     error // the last failure, for status
 }
 
@@ -67,7 +66,6 @@ func (p *peer) up(now time.Duration) bool {
 }
 
 func (p *peer) fail(now time.Duration, err error) {
-	p.failed++
 	p.err = err
 	if p.conn != nil {
 		p.conn.Close()

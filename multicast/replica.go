@@ -583,10 +583,7 @@ func (r *Replica) sendReplies() bool {
 	rs := replySlot(r.cfg.MaxResult)
 	for _, slot := range r.replyQ {
 		rec := &r.st.replies[slot]
-		p := r.clients[r.cfg.ClientNodes[slot/w]]
-		if p == nil || rec.addr.Node != p.id {
-			p = r.clientPeer(rec.addr.Node)
-		}
+		p := r.clients[rec.addr.Node]
 		if p == nil {
 			continue
 		}
@@ -599,7 +596,7 @@ func (r *Replica) sendReplies() bool {
 	r.replyQ = r.replyQ[:0]
 	for _, c := range r.helloQ {
 		addr := r.st.caddr[c]
-		p := r.clientPeer(addr.Node)
+		p := r.clients[addr.Node]
 		if p == nil {
 			continue
 		}
@@ -611,9 +608,6 @@ func (r *Replica) sendReplies() bool {
 	r.helloQ = r.helloQ[:0]
 	return true
 }
-
-// clientPeer returns the Conn to a client node, if it is a configured one.
-func (r *Replica) clientPeer(id rdma.NodeID) *peer { return r.clients[id] }
 
 // sendCredit writes the committed parent-ring position to every replica
 // of the parent, when it moved a quarter ring, after a heartbeat interval

@@ -150,6 +150,9 @@ func (r *ClientRunner) finish(o *Outcome) {
 	}
 	cp := *o
 	cp.Replies = append([]Reply(nil), o.Replies...)
+	for i := range cp.Replies {
+		cp.Replies[i].Result = append([]byte(nil), cp.Replies[i].Result...)
+	}
 	q.ch <- result{o: cp}
 }
 

@@ -51,7 +51,6 @@ type state struct {
 	// leader sends.
 	onReply func(c uint32, slot int)
 	onHello func(c uint32)
-	scratch []byte
 }
 
 // replyRec is one remembered outcome (the exactly-once table: per client,
