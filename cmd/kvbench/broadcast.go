@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -340,7 +339,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 	h := &hist.Hist{}
 	for run := 1; run <= o.runs; run++ {
 		for _, f := range fabrics {
-			st, err := retryDisturbed(o, stderr, func() (bstat, error) { return onewayBaseline(f, o.shmDir, o.spin, o.pin, tm, h) })
+			st, err := retryDisturbed("broadcast", o.commonFlags, stderr, func() (bstat, error) { return onewayBaseline(f, o.shmDir, o.spin, o.pin, tm, h) })
 			if err != nil {
 				fail(f+" one-way", err)
 				continue
@@ -371,21 +370,7 @@ func runBroadcast(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	out := summarizeBroadcast(order, res, o)
-	if o.json {
-		enc := json.NewEncoder(stdout)
-		for _, r := range out {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
-	} else {
-		printBroadcastTable(stdout, out, o)
-	}
-	fmt.Fprintf(stderr, "kvbench broadcast: done; load average %s\n", loadAvg())
-	if len(failed) > 0 {
-		return fmt.Errorf("broadcast: %d measurement(s) failed: %s", len(failed), strings.Join(failed, "; "))
-	}
-	return nil
+	return emitRows("broadcast", stdout, stderr, out, o.json, func() { printBroadcastTable(stdout, out, o) }, failed)
 }
 
 // onewayBaseline measures the fabric's 8-byte write-oneway ping-pong in
@@ -449,7 +434,7 @@ func commitRun(ctx context.Context, o *bcastFlags, spec groupSpec, run int, tm t
 					return err
 				}
 			}
-			st, err := retryDisturbed(o, stderr, func() (bstat, error) {
+			st, err := retryDisturbed("broadcast", o.commonFlags, stderr, func() (bstat, error) {
 				pids := g.pids()
 				a := cpuOf(pids)
 				r, err := g.load(ctx, ldr, groupproc.LoadSpec{Window: w, Size: size, Warmup: tm.warm, Duration: tm.dur})
@@ -596,26 +581,8 @@ func electionSpan(evs []groupproc.TimedEvent, old broadcast.Epoch) (elect, commi
 // killed leader's epoch (the leader changed just before the kill).
 var errNoElection = errors.New("no election seen")
 
-// retryDisturbed runs f, and again up to o.retries times while other
-// processes used more than o.maxOther CPUs meanwhile; it keeps the least
-// disturbed result.
-func retryDisturbed(o *bcastFlags, stderr io.Writer, f func() (bstat, error)) (bstat, error) {
-	var best bstat
-	for try := 0; ; try++ {
-		st, err := f()
-		if err != nil {
-			return st, err
-		}
-		if try == 0 || st.otherCPU < best.otherCPU {
-			best = st
-		}
-		best.retries = try
-		if st.otherCPU <= o.maxOther || try >= o.retries {
-			return best, nil
-		}
-		fmt.Fprintf(stderr, "kvbench broadcast: other processes used %.2f CPUs; repeating\n", st.otherCPU)
-	}
-}
+func (s *bstat) load() float64    { return s.otherCPU }
+func (s *bstat) setRetries(n int) { s.retries = n }
 
 // summarizeBroadcast turns per-run stats into rows: medians over runs, and
 // ratios to the same run's one-way baseline.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -284,21 +283,7 @@ func runFabric(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	out := summarize(rows, bases, res, o.runs)
-	if o.json {
-		enc := json.NewEncoder(stdout)
-		for _, r := range out {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
-	} else {
-		printTable(stdout, out, o)
-	}
-	fmt.Fprintf(stderr, "kvbench fabric: done; load average %s\n", loadAvg())
-	if len(failed) > 0 {
-		return fmt.Errorf("fabric: %d measurement(s) failed: %s", len(failed), strings.Join(failed, "; "))
-	}
-	return nil
+	return emitRows("fabric", stdout, stderr, out, o.json, func() { printTable(stdout, out, o) }, failed)
 }
 
 // measureBaselines measures every baseline row once.

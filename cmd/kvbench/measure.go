@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -282,6 +284,52 @@ type baselineRun struct {
 	h     *hist.Hist
 	k     int // makes file names unique
 	guard guard
+}
+
+// emitRows ends a command's run: rows as JSON lines (asJSON) or the
+// command's table, the done line on stderr, and an error naming the
+// measurements that failed.
+func emitRows[R any](cmd string, stdout, stderr io.Writer, rows []R, asJSON bool, table func(), failed []string) error {
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, r := range rows {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+	} else {
+		table()
+	}
+	fmt.Fprintf(stderr, "kvbench %s: done; load average %s\n", cmd, loadAvg())
+	if len(failed) > 0 {
+		return fmt.Errorf("%s: %d measurement(s) failed: %s", cmd, len(failed), strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+// retryDisturbed runs f, and again up to o.retries times while other
+// processes used more than o.maxOther CPUs meanwhile (the stat's load);
+// it keeps the least disturbed result, with the number of repeats.
+func retryDisturbed[S any, P interface {
+	*S
+	load() float64
+	setRetries(int)
+}](cmd string, o commonFlags, stderr io.Writer, f func() (S, error)) (S, error) {
+	var best S
+	for try := 0; ; try++ {
+		st, err := f()
+		if err != nil {
+			return st, err
+		}
+		if try == 0 || P(&st).load() < P(&best).load() {
+			best = st
+		}
+		P(&best).setRetries(try)
+		if P(&st).load() <= o.maxOther || try >= o.retries {
+			return best, nil
+		}
+		fmt.Fprintf(stderr, "kvbench %s: other processes used %.2f CPUs; repeating\n", cmd, P(&st).load())
+	}
 }
 
 // guard runs a measurement against a peer process (pid; 0 for this

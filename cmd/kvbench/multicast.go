@@ -506,43 +506,11 @@ func runMulticast(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	out := summarizeMulticast(order, res)
-	if o.json {
-		enc := json.NewEncoder(stdout)
-		for _, r := range out {
-			if err := enc.Encode(r); err != nil {
-				return err
-			}
-		}
-	} else {
-		printMulticastTable(stdout, out, o)
-	}
-	fmt.Fprintf(stderr, "kvbench multicast: done; load average %s\n", loadAvg())
-	if len(failed) > 0 {
-		return fmt.Errorf("multicast: %d measurement(s) failed: %s", len(failed), strings.Join(failed, "; "))
-	}
-	return nil
+	return emitRows("multicast", stdout, stderr, out, o.json, func() { printMulticastTable(stdout, out, o) }, failed)
 }
 
-// mcRetry runs f, and again up to o.retries times while other processes
-// used more than o.maxOther CPUs meanwhile; it keeps the least disturbed
-// result.
-func mcRetry(o *mcFlags, stderr io.Writer, f func() (mstat, error)) (mstat, error) {
-	var best mstat
-	for try := 0; ; try++ {
-		st, err := f()
-		if err != nil {
-			return st, err
-		}
-		if try == 0 || st.otherCPU < best.otherCPU {
-			best = st
-		}
-		best.retries = try
-		if st.otherCPU <= o.maxOther || try >= o.retries {
-			return best, nil
-		}
-		fmt.Fprintf(stderr, "kvbench multicast: other processes used %.2f CPUs; repeating\n", st.otherCPU)
-	}
-}
+func (s *mstat) load() float64    { return s.otherCPU }
+func (s *mstat) setRetries(n int) { s.retries = n }
 
 // payload is a message of size bytes.
 func payload(size int) []byte {
@@ -634,7 +602,7 @@ func mcFigRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add
 							continue
 						}
 						sp := &mcLoadSpec{dests: k, adjacent: f.name == "6", window: f.window, payload: p}
-						st, err := mcRetry(o, stderr, func() (mstat, error) { return c.measure(sp, tm) })
+						st, err := retryDisturbed("multicast", o.commonFlags, stderr, func() (mstat, error) { return c.measure(sp, tm) })
 						if err != nil {
 							errs = append(errs, fmt.Errorf("%s %dx%d k=%d %dB: %w", tr.name, tr.t.Len(), nrep, k, size, err))
 							continue
@@ -671,7 +639,7 @@ func mcClientRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, 
 	for _, tr := range f.trees {
 		for _, nrep := range f.replicas {
 			for _, size := range f.sizes {
-				base, err := mcRetry(o, stderr, func() (mstat, error) {
+				base, err := retryDisturbed("multicast", o.commonFlags, stderr, func() (mstat, error) {
 					b, err := onewayBaseline(f.fabric, o.shmDir, 0, false, tm, h)
 					return mstat{p50: b.p50, p99: b.p99, otherCPU: b.otherCPU}, err
 				})
@@ -706,7 +674,7 @@ func mcW1(ctx context.Context, o *mcFlags, f *mcFig, t *tree.Tree, nrep, size in
 		if err != nil {
 			return mstat{}, err
 		}
-		st, err := mcRetry(o, stderr, func() (mstat, error) { return measureLoad(m.loaders, sp, tm, []int{m.proc.pid()}) })
+		st, err := retryDisturbed("multicast", o.commonFlags, stderr, func() (mstat, error) { return measureLoad(m.loaders, sp, tm, []int{m.proc.pid()}) })
 		if err == nil {
 			err = m.proc.check()
 		}
@@ -716,7 +684,7 @@ func mcW1(ctx context.Context, o *mcFlags, f *mcFig, t *tree.Tree, nrep, size in
 	if err != nil {
 		return mstat{}, err
 	}
-	st, err := mcRetry(o, stderr, func() (mstat, error) { return c.measure(sp, tm) })
+	st, err := retryDisturbed("multicast", o.commonFlags, stderr, func() (mstat, error) { return c.measure(sp, tm) })
 	if err == nil {
 		err = c.check()
 	}
@@ -734,7 +702,7 @@ func mcTaxRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add
 				var mc, bc mstat
 				var merr, berr error
 				bcast := func() {
-					bc, berr = mcRetry(o, stderr, func() (mstat, error) { return mcBroadcastW1(ctx, o, f.fabric, nrep, size, tm) })
+					bc, berr = retryDisturbed("multicast", o.commonFlags, stderr, func() (mstat, error) { return mcBroadcastW1(ctx, o, f.fabric, nrep, size, tm) })
 				}
 				mcast := func() { mc, merr = mcW1(ctx, o, f, tr.t, nrep, size, tm, stderr) }
 				if run%2 == 1 {
