@@ -126,26 +126,9 @@ type mcProc struct {
 
 // startMcProc starts the child with cfg and waits until it is ready.
 func startMcProc(cfg mcProcConfig) (*mcProc, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("find own executable: %w", err)
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), mcastEnv+"=1")
-	if err := childCmd(cmd); err != nil {
-		return nil, err
-	}
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
+	cmd, in, out, err := startSelf("the replicas' process", mcastEnv)
 	if err != nil {
 		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the replicas' process: %w", err)
 	}
 	p := &mcProc{cmd: cmd, in: in, lines: make(chan []byte, 4)}
 	go func() {

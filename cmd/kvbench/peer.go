@@ -70,28 +70,40 @@ type procPeer struct {
 	enc *json.Encoder
 }
 
-// startPeer re-executes this binary as a peer.
-func startPeer() (*procPeer, error) {
+// startSelf re-executes this binary with args and env=1 set, its stdin
+// and stdout piped to the caller and its stderr shared (what a child
+// process of a measurement is: childCmd's settings); what names the child
+// in errors.
+func startSelf(what, env string, args ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, fmt.Errorf("kvbench: find own executable: %w", err)
+		return nil, nil, nil, fmt.Errorf("kvbench: find own executable: %w", err)
 	}
-	cmd := exec.Command(exe, peerCmd)
-	cmd.Env = append(os.Environ(), peerEnv+"=1")
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), env+"=1")
 	if err := childCmd(cmd); err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("kvbench: start peer process: %w", err)
+		return nil, nil, nil, fmt.Errorf("kvbench: start %s: %w", what, err)
+	}
+	return cmd, in, out, nil
+}
+
+// startPeer re-executes this binary as a peer.
+func startPeer() (*procPeer, error) {
+	cmd, in, out, err := startSelf("peer process", peerEnv, peerCmd)
+	if err != nil {
+		return nil, err
 	}
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
