@@ -320,7 +320,8 @@ func (c *mcCluster) start(x *mcReplica) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel, x.done = cancel, make(chan struct{})
-	go x.loop(ctx)
+	d := broadcast.NewMultiDriver(node.Doorbell(), callPoller{x})
+	go func() { defer close(x.done); d.Run(ctx) }()
 	return nil
 }
 
@@ -356,27 +357,6 @@ func (x *mcReplica) runCalls() {
 	}
 }
 
-// loop polls the replica until ctx ends: while there is progress, then
-// parked on the node's doorbell until its next deadline (at most 1 ms).
-// Calls queued by do run between polls.
-func (x *mcReplica) loop(ctx context.Context) {
-	defer close(x.done)
-	db := x.node.Doorbell()
-	stop := context.AfterFunc(ctx, db.Ring)
-	defer stop()
-	start := time.Now()
-	for ctx.Err() == nil {
-		x.runCalls()
-		seq := db.Seq()
-		now := time.Since(start)
-		if x.r.Poll(now) {
-			continue
-		}
-		if w := min(x.r.NextDeadline()-now, time.Millisecond); w > 0 {
-			db.Wait(seq, w)
-		}
-	}
-}
 
 // do runs f on x's polling goroutine and waits for it; false if the
 // replica is not running.

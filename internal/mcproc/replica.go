@@ -223,34 +223,29 @@ type replicaStats struct {
 // statsEvery is how often the polling goroutine copies its counters.
 const statsEvery = 10 * time.Millisecond
 
-// drive polls r in real time until ctx ends: while there is progress,
-// then parked on the node's doorbell until r's next deadline, at most
-// maxPark.
-func drive(ctx context.Context, r *multicast.Replica, db rdma.Doorbell, maxPark time.Duration, st *replicaStats) {
-	start := time.Now()
-	stop := context.AfterFunc(ctx, db.Ring)
-	defer stop()
-	last := -time.Hour
-	for ctx.Err() == nil {
-		seq := db.Seq()
-		now := time.Since(start)
-		progress := r.Poll(now)
-		if now-last >= statsEvery {
-			last = now
-			c := r.Counters()
-			d, g, s := r.Anomalies()
-			st.mu.Lock()
-			st.ctr, st.dups, st.gaps, st.stale = c, d, g, s
-			st.mu.Unlock()
-		}
-		if progress {
-			continue
-		}
-		if w := min(r.NextDeadline()-time.Since(start), maxPark); w > 0 {
-			db.Wait(seq, w)
-		}
-	}
+// statsPoller polls the replica and copies its counters for status
+// requests every statsEvery.
+type statsPoller struct {
+	r    *multicast.Replica
+	st   *replicaStats
+	last time.Duration
 }
+
+func (p *statsPoller) Poll(now time.Duration) bool {
+	progress := p.r.Poll(now)
+	if now-p.last >= statsEvery {
+		p.last = now
+		c := p.r.Counters()
+		d, g, s := p.r.Anomalies()
+		p.st.mu.Lock()
+		p.st.ctr, p.st.dups, p.st.gaps, p.st.stale = c, d, g, s
+		p.st.mu.Unlock()
+	}
+	return progress
+}
+
+func (p *statsPoller) NextDeadline() time.Duration { return p.r.NextDeadline() }
+
 
 // serveReplica runs a replica process after its config line.
 func serveReplica(cfg Config, sc *bufio.Scanner, em *emitter) error {
@@ -301,7 +296,9 @@ func serveReplica(cfg Config, sc *bufio.Scanner, em *emitter) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		drive(ctx, r, node.Doorbell(), maxPark, st)
+		d := broadcast.NewMultiDriver(node.Doorbell(), &statsPoller{r: r, st: st, last: -time.Hour})
+		d.MaxPark = maxPark
+		d.Run(ctx)
 	}()
 	em.emit(Line{Ready: true, Pid: os.Getpid()})
 	for sc.Scan() {
