@@ -357,7 +357,6 @@ func (x *mcReplica) runCalls() {
 	}
 }
 
-
 // do runs f on x's polling goroutine and waits for it; false if the
 // replica is not running.
 func (x *mcReplica) do(f func()) bool {

@@ -246,7 +246,6 @@ func (p *statsPoller) Poll(now time.Duration) bool {
 
 func (p *statsPoller) NextDeadline() time.Duration { return p.r.NextDeadline() }
 
-
 // serveReplica runs a replica process after its config line.
 func serveReplica(cfg Config, sc *bufio.Scanner, em *emitter) error {
 	t, err := tree.Parse(cfg.Tree)
