@@ -192,7 +192,8 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	l.stopFetch()
 	// Acuerdo Fig. 5 l.58-60: E_new = E_cur = e; Role = FOLLOWER.
 	newEpoch := e != r.eCur
-	r.eNew, r.eCur = e, e
+	r.setENew(e)
+	r.eCur = e
 	if e.Leader() != r.self {
 		r.role = Follower
 	}

@@ -170,7 +170,7 @@ func (r *Replica) recoverENew() bool {
 		r.tracef("node %d: save e_new: %v", r.self, err)
 		return false
 	}
-	r.eNew = mx
+	r.setENew(mx)
 	r.recovering = false
 	if mx != 0 {
 		r.vote = Vote{ENew: mx}
@@ -257,7 +257,7 @@ func (r *Replica) setVote(v Vote) bool {
 			return false
 		}
 	}
-	r.eNew = v.ENew
+	r.setENew(v.ENew)
 	r.vote = v
 	r.electAt = r.voteTimeout(r.now)
 	return true
@@ -283,5 +283,15 @@ func (r *Replica) becomeLeader() {
 		if i != r.me {
 			r.startSync(i)
 		}
+	}
+}
+
+// setENew sets E_new (saved already) and reports it to Config.OnPromise
+// before any row publishes it.
+func (r *Replica) setENew(e Epoch) {
+	changed := e != r.eNew
+	r.eNew = e
+	if changed && r.cfg.OnPromise != nil {
+		r.cfg.OnPromise(e)
 	}
 }

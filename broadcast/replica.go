@@ -268,6 +268,9 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 		// l.54).
 		r.vote = Vote{ENew: r.eNew}
 	}
+	if r.eNew != 0 && cfg.OnPromise != nil {
+		cfg.OnPromise(r.eNew)
+	}
 	r.updateRows()
 	r.publishStatus()
 	r.tracef("node %d boots incarnation %d, e_new %v, catching up %v, rejoining %v", r.self, r.inc, r.eNew, r.catchingUp, r.recovering)

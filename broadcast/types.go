@@ -242,6 +242,16 @@ type Config struct {
 	// OnEvent, if set, is called from Poll at protocol milestones (role
 	// changes, an epoch's diff committed), e.g. to time elections.
 	OnEvent func(Event)
+	// OnPromise, if set, is called from the polling goroutine with this
+	// member's E_new each time it changes (at start, when it votes, when
+	// it rejoins, when it accepts a diff), after E_new is saved and
+	// before anything this member writes publishes it. E_new only grows
+	// within a member's stable state. A member that shows E_new == E has
+	// not voted for any later epoch, so f+1 members showing E prove that
+	// no leader of a later epoch was elected yet (quorum intersection):
+	// kv publishes the value in the table header that clients read to
+	// confirm a leader's reads (docs/kv.md, "Linearizable gets").
+	OnPromise func(Epoch)
 }
 
 // StartMode says how New treats a replica whose Stable holds no state (or

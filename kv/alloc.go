@@ -1,0 +1,137 @@
+package kv
+
+import (
+	"fmt"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// heap allocates records in the table's heap regions: size classes with a
+// free list each, and a bump pointer in the newest region. Every replica
+// applies the same entries, so in the simulator (snapshots persisted
+// inline) every replica's heap is laid out alike; a free waits while a
+// snapshot still reads the record (deferred), so a capture never sees its
+// records overwritten.
+type heap struct {
+	node     rdma.Node
+	group    uint32
+	size     int // bytes per heap region
+	regions  []rdma.Region
+	mems     [][]byte
+	cur      int // the region the bump pointer is in
+	bump     int // next free byte in region cur
+	free     map[int][]uint64 // class size -> refs (heap<<40 | off)
+	deferred []uint64         // freed while a snapshot reads: (class<<48 | ref)
+	grant    func(rdma.Region) error
+	used     int // bytes in live records (class sizes)
+}
+
+func refOf(h int, off int) uint64 { return uint64(h)<<40 | uint64(off) }
+
+func refHeap(ref uint64) int { return int(ref >> 40) }
+func refOff(ref uint64) int  { return int(ref & (1<<40 - 1)) }
+
+// classOf is the allocation size for a record of size bytes: exact
+// 16-byte steps up to 2 KiB, then eight steps per power of two.
+func classOf(size int) int {
+	if size <= 2048 {
+		return (size + recAlign - 1) &^ (recAlign - 1)
+	}
+	p := 2048
+	for p*2 < size {
+		p *= 2
+	}
+	step := p / 8
+	return (size + step - 1) / step * step
+}
+
+func (hp *heap) alloc(size int) (uint64, error) {
+	c := classOf(size)
+	if c > hp.size {
+		return 0, fmt.Errorf("kv: a %d-byte record does not fit a %d-byte heap region", size, hp.size)
+	}
+	if l := hp.free[c]; len(l) > 0 {
+		ref := l[len(l)-1]
+		hp.free[c] = l[:len(l)-1]
+		hp.used += c
+		return ref, nil
+	}
+	if len(hp.regions) == 0 || hp.bump+c > hp.size {
+		if err := hp.grow(); err != nil {
+			return 0, err
+		}
+	}
+	ref := refOf(hp.cur, hp.bump)
+	hp.bump += c
+	hp.used += c
+	return ref, nil
+}
+
+func (hp *heap) grow() error {
+	if len(hp.regions) > 0 && hp.cur+1 < len(hp.regions) {
+		hp.cur++ // reuse a region after a reset
+		hp.bump = 0
+		return nil
+	}
+	if len(hp.regions) == maxHeaps {
+		return fmt.Errorf("kv: heap full: %d regions of %d bytes", maxHeaps, hp.size)
+	}
+	r, err := hp.node.Register(heapRegion(hp.group, len(hp.regions)), hp.size)
+	if err != nil {
+		return fmt.Errorf("kv: register heap region: %w", err)
+	}
+	if hp.grant != nil {
+		if err := hp.grant(r); err != nil {
+			r.Close()
+			return err
+		}
+	}
+	hp.regions = append(hp.regions, r)
+	hp.mems = append(hp.mems, r.Bytes())
+	hp.cur = len(hp.regions) - 1
+	hp.bump = 0
+	return nil
+}
+
+// release frees the record at ref of size bytes; while snapshots read the
+// heap it is deferred.
+func (hp *heap) release(ref uint64, size int, deferring bool) {
+	c := classOf(size)
+	hp.used -= c
+	if deferring {
+		hp.deferred = append(hp.deferred, uint64(c)<<48|ref)
+		return
+	}
+	hp.free[c] = append(hp.free[c], ref)
+}
+
+// undefer returns deferred frees to their free lists.
+func (hp *heap) undefer() {
+	for _, d := range hp.deferred {
+		c := int(d >> 48)
+		hp.free[c] = append(hp.free[c], d&(1<<48-1))
+	}
+	hp.deferred = hp.deferred[:0]
+}
+
+// reset forgets every record (Restore); the regions stay registered.
+func (hp *heap) reset() {
+	hp.free = map[int][]uint64{}
+	hp.deferred = nil
+	hp.used = 0
+	// Start over in region 0; later regions are reused as the bump
+	// pointer reaches them.
+	hp.cur, hp.bump = 0, 0
+}
+
+func (hp *heap) bytes(ref uint64, size int) []byte {
+	off := refOff(ref)
+	return hp.mems[refHeap(ref)][off : off+size]
+}
+
+func (hp *heap) close() {
+	for _, r := range hp.regions {
+		r.Close()
+	}
+	hp.regions, hp.mems = nil, nil
+}

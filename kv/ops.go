@@ -1,0 +1,178 @@
+package kv
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Requests and results: the bytes a client multicasts and the bytes each
+// group's Apply returns in the reply (docs/kv.md, "Requests").
+//
+// A request is a list of operations, applied in order and atomically by
+// each destination group (a group applies the operations on the keys it
+// owns and skips the others):
+//
+//	[format u8 = 1][0 u8][count u16] then count ops:
+//	op: [kind u8][cmp u8][0 u16][klen u32][vlen u32][clen u32][cver u64]
+//	    [key][value][cmp value], each padded to 8
+//
+// kind is OpPut or OpDelete. cmp is a condition on the key's current
+// state, checked before any op of the request is applied: CmpNone,
+// CmpVersion (the current version equals cver; 0 means absent) or CmpValue
+// (the current value equals the cmp value; absent when cver is 1, for
+// "must not exist"). If any condition fails, the group applies nothing.
+//
+// A result (one per group; at most 64 bytes):
+//
+//	[status u8][0 u8][failed op u16][count u32][version u64][prev version u64]
+//
+// status is StatusOK or StatusCondFailed (failed op: the first op whose
+// condition failed, of those this group owns); version is the version the
+// request's writes got here (entry index << 16 | op number of the first
+// write); prev version is the version the first op's key had before
+// (0: absent), when this group owns it.
+const (
+	reqFormat = 1
+	reqHdr    = 4
+	opHdr     = 24
+	resSize   = 24
+)
+
+// Op kinds and conditions.
+const (
+	OpPut    = 1
+	OpDelete = 2
+
+	CmpNone    = 0
+	CmpVersion = 1
+	CmpValue   = 2
+)
+
+// Result statuses.
+const (
+	StatusOK         = 0
+	StatusCondFailed = 1
+)
+
+// Op is one operation of a request.
+type Op struct {
+	Kind  uint8
+	Cmp   uint8
+	Key   []byte
+	Value []byte
+	// CmpVersion for CmpVersion (0: the key must be absent); for CmpValue,
+	// 1 means the key must be absent and CmpValue is ignored.
+	CmpVersion uint64
+	CmpValue   []byte
+}
+
+// ErrMalformed is returned for request or result bytes that do not decode.
+var ErrMalformed = errors.New("kv: malformed request")
+
+func pad8(n int) int { return (n + 7) &^ 7 }
+
+// opSize is the encoded size of op.
+func opSize(op *Op) int {
+	return opHdr + pad8(len(op.Key)) + pad8(len(op.Value)) + pad8(len(op.CmpValue))
+}
+
+// RequestSize is the encoded size of a request holding ops.
+func RequestSize(ops []Op) int {
+	n := reqHdr
+	for i := range ops {
+		n += opSize(&ops[i])
+	}
+	return n
+}
+
+// AppendRequest appends the encoding of ops to dst.
+func AppendRequest(dst []byte, ops []Op) []byte {
+	dst = append(dst, reqFormat, 0, byte(len(ops)), byte(len(ops)>>8))
+	for i := range ops {
+		op := &ops[i]
+		var h [opHdr]byte
+		h[0], h[1] = op.Kind, op.Cmp
+		binary.LittleEndian.PutUint32(h[4:], uint32(len(op.Key)))
+		binary.LittleEndian.PutUint32(h[8:], uint32(len(op.Value)))
+		binary.LittleEndian.PutUint32(h[12:], uint32(len(op.CmpValue)))
+		binary.LittleEndian.PutUint64(h[16:], op.CmpVersion)
+		dst = append(dst, h[:]...)
+		for _, b := range [][]byte{op.Key, op.Value, op.CmpValue} {
+			dst = append(dst, b...)
+			dst = append(dst, make([]byte, pad8(len(b))-len(b))...)
+		}
+	}
+	return dst
+}
+
+// DecodeRequest decodes a request into ops (reusing its capacity); keys and
+// values are slices of b.
+func DecodeRequest(b []byte, ops []Op) ([]Op, error) {
+	ops = ops[:0]
+	if len(b) < reqHdr || b[0] != reqFormat || b[1] != 0 {
+		return ops, ErrMalformed
+	}
+	n := int(binary.LittleEndian.Uint16(b[2:]))
+	if n == 0 {
+		return ops, fmt.Errorf("%w: no operations", ErrMalformed)
+	}
+	p := reqHdr
+	for range n {
+		if len(b)-p < opHdr {
+			return ops, fmt.Errorf("%w: truncated", ErrMalformed)
+		}
+		h := b[p : p+opHdr]
+		op := Op{Kind: h[0], Cmp: h[1], CmpVersion: binary.LittleEndian.Uint64(h[16:])}
+		if op.Kind != OpPut && op.Kind != OpDelete || op.Cmp > CmpValue || h[2] != 0 || h[3] != 0 {
+			return ops, fmt.Errorf("%w: op kind %d cmp %d", ErrMalformed, op.Kind, op.Cmp)
+		}
+		p += opHdr
+		var parts [3][]byte
+		for k := range parts {
+			l := int(binary.LittleEndian.Uint32(h[4+4*k:]))
+			if l < 0 || l > len(b)-p || pad8(l) > len(b)-p {
+				return ops, fmt.Errorf("%w: truncated", ErrMalformed)
+			}
+			parts[k] = b[p : p+l : p+l]
+			p += pad8(l)
+		}
+		op.Key, op.Value, op.CmpValue = parts[0], parts[1], parts[2]
+		if op.Kind == OpDelete && len(op.Value) != 0 || op.Cmp != CmpValue && len(op.CmpValue) != 0 {
+			return ops, fmt.Errorf("%w: stray bytes", ErrMalformed)
+		}
+		ops = append(ops, op)
+	}
+	if p != len(b) {
+		return ops, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(b)-p)
+	}
+	return ops, nil
+}
+
+// Result is one group's outcome of a request.
+type Result struct {
+	Status   uint8
+	FailedOp int    // StatusCondFailed: the index of the first failed op
+	Count    int    // ops applied here
+	Version  uint64 // the version of this group's first write
+	Prev     uint64 // the first op's key's version before (0: absent), if owned here
+}
+
+func encodeResult(dst []byte, r *Result) []byte {
+	dst = dst[:resSize]
+	dst[0], dst[1] = r.Status, 0
+	binary.LittleEndian.PutUint16(dst[2:], uint16(r.FailedOp))
+	binary.LittleEndian.PutUint32(dst[4:], uint32(r.Count))
+	binary.LittleEndian.PutUint64(dst[8:], r.Version)
+	binary.LittleEndian.PutUint64(dst[16:], r.Prev)
+	return dst
+}
+
+// DecodeResult decodes a group's result bytes.
+func DecodeResult(b []byte) (Result, error) {
+	if len(b) != resSize || b[0] > StatusCondFailed || b[1] != 0 {
+		return Result{}, fmt.Errorf("%w: result of %d bytes", ErrMalformed, len(b))
+	}
+	return Result{Status: b[0], FailedOp: int(binary.LittleEndian.Uint16(b[2:])), Count: int(binary.LittleEndian.Uint32(b[4:])),
+		Version: binary.LittleEndian.Uint64(b[8:]), Prev: binary.LittleEndian.Uint64(b[16:])}, nil
+}

@@ -1,0 +1,740 @@
+package kv
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Defaults of TableConfig.
+const (
+	DefaultMaxKey         = 1 << 10
+	DefaultMaxValue       = 1 << 20
+	DefaultLogBuckets     = 10
+	DefaultHeapRegionSize = 64 << 20
+	DefaultMigrateStep    = 8
+	// DefaultMaxLoad is the fill (of all slots) at which the index grows.
+	DefaultMaxLoad = 0.75
+)
+
+// TableConfig configures one replica's table.
+type TableConfig struct {
+	// Group is the table's group: its regions are regions.KV(Group)+k.
+	Group uint32
+	// SlotMap assigns each of the NumHashSlots hash slots a group; the
+	// table applies the operations on keys of its group's slots and skips
+	// the others (parts of a batch that other groups apply). nil: every
+	// key is this group's.
+	SlotMap []uint32
+	// Readers are the nodes granted read access to the table's regions
+	// (clients, and the group's members for stale-ok reads among them).
+	Readers []rdma.NodeID
+	// MaxKey and MaxValue bound keys and values (bytes). Default 1 KiB
+	// and 1 MiB.
+	MaxKey, MaxValue int
+	// LogBuckets is the initial index size: 2^LogBuckets buckets of 7
+	// slots. Default 10. At least 2.
+	LogBuckets int
+	// HeapRegionSize is the size of each heap region records live in
+	// (at most 192 regions). Default 64 MiB; it must hold a record of
+	// MaxKey+MaxValue bytes.
+	HeapRegionSize int
+	// MaxLoad is the fraction of index slots in use at which the index
+	// grows into a generation of twice as many buckets. Default 0.75.
+	MaxLoad float64
+	// MigrateStep is how many buckets of the old generation each applied
+	// operation migrates while the index grows. Default 8.
+	MigrateStep int
+	// Inc is this table's incarnation, shown in the header (a restarted
+	// replica's readers see the change). Default the Unix time in ns.
+	Inc uint64
+	// Clock gives the wall-clock time (Unix ns) recorded with each
+	// applied entry; default time.Now. The simulator passes its own.
+	Clock func() int64
+}
+
+func (c *TableConfig) fill() error {
+	if c.MaxKey == 0 {
+		c.MaxKey = DefaultMaxKey
+	}
+	if c.MaxValue == 0 {
+		c.MaxValue = DefaultMaxValue
+	}
+	if c.LogBuckets == 0 {
+		c.LogBuckets = DefaultLogBuckets
+	}
+	if c.HeapRegionSize == 0 {
+		c.HeapRegionSize = DefaultHeapRegionSize
+	}
+	if c.MaxLoad == 0 {
+		c.MaxLoad = DefaultMaxLoad
+	}
+	if c.MigrateStep == 0 {
+		c.MigrateStep = DefaultMigrateStep
+	}
+	if c.Inc == 0 {
+		c.Inc = uint64(time.Now().UnixNano())
+	}
+	if c.Clock == nil {
+		c.Clock = func() int64 { return time.Now().UnixNano() }
+	}
+	switch {
+	case c.SlotMap != nil && len(c.SlotMap) != NumHashSlots:
+		return fmt.Errorf("kv: slot map has %d slots, want %d", len(c.SlotMap), NumHashSlots)
+	case c.MaxKey < 1 || c.MaxValue < 0:
+		return fmt.Errorf("kv: MaxKey %d, MaxValue %d", c.MaxKey, c.MaxValue)
+	case c.LogBuckets < 2 || c.LogBuckets > 30:
+		return fmt.Errorf("kv: LogBuckets %d out of 2..30", c.LogBuckets)
+	case c.HeapRegionSize%recAlign != 0 || classOf(recordSize(c.MaxKey, c.MaxValue)) > c.HeapRegionSize:
+		return fmt.Errorf("kv: HeapRegionSize %d cannot hold a record of MaxKey %d + MaxValue %d bytes", c.HeapRegionSize, c.MaxKey, c.MaxValue)
+	case c.MaxLoad <= 0 || c.MaxLoad > 0.95:
+		return fmt.Errorf("kv: MaxLoad %v out of (0, 0.95]", c.MaxLoad)
+	}
+	return nil
+}
+
+// gen is one generation of the index.
+type gen struct {
+	n      int // generation number
+	log    int
+	region rdma.Region
+	mem    []byte
+}
+
+func (g *gen) buckets() int { return 1 << g.log }
+
+// Table is one replica's hash table in registered memory: the state
+// machine (broadcast.FSM) a group's replicas apply delivered requests to,
+// and the memory clients read one-sided.
+type Table struct {
+	cfg    TableConfig
+	node   rdma.Node
+	hdr    rdma.Region
+	hmem   []byte
+	cur    gen
+	old    *gen // while migrating
+	cursor int  // old buckets migrated so far
+	retire *gen // the generation before old, closed at the next growth
+	heap   heap
+	count  int // live records
+	layout uint64
+
+	applied   uint64
+	appliedAt int64
+	serving   uint64
+
+	snaps atomic.Int32 // captures not yet released
+	ops   []Op
+	res   [resSize]byte
+	keyb  []byte
+}
+
+// NewTable registers the table's regions on node.
+func NewTable(cfg TableConfig, node rdma.Node) (*Table, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	t := &Table{cfg: cfg, node: node}
+	t.heap = heap{node: node, group: cfg.Group, size: cfg.HeapRegionSize, free: map[int][]uint64{}, grant: t.grant}
+	var err error
+	if t.hdr, err = node.Register(headerRegion(cfg.Group), hdrSize); err != nil {
+		return nil, fmt.Errorf("kv: register header: %w", err)
+	}
+	t.hmem = t.hdr.Bytes()
+	if err := t.grant(t.hdr); err != nil {
+		t.Close()
+		return nil, err
+	}
+	if t.cur, err = t.newGen(0, cfg.LogBuckets); err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.publish()
+	return t, nil
+}
+
+func (t *Table) grant(r rdma.Region) error {
+	for _, p := range t.cfg.Readers {
+		if p == t.node.ID() {
+			continue
+		}
+		if err := r.Grant(p, rdma.PermRead); err != nil {
+			return fmt.Errorf("kv: grant node %d: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func (t *Table) newGen(n, log int) (gen, error) {
+	r, err := t.node.Register(indexRegion(t.cfg.Group, n), bucketSize<<log)
+	if err != nil {
+		return gen{}, fmt.Errorf("kv: register index generation %d: %w", n, err)
+	}
+	if err := t.grant(r); err != nil {
+		r.Close()
+		return gen{}, err
+	}
+	return gen{n: n, log: log, region: r, mem: r.Bytes()}, nil
+}
+
+// Close releases every region.
+func (t *Table) Close() error {
+	if t.hdr != nil {
+		t.hdr.Close()
+	}
+	for _, g := range []*gen{&t.cur, t.old, t.retire} {
+		if g != nil && g.region != nil {
+			g.region.Close()
+		}
+	}
+	t.heap.close()
+	return nil
+}
+
+// Promise records this member's E_new in the header (wire it to
+// broadcast.Config.OnPromise): a single word, stored before the member
+// publishes its vote.
+func (t *Table) Promise(e broadcast.Epoch) { rdma.Store64(t.hmem, hPromise, uint64(e)) }
+
+// SetServing says which epoch this replica leads with its diff applied (0:
+// none); linearizable gets are served only by a replica whose header says
+// so. Called from the polling goroutine after each Poll.
+func (t *Table) SetServing(e uint64) {
+	if e != t.serving {
+		t.serving = e
+		t.publish()
+	}
+}
+
+// Header returns the header as this replica last published it.
+func (t *Table) Header() Header {
+	h, _ := DecodeHeader(t.hmem)
+	h.Promise = rdma.Load64(t.hmem, hPromise)
+	return h
+}
+
+// Len is the number of live records.
+func (t *Table) Len() int { return t.count }
+
+// Stats is what the table uses.
+type Stats struct {
+	Records      int
+	HeapBytes    int // bytes of live records (allocation classes)
+	HeapRegions  int
+	IndexBytes   int // every registered index generation
+	Gen          int
+	LogBuckets   int
+	Migrating    bool
+	FreeListRefs int
+}
+
+// Stats reports the table's size (polling goroutine).
+func (t *Table) Stats() Stats {
+	s := Stats{Records: t.count, HeapBytes: t.heap.used, HeapRegions: len(t.heap.regions),
+		IndexBytes: len(t.cur.mem), Gen: t.cur.n, LogBuckets: t.cur.log, Migrating: t.old != nil}
+	if t.old != nil {
+		s.IndexBytes += len(t.old.mem)
+	}
+	for _, l := range t.heap.free {
+		s.FreeListRefs += len(l)
+	}
+	return s
+}
+
+func (t *Table) geometry() Geometry {
+	g := Geometry{Gen: t.cur.n, LogBuckets: t.cur.log}
+	if t.old != nil {
+		g.Migrating, g.OldGen, g.OldLog = true, t.old.n, t.old.log
+	}
+	return g
+}
+
+// publish writes the header's sealed words in one store sequence; readers
+// validate the check word.
+func (t *Table) publish() {
+	var b [hdrSize]byte
+	h := Header{Serving: t.serving, Applied: t.applied, AppliedAt: t.appliedAt, Geometry: t.geometry(), Inc: t.cfg.Inc, Layout: t.layout}
+	encodeHeader(b[:], &h)
+	// The check word last: a reader that sees it sees the words it
+	// covers (stores are ordered), or a mismatch.
+	rdma.Store64(t.hmem, hCheck, 0)
+	for off := hServing; off < hCheck; off += 8 {
+		rdma.Store64(t.hmem, off, binary.LittleEndian.Uint64(b[off:]))
+	}
+	rdma.Store64(t.hmem, hCheck, binary.LittleEndian.Uint64(b[hCheck:]))
+}
+
+// owns reports whether the key with hash h is this group's.
+func (t *Table) owns(h uint64) bool {
+	return t.cfg.SlotMap == nil || t.cfg.SlotMap[hashSlotOf(h)] == t.cfg.Group
+}
+
+// where is a key's place in the current generation.
+type where struct {
+	bucket int // byte offset of the bucket in cur.mem
+	slot   int
+	s      Slot
+}
+
+// find looks key up in the current generation (its old buckets migrated
+// already).
+func (t *Table) find(key []byte, h uint64) (where, bool) {
+	fp := fpOf(h)
+	for _, b := range places(h, t.cur.log) {
+		off := b * bucketSize
+		for i := range slotsPer {
+			s := t.slotAt(t.cur.mem, off, i)
+			if s.Version == 0 || s.FP != fp {
+				continue
+			}
+			if bytes.Equal(t.recordKey(s), key) {
+				return where{bucket: off, slot: i, s: s}, true
+			}
+		}
+	}
+	return where{}, false
+}
+
+func (t *Table) slotAt(mem []byte, bucketOff, i int) Slot {
+	off := bucketOff + bucketHdr + i*slotSize
+	return slotOf(rdma.Load64(mem, off), rdma.Load64(mem, off+8))
+}
+
+// record returns the record a slot of this table points to (local memory).
+func (t *Table) record(s Slot) []byte {
+	b := t.heap.mems[s.Heap][s.Off:]
+	ri := recordInfo(b)
+	return b[:ri.Size()]
+}
+
+func (t *Table) recordKey(s Slot) []byte {
+	b := t.heap.mems[s.Heap][s.Off:]
+	ri := recordInfo(b)
+	return b[recHdr : recHdr+ri.KLen]
+}
+
+func (t *Table) recordValue(s Slot) []byte {
+	b := t.heap.mems[s.Heap][s.Off:]
+	ri := recordInfo(b)
+	return b[recHdr+ri.KLen : recHdr+ri.KLen+ri.VLen]
+}
+
+// freeSlot places a new slot in the less loaded of the key's candidate
+// buckets of g, or if both are full in the less loaded of their
+// neighbours; ok is false when all four are full.
+func freeSlot(g *gen, h uint64) (bucket, slot int, ok bool) {
+	p := places(h, g.log)
+	for k := 0; k < 4; k += 2 {
+		b := p[k]
+		if bucketLoad(g, p[k+1]) < bucketLoad(g, b) {
+			b = p[k+1]
+		}
+		off := b * bucketSize
+		for i := range slotsPer {
+			if rdma.Load64(g.mem, off+bucketHdr+i*slotSize) == 0 {
+				return off, i, true
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+func bucketLoad(g *gen, b int) int {
+	n := 0
+	off := b * bucketSize
+	for i := range slotsPer {
+		if rdma.Load64(g.mem, off+bucketHdr+i*slotSize) != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// ErrTableFull is returned (as a failed apply, which stops the replica's
+// group from making progress on that request) only if the heap regions are
+// exhausted.
+var ErrTableFull = errors.New("kv: table full")
+
+// Apply applies a delivered request (broadcast.FSM): the operations on
+// this group's keys, atomically (every condition is checked first).
+func (t *Table) Apply(e broadcast.Entry) []byte {
+	t.applied = e.Index
+	t.appliedAt = t.cfg.Clock()
+	if t.snaps.Load() == 0 && len(t.heap.deferred) > 0 {
+		t.heap.undefer()
+	}
+	res := Result{}
+	ops, err := DecodeRequest(e.Data, t.ops)
+	t.ops = ops[:0]
+	if err != nil {
+		// A malformed request changes nothing; clients encode with
+		// AppendRequest, so only a foreign writer gets here.
+		res.Status = StatusCondFailed
+		res.FailedOp = 0xffff
+		t.publish()
+		return encodeResult(t.res[:], &res)
+	}
+	// Migrate every owned key's old buckets, then check the conditions.
+	first := true
+	for i := range ops {
+		op := &ops[i]
+		h := hashKey(op.Key)
+		if !t.owns(h) || len(op.Key) > t.cfg.MaxKey || len(op.Value) > t.cfg.MaxValue {
+			continue
+		}
+		t.migrateKey(h)
+		w, found := t.find(op.Key, h)
+		if first {
+			first = false
+			if found {
+				res.Prev = w.s.Version
+			}
+		}
+		if !t.holds(op, w, found) {
+			res.Status = StatusCondFailed
+			res.FailedOp = i
+			t.step()
+			t.publish()
+			return encodeResult(t.res[:], &res)
+		}
+	}
+	deferring := t.snaps.Load() > 0
+	for i := range ops {
+		op := &ops[i]
+		h := hashKey(op.Key)
+		if !t.owns(h) || len(op.Key) > t.cfg.MaxKey || len(op.Value) > t.cfg.MaxValue {
+			continue
+		}
+		version := e.Index<<16 | uint64(i)
+		if res.Count == 0 {
+			res.Version = version
+		}
+		res.Count++
+		w, found := t.find(op.Key, h)
+		switch op.Kind {
+		case OpDelete:
+			if found {
+				clearSlot(t.cur.mem, w.bucket, w.slot)
+				t.heap.release(t.sref(w.s), int(w.s.sizeHint(t)), deferring)
+				t.count--
+			}
+		case OpPut:
+			if err := t.put(op.Key, op.Value, h, version, w, found, deferring); err != nil {
+				// The heap is exhausted: this replica cannot store the
+				// write. Every replica reaches the same point, so the
+				// group stays consistent: the op is skipped and counted.
+				res.Count--
+			}
+		}
+	}
+	t.step()
+	t.maybeGrow()
+	t.publish()
+	return encodeResult(t.res[:], &res)
+}
+
+func (s Slot) sizeHint(t *Table) int { return recordInfo(t.heap.mems[s.Heap][s.Off:]).Size() }
+
+func (t *Table) sref(s Slot) uint64 { return refOf(int(s.Heap), int(s.Off)) }
+
+// holds checks op's condition against the key's current state.
+func (t *Table) holds(op *Op, w where, found bool) bool {
+	switch op.Cmp {
+	case CmpVersion:
+		if op.CmpVersion == 0 {
+			return !found
+		}
+		return found && w.s.Version == op.CmpVersion
+	case CmpValue:
+		if op.CmpVersion == 1 {
+			return !found
+		}
+		return found && bytes.Equal(t.recordValue(w.s), op.CmpValue)
+	}
+	return true
+}
+
+func (t *Table) put(key, value []byte, h, version uint64, w where, found, deferring bool) error {
+	size := recordSize(len(key), len(value))
+	ref, err := t.heap.alloc(size)
+	if err != nil {
+		return err
+	}
+	encodeRecord(t.heap.bytes(ref, size), version, key, value)
+	s := Slot{Version: version, FP: fpOf(h), Units: unitsOf(size), Heap: uint8(refHeap(ref)), Off: uint64(refOff(ref))}
+	if found {
+		old := w.s
+		storeSlot(t.cur.mem, w.bucket, w.slot, s)
+		t.heap.release(t.sref(old), old.sizeHint(t), deferring)
+		return nil
+	}
+	b, i, ok := freeSlot(&t.cur, h)
+	for !ok {
+		// Both candidates are full: grow now (finishing any migration
+		// first) and place the key in the new generation.
+		t.finishMigration()
+		if err := t.startGrowth(); err != nil {
+			t.heap.release(ref, size, false)
+			return err
+		}
+		t.migrateKey(h)
+		b, i, ok = freeSlot(&t.cur, h)
+	}
+	storeSlot(t.cur.mem, b, i, s)
+	t.count++
+	return nil
+}
+
+// maybeGrow starts a new generation once the load passes MaxLoad.
+func (t *Table) maybeGrow() {
+	if t.old != nil || float64(t.count) < t.cfg.MaxLoad*float64(t.cur.buckets()*slotsPer) {
+		return
+	}
+	t.startGrowth()
+}
+
+// startGrowth makes a generation of twice the buckets current; the old
+// one is migrated bucket by bucket (step, migrateKey).
+func (t *Table) startGrowth() error {
+	if t.old != nil {
+		t.finishMigration()
+	}
+	if t.cur.log >= 30 {
+		return ErrTableFull
+	}
+	ng, err := t.newGen(t.cur.n+1, t.cur.log+1)
+	if err != nil {
+		return err
+	}
+	if t.retire != nil {
+		t.retire.region.Close()
+		t.retire = nil
+	}
+	old := t.cur
+	t.old = &old
+	t.cur = ng
+	t.cursor = 0
+	t.layout++
+	return nil
+}
+
+// step migrates the next MigrateStep old buckets.
+func (t *Table) step() {
+	if t.old == nil {
+		return
+	}
+	for k := 0; k < t.cfg.MigrateStep && t.cursor < t.old.buckets(); k++ {
+		t.migrateBucket(t.cursor)
+		t.cursor++
+	}
+	if t.cursor == t.old.buckets() {
+		t.endMigration()
+	}
+}
+
+func (t *Table) finishMigration() {
+	if t.old == nil {
+		return
+	}
+	for ; t.cursor < t.old.buckets(); t.cursor++ {
+		t.migrateBucket(t.cursor)
+	}
+	t.endMigration()
+}
+
+func (t *Table) endMigration() {
+	// The old generation stays registered (readers with an older header
+	// may still read it) until the next growth begins.
+	t.retire = t.old
+	t.old = nil
+	t.layout++
+}
+
+// migrateKey migrates the old generation's candidate buckets of a key.
+func (t *Table) migrateKey(h uint64) {
+	if t.old == nil {
+		return
+	}
+	for _, b := range places(h, t.old.log) {
+		t.migrateBucket(b)
+	}
+}
+
+// migrateBucket copies old bucket b's slots into the current generation
+// and then marks it moved: its slots stay as they were, so a reader that
+// read it before the mark saw the key's state as of then, and one that
+// sees the mark finds the key in the new generation (read after it).
+func (t *Table) migrateBucket(b int) {
+	off := b * bucketSize
+	if rdma.Load64(t.old.mem, off)&bMoved != 0 {
+		return
+	}
+	for i := range slotsPer {
+		s := t.slotAt(t.old.mem, off, i)
+		if s.Version == 0 {
+			continue
+		}
+		h := hashKey(t.recordKey(s))
+		nb, ni, ok := freeSlot(&t.cur, h)
+		if !ok {
+			// All four places full in a generation of twice the
+			// buckets, filled to at most MaxLoad/2: with 28 slots per
+			// key this does not happen in practice; stopping is better
+			// than losing the key.
+			panic(fmt.Sprintf("kv: migration found both candidates of a key full in a generation of %d buckets", t.cur.buckets()))
+		}
+		storeSlot(t.cur.mem, nb, ni, s)
+	}
+	rdma.Store64(t.old.mem, off, bMoved)
+}
+
+// Snapshots (broadcast.FSM): Snapshot captures the slots of every live
+// record (16 bytes each) from the polling goroutine and defers the reuse
+// of record memory until the capture is released; Persist, off the polling
+// goroutine, copies the records themselves, which stay untouched, into
+// the snapshot region broadcast serves to members behind its log. The
+// records are not copied in the leader's heap.
+//
+//	snapshot: [magic u64][count u64][log2 buckets u64][applied u64][records, each as in the heap]
+const snapMagic = 0x6b7673_6e617031 // "kvsnap1"
+
+type capture struct {
+	t       *Table
+	refs    []uint64 // heap << 40 | off
+	size    int
+	applied uint64
+	log     int
+	mems    [][]byte
+	done    atomic.Bool
+}
+
+// Snapshot captures the table's records (broadcast.FSM).
+func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
+	c := &capture{t: t, size: 32, applied: t.applied, log: t.cur.log, mems: append([][]byte(nil), t.heap.mems...)}
+	c.refs = make([]uint64, 0, t.count)
+	add := func(g *gen, skipMoved bool) {
+		for b := range g.buckets() {
+			off := b * bucketSize
+			if skipMoved && rdma.Load64(g.mem, off)&bMoved != 0 {
+				continue
+			}
+			for i := range slotsPer {
+				if s := t.slotAt(g.mem, off, i); s.Version != 0 {
+					c.refs = append(c.refs, t.sref(s))
+					c.size += s.sizeHint(t)
+				}
+			}
+		}
+	}
+	if t.old != nil {
+		add(t.old, true)
+	}
+	add(&t.cur, false)
+	t.snaps.Add(1)
+	return c, nil
+}
+
+func (c *capture) Size() int { return c.size }
+
+func (c *capture) Persist(dst []byte) error {
+	if len(dst) != c.size {
+		return fmt.Errorf("kv: snapshot of %d bytes into %d", c.size, len(dst))
+	}
+	binary.LittleEndian.PutUint64(dst, snapMagic)
+	binary.LittleEndian.PutUint64(dst[8:], uint64(len(c.refs)))
+	binary.LittleEndian.PutUint64(dst[16:], uint64(c.log))
+	binary.LittleEndian.PutUint64(dst[24:], c.applied)
+	p := 32
+	for _, ref := range c.refs {
+		b := c.mems[refHeap(ref)][refOff(ref):]
+		n := recordInfo(b).Size()
+		p += copy(dst[p:], b[:n])
+	}
+	return nil
+}
+
+func (c *capture) Release() {
+	if c.done.CompareAndSwap(false, true) {
+		c.t.snaps.Add(-1)
+	}
+}
+
+// ErrSnapshot is returned by Restore for bytes that are not a table
+// snapshot.
+var ErrSnapshot = errors.New("kv: corrupt snapshot")
+
+// Restore replaces the table with a snapshot's records (broadcast.FSM).
+// Every record is validated before the table changes.
+func (t *Table) Restore(b []byte) error {
+	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic {
+		return fmt.Errorf("%w: bad header", ErrSnapshot)
+	}
+	count := binary.LittleEndian.Uint64(b[8:])
+	log := int(binary.LittleEndian.Uint64(b[16:]))
+	applied := binary.LittleEndian.Uint64(b[24:])
+	if log < 2 || log > 30 || count > uint64(len(b)) {
+		return fmt.Errorf("%w: %d records, 2^%d buckets", ErrSnapshot, count, log)
+	}
+	type rec struct{ off, size int }
+	recs := make([]rec, 0, count)
+	p := 32
+	for range count {
+		ri, _, _, err := DecodeRecord(b[p:])
+		if err != nil {
+			return fmt.Errorf("%w: record at byte %d: %v", ErrSnapshot, p, err)
+		}
+		n := ri.Size()
+		if n > len(b)-p {
+			return fmt.Errorf("%w: record at byte %d overruns", ErrSnapshot, p)
+		}
+		recs = append(recs, rec{p, n})
+		p += n
+	}
+	if p != len(b) {
+		return fmt.Errorf("%w: %d trailing bytes", ErrSnapshot, len(b)-p)
+	}
+	for log < 30 && float64(count) > t.cfg.MaxLoad/2*float64(int(slotsPer)<<log) {
+		log++
+	}
+	// A new generation for the restored index; the old ones are closed
+	// (readers of this replica see the layout change and read again).
+	ng, err := t.newGen(t.cur.n+1, log)
+	if err != nil {
+		return err
+	}
+	for _, g := range []*gen{&t.cur, t.old, t.retire} {
+		if g != nil && g.region != nil {
+			g.region.Close()
+		}
+	}
+	t.cur, t.old, t.retire = ng, nil, nil
+	t.heap.reset()
+	t.count = 0
+	for _, r := range recs {
+		rb := b[r.off : r.off+r.size]
+		ri, key, _, _ := DecodeRecord(rb)
+		h := hashKey(key)
+		ref, err := t.heap.alloc(r.size)
+		if err != nil {
+			return err
+		}
+		copy(t.heap.bytes(ref, r.size), rb)
+		s := Slot{Version: ri.Version, FP: fpOf(h), Units: unitsOf(r.size), Heap: uint8(refHeap(ref)), Off: uint64(refOff(ref))}
+		bo, i, ok := freeSlot(&t.cur, h)
+		if !ok {
+			return fmt.Errorf("%w: no room for a key in 2^%d buckets", ErrSnapshot, log)
+		}
+		storeSlot(t.cur.mem, bo, i, s)
+		t.count++
+	}
+	t.applied = applied
+	t.layout++
+	t.publish()
+	return nil
+}
