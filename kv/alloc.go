@@ -18,8 +18,8 @@ type heap struct {
 	size     int // bytes per heap region
 	regions  []rdma.Region
 	mems     [][]byte
-	cur      int // the region the bump pointer is in
-	bump     int // next free byte in region cur
+	cur      int              // the region the bump pointer is in
+	bump     int              // next free byte in region cur
 	free     map[int][]uint64 // class size -> refs (heap<<40 | off)
 	deferred []uint64         // freed while a snapshot reads: (class<<48 | ref)
 	grant    func(rdma.Region) error
