@@ -1,0 +1,81 @@
+package client
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/rdmakv/rdmakv/kv"
+)
+
+// Batch is a list of puts and deletes applied atomically: the batch is
+// multicast to every group that owns one of its keys, as one message, and
+// each group applies its part at once, in the order TRAM delivered it.
+// Two batches that share a group are applied in the same order by every
+// group they share (and so by every reader of those groups).
+//
+// What a reader may see between the groups' applications: each group
+// applies its part when the message reaches it, so for a short while one
+// group may show the batch and another not yet. A linearizable get of a
+// key in a group that applied it sees the batch; a get of a key in a group
+// that has not applied it yet sees the state before it. Once Commit
+// returned, every group applied it and every linearizable get sees it. No
+// reader ever sees part of one group's share.
+type Batch struct {
+	ops []kv.Op
+	err error
+}
+
+// Put adds a put to the batch (the value is not copied: leave it alone
+// until Commit returns).
+func (b *Batch) Put(key, value []byte) *Batch {
+	b.ops = append(b.ops, kv.Op{Kind: kv.OpPut, Key: key, Value: value})
+	return b
+}
+
+// Delete adds a delete to the batch.
+func (b *Batch) Delete(key []byte) *Batch {
+	b.ops = append(b.ops, kv.Op{Kind: kv.OpDelete, Key: key})
+	return b
+}
+
+// Len is the number of operations.
+func (b *Batch) Len() int { return len(b.ops) }
+
+// BatchResult says where each group applied the batch.
+type BatchResult struct {
+	// Versions[i] is the version operation i gave its key.
+	Versions []uint64
+	// Groups is each involved group's entry index.
+	Groups map[uint32]uint64
+}
+
+// Commit applies the batch atomically (see Batch). An empty batch is a
+// no-op.
+func (c *Client) Commit(ctx context.Context, b *Batch) (BatchResult, error) {
+	if len(b.ops) == 0 {
+		return BatchResult{}, nil
+	}
+	if len(b.ops) > c.m.Limits.MaxBatch {
+		return BatchResult{}, fmt.Errorf("%w: %d operations, limit %d", ErrBatchTooLarge, len(b.ops), c.m.Limits.MaxBatch)
+	}
+	for i := range b.ops {
+		if err := c.checkKey(b.ops[i].Key); err != nil {
+			return BatchResult{}, fmt.Errorf("batch op %d: %w", i, err)
+		}
+		if err := c.checkValue(b.ops[i].Value); err != nil {
+			return BatchResult{}, fmt.Errorf("batch op %d: %w", i, err)
+		}
+	}
+	rs, err := c.write(ctx, b.ops)
+	if err != nil {
+		return BatchResult{}, err
+	}
+	out := BatchResult{Versions: make([]uint64, len(b.ops)), Groups: map[uint32]uint64{}}
+	for _, r := range rs {
+		out.Groups[r.group] = r.index
+	}
+	for i := range b.ops {
+		out.Versions[i] = out.Groups[c.m.GroupOf(b.ops[i].Key)]<<16 | uint64(i)
+	}
+	return out, nil
+}

@@ -1,0 +1,306 @@
+// Package client is the Go library applications use to reach an rdmakv
+// cluster: puts, deletes, compare-and-swaps and atomic batches go through
+// the cluster's ordering (TRAM over Acuerdo, exactly once), and gets read
+// the replicas' memory one-sided, without the servers' CPU.
+//
+// A Client is safe for concurrent use. Every method takes a context and
+// returns typed errors (ErrNotFound, ErrKeyTooLarge, ErrValueTooLarge,
+// ErrCASMismatch, *UnavailableError, ...). docs/client.md explains the
+// guarantees, the limits and what a retry means.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/multicast"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+	"github.com/rdmakv/rdmakv/rdma/tcp"
+)
+
+// Errors. Test them with errors.Is.
+var (
+	// ErrNotFound: the key has no value.
+	ErrNotFound = errors.New("rdmakv: key not found")
+	// ErrEmptyKey: keys have at least one byte.
+	ErrEmptyKey = errors.New("rdmakv: empty key")
+	// ErrKeyTooLarge: the key is longer than the cluster's MaxKey.
+	ErrKeyTooLarge = errors.New("rdmakv: key too large")
+	// ErrValueTooLarge: the value is longer than the cluster's MaxValue.
+	ErrValueTooLarge = errors.New("rdmakv: value too large")
+	// ErrBatchTooLarge: a batch has more operations than MaxBatch.
+	ErrBatchTooLarge = errors.New("rdmakv: batch too large")
+	// ErrCASMismatch: a compare-and-swap (or a conditional batch op)
+	// found another value or version; nothing was written.
+	ErrCASMismatch = errors.New("rdmakv: compare-and-swap mismatch")
+	// ErrUnavailable is wrapped by *UnavailableError.
+	ErrUnavailable = errors.New("rdmakv: group unavailable")
+	// ErrOutcomeUnknown: the context ended (or the client closed) while a
+	// write was under way. The write may still be applied, once: it is
+	// never applied twice, but this client will not learn its outcome.
+	ErrOutcomeUnknown = errors.New("rdmakv: write outcome unknown")
+	// ErrClosed: the client was closed.
+	ErrClosed = errors.New("rdmakv: client closed")
+)
+
+// UnavailableError says which group could not be reached in time.
+type UnavailableError struct {
+	Group uint32
+	Err   error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("rdmakv: group %d unavailable: %v", e.Group, e.Err)
+}
+
+func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.Err} }
+
+// Consistency of gets.
+type Consistency = kv.Consistency
+
+const (
+	// Linearizable gets see every write acknowledged before they began
+	// (the default).
+	Linearizable = kv.Linearizable
+	// StaleOK gets read the nearest replica, which may lag; Item.Lag
+	// says by how much at most.
+	StaleOK = kv.StaleOK
+)
+
+// Option configures Open.
+type Option func(*options)
+
+type options struct {
+	m           *cluster.Map
+	mapFile     string
+	node        rdma.Node
+	slot        int
+	timeout     time.Duration
+	consistency Consistency
+	near        int
+	listen      string
+	secret      []byte
+	backoffMin  time.Duration
+	backoffMax  time.Duration
+}
+
+// WithMap uses the cluster map m.
+func WithMap(m *cluster.Map) Option { return func(o *options) { o.m = m } }
+
+// WithMapFile loads the cluster map from a file (the default is
+// DefaultMapFile).
+func WithMapFile(path string) Option { return func(o *options) { o.mapFile = path } }
+
+// WithNode uses an rdma node the caller opened (its id must be the
+// client slot's node); Close leaves it open. Tests and in-process
+// clusters on the mem fabric need it.
+func WithNode(n rdma.Node) Option { return func(o *options) { o.node = n } }
+
+// WithSlot picks the client slot (default 0): one live client per slot.
+func WithSlot(k int) Option { return func(o *options) { o.slot = k } }
+
+// WithTimeout bounds each call whose context has no deadline (default
+// 10 s), retries included.
+func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
+
+// WithConsistency sets the default consistency of gets.
+func WithConsistency(c Consistency) Option { return func(o *options) { o.consistency = c } }
+
+// WithNearReplica picks which replica of each group stale-ok gets read
+// first (an index into the group's members; default 0).
+func WithNearReplica(i int) Option { return func(o *options) { o.near = i } }
+
+// WithTCP sets the listen address and cluster secret of the client's node
+// on the tcp fabric.
+func WithTCP(listen string, secret []byte) Option {
+	return func(o *options) { o.listen, o.secret = listen, secret }
+}
+
+// WithBackoff bounds the wait between retries of a get that found no
+// confirmed leader (default 100 µs to 50 ms, doubling).
+func WithBackoff(min, max time.Duration) Option {
+	return func(o *options) { o.backoffMin, o.backoffMax = min, max }
+}
+
+// DefaultMapFile is where a local cluster's map is found when no map is
+// given (kvserver with no arguments writes it).
+const DefaultMapFile = "/tmp/rdmakv/cluster.json"
+
+// Client is a connection to a cluster.
+type Client struct {
+	o      options
+	m      *cluster.Map
+	tree   *tree.Tree
+	node   rdma.Node
+	own    bool
+	runner *multicast.ClientRunner
+	pools  []chan *kv.GroupReader
+	// knownTab is the highest entry index seen per group.
+	knownTab []atomic.Uint64
+
+	mu     sync.Mutex
+	closed bool
+	calls  sync.WaitGroup
+	done   chan struct{}
+}
+
+// Open connects to a cluster: it opens the client's rdma node (unless
+// WithNode), registers with every group (which needs each group to have a
+// leader), and is ready for calls.
+func Open(ctx context.Context, opts ...Option) (*Client, error) {
+	o := options{timeout: 10 * time.Second, backoffMin: 100 * time.Microsecond, backoffMax: 50 * time.Millisecond}
+	for _, f := range opts {
+		f(&o)
+	}
+	m := o.m
+	if m == nil {
+		path := o.mapFile
+		if path == "" {
+			path = DefaultMapFile
+		}
+		var err error
+		if m, err = cluster.Load(path); err != nil {
+			return nil, fmt.Errorf("rdmakv: open: %w", err)
+		}
+	} else if err := m.Fill(); err != nil {
+		return nil, fmt.Errorf("rdmakv: open: %w", err)
+	}
+	if o.slot < 0 || o.slot >= len(m.ClientNodes) {
+		return nil, fmt.Errorf("rdmakv: open: client slot %d: the map has %d", o.slot, len(m.ClientNodes))
+	}
+	t, err := m.Overlay()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{o: o, m: m, tree: t, node: o.node, done: make(chan struct{})}
+	id := m.ClientNodes[o.slot]
+	if c.node == nil {
+		if c.node, err = openNode(m, id, &o); err != nil {
+			return nil, fmt.Errorf("rdmakv: open node %d: %w", id, err)
+		}
+		c.own = true
+	} else if c.node.ID() != id {
+		return nil, fmt.Errorf("rdmakv: open: node %d is not client slot %d's node %d", c.node.ID(), o.slot, id)
+	}
+	c.knownTab = make([]atomic.Uint64, len(m.Groups))
+	c.pools = make([]chan *kv.GroupReader, len(m.Groups))
+	for g := range c.pools {
+		c.pools[g] = make(chan *kv.GroupReader, 64)
+	}
+	octx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		octx, cancel = context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+	}
+	c.runner, err = multicast.StartClient(octx, multicast.ClientConfig{
+		Slot: uint32(o.slot), Inc: uint64(time.Now().UnixNano()), Tree: t, Members: m.Groups,
+		ClientSlots: m.Limits.ClientSlots, SlotSize: m.Limits.SlotSize, MaxResult: cluster.MaxResult,
+	}, c.node)
+	if err != nil {
+		if c.own {
+			c.node.Close()
+		}
+		return nil, fmt.Errorf("rdmakv: open: register with the cluster's groups: %w", err)
+	}
+	return c, nil
+}
+
+func openNode(m *cluster.Map, id rdma.NodeID, o *options) (rdma.Node, error) {
+	switch m.Fabric {
+	case "shm":
+		return shm.Open(id, shm.Options{Dir: m.ShmDir, Cluster: m.Name})
+	case "tcp":
+		listen := o.listen
+		if listen == "" {
+			listen = m.Addrs[id]
+		}
+		n, err := tcp.Open(id, tcp.Options{Listen: listen, Secret: o.secret, Peers: m.Addrs})
+		if err != nil {
+			return nil, err
+		}
+		return n, nil
+	}
+	return nil, fmt.Errorf("fabric %q needs WithNode", m.Fabric)
+}
+
+// Map is the cluster map the client uses.
+func (c *Client) Map() *cluster.Map { return c.m }
+
+// Close ends the client: calls under way return ErrClosed (a write among
+// them has an unknown outcome), and every Conn, region and (unless
+// WithNode) the node is released.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	c.mu.Unlock()
+	err := c.runner.Close()
+	c.calls.Wait()
+	for _, p := range c.pools {
+		for len(p) > 0 {
+			(<-p).Close()
+		}
+	}
+	if c.own {
+		if e := c.node.Close(); err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// begin registers a call; the returned context ends with ctx, the
+// default timeout, or Close.
+func (c *Client) begin(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, nil, ErrClosed
+	}
+	c.calls.Add(1)
+	var cancel context.CancelFunc
+	if _, ok := ctx.Deadline(); ok {
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, c.o.timeout)
+	}
+	stop := context.AfterFunc(ctx, func() {})
+	go func() {
+		select {
+		case <-c.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { stop(); cancel(); c.calls.Done() }, nil
+}
+
+func (c *Client) checkKey(key []byte) error {
+	switch {
+	case len(key) == 0:
+		return ErrEmptyKey
+	case len(key) > c.m.Limits.MaxKey:
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), c.m.Limits.MaxKey)
+	}
+	return nil
+}
+
+func (c *Client) checkValue(v []byte) error {
+	if len(v) > c.m.Limits.MaxValue {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(v), c.m.Limits.MaxValue)
+	}
+	return nil
+}

@@ -1,0 +1,248 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/multicast"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Item is what a get returns.
+type Item struct {
+	Value []byte
+	// Version identifies the write that stored Value: it grows with
+	// every write of the key (and of the key's group). Use it with
+	// CompareVersionAndSwap.
+	Version uint64
+	// Replica is the node read.
+	Replica rdma.NodeID
+	// Applied is the last entry of the group the replica had applied:
+	// Value is the key's value after that entry. AppliedAt is when the
+	// replica applied it (its wall clock).
+	Applied   uint64
+	AppliedAt time.Time
+	// Behind (stale-ok gets) is how many entries of the group this
+	// client knows of (from its writes' replies and its linearizable
+	// gets) that the replica had not applied: a lower bound of its lag.
+	Behind uint64
+}
+
+// Age is how long before now the replica read had applied its last entry
+// (for a stale-ok get, a bound of how old the value may be as long as
+// writes keep arriving).
+func (it Item) Age() time.Duration { return time.Since(it.AppliedAt) }
+
+// WriteResult is what a write returns.
+type WriteResult struct {
+	// Version is the version the write gave the key (for a batch, the
+	// version of its first write in each group: see Batch).
+	Version uint64
+	// Prev is the version the key had before (0: it had none).
+	Prev uint64
+}
+
+// Get returns key's value with the client's default consistency
+// (linearizable unless WithConsistency). ErrNotFound if it has none.
+func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
+	it, err := c.GetItem(ctx, key, c.o.consistency)
+	return it.Value, err
+}
+
+// GetItem returns key's value, version and the replica's position, read
+// with the given consistency.
+func (c *Client) GetItem(ctx context.Context, key []byte, mode Consistency) (Item, error) {
+	if err := c.checkKey(key); err != nil {
+		return Item{}, err
+	}
+	ctx, end, err := c.begin(ctx)
+	if err != nil {
+		return Item{}, err
+	}
+	defer end()
+	g := c.m.GroupOf(key)
+	r := c.reader(g)
+	defer c.putReader(g, r)
+	backoff := c.o.backoffMin
+	for {
+		res, err := r.Get(key, mode)
+		if err == nil {
+			it := Item{Version: res.Version, Replica: c.m.Groups[g][res.Member], Applied: res.Applied, AppliedAt: time.Unix(0, res.AppliedAt)}
+			known := c.known(g, 0)
+			if mode == Linearizable {
+				c.known(g, res.Applied)
+			} else if known > res.Applied {
+				it.Behind = known - res.Applied
+			}
+			if !res.Found {
+				return it, ErrNotFound
+			}
+			it.Value = append([]byte(nil), res.Value...)
+			return it, nil
+		}
+		select {
+		case <-ctx.Done():
+			if c.isClosed() {
+				return Item{}, ErrClosed
+			}
+			return Item{}, &UnavailableError{Group: g, Err: fmt.Errorf("%w (last: %v)", ctx.Err(), err)}
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, c.o.backoffMax)
+	}
+}
+
+func (c *Client) isClosed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// known raises group g's highest known entry index to at least idx and
+// returns it.
+func (c *Client) known(g uint32, idx uint64) uint64 {
+	k := &c.knownIdx()[g]
+	for {
+		cur := k.Load()
+		if idx <= cur || k.CompareAndSwap(cur, idx) {
+			return max(cur, idx)
+		}
+	}
+}
+
+func (c *Client) reader(g uint32) *kv.GroupReader {
+	select {
+	case r := <-c.pools[g]:
+		return r
+	default:
+		return kv.NewGroupReader(c.node, g, c.m.Groups[g], c.o.near)
+	}
+}
+
+func (c *Client) putReader(g uint32, r *kv.GroupReader) {
+	if c.isClosed() {
+		r.Close()
+		return
+	}
+	select {
+	case c.pools[g] <- r:
+	default:
+		r.Close()
+	}
+}
+
+// Put stores value under key.
+func (c *Client) Put(ctx context.Context, key, value []byte) (WriteResult, error) {
+	if err := c.checkValue(value); err != nil {
+		return WriteResult{}, err
+	}
+	return c.single(ctx, kv.Op{Kind: kv.OpPut, Key: key, Value: value})
+}
+
+// Delete removes key (a key without a value is not an error: Prev is 0).
+func (c *Client) Delete(ctx context.Context, key []byte) (WriteResult, error) {
+	return c.single(ctx, kv.Op{Kind: kv.OpDelete, Key: key})
+}
+
+// CompareAndSwap stores value under key if the key's current value is old
+// (old == nil: if the key has no value). ErrCASMismatch otherwise.
+func (c *Client) CompareAndSwap(ctx context.Context, key, old, value []byte) (WriteResult, error) {
+	if err := c.checkValue(value); err != nil {
+		return WriteResult{}, err
+	}
+	op := kv.Op{Kind: kv.OpPut, Cmp: kv.CmpValue, Key: key, Value: value, CmpValue: old}
+	if old == nil {
+		op.CmpVersion = 1
+	}
+	return c.single(ctx, op)
+}
+
+// CompareVersionAndSwap stores value under key if the key's current
+// version is version (0: if the key has no value).
+func (c *Client) CompareVersionAndSwap(ctx context.Context, key []byte, version uint64, value []byte) (WriteResult, error) {
+	if err := c.checkValue(value); err != nil {
+		return WriteResult{}, err
+	}
+	return c.single(ctx, kv.Op{Kind: kv.OpPut, Cmp: kv.CmpVersion, Key: key, Value: value, CmpVersion: version})
+}
+
+// CompareAndDelete removes key if its current version is version.
+func (c *Client) CompareAndDelete(ctx context.Context, key []byte, version uint64) (WriteResult, error) {
+	return c.single(ctx, kv.Op{Kind: kv.OpDelete, Cmp: kv.CmpVersion, Key: key, CmpVersion: version})
+}
+
+func (c *Client) single(ctx context.Context, op kv.Op) (WriteResult, error) {
+	if err := c.checkKey(op.Key); err != nil {
+		return WriteResult{}, err
+	}
+	rs, err := c.write(ctx, []kv.Op{op})
+	if err != nil {
+		return WriteResult{}, err
+	}
+	r := rs[0].res
+	if r.Status == kv.StatusCondFailed {
+		return WriteResult{Prev: r.Prev}, ErrCASMismatch
+	}
+	return WriteResult{Version: r.Version, Prev: r.Prev}, nil
+}
+
+type groupResult struct {
+	group uint32
+	index uint64
+	res   kv.Result
+}
+
+// write multicasts a request to the groups of its keys and decodes every
+// group's result.
+func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) {
+	ctx, end, err := c.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	var dst tree.Set
+	for i := range ops {
+		dst |= tree.Of(c.m.GroupOf(ops[i].Key))
+	}
+	payload := kv.AppendRequest(make([]byte, 0, kv.RequestSize(ops)), ops)
+	if max := multicast.MaxPayload(c.m.Limits.SlotSize); len(payload) > max {
+		return nil, fmt.Errorf("%w: the request takes %d bytes, a slot holds %d (slot_size %d)", ErrValueTooLarge, len(payload), max, c.m.Limits.SlotSize)
+	}
+	o, err := c.runner.Multicast(ctx, dst, payload)
+	if err != nil {
+		switch {
+		case errors.Is(err, multicast.ErrClosed) || c.isClosed():
+			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+		}
+		return nil, err
+	}
+	out := make([]groupResult, 0, len(o.Replies))
+	for _, rp := range o.Replies {
+		res, err := kv.DecodeResult(rp.Result)
+		if err != nil {
+			return nil, fmt.Errorf("rdmakv: group %d's reply: %w", rp.Group, err)
+		}
+		c.known(rp.Group, rp.Index)
+		out = append(out, groupResult{group: rp.Group, index: rp.Index, res: res})
+	}
+	// The first op's group first (single-key calls read rs[0]).
+	first := c.m.GroupOf(ops[0].Key)
+	for i := range out {
+		if out[i].group == first {
+			out[0], out[i] = out[i], out[0]
+		}
+	}
+	return out, nil
+}
+
+func (c *Client) knownIdx() []atomic.Uint64 { return c.knownTab }

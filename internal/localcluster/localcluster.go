@@ -1,0 +1,299 @@
+// Package localcluster runs every replica of a cluster map in this process:
+// one rdma node per replica (mem or shm fabric), each driven by its own
+// broadcast driver goroutine. Tests, kvbench and the embedded cluster use it;
+// a replica can be stopped (its memory lost), restarted, or paused.
+package localcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+)
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	Map *cluster.Map
+	// Broadcast is the Acuerdo configuration every replica uses (Self
+	// and Start are set per replica).
+	Broadcast broadcast.Config
+	memf      *mem.Fabric
+	mu        sync.Mutex
+	reps      [][]*replica
+	clients   map[rdma.NodeID]rdma.Node
+}
+
+type replica struct {
+	g, i    int
+	node    rdma.Node
+	r       *kv.Replica
+	stable  *broadcast.MemStable
+	cancel  context.CancelFunc
+	done    chan struct{}
+	paused  chan struct{} // closed: not paused
+	pauseMu sync.Mutex
+	polls   chan func(*kv.Replica)
+}
+
+// Start starts every replica of m (Fabric mem or shm) and waits until
+// every group has a leader serving gets.
+func Start(ctx context.Context, m *cluster.Map, bc broadcast.Config) (*Cluster, error) {
+	if err := m.Fill(); err != nil {
+		return nil, err
+	}
+	c := &Cluster{Map: m, Broadcast: bc, clients: map[rdma.NodeID]rdma.Node{}}
+	if m.Fabric == "mem" {
+		c.memf = mem.New(mem.Options{})
+	} else if m.Fabric != "shm" {
+		return nil, fmt.Errorf("localcluster: fabric %q: want mem or shm", m.Fabric)
+	}
+	c.reps = make([][]*replica, len(m.Groups))
+	for g, ms := range m.Groups {
+		c.reps[g] = make([]*replica, len(ms))
+		for i := range ms {
+			if err := c.start(g, i, broadcast.StartNew, &broadcast.MemStable{}); err != nil {
+				c.Close()
+				return nil, err
+			}
+		}
+	}
+	if err := c.WaitServing(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) openNode(id rdma.NodeID) (rdma.Node, error) {
+	if c.memf != nil {
+		return c.memf.NewNode(id) // a closed node's id may be reused
+	}
+	return shm.Open(id, shm.Options{Dir: c.Map.ShmDir, Cluster: c.Map.Name})
+}
+
+func (c *Cluster) start(g, i int, mode broadcast.StartMode, stable *broadcast.MemStable) error {
+	id := c.Map.Groups[g][i]
+	node, err := c.openNode(id)
+	if err != nil {
+		return fmt.Errorf("localcluster: node %d: %w", id, err)
+	}
+	bc := c.Broadcast
+	bc.Self, bc.Start = id, mode
+	cfg, err := c.Map.ReplicaConfig(g, bc)
+	if err != nil {
+		return err
+	}
+	r, err := kv.NewReplica(cfg, node, stable)
+	if err != nil {
+		node.Close()
+		return fmt.Errorf("localcluster: replica %d of group %d: %w", i, g, err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	rp := &replica{g: g, i: i, node: node, r: r, stable: stable, cancel: cancel, done: make(chan struct{}),
+		paused: make(chan struct{}), polls: make(chan func(*kv.Replica), 16)}
+	close(rp.paused)
+	d := broadcast.NewMultiDriver(node.Doorbell(), &gate{rp: rp})
+	go func() {
+		defer close(rp.done)
+		d.Run(rctx)
+	}()
+	c.mu.Lock()
+	c.reps[g][i] = rp
+	c.mu.Unlock()
+	return nil
+}
+
+// gate polls a replica unless it is paused, and runs calls queued for its
+// polling goroutine.
+type gate struct{ rp *replica }
+
+func (gt *gate) Poll(now time.Duration) bool {
+	rp := gt.rp
+	rp.pauseMu.Lock()
+	p := rp.paused
+	rp.pauseMu.Unlock()
+	<-p
+	for {
+		select {
+		case f := <-rp.polls:
+			f(rp.r)
+			continue
+		default:
+		}
+		break
+	}
+	return rp.r.Poll(now)
+}
+
+func (gt *gate) NextDeadline() time.Duration { return gt.rp.r.NextDeadline() }
+
+// Do runs f on replica (g, i)'s polling goroutine and waits for it.
+func (c *Cluster) Do(g, i int, f func(*kv.Replica)) error {
+	c.mu.Lock()
+	rp := c.reps[g][i]
+	c.mu.Unlock()
+	if rp == nil {
+		return fmt.Errorf("localcluster: replica %d of group %d is stopped", i, g)
+	}
+	done := make(chan struct{})
+	select {
+	case rp.polls <- func(r *kv.Replica) { f(r); close(done) }:
+	case <-rp.done:
+		return errors.New("localcluster: replica stopped")
+	}
+	rp.node.Doorbell().Ring()
+	select {
+	case <-done:
+		return nil
+	case <-rp.done:
+		return errors.New("localcluster: replica stopped")
+	}
+}
+
+// WaitServing waits until every group has a replica serving
+// linearizable gets.
+func (c *Cluster) WaitServing(ctx context.Context) error {
+	for {
+		missing := -1
+		for g := range c.reps {
+			if c.Leader(g) < 0 {
+				missing = g
+				break
+			}
+		}
+		if missing < 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("localcluster: group %d has no leader: %w", missing, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// Leader is the index of the replica of group g that leads a committed
+// epoch, or -1.
+func (c *Cluster) Leader(g int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, rp := range c.reps[g] {
+		if rp == nil {
+			continue
+		}
+		if _, ok := rp.r.Multicast().Broadcast().Leading(); ok {
+			return i
+		}
+	}
+	return -1
+}
+
+// Stop stops replica (g, i) and closes its node: its memory is gone
+// (kill -9 of its process).
+func (c *Cluster) Stop(g, i int) {
+	c.mu.Lock()
+	rp := c.reps[g][i]
+	c.reps[g][i] = nil
+	c.mu.Unlock()
+	if rp == nil {
+		return
+	}
+	resume(rp)
+	rp.cancel()
+	<-rp.done
+	rp.r.Close()
+	rp.node.Close()
+}
+
+// Restart starts a stopped replica again from its stable state (a
+// restarted process whose disk survived).
+func (c *Cluster) Restart(g, i int, stable *broadcast.MemStable) error {
+	return c.start(g, i, broadcast.StartExisting, stable)
+}
+
+// Stable is replica (g, i)'s stable state (keep it to Restart it).
+func (c *Cluster) Stable(g, i int) *broadcast.MemStable {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rp := c.reps[g][i]; rp != nil {
+		return rp.stable
+	}
+	return nil
+}
+
+// Pause stops polling replica (g, i) until Resume: its memory stays
+// readable one-sided.
+func (c *Cluster) Pause(g, i int) {
+	c.mu.Lock()
+	rp := c.reps[g][i]
+	c.mu.Unlock()
+	if rp == nil {
+		return
+	}
+	rp.pauseMu.Lock()
+	select {
+	case <-rp.paused:
+		rp.paused = make(chan struct{})
+	default:
+	}
+	rp.pauseMu.Unlock()
+}
+
+// ResumeReplica resumes polling replica (g, i).
+func (c *Cluster) ResumeReplica(g, i int) {
+	c.mu.Lock()
+	rp := c.reps[g][i]
+	c.mu.Unlock()
+	if rp != nil {
+		resume(rp)
+	}
+}
+
+func resume(rp *replica) {
+	rp.pauseMu.Lock()
+	select {
+	case <-rp.paused:
+	default:
+		close(rp.paused)
+	}
+	rp.pauseMu.Unlock()
+}
+
+// ClientNode opens (once) the node of client slot k, for client.WithNode.
+func (c *Cluster) ClientNode(k int) (rdma.Node, error) {
+	id := c.Map.ClientNodes[k]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := c.clients[id]; n != nil {
+		return n, nil
+	}
+	n, err := c.openNode(id)
+	if err != nil {
+		return nil, err
+	}
+	c.clients[id] = n
+	return n, nil
+}
+
+// Close stops every replica and closes every node.
+func (c *Cluster) Close() {
+	for g := range c.reps {
+		for i := range c.reps[g] {
+			c.Stop(g, i)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, n := range c.clients {
+		n.Close()
+		delete(c.clients, id)
+	}
+}
