@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
@@ -85,366 +86,587 @@ var (
 	errRetry = errors.New("kv: retry")
 )
 
-// GroupReader reads one group's tables one-sided.
+// GroupReader reads one group's tables one-sided. A get is a polled state
+// machine (Begin, then Poll until it reports done), so that the simulator
+// drives it like every protocol here; Get runs one to the end in real time.
 type GroupReader struct {
 	group   uint32
 	members []rdma.NodeID
 	node    rdma.Node
-	conns   []rdma.Conn
 	quorum  int
 	leader  int
 	near    int
-	timeout time.Duration
+	// Timeout bounds the wait for one read's completion (Get); a Conn
+	// that does not complete in time is closed and reopened.
+	Timeout time.Duration
 	nextID  uint64
+	m       []*memberState
 
-	hdr   [][2 * hdrSize]byte
-	hdrOK []bool
-	pairs []byte // round 1: 4 pairs of 256 bytes (2 while not migrating)
-	rec   []byte
-	wrs   []rdma.WR
-	cs    [8]rdma.Completion
+	// The get under way.
+	st       getState
+	key      []byte
+	h        uint64
+	mode     Consistency
+	at       int // the member read (round 1 and 2)
+	geo      Geometry
+	pairs    int
+	asked    []bool
+	cand     [4 * 2 * slotsPer]Slot
+	nc       int
+	res      GetResult
+	err      error
+	fetching Slot // the slot whose record round 2 reads
+	recSize  int  // the bytes round 2 reads
+	retryAt  time.Duration
+	backoff  time.Duration
+	attempt  int
+	lastErr  error
 
 	// Reads counts one-sided reads posted; Rounds the rounds.
 	Reads, Rounds uint64
 }
 
+type getState uint8
+
+const (
+	gsIdle getState = iota
+	gsStart
+	gsFind // reading every member's header for the leader
+	gsR1   // round 1 posted
+	gsR2   // round 2 (a record) posted
+	gsWait // backing off until retryAt
+	gsDone
+)
+
+// memberState is one member's Conn and the buffers its reads land in (each
+// member's own, so a read left behind by an abandoned attempt lands where
+// nothing else is read).
+type memberState struct {
+	conn    rdma.Conn
+	pending uint64 // the signalled op awaited, 0 if none
+	perr    error  // how it failed
+	pdone   bool
+	hdr     [2 * hdrSize]byte
+	pairs   []byte
+	rec     []byte
+	wrs     []rdma.WR
+	cs      [8]rdma.Completion
+	since   time.Time
+}
+
 // NewGroupReader reads group g's members from node. near is the member
-// stale-ok gets read (on shm any; on tcp the closest).
+// stale-ok gets read first (on shm any; on tcp the closest).
 func NewGroupReader(node rdma.Node, g uint32, members []rdma.NodeID, near int) *GroupReader {
 	n := len(members)
-	return &GroupReader{group: g, members: members, node: node, conns: make([]rdma.Conn, n),
-		quorum: n/2 + 1, leader: -1, near: near % n, timeout: time.Second,
-		hdr: make([][2 * hdrSize]byte, n), hdrOK: make([]bool, n),
-		pairs: make([]byte, 8*bucketSize*2), rec: make([]byte, 256)}
+	r := &GroupReader{group: g, members: members, node: node, quorum: n/2 + 1, leader: -1,
+		near: near % n, Timeout: 2 * time.Second, asked: make([]bool, n), m: make([]*memberState, n)}
+	for i := range r.m {
+		r.m[i] = &memberState{pairs: make([]byte, 8*bucketSize), rec: make([]byte, 256)}
+	}
+	return r
 }
 
 // Close closes the reader's Conns.
 func (r *GroupReader) Close() {
-	for i, c := range r.conns {
-		if c != nil {
-			c.Close()
-			r.conns[i] = nil
+	for _, ms := range r.m {
+		if ms.conn != nil {
+			ms.conn.Close()
+			ms.conn = nil
 		}
+		ms.pending = 0
 	}
 }
 
-func (r *GroupReader) conn(i int) (rdma.Conn, error) {
-	if c := r.conns[i]; c != nil {
-		if c.Err() == nil {
-			return c, nil
-		}
-		c.Close()
-		r.conns[i] = nil
-	}
-	c, err := r.node.Connect(r.members[i])
-	if err != nil {
-		return nil, err
-	}
-	r.conns[i] = c
-	return c, nil
-}
+// Leader is the member the reader last found serving (-1: unknown).
+func (r *GroupReader) Leader() int { return r.leader }
 
-// post posts wrs on member i's Conn, the last one signalled.
-func (r *GroupReader) post(i int, wrs []rdma.WR) (uint64, error) {
-	c, err := r.conn(i)
-	if err != nil {
-		return 0, err
+// post posts wrs on member i's Conn, the last one signalled, unless a read
+// to i is still outstanding (false).
+func (r *GroupReader) post(i int, wrs []rdma.WR) bool {
+	ms := r.m[i]
+	if ms.pending != 0 && !r.reap(i) {
+		return false // a read of an abandoned attempt is still out
+	}
+	ms.pdone, ms.perr = false, nil // whatever an abandoned attempt left
+	if ms.conn != nil && ms.conn.Err() != nil {
+		ms.conn.Close()
+		ms.conn = nil
+	}
+	if ms.conn == nil {
+		c, err := r.node.Connect(r.members[i])
+		if err != nil {
+			ms.perr, ms.pdone = err, true
+			return true
+		}
+		ms.conn = c
 	}
 	r.nextID++
-	id := r.nextID
 	wrs[len(wrs)-1].Flags |= rdma.Signaled
-	wrs[len(wrs)-1].ID = id
+	wrs[len(wrs)-1].ID = r.nextID
 	r.Reads += uint64(len(wrs))
-	if n, err := c.PostList(wrs); err != nil || n < len(wrs) {
+	ms.pending, ms.perr, ms.pdone = r.nextID, nil, false
+	ms.since = time.Time{}
+	if n, err := ms.conn.PostList(wrs); err != nil || n < len(wrs) {
 		if err == nil {
 			err = rdma.ErrQueueFull
 		}
-		return 0, err
+		ms.pending, ms.perr, ms.pdone = 0, err, true
+		if n > 0 {
+			// Part of the list was posted: a completion (or an
+			// error) will come; treat the Conn as unusable.
+			ms.conn.Close()
+			ms.conn = nil
+		}
 	}
-	return id, nil
+	return true
 }
 
-// wait waits for the signalled completion id on member i's Conn.
-func (r *GroupReader) wait(i int, id uint64) error {
-	c := r.conns[i]
-	deadline := time.Time{}
+// reap moves member i's completions; it reports whether the awaited op is
+// finished (done, with perr set if it failed).
+func (r *GroupReader) reap(i int) bool {
+	ms := r.m[i]
+	if ms.pdone {
+		return true
+	}
+	if ms.pending == 0 || ms.conn == nil {
+		return false
+	}
+	n := ms.conn.Poll(ms.cs[:])
+	for _, cp := range ms.cs[:n] {
+		if cp.Err != nil {
+			ms.perr, ms.pdone, ms.pending = cp.Err, true, 0
+			return true
+		}
+		if cp.ID == ms.pending {
+			ms.pdone, ms.pending = true, 0
+			return true
+		}
+	}
+	return false
+}
+
+// expire fails member i's awaited op after Timeout of real time (Get's
+// driver; the simulator's fabric fails ops itself).
+func (r *GroupReader) expire(i int) {
+	ms := r.m[i]
+	if ms.pending == 0 || ms.pdone {
+		return
+	}
+	if ms.since.IsZero() {
+		ms.since = time.Now()
+		return
+	}
+	if time.Since(ms.since) > r.Timeout {
+		ms.conn.Close()
+		ms.conn = nil
+		ms.pending, ms.pdone = 0, true
+		ms.perr = fmt.Errorf("kv: read from node %d: no completion in %v", r.members[i], r.Timeout)
+	}
+}
+
+// consume takes member i's finished op (its error).
+func (r *GroupReader) consume(i int) error {
+	ms := r.m[i]
+	ms.pdone = false
+	err := ms.perr
+	ms.perr = nil
+	return err
+}
+
+// Begin starts a get of key (copied). The reader must be idle (a new
+// reader is; a get ends when Poll reports done).
+func (r *GroupReader) Begin(key []byte, mode Consistency) {
+	r.key = append(r.key[:0], key...)
+	r.h = hashKey(key)
+	r.mode = mode
+	r.res = GetResult{}
+	r.err = nil
+	r.attempt = 0
+	r.backoff = 0
+	r.lastErr = nil
+	r.st = gsStart
+}
+
+// Busy reports whether a get is under way.
+func (r *GroupReader) Busy() bool { return r.st != gsIdle && r.st != gsDone }
+
+// MaxAttempts bounds the attempts of one get before it fails with the last
+// cause.
+const MaxAttempts = 1000
+
+// Poll advances the get; when it returns true the get is over and Result
+// has its outcome. now is the caller's clock (backoff between attempts).
+func (r *GroupReader) Poll(now time.Duration) bool {
 	for {
-		n := c.Poll(r.cs[:])
-		if n == 0 {
-			if deadline.IsZero() {
-				deadline = time.Now().Add(r.timeout)
-			} else if time.Now().After(deadline) {
-				return fmt.Errorf("kv: read from node %d: no completion in %v", r.members[i], r.timeout)
+		switch r.st {
+		case gsIdle, gsDone:
+			return true
+		case gsWait:
+			if now < r.retryAt {
+				return false
 			}
-			n = c.Wait(r.cs[:], time.Millisecond)
+			r.st = gsStart
+		case gsStart:
+			r.startAttempt()
+		case gsFind:
+			if !r.pollFind() {
+				return false
+			}
+		case gsR1:
+			if !r.pollR1() {
+				return false
+			}
+		case gsR2:
+			if !r.pollR2() {
+				return false
+			}
 		}
-		for _, cp := range r.cs[:n] {
-			if cp.Err != nil {
-				return cp.Err
-			}
-			if cp.ID == id {
-				return nil
-			}
+		if r.st == gsWait && r.retryAt == 0 {
+			r.retryAt = now + r.backoff
 		}
 	}
 }
 
-// Get looks key up. out, if it has room, receives the value.
-func (r *GroupReader) Get(key []byte, mode Consistency) (GetResult, error) {
-	h := hashKey(key)
-	var res GetResult
-	for attempt := 0; ; attempt++ {
-		res.Retries = attempt
-		if attempt > 0 && attempt%64 == 0 {
-			time.Sleep(time.Duration(min(attempt/64, 10)) * 100 * time.Microsecond)
-		}
-		if attempt > 10000 {
-			return res, fmt.Errorf("kv: group %d: get gave up after %d rounds", r.group, attempt)
-		}
-		m := r.near
-		if mode == Linearizable {
-			if r.leader < 0 {
-				if err := r.findLeader(); err != nil {
-					return res, err
-				}
-			}
-			m = r.leader
-		}
-		err := r.get(key, h, mode, m, &res)
-		if err == nil {
-			return res, nil
-		}
-		if errors.Is(err, errRetry) {
-			continue
-		}
-		if errors.Is(err, ErrNoLeader) || mode == Linearizable {
-			r.leader = -1
-		}
-		if mode == StaleOK {
-			r.near = (r.near + 1) % len(r.members)
-		}
-		if attempt >= 2*len(r.members) {
-			return res, err
-		}
+// Result is the outcome of the get that finished.
+func (r *GroupReader) Result() (GetResult, error) { return r.res, r.err }
+
+// NextDeadline is when a backing-off get wants its next Poll.
+func (r *GroupReader) NextDeadline() time.Duration {
+	if r.st == gsWait {
+		return r.retryAt
 	}
+	return 1<<63 - 1
 }
 
-// get is one attempt at member m.
-func (r *GroupReader) get(key []byte, h uint64, mode Consistency, m int, res *GetResult) error {
+// fail ends the attempt: retry (after a backoff for some causes) or give up.
+func (r *GroupReader) fail(err error) {
+	r.lastErr = err
+	r.attempt++
+	r.res.Retries = r.attempt
+	if r.attempt >= MaxAttempts {
+		r.err = fmt.Errorf("kv: group %d: get gave up after %d attempts: %w", r.group, r.attempt, err)
+		r.st = gsDone
+		return
+	}
+	if errors.Is(err, errRetry) && r.attempt%16 != 0 {
+		r.st = gsStart // a torn read or a layout change: at once
+		return
+	}
+	if r.mode == Linearizable {
+		r.leader = -1
+	} else if !errors.Is(err, errRetry) {
+		r.near = (r.near + 1) % len(r.members)
+	}
+	r.backoff = min(max(2*r.backoff, 50*time.Microsecond), 20*time.Millisecond)
+	r.retryAt = 0
+	r.st = gsWait
+}
+
+func (r *GroupReader) startAttempt() {
 	r.Rounds++
-	// Round 1. The header tells the geometry; use the last one seen (a
-	// layout change shows as disagreeing header reads: read again).
-	prev, err := DecodeHeader(r.hdr[m][hdrSize:])
-	if err != nil {
-		prev, err = r.readHeader(m)
-		if err != nil {
-			return err
+	if r.mode == Linearizable && r.leader < 0 {
+		for i := range r.members {
+			r.post(i, []rdma.WR{{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: r.m[i].hdr[hdrSize:]}})
 		}
+		r.st = gsFind
+		return
+	}
+	m := r.near
+	if r.mode == Linearizable {
+		m = r.leader
+	}
+	r.at = m
+	ms := r.m[m]
+	// The header tells the geometry; use the last one seen (a layout
+	// change shows as disagreeing header reads: read again).
+	prev, err := DecodeHeader(ms.hdr[hdrSize:])
+	if err != nil {
+		prev = Header{Geometry: Geometry{Gen: 0, LogBuckets: DefaultLogBuckets}}
 	}
 	g := prev.Geometry
-	wrs := r.wrs[:0]
-	hb := r.hdr[m][:]
-	wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: hb[:hdrSize]})
-	pairs := 2
+	r.geo = g
+	wrs := ms.wrs[:0]
+	wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: ms.hdr[:hdrSize]})
+	r.pairs = 2
 	if g.Migrating {
-		pairs = 4
+		r.pairs = 4
 	}
-	pb := r.pairs[:pairs*2*bucketSize]
+	pb := ms.pairs[:r.pairs*2*bucketSize]
 	k := 0
-	if g.Migrating {
-		b1, b2 := candidates(h, g.OldLog)
+	add := func(gen, log int) {
+		b1, b2 := candidates(r.h, log)
 		for _, b := range [2]int{b1, b2} {
-			wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: indexRegion(r.group, g.OldGen),
+			wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: indexRegion(r.group, gen),
 				Offset: uint64(pairOf(b) * bucketSize), Buf: pb[k*2*bucketSize : (k+1)*2*bucketSize]})
 			k++
 		}
 	}
-	b1, b2 := candidates(h, g.LogBuckets)
-	for _, b := range [2]int{b1, b2} {
-		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: indexRegion(r.group, g.Gen),
-			Offset: uint64(pairOf(b) * bucketSize), Buf: pb[k*2*bucketSize : (k+1)*2*bucketSize]})
-		k++
+	if g.Migrating {
+		add(g.OldGen, g.OldLog) // the old generation first: see get's comment
 	}
-	wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: hb[hdrSize:]})
-	r.wrs = wrs
-	var ids [16]uint64
-	var others [16]int
-	no := 0
-	if mode == Linearizable {
-		// f other members' headers (their promise words), in parallel.
-		for j := 1; j < len(r.members) && no < r.quorum-1; j++ {
-			o := (m + j) % len(r.members)
-			w := []rdma.WR{{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: r.hdr[o][:hdrSize]}}
-			id, err := r.post(o, w)
-			if err != nil {
-				continue
-			}
-			ids[no], others[no] = id, o
-			no++
+	add(g.Gen, g.LogBuckets)
+	wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: ms.hdr[hdrSize:]})
+	ms.wrs = wrs
+	for i := range r.asked {
+		r.asked[i] = false
+	}
+	r.asked[m] = true
+	if !r.post(m, wrs) {
+		r.fail(errRetry) // a read of an abandoned attempt is still out
+		return
+	}
+	if r.mode == Linearizable {
+		// f other members' promise words, in parallel with the round.
+		r.askPromises(r.quorum - 1)
+	}
+	r.st = gsR1
+}
+
+// askPromises posts header reads to up to k members not asked yet.
+func (r *GroupReader) askPromises(k int) int {
+	n := 0
+	for j := 1; j < len(r.members) && n < k; j++ {
+		o := (r.at + j) % len(r.members)
+		if r.asked[o] {
+			continue
+		}
+		r.asked[o] = true
+		if r.post(o, []rdma.WR{{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: r.m[o].hdr[:hdrSize]}}) {
+			n++
 		}
 	}
-	id, err := r.post(m, wrs)
-	if err != nil {
-		return err
+	return n
+}
+
+func (r *GroupReader) pollFind() bool {
+	for i := range r.members {
+		r.reap(i)
+		if r.m[i].pending != 0 && !r.m[i].pdone {
+			return false
+		}
 	}
-	if err := r.wait(m, id); err != nil {
-		return err
+	best, be := -1, uint64(0)
+	var errs []error
+	for i := range r.members {
+		if err := r.consume(i); err != nil {
+			errs = append(errs, fmt.Errorf("node %d: %w", r.members[i], err))
+			continue
+		}
+		h, err := DecodeHeader(r.m[i].hdr[hdrSize:])
+		if err == nil && h.Serving > be {
+			best, be = i, h.Serving
+		}
 	}
-	h1, err1 := DecodeHeader(hb[:hdrSize])
-	h2, err2 := DecodeHeader(hb[hdrSize:])
-	if err1 != nil || err2 != nil {
-		return errRetry
+	if best < 0 {
+		r.fail(fmt.Errorf("%w in group %d: %w", ErrNoLeader, r.group, errors.Join(errs...)))
+		return true
 	}
-	if !sameLayout(&h1, &h2) || h1.Geometry != g {
-		return errRetry // read with the geometry just seen (kept in hdr[m])
+	r.leader = best
+	r.st = gsStart
+	return true
+}
+
+// pollR1 waits for round 1 (and the promise reads), then evaluates it.
+func (r *GroupReader) pollR1() bool {
+	m := r.at
+	if !r.reap(m) {
+		return false
 	}
-	if mode == Linearizable {
+	ms := r.m[m]
+	if ms.perr != nil {
+		r.fail(r.consume(m))
+		return true
+	}
+	h1, err1 := DecodeHeader(ms.hdr[:hdrSize])
+	h2, err2 := DecodeHeader(ms.hdr[hdrSize:])
+	if err1 != nil || err2 != nil || !sameLayout(&h1, &h2) || h1.Geometry != r.geo {
+		// Torn, or the layout changed (hdr[hdrSize:] keeps the new one
+		// for the next attempt); the promise reads may stay out.
+		r.consume(m)
+		r.fail(errRetry)
+		return true
+	}
+	if r.mode == Linearizable {
 		e := h1.Serving
 		if e == 0 || h2.Serving != e {
-			return ErrNoLeader
+			r.consume(m)
+			r.fail(ErrNoLeader)
+			return true
 		}
 		votes := 0
 		if h1.Promise == e && h2.Promise == e {
 			votes++
 		}
-		for k := range no {
-			o := others[k]
-			if r.wait(o, ids[k]) != nil {
+		waiting := false
+		for o := range r.members {
+			if o == m || !r.asked[o] {
 				continue
 			}
-			ho, err := DecodeHeader(r.hdr[o][:hdrSize])
-			if err == nil && ho.Promise == e {
+			if !r.reap(o) {
+				waiting = true
+				continue
+			}
+			if r.m[o].perr != nil {
+				continue
+			}
+			if ho, err := DecodeHeader(r.m[o].hdr[:hdrSize]); err == nil && ho.Promise == e {
 				votes++
 			}
 		}
 		if votes < r.quorum {
-			return ErrNoLeader
+			if waiting {
+				return false
+			}
+			// Ask the members not asked yet; give up when none is left.
+			if r.askPromises(r.quorum-votes) > 0 {
+				return false
+			}
+			r.consume(m)
+			r.consumeAsked()
+			r.fail(ErrNoLeader)
+			return true
 		}
-		res.Epoch = e
+		r.consumeAsked()
+		r.res.Epoch = e
 	}
-	res.Member, res.Applied, res.AppliedAt = m, h2.Applied, h2.AppliedAt
-	// The matching slots, newest version first: buckets of the old
-	// generation that were not yet moved (read first), then the new one.
-	// A key has one slot at a time, but a read may see it in two places
-	// (a migration, a delete and insert in between): the newest wins.
-	fp := fpOf(h)
-	var cand [4 * 2 * slotsPer]Slot
-	nc := 0
-	for k := range pairs {
+	r.consume(m)
+	r.res.Member, r.res.Applied, r.res.AppliedAt = m, h2.Applied, h2.AppliedAt
+	// The matching slots: buckets of the old generation that were not
+	// yet moved (read first), then the new one's. A key has one slot at a
+	// time, but a read may see it in two places (a migration, a delete
+	// and an insert in between): the newest version wins.
+	fp := fpOf(r.h)
+	pb := ms.pairs
+	r.nc = 0
+	for k := range r.pairs {
 		for j := range 2 {
 			bk := pb[(2*k+j)*bucketSize : (2*k+j+1)*bucketSize]
-			if k < pairs-2 && bucketMoved(bk) {
+			if k < r.pairs-2 && bucketMoved(bk) {
 				continue
 			}
 			for i := range slotsPer {
 				if s := decodeSlot(bk, i); s.Version != 0 && s.FP == fp {
-					cand[nc] = s
-					nc++
+					r.cand[r.nc] = s
+					r.nc++
 				}
 			}
 		}
 	}
-	for nc > 0 {
-		bi := 0
-		for i := 1; i < nc; i++ {
-			if cand[i].Version > cand[bi].Version {
-				bi = i
-			}
-		}
-		err := r.fetch(m, key, cand[bi], res)
-		if err != errOtherKey {
-			return err
-		}
-		cand[bi] = cand[nc-1]
-		nc--
-	}
-	res.Found, res.Value, res.Version = false, nil, 0
-	return nil
+	r.nextCandidate()
+	return true
 }
 
-// errOtherKey: the slot's fingerprint matched but its record is another
-// key's.
-var errOtherKey = errors.New("kv: fingerprint of another key")
-
-// fetch is round 2: read the record s names and validate it. A record that
-// validates with the slot's version but holds another key is a fingerprint
-// collision (errOtherKey); anything else that does not validate (torn,
-// memory reused since the slot was read) reads round 1 again.
-func (r *GroupReader) fetch(m int, key []byte, s Slot, res *GetResult) error {
-	size := int(s.Units) * recAlign
-	large := s.Units == unitsLarge
-	if large {
-		size = recHdr + 8
+// consumeAsked takes the finished promise reads (others stay pending and
+// are reaped by a later attempt).
+func (r *GroupReader) consumeAsked() {
+	for o := range r.members {
+		if o != r.at && r.asked[o] && r.m[o].pdone {
+			r.consume(o)
+		}
 	}
-	for {
-		if cap(r.rec) < size {
-			r.rec = make([]byte, size)
+}
+
+// nextCandidate posts round 2 for the newest remaining candidate, or ends
+// the get with the key absent.
+func (r *GroupReader) nextCandidate() {
+	if r.nc == 0 {
+		r.res.Found, r.res.Value, r.res.Version = false, nil, 0
+		r.st = gsDone
+		return
+	}
+	bi := 0
+	for i := 1; i < r.nc; i++ {
+		if r.cand[i].Version > r.cand[bi].Version {
+			bi = i
 		}
-		b := r.rec[:size]
-		wrs := append(r.wrs[:0], rdma.WR{Kind: rdma.OpRead, Region: heapRegion(r.group, int(s.Heap)), Offset: s.Off, Buf: b})
-		id, err := r.post(m, wrs)
-		if err != nil {
-			return err
+	}
+	s := r.cand[bi]
+	r.cand[bi] = r.cand[r.nc-1]
+	r.nc--
+	r.postRecord(s, int(s.Units)*recAlign)
+}
+
+func (r *GroupReader) postRecord(s Slot, size int) {
+	if s.Units == unitsLarge && size == unitsLarge*recAlign {
+		size = recHdr + 8 // a large record: learn its size first
+	}
+	ms := r.m[r.at]
+	if cap(ms.rec) < size {
+		ms.rec = make([]byte, size)
+	}
+	r.fetching, r.recSize = s, size
+	wrs := append(ms.wrs[:0], rdma.WR{Kind: rdma.OpRead, Region: heapRegion(r.group, int(s.Heap)), Offset: s.Off, Buf: ms.rec[:size]})
+	ms.wrs = wrs
+	if !r.post(r.at, wrs) {
+		r.fail(errRetry)
+		return
+	}
+	r.st = gsR2
+}
+
+// pollR2 validates the record read: a record that validates with the
+// slot's version but holds another key is a fingerprint collision (try the
+// next candidate); anything else that does not validate (torn, memory
+// reused since the slot was read) reads round 1 again.
+func (r *GroupReader) pollR2() bool {
+	m := r.at
+	if !r.reap(m) {
+		return false
+	}
+	if err := r.consume(m); err != nil {
+		r.fail(err)
+		return true
+	}
+	r.Rounds++
+	s := r.fetching
+	b := r.m[m].rec[:r.recSize]
+	if s.Units == unitsLarge && r.recSize == recHdr+8 {
+		ri := recordInfo(b)
+		if ri.Version != s.Version || ri.KLen < 0 || ri.VLen < 0 || ri.Size() > 1<<31 || ri.Size() < unitsLarge*recAlign {
+			r.fail(errRetry)
+			return true
 		}
-		if err := r.wait(m, id); err != nil {
-			return err
-		}
-		r.Rounds++
-		if large {
-			ri := recordInfo(b)
-			if ri.Version != s.Version || ri.Size() > 1<<31 || ri.Size() <= unitsLarge*recAlign {
-				return errRetry
-			}
-			large = false
-			size = ri.Size()
+		r.postRecord(s, ri.Size())
+		return true
+	}
+	ri, k, v, err := DecodeRecord(b)
+	if err != nil || ri.Version != s.Version {
+		r.fail(errRetry)
+		return true
+	}
+	if !bytes.Equal(k, r.key) {
+		r.nextCandidate()
+		return true
+	}
+	r.res.Found, r.res.Value, r.res.Version = true, v, ri.Version
+	r.st = gsDone
+	return true
+}
+
+// Get runs a get to the end in real time: it polls, spinning while reads
+// complete at once (shm), then waiting on the Conn awaited.
+func (r *GroupReader) Get(key []byte, mode Consistency) (GetResult, error) {
+	r.Begin(key, mode)
+	start := time.Now()
+	spins := 0
+	for !r.Poll(time.Since(start)) {
+		spins++
+		if spins < 64 {
 			continue
 		}
-		ri, k, v, err := DecodeRecord(b)
-		if err != nil || ri.Version != s.Version {
-			return errRetry
-		}
-		if !bytes.Equal(k, key) {
-			return errOtherKey
-		}
-		res.Found, res.Value, res.Version = true, v, ri.Version
-		return nil
-	}
-}
-
-// readHeader reads member m's header alone.
-func (r *GroupReader) readHeader(m int) (Header, error) {
-	hb := r.hdr[m][hdrSize:]
-	id, err := r.post(m, []rdma.WR{{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: hb}})
-	if err != nil {
-		return Header{}, err
-	}
-	if err := r.wait(m, id); err != nil {
-		return Header{}, err
-	}
-	return DecodeHeader(hb)
-}
-
-// findLeader reads every member's header and picks the one serving the
-// highest epoch.
-func (r *GroupReader) findLeader() error {
-	best, be := -1, uint64(0)
-	var errs []error
-	for i := range r.members {
-		h, err := r.readHeader(i)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("node %d: %w", r.members[i], err))
+		if r.st == gsWait {
+			time.Sleep(time.Until(start.Add(r.retryAt)))
 			continue
 		}
-		if h.Serving > be {
-			best, be = i, h.Serving
+		for i := range r.m {
+			r.expire(i)
+		}
+		if spins < 1024 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond) // tcp: the answer is a round trip away
 		}
 	}
-	if best < 0 {
-		return fmt.Errorf("%w in group %d: %w", ErrNoLeader, r.group, errors.Join(errs...))
-	}
-	r.leader = best
-	return nil
+	r.st = gsIdle
+	return r.res, r.err
 }
-
-// Leader is the member the reader last found serving (-1: unknown).
-func (r *GroupReader) Leader() int { return r.leader }
