@@ -27,7 +27,7 @@ import (
 //
 //	[status u8][0 u8][failed op u16][count u32][version u64][prev version u64]
 //
-// status is StatusOK or StatusCondFailed (failed op: the first op whose
+// status is StatusOK, StatusCondFailed or StatusMalformed (failed op: the first op whose
 // condition failed, of those this group owns); version is the version the
 // request's writes got here (entry index << 16 | op number of the first
 // write); prev version is the version the first op's key had before
@@ -53,6 +53,9 @@ const (
 const (
 	StatusOK         = 0
 	StatusCondFailed = 1
+	// StatusMalformed: the request did not decode, or a commit named a
+	// staged request this group does not hold complete; nothing applied.
+	StatusMalformed = 2
 )
 
 // Op is one operation of a request.
@@ -170,9 +173,85 @@ func encodeResult(dst []byte, r *Result) []byte {
 
 // DecodeResult decodes a group's result bytes.
 func DecodeResult(b []byte) (Result, error) {
-	if len(b) != resSize || b[0] > StatusCondFailed || b[1] != 0 {
+	if len(b) != resSize || b[0] > StatusMalformed || b[1] != 0 {
 		return Result{}, fmt.Errorf("%w: result of %d bytes", ErrMalformed, len(b))
 	}
 	return Result{Status: b[0], FailedOp: int(binary.LittleEndian.Uint16(b[2:])), Count: int(binary.LittleEndian.Uint32(b[4:])),
 		Version: binary.LittleEndian.Uint64(b[8:]), Prev: binary.LittleEndian.Uint64(b[16:])}, nil
+}
+
+// Requests larger than one client slot travel in parts (docs/kv.md,
+// "Large values"): the client multicasts parts to the request's groups,
+// each group stages their bytes in its replicated state, and a commit
+// message applies the staged request as if it had come whole. Parts carry
+// their offset, so they may be delivered in any order; each is delivered
+// once (TRAM's exactly-once). The values thus pass through the log, split
+// into slot-sized records, and sit in the staging area only until the
+// commit.
+//
+//	0                      4           8         16          24          28           32
+//	[format u8 = 2][0][0 u16][client u32][inc u64][stage u64][total u32][offset u32][bytes]   part
+//	[format u8 = 3][0][0 u16][client u32][inc u64][stage u64][total u32][0 u32]               commit
+//
+// (client, inc, stage) names the staged request: the client's slot and
+// incarnation, and a number the client does not reuse in the incarnation.
+const (
+	partFormat   = 2
+	commitFormat = 3
+)
+
+// StageID names a staged request.
+type StageID struct {
+	Client uint32
+	Inc    uint64
+	Stage  uint64
+}
+
+// AppendPart appends a part message carrying req[off:off+n].
+func AppendPart(dst []byte, id StageID, total int, off int, part []byte) []byte {
+	var h [32]byte
+	h[0] = partFormat
+	binary.LittleEndian.PutUint32(h[4:], id.Client)
+	binary.LittleEndian.PutUint64(h[8:], id.Inc)
+	binary.LittleEndian.PutUint64(h[16:], id.Stage)
+	binary.LittleEndian.PutUint32(h[24:], uint32(total))
+	binary.LittleEndian.PutUint32(h[28:], uint32(off))
+	dst = append(dst, h[:32]...)
+	return append(dst, part...)
+}
+
+// AppendCommit appends the commit message of a staged request.
+func AppendCommit(dst []byte, id StageID, total int) []byte {
+	var h [32]byte
+	h[0] = commitFormat
+	binary.LittleEndian.PutUint32(h[4:], id.Client)
+	binary.LittleEndian.PutUint64(h[8:], id.Inc)
+	binary.LittleEndian.PutUint64(h[16:], id.Stage)
+	binary.LittleEndian.PutUint32(h[24:], uint32(total))
+	return append(dst, h[:]...)
+}
+
+// PartOverhead is the bytes a part message adds to the request bytes it
+// carries.
+const PartOverhead = 32
+
+// decodeStaged decodes a part or commit message.
+func decodeStaged(b []byte) (format uint8, id StageID, total, off int, part []byte, err error) {
+	if len(b) < 32 || b[1] != 0 || b[2] != 0 || b[3] != 0 {
+		return 0, id, 0, 0, nil, fmt.Errorf("%w: staged message of %d bytes", ErrMalformed, len(b))
+	}
+	format = b[0]
+	id = StageID{Client: binary.LittleEndian.Uint32(b[4:]), Inc: binary.LittleEndian.Uint64(b[8:]), Stage: binary.LittleEndian.Uint64(b[16:])}
+	total = int(binary.LittleEndian.Uint32(b[24:]))
+	off = int(binary.LittleEndian.Uint32(b[28:]))
+	part = b[32:]
+	switch {
+	case format == commitFormat && (off != 0 || len(part) != 0):
+		return 0, id, 0, 0, nil, fmt.Errorf("%w: commit with %d bytes", ErrMalformed, len(part))
+	case format == partFormat && (off > total || len(part) > total-off || len(part) == 0):
+		return 0, id, 0, 0, nil, fmt.Errorf("%w: part [%d, +%d) of %d", ErrMalformed, off, len(part), total)
+	case format != partFormat && format != commitFormat:
+		return 0, id, 0, 0, nil, fmt.Errorf("%w: format %d", ErrMalformed, format)
+	}
+	return format, id, total, off, part, nil
 }

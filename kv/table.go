@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +50,10 @@ type TableConfig struct {
 	// MaxLoad is the fraction of index slots in use at which the index
 	// grows into a generation of twice as many buckets. Default 0.75.
 	MaxLoad float64
+	// MaxRequest bounds a request's encoded bytes (a large put, a batch),
+	// and so what a group stages for one request sent in parts. Default
+	// MaxKey + MaxValue + 4 KiB.
+	MaxRequest int
 	// MigrateStep is how many buckets of the old generation each applied
 	// operation migrates while the index grows. Default 8.
 	MigrateStep int
@@ -74,6 +80,9 @@ func (c *TableConfig) fill() error {
 	}
 	if c.MaxLoad == 0 {
 		c.MaxLoad = DefaultMaxLoad
+	}
+	if c.MaxRequest == 0 {
+		c.MaxRequest = c.MaxKey + c.MaxValue + 4096
 	}
 	if c.MigrateStep == 0 {
 		c.MigrateStep = DefaultMigrateStep
@@ -129,10 +138,11 @@ type Table struct {
 	appliedAt int64
 	serving   uint64
 
-	snaps atomic.Int32 // captures not yet released
-	ops   []Op
-	res   [resSize]byte
-	keyb  []byte
+	snaps  atomic.Int32 // captures not yet released
+	stages map[uint32][]*stage
+	ops    []Op
+	res    [resSize]byte
+	keyb   []byte
 }
 
 // NewTable registers the table's regions on node.
@@ -140,7 +150,7 @@ func NewTable(cfg TableConfig, node rdma.Node) (*Table, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	t := &Table{cfg: cfg, node: node}
+	t := &Table{cfg: cfg, node: node, stages: map[uint32][]*stage{}}
 	t.heap = heap{node: node, group: cfg.Group, size: cfg.HeapRegionSize, free: map[int][]uint64{}, grant: t.grant}
 	var err error
 	if t.hdr, err = node.Register(headerRegion(cfg.Group), hdrSize); err != nil {
@@ -369,14 +379,22 @@ func (t *Table) Apply(e broadcast.Entry) []byte {
 	if t.snaps.Load() == 0 && len(t.heap.deferred) > 0 {
 		t.heap.undefer()
 	}
+	if len(e.Data) > 0 && (e.Data[0] == partFormat || e.Data[0] == commitFormat) {
+		return t.applyStaged(e.Index, e.Data)
+	}
+	return t.applyRequest(e.Index, e.Data)
+}
+
+// applyRequest applies a whole request delivered as entry index.
+func (t *Table) applyRequest(index uint64, data []byte) []byte {
+	e := broadcast.Entry{Index: index}
 	res := Result{}
-	ops, err := DecodeRequest(e.Data, t.ops)
+	ops, err := DecodeRequest(data, t.ops)
 	t.ops = ops[:0]
 	if err != nil {
 		// A malformed request changes nothing; clients encode with
 		// AppendRequest, so only a foreign writer gets here.
-		res.Status = StatusCondFailed
-		res.FailedOp = 0xffff
+		res.Status = StatusMalformed
 		t.publish()
 		return encodeResult(t.res[:], &res)
 	}
@@ -602,6 +620,8 @@ func (t *Table) migrateBucket(b int) {
 // records are not copied in the leader's heap.
 //
 //	snapshot: [magic u64][count u64][log2 buckets u64][applied u64][records, each as in the heap]
+//	          [staged u64] then per staged request:
+//	          [client u32][0 u32][inc u64][stage u64][total u64][have u64][bytes, padded to 8]
 const snapMagic = 0x6b7673_6e617031 // "kvsnap1"
 
 type capture struct {
@@ -611,6 +631,7 @@ type capture struct {
 	applied uint64
 	log     int
 	mems    [][]byte
+	stages  []stage // copies
 	done    atomic.Bool
 }
 
@@ -636,6 +657,18 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 		add(t.old, true)
 	}
 	add(&t.cur, false)
+	clients := make([]uint32, 0, len(t.stages))
+	for k := range t.stages {
+		clients = append(clients, k)
+	}
+	slices.Sort(clients)
+	c.size += 8
+	for _, k := range clients {
+		for _, st := range t.stages[k] {
+			c.stages = append(c.stages, stage{id: st.id, buf: bytes.Clone(st.buf), have: st.have})
+			c.size += 40 + pad8(len(st.buf))
+		}
+	}
 	t.snaps.Add(1)
 	return c, nil
 }
@@ -655,6 +688,19 @@ func (c *capture) Persist(dst []byte) error {
 		b := c.mems[refHeap(ref)][refOff(ref):]
 		n := recordInfo(b).Size()
 		p += copy(dst[p:], b[:n])
+	}
+	binary.LittleEndian.PutUint64(dst[p:], uint64(len(c.stages)))
+	p += 8
+	for _, st := range c.stages {
+		binary.LittleEndian.PutUint64(dst[p:], uint64(st.id.Client))
+		binary.LittleEndian.PutUint64(dst[p+8:], st.id.Inc)
+		binary.LittleEndian.PutUint64(dst[p+16:], st.id.Stage)
+		binary.LittleEndian.PutUint64(dst[p+24:], uint64(len(st.buf)))
+		binary.LittleEndian.PutUint64(dst[p+32:], uint64(st.have))
+		p += 40
+		n := copy(dst[p:], st.buf)
+		clear(dst[p+n : p+pad8(n)])
+		p += pad8(n)
 	}
 	return nil
 }
@@ -696,6 +742,28 @@ func (t *Table) Restore(b []byte) error {
 		recs = append(recs, rec{p, n})
 		p += n
 	}
+	if len(b)-p < 8 {
+		return fmt.Errorf("%w: no staged requests count", ErrSnapshot)
+	}
+	nst := binary.LittleEndian.Uint64(b[p:])
+	p += 8
+	stages := map[uint32][]*stage{}
+	for range nst {
+		if len(b)-p < 40 {
+			return fmt.Errorf("%w: staged request at byte %d truncated", ErrSnapshot, p)
+		}
+		w := func(k int) uint64 { return binary.LittleEndian.Uint64(b[p+8*k:]) }
+		client, total, have := w(0), w(3), w(4)
+		if client > math.MaxUint32 || total > uint64(t.cfg.MaxRequest) || have > total || uint64(pad8(int(total))) > uint64(len(b)-p-40) {
+			return fmt.Errorf("%w: staged request at byte %d", ErrSnapshot, p)
+		}
+		st := &stage{id: StageID{Client: uint32(client), Inc: w(1), Stage: w(2)}, buf: bytes.Clone(b[p+40 : p+40+int(total)]), have: int(have)}
+		if len(stages[st.id.Client]) == MaxStages {
+			return fmt.Errorf("%w: more than %d staged requests of client %d", ErrSnapshot, MaxStages, client)
+		}
+		stages[st.id.Client] = append(stages[st.id.Client], st)
+		p += 40 + pad8(int(total))
+	}
 	if p != len(b) {
 		return fmt.Errorf("%w: %d trailing bytes", ErrSnapshot, len(b)-p)
 	}
@@ -733,8 +801,103 @@ func (t *Table) Restore(b []byte) error {
 		storeSlot(t.cur.mem, bo, i, s)
 		t.count++
 	}
+	t.stages = stages
 	t.applied = applied
 	t.layout++
 	t.publish()
 	return nil
+}
+
+// stage is a request arriving in parts (ops.go, "Requests larger than one
+// client slot"), part of the replicated state.
+type stage struct {
+	id   StageID
+	buf  []byte
+	have int
+}
+
+// MaxStages is how many staged requests a client slot may have at once; a
+// new one evicts the one with the smallest stage number (a client never
+// has more in flight than its window, so only an abandoned one goes).
+const MaxStages = 8
+
+func (t *Table) applyStaged(index uint64, data []byte) []byte {
+	res := Result{}
+	format, id, total, off, part, err := decodeStaged(data)
+	if err != nil || total > t.cfg.MaxRequest {
+		res.Status = StatusMalformed
+		t.publish()
+		return encodeResult(t.res[:], &res)
+	}
+	l := t.stages[id.Client]
+	// A newer incarnation of the slot abandons the older one's stages.
+	k := 0
+	for _, s := range l {
+		if s.id.Inc >= id.Inc {
+			l[k] = s
+			k++
+		}
+	}
+	l = l[:k]
+	var st *stage
+	at := -1
+	for i, s := range l {
+		if s.id == id {
+			st, at = s, i
+		}
+	}
+	switch format {
+	case partFormat:
+		if st == nil {
+			if len(l) == MaxStages {
+				oldest := 0
+				for i, s := range l {
+					if s.id.Inc < l[oldest].id.Inc || s.id.Inc == l[oldest].id.Inc && s.id.Stage < l[oldest].id.Stage {
+						oldest = i
+					}
+				}
+				l = append(l[:oldest], l[oldest+1:]...)
+			}
+			st = &stage{id: id, buf: make([]byte, total)}
+			l = append(l, st)
+		}
+		if len(st.buf) != total || st.have+len(part) > total {
+			res.Status = StatusMalformed
+		} else {
+			copy(st.buf[off:], part)
+			st.have += len(part)
+		}
+		t.setStages(id.Client, l)
+		t.publish()
+		return encodeResult(t.res[:], &res)
+	default: // commit
+		if st == nil || st.have != total || len(st.buf) != total {
+			res.Status = StatusMalformed
+			t.setStages(id.Client, l)
+			t.publish()
+			return encodeResult(t.res[:], &res)
+		}
+		l = append(l[:at], l[at+1:]...)
+		t.setStages(id.Client, l)
+		return t.applyRequest(index, st.buf)
+	}
+}
+
+func (t *Table) setStages(c uint32, l []*stage) {
+	if len(l) == 0 {
+		delete(t.stages, c)
+		return
+	}
+	t.stages[c] = l
+}
+
+// Staged is the number of staged requests and their bytes.
+func (t *Table) Staged() (n, bytes int) {
+	for _, l := range t.stages {
+		for _, s := range l {
+			n++
+			bytes += len(s.buf)
+		}
+	}
+	return n, bytes
 }
