@@ -136,13 +136,15 @@ const DefaultMapFile = "/tmp/rdmakv/cluster.json"
 
 // Client is a connection to a cluster.
 type Client struct {
-	o      options
-	m      *cluster.Map
-	tree   *tree.Tree
-	node   rdma.Node
-	own    bool
-	runner *multicast.ClientRunner
-	pools  []chan *kv.GroupReader
+	o        options
+	m        *cluster.Map
+	tree     *tree.Tree
+	node     rdma.Node
+	own      bool
+	runner   *multicast.ClientRunner
+	pools    []chan *kv.GroupReader
+	inc      uint64        // the multicast client's incarnation
+	stageSeq atomic.Uint64 // numbers staged requests
 	// knownTab is the highest entry index seen per group.
 	knownTab []atomic.Uint64
 
@@ -201,8 +203,9 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		octx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
+	c.inc = uint64(time.Now().UnixNano())
 	c.runner, err = multicast.StartClient(octx, multicast.ClientConfig{
-		Slot: uint32(o.slot), Inc: uint64(time.Now().UnixNano()), Tree: t, Members: m.Groups,
+		Slot: uint32(o.slot), Inc: c.inc, Tree: t, Members: m.Groups,
 		ClientSlots: m.Limits.ClientSlots, SlotSize: m.Limits.SlotSize, MaxResult: cluster.MaxResult,
 	}, c.node)
 	if err != nil {

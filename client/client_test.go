@@ -131,6 +131,36 @@ func TestOperations(t *testing.T) {
 			t.Fatalf("get %s after the batch: %q %v", key, v, err)
 		}
 	}
+	// Values larger than a request slot travel in parts.
+	big := make([]byte, 1<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	if _, err := c.Put(ctx, []byte("big"), big); err != nil {
+		t.Fatalf("1 MiB put: %v", err)
+	}
+	for _, mode := range []client.Consistency{client.Linearizable, client.StaleOK} {
+		it, err := c.GetItem(ctx, []byte("big"), mode)
+		if mode == client.StaleOK && errors.Is(err, client.ErrNotFound) {
+			continue
+		}
+		if err != nil || !bytes.Equal(it.Value, big) {
+			t.Fatalf("%v get of the 1 MiB value: %d bytes, %v", mode, len(it.Value), err)
+		}
+	}
+	var bb client.Batch
+	for i := range 3 {
+		bb.Put([]byte(fmt.Sprintf("big-%d", i)), big[i*1000:i*1000+200<<10])
+	}
+	if _, err := c.Commit(ctx, &bb); err != nil {
+		t.Fatalf("batch of 600 KiB: %v", err)
+	}
+	for i := range 3 {
+		v, err := c.Get(ctx, []byte(fmt.Sprintf("big-%d", i)))
+		if err != nil || !bytes.Equal(v, big[i*1000:i*1000+200<<10]) {
+			t.Fatalf("get big-%d: %d bytes, %v", i, len(v), err)
+		}
+	}
 	// Limits.
 	if _, err := c.Put(ctx, make([]byte, 2000), nil); !errors.Is(err, client.ErrKeyTooLarge) {
 		t.Fatalf("oversized key: %v", err)

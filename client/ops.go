@@ -213,8 +213,14 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 		dst |= tree.Of(c.m.GroupOf(ops[i].Key))
 	}
 	payload := kv.AppendRequest(make([]byte, 0, kv.RequestSize(ops)), ops)
-	if max := multicast.MaxPayload(c.m.Limits.SlotSize); len(payload) > max {
-		return nil, fmt.Errorf("%w: the request takes %d bytes, a slot holds %d (slot_size %d)", ErrValueTooLarge, len(payload), max, c.m.Limits.SlotSize)
+	if lim := c.maxRequest(); len(payload) > lim {
+		return nil, fmt.Errorf("%w: the request takes %d bytes, the limit is %d (max_key + max_value + 4 KiB)", ErrBatchTooLarge, len(payload), lim)
+	}
+	if len(payload) > multicast.MaxPayload(c.m.Limits.SlotSize) {
+		var err error
+		if payload, err = c.stage(ctx, dst, payload); err != nil {
+			return nil, err
+		}
 	}
 	o, err := c.runner.Multicast(ctx, dst, payload)
 	if err != nil {
@@ -232,6 +238,9 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 		if err != nil {
 			return nil, fmt.Errorf("rdmakv: group %d's reply: %w", rp.Group, err)
 		}
+		if res.Status == kv.StatusMalformed {
+			return nil, fmt.Errorf("rdmakv: group %d refused the request as malformed (nothing applied there)", rp.Group)
+		}
 		c.known(rp.Group, rp.Index)
 		out = append(out, groupResult{group: rp.Group, index: rp.Index, res: res})
 	}
@@ -246,3 +255,51 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 }
 
 func (c *Client) knownIdx() []atomic.Uint64 { return c.knownTab }
+
+// maxRequest is the groups' TableConfig.MaxRequest default.
+func (c *Client) maxRequest() int { return c.m.Limits.MaxKey + c.m.Limits.MaxValue + 4096 }
+
+// stagedInFlight bounds the parts of one request in flight at once.
+const stagedInFlight = 4
+
+// stage sends a request too large for one slot in parts to every group of
+// dst and returns the commit message that applies it. If it fails, no
+// commit was sent and nothing is applied (the groups drop the parts when
+// this slot's later requests evict them).
+func (c *Client) stage(ctx context.Context, dst tree.Set, req []byte) ([]byte, error) {
+	id := kv.StageID{Client: uint32(c.o.slot), Inc: c.inc, Stage: c.stageSeq.Add(1)}
+	chunk := multicast.MaxPayload(c.m.Limits.SlotSize) - kv.PartOverhead
+	sem := make(chan struct{}, stagedInFlight)
+	errc := make(chan error, (len(req)+chunk-1)/chunk)
+	n := 0
+	for off := 0; off < len(req); off += chunk {
+		part := kv.AppendPart(nil, id, len(req), off, req[off:min(off+chunk, len(req))])
+		n++
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			o, err := c.runner.Multicast(ctx, dst, part)
+			if err == nil {
+				for _, rp := range o.Replies {
+					if r, derr := kv.DecodeResult(rp.Result); derr != nil || r.Status != kv.StatusOK {
+						err = fmt.Errorf("rdmakv: group %d refused a part of a %d-byte request (status %d, %v)", rp.Group, len(req), r.Status, derr)
+					}
+				}
+			}
+			errc <- err
+		}()
+	}
+	var first error
+	for range n {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		if c.isClosed() {
+			return nil, ErrClosed
+		}
+		return nil, first
+	}
+	return kv.AppendCommit(nil, id, len(req)), nil
+}
