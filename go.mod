@@ -3,6 +3,7 @@ module github.com/rdmakv/rdmakv
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cespare/xxhash/v2 v2.3.0
 	golang.org/x/sys v0.49.0
 )

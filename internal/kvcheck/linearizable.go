@@ -1,0 +1,404 @@
+package kvcheck
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"maps"
+	"math"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Outcome is a linearizability check's verdict.
+type Outcome uint8
+
+// Outcomes.
+const (
+	Ok      Outcome = iota // linearizable
+	Illegal                // not linearizable
+	Unknown                // the check timed out
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Ok:
+		return "Ok"
+	case Illegal:
+		return "Illegal"
+	case Unknown:
+		return "Unknown"
+	}
+	return fmt.Sprintf("outcome(%d)", uint8(o))
+}
+
+// Partition is a set of keys checked on its own: one key, or the keys that
+// batches link (the connected components of the graph whose edges are
+// batches touching two keys).
+type Partition struct {
+	Keys    []string // sorted
+	Ops     int      // operations checked (stale gets and gets of unknown outcome are left out)
+	Outcome Outcome
+}
+
+func (p Partition) String() string {
+	return fmt.Sprintf("partition %q (%d ops): %v", p.Keys, p.Ops, p.Outcome)
+}
+
+// Result is a linearizability check's result.
+type Result struct {
+	// Outcome: Illegal if some partition is, else Unknown if some
+	// partition's check timed out, else Ok.
+	Outcome Outcome
+	// Partitions: every partition, ordered by their first key.
+	Partitions []Partition
+	// Failed: the partitions whose outcome is not Ok.
+	Failed []Partition
+	// Visualization: the file the visualization was written to, if any.
+	Visualization string
+}
+
+// Err is nil if r is Ok, else an error naming the failed partitions.
+func (r Result) Err() error {
+	if r.Outcome == Ok {
+		return nil
+	}
+	var b strings.Builder
+	if r.Outcome == Illegal {
+		b.WriteString("kvcheck: history not linearizable: ")
+	} else {
+		b.WriteString("kvcheck: linearizability check timed out: ")
+	}
+	for i, p := range r.Failed {
+		if i == 8 {
+			fmt.Fprintf(&b, "; and %d more", len(r.Failed)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(p.String())
+	}
+	if r.Visualization != "" {
+		fmt.Fprintf(&b, " (visualization: %s)", r.Visualization)
+	}
+	return errors.New(b.String())
+}
+
+// Options tune CheckLinearizableOptions.
+type Options struct {
+	// Timeout bounds the check (0: none); partitions not decided by then
+	// are Unknown.
+	Timeout time.Duration
+	// VisualizeTo, if set, is a file to write porcupine's HTML
+	// visualization to: of the failed partitions if the outcome is not
+	// Ok, else of all of them. This checks those partitions a second
+	// time, recording the partial linearizations (bounded by Timeout too).
+	VisualizeTo string
+}
+
+// CheckLinearizable checks that h's writes and linearizable gets are
+// linearizable against a sequential key-value map (see
+// CheckLinearizableOptions).
+func CheckLinearizable(h []Op, timeout time.Duration) (Result, error) {
+	return CheckLinearizableOptions(h, Options{Timeout: timeout})
+}
+
+// CheckLinearizableOptions checks with porcupine that h's writes and
+// linearizable gets are linearizable against a sequential key-value map:
+// a get returns whether the key is present and its value; a put sets it; a
+// delete removes it; a CAS writes iff the key holds Old (or is absent, with
+// OldAbsent) and must report OK accordingly; a batch applies all its ops
+// at one point. A write of unknown outcome may take effect at any point
+// after its call, or never (its CAS outcome is unconstrained); stale-ok
+// gets and gets of unknown outcome are left out.
+//
+// The history is checked per partition: per key, or per set of keys that
+// batches link. The error is non-nil only if h cannot be checked (a
+// malformed op) or the visualization could not be written; whether h is
+// linearizable is the Result's Outcome (Result.Err describes it).
+func CheckLinearizableOptions(h []Op, opts Options) (Result, error) {
+	if err := validate(h); err != nil {
+		return Result{}, err
+	}
+	parts := partition(h)
+	res := Result{Partitions: make([]Partition, len(parts))}
+	var deadline time.Time
+	if opts.Timeout > 0 {
+		deadline = time.Now().Add(opts.Timeout)
+	}
+	// Check the partitions on GOMAXPROCS workers, each within what is
+	// left of the timeout.
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(runtime.GOMAXPROCS(0), max(len(parts), 1)) {
+		wg.Go(func() {
+			for i := range next {
+				p := &parts[i]
+				out := Unknown
+				left := time.Duration(0)
+				if !deadline.IsZero() {
+					left = time.Until(deadline)
+				}
+				if deadline.IsZero() || left > 0 {
+					switch porcupine.CheckOperationsTimeout(model, p.ops, left) {
+					case porcupine.Ok:
+						out = Ok
+					case porcupine.Illegal:
+						out = Illegal
+					}
+				}
+				res.Partitions[i] = Partition{Keys: p.keys, Ops: len(p.ops), Outcome: out}
+			}
+		})
+	}
+	for i := range parts {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	var failed [][]porcupine.Operation
+	for i, p := range res.Partitions {
+		if p.Outcome == Illegal {
+			res.Outcome = Illegal
+		} else if p.Outcome == Unknown && res.Outcome == Ok {
+			res.Outcome = Unknown
+		}
+		if p.Outcome != Ok {
+			res.Failed = append(res.Failed, p)
+			failed = append(failed, parts[i].ops)
+		}
+	}
+	if opts.VisualizeTo != "" {
+		show := failed
+		if res.Outcome == Ok {
+			show = make([][]porcupine.Operation, len(parts))
+			for i := range parts {
+				show[i] = parts[i].ops
+			}
+		}
+		if err := visualize(show, opts.VisualizeTo, opts.Timeout); err != nil {
+			return res, fmt.Errorf("kvcheck: visualization: %w", err)
+		}
+		res.Visualization = opts.VisualizeTo
+	}
+	return res, nil
+}
+
+// visualize writes the visualization of the partitions parts to path.
+func visualize(parts [][]porcupine.Operation, path string, timeout time.Duration) error {
+	var all []porcupine.Operation
+	for _, p := range parts {
+		all = append(all, p...)
+	}
+	m := model
+	m.Partition = func([]porcupine.Operation) [][]porcupine.Operation { return parts }
+	_, info := porcupine.CheckOperationsVerbose(m, all, timeout)
+	return porcupine.VisualizePath(m, info, path)
+}
+
+// part is one partition's keys and operations.
+type part struct {
+	keys []string
+	ops  []porcupine.Operation
+}
+
+// input is a porcupine operation's input: the op (Out is its output).
+type input struct {
+	pos int
+	op  *Op
+}
+
+// opKeys calls f with each key o touches.
+func opKeys(o *Op, f func(string)) {
+	if o.Kind == Batch {
+		for _, b := range o.Batch {
+			f(b.Key)
+		}
+		return
+	}
+	f(o.Key)
+}
+
+// partition splits the checked operations of h into the connected
+// components of keys that batches link (one key each when no batch
+// touches two keys), ordered by their smallest key.
+func partition(h []Op) []part {
+	uf := unionFind{}
+	for i := range h {
+		o := &h[i]
+		first := ""
+		n := 0
+		opKeys(o, func(k string) {
+			uf.add(k)
+			if n == 0 {
+				first = k
+			} else {
+				uf.union(first, k)
+			}
+			n++
+		})
+	}
+	byRoot := map[string]int{}
+	var parts []part
+	comp := func(k string) *part {
+		r := uf.find(k)
+		i, ok := byRoot[r]
+		if !ok {
+			i = len(parts)
+			byRoot[r] = i
+			parts = append(parts, part{})
+		}
+		return &parts[i]
+	}
+	for _, k := range slices.Sorted(maps.Keys(uf.parent)) {
+		p := comp(k)
+		p.keys = append(p.keys, k)
+	}
+	for i := range h {
+		o := &h[i]
+		if o.Kind == Get && (o.Stale || o.Out.Unknown) {
+			continue
+		}
+		ret := o.Return
+		if o.Out.Unknown {
+			ret = math.MaxInt64
+		}
+		k := o.Key
+		if o.Kind == Batch {
+			k = o.Batch[0].Key
+		}
+		p := comp(k)
+		p.ops = append(p.ops, porcupine.Operation{ClientId: o.Client, Input: input{i, o}, Call: o.Call,
+			Output: o.Out, Return: ret})
+	}
+	// A partition of only stale or unknown gets has nothing to check.
+	return slices.DeleteFunc(parts, func(p part) bool { return len(p.ops) == 0 })
+}
+
+// unionFind is a disjoint-set forest over keys.
+type unionFind struct {
+	parent map[string]string
+	size   map[string]int
+}
+
+func (u *unionFind) add(k string) {
+	if u.parent == nil {
+		u.parent, u.size = map[string]string{}, map[string]int{}
+	}
+	if _, ok := u.parent[k]; !ok {
+		u.parent[k], u.size[k] = k, 1
+	}
+}
+
+func (u *unionFind) find(k string) string {
+	r := k
+	for u.parent[r] != r {
+		r = u.parent[r]
+	}
+	for u.parent[k] != r { // path compression
+		u.parent[k], k = r, u.parent[k]
+	}
+	return r
+}
+
+func (u *unionFind) union(a, b string) {
+	a, b = u.find(a), u.find(b)
+	if a == b {
+		return
+	}
+	if u.size[a] < u.size[b] {
+		a, b = b, a
+	}
+	u.parent[b] = a
+	u.size[a] += u.size[b]
+}
+
+// state is the model's state: the partition's keys that are present and
+// their values. It is never modified once made (porcupine's Step must be
+// pure): a write makes a copy.
+type state map[string]string
+
+var hashSeed = maphash.MakeSeed()
+
+// model is the sequential key-value map.
+var model = porcupine.Model{
+	Init: func() any { return state{} },
+	Step: func(st, in, out any) (bool, any) {
+		s, o, got := st.(state), in.(input).op, out.(Output)
+		switch o.Kind {
+		case Get:
+			v, ok := s[o.Key]
+			return ok == got.Found && (!ok || v == got.Value), s
+		case Put:
+			return true, with(s, func(n state) { n[o.Key] = o.Value })
+		case Delete:
+			if _, ok := s[o.Key]; !ok {
+				return true, s
+			}
+			return true, with(s, func(n state) { delete(n, o.Key) })
+		case CAS:
+			v, ok := s[o.Key]
+			match := !ok && o.OldAbsent || ok && !o.OldAbsent && v == o.Old
+			if !got.Unknown && got.OK != match {
+				return false, s
+			}
+			if !match {
+				return true, s
+			}
+			return true, with(s, func(n state) { n[o.Key] = o.Value })
+		case Batch:
+			return true, with(s, func(n state) {
+				for _, b := range o.Batch {
+					if b.Delete {
+						delete(n, b.Key)
+					} else {
+						n[b.Key] = b.Value
+					}
+				}
+			})
+		}
+		return false, s
+	},
+	Equal: func(a, b any) bool { return maps.Equal(a.(state), b.(state)) },
+	Hash: func(st any) uint64 {
+		var h uint64
+		for k, v := range st.(state) {
+			x := maphash.String(hashSeed, k)
+			h += (x ^ maphash.String(hashSeed, v)) * (x | 1)
+		}
+		return h
+	},
+	DescribeOperation: func(in, out any) string {
+		i := in.(input)
+		return fmt.Sprintf("op %d: %s", i.pos, i.op)
+	},
+	DescribeState: func(st any) string {
+		s := st.(state)
+		var b strings.Builder
+		b.WriteString("{")
+		for i, k := range slices.Sorted(maps.Keys(s)) {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%q: %q", k, s[k])
+		}
+		b.WriteString("}")
+		return b.String()
+	},
+}
+
+// with returns a copy of s changed by f.
+func with(s state, f func(state)) state {
+	n := maps.Clone(s)
+	if n == nil {
+		n = state{}
+	}
+	f(n)
+	return n
+}
