@@ -18,8 +18,9 @@ const (
 	// called before the get returned wrote.
 	NeverWritten Property = iota + 1
 	// WrongPrefix (b): a stale-ok get reporting applied index A returns
-	// the key's state after exactly the writes of its group with entry
-	// index <= A. When writes of the key have no known index (outcome
+	// the key's state after the writes of its group with entry index <= A,
+	// or after a later entry (A is the replica's applied index when the
+	// get began: the value is never older than that). When writes of the key have no known index (outcome
 	// unknown, index not recorded, or recorded for another group), it may
 	// also return one of their values, but nothing older than the latest
 	// write with a known index <= A.
@@ -256,7 +257,11 @@ func checkPrefix(g *Op, kw *keyWrites) string {
 	// returned may have been applied at any index.
 	var loose []*kwrite
 	for _, w := range kw.known {
-		if w.group != grp && w.op.Call <= g.Return {
+		// Writes of other groups have no index comparable to a; writes
+		// of g's group after a, called before g returned, may have been
+		// applied before the replica read the key (a is a lower bound:
+		// the state read is the one after entry a or a later one).
+		if (w.group != grp || w.idx > a) && w.op.Call <= g.Return {
 			loose = append(loose, w)
 		}
 	}
