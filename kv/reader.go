@@ -64,9 +64,9 @@ type GetResult struct {
 	Value   []byte // valid until the reader's next call
 	Version uint64
 	// Member is the index of the replica read; Applied and AppliedAt are
-	// its header's last applied entry and when it was applied (Unix ns):
-	// the value is the key's value after entry Applied, so a stale-ok
-	// get is at most as old as that.
+	// its last applied entry when the get began and when it was applied
+	// (Unix ns): the value is the key's value after entry Applied or a
+	// later one, never older.
 	Member    int
 	Applied   uint64
 	AppliedAt int64
@@ -124,6 +124,8 @@ type GroupReader struct {
 
 	// Reads counts one-sided reads posted; Rounds the rounds.
 	Reads, Rounds uint64
+
+	mutant int // a planted bug (TestSimMutants); 0 in production
 }
 
 type getState uint8
@@ -132,6 +134,7 @@ const (
 	gsIdle getState = iota
 	gsStart
 	gsFind // reading every member's header for the leader
+	gsHdr  // reading the header of the member to read (no geometry known)
 	gsR1   // round 1 posted
 	gsR2   // round 2 (a record) posted
 	gsWait // backing off until retryAt
@@ -312,6 +315,17 @@ func (r *GroupReader) Poll(now time.Duration) bool {
 			if !r.pollFind() {
 				return false
 			}
+		case gsHdr:
+			if !r.reap(r.at) {
+				return false
+			}
+			if err := r.consume(r.at); err != nil {
+				r.fail(err)
+			} else if _, err := DecodeHeader(r.m[r.at].hdr[hdrSize:]); err != nil {
+				r.fail(errRetry)
+			} else {
+				r.st = gsStart
+			}
 		case gsR1:
 			if !r.pollR1() {
 				return false
@@ -381,10 +395,18 @@ func (r *GroupReader) startAttempt() {
 	// change shows as disagreeing header reads: read again).
 	prev, err := DecodeHeader(ms.hdr[hdrSize:])
 	if err != nil {
-		prev = Header{Geometry: Geometry{Gen: 0, LogBuckets: DefaultLogBuckets}}
+		if r.post(m, []rdma.WR{{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: ms.hdr[hdrSize:]}}) {
+			r.st = gsHdr
+		} else {
+			r.fail(errRetry)
+		}
+		return
 	}
 	g := prev.Geometry
 	r.geo = g
+	if r.mutant == mutNewGenOnlyID {
+		g.Migrating = false
+	}
 	wrs := ms.wrs[:0]
 	wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: ms.hdr[:hdrSize]})
 	r.pairs = 2
@@ -474,6 +496,7 @@ func (r *GroupReader) pollR1() bool {
 	}
 	ms := r.m[m]
 	if ms.perr != nil {
+		clear(ms.hdr[hdrSize:]) // read the header alone next time
 		r.fail(r.consume(m))
 		return true
 	}
@@ -513,6 +536,9 @@ func (r *GroupReader) pollR1() bool {
 				votes++
 			}
 		}
+		if r.mutant == mutNoQuorumID {
+			votes = r.quorum
+		}
 		if votes < r.quorum {
 			if waiting {
 				return false
@@ -530,7 +556,10 @@ func (r *GroupReader) pollR1() bool {
 		r.res.Epoch = e
 	}
 	r.consume(m)
-	r.res.Member, r.res.Applied, r.res.AppliedAt = m, h2.Applied, h2.AppliedAt
+	// The buckets were read between the two header reads, so the value
+	// is the key's state after some entry from h1.Applied on: report
+	// that, a bound the value is never older than.
+	r.res.Member, r.res.Applied, r.res.AppliedAt = m, h1.Applied, h1.AppliedAt
 	// The matching slots: buckets of the old generation that were not
 	// yet moved (read first), then the new one's. A key has one slot at a
 	// time, but a read may see it in two places (a migration, a delete

@@ -138,6 +138,9 @@ type Table struct {
 	appliedAt int64
 	serving   uint64
 
+	lastServed uint64 // the last epoch served (a planted bug keeps it)
+	mutant     int    // a planted bug (kv's TestSimMutants); 0 in production
+
 	snaps  atomic.Int32 // captures not yet released
 	stages map[uint32][]*stage
 	ops    []Op
@@ -216,6 +219,9 @@ func (t *Table) Promise(e broadcast.Epoch) { rdma.Store64(t.hmem, hPromise, uint
 // none); linearizable gets are served only by a replica whose header says
 // so. Called from the polling goroutine after each Poll.
 func (t *Table) SetServing(e uint64) {
+	if e != 0 {
+		t.lastServed = e
+	}
 	if e != t.serving {
 		t.serving = e
 		t.publish()
@@ -463,6 +469,9 @@ func (t *Table) sref(s Slot) uint64 { return refOf(int(s.Heap), int(s.Off)) }
 
 // holds checks op's condition against the key's current state.
 func (t *Table) holds(op *Op, w where, found bool) bool {
+	if t.mutant == mutNoConditionID {
+		return true
+	}
 	switch op.Cmp {
 	case CmpVersion:
 		if op.CmpVersion == 0 {
@@ -901,3 +910,10 @@ func (t *Table) Staged() (n, bytes int) {
 	}
 	return n, bytes
 }
+
+// Planted bugs of kv's TestSimMutants (the values of its mut* constants).
+const (
+	mutNoQuorumID    = 1
+	mutNewGenOnlyID  = 2
+	mutNoConditionID = 3
+)

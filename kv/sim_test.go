@@ -1,0 +1,932 @@
+package kv
+
+import (
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/kvcheck"
+	"github.com/rdmakv/rdmakv/multicast"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/sim"
+)
+
+// The kv simulator test: groups of kv replicas (TRAM over Acuerdo, the
+// table in registered memory) and clients that write through multicast and
+// get one-sided, both kinds, under crashes, partitions, isolated and
+// crashed leaders, slow replicas and client crashes. The clients' history
+// is checked with porcupine (linearizable gets and every write) and with
+// kvcheck.CheckStale (stale-ok gets), and the replicas of each group must
+// end with the same table.
+
+var simFlags = sim.RegisterFlags(flag.CommandLine)
+
+type diskStable struct{ d *sim.Disk }
+
+func (s diskStable) Load() (broadcast.StableState, error) {
+	b, ok := s.d.Get("acuerdo")
+	if !ok {
+		return broadcast.StableState{}, nil
+	}
+	if len(b) != 16 {
+		return broadcast.StableState{}, broadcast.ErrCorrupt
+	}
+	return broadcast.StableState{Incarnation: binary.LittleEndian.Uint64(b), ENew: broadcast.Epoch(binary.LittleEndian.Uint64(b[8:]))}, nil
+}
+
+func (s diskStable) Save(st broadcast.StableState) error {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[0:], st.Incarnation)
+	binary.LittleEndian.PutUint64(b[8:], uint64(st.ENew))
+	return s.d.Put("acuerdo", b[:])
+}
+
+type kvOpts struct {
+	groups, replicas, clients int
+	ops                       int           // per client
+	keys                      int           // key space
+	until                     time.Duration // clients stop issuing then; faults end then
+	gap                       time.Duration // mean gap between a client's ops
+
+	crashes, partitions, slow bool
+	leaders                   int  // crash every group's leader at once, this many times
+	isolate                   int  // cut every leader from its group-mates, this many times
+	downForGood               bool // a replica per group crashes at 3 ms for good
+	clientCrash               bool
+	bigValues                 bool // some values need staged parts
+	mutant                    int
+	keysSet                   int // key space (default 24)
+}
+
+// Planted bugs (TestSimMutants).
+const (
+	mutNone = iota
+	// mutNoQuorum: gets trust the leader's serving word without the
+	// promise quorum, and a deposed leader keeps saying it serves.
+	mutNoQuorum
+	// mutNewGenOnly: gets read only the new generation while the index
+	// grows, missing keys not migrated yet.
+	mutNewGenOnly
+	// mutNoCondition: the table applies a compare-and-swap without
+	// checking its condition.
+	mutNoCondition
+)
+
+type kvRun struct {
+	o       kvOpts
+	s       *sim.Sim
+	t       *tree.Tree
+	members [][]rdma.NodeID
+	cnodes  []rdma.NodeID
+	slots   []uint32
+	group   map[rdma.NodeID]int
+	procs   map[rdma.NodeID]*kvRepProc
+	rng     *rand.Rand
+	down    map[rdma.NodeID]bool
+	gone    map[rdma.NodeID]bool
+	clients map[rdma.NodeID]*kvCliProc
+	rec     *kvcheck.Recorder
+	err     error
+	stats   struct{ gets, stale, writes, unknown, retries, grown int }
+}
+
+func (h *kvRun) fail(err error) {
+	if h.err == nil && err != nil {
+		h.err = err
+	}
+}
+
+type kvRepProc struct {
+	h   *kvRun
+	env *sim.Env
+	r   *Replica
+	now time.Duration
+}
+
+func (p *kvRepProc) Start(env *sim.Env) error {
+	h := p.h
+	p.env = env
+	id := env.ID()
+	g := h.group[id]
+	bc := broadcast.Config{
+		Self: id, Seed: env.Rand().Uint64() | 1, Start: broadcast.StartNew,
+		RingSize: 64 << 10, MaxRecord: 8 << 10, PersistInline: true, MaxSnapshot: 64 << 20,
+		HeartbeatInterval: time.Millisecond, ElectionTimeout: 4 * time.Millisecond,
+		MaxLogEntries: 256, MaxCatchUpLogEntries: 512, ProposeTimeout: time.Second,
+		ReconnectMin: 100 * time.Microsecond, ReconnectMax: time.Millisecond,
+	}
+	if env.Incarnation() > 1 {
+		bc.Start = broadcast.StartExisting
+	}
+	cfg := ReplicaConfig{
+		Multicast: multicast.Config{Group: tree.Group(g), Tree: h.t, Members: h.members, ClientNodes: h.cnodes,
+			ClientSlots: 4, ParentSlots: 16, SlotSize: 512, MaxResult: 64,
+			RetransmitAfter: 5 * time.Millisecond, Broadcast: bc},
+		Table: TableConfig{SlotMap: h.slots, MaxKey: 64, MaxValue: 4096, LogBuckets: 2, MigrateStep: 1,
+			HeapRegionSize: 1 << 16, Inc: uint64(env.Incarnation()), Clock: func() int64 { return int64(p.now) }},
+	}
+	r, err := NewReplica(cfg, env.Node(), diskStable{env.Disk()})
+	if err != nil {
+		return err
+	}
+	r.t.mutant = h.o.mutant
+	p.r = r
+	h.procs[id] = p
+	return nil
+}
+
+func (p *kvRepProc) Step(now time.Duration) bool {
+	p.now = now
+	progress := p.r.Poll(now)
+	if p.h.o.mutant == mutNoQuorum && p.r.t.lastServed != 0 {
+		// A deposed leader keeps its serving word.
+		if _, ok := p.r.Multicast().Broadcast().Leading(); !ok {
+			p.r.t.serving = p.r.t.lastServed
+			p.r.t.publish()
+		}
+	}
+	if d, g, s := p.r.Multicast().Anomalies(); d+g+s != 0 {
+		p.h.fail(fmt.Errorf("node %d: log anomalies: %d duplicates, %d gaps, %d stale", p.env.ID(), d, g, s))
+	}
+	p.env.WakeAt(p.r.NextDeadline())
+	return progress
+}
+
+// kvCliProc is a client: writes through a multicast.Client, gets through a
+// GroupReader per group, one get at a time.
+type kvCliProc struct {
+	h       *kvRun
+	env     *sim.Env
+	c       *multicast.Client
+	slot    int
+	readers []*GroupReader
+	getRec  []int // the recorder id of each reader's get
+	getOp   []kvcheck.Op
+	writes  map[multicast.MsgID]pendingWrite
+	issued  int
+	next    time.Duration
+	seq     int
+	staged  map[multicast.MsgID]bool
+}
+
+type pendingWrite struct {
+	rec  int
+	recs map[int]int // a batch spanning groups: one record per group
+	op   kvcheck.Op
+	part bool // a part of a staged request: no record
+}
+
+func (p *kvCliProc) Start(env *sim.Env) error {
+	h := p.h
+	p.env = env
+	p.writes = map[multicast.MsgID]pendingWrite{}
+	cfg := multicast.ClientConfig{Slot: uint32(p.slot), Inc: uint64(env.Incarnation()), Tree: h.t, Members: h.members,
+		ClientSlots: 4, SlotSize: 512, MaxResult: 64, RetryAfter: 10 * time.Millisecond,
+		ReconnectMin: 100 * time.Microsecond, ReconnectMax: time.Millisecond,
+		OnDone: p.done}
+	c, err := multicast.NewClient(cfg, env.Node())
+	if err != nil {
+		return err
+	}
+	p.c = c
+	p.readers = make([]*GroupReader, len(h.members))
+	p.getRec = make([]int, len(h.members))
+	p.getOp = make([]kvcheck.Op, len(h.members))
+	for g := range h.members {
+		p.readers[g] = NewGroupReader(env.Node(), uint32(g), h.members[g], p.slot)
+		p.readers[g].mutant = h.o.mutant
+	}
+	return nil
+}
+
+// done records a write's outcome.
+func (p *kvCliProc) done(o *multicast.Outcome) {
+	pw, ok := p.writes[o.ID]
+	if !ok {
+		return
+	}
+	delete(p.writes, o.ID)
+	if pw.part {
+		return
+	}
+	out := kvcheck.Output{OK: true}
+	for _, rp := range o.Replies {
+		res, err := DecodeResult(rp.Result)
+		if err != nil {
+			p.h.fail(fmt.Errorf("client %d: reply of group %d: %v", p.slot, rp.Group, err))
+			return
+		}
+		if res.Status == StatusMalformed {
+			p.h.fail(fmt.Errorf("client %d: group %d refused %v as malformed", p.slot, rp.Group, pw.op.Kind))
+			return
+		}
+		if res.Status == StatusCondFailed {
+			out.OK = false
+		}
+		if len(o.Replies) == 1 && res.Count > 0 {
+			out.Index, out.Version, out.Group = rp.Index, res.Version, int(rp.Group)
+			if res.Version>>16 != rp.Index {
+				p.h.fail(fmt.Errorf("client %d: version %x of a write at index %d", p.slot, res.Version, rp.Index))
+			}
+		}
+	}
+	if pw.op.Kind != kvcheck.CAS && !out.OK {
+		p.h.fail(fmt.Errorf("client %d: unconditional %v failed its condition", p.slot, pw.op.Kind))
+	}
+	if pw.recs != nil {
+		for g, id := range pw.recs {
+			out := kvcheck.Output{OK: true}
+			for _, rp := range o.Replies {
+				if int(rp.Group) == g {
+					res, _ := DecodeResult(rp.Result)
+					out.Index, out.Version, out.Group = rp.Index, res.Version, g
+				}
+			}
+			p.h.rec.End(id, out)
+		}
+		return
+	}
+	p.h.rec.End(pw.rec, out)
+}
+
+func (p *kvCliProc) Step(now time.Duration) bool {
+	h := p.h
+	progress := p.c.Poll(now)
+	wake := p.c.NextDeadline()
+	for g, r := range p.readers {
+		if !r.Busy() {
+			continue
+		}
+		if r.Poll(now) {
+			p.endGet(g)
+			progress = true
+		} else {
+			wake = min(wake, r.NextDeadline())
+		}
+	}
+	for p.c.Ready() && p.issued < h.o.ops && now < h.o.until && now >= p.next {
+		if !p.issue(now) {
+			break
+		}
+		p.issued++
+		p.next = now + time.Duration(p.env.Rand().Int64N(int64(2*h.o.gap)))
+		progress = true
+	}
+	if p.issued < h.o.ops && now < h.o.until {
+		wake = min(wake, max(p.next, now+50*time.Microsecond))
+	}
+	for _, r := range p.readers {
+		if r.Busy() {
+			wake = min(wake, now+20*time.Microsecond)
+		}
+	}
+	p.env.WakeAt(wake)
+	return progress
+}
+
+func (p *kvCliProc) endGet(g int) {
+	r := p.readers[g]
+	res, err := r.Result()
+	r.st = gsIdle
+	p.h.stats.retries += res.Retries
+	if err != nil {
+		p.h.rec.End(p.getRec[g], kvcheck.Output{Unknown: true})
+		return
+	}
+	p.h.rec.End(p.getRec[g], kvcheck.Output{Found: res.Found, Value: string(res.Value), Applied: res.Applied, Group: g})
+}
+
+func (p *kvCliProc) key(rng *rand.Rand) string { return fmt.Sprintf("k%d", rng.IntN(p.h.o.keys)) }
+
+func (p *kvCliProc) value(rng *rand.Rand) string {
+	p.seq++
+	v := fmt.Sprintf("c%d.%d.%d", p.slot, p.env.Incarnation(), p.seq)
+	if p.h.o.bigValues && rng.IntN(4) == 0 {
+		v += strings.Repeat("x", 600+rng.IntN(2000)) // staged in parts
+	}
+	return v
+}
+
+// issue starts one random operation; false if there is no room now.
+func (p *kvCliProc) issue(now time.Duration) bool {
+	h := p.h
+	rng := p.env.Rand()
+	x := rng.IntN(100)
+	if x < 45 {
+		k := p.key(rng)
+		g := int(h.slots[HashSlot([]byte(k))])
+		r := p.readers[g]
+		if r.Busy() {
+			return false
+		}
+		stale := x >= 30
+		mode := Linearizable
+		if stale {
+			mode = StaleOK
+			h.stats.stale++
+		}
+		h.stats.gets++
+		op := kvcheck.Op{Client: p.slot, Kind: kvcheck.Get, Key: k, Stale: stale}
+		p.getRec[g] = h.rec.Begin(p.slot, op)
+		r.Begin([]byte(k), mode)
+		if r.Poll(now) {
+			p.endGet(g)
+		}
+		return true
+	}
+	if p.c.Outstanding() >= p.c.Window()-1 {
+		return false
+	}
+	var ops []Op
+	var op kvcheck.Op
+	switch {
+	case x < 70:
+		k, v := p.key(rng), p.value(rng)
+		ops = []Op{{Kind: OpPut, Key: []byte(k), Value: []byte(v)}}
+		op = kvcheck.Op{Kind: kvcheck.Put, Key: k, Value: v}
+	case x < 78:
+		k := p.key(rng)
+		ops = []Op{{Kind: OpDelete, Key: []byte(k)}}
+		op = kvcheck.Op{Kind: kvcheck.Delete, Key: k}
+	case x < 90:
+		k, v := p.key(rng), p.value(rng)
+		op = kvcheck.Op{Kind: kvcheck.CAS, Key: k, Value: v}
+		cmp := Op{Kind: OpPut, Cmp: CmpValue, Key: []byte(k), Value: []byte(v)}
+		if rng.IntN(3) == 0 {
+			op.OldAbsent, cmp.CmpVersion = true, 1
+		} else {
+			op.Old = fmt.Sprintf("c%d.%d.%d", rng.IntN(h.o.clients), 1, max(1, p.seq-rng.IntN(3)))
+			cmp.CmpValue = []byte(op.Old)
+		}
+		ops = []Op{cmp}
+	default:
+		// A batch's keys come from one family of 4 keys, so that the
+		// linearizability check's partitions (keys linked by batches)
+		// stay small.
+		op = kvcheck.Op{Kind: kvcheck.Batch}
+		fam := rng.IntN(h.o.keys / 4)
+		for range 2 + rng.IntN(2) {
+			k := fmt.Sprintf("k%d", fam*4+rng.IntN(4))
+			if rng.IntN(4) == 0 {
+				ops = append(ops, Op{Kind: OpDelete, Key: []byte(k)})
+				op.Batch = append(op.Batch, kvcheck.BatchOp{Key: k, Delete: true})
+			} else {
+				v := p.value(rng)
+				ops = append(ops, Op{Kind: OpPut, Key: []byte(k), Value: []byte(v)})
+				op.Batch = append(op.Batch, kvcheck.BatchOp{Key: k, Value: v})
+			}
+		}
+	}
+	var dst tree.Set
+	for i := range ops {
+		dst = dst.Add(tree.Group(h.slots[HashSlot(ops[i].Key)]))
+	}
+	req := AppendRequest(nil, ops)
+	op.Client = p.slot
+	if len(req) > multicast.MaxPayload(512) {
+		// Staged: the parts first (their order does not matter), then
+		// the commit, all within the window (4 slots: at most 3 parts).
+		chunk := multicast.MaxPayload(512) - PartOverhead
+		nparts := (len(req) + chunk - 1) / chunk
+		if p.c.Outstanding()+nparts+1 > p.c.Window() {
+			return false
+		}
+		p.seq++
+		id := StageID{Client: uint32(p.slot), Inc: uint64(p.env.Incarnation()), Stage: uint64(p.seq)}
+		for off := 0; off < len(req); off += chunk {
+			mid, err := p.c.Multicast(dst, AppendPart(nil, id, len(req), off, req[off:min(off+chunk, len(req))]))
+			if errors.Is(err, multicast.ErrWindowFull) {
+				return false // the parts sent are evicted by later stages
+			}
+			if err != nil {
+				h.fail(fmt.Errorf("client %d: part: %v", p.slot, err))
+				return false
+			}
+			p.writes[mid] = pendingWrite{part: true}
+		}
+		req = AppendCommit(nil, id, len(req))
+	}
+	mid, err := p.c.Multicast(dst, req)
+	if errors.Is(err, multicast.ErrWindowFull) {
+		return false
+	}
+	if err != nil {
+		h.fail(fmt.Errorf("client %d: multicast: %v", p.slot, err))
+		return false
+	}
+	// Begun after the write was posted, at the same virtual time (the
+	// clock does not move within a step). A batch spanning groups is
+	// recorded as one batch per group: each group applies its part
+	// atomically, but a reader may see one group's part before another
+	// group applied its own (docs/kv.md, "Batches"), so atomicity holds
+	// per group.
+	if op.Kind == kvcheck.Batch && dst.Len() > 1 {
+		recs := map[int]int{}
+		for g := range h.members {
+			var part kvcheck.Op
+			for _, bo := range op.Batch {
+				if int(h.slots[HashSlot([]byte(bo.Key))]) == g {
+					part.Batch = append(part.Batch, bo)
+				}
+			}
+			if len(part.Batch) > 0 {
+				part.Client, part.Kind = p.slot, kvcheck.Batch
+				recs[g] = h.rec.Begin(p.slot, part)
+			}
+		}
+		p.writes[mid] = pendingWrite{recs: recs, op: op}
+		h.stats.writes++
+		return true
+	}
+	rid := h.rec.Begin(p.slot, op)
+	p.writes[mid] = pendingWrite{rec: rid, op: op}
+	h.stats.writes++
+	return true
+}
+
+func (h *kvRun) leaderOf(g int) (rdma.NodeID, bool) {
+	for _, id := range h.members[g] {
+		if p := h.procs[id]; p != nil && h.s.Live(id) {
+			if _, ok := p.r.Multicast().Broadcast().Leading(); ok {
+				return id, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func (h *kvRun) downIn(g int) int {
+	k := 0
+	for _, id := range h.members[g] {
+		if h.down[id] || h.gone[id] || h.procs[id] != nil && h.s.Live(id) && h.procs[id].r.Multicast().Broadcast().Status().CatchingUp {
+			k++
+		}
+	}
+	return k
+}
+
+func (h *kvRun) crashFor(id rdma.NodeID, d time.Duration) {
+	if h.down[id] || !h.s.Live(id) {
+		return
+	}
+	if err := h.s.Crash(id); err != nil {
+		h.fail(err)
+		return
+	}
+	h.down[id] = true
+	h.s.At(h.s.Now()+d, func() {
+		if !h.s.Live(id) {
+			if err := h.s.Restart(id, true); err != nil {
+				h.fail(fmt.Errorf("restart %d: %v", id, err))
+			}
+		}
+		delete(h.down, id)
+	})
+}
+
+func (h *kvRun) scheduleFaults(at time.Duration) {
+	h.s.At(at, func() {
+		now := h.s.Now()
+		if now >= h.o.until-5*time.Millisecond {
+			return
+		}
+		var kinds []int
+		if h.o.crashes {
+			kinds = append(kinds, 0)
+		}
+		if h.o.partitions {
+			kinds = append(kinds, 1)
+		}
+		if h.o.slow {
+			kinds = append(kinds, 2)
+		}
+		if h.o.clientCrash {
+			kinds = append(kinds, 3)
+		}
+		g := h.rng.IntN(len(h.members))
+		ms := h.members[g]
+		id := ms[h.rng.IntN(len(ms))]
+		d := time.Millisecond + time.Duration(h.rng.Int64N(int64(8*time.Millisecond)))
+		switch kinds[h.rng.IntN(len(kinds))] {
+		case 0:
+			if h.downIn(g) < (len(ms)-1)/2 {
+				h.crashFor(id, d)
+			}
+		case 1:
+			all := h.s.Nodes()
+			other := all[h.rng.IntN(len(all))]
+			if other != id {
+				if h.rng.IntN(2) == 0 {
+					h.s.Cut(id, other)
+				} else {
+					h.s.Partition(id, other)
+				}
+				h.s.At(now+d, func() {
+					h.s.Heal(id, other)
+					h.s.Heal(other, id)
+				})
+			}
+		case 2:
+			h.s.SetSlow(id, 2+h.rng.IntN(8))
+			h.s.At(now+d, func() { h.s.SetSlow(id, 1) })
+		case 3:
+			c := h.cnodes[h.rng.IntN(len(h.cnodes))]
+			if !h.down[c] {
+				h.crashClient(c, d)
+			}
+		}
+		h.scheduleFaults(now + time.Millisecond + time.Duration(h.rng.Int64N(int64(3*time.Millisecond))))
+	})
+}
+
+// crashClient crashes a client: its writes under way get an unknown
+// outcome, its gets are dropped.
+func (h *kvRun) crashClient(id rdma.NodeID, d time.Duration) {
+	if p := h.clients[id]; p != nil && h.s.Live(id) {
+		{
+			for _, pw := range p.writes {
+				for _, id := range pw.recs {
+					h.rec.End(id, kvcheck.Output{Unknown: true})
+				}
+				if !pw.part && pw.recs == nil {
+					h.rec.End(pw.rec, kvcheck.Output{Unknown: true})
+				}
+				if !pw.part {
+					h.stats.unknown++
+				}
+			}
+			p.writes = map[multicast.MsgID]pendingWrite{}
+			for g, r := range p.readers {
+				if r.Busy() {
+					h.rec.End(p.getRec[g], kvcheck.Output{Unknown: true})
+				}
+			}
+		}
+	}
+	h.crashFor(id, d)
+}
+
+func (h *kvRun) crashLeaders(at time.Duration, times int) {
+	if times == 0 {
+		return
+	}
+	h.s.At(at, func() {
+		for g := range h.members {
+			if id, ok := h.leaderOf(g); ok && h.downIn(g) < (len(h.members[g])-1)/2 {
+				h.crashFor(id, 3*time.Millisecond+time.Duration(h.rng.Int64N(int64(3*time.Millisecond))))
+			}
+		}
+		h.crashLeaders(at+12*time.Millisecond, times-1)
+	})
+}
+
+// isolateLeaders cuts every group's leader from its group-mates (not from
+// clients): a deposed leader whose memory clients still read.
+func (h *kvRun) isolateLeaders(at time.Duration, times int) {
+	if times == 0 {
+		return
+	}
+	h.s.At(at, func() {
+		for g, ms := range h.members {
+			id, ok := h.leaderOf(g)
+			if !ok {
+				continue
+			}
+			for _, o := range ms {
+				if o != id {
+					h.s.Partition(id, o)
+					h.s.At(h.s.Now()+4*time.Millisecond+time.Duration(h.rng.Int64N(int64(4*time.Millisecond))), func() {
+						h.s.HealPair(id, o)
+					})
+				}
+			}
+		}
+		h.isolateLeaders(at+12*time.Millisecond, times-1)
+	})
+}
+
+func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
+	opts := sd.Options()
+	opts.Tick = -1
+	s := sim.New(opts)
+	defer s.Close()
+	parents := make([]int, o.groups)
+	for g := range parents {
+		parents[g] = g - 1
+	}
+	t, err := tree.FromParents(parents)
+	if err != nil {
+		return nil, err
+	}
+	h := &kvRun{o: o, s: s, t: t, group: map[rdma.NodeID]int{}, procs: map[rdma.NodeID]*kvRepProc{},
+		clients: map[rdma.NodeID]*kvCliProc{}, rng: rand.New(rand.NewPCG(sd.Seed, 0x6b76)),
+		down: map[rdma.NodeID]bool{}, gone: map[rdma.NodeID]bool{}}
+	h.rec = kvcheck.NewRecorder(func() int64 { return int64(s.Now()) })
+	h.slots = make([]uint32, NumHashSlots)
+	for i := range h.slots {
+		h.slots[i] = uint32(i % o.groups)
+	}
+	next := rdma.NodeID(1)
+	for g := range o.groups {
+		var ms []rdma.NodeID
+		for range o.replicas {
+			ms = append(ms, next)
+			h.group[next] = g
+			next++
+		}
+		h.members = append(h.members, ms)
+	}
+	for range o.clients {
+		h.cnodes = append(h.cnodes, next)
+		next++
+	}
+	for _, ms := range h.members {
+		for _, id := range ms {
+			if err := s.AddNode(id, func() sim.Process { return &kvRepProc{h: h} }); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for k, id := range h.cnodes {
+		if err := s.AddNode(id, func() sim.Process {
+			p := &kvCliProc{h: h, slot: k}
+			h.clients[id] = p
+			return p
+		}); err != nil {
+			return nil, err
+		}
+	}
+	s.Invariant(func() error { return h.err })
+	if o.crashes || o.partitions || o.slow || o.clientCrash {
+		h.scheduleFaults(5 * time.Millisecond)
+	}
+	h.crashLeaders(8*time.Millisecond, o.leaders)
+	h.isolateLeaders(10*time.Millisecond, o.isolate)
+	if o.downForGood {
+		s.At(3*time.Millisecond, func() {
+			for _, ms := range h.members {
+				id := ms[h.rng.IntN(len(ms))]
+				if err := s.Crash(id); err != nil {
+					h.fail(err)
+				}
+				h.gone[id] = true
+			}
+		})
+	}
+	if err := s.RunUntil(o.until); err != nil {
+		return h, err
+	}
+	converged := func() bool {
+		for id, p := range h.clients {
+			if !h.s.Live(id) {
+				continue
+			}
+			if len(p.writes) > 0 || !p.c.Ready() {
+				return false
+			}
+			for _, r := range p.readers {
+				if r.Busy() {
+					return false
+				}
+			}
+		}
+		for _, ms := range h.members {
+			var want uint64
+			for _, id := range ms {
+				if !h.gone[id] {
+					want = max(want, h.procs[id].r.Multicast().Delivered())
+				}
+			}
+			for _, id := range ms {
+				if !h.gone[id] && h.procs[id].r.Multicast().Delivered() != want {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	if err := s.Await(converged, o.until+2*time.Second); err != nil {
+		if h.err != nil {
+			return h, h.err
+		}
+		return h, fmt.Errorf("no convergence: %w\n%s", err, h.dump())
+	}
+	if h.err != nil {
+		return h, h.err
+	}
+	// Every live replica of a group holds the same records.
+	for g, ms := range h.members {
+		var ref map[string]uint64
+		var refID rdma.NodeID
+		for _, id := range ms {
+			if h.gone[id] {
+				continue
+			}
+			tb := h.procs[id].r.t
+			if tb.Stats().Gen > 0 {
+				h.stats.grown++
+			}
+			got := tb.contents()
+			if ref == nil {
+				ref, refID = got, id
+				continue
+			}
+			if err := sameContents(ref, got); err != nil {
+				return h, fmt.Errorf("group %d: node %d and node %d differ: %v", g, refID, id, err)
+			}
+		}
+	}
+	hist := h.rec.History()
+	res, err := kvcheck.CheckLinearizable(hist, 20*time.Second)
+	if err != nil {
+		return h, err
+	}
+	if err := res.Err(); err != nil {
+		return h, fmt.Errorf("linearizability: %w\n%s", err, failedOps(hist, res))
+	}
+	if err := kvcheck.CheckStale(hist); err != nil {
+		return h, fmt.Errorf("stale-ok gets: %w", err)
+	}
+	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
+		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown\n",
+			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown)
+	}
+	return h, nil
+}
+
+// contents maps every key to its version (polling goroutine).
+func (t *Table) contents() map[string]uint64 {
+	out := map[string]uint64{}
+	add := func(g *gen, skipMoved bool) {
+		for b := range g.buckets() {
+			off := b * bucketSize
+			if skipMoved && rdma.Load64(g.mem, off)&bMoved != 0 {
+				continue
+			}
+			for i := range slotsPer {
+				if s := t.slotAt(g.mem, off, i); s.Version != 0 {
+					out[string(t.recordKey(s))] = s.Version
+				}
+			}
+		}
+	}
+	if t.old != nil {
+		add(t.old, true)
+	}
+	add(&t.cur, false)
+	return out
+}
+
+func sameContents(a, b map[string]uint64) error {
+	for k, v := range a {
+		if b[k] != v {
+			return fmt.Errorf("key %q: version %x and %x", k, v, b[k])
+		}
+	}
+	for k, v := range b {
+		if _, ok := a[k]; !ok {
+			return fmt.Errorf("key %q: absent and version %x", k, v)
+		}
+	}
+	return nil
+}
+
+const kvSimSeeds = 150
+
+var kvSimCases = []struct {
+	name string
+	o    kvOpts
+}{
+	{"calm", kvOpts{ops: 60, gap: 500 * time.Microsecond}},
+	{"faults", kvOpts{ops: 80, crashes: true, partitions: true, slow: true}},
+	{"leaders", kvOpts{ops: 80, leaders: 2, isolate: 3}},
+	{"down-for-good", kvOpts{ops: 60, downForGood: true, partitions: true}},
+	{"clients", kvOpts{ops: 60, clientCrash: true, crashes: true, bigValues: true}},
+	// growth: 160 keys in tables of 4 buckets to start with, so that the
+	// index grows through several generations while gets read it.
+	{"growth", kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond, crashes: true}},
+}
+
+func TestSim(t *testing.T) {
+	flags := *simFlags
+	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
+		flags.Seeds = kvSimSeeds
+		if raceEnabled {
+			flags.Seeds = 3
+		}
+		if testing.Short() {
+			flags.Seeds = max(1, flags.Seeds/10)
+		}
+	}
+	for _, c := range kvSimCases {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.o
+			o.groups, o.replicas, o.clients, o.keys = 2, 3, 3, max(24, o.keysSet)
+			o.until = 60 * time.Millisecond
+			if o.gap == 0 {
+				o.gap = 200 * time.Microsecond
+			}
+			flags.Run(t, func(sd sim.Seed) error {
+				_, err := runKV(sd.WithLog(t), o)
+				return err
+			})
+		})
+	}
+}
+
+// TestSimMutants plants each bug and checks that the checker aimed at it
+// catches it within a few seeds.
+func TestSimMutants(t *testing.T) {
+	for _, m := range []struct {
+		name   string
+		mutant int
+		o      kvOpts
+		want   string
+	}{
+		{"no-quorum", mutNoQuorum, kvOpts{ops: 120, isolate: 4, gap: 100 * time.Microsecond}, "linearizability"},
+		{"new-generation-only", mutNewGenOnly, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, "linearizability"},
+		{"no-condition", mutNoCondition, kvOpts{ops: 120, gap: 100 * time.Microsecond}, "linearizability"},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			o := m.o
+			o.groups, o.replicas, o.clients, o.keys, o.mutant = 2, 3, 3, max(24, o.keysSet), m.mutant
+			o.until = 60 * time.Millisecond
+			for seed := uint64(1); seed <= 20; seed++ {
+				_, err := runKV(sim.Seed{Seed: seed}, o)
+				if err == nil {
+					continue
+				}
+				if !strings.Contains(err.Error(), m.want) {
+					t.Fatalf("seed %d: caught by the wrong check: %v", seed, err)
+				}
+				t.Logf("seed %d caught it: %s", seed, firstLine(err.Error()))
+				return
+			}
+			t.Fatalf("not caught in 20 seeds")
+		})
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// dump describes every replica and client, for a failed run.
+func (h *kvRun) dump() string {
+	var b strings.Builder
+	for g, ms := range h.members {
+		for _, id := range ms {
+			p := h.procs[id]
+			if p == nil {
+				continue
+			}
+			e, lead := p.r.Multicast().Broadcast().Leading()
+			fmt.Fprintf(&b, "group %d node %d live %v gone %v: delivered %d, leading %v %v, header %+v\n", g, id, h.s.Live(id), h.gone[id],
+				p.r.Multicast().Delivered(), e, lead, p.r.t.Header())
+		}
+	}
+	for id, p := range h.clients {
+		busy := []int{}
+		for g, r := range p.readers {
+			if r.Busy() {
+				busy = append(busy, g)
+				fmt.Fprintf(&b, "  reader %d: state %d attempt %d leader %d last %v\n", g, r.st, r.attempt, r.leader, r.lastErr)
+			}
+		}
+		fmt.Fprintf(&b, "client %d (node %d) live %v: ready %v, %d writes pending, outstanding %d, readers busy %v, issued %d\n",
+			p.slot, id, h.s.Live(id), p.c.Ready(), len(p.writes), p.c.Outstanding(), busy, p.issued)
+	}
+	return b.String()
+}
+
+// failedOps lists the ops of the partitions that failed, by call time.
+func failedOps(hist []kvcheck.Op, res kvcheck.Result) string {
+	keys := map[string]bool{}
+	for _, p := range res.Failed {
+		for _, k := range p.Keys {
+			keys[k] = true
+		}
+	}
+	var b strings.Builder
+	for i := range hist {
+		o := &hist[i]
+		in := keys[o.Key]
+		for _, bo := range o.Batch {
+			in = in || keys[bo.Key]
+		}
+		if in {
+			fmt.Fprintf(&b, "  c%d [%v, %v] %v\n", o.Client, time.Duration(o.Call), time.Duration(o.Return), o)
+		}
+	}
+	return b.String()
+}
