@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -58,6 +59,7 @@ type kvOpts struct {
 	crashes, partitions, slow bool
 	leaders                   int  // crash every group's leader at once, this many times
 	isolate                   int  // cut every leader from its group-mates, this many times
+	stall                     bool // and pause it meanwhile (a stopped process whose memory clients still read)
 	downForGood               bool // a replica per group crashes at 3 ms for good
 	clientCrash               bool
 	bigValues                 bool // some values need staged parts
@@ -77,6 +79,9 @@ const (
 	// mutNoCondition: the table applies a compare-and-swap without
 	// checking its condition.
 	mutNoCondition
+	// mutLatePromise: a member's promise word is published 6 ms after
+	// it changed, after its vote went out.
+	mutLatePromise
 )
 
 type kvRun struct {
@@ -94,7 +99,7 @@ type kvRun struct {
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
 	err     error
-	stats   struct{ gets, stale, writes, unknown, retries, grown int }
+	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed int }
 }
 
 func (h *kvRun) fail(err error) {
@@ -108,6 +113,9 @@ type kvRepProc struct {
 	env *sim.Env
 	r   *Replica
 	now time.Duration
+	// pausedUntil stops polling until then (SIGSTOP): the fabric still
+	// serves the node's memory to one-sided reads.
+	pausedUntil time.Duration
 }
 
 func (p *kvRepProc) Start(env *sim.Env) error {
@@ -143,6 +151,10 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 }
 
 func (p *kvRepProc) Step(now time.Duration) bool {
+	if now < p.pausedUntil {
+		p.env.WakeAt(p.pausedUntil)
+		return false
+	}
 	p.now = now
 	progress := p.r.Poll(now)
 	if p.h.o.mutant == mutNoQuorum && p.r.t.lastServed != 0 {
@@ -291,6 +303,8 @@ func (p *kvCliProc) Step(now time.Duration) bool {
 	return progress
 }
 
+var debugDeposed = false
+
 func (p *kvCliProc) endGet(g int) {
 	r := p.readers[g]
 	res, err := r.Result()
@@ -299,6 +313,17 @@ func (p *kvCliProc) endGet(g int) {
 	if err != nil {
 		p.h.rec.End(p.getRec[g], kvcheck.Output{Unknown: true})
 		return
+	}
+	if res.Epoch != 0 {
+		id := p.h.members[g][res.Member]
+		if rp := p.h.procs[id]; rp != nil {
+			if e, ok := rp.r.Multicast().Broadcast().Leading(); !ok || uint64(e) != res.Epoch {
+				p.h.stats.deposed++
+				if debugDeposed {
+					fmt.Printf("%v: get %s from node %d epoch %x (leading %v %x), found %v %q\n", p.h.s.Now(), string(p.readers[g].key), id, res.Epoch, ok, e, res.Found, res.Value)
+				}
+			}
+		}
 	}
 	p.h.rec.End(p.getRec[g], kvcheck.Output{Found: res.Found, Value: string(res.Value), Applied: res.Applied, Group: g})
 }
@@ -599,6 +624,9 @@ func (h *kvRun) isolateLeaders(at time.Duration, times int) {
 			if !ok {
 				continue
 			}
+			if h.o.stall {
+				h.procs[id].pausedUntil = h.s.Now() + 8*time.Millisecond
+			}
 			for _, o := range ms {
 				if o != id {
 					h.s.Partition(id, o)
@@ -755,8 +783,8 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		return h, fmt.Errorf("stale-ok gets: %w", err)
 	}
 	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
-		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown\n",
-			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown)
+		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d linearizable gets served by a deposed leader\n",
+			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.deposed)
 	}
 	return h, nil
 }
@@ -807,6 +835,10 @@ var kvSimCases = []struct {
 	{"calm", kvOpts{ops: 60, gap: 500 * time.Microsecond}},
 	{"faults", kvOpts{ops: 80, crashes: true, partitions: true, slow: true}},
 	{"leaders", kvOpts{ops: 80, leaders: 2, isolate: 3}},
+	// stalled: every leader is cut from its group and stalled at once
+	// (its memory stays readable): the group elects past it while
+	// clients still read its table.
+	{"stalled-leaders", kvOpts{ops: 100, isolate: 4, stall: true, gap: 100 * time.Microsecond}},
 	{"down-for-good", kvOpts{ops: 60, downForGood: true, partitions: true}},
 	{"clients", kvOpts{ops: 60, clientCrash: true, crashes: true, bigValues: true}},
 	// growth: 160 keys in tables of 4 buckets to start with, so that the
@@ -852,11 +884,12 @@ func TestSimMutants(t *testing.T) {
 	}{
 		{"no-quorum", mutNoQuorum, kvOpts{ops: 120, isolate: 4, gap: 100 * time.Microsecond}, "linearizability"},
 		{"new-generation-only", mutNewGenOnly, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, "linearizability"},
+		{"late-promise", mutLatePromise, kvOpts{ops: 150, isolate: 4, stall: true, gap: 60 * time.Microsecond}, "linearizability"},
 		{"no-condition", mutNoCondition, kvOpts{ops: 120, gap: 100 * time.Microsecond}, "linearizability"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			o := m.o
-			o.groups, o.replicas, o.clients, o.keys, o.mutant = 2, 3, 3, max(24, o.keysSet), m.mutant
+			o.groups, o.replicas, o.clients, o.keys, o.mutant = 2, 3, 3, cmp.Or(o.keysSet, 24), m.mutant
 			o.until = 60 * time.Millisecond
 			for seed := uint64(1); seed <= 20; seed++ {
 				_, err := runKV(sim.Seed{Seed: seed}, o)

@@ -138,8 +138,10 @@ type Table struct {
 	appliedAt int64
 	serving   uint64
 
-	lastServed uint64 // the last epoch served (a planted bug keeps it)
-	mutant     int    // a planted bug (kv's TestSimMutants); 0 in production
+	lastServed  uint64 // the last epoch served (a planted bug keeps it)
+	mutant      int    // a planted bug (kv's TestSimMutants); 0 in production
+	latePromise uint64
+	latePub     int64
 
 	snaps  atomic.Int32 // captures not yet released
 	stages map[uint32][]*stage
@@ -213,12 +215,21 @@ func (t *Table) Close() error {
 // Promise records this member's E_new in the header (wire it to
 // broadcast.Config.OnPromise): a single word, stored before the member
 // publishes its vote.
-func (t *Table) Promise(e broadcast.Epoch) { rdma.Store64(t.hmem, hPromise, uint64(e)) }
+func (t *Table) Promise(e broadcast.Epoch) {
+	if t.mutant == mutLatePromiseID {
+		t.latePromise, t.latePub = uint64(e), t.cfg.Clock() // published 6 ms later: too late
+		return
+	}
+	rdma.Store64(t.hmem, hPromise, uint64(e))
+}
 
 // SetServing says which epoch this replica leads with its diff applied (0:
 // none); linearizable gets are served only by a replica whose header says
 // so. Called from the polling goroutine after each Poll.
 func (t *Table) SetServing(e uint64) {
+	if t.latePromise != 0 && t.cfg.Clock()-t.latePub > int64(6*time.Millisecond) {
+		rdma.Store64(t.hmem, hPromise, t.latePromise)
+	}
 	if e != 0 {
 		t.lastServed = e
 	}
@@ -916,4 +927,5 @@ const (
 	mutNoQuorumID    = 1
 	mutNewGenOnlyID  = 2
 	mutNoConditionID = 3
+	mutLatePromiseID = 4
 )
