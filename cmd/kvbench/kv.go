@@ -1,0 +1,1510 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/hist"
+	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/internal/regions"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/multicast"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+)
+
+const kvUsage = `usage: kvbench kv [flags]
+
+Measures the replicated key-value store (packages kv and client) against
+Redis, in the same run: 16-byte keys, 100-byte values, one group of 3
+replicas on the shm fabric.
+
+Placement: the 3 replicas run in one child process (kvbench re-executes
+itself, hidden subcommand _kv-serve; internal/localcluster there: every
+replica an shm node of its own polled by its own goroutine); the client
+(package client, one client slot) runs in this process on an shm node of
+its own, so a get is one-sided reads of the child's memory and a put goes
+through TRAM and Acuerdo. The baseline is Debian's redis-server, started by
+kvbench on a free loopback port with persistence off (--save ""
+--appendonly no) in a temporary directory and killed at the end, driven
+by go-redis v9 from the same number of goroutines. Without redis-server
+(apt-get install -y redis-server) the rdmakv rows are printed alone.
+
+Every run starts a fresh cluster (a new shm cluster name) and a fresh
+redis-server, then measures, rdmakv first and Redis right after it:
+
+  get-during-growth
+           the load: --records keys written from empty, in batches of as
+           many puts as fit one request slot (client.Batch; 8 goroutines,
+           the client's window), and into Redis as pipelines of the same
+           batches on 8 connections (progress on stderr). Meanwhile one
+           goroutine reads random already-written keys (stale-ok)
+           and counts gets per --interval. before = the median interval
+           over the first 1000 keys, written before the load; ops_per_s =
+           the slowest interval during the load; dip = slowest / before;
+           median = the median interval during the load. The rdmakv index
+           starts at 2^10 buckets and grows through several generations
+           (generations = how many); migrating min and steady min split
+           the intervals by whether a new generation appeared or a
+           migration was under way (read one-sided from the replica's
+           table header at each interval's end), so the growth's own cost
+           shows apart from the puts'.
+  memory   after the load, once every replica applied it: per replica,
+           bytes_per_record = (index bytes + heap bytes) / records from
+           kv.Table.Stats; rss = the replicas' process VmRSS growth over
+           the load / 3 / records; shm = the tmpfs space the replicas'
+           files hold / 3 / records (every region is reserved whole: 64
+           MiB heap regions, the Acuerdo and TRAM rings, so fixed costs
+           dominate it below about a million records). Raw key+value:
+           116 B (the target is bytes_per_record <= 2x raw). Redis:
+           used_memory (and RSS) growth over the load / records.
+  get      random loaded keys at each --threads goroutine count (closed
+           loops), stale-ok and linearizable, against Redis GET at the
+           same count.
+  put      overwrites of random loaded keys at 1 and --put-threads
+           goroutines (one client: at most 8 requests outstanding, the
+           rest queue in the client), against Redis SET.
+
+Latency: every op is timed, with one monotonic clock read per op (an op's
+end is the next op's start; about 30 ns). ops/s and the latencies count
+the ops completed in --duration after a warm-up of a fifth of it (at
+most 200 ms). Ratios are
+per run and then the median over runs: ops ratio = ops/s / Redis ops/s,
+p50 ratio = p50 / Redis p50. other cpu: CPUs used meanwhile by processes
+other than kvbench, the replicas' process and redis-server.
+
+flags:
+`
+
+// The workload's shape.
+const (
+	kvKeySize   = 16
+	kvValueSize = 100
+	kvReplicas  = 3
+	kvSeedKeys  = 1000 // written before the load: the growth figure's baseline
+	kvLoaders   = 8    // goroutines (connections) of the load
+	kvClientID  = rdma.NodeID(100)
+)
+
+// kvFlags are the options of the kv benchmark.
+type kvFlags struct {
+	commonFlags
+	records    int
+	threads    []int
+	putThreads int
+	interval   time.Duration
+	et         time.Duration
+	redis      string
+	quick      bool
+}
+
+func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
+	o := &kvFlags{}
+	fs := o.commonFlags.flagSet("kv", kvUsage, stderr,
+		"how long each get and put measurement runs (after its warm-up)",
+		"repeat a get or put measurement while other processes use more than this many CPUs",
+		"write a CPU profile of this process (the client side) to `file`; KVBENCH_PEER_CPUPROFILE=path profiles the replicas' process (path.<pid>)")
+	o.duration = 2 * time.Second
+	fs.Lookup("duration").DefValue = "2s"
+	fs.IntVar(&o.records, "records", 1000000, "keys loaded (from an empty table) before the get and put rows")
+	threads := fs.String("threads", "1,8", "comma-separated goroutine counts of the get rows")
+	fs.IntVar(&o.putThreads, "put-threads", 64, "goroutines of the saturated put row (the other put row has 1)")
+	fs.DurationVar(&o.interval, "interval", 100*time.Millisecond, "get-during-growth: the interval gets are counted in")
+	fs.DurationVar(&o.et, "election-timeout", time.Second, "the replicas' election timeout (long, so that a descheduled leader is not voted out mid-measurement)")
+	fs.StringVar(&o.redis, "redis-server", "redis-server", "the baseline's redis-server binary (looked up in PATH); empty: no baseline")
+	fs.BoolVar(&o.quick, "quick", false, "smoke test: --records 20000, --duration 200ms, --runs 1 and --retries 0 unless given")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("kv: unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.quick {
+		if !set["records"] {
+			o.records = 20000
+		}
+		if !set["duration"] {
+			o.duration = 200 * time.Millisecond
+		}
+		if !set["runs"] {
+			o.runs = 1
+		}
+		if !set["retries"] {
+			o.retries = 0
+		}
+	}
+	for _, s := range splitList(*threads) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("kv: --threads: bad goroutine count %q", s)
+		}
+		if !slices.Contains(o.threads, n) {
+			o.threads = append(o.threads, n)
+		}
+	}
+	if err := o.commonFlags.check("kv"); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(o.threads) == 0:
+		return nil, errors.New("kv: --threads lists no goroutine count")
+	case o.records < 2*kvSeedKeys:
+		return nil, fmt.Errorf("kv: --records must be at least %d", 2*kvSeedKeys)
+	case o.putThreads <= 0:
+		return nil, errors.New("kv: --put-threads must be positive")
+	case o.interval <= 0 || o.et <= 0:
+		return nil, errors.New("kv: --interval and --election-timeout must be positive")
+	}
+	return o, nil
+}
+
+// fillKey writes key i: "k" and 15 decimal digits.
+func fillKey(b []byte, i int) {
+	b[0] = 'k'
+	for j := kvKeySize - 1; j >= 1; j-- {
+		b[j] = byte('0' + i%10)
+		i /= 10
+	}
+}
+
+// fillValue writes the value of key (100 bytes: the key, then tag).
+func fillValue(v, key []byte, tag byte) {
+	copy(v, key)
+	for j := kvKeySize; j < kvValueSize; j++ {
+		v[j] = tag
+	}
+}
+
+// checkValue checks that v is a value fillValue made for key.
+func checkValue(v, key []byte) error {
+	if len(v) != kvValueSize || !bytes.Equal(v[:kvKeySize], key) {
+		return fmt.Errorf("key %s: got a %d-byte value %.20q, want %d bytes starting with the key", key, len(v), v, kvValueSize)
+	}
+	return nil
+}
+
+// The replicas' process: kvbench re-executed with kvServeEnv set (the
+// hidden subcommand kvServeCmd names it in ps). It reads a kvServeConfig as
+// the first JSON line on stdin, starts the map's replicas
+// (localcluster.Start on shm), answers {"ready":true,...} once the group
+// has a leader, then one line per request ("stats": every replica's
+// kv.Table.Stats, read on its polling goroutine, and the process's
+// memory); EOF on stdin closes the replicas (their shm files go) and ends
+// it.
+
+// kvServeEnv marks a re-executed kvbench as the kv replicas' process; it
+// is checked in init, like mcastEnv, so that a test binary plays it too.
+const kvServeEnv = "KVBENCH_KV"
+
+// kvServeCmd is the hidden subcommand of the replicas' process.
+const kvServeCmd = "_kv-serve"
+
+func init() {
+	if os.Getenv(kvServeEnv) == "" && (len(os.Args) < 2 || os.Args[1] != kvServeCmd) {
+		return
+	}
+	stop := func() {}
+	if prof := os.Getenv(peerProfileEnv); prof != "" {
+		var err error
+		if stop, err = startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid())); err != nil {
+			fmt.Fprintf(os.Stderr, "kvbench kv replicas: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	err := kvServe(os.Stdin, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvbench kv replicas: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// kvServeConfig is what the replicas' process runs.
+type kvServeConfig struct {
+	Map             *cluster.Map  `json:"map"`
+	ElectionTimeout time.Duration `json:"election_timeout"`
+}
+
+// kvServeReply answers the configuration and each request.
+type kvServeReply struct {
+	Ready    bool       `json:"ready,omitempty"`
+	Err      string     `json:"err,omitempty"`
+	Replicas []kv.Stats `json:"replicas,omitempty"`
+	Mem      procMem    `json:"mem"`
+}
+
+// procMem is a process's resident memory, in bytes (/proc/<pid>/status).
+type procMem struct {
+	VmRSS    int64 `json:"vm_rss"`
+	RssAnon  int64 `json:"rss_anon"`
+	RssFile  int64 `json:"rss_file"`
+	RssShmem int64 `json:"rss_shmem"`
+}
+
+// readProcMem reads pid's resident memory.
+func readProcMem(pid int) (procMem, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return procMem{}, err
+	}
+	var m procMem
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			continue
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "VmRSS":
+			m.VmRSS = kb << 10
+		case "RssAnon":
+			m.RssAnon = kb << 10
+		case "RssFile":
+			m.RssFile = kb << 10
+		case "RssShmem":
+			m.RssShmem = kb << 10
+		}
+	}
+	if m.VmRSS == 0 {
+		return m, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return m, nil
+}
+
+// kvServe is the replicas' process: it runs the cluster until EOF on in.
+func kvServe(in io.Reader, out io.Writer) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	enc := json.NewEncoder(out)
+	if !sc.Scan() {
+		return fmt.Errorf("no configuration on stdin: %v", sc.Err())
+	}
+	var cfg kvServeConfig
+	if err := json.Unmarshal(sc.Bytes(), &cfg); err != nil || cfg.Map == nil {
+		return fmt.Errorf("bad configuration: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	lc, err := localcluster.Start(ctx, cfg.Map, broadcast.Config{ElectionTimeout: cfg.ElectionTimeout})
+	cancel()
+	if err != nil {
+		enc.Encode(kvServeReply{Err: err.Error()})
+		return err
+	}
+	defer lc.Close()
+	mem, _ := readProcMem(os.Getpid())
+	if err := enc.Encode(kvServeReply{Ready: true, Mem: mem}); err != nil {
+		return err
+	}
+	for sc.Scan() {
+		var req struct {
+			Cmd string `json:"cmd"`
+		}
+		var r kvServeReply
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+			r.Err = fmt.Sprintf("bad request: %v", err)
+		} else if req.Cmd == "stats" {
+			for i := range cfg.Map.Groups[0] {
+				var s kv.Stats
+				if err := lc.Do(0, i, func(r *kv.Replica) { s = r.Table().Stats() }); err != nil {
+					r.Err = err.Error()
+					break
+				}
+				r.Replicas = append(r.Replicas, s)
+			}
+			if r.Mem, err = readProcMem(os.Getpid()); err != nil && r.Err == "" {
+				r.Err = err.Error()
+			}
+		} else {
+			r.Err = fmt.Sprintf("unknown command %q", req.Cmd)
+		}
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	lc.Close()
+	return sc.Err()
+}
+
+// kvProc is the parent's handle on the replicas' process.
+type kvProc struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines chan []byte
+	ready kvServeReply // the ready line: the memory of the empty cluster
+}
+
+// startKVProc starts the replicas' process with cfg and waits until its
+// group has a leader.
+func startKVProc(cfg kvServeConfig) (*kvProc, error) {
+	cmd, in, out, err := startSelf("the kv replicas' process", kvServeEnv, kvServeCmd)
+	if err != nil {
+		return nil, err
+	}
+	p := &kvProc{cmd: cmd, in: in, lines: make(chan []byte, 4)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			p.lines <- append([]byte(nil), sc.Bytes()...)
+		}
+		close(p.lines)
+	}()
+	if err := json.NewEncoder(in).Encode(cfg); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("configure the kv replicas' process: %w", err)
+	}
+	if p.ready, err = p.reply(40 * time.Second); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("kv replicas' process: %w", err)
+	}
+	return p, nil
+}
+
+// reply waits for the child's next answer.
+func (p *kvProc) reply(timeout time.Duration) (kvServeReply, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case b, ok := <-p.lines:
+		if !ok {
+			return kvServeReply{}, errors.New("exited")
+		}
+		var r kvServeReply
+		if err := json.Unmarshal(b, &r); err != nil {
+			return r, fmt.Errorf("bad answer %q: %w", b, err)
+		}
+		if r.Err != "" {
+			return r, errors.New(r.Err)
+		}
+		return r, nil
+	case <-t.C:
+		return kvServeReply{}, fmt.Errorf("no answer in %v", timeout)
+	}
+}
+
+// stats asks for every replica's table stats and the process's memory.
+func (p *kvProc) stats() (kvServeReply, error) {
+	if _, err := fmt.Fprintln(p.in, `{"cmd":"stats"}`); err != nil {
+		return kvServeReply{}, err
+	}
+	r, err := p.reply(stallTimeout)
+	if err == nil && len(r.Replicas) != kvReplicas {
+		err = fmt.Errorf("stats of %d replicas, want %d", len(r.Replicas), kvReplicas)
+	}
+	return r, err
+}
+
+func (p *kvProc) pid() int { return p.cmd.Process.Pid }
+
+// close ends the child (EOF on its stdin), killing it if it does not exit
+// in 10 s.
+func (p *kvProc) close() error {
+	p.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+		return errors.New("kv replicas' process did not exit in 10 s; killed")
+	}
+}
+
+func (p *kvProc) kill() {
+	p.in.Close()
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// headerReader reads a replica's table header one-sided (the growth
+// figure's generation and migration state).
+type headerReader struct {
+	conn rdma.Conn
+	buf  [64]byte
+	cs   [4]rdma.Completion
+	id   uint64
+}
+
+func (h *headerReader) read() (kv.Header, error) {
+	for try := 0; try < 1000; try++ {
+		h.id++
+		wr := rdma.WR{ID: h.id, Kind: rdma.OpRead, Flags: rdma.Signaled, Region: regions.KV(0), Buf: h.buf[:]}
+		if err := h.conn.Post(wr); err != nil {
+			return kv.Header{}, err
+		}
+		deadline := time.Now().Add(stallTimeout)
+		for done := false; !done; {
+			n := h.conn.Poll(h.cs[:])
+			for _, c := range h.cs[:n] {
+				if c.Err != nil {
+					return kv.Header{}, c.Err
+				}
+				done = done || c.ID == h.id
+			}
+			if n == 0 {
+				if time.Now().After(deadline) {
+					return kv.Header{}, fmt.Errorf("header read: %w", errStalled)
+				}
+				runtime.Gosched()
+			}
+		}
+		if hd, err := kv.DecodeHeader(h.buf[:]); err == nil {
+			return hd, nil
+		}
+	}
+	return kv.Header{}, errors.New("header read torn 1000 times")
+}
+
+// kvstat is one measurement of a get or put row.
+type kvstat struct {
+	p50, p99 time.Duration
+	n        uint64
+	opsPerS  float64
+	otherCPU float64 // -1: unknown
+	retries  int
+}
+
+func (s *kvstat) load() float64    { return s.otherCPU }
+func (s *kvstat) setRetries(n int) { s.retries = n }
+
+// kvOp is one goroutine's operation, called in a closed loop.
+type kvOp func() error
+
+// closedLoop runs threads goroutines, each calling its op (mk(g)) in a
+// closed loop for tm.warm and then tm.dur, and times every op with one
+// monotonic clock read per op. ops/s and the latencies count the ops
+// completed in the measured part.
+func closedLoop(threads int, tm timing, mk func(g int) kvOp) (kvstat, error) {
+	ops := make([]kvOp, threads)
+	for g := range ops {
+		ops[g] = mk(g)
+	}
+	type result struct {
+		samples []uint32 // ns
+		err     error
+	}
+	rs := make([]result, threads)
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	warmEnd, end := tm.warm, tm.warm+tm.dur
+	base := time.Now()
+	for g, op := range ops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &rs[g]
+			r.samples = make([]uint32, 0, 1<<14)
+			t0 := time.Since(base)
+			for {
+				if err := op(); err != nil {
+					r.err = err
+					failed.Store(true)
+					return
+				}
+				t1 := time.Since(base)
+				if t1 >= end || failed.Load() {
+					return
+				}
+				if t1 >= warmEnd {
+					r.samples = append(r.samples, uint32(min(t1-t0, math.MaxUint32)))
+				}
+				t0 = t1
+			}
+		}()
+	}
+	wg.Wait()
+	var h hist.Hist
+	for _, r := range rs {
+		if r.err != nil {
+			return kvstat{}, r.err
+		}
+		for _, s := range r.samples {
+			h.Record(time.Duration(s))
+		}
+	}
+	if h.N() == 0 {
+		return kvstat{}, fmt.Errorf("no op completed in the measured %v", tm.dur)
+	}
+	return kvstat{p50: h.Quantile(0.50), p99: h.Quantile(0.99), n: h.N(), opsPerS: float64(h.N()) / tm.dur.Seconds()}, nil
+}
+
+// ratio is a / b, or 0 if either is not positive (JSON has no Inf).
+func ratio(a, b float64) float64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+// takeCPUs is takeCPU with every process of pids counted as ours.
+func takeCPUs(pids ...int) cpuSnap {
+	s := takeCPU(0)
+	for _, p := range pids {
+		t, ok := procTicks(p)
+		s.ok = s.ok && ok
+		s.ours += t
+	}
+	return s
+}
+
+// store is one side of the comparison, as the load, the growth figure and
+// the rows use it.
+type store interface {
+	// writeBatch writes keys [first, first+n) with their values; loader j
+	// of kvLoaders calls it, concurrently with the others.
+	writeBatch(j, first, n int) error
+	// getter returns an op that gets key i for one goroutine.
+	getter(cons client.Consistency) func(key []byte) ([]byte, bool, error)
+	// putter returns an op that puts (key, value) for one goroutine.
+	putter() func(key, value []byte) error
+	// geometry is the index generation and whether it migrates (ok false:
+	// unknown, as for Redis).
+	geometry() (gen int, migrating, ok bool)
+}
+
+// growthStat is one run's get-during-growth figure.
+type growthStat struct {
+	before, min, median float64 // gets/s
+	migMin, steadyMin   float64 // min over intervals with / without growth; 0: none
+	p50, p99            time.Duration
+	generations         int // -1: unknown (Redis)
+	intervals           int
+	loadOpsPerS         float64
+	notFound            uint64
+}
+
+// interval is one --interval of the growth figure's getter.
+type interval struct {
+	ops    int
+	dur    time.Duration
+	growth bool
+}
+
+func rate(iv interval) float64 { return float64(iv.ops) / iv.dur.Seconds() }
+
+// pickWritten picks a random already-written key: one of the seed keys or
+// of the batches the loaders finished (loader j writes batches j, j+L, ...
+// of batch keys each, from key seed on, and counts them in progress[j]).
+func pickWritten(rng *rand.Rand, seed, batch, records int, progress []atomic.Int64) int {
+	var done int64
+	for j := range progress {
+		done += progress[j].Load()
+	}
+	if r := rng.IntN(seed + int(done)*batch); r < seed {
+		return r
+	}
+	for {
+		j := rng.IntN(len(progress))
+		c := progress[j].Load()
+		if c == 0 {
+			continue
+		}
+		first := seed + (j+len(progress)*rng.IntN(int(c)))*batch
+		return first + rng.IntN(min(batch, records-first))
+	}
+}
+
+// growth loads keys [seed, records) into s with kvLoaders goroutines while
+// one goroutine gets already-written keys and counts them per interval;
+// before that, it counts gets of the seed keys for before.
+func growth(s store, seed, records, batch int, ivLen, before time.Duration, progress func(done, all int, el time.Duration)) (growthStat, error) {
+	get := s.getter(client.StaleOK)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	key := make([]byte, kvKeySize)
+	var h hist.Hist
+	var notFound uint64
+	base := time.Now()
+	// run gets keys pick() until stop() and returns the full intervals
+	// (or the partial one, if none was full).
+	run := func(pick func() int, stop func() bool, geom bool) ([]interval, error) {
+		var ivs []interval
+		gen0, mig0, _ := s.geometry()
+		t0 := time.Since(base)
+		ivStart, n := t0, 0
+		// closeIv ends the interval at t (reading the geometry outside
+		// any op's time).
+		closeIv := func(t time.Duration) {
+			iv := interval{ops: n, dur: t - ivStart}
+			if geom {
+				gen, mig, _ := s.geometry()
+				iv.growth = gen != gen0 || mig || mig0
+				gen0, mig0 = gen, mig
+				t0 = time.Since(base)
+			}
+			ivs = append(ivs, iv)
+			ivStart, n = t, 0
+		}
+		for !stop() {
+			fillKey(key, pick())
+			v, found, err := get(key)
+			if err != nil {
+				return nil, err
+			}
+			if !found {
+				notFound++
+			} else if err := checkValue(v, key); err != nil {
+				return nil, err
+			}
+			t1 := time.Since(base)
+			h.Record(t1 - t0)
+			t0 = t1
+			n++
+			if t1-ivStart >= ivLen {
+				closeIv(t1)
+			}
+		}
+		if len(ivs) == 0 && n > 0 {
+			closeIv(t0)
+		}
+		return ivs, nil
+	}
+	// Before: the seed keys alone.
+	end := time.Since(base) + before
+	ivs, err := run(func() int { return rng.IntN(seed) }, func() bool { return time.Since(base) >= end }, false)
+	if err != nil {
+		return growthStat{}, fmt.Errorf("gets before the load: %w", err)
+	}
+	var st growthStat
+	st.before = medianOf(ivs, rate)
+	h.Reset()
+	notFound = 0
+	// The load.
+	genStart, _, _ := s.geometry()
+	prog := make([]atomic.Int64, kvLoaders)
+	nb := (records - seed + batch - 1) / batch
+	var done atomic.Bool
+	var lerr error
+	var emu sync.Mutex
+	var wg sync.WaitGroup
+	loadStart := time.Now()
+	for j := range kvLoaders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := j; b < nb; b += kvLoaders {
+				first := seed + b*batch
+				if err := s.writeBatch(j, first, min(batch, records-first)); err != nil {
+					emu.Lock()
+					lerr = errors.Join(lerr, fmt.Errorf("load keys %d..: %w", first, err))
+					emu.Unlock()
+					done.Store(true)
+					return
+				}
+				prog[j].Add(1)
+				if done.Load() {
+					return
+				}
+			}
+		}()
+	}
+	loaded := make(chan struct{})
+	go func() {
+		wg.Wait()
+		done.Store(true)
+		close(loaded)
+	}()
+	tick := time.NewTicker(time.Second)
+	tickDone := make(chan struct{})
+	go func() {
+		defer close(tickDone)
+		for {
+			select {
+			case <-loaded:
+				return
+			case <-tick.C:
+				var d int64
+				for j := range prog {
+					d += prog[j].Load()
+				}
+				progress(seed+min(int(d)*batch, records-seed), records, time.Since(loadStart))
+			}
+		}
+	}()
+	ivs, gerr := run(func() int { return pickWritten(rng, seed, batch, records, prog) }, done.Load, true)
+	if gerr != nil {
+		done.Store(true)
+	}
+	<-loaded
+	loadTime := time.Since(loadStart)
+	tick.Stop()
+	<-tickDone
+	if err := errors.Join(lerr, gerr); err != nil {
+		return growthStat{}, err
+	}
+	progress(records, records, loadTime)
+	st.loadOpsPerS = float64(records-seed) / loadTime.Seconds()
+	st.intervals = len(ivs)
+	st.median = medianOf(ivs, rate)
+	st.min = math.Inf(1)
+	st.migMin, st.steadyMin = math.Inf(1), math.Inf(1)
+	for _, iv := range ivs {
+		r := rate(iv)
+		st.min = min(st.min, r)
+		if iv.growth {
+			st.migMin = min(st.migMin, r)
+		} else {
+			st.steadyMin = min(st.steadyMin, r)
+		}
+	}
+	for _, p := range []*float64{&st.min, &st.migMin, &st.steadyMin} {
+		if math.IsInf(*p, 1) {
+			*p = 0
+		}
+	}
+	st.p50, st.p99 = h.Quantile(0.50), h.Quantile(0.99)
+	st.notFound = notFound
+	st.generations = -1
+	if genEnd, _, ok := s.geometry(); ok {
+		st.generations = genEnd - genStart
+	}
+	return st, nil
+}
+
+// medianOf is the median of f over xs (0 if empty).
+func medianOf[T any](xs []T, f func(T) float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	v := make([]float64, len(xs))
+	for i, x := range xs {
+		v[i] = f(x)
+	}
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}
+
+// rdmakvStore is the cluster through the client.
+type rdmakvStore struct {
+	c      *client.Client
+	hdr    *headerReader
+	ctx    context.Context
+	arenas [kvLoaders][]byte // per loader: a batch's keys and values
+}
+
+func (s *rdmakvStore) writeBatch(j, first, n int) error {
+	a := s.arenas[j]
+	if len(a) < n*(kvKeySize+kvValueSize) {
+		a = make([]byte, n*(kvKeySize+kvValueSize))
+		s.arenas[j] = a
+	}
+	var b client.Batch
+	for i := range n {
+		k := a[i*(kvKeySize+kvValueSize):][:kvKeySize]
+		v := a[i*(kvKeySize+kvValueSize)+kvKeySize:][:kvValueSize]
+		fillKey(k, first+i)
+		fillValue(v, k, 'a')
+		b.Put(k, v)
+	}
+	_, err := s.c.Commit(s.ctx, &b)
+	return err
+}
+
+func (s *rdmakvStore) getter(cons client.Consistency) func([]byte) ([]byte, bool, error) {
+	return func(key []byte) ([]byte, bool, error) {
+		it, err := s.c.GetItem(s.ctx, key, cons)
+		if errors.Is(err, client.ErrNotFound) {
+			return nil, false, nil
+		}
+		return it.Value, err == nil, err
+	}
+}
+
+func (s *rdmakvStore) putter() func(key, value []byte) error {
+	return func(key, value []byte) error {
+		_, err := s.c.Put(s.ctx, key, value)
+		return err
+	}
+}
+
+func (s *rdmakvStore) geometry() (int, bool, bool) {
+	h, err := s.hdr.read()
+	if err != nil {
+		return 0, false, false
+	}
+	return h.Geometry.Gen, h.Geometry.Migrating, true
+}
+
+// loadBatch is how many puts of the workload's size fit one request slot.
+func loadBatch(slotSize, maxBatch int) int {
+	max := multicast.MaxPayload(slotSize)
+	key, val := make([]byte, kvKeySize), make([]byte, kvValueSize)
+	ops := []kv.Op{{Kind: kv.OpPut, Key: key, Value: val}}
+	for len(ops) < maxBatch {
+		ops = append(ops, ops[0])
+		if kv.RequestSize(ops) > max {
+			return len(ops) - 1
+		}
+	}
+	return maxBatch
+}
+
+// memStat is one run's memory figure.
+type memStat struct {
+	bytes, index, heap, rss, shm float64 // per record per replica
+	base, baseRSS                float64 // Redis, per record
+	hasBase                      bool
+	gen, logBuckets              int
+	migrating                    bool
+}
+
+// kvKey names a get or put row.
+type kvKey struct {
+	op, cons string
+	threads  int
+}
+
+// kvPair is one run's measurement of a row and of its Redis baseline.
+type kvPair struct {
+	ours, base kvstat
+	hasBase    bool
+}
+
+// kvResults collects every run's measurements.
+type kvResults struct {
+	order  []kvKey
+	rows   map[kvKey][]kvPair
+	growth []growthPair
+	mem    []memStat
+	failed []string
+}
+
+type growthPair struct {
+	ours, base growthStat
+	hasBase    bool
+}
+
+func (r *kvResults) add(k kvKey, p kvPair) {
+	if _, ok := r.rows[k]; !ok {
+		r.order = append(r.order, k)
+	}
+	r.rows[k] = append(r.rows[k], p)
+}
+
+// runKV is the kv subcommand.
+func runKV(args []string, stdout, stderr io.Writer) error {
+	o, err := parseKVFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	sweepShmDir(o.shmDir, stderr)
+	if o.cpuProf != "" {
+		stop, err := startProfile(o.cpuProf)
+		if err != nil {
+			return fmt.Errorf("kv: %w", err)
+		}
+		defer stop()
+	}
+	redisBin := ""
+	if o.redis != "" {
+		if redisBin, err = findRedis(o.redis); err != nil {
+			fmt.Fprintf(stderr, "kvbench kv: no Redis baseline: %v; install it with: apt-get install -y redis-server (Debian); the rdmakv rows follow alone\n", err)
+		}
+	}
+	res := &kvResults{rows: map[kvKey][]kvPair{}}
+	fmt.Fprintf(stderr, "kvbench kv: %d run(s) of %d records; load average %s\n", o.runs, o.records, loadAvg())
+	for run := 1; run <= o.runs; run++ {
+		if err := kvRunOnce(o, run, redisBin, res, stderr); err != nil {
+			res.failed = append(res.failed, fmt.Sprintf("run %d", run))
+			fmt.Fprintf(stderr, "kvbench kv: run %d: %v\n", run, err)
+		}
+	}
+	out := summarizeKV(res, o)
+	return emitRows("kv", stdout, stderr, out, o.json, func() { printKVTable(stdout, out, o, redisBin != "") }, res.failed)
+}
+
+// kvEnv is one run's setup: the replicas' process, the client, and Redis.
+type kvEnv struct {
+	o     *kvFlags
+	ctx   context.Context
+	note  func(f string, a ...any)
+	wd    string // the shm directory (kvbench's work directory)
+	name  string // the shm cluster's name
+	m     *cluster.Map
+	proc  *kvProc
+	node  rdma.Node
+	c     *client.Client
+	hconn rdma.Conn
+	rd    *redisServer // nil: no baseline
+	ours  *rdmakvStore
+	redis *redisStore // nil: no baseline
+	pids  []int       // the replicas' process and redis-server
+}
+
+// openKVEnv starts a fresh cluster under a new name, opens the client, and
+// starts redis-server (redisBin "": none). On error, what was started is
+// closed.
+func openKVEnv(o *kvFlags, redisBin string, note func(string, ...any)) (e *kvEnv, err error) {
+	e = &kvEnv{o: o, ctx: runCtx, note: note}
+	if e.wd, err = workDir(o.shmDir); err != nil {
+		return nil, err
+	}
+	e.name = fmt.Sprintf("kvbench-kv-%d-%x", os.Getpid(), time.Now().UnixNano()&0xffffffff)
+	e.m = &cluster.Map{Name: e.name, Fabric: "shm", ShmDir: e.wd, Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{kvClientID}}
+	if e.proc, err = startKVProc(kvServeConfig{Map: e.m, ElectionTimeout: o.et}); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.close())
+		}
+	}()
+	if err := e.m.Fill(); err != nil {
+		return e, err
+	}
+	if e.node, err = shm.Open(kvClientID, shm.Options{Dir: e.wd, Cluster: e.name}); err != nil {
+		return e, fmt.Errorf("open the client's shm node: %w", err)
+	}
+	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	e.c, err = client.Open(octx, client.WithMap(e.m), client.WithNode(e.node))
+	cancel()
+	if err != nil {
+		return e, err
+	}
+	if e.hconn, err = e.node.Connect(e.m.Groups[0][0]); err != nil {
+		return e, err
+	}
+	e.ours = &rdmakvStore{c: e.c, hdr: &headerReader{conn: e.hconn}, ctx: e.ctx}
+	e.pids = []int{e.proc.pid()}
+	note("rdmakv: 3 replicas in process %d, cluster %s in %s", e.proc.pid(), e.name, e.wd)
+	if redisBin != "" {
+		if e.rd, err = startRedis(e.ctx, redisBin, e.wd, max(o.putThreads, slices.Max(o.threads))+kvLoaders+4); err != nil {
+			return e, err
+		}
+		e.redis = &redisStore{s: e.rd, ctx: e.ctx}
+		e.pids = append(e.pids, e.rd.pid())
+		note("redis: %s in process %d on %s", redisBin, e.rd.pid(), e.rd.addr)
+	}
+	return e, nil
+}
+
+// close ends the client, the replicas' process and redis-server, and
+// checks that no file of the cluster is left.
+func (e *kvEnv) close() error {
+	var err error
+	if e.c != nil {
+		err = errors.Join(err, e.c.Close())
+	}
+	if e.hconn != nil {
+		e.hconn.Close()
+	}
+	if e.node != nil {
+		err = errors.Join(err, e.node.Close())
+	}
+	if perr := e.proc.close(); perr != nil {
+		err = errors.Join(err, fmt.Errorf("kv replicas' process: %w", perr))
+	}
+	if left := shmLeftovers(e.wd, e.name); len(left) > 0 {
+		err = errors.Join(err, fmt.Errorf("left in %s: %s", e.wd, strings.Join(left, ", ")))
+	}
+	if e.rd != nil {
+		err = errors.Join(err, e.rd.close())
+	}
+	return err
+}
+
+// kvRunOnce is one run: a fresh cluster and Redis, every figure.
+func kvRunOnce(o *kvFlags, run int, redisBin string, res *kvResults, stderr io.Writer) (err error) {
+	note := func(f string, a ...any) {
+		fmt.Fprintf(stderr, "[run %d/%d] "+f+"\n", append([]any{run, o.runs}, a...)...)
+	}
+	e, err := openKVEnv(o, redisBin, note)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, e.close()) }()
+	var redisMem0 redisMem
+	if e.rd != nil {
+		if redisMem0, err = e.rd.memory(e.ctx); err != nil {
+			return err
+		}
+	}
+	gp, err := e.load()
+	if err != nil {
+		return err
+	}
+	res.growth = append(res.growth, gp)
+	// Memory, once every replica applied the load.
+	ms, err := kvMemory(e.proc, o.records, e.wd, e.name, e.m.Groups[0])
+	if err != nil {
+		return err
+	}
+	if e.rd != nil {
+		rm, err := e.rd.memory(e.ctx)
+		if err != nil {
+			return err
+		}
+		ms.hasBase = true
+		ms.base = float64(rm.used-redisMem0.used) / float64(o.records)
+		ms.baseRSS = float64(rm.rss-redisMem0.rss) / float64(o.records)
+	}
+	res.mem = append(res.mem, ms)
+	note("memory per record per replica: index+heap %.1f B (index %.1f, heap %.1f), rss %.1f B, shm %.1f B; redis used_memory %.1f B",
+		ms.bytes, ms.index, ms.heap, ms.rss, ms.shm, ms.base)
+	e.rows(run, stderr, res)
+	return nil
+}
+
+// load writes the seed keys, then loads the rest with the growth figure:
+// rdmakv, then Redis.
+func (e *kvEnv) load() (growthPair, error) {
+	o := e.o
+	batch := loadBatch(e.m.Limits.SlotSize, e.m.Limits.MaxBatch)
+	before := max(o.duration, 5*o.interval)
+	gp := growthPair{hasBase: e.redis != nil}
+	type side struct {
+		name string
+		s    store
+		st   *growthStat
+	}
+	sides := []side{{"rdmakv", e.ours, &gp.ours}}
+	if e.redis != nil {
+		sides = append(sides, side{"redis", e.redis, &gp.base})
+	}
+	for _, side := range sides {
+		for first := 0; first < kvSeedKeys; first += batch {
+			if err := side.s.writeBatch(0, first, min(batch, kvSeedKeys-first)); err != nil {
+				return gp, fmt.Errorf("%s: seed keys: %w", side.name, err)
+			}
+		}
+		e.note("%s: load of %d keys (batches of %d on %d goroutines) with stale-ok gets alongside", side.name, o.records, batch, kvLoaders)
+		st, err := growth(side.s, kvSeedKeys, o.records, batch, o.interval, before, func(done, all int, el time.Duration) {
+			e.note("%s: loaded %d/%d keys in %.1fs (%s keys/s)", side.name, done, all, el.Seconds(), fmtOps(float64(done-kvSeedKeys)/el.Seconds()))
+		})
+		if err != nil {
+			return gp, fmt.Errorf("%s load: %w", side.name, err)
+		}
+		*side.st = st
+		gens := ""
+		if st.generations >= 0 {
+			gens = fmt.Sprintf("; index generations: %d", st.generations)
+		}
+		e.note("%s: gets before the load %s/s; during it min %s/s (dip %.2fx), median %s/s%s; %s puts/s",
+			side.name, fmtOps(st.before), fmtOps(st.min), ratio(st.min, st.before), fmtOps(st.median), gens, fmtOps(st.loadOpsPerS))
+	}
+	return gp, nil
+}
+
+// rows measures the get and put rows, each rdmakv row followed by its
+// Redis row; a failed measurement is noted and skipped.
+func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
+	o := e.o
+	tm := timing{dur: o.duration, warm: min(o.duration/5, 200*time.Millisecond)}
+	measure := func(threads int, mk func(g int) kvOp) (kvstat, error) {
+		return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) {
+			a := takeCPUs(e.pids...)
+			st, err := closedLoop(threads, tm, mk)
+			st.otherCPU = otherCPUs(a, takeCPUs(e.pids...), runtime.NumCPU())
+			return st, err
+		})
+	}
+	getOp := func(s store, cons client.Consistency) func(int) kvOp {
+		return func(g int) kvOp {
+			get := s.getter(cons)
+			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(g)))
+			key := make([]byte, kvKeySize)
+			return func() error {
+				fillKey(key, rng.IntN(o.records))
+				v, found, err := get(key)
+				if err != nil {
+					return err
+				}
+				if !found {
+					return fmt.Errorf("key %s not found", key)
+				}
+				return checkValue(v, key)
+			}
+		}
+	}
+	putOp := func(s store, tag byte) func(int) kvOp {
+		return func(g int) kvOp {
+			put := s.putter()
+			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(g)))
+			key, val := make([]byte, kvKeySize), make([]byte, kvValueSize)
+			return func() error {
+				fillKey(key, rng.IntN(o.records))
+				fillValue(val, key, tag)
+				return put(key, val)
+			}
+		}
+	}
+	type rowSpec struct {
+		k      kvKey
+		ours   func(int) kvOp
+		base   func(int) kvOp // nil: none
+		baseOf *kvKey         // reuse the Redis measurement of this row
+	}
+	var specs []rowSpec
+	for _, t := range o.threads {
+		for i, cons := range []client.Consistency{client.StaleOK, client.Linearizable} {
+			sp := rowSpec{k: kvKey{"get", cons.String(), t}, ours: getOp(e.ours, cons)}
+			if e.redis != nil && i == 0 {
+				sp.base = getOp(e.redis, client.StaleOK)
+			} else if e.redis != nil {
+				sp.baseOf = &kvKey{"get", client.StaleOK.String(), t}
+			}
+			specs = append(specs, sp)
+		}
+	}
+	for i, t := range []int{1, o.putThreads} {
+		if i > 0 && t == 1 {
+			break
+		}
+		sp := rowSpec{k: kvKey{"put", "", t}, ours: putOp(e.ours, byte('b'+i))}
+		if e.redis != nil {
+			sp.base = putOp(e.redis, byte('b'+i))
+		}
+		specs = append(specs, sp)
+	}
+	bases := map[kvKey]kvstat{}
+	for _, sp := range specs {
+		what := strings.Join(strings.Fields(fmt.Sprintf("%s %s x%d", sp.k.op, sp.k.cons, sp.k.threads)), " ")
+		st, err := measure(sp.k.threads, sp.ours)
+		if err != nil {
+			res.failed = append(res.failed, fmt.Sprintf("run %d: %s", run, what))
+			e.note("%s: %v", what, err)
+			continue
+		}
+		p := kvPair{ours: st}
+		line := fmt.Sprintf("%-24s p50 %-8s p99 %-8s %8s ops/s", what, fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS))
+		switch {
+		case sp.base != nil:
+			bs, err := measure(sp.k.threads, sp.base)
+			if err != nil {
+				res.failed = append(res.failed, fmt.Sprintf("run %d: redis %s", run, what))
+				e.note("redis %s: %v", what, err)
+				break
+			}
+			bases[sp.k] = bs
+			p.base, p.hasBase = bs, true
+		case sp.baseOf != nil:
+			p.base, p.hasBase = bases[*sp.baseOf]
+		}
+		if p.hasBase {
+			line += fmt.Sprintf("; redis p50 %-8s %8s ops/s", fmtDur(p.base.p50), fmtOps(p.base.opsPerS))
+		}
+		e.note("%s; other %.2f CPUs", line, st.otherCPU)
+		res.add(sp.k, p)
+	}
+}
+
+// kvMemory waits until every replica applied the load and reads the
+// memory figure.
+func kvMemory(proc *kvProc, records int, dir, name string, members []rdma.NodeID) (memStat, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		r, err := proc.stats()
+		if err != nil {
+			return memStat{}, fmt.Errorf("replica stats: %w", err)
+		}
+		all := true
+		for _, s := range r.Replicas {
+			all = all && s.Records == records
+		}
+		if !all {
+			if time.Now().After(deadline) {
+				return memStat{}, fmt.Errorf("replicas hold %+v records a minute after the load, want %d each", r.Replicas, records)
+			}
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		var ms memStat
+		n := float64(records) * float64(len(r.Replicas))
+		for _, s := range r.Replicas {
+			ms.index += float64(s.IndexBytes) / n
+			ms.heap += float64(s.HeapBytes) / n
+			ms.migrating = ms.migrating || s.Migrating
+		}
+		ms.bytes = ms.index + ms.heap
+		ms.gen, ms.logBuckets = r.Replicas[0].Gen, r.Replicas[0].LogBuckets
+		ms.rss = float64(r.Mem.VmRSS-proc.ready.Mem.VmRSS) / n
+		ms.shm = float64(shmBytes(dir, name, members)) / n
+		return ms, nil
+	}
+}
+
+// shmBytes is the tmpfs space (allocated blocks) of the given nodes' files
+// of cluster name in dir.
+func shmBytes(dir, name string, nodes []rdma.NodeID) int64 {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, e := range ents {
+		for _, id := range nodes {
+			if !strings.HasPrefix(e.Name(), fmt.Sprintf("rdmakv.%s.%d.", name, id)) {
+				continue
+			}
+			if fi, err := e.Info(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					total += st.Blocks * 512
+				}
+			}
+		}
+	}
+	return total
+}
+
+// shmLeftovers lists the files of cluster name still in dir.
+func shmLeftovers(dir, name string) []string {
+	ents, _ := os.ReadDir(dir)
+	var left []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "rdmakv."+name+".") {
+			left = append(left, e.Name())
+		}
+	}
+	return left
+}
+
+// kvRow is one output line.
+type kvRow struct {
+	Bench           string  `json:"bench"`       // "kv"
+	Op              string  `json:"op"`          // get, put, get-during-growth, memory
+	Consistency     string  `json:"consistency"` // linearizable, stale-ok; "" for puts and memory
+	Threads         int     `json:"threads"`
+	Records         int     `json:"records"`
+	P50NS           int64   `json:"p50_ns"`
+	P99NS           int64   `json:"p99_ns"`
+	OpsPerS         float64 `json:"ops_per_s"`
+	Baseline        string  `json:"baseline"` // "redis", or "" without redis-server
+	BaselineOpsPerS float64 `json:"baseline_ops_per_s"`
+	BaselineP50NS   int64   `json:"baseline_p50_ns"`
+	BaselineP99NS   int64   `json:"baseline_p99_ns"`
+	RatioOps        float64 `json:"ratio_ops"` // ops/s / Redis ops/s (median of per-run ratios)
+	RatioP50        float64 `json:"ratio_p50"` // p50 / Redis p50 (median of per-run ratios)
+	Runs            int     `json:"runs"`
+	N               uint64  `json:"n,omitempty"`
+	Retries         int     `json:"retries"`
+	OtherCPU        float64 `json:"other_cpu"`
+	// get-during-growth (ops_per_s is the slowest interval of the load)
+	IntervalNS            int64   `json:"interval_ns,omitempty"`
+	BeforeOpsPerS         float64 `json:"before_ops_per_s,omitempty"`
+	MedianOpsPerS         float64 `json:"median_ops_per_s,omitempty"`
+	Dip                   float64 `json:"dip,omitempty"` // ops_per_s / before_ops_per_s
+	MigratingMinOpsPerS   float64 `json:"migrating_min_ops_per_s,omitempty"`
+	SteadyMinOpsPerS      float64 `json:"steady_min_ops_per_s,omitempty"`
+	Generations           int     `json:"generations,omitempty"`
+	Intervals             int     `json:"intervals,omitempty"`
+	LoadOpsPerS           float64 `json:"load_ops_per_s,omitempty"`
+	NotFound              uint64  `json:"not_found,omitempty"`
+	BaselineBeforeOpsPerS float64 `json:"baseline_before_ops_per_s,omitempty"`
+	BaselineMedianOpsPerS float64 `json:"baseline_median_ops_per_s,omitempty"`
+	BaselineDip           float64 `json:"baseline_dip,omitempty"`
+	BaselineLoadOpsPerS   float64 `json:"baseline_load_ops_per_s,omitempty"`
+	// memory (per record per replica; Redis per record)
+	BytesPerRecord            float64 `json:"bytes_per_record,omitempty"`
+	RawBytesPerRecord         int     `json:"raw_bytes_per_record,omitempty"`
+	RatioRaw                  float64 `json:"ratio_raw,omitempty"` // bytes_per_record / raw
+	IndexBytesPerRecord       float64 `json:"index_bytes_per_record,omitempty"`
+	HeapBytesPerRecord        float64 `json:"heap_bytes_per_record,omitempty"`
+	RSSBytesPerRecord         float64 `json:"rss_bytes_per_record,omitempty"`
+	ShmBytesPerRecord         float64 `json:"shm_bytes_per_record,omitempty"`
+	BaselineBytesPerRecord    float64 `json:"baseline_bytes_per_record,omitempty"`
+	BaselineRSSBytesPerRecord float64 `json:"baseline_rss_bytes_per_record,omitempty"`
+	Generation                int     `json:"generation,omitempty"`
+	LogBuckets                int     `json:"log_buckets,omitempty"`
+	Migrating                 bool    `json:"migrating,omitempty"`
+}
+
+// summarizeKV turns per-run results into rows: medians over runs, ratios
+// per run.
+func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
+	var out []kvRow
+	for _, k := range res.order {
+		ps := res.rows[k]
+		r := kvRow{Bench: "kv", Op: k.op, Consistency: k.cons, Threads: k.threads, Records: o.records, Runs: len(ps)}
+		r.P50NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p50) }))
+		r.P99NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p99) }))
+		r.OpsPerS = medianOf(ps, func(p kvPair) float64 { return p.ours.opsPerS })
+		r.N = uint64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.n) }))
+		r.OtherCPU = medianOf(ps, func(p kvPair) float64 { return p.ours.otherCPU })
+		var based []kvPair
+		for _, p := range ps {
+			r.Retries += p.ours.retries
+			if p.hasBase {
+				based = append(based, p)
+			}
+		}
+		if len(based) > 0 {
+			r.Baseline = "redis"
+			r.BaselineOpsPerS = medianOf(based, func(p kvPair) float64 { return p.base.opsPerS })
+			r.BaselineP50NS = int64(medianOf(based, func(p kvPair) float64 { return float64(p.base.p50) }))
+			r.BaselineP99NS = int64(medianOf(based, func(p kvPair) float64 { return float64(p.base.p99) }))
+			r.RatioOps = medianOf(based, func(p kvPair) float64 { return ratio(p.ours.opsPerS, p.base.opsPerS) })
+			r.RatioP50 = medianOf(based, func(p kvPair) float64 { return ratio(float64(p.ours.p50), float64(p.base.p50)) })
+		}
+		out = append(out, r)
+	}
+	if gs := res.growth; len(gs) > 0 {
+		r := kvRow{Bench: "kv", Op: "get-during-growth", Consistency: client.StaleOK.String(), Threads: 1, Records: o.records,
+			Runs: len(gs), OtherCPU: -1, IntervalNS: o.interval.Nanoseconds()}
+		med := func(f func(growthStat) float64) float64 {
+			return medianOf(gs, func(g growthPair) float64 { return f(g.ours) })
+		}
+		r.OpsPerS = med(func(g growthStat) float64 { return g.min })
+		r.P50NS = int64(med(func(g growthStat) float64 { return float64(g.p50) }))
+		r.P99NS = int64(med(func(g growthStat) float64 { return float64(g.p99) }))
+		r.BeforeOpsPerS = med(func(g growthStat) float64 { return g.before })
+		r.MedianOpsPerS = med(func(g growthStat) float64 { return g.median })
+		r.Dip = med(func(g growthStat) float64 { return ratio(g.min, g.before) })
+		r.MigratingMinOpsPerS = med(func(g growthStat) float64 { return g.migMin })
+		r.SteadyMinOpsPerS = med(func(g growthStat) float64 { return g.steadyMin })
+		r.Generations = int(med(func(g growthStat) float64 { return float64(g.generations) }))
+		r.Intervals = int(med(func(g growthStat) float64 { return float64(g.intervals) }))
+		r.LoadOpsPerS = med(func(g growthStat) float64 { return g.loadOpsPerS })
+		for _, g := range gs {
+			r.NotFound += g.ours.notFound
+		}
+		var based []growthPair
+		for _, g := range gs {
+			if g.hasBase {
+				based = append(based, g)
+			}
+		}
+		if len(based) > 0 {
+			bmed := func(f func(growthStat) float64) float64 {
+				return medianOf(based, func(g growthPair) float64 { return f(g.base) })
+			}
+			r.Baseline = "redis"
+			r.BaselineOpsPerS = bmed(func(g growthStat) float64 { return g.min })
+			r.BaselineP50NS = int64(bmed(func(g growthStat) float64 { return float64(g.p50) }))
+			r.BaselineP99NS = int64(bmed(func(g growthStat) float64 { return float64(g.p99) }))
+			r.BaselineBeforeOpsPerS = bmed(func(g growthStat) float64 { return g.before })
+			r.BaselineMedianOpsPerS = bmed(func(g growthStat) float64 { return g.median })
+			r.BaselineDip = bmed(func(g growthStat) float64 { return ratio(g.min, g.before) })
+			r.BaselineLoadOpsPerS = bmed(func(g growthStat) float64 { return g.loadOpsPerS })
+			r.RatioOps = medianOf(based, func(g growthPair) float64 { return ratio(g.ours.min, g.base.min) })
+			r.RatioP50 = medianOf(based, func(g growthPair) float64 { return ratio(float64(g.ours.p50), float64(g.base.p50)) })
+		}
+		out = append(out, r)
+	}
+	if ms := res.mem; len(ms) > 0 {
+		med := func(f func(memStat) float64) float64 { return medianOf(ms, f) }
+		r := kvRow{Bench: "kv", Op: "memory", Records: o.records, Runs: len(ms), OtherCPU: -1, RawBytesPerRecord: kvKeySize + kvValueSize}
+		r.BytesPerRecord = med(func(m memStat) float64 { return m.bytes })
+		r.RatioRaw = r.BytesPerRecord / float64(r.RawBytesPerRecord)
+		r.IndexBytesPerRecord = med(func(m memStat) float64 { return m.index })
+		r.HeapBytesPerRecord = med(func(m memStat) float64 { return m.heap })
+		r.RSSBytesPerRecord = med(func(m memStat) float64 { return m.rss })
+		r.ShmBytesPerRecord = med(func(m memStat) float64 { return m.shm })
+		r.Generation = ms[len(ms)-1].gen
+		r.LogBuckets = ms[len(ms)-1].logBuckets
+		for _, m := range ms {
+			r.Migrating = r.Migrating || m.migrating
+		}
+		var based []memStat
+		for _, m := range ms {
+			if m.hasBase {
+				based = append(based, m)
+			}
+		}
+		if len(based) > 0 {
+			r.Baseline = "redis"
+			r.BaselineBytesPerRecord = medianOf(based, func(m memStat) float64 { return m.base })
+			r.BaselineRSSBytesPerRecord = medianOf(based, func(m memStat) float64 { return m.baseRSS })
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func printKVTable(w io.Writer, out []kvRow, o *kvFlags, haveRedis bool) {
+	fmt.Fprintf(w, "kvbench kv  %s  %s, %d CPUs, %s  medians of %d run(s) x %v\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(), o.runs, o.duration)
+	fmt.Fprintf(w, "%d records, %d B keys, %d B values; 3 replicas (1 group) on shm in a child process, the client in this one\n",
+		o.records, kvKeySize, kvValueSize)
+	if haveRedis {
+		fmt.Fprintf(w, "baseline: redis-server (persistence off) on loopback, go-redis v9; ops ratio = ops/s / redis ops/s, p50 ratio = p50 / redis p50\n")
+	} else {
+		fmt.Fprintf(w, "baseline: none (no redis-server: apt-get install -y redis-server)\n")
+	}
+	fmt.Fprintf(w, "latency: every op timed; other cpu: CPUs used by other processes meanwhile (median over runs)\n\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tconsistency\tthreads\tp50\tp99\tops/s\tredis p50\tredis p99\tredis ops/s\tops ratio\tp50 ratio\tother cpu\t")
+	var growth, mem *kvRow
+	for i := range out {
+		r := &out[i]
+		switch r.Op {
+		case "get-during-growth":
+			growth = r
+			continue
+		case "memory":
+			mem = r
+			continue
+		}
+		bp50, bp99, bops, rops, rp50 := "-", "-", "-", "-", "-"
+		if r.Baseline != "" {
+			bp50, bp99, bops = fmtDur(time.Duration(r.BaselineP50NS)), fmtDur(time.Duration(r.BaselineP99NS)), fmtOps(r.BaselineOpsPerS)
+			rops, rp50 = fmt.Sprintf("%.2fx", r.RatioOps), fmt.Sprintf("%.2fx", r.RatioP50)
+		}
+		cons := r.Consistency
+		if cons == "" {
+			cons = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t\n", r.Op, cons, r.Threads,
+			fmtDur(time.Duration(r.P50NS)), fmtDur(time.Duration(r.P99NS)), fmtOps(r.OpsPerS), bp50, bp99, bops, rops, rp50, r.OtherCPU)
+	}
+	tw.Flush()
+	if g := growth; g != nil {
+		fmt.Fprintf(w, "\ngets during the load (stale-ok, 1 goroutine, per %v; the index grows from empty):\n", time.Duration(g.IntervalNS))
+		fmt.Fprintf(w, "  rdmakv: before %s/s; during: slowest %s/s (dip %.2fx), median %s/s; slowest with a migration %s/s, without %s/s; generations: %d, intervals: %d; load %s puts/s; p50 %s p99 %s\n",
+			fmtOps(g.BeforeOpsPerS), fmtOps(g.OpsPerS), g.Dip, fmtOps(g.MedianOpsPerS), fmtOps(g.MigratingMinOpsPerS), fmtOps(g.SteadyMinOpsPerS),
+			g.Generations, g.Intervals, fmtOps(g.LoadOpsPerS), fmtDur(time.Duration(g.P50NS)), fmtDur(time.Duration(g.P99NS)))
+		if g.Baseline != "" {
+			fmt.Fprintf(w, "  redis:  before %s/s; during: slowest %s/s (dip %.2fx), median %s/s; load %s sets/s; p50 %s p99 %s; slowest ratio %.2fx\n",
+				fmtOps(g.BaselineBeforeOpsPerS), fmtOps(g.BaselineOpsPerS), g.BaselineDip, fmtOps(g.BaselineMedianOpsPerS), fmtOps(g.BaselineLoadOpsPerS),
+				fmtDur(time.Duration(g.BaselineP50NS)), fmtDur(time.Duration(g.BaselineP99NS)), g.RatioOps)
+		}
+	}
+	if m := mem; m != nil {
+		mig := ""
+		if m.Migrating {
+			mig = ", migrating"
+		}
+		fmt.Fprintf(w, "\nmemory per record per replica after the load (index 2^%d buckets, generation %d%s):\n", m.LogBuckets, m.Generation, mig)
+		fmt.Fprintf(w, "  index+heap %.1f B (index %.1f, heap %.1f) = %.2fx the raw %d B key+value (target <= 2x); process RSS growth %.1f B; shm files %.1f B\n",
+			m.BytesPerRecord, m.IndexBytesPerRecord, m.HeapBytesPerRecord, m.RatioRaw, m.RawBytesPerRecord, m.RSSBytesPerRecord, m.ShmBytesPerRecord)
+		if m.Baseline != "" {
+			fmt.Fprintf(w, "  redis: used_memory growth %.1f B, RSS growth %.1f B per record\n", m.BaselineBytesPerRecord, m.BaselineRSSBytesPerRecord)
+		}
+	}
+}
