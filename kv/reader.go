@@ -126,7 +126,16 @@ type GroupReader struct {
 	Reads, Rounds uint64
 
 	mutant int // a planted bug (TestSimMutants); 0 in production
+
+	now  time.Duration
+	h1   Header // the header the attempt's reads are bracketed from
+	lead bool   // round 1 reads the header first (else h1 is the cached one)
 }
+
+// FreshHeader is how recent a member's cached header must be for a
+// stale-ok get to use it as its lower bound instead of reading the header
+// first.
+const FreshHeader = time.Millisecond
 
 type getState uint8
 
@@ -149,12 +158,16 @@ type memberState struct {
 	pending uint64 // the signalled op awaited, 0 if none
 	perr    error  // how it failed
 	pdone   bool
-	hdr     [2 * hdrSize]byte
-	pairs   []byte
-	rec     []byte
-	wrs     []rdma.WR
-	cs      [8]rdma.Completion
-	since   time.Time
+	// hdr[:hdrSize] takes a first header read (and promise reads);
+	// hdr[hdrSize:] the header that ended this member's last round,
+	// read at lastAt.
+	hdr    [2 * hdrSize]byte
+	lastAt time.Duration
+	pairs  []byte
+	rec    []byte
+	wrs    []rdma.WR
+	cs     [8]rdma.Completion
+	since  time.Time
 }
 
 // NewGroupReader reads group g's members from node. near is the member
@@ -300,6 +313,7 @@ const MaxAttempts = 1000
 // Poll advances the get; when it returns true the get is over and Result
 // has its outcome. now is the caller's clock (backoff between attempts).
 func (r *GroupReader) Poll(now time.Duration) bool {
+	r.now = now
 	for {
 		switch r.st {
 		case gsIdle, gsDone:
@@ -324,6 +338,7 @@ func (r *GroupReader) Poll(now time.Duration) bool {
 			} else if _, err := DecodeHeader(r.m[r.at].hdr[hdrSize:]); err != nil {
 				r.fail(errRetry)
 			} else {
+				r.m[r.at].lastAt = now
 				r.st = gsStart
 			}
 		case gsR1:
@@ -407,8 +422,18 @@ func (r *GroupReader) startAttempt() {
 	if r.mutant == mutNewGenOnlyID {
 		g.Migrating = false
 	}
+	// The reads are bracketed by two header reads agreeing on the layout
+	// (and, for a linearizable get, on serving the epoch): the header
+	// this member's last round ended with serves as the first one, the
+	// layout counter being monotonic (and serving an epoch, once given
+	// up, never coming back). A stale-ok get reads a fresh first header
+	// when the cached one is older than FreshHeader, as its report of
+	// how far behind the replica is rests on it.
 	wrs := ms.wrs[:0]
-	wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: ms.hdr[:hdrSize]})
+	r.h1, r.lead = prev, r.mode == StaleOK && r.now-ms.lastAt > FreshHeader
+	if r.lead {
+		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: ms.hdr[:hdrSize]})
+	}
 	r.pairs = 2
 	if g.Migrating {
 		r.pairs = 4
@@ -500,8 +525,14 @@ func (r *GroupReader) pollR1() bool {
 		r.fail(r.consume(m))
 		return true
 	}
-	h1, err1 := DecodeHeader(ms.hdr[:hdrSize])
+	h1, err1 := r.h1, error(nil)
+	if r.lead {
+		h1, err1 = DecodeHeader(ms.hdr[:hdrSize])
+	}
 	h2, err2 := DecodeHeader(ms.hdr[hdrSize:])
+	if err2 == nil {
+		ms.lastAt = r.now
+	}
 	if err1 != nil || err2 != nil || !sameLayout(&h1, &h2) || h1.Geometry != r.geo {
 		// Torn, or the layout changed (hdr[hdrSize:] keeps the new one
 		// for the next attempt); the promise reads may stay out.
