@@ -148,9 +148,9 @@ type Client struct {
 	// knownTab is the highest entry index seen per group.
 	knownTab []atomic.Uint64
 
-	mu     sync.Mutex
-	closed bool
-	calls  sync.WaitGroup
+	// life: calls hold it shared, Close exclusively (to wait for them).
+	life   sync.RWMutex
+	closed atomic.Bool
 	done   chan struct{}
 }
 
@@ -242,16 +242,13 @@ func (c *Client) Map() *cluster.Map { return c.m }
 // them has an unknown outcome), and every Conn, region and (unless
 // WithNode) the node is released.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	c.closed = true
 	close(c.done)
-	c.mu.Unlock()
 	err := c.runner.Close()
-	c.calls.Wait()
+	c.life.Lock() // every call returned
+	defer c.life.Unlock()
 	for _, p := range c.pools {
 		for len(p) > 0 {
 			(<-p).Close()
@@ -265,30 +262,20 @@ func (c *Client) Close() error {
 	return err
 }
 
-// begin registers a call; the returned context ends with ctx, the
-// default timeout, or Close.
+// begin registers a call (Close waits for it) and gives it the default
+// timeout if ctx has none. Close also ends the calls under way: the runner
+// fails waiting writes with ErrClosed, and gets watch c.done.
 func (c *Client) begin(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	c.life.RLock()
+	if c.closed.Load() {
+		c.life.RUnlock()
 		return nil, nil, ErrClosed
 	}
-	c.calls.Add(1)
-	var cancel context.CancelFunc
 	if _, ok := ctx.Deadline(); ok {
-		ctx, cancel = context.WithCancel(ctx)
-	} else {
-		ctx, cancel = context.WithTimeout(ctx, c.o.timeout)
+		return ctx, c.life.RUnlock, nil
 	}
-	stop := context.AfterFunc(ctx, func() {})
-	go func() {
-		select {
-		case <-c.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, func() { stop(); cancel(); c.calls.Done() }, nil
+	ctx, cancel := context.WithTimeout(ctx, c.o.timeout)
+	return ctx, func() { cancel(); c.life.RUnlock() }, nil
 }
 
 func (c *Client) checkKey(key []byte) error {

@@ -60,41 +60,37 @@ func (c *Client) GetItem(ctx context.Context, key []byte, mode Consistency) (Ite
 	if err := c.checkKey(key); err != nil {
 		return Item{}, err
 	}
-	ctx, end, err := c.begin(ctx)
-	if err != nil {
-		return Item{}, err
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.closed.Load() {
+		return Item{}, ErrClosed
 	}
-	defer end()
+	var deadline time.Time
+	if _, ok := ctx.Deadline(); !ok {
+		deadline = time.Now().Add(c.o.timeout)
+	}
 	g := c.m.GroupOf(key)
 	r := c.reader(g)
 	defer c.putReader(g, r)
-	backoff := c.o.backoffMin
-	for {
-		res, err := r.Get(key, mode)
-		if err == nil {
-			it := Item{Version: res.Version, Replica: c.m.Groups[g][res.Member], Applied: res.Applied, AppliedAt: time.Unix(0, res.AppliedAt)}
-			known := c.known(g, 0)
-			if mode == Linearizable {
-				c.known(g, res.Applied)
-			} else if known > res.Applied {
-				it.Behind = known - res.Applied
-			}
-			if !res.Found {
-				return it, ErrNotFound
-			}
-			it.Value = append([]byte(nil), res.Value...)
-			return it, nil
+	res, err := r.GetCtx(ctx, c.done, deadline, key, mode)
+	if err != nil {
+		if c.isClosed() {
+			return Item{}, ErrClosed
 		}
-		select {
-		case <-ctx.Done():
-			if c.isClosed() {
-				return Item{}, ErrClosed
-			}
-			return Item{}, &UnavailableError{Group: g, Err: fmt.Errorf("%w (last: %v)", ctx.Err(), err)}
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, c.o.backoffMax)
+		return Item{}, &UnavailableError{Group: g, Err: err}
 	}
+	it := Item{Version: res.Version, Replica: c.m.Groups[g][res.Member], Applied: res.Applied, AppliedAt: time.Unix(0, res.AppliedAt)}
+	known := c.known(g, 0)
+	if mode == Linearizable {
+		c.known(g, res.Applied)
+	} else if known > res.Applied {
+		it.Behind = known - res.Applied
+	}
+	if !res.Found {
+		return it, ErrNotFound
+	}
+	it.Value = append([]byte(nil), res.Value...)
+	return it, nil
 }
 
 func (c *Client) isClosed() bool {
@@ -123,7 +119,9 @@ func (c *Client) reader(g uint32) *kv.GroupReader {
 	case r := <-c.pools[g]:
 		return r
 	default:
-		return kv.NewGroupReader(c.node, g, c.m.Groups[g], c.o.near)
+		r := kv.NewGroupReader(c.node, g, c.m.Groups[g], c.o.near)
+		r.BackoffMin, r.BackoffMax = c.o.backoffMin, c.o.backoffMax
+		return r
 	}
 }
 

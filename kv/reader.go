@@ -2,6 +2,7 @@ package kv
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -99,8 +100,12 @@ type GroupReader struct {
 	// Timeout bounds the wait for one read's completion (Get); a Conn
 	// that does not complete in time is closed and reopened.
 	Timeout time.Duration
-	nextID  uint64
-	m       []*memberState
+	// BackoffMin and BackoffMax bound the wait before an attempt that
+	// follows one that found no leader or a failed read; it doubles.
+	// Default 50 µs and 20 ms.
+	BackoffMin, BackoffMax time.Duration
+	nextID                 uint64
+	m                      []*memberState
 
 	// The get under way.
 	st       getState
@@ -175,7 +180,7 @@ type memberState struct {
 func NewGroupReader(node rdma.Node, g uint32, members []rdma.NodeID, near int) *GroupReader {
 	n := len(members)
 	r := &GroupReader{group: g, members: members, node: node, quorum: n/2 + 1, leader: -1,
-		near: near % n, Timeout: 2 * time.Second, asked: make([]bool, n), m: make([]*memberState, n)}
+		near: near % n, Timeout: 2 * time.Second, BackoffMin: 50 * time.Microsecond, BackoffMax: 20 * time.Millisecond, asked: make([]bool, n), m: make([]*memberState, n)}
 	for i := range r.m {
 		r.m[i] = &memberState{pairs: make([]byte, 8*bucketSize), rec: make([]byte, 256)}
 	}
@@ -386,7 +391,7 @@ func (r *GroupReader) fail(err error) {
 	} else if !errors.Is(err, errRetry) {
 		r.near = (r.near + 1) % len(r.members)
 	}
-	r.backoff = min(max(2*r.backoff, 50*time.Microsecond), 20*time.Millisecond)
+	r.backoff = min(max(2*r.backoff, r.BackoffMin), r.BackoffMax)
 	r.retryAt = 0
 	r.st = gsWait
 }
@@ -706,16 +711,45 @@ func (r *GroupReader) pollR2() bool {
 // Get runs a get to the end in real time: it polls, spinning while reads
 // complete at once (shm), then waiting on the Conn awaited.
 func (r *GroupReader) Get(key []byte, mode Consistency) (GetResult, error) {
+	return r.GetCtx(context.Background(), nil, time.Time{}, key, mode)
+}
+
+// ErrStopped is returned by GetCtx when stop is closed.
+var ErrStopped = errors.New("kv: get stopped")
+
+// GetCtx is Get that gives up when ctx ends (its error), stop is closed
+// (ErrStopped) or the deadline, if not zero, passes
+// (context.DeadlineExceeded). A read it leaves behind lands in this
+// reader's own buffers and is reaped by its next get.
+func (r *GroupReader) GetCtx(ctx context.Context, stop <-chan struct{}, deadline time.Time, key []byte, mode Consistency) (GetResult, error) {
 	r.Begin(key, mode)
 	start := time.Now()
-	spins := 0
-	for !r.Poll(time.Since(start)) {
-		spins++
+	done := ctx.Done()
+	for spins := 0; !r.Poll(time.Since(start)); spins++ {
 		if spins < 64 {
 			continue
 		}
+		select {
+		case <-done:
+			r.st = gsIdle
+			return GetResult{}, ctx.Err()
+		case <-stop:
+			r.st = gsIdle
+			return GetResult{}, ErrStopped
+		default:
+		}
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			r.st = gsIdle
+			return GetResult{}, fmt.Errorf("%w (last cause: %v)", context.DeadlineExceeded, r.lastErr)
+		}
 		if r.st == gsWait {
-			time.Sleep(time.Until(start.Add(r.retryAt)))
+			t := time.NewTimer(time.Until(start.Add(r.retryAt)))
+			select {
+			case <-done:
+			case <-stop:
+			case <-t.C:
+			}
+			t.Stop()
 			continue
 		}
 		for i := range r.m {
