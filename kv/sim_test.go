@@ -99,7 +99,7 @@ type kvRun struct {
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
 	err     error
-	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed int }
+	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores int }
 }
 
 func (h *kvRun) fail(err error) {
@@ -761,6 +761,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 			if tb.Stats().Gen > 0 {
 				h.stats.grown++
 			}
+			h.stats.restores += tb.Stats().Restores
 			got := tb.contents()
 			if ref == nil {
 				ref, refID = got, id
@@ -783,8 +784,8 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		return h, fmt.Errorf("stale-ok gets: %w", err)
 	}
 	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
-		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d linearizable gets served by a deposed leader\n",
-			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.deposed)
+		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d snapshots restored, %d linearizable gets served by a deposed leader\n",
+			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.restores, h.stats.deposed)
 	}
 	return h, nil
 }

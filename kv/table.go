@@ -141,6 +141,7 @@ type Table struct {
 	lastServed  uint64 // the last epoch served (a planted bug keeps it)
 	mutant      int    // a planted bug (kv's TestSimMutants); 0 in production
 	latePromise uint64
+	restores    int
 	latePub     int64
 
 	snaps  atomic.Int32 // captures not yet released
@@ -259,12 +260,13 @@ type Stats struct {
 	LogBuckets   int
 	Migrating    bool
 	FreeListRefs int
+	Restores     int // snapshots restored into this table
 }
 
 // Stats reports the table's size (polling goroutine).
 func (t *Table) Stats() Stats {
 	s := Stats{Records: t.count, HeapBytes: t.heap.used, HeapRegions: len(t.heap.regions),
-		IndexBytes: len(t.cur.mem), Gen: t.cur.n, LogBuckets: t.cur.log, Migrating: t.old != nil}
+		IndexBytes: len(t.cur.mem), Gen: t.cur.n, LogBuckets: t.cur.log, Migrating: t.old != nil, Restores: t.restores}
 	if t.old != nil {
 		s.IndexBytes += len(t.old.mem)
 	}
@@ -822,6 +824,7 @@ func (t *Table) Restore(b []byte) error {
 		t.count++
 	}
 	t.stages = stages
+	t.restores++
 	t.applied = applied
 	t.layout++
 	t.publish()
