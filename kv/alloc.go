@@ -93,6 +93,21 @@ func (hp *heap) grow() error {
 	return nil
 }
 
+// ensure registers regions until there are at least n (Restore, before it
+// commits).
+func (hp *heap) ensure(n int) error {
+	for len(hp.regions) < n {
+		cur, bump := hp.cur, hp.bump
+		hp.cur = len(hp.regions) - 1
+		err := hp.grow()
+		hp.cur, hp.bump = cur, bump
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // release frees the record at ref of size bytes; while snapshots read the
 // heap it is deferred.
 func (hp *heap) release(ref uint64, size int, deferring bool) {

@@ -98,13 +98,14 @@ func FuzzHeader(f *testing.F) {
 		}
 		if len(b) >= hdrSize {
 			// The same words 0..6 sealed with the check word a writer
-			// computes: accepted only if in bounds, and then canonical.
+			// computes: accepted only if in bounds and canonical (the
+			// geometry word is what geometryOf's result encodes to).
 			s := bytes.Clone(b[:hdrSize])
 			w := words(s)
 			binary.LittleEndian.PutUint64(s[hCheck:], headerCheck(&w))
 			h, err := DecodeHeader(s)
 			g := geometryOf(w[4])
-			inBounds := g.LogBuckets <= 40 && (!g.Migrating || g.OldLog < g.LogBuckets)
+			inBounds := g.LogBuckets <= 40 && (!g.Migrating || g.OldLog < g.LogBuckets) && g.word() == w[4]
 			if err == nil {
 				checkDecodedHeader(t, s, h)
 			} else if inBounds {

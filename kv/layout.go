@@ -178,7 +178,7 @@ func DecodeHeader(b []byte) (Header, error) {
 		return Header{}, errTorn
 	}
 	g := geometryOf(w[4])
-	if g.LogBuckets > 40 || g.Migrating && (g.OldLog > 40 || g.OldLog >= g.LogBuckets) {
+	if w[4] != g.word() || g.LogBuckets > 40 || g.Migrating && (g.OldLog > 40 || g.OldLog >= g.LogBuckets) {
 		return Header{}, errTorn
 	}
 	return Header{Promise: w[0], Serving: w[1], Applied: w[2], AppliedAt: int64(w[3]),

@@ -90,8 +90,59 @@ func RequestSize(ops []Op) int {
 }
 
 // AppendRequest appends the encoding of ops to dst.
-func AppendRequest(dst []byte, ops []Op) []byte {
-	dst = append(dst, reqFormat, 0, byte(len(ops)), byte(len(ops)>>8))
+func AppendRequest(dst []byte, ops []Op) []byte { return appendOps(dst, reqFormat, ops) }
+
+// A multi request (format 4) carries independent single-key operations
+// that a client combined into one message: each is applied on its own,
+// with its own condition, in order, and gets its own result. Its layout
+// is a request's with format 4; its result is
+//
+//	[status u8 = StatusOK][0 u8][count u16][0 u32] then count results of 24 bytes
+//
+// (each as a request's result, for that one op).
+const (
+	multiFormat = 4
+	// MaxMulti bounds the operations of a multi request, so that its
+	// result fits MultiResultSize.
+	MaxMulti = 32
+)
+
+// MultiResultSize is the result size of a multi request of MaxMulti ops:
+// the groups' MaxResult must be at least this.
+const MultiResultSize = 8 + MaxMulti*resSize
+
+// AppendMulti appends the encoding of a multi request of ops (at most
+// MaxMulti) to dst.
+func AppendMulti(dst []byte, ops []Op) []byte { return appendOps(dst, multiFormat, ops) }
+
+// DecodeMultiResult decodes a multi request's result into rs.
+func DecodeMultiResult(b []byte, rs []Result) ([]Result, error) {
+	rs = rs[:0]
+	if len(b) < 8 || b[0] != StatusOK || b[1] != 0 {
+		if len(b) == resSize {
+			r, err := DecodeResult(b)
+			if err == nil && r.Status == StatusMalformed {
+				return rs, fmt.Errorf("%w: the group refused the multi request", ErrMalformed)
+			}
+		}
+		return rs, fmt.Errorf("%w: multi result of %d bytes", ErrMalformed, len(b))
+	}
+	n := int(binary.LittleEndian.Uint16(b[2:]))
+	if len(b) != 8+n*resSize {
+		return rs, fmt.Errorf("%w: multi result of %d bytes for %d ops", ErrMalformed, len(b), n)
+	}
+	for i := range n {
+		r, err := DecodeResult(b[8+i*resSize : 8+(i+1)*resSize])
+		if err != nil {
+			return rs, err
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
+}
+
+func appendOps(dst []byte, format byte, ops []Op) []byte {
+	dst = append(dst, format, 0, byte(len(ops)), byte(len(ops)>>8))
 	for i := range ops {
 		op := &ops[i]
 		var h [opHdr]byte
@@ -111,9 +162,20 @@ func AppendRequest(dst []byte, ops []Op) []byte {
 
 // DecodeRequest decodes a request into ops (reusing its capacity); keys and
 // values are slices of b.
-func DecodeRequest(b []byte, ops []Op) ([]Op, error) {
+func DecodeRequest(b []byte, ops []Op) ([]Op, error) { return decodeOps(b, reqFormat, ops) }
+
+// DecodeMulti decodes a multi request.
+func DecodeMulti(b []byte, ops []Op) ([]Op, error) {
+	ops, err := decodeOps(b, multiFormat, ops)
+	if err == nil && len(ops) > MaxMulti {
+		return ops[:0], fmt.Errorf("%w: %d ops in a multi request, limit %d", ErrMalformed, len(ops), MaxMulti)
+	}
+	return ops, err
+}
+
+func decodeOps(b []byte, format byte, ops []Op) ([]Op, error) {
 	ops = ops[:0]
-	if len(b) < reqHdr || b[0] != reqFormat || b[1] != 0 {
+	if len(b) < reqHdr || b[0] != format || b[1] != 0 {
 		return ops, ErrMalformed
 	}
 	n := int(binary.LittleEndian.Uint16(b[2:]))
@@ -138,6 +200,11 @@ func DecodeRequest(b []byte, ops []Op) ([]Op, error) {
 				return ops, fmt.Errorf("%w: truncated", ErrMalformed)
 			}
 			parts[k] = b[p : p+l : p+l]
+			for _, x := range b[p+l : p+pad8(l)] {
+				if x != 0 {
+					return ops, fmt.Errorf("%w: padding not zero", ErrMalformed)
+				}
+			}
 			p += pad8(l)
 		}
 		op.Key, op.Value, op.CmpValue = parts[0], parts[1], parts[2]

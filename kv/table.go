@@ -100,6 +100,8 @@ func (c *TableConfig) fill() error {
 		return fmt.Errorf("kv: MaxKey %d, MaxValue %d", c.MaxKey, c.MaxValue)
 	case c.LogBuckets < 2 || c.LogBuckets > 30:
 		return fmt.Errorf("kv: LogBuckets %d out of 2..30", c.LogBuckets)
+	case c.HeapRegionSize > 1<<36:
+		return fmt.Errorf("kv: HeapRegionSize %d above 64 GiB (a slot addresses 2^32 16-byte units)", c.HeapRegionSize)
 	case c.HeapRegionSize%recAlign != 0 || classOf(recordSize(c.MaxKey, c.MaxValue)) > c.HeapRegionSize:
 		return fmt.Errorf("kv: HeapRegionSize %d cannot hold a record of MaxKey %d + MaxValue %d bytes", c.HeapRegionSize, c.MaxKey, c.MaxValue)
 	case c.MaxLoad <= 0 || c.MaxLoad > 0.95:
@@ -141,14 +143,16 @@ type Table struct {
 	lastServed  uint64 // the last epoch served (a planted bug keeps it)
 	mutant      int    // a planted bug (kv's TestSimMutants); 0 in production
 	latePromise uint64
+	mres        []byte
 	restores    int
 	latePub     int64
 
-	snaps  atomic.Int32 // captures not yet released
-	stages map[uint32][]*stage
-	ops    []Op
-	res    [resSize]byte
-	keyb   []byte
+	snaps     atomic.Int32  // captures not yet released
+	heapEpoch atomic.Uint64 // counts restores: a capture that saw it change is void
+	stages    map[uint32][]*stage
+	ops       []Op
+	res       [resSize]byte
+	keyb      []byte
 }
 
 // NewTable registers the table's regions on node.
@@ -398,25 +402,61 @@ func (t *Table) Apply(e broadcast.Entry) []byte {
 	if t.snaps.Load() == 0 && len(t.heap.deferred) > 0 {
 		t.heap.undefer()
 	}
-	if len(e.Data) > 0 && (e.Data[0] == partFormat || e.Data[0] == commitFormat) {
-		return t.applyStaged(e.Index, e.Data)
+	if len(e.Data) > 0 {
+		switch e.Data[0] {
+		case partFormat, commitFormat:
+			return t.applyStaged(e.Index, e.Data)
+		case multiFormat:
+			return t.applyMulti(e.Index, e.Data)
+		}
 	}
 	return t.applyRequest(e.Index, e.Data)
 }
 
+// applyMulti applies a multi request's independent ops, each as a request
+// of one op at version index<<16 | its position.
+func (t *Table) applyMulti(index uint64, data []byte) []byte {
+	ops, err := DecodeMulti(data, t.ops)
+	t.ops = ops[:0]
+	if err != nil {
+		res := Result{Status: StatusMalformed}
+		t.publish()
+		return encodeResult(t.res[:], &res)
+	}
+	out := append(t.mres[:0], StatusOK, 0, byte(len(ops)), byte(len(ops)>>8), 0, 0, 0, 0)
+	for i := range ops {
+		r := t.applyOps(index, ops[i:i+1], i)
+		out = append(out, encodeResult(t.res[:], &r)...)
+	}
+	t.mres = out
+	t.step()
+	t.maybeGrow()
+	t.publish()
+	return out
+}
+
 // applyRequest applies a whole request delivered as entry index.
 func (t *Table) applyRequest(index uint64, data []byte) []byte {
-	e := broadcast.Entry{Index: index}
-	res := Result{}
 	ops, err := DecodeRequest(data, t.ops)
 	t.ops = ops[:0]
+	var res Result
 	if err != nil {
 		// A malformed request changes nothing; clients encode with
 		// AppendRequest, so only a foreign writer gets here.
 		res.Status = StatusMalformed
-		t.publish()
-		return encodeResult(t.res[:], &res)
+	} else {
+		res = t.applyOps(index, ops, 0)
+		t.step()
+		t.maybeGrow()
 	}
+	t.publish()
+	return encodeResult(t.res[:], &res)
+}
+
+// applyOps applies ops (those on this group's keys) atomically: every
+// condition is checked first. Op i gets version index<<16 | (base+i).
+func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
+	res := Result{}
 	// Migrate every owned key's old buckets, then check the conditions.
 	first := true
 	for i := range ops {
@@ -436,9 +476,7 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 		if !t.holds(op, w, found) {
 			res.Status = StatusCondFailed
 			res.FailedOp = i
-			t.step()
-			t.publish()
-			return encodeResult(t.res[:], &res)
+			return res
 		}
 	}
 	deferring := t.snaps.Load() > 0
@@ -448,7 +486,7 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 		if !t.owns(h) || len(op.Key) > t.cfg.MaxKey || len(op.Value) > t.cfg.MaxValue {
 			continue
 		}
-		version := e.Index<<16 | uint64(i)
+		version := index<<16 | uint64(base+i)
 		if res.Count == 0 {
 			res.Version = version
 		}
@@ -470,10 +508,7 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 			}
 		}
 	}
-	t.step()
-	t.maybeGrow()
-	t.publish()
-	return encodeResult(t.res[:], &res)
+	return res
 }
 
 func (s Slot) sizeHint(t *Table) int { return recordInfo(t.heap.mems[s.Heap][s.Off:]).Size() }
@@ -654,12 +689,13 @@ type capture struct {
 	log     int
 	mems    [][]byte
 	stages  []stage // copies
+	epoch   uint64  // Table.heapEpoch at capture
 	done    atomic.Bool
 }
 
 // Snapshot captures the table's records (broadcast.FSM).
 func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
-	c := &capture{t: t, size: 32, applied: t.applied, log: t.cur.log, mems: append([][]byte(nil), t.heap.mems...)}
+	c := &capture{t: t, size: 32, applied: t.applied, log: t.cur.log, mems: append([][]byte(nil), t.heap.mems...), epoch: t.heapEpoch.Load()}
 	c.refs = make([]uint64, 0, t.count)
 	add := func(g *gen, skipMoved bool) {
 		for b := range g.buckets() {
@@ -724,6 +760,9 @@ func (c *capture) Persist(dst []byte) error {
 		clear(dst[p+n : p+pad8(n)])
 		p += pad8(n)
 	}
+	if c.t.heapEpoch.Load() != c.epoch {
+		return errors.New("kv: the table was restored while the snapshot was being copied")
+	}
 	return nil
 }
 
@@ -738,37 +777,93 @@ func (c *capture) Release() {
 var ErrSnapshot = errors.New("kv: corrupt snapshot")
 
 // Restore replaces the table with a snapshot's records (broadcast.FSM).
-// Every record is validated before the table changes.
+// It validates the whole snapshot, places every record in a new index
+// generation and registers the heap regions it needs before it changes
+// anything: a Restore that fails leaves the table as it was.
 func (t *Table) Restore(b []byte) error {
 	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic {
 		return fmt.Errorf("%w: bad header", ErrSnapshot)
 	}
 	count := binary.LittleEndian.Uint64(b[8:])
-	log := int(binary.LittleEndian.Uint64(b[16:]))
 	applied := binary.LittleEndian.Uint64(b[24:])
-	if log < 2 || log > 30 || count > uint64(len(b)) {
-		return fmt.Errorf("%w: %d records, 2^%d buckets", ErrSnapshot, count, log)
+	if lg := binary.LittleEndian.Uint64(b[16:]); lg < 2 || lg > 30 {
+		// The writer's index size: checked, but the index is sized for
+		// the records below.
+		return fmt.Errorf("%w: 2^%d buckets", ErrSnapshot, lg)
 	}
-	type rec struct{ off, size int }
+	if count > uint64(len(b))/(recHdr+8) {
+		return fmt.Errorf("%w: %d records in %d bytes", ErrSnapshot, count, len(b))
+	}
+	type rec struct {
+		off, size int
+		version   uint64
+		h         uint64
+		ref       uint64
+	}
 	recs := make([]rec, 0, count)
+	byHash := make(map[uint64]int, count) // key hash -> first record with it
+	var dup []int                         // records sharing a hash with an earlier one
+	// The heap the records will take, allocated as heap.alloc does from
+	// a reset heap: bump allocation from region 0.
+	hcur, hbump := 0, 0
 	p := 32
 	for range count {
-		ri, _, _, err := DecodeRecord(b[p:])
+		ri, key, val, err := DecodeRecord(b[p:])
 		if err != nil {
 			return fmt.Errorf("%w: record at byte %d: %v", ErrSnapshot, p, err)
 		}
 		n := ri.Size()
-		if n > len(b)-p {
+		switch {
+		case n > len(b)-p:
 			return fmt.Errorf("%w: record at byte %d overruns", ErrSnapshot, p)
+		case ri.Version == 0:
+			return fmt.Errorf("%w: record at byte %d has version 0", ErrSnapshot, p)
+		case len(key) == 0 || len(key) > t.cfg.MaxKey || len(val) > t.cfg.MaxValue:
+			return fmt.Errorf("%w: record at byte %d: a %d-byte key and a %d-byte value (limits %d and %d)", ErrSnapshot, p, len(key), len(val), t.cfg.MaxKey, t.cfg.MaxValue)
 		}
-		recs = append(recs, rec{p, n})
+		c := classOf(n)
+		if hbump+c > t.heap.size {
+			hcur, hbump = hcur+1, 0
+		}
+		if hcur >= maxHeaps {
+			return fmt.Errorf("%w: the records do not fit %d heap regions of %d bytes", ErrSnapshot, maxHeaps, t.heap.size)
+		}
+		r := rec{off: p, size: n, version: ri.Version, h: hashKey(key), ref: refOf(hcur, hbump)}
+		hbump += c
+		if _, ok := byHash[r.h]; ok {
+			dup = append(dup, len(recs))
+		} else {
+			byHash[r.h] = len(recs)
+		}
+		recs = append(recs, r)
 		p += n
+	}
+	keyOf := func(r rec) []byte { _, k, _, _ := DecodeRecord(b[r.off : r.off+r.size]); return k }
+	if len(dup) > 0 {
+		seen := map[string]bool{}
+		for _, i := range dup {
+			seen[string(keyOf(recs[byHash[recs[i].h]]))] = true
+			seen[string(keyOf(recs[i]))] = true
+		}
+		for i, r := range recs {
+			if _, ok := seen[string(keyOf(r))]; !ok {
+				continue
+			}
+			if k := string(keyOf(r)); seen[k] {
+				seen[k] = false // first one
+			} else {
+				return fmt.Errorf("%w: key %q twice (record %d)", ErrSnapshot, k, i)
+			}
+		}
 	}
 	if len(b)-p < 8 {
 		return fmt.Errorf("%w: no staged requests count", ErrSnapshot)
 	}
 	nst := binary.LittleEndian.Uint64(b[p:])
 	p += 8
+	if nst > uint64(len(b)-p)/40 {
+		return fmt.Errorf("%w: %d staged requests", ErrSnapshot, nst)
+	}
 	stages := map[uint32][]*stage{}
 	for range nst {
 		if len(b)-p < 40 {
@@ -779,25 +874,66 @@ func (t *Table) Restore(b []byte) error {
 		if client > math.MaxUint32 || total > uint64(t.cfg.MaxRequest) || have > total || uint64(pad8(int(total))) > uint64(len(b)-p-40) {
 			return fmt.Errorf("%w: staged request at byte %d", ErrSnapshot, p)
 		}
+		for _, x := range b[p+40+int(total) : p+40+pad8(int(total))] {
+			if x != 0 {
+				return fmt.Errorf("%w: staged request at byte %d: padding not zero", ErrSnapshot, p)
+			}
+		}
 		st := &stage{id: StageID{Client: uint32(client), Inc: w(1), Stage: w(2)}, buf: bytes.Clone(b[p+40 : p+40+int(total)]), have: int(have)}
-		if len(stages[st.id.Client]) == MaxStages {
+		l := stages[st.id.Client]
+		if len(l) == MaxStages {
 			return fmt.Errorf("%w: more than %d staged requests of client %d", ErrSnapshot, MaxStages, client)
 		}
-		stages[st.id.Client] = append(stages[st.id.Client], st)
+		for _, o := range l {
+			if o.id == st.id {
+				return fmt.Errorf("%w: staged request %+v twice", ErrSnapshot, st.id)
+			}
+		}
+		stages[st.id.Client] = append(l, st)
 		p += 40 + pad8(int(total))
 	}
 	if p != len(b) {
 		return fmt.Errorf("%w: %d trailing bytes", ErrSnapshot, len(b)-p)
 	}
+	// The index: sized for the records (the snapshot's own size is not
+	// trusted), built in a generation readers do not see yet. A
+	// placement that finds a key's four buckets full starts over with
+	// twice the buckets.
+	log := 2
 	for log < 30 && float64(count) > t.cfg.MaxLoad/2*float64(int(slotsPer)<<log) {
 		log++
 	}
-	// A new generation for the restored index; the old ones are closed
-	// (readers of this replica see the layout change and read again).
-	ng, err := t.newGen(t.cur.n+1, log)
-	if err != nil {
+	var ng gen
+	for {
+		var err error
+		if ng, err = t.newGen(t.cur.n+1, log); err != nil {
+			return err
+		}
+		placed := true
+		for _, r := range recs {
+			s := Slot{Version: r.version, FP: fpOf(r.h), Units: unitsOf(r.size), Heap: uint8(refHeap(r.ref)), Off: uint64(refOff(r.ref))}
+			bo, i, ok := freeSlot(&ng, r.h)
+			if !ok {
+				placed = false
+				break
+			}
+			storeSlot(ng.mem, bo, i, s)
+		}
+		if placed {
+			break
+		}
+		ng.region.Close()
+		if log++; log > 30 {
+			return fmt.Errorf("%w: the keys do not fit an index of 2^30 buckets", ErrSnapshot)
+		}
+	}
+	if err := t.heap.ensure(hcur + 1); err != nil {
+		ng.region.Close()
 		return err
 	}
+	// Nothing fails from here on. Captures still persisting would read
+	// records the copy below overwrites: they fail (heapEpoch).
+	t.heapEpoch.Add(1)
 	for _, g := range []*gen{&t.cur, t.old, t.retire} {
 		if g != nil && g.region != nil {
 			g.region.Close()
@@ -805,24 +941,14 @@ func (t *Table) Restore(b []byte) error {
 	}
 	t.cur, t.old, t.retire = ng, nil, nil
 	t.heap.reset()
-	t.count = 0
 	for _, r := range recs {
-		rb := b[r.off : r.off+r.size]
-		ri, key, _, _ := DecodeRecord(rb)
-		h := hashKey(key)
 		ref, err := t.heap.alloc(r.size)
-		if err != nil {
-			return err
+		if err != nil || ref != r.ref {
+			panic(fmt.Sprintf("kv: restore: heap allocation %x (%v), planned %x", ref, err, r.ref))
 		}
-		copy(t.heap.bytes(ref, r.size), rb)
-		s := Slot{Version: ri.Version, FP: fpOf(h), Units: unitsOf(r.size), Heap: uint8(refHeap(ref)), Off: uint64(refOff(ref))}
-		bo, i, ok := freeSlot(&t.cur, h)
-		if !ok {
-			return fmt.Errorf("%w: no room for a key in 2^%d buckets", ErrSnapshot, log)
-		}
-		storeSlot(t.cur.mem, bo, i, s)
-		t.count++
+		copy(t.heap.bytes(ref, r.size), b[r.off:r.off+r.size])
 	}
+	t.count = len(recs)
 	t.stages = stages
 	t.restores++
 	t.applied = applied
