@@ -143,6 +143,9 @@ type Client struct {
 	own      bool
 	runner   *multicast.ClientRunner
 	pools    []chan *kv.GroupReader
+	comb     combiner
+	life0    context.Context // ends at Close: the combined messages' context
+	cancel0  context.CancelFunc
 	inc      uint64        // the multicast client's incarnation
 	stageSeq atomic.Uint64 // numbers staged requests
 	// knownTab is the highest entry index seen per group.
@@ -193,6 +196,8 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("rdmakv: open: node %d is not client slot %d's node %d", c.node.ID(), o.slot, id)
 	}
 	c.knownTab = make([]atomic.Uint64, len(m.Groups))
+	c.comb = combiner{c: c, queued: make([][]*pendingOp, len(m.Groups))}
+	c.life0, c.cancel0 = context.WithCancel(context.Background())
 	c.pools = make([]chan *kv.GroupReader, len(m.Groups))
 	for g := range c.pools {
 		c.pools[g] = make(chan *kv.GroupReader, 64)
@@ -209,6 +214,7 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		ClientSlots: m.Limits.ClientSlots, SlotSize: m.Limits.SlotSize, MaxResult: cluster.MaxResult,
 	}, c.node)
 	if err != nil {
+		c.cancel0()
 		if c.own {
 			c.node.Close()
 		}
@@ -246,6 +252,7 @@ func (c *Client) Close() error {
 		return nil
 	}
 	close(c.done)
+	c.cancel0()
 	err := c.runner.Close()
 	c.life.Lock() // every call returned
 	defer c.life.Unlock()

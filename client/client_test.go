@@ -204,3 +204,77 @@ func TestGetsWithoutServerCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestCombinedWrites drives one client from many goroutines, so that its
+// window fills and single-key writes travel combined in multi requests:
+// compare-and-swap increments of shared counters must add up exactly, and
+// every put must be readable.
+func TestCombinedWrites(t *testing.T) {
+	lc := startLocal(t, testMap("combine", "mem", 2, 1))
+	c := open(t, lc, 0)
+	ctx := context.Background()
+	const workers, incs = 24, 25
+	counters := [][]byte{[]byte("counter-a"), []byte("counter-b"), []byte("counter-c")}
+	errc := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i := range incs {
+				k := counters[(w+i)%len(counters)]
+				for {
+					it, err := c.GetItem(ctx, k, client.Linearizable)
+					n := 0
+					if err == nil {
+						fmt.Sscan(string(it.Value), &n)
+					} else if !errors.Is(err, client.ErrNotFound) {
+						errc <- err
+						return
+					}
+					_, err = c.CompareVersionAndSwap(ctx, k, it.Version, []byte(fmt.Sprint(n+1)))
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, client.ErrCASMismatch) {
+						errc <- err
+						return
+					}
+				}
+				if _, err := c.Put(ctx, []byte(fmt.Sprintf("w%d-%d", w, i)), []byte(fmt.Sprint(w*1000+i))); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	total := 0
+	for _, k := range counters {
+		v, err := c.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		fmt.Sscan(string(v), &n)
+		total += n
+	}
+	if total != workers*incs {
+		t.Fatalf("counters add up to %d, want %d", total, workers*incs)
+	}
+	st := c.Stats()
+	t.Logf("%d single-key writes in %d messages", st.WriteOps, st.WriteMessages)
+	if st.WriteOps <= st.WriteMessages {
+		t.Fatalf("no write was combined: %d writes in %d messages", st.WriteOps, st.WriteMessages)
+	}
+	for w := range workers {
+		for i := range incs {
+			v, err := c.Get(ctx, []byte(fmt.Sprintf("w%d-%d", w, i)))
+			if err != nil || string(v) != fmt.Sprint(w*1000+i) {
+				t.Fatalf("w%d-%d: %q %v", w, i, v, err)
+			}
+		}
+	}
+}

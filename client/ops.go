@@ -181,11 +181,24 @@ func (c *Client) single(ctx context.Context, op kv.Op) (WriteResult, error) {
 	if err := c.checkKey(op.Key); err != nil {
 		return WriteResult{}, err
 	}
-	rs, err := c.write(ctx, []kv.Op{op})
-	if err != nil {
-		return WriteResult{}, err
+	var r kv.Result
+	if kv.RequestSize([]kv.Op{op}) <= multicast.MaxPayload(c.m.Limits.SlotSize) {
+		ctx, end, err := c.begin(ctx)
+		if err != nil {
+			return WriteResult{}, err
+		}
+		r, _, err = c.combine(ctx, op)
+		end()
+		if err != nil {
+			return WriteResult{}, err
+		}
+	} else {
+		rs, err := c.write(ctx, []kv.Op{op})
+		if err != nil {
+			return WriteResult{}, err
+		}
+		r = rs[0].res
 	}
-	r := rs[0].res
 	if r.Status == kv.StatusCondFailed {
 		return WriteResult{Prev: r.Prev}, ErrCASMismatch
 	}

@@ -221,8 +221,9 @@ func (m *Map) Save(path string) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// MaxResult is the result size every group's replies carry (kv results).
-const MaxResult = 64
+// MaxResult is the result size every group's replies carry: a multi
+// request's results (kv.MultiResultSize).
+const MaxResult = kv.MultiResultSize
 
 // ReplicaConfig is the configuration of a replica of group g (bc
 // configures its Acuerdo instance: timeouts, ring sizes; Self and Start

@@ -1,0 +1,182 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/multicast"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+)
+
+// Write combining. A client has a window of ClientSlots messages in flight.
+// A single-key write (Put, Delete, a compare-and-swap) that finds the
+// window open and nobody queued for its group goes out at once, alone. When
+// the window is full, writes queue per group; each message that completes
+// sends the next group's queue as one multi request (kv.AppendMulti: up to
+// kv.MaxMulti independent ops, each with its own condition and result).
+// Under load, one ordered message thus carries many writes, and no write
+// waits longer than one message's round trip behind the window.
+
+type pendingOp struct {
+	op    kv.Op
+	g     uint32
+	res   kv.Result
+	index uint64
+	err   error
+	done  chan struct{}
+	sent  bool // in a message (under combiner.mu)
+}
+
+type combiner struct {
+	c        *Client
+	mu       sync.Mutex
+	inflight int
+	queued   [][]*pendingOp // per group
+	next     int            // round-robin over groups
+
+	messages, ops atomic.Uint64
+}
+
+// Stats counts what a client sent.
+type Stats struct {
+	// WriteMessages and WriteOps count the messages of single-key writes
+	// and the writes they carried (more ops than messages: combining).
+	WriteMessages, WriteOps uint64
+}
+
+// Stats reports the client's counters.
+func (c *Client) Stats() Stats {
+	return Stats{WriteMessages: c.comb.messages.Load(), WriteOps: c.comb.ops.Load()}
+}
+
+func (c *Client) combine(ctx context.Context, op kv.Op) (kv.Result, uint64, error) {
+	cb := &c.comb
+	p := &pendingOp{op: op, g: c.m.GroupOf(op.Key), done: make(chan struct{})}
+	cb.mu.Lock()
+	if cb.inflight < c.m.Limits.ClientSlots && len(cb.queued[p.g]) == 0 {
+		cb.inflight++
+		p.sent = true
+		cb.mu.Unlock()
+		cb.send(p.g, []*pendingOp{p})
+	} else {
+		cb.queued[p.g] = append(cb.queued[p.g], p)
+		cb.mu.Unlock()
+	}
+	select {
+	case <-p.done:
+		return p.res, p.index, p.err
+	case <-ctx.Done():
+		cb.mu.Lock()
+		defer cb.mu.Unlock()
+		if !p.sent {
+			// Still queued: it will never be sent.
+			q := cb.queued[p.g]
+			for i, x := range q {
+				if x == p {
+					cb.queued[p.g] = append(q[:i], q[i+1:]...)
+					break
+				}
+			}
+			return kv.Result{}, 0, ctx.Err()
+		}
+		return kv.Result{}, 0, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	}
+}
+
+// send multicasts batch (ops of group g) as one message, hands each op its
+// result, then sends what queued meanwhile, on a new goroutine.
+func (cb *combiner) send(g uint32, batch []*pendingOp) {
+	c := cb.c
+	ops := make([]kv.Op, len(batch))
+	for i, p := range batch {
+		ops[i] = p.op
+	}
+	var payload []byte
+	if len(batch) == 1 {
+		payload = kv.AppendRequest(nil, ops)
+	} else {
+		payload = kv.AppendMulti(nil, ops)
+	}
+	cb.messages.Add(1)
+	cb.ops.Add(uint64(len(batch)))
+	o, err := c.runner.Multicast(c.life0, tree.Of(g), payload)
+	var rs []kv.Result
+	index := uint64(0)
+	if err == nil && len(o.Replies) != 1 {
+		err = fmt.Errorf("rdmakv: %d replies to a message for group %d", len(o.Replies), g)
+	}
+	if err == nil {
+		index = o.Replies[0].Index
+		c.known(g, index)
+		if len(batch) == 1 {
+			var r kv.Result
+			if r, err = kv.DecodeResult(o.Replies[0].Result); err == nil {
+				rs = []kv.Result{r}
+			}
+		} else {
+			rs, err = kv.DecodeMultiResult(o.Replies[0].Result, nil)
+		}
+		if err == nil && len(rs) != len(batch) {
+			err = fmt.Errorf("rdmakv: group %d answered %d results for %d ops", g, len(rs), len(batch))
+		}
+		if err == nil && len(rs) == 1 && rs[0].Status == kv.StatusMalformed {
+			err = fmt.Errorf("rdmakv: group %d refused the request as malformed (nothing applied there)", g)
+		}
+	} else if err != nil && (errors.Is(err, multicast.ErrClosed) || c.isClosed()) {
+		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+	}
+	for i, p := range batch {
+		p.err, p.index = err, index
+		if err == nil {
+			p.res = rs[i]
+		}
+		close(p.done)
+	}
+	// Take the next group's queue (round-robin), or give the slot back.
+	cb.mu.Lock()
+	var ng uint32
+	var nb []*pendingOp
+	for k := range len(cb.queued) {
+		gg := (cb.next + k) % len(cb.queued)
+		q := cb.queued[gg]
+		if len(q) == 0 {
+			continue
+		}
+		nb, ng = cb.take(uint32(gg)), uint32(gg)
+		cb.next = gg + 1
+		break
+	}
+	if nb == nil {
+		cb.inflight--
+		cb.mu.Unlock()
+		return
+	}
+	cb.mu.Unlock()
+	go cb.send(ng, nb)
+}
+
+// take removes up to kv.MaxMulti ops of group g's queue that fit one
+// request slot (mu held).
+func (cb *combiner) take(g uint32) []*pendingOp {
+	q := cb.queued[g]
+	room := multicast.MaxPayload(cb.c.m.Limits.SlotSize) - 4
+	n := 0
+	for n < len(q) && n < kv.MaxMulti {
+		sz := kv.RequestSize([]kv.Op{q[n].op}) - 4
+		if n > 0 && sz > room {
+			break
+		}
+		room -= sz
+		n++
+	}
+	batch := append([]*pendingOp(nil), q[:n]...)
+	for _, p := range batch {
+		p.sent = true
+	}
+	cb.queued[g] = append(q[:0], q[n:]...)
+	return batch
+}
