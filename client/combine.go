@@ -109,6 +109,9 @@ func (cb *combiner) send(g uint32, batch []*pendingOp) {
 	if err == nil && len(o.Replies) != 1 {
 		err = fmt.Errorf("rdmakv: %d replies to a message for group %d", len(o.Replies), g)
 	}
+	if err == nil && o.Replies[0].Truncated {
+		err = fmt.Errorf("rdmakv: group %d's reply was truncated (the cluster's max_result is below this client's)", g)
+	}
 	if err == nil {
 		index = o.Replies[0].Index
 		c.known(g, index)

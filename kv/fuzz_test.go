@@ -963,3 +963,36 @@ func wellFormed(c snapContents) bool {
 	}
 	return total <= maxHeaps/2*restoreCfg.HeapRegionSize
 }
+
+// FuzzMulti: a multi request (combined single-key ops) decodes only from
+// its canonical encoding and within MaxMulti ops; a multi result decodes
+// only from what the table encodes.
+func FuzzMulti(f *testing.F) {
+	f.Add(AppendMulti(nil, []Op{{Kind: OpPut, Key: []byte("a"), Value: []byte("1")}, {Kind: OpDelete, Key: []byte("b"), Cmp: CmpVersion, CmpVersion: 7}}))
+	f.Add(AppendRequest(nil, []Op{{Kind: OpPut, Key: []byte("a")}}))
+	f.Add([]byte{4, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ops, err := DecodeMulti(b, nil)
+		if err == nil {
+			if len(ops) == 0 || len(ops) > MaxMulti {
+				t.Fatalf("accepted %d ops", len(ops))
+			}
+			if re := AppendMulti(nil, ops); !bytes.Equal(re, b) {
+				t.Fatalf("decoded %x, re-encoded %x", b, re)
+			}
+		} else if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("error %v is not ErrMalformed", err)
+		}
+		rs, err := DecodeMultiResult(b, nil)
+		if err == nil {
+			out := []byte{StatusOK, 0, byte(len(rs)), byte(len(rs) >> 8), 0, 0, 0, 0}
+			for i := range rs {
+				var buf [resSize]byte
+				out = append(out, encodeResult(buf[:], &rs[i])...)
+			}
+			if !bytes.Equal(out, b) {
+				t.Fatalf("result %x re-encoded as %x", b, out)
+			}
+		}
+	})
+}

@@ -118,7 +118,7 @@ func AppendMulti(dst []byte, ops []Op) []byte { return appendOps(dst, multiForma
 // DecodeMultiResult decodes a multi request's result into rs.
 func DecodeMultiResult(b []byte, rs []Result) ([]Result, error) {
 	rs = rs[:0]
-	if len(b) < 8 || b[0] != StatusOK || b[1] != 0 {
+	if len(b) < 8 || b[0] != StatusOK || b[1] != 0 || binary.LittleEndian.Uint32(b[4:]) != 0 {
 		if len(b) == resSize {
 			r, err := DecodeResult(b)
 			if err == nil && r.Status == StatusMalformed {

@@ -135,7 +135,7 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 	}
 	cfg := ReplicaConfig{
 		Multicast: multicast.Config{Group: tree.Group(g), Tree: h.t, Members: h.members, ClientNodes: h.cnodes,
-			ClientSlots: 4, ParentSlots: 16, SlotSize: 512, MaxResult: 64,
+			ClientSlots: 4, ParentSlots: 16, SlotSize: 512, MaxResult: MultiResultSize,
 			RetransmitAfter: 5 * time.Millisecond, Broadcast: bc},
 		Table: TableConfig{SlotMap: h.slots, MaxKey: 64, MaxValue: 4096, LogBuckets: 2, MigrateStep: 1,
 			HeapRegionSize: 1 << 16, Inc: uint64(env.Incarnation()), Clock: func() int64 { return int64(p.now) }},
@@ -189,10 +189,12 @@ type kvCliProc struct {
 }
 
 type pendingWrite struct {
-	rec  int
-	recs map[int]int // a batch spanning groups: one record per group
-	op   kvcheck.Op
-	part bool // a part of a staged request: no record
+	rec   int
+	multi []kvcheck.Op // a multi request's ops, recorded as multiRec
+	mrec  []int
+	recs  map[int]int // a batch spanning groups: one record per group
+	op    kvcheck.Op
+	part  bool // a part of a staged request: no record
 }
 
 func (p *kvCliProc) Start(env *sim.Env) error {
@@ -200,7 +202,7 @@ func (p *kvCliProc) Start(env *sim.Env) error {
 	p.env = env
 	p.writes = map[multicast.MsgID]pendingWrite{}
 	cfg := multicast.ClientConfig{Slot: uint32(p.slot), Inc: uint64(env.Incarnation()), Tree: h.t, Members: h.members,
-		ClientSlots: 4, SlotSize: 512, MaxResult: 64, RetryAfter: 10 * time.Millisecond,
+		ClientSlots: 4, SlotSize: 512, MaxResult: MultiResultSize, RetryAfter: 10 * time.Millisecond,
 		ReconnectMin: 100 * time.Microsecond, ReconnectMax: time.Millisecond,
 		OnDone: p.done}
 	c, err := multicast.NewClient(cfg, env.Node())
@@ -226,6 +228,33 @@ func (p *kvCliProc) done(o *multicast.Outcome) {
 	}
 	delete(p.writes, o.ID)
 	if pw.part {
+		return
+	}
+	if pw.multi != nil {
+		if len(o.Replies) != 1 {
+			p.h.fail(fmt.Errorf("client %d: %d replies to a multi request", p.slot, len(o.Replies)))
+			return
+		}
+		rp := o.Replies[0]
+		rs, err := DecodeMultiResult(rp.Result, nil)
+		if err != nil || len(rs) != len(pw.multi) {
+			p.h.fail(fmt.Errorf("client %d: multi result: %d results for %d ops, %v", p.slot, len(rs), len(pw.multi), err))
+			return
+		}
+		for i, r := range rs {
+			ok := r.Status == StatusOK
+			if pw.multi[i].Kind != kvcheck.CAS && !ok {
+				p.h.fail(fmt.Errorf("client %d: unconditional %v of a multi request failed", p.slot, pw.multi[i].Kind))
+			}
+			out := kvcheck.Output{OK: ok, Group: int(rp.Group)}
+			if ok {
+				out.Index, out.Version = rp.Index, r.Version
+				if r.Version != rp.Index<<16|uint64(i) {
+					p.h.fail(fmt.Errorf("client %d: multi op %d got version %x at index %d", p.slot, i, r.Version, rp.Index))
+				}
+			}
+			p.h.rec.End(pw.mrec[i], out)
+		}
 		return
 	}
 	out := kvcheck.Output{OK: true}
@@ -371,6 +400,9 @@ func (p *kvCliProc) issue(now time.Duration) bool {
 	}
 	var ops []Op
 	var op kvcheck.Op
+	if x >= 90 && x < 95 {
+		return p.issueMulti(rng)
+	}
 	switch {
 	case x < 70:
 		k, v := p.key(rng), p.value(rng)
@@ -472,6 +504,55 @@ func (p *kvCliProc) issue(now time.Duration) bool {
 	}
 	rid := h.rec.Begin(p.slot, op)
 	p.writes[mid] = pendingWrite{rec: rid, op: op}
+	h.stats.writes++
+	return true
+}
+
+// issueMulti sends a multi request: 2 or 3 independent single-key ops on
+// keys of one group (what the client library's write combining sends),
+// each recorded as its own op.
+func (p *kvCliProc) issueMulti(rng *rand.Rand) bool {
+	h := p.h
+	g := uint32(rng.IntN(len(h.members)))
+	var ops []Op
+	var rec []kvcheck.Op
+	for tries := 0; len(ops) < 2+rng.IntN(2) && tries < 64; tries++ {
+		k := p.key(rng)
+		if h.slots[HashSlot([]byte(k))] != g {
+			continue
+		}
+		switch rng.IntN(3) {
+		case 0:
+			v := p.value(rng)
+			ops = append(ops, Op{Kind: OpPut, Key: []byte(k), Value: []byte(v)})
+			rec = append(rec, kvcheck.Op{Kind: kvcheck.Put, Key: k, Value: v})
+		case 1:
+			ops = append(ops, Op{Kind: OpDelete, Key: []byte(k)})
+			rec = append(rec, kvcheck.Op{Kind: kvcheck.Delete, Key: k})
+		default:
+			v := p.value(rng)
+			ops = append(ops, Op{Kind: OpPut, Cmp: CmpValue, Key: []byte(k), Value: []byte(v), CmpVersion: 1})
+			rec = append(rec, kvcheck.Op{Kind: kvcheck.CAS, Key: k, Value: v, OldAbsent: true})
+		}
+	}
+	req := AppendMulti(nil, ops)
+	if len(ops) == 0 || len(req) > multicast.MaxPayload(512) {
+		return false
+	}
+	mid, err := p.c.Multicast(tree.Of(g), req)
+	if errors.Is(err, multicast.ErrWindowFull) {
+		return false
+	}
+	if err != nil {
+		h.fail(fmt.Errorf("client %d: multi: %v", p.slot, err))
+		return false
+	}
+	pw := pendingWrite{multi: rec}
+	for _, o := range rec {
+		o.Client = p.slot
+		pw.mrec = append(pw.mrec, h.rec.Begin(p.slot, o))
+	}
+	p.writes[mid] = pw
 	h.stats.writes++
 	return true
 }
@@ -580,7 +661,7 @@ func (h *kvRun) crashClient(id rdma.NodeID, d time.Duration) {
 				for _, id := range pw.recs {
 					h.rec.End(id, kvcheck.Output{Unknown: true})
 				}
-				if !pw.part && pw.recs == nil {
+				if !pw.part && pw.recs == nil && pw.mrec == nil {
 					h.rec.End(pw.rec, kvcheck.Output{Unknown: true})
 				}
 				if !pw.part {
