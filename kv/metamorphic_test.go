@@ -93,31 +93,23 @@ type metaTableConfig struct {
 	// bug names a known bug this configuration hits: skipped unless
 	// -metabugs.
 	bug string
+	// mutant plants a bug in the tables (TestMetamorphicCatchesMutants).
+	mutant int
 }
-
-// metaGrowthBug: a put that finds no free place grows the index in the
-// middle of a request (Table.put: finishMigration, startGrowth); the
-// request's later ops were migrated (applyOps' first loop) only out of the
-// generation that is now the old one's predecessor, so their keys sit in
-// the new old generation unmigrated, find (current generation only) misses
-// them, a later put stores a second copy (both end up in the index) and a
-// later delete removes nothing: a deleted key comes back with an old
-// value. With MaxLoad 0.95 and 4 initial buckets a full place is common.
-const metaGrowthBug = "a put growing the index mid-request loses the request's later ops' keys (duplicate records, a delete that does nothing)"
 
 var metaTableConfigs = []metaTableConfig{
 	{name: "default", groups: 1},
 	{name: "default-3groups", groups: 3},
 	{name: "lb2-ms1", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1}, groups: 1},
 	{name: "lb2-ms1-load0.05-smallheap-3groups", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.05, HeapRegionSize: metaSmallHeap}, groups: 3},
-	{name: "lb2-ms1-load0.95", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95}, groups: 1, bug: metaGrowthBug},
-	{name: "lb2-ms1-load0.95-smallheap-3groups", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95, HeapRegionSize: metaSmallHeap}, groups: 3, bug: metaGrowthBug},
+	{name: "lb2-ms1-load0.95", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95}, groups: 1},
+	{name: "lb2-ms1-load0.95-smallheap-3groups", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95, HeapRegionSize: metaSmallHeap}, groups: 3},
 	{name: "lb3-ms2-load0.5-smallheap", cfg: TableConfig{LogBuckets: 3, MigrateStep: 2, MaxLoad: 0.5, HeapRegionSize: metaSmallHeap}, groups: 1},
 	{name: "lb2-ms1000-3groups", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1000}, groups: 3},
-	{name: "lb2-ms1000-load0.9-3groups", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1000, MaxLoad: 0.9}, groups: 3, bug: metaGrowthBug},
+	{name: "lb2-ms1000-load0.9-3groups", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1000, MaxLoad: 0.9}, groups: 3},
 	{name: "lb10-load0.95-smallheap", cfg: TableConfig{LogBuckets: 10, MaxLoad: 0.95, HeapRegionSize: metaSmallHeap}, groups: 1},
 	{name: "lb5-ms3-load0.3-restore", cfg: TableConfig{LogBuckets: 5, MigrateStep: 3, MaxLoad: 0.3}, groups: 1, restore: true},
-	{name: "lb2-ms1-load0.95-smallheap-3groups-restore", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95, HeapRegionSize: metaSmallHeap}, groups: 3, restore: true, bug: metaGrowthBug},
+	{name: "lb2-ms1-load0.95-smallheap-3groups-restore", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95, HeapRegionSize: metaSmallHeap}, groups: 3, restore: true},
 	{name: "default-3groups-restore", groups: 3, restore: true},
 }
 
@@ -698,6 +690,7 @@ func metaGetOutcome(found bool, v []byte) string {
 // alone) and returns each step's outcome.
 type metaRun struct {
 	t      *testing.T
+	caught *string // set: fatalf records its message here and stops the run (a planted bug's test)
 	seed   uint64
 	c      metaTableConfig
 	tables bool
@@ -722,9 +715,16 @@ type metaEntry struct {
 	res   []byte
 }
 
+// metaStop stops a run whose failure a test expects (metaRun.caught).
+type metaStop struct{}
+
 func (r *metaRun) fatalf(format string, a ...any) {
 	r.t.Helper()
 	msg := fmt.Sprintf(format, a...)
+	if r.caught != nil {
+		*r.caught = msg
+		panic(metaStop{})
+	}
 	for g, tb := range r.tabs {
 		if tb == nil {
 			continue
@@ -793,6 +793,7 @@ func (r *metaRun) newTable(g int) (*Table, rdma.Node) {
 	if err != nil {
 		r.fatalf("table: %v", err)
 	}
+	tb.mutant = r.c.mutant
 	return tb, n
 }
 
@@ -1098,5 +1099,50 @@ func TestMetamorphicTable(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMetamorphicCatchesMutants plants bugs in the tables and checks that
+// the comparison with the model catches each within a few seeds.
+func TestMetamorphicCatchesMutants(t *testing.T) {
+	for _, m := range []struct {
+		name string
+		c    metaTableConfig
+	}{
+		// The bug these tests found: an op of a request that does not
+		// migrate its key's buckets again after an earlier op grew the
+		// index.
+		{"no-remigrate", metaTableConfig{name: "lb2-ms1-load0.95", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95}, groups: 1, mutant: mutNoRemigrateID}},
+		{"no-condition", metaTableConfig{name: "default", groups: 1, mutant: mutNoConditionID}},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			for seed := uint64(1); seed <= 8; seed++ {
+				seq := metaGenerate(seed, 3000)
+				ref := (&metaRun{t: t, seed: seed, c: metaTableConfig{name: "model", groups: 1}}).run(seq)
+				var msg string
+				func() {
+					defer func() {
+						if p := recover(); p != nil {
+							if _, ok := p.(metaStop); !ok {
+								panic(p)
+							}
+						}
+					}()
+					r := &metaRun{t: t, seed: seed, c: m.c, tables: true, caught: &msg}
+					got := r.run(seq)
+					for i := range seq {
+						if got[i] != ref[i] {
+							r.step, r.what = i, &seq[i]
+							r.fatalf("outcome %q, the reference %q", got[i], ref[i])
+						}
+					}
+				}()
+				if msg != "" {
+					t.Logf("seed %d caught it: %s", seed, strings.SplitN(msg, "\n", 2)[0])
+					return
+				}
+			}
+			t.Fatalf("the planted bug was not caught in 8 seeds")
+		})
 	}
 }

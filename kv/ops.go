@@ -208,6 +208,9 @@ func decodeOps(b []byte, format byte, ops []Op) ([]Op, error) {
 			p += pad8(l)
 		}
 		op.Key, op.Value, op.CmpValue = parts[0], parts[1], parts[2]
+		if len(op.Key) == 0 {
+			return ops, fmt.Errorf("%w: empty key", ErrMalformed)
+		}
 		if op.Kind == OpDelete && len(op.Value) != 0 || op.Cmp != CmpValue && len(op.CmpValue) != 0 {
 			return ops, fmt.Errorf("%w: stray bytes", ErrMalformed)
 		}

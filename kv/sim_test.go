@@ -64,7 +64,8 @@ type kvOpts struct {
 	clientCrash               bool
 	bigValues                 bool // some values need staged parts
 	mutant                    int
-	keysSet                   int // key space (default 24)
+	keysSet                   int     // key space (default 24)
+	maxLoad                   float64 // the tables' MaxLoad (default kv's)
 }
 
 // Planted bugs (TestSimMutants).
@@ -82,6 +83,7 @@ const (
 	// mutLatePromise: a member's promise word is published 6 ms after
 	// it changed, after its vote went out.
 	mutLatePromise
+	// (mutNoRemigrateID: kv's TestMetamorphicCatchesMutants.)
 )
 
 type kvRun struct {
@@ -137,7 +139,7 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 		Multicast: multicast.Config{Group: tree.Group(g), Tree: h.t, Members: h.members, ClientNodes: h.cnodes,
 			ClientSlots: 4, ParentSlots: 16, SlotSize: 512, MaxResult: MultiResultSize,
 			RetransmitAfter: 5 * time.Millisecond, Broadcast: bc},
-		Table: TableConfig{SlotMap: h.slots, MaxKey: 64, MaxValue: 4096, LogBuckets: 2, MigrateStep: 1,
+		Table: TableConfig{SlotMap: h.slots, MaxKey: 64, MaxValue: 4096, LogBuckets: 2, MigrateStep: 1, MaxLoad: h.o.maxLoad,
 			HeapRegionSize: 1 << 16, Inc: uint64(env.Incarnation()), Clock: func() int64 { return int64(p.now) }},
 	}
 	r, err := NewReplica(cfg, env.Node(), diskStable{env.Disk()})
@@ -926,6 +928,10 @@ var kvSimCases = []struct {
 	// growth: 160 keys in tables of 4 buckets to start with, so that the
 	// index grows through several generations while gets read it.
 	{"growth", kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond, crashes: true}},
+	// full-buckets: tables filled to 95% before they grow, so that puts
+	// find a key's four buckets full and grow the index in the middle of
+	// a request.
+	{"full-buckets", kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond, maxLoad: 0.95}},
 }
 
 func TestSim(t *testing.T) {

@@ -491,6 +491,12 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 			res.Version = version
 		}
 		res.Count++
+		// An earlier op of this request may have started a new
+		// generation (a put that found its key's buckets full): migrate
+		// this key's buckets again before looking it up.
+		if t.mutant != mutNoRemigrateID {
+			t.migrateKey(h)
+		}
 		w, found := t.find(op.Key, h)
 		switch op.Kind {
 		case OpDelete:
@@ -1057,4 +1063,5 @@ const (
 	mutNewGenOnlyID  = 2
 	mutNoConditionID = 3
 	mutLatePromiseID = 4
+	mutNoRemigrateID = 5
 )
