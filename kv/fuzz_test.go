@@ -297,7 +297,7 @@ func opsFrom(in []byte) []Op {
 		if c&0x80 != 0 {
 			op.Kind = OpDelete
 		}
-		op.Key = b.take(int(b.byte() % 20))
+		op.Key = b.take(1 + int(b.byte()%20)) // keys have at least one byte
 		if op.Kind == OpPut {
 			op.Value = b.take(int(b.byte() % 40))
 		}
