@@ -142,7 +142,7 @@ type Client struct {
 	node     rdma.Node
 	own      bool
 	runner   *multicast.ClientRunner
-	pools    []chan *kv.GroupReader
+	pools    []readerPool
 	comb     combiner
 	life0    context.Context // ends at Close: the combined messages' context
 	cancel0  context.CancelFunc
@@ -198,10 +198,7 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	c.knownTab = make([]atomic.Uint64, len(m.Groups))
 	c.comb = combiner{c: c, queued: make([][]*pendingOp, len(m.Groups))}
 	c.life0, c.cancel0 = context.WithCancel(context.Background())
-	c.pools = make([]chan *kv.GroupReader, len(m.Groups))
-	for g := range c.pools {
-		c.pools[g] = make(chan *kv.GroupReader, 64)
-	}
+	c.pools = make([]readerPool, len(m.Groups))
 	octx := ctx
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -256,10 +253,14 @@ func (c *Client) Close() error {
 	err := c.runner.Close()
 	c.life.Lock() // every call returned
 	defer c.life.Unlock()
-	for _, p := range c.pools {
-		for len(p) > 0 {
-			(<-p).Close()
+	for g := range c.pools {
+		p := &c.pools[g]
+		p.mu.Lock()
+		for _, r := range p.free {
+			r.Close()
 		}
+		p.free = nil
+		p.mu.Unlock()
 	}
 	if c.own {
 		if e := c.node.Close(); err == nil {

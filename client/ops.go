@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -114,27 +115,40 @@ func (c *Client) known(g uint32, idx uint64) uint64 {
 	}
 }
 
+// readerPool keeps a group's idle readers (each with its own Conns): a
+// get takes one, and gives it back unless maxIdleReaders are idle.
+type readerPool struct {
+	mu   sync.Mutex
+	free []*kv.GroupReader
+}
+
+const maxIdleReaders = 64
+
 func (c *Client) reader(g uint32) *kv.GroupReader {
-	select {
-	case r := <-c.pools[g]:
-		return r
-	default:
-		r := kv.NewGroupReader(c.node, g, c.m.Groups[g], c.o.near)
-		r.BackoffMin, r.BackoffMax = c.o.backoffMin, c.o.backoffMax
+	p := &c.pools[g]
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		r := p.free[n-1]
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
 		return r
 	}
+	p.mu.Unlock()
+	r := kv.NewGroupReader(c.node, g, c.m.Groups[g], c.o.near)
+	r.BackoffMin, r.BackoffMax = c.o.backoffMin, c.o.backoffMax
+	return r
 }
 
 func (c *Client) putReader(g uint32, r *kv.GroupReader) {
-	if c.isClosed() {
-		r.Close()
+	p := &c.pools[g]
+	p.mu.Lock()
+	if !c.isClosed() && len(p.free) < maxIdleReaders {
+		p.free = append(p.free, r)
+		p.mu.Unlock()
 		return
 	}
-	select {
-	case c.pools[g] <- r:
-	default:
-		r.Close()
-	}
+	p.mu.Unlock()
+	r.Close()
 }
 
 // Put stores value under key.

@@ -610,7 +610,12 @@ func (r *GroupReader) pollR1() bool {
 				continue
 			}
 			for i := range slotsPer {
-				if s := decodeSlot(bk, i); s.Version != 0 && s.FP == fp {
+				// The fingerprint (the ref word's low byte) first: most
+				// slots stop there.
+				if bk[bucketHdr+i*slotSize+8] != fp {
+					continue
+				}
+				if s := decodeSlot(bk, i); s.Version != 0 {
 					r.cand[r.nc] = s
 					r.nc++
 				}
