@@ -316,17 +316,21 @@ type where struct {
 }
 
 // find looks key up in the current generation (its old buckets migrated
-// already).
+// already). The polling goroutine is the only writer of the index, so it
+// reads its own words without atomics; a slot's fingerprint byte is
+// compared first.
 func (t *Table) find(key []byte, h uint64) (where, bool) {
 	fp := fpOf(h)
+	mem := t.cur.mem
 	for _, b := range places(h, t.cur.log) {
 		off := b * bucketSize
 		for i := range slotsPer {
-			s := t.slotAt(t.cur.mem, off, i)
-			if s.Version == 0 || s.FP != fp {
+			so := off + bucketHdr + i*slotSize
+			if mem[so+8] != fp {
 				continue
 			}
-			if bytes.Equal(t.recordKey(s), key) {
+			s := slotOf(binary.LittleEndian.Uint64(mem[so:]), binary.LittleEndian.Uint64(mem[so+8:]))
+			if s.Version != 0 && bytes.Equal(t.recordKey(s), key) {
 				return where{bucket: off, slot: i, s: s}, true
 			}
 		}
@@ -370,7 +374,7 @@ func freeSlot(g *gen, h uint64) (bucket, slot int, ok bool) {
 		}
 		off := b * bucketSize
 		for i := range slotsPer {
-			if rdma.Load64(g.mem, off+bucketHdr+i*slotSize) == 0 {
+			if binary.LittleEndian.Uint64(g.mem[off+bucketHdr+i*slotSize:]) == 0 {
 				return off, i, true
 			}
 		}
@@ -380,9 +384,9 @@ func freeSlot(g *gen, h uint64) (bucket, slot int, ok bool) {
 
 func bucketLoad(g *gen, b int) int {
 	n := 0
-	off := b * bucketSize
+	off := b*bucketSize + bucketHdr
 	for i := range slotsPer {
-		if rdma.Load64(g.mem, off+bucketHdr+i*slotSize) != 0 {
+		if binary.LittleEndian.Uint64(g.mem[off+i*slotSize:]) != 0 {
 			n++
 		}
 	}
