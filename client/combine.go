@@ -58,10 +58,13 @@ func (c *Client) combine(ctx context.Context, op kv.Op) (kv.Result, uint64, erro
 	p := &pendingOp{op: op, g: c.m.GroupOf(op.Key), done: make(chan struct{})}
 	cb.mu.Lock()
 	if cb.inflight < c.m.Limits.ClientSlots && len(cb.queued[p.g]) == 0 {
+		// Alone: sent on the caller's goroutine, under the caller's
+		// context (if it ends, the runner keeps the message going and
+		// the caller learns ErrOutcomeUnknown).
 		cb.inflight++
 		p.sent = true
 		cb.mu.Unlock()
-		cb.send(p.g, []*pendingOp{p})
+		cb.send(ctx, p.g, []*pendingOp{p})
 	} else {
 		cb.queued[p.g] = append(cb.queued[p.g], p)
 		cb.mu.Unlock()
@@ -87,9 +90,10 @@ func (c *Client) combine(ctx context.Context, op kv.Op) (kv.Result, uint64, erro
 	}
 }
 
-// send multicasts batch (ops of group g) as one message, hands each op its
-// result, then sends what queued meanwhile, on a new goroutine.
-func (cb *combiner) send(g uint32, batch []*pendingOp) {
+// send multicasts batch (ops of group g) as one message under ctx, hands
+// each op its result, then sends what queued meanwhile, on a new goroutine
+// under the client's own context (combined ops belong to several callers).
+func (cb *combiner) send(ctx context.Context, g uint32, batch []*pendingOp) {
 	c := cb.c
 	ops := make([]kv.Op, len(batch))
 	for i, p := range batch {
@@ -103,7 +107,7 @@ func (cb *combiner) send(g uint32, batch []*pendingOp) {
 	}
 	cb.messages.Add(1)
 	cb.ops.Add(uint64(len(batch)))
-	o, err := c.runner.Multicast(c.life0, tree.Of(g), payload)
+	o, err := c.runner.Multicast(ctx, tree.Of(g), payload)
 	var rs []kv.Result
 	index := uint64(0)
 	if err == nil && len(o.Replies) != 1 {
@@ -131,6 +135,8 @@ func (cb *combiner) send(g uint32, batch []*pendingOp) {
 		}
 	} else if err != nil && (errors.Is(err, multicast.ErrClosed) || c.isClosed()) {
 		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+	} else if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
 	}
 	for i, p := range batch {
 		p.err, p.index = err, index
@@ -159,7 +165,7 @@ func (cb *combiner) send(g uint32, batch []*pendingOp) {
 		return
 	}
 	cb.mu.Unlock()
-	go cb.send(ng, nb)
+	go cb.send(c.life0, ng, nb)
 }
 
 // take removes up to kv.MaxMulti ops of group g's queue that fit one

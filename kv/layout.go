@@ -33,8 +33,10 @@ import (
 //	geometry  [cur gen u16][cur log2 buckets u8][migrating u8]
 //	          [old gen u16][old log2 buckets u8][0 u8]
 //	inc       this table's incarnation (differs after a restart)
-//	layout    counts every change of geometry or restore: a reader whose
-//	          two header reads agree on it read one layout
+//	layout    counts every change of geometry or restore (by 2), and is
+//	          odd while a request of several ops is being applied: a
+//	          reader whose two header reads agree on one even value read
+//	          one layout and no request half applied
 //	check     xxhash of words 1..6
 //
 // Bucket (128 bytes): a header word, a spare word, then 7 slots of 16 bytes.
@@ -185,9 +187,10 @@ func DecodeHeader(b []byte) (Header, error) {
 		Geometry: g, Inc: w[5], Layout: w[6]}, nil
 }
 
-// sameLayout reports whether two header reads saw one layout of one table.
+// sameLayout reports whether two header reads saw one layout of one table,
+// with no request of several ops being applied (an odd layout).
 func sameLayout(a, b *Header) bool {
-	return a.Inc == b.Inc && a.Layout == b.Layout && a.Geometry == b.Geometry
+	return a.Inc == b.Inc && a.Layout == b.Layout && a.Layout%2 == 0 && a.Geometry == b.Geometry
 }
 
 // Slot is a decoded index slot.

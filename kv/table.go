@@ -449,7 +449,19 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 		// AppendRequest, so only a foreign writer gets here.
 		res.Status = StatusMalformed
 	} else {
+		// A request of several ops is atomic for readers too: the layout
+		// counter is odd while its slots are written, and a reader whose
+		// two header reads do not show one even layout reads again
+		// (docs/kv.md, "Batches within a group").
+		multi := len(ops) > 1
+		if multi {
+			t.layout |= 1
+			t.publish()
+		}
 		res = t.applyOps(index, ops, 0)
+		if multi {
+			t.layout++
+		}
 		t.step()
 		t.maybeGrow()
 	}
@@ -605,7 +617,7 @@ func (t *Table) startGrowth() error {
 	t.old = &old
 	t.cur = ng
 	t.cursor = 0
-	t.layout++
+	t.layout += 2 // even: no request in progress (applyRequest)
 	return nil
 }
 
@@ -638,7 +650,7 @@ func (t *Table) endMigration() {
 	// may still read it) until the next growth begins.
 	t.retire = t.old
 	t.old = nil
-	t.layout++
+	t.layout += 2 // even: no request in progress (applyRequest)
 }
 
 // migrateKey migrates the old generation's candidate buckets of a key.
@@ -962,7 +974,7 @@ func (t *Table) Restore(b []byte) error {
 	t.stages = stages
 	t.restores++
 	t.applied = applied
-	t.layout++
+	t.layout += 2 // even: no request in progress (applyRequest)
 	t.publish()
 	return nil
 }

@@ -402,7 +402,7 @@ func (l *kvLoad) keyOps(hist []kvcheck.Op, key string, t int64, window time.Dura
 // nil) that returned a state only a batch shows between two of its
 // operations: a value a batch wrote to a key and overwrote within itself,
 // or absent from a batch that deletes the key and then puts it again.
-// Those are the known kv bug TestBatchAtomicForReaders shows.
+// (The bug TestBatchAtomicForReaders aims at, fixed: a failure names them.)
 func halfBatches(hist []kvcheck.Op, ops []int) []string {
 	type mid struct {
 		pos     int
