@@ -11,11 +11,18 @@ import (
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
-// BenchmarkGet is one reader's one-sided get of a table of 100k records
+// BenchmarkGet is one reader's one-sided get of a table of 1k (in cache)
+// and 100k records
 // (16-byte keys, 100-byte values) on another node of this process, on shm
 // (the reader's loads from the table's mapping): the cost of the get path
 // itself, without the cluster. kvbench kv measures it against a cluster.
 func BenchmarkGet(b *testing.B) {
+	for _, n := range []int{1000, 100000} {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) { benchGet(b, n) })
+	}
+}
+
+func benchGet(b *testing.B, n int) {
 	dir := b.TempDir()
 	name := fmt.Sprintf("kvbench%d", os.Getpid())
 	n1, err := shm.Open(1, shm.Options{Dir: dir, Cluster: name})
@@ -35,7 +42,6 @@ func BenchmarkGet(b *testing.B) {
 	defer tb.Close()
 	tb.Promise(5)
 	tb.SetServing(5)
-	const n = 100000
 	keys := make([][]byte, n)
 	val := make([]byte, 100)
 	for i := range keys {

@@ -728,9 +728,8 @@ var ErrStopped = errors.New("kv: get stopped")
 // reader's own buffers and is reaped by its next get.
 func (r *GroupReader) GetCtx(ctx context.Context, stop <-chan struct{}, deadline time.Time, key []byte, mode Consistency) (GetResult, error) {
 	r.Begin(key, mode)
-	start := time.Now()
 	done := ctx.Done()
-	for spins := 0; !r.Poll(time.Since(start)); spins++ {
+	for spins := 0; !r.Poll(rdma.Mono()); spins++ {
 		if spins < 64 {
 			continue
 		}
@@ -748,7 +747,7 @@ func (r *GroupReader) GetCtx(ctx context.Context, stop <-chan struct{}, deadline
 			return GetResult{}, fmt.Errorf("%w (last cause: %v)", context.DeadlineExceeded, r.lastErr)
 		}
 		if r.st == gsWait {
-			t := time.NewTimer(time.Until(start.Add(r.retryAt)))
+			t := time.NewTimer(r.retryAt - rdma.Mono())
 			select {
 			case <-done:
 			case <-stop:
