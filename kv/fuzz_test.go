@@ -606,7 +606,16 @@ func parseSnapshot(b []byte, maxRequest int) (c snapContents, err error) {
 		if perClient[uint32(client)]++; perClient[uint32(client)] > MaxStages {
 			return c, fmt.Errorf("more than %d staged requests of client %d", MaxStages, client)
 		}
-		c.stages = append(c.stages, snapStage{StageID{uint32(client), w(1), w(2)}, string(b[p+40 : p+40+int(total)]), int(have)})
+		if bytes.ContainsFunc(b[p+40+int(total):p+40+pad8(int(total))], func(r rune) bool { return r != 0 }) {
+			return c, fmt.Errorf("staged request %d at byte %d: padding not zero", n, p)
+		}
+		id := StageID{uint32(client), w(1), w(2)}
+		for _, o := range c.stages {
+			if o.id == id {
+				return c, fmt.Errorf("staged request %+v twice", id)
+			}
+		}
+		c.stages = append(c.stages, snapStage{id, string(b[p+40 : p+40+int(total)]), int(have)})
 		p += 40 + pad8(int(total))
 	}
 	if p != len(b) {
@@ -948,14 +957,16 @@ func checkRestore(t *testing.T, recipe bool, base uint8, snap []byte) {
 }
 
 // wellFormed reports whether a parsed snapshot's records are what a table
-// could have written (distinct keys, nonzero versions) and fit
-// restoreCfg's heap regions.
+// could have written (distinct keys of 1 to MaxKey bytes, values within
+// MaxValue, nonzero versions) and fit restoreCfg's heap regions.
 func wellFormed(c snapContents) bool {
 	seen := map[string]bool{}
 	total := 0
+	maxKey := cmp.Or(restoreCfg.MaxKey, DefaultMaxKey)
 	for i, rec := range c.recs {
 		size := recordSize(len(c.keys[i]), len(rec.value))
-		if seen[c.keys[i]] || rec.version == 0 || classOf(size) > restoreCfg.HeapRegionSize {
+		if seen[c.keys[i]] || rec.version == 0 || classOf(size) > restoreCfg.HeapRegionSize ||
+			len(c.keys[i]) == 0 || len(c.keys[i]) > maxKey || len(rec.value) > restoreCfg.MaxValue {
 			return false
 		}
 		seen[c.keys[i]] = true
