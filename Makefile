@@ -2,7 +2,8 @@
 # .ci/run): gofmt and go vet, the allocation tests without the race detector
 # (noalloc), the timing-sensitive tests without it (norace), every package's
 # tests with it (unit), then a short run of every fuzz target (fuzz-short).
-# `make run` is the one run command.
+# `make run` is the one run command: an embedded local cluster (kvserver
+# with no arguments); `make bench` runs the fabric benchmark.
 
 GO ?= go
 # A count of executions, not a duration: see scripts/fuzz-short (golang/go#75804).
@@ -60,7 +61,7 @@ fuzz-short:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz-short
 
 run:
-	$(GO) run ./cmd/kvbench fabric
+	$(GO) run ./cmd/kvserver
 
 bench:
 	$(GO) run ./cmd/kvbench fabric --runs 5

@@ -10,9 +10,13 @@
 package client
 
 import (
+	"os"
+	"path/filepath"
+
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -104,7 +108,10 @@ func WithMapFile(path string) Option { return func(o *options) { o.mapFile = pat
 // clusters on the mem fabric need it.
 func WithNode(n rdma.Node) Option { return func(o *options) { o.node = n } }
 
-// WithSlot picks the client slot (default 0): one live client per slot.
+// WithSlot picks the client slot: one live client per slot. Without it, a
+// client of an shm cluster claims the first free slot of the host (a lock
+// file per slot, released by Close or by the process's death), and other
+// clients take slot 0.
 func WithSlot(k int) Option { return func(o *options) { o.slot = k } }
 
 // WithTimeout bounds each call whose context has no deadline (default
@@ -144,6 +151,7 @@ type Client struct {
 	runner   *multicast.ClientRunner
 	pools    []readerPool
 	comb     combiner
+	slotLock *os.File        // the claimed slot's lock file (shm clusters), closed by Close
 	life0    context.Context // ends at Close: the combined messages' context
 	cancel0  context.CancelFunc
 	inc      uint64        // the multicast client's incarnation
@@ -161,7 +169,7 @@ type Client struct {
 // WithNode), registers with every group (which needs each group to have a
 // leader), and is ready for calls.
 func Open(ctx context.Context, opts ...Option) (*Client, error) {
-	o := options{timeout: 10 * time.Second, backoffMin: 100 * time.Microsecond, backoffMax: 50 * time.Millisecond}
+	o := options{slot: -1, timeout: 10 * time.Second, backoffMin: 100 * time.Microsecond, backoffMax: 50 * time.Millisecond}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -178,6 +186,22 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	} else if err := m.Fill(); err != nil {
 		return nil, fmt.Errorf("rdmakv: open: %w", err)
 	}
+	var slotLock *os.File
+	if o.slot < 0 && m.Fabric == "shm" && o.node == nil {
+		k, f, err := claimSlot(m)
+		if err != nil {
+			return nil, fmt.Errorf("rdmakv: open: %w", err)
+		}
+		o.slot, slotLock = k, f
+	} else if o.slot < 0 {
+		o.slot = 0
+	}
+	opened := false
+	defer func() {
+		if !opened && slotLock != nil {
+			slotLock.Close()
+		}
+	}()
 	if o.slot < 0 || o.slot >= len(m.ClientNodes) {
 		return nil, fmt.Errorf("rdmakv: open: client slot %d: the map has %d", o.slot, len(m.ClientNodes))
 	}
@@ -217,6 +241,8 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		}
 		return nil, fmt.Errorf("rdmakv: open: register with the cluster's groups: %w", err)
 	}
+	opened = true
+	c.slotLock = slotLock
 	return c, nil
 }
 
@@ -262,6 +288,9 @@ func (c *Client) Close() error {
 		p.free = nil
 		p.mu.Unlock()
 	}
+	if c.slotLock != nil {
+		defer c.slotLock.Close() // the slot is free once the node is closed
+	}
 	if c.own {
 		if e := c.node.Close(); err == nil {
 			err = e
@@ -301,4 +330,25 @@ func (c *Client) checkValue(v []byte) error {
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(v), c.m.Limits.MaxValue)
 	}
 	return nil
+}
+
+// claimSlot claims the first client slot of shm cluster m that no other
+// live process of the host holds: an exclusive flock on a lock file per
+// slot, which the kernel releases when the holder closes it or dies.
+func claimSlot(m *cluster.Map) (int, *os.File, error) {
+	dir := filepath.Join(os.TempDir(), "rdmakv-slots", m.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, nil, err
+	}
+	for k := range m.ClientNodes {
+		f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("slot-%d.lock", k)), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			return 0, nil, err
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			return k, f, nil
+		}
+		f.Close()
+	}
+	return 0, nil, fmt.Errorf("all %d client slots of cluster %q are in use on this host", len(m.ClientNodes), m.Name)
 }

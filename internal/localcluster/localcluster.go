@@ -5,6 +5,7 @@
 package localcluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -101,6 +102,10 @@ func (c *Cluster) start(g, i int, mode broadcast.StartMode, stable *broadcast.Me
 		paused: make(chan struct{}), polls: make(chan func(*kv.Replica), 16)}
 	close(rp.paused)
 	d := broadcast.NewMultiDriver(node.Doorbell(), &gate{rp: rp})
+	// The gate is not a *broadcast.Replica, so the driver cannot see the
+	// heartbeat interval: an idle replica would wake every default
+	// heartbeat (1 ms) instead of its own.
+	d.MaxPark = cmp.Or(c.Broadcast.HeartbeatInterval, broadcast.DefaultHeartbeatInterval)
 	go func() {
 		defer close(rp.done)
 		d.Run(rctx)

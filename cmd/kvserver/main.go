@@ -1,0 +1,170 @@
+// Command kvserver runs rdmakv replicas.
+//
+// With no arguments it starts an embedded local cluster: every replica of a
+// small cluster (2 groups of 3 replicas by default) in this process, on the
+// shm fabric, so that other processes on the host (kvcli, Go programs using
+// package client, YCSB drivers) read its memory one-sided. It writes the
+// cluster map where those find it by default (client.DefaultMapFile),
+// prints how to connect, and runs until SIGINT or SIGTERM, after which it
+// leaves no file behind (shared memory, map, lock).
+//
+// Running one replica per process from a cluster config (--config, --id)
+// is not built yet.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `usage: kvserver [flags]
+
+With no flags, kvserver starts an embedded local cluster of 2 groups x 3
+replicas on the shm fabric, writes its cluster map to %s,
+and runs until Ctrl-C (SIGINT) or SIGTERM. kvcli and Go programs using
+github.com/rdmakv/rdmakv/client find the map there by default.
+
+Flags:
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, usage, client.DefaultMapFile)
+		fs.PrintDefaults()
+	}
+	groups := fs.Int("groups", 2, "embedded cluster: number of groups (shards)")
+	replicas := fs.Int("replicas", 3, "embedded cluster: replicas per group (odd: 1, 3, 5)")
+	clients := fs.Int("clients", 32, "embedded cluster: client slots (processes that may be connected at once)")
+	mapFile := fs.String("map", client.DefaultMapFile, "where to write the cluster map")
+	shmDir := fs.String("shm-dir", "/dev/shm", "the shm fabric's directory (a tmpfs)")
+	name := fs.String("name", "local", "the cluster's name ([A-Za-z0-9_-]{1,64})")
+	heartbeat := fs.Duration("heartbeat", 10*time.Millisecond, "replicas' heartbeat interval (each wakes every replica: the idle CPU cost)")
+	election := fs.Duration("election-timeout", 150*time.Millisecond, "how long a group waits for its leader before electing another")
+	config := fs.String("config", "", "run one replica from a cluster config (not built yet)")
+	fs.String("id", "", "with --config: the replica to run (not built yet)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *config != "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "kvserver: running a replica from a cluster config (--config, --id) is not built yet; with no arguments kvserver starts an embedded local cluster")
+		return 2
+	}
+	if *replicas < 1 || *replicas%2 == 0 || *groups < 1 || *clients < 1 {
+		fmt.Fprintf(stderr, "kvserver: --groups %d --replicas %d --clients %d: want at least one group, an odd number of replicas and at least one client slot\n", *groups, *replicas, *clients)
+		return 2
+	}
+	m := &cluster.Map{Name: *name, Fabric: "shm", ShmDir: *shmDir}
+	id := rdma.NodeID(1)
+	for range *groups {
+		var ms []rdma.NodeID
+		for range *replicas {
+			ms = append(ms, id)
+			id++
+		}
+		m.Groups = append(m.Groups, ms)
+	}
+	for k := range *clients {
+		m.ClientNodes = append(m.ClientNodes, rdma.NodeID(1000+k))
+	}
+	if err := m.Fill(); err != nil {
+		fmt.Fprintf(stderr, "kvserver: %v\n", err)
+		return 2
+	}
+	if *heartbeat <= 0 || *election < 4**heartbeat {
+		fmt.Fprintf(stderr, "kvserver: --heartbeat %v --election-timeout %v: want a positive heartbeat and an election timeout of at least 4 heartbeats\n", *heartbeat, *election)
+		return 2
+	}
+	bc := broadcast.Config{HeartbeatInterval: *heartbeat, ElectionTimeout: *election}
+	if err := serve(m, bc, *mapFile, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "kvserver: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// serve runs the embedded cluster of map m until a signal.
+func serve(m *cluster.Map, bc broadcast.Config, mapFile string, stdout, stderr io.Writer) error {
+	if err := os.MkdirAll(filepath.Dir(mapFile), 0o755); err != nil {
+		return err
+	}
+	// One embedded cluster per map file: a lock held for the process's
+	// life (the kernel drops it if the process dies).
+	lock, err := os.OpenFile(mapFile+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(mapFile + ".lock")
+		return fmt.Errorf("a local cluster already runs with map %s (process %s); stop it first, or give another --map and --name", mapFile, trim(pid))
+	}
+	defer os.Remove(mapFile + ".lock")
+	lock.Truncate(0)
+	fmt.Fprintf(lock, "%d\n", os.Getpid())
+
+	if removed, err := shm.SweepStale(m.ShmDir); err != nil {
+		fmt.Fprintf(stderr, "kvserver: cleaning %s: %v\n", m.ShmDir, err)
+	} else if len(removed) > 0 {
+		fmt.Fprintf(stderr, "kvserver: removed %d files that dead rdmakv processes left in %s\n", len(removed), m.ShmDir)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	lc, err := localcluster.Start(sctx, m, bc)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("start the local cluster: %w", err)
+	}
+	defer lc.Close()
+	if err := m.Save(mapFile); err != nil {
+		return fmt.Errorf("write the cluster map: %w", err)
+	}
+	defer os.Remove(mapFile)
+	fmt.Fprintf(stdout, `rdmakv local cluster %q is up in %v: %d groups x %d replicas on shm (%s), pid %d
+  cluster map:  %s
+  try:          go run ./cmd/kvcli put hello world && go run ./cmd/kvcli get hello
+  from Go:      c, err := client.Open(ctx)   // package github.com/rdmakv/rdmakv/client
+  stop:         Ctrl-C (or kill %d)
+`, m.Name, time.Since(start).Round(time.Millisecond), len(m.Groups), len(m.Groups[0]), m.ShmDir, os.Getpid(), mapFile, os.Getpid())
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "kvserver: stopping")
+	return nil
+}
+
+func trim(b []byte) string {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	if len(b) == 0 {
+		return "unknown"
+	}
+	return string(b)
+}

@@ -1,0 +1,159 @@
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// build compiles a command of this module into dir.
+func build(t *testing.T, dir, pkg string) string {
+	t.Helper()
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = "../.."
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return out
+}
+
+// TestLocalClusterWithKvcli is the README's run command end to end: real
+// processes. kvserver with no cluster config starts the embedded local
+// cluster and writes its map; kvcli puts and gets through it (exit codes
+// included); a second kvserver on the same map is refused; SIGTERM stops
+// the cluster, which leaves no file behind.
+func TestLocalClusterWithKvcli(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the commands")
+	}
+	dir := t.TempDir()
+	kvserver := build(t, dir, "./cmd/kvserver")
+	kvcli := build(t, dir, "./cmd/kvcli")
+	shmDir := filepath.Join(dir, "shm")
+	if err := os.Mkdir(shmDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mapFile := filepath.Join(dir, "run", "cluster.json")
+	name := fmt.Sprintf("e2e%d", os.Getpid())
+	srv := exec.Command(kvserver, "--map", mapFile, "--shm-dir", shmDir, "--name", name)
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	srv.Stderr = &stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Process.Kill()
+	up := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		var lines []string
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+			if strings.Contains(sc.Text(), "stop:") {
+				up <- strings.Join(lines, "\n")
+			}
+		}
+	}()
+	select {
+	case banner := <-up:
+		t.Logf("kvserver says:\n%s", banner)
+		if !strings.Contains(banner, mapFile) {
+			t.Fatalf("the banner does not name the map file %s", mapFile)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("kvserver did not come up; stderr: %s", stderr.String())
+	}
+
+	cli := func(stdin string, args ...string) (string, int) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, kvcli, append([]string{"--map", mapFile}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		b, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("kvcli %v: %v", args, err)
+		}
+		return strings.TrimSpace(string(b)), code
+	}
+	for _, c := range []struct {
+		stdin string
+		args  []string
+		out   string
+		code  int
+	}{
+		{"", []string{"put", "hello", "world"}, "OK", 0},
+		{"", []string{"get", "hello"}, "world", 0},
+		{"", []string{"get", "missing"}, "(not found)", 1},
+		{"", []string{"cas", "hello", "nope", "x"}, "kvcli: rdmakv: compare-and-swap mismatch", 3},
+		{"", []string{"cas", "hello", "world", "there"}, "OK", 0},
+		{"from stdin", []string{"put", "k", "-"}, "OK", 0},
+		{"", []string{"get", "k"}, "from stdin", 0},
+		{"", []string{"--absent", "cas", "fresh", "v"}, "OK", 0},
+		{"", []string{"del", "k"}, "OK", 0},
+		{"", []string{"get", "k"}, "(not found)", 1},
+		{"", []string{"frobnicate"}, `kvcli: unknown command "frobnicate" (put, get, del, cas)`, 2},
+		{"", []string{"get"}, "kvcli: get takes 1 arguments, got 0", 2},
+	} {
+		got, code := cli(c.stdin, c.args...)
+		if code != c.code || (c.out != "" && got != c.out) {
+			t.Fatalf("kvcli %v: %q, exit %d; want %q, exit %d", c.args, got, code, c.out, c.code)
+		}
+	}
+	// A stale-ok get reads the nearest replica, which may lag behind.
+	if got, code := cli("", "--consistency", "stale-ok", "get", "hello"); code > 1 || code == 0 && got != "there" && got != "world" {
+		t.Fatalf("kvcli stale-ok get: %q, exit %d", got, code)
+	}
+	if got, code := cli("", "--json", "get", "hello"); code != 0 || !strings.Contains(got, `"value":"there"`) {
+		t.Fatalf("kvcli --json get: %q, exit %d", got, code)
+	}
+
+	// A second embedded cluster on the same map is refused in one line.
+	second := exec.Command(kvserver, "--map", mapFile, "--shm-dir", shmDir, "--name", name+"b")
+	b, err := second.CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "already runs") {
+		t.Fatalf("a second kvserver on the same map: %v: %s", err, b)
+	}
+
+	if err := srv.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("kvserver after SIGTERM: %v; stderr: %s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("kvserver did not stop within 30 s of SIGTERM")
+	}
+	left, _ := os.ReadDir(shmDir)
+	for _, e := range left {
+		t.Errorf("left in the shm directory: %s", e.Name())
+	}
+	if _, err := os.Stat(mapFile); !os.IsNotExist(err) {
+		t.Errorf("the map file is still there (%v)", err)
+	}
+	if _, err := os.Stat(mapFile + ".lock"); !os.IsNotExist(err) {
+		t.Errorf("the lock file is still there (%v)", err)
+	}
+	// With the cluster gone, kvcli says so.
+	if got, code := cli("", "get", "hello"); code != 4 || !strings.Contains(got, "no cluster map") {
+		t.Fatalf("kvcli with no cluster: %q, exit %d", got, code)
+	}
+}
