@@ -856,7 +856,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		}
 	}
 	hist := h.rec.History()
-	res, err := kvcheck.CheckLinearizable(hist, 20*time.Second)
+	res, err := kvcheck.CheckLinearizable(hist, 60*time.Second)
 	if err != nil {
 		return h, err
 	}

@@ -41,7 +41,9 @@ func unknown(o Op) Op {
 	return o
 }
 
-const testTimeout = 5 * time.Second
+// testTimeout bounds a porcupine check: generous, since -race on a busy
+// 2-core machine slows it several times and a timeout fails the test.
+const testTimeout = 60 * time.Second
 
 // mustLinearizable fails t unless h is linearizable.
 func mustLinearizable(t *testing.T, h []Op) Result {

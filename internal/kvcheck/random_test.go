@@ -224,7 +224,7 @@ func TestConcurrentRecorder(t *testing.T) {
 	for c := range 8 {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(c), 1))
-			for range 150 {
+			for range 100 {
 				mu.Lock()
 				o := s.randomOp(r, c)
 				mu.Unlock()
@@ -247,7 +247,7 @@ func TestConcurrentRecorder(t *testing.T) {
 	}
 	wg.Wait()
 	h := rec.History()
-	if len(h) != 8*150 {
+	if len(h) != 8*100 {
 		t.Fatalf("%d ops recorded", len(h))
 	}
 	mustLinearizable(t, h)
