@@ -27,8 +27,8 @@ type Driver struct {
 	db    rdma.Doorbell
 	start time.Time
 	// MaxPark bounds one park; default the smallest HeartbeatInterval of
-	// the Replicas among the pollers (DefaultHeartbeatInterval if none
-	// is a *Replica).
+	// the pollers that report one (Heartbeater: a Replica, or a layer
+	// that wraps one), DefaultHeartbeatInterval if none does.
 	MaxPark time.Duration
 }
 
@@ -37,6 +37,16 @@ type Driver struct {
 func NewDriver(r *Replica, db rdma.Doorbell) *Driver {
 	return NewMultiDriver(db, r)
 }
+
+// Heartbeater is a Poller that reports its heartbeat interval, so that a
+// driver parks it no longer than that: a Replica, and each layer that wraps
+// one reports its Replica's.
+type Heartbeater interface {
+	HeartbeatInterval() time.Duration
+}
+
+// HeartbeatInterval is the replica's (Heartbeater).
+func (r *Replica) HeartbeatInterval() time.Duration { return r.cfg.HeartbeatInterval }
 
 // NewMultiDriver returns a driver for several pollers on one node, e.g.
 // the replicas of several groups (each with its own Config.RegionBase,
@@ -48,8 +58,8 @@ func NewDriver(r *Replica, db rdma.Doorbell) *Driver {
 func NewMultiDriver(db rdma.Doorbell, ps ...Poller) *Driver {
 	park := time.Duration(0)
 	for _, p := range ps {
-		if r, ok := p.(*Replica); ok && (park == 0 || r.cfg.HeartbeatInterval < park) {
-			park = r.cfg.HeartbeatInterval
+		if h, ok := p.(Heartbeater); ok && (park == 0 || h.HeartbeatInterval() < park) {
+			park = h.HeartbeatInterval()
 		}
 	}
 	if park == 0 {

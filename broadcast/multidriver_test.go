@@ -75,11 +75,16 @@ func TestMultiDriver(t *testing.T) {
 		if park := NewMultiDriver(node.Doorbell(), rs...).MaxPark; park != hb {
 			t.Errorf("MaxPark %v, want the replicas' heartbeat interval %v", park, hb)
 		}
+		// The counting wrappers embed their Replica, so they report its
+		// heartbeat (Heartbeater), as a layer wrapping a Replica does; a
+		// poller that reports none leaves the default.
 		d := NewMultiDriver(node.Doorbell(), ps...)
-		if d.MaxPark != DefaultHeartbeatInterval {
-			t.Errorf("MaxPark %v for pollers that are not Replicas, want %v", d.MaxPark, DefaultHeartbeatInterval)
+		if d.MaxPark != hb {
+			t.Errorf("MaxPark %v for pollers wrapping Replicas, want their heartbeat interval %v", d.MaxPark, hb)
 		}
-		d.MaxPark = hb
+		if park := NewMultiDriver(node.Doorbell(), plainPoller{}).MaxPark; park != DefaultHeartbeatInterval {
+			t.Errorf("MaxPark %v for a poller with no heartbeat, want %v", park, DefaultHeartbeatInterval)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -170,3 +175,9 @@ func TestMultiDriver(t *testing.T) {
 		}
 	}
 }
+
+// plainPoller reports no heartbeat interval.
+type plainPoller struct{}
+
+func (plainPoller) Poll(time.Duration) bool     { return false }
+func (plainPoller) NextDeadline() time.Duration { return 1<<63 - 1 }

@@ -61,6 +61,9 @@ func (r *Replica) Poll(now time.Duration) bool {
 	return p
 }
 
+// HeartbeatInterval is the group replica's (broadcast.Heartbeater).
+func (r *Replica) HeartbeatInterval() time.Duration { return r.mc.HeartbeatInterval() }
+
 // NextDeadline is the TRAM replica's.
 func (r *Replica) NextDeadline() time.Duration { return r.mc.NextDeadline() }
 

@@ -399,6 +399,9 @@ func (r *Replica) allPeers() []*peer {
 	return ps
 }
 
+// HeartbeatInterval is its Acuerdo replica's (broadcast.Heartbeater).
+func (r *Replica) HeartbeatInterval() time.Duration { return r.b.HeartbeatInterval() }
+
 // NextDeadline is when Poll next has timed work (the Acuerdo replica's
 // timers, and this layer's periodic credit, retransmission and header
 // scans while leading).

@@ -5,7 +5,6 @@
 package localcluster
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,10 +101,6 @@ func (c *Cluster) start(g, i int, mode broadcast.StartMode, stable *broadcast.Me
 		paused: make(chan struct{}), polls: make(chan func(*kv.Replica), 16)}
 	close(rp.paused)
 	d := broadcast.NewMultiDriver(node.Doorbell(), &gate{rp: rp})
-	// The gate is not a *broadcast.Replica, so the driver cannot see the
-	// heartbeat interval: an idle replica would wake every default
-	// heartbeat (1 ms) instead of its own.
-	d.MaxPark = cmp.Or(c.Broadcast.HeartbeatInterval, broadcast.DefaultHeartbeatInterval)
 	go func() {
 		defer close(rp.done)
 		d.Run(rctx)
@@ -139,6 +134,8 @@ func (gt *gate) Poll(now time.Duration) bool {
 }
 
 func (gt *gate) NextDeadline() time.Duration { return gt.rp.r.NextDeadline() }
+
+func (gt *gate) HeartbeatInterval() time.Duration { return gt.rp.r.HeartbeatInterval() }
 
 // Do runs f on replica (g, i)'s polling goroutine and waits for it.
 func (c *Cluster) Do(g, i int, f func(*kv.Replica)) error {
