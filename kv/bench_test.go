@@ -8,6 +8,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
@@ -103,4 +104,41 @@ func BenchmarkApply(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ops)), "ns/put")
 	b.ReportMetric(float64(tb.Len()), "records")
+}
+
+// TestGetAllocs: a linearizable get of a 3-member group (its promise reads
+// included) and a stale-ok get allocate nothing in steady state.
+func TestGetAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	f := mem.New(mem.Options{})
+	var tabs []*Table
+	for id := rdma.NodeID(1); id <= 3; id++ {
+		n, err := f.NewNode(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb, err := NewTable(TableConfig{Readers: []rdma.NodeID{9}}, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tb.Close()
+		tb.Promise(5)
+		tb.Apply(broadcast.Entry{Index: 1, Data: AppendRequest(nil, []Op{{Kind: OpPut, Key: []byte("k"), Value: []byte("v")}})})
+		tabs = append(tabs, tb)
+	}
+	tabs[0].SetServing(5)
+	rn, _ := f.NewNode(9)
+	r := NewGroupReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1)
+	defer r.Close()
+	key := []byte("k")
+	for _, mode := range []Consistency{Linearizable, StaleOK} {
+		if res, err := r.Get(key, mode); err != nil || string(res.Value) != "v" {
+			t.Fatalf("%v get: %q %v", mode, res.Value, err)
+		}
+		if n := testing.AllocsPerRun(200, func() { r.Get(key, mode) }); n != 0 {
+			t.Errorf("%v get: %v allocations", mode, n)
+		}
+	}
 }

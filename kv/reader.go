@@ -171,6 +171,7 @@ type memberState struct {
 	pairs  []byte
 	rec    []byte
 	wrs    []rdma.WR
+	hwr    []rdma.WR // a header read alone
 	cs     [8]rdma.Completion
 	since  time.Time
 }
@@ -240,6 +241,14 @@ func (r *GroupReader) post(i int, wrs []rdma.WR) bool {
 		}
 	}
 	return true
+}
+
+// postHeader posts a read of member i's header into buf, with the
+// member's own work-request slice (no allocation per get).
+func (r *GroupReader) postHeader(i int, buf []byte) bool {
+	ms := r.m[i]
+	ms.hwr = append(ms.hwr[:0], rdma.WR{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: buf})
+	return r.post(i, ms.hwr)
 }
 
 // reap moves member i's completions; it reports whether the awaited op is
@@ -400,7 +409,7 @@ func (r *GroupReader) startAttempt() {
 	r.Rounds++
 	if r.mode == Linearizable && r.leader < 0 {
 		for i := range r.members {
-			r.post(i, []rdma.WR{{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: r.m[i].hdr[hdrSize:]}})
+			r.postHeader(i, r.m[i].hdr[hdrSize:])
 		}
 		r.st = gsFind
 		return
@@ -415,7 +424,7 @@ func (r *GroupReader) startAttempt() {
 	// change shows as disagreeing header reads: read again).
 	prev, err := DecodeHeader(ms.hdr[hdrSize:])
 	if err != nil {
-		if r.post(m, []rdma.WR{{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: ms.hdr[hdrSize:]}}) {
+		if r.postHeader(m, ms.hdr[hdrSize:]) {
 			r.st = gsHdr
 		} else {
 			r.fail(errRetry)
@@ -483,7 +492,7 @@ func (r *GroupReader) askPromises(k int) int {
 			continue
 		}
 		r.asked[o] = true
-		if r.post(o, []rdma.WR{{Kind: rdma.OpRead, Region: headerRegion(r.group), Buf: r.m[o].hdr[:hdrSize]}}) {
+		if r.postHeader(o, r.m[o].hdr[:hdrSize]) {
 			n++
 		}
 	}
