@@ -748,23 +748,7 @@ func (r *metaRun) fatalf(format string, a ...any) {
 // the current generation and in the old one's buckets not yet moved.
 func metaIndexKeys(t *Table) map[string]int {
 	keys := map[string]int{}
-	add := func(g *gen, skipMoved bool) {
-		for b := range g.buckets() {
-			off := b * bucketSize
-			if skipMoved && rdma.Load64(g.mem, off)&bMoved != 0 {
-				continue
-			}
-			for i := range slotsPer {
-				if s := t.slotAt(g.mem, off, i); s.Version != 0 {
-					keys[string(t.recordKey(s))]++
-				}
-			}
-		}
-	}
-	if t.old != nil {
-		add(t.old, true)
-	}
-	add(&t.cur, false)
+	t.eachSlot(func(s Slot) { keys[string(t.recordKey(s))]++ })
 	return keys
 }
 

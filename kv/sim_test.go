@@ -876,23 +876,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 // contents maps every key to its version (polling goroutine).
 func (t *Table) contents() map[string]uint64 {
 	out := map[string]uint64{}
-	add := func(g *gen, skipMoved bool) {
-		for b := range g.buckets() {
-			off := b * bucketSize
-			if skipMoved && rdma.Load64(g.mem, off)&bMoved != 0 {
-				continue
-			}
-			for i := range slotsPer {
-				if s := t.slotAt(g.mem, off, i); s.Version != 0 {
-					out[string(t.recordKey(s))] = s.Version
-				}
-			}
-		}
-	}
-	if t.old != nil {
-		add(t.old, true)
-	}
-	add(&t.cur, false)
+	t.eachSlot(func(s Slot) { out[string(t.recordKey(s))] = s.Version })
 	return out
 }
 

@@ -715,11 +715,11 @@ type capture struct {
 	done    atomic.Bool
 }
 
-// Snapshot captures the table's records (broadcast.FSM).
-func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
-	c := &capture{t: t, size: 32, applied: t.applied, log: t.cur.log, mems: append([][]byte(nil), t.heap.mems...), epoch: t.heapEpoch.Load()}
-	c.refs = make([]uint64, 0, t.count)
-	add := func(g *gen, skipMoved bool) {
+// eachSlot calls f with the slot of every live record: those of the
+// current generation and, while the index grows, those of the old
+// generation's buckets not moved yet (polling goroutine).
+func (t *Table) eachSlot(f func(Slot)) {
+	walk := func(g *gen, skipMoved bool) {
 		for b := range g.buckets() {
 			off := b * bucketSize
 			if skipMoved && rdma.Load64(g.mem, off)&bMoved != 0 {
@@ -727,16 +727,25 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 			}
 			for i := range slotsPer {
 				if s := t.slotAt(g.mem, off, i); s.Version != 0 {
-					c.refs = append(c.refs, t.sref(s))
-					c.size += s.sizeHint(t)
+					f(s)
 				}
 			}
 		}
 	}
 	if t.old != nil {
-		add(t.old, true)
+		walk(t.old, true)
 	}
-	add(&t.cur, false)
+	walk(&t.cur, false)
+}
+
+// Snapshot captures the table's records (broadcast.FSM).
+func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
+	c := &capture{t: t, size: 32, applied: t.applied, log: t.cur.log, mems: append([][]byte(nil), t.heap.mems...), epoch: t.heapEpoch.Load()}
+	c.refs = make([]uint64, 0, t.count)
+	t.eachSlot(func(s Slot) {
+		c.refs = append(c.refs, t.sref(s))
+		c.size += s.sizeHint(t)
+	})
 	clients := make([]uint32, 0, len(t.stages))
 	for k := range t.stages {
 		clients = append(clients, k)
