@@ -12,7 +12,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -359,32 +358,20 @@ func kvServe(in io.Reader, out io.Writer) error {
 
 // kvProc is the parent's handle on the replicas' process.
 type kvProc struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan []byte
+	*childProc
 	ready kvServeReply // the ready line: the memory of the empty cluster
 }
+
+func (r kvServeReply) failure() string { return r.Err }
 
 // startKVProc starts the replicas' process with cfg and waits until its
 // group has a leader.
 func startKVProc(cfg kvServeConfig) (*kvProc, error) {
-	cmd, in, out, err := startSelf("the kv replicas' process", kvServeEnv, kvServeCmd)
+	c, err := startChild("the kv replicas' process", kvServeEnv, []string{kvServeCmd}, cfg, 4<<20)
 	if err != nil {
 		return nil, err
 	}
-	p := &kvProc{cmd: cmd, in: in, lines: make(chan []byte, 4)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			p.lines <- append([]byte(nil), sc.Bytes()...)
-		}
-		close(p.lines)
-	}()
-	if err := json.NewEncoder(in).Encode(cfg); err != nil {
-		p.kill()
-		return nil, fmt.Errorf("configure the kv replicas' process: %w", err)
-	}
+	p := &kvProc{childProc: c}
 	if p.ready, err = p.reply(40 * time.Second); err != nil {
 		p.kill()
 		return nil, fmt.Errorf("kv replicas' process: %w", err)
@@ -394,24 +381,7 @@ func startKVProc(cfg kvServeConfig) (*kvProc, error) {
 
 // reply waits for the child's next answer.
 func (p *kvProc) reply(timeout time.Duration) (kvServeReply, error) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case b, ok := <-p.lines:
-		if !ok {
-			return kvServeReply{}, errors.New("exited")
-		}
-		var r kvServeReply
-		if err := json.Unmarshal(b, &r); err != nil {
-			return r, fmt.Errorf("bad answer %q: %w", b, err)
-		}
-		if r.Err != "" {
-			return r, errors.New(r.Err)
-		}
-		return r, nil
-	case <-t.C:
-		return kvServeReply{}, fmt.Errorf("no answer in %v", timeout)
-	}
+	return childReply[kvServeReply](p.childProc, timeout)
 }
 
 // stats asks for every replica's table stats and the process's memory.
@@ -424,30 +394,6 @@ func (p *kvProc) stats() (kvServeReply, error) {
 		err = fmt.Errorf("stats of %d replicas, want %d", len(r.Replicas), kvReplicas)
 	}
 	return r, err
-}
-
-func (p *kvProc) pid() int { return p.cmd.Process.Pid }
-
-// close ends the child (EOF on its stdin), killing it if it does not exit
-// in 10 s.
-func (p *kvProc) close() error {
-	p.in.Close()
-	done := make(chan error, 1)
-	go func() { done <- p.cmd.Wait() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
-		<-done
-		return errors.New("kv replicas' process did not exit in 10 s; killed")
-	}
-}
-
-func (p *kvProc) kill() {
-	p.in.Close()
-	p.cmd.Process.Kill()
-	p.cmd.Wait()
 }
 
 // headerReader reads a replica's table header one-sided (the growth

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"time"
 
 	"github.com/rdmakv/rdmakv/multicast/tree"
@@ -118,31 +117,17 @@ func mcServe(in io.Reader, out io.Writer) error {
 }
 
 // mcProc is the parent's handle on the child.
-type mcProc struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan []byte
-}
+type mcProc struct{ *childProc }
+
+func (r mcProcReply) failure() string { return r.Err }
 
 // startMcProc starts the child with cfg and waits until it is ready.
 func startMcProc(cfg mcProcConfig) (*mcProc, error) {
-	cmd, in, out, err := startSelf("the replicas' process", mcastEnv)
+	c, err := startChild("the replicas' process", mcastEnv, nil, cfg, 1<<20)
 	if err != nil {
 		return nil, err
 	}
-	p := &mcProc{cmd: cmd, in: in, lines: make(chan []byte, 4)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			p.lines <- append([]byte(nil), sc.Bytes()...)
-		}
-		close(p.lines)
-	}()
-	if err := json.NewEncoder(in).Encode(cfg); err != nil {
-		p.kill()
-		return nil, fmt.Errorf("configure the replicas' process: %w", err)
-	}
+	p := &mcProc{c}
 	if _, err := p.reply(30 * time.Second); err != nil {
 		p.kill()
 		return nil, fmt.Errorf("replicas' process: %w", err)
@@ -152,24 +137,7 @@ func startMcProc(cfg mcProcConfig) (*mcProc, error) {
 
 // reply waits for the child's next answer.
 func (p *mcProc) reply(timeout time.Duration) (mcProcReply, error) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case b, ok := <-p.lines:
-		if !ok {
-			return mcProcReply{}, errors.New("exited")
-		}
-		var r mcProcReply
-		if err := json.Unmarshal(b, &r); err != nil {
-			return r, fmt.Errorf("bad answer %q: %w", b, err)
-		}
-		if r.Err != "" {
-			return r, errors.New(r.Err)
-		}
-		return r, nil
-	case <-t.C:
-		return mcProcReply{}, fmt.Errorf("no answer in %v", timeout)
-	}
+	return childReply[mcProcReply](p.childProc, timeout)
 }
 
 // check asks the child for its replicas' anomaly counters.
@@ -179,30 +147,6 @@ func (p *mcProc) check() error {
 	}
 	_, err := p.reply(stallTimeout)
 	return err
-}
-
-func (p *mcProc) pid() int { return p.cmd.Process.Pid }
-
-// close ends the child (EOF on its stdin), killing it if it does not exit
-// in 10 s.
-func (p *mcProc) close() error {
-	p.in.Close()
-	done := make(chan error, 1)
-	go func() { done <- p.cmd.Wait() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
-		<-done
-		return errors.New("replicas' process did not exit in 10 s; killed")
-	}
-}
-
-func (p *mcProc) kill() {
-	p.in.Close()
-	p.cmd.Process.Kill()
-	p.cmd.Wait()
 }
 
 // mcRemote is a cluster whose replicas run in a child process (shm) and
