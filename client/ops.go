@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rdmakv/rdmakv/kv"
@@ -106,7 +105,7 @@ func (c *Client) isClosed() bool {
 // known raises group g's highest known entry index to at least idx and
 // returns it.
 func (c *Client) known(g uint32, idx uint64) uint64 {
-	k := &c.knownIdx()[g]
+	k := &c.knownTab[g]
 	for {
 		cur := k.Load()
 		if idx <= cur || k.CompareAndSwap(cur, idx) {
@@ -279,7 +278,6 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 	return out, nil
 }
 
-func (c *Client) knownIdx() []atomic.Uint64 { return c.knownTab }
 
 // maxRequest is the groups' TableConfig.MaxRequest default.
 func (c *Client) maxRequest() int { return c.m.Limits.MaxKey + c.m.Limits.MaxValue + 4096 }

@@ -1,7 +1,8 @@
 // Package localcluster runs every replica of a cluster map in this process:
 // one rdma node per replica (mem or shm fabric), each driven by its own
 // broadcast driver goroutine. Tests, kvbench and the embedded cluster use it;
-// a replica can be stopped (its memory lost), restarted, or paused.
+// a replica can be stopped (its memory lost) or paused (its memory still
+// readable one-sided).
 package localcluster
 
 import (
@@ -35,7 +36,6 @@ type replica struct {
 	g, i    int
 	node    rdma.Node
 	r       *kv.Replica
-	stable  *broadcast.MemStable
 	cancel  context.CancelFunc
 	done    chan struct{}
 	paused  chan struct{} // closed: not paused
@@ -59,7 +59,7 @@ func Start(ctx context.Context, m *cluster.Map, bc broadcast.Config) (*Cluster, 
 	for g, ms := range m.Groups {
 		c.reps[g] = make([]*replica, len(ms))
 		for i := range ms {
-			if err := c.start(g, i, broadcast.StartNew, &broadcast.MemStable{}); err != nil {
+			if err := c.start(g, i); err != nil {
 				c.Close()
 				return nil, err
 			}
@@ -79,25 +79,25 @@ func (c *Cluster) openNode(id rdma.NodeID) (rdma.Node, error) {
 	return shm.Open(id, shm.Options{Dir: c.Map.ShmDir, Cluster: c.Map.Name})
 }
 
-func (c *Cluster) start(g, i int, mode broadcast.StartMode, stable *broadcast.MemStable) error {
+func (c *Cluster) start(g, i int) error {
 	id := c.Map.Groups[g][i]
 	node, err := c.openNode(id)
 	if err != nil {
 		return fmt.Errorf("localcluster: node %d: %w", id, err)
 	}
 	bc := c.Broadcast
-	bc.Self, bc.Start = id, mode
+	bc.Self, bc.Start = id, broadcast.StartNew
 	cfg, err := c.Map.ReplicaConfig(g, bc)
 	if err != nil {
 		return err
 	}
-	r, err := kv.NewReplica(cfg, node, stable)
+	r, err := kv.NewReplica(cfg, node, &broadcast.MemStable{})
 	if err != nil {
 		node.Close()
 		return fmt.Errorf("localcluster: replica %d of group %d: %w", i, g, err)
 	}
 	rctx, cancel := context.WithCancel(context.Background())
-	rp := &replica{g: g, i: i, node: node, r: r, stable: stable, cancel: cancel, done: make(chan struct{}),
+	rp := &replica{g: g, i: i, node: node, r: r, cancel: cancel, done: make(chan struct{}),
 		paused: make(chan struct{}), polls: make(chan func(*kv.Replica), 16)}
 	close(rp.paused)
 	d := broadcast.NewMultiDriver(node.Doorbell(), &gate{rp: rp})
@@ -213,22 +213,6 @@ func (c *Cluster) Stop(g, i int) {
 	<-rp.done
 	rp.r.Close()
 	rp.node.Close()
-}
-
-// Restart starts a stopped replica again from its stable state (a
-// restarted process whose disk survived).
-func (c *Cluster) Restart(g, i int, stable *broadcast.MemStable) error {
-	return c.start(g, i, broadcast.StartExisting, stable)
-}
-
-// Stable is replica (g, i)'s stable state (keep it to Restart it).
-func (c *Cluster) Stable(g, i int) *broadcast.MemStable {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if rp := c.reps[g][i]; rp != nil {
-		return rp.stable
-	}
-	return nil
 }
 
 // Pause stops polling replica (g, i) until Resume: its memory stays
