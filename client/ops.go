@@ -278,7 +278,6 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 	return out, nil
 }
 
-
 // maxRequest is the groups' TableConfig.MaxRequest default.
 func (c *Client) maxRequest() int { return c.m.Limits.MaxKey + c.m.Limits.MaxValue + 4096 }
 
