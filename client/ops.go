@@ -237,7 +237,7 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 		dst |= tree.Of(c.m.GroupOf(ops[i].Key))
 	}
 	payload := kv.AppendRequest(make([]byte, 0, kv.RequestSize(ops)), ops)
-	if lim := c.maxRequest(); len(payload) > lim {
+	if lim := kv.DefaultMaxRequest(c.m.Limits.MaxKey, c.m.Limits.MaxValue); len(payload) > lim {
 		return nil, fmt.Errorf("%w: the request takes %d bytes, the limit is %d (max_key + max_value + 4 KiB)", ErrBatchTooLarge, len(payload), lim)
 	}
 	if len(payload) > multicast.MaxPayload(c.m.Limits.SlotSize) {
@@ -278,8 +278,6 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 	return out, nil
 }
 
-// maxRequest is the groups' TableConfig.MaxRequest default.
-func (c *Client) maxRequest() int { return c.m.Limits.MaxKey + c.m.Limits.MaxValue + 4096 }
 
 // stagedInFlight bounds the parts of one request in flight at once.
 const stagedInFlight = 4

@@ -65,6 +65,11 @@ type TableConfig struct {
 	Clock func() int64
 }
 
+// DefaultMaxRequest is TableConfig.MaxRequest's default for the given key
+// and value limits: one key and one value, and 4 KiB of encoding and other
+// operations.
+func DefaultMaxRequest(maxKey, maxValue int) int { return maxKey + maxValue + 4096 }
+
 func (c *TableConfig) fill() error {
 	if c.MaxKey == 0 {
 		c.MaxKey = DefaultMaxKey
@@ -82,7 +87,7 @@ func (c *TableConfig) fill() error {
 		c.MaxLoad = DefaultMaxLoad
 	}
 	if c.MaxRequest == 0 {
-		c.MaxRequest = c.MaxKey + c.MaxValue + 4096
+		c.MaxRequest = DefaultMaxRequest(c.MaxKey, c.MaxValue)
 	}
 	if c.MigrateStep == 0 {
 		c.MigrateStep = DefaultMigrateStep
