@@ -278,7 +278,6 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 	return out, nil
 }
 
-
 // stagedInFlight bounds the parts of one request in flight at once.
 const stagedInFlight = 4
 
