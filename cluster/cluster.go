@@ -54,17 +54,17 @@ type Map struct {
 type Limits struct {
 	// MaxKey and MaxValue bound a key and a value in bytes (default
 	// 1 KiB and 1 MiB).
-	MaxKey   int `json:"max_key,omitempty"`
-	MaxValue int `json:"max_value,omitempty"`
+	MaxKey   int `json:"max_key,omitempty" toml:"max_key"`
+	MaxValue int `json:"max_value,omitempty" toml:"max_value"`
 	// SlotSize is the byte size of a client's request slot; a request
 	// (its keys and values, encoded) larger than one slot is sent in
 	// parts. Default 4096.
-	SlotSize int `json:"slot_size,omitempty"`
+	SlotSize int `json:"slot_size,omitempty" toml:"slot_size"`
 	// ClientSlots is how many requests a client may have outstanding
 	// (default 8).
-	ClientSlots int `json:"client_slots,omitempty"`
+	ClientSlots int `json:"client_slots,omitempty" toml:"client_slots"`
 	// MaxBatch bounds the operations of a batch (default 1024).
-	MaxBatch int `json:"max_batch,omitempty"`
+	MaxBatch int `json:"max_batch,omitempty" toml:"max_batch"`
 }
 
 // Defaults of Limits.

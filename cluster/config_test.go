@@ -1,0 +1,240 @@
+package cluster
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// exampleDir is a directory holding the example config and its secret.
+func exampleDir(t testing.TB) string {
+	d := t.TempDir()
+	if err := os.WriteFile(filepath.Join(d, "secret"), []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestExampleConfig(t *testing.T) {
+	d := exampleDir(t)
+	path := filepath.Join(d, "cluster.toml")
+	if err := os.WriteFile(path, []byte(ExampleConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConfig(path)
+	if err != nil {
+		t.Fatalf("the example config does not load: %v", err)
+	}
+	if string(c.SecretBytes) != "0123456789abcdef0123" {
+		t.Errorf("secret %q: want the file's bytes without the newline", c.SecretBytes)
+	}
+	if c.DataDir != "/var/lib/rdmakv" || time.Duration(c.Timing.Heartbeat) != 10*time.Millisecond || time.Duration(c.Timing.ElectionTimeout) != 150*time.Millisecond {
+		t.Errorf("data_dir %q timing %+v", c.DataDir, c.Timing)
+	}
+	m, err := c.Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Groups) != 2 || len(m.Groups[1]) != 3 || m.Groups[1][2] != 6 {
+		t.Errorf("groups %v", m.Groups)
+	}
+	if len(m.ClientNodes) != 16 || m.ClientNodes[0] != ClientIDBase || m.Addrs[m.ClientNodes[15]] != "10.0.0.9:7315" {
+		t.Errorf("client nodes %v, last at %q", m.ClientNodes, m.Addrs[m.ClientNodes[15]])
+	}
+	if m.Addrs[5] != "10.0.0.2:7002" || m.Limits.MaxValue != 1<<20 {
+		t.Errorf("addr of 5 %q limits %+v", m.Addrs[5], m.Limits)
+	}
+	g, i, r, err := c.Replica(5)
+	if err != nil || g != 1 || i != 1 || r.Control != "10.0.0.2:7082" {
+		t.Errorf("Replica(5) = %d %d %+v %v", g, i, r, err)
+	}
+	if _, _, _, err := c.Replica(9); err == nil || !strings.Contains(err.Error(), "1, 2, 3, 4, 5, 6") {
+		t.Errorf("Replica(9): %v", err)
+	}
+	if got := c.ReplicaDir(5); got != "/var/lib/rdmakv/replica-5" {
+		t.Errorf("ReplicaDir %q", got)
+	}
+}
+
+const shmConfig = `name = "t"
+fabric = "shm"
+data_dir = "data"
+
+[[group]]
+  [[group.replica]]
+  id = 1
+  [[group.replica]]
+  id = 2
+  control = "127.0.0.1:7081"
+  [[group.replica]]
+  id = 3
+
+[[clients]]
+count = 4
+`
+
+func TestShmConfig(t *testing.T) {
+	c, err := ParseConfig([]byte(shmConfig), "/etc/rdmakv/c.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DataDir != "/etc/rdmakv/data" || c.ShmDir != "/dev/shm" || c.LogLevel != "info" {
+		t.Errorf("data_dir %q shm_dir %q log_level %q", c.DataDir, c.ShmDir, c.LogLevel)
+	}
+	m, err := c.Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Fabric != "shm" || m.Addrs != nil || len(m.ClientNodes) != 4 || m.Groups[0][1] != rdma.NodeID(2) {
+		t.Errorf("map %+v", m)
+	}
+}
+
+// TestConfigErrors checks that each kind of bad config is refused with
+// the line and the field at fault.
+func TestConfigErrors(t *testing.T) {
+	d := exampleDir(t)
+	os.WriteFile(filepath.Join(d, "short"), []byte("tooshort"), 0o600)
+	ex := func(old, new string) string {
+		if !strings.Contains(ExampleConfig, old) {
+			t.Fatalf("the example has no %q", old)
+		}
+		return strings.Replace(ExampleConfig, old, new, 1)
+	}
+	lineOf := func(doc, s string) int {
+		i := strings.Index(doc, s)
+		return strings.Count(doc[:i], "\n") + 1
+	}
+	cases := []struct {
+		name, doc  string
+		field, msg string
+		line       int // 0: the line of at
+		at         string
+	}{
+		{"syntax", ex(`name = "rdmakv"`, `name = "rdmakv`), "", "", 0, `name = "rdmakv`},
+		{"unknown field", ex(`max_batch = 1024`, `max_batches = 1024`), "limits.max_batches", "unknown field", 0, "max_batches"},
+		{"unknown replica field", ex(`id = 5`, `id = 5
+  adr = "x"`), "group.replica.adr", "unknown field", 0, `adr = "x"`},
+		{"wrong type", ex(`max_key = 1024`, `max_key = "big"`), "limits.max_key", "", 0, `max_key = "big"`},
+		{"bad name", ex(`name = "rdmakv"`, `name = "rd mak"`), "name", "want 1 to 64", 0, `name = "rd mak"`},
+		{"bad fabric", ex(`fabric = "tcp"`, `fabric = "rdma"`), "fabric", `"rdma"`, 0, `fabric = "rdma"`},
+		{"no data dir", ex(`data_dir = "/var/lib/rdmakv"`, ``), "data_dir", "missing", -1, ""},
+		{"missing secret file", ex(`secret_file = "secret"`, `secret_file = "nosuch"`), "secret_file", "no such file", 0, `secret_file = "nosuch"`},
+		{"short secret", ex(`secret_file = "secret"`, `secret_file = "short"`), "secret_file", "holds 8 bytes", 0, `secret_file = "short"`},
+		{"both secrets", ex(`secret_file = "secret"`, `secret_file = "secret"
+secret = "0123456789abcdefgh"`), "secret_file", "not both", 0, `secret_file = "secret"`},
+		{"bad duration", ex(`heartbeat = "10ms"`, `heartbeat = "10"`), "timing.heartbeat", "unit", 0, `heartbeat = "10"`},
+		{"election too short", ex(`election_timeout = "150ms"`, `election_timeout = "20ms"`), "timing.election_timeout", "4 heartbeats", 0, `election_timeout = "20ms"`},
+		{"huge value limit", ex(`max_value = 1048576`, `max_value = 1099511627776`), "limits.max_value", "want 0 to", 0, `max_value = 1099511627776`},
+		{"slot size", ex(`slot_size = 4096`, `slot_size = 100`), "limits.slot_size", "multiple of 8", 0, `slot_size = 100`},
+		{"duplicate id", ex(`id = 5`, `id = 2`), "group[1].replica[1].id", "also group[0].replica[1]", 0, "id = 2\n  addr = \"10.0.0.2:7002\""},
+		{"id zero", ex(`id = 4`, `id = 0`), "group[1].replica[0].id", "want 1 to", 0, "id = 0"},
+		{"bad addr", ex(`addr = "10.0.0.3:7002"`, `addr = "10.0.0.3"`), "group[1].replica[2].addr", "host:port", 0, `addr = "10.0.0.3"`},
+		{"bad port", ex(`addr = "10.0.0.3:7002"`, `addr = "10.0.0.3:70000"`), "group[1].replica[2].addr", "port", 0, `addr = "10.0.0.3:70000"`},
+		{"same addr", ex(`addr = "10.0.0.3:7002"`, `addr = "10.0.0.3:7001"`), "group[1].replica[2].addr", "also group[0].replica[2].addr", 0, "addr = \"10.0.0.3:7001\"\n  control = \"10.0.0.3:7082\""},
+		{"control clash", ex(`control = "10.0.0.1:7082"`, `control = "10.0.0.1:7001"`), "group[1].replica[0].control", "also group[0].replica[0].addr", 0, `control = "10.0.0.1:7001"`},
+		{"even group", ex(`  [[group.replica]]
+  id = 6
+  addr = "10.0.0.3:7002"
+  control = "10.0.0.3:7082"`, ``), "group[1]", "2 replicas", 0, "[[group]]\n  [[group.replica]]\n  id = 4"},
+		{"no clients", ex(`[[clients]]
+count = 16
+listen = "10.0.0.9:7300"`, ``), "clients", "no [[clients]]", -1, ""},
+		{"client ports", ex(`listen = "10.0.0.9:7300"`, `listen = "10.0.0.9:65530"`), "clients[0].listen", "past 65535", 0, `listen = "10.0.0.9:65530"`},
+		{"slot gap", ex(`# [[slots]]
+# range = "0-511"
+# group = 0`, `[[slots]]
+range = "0-510"
+group = 0
+[[slots]]
+range = "512-1023"
+group = 1`), "slots", "hash slot 511", -1, ""},
+		{"slot group", ex(`# [[slots]]
+# range = "0-511"
+# group = 0`, `[[slots]]
+range = "0-1023"
+group = 2`), "slots[0].group", "groups 0 to 1", 0, "group = 2"},
+		{"slot range", ex(`# [[slots]]
+# range = "0-511"
+# group = 0`, `[[slots]]
+range = "0-2000"
+group = 0`), "slots[0].range", "within 0-1023", 0, `range = "0-2000"`},
+		{"bad tree", ex(`log_level = "info"`, `log_level = "info"
+tree = "nonsense("`), "tree", "", 0, `tree = "nonsense("`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(d, "cluster.toml")
+			_, err := ParseConfig([]byte(tc.doc), path)
+			if err == nil {
+				t.Fatalf("accepted")
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%v: not a ConfigError wrapping ErrInvalid", err)
+			}
+			want := tc.line
+			if want == 0 {
+				want = lineOf(tc.doc, tc.at)
+			}
+			if want > 0 && ce.Line != want {
+				t.Errorf("line %d, want %d: %v", ce.Line, want, err)
+			}
+			if ce.Field != tc.field {
+				t.Errorf("field %q, want %q: %v", ce.Field, tc.field, err)
+			}
+			if !strings.Contains(ce.Msg, tc.msg) {
+				t.Errorf("message %q lacks %q", ce.Msg, tc.msg)
+			}
+			if !strings.HasPrefix(err.Error(), path+":") || strings.Contains(err.Error(), "\n") {
+				t.Errorf("%q: want one line starting with the file name", err)
+			}
+		})
+	}
+}
+
+// FuzzParseConfig: any bytes give a valid config or a ConfigError naming
+// a line within the document; a valid config's map is valid and names
+// every replica of the config.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(ExampleConfig))
+	f.Add([]byte(shmConfig))
+	f.Add([]byte("name = \"x\"\nfabric = \"shm\"\ndata_dir = \"d\"\n[[group]]\n[[group.replica]]\nid = 1\n[[clients]]\ncount = 1\n"))
+	f.Add([]byte("[[group]]\n[[group.replica]]\n[[group]]\n[[group.replica]]\nid = 1\n"))
+	f.Add([]byte("a.b.c = 1\n[x.y]\nz = [1, {q = 2}]\n"))
+	d := f.TempDir()
+	os.WriteFile(filepath.Join(d, "secret"), []byte("0123456789abcdef"), 0o600)
+	path := filepath.Join(d, "c.toml")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := ParseConfig(b, path)
+		if err != nil {
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("%v: not a ConfigError", err)
+			}
+			if ce.Line < 0 || ce.Line > strings.Count(string(b), "\n")+1 {
+				t.Fatalf("line %d of a %d-line document: %v", ce.Line, strings.Count(string(b), "\n")+1, err)
+			}
+			return
+		}
+		m, err := c.Map()
+		if err != nil {
+			t.Fatalf("a valid config's map: %v", err)
+		}
+		for _, g := range c.Groups {
+			for _, r := range g.Replicas {
+				if _, _, _, err := c.Replica(r.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := m.Fill(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
