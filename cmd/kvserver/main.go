@@ -8,8 +8,11 @@
 // prints how to connect, and runs until SIGINT or SIGTERM, after which it
 // leaves no file behind (shared memory, map, lock).
 //
-// Running one replica per process from a cluster config (--config, --id)
-// is not built yet.
+// With --config FILE --id N it runs one replica of a cluster described by
+// a TOML config (kvserver init writes a commented example): one process
+// per replica, on the tcp fabric (hosts) or shm (one host), with its
+// stable state in the config's data_dir and an HTTP control port
+// (status, Prometheus metrics, health, readiness, the cluster map).
 package main
 
 import (
@@ -18,9 +21,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -30,6 +35,7 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
@@ -38,17 +44,35 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `usage: kvserver [flags]
+const usage = `usage:
+  kvserver [flags]                      an embedded local cluster (below)
+  kvserver --config FILE --id N [...]   one replica of a cluster (kvserver --config x --help)
+  kvserver init [FILE]                  write a commented example config (default cluster.toml)
+  kvserver check --config FILE          validate a config and summarise it
+  kvserver map --config FILE            print the cluster map clients use (JSON)
 
 With no flags, kvserver starts an embedded local cluster of 2 groups x 3
 replicas on the shm fabric, writes its cluster map to %s,
 and runs until Ctrl-C (SIGINT) or SIGTERM. kvcli and Go programs using
 github.com/rdmakv/rdmakv/client find the map there by default.
 
-Flags:
+Flags of the embedded cluster:
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "init":
+			return runInit(args[1:], stdout, stderr)
+		case "check", "map":
+			return runCheck(args[0], args[1:], stdout, stderr)
+		}
+	}
+	for _, a := range args {
+		if a == "--config" || a == "-config" || strings.HasPrefix(a, "--config=") || strings.HasPrefix(a, "-config=") {
+			return runReplica(args, stdout, stderr)
+		}
+	}
 	fs := flag.NewFlagSet("kvserver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -63,16 +87,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	name := fs.String("name", "local", "the cluster's name ([A-Za-z0-9_-]{1,64})")
 	heartbeat := fs.Duration("heartbeat", 10*time.Millisecond, "replicas' heartbeat interval (each wakes every replica: the idle CPU cost)")
 	election := fs.Duration("election-timeout", 150*time.Millisecond, "how long a group waits for its leader before electing another")
-	config := fs.String("config", "", "run one replica from a cluster config (not built yet)")
-	fs.String("id", "", "with --config: the replica to run (not built yet)")
+	control := fs.String("control", "127.0.0.1:0", "the control port's address (status, metrics, health); \"-\": none")
+	pprofOn := fs.Bool("pprof", false, "serve /debug/pprof/ on the control port")
+	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
-	if *config != "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "kvserver: running a replica from a cluster config (--config, --id) is not built yet; with no arguments kvserver starts an embedded local cluster")
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvserver: unexpected argument %q (see kvserver --help)\n", fs.Arg(0))
+		return 2
+	}
+	log, err := newLogger(*logLevel, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvserver: %v\n", err)
 		return 2
 	}
 	if *replicas < 1 || *replicas%2 == 0 || *groups < 1 || *clients < 1 {
@@ -101,7 +131,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	bc := broadcast.Config{HeartbeatInterval: *heartbeat, ElectionTimeout: *election}
-	if err := serve(m, bc, *mapFile, stdout, stderr); err != nil {
+	if err := serve(m, bc, *mapFile, embedOpts{control: *control, pprof: *pprofOn, log: log}, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "kvserver: %v\n", err)
 		return 1
 	}
@@ -109,7 +139,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // serve runs the embedded cluster of map m until a signal.
-func serve(m *cluster.Map, bc broadcast.Config, mapFile string, stdout, stderr io.Writer) error {
+type embedOpts struct {
+	control string
+	pprof   bool
+	log     *slog.Logger
+}
+
+func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(filepath.Dir(mapFile), 0o755); err != nil {
 		return err
 	}
@@ -148,12 +184,26 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, stdout, stderr i
 		return fmt.Errorf("write the cluster map: %w", err)
 	}
 	defer os.Remove(mapFile)
+	reps := lc.Replicas()
+	wctx, wstop := context.WithCancel(ctx)
+	defer wstop()
+	go server.Watch(wctx, reps, eo.log)
+	controlLine := "none (--control)"
+	if eo.control != "-" {
+		c, err := server.StartControl(eo.control, m, reps, eo.pprof, eo.log)
+		if err != nil {
+			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
+		}
+		defer c.Close()
+		controlLine = "http://" + c.Addr() + "/status  (also /metrics /healthz /readyz /map)"
+	}
 	fmt.Fprintf(stdout, `rdmakv local cluster %q is up in %v: %d groups x %d replicas on shm (%s), pid %d
   cluster map:  %s
+  control:      %s
   try:          go run ./cmd/kvcli put hello world && go run ./cmd/kvcli get hello
   from Go:      c, err := client.Open(ctx)   // package github.com/rdmakv/rdmakv/client
   stop:         Ctrl-C (or kill %d)
-`, m.Name, time.Since(start).Round(time.Millisecond), len(m.Groups), len(m.Groups[0]), m.ShmDir, os.Getpid(), mapFile, os.Getpid())
+`, m.Name, time.Since(start).Round(time.Millisecond), len(m.Groups), len(m.Groups[0]), m.ShmDir, os.Getpid(), mapFile, controlLine, os.Getpid())
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "kvserver: stopping")
 	return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
@@ -36,6 +37,7 @@ type replica struct {
 	g, i    int
 	node    rdma.Node
 	r       *kv.Replica
+	sr      *server.Replica // r as the control port sees it
 	cancel  context.CancelFunc
 	done    chan struct{}
 	paused  chan struct{} // closed: not paused
@@ -97,7 +99,7 @@ func (c *Cluster) start(g, i int) error {
 		return fmt.Errorf("localcluster: replica %d of group %d: %w", i, g, err)
 	}
 	rctx, cancel := context.WithCancel(context.Background())
-	rp := &replica{g: g, i: i, node: node, r: r, cancel: cancel, done: make(chan struct{}),
+	rp := &replica{g: g, i: i, node: node, r: r, sr: server.NewReplica(g, i, id, r), cancel: cancel, done: make(chan struct{}),
 		paused: make(chan struct{}), polls: make(chan func(*kv.Replica), 16)}
 	close(rp.paused)
 	d := broadcast.NewMultiDriver(node.Doorbell(), &gate{rp: rp})
@@ -130,7 +132,7 @@ func (gt *gate) Poll(now time.Duration) bool {
 		}
 		break
 	}
-	return rp.r.Poll(now)
+	return rp.sr.Poll(now)
 }
 
 func (gt *gate) NextDeadline() time.Duration { return gt.rp.r.NextDeadline() }
@@ -196,6 +198,22 @@ func (c *Cluster) Leader(g int) int {
 		}
 	}
 	return -1
+}
+
+// Replicas are the running replicas, for the control port (the list does
+// not follow later Stops and restarts).
+func (c *Cluster) Replicas() []*server.Replica {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var rs []*server.Replica
+	for _, g := range c.reps {
+		for _, rp := range g {
+			if rp != nil {
+				rs = append(rs, rp.sr)
+			}
+		}
+	}
+	return rs
 }
 
 // Stop stops replica (g, i) and closes its node: its memory is gone

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/server"
+)
+
+const replicaUsage = `usage: kvserver --config FILE --id N [flags]
+
+Runs replica N of the cluster FILE describes (a TOML config; kvserver init
+writes a commented example) until SIGINT or SIGTERM. Its stable state
+lives in the config's data_dir/replica-N. A replica that restarts catches
+up from its group; one whose state was lost (a new disk) rejoins as a new
+incarnation, on its own when another member shows the group ran, or with
+--rejoin.
+
+Flags:
+`
+
+func runReplica(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, replicaUsage)
+		fs.PrintDefaults()
+	}
+	config := fs.String("config", "", "the cluster config (TOML)")
+	id := fs.String("id", "", "the replica to run: its id in the config")
+	listen := fs.String("listen", "", "tcp: bind this address instead of the replica's addr (e.g. 0.0.0.0:7001)")
+	control := fs.String("control", "", "the control port's address instead of the config's; \"-\": none")
+	pprofOn := fs.Bool("pprof", false, "serve /debug/pprof/ on the control port")
+	rejoin := fs.Bool("rejoin", false, "with no stable state: rejoin as a new incarnation even if no other member answers (a replaced disk)")
+	logLevel := fs.String("log-level", "", "debug, info, warn or error (default: the config's log_level)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvserver: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *config == "" || *id == "" {
+		fmt.Fprintln(stderr, "kvserver: --config and --id go together: kvserver --config FILE --id N")
+		return 2
+	}
+	n, err := strconv.ParseInt(*id, 10, 64)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvserver: --id %q: want a replica id from the config\n", *id)
+		return 2
+	}
+	cfg, err := cluster.LoadConfig(*config)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvserver: %v\n", err)
+		return 2
+	}
+	if *logLevel == "" {
+		*logLevel = cfg.LogLevel
+	}
+	log, err := newLogger(*logLevel, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvserver: %v\n", err)
+		return 2
+	}
+	if _, _, _, err := cfg.Replica(n); err != nil {
+		fmt.Fprintf(stderr, "kvserver: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err = server.Run(ctx, cfg, n, server.Options{Listen: *listen, Control: *control, Pprof: *pprofOn, Rejoin: *rejoin,
+		Ready: func(c string) {
+			if c != "" {
+				c = ", control http://" + c
+			}
+			fmt.Fprintf(stdout, "kvserver: replica %d of cluster %q runs (pid %d%s)\n", n, cfg.Name, os.Getpid(), c)
+		}}, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvserver: replica %d: %v\n", n, err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(level string, w io.Writer) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+func runInit(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvserver init", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	force := fs.Bool("force", false, "overwrite FILE if it exists")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kvserver init [--force] [FILE]\n\nWrites a commented example config for a cluster of 2 groups x 3 replicas on\n3 hosts (tcp) to FILE (default cluster.toml; \"-\": standard output).")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	path := "cluster.toml"
+	if fs.NArg() > 1 {
+		fs.Usage()
+		return 2
+	} else if fs.NArg() == 1 {
+		path = fs.Arg(0)
+	}
+	if path == "-" {
+		fmt.Fprint(stdout, cluster.ExampleConfig)
+		return 0
+	}
+	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
+	if *force {
+		flags = os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	}
+	f, err := os.OpenFile(path, flags, 0o644)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			fmt.Fprintf(stderr, "kvserver init: %s exists (--force overwrites it)\n", path)
+		} else {
+			fmt.Fprintf(stderr, "kvserver init: %v\n", err)
+		}
+		return 1
+	}
+	if _, err := io.WriteString(f, cluster.ExampleConfig); err != nil {
+		f.Close()
+		fmt.Fprintf(stderr, "kvserver init: %v\n", err)
+		return 1
+	}
+	if err := f.Close(); err != nil {
+		fmt.Fprintf(stderr, "kvserver init: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "wrote %s: edit the addresses, write the secret file it names, then run kvserver --config %s --id <N> for each replica\n", path, path)
+	return 0
+}
+
+func runCheck(cmd string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvserver "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "", "the cluster config (TOML)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *config == "" || fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "usage: kvserver %s --config FILE\n", cmd)
+		return 2
+	}
+	cfg, err := cluster.LoadConfig(*config)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvserver: %v\n", err)
+		return 2
+	}
+	m, err := cfg.Map()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvserver: %v\n", err)
+		return 2
+	}
+	if cmd == "map" {
+		b, _ := json.MarshalIndent(m, "", "  ")
+		fmt.Fprintf(stdout, "%s\n", b)
+		return 0
+	}
+	fmt.Fprintf(stdout, "%s: cluster %q, fabric %s, %d groups, %d client slots, data_dir %s, heartbeat %v, election timeout %v\n",
+		*config, cfg.Name, cfg.Fabric, len(cfg.Groups), len(m.ClientNodes), cfg.DataDir, time.Duration(cfg.Timing.Heartbeat), time.Duration(cfg.Timing.ElectionTimeout))
+	for g, gr := range cfg.Groups {
+		for _, r := range gr.Replicas {
+			fmt.Fprintf(stdout, "  group %d replica %d", g, r.ID)
+			if r.Addr != "" {
+				fmt.Fprintf(stdout, " addr %s", r.Addr)
+			}
+			if r.Control != "" {
+				fmt.Fprintf(stdout, " control %s", r.Control)
+			}
+			fmt.Fprintln(stdout)
+		}
+	}
+	return 0
+}

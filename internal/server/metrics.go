@@ -1,0 +1,110 @@
+package server
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// NewRegistry is the control port's Prometheus registry: the Go runtime
+// and process collectors, each replica's poll-time histogram, and a
+// collector that reads every replica's Status at each scrape (so that the
+// hot path keeps no counters of its own). Gets are one-sided reads that
+// no replica sees: clients count them.
+func NewRegistry(reps []*Replica) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, r := range reps {
+		prometheus.WrapRegistererWith(r.labels(), reg).MustRegister(r.busy)
+	}
+	reg.MustRegister(&collector{reps: reps})
+	return reg
+}
+
+func (p *Replica) labels() prometheus.Labels {
+	return prometheus.Labels{"group": strconv.Itoa(p.Group), "node": strconv.FormatUint(uint64(p.Node), 10)}
+}
+
+var replicaLabels = []string{"group", "node"}
+
+func desc(name, help string, extra ...string) *prometheus.Desc {
+	return prometheus.NewDesc("rdmakv_"+name, help, append(append([]string(nil), replicaLabels...), extra...), nil)
+}
+
+var (
+	dRole       = desc("role", "1 for the replica's current role (electing, follower, leader).", "role")
+	dServing    = desc("serving", "1 while the replica leads its group and serves linearizable gets.")
+	dRound      = desc("epoch_round", "Round of the epoch the replica is in.")
+	dDelivered  = desc("delivered_total", "Entries (write requests) delivered and applied.")
+	dApplied    = desc("applied_index", "The table's applied index.")
+	dCatching   = desc("catching_up", "1 while the replica catches up with its group.")
+	dRecords    = desc("records", "Records in the replica's table.")
+	dBytes      = desc("table_bytes", "Bytes of the replica's table in registered memory.", "kind")
+	dMembers    = desc("member_up", "1 if the replica's link to a member of its group is up.", "member")
+	dElections  = desc("elections_started_total", "Times the replica started an election.")
+	dElected    = desc("elected_total", "Epochs the replica won.")
+	dRestored   = desc("snapshots_restored_total", "Snapshots the replica restored (catch-ups after a restart or a long absence).")
+	dSnapSent   = desc("snapshots_sent_total", "Snapshots this replica, leading, served to members behind.")
+	dDiffs      = desc("diffs_accepted_total", "Diffs accepted from new leaders (catch-ups from the log).")
+	dReconnects = desc("reconnects_total", "Connections re-opened after breaking.")
+	dDuplicates = desc("duplicates_total", "Requests delivered again (client retries) and not applied twice.")
+	dOrdered    = desc("ordered_total", "Messages this replica ordered as its group's leader.")
+	dReplies    = desc("replies_total", "Reply writes to clients.")
+	dMalformed  = desc("malformed_total", "Client records refused as malformed.")
+)
+
+type collector struct{ reps []*Replica }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{dRole, dServing, dRound, dDelivered, dApplied, dCatching, dRecords, dBytes, dMembers,
+		dElections, dElected, dRestored, dSnapSent, dDiffs, dReconnects, dDuplicates, dOrdered, dReplies, dMalformed} {
+		ch <- d
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.reps {
+		s := r.Status()
+		l := []string{strconv.Itoa(s.Group), strconv.FormatUint(uint64(s.Node), 10)}
+		gauge := func(d *prometheus.Desc, v float64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append(l, extra...)...)
+		}
+		counter := func(d *prometheus.Desc, v uint64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+		}
+		for _, role := range []string{"electing", "follower", "leader"} {
+			gauge(dRole, b2f(s.Role == role), role)
+		}
+		gauge(dServing, b2f(s.Serving))
+		gauge(dRound, float64(s.Round))
+		counter(dDelivered, s.Delivered)
+		gauge(dApplied, float64(s.Applied))
+		gauge(dCatching, b2f(s.CatchingUp))
+		gauge(dRecords, float64(s.Records))
+		gauge(dBytes, float64(s.IndexBytes), "index")
+		gauge(dBytes, float64(s.HeapBytes), "heap")
+		for _, m := range s.Members {
+			if m.Node != s.Node {
+				gauge(dMembers, b2f(m.LinkUp), strconv.FormatUint(uint64(m.Node), 10))
+			}
+		}
+		counter(dElections, s.Counters.ElectionsStarted)
+		counter(dElected, s.Counters.Elected)
+		counter(dRestored, s.Counters.SnapshotsRestored)
+		counter(dSnapSent, s.Counters.SnapshotsSent)
+		counter(dDiffs, s.Counters.DiffsAccepted)
+		counter(dReconnects, s.Counters.Reconnects)
+		counter(dDuplicates, s.Counters.Duplicates)
+		counter(dOrdered, s.Multicast.Ordered)
+		counter(dReplies, s.Multicast.Replies)
+		counter(dMalformed, s.Multicast.Malformed)
+	}
+}

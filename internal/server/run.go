@@ -1,0 +1,277 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/regions"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+	"github.com/rdmakv/rdmakv/rdma/tcp"
+)
+
+// Options are a replica process's settings beyond its config.
+type Options struct {
+	// Listen overrides the replica's addr as the address it binds (tcp),
+	// e.g. "0.0.0.0:7001" behind address translation.
+	Listen string
+	// Control overrides the replica's control address ("" keeps the
+	// config's; "-" disables the control port).
+	Control string
+	// Pprof serves /debug/pprof/ on the control port.
+	Pprof bool
+	// Rejoin starts a replica that has no stable state as a new
+	// incarnation catching up from its group (a lost disk), even if no
+	// other member can be reached to tell that the group ran before.
+	Rejoin bool
+	// Ready, if set, is called once the replica runs, with the control
+	// port's address ("" if none).
+	Ready func(control string)
+}
+
+// identity is what a replica's data directory records of the cluster it
+// belongs to, so that a directory of another cluster is never used.
+type identity struct {
+	Cluster string        `json:"cluster"`
+	Fabric  string        `json:"fabric"`
+	Node    rdma.NodeID   `json:"node"`
+	Group   int           `json:"group"`
+	Members []rdma.NodeID `json:"members"`
+}
+
+// Run runs replica id of cfg until ctx ends, then stops it cleanly. Its
+// errors are one line saying what is wrong and what to do.
+func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *slog.Logger) error {
+	g, i, entry, err := cfg.Replica(id)
+	if err != nil {
+		return err
+	}
+	m, err := cfg.Map()
+	if err != nil {
+		return err
+	}
+	self := rdma.NodeID(id)
+	base := log
+	log = log.With("node", self, "group", g)
+	dir := cfg.ReplicaDir(id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	unlock, err := lockDir(dir, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := checkIdentity(dir, identity{Cluster: m.Name, Fabric: m.Fabric, Node: self, Group: g, Members: m.Groups[g]}); err != nil {
+		return err
+	}
+
+	var node rdma.Node
+	switch m.Fabric {
+	case "shm":
+		n, err := shm.Open(self, shm.Options{Dir: m.ShmDir, Cluster: m.Name})
+		if err != nil {
+			if errors.Is(err, shm.ErrNodeInUse) {
+				return fmt.Errorf("replica %d already runs in another process on this host (%v)", id, err)
+			}
+			return fmt.Errorf("open the shm node: %w", err)
+		}
+		node = n
+	case "tcp":
+		listen := entry.Addr
+		if opts.Listen != "" {
+			listen = opts.Listen
+		}
+		n, err := tcp.Open(self, tcp.Options{Listen: listen, Secret: cfg.SecretBytes, Peers: m.Addrs, PeerTimeout: time.Duration(cfg.Timing.PeerTimeout)})
+		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return fmt.Errorf("listen on %s: the address is in use (another kvserver, or another program?)", listen)
+			}
+			return fmt.Errorf("listen on %s: %v", listen, err)
+		}
+		node = n
+	default:
+		return fmt.Errorf("fabric %q: kvserver runs tcp or shm replicas", m.Fabric)
+	}
+	defer node.Close()
+
+	stable := broadcast.FileStable{Path: filepath.Join(dir, "stable")}
+	start, why, err := startMode(node, m, g, stable, opts.Rejoin, log)
+	if err != nil {
+		return err
+	}
+	bc := broadcast.Config{Self: self, Start: start, RejoinIncarnation: uint64(time.Now().UnixNano()),
+		HeartbeatInterval: time.Duration(cfg.Timing.Heartbeat), ElectionTimeout: time.Duration(cfg.Timing.ElectionTimeout)}
+	rc, err := m.ReplicaConfig(g, bc)
+	if err != nil {
+		return err
+	}
+	kr, err := kv.NewReplica(rc, node, stable)
+	if err != nil {
+		if errors.Is(err, broadcast.ErrCorrupt) {
+			return fmt.Errorf("the stable state in %s is corrupt (%v): if the disk lost it, move the file away and start with --rejoin", dir, err)
+		}
+		return fmt.Errorf("start the replica: %w", err)
+	}
+	defer kr.Close()
+	log.Info("replica starting", "cluster", m.Name, "fabric", m.Fabric, "start", start.String(), "why", why, "data_dir", dir)
+
+	rep := NewReplica(g, i, self, kr)
+	reps := []*Replica{rep}
+	dctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	wg.Go(func() { broadcast.NewMultiDriver(node.Doorbell(), rep).Run(dctx) })
+	wg.Go(func() { Watch(dctx, reps, base) })
+
+	caddr := entry.Control
+	if opts.Control != "" {
+		caddr = opts.Control
+	}
+	if caddr == "-" {
+		caddr = ""
+	}
+	if caddr != "" {
+		c, err := StartControl(caddr, m, reps, opts.Pprof, log)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		caddr = c.Addr()
+		log.Info("control port", "addr", caddr)
+	}
+	if opts.Ready != nil {
+		opts.Ready(caddr)
+	}
+	<-ctx.Done()
+	log.Info("stopping")
+	return nil
+}
+
+// lockDir takes the data directory's lock for this process's life.
+func lockDir(dir string, id int64) (func(), error) {
+	path := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b, _ := os.ReadFile(path)
+		f.Close()
+		pid := strings.TrimSpace(string(b))
+		if pid == "" {
+			pid = "unknown"
+		}
+		return nil, fmt.Errorf("replica %d already runs (process %s holds %s)", id, pid, path)
+	}
+	f.Truncate(0)
+	fmt.Fprintf(f, "%d\n", os.Getpid())
+	return func() { f.Close() }, nil
+}
+
+// checkIdentity records the replica's identity in a fresh data directory
+// and refuses one that holds another cluster's or replica's state.
+func checkIdentity(dir string, want identity) error {
+	path := filepath.Join(dir, "identity.json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		b, _ := json.MarshalIndent(want, "", "  ")
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
+		return os.Rename(tmp, path)
+	}
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	var got identity
+	if err := json.Unmarshal(b, &got); err != nil {
+		return fmt.Errorf("data dir %s: %s is not an rdmakv identity file (%v): is data_dir right?", dir, path, err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		return fmt.Errorf("data dir %s holds the state of node %d of group %d %v of cluster %q (%s), not of node %d of group %d %v of cluster %q (%s): point data_dir elsewhere, or remove the directory if that cluster is gone",
+			dir, got.Node, got.Group, got.Members, got.Cluster, got.Fabric, want.Node, want.Group, want.Members, want.Cluster, want.Fabric)
+	}
+	return nil
+}
+
+// startMode decides how the replica starts. With stable state it restarts
+// as the member it was (StartExisting: it catches up from its group).
+// Without, it is a new member (StartNew) only if no other member it can
+// reach has run: a member whose promise word or serving epoch is set
+// proves the group ran, and then this replica lost its state (or never
+// started while the group ran) and must rejoin as a new incarnation that
+// learns the epochs it may have promised (StartRejoin), or it could vote
+// twice in an epoch. opts.Rejoin forces that when no member answers.
+func startMode(node rdma.Node, m *cluster.Map, g int, st broadcast.FileStable, rejoin bool, log *slog.Logger) (broadcast.StartMode, string, error) {
+	if _, err := os.Stat(st.Path); err == nil {
+		if _, err := st.Load(); err != nil {
+			return 0, "", fmt.Errorf("the stable state %s is unreadable (%v): if the disk lost it, move the file away and start with --rejoin", st.Path, err)
+		}
+		return broadcast.StartExisting, "stable state found: restarting as the same member", nil
+	}
+	if rejoin {
+		return broadcast.StartRejoin, "no stable state, --rejoin given", nil
+	}
+	for _, peer := range m.Groups[g] {
+		if peer == node.ID() {
+			continue
+		}
+		h, err := readHeader(node, peer, uint32(g))
+		if err != nil {
+			if errors.Is(err, tcp.ErrAuth) {
+				return 0, "", fmt.Errorf("member %d refused our cluster secret: the secret differs from its (check secret_file on both hosts)", peer)
+			}
+			log.Debug("probe member", "member", peer, "err", err)
+			continue
+		}
+		if h.Promise != 0 || h.Serving != 0 {
+			return broadcast.StartRejoin, fmt.Sprintf("no stable state, and member %d shows the group ran (epoch %v): rejoining as a new incarnation", peer, broadcast.Epoch(max(h.Promise, h.Serving))), nil
+		}
+	}
+	return broadcast.StartNew, "no stable state and no member of the group has run: a new member", nil
+}
+
+// readHeader reads member peer's kv table header one-sided.
+func readHeader(node rdma.Node, peer rdma.NodeID, g uint32) (kv.Header, error) {
+	conn, err := node.Connect(peer)
+	if err != nil {
+		return kv.Header{}, err
+	}
+	defer conn.Close()
+	buf, err := rdma.AllocMemory(64)
+	if err != nil {
+		return kv.Header{}, err
+	}
+	defer rdma.FreeMemory(buf)
+	if err := conn.Post(rdma.WR{ID: 1, Kind: rdma.OpRead, Flags: rdma.Signaled, Region: regions.KV(g), Buf: buf[:64]}); err != nil {
+		return kv.Header{}, err
+	}
+	var cs [1]rdma.Completion
+	if conn.Wait(cs[:], time.Second) == 0 {
+		return kv.Header{}, errors.New("no answer within 1s")
+	}
+	if cs[0].Err != nil {
+		return kv.Header{}, cs[0].Err
+	}
+	return kv.DecodeHeader(buf[:64])
+}

@@ -1,0 +1,146 @@
+// Package server is what kvserver runs around kv replicas: a poller that
+// keeps each replica's state readable by other goroutines (Replica), the
+// HTTP control port (status, Prometheus metrics, health, readiness, the
+// cluster map, pprof), logging of role changes, and a replica process
+// started from a cluster config (Run).
+package server
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/multicast"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// copyEvery is how often a Replica copies the state only its polling
+// goroutine may read (table size and header, multicast counters).
+const copyEvery = 50 * time.Millisecond
+
+// Replica wraps a kv.Replica as the broadcast.Poller its driver runs, and
+// keeps a copy of its state for other goroutines (Status), at most
+// copyEvery old. It also times each Poll that made progress (the work of
+// ordering and applying a batch of requests) into a histogram.
+type Replica struct {
+	Group, Index int
+	Node         rdma.NodeID
+	r            *kv.Replica
+	started      time.Time
+	busy         prometheus.Histogram
+
+	mu   sync.Mutex
+	last time.Duration
+	tab  kv.Stats
+	hdr  kv.Header
+	mc   multicast.Counters
+	dups uint64
+}
+
+// NewReplica wraps replica i of group g.
+func NewReplica(g, i int, node rdma.NodeID, r *kv.Replica) *Replica {
+	return &Replica{Group: g, Index: i, Node: node, r: r, started: time.Now(), last: -time.Hour,
+		busy: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "rdmakv_poll_busy_seconds",
+			Help:    "Duration of each poll of a replica that made progress: ordering, applying and replying to a batch of requests.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+		})}
+}
+
+// KV is the wrapped replica.
+func (p *Replica) KV() *kv.Replica { return p.r }
+
+// Poll implements broadcast.Poller.
+func (p *Replica) Poll(now time.Duration) bool {
+	t0 := time.Now()
+	progress := p.r.Poll(now)
+	if progress {
+		p.busy.Observe(time.Since(t0).Seconds())
+	}
+	if now-p.last >= copyEvery {
+		p.last = now
+		tab, hdr, mc := p.r.Table().Stats(), p.r.Table().Header(), p.r.Multicast().Counters()
+		d, _, _ := p.r.Multicast().Anomalies()
+		p.mu.Lock()
+		p.tab, p.hdr, p.mc, p.dups = tab, hdr, mc, d
+		p.mu.Unlock()
+	}
+	return progress
+}
+
+// NextDeadline implements broadcast.Poller.
+func (p *Replica) NextDeadline() time.Duration { return p.r.NextDeadline() }
+
+// HeartbeatInterval implements broadcast.Heartbeater.
+func (p *Replica) HeartbeatInterval() time.Duration { return p.r.HeartbeatInterval() }
+
+// ReplicaStatus is a replica's state as the control port shows it.
+type ReplicaStatus struct {
+	Group   int         `json:"group"`
+	Index   int         `json:"index"`
+	Node    rdma.NodeID `json:"node"`
+	Role    string      `json:"role"` // electing, follower, leader
+	Epoch   string      `json:"epoch"`
+	Round   uint32      `json:"round"`
+	Leader  rdma.NodeID `json:"leader,omitempty"` // 0 while electing
+	Serving bool        `json:"serving"`          // leads and serves linearizable gets
+	// Delivered counts entries delivered (ordered and applied); Applied
+	// is the table's applied index (its header).
+	Delivered  uint64 `json:"delivered"`
+	Applied    uint64 `json:"applied"`
+	CatchingUp bool   `json:"catching_up"`
+	Records    int    `json:"records"`
+	IndexBytes int    `json:"index_bytes"`
+	HeapBytes  int    `json:"heap_bytes"`
+	Migrating  bool   `json:"migrating"`
+	// Members is how this replica sees each member of its group.
+	Members   []MemberStatus     `json:"members"`
+	Counters  broadcast.Counters `json:"counters"`
+	Multicast multicast.Counters `json:"multicast"`
+	Uptime    string             `json:"uptime"`
+}
+
+// MemberStatus is one member as a replica sees it.
+type MemberStatus struct {
+	Node      rdma.NodeID `json:"node"`
+	State     string      `json:"state"`
+	LinkUp    bool        `json:"link_up"`
+	Committed uint64      `json:"committed"` // its committed count in its epoch
+}
+
+// Status is the replica's state now (any goroutine).
+func (p *Replica) Status() ReplicaStatus {
+	b := p.r.Multicast().Broadcast()
+	bs := b.Status()
+	_, serving := b.Leading()
+	p.mu.Lock()
+	tab, hdr, mc := p.tab, p.hdr, p.mc
+	p.mu.Unlock()
+	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
+		Epoch: bs.ECur.String(), Round: bs.ECur.Round(), Serving: serving,
+		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
+		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
+		Counters: bs.Counters, Multicast: mc, Uptime: time.Since(p.started).Round(time.Second).String()}
+	if l, ok := bs.Leader(); ok {
+		s.Leader = l
+	}
+	for _, m := range bs.Members {
+		s.Members = append(s.Members, MemberStatus{Node: m.ID, State: m.State.String(), LinkUp: m.LinkUp || m.State == broadcast.MemberSelf, Committed: m.Committed.Cnt})
+	}
+	return s
+}
+
+// Ready reports whether the replica is ready to serve: its group has a
+// leader and it is not catching up; otherwise why not.
+func (s *ReplicaStatus) Ready() (bool, string) {
+	switch {
+	case s.Leader == 0:
+		return false, "its group is electing a leader"
+	case s.CatchingUp:
+		return false, "it is catching up with its group"
+	}
+	return true, ""
+}
