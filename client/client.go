@@ -94,6 +94,8 @@ type options struct {
 	secret      []byte
 	backoffMin  time.Duration
 	backoffMax  time.Duration
+	configFile  string
+	seed        string
 }
 
 // WithMap uses the cluster map m.
@@ -174,6 +176,12 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		f(&o)
 	}
 	m := o.m
+	if m == nil && (o.configFile != "" || o.seed != "") {
+		var err error
+		if m, err = loadRemote(ctx, &o); err != nil {
+			return nil, fmt.Errorf("rdmakv: open: %w", err)
+		}
+	}
 	if m == nil {
 		path := o.mapFile
 		if path == "" {
@@ -193,6 +201,14 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 			return nil, fmt.Errorf("rdmakv: open: %w", err)
 		}
 		o.slot, slotLock = k, f
+	}
+	var claimed rdma.Node // a tcp node listening on the claimed slot's address
+	if o.slot < 0 && m.Fabric == "tcp" && o.node == nil && o.listen == "" {
+		k, n, err := claimTCPSlot(m, o.secret)
+		if err != nil {
+			return nil, fmt.Errorf("rdmakv: open: %w", err)
+		}
+		o.slot, claimed = k, n
 	} else if o.slot < 0 {
 		o.slot = 0
 	}
@@ -200,6 +216,9 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	defer func() {
 		if !opened && slotLock != nil {
 			slotLock.Close()
+		}
+		if !opened && claimed != nil {
+			claimed.Close()
 		}
 	}()
 	if o.slot < 0 || o.slot >= len(m.ClientNodes) {
@@ -211,7 +230,9 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	}
 	c := &Client{o: o, m: m, tree: t, node: o.node, done: make(chan struct{})}
 	id := m.ClientNodes[o.slot]
-	if c.node == nil {
+	if c.node == nil && claimed != nil {
+		c.node, c.own, claimed = claimed, true, nil
+	} else if c.node == nil {
 		if c.node, err = openNode(m, id, &o); err != nil {
 			return nil, fmt.Errorf("rdmakv: open node %d: %w", id, err)
 		}
