@@ -111,6 +111,7 @@ func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 		role, epoch string
 		catching    bool
 		restored    uint64
+		notReady    string
 	}
 	last := make([]seen, len(reps))
 	t := time.NewTicker(20 * time.Millisecond)
@@ -118,7 +119,8 @@ func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 	for first := true; ; first = false {
 		for i, r := range reps {
 			s := r.Status()
-			now := seen{s.Role, s.Epoch, s.CatchingUp, s.Counters.SnapshotsRestored}
+			_, why := s.Ready()
+			now := seen{s.Role, s.Epoch, s.CatchingUp, s.Counters.SnapshotsRestored, why}
 			if first || now != last[i] {
 				lg := log.With("group", s.Group, "node", s.Node)
 				switch {
@@ -132,6 +134,10 @@ func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 					} else {
 						lg.Info("role", "role", s.Role, "epoch", s.Epoch, "leader", s.Leader)
 					}
+				case now.notReady != last[i].notReady && now.notReady != "":
+					lg.Warn("not ready: " + now.notReady)
+				case now.notReady != last[i].notReady:
+					lg.Info("ready", "role", s.Role, "epoch", s.Epoch, "leader", s.Leader)
 				}
 				last[i] = now
 			}

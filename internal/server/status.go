@@ -6,6 +6,7 @@
 package server
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -136,9 +137,19 @@ func (p *Replica) Status() ReplicaStatus {
 // Ready reports whether the replica is ready to serve: its group has a
 // leader and it is not catching up; otherwise why not.
 func (s *ReplicaStatus) Ready() (bool, string) {
+	leaderState := ""
+	for _, m := range s.Members {
+		if m.Node == s.Leader {
+			leaderState = m.State
+		}
+	}
 	switch {
 	case s.Leader == 0:
 		return false, "its group is electing a leader"
+	case leaderState == "unreachable" || leaderState == "unknown":
+		// A follower cut off from its leader and from a majority keeps
+		// following until a majority agrees the leader is gone.
+		return false, fmt.Sprintf("its leader %d is %s (electing or cut off from a majority)", s.Leader, leaderState)
 	case s.CatchingUp:
 		return false, "it is catching up with its group"
 	}

@@ -1,0 +1,150 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/internal/server"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestControlPort checks each endpoint of the control port against a
+// local cluster: status, metrics, health, readiness (before and after a
+// group loses its leader's majority), the map, and pprof only when asked.
+func TestControlPort(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m := &cluster.Map{Name: "ctl", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}}, ClientNodes: []rdma.NodeID{100}}
+	lc, err := localcluster.Start(ctx, m, broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 30 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	reps := lc.Replicas()
+	wctx, wstop := context.WithCancel(ctx)
+	defer wstop()
+	watched := make(chan struct{})
+	go func() {
+		server.Watch(wctx, reps, log)
+		close(watched)
+	}()
+	c, err := server.StartControl("127.0.0.1:0", m, reps, false, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	base := "http://" + c.Addr()
+
+	if code, body := get(t, base+"/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+	if code, body := get(t, base+"/readyz"); code != 200 {
+		t.Errorf("/readyz of a serving cluster: %d %q", code, body)
+	}
+	code, body := get(t, base+"/status")
+	var ps server.ProcessStatus
+	if err := json.Unmarshal([]byte(body), &ps); code != 200 || err != nil {
+		t.Fatalf("/status: %d %v %q", code, err, body)
+	}
+	if ps.Cluster != "ctl" || len(ps.Replicas) != 6 {
+		t.Fatalf("/status: cluster %q, %d replicas", ps.Cluster, len(ps.Replicas))
+	}
+	leaders := map[int]int{}
+	for _, r := range ps.Replicas {
+		if r.Role == "leader" {
+			leaders[r.Group]++
+			if !r.Serving {
+				t.Errorf("leader %d not serving", r.Node)
+			}
+		}
+		if r.Leader == 0 || len(r.Members) != 3 {
+			t.Errorf("replica %d: leader %d, %d members", r.Node, r.Leader, len(r.Members))
+		}
+	}
+	if leaders[0] != 1 || leaders[1] != 1 {
+		t.Errorf("leaders per group %v", leaders)
+	}
+	code, body = get(t, base+"/metrics")
+	for _, want := range []string{`rdmakv_role{group="0",node="1",role=`, `rdmakv_serving{group="1",node="4"}`, "rdmakv_delivered_total", "rdmakv_poll_busy_seconds_bucket", "go_memstats_heap_alloc_bytes", "rdmakv_member_up"} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	code, body = get(t, base+"/map")
+	var got cluster.Map
+	if err := json.Unmarshal([]byte(body), &got); code != 200 || err != nil || got.Fill() != nil || len(got.Groups) != 2 {
+		t.Errorf("/map: %d %v %+v", code, err, got)
+	}
+	if code, _ := get(t, base+"/debug/pprof/"); code != 404 {
+		t.Errorf("pprof without --pprof: %d, want 404", code)
+	}
+
+	// Group 1 loses its leader and another replica: the last one elects
+	// forever, so the process is not ready, and the log says why.
+	l := lc.Leader(1)
+	lc.Stop(1, l)
+	lc.Stop(1, (l+1)%3)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body = get(t, base+"/readyz")
+		if code == 503 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, st := get(t, base+"/status")
+			t.Fatalf("/readyz with group 1 down to one replica: %d %q\n%s", code, body, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(body, "group 1") || !strings.Contains(body, "electing") && !strings.Contains(body, "unreachable") {
+		t.Errorf("/readyz says %q: want the group and why", body)
+	}
+	time.Sleep(50 * time.Millisecond) // a Watch tick
+	wstop()
+	<-watched
+	if !strings.Contains(logs.String(), "msg=role") || !strings.Contains(logs.String(), "not ready: its leader") {
+		t.Errorf("no role logged:\n%s", logs.String())
+	}
+}
+
+// TestControlPortInUse: a control address in use is refused with the
+// address in the error.
+func TestControlPortInUse(t *testing.T) {
+	m := &cluster.Map{Name: "ctl2", Fabric: "mem", Groups: [][]rdma.NodeID{{1}}, ClientNodes: []rdma.NodeID{100}}
+	m.Fill()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := server.StartControl("127.0.0.1:0", m, nil, true, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if code, _ := get(t, "http://"+c.Addr()+"/debug/pprof/"); code != 200 {
+		t.Errorf("pprof with --pprof: %d", code)
+	}
+	if _, err := server.StartControl(c.Addr(), m, nil, false, log); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Errorf("second control port on %s: %v", c.Addr(), err)
+	}
+}
