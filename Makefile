@@ -60,8 +60,9 @@ unit:
 fuzz-short:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz-short
 
+# ARGS passes flags to kvserver (make run ARGS="--groups 4").
 run:
-	$(GO) run ./cmd/kvserver
+	$(GO) run ./cmd/kvserver $(ARGS)
 
 bench:
 	$(GO) run ./cmd/kvbench fabric --runs 5
