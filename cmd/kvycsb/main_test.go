@@ -1,0 +1,261 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/magiconair/properties"
+	"github.com/pingcap/go-ycsb/pkg/prop"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// kvycsbBin builds the command once per test binary.
+func kvycsbBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kvycsb-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "kvycsb")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = errors.New(string(out))
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("go build: %v", buildErr)
+	}
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+// runBin runs kvycsb and returns its exit status, stdout and stderr.
+func runBin(t *testing.T, timeout time.Duration, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(kvycsbBin(t), args...)
+	cmd.Dir = t.TempDir()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("kvycsb %s: still running after %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), timeout, stdout.String(), stderr.String())
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+func TestLoadRunEmbedded(t *testing.T) {
+	code, out, errOut := runBin(t, 60*time.Second, "loadrun", "a", "--embedded", "--records", "300", "--ops", "300", "--threads", "4")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for _, want := range []string{"INSERT - ", "READ   - ", "UPDATE - ", "TOTAL  - ",
+		"[OVERALL] load a on rdmakv: 300 operations", "[OVERALL] run a on rdmakv: 300 operations", "4 threads, 0 errors",
+		`"requestdistribution"="zipfian"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "_ERROR") {
+		t.Errorf("failed operations:\n%s", out)
+	}
+	if !strings.Contains(errOut, "embedded cluster") {
+		t.Errorf("stderr does not say where it ran:\n%s", errOut)
+	}
+}
+
+func TestWorkloadERefusedUpFront(t *testing.T) {
+	start := time.Now()
+	code, out, errOut := runBin(t, 30*time.Second, "loadrun", "e", "--embedded", "--records", "100000")
+	if code != 2 {
+		t.Fatalf("exit %d, want 2\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "B+tree") || !strings.Contains(errOut, "scan") {
+		t.Errorf("stderr does not explain that scans need the B+tree:\n%s", errOut)
+	}
+	if out != "" || strings.Contains(errOut, "embedded cluster") {
+		t.Errorf("something ran before the refusal:\nstdout:\n%s\nstderr:\n%s", out, errOut)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the refusal took %v", d)
+	}
+	// The same from a property file.
+	file := filepath.Join(t.TempDir(), "w")
+	os.WriteFile(file, []byte("recordcount=10\noperationcount=10\nscanproportion=0.5\nreadproportion=0.5\n"), 0o644)
+	if code, _, errOut := runBin(t, 30*time.Second, "run", "-P", file); code != 2 || !strings.Contains(errOut, "B+tree") {
+		t.Errorf("run -P (scans): exit %d, stderr:\n%s", code, errOut)
+	}
+}
+
+func TestJSON(t *testing.T) {
+	code, out, errOut := runBin(t, 60*time.Second, "loadrun", "c", "--embedded", "--records", "200", "--ops", "400", "--threads", "2", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	var doc struct {
+		Phases []phaseResult `json:"phases"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("stdout is not one JSON document (%v):\n%s", err, out)
+	}
+	if len(doc.Phases) != 2 {
+		t.Fatalf("%d phases, want 2: %+v", len(doc.Phases), doc.Phases)
+	}
+	ld, rn := doc.Phases[0], doc.Phases[1]
+	if ld.Phase != "load" || ld.Operations != 200 || rn.Phase != "run" || rn.Operations != 400 || rn.Errors != 0 || rn.OpsPerSec <= 0 || rn.Threads != 2 || rn.DB != "rdmakv" {
+		t.Fatalf("phases: %+v", doc.Phases)
+	}
+	r, ok := rn.op("READ")
+	if !ok || r.Count != 400 || r.P99 < r.P50 {
+		t.Fatalf("run's READ row: %+v %v (ops %+v)", r, ok, rn.Ops)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{nil, 2, "usage: kvycsb"},
+		{[]string{"-h"}, 0, ""},
+		{[]string{"frob"}, 2, "unknown command"},
+		{[]string{"load"}, 2, "no workload"},
+		{[]string{"load", "z"}, 2, "unknown workload"},
+		{[]string{"load", "a", "b"}, 2, "one workload at a time"},
+		{[]string{"run", "a", "--embedded"}, 2, "use loadrun"},
+		{[]string{"load", "a", "--db", "mongo"}, 2, "want rdmakv or redis"},
+		{[]string{"load", "a", "--db", "redis", "--embedded"}, 2, "--embedded"},
+		{[]string{"run", "a", "--ops", "2", "--threads", "4"}, 2, "operationcount=2 is less than the 4 threads"},
+		{[]string{"load", "a", "-p", "rdmakv.consistency=strong"}, 2, "rdmakv.consistency"},
+		{[]string{"load", "a", "-p", "novalue"}, 2, "want -p name=value"},
+		{[]string{"run", "e", "--db", "redis"}, 2, "redis binding does not support scans"},
+		{[]string{"load", "a", "--map", "/nonexistent/cluster.json"}, 1, "kvserver"},
+		{[]string{"bench", "--workloads", "a,e"}, 2, "B+tree"},
+		{[]string{"bench", "--threads", "0"}, 2, "--threads"},
+		{[]string{"bench", "extra"}, 2, "unexpected arguments"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, &stdout, &stderr)
+		if code != tc.code || !strings.Contains(stdout.String()+stderr.String(), tc.msg) {
+			t.Errorf("kvycsb %q: exit %d (want %d), output lacks %q?\nstdout: %s\nstderr: %s", tc.args, code, tc.code, tc.msg, stdout.String(), stderr.String())
+		}
+	}
+}
+
+func TestBuiltinWorkloads(t *testing.T) {
+	want := map[string]struct {
+		read, update, insert, scan, rmw float64
+		dist                            string
+	}{
+		"a": {0.5, 0.5, 0, 0, 0, "zipfian"},
+		"b": {0.95, 0.05, 0, 0, 0, "zipfian"},
+		"c": {1, 0, 0, 0, 0, "zipfian"},
+		"d": {0.95, 0, 0.05, 0, 0, "latest"},
+		"e": {0, 0, 0.05, 0.95, 0, "zipfian"},
+		"f": {0.5, 0, 0, 0, 0.5, "zipfian"},
+	}
+	for name, w := range want {
+		text, ok := builtinWorkload(name)
+		if !ok {
+			t.Fatalf("workload %s is not built in", name)
+		}
+		p, err := properties.LoadString(text)
+		if err != nil {
+			t.Fatalf("workload %s: %v", name, err)
+		}
+		got := [5]float64{p.GetFloat64(prop.ReadProportion, -1), p.GetFloat64(prop.UpdateProportion, -1),
+			p.GetFloat64(prop.InsertProportion, -1), p.GetFloat64(prop.ScanProportion, -1), p.GetFloat64(prop.ReadModifyWriteProportion, 0)}
+		if got != [5]float64{w.read, w.update, w.insert, w.scan, w.rmw} || p.GetString(prop.RequestDistribution, "") != w.dist ||
+			p.GetInt64(prop.RecordCount, 0) != 1000 || p.GetInt64(prop.OperationCount, 0) != 1000 || !p.GetBool(prop.ReadAllFields, false) {
+			t.Errorf("workload %s: %v %s, want %+v", name, got, p.GetString(prop.RequestDistribution, ""), w)
+		}
+	}
+	if _, ok := builtinWorkload("g"); ok {
+		t.Error("workload g exists")
+	}
+}
+
+func TestZipfianKeyRange(t *testing.T) {
+	p := properties.MustLoadString("requestdistribution=zipfian\nrecordcount=1000\n")
+	zipfianKeyRange(p)
+	if got := p.GetInt64(prop.InsertCount, 0); got != 999 {
+		t.Errorf("insertcount %d, want 999 (keys 0 to 999)", got)
+	}
+	p = properties.MustLoadString("requestdistribution=zipfian\nrecordcount=1000\ninsertcount=500\n")
+	zipfianKeyRange(p)
+	if got := p.GetInt64(prop.InsertCount, 0); got != 500 {
+		t.Errorf("a given insertcount changed to %d", got)
+	}
+	p = properties.MustLoadString("requestdistribution=uniform\nrecordcount=1000\n")
+	zipfianKeyRange(p)
+	if _, ok := p.Get(prop.InsertCount); ok {
+		t.Error("insertcount set for a uniform distribution")
+	}
+}
+
+// TestBench runs kvycsb bench small, against Redis too when redis-server
+// is installed.
+func TestBench(t *testing.T) {
+	args := []string{"bench", "--records", "200", "--ops", "200", "--threads", "1,2", "--workloads", "a,d", "--load-threads", "2"}
+	withRedis := true
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Log("redis-server not installed: rdmakv alone")
+		args = append(args, "--redis-server", "")
+		withRedis = false
+	}
+	code, out, errOut := runBin(t, 90*time.Second, args...)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for _, want := range []string{"workload", "rdmakv ops/s", "load", "A", "D"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	lines := 0
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 8 && (f[0] == "A" || f[0] == "D") {
+			lines++
+			if withRedis && !strings.HasSuffix(f[4], "x") {
+				t.Errorf("row without a ratio: %q", l)
+			}
+			if f[len(f)-1] != "0" {
+				t.Errorf("row with errors: %q", l)
+			}
+		}
+	}
+	if lines != 4 {
+		t.Errorf("%d rows of A and D, want 4 (2 thread counts each):\n%s", lines, out)
+	}
+}

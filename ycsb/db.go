@@ -1,0 +1,359 @@
+// Package ycsb is the go-ycsb (github.com/pingcap/go-ycsb v1.0.1) binding of
+// rdmakv: a DB and BatchDB registered as "rdmakv" (import the package for
+// its side effect, or call Open).
+//
+// A YCSB record (a table, a key, and fields with values) is one rdmakv key,
+// "<table>/<key>", whose value holds every field in a compact binary
+// encoding (EncodeFields). The operations map to the client's calls:
+//
+//   - Read: a get (the rdmakv.consistency property), decoded, with the
+//     requested fields; a missing record is an error wrapping
+//     client.ErrNotFound.
+//   - Insert: a put of the encoded fields (it replaces a record already
+//     there, as go-ycsb's other key-value bindings do).
+//   - Update: merges the given fields into the record with an optimistic
+//     read-modify-write: a linearizable get of the record and its version,
+//     then CompareVersionAndSwap of the merged record, again from the get
+//     if another write came in between. Concurrent updates of one record
+//     never lose each other's fields. A missing record is an error
+//     wrapping client.ErrNotFound (the update does not create it).
+//   - Delete: a delete (of a missing record too, without error).
+//   - Scan: ErrScanUnsupported. Scans need an ordered index, which comes
+//     with the B+tree; until then YCSB workload E cannot run.
+//   - BatchInsert and BatchDelete: client.Batch commits, atomic within each
+//     group (split into several commits when the batch exceeds the
+//     cluster's operations or bytes per request). BatchRead: a get per
+//     key. BatchUpdate: an Update per key (each one atomic, the batch not).
+//
+// Properties (besides go-ycsb's own):
+//
+//	rdmakv.map          the cluster map file (default client.DefaultMapFile,
+//	                    where `kvserver` with no arguments writes it)
+//	rdmakv.consistency  linearizable (default) or stale-ok, for reads
+//	rdmakv.timeout      bound of each operation, retries included (default 10s)
+//
+// One DB holds one client.Client, shared by every YCSB thread: a client is
+// safe for concurrent use, gets run in parallel and concurrent writes are
+// combined, and on an shm cluster every client occupies one of the
+// cluster's client slots.
+package ycsb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/magiconair/properties"
+	goycsb "github.com/pingcap/go-ycsb/pkg/ycsb"
+
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/kv"
+)
+
+// Property names.
+const (
+	PropMap         = "rdmakv.map"
+	PropConsistency = "rdmakv.consistency"
+	PropTimeout     = "rdmakv.timeout"
+)
+
+// Defaults.
+const (
+	DefaultConsistency = "linearizable"
+	DefaultTimeout     = 10 * time.Second
+)
+
+// ErrScanUnsupported is what Scan returns.
+var ErrScanUnsupported = errors.New("rdmakv: scans (YCSB workload E) need the B+tree index, which is not built yet; workloads A, B, C, D and F run")
+
+// Name is the name the binding is registered under.
+const Name = "rdmakv"
+
+func init() {
+	goycsb.RegisterDBCreator(Name, creator{})
+}
+
+type creator struct{}
+
+// Create opens a client of the cluster the properties name.
+func (creator) Create(p *properties.Properties) (goycsb.DB, error) {
+	return Open(context.Background(), p)
+}
+
+// Config is the binding's configuration, read from the properties.
+type Config struct {
+	MapFile     string
+	Consistency client.Consistency
+	Timeout     time.Duration
+}
+
+// ParseConfig reads the binding's properties (nil p: the defaults).
+func ParseConfig(p *properties.Properties) (Config, error) {
+	cfg := Config{MapFile: client.DefaultMapFile, Consistency: client.Linearizable, Timeout: DefaultTimeout}
+	if p == nil {
+		return cfg, nil
+	}
+	cfg.MapFile = p.GetString(PropMap, client.DefaultMapFile)
+	switch s := p.GetString(PropConsistency, DefaultConsistency); s {
+	case "linearizable":
+		cfg.Consistency = client.Linearizable
+	case "stale-ok":
+		cfg.Consistency = client.StaleOK
+	default:
+		return cfg, fmt.Errorf("rdmakv ycsb: %s=%q: want linearizable or stale-ok", PropConsistency, s)
+	}
+	if s, ok := p.Get(PropTimeout); ok {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return cfg, fmt.Errorf("rdmakv ycsb: %s=%q: want a positive duration such as 10s", PropTimeout, s)
+		}
+		cfg.Timeout = d
+	}
+	return cfg, nil
+}
+
+// Open opens a client of the cluster the properties name (opts come after
+// the ones the properties give: client.WithMap, for one, replaces the map
+// file) and returns a DB that closes it.
+func Open(ctx context.Context, p *properties.Properties, opts ...client.Option) (*DB, error) {
+	cfg, err := ParseConfig(p)
+	if err != nil {
+		return nil, err
+	}
+	all := append([]client.Option{
+		client.WithMapFile(cfg.MapFile),
+		client.WithConsistency(cfg.Consistency),
+		client.WithTimeout(cfg.Timeout),
+	}, opts...)
+	c, err := client.Open(ctx, all...)
+	if err != nil {
+		return nil, err
+	}
+	db := New(c, cfg)
+	db.own = true
+	return db, nil
+}
+
+// New returns a DB on a client the caller opened and closes (Close leaves
+// it open). cfg.MapFile is not used.
+func New(c *client.Client, cfg Config) *DB {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	l := c.Map().Limits
+	return &DB{c: c, cfg: cfg, maxBatch: l.MaxBatch, maxRequest: kv.DefaultMaxRequest(l.MaxKey, l.MaxValue)}
+}
+
+// DB is the binding: a goycsb.DB and goycsb.BatchDB.
+type DB struct {
+	c          *client.Client
+	own        bool
+	cfg        Config
+	maxBatch   int
+	maxRequest int
+}
+
+var (
+	_ goycsb.DB      = (*DB)(nil)
+	_ goycsb.BatchDB = (*DB)(nil)
+)
+
+// Client is the rdmakv client the DB uses.
+func (db *DB) Client() *client.Client { return db.c }
+
+// Close closes the client, if Open opened it.
+func (db *DB) Close() error {
+	if db.own {
+		return db.c.Close()
+	}
+	return nil
+}
+
+// InitThread does nothing: the threads share the client.
+func (db *DB) InitThread(ctx context.Context, _, _ int) context.Context { return ctx }
+
+// CleanupThread does nothing.
+func (db *DB) CleanupThread(context.Context) {}
+
+// Key is the rdmakv key of a YCSB record.
+func Key(table, key string) []byte {
+	b := make([]byte, 0, len(table)+1+len(key))
+	b = append(b, table...)
+	b = append(b, '/')
+	return append(b, key...)
+}
+
+// Read returns the record's requested fields (all if fields is empty).
+func (db *DB) Read(ctx context.Context, table, key string, fields []string) (map[string][]byte, error) {
+	v, err := db.c.Get(ctx, Key(table, key))
+	if err != nil {
+		return nil, fmt.Errorf("read %s/%s: %w", table, key, err)
+	}
+	m, err := DecodeSelected(v, fields)
+	if err != nil {
+		return nil, fmt.Errorf("read %s/%s: %w", table, key, err)
+	}
+	return m, nil
+}
+
+// Scan is not supported yet: ErrScanUnsupported.
+func (db *DB) Scan(context.Context, string, string, int, []string) ([]map[string][]byte, error) {
+	return nil, ErrScanUnsupported
+}
+
+// Insert stores the record (replacing one already there).
+func (db *DB) Insert(ctx context.Context, table, key string, values map[string][]byte) error {
+	if _, err := db.c.Put(ctx, Key(table, key), EncodeFields(values)); err != nil {
+		return fmt.Errorf("insert %s/%s: %w", table, key, err)
+	}
+	return nil
+}
+
+// Update merges values into the record (see the package comment).
+func (db *DB) Update(ctx context.Context, table, key string, values map[string][]byte) error {
+	if err := db.update(ctx, Key(table, key), values); err != nil {
+		return fmt.Errorf("update %s/%s: %w", table, key, err)
+	}
+	return nil
+}
+
+func (db *DB) update(ctx context.Context, k []byte, values map[string][]byte) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, db.cfg.Timeout)
+		defer cancel()
+	}
+	for {
+		it, err := db.c.GetItem(ctx, k, client.Linearizable)
+		if err != nil {
+			return err
+		}
+		rec, err := DecodeFields(it.Value)
+		if err != nil {
+			return err
+		}
+		for name, v := range values {
+			rec[name] = v
+		}
+		_, err = db.c.CompareVersionAndSwap(ctx, k, it.Version, EncodeFields(rec))
+		if !errors.Is(err, client.ErrCASMismatch) {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%w (the record kept changing under the update)", err)
+		}
+	}
+}
+
+// Delete removes the record (a missing record is not an error).
+func (db *DB) Delete(ctx context.Context, table, key string) error {
+	if _, err := db.c.Delete(ctx, Key(table, key)); err != nil {
+		return fmt.Errorf("delete %s/%s: %w", table, key, err)
+	}
+	return nil
+}
+
+// BatchInsert stores the records with client.Batch commits: atomic within
+// each group, split where the batch exceeds the cluster's limits.
+func (db *DB) BatchInsert(ctx context.Context, table string, keys []string, values []map[string][]byte) error {
+	if len(keys) != len(values) {
+		return fmt.Errorf("batch insert: %d keys, %d records", len(keys), len(values))
+	}
+	b := db.newBatcher(ctx, "batch insert")
+	for i, key := range keys {
+		if err := b.add(kv.Op{Kind: kv.OpPut, Key: Key(table, key), Value: EncodeFields(values[i])}); err != nil {
+			return err
+		}
+	}
+	return b.flush()
+}
+
+// BatchDelete removes the records with client.Batch commits, as
+// BatchInsert.
+func (db *DB) BatchDelete(ctx context.Context, table string, keys []string) error {
+	b := db.newBatcher(ctx, "batch delete")
+	for _, key := range keys {
+		if err := b.add(kv.Op{Kind: kv.OpDelete, Key: Key(table, key)}); err != nil {
+			return err
+		}
+	}
+	return b.flush()
+}
+
+// BatchRead reads every record (a get each); a missing one is an error.
+func (db *DB) BatchRead(ctx context.Context, table string, keys []string, fields []string) ([]map[string][]byte, error) {
+	out := make([]map[string][]byte, len(keys))
+	for i, key := range keys {
+		m, err := db.Read(ctx, table, key, fields)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// BatchUpdate updates every record, one Update each.
+func (db *DB) BatchUpdate(ctx context.Context, table string, keys []string, values []map[string][]byte) error {
+	if len(keys) != len(values) {
+		return fmt.Errorf("batch update: %d keys, %d records", len(keys), len(values))
+	}
+	for i, key := range keys {
+		if err := db.Update(ctx, table, key, values[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batcher gathers ops into client.Batch commits that fit the cluster's
+// limits (operations per batch, bytes per request).
+type batcher struct {
+	db   *DB
+	ctx  context.Context
+	what string
+	ops  []kv.Op
+	size int // kv.RequestSize(ops)
+}
+
+func (db *DB) newBatcher(ctx context.Context, what string) *batcher {
+	return &batcher{db: db, ctx: ctx, what: what}
+}
+
+var emptyRequest = kv.RequestSize(nil)
+
+func (b *batcher) add(op kv.Op) error {
+	n := kv.RequestSize([]kv.Op{op}) - emptyRequest
+	if len(b.ops) > 0 && (len(b.ops)+1 > b.db.maxBatch || b.size+n > b.db.maxRequest) {
+		if err := b.flush(); err != nil {
+			return err
+		}
+	}
+	if len(b.ops) == 0 {
+		b.size = emptyRequest
+	}
+	b.ops = append(b.ops, op)
+	b.size += n
+	return nil
+}
+
+func (b *batcher) flush() error {
+	if len(b.ops) == 0 {
+		return nil
+	}
+	var bt client.Batch
+	for _, op := range b.ops {
+		if op.Kind == kv.OpPut {
+			bt.Put(op.Key, op.Value)
+		} else {
+			bt.Delete(op.Key)
+		}
+	}
+	n := len(b.ops)
+	b.ops = b.ops[:0]
+	if _, err := b.db.c.Commit(b.ctx, &bt); err != nil {
+		return fmt.Errorf("%s of %d records: %w", b.what, n, err)
+	}
+	return nil
+}

@@ -1,0 +1,272 @@
+package ycsb
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/magiconair/properties"
+	goycsb "github.com/pingcap/go-ycsb/pkg/ycsb"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// startDB starts a local cluster of 2 groups x 3 replicas on the mem
+// fabric and opens the binding on it.
+func startDB(t *testing.T, p *properties.Properties) *DB {
+	t.Helper()
+	m := &cluster.Map{Name: "ycsb", Fabric: "mem"}
+	id := rdma.NodeID(1)
+	for range 2 {
+		m.Groups = append(m.Groups, []rdma.NodeID{id, id + 1, id + 2})
+		id += 3
+	}
+	m.ClientNodes = []rdma.NodeID{100}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	lc, err := localcluster.Start(ctx, m, broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.Close)
+	n, err := lc.ClientNode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := Open(ctx, p, client.WithMap(m), client.WithNode(n), client.WithSlot(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func record(tag string, n int) map[string][]byte {
+	m := map[string][]byte{}
+	for i := range n {
+		m[fmt.Sprintf("field%d", i)] = []byte(fmt.Sprintf("%s-%d", tag, i))
+	}
+	return m
+}
+
+func TestBindingOps(t *testing.T) {
+	db := startDB(t, nil)
+	ctx := context.Background()
+
+	if _, err := db.Read(ctx, "usertable", "user1", nil); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("read of a missing record: %v, want ErrNotFound", err)
+	}
+	rec := record("v1", 10)
+	if err := db.Insert(ctx, "usertable", "user1", rec); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Read(ctx, "usertable", "user1", nil)
+	if err != nil || !equalFields(got, rec) {
+		t.Fatalf("read after insert: %v %v, want %v", got, err, rec)
+	}
+	got, err = db.Read(ctx, "usertable", "user1", []string{"field3", "field7"})
+	if want := map[string][]byte{"field3": rec["field3"], "field7": rec["field7"]}; err != nil || !equalFields(got, want) {
+		t.Fatalf("read of 2 fields: %v %v, want %v", got, err, want)
+	}
+	// Tables are separate key spaces.
+	if _, err := db.Read(ctx, "other", "user1", nil); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("read in another table: %v, want ErrNotFound", err)
+	}
+
+	// Update replaces the given fields and keeps the others.
+	if err := db.Update(ctx, "usertable", "user1", map[string][]byte{"field2": []byte("new2"), "extra": []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	want := record("v1", 10)
+	want["field2"], want["extra"] = []byte("new2"), []byte("x")
+	if got, err := db.Read(ctx, "usertable", "user1", nil); err != nil || !equalFields(got, want) {
+		t.Fatalf("read after update: %v %v, want %v", got, err, want)
+	}
+	if err := db.Update(ctx, "usertable", "nobody", map[string][]byte{"field0": []byte("x")}); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("update of a missing record: %v, want ErrNotFound", err)
+	}
+	if _, err := db.Read(ctx, "usertable", "nobody", nil); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("the update of a missing record created it: %v", err)
+	}
+
+	// Insert replaces the record.
+	if err := db.Insert(ctx, "usertable", "user1", map[string][]byte{"only": []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := db.Read(ctx, "usertable", "user1", nil); err != nil || len(got) != 1 || string(got["only"]) != "1" {
+		t.Fatalf("read after a second insert: %v %v", got, err)
+	}
+
+	if err := db.Delete(ctx, "usertable", "user1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Read(ctx, "usertable", "user1", nil); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("read after delete: %v, want ErrNotFound", err)
+	}
+	if err := db.Delete(ctx, "usertable", "user1"); err != nil {
+		t.Fatalf("delete of a missing record: %v", err)
+	}
+
+	_, err = db.Scan(ctx, "usertable", "user0", 10, nil)
+	if !errors.Is(err, ErrScanUnsupported) || !strings.Contains(err.Error(), "B+tree") {
+		t.Fatalf("scan: %v, want ErrScanUnsupported naming the B+tree", err)
+	}
+
+	// A value that is not a record is an error, not a panic.
+	if _, err := db.Client().Put(ctx, Key("usertable", "junk"), []byte{9, 9}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Read(ctx, "usertable", "junk", nil); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("read of a malformed record: %v, want ErrMalformed", err)
+	}
+	if err := db.Update(ctx, "usertable", "junk", rec); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("update of a malformed record: %v, want ErrMalformed", err)
+	}
+}
+
+func TestBindingBatches(t *testing.T) {
+	db := startDB(t, nil)
+	ctx := context.Background()
+	var keys []string
+	var recs []map[string][]byte
+	for i := range 40 {
+		keys = append(keys, fmt.Sprintf("user%d", i))
+		recs = append(recs, record(fmt.Sprint(i), 3))
+	}
+	// A small request limit forces the batch into several commits.
+	db.maxRequest = 600
+	if err := db.BatchInsert(ctx, "usertable", keys, recs); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.BatchRead(ctx, "usertable", keys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range keys {
+		if !equalFields(got[i], recs[i]) {
+			t.Fatalf("batch read %s: %v, want %v", keys[i], got[i], recs[i])
+		}
+	}
+	ups := make([]map[string][]byte, len(keys))
+	for i := range ups {
+		ups[i] = map[string][]byte{"field1": []byte("up")}
+	}
+	if err := db.BatchUpdate(ctx, "usertable", keys, ups); err != nil {
+		t.Fatal(err)
+	}
+	got, err = db.BatchRead(ctx, "usertable", keys, []string{"field0", "field1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range keys {
+		if string(got[i]["field1"]) != "up" || !bytes.Equal(got[i]["field0"], recs[i]["field0"]) || len(got[i]) != 2 {
+			t.Fatalf("after batch update, %s: %v", keys[i], got[i])
+		}
+	}
+	db.maxBatch = 7
+	if err := db.BatchDelete(ctx, "usertable", keys[:30]); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		_, err := db.Read(ctx, "usertable", k, nil)
+		if deleted := i < 30; deleted != errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("%s after batch delete of the first 30: %v", k, err)
+		}
+	}
+	if _, err := db.BatchRead(ctx, "usertable", keys, nil); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("batch read with missing records: %v, want ErrNotFound", err)
+	}
+}
+
+// Concurrent updates of different fields of one record all land.
+func TestConcurrentUpdatesKeepFields(t *testing.T) {
+	db := startDB(t, nil)
+	ctx := context.Background()
+	if err := db.Insert(ctx, "t", "k", map[string][]byte{}); err != nil {
+		t.Fatal(err)
+	}
+	const writers, rounds = 4, 10
+	var wg sync.WaitGroup
+	errc := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				f := fmt.Sprintf("w%d-%d", w, r)
+				if err := db.Update(ctx, "t", "k", map[string][]byte{f: []byte(f)}); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	got, err := db.Read(ctx, "t", "k", nil)
+	if err != nil || len(got) != writers*rounds {
+		t.Fatalf("after %d concurrent updates of distinct fields: %d fields, %v", writers*rounds, len(got), err)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	cfg, err := ParseConfig(properties.NewProperties())
+	if err != nil || cfg.Consistency != client.Linearizable || cfg.Timeout != DefaultTimeout || cfg.MapFile != client.DefaultMapFile {
+		t.Fatalf("defaults: %+v %v", cfg, err)
+	}
+	p := properties.MustLoadString("rdmakv.map=/x/y.json\nrdmakv.consistency=stale-ok\nrdmakv.timeout=250ms\n")
+	cfg, err = ParseConfig(p)
+	if err != nil || cfg.Consistency != client.StaleOK || cfg.Timeout != 250*time.Millisecond || cfg.MapFile != "/x/y.json" {
+		t.Fatalf("set: %+v %v", cfg, err)
+	}
+	for _, bad := range []string{"rdmakv.consistency=strong", "rdmakv.timeout=soon", "rdmakv.timeout=-1s"} {
+		if _, err := ParseConfig(properties.MustLoadString(bad)); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+	if goycsb.GetDBCreator(Name) == nil {
+		t.Fatalf("%q is not registered with go-ycsb", Name)
+	}
+	// The registered creator reads rdmakv.map: a missing file is a clear error.
+	_, err = goycsb.GetDBCreator(Name).Create(properties.MustLoadString("rdmakv.map=" + t.TempDir() + "/none.json"))
+	if err == nil || !strings.Contains(err.Error(), "none.json") {
+		t.Fatalf("create with a missing map file: %v", err)
+	}
+}
+
+// Stale-ok reads work too (a lagging replica may miss the latest write, so
+// only the first insert's record is checked, once it shows).
+func TestStaleOKReads(t *testing.T) {
+	db := startDB(t, properties.MustLoadString("rdmakv.consistency=stale-ok"))
+	ctx := context.Background()
+	rec := record("s", 4)
+	if err := db.Insert(ctx, "usertable", "s1", rec); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := db.Read(ctx, "usertable", "s1", nil)
+		if err == nil {
+			if !equalFields(got, rec) {
+				t.Fatalf("stale-ok read: %v, want %v", got, rec)
+			}
+			return
+		}
+		if !errors.Is(err, client.ErrNotFound) || time.Now().After(deadline) {
+			t.Fatalf("stale-ok read: %v", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
