@@ -285,8 +285,11 @@ func checkProps(p *properties.Properties, db string, phases []string) error {
 	if p.GetInt(prop.LogInterval, 10) <= 0 {
 		return usagef("--interval (measurement.interval) must be positive")
 	}
-	if p.GetString(prop.MeasurementType, prop.MeasurementTypeDefault) != "histogram" && p.GetString(prop.MeasurementType, "") != "raw" && p.GetString(prop.MeasurementType, "") != "csv" {
-		return usagef("measurementtype=%s: want histogram, raw or csv", p.GetString(prop.MeasurementType, ""))
+	if mt := p.GetString(prop.MeasurementType, prop.MeasurementTypeDefault); mt != "histogram" && mt != "raw" && mt != "csv" {
+		return usagef("measurementtype=%s: want histogram, raw or csv", mt)
+	}
+	if st := p.GetString(prop.OutputStyle, "plain"); st != "plain" && st != "table" && st != "json" {
+		return usagef("outputstyle=%s: want plain, table or json", st)
 	}
 	if _, err := rdycsb.ParseConfig(p); err != nil && db == "rdmakv" {
 		return usageError{err.Error()}
