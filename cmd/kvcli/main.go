@@ -1,17 +1,24 @@
-// Command kvcli reads and writes an rdmakv cluster from the command line.
+// Command kvcli reads and writes an rdmakv cluster from the command line:
+// one command per run, or an interactive shell.
 //
-//	kvcli put KEY VALUE     store VALUE (VALUE "-" reads it from stdin)
+//	kvcli put KEY VALUE     store VALUE (VALUE "-" reads it from stdin, --file F a file)
 //	kvcli get KEY           print the value
 //	kvcli del KEY           delete
-//	kvcli cas KEY OLD NEW   store NEW if the value is OLD (--absent: if there is none)
+//	kvcli cas KEY OLD NEW   store NEW if the value is OLD (--absent: if there is none; --version N)
+//	kvcli batch put K V del K ...   several puts and deletes, atomically
+//	kvcli status            every replica's state; leaders: each group's leader
+//	kvcli watch KEY         print the key's value at every change, until Ctrl-C
+//	kvcli                   the interactive shell (history, tab completion, help)
 //
 // With no --map, kvcli uses the map of the local cluster that kvserver
 // started with no arguments. Exit codes: 0 done, 1 key not found, 2 usage
-// error, 3 compare-and-swap mismatch, 4 cluster unavailable or timed out,
-// 5 any other error. The interactive shell is not built yet.
+// error, 3 compare-and-swap mismatch, 4 cluster unavailable, timed out or
+// write outcome unknown, 5 any other error, 130 interrupted. docs/kvcli.md
+// is the user guide.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,7 +26,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/client"
 )
@@ -32,123 +44,223 @@ const (
 	exitMismatch    = 3
 	exitUnavailable = 4
 	exitError       = 5
+	exitInterrupted = 130
 )
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
-const usage = `usage: kvcli [flags] COMMAND [ARGS]
+// mode is how kvcli reads its commands.
+type mode uint8
 
-Commands:
-  put KEY VALUE     store VALUE under KEY (VALUE "-": read it from stdin)
-  get KEY           print KEY's value
-  del KEY           delete KEY
-  cas KEY OLD NEW   store NEW if KEY's value is OLD (with --absent: if KEY has none; then give KEY NEW)
+const (
+	oneShot     mode = iota // the command line's
+	interactive             // a shell on a terminal
+	piped                   // a shell reading stdin, no prompts
+)
 
-Exit codes: 0 done, 1 key not found, 2 usage error, 3 compare-and-swap
-mismatch, 4 cluster unavailable or timed out, 5 any other error.
+// session is what commands run with: the streams, the defaults from the
+// global flags, and the client (opened at the first command that needs
+// it, and kept by the shell).
+type session struct {
+	mode           mode
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	// hints: print the command's usage line after an argument error
+	// (the shell; one-shot mode when stderr is a terminal).
+	hints   bool
+	mapFile string
+	config  string // --config: the cluster's TOML config
+	seed    string // --seed: a replica's control port
+	secret  string // --secret-file
+	history string
+	defs    opts
+	flags   *flag.FlagSet // the global flags (help prints them)
+	c       *client.Client
+	exit    bool // exit or quit ran
+}
 
-Flags:
-`
+const defaultInterval = 500 * time.Millisecond
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	s := &session{stdin: stdin, stdout: stdout, stderr: stderr}
 	fs := flag.NewFlagSet("kvcli", flag.ContinueOnError)
+	s.flags = fs
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
+		generalHelp(stderr, false, "")
 		fs.PrintDefaults()
 	}
-	mapFile := fs.String("map", client.DefaultMapFile, "the cluster map (kvserver with no arguments writes it here)")
+	fs.StringVar(&s.mapFile, "map", client.DefaultMapFile, "the cluster map (kvserver with no arguments writes it here)")
+	fs.StringVar(&s.config, "config", "", "connect with the cluster's config (the TOML file its kvserver processes run from) instead of a map")
+	fs.StringVar(&s.seed, "seed", "", "connect by fetching the map from a replica's control port (HOST:PORT) instead of a map file")
+	fs.StringVar(&s.secret, "secret-file", "", "with --seed on a tcp cluster: the file holding the cluster secret")
 	consistency := fs.String("consistency", "linearizable", "gets: linearizable or stale-ok")
-	asJSON := fs.Bool("json", false, "print results as JSON")
-	timeout := fs.Duration("timeout", 10*time.Second, "bound on each command, retries included")
-	absent := fs.Bool("absent", false, "cas: the key must have no value (cas KEY NEW)")
+	fs.BoolVar(&s.defs.json, "json", false, "print results as JSON")
+	fs.DurationVar(&s.defs.timeout, "timeout", 10*time.Second, "bound on each command, retries included")
+	fs.BoolVar(&s.defs.absent, "absent", false, "cas: the key must have no value (cas KEY NEW)")
+	fs.DurationVar(&s.defs.interval, "interval", defaultInterval, "watch: time between gets")
+	fs.StringVar(&s.history, "history", historyPath(), "the shell's history file (empty: keep none)")
+	keepGoing := fs.Bool("keep-going", false, "commands read from stdin: run every line even after one failed (the exit code is the first failure's)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
 	}
-	var mode client.Consistency
-	switch *consistency {
-	case "linearizable":
-		mode = client.Linearizable
-	case "stale-ok":
-		mode = client.StaleOK
-	default:
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if n := btoi(given["map"]) + btoi(s.config != "") + btoi(s.seed != ""); n > 1 {
+		fmt.Fprintln(stderr, "kvcli: give one of --map, --config and --seed")
+		return exitUsage
+	}
+	var err error
+	if s.defs.consistency, err = parseConsistency(*consistency); err != nil {
 		fmt.Fprintf(stderr, "kvcli: --consistency %q: want linearizable or stale-ok\n", *consistency)
 		return exitUsage
 	}
-	a := fs.Args()
-	want := map[string]int{"put": 2, "get": 1, "del": 1, "cas": 3}
-	if len(a) == 0 {
-		fs.Usage()
+	if s.defs.timeout <= 0 || s.defs.interval <= 0 {
+		fmt.Fprintf(stderr, "kvcli: --timeout %v --interval %v: want positive durations\n", s.defs.timeout, s.defs.interval)
 		return exitUsage
 	}
-	n, ok := want[a[0]]
-	if a[0] == "cas" && *absent {
-		n = 2
-	}
-	if !ok || len(a)-1 != n {
-		if !ok {
-			fmt.Fprintf(stderr, "kvcli: unknown command %q (put, get, del, cas)\n", a[0])
-		} else {
-			fmt.Fprintf(stderr, "kvcli: %s takes %d arguments, got %d\n", a[0], n, len(a)-1)
+	defer s.close()
+	if fs.NArg() == 0 {
+		if isTerminal(stdin) {
+			return s.interactive()
 		}
-		return exitUsage
+		return s.piped(*keepGoing)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	c, err := client.Open(ctx, client.WithMapFile(*mapFile), client.WithTimeout(*timeout))
+	s.hints = isTerminal(stderr)
+	// One command. Ctrl-C (or SIGTERM) ends it: watch's normal end; a
+	// get or a write not sent yet gives up (130), a write under way
+	// reports its outcome unknown (4).
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return s.exec(ctx, fs.Args())
+}
+
+// exec runs one command line (its words).
+func (s *session) exec(ctx context.Context, words []string) int {
+	x, err := parse(words, s.defs)
+	if errors.Is(err, flag.ErrHelp) {
+		commandHelp(s.stdout, x.cmd, s.prefix())
+		return exitOK
+	}
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			fmt.Fprintf(stderr, "kvcli: no cluster map at %s: start a local cluster with `go run ./cmd/kvserver`, or give --map\n", *mapFile)
+		return s.usage(err.(*usageError))
+	}
+	if x.cmd.shell && s.mode == oneShot {
+		return s.usage(&usageError{msg: fmt.Sprintf("%s is a shell command (run kvcli with no command for the shell)", x.cmd.name)})
+	}
+	if x.cmd.cluster && s.c == nil {
+		if code := s.open(ctx, x.timeout); code != exitOK {
+			return code
+		}
+	}
+	x.ctx = ctx
+	code := x.cmd.run(s, x)
+	if code == exitUnavailable && s.mode != oneShot {
+		// The cluster may have gone (or come back): the shell's next
+		// command opens a new client.
+		s.close()
+	}
+	return code
+}
+
+// runCtx is the context a command's cluster calls run under: the
+// session's (which Ctrl-C ends) with the command's timeout.
+func (x *call) runCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(x.ctx, x.timeout)
+}
+
+func (s *session) prefix() string {
+	if s.mode == oneShot {
+		return "kvcli "
+	}
+	return ""
+}
+
+// usage reports an argument error: one line, then (hints) the usage line
+// of the command, and exits 2.
+func (s *session) usage(e *usageError) int {
+	if e.unknown && s.mode == oneShot {
+		// The one-shot wording scripts (and cmd/kvserver's test) know.
+		fmt.Fprintf(s.stderr, "kvcli: %s (put, get, del, cas)\n", e.msg)
+	} else if e.unknown {
+		fmt.Fprintf(s.stderr, "kvcli: %s (help lists the commands)\n", e.msg)
+	} else {
+		fmt.Fprintf(s.stderr, "kvcli: %s\n", e.msg)
+	}
+	if s.hints {
+		if e.cmd != nil {
+			fmt.Fprintf(s.stderr, "usage: %s\n", e.cmd.synopsis(s.prefix()))
+		} else {
+			fmt.Fprintf(s.stderr, "commands: %s (%shelp COMMAND)\n", strings.Join(commandNames(s.mode != oneShot), ", "), s.prefix())
+		}
+	}
+	return exitUsage
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// where names the cluster kvcli connects to.
+func (s *session) where() string {
+	switch {
+	case s.config != "":
+		return "config " + s.config
+	case s.seed != "":
+		return "seed " + s.seed
+	}
+	return "map " + s.mapFile
+}
+
+// open opens the session's client.
+func (s *session) open(ctx context.Context, timeout time.Duration) int {
+	octx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	o := []client.Option{client.WithTimeout(timeout)}
+	switch {
+	case s.config != "":
+		o = append(o, client.WithConfigFile(s.config))
+	case s.seed != "":
+		o = append(o, client.WithSeed(s.seed))
+	default:
+		o = append(o, client.WithMapFile(s.mapFile))
+	}
+	if s.secret != "" {
+		b, err := os.ReadFile(s.secret)
+		if err != nil {
+			fmt.Fprintf(s.stderr, "kvcli: --secret-file: %v\n", err)
+			return exitUsage
+		}
+		o = append(o, client.WithSecret(bytes.TrimRight(b, "\r\n")))
+	}
+	c, err := client.Open(octx, o...)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) && s.config == "" && s.seed == "" {
+			fmt.Fprintf(s.stderr, "kvcli: no cluster map at %s: start a local cluster with `go run ./cmd/kvserver`, or give --map\n", s.mapFile)
 			return exitUnavailable
 		}
-		return report(stderr, err)
+		return s.report(err)
 	}
-	defer c.Close()
-	out := result{Command: a[0], Key: a[1]}
-	switch a[0] {
-	case "get":
-		it, err := c.GetItem(ctx, []byte(a[1]), mode)
-		if err != nil {
-			return finish(stdout, stderr, out, err, *asJSON)
-		}
-		out.Value, out.Version, out.Applied = string(it.Value), it.Version, it.Applied
-		if *asJSON {
-			return finish(stdout, stderr, out, nil, true)
-		}
-		fmt.Fprintf(stdout, "%s\n", it.Value)
-		return exitOK
-	case "put":
-		v := []byte(a[2])
-		if a[2] == "-" {
-			if v, err = io.ReadAll(stdin); err != nil {
-				return report(stderr, fmt.Errorf("read the value from stdin: %w", err))
-			}
-		}
-		w, err := c.Put(ctx, []byte(a[1]), v)
-		out.Version, out.Prev = w.Version, w.Prev
-		return finish(stdout, stderr, out, err, *asJSON)
-	case "del":
-		w, err := c.Delete(ctx, []byte(a[1]))
-		out.Version, out.Prev = w.Version, w.Prev
-		return finish(stdout, stderr, out, err, *asJSON)
-	default: // cas
-		var old, nv []byte
-		if *absent {
-			nv = []byte(a[2])
-		} else {
-			old, nv = []byte(a[2]), []byte(a[3])
-		}
-		w, err := c.CompareAndSwap(ctx, []byte(a[1]), old, nv)
-		out.Version, out.Prev = w.Version, w.Prev
-		return finish(stdout, stderr, out, err, *asJSON)
+	s.c = c
+	return exitOK
+}
+
+func (s *session) close() {
+	if s.c != nil {
+		s.c.Close()
+		s.c = nil
 	}
 }
 
+// result is what single-key commands print with --json.
 type result struct {
 	Command string `json:"command"`
 	Key     string `json:"key"`
@@ -159,46 +271,75 @@ type result struct {
 	Error   string `json:"error,omitempty"`
 }
 
-func finish(stdout, stderr io.Writer, out result, err error, asJSON bool) int {
+// finish prints a command's outcome: JSON (the error included) on stdout,
+// or OK on stdout / the error on stderr.
+func (s *session) finish(out result, err error, asJSON bool) int {
 	code := exitOK
 	if err != nil {
-		code = code0(err)
+		code = exitCode(err)
 		out.Error = err.Error()
 	}
 	if asJSON {
-		json.NewEncoder(stdout).Encode(out)
+		s.printJSON(out)
 		return code
 	}
 	if err != nil {
-		return report(stderr, err)
+		return s.report(err)
 	}
 	if out.Command != "get" {
-		fmt.Fprintln(stdout, "OK")
+		fmt.Fprintln(s.stdout, "OK")
 	}
 	return code
 }
 
-func code0(err error) int {
+func (s *session) printJSON(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b = fmt.Appendf(nil, `{"error":%q}`, err.Error())
+	}
+	s.stdout.Write(append(b, '\n'))
+}
+
+// exitCode is the exit code of a command that failed with err.
+func exitCode(err error) int {
 	switch {
 	case errors.Is(err, client.ErrNotFound):
 		return exitNotFound
 	case errors.Is(err, client.ErrCASMismatch):
 		return exitMismatch
-	case errors.Is(err, client.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, client.ErrOutcomeUnknown):
+	case errors.Is(err, client.ErrOutcomeUnknown):
 		return exitUnavailable
-	case errors.Is(err, client.ErrEmptyKey), errors.Is(err, client.ErrKeyTooLarge), errors.Is(err, client.ErrValueTooLarge):
+	case errors.Is(err, context.Canceled):
+		return exitInterrupted
+	case errors.Is(err, client.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		return exitUnavailable
+	case errors.Is(err, client.ErrEmptyKey), errors.Is(err, client.ErrKeyTooLarge),
+		errors.Is(err, client.ErrValueTooLarge), errors.Is(err, client.ErrBatchTooLarge):
 		return exitUsage
 	}
 	return exitError
 }
 
-func report(stderr io.Writer, err error) int {
-	switch code := code0(err); code {
+// report prints err on stderr and returns its exit code.
+func (s *session) report(err error) int {
+	code := exitCode(err)
+	switch code {
 	case exitNotFound:
-		fmt.Fprintln(stderr, "(not found)")
-		return code
+		fmt.Fprintln(s.stderr, "(not found)")
+	case exitInterrupted:
+		fmt.Fprintln(s.stderr, "kvcli: interrupted")
 	default:
-		fmt.Fprintf(stderr, "kvcli: %v\n", err)
-		return code
+		fmt.Fprintf(s.stderr, "kvcli: %v\n", err)
 	}
+	return code
+}
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f any) bool {
+	fd, ok := f.(interface{ Fd() uintptr })
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(fd.Fd()), unix.TCGETS)
+	return err == nil
 }

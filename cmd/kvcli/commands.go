@@ -1,0 +1,438 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rdmakv/rdmakv/client"
+)
+
+// A command of kvcli: the same table serves one-shot mode, the shell, its
+// help and its tab completion.
+type command struct {
+	name    string
+	args    string // the synopsis after the flags, e.g. "KEY VALUE"
+	summary string // one line, for `help`
+	help    string // more, for `help NAME`
+	flags   []string
+	cluster bool // needs a client (everything but help, exit, quit)
+	shell   bool // only in the shell (exit, quit)
+	run     func(s *session, x *call) int
+}
+
+// call is one parsed command line.
+type call struct {
+	cmd  *command
+	args []string
+	ctx  context.Context // the session's: Ctrl-C ends it
+	opts
+}
+
+// opts are the per-command flags; each command registers the ones in its
+// flags list, with the session's defaults (the global flags).
+type opts struct {
+	json        bool
+	consistency client.Consistency
+	timeout     time.Duration
+	file        string
+	absent      bool
+	version     versionFlag
+	interval    time.Duration
+	count       int
+}
+
+// versionFlag is --version N: whether it was given, and N.
+type versionFlag struct {
+	set bool
+	v   uint64
+}
+
+func (f *versionFlag) String() string {
+	if !f.set {
+		return ""
+	}
+	return strconv.FormatUint(f.v, 10)
+}
+
+func (f *versionFlag) Set(s string) error {
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return errors.New("want a version number (0: the key has no value)")
+	}
+	f.set, f.v = true, v
+	return nil
+}
+
+// consistencyFlag parses linearizable or stale-ok.
+type consistencyFlag struct{ c *client.Consistency }
+
+func (f consistencyFlag) String() string {
+	if f.c == nil {
+		return ""
+	}
+	return f.c.String()
+}
+
+func (f consistencyFlag) Set(s string) error {
+	c, err := parseConsistency(s)
+	if err == nil {
+		*f.c = c
+	}
+	return err
+}
+
+func parseConsistency(s string) (client.Consistency, error) {
+	switch s {
+	case "linearizable":
+		return client.Linearizable, nil
+	case "stale-ok":
+		return client.StaleOK, nil
+	}
+	return 0, fmt.Errorf("want linearizable or stale-ok")
+}
+
+// flagHelp describes each per-command flag: its argument name and text.
+var flagHelp = map[string][2]string{
+	"json":        {"", "print the result as one line of JSON"},
+	"consistency": {"MODE", "gets: linearizable (read the leader) or stale-ok (the nearest replica, may lag)"},
+	"timeout":     {"D", "bound on the command, retries included (watch: on each get)"},
+	"file":        {"F", "read the value from file F instead of the command line"},
+	"absent":      {"", "cas: store only if the key has no value (cas --absent KEY NEW)"},
+	"version":     {"N", "compare the key's version instead of its value (0: no value)"},
+	"interval":    {"D", "watch: time between gets"},
+	"count":       {"N", "watch: stop after printing N states (0: until Ctrl-C)"},
+}
+
+// flagValues are what tab completion offers after a flag.
+var flagValues = map[string][]string{
+	"consistency": {"linearizable", "stale-ok"},
+}
+
+var commands []*command
+
+func init() {
+	commands = []*command{
+		{name: "get", args: "KEY", cluster: true, flags: []string{"consistency", "json", "timeout"},
+			summary: "print KEY's value",
+			help: `Prints the value, followed by a newline; --json adds the version and the
+applied index of the replica read. A key with no value prints (not found) on
+stderr and exits 1. --consistency stale-ok reads the nearest replica, which
+may lag behind the leader.`,
+			run: runGet},
+		{name: "put", args: "KEY VALUE", cluster: true, flags: []string{"file", "json", "timeout"},
+			summary: "store VALUE under KEY (VALUE -: stdin; --file F: a file)",
+			help: `Stores VALUE under KEY and prints OK. The value is the argument, or stdin
+when it is - (one-shot mode only), or the contents of file F with --file F
+(then give KEY alone). --json prints the version the put gave the key and
+the version it replaced (prev_version, absent if the key had none).`,
+			run: runPut},
+		{name: "del", args: "KEY", cluster: true, flags: []string{"version", "json", "timeout"},
+			summary: "delete KEY (--version N: only if its version is N)",
+			help: `Deletes KEY and prints OK (a key with no value is not an error; --json's
+prev_version says whether it had one). With --version N the delete happens
+only if the key's version is N; otherwise it exits 3 (mismatch).`,
+			run: runDel},
+		{name: "cas", args: "KEY OLD NEW", cluster: true, flags: []string{"absent", "version", "file", "json", "timeout"},
+			summary: "store NEW if KEY's value is OLD (--absent: if it has none; --version N)",
+			help: `Compare-and-swap: stores NEW under KEY if the key's value is OLD, and
+prints OK; otherwise it writes nothing and exits 3 (mismatch).
+  cas KEY OLD NEW            compare the value
+  cas --absent KEY NEW       store only if KEY has no value
+  cas --version N KEY NEW    compare the version (get --json shows it; 0: no value)
+NEW may be - (stdin, one-shot mode only), or given with --file F (then leave
+it out).`,
+			run: runCAS},
+		{name: "batch", args: "OP...", cluster: true, flags: []string{"file", "json", "timeout"},
+			summary: "apply puts and deletes atomically: batch put K V put K V del K ...",
+			help: `Applies a list of operations at once. Each OP is "put KEY VALUE" or
+"del KEY":
+  batch put user:1 alice put user:2 bob del user:3
+With --file F (or a single argument -, stdin, in one-shot mode) the ops are
+read from the file instead, one per line in the same words, quoted as in the
+shell; blank lines and lines starting with # are skipped.
+Each group applies its share of the batch atomically: no reader sees part of
+it in one group. Keys in several groups are applied by each group in the same
+order as any other batch they share; once OK is printed every get sees all of
+it. --json prints each op's version and each group's entry index.`,
+			run: runBatch},
+		{name: "status", cluster: true, flags: []string{"json", "timeout"},
+			summary: "every replica's state: reachable, leader, epoch, applied index, lag, table size",
+			help: `Reads every replica's table header one-sided (the memory gets read; no
+server CPU) and prints, per group, its leader and epoch and, per replica:
+whether it is reachable (or why not), its role, the epoch it serves, the
+epoch it promised, the last entry it applied and when, how many entries it
+is behind the most advanced replica, and its index's size. Exits 0 when
+every group has a leader confirmed by a majority, 4 otherwise.`,
+			run: runStatus},
+		{name: "leaders", cluster: true, flags: []string{"json", "timeout"},
+			summary: "each group's leader",
+			help: `Prints each group's leader (the replica serving linearizable gets) and its
+epoch, as status reads it. Exits 0 when every group has a leader confirmed
+by a majority, 4 otherwise.`,
+			run: runLeaders},
+		{name: "watch", args: "KEY", cluster: true, flags: []string{"interval", "count", "consistency", "json", "timeout"},
+			summary: "print KEY's value and every change of it, until Ctrl-C",
+			help: `Gets KEY every --interval (one-sided reads: cheap for the servers) and
+prints its value when it changes, with its version and the time seen:
+  12:00:01.250  v65536  hello
+  12:00:04.500  v131072 (deleted)
+Changes that happen between two gets are not seen. Ctrl-C ends it (exit 0);
+--count N ends it after N lines. With --json each line is a JSON object.
+Errors (a group without a leader for longer than --timeout) are printed and
+the watch goes on.`,
+			run: runWatch},
+		{name: "help", args: "[COMMAND]",
+			summary: "list the commands, or describe one",
+			run:     runHelp},
+		{name: "exit", shell: true, summary: "leave the shell (also quit, Ctrl-D)", run: runExit},
+		{name: "quit", shell: true, summary: "leave the shell", run: runExit},
+	}
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// commandNames are the names tab completion and help offer in a mode.
+func commandNames(shell bool) []string {
+	var ns []string
+	for _, c := range commands {
+		if c.shell && !shell {
+			continue
+		}
+		ns = append(ns, c.name)
+	}
+	return ns
+}
+
+// usageError is a command line kvcli cannot run (exit 2).
+type usageError struct {
+	cmd     *command // nil: no command known
+	msg     string
+	unknown bool // no such command
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+// synopsis is a command's usage line (without "usage: ").
+func (c *command) synopsis(prefix string) string {
+	var b strings.Builder
+	b.WriteString(prefix + c.name)
+	for _, f := range c.flags {
+		b.WriteString(" [--" + f)
+		if a := flagHelp[f][0]; a != "" {
+			if f == "consistency" {
+				a = "linearizable|stale-ok"
+			}
+			b.WriteString(" " + a)
+		}
+		b.WriteString("]")
+	}
+	if c.args != "" {
+		b.WriteString(" " + c.args)
+	}
+	return b.String()
+}
+
+// parse parses a command's words (its name first) with defaults d.
+func parse(words []string, d opts) (*call, error) {
+	c := lookup(words[0])
+	if c == nil {
+		return nil, &usageError{msg: fmt.Sprintf("unknown command %q", words[0]), unknown: true}
+	}
+	x := &call{cmd: c, opts: d}
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	for _, f := range c.flags {
+		switch f {
+		case "json":
+			fs.BoolVar(&x.json, f, d.json, "")
+		case "consistency":
+			fs.Var(consistencyFlag{&x.consistency}, f, "")
+		case "timeout":
+			fs.DurationVar(&x.timeout, f, d.timeout, "")
+		case "file":
+			fs.StringVar(&x.file, f, "", "")
+		case "absent":
+			fs.BoolVar(&x.absent, f, d.absent, "")
+		case "version":
+			fs.Var(&x.version, f, "")
+		case "interval":
+			fs.DurationVar(&x.interval, f, d.interval, "")
+		case "count":
+			fs.IntVar(&x.count, f, 0, "")
+		}
+	}
+	if err := fs.Parse(words[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return x, flag.ErrHelp
+		}
+		return nil, &usageError{cmd: c, msg: c.name + ": " + err.Error()}
+	}
+	x.args = fs.Args()
+	bad := func(format string, a ...any) (*call, error) {
+		return nil, &usageError{cmd: c, msg: fmt.Sprintf(format, a...)}
+	}
+	if x.timeout <= 0 {
+		return bad("%s: --timeout %v: want a positive duration", c.name, x.timeout)
+	}
+	if x.interval <= 0 {
+		return bad("%s: --interval %v: want a positive duration", c.name, x.interval)
+	}
+	if x.count < 0 {
+		return bad("%s: --count %d: want 0 or more", c.name, x.count)
+	}
+	// The arguments each command takes.
+	n := -1 // -1: the command checks them itself
+	switch c.name {
+	case "get", "watch", "del":
+		n = 1
+	case "put":
+		n = 2
+		if x.file != "" {
+			n = 1
+		}
+	case "cas":
+		if x.absent && x.version.set {
+			return bad("cas: --absent and --version exclude each other (--version 0 is --absent)")
+		}
+		n = 3
+		if x.absent || x.version.set {
+			n = 2
+		}
+		if x.file != "" {
+			n--
+		}
+	case "status", "leaders", "exit", "quit":
+		n = 0
+	case "help":
+		if len(x.args) > 1 {
+			return bad("help takes at most 1 argument, got %d", len(x.args))
+		}
+	case "batch":
+		if x.file != "" || len(x.args) == 1 && x.args[0] == "-" {
+			if x.file != "" && len(x.args) > 0 {
+				return bad("batch --file F takes no other argument, got %d", len(x.args))
+			}
+			break
+		}
+		if len(x.args) == 0 {
+			return bad("batch takes at least one op (put KEY VALUE, del KEY), got none")
+		}
+		if _, err := parseOps(x.args); err != nil {
+			return bad("batch: %v", err)
+		}
+	}
+	if n >= 0 && len(x.args) != n {
+		return bad("%s takes %d arguments, got %d", c.name, n, len(x.args))
+	}
+	return x, nil
+}
+
+// batchOp is one op of a batch command.
+type batchOp struct {
+	del        bool
+	key, value string
+}
+
+// parseOps parses "put K V", "del K" sequences.
+func parseOps(words []string) ([]batchOp, error) {
+	var ops []batchOp
+	for i := 0; i < len(words); {
+		switch words[i] {
+		case "put":
+			if i+2 >= len(words) {
+				return nil, fmt.Errorf("op %d: put takes KEY VALUE", len(ops)+1)
+			}
+			ops = append(ops, batchOp{key: words[i+1], value: words[i+2]})
+			i += 3
+		case "del":
+			if i+1 >= len(words) {
+				return nil, fmt.Errorf("op %d: del takes KEY", len(ops)+1)
+			}
+			ops = append(ops, batchOp{del: true, key: words[i+1]})
+			i += 2
+		default:
+			return nil, fmt.Errorf("op %d: %q: want put KEY VALUE or del KEY", len(ops)+1, words[i])
+		}
+	}
+	return ops, nil
+}
+
+// help texts.
+
+func generalHelp(w io.Writer, shell bool, history string) {
+	if shell {
+		fmt.Fprintln(w, "Commands (help COMMAND for one; flags go before the arguments):")
+	} else {
+		fmt.Fprintln(w, `usage: kvcli [global flags] [COMMAND [flags] [ARGS]]
+
+With no COMMAND, kvcli runs an interactive shell (or, with stdin not a
+terminal, runs the commands it reads from stdin, one per line).
+
+Commands (kvcli help COMMAND for one; flags go before the arguments):`)
+	}
+	for _, c := range commands {
+		if c.shell && !shell {
+			continue
+		}
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	if shell {
+		fmt.Fprintf(w, `
+Words are split at blanks; quote with '...' or "..." (backslash escapes in
+"..." and outside quotes). Tab completes commands, flags and flag values;
+Up/Down and Ctrl-R search the history, kept in %s
+(the last %d lines; a line starting with a space is not kept).
+Ctrl-C clears the line or interrupts the running command (watch);
+Ctrl-D, exit or quit leave.
+`, orNone(history), historyLimit)
+	} else {
+		fmt.Fprint(w, `
+Exit codes: 0 done, 1 key not found, 2 usage error, 3 compare-and-swap
+mismatch, 4 cluster unavailable, timed out or write outcome unknown,
+5 any other error, 130 interrupted (Ctrl-C) before a write was sent.
+
+Global flags (before the command; the command's own flags override them):
+`)
+	}
+}
+
+func orNone(path string) string {
+	if path == "" {
+		return "(nowhere: history is off)"
+	}
+	return path
+}
+
+func commandHelp(w io.Writer, c *command, prefix string) {
+	fmt.Fprintf(w, "usage: %s\n\n%s\n", c.synopsis(prefix), c.summary)
+	if c.help != "" {
+		fmt.Fprintf(w, "\n%s\n", c.help)
+	}
+	if len(c.flags) > 0 {
+		fmt.Fprintln(w, "\nFlags:")
+		fl := append([]string(nil), c.flags...)
+		sort.Strings(fl)
+		for _, f := range fl {
+			h := flagHelp[f]
+			name := "--" + f
+			if h[0] != "" {
+				name += " " + h[0]
+			}
+			fmt.Fprintf(w, "  %-18s %s\n", name, h[1])
+		}
+	}
+}

@@ -1,0 +1,503 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// e2e is a running kvserver (the embedded local cluster, on a private map,
+// name and shm directory) and the kvcli binary to drive it.
+type e2e struct {
+	dir     string // everything of the test: binaries, map, shm, HOME, TMPDIR
+	kvcli   string
+	mapFile string
+	name    string
+	env     []string // kvcli's: private HOME, XDG_STATE_HOME and TMPDIR
+}
+
+// startE2E builds kvserver and kvcli and starts the cluster; cleanup stops
+// it (SIGTERM) and checks it left nothing in its shm directory.
+func startE2E(t *testing.T) *e2e {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs kvserver and kvcli")
+	}
+	dir := t.TempDir()
+	build := func(pkg string) string {
+		out := filepath.Join(dir, filepath.Base(pkg))
+		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd.Dir = "../.."
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+		}
+		return out
+	}
+	kvserver := build("./cmd/kvserver")
+	e := &e2e{dir: dir, kvcli: build("./cmd/kvcli"), mapFile: filepath.Join(dir, "run", "cluster.json"), name: fmt.Sprintf("kvcli%d", os.Getpid())}
+	for _, d := range []string{"shm", "home", "state", "tmp"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + filepath.Join(dir, "home"),
+		"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "TMPDIR=" + filepath.Join(dir, "tmp"), "TERM=xterm-256color", "LANG=C.UTF-8"}
+	shmDir := filepath.Join(dir, "shm")
+	srv := exec.Command(kvserver, "--map", e.mapFile, "--shm-dir", shmDir, "--name", e.name)
+	srv.Env = e.env
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	srv.Stderr = &stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	t.Cleanup(func() {
+		srv.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("kvserver after SIGTERM: %v; stderr: %s", err, stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			srv.Process.Kill()
+			<-done
+			t.Errorf("kvserver did not stop within 30 s of SIGTERM")
+		}
+		left, _ := os.ReadDir(shmDir)
+		for _, f := range left {
+			t.Errorf("left in the shm directory: %s", f.Name())
+		}
+	})
+	up := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(out)
+		said := false
+		for sc.Scan() {
+			if !said && strings.Contains(sc.Text(), "stop:") {
+				said = true
+				close(up)
+			}
+		}
+		done <- srv.Wait()
+	}()
+	select {
+	case <-up:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("kvserver did not come up; stderr: %s", stderr.String())
+	}
+	return e
+}
+
+// cli runs kvcli --map M args with stdin.
+func (e *e2e) cli(t *testing.T, stdin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.kvcli, append([]string{"--map", e.mapFile}, args...)...)
+	cmd.Env = e.env
+	cmd.Stdin = strings.NewReader(stdin)
+	var o, er strings.Builder
+	cmd.Stdout, cmd.Stderr = &o, &er
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("kvcli %q: %v", args, err)
+	}
+	return o.String(), er.String(), code
+}
+
+// must runs kvcli and checks its exit code and, if want is not empty, its
+// whole stdout.
+func (e *e2e) must(t *testing.T, code int, want string, args ...string) string {
+	t.Helper()
+	out, stderr, c := e.cli(t, "", args...)
+	if c != code || want != "" && out != want {
+		t.Fatalf("kvcli %q: exit %d, stdout %q, stderr %q; want exit %d, stdout %q", args, c, out, stderr, code, want)
+	}
+	return out
+}
+
+// TestEndToEnd drives the real binaries: one-shot commands (batch, status,
+// leaders, watch and --json among them), commands piped in, and the
+// interactive shell in a terminal (tmux).
+func TestEndToEnd(t *testing.T) {
+	e := startE2E(t)
+	t.Run("oneshot", func(t *testing.T) { testOneShot(t, e) })
+	t.Run("piped", func(t *testing.T) { testPiped(t, e) })
+	t.Run("shell", func(t *testing.T) { testShell(t, e) })
+}
+
+func testOneShot(t *testing.T, e *e2e) {
+	e.must(t, 0, "OK\n", "put", "hello", "world")
+	e.must(t, 0, "world\n", "get", "hello")
+	// A stale-ok get reads the nearest replica, which may lag behind.
+	if out, _, code := e.cli(t, "", "get", "--consistency", "stale-ok", "hello"); !(code == 0 && out == "world\n" || code == 1) {
+		t.Fatalf("stale-ok get: %q exit %d", out, code)
+	}
+	var got result
+	if err := json.Unmarshal([]byte(e.must(t, 0, "", "--json", "get", "hello")), &got); err != nil || got.Value != "world" || got.Version == 0 {
+		t.Fatalf("--json get: %+v %v", got, err)
+	}
+	// Version compare-and-swap and delete.
+	e.must(t, 0, "OK\n", "cas", "--version", fmt.Sprint(got.Version), "hello", "there")
+	e.must(t, 3, "", "cas", "--version", fmt.Sprint(got.Version), "hello", "again")
+	e.must(t, 3, "", "del", "--version", fmt.Sprint(got.Version), "hello")
+	e.must(t, 0, "there\n", "get", "hello")
+	e.must(t, 0, "OK\n", "cas", "--absent", "fresh", "new")
+	e.must(t, 3, "", "cas", "--version", "0", "fresh", "newer")
+	// Values from a file and from stdin.
+	f := filepath.Join(e.dir, "value")
+	if err := os.WriteFile(f, []byte("line 1\nline 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.must(t, 0, "OK\n", "put", "--file", f, "file")
+	e.must(t, 0, "line 1\nline 2\n\n", "get", "file")
+	if out, _, code := e.cli(t, "piped value", "put", "stdin", "-"); code != 0 || out != "OK\n" {
+		t.Fatalf("put -: %q exit %d", out, code)
+	}
+	e.must(t, 0, "piped value\n", "get", "stdin")
+
+	// A batch: every op applied, the versions per op.
+	e.must(t, 0, "OK\n", "batch", "put", "b1", "one", "put", "b2", "two", "put", "b3", "three")
+	var br batchResult
+	out := e.must(t, 0, "", "--json", "batch", "put", "b1", "uno", "del", "b2", "put", "b4", "four")
+	if err := json.Unmarshal([]byte(out), &br); err != nil || br.Ops != 3 || len(br.Versions) != 3 || len(br.Groups) == 0 {
+		t.Fatalf("--json batch: %s (%v)", out, err)
+	}
+	e.must(t, 0, "uno\n", "get", "b1")
+	e.must(t, 1, "", "get", "b2")
+	e.must(t, 0, "three\n", "get", "b3")
+	e.must(t, 0, "four\n", "get", "b4")
+	ops := filepath.Join(e.dir, "ops")
+	if err := os.WriteFile(ops, []byte("# ops\nput 'b 5' \"five five\"\ndel b1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.must(t, 0, "OK\n", "batch", "--file", ops)
+	e.must(t, 0, "five five\n", "get", "b 5")
+	e.must(t, 1, "", "get", "b1")
+	if out, _, code := e.cli(t, "put b6 six\n", "batch", "-"); code != 0 || out != "OK\n" {
+		t.Fatalf("batch -: %q exit %d", out, code)
+	}
+	e.must(t, 0, "six\n", "get", "b6")
+
+	// Not found, with --json: the error in the object, exit 1.
+	out, _, code := e.cli(t, "", "--json", "get", "missing")
+	if code != 1 || !strings.Contains(out, `"error":"rdmakv: key not found"`) {
+		t.Fatalf("--json get missing: %q exit %d", out, code)
+	}
+	// Argument errors: exit 2 before anything is sent.
+	if _, stderr, code := e.cli(t, "", "put", "k"); code != 2 || stderr != "kvcli: put takes 2 arguments, got 1\n" {
+		t.Fatalf("put k: %q exit %d", stderr, code)
+	}
+
+	// status and leaders.
+	out = e.must(t, 0, "", "status")
+	for _, want := range []string{fmt.Sprintf("cluster %q (shm), 2 groups", e.name), "group 0: leader node", "group 1: leader node", "NODE", "leader", "follower"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("status does not say %q:\n%s", want, out)
+		}
+	}
+	t.Logf("kvcli status:\n%s", out)
+	var st statusJSON
+	out = e.must(t, 0, "", "--json", "status")
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Cluster != e.name || len(st.Groups) != 2 {
+		t.Fatalf("--json status: %s (%v)", out, err)
+	}
+	for _, g := range st.Groups {
+		leaders := 0
+		for _, r := range g.Replicas {
+			if !r.Reachable || r.Slots == 0 {
+				t.Fatalf("--json status: group %d replica %+v", g.Group, r)
+			}
+			if r.Leader {
+				leaders++
+				if g.Leader == nil || *g.Leader != r.Node || r.Serving != g.Epoch {
+					t.Fatalf("--json status: group %+v", g)
+				}
+			}
+		}
+		if len(g.Replicas) != 3 || leaders != 1 || !g.Confirmed || g.Applied == 0 {
+			t.Fatalf("--json status: group %+v", g)
+		}
+	}
+	out = e.must(t, 0, "", "leaders")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[0], "group 0: leader node ") || !strings.HasPrefix(lines[1], "group 1: leader node ") {
+		t.Fatalf("leaders:\n%s", out)
+	}
+	out = e.must(t, 0, "", "--json", "leaders")
+	st = statusJSON{}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st.Groups) != 2 || st.Groups[1].Leader == nil || st.Groups[1].Replicas != nil {
+		t.Fatalf("--json leaders: %s (%v)", out, err)
+	}
+
+	// watch: the first state, then a change made by another process.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w := exec.CommandContext(ctx, e.kvcli, "--map", e.mapFile, "watch", "--interval", "20ms", "--count", "3", "watched")
+	w.Env = e.env
+	wout, err := w.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(wout)
+	var lines []string
+	next := func() string {
+		t.Helper()
+		if !sc.Scan() {
+			t.Fatalf("watch ended after %q", lines)
+		}
+		lines = append(lines, sc.Text())
+		return sc.Text()
+	}
+	if l := next(); !strings.HasSuffix(l, "  (not found)") {
+		t.Fatalf("watch's first line: %q", l)
+	}
+	e.must(t, 0, "OK\n", "put", "watched", "first value")
+	if l := next(); !strings.Contains(l, "  v") || !strings.HasSuffix(l, " first value") {
+		t.Fatalf("watch after a put: %q", l)
+	}
+	e.must(t, 0, "OK\n", "del", "watched")
+	if l := next(); !strings.HasSuffix(l, "  (deleted)") {
+		t.Fatalf("watch after a delete: %q", l)
+	}
+	if err := w.Wait(); err != nil {
+		t.Fatalf("watch --count 3: %v", err)
+	}
+	// Ctrl-C (SIGINT) ends a watch with exit 0.
+	w = exec.Command(e.kvcli, "--map", e.mapFile, "--json", "watch", "hello")
+	w.Env = e.env
+	wout, _ = w.StdoutPipe()
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc = bufio.NewScanner(wout)
+	if l := next(); !strings.Contains(l, `"value":"there"`) {
+		t.Fatalf("--json watch: %q", l)
+	}
+	w.Process.Signal(syscall.SIGINT)
+	if err := w.Wait(); err != nil {
+		t.Fatalf("watch after SIGINT: %v", err)
+	}
+}
+
+func testPiped(t *testing.T, e *e2e) {
+	// Stops at the first failure, with its exit code.
+	out, stderr, code := e.cli(t, "put p 1\nget p\n\n# a comment\nget missing\nput p 2\n")
+	if code != 1 || out != "OK\n1\n" || !strings.Contains(stderr, "kvcli: line 5: get: exit 1") {
+		t.Fatalf("piped: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	e.must(t, 0, "1\n", "get", "p")
+	// --keep-going runs every line; the exit code is the first failure's.
+	out, _, code = e.cli(t, "put p 1\nget missing\nbatch put p 2 put 'q r' 's t'\nget p\nget 'q r'\ncas p 1 3\nleaders --json\n", "--keep-going")
+	if code != 1 || !strings.HasPrefix(out, "OK\nOK\n2\ns t\n") || !strings.Contains(out, `"command":"leaders"`) {
+		t.Fatalf("piped --keep-going: exit %d, stdout %q", code, out)
+	}
+	// A value from stdin is refused: stdin holds the commands.
+	_, stderr, code = e.cli(t, "put p -\n")
+	if code != 2 || !strings.Contains(stderr, "use --file F") {
+		t.Fatalf("piped put -: exit %d: %s", code, stderr)
+	}
+}
+
+// tmux drives a terminal: a private tmux server (its own socket, no
+// config) whose session runs kvcli.
+type tmux struct {
+	t    *testing.T
+	e    *e2e
+	sock string
+}
+
+func (x *tmux) run(args ...string) (string, error) {
+	cmd := exec.Command("tmux", append([]string{"-S", x.sock, "-f", "/dev/null"}, args...)...)
+	cmd.Env = x.e.env
+	b, err := cmd.CombinedOutput()
+	return string(b), err
+}
+
+func (x *tmux) must(args ...string) string {
+	x.t.Helper()
+	out, err := x.run(args...)
+	if err != nil {
+		x.t.Fatalf("tmux %q: %v: %s", args, err, out)
+	}
+	return out
+}
+
+// start runs kvcli in a new session of 120 x 40.
+func (x *tmux) start(session string) {
+	x.t.Helper()
+	x.must("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
+		fmt.Sprintf("exec %q --map %q", x.e.kvcli, x.e.mapFile))
+}
+
+// keys types text (literally) then presses keys.
+func (x *tmux) keys(session, text string, keys ...string) {
+	x.t.Helper()
+	if text != "" {
+		x.must("send-keys", "-t", session, "-l", text)
+	}
+	if len(keys) > 0 {
+		x.must(append([]string{"send-keys", "-t", session}, keys...)...)
+	}
+}
+
+func (x *tmux) screen(session string) string {
+	x.t.Helper()
+	return x.must("capture-pane", "-p", "-t", session)
+}
+
+// wait waits until the screen satisfies ok.
+func (x *tmux) wait(session, what string, ok func(screen string) bool) string {
+	x.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s := x.screen(session)
+		if ok(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			x.t.Fatalf("the terminal does not show %s:\n%s", what, s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (x *tmux) waitFor(session, text string) string {
+	x.t.Helper()
+	return x.wait(session, fmt.Sprintf("%q", text), func(s string) bool { return strings.Contains(s, text) })
+}
+
+// waitLine waits for a line of the screen equal to line (blanks at its
+// end aside).
+func (x *tmux) waitLine(session, line string) string {
+	x.t.Helper()
+	return x.wait(session, fmt.Sprintf("the line %q", line), func(s string) bool {
+		for _, l := range strings.Split(s, "\n") {
+			if strings.TrimRight(l, " ") == line {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// waitGone waits until the session ended (kvcli exited).
+func (x *tmux) waitGone(session string) {
+	x.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := x.run("has-session", "-t", session); err != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			x.t.Fatalf("kvcli did not exit:\n%s", x.screen(session))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func testShell(t *testing.T, e *e2e) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("tmux is not installed")
+	}
+	x := &tmux{t: t, e: e, sock: filepath.Join(e.dir, "tmux.sock")}
+	t.Cleanup(func() { x.run("kill-server") })
+	p := e.name + "> " // the prompt
+	const s1 = "kvcli1"
+	x.start(s1)
+	x.waitFor(s1, "Type help for the commands")
+	x.waitFor(s1, fmt.Sprintf("kvcli: cluster %q, 2 groups x 3 replicas on shm", e.name))
+
+	// A put and a get.
+	x.keys(s1, `put greeting "hello world"`, "Enter")
+	x.waitLine(s1, "OK")
+	x.keys(s1, "get greeting", "Enter")
+	x.waitLine(s1, "hello world")
+
+	// Tab completes a command, a flag and its value.
+	x.keys(s1, "lead", "Tab")
+	x.waitLine(s1, p+"leaders")
+	x.keys(s1, "", "Enter")
+	x.waitFor(s1, "group 1: leader node ")
+	x.keys(s1, "get --cons", "Tab")
+	x.waitLine(s1, p+"get --consistency")
+	x.keys(s1, "st", "Tab")
+	x.waitLine(s1, p+"get --consistency stale-ok")
+	x.keys(s1, "greeting", "Enter")
+	x.wait(s1, "hello world twice", func(s string) bool { return strings.Count(s, "\nhello world\n") == 2 })
+
+	// Errors are one readable line and the usage; the shell goes on.
+	x.keys(s1, "get", "Enter")
+	x.waitLine(s1, "usage: get [--consistency linearizable|stale-ok] [--json] [--timeout D] KEY")
+
+	// Ctrl-C drops the line being typed.
+	x.keys(s1, "del greeting", "C-c")
+	x.waitLine(s1, p+"del greeting^C")
+	// watch prints changes until Ctrl-C.
+	x.keys(s1, "watch --interval 50ms greeting", "Enter")
+	x.wait(s1, "watch's first line", func(s string) bool { return strings.Contains(s, "  v") && strings.Contains(s, " hello world\n") })
+	e.must(t, 0, "OK\n", "put", "greeting", "changed")
+	x.wait(s1, "the change", func(s string) bool { return strings.Contains(s, " changed\n") })
+	x.keys(s1, "", "C-c")
+	x.waitLine(s1, "^C")
+	x.keys(s1, "get greeting", "Enter")
+	x.waitLine(s1, "changed")
+	e.must(t, 0, "changed\n", "get", "greeting") // the dropped del did not run
+	x.keys(s1, "help", "Enter")
+	hist := filepath.Join(e.dir, "state", "rdmakv", "kvcli_history")
+	x.waitFor(s1, "kept in "+hist)
+	t.Logf("the first session:\n%s", x.screen(s1))
+	x.keys(s1, "exit", "Enter")
+	x.waitGone(s1)
+
+	// The history was saved, privately, without the dropped line.
+	b, err := os.ReadFile(hist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(hist); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the history file's mode: %v %v", fi.Mode(), err)
+	}
+	if h := string(b); !strings.Contains(h, "put greeting \"hello world\"\nget greeting\nleaders\n") || strings.Contains(h, "del greeting") {
+		t.Fatalf("history:\n%s", h)
+	}
+
+	// A second session finds it: Up recalls the last lines.
+	const s2 = "kvcli2"
+	x.start(s2)
+	x.waitFor(s2, "Type help for the commands")
+	x.keys(s2, "", "Up")
+	x.waitLine(s2, p+"exit")
+	x.keys(s2, "", "Up")
+	x.waitLine(s2, p+"help")
+	x.keys(s2, "", "Up", "Up")
+	x.waitLine(s2, p+"watch --interval 50ms greeting")
+	x.keys(s2, "", "C-c")
+	// Ctrl-R searches it.
+	x.keys(s2, "", "C-r")
+	x.keys(s2, "hello w")
+	x.waitFor(s2, `put greeting "hello world"`)
+	x.keys(s2, "", "Enter") // leaves the search and runs the line
+	x.wait(s2, "the put run again", func(s string) bool { return strings.Contains(s, "\nOK\n") })
+	e.must(t, 0, "hello world\n", "get", "greeting")
+	t.Logf("the second session:\n%s", x.screen(s2))
+	// Ctrl-D leaves.
+	x.keys(s2, "", "C-d")
+	x.waitGone(s2)
+}
