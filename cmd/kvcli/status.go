@@ -5,6 +5,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 )
 
@@ -135,11 +136,19 @@ func runStatus(s *session, x *call) int {
 			if r.Migrating {
 				idx += ", growing"
 			}
-			fmt.Fprintf(tw, "  %d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", r.Node, role, r.Serving, r.Promise, r.Applied, r.Behind, at, idx)
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Node, role, epoch(r.Serving), epoch(r.Promise), r.Applied, r.Behind, at, idx)
 		}
 		tw.Flush()
 	}
 	return code
+}
+
+// epoch is an epoch as broadcast writes it, (round,leader node); "-" for 0.
+func epoch(e uint64) string {
+	if e == 0 {
+		return "-"
+	}
+	return broadcast.Epoch(e).String()
 }
 
 func leaderText(g client.GroupStatus) string {
@@ -147,7 +156,7 @@ func leaderText(g client.GroupStatus) string {
 		return "no leader (an election is under way, or too few replicas are reachable)"
 	}
 	r := g.Replicas[g.Leader]
-	t := fmt.Sprintf("leader node %d (member %d), epoch %d", r.Node, r.Member, g.Epoch)
+	t := fmt.Sprintf("leader node %d (member %d), epoch %s", r.Node, r.Member, epoch(g.Epoch))
 	if !g.Confirmed {
 		t += ", not confirmed by a majority"
 	}
