@@ -65,6 +65,10 @@ type Limits struct {
 	ClientSlots int `json:"client_slots,omitempty" toml:"client_slots"`
 	// MaxBatch bounds the operations of a batch (default 1024).
 	MaxBatch int `json:"max_batch,omitempty" toml:"max_batch"`
+	// ClientRate bounds the write requests per second a group's leader
+	// takes from each client (0: no bound). A client over it is slowed
+	// (its writes wait), not refused; combined writes count once.
+	ClientRate float64 `json:"client_rate,omitempty" toml:"client_rate"`
 }
 
 // Defaults of Limits.
@@ -106,7 +110,7 @@ func (m *Map) Fill() error {
 		return bad("%d groups: want 1..%d", len(m.Groups), tree.MaxGroups)
 	case len(m.ClientNodes) == 0:
 		return bad("no client_nodes")
-	case l.MaxKey < 1 || l.MaxValue < 0 || l.MaxBatch < 1:
+	case l.MaxKey < 1 || l.MaxValue < 0 || l.MaxBatch < 1 || l.ClientRate < 0:
 		return bad("limits %+v", *l)
 	case l.SlotSize < 256 || l.SlotSize%8 != 0:
 		return bad("slot_size %d: want a multiple of 8, at least 256", l.SlotSize)
@@ -239,7 +243,7 @@ func (m *Map) ReplicaConfig(g int, bc broadcast.Config) (kv.ReplicaConfig, error
 	}
 	return kv.ReplicaConfig{
 		Multicast: multicast.Config{Group: tree.Group(g), Tree: t, Members: m.Groups, ClientNodes: m.ClientNodes,
-			ClientSlots: m.Limits.ClientSlots, SlotSize: m.Limits.SlotSize, MaxResult: MaxResult, Broadcast: bc},
+			ClientSlots: m.Limits.ClientSlots, SlotSize: m.Limits.SlotSize, MaxResult: MaxResult, ClientRate: m.Limits.ClientRate, Broadcast: bc},
 		Table: kv.TableConfig{SlotMap: m.Slots, MaxKey: m.Limits.MaxKey, MaxValue: m.Limits.MaxValue, HeapRegionSize: heap},
 	}, nil
 }

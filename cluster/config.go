@@ -499,6 +499,8 @@ func (v *validator) limits() error {
 		return v.fail("limits.client_slots", "%d: want 1 to 1024 outstanding requests per client", l.ClientSlots)
 	case l.MaxBatch < 0 || l.MaxBatch > maxBatch:
 		return v.fail("limits.max_batch", "%d: want 1 to %d operations", l.MaxBatch, maxBatch)
+	case l.ClientRate < 0 || l.ClientRate > 1e9 || l.ClientRate != l.ClientRate:
+		return v.fail("limits.client_rate", "%v: want 0 (no bound) to 1e9 write requests per second per client", l.ClientRate)
 	}
 	return nil
 }

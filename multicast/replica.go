@@ -49,6 +49,15 @@ type Config struct {
 	// that is only slow is not flooded with copies. Default the group's
 	// election timeout (broadcast's default if unset).
 	RetransmitAfter time.Duration
+	// ClientRate bounds the messages per second this group's leader
+	// takes from each client's input ring (0: no bound). A client over
+	// its rate is not refused: its ring fills and its writes wait, the
+	// back pressure every client already handles. Each message counts
+	// once, however many operations it carries.
+	ClientRate float64
+	// ClientBurst is how many messages a client may send at once after
+	// being idle (the token bucket's depth); default ClientSlots.
+	ClientBurst int
 	// Broadcast configures the group's Acuerdo replica; Members and
 	// RegionBase are filled in (regions.Broadcast(Group)).
 	Broadcast broadcast.Config
@@ -103,6 +112,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: SlotSize %d below %d", ErrConfig, c.SlotSize, recHdr+recCheck+8)
 	case c.MaxResult < 0 || c.MaxResult > 1<<20:
 		return c, fmt.Errorf("%w: MaxResult %d", ErrConfig, c.MaxResult)
+	case c.ClientRate < 0 || c.ClientBurst < 0:
+		return c, fmt.Errorf("%w: ClientRate %v, ClientBurst %d", ErrConfig, c.ClientRate, c.ClientBurst)
+	}
+	if c.ClientBurst == 0 {
+		c.ClientBurst = c.ClientSlots
 	}
 	b := c.Broadcast
 	b.Members = c.Members[c.Group]
@@ -133,16 +147,21 @@ func MaxPayload(slotSize int) int { return maxPayload(pad8(slotSize)) }
 // goroutine (broadcast.NewMultiDriver runs several groups' replicas on
 // one node).
 type Replica struct {
-	cfg   Config
-	g     tree.Group
-	node  rdma.Node
-	b     *broadcast.Replica
-	st    *state
-	base  rdma.RegionID
-	regs  [numRegions]rdma.Region
-	now   time.Duration
-	nsrc  int // client slots + 1 (the parent ring is source nsrc-1)
-	hbeat time.Duration
+	cfg  Config
+	g    tree.Group
+	node rdma.Node
+	b    *broadcast.Replica
+	st   *state
+	base rdma.RegionID
+	regs [numRegions]rdma.Region
+	now  time.Duration
+	nsrc int // client slots + 1 (the parent ring is source nsrc-1)
+	// Per-client token buckets (Config.ClientRate): tokens as of tokAt,
+	// and when the earliest throttled client has a token again.
+	tokens   []float64
+	tokAt    []time.Duration
+	tokReady time.Duration
+	hbeat    time.Duration
 
 	parent     tree.Group
 	hasParent  bool
@@ -231,6 +250,12 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 	nc := len(cfg.ClientNodes)
 	r.nsrc = nc + 1
 	r.tinc, r.tpos, r.retrySeen = make([]uint64, nc), make([]uint64, nc), make([]uint64, nc)
+	if cfg.ClientRate > 0 {
+		r.tokens, r.tokAt = make([]float64, nc), make([]time.Duration, nc)
+		for c := range r.tokens {
+			r.tokens[c] = float64(cfg.ClientBurst)
+		}
+	}
 	kids := cfg.Tree.Children(cfg.Group)
 	r.tout, r.fwdSent, r.credit, r.creditAt = make([]uint64, len(kids)), make([]uint64, len(kids)), make([]uint64, len(kids)), make([]time.Duration, len(kids))
 	r.rtWait = make([]time.Duration, len(kids))
@@ -409,6 +434,9 @@ func (r *Replica) NextDeadline() time.Duration {
 	d := r.b.NextDeadline()
 	if r.lead != 0 {
 		d = min(d, r.now+r.hbeat)
+		if r.tokReady > r.now {
+			d = min(d, r.tokReady)
+		}
 		if r.mutant == mutSpinDeadline {
 			d = r.now
 		}
@@ -684,6 +712,7 @@ func (r *Replica) scan() bool {
 	progress := false
 	room := r.b.AppendRoom()
 	parentBurst := max(maxBurst, r.cfg.ParentSlots/4)
+	r.tokReady = 0
 	for k := 0; k < r.nsrc && room > 0; k++ {
 		src := (r.rr + k) % r.nsrc
 		burst := maxBurst
@@ -692,6 +721,8 @@ func (r *Replica) scan() bool {
 				continue
 			}
 			burst = parentBurst
+		} else if r.tokens != nil {
+			burst = min(burst, r.refill(src))
 		}
 		for n := 0; n < burst && room > 0; n++ {
 			ok, stop := r.orderNext(src)
@@ -702,12 +733,34 @@ func (r *Replica) scan() bool {
 			if !ok {
 				break
 			}
+			if r.tokens != nil && src < r.nsrc-1 {
+				r.tokens[src]--
+			}
 			room--
 			progress = true
+		}
+		if r.tokens != nil && src < r.nsrc-1 && r.tokens[src] < 1 {
+			// Throttled: wake when it has a token again.
+			at := r.now + time.Duration((1-r.tokens[src])/r.cfg.ClientRate*float64(time.Second)) + 1
+			if r.tokReady == 0 || at < r.tokReady {
+				r.tokReady = at
+			}
 		}
 	}
 	r.rr = (r.rr + 1) % r.nsrc
 	return progress
+}
+
+// refill adds client src's tokens earned since it was last refilled
+// (Config.ClientRate a second, up to ClientBurst) and returns how many
+// whole messages it may send now.
+func (r *Replica) refill(src int) int {
+	dt := r.now - r.tokAt[src]
+	r.tokAt[src] = r.now
+	if dt > 0 {
+		r.tokens[src] = min(float64(r.cfg.ClientBurst), r.tokens[src]+dt.Seconds()*r.cfg.ClientRate)
+	}
+	return int(r.tokens[src])
 }
 
 // orderNext orders the next message of source src if there is one. stop
