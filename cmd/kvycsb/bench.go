@@ -30,8 +30,9 @@ thread count, against rdmakv and against Redis in the same run, and prints
 a table of ops/s and the rdmakv/Redis ratio.
 
   rdmakv   an embedded cluster (--groups x --replicas on the shm fabric, in
-           this process) through the binding in package ycsb, one client
-           shared by the threads, linearizable reads (rdmakv.consistency)
+           a child process of kvycsb) through the binding in package ycsb,
+           one client in kvycsb shared by the threads, linearizable reads
+           (rdmakv.consistency)
   Redis    redis-server (--redis-server), started by kvycsb on a free
            loopback port with persistence off (--save "" --appendonly no)
            in a temporary directory and killed at the end, through

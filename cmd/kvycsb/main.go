@@ -4,7 +4,7 @@
 //
 //	kvycsb load a                 # load workload A's records into the cluster kvserver runs
 //	kvycsb run a --threads 8      # then run its operations
-//	kvycsb loadrun a --embedded   # both, against a cluster started in this process
+//	kvycsb loadrun a --embedded   # both, against a cluster kvycsb starts (a child process)
 //	kvycsb bench                  # A, B, C, D, F at 1, 8, 32 threads, rdmakv and Redis
 //
 // docs/ycsb.md explains the flags, the properties and the output.
@@ -103,6 +103,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cmd, rest := args[0], args[1:]
+	if cmd == clusterCmd { // the embedded cluster's process (cluster.go)
+		if err := serveCluster(os.Stdin, stdout); err != nil {
+			fmt.Fprintf(stderr, "kvycsb %s: %v\n", clusterCmd, err)
+			return 1
+		}
+		return 0
+	}
 	var err error
 	switch cmd {
 	case "load", "run", "loadrun":
@@ -168,11 +175,11 @@ func newFlags(out io.Writer) *flags {
 	fs.Int64Var(&f.ops, "ops", 0, "operationcount (0: from the workload)")
 	fs.StringVar(&f.table, "table", "", "the table name (default usertable)")
 	fs.StringVar(&f.mapFile, "map", "", "the cluster map file, as the rdmakv.map property (default "+client.DefaultMapFile+")")
-	fs.BoolVar(&f.embedded, "embedded", false, "start an rdmakv local cluster in this process (shm fabric) and run against it; it ends with kvycsb, so use loadrun")
+	fs.BoolVar(&f.embedded, "embedded", false, "start an rdmakv local cluster (shm fabric, in a child process) and run against it; it ends with kvycsb, so use loadrun")
 	fs.IntVar(&f.groups, "groups", 2, "with --embedded: groups (shards)")
 	fs.IntVar(&f.replicas, "replicas", 3, "with --embedded: replicas per group (odd)")
 	fs.DurationVar(&f.election, "election-timeout", time.Second, "with --embedded: the replicas' election timeout (long, so that a descheduled leader is not voted out mid-run)")
-	fs.DurationVar(&f.heartbeat, "heartbeat", time.Millisecond, "with --embedded: the replicas' heartbeat interval (1 ms, broadcast's default: with 10 ms, kvserver's, writes at low concurrency often wait for the next heartbeat)")
+	fs.DurationVar(&f.heartbeat, "heartbeat", time.Millisecond, "with --embedded: the replicas' heartbeat interval (broadcast's default; kvserver's is 10 ms, to idle cheaply)")
 	fs.IntVar(&f.interval, "interval", 10, "seconds between go-ycsb's interim summaries (measurement.interval)")
 	fs.DurationVar(&f.progress, "progress", 3*time.Second, "interval of the progress lines on stderr (0: none)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print one JSON document with each phase's results on stdout instead of the text summary")

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -88,8 +89,19 @@ func TestLoadRunEmbedded(t *testing.T) {
 	if strings.Contains(out, "_ERROR") {
 		t.Errorf("failed operations:\n%s", out)
 	}
-	if !strings.Contains(errOut, "embedded cluster") {
-		t.Errorf("stderr does not say where it ran:\n%s", errOut)
+	m := regexp.MustCompile(`embedded cluster (kvycsb-[0-9]+): .* in process ([0-9]+),`).FindStringSubmatch(errOut)
+	if m == nil {
+		t.Fatalf("stderr does not say where it ran:\n%s", errOut)
+	}
+	// Nothing left: the cluster's process and its shm files are gone.
+	if _, err := os.Stat("/proc/" + m[2]); err == nil {
+		t.Errorf("the cluster's process %s still exists", m[2])
+	}
+	ents, _ := os.ReadDir("/dev/shm")
+	for _, e := range ents {
+		if strings.Contains(e.Name(), m[1]+".") {
+			t.Errorf("left in /dev/shm: %s", e.Name())
+		}
 	}
 }
 

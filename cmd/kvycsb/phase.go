@@ -23,12 +23,9 @@ import (
 
 	_ "github.com/pingcap/go-ycsb/db/redis" // registers "redis"
 
-	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
-	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 	rdycsb "github.com/rdmakv/rdmakv/ycsb"
 )
 
@@ -37,18 +34,18 @@ import (
 // binding, created per phase with that phase's threadcount, which sizes
 // its connection pool).
 type dbEnv struct {
-	name string // rdmakv or redis
-	db   *rdycsb.DB
-	lc   *localcluster.Cluster
-	desc string // where, for the header line
+	name  string // rdmakv or redis
+	db    *rdycsb.DB
+	child *childCluster // the embedded cluster, if any
+	desc  string        // where, for the header line
 }
 
 func (e *dbEnv) close() {
 	if e.db != nil {
 		e.db.Close()
 	}
-	if e.lc != nil {
-		e.lc.Close()
+	if e.child != nil {
+		e.child.close()
 	}
 }
 
@@ -88,42 +85,31 @@ func embeddedMap(groups, replicas int) *cluster.Map {
 	return m
 }
 
-// openRdmakv opens the binding: on the cluster of the map file, or on an
-// embedded cluster it starts.
 // embeddedConfig is the shape of an embedded cluster.
 type embeddedConfig struct {
 	groups, replicas    int
 	heartbeat, election time.Duration
 }
 
+// openRdmakv opens the binding: on the cluster of the map file, or on an
+// embedded cluster it starts (in a child process: cluster.go).
 func openRdmakv(ctx context.Context, p *properties.Properties, embedded bool, ec embeddedConfig, stderr io.Writer) (*dbEnv, error) {
 	env := &dbEnv{name: "rdmakv"}
 	var opts []client.Option
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if embedded {
-		m := embeddedMap(ec.groups, ec.replicas)
-		if err := m.Fill(); err != nil {
-			return nil, err
-		}
-		if removed, err := shm.SweepStale(m.ShmDir); err == nil && len(removed) > 0 {
-			fmt.Fprintf(stderr, "kvycsb: removed %d files that dead rdmakv processes left in %s\n", len(removed), m.ShmDir)
-		}
 		start := time.Now()
-		lc, err := localcluster.Start(octx, m, broadcast.Config{HeartbeatInterval: ec.heartbeat, ElectionTimeout: ec.election})
+		child, err := startChildCluster(octx, ec, stderr)
 		if err != nil {
 			return nil, fmt.Errorf("start the embedded cluster: %w", err)
 		}
-		env.lc = lc
-		env.desc = fmt.Sprintf("embedded cluster %s: %d groups x %d replicas on shm, up in %v", m.Name, ec.groups, ec.replicas, time.Since(start).Round(time.Millisecond))
-		// The cluster is this process's: its client takes slot 0 through
-		// the cluster's own node for it (no slot lock file to claim).
-		n, err := lc.ClientNode(0)
-		if err != nil {
-			env.close()
-			return nil, err
-		}
-		opts = append(opts, client.WithMap(m), client.WithNode(n), client.WithSlot(0))
+		env.child = child
+		env.desc = fmt.Sprintf("embedded cluster %s: %d groups x %d replicas on shm in process %d, up in %v",
+			child.m.Name, ec.groups, ec.replicas, child.cmd.Process.Pid, time.Since(start).Round(time.Millisecond))
+		// kvycsb's one client takes slot 0 through the node opened for
+		// it (no slot lock file to claim).
+		opts = append(opts, client.WithMap(child.m), client.WithNode(child.node), client.WithSlot(0))
 	} else {
 		cfg, _ := rdycsb.ParseConfig(p)
 		env.desc = "cluster of " + cfg.MapFile
