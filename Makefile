@@ -9,7 +9,7 @@ GO ?= go
 # A count of executions, not a duration: see scripts/fuzz-short (golang/go#75804).
 FUZZTIME ?= 300000x
 
-.PHONY: test run vet noalloc norace unit fuzz-short bench
+.PHONY: test run vet noalloc norace unit fuzz-short bench ycsb
 
 test: vet noalloc norace unit fuzz-short
 
@@ -66,3 +66,9 @@ run:
 
 bench:
 	$(GO) run ./cmd/kvbench fabric --runs 5
+
+# YCSB workloads A, B, C, D and F at 1, 8 and 32 threads, 100k records:
+# rdmakv (an embedded cluster) against Redis (a redis-server kvycsb starts),
+# same run; docs/ycsb.md. ARGS: e.g. ARGS="--records 10000 --threads 8".
+ycsb:
+	$(GO) run ./cmd/kvycsb bench $(ARGS)
