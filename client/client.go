@@ -10,6 +10,7 @@
 package client
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -215,7 +216,7 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	opened := false
 	defer func() {
 		if !opened && slotLock != nil {
-			slotLock.Close()
+			releaseSlot(slotLock)
 		}
 		if !opened && claimed != nil {
 			claimed.Close()
@@ -310,7 +311,7 @@ func (c *Client) Close() error {
 		p.mu.Unlock()
 	}
 	if c.slotLock != nil {
-		defer c.slotLock.Close() // the slot is free once the node is closed
+		defer releaseSlot(c.slotLock) // the slot is free once the node is closed
 	}
 	if c.own {
 		if e := c.node.Close(); err == nil {
@@ -358,18 +359,59 @@ func (c *Client) checkValue(v []byte) error {
 // slot, which the kernel releases when the holder closes it or dies.
 func claimSlot(m *cluster.Map) (int, *os.File, error) {
 	dir := filepath.Join(os.TempDir(), "rdmakv-slots", m.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return 0, nil, err
-	}
 	for k := range m.ClientNodes {
-		f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("slot-%d.lock", k)), os.O_CREATE|os.O_RDWR, 0o644)
+		f, err := lockSlot(dir, k)
 		if err != nil {
 			return 0, nil, err
 		}
-		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+		if f != nil {
 			return k, f, nil
 		}
-		f.Close()
 	}
 	return 0, nil, fmt.Errorf("all %d client slots of cluster %q are in use on this host", len(m.ClientNodes), m.Name)
+}
+
+// lockSlot tries to take slot k's lock file in dir: the file, or nil if
+// another process holds the slot. A holder removes the file (and the
+// directory, once empty) when it lets the slot go, so a lock taken on a
+// file that was removed meanwhile is not the slot's: that case retries.
+func lockSlot(dir string, k int) (*os.File, error) {
+	path := filepath.Join(dir, fmt.Sprintf("slot-%d.lock", k))
+	for range 100 {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the directory was removed between the two calls
+		}
+		if err != nil {
+			return nil, err
+		}
+		if slotLockHook != nil {
+			slotLockHook()
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+			f.Close()
+			return nil, nil
+		}
+		var a, b unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &a) == nil && unix.Stat(path, &b) == nil && a.Ino == b.Ino && a.Dev == b.Dev {
+			return f, nil
+		}
+		f.Close() // locked a file its holder removed: take the new one
+	}
+	return nil, fmt.Errorf("client slot %d: its lock file %s keeps changing", k, path)
+}
+
+// slotLockHook, if set (tests), runs between opening a lock file and
+// locking it: the window in which its holder may remove it.
+var slotLockHook func()
+
+// releaseSlot removes the slot's lock file while still holding the lock,
+// then the directory if it is empty, and closes the file.
+func releaseSlot(f *os.File) {
+	os.Remove(f.Name())
+	os.Remove(filepath.Dir(f.Name())) // fails while other slots are held
+	f.Close()
 }
