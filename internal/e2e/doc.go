@@ -1,0 +1,36 @@
+// Package e2e holds end-to-end tests of rdmakv as it is deployed: real
+// kvserver processes, built with go build into a temporary directory, run
+// from a TOML cluster config (kvserver --config FILE --id N), reached by
+// package client over the shm fabric or the tcp fabric, and watched through
+// their control ports (/status, /readyz).
+//
+// The tests:
+//
+//   - TestProcessesKillRestartUnderLoad (shm, and tcp on loopback): 2
+//     groups x 3 replica processes under a load of gets, puts, deletes and
+//     compare-and-swaps; the leaders are killed with kill -9 and restarted
+//     from their data dirs (twice), then a follower; the history is
+//     checked with porcupine (internal/kvcheck), a final read of every key
+//     is part of it, and every replica must have applied what its leader
+//     applied.
+//   - TestStoppedReplica (shm, tcp): a follower, then the leader, stopped
+//     with SIGSTOP under load; writes must go on in every second.
+//   - TestNetnsPartition: one replica per network namespace on the tcp
+//     fabric, the client in a namespace of its own (the test binary run as
+//     a helper process); the leader's link goes down, the majority elects
+//     a new leader and goes on taking writes, the link comes back and the
+//     old leader catches up; the client's history is checked with
+//     porcupine. It needs root and ip(8), and skips without them.
+//   - TestStartupErrors: the ways kvserver refuses to start each give an
+//     exit code other than 0 and one line on stderr naming the cause; and
+//     SIGTERM stops a replica with exit code 0, leaving no shm file and
+//     releasing its data dir's lock.
+//   - TestWholeGroupRestart: a group whose every replica stopped does not
+//     come back on its own, and starts over once its data dirs are
+//     removed (the procedure docs/deploy.md gives).
+//
+// Set RDMAKV_E2E_RACE_SERVER=1 to build kvserver with -race as well.
+//
+// The package has no code of its own besides this comment: the harness
+// is in its test files.
+package e2e
