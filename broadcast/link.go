@@ -14,8 +14,10 @@ import (
 // completes), the outgoing ring mirrored into the peer's incoming ring, and
 // a snapshot fetch in progress from that peer (on a Conn of its own).
 type link struct {
-	peer rdma.NodeID
-	idx  int
+	dial      *rdma.Connector // opens conn without blocking the poller (tcp)
+	fetchDial *rdma.Connector // opens the snapshot fetch's Conn
+	peer      rdma.NodeID
+	idx       int
 
 	conn    rdma.Conn
 	up      bool
@@ -79,7 +81,13 @@ func (l *link) connect(r *Replica, now time.Duration) {
 	if l.up || now < l.retryAt {
 		return
 	}
-	c, err := r.node.Connect(l.peer)
+	if l.dial == nil {
+		l.dial = rdma.NewConnector(r.node, l.peer)
+	}
+	c, err, ok := l.dial.Connect()
+	if !ok {
+		return // connecting in the background (a tcp peer): the doorbell rings when done
+	}
 	if err != nil {
 		l.fail(r, now)
 		return

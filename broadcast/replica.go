@@ -341,6 +341,11 @@ func (r *Replica) Close() error {
 		}
 		if l != nil {
 			l.stopFetch()
+			for _, d := range []*rdma.Connector{l.dial, l.fetchDial} {
+				if d != nil {
+					d.Close()
+				}
+			}
 		}
 	}
 	r.closeRegions()

@@ -293,7 +293,13 @@ func (r *Replica) driveFetch(l *link) bool {
 		if r.now < f.retryAt {
 			return false
 		}
-		c, err := r.node.Connect(l.peer)
+		if l.fetchDial == nil {
+			l.fetchDial = rdma.NewConnector(r.node, l.peer)
+		}
+		c, err, ok := l.fetchDial.Connect()
+		if !ok {
+			return false // connecting in the background
+		}
 		if err != nil {
 			r.fetchBackoff(f)
 			return false

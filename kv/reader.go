@@ -98,14 +98,24 @@ type GroupReader struct {
 	leader  int
 	near    int
 	// Timeout bounds the wait for one read's completion (Get); a Conn
-	// that does not complete in time is closed and reopened.
+	// that does not complete in time is closed and reopened. A read takes
+	// microseconds; one that takes this long is to a member that is
+	// stopped or cut off (on tcp: shm memory stays readable), and the get
+	// tries another. Default 250 ms.
 	Timeout time.Duration
 	// BackoffMin and BackoffMax bound the wait before an attempt that
 	// follows one that found no leader or a failed read; it doubles.
 	// Default 50 µs and 20 ms.
 	BackoffMin, BackoffMax time.Duration
-	nextID                 uint64
-	m                      []*memberState
+	// HedgeAfter is how long a linearizable get waits for the f promise
+	// words it asked for before it asks every other member too (a member
+	// that is stopped, or cut off, never answers: its read would hold
+	// the get until Timeout). Default 1 ms.
+	HedgeAfter time.Duration
+	r1At       time.Duration // when round 1 was posted
+	hedged     bool
+	nextID     uint64
+	m          []*memberState
 
 	// The get under way.
 	st       getState
@@ -160,6 +170,7 @@ const (
 // nothing else is read).
 type memberState struct {
 	conn    rdma.Conn
+	dial    *rdma.Connector
 	pending uint64 // the signalled op awaited, 0 if none
 	perr    error  // how it failed
 	pdone   bool
@@ -181,7 +192,7 @@ type memberState struct {
 func NewGroupReader(node rdma.Node, g uint32, members []rdma.NodeID, near int) *GroupReader {
 	n := len(members)
 	r := &GroupReader{group: g, members: members, node: node, quorum: n/2 + 1, leader: -1,
-		near: near % n, Timeout: 2 * time.Second, BackoffMin: 50 * time.Microsecond, BackoffMax: 20 * time.Millisecond, asked: make([]bool, n), m: make([]*memberState, n)}
+		near: near % n, Timeout: 250 * time.Millisecond, BackoffMin: 50 * time.Microsecond, BackoffMax: 20 * time.Millisecond, HedgeAfter: time.Millisecond, asked: make([]bool, n), m: make([]*memberState, n)}
 	for i := range r.m {
 		r.m[i] = &memberState{pairs: make([]byte, 8*bucketSize), rec: make([]byte, 256)}
 	}
@@ -194,6 +205,10 @@ func (r *GroupReader) Close() {
 		if ms.conn != nil {
 			ms.conn.Close()
 			ms.conn = nil
+		}
+		if ms.dial != nil {
+			ms.dial.Close()
+			ms.dial = nil
 		}
 		ms.pending = 0
 	}
@@ -215,7 +230,16 @@ func (r *GroupReader) post(i int, wrs []rdma.WR) bool {
 		ms.conn = nil
 	}
 	if ms.conn == nil {
-		c, err := r.node.Connect(r.members[i])
+		if ms.dial == nil {
+			ms.dial = rdma.NewConnector(r.node, r.members[i])
+		}
+		c, err, ok := ms.dial.Connect()
+		if !ok {
+			// Connecting in the background (a tcp member that may be
+			// down): this attempt counts as a failed read of it.
+			ms.perr, ms.pdone = fmt.Errorf("kv: node %d: still connecting: %w", r.members[i], rdma.ErrPeerDead), true
+			return true
+		}
 		if err != nil {
 			ms.perr, ms.pdone = err, true
 			return true
@@ -479,6 +503,7 @@ func (r *GroupReader) startAttempt() {
 	if r.mode == Linearizable {
 		// f other members' promise words, in parallel with the round.
 		r.askPromises(r.quorum - 1)
+		r.r1At, r.hedged = r.now, false
 	}
 	r.st = gsR1
 }
@@ -586,6 +611,10 @@ func (r *GroupReader) pollR1() bool {
 		}
 		if votes < r.quorum {
 			if waiting {
+				if !r.hedged && r.now-r.r1At >= r.HedgeAfter {
+					r.hedged = true
+					r.askPromises(len(r.members))
+				}
 				return false
 			}
 			// Ask the members not asked yet; give up when none is left.

@@ -19,6 +19,7 @@ type peer struct {
 	id      rdma.NodeID
 	node    rdma.Node
 	conn    rdma.Conn
+	dial    *rdma.Connector // opens conn without blocking the poller (tcp)
 	retryAt time.Duration
 	backoff time.Duration
 	min     time.Duration
@@ -44,7 +45,7 @@ type opEnd struct {
 const signalEvery = 8
 
 func newPeer(node rdma.Node, id rdma.NodeID, stage int, minBackoff, maxBackoff time.Duration) *peer {
-	return &peer{id: id, node: node, stage: make([]byte, stage), min: minBackoff, max: maxBackoff}
+	return &peer{id: id, node: node, dial: rdma.NewConnector(node, id), stage: make([]byte, stage), min: minBackoff, max: maxBackoff}
 }
 
 // up reports whether the Conn is usable, connecting it if its backoff
@@ -56,7 +57,10 @@ func (p *peer) up(now time.Duration) bool {
 	if now < p.retryAt {
 		return false
 	}
-	c, err := p.node.Connect(p.id)
+	c, err, ok := p.dial.Connect()
+	if !ok {
+		return false // connecting in the background (a tcp peer)
+	}
 	if err != nil {
 		p.fail(now, err)
 		return false
@@ -174,9 +178,11 @@ func (p *peer) write(now time.Duration, region rdma.RegionID, off uint64, buf []
 	return true
 }
 
+// close releases the peer for good (its owner is closing).
 func (p *peer) close() {
 	if p.conn != nil {
 		p.conn.Close()
 		p.conn = nil
 	}
+	p.dial.Close()
 }

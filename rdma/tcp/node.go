@@ -162,6 +162,11 @@ func (n *Node) resumeReaders() {
 // Options.Listen asked for port 0).
 func (n *Node) Addr() string { return n.ln.Addr().String() }
 
+// ConnectBlocks implements rdma.BlockingConnector: Connect dials and
+// authenticates, and waits up to PeerTimeout for a peer that does not
+// answer, so pollers connect through an rdma.Connector.
+func (n *Node) ConnectBlocks() bool { return true }
+
 // SetPeer adds or changes the address of peer; later Connects use it.
 func (n *Node) SetPeer(id rdma.NodeID, addr string) {
 	n.mu.Lock()
