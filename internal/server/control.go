@@ -43,10 +43,26 @@ type ProcessStatus struct {
 // StartControl listens on addr and serves the control port of the
 // replicas reps of cluster map m.
 func StartControl(addr string, m *cluster.Map, reps []*Replica, withPprof bool, log *slog.Logger) (*Control, error) {
+	ln, err := ListenControl(addr)
+	if err != nil {
+		return nil, err
+	}
+	return ServeControl(ln, m, reps, withPprof, log), nil
+}
+
+// ListenControl binds the control port's address (before anything else
+// starts, so that an address in use stops a process before it joins its
+// group).
+func ListenControl(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("control port: %w", err)
 	}
+	return ln, nil
+}
+
+// ServeControl serves the control port on ln (see StartControl).
+func ServeControl(ln net.Listener, m *cluster.Map, reps []*Replica, withPprof bool, log *slog.Logger) *Control {
 	start := time.Now()
 	mux := http.NewServeMux()
 	status := func() ProcessStatus {
@@ -90,7 +106,7 @@ func StartControl(addr string, m *cluster.Map, reps []*Replica, withPprof bool, 
 			log.Error("control port stopped", "err", err)
 		}
 	}()
-	return c, nil
+	return c
 }
 
 // Addr is the address the control port listens on.

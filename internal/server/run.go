@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -77,6 +78,24 @@ func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *
 		return err
 	}
 	defer unlock()
+	caddr := entry.Control
+	if opts.Control != "" {
+		caddr = opts.Control
+	}
+	if caddr == "-" {
+		caddr = ""
+	}
+	var cln net.Listener
+	if caddr != "" {
+		if cln, err = ListenControl(caddr); err != nil {
+			return err
+		}
+		defer func() {
+			if cln != nil {
+				cln.Close()
+			}
+		}()
+	}
 	if err := checkIdentity(dir, identity{Cluster: m.Name, Fabric: m.Fabric, Node: self, Group: g, Members: m.Groups[g]}); err != nil {
 		return err
 	}
@@ -142,18 +161,9 @@ func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *
 	wg.Go(func() { broadcast.NewMultiDriver(node.Doorbell(), rep).Run(dctx) })
 	wg.Go(func() { Watch(dctx, reps, base) })
 
-	caddr := entry.Control
-	if opts.Control != "" {
-		caddr = opts.Control
-	}
-	if caddr == "-" {
-		caddr = ""
-	}
-	if caddr != "" {
-		c, err := StartControl(caddr, m, reps, opts.Pprof, log)
-		if err != nil {
-			return err
-		}
+	if cln != nil {
+		c := ServeControl(cln, m, reps, opts.Pprof, log)
+		cln = nil // c closes it
 		defer c.Close()
 		caddr = c.Addr()
 		log.Info("control port", "addr", caddr)
@@ -223,15 +233,11 @@ func checkIdentity(dir string, want identity) error {
 // learns the epochs it may have promised (StartRejoin), or it could vote
 // twice in an epoch. opts.Rejoin forces that when no member answers.
 func startMode(node rdma.Node, m *cluster.Map, g int, st broadcast.FileStable, rejoin bool, log *slog.Logger) (broadcast.StartMode, string, error) {
-	if _, err := os.Stat(st.Path); err == nil {
-		if _, err := st.Load(); err != nil {
-			return 0, "", fmt.Errorf("the stable state %s is unreadable (%v): if the disk lost it, move the file away and start with --rejoin", st.Path, err)
-		}
-		return broadcast.StartExisting, "stable state found: restarting as the same member", nil
-	}
-	if rejoin {
-		return broadcast.StartRejoin, "no stable state, --rejoin given", nil
-	}
+	// Probe every other member: one that refuses our secret stops us
+	// (whatever our state: a replica that cannot talk to its group would
+	// only wait), and one whose header shows the group ran tells a
+	// replica without state to rejoin.
+	ran := ""
 	for _, peer := range m.Groups[g] {
 		if peer == node.ID() {
 			continue
@@ -244,9 +250,21 @@ func startMode(node rdma.Node, m *cluster.Map, g int, st broadcast.FileStable, r
 			log.Debug("probe member", "member", peer, "err", err)
 			continue
 		}
-		if h.Promise != 0 || h.Serving != 0 {
-			return broadcast.StartRejoin, fmt.Sprintf("no stable state, and member %d shows the group ran (epoch %v): rejoining as a new incarnation", peer, broadcast.Epoch(max(h.Promise, h.Serving))), nil
+		if ran == "" && (h.Promise != 0 || h.Serving != 0) {
+			ran = fmt.Sprintf("member %d shows the group ran (epoch %v)", peer, broadcast.Epoch(max(h.Promise, h.Serving)))
 		}
+	}
+	if _, err := os.Stat(st.Path); err == nil {
+		if _, err := st.Load(); err != nil {
+			return 0, "", fmt.Errorf("the stable state %s is unreadable (%v): if the disk lost it, move the file away and start with --rejoin", st.Path, err)
+		}
+		return broadcast.StartExisting, "stable state found: restarting as the same member", nil
+	}
+	if rejoin {
+		return broadcast.StartRejoin, "no stable state, --rejoin given", nil
+	}
+	if ran != "" {
+		return broadcast.StartRejoin, "no stable state, and " + ran + ": rejoining as a new incarnation", nil
 	}
 	return broadcast.StartNew, "no stable state and no member of the group has run: a new member", nil
 }
