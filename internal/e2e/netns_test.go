@@ -428,7 +428,7 @@ func TestNetnsPartition(t *testing.T) {
 	if done == nil {
 		t.Fatalf("the client helper ended without its history (%v): %s", h.cmd.ProcessState, h.stderr.String())
 	}
-	applied := c.waitConverged(20 * time.Second)
+	applied := c.waitConvergedTCP(20*time.Second, "tcp")
 	c.logf("client: %d calls, %d acknowledged writes, %d of unknown outcome; every replica applied %d", done.Ops, done.Acked, done.Unknown, applied[0])
 	if done.Err != "" {
 		t.Errorf("client helper: %s", done.Err)
