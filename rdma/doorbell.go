@@ -13,8 +13,8 @@ const DefaultSpin = 20 * time.Microsecond
 
 // LocalDoorbell is a Doorbell for waiters and ringers in one process: the
 // ring is an atomic counter, a parked waiter sleeps on a channel, so a wake
-// costs a goroutine hand-off and no system call. Fabrics whose nodes share a
-// process (mem, tcp, and the in-process side of shm) use it.
+// costs a goroutine hand-off and no system call. The mem and tcp fabrics
+// use it (shm's doorbells are futexes that other processes ring).
 //
 // No lost wake-ups: a waiter announces itself in parked before its last look
 // at seq, a ringer bumps seq before looking at parked (both sequentially

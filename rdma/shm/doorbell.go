@@ -100,6 +100,11 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 	}
 	rdma.Add64(nf, nodeParkedW, 1)
 	defer rdma.Add64(nf, nodeParkedW, ^uint64(0))
+	if useHub() && !changed() {
+		if woken, ok := d.waitHub(seq, deadline, changed); ok {
+			return woken
+		}
+	}
 	for !changed() {
 		left := deadline - rdma.Mono()
 		if left <= 0 {
@@ -111,6 +116,29 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 		futex(nf, nodeSeqW, futexWait, uint32(seq), &ts)
 	}
 	return true
+}
+
+// waitHub parks the caller in the Go runtime until the hub sees seq's low
+// word move, or until deadline (see hub.go); ok is false if the hub is
+// full. The caller announced itself parked.
+func (d *doorbell) waitHub(seq uint64, deadline time.Duration, changed func() bool) (woken, ok bool) {
+	w := &hubWaiter{addr: (*uint32)(unsafe.Pointer(&d.nf[nodeSeqW:][:8][0])), val: uint32(seq), ch: make(chan struct{}, 1)}
+	if !hubAdd(w) {
+		return false, false
+	}
+	defer hubRemove(w)
+	left := deadline - rdma.Mono()
+	if left <= 0 {
+		return changed(), true
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-w.ch:
+		return true, true
+	case <-t.C:
+		return changed(), true
+	}
 }
 
 // close makes the doorbell inert: it wakes every waiter (through the node
