@@ -71,7 +71,12 @@ func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 		len(payload) > entryMeta+maxProposal(r.cfg.MaxRecord) { // a member with another MaxRecord: never accepted, never in a diff of ours
 		return
 	}
-	if !r.accepted.Less(hdr) {
+	if hdr.E != r.accepted.E || hdr.Cnt != r.accepted.Cnt+1 {
+		// Not the entry after our Accepted: an old one, or one after a
+		// diff we refused (a snapshot we could not fetch, a stale base),
+		// whose entries we do not hold. Accepting it would leave a hole
+		// that commit would skip; our Accept_SST entry stays behind and
+		// the leader syncs us again (serve: stalled).
 		return
 	}
 	// Acuerdo Fig. 5 l.49-51: Log[hdr] = M; Accepted = hdr; Accept_SST[Self] = hdr.
@@ -158,8 +163,8 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	e := d.hdr.E
 	// Acuerdo Fig. 5 l.54: accept unless we promised a bigger epoch (or,
 	// rejoining without stable state, do not know yet what we promised).
-	if e < r.eNew || e.Leader() != sender || r.recovering {
-		return
+	if e < r.eNew || e.Leader() != sender || r.recovering || d.hdr.Less(d.base) {
+		return // (a diff ends at or after its base: the leader sends none that does not)
 	}
 	l := r.links[i]
 	f := &l.fetch

@@ -145,6 +145,9 @@ func (r *Replica) serve(i int) bool {
 	// ring would otherwise have the whole ring filled in one Poll (a MiB
 	// of small records took the leader's Poll 5-7 ms).
 	for served := 0; served < maxServe; {
+		if f.next.Less(r.pruned) {
+			break // the entries after f.next are gone: synced again at the next serve
+		}
 		next := r.nextAfter(f.next)
 		if next == nil {
 			break
@@ -183,8 +186,15 @@ func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
 		if snap == nil || !l.out.room(recSize(snapRecLen)) {
 			return false
 		}
+		// The diff runs from the snapshot's commit point to our Accepted
+		// now: the snapshot may be later than the Accepted of startSync
+		// (taken after it, or shared with another member), and a diff
+		// ending below its base would be followed by a stream that skips
+		// the entries between them (the member, having installed the
+		// snapshot or not, would accept past a hole).
 		f.base = snap.at
 		f.packed = f.base
+		f.end = r.accepted
 		metaID, _ := r.snapRegionIDs(snap.slot)
 		buf := l.out.reserve(recSize(snapRecLen), r.inc)
 		p := buf[recHdr:]

@@ -130,3 +130,44 @@ func TestSnapshotFreedWhenMemberDies(t *testing.T) {
 		t.Fatalf("the leader still holds the snapshot taken at %v for node 3, silent for %v (heard at %v, now %v)", s.at, n1.r.Status().Members[2].Silent, n1.r.mems[2].heardAt, c.now)
 	}
 }
+
+// TestSnapshotReleasedWhileCommitting: as TestSnapshotReleasedMidFetch,
+// but the group goes on committing after the member's fetch failed. The
+// member, already in the leader's epoch, refused the diff that followed
+// the announcement; the entries the leader streams after that diff are
+// not the ones after the member's Accepted, and it must not accept them:
+// it would deliver past a hole (the entries between its Accepted and the
+// diff's end) and, its Accept_SST entry up to date, never be synced again.
+// It delivers a prefix of the sequence until the leader syncs it again,
+// then the whole sequence. Before, the e2e TestStoppedReplica found an old
+// leader, resumed after a stop, hundreds of entries behind for good.
+func TestSnapshotReleasedWhileCommitting(t *testing.T) {
+	c, n1, n3, want := snapFetchCluster(t)
+	n1.r.releaseSnap()
+	for k := 0; k < 5; k++ {
+		c.settle(nil)
+	}
+	if s := n3.r.Status(); s.Counters.SnapshotFetchesFailed != 1 {
+		t.Fatalf("after the release: %+v; want one failed fetch", s.Counters)
+	}
+	for i := 0; i < 40; i++ {
+		want = append(want, fmt.Sprintf("n%02d-%s", i, strings.Repeat("y", 40)))
+		n1.r.Propose([]byte(want[len(want)-1]))
+		c.settle(nil)
+	}
+	if got := c.delivered(3); len(got) > len(want) || !equalStrings(got, want[:len(got)]) {
+		t.Fatalf("node 3 delivered %d entries, not a prefix of the %d delivered (a hole)", len(got), len(want))
+	}
+	c.now += 20 * c.cfg.ElectionTimeout
+	for k := 0; k < 50 && len(c.delivered(3)) < len(want); k++ {
+		c.settle(nil)
+	}
+	for _, id := range []rdma.NodeID{1, 2, 3} {
+		if got := c.delivered(id); !equalStrings(got, want) {
+			t.Errorf("node %d delivered %d entries, want %d (the same sequence)", id, len(got), len(want))
+		}
+	}
+	if s := n3.r.Status(); s.Counters.SnapshotsRestored != 1 {
+		t.Errorf("node 3 counters %+v: want the fresh snapshot restored", s.Counters)
+	}
+}
