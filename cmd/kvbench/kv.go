@@ -27,6 +27,7 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/hist"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/internal/redisproc"
 	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
@@ -880,7 +881,7 @@ func runKV(args []string, stdout, stderr io.Writer) error {
 	}
 	redisBin := ""
 	if o.redis != "" {
-		if redisBin, err = findRedis(o.redis); err != nil {
+		if redisBin, err = redisproc.Find(o.redis); err != nil {
 			fmt.Fprintf(stderr, "kvbench kv: no Redis baseline: %v; install it with: apt-get install -y redis-server (Debian); the rdmakv rows follow alone\n", err)
 		}
 	}
@@ -955,8 +956,8 @@ func openKVEnv(o *kvFlags, redisBin string, note func(string, ...any)) (e *kvEnv
 			return e, err
 		}
 		e.redis = &redisStore{s: e.rd, ctx: e.ctx}
-		e.pids = append(e.pids, e.rd.pid())
-		note("redis: %s in process %d on %s", redisBin, e.rd.pid(), e.rd.addr)
+		e.pids = append(e.pids, e.rd.Pid())
+		note("redis: %s in process %d on %s", redisBin, e.rd.Pid(), e.rd.Addr)
 	}
 	return e, nil
 }
@@ -981,7 +982,7 @@ func (e *kvEnv) close() error {
 		err = errors.Join(err, fmt.Errorf("left in %s: %s", e.wd, strings.Join(left, ", ")))
 	}
 	if e.rd != nil {
-		err = errors.Join(err, e.rd.close())
+		err = errors.Join(err, e.rd.Close())
 	}
 	return err
 }

@@ -6,11 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -21,6 +19,8 @@ import (
 
 	"github.com/magiconair/properties"
 	"github.com/pingcap/go-ycsb/pkg/prop"
+
+	"github.com/rdmakv/rdmakv/internal/redisproc"
 )
 
 const benchUsage = `usage: kvycsb bench [flags]
@@ -177,23 +177,28 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	defer rd.close()
 	fmt.Fprintf(stderr, "kvycsb bench: rdmakv: %s\n", rd.desc)
 	dbs := []*dbEnv{rd}
-	var redisSrv *redisServer
+	var redisSrv *redisproc.Server
 	if *redisBin != "" {
 		bin, err := exec.LookPath(*redisBin)
 		if err != nil {
 			return fmt.Errorf("bench: %s not found (apt-get install -y redis-server, or --redis-server \"\" for rdmakv alone): %w", *redisBin, err)
 		}
-		redisSrv, err = startRedis(ctx, bin)
+		redisSrv, err = redisproc.Start(ctx, bin, redisproc.Options{Prepare: func(c *exec.Cmd) error {
+			// Its own process group (a Ctrl-C reaches kvycsb, which
+			// kills it), and killed if kvycsb dies.
+			c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+			return nil
+		}})
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
-		defer redisSrv.close()
-		fmt.Fprintf(stderr, "kvycsb bench: redis: %s (pid %d, persistence off)\n", redisSrv.addr, redisSrv.cmd.Process.Pid)
-		dbs = append(dbs, &dbEnv{name: "redis", desc: redisSrv.addr})
+		defer redisSrv.Close()
+		fmt.Fprintf(stderr, "kvycsb bench: redis: %s (pid %d, persistence off)\n", redisSrv.Addr, redisSrv.Pid())
+		dbs = append(dbs, &dbEnv{name: "redis", desc: redisSrv.Addr})
 	}
 	phase := func(env *dbEnv, ph, w string, p *properties.Properties) (*phaseResult, error) {
 		if env.name == "redis" {
-			p.Set("redis.addr", redisSrv.addr)
+			p.Set("redis.addr", redisSrv.Addr)
 		}
 		r, err := runPhase(ctx, phaseSpec{phase: ph, workload: w, db: env, props: p, progress: *progress, stderr: stderr, quiet: true})
 		if err != nil {
@@ -333,138 +338,6 @@ func printTable(w io.Writer, results []*phaseResult, workloads []string, threads
 		fmt.Fprintf(w, "\ntarget rdmakv >= 5x Redis at 8 threads: %s\n", strings.Join(verdict, ", "))
 	}
 	fmt.Fprintf(w, "p99 us: go-ycsb's TOTAL row (every measured operation; for F, its reads and the read-modify-writes' read and update)\n")
-}
-
-// redisServer is a redis-server kvycsb started.
-type redisServer struct {
-	cmd    *exec.Cmd
-	exited chan error
-	dir    string
-	addr   string
-}
-
-// startRedis starts redis-server on a free loopback port with persistence
-// off, in a temporary directory, and waits until it answers PING.
-func startRedis(ctx context.Context, bin string) (*redisServer, error) {
-	dir, err := os.MkdirTemp("", "kvycsb-redis-")
-	if err != nil {
-		return nil, fmt.Errorf("redis: directory: %w", err)
-	}
-	port, err := freePort()
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("redis: free port: %w", err)
-	}
-	s := &redisServer{dir: dir, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), exited: make(chan error, 1)}
-	s.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"), "--daemonize", "no")
-	// Its own process group (a Ctrl-C reaches kvycsb, which kills it), and
-	// killed if kvycsb dies.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("redis: start %s: %w", bin, err)
-	}
-	go func() { s.exited <- s.cmd.Wait() }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		reply, err := redisCommand(s.addr, "PING")
-		if err == nil && reply == "+PONG" {
-			break
-		}
-		select {
-		case werr := <-s.exited:
-			s.exited <- werr
-			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-			s.close()
-			return nil, fmt.Errorf("redis-server exited (%v): %s", werr, strings.TrimSpace(string(log)))
-		case <-ctx.Done():
-			s.close()
-			return nil, ctx.Err()
-		default:
-		}
-		if time.Now().After(deadline) {
-			s.close()
-			return nil, fmt.Errorf("redis-server on %s did not answer in 10 s: %v %q", s.addr, err, reply)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	// Persistence must be off: no RDB snapshot or AOF writes during the runs.
-	for k, want := range map[string]string{"save": "", "appendonly": "no"} {
-		reply, err := redisCommand(s.addr, "CONFIG", "GET", k)
-		if err != nil || !strings.HasSuffix(reply, fmt.Sprintf("$%d\r\n%s", len(want), want)) {
-			s.close()
-			return nil, fmt.Errorf("redis: CONFIG GET %s: %q %v, want %q", k, reply, err, want)
-		}
-	}
-	return s, nil
-}
-
-// redisCommand sends one command in RESP and returns the reply's bytes
-// (without the last CRLF): enough for PING and CONFIG GET.
-func redisCommand(addr string, args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Second))
-	req := fmt.Sprintf("*%d\r\n", len(args))
-	for _, a := range args {
-		req += fmt.Sprintf("$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := io.WriteString(c, req); err != nil {
-		return "", err
-	}
-	// Replies here are small: read until the reply is complete enough.
-	buf := make([]byte, 0, 256)
-	tmp := make([]byte, 256)
-	for {
-		n, err := c.Read(tmp)
-		buf = append(buf, tmp[:n]...)
-		if complete(buf) {
-			return strings.TrimSuffix(string(buf), "\r\n"), nil
-		}
-		if err != nil {
-			return string(buf), err
-		}
-	}
-}
-
-// complete says whether b holds a whole simple reply, error, or array of
-// two bulk strings (CONFIG GET's answer).
-func complete(b []byte) bool {
-	s := string(b)
-	if !strings.HasSuffix(s, "\r\n") {
-		return false
-	}
-	switch {
-	case strings.HasPrefix(s, "+"), strings.HasPrefix(s, "-"):
-		return true
-	case strings.HasPrefix(s, "*2\r\n"):
-		return strings.Count(s, "\r\n") >= 5
-	case strings.HasPrefix(s, "*0\r\n"):
-		return true
-	}
-	return false
-}
-
-// freePort finds a free loopback TCP port.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// close kills the server and removes its directory.
-func (s *redisServer) close() {
-	s.cmd.Process.Kill()
-	err := <-s.exited
-	s.exited <- err
-	os.RemoveAll(s.dir)
 }
 
 func numCPU() int { return runtime.NumCPU() }
