@@ -19,7 +19,6 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
@@ -276,20 +275,5 @@ func readHeader(node rdma.Node, peer rdma.NodeID, g uint32) (kv.Header, error) {
 		return kv.Header{}, err
 	}
 	defer conn.Close()
-	buf, err := rdma.AllocMemory(64)
-	if err != nil {
-		return kv.Header{}, err
-	}
-	defer rdma.FreeMemory(buf)
-	if err := conn.Post(rdma.WR{ID: 1, Kind: rdma.OpRead, Flags: rdma.Signaled, Region: regions.KV(g), Buf: buf[:64]}); err != nil {
-		return kv.Header{}, err
-	}
-	var cs [1]rdma.Completion
-	if conn.Wait(cs[:], time.Second) == 0 {
-		return kv.Header{}, errors.New("no answer within 1s")
-	}
-	if cs[0].Err != nil {
-		return kv.Header{}, cs[0].Err
-	}
-	return kv.DecodeHeader(buf[:64])
+	return kv.ReadHeader(conn, g, time.Second)
 }
