@@ -13,8 +13,11 @@ FUZZTIME ?= 300000x
 
 test: vet noalloc norace unit fuzz-short
 
+# vet also fails when go.mod or go.sum is not tidy (go mod tidy -diff prints
+# the change it would make and exits 1): run `go mod tidy` and commit.
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum not tidy: run go mod tidy"; exit 1; }
 	$(GO) vet ./...
 
 # The testing.AllocsPerRun tests skip under -race (the race detector
