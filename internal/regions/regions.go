@@ -41,7 +41,9 @@ const (
 	broadcastOff = 0
 	multicastOff = 512
 	kvOff        = 768
-	// LayerIDs is the number of ids each layer has in a group block.
+	// BroadcastIDs, MulticastIDs and KVIDs are the numbers of ids
+	// broadcast, multicast and kv each have in a group block: 512, 256
+	// and 256.
 	BroadcastIDs = multicastOff - broadcastOff
 	MulticastIDs = kvOff - multicastOff
 	KVIDs        = GroupBlock - kvOff
