@@ -5,8 +5,8 @@ import (
 	"errors"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/regions"
 )
 
 // Every layout of the table that another process reads is declared here,

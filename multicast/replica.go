@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/regions"
 )
 
 // Config configures one TRAM replica: a member of one group. Zero fields

@@ -28,10 +28,10 @@ import (
 	"github.com/rdmakv/rdmakv/internal/hist"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/internal/redisproc"
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/regions"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 

@@ -2,6 +2,10 @@
 // layers of rdmakv. Every region a layer registers has its id from a
 // function here; no package computes region ids of another layer.
 //
+// It belongs to rdma, the layer below every protocol: it imports only
+// rdma, so broadcast, multicast, kv, clients and benchmarks all take their
+// ids from it and no layer imports one above it to learn them.
+//
 // A node (an rdma.Node: one process, or one simulated host) owns regions
 // of three kinds, in disjoint ranges of the 32-bit id space:
 //
