@@ -38,7 +38,9 @@ func TestSimAsymmetricPartition(t *testing.T) {
 						flags.Seeds = 8 // 8 cases of 190 ms runs: several minutes under the race detector otherwise
 					}
 				}
-				flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), asymOpts(kind, n, bugNone), new(Counters)) })
+				flags.Run(t, func(sd sim.Seed) error {
+					return runSim(sd.WithLog(t), asymOpts(kind, n, testingKnobs{}), new(Counters))
+				})
 			})
 		}
 	}
@@ -49,7 +51,7 @@ func TestSimAsymmetricPartition(t *testing.T) {
 // the stickiness check (not any other) must say so.
 func TestSimAsymmetricMutant(t *testing.T) {
 	for seed := uint64(1); seed <= 20; seed++ {
-		err := runSim(sim.Seed{Seed: seed}, asymOpts("leader-to-follower", 3, bugNoPreVote), new(Counters))
+		err := runSim(sim.Seed{Seed: seed}, asymOpts("leader-to-follower", 3, testingKnobs{noPreVote: true}), new(Counters))
 		if err == nil {
 			continue
 		}
@@ -67,8 +69,8 @@ const (
 	asymCut   = 160 * time.Millisecond // 40 election timeouts of the sim config
 )
 
-func asymOpts(kind string, n, bug int) simOpts {
-	return simOpts{n: n, bug: bug, until: asymStart + asymCut + 10*time.Millisecond, script: func(h *simRun) {
+func asymOpts(kind string, n int, knobs testingKnobs) simOpts {
+	return simOpts{n: n, knobs: knobs, until: asymStart + asymCut + 10*time.Millisecond, script: func(h *simRun) {
 		h.s.At(asymStart, func() { asymScript(h, kind) })
 	}}
 }

@@ -142,9 +142,9 @@ func (f *checkFSM) Restore(s []byte) error {
 }
 
 type simOpts struct {
-	bug      int
-	qdepth   int // sim queue depth (0: default)
-	ring     int // ring size (0: 8 KiB)
+	knobs    testingKnobs // planted bugs (TestSimMutants)
+	qdepth   int          // sim queue depth (0: default)
+	ring     int          // ring size (0: 8 KiB)
 	n        int
 	until    time.Duration // faults and proposals until then
 	crashes  bool
@@ -221,7 +221,7 @@ func (p *simProc) Start(env *sim.Env) error {
 		return err
 	}
 	p.r = r
-	r.bug = p.h.o.bug
+	r.knobs = p.h.o.knobs
 	r.runPersist = func(fn func()) { fn() } // deterministic: the snapshot is ready at the next step
 	p.fsm.ballast = p.h.o.ballast
 	p.next = env.Now() + time.Duration(env.Rand().Int64N(int64(time.Millisecond)))
@@ -663,17 +663,17 @@ func TestSimMutants(t *testing.T) {
 	}{
 		// The leader commits without a majority: a new leader without
 		// the entry delivers another one at that index.
-		{"minority-commit", simOpts{bug: bugMinorityCommit, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 300, "total order:"},
-		{"duplicate-delivery", simOpts{bug: bugDupDeliver, n: 3, until: window, maxLog: 24}, 50, "duplication:"},
+		{"minority-commit", simOpts{knobs: testingKnobs{minorityCommit: true}, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 300, "total order:"},
+		{"duplicate-delivery", simOpts{knobs: testingKnobs{dupDeliver: true}, n: 3, until: window, maxLog: 24}, 50, "duplication:"},
 		// A follower delivers what it accepted before it is committed: an
 		// election drops it and another entry takes its index.
-		{"deliver-uncommitted", simOpts{bug: bugUncommitted, n: 5, until: window, crashes: true, maxLog: 24, faults: partition}, 500, "total order:"},
+		{"deliver-uncommitted", simOpts{knobs: testingKnobs{uncommitted: true}, n: 5, until: window, crashes: true, maxLog: 24, faults: partition}, 500, "total order:"},
 		// Fig. 7: a member joins a vote whose log is behind its own, so a
 		// leader without committed entries can win.
-		{"vote-rule", simOpts{bug: bugVoteRule, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
-		{"vote-before-save", simOpts{bug: bugVoteUnsaved, n: 3, until: window, crashAtVote: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
-		{"unbounded-log", simOpts{bug: bugUnboundedLog, n: 3, until: 6 * window, longDown: true, maxLog: 16}, 100, "log bound:"},
-		{"slab-leak", simOpts{bug: bugSlabLeak, n: 3, until: 12 * window, longDown: true, maxLog: 16, limits: true}, 100, "slab bound:"},
+		{"vote-rule", simOpts{knobs: testingKnobs{voteRule: true}, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
+		{"vote-before-save", simOpts{knobs: testingKnobs{voteUnsaved: true}, n: 3, until: window, crashAtVote: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
+		{"unbounded-log", simOpts{knobs: testingKnobs{unboundedLog: true}, n: 3, until: 6 * window, longDown: true, maxLog: 16}, 100, "log bound:"},
+		{"slab-leak", simOpts{knobs: testingKnobs{slabLeak: true}, n: 3, until: 12 * window, longDown: true, maxLog: 16, limits: true}, 100, "slab bound:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -140,7 +140,7 @@ type GroupReader struct {
 	// Reads counts one-sided reads posted; Rounds the rounds.
 	Reads, Rounds uint64
 
-	mutant int // a planted bug (TestSimMutants); 0 in production
+	knobs testingKnobs // planted bugs, tests only (knobs.go)
 
 	now  time.Duration
 	h1   Header // the header the attempt's reads are bracketed from
@@ -457,7 +457,7 @@ func (r *GroupReader) startAttempt() {
 	}
 	g := prev.Geometry
 	r.geo = g
-	if r.mutant == mutNewGenOnlyID {
+	if r.knobs.newGenOnly {
 		g.Migrating = false
 	}
 	// The reads are bracketed by two header reads agreeing on the layout
@@ -606,7 +606,7 @@ func (r *GroupReader) pollR1() bool {
 				votes++
 			}
 		}
-		if r.mutant == mutNoQuorumID {
+		if r.knobs.noQuorum {
 			votes = r.quorum
 		}
 		if votes < r.quorum {

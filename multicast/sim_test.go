@@ -160,8 +160,8 @@ type mcOpts struct {
 	calm bool
 	// retryAfter is the clients' retry timeout (0: 20 ms).
 	retryAfter time.Duration
-	// mutant plants a bug (TestSimMutants).
-	mutant int
+	// knobs plant bugs (TestSimMutants).
+	knobs testingKnobs
 }
 
 type mcRun struct {
@@ -225,8 +225,7 @@ func (p *repProc) Start(env *sim.Env) error {
 	if err != nil {
 		return err
 	}
-	r.mutant = h.o.mutant
-	r.st.noDedup = h.o.mutant == mutNoDedup
+	r.knobs = h.o.knobs
 	p.r = r
 	h.procs[id] = p
 	return nil
@@ -234,7 +233,7 @@ func (p *repProc) Start(env *sim.Env) error {
 
 func (p *repProc) Step(now time.Duration) bool {
 	progress := p.r.Poll(now)
-	if d, g, s := p.r.Anomalies(); d+g+s != 0 && p.h.o.mutant == 0 {
+	if d, g, s := p.r.Anomalies(); d+g+s != 0 && p.h.o.knobs == (testingKnobs{}) {
 		p.h.fail(fmt.Errorf("group %d node %d: log anomalies: %d duplicates, %d gaps, %d stale entries", p.r.g, p.env.ID(), d, g, s))
 	}
 	p.env.WakeAt(p.r.NextDeadline())
@@ -685,21 +684,21 @@ func (h *mcRun) dump() string {
 // aimed at it catches it within a few seeds.
 func TestSimMutants(t *testing.T) {
 	cases := []struct {
-		name   string
-		mutant int
-		o      mcOpts
-		want   mcheck.Property
-		or     mcheck.Property // a second property the bug may show up as first
+		name  string
+		knobs testingKnobs
+		o     mcOpts
+		want  mcheck.Property
+		or    mcheck.Property // a second property the bug may show up as first
 	}{
-		{"no-dedup", mutNoDedup, mcOpts{shape: "base", clients: 3, msgs: 30, until: 40 * time.Millisecond}, mcheck.ExactlyOnce, ""},
-		{"forward-early", mutForwardEarly, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 80 * time.Millisecond, isolate: 5, gap: 500 * time.Microsecond}, mcheck.ExactlyOnce, mcheck.Validity},
-		{"no-catch-up", mutNoCatchUp, mcOpts{shape: "depth", clients: 4, msgs: 40, until: 80 * time.Millisecond, leaders: 2}, mcheck.Validity, ""},
-		{"no-flow-control", mutNoFlowControl, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 60 * time.Millisecond, pslots: 4, slow: true}, mcheck.Validity, ""},
+		{"no-dedup", testingKnobs{noDedup: true}, mcOpts{shape: "base", clients: 3, msgs: 30, until: 40 * time.Millisecond}, mcheck.ExactlyOnce, ""},
+		{"forward-early", testingKnobs{forwardEarly: true}, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 80 * time.Millisecond, isolate: 5, gap: 500 * time.Microsecond}, mcheck.ExactlyOnce, mcheck.Validity},
+		{"no-catch-up", testingKnobs{noCatchUp: true}, mcOpts{shape: "depth", clients: 4, msgs: 40, until: 80 * time.Millisecond, leaders: 2}, mcheck.Validity, ""},
+		{"no-flow-control", testingKnobs{noFlowControl: true}, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 60 * time.Millisecond, pslots: 4, slow: true}, mcheck.Validity, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			o := c.o
-			o.groups, o.replicas, o.mutant = 4, 3, c.mutant
+			o.groups, o.replicas, o.knobs = 4, 3, c.knobs
 			var caught []string
 			for seed := uint64(1); seed <= 30; seed++ {
 				_, err := runMC(sim.Seed{Seed: seed}, o)
