@@ -90,6 +90,7 @@ func TestStaleOKReadsNearTCP(t *testing.T) {
 	for near := range nearMembers {
 		for k := range 3 {
 			r := NewGroupReader(c.reader, 0, nearMembers, near)
+			r.Timeout = 10 * time.Second // a loaded machine is no dead member
 			for j := range 5 {
 				res, err := c.get(r)
 				if err != nil {
@@ -112,6 +113,7 @@ func TestStaleOKReturnsNearTCP(t *testing.T) {
 	const near = 1
 	id := nearMembers[near]
 	r := NewGroupReader(c.reader, 0, nearMembers, near)
+	r.Timeout = 10 * time.Second // a loaded machine is no dead member
 	defer r.Close()
 	if res, err := c.get(r); err != nil || res.Member != near {
 		t.Fatalf("get: member %d, %v; want member %d", res.Member, err, near)
