@@ -65,7 +65,7 @@ func toJSON(cmd string, st client.Status, replicas bool) statusJSON {
 			if r.Err != nil {
 				rj.Error = r.Err.Error()
 			}
-			if r.Reachable && r.Applied > 0 {
+			if r.Reachable && r.Applied > 0 && !r.AppliedAt.IsZero() {
 				at := r.AppliedAt
 				rj.AppliedAt = &at
 			}
@@ -129,7 +129,7 @@ func runStatus(s *session, x *call) int {
 				role = "deposed" // serves an older epoch than the leader
 			}
 			at := "-"
-			if r.Applied > 0 {
+			if r.Applied > 0 && !r.AppliedAt.IsZero() {
 				at = r.AppliedAt.Format(watchTime)
 			}
 			idx := fmt.Sprintf("gen %d, %d buckets, %d slots", r.Gen, r.Buckets, r.Slots)
