@@ -112,7 +112,7 @@ func runStatus(s *session, x *call) int {
 		s.printJSON(toJSON("status", st, true))
 		return code
 	}
-	fmt.Fprintf(s.stdout, "cluster %q (%s), %d groups, read at %s\n", st.Name, st.Fabric, len(st.Groups), st.Read.Format(watchTime))
+	fmt.Fprintf(s.stdout, "cluster %q (%s), %s, read at %s\n", st.Name, st.Fabric, plural(len(st.Groups), "group"), st.Read.Format(watchTime))
 	for _, g := range st.Groups {
 		fmt.Fprintf(s.stdout, "\ngroup %d: %s, applied %d\n", g.Group, leaderText(g), g.Applied)
 		tw := tabwriter.NewWriter(s.stdout, 0, 0, 2, ' ', 0)
