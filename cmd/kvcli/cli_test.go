@@ -338,3 +338,22 @@ func TestVersionFlag(t *testing.T) {
 		t.Errorf("cas --version 3: %v %+v", err, x)
 	}
 }
+
+// A replica whose header has no applied time (client.Status leaves
+// AppliedAt zero) has no applied_at in status --json, rather than
+// 0001-01-01; one with a time has it.
+func TestStatusJSONAppliedAt(t *testing.T) {
+	at := time.Date(2026, 11, 26, 7, 0, 0, 0, time.UTC)
+	st := client.Status{Name: "t", Fabric: "shm", Groups: []client.GroupStatus{{Leader: 0, Epoch: 1<<32 | 1, Replicas: []client.ReplicaStatus{
+		{Node: 1, Reachable: true, Serving: 1<<32 | 1, Applied: 5, AppliedAt: at},
+		{Node: 2, Reachable: true, Applied: 5},
+	}}}}
+	out := toJSON("status", st, true)
+	r := out.Groups[0].Replicas
+	if r[0].AppliedAt == nil || !r[0].AppliedAt.Equal(at) || r[1].AppliedAt != nil {
+		t.Errorf("applied_at: %v, %v; want %v and none", r[0].AppliedAt, r[1].AppliedAt, at)
+	}
+	if out.Groups[0].Epoch != 1<<32|1 || r[0].Serving != 1<<32|1 {
+		t.Errorf("epochs %d %d: want round << 32 | leader", out.Groups[0].Epoch, r[0].Serving)
+	}
+}
