@@ -63,9 +63,14 @@ unit:
 fuzz-short:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz-short
 
-# ARGS passes flags to kvserver (make run ARGS="--groups 4").
+# ARGS passes flags to kvserver (make run ARGS="--groups 4"). Built, then
+# exec'd rather than `go run`: Ctrl-C reaches kvserver, which stops cleanly
+# and exits 0, and make has no failed child to report (go run exits 1 when
+# interrupted, and make printed "*** [run] Error 1").
+RUNBIN ?= ./kvserver
 run:
-	$(GO) run ./cmd/kvserver $(ARGS)
+	$(GO) build -o $(RUNBIN) ./cmd/kvserver
+	exec $(RUNBIN) $(ARGS)
 
 bench:
 	$(GO) run ./cmd/kvbench fabric --runs 5

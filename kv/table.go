@@ -984,7 +984,10 @@ func (t *Table) Restore(b []byte) error {
 	t.count = len(recs)
 	t.stages = stages
 	t.restores++
-	t.applied = applied
+	// The snapshot does not say when its last entry was applied: the
+	// replica's state reached it now (without this the header kept the
+	// time of this table's last Apply, 0 for a fresh one).
+	t.applied, t.appliedAt = applied, t.cfg.Clock()
 	t.layout += 2 // even: no request in progress (applyRequest)
 	t.publish()
 	return nil
