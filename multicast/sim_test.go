@@ -623,18 +623,14 @@ var simCases = []struct {
 
 // Without -seeds (or -seed) each case runs simSeeds seeds: with its six
 // cases, 2,100 seeds per tree shape (make norace runs them); under the
-// race detector 4 a case. -seeds N runs N a case.
+// race detector 4 a case (a tenth with -short). -seeds N runs N a case,
+// whatever N (-seeds 350 or -seeds 1000 included).
 func TestSim(t *testing.T) {
-	flags := *simFlags
-	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-		flags.Seeds = simSeeds
-		if raceEnabled {
-			flags.Seeds = 4
-		}
-		if testing.Short() {
-			flags.Seeds /= 10
-		}
+	def := simSeeds
+	if raceEnabled {
+		def = 4
 	}
+	flags := simFlags.WithDefault(def)
 	for _, shape := range []string{"breadth", "depth", "base"} {
 		for _, c := range simCases {
 			t.Run(shape+"/"+c.name, func(t *testing.T) {
