@@ -162,6 +162,8 @@ type mcOpts struct {
 	retryAfter time.Duration
 	// knobs plant bugs (TestSimMutants).
 	knobs testingKnobs
+	// clientRate is the replicas' Config.ClientRate (TestSimClientRate).
+	clientRate float64
 }
 
 type mcRun struct {
@@ -219,7 +221,7 @@ func (p *repProc) Start(env *sim.Env) error {
 	}
 	cfg := Config{Group: g, Tree: h.t, Members: h.members, ClientNodes: h.cnodes,
 		ClientSlots: 4, ParentSlots: cmp.Or(h.o.pslots, 16), SlotSize: 256 + max(h.o.size, 24), MaxResult: 64,
-		RetransmitAfter: 5 * time.Millisecond, Broadcast: bc}
+		RetransmitAfter: 5 * time.Millisecond, ClientRate: h.o.clientRate, Broadcast: bc}
 	p.fsm = &recFSM{h: h, g: g, rep: h.rep[id], inc: env.Incarnation()}
 	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
 	if err != nil {

@@ -91,7 +91,7 @@ func (sd Seed) Options() Options {
 // *Failure also shows the events that led to it) and the command that
 // reruns exactly that seed; later seeds are not run. A panic in the body
 // is reported the same way.
-func (f *Flags) Run(t *testing.T, body func(sd Seed) error) {
+func (f Flags) Run(t *testing.T, body func(sd Seed) error) {
 	t.Helper()
 	seeds := []uint64{}
 	switch {
