@@ -43,7 +43,11 @@ func TestSimClientRate(t *testing.T) {
 		}
 		return n
 	}
-	simFlags.WithDefault(3).Run(t, func(sd sim.Seed) error {
+	def := 3
+	if raceEnabled {
+		def = 1
+	}
+	simFlags.WithDefault(def).Run(t, func(sd sim.Seed) error {
 		limited := issued(sd, rate)
 		free := issued(sd, 0)
 		t.Logf("seed %d: in %v of virtual time, clients issued %v at ClientRate %v, %v without", sd.Seed, until, limited, rate, free)
