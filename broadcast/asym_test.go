@@ -31,13 +31,11 @@ func TestSimAsymmetricPartition(t *testing.T) {
 		for _, n := range []int{3, 5} {
 			t.Run(fmt.Sprintf("%s/n%d", kind, n), func(t *testing.T) {
 				t.Parallel()
-				flags := *simFlags
-				if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-					flags.Seeds = 40
-					if raceEnabled {
-						flags.Seeds = 8 // 8 cases of 190 ms runs: several minutes under the race detector otherwise
-					}
+				def := 40
+				if raceEnabled {
+					def = 8 // 8 cases of 190 ms runs: several minutes under the race detector otherwise
 				}
+				flags := simFlags.WithDefault(def)
 				flags.Run(t, func(sd sim.Seed) error {
 					return runSim(sd.WithLog(t), asymOpts(kind, n, testingKnobs{}), new(Counters))
 				})

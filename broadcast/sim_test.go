@@ -610,15 +610,12 @@ func TestSimAcuerdo(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // each seed is its own single-goroutine Sim
 			var total Counters
-			flags := *simFlags
-			if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-				flags.Seeds = int(float64(2*sim.DefaultSeeds)*tc.share + 0.5)
-			}
+			flags := simFlags.WithDefault(int(float64(2*sim.DefaultSeeds)*tc.share + 0.5))
 			flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), tc.o, &total) })
 			t.Logf("counters over all seeds: %+v", total)
 			// The fault paths must have been taken (a test that never
 			// restores a snapshot proves nothing about snapshots).
-			if flags.Seed == 0 && flags.Seeds/max(1, map[bool]int{true: 10, false: 1}[testing.Short()]) >= 50 {
+			if flags.Seed == 0 && flags.Seeds >= 50 {
 				if err := tc.want(total); err != nil {
 					t.Errorf("fault paths not exercised: %v (counters %+v)", err, total)
 				}

@@ -901,16 +901,13 @@ var kvSimCases = []struct {
 }
 
 func TestSim(t *testing.T) {
-	flags := *simFlags
-	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-		flags.Seeds = kvSimSeeds
-		if raceEnabled {
-			flags.Seeds = 3
-		}
-		if testing.Short() {
-			flags.Seeds = max(1, flags.Seeds/10)
-		}
+	// -seeds N (any N, kvSimSeeds included) runs N a case; without it
+	// kvSimSeeds a case, 3 under the race detector, a tenth with -short.
+	def := kvSimSeeds
+	if raceEnabled {
+		def = 3
 	}
+	flags := simFlags.WithDefault(def)
 	for _, c := range kvSimCases {
 		t.Run(c.name, func(t *testing.T) {
 			o := c.o

@@ -162,6 +162,8 @@ type mcOpts struct {
 	retryAfter time.Duration
 	// knobs plant bugs (TestSimMutants).
 	knobs testingKnobs
+	// clientRate is the replicas' Config.ClientRate (TestSimClientRate).
+	clientRate float64
 }
 
 type mcRun struct {
@@ -219,7 +221,7 @@ func (p *repProc) Start(env *sim.Env) error {
 	}
 	cfg := Config{Group: g, Tree: h.t, Members: h.members, ClientNodes: h.cnodes,
 		ClientSlots: 4, ParentSlots: cmp.Or(h.o.pslots, 16), SlotSize: 256 + max(h.o.size, 24), MaxResult: 64,
-		RetransmitAfter: 5 * time.Millisecond, Broadcast: bc}
+		RetransmitAfter: 5 * time.Millisecond, ClientRate: h.o.clientRate, Broadcast: bc}
 	p.fsm = &recFSM{h: h, g: g, rep: h.rep[id], inc: env.Incarnation()}
 	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
 	if err != nil {
@@ -623,18 +625,14 @@ var simCases = []struct {
 
 // Without -seeds (or -seed) each case runs simSeeds seeds: with its six
 // cases, 2,100 seeds per tree shape (make norace runs them); under the
-// race detector 4 a case. -seeds N runs N a case.
+// race detector 4 a case (a tenth with -short). -seeds N runs N a case,
+// whatever N (-seeds 350 or -seeds 1000 included).
 func TestSim(t *testing.T) {
-	flags := *simFlags
-	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-		flags.Seeds = simSeeds
-		if raceEnabled {
-			flags.Seeds = 4
-		}
-		if testing.Short() {
-			flags.Seeds /= 10
-		}
+	def := simSeeds
+	if raceEnabled {
+		def = 4
 	}
+	flags := simFlags.WithDefault(def)
 	for _, shape := range []string{"breadth", "depth", "base"} {
 		for _, c := range simCases {
 			t.Run(shape+"/"+c.name, func(t *testing.T) {

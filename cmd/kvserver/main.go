@@ -42,7 +42,19 @@ import (
 )
 
 func main() {
+	ignoreSIGPIPE()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// ignoreSIGPIPE makes writes to a closed stdout or stderr fail with EPIPE
+// (which kvserver ignores) instead of killing it. Go's runtime kills a
+// program whose write to fd 1 or 2 hits a closed pipe with SIGPIPE unless
+// the program asked to be notified of SIGPIPE: kvserver | tee, then Ctrl-C,
+// killed kvserver as it printed "stopping", before it removed its shared
+// memory, map and lock. Nothing reads the channel: the notification is
+// dropped, the write's error is what counts.
+func ignoreSIGPIPE() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 const usage = `usage:
