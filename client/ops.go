@@ -212,10 +212,15 @@ func (c *Client) single(ctx context.Context, op kv.Op) (WriteResult, error) {
 		}
 		r = rs[0].res
 	}
-	if r.Status == kv.StatusCondFailed {
+	switch r.Status {
+	case kv.StatusCondFailed:
 		return WriteResult{Prev: r.Prev}, ErrCASMismatch
+	case kv.StatusRefused:
+		return WriteResult{}, refusedError(c.m.GroupOf(op.Key), r)
+	case kv.StatusOK:
+		return WriteResult{Version: r.Version, Prev: r.Prev}, nil
 	}
-	return WriteResult{Version: r.Version, Prev: r.Prev}, nil
+	return WriteResult{}, fmt.Errorf("rdmakv: group %d answered status %d", c.m.GroupOf(op.Key), r.Status)
 }
 
 type groupResult struct {
@@ -266,6 +271,11 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 			return nil, fmt.Errorf("rdmakv: group %d refused the request as malformed (nothing applied there)", rp.Group)
 		}
 		c.known(rp.Group, rp.Index)
+		if res.Status == kv.StatusRefused {
+			// Every group checks every op against the key, value and
+			// request limits: none applied its share.
+			return nil, refusedError(rp.Group, res)
+		}
 		out = append(out, groupResult{group: rp.Group, index: rp.Index, res: res})
 	}
 	// The first op's group first (single-key calls read rs[0]).
@@ -300,7 +310,9 @@ func (c *Client) stage(ctx context.Context, dst tree.Set, req []byte) ([]byte, e
 			o, err := c.runner.Multicast(ctx, dst, part)
 			if err == nil {
 				for _, rp := range o.Replies {
-					if r, derr := kv.DecodeResult(rp.Result); derr != nil || r.Status != kv.StatusOK {
+					if r, derr := kv.DecodeResult(rp.Result); derr == nil && r.Status == kv.StatusRefused {
+						err = refusedError(rp.Group, r)
+					} else if derr != nil || r.Status != kv.StatusOK {
 						err = fmt.Errorf("rdmakv: group %d refused a part of a %d-byte request (status %d, %v)", rp.Group, len(req), r.Status, derr)
 					}
 				}
