@@ -41,7 +41,18 @@ func (e *LimitError) Error() string {
 	if e.Limit == "heap" {
 		return fmt.Sprintf("rdmakv: group %d refused %s: its heap is full (%d of %d bytes in use)", e.Group, what, e.Size, e.Max)
 	}
-	return fmt.Sprintf("rdmakv: group %d refused %s: replica limit %s=%d, the write has %d", e.Group, what, e.Limit, e.Max, e.Size)
+	had := fmt.Sprintf("%d", e.Size)
+	switch e.Limit {
+	case "max_key":
+		had = fmt.Sprintf("a %d-byte key", e.Size)
+	case "max_value":
+		had = fmt.Sprintf("a %d-byte value", e.Size)
+	case "max_request":
+		had = fmt.Sprintf("%d bytes", e.Size)
+	case "max_multi":
+		had = fmt.Sprintf("%d operations", e.Size)
+	}
+	return fmt.Sprintf("rdmakv: group %d refused %s (%s): replica limit %s=%d", e.Group, what, had, e.Limit, e.Max)
 }
 
 func (e *LimitError) Unwrap() []error {
