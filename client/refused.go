@@ -15,7 +15,9 @@ var ErrRefused = errors.New("rdmakv: refused by the replicas")
 // enforce their own config's limits, which may be stricter than those of
 // the map the client checks against: a write the client let through is
 // then refused by every replica, and nothing of it is applied (for a
-// batch: in no group). errors.Is matches ErrRefused and, by the limit,
+// batch: in no group, as every group checks all its operations against
+// max_key, max_value and max_request; a group whose heap is full refuses
+// its own share only). errors.Is matches ErrRefused and, by the limit,
 // ErrKeyTooLarge (max_key), ErrValueTooLarge (max_value) or
 // ErrBatchTooLarge (max_request: the request's bytes; max_multi).
 type LimitError struct {
