@@ -550,11 +550,11 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 			}
 		case OpPut:
 			if err := t.put(op.Key, op.Value, h, version, w, found, deferring); err != nil {
-				// heapFits said the records fit, so only registering a
-				// new heap region or index generation failed (the
-				// node's memory). A request of one op is refused; in a
-				// larger one the ops before stay applied and this one
-				// is not counted.
+				// heapFits placed the records and registered their
+				// regions, so only registering a new index generation
+				// failed (the node's memory). A request of one op is
+				// refused; in a larger one the ops before stay applied
+				// and this one is not counted.
 				res.Count--
 				if len(ops) == 1 {
 					return refused(LimitHeap, 0, maxHeaps*t.heap.size, t.heap.used)
@@ -582,22 +582,20 @@ func (t *Table) checkLimits(ops []Op) (Result, bool) {
 
 // heapFits reports whether the heap can hold the records of the request's
 // puts on this group's keys (counting none of the frees the request
-// would make).
+// would make), and registers the heap regions they need: a region that
+// cannot be registered refuses the request before anything is applied.
 func (t *Table) heapFits(ops []Op) bool {
 	hp := &t.heap
-	need, puts := 0, 0
+	need := 0
 	for i := range ops {
 		if op := &ops[i]; op.Kind == OpPut && t.owns(hashKey(op.Key)) {
 			need += classOf(recordSize(len(op.Key), len(op.Value)))
-			puts++
 		}
 	}
-	// Each record fits a region (TableConfig.fill): one more region per
-	// put is the most the request takes.
-	if puts == 0 || len(hp.regions) > 0 && hp.bump+need <= hp.size || len(hp.regions)+puts <= maxHeaps {
-		return true
+	if need == 0 || len(hp.regions) > 0 && hp.bump+need <= hp.size {
+		return true // the bump pointer's region holds them all
 	}
-	// Near the end of the heap: allocate as heap.alloc would, on paper.
+	// Allocate as heap.alloc would, on paper.
 	taken := map[int]int{}
 	cur, bump, n := hp.cur, hp.bump, len(hp.regions)
 	for i := range ops {
@@ -624,7 +622,7 @@ func (t *Table) heapFits(ops []Op) bool {
 		}
 		bump += c
 	}
-	return true
+	return hp.ensure(n) == nil
 }
 
 func (s Slot) sizeHint(t *Table) int { return recordInfo(t.heap.mems[s.Heap][s.Off:]).Size() }
