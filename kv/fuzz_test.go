@@ -407,6 +407,7 @@ func FuzzResult(f *testing.F) {
 		refused(LimitRequest, 0, 1<<20+5120, 1<<22),
 		refused(LimitMulti, MaxMulti, MaxMulti, 0xffff),
 		refused(LimitHeap, 0, maxHeaps<<26, maxHeaps<<26),
+		refused(LimitStages, 0, MaxStages, 1<<20),
 	} {
 		f.Add(encodeResult(make([]byte, resSize), &r), r.Status, uint16(r.FailedOp), uint32(r.Count), r.Version, r.Prev, r.Limit)
 	}

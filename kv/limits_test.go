@@ -29,7 +29,8 @@ func keyOf(slots []uint32, g uint32, n int, tag string) []byte {
 }
 
 // TestTableRefusesOverLimits: every limit the table enforces on a request
-// (max key, max value, max request, whole or staged, max multi) gives a
+// (max key, max value, max request, whole or staged, max staged requests
+// per client, max multi) gives a
 // StatusRefused result naming the limit, its value and what the request
 // had, and nothing of the request is applied: a batch is checked whole,
 // also its ops on other groups' keys (so that every group refuses it), and
@@ -103,6 +104,24 @@ func TestTableRefusesOverLimits(t *testing.T) {
 	}
 	want("commit of a staged request with a long key", apply(tb, next(), AppendCommit(nil, id, len(req))), LimitKey, 1, maxKey, maxKey+1)
 	absent("staged request", own)
+
+	// A client slot's staged requests beyond MaxStages evict the oldest:
+	// its commit is refused naming the limit.
+	var reqs [MaxStages + 1][]byte
+	for i := range reqs {
+		id.Stage++
+		reqs[i] = AppendRequest(nil, []Op{{Kind: OpPut, Key: fmt.Appendf(nil, "st%d", i), Value: []byte("v")}})
+		if res := apply(tb, next(), AppendPart(nil, id, len(reqs[i]), 0, reqs[i])); res.Status != StatusOK {
+			t.Fatalf("part %d: %+v", i, res)
+		}
+	}
+	first := id
+	first.Stage -= MaxStages
+	want("commit of an evicted staged request", apply(tb, next(), AppendCommit(nil, first, len(reqs[0]))), LimitStages, 0, MaxStages, len(reqs[0]))
+	absent("evicted staged request", []byte("st0"))
+	if res := apply(tb, next(), AppendCommit(nil, id, len(reqs[MaxStages]))); res.Status != StatusOK || res.Count != 1 {
+		t.Errorf("commit of the newest staged request: %+v", res)
+	}
 
 	// A multi request: each op on its own.
 	ops := []Op{{Kind: OpPut, Key: own, Value: []byte("1")}, {Kind: OpPut, Key: longOwn, Value: []byte("2")},

@@ -665,12 +665,12 @@ func (m *metaModel) part(g int, id StageID, total int) Result {
 	return Result{}
 }
 
-func (m *metaModel) commit(g int, idx uint64, id StageID) Result {
+func (m *metaModel) commit(g int, idx uint64, id StageID, total int) Result {
 	l := m.staged(g, id)
 	at := slices.IndexFunc(l, func(s metaStage) bool { return s.id == id })
 	if at < 0 {
 		m.setStaged(g, id.Client, l)
-		return Result{Status: StatusMalformed}
+		return refused(LimitStages, 0, MaxStages, total)
 	}
 	m.setStaged(g, id.Client, slices.Delete(l, at, at+1))
 	return m.request(g, idx, m.reqs[id])
@@ -876,7 +876,7 @@ func (r *metaRun) commit(id StageID, dests []int) string {
 	var rs []Result
 	for _, g := range dests {
 		idx := r.m.index[g] + 1
-		rs = append(rs, r.deliver(g, AppendCommit(nil, id, r.reqLen(id)), r.m.commit(g, idx, id)))
+		rs = append(rs, r.deliver(g, AppendCommit(nil, id, r.reqLen(id)), r.m.commit(g, idx, id, r.reqLen(id))))
 	}
 	return metaOutcome(rs)
 }

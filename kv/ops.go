@@ -58,7 +58,7 @@ const (
 	StatusOK         = 0
 	StatusCondFailed = 1
 	// StatusMalformed: the request did not decode, or a commit named a
-	// staged request this group does not hold complete; nothing applied.
+	// staged request this group holds incomplete; nothing applied.
 	StatusMalformed = 2
 	// StatusRefused: the request (in a multi request: the op) breaks a
 	// limit of the replica, named by Result.Limit; nothing applied. Every
@@ -82,8 +82,12 @@ const (
 	// LimitHeap: the table's heap cannot hold the request's records (its
 	// heap regions are all in use).
 	LimitHeap = 5
+	// LimitStages: a commit named a staged request the group does not
+	// hold: a client slot has at most MaxStages staged at once, and a
+	// newer one evicted it (Max is MaxStages, Size the request's bytes).
+	LimitStages = 6
 
-	maxLimit = LimitHeap
+	maxLimit = LimitStages
 )
 
 // LimitName is the name of a limit as the cluster config spells it
@@ -100,6 +104,8 @@ func LimitName(l uint8) string {
 		return "max_multi"
 	case LimitHeap:
 		return "heap"
+	case LimitStages:
+		return "max_stages"
 	}
 	return fmt.Sprintf("limit %d", l)
 }
@@ -340,6 +346,8 @@ func DecodeResult(b []byte) (Result, error) {
 //
 // (client, inc, stage) names the staged request: the client's slot and
 // incarnation, and a number the client does not reuse in the incarnation.
+// A group holds at most MaxStages staged requests per client slot; a
+// commit naming one it does not hold (evicted) is refused (LimitStages).
 const (
 	partFormat   = 2
 	commitFormat = 3

@@ -1150,7 +1150,15 @@ func (t *Table) applyStaged(index uint64, data []byte) []byte {
 		t.publish()
 		return encodeResult(t.res[:], &res)
 	default: // commit
-		if st == nil || st.have != total || len(st.buf) != total {
+		if st == nil {
+			// Evicted by newer stages of the client (or never
+			// staged): refused, so that the caller learns the limit.
+			res = refused(LimitStages, 0, MaxStages, total)
+			t.setStages(id.Client, l)
+			t.publish()
+			return encodeResult(t.res[:], &res)
+		}
+		if st.have != total || len(st.buf) != total {
 			res.Status = StatusMalformed
 			t.setStages(id.Client, l)
 			t.publish()
