@@ -246,6 +246,13 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 		return nil, fmt.Errorf("%w: the request takes %d bytes, the limit is %d (max_key + max_value + 4 KiB)", ErrBatchTooLarge, len(payload), lim)
 	}
 	if len(payload) > multicast.MaxPayload(c.m.Limits.SlotSize) {
+		// Held until the commit is answered: a group keeps at most
+		// kv.MaxStages staged requests of a client slot, and more at
+		// once would evict some before their commits.
+		if err := c.stages.acquire(ctx, c.done); err != nil {
+			return nil, err
+		}
+		defer c.stages.release()
 		var err error
 		if payload, err = c.stage(ctx, dst, payload); err != nil {
 			return nil, err
@@ -287,6 +294,29 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 	}
 	return out, nil
 }
+
+// stageLimiter bounds a client's requests staged at once to kv.MaxStages
+// (its zero value is ready).
+type stageLimiter struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+// acquire waits for room for one more staged request; nothing was sent
+// if it fails.
+func (l *stageLimiter) acquire(ctx context.Context, done <-chan struct{}) error {
+	l.once.Do(func() { l.ch = make(chan struct{}, kv.MaxStages) })
+	select {
+	case l.ch <- struct{}{}:
+		return nil
+	case <-done:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *stageLimiter) release() { <-l.ch }
 
 // stagedInFlight bounds the parts of one request in flight at once.
 const stagedInFlight = 4

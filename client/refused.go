@@ -28,7 +28,9 @@ type LimitError struct {
 	Op int
 	// Limit names the limit as the cluster config does: max_key,
 	// max_value, max_request (max_key + max_value + 4 KiB), max_multi,
-	// or heap (the group's heap regions are all in use).
+	// heap (the group's heap regions are all in use), or max_stages (the
+	// group no longer held a request sent in parts: more than 8 of the
+	// client slot's were staged at once; retrying is safe).
 	Limit string
 	// Max is the replica's value of the limit, Size what the write had
 	// (bytes; operations for max_multi).
@@ -53,6 +55,8 @@ func (e *LimitError) Error() string {
 		had = fmt.Sprintf("%d bytes", e.Size)
 	case "max_multi":
 		had = fmt.Sprintf("%d operations", e.Size)
+	case "max_stages":
+		had = fmt.Sprintf("a %d-byte request sent in parts, no longer staged", e.Size)
 	}
 	return fmt.Sprintf("rdmakv: group %d refused %s (%s): replica limit %s=%d", e.Group, what, had, e.Limit, e.Max)
 }
@@ -72,7 +76,7 @@ func (e *LimitError) Unwrap() []error {
 // refusedError is the error of a StatusRefused result of group g.
 func refusedError(g uint32, r kv.Result) error {
 	e := &LimitError{Group: g, Op: r.FailedOp, Limit: kv.LimitName(r.Limit), Max: r.Max, Size: r.Size}
-	if r.Limit == kv.LimitRequest || r.Limit == kv.LimitHeap || r.Limit == kv.LimitMulti {
+	if r.Limit != kv.LimitKey && r.Limit != kv.LimitValue {
 		e.Op = -1
 	}
 	return e

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/kv"
 )
 
 // Replica limits of TestReplicaLimits' cluster, and the looser ones of its
@@ -201,6 +202,32 @@ func TestReplicaLimitsCombined(t *testing.T) {
 		}
 		if round == 200 {
 			t.Fatalf("no round of %d concurrent writers was combined", writers)
+		}
+	}
+}
+
+// TestConcurrentLargePuts: more concurrent puts of values sent in parts
+// than a group keeps staged requests per client slot (kv.MaxStages) all
+// succeed and are read back. Before the fix, newer staged requests
+// evicted older ones before their commits, which the groups then refused
+// ("refused the request as malformed").
+func TestConcurrentLargePuts(t *testing.T) {
+	lc := startLocal(t, testMap("bigputs", "mem", 1, 1))
+	c := open(t, lc, 0)
+	ctx := context.Background()
+	const writers = 3 * kv.MaxStages
+	var wg sync.WaitGroup
+	errs := make([]error, writers)
+	value := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i)}, 40<<10) }
+	for i := range writers {
+		wg.Go(func() { _, errs[i] = c.Put(ctx, fmt.Appendf(nil, "big%d", i), value(i)) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("put %d: %v", i, err)
+		} else if v, err := c.Get(ctx, fmt.Appendf(nil, "big%d", i)); err != nil || !bytes.Equal(v, value(i)) {
+			t.Errorf("get %d: %d bytes, %v", i, len(v), err)
 		}
 	}
 }
