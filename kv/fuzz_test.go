@@ -1009,6 +1009,12 @@ func FuzzMulti(f *testing.F) {
 	f.Add(AppendMulti(nil, []Op{{Kind: OpPut, Key: []byte("a"), Value: []byte("1")}, {Kind: OpDelete, Key: []byte("b"), Cmp: CmpVersion, CmpVersion: 7}}))
 	f.Add(AppendRequest(nil, []Op{{Kind: OpPut, Key: []byte("a")}}))
 	f.Add([]byte{4, 0, 0, 0})
+	// A multi result with an applied op and a refused one.
+	mres := []byte{StatusOK, 0, 2, 0, 0, 0, 0, 0}
+	for _, r := range []Result{{Status: StatusOK, Count: 1, Version: 7 << 16}, refused(LimitKey, 0, 1024, 1124)} {
+		mres = append(mres, encodeResult(make([]byte, resSize), &r)...)
+	}
+	f.Add(mres)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ops, err := DecodeMulti(b, nil)
 		if err == nil {
