@@ -586,9 +586,9 @@ func (t *Table) checkLimits(ops []Op) (Result, bool) {
 // cannot be registered refuses the request before anything is applied.
 func (t *Table) heapFits(ops []Op) bool {
 	hp := &t.heap
-	need := 0
+	need := 0 // every put's, this group's or not: no hashing here
 	for i := range ops {
-		if op := &ops[i]; op.Kind == OpPut && t.owns(hashKey(op.Key)) {
+		if op := &ops[i]; op.Kind == OpPut {
 			need += classOf(recordSize(len(op.Key), len(op.Value)))
 		}
 	}
@@ -1103,7 +1103,7 @@ func (t *Table) applyStaged(index uint64, data []byte) []byte {
 	}
 	if total > t.cfg.MaxRequest {
 		// Nothing staged: the client learns from this part's result
-		// and sends no commit (a commit would find no stage: malformed).
+		// and sends no commit (one would find no stage: refused too).
 		res = refused(LimitRequest, 0, t.cfg.MaxRequest, total)
 		t.publish()
 		return encodeResult(t.res[:], &res)
