@@ -26,8 +26,8 @@ type LimitError struct {
 	// Op is the index (in the batch) of the first operation breaking the
 	// limit; -1 when the limit is on the whole request.
 	Op int
-	// Limit names the limit as the cluster config does: max_key,
-	// max_value, max_request (max_key + max_value + 4 KiB), max_multi,
+	// Limit names the limit: max_key, max_value (the cluster config's
+	// names), max_request (max_key + max_value + 4 KiB), max_multi (32),
 	// heap (the group's heap regions are all in use), or max_stages (the
 	// group no longer held a request sent in parts: more than 8 of the
 	// client slot's were staged at once; retrying is safe).

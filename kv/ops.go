@@ -90,8 +90,8 @@ const (
 	maxLimit = LimitStages
 )
 
-// LimitName is the name of a limit as the cluster config spells it
-// (max_key, max_value, max_request, max_multi, heap).
+// LimitName is the name of a limit: max_key and max_value as the cluster
+// config spells them, and max_request, max_multi, max_stages, heap.
 func LimitName(l uint8) string {
 	switch l {
 	case LimitKey:
