@@ -422,10 +422,13 @@ func (t *Table) Apply(e broadcast.Entry) []byte {
 // applyMulti applies a multi request's independent ops, each as a request
 // of one op at version index<<16 | its position.
 func (t *Table) applyMulti(index uint64, data []byte) []byte {
-	ops, err := DecodeMulti(data, t.ops)
+	ops, err := decodeOps(data, multiFormat, t.ops)
 	t.ops = ops[:0]
-	if err != nil {
+	if err != nil || len(ops) > MaxMulti {
 		res := Result{Status: StatusMalformed}
+		if err == nil {
+			res = refused(LimitMulti, MaxMulti, MaxMulti, len(ops))
+		}
 		t.publish()
 		return encodeResult(t.res[:], &res)
 	}
@@ -443,6 +446,13 @@ func (t *Table) applyMulti(index uint64, data []byte) []byte {
 
 // applyRequest applies a whole request delivered as entry index.
 func (t *Table) applyRequest(index uint64, data []byte) []byte {
+	if len(data) > t.cfg.MaxRequest {
+		// Every replica of every group the request went to refuses it
+		// (a client with looser limits than the replicas gets here).
+		res := refused(LimitRequest, 0, t.cfg.MaxRequest, len(data))
+		t.publish()
+		return encodeResult(t.res[:], &res)
+	}
 	ops, err := DecodeRequest(data, t.ops)
 	t.ops = ops[:0]
 	var res Result
@@ -473,14 +483,26 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 
 // applyOps applies ops (those on this group's keys) atomically: every
 // condition is checked first. Op i gets version index<<16 | (base+i).
+//
+// A request breaking a limit (a key or value longer than this replica's
+// MaxKey or MaxValue) is refused whole, nothing applied, with a result
+// naming the limit: the check covers every op of the request, not only
+// this group's, so every group of a batch refuses it alike and none
+// applies its share. So is a request whose records the heap cannot hold.
 func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
+	if r, ok := t.checkLimits(ops); !ok {
+		return r
+	}
+	if !t.heapFits(ops) {
+		return refused(LimitHeap, 0, maxHeaps*t.heap.size, t.heap.used)
+	}
 	res := Result{}
 	// Migrate every owned key's old buckets, then check the conditions.
 	first := true
 	for i := range ops {
 		op := &ops[i]
 		h := hashKey(op.Key)
-		if !t.owns(h) || len(op.Key) > t.cfg.MaxKey || len(op.Value) > t.cfg.MaxValue {
+		if !t.owns(h) {
 			continue
 		}
 		t.migrateKey(h)
@@ -501,7 +523,7 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 	for i := range ops {
 		op := &ops[i]
 		h := hashKey(op.Key)
-		if !t.owns(h) || len(op.Key) > t.cfg.MaxKey || len(op.Value) > t.cfg.MaxValue {
+		if !t.owns(h) {
 			continue
 		}
 		version := index<<16 | uint64(base+i)
@@ -525,14 +547,79 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 			}
 		case OpPut:
 			if err := t.put(op.Key, op.Value, h, version, w, found, deferring); err != nil {
-				// The heap is exhausted: this replica cannot store the
-				// write. Every replica reaches the same point, so the
-				// group stays consistent: the op is skipped and counted.
+				// heapFits placed the records and registered their
+				// regions, so only registering a new index generation
+				// failed (the node's memory). A request of one op is
+				// refused; in a larger one the ops before stay applied
+				// and this one is not counted.
 				res.Count--
+				if len(ops) == 1 {
+					return refused(LimitHeap, 0, maxHeaps*t.heap.size, t.heap.used)
+				}
 			}
 		}
 	}
 	return res
+}
+
+// checkLimits checks every op of a request (this group's and the others')
+// against the key and value limits: ok, or the refusal naming the first op
+// breaking one.
+func (t *Table) checkLimits(ops []Op) (Result, bool) {
+	for i := range ops {
+		switch op := &ops[i]; {
+		case len(op.Key) > t.cfg.MaxKey:
+			return refused(LimitKey, i, t.cfg.MaxKey, len(op.Key)), false
+		case len(op.Value) > t.cfg.MaxValue:
+			return refused(LimitValue, i, t.cfg.MaxValue, len(op.Value)), false
+		}
+	}
+	return Result{}, true
+}
+
+// heapFits reports whether the heap can hold the records of the request's
+// puts on this group's keys (counting none of the frees the request
+// would make), and registers the heap regions they need: a region that
+// cannot be registered refuses the request before anything is applied.
+func (t *Table) heapFits(ops []Op) bool {
+	hp := &t.heap
+	need := 0 // every put's, this group's or not: no hashing here
+	for i := range ops {
+		if op := &ops[i]; op.Kind == OpPut {
+			need += classOf(recordSize(len(op.Key), len(op.Value)))
+		}
+	}
+	if need == 0 || len(hp.regions) > 0 && hp.bump+need <= hp.size {
+		return true // the bump pointer's region holds them all
+	}
+	// Allocate as heap.alloc would, on paper.
+	taken := map[int]int{}
+	cur, bump, n := hp.cur, hp.bump, len(hp.regions)
+	for i := range ops {
+		op := &ops[i]
+		if op.Kind != OpPut || !t.owns(hashKey(op.Key)) {
+			continue
+		}
+		c := classOf(recordSize(len(op.Key), len(op.Value)))
+		if taken[c] < len(hp.free[c]) {
+			taken[c]++
+			continue
+		}
+		if n == 0 || bump+c > hp.size {
+			switch {
+			case n > 0 && cur+1 < n:
+				cur++
+			case n == maxHeaps:
+				return false
+			default:
+				n++
+				cur = n - 1
+			}
+			bump = 0
+		}
+		bump += c
+	}
+	return hp.ensure(n) == nil
 }
 
 func (s Slot) sizeHint(t *Table) int { return recordInfo(t.heap.mems[s.Heap][s.Off:]).Size() }
@@ -1009,8 +1096,15 @@ const MaxStages = 8
 func (t *Table) applyStaged(index uint64, data []byte) []byte {
 	res := Result{}
 	format, id, total, off, part, err := decodeStaged(data)
-	if err != nil || total > t.cfg.MaxRequest {
+	if err != nil {
 		res.Status = StatusMalformed
+		t.publish()
+		return encodeResult(t.res[:], &res)
+	}
+	if total > t.cfg.MaxRequest {
+		// Nothing staged: the client learns from this part's result
+		// and sends no commit (one would find no stage: refused too).
+		res = refused(LimitRequest, 0, t.cfg.MaxRequest, total)
 		t.publish()
 		return encodeResult(t.res[:], &res)
 	}
@@ -1056,7 +1150,15 @@ func (t *Table) applyStaged(index uint64, data []byte) []byte {
 		t.publish()
 		return encodeResult(t.res[:], &res)
 	default: // commit
-		if st == nil || st.have != total || len(st.buf) != total {
+		if st == nil {
+			// Evicted by newer stages of the client (or never
+			// staged): refused, so that the caller learns the limit.
+			res = refused(LimitStages, 0, MaxStages, total)
+			t.setStages(id.Client, l)
+			t.publish()
+			return encodeResult(t.res[:], &res)
+		}
+		if st.have != total || len(st.buf) != total {
 			res.Status = StatusMalformed
 			t.setStages(id.Client, l)
 			t.publish()
