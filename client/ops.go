@@ -48,7 +48,8 @@ type WriteResult struct {
 }
 
 // Get returns key's value with the client's default consistency
-// (linearizable unless WithConsistency). ErrNotFound if it has none.
+// (linearizable unless WithConsistency). ErrNotFound if it has none; a
+// found empty value is []byte{}, never nil (nil means "absent" to CompareAndSwap).
 func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
 	it, err := c.GetItem(ctx, key, c.o.consistency)
 	return it.Value, err
@@ -92,7 +93,9 @@ func (c *Client) GetItem(ctx context.Context, key []byte, mode Consistency) (Ite
 	if !res.Found {
 		return it, ErrNotFound
 	}
-	it.Value = append([]byte(nil), res.Value...)
+	// A found value is never nil, even when empty: nil means "absent" to
+	// CompareAndSwap, so what Get returned must round-trip as its old value.
+	it.Value = append(make([]byte, 0, len(res.Value)), res.Value...)
 	return it, nil
 }
 
