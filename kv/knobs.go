@@ -26,6 +26,10 @@ type testingKnobs struct {
 	// buckets again after an earlier op of the request grew the index
 	// (the bug the metamorphic tests found).
 	noRemigrate bool
+	// restoreKeeps (table): Restore keeps the table's records of keys the
+	// snapshot lacks (it merges instead of replacing): caught by the
+	// identical-tables check after a lagging follower's restore.
+	restoreKeeps bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

@@ -66,6 +66,15 @@ type kvOpts struct {
 	knobs                     testingKnobs // planted bugs (TestSimMutants)
 	keysSet                   int          // key space (default 24)
 	maxLoad                   float64      // the tables' MaxLoad (default kv's)
+	// lag makes a follower of every group fall behind (cut from its
+	// group-mates) until its leader's log is pruned past it, this many
+	// times; it then catches up by a snapshot restored into its table,
+	// which still holds the records it had (lagFollowers).
+	lag int
+	// logEntries is the groups' MaxLogEntries (0: 256), so that a lag of
+	// a few milliseconds is past the pruned log; with it, the rings to
+	// the followers are 4 KiB (64 KiB otherwise).
+	logEntries int
 }
 
 type kvRun struct {
@@ -83,7 +92,7 @@ type kvRun struct {
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
 	err     error
-	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores int }
+	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags int }
 }
 
 func (h *kvRun) fail(err error) {
@@ -111,8 +120,13 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 		Self: id, Seed: env.Rand().Uint64() | 1, Start: broadcast.StartNew,
 		RingSize: 64 << 10, MaxRecord: 8 << 10, PersistInline: true, MaxSnapshot: 64 << 20,
 		HeartbeatInterval: time.Millisecond, ElectionTimeout: 4 * time.Millisecond,
-		MaxLogEntries: 256, MaxCatchUpLogEntries: 512, ProposeTimeout: time.Second,
+		MaxLogEntries: cmp.Or(h.o.logEntries, 256), MaxCatchUpLogEntries: 2 * cmp.Or(h.o.logEntries, 256), ProposeTimeout: time.Second,
 		ReconnectMin: 100 * time.Microsecond, ReconnectMax: time.Millisecond,
+	}
+	if h.o.logEntries != 0 {
+		// A ring of a few dozen entries, so that a follower cut off
+		// for a few milliseconds cannot find what it missed there.
+		bc.RingSize, bc.MaxRecord = 4096, 1024
 	}
 	if env.Incarnation() > 1 {
 		bc.Start = broadcast.StartExisting
@@ -140,7 +154,11 @@ func (p *kvRepProc) Step(now time.Duration) bool {
 		return false
 	}
 	p.now = now
+	restores, held := p.r.t.restores, p.r.t.count
 	progress := p.r.Poll(now)
+	if p.r.t.restores > restores && held > 0 {
+		p.h.stats.restoresOver++ // a snapshot restored into a table holding records
+	}
 	if p.h.o.knobs.noQuorum && p.r.t.knobs.lastServed != 0 {
 		// A deposed leader keeps its serving word.
 		if _, ok := p.r.Multicast().Broadcast().Leading(); !ok {
@@ -705,6 +723,66 @@ func (h *kvRun) isolateLeaders(at time.Duration, times int) {
 	})
 }
 
+// lagFollowers makes one follower of every group lag, times times, 20 ms
+// apart: cut from its group-mates both ways (clients still reach it) until
+// its leader's log is pruned past what it committed, or 15 ms at most. It
+// then catches up with a snapshot restored into its table, which still
+// holds what it had before (kvOpts.lag). (A stopped follower would not do:
+// the leader's writes land in its ring meanwhile, and it catches up from
+// there.)
+func (h *kvRun) lagFollowers(at time.Duration, times int) {
+	if times == 0 {
+		return
+	}
+	h.s.At(at, func() {
+		for g, ms := range h.members {
+			lid, ok := h.leaderOf(g)
+			if !ok {
+				continue
+			}
+			var fs []rdma.NodeID
+			for _, id := range ms {
+				if id != lid && h.s.Live(id) && !h.down[id] && !h.gone[id] && h.procs[id] != nil && h.procs[id].pausedUntil <= h.s.Now() {
+					fs = append(fs, id)
+				}
+			}
+			if len(fs) == 0 || h.downIn(g) > 0 {
+				continue
+			}
+			id := fs[h.rng.IntN(len(fs))]
+			p := h.procs[id]
+			for _, o := range ms {
+				if o != id {
+					h.s.Partition(id, o)
+				}
+			}
+			h.stats.lags++
+			end := h.s.Now() + 15*time.Millisecond
+			var check func()
+			check = func() {
+				past := false
+				if l, ok := h.leaderOf(g); ok && h.procs[id] == p {
+					fc, lst := p.r.Multicast().Broadcast().Status().Committed, h.procs[l].r.Multicast().Broadcast().Status()
+					// Past the pruned log, and by more entries than the
+					// ring holds.
+					past = fc.Less(lst.Pruned) && (fc.E != lst.Committed.E || lst.Committed.Cnt-fc.Cnt >= 64)
+				}
+				if !past && h.s.Now() < end {
+					h.s.At(h.s.Now()+500*time.Microsecond, check)
+					return
+				}
+				for _, o := range ms {
+					if o != id {
+						h.s.HealPair(id, o)
+					}
+				}
+			}
+			h.s.At(h.s.Now()+500*time.Microsecond, check)
+		}
+		h.lagFollowers(at+20*time.Millisecond, times-1)
+	})
+}
+
 func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	opts := sd.Options()
 	opts.Tick = -1
@@ -762,6 +840,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	}
 	h.crashLeaders(8*time.Millisecond, o.leaders)
 	h.isolateLeaders(10*time.Millisecond, o.isolate)
+	h.lagFollowers(7*time.Millisecond, o.lag)
 	if o.downForGood {
 		s.At(3*time.Millisecond, func() {
 			for _, ms := range h.members {
@@ -849,8 +928,8 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		return h, fmt.Errorf("stale-ok gets: %w", err)
 	}
 	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
-		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d snapshots restored, %d linearizable gets served by a deposed leader\n",
-			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.restores, h.stats.deposed)
+		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d snapshots restored (%d of %d lags into a table holding records), %d linearizable gets served by a deposed leader\n",
+			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.restores, h.stats.restoresOver, h.stats.lags, h.stats.deposed)
 	}
 	return h, nil
 }
@@ -898,6 +977,12 @@ var kvSimCases = []struct {
 	// find a key's four buckets full and grow the index in the middle of
 	// a request.
 	{"full-buckets", kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond, maxLoad: 0.95}},
+	// lagging-restore: a follower of every group falls behind (cut off)
+	// until its leader's log of 16 entries is pruned past it,
+	// twice, and catches up with a snapshot restored into a table that
+	// still holds its old records; its table must then equal its
+	// leader's.
+	{"lagging-restore", kvOpts{ops: 200, gap: 200 * time.Microsecond, lag: 2, logEntries: 16}},
 }
 
 func TestSim(t *testing.T) {
@@ -919,10 +1004,20 @@ func TestSim(t *testing.T) {
 			if o.gap == 0 {
 				o.gap = 200 * time.Microsecond
 			}
+			seeds, over := 0, 0
 			flags.Run(t, func(sd sim.Seed) error {
-				_, err := runKV(sd.WithLog(t), o)
+				h, err := runKV(sd.WithLog(t), o)
+				if seeds++; h != nil && h.stats.restoresOver > 0 {
+					over++
+				}
 				return err
 			})
+			// The lagging followers must mostly catch up by a snapshot
+			// restored over their records, or the case tests nothing.
+			if o.lag > 0 && seeds >= 10 && over < seeds/2 {
+				t.Errorf("only %d of %d seeds restored a snapshot into a table holding records", over, seeds)
+			}
+			t.Logf("%d of %d seeds restored a snapshot into a table holding records", over, seeds)
 		})
 	}
 }
@@ -940,6 +1035,9 @@ func TestSimMutants(t *testing.T) {
 		{"new-generation-only", testingKnobs{newGenOnly: true}, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, "linearizability"},
 		{"late-promise", testingKnobs{latePromise: true}, kvOpts{ops: 150, isolate: 4, stall: true, gap: 60 * time.Microsecond}, "linearizability"},
 		{"no-condition", testingKnobs{noCondition: true}, kvOpts{ops: 120, gap: 100 * time.Microsecond}, "linearizability"},
+		// Only a replica restored over its own records shows it: the
+		// tables compared at the end differ.
+		{"restore-keeps", testingKnobs{restoreKeeps: true}, kvOpts{ops: 200, gap: 200 * time.Microsecond, lag: 2, logEntries: 16}, "differ"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			o := m.o
