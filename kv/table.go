@@ -1087,10 +1087,10 @@ func (t *Table) Staged() (n, bytes int) {
 	return n, bytes
 }
 
-// keepOld is the restoreKeeps planted bug (testingKnobs): the snapshot b with the
-// table's records of keys b lacks added, so that Restore keeps them (a
-// restore that merges into the table instead of replacing it). b is
-// returned as it is if it does not parse.
+// keepOld is the restoreKeeps planted bug (testingKnobs): the snapshot b
+// with the table's records of keys b lacks added, so that Restore keeps
+// them (a restore that merges into the table instead of replacing it).
+// b is returned as it is if it does not parse.
 func (t *Table) keepOld(b []byte) []byte {
 	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic {
 		return b

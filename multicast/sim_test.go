@@ -682,8 +682,8 @@ var simCases = []struct {
 	{"catch-up", mcOpts{clients: 4, msgs: 60, until: 60 * time.Millisecond, catchUp: 3, maxDst: 8, gap: 500 * time.Microsecond}},
 }
 
-// Without -seeds (or -seed) each case runs simSeeds seeds: with its six
-// cases, 2,100 seeds per tree shape (make norace runs them); under the
+// Without -seeds (or -seed) each case runs simSeeds seeds: with its seven
+// cases, 2,450 seeds per tree shape (make norace runs them); under the
 // race detector 4 a case. -seeds N runs N a case.
 func TestSim(t *testing.T) {
 	flags := *simFlags
