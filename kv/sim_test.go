@@ -201,7 +201,9 @@ func (p *kvRepProc) Step(now time.Duration) bool {
 	if p.crashAtCommit && p.r.Multicast().Delivered() > delivered {
 		p.crashAtCommit = false
 		id, h := p.env.ID(), p.h
-		h.s.At(now, func() { h.crashFor(id, 3*time.Millisecond+time.Duration(h.rng.Int64N(int64(3*time.Millisecond)))) })
+		if g := h.group[id]; h.downIn(g) < (len(h.members[g])-1)/2 {
+			h.s.At(now, func() { h.crashFor(id, 3*time.Millisecond+time.Duration(h.rng.Int64N(int64(3*time.Millisecond)))) })
+		}
 	}
 	if p.r.t.restores > restores && held > 0 {
 		p.h.stats.restoresOver++ // a snapshot restored into a table holding records
