@@ -47,8 +47,8 @@ noalloc:
 # fetched), TestSimAsymmetricPartition (40 seeds a case, 8 under -race),
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
-# TestSim with all its seeds (2,100 per tree shape; 4 a case under -race),
-# and kv's TestSim with all its seeds (150 a case, 6 cases; 3 under -race).
+# TestSim with all its seeds (2,450 per tree shape; 4 a case under -race),
+# and kv's TestSim with all its seeds (150 a case, 10 cases; 3 under -race).
 norace:
 	@out=$$($(GO) test -count=1 -timeout 10m -run '^(TestLargeSnapshotCatchUp|TestSimAsymmetricPartition)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \

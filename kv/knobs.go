@@ -26,6 +26,15 @@ type testingKnobs struct {
 	// buckets again after an earlier op of the request grew the index
 	// (the bug the metamorphic tests found).
 	noRemigrate bool
+	// restoreKeeps (table): Restore keeps the table's records of keys the
+	// snapshot lacks (it merges instead of replacing): caught by the
+	// identical-tables check after a lagging follower's restore.
+	restoreKeeps bool
+	// serveEarly (replica): a new leader says it serves (the header's
+	// serving word) from its election on, before its diff committed and
+	// was applied: caught by the linearizability check when new leaders
+	// stall after their election.
+	serveEarly bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served
