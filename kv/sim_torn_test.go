@@ -78,23 +78,30 @@ func TestSimTorn(t *testing.T) {
 	}
 }
 
-// TestSimTornMutants plants the bugs only overlapping reads show, and
-// checks that TestSimTorn's checks catch each within a few seeds with
-// ReadOverlap, and that TestSim's runs (no overlap) do not: that is the
-// blind spot the mode closes.
+// TestSimTornMutants plants bugs of readers and of the index's migration
+// and checks that TestSimTorn's checks catch each within a few seeds with
+// ReadOverlap. With -tornblind it runs those TestSim misses (every case,
+// 150 seeds each, was checked) without the mode, and expects them missed
+// there too: the blind spot the mode closes.
 func TestSimTornMutants(t *testing.T) {
 	for _, m := range []struct {
 		name  string
 		knobs testingKnobs
 		o     kvOpts
+		// seen: TestSim catches it without overlapping reads too (a
+		// record's memory reused between a get's two rounds is common).
+		seen bool
 	}{
-		{"no-record-check", testingKnobs{noRecordCheck: true}, kvOpts{ops: 150, gap: 30 * time.Microsecond}},
-		{"any-version", testingKnobs{anyVersion: true}, kvOpts{ops: 80, gap: 100 * time.Microsecond}},
-		{"moved-first", testingKnobs{movedFirst: true}, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}},
+		{"no-record-check", testingKnobs{noRecordCheck: true}, kvOpts{ops: 150, gap: 30 * time.Microsecond}, false},
+		{"any-version", testingKnobs{anyVersion: true}, kvOpts{ops: 80, gap: 100 * time.Microsecond}, true},
+		{"moved-first", testingKnobs{movedFirst: true}, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, false},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			o := kvTornOpts(m.o)
 			o.knobs = m.knobs
+			if *tornBlind && m.seen {
+				t.Skip("TestSim catches it without overlapping reads")
+			}
 			if *tornBlind {
 				for seed := uint64(1); seed <= kvSimSeeds; seed++ {
 					if _, err := runKV(sim.Seed{Seed: seed}, o); err != nil {

@@ -50,7 +50,7 @@ type Options struct {
 	// between steps and see each step whole.
 	ReadOverlap float64
 	// ReadOverlapSpan bounds how long a held read waits for a Yield.
-	// Default 20µs.
+	// Default 100µs.
 	ReadOverlapSpan time.Duration
 	// FabricTimeout: an op that cannot reach its target (cut link, crashed
 	// target) or whose acknowledgement cannot come back fails with
