@@ -88,6 +88,7 @@ type kvOpts struct {
 	// the followers are 4 KiB (64 KiB otherwise).
 	logEntries int
 	overlap    float64 // sim.Options.ReadOverlap (sim_torn_test.go)
+	readBack   bool    // get each key written while its write is under way (sim_torn_test.go)
 }
 
 type kvRun struct {
@@ -558,6 +559,9 @@ func (p *kvCliProc) issue(now time.Duration) bool {
 	rid := h.rec.Begin(p.slot, op)
 	p.writes[mid] = pendingWrite{rec: rid, op: op}
 	h.stats.writes++
+	if h.o.readBack {
+		p.readBack(now, rng, op.Key)
+	}
 	return true
 }
 

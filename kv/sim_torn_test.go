@@ -3,10 +3,12 @@ package kv
 import (
 	"cmp"
 	"flag"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rdmakv/rdmakv/internal/kvcheck"
 	"github.com/rdmakv/rdmakv/sim"
 )
 
@@ -33,11 +35,12 @@ var kvTornCases = []struct {
 }{
 	// Puts, deletes, batches and multi requests on 24 keys: records freed
 	// and reused while gets read them, slots rewritten, headers
-	// republished, layouts odd while batches apply.
-	{"torn-calm", kvOpts{ops: 80, gap: 100 * time.Microsecond, overlap: 0.5}},
+	// republished, layouts odd while batches apply. Each client gets the
+	// key it writes while the write is under way.
+	{"torn-calm", kvOpts{ops: 80, gap: 100 * time.Microsecond, overlap: 0.5, readBack: true}},
 	// The index grows through several generations while gets read both
 	// generations; crashes make replicas restore snapshots.
-	{"torn-growth", kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond, crashes: true, overlap: 0.5}},
+	{"torn-growth", kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond, crashes: true, overlap: 0.5, readBack: true}},
 }
 
 func kvTornOpts(o kvOpts) kvOpts {
@@ -87,22 +90,29 @@ func TestSimTornMutants(t *testing.T) {
 	for _, m := range []struct {
 		name  string
 		knobs testingKnobs
-		o     kvOpts
+		c     int // the kvTornCases case
+		seeds uint64
 		// seen: TestSim catches it without overlapping reads too (a
 		// record's memory reused between a get's two rounds is common).
 		seen bool
 	}{
-		{"no-record-check", testingKnobs{noRecordCheck: true}, kvOpts{ops: 150, gap: 30 * time.Microsecond}, false},
-		{"any-version", testingKnobs{anyVersion: true}, kvOpts{ops: 80, gap: 100 * time.Microsecond}, true},
-		{"moved-first", testingKnobs{movedFirst: true}, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, false},
+		{"no-record-check", testingKnobs{noRecordCheck: true}, 0, 20, false},
+		{"any-version", testingKnobs{anyVersion: true}, 0, 20, true},
+		// A get must be under way at a replica while it migrates the
+		// key's own bucket: about one seed in 15 (docs/kv.md).
+		{"moved-first", testingKnobs{movedFirst: true}, 1, 40, false},
 	} {
 		t.Run(m.name, func(t *testing.T) {
-			o := kvTornOpts(m.o)
+			if raceEnabled {
+				t.Skip("slow under -race: make norace runs it")
+			}
+			o := kvTornOpts(kvTornCases[m.c].o)
 			o.knobs = m.knobs
 			if *tornBlind && m.seen {
 				t.Skip("TestSim catches it without overlapping reads")
 			}
 			if *tornBlind {
+				o.overlap = 0
 				for seed := uint64(1); seed <= kvSimSeeds; seed++ {
 					if _, err := runKV(sim.Seed{Seed: seed}, o); err != nil {
 						t.Fatalf("seed %d caught it without overlapping reads: %v", seed, firstLine(err.Error()))
@@ -111,8 +121,7 @@ func TestSimTornMutants(t *testing.T) {
 				t.Logf("missed in %d seeds without overlapping reads", kvSimSeeds)
 				return
 			}
-			o.overlap = 0.5
-			for seed := uint64(1); seed <= 20; seed++ {
+			for seed := uint64(1); seed <= m.seeds; seed++ {
 				_, err := runKV(sim.Seed{Seed: seed}, o)
 				if err == nil {
 					continue
@@ -125,7 +134,31 @@ func TestSimTornMutants(t *testing.T) {
 				t.Logf("seed %d caught it: %s", seed, firstLine(err.Error()))
 				return
 			}
-			t.Fatalf("not caught in 20 seeds")
+			t.Fatalf("not caught in %d seeds", m.seeds)
 		})
+	}
+}
+
+// readBack gets key k, if its group's reader is idle, while the client's
+// write of it is under way: the get's reads reach the replicas while they
+// apply the write, and so, while the index grows, while the key's old
+// buckets migrate (kvOpts.readBack).
+func (p *kvCliProc) readBack(now time.Duration, rng *rand.Rand, k string) {
+	h := p.h
+	g := int(h.slots[HashSlot([]byte(k))])
+	r := p.readers[g]
+	if r.Busy() {
+		return
+	}
+	mode, stale := Linearizable, rng.IntN(3) == 0
+	if stale {
+		mode = StaleOK
+		h.stats.stale++
+	}
+	h.stats.gets++
+	p.getRec[g] = h.rec.Begin(p.slot, kvcheck.Op{Client: p.slot, Kind: kvcheck.Get, Key: k, Stale: stale})
+	r.Begin([]byte(k), mode)
+	if r.Poll(now) {
+		p.endGet(g)
 	}
 }

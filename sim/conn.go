@@ -33,6 +33,7 @@ type conn struct {
 	torn                 bool          // the head write's prefix has landed
 	overlap              bool          // the head read is held at the target (Options.ReadOverlap)
 	old                  []byte        // what the held read would have returned when it arrived
+	chained              bool          // the held read was posted behind one that landed at a Yield
 }
 
 // posted schedules the op just queued on c.
@@ -263,16 +264,26 @@ func (s *Sim) retryHeld() {
 // steps. It then returns, word by word, either what the target's memory
 // holds at that moment or the old word, each choice drawn from the seed.
 // Reads on one Conn still happen in order: the ops behind a held read wait
-// for it, and a read that arrived while the one before it was held is held
-// from the moment that one lands (within the same step, if it landed at a
-// Yield). So what a list of reads sees moves forward in the target's store
-// order, as the protocols assume of a Conn, while each read may see any
-// mix of the moments it spans.
+// for it, and a read posted behind it is held from the moment it lands
+// (within the same step, if it landed at a Yield), as a NIC runs a posted
+// list back to back. So what a list of reads sees moves forward in the
+// target's store order, as the protocols assume of a Conn, while each read
+// may see any mix of the moments it spans.
+//
+// Where a held read lands is biased toward the interesting moments: at a
+// Yield where the memory it covers changed since it was held, or when it
+// follows a read that just landed, it lands with probability 1/2; at any
+// other Yield with 1/yieldSpread, so that most reads wait for a store to
+// their range (or their span's end) rather than land at the first Yield.
+
+// yieldSpread: a held read lands at a Yield where nothing it covers
+// changed with probability 1/yieldSpread.
+const yieldSpread = 64
 
 // holdRead holds c's head op if it is a read the target can serve now.
 func (s *Sim) holdRead(c *conn) bool {
 	wr, ok := c.c.Head()
-	if !ok || wr.Kind != rdma.OpRead || len(wr.Buf) < 16 {
+	if !ok || wr.Kind != rdma.OpRead || len(wr.Buf) < 8 {
 		return false
 	}
 	if cap(c.old) < len(wr.Buf) {
@@ -282,7 +293,7 @@ func (s *Sim) holdRead(c *conn) bool {
 	if !c.c.PeekHead(c.old) {
 		return false
 	}
-	c.overlap = true
+	c.overlap, c.chained = true, false
 	c.to.held = append(c.to.held, c)
 	s.record(Event{Kind: EvHold, Node: c.from.id, Peer: c.to.id, Conn: c.id, Seq: c.landed,
 		Op: wr.Kind, Region: wr.Region, Offset: wr.Offset, Len: wr.Len()})
@@ -340,7 +351,15 @@ func (s *Sim) mixHeld(c *conn, wr *rdma.WR, err error) {
 func (s *Sim) yield(n *node) {
 	for i := 0; i < len(n.held); {
 		c := n.held[i]
-		if !s.reachable(c) || s.rng.IntN(2) != 0 {
+		// A read that arrived between steps lands at one Yield in
+		// yieldSpread, so that it may overlap a later step than the
+		// first; one posted behind a read that just landed follows it
+		// closely, as a NIC runs a list back to back.
+		p := yieldSpread
+		if c.chained || s.heldChanged(c) {
+			p = 2
+		}
+		if !s.reachable(c) || s.rng.IntN(p) != 0 {
 			i++
 			continue
 		}
@@ -349,9 +368,19 @@ func (s *Sim) yield(n *node) {
 		// a posted list back to back: it is held from here on,
 		// within this step.
 		if c.landAt.len() > 0 {
-			if wr, ok := c.c.Head(); ok && wr.Kind == rdma.OpRead {
-				s.holdRead(c) // appended: it may land at a later Yield
+			if wr, ok := c.c.Head(); ok && wr.Kind == rdma.OpRead && s.holdRead(c) {
+				c.chained = true // appended: it may land at a later Yield
 			}
 		}
 	}
+}
+
+// heldChanged reports whether the memory c's held read covers changed
+// since it was held: the Yields worth landing at.
+func (s *Sim) heldChanged(c *conn) bool {
+	if cap(s.peek) < len(c.old) {
+		s.peek = make([]byte, len(c.old))
+	}
+	b := s.peek[:len(c.old)]
+	return c.c.PeekHead(b) && string(b) != string(c.old)
 }

@@ -50,7 +50,7 @@ type Options struct {
 	// between steps and see each step whole.
 	ReadOverlap float64
 	// ReadOverlapSpan bounds how long a held read waits for a Yield.
-	// Default 100µs.
+	// Default 300µs.
 	ReadOverlapSpan time.Duration
 	// FabricTimeout: an op that cannot reach its target (cut link, crashed
 	// target) or whose acknowledgement cannot come back fails with
@@ -93,7 +93,7 @@ func (o *Options) setDefaults() {
 		o.TearProb = 0.1
 	}
 	def(&o.FabricTimeout, time.Millisecond)
-	def(&o.ReadOverlapSpan, 100*time.Microsecond)
+	def(&o.ReadOverlapSpan, 300*time.Microsecond)
 	def(&o.Tick, 200*time.Microsecond)
 	def(&o.StepLatency, 2*time.Microsecond)
 	o.StepLatency = max(o.StepLatency, 4)
@@ -150,6 +150,7 @@ type Sim struct {
 	hash         uint64
 	nevents      uint64
 	overlapMixed uint64 // held reads that returned words from two moments
+	peek         []byte // heldChanged's buffer
 	scratch      []byte
 	recent       [recentEvents]Event
 	observers    []func(Event)
