@@ -49,7 +49,8 @@ noalloc:
 # detector's instrumentation makes preemptible anyway), and multicast's
 # TestSim with all its seeds (2,450 per tree shape; 4 a case under -race),
 # and kv's TestSim with all its seeds (150 a case, 10 cases; 3 under -race)
-# and TestSimTorn (30 a case, 2 cases; 2 under -race) and TestSimTornMutants
+# and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
+# (skipped under -race).
 # (skipped under -race).
 norace:
 	@out=$$($(GO) test -count=1 -timeout 10m -run '^(TestLargeSnapshotCatchUp|TestSimAsymmetricPartition)$$' -v ./broadcast 2>&1 && \

@@ -54,7 +54,7 @@ func TestSimTorn(t *testing.T) {
 	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
 		flags.Seeds = kvTornSeeds
 		if raceEnabled {
-			flags.Seeds = 2
+			flags.Seeds = 1
 		}
 		if testing.Short() {
 			flags.Seeds = max(1, flags.Seeds/10)

@@ -135,9 +135,17 @@ func runOverlap(t *testing.T, seed uint64, overlap float64, flagFirst bool) (s *
 	return s, held, nil
 }
 
+// overlapSeeds is how many seeds the tests below run.
+func overlapSeeds() uint64 {
+	if raceEnabled {
+		return 2
+	}
+	return 10
+}
+
 func TestReadOverlap(t *testing.T) {
 	var mixed uint64
-	for seed := uint64(1); seed <= 10; seed++ {
+	for seed := uint64(1); seed <= overlapSeeds(); seed++ {
 		s, held, err := runOverlap(t, seed, 0.5, false)
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
@@ -163,7 +171,7 @@ func TestReadOverlap(t *testing.T) {
 // the data passes without ReadOverlap (a step is seen whole) and is caught
 // with it.
 func TestReadOverlapCatchesFlagFirst(t *testing.T) {
-	for seed := uint64(1); seed <= 10; seed++ {
+	for seed := uint64(1); seed <= overlapSeeds(); seed++ {
 		if _, _, err := runOverlap(t, seed, 0, true); err != nil {
 			t.Fatalf("seed %d: caught without ReadOverlap: %v", seed, err)
 		}
