@@ -50,16 +50,13 @@ func kvTornOpts(o kvOpts) kvOpts {
 }
 
 func TestSimTorn(t *testing.T) {
-	flags := *simFlags
-	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-		flags.Seeds = kvTornSeeds
-		if raceEnabled {
-			flags.Seeds = 1
-		}
-		if testing.Short() {
-			flags.Seeds = max(1, flags.Seeds/10)
-		}
+	// -seeds N runs N a case; without it kvTornSeeds a case, 1 under the
+	// race detector, a tenth with -short.
+	def := kvTornSeeds
+	if raceEnabled {
+		def = 1
 	}
+	flags := simFlags.WithDefault(def)
 	for _, c := range kvTornCases {
 		t.Run(c.name, func(t *testing.T) {
 			o := kvTornOpts(c.o)
