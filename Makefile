@@ -48,12 +48,15 @@ noalloc:
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
 # TestSim with all its seeds (2,450 per tree shape; 4 a case under -race),
-# and kv's TestSim with all its seeds (150 a case, 10 cases; 3 under -race).
+# and kv's TestSim with all its seeds (150 a case, 10 cases; 3 under -race)
+# and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
+# (skipped under -race).
+# (skipped under -race).
 norace:
 	@out=$$($(GO) test -count=1 -timeout 10m -run '^(TestLargeSnapshotCatchUp|TestSimAsymmetricPartition)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 15m -run '^TestSim$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 10m -run '^TestSim$$' ./kv 2>&1); st=$$?; \
+	  $(GO) test -count=1 -timeout 10m -run '^(TestSim|TestSimTorn|TestSimTornMutants)$$' ./kv 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:

@@ -35,6 +35,15 @@ type testingKnobs struct {
 	// was applied: caught by the linearizability check when new leaders
 	// stall after their election.
 	serveEarly bool
+	// noRecordCheck (reader): a record is accepted without its check
+	// word (TestSimTornMutants: a record half rewritten passes).
+	noRecordCheck bool
+	// anyVersion (reader): a record is accepted whatever its version,
+	// not only the slot's.
+	anyVersion bool
+	// movedFirst (table): migration sets a bucket's moved bit before it
+	// copies the bucket's slots into the new generation.
+	movedFirst bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

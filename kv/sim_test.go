@@ -87,6 +87,8 @@ type kvOpts struct {
 	// a few milliseconds is past the pruned log; with it, the rings to
 	// the followers are 4 KiB (64 KiB otherwise).
 	logEntries int
+	overlap    float64 // sim.Options.ReadOverlap (sim_torn_test.go)
+	readBack   bool    // get each key written while its write is under way (sim_torn_test.go)
 }
 
 type kvRun struct {
@@ -165,6 +167,7 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 		return err
 	}
 	r.t.knobs = h.o.knobs
+	r.t.yield = env.Yield
 	p.r = r
 	h.procs[id] = p
 	return nil
@@ -556,6 +559,9 @@ func (p *kvCliProc) issue(now time.Duration) bool {
 	rid := h.rec.Begin(p.slot, op)
 	p.writes[mid] = pendingWrite{rec: rid, op: op}
 	h.stats.writes++
+	if h.o.readBack {
+		p.readBack(now, rng, op.Key)
+	}
 	return true
 }
 
@@ -855,6 +861,7 @@ func (h *kvRun) crashAfterCommit(at time.Duration, times int) {
 func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	opts := sd.Options()
 	opts.Tick = -1
+	opts.ReadOverlap = o.overlap
 	s := sim.New(opts)
 	defer s.Close()
 	parents := make([]int, o.groups)

@@ -148,6 +148,10 @@ type Table struct {
 	knobs    testingKnobs // planted bugs, tests only (knobs.go)
 	mres     []byte
 	restores int
+	// yield, if set, is called between the stores readers rely on the
+	// order of (the simulator's Env.Yield, which may land one-sided reads
+	// there); nil in production.
+	yield func()
 
 	snaps     atomic.Int32  // captures not yet released
 	heapEpoch atomic.Uint64 // counts restores: a capture that saw it change is void
@@ -299,10 +303,20 @@ func (t *Table) publish() {
 	// The check word last: a reader that sees it sees the words it
 	// covers (stores are ordered), or a mismatch.
 	rdma.Store64(t.hmem, hCheck, 0)
+	t.yieldPoint()
 	for off := hServing; off < hCheck; off += 8 {
 		rdma.Store64(t.hmem, off, binary.LittleEndian.Uint64(b[off:]))
 	}
+	t.yieldPoint()
 	rdma.Store64(t.hmem, hCheck, binary.LittleEndian.Uint64(b[hCheck:]))
+	t.yieldPoint()
+}
+
+// yieldPoint lets a reader see the stores made so far (tests only).
+func (t *Table) yieldPoint() {
+	if t.yield != nil {
+		t.yield()
+	}
 }
 
 // owns reports whether the key with hash h is this group's.
@@ -542,6 +556,7 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 		case OpDelete:
 			if found {
 				clearSlot(t.cur.mem, w.bucket, w.slot)
+				t.yieldPoint()
 				t.heap.release(t.sref(w.s), int(w.s.sizeHint(t)), deferring)
 				t.count--
 			}
@@ -653,10 +668,12 @@ func (t *Table) put(key, value []byte, h, version uint64, w where, found, deferr
 		return err
 	}
 	encodeRecord(t.heap.bytes(ref, size), version, key, value)
+	t.yieldPoint() // the record, before a slot points to it
 	s := Slot{Version: version, FP: fpOf(h), Units: unitsOf(size), Heap: uint8(refHeap(ref)), Off: uint64(refOff(ref))}
 	if found {
 		old := w.s
 		storeSlot(t.cur.mem, w.bucket, w.slot, s)
+		t.yieldPoint()
 		t.heap.release(t.sref(old), old.sizeHint(t), deferring)
 		return nil
 	}
@@ -673,6 +690,7 @@ func (t *Table) put(key, value []byte, h, version uint64, w where, found, deferr
 		b, i, ok = freeSlot(&t.cur, h)
 	}
 	storeSlot(t.cur.mem, b, i, s)
+	t.yieldPoint()
 	t.count++
 	return nil
 }
@@ -761,6 +779,10 @@ func (t *Table) migrateBucket(b int) {
 	if rdma.Load64(t.old.mem, off)&bMoved != 0 {
 		return
 	}
+	if t.knobs.movedFirst {
+		rdma.Store64(t.old.mem, off, bMoved) // too early: readers skip the bucket
+		t.yieldPoint()
+	}
 	for i := range slotsPer {
 		s := t.slotAt(t.old.mem, off, i)
 		if s.Version == 0 {
@@ -776,8 +798,10 @@ func (t *Table) migrateBucket(b int) {
 			panic(fmt.Sprintf("kv: migration found both candidates of a key full in a generation of %d buckets", t.cur.buckets()))
 		}
 		storeSlot(t.cur.mem, nb, ni, s)
+		t.yieldPoint()
 	}
 	rdma.Store64(t.old.mem, off, bMoved)
+	t.yieldPoint()
 }
 
 // Snapshots (broadcast.FSM): Snapshot captures the slots of every live
@@ -1070,6 +1094,7 @@ func (t *Table) Restore(b []byte) error {
 			panic(fmt.Sprintf("kv: restore: heap allocation %x (%v), planned %x", ref, err, r.ref))
 		}
 		copy(t.heap.bytes(ref, r.size), b[r.off:r.off+r.size])
+		t.yieldPoint()
 	}
 	t.count = len(recs)
 	t.stages = stages
