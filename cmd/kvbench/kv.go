@@ -105,7 +105,9 @@ before and after the measurement and divided by every op it completed
             and the benchmark goroutines': a closed loop allocates nothing
             per op of its own)
   wake-ups  voluntary + nonvoluntary context switches summed over every
-            thread (/proc/PID/task/*/status), client and replicas apart
+            thread (/proc/PID/task/*/status), client and replicas apart;
+            the nonvoluntary ones (preemptions, which a busy machine adds)
+            also alone in --json
   cpu       utime + stime (/proc/PID/stat; 10 ms ticks, so coarse for a
             short --duration), client and replicas apart, and their sum
 Example (issue 17's single-writer and saturation puts):
@@ -1371,8 +1373,8 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 		p := kvPair{ours: st}
 		line := fmt.Sprintf("%-24s p50 %-8s p99 %-8s %8s ops/s", what, fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS))
 		if c := st.cost; c.ok {
-			line += fmt.Sprintf("; per op: %.1f allocs, wake-ups %.2f client %.2f replicas, cpu %.1f µs client %.1f µs replicas",
-				c.allocs, c.clientWakeups, c.serverWakeups, c.clientCPU, c.serverCPU)
+			line += fmt.Sprintf("; per op: %.1f allocs, wake-ups %.2f client (%.2f preempted) %.2f replicas (%.2f preempted), cpu %.1f µs client %.1f µs replicas",
+				c.allocs, c.clientWakeups, c.clientPreempts, c.serverWakeups, c.serverPreempts, c.clientCPU, c.serverCPU)
 		}
 		switch {
 		case sp.base != nil:
@@ -1492,13 +1494,15 @@ type kvRow struct {
 	// get and put rows: the cost per op (medians over runs), from the
 	// client's process (this one) and the replicas' process, over every op
 	// of the measurement, warm-up included (cost_ops of them).
-	CostOps            uint64   `json:"cost_ops,omitempty"`
-	ClientAllocsPerOp  *float64 `json:"client_allocs_per_op,omitempty"`
-	ClientWakeupsPerOp *float64 `json:"client_wakeups_per_op,omitempty"`
-	ServerWakeupsPerOp *float64 `json:"server_wakeups_per_op,omitempty"`
-	ClientCPUUSPerOp   *float64 `json:"client_cpu_us_per_op,omitempty"`
-	ServerCPUUSPerOp   *float64 `json:"server_cpu_us_per_op,omitempty"`
-	CPUUSPerOp         *float64 `json:"cpu_us_per_op,omitempty"` // client + server
+	CostOps             uint64   `json:"cost_ops,omitempty"`
+	ClientAllocsPerOp   *float64 `json:"client_allocs_per_op,omitempty"`
+	ClientWakeupsPerOp  *float64 `json:"client_wakeups_per_op,omitempty"`
+	ServerWakeupsPerOp  *float64 `json:"server_wakeups_per_op,omitempty"`
+	ClientPreemptsPerOp *float64 `json:"client_nonvoluntary_per_op,omitempty"` // of the wake-ups: preemptions
+	ServerPreemptsPerOp *float64 `json:"server_nonvoluntary_per_op,omitempty"`
+	ClientCPUUSPerOp    *float64 `json:"client_cpu_us_per_op,omitempty"`
+	ServerCPUUSPerOp    *float64 `json:"server_cpu_us_per_op,omitempty"`
+	CPUUSPerOp          *float64 `json:"cpu_us_per_op,omitempty"` // client + server
 	// get-during-growth (ops_per_s is the slowest interval of the load)
 	IntervalNS            int64   `json:"interval_ns,omitempty"`
 	BeforeOpsPerS         float64 `json:"before_ops_per_s,omitempty"`
@@ -1555,6 +1559,8 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 			r.ClientAllocsPerOp = med(func(c opCost) float64 { return c.allocs })
 			r.ClientWakeupsPerOp = med(func(c opCost) float64 { return c.clientWakeups })
 			r.ServerWakeupsPerOp = med(func(c opCost) float64 { return c.serverWakeups })
+			r.ClientPreemptsPerOp = med(func(c opCost) float64 { return c.clientPreempts })
+			r.ServerPreemptsPerOp = med(func(c opCost) float64 { return c.serverPreempts })
 			r.ClientCPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU })
 			r.ServerCPUUSPerOp = med(func(c opCost) float64 { return c.serverCPU })
 			r.CPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU + c.serverCPU })

@@ -146,6 +146,7 @@ func TestKVQuickJSON(t *testing.T) {
 
 // kvCostFields are the cost-per-op keys of every get and put row.
 var kvCostFields = []string{"client_allocs_per_op", "client_wakeups_per_op", "server_wakeups_per_op",
+	"client_nonvoluntary_per_op", "server_nonvoluntary_per_op",
 	"client_cpu_us_per_op", "server_cpu_us_per_op", "cpu_us_per_op"}
 
 // nonNegative checks that each key is a number >= 0 (a cost per op can be

@@ -18,6 +18,8 @@ import (
 //   - wake-ups: voluntary_ctxt_switches + nonvoluntary_ctxt_switches summed
 //     over every thread of a process (/proc/PID/task/*/status): each is a
 //     thread taken off its CPU, a block (then a wake-up) or a preemption;
+//     the nonvoluntary part (preemptions: a busy machine's share) is also
+//     given alone;
 //   - CPU: utime + stime of a process (/proc/PID/stat, all its threads), in
 //     clock ticks of 1/userHZ s (10 ms: a short measurement's CPU per op is
 //     coarse).
@@ -31,14 +33,14 @@ const userHZ = 100
 
 // procCounters are one process's wake-up and CPU counters.
 type procCounters struct {
-	wakeups uint64 // voluntary + nonvoluntary context switches, all threads
-	ticks   uint64 // utime + stime
+	wakeups  uint64 // voluntary + nonvoluntary context switches, all threads
+	preempts uint64 // the nonvoluntary ones
+	ticks    uint64 // utime + stime
 }
 
-// parseCtxtSwitches is voluntary_ctxt_switches + nonvoluntary_ctxt_switches
-// of a /proc/PID/task/TID/status text.
-func parseCtxtSwitches(status []byte) (uint64, error) {
-	var sum uint64
+// parseCtxtSwitches is voluntary_ctxt_switches and
+// nonvoluntary_ctxt_switches of a /proc/PID/task/TID/status text.
+func parseCtxtSwitches(status []byte) (vol, nonvol uint64, err error) {
 	found := 0
 	for _, line := range bytes.Split(status, []byte("\n")) {
 		name, rest, ok := bytes.Cut(line, []byte(":"))
@@ -49,16 +51,20 @@ func parseCtxtSwitches(status []byte) (uint64, error) {
 		case "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches":
 			n, err := strconv.ParseUint(string(bytes.TrimSpace(rest)), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("%s: %w", name, err)
+				return 0, 0, fmt.Errorf("%s: %w", name, err)
 			}
-			sum += n
+			if name[0] == 'v' {
+				vol = n
+			} else {
+				nonvol = n
+			}
 			found++
 		}
 	}
 	if found != 2 {
-		return 0, errors.New("no voluntary_ctxt_switches and nonvoluntary_ctxt_switches lines")
+		return 0, 0, errors.New("no voluntary_ctxt_switches and nonvoluntary_ctxt_switches lines")
 	}
-	return sum, nil
+	return vol, nonvol, nil
 }
 
 // parseStatTicks is utime + stime of a /proc/PID/stat text (fields 14 and
@@ -103,11 +109,12 @@ func readProcCounters(pid int) (procCounters, error) {
 		if err != nil {
 			continue // the thread ended
 		}
-		n, err := parseCtxtSwitches(b)
+		vol, nonvol, err := parseCtxtSwitches(b)
 		if err != nil {
 			return c, fmt.Errorf("%s/task/%s/status: %w", base, t.Name(), err)
 		}
-		c.wakeups += n
+		c.wakeups += vol + nonvol
+		c.preempts += nonvol
 	}
 	return c, nil
 }
@@ -147,6 +154,7 @@ func readCostProcs(servers []int) costSnap {
 		c, err := readProcCounters(p)
 		s.err = errors.Join(s.err, err)
 		s.servers.wakeups += c.wakeups
+		s.servers.preempts += c.preempts
 		s.servers.ticks += c.ticks
 	}
 	return s
@@ -154,11 +162,12 @@ func readCostProcs(servers []int) costSnap {
 
 // opCost is a measurement's cost per op.
 type opCost struct {
-	ok                           bool
-	ops                          uint64  // the ops it was divided by
-	allocs                       float64 // client process
-	clientWakeups, serverWakeups float64
-	clientCPU, serverCPU         float64 // µs
+	ok                             bool
+	ops                            uint64  // the ops it was divided by
+	allocs                         float64 // client process
+	clientWakeups, serverWakeups   float64
+	clientPreempts, serverPreempts float64 // the nonvoluntary part of the wake-ups
+	clientCPU, serverCPU           float64 // µs
 }
 
 // costPerOp is b - a over ops (ok false: a reading failed or no op).
@@ -175,10 +184,12 @@ func costPerOp(a, b costSnap, ops uint64) opCost {
 	}
 	const usPerTick = 1e6 / userHZ
 	return opCost{ok: true, ops: ops,
-		allocs:        delta(a.mallocs, b.mallocs) / n,
-		clientWakeups: delta(a.client.wakeups, b.client.wakeups) / n,
-		serverWakeups: delta(a.servers.wakeups, b.servers.wakeups) / n,
-		clientCPU:     delta(a.client.ticks, b.client.ticks) * usPerTick / n,
-		serverCPU:     delta(a.servers.ticks, b.servers.ticks) * usPerTick / n,
+		allocs:         delta(a.mallocs, b.mallocs) / n,
+		clientWakeups:  delta(a.client.wakeups, b.client.wakeups) / n,
+		serverWakeups:  delta(a.servers.wakeups, b.servers.wakeups) / n,
+		clientPreempts: delta(a.client.preempts, b.client.preempts) / n,
+		serverPreempts: delta(a.servers.preempts, b.servers.preempts) / n,
+		clientCPU:      delta(a.client.ticks, b.client.ticks) * usPerTick / n,
+		serverCPU:      delta(a.servers.ticks, b.servers.ticks) * usPerTick / n,
 	}
 }

@@ -27,9 +27,9 @@ const sampleStat = `4242 (kv server) (x)) S 1 4242 4242 0 -1 4194560 5000 0 0 0 
 `
 
 func TestParseCtxtSwitches(t *testing.T) {
-	n, err := parseCtxtSwitches([]byte(sampleTaskStatus))
-	if err != nil || n != 1234+56 {
-		t.Errorf("parseCtxtSwitches(sample) = %d, %v; want %d", n, err, 1234+56)
+	vol, nonvol, err := parseCtxtSwitches([]byte(sampleTaskStatus))
+	if err != nil || vol != 1234 || nonvol != 56 {
+		t.Errorf("parseCtxtSwitches(sample) = %d, %d, %v; want 1234, 56", vol, nonvol, err)
 	}
 	// Either line missing, or a bad number: an error, not a wrong sum.
 	for name, text := range map[string]string{
@@ -38,8 +38,8 @@ func TestParseCtxtSwitches(t *testing.T) {
 		"bad number":      strings.Replace(sampleTaskStatus, "\t56", "\tx56", 1),
 		"empty":           "",
 	} {
-		if n, err := parseCtxtSwitches([]byte(text)); err == nil {
-			t.Errorf("%s: parseCtxtSwitches = %d, nil; want an error", name, n)
+		if vol, nonvol, err := parseCtxtSwitches([]byte(text)); err == nil {
+			t.Errorf("%s: parseCtxtSwitches = %d, %d, nil; want an error", name, vol, nonvol)
 		}
 	}
 }
@@ -73,14 +73,16 @@ func TestReadProcCounters(t *testing.T) {
 }
 
 func TestCostPerOp(t *testing.T) {
-	a := costSnap{mallocs: 1000, client: procCounters{wakeups: 10, ticks: 5}, servers: procCounters{wakeups: 100, ticks: 50}}
-	b := costSnap{mallocs: 1000 + 25*400, client: procCounters{wakeups: 10 + 2*400, ticks: 5 + 4}, servers: procCounters{wakeups: 100 + 3*400, ticks: 50 + 8}}
+	a := costSnap{mallocs: 1000, client: procCounters{wakeups: 10, preempts: 1, ticks: 5}, servers: procCounters{wakeups: 100, preempts: 7, ticks: 50}}
+	b := costSnap{mallocs: 1000 + 25*400, client: procCounters{wakeups: 10 + 2*400, preempts: 1 + 200, ticks: 5 + 4},
+		servers: procCounters{wakeups: 100 + 3*400, preempts: 7 + 400, ticks: 50 + 8}}
 	c := costPerOp(a, b, 400)
-	want := opCost{ok: true, ops: 400, allocs: 25, clientWakeups: 2, serverWakeups: 3,
+	want := opCost{ok: true, ops: 400, allocs: 25, clientWakeups: 2, serverWakeups: 3, clientPreempts: 0.5, serverPreempts: 1,
 		clientCPU: 4 * 1e4 / 400, serverCPU: 8 * 1e4 / 400} // a tick is 10 ms
 	near := func(x, y float64) bool { return math.Abs(x-y) < 1e-9 }
 	if !c.ok || c.ops != want.ops || !near(c.allocs, want.allocs) || !near(c.clientWakeups, want.clientWakeups) ||
-		!near(c.serverWakeups, want.serverWakeups) || !near(c.clientCPU, want.clientCPU) || !near(c.serverCPU, want.serverCPU) {
+		!near(c.serverWakeups, want.serverWakeups) || !near(c.clientPreempts, want.clientPreempts) || !near(c.serverPreempts, want.serverPreempts) ||
+		!near(c.clientCPU, want.clientCPU) || !near(c.serverCPU, want.serverCPU) {
 		t.Errorf("costPerOp = %+v, want %+v", c, want)
 	}
 	// A server thread that ended drops its counts: no negative figure.
