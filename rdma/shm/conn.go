@@ -20,6 +20,7 @@ import (
 type peer struct {
 	id    rdma.NodeID
 	owner procIdent
+	watch *procWatch // owner's liveness for checkLive; nil for a node of this process
 	nf    []byte
 	refs  int // Conns + the Node's peers map; guarded by the Node's mu
 
@@ -51,7 +52,7 @@ func (p *peer) checkLive() error {
 		return rdma.ErrPeerDead
 	}
 	if p.due.Load() && p.due.CompareAndSwap(true, false) {
-		if !p.owner.alive() {
+		if p.watch != nil && !p.watch.alive() {
 			p.dead.Store(true)
 		} else {
 			p.timer.Reset(p.every)
@@ -71,6 +72,9 @@ func (p *peer) release() {
 	}
 	if p.timer != nil {
 		p.timer.Stop()
+	}
+	if p.watch != nil {
+		p.watch.close()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

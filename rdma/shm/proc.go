@@ -32,21 +32,107 @@ func procStat(pid int) (state byte, start uint64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	// "pid (comm) S ppid ...": comm may hold spaces and parentheses, so
-	// the fields start after the last ')'.
+	state, start, ok := parseStat(b)
+	if !ok {
+		return 0, 0, fmt.Errorf("shm: malformed /proc/%d/stat", pid)
+	}
+	return state, start, nil
+}
+
+// parseStat returns the state letter (field 3) and the start time (field
+// 22) of a /proc/<pid>/stat line, allocating nothing. comm (field 2) may
+// hold spaces and parentheses, so the fields are counted from after the
+// last ')'.
+func parseStat(b []byte) (state byte, start uint64, ok bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, 0, fmt.Errorf("shm: malformed /proc/%d/stat", pid)
+		return 0, 0, false
 	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 20 {
-		return 0, 0, fmt.Errorf("shm: malformed /proc/%d/stat", pid)
+	field := 2 // the field b[i] ends
+	for j := i + 1; j < len(b); {
+		for j < len(b) && b[j] == ' ' {
+			j++
+		}
+		k := j
+		for k < len(b) && b[k] != ' ' && b[k] != '\n' {
+			k++
+		}
+		if k == j {
+			break
+		}
+		field++
+		switch field {
+		case 3:
+			if k-j != 1 {
+				return 0, 0, false
+			}
+			state = b[j]
+		case 22:
+			var v uint64
+			for _, c := range b[j:k] {
+				d := uint64(c - '0')
+				if c < '0' || c > '9' || v > (1<<64-1-d)/10 {
+					return 0, 0, false // not a number, or over 64 bits
+				}
+				v = v*10 + d
+			}
+			return state, v, true
+		}
+		j = k
 	}
-	start, err = strconv.ParseUint(string(f[19]), 10, 64)
-	if err != nil || len(f[0]) != 1 {
-		return 0, 0, fmt.Errorf("shm: malformed /proc/%d/stat", pid)
+	return 0, 0, false
+}
+
+// procWatch checks that one process still runs without allocating: it
+// holds /proc/<pid>/stat open from the start and rereads it. The open file
+// stays bound to that process, not to its pid number: once the process is
+// reaped a read fails with ESRCH, even if the pid is reused meanwhile. The
+// start time is compared as well (the file may have been opened after a
+// reuse). Not safe for concurrent use.
+type procWatch struct {
+	p   procIdent
+	fd  int // -1 when the open failed for a reason other than death
+	buf [512]byte
+}
+
+// newProcWatch opens p's stat file; a failure to open it other than
+// death leaves the watch to fall back on procIdent.alive.
+func newProcWatch(p procIdent) *procWatch {
+	w := &procWatch{p: p, fd: -1}
+	if p != 0 {
+		if fd, err := unix.Open("/proc/"+strconv.Itoa(p.pid())+"/stat", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			w.fd = fd
+		}
 	}
-	return f[0][0], start, nil
+	return w
+}
+
+// alive answers as procIdent.alive does (false only on evidence of
+// death), with one pread and no allocation when the file is open.
+func (w *procWatch) alive() bool {
+	if w.fd < 0 {
+		return w.p.alive()
+	}
+	n, err := unix.Pread(w.fd, w.buf[:], 0)
+	if err == unix.ESRCH {
+		return false
+	}
+	if err != nil {
+		return true // a failure to look is not death (see alive)
+	}
+	state, start, ok := parseStat(w.buf[:n])
+	if !ok {
+		return true
+	}
+	return state != 'Z' && state != 'X' && start == uint64(w.p)>>pidBits
+}
+
+// close releases the stat file.
+func (w *procWatch) close() {
+	if w.fd >= 0 {
+		unix.Close(w.fd)
+		w.fd = -1
+	}
 }
 
 // selfIdent is the identity of the calling process.

@@ -465,6 +465,7 @@ func (n *Node) openPeer(id rdma.NodeID) (*peer, error) {
 		p.timer = time.AfterFunc(time.Duration(1<<62), func() {})
 		return p, nil
 	}
+	p.watch = newProcWatch(h.owner)
 	p.timer = time.AfterFunc(p.every, func() { p.due.Store(true) })
 	return p, nil
 }
