@@ -73,6 +73,14 @@ var (
 // on every replica of lca(dst)) and collects the replies that the
 // destination groups' leaders write into its own reply region. It is a
 // polled state machine: call Multicast and Poll from one goroutine.
+//
+// Groups are isolated: the window is per group (ClientSlots messages to
+// each group may be outstanding), so messages that a dead group never
+// answers hold only that group's ring and reply slots, and messages to
+// the other groups go on. A message's sequence number is the lowest one
+// above the last used whose reply slot (seq mod ClientSlots) is free in
+// every destination group: numbers are skipped, never reused, so they
+// still grow (the replicas' exactly-once table keeps the highest).
 type Client struct {
 	cfg   ClientConfig
 	node  rdma.Node
@@ -89,7 +97,10 @@ type Client struct {
 	seq   uint64
 	pos   []uint64   // per group: last ring position written
 	busy  [][]uint64 // per group, per ring slot: seq occupying it (0 free)
-	calls []call     // by seq mod ClientSlots
+	rbusy [][]uint64 // per group, per reply slot (seq mod ClientSlots): seq occupying it (0 free)
+	calls []call     // Groups x ClientSlots: each group has at most ClientSlots outstanding
+	act   []int      // indexes in calls of the outstanding messages
+	free  []int      // indexes in calls not in use
 	retry uint64     // our retry counter (the header's retry word)
 	out   int
 	rs    int // reply slot size
@@ -166,9 +177,13 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 		}
 		c.peers = append(c.peers, ps)
 		c.busy = append(c.busy, make([]uint64, cfg.ClientSlots))
+		c.rbusy = append(c.rbusy, make([]uint64, cfg.ClientSlots))
 	}
 	c.pos = make([]uint64, ng)
-	c.calls = make([]call, cfg.ClientSlots)
+	c.calls = make([]call, ng*cfg.ClientSlots)
+	for i := len(c.calls) - 1; i >= 0; i-- {
+		c.free = append(c.free, i)
+	}
 	c.buf = make([]byte, cfg.SlotSize)
 	c.rbuf = make([]byte, c.rs)
 	c.helloWait = cfg.RetryAfter
@@ -178,15 +193,45 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 // Ready reports whether every group registered this incarnation.
 func (c *Client) Ready() bool { return c.ready == c.cfg.Tree.All() }
 
+// Registered is the set of groups that registered this incarnation; a
+// message may go to these (its lca and every destination registered).
+func (c *Client) Registered() tree.Set { return c.ready }
+
 // Outstanding is the number of messages waiting for replies.
 func (c *Client) Outstanding() int { return c.out }
 
-// Window is the number of messages the client may have outstanding.
+// Window is the number of messages the client may have outstanding to
+// each group.
 func (c *Client) Window() int { return c.cfg.ClientSlots }
 
-// NextID is the id the next successful Multicast gives its message (an
-// application may embed it in the payload).
-func (c *Client) NextID() MsgID { return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: c.seq + 1} }
+// NextID is the id the next successful Multicast to dst gives its message
+// (an application may embed it in the payload).
+func (c *Client) NextID(dst tree.Set) MsgID {
+	seq, _ := c.nextSeq(dst)
+	return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: seq}
+}
+
+// nextSeq is the lowest sequence number above the last used whose reply
+// slot is free in every group of dst; false if none is (the window of a
+// group of dst is full).
+func (c *Client) nextSeq(dst tree.Set) (uint64, bool) {
+	w := uint64(c.cfg.ClientSlots)
+	for seq := c.seq + 1; seq <= c.seq+w; seq++ {
+		free := true
+		for s := dst; !s.Empty(); {
+			g, _ := s.Min()
+			s = s.Remove(g)
+			if int(g) < len(c.rbusy) && c.rbusy[g][seq%w] != 0 {
+				free = false
+				break
+			}
+		}
+		if free {
+			return seq, true
+		}
+	}
+	return c.seq + 1, false
+}
 
 // Slot is the client's slot.
 func (c *Client) Slot() uint32 { return c.cfg.Slot }
@@ -204,9 +249,6 @@ func (c *Client) Close() error {
 // Multicast writes payload to dst's lca (TRAM Alg. 1) and returns the
 // message's id; its Outcome arrives through OnDone. payload is copied.
 func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
-	if !c.Ready() {
-		return MsgID{}, ErrNotReady
-	}
 	if len(payload) > maxPayload(c.cfg.SlotSize) {
 		return MsgID{}, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(payload), maxPayload(c.cfg.SlotSize))
 	}
@@ -214,15 +256,26 @@ func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
 	if err != nil {
 		return MsgID{}, fmt.Errorf("%w: %v", ErrDestination, err)
 	}
+	if need := dst.Add(lca); need&^c.ready != 0 {
+		return MsgID{}, fmt.Errorf("%w: groups %v have not registered it", ErrNotReady, need&^c.ready)
+	}
 	w := uint64(c.cfg.ClientSlots)
-	seq := c.seq + 1
+	seq, ok := c.nextSeq(dst)
 	pos := c.pos[lca] + 1
-	if c.calls[seq%w].seq != 0 || c.busy[lca][pos%w] != 0 {
+	if !ok || c.busy[lca][pos%w] != 0 || len(c.free) == 0 {
 		return MsgID{}, ErrWindowFull
 	}
 	c.seq, c.pos[lca] = seq, pos
 	c.busy[lca][pos%w] = seq
-	k := &c.calls[seq%w]
+	for s := dst; !s.Empty(); {
+		g, _ := s.Min()
+		s = s.Remove(g)
+		c.rbusy[g][seq%w] = seq
+	}
+	i := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	c.act = append(c.act, i)
+	k := &c.calls[i]
 	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, payload: append(k.payload[:0], payload...),
 		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0], rbuf: k.rbuf[:0], rends: k.rends[:0]}
 	c.out++
@@ -284,10 +337,8 @@ func (c *Client) NextDeadline() time.Duration {
 	if !c.Ready() {
 		d = min(d, c.helloAt)
 	}
-	for i := range c.calls {
-		if c.calls[i].seq != 0 {
-			d = min(d, c.calls[i].retryAt)
-		}
+	for _, i := range c.act {
+		d = min(d, c.calls[i].retryAt)
 	}
 	return d
 }
@@ -310,24 +361,20 @@ func (c *Client) Poll(now time.Duration) bool {
 	if !c.Ready() {
 		helloOff := ng * w * c.rs
 		for g := range ng {
-			if rdma.Load64(mem, helloOff+g*8) == c.cfg.Inc {
+			if !c.ready.Has(tree.Group(g)) && rdma.Load64(mem, helloOff+g*8) == c.cfg.Inc {
 				c.ready = c.ready.Add(tree.Group(g))
+				progress = true
 			}
 		}
-		if c.Ready() {
-			progress = true
-		} else if now >= c.helloAt {
+		if !c.Ready() && now >= c.helloAt {
 			missing := c.cfg.Tree.All() &^ c.ready
 			c.hello(missing)
 			c.helloAt = now + c.helloWait
 			c.helloWait = min(2*c.helloWait, 20*c.cfg.RetryAfter)
 		}
 	}
-	for i := range c.calls {
-		k := &c.calls[i]
-		if k.seq == 0 {
-			continue
-		}
+	for j := 0; j < len(c.act); j++ {
+		k := &c.calls[c.act[j]]
 		for missing := k.dst &^ k.got; !missing.Empty(); {
 			g, _ := missing.Min()
 			missing = missing.Remove(g)
@@ -350,7 +397,13 @@ func (c *Client) Poll(now time.Duration) bool {
 			progress = true
 		}
 		if k.got == k.dst {
+			// complete may not touch act: the slot leaves it here
+			i := c.act[j]
+			c.act[j] = c.act[len(c.act)-1]
+			c.act = c.act[:len(c.act)-1]
+			j--
 			c.complete(k)
+			c.free = append(c.free, i)
 			continue
 		}
 		if now >= k.retryAt {
@@ -368,6 +421,11 @@ func (c *Client) Poll(now time.Duration) bool {
 func (c *Client) complete(k *call) {
 	w := uint64(c.cfg.ClientSlots)
 	c.busy[k.lca][k.pos%w] = 0
+	for s := k.dst; !s.Empty(); {
+		g, _ := s.Min()
+		s = s.Remove(g)
+		c.rbusy[g][k.seq%w] = 0
+	}
 	start := 0
 	for i := range k.replies {
 		k.replies[i].Result = k.rbuf[start:k.rends[i]:k.rends[i]]
@@ -388,6 +446,29 @@ func sortReplies(rs []Reply) {
 			rs[j], rs[j-1] = rs[j-1], rs[j]
 		}
 	}
+}
+
+// failures counts the failures of the client's Conns.
+func (c *Client) failures() uint64 {
+	n := uint64(0)
+	for _, ps := range c.peers {
+		for _, p := range ps {
+			n += p.fails
+		}
+	}
+	return n
+}
+
+// peerErrList appends each failed Conn's last failure to out.
+func (c *Client) peerErrList(out []PeerError) []PeerError {
+	for g, ps := range c.peers {
+		for _, p := range ps {
+			if p.err != nil {
+				out = append(out, PeerError{Group: tree.Group(g), Node: p.id, Err: p.err})
+			}
+		}
+	}
+	return out
 }
 
 // peerErrors describes the last failure of each Conn that failed, for an

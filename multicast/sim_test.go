@@ -284,7 +284,7 @@ func (p *cliProc) Step(now time.Duration) bool {
 	progress := p.c.Poll(now)
 	for p.c.Ready() && p.issued < h.o.msgs && now < h.o.until && now >= p.next && p.c.Outstanding() < p.c.Window() {
 		dst := h.randomDst()
-		id := p.c.NextID()
+		id := p.c.NextID(dst)
 		if _, err := p.c.Multicast(dst, msgPayload(id, h.o.size)); err != nil {
 			if errors.Is(err, ErrWindowFull) {
 				break
