@@ -12,9 +12,9 @@
 //
 // With no --map, kvcli uses the map of the local cluster that kvserver
 // started with no arguments. Exit codes: 0 done, 1 key not found, 2 usage
-// error, 3 compare-and-swap mismatch, 4 cluster unavailable, timed out or
-// write outcome unknown, 5 any other error, 130 interrupted. docs/kvcli.md
-// is the user guide.
+// or config error (a wrong cluster secret), 3 compare-and-swap mismatch, 4
+// cluster unavailable, timed out or write outcome unknown, 5 any other
+// error, 130 interrupted. docs/kvcli.md is the user guide.
 package main
 
 import (
@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
 // Exit codes.
@@ -247,6 +248,9 @@ func (s *session) open(ctx context.Context, timeout time.Duration) int {
 			fmt.Fprintf(s.stderr, "kvcli: no cluster map at %s: start a local cluster with `go run ./cmd/kvserver`, or give --map\n", s.mapFile)
 			return exitUnavailable
 		}
+		if errors.Is(err, tcp.ErrAuth) && s.secret != "" {
+			err = fmt.Errorf("%w (the secret of --secret-file %s)", err, s.secret)
+		}
 		return s.report(err)
 	}
 	s.c = c
@@ -316,6 +320,8 @@ func exitCode(err error) int {
 	case errors.Is(err, client.ErrEmptyKey), errors.Is(err, client.ErrKeyTooLarge),
 		errors.Is(err, client.ErrValueTooLarge), errors.Is(err, client.ErrBatchTooLarge):
 		return exitUsage
+	case errors.Is(err, tcp.ErrAuth), errors.Is(err, tcp.ErrVersion):
+		return exitUsage // the config is wrong: retrying cannot help
 	}
 	return exitError
 }

@@ -24,24 +24,10 @@ func keyOf(m *cluster.Map, g uint32, prefix string, n *int) []byte {
 	}
 }
 
-// TestDeadGroupIsolated runs 2 groups x 3 kvserver processes on shm and
-// kills two replicas of group 0 (kill -9): group 0 has no leader and
-// cannot elect one. A dead group must cost a client only its own calls:
-//
-//   - A client that was using group 0 has writes to it time out (each of
-//     them stays under way in the client, retried until group 0 answers);
-//     after twice the client's window of them it must still complete every
-//     one of a run of writes to group 1.
-//   - A new client must open (it serves group 1), its writes to group 1
-//     must work, and its writes to group 0, and a batch over both groups,
-//     must fail at once with *UnavailableError naming group 0 and why
-//     ("has no leader: replicas 2 and 3 unreachable").
-//
-// It first caught the multicast client numbering its in-flight messages
-// across all groups (seq mod ClientSlots): messages stuck on group 0 held
-// the slots, and writes to group 1 stopped; and Open waiting for every
-// group to register the client, so that no new client could open.
-func TestDeadGroupIsolated(t *testing.T) {
+// deadGroup0 runs 2 groups x 3 kvserver processes on shm, opens a client
+// (slot 0) that writes to both groups, and kills two replicas of group 0
+// (kill -9, nodes 2 and 3): group 0 has no leader and cannot elect one.
+func deadGroup0(t *testing.T) (*tcluster, *client.Client) {
 	c := newCluster(t, loopbackSpec(t, "isolation", "shm", 2))
 	c.startAll()
 	c.waitReady(30*time.Second, c.allIDs()...)
@@ -58,10 +44,25 @@ func TestDeadGroupIsolated(t *testing.T) {
 			t.Fatalf("warm-up write to group %d: %v", g, err)
 		}
 	}
-
 	c.kill(2)
 	c.kill(3)
 	c.logf("replicas 2 and 3 of group 0 killed")
+	return c, cl
+}
+
+// TestDeadGroupIsolated: a dead group must cost a client only its own
+// calls. A client that was using group 0 has writes to it time out (each
+// stays under way in the client, retried until group 0 answers); after
+// twice the client's window of them it must still complete every one of a
+// run of writes to group 1.
+//
+// It first caught the multicast client numbering its in-flight messages
+// across all groups (seq mod ClientSlots): the messages stuck on group 0
+// held the slots, and the writes to group 1 timed out.
+func TestDeadGroupIsolated(t *testing.T) {
+	c, cl := deadGroup0(t)
+	m := cl.Map()
+	n := 0
 
 	// Writes to group 0 time out, all at once (each holds a slot of the
 	// client's window for group 0 for good).
@@ -95,8 +96,20 @@ func TestDeadGroupIsolated(t *testing.T) {
 		}
 	}
 	c.logf("then %d writes to group 1 completed", writes)
+}
 
-	// A new client opens while group 0 has no leader.
+// TestOpenWithDeadGroup: a new client must open while group 0 has no
+// leader (it serves group 1), its writes to group 1 must work, and its
+// writes to group 0, and a batch over both groups, must fail at once with
+// *UnavailableError naming group 0 and why ("no leader: replicas 2 and 3
+// unreachable").
+//
+// It first caught Open waiting for every group to register the client:
+// no new client could open ("groups {0} did not register it").
+func TestOpenWithDeadGroup(t *testing.T) {
+	c, cl := deadGroup0(t)
+	m := cl.Map()
+	n := 0
 	octx, ocancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer ocancel()
 	cl2, err := client.Open(octx, client.WithConfigFile(c.path), client.WithSlot(1), client.WithTimeout(10*time.Second))
