@@ -97,6 +97,7 @@ type options struct {
 	backoffMax  time.Duration
 	configFile  string
 	seed        string
+	degraded    bool
 }
 
 // WithMap uses the cluster map m.
@@ -139,6 +140,14 @@ func WithTCP(listen string, secret []byte) Option {
 func WithBackoff(min, max time.Duration) Option {
 	return func(o *options) { o.backoffMin, o.backoffMax = min, max }
 }
+
+// WithDegradedOpen makes Open return once the groups that have a leader
+// registered the client (waiting at most a second for the others), and
+// succeed even if no group did: for tools that report a degraded
+// cluster's state (Status reads the replicas' headers and needs no group
+// to register the client). Calls to a group that has not registered fail
+// with *UnavailableError until it does.
+func WithDegradedOpen() Option { return func(o *options) { o.degraded = true } }
 
 // DefaultMapFile is where a local cluster's map is found when no map is
 // given (kvserver with no arguments writes it).

@@ -92,7 +92,7 @@ func (c *Client) register(ctx context.Context) error {
 		if !time.Now().Before(probeAt) {
 			var dead bool
 			down, dead = c.diagnose(ctx, missing)
-			if dead {
+			if dead || c.o.degraded {
 				break
 			}
 			probeAt = time.Now().Add(registerProbe)
@@ -119,7 +119,7 @@ func (c *Client) register(ctx context.Context) error {
 		}
 	}
 	reg, _ := c.runner.Registered()
-	if reg.Empty() {
+	if reg.Empty() && !c.o.degraded {
 		return &openError{down: down}
 	}
 	c.downMu.Lock()

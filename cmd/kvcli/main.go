@@ -155,7 +155,10 @@ func (s *session) exec(ctx context.Context, words []string) int {
 		return s.usage(&usageError{msg: fmt.Sprintf("%s is a shell command (run kvcli with no command for the shell)", x.cmd.name)})
 	}
 	if x.cmd.cluster && s.c == nil {
-		if code := s.open(ctx, x.timeout); code != exitOK {
+		// status and leaders read the replicas' headers: they need no
+		// group to have a leader, and report the groups that have none.
+		degraded := x.cmd.name == "status" || x.cmd.name == "leaders"
+		if code := s.open(ctx, x.timeout, degraded); code != exitOK {
 			return code
 		}
 	}
@@ -222,10 +225,13 @@ func (s *session) where() string {
 }
 
 // open opens the session's client.
-func (s *session) open(ctx context.Context, timeout time.Duration) int {
+func (s *session) open(ctx context.Context, timeout time.Duration, degraded bool) int {
 	octx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	o := []client.Option{client.WithTimeout(timeout)}
+	if degraded {
+		o = append(o, client.WithDegradedOpen())
+	}
 	switch {
 	case s.config != "":
 		o = append(o, client.WithConfigFile(s.config))

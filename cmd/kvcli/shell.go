@@ -131,7 +131,7 @@ func (s *session) interactive() int {
 	// Connect at once, to say where to; a cluster that is not there yet
 	// is opened by the first command that needs it.
 	ctx, end := in.command()
-	if s.open(ctx, s.defs.timeout) == exitOK {
+	if s.open(ctx, s.defs.timeout, false) == exitOK {
 		m := s.c.Map()
 		fmt.Fprintf(s.stdout, "kvcli: cluster %q, %d groups x %d replicas on %s (%s)\n", m.Name, len(m.Groups), len(m.Groups[0]), m.Fabric, s.where())
 		rl.SetPrompt(m.Name + "> ")
