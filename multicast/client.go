@@ -123,6 +123,8 @@ type call struct {
 	rbuf    []byte // the replies' results, in arrival order
 	rends   []int  // end of each reply's result in rbuf
 	retries int
+	ring    bool // it holds its lca's ring slot (no reply yet)
+	gone    bool // abandoned: dropped once it holds no ring slot
 }
 
 // NewClient creates a client on node: it registers its reply region and
@@ -276,7 +278,7 @@ func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
 	c.free = c.free[:len(c.free)-1]
 	c.act = append(c.act, i)
 	k := &c.calls[i]
-	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, payload: append(k.payload[:0], payload...),
+	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, ring: true, payload: append(k.payload[:0], payload...),
 		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0], rbuf: k.rbuf[:0], rends: k.rends[:0]}
 	c.out++
 	c.send(k)
@@ -388,6 +390,8 @@ func (c *Client) Poll(now time.Duration) bool {
 				continue
 			}
 			k.got = k.got.Add(g)
+			c.freeReply(g, k.seq)
+			c.freeRing(k) // a reply: the lca committed the message
 			// the result bytes go to the call's buffer (Result is set in
 			// complete: the buffer may grow until then), nothing allocated
 			// once the buffers reached their size
@@ -396,7 +400,7 @@ func (c *Client) Poll(now time.Duration) bool {
 			k.replies = append(k.replies, Reply{Group: g, Index: rp.index, Truncated: rp.flags&replyTruncated != 0})
 			progress = true
 		}
-		if k.got == k.dst {
+		if k.got == k.dst || k.gone && !k.ring {
 			// complete may not touch act: the slot leaves it here
 			i := c.act[j]
 			c.act[j] = c.act[len(c.act)-1]
@@ -404,6 +408,7 @@ func (c *Client) Poll(now time.Duration) bool {
 			j--
 			c.complete(k)
 			c.free = append(c.free, i)
+			progress = true
 			continue
 		}
 		if now >= k.retryAt {
@@ -418,13 +423,65 @@ func (c *Client) Poll(now time.Duration) bool {
 	return progress
 }
 
-func (c *Client) complete(k *call) {
+// freeReply frees group g's reply slot of message seq.
+func (c *Client) freeReply(g tree.Group, seq uint64) {
 	w := uint64(c.cfg.ClientSlots)
-	c.busy[k.lca][k.pos%w] = 0
+	if c.rbusy[g][seq%w] == seq {
+		c.rbusy[g][seq%w] = 0
+	}
+}
+
+// freeRing frees k's slot in its lca's ring.
+func (c *Client) freeRing(k *call) {
+	if k.ring {
+		k.ring = false
+		c.busy[k.lca][k.pos%uint64(c.cfg.ClientSlots)] = 0
+	}
+}
+
+// Abandon says that nobody waits for message id's outcome any more (its
+// caller gave up): it no longer holds reply slots of the groups that have
+// not answered, so that a group that does not answer (a dead lca, which
+// never forwards it) holds back only its own messages. It stays only
+// while it holds its lca's ring slot (until a reply shows the lca
+// committed it; if the lca is a destination, its reply slot there stays
+// reserved for that reply), and then leaves without OnDone. A later
+// message may take a freed reply slot: it has a higher seq, so the
+// replicas' exactly-once table keeps its reply and drops the abandoned
+// one's, and the message is still delivered once.
+func (c *Client) Abandon(id MsgID) {
+	if id.Client != c.cfg.Slot || id.Inc != c.cfg.Inc {
+		return
+	}
+	for _, i := range c.act {
+		k := &c.calls[i]
+		if k.seq != id.Seq || k.gone {
+			continue
+		}
+		k.gone = true
+		for s := k.dst &^ k.got; !s.Empty(); {
+			g, _ := s.Min()
+			s = s.Remove(g)
+			if g != k.lca || !k.ring {
+				c.freeReply(g, k.seq)
+			}
+		}
+		return
+	}
+}
+
+// complete ends k: OnDone with its outcome unless it was abandoned.
+func (c *Client) complete(k *call) {
+	c.freeRing(k)
 	for s := k.dst; !s.Empty(); {
 		g, _ := s.Min()
 		s = s.Remove(g)
-		c.rbusy[g][k.seq%w] = 0
+		c.freeReply(g, k.seq)
+	}
+	if k.gone {
+		k.seq = 0
+		c.out--
+		return
 	}
 	start := 0
 	for i := range k.replies {

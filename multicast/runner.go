@@ -26,6 +26,7 @@ type ClientRunner struct {
 	waiting map[uint64]*request // by seq
 	closed  bool
 	err     error
+	gone    []MsgID       // sent messages whose callers gave up
 	reg     tree.Set      // the groups that registered the client
 	perr    []PeerError   // the Conns' last failures
 	fails   uint64        // the client's Conn failures when perr was taken
@@ -36,6 +37,7 @@ type ClientRunner struct {
 }
 
 type request struct {
+	id      MsgID // once sent
 	dst     tree.Set
 	payload []byte
 	build   func(MsgID) []byte
@@ -188,6 +190,10 @@ func (r *ClientRunner) run(ctx context.Context) {
 func (r *ClientRunner) submit() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for _, id := range r.gone {
+		r.c.Abandon(id)
+	}
+	r.gone = r.gone[:0]
 	var full tree.Set // groups a waiting request involves
 	keep := r.queue[:0]
 	sent := false
@@ -213,6 +219,7 @@ func (r *ClientRunner) submit() bool {
 			}
 			q.ch <- result{err: err}
 		} else {
+			q.id = id
 			r.waiting[id.Seq] = q
 		}
 		sent = true
@@ -239,8 +246,10 @@ func (r *ClientRunner) finish(o *Outcome) {
 }
 
 // Multicast multicasts payload to dst and waits for every destination
-// group's reply. If ctx ends first it returns ctx's error and the message
-// may still be delivered (the client keeps retrying it until Close).
+// group's reply. If ctx ends first it returns ctx's error. A message not
+// sent yet never is; a sent one may still be delivered (once): the client
+// abandons it (Client.Abandon), writing it again until its lca ordered it
+// but no longer holding the other groups' reply slots for it.
 func (r *ClientRunner) Multicast(ctx context.Context, dst tree.Set, payload []byte) (Outcome, error) {
 	return r.do(ctx, &request{dst: dst, payload: append([]byte{}, payload...), ch: make(chan result, 1)})
 }
@@ -266,7 +275,8 @@ func (r *ClientRunner) do(ctx context.Context, q *request) (Outcome, error) {
 		return res.o, res.err
 	case <-ctx.Done():
 		// Not sent yet: it never will be (a request for a group that does
-		// not answer must not pile up in the queue).
+		// not answer must not pile up in the queue). Sent: the client
+		// abandons it (it keeps only what the ring needs).
 		r.mu.Lock()
 		for i, x := range r.queue {
 			if x == q {
@@ -274,7 +284,12 @@ func (r *ClientRunner) do(ctx context.Context, q *request) (Outcome, error) {
 				break
 			}
 		}
+		if q.id.Seq != 0 && r.waiting[q.id.Seq] == q {
+			delete(r.waiting, q.id.Seq)
+			r.gone = append(r.gone, q.id)
+		}
 		r.mu.Unlock()
+		r.db.Ring()
 		return Outcome{}, ctx.Err()
 	}
 }

@@ -54,21 +54,59 @@ func deadGroup0(t *testing.T) (*tcluster, *client.Client) {
 // calls. A client that was using group 0 has writes to it time out (each
 // stays under way in the client, retried until group 0 answers); after
 // twice the client's window of them it must still complete every one of a
-// run of writes to group 1.
+// run of writes to group 1. The same after as many batches over groups 0
+// and 1 timed out.
 //
 // It first caught the multicast client numbering its in-flight messages
 // across all groups (seq mod ClientSlots): the messages stuck on group 0
-// held the slots, and the writes to group 1 timed out.
+// held the slots, and the writes to group 1 timed out. Then it caught the
+// batches holding group 1's reply slots (a message's reply slot is
+// reserved in every destination group) until group 0 answered: the client
+// now gives up the reply slots of a message whose caller gave up.
 func TestDeadGroupIsolated(t *testing.T) {
 	c, cl := deadGroup0(t)
 	m := cl.Map()
 	n := 0
 
-	// Writes to group 0 time out, all at once (each holds a slot of the
-	// client's window for group 0 for good).
 	stuck := 2 * m.Limits.ClientSlots
 	var wg sync.WaitGroup
 	errs := make([]error, stuck)
+	// live: writes to group 1 by the same client must all complete.
+	const writes = 40
+	live := func(after string) {
+		t.Helper()
+		for i := range writes {
+			wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := cl.Put(wctx, keyOf(m, 1, "live", &n), []byte("v"))
+			cancel()
+			if err != nil {
+				t.Fatalf("write %d of %d to group 1 after %s: %v%s", i+1, writes, after, err, c.describe())
+			}
+		}
+		c.logf("then %d writes to group 1 completed", writes)
+	}
+	// Batches over both groups time out, all at once (group 0 is their
+	// lca, or a destination that never answers); the first window of them
+	// is sent, and must not hold group 1's window.
+	for i := range stuck {
+		k0, k1 := keyOf(m, 0, "both", &n), keyOf(m, 1, "both", &n)
+		wg.Go(func() {
+			wctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			_, errs[i] = cl.Commit(wctx, new(client.Batch).Put(k0, []byte("a")).Put(k1, []byte("b")))
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil {
+			t.Fatalf("batch %d over groups 0 and 1 (2 of group 0's 3 replicas killed) succeeded", i)
+		}
+	}
+	c.logf("%d batches over groups 0 and 1 timed out (%v)", stuck, errs[0])
+	live(fmt.Sprintf("%d timed-out batches over groups 0 and 1", stuck))
+
+	// Writes to group 0 time out, all at once (each holds a slot of the
+	// client's window for group 0 for good).
 	for i := range stuck {
 		k := keyOf(m, 0, "dead", &n)
 		wg.Go(func() {
@@ -85,17 +123,7 @@ func TestDeadGroupIsolated(t *testing.T) {
 	}
 	c.logf("%d writes to group 0 timed out (%v)", stuck, errs[0])
 
-	// Then writes to group 1 by the same client must all complete.
-	const writes = 40
-	for i := range writes {
-		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := cl.Put(wctx, keyOf(m, 1, "live", &n), []byte("v"))
-		cancel()
-		if err != nil {
-			t.Fatalf("write %d of %d to group 1 after %d timed-out writes to group 0: %v%s", i+1, writes, stuck, err, c.describe())
-		}
-	}
-	c.logf("then %d writes to group 1 completed", writes)
+	live(fmt.Sprintf("%d timed-out writes to group 0", stuck))
 }
 
 // TestOpenWithDeadGroup: a new client must open while group 0 has no
