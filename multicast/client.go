@@ -391,7 +391,9 @@ func (c *Client) Poll(now time.Duration) bool {
 			}
 			k.got = k.got.Add(g)
 			c.freeReply(g, k.seq)
-			c.freeRing(k) // a reply: the lca committed the message
+			if k.ring {
+				c.ordered(k)
+			}
 			// the result bytes go to the call's buffer (Result is set in
 			// complete: the buffer may grow until then), nothing allocated
 			// once the buffers reached their size
@@ -412,7 +414,11 @@ func (c *Client) Poll(now time.Duration) bool {
 			continue
 		}
 		if now >= k.retryAt {
-			c.send(k)
+			if k.ring {
+				// (once a reply showed the lca ordered it, its ring slot
+				// may hold a later message: only the replies are asked for)
+				c.send(k)
+			}
 			c.askAgain(k.dst &^ k.got)
 			k.retries++
 			k.wait = min(2*k.wait, 20*c.cfg.RetryAfter)
@@ -436,6 +442,19 @@ func (c *Client) freeRing(k *call) {
 	if k.ring {
 		k.ring = false
 		c.busy[k.lca][k.pos%uint64(c.cfg.ClientSlots)] = 0
+	}
+}
+
+// ordered frees the ring slots of k and of every earlier message of its
+// lca's ring: k has a reply, so the lca committed it, and a group consumes
+// its client rings strictly in position order. (An abandoned message whose
+// replies were lost, its reply slots taken by later messages, thus leaves
+// once a later message of the same lca has a reply.)
+func (c *Client) ordered(k *call) {
+	for _, i := range c.act {
+		if o := &c.calls[i]; o.ring && o.lca == k.lca && o.pos <= k.pos {
+			c.freeRing(o)
+		}
 	}
 }
 
