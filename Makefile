@@ -13,8 +13,11 @@ FUZZTIME ?= 300000x
 
 test: vet noalloc norace unit fuzz-short
 
+# vet also fails when go.mod or go.sum is not tidy (go mod tidy -diff prints
+# the change it would make and exits 1): run `go mod tidy` and commit.
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum not tidy: run go mod tidy"; exit 1; }
 	$(GO) vet ./...
 
 # The testing.AllocsPerRun tests skip under -race (the race detector
@@ -60,9 +63,14 @@ unit:
 fuzz-short:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz-short
 
-# ARGS passes flags to kvserver (make run ARGS="--groups 4").
+# ARGS passes flags to kvserver (make run ARGS="--groups 4"). Built, then
+# exec'd rather than `go run`: Ctrl-C reaches kvserver, which stops cleanly
+# and exits 0, and make has no failed child to report (go run exits 1 when
+# interrupted, and make printed "*** [run] Error 1").
+RUNBIN ?= ./kvserver
 run:
-	$(GO) run ./cmd/kvserver $(ARGS)
+	$(GO) build -o $(RUNBIN) ./cmd/kvserver
+	exec $(RUNBIN) $(ARGS)
 
 bench:
 	$(GO) run ./cmd/kvbench fabric --runs 5

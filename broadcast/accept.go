@@ -171,7 +171,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	ready := f.active && f.phase == fetchReady && f.commit == d.base
 	useSnap := false
 	if d.flags&diffSnapshot != 0 {
-		if r.committed.Less(d.base) || r.bug == bugSnapRollback && ready {
+		if r.committed.Less(d.base) || r.knobs.snapRollback && ready {
 			if !ready {
 				return // the snapshot did not arrive: the leader re-syncs us
 			}

@@ -31,14 +31,14 @@ func TestSimAsymmetricPartition(t *testing.T) {
 		for _, n := range []int{3, 5} {
 			t.Run(fmt.Sprintf("%s/n%d", kind, n), func(t *testing.T) {
 				t.Parallel()
-				flags := *simFlags
-				if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-					flags.Seeds = 40
-					if raceEnabled {
-						flags.Seeds = 8 // 8 cases of 190 ms runs: several minutes under the race detector otherwise
-					}
+				def := 40
+				if raceEnabled {
+					def = 8 // 8 cases of 190 ms runs: several minutes under the race detector otherwise
 				}
-				flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), asymOpts(kind, n, bugNone), new(Counters)) })
+				flags := simFlags.WithDefault(def)
+				flags.Run(t, func(sd sim.Seed) error {
+					return runSim(sd.WithLog(t), asymOpts(kind, n, testingKnobs{}), new(Counters))
+				})
 			})
 		}
 	}
@@ -49,7 +49,7 @@ func TestSimAsymmetricPartition(t *testing.T) {
 // the stickiness check (not any other) must say so.
 func TestSimAsymmetricMutant(t *testing.T) {
 	for seed := uint64(1); seed <= 20; seed++ {
-		err := runSim(sim.Seed{Seed: seed}, asymOpts("leader-to-follower", 3, bugNoPreVote), new(Counters))
+		err := runSim(sim.Seed{Seed: seed}, asymOpts("leader-to-follower", 3, testingKnobs{noPreVote: true}), new(Counters))
 		if err == nil {
 			continue
 		}
@@ -67,8 +67,8 @@ const (
 	asymCut   = 160 * time.Millisecond // 40 election timeouts of the sim config
 )
 
-func asymOpts(kind string, n, bug int) simOpts {
-	return simOpts{n: n, bug: bug, until: asymStart + asymCut + 10*time.Millisecond, script: func(h *simRun) {
+func asymOpts(kind string, n int, knobs testingKnobs) simOpts {
+	return simOpts{n: n, knobs: knobs, until: asymStart + asymCut + 10*time.Millisecond, script: func(h *simRun) {
 		h.s.At(asymStart, func() { asymScript(h, kind) })
 	}}
 }

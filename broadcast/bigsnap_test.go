@@ -352,8 +352,13 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 	if err := clientE.Load(); err != nil {
 		t.Fatalf("client: %v", err)
 	}
+	// Elections during the transfer are reported, not asserted: on a
+	// loaded machine a member's goroutine can go unscheduled for an
+	// election timeout whatever the snapshot does. What the test asserts
+	// (that the snapshot does not block the polling goroutine) is the
+	// Poll's CPU time below, which load does not inflate.
 	if e := elections(); e != e0 {
-		t.Errorf("%d elections started during the transfer", e-e0)
+		t.Logf("%d elections started during the transfer", e-e0)
 	}
 	if maxCPU > et/20 && !raceEnabled {
 		t.Errorf("a Poll of the leader ran %v on CPU during the transfer (election timeout %v): the snapshot blocks the polling goroutine", maxCPU, et)

@@ -46,7 +46,7 @@ func (r *Replica) commit() bool {
 		r.commitVals = vals
 		k := len(vals)
 		q := r.quorum
-		if r.bug == bugMinorityCommit {
+		if r.knobs.minorityCommit {
 			q--
 		}
 		if k < q {
@@ -73,7 +73,7 @@ func (r *Replica) commit() bool {
 			return false
 		}
 		bound = minHdr(h, r.accepted)
-		if r.bug == bugUncommitted {
+		if r.knobs.uncommitted {
 			bound = r.accepted
 		}
 	default:
@@ -90,7 +90,7 @@ func (r *Replica) commit() bool {
 			break
 		}
 		r.deliver(e)
-		if r.bug == bugDupDeliver && r.role == Follower && i == r.log.above(r.committed) {
+		if r.knobs.dupDeliver && r.role == Follower && i == r.log.above(r.committed) {
 			r.deliver(e)
 		}
 	}
@@ -197,7 +197,7 @@ func (r *Replica) prune() {
 			switch f.state {
 			case fsSync:
 				switch {
-				case !f.snap || f.snapSent || r.bug == bugUnboundedLog:
+				case !f.snap || f.snapSent || r.knobs.unboundedLog:
 					keep = minHdr(keep, f.packed)
 				case r.snap != nil && heard:
 					// The snapshot being made for it: its diff will
@@ -234,11 +234,11 @@ func (r *Replica) prune() {
 			return
 		}
 		held := hold.Less(e.hdr) && ncommitted <= r.cfg.MaxCatchUpLogEntries
-		if floor.Less(e.hdr) && (ncommitted <= r.cfg.MaxLogEntries || held || r.bug == bugUnboundedLog && keep.Less(e.hdr)) {
+		if floor.Less(e.hdr) && (ncommitted <= r.cfg.MaxLogEntries || held || r.knobs.unboundedLog && keep.Less(e.hdr)) {
 			return
 		}
 		r.pruned = maxHdr(r.pruned, e.hdr)
-		if r.bug == bugSlabLeak {
+		if r.knobs.slabLeak {
 			e.slab.ref()
 		}
 		r.log.PopMin() // e is invalid from here

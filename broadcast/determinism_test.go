@@ -17,7 +17,7 @@ func TestSimDeterminism(t *testing.T) {
 		"crash-restart":      {n: 3, until: window, crashes: true, maxLog: 24},
 		"lost-disk":          {n: 5, until: window, crashes: true, loseDisk: 0.5, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}},
 		"crash-at-vote":      {n: 3, until: window, crashAtVote: true, limits: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}},
-		"leader-to-follower": asymOpts("leader-to-follower", 3, bugNone),
+		"leader-to-follower": asymOpts("leader-to-follower", 3, testingKnobs{}),
 	}
 	for name, o := range cases {
 		t.Run(name, func(t *testing.T) {

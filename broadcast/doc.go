@@ -101,7 +101,7 @@
 //     proposals are at most MaxProposal bytes.
 //   - Regions: a group uses region ids Config.RegionBase .. +n+4 on every
 //     member; several groups on one node need disjoint ranges, which
-//     internal/regions hands out (regions.Broadcast(g)), and may share
+//     rdma/regions hands out (regions.Broadcast(g)), and may share
 //     one driver (NewMultiDriver).
 //   - Failures: n = 2f+1 members tolerate f crashed, partitioned or
 //     catching-up members at once. Memory is not durable: if more than f

@@ -50,7 +50,7 @@ func (r *Replica) HeartbeatInterval() time.Duration { return r.cfg.HeartbeatInte
 
 // NewMultiDriver returns a driver for several pollers on one node, e.g.
 // the replicas of several groups (each with its own Config.RegionBase,
-// see internal/regions), parking on the node's one doorbell db. Each pass
+// see rdma/regions), parking on the node's one doorbell db. Each pass
 // polls every poller once, in turn, at the driver's clock; passes go on
 // while any poller made progress, so a busy group does not starve the
 // others. Then the driver parks until the earliest NextDeadline (at most

@@ -70,7 +70,7 @@ func (r *Replica) timers() bool {
 			if m.aboveSince < 0 {
 				m.aboveSince = now
 			}
-			if hears && now-m.aboveSince <= 2*r.cfg.ElectionTimeout && r.bug != bugNoPreVote {
+			if hears && now-m.aboveSince <= 2*r.cfg.ElectionTimeout && !r.knobs.noPreVote {
 				continue // leader stickiness
 			}
 			r.tracef("node %d: sees vote %v from node %d", r.self, m.vote(), m.id)
@@ -118,7 +118,7 @@ func (r *Replica) followedBy() int {
 // members whose CommitSST row we heard within the election timeout and
 // says follows 0. Only then may we vote for ourselves with a new epoch.
 func (r *Replica) preVote() bool {
-	if r.bug == bugNoPreVote {
+	if r.knobs.noPreVote {
 		return true
 	}
 	k := 1
@@ -212,7 +212,7 @@ func (r *Replica) elect() bool {
 	timedOut := r.now >= r.electAt
 	progress := false
 	switch {
-	case (timedOut || mx.Acpt.Less(r.accepted) && r.bug != bugVoteRule) && r.preVote():
+	case (timedOut || mx.Acpt.Less(r.accepted) && !r.knobs.voteRule) && r.preVote():
 		// Fig. 7 l.100-105: vote for self with a bigger epoch, once a
 		// majority hears no leader (pre-vote).
 		e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
@@ -221,7 +221,7 @@ func (r *Replica) elect() bool {
 		}
 		r.tracef("node %d votes for itself %v", r.self, r.vote)
 		progress = true
-	case r.vote.Less(mx) && (!mx.Acpt.Less(r.accepted) || r.bug == bugVoteRule) && mx.ENew > r.eCur && mx.ENew >= r.eNew:
+	case r.vote.Less(mx) && (!mx.Acpt.Less(r.accepted) || r.knobs.voteRule) && mx.ENew > r.eCur && mx.ENew >= r.eNew:
 		// Fig. 7 l.106-111: join the max vote.
 		if !r.setVote(mx) {
 			return false
@@ -249,8 +249,8 @@ func (r *Replica) elect() bool {
 
 // setVote records the vote (E_new first, durably), then publishes it.
 func (r *Replica) setVote(v Vote) bool {
-	if v.ENew != r.eNew && r.bug == bugVoteUnsaved {
-		r.unsaved = true
+	if v.ENew != r.eNew && r.knobs.voteUnsaved {
+		r.knobs.unsaved = true
 	} else if v.ENew != r.eNew {
 		if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: v.ENew}); err != nil {
 			r.tracef("node %d: save e_new: %v", r.self, err)

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/rdma/regions"
 )
 
 // countingPoller counts the Polls a driver makes.

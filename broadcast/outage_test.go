@@ -16,21 +16,21 @@ import (
 // says the member is unreachable. When the member comes back it catches up
 // by snapshot and delivers the same sequence. Before MaxLogEntries was a
 // hard bound, a diff to the dead member stuck in a full ring held the Log
-// from its base for ever (the bugUnboundedLog mutant restores that).
+// from its base for ever (the unboundedLog knob restores that).
 func TestLogBoundedMemberDown(t *testing.T) {
 	for _, how := range []string{"crashed", "never-started", "stuck"} {
-		t.Run(how, func(t *testing.T) { testLogBounded(t, how, bugNone) })
+		t.Run(how, func(t *testing.T) { testLogBounded(t, how, testingKnobs{}) })
 	}
 	t.Run("mutant-unbounded", func(t *testing.T) {
-		err := logBoundRun(t, "crashed", bugUnboundedLog)
+		err := logBoundRun(t, "crashed", testingKnobs{unboundedLog: true})
 		if err == nil || !strings.Contains(err.Error(), "log bound:") {
 			t.Fatalf("the unbounded-Log mutant was not caught by the Log bound: %v", err)
 		}
 	})
 }
 
-func testLogBounded(t *testing.T, how string, bug int) {
-	if err := logBoundRun(t, how, bug); err != nil {
+func testLogBounded(t *testing.T, how string, knobs testingKnobs) {
+	if err := logBoundRun(t, how, knobs); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -40,7 +40,7 @@ const (
 	boundRing   = 8 << 10
 )
 
-func logBoundRun(t *testing.T, how string, bug int) error {
+func logBoundRun(t *testing.T, how string, knobs testingKnobs) error {
 	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, func(cfg *Config) {
 		cfg.MaxLogEntries = boundMaxLog
 		cfg.RingSize = boundRing
@@ -48,7 +48,7 @@ func logBoundRun(t *testing.T, how string, bug int) error {
 	})
 	n1, n3 := c.get(1), c.get(3)
 	for _, n := range c.nodes {
-		n.r.bug = bug
+		n.r.knobs = knobs
 	}
 	if how == "never-started" {
 		c.crash(3, 0)

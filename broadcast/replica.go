@@ -78,20 +78,6 @@ type follower struct {
 	sentAt   time.Duration
 }
 
-// Deliberate bugs for tests that prove the checkers bite.
-const (
-	bugNone           = iota
-	bugMinorityCommit // the leader commits without a majority
-	bugUnboundedLog   // a diff being sent holds the Log past MaxLogEntries
-	bugNoPreVote      // no pre-vote and no leader stickiness
-	bugDupDeliver     // a follower delivers the first entry of a commit batch twice
-	bugUncommitted    // a follower delivers what it accepted, not what its leader committed
-	bugVoteRule       // Fig. 7 l.106: join the max vote even when our log is ahead of it
-	bugVoteUnsaved    // a vote is published before E_new is saved (saved at the next Poll)
-	bugSnapRollback   // a fetched snapshot is installed even behind our commit point
-	bugSlabLeak       // a pruned entry keeps its data slab
-)
-
 const (
 	fsIdle   = iota // not serving (not leader)
 	fsSync          // sending a diff
@@ -184,12 +170,11 @@ type Replica struct {
 	pseq       uint64
 	npending   atomic.Int64 // len(inbox)+len(waiting)+len(inflight); added to under mu
 
-	now     time.Duration
-	ctr     Counters
-	bug     int  // tests only: a deliberate protocol bug the checkers must catch
-	unsaved bool // bugVoteUnsaved: E_new not saved yet
-	status  Status
-	stmu    sync.Mutex
+	now    time.Duration
+	ctr    Counters
+	knobs  testingKnobs // planted bugs, tests only (knobs.go)
+	status Status
+	stmu   sync.Mutex
 }
 
 // New creates a replica on node: it registers its regions and loads its
@@ -385,8 +370,8 @@ func (r *Replica) idxOf(id rdma.NodeID) int {
 // elections, Stable.Save).
 func (r *Replica) Poll(now time.Duration) bool {
 	r.now = now
-	if r.bug == bugVoteUnsaved && r.unsaved {
-		r.unsaved = false
+	if r.knobs.unsaved {
+		r.knobs.unsaved = false
 		r.stable.Save(StableState{Incarnation: r.inc, ENew: r.eNew})
 	}
 	progress := false

@@ -16,25 +16,25 @@ import (
 // MaxLogEntries (past 3), so its diff to node 4 is based on a snapshot at
 // 8. Node 4 must not install it (its delivered prefix would shrink from 12
 // to 8: a rollback, and 9..12 delivered again): it applies the diff's
-// entries only. The bugSnapRollback mutant installs it, and the rollback
+// entries only. The snapRollback knob installs it, and the rollback
 // check (logFSM.rollbacks, as checkFSM's in the simulator) catches it.
 func TestSnapshotBehindCommit(t *testing.T) {
 	t.Run("correct", func(t *testing.T) {
-		if rb, err := snapshotBehindCommit(t, bugNone); err != nil || rb != 0 {
+		if rb, err := snapshotBehindCommit(t, testingKnobs{}); err != nil || rb != 0 {
 			t.Fatalf("rollbacks %d, err %v", rb, err)
 		}
 	})
 	t.Run("mutant", func(t *testing.T) {
-		if rb, _ := snapshotBehindCommit(t, bugSnapRollback); rb == 0 {
-			t.Fatal("rollback check: node 4 installed no snapshot behind its commit point with the bugSnapRollback mutant")
+		if rb, _ := snapshotBehindCommit(t, testingKnobs{snapRollback: true}); rb == 0 {
+			t.Fatal("rollback check: node 4 installed no snapshot behind its commit point with the snapRollback knob")
 		}
 	})
 }
 
-func snapshotBehindCommit(t *testing.T, bug int) (rollbacks int, err error) {
+func snapshotBehindCommit(t *testing.T, knobs testingKnobs) (rollbacks int, err error) {
 	c := newQCluster(t, []rdma.NodeID{1, 2, 3, 4, 5}, func(cfg *Config) { cfg.MaxLogEntries = 4 })
 	for _, n := range c.nodes {
-		n.r.bug = bug
+		n.r.knobs = knobs
 	}
 	n1, n5, n4 := c.get(1), c.get(5), c.get(4)
 	c.settle(nil)
@@ -91,7 +91,7 @@ func snapshotBehindCommit(t *testing.T, bug int) (rollbacks int, err error) {
 	for k := 0; k < 5; k++ {
 		c.settle(nil)
 	}
-	if n4.fsm.restores == 0 && bug == bugSnapRollback {
+	if n4.fsm.restores == 0 && knobs.snapRollback {
 		return 0, fmt.Errorf("node 4 was sent no snapshot: the scenario did not happen")
 	}
 	if got := c.delivered(4); !equalStrings(got, want) {

@@ -142,9 +142,9 @@ func (f *checkFSM) Restore(s []byte) error {
 }
 
 type simOpts struct {
-	bug      int
-	qdepth   int // sim queue depth (0: default)
-	ring     int // ring size (0: 8 KiB)
+	knobs    testingKnobs // planted bugs (TestSimMutants)
+	qdepth   int          // sim queue depth (0: default)
+	ring     int          // ring size (0: 8 KiB)
 	n        int
 	until    time.Duration // faults and proposals until then
 	crashes  bool
@@ -221,7 +221,7 @@ func (p *simProc) Start(env *sim.Env) error {
 		return err
 	}
 	p.r = r
-	r.bug = p.h.o.bug
+	r.knobs = p.h.o.knobs
 	r.runPersist = func(fn func()) { fn() } // deterministic: the snapshot is ready at the next step
 	p.fsm.ballast = p.h.o.ballast
 	p.next = env.Now() + time.Duration(env.Rand().Int64N(int64(time.Millisecond)))
@@ -610,15 +610,12 @@ func TestSimAcuerdo(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // each seed is its own single-goroutine Sim
 			var total Counters
-			flags := *simFlags
-			if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-				flags.Seeds = int(float64(2*sim.DefaultSeeds)*tc.share + 0.5)
-			}
+			flags := simFlags.WithDefault(int(float64(2*sim.DefaultSeeds)*tc.share + 0.5))
 			flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), tc.o, &total) })
 			t.Logf("counters over all seeds: %+v", total)
 			// The fault paths must have been taken (a test that never
 			// restores a snapshot proves nothing about snapshots).
-			if flags.Seed == 0 && flags.Seeds/max(1, map[bool]int{true: 10, false: 1}[testing.Short()]) >= 50 {
+			if flags.Seed == 0 && flags.Seeds >= 50 {
 				if err := tc.want(total); err != nil {
 					t.Errorf("fault paths not exercised: %v (counters %+v)", err, total)
 				}
@@ -663,17 +660,17 @@ func TestSimMutants(t *testing.T) {
 	}{
 		// The leader commits without a majority: a new leader without
 		// the entry delivers another one at that index.
-		{"minority-commit", simOpts{bug: bugMinorityCommit, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 300, "total order:"},
-		{"duplicate-delivery", simOpts{bug: bugDupDeliver, n: 3, until: window, maxLog: 24}, 50, "duplication:"},
+		{"minority-commit", simOpts{knobs: testingKnobs{minorityCommit: true}, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 300, "total order:"},
+		{"duplicate-delivery", simOpts{knobs: testingKnobs{dupDeliver: true}, n: 3, until: window, maxLog: 24}, 50, "duplication:"},
 		// A follower delivers what it accepted before it is committed: an
 		// election drops it and another entry takes its index.
-		{"deliver-uncommitted", simOpts{bug: bugUncommitted, n: 5, until: window, crashes: true, maxLog: 24, faults: partition}, 500, "total order:"},
+		{"deliver-uncommitted", simOpts{knobs: testingKnobs{uncommitted: true}, n: 5, until: window, crashes: true, maxLog: 24, faults: partition}, 500, "total order:"},
 		// Fig. 7: a member joins a vote whose log is behind its own, so a
 		// leader without committed entries can win.
-		{"vote-rule", simOpts{bug: bugVoteRule, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
-		{"vote-before-save", simOpts{bug: bugVoteUnsaved, n: 3, until: window, crashAtVote: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
-		{"unbounded-log", simOpts{bug: bugUnboundedLog, n: 3, until: 6 * window, longDown: true, maxLog: 16}, 100, "log bound:"},
-		{"slab-leak", simOpts{bug: bugSlabLeak, n: 3, until: 12 * window, longDown: true, maxLog: 16, limits: true}, 100, "slab bound:"},
+		{"vote-rule", simOpts{knobs: testingKnobs{voteRule: true}, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
+		{"vote-before-save", simOpts{knobs: testingKnobs{voteUnsaved: true}, n: 3, until: window, crashAtVote: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
+		{"unbounded-log", simOpts{knobs: testingKnobs{unboundedLog: true}, n: 3, until: 6 * window, longDown: true, maxLog: 16}, 100, "log bound:"},
+		{"slab-leak", simOpts{knobs: testingKnobs{slabLeak: true}, n: 3, until: 12 * window, longDown: true, maxLog: 16, limits: true}, 100, "slab bound:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

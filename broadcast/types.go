@@ -162,7 +162,7 @@ type Config struct {
 	// two slots of a snapshot's meta and state regions). Several groups
 	// on one node (one replica each, e.g. polled by one NewMultiDriver)
 	// need disjoint ranges: the repository's one scheme for region ids is
-	// package internal/regions, whose regions.Broadcast(g) is group g's
+	// package rdma/regions, whose regions.Broadcast(g) is group g's
 	// RegionBase. Default 0x1000 (DefaultRegionBase: one group per node,
 	// in regions' reserved range).
 	RegionBase rdma.RegionID

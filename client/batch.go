@@ -66,6 +66,9 @@ func (c *Client) Commit(ctx context.Context, b *Batch) (BatchResult, error) {
 			return BatchResult{}, fmt.Errorf("batch op %d: %w", i, err)
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return BatchResult{}, err // a done context: nothing is sent
+	}
 	rs, err := c.write(ctx, b.ops)
 	if err != nil {
 		return BatchResult{}, err

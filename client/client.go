@@ -385,7 +385,8 @@ func (c *Client) checkValue(v []byte) error {
 
 // claimSlot claims the first client slot of shm cluster m that no other
 // live process of the host holds: an exclusive flock on a lock file per
-// slot, which the kernel releases when the holder closes it or dies.
+// slot, which the kernel releases when the holder closes it or dies. It
+// then removes the lock files that killed clients left (sweepSlots).
 func claimSlot(m *cluster.Map) (int, *os.File, error) {
 	dir := filepath.Join(os.TempDir(), "rdmakv-slots", m.Name)
 	for k := range m.ClientNodes {
@@ -394,6 +395,7 @@ func claimSlot(m *cluster.Map) (int, *os.File, error) {
 			return 0, nil, err
 		}
 		if f != nil {
+			sweepSlots(dir, f.Name())
 			return k, f, nil
 		}
 	}
@@ -438,9 +440,41 @@ func lockSlot(dir string, k int) (*os.File, error) {
 var slotLockHook func()
 
 // releaseSlot removes the slot's lock file while still holding the lock,
-// then the directory if it is empty, and closes the file.
+// and the lock files killed clients left (sweepSlots); then the cluster's
+// directory and rdmakv-slots itself if they are empty; and closes the
+// file. (A claim racing with the removal of a directory retries: see
+// lockSlot.)
 func releaseSlot(f *os.File) {
+	dir := filepath.Dir(f.Name())
+	sweepSlots(dir, f.Name())
 	os.Remove(f.Name())
-	os.Remove(filepath.Dir(f.Name())) // fails while other slots are held
+	os.Remove(dir)               // fails while other slots are held
+	os.Remove(filepath.Dir(dir)) // fails while other clusters' slots are held
 	f.Close()
+}
+
+// sweepSlots removes the lock files in dir, other than ours, that no
+// process holds: those of clients killed (kill -9) before they could
+// remove theirs. Each is removed while locked, as a releasing holder
+// does, and only if it still is the file at its path, so a claimer that
+// opened it meanwhile finds its lock stale and retries (lockSlot). A file
+// another process holds is left to it.
+func sweepSlots(dir, ours string) {
+	paths, _ := filepath.Glob(filepath.Join(dir, "slot-*.lock"))
+	for _, path := range paths {
+		if path == ours {
+			continue
+		}
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			continue // removed meanwhile
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			var a, b unix.Stat_t
+			if unix.Fstat(int(f.Fd()), &a) == nil && unix.Stat(path, &b) == nil && a.Ino == b.Ino && a.Dev == b.Dev {
+				os.Remove(path)
+			}
+		}
+		f.Close()
+	}
 }

@@ -55,6 +55,9 @@ func (c *Client) Stats() Stats {
 }
 
 func (c *Client) combine(ctx context.Context, op kv.Op) (kv.Result, uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return kv.Result{}, 0, err // a done context: nothing is sent
+	}
 	cb := &c.comb
 	p := &pendingOp{op: op, g: c.m.GroupOf(op.Key), done: make(chan struct{})}
 	cb.mu.Lock()

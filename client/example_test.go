@@ -159,3 +159,61 @@ func ExampleClient_Commit() {
 	fmt.Println(string(va), string(vb), errors.Is(err, client.ErrNotFound), len(res.Versions))
 	// Output: 1 2 true 3
 }
+
+// CompareAndSwap's old == nil means "the key has no value"; a non-nil
+// empty old ([]byte{}) means "the key's value is empty". Get returns a
+// found empty value as nil, so passing what Get returned as old fails on an
+// empty value: an update that reads first compares versions instead.
+func ExampleClient_CompareAndSwap_nilVersusEmpty() {
+	c, stop := exampleCluster()
+	defer stop()
+	ctx := context.Background()
+	k := []byte("k")
+
+	_, err := c.CompareAndSwap(ctx, k, []byte{}, []byte("x")) // k has no value, not an empty one
+	fmt.Println(errors.Is(err, client.ErrCASMismatch))
+	c.Put(ctx, k, []byte{})
+	_, err = c.CompareAndSwap(ctx, k, nil, []byte("x")) // k has a value (an empty one)
+	fmt.Println(errors.Is(err, client.ErrCASMismatch))
+
+	v, err := c.Get(ctx, k)
+	fmt.Println(v == nil, err)                        // found, and nil
+	_, err = c.CompareAndSwap(ctx, k, v, []byte("x")) // nil: "absent"
+	fmt.Println(errors.Is(err, client.ErrCASMismatch))
+
+	it, _ := c.GetItem(ctx, k, client.Linearizable)
+	_, err = c.CompareVersionAndSwap(ctx, k, it.Version, []byte("x"))
+	fmt.Println(err)
+	// Output:
+	// true
+	// true
+	// true <nil>
+	// true
+	// <nil>
+}
+
+// A Batch is built with Put and Delete (they chain); the zero Batch is
+// empty and ready. Commit returns each operation's version, in the order
+// they were added, and each group's entry index.
+func ExampleBatch() {
+	c, stop := exampleCluster()
+	defer stop()
+	ctx := context.Background()
+
+	var b client.Batch
+	for i := range 3 {
+		b.Put(fmt.Appendf(nil, "user:%d", i), []byte("active"))
+	}
+	b.Delete([]byte("user:old"))
+	fmt.Println(b.Len())
+
+	res, err := c.Commit(ctx, &b)
+	if err != nil {
+		log.Fatal(err) // refused before sending, or (ErrOutcomeUnknown) it may still be applied
+	}
+	it, _ := c.GetItem(ctx, []byte("user:1"), client.Linearizable)
+	fmt.Println(len(res.Versions), it.Version == res.Versions[1], len(res.Groups) >= 1)
+	// Output:
+	// 4
+	// 4 true true
+}

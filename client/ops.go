@@ -60,6 +60,9 @@ func (c *Client) GetItem(ctx context.Context, key []byte, mode Consistency) (Ite
 	if err := c.checkKey(key); err != nil {
 		return Item{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return Item{}, err // a done context: nothing is read
+	}
 	c.life.RLock()
 	defer c.life.RUnlock()
 	if c.closed.Load() {
@@ -194,6 +197,9 @@ func (c *Client) single(ctx context.Context, op kv.Op) (WriteResult, error) {
 	if err := c.checkKey(op.Key); err != nil {
 		return WriteResult{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return WriteResult{}, err // a done context: nothing is sent
+	}
 	var r kv.Result
 	if kv.RequestSize([]kv.Op{op}) <= multicast.MaxPayload(c.m.Limits.SlotSize) {
 		ctx, end, err := c.begin(ctx)
@@ -227,6 +233,9 @@ type groupResult struct {
 // write multicasts a request to the groups of its keys and decodes every
 // group's result.
 func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // a done context: nothing is sent
+	}
 	ctx, end, err := c.begin(ctx)
 	if err != nil {
 		return nil, err
@@ -244,6 +253,9 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 		var err error
 		if payload, err = c.stage(ctx, dst, payload); err != nil {
 			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err // the parts are sent, not the commit: nothing is applied
 		}
 	}
 	o, err := c.runner.Multicast(ctx, dst, payload)

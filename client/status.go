@@ -58,8 +58,9 @@ type ReplicaStatus struct {
 	Serving uint64
 	Promise uint64
 	// Applied is the index of the last entry it applied, AppliedAt when
-	// (its wall clock); Behind is how many entries it is behind the most
-	// advanced reachable replica of the group.
+	// (its wall clock; after a snapshot restore, when it restored; the
+	// zero Time if its header does not say); Behind is how many entries
+	// it is behind the most advanced reachable replica of the group.
 	Applied   uint64
 	AppliedAt time.Time
 	Behind    uint64
@@ -153,7 +154,10 @@ func (c *Client) readReplica(g uint32, r *ReplicaStatus, timeout time.Duration) 
 	}
 	r.Reachable = true
 	r.Serving, r.Promise = h.Serving, h.Promise
-	r.Applied, r.AppliedAt = h.Applied, time.Unix(0, h.AppliedAt)
+	r.Applied = h.Applied
+	if h.AppliedAt != 0 {
+		r.AppliedAt = time.Unix(0, h.AppliedAt)
+	}
 	r.Inc, r.Layout = h.Inc, h.Layout
 	r.Gen, r.Buckets, r.Slots, r.Migrating = h.Geometry.Gen, 1<<h.Geometry.LogBuckets, h.Geometry.IndexSlots(), h.Geometry.Migrating
 }

@@ -5,8 +5,8 @@ import (
 	"errors"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/regions"
 )
 
 // Every layout of the table that another process reads is declared here,
@@ -29,7 +29,8 @@ import (
 //	serving   the epoch this replica leads and serves linearizable gets in
 //	          (its diff committed and applied here), 0 if none
 //	applied   the index of the last entry applied to the table
-//	appliedAt wall clock (Unix ns) when that entry was applied
+//	appliedAt wall clock (Unix ns) when that entry was applied here (or
+//	          the snapshot holding it restored); 0 before the first
 //	geometry  [cur gen u16][cur log2 buckets u8][migrating u8]
 //	          [old gen u16][old log2 buckets u8][0 u8]
 //	inc       this table's incarnation (differs after a restart)
@@ -138,7 +139,7 @@ type Header struct {
 	Promise   uint64 // the member's E_new (an epoch)
 	Serving   uint64 // the epoch whose linearizable gets this replica serves, or 0
 	Applied   uint64 // index of the last applied entry
-	AppliedAt int64  // Unix ns of that application
+	AppliedAt int64  // Unix ns of that application (or of the restore that brought it); 0: none yet
 	Geometry  Geometry
 	Inc       uint64
 	Layout    uint64

@@ -93,8 +93,8 @@ type metaTableConfig struct {
 	// bug names a known bug this configuration hits: skipped unless
 	// -metabugs.
 	bug string
-	// mutant plants a bug in the tables (TestMetamorphicCatchesMutants).
-	mutant int
+	// knobs plant bugs in the tables (TestMetamorphicCatchesMutants).
+	knobs testingKnobs
 }
 
 var metaTableConfigs = []metaTableConfig{
@@ -777,7 +777,7 @@ func (r *metaRun) newTable(g int) (*Table, rdma.Node) {
 	if err != nil {
 		r.fatalf("table: %v", err)
 	}
-	tb.mutant = r.c.mutant
+	tb.knobs = r.c.knobs
 	return tb, n
 }
 
@@ -1096,8 +1096,8 @@ func TestMetamorphicCatchesMutants(t *testing.T) {
 		// The bug these tests found: an op of a request that does not
 		// migrate its key's buckets again after an earlier op grew the
 		// index.
-		{"no-remigrate", metaTableConfig{name: "lb2-ms1-load0.95", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95}, groups: 1, mutant: mutNoRemigrateID}},
-		{"no-condition", metaTableConfig{name: "default", groups: 1, mutant: mutNoConditionID}},
+		{"no-remigrate", metaTableConfig{name: "lb2-ms1-load0.95", cfg: TableConfig{LogBuckets: 2, MigrateStep: 1, MaxLoad: 0.95}, groups: 1, knobs: testingKnobs{noRemigrate: true}}},
+		{"no-condition", metaTableConfig{name: "default", groups: 1, knobs: testingKnobs{noCondition: true}}},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			for seed := uint64(1); seed <= 8; seed++ {

@@ -85,6 +85,9 @@ var (
 	ErrNoLeader = errors.New("kv: no confirmed leader")
 	// errRetry: read round 1 again.
 	errRetry = errors.New("kv: retry")
+	// errConnecting: the member's Conn is being connected in the
+	// background (tcp).
+	errConnecting = errors.New("still connecting")
 )
 
 // GroupReader reads one group's tables one-sided. A get is a polled state
@@ -96,7 +99,16 @@ type GroupReader struct {
 	node    rdma.Node
 	quorum  int
 	leader  int
-	near    int
+	// Stale-ok gets read member near. It starts as home, the member the
+	// reader was made for; a failed read moves near to the next member,
+	// and near comes back to home as soon as home answers again: once
+	// homeAt has passed, a get whose near is not home reads home when
+	// home's Conn is up (connecting it in the background if need be).
+	// homeWait is the wait before home is tried again after it failed;
+	// it doubles from homeRetryMin to homeRetryMax while home keeps
+	// failing, and is 0 once home answered.
+	near, home       int
+	homeAt, homeWait time.Duration
 	// Timeout bounds the wait for one read's completion (Get); a Conn
 	// that does not complete in time is closed and reopened. A read takes
 	// microseconds; one that takes this long is to a member that is
@@ -140,7 +152,7 @@ type GroupReader struct {
 	// Reads counts one-sided reads posted; Rounds the rounds.
 	Reads, Rounds uint64
 
-	mutant int // a planted bug (TestSimMutants); 0 in production
+	knobs testingKnobs // planted bugs, tests only (knobs.go)
 
 	now  time.Duration
 	h1   Header // the header the attempt's reads are bracketed from
@@ -151,6 +163,13 @@ type GroupReader struct {
 // stale-ok get to use it as its lower bound instead of reading the header
 // first.
 const FreshHeader = time.Millisecond
+
+// Bounds of the wait before a reader whose stale-ok gets left their home
+// member tries it again (see GroupReader.near).
+const (
+	homeRetryMin = 10 * time.Millisecond
+	homeRetryMax = time.Second
+)
 
 type getState uint8
 
@@ -169,11 +188,15 @@ const (
 // member's own, so a read left behind by an abandoned attempt lands where
 // nothing else is read).
 type memberState struct {
-	conn    rdma.Conn
-	dial    *rdma.Connector
-	pending uint64 // the signalled op awaited, 0 if none
-	perr    error  // how it failed
-	pdone   bool
+	conn rdma.Conn
+	dial *rdma.Connector
+	// connecting: a background connect is under way, since connAt (the
+	// reader's clock).
+	connecting bool
+	connAt     time.Duration
+	pending    uint64 // the signalled op awaited, 0 if none
+	perr       error  // how it failed
+	pdone      bool
 	// hdr[:hdrSize] takes a first header read (and promise reads);
 	// hdr[hdrSize:] the header that ended this member's last round,
 	// read at lastAt.
@@ -192,7 +215,7 @@ type memberState struct {
 func NewGroupReader(node rdma.Node, g uint32, members []rdma.NodeID, near int) *GroupReader {
 	n := len(members)
 	r := &GroupReader{group: g, members: members, node: node, quorum: n/2 + 1, leader: -1,
-		near: near % n, Timeout: 250 * time.Millisecond, BackoffMin: 50 * time.Microsecond, BackoffMax: 20 * time.Millisecond, HedgeAfter: time.Millisecond, asked: make([]bool, n), m: make([]*memberState, n)}
+		near: near % n, home: near % n, Timeout: 250 * time.Millisecond, BackoffMin: 50 * time.Microsecond, BackoffMax: 20 * time.Millisecond, HedgeAfter: time.Millisecond, asked: make([]bool, n), m: make([]*memberState, n)}
 	for i := range r.m {
 		r.m[i] = &memberState{pairs: make([]byte, 8*bucketSize), rec: make([]byte, 256)}
 	}
@@ -210,7 +233,7 @@ func (r *GroupReader) Close() {
 			ms.dial.Close()
 			ms.dial = nil
 		}
-		ms.pending = 0
+		ms.pending, ms.connecting = 0, false
 	}
 }
 
@@ -230,21 +253,18 @@ func (r *GroupReader) post(i int, wrs []rdma.WR) bool {
 		ms.conn = nil
 	}
 	if ms.conn == nil {
-		if ms.dial == nil {
-			ms.dial = rdma.NewConnector(r.node, r.members[i])
-		}
-		c, err, ok := ms.dial.Connect()
+		ok, err := r.connect(i)
 		if !ok {
 			// Connecting in the background (a tcp member that may be
-			// down): this attempt counts as a failed read of it.
-			ms.perr, ms.pdone = fmt.Errorf("kv: node %d: still connecting: %w", r.members[i], rdma.ErrPeerDead), true
+			// down): this attempt counts as a failed read of it (a
+			// stale-ok get waits for it up to Timeout: see fail).
+			ms.perr, ms.pdone = fmt.Errorf("kv: node %d: %w: %w", r.members[i], errConnecting, rdma.ErrPeerDead), true
 			return true
 		}
 		if err != nil {
 			ms.perr, ms.pdone = err, true
 			return true
 		}
-		ms.conn = c
 	}
 	r.nextID++
 	wrs[len(wrs)-1].Flags |= rdma.Signaled
@@ -265,6 +285,66 @@ func (r *GroupReader) post(i int, wrs []rdma.WR) bool {
 		}
 	}
 	return true
+}
+
+// connect opens member i's Conn through its Connector: ok false while it
+// connects in the background, else Node.Connect's error or the Conn set.
+func (r *GroupReader) connect(i int) (ok bool, err error) {
+	ms := r.m[i]
+	if ms.dial == nil {
+		ms.dial = rdma.NewConnector(r.node, r.members[i])
+	}
+	c, err, ok := ms.dial.Connect()
+	if !ok {
+		if !ms.connecting {
+			ms.connecting, ms.connAt = true, r.now
+		}
+		return false, nil
+	}
+	ms.connecting = false
+	if err == nil {
+		ms.conn = c
+	}
+	return true, err
+}
+
+// homeReady reports whether a stale-ok get may go back to its home member:
+// its Conn is up (connected now if need be, without waiting) and no read
+// of an abandoned attempt is still out on it.
+func (r *GroupReader) homeReady() bool {
+	i := r.home
+	ms := r.m[i]
+	if ms.pending != 0 && !r.reap(i) {
+		return false
+	}
+	if ms.pdone && ms.perr != nil && ms.conn != nil {
+		// A read left behind failed on this Conn: connect anew, so
+		// that going back rests on the member answering.
+		ms.conn.Close()
+		ms.conn = nil
+	}
+	ms.pdone, ms.perr = false, nil
+	if ms.conn != nil && ms.conn.Err() != nil {
+		ms.conn.Close()
+		ms.conn = nil
+	}
+	if ms.conn == nil {
+		ok, err := r.connect(i)
+		if !ok {
+			return false
+		}
+		if err != nil {
+			r.homeFailed()
+			return false
+		}
+	}
+	return true
+}
+
+// homeFailed puts off the next try of the home member.
+func (r *GroupReader) homeFailed() {
+	r.homeWait = min(max(2*r.homeWait, homeRetryMin), homeRetryMax)
+	r.homeAt = r.now + r.homeWait
 }
 
 // postHeader posts a read of member i's header into buf, with the
@@ -421,7 +501,13 @@ func (r *GroupReader) fail(err error) {
 	}
 	if r.mode == Linearizable {
 		r.leader = -1
+	} else if errors.Is(err, errConnecting) && r.now-r.m[r.near].connAt < r.Timeout {
+		// The member is being connected (tcp): not a failure of it
+		// until that takes Timeout, the bound of a read.
 	} else if !errors.Is(err, errRetry) {
+		if r.near == r.home {
+			r.homeFailed()
+		}
 		r.near = (r.near + 1) % len(r.members)
 	}
 	r.backoff = min(max(2*r.backoff, r.BackoffMin), r.BackoffMax)
@@ -437,6 +523,9 @@ func (r *GroupReader) startAttempt() {
 		}
 		r.st = gsFind
 		return
+	}
+	if r.mode == StaleOK && r.near != r.home && r.now >= r.homeAt && r.homeReady() {
+		r.near = r.home
 	}
 	m := r.near
 	if r.mode == Linearizable {
@@ -457,7 +546,7 @@ func (r *GroupReader) startAttempt() {
 	}
 	g := prev.Geometry
 	r.geo = g
-	if r.mutant == mutNewGenOnlyID {
+	if r.knobs.newGenOnly {
 		g.Migrating = false
 	}
 	// The reads are bracketed by two header reads agreeing on the layout
@@ -606,7 +695,7 @@ func (r *GroupReader) pollR1() bool {
 				votes++
 			}
 		}
-		if r.mutant == mutNoQuorumID {
+		if r.knobs.noQuorum {
 			votes = r.quorum
 		}
 		if votes < r.quorum {
@@ -630,6 +719,9 @@ func (r *GroupReader) pollR1() bool {
 		r.res.Epoch = e
 	}
 	r.consume(m)
+	if m == r.home {
+		r.homeWait = 0
+	}
 	// The buckets were read between the two header reads, so the value
 	// is the key's state after some entry from h1.Applied on: report
 	// that, a bound the value is never older than.

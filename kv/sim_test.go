@@ -62,29 +62,11 @@ type kvOpts struct {
 	stall                     bool // and pause it meanwhile (a stopped process whose memory clients still read)
 	downForGood               bool // a replica per group crashes at 3 ms for good
 	clientCrash               bool
-	bigValues                 bool // some values need staged parts
-	mutant                    int
-	keysSet                   int     // key space (default 24)
-	maxLoad                   float64 // the tables' MaxLoad (default kv's)
+	bigValues                 bool         // some values need staged parts
+	knobs                     testingKnobs // planted bugs (TestSimMutants)
+	keysSet                   int          // key space (default 24)
+	maxLoad                   float64      // the tables' MaxLoad (default kv's)
 }
-
-// Planted bugs (TestSimMutants).
-const (
-	mutNone = iota
-	// mutNoQuorum: gets trust the leader's serving word without the
-	// promise quorum, and a deposed leader keeps saying it serves.
-	mutNoQuorum
-	// mutNewGenOnly: gets read only the new generation while the index
-	// grows, missing keys not migrated yet.
-	mutNewGenOnly
-	// mutNoCondition: the table applies a compare-and-swap without
-	// checking its condition.
-	mutNoCondition
-	// mutLatePromise: a member's promise word is published 6 ms after
-	// it changed, after its vote went out.
-	mutLatePromise
-	// (mutNoRemigrateID: kv's TestMetamorphicCatchesMutants.)
-)
 
 type kvRun struct {
 	o       kvOpts
@@ -146,7 +128,7 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 	if err != nil {
 		return err
 	}
-	r.t.mutant = h.o.mutant
+	r.t.knobs = h.o.knobs
 	p.r = r
 	h.procs[id] = p
 	return nil
@@ -159,10 +141,10 @@ func (p *kvRepProc) Step(now time.Duration) bool {
 	}
 	p.now = now
 	progress := p.r.Poll(now)
-	if p.h.o.mutant == mutNoQuorum && p.r.t.lastServed != 0 {
+	if p.h.o.knobs.noQuorum && p.r.t.knobs.lastServed != 0 {
 		// A deposed leader keeps its serving word.
 		if _, ok := p.r.Multicast().Broadcast().Leading(); !ok {
-			p.r.t.serving = p.r.t.lastServed
+			p.r.t.serving = p.r.t.knobs.lastServed
 			p.r.t.publish()
 		}
 	}
@@ -217,7 +199,7 @@ func (p *kvCliProc) Start(env *sim.Env) error {
 	p.getOp = make([]kvcheck.Op, len(h.members))
 	for g := range h.members {
 		p.readers[g] = NewGroupReader(env.Node(), uint32(g), h.members[g], p.slot)
-		p.readers[g].mutant = h.o.mutant
+		p.readers[g].knobs = h.o.knobs
 	}
 	return nil
 }
@@ -919,16 +901,13 @@ var kvSimCases = []struct {
 }
 
 func TestSim(t *testing.T) {
-	flags := *simFlags
-	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-		flags.Seeds = kvSimSeeds
-		if raceEnabled {
-			flags.Seeds = 3
-		}
-		if testing.Short() {
-			flags.Seeds = max(1, flags.Seeds/10)
-		}
+	// -seeds N (any N, kvSimSeeds included) runs N a case; without it
+	// kvSimSeeds a case, 3 under the race detector, a tenth with -short.
+	def := kvSimSeeds
+	if raceEnabled {
+		def = 3
 	}
+	flags := simFlags.WithDefault(def)
 	for _, c := range kvSimCases {
 		t.Run(c.name, func(t *testing.T) {
 			o := c.o
@@ -949,19 +928,19 @@ func TestSim(t *testing.T) {
 // catches it within a few seeds.
 func TestSimMutants(t *testing.T) {
 	for _, m := range []struct {
-		name   string
-		mutant int
-		o      kvOpts
-		want   string
+		name  string
+		knobs testingKnobs
+		o     kvOpts
+		want  string
 	}{
-		{"no-quorum", mutNoQuorum, kvOpts{ops: 120, isolate: 4, gap: 100 * time.Microsecond}, "linearizability"},
-		{"new-generation-only", mutNewGenOnly, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, "linearizability"},
-		{"late-promise", mutLatePromise, kvOpts{ops: 150, isolate: 4, stall: true, gap: 60 * time.Microsecond}, "linearizability"},
-		{"no-condition", mutNoCondition, kvOpts{ops: 120, gap: 100 * time.Microsecond}, "linearizability"},
+		{"no-quorum", testingKnobs{noQuorum: true}, kvOpts{ops: 120, isolate: 4, gap: 100 * time.Microsecond}, "linearizability"},
+		{"new-generation-only", testingKnobs{newGenOnly: true}, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, "linearizability"},
+		{"late-promise", testingKnobs{latePromise: true}, kvOpts{ops: 150, isolate: 4, stall: true, gap: 60 * time.Microsecond}, "linearizability"},
+		{"no-condition", testingKnobs{noCondition: true}, kvOpts{ops: 120, gap: 100 * time.Microsecond}, "linearizability"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			o := m.o
-			o.groups, o.replicas, o.clients, o.keys, o.mutant = 2, 3, 3, cmp.Or(o.keysSet, 24), m.mutant
+			o.groups, o.replicas, o.clients, o.keys, o.knobs = 2, 3, 3, cmp.Or(o.keysSet, 24), m.knobs
 			o.until = 60 * time.Millisecond
 			for seed := uint64(1); seed <= 20; seed++ {
 				_, err := runKV(sim.Seed{Seed: seed}, o)

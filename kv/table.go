@@ -145,12 +145,9 @@ type Table struct {
 	appliedAt int64
 	serving   uint64
 
-	lastServed  uint64 // the last epoch served (a planted bug keeps it)
-	mutant      int    // a planted bug (kv's TestSimMutants); 0 in production
-	latePromise uint64
-	mres        []byte
-	restores    int
-	latePub     int64
+	knobs    testingKnobs // planted bugs, tests only (knobs.go)
+	mres     []byte
+	restores int
 
 	snaps     atomic.Int32  // captures not yet released
 	heapEpoch atomic.Uint64 // counts restores: a capture that saw it change is void
@@ -226,8 +223,8 @@ func (t *Table) Close() error {
 // broadcast.Config.OnPromise): a single word, stored before the member
 // publishes its vote.
 func (t *Table) Promise(e broadcast.Epoch) {
-	if t.mutant == mutLatePromiseID {
-		t.latePromise, t.latePub = uint64(e), t.cfg.Clock() // published 6 ms later: too late
+	if t.knobs.latePromise {
+		t.knobs.promise, t.knobs.promiseAt = uint64(e), t.cfg.Clock() // published 6 ms later: too late
 		return
 	}
 	rdma.Store64(t.hmem, hPromise, uint64(e))
@@ -237,11 +234,11 @@ func (t *Table) Promise(e broadcast.Epoch) {
 // none); linearizable gets are served only by a replica whose header says
 // so. Called from the polling goroutine after each Poll.
 func (t *Table) SetServing(e uint64) {
-	if t.latePromise != 0 && t.cfg.Clock()-t.latePub > int64(6*time.Millisecond) {
-		rdma.Store64(t.hmem, hPromise, t.latePromise)
+	if t.knobs.latePromise && t.knobs.promise != 0 && t.cfg.Clock()-t.knobs.promiseAt > int64(6*time.Millisecond) {
+		rdma.Store64(t.hmem, hPromise, t.knobs.promise)
 	}
-	if e != 0 {
-		t.lastServed = e
+	if t.knobs.noQuorum && e != 0 {
+		t.knobs.lastServed = e
 	}
 	if e != t.serving {
 		t.serving = e
@@ -515,7 +512,7 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 		// An earlier op of this request may have started a new
 		// generation (a put that found its key's buckets full): migrate
 		// this key's buckets again before looking it up.
-		if t.mutant != mutNoRemigrateID {
+		if !t.knobs.noRemigrate {
 			t.migrateKey(h)
 		}
 		w, found := t.find(op.Key, h)
@@ -544,7 +541,7 @@ func (t *Table) sref(s Slot) uint64 { return refOf(int(s.Heap), int(s.Off)) }
 
 // holds checks op's condition against the key's current state.
 func (t *Table) holds(op *Op, w where, found bool) bool {
-	if t.mutant == mutNoConditionID {
+	if t.knobs.noCondition {
 		return true
 	}
 	switch op.Cmp {
@@ -987,7 +984,10 @@ func (t *Table) Restore(b []byte) error {
 	t.count = len(recs)
 	t.stages = stages
 	t.restores++
-	t.applied = applied
+	// The snapshot does not say when its last entry was applied: the
+	// replica's state reached it now (without this the header kept the
+	// time of this table's last Apply, 0 for a fresh one).
+	t.applied, t.appliedAt = applied, t.cfg.Clock()
 	t.layout += 2 // even: no request in progress (applyRequest)
 	t.publish()
 	return nil
@@ -1086,12 +1086,3 @@ func (t *Table) Staged() (n, bytes int) {
 	}
 	return n, bytes
 }
-
-// Planted bugs of kv's TestSimMutants (the values of its mut* constants).
-const (
-	mutNoQuorumID    = 1
-	mutNewGenOnlyID  = 2
-	mutNoConditionID = 3
-	mutLatePromiseID = 4
-	mutNoRemigrateID = 5
-)

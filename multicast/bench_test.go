@@ -52,9 +52,9 @@ func BenchmarkSingleGroupW1(b *testing.B) {
 // MultiDriver per node (one replica of each group per node), waits for
 // both leaders, and returns how many Polls each node's replicas made in
 // 200 ms with no client.
-func idlePolls(t *testing.T, mutant int) []int64 {
+func idlePolls(t *testing.T, knobs testingKnobs) []int64 {
 	tr, _ := tree.Parse("0:1")
-	c := startCluster(t, clusterSpec{tree: tr, members: [][]rdma.NodeID{{1, 2, 3}, {1, 2, 3}}, cnodes: []rdma.NodeID{100}, mutant: mutant})
+	c := startCluster(t, clusterSpec{tree: tr, members: [][]rdma.NodeID{{1, 2, 3}, {1, 2, 3}}, cnodes: []rdma.NodeID{100}, knobs: knobs})
 	c.waitLeaders(t)
 	time.Sleep(50 * time.Millisecond) // settle
 	for _, cp := range c.counts {
@@ -70,10 +70,10 @@ func idlePolls(t *testing.T, mutant int) []int64 {
 
 // TestIdleParks: an idle cluster does not burn the CPU: with nothing to
 // order, each replica is polled about once per heartbeat (1 ms), not in a
-// loop. The mutSpinDeadline planted bug (a leader always due) is caught.
+// loop. The spinDeadline planted bug (a leader always due) is caught.
 func TestIdleParks(t *testing.T) {
 	const bound = 2000 // 200 ms idle: ~200-400 Polls at the 1 ms heartbeat; a spinning replica makes 10^4-10^5
-	idle := idlePolls(t, 0)
+	idle := idlePolls(t, testingKnobs{})
 	t.Logf("Polls per replica in 200 ms idle: %v", idle)
 	for _, n := range idle {
 		if n > bound {
@@ -81,7 +81,7 @@ func TestIdleParks(t *testing.T) {
 		}
 	}
 	worst := int64(0)
-	spun := idlePolls(t, mutSpinDeadline)
+	spun := idlePolls(t, testingKnobs{spinDeadline: true})
 	t.Logf("with the spinning-deadline mutant: %v", spun)
 	for _, n := range spun {
 		worst = max(worst, n)

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/regions"
 )
 
 // ClientConfig configures a TRAM client (Alg. 1). The ring geometry

@@ -26,7 +26,7 @@ type clusterSpec struct {
 	extra   []rdma.NodeID // nodes to open that are not listed clients
 	app     func(g tree.Group, i int) broadcast.FSM
 	bcast   broadcast.Config // template: Self and Start are set per replica
-	mutant  int
+	knobs   testingKnobs     // planted bugs
 }
 
 // testCluster is a running clusterSpec; its Cleanup stops the drivers
@@ -121,7 +121,7 @@ func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
 			if err != nil {
 				tb.Fatal(err)
 			}
-			r.mutant = sp.mutant
+			r.knobs = sp.knobs
 			c.reps = append(c.reps, r)
 			cp := &countPolls{p: r}
 			c.counts = append(c.counts, cp)

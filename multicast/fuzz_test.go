@@ -159,7 +159,7 @@ func fuzzState(t testing.TB) *state {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newState(&cfg, nopFSM{})
+	return newState(&cfg, nopFSM{}, new(testingKnobs))
 }
 
 func entryOf(data []byte) broadcast.Entry { return broadcast.Entry{Index: 1, Data: data} }

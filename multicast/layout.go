@@ -6,9 +6,9 @@ import (
 	"fmt"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/regions"
 )
 
 // Memory layout (docs/multicast.md, "Memory layout"). Every replica of

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
-	"github.com/rdmakv/rdmakv/internal/regions"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/regions"
 )
 
 // Config configures one TRAM replica: a member of one group. Zero fields
@@ -198,30 +198,8 @@ type Replica struct {
 
 	ctr Counters
 
-	mutant int // a planted bug (TestSimMutants); 0 in production
+	knobs testingKnobs // planted bugs, tests only (knobs.go)
 }
-
-// Planted bugs, each aimed at one checker (TestSimMutants).
-const (
-	// mutNoDedup: a leader takes whatever valid record sits in the slot
-	// of its next input position, also one of an earlier lap (a message
-	// re-forwarded or retried and already ordered), and Apply does not
-	// drop duplicates: caught by ExactlyOnce.
-	mutNoDedup = iota + 1
-	// mutForwardEarly: a leader forwards a message to its children when
-	// it orders it, before it commits: caught when leaders crash.
-	mutForwardEarly
-	// mutNoCatchUp: a new leader neither re-forwards what its
-	// predecessor may not have (TRAM Alg. 5 steps 2-3) nor retransmits:
-	// caught by Validity.
-	mutNoCatchUp
-	// mutNoFlowControl: positions are assigned in a child's parent ring
-	// without waiting for its credit, overwriting unconsumed messages.
-	mutNoFlowControl
-	// mutSpinDeadline: a leader says it is always due, so its driver never
-	// parks: caught by TestIdleParks.
-	mutSpinDeadline
-)
 
 // Counters are a replica's cumulative counts.
 type Counters struct {
@@ -244,7 +222,7 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 		return nil, err
 	}
 	r := &Replica{cfg: cfg, g: cfg.Group, node: node, base: regions.Multicast(cfg.Group), hbeat: cfg.Broadcast.HeartbeatInterval}
-	r.st = newState(&cfg, app)
+	r.st = newState(&cfg, app, &r.knobs)
 	r.st.onReply = func(_ uint32, slot int) { r.replyQ = append(r.replyQ, slot) }
 	r.st.onHello = func(c uint32) { r.helloQ = append(r.helloQ, c) }
 	nc := len(cfg.ClientNodes)
@@ -437,7 +415,7 @@ func (r *Replica) NextDeadline() time.Duration {
 		if r.tokReady > r.now {
 			d = min(d, r.tokReady)
 		}
-		if r.mutant == mutSpinDeadline {
+		if r.knobs.spinDeadline {
 			d = r.now
 		}
 	}
@@ -514,7 +492,7 @@ func (r *Replica) becomeLeader(e broadcast.Epoch) {
 	copy(r.tout, r.st.out)
 	for i := range r.fwdSent {
 		r.fwdSent[i] = r.resendFrom(i)
-		if r.mutant == mutNoCatchUp {
+		if r.knobs.noCatchUp {
 			r.fwdSent[i] = r.st.out[i]
 		}
 		r.creditAt[i] = r.now
@@ -562,7 +540,7 @@ func (r *Replica) readCredits() bool {
 			r.rtWait[i] = r.cfg.RetransmitAfter
 			progress = true
 		}
-		if r.credit[i] < r.st.out[i] && r.now-r.creditAt[i] > r.rtWait[i] && r.fwdSent[i] >= r.st.out[i] && r.mutant != mutNoCatchUp {
+		if r.credit[i] < r.st.out[i] && r.now-r.creditAt[i] > r.rtWait[i] && r.fwdSent[i] >= r.st.out[i] && !r.knobs.noCatchUp {
 			r.fwdSent[i] = r.resendFrom(i)
 			r.creditAt[i] = r.now
 			r.rtWait[i] = min(2*r.rtWait[i], 32*r.cfg.RetransmitAfter)
@@ -783,7 +761,7 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 		off = (src*r.cfg.ClientSlots + int(pos%uint64(r.cfg.ClientSlots))) * r.cfg.SlotSize
 	}
 	want := pos
-	if r.mutant == mutNoDedup {
+	if r.knobs.noDedup {
 		want = rdma.Load64(mem, off) // any lap
 		if want == 0 || want > pos {
 			return false, false
@@ -818,7 +796,7 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 			continue
 		}
 		q := r.tout[i] + 1
-		if q > r.credit[i]+uint64(r.cfg.ParentSlots) && r.mutant != mutNoFlowControl {
+		if q > r.credit[i]+uint64(r.cfg.ParentSlots) && !r.knobs.noFlowControl {
 			r.ctr.Blocked++
 			return false, false
 		}
@@ -837,7 +815,7 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 	for i, c := range r.st.children {
 		if next.Has(c) {
 			r.tout[i] = r.fwdv[k]
-			if r.mutant == mutForwardEarly {
+			if r.knobs.forwardEarly {
 				fr := rec
 				fr.pos = r.fwdv[k]
 				b := encodeRecord(r.rec, &fr)

@@ -165,8 +165,10 @@ type mcOpts struct {
 	calm bool
 	// retryAfter is the clients' retry timeout (0: 20 ms).
 	retryAfter time.Duration
-	// mutant plants a bug (TestSimMutants).
-	mutant int
+	// knobs plant bugs (TestSimMutants).
+	knobs testingKnobs
+	// clientRate is the replicas' Config.ClientRate (TestSimClientRate).
+	clientRate float64
 }
 
 type mcRun struct {
@@ -224,14 +226,13 @@ func (p *repProc) Start(env *sim.Env) error {
 	}
 	cfg := Config{Group: g, Tree: h.t, Members: h.members, ClientNodes: h.cnodes,
 		ClientSlots: 4, ParentSlots: cmp.Or(h.o.pslots, 16), SlotSize: 256 + max(h.o.size, 24), MaxResult: 64,
-		RetransmitAfter: 5 * time.Millisecond, Broadcast: bc}
+		RetransmitAfter: 5 * time.Millisecond, ClientRate: h.o.clientRate, Broadcast: bc}
 	p.fsm = &recFSM{h: h, g: g, rep: h.rep[id], inc: env.Incarnation()}
 	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
 	if err != nil {
 		return err
 	}
-	r.mutant = h.o.mutant
-	r.st.noDedup = h.o.mutant == mutNoDedup
+	r.knobs = h.o.knobs
 	p.r = r
 	h.procs[id] = p
 	return nil
@@ -239,7 +240,7 @@ func (p *repProc) Start(env *sim.Env) error {
 
 func (p *repProc) Step(now time.Duration) bool {
 	progress := p.r.Poll(now)
-	if d, g, s := p.r.Anomalies(); d+g+s != 0 && p.h.o.mutant == 0 {
+	if d, g, s := p.r.Anomalies(); d+g+s != 0 && p.h.o.knobs == (testingKnobs{}) {
 		p.h.fail(fmt.Errorf("group %d node %d: log anomalies: %d duplicates, %d gaps, %d stale entries", p.r.g, p.env.ID(), d, g, s))
 	}
 	p.env.WakeAt(p.r.NextDeadline())
@@ -650,18 +651,14 @@ var simCases = []struct {
 
 // Without -seeds (or -seed) each case runs simSeeds seeds: with its six
 // cases, 2,100 seeds per tree shape (make norace runs them); under the
-// race detector 4 a case. -seeds N runs N a case.
+// race detector 4 a case (a tenth with -short). -seeds N runs N a case,
+// whatever N (-seeds 350 or -seeds 1000 included).
 func TestSim(t *testing.T) {
-	flags := *simFlags
-	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-		flags.Seeds = simSeeds
-		if raceEnabled {
-			flags.Seeds = 4
-		}
-		if testing.Short() {
-			flags.Seeds /= 10
-		}
+	def := simSeeds
+	if raceEnabled {
+		def = 4
 	}
+	flags := simFlags.WithDefault(def)
 	for _, shape := range []string{"breadth", "depth", "base"} {
 		for _, c := range simCases {
 			t.Run(shape+"/"+c.name, func(t *testing.T) {
@@ -739,21 +736,21 @@ func TestSimAbandon(t *testing.T) {
 // aimed at it catches it within a few seeds.
 func TestSimMutants(t *testing.T) {
 	cases := []struct {
-		name   string
-		mutant int
-		o      mcOpts
-		want   mcheck.Property
-		or     mcheck.Property // a second property the bug may show up as first
+		name  string
+		knobs testingKnobs
+		o     mcOpts
+		want  mcheck.Property
+		or    mcheck.Property // a second property the bug may show up as first
 	}{
-		{"no-dedup", mutNoDedup, mcOpts{shape: "base", clients: 3, msgs: 30, until: 40 * time.Millisecond}, mcheck.ExactlyOnce, ""},
-		{"forward-early", mutForwardEarly, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 80 * time.Millisecond, isolate: 5, gap: 500 * time.Microsecond}, mcheck.ExactlyOnce, mcheck.Validity},
-		{"no-catch-up", mutNoCatchUp, mcOpts{shape: "depth", clients: 4, msgs: 40, until: 80 * time.Millisecond, leaders: 2}, mcheck.Validity, ""},
-		{"no-flow-control", mutNoFlowControl, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 60 * time.Millisecond, pslots: 4, slow: true}, mcheck.Validity, ""},
+		{"no-dedup", testingKnobs{noDedup: true}, mcOpts{shape: "base", clients: 3, msgs: 30, until: 40 * time.Millisecond}, mcheck.ExactlyOnce, ""},
+		{"forward-early", testingKnobs{forwardEarly: true}, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 80 * time.Millisecond, isolate: 5, gap: 500 * time.Microsecond}, mcheck.ExactlyOnce, mcheck.Validity},
+		{"no-catch-up", testingKnobs{noCatchUp: true}, mcOpts{shape: "depth", clients: 4, msgs: 40, until: 80 * time.Millisecond, leaders: 2}, mcheck.Validity, ""},
+		{"no-flow-control", testingKnobs{noFlowControl: true}, mcOpts{shape: "breadth", clients: 4, msgs: 60, until: 60 * time.Millisecond, pslots: 4, slow: true}, mcheck.Validity, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			o := c.o
-			o.groups, o.replicas, o.mutant = 4, 3, c.mutant
+			o.groups, o.replicas, o.knobs = 4, 3, c.knobs
 			var caught []string
 			for seed := uint64(1); seed <= 30; seed++ {
 				_, err := runMC(sim.Seed{Seed: seed}, o)

@@ -45,7 +45,7 @@ type state struct {
 	// duplicate that the leader's pointers should have prevented, a gap in
 	// positions, a record of an unregistered incarnation.
 	dups, gaps, stale uint64
-	noDedup           bool // the mutNoDedup planted bug
+	knobs             *testingKnobs // the replica's planted bugs (knobs.go)
 
 	// hooks for the replica (not replicated): what Apply produced that a
 	// leader sends.
@@ -61,11 +61,11 @@ type replyRec struct {
 	buf  []byte // maxResult bytes; result aliases it
 }
 
-func newState(cfg *Config, app broadcast.FSM) *state {
+func newState(cfg *Config, app broadcast.FSM, knobs *testingKnobs) *state {
 	s := &state{
 		g: cfg.Group, t: cfg.Tree, children: cfg.Tree.Children(cfg.Group),
 		window: cfg.ClientSlots, pslots: cfg.ParentSlots, slotSize: cfg.SlotSize, maxResult: cfg.MaxResult,
-		app:  app,
+		app: app, knobs: knobs,
 		cinc: make([]uint64, len(cfg.ClientNodes)), caddr: make([]Addr, len(cfg.ClientNodes)), cpos: make([]uint64, len(cfg.ClientNodes)),
 		replies: make([]replyRec, len(cfg.ClientNodes)*cfg.ClientSlots),
 	}
@@ -118,7 +118,7 @@ func (s *state) Apply(e broadcast.Entry) []byte {
 			s.stale++
 			return nil
 		}
-		if le.pos <= s.cpos[c] && !s.noDedup {
+		if le.pos <= s.cpos[c] && !s.knobs.noDedup {
 			s.dups++
 			return nil
 		}
@@ -127,7 +127,7 @@ func (s *state) Apply(e broadcast.Entry) []byte {
 		}
 		s.cpos[c] = le.pos
 	case srcParent:
-		if le.pos <= s.ppos && !s.noDedup {
+		if le.pos <= s.ppos && !s.knobs.noDedup {
 			s.dups++
 			return nil
 		}

@@ -88,8 +88,10 @@
 // # Seeds in tests
 //
 // Flags (RegisterFlags) give a test package -seed N (one seed), -seeds K
-// (seeds 1..K, DefaultSeeds by default, a tenth with -short) and -simtrace
-// (log every event). Flags.Run runs a body per seed; on the first failure it
+// (seeds 1..K; when not given, the test's own count set with
+// Flags.WithDefault or DefaultSeeds, a tenth with -short) and -simtrace
+// (log every event). A given -seeds K runs exactly K seeds per test.
+// Flags.Run runs a body per seed; on the first failure it
 // prints the seed, the last events before it (a *Failure carries them) and
 // the command that reruns just that seed, e.g.
 //

@@ -13,7 +13,7 @@ import (
 )
 
 // DefaultSeeds is how many seeds a simulation test runs when -seeds is not
-// given (a tenth of it with -short).
+// given and the test picks no count of its own (a tenth of it with -short).
 const DefaultSeeds = 1000
 
 // Flags select the seeds of simulation tests: -seed N runs seed N alone,
@@ -22,10 +22,12 @@ const DefaultSeeds = 1000
 //
 //	var simFlags = sim.RegisterFlags(flag.CommandLine)
 //
-// and each test runs its seeds with simFlags.Run.
+// and each test runs its seeds with simFlags.Run. A test with a count of
+// its own runs simFlags.WithDefault(n).Run: a -seeds the user gives wins,
+// whatever its value (-seeds 1000 runs 1,000 seeds, not the test's count).
 type Flags struct {
 	Seed  uint64 // -seed: the one seed to run; 0 means none was given
-	Seeds int    // -seeds: how many seeds to run, from 1
+	Seeds int    // -seeds: how many seeds to run, from 1; 0 means none was given
 	Trace bool   // -simtrace: log every event
 }
 
@@ -35,9 +37,29 @@ type Flags struct {
 func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{}
 	fs.Uint64Var(&f.Seed, "seed", 0, "sim: run only this seed (with -simtrace, log its events)")
-	fs.IntVar(&f.Seeds, "seeds", DefaultSeeds, "sim: number of seeds to run (seeds 1..N; a tenth with -short)")
+	fs.IntVar(&f.Seeds, "seeds", 0, fmt.Sprintf("sim: number of seeds to run, seeds 1..N (when not given, the test's own count or %d; a tenth with -short)", DefaultSeeds))
 	fs.BoolVar(&f.Trace, "simtrace", false, "sim: log every event of every run")
 	return f
+}
+
+// WithDefault returns f set to run def seeds (a tenth of def, at least 1,
+// with -short) when neither -seeds nor -seed was given. A given -seeds is
+// kept as is, even when it equals def or DefaultSeeds.
+func (f Flags) WithDefault(def int) Flags {
+	f.Seeds = seedCount(f.Seeds, def, testing.Short())
+	return f
+}
+
+// seedCount is how many seeds to run: given when -seeds was given (not 0),
+// else def, a tenth of it (at least 1) when short.
+func seedCount(given, def int, short bool) int {
+	if given != 0 {
+		return given
+	}
+	if short {
+		return max(1, def/10)
+	}
+	return def
 }
 
 // Seed is one run handed to a simulation test's body.
@@ -69,16 +91,16 @@ func (sd Seed) Options() Options {
 // *Failure also shows the events that led to it) and the command that
 // reruns exactly that seed; later seeds are not run. A panic in the body
 // is reported the same way.
-func (f *Flags) Run(t *testing.T, body func(sd Seed) error) {
+func (f Flags) Run(t *testing.T, body func(sd Seed) error) {
 	t.Helper()
 	seeds := []uint64{}
 	switch {
 	case f.Seed != 0:
 		seeds = append(seeds, f.Seed)
 	default:
-		k := f.Seeds
-		if testing.Short() {
-			k = max(1, k/10)
+		k := seedCount(f.Seeds, DefaultSeeds, testing.Short())
+		if k < 0 {
+			t.Fatalf("-seeds %d: want a count of seeds, 1 or more", k)
 		}
 		for i := 1; i <= k; i++ {
 			seeds = append(seeds, uint64(i))

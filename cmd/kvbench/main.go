@@ -29,6 +29,8 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+
+	"github.com/rdmakv/rdmakv/internal/version"
 )
 
 // command is one kvbench subcommand.
@@ -94,6 +96,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	name := args[0]
+	if name == "--version" || name == "-version" || name == "version" {
+		fmt.Fprintln(stdout, version.String("kvbench"))
+		return 0
+	}
 	if name == "help" || name == "-h" || name == "--help" || name == "-help" {
 		if len(args) > 1 && name == "help" {
 			return run([]string{args[1], "--help"}, stdout, stderr)
@@ -129,4 +135,5 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "  %-10s %s\n", "help", "this list; 'kvbench help <command>' shows a command's flags")
+	fmt.Fprintf(w, "  %-10s %s\n", "--version", "the module version and commit kvbench was built from")
 }

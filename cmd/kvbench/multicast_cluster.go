@@ -529,15 +529,18 @@ type mcLoadSpec struct {
 	window   int  // outstanding messages per client (<= ClientSlots)
 	payload  []byte
 	// from and to bound the measured part: completions in [from, to)
-	// count and are timed.
+	// count and are timed. If none came by to (one message outlasting the
+	// window on a busy machine), the first one after it counts too, and
+	// the measured part lasts until it (last).
 	from, to time.Time
 	// record keeps every completion's send and completion time.
 	record bool
 
 	// h times the measured completions of every client (fixed memory, so a
 	// soak's RSS is the cluster's).
-	mu sync.Mutex
-	h  hist.Hist
+	mu   sync.Mutex
+	h    hist.Hist
+	last time.Time // the latest measured completion
 }
 
 // mcSample is one completed message.
@@ -612,10 +615,13 @@ func (l *mcLoader) done(o *multicast.Outcome) {
 	if sp.record {
 		res.samples = append(res.samples, mcSample{sent: sent.UnixNano(), done: now.UnixNano()})
 	}
-	if !now.Before(sp.from) && now.Before(sp.to) {
-		res.n++
+	if !now.Before(sp.from) {
 		sp.mu.Lock()
-		sp.h.Record(now.Sub(sent))
+		if now.Before(sp.to) || sp.h.N() == 0 {
+			res.n++
+			sp.h.Record(now.Sub(sent))
+			sp.last = now
+		}
 		sp.mu.Unlock()
 	}
 }
@@ -749,8 +755,14 @@ type mcMerged struct {
 }
 
 // merge merges the loaders' results of sp; dur is the measured part's
-// length.
+// length, unless its only completion came after it (ops/s is then over
+// the time until that one).
 func merge(sp *mcLoadSpec, rs []mcLoadResult, dur time.Duration) mcMerged {
+	sp.mu.Lock()
+	if !sp.last.IsZero() {
+		dur = max(dur, sp.last.Sub(sp.from))
+	}
+	sp.mu.Unlock()
 	var m mcMerged
 	var errs []error
 	for _, r := range rs {

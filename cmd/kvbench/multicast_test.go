@@ -7,7 +7,9 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 )
 
@@ -201,5 +203,33 @@ func TestMulticastFlags(t *testing.T) {
 		if _, err := parseMulticastFlags(bad, &stderr); err == nil {
 			t.Errorf("flags %v accepted", bad)
 		}
+	}
+}
+
+// TestMulticastLateCompletion: a measurement whose window passed before
+// any message completed (one message outlasting it on a busy machine)
+// counts the first completion after it and measures ops/s until then,
+// instead of failing with "no message completed"; later ones do not
+// count.
+func TestMulticastLateCompletion(t *testing.T) {
+	now := time.Now()
+	sp := &mcLoadSpec{from: now.Add(-2 * time.Second), to: now.Add(-time.Second)}
+	l := &mcLoader{sent: make([]time.Time, 4)}
+	res := &mcLoadResult{}
+	l.sp, l.res = sp, res
+	for seq := range uint64(3) {
+		l.sent[seq%4] = now.Add(-3 * time.Second)
+		l.done(&multicast.Outcome{ID: multicast.MsgID{Seq: seq}, Dst: tree.Of(0), Replies: []multicast.Reply{{Group: 0, Index: seq + 1}}})
+	}
+	if res.n != 1 || res.bad != 0 {
+		t.Fatalf("three completions after the window, none in it: %d measured (%d bad), want the first", res.n, res.bad)
+	}
+	m := merge(sp, []mcLoadResult{*res}, time.Second)
+	if m.err != nil || m.n != 1 || m.p50 <= 0 {
+		t.Fatalf("merge: %+v", m)
+	}
+	// One op over at least the 2 s from the window's start to it.
+	if m.opsPerS <= 0 || m.opsPerS > 0.5 {
+		t.Errorf("ops/s %v, want over the lengthened window (at most 0.5)", m.opsPerS)
 	}
 }

@@ -65,13 +65,13 @@ func TestParseErrors(t *testing.T) {
 		msg   string
 	}{
 		{[]string{"frob"}, `unknown command "frob"`},
-		{[]string{"get"}, "get takes 1 arguments, got 0"},
-		{[]string{"get", "a", "b"}, "get takes 1 arguments, got 2"},
+		{[]string{"get"}, "get takes 1 argument, got 0"},
+		{[]string{"get", "a", "b"}, "get takes 1 argument, got 2"},
 		{[]string{"get", "--consistency", "weird", "k"}, `get: invalid value "weird" for flag -consistency: want linearizable or stale-ok`},
 		{[]string{"get", "--bogus", "k"}, "get: flag provided but not defined: -bogus"},
 		{[]string{"get", "--timeout", "0s", "k"}, "get: --timeout 0s: want a positive duration"},
 		{[]string{"put", "k"}, "put takes 2 arguments, got 1"},
-		{[]string{"put", "--file", "f", "k", "v"}, "put takes 1 arguments, got 2"},
+		{[]string{"put", "--file", "f", "k", "v"}, "put takes 1 argument, got 2"},
 		{[]string{"del", "--version", "x", "k"}, `del: invalid value "x" for flag -version: want a version number (0: the key has no value)`},
 		{[]string{"cas", "k", "v"}, "cas takes 3 arguments, got 2"},
 		{[]string{"cas", "--absent", "k", "old", "new"}, "cas takes 2 arguments, got 3"},
@@ -81,7 +81,7 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"batch", "put", "k", "v", "del"}, "batch: op 2: del takes KEY"},
 		{[]string{"batch", "get", "k"}, `batch: op 1: "get": want put KEY VALUE or del KEY`},
 		{[]string{"batch", "--file", "f", "put", "k", "v"}, "batch --file F takes no other argument"},
-		{[]string{"status", "x"}, "status takes 0 arguments, got 1"},
+		{[]string{"status", "x"}, "status takes no arguments, got 1"},
 		{[]string{"watch", "--interval", "-1s", "k"}, "watch: --interval -1s: want a positive duration"},
 		{[]string{"watch", "--count", "-1", "k"}, "watch: --count -1: want 0 or more"},
 		{[]string{"help", "a", "b"}, "help takes at most 1 argument, got 2"},
@@ -92,7 +92,7 @@ func TestParseErrors(t *testing.T) {
 			t.Errorf("%q: %v, want a usage error %q", c.words, err, c.msg)
 			continue
 		}
-		if c.words[0] != "frob" && ue.cmd == nil || c.words[0] == "frob" && !ue.unknown {
+		if c.words[0] != "frob" && ue.cmd == nil || c.words[0] == "frob" && ue.unknown != "frob" {
 			t.Errorf("%q: %+v: the error does not name its command", c.words, ue)
 		}
 	}
@@ -117,8 +117,11 @@ func TestUsageExitCodes(t *testing.T) {
 		args  []string
 		lines []string
 	}{
-		{"", []string{"get"}, []string{"kvcli: get takes 1 arguments, got 0"}},
-		{"", []string{"frobnicate"}, []string{`kvcli: unknown command "frobnicate" (put, get, del, cas)`}},
+		{"", []string{"get"}, []string{"kvcli: get takes 1 argument, got 0"}},
+		{"", []string{"frobnicate"}, []string{`kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, help)`}},
+		{"", []string{"gt", "k"}, []string{`kvcli: unknown command "gt": did you mean "get"? (commands: get, put, del, cas, batch, status, leaders, watch, help)`}},
+		{"", []string{"help", "stauts"}, []string{`kvcli: unknown command "stauts": did you mean "status"? (commands: get, put, del, cas, batch, status, leaders, watch, help)`}},
+		{"", []string{"status", "x"}, []string{"kvcli: status takes no arguments, got 1"}},
 		{"", []string{"cas", "--version", "1", "--absent", "k", "v"}, []string{"kvcli: cas: --absent and --version exclude each other (--version 0 is --absent)"}},
 		{"", []string{"exit"}, []string{"kvcli: exit is a shell command (run kvcli with no command for the shell)"}},
 		{"", []string{"--consistency", "weird", "get", "k"}, []string{`kvcli: --consistency "weird": want linearizable or stale-ok`}},
@@ -126,7 +129,7 @@ func TestUsageExitCodes(t *testing.T) {
 		// Commands read from stdin: the usage line follows, and the
 		// run stops there.
 		{"help batch\nget\nget k\n", nil, []string{
-			"kvcli: get takes 1 arguments, got 0",
+			"kvcli: get takes 1 argument, got 0",
 			"usage: get [--consistency linearizable|stale-ok] [--json] [--timeout D] KEY",
 			"kvcli: line 2: get: exit 2"}},
 		{"batch put k\n", nil, []string{
@@ -137,6 +140,10 @@ func TestUsageExitCodes(t *testing.T) {
 			`kvcli: unknown command "frob" (help lists the commands)`,
 			"commands: get, put, del, cas, batch, status, leaders, watch, help, exit, quit (help COMMAND)",
 			"kvcli: line 1: frob: exit 2"}},
+		{"qiut\n", nil, []string{
+			`kvcli: unknown command "qiut": did you mean "quit"? (help lists the commands)`,
+			"commands: get, put, del, cas, batch, status, leaders, watch, help, exit, quit (help COMMAND)",
+			"kvcli: line 1: qiut: exit 2"}},
 		{"get 'open\n", nil, []string{"kvcli: line 1: unterminated ' quote"}},
 	} {
 		_, stderr, code := runCLI(t, c.stdin, c.args...)
@@ -308,5 +315,64 @@ func TestUnreachableSeed(t *testing.T) {
 	stderr := e.String()
 	if code != exitUnavailable || !strings.Contains(stderr, "seed "+addr+" unreachable") || strings.Count(stderr, "\n") != 1 {
 		t.Errorf("get with an unreachable seed: exit %d, stderr %q; want exit %d and one line saying the seed is unreachable", code, stderr, exitUnavailable)
+	}
+}
+
+// A mistyped command gets the closest one suggested; a name close to none
+// gets no suggestion. Shell-only commands are suggested only in the shell.
+func TestSuggest(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		shell bool
+		want  string
+	}{
+		{"gt", false, "get"}, {"GET", false, "get"}, {"pt", false, "put"}, {"dle", false, "del"},
+		{"delete", false, "del"}, {"set", false, "put"}, {"rm", false, "del"}, {"stat", false, "status"},
+		{"stauts", false, "status"}, {"leader", false, "leaders"}, {"wacth", false, "watch"},
+		{"bathc", false, "batch"}, {"hlep", false, "help"}, {"csa", false, "cas"},
+		{"quit", false, ""}, {"qiut", true, "quit"}, {"exti", true, "exit"},
+		{"frobnicate", false, ""}, {"x", false, ""}, {"zzz", false, ""},
+	} {
+		if got := suggest(c.name, c.shell); got != c.want {
+			t.Errorf("suggest(%q, shell %v) = %q, want %q", c.name, c.shell, got, c.want)
+		}
+	}
+}
+
+func TestPlural(t *testing.T) {
+	for n, want := range map[int]string{0: "0 groups", 1: "1 group", 2: "2 groups"} {
+		if got := plural(n, "group"); got != want {
+			t.Errorf("plural(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestVersionFlag(t *testing.T) {
+	out, stderr, code := runCLI(t, "", "--version")
+	if code != exitOK || !strings.HasPrefix(out, "kvcli github.com/rdmakv/rdmakv ") || stderr != "" {
+		t.Errorf("kvcli --version: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	// cas's own --version N is untouched.
+	if x, err := parse([]string{"cas", "--version", "3", "k", "v"}, defs); err != nil || !x.version.set || x.version.v != 3 {
+		t.Errorf("cas --version 3: %v %+v", err, x)
+	}
+}
+
+// A replica whose header has no applied time (client.Status leaves
+// AppliedAt zero) has no applied_at in status --json, rather than
+// 0001-01-01; one with a time has it.
+func TestStatusJSONAppliedAt(t *testing.T) {
+	at := time.Date(2026, 11, 26, 7, 0, 0, 0, time.UTC)
+	st := client.Status{Name: "t", Fabric: "shm", Groups: []client.GroupStatus{{Leader: 0, Epoch: 1<<32 | 1, Replicas: []client.ReplicaStatus{
+		{Node: 1, Reachable: true, Serving: 1<<32 | 1, Applied: 5, AppliedAt: at},
+		{Node: 2, Reachable: true, Applied: 5},
+	}}}}
+	out := toJSON("status", st, true)
+	r := out.Groups[0].Replicas
+	if r[0].AppliedAt == nil || !r[0].AppliedAt.Equal(at) || r[1].AppliedAt != nil {
+		t.Errorf("applied_at: %v, %v; want %v and none", r[0].AppliedAt, r[1].AppliedAt, at)
+	}
+	if out.Groups[0].Epoch != 1<<32|1 || r[0].Serving != 1<<32|1 {
+		t.Errorf("epochs %d %d: want round << 32 | leader", out.Groups[0].Epoch, r[0].Serving)
 	}
 }

@@ -221,7 +221,77 @@ func commandNames(shell bool) []string {
 type usageError struct {
 	cmd     *command // nil: no command known
 	msg     string
-	unknown bool // no such command
+	unknown string // the name given, when there is no such command
+}
+
+// unknownCommand is the error for a command name kvcli does not know.
+func unknownCommand(name string) *usageError {
+	return &usageError{msg: fmt.Sprintf("unknown command %q", name), unknown: name}
+}
+
+// aliases are names other tools give kvcli's commands.
+var aliases = map[string]string{
+	"set": "put", "write": "put", "read": "get", "delete": "del", "remove": "del", "rm": "del",
+	"cput": "cas", "swap": "cas", "mset": "batch", "leader": "leaders", "stat": "status",
+	"info": "status", "follow": "watch", "tail": "watch",
+}
+
+// suggest is the command a mistyped name most likely meant ("" if none is
+// close): a known alias, a command the name starts (or that starts the
+// name), or one a typo or two away.
+func suggest(name string, shell bool) string {
+	name = strings.ToLower(name)
+	names := commandNames(shell)
+	if a, ok := aliases[name]; ok {
+		return a
+	}
+	best, bestD := "", 2 // one typo in a short name
+	if len(name) >= 5 {
+		bestD = 3
+	}
+	for _, n := range names {
+		if len(name) >= 3 && (strings.HasPrefix(n, name) || strings.HasPrefix(name, n)) {
+			return n
+		}
+		if d := editDistance(name, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the number of single-letter insertions, deletions,
+// substitutions and swaps of two neighbours that turn a into b.
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
+}
+
+// plural is n and word, with an s unless n is 1 ("1 group", "3 groups").
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
 
 func (e *usageError) Error() string { return e.msg }
@@ -250,7 +320,7 @@ func (c *command) synopsis(prefix string) string {
 func parse(words []string, d opts) (*call, error) {
 	c := lookup(words[0])
 	if c == nil {
-		return nil, &usageError{msg: fmt.Sprintf("unknown command %q", words[0]), unknown: true}
+		return nil, unknownCommand(words[0])
 	}
 	x := &call{cmd: c, opts: d}
 	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
@@ -335,8 +405,11 @@ func parse(words []string, d opts) (*call, error) {
 			return bad("batch: %v", err)
 		}
 	}
+	if n == 0 && len(x.args) != 0 {
+		return bad("%s takes no arguments, got %d", c.name, len(x.args))
+	}
 	if n >= 0 && len(x.args) != n {
-		return bad("%s takes %d arguments, got %d", c.name, n, len(x.args))
+		return bad("%s takes %s, got %d", c.name, plural(n, "argument"), len(x.args))
 	}
 	return x, nil
 }

@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/internal/version"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
@@ -103,12 +104,17 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&s.defs.absent, "absent", false, "cas: the key must have no value (cas KEY NEW)")
 	fs.DurationVar(&s.defs.interval, "interval", defaultInterval, "watch: time between gets")
 	fs.StringVar(&s.history, "history", historyPath(), "the shell's history file (empty: keep none)")
+	showVersion := fs.Bool("version", false, "print kvcli's version (module version, commit) and exit")
 	keepGoing := fs.Bool("keep-going", false, "commands read from stdin: run every line even after one failed (the exit code is the first failure's)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, version.String("kvcli"))
+		return exitOK
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -188,11 +194,18 @@ func (s *session) prefix() string {
 // usage reports an argument error: one line, then (hints) the usage line
 // of the command, and exits 2.
 func (s *session) usage(e *usageError) int {
-	if e.unknown && s.mode == oneShot {
-		// The one-shot wording scripts (and cmd/kvserver's test) know.
-		fmt.Fprintf(s.stderr, "kvcli: %s (put, get, del, cas)\n", e.msg)
-	} else if e.unknown {
-		fmt.Fprintf(s.stderr, "kvcli: %s (help lists the commands)\n", e.msg)
+	shell := s.mode != oneShot
+	if e.unknown != "" {
+		msg := e.msg
+		if n := suggest(e.unknown, shell); n != "" {
+			msg += fmt.Sprintf(": did you mean %q?", n)
+		}
+		if !shell {
+			// One line, every command in it: the usage line would repeat it.
+			fmt.Fprintf(s.stderr, "kvcli: %s (commands: %s)\n", msg, strings.Join(commandNames(false), ", "))
+			return exitUsage
+		}
+		fmt.Fprintf(s.stderr, "kvcli: %s (help lists the commands)\n", msg)
 	} else {
 		fmt.Fprintf(s.stderr, "kvcli: %s\n", e.msg)
 	}
@@ -200,7 +213,7 @@ func (s *session) usage(e *usageError) int {
 		if e.cmd != nil {
 			fmt.Fprintf(s.stderr, "usage: %s\n", e.cmd.synopsis(s.prefix()))
 		} else {
-			fmt.Fprintf(s.stderr, "commands: %s (%shelp COMMAND)\n", strings.Join(commandNames(s.mode != oneShot), ", "), s.prefix())
+			fmt.Fprintf(s.stderr, "commands: %s (%shelp COMMAND)\n", strings.Join(commandNames(shell), ", "), s.prefix())
 		}
 	}
 	return exitUsage

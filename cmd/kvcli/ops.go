@@ -302,7 +302,7 @@ func runHelp(s *session, x *call) int {
 	if len(x.args) == 1 {
 		c := lookup(x.args[0])
 		if c == nil || c.shell && s.mode == oneShot {
-			return s.usage(&usageError{msg: fmt.Sprintf("unknown command %q", x.args[0]), unknown: true})
+			return s.usage(unknownCommand(x.args[0]))
 		}
 		commandHelp(s.stdout, c, s.prefix())
 		return exitOK

@@ -133,7 +133,7 @@ func (s *session) interactive() int {
 	ctx, end := in.command()
 	if s.open(ctx, s.defs.timeout, false) == exitOK {
 		m := s.c.Map()
-		fmt.Fprintf(s.stdout, "kvcli: cluster %q, %d groups x %d replicas on %s (%s)\n", m.Name, len(m.Groups), len(m.Groups[0]), m.Fabric, s.where())
+		fmt.Fprintf(s.stdout, "kvcli: cluster %q, %s x %s on %s (%s)\n", m.Name, plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.Fabric, s.where())
 		rl.SetPrompt(m.Name + "> ")
 	}
 	end()

@@ -65,7 +65,7 @@ func toJSON(cmd string, st client.Status, replicas bool) statusJSON {
 			if r.Err != nil {
 				rj.Error = r.Err.Error()
 			}
-			if r.Reachable && r.Applied > 0 {
+			if r.Reachable && r.Applied > 0 && !r.AppliedAt.IsZero() {
 				at := r.AppliedAt
 				rj.AppliedAt = &at
 			}
@@ -112,7 +112,7 @@ func runStatus(s *session, x *call) int {
 		s.printJSON(toJSON("status", st, true))
 		return code
 	}
-	fmt.Fprintf(s.stdout, "cluster %q (%s), %d groups, read at %s\n", st.Name, st.Fabric, len(st.Groups), st.Read.Format(watchTime))
+	fmt.Fprintf(s.stdout, "cluster %q (%s), %s, read at %s\n", st.Name, st.Fabric, plural(len(st.Groups), "group"), st.Read.Format(watchTime))
 	for _, g := range st.Groups {
 		fmt.Fprintf(s.stdout, "\ngroup %d: %s, applied %d\n", g.Group, leaderText(g), g.Applied)
 		tw := tabwriter.NewWriter(s.stdout, 0, 0, 2, ' ', 0)
@@ -129,7 +129,7 @@ func runStatus(s *session, x *call) int {
 				role = "deposed" // serves an older epoch than the leader
 			}
 			at := "-"
-			if r.Applied > 0 {
+			if r.Applied > 0 && !r.AppliedAt.IsZero() {
 				at = r.AppliedAt.Format(watchTime)
 			}
 			idx := fmt.Sprintf("gen %d, %d buckets, %d slots", r.Gen, r.Buckets, r.Slots)

@@ -96,6 +96,9 @@ func TestReadmeRunOnFreshClone(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("make run did not stop on SIGINT\n%s", stderr.String())
 	}
+	if strings.Contains(stderr.String(), "Error") {
+		t.Errorf("make run reports an error after Ctrl-C:\n%s", stderr.String())
+	}
 	for _, p := range []string{mapFile, mapFile + ".lock"} {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s left behind", p)

@@ -36,20 +36,35 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/internal/server"
+	"github.com/rdmakv/rdmakv/internal/version"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 func main() {
+	ignoreSIGPIPE()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// ignoreSIGPIPE makes writes to a closed stdout or stderr fail with EPIPE
+// (which kvserver ignores) instead of killing it. Go's runtime kills a
+// program whose write to fd 1 or 2 hits a closed pipe with SIGPIPE unless
+// the program asked to be notified of SIGPIPE: kvserver | tee, then Ctrl-C,
+// killed kvserver as it printed "stopping", before it removed its shared
+// memory, map and lock. Nothing reads the channel: the notification is
+// dropped, the write's error is what counts.
+func ignoreSIGPIPE() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 const usage = `usage:
   kvserver [flags]                      an embedded local cluster (below)
   kvserver --config FILE --id N [...]   one replica of a cluster (kvserver --config x --help)
-  kvserver init [FILE]                  write a commented example config (default cluster.toml)
+  kvserver init [--shm] [FILE]          write a commented example config (default cluster.toml;
+                                        --shm: every replica on this host)
   kvserver check --config FILE          validate a config and summarise it
   kvserver map --config FILE            print the cluster map clients use (JSON)
+  kvserver --version                    the module version and commit it was built from
 
 With no flags, kvserver starts an embedded local cluster of 2 groups x 3
 replicas on the shm fabric, writes its cluster map to %s,
@@ -62,6 +77,9 @@ Flags of the embedded cluster:
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
+		case "--version", "-version", "version":
+			fmt.Fprintln(stdout, version.String("kvserver"))
+			return 0
 		case "init":
 			return runInit(args[1:], stdout, stderr)
 		case "check", "map":
@@ -167,7 +185,7 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 	if removed, err := shm.SweepStale(m.ShmDir); err != nil {
 		fmt.Fprintf(stderr, "kvserver: cleaning %s: %v\n", m.ShmDir, err)
 	} else if len(removed) > 0 {
-		fmt.Fprintf(stderr, "kvserver: removed %d files that dead rdmakv processes left in %s\n", len(removed), m.ShmDir)
+		fmt.Fprintf(stderr, "kvserver: removed %s that dead rdmakv processes left in %s\n", plural(len(removed), "file"), m.ShmDir)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -197,16 +215,24 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 		defer c.Close()
 		controlLine = "http://" + c.Addr() + "/status  (also /metrics /healthz /readyz /map)"
 	}
-	fmt.Fprintf(stdout, `rdmakv local cluster %q is up in %v: %d groups x %d replicas on shm (%s), pid %d
+	fmt.Fprintf(stdout, `rdmakv local cluster %q is up in %v: %s x %s on shm (%s), pid %d
   cluster map:  %s
   control:      %s
   try:          go run ./cmd/kvcli put hello world && go run ./cmd/kvcli get hello
   from Go:      c, err := client.Open(ctx)   // package github.com/rdmakv/rdmakv/client
   stop:         Ctrl-C (or kill %d)
-`, m.Name, time.Since(start).Round(time.Millisecond), len(m.Groups), len(m.Groups[0]), m.ShmDir, os.Getpid(), mapFile, controlLine, os.Getpid())
+`, m.Name, time.Since(start).Round(time.Millisecond), plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.ShmDir, os.Getpid(), mapFile, controlLine, os.Getpid())
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "kvserver: stopping")
 	return nil
+}
+
+// plural is n and word, with an s unless n is 1 ("1 group", "3 groups").
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
 
 func trim(b []byte) string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -104,12 +105,18 @@ func newLogger(level string, w io.Writer) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
 
+// exampleShm is the commented config `kvserver init --shm` writes.
+//
+//go:embed example_shm.toml
+var exampleShm string
+
 func runInit(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvserver init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	force := fs.Bool("force", false, "overwrite FILE if it exists")
+	shm := fs.Bool("shm", false, "a cluster of one host (fabric shm) instead of three (tcp)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvserver init [--force] [FILE]\n\nWrites a commented example config for a cluster of 2 groups x 3 replicas on\n3 hosts (tcp) to FILE (default cluster.toml; \"-\": standard output).")
+		fmt.Fprintln(stderr, "usage: kvserver init [--force] [--shm] [FILE]\n\nWrites a commented example config for a cluster of 2 groups x 3 replicas on\n3 hosts (tcp), or with --shm on this host (shared memory), to FILE (default\ncluster.toml; \"-\": standard output).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -125,8 +132,12 @@ func runInit(args []string, stdout, stderr io.Writer) int {
 	} else if fs.NArg() == 1 {
 		path = fs.Arg(0)
 	}
+	example, next := cluster.ExampleConfig, "edit the addresses, write the secret file it names, then run kvserver --config %[1]s --id <N> for each replica"
+	if *shm {
+		example, next = exampleShm, "run kvserver --config %[1]s --id <N> for N = 1 to 6, one process each; then kvcli --config %[1]s"
+	}
 	if path == "-" {
-		fmt.Fprint(stdout, cluster.ExampleConfig)
+		fmt.Fprint(stdout, example)
 		return 0
 	}
 	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
@@ -142,7 +153,7 @@ func runInit(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	if _, err := io.WriteString(f, cluster.ExampleConfig); err != nil {
+	if _, err := io.WriteString(f, example); err != nil {
 		f.Close()
 		fmt.Fprintf(stderr, "kvserver init: %v\n", err)
 		return 1
@@ -151,7 +162,7 @@ func runInit(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver init: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "wrote %s: edit the addresses, write the secret file it names, then run kvserver --config %s --id <N> for each replica\n", path, path)
+	fmt.Fprintf(stdout, "wrote %s: "+next+"\n", path)
 	return 0
 }
 
@@ -184,8 +195,8 @@ func runCheck(cmd string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s\n", b)
 		return 0
 	}
-	fmt.Fprintf(stdout, "%s: cluster %q, fabric %s, %d groups, %d client slots, data_dir %s, heartbeat %v, election timeout %v\n",
-		*config, cfg.Name, cfg.Fabric, len(cfg.Groups), len(m.ClientNodes), cfg.DataDir, time.Duration(cfg.Timing.Heartbeat), time.Duration(cfg.Timing.ElectionTimeout))
+	fmt.Fprintf(stdout, "%s: cluster %q, fabric %s, %s, %s, data_dir %s, heartbeat %v, election timeout %v\n",
+		*config, cfg.Name, cfg.Fabric, plural(len(cfg.Groups), "group"), plural(len(m.ClientNodes), "client slot"), cfg.DataDir, time.Duration(cfg.Timing.Heartbeat), time.Duration(cfg.Timing.ElectionTimeout))
 	for g, gr := range cfg.Groups {
 		for _, r := range gr.Replicas {
 			fmt.Fprintf(stdout, "  group %d replica %d", g, r.ID)

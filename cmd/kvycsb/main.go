@@ -29,6 +29,7 @@ import (
 	"github.com/pingcap/go-ycsb/pkg/prop"
 
 	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/internal/version"
 	rdycsb "github.com/rdmakv/rdmakv/ycsb"
 )
 
@@ -49,6 +50,7 @@ Commands:
   bench     workloads A, B, C, D and F at 1, 8 and 32 threads against an
             embedded rdmakv cluster and a Redis server kvycsb starts, and a
             table of ops/s and the rdmakv/Redis ratio (kvycsb bench -h)
+  --version the module version and commit kvycsb was built from
 
 Workloads: a, b, c, d, e, f are YCSB's standard core workloads, built in
 (e needs scans, which need the B+tree index: not built yet, so kvycsb
@@ -116,6 +118,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runPhases(cmd, rest, stdout, stderr)
 	case "bench":
 		err = runBench(rest, stdout, stderr)
+	case "--version", "-version", "version":
+		fmt.Fprintln(stdout, version.String("kvycsb"))
+		return 0
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintf(stdout, usage, client.DefaultMapFile)
 		newFlags(stdout).fs.PrintDefaults()

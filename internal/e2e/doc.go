@@ -15,6 +15,9 @@
 //     applied.
 //   - TestStoppedReplica (shm, tcp): a follower, then the leader, stopped
 //     with SIGSTOP under load; writes must go on in every second.
+//   - TestNearReplicaTCP: clients opened WithNearReplica(i) on tcp read
+//     member i with every stale-ok get; while it is stopped (SIGSTOP)
+//     they read another member, and after SIGCONT member i again.
 //   - TestNetnsPartition: one replica per network namespace on the tcp
 //     fabric, the client in a namespace of its own (the test binary run as
 //     a helper process); the leader's link goes down, the majority elects

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
 )
 
@@ -124,10 +125,11 @@ func (c *Control) Close() error {
 // catching up, snapshots restored) until ctx ends.
 func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 	type seen struct {
-		role, epoch string
-		catching    bool
-		restored    uint64
-		notReady    string
+		role     string
+		epoch    broadcast.Epoch
+		catching bool
+		restored uint64
+		notReady string
 	}
 	last := make([]seen, len(reps))
 	t := time.NewTicker(20 * time.Millisecond)
@@ -143,17 +145,17 @@ func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 				case now.restored != last[i].restored && !first:
 					lg.Info("restored a snapshot from the leader", "records", s.Records, "applied", s.Applied)
 				case now.catching && !last[i].catching:
-					lg.Info("catching up with the group", "epoch", s.Epoch)
+					lg.Info("catching up with the group", "epoch", s.Epoch.String())
 				case now.role != last[i].role || now.epoch != last[i].epoch:
 					if s.Role == "electing" {
-						lg.Warn("no leader: electing", "last_epoch", s.Epoch)
+						lg.Warn("no leader: electing", "last_epoch", s.Epoch.String())
 					} else {
-						lg.Info("role", "role", s.Role, "epoch", s.Epoch, "leader", s.Leader)
+						lg.Info("role", "role", s.Role, "epoch", s.Epoch.String(), "leader", s.Leader)
 					}
 				case now.notReady != last[i].notReady && now.notReady != "":
 					lg.Warn("not ready: " + now.notReady)
 				case now.notReady != last[i].notReady:
-					lg.Info("ready", "role", s.Role, "epoch", s.Epoch, "leader", s.Leader)
+					lg.Info("ready", "role", s.Role, "epoch", s.Epoch.String(), "leader", s.Leader)
 				}
 				last[i] = now
 			}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +89,7 @@ func TestControlPort(t *testing.T) {
 	if leaders[0] != 1 || leaders[1] != 1 {
 		t.Errorf("leaders per group %v", leaders)
 	}
+	checkStatusSchema(t, body)
 	code, body = get(t, base+"/metrics")
 	for _, want := range []string{`rdmakv_role{group="0",node="1",role=`, `rdmakv_serving{group="1",node="4"}`, "rdmakv_delivered_total", "rdmakv_poll_busy_seconds_bucket", "go_memstats_heap_alloc_bytes", "rdmakv_member_up"} {
 		if code != 200 || !strings.Contains(body, want) {
@@ -125,7 +128,7 @@ func TestControlPort(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // a Watch tick
 	wstop()
 	<-watched
-	if !strings.Contains(logs.String(), "msg=role") || !strings.Contains(logs.String(), "not ready: its leader") {
+	if !regexp.MustCompile(`msg=role group=\d+ node=\d+ role=(leader|follower) epoch=\(\d+,\d+\)`).MatchString(logs.String()) || !strings.Contains(logs.String(), "not ready: its leader") {
 		t.Errorf("no role logged:\n%s", logs.String())
 	}
 }
@@ -146,5 +149,50 @@ func TestControlPortInUse(t *testing.T) {
 	}
 	if _, err := server.StartControl(c.Addr(), m, nil, false, log); err == nil || !strings.Contains(err.Error(), "address already in use") {
 		t.Errorf("second control port on %s: %v", c.Addr(), err)
+	}
+}
+
+// checkStatusSchema checks /status's JSON as docs/operations.md describes
+// it: every key snake_case (the counters' too), and epochs numbers, round
+// << 32 | leader node, as kvcli status --json has them.
+func checkStatusSchema(t *testing.T, body string) {
+	t.Helper()
+	var raw any
+	if err := json.Unmarshal([]byte(body), &raw); err != nil {
+		t.Fatal(err)
+	}
+	snake := regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				if !snake.MatchString(k) {
+					t.Errorf("/status key %s.%s is not snake_case", path, k)
+				}
+				walk(path+"."+k, x)
+			}
+		case []any:
+			for i, x := range v {
+				walk(fmt.Sprintf("%s[%d]", path, i), x)
+			}
+		}
+	}
+	walk("", raw)
+	for _, r := range raw.(map[string]any)["replicas"].([]any) {
+		r := r.(map[string]any)
+		for _, k := range []string{"elections_started", "snapshots_restored", "delivered"} {
+			if _, ok := r["counters"].(map[string]any)[k]; !ok {
+				t.Errorf("/status counters lack %q: %v", k, r["counters"])
+			}
+		}
+		e, ok := r["epoch"].(float64)
+		if !ok {
+			t.Errorf("/status epoch %v (%T): want a number", r["epoch"], r["epoch"])
+			continue
+		}
+		if r["role"] != "electing" && (uint64(e)>>32 != uint64(r["round"].(float64)) || uint64(e)&0xffffffff != uint64(r["leader"].(float64))) {
+			t.Errorf("/status epoch %v, round %v, leader %v: want round << 32 | leader", e, r["round"], r["leader"])
+		}
 	}
 }

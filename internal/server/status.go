@@ -78,16 +78,21 @@ func (p *Replica) NextDeadline() time.Duration { return p.r.NextDeadline() }
 // HeartbeatInterval implements broadcast.Heartbeater.
 func (p *Replica) HeartbeatInterval() time.Duration { return p.r.HeartbeatInterval() }
 
-// ReplicaStatus is a replica's state as the control port shows it.
+// ReplicaStatus is a replica's state as the control port shows it (GET
+// /status; docs/operations.md has the schema). Its JSON keys are
+// snake_case, and epochs are numbers, round << 32 | leader node, as in
+// kvcli status --json.
 type ReplicaStatus struct {
-	Group   int         `json:"group"`
-	Index   int         `json:"index"`
-	Node    rdma.NodeID `json:"node"`
-	Role    string      `json:"role"` // electing, follower, leader
-	Epoch   string      `json:"epoch"`
-	Round   uint32      `json:"round"`
-	Leader  rdma.NodeID `json:"leader,omitempty"` // 0 while electing
-	Serving bool        `json:"serving"`          // leads and serves linearizable gets
+	Group int         `json:"group"`
+	Index int         `json:"index"`
+	Node  rdma.NodeID `json:"node"`
+	Role  string      `json:"role"` // electing, follower, leader
+	// Epoch is the epoch it is in (formatted (round,leader) by %s),
+	// Round its round.
+	Epoch   broadcast.Epoch `json:"epoch"`
+	Round   uint32          `json:"round"`
+	Leader  rdma.NodeID     `json:"leader,omitempty"` // 0 while electing
+	Serving bool            `json:"serving"`          // leads and serves linearizable gets
 	// Delivered counts entries delivered (ordered and applied); Applied
 	// is the table's applied index (its header).
 	Delivered  uint64 `json:"delivered"`
@@ -98,10 +103,41 @@ type ReplicaStatus struct {
 	HeapBytes  int    `json:"heap_bytes"`
 	Migrating  bool   `json:"migrating"`
 	// Members is how this replica sees each member of its group.
-	Members   []MemberStatus     `json:"members"`
-	Counters  broadcast.Counters `json:"counters"`
-	Multicast multicast.Counters `json:"multicast"`
-	Uptime    string             `json:"uptime"`
+	Members   []MemberStatus    `json:"members"`
+	Counters  BroadcastCounters `json:"counters"`
+	Multicast MulticastCounters `json:"multicast"`
+	Uptime    string            `json:"uptime"`
+}
+
+// BroadcastCounters are broadcast.Counters with snake_case JSON keys (a
+// conversion: a field added there must be added here).
+type BroadcastCounters struct {
+	Elected               uint64 `json:"elected"`
+	ElectionsStarted      uint64 `json:"elections_started"`
+	ElectionsDeferred     uint64 `json:"elections_deferred"`
+	DiffsAccepted         uint64 `json:"diffs_accepted"`
+	DiffParts             uint64 `json:"diff_parts"`
+	SnapshotsTaken        uint64 `json:"snapshots_taken"`
+	SnapshotsSent         uint64 `json:"snapshots_sent"`
+	SnapshotsRestored     uint64 `json:"snapshots_restored"`
+	SnapshotsRefused      uint64 `json:"snapshots_refused"`
+	SnapshotFetchesFailed uint64 `json:"snapshot_fetches_failed"`
+	Reconnects            uint64 `json:"reconnects"`
+	Requeued              uint64 `json:"requeued"`
+	Delivered             uint64 `json:"delivered"`
+	Duplicates            uint64 `json:"duplicates"`
+}
+
+// MulticastCounters are multicast.Counters with snake_case JSON keys.
+type MulticastCounters struct {
+	Ordered     uint64 `json:"ordered"`
+	Forwarded   uint64 `json:"forwarded"`
+	Retransmits uint64 `json:"retransmits"`
+	Replies     uint64 `json:"replies"`
+	Resets      uint64 `json:"resets"`
+	Blocked     uint64 `json:"blocked"`
+	Dropped     uint64 `json:"dropped"`
+	Malformed   uint64 `json:"malformed"`
 }
 
 // MemberStatus is one member as a replica sees it.
@@ -121,10 +157,10 @@ func (p *Replica) Status() ReplicaStatus {
 	tab, hdr, mc := p.tab, p.hdr, p.mc
 	p.mu.Unlock()
 	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
-		Epoch: bs.ECur.String(), Round: bs.ECur.Round(), Serving: serving,
+		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
 		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
 		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
-		Counters: bs.Counters, Multicast: mc, Uptime: time.Since(p.started).Round(time.Second).String()}
+		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String()}
 	if l, ok := bs.Leader(); ok {
 		s.Leader = l
 	}

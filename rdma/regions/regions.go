@@ -2,6 +2,10 @@
 // layers of rdmakv. Every region a layer registers has its id from a
 // function here; no package computes region ids of another layer.
 //
+// It belongs to rdma, the layer below every protocol: it imports only
+// rdma, so broadcast, multicast, kv, clients and benchmarks all take their
+// ids from it and no layer imports one above it to learn them.
+//
 // A node (an rdma.Node: one process, or one simulated host) owns regions
 // of three kinds, in disjoint ranges of the 32-bit id space:
 //
@@ -41,7 +45,9 @@ const (
 	broadcastOff = 0
 	multicastOff = 512
 	kvOff        = 768
-	// LayerIDs is the number of ids each layer has in a group block.
+	// BroadcastIDs, MulticastIDs and KVIDs are the numbers of ids
+	// broadcast, multicast and kv each have in a group block: 512, 256
+	// and 256.
 	BroadcastIDs = multicastOff - broadcastOff
 	MulticastIDs = kvOff - multicastOff
 	KVIDs        = GroupBlock - kvOff

@@ -1,0 +1,39 @@
+package broadcast
+
+// testingKnobs are the planted bugs of this package's tests (STYLE.md: fault
+// knobs live in one unexported struct, as CockroachDB's TestingKnobs do).
+// Each switch makes a Replica break the protocol in one way that a
+// checker must catch: TestSimMutants, TestSimAsymmetricMutant,
+// TestLogBoundedMemberDown and TestSnapshotBehindCommit set them and
+// require the property they name to fail. Production code never sets
+// them: the zero value is the protocol as written, and every check is
+// one read of a bool field of the Replica.
+type testingKnobs struct {
+	// minorityCommit: the leader commits without a majority (total order).
+	minorityCommit bool
+	// unboundedLog: a diff being sent holds the Log past MaxLogEntries
+	// (log bound).
+	unboundedLog bool
+	// noPreVote: no pre-vote and no leader stickiness (stickiness).
+	noPreVote bool
+	// dupDeliver: a follower delivers the first entry of a commit batch
+	// twice (duplication).
+	dupDeliver bool
+	// uncommitted: a follower delivers what it accepted, not what its
+	// leader committed (total order).
+	uncommitted bool
+	// voteRule: Fig. 7 l.106 broken: join the max vote even when our log
+	// is ahead of it (total order).
+	voteRule bool
+	// voteUnsaved: a vote is published before E_new is saved; it is saved
+	// at the next Poll (promise lost).
+	voteUnsaved bool
+	// snapRollback: a fetched snapshot is installed even behind our
+	// commit point (rollback).
+	snapRollback bool
+	// slabLeak: a pruned entry keeps its data slab (slab bound).
+	slabLeak bool
+
+	// unsaved is voteUnsaved's state: E_new published, not saved yet.
+	unsaved bool
+}

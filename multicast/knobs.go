@@ -1,0 +1,31 @@
+package multicast
+
+// testingKnobs are the planted bugs of this package's tests (STYLE.md: fault
+// knobs live in one unexported struct, as CockroachDB's TestingKnobs do).
+// Each switch breaks TRAM in one way that the checker aimed at it must
+// catch: TestSimMutants and TestIdleParks set them and require that
+// checker to fail. Production code never sets them: the zero value is the
+// protocol as written, and every check is one read of a bool field (the
+// Replica's knobs; its state reads the same struct through a pointer).
+type testingKnobs struct {
+	// noDedup: a leader takes whatever valid record sits in the slot of
+	// its next input position, also one of an earlier lap (a message
+	// re-forwarded or retried and already ordered), and Apply does not
+	// drop duplicates: caught by ExactlyOnce.
+	noDedup bool
+	// forwardEarly: a leader forwards a message to its children when it
+	// orders it, before it commits: caught when leaders crash
+	// (ExactlyOnce or Validity).
+	forwardEarly bool
+	// noCatchUp: a new leader neither re-forwards what its predecessor
+	// may not have (TRAM Alg. 5 steps 2-3) nor retransmits: caught by
+	// Validity.
+	noCatchUp bool
+	// noFlowControl: positions are assigned in a child's parent ring
+	// without waiting for its credit, overwriting unconsumed messages:
+	// caught by Validity.
+	noFlowControl bool
+	// spinDeadline: a leader says it is always due, so its driver never
+	// parks: caught by TestIdleParks.
+	spinDeadline bool
+}
