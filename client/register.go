@@ -19,10 +19,13 @@ import (
 
 // registerGrace is how long Open waits for every group before it asks
 // the missing groups' replicas (their headers) whether they can elect a
-// leader at all; registerProbe is how often it asks again.
+// leader at all; registerProbe is how often it asks again. Open gives up
+// on the missing groups once registerDead probes in a row found that none
+// of them can (a replica that is starting is unreachable for a moment).
 const (
 	registerGrace = time.Second
 	registerProbe = 500 * time.Millisecond
+	registerDead  = 3
 )
 
 // mcRunner is the multicast runner as the client's calls use it: a call to
@@ -80,6 +83,7 @@ func (c *Client) register(ctx context.Context) error {
 	start := time.Now()
 	probeAt := start.Add(registerGrace)
 	var down map[uint32]string
+	deadProbes := 0
 	for {
 		reg, changed := c.runner.Registered()
 		if reg == all {
@@ -92,7 +96,12 @@ func (c *Client) register(ctx context.Context) error {
 		if !time.Now().Before(probeAt) {
 			var dead bool
 			down, dead = c.diagnose(ctx, missing)
-			if dead || c.o.degraded {
+			if !dead {
+				deadProbes = 0
+			} else if deadProbes++; deadProbes >= registerDead {
+				break
+			}
+			if c.o.degraded {
 				break
 			}
 			probeAt = time.Now().Add(registerProbe)
@@ -109,7 +118,7 @@ func (c *Client) register(ctx context.Context) error {
 				return nil
 			}
 			// One last look, bounded: ctx has ended.
-			pctx, cancel := context.WithTimeout(context.Background(), statusReadTimeout)
+			pctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			down, _ = c.diagnose(pctx, all&^reg)
 			cancel()
 			for g, why := range down {
