@@ -59,8 +59,7 @@ func (c *Client) registered(dst tree.Set) error {
 	if lca, err := c.tree.LCA(dst); err == nil {
 		need = need.Add(lca)
 	}
-	reg, _ := c.runner.Registered()
-	missing := need &^ reg
+	missing := need &^ c.runner.RegisteredNow()
 	if missing.Empty() {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmakv/rdmakv/multicast/tree"
@@ -31,6 +32,7 @@ type ClientRunner struct {
 	perr    []PeerError   // the Conns' last failures
 	fails   uint64        // the client's Conn failures when perr was taken
 	regCh   chan struct{} // closed (and replaced) when reg or perr change
+	regA    atomic.Uint64 // reg, read without mu (RegisteredNow)
 
 	done chan struct{}
 	stop context.CancelFunc
@@ -108,6 +110,10 @@ func (r *ClientRunner) Registered() (tree.Set, <-chan struct{}) {
 	return r.reg, r.regCh
 }
 
+// RegisteredNow is the set of groups that registered the client (cheap:
+// for a check on every call).
+func (r *ClientRunner) RegisteredNow() tree.Set { return tree.Set(r.regA.Load()) }
+
 // PeerErrors describes the last failure of each of the client's Conns to
 // the replicas of groups (empty if none failed).
 func (r *ClientRunner) PeerErrors(groups tree.Set) []PeerError {
@@ -140,6 +146,7 @@ func (r *ClientRunner) changed() {
 		return
 	}
 	r.reg, r.fails = reg, fails
+	r.regA.Store(uint64(reg))
 	r.perr = r.c.peerErrList(r.perr[:0:0])
 	close(r.regCh)
 	r.regCh = make(chan struct{})
