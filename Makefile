@@ -25,20 +25,21 @@ vet:
 # -race. NOALLOC_RUN selects exactly them: each fabric's conformance
 # subtests NoAllocs and PostList/NoAllocs (rdma/fabrictest), tcp's
 # TestSteadyStateAllocs, broadcast's TestSlabReuse (which also runs in
-# unit) and kv's TestGetAllocs. The pass fails if any is skipped or if fewer than NOALLOC_TESTS of
+# unit), kv's TestGetAllocs and client's TestPutAllocs (one Put, the
+# replicas in 3 kvproc processes). The pass fails if any is skipped or if fewer than NOALLOC_TESTS of
 # them pass (a renamed test would otherwise drop out of the regexp silently);
 # a new allocation test goes into NOALLOC_RUN and NOALLOC_TESTS.
-NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast ./kv
-NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs)$$/^(NoAllocs|PostList)$$/^NoAllocs$$
-# 3 fabrics x 2 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs:
-NOALLOC_TESTS := 9
+NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast ./kv ./client
+NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs)$$/^(NoAllocs|PostList)$$/^NoAllocs$$
+# 3 fabrics x 2 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, client's TestPutAllocs:
+NOALLOC_TESTS := 10
 
 noalloc:
 	@out=$$($(GO) test -v -timeout 5m -run '$(NOALLOC_RUN)' $(NOALLOC_PKGS) 2>&1); st=$$?; \
 	[ $$st -eq 0 ] || { printf '%s\n' "$$out"; exit $$st; }; \
 	printf '%s\n' "$$out" | grep -E -e '--- (PASS|SKIP)|^ok'; \
 	if printf '%s\n' "$$out" | grep -qE -e '--- SKIP|no tests to run'; then echo "noalloc: an allocation test was skipped or not selected"; exit 1; fi; \
-	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/(PostList/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs) '); \
+	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/(PostList/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs) '); \
 	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
 # Tests that skip assertions or seeds under -race (it slows everything
@@ -47,13 +48,16 @@ noalloc:
 # fetched), TestSimAsymmetricPartition (40 seeds a case, 8 under -race),
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
-# TestSim with all its seeds (2,100 per tree shape; 4 a case under -race),
-# and kv's TestSim with all its seeds (150 a case, 6 cases; 3 under -race).
+# TestSim with all its seeds (2,450 per tree shape; 4 a case under -race),
+# and kv's TestSim with all its seeds (150 a case, 10 cases; 3 under -race)
+# and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
+# (skipped under -race).
+# (skipped under -race).
 norace:
 	@out=$$($(GO) test -count=1 -timeout 10m -run '^(TestLargeSnapshotCatchUp|TestSimAsymmetricPartition)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 15m -run '^TestSim$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 10m -run '^TestSim$$' ./kv 2>&1); st=$$?; \
+	  $(GO) test -count=1 -timeout 10m -run '^(TestSim|TestSimTorn|TestSimTornMutants)$$' ./kv 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:

@@ -168,6 +168,7 @@ type Client struct {
 	cancel0  context.CancelFunc
 	inc      uint64        // the multicast client's incarnation
 	stageSeq atomic.Uint64 // numbers staged requests
+	stages   stageLimiter  // bounds the requests staged at once (ops.go)
 	// knownTab is the highest entry index seen per group.
 	knownTab []atomic.Uint64
 

@@ -128,8 +128,18 @@ func (cb *combiner) send(ctx context.Context, g uint32, batch []*pendingOp) {
 			if r, err = kv.DecodeResult(o.Replies[0].Result); err == nil {
 				rs = []kv.Result{r}
 			}
+		} else if res := o.Replies[0].Result; len(res) == kv.ResultSize {
+			// The group refused the whole message (kv.LimitMulti): each
+			// op gets the refusal.
+			var r kv.Result
+			if r, err = kv.DecodeResult(res); err == nil && r.Status != kv.StatusRefused {
+				err = fmt.Errorf("rdmakv: group %d answered status %d to a multi request", g, r.Status)
+			}
+			for range batch {
+				rs = append(rs, r)
+			}
 		} else {
-			rs, err = kv.DecodeMultiResult(o.Replies[0].Result, nil)
+			rs, err = kv.DecodeMultiResult(res, nil)
 		}
 		if err == nil && len(rs) != len(batch) {
 			err = fmt.Errorf("rdmakv: group %d answered %d results for %d ops", g, len(rs), len(batch))

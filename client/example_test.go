@@ -162,8 +162,8 @@ func ExampleClient_Commit() {
 
 // CompareAndSwap's old == nil means "the key has no value"; a non-nil
 // empty old ([]byte{}) means "the key's value is empty". Get returns a
-// found empty value as nil, so passing what Get returned as old fails on an
-// empty value: an update that reads first compares versions instead.
+// found empty value as a non-nil []byte{}, so what Get returned round-trips
+// as old; an update that reads first may also compare versions.
 func ExampleClient_CompareAndSwap_nilVersusEmpty() {
 	c, stop := exampleCluster()
 	defer stop()
@@ -177,9 +177,9 @@ func ExampleClient_CompareAndSwap_nilVersusEmpty() {
 	fmt.Println(errors.Is(err, client.ErrCASMismatch))
 
 	v, err := c.Get(ctx, k)
-	fmt.Println(v == nil, err)                        // found, and nil
-	_, err = c.CompareAndSwap(ctx, k, v, []byte("x")) // nil: "absent"
-	fmt.Println(errors.Is(err, client.ErrCASMismatch))
+	fmt.Println(v != nil, len(v), err)                // found: empty, not nil
+	_, err = c.CompareAndSwap(ctx, k, v, []byte("y")) // so it round-trips
+	fmt.Println(err)
 
 	it, _ := c.GetItem(ctx, k, client.Linearizable)
 	_, err = c.CompareVersionAndSwap(ctx, k, it.Version, []byte("x"))
@@ -187,8 +187,8 @@ func ExampleClient_CompareAndSwap_nilVersusEmpty() {
 	// Output:
 	// true
 	// true
-	// true <nil>
-	// true
+	// true 0 <nil>
+	// <nil>
 	// <nil>
 }
 

@@ -48,7 +48,8 @@ type WriteResult struct {
 }
 
 // Get returns key's value with the client's default consistency
-// (linearizable unless WithConsistency). ErrNotFound if it has none.
+// (linearizable unless WithConsistency). ErrNotFound if it has none; a
+// found empty value is []byte{}, never nil (nil means "absent" to CompareAndSwap).
 func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
 	it, err := c.GetItem(ctx, key, c.o.consistency)
 	return it.Value, err
@@ -92,7 +93,9 @@ func (c *Client) GetItem(ctx context.Context, key []byte, mode Consistency) (Ite
 	if !res.Found {
 		return it, ErrNotFound
 	}
-	it.Value = append([]byte(nil), res.Value...)
+	// A found value is never nil, even when empty: nil means "absent" to
+	// CompareAndSwap, so what Get returned must round-trip as its old value.
+	it.Value = append(make([]byte, 0, len(res.Value)), res.Value...)
 	return it, nil
 }
 
@@ -218,10 +221,15 @@ func (c *Client) single(ctx context.Context, op kv.Op) (WriteResult, error) {
 		}
 		r = rs[0].res
 	}
-	if r.Status == kv.StatusCondFailed {
+	switch r.Status {
+	case kv.StatusCondFailed:
 		return WriteResult{Prev: r.Prev}, ErrCASMismatch
+	case kv.StatusRefused:
+		return WriteResult{}, refusedError(c.m.GroupOf(op.Key), r)
+	case kv.StatusOK:
+		return WriteResult{Version: r.Version, Prev: r.Prev}, nil
 	}
-	return WriteResult{Version: r.Version, Prev: r.Prev}, nil
+	return WriteResult{}, fmt.Errorf("rdmakv: group %d answered status %d", c.m.GroupOf(op.Key), r.Status)
 }
 
 type groupResult struct {
@@ -250,6 +258,13 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 		return nil, fmt.Errorf("%w: the request takes %d bytes, the limit is %d (max_key + max_value + 4 KiB)", ErrBatchTooLarge, len(payload), lim)
 	}
 	if len(payload) > multicast.MaxPayload(c.m.Limits.SlotSize) {
+		// Held until the commit is answered: a group keeps at most
+		// kv.MaxStages staged requests of a client slot, and more at
+		// once would evict some before their commits.
+		if err := c.stages.acquire(ctx, c.done); err != nil {
+			return nil, err
+		}
+		defer c.stages.release()
 		var err error
 		if payload, err = c.stage(ctx, dst, payload); err != nil {
 			return nil, err
@@ -278,6 +293,11 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 			return nil, fmt.Errorf("rdmakv: group %d refused the request as malformed (nothing applied there)", rp.Group)
 		}
 		c.known(rp.Group, rp.Index)
+		if res.Status == kv.StatusRefused {
+			// Every group checks every op against the key, value and
+			// request limits: none applied its share.
+			return nil, refusedError(rp.Group, res)
+		}
 		out = append(out, groupResult{group: rp.Group, index: rp.Index, res: res})
 	}
 	// The first op's group first (single-key calls read rs[0]).
@@ -289,6 +309,29 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 	}
 	return out, nil
 }
+
+// stageLimiter bounds a client's requests staged at once to kv.MaxStages
+// (its zero value is ready).
+type stageLimiter struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+// acquire waits for room for one more staged request; nothing was sent
+// if it fails.
+func (l *stageLimiter) acquire(ctx context.Context, done <-chan struct{}) error {
+	l.once.Do(func() { l.ch = make(chan struct{}, kv.MaxStages) })
+	select {
+	case l.ch <- struct{}{}:
+		return nil
+	case <-done:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *stageLimiter) release() { <-l.ch }
 
 // stagedInFlight bounds the parts of one request in flight at once.
 const stagedInFlight = 4
@@ -312,7 +355,9 @@ func (c *Client) stage(ctx context.Context, dst tree.Set, req []byte) ([]byte, e
 			o, err := c.runner.Multicast(ctx, dst, part)
 			if err == nil {
 				for _, rp := range o.Replies {
-					if r, derr := kv.DecodeResult(rp.Result); derr != nil || r.Status != kv.StatusOK {
+					if r, derr := kv.DecodeResult(rp.Result); derr == nil && r.Status == kv.StatusRefused {
+						err = refusedError(rp.Group, r)
+					} else if derr != nil || r.Status != kv.StatusOK {
 						err = fmt.Errorf("rdmakv: group %d refused a part of a %d-byte request (status %d, %v)", rp.Group, len(req), r.Status, derr)
 					}
 				}

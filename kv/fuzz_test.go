@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -389,6 +390,10 @@ func FuzzRequest(f *testing.F) {
 	})
 }
 
+// FuzzResult: a result decodes only from the bytes encodeResult writes
+// for it (a refusal names a known limit and carries no count or
+// versions; other statuses no limit), and every result encodes and
+// decodes back to itself.
 func FuzzResult(f *testing.F) {
 	for _, r := range []Result{
 		{},
@@ -397,19 +402,38 @@ func FuzzResult(f *testing.F) {
 		{Status: StatusCondFailed, FailedOp: 0xffff},
 		{Status: StatusMalformed},
 		{Status: StatusOK, Count: 1<<32 - 1, Version: ^uint64(0), Prev: ^uint64(0)},
+		refused(LimitKey, 1, 1024, 1124),
+		refused(LimitValue, 0, 1<<20, 1<<20+1),
+		refused(LimitRequest, 0, 1<<20+5120, 1<<22),
+		refused(LimitMulti, MaxMulti, MaxMulti, 0xffff),
+		refused(LimitHeap, 0, maxHeaps<<26, maxHeaps<<26),
+		refused(LimitStages, 0, MaxStages, 1<<20),
 	} {
-		f.Add(encodeResult(make([]byte, resSize), &r), r.Status, uint16(r.FailedOp), uint32(r.Count), r.Version, r.Prev)
+		f.Add(encodeResult(make([]byte, resSize), &r), r.Status, uint16(r.FailedOp), uint32(r.Count), r.Version, r.Prev, r.Limit)
 	}
-	f.Add([]byte{2, 0}, uint8(0), uint16(0), uint32(0), uint64(0), uint64(0))
-	f.Add(append([]byte{StatusMalformed + 1}, make([]byte, resSize-1)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0))
+	f.Add([]byte{2, 0}, uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
+	f.Add(append([]byte{StatusRefused + 1}, make([]byte, resSize-1)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
+	f.Add(append([]byte{StatusRefused, 0}, make([]byte, resSize-2)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
+	f.Add(append([]byte{StatusRefused, maxLimit + 1}, make([]byte, resSize-2)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
+	f.Add(append([]byte{StatusRefused, LimitKey, 0, 0, 1}, make([]byte, resSize-5)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
+	f.Add(append([]byte{StatusOK, LimitKey}, make([]byte, resSize-2)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
 
-	f.Fuzz(func(t *testing.T, b []byte, status uint8, failed uint16, count uint32, version, prev uint64) {
+	f.Fuzz(func(t *testing.T, b []byte, status uint8, failed uint16, count uint32, version, prev uint64, limit uint8) {
 		r, err := DecodeResult(b)
 		if err != nil && !errors.Is(err, ErrMalformed) {
 			t.Fatalf("error %v is not ErrMalformed", err)
 		}
 		if err == nil {
-			if r.Status != StatusOK && r.Status != StatusCondFailed && r.Status != StatusMalformed {
+			switch r.Status {
+			case StatusOK, StatusCondFailed, StatusMalformed:
+				if r.Limit != 0 || r.Max != 0 || r.Size != 0 {
+					t.Fatalf("status %d with a limit: %+v", r.Status, r)
+				}
+			case StatusRefused:
+				if r.Limit < 1 || r.Limit > maxLimit || strings.HasPrefix(LimitName(r.Limit), "limit ") || r.Count != 0 || r.Version != 0 || r.Prev != 0 {
+					t.Fatalf("refusal %+v: an unnamed limit, or a count or versions", r)
+				}
+			default:
 				t.Fatalf("status %d", r.Status)
 			}
 			if enc := encodeResult(make([]byte, resSize), &r); !bytes.Equal(enc, b) {
@@ -417,7 +441,10 @@ func FuzzResult(f *testing.F) {
 			}
 		}
 
-		want := Result{Status: status % (StatusMalformed + 1), FailedOp: int(failed), Count: int(count), Version: version, Prev: prev}
+		want := Result{Status: status % (StatusRefused + 1), FailedOp: int(failed), Count: int(count), Version: version, Prev: prev}
+		if want.Status == StatusRefused {
+			want = Result{Status: StatusRefused, FailedOp: int(failed), Limit: limit%maxLimit + 1, Max: version, Size: prev}
+		}
 		enc := encodeResult(make([]byte, 64), &want)
 		if len(enc) != resSize {
 			t.Fatalf("encoded %d bytes", len(enc))
@@ -982,6 +1009,12 @@ func FuzzMulti(f *testing.F) {
 	f.Add(AppendMulti(nil, []Op{{Kind: OpPut, Key: []byte("a"), Value: []byte("1")}, {Kind: OpDelete, Key: []byte("b"), Cmp: CmpVersion, CmpVersion: 7}}))
 	f.Add(AppendRequest(nil, []Op{{Kind: OpPut, Key: []byte("a")}}))
 	f.Add([]byte{4, 0, 0, 0})
+	// A multi result with an applied op and a refused one.
+	mres := []byte{StatusOK, 0, 2, 0, 0, 0, 0, 0}
+	for _, r := range []Result{{Status: StatusOK, Count: 1, Version: 7 << 16}, refused(LimitKey, 0, 1024, 1124)} {
+		mres = append(mres, encodeResult(make([]byte, resSize), &r)...)
+	}
+	f.Add(mres)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ops, err := DecodeMulti(b, nil)
 		if err == nil {

@@ -26,6 +26,24 @@ type testingKnobs struct {
 	// buckets again after an earlier op of the request grew the index
 	// (the bug the metamorphic tests found).
 	noRemigrate bool
+	// restoreKeeps (table): Restore keeps the table's records of keys the
+	// snapshot lacks (it merges instead of replacing): caught by the
+	// identical-tables check after a lagging follower's restore.
+	restoreKeeps bool
+	// serveEarly (replica): a new leader says it serves (the header's
+	// serving word) from its election on, before its diff committed and
+	// was applied: caught by the linearizability check when new leaders
+	// stall after their election.
+	serveEarly bool
+	// noRecordCheck (reader): a record is accepted without its check
+	// word (TestSimTornMutants: a record half rewritten passes).
+	noRecordCheck bool
+	// anyVersion (reader): a record is accepted whatever its version,
+	// not only the slot's.
+	anyVersion bool
+	// movedFirst (table): migration sets a bucket's moved bit before it
+	// copies the bucket's slots into the new generation.
+	movedFirst bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

@@ -459,7 +459,7 @@ func metaGenerate(seed uint64, n int) []metaStep {
 		case r < 650:
 			g.stageSeq++
 			g.steps = append(g.steps, metaStep{kind: metaBogusCommit, id: StageID{Client: 1, Inc: g.inc[1], Stage: g.stageSeq}})
-		case r < 660: // ops the table skips: a key or a value over the limits
+		case r < 660: // refused: a key or a value over the limits
 			op := Op{Kind: OpPut, Key: bytes.Repeat([]byte("x"), metaMaxKey+1), Value: []byte("v")}
 			if g.rng.IntN(2) == 0 {
 				op = Op{Kind: OpPut, Key: k, Value: g.bytes(metaMaxValue + 1)}
@@ -555,7 +555,7 @@ func (m *metaModel) dests(ops []Op) []int {
 func (m *metaModel) next(g int) uint64 { m.index[g]++; return m.index[g] }
 
 func (m *metaModel) owned(g int, op *Op) bool {
-	return m.groupOf(op.Key) == g && len(op.Key) <= metaMaxKey && len(op.Value) <= metaMaxValue
+	return m.groupOf(op.Key) == g
 }
 
 func (m *metaModel) holds(op *Op) bool {
@@ -579,6 +579,19 @@ func (m *metaModel) holds(op *Op) bool {
 // every condition of the group's ops checked first, against the state
 // before the request).
 func (m *metaModel) request(g int, idx uint64, ops []Op) Result {
+	// A request breaking a limit is refused whole by every group, its
+	// own ops or not (ops.go, StatusRefused).
+	if n := RequestSize(ops); n > metaMaxRequest {
+		return refused(LimitRequest, 0, metaMaxRequest, n)
+	}
+	for i := range ops {
+		if len(ops[i].Key) > metaMaxKey {
+			return refused(LimitKey, i, metaMaxKey, len(ops[i].Key))
+		}
+		if len(ops[i].Value) > metaMaxValue {
+			return refused(LimitValue, i, metaMaxValue, len(ops[i].Value))
+		}
+	}
 	var res Result
 	first := true
 	for i := range ops {
@@ -633,7 +646,7 @@ func (m *metaModel) setStaged(g int, c uint32, l []metaStage) {
 // every part of a request is delivered together.
 func (m *metaModel) part(g int, id StageID, total int) Result {
 	if total > metaMaxRequest {
-		return Result{Status: StatusMalformed}
+		return refused(LimitRequest, 0, metaMaxRequest, total)
 	}
 	l := m.staged(g, id)
 	if !slices.ContainsFunc(l, func(s metaStage) bool { return s.id == id }) {
@@ -652,12 +665,12 @@ func (m *metaModel) part(g int, id StageID, total int) Result {
 	return Result{}
 }
 
-func (m *metaModel) commit(g int, idx uint64, id StageID) Result {
+func (m *metaModel) commit(g int, idx uint64, id StageID, total int) Result {
 	l := m.staged(g, id)
 	at := slices.IndexFunc(l, func(s metaStage) bool { return s.id == id })
 	if at < 0 {
 		m.setStaged(g, id.Client, l)
-		return Result{Status: StatusMalformed}
+		return refused(LimitStages, 0, MaxStages, total)
 	}
 	m.setStaged(g, id.Client, slices.Delete(l, at, at+1))
 	return m.request(g, idx, m.reqs[id])
@@ -672,6 +685,8 @@ func metaOutcome(rs []Result) string {
 		switch r.Status {
 		case StatusMalformed:
 			return "malformed"
+		case StatusRefused:
+			return fmt.Sprintf("refused %s@%d", LimitName(r.Limit), r.FailedOp)
 		case StatusCondFailed:
 			out = fmt.Sprintf("cond-failed@%d", r.FailedOp)
 		}
@@ -861,7 +876,7 @@ func (r *metaRun) commit(id StageID, dests []int) string {
 	var rs []Result
 	for _, g := range dests {
 		idx := r.m.index[g] + 1
-		rs = append(rs, r.deliver(g, AppendCommit(nil, id, r.reqLen(id)), r.m.commit(g, idx, id)))
+		rs = append(rs, r.deliver(g, AppendCommit(nil, id, r.reqLen(id)), r.m.commit(g, idx, id, r.reqLen(id))))
 	}
 	return metaOutcome(rs)
 }

@@ -26,12 +26,16 @@ import (
 // A result (one per group; at most 64 bytes):
 //
 //	[status u8][0 u8][failed op u16][count u32][version u64][prev version u64]
+//	[status u8 = StatusRefused][limit u8][failed op u16][0 u32][max u64][size u64]
 //
-// status is StatusOK, StatusCondFailed or StatusMalformed (failed op: the first op whose
-// condition failed, of those this group owns); version is the version the
+// status is StatusOK, StatusCondFailed, StatusMalformed or StatusRefused
+// (failed op: the first op whose condition failed, of those this group
+// owns, or the first op breaking a limit); version is the version the
 // request's writes got here (entry index << 16 | op number of the first
 // write); prev version is the version the first op's key had before
-// (0: absent), when this group owns it.
+// (0: absent), when this group owns it. A refused request's result names
+// the limit (LimitKey...), the replica's value of it (max) and what the
+// request had (size).
 const (
 	reqFormat = 1
 	reqHdr    = 4
@@ -54,9 +58,57 @@ const (
 	StatusOK         = 0
 	StatusCondFailed = 1
 	// StatusMalformed: the request did not decode, or a commit named a
-	// staged request this group does not hold complete; nothing applied.
+	// staged request this group holds incomplete; nothing applied.
 	StatusMalformed = 2
+	// StatusRefused: the request (in a multi request: the op) breaks a
+	// limit of the replica, named by Result.Limit; nothing applied. Every
+	// replica of every group refuses the same requests for LimitKey,
+	// LimitValue, LimitRequest and LimitMulti: the checks cover every op
+	// of the request, not only the group's own.
+	StatusRefused = 3
 )
+
+// Limits a replica enforces (Result.Limit of a StatusRefused result).
+const (
+	// LimitKey: a key longer than TableConfig.MaxKey.
+	LimitKey = 1
+	// LimitValue: a value longer than TableConfig.MaxValue.
+	LimitValue = 2
+	// LimitRequest: a request, or a request sent in parts, of more bytes
+	// than TableConfig.MaxRequest.
+	LimitRequest = 3
+	// LimitMulti: a multi request of more than MaxMulti ops.
+	LimitMulti = 4
+	// LimitHeap: the table's heap cannot hold the request's records (its
+	// heap regions are all in use).
+	LimitHeap = 5
+	// LimitStages: a commit named a staged request the group does not
+	// hold: a client slot has at most MaxStages staged at once, and a
+	// newer one evicted it (Max is MaxStages, Size the request's bytes).
+	LimitStages = 6
+
+	maxLimit = LimitStages
+)
+
+// LimitName is the name of a limit: max_key and max_value as the cluster
+// config spells them, and max_request, max_multi, max_stages, heap.
+func LimitName(l uint8) string {
+	switch l {
+	case LimitKey:
+		return "max_key"
+	case LimitValue:
+		return "max_value"
+	case LimitRequest:
+		return "max_request"
+	case LimitMulti:
+		return "max_multi"
+	case LimitHeap:
+		return "heap"
+	case LimitStages:
+		return "max_stages"
+	}
+	return fmt.Sprintf("limit %d", l)
+}
 
 // Op is one operation of a request.
 type Op struct {
@@ -222,19 +274,38 @@ func decodeOps(b []byte, format byte, ops []Op) ([]Op, error) {
 	return ops, nil
 }
 
+// ResultSize is the size of a request's result (and of a multi
+// request's result when the group refused the whole message).
+const ResultSize = resSize
+
 // Result is one group's outcome of a request.
 type Result struct {
 	Status   uint8
-	FailedOp int    // StatusCondFailed: the index of the first failed op
+	FailedOp int    // StatusCondFailed, StatusRefused: the index of the first failed op
 	Count    int    // ops applied here
 	Version  uint64 // the version of this group's first write
 	Prev     uint64 // the first op's key's version before (0: absent), if owned here
+	// StatusRefused: which limit (LimitKey...), the replica's value of
+	// it, and the size the request had (bytes; ops for LimitMulti).
+	Limit     uint8
+	Max, Size uint64
+}
+
+func refused(limit uint8, op int, max, size int) Result {
+	return Result{Status: StatusRefused, Limit: limit, FailedOp: op, Max: uint64(max), Size: uint64(size)}
 }
 
 func encodeResult(dst []byte, r *Result) []byte {
 	dst = dst[:resSize]
 	dst[0], dst[1] = r.Status, 0
 	binary.LittleEndian.PutUint16(dst[2:], uint16(r.FailedOp))
+	if r.Status == StatusRefused {
+		dst[1] = r.Limit
+		binary.LittleEndian.PutUint32(dst[4:], 0)
+		binary.LittleEndian.PutUint64(dst[8:], r.Max)
+		binary.LittleEndian.PutUint64(dst[16:], r.Size)
+		return dst
+	}
 	binary.LittleEndian.PutUint32(dst[4:], uint32(r.Count))
 	binary.LittleEndian.PutUint64(dst[8:], r.Version)
 	binary.LittleEndian.PutUint64(dst[16:], r.Prev)
@@ -243,7 +314,17 @@ func encodeResult(dst []byte, r *Result) []byte {
 
 // DecodeResult decodes a group's result bytes.
 func DecodeResult(b []byte) (Result, error) {
-	if len(b) != resSize || b[0] > StatusMalformed || b[1] != 0 {
+	if len(b) != resSize || b[0] > StatusRefused {
+		return Result{}, fmt.Errorf("%w: result of %d bytes", ErrMalformed, len(b))
+	}
+	if b[0] == StatusRefused {
+		if b[1] == 0 || b[1] > maxLimit || binary.LittleEndian.Uint32(b[4:]) != 0 {
+			return Result{}, fmt.Errorf("%w: refusal naming limit %d", ErrMalformed, b[1])
+		}
+		return Result{Status: StatusRefused, Limit: b[1], FailedOp: int(binary.LittleEndian.Uint16(b[2:])),
+			Max: binary.LittleEndian.Uint64(b[8:]), Size: binary.LittleEndian.Uint64(b[16:])}, nil
+	}
+	if b[1] != 0 {
 		return Result{}, fmt.Errorf("%w: result of %d bytes", ErrMalformed, len(b))
 	}
 	return Result{Status: b[0], FailedOp: int(binary.LittleEndian.Uint16(b[2:])), Count: int(binary.LittleEndian.Uint32(b[4:])),
@@ -265,6 +346,8 @@ func DecodeResult(b []byte) (Result, error) {
 //
 // (client, inc, stage) names the staged request: the client's slot and
 // incarnation, and a number the client does not reuse in the incarnation.
+// A group holds at most MaxStages staged requests per client slot; a
+// commit naming one it does not hold (evicted) is refused (LimitStages).
 const (
 	partFormat   = 2
 	commitFormat = 3

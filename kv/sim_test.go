@@ -66,6 +66,29 @@ type kvOpts struct {
 	knobs                     testingKnobs // planted bugs (TestSimMutants)
 	keysSet                   int          // key space (default 24)
 	maxLoad                   float64      // the tables' MaxLoad (default kv's)
+	// lag makes a follower of every group fall behind (cut from its
+	// group-mates) until its leader's log is pruned past it, this many
+	// times; it then catches up by a snapshot restored into its table,
+	// which still holds the records it had (lagFollowers).
+	lag int
+	// newLeaderStall stalls every newly elected leader right after its
+	// election, before its diff commits and is applied: half the time
+	// stopped (its memory still served) for 0.5 to 3 ms, else slowed
+	// 4 to 12 times for 2 to 4 ms. A replica that says it serves before
+	// its diff is applied then serves a stale table for milliseconds,
+	// not microseconds.
+	newLeaderStall bool
+	// crashAfterCommit crashes every group's leader right after it
+	// applied and acknowledged an entry, this many times, 12 ms apart: the
+	// followers may not have learnt that the entry committed, so the next
+	// leader applies it only with its diff (kvRun.crashAfterCommit).
+	crashAfterCommit int
+	// logEntries is the groups' MaxLogEntries (0: 256), so that a lag of
+	// a few milliseconds is past the pruned log; with it, the rings to
+	// the followers are 4 KiB (64 KiB otherwise).
+	logEntries int
+	overlap    float64 // sim.Options.ReadOverlap (sim_torn_test.go)
+	readBack   bool    // get each key written while its write is under way (sim_torn_test.go)
 }
 
 type kvRun struct {
@@ -83,7 +106,7 @@ type kvRun struct {
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
 	err     error
-	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores int }
+	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls int }
 }
 
 func (h *kvRun) fail(err error) {
@@ -100,6 +123,9 @@ type kvRepProc struct {
 	// pausedUntil stops polling until then (SIGSTOP): the fabric still
 	// serves the node's memory to one-sided reads.
 	pausedUntil time.Duration
+	// crashAtCommit: crash after the next Poll that applies an entry
+	// (kvOpts.crashAfterCommit).
+	crashAtCommit bool
 }
 
 func (p *kvRepProc) Start(env *sim.Env) error {
@@ -111,8 +137,20 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 		Self: id, Seed: env.Rand().Uint64() | 1, Start: broadcast.StartNew,
 		RingSize: 64 << 10, MaxRecord: 8 << 10, PersistInline: true, MaxSnapshot: 64 << 20,
 		HeartbeatInterval: time.Millisecond, ElectionTimeout: 4 * time.Millisecond,
-		MaxLogEntries: 256, MaxCatchUpLogEntries: 512, ProposeTimeout: time.Second,
+		MaxLogEntries: cmp.Or(h.o.logEntries, 256), MaxCatchUpLogEntries: 2 * cmp.Or(h.o.logEntries, 256), ProposeTimeout: time.Second,
 		ReconnectMin: 100 * time.Microsecond, ReconnectMax: time.Millisecond,
+	}
+	if h.o.logEntries != 0 {
+		// A ring of a few dozen entries, so that a follower cut off
+		// for a few milliseconds cannot find what it missed there.
+		bc.RingSize, bc.MaxRecord = 4096, 1024
+	}
+	if h.o.newLeaderStall {
+		bc.OnEvent = func(ev broadcast.Event) {
+			if ev.Kind == broadcast.EventLeader {
+				p.stallNewLeader()
+			}
+		}
 	}
 	if env.Incarnation() > 1 {
 		bc.Start = broadcast.StartExisting
@@ -129,9 +167,29 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 		return err
 	}
 	r.t.knobs = h.o.knobs
+	r.t.yield = env.Yield
 	p.r = r
 	h.procs[id] = p
 	return nil
+}
+
+// stallNewLeader stalls a replica just elected (kvOpts.newLeaderStall),
+// from its OnEvent: the Poll under way ends, then nothing more for a while.
+func (p *kvRepProc) stallNewLeader() {
+	h := p.h
+	now := h.s.Now()
+	id := p.env.ID()
+	h.stats.stalls++
+	if h.rng.IntN(2) == 0 {
+		p.pausedUntil = now + 500*time.Microsecond + time.Duration(h.rng.Int64N(int64(2500*time.Microsecond)))
+		return
+	}
+	h.s.SetSlow(id, 4+h.rng.IntN(9))
+	h.s.At(now+2*time.Millisecond+time.Duration(h.rng.Int64N(int64(2*time.Millisecond))), func() {
+		if h.s.Live(id) {
+			h.s.SetSlow(id, 1)
+		}
+	})
 }
 
 func (p *kvRepProc) Step(now time.Duration) bool {
@@ -140,7 +198,19 @@ func (p *kvRepProc) Step(now time.Duration) bool {
 		return false
 	}
 	p.now = now
+	restores, held := p.r.t.restores, p.r.t.count
+	delivered := p.r.Multicast().Delivered()
 	progress := p.r.Poll(now)
+	if p.crashAtCommit && p.r.Multicast().Delivered() > delivered {
+		p.crashAtCommit = false
+		id, h := p.env.ID(), p.h
+		if g := h.group[id]; h.downIn(g) < (len(h.members[g])-1)/2 {
+			h.s.At(now, func() { h.crashFor(id, 3*time.Millisecond+time.Duration(h.rng.Int64N(int64(3*time.Millisecond)))) })
+		}
+	}
+	if p.r.t.restores > restores && held > 0 {
+		p.h.stats.restoresOver++ // a snapshot restored into a table holding records
+	}
 	if p.h.o.knobs.noQuorum && p.r.t.knobs.lastServed != 0 {
 		// A deposed leader keeps its serving word.
 		if _, ok := p.r.Multicast().Broadcast().Leading(); !ok {
@@ -489,6 +559,9 @@ func (p *kvCliProc) issue(now time.Duration) bool {
 	rid := h.rec.Begin(p.slot, op)
 	p.writes[mid] = pendingWrite{rec: rid, op: op}
 	h.stats.writes++
+	if h.o.readBack {
+		p.readBack(now, rng, op.Key)
+	}
 	return true
 }
 
@@ -705,9 +778,90 @@ func (h *kvRun) isolateLeaders(at time.Duration, times int) {
 	})
 }
 
+// lagFollowers makes one follower of every group lag, times times, 20 ms
+// apart: cut from its group-mates both ways (clients still reach it) until
+// its leader's log is pruned past what it committed, or 15 ms at most. It
+// then catches up with a snapshot restored into its table, which still
+// holds what it had before (kvOpts.lag). (A stopped follower would not do:
+// the leader's writes land in its ring meanwhile, and it catches up from
+// there.)
+func (h *kvRun) lagFollowers(at time.Duration, times int) {
+	if times == 0 {
+		return
+	}
+	h.s.At(at, func() {
+		for g, ms := range h.members {
+			lid, ok := h.leaderOf(g)
+			if !ok {
+				continue
+			}
+			var fs []rdma.NodeID
+			for _, id := range ms {
+				if id != lid && h.s.Live(id) && !h.down[id] && !h.gone[id] && h.procs[id] != nil && h.procs[id].pausedUntil <= h.s.Now() {
+					fs = append(fs, id)
+				}
+			}
+			if len(fs) == 0 || h.downIn(g) > 0 {
+				continue
+			}
+			id := fs[h.rng.IntN(len(fs))]
+			p := h.procs[id]
+			for _, o := range ms {
+				if o != id {
+					h.s.Partition(id, o)
+				}
+			}
+			h.stats.lags++
+			end := h.s.Now() + 15*time.Millisecond
+			var check func()
+			check = func() {
+				past := false
+				if l, ok := h.leaderOf(g); ok && h.procs[id] == p {
+					fc, lst := p.r.Multicast().Broadcast().Status().Committed, h.procs[l].r.Multicast().Broadcast().Status()
+					// Past the pruned log, and by more entries than the
+					// ring holds.
+					past = fc.Less(lst.Pruned) && (fc.E != lst.Committed.E || lst.Committed.Cnt-fc.Cnt >= 64)
+				}
+				if !past && h.s.Now() < end {
+					h.s.At(h.s.Now()+500*time.Microsecond, check)
+					return
+				}
+				for _, o := range ms {
+					if o != id {
+						h.s.HealPair(id, o)
+					}
+				}
+			}
+			h.s.At(h.s.Now()+500*time.Microsecond, check)
+		}
+		h.lagFollowers(at+20*time.Millisecond, times-1)
+	})
+}
+
+// crashAfterCommit arms every group's leader, times times, 12 ms apart:
+// it crashes right after the next Poll in which it applied (so
+// committed, and acknowledged) an entry, in the same instant, so that
+// of what that Poll queued, its replies to clients and its commit row to
+// the followers, a random prefix per connection lands
+// (kvOpts.crashAfterCommit).
+func (h *kvRun) crashAfterCommit(at time.Duration, times int) {
+	if times == 0 {
+		return
+	}
+	h.s.At(at, func() {
+		for g := range h.members {
+			if id, ok := h.leaderOf(g); ok && h.downIn(g) < (len(h.members[g])-1)/2 {
+				h.procs[id].crashAtCommit = true
+			}
+		}
+		h.crashAfterCommit(at+12*time.Millisecond, times-1)
+	})
+}
+
 func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	opts := sd.Options()
 	opts.Tick = -1
+	opts.ReadOverlap = o.overlap
 	s := sim.New(opts)
 	defer s.Close()
 	parents := make([]int, o.groups)
@@ -762,6 +916,8 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	}
 	h.crashLeaders(8*time.Millisecond, o.leaders)
 	h.isolateLeaders(10*time.Millisecond, o.isolate)
+	h.lagFollowers(7*time.Millisecond, o.lag)
+	h.crashAfterCommit(8*time.Millisecond, o.crashAfterCommit)
 	if o.downForGood {
 		s.At(3*time.Millisecond, func() {
 			for _, ms := range h.members {
@@ -849,8 +1005,8 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		return h, fmt.Errorf("stale-ok gets: %w", err)
 	}
 	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
-		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d snapshots restored, %d linearizable gets served by a deposed leader\n",
-			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.restores, h.stats.deposed)
+		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d snapshots restored (%d of %d lags into a table holding records), %d linearizable gets served by a deposed leader\n",
+			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.restores, h.stats.restoresOver, h.stats.lags, h.stats.deposed)
 	}
 	return h, nil
 }
@@ -898,6 +1054,18 @@ var kvSimCases = []struct {
 	// find a key's four buckets full and grow the index in the middle of
 	// a request.
 	{"full-buckets", kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond, maxLoad: 0.95}},
+	// lagging-restore: a follower of every group falls behind (cut off)
+	// until its leader's log of 16 entries is pruned past it,
+	// twice, and catches up with a snapshot restored into a table that
+	// still holds its old records; its table must then equal its
+	// leader's.
+	{"lagging-restore", kvOpts{ops: 200, gap: 200 * time.Microsecond, lag: 2, logEntries: 16}},
+	// slow-new-leaders: every group's leader crashes right after it
+	// acknowledged a write, which its followers may not know committed,
+	// and every new leader stalls between its election and the commit
+	// (and apply) of its diff. A get served from its table in that
+	// window has milliseconds to find it stale.
+	{"slow-new-leaders", kvOpts{ops: 150, crashAfterCommit: 4, newLeaderStall: true, gap: 100 * time.Microsecond}},
 }
 
 func TestSim(t *testing.T) {
@@ -916,10 +1084,22 @@ func TestSim(t *testing.T) {
 			if o.gap == 0 {
 				o.gap = 200 * time.Microsecond
 			}
+			seeds, over := 0, 0
 			flags.Run(t, func(sd sim.Seed) error {
-				_, err := runKV(sd.WithLog(t), o)
+				h, err := runKV(sd.WithLog(t), o)
+				if seeds++; h != nil && h.stats.restoresOver > 0 {
+					over++
+				}
 				return err
 			})
+			// The lagging followers must mostly catch up by a snapshot
+			// restored over their records, or the case tests nothing.
+			if o.lag > 0 && seeds >= 10 && over < seeds/2 {
+				t.Errorf("only %d of %d seeds restored a snapshot into a table holding records", over, seeds)
+			}
+			if o.lag > 0 {
+				t.Logf("%d of %d seeds restored a snapshot into a table holding records", over, seeds)
+			}
 		})
 	}
 }
@@ -938,6 +1118,12 @@ func TestSimMutants(t *testing.T) {
 		{"new-generation-only", testingKnobs{newGenOnly: true}, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, "linearizability", "stale-ok gets"},
 		{"late-promise", testingKnobs{latePromise: true}, kvOpts{ops: 150, isolate: 4, stall: true, gap: 60 * time.Microsecond}, "linearizability", ""},
 		{"no-condition", testingKnobs{noCondition: true}, kvOpts{ops: 120, gap: 100 * time.Microsecond}, "linearizability", ""},
+		// Only a replica restored over its own records shows it: the
+		// tables compared at the end differ.
+		{"restore-keeps", testingKnobs{restoreKeeps: true}, kvOpts{ops: 200, gap: 200 * time.Microsecond, lag: 2, logEntries: 16}, "differ", ""},
+		// Needs the new leaders' stall: without it, not caught in 20
+		// seeds of this case, nor in 20 of any other.
+		{"serve-early", testingKnobs{serveEarly: true}, kvOpts{ops: 150, crashAfterCommit: 4, newLeaderStall: true, gap: 100 * time.Microsecond}, "linearizability", ""},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			o := m.o

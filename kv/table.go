@@ -148,6 +148,10 @@ type Table struct {
 	knobs    testingKnobs // planted bugs, tests only (knobs.go)
 	mres     []byte
 	restores int
+	// yield, if set, is called between the stores readers rely on the
+	// order of (the simulator's Env.Yield, which may land one-sided reads
+	// there); nil in production.
+	yield func()
 
 	snaps     atomic.Int32  // captures not yet released
 	heapEpoch atomic.Uint64 // counts restores: a capture that saw it change is void
@@ -299,10 +303,20 @@ func (t *Table) publish() {
 	// The check word last: a reader that sees it sees the words it
 	// covers (stores are ordered), or a mismatch.
 	rdma.Store64(t.hmem, hCheck, 0)
+	t.yieldPoint()
 	for off := hServing; off < hCheck; off += 8 {
 		rdma.Store64(t.hmem, off, binary.LittleEndian.Uint64(b[off:]))
 	}
+	t.yieldPoint()
 	rdma.Store64(t.hmem, hCheck, binary.LittleEndian.Uint64(b[hCheck:]))
+	t.yieldPoint()
+}
+
+// yieldPoint lets a reader see the stores made so far (tests only).
+func (t *Table) yieldPoint() {
+	if t.yield != nil {
+		t.yield()
+	}
 }
 
 // owns reports whether the key with hash h is this group's.
@@ -422,10 +436,13 @@ func (t *Table) Apply(e broadcast.Entry) []byte {
 // applyMulti applies a multi request's independent ops, each as a request
 // of one op at version index<<16 | its position.
 func (t *Table) applyMulti(index uint64, data []byte) []byte {
-	ops, err := DecodeMulti(data, t.ops)
+	ops, err := decodeOps(data, multiFormat, t.ops)
 	t.ops = ops[:0]
-	if err != nil {
+	if err != nil || len(ops) > MaxMulti {
 		res := Result{Status: StatusMalformed}
+		if err == nil {
+			res = refused(LimitMulti, MaxMulti, MaxMulti, len(ops))
+		}
 		t.publish()
 		return encodeResult(t.res[:], &res)
 	}
@@ -443,6 +460,13 @@ func (t *Table) applyMulti(index uint64, data []byte) []byte {
 
 // applyRequest applies a whole request delivered as entry index.
 func (t *Table) applyRequest(index uint64, data []byte) []byte {
+	if len(data) > t.cfg.MaxRequest {
+		// Every replica of every group the request went to refuses it
+		// (a client with looser limits than the replicas gets here).
+		res := refused(LimitRequest, 0, t.cfg.MaxRequest, len(data))
+		t.publish()
+		return encodeResult(t.res[:], &res)
+	}
 	ops, err := DecodeRequest(data, t.ops)
 	t.ops = ops[:0]
 	var res Result
@@ -473,14 +497,26 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 
 // applyOps applies ops (those on this group's keys) atomically: every
 // condition is checked first. Op i gets version index<<16 | (base+i).
+//
+// A request breaking a limit (a key or value longer than this replica's
+// MaxKey or MaxValue) is refused whole, nothing applied, with a result
+// naming the limit: the check covers every op of the request, not only
+// this group's, so every group of a batch refuses it alike and none
+// applies its share. So is a request whose records the heap cannot hold.
 func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
+	if r, ok := t.checkLimits(ops); !ok {
+		return r
+	}
+	if !t.heapFits(ops) {
+		return refused(LimitHeap, 0, maxHeaps*t.heap.size, t.heap.used)
+	}
 	res := Result{}
 	// Migrate every owned key's old buckets, then check the conditions.
 	first := true
 	for i := range ops {
 		op := &ops[i]
 		h := hashKey(op.Key)
-		if !t.owns(h) || len(op.Key) > t.cfg.MaxKey || len(op.Value) > t.cfg.MaxValue {
+		if !t.owns(h) {
 			continue
 		}
 		t.migrateKey(h)
@@ -501,7 +537,7 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 	for i := range ops {
 		op := &ops[i]
 		h := hashKey(op.Key)
-		if !t.owns(h) || len(op.Key) > t.cfg.MaxKey || len(op.Value) > t.cfg.MaxValue {
+		if !t.owns(h) {
 			continue
 		}
 		version := index<<16 | uint64(base+i)
@@ -520,19 +556,85 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 		case OpDelete:
 			if found {
 				clearSlot(t.cur.mem, w.bucket, w.slot)
+				t.yieldPoint()
 				t.heap.release(t.sref(w.s), int(w.s.sizeHint(t)), deferring)
 				t.count--
 			}
 		case OpPut:
 			if err := t.put(op.Key, op.Value, h, version, w, found, deferring); err != nil {
-				// The heap is exhausted: this replica cannot store the
-				// write. Every replica reaches the same point, so the
-				// group stays consistent: the op is skipped and counted.
+				// heapFits placed the records and registered their
+				// regions, so only registering a new index generation
+				// failed (the node's memory). A request of one op is
+				// refused; in a larger one the ops before stay applied
+				// and this one is not counted.
 				res.Count--
+				if len(ops) == 1 {
+					return refused(LimitHeap, 0, maxHeaps*t.heap.size, t.heap.used)
+				}
 			}
 		}
 	}
 	return res
+}
+
+// checkLimits checks every op of a request (this group's and the others')
+// against the key and value limits: ok, or the refusal naming the first op
+// breaking one.
+func (t *Table) checkLimits(ops []Op) (Result, bool) {
+	for i := range ops {
+		switch op := &ops[i]; {
+		case len(op.Key) > t.cfg.MaxKey:
+			return refused(LimitKey, i, t.cfg.MaxKey, len(op.Key)), false
+		case len(op.Value) > t.cfg.MaxValue:
+			return refused(LimitValue, i, t.cfg.MaxValue, len(op.Value)), false
+		}
+	}
+	return Result{}, true
+}
+
+// heapFits reports whether the heap can hold the records of the request's
+// puts on this group's keys (counting none of the frees the request
+// would make), and registers the heap regions they need: a region that
+// cannot be registered refuses the request before anything is applied.
+func (t *Table) heapFits(ops []Op) bool {
+	hp := &t.heap
+	need := 0 // every put's, this group's or not: no hashing here
+	for i := range ops {
+		if op := &ops[i]; op.Kind == OpPut {
+			need += classOf(recordSize(len(op.Key), len(op.Value)))
+		}
+	}
+	if need == 0 || len(hp.regions) > 0 && hp.bump+need <= hp.size {
+		return true // the bump pointer's region holds them all
+	}
+	// Allocate as heap.alloc would, on paper.
+	taken := map[int]int{}
+	cur, bump, n := hp.cur, hp.bump, len(hp.regions)
+	for i := range ops {
+		op := &ops[i]
+		if op.Kind != OpPut || !t.owns(hashKey(op.Key)) {
+			continue
+		}
+		c := classOf(recordSize(len(op.Key), len(op.Value)))
+		if taken[c] < len(hp.free[c]) {
+			taken[c]++
+			continue
+		}
+		if n == 0 || bump+c > hp.size {
+			switch {
+			case n > 0 && cur+1 < n:
+				cur++
+			case n == maxHeaps:
+				return false
+			default:
+				n++
+				cur = n - 1
+			}
+			bump = 0
+		}
+		bump += c
+	}
+	return hp.ensure(n) == nil
 }
 
 func (s Slot) sizeHint(t *Table) int { return recordInfo(t.heap.mems[s.Heap][s.Off:]).Size() }
@@ -566,10 +668,12 @@ func (t *Table) put(key, value []byte, h, version uint64, w where, found, deferr
 		return err
 	}
 	encodeRecord(t.heap.bytes(ref, size), version, key, value)
+	t.yieldPoint() // the record, before a slot points to it
 	s := Slot{Version: version, FP: fpOf(h), Units: unitsOf(size), Heap: uint8(refHeap(ref)), Off: uint64(refOff(ref))}
 	if found {
 		old := w.s
 		storeSlot(t.cur.mem, w.bucket, w.slot, s)
+		t.yieldPoint()
 		t.heap.release(t.sref(old), old.sizeHint(t), deferring)
 		return nil
 	}
@@ -586,6 +690,7 @@ func (t *Table) put(key, value []byte, h, version uint64, w where, found, deferr
 		b, i, ok = freeSlot(&t.cur, h)
 	}
 	storeSlot(t.cur.mem, b, i, s)
+	t.yieldPoint()
 	t.count++
 	return nil
 }
@@ -674,6 +779,10 @@ func (t *Table) migrateBucket(b int) {
 	if rdma.Load64(t.old.mem, off)&bMoved != 0 {
 		return
 	}
+	if t.knobs.movedFirst {
+		rdma.Store64(t.old.mem, off, bMoved) // too early: readers skip the bucket
+		t.yieldPoint()
+	}
 	for i := range slotsPer {
 		s := t.slotAt(t.old.mem, off, i)
 		if s.Version == 0 {
@@ -689,8 +798,10 @@ func (t *Table) migrateBucket(b int) {
 			panic(fmt.Sprintf("kv: migration found both candidates of a key full in a generation of %d buckets", t.cur.buckets()))
 		}
 		storeSlot(t.cur.mem, nb, ni, s)
+		t.yieldPoint()
 	}
 	rdma.Store64(t.old.mem, off, bMoved)
+	t.yieldPoint()
 }
 
 // Snapshots (broadcast.FSM): Snapshot captures the slots of every live
@@ -814,6 +925,9 @@ var ErrSnapshot = errors.New("kv: corrupt snapshot")
 // generation and registers the heap regions it needs before it changes
 // anything: a Restore that fails leaves the table as it was.
 func (t *Table) Restore(b []byte) error {
+	if t.knobs.restoreKeeps {
+		b = t.keepOld(b)
+	}
 	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic {
 		return fmt.Errorf("%w: bad header", ErrSnapshot)
 	}
@@ -980,6 +1094,7 @@ func (t *Table) Restore(b []byte) error {
 			panic(fmt.Sprintf("kv: restore: heap allocation %x (%v), planned %x", ref, err, r.ref))
 		}
 		copy(t.heap.bytes(ref, r.size), b[r.off:r.off+r.size])
+		t.yieldPoint()
 	}
 	t.count = len(recs)
 	t.stages = stages
@@ -1009,8 +1124,15 @@ const MaxStages = 8
 func (t *Table) applyStaged(index uint64, data []byte) []byte {
 	res := Result{}
 	format, id, total, off, part, err := decodeStaged(data)
-	if err != nil || total > t.cfg.MaxRequest {
+	if err != nil {
 		res.Status = StatusMalformed
+		t.publish()
+		return encodeResult(t.res[:], &res)
+	}
+	if total > t.cfg.MaxRequest {
+		// Nothing staged: the client learns from this part's result
+		// and sends no commit (one would find no stage: refused too).
+		res = refused(LimitRequest, 0, t.cfg.MaxRequest, total)
 		t.publish()
 		return encodeResult(t.res[:], &res)
 	}
@@ -1056,7 +1178,15 @@ func (t *Table) applyStaged(index uint64, data []byte) []byte {
 		t.publish()
 		return encodeResult(t.res[:], &res)
 	default: // commit
-		if st == nil || st.have != total || len(st.buf) != total {
+		if st == nil {
+			// Evicted by newer stages of the client (or never
+			// staged): refused, so that the caller learns the limit.
+			res = refused(LimitStages, 0, MaxStages, total)
+			t.setStages(id.Client, l)
+			t.publish()
+			return encodeResult(t.res[:], &res)
+		}
+		if st.have != total || len(st.buf) != total {
 			res.Status = StatusMalformed
 			t.setStages(id.Client, l)
 			t.publish()
@@ -1085,4 +1215,34 @@ func (t *Table) Staged() (n, bytes int) {
 		}
 	}
 	return n, bytes
+}
+
+// keepOld is the restoreKeeps planted bug (testingKnobs): the snapshot b
+// with the table's records of keys b lacks added, so that Restore keeps
+// them (a restore that merges into the table instead of replacing it).
+// b is returned as it is if it does not parse.
+func (t *Table) keepOld(b []byte) []byte {
+	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic {
+		return b
+	}
+	count := binary.LittleEndian.Uint64(b[8:])
+	in := map[string]bool{}
+	p := 32
+	for range count {
+		ri, key, _, err := DecodeRecord(b[p:])
+		if err != nil || ri.Size() > len(b)-p {
+			return b
+		}
+		in[string(key)] = true
+		p += ri.Size()
+	}
+	out := append([]byte(nil), b[:p]...)
+	t.eachSlot(func(s Slot) {
+		if !in[string(t.recordKey(s))] {
+			out = append(out, t.record(s)...)
+			count++
+		}
+	})
+	binary.LittleEndian.PutUint64(out[8:], count)
+	return append(out, b[p:]...)
 }

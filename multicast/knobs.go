@@ -28,4 +28,10 @@ type testingKnobs struct {
 	// spinDeadline: a leader says it is always due, so its driver never
 	// parks: caught by TestIdleParks.
 	spinDeadline bool
+	// skipCatchUp: a new leader's tree catch-up (TRAM Alg. 5 steps 2-3)
+	// leaves out the newest message, the one a child most likely lacks.
+	// Retransmission repairs it, so Validity holds: caught by the count
+	// of retransmissions to children that a correct catch-up leaves at
+	// zero (the sim's "catch-up" case).
+	skipCatchUp bool
 }

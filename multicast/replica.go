@@ -177,6 +177,8 @@ type Replica struct {
 	credit    []uint64        // per child: highest credit seen
 	creditAt  []time.Duration // per child: when its credit last moved (or we last wrote to it)
 	rtWait    []time.Duration // per child: the wait before the next retransmission (backoff)
+	rtCount   []uint64        // per child: retransmissions (Counters.Retransmits by child; the simulator checks them)
+	skipQ     []uint64        // per child: the position the skipCatchUp knob's catch-up leaves out
 	rr        int             // round-robin start of the next scan
 	retrySeen []uint64
 	creditOut uint64 // the credit last sent to our parent
@@ -236,7 +238,7 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 	}
 	kids := cfg.Tree.Children(cfg.Group)
 	r.tout, r.fwdSent, r.credit, r.creditAt = make([]uint64, len(kids)), make([]uint64, len(kids)), make([]uint64, len(kids)), make([]time.Duration, len(kids))
-	r.rtWait = make([]time.Duration, len(kids))
+	r.rtWait, r.rtCount, r.skipQ = make([]time.Duration, len(kids)), make([]uint64, len(kids)), make([]uint64, len(kids))
 	r.parent, r.hasParent = cfg.Tree.Parent(cfg.Group)
 	if r.hasParent {
 		for i, c := range cfg.Tree.Children(r.parent) {
@@ -495,6 +497,9 @@ func (r *Replica) becomeLeader(e broadcast.Epoch) {
 		if r.knobs.noCatchUp {
 			r.fwdSent[i] = r.st.out[i]
 		}
+		if r.knobs.skipCatchUp && r.fwdSent[i] < r.st.out[i] {
+			r.skipQ[i] = r.st.out[i]
+		}
 		r.creditAt[i] = r.now
 	}
 	r.replyQ = r.replyQ[:0]
@@ -545,6 +550,7 @@ func (r *Replica) readCredits() bool {
 			r.creditAt[i] = r.now
 			r.rtWait[i] = min(2*r.rtWait[i], 32*r.cfg.RetransmitAfter)
 			r.ctr.Retransmits++
+			r.rtCount[i]++
 		}
 	}
 	return progress
@@ -566,6 +572,10 @@ func (r *Replica) forward() bool {
 			r.creditAt[i] = r.now
 		}
 		for q := r.fwdSent[i] + 1; q <= r.st.out[i]; q++ {
+			if q == r.skipQ[i] {
+				r.skipQ[i] = 0 // knobs.skipCatchUp
+				continue
+			}
 			slot := r.st.fwdSlot(i, q)
 			rec := slot[:recordSize(int(leU32(slot[28:])))]
 			off := uint64(int(q%uint64(r.cfg.ParentSlots)) * r.cfg.SlotSize)

@@ -31,6 +31,9 @@ type conn struct {
 	landSched, doneSched bool
 	landHeld, doneHeld   time.Duration // since when the head is held (-1: not held)
 	torn                 bool          // the head write's prefix has landed
+	overlap              bool          // the head read is held at the target (Options.ReadOverlap)
+	old                  []byte        // what the held read would have returned when it arrived
+	chained              bool          // the held read was posted behind one that landed at a Yield
 }
 
 // posted schedules the op just queued on c.
@@ -69,6 +72,7 @@ func (c *conn) sync() {
 		c.landed = c.posted
 		c.torn = false
 		c.landHeld = -1
+		c.unhold()
 	}
 	if c.c.Landed() < c.doneAt.len() {
 		c.doneAt.truncate(0)
@@ -89,6 +93,7 @@ func (s *Sim) land(c *conn) {
 		return
 	}
 	if !s.reachable(c) {
+		c.unhold()
 		if c.landHeld < 0 {
 			c.landHeld = s.now
 		}
@@ -100,6 +105,13 @@ func (s *Sim) land(c *conn) {
 		return
 	}
 	c.landHeld = -1
+	if c.overlap {
+		s.landHeldRead(c) // its span is over
+		return
+	}
+	if s.opts.ReadOverlap > 0 && s.rng.Float64() < s.opts.ReadOverlap && s.holdRead(c) {
+		return
+	}
 	if !c.torn && s.opts.TearProb > 0 && s.rng.Float64() < s.opts.TearProb {
 		if wr, ok := c.c.Head(); ok && wr.Kind == rdma.OpWrite && len(wr.Buf) > 8 {
 			n := 8 * (1 + s.rng.IntN((len(wr.Buf)-1)/8))
@@ -115,6 +127,12 @@ func (s *Sim) land(c *conn) {
 		}
 	}
 	c.torn = false
+	s.landHead(c)
+}
+
+// landHead lands c's head op and schedules its completion and the next
+// op's landing.
+func (s *Sim) landHead(c *conn) {
 	c.landAt.pop()
 	wr, cp, ok := c.c.Land()
 	if !ok {
@@ -123,6 +141,9 @@ func (s *Sim) land(c *conn) {
 	}
 	seq := c.landed
 	c.landed++
+	if c.overlap {
+		s.mixHeld(c, &wr, cp.Err)
+	}
 	s.record(Event{Kind: EvLand, Node: c.from.id, Peer: c.to.id, Conn: c.id, Seq: seq,
 		Op: wr.Kind, Region: wr.Region, Offset: wr.Offset, Len: wr.Len(), Err: cp.Err})
 	if wr.Kind != rdma.OpRead && cp.Err == nil {
@@ -199,6 +220,7 @@ func (s *Sim) drained(c *conn) {
 	c.landed, c.completed = c.posted, c.posted
 	c.landHeld, c.doneHeld = -1, -1
 	c.torn = false
+	c.unhold()
 	c.landGen++
 	c.doneGen++
 	c.landSched, c.doneSched = false, false
@@ -227,4 +249,138 @@ func (s *Sim) retryHeld() {
 	}
 	clear(s.conns[len(live):])
 	s.conns = live
+}
+
+// Overlapping reads (Options.ReadOverlap). A real one-sided read is not an
+// instant: the NIC copies the target's memory while the target's CPU may
+// be storing to it, and each aligned 8-byte word is read whole, some before
+// a store and some after. Without this mode a read lands between two steps
+// of the target and sees every step whole.
+//
+// A held read arrived at the target but has not landed: holdRead copies
+// what it would have returned then (old). It lands at a Yield of one of the
+// target's later steps (Env.Yield: the process says its stores so far may
+// be seen), or at the latest ReadOverlapSpan after it arrived, between
+// steps. It then returns, word by word, either what the target's memory
+// holds at that moment or the old word, each choice drawn from the seed.
+// Reads on one Conn still happen in order: the ops behind a held read wait
+// for it, and a read posted behind it is held from the moment it lands
+// (within the same step, if it landed at a Yield), as a NIC runs a posted
+// list back to back. So what a list of reads sees moves forward in the
+// target's store order, as the protocols assume of a Conn, while each read
+// may see any mix of the moments it spans.
+//
+// Where a held read lands is biased toward the interesting moments: at a
+// Yield where the memory it covers changed since it was held, or when it
+// follows a read that just landed, it lands with probability 1/2; at any
+// other Yield with 1/yieldSpread, so that most reads wait for a store to
+// their range (or their span's end) rather than land at the first Yield.
+
+// yieldSpread: a held read lands at a Yield where nothing it covers
+// changed with probability 1/yieldSpread.
+const yieldSpread = 64
+
+// holdRead holds c's head op if it is a read the target can serve now.
+func (s *Sim) holdRead(c *conn) bool {
+	wr, ok := c.c.Head()
+	if !ok || wr.Kind != rdma.OpRead || len(wr.Buf) < 8 {
+		return false
+	}
+	if cap(c.old) < len(wr.Buf) {
+		c.old = make([]byte, len(wr.Buf))
+	}
+	c.old = c.old[:len(wr.Buf)]
+	if !c.c.PeekHead(c.old) {
+		return false
+	}
+	c.overlap, c.chained = true, false
+	c.to.held = append(c.to.held, c)
+	s.record(Event{Kind: EvHold, Node: c.from.id, Peer: c.to.id, Conn: c.id, Seq: c.landed,
+		Op: wr.Kind, Region: wr.Region, Offset: wr.Offset, Len: wr.Len()})
+	span := s.opts.ReadOverlapSpan
+	s.scheduleLand(c, s.now+uniform(s.rng, span/4, span))
+	return true
+}
+
+// unhold forgets c's held read (its Conn failed or its target crashed); the
+// op itself stays queued, or was failed, by the caller.
+func (c *conn) unhold() {
+	if !c.overlap {
+		return
+	}
+	c.overlap = false
+	l := c.to.held
+	for i, o := range l {
+		if o == c {
+			c.to.held = append(l[:i], l[i+1:]...)
+			break
+		}
+	}
+}
+
+// landHeldRead lands c's held read now.
+func (s *Sim) landHeldRead(c *conn) {
+	s.landHead(c)
+	c.unhold()
+	if c.landAt.len() == 0 {
+		c.landGen++ // the span's landing item is void
+		c.landSched = false
+	}
+}
+
+// mixHeld gives back, in each word of the held read that changed since it
+// arrived, the old word or the new one, as the seed draws.
+func (s *Sim) mixHeld(c *conn, wr *rdma.WR, err error) {
+	if err != nil || len(c.old) != len(wr.Buf) {
+		return
+	}
+	n := 0
+	for i := 0; i+8 <= len(wr.Buf); i += 8 {
+		o, b := c.old[i:i+8], wr.Buf[i:i+8]
+		if string(o) != string(b) && s.rng.IntN(2) == 0 {
+			copy(b, o)
+			n++
+		}
+	}
+	if n > 0 {
+		s.overlapMixed++
+	}
+}
+
+// yield lands held reads at node n, which is inside a step (Env.Yield).
+func (s *Sim) yield(n *node) {
+	for i := 0; i < len(n.held); {
+		c := n.held[i]
+		// A read that arrived between steps lands at one Yield in
+		// yieldSpread, so that it may overlap a later step than the
+		// first; one posted behind a read that just landed follows it
+		// closely, as a NIC runs a list back to back.
+		p := yieldSpread
+		if c.chained || s.heldChanged(c) {
+			p = 2
+		}
+		if !s.reachable(c) || s.rng.IntN(p) != 0 {
+			i++
+			continue
+		}
+		s.landHeldRead(c) // removes c from n.held
+		// A read posted behind it goes on at once, as a NIC runs
+		// a posted list back to back: it is held from here on,
+		// within this step.
+		if c.landAt.len() > 0 {
+			if wr, ok := c.c.Head(); ok && wr.Kind == rdma.OpRead && s.holdRead(c) {
+				c.chained = true // appended: it may land at a later Yield
+			}
+		}
+	}
+}
+
+// heldChanged reports whether the memory c's held read covers changed
+// since it was held: the Yields worth landing at.
+func (s *Sim) heldChanged(c *conn) bool {
+	if cap(s.peek) < len(c.old) {
+		s.peek = make([]byte, len(c.old))
+	}
+	b := s.peek[:len(c.old)]
+	return c.c.PeekHead(b) && string(b) != string(c.old)
 }

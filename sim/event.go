@@ -50,13 +50,17 @@ const (
 	EvOutput
 	// EvPersist: Node wrote key Value (Len bytes) to its disk.
 	EvPersist
+	// EvHold: the read reached Peer and is held there to overlap Peer's
+	// stores (Options.ReadOverlap); its EvLand comes at a Yield of Peer's
+	// or when its span ends.
+	EvHold
 )
 
 var kindNames = [...]string{
 	EvPost: "post", EvTear: "tear", EvLand: "land", EvComplete: "complete",
 	EvFail: "fail", EvDrop: "drop", EvStep: "step", EvCrash: "crash",
 	EvRestart: "restart", EvCut: "cut", EvHeal: "heal", EvSlow: "slow",
-	EvOutput: "output", EvPersist: "persist",
+	EvOutput: "output", EvPersist: "persist", EvHold: "hold",
 }
 
 // String returns the kind's name.
@@ -89,7 +93,7 @@ func (e Event) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%12v %-8s n%d", e.Time, e.Kind, e.Node)
 	switch e.Kind {
-	case EvPost, EvTear, EvLand:
+	case EvPost, EvTear, EvLand, EvHold:
 		fmt.Fprintf(&b, "->n%d c%d#%d %s r%d[%d,+%d)", e.Peer, e.Conn, e.Seq, e.Op, e.Region, e.Offset, e.Len)
 	case EvComplete:
 		fmt.Fprintf(&b, "->n%d c%d#%d %s", e.Peer, e.Conn, e.Seq, e.Op)

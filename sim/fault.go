@@ -101,10 +101,15 @@ func (s *Sim) Crash(id rdma.NodeID) error {
 			c.posted = c.landed + uint64(keep)
 			if keep == 0 {
 				c.torn = false
+				c.unhold()
 			}
 		}
 	}
 	n.conns = nil
+	for _, c := range n.held {
+		c.overlap = false // they fail: the target is gone
+	}
+	n.held = nil
 	n.mem.Crash()
 	n.dead = append(n.dead, n.mem)
 	n.mem = nil

@@ -43,6 +43,7 @@ type node struct {
 	conns []*conn     // conns this incarnation opened
 	dead  []*mem.Node // crashed incarnations, memory kept until Close
 
+	held   []*conn         // conns whose head read is held here (Options.ReadOverlap), in order held
 	slow   int             // slow-down factor, 1 is normal
 	woken  bool            // an itWake is scheduled
 	timers []time.Duration // times asked for with WakeAt, scheduled
@@ -163,6 +164,20 @@ func (e *Env) WakeAt(t time.Duration) {
 	}
 	n.timers = append(n.timers, t)
 	s.agenda.push(item{at: t, kind: itTimer, ref: n.idx, gen: n.gen})
+}
+
+// Yield tells the simulator that the stores this step made so far to the
+// node's registered memory may be seen: a one-sided read held at this node
+// (Options.ReadOverlap) may land here, in the middle of the step. A process
+// calls it between the stores whose order readers rely on (a record before
+// the slot that points to it, copies before a moved flag), so that the
+// simulator shows readers the states in between. Without ReadOverlap it
+// does nothing.
+func (e *Env) Yield() {
+	if len(e.n.held) == 0 || !e.alive() {
+		return
+	}
+	e.s.yield(e.n)
 }
 
 // WakeAfter asks for a Step d from now.

@@ -40,6 +40,18 @@ type Options struct {
 	// in two parts, a prefix first, so that the target may step while it is
 	// torn. Default 0.1; negative disables tearing.
 	TearProb float64
+	// ReadOverlap is the probability that a one-sided read, on reaching
+	// its target, is held there so that it overlaps the target's stores:
+	// it lands at a Yield inside one of the target's later steps (see
+	// Env.Yield), or ReadOverlapSpan after it arrived at the latest, and
+	// each 8-byte word it returns is, as drawn from the seed, the word as
+	// it was when the read arrived or as it is when it lands. Reads on a
+	// Conn still see the target's stores in order. Default 0: reads land
+	// between steps and see each step whole.
+	ReadOverlap float64
+	// ReadOverlapSpan bounds how long a held read waits for a Yield.
+	// Default 300µs.
+	ReadOverlapSpan time.Duration
 	// FabricTimeout: an op that cannot reach its target (cut link, crashed
 	// target) or whose acknowledgement cannot come back fails with
 	// rdma.ErrPeerDead, with every later op of its Conn, once held this
@@ -81,6 +93,7 @@ func (o *Options) setDefaults() {
 		o.TearProb = 0.1
 	}
 	def(&o.FabricTimeout, time.Millisecond)
+	def(&o.ReadOverlapSpan, 300*time.Microsecond)
 	def(&o.Tick, 200*time.Microsecond)
 	def(&o.StepLatency, 2*time.Microsecond)
 	o.StepLatency = max(o.StepLatency, 4)
@@ -134,12 +147,14 @@ type Sim struct {
 	actions []func() // scheduled functions, by item.ref (nil once run)
 	nconn   uint64
 
-	hash       uint64
-	nevents    uint64
-	scratch    []byte
-	recent     [recentEvents]Event
-	observers  []func(Event)
-	invariants []func() error
+	hash         uint64
+	nevents      uint64
+	overlapMixed uint64 // held reads that returned words from two moments
+	peek         []byte // heldChanged's buffer
+	scratch      []byte
+	recent       [recentEvents]Event
+	observers    []func(Event)
+	invariants   []func() error
 
 	faults faultState
 }
@@ -182,6 +197,11 @@ func (s *Sim) Now() time.Duration { return s.now }
 // TraceHash is a hash of every event so far: two runs with the same seed
 // and options have the same hash.
 func (s *Sim) TraceHash() uint64 { return s.hash }
+
+// OverlapMixed counts the held reads (Options.ReadOverlap) that returned
+// some words as they were when the read arrived and others as they were
+// when it landed: the reads that saw the target in the middle of a change.
+func (s *Sim) OverlapMixed() uint64 { return s.overlapMixed }
 
 // Events is the number of events so far.
 func (s *Sim) Events() uint64 { return s.nevents }

@@ -87,6 +87,32 @@ redis-server, then measures, rdmakv first and Redis right after it:
            goroutines (one client: at most 8 requests outstanding, the
            rest queue in the client), against Redis SET.
 
+--embedded measures the path a user's program takes to the cluster that
+'make run' starts: kvbench builds kvserver (go build; or --kvserver FILE)
+and runs it with no --config, an embedded cluster of --groups groups x 3
+replicas on shm in one process (its map and shm files in kvbench's work
+directory, --control -, --election-timeout as below, the other flags
+kvserver's defaults); the client opens the map file kvserver wrote
+(client.Open with WithMapFile). --rows is then get and/or put (default
+put), --records defaults to 100000, and the keys are loaded without the
+growth figure.
+
+Cost per op (every get and put row, both placements): from counters of
+the client's process (this one) and the replicas' process, read right
+before and after the measurement and divided by every op it completed
+(warm-up included):
+  allocs    runtime.MemStats.Mallocs of this process (the client package's
+            and the benchmark goroutines': a closed loop allocates nothing
+            per op of its own)
+  wake-ups  voluntary + nonvoluntary context switches summed over every
+            thread (/proc/PID/task/*/status), client and replicas apart;
+            the nonvoluntary ones (preemptions, which a busy machine adds)
+            also alone in --json
+  cpu       utime + stime (/proc/PID/stat; 10 ms ticks, so coarse for a
+            short --duration), client and replicas apart, and their sum
+Example (issue 17's single-writer and saturation puts):
+  kvbench kv --embedded --put-threads 64 --runs 3 --json
+
 Latency: every op is timed, with one monotonic clock read per op (an op's
 end is the next op's start; about 30 ns). ops/s and the latencies count
 the ops completed in --duration after a warm-up of a fifth of it (at
@@ -119,7 +145,16 @@ type kvFlags struct {
 	et         time.Duration
 	redis      string
 	quick      bool
+	embedded   bool
+	groups     int
+	kvserver   string
+	rows       []string // of kvRowNames
 }
+
+// kvRowNames are --rows' names, in the order they are measured.
+var kvRowNames = []string{"growth", "memory", "get", "put"}
+
+func (o *kvFlags) row(name string) bool { return slices.Contains(o.rows, name) }
 
 func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	o := &kvFlags{}
@@ -136,6 +171,10 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.DurationVar(&o.et, "election-timeout", time.Second, "the replicas' election timeout (long, so that a descheduled leader is not voted out mid-measurement)")
 	fs.StringVar(&o.redis, "redis-server", "redis-server", "the baseline's redis-server binary (looked up in PATH); empty: no baseline")
 	fs.BoolVar(&o.quick, "quick", false, "smoke test: --records 20000, --duration 200ms, --runs 1 and --retries 0 unless given")
+	fs.BoolVar(&o.embedded, "embedded", false, "the replicas are kvserver's embedded cluster (what make run starts), the client opens its map file (see above)")
+	fs.IntVar(&o.groups, "groups", 2, "--embedded: the embedded cluster's groups of 3 replicas (kvserver --groups)")
+	fs.StringVar(&o.kvserver, "kvserver", "", "--embedded: the kvserver `binary` to run (default: go build it from this module)")
+	rows := fs.String("rows", "", "comma-separated measurements: growth, memory, get, put (default all; with --embedded: put)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -144,6 +183,33 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.embedded && !set["records"] {
+		o.records = 100000
+	}
+	for _, s := range splitList(*rows) {
+		if !slices.Contains(kvRowNames, s) {
+			return nil, fmt.Errorf("kv: --rows: unknown measurement %q (want %s)", s, strings.Join(kvRowNames, ", "))
+		}
+		if !slices.Contains(o.rows, s) {
+			o.rows = append(o.rows, s)
+		}
+	}
+	switch {
+	case len(o.rows) > 0:
+	case o.embedded:
+		o.rows = []string{"put"}
+	default:
+		o.rows = slices.Clone(kvRowNames)
+	}
+	if o.embedded && (o.row("growth") || o.row("memory")) {
+		return nil, errors.New("kv: --embedded measures get and put rows only (growth and memory need kvbench's own replicas' process)")
+	}
+	if !o.embedded && (set["groups"] || set["kvserver"]) {
+		return nil, errors.New("kv: --groups and --kvserver go with --embedded")
+	}
+	if o.groups < 1 {
+		return nil, errors.New("kv: --groups must be positive")
+	}
 	if o.quick {
 		if !set["records"] {
 			o.records = 20000
@@ -444,6 +510,8 @@ type kvstat struct {
 	opsPerS  float64
 	otherCPU float64 // -1: unknown
 	retries  int
+	total    uint64 // ops completed, warm-up included
+	cost     opCost // per op of total
 }
 
 func (s *kvstat) load() float64    { return s.otherCPU }
@@ -467,6 +535,7 @@ func closedLoop(threads int, tm timing, mk func(g int) kvOp) (kvstat, error) {
 	type result struct {
 		samples []uint32 // ns
 		last    time.Duration
+		total   uint64
 		err     error
 	}
 	rs := make([]result, threads)
@@ -488,6 +557,7 @@ func closedLoop(threads int, tm timing, mk func(g int) kvOp) (kvstat, error) {
 					return
 				}
 				t1 := time.Since(base)
+				r.total++
 				if t1 >= warmEnd && (t1 < end || len(r.samples) == 0) {
 					r.samples = append(r.samples, uint32(min(t1-t0, math.MaxUint32)))
 					r.last = t1
@@ -501,11 +571,13 @@ func closedLoop(threads int, tm timing, mk func(g int) kvOp) (kvstat, error) {
 	}
 	wg.Wait()
 	var h hist.Hist
+	var total uint64
 	measured := tm.dur
 	for _, r := range rs {
 		if r.err != nil {
 			return kvstat{}, r.err
 		}
+		total += r.total
 		for _, s := range r.samples {
 			h.Record(time.Duration(s))
 		}
@@ -514,7 +586,7 @@ func closedLoop(threads int, tm timing, mk func(g int) kvOp) (kvstat, error) {
 	if h.N() == 0 {
 		return kvstat{}, fmt.Errorf("no op completed in the measured %v", measured)
 	}
-	return kvstat{p50: h.Quantile(0.50), p99: h.Quantile(0.99), n: h.N(), opsPerS: float64(h.N()) / measured.Seconds()}, nil
+	return kvstat{p50: h.Quantile(0.50), p99: h.Quantile(0.99), n: h.N(), total: total, opsPerS: float64(h.N()) / measured.Seconds()}, nil
 }
 
 // ratio is a / b, or 0 if either is not positive (JSON has no Inf).
@@ -813,6 +885,9 @@ func (s *rdmakvStore) putter() func(key, value []byte) error {
 }
 
 func (s *rdmakvStore) geometry() (int, bool, bool) {
+	if s.hdr == nil {
+		return 0, false, false
+	}
 	h, err := s.hdr.read()
 	if err != nil {
 		return 0, false, false
@@ -896,10 +971,22 @@ func runKV(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "kvbench kv: no Redis baseline: %v; install it with: apt-get install -y redis-server (Debian); the rdmakv rows follow alone\n", err)
 		}
 	}
+	kvserverBin := o.kvserver
+	if o.embedded && kvserverBin == "" {
+		dir, err := os.MkdirTemp("", "kvbench-kvserver-")
+		if err != nil {
+			return fmt.Errorf("kv: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		fmt.Fprintf(stderr, "kvbench kv: building kvserver (go build %s)\n", kvserverPkg)
+		if kvserverBin, err = buildKVServer(dir); err != nil {
+			return fmt.Errorf("kv: %w", err)
+		}
+	}
 	res := &kvResults{rows: map[kvKey][]kvPair{}}
 	fmt.Fprintf(stderr, "kvbench kv: %d run(s) of %d records; load average %s\n", o.runs, o.records, loadAvg())
 	for run := 1; run <= o.runs; run++ {
-		if err := kvRunOnce(o, run, redisBin, res, stderr); err != nil {
+		if err := kvRunOnce(o, run, kvserverBin, redisBin, res, stderr); err != nil {
 			res.failed = append(res.failed, fmt.Sprintf("run %d", run))
 			fmt.Fprintf(stderr, "kvbench kv: run %d: %v\n", run, err)
 		}
@@ -916,7 +1003,9 @@ type kvEnv struct {
 	wd    string // the shm directory (kvbench's work directory)
 	name  string // the shm cluster's name
 	m     *cluster.Map
-	proc  *kvProc
+	proc  *kvProc       // the replicas' process (nil with --embedded)
+	srv   *kvserverProc // --embedded: kvserver
+	bin   string        // --embedded: kvserver's binary
 	node  rdma.Node
 	c     *client.Client
 	hconn rdma.Conn
@@ -924,19 +1013,23 @@ type kvEnv struct {
 	ours  *rdmakvStore
 	redis *redisStore // nil: no baseline
 	pids  []int       // the replicas' process and redis-server
+	reps  []int       // the replicas' process
 }
 
 // openKVEnv starts a fresh cluster under a new name, opens the client, and
 // starts redis-server (redisBin "": none). On error, what was started is
 // closed.
-func openKVEnv(o *kvFlags, redisBin string, note func(string, ...any)) (e *kvEnv, err error) {
-	e = &kvEnv{o: o, ctx: runCtx, note: note}
+func openKVEnv(o *kvFlags, kvserverBin, redisBin string, note func(string, ...any)) (e *kvEnv, err error) {
+	e = &kvEnv{o: o, ctx: runCtx, note: note, bin: kvserverBin}
 	if e.wd, err = workDir(o.shmDir); err != nil {
 		return nil, err
 	}
 	e.name = fmt.Sprintf("kvbench-kv-%d-%x", os.Getpid(), time.Now().UnixNano()&0xffffffff)
-	e.m = &cluster.Map{Name: e.name, Fabric: "shm", ShmDir: e.wd, Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{kvClientID}}
-	if e.proc, err = startKVProc(kvServeConfig{Map: e.m, ElectionTimeout: o.et}); err != nil {
+	if o.embedded {
+		if err := e.openEmbedded(); err != nil {
+			return nil, err
+		}
+	} else if err := e.openChild(); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -944,24 +1037,7 @@ func openKVEnv(o *kvFlags, redisBin string, note func(string, ...any)) (e *kvEnv
 			err = errors.Join(err, e.close())
 		}
 	}()
-	if err := e.m.Fill(); err != nil {
-		return e, err
-	}
-	if e.node, err = shm.Open(kvClientID, shm.Options{Dir: e.wd, Cluster: e.name}); err != nil {
-		return e, fmt.Errorf("open the client's shm node: %w", err)
-	}
-	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	e.c, err = client.Open(octx, client.WithMap(e.m), client.WithNode(e.node))
-	cancel()
-	if err != nil {
-		return e, err
-	}
-	if e.hconn, err = e.node.Connect(e.m.Groups[0][0]); err != nil {
-		return e, err
-	}
-	e.ours = &rdmakvStore{c: e.c, hdr: &headerReader{conn: e.hconn}, ctx: e.ctx}
-	e.pids = []int{e.proc.pid()}
-	note("rdmakv: 3 replicas in process %d, cluster %s in %s", e.proc.pid(), e.name, e.wd)
+	e.pids = slices.Clone(e.reps)
 	if redisBin != "" {
 		if e.rd, err = startRedis(e.ctx, redisBin, e.wd, max(o.putThreads, slices.Max(o.threads))+kvLoaders+4); err != nil {
 			return e, err
@@ -973,37 +1049,109 @@ func openKVEnv(o *kvFlags, redisBin string, note func(string, ...any)) (e *kvEnv
 	return e, nil
 }
 
+// openEmbedded starts kvserver's embedded cluster and opens the client on
+// the map file it wrote. On error, what was started is closed.
+func (e *kvEnv) openEmbedded() (err error) {
+	if e.srv, err = startKVServer(e.bin, e.wd, e.name, e.o.groups, e.o.et); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.close())
+		}
+	}()
+	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	e.c, err = client.Open(octx, client.WithMapFile(e.srv.mapFile))
+	cancel()
+	if err != nil {
+		return err
+	}
+	if e.m, err = cluster.Load(e.srv.mapFile); err != nil {
+		return err
+	}
+	e.ours = &rdmakvStore{c: e.c, ctx: e.ctx}
+	e.reps = []int{e.srv.pid()}
+	e.note("rdmakv: kvserver's embedded cluster (%s, %d x 3 replicas) in process %d, cluster %s in %s (the client opened %s)",
+		e.bin, len(e.m.Groups), e.srv.pid(), e.name, e.wd, e.srv.mapFile)
+	return nil
+}
+
+// openChild starts kvbench's own replicas' process (one group) and opens
+// the client on a node of its own. On error, what was started is closed.
+func (e *kvEnv) openChild() (err error) {
+	o, note := e.o, e.note
+	e.m = &cluster.Map{Name: e.name, Fabric: "shm", ShmDir: e.wd, Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{kvClientID}}
+	if e.proc, err = startKVProc(kvServeConfig{Map: e.m, ElectionTimeout: o.et}); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.close())
+		}
+	}()
+	if err := e.m.Fill(); err != nil {
+		return err
+	}
+	if e.node, err = shm.Open(kvClientID, shm.Options{Dir: e.wd, Cluster: e.name}); err != nil {
+		return fmt.Errorf("open the client's shm node: %w", err)
+	}
+	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	e.c, err = client.Open(octx, client.WithMap(e.m), client.WithNode(e.node))
+	cancel()
+	if err != nil {
+		return err
+	}
+	if e.hconn, err = e.node.Connect(e.m.Groups[0][0]); err != nil {
+		return err
+	}
+	e.ours = &rdmakvStore{c: e.c, hdr: &headerReader{conn: e.hconn}, ctx: e.ctx}
+	e.reps = []int{e.proc.pid()}
+	note("rdmakv: 3 replicas in process %d, cluster %s in %s", e.proc.pid(), e.name, e.wd)
+	return nil
+}
+
 // close ends the client, the replicas' process and redis-server, and
 // checks that no file of the cluster is left.
 func (e *kvEnv) close() error {
 	var err error
 	if e.c != nil {
 		err = errors.Join(err, e.c.Close())
+		e.c = nil
 	}
 	if e.hconn != nil {
 		e.hconn.Close()
+		e.hconn = nil
 	}
 	if e.node != nil {
 		err = errors.Join(err, e.node.Close())
+		e.node = nil
 	}
-	if perr := e.proc.close(); perr != nil {
-		err = errors.Join(err, fmt.Errorf("kv replicas' process: %w", perr))
+	if e.proc != nil {
+		if perr := e.proc.close(); perr != nil {
+			err = errors.Join(err, fmt.Errorf("kv replicas' process: %w", perr))
+		}
+		e.proc = nil
+	}
+	if e.srv != nil {
+		err = errors.Join(err, e.srv.close())
+		e.srv = nil
 	}
 	if left := shmLeftovers(e.wd, e.name); len(left) > 0 {
 		err = errors.Join(err, fmt.Errorf("left in %s: %s", e.wd, strings.Join(left, ", ")))
 	}
 	if e.rd != nil {
 		err = errors.Join(err, e.rd.Close())
+		e.rd = nil
 	}
 	return err
 }
 
 // kvRunOnce is one run: a fresh cluster and Redis, every figure.
-func kvRunOnce(o *kvFlags, run int, redisBin string, res *kvResults, stderr io.Writer) (err error) {
+func kvRunOnce(o *kvFlags, run int, kvserverBin, redisBin string, res *kvResults, stderr io.Writer) (err error) {
 	note := func(f string, a ...any) {
 		fmt.Fprintf(stderr, "[run %d/%d] "+f+"\n", append([]any{run, o.runs}, a...)...)
 	}
-	e, err := openKVEnv(o, redisBin, note)
+	e, err := openKVEnv(o, kvserverBin, redisBin, note)
 	if err != nil {
 		return err
 	}
@@ -1014,11 +1162,21 @@ func kvRunOnce(o *kvFlags, run int, redisBin string, res *kvResults, stderr io.W
 			return err
 		}
 	}
-	gp, err := e.load()
-	if err != nil {
-		return err
+	if !o.row("growth") {
+		if err := e.plainLoad(); err != nil {
+			return err
+		}
+	} else {
+		gp, err := e.load()
+		if err != nil {
+			return err
+		}
+		res.growth = append(res.growth, gp)
 	}
-	res.growth = append(res.growth, gp)
+	if !o.row("memory") {
+		e.rows(run, stderr, res)
+		return nil
+	}
 	// Memory, once every replica applied the load.
 	ms, err := kvMemory(e.proc, o.records, e.wd, e.name, e.m.Groups[0])
 	if err != nil {
@@ -1080,12 +1238,61 @@ func (e *kvEnv) load() (growthPair, error) {
 	return gp, nil
 }
 
+// plainLoad writes --records keys from empty, as load does but without
+// the growth figure's gets: rdmakv, then Redis.
+func (e *kvEnv) plainLoad() error {
+	o := e.o
+	batch := loadBatch(e.m.Limits.SlotSize, e.m.Limits.MaxBatch)
+	stores := []store{e.ours}
+	names := []string{"rdmakv"}
+	if e.redis != nil {
+		stores, names = append(stores, e.redis), append(names, "redis")
+	}
+	for i, s := range stores {
+		start := time.Now()
+		nb := (o.records + batch - 1) / batch
+		var next atomic.Int64
+		errs := make([]error, kvLoaders)
+		var wg sync.WaitGroup
+		for j := range kvLoaders {
+			wg.Go(func() {
+				for b := int(next.Add(1) - 1); b < nb; b = int(next.Add(1) - 1) {
+					first := b * batch
+					if err := s.writeBatch(j, first, min(batch, o.records-first)); err != nil {
+						errs[j] = fmt.Errorf("load keys %d..: %w", first, err)
+						next.Store(int64(nb))
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("%s load: %w", names[i], err)
+		}
+		e.note("%s: loaded %d keys (batches of %d on %d goroutines) in %.1fs", names[i], o.records, batch, kvLoaders, time.Since(start).Seconds())
+	}
+	return nil
+}
+
 // rows measures the get and put rows, each rdmakv row followed by its
 // Redis row; a failed measurement is noted and skipped.
 func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 	o := e.o
 	tm := timing{dur: o.duration, warm: min(o.duration/5, 200*time.Millisecond)}
 	measure := func(threads int, mk func(g int) kvOp) (kvstat, error) {
+		return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) {
+			a := takeCPUs(e.pids...)
+			c0 := takeCost(e.reps)
+			st, err := closedLoop(threads, tm, mk)
+			c1 := takeCostAfter(e.reps)
+			st.otherCPU = otherCPUs(a, takeCPUs(e.pids...), runtime.NumCPU())
+			st.cost = costPerOp(c0, c1, st.total)
+			return st, err
+		})
+	}
+	// Redis's rows: the cost fields are ours only.
+	measureBase := func(threads int, mk func(g int) kvOp) (kvstat, error) {
 		return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) {
 			a := takeCPUs(e.pids...)
 			st, err := closedLoop(threads, tm, mk)
@@ -1131,6 +1338,9 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 	}
 	var specs []rowSpec
 	for _, t := range o.threads {
+		if !o.row("get") {
+			break
+		}
 		for i, cons := range []client.Consistency{client.StaleOK, client.Linearizable} {
 			sp := rowSpec{k: kvKey{"get", cons.String(), t}, ours: getOp(e.ours, cons)}
 			if e.redis != nil && i == 0 {
@@ -1142,7 +1352,7 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 		}
 	}
 	for i, t := range []int{1, o.putThreads} {
-		if i > 0 && t == 1 {
+		if (i > 0 && t == 1) || !o.row("put") {
 			break
 		}
 		sp := rowSpec{k: kvKey{"put", "", t}, ours: putOp(e.ours, byte('b'+i))}
@@ -1162,9 +1372,13 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 		}
 		p := kvPair{ours: st}
 		line := fmt.Sprintf("%-24s p50 %-8s p99 %-8s %8s ops/s", what, fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS))
+		if c := st.cost; c.ok {
+			line += fmt.Sprintf("; per op: %.1f allocs, wake-ups %.2f client (%.2f preempted) %.2f replicas (%.2f preempted), cpu %.1f µs client %.1f µs replicas",
+				c.allocs, c.clientWakeups, c.clientPreempts, c.serverWakeups, c.serverPreempts, c.clientCPU, c.serverCPU)
+		}
 		switch {
 		case sp.base != nil:
-			bs, err := measure(sp.k.threads, sp.base)
+			bs, err := measureBase(sp.k.threads, sp.base)
 			if err != nil {
 				res.failed = append(res.failed, fmt.Sprintf("run %d: redis %s", run, what))
 				e.note("redis %s: %v", what, err)
@@ -1273,6 +1487,22 @@ type kvRow struct {
 	N               uint64  `json:"n,omitempty"`
 	Retries         int     `json:"retries"`
 	OtherCPU        float64 `json:"other_cpu"`
+	// Where the replicas ran: "embedded-kvserver" (--embedded) or
+	// "kvbench-child" (kvbench's own replicas' process); groups of 3.
+	Replicas string `json:"replicas"`
+	Groups   int    `json:"groups"`
+	// get and put rows: the cost per op (medians over runs), from the
+	// client's process (this one) and the replicas' process, over every op
+	// of the measurement, warm-up included (cost_ops of them).
+	CostOps             uint64   `json:"cost_ops,omitempty"`
+	ClientAllocsPerOp   *float64 `json:"client_allocs_per_op,omitempty"`
+	ClientWakeupsPerOp  *float64 `json:"client_wakeups_per_op,omitempty"`
+	ServerWakeupsPerOp  *float64 `json:"server_wakeups_per_op,omitempty"`
+	ClientPreemptsPerOp *float64 `json:"client_nonvoluntary_per_op,omitempty"` // of the wake-ups: preemptions
+	ServerPreemptsPerOp *float64 `json:"server_nonvoluntary_per_op,omitempty"`
+	ClientCPUUSPerOp    *float64 `json:"client_cpu_us_per_op,omitempty"`
+	ServerCPUUSPerOp    *float64 `json:"server_cpu_us_per_op,omitempty"`
+	CPUUSPerOp          *float64 `json:"cpu_us_per_op,omitempty"` // client + server
 	// get-during-growth (ops_per_s is the slowest interval of the load)
 	IntervalNS            int64   `json:"interval_ns,omitempty"`
 	BeforeOpsPerS         float64 `json:"before_ops_per_s,omitempty"`
@@ -1307,9 +1537,34 @@ type kvRow struct {
 // per run.
 func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 	var out []kvRow
+	placement, groups := "kvbench-child", 1
+	if o.embedded {
+		placement, groups = "embedded-kvserver", o.groups
+	}
 	for _, k := range res.order {
 		ps := res.rows[k]
 		r := kvRow{Bench: "kv", Op: k.op, Consistency: k.cons, Threads: k.threads, Records: o.records, Runs: len(ps)}
+		var costed []kvPair
+		for _, p := range ps {
+			if p.ours.cost.ok {
+				costed = append(costed, p)
+			}
+		}
+		if len(costed) > 0 {
+			med := func(f func(c opCost) float64) *float64 {
+				v := medianOf(costed, func(p kvPair) float64 { return f(p.ours.cost) })
+				return &v
+			}
+			r.CostOps = uint64(*med(func(c opCost) float64 { return float64(c.ops) }))
+			r.ClientAllocsPerOp = med(func(c opCost) float64 { return c.allocs })
+			r.ClientWakeupsPerOp = med(func(c opCost) float64 { return c.clientWakeups })
+			r.ServerWakeupsPerOp = med(func(c opCost) float64 { return c.serverWakeups })
+			r.ClientPreemptsPerOp = med(func(c opCost) float64 { return c.clientPreempts })
+			r.ServerPreemptsPerOp = med(func(c opCost) float64 { return c.serverPreempts })
+			r.ClientCPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU })
+			r.ServerCPUUSPerOp = med(func(c opCost) float64 { return c.serverCPU })
+			r.CPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU + c.serverCPU })
+		}
 		r.P50NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p50) }))
 		r.P99NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p99) }))
 		r.OpsPerS = medianOf(ps, func(p kvPair) float64 { return p.ours.opsPerS })
@@ -1402,14 +1657,22 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 		}
 		out = append(out, r)
 	}
+	for i := range out {
+		out[i].Replicas, out[i].Groups = placement, groups
+	}
 	return out
 }
 
 func printKVTable(w io.Writer, out []kvRow, o *kvFlags, haveRedis bool) {
 	fmt.Fprintf(w, "kvbench kv  %s  %s, %d CPUs, %s  medians of %d run(s) x %v\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(), o.runs, o.duration)
-	fmt.Fprintf(w, "%d records, %d B keys, %d B values; 3 replicas (1 group) on shm in a child process, the client in this one\n",
-		o.records, kvKeySize, kvValueSize)
+	if o.embedded {
+		fmt.Fprintf(w, "%d records, %d B keys, %d B values; kvserver's embedded cluster (%d x 3 replicas on shm) in a child process, the client in this one through its map file\n",
+			o.records, kvKeySize, kvValueSize, o.groups)
+	} else {
+		fmt.Fprintf(w, "%d records, %d B keys, %d B values; 3 replicas (1 group) on shm in a child process, the client in this one\n",
+			o.records, kvKeySize, kvValueSize)
+	}
 	if haveRedis {
 		fmt.Fprintf(w, "baseline: redis-server (persistence off) on loopback, go-redis v9; ops ratio = ops/s / redis ops/s, p50 ratio = p50 / redis p50\n")
 	} else {
@@ -1442,6 +1705,7 @@ func printKVTable(w io.Writer, out []kvRow, o *kvFlags, haveRedis bool) {
 			fmtDur(time.Duration(r.P50NS)), fmtDur(time.Duration(r.P99NS)), fmtOps(r.OpsPerS), bp50, bp99, bops, rops, rp50, r.OtherCPU)
 	}
 	tw.Flush()
+	printKVCost(w, out)
 	if g := growth; g != nil {
 		fmt.Fprintf(w, "\ngets during the load (stale-ok, 1 goroutine, per %v; the index grows from empty):\n", time.Duration(g.IntervalNS))
 		fmt.Fprintf(w, "  rdmakv: before %s/s; during: slowest %s/s (dip %.2fx), median %s/s; slowest with a migration %s/s, without %s/s; generations: %d, intervals: %d; load %s puts/s; p50 %s p99 %s\n",
@@ -1465,4 +1729,29 @@ func printKVTable(w io.Writer, out []kvRow, o *kvFlags, haveRedis bool) {
 			fmt.Fprintf(w, "  redis: used_memory growth %.1f B, RSS growth %.1f B per record\n", m.BaselineBytesPerRecord, m.BaselineRSSBytesPerRecord)
 		}
 	}
+}
+
+// printKVCost prints the get and put rows' cost per op.
+func printKVCost(w io.Writer, out []kvRow) {
+	var rows []*kvRow
+	for i := range out {
+		if out[i].ClientAllocsPerOp != nil {
+			rows = append(rows, &out[i])
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\ncost per op (client = this process, replicas = their process; over every op of the measurement, warm-up included):\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tconsistency\tthreads\tops\tclient allocs\tclient wake-ups\treplicas wake-ups\tclient cpu µs\treplicas cpu µs\tcpu µs\t")
+	for _, r := range rows {
+		cons := r.Consistency
+		if cons == "" {
+			cons = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t\n", r.Op, cons, r.Threads, r.CostOps,
+			*r.ClientAllocsPerOp, *r.ClientWakeupsPerOp, *r.ServerWakeupsPerOp, *r.ClientCPUUSPerOp, *r.ServerCPUUSPerOp, *r.CPUUSPerOp)
+	}
+	tw.Flush()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -88,7 +89,11 @@ func TestKVQuickJSON(t *testing.T) {
 			t.Errorf("no row %s; have %v", name, keys(rows))
 			continue
 		}
-		positive(t, r, "ops_per_s", "p50_ns", "p99_ns")
+		positive(t, r, "ops_per_s", "p50_ns", "p99_ns", "cost_ops")
+		nonNegative(t, r, kvCostFields...)
+		if r["replicas"] != "kvbench-child" || r["groups"] != float64(1) {
+			t.Errorf("row %s: replicas %v, groups %v; want kvbench-child, 1", name, r["replicas"], r["groups"])
+		}
 		if redisErr == nil {
 			positive(t, r, "baseline_ops_per_s", "baseline_p50_ns", "ratio_ops", "ratio_p50")
 			if r["baseline"] != "redis" {
@@ -137,4 +142,111 @@ func TestKVQuickJSON(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// kvCostFields are the cost-per-op keys of every get and put row.
+var kvCostFields = []string{"client_allocs_per_op", "client_wakeups_per_op", "server_wakeups_per_op",
+	"client_nonvoluntary_per_op", "server_nonvoluntary_per_op",
+	"client_cpu_us_per_op", "server_cpu_us_per_op", "cpu_us_per_op"}
+
+// nonNegative checks that each key is a number >= 0 (a cost per op can be
+// 0: CPU time is counted in 10 ms ticks).
+func nonNegative(t *testing.T, row map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if v, ok := row[k].(float64); !ok || v < 0 {
+			t.Errorf("row %v: %q = %v, want a number >= 0", row, k, row[k])
+		}
+	}
+}
+
+// TestKVEmbeddedJSON runs kvbench kv --embedded briefly: it builds
+// kvserver, runs it as the embedded cluster (2 groups x 3 replicas in one
+// process) and puts through a client that opened kvserver's map file. It
+// checks the JSON's shape, not the figures: exactly a put row at 1 and at
+// --put-threads goroutines, each with its latencies, ops/s, the placement
+// and the cost per op (client allocations, wake-ups and CPU of both
+// processes); afterwards neither a process, the work directory nor a file
+// of the cluster is left.
+func TestKVEmbeddedJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kvserver and runs it")
+	}
+	args := []string{"kv", "--embedded", "--quick", "--json", "--records", "2000", "--duration", "1ms",
+		"--retries", "0", "--put-threads", "4", "--redis-server", ""}
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	}
+	rows := map[string]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		rows[fmt.Sprintf("%v/%v/%v", obj["op"], obj["consistency"], obj["threads"])] = obj
+	}
+	if got := keys(rows); strings.Join(got, " ") != "put//1 put//4" {
+		t.Fatalf("rows %v, want put//1 and put//4 only; stdout:\n%s", got, stdout.String())
+	}
+	for name, r := range rows {
+		if r["bench"] != "kv" || r["replicas"] != "embedded-kvserver" || r["groups"] != float64(2) || r["records"] != float64(2000) {
+			t.Errorf("row %s: bench %v, replicas %v, groups %v, records %v; want kv, embedded-kvserver, 2, 2000",
+				name, r["bench"], r["replicas"], r["groups"], r["records"])
+		}
+		positive(t, r, "ops_per_s", "p50_ns", "p99_ns", "cost_ops")
+		nonNegative(t, r, kvCostFields...)
+		if _, ok := r["baseline_ops_per_s"]; !ok {
+			t.Errorf("row %s lacks baseline_ops_per_s", name)
+		}
+	}
+	// kvserver is gone, and so is everything of the run's cluster.
+	if pid := regexp.MustCompile(`in process (\d+)`).FindStringSubmatch(stderr.String()); pid == nil {
+		t.Errorf("stderr names no kvserver process:\n%s", stderr.String())
+	} else if _, err := os.Stat("/proc/" + pid[1] + "/status"); err == nil {
+		t.Errorf("kvserver (process %s) still runs", pid[1])
+	}
+	where := regexp.MustCompile(`cluster (\S+) in (\S+)`).FindStringSubmatch(stderr.String())
+	if where == nil {
+		t.Fatalf("stderr names no cluster:\n%s", stderr.String())
+	}
+	if _, err := os.Stat(where[2]); !os.IsNotExist(err) {
+		t.Errorf("work directory %s still there (%v)", where[2], err)
+	}
+	filepath.WalkDir("/dev/shm", func(p string, d fs.DirEntry, err error) error {
+		if err == nil && strings.Contains(d.Name(), where[1]) {
+			t.Errorf("left in /dev/shm: %s", p)
+		}
+		return nil
+	})
+}
+
+// TestKVRowsFlags: --rows selects measurements; --embedded defaults to the
+// put rows and 100 k records and refuses the rows that need kvbench's own
+// replicas' process; --groups and --kvserver need --embedded.
+func TestKVRowsFlags(t *testing.T) {
+	o, err := parseKVFlags([]string{}, io.Discard)
+	if err != nil || strings.Join(o.rows, ",") != "growth,memory,get,put" || o.embedded || o.records != 1000000 {
+		t.Errorf("no flags: rows %v, embedded %v, records %d, %v; want every row, not embedded, 1000000", o.rows, o.embedded, o.records, err)
+	}
+	o, err = parseKVFlags([]string{"--embedded"}, io.Discard)
+	if err != nil || strings.Join(o.rows, ",") != "put" || o.groups != 2 || o.records != 100000 {
+		t.Errorf("--embedded: rows %v, groups %d, records %d, %v; want put, 2, 100000", o.rows, o.groups, o.records, err)
+	}
+	o, err = parseKVFlags([]string{"--embedded", "--rows", "put,get,put", "--groups", "1", "--records", "5000"}, io.Discard)
+	if err != nil || strings.Join(o.rows, ",") != "put,get" || o.groups != 1 || o.records != 5000 {
+		t.Errorf("--embedded --rows put,get,put --groups 1: rows %v, groups %d, records %d, %v", o.rows, o.groups, o.records, err)
+	}
+	for _, args := range [][]string{
+		{"--rows", "gets"},
+		{"--embedded", "--rows", "put,memory"},
+		{"--embedded", "--rows", "growth"},
+		{"--groups", "2"},
+		{"--kvserver", "/bin/true"},
+		{"--embedded", "--groups", "0"},
+	} {
+		if _, err := parseKVFlags(args, io.Discard); err == nil {
+			t.Errorf("kv %v: no error", args)
+		}
+	}
 }

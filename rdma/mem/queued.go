@@ -188,6 +188,31 @@ func (c *Conn) LandPrefix(n int) bool {
 	return err == nil
 }
 
+// PeekHead performs the oldest pending op, if it is a read of len(dst)
+// bytes, into dst instead of its own buffer, and leaves it queued: dst
+// holds what the read would return now, and a later Land performs it for
+// real. The simulator uses it to let a read see the target's memory from
+// two moments (sim Options.ReadOverlap). It reports whether it read;
+// permission and bounds are checked as for Land.
+func (c *Conn) PeekHead(dst []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.q.flush != nil || c.q.pending.len() == 0 {
+		return false
+	}
+	wr := *c.q.pending.at(0)
+	if wr.Kind != rdma.OpRead || len(dst) != len(wr.Buf) || c.to.Closed() {
+		return false
+	}
+	r := c.to.region(wr.Region)
+	if r == nil {
+		return false
+	}
+	wr.Buf = dst
+	_, err := r.Apply(c.from.id, &wr)
+	return err == nil
+}
+
 // Complete returns the oldest landed op's completion to the initiator
 // (queued mode): it is pushed to the completion queue if the op was
 // signaled or failed. It returns the completion, whether it was pushed, and

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// --embedded: the replicas are the real kvserver binary in its embedded
+// mode (no --config: every replica of groups x 3 on shm in one process,
+// what `make run` starts), and the client opens the map file kvserver
+// writes, as a user's program does (client.Open with WithMapFile).
+
+// kvserverPkg is the package --embedded builds when --kvserver is not
+// given.
+const kvserverPkg = "github.com/rdmakv/rdmakv/cmd/kvserver"
+
+// buildKVServer builds kvserver into dir with the go command (from the
+// module kvbench runs in: `go run ./cmd/kvbench` in the repository) and
+// returns its path.
+func buildKVServer(dir string) (string, error) {
+	bin := filepath.Join(dir, "kvserver")
+	out, err := exec.Command("go", "build", "-o", bin, kvserverPkg).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build %s: %v: %s (give a built binary with --kvserver)", kvserverPkg, err, strings.TrimSpace(string(out)))
+	}
+	return bin, nil
+}
+
+// kvserverProc is a running embedded kvserver.
+type kvserverProc struct {
+	cmd     *exec.Cmd
+	mapFile string
+	exited  chan struct{} // closed once its stdout ended
+}
+
+// startKVServer runs bin as an embedded cluster of groups x 3 replicas
+// named name, with its shm files in shmDir and its map (and the map's
+// lock) in shmDir too, and waits until it says it is up.
+func startKVServer(bin, shmDir, name string, groups int, et time.Duration) (*kvserverProc, error) {
+	mapFile := filepath.Join(shmDir, name+".map.json")
+	cmd := exec.Command(bin, "--groups", strconv.Itoa(groups), "--replicas", "3", "--name", name,
+		"--map", mapFile, "--shm-dir", shmDir, "--control", "-", "--election-timeout", et.String())
+	if err := childCmd(cmd); err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	p := &kvserverProc{cmd: cmd, mapFile: mapFile, exited: make(chan struct{})}
+	up := make(chan string, 1)
+	go func() {
+		defer close(p.exited)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), " is up in ") {
+				up <- sc.Text()
+				break
+			}
+		}
+		select {
+		case up <- "": // it ended before it was up
+		default:
+		}
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case line := <-up:
+		if line == "" {
+			p.kill()
+			return nil, fmt.Errorf("%s exited before its cluster was up", bin)
+		}
+	case <-time.After(60 * time.Second):
+		p.kill()
+		return nil, fmt.Errorf("%s: its cluster was not up in 60 s", bin)
+	case <-runCtx.Done():
+		p.kill()
+		return nil, errStopping
+	}
+	return p, nil
+}
+
+func (p *kvserverProc) pid() int { return p.cmd.Process.Pid }
+
+// close stops kvserver as Ctrl-C does (SIGINT: it removes its shm files,
+// map and lock), killing it if it has not exited in 10 s.
+func (p *kvserverProc) close() error {
+	p.cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() {
+		<-p.exited
+		done <- p.cmd.Wait()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("kvserver: %w", err)
+		}
+		return nil
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+		return errors.New("kvserver did not exit in 10 s of SIGINT; killed")
+	}
+}
+
+func (p *kvserverProc) kill() {
+	p.cmd.Process.Kill()
+	<-p.exited
+	p.cmd.Wait()
+}
