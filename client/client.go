@@ -97,6 +97,7 @@ type options struct {
 	backoffMax  time.Duration
 	configFile  string
 	seed        string
+	degraded    bool
 }
 
 // WithMap uses the cluster map m.
@@ -140,6 +141,14 @@ func WithBackoff(min, max time.Duration) Option {
 	return func(o *options) { o.backoffMin, o.backoffMax = min, max }
 }
 
+// WithDegradedOpen makes Open return once the groups that have a leader
+// registered the client (waiting at most a second for the others), and
+// succeed even if no group did: for tools that report a degraded
+// cluster's state (Status reads the replicas' headers and needs no group
+// to register the client). Calls to a group that has not registered fail
+// with *UnavailableError until it does.
+func WithDegradedOpen() Option { return func(o *options) { o.degraded = true } }
+
 // DefaultMapFile is where a local cluster's map is found when no map is
 // given (kvserver with no arguments writes it).
 const DefaultMapFile = "/tmp/rdmakv/cluster.json"
@@ -151,7 +160,7 @@ type Client struct {
 	tree     *tree.Tree
 	node     rdma.Node
 	own      bool
-	runner   *multicast.ClientRunner
+	runner   mcRunner
 	pools    []readerPool
 	comb     combiner
 	slotLock *os.File        // the claimed slot's lock file (shm clusters), closed by Close
@@ -163,6 +172,11 @@ type Client struct {
 	// knownTab is the highest entry index seen per group.
 	knownTab []atomic.Uint64
 
+	// down: why each group that had not registered the client when Open
+	// returned has no leader (the error of its calls until it registers).
+	downMu sync.Mutex
+	down   map[uint32]string
+
 	// life: calls hold it shared, Close exclusively (to wait for them).
 	life   sync.RWMutex
 	closed atomic.Bool
@@ -170,8 +184,17 @@ type Client struct {
 }
 
 // Open connects to a cluster: it opens the client's rdma node (unless
-// WithNode), registers with every group (which needs each group to have a
-// leader), and is ready for calls.
+// WithNode), registers with every group, and is ready for calls.
+//
+// Registering with a group needs the group to have a leader. Open waits
+// for every group until ctx (or the WithTimeout bound) ends, but not for a
+// group that cannot elect one (a majority of its replicas unreachable);
+// it then serves the groups that registered it, and a call to another
+// group fails at once with *UnavailableError saying why (the client keeps
+// registering in the background: once the group has a leader again, its
+// calls work). Open fails if no group registered it, and fails at once,
+// with an error wrapping tcp.ErrAuth, if a replica refuses the client's
+// cluster secret.
 func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	o := options{slot: -1, timeout: 10 * time.Second, backoffMin: 100 * time.Microsecond, backoffMax: 50 * time.Millisecond}
 	for _, f := range opts {
@@ -243,7 +266,7 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("rdmakv: open: node %d is not client slot %d's node %d", c.node.ID(), o.slot, id)
 	}
 	c.knownTab = make([]atomic.Uint64, len(m.Groups))
-	c.comb = combiner{c: c, queued: make([][]*pendingOp, len(m.Groups))}
+	c.comb = combiner{c: c, queued: make([][]*pendingOp, len(m.Groups)), inflight: make([]int, len(m.Groups))}
 	c.life0, c.cancel0 = context.WithCancel(context.Background())
 	c.pools = make([]readerPool, len(m.Groups))
 	octx := ctx
@@ -253,16 +276,22 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		defer cancel()
 	}
 	c.inc = uint64(time.Now().UnixNano())
-	c.runner, err = multicast.StartClient(octx, multicast.ClientConfig{
+	r, err := multicast.StartClientAsync(multicast.ClientConfig{
 		Slot: uint32(o.slot), Inc: c.inc, Tree: t, Members: m.Groups,
 		ClientSlots: m.Limits.ClientSlots, SlotSize: m.Limits.SlotSize, MaxResult: cluster.MaxResult,
 	}, c.node)
+	if err == nil {
+		c.runner = mcRunner{ClientRunner: r, c: c}
+		if err = c.register(octx); err != nil {
+			r.Close()
+		}
+	}
 	if err != nil {
 		c.cancel0()
 		if c.own {
 			c.node.Close()
 		}
-		return nil, fmt.Errorf("rdmakv: open: register with the cluster's groups: %w", err)
+		return nil, fmt.Errorf("rdmakv: open: %w", err)
 	}
 	opened = true
 	c.slotLock = slotLock

@@ -12,14 +12,16 @@ import (
 	"github.com/rdmakv/rdmakv/multicast/tree"
 )
 
-// Write combining. A client has a window of ClientSlots messages in flight.
-// A single-key write (Put, Delete, a compare-and-swap) that finds the
-// window open and nobody queued for its group goes out at once, alone. When
-// the window is full, writes queue per group; each message that completes
-// sends the next group's queue as one multi request (kv.AppendMulti: up to
-// kv.MaxMulti independent ops, each with its own condition and result).
-// Under load, one ordered message thus carries many writes, and no write
-// waits longer than one message's round trip behind the window.
+// Write combining. A client has a window of ClientSlots messages in flight
+// per group. A single-key write (Put, Delete, a compare-and-swap) that
+// finds its group's window open and nobody queued for its group goes out
+// at once, alone. When the window is full, writes queue per group; each
+// message of the group that completes sends the group's queue as one multi
+// request (kv.AppendMulti: up to kv.MaxMulti independent ops, each with its
+// own condition and result). Under load, one ordered message thus carries
+// many writes, and no write waits longer than one message's round trip
+// behind the window. The windows are per group so that a group that does
+// not answer holds only its own writes.
 
 type pendingOp struct {
 	op    kv.Op
@@ -34,9 +36,8 @@ type pendingOp struct {
 type combiner struct {
 	c        *Client
 	mu       sync.Mutex
-	inflight int
+	inflight []int          // per group: messages under way
 	queued   [][]*pendingOp // per group
-	next     int            // round-robin over groups
 
 	messages, ops atomic.Uint64
 }
@@ -60,11 +61,11 @@ func (c *Client) combine(ctx context.Context, op kv.Op) (kv.Result, uint64, erro
 	cb := &c.comb
 	p := &pendingOp{op: op, g: c.m.GroupOf(op.Key), done: make(chan struct{})}
 	cb.mu.Lock()
-	if cb.inflight < c.m.Limits.ClientSlots && len(cb.queued[p.g]) == 0 {
+	if cb.inflight[p.g] < c.m.Limits.ClientSlots && len(cb.queued[p.g]) == 0 {
 		// Alone: sent on the caller's goroutine, under the caller's
 		// context (if it ends, the runner keeps the message going and
 		// the caller learns ErrOutcomeUnknown).
-		cb.inflight++
+		cb.inflight[p.g]++
 		p.sent = true
 		cb.mu.Unlock()
 		cb.send(ctx, p.g, []*pendingOp{p})
@@ -158,27 +159,16 @@ func (cb *combiner) send(ctx context.Context, g uint32, batch []*pendingOp) {
 		}
 		close(p.done)
 	}
-	// Take the next group's queue (round-robin), or give the slot back.
+	// Take the group's queue, or give the group's slot back.
 	cb.mu.Lock()
-	var ng uint32
-	var nb []*pendingOp
-	for k := range len(cb.queued) {
-		gg := (cb.next + k) % len(cb.queued)
-		q := cb.queued[gg]
-		if len(q) == 0 {
-			continue
-		}
-		nb, ng = cb.take(uint32(gg)), uint32(gg)
-		cb.next = gg + 1
-		break
-	}
-	if nb == nil {
-		cb.inflight--
+	if len(cb.queued[g]) == 0 {
+		cb.inflight[g]--
 		cb.mu.Unlock()
 		return
 	}
+	nb := cb.take(g)
 	cb.mu.Unlock()
-	go cb.send(c.life0, ng, nb)
+	go cb.send(c.life0, g, nb)
 }
 
 // take removes up to kv.MaxMulti ops of group g's queue that fit one

@@ -50,7 +50,7 @@ func loadRemote(ctx context.Context, o *options) (*cluster.Map, error) {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("seed %s: %w", o.seed, err)
+		return nil, &seedError{seed: o.seed, err: err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -99,3 +99,14 @@ func claimTCPSlot(m *cluster.Map, secret []byte) (int, rdma.Node, error) {
 	}
 	return 0, nil, fmt.Errorf("all %d client slots of this host are in use", inUse)
 }
+
+// seedError: the seed's control port did not answer (the cluster, or this
+// replica of it, is unavailable).
+type seedError struct {
+	seed string
+	err  error
+}
+
+func (e *seedError) Error() string { return fmt.Sprintf("seed %s unreachable: %v", e.seed, e.err) }
+
+func (e *seedError) Unwrap() []error { return []error{ErrUnavailable, e.err} }

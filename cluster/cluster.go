@@ -60,8 +60,8 @@ type Limits struct {
 	// (its keys and values, encoded) larger than one slot is sent in
 	// parts. Default 4096.
 	SlotSize int `json:"slot_size,omitempty" toml:"slot_size"`
-	// ClientSlots is how many requests a client may have outstanding
-	// (default 8).
+	// ClientSlots is how many requests a client may have outstanding to
+	// each group (default 8).
 	ClientSlots int `json:"client_slots,omitempty" toml:"client_slots"`
 	// MaxBatch bounds the operations of a batch (default 1024).
 	MaxBatch int `json:"max_batch,omitempty" toml:"max_batch"`

@@ -96,8 +96,10 @@ func TestSimTornMutants(t *testing.T) {
 		{"no-record-check", testingKnobs{noRecordCheck: true}, 0, 20, false},
 		{"any-version", testingKnobs{anyVersion: true}, 0, 20, true},
 		// A get must be under way at a replica while it migrates the
-		// key's own bucket: about one seed in 15 (docs/kv.md).
-		{"moved-first", testingKnobs{movedFirst: true}, 1, 40, false},
+		// key's own bucket: about one seed in 15 (docs/kv.md). Which
+		// seeds do moves with any change of schedule (the first was 66
+		// once the multicast client's window became per group): 150.
+		{"moved-first", testingKnobs{movedFirst: true}, 1, 150, false},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			if raceEnabled {

@@ -73,6 +73,14 @@ var (
 // on every replica of lca(dst)) and collects the replies that the
 // destination groups' leaders write into its own reply region. It is a
 // polled state machine: call Multicast and Poll from one goroutine.
+//
+// Groups are isolated: the window is per group (ClientSlots messages to
+// each group may be outstanding), so messages that a dead group never
+// answers hold only that group's ring and reply slots, and messages to
+// the other groups go on. A message's sequence number is the lowest one
+// above the last used whose reply slot (seq mod ClientSlots) is free in
+// every destination group: numbers are skipped, never reused, so they
+// still grow (the replicas' exactly-once table keeps the highest).
 type Client struct {
 	cfg   ClientConfig
 	node  rdma.Node
@@ -89,7 +97,10 @@ type Client struct {
 	seq   uint64
 	pos   []uint64   // per group: last ring position written
 	busy  [][]uint64 // per group, per ring slot: seq occupying it (0 free)
-	calls []call     // by seq mod ClientSlots
+	rbusy [][]uint64 // per group, per reply slot (seq mod ClientSlots): seq occupying it (0 free)
+	calls []call     // Groups x ClientSlots: each group has at most ClientSlots outstanding
+	act   []int      // indexes in calls of the outstanding messages
+	free  []int      // indexes in calls not in use
 	retry uint64     // our retry counter (the header's retry word)
 	out   int
 	rs    int // reply slot size
@@ -112,6 +123,8 @@ type call struct {
 	rbuf    []byte // the replies' results, in arrival order
 	rends   []int  // end of each reply's result in rbuf
 	retries int
+	ring    bool // it holds its lca's ring slot (no reply yet)
+	gone    bool // abandoned: dropped once it holds no ring slot
 }
 
 // NewClient creates a client on node: it registers its reply region and
@@ -166,9 +179,13 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 		}
 		c.peers = append(c.peers, ps)
 		c.busy = append(c.busy, make([]uint64, cfg.ClientSlots))
+		c.rbusy = append(c.rbusy, make([]uint64, cfg.ClientSlots))
 	}
 	c.pos = make([]uint64, ng)
-	c.calls = make([]call, cfg.ClientSlots)
+	c.calls = make([]call, ng*cfg.ClientSlots)
+	for i := len(c.calls) - 1; i >= 0; i-- {
+		c.free = append(c.free, i)
+	}
 	c.buf = make([]byte, cfg.SlotSize)
 	c.rbuf = make([]byte, c.rs)
 	c.helloWait = cfg.RetryAfter
@@ -178,15 +195,45 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 // Ready reports whether every group registered this incarnation.
 func (c *Client) Ready() bool { return c.ready == c.cfg.Tree.All() }
 
+// Registered is the set of groups that registered this incarnation; a
+// message may go to these (its lca and every destination registered).
+func (c *Client) Registered() tree.Set { return c.ready }
+
 // Outstanding is the number of messages waiting for replies.
 func (c *Client) Outstanding() int { return c.out }
 
-// Window is the number of messages the client may have outstanding.
+// Window is the number of messages the client may have outstanding to
+// each group.
 func (c *Client) Window() int { return c.cfg.ClientSlots }
 
-// NextID is the id the next successful Multicast gives its message (an
-// application may embed it in the payload).
-func (c *Client) NextID() MsgID { return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: c.seq + 1} }
+// NextID is the id the next successful Multicast to dst gives its message
+// (an application may embed it in the payload).
+func (c *Client) NextID(dst tree.Set) MsgID {
+	seq, _ := c.nextSeq(dst)
+	return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: seq}
+}
+
+// nextSeq is the lowest sequence number above the last used whose reply
+// slot is free in every group of dst; false if none is (the window of a
+// group of dst is full).
+func (c *Client) nextSeq(dst tree.Set) (uint64, bool) {
+	w := uint64(c.cfg.ClientSlots)
+	for seq := c.seq + 1; seq <= c.seq+w; seq++ {
+		free := true
+		for s := dst; !s.Empty(); {
+			g, _ := s.Min()
+			s = s.Remove(g)
+			if int(g) < len(c.rbusy) && c.rbusy[g][seq%w] != 0 {
+				free = false
+				break
+			}
+		}
+		if free {
+			return seq, true
+		}
+	}
+	return c.seq + 1, false
+}
 
 // Slot is the client's slot.
 func (c *Client) Slot() uint32 { return c.cfg.Slot }
@@ -204,9 +251,6 @@ func (c *Client) Close() error {
 // Multicast writes payload to dst's lca (TRAM Alg. 1) and returns the
 // message's id; its Outcome arrives through OnDone. payload is copied.
 func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
-	if !c.Ready() {
-		return MsgID{}, ErrNotReady
-	}
 	if len(payload) > maxPayload(c.cfg.SlotSize) {
 		return MsgID{}, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(payload), maxPayload(c.cfg.SlotSize))
 	}
@@ -214,16 +258,27 @@ func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
 	if err != nil {
 		return MsgID{}, fmt.Errorf("%w: %v", ErrDestination, err)
 	}
+	if need := dst.Add(lca); need&^c.ready != 0 {
+		return MsgID{}, fmt.Errorf("%w: groups %v have not registered it", ErrNotReady, need&^c.ready)
+	}
 	w := uint64(c.cfg.ClientSlots)
-	seq := c.seq + 1
+	seq, ok := c.nextSeq(dst)
 	pos := c.pos[lca] + 1
-	if c.calls[seq%w].seq != 0 || c.busy[lca][pos%w] != 0 {
+	if !ok || c.busy[lca][pos%w] != 0 || len(c.free) == 0 {
 		return MsgID{}, ErrWindowFull
 	}
 	c.seq, c.pos[lca] = seq, pos
 	c.busy[lca][pos%w] = seq
-	k := &c.calls[seq%w]
-	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, payload: append(k.payload[:0], payload...),
+	for s := dst; !s.Empty(); {
+		g, _ := s.Min()
+		s = s.Remove(g)
+		c.rbusy[g][seq%w] = seq
+	}
+	i := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	c.act = append(c.act, i)
+	k := &c.calls[i]
+	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, ring: true, payload: append(k.payload[:0], payload...),
 		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0], rbuf: k.rbuf[:0], rends: k.rends[:0]}
 	c.out++
 	c.send(k)
@@ -284,10 +339,8 @@ func (c *Client) NextDeadline() time.Duration {
 	if !c.Ready() {
 		d = min(d, c.helloAt)
 	}
-	for i := range c.calls {
-		if c.calls[i].seq != 0 {
-			d = min(d, c.calls[i].retryAt)
-		}
+	for _, i := range c.act {
+		d = min(d, c.calls[i].retryAt)
 	}
 	return d
 }
@@ -310,24 +363,20 @@ func (c *Client) Poll(now time.Duration) bool {
 	if !c.Ready() {
 		helloOff := ng * w * c.rs
 		for g := range ng {
-			if rdma.Load64(mem, helloOff+g*8) == c.cfg.Inc {
+			if !c.ready.Has(tree.Group(g)) && rdma.Load64(mem, helloOff+g*8) == c.cfg.Inc {
 				c.ready = c.ready.Add(tree.Group(g))
+				progress = true
 			}
 		}
-		if c.Ready() {
-			progress = true
-		} else if now >= c.helloAt {
+		if !c.Ready() && now >= c.helloAt {
 			missing := c.cfg.Tree.All() &^ c.ready
 			c.hello(missing)
 			c.helloAt = now + c.helloWait
 			c.helloWait = min(2*c.helloWait, 20*c.cfg.RetryAfter)
 		}
 	}
-	for i := range c.calls {
-		k := &c.calls[i]
-		if k.seq == 0 {
-			continue
-		}
+	for j := 0; j < len(c.act); j++ {
+		k := &c.calls[c.act[j]]
 		for missing := k.dst &^ k.got; !missing.Empty(); {
 			g, _ := missing.Min()
 			missing = missing.Remove(g)
@@ -341,6 +390,10 @@ func (c *Client) Poll(now time.Duration) bool {
 				continue
 			}
 			k.got = k.got.Add(g)
+			c.freeReply(g, k.seq)
+			if k.ring {
+				c.ordered(k)
+			}
 			// the result bytes go to the call's buffer (Result is set in
 			// complete: the buffer may grow until then), nothing allocated
 			// once the buffers reached their size
@@ -349,12 +402,23 @@ func (c *Client) Poll(now time.Duration) bool {
 			k.replies = append(k.replies, Reply{Group: g, Index: rp.index, Truncated: rp.flags&replyTruncated != 0})
 			progress = true
 		}
-		if k.got == k.dst {
+		if k.got == k.dst || k.gone && !k.ring {
+			// complete may not touch act: the slot leaves it here
+			i := c.act[j]
+			c.act[j] = c.act[len(c.act)-1]
+			c.act = c.act[:len(c.act)-1]
+			j--
 			c.complete(k)
+			c.free = append(c.free, i)
+			progress = true
 			continue
 		}
 		if now >= k.retryAt {
-			c.send(k)
+			if k.ring {
+				// (once a reply showed the lca ordered it, its ring slot
+				// may hold a later message: only the replies are asked for)
+				c.send(k)
+			}
 			c.askAgain(k.dst &^ k.got)
 			k.retries++
 			k.wait = min(2*k.wait, 20*c.cfg.RetryAfter)
@@ -365,9 +429,79 @@ func (c *Client) Poll(now time.Duration) bool {
 	return progress
 }
 
-func (c *Client) complete(k *call) {
+// freeReply frees group g's reply slot of message seq.
+func (c *Client) freeReply(g tree.Group, seq uint64) {
 	w := uint64(c.cfg.ClientSlots)
-	c.busy[k.lca][k.pos%w] = 0
+	if c.rbusy[g][seq%w] == seq {
+		c.rbusy[g][seq%w] = 0
+	}
+}
+
+// freeRing frees k's slot in its lca's ring.
+func (c *Client) freeRing(k *call) {
+	if k.ring {
+		k.ring = false
+		c.busy[k.lca][k.pos%uint64(c.cfg.ClientSlots)] = 0
+	}
+}
+
+// ordered frees the ring slots of k and of every earlier message of its
+// lca's ring: k has a reply, so the lca committed it, and a group consumes
+// its client rings strictly in position order. (An abandoned message whose
+// replies were lost, its reply slots taken by later messages, thus leaves
+// once a later message of the same lca has a reply.)
+func (c *Client) ordered(k *call) {
+	for _, i := range c.act {
+		if o := &c.calls[i]; o.ring && o.lca == k.lca && o.pos <= k.pos {
+			c.freeRing(o)
+		}
+	}
+}
+
+// Abandon says that nobody waits for message id's outcome any more (its
+// caller gave up): it no longer holds reply slots of the groups that have
+// not answered, so that a group that does not answer (a dead lca, which
+// never forwards it) holds back only its own messages. It stays only
+// while it holds its lca's ring slot (until a reply shows the lca
+// committed it; if the lca is a destination, its reply slot there stays
+// reserved for that reply), and then leaves without OnDone. A later
+// message may take a freed reply slot: it has a higher seq, so the
+// replicas' exactly-once table keeps its reply and drops the abandoned
+// one's, and the message is still delivered once.
+func (c *Client) Abandon(id MsgID) {
+	if id.Client != c.cfg.Slot || id.Inc != c.cfg.Inc {
+		return
+	}
+	for _, i := range c.act {
+		k := &c.calls[i]
+		if k.seq != id.Seq || k.gone {
+			continue
+		}
+		k.gone = true
+		for s := k.dst &^ k.got; !s.Empty(); {
+			g, _ := s.Min()
+			s = s.Remove(g)
+			if g != k.lca || !k.ring {
+				c.freeReply(g, k.seq)
+			}
+		}
+		return
+	}
+}
+
+// complete ends k: OnDone with its outcome unless it was abandoned.
+func (c *Client) complete(k *call) {
+	c.freeRing(k)
+	for s := k.dst; !s.Empty(); {
+		g, _ := s.Min()
+		s = s.Remove(g)
+		c.freeReply(g, k.seq)
+	}
+	if k.gone {
+		k.seq = 0
+		c.out--
+		return
+	}
 	start := 0
 	for i := range k.replies {
 		k.replies[i].Result = k.rbuf[start:k.rends[i]:k.rends[i]]
@@ -388,6 +522,29 @@ func sortReplies(rs []Reply) {
 			rs[j], rs[j-1] = rs[j-1], rs[j]
 		}
 	}
+}
+
+// failures counts the failures of the client's Conns.
+func (c *Client) failures() uint64 {
+	n := uint64(0)
+	for _, ps := range c.peers {
+		for _, p := range ps {
+			n += p.fails
+		}
+	}
+	return n
+}
+
+// peerErrList appends each failed Conn's last failure to out.
+func (c *Client) peerErrList(out []PeerError) []PeerError {
+	for g, ps := range c.peers {
+		for _, p := range ps {
+			if p.err != nil {
+				out = append(out, PeerError{Group: tree.Group(g), Node: p.id, Err: p.err})
+			}
+		}
+	}
+	return out
 }
 
 // peerErrors describes the last failure of each Conn that failed, for an

@@ -34,7 +34,8 @@ type peer struct {
 	cs         [32]rdma.Completion
 
 	dropped uint64
-	err     error // the last failure, for status
+	err     error  // the last failure, for status
+	fails   uint64 // failures so far
 }
 
 type opEnd struct {
@@ -71,6 +72,7 @@ func (p *peer) up(now time.Duration) bool {
 
 func (p *peer) fail(now time.Duration, err error) {
 	p.err = err
+	p.fails++
 	if p.conn != nil {
 		p.conn.Close()
 		p.conn = nil

@@ -153,6 +153,11 @@ type mcOpts struct {
 	isolate     int
 	clientCrash bool // clients crash and restart with a new incarnation
 	slowGroups  bool // slow every replica of a random group at once
+	// abandon: clients abandon a third of their messages (Client.Abandon,
+	// as a caller that gives up) up to 2 ms after sending them; those need
+	// no reply (they must still be delivered exactly once if at all, and
+	// must leave the client: it converges).
+	abandon bool
 
 	// calm: no fault at all, so no write is ever lost and nothing may be
 	// retransmitted or retried (idle gaps longer than RetransmitAfter
@@ -262,12 +267,18 @@ func (p *repProc) Step(now time.Duration) bool {
 }
 
 type cliProc struct {
-	h      *mcRun
-	env    *sim.Env
-	c      *Client
-	slot   uint32
-	issued int
-	next   time.Duration
+	h        *mcRun
+	env      *sim.Env
+	c        *Client
+	slot     uint32
+	issued   int
+	next     time.Duration
+	abandons []abandonAt
+}
+
+type abandonAt struct {
+	id MsgID
+	at time.Duration
 }
 
 func (p *cliProc) Start(env *sim.Env) error {
@@ -301,10 +312,19 @@ func (p *cliProc) Start(env *sim.Env) error {
 
 func (p *cliProc) Step(now time.Duration) bool {
 	h := p.h
+	keep := p.abandons[:0]
+	for _, a := range p.abandons {
+		if now >= a.at {
+			p.c.Abandon(a.id)
+		} else {
+			keep = append(keep, a)
+		}
+	}
+	p.abandons = keep
 	progress := p.c.Poll(now)
 	for p.c.Ready() && p.issued < h.o.msgs && now < h.o.until && now >= p.next && p.c.Outstanding() < p.c.Window() {
 		dst := h.randomDst()
-		id := p.c.NextID()
+		id := p.c.NextID(dst)
 		if _, err := p.c.Multicast(dst, msgPayload(id, h.o.size)); err != nil {
 			if errors.Is(err, ErrWindowFull) {
 				break
@@ -315,12 +335,18 @@ func (p *cliProc) Step(now time.Duration) bool {
 		if err := h.chk.Multicast(checkID(id), uint64(dst)); err != nil {
 			h.fail(err)
 		}
+		if h.o.abandon && p.env.Rand().IntN(3) == 0 {
+			p.abandons = append(p.abandons, abandonAt{id: id, at: now + time.Duration(p.env.Rand().Int64N(int64(2*time.Millisecond)))})
+		}
 		p.issued++
 		h.issued++
 		p.next = now + time.Duration(p.env.Rand().Int64N(int64(2*cmp.Or(h.o.gap, 250*time.Microsecond))))
 		progress = true
 	}
 	wake := p.c.NextDeadline()
+	for _, a := range p.abandons {
+		wake = min(wake, a.at)
+	}
 	if p.issued < h.o.msgs && now < h.o.until {
 		wake = min(wake, max(p.next, now+100*time.Microsecond))
 	}
@@ -654,7 +680,7 @@ func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
 		}
 	}
 	fo := mcheck.FinalOptions{Live: live}
-	if o.clientCrash {
+	if o.clientCrash || o.abandon {
 		fo.Completed = func(id mcheck.MsgID) bool { return h.completed[id] }
 	}
 	if err := h.chk.Final(fo); err != nil || convErr != nil {
@@ -737,6 +763,34 @@ func (h *mcRun) dump() string {
 		}
 	}
 	return b.String()
+}
+
+// TestSimAbandon runs clients that abandon a third of their messages
+// (callers that gave up), with replicas crashing and whole groups slowed:
+// the abandoned messages' reply slots are reused by later messages, and
+// every property must still hold, and every client must converge (an
+// abandoned message leaves once its lca ordered it).
+func TestSimAbandon(t *testing.T) {
+	flags := *simFlags
+	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
+		flags.Seeds = simSeeds / 3
+		if raceEnabled {
+			flags.Seeds = 4
+		}
+		if testing.Short() {
+			flags.Seeds /= 10
+		}
+	}
+	for _, shape := range []string{"breadth", "depth", "base"} {
+		t.Run(shape, func(t *testing.T) {
+			o := mcOpts{shape: shape, groups: 4, replicas: 3, clients: 3, msgs: 50, until: 60 * time.Millisecond,
+				crashes: true, slowGroups: true, abandon: true, gap: 100 * time.Microsecond}
+			flags.Run(t, func(sd sim.Seed) error {
+				_, err := runMC(sd.WithLog(t), o)
+				return err
+			})
+		})
+	}
 }
 
 // TestSimMutants plants one bug at a time and checks that the checker

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"net"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -296,6 +297,24 @@ func TestReadOps(t *testing.T) {
 		if _, err := readOps("stdin", strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "stdin, line 1") {
 			t.Errorf("readOps(%q): %v", bad, err)
 		}
+	}
+}
+
+// TestUnreachableSeed: a seed whose control port does not answer means the
+// cluster is unavailable: exit 4, as documented (it exited 5, "any other
+// error").
+func TestUnreachableSeed(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	var o, e bytes.Buffer
+	code := run([]string{"--history", "", "--seed", addr, "--timeout", "5s", "get", "k"}, strings.NewReader(""), &o, &e)
+	stderr := e.String()
+	if code != exitUnavailable || !strings.Contains(stderr, "seed "+addr+" unreachable") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("get with an unreachable seed: exit %d, stderr %q; want exit %d and one line saying the seed is unreachable", code, stderr, exitUnavailable)
 	}
 }
 

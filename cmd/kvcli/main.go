@@ -12,9 +12,9 @@
 //
 // With no --map, kvcli uses the map of the local cluster that kvserver
 // started with no arguments. Exit codes: 0 done, 1 key not found, 2 usage
-// error, 3 compare-and-swap mismatch, 4 cluster unavailable, timed out or
-// write outcome unknown, 5 any other error, 130 interrupted. docs/kvcli.md
-// is the user guide.
+// or config error (a wrong cluster secret), 3 compare-and-swap mismatch, 4
+// cluster unavailable, timed out or write outcome unknown, 5 any other
+// error, 130 interrupted. docs/kvcli.md is the user guide.
 package main
 
 import (
@@ -35,6 +35,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/internal/version"
+	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
 // Exit codes.
@@ -160,7 +161,10 @@ func (s *session) exec(ctx context.Context, words []string) int {
 		return s.usage(&usageError{msg: fmt.Sprintf("%s is a shell command (run kvcli with no command for the shell)", x.cmd.name)})
 	}
 	if x.cmd.cluster && s.c == nil {
-		if code := s.open(ctx, x.timeout); code != exitOK {
+		// status and leaders read the replicas' headers: they need no
+		// group to have a leader, and report the groups that have none.
+		degraded := x.cmd.name == "status" || x.cmd.name == "leaders"
+		if code := s.open(ctx, x.timeout, degraded); code != exitOK {
 			return code
 		}
 	}
@@ -234,10 +238,13 @@ func (s *session) where() string {
 }
 
 // open opens the session's client.
-func (s *session) open(ctx context.Context, timeout time.Duration) int {
+func (s *session) open(ctx context.Context, timeout time.Duration, degraded bool) int {
 	octx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	o := []client.Option{client.WithTimeout(timeout)}
+	if degraded {
+		o = append(o, client.WithDegradedOpen())
+	}
 	switch {
 	case s.config != "":
 		o = append(o, client.WithConfigFile(s.config))
@@ -259,6 +266,9 @@ func (s *session) open(ctx context.Context, timeout time.Duration) int {
 		if errors.Is(err, os.ErrNotExist) && s.config == "" && s.seed == "" {
 			fmt.Fprintf(s.stderr, "kvcli: no cluster map at %s: start a local cluster with `go run ./cmd/kvserver`, or give --map\n", s.mapFile)
 			return exitUnavailable
+		}
+		if errors.Is(err, tcp.ErrAuth) && s.secret != "" {
+			err = fmt.Errorf("%w (the secret of --secret-file %s)", err, s.secret)
 		}
 		return s.report(err)
 	}
@@ -329,6 +339,8 @@ func exitCode(err error) int {
 	case errors.Is(err, client.ErrEmptyKey), errors.Is(err, client.ErrKeyTooLarge),
 		errors.Is(err, client.ErrValueTooLarge), errors.Is(err, client.ErrBatchTooLarge):
 		return exitUsage
+	case errors.Is(err, tcp.ErrAuth), errors.Is(err, tcp.ErrVersion):
+		return exitUsage // the config is wrong: retrying cannot help
 	}
 	return exitError
 }

@@ -131,7 +131,7 @@ func (s *session) interactive() int {
 	// Connect at once, to say where to; a cluster that is not there yet
 	// is opened by the first command that needs it.
 	ctx, end := in.command()
-	if s.open(ctx, s.defs.timeout) == exitOK {
+	if s.open(ctx, s.defs.timeout, false) == exitOK {
 		m := s.c.Map()
 		fmt.Fprintf(s.stdout, "kvcli: cluster %q, %s x %s on %s (%s)\n", m.Name, plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.Fabric, s.where())
 		rl.SetPrompt(m.Name + "> ")

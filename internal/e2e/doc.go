@@ -28,6 +28,11 @@
 //     exit code other than 0 and one line on stderr naming the cause; and
 //     SIGTERM stops a replica with exit code 0, leaving no shm file and
 //     releasing its data dir's lock.
+//   - TestDeadGroupIsolated, TestOpenWithDeadGroup: 2 groups, two of
+//     group 0's three replicas killed. A client whose writes to group 0
+//     time out must still complete its writes to group 1. A new client
+//     must open, serve group 1, and fail its calls to group 0 at once with
+//     *UnavailableError saying why.
 //   - TestWholeGroupRestart: a group whose every replica stopped does not
 //     come back on its own, and starts over once its data dirs are
 //     removed (the procedure docs/deploy.md gives).
