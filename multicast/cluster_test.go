@@ -39,11 +39,13 @@ type testCluster struct {
 	ctx    context.Context
 }
 
-// countPolls wraps a Poller and counts its Polls and the ones that made
-// progress.
+// countPolls wraps a Poller and counts its Polls, the ones that made
+// progress, and the spins: Polls that made none and left the replica due
+// at once (NextDeadline not after the Poll's now), so that its driver
+// polls again without parking.
 type countPolls struct {
-	p        broadcast.Poller
-	n, progr atomic.Int64
+	p               broadcast.Poller
+	n, progr, spins atomic.Int64
 }
 
 func (c *countPolls) Poll(now time.Duration) bool {
@@ -51,6 +53,8 @@ func (c *countPolls) Poll(now time.Duration) bool {
 	ok := c.p.Poll(now)
 	if ok {
 		c.progr.Add(1)
+	} else if c.p.NextDeadline() <= now {
+		c.spins.Add(1)
 	}
 	return ok
 }
