@@ -346,7 +346,7 @@ func FuzzRequest(f *testing.F) {
 			}
 			for i, op := range ops {
 				switch {
-				case op.Kind != OpPut && op.Kind != OpDelete:
+				case op.Kind != OpPut && op.Kind != OpDelete && op.Kind != OpMerge:
 					t.Fatalf("op %d: kind %d", i, op.Kind)
 				case op.Cmp > CmpValue:
 					t.Fatalf("op %d: cmp %d", i, op.Cmp)
