@@ -34,14 +34,29 @@ var ErrNotFielded = errors.New("rdmakv: the key's value is not a fielded value")
 // with the merged size); fields whose encoding alone exceeds the map's
 // max_value give ErrValueTooLarge before anything is sent.
 func (c *Client) UpdateFields(ctx context.Context, key []byte, fields map[string][]byte) (WriteResult, error) {
+	return c.merge(ctx, key, fields, kv.CmpNone)
+}
+
+// UpdateExistingFields is UpdateFields, but only of a key that has a
+// value: for a key without one, nothing is written and the error is
+// ErrNotFound (checked by the replicas when they apply it, still one
+// write).
+func (c *Client) UpdateExistingFields(ctx context.Context, key []byte, fields map[string][]byte) (WriteResult, error) {
+	return c.merge(ctx, key, fields, kv.CmpExists)
+}
+
+func (c *Client) merge(ctx context.Context, key []byte, fields map[string][]byte, cmp uint8) (WriteResult, error) {
 	v := fielded.Encode(fields)
 	if err := c.checkValue(v); err != nil {
 		return WriteResult{}, err
 	}
-	r, err := c.single(ctx, kv.Op{Kind: kv.OpMerge, Key: key, Value: v})
+	r, err := c.single(ctx, kv.Op{Kind: kv.OpMerge, Cmp: cmp, Key: key, Value: v})
 	if errors.Is(err, ErrCASMismatch) {
-		// A merge has no condition: StatusCondFailed means the value
-		// was not a fielded value (kv.OpMerge).
+		// StatusCondFailed: the value was not a fielded value (Prev is
+		// its version), or with CmpExists the key had none (Prev 0).
+		if cmp == kv.CmpExists && r.Prev == 0 {
+			return r, ErrNotFound
+		}
 		return r, fmt.Errorf("%w: key %.40q (version %#x)", ErrNotFielded, key, r.Prev)
 	}
 	return r, err

@@ -181,6 +181,7 @@ type metaOp struct {
 	verSrc uint8
 	batch  []metaBatchOp
 	fields map[string][]byte // moMerge (value: the merged value the model expects)
+	exists bool              // moMerge: UpdateExistingFields
 	want   string
 }
 
@@ -228,7 +229,7 @@ func (o *metaOp) String() string {
 		}
 		s = "batch [" + b.String() + " ]"
 	case moMerge:
-		s = fmt.Sprintf("update fields %s %q (%d bytes after)", metaShortKey(o.key), slices.Sorted(maps.Keys(o.fields)), len(o.value))
+		s = fmt.Sprintf("update fields %s %q (if it exists: %v; %d bytes after)", metaShortKey(o.key), slices.Sorted(maps.Keys(o.fields)), o.exists, len(o.value))
 	case moGet, moBadGet:
 		s = fmt.Sprintf("linearizable get %s", metaShortKey(o.key))
 	case moGetStale:
@@ -488,7 +489,7 @@ func metaGenerate(seed uint64, n, bigBudget int) []metaOp {
 				g.add(metaOp{kind: moBatch, client: c, want: "ok"}) // empty: a no-op
 			}
 		case r < 720: // a merge of fields
-			o := metaOp{kind: moMerge, client: c, key: k, fields: map[string][]byte{}}
+			o := metaOp{kind: moMerge, client: c, key: k, fields: map[string][]byte{}, exists: g.rng.IntN(3) == 0}
 			for range 1 + g.rng.IntN(2) {
 				o.fields[fmt.Sprintf("f%d", g.rng.IntN(4))] = g.bytes(g.rng.IntN(30))
 			}
@@ -498,6 +499,8 @@ func metaGenerate(seed uint64, n, bigBudget int) []metaOp {
 				merged, err = fielded.Merge(nil, cur.value, upd)
 			}
 			switch {
+			case o.exists && !found:
+				o.want = "not found"
 			case err != nil:
 				o.want = "err ErrNotFielded"
 			case len(merged) > metaMaxValue:
@@ -819,7 +822,11 @@ func (r *metaRunner) runOp(ctx context.Context, o *metaOp) string {
 		}
 		return metaErrOutcome(err)
 	case moMerge:
-		w, err := c.UpdateFields(ctx, o.key, o.fields)
+		update := c.UpdateFields
+		if o.exists {
+			update = c.UpdateExistingFields
+		}
+		w, err := update(ctx, o.key, o.fields)
 		switch {
 		case err == nil:
 			r.written(o.key, w.Prev, w.Version, w.Version>>16, o.value, true)

@@ -105,10 +105,33 @@ func TestTableMerge(t *testing.T) {
 	}
 	want("d", enc("a", "1", "b", "2"))
 
-	// A merge whose fields are not a fielded value, or with a
+	// CmpExists: a merge (or a put) only if the key has a value; a
+	// failed one's Prev is 0.
+	exists := func(k string, fields []byte) Op {
+		return Op{Kind: OpMerge, Cmp: CmpExists, Key: []byte(k), Value: fields}
+	}
+	if res := put(tb, 12, exists("nobody", enc("a", "1"))); res.Status != StatusCondFailed || res.Prev != 0 {
+		t.Fatalf("merge if exists of an absent key: %+v", res)
+	}
+	if _, _, ok := get("nobody"); ok {
+		t.Fatal("a merge if exists created the key")
+	}
+	if res := put(tb, 13, exists("d", enc("c", "3"))); res.Status != StatusOK || res.Prev != 11<<16|2 {
+		t.Fatalf("merge if exists: %+v", res)
+	}
+	want("d", enc("a", "1", "b", "2", "c", "3"))
+	if res := put(tb, 14, exists("raw", enc("c", "3"))); res.Status != StatusCondFailed || res.Prev != 3<<16 {
+		t.Fatalf("merge if exists into a raw value: %+v", res)
+	}
+	if res := put(tb, 15, Op{Kind: OpPut, Cmp: CmpExists, Key: []byte("nobody"), Value: []byte("v")}); res.Status != StatusCondFailed {
+		t.Fatalf("put if exists of an absent key: %+v", res)
+	}
+
+	// A merge whose fields are not a fielded value, or with another
 	// condition, does not decode.
-	for _, op := range []Op{merge("e", []byte("junk")), {Kind: OpMerge, Cmp: CmpVersion, Key: []byte("e"), Value: enc()}} {
-		if res := put(tb, 12, op); res.Status != StatusMalformed {
+	for _, op := range []Op{merge("e", []byte("junk")), {Kind: OpMerge, Cmp: CmpVersion, Key: []byte("e"), Value: enc()},
+		{Kind: OpMerge, Cmp: CmpExists, CmpVersion: 1, Key: []byte("e"), Value: enc()}} {
+		if res := put(tb, 16, op); res.Status != StatusMalformed {
 			t.Fatalf("%+v: %+v, want StatusMalformed", op, res)
 		}
 	}

@@ -23,11 +23,13 @@ import (
 // state, checked before any op of the request is applied: CmpNone,
 // CmpVersion (the current version equals cver; 0 means absent) or CmpValue
 // (the current value equals the cmp value; absent when cver is 1, for
-// "must not exist"). If any condition fails, the group applies nothing.
+// "must not exist") or CmpExists (the key has a value; cver is 0). If any condition fails, the group applies nothing.
 //
 // An OpMerge's value is a fielded value (package kv/fielded): the group
 // owning the key sets those fields in the key's value, leaving the others
-// (an absent key takes the value as it is). Its cmp is CmpNone. If the
+// (an absent key takes the value as it is). Its cmp is CmpNone or
+// CmpExists (then a failed request's Prev, 0, tells an absent key from a
+// value that is not fielded, when the merge is the request's first op). If the
 // key's value, as the request's earlier ops leave it, is not a fielded
 // value, the request fails with StatusCondFailed naming the merge (nothing
 // applied); a merged value longer than MaxValue is refused (LimitValue,
@@ -67,6 +69,8 @@ const (
 	CmpNone    = 0
 	CmpVersion = 1
 	CmpValue   = 2
+	// CmpExists: the key has a value (CmpVersion 0).
+	CmpExists = 3
 )
 
 // Result statuses.
@@ -257,8 +261,8 @@ func decodeOps(b []byte, format byte, ops []Op) ([]Op, error) {
 		}
 		h := b[p : p+opHdr]
 		op := Op{Kind: h[0], Cmp: h[1], CmpVersion: binary.LittleEndian.Uint64(h[16:])}
-		if op.Kind != OpPut && op.Kind != OpDelete && op.Kind != OpMerge || op.Cmp > CmpValue || h[2] != 0 || h[3] != 0 ||
-			op.Kind == OpMerge && op.Cmp != CmpNone {
+		if op.Kind != OpPut && op.Kind != OpDelete && op.Kind != OpMerge || op.Cmp > CmpExists || h[2] != 0 || h[3] != 0 ||
+			op.Kind == OpMerge && op.Cmp != CmpNone && op.Cmp != CmpExists || op.Cmp == CmpExists && op.CmpVersion != 0 {
 			return ops, fmt.Errorf("%w: op kind %d cmp %d", ErrMalformed, op.Kind, op.Cmp)
 		}
 		p += opHdr

@@ -746,6 +746,8 @@ func (t *Table) holds(op *Op, w where, found bool) bool {
 			return !found
 		}
 		return found && bytes.Equal(t.recordValue(w.s), op.CmpValue)
+	case CmpExists:
+		return found
 	}
 	return true
 }
