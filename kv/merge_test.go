@@ -242,3 +242,29 @@ func FuzzMerge(f *testing.F) {
 		}
 	})
 }
+
+// TestMergeAllocs: applying a merge request (decode, merge, put)
+// allocates nothing in the steady state, as a put does.
+func TestMergeAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts differ under the race detector")
+	}
+	tb, _ := soloTable(t, TableConfig{})
+	put(tb, 1, Op{Kind: OpPut, Key: []byte("k"), Value: enc("a", "1", "b", "2", "c", "3")})
+	reqs := [][]byte{
+		AppendRequest(nil, []Op{merge("k", enc("b", "x"))}),
+		AppendRequest(nil, []Op{merge("k", enc("b", "y", "d", "4"))}),
+		AppendMulti(nil, []Op{merge("k", enc("a", "z")), merge("k", enc("e", "5"))}),
+	}
+	idx := uint64(2)
+	for range 50 { // warm the scratch buffers and the heap's free lists
+		tb.Apply(broadcast.Entry{Index: idx, Data: reqs[idx%3]})
+		idx++
+	}
+	if n := testing.AllocsPerRun(200, func() {
+		tb.Apply(broadcast.Entry{Index: idx, Data: reqs[idx%3]})
+		idx++
+	}); n != 0 {
+		t.Fatalf("%.1f allocations per merge apply, want 0", n)
+	}
+}
