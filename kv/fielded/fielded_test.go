@@ -119,10 +119,10 @@ func fieldsFrom(data []byte) map[string][]byte {
 	return m
 }
 
-// FuzzDecode: decoding arbitrary bytes never panics, and either
+// FuzzDecodeFields: decoding arbitrary bytes never panics, and either
 // fails or gives fields whose encoding is those bytes; and
 // decode(encode(x)) == x for records built from the input.
-func FuzzDecode(f *testing.F) {
+func FuzzDecodeFields(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0})
 	f.Add(Encode(map[string][]byte{"field0": []byte("value"), "field1": nil}))
