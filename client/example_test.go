@@ -11,6 +11,7 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/kv/fielded"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -53,6 +54,39 @@ func Example() {
 	}
 	fmt.Printf("%s\n", v)
 	// Output: hello
+}
+
+func ExampleClient_UpdateFields() {
+	c, stop := exampleCluster()
+	defer stop()
+	ctx := context.Background()
+
+	// A record of named fields, stored as one fielded value.
+	rec := fielded.Encode(map[string][]byte{"name": []byte("ada"), "city": []byte("london")})
+	if _, err := c.Put(ctx, []byte("user/1"), rec); err != nil {
+		log.Fatal(err)
+	}
+	// Set one field, without reading the record: the replicas merge it.
+	if _, err := c.UpdateFields(ctx, []byte("user/1"), map[string][]byte{"city": []byte("paris")}); err != nil {
+		log.Fatal(err)
+	}
+	v, err := c.Get(ctx, []byte("user/1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fields, err := fielded.Decode(v)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s %s\n", fields["name"], fields["city"])
+
+	// A value that is not a fielded value is left alone.
+	c.Put(ctx, []byte("plain"), []byte("hello"))
+	_, err = c.UpdateFields(ctx, []byte("plain"), map[string][]byte{"x": nil})
+	fmt.Println(errors.Is(err, client.ErrNotFielded))
+	// Output:
+	// ada paris
+	// true
 }
 
 func ExampleClient_Get() {

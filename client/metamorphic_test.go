@@ -46,9 +46,11 @@ import (
 	"flag"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -59,6 +61,7 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/kv/fielded"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 	"github.com/rdmakv/rdmakv/rdma/shm"
@@ -159,6 +162,7 @@ const (
 	moBadPut // refused by the client: an empty or oversized key, an oversized value
 	moBadGet
 	moBatchTooMany
+	moMerge // UpdateFields
 )
 
 // Version sources of moCVS and moCAD.
@@ -176,6 +180,8 @@ type metaOp struct {
 	old    []byte // moCAS; nil: the key must be absent
 	verSrc uint8
 	batch  []metaBatchOp
+	fields map[string][]byte // moMerge (value: the merged value the model expects)
+	exists bool              // moMerge: UpdateExistingFields
 	want   string
 }
 
@@ -222,6 +228,8 @@ func (o *metaOp) String() string {
 			}
 		}
 		s = "batch [" + b.String() + " ]"
+	case moMerge:
+		s = fmt.Sprintf("update fields %s %q (if it exists: %v; %d bytes after)", metaShortKey(o.key), slices.Sorted(maps.Keys(o.fields)), o.exists, len(o.value))
 	case moGet, moBadGet:
 		s = fmt.Sprintf("linearizable get %s", metaShortKey(o.key))
 	case moGetStale:
@@ -480,6 +488,29 @@ func metaGenerate(seed uint64, n, bigBudget int) []metaOp {
 			default:
 				g.add(metaOp{kind: moBatch, client: c, want: "ok"}) // empty: a no-op
 			}
+		case r < 720: // a merge of fields
+			o := metaOp{kind: moMerge, client: c, key: k, fields: map[string][]byte{}, exists: g.rng.IntN(3) == 0}
+			for range 1 + g.rng.IntN(2) {
+				o.fields[fmt.Sprintf("f%d", g.rng.IntN(4))] = g.bytes(g.rng.IntN(30))
+			}
+			upd := fielded.Encode(o.fields)
+			merged, err := upd, error(nil)
+			if found {
+				merged, err = fielded.Merge(nil, cur.value, upd)
+			}
+			switch {
+			case o.exists && !found:
+				o.want = "not found"
+			case err != nil:
+				o.want = "err ErrNotFielded"
+			case len(merged) > metaMaxValue:
+				o.want = "err ErrValueTooLarge"
+			default:
+				o.value, o.want = merged, "ok"
+				m.put(k, merged)
+				g.note(k, merged)
+			}
+			g.add(o)
 		default: // gets
 			switch r := g.rng.IntN(10); {
 			case r < 1:
@@ -710,6 +741,7 @@ var metaErrs = []struct {
 }{
 	{"not found", client.ErrNotFound},
 	{"mismatch", client.ErrCASMismatch},
+	{"err ErrNotFielded", client.ErrNotFielded},
 	{"err ErrEmptyKey", client.ErrEmptyKey},
 	{"err ErrKeyTooLarge", client.ErrKeyTooLarge},
 	{"err ErrValueTooLarge", client.ErrValueTooLarge},
@@ -787,6 +819,19 @@ func (r *metaRunner) runOp(ctx context.Context, o *metaOp) string {
 			r.written(o.key, w.Prev, w.Version, w.Version>>16, o.value, true)
 		case errors.Is(err, client.ErrCASMismatch) && w.Prev != r.ver[k]:
 			r.fatalf("mismatch with Prev %#x, the key's version is %#x", w.Prev, r.ver[k])
+		}
+		return metaErrOutcome(err)
+	case moMerge:
+		update := c.UpdateFields
+		if o.exists {
+			update = c.UpdateExistingFields
+		}
+		w, err := update(ctx, o.key, o.fields)
+		switch {
+		case err == nil:
+			r.written(o.key, w.Prev, w.Version, w.Version>>16, o.value, true)
+		case errors.Is(err, client.ErrNotFielded) && w.Prev != r.ver[k]:
+			r.fatalf("not fielded with Prev %#x, the key's version is %#x", w.Prev, r.ver[k])
 		}
 		return metaErrOutcome(err)
 	case moCAD:

@@ -6,7 +6,7 @@
 //
 // # The story
 //
-// Updates (puts, deletes, compare-and-swaps, batches) enter through TRAM
+// Updates (puts, deletes, compare-and-swaps, field merges, batches) enter through TRAM
 // (package multicast), which orders them inside the group with Acuerdo
 // (package broadcast) and across groups for batches; every replica applies
 // them in the same order to its own Table. Gets never enter the log.

@@ -346,10 +346,12 @@ func FuzzRequest(f *testing.F) {
 			}
 			for i, op := range ops {
 				switch {
-				case op.Kind != OpPut && op.Kind != OpDelete:
+				case op.Kind != OpPut && op.Kind != OpDelete && op.Kind != OpMerge:
 					t.Fatalf("op %d: kind %d", i, op.Kind)
-				case op.Cmp > CmpValue:
-					t.Fatalf("op %d: cmp %d", i, op.Cmp)
+				case op.Cmp > CmpExists || op.Cmp == CmpExists && op.CmpVersion != 0:
+					t.Fatalf("op %d: cmp %d (version %d)", i, op.Cmp, op.CmpVersion)
+				case op.Kind == OpMerge && op.Cmp != CmpNone && op.Cmp != CmpExists:
+					t.Fatalf("op %d: a merge with cmp %d", i, op.Cmp)
 				case op.Kind == OpDelete && len(op.Value) != 0:
 					t.Fatalf("op %d: a delete with a %d-byte value", i, len(op.Value))
 				case op.Cmp != CmpValue && len(op.CmpValue) != 0:

@@ -44,6 +44,10 @@ type testingKnobs struct {
 	// movedFirst (table): migration sets a bucket's moved bit before it
 	// copies the bucket's slots into the new generation.
 	movedFirst bool
+	// mergeReplaces (table): a merge into a fielded value replaces the
+	// value with the merge's fields, dropping the fields it does not
+	// name.
+	mergeReplaces bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/rdmakv/rdmakv/kv/fielded"
 )
 
 // Requests and results: the bytes a client multicasts and the bytes each
@@ -17,11 +19,24 @@ import (
 //	op: [kind u8][cmp u8][0 u16][klen u32][vlen u32][clen u32][cver u64]
 //	    [key][value][cmp value], each padded to 8
 //
-// kind is OpPut or OpDelete. cmp is a condition on the key's current
+// kind is OpPut, OpDelete or OpMerge. cmp is a condition on the key's current
 // state, checked before any op of the request is applied: CmpNone,
 // CmpVersion (the current version equals cver; 0 means absent) or CmpValue
 // (the current value equals the cmp value; absent when cver is 1, for
-// "must not exist"). If any condition fails, the group applies nothing.
+// "must not exist") or CmpExists (the key has a value; cver is 0). If any condition fails, the group applies nothing.
+//
+// An OpMerge's value is a fielded value (package kv/fielded): the group
+// owning the key sets those fields in the key's value, leaving the others
+// (an absent key takes the value as it is). Its cmp is CmpNone or
+// CmpExists (then a failed request's Prev, 0, tells an absent key from a
+// value that is not fielded, when the merge is the request's first op). If the
+// key's value, as the request's earlier ops leave it, is not a fielded
+// value, the request fails with StatusCondFailed naming the merge (nothing
+// applied); a merged value longer than MaxValue is refused (LimitValue,
+// size the merged value's), as is a request whose merged records the heap
+// cannot hold. Unlike the other limits, these depend on the key's value,
+// so only the group owning the key sees them: in a request spanning
+// groups, the other groups still apply their ops.
 //
 // A result (one per group; at most 64 bytes):
 //
@@ -47,10 +62,15 @@ const (
 const (
 	OpPut    = 1
 	OpDelete = 2
+	// OpMerge sets the fields its value names in the key's fielded value
+	// (see above, and docs/kv.md "Fielded values").
+	OpMerge = 3
 
 	CmpNone    = 0
 	CmpVersion = 1
 	CmpValue   = 2
+	// CmpExists: the key has a value (CmpVersion 0).
+	CmpExists = 3
 )
 
 // Result statuses.
@@ -241,7 +261,8 @@ func decodeOps(b []byte, format byte, ops []Op) ([]Op, error) {
 		}
 		h := b[p : p+opHdr]
 		op := Op{Kind: h[0], Cmp: h[1], CmpVersion: binary.LittleEndian.Uint64(h[16:])}
-		if op.Kind != OpPut && op.Kind != OpDelete || op.Cmp > CmpValue || h[2] != 0 || h[3] != 0 {
+		if op.Kind != OpPut && op.Kind != OpDelete && op.Kind != OpMerge || op.Cmp > CmpExists || h[2] != 0 || h[3] != 0 ||
+			op.Kind == OpMerge && op.Cmp != CmpNone && op.Cmp != CmpExists || op.Cmp == CmpExists && op.CmpVersion != 0 {
 			return ops, fmt.Errorf("%w: op kind %d cmp %d", ErrMalformed, op.Kind, op.Cmp)
 		}
 		p += opHdr
@@ -265,6 +286,11 @@ func decodeOps(b []byte, format byte, ops []Op) ([]Op, error) {
 		}
 		if op.Kind == OpDelete && len(op.Value) != 0 || op.Cmp != CmpValue && len(op.CmpValue) != 0 {
 			return ops, fmt.Errorf("%w: stray bytes", ErrMalformed)
+		}
+		if op.Kind == OpMerge {
+			if err := fielded.Valid(op.Value); err != nil {
+				return ops, fmt.Errorf("%w: a merge's fields: %w", ErrMalformed, err)
+			}
 		}
 		ops = append(ops, op)
 	}

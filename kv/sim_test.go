@@ -63,6 +63,7 @@ type kvOpts struct {
 	downForGood               bool // a replica per group crashes at 3 ms for good
 	clientCrash               bool
 	bigValues                 bool         // some values need staged parts
+	merges                    bool         // a quarter of the writes are on the keys m0-m7: merges mostly (kvCliProc.mergeOp)
 	knobs                     testingKnobs // planted bugs (TestSimMutants)
 	keysSet                   int          // key space (default 24)
 	maxLoad                   float64      // the tables' MaxLoad (default kv's)
@@ -332,7 +333,7 @@ func (p *kvCliProc) done(o *multicast.Outcome) {
 			}
 		}
 	}
-	if pw.op.Kind != kvcheck.CAS && !out.OK {
+	if pw.op.Kind != kvcheck.CAS && pw.op.Kind != kvcheck.Merge && !out.OK {
 		p.h.fail(fmt.Errorf("client %d: unconditional %v failed its condition", p.slot, pw.op.Kind))
 	}
 	if pw.recs != nil {
@@ -413,6 +414,36 @@ func (p *kvCliProc) endGet(g int) {
 
 func (p *kvCliProc) key(rng *rand.Rand) string { return fmt.Sprintf("k%d", rng.IntN(p.h.o.keys)) }
 
+// getKey is the key of a get: a third of them on the merged keys m0-m7
+// when the run has merges.
+func (p *kvCliProc) getKey(rng *rand.Rand) string {
+	if p.h.o.merges && rng.IntN(3) == 0 {
+		return fmt.Sprintf("m%d", rng.IntN(8))
+	}
+	return p.key(rng)
+}
+
+// mergeOp is a write on the merged keys m0-m7: mostly a merge of one or
+// two of the fields f0-f3, with unique values; sometimes a delete, or a
+// put of a value that is not a fielded value (which the merges after it
+// fail on until a delete).
+func (p *kvCliProc) mergeOp(rng *rand.Rand) ([]Op, kvcheck.Op) {
+	k := fmt.Sprintf("m%d", rng.IntN(8))
+	switch r := rng.IntN(12); {
+	case r == 0:
+		return []Op{{Kind: OpDelete, Key: []byte(k)}}, kvcheck.Op{Kind: kvcheck.Delete, Key: k}
+	case r == 1:
+		v := p.value(rng) // "c...": not a fielded value
+		return []Op{{Kind: OpPut, Key: []byte(k), Value: []byte(v)}}, kvcheck.Op{Kind: kvcheck.Put, Key: k, Value: v}
+	}
+	f := map[string]string{}
+	for range 1 + rng.IntN(2) {
+		f[fmt.Sprintf("f%d", rng.IntN(4))] = p.value(rng)
+	}
+	v := kvcheck.EncodeFields(f)
+	return []Op{{Kind: OpMerge, Key: []byte(k), Value: []byte(v)}}, kvcheck.Op{Kind: kvcheck.Merge, Key: k, Fields: f}
+}
+
 func (p *kvCliProc) value(rng *rand.Rand) string {
 	p.seq++
 	v := fmt.Sprintf("c%d.%d.%d", p.slot, p.env.Incarnation(), p.seq)
@@ -428,7 +459,7 @@ func (p *kvCliProc) issue(now time.Duration) bool {
 	rng := p.env.Rand()
 	x := rng.IntN(100)
 	if x < 45 {
-		k := p.key(rng)
+		k := p.getKey(rng)
 		g := int(h.slots[HashSlot([]byte(k))])
 		r := p.readers[g]
 		if r.Busy() {
@@ -458,6 +489,8 @@ func (p *kvCliProc) issue(now time.Duration) bool {
 		return p.issueMulti(rng)
 	}
 	switch {
+	case h.o.merges && rng.IntN(4) == 0:
+		ops, op = p.mergeOp(rng)
 	case x < 70:
 		k, v := p.key(rng), p.value(rng)
 		ops = []Op{{Kind: OpPut, Key: []byte(k), Value: []byte(v)}}
@@ -1007,6 +1040,21 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
 		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d snapshots restored (%d of %d lags into a table holding records), %d linearizable gets served by a deposed leader\n",
 			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.restores, h.stats.restoresOver, h.stats.lags, h.stats.deposed)
+		if h.o.merges {
+			merges, applied, gets := 0, 0, 0
+			for i := range hist {
+				switch o := &hist[i]; {
+				case o.Kind == kvcheck.Merge:
+					merges++
+					if o.Out.OK {
+						applied++
+					}
+				case o.Kind == kvcheck.Get && !o.Stale && o.Out.Found && strings.HasPrefix(o.Key, "m"):
+					gets++
+				}
+			}
+			fmt.Printf("seed %d: %d merges, %d applied; %d linearizable gets found a merged key's value\n", sd.Seed, merges, applied, gets)
+		}
 	}
 	return h, nil
 }
@@ -1039,14 +1087,14 @@ var kvSimCases = []struct {
 	o    kvOpts
 }{
 	{"calm", kvOpts{ops: 60, gap: 500 * time.Microsecond}},
-	{"faults", kvOpts{ops: 80, crashes: true, partitions: true, slow: true}},
+	{"faults", kvOpts{ops: 80, crashes: true, partitions: true, slow: true, merges: true}},
 	{"leaders", kvOpts{ops: 80, leaders: 2, isolate: 3}},
 	// stalled: every leader is cut from its group and stalled at once
 	// (its memory stays readable): the group elects past it while
 	// clients still read its table.
 	{"stalled-leaders", kvOpts{ops: 100, isolate: 4, stall: true, gap: 100 * time.Microsecond}},
 	{"down-for-good", kvOpts{ops: 60, downForGood: true, partitions: true}},
-	{"clients", kvOpts{ops: 60, clientCrash: true, crashes: true, bigValues: true}},
+	{"clients", kvOpts{ops: 60, clientCrash: true, crashes: true, bigValues: true, merges: true}},
 	// growth: 160 keys in tables of 4 buckets to start with, so that the
 	// index grows through several generations while gets read it.
 	{"growth", kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond, crashes: true}},
@@ -1118,6 +1166,8 @@ func TestSimMutants(t *testing.T) {
 		{"new-generation-only", testingKnobs{newGenOnly: true}, kvOpts{ops: 150, keysSet: 160, gap: 60 * time.Microsecond}, "linearizability", "stale-ok gets"},
 		{"late-promise", testingKnobs{latePromise: true}, kvOpts{ops: 150, isolate: 4, stall: true, gap: 60 * time.Microsecond}, "linearizability", ""},
 		{"no-condition", testingKnobs{noCondition: true}, kvOpts{ops: 120, gap: 100 * time.Microsecond}, "linearizability", ""},
+		// A merge that drops the fields it does not name.
+		{"merge-replaces", testingKnobs{mergeReplaces: true}, kvOpts{ops: 80, merges: true, gap: 200 * time.Microsecond}, "linearizability", ""},
 		// Only a replica restored over its own records shows it: the
 		// tables compared at the end differ.
 		{"restore-keeps", testingKnobs{restoreKeeps: true}, kvOpts{ops: 200, gap: 200 * time.Microsecond, lag: 2, logEntries: 16}, "differ", ""},

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/kv/fielded"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -157,6 +158,8 @@ type Table struct {
 	heapEpoch atomic.Uint64 // counts restores: a capture that saw it change is void
 	stages    map[uint32][]*stage
 	ops       []Op
+	mops      []Op   // resolveMerges' scratch ops
+	mbuf      []byte // and merged values
 	res       [resSize]byte
 	keyb      []byte
 }
@@ -504,6 +507,13 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 // this group's, so every group of a batch refuses it alike and none
 // applies its share. So is a request whose records the heap cannot hold.
 func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
+	if hasMerge(ops) {
+		var r Result
+		var ok bool
+		if ops, r, ok = t.resolveMerges(ops); !ok {
+			return r
+		}
+	}
 	if r, ok := t.checkLimits(ops); !ok {
 		return r
 	}
@@ -575,6 +585,85 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 		}
 	}
 	return res
+}
+
+func hasMerge(ops []Op) bool {
+	for i := range ops {
+		if ops[i].Kind == OpMerge {
+			return true
+		}
+	}
+	return false
+}
+
+// resolveMerges returns ops with each merge on this group's keys turned
+// into the put of its merged value (the key's value as the request's
+// earlier ops leave it, with the merge's fields set; the merge's fields
+// alone if the key is absent then), in a scratch copy: the rest of the
+// apply (limits, heap, conditions, versions) treats it as a put. Merges
+// on other groups' keys stay as they are (checkLimits checks their
+// fields' size). ok is false, with the result, if a merge's key holds a
+// value that is not a fielded value (StatusCondFailed naming the merge;
+// nothing is applied). Deterministic: every replica has the same values
+// and merges in name order (fielded.Merge).
+func (t *Table) resolveMerges(ops []Op) ([]Op, Result, bool) {
+	out := append(t.mops[:0], ops...)
+	t.mops = out[:0]
+	buf := t.mbuf[:0]
+	for i := range out {
+		op := &out[i]
+		if op.Kind != OpMerge {
+			continue
+		}
+		h := hashKey(op.Key)
+		if !t.owns(h) {
+			continue
+		}
+		// The key's value before this op: the last earlier op on the
+		// key (merges before are puts by now), else the table's.
+		var cur []byte
+		found, prev := false, uint64(0)
+		earlier := false
+		for j := i - 1; j >= 0; j-- {
+			if bytes.Equal(out[j].Key, op.Key) {
+				earlier = true
+				found = out[j].Kind == OpPut
+				cur = out[j].Value
+				break
+			}
+		}
+		if !earlier {
+			t.migrateKey(h)
+			var w where
+			if w, found = t.find(op.Key, h); found {
+				cur, prev = t.recordValue(w.s), w.s.Version
+			}
+		}
+		var merged []byte
+		if !found {
+			merged = op.Value
+		} else {
+			start := len(buf)
+			var err error
+			if t.knobs.mergeReplaces {
+				buf, err = append(buf, op.Value...), fielded.Valid(cur)
+			} else {
+				buf, err = fielded.Merge(buf, cur, op.Value)
+			}
+			if err != nil {
+				t.mbuf = buf
+				r := Result{Status: StatusCondFailed, FailedOp: i}
+				if i == 0 {
+					r.Prev = prev
+				}
+				return ops, r, false
+			}
+			merged = buf[start:len(buf):len(buf)]
+		}
+		op.Kind, op.Value = OpPut, merged
+	}
+	t.mbuf = buf
+	return out, Result{}, true
 }
 
 // checkLimits checks every op of a request (this group's and the others')
@@ -657,6 +746,8 @@ func (t *Table) holds(op *Op, w where, found bool) bool {
 			return !found
 		}
 		return found && bytes.Equal(t.recordValue(w.s), op.CmpValue)
+	case CmpExists:
+		return found
 	}
 	return true
 }

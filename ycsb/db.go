@@ -3,20 +3,22 @@
 // its side effect, or call Open).
 //
 // A YCSB record (a table, a key, and fields with values) is one rdmakv key,
-// "<table>/<key>", whose value holds every field in a compact binary
-// encoding (EncodeFields). The operations map to the client's calls:
+// "<table>/<key>", whose value holds every field as a fielded value
+// (package kv/fielded; EncodeFields). The operations map to the client's calls:
 //
 //   - Read: a get (the rdmakv.consistency property), decoded, with the
 //     requested fields; a missing record is an error wrapping
 //     client.ErrNotFound.
 //   - Insert: a put of the encoded fields (it replaces a record already
 //     there, as go-ycsb's other key-value bindings do).
-//   - Update: merges the given fields into the record with an optimistic
-//     read-modify-write: a linearizable get of the record and its version,
-//     then CompareVersionAndSwap of the merged record, again from the get
-//     if another write came in between. Concurrent updates of one record
-//     never lose each other's fields. A missing record is an error
-//     wrapping client.ErrNotFound (the update does not create it).
+//   - Update: one write, client.UpdateExistingFields: the replicas merge
+//     the given fields into the record when they apply it (kv.OpMerge),
+//     keeping its other fields. No read, no compare-and-swap: concurrent
+//     updates of one record never lose each other's fields, since each
+//     group applies them one after the other. A missing record is an
+//     error wrapping client.ErrNotFound (the update does not create it); a
+//     value that is not a record, one wrapping ErrMalformed. Workload F's
+//     read-modify-write is go-ycsb's Read then this Update.
 //   - Delete: a delete (of a missing record too, without error).
 //   - Scan: ErrScanUnsupported. Scans need an ordered index, which comes
 //     with the B+tree; until then YCSB workload E cannot run.
@@ -219,31 +221,14 @@ func (db *DB) Update(ctx context.Context, table, key string, values map[string][
 }
 
 func (db *DB) update(ctx context.Context, k []byte, values map[string][]byte) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, db.cfg.Timeout)
-		defer cancel()
+	// One blind write: the replicas merge the fields into the record
+	// they hold (kv.OpMerge), in their log's order, so concurrent
+	// updates keep each other's fields with no read and no retry.
+	_, err := db.c.UpdateExistingFields(ctx, k, values)
+	if errors.Is(err, client.ErrNotFielded) {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	for {
-		it, err := db.c.GetItem(ctx, k, client.Linearizable)
-		if err != nil {
-			return err
-		}
-		rec, err := DecodeFields(it.Value)
-		if err != nil {
-			return err
-		}
-		for name, v := range values {
-			rec[name] = v
-		}
-		_, err = db.c.CompareVersionAndSwap(ctx, k, it.Version, EncodeFields(rec))
-		if !errors.Is(err, client.ErrCASMismatch) {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("%w (the record kept changing under the update)", err)
-		}
-	}
+	return err
 }
 
 // Delete removes the record (a missing record is not an error).

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -269,4 +270,8 @@ func TestStaleOKReads(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+func equalFields(a, b map[string][]byte) bool {
+	return maps.EqualFunc(a, b, bytes.Equal)
 }

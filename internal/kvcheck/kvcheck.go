@@ -17,9 +17,13 @@ package kvcheck
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/rdmakv/rdmakv/kv/fielded"
 )
 
 // Kind is an operation's kind.
@@ -32,6 +36,11 @@ const (
 	Delete
 	CAS   // put Value if the key holds Old (or is absent, with OldAbsent)
 	Batch // Batch's puts and deletes, atomically
+	// Merge sets Fields in the key's value, a fielded value (package
+	// kv/fielded; an absent key takes Fields), leaving its other fields;
+	// it fails (Out.OK false), changing nothing, if the key holds a value
+	// that is not a fielded value (kv.OpMerge).
+	Merge
 )
 
 func (k Kind) String() string {
@@ -46,6 +55,8 @@ func (k Kind) String() string {
 		return "cas"
 	case Batch:
 		return "batch"
+	case Merge:
+		return "merge"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -61,7 +72,8 @@ type Op struct {
 	Old       string // CAS: the value expected
 	OldAbsent bool   // CAS: expect the key absent (Old is ignored)
 	Batch     []BatchOp
-	Stale     bool // a stale-ok get (CheckStale checks it; CheckLinearizable skips it)
+	Fields    map[string]string // Merge: the fields set
+	Stale     bool              // a stale-ok get (CheckStale checks it; CheckLinearizable skips it)
 	Call      int64
 	Return    int64
 	Out       Output
@@ -78,7 +90,7 @@ type BatchOp struct {
 type Output struct {
 	Found bool   // Get
 	Value string // Get, when Found
-	OK    bool   // CAS: the condition held and the value was written
+	OK    bool   // CAS: the condition held and the value was written; Merge: it applied
 	// Unknown: the client does not know the outcome. A write may or may
 	// not have taken effect (its return time counts as infinity); a get
 	// is dropped.
@@ -153,6 +165,15 @@ func (o *Op) String() string {
 		default:
 			b.WriteString(" -> failed")
 		}
+	case Merge:
+		fmt.Fprintf(&b, "(%q, %s)", o.Key, fieldsString(o.Fields))
+		switch {
+		case o.Out.Unknown:
+		case o.Out.OK:
+			b.WriteString(" -> ok")
+		default:
+			b.WriteString(" -> failed")
+		}
 	case Batch:
 		b.WriteString("(")
 		for i, bo := range o.Batch {
@@ -185,9 +206,12 @@ func validate(h []Op) error {
 	for i := range h {
 		o := &h[i]
 		switch o.Kind {
-		case Get, Put, Delete, CAS:
+		case Get, Put, Delete, CAS, Merge:
 			if len(o.Batch) != 0 {
 				return fmt.Errorf("kvcheck: op %d: a %s with batch ops", i, o.Kind)
+			}
+			if o.Kind != Merge && o.Fields != nil {
+				return fmt.Errorf("kvcheck: op %d: a %s with fields", i, o.Kind)
 			}
 		case Batch:
 			if len(o.Batch) == 0 {
@@ -238,6 +262,9 @@ func (r *Recorder) init() {
 func (r *Recorder) Begin(client int, op Op) (id int) {
 	op.Client = client
 	op.Batch = append([]BatchOp(nil), op.Batch...)
+	if op.Fields != nil {
+		op.Fields = maps.Clone(op.Fields)
+	}
 	op.Out = Output{}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -275,4 +302,41 @@ func (r *Recorder) History() []Op {
 		}
 	}
 	return h
+}
+
+// fieldsString describes a field map, in name order.
+func fieldsString(m map[string]string) string {
+	var b strings.Builder
+	b.WriteString("{")
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q: %q", k, m[k])
+	}
+	b.WriteString("}")
+	return b.String()
+}
+
+// EncodeFields is the fielded value (kv/fielded) of fields: what a Merge
+// into an absent key stores, and what a Get of it returns.
+func EncodeFields(fields map[string]string) string {
+	m := make(map[string][]byte, len(fields))
+	for k, v := range fields {
+		m[k] = []byte(v)
+	}
+	return string(fielded.Encode(m))
+}
+
+// mergeInto is the value a Merge of fields leaves in a key holding v
+// (present) and whether it applies.
+func mergeInto(v string, present bool, fields map[string]string) (string, bool) {
+	if !present {
+		return EncodeFields(fields), true
+	}
+	out, err := fielded.Merge(nil, []byte(v), []byte(EncodeFields(fields)))
+	if err != nil {
+		return v, false
+	}
+	return string(out), true
 }

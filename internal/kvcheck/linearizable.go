@@ -113,7 +113,9 @@ func CheckLinearizable(h []Op, timeout time.Duration) (Result, error) {
 // linearizable gets are linearizable against a sequential key-value map:
 // a get returns whether the key is present and its value; a put sets it; a
 // delete removes it; a CAS writes iff the key holds Old (or is absent, with
-// OldAbsent) and must report OK accordingly; a batch applies all its ops
+// OldAbsent) and must report OK accordingly; a merge sets its fields in
+// the key's fielded value (absent: stores them) and must report OK iff the
+// key held no value or a fielded one; a batch applies all its ops
 // at one point. A write of unknown outcome may take effect at any point
 // after its call, or never (its CAS outcome is unconstrained); stale-ok
 // gets and gets of unknown outcome are left out.
@@ -352,6 +354,16 @@ var model = porcupine.Model{
 				return true, s
 			}
 			return true, with(s, func(n state) { n[o.Key] = o.Value })
+		case Merge:
+			v, ok := s[o.Key]
+			nv, applies := mergeInto(v, ok, o.Fields)
+			if !got.Unknown && got.OK != applies {
+				return false, s
+			}
+			if !applies {
+				return true, s
+			}
+			return true, with(s, func(n state) { n[o.Key] = nv })
 		case Batch:
 			return true, with(s, func(n state) {
 				for _, b := range o.Batch {

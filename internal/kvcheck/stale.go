@@ -87,7 +87,9 @@ const maxReported = 20
 // the same clock; for example the ones that loaded the store). Gets of
 // unknown outcome are skipped. Stale gets need Out.Applied and Out.Group,
 // writes Out.Index (or Out.Version) and Out.Group: a write without an
-// index only takes part in (a) and in (b)'s relaxed form.
+// index only takes part in (a) and in (b)'s relaxed form. Stale gets of a
+// key that a Merge wrote are not checked (a merge's value depends on the
+// state it applied to; CheckLinearizable checks merges).
 //
 // The error is nil if every stale get kept its promises; else it joins
 // a *StaleError per violation (up to 20); its Pos indexes h, or the
@@ -106,8 +108,13 @@ func CheckStale(h []Op, writes ...Op) error {
 		}
 	}
 	byKey := map[string]*keyWrites{}
+	merged := map[string]bool{}
 	for i := range all {
 		o := &all[i]
+		if o.Kind == Merge {
+			merged[o.Key] = true
+			continue
+		}
 		if !o.isWrite() || o.Kind == CAS && !o.Out.Unknown && !o.Out.OK {
 			continue
 		}
@@ -166,7 +173,7 @@ func CheckStale(h []Op, writes ...Op) error {
 	n := 0
 	for i := range h {
 		g := &h[i]
-		if g.Kind != Get || !g.Stale || g.Out.Unknown {
+		if g.Kind != Get || !g.Stale || g.Out.Unknown || merged[g.Key] {
 			continue
 		}
 		var err *StaleError

@@ -1,4 +1,4 @@
-package ycsb
+package fielded
 
 import (
 	"bytes"
@@ -25,31 +25,31 @@ func TestFieldsRoundTrip(t *testing.T) {
 		{"b": []byte("2"), "a": []byte("1"), "c": bytes.Repeat([]byte{0xff}, 300)},
 		ycsbRecord,
 	} {
-		b := EncodeFields(m)
-		if len(b) != EncodedSize(m) {
-			t.Fatalf("%v: %d bytes, EncodedSize says %d", m, len(b), EncodedSize(m))
+		b := Encode(m)
+		if len(b) != Size(m) {
+			t.Fatalf("%v: %d bytes, Size says %d", m, len(b), Size(m))
 		}
-		got, err := DecodeFields(b)
+		got, err := Decode(b)
 		if err != nil || !equalFields(got, m) {
 			t.Fatalf("decode(encode(%v)) = %v, %v", m, got, err)
 		}
-		if again := EncodeFields(got); !bytes.Equal(again, b) {
+		if again := Encode(got); !bytes.Equal(again, b) {
 			t.Fatalf("re-encoding differs: %x vs %x", again, b)
 		}
 	}
-	if n := len(EncodeFields(ycsbRecord)); n != 1081 {
+	if n := len(Encode(ycsbRecord)); n != 1081 {
 		t.Errorf("a YCSB record of 10 x 100 bytes takes %d bytes, the package comment says 1,081", n)
 	}
 	// Order of insertion does not matter: one encoding per record.
-	a := EncodeFields(map[string][]byte{"x": []byte("1"), "y": []byte("2")})
-	b := EncodeFields(map[string][]byte{"y": []byte("2"), "x": []byte("1")})
+	a := Encode(map[string][]byte{"x": []byte("1"), "y": []byte("2")})
+	b := Encode(map[string][]byte{"y": []byte("2"), "x": []byte("1")})
 	if !bytes.Equal(a, b) {
 		t.Fatalf("two encodings of one record: %x %x", a, b)
 	}
 }
 
 func TestDecodeSelected(t *testing.T) {
-	b := EncodeFields(map[string][]byte{"field0": []byte("a"), "field1": []byte("b"), "field2": []byte("c")})
+	b := Encode(map[string][]byte{"field0": []byte("a"), "field1": []byte("b"), "field2": []byte("c")})
 	got, err := DecodeSelected(b, []string{"field2", "field0", "nope"})
 	want := map[string][]byte{"field0": []byte("a"), "field2": []byte("c")}
 	if err != nil || !equalFields(got, want) {
@@ -65,19 +65,19 @@ func TestDecodeSelected(t *testing.T) {
 }
 
 func TestDecodeAliasing(t *testing.T) {
-	b := EncodeFields(map[string][]byte{"a": []byte("1"), "b": []byte("2")})
-	m, err := DecodeFields(b)
+	b := Encode(map[string][]byte{"a": []byte("1"), "b": []byte("2")})
+	m, err := Decode(b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = append(m["a"], 'X') // must not overwrite b's next bytes
-	if got, err := DecodeFields(b); err != nil || string(got["b"]) != "2" {
+	if got, err := Decode(b); err != nil || string(got["b"]) != "2" {
 		t.Fatalf("after an append to a decoded value: %v %v", got, err)
 	}
 }
 
 func TestDecodeMalformed(t *testing.T) {
-	valid := EncodeFields(map[string][]byte{"a": []byte("1"), "b": []byte("22")})
+	valid := Encode(map[string][]byte{"a": []byte("1"), "b": []byte("22")})
 	for _, tc := range []struct {
 		name string
 		b    []byte
@@ -96,7 +96,7 @@ func TestDecodeMalformed(t *testing.T) {
 		{"unsorted", []byte{2, 1, 'b', 0, 1, 'a', 0}},
 		{"duplicate", []byte{2, 1, 'a', 0, 1, 'a', 0}},
 	} {
-		if m, err := DecodeFields(tc.b); !errors.Is(err, ErrMalformed) {
+		if m, err := Decode(tc.b); !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s (%x): %v %v, want ErrMalformed", tc.name, tc.b, m, err)
 		}
 	}
@@ -125,13 +125,13 @@ func fieldsFrom(data []byte) map[string][]byte {
 func FuzzDecodeFields(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0})
-	f.Add(EncodeFields(map[string][]byte{"field0": []byte("value"), "field1": nil}))
+	f.Add(Encode(map[string][]byte{"field0": []byte("value"), "field1": nil}))
 	f.Add([]byte{2, 1, 'a', 0, 1, 'a', 0})
 	f.Add([]byte{0x81, 0x00})
 	f.Add([]byte{3, 6, 'f', 'i', 'e', 'l', 'd', '0', 2, 'h', 'i'})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if m, err := DecodeFields(data); err == nil {
-			if again := EncodeFields(m); !bytes.Equal(again, data) {
+		if m, err := Decode(data); err == nil {
+			if again := Encode(m); !bytes.Equal(again, data) {
 				t.Fatalf("decoded %x to %v, which encodes to %x", data, m, again)
 			}
 			if sel, err := DecodeSelected(data, []string{"field0"}); err != nil || len(sel) > 1 {
@@ -141,10 +141,81 @@ func FuzzDecodeFields(f *testing.F) {
 			t.Fatalf("error %v does not wrap ErrMalformed", err)
 		}
 		x := fieldsFrom(data)
-		b := EncodeFields(x)
-		got, err := DecodeFields(b)
+		b := Encode(x)
+		got, err := Decode(b)
 		if err != nil || !equalFields(got, x) {
 			t.Fatalf("decode(encode(%v)) = %v, %v", x, got, err)
+		}
+	})
+}
+
+// refMerge is the reference merge: maps.
+func refMerge(cur, upd map[string][]byte) map[string][]byte {
+	out := maps.Clone(cur)
+	if out == nil {
+		out = map[string][]byte{}
+	}
+	maps.Copy(out, upd)
+	return out
+}
+
+func TestMerge(t *testing.T) {
+	for _, tc := range []struct{ cur, upd map[string][]byte }{
+		{map[string][]byte{}, map[string][]byte{}},
+		{map[string][]byte{"a": []byte("1")}, map[string][]byte{}},
+		{map[string][]byte{}, map[string][]byte{"a": []byte("1")}},
+		{map[string][]byte{"a": []byte("1"), "c": []byte("3")}, map[string][]byte{"b": []byte("2")}},
+		{map[string][]byte{"a": []byte("1"), "b": []byte("old")}, map[string][]byte{"b": []byte("new"), "z": nil}},
+		{map[string][]byte{"field0": bytes.Repeat([]byte("x"), 200)}, map[string][]byte{"field0": nil, "": []byte("e")}},
+	} {
+		got, err := Merge([]byte("prefix"), Encode(tc.cur), Encode(tc.upd))
+		want := append([]byte("prefix"), Encode(refMerge(tc.cur, tc.upd))...)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("Merge(%q, %q) = %x, %v; want %x", tc.cur, tc.upd, got, err, want)
+		}
+	}
+	valid := Encode(map[string][]byte{"a": nil})
+	for _, bad := range [][]byte{nil, {}, {2, 1, 'b', 0, 1, 'a', 0}, append(append([]byte(nil), valid...), 0)} {
+		if _, err := Merge(nil, bad, valid); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Merge(cur %x): %v, want ErrMalformed", bad, err)
+		}
+		if _, err := Merge(nil, valid, bad); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Merge(upd %x): %v, want ErrMalformed", bad, err)
+		}
+		if err := Valid(bad); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Valid(%x): %v, want ErrMalformed", bad, err)
+		}
+	}
+}
+
+// FuzzMergeFields: Merge of two fielded values is the encoding of the
+// reference map merge; Merge and Valid agree with Decode on arbitrary
+// bytes and never panic.
+func FuzzMergeFields(f *testing.F) {
+	f.Add([]byte{}, []byte{})
+	f.Add([]byte{1, 1, 'a', 1, 'b'}, []byte{2, 1, 'a', 0, 1, 'c'})
+	f.Add([]byte{0}, []byte{0})
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		cur, upd := fieldsFrom(a), fieldsFrom(b)
+		got, err := Merge(nil, Encode(cur), Encode(upd))
+		if want := Encode(refMerge(cur, upd)); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("Merge(%q, %q) = %x, %v; want %x", cur, upd, got, err, want)
+		}
+		_, derrA := Decode(a)
+		_, derrB := Decode(b)
+		if (Valid(a) == nil) != (derrA == nil) {
+			t.Fatalf("Valid(%x) = %v, Decode: %v", a, Valid(a), derrA)
+		}
+		m, err := Merge(nil, a, b)
+		if (err == nil) != (derrA == nil && derrB == nil) {
+			t.Fatalf("Merge(%x, %x): %v; Decode: %v, %v", a, b, err, derrA, derrB)
+		}
+		if err == nil {
+			ca, _ := Decode(a)
+			cb, _ := Decode(b)
+			if want := Encode(refMerge(ca, cb)); !bytes.Equal(m, want) {
+				t.Fatalf("Merge(%x, %x) = %x, want %x", a, b, m, want)
+			}
 		}
 	})
 }
