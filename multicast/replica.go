@@ -780,10 +780,11 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 	if rdma.Load64(mem, off) != want {
 		return false, false
 	}
-	copy(r.slot, mem[off:off+r.cfg.SlotSize])
-	rec, err := decodeRecord(r.slot, want)
+	// Copy the record's bytes only (its length from the header word), and
+	// validate the copy before anything is acted on.
+	rec, err := copyRecord(r.slot, mem, off, r.cfg.SlotSize, want)
 	if err != nil {
-		return false, false // torn, or not yet written completely: look again later
+		return false, false // torn, not yet written completely, or malformed: look again later
 	}
 	if !fromParent && (rec.id.Inc != r.tinc[src] || rec.id.Client != uint32(src)) {
 		return false, false // a record of an older incarnation: the client rewrites the slot
