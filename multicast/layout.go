@@ -178,6 +178,29 @@ func decodeRecord(slot []byte, pos uint64) (record, error) {
 	}, nil
 }
 
+// copyRecord copies the record in the ring slot of slotSize bytes at
+// mem[off:] (region memory, written concurrently by its peer) into dst (at
+// least slotSize bytes) and decodes it as position pos; payload aliases
+// dst. Only the record's bytes are copied, not the slot: its length is read
+// from the slot's header word first, and a length that does not fit the
+// slot is refused as decodeRecord refuses it, without reading past the
+// record's bytes. If the copy holds another length than the word read (the
+// slot was rewritten between the two reads) the slot counts as torn
+// (errNoRecord); otherwise the check word, verified on the copy, says the
+// copy is one whole record, exactly as for a whole-slot copy.
+func copyRecord(dst, mem []byte, off, slotSize int, pos uint64) (record, error) {
+	n := int(rdma.Load64(mem, off+24) >> 32) // [client u32][len u32], little-endian host
+	if n < 0 || n > maxPayload(slotSize) {
+		return record{}, fmt.Errorf("multicast: record at position %d: payload length %d beyond its %d-byte slot", pos, n, slotSize)
+	}
+	size := recordSize(n)
+	copy(dst[:size], mem[off:off+size])
+	if int(leU32(dst[28:])) != n {
+		return record{}, errNoRecord
+	}
+	return decodeRecord(dst[:size], pos)
+}
+
 // reply is one destination group's outcome for a message.
 type reply struct {
 	seq, inc, index uint64

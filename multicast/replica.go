@@ -190,7 +190,10 @@ type Replica struct {
 	children [][]*peer // per child, per member
 	parents  []*peer
 	clients  map[rdma.NodeID]*peer
-	peers    []*peer // every peer above, once
+	// clientPeers: the values of clients, in ClientNodes order (flushed
+	// without iterating the map)
+	clientPeers []*peer
+	peers       []*peer // every peer above, once
 
 	entry []byte // scratch
 	rec   []byte // scratch
@@ -278,6 +281,7 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 	for _, id := range cfg.ClientNodes {
 		if r.clients[id] == nil {
 			r.clients[id] = newPeer(node, id, max(16<<10, 4*replySlot(cfg.MaxResult)*cfg.ClientSlots), minB, maxB)
+			r.clientPeers = append(r.clientPeers, r.clients[id])
 		}
 	}
 	r.peers = r.allPeers()
@@ -594,6 +598,9 @@ func (r *Replica) forward() bool {
 
 // sendReplies writes the queued replies into their clients' reply
 // regions (the reply path: one write per destination group's leader).
+// What one Poll produced for one client node goes out as one list of
+// writes with one doorbell ring (peer.queue, peer.flush): the client reads
+// all its reply slots when woken, and the Conn lands them in order.
 func (r *Replica) sendReplies() bool {
 	if len(r.replyQ) == 0 && len(r.helloQ) == 0 {
 		return false
@@ -608,7 +615,7 @@ func (r *Replica) sendReplies() bool {
 		}
 		off := uint64((int(r.g)*w + int(rec.seq%uint64(w))) * rs)
 		b := encodeReply(r.rbuf, r.g, &rec.reply)
-		if p.write(r.now, rec.addr.Region, off, b, true) {
+		if p.queue(r.now, rec.addr.Region, off, b) {
 			r.ctr.Replies++
 		}
 	}
@@ -622,9 +629,12 @@ func (r *Replica) sendReplies() bool {
 		off := uint64(r.cfg.Tree.Len()*w*rs + int(r.g)*8)
 		var b [8]byte
 		putU64(b[:], r.st.cinc[c])
-		p.write(r.now, addr.Region, off, b[:], true)
+		p.queue(r.now, addr.Region, off, b[:])
 	}
 	r.helloQ = r.helloQ[:0]
+	for _, p := range r.clientPeers {
+		p.flush(r.now)
+	}
 	return true
 }
 
@@ -780,10 +790,11 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 	if rdma.Load64(mem, off) != want {
 		return false, false
 	}
-	copy(r.slot, mem[off:off+r.cfg.SlotSize])
-	rec, err := decodeRecord(r.slot, want)
+	// Copy the record's bytes only (its length from the header word), and
+	// validate the copy before anything is acted on.
+	rec, err := copyRecord(r.slot, mem, off, r.cfg.SlotSize, want)
 	if err != nil {
-		return false, false // torn, or not yet written completely: look again later
+		return false, false // torn, not yet written completely, or malformed: look again later
 	}
 	if !fromParent && (rec.id.Inc != r.tinc[src] || rec.id.Client != uint32(src)) {
 		return false, false // a record of an older incarnation: the client rewrites the slot
