@@ -771,16 +771,11 @@ func (h *mcRun) dump() string {
 // every property must still hold, and every client must converge (an
 // abandoned message leaves once its lca ordered it).
 func TestSimAbandon(t *testing.T) {
-	flags := *simFlags
-	if flags.Seed == 0 && flags.Seeds == sim.DefaultSeeds {
-		flags.Seeds = simSeeds / 3
-		if raceEnabled {
-			flags.Seeds = 4
-		}
-		if testing.Short() {
-			flags.Seeds /= 10
-		}
+	def := simSeeds / 3
+	if raceEnabled {
+		def = 4
 	}
+	flags := simFlags.WithDefault(def)
 	for _, shape := range []string{"breadth", "depth", "base"} {
 		t.Run(shape, func(t *testing.T) {
 			o := mcOpts{shape: shape, groups: 4, replicas: 3, clients: 3, msgs: 50, until: 60 * time.Millisecond,
