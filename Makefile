@@ -7,7 +7,7 @@
 
 GO ?= go
 # A count of executions, not a duration: see scripts/fuzz-short (golang/go#75804).
-FUZZTIME ?= 300000x
+FUZZTIME ?= 100000x
 
 .PHONY: test run vet noalloc norace unit fuzz-short bench ycsb
 
