@@ -32,17 +32,8 @@ func startE2E(t *testing.T) *e2e {
 		t.Skip("builds and runs kvserver and kvcli")
 	}
 	dir := t.TempDir()
-	build := func(pkg string) string {
-		out := filepath.Join(dir, filepath.Base(pkg))
-		cmd := exec.Command("go", "build", "-o", out, pkg)
-		cmd.Dir = "../.."
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-		}
-		return out
-	}
-	kvserver := build("./cmd/kvserver")
-	e := &e2e{dir: dir, kvcli: build("./cmd/kvcli"), mapFile: filepath.Join(dir, "run", "cluster.json"), name: fmt.Sprintf("kvcli%d", os.Getpid())}
+	kvserver := build(t, dir, "./cmd/kvserver")
+	e := &e2e{dir: dir, kvcli: build(t, dir, "./cmd/kvcli"), mapFile: filepath.Join(dir, "run", "cluster.json"), name: fmt.Sprintf("kvcli%d", os.Getpid())}
 	for _, d := range []string{"shm", "home", "state", "tmp"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -500,4 +491,17 @@ func testShell(t *testing.T, e *e2e) {
 	// Ctrl-D leaves.
 	x.keys(s2, "", "C-d")
 	x.waitGone(s2)
+}
+
+// build compiles the module's package pkg (e.g. "./cmd/kvcli") into dir
+// and returns the binary's path.
+func build(t *testing.T, dir, pkg string) string {
+	t.Helper()
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = "../.."
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return out
 }
