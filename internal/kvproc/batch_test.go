@@ -51,16 +51,7 @@ func TestBatchAtomicForReaders(t *testing.T) {
 	x, y := []byte("x"), []byte("y")
 	var done atomic.Bool
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var bad []string
-	report := func(format string, args ...any) {
-		mu.Lock()
-		if len(bad) < 10 {
-			bad = append(bad, fmt.Sprintf(format, args...))
-		}
-		mu.Unlock()
-		done.Store(true)
-	}
+	report, failures := collect(&done)
 	var batches atomic.Int64
 	wg.Go(func() {
 		for i := 1; !done.Load(); i++ {
@@ -125,7 +116,7 @@ func TestBatchAtomicForReaders(t *testing.T) {
 	done.Store(true)
 	wg.Wait()
 	t.Logf("%d batches, %d gets", batches.Load(), gets.Load())
-	for _, b := range bad {
+	for _, b := range failures() {
 		t.Error(b)
 	}
 	for k, cl := range cls {

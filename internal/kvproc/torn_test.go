@@ -102,16 +102,7 @@ func TestReadersWhileTableChanges(t *testing.T) {
 	}
 
 	var done atomic.Bool
-	var mu sync.Mutex
-	var bad []string
-	report := func(format string, args ...any) {
-		mu.Lock()
-		if len(bad) < 10 {
-			bad = append(bad, fmt.Sprintf(format, args...))
-		}
-		mu.Unlock()
-		done.Store(true)
-	}
+	report, failures := collect(&done)
 	const nhot = 8
 	var acked, issued [nhot]atomic.Uint64 // hot keys' sequences
 	var filled atomic.Int64               // keys f0.. acknowledged by the filler
@@ -344,7 +335,7 @@ func TestReadersWhileTableChanges(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d keys filled in %d batches; %d gets (%d stale-ok, %d of a replica catching up or just after)",
 		filled.Load(), batches.Load(), gets.Load(), staleGets.Load(), restoreTotal)
-	for _, b := range bad {
+	for _, b := range failures() {
 		t.Error(b)
 	}
 	for _, cl := range cls {
