@@ -39,22 +39,7 @@ type hubWaiter struct {
 	ch   chan struct{} // capacity 1
 }
 
-// futexWaitv is struct futex_waitv (linux/futex.h).
-type futexWaitv struct {
-	val      uint64
-	uaddr    uint64
-	flags    uint32
-	reserved uint32
-}
-
-const (
-	futex2SizeU32 = 0x02 // FUTEX2_SIZE_U32
-	futex2Private = 128  // FUTEX2_PRIVATE: the hub's own kick word
-	futexWaitvMax = 128  // FUTEX_WAITV_MAX
-	futexPrivate  = 128  // FUTEX_PRIVATE_FLAG for futex(2)
-	hubMaxWaiters = futexWaitvMax - 1
-	sysFutexWaitv = 449 // the same number on every Linux architecture
-)
+const hubMaxWaiters = futexWaitvMax - 1
 
 // hub is the process's doorbell hub.
 var hub struct {
@@ -72,13 +57,6 @@ var hub struct {
 var openNodes atomic.Int32
 
 const hubMinNodes = 2
-
-// hasWaitv reports whether the kernel takes FUTEX_WAITV: an empty list is
-// EINVAL where it exists, ENOSYS (or a seccomp refusal) where not.
-var hasWaitv = sync.OnceValue(func() bool {
-	_, _, e := unix.Syscall6(sysFutexWaitv, 0, 0, 0, 0, 0, 0)
-	return e == unix.EINVAL
-})
 
 // useHub reports whether a wait about to park should park through the hub.
 func useHub() bool {
@@ -186,33 +164,9 @@ func hubRun() {
 		// Returns on a wake of any word, at once (EAGAIN) if one already
 		// moved, on a signal, or EFAULT if a node closed and its file was
 		// unmapped meanwhile (its waiter is gone by then): all rescan.
-		futexWaitvBlocking(unsafe.Pointer(&ws[0]), len(ws))
+		futexWaitvBlocking(unsafe.Pointer(&ws[0]), len(ws), nil)
 		hub.mu.Lock()
 		hub.asleep = false
 		hub.mu.Unlock()
 	}
-}
-
-// The runtime's own entry and exit of a system call known to block: the P
-// is handed off at entry (sysmon is not waited for) and taken again, or
-// another one, at exit. Reached by linkname; the runtime keeps both for
-// such callers (see go.dev/issue/67401).
-//
-//go:linkname entersyscallblock runtime.entersyscallblock
-func entersyscallblock()
-
-//go:linkname exitsyscall runtime.exitsyscall
-func exitsyscall()
-
-// futexWaitvBlocking is FUTEX_WAITV on n entries at ws, no timeout, with the
-// goroutine's P given back while it sleeps. Nosplit and a raw system call
-// between the two runtime calls: nothing may grow the stack or preempt in
-// between.
-//
-//go:nosplit
-//go:norace
-func futexWaitvBlocking(ws unsafe.Pointer, n int) {
-	entersyscallblock()
-	unix.RawSyscall6(sysFutexWaitv, uintptr(ws), uintptr(n), 0, 0, 0, 0)
-	exitsyscall()
 }

@@ -1,0 +1,56 @@
+package shm
+
+import (
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/fabrictest"
+)
+
+// TestWaitSetFallback: without FUTEX_WAITV a WaitSet sleeps in FUTEX_WAIT
+// on its first node (never a hub thread) and still wakes for a ring of
+// any node, a Kick, or its deadline.
+func TestWaitSetFallback(t *testing.T) {
+	noWaitv.Store(true)
+	defer noWaitv.Store(false)
+	fabrictest.RunWaitSet(t, harness)
+}
+
+// TestXWaitSetWake: a Notify write from another process wakes a WaitSet
+// parked on this process's two nodes, with or without FUTEX_WAITV.
+func TestXWaitSetWake(t *testing.T) {
+	for _, fallback := range []bool{false, true} {
+		noWaitv.Store(fallback)
+		o := newTestOptions(t)
+		n4, n1 := mustOpen(t, 4, o), mustOpen(t, 1, o)
+		r1 := mustRegister(t, n1, 1, 64, 4, rdma.PermReadWrite)
+		nf := startChild(t, o, "notifier", "id=3", "peer=1")
+		nf.expect("ready")
+		if err := r1.Grant(3, rdma.PermWrite); err != nil {
+			t.Fatal(err)
+		}
+		ws := rdma.NewWaitSet([]rdma.Doorbell{n4.Doorbell(), n1.Doorbell()})
+		snap := ws.Snapshot(nil)
+		woke := make(chan bool, 1)
+		go func() { woke <- ws.Wait(snap, rdma.Mono()+20*time.Second) }()
+		waitParked(t, n1, n4)
+		if _, err := nf.stdin.Write([]byte("go\n")); err != nil {
+			t.Fatal(err)
+		}
+		nf.expect("rang")
+		select {
+		case ok := <-woke:
+			if !ok {
+				t.Fatalf("fallback %v: the WaitSet's Wait returned false", fallback)
+			}
+		case <-time.After(25 * time.Second):
+			t.Fatalf("fallback %v: a Notify write from another process did not wake the WaitSet", fallback)
+		}
+		if rdma.Load64(n1.nf, nodeParkedW) != 0 || rdma.Load64(n4.nf, nodeParkedW) != 0 {
+			t.Fatalf("fallback %v: a node still counts a parked waiter after the Wait", fallback)
+		}
+		ws.Close()
+	}
+	noWaitv.Store(false)
+}
