@@ -7,7 +7,7 @@
 //
 // A Member is one replica at work: an rdma node (shm, tcp, or any node the
 // caller opened, e.g. on the mem fabric), a broadcast.Replica polled by a
-// broadcast.Driver on its own goroutine, an FSM that records what was
+// poller.Group of one poller on its own goroutine, an FSM that records what was
 // delivered (Config.Record: every entry, for tests; otherwise a count and a
 // running hash, so that benchmarks run for hours in bounded memory), with
 // an optional ballast state of Config.StateBytes bytes captured copy on
@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
@@ -206,10 +207,11 @@ func Start(cfg Config, node rdma.Node) (*Member, error) {
 	m.r = r
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
-	d := broadcast.NewDriver(r, node.Doorbell())
+	g := poller.NewGroup(poller.GroupConfig{Pollers: 1})
+	g.Add(r, node)
 	go func() {
 		defer close(m.done)
-		d.Run(ctx)
+		g.Run(ctx)
 	}()
 	return m, nil
 }
