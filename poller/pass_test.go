@@ -65,3 +65,34 @@ type idleTask struct{}
 
 func (*idleTask) Poll(time.Duration) bool     { return false }
 func (*idleTask) NextDeadline() time.Duration { return never }
+
+// TestAssignment: Add gives each task to the least loaded poller; AddTo
+// keeps the tasks of one key on the poller of the key's first task (which
+// Add's rule chose), and Remove frees the slot for the next Add.
+func TestAssignment(t *testing.T) {
+	g := NewGroup(GroupConfig{Pollers: 2})
+	var hs []*Handle
+	for i := range 6 {
+		hs = append(hs, g.AddTo(i/3, &idleTask{})) // key 0: tasks 0-2, key 1: 3-5
+	}
+	for i, h := range hs {
+		if h.p != hs[i/3*3].p {
+			t.Fatalf("task %d of key %d is on poller %d, its key's first task on %d", i, i/3, h.p.idx, hs[i/3*3].p.idx)
+		}
+	}
+	if hs[0].p == hs[3].p {
+		t.Fatal("both keys on one poller: the second key's first task did not go to the least loaded one")
+	}
+	a, b := g.Add(&idleTask{}), g.Add(&idleTask{})
+	if a.p == b.p {
+		t.Fatal("two tasks added to pollers of equal load went to the same one")
+	}
+	hs[0].Remove()
+	hs[1].Remove()
+	if c := g.Add(&idleTask{}); c.p != hs[0].p {
+		t.Fatalf("Add after two Removes chose poller %d, not the less loaded %d", c.p.idx, hs[0].p.idx)
+	}
+	if st := g.Stats(); st[0].Tasks+st[1].Tasks != 7 {
+		t.Fatalf("stats count %d+%d tasks, want 7", st[0].Tasks, st[1].Tasks)
+	}
+}

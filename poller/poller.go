@@ -123,13 +123,26 @@ func (g *Group) Now() time.Duration { return rdma.Mono() - g.origin }
 // one of nodes, then the first), for good: tasks never move. The poller
 // waits on the doorbells of nodes. t is polled from the next pass on.
 func (g *Group) Add(t Task, nodes ...rdma.Node) *Handle {
+	return g.add(-1, t, nodes)
+}
+
+// AddTo is Add for a task with affinity key (>= 0): every task of one key
+// goes to the poller of the key's first task (chosen as Add chooses), so
+// that the replicas of one group in one process exchange their messages
+// within one poller's passes, with no wake-up between them.
+func (g *Group) AddTo(key int, t Task, nodes ...rdma.Node) *Handle {
+	return g.add(key, t, nodes)
+}
+
+func (g *Group) add(key int, t Task, nodes []rdma.Node) *Handle {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	best, bestLoad, bestShares := -1, 0, false
 	for i, p := range g.ps {
 		p.mu.Lock()
-		load, shares := len(p.handles), false
+		load, shares, keyed := len(p.handles), false, false
 		for _, h := range p.handles {
+			keyed = keyed || key >= 0 && h.key == key
 			for _, n := range h.nodes {
 				for _, m := range nodes {
 					shares = shares || n == m
@@ -137,12 +150,16 @@ func (g *Group) Add(t Task, nodes ...rdma.Node) *Handle {
 			}
 		}
 		p.mu.Unlock()
+		if keyed {
+			best = i
+			break
+		}
 		if best < 0 || load < bestLoad || load == bestLoad && shares && !bestShares {
 			best, bestLoad, bestShares = i, load, shares
 		}
 	}
 	p := g.ps[best]
-	h := &Handle{p: p, t: t, nodes: append([]rdma.Node(nil), nodes...)}
+	h := &Handle{p: p, t: t, key: key, nodes: append([]rdma.Node(nil), nodes...)}
 	p.mu.Lock()
 	p.handles = append(p.handles, h)
 	p.mu.Unlock()
@@ -210,6 +227,7 @@ func (g *Group) Stats() []PollerStats {
 type Handle struct {
 	p     *poller
 	t     Task
+	key   int // AddTo's affinity key, -1 for none
 	nodes []rdma.Node
 	// guarded by p.mu
 	paused, removed bool

@@ -107,7 +107,9 @@ func (c *Cluster) start(g, i int) error {
 		return fmt.Errorf("localcluster: replica %d of group %d: %w", i, g, err)
 	}
 	sr := server.NewReplica(g, i, id, r)
-	rp := &replica{g: g, i: i, node: node, r: r, sr: sr, h: c.pollers.Add(sr, node)}
+	// A group's replicas share a poller: their messages to each other
+	// then need no wake-up.
+	rp := &replica{g: g, i: i, node: node, r: r, sr: sr, h: c.pollers.AddTo(g, sr, node)}
 	c.mu.Lock()
 	c.reps[g][i] = rp
 	c.mu.Unlock()

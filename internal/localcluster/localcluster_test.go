@@ -58,19 +58,20 @@ func openClient(t *testing.T, lc *localcluster.Cluster, slot int) *client.Client
 	return c
 }
 
-// TestLinearizableOnPollers: an shm cluster of two groups whose six
-// replicas share the process's pollers (each poller owns replicas of both
-// groups, parked on all their nodes' doorbells at once) serves concurrent
-// puts, deletes and linearizable gets from two clients, while followers
-// are paused and resumed; the history is linearizable (porcupine).
+// TestLinearizableOnPollers: an shm cluster of three groups whose nine
+// replicas share the process's pollers (a group's replicas stay on one
+// poller, so with two pollers one of them owns two groups' replicas,
+// parked on all their nodes' doorbells at once) serves concurrent puts,
+// deletes and linearizable gets from two clients, while followers are
+// paused and resumed; the history is linearizable (porcupine).
 func TestLinearizableOnPollers(t *testing.T) {
-	lc := startShm(t, "lin", 2)
+	lc := startShm(t, "lin", 3)
 	tasks := 0
 	for _, st := range lc.PollerStats() {
 		tasks += st.Tasks
 	}
-	if tasks != 6 {
-		t.Fatalf("pollers own %d tasks, want the 6 replicas", tasks)
+	if tasks != 9 {
+		t.Fatalf("pollers own %d tasks, want the 9 replicas", tasks)
 	}
 	cs := []*client.Client{openClient(t, lc, 0), openClient(t, lc, 1)}
 	rec := kvcheck.NewRecorder(nil)
@@ -87,7 +88,7 @@ func TestLinearizableOnPollers(t *testing.T) {
 				return
 			default:
 			}
-			g := rng.IntN(2)
+			g := rng.IntN(3)
 			i := rng.IntN(3)
 			if lc.Leader(g) == i {
 				continue
@@ -103,7 +104,7 @@ func TestLinearizableOnPollers(t *testing.T) {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 3))
 			for n := range ops {
-				key := fmt.Sprintf("k%d", rng.IntN(6))
+				key := fmt.Sprintf("k%d", rng.IntN(9))
 				switch rng.IntN(3) {
 				case 0:
 					v := fmt.Sprintf("w%d-%d", w, n)
