@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -167,4 +168,37 @@ func TestPauseStopsPolls(t *testing.T) {
 	a.held.Store(false)
 	ha.Resume()
 	waitPolls(a, "a resumed task is not polled")
+}
+
+// TestDoAcrossStop: Do calls racing the end of Run all return (run by the
+// finishing poller, or on the caller once it stopped), never hang.
+func TestDoAcrossStop(t *testing.T) {
+	for round := range 200 {
+		g := poller.NewGroup(poller.GroupConfig{Pollers: 1, Spin: -1})
+		st := &stateTask{}
+		h := g.Add(st)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for range 20 {
+					h.Do(func() { st.n++ })
+				}
+			})
+		}
+		if round%2 == 0 {
+			runtime.Gosched()
+		}
+		cancel()
+		all := make(chan struct{})
+		go func() { wg.Wait(); close(all) }()
+		select {
+		case <-all:
+		case <-time.After(testWait):
+			t.Fatalf("round %d: a Do call racing the end of Run never returned", round)
+		}
+		<-done
+	}
 }

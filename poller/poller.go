@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,8 +237,8 @@ type Handle struct {
 
 // Do runs f on the goroutine that polls the task, between two of its
 // Polls (paused or not), and waits for it; f may touch the task's state.
-// If the group does not run, f runs on the caller's goroutine. f must not
-// call the handle's methods.
+// If the group does not run, f runs on the caller's goroutine (one such
+// call at a time). f must not call the group's or its handles' methods.
 func (h *Handle) Do(f func()) error {
 	p := h.p
 	p.mu.Lock()
@@ -246,14 +247,20 @@ func (h *Handle) Do(f func()) error {
 		return ErrRemoved
 	}
 	if !p.running {
-		p.mu.Unlock()
+		// Under the lock: serialized with other such calls and with the
+		// start of Run.
+		defer p.mu.Unlock()
 		f()
 		return nil
 	}
 	done := make(chan struct{})
 	h.dos = append(h.dos, func() { f(); close(done) })
+	// dirty under the lock: a poller that is finishing sees it before it
+	// stops running (and runs f).
+	p.dirty.Store(true)
+	ws := p.ws
 	p.mu.Unlock()
-	p.changed()
+	ws.Kick()
 	<-done
 	return nil
 }
@@ -315,6 +322,7 @@ type poller struct {
 
 	// owned by the poller goroutine
 	tasks   []Task
+	dbs     []rdma.Doorbell // the WaitSet's
 	snap    []uint64
 	maxPark time.Duration
 	spin    time.Duration // current spin budget (adaptive)
@@ -390,13 +398,16 @@ func (p *poller) refresh() {
 	if p.maxPark == 0 {
 		p.maxPark = DefaultMaxPark
 	}
-	old := p.ws
-	p.ws = rdma.NewWaitSet(dbs)
+	var old rdma.WaitSet
+	if !slices.Equal(dbs, p.dbs) {
+		old, p.ws, p.dbs = p.ws, rdma.NewWaitSet(dbs), dbs
+	}
 	p.applied = p.gen
 	p.cond.Broadcast()
 	p.mu.Unlock()
-	old.Close()
-	p.snap = p.snap[:0]
+	if old != nil {
+		old.Close()
+	}
 }
 
 // finish runs at the poller's end: queued Do calls run, changes apply,

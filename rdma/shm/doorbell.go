@@ -97,12 +97,13 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 	}
 	rdma.Add64(nf, nodeParkedW, 1)
 	defer rdma.Add64(nf, nodeParkedW, ^uint64(0))
-	ts := absTimespec(deadline)
 	addr := unsafe.Pointer(&nf[nodeSeqW:][:8][0])
 	for !changed() {
-		if rdma.Mono() >= deadline {
+		now := rdma.Mono()
+		if now >= deadline {
 			return false
 		}
+		ts := absTimespec(min(deadline, now+time.Hour)) // no overflow for a far deadline
 		// Returns at once (EAGAIN) if the low word no longer holds seq, on
 		// a wake, on a signal (EINTR) or at the timeout: all recheck. The
 		// P is handed back while it sleeps (see waitset.go).

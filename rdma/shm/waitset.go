@@ -235,7 +235,7 @@ func (s *waitSet) park(snap []uint64, deadline time.Duration) bool {
 		}
 		// Several doorbells beyond what one wait covers: look again
 		// every millisecond.
-		until := deadline
+		until := min(deadline, now+time.Hour) // no overflow for a far deadline
 		if !s.waitv && len(s.dbs) > 1 || len(s.dbs) > n {
 			until = min(deadline, now+time.Millisecond)
 		}
