@@ -76,8 +76,8 @@ type Config struct {
 	Addrs map[rdma.NodeID]string `json:"addrs,omitempty"`
 	// Secret is the tcp cluster secret (at least tcp.MinSecret bytes).
 	Secret []byte `json:"secret,omitempty"`
-	// Spin is the fabric's doorbell spin budget (Options.Spin): 0 means
-	// rdma.DefaultSpin, negative parks at once.
+	// Spin is the fabric's doorbell spin budget (Options.Spin) and the
+	// member's poller's: 0 means rdma.DefaultSpin, negative parks at once.
 	Spin time.Duration `json:"spin,omitempty"`
 	// PeerTimeout is the fabric's dead-peer timeout; 0 keeps the
 	// fabric's default (2 s).
@@ -207,7 +207,7 @@ func Start(cfg Config, node rdma.Node) (*Member, error) {
 	m.r = r
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
-	g := poller.NewGroup(poller.GroupConfig{Pollers: 1})
+	g := poller.NewGroup(poller.GroupConfig{Pollers: 1, Spin: cfg.Spin})
 	g.Add(r, node)
 	go func() {
 		defer close(m.done)

@@ -54,7 +54,7 @@ type Config struct {
 	// default StartExisting for a restart (which then needs the file).
 	Start broadcast.StartMode `json:"start,omitempty"`
 	// Spin and PeerTimeout are the node's shm.Options (0: the defaults;
-	// a negative Spin parks at once).
+	// a negative Spin parks at once); Spin is the poller's too.
 	Spin        time.Duration `json:"spin,omitempty"`
 	PeerTimeout time.Duration `json:"peer_timeout,omitempty"`
 	// Tuning is handed to the replica's broadcast.Config (0: defaults).

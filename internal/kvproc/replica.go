@@ -109,7 +109,7 @@ func serveReplica(cfg Config, sc *bufio.Scanner, w *lineWriter) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		g := poller.NewGroup(poller.GroupConfig{Pollers: 1, MaxPark: maxPark})
+		g := poller.NewGroup(poller.GroupConfig{Pollers: 1, MaxPark: maxPark, Spin: cfg.Spin})
 		g.Add(sp, node)
 		g.Run(ctx)
 	})

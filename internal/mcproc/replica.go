@@ -296,7 +296,7 @@ func serveReplica(cfg Config, sc *bufio.Scanner, em *emitter) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		g := poller.NewGroup(poller.GroupConfig{Pollers: 1, MaxPark: maxPark})
+		g := poller.NewGroup(poller.GroupConfig{Pollers: 1, MaxPark: maxPark, Spin: cfg.Spin})
 		g.Add(&statsPoller{r: r, st: st, last: -time.Hour}, node)
 		g.Run(ctx)
 	}()
