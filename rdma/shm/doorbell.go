@@ -107,7 +107,7 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 		// Returns at once (EAGAIN) if the low word no longer holds seq, on
 		// a wake, on a signal (EINTR) or at the timeout: all recheck. The
 		// P is handed back while it sleeps (see waitset.go).
-		futexWaitBlocking(addr, uint32(seq), unsafe.Pointer(&ts))
+		futexWaitBlocking(addr, futexWaitBitset, uint32(seq), unsafe.Pointer(&ts))
 	}
 	return true
 }

@@ -94,15 +94,16 @@ func futexWaitvBlocking(ws unsafe.Pointer, n int, ts unsafe.Pointer) {
 	exitsyscall()
 }
 
-// futexWaitBlocking is FUTEX_WAIT_BITSET (shared, any bit) on the word at
-// addr while it holds val, until the absolute CLOCK_MONOTONIC time at ts,
-// with the P given back (as futexWaitvBlocking).
+// futexWaitBlocking is FUTEX_WAIT_BITSET (any bit; op adds
+// FUTEX_PRIVATE_FLAG or not) on the word at addr while it holds val, until
+// the absolute CLOCK_MONOTONIC time at ts, with the P given back (as
+// futexWaitvBlocking).
 //
 //go:nosplit
 //go:norace
-func futexWaitBlocking(addr unsafe.Pointer, val uint32, ts unsafe.Pointer) {
+func futexWaitBlocking(addr unsafe.Pointer, op uintptr, val uint32, ts unsafe.Pointer) {
 	entersyscallblock()
-	unix.RawSyscall6(unix.SYS_FUTEX, uintptr(addr), futexWaitBitset, uintptr(val), uintptr(ts), 0, futexBitsetAny)
+	unix.RawSyscall6(unix.SYS_FUTEX, uintptr(addr), op, uintptr(val), uintptr(ts), 0, futexBitsetAny)
 	exitsyscall()
 }
 
@@ -247,9 +248,9 @@ func (s *waitSet) park(snap []uint64, deadline time.Duration) bool {
 		case s.waitv:
 			futexWaitvBlocking(unsafe.Pointer(&s.ws[0]), len(s.ws), unsafe.Pointer(&s.ts))
 		case n > 0 && s.open[0]:
-			futexWaitBlocking(unsafe.Pointer(&s.dbs[0].nf[nodeSeqW:][:8][0]), uint32(snap[0]), unsafe.Pointer(&s.ts))
+			futexWaitBlocking(unsafe.Pointer(&s.dbs[0].nf[nodeSeqW:][:8][0]), futexWaitBitset, uint32(snap[0]), unsafe.Pointer(&s.ts))
 		default:
-			futexWaitBlocking(unsafe.Pointer(&s.kick), s.seen, unsafe.Pointer(&s.ts))
+			futexWaitBlocking(unsafe.Pointer(&s.kick), futexWaitBitset|futexPrivate, s.seen, unsafe.Pointer(&s.ts))
 		}
 	}
 	return true

@@ -33,7 +33,7 @@ func TestXWaitSetWake(t *testing.T) {
 		ws := rdma.NewWaitSet([]rdma.Doorbell{n4.Doorbell(), n1.Doorbell()})
 		snap := ws.Snapshot(nil)
 		woke := make(chan bool, 1)
-		go func() { woke <- ws.Wait(snap, rdma.Mono()+20*time.Second) }()
+		go func() { woke <- ws.Wait(snap, rdma.Mono()+time.Minute) }()
 		waitParked(t, n1, n4)
 		if _, err := nf.stdin.Write([]byte("go\n")); err != nil {
 			t.Fatal(err)
@@ -53,4 +53,41 @@ func TestXWaitSetWake(t *testing.T) {
 		ws.Close()
 	}
 	noWaitv.Store(false)
+}
+
+// TestWaitSetClosedNode: a WaitSet whose first node closed (its owner
+// should have dropped it first, but may not have yet) still parks, and a
+// Kick or a ring of its other node wakes it, with or without FUTEX_WAITV.
+func TestWaitSetClosedNode(t *testing.T) {
+	defer noWaitv.Store(false)
+	for _, fallback := range []bool{false, true} {
+		noWaitv.Store(fallback)
+		o := newTestOptions(t)
+		a, err := Open(1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustOpen(t, 2, o)
+		ws := rdma.NewWaitSet([]rdma.Doorbell{a.Doorbell(), b.Doorbell()})
+		a.Close()
+		for _, wake := range []func(){ws.Kick, b.Doorbell().Ring} {
+			snap := ws.Snapshot(nil)
+			if ws.Wait(snap, rdma.Mono()+10*time.Millisecond) {
+				t.Fatalf("fallback %v: a WaitSet with a closed node woke with nothing rung", fallback)
+			}
+			woke := make(chan bool, 1)
+			go func() { woke <- ws.Wait(snap, rdma.Mono()+time.Minute) }()
+			time.Sleep(5 * time.Millisecond)
+			wake()
+			select {
+			case ok := <-woke:
+				if !ok {
+					t.Fatalf("fallback %v: Wait returned false after a wake", fallback)
+				}
+			case <-time.After(20 * time.Second): // a lost wake-up: Wait sleeps out its minute
+				t.Fatalf("fallback %v: a WaitSet with a closed first node was not woken", fallback)
+			}
+		}
+		ws.Close()
+	}
 }
