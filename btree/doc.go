@@ -19,8 +19,11 @@
 //     fence check on every node (Alg. 2 line 5), plus the B-link move right
 //     through the sibling link when a split moved the key's range, so a
 //     reader never waits for a parent to learn of a split.
+//   - Cache is a client's cache of inner nodes, indexed by fence range per
+//     level and bounded by bytes, whose stale entries are dropped one level
+//     at a time (Alg. 2 lines 9-12): a warm lookup is one leaf read.
 //   - Check verifies the whole structure; Stats reports its shape.
 //
 // Later stages put the arena in registered regions, apply ordered ops from
-// the log, and add the client's cache of inner nodes and scans.
+// the log, read nodes one-sided, and add scans.
 package btree

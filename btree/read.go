@@ -29,35 +29,9 @@ type ReadFunc func(slot uint32) ([]byte, error)
 // pointer's source and descend again), never an answer. reads counts the
 // nodes read.
 func Lookup(read ReadFunc, start NodeID, key []byte) (val []byte, found bool, reads int, err error) {
-	id, level := start, -1
-	for reads < maxSteps {
-		b, err := read(id.Slot())
-		reads++
-		if err != nil {
-			return nil, false, reads, err
-		}
-		n, err := Decode(b, id)
-		if err != nil {
-			return nil, false, reads, err
-		}
-		if n.Dead {
-			return nil, false, reads, ErrNotNode
-		}
-		if (level >= 0 && n.Level != level) || string(key) < string(n.Low) {
-			return nil, false, reads, ErrStale
-		}
-		if !n.Covers(key) {
-			if n.Next == 0 {
-				return nil, false, reads, ErrMalformed
-			}
-			id = n.Next // move right: a split moved key's range there
-			continue
-		}
-		if n.Leaf {
-			v, ok := n.Find(key)
-			return v, ok, reads, nil
-		}
-		id, level = n.ChildFor(key), n.Level-1
-	}
-	return nil, false, reads, ErrRetry
+	val, found, reads, _, err = noCache.descend(read, start, -1, key)
+	return val, found, reads, err
 }
+
+// noCache is a cache of nothing: Lookup is a descent that caches nothing.
+var noCache = NewCache(0)
