@@ -3,6 +3,7 @@ package btree
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	tbtree "github.com/tidwall/btree"
 )
@@ -65,8 +66,8 @@ type cached struct {
 	keys    []string
 	kids    []NodeID
 	size    int
-	ring    int // position in ring
-	used    bool
+	ring    int         // position in ring
+	used    atomic.Bool // set by lookups under the read lock
 }
 
 func (c *cached) covers(key []byte) bool {
@@ -108,7 +109,7 @@ func (c *Cache) cover(key []byte) *cached {
 			return false
 		})
 		if hit != nil && hit.covers(key) {
-			hit.used = true
+			hit.used.Store(true)
 			return hit
 		}
 	}
@@ -123,7 +124,8 @@ func (c *Cache) add(n *Node) {
 	if c.maxBytes == 0 || n.Leaf {
 		return
 	}
-	e := &cached{id: n.ID, level: n.Level, low: string(n.Low), highInf: n.HighInf, used: true}
+	e := &cached{id: n.ID, level: n.Level, low: string(n.Low), highInf: n.HighInf}
+	e.used.Store(true)
 	if !n.HighInf {
 		e.high = string(n.High)
 	}
@@ -172,8 +174,8 @@ func (c *Cache) evictOne() {
 			c.hand = 0
 		}
 		e := c.ring[c.hand]
-		if e.used {
-			e.used = false
+		if e.used.Load() {
+			e.used.Store(false)
 			c.hand++
 			continue
 		}
