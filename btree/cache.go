@@ -29,14 +29,15 @@ import (
 // The cache is bounded by MaxBytes of decoded nodes, evicting by the clock
 // algorithm (a node used since the hand last passed gets another round).
 type Cache struct {
-	mu       sync.RWMutex
-	maxBytes int
-	bytes    int
-	levels   []*tbtree.BTreeG[*cached] // index by level-1
-	ring     []*cached                 // clock order
-	hand     int
-	stats    CacheStats
-	knobs    cacheKnobs
+	mu        sync.RWMutex
+	maxBytes  int
+	bytes     int
+	levels    []*tbtree.BTreeG[*cached] // index by level-1
+	ring      []*cached                 // clock order
+	hand      int
+	stats     CacheStats
+	knobs     cacheKnobs
+	scanKnobs scanKnobs
 }
 
 // cacheKnobs are planted bugs for the tests that must catch them.

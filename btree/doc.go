@@ -22,6 +22,11 @@
 //   - Cache is a client's cache of inner nodes, indexed by fence range per
 //     level and bounded by bytes, whose stale entries are dropped one level
 //     at a time (Alg. 2 lines 9-12): a warm lookup is one leaf read.
+//   - Cache.Scan reads the leaves of a range in the order the cached
+//     level-1 node lists them and through right links, accepting a leaf
+//     only when its stamp is at most the applied index the scan began
+//     from and its low fence is the previous leaf's high fence: the pairs
+//     are the tree's state at that index, or the scan reports ErrChanged.
 //   - Check verifies the whole structure; Stats reports its shape.
 //
 // Later stages put the arena in registered regions, apply ordered ops from
