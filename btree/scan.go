@@ -182,3 +182,129 @@ func (c *Cache) findLeaf(read ReadFunc, root NodeID, key []byte) (NodeID, *cache
 	}
 	return 0, nil, reads, ErrRetry
 }
+
+// ReverseScan appends to dst the pairs with start <= key < end (end nil:
+// no bound) in descending key order, at most limit of them (limit <= 0:
+// no limit), as of the state after entry applied, under Scan's rules:
+// each leaf validates, is stamped at most applied, and its high fence is
+// the low fence of the leaf read before it (to its right). It starts at
+// the leaf holding end (the rightmost leaf when end is nil) and walks
+// left through prev links, which a split or merge rewrites in the same
+// apply as the rest of the change.
+func (c *Cache) ReverseScan(read ReadFunc, root NodeID, applied uint64, start, end []byte, limit int, dst []KV) ([]KV, int, error) {
+	out := dst
+	reads := 0
+	var id NodeID
+	var src *cached
+	first := func() error {
+		var n int
+		var err error
+		if end == nil {
+			id, n, err = c.lastLeaf(read, root)
+			src = nil
+		} else {
+			id, src, n, err = c.findLeaf(read, root, end)
+		}
+		reads += n
+		return err
+	}
+	if err := first(); err != nil {
+		return dst, reads, err
+	}
+	var right *Node // the leaf read before this one, to its right
+	var ents []Entry
+	for stuck := 0; stuck < maxSteps; stuck++ {
+		b, err := read(id.Slot())
+		reads++
+		if err != nil {
+			return dst, reads, err
+		}
+		n, err := Decode(b, id)
+		if err == nil && (n.Dead || n.Level != 0) {
+			err = ErrNotNode
+		}
+		if err == nil && right == nil {
+			if end != nil && string(end) < string(n.Low) {
+				err = ErrStale
+			} else if !n.HighInf && (end == nil || string(end) >= string(n.High)) {
+				id = n.Next // end lies right of this leaf: a split moved it
+				continue
+			}
+		}
+		if err == nil && right != nil && (n.HighInf || string(n.High) != string(right.Low)) {
+			err = ErrChanged // a prev link older than applied's state
+		}
+		if errors.Is(err, ErrStale) || errors.Is(err, ErrNotNode) {
+			if right == nil && src != nil {
+				c.drop(src)
+				if err := first(); err != nil {
+					return dst, reads, err
+				}
+				continue
+			}
+			return dst, reads, ErrChanged
+		}
+		if err != nil {
+			return dst, reads, err
+		}
+		if n.Stamp > applied && !c.scanKnobs.skipStamp {
+			return dst, reads, ErrChanged
+		}
+		ents = ents[:0]
+		it := n.Entries()
+		for e, ok := it.next(); ok; e, ok = it.next() {
+			ents = append(ents, e)
+		}
+		for i := len(ents) - 1; i >= 0; i-- {
+			k := ents[i].Key
+			if end != nil && string(k) >= string(end) {
+				continue
+			}
+			if string(k) < string(start) {
+				return out, reads, nil
+			}
+			out = append(out, KV{Key: slices.Clone(k), Value: slices.Clone(ents[i].Value)})
+			if limit > 0 && len(out)-len(dst) >= limit {
+				return out, reads, nil
+			}
+		}
+		if string(n.Low) <= string(start) || n.Prev == 0 {
+			return out, reads, nil
+		}
+		right, id, stuck = &n, n.Prev, 0
+	}
+	return dst, reads, ErrRetry
+}
+
+// lastLeaf returns the rightmost leaf, descending from the root through
+// last children (and right links, if a split moved the right end).
+func (c *Cache) lastLeaf(read ReadFunc, root NodeID) (NodeID, int, error) {
+	id, reads := root, 0
+	for reads < maxSteps {
+		b, err := read(id.Slot())
+		reads++
+		if err != nil {
+			return 0, reads, err
+		}
+		n, err := Decode(b, id)
+		if err != nil {
+			return 0, reads, err
+		}
+		if n.Dead {
+			return 0, reads, ErrChanged
+		}
+		switch {
+		case !n.HighInf:
+			id = n.Next
+		case n.Leaf:
+			return id, reads, nil
+		default:
+			c.add(&n)
+			it := n.Entries()
+			for e, ok := it.next(); ok; e, ok = it.next() {
+				id = e.Child
+			}
+		}
+	}
+	return 0, reads, ErrRetry
+}

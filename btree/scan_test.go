@@ -79,6 +79,30 @@ func firstDiff(got, want []KV) string {
 	return fmt.Sprintf("%d pairs, want %d", len(got), len(want))
 }
 
+// wantDir is want, in descending order when reverse.
+func (e *scanEnv) wantDir(m *tbtree.Map[string, string], start, end []byte, limit int, reverse bool) []KV {
+	if !reverse {
+		return e.want(m, start, end, limit)
+	}
+	var out []KV
+	f := func(k, v string) bool {
+		if k < string(start) {
+			return false
+		}
+		if end != nil && k >= string(end) {
+			return true
+		}
+		out = append(out, KV{Key: []byte(k), Value: []byte(v)})
+		return limit <= 0 || len(out) < limit
+	}
+	if end == nil {
+		m.Reverse(f)
+	} else {
+		m.Descend(string(end), f)
+	}
+	return out
+}
+
 func sameKVs(a, b []KV) bool {
 	if len(a) != len(b) {
 		return false
@@ -134,7 +158,14 @@ func scanRacing(t *testing.T, knobs scanKnobs, scans int, strict bool) (changed 
 			applied, snap := e.stamp, e.model.Copy()
 			states = append(states[:0], snap)
 			racing = try == 0
-			got, _, err := c.Scan(read, e.tr.Root(), applied, start, end, limit, nil)
+			reverse := i%2 == 1
+			var got []KV
+			var err error
+			if reverse {
+				got, _, err = c.ReverseScan(read, e.tr.Root(), applied, start, end, limit, nil)
+			} else {
+				got, _, err = c.Scan(read, e.tr.Root(), applied, start, end, limit, nil)
+			}
 			if errors.Is(err, ErrChanged) && try == 0 {
 				changed++
 				continue
@@ -142,13 +173,13 @@ func scanRacing(t *testing.T, knobs scanKnobs, scans int, strict bool) (changed 
 			if err != nil {
 				return changed, fmt.Errorf("scan %d [%q, %q) limit %d: %v", i, start, end, limit, err)
 			}
-			want := e.want(snap, start, end, limit)
+			want := e.wantDir(snap, start, end, limit, reverse)
 			if !sameKVs(got, want) {
 				// Linearizable at all: equal to the state at some one
 				// moment of the scan's window?
 				later := false
 				for _, st := range states[1:] {
-					later = later || sameKVs(got, e.want(st, start, end, limit))
+					later = later || sameKVs(got, e.wantDir(st, start, end, limit, reverse))
 				}
 				if later && strict {
 					return changed, fmt.Errorf("scan %d [%q, %q) limit %d: the state at a later index than applied %d", i, start, end, limit, applied)
@@ -164,8 +195,8 @@ func scanRacing(t *testing.T, knobs scanKnobs, scans int, strict bool) (changed 
 	return changed, e.tr.Check()
 }
 
-// TestScanRacingWrites: scans that race with writes are each the state
-// at the applied index they began from, or are retried.
+// TestScanRacingWrites: scans and reverse scans that race with writes are
+// each the state at the applied index they began from, or are retried.
 func TestScanRacingWrites(t *testing.T) {
 	changed, err := scanRacing(t, scanKnobs{}, 1500, true)
 	if err != nil {
@@ -219,6 +250,13 @@ func staleListScans(t *testing.T, knobs scanKnobs) error {
 		}
 		if want := e.want(&e.model, start, end, limit); !sameKVs(got, want) {
 			return fmt.Errorf("scan %d [%q, %q) limit %d: %s", i, start, end, limit, firstDiff(got, want))
+		}
+		got, _, err = c.ReverseScan(read, e.tr.Root(), e.stamp, start, end, limit, nil)
+		if err != nil {
+			return fmt.Errorf("reverse scan [%q, %q): %v", start, end, err)
+		}
+		if want := e.wantDir(&e.model, start, end, limit, true); !sameKVs(got, want) {
+			return fmt.Errorf("reverse scan %d [%q, %q) limit %d: %s", i, start, end, limit, firstDiff(got, want))
 		}
 	}
 	if c.Stats().Drops == 0 {
