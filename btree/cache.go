@@ -226,6 +226,9 @@ func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (val []byte, foun
 			// parent.
 			c.drop(from)
 		}
+		if err != nil && !retryable(err) {
+			return nil, false, reads, err // the fabric's, or a malformed node
+		}
 		if err == nil {
 			c.mu.Lock()
 			c.stats.Lookups++
@@ -282,4 +285,11 @@ func (c *Cache) descend(read ReadFunc, id NodeID, level int, key []byte) (val []
 		id, level, first = n.ChildFor(key), n.Level-1, false
 	}
 	return nil, false, reads, moved, ErrRetry
+}
+
+// retryable reports whether a lookup that met err may descend again:
+// what it read was being written, freed, or reached through a stale
+// pointer.
+func retryable(err error) bool {
+	return errors.Is(err, ErrTorn) || errors.Is(err, ErrNotNode) || errors.Is(err, ErrStale) || errors.Is(err, ErrRetry)
 }

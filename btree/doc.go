@@ -29,6 +29,10 @@
 //     are the tree's state at that index, or the scan reports ErrChanged.
 //   - Check verifies the whole structure; Stats reports its shape.
 //
-// Later stages put the arena in registered regions, apply ordered ops from
-// the log, read nodes one-sided, and add scans.
+//   - Regions puts the arena and a header (root, geometry, applied index,
+//     check word) in a group's registered regions (ids from
+//     regions.BTree); Remote reads them one-sided over an rdma.Conn.
+//
+// Later stages apply ordered ops from the log in every replica, spread
+// tablets over groups, and give users keyspaces, kvcli and YCSB E.
 package btree
