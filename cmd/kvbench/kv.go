@@ -25,6 +25,7 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/hist"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/internal/redisproc"
@@ -32,7 +33,6 @@ import (
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/regions"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 const kvUsage = `usage: kvbench kv [flags]
@@ -1092,8 +1092,8 @@ func (e *kvEnv) openChild() (err error) {
 	if err := e.m.Fill(); err != nil {
 		return err
 	}
-	if e.node, err = shm.Open(kvClientID, shm.Options{Dir: e.wd, Cluster: e.name}); err != nil {
-		return fmt.Errorf("open the client's shm node: %w", err)
+	if e.node, err = fabric.Open(fabric.ForMap(e.m), kvClientID); err != nil {
+		return fmt.Errorf("the client's node: %w", err)
 	}
 	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	e.c, err = client.Open(octx, client.WithMap(e.m), client.WithNode(e.node))
