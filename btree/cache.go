@@ -209,7 +209,7 @@ const maxAttempts = 32
 // through read and caching the inner ones. It answers only from a leaf
 // that validated and holds key inside its fences. reads counts the node
 // reads made.
-func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (val []byte, found bool, reads int, err error) {
+func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (e Entry, found bool, reads int, err error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		from := c.cover(key)
 		id, level := root, -1
@@ -227,7 +227,7 @@ func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (val []byte, foun
 			c.drop(from)
 		}
 		if err != nil && !retryable(err) {
-			return nil, false, reads, err // the fabric's, or a malformed node
+			return Entry{}, false, reads, err // the fabric's, or a malformed node
 		}
 		if err == nil {
 			c.mu.Lock()
@@ -240,38 +240,38 @@ func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (val []byte, foun
 			return v, ok, reads, nil
 		}
 	}
-	return nil, false, reads, ErrRetry
+	return Entry{}, false, reads, ErrRetry
 }
 
 // descend is Lookup below its starting pointer (see the free function
 // Lookup), caching each inner node it reads. moved reports a move right
 // on the first level it read: the pointer it started from predates a
 // split.
-func (c *Cache) descend(read ReadFunc, id NodeID, level int, key []byte) (val []byte, found bool, reads int, moved bool, err error) {
+func (c *Cache) descend(read ReadFunc, id NodeID, level int, key []byte) (val Entry, found bool, reads int, moved bool, err error) {
 	first := true
 	for reads < maxSteps {
 		b, err := read(id.Slot())
 		reads++
 		if err != nil {
-			return nil, false, reads, moved, err
+			return Entry{}, false, reads, moved, err
 		}
 		n, err := Decode(b, id)
 		if err != nil {
-			return nil, false, reads, moved, err
+			return Entry{}, false, reads, moved, err
 		}
 		if n.Dead {
-			return nil, false, reads, moved, ErrNotNode
+			return Entry{}, false, reads, moved, ErrNotNode
 		}
 		if n.Leaf && c.knobs.skipFence {
 			v, ok := n.Find(key)
 			return v, ok, reads, moved, nil
 		}
 		if (level >= 0 && n.Level != level) || string(key) < string(n.Low) {
-			return nil, false, reads, moved, ErrStale
+			return Entry{}, false, reads, moved, ErrStale
 		}
 		if !n.Covers(key) {
 			if n.Next == 0 {
-				return nil, false, reads, moved, ErrMalformed
+				return Entry{}, false, reads, moved, ErrMalformed
 			}
 			id = n.Next // B-link: a split moved key's range to the right
 			moved = moved || first
@@ -284,7 +284,7 @@ func (c *Cache) descend(read ReadFunc, id NodeID, level int, key []byte) (val []
 		c.add(&n)
 		id, level, first = n.ChildFor(key), n.Level-1, false
 	}
-	return nil, false, reads, moved, ErrRetry
+	return Entry{}, false, reads, moved, ErrRetry
 }
 
 // retryable reports whether a lookup that met err may descend again:

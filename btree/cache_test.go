@@ -32,7 +32,7 @@ func cacheRun(t *testing.T, knobs cacheKnobs, ops int) (caches []*Cache, err err
 		switch p := r.IntN(10); {
 		case p < 3:
 			v := randVal(r, 24)
-			if _, err := tr.Put(k, v, uint64(i+2)); err != nil {
+			if _, err := tr.Put(k, v, uint64(i+2), uint64(i+2)); err != nil {
 				t.Fatal(err)
 			}
 			model.Set(string(k), string(v))
@@ -41,7 +41,8 @@ func cacheRun(t *testing.T, knobs cacheKnobs, ops int) (caches []*Cache, err err
 			model.Delete(string(k))
 		default:
 			c := caches[r.IntN(len(caches))]
-			v, found, _, err := c.Lookup(read, tr.Root(), k)
+			ent, found, _, err := c.Lookup(read, tr.Root(), k)
+			v := ent.Value
 			mv, mok := model.Get(string(k))
 			if err != nil || found != mok || string(v) != mv {
 				return caches, fmt.Errorf("op %d: lookup %q through cache %d = %q, %v, %v; model %q, %v", i, k, c.maxBytes, v, found, err, mv, mok)
@@ -96,7 +97,7 @@ func TestWarmLookupOneRead(t *testing.T) {
 	for i := 0; i < 20000; i++ {
 		k := []byte(fmt.Sprintf("user%016x", r.Uint64()))
 		keys = append(keys, k)
-		if _, err := tr.Put(k, []byte("0123456789"), uint64(i+2)); err != nil {
+		if _, err := tr.Put(k, []byte("0123456789"), uint64(i+2), uint64(i+2)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -130,7 +131,7 @@ func TestCacheConcurrent(t *testing.T) {
 	a := NewArena(cfg.NodeSize, 64, nil)
 	tr, _ := New(cfg, a, 1)
 	for i := 0; i < 3000; i++ {
-		tr.Put([]byte(fmt.Sprintf("k%05d", i)), []byte("v"), uint64(i+2))
+		tr.Put([]byte(fmt.Sprintf("k%05d", i)), []byte("v"), uint64(i+2), uint64(i+2))
 	}
 	read := arenaRead(a)
 	c := NewCache(4 << 10)

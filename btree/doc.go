@@ -10,23 +10,28 @@
 //     right and a left link, level, a stamp of the last apply that wrote it,
 //     entries, and a check word; Decode validates an image against the id
 //     a pointer named (slot and incarnation).
+//
 //   - Tree is the writer (a replica's apply): Put, Delete, splits that push
 //     a separator into the parent in the same change, and merges of
 //     emptied leaves into their left sibling. It writes whole node images
 //     in an order that keeps every intermediate state correct for a
 //     validating reader (new nodes before the links to them).
+//
 //   - Lookup is the reader: DynaTree's search (Alg. 3 lines 12-19) with its
 //     fence check on every node (Alg. 2 line 5), plus the B-link move right
 //     through the sibling link when a split moved the key's range, so a
 //     reader never waits for a parent to learn of a split.
+//
 //   - Cache is a client's cache of inner nodes, indexed by fence range per
 //     level and bounded by bytes, whose stale entries are dropped one level
 //     at a time (Alg. 2 lines 9-12): a warm lookup is one leaf read.
+//
 //   - Cache.Scan reads the leaves of a range in the order the cached
 //     level-1 node lists them and through right links, accepting a leaf
 //     only when its stamp is at most the applied index the scan began
 //     from and its low fence is the previous leaf's high fence: the pairs
 //     are the tree's state at that index, or the scan reports ErrChanged.
+//
 //   - Check verifies the whole structure; Stats reports its shape.
 //
 //   - Regions puts the arena and a header (root, geometry, applied index,

@@ -20,7 +20,7 @@ func sampleNodes(t testing.TB) [][]byte {
 	}
 	out := [][]byte{slices.Clone(a.Bytes(tr.Root().Slot()))}
 	for i := 0; i < 200; i++ {
-		if _, err := tr.Put([]byte(fmt.Sprintf("key-%03d", i*7%200)), []byte(fmt.Sprintf("v%d", i)), uint64(i+2)); err != nil {
+		if _, err := tr.Put([]byte(fmt.Sprintf("key-%03d", i*7%200)), []byte(fmt.Sprintf("v%d", i)), uint64(i+2), uint64(i+2)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -118,7 +118,7 @@ func FuzzTreeOps(f *testing.F) {
 				continue
 			}
 			v := []byte(fmt.Sprintf("%d", i))
-			if _, err := tr.Put(k, v, uint64(i+2)); err != nil {
+			if _, err := tr.Put(k, v, uint64(i+2), uint64(i+2)); err != nil {
 				t.Fatal(err)
 			}
 			model.Set(string(k), string(v))

@@ -41,7 +41,10 @@ import (
 //
 // Leaf entry, sorted by key:
 //
-//	[klen u16][vlen u32][key][value]
+//	[klen u16][vlen u32][version u64][key][value]
+//
+//	version  the version of the write that stored the value (kv's: entry
+//	         index << 16 | op number), for compare-and-swap
 //
 // Inner entry, sorted by key; child i holds [key i, key i+1), the last
 // child up to the node's high fence, and key 0 equals the low fence:
@@ -59,7 +62,7 @@ const (
 	hdrSize  = 40
 
 	checkSize = 8
-	leafEnt   = 6  // klen u16 + vlen u32
+	leafEnt   = 14 // klen u16 + vlen u32 + version u64
 	innerEnt  = 10 // klen u16 + child u64
 
 	flagLeaf    = 1
@@ -210,9 +213,10 @@ func (n *Node) Covers(key []byte) bool {
 // Entry is one entry of a node: a key and, in a leaf, its value, in an
 // inner node the child holding [Key, next entry's Key).
 type Entry struct {
-	Key   []byte
-	Value []byte
-	Child NodeID
+	Key     []byte
+	Value   []byte
+	Version uint64 // leaves: the version of the write that stored Value
+	Child   NodeID
 }
 
 // Entries iterates the node's entries in key order.
@@ -239,6 +243,7 @@ func (it *EntryIter) next() (Entry, bool) {
 		if vl < 0 || len(b)-leafEnt < kl || len(b)-leafEnt-kl < vl {
 			return e, false
 		}
+		e.Version = binary.LittleEndian.Uint64(b[6:])
 		e.Key = b[leafEnt : leafEnt+kl]
 		e.Value = b[leafEnt+kl : leafEnt+kl+vl]
 		it.rest = b[leafEnt+kl+vl:]
@@ -257,19 +262,19 @@ func (it *EntryIter) next() (Entry, bool) {
 	return e, true
 }
 
-// Find looks key up in a leaf: its value and whether it is there.
-func (n *Node) Find(key []byte) ([]byte, bool) {
+// Find looks key up in a leaf: its entry and whether it is there.
+func (n *Node) Find(key []byte) (Entry, bool) {
 	it := n.Entries()
 	for {
 		e, ok := it.next()
 		if !ok {
-			return nil, false
+			return Entry{}, false
 		}
 		switch c := cmp(e.Key, key); {
 		case c == 0:
-			return e.Value, true
+			return e, true
 		case c > 0:
-			return nil, false
+			return Entry{}, false
 		}
 	}
 }
@@ -306,6 +311,7 @@ type image struct {
 	highInf, dead  bool
 	low, high      []byte
 	keys, vals     [][]byte // leaf
+	vers           []uint64 // leaf
 	kids           []NodeID // inner
 }
 
@@ -364,6 +370,7 @@ func (m *image) encode(dst []byte) {
 		le.PutUint16(dst[p:], uint16(len(k)))
 		if m.leaf() {
 			le.PutUint32(dst[p+2:], uint32(len(m.vals[i])))
+			le.PutUint64(dst[p+6:], m.vers[i])
 			p += leafEnt
 			p += copy(dst[p:], k)
 			p += copy(dst[p:], m.vals[i])

@@ -28,9 +28,9 @@ type ReadFunc func(slot uint32) ([]byte, error)
 // the caller to act on (ErrTorn, ErrNotNode: read again; ErrStale: drop the
 // pointer's source and descend again), never an answer. reads counts the
 // nodes read.
-func Lookup(read ReadFunc, start NodeID, key []byte) (val []byte, found bool, reads int, err error) {
-	val, found, reads, _, err = noCache.descend(read, start, -1, key)
-	return val, found, reads, err
+func Lookup(read ReadFunc, start NodeID, key []byte) (e Entry, found bool, reads int, err error) {
+	e, found, reads, _, err = noCache.descend(read, start, -1, key)
+	return e, found, reads, err
 }
 
 // noCache is a cache of nothing: Lookup is a descent that caches nothing.

@@ -95,7 +95,7 @@ func TestRemoteReadsRacingWriter(t *testing.T) {
 			if r.IntN(10) < 8 {
 				v := fmt.Sprintf("%s@%d", k, s)
 				h.add(k, s, v) // before the nodes change: readers may see them at once
-				if _, err := tr.Put([]byte(k), []byte(v), s); err != nil {
+				if _, err := tr.Put([]byte(k), []byte(v), s, s); err != nil {
 					panic(err)
 				}
 			} else if _, ok := tr.Get([]byte(k)); ok {
@@ -163,7 +163,8 @@ func TestRemoteReadsRacingWriter(t *testing.T) {
 					continue
 				}
 				k := fmt.Sprintf("k%04d", r.IntN(2000))
-				v, found, _, err := c.Lookup(read, hd.Root, []byte(k))
+				ent, found, _, err := c.Lookup(read, hd.Root, []byte(k))
+				v := ent.Value
 				end := writing.Load()
 				if err != nil {
 					errs <- fmt.Errorf("lookup %q: %v", k, err)

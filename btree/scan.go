@@ -13,6 +13,7 @@ var ErrChanged = errors.New("btree: a leaf changed during the scan; scan again")
 // KV is one pair of a scan. Its slices are the scan's own copies.
 type KV struct {
 	Key, Value []byte
+	Version    uint64
 }
 
 // scanKnobs are planted bugs for the tests that must catch them.
@@ -121,7 +122,7 @@ func (c *Cache) Scan(read ReadFunc, root NodeID, applied uint64, start, end []by
 			if end != nil && string(e.Key) >= string(end) {
 				return out, reads, nil
 			}
-			out = append(out, KV{Key: slices.Clone(e.Key), Value: slices.Clone(e.Value)})
+			out = append(out, KV{Key: slices.Clone(e.Key), Value: slices.Clone(e.Value), Version: e.Version})
 			if limit > 0 && len(out)-len(dst) >= limit {
 				return out, reads, nil
 			}
@@ -263,7 +264,7 @@ func (c *Cache) ReverseScan(read ReadFunc, root NodeID, applied uint64, start, e
 			if string(k) < string(start) {
 				return out, reads, nil
 			}
-			out = append(out, KV{Key: slices.Clone(k), Value: slices.Clone(ents[i].Value)})
+			out = append(out, KV{Key: slices.Clone(k), Value: slices.Clone(ents[i].Value), Version: ents[i].Version})
 			if limit > 0 && len(out)-len(dst) >= limit {
 				return out, reads, nil
 			}

@@ -47,7 +47,7 @@ func (e *scanEnv) write() {
 	}
 	if e.r.IntN(10) < 7 {
 		v := randVal(e.r, 24)
-		if _, err := e.tr.Put(k, v, e.stamp); err != nil {
+		if _, err := e.tr.Put(k, v, e.stamp, e.stamp); err != nil {
 			e.t.Fatal(err)
 		}
 		e.model.Set(string(k), string(v))
@@ -237,7 +237,7 @@ func staleListScans(t *testing.T, knobs scanKnobs) error {
 	for i := 0; i < 400; i++ {
 		e.stamp++
 		k := []byte(fmt.Sprintf("h%03d-%d", i%400, i))
-		if _, err := e.tr.Put(k, []byte("0123456789"), e.stamp); err != nil {
+		if _, err := e.tr.Put(k, []byte("0123456789"), e.stamp, e.stamp); err != nil {
 			t.Fatal(err)
 		}
 		e.model.Set(string(k), "0123456789")

@@ -123,6 +123,7 @@ func (t *Tree) load(id NodeID) *image {
 		m.keys = append(m.keys, e.Key)
 		if n.Leaf {
 			m.vals = append(m.vals, e.Value)
+			m.vers = append(m.vers, e.Version)
 		} else {
 			m.kids = append(m.kids, e.Child)
 		}
@@ -164,16 +165,17 @@ func (t *Tree) descend(key []byte) []NodeID {
 	}
 }
 
-// Get looks key up in the writer's tree.
-func (t *Tree) Get(key []byte) ([]byte, bool) {
+// Get looks key up in the writer's tree: its entry (value and version,
+// aliasing the arena until the next change) and whether it is there.
+func (t *Tree) Get(key []byte) (Entry, bool) {
 	path := t.descend(key)
 	n, _ := Decode(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
 	return n.Find(key)
 }
 
-// Put stores key -> val, written at stamp. It reports whether the key
-// was there before.
-func (t *Tree) Put(key, val []byte, stamp uint64) (existed bool, err error) {
+// Put stores key -> val with its version, written at stamp. It reports
+// whether the key was there before.
+func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err error) {
 	if err := t.checkSizes(key, val); err != nil {
 		return false, err
 	}
@@ -181,10 +183,11 @@ func (t *Tree) Put(key, val []byte, stamp uint64) (existed bool, err error) {
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if found {
-		leaf.vals[i] = val
+		leaf.vals[i], leaf.vers[i] = val, version
 	} else {
 		leaf.keys = slices.Insert(leaf.keys, i, key)
 		leaf.vals = slices.Insert(leaf.vals, i, val)
+		leaf.vers = slices.Insert(leaf.vers, i, version)
 		t.len++
 	}
 	leaf.stamp = stamp
@@ -256,7 +259,8 @@ func (t *Tree) split(m *image, stamp uint64) (*image, []byte) {
 	r.keys = slices.Clone(m.keys[at:])
 	if m.leaf() {
 		r.vals = slices.Clone(m.vals[at:])
-		m.vals = m.vals[:at]
+		r.vers = slices.Clone(m.vers[at:])
+		m.vals, m.vers = m.vals[:at], m.vers[:at]
 	} else {
 		r.kids = slices.Clone(m.kids[at:])
 		m.kids = m.kids[:at]
@@ -289,6 +293,7 @@ func (t *Tree) Delete(key []byte, stamp uint64) bool {
 	t.len--
 	leaf.keys = slices.Delete(leaf.keys, i, i+1)
 	leaf.vals = slices.Delete(leaf.vals, i, i+1)
+	leaf.vers = slices.Delete(leaf.vers, i, i+1)
 	leaf.stamp = stamp
 	if len(leaf.keys) > 0 || len(path) == 1 {
 		t.write(leaf)

@@ -74,13 +74,16 @@ func TestMetamorphic(t *testing.T) {
 			}
 			var model tbtree.Map[string, string]
 			read := arenaRead(a)
+			versions := map[string]uint64{}
 			for i := 0; i < g.ops; i++ {
 				stamp := uint64(i + 2)
 				k := randKey(r, g.keySpace, g.cfg.MaxKey)
 				switch p := r.IntN(10); {
 				case p < 7:
 					v := randVal(r, g.maxVal)
-					existed, err := tr.Put(k, v, stamp)
+					version := stamp<<16 | uint64(r.IntN(4))
+					existed, err := tr.Put(k, v, version, stamp)
+					versions[string(k)] = version
 					if err != nil {
 						t.Fatalf("op %d: put %q (%d bytes): %v", i, k, len(v), err)
 					}
@@ -97,10 +100,14 @@ func TestMetamorphic(t *testing.T) {
 				}
 				probe := randKey(r, g.keySpace, g.cfg.MaxKey)
 				for _, q := range [][]byte{k, probe} {
-					v, found, _, err := Lookup(read, tr.Root(), q)
+					ent, found, _, err := Lookup(read, tr.Root(), q)
+					v := ent.Value
 					mv, mok := model.Get(string(q))
 					if err != nil || found != mok || string(v) != mv {
 						t.Fatalf("op %d: lookup %q = %q, %v, %v; model %q, %v", i, q, v, found, err, mv, mok)
+					}
+					if found && ent.Version != versions[string(q)] {
+						t.Fatalf("op %d: lookup %q version %#x, put with %#x", i, q, ent.Version, versions[string(q)])
 					}
 				}
 				if i%500 == 0 || i == g.ops-1 {
@@ -154,14 +161,14 @@ func TestLimits(t *testing.T) {
 		{bytes.Repeat([]byte("k"), 17), nil},
 		{[]byte("k"), make([]byte, cfg.MaxInline()+1)},
 	} {
-		if _, err := tr.Put(c.k, c.v, 2); !errors.Is(err, ErrTooLarge) {
+		if _, err := tr.Put(c.k, c.v, 2, 2); !errors.Is(err, ErrTooLarge) {
 			t.Errorf("put key %d bytes value %d bytes: %v, want ErrTooLarge", len(c.k), len(c.v), err)
 		}
 	}
 	if tr.Len() != 0 {
 		t.Fatalf("refused puts changed the tree: %d keys", tr.Len())
 	}
-	if _, err := tr.Put(bytes.Repeat([]byte("k"), 16), make([]byte, cfg.MaxInline()), 2); err != nil {
+	if _, err := tr.Put(bytes.Repeat([]byte("k"), 16), make([]byte, cfg.MaxInline()), 2, 2); err != nil {
 		t.Fatalf("largest key and value: %v", err)
 	}
 	for _, bad := range []Config{{NodeSize: 100}, {NodeSize: 4000}, {NodeSize: 256, MaxKey: 200}, {NodeSize: 1 << 20}} {
@@ -229,7 +236,7 @@ func writeOrderViolation(t *testing.T, linkBeforeNode bool, ops int) error {
 		var afterOK bool
 		if r.IntN(10) < 7 {
 			v := string(randVal(r, 24))
-			if _, err := tr.Put(k, []byte(v), uint64(i+2)); err != nil {
+			if _, err := tr.Put(k, []byte(v), uint64(i+2), uint64(i+2)); err != nil {
 				t.Fatal(err)
 			}
 			model.Set(string(k), v)
@@ -262,7 +269,8 @@ func writeOrderViolation(t *testing.T, linkBeforeNode bool, ops int) error {
 				continue
 			}
 			for si, s := range c.states {
-				v, found, _, err := Lookup(s.read(a), s.root, q)
+				ent, found, _, err := Lookup(s.read(a), s.root, q)
+				v := ent.Value
 				if err != nil || !found || string(v) != av {
 					return fmt.Errorf("op %d on %q, state %d of %d: key %q (untouched) = %q, %v, %v", i, k, si+1, len(c.states), q, v, found, err)
 				}
@@ -270,7 +278,8 @@ func writeOrderViolation(t *testing.T, linkBeforeNode bool, ops int) error {
 		}
 		sawNew := false
 		for si, s := range c.states {
-			v, found, _, err := Lookup(s.read(a), s.root, k)
+			ent, found, _, err := Lookup(s.read(a), s.root, k)
+			v := ent.Value
 			if err != nil {
 				continue
 			}
@@ -326,7 +335,7 @@ func TestDeleteMergesEmptyLeaves(t *testing.T) {
 	for i := 0; i < 2000; i++ {
 		k := []byte(fmt.Sprintf("k%05d", i))
 		keys = append(keys, k)
-		if _, err := tr.Put(k, []byte("value"), uint64(i+2)); err != nil {
+		if _, err := tr.Put(k, []byte("value"), uint64(i+2), uint64(i+2)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -353,7 +362,7 @@ func TestDeleteMergesEmptyLeaves(t *testing.T) {
 		t.Fatalf("%d live slots, %d reachable nodes: slots leaked", live, after.Inner+after.Leaves)
 	}
 	for i := 0; i < 2000; i++ {
-		tr.Put([]byte(fmt.Sprintf("z%05d", i)), []byte("new"), uint64(6000+i))
+		tr.Put([]byte(fmt.Sprintf("z%05d", i)), []byte("new"), uint64(6000+i), uint64(6000+i))
 	}
 	if _, _, _, err := Lookup(arenaRead(a), oldLeaf, []byte("k01000")); !errors.Is(err, ErrNotNode) {
 		t.Fatalf("old pointer %v after its slot was reused: %v, want ErrNotNode", oldLeaf, err)
