@@ -255,7 +255,7 @@ func (c *Cache) descend(read ReadFunc, id NodeID, level int, key []byte) (val En
 		if err != nil {
 			return Entry{}, false, reads, moved, err
 		}
-		n, err := Decode(b, id)
+		n, err := decodeRead(b, id)
 		if err != nil {
 			return Entry{}, false, reads, moved, err
 		}

@@ -30,14 +30,30 @@ func sampleNodes(t testing.TB) [][]byte {
 	return out
 }
 
-// FuzzDecode: Decode never panics, and whatever it accepts is
-// self-consistent: the entries it walks stay inside the fences and in
-// order, and an inner node names non-zero children.
+// FuzzDecode: Decode and the readers' decodeRead never panic; whatever
+// Decode accepts is self-consistent (entries in order, inside the fences,
+// as many as its count).
 func FuzzDecode(f *testing.F) {
 	for _, b := range sampleNodes(f) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// The readers' decode: whatever it accepts, walking, finding and
+		// descending through it never panics and stops within Count.
+		if n, err := decodeRead(b, 0); err == nil {
+			it := n.Entries()
+			seen := 0
+			for _, ok := it.Next(); ok; _, ok = it.Next() {
+				seen++
+			}
+			if seen > n.Count {
+				t.Fatalf("walked %d entries of %d", seen, n.Count)
+			}
+			n.Find([]byte("key-100"))
+			if !n.Leaf {
+				n.ChildFor([]byte("key-100"))
+			}
+		}
 		n, err := Decode(b, 0)
 		if err != nil {
 			return

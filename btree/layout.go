@@ -120,44 +120,16 @@ type Node struct {
 }
 
 // Decode validates b as the image of node want (want 0 accepts any id)
-// and returns its view. It never panics on any input.
+// and returns its view: the check word, the id, the header, the fences,
+// and every entry (lengths in bounds, keys sorted and inside the fences,
+// zero padding). It never panics on any input. Readers on the hot path use
+// decodeRead, which trusts the check word for the entries (the writer
+// sealed them; Check and the fuzz targets hold the writer to Decode).
 func Decode(b []byte, want NodeID) (Node, error) {
-	var n Node
-	if len(b) < hdrSize+4+checkSize {
-		return n, ErrTorn
+	n, err := decodeRead(b, want)
+	if err != nil {
+		return n, err
 	}
-	used := int(binary.LittleEndian.Uint16(b[offUsed:]))
-	if used < hdrSize+4+checkSize || used > len(b) || used%8 != 0 {
-		return n, ErrTorn
-	}
-	if xxhash.Sum64(b[:used-checkSize]) != binary.LittleEndian.Uint64(b[used-checkSize:]) {
-		return n, ErrTorn
-	}
-	n.ID = NodeID(binary.LittleEndian.Uint64(b[offID:]))
-	if want != 0 && n.ID != want {
-		return n, ErrNotNode
-	}
-	n.Stamp = binary.LittleEndian.Uint64(b[offStamp:])
-	n.Next = NodeID(binary.LittleEndian.Uint64(b[offNext:]))
-	n.Prev = NodeID(binary.LittleEndian.Uint64(b[offPrev:]))
-	n.Level = int(binary.LittleEndian.Uint16(b[offLevel:]))
-	n.Count = int(binary.LittleEndian.Uint16(b[offCount:]))
-	f := binary.LittleEndian.Uint16(b[offFlags:])
-	n.Leaf = f&flagLeaf != 0
-	n.HighInf = f&flagHighInf != 0
-	n.Dead = f&flagDead != 0
-	if n.Leaf != (n.Level == 0) {
-		return n, ErrMalformed
-	}
-	body := b[hdrSize : used-checkSize]
-	var ok bool
-	if n.Low, body, ok = fence(body); !ok {
-		return n, ErrMalformed
-	}
-	if n.High, body, ok = fence(body); !ok {
-		return n, ErrMalformed
-	}
-	n.ents = body
 	// Walk the entries once: every length in bounds and the keys sorted,
 	// inside the fences.
 	it := n.Entries()
@@ -187,10 +159,50 @@ func Decode(b []byte, want NodeID) (Node, error) {
 			return n, ErrMalformed
 		}
 	}
-	n.ents = n.ents[:len(n.ents)-len(it.rest)]
-	if !n.Leaf && n.Count == 0 {
+	return n, nil
+}
+
+// decodeRead is Decode without the walk over the entries: the check word,
+// id, header and fences. Its entries are still read with bounds checks
+// (an iterator stops at Count or at the first entry that does not fit),
+// so no input makes it or the iteration panic.
+func decodeRead(b []byte, want NodeID) (Node, error) {
+	var n Node
+	if len(b) < hdrSize+4+checkSize {
+		return n, ErrTorn
+	}
+	used := int(binary.LittleEndian.Uint16(b[offUsed:]))
+	if used < hdrSize+4+checkSize || used > len(b) || used%8 != 0 {
+		return n, ErrTorn
+	}
+	if xxhash.Sum64(b[:used-checkSize]) != binary.LittleEndian.Uint64(b[used-checkSize:]) {
+		return n, ErrTorn
+	}
+	n.ID = NodeID(binary.LittleEndian.Uint64(b[offID:]))
+	if want != 0 && n.ID != want {
+		return n, ErrNotNode
+	}
+	n.Stamp = binary.LittleEndian.Uint64(b[offStamp:])
+	n.Next = NodeID(binary.LittleEndian.Uint64(b[offNext:]))
+	n.Prev = NodeID(binary.LittleEndian.Uint64(b[offPrev:]))
+	n.Level = int(binary.LittleEndian.Uint16(b[offLevel:]))
+	n.Count = int(binary.LittleEndian.Uint16(b[offCount:]))
+	f := binary.LittleEndian.Uint16(b[offFlags:])
+	n.Leaf = f&flagLeaf != 0
+	n.HighInf = f&flagHighInf != 0
+	n.Dead = f&flagDead != 0
+	if n.Leaf != (n.Level == 0) || (!n.Leaf && n.Count == 0) {
 		return n, ErrMalformed
 	}
+	body := b[hdrSize : used-checkSize]
+	var ok bool
+	if n.Low, body, ok = fence(body); !ok {
+		return n, ErrMalformed
+	}
+	if n.High, body, ok = fence(body); !ok {
+		return n, ErrMalformed
+	}
+	n.ents = body
 	return n, nil
 }
 
@@ -220,11 +232,12 @@ type Entry struct {
 }
 
 // Entries iterates the node's entries in key order.
-func (n *Node) Entries() EntryIter { return EntryIter{leaf: n.Leaf, rest: n.ents} }
+func (n *Node) Entries() EntryIter { return EntryIter{leaf: n.Leaf, left: n.Count, rest: n.ents} }
 
 // EntryIter walks a node's entries.
 type EntryIter struct {
 	leaf bool
+	left int // entries not yet returned
 	rest []byte
 }
 
@@ -234,6 +247,10 @@ func (it *EntryIter) Next() (Entry, bool) { return it.next() }
 func (it *EntryIter) next() (Entry, bool) {
 	var e Entry
 	b := it.rest
+	if it.left <= 0 {
+		return e, false
+	}
+	it.left--
 	if it.leaf {
 		if len(b) < leafEnt {
 			return e, false

@@ -79,7 +79,7 @@ func (c *Cache) Scan(read ReadFunc, root NodeID, applied uint64, start, end []by
 		if err != nil {
 			return dst, reads, err
 		}
-		n, err := Decode(b, id)
+		n, err := decodeRead(b, id)
 		if err == nil && n.Dead {
 			err = ErrNotNode
 		}
@@ -157,7 +157,7 @@ func (c *Cache) findLeaf(read ReadFunc, root NodeID, key []byte) (NodeID, *cache
 			if err != nil {
 				return 0, nil, reads, err
 			}
-			n, err := Decode(b, id)
+			n, err := decodeRead(b, id)
 			if err == nil && (n.Dead || (level >= 0 && n.Level != level) || string(key) < string(n.Low)) {
 				err = ErrStale
 			}
@@ -220,7 +220,7 @@ func (c *Cache) ReverseScan(read ReadFunc, root NodeID, applied uint64, start, e
 		if err != nil {
 			return dst, reads, err
 		}
-		n, err := Decode(b, id)
+		n, err := decodeRead(b, id)
 		if err == nil && (n.Dead || n.Level != 0) {
 			err = ErrNotNode
 		}
@@ -287,7 +287,7 @@ func (c *Cache) lastLeaf(read ReadFunc, root NodeID) (NodeID, int, error) {
 		if err != nil {
 			return 0, reads, err
 		}
-		n, err := Decode(b, id)
+		n, err := decodeRead(b, id)
 		if err != nil {
 			return 0, reads, err
 		}
