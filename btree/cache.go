@@ -29,15 +29,17 @@ import (
 // The cache is bounded by MaxBytes of decoded nodes, evicting by the clock
 // algorithm (a node used since the hand last passed gets another round).
 type Cache struct {
-	mu        sync.RWMutex
-	maxBytes  int
-	bytes     int
-	levels    []*tbtree.BTreeG[*cached] // index by level-1
-	ring      []*cached                 // clock order
-	hand      int
-	stats     CacheStats
-	knobs     cacheKnobs
-	scanKnobs scanKnobs
+	mu       sync.RWMutex
+	maxBytes int
+	bytes    int
+	levels   []*tbtree.BTreeG[*cached] // index by level-1
+	ring     []*cached                 // clock order
+	hand     int
+	stats    CacheStats // Drops and Evicted, under mu
+	// Counted without the lock: every lookup adds to them.
+	lookups, reads, warm atomic.Uint64
+	knobs                cacheKnobs
+	scanKnobs            scanKnobs
 }
 
 // cacheKnobs are planted bugs for the tests that must catch them.
@@ -93,6 +95,7 @@ func (c *Cache) Stats() CacheStats {
 	defer c.mu.RUnlock()
 	s := c.stats
 	s.Nodes, s.Bytes = len(c.ring), c.bytes
+	s.Lookups, s.Reads, s.Warm = c.lookups.Load(), c.reads.Load(), c.warm.Load()
 	return s
 }
 
@@ -230,13 +233,11 @@ func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (e Entry, found b
 			return Entry{}, false, reads, err // the fabric's, or a malformed node
 		}
 		if err == nil {
-			c.mu.Lock()
-			c.stats.Lookups++
-			c.stats.Reads += uint64(reads)
+			c.lookups.Add(1)
+			c.reads.Add(uint64(reads))
 			if from != nil && from.level == 1 {
-				c.stats.Warm++
+				c.warm.Add(1)
 			}
-			c.mu.Unlock()
 			return v, ok, reads, nil
 		}
 	}
