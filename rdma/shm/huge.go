@@ -203,6 +203,10 @@ func probeHuge(hugeDir, dir, mounts, shmemEnabled string) HugePages {
 	return off(fmt.Sprintf("tmpfs at %s mounted huge=%s (mount a tmpfs with huge=within_size and use it as the shm directory; see docs/operations.md)", m.dir, huge))
 }
 
+// ProbeHugePages is the HugePages a node opened with this HugeDir and Dir
+// decides on this host (before any region falls back).
+func ProbeHugePages(hugeDir, dir string) HugePages { return probeHost(hugeDir, dir) }
+
 // probeHost runs probeHuge on this host's files.
 func probeHost(hugeDir, dir string) HugePages {
 	abs := func(p string) string {
