@@ -194,12 +194,19 @@ func checkHugeRegion(t *testing.T, o Options, size int) (hugeKB int, n1 *Node) {
 // huge=advise, where the node madvises), a large region is on huge pages
 // in the owner's mapping and in a peer's, and works as any region.
 func TestHugeTmpfsRegion(t *testing.T) {
-	for _, c := range []struct{ huge, mode string }{{"within_size", HugeTmpfs}, {"advise", HugeMadvise}} {
-		t.Run(c.huge, func(t *testing.T) {
+	for _, c := range []struct {
+		huge, mode string
+		size       int
+	}{
+		{"within_size", HugeTmpfs, 6<<20 + 4096},
+		{"advise", HugeMadvise, 6<<20 + 4096},
+		// A file of exactly 2 MiB: no padding, huge all the same.
+		{"advise", HugeMadvise, 2<<20 - regionDataOff},
+	} {
+		t.Run(fmt.Sprintf("%s/%d", c.huge, c.size), func(t *testing.T) {
 			dir := mountTmp(t, "tmpfs", "huge="+c.huge+",size=64m")
 			o := Options{Dir: dir, Cluster: "huge"}
-			const size = 6<<20 + 4096
-			kb, n1 := checkHugeRegion(t, o, size)
+			kb, n1 := checkHugeRegion(t, o, c.size)
 			if h := n1.HugePages(); h.Mode != c.mode {
 				t.Fatalf("HugePages %v, want mode %s", h, c.mode)
 			}

@@ -477,28 +477,32 @@ func (n *Node) Register(id rdma.RegionID, size int) (rdma.Region, error) {
 // Dir. Called with n.mu held.
 func (n *Node) createRegionFile(name string, h regionHeader) (b []byte, target string, err error) {
 	init := func(b []byte) { encodeRegionHeader(b, h) }
-	size := hugeFileSize(n.huge, int(h.size))
-	path := filepath.Join(n.opts.Dir, name)
-	if n.huge.Mode == HugeTLBFS && size != regionDataOff+int(h.size) {
-		target = filepath.Join(n.opts.HugeDir, name)
-		b, err = createFile(n.opts.HugeDir, name, size, false, init)
-		if err == nil {
-			if err = os.Symlink(target, path); err != nil {
-				unix.Munmap(b)
-				os.Remove(target)
-				return nil, "", err
-			}
-			return b, target, nil
-		}
-		if !n.hugeFellBack {
-			n.hugeFellBack = true
-			n.huge.Reason += fmt.Sprintf("; regions fell back to %s: %v", n.opts.Dir, err)
-		}
-		size = regionDataOff + int(h.size)
-	} else if n.huge.Mode == HugeTLBFS {
-		size = regionDataOff + int(h.size)
+	plain := regionDataOff + int(h.size)
+	if n.huge.Mode == HugeOff || int(h.size) < hugeMinRegion {
+		b, err = createFile(n.opts.Dir, name, plain, false, init)
+		return b, "", err
 	}
-	b, err = createFile(n.opts.Dir, name, size, n.huge.Mode == HugeMadvise && size != regionDataOff+int(h.size), init)
+	size := hugeFileSize(n.huge, int(h.size))
+	if n.huge.Mode != HugeTLBFS {
+		b, err = createFile(n.opts.Dir, name, size, n.huge.Mode == HugeMadvise, init)
+		return b, "", err
+	}
+	path := filepath.Join(n.opts.Dir, name)
+	target = filepath.Join(n.opts.HugeDir, name)
+	b, err = createFile(n.opts.HugeDir, name, size, false, init)
+	if err == nil {
+		if err = os.Symlink(target, path); err != nil {
+			unix.Munmap(b)
+			os.Remove(target)
+			return nil, "", err
+		}
+		return b, target, nil
+	}
+	if !n.hugeFellBack {
+		n.hugeFellBack = true
+		n.huge.Reason += fmt.Sprintf("; regions fell back to %s: %v", n.opts.Dir, err)
+	}
+	b, err = createFile(n.opts.Dir, name, plain, false, init)
 	return b, "", err
 }
 
