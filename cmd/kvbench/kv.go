@@ -33,6 +33,7 @@ import (
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/regions"
+	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 const kvUsage = `usage: kvbench kv [flags]
