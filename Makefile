@@ -72,11 +72,14 @@ fuzz-short:
 # ARGS passes flags to kvserver (make run ARGS="--groups 4"). Built, then
 # exec'd rather than `go run`: Ctrl-C reaches kvserver, which stops cleanly
 # and exits 0, and make has no failed child to report (go run exits 1 when
-# interrupted, and make printed "*** [run] Error 1").
+# interrupted, and make printed "*** [run] Error 1"). KVSERVER_FOREGROUND=1
+# makes kvserver take the terminal's foreground for itself, so that Ctrl-C
+# signals it alone: make, signalled too, died of the SIGINT once kvserver
+# had stopped (exit status 130), however cleanly it stopped.
 RUNBIN ?= ./kvserver
 run:
 	$(GO) build -o $(RUNBIN) ./cmd/kvserver
-	exec $(RUNBIN) $(ARGS)
+	KVSERVER_FOREGROUND=1 exec $(RUNBIN) $(ARGS)
 
 bench:
 	$(GO) run ./cmd/kvbench fabric --runs 5

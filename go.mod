@@ -11,6 +11,7 @@ require (
 	github.com/pingcap/go-ycsb v1.0.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/tidwall/btree v1.8.2
 	golang.org/x/sys v0.49.0
 )
 

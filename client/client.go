@@ -23,12 +23,11 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/shm"
-	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
 // Errors. Test them with errors.Is.
@@ -299,21 +298,9 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 }
 
 func openNode(m *cluster.Map, id rdma.NodeID, o *options) (rdma.Node, error) {
-	switch m.Fabric {
-	case "shm":
-		return shm.Open(id, shm.Options{Dir: m.ShmDir, Cluster: m.Name})
-	case "tcp":
-		listen := o.listen
-		if listen == "" {
-			listen = m.Addrs[id]
-		}
-		n, err := tcp.Open(id, tcp.Options{Listen: listen, Secret: o.secret, Peers: m.Addrs})
-		if err != nil {
-			return nil, err
-		}
-		return n, nil
-	}
-	return nil, fmt.Errorf("fabric %q needs WithNode", m.Fabric)
+	s := fabric.ForMap(m)
+	s.Listen, s.Secret = o.listen, o.secret
+	return fabric.Open(s, id)
 }
 
 // Map is the cluster map the client uses.

@@ -10,8 +10,8 @@ import (
 	"syscall"
 
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
 // WithConfigFile connects with a cluster's config, the TOML file its
@@ -81,8 +81,10 @@ func claimTCPSlot(m *cluster.Map, secret []byte) (int, rdma.Node, error) {
 		return 0, nil, errors.New("a tcp cluster needs its secret (WithConfigFile, WithSecret or WithTCP)")
 	}
 	inUse := 0
+	s := fabric.ForMap(m)
+	s.Secret = secret
 	for k, id := range m.ClientNodes {
-		n, err := tcp.Open(id, tcp.Options{Listen: m.Addrs[id], Secret: secret, Peers: m.Addrs})
+		n, err := fabric.Open(s, id)
 		if err == nil {
 			return k, n, nil
 		}

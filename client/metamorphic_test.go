@@ -59,13 +59,13 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/kv/fielded"
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 var (
@@ -545,7 +545,7 @@ func metaGenerate(seed uint64, n, bigBudget int) []metaOp {
 // metaCluster is a running cluster and its two clients.
 type metaCluster struct {
 	m       *cluster.Map
-	memf    *mem.Fabric
+	fab     fabric.Spec // the map's, with a mem.Fabric on mem
 	lc      *localcluster.Cluster
 	reps    []*metaReplica
 	cnodes  []rdma.Node
@@ -558,13 +558,6 @@ type metaReplica struct {
 	r      *kv.Replica
 	cancel context.CancelFunc
 	done   chan struct{}
-}
-
-func (mc *metaCluster) openNode(id rdma.NodeID) (rdma.Node, error) {
-	if mc.memf != nil {
-		return mc.memf.NewNode(id)
-	}
-	return shm.Open(id, shm.Options{Dir: mc.m.ShmDir, Cluster: mc.m.Name})
 }
 
 // metaStart starts groups x 3 replicas, with the table knobs of c, and
@@ -598,8 +591,9 @@ func metaStart(ctx context.Context, name string, c metaClusterConfig) (*metaClus
 		if err := m.Fill(); err != nil {
 			return nil, err
 		}
+		mc.fab = fabric.ForMap(m)
 		if c.fabric == "mem" {
-			mc.memf = mem.New(mem.Options{})
+			mc.fab.Mem = mem.New(mem.Options{})
 		}
 		for g, ms := range m.Groups {
 			for _, id := range ms {
@@ -610,7 +604,7 @@ func metaStart(ctx context.Context, name string, c metaClusterConfig) (*metaClus
 			}
 		}
 		for _, id := range m.ClientNodes {
-			n, err := mc.openNode(id)
+			n, err := fabric.Open(mc.fab, id)
 			if err != nil {
 				mc.close()
 				return nil, err
@@ -634,7 +628,7 @@ func metaStart(ctx context.Context, name string, c metaClusterConfig) (*metaClus
 }
 
 func (mc *metaCluster) startReplica(g int, id rdma.NodeID, c metaClusterConfig, bc broadcast.Config) error {
-	node, err := mc.openNode(id)
+	node, err := fabric.Open(mc.fab, id)
 	if err != nil {
 		return fmt.Errorf("node %d: %w", id, err)
 	}

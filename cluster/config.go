@@ -91,8 +91,8 @@ type Timing struct {
 	// ElectionTimeout is how long followers wait for a silent leader
 	// before electing another (default 150ms; at least 4 heartbeats).
 	ElectionTimeout Duration `toml:"election_timeout"`
-	// PeerTimeout is the tcp fabric's dead-peer detection bound (default
-	// the fabric's).
+	// PeerTimeout is the fabric's dead-peer detection bound, tcp or shm
+	// (default the fabric's, 2s).
 	PeerTimeout Duration `toml:"peer_timeout"`
 }
 

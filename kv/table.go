@@ -164,6 +164,9 @@ type Table struct {
 	keyb      []byte
 }
 
+// Node is the node the table's regions are registered on.
+func (t *Table) Node() rdma.Node { return t.node }
+
 // NewTable registers the table's regions on node.
 func NewTable(cfg TableConfig, node rdma.Node) (*Table, error) {
 	if err := cfg.fill(); err != nil {

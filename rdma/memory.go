@@ -15,10 +15,18 @@ import (
 // and protocols validate what they read. Keeping it off the Go heap also
 // keeps the race detector, which models the Go memory model and not the
 // RDMA one, out of it; the protocols' own state stays on the heap and is
-// race-checked as usual.
+// race-checked as usual. Sizes of 1 MiB and more are rounded to 2 MiB,
+// 2 MiB-aligned and madvised for transparent huge pages where the host
+// allows it (AnonHugePages).
 func AllocMemory(size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("rdma: region size %d must be positive", size)
+	}
+	if size >= hugeMin && AnonHugePages().Mode == "madvise" {
+		n := (size + HugePageSize - 1) / HugePageSize * HugePageSize
+		if b := allocHuge(n); b != nil {
+			return b[:size], nil
+		}
 	}
 	pg := unix.Getpagesize()
 	n := (size + pg - 1) / pg * pg
@@ -35,11 +43,16 @@ func FreeMemory(b []byte) error {
 	if cap(b) == 0 {
 		return nil
 	}
+	if p := unsafePointer(b); hugeAllocs.CompareAndDelete(uintptr(p), cap(b)) {
+		return unix.MunmapPtr(p, uintptr(cap(b)))
+	}
 	return unix.Munmap(b[:cap(b)])
 }
 
 // Round8 rounds n up to a multiple of 8.
 func Round8(n int) int { return (n + 7) &^ 7 }
+
+func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
 
 func word(b []byte, off int) *uint64 {
 	p := unsafe.Pointer(&b[off:][:8][0]) // bounds-checked

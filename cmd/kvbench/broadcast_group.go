@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/groupproc"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
@@ -160,7 +161,9 @@ func openGroupWith(ctx context.Context, spec groupSpec, tuning groupproc.Tuning,
 func (g *bgroup) start(i int) error {
 	c := g.cfgs[i]
 	if g.memf != nil {
-		n, err := g.memf.NewNode(c.Self)
+		s := c.FabricSpec()
+		s.Mem = g.memf
+		n, err := fabric.Open(s, c.Self)
 		if err != nil {
 			return err
 		}

@@ -7,9 +7,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
@@ -49,24 +49,21 @@ func placement(fabric string) string {
 }
 
 // openNode opens node id of a multi-process fabric in this process and
-// returns its address if it has one.
+// returns its address if it has one (tcp nodes listen on a loopback port
+// of their own and know the initiator's address, if cfg has it).
 func openNode(cfg *clusterConfig, id rdma.NodeID) (rdma.Node, string, error) {
-	switch cfg.Fabric {
-	case "shm":
-		n, err := shm.Open(id, shm.Options{Dir: cfg.Dir, Cluster: cfg.Name, Spin: cfg.Spin})
-		return n, "", err
-	case "tcp":
-		peers := map[rdma.NodeID]string{}
-		if cfg.Addr != "" {
-			peers[initiatorID] = cfg.Addr
-		}
-		n, err := tcp.Open(id, tcp.Options{Listen: "127.0.0.1:0", Peers: peers, Secret: cfg.Secret, Spin: cfg.Spin})
-		if err != nil {
-			return nil, "", err
-		}
-		return n, n.Addr(), nil
+	s := fabric.Spec{Fabric: cfg.Fabric, ShmDir: cfg.Dir, Cluster: cfg.Name, Listen: "127.0.0.1:0", Secret: cfg.Secret, Spin: cfg.Spin}
+	if cfg.Addr != "" {
+		s.Addrs = map[rdma.NodeID]string{initiatorID: cfg.Addr}
 	}
-	return nil, "", fmt.Errorf("fabric %q cannot open node %d in another process", cfg.Fabric, id)
+	n, err := fabric.Open(s, id)
+	if err != nil {
+		return nil, "", err
+	}
+	if t, ok := n.(*tcp.Node); ok {
+		return n, t.Addr(), nil
+	}
+	return n, "", nil
 }
 
 // openSession opens the fabric's two nodes: the initiator here, the target
@@ -124,7 +121,6 @@ func (s *session) openProcs(fabric, mode string, spin time.Duration, shmDir stri
 		}
 		return err
 	}
-	var tn *tcp.Node
 	switch fabric {
 	case "shm":
 		wd, err := workDir(shmDir)
@@ -137,21 +133,16 @@ func (s *session) openProcs(fabric, mode string, spin time.Duration, shmDir stri
 		}
 		cleanup = append(cleanup, func() error { return os.RemoveAll(dir) })
 		cfg.Dir, cfg.Name = dir, "kvbench"
-		n, err := shm.Open(initiatorID, shm.Options{Dir: cfg.Dir, Cluster: cfg.Name, Spin: spin})
-		if err != nil {
-			undo()
-			return err
-		}
-		s.node = n
 	case "tcp":
 		cfg.Secret = make([]byte, 32)
 		rand.Read(cfg.Secret)
-		n, err := tcp.Open(initiatorID, tcp.Options{Listen: "127.0.0.1:0", Secret: cfg.Secret, Spin: spin})
-		if err != nil {
-			return err
-		}
-		s.node, tn, cfg.Addr = n, n, n.Addr()
 	}
+	n, addr, err := openNode(cfg, initiatorID)
+	if err != nil {
+		undo()
+		return err
+	}
+	s.node, cfg.Addr = n, addr
 	cleanup = append(cleanup, s.node.Close)
 	p, err := startPeer()
 	if err != nil {
@@ -164,7 +155,7 @@ func (s *session) openProcs(fabric, mode string, spin time.Duration, shmDir stri
 		undo()
 		return err
 	}
-	if tn != nil {
+	if tn, ok := s.node.(*tcp.Node); ok {
 		tn.SetPeer(targetID, r.Addr)
 	}
 	// The peer is closed first, by shutdown; then the rest.

@@ -25,6 +25,7 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/hist"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/internal/redisproc"
@@ -1092,8 +1093,8 @@ func (e *kvEnv) openChild() (err error) {
 	if err := e.m.Fill(); err != nil {
 		return err
 	}
-	if e.node, err = shm.Open(kvClientID, shm.Options{Dir: e.wd, Cluster: e.name}); err != nil {
-		return fmt.Errorf("open the client's shm node: %w", err)
+	if e.node, err = fabric.Open(fabric.ForMap(e.m), kvClientID); err != nil {
+		return fmt.Errorf("the client's node: %w", err)
 	}
 	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	e.c, err = client.Open(octx, client.WithMap(e.m), client.WithNode(e.node))
@@ -1491,6 +1492,9 @@ type kvRow struct {
 	// "kvbench-child" (kvbench's own replicas' process); groups of 3.
 	Replicas string `json:"replicas"`
 	Groups   int    `json:"groups"`
+	// HugePages is how the replicas' regions in --shm-dir are backed
+	// (shm.ProbeHugePages: huge pages need a tmpfs mounted huge=...).
+	HugePages *rdma.HugePages `json:"huge_pages,omitempty"`
 	// get and put rows: the cost per op (medians over runs), from the
 	// client's process (this one) and the replicas' process, over every op
 	// of the measurement, warm-up included (cost_ops of them).
@@ -1657,8 +1661,9 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 		}
 		out = append(out, r)
 	}
+	hp := shm.ProbeHugePages("", o.shmDir)
 	for i := range out {
-		out[i].Replicas, out[i].Groups = placement, groups
+		out[i].Replicas, out[i].Groups, out[i].HugePages = placement, groups, &hp
 	}
 	return out
 }
@@ -1678,6 +1683,7 @@ func printKVTable(w io.Writer, out []kvRow, o *kvFlags, haveRedis bool) {
 	} else {
 		fmt.Fprintf(w, "baseline: none (no redis-server: apt-get install -y redis-server)\n")
 	}
+	fmt.Fprintf(w, "huge pages: %v\n", shm.ProbeHugePages("", o.shmDir))
 	fmt.Fprintf(w, "latency: every op timed; other cpu: CPUs used by other processes meanwhile (median over runs)\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "op\tconsistency\tthreads\tp50\tp99\tops/s\tredis p50\tredis p99\tredis ops/s\tops ratio\tp50 ratio\tother cpu\t")

@@ -91,6 +91,9 @@ func TestKVQuickJSON(t *testing.T) {
 		}
 		positive(t, r, "ops_per_s", "p50_ns", "p99_ns", "cost_ops")
 		nonNegative(t, r, kvCostFields...)
+		if hp, _ := r["huge_pages"].(map[string]any); hp == nil || hp["mode"] == nil || hp["reason"] == nil {
+			t.Errorf("row %s: huge_pages %v, want a mode and a reason", name, r["huge_pages"])
+		}
 		if r["replicas"] != "kvbench-child" || r["groups"] != float64(1) {
 			t.Errorf("row %s: replicas %v, groups %v; want kvbench-child, 1", name, r["replicas"], r["groups"])
 		}

@@ -14,13 +14,13 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/hist"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 // A TRAM cluster of the multicast benchmark: every group's replicas and
@@ -73,8 +73,8 @@ type mcCluster struct {
 	spec    mcSpec
 	members [][]rdma.NodeID
 	cnodes  []rdma.NodeID
-	memf    *mem.Fabric
-	dir     string // shm cluster directory
+	fab     fabric.Spec // the nodes' fabric
+	dir     string      // shm cluster directory
 	reps    [][]*mcReplica
 	loaders []*mcLoader
 	// shared placement: the nodes and their drivers
@@ -175,7 +175,7 @@ func openMcCluster(ctx context.Context, spec mcSpec) (*mcCluster, error) {
 	}
 	switch spec.fabric {
 	case "mem":
-		c.memf = mem.New(mem.Options{Spin: spec.spin})
+		c.fab = fabric.Spec{Fabric: "mem", Mem: mem.New(mem.Options{Spin: spec.spin})}
 	case "shm":
 		c.dir = spec.shmPath
 		if c.dir == "" {
@@ -187,6 +187,7 @@ func openMcCluster(ctx context.Context, spec mcSpec) (*mcCluster, error) {
 				return nil, fmt.Errorf("shm: cluster directory: %w", err)
 			}
 		}
+		c.fab = fabric.Spec{Fabric: "shm", ShmDir: c.dir, Cluster: "mcast", Spin: spec.spin}
 	default:
 		return nil, fmt.Errorf("multicast: fabric %q runs no in-process cluster (want mem, shm)", spec.fabric)
 	}
@@ -221,7 +222,7 @@ func openMcCluster(ctx context.Context, spec mcSpec) (*mcCluster, error) {
 	}
 	inc := uint64(time.Now().UnixNano())
 	for k := range spec.clients {
-		node, err := c.openNode(mcClientID(k))
+		node, err := fabric.Open(c.fab, mcClientID(k))
 		if err != nil {
 			c.close()
 			return nil, err
@@ -265,18 +266,6 @@ func registerAll(ctx context.Context, ls []*mcLoader) error {
 	return errors.Join(errs...)
 }
 
-// openNode opens node id of the cluster's fabric in this process.
-func (c *mcCluster) openNode(id rdma.NodeID) (rdma.Node, error) {
-	if c.memf != nil {
-		return c.memf.NewNode(id)
-	}
-	n, err := shm.Open(id, shm.Options{Dir: c.dir, Cluster: "mcast", Spin: c.spec.spin})
-	if err != nil {
-		return nil, fmt.Errorf("shm: open node %d: %w", id, err)
-	}
-	return n, nil
-}
-
 // start opens x's node and replica (again, after a crash: a restart with
 // its stable state and empty memory) and its polling goroutine.
 func (c *mcCluster) start(x *mcReplica) error {
@@ -286,7 +275,7 @@ func (c *mcCluster) start(x *mcReplica) error {
 			c.nodes = map[rdma.NodeID]rdma.Node{}
 		}
 		if node = c.nodes[x.id]; node == nil {
-			n, err := c.openNode(x.id)
+			n, err := fabric.Open(c.fab, x.id)
 			if err != nil {
 				return err
 			}
@@ -295,7 +284,7 @@ func (c *mcCluster) start(x *mcReplica) error {
 			c.drivers = append(c.drivers, &mcDriver{node: n})
 		}
 	} else {
-		n, err := c.openNode(x.id)
+		n, err := fabric.Open(c.fab, x.id)
 		if err != nil {
 			return err
 		}

@@ -10,9 +10,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 // The client path across processes: every replica of the cluster runs in
@@ -180,10 +180,10 @@ func openMcRemote(ctx context.Context, spec mcSpec) (*mcRemote, error) {
 	var cnodes []rdma.NodeID
 	for k := range spec.clients {
 		id := mcClientID(k)
-		n, err := shm.Open(id, shm.Options{Dir: m.dir, Cluster: "mcast", Spin: spec.spin})
+		n, err := fabric.Open(fabric.Spec{Fabric: "shm", ShmDir: m.dir, Cluster: "mcast", Spin: spec.spin}, id)
 		if err != nil {
 			m.close()
-			return nil, fmt.Errorf("shm: open client node %d: %w", id, err)
+			return nil, err
 		}
 		m.nodes = append(m.nodes, n)
 		cnodes = append(cnodes, id)

@@ -43,7 +43,13 @@ import (
 
 func main() {
 	ignoreSIGPIPE()
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	restore := func() {}
+	if os.Getenv(foregroundEnv) == "1" {
+		restore = takeTerminal()
+	}
+	code := run(os.Args[1:], os.Stdout, os.Stderr)
+	restore()
+	os.Exit(code)
 }
 
 // ignoreSIGPIPE makes writes to a closed stdout or stderr fail with EPIPE

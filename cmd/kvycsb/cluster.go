@@ -13,6 +13,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
@@ -136,9 +137,9 @@ func startChildCluster(ctx context.Context, ec embeddedConfig, stderr io.Writer)
 		c.close()
 		return nil, fmt.Errorf("the cluster's process did not start in time: %w", ctx.Err())
 	}
-	if c.node, err = shm.Open(m.ClientNodes[0], shm.Options{Dir: m.ShmDir, Cluster: m.Name}); err != nil {
+	if c.node, err = fabric.Open(fabric.ForMap(m), m.ClientNodes[0]); err != nil {
 		c.close()
-		return nil, fmt.Errorf("open the client's node: %w", err)
+		return nil, fmt.Errorf("the client's node: %w", err)
 	}
 	return c, nil
 }

@@ -34,7 +34,18 @@ import (
 )
 
 func main() {
+	ignoreSIGPIPE()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// ignoreSIGPIPE makes writes to a closed stdout or stderr fail with EPIPE
+// instead of killing kvycsb: the Go runtime kills a program whose write to
+// fd 1 or 2 hits a closed pipe with SIGPIPE unless it asked to be notified
+// of SIGPIPE. kvycsb --embedded | head -1 died at its next line of output,
+// before it closed its embedded cluster, whose shared memory files stayed
+// behind. Nothing reads the channel: the write's error is what counts.
+func ignoreSIGPIPE() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 const usage = `usage: kvycsb <command> [flags] [workload]

@@ -304,7 +304,9 @@ func runPhase(ctx context.Context, s phaseSpec) (*phaseResult, error) {
 	if s.human {
 		fmt.Fprintln(os.Stdout, "**********************************************")
 		fmt.Fprintf(os.Stdout, "Run finished, takes %s\n", el)
-		measurement.Output()
+		if err := outputMeasurements(); err != nil {
+			return res, err
+		}
 	}
 	if p.GetString(prop.MeasurementType, prop.MeasurementTypeDefault) == "histogram" {
 		ops, err := captureMeasurements(p)
@@ -365,8 +367,11 @@ func captureMeasurements(p *properties.Properties) ([]opStats, error) {
 		prop.MeasurementRawOutputFile:             file,
 		prop.MeasurementHistogramPercentileExport: "false",
 	})
-	measurement.Output()
+	err = outputMeasurements()
 	restore()
+	if err != nil {
+		return nil, err
+	}
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
@@ -425,4 +430,18 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// outputMeasurements is measurement.Output, which panics when it cannot
+// write (stdout closed: kvycsb | head -1), with that as an error, so that
+// kvycsb still closes its embedded cluster and says what happened in one
+// line.
+func outputMeasurements() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("write the measurements: %v", r)
+		}
+	}()
+	measurement.Output()
+	return nil
 }

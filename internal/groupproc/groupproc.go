@@ -45,10 +45,9 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/shm"
-	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
 // Fabrics a Config can open in a process of its own.
@@ -60,8 +59,8 @@ const (
 // Config describes one member. It is JSON-encoded on the child's stdin, so
 // every field is plain data. Zero fields take the documented defaults.
 type Config struct {
-	// Fabric is FabricShm or FabricTCP for OpenNode; Start accepts a node
-	// of any fabric and ignores it.
+	// Fabric is FabricShm or FabricTCP for Serve (see FabricSpec); Start
+	// accepts a node of any fabric and ignores it.
 	Fabric string `json:"fabric"`
 	// Self is this member's node id, one of Members.
 	Self rdma.NodeID `json:"self"`
@@ -118,36 +117,11 @@ type Tuning struct {
 	ProposeTimeout       time.Duration `json:"propose_timeout,omitempty"`
 }
 
-// ErrFabric: the Config names no fabric OpenNode can open.
-var ErrFabric = errors.New("groupproc: unknown fabric")
-
-// OpenNode opens the member's node on the fabric cfg names (shm or tcp).
-func OpenNode(cfg Config) (rdma.Node, error) {
-	switch cfg.Fabric {
-	case FabricShm:
-		n, err := shm.Open(cfg.Self, shm.Options{Dir: cfg.ShmDir, Cluster: cfg.ShmCluster, Spin: cfg.Spin, PeerTimeout: cfg.PeerTimeout})
-		if err != nil {
-			return nil, fmt.Errorf("groupproc: open shm node %d: %w", cfg.Self, err)
-		}
-		return n, nil
-	case FabricTCP:
-		addr, ok := cfg.Addrs[cfg.Self]
-		if !ok {
-			return nil, fmt.Errorf("groupproc: open tcp node %d: no address for self in %v: %w", cfg.Self, cfg.Addrs, ErrFabric)
-		}
-		peers := map[rdma.NodeID]string{}
-		for id, a := range cfg.Addrs {
-			if id != cfg.Self {
-				peers[id] = a
-			}
-		}
-		n, err := tcp.Open(cfg.Self, tcp.Options{Listen: addr, Peers: peers, Secret: cfg.Secret, Spin: cfg.Spin, PeerTimeout: cfg.PeerTimeout})
-		if err != nil {
-			return nil, fmt.Errorf("groupproc: open tcp node %d on %s: %w", cfg.Self, addr, err)
-		}
-		return n, nil
-	}
-	return nil, fmt.Errorf("groupproc: fabric %q: %w", cfg.Fabric, ErrFabric)
+// FabricSpec is the Spec of the member's fabric (shm or tcp), for
+// fabric.Open.
+func (c Config) FabricSpec() fabric.Spec {
+	return fabric.Spec{Fabric: c.Fabric, ShmDir: c.ShmDir, Cluster: c.ShmCluster, Addrs: c.Addrs,
+		Secret: c.Secret, Spin: c.Spin, PeerTimeout: c.PeerTimeout}
 }
 
 // TimedEvent is a broadcast milestone with the wall-clock time this member

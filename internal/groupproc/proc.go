@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/childproc"
 )
 
@@ -114,9 +115,9 @@ func Serve(in io.Reader, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("groupproc: %w", err)
 	}
-	node, err := OpenNode(cfg)
+	node, err := fabric.Open(cfg.FabricSpec(), cfg.Self)
 	if err != nil {
-		return err
+		return fmt.Errorf("groupproc: %w", err)
 	}
 	m, err := Start(cfg, node)
 	if err != nil {

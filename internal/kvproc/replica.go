@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/poller"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 // statsEvery is how often the reporter looks for a role change to
@@ -76,9 +76,11 @@ func serveReplica(cfg Config, sc *bufio.Scanner, w *lineWriter) error {
 		return fmt.Errorf("kvproc: replica %d of group %d is not in the map's groups %v", cfg.Replica, cfg.Group, m.Groups)
 	}
 	self := m.Groups[cfg.Group][cfg.Replica]
-	node, err := shm.Open(self, shm.Options{Dir: m.ShmDir, Cluster: m.Name, Spin: cfg.Spin, PeerTimeout: cfg.PeerTimeout})
+	spec := fabric.ForMap(m)
+	spec.Spin, spec.PeerTimeout = cfg.Spin, cfg.PeerTimeout
+	node, err := fabric.Open(spec, self)
 	if err != nil {
-		return fmt.Errorf("kvproc: open shm node %d: %w", self, err)
+		return fmt.Errorf("kvproc: %w", err)
 	}
 	tu := cfg.Tuning
 	bc := broadcast.Config{Self: self, Start: cfg.Start,

@@ -15,12 +15,12 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 // Cluster is a running local cluster.
@@ -29,7 +29,7 @@ type Cluster struct {
 	// Broadcast is the Acuerdo configuration every replica uses (Self
 	// and Start are set per replica).
 	Broadcast broadcast.Config
-	memf      *mem.Fabric
+	spec      fabric.Spec // the map's, with its mem.Fabric on mem
 	pollers   *poller.Group
 	stop      context.CancelFunc
 	done      chan struct{} // closed when the pollers returned
@@ -52,9 +52,9 @@ func Start(ctx context.Context, m *cluster.Map, bc broadcast.Config) (*Cluster, 
 	if err := m.Fill(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{Map: m, Broadcast: bc, clients: map[rdma.NodeID]rdma.Node{}}
+	c := &Cluster{Map: m, Broadcast: bc, clients: map[rdma.NodeID]rdma.Node{}, spec: fabric.ForMap(m)}
 	if m.Fabric == "mem" {
-		c.memf = mem.New(mem.Options{})
+		c.spec.Mem = mem.New(mem.Options{}) // a closed node's id may be reused
 	} else if m.Fabric != "shm" {
 		return nil, fmt.Errorf("localcluster: fabric %q: want mem or shm", m.Fabric)
 	}
@@ -82,18 +82,11 @@ func Start(ctx context.Context, m *cluster.Map, bc broadcast.Config) (*Cluster, 
 	return c, nil
 }
 
-func (c *Cluster) openNode(id rdma.NodeID) (rdma.Node, error) {
-	if c.memf != nil {
-		return c.memf.NewNode(id) // a closed node's id may be reused
-	}
-	return shm.Open(id, shm.Options{Dir: c.Map.ShmDir, Cluster: c.Map.Name})
-}
-
 func (c *Cluster) start(g, i int) error {
 	id := c.Map.Groups[g][i]
-	node, err := c.openNode(id)
+	node, err := fabric.Open(c.spec, id)
 	if err != nil {
-		return fmt.Errorf("localcluster: node %d: %w", id, err)
+		return fmt.Errorf("localcluster: %w", err)
 	}
 	bc := c.Broadcast
 	bc.Self, bc.Start = id, broadcast.StartNew
@@ -229,7 +222,7 @@ func (c *Cluster) ClientNode(k int) (rdma.Node, error) {
 	if n := c.clients[id]; n != nil {
 		return n, nil
 	}
-	n, err := c.openNode(id)
+	n, err := fabric.Open(c.spec, id)
 	if err != nil {
 		return nil, err
 	}

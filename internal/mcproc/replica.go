@@ -15,7 +15,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/rdmakv/rdmakv/broadcast"
-	"github.com/rdmakv/rdmakv/internal/groupproc"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/poller"
@@ -209,8 +209,11 @@ func (e *emitter) close() {
 }
 
 func openNode(cfg Config, self rdma.NodeID) (rdma.Node, error) {
-	return groupproc.OpenNode(groupproc.Config{Fabric: groupproc.FabricShm, Self: self,
-		ShmDir: cfg.ShmDir, ShmCluster: cfg.ShmCluster, Spin: cfg.Spin, PeerTimeout: cfg.PeerTimeout})
+	n, err := fabric.Open(fabric.Spec{Fabric: "shm", ShmDir: cfg.ShmDir, Cluster: cfg.ShmCluster, Spin: cfg.Spin, PeerTimeout: cfg.PeerTimeout}, self)
+	if err != nil {
+		return nil, fmt.Errorf("mcproc: %w", err)
+	}
+	return n, nil
 }
 
 // replicaStats is what only the polling goroutine may read, copied for

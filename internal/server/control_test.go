@@ -207,6 +207,11 @@ func checkStatusSchema(t *testing.T, body string) {
 				t.Errorf("/status counters lack %q: %v", k, r["counters"])
 			}
 		}
+		// huge_pages: the mode and why (mem: AllocMemory's anonymous
+		// memory, madvised or off).
+		if hp, _ := r["huge_pages"].(map[string]any); hp == nil || hp["mode"] == "" || hp["mode"] == nil || hp["reason"] == "" || hp["reason"] == nil || hp["mode"] == "unknown" {
+			t.Errorf("/status huge_pages %v: want a mode and a reason", r["huge_pages"])
+		}
 		e, ok := r["epoch"].(float64)
 		if !ok {
 			t.Errorf("/status epoch %v (%T): want a number", r["epoch"], r["epoch"])

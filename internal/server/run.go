@@ -12,17 +12,16 @@ import (
 	"reflect"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/shm"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
 
@@ -100,32 +99,11 @@ func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *
 		return err
 	}
 
-	var node rdma.Node
-	switch m.Fabric {
-	case "shm":
-		n, err := shm.Open(self, shm.Options{Dir: m.ShmDir, Cluster: m.Name})
-		if err != nil {
-			if errors.Is(err, shm.ErrNodeInUse) {
-				return fmt.Errorf("replica %d already runs in another process on this host (%v)", id, err)
-			}
-			return fmt.Errorf("open the shm node: %w", err)
-		}
-		node = n
-	case "tcp":
-		listen := entry.Addr
-		if opts.Listen != "" {
-			listen = opts.Listen
-		}
-		n, err := tcp.Open(self, tcp.Options{Listen: listen, Secret: cfg.SecretBytes, Peers: m.Addrs, PeerTimeout: time.Duration(cfg.Timing.PeerTimeout)})
-		if err != nil {
-			if errors.Is(err, syscall.EADDRINUSE) {
-				return fmt.Errorf("listen on %s: the address is in use (another kvserver, or another program?)", listen)
-			}
-			return fmt.Errorf("listen on %s: %v", listen, err)
-		}
-		node = n
-	default:
-		return fmt.Errorf("fabric %q: kvserver runs tcp or shm replicas", m.Fabric)
+	spec := fabric.ForMap(m)
+	spec.Listen, spec.Secret, spec.PeerTimeout = opts.Listen, cfg.SecretBytes, time.Duration(cfg.Timing.PeerTimeout)
+	node, err := fabric.Open(spec, self)
+	if err != nil {
+		return err
 	}
 	defer node.Close()
 

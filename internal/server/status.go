@@ -107,6 +107,9 @@ type ReplicaStatus struct {
 	Counters  BroadcastCounters `json:"counters"`
 	Multicast MulticastCounters `json:"multicast"`
 	Uptime    string            `json:"uptime"`
+	// HugePages is how the replica's regions (its table) are backed by
+	// huge pages, and why (rdma.HugePagesOf its node).
+	HugePages rdma.HugePages `json:"huge_pages"`
 }
 
 // BroadcastCounters are broadcast.Counters with snake_case JSON keys (a
@@ -160,7 +163,8 @@ func (p *Replica) Status() ReplicaStatus {
 		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
 		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
 		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
-		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String()}
+		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),
+		HugePages: rdma.HugePagesOf(p.r.Table().Node())}
 	if l, ok := bs.Leader(); ok {
 		s.Leader = l
 	}

@@ -341,3 +341,7 @@ func (c *Conn) Close() error {
 	c.q.discard()
 	return nil
 }
+
+// HugePages implements rdma.HugePager: region memory comes from
+// rdma.AllocMemory.
+func (n *Node) HugePages() rdma.HugePages { return rdma.AnonHugePages() }

@@ -17,8 +17,10 @@
 //
 // A group block of 1024 ids is split between the layers that run the group:
 //
-//	Group(g) + 0    .. + 511     broadcast (Acuerdo): SST, rings, snapshots
+//	Group(g) + 0    .. + 383     broadcast (Acuerdo): SST, rings, snapshots
 //	                             (n+5 ids for n members: n <= 255 fits)
+//	Group(g) + 384  .. + 511     btree: the ordered keyspace's header and
+//	                             node arena chunks
 //	Group(g) + 512  .. + 767     multicast (TRAM): input rings, credits
 //	Group(g) + 768  .. + 1023    kv: the table's index and heap regions
 //
@@ -43,12 +45,14 @@ const (
 	MaxClient = uint32(groupBase-clientBase) - 1
 
 	broadcastOff = 0
+	btreeOff     = 384
 	multicastOff = 512
 	kvOff        = 768
-	// BroadcastIDs, MulticastIDs and KVIDs are the numbers of ids
-	// broadcast, multicast and kv each have in a group block: 512, 256
-	// and 256.
-	BroadcastIDs = multicastOff - broadcastOff
+	// BroadcastIDs, BTreeIDs, MulticastIDs and KVIDs are the numbers of
+	// ids broadcast, btree, multicast and kv each have in a group block:
+	// 384, 128, 256 and 256.
+	BroadcastIDs = btreeOff - broadcastOff
+	BTreeIDs     = multicastOff - btreeOff
 	MulticastIDs = kvOff - multicastOff
 	KVIDs        = GroupBlock - kvOff
 )
@@ -64,6 +68,9 @@ func Group(g uint32) rdma.RegionID {
 // Broadcast is the RegionBase of group g's Acuerdo instance
 // (broadcast.Config.RegionBase).
 func Broadcast(g uint32) rdma.RegionID { return Group(g) + broadcastOff }
+
+// BTree is the first of the BTreeIDs ids group g's ordered keyspace uses.
+func BTree(g uint32) rdma.RegionID { return Group(g) + btreeOff }
 
 // Multicast is the first of the MulticastIDs ids group g's TRAM replica
 // uses.

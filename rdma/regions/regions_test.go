@@ -18,6 +18,7 @@ func TestDisjoint(t *testing.T) {
 	for _, g := range []uint32{0, 1, 2, 1000, uint32(MaxGroup)} {
 		spans = append(spans,
 			span{"broadcast", uint64(Broadcast(g)), uint64(Broadcast(g)) + BroadcastIDs},
+			span{"btree", uint64(BTree(g)), uint64(BTree(g)) + BTreeIDs},
 			span{"multicast", uint64(Multicast(g)), uint64(Multicast(g)) + MulticastIDs},
 			span{"kv", uint64(KV(g)), uint64(KV(g)) + KVIDs})
 	}
@@ -30,6 +31,9 @@ func TestDisjoint(t *testing.T) {
 				t.Errorf("%s [%#x,%#x) overlaps %s [%#x,%#x)", a.name, a.lo, a.hi, b.name, b.lo, b.hi)
 			}
 		}
+	}
+	if BroadcastIDs < 255+5 {
+		t.Errorf("broadcast has %d ids, a group of 255 members needs 260", BroadcastIDs)
 	}
 	if Broadcast(0) <= rdma.RegionID(0x1000+260) {
 		t.Errorf("group 0 overlaps broadcast's single-group default")

@@ -110,7 +110,9 @@ func decodeNodeHeader(b []byte) (nodeHeader, error) {
 }
 
 // Region file layout: a header of regionDataOff bytes, then the region's
-// size bytes (Region.Bytes). Words are native-endian 8-byte words.
+// size bytes (Region.Bytes), then, for a region on huge pages, padding to
+// a multiple of the huge page size (huge.go). Words are native-endian
+// 8-byte words.
 //
 //	off  field
 //	  0  magic   "RDMAKVRG"
@@ -192,7 +194,7 @@ func decodeRegionHeader(b []byte, fileSize int) (regionHeader, error) {
 	// regionSlotSize could wrap around 2^64 and pass a product check).
 	case slots == 0 || dataOff > uint64(fileSize) || dataOff%8 != 0 || dataOff < regionTableOff || slots > (dataOff-regionTableOff)/regionSlotSize:
 		return regionHeader{}, fmt.Errorf("%w: bad peer table (%d slots, data at %d)", ErrCorrupt, slots, dataOff)
-	case size%8 != 0 || size > maxRegionLength || dataOff+size != uint64(fileSize):
+	case size%8 != 0 || size > maxRegionLength || dataOff+size > uint64(fileSize):
 		return regionHeader{}, fmt.Errorf("%w: size %d and data offset %d do not match file size %d", ErrCorrupt, size, dataOff, fileSize)
 	}
 	return regionHeader{

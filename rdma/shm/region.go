@@ -19,8 +19,11 @@ type Region struct {
 	node *Node
 	id   rdma.RegionID
 	path string
-	file []byte // the whole file: header, peer table, data
-	data []byte
+	// target is the file in HugeDir that path links to ("" if path is
+	// the file).
+	target string
+	file   []byte // the whole file: header, peer table, data, padding
+	data   []byte
 
 	mu     sync.Mutex // serialises Grant, Revoke and Close
 	closed bool
@@ -158,6 +161,11 @@ func (r *Region) Close() error {
 	var errs []error
 	if err := os.Remove(r.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("shm: remove region file: %w", err))
+	}
+	if r.target != "" {
+		if err := os.Remove(r.target); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("shm: remove region file: %w", err))
+		}
 	}
 	errs = append(errs, unix.Munmap(r.file))
 	r.file, r.data = nil, nil

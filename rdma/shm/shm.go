@@ -102,6 +102,11 @@ type Options struct {
 	// QueueDepth bounds a Conn's unpolled completions; default
 	// rdma.DefaultQueueDepth.
 	QueueDepth int
+	// HugeDir, if set, is a hugetlbfs mount for the files of large
+	// regions (huge.go); every node of the cluster should name the same.
+	// Without it, or when it is not hugetlbfs, regions get huge pages if
+	// Dir is a tmpfs mounted with huge=within_size, always or advise.
+	HugeDir string
 }
 
 func (o *Options) fill() error {
@@ -140,6 +145,9 @@ type Node struct {
 	path string // node file
 	nf   []byte // node file mapping
 	db   *doorbell
+	huge HugePages // decided at Open; Reason grows under mu
+	// hugeFellBack: a region could not get hugetlbfs pages (under mu).
+	hugeFellBack bool
 
 	mu      sync.Mutex
 	regions map[rdma.RegionID]*Region
@@ -186,6 +194,13 @@ func Open(id rdma.NodeID, opts Options) (*Node, error) {
 	if err := removeStale(opts.Dir, opts.Cluster); err != nil {
 		return nil, err
 	}
+	n.huge = probeHost(opts.HugeDir, opts.Dir)
+	if n.huge.Mode == HugeTLBFS {
+		// Files of dead processes that never got their link in Dir.
+		if err := removeStale(opts.HugeDir, opts.Cluster); err != nil {
+			return nil, err
+		}
+	}
 	if h, closed, err := readNodeFile(n.path); err == nil && h.id != id {
 		return nil, fmt.Errorf("shm: open node %d: %s is in the way: %w: it names node %d", id, n.path, ErrCorrupt, h.id)
 	} else if err == nil {
@@ -199,7 +214,7 @@ func Open(id rdma.NodeID, opts Options) (*Node, error) {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("shm: open node %d: %s is in the way: %w", id, n.path, err)
 	}
-	n.nf, err = createFile(opts.Dir, filepath.Base(n.path), nodeFileSize, func(b []byte) {
+	n.nf, err = createFile(opts.Dir, filepath.Base(n.path), nodeFileSize, false, func(b []byte) {
 		encodeNodeHeader(b, nodeHeader{id: id, owner: self})
 	})
 	if err != nil {
@@ -223,6 +238,14 @@ func removeStale(dir, cluster string) error {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
+		if e.Type()&os.ModeSymlink != 0 {
+			if isRegion {
+				if err := removeStaleLink(path); err != nil {
+					return err
+				}
+			}
+			continue
+		}
 		var owner procIdent
 		if isNode {
 			h, _, err := readNodeFile(path)
@@ -242,6 +265,29 @@ func removeStale(dir, cluster string) error {
 				return fmt.Errorf("shm: remove stale file: %w", err)
 			}
 		}
+	}
+	return nil
+}
+
+// removeStaleLink removes a region file's link in Dir, and the file in
+// HugeDir it points to, if the file's owner is dead or the file is gone.
+func removeStaleLink(path string) error {
+	target, err := os.Readlink(path)
+	if err != nil {
+		return nil
+	}
+	h, err := readRegionHeader(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil || h.owner.alive():
+		return nil
+	default:
+		if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("shm: remove stale file: %w", err)
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("shm: remove stale link: %w", err)
 	}
 	return nil
 }
@@ -299,8 +345,9 @@ func readRegionHeader(path string) (regionHeader, error) {
 
 // createFile creates dir/name of size bytes, maps it shared, lets init fill
 // it, and only then gives it its name, so no process sees it half-made. It
-// fails with an error wrapping os.ErrExist if the name is taken.
-func createFile(dir, name string, size int, init func([]byte)) ([]byte, error) {
+// fails with an error wrapping os.ErrExist if the name is taken. advise:
+// the mapping is madvised for huge pages and populated through it.
+func createFile(dir, name string, size int, advise bool, init func([]byte)) ([]byte, error) {
 	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	tmp := ""
 	if err != nil { // no O_TMPFILE on this file system: a hidden temporary name
@@ -317,12 +364,32 @@ func createFile(dir, name string, size int, init func([]byte)) ([]byte, error) {
 	}
 	// Reserve the pages now: on a full tmpfs a store into a sparse file's
 	// hole raises SIGBUS, so fail here instead.
-	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil && err != unix.EOPNOTSUPP {
-		return nil, fmt.Errorf("reserve %d bytes for %s: %w", size, name, err)
+	reserve := func() error {
+		if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil && err != unix.EOPNOTSUPP {
+			return fmt.Errorf("reserve %d bytes for %s: %w", size, name, err)
+		}
+		return nil
+	}
+	if !advise {
+		if err := reserve(); err != nil {
+			return nil, err
+		}
 	}
 	b, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map %s: %w", name, err)
+	}
+	if advise {
+		populated, err := adviseHuge(b)
+		if err == nil && !populated {
+			err = reserve()
+		} else if err != nil {
+			err = fmt.Errorf("reserve %d bytes for %s: %w", size, name, err)
+		}
+		if err != nil {
+			unix.Munmap(b)
+			return nil, err
+		}
 	}
 	init(b)
 	final := filepath.Join(dir, name)
@@ -383,23 +450,68 @@ func (n *Node) Register(id rdma.RegionID, size int) (rdma.Region, error) {
 	name := regionFileName(n.opts.Cluster, n.id, id)
 	path := filepath.Join(n.opts.Dir, name)
 	h := regionHeader{size: size, node: n.id, region: id, owner: n.self, slots: regionSlots, dataOff: regionDataOff}
-	init := func(b []byte) { encodeRegionHeader(b, h) }
-	b, err := createFile(n.opts.Dir, name, regionDataOff+size, init)
+	b, target, err := n.createRegionFile(name, h)
 	if errors.Is(err, os.ErrExist) {
 		// Left by an earlier incarnation of this node that died after our
 		// Open's cleanup, or closed without removing it: not ours, remove.
 		if old, rerr := readRegionHeader(path); rerr == nil && old.owner.alive() && old.owner != n.self {
 			return nil, fmt.Errorf("shm: node %d region %d: %s belongs to live %v", n.id, id, path, old.owner)
 		}
+		if t, lerr := os.Readlink(path); lerr == nil {
+			os.Remove(t)
+		}
 		os.Remove(path)
-		b, err = createFile(n.opts.Dir, name, regionDataOff+size, init)
+		b, target, err = n.createRegionFile(name, h)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shm: node %d register region %d: %w", n.id, id, err)
 	}
-	r := &Region{node: n, id: id, path: path, file: b, data: b[regionDataOff:][:size:size]}
+	r := &Region{node: n, id: id, path: path, target: target, file: b, data: b[regionDataOff:][:size:size]}
 	n.regions[id] = r
 	return r, nil
+}
+
+// createRegionFile creates the file of the region h describes under its
+// name in Dir: in HugeDir with a link in Dir (target is the file's path
+// there) when the node uses hugetlbfs and huge pages are free, else in
+// Dir. Called with n.mu held.
+func (n *Node) createRegionFile(name string, h regionHeader) (b []byte, target string, err error) {
+	init := func(b []byte) { encodeRegionHeader(b, h) }
+	plain := regionDataOff + int(h.size)
+	if n.huge.Mode == HugeOff || int(h.size) < hugeMinRegion {
+		b, err = createFile(n.opts.Dir, name, plain, false, init)
+		return b, "", err
+	}
+	size := hugeFileSize(n.huge, int(h.size))
+	if n.huge.Mode != HugeTLBFS {
+		b, err = createFile(n.opts.Dir, name, size, n.huge.Mode == HugeMadvise, init)
+		return b, "", err
+	}
+	path := filepath.Join(n.opts.Dir, name)
+	target = filepath.Join(n.opts.HugeDir, name)
+	b, err = createFile(n.opts.HugeDir, name, size, false, init)
+	if err == nil {
+		if err = os.Symlink(target, path); err != nil {
+			unix.Munmap(b)
+			os.Remove(target)
+			return nil, "", err
+		}
+		return b, target, nil
+	}
+	if !n.hugeFellBack {
+		n.hugeFellBack = true
+		n.huge.Reason += fmt.Sprintf("; regions fell back to %s: %v", n.opts.Dir, err)
+	}
+	b, err = createFile(n.opts.Dir, name, plain, false, init)
+	return b, "", err
+}
+
+// HugePages reports how the node's large regions are backed, and why
+// (huge.go).
+func (n *Node) HugePages() HugePages {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.huge
 }
 
 // Connect implements rdma.Node. It maps peer's node file; peer must be open

@@ -77,7 +77,7 @@ func MkdirOwned(dir, pattern string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("shm: %w", err)
 	}
-	b, err := createFile(d, ownerFileName, ownerFileSize, func(b []byte) { encodeOwnerFile(b, self) })
+	b, err := createFile(d, ownerFileName, ownerFileSize, false, func(b []byte) { encodeOwnerFile(b, self) })
 	if err != nil {
 		os.Remove(d)
 		return "", fmt.Errorf("shm: mark %s as owned: %w", d, err)
@@ -135,6 +135,15 @@ func SweepStale(dir string) (removed []string, err error) {
 			remove(path)
 		case e.Type().IsRegular() && tmpFileDead(e.Name()):
 			remove(path)
+		case e.Type()&fs.ModeSymlink != 0:
+			// A region file's link to its file in a HugeDir.
+			if _, isRegion := parseAnyFileName(e.Name()); isRegion {
+				if err := removeStaleLink(path); err != nil {
+					errs = append(errs, err)
+				} else if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+					removed = append(removed, path)
+				}
+			}
 		case e.IsDir():
 			if ok, err := sweepOwnedDir(path); err != nil {
 				errs = append(errs, err)

@@ -84,7 +84,7 @@ func TestXSweepStale(t *testing.T) {
 	// one) has a node: kept while the node is open.
 	mixed := filepath.Join(o.Dir, "mixed")
 	must(os.Mkdir(mixed, 0o700))
-	b, err := createFile(mixed, ownerFileName, ownerFileSize, func(b []byte) { encodeOwnerFile(b, deadIdent) })
+	b, err := createFile(mixed, ownerFileName, ownerFileSize, false, func(b []byte) { encodeOwnerFile(b, deadIdent) })
 	must(err)
 	unix.Munmap(b)
 	mo := o

@@ -414,3 +414,7 @@ func (r *Region) Close() error {
 	n.mu.Unlock()
 	return r.Free()
 }
+
+// HugePages implements rdma.HugePager: region memory comes from
+// rdma.AllocMemory.
+func (n *Node) HugePages() rdma.HugePages { return rdma.AnonHugePages() }

@@ -1,0 +1,81 @@
+package btree
+
+import "fmt"
+
+// Arena is the memory nodes live in: fixed-size slots in chunks, with an
+// incarnation per slot that is bumped when the slot is freed, so a node id
+// (slot and incarnation) is never reused. Slot 0 is never handed out: id 0
+// means no node. Slots are handed out deterministically (the free list
+// last in, first out, then new slots in order), so replicas that apply the
+// same changes lay out the same nodes.
+//
+// An arena belongs to its tree's writer; readers read its bytes only
+// through Bytes (in a process) or one-sided reads of the regions its
+// chunks are registered as (later stages).
+type Arena struct {
+	size   int
+	per    int // slots per chunk
+	chunks [][]byte
+	inc    []uint32
+	free   []uint32
+	n      uint32 // slots handed out or freed, slot 0 included
+	grow   func(n int) ([]byte, error)
+}
+
+// NewArena returns an arena of nodeSize-byte slots, chunkSlots slots per
+// chunk, whose chunks come from grow (nil: the Go heap).
+func NewArena(nodeSize, chunkSlots int, grow func(n int) ([]byte, error)) *Arena {
+	if grow == nil {
+		grow = func(n int) ([]byte, error) { return make([]byte, n), nil }
+	}
+	return &Arena{size: nodeSize, per: chunkSlots, grow: grow, n: 1, inc: []uint32{0}}
+}
+
+// Bytes is the slot's memory (NodeSize bytes).
+func (a *Arena) Bytes(slot uint32) []byte {
+	if slot >= a.n {
+		return nil
+	}
+	return a.bytes(slot)
+}
+
+func (a *Arena) bytes(slot uint32) []byte {
+	c, o := int(slot)/a.per, int(slot)%a.per*a.size
+	return a.chunks[c][o : o+a.size : o+a.size]
+}
+
+// Slots is the number of slots in use or free (the high-water mark).
+func (a *Arena) Slots() int { return int(a.n) - 1 }
+
+// Free is the number of free slots.
+func (a *Arena) Free() int { return len(a.free) }
+
+func (a *Arena) alloc() NodeID {
+	if k := len(a.free); k > 0 {
+		s := a.free[k-1]
+		a.free = a.free[:k-1]
+		return makeID(s, a.inc[s])
+	}
+	s := a.n
+	if int(s)/a.per >= len(a.chunks) {
+		b, err := a.grow(a.per * a.size)
+		if err != nil {
+			// The group's memory is full: a replica refuses writes before
+			// this (later stages check room before applying).
+			panic(fmt.Sprintf("btree: arena cannot grow: %v", err))
+		}
+		a.chunks = append(a.chunks, b)
+	}
+	a.n++
+	a.inc = append(a.inc, 1)
+	return makeID(s, 1)
+}
+
+func (a *Arena) release(id NodeID) {
+	s := id.Slot()
+	a.inc[s]++
+	if a.inc[s] == 0 {
+		a.inc[s] = 1
+	}
+	a.free = append(a.free, s)
+}

@@ -1,0 +1,296 @@
+package btree
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	tbtree "github.com/tidwall/btree"
+)
+
+// Cache is a client's cache of a tree's inner nodes (DynaTree's client
+// cache, Alg. 1 line 4 and Alg. 2), safe for concurrent use. It holds
+// decoded copies of inner nodes, one ordered index per level keyed by each
+// node's low fence, so "which cached node holds key, deepest level first"
+// is one ordered search per level. That range question is why it is a
+// tidwall/btree index and not a hash cache such as ristretto: a hash
+// finds a node by id, not by the key range it covers. Leaves are never
+// cached; a warm lookup is a local search down to a level-1 node and one
+// leaf read.
+//
+// Cached nodes may be stale. Nothing a cached node says is an answer: it
+// only names the node to read next, and what is read is checked (Decode,
+// fences, level). A pointer that leads to a node that no longer holds the
+// key drops the cached node it came from, one level at a time (Alg. 2
+// lines 9-12, without its recursive drop of children: a child that is
+// still valid stays useful). A split needs no drop: the reader moves right
+// through the sibling link, and the node read there joins the cache.
+//
+// The cache is bounded by MaxBytes of decoded nodes, evicting by the clock
+// algorithm (a node used since the hand last passed gets another round).
+type Cache struct {
+	mu       sync.RWMutex
+	maxBytes int
+	bytes    int
+	levels   []*tbtree.BTreeG[*cached] // index by level-1
+	ring     []*cached                 // clock order
+	hand     int
+	stats    CacheStats // Drops and Evicted, under mu
+	// Counted without the lock: every lookup adds to them.
+	lookups, reads, warm atomic.Uint64
+	knobs                cacheKnobs
+	scanKnobs            scanKnobs
+}
+
+// cacheKnobs are planted bugs for the tests that must catch them.
+type cacheKnobs struct {
+	// skipFence answers from a leaf without checking that its fences
+	// hold the key (the client trusts its cached pointer).
+	skipFence bool
+}
+
+// CacheStats counts what lookups did.
+type CacheStats struct {
+	Lookups uint64 // lookups answered
+	Reads   uint64 // node reads they made, retries included
+	Warm    uint64 // lookups that started from a cached level-1 node
+	Drops   uint64 // cached nodes dropped on a stale pointer
+	Evicted uint64 // cached nodes evicted for room
+	Nodes   int    // nodes cached now
+	Bytes   int    // their decoded size
+}
+
+type cached struct {
+	id      NodeID
+	level   int
+	low     string
+	high    string
+	highInf bool
+	keys    []string
+	kids    []NodeID
+	size    int
+	ring    int         // position in ring
+	used    atomic.Bool // set by lookups under the read lock
+}
+
+func (c *cached) covers(key []byte) bool {
+	return string(key) >= c.low && (c.highInf || string(key) < c.high)
+}
+
+func (c *cached) child(key []byte) NodeID {
+	i := len(c.keys) - 1
+	for i > 0 && string(key) < c.keys[i] {
+		i--
+	}
+	return c.kids[i]
+}
+
+// NewCache returns a cache of at most maxBytes of decoded inner nodes (0
+// caches nothing: every lookup reads from the root).
+func NewCache(maxBytes int) *Cache { return &Cache{maxBytes: maxBytes} }
+
+// Stats returns the counters.
+func (c *Cache) Stats() CacheStats {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	s := c.stats
+	s.Nodes, s.Bytes = len(c.ring), c.bytes
+	s.Lookups, s.Reads, s.Warm = c.lookups.Load(), c.reads.Load(), c.warm.Load()
+	return s
+}
+
+// cover returns the deepest cached node that holds key, or nil.
+func (c *Cache) cover(key []byte) *cached {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, lv := range c.levels {
+		if lv == nil {
+			continue
+		}
+		var hit *cached
+		lv.Descend(&cached{low: string(key)}, func(n *cached) bool {
+			hit = n
+			return false
+		})
+		if hit != nil && hit.covers(key) {
+			hit.used.Store(true)
+			return hit
+		}
+	}
+	return nil
+}
+
+func byLow(a, b *cached) bool { return a.low < b.low }
+
+// add caches the inner node n (replacing the entry of the same level and
+// low fence).
+func (c *Cache) add(n *Node) {
+	if c.maxBytes == 0 || n.Leaf {
+		return
+	}
+	e := &cached{id: n.ID, level: n.Level, low: string(n.Low), highInf: n.HighInf}
+	e.used.Store(true)
+	if !n.HighInf {
+		e.high = string(n.High)
+	}
+	e.size = 96 + len(e.low) + len(e.high)
+	it := n.Entries()
+	for x, ok := it.next(); ok; x, ok = it.next() {
+		e.keys = append(e.keys, string(x.Key))
+		e.kids = append(e.kids, x.Child)
+		e.size += 24 + len(x.Key)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(c.levels) < n.Level {
+		c.levels = append(c.levels, nil)
+	}
+	lv := c.levels[n.Level-1]
+	if lv == nil {
+		lv = tbtree.NewBTreeGOptions(byLow, tbtree.Options{NoLocks: true})
+		c.levels[n.Level-1] = lv
+	}
+	if old, ok := lv.Set(e); ok {
+		c.unring(old)
+	}
+	e.ring = len(c.ring)
+	c.ring = append(c.ring, e)
+	c.bytes += e.size
+	for c.bytes > c.maxBytes && len(c.ring) > 1 {
+		c.evictOne()
+	}
+}
+
+func (c *Cache) unring(e *cached) {
+	last := c.ring[len(c.ring)-1]
+	c.ring[e.ring] = last
+	last.ring = e.ring
+	c.ring = c.ring[:len(c.ring)-1]
+	c.bytes -= e.size
+	if c.hand >= len(c.ring) {
+		c.hand = 0
+	}
+}
+
+func (c *Cache) evictOne() {
+	for {
+		if c.hand >= len(c.ring) {
+			c.hand = 0
+		}
+		e := c.ring[c.hand]
+		if e.used.Load() {
+			e.used.Store(false)
+			c.hand++
+			continue
+		}
+		c.levels[e.level-1].Delete(e)
+		c.unring(e)
+		c.stats.Evicted++
+		return
+	}
+}
+
+// drop removes e if it is still the cached node for its level and fence.
+func (c *Cache) drop(e *cached) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lv := c.levels[e.level-1]
+	if cur, ok := lv.Get(e); ok && cur == e {
+		lv.Delete(e)
+		c.unring(e)
+		c.stats.Drops++
+	}
+}
+
+// maxAttempts bounds the descents of one lookup: each failed attempt
+// dropped a cached node or met a node being written.
+const maxAttempts = 32
+
+// Lookup finds key in the tree whose root is root (the id the group
+// publishes; any older root also works, through right links), starting
+// from the deepest cached node that holds key, reading the nodes below it
+// through read and caching the inner ones. It answers only from a leaf
+// that validated and holds key inside its fences. reads counts the node
+// reads made.
+func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (e Entry, found bool, reads int, err error) {
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		from := c.cover(key)
+		id, level := root, -1
+		if from != nil {
+			id, level = from.child(key), from.level-1
+		}
+		v, ok, n, moved, err := c.descend(read, id, level, key)
+		reads += n
+		if from != nil && (moved || (n == 1 && (errors.Is(err, ErrStale) || errors.Is(err, ErrNotNode))) || errors.Is(err, ErrRetry)) {
+			// The cached node is stale: its pointer led to a node that no
+			// longer holds the key, or to one whose range a split cut
+			// (the answer found by moving right stands). Drop it, one
+			// level: the next lookup reads a fresh copy through its
+			// parent.
+			c.drop(from)
+		}
+		if err != nil && !retryable(err) {
+			return Entry{}, false, reads, err // the fabric's, or a malformed node
+		}
+		if err == nil {
+			c.lookups.Add(1)
+			c.reads.Add(uint64(reads))
+			if from != nil && from.level == 1 {
+				c.warm.Add(1)
+			}
+			return v, ok, reads, nil
+		}
+	}
+	return Entry{}, false, reads, ErrRetry
+}
+
+// descend is Lookup below its starting pointer (see the free function
+// Lookup), caching each inner node it reads. moved reports a move right
+// on the first level it read: the pointer it started from predates a
+// split.
+func (c *Cache) descend(read ReadFunc, id NodeID, level int, key []byte) (val Entry, found bool, reads int, moved bool, err error) {
+	first := true
+	for reads < maxSteps {
+		b, err := read(id.Slot())
+		reads++
+		if err != nil {
+			return Entry{}, false, reads, moved, err
+		}
+		n, err := decodeRead(b, id)
+		if err != nil {
+			return Entry{}, false, reads, moved, err
+		}
+		if n.Dead {
+			return Entry{}, false, reads, moved, ErrNotNode
+		}
+		if n.Leaf && c.knobs.skipFence {
+			v, ok := n.Find(key)
+			return v, ok, reads, moved, nil
+		}
+		if (level >= 0 && n.Level != level) || string(key) < string(n.Low) {
+			return Entry{}, false, reads, moved, ErrStale
+		}
+		if !n.Covers(key) {
+			if n.Next == 0 {
+				return Entry{}, false, reads, moved, ErrMalformed
+			}
+			id = n.Next // B-link: a split moved key's range to the right
+			moved = moved || first
+			continue
+		}
+		if n.Leaf {
+			v, ok := n.Find(key)
+			return v, ok, reads, moved, nil
+		}
+		c.add(&n)
+		id, level, first = n.ChildFor(key), n.Level-1, false
+	}
+	return Entry{}, false, reads, moved, ErrRetry
+}
+
+// retryable reports whether a lookup that met err may descend again:
+// what it read was being written, freed, or reached through a stale
+// pointer.
+func retryable(err error) bool {
+	return errors.Is(err, ErrTorn) || errors.Is(err, ErrNotNode) || errors.Is(err, ErrStale) || errors.Is(err, ErrRetry)
+}

@@ -1,0 +1,159 @@
+package btree
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	tbtree "github.com/tidwall/btree"
+)
+
+// cacheRun applies random puts and deletes to a tree of small nodes and,
+// between them, lookups through three clients' caches (none, a small one
+// that evicts, a large one), and returns the first answer that differs
+// from tidwall/btree's.
+func cacheRun(t *testing.T, knobs cacheKnobs, ops int) (caches []*Cache, err error) {
+	cfg := Config{NodeSize: 256, MaxKey: 16}
+	a := NewArena(cfg.NodeSize, 64, nil)
+	tr, err := New(cfg, a, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caches = []*Cache{NewCache(0), NewCache(2 << 10), NewCache(1 << 20)}
+	for _, c := range caches {
+		c.knobs = knobs
+	}
+	read := arenaRead(a)
+	r := rand.New(rand.NewPCG(11, 12))
+	var model tbtree.Map[string, string]
+	for i := 0; i < ops; i++ {
+		k := randKey(r, 3000, cfg.MaxKey)
+		switch p := r.IntN(10); {
+		case p < 3:
+			v := randVal(r, 24)
+			if _, err := tr.Put(k, v, uint64(i+2), uint64(i+2)); err != nil {
+				t.Fatal(err)
+			}
+			model.Set(string(k), string(v))
+		case p < 4:
+			tr.Delete(k, uint64(i+2))
+			model.Delete(string(k))
+		default:
+			c := caches[r.IntN(len(caches))]
+			ent, found, _, err := c.Lookup(read, tr.Root(), k)
+			v := ent.Value
+			mv, mok := model.Get(string(k))
+			if err != nil || found != mok || string(v) != mv {
+				return caches, fmt.Errorf("op %d: lookup %q through cache %d = %q, %v, %v; model %q, %v", i, k, c.maxBytes, v, found, err, mv, mok)
+			}
+		}
+	}
+	return caches, nil
+}
+
+// TestCacheLookups: lookups through stale, evicting and empty caches
+// answer what the model holds while the tree splits and merges under
+// them; the caches stay within their bounds and did drop stale nodes.
+func TestCacheLookups(t *testing.T) {
+	caches, err := cacheRun(t, cacheKnobs{}, 30000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range caches {
+		s := c.Stats()
+		t.Logf("cache of %d bytes: %+v", c.maxBytes, s)
+		if c.maxBytes > 0 && s.Bytes > c.maxBytes {
+			t.Errorf("cache of %d bytes holds %d", c.maxBytes, s.Bytes)
+		}
+	}
+	if s := caches[1].Stats(); s.Evicted == 0 {
+		t.Error("the small cache never evicted: the bound was not exercised")
+	}
+	if s := caches[2].Stats(); s.Warm == 0 {
+		t.Error("no lookup started from a cached level-1 node")
+	}
+}
+
+// TestCacheCatchesSkipFence: a client that answers from the leaf its
+// (stale) cached pointer names, without checking the leaf's fences,
+// answers wrongly once the leaf has split, and the lookup check sees it.
+func TestCacheCatchesSkipFence(t *testing.T) {
+	if _, err := cacheRun(t, cacheKnobs{skipFence: true}, 30000); err == nil {
+		t.Fatal("skipFence went unnoticed")
+	} else {
+		t.Logf("caught as expected: %v", err)
+	}
+}
+
+// TestWarmLookupOneRead: once warm, a read-only lookup through a cache
+// large enough for every inner node reads one node, the leaf.
+func TestWarmLookupOneRead(t *testing.T) {
+	cfg := Config{NodeSize: 512, MaxKey: 32}
+	a := NewArena(cfg.NodeSize, 256, nil)
+	tr, _ := New(cfg, a, 1)
+	r := rand.New(rand.NewPCG(5, 6))
+	var keys [][]byte
+	for i := 0; i < 20000; i++ {
+		k := []byte(fmt.Sprintf("user%016x", r.Uint64()))
+		keys = append(keys, k)
+		if _, err := tr.Put(k, []byte("0123456789"), uint64(i+2), uint64(i+2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := NewCache(16 << 20)
+	read := arenaRead(a)
+	for _, k := range keys { // warm-up
+		if _, found, _, err := c.Lookup(read, tr.Root(), k); err != nil || !found {
+			t.Fatalf("warm-up lookup %q: %v %v", k, found, err)
+		}
+	}
+	total := 0
+	for i := 0; i < 5000; i++ {
+		_, found, reads, err := c.Lookup(read, tr.Root(), keys[r.IntN(len(keys))])
+		if err != nil || !found {
+			t.Fatal(found, err)
+		}
+		total += reads
+	}
+	st := tr.Stats()
+	t.Logf("tree %+v; cache %+v; %.3f reads per warm lookup", st, c.Stats(), float64(total)/5000)
+	if total != 5000 {
+		t.Fatalf("%d node reads for 5000 warm lookups, want one each", total)
+	}
+}
+
+// TestCacheConcurrent: many goroutines share one small cache over a
+// fixed tree (filling, evicting and dropping concurrently); run with
+// -race.
+func TestCacheConcurrent(t *testing.T) {
+	cfg := Config{NodeSize: 256, MaxKey: 16}
+	a := NewArena(cfg.NodeSize, 64, nil)
+	tr, _ := New(cfg, a, 1)
+	for i := 0; i < 3000; i++ {
+		tr.Put([]byte(fmt.Sprintf("k%05d", i)), []byte("v"), uint64(i+2), uint64(i+2))
+	}
+	read := arenaRead(a)
+	c := NewCache(4 << 10)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for i := 0; i < 2000; i++ {
+				k := []byte(fmt.Sprintf("k%05d", r.IntN(3000)))
+				if _, found, _, err := c.Lookup(read, tr.Root(), k); err != nil || !found {
+					errs <- fmt.Errorf("lookup %q: %v %v", k, found, err)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}

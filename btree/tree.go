@@ -1,0 +1,345 @@
+package btree
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Config is the geometry of a tree.
+type Config struct {
+	// NodeSize is the size of every node in bytes, a multiple of 64 in
+	// [MinNodeSize, MaxNodeSize]. Default 4096.
+	NodeSize int
+	// MaxKey is the longest key in bytes. Default 256 (at most what fits:
+	// see MaxInline).
+	MaxKey int
+}
+
+// DefaultConfig is a 4 KiB node and 256-byte keys.
+var DefaultConfig = Config{NodeSize: 4096, MaxKey: 256}
+
+func (c Config) withDefaults() Config {
+	if c.NodeSize == 0 {
+		c.NodeSize = DefaultConfig.NodeSize
+	}
+	if c.MaxKey == 0 {
+		c.MaxKey = DefaultConfig.MaxKey
+	}
+	return c
+}
+
+// fixed is the overhead of a node that every split must leave room for:
+// header, two fences of the longest key, the check word and rounding.
+func (c Config) fixed() int { return hdrSize + 2*(2+c.MaxKey) + checkSize + 8 }
+
+// maxEntry is the largest encoded entry. An overfull node holds at most
+// NodeSize + maxEntry bytes, and splitting it by bytes leaves each half
+// at most half of that plus one entry plus the fixed overhead, which fits
+// in NodeSize when maxEntry <= (NodeSize - fixed) / 3.
+func (c Config) maxEntry() int { return (c.NodeSize - c.fixed()) / 3 }
+
+// MaxInline is the largest value a leaf holds with a key of MaxKey bytes.
+func (c Config) MaxInline() int { return c.maxEntry() - leafEnt - c.MaxKey }
+
+// Validate says what is wrong with the geometry, if anything.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if c.NodeSize < MinNodeSize || c.NodeSize > MaxNodeSize || c.NodeSize%64 != 0 {
+		return fmt.Errorf("btree: node size %d: want a multiple of 64 in [%d, %d]", c.NodeSize, MinNodeSize, MaxNodeSize)
+	}
+	if c.MaxKey < 1 {
+		return fmt.Errorf("btree: max key %d: want at least 1", c.MaxKey)
+	}
+	if c.MaxInline() < 8 || innerEnt+c.MaxKey > c.maxEntry() {
+		return fmt.Errorf("btree: keys of up to %d bytes leave no room for values in nodes of %d bytes", c.MaxKey, c.NodeSize)
+	}
+	return nil
+}
+
+// ErrTooLarge is returned for a key or value beyond the tree's limits.
+var ErrTooLarge = errors.New("btree: key or value too large")
+
+// Tree is one B-link tree in an arena, changed only by its writer (the
+// replica's apply, on one goroutine) and read by anyone through Decode and
+// Lookup. Each change writes whole node images in an order that keeps
+// every state between two writes correct for a reader that validates what
+// it reads (see write and the methods' comments).
+type Tree struct {
+	cfg     Config
+	a       *Arena
+	root    NodeID
+	scratch []byte
+	knobs   testingKnobs
+	len     int
+}
+
+// New returns an empty tree (one empty leaf) in arena a, written at stamp.
+func New(cfg Config, a *Arena, stamp uint64) (*Tree, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if a.size != cfg.NodeSize {
+		return nil, fmt.Errorf("btree: arena of %d-byte slots for nodes of %d bytes", a.size, cfg.NodeSize)
+	}
+	t := &Tree{cfg: cfg, a: a, scratch: make([]byte, cfg.NodeSize)}
+	root := &image{id: a.alloc(), stamp: stamp, highInf: true}
+	t.write(root)
+	t.root = root.id
+	return t, nil
+}
+
+// Root is the id of the root node: where a reader without a cache starts.
+func (t *Tree) Root() NodeID { return t.root }
+
+// Len is the number of keys.
+func (t *Tree) Len() int { return t.len }
+
+// Config is the tree's geometry.
+func (t *Tree) Config() Config { return t.cfg }
+
+func (t *Tree) checkSizes(key, val []byte) error {
+	if len(key) == 0 || len(key) > t.cfg.MaxKey {
+		return fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrTooLarge, len(key), t.cfg.MaxKey)
+	}
+	if len(val) > t.cfg.MaxInline() {
+		return fmt.Errorf("%w: value of %d bytes (at most %d inline)", ErrTooLarge, len(val), t.cfg.MaxInline())
+	}
+	return nil
+}
+
+// load decodes node id into an image whose slices alias the arena. A
+// failure is a bug of the writer: the writer's own nodes always validate.
+func (t *Tree) load(id NodeID) *image {
+	n, err := Decode(t.a.bytes(id.Slot()), id)
+	if err != nil {
+		panic(fmt.Sprintf("btree: writer's node %v: %v", id, err))
+	}
+	m := &image{id: n.ID, next: n.Next, prev: n.Prev, stamp: n.Stamp, level: n.Level,
+		highInf: n.HighInf, low: n.Low, high: n.High}
+	it := n.Entries()
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		m.keys = append(m.keys, e.Key)
+		if n.Leaf {
+			m.vals = append(m.vals, e.Value)
+			m.vers = append(m.vers, e.Version)
+		} else {
+			m.kids = append(m.kids, e.Child)
+		}
+	}
+	return m
+}
+
+// write seals m in scratch and copies it into its slot: the one place a
+// node changes.
+func (t *Tree) write(m *image) {
+	t.encode(t.scratch, m)
+	copy(t.a.bytes(m.id.Slot()), t.scratch)
+	if t.knobs.onWrite != nil {
+		t.knobs.onWrite()
+	}
+}
+
+func (t *Tree) encode(dst []byte, m *image) {
+	if m.size() > len(dst) {
+		panic(fmt.Sprintf("btree: node %v of %d bytes in a %d-byte slot", m.id, m.size(), len(dst)))
+	}
+	m.encode(dst)
+}
+
+// descend returns the path of node ids from the root to the leaf whose
+// fences hold key, as the writer sees its own tree (no moves right: the
+// writer's parents are always current).
+func (t *Tree) descend(key []byte) []NodeID {
+	path := []NodeID{t.root}
+	for {
+		n, err := Decode(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
+		if err != nil {
+			panic(fmt.Sprintf("btree: writer's node %v: %v", path[len(path)-1], err))
+		}
+		if n.Leaf {
+			return path
+		}
+		path = append(path, n.ChildFor(key))
+	}
+}
+
+// Get looks key up in the writer's tree: its entry (value and version,
+// aliasing the arena until the next change) and whether it is there.
+func (t *Tree) Get(key []byte) (Entry, bool) {
+	path := t.descend(key)
+	n, _ := Decode(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
+	return n.Find(key)
+}
+
+// Put stores key -> val with its version, written at stamp. It reports
+// whether the key was there before.
+func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err error) {
+	if err := t.checkSizes(key, val); err != nil {
+		return false, err
+	}
+	path := t.descend(key)
+	leaf := t.load(path[len(path)-1])
+	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
+	if found {
+		leaf.vals[i], leaf.vers[i] = val, version
+	} else {
+		leaf.keys = slices.Insert(leaf.keys, i, key)
+		leaf.vals = slices.Insert(leaf.vals, i, val)
+		leaf.vers = slices.Insert(leaf.vers, i, version)
+		t.len++
+	}
+	leaf.stamp = stamp
+	t.store(leaf, path, stamp)
+	return found, nil
+}
+
+// store writes m (the last node of path, changed) back, splitting it and
+// its ancestors as far as they overflow. Write order, for readers: a new
+// node before anything points to it; the split node (now holding the lower
+// half and linking to the new one) next; the old right neighbour's back
+// link; the parent last. Between any two writes every key is reachable
+// from the root a reader holds, through fences and right links.
+func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
+	for lvl := len(path) - 1; ; lvl-- {
+		if m.size() <= t.cfg.NodeSize {
+			t.write(m)
+			return
+		}
+		right, sep := t.split(m, stamp)
+		if t.knobs.linkBeforeNode {
+			t.write(m)
+			t.write(right)
+		} else {
+			t.write(right)
+			t.write(m)
+		}
+		if right.next != 0 {
+			nb := t.load(right.next)
+			nb.prev = right.id
+			nb.stamp = stamp
+			t.write(nb)
+		}
+		if lvl == 0 {
+			root := &image{id: t.a.alloc(), stamp: stamp, level: m.level + 1, highInf: true,
+				keys: [][]byte{nil, sep}, kids: []NodeID{m.id, right.id}}
+			t.write(root)
+			t.root = root.id
+			return
+		}
+		parent := t.load(path[lvl-1])
+		i := slices.Index(parent.kids, m.id)
+		if i < 0 {
+			panic(fmt.Sprintf("btree: node %v is not a child of %v", m.id, parent.id))
+		}
+		parent.keys = slices.Insert(parent.keys, i+1, sep)
+		parent.kids = slices.Insert(parent.kids, i+1, right.id)
+		parent.stamp = stamp
+		m = parent
+	}
+}
+
+// split moves the upper half of m's entries (by bytes) into a new node to
+// its right and returns it with the separator (the new node's low fence,
+// copied: m's slices alias the slot that m is about to overwrite).
+func (t *Tree) split(m *image, stamp uint64) (*image, []byte) {
+	sum := 0
+	for i := range m.keys {
+		sum += m.entSize(i)
+	}
+	at, acc := 1, m.entSize(0)
+	for at < len(m.keys)-1 && acc < sum/2 {
+		acc += m.entSize(at)
+		at++
+	}
+	sep := slices.Clone(m.keys[at])
+	r := &image{id: t.a.alloc(), stamp: stamp, level: m.level, next: m.next, prev: m.id,
+		low: sep, high: m.high, highInf: m.highInf}
+	r.keys = slices.Clone(m.keys[at:])
+	if m.leaf() {
+		r.vals = slices.Clone(m.vals[at:])
+		r.vers = slices.Clone(m.vers[at:])
+		m.vals, m.vers = m.vals[:at], m.vers[:at]
+	} else {
+		r.kids = slices.Clone(m.kids[at:])
+		m.kids = m.kids[:at]
+	}
+	m.keys = m.keys[:at]
+	m.high, m.highInf = sep, false
+	m.next = r.id
+	m.stamp = stamp
+	return r, sep
+}
+
+// Delete removes key, written at stamp, and reports whether it was there.
+// A leaf left empty that has a left sibling under the same parent is
+// merged into it: the leaf is first written dead (a reader that reaches it
+// looks again), then the sibling takes its range, then the right
+// neighbour's back link and the parent change, and the slot is freed
+// (its incarnation bumped, so a late pointer to it never matches). An
+// empty leaf that is its parent's first child stays: at most one per
+// inner node.
+func (t *Tree) Delete(key []byte, stamp uint64) bool {
+	if len(key) == 0 || len(key) > t.cfg.MaxKey {
+		return false
+	}
+	path := t.descend(key)
+	leaf := t.load(path[len(path)-1])
+	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
+	if !found {
+		return false
+	}
+	t.len--
+	leaf.keys = slices.Delete(leaf.keys, i, i+1)
+	leaf.vals = slices.Delete(leaf.vals, i, i+1)
+	leaf.vers = slices.Delete(leaf.vers, i, i+1)
+	leaf.stamp = stamp
+	if len(leaf.keys) > 0 || len(path) == 1 {
+		t.write(leaf)
+		return true
+	}
+	parent := t.load(path[len(path)-2])
+	pi := slices.Index(parent.kids, leaf.id)
+	if pi <= 0 {
+		t.write(leaf)
+		return true
+	}
+	high, highInf, next := slices.Clone(leaf.high), leaf.highInf, leaf.next
+	leaf.dead = true
+	t.write(leaf)
+	ls := t.load(parent.kids[pi-1])
+	ls.high, ls.highInf, ls.next, ls.stamp = high, highInf, next, stamp
+	t.write(ls)
+	if next != 0 {
+		nb := t.load(next)
+		nb.prev, nb.stamp = ls.id, stamp
+		t.write(nb)
+	}
+	parent.keys = slices.Delete(parent.keys, pi, pi+1)
+	parent.kids = slices.Delete(parent.kids, pi, pi+1)
+	parent.stamp = stamp
+	t.write(parent)
+	t.a.release(leaf.id)
+	return true
+}
+
+// Ascend calls f for every key >= from in order, as the writer sees its
+// tree, until f returns false.
+func (t *Tree) Ascend(from []byte, f func(key, val []byte) bool) {
+	path := t.descend(from)
+	id := path[len(path)-1]
+	for id != 0 {
+		n, err := Decode(t.a.bytes(id.Slot()), id)
+		if err != nil {
+			panic(fmt.Sprintf("btree: writer's node %v: %v", id, err))
+		}
+		it := n.Entries()
+		for e, ok := it.next(); ok; e, ok = it.next() {
+			if string(e.Key) >= string(from) && !f(e.Key, e.Value) {
+				return
+			}
+		}
+		id = n.Next
+	}
+}

@@ -1,0 +1,94 @@
+package rdma
+
+import (
+	"os"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// HugePages is how a node's large regions are backed by huge pages, and
+// why: each fabric decides when a node opens (shm: see its huge.go; mem
+// and tcp: AllocMemory's transparent huge pages).
+type HugePages struct {
+	// Mode is off, hugetlbfs, tmpfs (a tmpfs mounted with huge pages),
+	// madvise (MADV_HUGEPAGE on each large region), or unknown.
+	Mode   string `json:"mode"`
+	Reason string `json:"reason"`
+	// PageSize is the huge page size in bytes (0 when off).
+	PageSize int `json:"page_size,omitempty"`
+}
+
+// String is "mode (reason)".
+func (h HugePages) String() string { return h.Mode + " (" + h.Reason + ")" }
+
+// HugePager is a Node that reports its huge pages.
+type HugePager interface{ HugePages() HugePages }
+
+// HugePagesOf is n's HugePages, or mode "unknown" for a node that does not
+// say.
+func HugePagesOf(n Node) HugePages {
+	if h, ok := n.(HugePager); ok {
+		return h.HugePages()
+	}
+	return HugePages{Mode: "unknown", Reason: "the fabric does not report huge pages"}
+}
+
+const (
+	// HugePageSize is the (PMD) huge page size AllocMemory aligns to.
+	HugePageSize = 2 << 20
+	// hugeMin is the smallest AllocMemory size put on huge pages.
+	hugeMin        = 1 << 20
+	thpEnabledFile = "/sys/kernel/mm/transparent_hugepage/enabled"
+)
+
+var anonHuge = sync.OnceValue(func() HugePages {
+	b, _ := os.ReadFile(thpEnabledFile)
+	return probeAnonHuge(string(b))
+})
+
+// probeAnonHuge decides from the text of transparent_hugepage/enabled.
+func probeAnonHuge(enabled string) HugePages {
+	_, rest, ok := strings.Cut(enabled, "[")
+	sel, _, _ := strings.Cut(rest, "]")
+	switch {
+	case !ok:
+		return HugePages{Mode: "off", Reason: "the kernel has no transparent huge pages"}
+	case sel == "always" || sel == "madvise":
+		return HugePages{Mode: "madvise", PageSize: HugePageSize,
+			Reason: "anonymous regions of 1 MiB or more are 2 MiB-aligned and madvised (transparent_hugepage/enabled=" + sel + ")"}
+	}
+	return HugePages{Mode: "off", Reason: "transparent_hugepage/enabled=" + sel}
+}
+
+// AnonHugePages is how AllocMemory backs large regions on this host.
+func AnonHugePages() HugePages { return anonHuge() }
+
+// hugeAllocs holds allocHuge's mappings (address to length) until
+// FreeMemory unmaps them.
+var hugeAllocs sync.Map
+
+// allocHuge maps n bytes (a multiple of HugePageSize) at a 2 MiB-aligned
+// address and advises huge pages; nil if that cannot be done. The mapping
+// is made with MmapPtr, not Mmap (whose bookkeeping knows only whole
+// mappings): FreeMemory unmaps it with MunmapPtr.
+func allocHuge(n int) []byte {
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(n+HugePageSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil
+	}
+	addr := uintptr(p)
+	off := (HugePageSize - addr%HugePageSize) % HugePageSize
+	if off > 0 {
+		unix.MunmapPtr(p, off)
+	}
+	if tail := HugePageSize - off; tail > 0 {
+		unix.MunmapPtr(unsafe.Add(p, off+uintptr(n)), tail)
+	}
+	b := unsafe.Slice((*byte)(unsafe.Add(p, off)), n)
+	hugeAllocs.Store(uintptr(unsafe.Add(p, off)), n)
+	unix.Madvise(b, unix.MADV_HUGEPAGE) // advice: an error leaves small pages
+	return b
+}

@@ -1,0 +1,96 @@
+package rdma
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestProbeAnonHuge: the decision from transparent_hugepage/enabled text.
+func TestProbeAnonHuge(t *testing.T) {
+	for in, mode := range map[string]string{
+		"always [madvise] never\n": "madvise",
+		"[always] madvise never":   "madvise",
+		"always madvise [never]":   "off",
+		"":                         "off",
+	} {
+		h := probeAnonHuge(in)
+		if h.Mode != mode || h.Reason == "" {
+			t.Errorf("probeAnonHuge(%q) = %+v, want mode %s and a reason", in, h, mode)
+		}
+	}
+}
+
+// anonHugeKB is AnonHugePages (kB) of the mapping of this process that
+// starts at addr.
+func anonHugeKB(t *testing.T, addr uintptr) (kb int, found bool) {
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	in := false
+	sc := bufio.NewScanner(f)
+	start := fmt.Sprintf("%x-", addr)
+	for sc.Scan() {
+		line := sc.Text()
+		if f := strings.Fields(line); len(f) >= 5 && strings.Contains(f[0], "-") {
+			in = strings.HasPrefix(f[0], start)
+			found = found || in
+			continue
+		}
+		if v, ok := strings.CutPrefix(line, "AnonHugePages:"); ok && in {
+			kb, _ = strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+		}
+	}
+	return kb, found
+}
+
+// TestAllocMemoryHuge: a large region is 2 MiB-aligned, zeroed, of the
+// size asked, and (where the host allows transparent huge pages with
+// madvise) backed by huge pages once touched; a small one is left alone.
+func TestAllocMemoryHuge(t *testing.T) {
+	const size = 4<<20 + 8
+	b, err := AllocMemory(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := FreeMemory(b); err != nil {
+			t.Errorf("FreeMemory: %v", err)
+		}
+	})
+	if len(b) != size {
+		t.Fatalf("length %d, want %d", len(b), size)
+	}
+	h := AnonHugePages()
+	t.Logf("%v", h)
+	for i := range b {
+		if b[i] != 0 {
+			t.Fatalf("byte %d not zero", i)
+		}
+		b[i] = 1
+	}
+	addr := uintptr(unsafePointer(b))
+	if h.Mode != "madvise" {
+		t.Skipf("no transparent huge pages here: %v", h)
+	}
+	if addr%HugePageSize != 0 || cap(b) != 6<<20 {
+		t.Fatalf("address %#x, capacity %d: want 2 MiB-aligned and 6 MiB", addr, cap(b))
+	}
+	kb, found := anonHugeKB(t, addr)
+	if !found {
+		t.Fatalf("no mapping at %#x in smaps", addr)
+	}
+	if kb == 0 {
+		t.Errorf("AnonHugePages 0 kB for the region's mapping")
+	}
+	s, err := AllocMemory(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	FreeMemory(s)
+}
