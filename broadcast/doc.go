@@ -34,9 +34,9 @@
 // member list, an FSM and a Stable store, and then polls it:
 //
 //	r, err := broadcast.New(broadcast.Config{Self: id, Members: ids, Start: broadcast.StartNew}, node, fsm, stable)
-//	d := broadcast.NewDriver(r, node.Doorbell()) // or call r.Poll(now) yourself
-//	// several groups on one node: NewMultiDriver(node.Doorbell(), r1, r2, ...)
-//	go d.Run(ctx)
+//	pg := poller.NewGroup(poller.GroupConfig{}) // or call r.Poll(now) yourself
+//	pg.Add(r, node) // and other groups' replicas, on this node or others
+//	go pg.Run(ctx)
 //	p := r.Propose([]byte("x"))
 //	index, err := p.Wait(ctx) // delivered at index, or ErrBusy/ErrTimeout: not delivered
 //	result := p.Reply()       // what this replica's FSM.Apply returned for it
@@ -57,8 +57,9 @@
 // local memory, runs the handlers, posts verbs and returns whether it made
 // progress. Time (a time.Duration since any fixed origin) and randomness
 // (Config.Seed) are inputs, so the simulator (package sim) drives the same
-// code from a seed; Driver runs it in real time, spinning briefly and then
-// parking on the node's doorbell until NextDeadline. Poll must be called by
+// code from a seed; a poller (package poller) runs it in real time,
+// spinning briefly and then parking on its nodes' doorbells until
+// NextDeadline. Poll must be called by
 // one goroutine at a time; Propose, Status and the Proposal handles are safe
 // from any goroutine, and so is Leading (whether this replica leads an
 // epoch whose diff committed here). FSM methods, Config.Trace and
@@ -102,7 +103,7 @@
 //   - Regions: a group uses region ids Config.RegionBase .. +n+4 on every
 //     member; several groups on one node need disjoint ranges, which
 //     rdma/regions hands out (regions.Broadcast(g)), and may share
-//     one driver (NewMultiDriver).
+//     one poller.
 //   - Failures: n = 2f+1 members tolerate f crashed, partitioned or
 //     catching-up members at once. Memory is not durable: if more than f
 //     members lose their memory at once (a whole-group restart included),

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 )
@@ -45,7 +46,15 @@ func (f *syncFSM) seqCopy() []string {
 	return out
 }
 
-// rtMember is one replica run by a Driver on the mem fabric.
+// runPolled polls r in real time until ctx ends, as a process does: on a
+// poller.Group (of one poller) parked on node's doorbell.
+func runPolled(ctx context.Context, r *Replica, node rdma.Node) error {
+	g := poller.NewGroup(poller.GroupConfig{Pollers: 1})
+	g.Add(r, node)
+	return g.Run(ctx)
+}
+
+// rtMember is one replica polled in real time on the mem fabric.
 type rtMember struct {
 	id     rdma.NodeID
 	node   *mem.Node
@@ -68,10 +77,9 @@ func startMember(t testing.TB, f *mem.Fabric, cfg Config, m *rtMember) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel, m.done = cancel, make(chan struct{})
-	d := NewDriver(m.r, m.node.Doorbell())
 	go func() {
 		defer close(m.done)
-		d.Run(ctx)
+		runPolled(ctx, m.r, m.node)
 	}()
 }
 

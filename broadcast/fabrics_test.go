@@ -47,7 +47,7 @@ func TestShmGroup(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			NewDriver(r, n.Doorbell()).Run(ctx)
+			runPolled(ctx, r, n)
 		}()
 	}
 	defer func() {
@@ -121,7 +121,7 @@ func BenchmarkShmLatencyW1(b *testing.B) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			NewDriver(r, n.Doorbell()).Run(ctx)
+			runPolled(ctx, r, n)
 		}()
 	}
 	defer func() {

@@ -308,7 +308,7 @@ func (r *Replica) closeRegions() {
 
 // Close releases the replica's regions and connections and fails every
 // proposal not yet resolved with ErrStopped (outcome unknown). Call it once
-// nothing polls the replica any more (after its Driver returned).
+// nothing polls the replica any more (after its poller let it go).
 func (r *Replica) Close() error {
 	r.leading.Store(0)
 	r.mu.Lock()

@@ -160,7 +160,7 @@ type Config struct {
 	// RegionBase is the first region id the group uses; it uses
 	// RegionBase .. RegionBase+n+4 (SST, one incoming ring per member, and
 	// two slots of a snapshot's meta and state regions). Several groups
-	// on one node (one replica each, e.g. polled by one NewMultiDriver)
+	// on one node (one replica each, e.g. polled by one poller)
 	// need disjoint ranges: the repository's one scheme for region ids is
 	// package rdma/regions, whose regions.Broadcast(g) is group g's
 	// RegionBase. Default 0x1000 (DefaultRegionBase: one group per node,

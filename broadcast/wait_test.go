@@ -136,7 +136,7 @@ func TestWaitHelpersBite(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		NewDriver(r, n.Doorbell()).Run(ctx)
+		runPolled(ctx, r, n)
 	}()
 	defer func() {
 		cancel()

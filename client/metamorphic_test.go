@@ -63,6 +63,7 @@ import (
 	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/kv/fielded"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 )
@@ -648,10 +649,11 @@ func (mc *metaCluster) startReplica(g int, id rdma.NodeID, c metaClusterConfig, 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rp := &metaReplica{node: node, r: r, cancel: cancel, done: make(chan struct{})}
-	d := broadcast.NewMultiDriver(node.Doorbell(), r)
+	pg := poller.NewGroup(poller.GroupConfig{Pollers: 1})
+	pg.Add(r, node)
 	go func() {
 		defer close(rp.done)
-		d.Run(ctx)
+		pg.Run(ctx)
 	}()
 	mc.reps = append(mc.reps, rp)
 	return nil

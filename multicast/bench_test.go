@@ -50,7 +50,7 @@ func BenchmarkSingleGroupW1(b *testing.B) {
 }
 
 // idlePolls runs 2 groups (tree 0:1) of 3 replicas on the mem fabric, one
-// MultiDriver per node (one replica of each group per node), waits for
+// replica of each group per node, all on one poller.Group, waits for
 // both leaders, and returns how many Polls each node's replicas made in
 // 200 ms with no client.
 func idlePolls(t *testing.T, knobs testingKnobs) (polls, spins []int64) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
@@ -16,8 +17,8 @@ import (
 
 // clusterSpec describes a real-time test cluster: every group's replicas
 // on the nodes members names (a node may host several groups' replicas),
-// each node's replicas polled by one broadcast.MultiDriver, plus the
-// client nodes, on the mem or tcp fabric.
+// all polled by one poller.Group (as a process runs them), plus the client
+// nodes, on the mem or tcp fabric.
 type clusterSpec struct {
 	fabric  string // "mem" (default) or "tcp"
 	tree    *tree.Tree
@@ -29,7 +30,7 @@ type clusterSpec struct {
 	knobs   testingKnobs     // planted bugs
 }
 
-// testCluster is a running clusterSpec; its Cleanup stops the drivers
+// testCluster is a running clusterSpec; its Cleanup stops the pollers
 // and closes every replica and node.
 type testCluster struct {
 	spec   clusterSpec
@@ -39,12 +40,12 @@ type testCluster struct {
 	ctx    context.Context
 }
 
-// countPolls wraps a Poller and counts its Polls, the ones that made
+// countPolls wraps a poller.Task and counts its Polls, the ones that made
 // progress, and the spins: Polls that made none and left the replica due
-// at once (NextDeadline not after the Poll's now), so that its driver
+// at once (NextDeadline not after the Poll's now), so that its poller
 // polls again without parking.
 type countPolls struct {
-	p               broadcast.Poller
+	p               poller.Task
 	n, progr, spins atomic.Int64
 }
 
@@ -110,8 +111,7 @@ func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
 			}
 		}
 	}
-	perNode := map[rdma.NodeID][]broadcast.Poller{}
-	var order []rdma.NodeID
+	pg := poller.NewGroup(poller.GroupConfig{})
 	for g, ms := range sp.members {
 		for i, id := range ms {
 			bc := sp.bcast
@@ -129,17 +129,10 @@ func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
 			c.reps = append(c.reps, r)
 			cp := &countPolls{p: r}
 			c.counts = append(c.counts, cp)
-			if perNode[id] == nil {
-				order = append(order, id)
-			}
-			perNode[id] = append(perNode[id], cp)
+			pg.Add(cp, c.nodes[id])
 		}
 	}
-	for _, id := range order {
-		d := broadcast.NewMultiDriver(c.nodes[id].Doorbell(), perNode[id]...)
-		wg.Add(1)
-		go func() { defer wg.Done(); d.Run(ctx) }()
-	}
+	wg.Go(func() { pg.Run(ctx) })
 	return c
 }
 

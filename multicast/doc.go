@@ -55,8 +55,10 @@
 //	r, err := multicast.New(multicast.Config{Group: g, Tree: t, Members: members,
 //		ClientNodes: clients, Broadcast: broadcast.Config{Self: self, Start: broadcast.StartNew}},
 //		node, app, stable)
-//	d := broadcast.NewMultiDriver(node.Doorbell(), r, r2) // Replica is a broadcast.Poller
-//	go d.Run(ctx)
+//	pg := poller.NewGroup(poller.GroupConfig{}) // Replica is a poller.Task
+//	pg.Add(r, node)
+//	pg.Add(r2, node)
+//	go pg.Run(ctx)
 //
 //	c, err := multicast.StartClient(ctx, multicast.ClientConfig{Slot: k, Inc: uint64(time.Now().UnixNano()),
 //		Tree: t, Members: members}, clientNode)

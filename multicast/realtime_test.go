@@ -62,8 +62,7 @@ func TestRealTime(t *testing.T) { runRealTime(t, false) }
 
 // TestSharedNodes is TestRealTime with the three groups' replicas on
 // three nodes, one replica of each group per node, polled by one
-// broadcast.MultiDriver per node on the node's one doorbell (the embedded
-// cluster's layout), and one client on a replica's node: groups write to
+// poller.Group (the embedded cluster's layout), and one client on a replica's node: groups write to
 // each other's regions on the same node.
 func TestSharedNodes(t *testing.T) { runRealTime(t, true) }
 

@@ -27,6 +27,8 @@ type LocalDoorbell struct {
 
 	mu    sync.Mutex // guards timer (one reusable timer for the usual single waiter)
 	timer *time.Timer
+
+	sets localSets // the WaitSets that wait for it
 }
 
 // NewLocalDoorbell returns a doorbell that spins for spin before parking
@@ -44,6 +46,7 @@ func (d *LocalDoorbell) Seq() uint64 { return d.seq.Load() }
 // Ring implements Doorbell.
 func (d *LocalDoorbell) Ring() {
 	d.seq.Add(1)
+	d.ringSets()
 	for n := d.parked.Load(); n > 0; n-- {
 		select {
 		case d.wake <- struct{}{}:

@@ -79,7 +79,7 @@ messages (not deliveries) completed in the measured part.
           per group; speedup = msgs/s / the same run's 1-group msgs/s of
           the same placement. --placement own: a node and a polling
           goroutine per replica; shared: replica i of every group on node
-          i, one broadcast.MultiDriver per node (the embedded cluster's
+          i, one poller per node (the embedded cluster's
           layout); scale measures both by default.
 
 Each figure's defaults (a flag given applies to every figure selected):
@@ -155,7 +155,7 @@ type mcFig struct {
 	clients  int
 	window   int
 	// shared: the placements to measure (false: a node and goroutine per
-	// replica; true: replica i of every group on node i, one MultiDriver
+	// replica; true: replica i of every group on node i, one poller
 	// per node)
 	shared []bool
 }
@@ -186,7 +186,7 @@ func parseMulticastFlags(args []string, stderr io.Writer) (*mcFlags, error) {
 	sizes := fs.String("size", "", "comma-separated payload sizes in bytes (default: per figure)")
 	fabric := fs.String("fabric", "", "mem or shm (default: per figure; mem and shm clusters other than the client path run every node in this process)")
 	clients := fs.Int("clients", 0, "closed-loop clients (scale: per group; default: per figure)")
-	placement := fs.String("placement", "", "figures 5-8 and scale: own (a node and a polling goroutine per replica), shared (replica i of every group on node i, one broadcast.MultiDriver per node, as an embedded cluster), or own,shared (default: per figure; scale: both)")
+	placement := fs.String("placement", "", "figures 5-8 and scale: own (a node and a polling goroutine per replica), shared (replica i of every group on node i, one poller per node, as an embedded cluster), or own,shared (default: per figure; scale: both)")
 	window := fs.Int("window", 0, "messages each client keeps outstanding, its ClientSlots (default: per figure; client and tax: 1)")
 	fs.DurationVar(&o.et, "election-timeout", 250*time.Millisecond, "the replicas' election timeout in every figure but table1 (long, so that a descheduled leader is not voted out mid-measurement)")
 	fs.DurationVar(&o.crashET, "crash-election-timeout", broadcast.DefaultElectionTimeout, "table1: the replicas' election timeout")

@@ -18,6 +18,7 @@ import (
 	"github.com/rdmakv/rdmakv/internal/hist"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 )
@@ -45,7 +46,7 @@ type mcSpec struct {
 	clientNodes []rdma.NodeID
 	// shared places replica i of every group on node i (replicas nodes in
 	// all, as an embedded cluster does), each node's replicas polled by one
-	// broadcast.MultiDriver on its one doorbell; otherwise every replica is
+	// poller (a poller.Group of one) on its one doorbell; otherwise every replica is
 	// a node of its own with a goroutine of its own. Shared replicas do
 	// not crash one by one (no table1).
 	shared bool
@@ -309,19 +310,19 @@ func (c *mcCluster) start(x *mcReplica) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel, x.done = cancel, make(chan struct{})
-	d := broadcast.NewMultiDriver(node.Doorbell(), callPoller{x})
-	go func() { defer close(x.done); d.Run(ctx) }()
+	pg := poller.NewGroup(poller.GroupConfig{Pollers: 1})
+	pg.Add(callPoller{x}, node)
+	go func() { defer close(x.done); pg.Run(ctx) }()
 	return nil
 }
 
-// startDrivers starts one MultiDriver per shared node.
+// startDrivers starts one poller per shared node.
 func (c *mcCluster) startDrivers() {
 	for _, d := range c.drivers {
-		ps := make([]broadcast.Poller, len(d.reps))
-		for i, x := range d.reps {
-			ps[i] = callPoller{x}
+		md := poller.NewGroup(poller.GroupConfig{Pollers: 1})
+		for _, x := range d.reps {
+			md.Add(callPoller{x}, d.node)
 		}
-		md := broadcast.NewMultiDriver(d.node.Doorbell(), ps...)
 		ctx, cancel := context.WithCancel(context.Background())
 		d.cancel, d.done = cancel, make(chan struct{})
 		for _, x := range d.reps {

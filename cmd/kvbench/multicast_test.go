@@ -107,7 +107,7 @@ func TestMulticastJSON(t *testing.T) {
 }
 
 // TestMulticastScale runs the scaling figure (both placements: a node per
-// replica, and nodes shared by the groups with one MultiDriver each) and
+// replica, and nodes shared by the groups with one poller each) and
 // Fig. 6 over breadth trees of 1 and 3 groups: the 3-group rows have a
 // speedup over the 1-group row of the same run and placement, and Fig.
 // 6's destinations are adjacent.

@@ -7,7 +7,7 @@
 //
 // A Member is one replica at work: an rdma node (shm, tcp, or any node the
 // caller opened, e.g. on the mem fabric), a broadcast.Replica polled by a
-// broadcast.Driver on its own goroutine, an FSM that records what was
+// poller.Group of one poller on its own goroutine, an FSM that records what was
 // delivered (Config.Record: every entry, for tests; otherwise a count and a
 // running hash, so that benchmarks run for hours in bounded memory), with
 // an optional ballast state of Config.StateBytes bytes captured copy on
@@ -46,6 +46,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -74,8 +75,8 @@ type Config struct {
 	Addrs map[rdma.NodeID]string `json:"addrs,omitempty"`
 	// Secret is the tcp cluster secret (at least tcp.MinSecret bytes).
 	Secret []byte `json:"secret,omitempty"`
-	// Spin is the fabric's doorbell spin budget (Options.Spin): 0 means
-	// rdma.DefaultSpin, negative parks at once.
+	// Spin is the fabric's doorbell spin budget (Options.Spin) and the
+	// member's poller's: 0 means rdma.DefaultSpin, negative parks at once.
 	Spin time.Duration `json:"spin,omitempty"`
 	// PeerTimeout is the fabric's dead-peer timeout; 0 keeps the
 	// fabric's default (2 s).
@@ -180,10 +181,11 @@ func Start(cfg Config, node rdma.Node) (*Member, error) {
 	m.r = r
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
-	d := broadcast.NewDriver(r, node.Doorbell())
+	g := poller.NewGroup(poller.GroupConfig{Pollers: 1, Spin: cfg.Spin})
+	g.Add(r, node)
 	go func() {
 		defer close(m.done)
-		d.Run(ctx)
+		g.Run(ctx)
 	}()
 	return m, nil
 }

@@ -16,7 +16,7 @@
 // Groups[Group][Replica], with the map's ShmDir and Name), builds its
 // configuration with cluster.Map.ReplicaConfig, keeps its Acuerdo stable
 // state in a broadcast.FileStable file, and is driven by
-// broadcast.NewMultiDriver. EOF on stdin ends it cleanly: it stops
+// a poller.Group. EOF on stdin ends it cleanly: it stops
 // polling, closes the replica and the node (which removes its shm files)
 // and exits. A restarted replica (same Config, with Start StartExisting and
 // the same StablePath) opens its node again, which removes the files its
@@ -54,7 +54,7 @@ type Config struct {
 	// default StartExisting for a restart (which then needs the file).
 	Start broadcast.StartMode `json:"start,omitempty"`
 	// Spin and PeerTimeout are the node's shm.Options (0: the defaults;
-	// a negative Spin parks at once).
+	// a negative Spin parks at once); Spin is the poller's too.
 	Spin        time.Duration `json:"spin,omitempty"`
 	PeerTimeout time.Duration `json:"peer_timeout,omitempty"`
 	// Tuning is handed to the replica's broadcast.Config (0: defaults).

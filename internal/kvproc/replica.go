@@ -13,6 +13,7 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/poller"
 )
 
 // statsEvery is how often the reporter looks for a role change to
@@ -110,9 +111,9 @@ func serveReplica(cfg Config, sc *bufio.Scanner, w *lineWriter) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		d := broadcast.NewMultiDriver(node.Doorbell(), sp)
-		d.MaxPark = maxPark
-		d.Run(ctx)
+		g := poller.NewGroup(poller.GroupConfig{Pollers: 1, MaxPark: maxPark, Spin: cfg.Spin})
+		g.Add(sp, node)
+		g.Run(ctx)
 	})
 	// The reporter: a role change is an event line.
 	wg.Go(func() {

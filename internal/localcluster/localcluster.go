@@ -1,8 +1,9 @@
 // Package localcluster runs every replica of a cluster map in this process:
-// one rdma node per replica (mem or shm fabric), each driven by its own
-// broadcast driver goroutine. Tests, kvbench and the embedded cluster use it;
-// a replica can be stopped (its memory lost) or paused (its memory still
-// readable one-sided).
+// one rdma node per replica (mem or shm fabric), all polled by one
+// poller.Group (one poller goroutine per core, each owning a fixed share of
+// the replicas and parking once on all its nodes' doorbells). Tests,
+// kvbench and the embedded cluster use it; a replica can be stopped (its
+// memory lost) or paused (its memory still readable one-sided).
 package localcluster
 
 import (
@@ -17,6 +18,7 @@ import (
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 )
@@ -28,21 +30,20 @@ type Cluster struct {
 	// and Start are set per replica).
 	Broadcast broadcast.Config
 	spec      fabric.Spec // the map's, with its mem.Fabric on mem
+	pollers   *poller.Group
+	stop      context.CancelFunc
+	done      chan struct{} // closed when the pollers returned
 	mu        sync.Mutex
 	reps      [][]*replica
 	clients   map[rdma.NodeID]rdma.Node
 }
 
 type replica struct {
-	g, i    int
-	node    rdma.Node
-	r       *kv.Replica
-	sr      *server.Replica // r as the control port sees it
-	cancel  context.CancelFunc
-	done    chan struct{}
-	paused  chan struct{} // closed: not paused
-	pauseMu sync.Mutex
-	polls   chan func(*kv.Replica)
+	g, i int
+	node rdma.Node
+	r    *kv.Replica
+	sr   *server.Replica // r as the control port sees it, the polled task
+	h    *poller.Handle
 }
 
 // Start starts every replica of m (Fabric mem or shm) and waits until
@@ -57,6 +58,13 @@ func Start(ctx context.Context, m *cluster.Map, bc broadcast.Config) (*Cluster, 
 	} else if m.Fabric != "shm" {
 		return nil, fmt.Errorf("localcluster: fabric %q: want mem or shm", m.Fabric)
 	}
+	c.pollers = poller.NewGroup(poller.GroupConfig{})
+	pctx, stop := context.WithCancel(context.Background())
+	c.stop, c.done = stop, make(chan struct{})
+	go func() {
+		defer close(c.done)
+		c.pollers.Run(pctx)
+	}()
 	c.reps = make([][]*replica, len(m.Groups))
 	for g, ms := range m.Groups {
 		c.reps[g] = make([]*replica, len(ms))
@@ -91,48 +99,18 @@ func (c *Cluster) start(g, i int) error {
 		node.Close()
 		return fmt.Errorf("localcluster: replica %d of group %d: %w", i, g, err)
 	}
-	rctx, cancel := context.WithCancel(context.Background())
-	rp := &replica{g: g, i: i, node: node, r: r, sr: server.NewReplica(g, i, id, r), cancel: cancel, done: make(chan struct{}),
-		paused: make(chan struct{}), polls: make(chan func(*kv.Replica), 16)}
-	close(rp.paused)
-	d := broadcast.NewMultiDriver(node.Doorbell(), &gate{rp: rp})
-	go func() {
-		defer close(rp.done)
-		d.Run(rctx)
-	}()
+	sr := server.NewReplica(g, i, id, r)
+	// A group's replicas share a poller: their messages to each other
+	// then need no wake-up.
+	rp := &replica{g: g, i: i, node: node, r: r, sr: sr, h: c.pollers.AddTo(g, sr, node)}
 	c.mu.Lock()
 	c.reps[g][i] = rp
 	c.mu.Unlock()
 	return nil
 }
 
-// gate polls a replica unless it is paused, and runs calls queued for its
-// polling goroutine.
-type gate struct{ rp *replica }
-
-func (gt *gate) Poll(now time.Duration) bool {
-	rp := gt.rp
-	rp.pauseMu.Lock()
-	p := rp.paused
-	rp.pauseMu.Unlock()
-	<-p
-	for {
-		select {
-		case f := <-rp.polls:
-			f(rp.r)
-			continue
-		default:
-		}
-		break
-	}
-	return rp.sr.Poll(now)
-}
-
-func (gt *gate) NextDeadline() time.Duration { return gt.rp.r.NextDeadline() }
-
-func (gt *gate) HeartbeatInterval() time.Duration { return gt.rp.r.HeartbeatInterval() }
-
-// Do runs f on replica (g, i)'s polling goroutine and waits for it.
+// Do runs f on replica (g, i)'s polling goroutine, between two of its
+// Polls (paused or not), and waits for it.
 func (c *Cluster) Do(g, i int, f func(*kv.Replica)) error {
 	c.mu.Lock()
 	rp := c.reps[g][i]
@@ -140,19 +118,10 @@ func (c *Cluster) Do(g, i int, f func(*kv.Replica)) error {
 	if rp == nil {
 		return fmt.Errorf("localcluster: replica %d of group %d is stopped", i, g)
 	}
-	done := make(chan struct{})
-	select {
-	case rp.polls <- func(r *kv.Replica) { f(r); close(done) }:
-	case <-rp.done:
+	if err := rp.h.Do(func() { f(rp.r) }); err != nil {
 		return errors.New("localcluster: replica stopped")
 	}
-	rp.node.Doorbell().Ring()
-	select {
-	case <-done:
-		return nil
-	case <-rp.done:
-		return errors.New("localcluster: replica stopped")
-	}
+	return nil
 }
 
 // WaitServing waits until every group has a replica serving
@@ -219,29 +188,20 @@ func (c *Cluster) Stop(g, i int) {
 	if rp == nil {
 		return
 	}
-	resume(rp)
-	rp.cancel()
-	<-rp.done
+	rp.h.Remove()
 	rp.r.Close()
 	rp.node.Close()
 }
 
-// Pause stops polling replica (g, i) until Resume: its memory stays
-// readable one-sided.
+// Pause stops polling replica (g, i) until Resume (once it returns, no
+// Poll of the replica runs): its memory stays readable one-sided.
 func (c *Cluster) Pause(g, i int) {
 	c.mu.Lock()
 	rp := c.reps[g][i]
 	c.mu.Unlock()
-	if rp == nil {
-		return
+	if rp != nil {
+		rp.h.Pause()
 	}
-	rp.pauseMu.Lock()
-	select {
-	case <-rp.paused:
-		rp.paused = make(chan struct{})
-	default:
-	}
-	rp.pauseMu.Unlock()
 }
 
 // ResumeReplica resumes polling replica (g, i).
@@ -250,18 +210,8 @@ func (c *Cluster) ResumeReplica(g, i int) {
 	rp := c.reps[g][i]
 	c.mu.Unlock()
 	if rp != nil {
-		resume(rp)
+		rp.h.Resume()
 	}
-}
-
-func resume(rp *replica) {
-	rp.pauseMu.Lock()
-	select {
-	case <-rp.paused:
-	default:
-		close(rp.paused)
-	}
-	rp.pauseMu.Unlock()
 }
 
 // ClientNode opens (once) the node of client slot k, for client.WithNode.
@@ -280,6 +230,9 @@ func (c *Cluster) ClientNode(k int) (rdma.Node, error) {
 	return n, nil
 }
 
+// PollerStats are the pollers' counters.
+func (c *Cluster) PollerStats() []poller.PollerStats { return c.pollers.Stats() }
+
 // Close stops every replica and closes every node.
 func (c *Cluster) Close() {
 	for g := range c.reps {
@@ -287,6 +240,8 @@ func (c *Cluster) Close() {
 			c.Stop(g, i)
 		}
 	}
+	c.stop()
+	<-c.done
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id, n := range c.clients {

@@ -67,7 +67,8 @@ type Config struct {
 
 	// ShmDir and ShmCluster name the shm cluster (shm.Options.Dir and
 	// Cluster; ShmDir defaults to /dev/shm); Spin and PeerTimeout are the
-	// node's shm.Options (0: the defaults; a negative Spin parks at once).
+	// node's shm.Options (0: the defaults; a negative Spin parks at once);
+	// Spin is the poller's too.
 	ShmDir      string        `json:"shm_dir,omitempty"`
 	ShmCluster  string        `json:"shm_cluster"`
 	Spin        time.Duration `json:"spin,omitempty"`

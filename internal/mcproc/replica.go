@@ -18,6 +18,7 @@ import (
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -298,9 +299,9 @@ func serveReplica(cfg Config, sc *bufio.Scanner, em *emitter) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		d := broadcast.NewMultiDriver(node.Doorbell(), &statsPoller{r: r, st: st, last: -time.Hour})
-		d.MaxPark = maxPark
-		d.Run(ctx)
+		g := poller.NewGroup(poller.GroupConfig{Pollers: 1, MaxPark: maxPark, Spin: cfg.Spin})
+		g.Add(&statsPoller{r: r, st: st, last: -time.Hour}, node)
+		g.Run(ctx)
 	}()
 	em.emit(Line{Ready: true, Pid: os.Getpid()})
 	for sc.Scan() {

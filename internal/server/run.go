@@ -20,6 +20,7 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
@@ -135,7 +136,9 @@ func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *
 		stop()
 		wg.Wait()
 	}()
-	wg.Go(func() { broadcast.NewMultiDriver(node.Doorbell(), rep).Run(dctx) })
+	pollers := poller.NewGroup(poller.GroupConfig{Pollers: 1})
+	pollers.Add(rep, node)
+	wg.Go(func() { pollers.Run(dctx) })
 	wg.Go(func() { Watch(dctx, reps, base) })
 
 	if cln != nil {

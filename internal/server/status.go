@@ -22,7 +22,7 @@ import (
 // goroutine may read (table size and header, multicast counters).
 const copyEvery = 50 * time.Millisecond
 
-// Replica wraps a kv.Replica as the broadcast.Poller its driver runs, and
+// Replica wraps a kv.Replica as the poller.Task its poller runs, and
 // keeps a copy of its state for other goroutines (Status), at most
 // copyEvery old. It also times each Poll that made progress (the work of
 // ordering and applying a batch of requests) into a histogram.
@@ -54,7 +54,7 @@ func NewReplica(g, i int, node rdma.NodeID, r *kv.Replica) *Replica {
 // KV is the wrapped replica.
 func (p *Replica) KV() *kv.Replica { return p.r }
 
-// Poll implements broadcast.Poller.
+// Poll implements poller.Task.
 func (p *Replica) Poll(now time.Duration) bool {
 	t0 := time.Now()
 	progress := p.r.Poll(now)
@@ -72,10 +72,10 @@ func (p *Replica) Poll(now time.Duration) bool {
 	return progress
 }
 
-// NextDeadline implements broadcast.Poller.
+// NextDeadline implements poller.Task.
 func (p *Replica) NextDeadline() time.Duration { return p.r.NextDeadline() }
 
-// HeartbeatInterval implements broadcast.Heartbeater.
+// HeartbeatInterval implements poller.Heartbeater.
 func (p *Replica) HeartbeatInterval() time.Duration { return p.r.HeartbeatInterval() }
 
 // ReplicaStatus is a replica's state as the control port shows it (GET

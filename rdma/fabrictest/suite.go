@@ -26,6 +26,7 @@ func Run(t *testing.T, h Harness) {
 		{"AtomicsContention", testAtomicsContention},
 		{"DeadPeer", testDeadPeer},
 		{"Doorbell", testDoorbell},
+		{"WaitSet", testWaitSet},
 		{"NoAllocs", testNoAllocs},
 		{"PostList", testPostList},
 	}

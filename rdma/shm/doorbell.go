@@ -14,10 +14,7 @@ import (
 // Futex operations (linux/futex.h), deliberately without FUTEX_PRIVATE_FLAG:
 // the word lives in a MAP_SHARED file mapping and waiters and wakers are in
 // different processes.
-const (
-	futexWait = 0
-	futexWake = 1
-)
+const futexWake = 1
 
 // ringNode rings the doorbell of the node whose node file is mapped at nf:
 // bump seq, then wake parked waiters. A waiter announces itself in parked
@@ -72,7 +69,7 @@ func (d *doorbell) Ring() {
 }
 
 // Wait implements rdma.Doorbell. It spins for the node's spin budget, then
-// parks in FUTEX_WAIT. Closing the node rings it once; after that nothing
+// parks in FUTEX_WAIT (handing its P back). Closing the node rings it once; after that nothing
 // rings, so Wait with the final Seq sleeps out its timeout.
 func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 	d.mu.RLock()
@@ -100,45 +97,19 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 	}
 	rdma.Add64(nf, nodeParkedW, 1)
 	defer rdma.Add64(nf, nodeParkedW, ^uint64(0))
-	if useHub() && !changed() {
-		if woken, ok := d.waitHub(seq, deadline, changed); ok {
-			return woken
-		}
-	}
+	addr := unsafe.Pointer(&nf[nodeSeqW:][:8][0])
 	for !changed() {
-		left := deadline - rdma.Mono()
-		if left <= 0 {
+		now := rdma.Mono()
+		if now >= deadline {
 			return false
 		}
-		ts := unix.NsecToTimespec(int64(left))
+		ts := absTimespec(min(deadline, now+time.Hour)) // no overflow for a far deadline
 		// Returns at once (EAGAIN) if the low word no longer holds seq, on
-		// a wake, on a signal (EINTR) or at the timeout: all recheck.
-		futex(nf, nodeSeqW, futexWait, uint32(seq), &ts)
+		// a wake, on a signal (EINTR) or at the timeout: all recheck. The
+		// P is handed back while it sleeps (see waitset.go).
+		futexWaitBlocking(addr, futexWaitBitset, uint32(seq), unsafe.Pointer(&ts))
 	}
 	return true
-}
-
-// waitHub parks the caller in the Go runtime until the hub sees seq's low
-// word move, or until deadline (see hub.go); ok is false if the hub is
-// full. The caller announced itself parked.
-func (d *doorbell) waitHub(seq uint64, deadline time.Duration, changed func() bool) (woken, ok bool) {
-	w := &hubWaiter{addr: (*uint32)(unsafe.Pointer(&d.nf[nodeSeqW:][:8][0])), val: uint32(seq), ch: make(chan struct{}, 1)}
-	if !hubAdd(w) {
-		return false, false
-	}
-	defer hubRemove(w)
-	left := deadline - rdma.Mono()
-	if left <= 0 {
-		return changed(), true
-	}
-	t := time.NewTimer(left)
-	defer t.Stop()
-	select {
-	case <-w.ch:
-		return true, true
-	case <-t.C:
-		return changed(), true
-	}
 }
 
 // close makes the doorbell inert: it wakes every waiter (through the node

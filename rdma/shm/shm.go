@@ -44,10 +44,11 @@
 // it and calls FUTEX_WAKE only if a waiter is parked; Doorbell.Wait spins
 // for Options.Spin, then announces itself parked, rechecks seq and sleeps in
 // FUTEX_WAIT on the seq value, so no wake-up is lost. Waiter and ringer in
-// one process also go through the futex. In a process with several nodes
-// open, parked waiters park in the Go runtime instead and one goroutine
-// waits for all their words in FUTEX_WAITV (hub.go): goroutines parked in
-// futex(2) would hold the process's Ps and starve its other goroutines.
+// one process also go through the futex. A poller that owns several nodes
+// waits for all their words at once, in one FUTEX_WAITV (waitset.go,
+// rdma.WaitSet). Every futex sleep hands the goroutine's P back on entry
+// (as the runtime's own blocking calls do): goroutines parked in futex(2)
+// would otherwise hold the process's Ps and starve its other goroutines.
 package shm
 
 import (
@@ -220,7 +221,6 @@ func Open(id rdma.NodeID, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("shm: create node file for node %d: %w", id, err)
 	}
 	n.db = &doorbell{spin: opts.Spin, nf: n.nf}
-	openNodes.Add(1)
 	return n, nil
 }
 
@@ -611,7 +611,6 @@ func (n *Node) Close() error {
 	}
 	n.mu.Unlock()
 	n.db.close()
-	openNodes.Add(-1)
 	if err := os.Remove(n.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("shm: remove node file: %w", err))
 	}

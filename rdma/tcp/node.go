@@ -142,10 +142,16 @@ type doorbell struct {
 
 // Wait implements rdma.Doorbell.
 func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
+	d.PrePark()
+	return d.LocalDoorbell.Wait(seq, timeout)
+}
+
+// PrePark implements rdma.PreParker: a WaitSet over the node's doorbell
+// resumes the readers before it parks, as Wait does.
+func (d *doorbell) PrePark() {
 	if d.n.idle.Load() > 0 {
 		d.n.resumeReaders()
 	}
-	return d.LocalDoorbell.Wait(seq, timeout)
 }
 
 // resumeReaders sends every Conn reader that stands aside back to the

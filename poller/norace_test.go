@@ -1,0 +1,6 @@
+//go:build !race
+
+package poller
+
+// raceEnabled: the race detector allocates on its own.
+const raceEnabled = false

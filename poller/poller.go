@@ -1,0 +1,502 @@
+// Package poller runs polled tasks (replicas of any group, any node) in
+// real time: a Group has one poller goroutine per core, each owning a fixed
+// set of tasks. A poller runs passes over its tasks while they make
+// progress, then spins briefly and parks on one rdma.WaitSet over every
+// doorbell of its tasks' nodes, until a Notify write or a Ring lands on
+// one of them, a task is due (its NextDeadline), or a Handle's change
+// kicks it.
+//
+// Tasks stay pure: the poller's clock is the only time they see, and spin
+// or park decisions never reach them.
+package poller
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Task is a deterministic polled step (a replica, or a layer wrapping one)
+// and the latest time it wants its next one.
+type Task interface {
+	// Poll runs one step at now and reports whether it made progress.
+	Poll(now time.Duration) bool
+	// NextDeadline is the latest time the task wants its next Poll even
+	// if nothing lands in its memory.
+	NextDeadline() time.Duration
+}
+
+// Flusher is a Task that posts what its Poll queued in a separate step:
+// Pass calls Flush right after the task's Poll.
+type Flusher interface {
+	Flush(now time.Duration)
+}
+
+// Heartbeater is a Task that reports its heartbeat interval, so that its
+// poller parks no longer than that (a broadcast Replica, and each layer
+// that wraps one).
+type Heartbeater interface {
+	HeartbeatInterval() time.Duration
+}
+
+// never is a deadline no task reaches.
+const never = time.Duration(1<<63 - 1)
+
+// Pass polls every task once, in order, at now (flushing a Flusher right
+// after its Poll), and reports whether any made progress and the earliest
+// NextDeadline after the pass (never for no tasks). Production pollers and
+// simulators run the same passes.
+func Pass(now time.Duration, ts []Task) (progress bool, next time.Duration) {
+	for _, t := range ts {
+		if t.Poll(now) {
+			progress = true
+		}
+		if f, ok := t.(Flusher); ok {
+			f.Flush(now)
+		}
+	}
+	next = never
+	for _, t := range ts {
+		next = min(next, t.NextDeadline())
+	}
+	return progress, next
+}
+
+// GroupConfig configures a Group.
+type GroupConfig struct {
+	// Pollers is the number of poller goroutines; 0 means GOMAXPROCS.
+	Pollers int
+	// MaxPark bounds one park; 0 means the smallest HeartbeatInterval of
+	// the poller's tasks (Heartbeater), DefaultMaxPark if none reports one.
+	MaxPark time.Duration
+	// Spin is the most a poller spins before it parks; 0 means
+	// rdma.DefaultSpin, negative never spins.
+	Spin time.Duration
+}
+
+// DefaultMaxPark bounds a park when no task reports a heartbeat.
+const DefaultMaxPark = time.Millisecond
+
+// ErrRemoved is returned by Do on a removed task.
+var ErrRemoved = errors.New("poller: task removed")
+
+// Group is a set of pollers and the tasks assigned to them.
+type Group struct {
+	cfg    GroupConfig
+	origin time.Duration // rdma.Mono at NewGroup: the tasks' clock starts there
+	mu     sync.Mutex    // guards ps's handle lists (with each poller's mu) and running
+	ps     []*poller
+	ran    bool
+	stop   atomic.Bool // Run's ctx ended
+}
+
+// NewGroup returns a group of cfg.Pollers pollers; Run runs them.
+func NewGroup(cfg GroupConfig) *Group {
+	if cfg.Pollers <= 0 {
+		cfg.Pollers = runtime.GOMAXPROCS(0)
+	}
+	switch {
+	case cfg.Spin == 0:
+		cfg.Spin = rdma.DefaultSpin
+	case cfg.Spin < 0:
+		cfg.Spin = 0
+	}
+	g := &Group{cfg: cfg, origin: rdma.Mono()}
+	for i := range cfg.Pollers {
+		p := &poller{g: g, idx: i}
+		p.cond.L = &p.mu
+		p.ws = rdma.NewWaitSet(nil)
+		g.ps = append(g.ps, p)
+	}
+	return g
+}
+
+// Now is the group's clock, the time its pollers pass to Poll.
+func (g *Group) Now() time.Duration { return rdma.Mono() - g.origin }
+
+// Add assigns t to the least loaded poller (ties: one already waiting on
+// one of nodes, then the first), for good: tasks never move. The poller
+// waits on the doorbells of nodes. t is polled from the next pass on.
+func (g *Group) Add(t Task, nodes ...rdma.Node) *Handle {
+	return g.add(-1, t, nodes)
+}
+
+// AddTo is Add for a task with affinity key (>= 0): every task of one key
+// goes to the poller of the key's first task (chosen as Add chooses), so
+// that the replicas of one group in one process exchange their messages
+// within one poller's passes, with no wake-up between them.
+func (g *Group) AddTo(key int, t Task, nodes ...rdma.Node) *Handle {
+	return g.add(key, t, nodes)
+}
+
+func (g *Group) add(key int, t Task, nodes []rdma.Node) *Handle {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	best, bestLoad, bestShares := -1, 0, false
+	for i, p := range g.ps {
+		p.mu.Lock()
+		load, shares, keyed := len(p.handles), false, false
+		for _, h := range p.handles {
+			keyed = keyed || key >= 0 && h.key == key
+			for _, n := range h.nodes {
+				for _, m := range nodes {
+					shares = shares || n == m
+				}
+			}
+		}
+		p.mu.Unlock()
+		if keyed {
+			best = i
+			break
+		}
+		if best < 0 || load < bestLoad || load == bestLoad && shares && !bestShares {
+			best, bestLoad, bestShares = i, load, shares
+		}
+	}
+	p := g.ps[best]
+	h := &Handle{p: p, t: t, key: key, nodes: append([]rdma.Node(nil), nodes...)}
+	p.mu.Lock()
+	p.handles = append(p.handles, h)
+	p.mu.Unlock()
+	p.changed()
+	return h
+}
+
+// Run runs the pollers until ctx ends, then returns ctx's error. Calls
+// queued by Do meanwhile run before it returns. It closes no task.
+func (g *Group) Run(ctx context.Context) error {
+	g.mu.Lock()
+	if g.ran {
+		g.mu.Unlock()
+		return errors.New("poller: Group.Run called twice")
+	}
+	g.ran = true
+	g.mu.Unlock()
+	for _, p := range g.ps {
+		p.mu.Lock()
+		p.running = true
+		p.mu.Unlock()
+	}
+	after := context.AfterFunc(ctx, func() {
+		g.stop.Store(true)
+		for _, p := range g.ps {
+			p.mu.Lock()
+			ws := p.ws
+			p.mu.Unlock()
+			ws.Kick()
+		}
+	})
+	defer after()
+	var wg sync.WaitGroup
+	for _, p := range g.ps {
+		wg.Go(p.run)
+	}
+	wg.Wait()
+	return ctx.Err()
+}
+
+// PollerStats counts one poller's work since the group started.
+type PollerStats struct {
+	Tasks    int    // assigned, paused ones included
+	Passes   uint64 // passes over its tasks
+	Spins    uint64 // spin phases before a park
+	SpinHits uint64 // spin phases ended by a ring or a kick
+	Parks    uint64 // parks in the WaitSet
+	Wakes    uint64 // parks ended by a ring or a kick (the rest timed out)
+}
+
+// Stats returns every poller's counters.
+func (g *Group) Stats() []PollerStats {
+	var out []PollerStats
+	for _, p := range g.ps {
+		p.mu.Lock()
+		n := len(p.handles)
+		p.mu.Unlock()
+		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
+			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load()})
+	}
+	return out
+}
+
+// Handle is a task's place in its group.
+type Handle struct {
+	p     *poller
+	t     Task
+	key   int // AddTo's affinity key, -1 for none
+	nodes []rdma.Node
+	// guarded by p.mu
+	paused, removed bool
+	dos             []func()
+}
+
+// Do runs f on the goroutine that polls the task, between two of its
+// Polls (paused or not), and waits for it; f may touch the task's state.
+// If the group does not run, f runs on the caller's goroutine (one such
+// call at a time). f must not call the group's or its handles' methods.
+func (h *Handle) Do(f func()) error {
+	p := h.p
+	p.mu.Lock()
+	if h.removed {
+		p.mu.Unlock()
+		return ErrRemoved
+	}
+	if !p.running {
+		// Under the lock: serialized with other such calls and with the
+		// start of Run.
+		defer p.mu.Unlock()
+		f()
+		return nil
+	}
+	done := make(chan struct{})
+	h.dos = append(h.dos, func() { f(); close(done) })
+	// dirty under the lock: a poller that is finishing sees it before it
+	// stops running (and runs f).
+	p.dirty.Store(true)
+	ws := p.ws
+	p.mu.Unlock()
+	ws.Kick()
+	<-done
+	return nil
+}
+
+// Pause stops polling the task until Resume (its memory stays readable
+// one-sided, its node's doorbell leaves the poller's WaitSet): once Pause
+// returns, no Poll of the task runs.
+func (h *Handle) Pause() { h.set(func() { h.paused = true }) }
+
+// Resume polls a paused task again.
+func (h *Handle) Resume() { h.set(func() { h.paused = false }) }
+
+// Remove takes the task out of its group for good: once Remove returns it
+// is never polled again and its poller no longer waits on its nodes (the
+// caller may close them). Calls queued by Do run first.
+func (h *Handle) Remove() { h.set(func() { h.removed = true }) }
+
+// set applies change under the poller's lock and, if the poller runs,
+// waits until it took the change into its pass.
+func (h *Handle) set(change func()) {
+	p := h.p
+	p.mu.Lock()
+	if h.removed {
+		p.mu.Unlock()
+		return
+	}
+	change()
+	p.gen++
+	gen := p.gen
+	p.dirty.Store(true)
+	ws := p.ws
+	for p.running && p.applied < gen {
+		ws.Kick()
+		p.cond.Wait()
+		ws = p.ws
+	}
+	if !p.running {
+		p.dropRemovedLocked()
+	}
+	p.mu.Unlock()
+}
+
+// poller is one goroutine's tasks and WaitSet.
+type poller struct {
+	g   *Group
+	idx int
+
+	mu      sync.Mutex
+	cond    sync.Cond
+	handles []*Handle // assigned, paused ones included
+	running bool
+	gen     uint64        // changes made
+	applied uint64        // changes the running poller took in
+	ws      rdma.WaitSet  // the current set (Kick from any goroutine under mu)
+	dirty   atomic.Bool   // handles, flags or Do queues changed
+	passes  atomic.Uint64 // stats
+	spins, spinHits,
+	parks, wakes atomic.Uint64
+
+	// owned by the poller goroutine
+	tasks   []Task
+	dbs     []rdma.Doorbell // the WaitSet's
+	snap    []uint64
+	maxPark time.Duration
+	spin    time.Duration // current spin budget (adaptive)
+	dos     []func()
+}
+
+// changed tells a running poller to look at its handles.
+func (p *poller) changed() {
+	p.dirty.Store(true)
+	p.mu.Lock()
+	ws := p.ws
+	p.mu.Unlock()
+	ws.Kick()
+}
+
+// dropRemovedLocked forgets removed handles (p.mu held).
+func (p *poller) dropRemovedLocked() {
+	hs := p.handles[:0]
+	for _, h := range p.handles {
+		if !h.removed {
+			hs = append(hs, h)
+		}
+	}
+	clear(p.handles[len(hs):])
+	p.handles = hs
+}
+
+// refresh takes in the handles' changes: runs queued Do calls, rebuilds
+// the task list and, if the set of doorbells changed, the WaitSet.
+func (p *poller) refresh() {
+	p.mu.Lock()
+	p.dirty.Store(false)
+	p.dos = p.dos[:0]
+	for _, h := range p.handles {
+		p.dos = append(p.dos, h.dos...)
+		clear(h.dos)
+		h.dos = h.dos[:0]
+	}
+	p.mu.Unlock()
+	// Do calls run before the change they may precede (a Remove).
+	for i, f := range p.dos {
+		f()
+		p.dos[i] = nil
+	}
+
+	p.mu.Lock()
+	p.dropRemovedLocked()
+	p.tasks = p.tasks[:0]
+	var dbs []rdma.Doorbell
+	p.maxPark = 0
+	for _, h := range p.handles {
+		if h.paused {
+			continue
+		}
+		p.tasks = append(p.tasks, h.t)
+		if hb, ok := h.t.(Heartbeater); ok && hb.HeartbeatInterval() > 0 && (p.maxPark == 0 || hb.HeartbeatInterval() < p.maxPark) {
+			p.maxPark = hb.HeartbeatInterval()
+		}
+	next:
+		for _, n := range h.nodes {
+			db := n.Doorbell()
+			for _, x := range dbs {
+				if x == db {
+					continue next
+				}
+			}
+			dbs = append(dbs, db)
+		}
+	}
+	if p.maxPark == 0 || p.g.cfg.MaxPark > 0 && p.g.cfg.MaxPark < p.maxPark {
+		p.maxPark = p.g.cfg.MaxPark
+	}
+	if p.maxPark == 0 {
+		p.maxPark = DefaultMaxPark
+	}
+	var old rdma.WaitSet
+	if !slices.Equal(dbs, p.dbs) {
+		old, p.ws, p.dbs = p.ws, rdma.NewWaitSet(dbs), dbs
+	}
+	p.applied = p.gen
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+// finish runs at the poller's end: queued Do calls run, changes apply,
+// and later calls act without it.
+func (p *poller) finish() {
+	for {
+		p.refresh()
+		p.mu.Lock()
+		if !p.dirty.Load() {
+			p.running = false
+			p.dropRemovedLocked()
+			p.cond.Broadcast()
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+	}
+}
+
+// run is the poller's loop.
+func (p *poller) run() {
+	defer p.finish()
+	p.refresh()
+	p.spin = p.g.cfg.Spin
+	for !p.g.stop.Load() {
+		if p.dirty.Load() {
+			p.refresh()
+		}
+		p.snap = p.ws.Snapshot(p.snap[:0])
+		now := p.g.Now()
+		progress, next := Pass(now, p.tasks)
+		p.passes.Add(1)
+		if progress {
+			continue
+		}
+		if len(p.tasks) == 0 {
+			next = never
+		} else {
+			next = min(next, now+p.maxPark)
+		}
+		if next <= now {
+			continue
+		}
+		p.park(next)
+	}
+}
+
+// park spins for the adaptive budget, then parks until the task time
+// next. The budget halves after each spin that found nothing and is reset
+// by a park that a ring ended within the full budget (a spin would have
+// caught it): an idle poller (rings far apart) soon parks at once.
+func (p *poller) park(next time.Duration) {
+	// A change or the stop may have kicked the WaitSet that refresh
+	// replaced: look at both before parking on the new one.
+	if p.dirty.Load() || p.g.stop.Load() {
+		return
+	}
+	deadline := never
+	if next < never-p.g.origin {
+		deadline = p.g.origin + next
+	}
+	if p.spin > 0 {
+		p.spins.Add(1)
+		end := min(rdma.Mono()+p.spin, deadline)
+		for i := 1; ; i++ {
+			if p.ws.Wait(p.snap, 0) {
+				p.spinHits.Add(1)
+				return
+			}
+			if i%16 == 0 {
+				if rdma.Mono() >= end {
+					break
+				}
+				runtime.Gosched()
+			}
+		}
+		if p.spin /= 2; p.spin < time.Microsecond {
+			p.spin = 0
+		}
+		if p.dirty.Load() || p.g.stop.Load() {
+			return
+		}
+	}
+	p.parks.Add(1)
+	start := rdma.Mono()
+	if p.ws.Wait(p.snap, deadline) {
+		p.wakes.Add(1)
+		if rdma.Mono()-start < p.g.cfg.Spin {
+			p.spin = p.g.cfg.Spin
+		}
+	}
+}
