@@ -263,12 +263,12 @@ func decodeReply(slot []byte, g tree.Group, inc, seq uint64) (rp reply, ok bool)
 // A batch entry orders several messages in one Acuerdo entry (the leader
 // puts every message one scan finds into one, Config.MaxBatch):
 //
-//	 0 kind     u8   entryBatch
-//	 1 0        u8
-//	 2 count    u16  number of sub-entries (>= 1)
-//	 4 0        u32
-//	 8 count x  sub-entries, each a whole entryMessage entry as above,
-//	            zero padded to a multiple of 8
+//	0 kind     u8   entryBatch
+//	1 0        u8
+//	2 count    u16  number of sub-entries (>= 1)
+//	4 0        u32
+//	8 count x  sub-entries, each a whole entryMessage entry as above,
+//	           zero padded to a multiple of 8
 //
 // Each sub-entry is applied exactly as the message entry it is (its own
 // source position, child positions and dedup), in order. Resets are
