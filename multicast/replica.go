@@ -809,11 +809,11 @@ func (r *Replica) scan() bool {
 
 // pending is a message taken into the batch being built.
 type pending struct {
-	src   int    // the source (r.nsrc-1: the parent ring)
-	pos   uint64 // its position there
-	rec   record // payload aliases bbuf
-	fwd   []uint64
-	size  int // its message entry's size, unpadded
+	src  int    // the source (r.nsrc-1: the parent ring)
+	pos  uint64 // its position there
+	rec  record // payload aliases bbuf
+	fwd  []uint64
+	size int // its message entry's size, unpadded
 }
 
 // fillBatch writes the batch scan built into dst (AppendFunc's fill):
