@@ -2,10 +2,12 @@ package multicast
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
+	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 )
 
@@ -151,5 +153,62 @@ func TestBatchEntryGarbage(t *testing.T) {
 	}
 	if refused < 1000 {
 		t.Fatalf("only %d of 3000 damaged entries refused", refused)
+	}
+}
+
+// traceFSM records the calls a BatchFSM application gets.
+type traceFSM struct {
+	nopFSM
+	log *[]string
+}
+
+func (f traceFSM) Apply(e broadcast.Entry) []byte {
+	*f.log = append(*f.log, fmt.Sprintf("apply %d", e.Index))
+	return []byte("r")
+}
+func (f traceFSM) BeginBatch() { *f.log = append(*f.log, "begin") }
+func (f traceFSM) EndBatch()   { *f.log = append(*f.log, "end") }
+
+// TestBatchApplyOrder: a batch entry's messages destined to the group are
+// applied between one BeginBatch and one EndBatch, and their replies reach
+// the leader's reply path (onReply) only after EndBatch; a message for a
+// child only (passing through) is applied without a bracket when it is
+// alone in its batch; a plain message entry gets no bracket and its reply
+// at once; dedup stays per message (a batch repeating a position applies
+// it once).
+func TestBatchApplyOrder(t *testing.T) {
+	var log []string
+	s := fuzzState(t)
+	s.app = traceFSM{log: &log}
+	s.batchApp = traceFSM{log: &log}
+	s.onReply = func(c uint32, slot int) { log = append(log, fmt.Sprintf("reply c%d", c)) }
+	s.reset(0, 1, Addr{Node: 9, Region: 1})
+	s.reset(1, 1, Addr{Node: 9, Region: 2})
+	msg := func(c uint32, pos uint64, dst tree.Set) batchMsg {
+		m := batchMsg{src: srcClient, client: c, pos: pos,
+			rec: record{pos: pos, id: MsgID{Client: c, Inc: 1, Seq: pos}, dst: dst, payload: []byte("p")}}
+		if dst.Has(1) {
+			m.fwd = []uint64{s.out[0] + 1}
+		}
+		return m
+	}
+	check := func(step string, want ...string) {
+		t.Helper()
+		if !slices.Equal(log, want) {
+			t.Fatalf("%s: calls %q, want %q", step, log, want)
+		}
+		log = log[:0]
+	}
+	s.Apply(entryOf(encodeBatch([]batchMsg{msg(0, 1, tree.Of(0)), msg(1, 1, tree.Of(0)), msg(0, 2, tree.Of(0))})))
+	check("batch of 3", "begin", "apply 1", "apply 2", "apply 3", "end", "reply c0", "reply c1", "reply c0")
+	s.Apply(entryOf(encodeBatch([]batchMsg{msg(1, 2, tree.Of(1))})))
+	check("batch passing through")
+	m := msg(0, 3, tree.Of(0))
+	s.Apply(entryOf(appendMessageEntry(nil, m.src, m.client, m.pos, m.fwd, &m.rec)))
+	check("message entry", "apply 4", "reply c0")
+	s.Apply(entryOf(encodeBatch([]batchMsg{msg(0, 3, tree.Of(0)), msg(0, 4, tree.Of(0)), msg(1, 3, tree.Of(0, 1))})))
+	check("batch with a duplicate", "begin", "apply 5", "apply 6", "end", "reply c0", "reply c1")
+	if s.dups != 1 || s.cpos[0] != 4 || s.cpos[1] != 3 || s.out[0] != 2 {
+		t.Fatalf("dups %d, positions %v, child out %v", s.dups, s.cpos, s.out)
 	}
 }
