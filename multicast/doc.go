@@ -104,7 +104,7 @@
 // batch entries with crashes aimed at them;
 // -seed N, -seeds K and -simtrace select runs (package sim). TestSimMutants
 // plants bugs (no deduplication, forwarding before commit, no tree
-// catch-up, no flow control, replies before a batch is applied) and requires the checker aimed at each to
+// catch-up, no flow control, replies before a batch is published) and requires the checker aimed at each to
 // catch it. TestRealTime, TestSharedNodes and TestRealTimeTCP check the same
 // properties in real time on the mem and tcp fabrics, TestRealProc with
 // real processes on shm, and fuzz targets cover every decoder of bytes

@@ -34,14 +34,9 @@ type testingKnobs struct {
 	// of retransmissions to children that a correct catch-up leaves at
 	// zero (the sim's "catch-up" case).
 	skipCatchUp bool
-	// replyBeforePublish: a leader answers the messages of a batch as
-	// soon as it orders them, before the entry commits and the
-	// application applies and publishes them (with the delivery index
-	// they will have if it commits, and no result): caught by the
-	// checker's Replies and, when the leader crashes before the entry
-	// commits, Validity.
+	// replyBeforePublish: Apply hands each reply of a batch entry to the
+	// leader's reply path as its message is applied, before the
+	// application's EndBatch published the batch (BatchFSM): caught by
+	// the simulator's publish-order check on every reply.
 	replyBeforePublish bool
-
-	// State of the bugs above.
-	tdeliv uint64 // replyBeforePublish: delivery index of the last message answered early
 }

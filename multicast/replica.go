@@ -801,9 +801,6 @@ func (r *Replica) scan() bool {
 			r.forwardEarly(m)
 		}
 	}
-	if r.knobs.replyBeforePublish {
-		r.replyEarly()
-	}
 	return true
 }
 
@@ -887,36 +884,6 @@ func (r *Replica) forwardEarly(m *pending) {
 			p.write(r.now, regions.Multicast(c)+regParent, off, b, true)
 		}
 		r.fwdSent[i] = max(r.fwdSent[i], fr.pos)
-	}
-}
-
-// replyEarly is the replyBeforePublish knob's bug: the batch's messages
-// destined here are answered as soon as they are ordered, before the
-// entry commits and the application applied (published) them, with the
-// delivery index they will have if it commits (and no result: the
-// application has not produced it).
-func (r *Replica) replyEarly() {
-	if r.knobs.tdeliv < r.st.delivered {
-		r.knobs.tdeliv = r.st.delivered
-	}
-	w := r.cfg.ClientSlots
-	rs := replySlot(r.cfg.MaxResult)
-	for i := range r.batch {
-		m := &r.batch[i]
-		if !m.rec.dst.Has(r.g) {
-			continue
-		}
-		r.knobs.tdeliv++
-		p := r.clients[m.rec.reply.Node]
-		if p == nil {
-			continue
-		}
-		rp := reply{seq: m.rec.id.Seq, inc: m.rec.id.Inc, index: r.knobs.tdeliv}
-		off := uint64((int(r.g)*w + int(rp.seq%uint64(w))) * rs)
-		p.queue(r.now, m.rec.reply.Region, off, encodeReply(r.rbuf, r.g, &rp))
-	}
-	for _, p := range r.clientPeers {
-		p.flush(r.now)
 	}
 }
 

@@ -247,7 +247,7 @@ func (s *state) remember(id MsgID, addr Addr, index uint64, res []byte) {
 		r.flags = replyTruncated
 	}
 	r.result = r.buf[:n]
-	if s.inBatch {
+	if s.inBatch && !s.knobs.replyBeforePublish {
 		s.batchReplies = append(s.batchReplies, replyOf{id.Client, slot})
 	} else if s.onReply != nil {
 		s.onReply(id.Client, slot)
