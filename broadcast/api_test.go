@@ -3,6 +3,7 @@ package broadcast
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/rdmakv/rdmakv/rdma"
@@ -372,5 +373,64 @@ func TestAppendLostEpoch(t *testing.T) {
 		if s := n.r.Status(); s.Counters.Requeued != 0 {
 			t.Errorf("node %d requeued %d proposals", n.id, s.Counters.Requeued)
 		}
+	}
+}
+
+// TestAppendFunc: AppendFunc refuses as Append does (ErrNotLeader at a
+// follower, ErrTooLarge, ErrBusy) without calling fill; otherwise fill
+// writes the entry in place, every replica delivers it as written (a
+// whole proposal's worth included), and entries up to MaxProposal are
+// carved from slabs (TestSlabReuse: reused without allocating).
+func TestAppendFunc(t *testing.T) {
+	const bound = 4
+	c := newQCluster(t, []rdma.NodeID{1, 2, 3}, func(cfg *Config) { cfg.MaxUncommitted = bound })
+	c.settle(nil)
+	n1 := c.get(1)
+	n1.r.startElection(true)
+	for range 3 {
+		c.settle(nil)
+	}
+	called := 0
+	fill := func(s string) func([]byte) {
+		return func(b []byte) {
+			called++
+			for i := range b {
+				b[i] = s[i%len(s)]
+			}
+		}
+	}
+	if err := c.get(2).r.AppendFunc(8, fill("x")); err != ErrNotLeader {
+		t.Fatalf("AppendFunc at a follower: %v, want ErrNotLeader", err)
+	}
+	if err := n1.r.AppendFunc(n1.r.MaxProposal()+1, fill("x")); err != ErrTooLarge {
+		t.Fatalf("oversized AppendFunc: %v, want ErrTooLarge", err)
+	}
+	if called != 0 {
+		t.Fatalf("fill called %d times for refused entries", called)
+	}
+	big := n1.r.MaxProposal()
+	var want []string
+	for k := range bound {
+		n := 5
+		if k == 1 {
+			n = big
+		}
+		s := fmt.Sprintf("f%d", k)
+		if err := n1.r.AppendFunc(n, fill(s)); err != nil {
+			t.Fatal(err)
+		}
+		if e, _ := n1.r.log.Max(); e.slab == nil || len(e.data) != n {
+			t.Fatalf("a %d-byte entry (MaxProposal %d) is not in a slab", n, big)
+		}
+		want = append(want, strings.Repeat(s, n)[:n])
+	}
+	if err := n1.r.AppendFunc(8, fill("over")); err != ErrBusy || called != bound {
+		t.Fatalf("AppendFunc beyond MaxUncommitted: %v (fill called %d times), want ErrBusy", err, called)
+	}
+	for range 3 {
+		c.settle(nil)
+	}
+	for _, n := range c.nodes {
+		wantSeq(t, c, n.id, want...)
 	}
 }

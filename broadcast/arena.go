@@ -5,7 +5,8 @@ import (
 	"sync/atomic"
 )
 
-// Message data lives in 64 KiB slabs that are reused once nothing refers
+// Message data lives in slabs (64 KiB, or 4 proposals' worth when larger:
+// slabPool.size) that are reused once nothing refers
 // to them: a replica carrying a steady stream of messages then neither
 // allocates nor makes garbage per message (at 1000-byte messages, fresh
 // slabs cost a replica about a fifth of its CPU in allocation, zeroing and
@@ -17,10 +18,17 @@ import (
 // the slab in its pool. A Log entry's data is valid while the entry is in
 // the Log; a Proposal's until it resolves (FSM.Apply must not keep data,
 // see FSM).
+//
+// A pool's geometry is set once by its replica (slabPool.size) from its
+// largest proposal: data up to a whole proposal (a batch entry that fills
+// it included) is carved from slabs of max(64 KiB, 4 x MaxProposal), so no
+// entry allocates in steady state; the pool keeps up to 4 MiB of free slabs
+// (at least 8). The zero pool has the defaults below.
 const (
-	slabSize     = 64 << 10
-	slabMaxData  = 4 << 10 // larger data gets an allocation of its own
-	slabPoolSize = 64      // free slabs kept (4 MiB)
+	slabSize      = 64 << 10
+	slabMaxData   = 4 << 10 // the zero pool: larger data gets an allocation of its own
+	slabPoolSize  = 64      // the zero pool: free slabs kept (4 MiB)
+	slabPoolBytes = 4 << 20 // free slab bytes a sized pool keeps
 )
 
 type slab struct {
@@ -54,6 +62,28 @@ type slabPool struct {
 	mu   sync.Mutex
 	free []*slab
 	live atomic.Int64 // slabs handed out and not put back (Status.Slabs)
+
+	// geometry (size sets it, before any use; zero: the defaults)
+	slab    int // bytes of a slab
+	maxData int // larger data is copied apart
+	keep    int // free slabs kept
+}
+
+// size sizes the pool for data up to maxData bytes (a replica's
+// MaxProposal): slabs of max(64 KiB, 4 x maxData), so that a slab holds
+// several of the largest entries, and up to slabPoolBytes of them kept.
+// Call it before the pool is used.
+func (p *slabPool) size(maxData int) {
+	p.maxData = max(slabMaxData, maxData)
+	p.slab = max(slabSize, 4*p.maxData)
+	p.keep = max(8, slabPoolBytes/p.slab)
+}
+
+func (p *slabPool) limits() (slab, maxData, keep int) {
+	if p.slab == 0 {
+		return slabSize, slabMaxData, slabPoolSize
+	}
+	return p.slab, p.maxData, p.keep
 }
 
 func (p *slabPool) get() *slab {
@@ -65,7 +95,8 @@ func (p *slabPool) get() *slab {
 	}
 	p.mu.Unlock()
 	if s == nil {
-		s = &slab{buf: make([]byte, slabSize), pool: p}
+		size, _, _ := p.limits()
+		s = &slab{buf: make([]byte, size), pool: p}
 	}
 	s.refs.Store(1) // the cursor's
 	p.live.Add(1)
@@ -75,7 +106,7 @@ func (p *slabPool) get() *slab {
 func (p *slabPool) put(s *slab) {
 	p.live.Add(-1)
 	p.mu.Lock()
-	if len(p.free) < slabPoolSize {
+	if _, _, keep := p.limits(); len(p.free) < keep {
 		p.free = append(p.free, s)
 	}
 	p.mu.Unlock()
@@ -89,16 +120,26 @@ type slabCursor struct {
 }
 
 // copy returns a copy of data and the slab holding it, with a reference
-// for the caller (nil for data larger than slabMaxData, copied apart).
+// for the caller (nil for data larger than the pool's maxData, copied
+// apart).
 func (c *slabCursor) copy(p *slabPool, data []byte) ([]byte, *slab) {
 	return c.copy2(p, nil, data)
 }
 
 // copy2 is copy of the concatenation of a and b.
 func (c *slabCursor) copy2(p *slabPool, a, b []byte) ([]byte, *slab) {
-	n := len(a) + len(b)
-	if n > slabMaxData {
-		return append(append(make([]byte, 0, n), a...), b...), nil
+	d, s := c.alloc(p, len(a)+len(b))
+	copy(d[copy(d, a):], b)
+	return d, s
+}
+
+// alloc returns n bytes for the caller to fill (not zeroed: they may hold
+// an earlier entry's data) and the slab holding them, with a reference
+// for the caller (nil for n larger than the pool's maxData: an allocation
+// of its own).
+func (c *slabCursor) alloc(p *slabPool, n int) ([]byte, *slab) {
+	if _, maxData, _ := p.limits(); n > maxData {
+		return make([]byte, n), nil
 	}
 	if c.s == nil || len(c.s.buf)-c.off < n {
 		c.s.unref()
@@ -106,7 +147,6 @@ func (c *slabCursor) copy2(p *slabPool, a, b []byte) ([]byte, *slab) {
 	}
 	d := c.s.buf[c.off : c.off+n : c.off+n]
 	c.off += n
-	copy(d[copy(d, a):], b)
 	c.s.ref()
 	return d, c.s
 }

@@ -63,6 +63,39 @@ func TestSlabReuse(t *testing.T) {
 		t.Fatalf("steady copy/unref allocates %.2f per op", allocs)
 	}
 	replyArenaAllocs(t) // results copied for Proposal.Reply
+
+	// A pool sized for a replica's proposals (slabPool.size): batch
+	// entries up to a whole proposal, filled in place (alloc, as
+	// AppendFunc does), come from reused slabs too: none is copied apart
+	// and a steady stream allocates nothing.
+	const maxProp = 128<<10 - 64 // the default MaxRecord's
+	var big slabPool
+	big.size(maxProp)
+	var bc slabCursor
+	var pinned []*slab
+	for range 2000 {
+		n := 1 + rng.IntN(maxProp)
+		d, s := bc.alloc(&big, n)
+		if s == nil || len(d) != n {
+			t.Fatalf("%d-byte entry (max %d) not in a slab", n, maxProp)
+		}
+		pinned = append(pinned, s)
+		if len(pinned) > 8 {
+			pinned[0].unref()
+			pinned = pinned[1:]
+		}
+	}
+	for _, s := range pinned {
+		s.unref()
+	}
+	allocs = testing.AllocsPerRun(1000, func() {
+		d, s := bc.alloc(&big, maxProp/2)
+		d[0] = 1
+		s.unref()
+	})
+	if allocs > 0.01 {
+		t.Fatalf("steady alloc/unref of batch-sized entries allocates %.2f per op", allocs)
+	}
 }
 
 // TestSlabDoubleRelease: dropping a reference twice is a bug that would

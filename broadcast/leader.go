@@ -44,7 +44,7 @@ func (r *Replica) setLeading() {
 // another leader, so it is delivered at most once. Entries appended in
 // one epoch are delivered in Append order, after every entry of earlier
 // epochs. data is copied (into a reused slab: no allocation in steady
-// state for data up to 4 KiB).
+// state for data up to MaxProposal).
 //
 // Errors: ErrNotLeader when Leading is false; ErrTooLarge when data is
 // larger than MaxProposal; ErrBusy when the leader's uncommitted entries
@@ -62,6 +62,29 @@ func (r *Replica) Append(data []byte) error {
 		return ErrBusy
 	}
 	d, s := r.acceptCur.copy(&r.slabs, data) // the Log takes the reference
+	r.broadcast(proposalID{}, d, s)
+	return nil
+}
+
+// AppendFunc is Append of an n-byte entry that fill writes in place:
+// fill gets the entry's n bytes (not zeroed) and must write every one of
+// them, so that a leader builds an entry straight into the slab it is
+// broadcast from, without a copy of its own. fill runs on the calling
+// goroutine before AppendFunc returns, only if nothing refuses the entry;
+// it must not keep the slice. Errors and their meaning are Append's; on an
+// error fill was not called and nothing was appended.
+func (r *Replica) AppendFunc(n int, fill func([]byte)) error {
+	if r.leading.Load() == 0 {
+		return ErrNotLeader
+	}
+	if n < 0 || n > maxProposal(r.cfg.MaxRecord) {
+		return ErrTooLarge
+	}
+	if r.uncommitted() >= r.cfg.MaxUncommitted {
+		return ErrBusy
+	}
+	d, s := r.acceptCur.alloc(&r.slabs, n) // the Log takes the reference
+	fill(d)
 	r.broadcast(proposalID{}, d, s)
 	return nil
 }

@@ -217,6 +217,7 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 		quorum:  len(cfg.Members)/2 + 1,
 		scratch: make([]byte, cfg.MaxRecord),
 	}
+	r.slabs.size(maxProposal(cfg.MaxRecord)) // entries up to a whole proposal reuse slabs
 	r.runPersist = func(fn func()) { go fn() }
 	if cfg.PersistInline {
 		r.runPersist = func(fn func()) { fn() }

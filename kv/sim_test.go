@@ -88,8 +88,12 @@ type kvOpts struct {
 	// a few milliseconds is past the pruned log; with it, the rings to
 	// the followers are 4 KiB (64 KiB otherwise).
 	logEntries int
-	overlap    float64 // sim.Options.ReadOverlap (sim_torn_test.go)
-	readBack   bool    // get each key written while its write is under way (sim_torn_test.go)
+	// batches: the run fails unless some leader ordered several
+	// messages in one log entry (multicast's batch entries, applied with
+	// one header publication).
+	batches  bool
+	overlap  float64 // sim.Options.ReadOverlap (sim_torn_test.go)
+	readBack bool    // get each key written while its write is under way (sim_torn_test.go)
 }
 
 type kvRun struct {
@@ -107,7 +111,7 @@ type kvRun struct {
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
 	err     error
-	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls int }
+	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched int }
 }
 
 func (h *kvRun) fail(err error) {
@@ -1015,6 +1019,10 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 			if tb.Stats().Gen > 0 {
 				h.stats.grown++
 			}
+			// messages ordered in a batch after its first (this
+			// incarnation, as leader)
+			c := h.procs[id].r.Multicast().Counters()
+			h.stats.batched += int(c.Ordered - c.Batches)
 			h.stats.restores += tb.Stats().Restores
 			got := tb.contents()
 			if ref == nil {
@@ -1037,7 +1045,11 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	if err := kvcheck.CheckStale(hist); err != nil {
 		return h, fmt.Errorf("stale-ok gets: %w", err)
 	}
+	if h.o.batches && h.stats.batched == 0 {
+		return h, fmt.Errorf("batches: no leader ordered a batch of several messages")
+	}
 	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
+		fmt.Printf("seed %d: %d messages ordered in a batch after its first\n", sd.Seed, h.stats.batched)
 		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d snapshots restored (%d of %d lags into a table holding records), %d linearizable gets served by a deposed leader\n",
 			sd.Seed, len(hist), h.stats.gets, h.stats.stale, h.stats.writes, h.stats.unknown, h.stats.retries, h.stats.grown, h.stats.restores, h.stats.restoresOver, h.stats.lags, h.stats.deposed)
 		if h.o.merges {
@@ -1114,6 +1126,11 @@ var kvSimCases = []struct {
 	// (and apply) of its diff. A get served from its table in that
 	// window has milliseconds to find it stale.
 	{"slow-new-leaders", kvOpts{ops: 150, crashAfterCommit: 4, newLeaderStall: true, gap: 100 * time.Microsecond}},
+	// batches: 8 clients busy enough that leaders order several writes in
+	// one entry (one header publication for them), with leaders crashing
+	// right after they applied one, crashing at once, and replicas and
+	// clients crashing.
+	{"batches", kvOpts{ops: 150, gap: 40 * time.Microsecond, batches: true, crashAfterCommit: 2, leaders: 1, crashes: true, clientCrash: true, merges: true, clients: 8}},
 }
 
 func TestSim(t *testing.T) {
@@ -1127,7 +1144,7 @@ func TestSim(t *testing.T) {
 	for _, c := range kvSimCases {
 		t.Run(c.name, func(t *testing.T) {
 			o := c.o
-			o.groups, o.replicas, o.clients, o.keys = 2, 3, 3, max(24, o.keysSet)
+			o.groups, o.replicas, o.clients, o.keys = 2, 3, cmp.Or(o.clients, 3), max(24, o.keysSet)
 			o.until = 60 * time.Millisecond
 			if o.gap == 0 {
 				o.gap = 200 * time.Microsecond

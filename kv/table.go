@@ -145,6 +145,10 @@ type Table struct {
 	applied   uint64
 	appliedAt int64
 	serving   uint64
+	// batching: between BeginBatch and EndBatch (a batch entry of
+	// multicast); pubGeo: the geometry last published.
+	batching bool
+	pubGeo   Geometry
 
 	knobs    testingKnobs // planted bugs, tests only (knobs.go)
 	mres     []byte
@@ -306,6 +310,7 @@ func (t *Table) publish() {
 	var b [hdrSize]byte
 	h := Header{Serving: t.serving, Applied: t.applied, AppliedAt: t.appliedAt, Geometry: t.geometry(), Inc: t.cfg.Inc, Layout: t.layout}
 	encodeHeader(b[:], &h)
+	t.pubGeo = h.Geometry
 	// The check word last: a reader that sees it sees the words it
 	// covers (stores are ordered), or a mismatch.
 	rdma.Store64(t.hmem, hCheck, 0)
@@ -316,6 +321,35 @@ func (t *Table) publish() {
 	t.yieldPoint()
 	rdma.Store64(t.hmem, hCheck, binary.LittleEndian.Uint64(b[hCheck:]))
 	t.yieldPoint()
+}
+
+// requestDone publishes the header at the end of a request. Inside a
+// batch (BeginBatch) it leaves that to EndBatch when the request changed
+// nothing a reader acts on: the layout is even and the geometry is the
+// one published, so only Applied and AppliedAt moved, and a header that
+// says less is applied is still true (a stale-ok get reports an older
+// index than the state it read: docs/kv.md, "Batched apply"). A request of
+// several ops publishes both ends itself (applyRequest), a growth or a
+// finished migration is published at the end of the request that made
+// it, as outside a batch.
+func (t *Table) requestDone() {
+	if t.batching && t.layout&1 == 0 && t.geometry() == t.pubGeo {
+		return
+	}
+	t.publish()
+}
+
+// BeginBatch implements multicast.BatchFSM: the requests applied until
+// EndBatch come from one log entry, and their header publication is
+// merged into one at EndBatch where that is safe (requestDone).
+func (t *Table) BeginBatch() { t.batching = true }
+
+// EndBatch implements multicast.BatchFSM: it publishes the header once
+// for the batch. multicast sends the batch's replies only after it, so a
+// client that got a reply reads a header that includes its write.
+func (t *Table) EndBatch() {
+	t.batching = false
+	t.publish()
 }
 
 // yieldPoint lets a reader see the stores made so far (tests only).
@@ -449,7 +483,7 @@ func (t *Table) applyMulti(index uint64, data []byte) []byte {
 		if err == nil {
 			res = refused(LimitMulti, MaxMulti, MaxMulti, len(ops))
 		}
-		t.publish()
+		t.requestDone()
 		return encodeResult(t.res[:], &res)
 	}
 	out := append(t.mres[:0], StatusOK, 0, byte(len(ops)), byte(len(ops)>>8), 0, 0, 0, 0)
@@ -460,7 +494,7 @@ func (t *Table) applyMulti(index uint64, data []byte) []byte {
 	t.mres = out
 	t.step()
 	t.maybeGrow()
-	t.publish()
+	t.requestDone()
 	return out
 }
 
@@ -470,12 +504,13 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 		// Every replica of every group the request went to refuses it
 		// (a client with looser limits than the replicas gets here).
 		res := refused(LimitRequest, 0, t.cfg.MaxRequest, len(data))
-		t.publish()
+		t.requestDone()
 		return encodeResult(t.res[:], &res)
 	}
 	ops, err := DecodeRequest(data, t.ops)
 	t.ops = ops[:0]
 	var res Result
+	multi := false
 	if err != nil {
 		// A malformed request changes nothing; clients encode with
 		// AppendRequest, so only a foreign writer gets here.
@@ -485,7 +520,7 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 		// counter is odd while its slots are written, and a reader whose
 		// two header reads do not show one even layout reads again
 		// (docs/kv.md, "Batches within a group").
-		multi := len(ops) > 1
+		multi = len(ops) > 1
 		if multi {
 			t.layout |= 1
 			t.publish()
@@ -497,7 +532,11 @@ func (t *Table) applyRequest(index uint64, data []byte) []byte {
 		t.step()
 		t.maybeGrow()
 	}
-	t.publish()
+	if multi {
+		t.publish() // its even layout, at once also in a batch
+	} else {
+		t.requestDone()
+	}
 	return encodeResult(t.res[:], &res)
 }
 
@@ -1220,14 +1259,14 @@ func (t *Table) applyStaged(index uint64, data []byte) []byte {
 	format, id, total, off, part, err := decodeStaged(data)
 	if err != nil {
 		res.Status = StatusMalformed
-		t.publish()
+		t.requestDone()
 		return encodeResult(t.res[:], &res)
 	}
 	if total > t.cfg.MaxRequest {
 		// Nothing staged: the client learns from this part's result
 		// and sends no commit (one would find no stage: refused too).
 		res = refused(LimitRequest, 0, t.cfg.MaxRequest, total)
-		t.publish()
+		t.requestDone()
 		return encodeResult(t.res[:], &res)
 	}
 	l := t.stages[id.Client]
@@ -1269,7 +1308,7 @@ func (t *Table) applyStaged(index uint64, data []byte) []byte {
 			st.have += len(part)
 		}
 		t.setStages(id.Client, l)
-		t.publish()
+		t.requestDone()
 		return encodeResult(t.res[:], &res)
 	default: // commit
 		if st == nil {
@@ -1277,13 +1316,13 @@ func (t *Table) applyStaged(index uint64, data []byte) []byte {
 			// staged): refused, so that the caller learns the limit.
 			res = refused(LimitStages, 0, MaxStages, total)
 			t.setStages(id.Client, l)
-			t.publish()
+			t.requestDone()
 			return encodeResult(t.res[:], &res)
 		}
 		if st.have != total || len(st.buf) != total {
 			res.Status = StatusMalformed
 			t.setStages(id.Client, l)
-			t.publish()
+			t.requestDone()
 			return encodeResult(t.res[:], &res)
 		}
 		l = append(l[:at], l[at+1:]...)

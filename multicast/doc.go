@@ -21,15 +21,19 @@
 //     word.
 //  2. The leader of a committed epoch (broadcast.Replica.Leading) scans its
 //     input rings fairly, round robin over the client rings and the parent
-//     ring, and orders each message with broadcast.Replica.Append (Alg. 2).
-//     The log entry holds the message, the input position it consumed and
-//     the position it takes in each child's parent ring, assigned now so
-//     that a later leader re-forwards to the same places.
+//     ring, and orders what one scan finds in one log entry, a batch entry
+//     of up to Config.MaxBatch messages written in place with
+//     broadcast.Replica.AppendFunc (Alg. 2). For each message the entry
+//     holds the message, the input position it consumed and the position
+//     it takes in each child's parent ring, assigned now so that a later
+//     leader re-forwards to the same places.
 //  3. Every replica applies the committed entry (the unexported state, the
 //     group's broadcast.FSM): it advances the input pointer, keeps the
 //     record to forward per child, and, if the group is a destination,
 //     hands the payload to the application's FSM and keeps the result in
-//     the exactly-once table.
+//     the exactly-once table. An application implementing BatchFSM sees a
+//     batch entry's messages between BeginBatch and EndBatch; their
+//     replies are sent after EndBatch.
 //  4. The leader, on commit, writes the record into the parent ring of
 //     every replica of each child on the way, and the reply into the
 //     client's reply region; children repeat from step 2.
@@ -98,10 +102,11 @@
 //
 // TestSim runs 4 groups of 3 replicas under each tree shape with crashes
 // (memory lost), partitions, slow replicas, every leader crashed or cut off
-// at once, back pressure, a replica down for good and client crashes;
+// at once, back pressure, a replica down for good, client crashes, and
+// batch entries with crashes aimed at them;
 // -seed N, -seeds K and -simtrace select runs (package sim). TestSimMutants
 // plants bugs (no deduplication, forwarding before commit, no tree
-// catch-up, no flow control) and requires the checker aimed at each to
+// catch-up, no flow control, replies before a batch is published) and requires the checker aimed at each to
 // catch it. TestRealTime, TestSharedNodes and TestRealTimeTCP check the same
 // properties in real time on the mem and tcp fabrics, TestRealProc with
 // real processes on shm, and fuzz targets cover every decoder of bytes

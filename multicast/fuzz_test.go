@@ -82,6 +82,21 @@ func FuzzEntry(f *testing.F) {
 	rec := record{pos: 3, id: MsgID{Client: 1, Inc: 1, Seq: 1}, dst: tree.Of(0, 2), payload: []byte("x")}
 	f.Add(appendMessageEntry(nil, srcClient, 1, 3, []uint64{5, 6}, &rec))
 	f.Add(appendResetEntry(nil, 2, 77, Addr{Node: 1, Region: 2}))
+	// batches: one sub-entry, several (client and parent sources, with and
+	// without child positions, payloads of every padding)
+	one := appendBatchHeader(nil, 1)
+	f.Add(appendBatchSub(one, srcClient, 1, 3, []uint64{5, 6}, &rec))
+	many := appendBatchHeader(nil, 4)
+	for i := range 4 {
+		r := rec
+		r.payload = bytes.Repeat([]byte{byte('a' + i)}, i*3)
+		src, client := uint8(srcClient), uint32(i)
+		if i%2 == 1 {
+			src, client = srcParent, 0
+		}
+		many = appendBatchSub(many, src, client, uint64(10+i), []uint64{uint64(i)}[:i%2], &r)
+	}
+	f.Add(many)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := decodeEntry(b)
 		if err != nil {
@@ -100,6 +115,25 @@ func FuzzEntry(f *testing.F) {
 			again := appendMessageEntry(nil, e.src, e.client, e.pos, fwd, &e.rec)
 			if !bytes.Equal(again, b) {
 				t.Fatalf("message entry does not re-encode")
+			}
+		case entryBatch:
+			again := appendBatchHeader(nil, e.count)
+			n := 0
+			for rest := e.subs; len(rest) > 0; n++ {
+				var sub []byte
+				sub, rest = nextSub(rest)
+				se, err := decodeEntry(sub)
+				if err != nil || se.kind != entryMessage {
+					t.Fatalf("sub-entry %d of an accepted batch: kind %d, %v", n, se.kind, err)
+				}
+				fwd := make([]uint64, len(se.fwd)/8)
+				for i := range fwd {
+					fwd[i] = se.fwdPos(i)
+				}
+				again = appendBatchSub(again, se.src, se.client, se.pos, fwd, &se.rec)
+			}
+			if n != e.count || !bytes.Equal(again, b) {
+				t.Fatalf("batch entry of %d sub-entries (%d walked) does not re-encode", e.count, n)
 			}
 		default:
 			t.Fatalf("decoded unknown kind %d", e.kind)

@@ -34,4 +34,9 @@ type testingKnobs struct {
 	// of retransmissions to children that a correct catch-up leaves at
 	// zero (the sim's "catch-up" case).
 	skipCatchUp bool
+	// replyBeforePublish: Apply hands each reply of a batch entry to the
+	// leader's reply path as its message is applied, before the
+	// application's EndBatch published the batch (BatchFSM): caught by
+	// the simulator's publish-order check on every reply.
+	replyBeforePublish bool
 }

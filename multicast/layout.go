@@ -250,7 +250,7 @@ func decodeReply(slot []byte, g tree.Group, inc, seq uint64) (rp reply, ok bool)
 // Alg. 2 step "ordering": the tuple <source, positions, message>; the
 // timestamp is Acuerdo's header).
 //
-//	 0 kind     u8   entryMessage, entryReset
+//	 0 kind     u8   entryMessage, entryReset (entryBatch: below)
 //	 1 src      u8   srcClient, srcParent
 //	 2 nfwd     u16  number of child positions
 //	 4 client   u32  the client slot (entryReset, srcClient)
@@ -259,17 +259,38 @@ func decodeReply(slot []byte, g tree.Group, inc, seq uint64) (rp reply, ok bool)
 //	                 tree.Next(g, dst) names, in ascending child order
 //	then, entryMessage: the record (header and payload, no check word)
 //	      entryReset:   [reply addr u64]
+//
+// A batch entry orders several messages in one Acuerdo entry (the leader
+// puts every message one scan finds into one, Config.MaxBatch):
+//
+//	0 kind     u8   entryBatch
+//	1 0        u8
+//	2 count    u16  number of sub-entries (>= 1)
+//	4 0        u32
+//	8 count x  sub-entries, each a whole entryMessage entry as above,
+//	           zero padded to a multiple of 8
+//
+// Each sub-entry is applied exactly as the message entry it is (its own
+// source position, child positions and dedup), in order. Resets are
+// never in a batch.
 const (
 	entryMessage = 1
 	entryReset   = 2
+	entryBatch   = 3
 
 	srcClient = 0
 	srcParent = 1
 
 	entryHdr = 16
+	batchHdr = 8
 )
 
-// logEntry is a decoded log entry; fwd and rec.payload alias the entry.
+// messageEntrySize is the size of a message entry with nfwd child
+// positions and an n-byte payload (unpadded).
+func messageEntrySize(nfwd, n int) int { return entryHdr + 8*nfwd + recHdr + n }
+
+// logEntry is a decoded log entry; fwd, rec.payload and subs alias the
+// entry.
 type logEntry struct {
 	kind   uint8
 	src    uint8
@@ -278,6 +299,8 @@ type logEntry struct {
 	fwd    []byte // nfwd x u64
 	rec    record // entryMessage
 	addr   Addr   // entryReset
+	count  int    // entryBatch: the number of sub-entries
+	subs   []byte // entryBatch: the padded sub-entries (nextSub walks them)
 }
 
 func (e *logEntry) fwdPos(i int) uint64 { return binary.LittleEndian.Uint64(e.fwd[i*8:]) }
@@ -301,6 +324,46 @@ func appendMessageEntry(b []byte, src uint8, client uint32, pos uint64, fwd []ui
 	b = le.AppendUint64(b, uint64(rec.dst))
 	b = le.AppendUint64(b, rec.reply.word())
 	return append(b, rec.payload...)
+}
+
+// appendBatchHeader appends the header of a batch entry of count
+// sub-entries to b; appendBatchSub appends each.
+func appendBatchHeader(b []byte, count int) []byte {
+	b = append(b, entryBatch, 0)
+	b = binary.LittleEndian.AppendUint16(b, uint16(count))
+	return append(b, 0, 0, 0, 0)
+}
+
+// appendBatchSub appends one sub-entry of a batch: the message entry
+// appendMessageEntry writes, zero padded to a multiple of 8.
+func appendBatchSub(b []byte, src uint8, client uint32, pos uint64, fwd []uint64, rec *record) []byte {
+	start := len(b)
+	b = appendMessageEntry(b, src, client, pos, fwd, rec)
+	for (len(b)-start)%8 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// subSize is the unpadded size of the message entry at the start of b,
+// from its header words, or -1 if b is too short to say.
+func subSize(b []byte) int {
+	if len(b) < entryHdr {
+		return -1
+	}
+	nfwd := int(binary.LittleEndian.Uint16(b[2:]))
+	off := entryHdr + nfwd*8
+	if len(b) < off+recHdr {
+		return -1
+	}
+	return messageEntrySize(nfwd, int(binary.LittleEndian.Uint32(b[off+28:])))
+}
+
+// nextSub splits the first sub-entry off the sub-entries of a batch that
+// decodeEntry accepted: the sub-entry (unpadded) and the rest.
+func nextSub(subs []byte) (sub, rest []byte) {
+	n := subSize(subs)
+	return subs[:n], subs[pad8(n):]
 }
 
 func appendResetEntry(b []byte, client uint32, inc uint64, addr Addr) []byte {
@@ -328,6 +391,8 @@ func decodeEntry(b []byte) (logEntry, error) {
 		}
 		e.addr = addrOf(le.Uint64(b[entryHdr:]))
 		return e, nil
+	case entryBatch:
+		return decodeBatch(b)
 	case entryMessage:
 	default:
 		return logEntry{}, fmt.Errorf("multicast: log entry of unknown kind %d", e.kind)
@@ -353,6 +418,42 @@ func decodeEntry(b []byte) (logEntry, error) {
 		payload: h[recHdr:],
 	}
 	return e, nil
+}
+
+// decodeBatch validates a whole batch entry (every sub-entry a valid
+// message entry, padding zero, nothing after the last), so that Apply
+// either applies all of it or panics before applying any.
+func decodeBatch(b []byte) (logEntry, error) {
+	if len(b) < batchHdr {
+		return logEntry{}, fmt.Errorf("multicast: batch entry of %d bytes", len(b))
+	}
+	count := int(binary.LittleEndian.Uint16(b[2:]))
+	if b[1] != 0 || binary.LittleEndian.Uint32(b[4:]) != 0 || count == 0 {
+		return logEntry{}, fmt.Errorf("multicast: batch entry header %x", b[:batchHdr])
+	}
+	subs := b[batchHdr:]
+	for i, rest := 0, subs; i < count || len(rest) > 0; i++ {
+		if i == count {
+			return logEntry{}, fmt.Errorf("multicast: batch entry of %d sub-entries has %d bytes after them", count, len(rest))
+		}
+		n := subSize(rest)
+		if n < 0 || pad8(n) > len(rest) {
+			return logEntry{}, fmt.Errorf("multicast: batch entry: sub-entry %d of %d truncated (%d bytes left)", i, count, len(rest))
+		}
+		if rest[0] != entryMessage {
+			return logEntry{}, fmt.Errorf("multicast: batch entry: sub-entry %d of kind %d", i, rest[0])
+		}
+		if _, err := decodeEntry(rest[:n]); err != nil {
+			return logEntry{}, fmt.Errorf("multicast: batch entry: sub-entry %d: %w", i, err)
+		}
+		for _, c := range rest[n:pad8(n)] {
+			if c != 0 {
+				return logEntry{}, fmt.Errorf("multicast: batch entry: sub-entry %d: padding not zero", i)
+			}
+		}
+		rest = rest[pad8(n):]
+	}
+	return logEntry{kind: entryBatch, count: count, subs: subs}, nil
 }
 
 func leU32(b []byte) uint32     { return binary.LittleEndian.Uint32(b) }

@@ -58,6 +58,12 @@ type Config struct {
 	// ClientBurst is how many messages a client may send at once after
 	// being idle (the token bucket's depth); default ClientSlots.
 	ClientBurst int
+	// MaxBatch bounds the messages the leader orders in one log entry:
+	// every message one scan of the input rings finds goes into one
+	// Acuerdo entry (a batch entry, also bounded by the group's largest
+	// proposal), applied with one BatchFSM bracket. 1 orders each message
+	// in an entry of its own. Default 64; at most 65535.
+	MaxBatch int
 	// Broadcast configures the group's Acuerdo replica; Members and
 	// RegionBase are filled in (regions.Broadcast(Group)).
 	Broadcast broadcast.Config
@@ -69,6 +75,7 @@ const (
 	DefaultParentSlots = 256
 	DefaultSlotSize    = 1024
 	DefaultMaxResult   = 64
+	DefaultMaxBatch    = 64
 )
 
 // ErrConfig reports an invalid configuration.
@@ -101,6 +108,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxResult == 0 {
 		c.MaxResult = DefaultMaxResult
 	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
 	c.SlotSize = pad8(c.SlotSize)
 	c.MaxResult = pad8(c.MaxResult)
 	switch {
@@ -112,6 +122,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: SlotSize %d below %d", ErrConfig, c.SlotSize, recHdr+recCheck+8)
 	case c.MaxResult < 0 || c.MaxResult > 1<<20:
 		return c, fmt.Errorf("%w: MaxResult %d", ErrConfig, c.MaxResult)
+	case c.MaxBatch < 1 || c.MaxBatch > 1<<16-1:
+		return c, fmt.Errorf("%w: MaxBatch %d not in [1, 65535]", ErrConfig, c.MaxBatch)
 	case c.ClientRate < 0 || c.ClientBurst < 0:
 		return c, fmt.Errorf("%w: ClientRate %v, ClientBurst %d", ErrConfig, c.ClientRate, c.ClientBurst)
 	}
@@ -197,9 +209,18 @@ type Replica struct {
 
 	entry []byte // scratch
 	rec   []byte // scratch
-	slot  []byte // scratch copy of a ring slot
 	rbuf  []byte // scratch reply
 	fwdv  []uint64
+
+	// The batch one scan builds (scan, take, fillBatch): the messages,
+	// their child positions (bfwd), their records copied out of the rings
+	// (bbuf, MaxBatch slots), and the entry's size so far.
+	batch  []pending
+	bfwd   []uint64
+	bbuf   []byte
+	bused  int
+	bsize  int
+	fillFn func([]byte) // fillBatch, made once (AppendFunc's fill)
 
 	ctr Counters
 
@@ -209,6 +230,7 @@ type Replica struct {
 // Counters are a replica's cumulative counts.
 type Counters struct {
 	Ordered     uint64 // messages this replica ordered as leader
+	Batches     uint64 // log entries those messages were ordered in
 	Forwarded   uint64 // forward writes (per child replica)
 	Retransmits uint64 // times a child's uncredited messages were written again
 	Replies     uint64 // reply writes
@@ -250,8 +272,10 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 			}
 		}
 	}
-	r.slot = make([]byte, cfg.SlotSize)
 	r.rec = make([]byte, cfg.SlotSize)
+	r.batch = make([]pending, 0, cfg.MaxBatch)
+	r.bfwd = make([]uint64, 0, cfg.MaxBatch*len(kids))
+	r.fillFn = r.fillBatch
 	r.rbuf = make([]byte, replySlot(cfg.MaxResult))
 	if err := r.register(kids); err != nil {
 		r.closeRegions()
@@ -297,6 +321,10 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 		r.Close()
 		return nil, fmt.Errorf("%w: SlotSize %d needs entries of %d bytes, the group's largest proposal is %d (raise Broadcast.MaxRecord or RingSize)", ErrConfig, cfg.SlotSize, need, b.MaxProposal())
 	}
+	// A batch's records, copied out of the rings: at most MaxBatch, and
+	// (each smaller than its sub-entry) at most a proposal's worth plus
+	// the slot being looked at.
+	r.bbuf = make([]byte, min(cfg.MaxBatch*cfg.SlotSize, b.MaxProposal()+cfg.SlotSize))
 	return r, nil
 }
 
@@ -706,12 +734,22 @@ const maxBurst = 4
 // scan finds messages in the input rings and orders them (TRAM Alg. 2,
 // "finding a message" and "ordering messages"): sources round-robin, at
 // most a burst from each per scan, each ring strictly in position order.
+// Every message one scan finds goes into one log entry, a batch entry
+// (up to Config.MaxBatch messages and the group's largest proposal; a
+// message alone is a plain message entry), which the leader fills in
+// place in the broadcast slab (AppendFunc). Positions, child positions
+// and flow control are decided per message as it is taken, exactly as
+// for an entry of its own; if the entry is refused, every tentative
+// pointer it moved is put back.
 func (r *Replica) scan() bool {
-	progress := false
-	room := r.b.AppendRoom()
 	parentBurst := max(maxBurst, r.cfg.ParentSlots/4)
 	r.tokReady = 0
-	for k := 0; k < r.nsrc && room > 0; k++ {
+	if r.b.AppendRoom() == 0 {
+		return false
+	}
+	r.batch, r.bfwd, r.bused, r.bsize = r.batch[:0], r.bfwd[:0], 0, batchHdr
+	full := false
+	for k := 0; k < r.nsrc && !full; k++ {
 		src := (r.rr + k) % r.nsrc
 		burst := maxBurst
 		if src == r.nsrc-1 {
@@ -722,11 +760,11 @@ func (r *Replica) scan() bool {
 		} else if r.tokens != nil {
 			burst = min(burst, r.refill(src))
 		}
-		for n := 0; n < burst && room > 0; n++ {
-			ok, stop := r.orderNext(src)
+		for n := 0; n < burst; n++ {
+			ok, stop := r.take(src)
 			if stop {
-				r.rr = (r.rr + 1) % r.nsrc
-				return progress
+				full = true
+				break
 			}
 			if !ok {
 				break
@@ -734,8 +772,6 @@ func (r *Replica) scan() bool {
 			if r.tokens != nil && src < r.nsrc-1 {
 				r.tokens[src]--
 			}
-			room--
-			progress = true
 		}
 		if r.tokens != nil && src < r.nsrc-1 && r.tokens[src] < 1 {
 			// Throttled: wake when it has a token again.
@@ -746,7 +782,109 @@ func (r *Replica) scan() bool {
 		}
 	}
 	r.rr = (r.rr + 1) % r.nsrc
-	return progress
+	if len(r.batch) == 0 {
+		return false
+	}
+	size := r.bsize
+	if len(r.batch) == 1 {
+		size = r.batch[0].size
+	}
+	if err := r.b.AppendFunc(size, r.fillFn); err != nil {
+		r.undoBatch()
+		return false
+	}
+	r.ctr.Batches++
+	for i := range r.batch {
+		m := &r.batch[i]
+		r.ctr.Ordered++
+		if r.knobs.forwardEarly {
+			r.forwardEarly(m)
+		}
+	}
+	return true
+}
+
+// pending is a message taken into the batch being built.
+type pending struct {
+	src  int    // the source (r.nsrc-1: the parent ring)
+	pos  uint64 // its position there
+	rec  record // payload aliases bbuf
+	fwd  []uint64
+	size int // its message entry's size, unpadded
+}
+
+// fillBatch writes the batch scan built into dst (AppendFunc's fill):
+// one message entry, or a batch entry of all of them.
+func (r *Replica) fillBatch(dst []byte) {
+	b := dst[:0]
+	if len(r.batch) == 1 {
+		b = r.appendPending(b, &r.batch[0], false)
+	} else {
+		b = appendBatchHeader(b, len(r.batch))
+		for i := range r.batch {
+			b = r.appendPending(b, &r.batch[i], true)
+		}
+	}
+	if len(b) != len(dst) || &b[0] != &dst[0] {
+		panic(fmt.Sprintf("multicast: group %d: a batch of %d messages filled %d bytes of %d", r.g, len(r.batch), len(b), len(dst)))
+	}
+}
+
+func (r *Replica) appendPending(b []byte, m *pending, sub bool) []byte {
+	s, client := uint8(srcClient), uint32(m.src)
+	if m.src == r.nsrc-1 {
+		s, client = srcParent, 0
+	}
+	if sub {
+		return appendBatchSub(b, s, client, m.pos, m.fwd, &m.rec)
+	}
+	return appendMessageEntry(b, s, client, m.pos, m.fwd, &m.rec)
+}
+
+// undoBatch puts back the tentative pointers (and tokens) the batch's
+// messages moved, newest first, so that they are taken again.
+func (r *Replica) undoBatch() {
+	for i := len(r.batch) - 1; i >= 0; i-- {
+		m := &r.batch[i]
+		if m.src == r.nsrc-1 {
+			r.tppos = m.pos - 1
+		} else {
+			r.tpos[m.src] = m.pos - 1
+			if r.tokens != nil {
+				r.tokens[m.src]++
+			}
+		}
+		next := r.cfg.Tree.Next(r.g, m.rec.dst)
+		k := 0
+		for ci, c := range r.st.children {
+			if next.Has(c) {
+				r.tout[ci] = m.fwd[k] - 1
+				k++
+			}
+		}
+	}
+	r.batch = r.batch[:0]
+}
+
+// forwardEarly is the forwardEarly knob's bug: m forwarded to its
+// children as soon as it is ordered, before it commits.
+func (r *Replica) forwardEarly(m *pending) {
+	next := r.cfg.Tree.Next(r.g, m.rec.dst)
+	k := 0
+	for i, c := range r.st.children {
+		if !next.Has(c) {
+			continue
+		}
+		fr := m.rec
+		fr.pos = m.fwd[k]
+		k++
+		b := encodeRecord(r.rec, &fr)
+		off := uint64(int(fr.pos%uint64(r.cfg.ParentSlots)) * r.cfg.SlotSize)
+		for _, p := range r.children[i] {
+			p.write(r.now, regions.Multicast(c)+regParent, off, b, true)
+		}
+		r.fwdSent[i] = max(r.fwdSent[i], fr.pos)
+	}
 }
 
 // refill adds client src's tokens earned since it was last refilled
@@ -761,9 +899,14 @@ func (r *Replica) refill(src int) int {
 	return int(r.tokens[src])
 }
 
-// orderNext orders the next message of source src if there is one. stop
-// means Append refused (not leading any more, or back pressure).
-func (r *Replica) orderNext(src int) (ok, stop bool) {
+// take adds the next message of source src to the batch if there is
+// one. stop means the batch is full (Config.MaxBatch, or the message
+// would take the entry past the group's largest proposal): the message
+// stays for the next scan.
+func (r *Replica) take(src int) (ok, stop bool) {
+	if len(r.batch) == r.cfg.MaxBatch {
+		return false, true
+	}
 	var mem []byte
 	var pos uint64
 	var off int
@@ -792,7 +935,7 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 	}
 	// Copy the record's bytes only (its length from the header word), and
 	// validate the copy before anything is acted on.
-	rec, err := copyRecord(r.slot, mem, off, r.cfg.SlotSize, want)
+	rec, err := copyRecord(r.bbuf[r.bused:], mem, off, r.cfg.SlotSize, want)
 	if err != nil {
 		return false, false // torn, not yet written completely, or malformed: look again later
 	}
@@ -804,14 +947,14 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 	// is consumed as a delivery to nobody (a malformed request changes
 	// nothing) and counted.
 	reach := r.cfg.Tree.Reach(r.g)
-	if rec.dst&reach == 0 || !fromParent && rec.dst&^reach != 0 {
-		r.ctr.Malformed++
+	malformed := rec.dst&reach == 0 || !fromParent && rec.dst&^reach != 0
+	if malformed {
 		rec.dst = 0
 	}
 	// Flow control: each child the message goes to must have room in its
 	// parent ring for the position we assign.
 	next := r.cfg.Tree.Next(r.g, rec.dst)
-	r.fwdv = r.fwdv[:0]
+	nf := len(r.bfwd)
 	for i, c := range r.st.children {
 		if !next.Has(c) {
 			continue
@@ -819,33 +962,24 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 		q := r.tout[i] + 1
 		if q > r.credit[i]+uint64(r.cfg.ParentSlots) && !r.knobs.noFlowControl {
 			r.ctr.Blocked++
+			r.bfwd = r.bfwd[:nf]
 			return false, false
 		}
-		r.fwdv = append(r.fwdv, q)
+		r.bfwd = append(r.bfwd, q)
 	}
-	s := uint8(srcClient)
-	client := uint32(src)
-	if fromParent {
-		s, client = srcParent, 0
-	}
-	r.entry = appendMessageEntry(r.entry[:0], s, client, pos, r.fwdv, &rec)
-	if err := r.b.Append(r.entry); err != nil {
+	fwd := r.bfwd[nf:len(r.bfwd):len(r.bfwd)]
+	size := messageEntrySize(len(fwd), len(rec.payload))
+	if len(r.batch) > 0 && r.bsize+pad8(size) > r.b.MaxProposal() {
+		r.bfwd = r.bfwd[:nf]
 		return false, true
+	}
+	if malformed {
+		r.ctr.Malformed++
 	}
 	k := 0
 	for i, c := range r.st.children {
 		if next.Has(c) {
-			r.tout[i] = r.fwdv[k]
-			if r.knobs.forwardEarly {
-				fr := rec
-				fr.pos = r.fwdv[k]
-				b := encodeRecord(r.rec, &fr)
-				off := uint64(int(fr.pos%uint64(r.cfg.ParentSlots)) * r.cfg.SlotSize)
-				for _, p := range r.children[i] {
-					p.write(r.now, regions.Multicast(c)+regParent, off, b, true)
-				}
-				r.fwdSent[i] = max(r.fwdSent[i], fr.pos)
-			}
+			r.tout[i] = fwd[k]
 			k++
 		}
 	}
@@ -854,6 +988,8 @@ func (r *Replica) orderNext(src int) (ok, stop bool) {
 	} else {
 		r.tpos[src] = pos
 	}
-	r.ctr.Ordered++
+	r.batch = append(r.batch, pending{src: src, pos: pos, rec: rec, fwd: fwd, size: size})
+	r.bused += recordSize(len(rec.payload))
+	r.bsize += pad8(size)
 	return true, false
 }

@@ -30,6 +30,7 @@ type state struct {
 	slotSize  int
 	maxResult int
 	app       broadcast.FSM
+	batchApp  BatchFSM // app, if it brackets batches
 
 	// replicated
 	cinc      []uint64 // per client slot: the registered incarnation (0: none)
@@ -51,6 +52,30 @@ type state struct {
 	// leader sends.
 	onReply func(c uint32, slot int)
 	onHello func(c uint32)
+	// replies a batch produced, handed to onReply after its EndBatch
+	batchReplies []replyOf
+	inBatch      bool
+}
+
+type replyOf struct {
+	c    uint32
+	slot int
+}
+
+// BatchFSM is implemented by an application (the broadcast.FSM given to
+// New) that wants to know which deliveries come from one log entry: a
+// batch entry's messages destined to the group are applied between one
+// BeginBatch and one EndBatch, on the polling goroutine, with nothing
+// else (no Snapshot, no Restore) in between. An application may defer
+// making what it applied visible to others (kv.Table publishes its header
+// once, at EndBatch): the replies to a batch's messages are handed to the
+// leader's reply path only after EndBatch returns, never before the data
+// they acknowledge is published. A message in an entry of its own (a
+// batch of one, or MaxBatch 1) gets no bracket: its Apply stands alone,
+// as for an application without BatchFSM.
+type BatchFSM interface {
+	BeginBatch()
+	EndBatch()
 }
 
 // replyRec is one remembered outcome (the exactly-once table: per client,
@@ -69,6 +94,7 @@ func newState(cfg *Config, app broadcast.FSM, knobs *testingKnobs) *state {
 		cinc: make([]uint64, len(cfg.ClientNodes)), caddr: make([]Addr, len(cfg.ClientNodes)), cpos: make([]uint64, len(cfg.ClientNodes)),
 		replies: make([]replyRec, len(cfg.ClientNodes)*cfg.ClientSlots),
 	}
+	s.batchApp, _ = app.(BatchFSM)
 	for i := range s.childIdx {
 		s.childIdx[i] = -1
 	}
@@ -101,10 +127,51 @@ func (s *state) Apply(e broadcast.Entry) []byte {
 	if err != nil {
 		panic(fmt.Sprintf("multicast: group %d: committed entry %d: %v", s.g, e.Index, err)) // only our own leaders write entries
 	}
-	if le.kind == entryReset {
+	switch le.kind {
+	case entryReset:
 		s.reset(le.client, le.pos, le.addr)
 		return nil
+	case entryBatch:
+		s.applyBatch(e, &le)
+		return nil
 	}
+	s.applyMessage(e, &le)
+	return nil
+}
+
+// applyBatch applies a batch entry's messages in order, each exactly as
+// an entry of its own, between BeginBatch and EndBatch; their replies go
+// to the leader after EndBatch.
+func (s *state) applyBatch(e broadcast.Entry, le *logEntry) {
+	s.inBatch = true
+	began := false
+	for rest := le.subs; len(rest) > 0; {
+		var sub []byte
+		sub, rest = nextSub(rest)
+		m, err := decodeEntry(sub)
+		if err != nil { // decodeEntry validated the batch
+			panic(fmt.Sprintf("multicast: group %d: committed entry %d: %v", s.g, e.Index, err))
+		}
+		if s.batchApp != nil && !began && m.rec.dst.Has(s.g) {
+			s.batchApp.BeginBatch()
+			began = true
+		}
+		s.applyMessage(e, &m)
+	}
+	if began {
+		s.batchApp.EndBatch()
+	}
+	s.inBatch = false
+	for _, r := range s.batchReplies {
+		if s.onReply != nil {
+			s.onReply(r.c, r.slot)
+		}
+	}
+	s.batchReplies = s.batchReplies[:0]
+}
+
+// applyMessage applies one message entry (alone or in a batch).
+func (s *state) applyMessage(e broadcast.Entry, le *logEntry) {
 	// Alg. 2 / Alg. 5: each input position is consumed once; a new
 	// leader's pointers start after the applied ones, so a duplicate is
 	// a bug the simulator counts (and nothing is applied twice).
@@ -116,11 +183,11 @@ func (s *state) Apply(e broadcast.Entry) []byte {
 		}
 		if le.rec.id.Inc != s.cinc[c] {
 			s.stale++
-			return nil
+			return
 		}
 		if le.pos <= s.cpos[c] && !s.knobs.noDedup {
 			s.dups++
-			return nil
+			return
 		}
 		if le.pos != s.cpos[c]+1 {
 			s.gaps++
@@ -129,7 +196,7 @@ func (s *state) Apply(e broadcast.Entry) []byte {
 	case srcParent:
 		if le.pos <= s.ppos && !s.knobs.noDedup {
 			s.dups++
-			return nil
+			return
 		}
 		if le.pos != s.ppos+1 {
 			s.gaps++
@@ -156,12 +223,11 @@ func (s *state) Apply(e broadcast.Entry) []byte {
 		encodeRecord(s.fwdSlot(int(i), q), &r)
 	}
 	if !le.rec.dst.Has(s.g) {
-		return nil // passes through: ordered here, delivered below (TRAM is not genuine)
+		return // passes through: ordered here, delivered below (TRAM is not genuine)
 	}
 	s.delivered++
 	res := s.app.Apply(broadcast.Entry{Index: s.delivered, Hdr: e.Hdr, Data: le.rec.payload})
 	s.remember(le.rec.id, le.rec.reply, s.delivered, res)
-	return nil
 }
 
 // remember keeps the outcome in the exactly-once table, unless the slot
@@ -181,7 +247,9 @@ func (s *state) remember(id MsgID, addr Addr, index uint64, res []byte) {
 		r.flags = replyTruncated
 	}
 	r.result = r.buf[:n]
-	if s.onReply != nil {
+	if s.inBatch && !s.knobs.replyBeforePublish {
+		s.batchReplies = append(s.batchReplies, replyOf{id.Client, slot})
+	} else if s.onReply != nil {
 		s.onReply(id.Client, slot)
 	}
 }

@@ -134,6 +134,7 @@ type BroadcastCounters struct {
 // MulticastCounters are multicast.Counters with snake_case JSON keys.
 type MulticastCounters struct {
 	Ordered     uint64 `json:"ordered"`
+	Batches     uint64 `json:"batches"` // log entries the ordered messages went in
 	Forwarded   uint64 `json:"forwarded"`
 	Retransmits uint64 `json:"retransmits"`
 	Replies     uint64 `json:"replies"`
