@@ -11,7 +11,7 @@ import (
 )
 
 // TestBatchAllocs: a leader that finds a client's whole window in its ring
-// orders it in batch entries (maxBurst messages of one client a scan,
+// orders it in batch entries (a client's whole window a scan,
 // filled in place in the broadcast slab),
 // commits and applies it, and writes the replies, without allocating: the
 // batch, its child positions and the records' copies are reused scratch,
@@ -84,8 +84,8 @@ func TestBatchAllocs(t *testing.T) {
 	batches, ordered := r.ctr.Batches, r.ctr.Ordered
 	allocs := testing.AllocsPerRun(200, window)
 	nb, no := r.ctr.Batches-batches, r.ctr.Ordered-ordered
-	// A scan takes at most maxBurst messages of one client (fairness).
-	if per := uint64(min(w, maxBurst)); no != nb*per || nb == 0 {
+	// A scan takes a client's whole window (at most ClientSlots).
+	if per := uint64(min(w, r.cfg.ClientSlots)); no != nb*per || nb == 0 {
 		t.Fatalf("%d messages in %d entries, want batch entries of %d", no, nb, per)
 	}
 	if allocs > 0 {

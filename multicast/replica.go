@@ -726,10 +726,12 @@ func (r *Replica) scanHeaders() bool {
 	return progress
 }
 
-// maxBurst bounds the messages taken from one client ring per scan, so
-// that a busy client cannot shut out the others; the parent ring (which
-// carries many clients' messages) gets parentBurst.
-const maxBurst = 4
+// A scan takes from each client ring at most the client's window
+// (ClientSlots: more cannot be outstanding), so every message a client
+// has in flight goes into the scan's one batch entry, and a busy client
+// still cannot shut out the others (sources are served round-robin, each
+// at most one window a scan); the parent ring, which carries many
+// clients' messages, gets parentBurst.
 
 // scan finds messages in the input rings and orders them (TRAM Alg. 2,
 // "finding a message" and "ordering messages"): sources round-robin, at
@@ -742,7 +744,7 @@ const maxBurst = 4
 // for an entry of its own; if the entry is refused, every tentative
 // pointer it moved is put back.
 func (r *Replica) scan() bool {
-	parentBurst := max(maxBurst, r.cfg.ParentSlots/4)
+	parentBurst := max(r.cfg.ClientSlots, r.cfg.ParentSlots/4)
 	r.tokReady = 0
 	if r.b.AppendRoom() == 0 {
 		return false
@@ -751,7 +753,7 @@ func (r *Replica) scan() bool {
 	full := false
 	for k := 0; k < r.nsrc && !full; k++ {
 		src := (r.rr + k) % r.nsrc
-		burst := maxBurst
+		burst := r.cfg.ClientSlots
 		if src == r.nsrc-1 {
 			if !r.hasParent {
 				continue
