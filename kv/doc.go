@@ -44,12 +44,14 @@
 //
 // # Using it
 //
-// A server creates one Replica per group it hosts and drives them with the
-// other layers' replicas on the node's doorbell:
+// A server creates one Replica per group it hosts and hands them to its
+// pollers (package poller: one per core, each waiting on the doorbells of
+// the nodes of its replicas):
 //
 //	r, err := kv.NewReplica(kv.ReplicaConfig{Multicast: mcfg, Table: kv.TableConfig{SlotMap: m}}, node, stable)
-//	d := broadcast.NewMultiDriver(node.Doorbell(), r, r2) // Replica is a broadcast.Poller
-//	go d.Run(ctx)
+//	g := poller.NewGroup(poller.GroupConfig{})
+//	g.Add(r, node) // Replica is a poller.Task
+//	go g.Run(ctx)
 //
 // Clients build requests with AppendRequest (AppendMulti for write
 // combining) and multicast them with package multicast; each group's reply

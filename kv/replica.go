@@ -19,8 +19,8 @@ type ReplicaConfig struct {
 }
 
 // Replica is one replica of a kv group: a TRAM replica whose application
-// is the table. It is a broadcast.Poller; drive it (with the other groups'
-// replicas on the node) with broadcast.NewMultiDriver.
+// is the table. It is a poller.Task: a poller.Group polls it with the
+// other replicas of the process.
 type Replica struct {
 	mc *multicast.Replica
 	t  *Table

@@ -156,8 +156,8 @@ func MaxPayload(slotSize int) int { return maxPayload(pad8(slotSize)) }
 // and credits to its parent; every replica applies the log (state).
 //
 // Poll, like broadcast's, is the whole protocol; call it from one
-// goroutine (broadcast.NewMultiDriver runs several groups' replicas on
-// one node).
+// goroutine (a poller.Group's poller runs several groups' replicas in its
+// passes).
 type Replica struct {
 	cfg  Config
 	g    tree.Group
