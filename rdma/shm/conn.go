@@ -31,7 +31,7 @@ type peer struct {
 	// an idle peer costs no wake-ups: the first op after an idle spell
 	// re-arms it (armed).
 	every time.Duration
-	timer *time.Timer
+	timer atomic.Pointer[time.Timer] // set once, before it first fires (startMonitor)
 	used  atomic.Bool
 	armed atomic.Bool
 	dead  atomic.Bool
@@ -63,9 +63,18 @@ func (p *peer) checkLive() error {
 		p.used.Store(true)
 	}
 	if !p.armed.Load() && p.armed.CompareAndSwap(false, true) {
-		p.timer.Reset(p.every)
+		p.timer.Load().Reset(p.every)
 	}
 	return nil
+}
+
+// startMonitor arms the peer's monitor for its first check one interval
+// from now (the timer is stored before it can fire).
+func (p *peer) startMonitor() {
+	p.armed.Store(true)
+	p.used.Store(true)
+	p.timer.Store(time.AfterFunc(time.Duration(1<<62), p.monitor))
+	p.timer.Load().Reset(p.every)
 }
 
 // monitor is the timer's function: it checks the owner's process if ops
@@ -80,7 +89,7 @@ func (p *peer) monitor() {
 		// an op that saw armed just before the store re-arms nothing:
 		// look again
 		if p.used.Load() && p.armed.CompareAndSwap(false, true) {
-			p.timer.Reset(p.every)
+			p.timer.Load().Reset(p.every)
 		}
 		return
 	}
@@ -98,7 +107,7 @@ func (p *peer) monitor() {
 		return
 	}
 	if !p.gone.Load() {
-		p.timer.Reset(p.every)
+		p.timer.Load().Reset(p.every)
 	}
 }
 
@@ -109,8 +118,8 @@ func (p *peer) release() {
 		return
 	}
 	p.gone.Store(true)
-	if p.timer != nil {
-		p.timer.Stop()
+	if t := p.timer.Load(); t != nil {
+		t.Stop()
 	}
 	p.wmu.Lock()
 	if p.watch != nil {
