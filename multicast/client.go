@@ -113,7 +113,6 @@ type Client struct {
 	retry uint64     // our retry counter (the header's retry word)
 	out   int
 	rs    int // reply slot size
-	buf   []byte
 	rbuf  []byte
 	oc    Outcome
 
@@ -200,7 +199,6 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 	for i := len(c.calls) - 1; i >= 0; i-- {
 		c.free = append(c.free, i)
 	}
-	c.buf = make([]byte, cfg.SlotSize)
 	c.rbuf = make([]byte, c.rs)
 	c.helloWait = cfg.RetryAfter
 	c.rt.init(node)
