@@ -159,12 +159,10 @@ type Client struct {
 	tree     *tree.Tree
 	node     rdma.Node
 	own      bool
-	runner   mcRunner
+	mc       *multicast.Client // a started client: calls post and wait on the caller's goroutine
 	pools    []readerPool
 	comb     combiner
-	slotLock *os.File        // the claimed slot's lock file (shm clusters), closed by Close
-	life0    context.Context // ends at Close: the combined messages' context
-	cancel0  context.CancelFunc
+	slotLock *os.File      // the claimed slot's lock file (shm clusters), closed by Close
 	inc      uint64        // the multicast client's incarnation
 	stageSeq atomic.Uint64 // numbers staged requests
 	stages   stageLimiter  // bounds the requests staged at once (ops.go)
@@ -265,8 +263,7 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("rdmakv: open: node %d is not client slot %d's node %d", c.node.ID(), o.slot, id)
 	}
 	c.knownTab = make([]atomic.Uint64, len(m.Groups))
-	c.comb = combiner{c: c, queued: make([][]*pendingOp, len(m.Groups)), inflight: make([]int, len(m.Groups))}
-	c.life0, c.cancel0 = context.WithCancel(context.Background())
+	c.comb = combiner{c: c, queued: make([][]*pendingOp, len(m.Groups)), inflight: make([]int, len(m.Groups)), sending: make([]bool, len(m.Groups))}
 	c.pools = make([]readerPool, len(m.Groups))
 	octx := ctx
 	if _, ok := ctx.Deadline(); !ok {
@@ -275,18 +272,17 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 		defer cancel()
 	}
 	c.inc = uint64(time.Now().UnixNano())
-	r, err := multicast.StartClientAsync(multicast.ClientConfig{
+	mc, err := multicast.StartClientAsync(multicast.ClientConfig{
 		Slot: uint32(o.slot), Inc: c.inc, Tree: t, Members: m.Groups,
 		ClientSlots: m.Limits.ClientSlots, SlotSize: m.Limits.SlotSize, MaxResult: cluster.MaxResult,
 	}, c.node)
 	if err == nil {
-		c.runner = mcRunner{ClientRunner: r, c: c}
+		c.mc = mc
 		if err = c.register(octx); err != nil {
-			r.Close()
+			mc.Close()
 		}
 	}
 	if err != nil {
-		c.cancel0()
 		if c.own {
 			c.node.Close()
 		}
@@ -314,8 +310,7 @@ func (c *Client) Close() error {
 		return nil
 	}
 	close(c.done)
-	c.cancel0()
-	err := c.runner.Close()
+	err := c.mc.Close()
 	c.life.Lock() // every call returned
 	defer c.life.Unlock()
 	for g := range c.pools {
@@ -338,20 +333,35 @@ func (c *Client) Close() error {
 	return err
 }
 
-// begin registers a call (Close waits for it) and gives it the default
-// timeout if ctx has none. Close also ends the calls under way: the runner
-// fails waiting writes with ErrClosed, and gets watch c.done.
-func (c *Client) begin(ctx context.Context) (context.Context, context.CancelFunc, error) {
+// enter registers a call (Close waits for it: exit ends it) and returns
+// its deadline: ctx's, or the default timeout from now if ctx has none.
+// Close also ends the calls under way: the multicast client fails waiting
+// writes with ErrClosed, and gets watch c.done.
+func (c *Client) enter(ctx context.Context) (time.Time, error) {
 	c.life.RLock()
 	if c.closed.Load() {
 		c.life.RUnlock()
-		return nil, nil, ErrClosed
+		return time.Time{}, ErrClosed
+	}
+	if d, ok := ctx.Deadline(); ok {
+		return d, nil
+	}
+	return time.Now().Add(c.o.timeout), nil
+}
+
+func (c *Client) exit() { c.life.RUnlock() }
+
+// begin is enter for calls that pass the deadline on in a context.
+func (c *Client) begin(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	d, err := c.enter(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
 	if _, ok := ctx.Deadline(); ok {
-		return ctx, c.life.RUnlock, nil
+		return ctx, c.exit, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.o.timeout)
-	return ctx, func() { cancel(); c.life.RUnlock() }, nil
+	ctx, cancel := context.WithDeadline(ctx, d)
+	return ctx, func() { cancel(); c.exit() }, nil
 }
 
 func (c *Client) checkKey(key []byte) error {

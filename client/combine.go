@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
@@ -13,33 +14,66 @@ import (
 )
 
 // Write combining. A client has a window of ClientSlots messages in flight
-// per group. A single-key write (Put, Delete, a compare-and-swap) that
-// finds its group's window open and nobody queued for its group goes out
-// at once, alone. When the window is full, writes queue per group; each
-// message of the group that completes sends the group's queue as one multi
-// request (kv.AppendMulti: up to kv.MaxMulti independent ops, each with its
-// own condition and result). Under load, one ordered message thus carries
-// many writes, and no write waits longer than one message's round trip
-// behind the window. The windows are per group so that a group that does
-// not answer holds only its own writes.
+// per group. A single-key write (Put, Delete, a compare-and-swap) joins its
+// group's queue; whoever finds the window open and nobody sending for the
+// group drains the whole queue into messages (kv.AppendMulti: up to
+// kv.MaxMulti independent ops, each with its own condition and result; a
+// lone op goes as a plain request), encoded straight into the multicast
+// call's record image and posted on that caller's goroutine. When the
+// window is full the queue grows, and the caller whose message completes
+// sends it. Under load one ordered message thus carries many writes, and a
+// single writer's put is posted and reaped by its own goroutine. The
+// windows are per group so that a group that does not answer holds only
+// its own writes.
+//
+// Each message has an owner, one of its ops' callers, who waits for the
+// multicast call (multicast.Call.Wait) and hands each op its result. If
+// the owner's wait ends (its context or deadline), it hands the message
+// to another op's caller still waiting; the last one to give up abandons
+// the call. The owner also expires the ops of its message whose deadline
+// passed, so the others wait without a timer.
 
 type pendingOp struct {
-	op    kv.Op
+	op       kv.Op
+	g        uint32
+	res      kv.Result
+	index    uint64
+	err      error
+	ch       chan struct{} // cap 1: a result, or the message handed over
+	deadline time.Time
+
+	// under combiner.mu
+	state uint8
+	m     *message // once taken into a message
+}
+
+const (
+	opQueued = iota
+	opSent
+	opDone
+	opGone // its caller gave up
+)
+
+type message struct {
 	g     uint32
-	res   kv.Result
-	index uint64
-	err   error
-	done  chan struct{}
-	sent  bool // in a message (under combiner.mu)
+	call  *multicast.Call // nil until posted
+	ops   []*pendingOp
+	kops  []kv.Op
+	rs    []kv.Result
+	owner *pendingOp // the op whose caller waits for call; nil if none left
 }
 
 type combiner struct {
 	c        *Client
 	mu       sync.Mutex
 	inflight []int          // per group: messages under way
+	sending  []bool         // per group: a caller is posting its queue
 	queued   [][]*pendingOp // per group
 
-	messages, ops atomic.Uint64
+	ops  sync.Pool // *pendingOp
+	msgs sync.Pool // *message
+
+	messages, nops atomic.Uint64
 }
 
 // Stats counts what a client sent.
@@ -51,144 +85,368 @@ type Stats struct {
 
 // Stats reports the client's counters.
 func (c *Client) Stats() Stats {
-	return Stats{WriteMessages: c.comb.messages.Load(), WriteOps: c.comb.ops.Load()}
+	return Stats{WriteMessages: c.comb.messages.Load(), WriteOps: c.comb.nops.Load()}
 }
 
-func (c *Client) combine(ctx context.Context, op kv.Op) (kv.Result, uint64, error) {
-	if err := ctx.Err(); err != nil {
-		return kv.Result{}, 0, err // a done context: nothing is sent
+func (cb *combiner) getOp() *pendingOp {
+	if p, _ := cb.ops.Get().(*pendingOp); p != nil {
+		return p
 	}
-	cb := &c.comb
-	p := &pendingOp{op: op, g: c.m.GroupOf(op.Key), done: make(chan struct{})}
-	cb.mu.Lock()
-	if cb.inflight[p.g] < c.m.Limits.ClientSlots && len(cb.queued[p.g]) == 0 {
-		// Alone: sent on the caller's goroutine, under the caller's
-		// context (if it ends, the runner keeps the message going and
-		// the caller learns ErrOutcomeUnknown).
-		cb.inflight[p.g]++
-		p.sent = true
-		cb.mu.Unlock()
-		cb.send(ctx, p.g, []*pendingOp{p})
-	} else {
-		cb.queued[p.g] = append(cb.queued[p.g], p)
-		cb.mu.Unlock()
-	}
+	return &pendingOp{ch: make(chan struct{}, 1)}
+}
+
+func (cb *combiner) putOp(p *pendingOp) {
 	select {
-	case <-p.done:
-		return p.res, p.index, p.err
-	case <-ctx.Done():
-		cb.mu.Lock()
-		defer cb.mu.Unlock()
-		if !p.sent {
-			// Still queued: it will never be sent.
-			q := cb.queued[p.g]
-			for i, x := range q {
-				if x == p {
-					cb.queued[p.g] = append(q[:i], q[i+1:]...)
-					break
-				}
-			}
-			return kv.Result{}, 0, ctx.Err()
-		}
-		return kv.Result{}, 0, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	case <-p.ch:
+	default:
+	}
+	ch := p.ch
+	*p = pendingOp{ch: ch}
+	cb.ops.Put(p)
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 
-// send multicasts batch (ops of group g) as one message under ctx, hands
-// each op its result, then sends what queued meanwhile, on a new goroutine
-// under the client's own context (combined ops belong to several callers).
-func (cb *combiner) send(ctx context.Context, g uint32, batch []*pendingOp) {
-	c := cb.c
-	ops := make([]kv.Op, len(batch))
-	for i, p := range batch {
-		ops[i] = p.op
+// combine sends op through its group's queue and waits for its result
+// until ctx ends or deadline passes.
+func (c *Client) combine(ctx context.Context, deadline time.Time, op kv.Op) (kv.Result, uint64, error) {
+	cb := &c.comb
+	p := cb.getOp()
+	defer cb.putOp(p)
+	p.op, p.g, p.deadline = op, c.m.GroupOf(op.Key), deadline
+	cb.mu.Lock()
+	cb.queued[p.g] = append(cb.queued[p.g], p)
+	if !cb.sending[p.g] && cb.inflight[p.g] < c.m.Limits.ClientSlots {
+		cb.flush(p.g, p)
 	}
-	var payload []byte
-	if len(batch) == 1 {
-		payload = kv.AppendRequest(nil, ops)
+	var t *time.Timer // only while queued behind a full window
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		// mu held
+		if p.state == opDone {
+			cb.mu.Unlock()
+			return p.res, p.index, p.err
+		}
+		if err := ctxEnded(ctx, deadline); err != nil {
+			return cb.giveUp(p, err) // unlocks
+		}
+		if m := p.m; m != nil && m.owner == p && m.call != nil {
+			cb.mu.Unlock()
+			cb.own(ctx, p)
+			cb.mu.Lock()
+			continue
+		}
+		if p.state == opQueued && c.closed.Load() {
+			return cb.giveUp(p, ErrClosed)
+		}
+		var tc <-chan time.Time
+		if p.state == opQueued && !deadline.IsZero() {
+			// the owners of messages expire their ops; a queued op
+			// has none
+			if t == nil {
+				t = time.NewTimer(time.Until(deadline))
+			}
+			tc = t.C
+		}
+		cb.mu.Unlock()
+		select {
+		case <-p.ch:
+		case <-ctx.Done():
+		case <-tc:
+		case <-c.done:
+		}
+		cb.mu.Lock()
+	}
+}
+
+// ctxEnded is ctx's error, or context.DeadlineExceeded once deadline (if
+// not zero) passed.
+func ctxEnded(ctx context.Context, deadline time.Time) error {
+	if ctx.Done() != nil {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// giveUp ends p's wait with err (mu held; it unlocks): a queued op is never
+// sent; one in a message has an unknown outcome, and the message goes to
+// another of its ops' callers (or is abandoned if none waits).
+func (cb *combiner) giveUp(p *pendingOp, err error) (kv.Result, uint64, error) {
+	if p.state == opQueued {
+		q := cb.queued[p.g]
+		for i, x := range q {
+			if x == p {
+				copy(q[i:], q[i+1:])
+				q[len(q)-1] = nil
+				cb.queued[p.g] = q[:len(q)-1]
+				break
+			}
+		}
+		p.state = opGone
+		cb.mu.Unlock()
+		return kv.Result{}, 0, err
+	}
+	p.state = opGone
+	m := p.m
+	m.forget(p)
+	var drop *multicast.Call
+	if m.owner == p {
+		m.owner = nil
+		for _, q := range m.ops {
+			if q != nil && q.state == opSent {
+				m.owner = q
+				signal(q.ch)
+				break
+			}
+		}
+		if m.owner == nil && m.call != nil {
+			drop = m.call
+			cb.done(m)
+		}
+	}
+	cb.mu.Unlock()
+	if drop != nil {
+		drop.Release() // abandoned: it no longer holds reply slots
+		cb.msgs.Put(m)
+	}
+	if errors.Is(err, ErrClosed) {
+		return kv.Result{}, 0, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+	}
+	return kv.Result{}, 0, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+}
+
+// forget drops p from m (mu held): its caller returns, and p goes back to
+// the pool while m may still be under way.
+func (m *message) forget(p *pendingOp) {
+	for i, q := range m.ops {
+		if q == p {
+			m.ops[i] = nil // (its result stays at index i)
+		}
+	}
+}
+
+// done frees m's window slot and sends what queued meanwhile (mu held;
+// flush may unlock it for a while).
+func (cb *combiner) done(m *message) {
+	cb.inflight[m.g]--
+	if len(cb.queued[m.g]) > 0 && !cb.sending[m.g] {
+		cb.flush(m.g, nil)
+	}
+}
+
+// flush posts group g's queue as messages while the window has room (mu
+// held; unlocked while encoding and posting). Each message's owner is the
+// caller's op (self) if the message carries it, else its first op's
+// caller, woken to wait for it.
+func (cb *combiner) flush(g uint32, self *pendingOp) {
+	c := cb.c
+	cb.sending[g] = true
+	for len(cb.queued[g]) > 0 && cb.inflight[g] < c.m.Limits.ClientSlots {
+		m := cb.take(g, self)
+		cb.inflight[g]++
+		cb.mu.Unlock()
+		call, err := cb.post(m)
+		cb.mu.Lock()
+		if err != nil {
+			cb.deliver(m, nil, err)
+			cb.inflight[g]--
+			cb.msgs.Put(m)
+			continue
+		}
+		m.call = call
+		if m.owner == nil {
+			// every op's caller gave up while it was posted
+			call.Release()
+			cb.inflight[g]--
+			cb.msgs.Put(m)
+			continue
+		}
+		if m.owner != self {
+			signal(m.owner.ch)
+		}
+	}
+	cb.sending[g] = false
+}
+
+// take removes up to kv.MaxMulti ops of group g's queue that fit one
+// request slot into a message (mu held).
+func (cb *combiner) take(g uint32, self *pendingOp) *message {
+	m, _ := cb.msgs.Get().(*message)
+	if m == nil {
+		m = &message{}
+	}
+	m.g, m.call, m.owner = g, nil, nil
+	m.ops, m.kops = m.ops[:0], m.kops[:0]
+	q := cb.queued[g]
+	room := multicast.MaxPayload(cb.c.m.Limits.SlotSize) - 4
+	n := 0
+	for n < len(q) && n < kv.MaxMulti {
+		m.kops = append(m.kops, q[n].op)
+		sz := kv.RequestSize(m.kops[len(m.kops)-1:]) - 4
+		if n > 0 && sz > room {
+			m.kops = m.kops[:len(m.kops)-1]
+			break
+		}
+		room -= sz
+		p := q[n]
+		p.state, p.m = opSent, m
+		m.ops = append(m.ops, p)
+		n++
+	}
+	m.owner = m.ops[0]
+	for _, p := range m.ops {
+		if p == self {
+			m.owner = p // no wake-up: the caller waits for it
+		}
+	}
+	rest := copy(q, q[n:])
+	clear(q[rest:])
+	cb.queued[g] = q[:rest]
+	return m
+}
+
+// post encodes m's ops into a multicast call's record and sends it.
+func (cb *combiner) post(m *message) (*multicast.Call, error) {
+	c := cb.c
+	if err := c.registered(tree.Of(m.g)); err != nil {
+		return nil, err
+	}
+	n := kv.RequestSize(m.kops)
+	call, area, err := c.mc.Begin(tree.Of(m.g), n)
+	if err != nil {
+		if errors.Is(err, multicast.ErrClosed) {
+			err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+		}
+		return nil, err
+	}
+	if len(m.kops) == 1 {
+		kv.AppendRequest(area[:0], m.kops)
 	} else {
-		payload = kv.AppendMulti(nil, ops)
+		kv.AppendMulti(area[:0], m.kops)
 	}
 	cb.messages.Add(1)
-	cb.ops.Add(uint64(len(batch)))
-	o, err := c.runner.Multicast(ctx, tree.Of(g), payload)
-	var rs []kv.Result
-	index := uint64(0)
-	if err == nil && len(o.Replies) != 1 {
-		err = fmt.Errorf("rdmakv: %d replies to a message for group %d", len(o.Replies), g)
+	cb.nops.Add(uint64(len(m.kops)))
+	call.Send()
+	return call, nil
+}
+
+// own waits, as m's owner, for p's message's outcome and hands each op
+// its result; if p's wait ends first the message goes to another op.
+func (cb *combiner) own(ctx context.Context, p *pendingOp) {
+	c := cb.c
+	m := p.m
+	for {
+		// the earliest deadline of the ops still waiting
+		cb.mu.Lock()
+		dl := p.deadline
+		for _, q := range m.ops {
+			if q != nil && q.state == opSent && !q.deadline.IsZero() && (dl.IsZero() || q.deadline.Before(dl)) {
+				dl = q.deadline
+			}
+		}
+		cb.mu.Unlock()
+		replies, err := m.call.Wait(ctx, dl)
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			// the outcome, or the call failed (nothing to wait for)
+			switch {
+			case errors.Is(err, multicast.ErrClosed):
+				err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+			case errors.Is(err, multicast.ErrNotReady):
+				if uerr := c.registered(tree.Of(m.g)); uerr != nil {
+					err = uerr
+				}
+			}
+			cb.mu.Lock()
+			cb.deliver(m, replies, err)
+			call := m.call
+			cb.done(m)
+			cb.mu.Unlock()
+			call.Release()
+			cb.msgs.Put(m)
+			return
+		}
+		cb.mu.Lock()
+		now := time.Now()
+		for i, q := range m.ops {
+			if q != nil && q != p && q.state == opSent && !q.deadline.IsZero() && !now.Before(q.deadline) {
+				q.state, q.err = opDone, fmt.Errorf("%w: %w", ErrOutcomeUnknown, context.DeadlineExceeded)
+				m.ops[i] = nil
+				signal(q.ch)
+			}
+		}
+		ended := ctxEnded(ctx, p.deadline) != nil
+		cb.mu.Unlock()
+		if ended {
+			return // combine gives up
+		}
 	}
-	if err == nil && o.Replies[0].Truncated {
+}
+
+// deliver hands each op of m still waiting its result: from replies, or
+// err (mu held).
+func (cb *combiner) deliver(m *message, replies []multicast.Reply, err error) {
+	c := cb.c
+	g := m.g
+	index := uint64(0)
+	rs := m.rs[:0]
+	if err == nil && len(replies) != 1 {
+		err = fmt.Errorf("rdmakv: %d replies to a message for group %d", len(replies), g)
+	}
+	if err == nil && replies[0].Truncated {
 		err = fmt.Errorf("rdmakv: group %d's reply was truncated (the cluster's max_result is below this client's)", g)
 	}
 	if err == nil {
-		index = o.Replies[0].Index
+		index = replies[0].Index
 		c.known(g, index)
-		if len(batch) == 1 {
+		if len(m.ops) == 1 {
 			var r kv.Result
-			if r, err = kv.DecodeResult(o.Replies[0].Result); err == nil {
-				rs = []kv.Result{r}
+			if r, err = kv.DecodeResult(replies[0].Result); err == nil {
+				rs = append(rs, r)
 			}
-		} else if res := o.Replies[0].Result; len(res) == kv.ResultSize {
+		} else if res := replies[0].Result; len(res) == kv.ResultSize {
 			// The group refused the whole message (kv.LimitMulti): each
 			// op gets the refusal.
 			var r kv.Result
 			if r, err = kv.DecodeResult(res); err == nil && r.Status != kv.StatusRefused {
 				err = fmt.Errorf("rdmakv: group %d answered status %d to a multi request", g, r.Status)
 			}
-			for range batch {
+			for range m.ops {
 				rs = append(rs, r)
 			}
 		} else {
-			rs, err = kv.DecodeMultiResult(res, nil)
+			rs, err = kv.DecodeMultiResult(res, rs)
 		}
-		if err == nil && len(rs) != len(batch) {
-			err = fmt.Errorf("rdmakv: group %d answered %d results for %d ops", g, len(rs), len(batch))
+		if err == nil && len(rs) != len(m.ops) {
+			err = fmt.Errorf("rdmakv: group %d answered %d results for %d ops", g, len(rs), len(m.ops))
 		}
 		if err == nil && len(rs) == 1 && rs[0].Status == kv.StatusMalformed {
 			err = fmt.Errorf("rdmakv: group %d refused the request as malformed (nothing applied there)", g)
 		}
-	} else if err != nil && (errors.Is(err, multicast.ErrClosed) || c.isClosed()) {
-		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
-	} else if err != nil && ctx.Err() != nil {
-		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
 	}
-	for i, p := range batch {
-		p.err, p.index = err, index
+	m.rs = rs
+	for i, p := range m.ops {
+		if p == nil || p.state == opGone || p.state == opDone {
+			continue
+		}
+		p.state, p.err, p.index = opDone, err, index
 		if err == nil {
 			p.res = rs[i]
 		}
-		close(p.done)
+		m.ops[i] = nil
+		signal(p.ch)
 	}
-	// Take the group's queue, or give the group's slot back.
-	cb.mu.Lock()
-	if len(cb.queued[g]) == 0 {
-		cb.inflight[g]--
-		cb.mu.Unlock()
-		return
-	}
-	nb := cb.take(g)
-	cb.mu.Unlock()
-	go cb.send(c.life0, g, nb)
-}
-
-// take removes up to kv.MaxMulti ops of group g's queue that fit one
-// request slot (mu held).
-func (cb *combiner) take(g uint32) []*pendingOp {
-	q := cb.queued[g]
-	room := multicast.MaxPayload(cb.c.m.Limits.SlotSize) - 4
-	n := 0
-	for n < len(q) && n < kv.MaxMulti {
-		sz := kv.RequestSize([]kv.Op{q[n].op}) - 4
-		if n > 0 && sz > room {
-			break
-		}
-		room -= sz
-		n++
-	}
-	batch := append([]*pendingOp(nil), q[:n]...)
-	for _, p := range batch {
-		p.sent = true
-	}
-	cb.queued[g] = append(q[:0], q[n:]...)
-	return batch
 }

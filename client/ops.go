@@ -205,12 +205,12 @@ func (c *Client) single(ctx context.Context, op kv.Op) (WriteResult, error) {
 	}
 	var r kv.Result
 	if kv.RequestSize([]kv.Op{op}) <= multicast.MaxPayload(c.m.Limits.SlotSize) {
-		ctx, end, err := c.begin(ctx)
+		deadline, err := c.enter(ctx)
 		if err != nil {
 			return WriteResult{}, err
 		}
-		r, _, err = c.combine(ctx, op)
-		end()
+		r, _, err = c.combine(ctx, deadline, op)
+		c.exit()
 		if err != nil {
 			return WriteResult{}, err
 		}
@@ -273,7 +273,7 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 			return nil, err // the parts are sent, not the commit: nothing is applied
 		}
 	}
-	o, err := c.runner.Multicast(ctx, dst, payload)
+	o, err := c.multicast(ctx, dst, payload)
 	if err != nil {
 		switch {
 		case errors.Is(err, multicast.ErrClosed) || c.isClosed():
@@ -352,7 +352,7 @@ func (c *Client) stage(ctx context.Context, dst tree.Set, req []byte) ([]byte, e
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
-			o, err := c.runner.Multicast(ctx, dst, part)
+			o, err := c.multicast(ctx, dst, part)
 			if err == nil {
 				for _, rp := range o.Replies {
 					if r, derr := kv.DecodeResult(rp.Result); derr == nil && r.Status == kv.StatusRefused {

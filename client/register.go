@@ -28,23 +28,16 @@ const (
 	registerDead  = 3
 )
 
-// mcRunner is the multicast runner as the client's calls use it: a call to
+// multicast sends payload to dst and waits for the replies (Do). A call to
 // a group that has not registered the client fails at once with
 // *UnavailableError (nothing was sent).
-type mcRunner struct {
-	*multicast.ClientRunner
-	c *Client
-}
-
-// Multicast is the runner's, after checking that every group the message
-// needs registered the client.
-func (r mcRunner) Multicast(ctx context.Context, dst tree.Set, payload []byte) (multicast.Outcome, error) {
-	if err := r.c.registered(dst); err != nil {
+func (c *Client) multicast(ctx context.Context, dst tree.Set, payload []byte) (multicast.Outcome, error) {
+	if err := c.registered(dst); err != nil {
 		return multicast.Outcome{}, err
 	}
-	o, err := r.ClientRunner.Multicast(ctx, dst, payload)
+	o, err := c.mc.Do(ctx, dst, payload)
 	if errors.Is(err, multicast.ErrNotReady) {
-		if uerr := r.c.registered(dst); uerr != nil {
+		if uerr := c.registered(dst); uerr != nil {
 			return o, uerr
 		}
 	}
@@ -59,7 +52,7 @@ func (c *Client) registered(dst tree.Set) error {
 	if lca, err := c.tree.LCA(dst); err == nil {
 		need = need.Add(lca)
 	}
-	missing := need &^ c.runner.RegisteredNow()
+	missing := need &^ c.mc.RegisteredNow()
 	if missing.Empty() {
 		return nil
 	}
@@ -84,7 +77,7 @@ func (c *Client) register(ctx context.Context) error {
 	var down map[uint32]string
 	deadProbes := 0
 	for {
-		reg, changed := c.runner.Registered()
+		reg, changed := c.mc.Registered()
 		if reg == all {
 			return nil
 		}
@@ -113,7 +106,7 @@ func (c *Client) register(ctx context.Context) error {
 		}
 		t.Stop()
 		if ctx.Err() != nil {
-			if reg, _ = c.runner.Registered(); reg == all {
+			if reg, _ = c.mc.Registered(); reg == all {
 				return nil
 			}
 			// One last look, bounded: ctx has ended.
@@ -126,7 +119,7 @@ func (c *Client) register(ctx context.Context) error {
 			break
 		}
 	}
-	reg, _ := c.runner.Registered()
+	reg, _ := c.mc.Registered()
 	if reg.Empty() && !c.o.degraded {
 		return &openError{down: down}
 	}
@@ -139,7 +132,7 @@ func (c *Client) register(ctx context.Context) error {
 // authFailure returns a final error if a replica refused the client's
 // cluster secret (or protocol version): retrying cannot help.
 func (c *Client) authFailure() error {
-	for _, e := range c.runner.PeerErrors(c.tree.All()) {
+	for _, e := range c.mc.PeerErrors(c.tree.All()) {
 		if errors.Is(e.Err, tcp.ErrAuth) {
 			from := "the cluster secret this client was given"
 			if c.o.configFile != "" {
@@ -178,7 +171,7 @@ func (c *Client) diagnose(ctx context.Context, groups tree.Set) (why map[uint32]
 				rw.Go(func() { c.readReplica(uint32(g), &rs[i], timeout) })
 			}
 			rw.Wait()
-			text, canElect := describeGroup(rs, c.runner.PeerErrors(tree.Of(g)))
+			text, canElect := describeGroup(rs, c.mc.PeerErrors(tree.Of(g)))
 			mu.Lock()
 			why[uint32(g)] = text
 			if canElect {

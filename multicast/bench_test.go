@@ -23,7 +23,7 @@ func BenchmarkSingleGroupW1(b *testing.B) {
 	ctx, reps, counts := c.ctx, c.reps, c.counts
 	payload := make([]byte, 64)
 	for range 1000 { // warm up
-		if _, err := cr.Multicast(ctx, tree.Of(0), payload); err != nil {
+		if _, err := cr.Do(ctx, tree.Of(0), payload); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -33,7 +33,7 @@ func BenchmarkSingleGroupW1(b *testing.B) {
 	}
 	b.ResetTimer()
 	for range b.N {
-		if _, err := cr.Multicast(ctx, tree.Of(0), payload); err != nil {
+		if _, err := cr.Do(ctx, tree.Of(0), payload); err != nil {
 			b.Fatal(err)
 		}
 	}

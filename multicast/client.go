@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
@@ -71,8 +72,13 @@ var (
 
 // Client multicasts messages (TRAM Alg. 1: write m into the client's ring
 // on every replica of lca(dst)) and collects the replies that the
-// destination groups' leaders write into its own reply region. It is a
-// polled state machine: call Multicast and Poll from one goroutine.
+// destination groups' leaders write into its own reply region.
+//
+// It is safe for concurrent use, in one of two ways. A polled client
+// (NewClient; the simulator, kvbench's loaders) is driven by Multicast and
+// Poll with the caller's clock, and reports outcomes through OnDone. A
+// started client (StartClient) serves calls: Begin, Send and Wait on the
+// caller's goroutine (call.go), with no goroutine in between.
 //
 // Groups are isolated: the window is per group (ClientSlots messages to
 // each group may be outstanding), so messages that a dead group never
@@ -82,6 +88,9 @@ var (
 // every destination group: numbers are skipped, never reused, so they
 // still grow (the replicas' exactly-once table keeps the highest).
 type Client struct {
+	// mu guards everything below but the fields of call.go that say
+	// otherwise; OnDone runs under it (it must not call the client).
+	mu    sync.Mutex
 	cfg   ClientConfig
 	node  rdma.Node
 	reg   rdma.Region
@@ -104,9 +113,10 @@ type Client struct {
 	retry uint64     // our retry counter (the header's retry word)
 	out   int
 	rs    int // reply slot size
-	buf   []byte
 	rbuf  []byte
 	oc    Outcome
+
+	rt callState // the started client's calls (call.go)
 }
 
 type call struct {
@@ -123,8 +133,11 @@ type call struct {
 	rbuf    []byte // the replies' results, in arrival order
 	rends   []int  // end of each reply's result in rbuf
 	retries int
-	ring    bool // it holds its lca's ring slot (no reply yet)
-	gone    bool // abandoned: dropped once it holds no ring slot
+	ring    bool   // it holds its lca's ring slot (no reply yet)
+	gone    bool   // abandoned: dropped once it holds no ring slot
+	rec     []byte // the record image send posts (in own, or the user's Call)
+	own     []byte // the record image of a polled Multicast or an abandoned Call
+	user    *Call  // the started client's call waiting for it, if any
 }
 
 // NewClient creates a client on node: it registers its reply region and
@@ -186,21 +199,27 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 	for i := len(c.calls) - 1; i >= 0; i-- {
 		c.free = append(c.free, i)
 	}
-	c.buf = make([]byte, cfg.SlotSize)
 	c.rbuf = make([]byte, c.rs)
 	c.helloWait = cfg.RetryAfter
+	c.rt.init(node)
 	return c, nil
 }
 
 // Ready reports whether every group registered this incarnation.
-func (c *Client) Ready() bool { return c.ready == c.cfg.Tree.All() }
+func (c *Client) Ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.isReady()
+}
 
-// Registered is the set of groups that registered this incarnation; a
-// message may go to these (its lca and every destination registered).
-func (c *Client) Registered() tree.Set { return c.ready }
+func (c *Client) isReady() bool { return c.ready == c.cfg.Tree.All() }
 
 // Outstanding is the number of messages waiting for replies.
-func (c *Client) Outstanding() int { return c.out }
+func (c *Client) Outstanding() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.out
+}
 
 // Window is the number of messages the client may have outstanding to
 // each group.
@@ -209,6 +228,8 @@ func (c *Client) Window() int { return c.cfg.ClientSlots }
 // NextID is the id the next successful Multicast to dst gives its message
 // (an application may embed it in the payload).
 func (c *Client) NextID(dst tree.Set) MsgID {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	seq, _ := c.nextSeq(dst)
 	return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: seq}
 }
@@ -238,8 +259,16 @@ func (c *Client) nextSeq(dst tree.Set) (uint64, bool) {
 // Slot is the client's slot.
 func (c *Client) Slot() uint32 { return c.cfg.Slot }
 
-// Close releases the reply region and the Conns.
+// Close releases the reply region and the Conns; a started client's
+// calls under way return ErrClosed.
 func (c *Client) Close() error {
+	c.stopKeeper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rt.closed {
+		return nil
+	}
+	c.closeCalls()
 	for _, ps := range c.peers {
 		for _, p := range ps {
 			p.close()
@@ -251,21 +280,39 @@ func (c *Client) Close() error {
 // Multicast writes payload to dst's lca (TRAM Alg. 1) and returns the
 // message's id; its Outcome arrives through OnDone. payload is copied.
 func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(payload) > maxPayload(c.cfg.SlotSize) {
 		return MsgID{}, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(payload), maxPayload(c.cfg.SlotSize))
 	}
+	k, err := c.admit(dst)
+	if err != nil {
+		return MsgID{}, err
+	}
+	if cap(k.own) < c.cfg.SlotSize {
+		k.own = make([]byte, c.cfg.SlotSize)
+	}
+	rec := record{pos: k.pos, id: MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: k.seq}, dst: k.dst, reply: c.addr, payload: payload}
+	k.rec = encodeRecord(k.own[:c.cfg.SlotSize], &rec)
+	c.send(k)
+	return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: k.seq}, nil
+}
+
+// admit gives a message to dst its sequence number, its lca's ring slot,
+// its reply slots and a call (mu held); the caller sets k.rec and sends.
+func (c *Client) admit(dst tree.Set) (*call, error) {
 	lca, err := c.cfg.Tree.LCA(dst)
 	if err != nil {
-		return MsgID{}, fmt.Errorf("%w: %v", ErrDestination, err)
+		return nil, fmt.Errorf("%w: %v", ErrDestination, err)
 	}
 	if need := dst.Add(lca); need&^c.ready != 0 {
-		return MsgID{}, fmt.Errorf("%w: groups %v have not registered it", ErrNotReady, need&^c.ready)
+		return nil, fmt.Errorf("%w: groups %v have not registered it", ErrNotReady, need&^c.ready)
 	}
 	w := uint64(c.cfg.ClientSlots)
 	seq, ok := c.nextSeq(dst)
 	pos := c.pos[lca] + 1
 	if !ok || c.busy[lca][pos%w] != 0 || len(c.free) == 0 {
-		return MsgID{}, ErrWindowFull
+		return nil, ErrWindowFull
 	}
 	c.seq, c.pos[lca] = seq, pos
 	c.busy[lca][pos%w] = seq
@@ -278,21 +325,18 @@ func (c *Client) Multicast(dst tree.Set, payload []byte) (MsgID, error) {
 	c.free = c.free[:len(c.free)-1]
 	c.act = append(c.act, i)
 	k := &c.calls[i]
-	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, ring: true, payload: append(k.payload[:0], payload...),
+	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, ring: true, own: k.own,
 		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0], rbuf: k.rbuf[:0], rends: k.rends[:0]}
 	c.out++
-	c.send(k)
-	return MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: seq}, nil
+	return k, nil
 }
 
 // send writes k's record into its ring slot on every replica of its lca.
 func (c *Client) send(k *call) {
-	rec := record{pos: k.pos, id: MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: k.seq}, dst: k.dst, reply: c.addr, payload: k.payload}
-	b := encodeRecord(c.buf, &rec)
 	w := c.cfg.ClientSlots
 	off := uint64((int(c.cfg.Slot)*w + int(k.pos%uint64(w))) * c.cfg.SlotSize)
 	for _, p := range c.peers[k.lca] {
-		p.write(c.now, c.base[k.lca]+regRings, off, b, true)
+		p.write(c.now, c.base[k.lca]+regRings, off, k.rec, true)
 	}
 }
 
@@ -335,8 +379,14 @@ func (c *Client) askAgain(groups tree.Set) {
 
 // NextDeadline is when Poll next has timed work.
 func (c *Client) NextDeadline() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nextDeadline()
+}
+
+func (c *Client) nextDeadline() time.Duration {
 	d := c.now + time.Second
-	if !c.Ready() {
+	if !c.isReady() {
 		d = min(d, c.helloAt)
 	}
 	for _, i := range c.act {
@@ -348,6 +398,12 @@ func (c *Client) NextDeadline() time.Duration {
 // Poll reads replies from the client's own memory, completes messages,
 // and retries what timed out. It reports whether anything progressed.
 func (c *Client) Poll(now time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.poll(now)
+}
+
+func (c *Client) poll(now time.Duration) bool {
 	c.now = now
 	progress := false
 	for _, ps := range c.peers {
@@ -360,7 +416,7 @@ func (c *Client) Poll(now time.Duration) bool {
 	mem := c.reg.Bytes()
 	ng := c.cfg.Tree.Len()
 	w := c.cfg.ClientSlots
-	if !c.Ready() {
+	if !c.isReady() {
 		helloOff := ng * w * c.rs
 		for g := range ng {
 			if !c.ready.Has(tree.Group(g)) && rdma.Load64(mem, helloOff+g*8) == c.cfg.Inc {
@@ -368,7 +424,7 @@ func (c *Client) Poll(now time.Duration) bool {
 				progress = true
 			}
 		}
-		if !c.Ready() && now >= c.helloAt {
+		if !c.isReady() && now >= c.helloAt {
 			missing := c.cfg.Tree.All() &^ c.ready
 			c.hello(missing)
 			c.helloAt = now + c.helloWait
@@ -469,6 +525,8 @@ func (c *Client) ordered(k *call) {
 // replicas' exactly-once table keeps its reply and drops the abandoned
 // one's, and the message is still delivered once.
 func (c *Client) Abandon(id MsgID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if id.Client != c.cfg.Slot || id.Inc != c.cfg.Inc {
 		return
 	}
@@ -477,15 +535,28 @@ func (c *Client) Abandon(id MsgID) {
 		if k.seq != id.Seq || k.gone {
 			continue
 		}
-		k.gone = true
-		for s := k.dst &^ k.got; !s.Empty(); {
-			g, _ := s.Min()
-			s = s.Remove(g)
-			if g != k.lca || !k.ring {
-				c.freeReply(g, k.seq)
-			}
-		}
+		c.abandon(k)
 		return
+	}
+}
+
+// abandon marks k abandoned (mu held).
+func (c *Client) abandon(k *call) {
+	k.gone = true
+	if k.user != nil {
+		// the Call goes back to its pool: a retry posts a copy
+		if cap(k.own) < len(k.rec) {
+			k.own = make([]byte, c.cfg.SlotSize)
+		}
+		k.rec = append(k.own[:0], k.rec...)
+		k.user = nil
+	}
+	for s := k.dst &^ k.got; !s.Empty(); {
+		g, _ := s.Min()
+		s = s.Remove(g)
+		if g != k.lca || !k.ring {
+			c.freeReply(g, k.seq)
+		}
 	}
 }
 
@@ -499,6 +570,7 @@ func (c *Client) complete(k *call) {
 	}
 	if k.gone {
 		k.seq = 0
+		k.rec = nil
 		c.out--
 		return
 	}
@@ -510,9 +582,14 @@ func (c *Client) complete(k *call) {
 	sortReplies(k.replies)
 	c.oc = Outcome{ID: MsgID{Client: c.cfg.Slot, Inc: c.cfg.Inc, Seq: k.seq}, Dst: k.dst, Replies: k.replies, Sent: k.sent, Retries: k.retries}
 	k.seq = 0
+	k.rec = nil
 	c.out--
 	if c.cfg.OnDone != nil {
 		c.cfg.OnDone(&c.oc)
+	}
+	if u := k.user; u != nil {
+		k.user = nil
+		u.finish(&c.oc, nil)
 	}
 }
 

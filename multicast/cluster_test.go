@@ -158,7 +158,7 @@ func (c *testCluster) waitLeaders(tb testing.TB) {
 }
 
 // client starts client slot k on node id (registered with every group).
-func (c *testCluster) client(tb testing.TB, k uint32, id rdma.NodeID) *ClientRunner {
+func (c *testCluster) client(tb testing.TB, k uint32, id rdma.NodeID) *Client {
 	tb.Helper()
 	sctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()

@@ -66,13 +66,14 @@
 //
 //	c, err := multicast.StartClient(ctx, multicast.ClientConfig{Slot: k, Inc: uint64(time.Now().UnixNano()),
 //		Tree: t, Members: members}, clientNode)
-//	o, err := c.Multicast(ctx, tree.Of(1, 3), payload) // o.Replies: one per destination group
+//	o, err := c.Do(ctx, tree.Of(1, 3), payload) // o.Replies: one per destination group
 //
 // Replica.Poll is the protocol step (Acuerdo's step, then TRAM's leader
 // steps) and takes time as an input; call it from one goroutine. Client is
 // a polled state machine too, so the simulator drives clients and replicas
-// from one seed; ClientRunner (StartClient) drives a Client in real time
-// and makes Multicast safe from any goroutine. A client registers once per
+// from one seed. A started client (StartClient) serves calls from any
+// goroutine: Begin, Send and Wait (or Do) post and reap on the caller's
+// goroutine, the first waiter polling for all (call.go). A client registers once per
 // incarnation: every group's leader orders a reset of its slot and writes
 // the incarnation into the client's hello word.
 //

@@ -90,7 +90,7 @@ func runRealTimeOn(t *testing.T, fabric string, shared bool) {
 		app:   func(g tree.Group, i int) broadcast.FSM { return &lockedFSM{chk: chk, g: g, rep: uint32(i)} }})
 	reps := c.reps
 	ctx := c.ctx
-	var runners []*ClientRunner
+	var runners []*Client
 	for k, id := range cnodes {
 		runners = append(runners, c.client(t, uint32(k), id))
 	}
@@ -105,7 +105,7 @@ func runRealTimeOn(t *testing.T, fabric string, shared bool) {
 				for i := range perClient / 4 {
 					dst := tree.Set(1+(i*7+w*3+k)%7) & tr.All()
 					mctx, mcancel := context.WithTimeout(ctx, 10*time.Second)
-					o, err := cr.MulticastID(mctx, dst, func(id MsgID) []byte {
+					o, err := cr.DoID(mctx, dst, func(id MsgID) []byte {
 						if err := chk.Multicast(checkID(id), uint64(dst)); err != nil {
 							errs <- err
 						}
@@ -134,9 +134,10 @@ func runRealTimeOn(t *testing.T, fabric string, shared bool) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	// let followers apply, then check everything
+	// let followers apply, then check everything (bounded generously: a
+	// loaded machine under -race was seen to need more than 5 s)
 	want := chk.Stats().GroupLen
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for _, r := range reps {
 		for {
 			fsm := r.st.app.(*lockedFSM)

@@ -17,7 +17,7 @@ import (
 
 // load is a client's running load.
 type load struct {
-	cr   *multicast.ClientRunner
+	cr   *multicast.Client
 	spec LoadSpec
 	all  tree.Set
 	em   *emitter
@@ -32,9 +32,9 @@ type load struct {
 	res LoadResult
 }
 
-func startLoad(cr *multicast.ClientRunner, spec LoadSpec, all tree.Set, em *emitter) *load {
+func startLoad(cr *multicast.Client, spec LoadSpec, all tree.Set, em *emitter) *load {
 	if spec.Workers <= 0 {
-		spec.Workers = cr.Client().Window()
+		spec.Workers = cr.Window()
 	}
 	if spec.PayloadSize <= 0 {
 		spec.PayloadSize = 64
@@ -63,7 +63,7 @@ func (l *load) dst(rng *rand.Rand) tree.Set {
 
 func (l *load) worker(w int) {
 	defer l.wg.Done()
-	rng := rand.New(rand.NewPCG(l.spec.Seed, uint64(w)+uint64(l.cr.Client().Slot())<<32))
+	rng := rand.New(rand.NewPCG(l.spec.Seed, uint64(w)+uint64(l.cr.Slot())<<32))
 	for {
 		select {
 		case <-l.stop:
@@ -74,7 +74,7 @@ func (l *load) worker(w int) {
 		ids := make(chan multicast.MsgID, 1) // the id, once build ran (on the runner's goroutine)
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(l.hard, l.spec.CallTimeout)
-		o, err := l.cr.MulticastID(ctx, dst, func(id multicast.MsgID) []byte {
+		o, err := l.cr.DoID(ctx, dst, func(id multicast.MsgID) []byte {
 			ids <- id
 			l.em.emitSync(Line{Multicast: &Sent{Msg: id, Dst: dst}}) // in the pipe before the message is written
 			l.mu.Lock()

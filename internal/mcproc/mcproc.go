@@ -14,7 +14,7 @@
 //     it restored (Restore: the index the snapshot covers), and answers
 //     status requests (leading or not, delivered count, counters);
 //   - a client runs a load (Config.Load: K goroutines multicasting to
-//     random destination sets through a multicast.ClientRunner, each
+//     random destination sets through a started multicast.Client, each
 //     payload embedding its message id) and reports each message (id and
 //     destinations) before it is sent, each outcome (id and replies) when
 //     it completes, and each failed call; a stop request ends the load

@@ -24,14 +24,21 @@ type peer struct {
 	nf    []byte
 	refs  int // Conns + the Node's peers map; guarded by the Node's mu
 
-	// Liveness: every is the check interval. The timer sets due when a
-	// check is due; the next op makes it (reading the clock on every op
-	// costs more than the op) and re-arms the timer, so an idle peer costs
-	// no wake-ups. dead is sticky.
+	// Liveness: every is the check interval. The timer's function (the
+	// monitor, on a goroutine of the runtime's) checks the owner's
+	// process and sets dead, which is sticky; the ops only load flags.
+	// The monitor re-arms itself only while ops use the peer (used), so
+	// an idle peer costs no wake-ups: the first op after an idle spell
+	// re-arms it (armed).
 	every time.Duration
-	timer *time.Timer
-	due   atomic.Bool
+	timer atomic.Pointer[time.Timer] // set once, before it first fires (startMonitor)
+	used  atomic.Bool
+	armed atomic.Bool
 	dead  atomic.Bool
+	gone  atomic.Bool // released: the monitor stops
+	// wmu guards watch against release while the monitor reads it.
+	wmu   sync.Mutex
+	alive func() bool // the monitor's check (tests replace it); nil: watch.alive
 
 	mu      sync.Mutex
 	regions map[rdma.RegionID]*remoteRegion
@@ -44,24 +51,64 @@ func (p *peer) live() bool {
 	return rdma.Load64(p.nf, nodeClosedW) == 0 && !p.dead.Load() && p.owner.alive()
 }
 
-// checkLive fails once the target is closed or, checked when due, its
-// process is gone. It allocates nothing and makes a system call at most
-// once per interval.
+// checkLive fails once the target is closed or its monitor found its
+// process gone. It makes no system call and allocates nothing: atomic
+// loads, and a store and a timer reset only on the first op after an idle
+// spell.
 func (p *peer) checkLive() error {
-	if rdma.Load64(p.nf, nodeClosedW) != 0 {
+	if rdma.Load64(p.nf, nodeClosedW) != 0 || p.dead.Load() {
 		return rdma.ErrPeerDead
 	}
-	if p.due.Load() && p.due.CompareAndSwap(true, false) {
-		if p.watch != nil && !p.watch.alive() {
-			p.dead.Store(true)
-		} else {
-			p.timer.Reset(p.every)
-		}
+	if !p.used.Load() {
+		p.used.Store(true)
 	}
-	if p.dead.Load() {
-		return rdma.ErrPeerDead
+	if !p.armed.Load() && p.armed.CompareAndSwap(false, true) {
+		p.timer.Load().Reset(p.every)
 	}
 	return nil
+}
+
+// startMonitor arms the peer's monitor for its first check one interval
+// from now (the timer is stored before it can fire).
+func (p *peer) startMonitor() {
+	p.armed.Store(true)
+	p.used.Store(true)
+	p.timer.Store(time.AfterFunc(time.Duration(1<<62), p.monitor))
+	p.timer.Load().Reset(p.every)
+}
+
+// monitor is the timer's function: it checks the owner's process if ops
+// used the peer since the last check, and re-arms the timer; an unused
+// peer is left unarmed until its next op.
+func (p *peer) monitor() {
+	if p.gone.Load() {
+		return
+	}
+	if !p.used.Swap(false) {
+		p.armed.Store(false)
+		// an op that saw armed just before the store re-arms nothing:
+		// look again
+		if p.used.Load() && p.armed.CompareAndSwap(false, true) {
+			p.timer.Load().Reset(p.every)
+		}
+		return
+	}
+	p.wmu.Lock()
+	alive := true
+	switch {
+	case p.alive != nil:
+		alive = p.alive()
+	case p.watch != nil:
+		alive = p.watch.alive()
+	}
+	p.wmu.Unlock()
+	if !alive {
+		p.dead.Store(true)
+		return
+	}
+	if !p.gone.Load() {
+		p.timer.Load().Reset(p.every)
+	}
 }
 
 // release drops one reference; the Node's mu is held (or p is unshared).
@@ -70,12 +117,16 @@ func (p *peer) release() {
 	if p.refs > 0 {
 		return
 	}
-	if p.timer != nil {
-		p.timer.Stop()
+	p.gone.Store(true)
+	if t := p.timer.Load(); t != nil {
+		t.Stop()
 	}
+	p.wmu.Lock()
 	if p.watch != nil {
 		p.watch.close()
+		p.watch = nil
 	}
+	p.wmu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, rr := range p.regions {

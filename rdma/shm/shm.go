@@ -574,11 +574,12 @@ func (n *Node) openPeer(id rdma.NodeID) (*peer, error) {
 		// A node of this very process: it lives as long as we do, and
 		// its closing shows in its node file's closed flag; no periodic
 		// /proc check (a system call every few ms per peer) is needed.
-		p.timer = time.AfterFunc(time.Duration(1<<62), func() {})
+		p.timer.Store(time.AfterFunc(time.Duration(1<<62), func() {}))
+		p.armed.Store(true) // never re-armed
 		return p, nil
 	}
 	p.watch = newProcWatch(h.owner)
-	p.timer = time.AfterFunc(p.every, func() { p.due.Store(true) })
+	p.startMonitor()
 	return p, nil
 }
 

@@ -1,0 +1,17 @@
+package client
+
+// CombinerLoad is the messages under way and the writes queued, summed
+// over the groups, in c's write combiner.
+func CombinerLoad(c *Client) (inflight, queued int) {
+	c.comb.mu.Lock()
+	defer c.comb.mu.Unlock()
+	for g := range c.comb.inflight {
+		inflight += c.comb.inflight[g]
+		queued += len(c.comb.queued[g])
+	}
+	return inflight, queued
+}
+
+// MulticastOutstanding is the number of messages c's multicast client
+// still holds (abandoned ones until their lca ordered them).
+func MulticastOutstanding(c *Client) int { return c.mc.Outstanding() }
