@@ -23,7 +23,7 @@ vet:
 # The testing.AllocsPerRun tests skip under -race (the race detector
 # allocates on its own), so unit never runs them: this pass does, without
 # -race. NOALLOC_RUN selects exactly them: each fabric's conformance
-# subtests NoAllocs and PostList/NoAllocs (rdma/fabrictest), tcp's
+# subtests NoAllocs, PostList/NoAllocs and Link/NoAllocs (rdma/fabrictest), tcp's
 # TestSteadyStateAllocs, broadcast's TestSlabReuse (which also runs in
 # unit), kv's TestGetAllocs, client's TestPutAllocs (one Put, the
 # replicas in 3 kvproc processes) and shm's TestProcWatchAllocs (the
@@ -31,16 +31,16 @@ vet:
 # them pass (a renamed test would otherwise drop out of the regexp silently);
 # a new allocation test goes into NOALLOC_RUN and NOALLOC_TESTS.
 NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast ./kv ./client
-NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestProcWatchAllocs)$$/^(NoAllocs|PostList)$$/^NoAllocs$$
-# 3 fabrics x 2 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, client's TestPutAllocs, shm's TestProcWatchAllocs:
-NOALLOC_TESTS := 11
+NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestProcWatchAllocs)$$/^(NoAllocs|PostList|Link)$$/^NoAllocs$$
+# 3 fabrics x 3 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, client's TestPutAllocs, shm's TestProcWatchAllocs:
+NOALLOC_TESTS := 14
 
 noalloc:
 	@out=$$($(GO) test -v -timeout 5m -run '$(NOALLOC_RUN)' $(NOALLOC_PKGS) 2>&1); st=$$?; \
 	[ $$st -eq 0 ] || { printf '%s\n' "$$out"; exit $$st; }; \
 	printf '%s\n' "$$out" | grep -E -e '--- (PASS|SKIP)|^ok'; \
 	if printf '%s\n' "$$out" | grep -qE -e '--- SKIP|no tests to run'; then echo "noalloc: an allocation test was skipped or not selected"; exit 1; fi; \
-	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/(PostList/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestProcWatchAllocs) '); \
+	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/(PostList/|Link/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestProcWatchAllocs) '); \
 	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
 # Tests that skip assertions or seeds under -race (it slows everything
