@@ -22,7 +22,8 @@ import (
 // user is done.
 //
 // The contract with a protocol: a Queue that returns ok is posted by the
-// next Flush, or the link fails before. A failure (an error completion, a
+// next Flush (by a later one if the fabric's send queue is smaller than
+// the window), or the link fails before. A failure (an error completion, a
 // Post error, an op outstanding for OpTimeout) drops what was queued and
 // in flight, closes the Conn and starts the backoff; the next Up after it
 // connects a new Conn and Conn() changes. A protocol settles its state when
@@ -74,13 +75,15 @@ type LinkConfig struct {
 	// SignalEvery: at most SignalEvery-1 unsignaled ops in a row;
 	// default DefaultSignalEvery.
 	SignalEvery int
-	// StageBytes is the staging ring's size (Stage); 0: no staging.
+	// StageBytes is the staging ring's size (Stage), rounded up to 8;
+	// 0: no staging.
 	StageBytes int
 	// OpTimeout fails the link when a signaled op stays outstanding that
 	// long on the caller's clock; 0: no timeout.
 	OpTimeout time.Duration
 	// Depth bounds the ops queued or in flight (the window); default
-	// DefaultLinkDepth. It must not exceed the fabric's queue depth.
+	// DefaultLinkDepth. Within the fabric's QueueDepth, Post never finds
+	// the send queue full.
 	Depth int
 }
 
@@ -105,6 +108,9 @@ type LinkStats struct {
 	Notifies uint64 // of them carrying Notify
 	Dropped  uint64 // queued ops a failure dropped before they were posted
 	Refused  uint64 // Stage or Queue calls refused (down, window or stage full)
+	// QueueFull counts Flushes the fabric's send queue cut short (its
+	// QueueDepth is below Depth): the rest stays queued for the next.
+	QueueFull uint64
 }
 
 // NewLink returns a Link to cfg.Peer; it connects at the first Up.
@@ -116,6 +122,7 @@ func NewLink(cfg LinkConfig) *Link {
 		cfg.Depth = DefaultLinkDepth
 	}
 	cfg.Depth = max(cfg.Depth, 2)
+	cfg.StageBytes = Round8(max(cfg.StageBytes, 0))
 	cfg.SignalEvery = min(cfg.SignalEvery, cfg.Depth/2)
 	return &Link{
 		cfg:     cfg,
@@ -188,10 +195,11 @@ func (l *Link) room() bool {
 	return l.next-l.completed < uint64(l.cfg.Depth)
 }
 
-// Stage returns n bytes of the staging ring for the next op's buffer (a
-// write's source the caller fills, or a read's destination), or nil while
-// the link is down, the window is full, or the ring has no n contiguous
-// bytes free (reap completions, or flush what is queued, and retry). The
+// Stage returns n bytes, 8-byte aligned, of the staging ring for the next
+// op's buffer (a write's source the caller fills, or a read's
+// destination), or nil while the link is down, the window is full, or the
+// ring has no n contiguous bytes free (reap completions, or flush what is
+// queued, and retry). The
 // bytes are the caller's until the next Queue, whose op owns them until
 // it completes: Stage never hands them out again before. A Stage of at
 // most StageBytes/4 succeeds once the ops in flight completed.
@@ -207,7 +215,7 @@ func (l *Link) Stage(n int) []byte {
 		l.head += size - l.head%size
 		l.tail, l.sigBytes = l.head, l.head
 	}
-	start := l.head
+	start := (l.head + 7) &^ 7 // 8-byte aligned, as a buffer of words should be
 	if start%size+uint64(n) > size {
 		start += size - start%size // contiguous: skip the ring's end
 	}
@@ -249,7 +257,9 @@ func (l *Link) Queue(wr WR, notify bool) (seq uint64, ok bool) {
 // that frees most of it (SignalEvery is at most Depth/2). With an
 // OpTimeout, the list's last op is signaled too, so that every op posted is
 // covered by a timeout. Notify goes on the last op if any queued op asked
-// for it. A Post error fails the link (now), dropping what was not posted.
+// for it. A Post error fails the link (now), dropping what was not posted,
+// except ErrQueueFull (a fabric whose QueueDepth is below Depth): what was
+// not posted stays queued for the next Flush.
 func (l *Link) Flush(now time.Duration) int {
 	q := len(l.wrs)
 	if q == 0 {
@@ -293,6 +303,16 @@ func (l *Link) Flush(now time.Duration) int {
 		}
 	}
 	l.posted += uint64(n)
+	if n < q && errors.Is(err, ErrQueueFull) {
+		// The fabric's send queue is smaller than the window: keep the
+		// rest queued, in order, for a Flush after the next Reap.
+		l.st.QueueFull++
+		rest := copy(l.wrs, l.wrs[n:])
+		clear(l.wrs[rest:])
+		l.wrs = l.wrs[:rest]
+		l.wrs[rest-1].Flags &^= Notify // Flush puts it on the last again
+		return n
+	}
 	clear(l.wrs) // drop the references to the caller's buffers
 	l.wrs, l.note = l.wrs[:0], false
 	if err != nil || n < q {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -338,6 +339,9 @@ func testLinkStageReuse(t *testing.T, h Harness) {
 				t.Fatalf("step %d: Stage(%d) refused for %v with completions flowing: the stage jammed", i, n, liveTimeout)
 			}
 			check(i)
+		}
+		if p := uintptr(unsafe.Pointer(&b[0])); p%8 != 0 {
+			t.Fatalf("step %d: Stage(%d) returned a buffer at %#x, not 8-byte aligned", i, n, p)
 		}
 		pat := byte(1 + i%250)
 		for j := range b {
