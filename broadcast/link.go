@@ -2,35 +2,25 @@ package broadcast
 
 import (
 	"encoding/binary"
-	"errors"
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
-// link is this replica's side of everything it sends to one peer: the Conn
-// (reconnected with backoff when it breaks), a staging area for rows and
-// acknowledgement words (a write's buffer must stay untouched until the op
-// completes), the outgoing ring mirrored into the peer's incoming ring, and
-// a snapshot fetch in progress from that peer (on a Conn of its own).
+// link is this replica's side of everything it sends to one peer: an
+// rdma.Link (the Conn, reconnected with backoff when it breaks, and a
+// staging ring for rows and acknowledgement words, whose bytes stay
+// untouched until their write completes), the outgoing ring mirrored into
+// the peer's incoming ring, and a snapshot fetch in progress from that peer
+// (on a Conn of its own).
 type link struct {
-	dial      *rdma.Connector // opens conn without blocking the poller (tcp)
+	io        *rdma.Link
 	fetchDial *rdma.Connector // opens the snapshot fetch's Conn
 	peer      rdma.NodeID
 	idx       int
 
-	conn    rdma.Conn
-	up      bool
-	retryAt time.Duration
-	backoff time.Duration
-
-	postSeq      uint64 // id of the next op
-	lastSignaled uint64
-	completed    uint64 // every op with id < completed is done
-
-	stage     []byte
-	stageSeq  []uint64 // per slot: 1 + id of the op using it, 0 when free
-	stageNext int
+	conn uint64 // io.Conn() that the state below was (re-)posted on
+	up   bool   // io was up at the last look (traces "down" once)
 
 	dirty        [nTables]bool // rows to push to this peer
 	ackDirty     bool
@@ -40,19 +30,14 @@ type link struct {
 
 	out outRing
 
-	wrs []rdma.WR // push list (pushLink), reused
+	wrs []rdma.WR // ring writes of a push (pushLink), reused
 	ops []pushOp
-	one [1]rdma.WR // post's list
 
 	fetch snapFetch
-
-	cs [64]rdma.Completion
 }
 
-const (
-	stageSlots  = 128
-	signalEvery = 32
-)
+// stageBytes is a link's staging ring: 128 rows.
+const stageBytes = 128 * rowSize
 
 // outRing is the sender side of one ring: a local mirror of the peer's
 // incoming ring. Records are written into the mirror and posted from it (one
@@ -66,41 +51,34 @@ type outRing struct {
 	consumed uint64 // bytes the peer acknowledged
 }
 
-func newLink(peer rdma.NodeID, idx, ringSize int) *link {
+func (r *Replica) newLink(peer rdma.NodeID, idx int) *link {
 	return &link{
-		peer:     peer,
-		idx:      idx,
-		stage:    make([]byte, stageSlots*rowSize),
-		stageSeq: make([]uint64, stageSlots),
-		out:      outRing{mirror: make([]byte, ringSize)},
+		io: rdma.NewLink(rdma.LinkConfig{
+			Node:       r.node,
+			Peer:       peer,
+			Backoff:    rdma.Backoff{Min: r.cfg.ReconnectMin, Max: r.cfg.ReconnectMax},
+			Rand:       r.rng, // jitter from the replica's seeded randomness
+			StageBytes: stageBytes,
+		}),
+		peer: peer,
+		idx:  idx,
+		out:  outRing{mirror: make([]byte, r.cfg.RingSize)},
 	}
 }
 
-// connect (re)opens the Conn if it is down and its backoff has passed.
+// isUp reports whether the link's Conn is usable.
+func (l *link) isUp() bool { return l.io.IsUp() }
+
+// connect (re)opens the Conn if it is down and its backoff has passed, and
+// after each new Conn re-posts what the peer may have missed: every row,
+// our ack, and the ring from its last acknowledged byte (rewriting a
+// landed record is harmless: same bytes at the same place).
 func (l *link) connect(r *Replica, now time.Duration) {
-	if l.up || now < l.retryAt {
+	if !l.io.Up(now) || l.io.Conn() == l.conn {
 		return
 	}
-	if l.dial == nil {
-		l.dial = rdma.NewConnector(r.node, l.peer)
-	}
-	c, err, ok := l.dial.Connect()
-	if !ok {
-		return // connecting in the background (a tcp peer): the doorbell rings when done
-	}
-	if err != nil {
-		l.fail(r, now)
-		return
-	}
-	l.conn = c
-	l.up = true
+	l.conn, l.up = l.io.Conn(), true
 	r.ctr.Reconnects++
-	l.completed = l.postSeq
-	l.lastSignaled = l.postSeq
-	clear(l.stageSeq)
-	// Re-post what the peer may have missed: every row, our ack, and the
-	// ring from its last acknowledged byte (rewriting a landed record is
-	// harmless: same bytes at the same place).
 	for t := range l.dirty {
 		l.dirty[t] = true
 	}
@@ -109,103 +87,19 @@ func (l *link) connect(r *Replica, now time.Duration) {
 	r.tracef("link %d->%d up", r.self, l.peer)
 }
 
-// fail marks the Conn broken and schedules a reconnect.
-func (l *link) fail(r *Replica, now time.Duration) {
-	if l.conn != nil {
-		l.conn.Close()
-		l.conn = nil
-	}
-	if l.up {
+// noteDown traces the link's failure once (Reap or Flush failed it).
+func (l *link) noteDown(r *Replica) {
+	if l.up && !l.io.IsUp() {
+		l.up = false
 		r.tracef("link %d->%d down", r.self, l.peer)
 	}
-	l.up = false
-	switch {
-	case l.backoff == 0:
-		l.backoff = r.cfg.ReconnectMin
-	default:
-		l.backoff = min(2*l.backoff, r.cfg.ReconnectMax)
-	}
-	// jitter in [backoff/2, backoff)
-	l.retryAt = now + l.backoff/2 + time.Duration(r.rng.Int64N(int64(l.backoff/2)+1))
 }
 
-// pollCompletions drains the Conn's completions; an error breaks the link.
+// pollCompletions reaps the Conn's completions; an error breaks the link.
 func (l *link) pollCompletions(r *Replica, now time.Duration) bool {
-	// Only signaled ops and failures complete; a failure of an unsignaled
-	// op also shows at the next Post, and the heartbeat posts regularly.
-	if !l.up || (l.lastSignaled < l.completed && now < r.nextHB) {
-		return false
-	}
-	progress := false
-	for {
-		k := l.conn.Poll(l.cs[:])
-		if k == 0 {
-			break
-		}
-		progress = true
-		for _, c := range l.cs[:k] {
-			if c.Err != nil {
-				l.fail(r, now)
-				return true
-			}
-			if c.ID+1 > l.completed {
-				l.completed = c.ID + 1
-			}
-		}
-	}
-	if l.up {
-		l.backoff = 0
-	}
+	progress := l.io.Reap(now)
+	l.noteDown(r)
 	return progress
-}
-
-// post posts wr alone (postList of one).
-func (l *link) post(r *Replica, wr rdma.WR) bool {
-	l.one[0] = wr
-	return l.postList(r, l.one[:]) == 1
-}
-
-// slotBuf returns staging slot s's 64-byte buffer, or nil while the write
-// that last used it may still read it.
-func (l *link) slotBuf(s int) []byte {
-	if q := l.stageSeq[s]; q != 0 && q-1 >= l.completed {
-		return nil
-	}
-	return l.stage[s*rowSize : (s+1)*rowSize]
-}
-
-// useSlot records that op id (posted) reads slot s, the next slot in turn.
-func (l *link) useSlot(s int, id uint64) {
-	l.stageSeq[s] = id + 1
-	l.stageNext = (s + 1) % stageSlots
-}
-
-// postList posts wrs as one list, numbering them and signalling every
-// signalEvery ops (selective signalling); it returns how many were posted.
-// An error other than a full queue breaks the link.
-func (l *link) postList(r *Replica, wrs []rdma.WR) int {
-	if !l.up {
-		return 0
-	}
-	last := l.lastSignaled
-	for k := range wrs {
-		wrs[k].ID = l.postSeq + uint64(k)
-		if wrs[k].Kind == rdma.OpRead || wrs[k].ID-last >= signalEvery {
-			wrs[k].Flags |= rdma.Signaled
-			last = wrs[k].ID
-		}
-	}
-	n, err := l.conn.PostList(wrs)
-	for k := range n {
-		if wrs[k].Flags&rdma.Signaled != 0 {
-			l.lastSignaled = wrs[k].ID
-		}
-	}
-	l.postSeq += uint64(n)
-	if err != nil && !errors.Is(err, rdma.ErrQueueFull) {
-		l.fail(r, r.now)
-	}
-	return n
 }
 
 // resetOut starts the outgoing ring afresh for receiver incarnation rinc.
@@ -297,7 +191,7 @@ func (l *link) ringWrites(wrs []rdma.WR, ops []pushOp, region rdma.RegionID) ([]
 			next = pos
 		}
 		wrs = append(wrs, rdma.WR{Kind: rdma.OpWrite, Region: region, Offset: off, Buf: o.mirror[off:end]})
-		ops = append(ops, pushOp{kind: pushRecords, next: next})
+		ops = append(ops, pushOp{next: next})
 		posted = next
 	}
 	return wrs, ops

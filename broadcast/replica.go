@@ -242,7 +242,7 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 		r.mems[i].id = id
 		r.mems[i].aboveSince = -1
 		if i != r.me {
-			r.links[i] = newLink(id, i, cfg.RingSize)
+			r.links[i] = r.newLink(id, i)
 		}
 	}
 	r.role = Electing
@@ -322,15 +322,11 @@ func (r *Replica) Close() error {
 		p.finish(0, nil, ErrStopped)
 	}
 	for _, l := range r.links {
-		if l != nil && l.conn != nil {
-			l.conn.Close()
-		}
 		if l != nil {
+			l.io.Close()
 			l.stopFetch()
-			for _, d := range []*rdma.Connector{l.dial, l.fetchDial} {
-				if d != nil {
-					d.Close()
-				}
+			if l.fetchDial != nil {
+				l.fetchDial.Close()
 			}
 		}
 	}
@@ -381,7 +377,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 		// streamed (Fig. 5 l.47-51) and pushes its AcceptSST row (l.52)
 		// before anything else this Poll does. A record of a sender
 		// incarnation readRows has not seen yet is left for later.
-		if i := r.idxOf(r.eCur.Leader()); i >= 0 && i != r.me && r.links[i] != nil && r.links[i].up && r.readRing(i) {
+		if i := r.idxOf(r.eCur.Leader()); i >= 0 && i != r.me && r.links[i] != nil && r.links[i].isUp() && r.readRing(i) {
 			progress = true
 			r.push()
 		}
@@ -461,8 +457,8 @@ func (r *Replica) NextDeadline() time.Duration {
 		d = min(d, r.electAt)
 	}
 	for _, l := range r.links {
-		if l != nil && !l.up {
-			d = min(d, l.retryAt)
+		if l != nil {
+			d = min(d, l.io.NextDeadline())
 		}
 	}
 	return d

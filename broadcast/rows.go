@@ -69,7 +69,7 @@ func (r *Replica) push() bool {
 	r.updateRows()
 	progress := false
 	for i, l := range r.links {
-		if l == nil || !l.up {
+		if l == nil || !l.isUp() {
 			continue
 		}
 		if r.pushLink(i, l) {
@@ -82,19 +82,9 @@ func (r *Replica) push() bool {
 	return progress
 }
 
-// Kinds of the writes in one link's push list (pushOp.kind).
-const (
-	pushRecords = iota
-	pushRow
-	pushAck
-)
-
-// pushOp is what a posted write of a push list settles.
+// pushOp is what a ring write of a push list settles.
 type pushOp struct {
-	kind int
-	t    int    // pushRow: the table
-	slot int    // pushRow, pushAck: the staging slot
-	next uint64 // pushRecords: outRing.posted once it is posted
+	next uint64 // outRing.posted once it is posted
 }
 
 // maxPushList bounds one link's push list (ring writes are at most
@@ -132,6 +122,9 @@ func (r *Replica) pushLink(i int, l *link) bool {
 	if ack && in.cursor-in.acked >= uint64(len(in.mem))/4 {
 		want = true
 	}
+	// Each op is settled when it is queued: the Link posts it at the
+	// Flush below, or fails, and then connect re-posts everything on the
+	// next Conn.
 	wrs, ops := l.wrs[:0], l.ops[:0]
 	if l.out.rinc != 0 && l.out.posted < l.out.sent {
 		wrs, ops = l.ringWrites(wrs, ops, r.cfg.RegionBase+1+rdma.RegionID(r.me))
@@ -139,58 +132,56 @@ func (r *Replica) pushLink(i int, l *link) bool {
 			want = true // ring records always wake the peer
 		}
 	}
-	records := len(ops) > 0
-	slot := l.stageNext
+	l.wrs, l.ops = wrs, ops
+	queued := 0
+	for k := range wrs {
+		if _, ok := l.io.Queue(wrs[k], want); !ok {
+			break
+		}
+		l.out.posted = ops[k].next
+		queued++
+	}
+	clear(wrs) // drop the references to the mirror
+	records := queued > 0
 	for t := range l.dirty {
-		if !l.dirty[t] || len(wrs) == maxPushList {
+		if !l.dirty[t] || queued == maxPushList {
 			continue
 		}
 		if t == tCommit && records && r.lazyCommit(l) {
 			continue
 		}
-		buf := l.slotBuf(slot)
+		buf := l.io.Stage(rowSize)
 		if buf == nil {
 			break
 		}
 		encodeSealed(buf, r.seal(t))
-		wrs = append(wrs, rdma.WR{Kind: rdma.OpWrite, Region: r.cfg.RegionBase, Offset: uint64(rowOffset(t, r.me, r.n)), Buf: buf})
-		ops = append(ops, pushOp{kind: pushRow, t: t, slot: slot})
-		slot = (slot + 1) % stageSlots
-	}
-	if ack && len(wrs) < maxPushList {
-		if buf := l.slotBuf(slot); buf != nil {
-			binary.LittleEndian.PutUint64(buf, ackWord(in.sinc, r.inc, in.cursor))
-			wrs = append(wrs, rdma.WR{Kind: rdma.OpWrite, Region: r.cfg.RegionBase, Offset: uint64(ackOffset(r.me, r.n)), Buf: buf[:8]})
-			ops = append(ops, pushOp{kind: pushAck, slot: slot})
+		if _, ok := l.io.Queue(rdma.WR{Kind: rdma.OpWrite, Region: r.cfg.RegionBase, Offset: uint64(rowOffset(t, r.me, r.n)), Buf: buf}, want); !ok {
+			break
+		}
+		queued++
+		l.dirty[t] = false
+		if t == tCommit {
+			l.commitSent = r.commitHdr(t)
+			l.commitSentAt = r.now
 		}
 	}
-	l.wrs, l.ops = wrs, ops
-	if len(wrs) == 0 {
+	if ack && queued < maxPushList {
+		if buf := l.io.Stage(8); buf != nil {
+			binary.LittleEndian.PutUint64(buf, ackWord(in.sinc, r.inc, in.cursor))
+			if _, ok := l.io.Queue(rdma.WR{Kind: rdma.OpWrite, Region: r.cfg.RegionBase, Offset: uint64(ackOffset(r.me, r.n)), Buf: buf}, want); ok {
+				queued++
+				l.ackDirty = false
+				in.acked = in.cursor
+			}
+		}
+	}
+	if queued == 0 {
 		l.notifyOwed = want
 		return false
 	}
-	if want {
-		wrs[len(wrs)-1].Flags |= rdma.Notify
-	}
-	n := l.postList(r, wrs)
-	for k := range n {
-		switch op := &ops[k]; op.kind {
-		case pushRecords:
-			l.out.posted = op.next
-		case pushRow:
-			l.dirty[op.t] = false
-			if op.t == tCommit {
-				l.commitSent = r.commitHdr(op.t)
-				l.commitSentAt = r.now
-			}
-			l.useSlot(op.slot, wrs[k].ID)
-		case pushAck:
-			l.ackDirty = false
-			in.acked = in.cursor
-			l.useSlot(op.slot, wrs[k].ID)
-		}
-	}
-	l.notifyOwed = want && n < len(wrs)
+	n := l.io.Flush(r.now)
+	l.noteDown(r)
+	l.notifyOwed = want && n < queued
 	return n > 0
 }
 

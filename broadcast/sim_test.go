@@ -663,8 +663,12 @@ func TestSimMutants(t *testing.T) {
 		{"minority-commit", simOpts{knobs: testingKnobs{minorityCommit: true}, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 300, "total order:"},
 		{"duplicate-delivery", simOpts{knobs: testingKnobs{dupDeliver: true}, n: 3, until: window, maxLog: 24}, 50, "duplication:"},
 		// A follower delivers what it accepted before it is committed: an
-		// election drops it and another entry takes its index.
-		{"deliver-uncommitted", simOpts{knobs: testingKnobs{uncommitted: true}, n: 5, until: window, crashes: true, maxLog: 24, faults: partition}, 500, "total order:"},
+		// election drops it and another entry takes its index. Rare: about
+		// 1 seed in 400-700 catches it (seeds 1-1500 counted: 4 with
+		// broadcast's own link, 2 with rdma.Link; its first catch moved
+		// from seed 142 to 1272 when the schedule changed).
+		// Its ~1300 seeds take minutes under -race: it runs in make norace.
+		{"deliver-uncommitted", simOpts{knobs: testingKnobs{uncommitted: true}, n: 5, until: window, crashes: true, maxLog: 24, faults: partition}, 2000, "total order:"},
 		// Fig. 7: a member joins a vote whose log is behind its own, so a
 		// leader without committed entries can win.
 		{"vote-rule", simOpts{knobs: testingKnobs{voteRule: true}, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
@@ -674,6 +678,9 @@ func TestSimMutants(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			if raceEnabled && tc.seeds > 1000 {
+				t.Skip("thousands of seeds: run without -race (make norace)")
+			}
 			t.Parallel()
 			for seed := uint64(1); seed <= tc.seeds; seed++ {
 				err := runSim(sim.Seed{Seed: seed}, tc.o, new(Counters))

@@ -256,7 +256,7 @@ type snapFetch struct {
 
 	conn    rdma.Conn
 	retryAt time.Duration
-	backoff time.Duration
+	backoff rdma.Backoff // Min and Max set at the first failure
 	cs      [16]rdma.Completion
 }
 
@@ -321,6 +321,7 @@ func (r *Replica) driveFetch(l *link) bool {
 				r.fetched += uint64(end - f.doneOff)
 			}
 			f.doneOff = end
+			f.backoff.Reset() // the peer serves reads again
 			progress = true
 		}
 		if k < len(f.cs) {
@@ -395,9 +396,11 @@ func (r *Replica) fetchError(l *link, err error) {
 	r.fetchBackoff(f)
 }
 
+// fetchBackoff schedules the fetch's next connect: rdma.Backoff between
+// ReconnectMin and ReconnectMax, jitter from the replica's seeded rng.
 func (r *Replica) fetchBackoff(f *snapFetch) {
-	f.backoff = min(max(2*f.backoff, r.cfg.ReconnectMin), r.cfg.ReconnectMax)
-	f.retryAt = r.now + f.backoff
+	f.backoff.Min, f.backoff.Max = r.cfg.ReconnectMin, r.cfg.ReconnectMax
+	f.retryAt = f.backoff.Next(r.now, r.rng)
 }
 
 // fetchFail ends a fetch that cannot succeed: its announcement is skipped

@@ -128,7 +128,7 @@ func (r *Replica) memberStatus(i int, ms *MemberStatus) {
 		ms.State, ms.Incarnation, ms.Accepted, ms.Committed, ms.HeardAt = MemberSelf, r.inc, r.accepted, r.committed, r.now
 		return
 	}
-	ms.LinkUp = r.links[i].up
+	ms.LinkUp = r.links[i].isUp()
 	if m.valid[tAccept] {
 		ms.Accepted = m.acceptHdr()
 	}

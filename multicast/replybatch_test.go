@@ -20,6 +20,7 @@ type recConn struct {
 	bufs    [][]byte    // every posted write's bytes, copied at post time, in order
 	pending []uint64    // ids posted, not yet completed
 	failAt  int         // PostList refuses the list's wr at this index (-1: never)
+	failErr error       // with this error (nil: rdma.ErrQueueFull)
 	hold    bool        // Poll completes nothing
 }
 
@@ -36,6 +37,9 @@ func (c *recConn) PostList(wrs []rdma.WR) (int, error) {
 	c.lists = append(c.lists, cp)
 	for i, wr := range wrs {
 		if i == c.failAt {
+			if c.failErr != nil {
+				return i, c.failErr
+			}
 			return i, rdma.ErrQueueFull
 		}
 		c.take(wr)
@@ -61,9 +65,23 @@ func (c *recConn) Outstanding() int                               { return len(c
 func (c *recConn) Err() error                                     { return nil }
 func (c *recConn) Close() error                                   { return nil }
 
+// recNode is an rdma.Node whose Connect returns its recConn.
+type recNode struct {
+	rdma.Node // nil: only ID, Connect and Doorbell are called
+	c         *recConn
+}
+
+func (n *recNode) ID() rdma.NodeID                        { return 1 }
+func (n *recNode) Connect(rdma.NodeID) (rdma.Conn, error) { return n.c, nil }
+func (n *recNode) Doorbell() rdma.Doorbell                { return rdma.NewLocalDoorbell(0) }
+
 // testPeer is a peer whose Conn is c (already up).
 func testPeer(c *recConn, stage int) *peer {
-	return &peer{id: c.peer, conn: c, stage: make([]byte, stage)}
+	p := newPeer(&recNode{c: c}, c.peer, stage, time.Millisecond, time.Millisecond)
+	if !p.link.Up(0) {
+		panic("test peer not up")
+	}
+	return p
 }
 
 // TestRepliesOneListPerClient: the replies one Poll produced for one
@@ -152,9 +170,11 @@ func TestRepliesOneListPerClient(t *testing.T) {
 
 // TestPeerQueue: queued writes are staged apart from each other and from
 // what is in flight, and kept until flush posts them as one list; a stage
-// that fills posts what is queued and reaps before it refuses; a Conn that
-// refuses part of a list fails the peer and counts the refused writes as
-// dropped; a write after queued ones posts them first, in staging order.
+// that fills posts what is queued and reaps before it refuses; a write
+// after queued ones posts them with it, in staging order, as one list; a
+// Conn whose send queue refuses part of a list keeps the rest for the next
+// flush, and one that fails fails the peer and counts the writes not
+// posted as dropped.
 func TestPeerQueue(t *testing.T) {
 	c := &recConn{peer: 9, failAt: -1}
 	p := testPeer(c, 64)
@@ -163,9 +183,9 @@ func TestPeerQueue(t *testing.T) {
 	if !p.queue(0, 7, 0, a) || !p.queue(0, 7, 24, b) {
 		t.Fatal("queue refused with room in the stage")
 	}
-	p.poll(0) // nothing in flight: must not reset the stage under the queued writes
-	if p.head != 48 || p.tail != 0 || c.posts+len(c.lists) != 0 {
-		t.Fatalf("after queueing two writes and a poll: stage [%d, %d), %d posts, %d lists; want [0, 48), nothing posted", p.tail, p.head, c.posts, len(c.lists))
+	p.poll(0) // nothing in flight: must not free the stage under the queued writes
+	if p.link.Queued() != 2 || c.posts+len(c.lists) != 0 {
+		t.Fatalf("after queueing two writes and a poll: %d queued, %d posts, %d lists; want 2 queued, nothing posted", p.link.Queued(), c.posts, len(c.lists))
 	}
 	c.hold = true // nothing completes
 	if p.queue(0, 7, 48, d) {
@@ -181,29 +201,41 @@ func TestPeerQueue(t *testing.T) {
 	if !p.queue(0, 7, 48, d) { // the stage is full until the two complete: queue reaps them
 		t.Fatal("queue refused though the writes in flight complete")
 	}
-	// write posts the queued write first, then its own
+	// write posts the queued write and its own, in one list, one Notify
 	if !p.write(0, 7, 0, a, true) {
 		t.Fatal("write refused")
 	}
-	if len(c.lists) != 2 || c.posts != 1 || !bytes.Equal(c.bufs[2], d) || !bytes.Equal(c.bufs[3], a) {
-		t.Fatalf("%d lists, %d posts, bufs %v: want the queued write posted before the written one", len(c.lists), c.posts, c.bufs)
+	if len(c.lists) != 2 || c.posts != 0 || !bytes.Equal(c.bufs[2], d) || !bytes.Equal(c.bufs[3], a) {
+		t.Fatalf("%d lists, %d posts, bufs %v: want the queued write posted before the written one, one list", len(c.lists), c.posts, c.bufs)
 	}
-	if q, last := c.lists[1][0].ID, p.nextID-1; q >= last {
-		t.Fatalf("queued write's id %d not before the written one's, %d", q, last)
+	if l := c.lists[1]; len(l) != 2 || l[0].ID+1 != l[1].ID || l[0].Flags&rdma.Notify != 0 || l[1].Flags&rdma.Notify == 0 {
+		t.Fatalf("list %+v: want the queued write then the written one, Notify on the last only", l)
 	}
 	p.poll(0)
-	// a Conn refusing the second write of a list: the peer fails, that write dropped
+	// a full send queue refusing the second write of a list: kept for the next flush
 	c.failAt = 1
+	p.queue(0, 7, 0, a)
+	p.queue(0, 7, 24, b)
+	if n := p.flush(0); n != 1 || p.link.Queued() != 1 || !p.link.IsUp() {
+		t.Fatalf("flush cut short by a full send queue: posted %d, %d queued, up %v; want 1, 1, up", n, p.link.Queued(), p.link.IsUp())
+	}
+	c.failAt = -1
+	if n := p.flush(0); n != 1 || !bytes.Equal(c.bufs[len(c.bufs)-1], b) {
+		t.Fatalf("the next flush posted %d, last bytes %v: want the kept write", n, c.bufs[len(c.bufs)-1])
+	}
+	p.poll(0)
+	// a Conn failing the second write of a list: the peer fails, that write dropped
+	c.failAt, c.failErr = 1, rdma.ErrConnBroken
 	dropped := p.dropped
 	p.queue(0, 7, 0, a)
 	p.queue(0, 7, 24, b)
 	if n := p.flush(0); n != 1 {
 		t.Fatalf("flush posted %d, want 1", n)
 	}
-	if p.conn != nil || !errors.Is(p.err, rdma.ErrQueueFull) {
-		t.Fatalf("peer not failed by a refused list: conn %v, err %v", p.conn, p.err)
+	if p.link.IsUp() || !errors.Is(p.err, rdma.ErrConnBroken) || p.fails != 1 {
+		t.Fatalf("peer not failed by a refused list: up %v, err %v, fails %d", p.link.IsUp(), p.err, p.fails)
 	}
-	if p.dropped != dropped+1 || len(p.wrs) != 0 || p.head != 0 {
-		t.Fatalf("after a refused list: dropped %d (was %d), %d queued, head %d", p.dropped, dropped, len(p.wrs), p.head)
+	if p.dropped != dropped+1 || p.link.Queued() != 0 {
+		t.Fatalf("after a refused list: dropped %d (was %d), %d queued", p.dropped, dropped, p.link.Queued())
 	}
 }

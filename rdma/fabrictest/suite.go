@@ -29,6 +29,7 @@ func Run(t *testing.T, h Harness) {
 		{"WaitSet", testWaitSet},
 		{"NoAllocs", testNoAllocs},
 		{"PostList", testPostList},
+		{"Link", testLink},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
