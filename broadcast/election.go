@@ -196,10 +196,30 @@ func (r *Replica) startElection(timedOut bool) {
 	}
 }
 
+// electRetry puts the next election attempt off when one could not run:
+// the pre-vote found no majority that hears no leader (Fig. 7 l.100's
+// guard), or the member is catching up and may not vote. The attempt
+// waits an eighth of ElectionTimeout, doubled per fruitless attempt in a
+// row up to 8 times it (the first retries come soon: a member that lost
+// the race to notice a dead leader is not slowed), so that a group that
+// cannot elect (a majority down, or
+// restarted without its data) parks between attempts instead of polling
+// in a loop; a vote that changes (setVote) resets it. No randomness is
+// drawn: the wait only spaces out checks of memory that peers write.
+func (r *Replica) electRetry() {
+	r.ctr.ElectBackoffs++
+	r.electAt = r.now + r.cfg.ElectionTimeout/8<<min(r.electFails, 6)
+	r.electFails++
+}
+
 // elect is one run of Acuerdo Fig. 7.
 func (r *Replica) elect() bool {
 	if r.catchingUp {
-		return false // a restarted member counts as failed until caught up
+		// A restarted member counts as failed until caught up.
+		if r.now >= r.electAt && !r.knobs.noElectBackoff {
+			r.electRetry()
+		}
+		return false
 	}
 	// Fig. 7 l.98-99: votes_cpy = Vote_SST; mx = max_vote(votes_cpy).
 	mx := r.vote
@@ -228,6 +248,9 @@ func (r *Replica) elect() bool {
 		}
 		r.tracef("node %d joins vote %v", r.self, r.vote)
 		progress = true
+	}
+	if timedOut && !progress && r.now >= r.electAt && !r.knobs.noElectBackoff {
+		r.electRetry() // the pre-vote failed: try again later, not every Poll
 	}
 	// Fig. 7 l.114-115: a majority holds our vote, and we are its candidate.
 	if r.vote.ENew.Leader() != r.self || r.vote.ENew != r.eNew || r.vote.ENew <= r.eCur {
@@ -260,6 +283,7 @@ func (r *Replica) setVote(v Vote) bool {
 	r.setENew(v.ENew)
 	r.vote = v
 	r.electAt = r.voteTimeout(r.now)
+	r.electFails = 0
 	return true
 }
 

@@ -9,6 +9,9 @@ package broadcast
 // them: the zero value is the protocol as written, and every check is
 // one read of a bool field of the Replica.
 type testingKnobs struct {
+	// noElectBackoff: a member that cannot run an election (pre-vote
+	// failed, or catching up) tries again at every Poll (TestStuckGroupParks).
+	noElectBackoff bool
 	// minorityCommit: the leader commits without a majority (total order).
 	minorityCommit bool
 	// unboundedLog: a diff being sent holds the Log past MaxLogEntries

@@ -134,6 +134,7 @@ type Replica struct {
 
 	vote        Vote // our published VoteSST row
 	electAt     time.Duration
+	electFails  int // fruitless election attempts in a row (electRetry)
 	leaderHB    uint64
 	leaderHBAt  time.Duration
 	leaderInc   uint64        // incarnation of the leader whose diff we accepted
