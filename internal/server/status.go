@@ -118,6 +118,7 @@ type BroadcastCounters struct {
 	Elected               uint64 `json:"elected"`
 	ElectionsStarted      uint64 `json:"elections_started"`
 	ElectionsDeferred     uint64 `json:"elections_deferred"`
+	ElectBackoffs         uint64 `json:"elect_backoffs"`
 	DiffsAccepted         uint64 `json:"diffs_accepted"`
 	DiffParts             uint64 `json:"diff_parts"`
 	SnapshotsTaken        uint64 `json:"snapshots_taken"`
