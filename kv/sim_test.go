@@ -1045,9 +1045,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	if err := kvcheck.CheckStale(hist); err != nil {
 		return h, fmt.Errorf("stale-ok gets: %w", err)
 	}
-	if h.o.batches && h.stats.batched == 0 {
-		return h, fmt.Errorf("batches: no leader ordered a batch of several messages")
-	}
+
 	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {
 		fmt.Printf("seed %d: %d messages ordered in a batch after its first\n", sd.Seed, h.stats.batched)
 		fmt.Printf("seed %d: %d ops (%d gets, %d stale-ok, %d writes, %d unknown), %d get retries, %d tables grown, %d snapshots restored (%d of %d lags into a table holding records), %d linearizable gets served by a deposed leader\n",
@@ -1149,14 +1147,26 @@ func TestSim(t *testing.T) {
 			if o.gap == 0 {
 				o.gap = 200 * time.Microsecond
 			}
-			seeds, over := 0, 0
+			seeds, over, batched := 0, 0, 0
 			flags.Run(t, func(sd sim.Seed) error {
 				h, err := runKV(sd.WithLog(t), o)
 				if seeds++; h != nil && h.stats.restoresOver > 0 {
 					over++
 				}
+				if h != nil && h.stats.batched > 0 {
+					batched++
+				}
 				return err
 			})
+			// The batches case must mostly see leaders order several
+			// messages in one entry, or it tests nothing (a seed whose
+			// crashes keep every batch to one message is not a failure).
+			if o.batches && seeds >= 10 && batched < seeds/2 {
+				t.Errorf("only %d of %d seeds ordered a batch of several messages", batched, seeds)
+			}
+			if o.batches {
+				t.Logf("%d of %d seeds ordered a batch of several messages", batched, seeds)
+			}
 			// The lagging followers must mostly catch up by a snapshot
 			// restored over their records, or the case tests nothing.
 			if o.lag > 0 && seeds >= 10 && over < seeds/2 {
