@@ -42,25 +42,42 @@ const (
 	// hugeMin is the smallest AllocMemory size put on huge pages.
 	hugeMin        = 1 << 20
 	thpEnabledFile = "/sys/kernel/mm/transparent_hugepage/enabled"
+	thpDefragFile  = "/sys/kernel/mm/transparent_hugepage/defrag"
 )
 
 var anonHuge = sync.OnceValue(func() HugePages {
-	b, _ := os.ReadFile(thpEnabledFile)
-	return probeAnonHuge(string(b))
+	e, _ := os.ReadFile(thpEnabledFile)
+	d, _ := os.ReadFile(thpDefragFile)
+	return probeAnonHuge(string(e), string(d))
 })
 
-// probeAnonHuge decides from the text of transparent_hugepage/enabled.
-func probeAnonHuge(enabled string) HugePages {
-	_, rest, ok := strings.Cut(enabled, "[")
+// selected is the bracketed choice of a sysfs selector ("a [b] c": b).
+func selected(text string) (string, bool) {
+	_, rest, ok := strings.Cut(text, "[")
 	sel, _, _ := strings.Cut(rest, "]")
+	return sel, ok
+}
+
+// probeAnonHuge decides from the texts of transparent_hugepage/enabled
+// and transparent_hugepage/defrag. Madvised regions get huge pages only
+// where a fault in them does not compact memory in the faulting thread
+// (defrag defer or never): with defrag madvise, always or defer+madvise,
+// the first touch of a madvised page may stall the thread that touches it
+// for milliseconds while the kernel compacts, and that thread is often a
+// poller (broadcast's TestLargeSnapshotCatchUp saw Polls of 8 ms on CPU).
+func probeAnonHuge(enabled, defrag string) HugePages {
+	sel, ok := selected(enabled)
 	switch {
 	case !ok:
 		return HugePages{Mode: "off", Reason: "the kernel has no transparent huge pages"}
-	case sel == "always" || sel == "madvise":
-		return HugePages{Mode: "madvise", PageSize: HugePageSize,
-			Reason: "anonymous regions of 1 MiB or more are 2 MiB-aligned and madvised (transparent_hugepage/enabled=" + sel + ")"}
+	case sel != "always" && sel != "madvise":
+		return HugePages{Mode: "off", Reason: "transparent_hugepage/enabled=" + sel}
 	}
-	return HugePages{Mode: "off", Reason: "transparent_hugepage/enabled=" + sel}
+	if d, _ := selected(defrag); d != "defer" && d != "never" {
+		return HugePages{Mode: "off", Reason: "transparent_hugepage/defrag=" + d + ": a fault in a madvised region would compact memory in the faulting thread (a poller), stalling it for milliseconds"}
+	}
+	return HugePages{Mode: "madvise", PageSize: HugePageSize,
+		Reason: "anonymous regions of 1 MiB or more are 2 MiB-aligned and madvised (transparent_hugepage/enabled=" + sel + ")"}
 }
 
 // AnonHugePages is how AllocMemory backs large regions on this host.

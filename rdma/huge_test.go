@@ -9,17 +9,22 @@ import (
 	"testing"
 )
 
-// TestProbeAnonHuge: the decision from transparent_hugepage/enabled text.
+// TestProbeAnonHuge: the decision from the texts of
+// transparent_hugepage/enabled and defrag: huge pages only where a fault
+// does not compact memory in the faulting thread.
 func TestProbeAnonHuge(t *testing.T) {
-	for in, mode := range map[string]string{
-		"always [madvise] never\n": "madvise",
-		"[always] madvise never":   "madvise",
-		"always madvise [never]":   "off",
-		"":                         "off",
+	for _, c := range []struct{ enabled, defrag, mode string }{
+		{"always [madvise] never\n", "always defer defer+madvise madvise [never]\n", "madvise"},
+		{"[always] madvise never", "always [defer] defer+madvise madvise never", "madvise"},
+		{"always [madvise] never", "always defer defer+madvise [madvise] never", "off"},
+		{"always [madvise] never", "[always] defer defer+madvise madvise never", "off"},
+		{"always [madvise] never", "always defer [defer+madvise] madvise never", "off"},
+		{"always madvise [never]", "always defer defer+madvise madvise [never]", "off"},
+		{"", "", "off"},
 	} {
-		h := probeAnonHuge(in)
-		if h.Mode != mode || h.Reason == "" {
-			t.Errorf("probeAnonHuge(%q) = %+v, want mode %s and a reason", in, h, mode)
+		h := probeAnonHuge(c.enabled, c.defrag)
+		if h.Mode != c.mode || h.Reason == "" {
+			t.Errorf("probeAnonHuge(%q, %q) = %+v, want mode %s and a reason", c.enabled, c.defrag, h, c.mode)
 		}
 	}
 }
