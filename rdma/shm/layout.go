@@ -194,7 +194,9 @@ func decodeRegionHeader(b []byte, fileSize int) (regionHeader, error) {
 	// regionSlotSize could wrap around 2^64 and pass a product check).
 	case slots == 0 || dataOff > uint64(fileSize) || dataOff%8 != 0 || dataOff < regionTableOff || slots > (dataOff-regionTableOff)/regionSlotSize:
 		return regionHeader{}, fmt.Errorf("%w: bad peer table (%d slots, data at %d)", ErrCorrupt, slots, dataOff)
-	case size%8 != 0 || size > maxRegionLength || dataOff+size > uint64(fileSize):
+	case size%8 != 0 || size > maxRegionLength || dataOff+size > uint64(fileSize) || uint64(fileSize)-(dataOff+size) >= hugePageSize:
+		// The data ends inside the file; what follows it is at most the
+		// padding of a region on huge pages (less than one huge page).
 		return regionHeader{}, fmt.Errorf("%w: size %d and data offset %d do not match file size %d", ErrCorrupt, size, dataOff, fileSize)
 	}
 	return regionHeader{
