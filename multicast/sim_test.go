@@ -831,8 +831,9 @@ func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
 	return h, nil
 }
 
-// simSeeds is how many seeds each case runs by default.
-const simSeeds = 350
+// simSeeds is how many seeds each case runs by default (make norace:
+// CI's budget; README names the command for more).
+const simSeeds = 250
 
 // simCases are the simulator cases: each tree shape, with replica faults
 // of every kind and with every leader crashing at once.
@@ -862,9 +863,9 @@ var simCases = []struct {
 }
 
 // Without -seeds (or -seed) each case runs simSeeds seeds, the three batch
-// cases a fifth of that: 2,660 seeds per tree shape (make norace runs
+// cases a fifth of that: 1,900 seeds per tree shape (make norace runs
 // them); under the race detector 4 a case (a tenth with -short). -seeds N
-// runs N a case, whatever N (-seeds 350 or -seeds 1000 included).
+// runs N a case, whatever N (-seeds 250 or -seeds 1000 included).
 func TestSim(t *testing.T) {
 	def := simSeeds
 	if raceEnabled {
