@@ -38,15 +38,7 @@ type Cache struct {
 	stats    CacheStats // Drops and Evicted, under mu
 	// Counted without the lock: every lookup adds to them.
 	lookups, reads, warm atomic.Uint64
-	knobs                cacheKnobs
-	scanKnobs            scanKnobs
-}
-
-// cacheKnobs are planted bugs for the tests that must catch them.
-type cacheKnobs struct {
-	// skipFence answers from a leaf without checking that its fences
-	// hold the key (the client trusts its cached pointer).
-	skipFence bool
+	knobs                testingKnobs // skipFence, skipContiguity, skipStamp
 }
 
 // CacheStats counts what lookups did.

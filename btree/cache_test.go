@@ -13,7 +13,7 @@ import (
 // between them, lookups through three clients' caches (none, a small one
 // that evicts, a large one), and returns the first answer that differs
 // from tidwall/btree's.
-func cacheRun(t *testing.T, knobs cacheKnobs, ops int) (caches []*Cache, err error) {
+func cacheRun(t *testing.T, knobs testingKnobs, ops int) (caches []*Cache, err error) {
 	cfg := Config{NodeSize: 256, MaxKey: 16}
 	a := NewArena(cfg.NodeSize, 64, nil)
 	tr, err := New(cfg, a, 1)
@@ -56,7 +56,7 @@ func cacheRun(t *testing.T, knobs cacheKnobs, ops int) (caches []*Cache, err err
 // answer what the model holds while the tree splits and merges under
 // them; the caches stay within their bounds and did drop stale nodes.
 func TestCacheLookups(t *testing.T) {
-	caches, err := cacheRun(t, cacheKnobs{}, 30000)
+	caches, err := cacheRun(t, testingKnobs{}, 30000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestCacheLookups(t *testing.T) {
 // (stale) cached pointer names, without checking the leaf's fences,
 // answers wrongly once the leaf has split, and the lookup check sees it.
 func TestCacheCatchesSkipFence(t *testing.T) {
-	if _, err := cacheRun(t, cacheKnobs{skipFence: true}, 30000); err == nil {
+	if _, err := cacheRun(t, testingKnobs{skipFence: true}, 30000); err == nil {
 		t.Fatal("skipFence went unnoticed")
 	} else {
 		t.Logf("caught as expected: %v", err)

@@ -1,7 +1,8 @@
 package btree
 
 // testingKnobs are the package's test hooks and planted bugs; the zero
-// value is production behaviour. Tests set them on a Tree before use.
+// value is production behaviour. Tests set them on a Tree or a Cache
+// before use.
 type testingKnobs struct {
 	// onWrite runs after every node write (tests capture the states a
 	// concurrent reader may see between writes).
@@ -10,4 +11,16 @@ type testingKnobs struct {
 	// to the new node before the new node exists, so a reader that moves
 	// right finds no node there.
 	linkBeforeNode bool
+
+	// On a Cache:
+	// skipFence answers from a leaf without checking that its fences
+	// hold the key (the client trusts its cached pointer).
+	skipFence bool
+	// skipContiguity accepts a leaf whose low fence is not the previous
+	// leaf's high fence (Sherman's issue 18: a scan that reads the leaves
+	// a stale parent lists misses the keys a split moved).
+	skipContiguity bool
+	// skipStamp accepts leaves written after the scan's applied index, so
+	// one scan mixes states of the tree from different moments.
+	skipStamp bool
 }

@@ -16,17 +16,6 @@ type KV struct {
 	Version    uint64
 }
 
-// scanKnobs are planted bugs for the tests that must catch them.
-type scanKnobs struct {
-	// skipContiguity accepts a leaf whose low fence is not the previous
-	// leaf's high fence (Sherman's issue 18: a scan that reads the leaves
-	// a stale parent lists misses the keys a split moved).
-	skipContiguity bool
-	// skipStamp accepts leaves written after the scan's applied index, so
-	// one scan mixes states of the tree from different moments.
-	skipStamp bool
-}
-
 // Scan appends to dst the pairs with start <= key < end (end nil: no
 // bound), in key order, at most limit of them (limit <= 0: no limit), as
 // of the tree's state after entry applied: it accepts a leaf only when
@@ -86,7 +75,7 @@ func (c *Cache) Scan(read ReadFunc, root NodeID, applied uint64, start, end []by
 		if err == nil && (n.Level != 0 || (prev == nil && string(start) < string(n.Low))) {
 			err = ErrStale
 		}
-		if err == nil && prev != nil && string(n.Low) != string(prev.High) && !c.scanKnobs.skipContiguity {
+		if err == nil && prev != nil && string(n.Low) != string(prev.High) && !c.knobs.skipContiguity {
 			err = ErrStale // a gap or an overlap: the list was stale
 		}
 		if errors.Is(err, ErrStale) || errors.Is(err, ErrNotNode) {
@@ -102,7 +91,7 @@ func (c *Cache) Scan(read ReadFunc, root NodeID, applied uint64, start, end []by
 		if err != nil {
 			return dst, reads, err
 		}
-		if n.Stamp > applied && !c.scanKnobs.skipStamp {
+		if n.Stamp > applied && !c.knobs.skipStamp {
 			return dst, reads, ErrChanged
 		}
 		if prev == nil && !n.Covers(start) {
@@ -248,7 +237,7 @@ func (c *Cache) ReverseScan(read ReadFunc, root NodeID, applied uint64, start, e
 		if err != nil {
 			return dst, reads, err
 		}
-		if n.Stamp > applied && !c.scanKnobs.skipStamp {
+		if n.Stamp > applied && !c.knobs.skipStamp {
 			return dst, reads, ErrChanged
 		}
 		ents = ents[:0]

@@ -137,10 +137,10 @@ func (e *scanEnv) randRange() (start, end []byte, limit int) {
 // applied index it started from (strict), or at least the state at one
 // moment of the scan's window (not strict: linearizable). It returns the
 // first violation.
-func scanRacing(t *testing.T, knobs scanKnobs, scans int, strict bool) (changed int, err error) {
+func scanRacing(t *testing.T, knobs testingKnobs, scans int, strict bool) (changed int, err error) {
 	e := newScanEnv(t, 21, 1500)
 	c := NewCache(1 << 20)
-	c.scanKnobs = knobs
+	c.knobs = knobs
 	// Writes land between the reads of each scan's first attempt (a
 	// retry runs alone, so long scans end).
 	racing := false
@@ -198,7 +198,7 @@ func scanRacing(t *testing.T, knobs scanKnobs, scans int, strict bool) (changed 
 // TestScanRacingWrites: scans and reverse scans that race with writes are
 // each the state at the applied index they began from, or are retried.
 func TestScanRacingWrites(t *testing.T) {
-	changed, err := scanRacing(t, scanKnobs{}, 1500, true)
+	changed, err := scanRacing(t, testingKnobs{}, 1500, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestScanRacingWrites(t *testing.T) {
 // applied index returns a mix of states that no single moment of its
 // window had, and the linearizability check sees it.
 func TestScanCatchesSkipStamp(t *testing.T) {
-	_, err := scanRacing(t, scanKnobs{skipStamp: true}, 1500, false)
+	_, err := scanRacing(t, testingKnobs{skipStamp: true}, 1500, false)
 	if err == nil {
 		t.Fatal("skipStamp went unnoticed")
 	}
@@ -226,10 +226,10 @@ func TestScanCatchesSkipStamp(t *testing.T) {
 // hot range's leaves with inserts the cache does not see, then scans the
 // range (no writes during the scans): the cached parents list leaves that
 // no longer reach their old high fences.
-func staleListScans(t *testing.T, knobs scanKnobs) error {
+func staleListScans(t *testing.T, knobs testingKnobs) error {
 	e := newScanEnv(t, 5, 400)
 	c := NewCache(1 << 20)
-	c.scanKnobs = knobs
+	c.knobs = knobs
 	read := arenaRead(e.a)
 	for i := 0; i < 400; i++ {
 		c.Lookup(read, e.tr.Root(), []byte(fmt.Sprintf("h%03d", i)))
@@ -268,7 +268,7 @@ func staleListScans(t *testing.T, knobs scanKnobs) error {
 // TestScanStaleParents: scans through parents cached before splits find
 // every key (contiguity sends them through right links).
 func TestScanStaleParents(t *testing.T) {
-	if err := staleListScans(t, scanKnobs{}); err != nil {
+	if err := staleListScans(t, testingKnobs{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -276,7 +276,7 @@ func TestScanStaleParents(t *testing.T) {
 // TestScanCatchesSkipContiguity: Sherman's issue 18 planted: without the
 // contiguity check, scans through stale parents miss keys.
 func TestScanCatchesSkipContiguity(t *testing.T) {
-	err := staleListScans(t, scanKnobs{skipContiguity: true})
+	err := staleListScans(t, testingKnobs{skipContiguity: true})
 	if err == nil {
 		t.Fatal("skipContiguity went unnoticed")
 	}
