@@ -280,5 +280,10 @@ func TestScanCatchesSkipContiguity(t *testing.T) {
 	if err == nil {
 		t.Fatal("skipContiguity went unnoticed")
 	}
+	// Caught by a scan's answer (a missed key), not by the guard that the
+	// case ran at all.
+	if !strings.HasPrefix(err.Error(), "scan ") {
+		t.Fatalf("caught by the wrong check: %v", err)
+	}
 	t.Logf("caught as expected: %v", err)
 }
