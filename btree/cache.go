@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	tbtree "github.com/tidwall/btree"
 )
@@ -93,24 +94,41 @@ func (c *Cache) Stats() CacheStats {
 
 // cover returns the deepest cached node that holds key, or nil.
 func (c *Cache) cover(key []byte) *cached {
+	f := finders.Get().(*finder)
+	defer finders.Put(f)
+	// The pivot's low fence aliases key: it is only compared, never kept.
+	f.pivot.low = unsafe.String(unsafe.SliceData(key), len(key))
+	defer func() { f.pivot.low, f.hit = "", nil }()
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for _, lv := range c.levels {
 		if lv == nil {
 			continue
 		}
-		var hit *cached
-		lv.Descend(&cached{low: string(key)}, func(n *cached) bool {
-			hit = n
-			return false
-		})
-		if hit != nil && hit.covers(key) {
-			hit.used.Store(true)
-			return hit
+		f.hit = nil
+		lv.Descend(&f.pivot, f.found)
+		if f.hit != nil && f.hit.covers(key) {
+			f.hit.used.Store(true)
+			return f.hit
 		}
 	}
 	return nil
 }
+
+// finder is cover's scratch, pooled so that a warm lookup allocates
+// nothing: the pivot it searches with and the callback that keeps the
+// node found.
+type finder struct {
+	pivot cached
+	hit   *cached
+	found func(*cached) bool
+}
+
+var finders = sync.Pool{New: func() any {
+	f := &finder{}
+	f.found = func(n *cached) bool { f.hit = n; return false }
+	return f
+}}
 
 func byLow(a, b *cached) bool { return a.low < b.low }
 

@@ -157,3 +157,30 @@ func TestCacheConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWarmLookupAllocs: a warm lookup (cached inner nodes, one leaf read
+// into the caller's buffer) allocates nothing in the cache. In make
+// noalloc (skipped under -race, which allocates on its own).
+func TestWarmLookupAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	cfg := Config{NodeSize: 512, MaxKey: 32}
+	a := NewArena(cfg.NodeSize, 256, nil)
+	tr, _ := New(cfg, a, 1)
+	for i := 0; i < 5000; i++ {
+		if _, err := tr.Put([]byte(fmt.Sprintf("k%06d", i)), []byte("v"), 1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, cfg.NodeSize)
+	read := func(s uint32) ([]byte, error) { copy(buf, a.Bytes(s)); return buf, nil }
+	c := NewCache(1 << 20)
+	k := []byte("k002500")
+	if _, found, _, err := c.Lookup(read, tr.Root(), k); err != nil || !found {
+		t.Fatal(found, err)
+	}
+	if n := testing.AllocsPerRun(1000, func() { c.Lookup(read, tr.Root(), k) }); n > 0 {
+		t.Fatalf("a warm lookup allocates %.1f times", n)
+	}
+}
