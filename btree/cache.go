@@ -255,47 +255,74 @@ func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (e Entry, found b
 }
 
 // descend is Lookup below its starting pointer (see the free function
-// Lookup), caching each inner node it reads. moved reports a move right
-// on the first level it read: the pointer it started from predates a
-// split.
+// Lookup): down to the leaf, then the key looked up in it.
 func (c *Cache) descend(read ReadFunc, id NodeID, level int, key []byte) (val Entry, found bool, reads int, moved bool, err error) {
+	n, _, reads, moved, err := c.down(read, id, level, key, false, true)
+	if err != nil {
+		return Entry{}, false, reads, moved, err
+	}
+	v, ok := n.Find(key)
+	return v, ok, reads, moved, nil
+}
+
+// down is the one descent of the client: Lookup's, Scan's to its first
+// leaf and ReverseScan's to its last. It starts at node id, which the
+// pointer it came from expects at level (-1: unknown), and goes down to
+// the leaf that holds key (with toEnd, the rightmost leaf), caching each
+// inner node it reads. With readLeaf it reads and returns the leaf (n);
+// otherwise it returns the leaf's id (leaf) unread, as soon as an inner
+// node names it (at once when level is 0). moved reports a move right on
+// the first node read: the pointer it started from predates a split.
+//
+// A node is accepted only if it validates, is live, sits at the level its
+// pointer expected and has key at or above its low fence (ErrStale
+// otherwise: the pointer is stale); key at or past its high fence moves
+// right through next (B-link), which only a split can have made
+// necessary.
+func (c *Cache) down(read ReadFunc, id NodeID, level int, key []byte, toEnd, readLeaf bool) (n Node, leaf NodeID, reads int, moved bool, err error) {
 	first := true
 	for reads < maxSteps {
+		if level == 0 && !readLeaf {
+			return Node{}, id, reads, moved, nil
+		}
 		b, err := read(id.Slot())
 		reads++
 		if err != nil {
-			return Entry{}, false, reads, moved, err
+			return Node{}, 0, reads, moved, err
 		}
 		n, err := decodeRead(b, id)
 		if err != nil {
-			return Entry{}, false, reads, moved, err
+			return Node{}, 0, reads, moved, err
 		}
 		if n.Dead {
-			return Entry{}, false, reads, moved, ErrNotNode
+			return Node{}, 0, reads, moved, ErrNotNode
 		}
-		if n.Leaf && c.knobs.skipFence {
-			v, ok := n.Find(key)
-			return v, ok, reads, moved, nil
+		if n.Leaf && c.knobs.skipFence && !toEnd {
+			return n, id, reads, moved, nil
 		}
-		if (level >= 0 && n.Level != level) || string(key) < string(n.Low) {
-			return Entry{}, false, reads, moved, ErrStale
+		if (level >= 0 && n.Level != level) || (!toEnd && string(key) < string(n.Low)) {
+			return Node{}, 0, reads, moved, ErrStale
 		}
-		if !n.Covers(key) {
+		if toEnd && !n.HighInf || !toEnd && !n.Covers(key) {
 			if n.Next == 0 {
-				return Entry{}, false, reads, moved, ErrMalformed
+				return Node{}, 0, reads, moved, ErrMalformed
 			}
 			id = n.Next // B-link: a split moved key's range to the right
 			moved = moved || first
 			continue
 		}
 		if n.Leaf {
-			v, ok := n.Find(key)
-			return v, ok, reads, moved, nil
+			return n, id, reads, moved, nil
 		}
 		c.add(&n)
-		id, level, first = n.ChildFor(key), n.Level-1, false
+		if toEnd {
+			id = n.lastChild()
+		} else {
+			id = n.ChildFor(key)
+		}
+		level, first = n.Level-1, false
 	}
-	return Entry{}, false, reads, moved, ErrRetry
+	return Node{}, 0, reads, moved, ErrRetry
 }
 
 // retryable reports whether a lookup that met err may descend again:

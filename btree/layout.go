@@ -310,6 +310,16 @@ func (n *Node) ChildFor(key []byte) NodeID {
 	}
 }
 
+// lastChild is an inner node's rightmost child.
+func (n *Node) lastChild() NodeID {
+	it := n.Entries()
+	var child NodeID
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		child = e.Child
+	}
+	return child
+}
+
 func cmp(a, b []byte) int {
 	switch {
 	case string(a) < string(b):

@@ -136,38 +136,20 @@ func (c *Cache) findLeaf(read ReadFunc, root NodeID, key []byte) (NodeID, *cache
 		id, level := root, -1
 		if from != nil {
 			id, level = from.child(key), from.level-1
-			if level == 0 {
-				return id, from, reads, nil
-			}
 		}
-		for steps := 0; steps < maxSteps; steps++ {
-			b, err := read(id.Slot())
-			reads++
-			if err != nil {
-				return 0, nil, reads, err
+		_, leaf, n, _, err := c.down(read, id, level, key, false, false)
+		reads += n
+		switch {
+		case err == nil && n == 0:
+			return leaf, from, reads, nil // the cached level-1 node named it
+		case err == nil:
+			return leaf, nil, reads, nil
+		case retryable(err):
+			if from != nil {
+				c.drop(from)
 			}
-			n, err := decodeRead(b, id)
-			if err == nil && (n.Dead || (level >= 0 && n.Level != level) || string(key) < string(n.Low)) {
-				err = ErrStale
-			}
-			if err != nil {
-				if from != nil {
-					c.drop(from)
-				}
-				break
-			}
-			if !n.Covers(key) {
-				id = n.Next
-				continue
-			}
-			if n.Leaf {
-				return id, nil, reads, nil
-			}
-			c.add(&n)
-			id, level = n.ChildFor(key), n.Level-1
-			if level == 0 {
-				return id, nil, reads, nil
-			}
+		default:
+			return 0, nil, reads, err
 		}
 	}
 	return 0, nil, reads, ErrRetry
@@ -269,32 +251,9 @@ func (c *Cache) ReverseScan(read ReadFunc, root NodeID, applied uint64, start, e
 // lastLeaf returns the rightmost leaf, descending from the root through
 // last children (and right links, if a split moved the right end).
 func (c *Cache) lastLeaf(read ReadFunc, root NodeID) (NodeID, int, error) {
-	id, reads := root, 0
-	for reads < maxSteps {
-		b, err := read(id.Slot())
-		reads++
-		if err != nil {
-			return 0, reads, err
-		}
-		n, err := decodeRead(b, id)
-		if err != nil {
-			return 0, reads, err
-		}
-		if n.Dead {
-			return 0, reads, ErrChanged
-		}
-		switch {
-		case !n.HighInf:
-			id = n.Next
-		case n.Leaf:
-			return id, reads, nil
-		default:
-			c.add(&n)
-			it := n.Entries()
-			for e, ok := it.next(); ok; e, ok = it.next() {
-				id = e.Child
-			}
-		}
+	_, id, reads, _, err := c.down(read, root, -1, nil, true, false)
+	if errors.Is(err, ErrNotNode) || errors.Is(err, ErrStale) {
+		err = ErrChanged // the root was freed or replaced under the scan
 	}
-	return 0, reads, ErrRetry
+	return id, reads, err
 }
