@@ -1,12 +1,9 @@
 package rdma
 
 import (
-	"bufio"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
+
+	"github.com/rdmakv/rdmakv/internal/procfs"
 )
 
 // TestProbeAnonHuge: the decision from the texts of
@@ -32,26 +29,16 @@ func TestProbeAnonHuge(t *testing.T) {
 // anonHugeKB is AnonHugePages (kB) of the mapping of this process that
 // starts at addr.
 func anonHugeKB(t *testing.T, addr uintptr) (kb int, found bool) {
-	f, err := os.Open("/proc/self/smaps")
+	ms, err := procfs.Smaps("self")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	in := false
-	sc := bufio.NewScanner(f)
-	start := fmt.Sprintf("%x-", addr)
-	for sc.Scan() {
-		line := sc.Text()
-		if f := strings.Fields(line); len(f) >= 5 && strings.Contains(f[0], "-") {
-			in = strings.HasPrefix(f[0], start)
-			found = found || in
-			continue
-		}
-		if v, ok := strings.CutPrefix(line, "AnonHugePages:"); ok && in {
-			kb, _ = strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+	for _, m := range ms {
+		if m.Start == addr {
+			return m.KB["AnonHugePages"], true
 		}
 	}
-	return kb, found
+	return 0, false
 }
 
 // TestAllocMemoryHuge: a large region is 2 MiB-aligned, zeroed, of the

@@ -1,17 +1,16 @@
 package shm
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmakv/rdmakv/internal/procfs"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/fabrictest"
 )
@@ -117,31 +116,16 @@ func mountTmp(t testing.TB, fstype, data string) string {
 // the mappings.
 func pmdMapped(t testing.TB, ino uint64) (kb, mappings int) {
 	t.Helper()
-	f, err := os.Open("/proc/self/smaps")
+	ms, err := procfs.Smaps("self")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	in := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
-			i, _ := strconv.ParseUint(fields[4], 10, 64)
-			in = i == ino
-			if in {
-				mappings++
-			}
+	for _, m := range ms {
+		if m.Inode != ino {
 			continue
 		}
-		if !in || len(fields) < 2 {
-			continue
-		}
-		switch fields[0] {
-		case "ShmemPmdMapped:", "FilePmdMapped:", "Shared_Hugetlb:", "Private_Hugetlb:":
-			v, _ := strconv.Atoi(fields[1])
-			kb += v
-		}
+		mappings++
+		kb += m.KB["ShmemPmdMapped"] + m.KB["FilePmdMapped"] + m.KB["Shared_Hugetlb"] + m.KB["Private_Hugetlb"]
 	}
 	return kb, mappings
 }
