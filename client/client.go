@@ -193,11 +193,11 @@ type Client struct {
 // Open fails if no group registered it, and fails at once, with an error
 // wrapping tcp.ErrAuth, if a replica refuses the client's cluster secret.
 //
-// Open honours ctx: if ctx ends before every group registered the client
-// (or was found unable to elect a leader), Open fails with an error
-// wrapping ctx's error and ErrUnavailable that names each missing group
-// and why. A ctx without a deadline is bounded by WithTimeout; when that
-// bound ends, Open serves the groups that registered it, as above.
+// Open waits for a group that could elect a leader until ctx ends (a ctx
+// without a deadline: until the WithTimeout bound), never longer: it then
+// serves the groups that registered the client, as above, or, if none
+// did, fails with an error wrapping ctx's error and ErrUnavailable that
+// names each group and why. A ctx already done fails Open at once.
 func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	o := options{slot: -1, timeout: 10 * time.Second, backoffMin: 100 * time.Microsecond, backoffMax: 50 * time.Millisecond}
 	for _, f := range opts {

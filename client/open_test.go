@@ -30,46 +30,72 @@ func pauseGroup(t *testing.T, lc interface{ Pause(g, i int) }, g int) {
 }
 
 // TestOpenHonoursCtx: Open given a ctx that is already done fails at
-// once with ctx's error; Open whose ctx ends while a group that could
-// elect a leader has not registered the client fails with an error
-// wrapping ctx's error (and ErrUnavailable) that names the group, rather
-// than returning once ctx is over (it used to return a client whose ctx
-// had ended, as if the group could not elect).
+// once with ctx's error. Open whose ctx ends while no group registered
+// the client (every group answers nothing, though their headers say they
+// could elect) fails with an error wrapping ctx's error and
+// ErrUnavailable that names each group; it used to fail with an error
+// that wrapped neither. Open whose ctx ends while one group registered
+// it serves that group, and a write to the other fails at once with
+// *UnavailableError.
 func TestOpenHonoursCtx(t *testing.T) {
 	lc := startLocal(t, testMap("openctx", "mem", 2, 3))
 	c0 := open(t, lc, 0)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
-	n, err := lc.ClientNode(1)
+	n1, err := lc.ClientNode(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c, err := client.Open(cancelled, client.WithMap(lc.Map), client.WithNode(n), client.WithSlot(1)); !errors.Is(err, context.Canceled) {
+	if c, err := client.Open(cancelled, client.WithMap(lc.Map), client.WithNode(n1), client.WithSlot(1)); !errors.Is(err, context.Canceled) {
 		if c != nil {
 			c.Close()
 		}
 		t.Fatalf("Open with a cancelled ctx: %v, want context.Canceled", err)
 	}
+	k0, k1 := keyIn(c0, 0, "k"), keyIn(c0, 1, "k")
+	for _, k := range [][]byte{k0, k1} {
+		if _, err := c0.Put(context.Background(), k, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// Group 1 answers nothing, but its headers say it can elect.
-	if _, err := c0.Put(context.Background(), keyIn(c0, 1, "warm"), []byte("v")); err != nil {
-		t.Fatal(err)
-	}
 	pauseGroup(t, lc, 1)
 	ctx, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel2()
-	c, err := client.Open(ctx, client.WithMap(lc.Map), client.WithNode(n), client.WithSlot(1))
-	if err == nil {
+	c, err := client.Open(ctx, client.WithMap(lc.Map), client.WithNode(n1), client.WithSlot(1))
+	if err != nil {
+		t.Fatalf("Open while group 1 answers nothing: %v (group 0 serves)", err)
+	}
+	defer c.Close()
+	wctx, cancel3 := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel3()
+	if _, err := c.Put(wctx, k0, []byte("w")); err != nil {
+		t.Fatalf("write to group 0: %v", err)
+	}
+	var ue *client.UnavailableError
+	if _, err = c.Put(wctx, k1, []byte("w")); !errors.As(err, &ue) || ue.Group != 1 {
+		t.Fatalf("write to group 1 while it answers nothing: %v, want *UnavailableError of group 1", err)
+	}
+	t.Logf("Open with a 3 s ctx while group 1 answers nothing: writes to group 1: %v", err)
+
+	// Now group 0 answers nothing too: no group can register a client.
+	pauseGroup(t, lc, 0)
+	n2, err := lc.ClientNode(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx4, cancel4 := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel4()
+	if c, err := client.Open(ctx4, client.WithMap(lc.Map), client.WithNode(n2), client.WithSlot(2)); err == nil {
 		c.Close()
-		t.Fatalf("Open returned a client after its ctx ended (group 1 never registered it)")
+		t.Fatalf("Open succeeded while no group answers")
+	} else if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, client.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "group 0") || !strings.Contains(err.Error(), "group 1") {
+		t.Fatalf("Open while no group answers: %v, want an error wrapping context.DeadlineExceeded and ErrUnavailable naming groups 0 and 1", err)
+	} else {
+		t.Logf("Open with a 3 s ctx while no group answers: %v", err)
 	}
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, client.ErrUnavailable) {
-		t.Fatalf("Open: %v, want an error wrapping context.DeadlineExceeded and ErrUnavailable", err)
-	}
-	if !strings.Contains(err.Error(), "group 1") {
-		t.Fatalf("Open: %q does not name group 1", err)
-	}
-	t.Logf("Open with a 3 s ctx: %v", err)
 }
 
 // TestRegistersGroupLater: a client that opened while a group answered

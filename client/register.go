@@ -71,9 +71,10 @@ func (c *Client) registered(dst tree.Set) error {
 // ends or each missing group is known unable to elect a leader; it fails
 // if no group registered the client, and at once if a replica refused the
 // client's cluster secret. wait is ctx, the caller's, or ctx bounded by
-// WithTimeout: if ctx itself ends first, register fails with an error
-// wrapping ctx's (Open honours its ctx); if only the WithTimeout bound
-// ends, the client serves the groups that registered it.
+// WithTimeout. register never waits past ctx: once ctx is done it
+// returns at once (its error wraps ctx's if no group registered the
+// client); only when the WithTimeout bound ends with ctx still running
+// does it take one last, bounded look at the missing groups.
 func (c *Client) register(ctx, wait context.Context) error {
 	all := c.tree.All()
 	start := time.Now()
@@ -116,24 +117,26 @@ func (c *Client) register(ctx, wait context.Context) error {
 			if reg, _ = c.mc.Registered(); reg == all {
 				return nil
 			}
-			waited := fmt.Sprintf(" (waited %v)", time.Since(start).Round(time.Millisecond))
-			if err := ctx.Err(); err != nil {
-				// The caller's ctx ended: no more waiting, not even for
-				// one last look; say what the last probe found.
-				return &openCtxError{ctx: err, down: notRegistered(down, all&^reg), waited: waited}
+			if ctx.Err() == nil {
+				// One last look, bounded: the WithTimeout bound has
+				// ended, the caller's ctx has not.
+				pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				down, _ = c.diagnose(pctx, all&^reg)
+				cancel()
 			}
-			// One last look, bounded: the WithTimeout bound has ended.
-			pctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-			down, _ = c.diagnose(pctx, all&^reg)
-			cancel()
+			// Else no more waiting: what the last probe found.
+			down = notRegistered(down, all&^reg)
 			for g, why := range down {
-				down[g] = why + waited
+				down[g] = why + fmt.Sprintf(" (waited %v)", time.Since(start).Round(time.Millisecond))
 			}
 			break
 		}
 	}
 	reg, _ := c.mc.Registered()
 	if reg.Empty() && !c.o.degraded {
+		if err := ctx.Err(); err != nil {
+			return &openCtxError{ctx: err, down: down}
+		}
 		return &openError{down: down}
 	}
 	c.downMu.Lock()
@@ -339,15 +342,14 @@ func (e *openError) Error() string {
 
 func (e *openError) Unwrap() error { return ErrUnavailable }
 
-// openCtxError: Open's ctx ended before every group registered the client.
+// openCtxError: Open's ctx ended before any group registered the client.
 type openCtxError struct {
-	ctx    error
-	down   map[uint32]string
-	waited string
+	ctx  error
+	down map[uint32]string
 }
 
 func (e *openCtxError) Error() string {
-	return fmt.Sprintf("%v before every group registered the client%s: %v", e.ctx, e.waited, &openError{down: e.down})
+	return fmt.Sprintf("%v before any group registered the client: %v", e.ctx, &openError{down: e.down})
 }
 
 func (e *openCtxError) Unwrap() []error { return []error{e.ctx, ErrUnavailable} }
