@@ -91,7 +91,7 @@ func ServeControl(ln net.Listener, m *cluster.Map, reps []*Replica, withPprof bo
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		for i, rs := range status().Replicas {
 			if ok, why := rs.Ready(); !ok {
-				if rs.Leader == 0 {
+				if leaderLost(&rs) {
 					if text, stuck := cannotElect(reps[i], &rs, m.Groups[rs.Group]); stuck {
 						why = text
 					}
@@ -176,6 +176,20 @@ func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 		case <-t.C:
 		}
 	}
+}
+
+// leaderLost reports whether s has no leader, or follows one it cannot
+// reach (Ready's first two reasons).
+func leaderLost(s *ReplicaStatus) bool {
+	if s.Leader == 0 {
+		return true
+	}
+	for _, m := range s.Members {
+		if m.Node == s.Leader {
+			return m.State == "unreachable" || m.State == "unknown"
+		}
+	}
+	return false
 }
 
 // readyzPeerTimeout bounds /readyz's read of each other member's header.
