@@ -12,7 +12,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -192,8 +191,12 @@ func leaderLost(s *ReplicaStatus) bool {
 	return false
 }
 
-// readyzPeerTimeout bounds /readyz's read of each other member's header.
-const readyzPeerTimeout = 300 * time.Millisecond
+// readyzPeerTimeout bounds /readyz's read of each other member's header,
+// readyzPeerWait its wait for all of them (connecting included).
+const (
+	readyzPeerTimeout = 300 * time.Millisecond
+	readyzPeerWait    = time.Second
+)
 
 // cannotElect says, for /readyz, why replica p's group (members) cannot
 // elect a leader, if it cannot: fewer than a majority of its members are
@@ -214,21 +217,38 @@ func cannotElect(p *Replica, s *ReplicaStatus, members []rdma.NodeID) (string, b
 			peers = append(peers, peer{id: id})
 		}
 	}
+	// Read in parallel; a member that has not answered within
+	// readyzPeerWait (a tcp Connect may take its peer timeout) counts
+	// as unreachable, and its late answer is dropped.
 	node := p.r.Table().Node()
-	var wg sync.WaitGroup
-	for i := range peers {
-		wg.Go(func() {
-			conn, err := node.Connect(peers[i].id)
-			if err != nil {
-				return
-			}
-			defer conn.Close()
-			if h, err := kv.ReadHeader(conn, uint32(s.Group), readyzPeerTimeout); err == nil {
-				peers[i].hdr, peers[i].reachable = h, true
-			}
-		})
+	type answer struct {
+		i   int
+		hdr kv.Header
+		ok  bool
 	}
-	wg.Wait()
+	answers := make(chan answer, len(peers))
+	for i := range peers {
+		go func() {
+			a := answer{i: i}
+			if conn, err := node.Connect(peers[i].id); err == nil {
+				a.hdr, err = kv.ReadHeader(conn, uint32(s.Group), readyzPeerTimeout)
+				a.ok = err == nil
+				conn.Close()
+			}
+			answers <- a
+		}()
+	}
+	wait := time.NewTimer(readyzPeerWait)
+	defer wait.Stop()
+collect:
+	for range peers {
+		select {
+		case a := <-answers:
+			peers[a.i].hdr, peers[a.i].reachable = a.hdr, a.ok
+		case <-wait.C:
+			break collect
+		}
+	}
 	var down, catching []rdma.NodeID
 	voters := 0
 	if s.CatchingUp {
