@@ -184,18 +184,27 @@ type Client struct {
 // WithNode), registers with every group, and is ready for calls.
 //
 // Registering with a group needs the group to have a leader. Open waits
-// for every group until ctx (or the WithTimeout bound) ends, but not for a
-// group that cannot elect one (a majority of its replicas unreachable);
-// it then serves the groups that registered it, and a call to another
-// group fails at once with *UnavailableError saying why (the client keeps
-// registering in the background: once the group has a leader again, its
-// calls work). Open fails if no group registered it, and fails at once,
-// with an error wrapping tcp.ErrAuth, if a replica refuses the client's
-// cluster secret.
+// for every group, but not for a group that cannot elect one: no majority
+// of its replicas is reachable and able to vote (a replica that restarted
+// without its data cannot vote until a leader catches it up). It then
+// serves the groups that registered it, and a call to another group fails
+// at once with *UnavailableError saying why (the client keeps registering
+// in the background: once the group has a leader again, its calls work).
+// Open fails if no group registered it, and fails at once, with an error
+// wrapping tcp.ErrAuth, if a replica refuses the client's cluster secret.
+//
+// Open waits for a group that could elect a leader until ctx ends (a ctx
+// without a deadline: until the WithTimeout bound), never longer: it then
+// serves the groups that registered the client, as above, or, if none
+// did, fails with an error wrapping ctx's error and ErrUnavailable that
+// names each group and why. A ctx already done fails Open at once.
 func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	o := options{slot: -1, timeout: 10 * time.Second, backoffMin: 100 * time.Microsecond, backoffMax: 50 * time.Millisecond}
 	for _, f := range opts {
 		f(&o)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("rdmakv: open: %w", err)
 	}
 	m := o.m
 	if m == nil && (o.configFile != "" || o.seed != "") {
@@ -278,7 +287,7 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	}, c.node)
 	if err == nil {
 		c.mc = mc
-		if err = c.register(octx); err != nil {
+		if err = c.register(ctx, octx); err != nil {
 			mc.Close()
 		}
 	}

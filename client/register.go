@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -66,11 +67,15 @@ func (c *Client) registered(dst tree.Set) error {
 	return &UnavailableError{Group: uint32(g), Err: errors.New(why)}
 }
 
-// register waits until every group registered the client, or until ctx
+// register waits until every group registered the client, or until wait
 // ends or each missing group is known unable to elect a leader; it fails
 // if no group registered the client, and at once if a replica refused the
-// client's cluster secret.
-func (c *Client) register(ctx context.Context) error {
+// client's cluster secret. wait is ctx, the caller's, or ctx bounded by
+// WithTimeout. register never waits past ctx: once ctx is done it
+// returns at once (its error wraps ctx's if no group registered the
+// client); only when the WithTimeout bound ends with ctx still running
+// does it take one last, bounded look at the missing groups.
+func (c *Client) register(ctx, wait context.Context) error {
 	all := c.tree.All()
 	start := time.Now()
 	probeAt := start.Add(registerGrace)
@@ -87,7 +92,10 @@ func (c *Client) register(ctx context.Context) error {
 		missing := all &^ reg
 		if !time.Now().Before(probeAt) {
 			var dead bool
-			down, dead = c.diagnose(ctx, missing)
+			down, dead = c.diagnose(wait, missing)
+			if wait.Err() != nil {
+				dead = false // the probe was cut short: it proves nothing
+			}
 			if !dead {
 				deadProbes = 0
 			} else if deadProbes++; deadProbes >= registerDead {
@@ -102,17 +110,22 @@ func (c *Client) register(ctx context.Context) error {
 		select {
 		case <-changed:
 		case <-t.C:
-		case <-ctx.Done():
+		case <-wait.Done():
 		}
 		t.Stop()
-		if ctx.Err() != nil {
+		if wait.Err() != nil {
 			if reg, _ = c.mc.Registered(); reg == all {
 				return nil
 			}
-			// One last look, bounded: ctx has ended.
-			pctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-			down, _ = c.diagnose(pctx, all&^reg)
-			cancel()
+			if ctx.Err() == nil {
+				// One last look, bounded: the WithTimeout bound has
+				// ended, the caller's ctx has not.
+				pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				down, _ = c.diagnose(pctx, all&^reg)
+				cancel()
+			}
+			// Else no more waiting: what the last probe found.
+			down = notRegistered(down, all&^reg)
 			for g, why := range down {
 				down[g] = why + fmt.Sprintf(" (waited %v)", time.Since(start).Round(time.Millisecond))
 			}
@@ -121,12 +134,29 @@ func (c *Client) register(ctx context.Context) error {
 	}
 	reg, _ := c.mc.Registered()
 	if reg.Empty() && !c.o.degraded {
+		if err := ctx.Err(); err != nil {
+			return &openCtxError{ctx: err, down: down}
+		}
 		return &openError{down: down}
 	}
 	c.downMu.Lock()
 	c.down = down
 	c.downMu.Unlock()
 	return nil
+}
+
+// notRegistered is why for each group of missing: down's reason, or
+// "has not registered the client" where no probe said more.
+func notRegistered(down map[uint32]string, missing tree.Set) map[uint32]string {
+	out := map[uint32]string{}
+	for _, g := range missing.Groups() {
+		if why, ok := down[uint32(g)]; ok {
+			out[uint32(g)] = why
+		} else {
+			out[uint32(g)] = "it has not registered the client"
+		}
+	}
+	return out
 }
 
 // authFailure returns a final error if a replica refused the client's
@@ -149,14 +179,16 @@ func (c *Client) authFailure() error {
 
 // diagnose reads the headers of groups' replicas and says, per group, why
 // it has not registered the client; dead reports whether none of groups
-// can elect a leader (a majority of its replicas is unreachable).
+// can elect a leader (describeGroup: no majority of its replicas is
+// reachable and able to vote).
 func (c *Client) diagnose(ctx context.Context, groups tree.Set) (why map[uint32]string, dead bool) {
 	timeout := statusReadTimeout
 	if d, ok := ctx.Deadline(); ok {
 		timeout = max(min(timeout, time.Until(d)), time.Millisecond)
 	}
-	why = map[uint32]string{}
-	dead = true
+	res := map[uint32]string{}
+	resDead := true
+	over := false // diagnose returned: late results are dropped
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, g := range groups.Groups() {
@@ -173,22 +205,41 @@ func (c *Client) diagnose(ctx context.Context, groups tree.Set) (why map[uint32]
 			rw.Wait()
 			text, canElect := describeGroup(rs, c.mc.PeerErrors(tree.Of(g)))
 			mu.Lock()
-			why[uint32(g)] = text
-			if canElect {
-				dead = false
+			if !over {
+				res[uint32(g)] = text
+				if canElect {
+					resDead = false
+				}
 			}
 			mu.Unlock()
 		})
 	}
-	wg.Wait()
-	return why, dead
+	// Return when ctx ends even if a read still waits (a tcp Connect may
+	// take its peer timeout): Open honours its ctx.
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	over = true
+	// A group not heard from is not known dead.
+	return maps.Clone(res), resDead && len(res) == len(groups.Groups())
 }
 
 // describeGroup says why a group with replicas rs has not registered the
 // client ("no leader: replicas 2 and 3 unreachable"), and whether it
-// could elect a leader (a majority of its replicas reachable).
+// could elect a leader: a majority of its replicas are voters, reachable
+// and not catching up (a replica that restarted without its data cannot
+// vote until a leader catches it up), or a reachable replica's header
+// says it leads (it catches the others up itself).
 func describeGroup(rs []ReplicaStatus, perr []multicast.PeerError) (string, bool) {
-	var down []rdma.NodeID
+	var down, catching []rdma.NodeID
 	leader := rdma.NodeID(0)
 	hasLeader := false
 	var epoch uint64
@@ -196,6 +247,9 @@ func describeGroup(rs []ReplicaStatus, perr []multicast.PeerError) (string, bool
 		if !r.Reachable {
 			down = append(down, r.Node)
 			continue
+		}
+		if r.CatchingUp {
+			catching = append(catching, r.Node)
 		}
 		if r.Serving > epoch {
 			epoch, leader, hasLeader = r.Serving, r.Node, true
@@ -205,6 +259,18 @@ func describeGroup(rs []ReplicaStatus, perr []multicast.PeerError) (string, bool
 	if len(rs)-len(down) < majority {
 		return "no leader: " + replicaList(down) + " unreachable", false
 	}
+	if !hasLeader && len(rs)-len(down)-len(catching) < majority {
+		text := "no leader: "
+		if len(down) > 0 {
+			text += replicaList(down) + " unreachable; "
+		}
+		see := ` (see docs/deploy.md "force-new-cluster")`
+		if len(down)+len(catching) == len(rs) {
+			// No reachable replica kept the data: nothing to go on from.
+			see = ` (see docs/deploy.md "When a whole group is down")`
+		}
+		return text + restartedList(catching) + see, false
+	}
 	if !hasLeader {
 		return "no leader (an election is under way)", true
 	}
@@ -212,11 +278,23 @@ func describeGroup(rs []ReplicaStatus, perr []multicast.PeerError) (string, bool
 	if len(down) > 0 {
 		text += "; " + replicaList(down) + " unreachable"
 	}
+	if len(catching) > 0 {
+		text += "; " + replicaList(catching) + " catching up"
+	}
 	text += ")"
 	for _, e := range perr {
 		text += fmt.Sprintf("; node %d: %v", e.Node, e.Err)
 	}
 	return text, true
+}
+
+// restartedList is "replica 2 restarted without its data and cannot
+// vote", "replicas 2 and 3 restarted without their data and cannot vote".
+func restartedList(ids []rdma.NodeID) string {
+	if len(ids) == 1 {
+		return replicaList(ids) + " restarted without its data and cannot vote"
+	}
+	return replicaList(ids) + " restarted without their data and cannot vote"
 }
 
 // replicaList is "replica 2", "replicas 2 and 3", "replicas 1, 2 and 3".
@@ -263,6 +341,18 @@ func (e *openError) Error() string {
 }
 
 func (e *openError) Unwrap() error { return ErrUnavailable }
+
+// openCtxError: Open's ctx ended before any group registered the client.
+type openCtxError struct {
+	ctx  error
+	down map[uint32]string
+}
+
+func (e *openCtxError) Error() string {
+	return fmt.Sprintf("%v before any group registered the client: %v", e.ctx, &openError{down: e.down})
+}
+
+func (e *openCtxError) Unwrap() []error { return []error{e.ctx, ErrUnavailable} }
 
 func sortInts(a []int) {
 	for i := 1; i < len(a); i++ {

@@ -75,6 +75,10 @@ type ReplicaStatus struct {
 	Buckets   int
 	Slots     int
 	Migrating bool
+	// CatchingUp: it restarted without its data and cannot vote until a
+	// leader catches it up (its header says so). A group whose reachable
+	// replicas that can vote are no majority cannot elect a leader.
+	CatchingUp bool
 }
 
 // statusReadTimeout bounds each header read when ctx allows longer.
@@ -158,6 +162,6 @@ func (c *Client) readReplica(g uint32, r *ReplicaStatus, timeout time.Duration) 
 	if h.AppliedAt != 0 {
 		r.AppliedAt = time.Unix(0, h.AppliedAt)
 	}
-	r.Inc, r.Layout = h.Inc, h.Layout
+	r.Inc, r.Layout, r.CatchingUp = h.Inc, h.Layout, h.CatchingUp
 	r.Gen, r.Buckets, r.Slots, r.Migrating = h.Geometry.Gen, 1<<h.Geometry.LogBuckets, h.Geometry.IndexSlots(), h.Geometry.Migrating
 }

@@ -48,6 +48,11 @@ type testingKnobs struct {
 	// value with the merge's fields, dropping the fields it does not
 	// name.
 	mergeReplaces bool
+	// lateCatchUp (table): SetCatchingUp notes the change but leaves it
+	// to the next publication (an applied entry): the header keeps
+	// saying a member that caught up cannot vote (TestSimMutants: the
+	// simulator's header-versus-broadcast check).
+	lateCatchUp bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

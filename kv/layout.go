@@ -32,7 +32,10 @@ import (
 //	appliedAt wall clock (Unix ns) when that entry was applied here (or
 //	          the snapshot holding it restored); 0 before the first
 //	geometry  [cur gen u16][cur log2 buckets u8][migrating u8]
-//	          [old gen u16][old log2 buckets u8][0 u8]
+//	          [old gen u16][old log2 buckets u8][flags u8]
+//	          flags bit 0: catching up (the member restarted without
+//	          its data and cannot vote until a leader's diff catches it
+//	          up: broadcast Status.CatchingUp); the other bits are 0
 //	inc       this table's incarnation (differs after a restart)
 //	layout    counts every change of geometry or restore (by 2), and is
 //	          odd while a request of several ops is being applied: a
@@ -95,6 +98,10 @@ const (
 	hCheck     = 56
 
 	bMoved = 1
+
+	// Flags in the geometry word's top byte.
+	gfShift      = 56
+	gfCatchingUp = 1 << gfShift
 )
 
 // Region ids of group g's table.
@@ -143,6 +150,10 @@ type Header struct {
 	Geometry  Geometry
 	Inc       uint64
 	Layout    uint64
+	// CatchingUp: the member restarted without its data and cannot vote
+	// until a leader's diff catches it up (broadcast Status.CatchingUp
+	// when the header was published).
+	CatchingUp bool
 }
 
 // encodeHeader writes h's sealed words (1..7) into b[0:64]; the promise word
@@ -151,6 +162,9 @@ func encodeHeader(b []byte, h *Header) {
 	var w [8]uint64
 	w[1], w[2], w[3] = h.Serving, h.Applied, uint64(h.AppliedAt)
 	w[4], w[5], w[6] = h.Geometry.word(), h.Inc, h.Layout
+	if h.CatchingUp {
+		w[4] |= gfCatchingUp
+	}
 	w[7] = headerCheck(&w)
 	for i := 1; i < 8; i++ {
 		binary.LittleEndian.PutUint64(b[i*8:], w[i])
@@ -181,11 +195,11 @@ func DecodeHeader(b []byte) (Header, error) {
 		return Header{}, errTorn
 	}
 	g := geometryOf(w[4])
-	if w[4] != g.word() || g.LogBuckets > 40 || g.Migrating && (g.OldLog > 40 || g.OldLog >= g.LogBuckets) {
+	if w[4]&^gfCatchingUp != g.word() || g.LogBuckets > 40 || g.Migrating && (g.OldLog > 40 || g.OldLog >= g.LogBuckets) {
 		return Header{}, errTorn
 	}
 	return Header{Promise: w[0], Serving: w[1], Applied: w[2], AppliedAt: int64(w[3]),
-		Geometry: g, Inc: w[5], Layout: w[6]}, nil
+		Geometry: g, Inc: w[5], Layout: w[6], CatchingUp: w[4]&gfCatchingUp != 0}, nil
 }
 
 // sameLayout reports whether two header reads saw one layout of one table,

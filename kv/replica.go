@@ -48,14 +48,23 @@ func NewReplica(cfg ReplicaConfig, node rdma.Node, stable broadcast.Stable) (*Re
 		t.Close()
 		return nil, err
 	}
+	t.SetCatchingUp(mc.Broadcast().Status().CatchingUp)
 	return &Replica{mc: mc, t: t}, nil
 }
 
 // Poll polls the TRAM replica, then publishes whether this replica serves
 // linearizable gets: it leads an epoch whose diff committed, so every entry
-// of earlier epochs is applied here (broadcast.Replica.Leading).
+// of earlier epochs is applied here (broadcast.Replica.Leading), and
+// whether it still catches up (it cannot vote: clients tell from it that
+// a group cannot elect a leader).
 func (r *Replica) Poll(now time.Duration) bool {
 	p := r.mc.Poll(now)
+	if r.t.catchingUp {
+		// Status costs a lock and a copy, paid only while catching up: a
+		// member catches up once per incarnation (from its start to its
+		// first diff), and never again after.
+		r.t.SetCatchingUp(r.mc.Broadcast().Status().CatchingUp)
+	}
 	e, _ := r.mc.Broadcast().Leading()
 	if r.t.knobs.serveEarly && e == 0 {
 		// Planted bug: serve from the election on, before the epoch's

@@ -111,7 +111,7 @@ type kvRun struct {
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
 	err     error
-	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched int }
+	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls int }
 }
 
 func (h *kvRun) fail(err error) {
@@ -215,6 +215,15 @@ func (p *kvRepProc) Step(now time.Duration) bool {
 	}
 	if p.r.t.restores > restores && held > 0 {
 		p.h.stats.restoresOver++ // a snapshot restored into a table holding records
+	}
+	// The header says what broadcast says of catching up, after every
+	// Poll: clients tell a group that cannot elect (a majority catching
+	// up) from it, and a member that caught up must say so at once, even
+	// if it applies nothing for a while.
+	if bc, hc := p.r.Multicast().Broadcast().Status().CatchingUp, p.r.t.Header().CatchingUp; bc != hc {
+		p.h.fail(fmt.Errorf("node %d: header says catching up %v after a Poll, broadcast says %v", p.env.ID(), hc, bc))
+	} else if bc {
+		p.h.stats.catchingUpPolls++
 	}
 	if p.h.o.knobs.noQuorum && p.r.t.knobs.lastServed != 0 {
 		// A deposed leader keeps its serving word.
@@ -1147,7 +1156,7 @@ func TestSim(t *testing.T) {
 			if o.gap == 0 {
 				o.gap = 200 * time.Microsecond
 			}
-			seeds, over, batched := 0, 0, 0
+			seeds, over, batched, catching := 0, 0, 0, 0
 			flags.Run(t, func(sd sim.Seed) error {
 				h, err := runKV(sd.WithLog(t), o)
 				if seeds++; h != nil && h.stats.restoresOver > 0 {
@@ -1156,8 +1165,16 @@ func TestSim(t *testing.T) {
 				if h != nil && h.stats.batched > 0 {
 					batched++
 				}
+				if h != nil && h.stats.catchingUpPolls > 0 {
+					catching++
+				}
 				return err
 			})
+			// Crashed replicas restart catching up: the header check
+			// (catching up as broadcast says) must have seen some.
+			if o.crashes && seeds >= 3 && catching == 0 {
+				t.Errorf("no replica of %d seeds restarted catching up", seeds)
+			}
 			// The batches case must mostly see leaders order several
 			// messages in one entry, or it tests nothing (a seed whose
 			// crashes keep every batch to one message is not a failure).
@@ -1201,6 +1218,9 @@ func TestSimMutants(t *testing.T) {
 		// Needs the new leaders' stall: without it, not caught in 20
 		// seeds of this case, nor in 20 of any other.
 		{"serve-early", testingKnobs{serveEarly: true}, kvOpts{ops: 150, crashAfterCommit: 4, newLeaderStall: true, gap: 100 * time.Microsecond}, "linearizability", ""},
+		// A member that caught up goes on saying it cannot vote until it
+		// applies an entry.
+		{"late-catch-up", testingKnobs{lateCatchUp: true}, kvOpts{ops: 80, crashes: true, gap: 200 * time.Microsecond}, "header says catching up true after a Poll, broadcast says false", ""},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			o := m.o

@@ -145,6 +145,9 @@ type Table struct {
 	applied   uint64
 	appliedAt int64
 	serving   uint64
+	// catchingUp: the member cannot vote until a leader's diff catches it
+	// up (SetCatchingUp); published in the header's geometry word.
+	catchingUp bool
 	// batching: between BeginBatch and EndBatch (a batch entry of
 	// multicast); pubGeo: the geometry last published.
 	batching bool
@@ -260,6 +263,22 @@ func (t *Table) SetServing(e uint64) {
 	}
 }
 
+// SetCatchingUp says whether the member is catching up (restarted
+// without its data: it cannot vote until a leader's diff catches it up,
+// broadcast Status.CatchingUp). The header is published at once when that
+// changes, not only with the next applied entry: a catching-up member may
+// apply nothing for a long time, and clients read the flag to tell a group
+// that cannot elect a leader from one whose election is under way.
+// Polling goroutine.
+func (t *Table) SetCatchingUp(c bool) {
+	if c != t.catchingUp {
+		t.catchingUp = c
+		if !t.knobs.lateCatchUp {
+			t.publish()
+		}
+	}
+}
+
 // Header returns the header as this replica last published it.
 func (t *Table) Header() Header {
 	h, _ := DecodeHeader(t.hmem)
@@ -308,7 +327,7 @@ func (t *Table) geometry() Geometry {
 // validate the check word.
 func (t *Table) publish() {
 	var b [hdrSize]byte
-	h := Header{Serving: t.serving, Applied: t.applied, AppliedAt: t.appliedAt, Geometry: t.geometry(), Inc: t.cfg.Inc, Layout: t.layout}
+	h := Header{Serving: t.serving, Applied: t.applied, AppliedAt: t.appliedAt, Geometry: t.geometry(), Inc: t.cfg.Inc, Layout: t.layout, CatchingUp: t.catchingUp}
 	encodeHeader(b[:], &h)
 	t.pubGeo = h.Geometry
 	// The check word last: a reader that sees it sees the words it

@@ -33,6 +33,11 @@
 //     time out must still complete its writes to group 1. A new client
 //     must open, serve group 1, and fail its calls to group 0 at once with
 //     *UnavailableError saying why.
+//   - TestOpenWithCatchingUpGroup: 2 groups; group 1's leader and a
+//     follower killed and restarted without their data (catching up,
+//     they cannot vote). A new client must open, serve group 0, and fail
+//     a write to group 1 at once with *UnavailableError saying the
+//     restarted replicas cannot vote; /readyz says so too.
 //   - TestWholeGroupRestart: a group whose every replica stopped does not
 //     come back on its own, and starts over once its data dirs are
 //     removed (the procedure docs/deploy.md gives).

@@ -10,12 +10,16 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/rdma"
 )
 
 // Control is a process's HTTP control port:
@@ -84,8 +88,13 @@ func ServeControl(ln net.Listener, m *cluster.Map, reps []*Replica, withPprof bo
 	mux.HandleFunc("GET /map", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, m) })
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		for _, rs := range status().Replicas {
+		for i, rs := range status().Replicas {
 			if ok, why := rs.Ready(); !ok {
+				if leaderLost(&rs) {
+					if text, stuck := cannotElect(reps[i], &rs, m.Groups[rs.Group]); stuck {
+						why = text
+					}
+				}
 				http.Error(w, fmt.Sprintf("not ready: replica %d (group %d): %s", rs.Node, rs.Group, why), http.StatusServiceUnavailable)
 				return
 			}
@@ -166,4 +175,134 @@ func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 		case <-t.C:
 		}
 	}
+}
+
+// leaderLost reports whether s has no leader, or follows one it cannot
+// reach (Ready's first two reasons).
+func leaderLost(s *ReplicaStatus) bool {
+	if s.Leader == 0 {
+		return true
+	}
+	for _, m := range s.Members {
+		if m.Node == s.Leader {
+			return m.State == "unreachable" || m.State == "unknown"
+		}
+	}
+	return false
+}
+
+// readyzPeerTimeout bounds /readyz's read of each other member's header,
+// readyzPeerWait its wait for all of them (connecting included).
+const (
+	readyzPeerTimeout = 300 * time.Millisecond
+	readyzPeerWait    = time.Second
+)
+
+// cannotElect says, for /readyz, why replica p's group (members) cannot
+// elect a leader, if it cannot: fewer than a majority of its members are
+// voters, reachable and not catching up (a member that restarted without
+// its data cannot vote until a leader catches it up). p's own state is s;
+// the others' is what their kv table headers say (read one-sided, as
+// clients read them). A member whose header says it serves leads: its
+// group is not stuck.
+func cannotElect(p *Replica, s *ReplicaStatus, members []rdma.NodeID) (string, bool) {
+	type peer struct {
+		id        rdma.NodeID
+		reachable bool
+		hdr       kv.Header
+	}
+	peers := make([]peer, 0, len(members))
+	for _, id := range members {
+		if id != s.Node {
+			peers = append(peers, peer{id: id})
+		}
+	}
+	// Read in parallel; a member that has not answered within
+	// readyzPeerWait (a tcp Connect may take its peer timeout) counts
+	// as unreachable, and its late answer is dropped.
+	node := p.r.Table().Node()
+	type answer struct {
+		i   int
+		hdr kv.Header
+		ok  bool
+	}
+	answers := make(chan answer, len(peers))
+	for i := range peers {
+		go func() {
+			a := answer{i: i}
+			if conn, err := node.Connect(peers[i].id); err == nil {
+				a.hdr, err = kv.ReadHeader(conn, uint32(s.Group), readyzPeerTimeout)
+				a.ok = err == nil
+				conn.Close()
+			}
+			answers <- a
+		}()
+	}
+	wait := time.NewTimer(readyzPeerWait)
+	defer wait.Stop()
+collect:
+	for range peers {
+		select {
+		case a := <-answers:
+			peers[a.i].hdr, peers[a.i].reachable = a.hdr, a.ok
+		case <-wait.C:
+			break collect
+		}
+	}
+	var down, catching []rdma.NodeID
+	voters := 0
+	if s.CatchingUp {
+		catching = append(catching, s.Node)
+	} else {
+		voters++
+	}
+	for _, q := range peers {
+		switch {
+		case !q.reachable:
+			down = append(down, q.id)
+		case q.hdr.Serving != 0:
+			return "", false
+		case q.hdr.CatchingUp:
+			catching = append(catching, q.id)
+		default:
+			voters++
+		}
+	}
+	if voters >= len(members)/2+1 {
+		return "", false
+	}
+	slices.Sort(catching)
+	text := fmt.Sprintf("group %d cannot elect a leader: ", s.Group)
+	if len(down) > 0 {
+		text += nodeList(down) + " unreachable"
+		if len(catching) > 0 {
+			text += "; "
+		}
+	}
+	switch {
+	case len(catching) == 1:
+		text += nodeList(catching) + " restarted without its data and cannot vote"
+	case len(catching) > 1:
+		text += nodeList(catching) + " restarted without their data and cannot vote"
+	}
+	switch {
+	case len(catching) == 0:
+	case voters == 0:
+		text += ` (see docs/deploy.md "When a whole group is down")`
+	default:
+		text += ` (see docs/deploy.md "force-new-cluster")`
+	}
+	return text, true
+}
+
+// nodeList is "replica 2", "replicas 2 and 3", "replicas 1, 2 and 3".
+func nodeList(ids []rdma.NodeID) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = fmt.Sprint(id)
+	}
+	if len(s) == 1 {
+		return "replica " + s[0]
+	}
+	return "replicas " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +146,17 @@ func TestControlPort(t *testing.T) {
 	}
 	if !strings.Contains(body, "group 1") || !strings.Contains(body, "electing") && !strings.Contains(body, "unreachable") {
 		t.Errorf("/readyz says %q: want the group and why", body)
+	}
+	// Once the survivor gave up on its leader, it says its group cannot
+	// elect, and which replicas it misses.
+	gone := []rdma.NodeID{lc.Map.Groups[1][l], lc.Map.Groups[1][(l+1)%3]}
+	slices.Sort(gone)
+	want := fmt.Sprintf("group 1 cannot elect a leader: replicas %d and %d unreachable", gone[0], gone[1])
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(body, want); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz says %q: want %q", body, want)
+		}
+		_, body = get(t, base+"/readyz")
 	}
 	time.Sleep(50 * time.Millisecond) // a Watch tick
 	wstop()
