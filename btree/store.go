@@ -33,8 +33,8 @@ type Store struct {
 	applied uint64 // the last entry applied
 	knobs   testingKnobs
 
-	ops  []Op
-	mops []Op
+	ops   []Op
+	mops  []Op
 	mbuf  []byte
 	mfail int
 	res   []byte
