@@ -50,7 +50,7 @@ func (t *Table) applyOrdered(index uint64, data []byte) []byte {
 		return encodeResult(t.res[:], &res)
 	}
 	out := t.cfg.Ordered.Apply(index, data)
-	if !t.batching {
+	if !t.batching && !t.knobs.skipOrderedPublish {
 		t.cfg.Ordered.Publish(t.applied)
 	}
 	t.requestDone()
