@@ -311,6 +311,9 @@ func DecodeReadResult(b []byte) (ReadResult, error) {
 		}
 		k := b[p : p+kl : p+kl]
 		v := b[p+pad8(kl) : p+pad8(kl)+vl : p+pad8(kl)+vl]
+		if !zeroPad(b[p+kl:p+pad8(kl)]) || !zeroPad(b[p+pad8(kl)+vl:p+pad8(kl)+pad8(vl)]) {
+			return r, fmt.Errorf("%w: padding not zero", ErrMalformedRequest)
+		}
 		p += pad8(kl) + pad8(vl)
 		r.Pairs = append(r.Pairs, Pair{Key: k, Value: v, Version: ver})
 	}
