@@ -259,19 +259,19 @@ func (s *Store) applyOps(index uint64, ops []Op) Result {
 			return refusedRes(LimitKey, i, s.cfg.Tree.MaxKey, len(op.Key))
 		}
 	}
-	var res Result
+	// As kv.Table.applyOps: merges resolved, then limits and room, then
+	// the conditions, against the state before the request.
+	var prev uint64
 	if e, ok := s.t.Get(ops[0].Key); ok {
-		res.Prev = e.Version
-	}
-	for i := range ops {
-		if !s.holds(&ops[i]) {
-			res.Status, res.FailedOp = StatusCondFailed, i
-			return res
-		}
+		prev = e.Version
 	}
 	ops, ok := s.resolveMerges(ops)
 	if !ok {
-		return Result{Status: StatusCondFailed, FailedOp: s.mfail, Prev: res.Prev}
+		r := Result{Status: StatusCondFailed, FailedOp: s.mfail}
+		if s.mfail == 0 {
+			r.Prev = prev
+		}
+		return r
 	}
 	for i := range ops {
 		if op := &ops[i]; op.Kind == OpPut && len(op.Value) > s.cfg.Tree.MaxInline() {
@@ -290,6 +290,13 @@ func (s *Store) applyOps(index uint64, ops []Op) Result {
 		}
 		if need > room {
 			return refusedRes(LimitHeap, 0, s.cfg.MaxChunks*s.cfg.ChunkSlots*s.cfg.Tree.NodeSize, s.a.Slots()*s.cfg.Tree.NodeSize)
+		}
+	}
+	res := Result{Prev: prev}
+	for i := range ops {
+		if !s.holds(&ops[i]) {
+			res.Status, res.FailedOp = StatusCondFailed, i
+			return res
 		}
 	}
 	for i := range ops {

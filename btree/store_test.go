@@ -28,24 +28,8 @@ func (md *model) apply(index uint64, ops []Op) Result {
 	if v, ok := md.m.Get(string(ops[0].Key)); ok {
 		res.Prev = v.ver
 	}
-	for i := range ops {
-		op := &ops[i]
-		v, found := md.m.Get(string(op.Key))
-		ok := true
-		switch op.Cmp {
-		case CmpVersion:
-			ok = op.CmpVersion == 0 && !found || op.CmpVersion != 0 && found && v.ver == op.CmpVersion
-		case CmpValue:
-			ok = op.CmpVersion == 1 && !found || op.CmpVersion != 1 && found && v.v == string(op.CmpValue)
-		case CmpExists:
-			ok = found
-		}
-		if !ok {
-			res.Status, res.FailedOp = StatusCondFailed, i
-			return res
-		}
-	}
-	// Merges against the state as the earlier ops leave it.
+	// Merges against the state as the earlier ops leave it (first, as
+	// kv does), then the conditions against the state before.
 	vals := make([]*string, len(ops))
 	for i := range ops {
 		op := &ops[i]
@@ -77,11 +61,32 @@ func (md *model) apply(index uint64, ops []Op) Result {
 		if found {
 			b, err := fielded.Merge(nil, []byte(cur), op.Value)
 			if err != nil {
-				return Result{Status: StatusCondFailed, FailedOp: i, Prev: res.Prev}
+				r := Result{Status: StatusCondFailed, FailedOp: i}
+				if i == 0 {
+					r.Prev = res.Prev
+				}
+				return r
 			}
 			nv = string(b)
 		}
 		vals[i] = &nv
+	}
+	for i := range ops {
+		op := &ops[i]
+		v, found := md.m.Get(string(op.Key))
+		ok := true
+		switch op.Cmp {
+		case CmpVersion:
+			ok = op.CmpVersion == 0 && !found || op.CmpVersion != 0 && found && v.ver == op.CmpVersion
+		case CmpValue:
+			ok = op.CmpVersion == 1 && !found || op.CmpVersion != 1 && found && v.v == string(op.CmpValue)
+		case CmpExists:
+			ok = found
+		}
+		if !ok {
+			res.Status, res.FailedOp = StatusCondFailed, i
+			return res
+		}
 	}
 	for i := range ops {
 		op := &ops[i]
@@ -161,7 +166,11 @@ func randOps(rng *rand.Rand, nkeys int, md *model, valMax int) []Op {
 		default:
 			v := val()
 			f := map[string][]byte{fmt.Sprintf("f%d", rng.IntN(3)): v[:min(len(v), 1+rng.IntN(4))]}
-			ops = append(ops, Op{Kind: OpMerge, Key: k, Value: fielded.Encode(f)})
+			op := Op{Kind: OpMerge, Key: k, Value: fielded.Encode(f)}
+			if rng.IntN(3) == 0 {
+				op.Cmp = CmpExists
+			}
+			ops = append(ops, op)
 		}
 	}
 	return ops
