@@ -220,6 +220,10 @@ func (s *Store) Apply(index uint64, data []byte) []byte {
 		return s.result(&Result{Status: StatusMalformed})
 	}
 	if k := ops[0].Kind; k == OpGet || k == OpScan {
+		if ops[0].Hashed {
+			s.res = appendReadHeader(s.res[:0], StatusMixed, 0, false, 0, index)
+			return s.res
+		}
 		return s.read(index, &ops[0])
 	}
 	res := s.applyOps(index, ops)

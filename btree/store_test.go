@@ -300,6 +300,10 @@ func TestStoreOwnership(t *testing.T) {
 		if r.Status != StatusMixed || r.FailedOp != 1 {
 			t.Fatalf("a mixed request: %+v", r)
 		}
+		rr, _ = DecodeReadResult(s.Apply(5, AppendRequest(nil, []Op{{Kind: OpGet, Key: []byte("o"), Hashed: true}})))
+		if rr.Status != StatusMixed {
+			t.Fatalf("a read of a hashed key: %+v", rr)
+		}
 	}
 }
 
