@@ -20,6 +20,8 @@ type Arena struct {
 	free   []uint32
 	n      uint32 // slots handed out or freed, slot 0 included
 	grow   func(n int) ([]byte, error)
+	// limit bounds the chunks (0: no bound); room counts against it.
+	limit int
 }
 
 // NewArena returns an arena of nodeSize-byte slots, chunkSlots slots per
@@ -78,4 +80,28 @@ func (a *Arena) release(id NodeID) {
 		a.inc[s] = 1
 	}
 	a.free = append(a.free, s)
+}
+
+// room is the number of slots alloc can still hand out: the free list,
+// what the chunks already registered leave, and the chunks up to limit
+// (-1: no bound).
+func (a *Arena) room() int {
+	if a.limit == 0 {
+		return -1
+	}
+	return len(a.free) + a.limit*a.per - int(a.n)
+}
+
+// reset frees every slot at once, bumping each incarnation (so no pointer
+// from before names a node after), and hands slots out again from 1 up:
+// what a restore does before it bulk-loads a tree. The chunks stay.
+func (a *Arena) reset() {
+	a.free = a.free[:0]
+	for s := a.n - 1; s >= 1; s-- {
+		a.inc[s]++
+		if a.inc[s] == 0 {
+			a.inc[s] = 1
+		}
+		a.free = append(a.free, s)
+	}
 }

@@ -23,4 +23,17 @@ type testingKnobs struct {
 	// skipStamp accepts leaves written after the scan's applied index, so
 	// one scan mixes states of the tree from different moments.
 	skipStamp bool
+
+	// On a Store:
+	// skipOwnerCheck applies writes to keys the group owns no tablet
+	// of (a misrouted write, or one sent with a stale directory): the
+	// write is lost to readers of the owner.
+	skipOwnerCheck bool
+	// freeAtOnce releases an unlinked node's slot in the apply that
+	// unlinked it, without the grace of FreeAfter entries.
+	freeAtOnce bool
 }
+
+// PlantSkipOwnerCheck plants the skipOwnerCheck bug in s (tests of other
+// packages only: the kv simulator's mutant).
+func PlantSkipOwnerCheck(s *Store) { s.knobs.skipOwnerCheck = true }

@@ -221,3 +221,23 @@ func (r *Remote) Read(slot uint32) ([]byte, error) {
 	}
 	return buf, nil
 }
+
+// Local decodes the header as this replica last published it and returns
+// a ReadFunc over its own registered chunks: the bytes a one-sided read
+// of this replica would return now (checks in a simulator, whose reads
+// are events, read through it between steps).
+func (r *Regions) Local() (Header, ReadFunc, error) {
+	h, err := DecodeHeader(r.hdr.Bytes())
+	if err != nil {
+		return h, nil, err
+	}
+	read := func(slot uint32) ([]byte, error) {
+		per := uint32(r.Arena.per)
+		if int(slot/per) >= len(r.chunks) {
+			return nil, ErrNotNode
+		}
+		o := int(slot%per) * r.Arena.size
+		return append([]byte(nil), r.chunks[slot/per].Bytes()[o:o+r.Arena.size]...), nil
+	}
+	return h, read, nil
+}

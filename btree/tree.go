@@ -72,6 +72,10 @@ type Tree struct {
 	scratch []byte
 	knobs   testingKnobs
 	len     int
+	// onFree, if set, takes the id of every node the tree unlinks
+	// instead of releasing its slot at once (Store: the grace of
+	// FreeAfter entries before a slot is reused).
+	onFree func(NodeID)
 }
 
 // New returns an empty tree (one empty leaf) in arena a, written at stamp.
@@ -320,13 +324,22 @@ func (t *Tree) Delete(key []byte, stamp uint64) bool {
 	parent.kids = slices.Delete(parent.kids, pi, pi+1)
 	parent.stamp = stamp
 	t.write(parent)
-	t.a.release(leaf.id)
+	if t.onFree != nil {
+		t.onFree(leaf.id)
+	} else {
+		t.a.release(leaf.id)
+	}
 	return true
 }
 
 // Ascend calls f for every key >= from in order, as the writer sees its
 // tree, until f returns false.
 func (t *Tree) Ascend(from []byte, f func(key, val []byte) bool) {
+	t.ascend(from, func(e Entry) bool { return f(e.Key, e.Value) })
+}
+
+// ascend is Ascend with each entry's version.
+func (t *Tree) ascend(from []byte, f func(Entry) bool) {
 	path := t.descend(from)
 	id := path[len(path)-1]
 	for id != 0 {
@@ -336,7 +349,7 @@ func (t *Tree) Ascend(from []byte, f func(key, val []byte) bool) {
 		}
 		it := n.Entries()
 		for e, ok := it.next(); ok; e, ok = it.next() {
-			if string(e.Key) >= string(from) && !f(e.Key, e.Value) {
+			if string(e.Key) >= string(from) && !f(e) {
 				return
 			}
 		}

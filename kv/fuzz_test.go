@@ -417,7 +417,7 @@ func FuzzResult(f *testing.F) {
 		f.Add(encodeResult(make([]byte, resSize), &r), r.Status, uint16(r.FailedOp), uint32(r.Count), r.Version, r.Prev, r.Limit)
 	}
 	f.Add([]byte{2, 0}, uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
-	f.Add(append([]byte{StatusRefused + 1}, make([]byte, resSize-1)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
+	f.Add(append([]byte{maxStatus + 1}, make([]byte, resSize-1)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
 	f.Add(append([]byte{StatusRefused, 0}, make([]byte, resSize-2)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
 	f.Add(append([]byte{StatusRefused, maxLimit + 1}, make([]byte, resSize-2)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
 	f.Add(append([]byte{StatusRefused, LimitKey, 0, 0, 1}, make([]byte, resSize-5)...), uint8(0), uint16(0), uint32(0), uint64(0), uint64(0), uint8(0))
@@ -430,7 +430,7 @@ func FuzzResult(f *testing.F) {
 		}
 		if err == nil {
 			switch r.Status {
-			case StatusOK, StatusCondFailed, StatusMalformed:
+			case StatusOK, StatusCondFailed, StatusMalformed, StatusMoved, StatusMixed:
 				if r.Limit != 0 || r.Max != 0 || r.Size != 0 {
 					t.Fatalf("status %d with a limit: %+v", r.Status, r)
 				}
@@ -446,7 +446,7 @@ func FuzzResult(f *testing.F) {
 			}
 		}
 
-		want := Result{Status: status % (StatusRefused + 1), FailedOp: int(failed), Count: int(count), Version: version, Prev: prev}
+		want := Result{Status: status % (maxStatus + 1), FailedOp: int(failed), Count: int(count), Version: version, Prev: prev}
 		if want.Status == StatusRefused {
 			want = Result{Status: StatusRefused, FailedOp: int(failed), Limit: limit%maxLimit + 1, Max: version, Size: prev}
 		}
@@ -650,6 +650,14 @@ func parseSnapshot(b []byte, maxRequest int) (c snapContents, err error) {
 		c.stages = append(c.stages, snapStage{id, string(b[p+40 : p+40+int(total)]), int(have)})
 		p += 40 + pad8(int(total))
 	}
+	// The ordered section: empty for a table without an ordered part.
+	if len(b)-p < 8 {
+		return c, errors.New("no ordered section length")
+	}
+	if n := binary.LittleEndian.Uint64(b[p:]); n != 0 {
+		return c, fmt.Errorf("an ordered section of %d bytes", n)
+	}
+	p += 8
 	if p != len(b) {
 		return c, fmt.Errorf("%d trailing bytes", len(b)-p)
 	}
@@ -846,6 +854,7 @@ func snapshotFrom(in []byte) []byte {
 		snap = append(snap, r...)
 	}
 	snap = append(snap, stages...)
+	snap = append(snap, make([]byte, 8)...) // no ordered section
 	return append(snap, make([]byte, trailing)...)
 }
 

@@ -58,4 +58,8 @@ type testingKnobs struct {
 	lastServed uint64 // noQuorum: the last epoch this table served
 	promise    uint64 // latePromise: the promise not yet published
 	promiseAt  int64  // latePromise: when it changed (TableConfig.Clock)
+	// skipOrderedPublish (table): the ordered part's header is not
+	// published after its applies (ordered.go, EndBatch), so a one-sided
+	// reader's applied index lags the tree it reads (TestSimOrderedMutants).
+	skipOrderedPublish bool
 }

@@ -340,7 +340,7 @@ func encodeResult(dst []byte, r *Result) []byte {
 
 // DecodeResult decodes a group's result bytes.
 func DecodeResult(b []byte) (Result, error) {
-	if len(b) != resSize || b[0] > StatusRefused {
+	if len(b) != resSize || b[0] > maxStatus {
 		return Result{}, fmt.Errorf("%w: result of %d bytes", ErrMalformed, len(b))
 	}
 	if b[0] == StatusRefused {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/internal/kvcheck"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
@@ -94,6 +95,10 @@ type kvOpts struct {
 	batches  bool
 	overlap  float64 // sim.Options.ReadOverlap (sim_torn_test.go)
 	readBack bool    // get each key written while its write is under way (sim_torn_test.go)
+	// ordered: every replica has an ordered part (a btree.Store, group
+	// 0 owning the keyspace) and half the clients' ops are ordered
+	// (sim_ordered_test.go); skipOwnerCheck plants that bug in the stores.
+	ordered, skipOwnerCheck bool
 }
 
 type kvRun struct {
@@ -111,7 +116,10 @@ type kvRun struct {
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
 	err     error
-	stats   struct{ gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls int }
+	stats   struct {
+		gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls int
+		scans, moved, oneSided, leaves                                                                                        int
+	}
 }
 
 func (h *kvRun) fail(err error) {
@@ -131,6 +139,8 @@ type kvRepProc struct {
 	// crashAtCommit: crash after the next Poll that applies an entry
 	// (kvOpts.crashAfterCommit).
 	crashAtCommit bool
+	store         *btree.Store // kvOpts.ordered
+	steps         int
 }
 
 func (p *kvRepProc) Start(env *sim.Env) error {
@@ -166,6 +176,13 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 			RetransmitAfter: 5 * time.Millisecond, Broadcast: bc},
 		Table: TableConfig{SlotMap: h.slots, MaxKey: 64, MaxValue: 4096, LogBuckets: 2, MigrateStep: 1, MaxLoad: h.o.maxLoad,
 			HeapRegionSize: 1 << 16, Inc: uint64(env.Incarnation()), Clock: func() int64 { return int64(p.now) }},
+	}
+	if h.o.ordered {
+		st, err := p.orderedStore(g)
+		if err != nil {
+			return err
+		}
+		p.store, cfg.Table.Ordered = st, st
 	}
 	r, err := NewReplica(cfg, env.Node(), diskStable{env.Disk()})
 	if err != nil {
@@ -213,6 +230,9 @@ func (p *kvRepProc) Step(now time.Duration) bool {
 			h.s.At(now, func() { h.crashFor(id, 3*time.Millisecond+time.Duration(h.rng.Int64N(int64(3*time.Millisecond)))) })
 		}
 	}
+	if p.store != nil {
+		p.checkOneSided()
+	}
 	if p.r.t.restores > restores && held > 0 {
 		p.h.stats.restoresOver++ // a snapshot restored into a table holding records
 	}
@@ -254,6 +274,7 @@ type kvCliProc struct {
 	next    time.Duration
 	seq     int
 	staged  map[multicast.MsgID]bool
+	resend  []pendingWrite // ordered requests a non-owner refused, for group 0
 }
 
 type pendingWrite struct {
@@ -263,6 +284,7 @@ type pendingWrite struct {
 	recs  map[int]int // a batch spanning groups: one record per group
 	op    kvcheck.Op
 	part  bool // a part of a staged request: no record
+	ord   *ordPending
 }
 
 func (p *kvCliProc) Start(env *sim.Env) error {
@@ -296,6 +318,10 @@ func (p *kvCliProc) done(o *multicast.Outcome) {
 	}
 	delete(p.writes, o.ID)
 	if pw.part {
+		return
+	}
+	if pw.ord != nil {
+		p.doneOrdered(o, pw)
 		return
 	}
 	if pw.multi != nil {
@@ -368,6 +394,9 @@ func (p *kvCliProc) done(o *multicast.Outcome) {
 func (p *kvCliProc) Step(now time.Duration) bool {
 	h := p.h
 	progress := p.c.Poll(now)
+	if len(p.resend) > 0 && p.flushResends() {
+		progress = true
+	}
 	wake := p.c.NextDeadline()
 	for g, r := range p.readers {
 		if !r.Busy() {
@@ -388,7 +417,7 @@ func (p *kvCliProc) Step(now time.Duration) bool {
 		p.next = now + time.Duration(p.env.Rand().Int64N(int64(2*h.o.gap)))
 		progress = true
 	}
-	if p.issued < h.o.ops && now < h.o.until {
+	if p.issued < h.o.ops && now < h.o.until || len(p.resend) > 0 {
 		wake = min(wake, max(p.next, now+50*time.Microsecond))
 	}
 	for _, r := range p.readers {
@@ -470,6 +499,9 @@ func (p *kvCliProc) value(rng *rand.Rand) string {
 func (p *kvCliProc) issue(now time.Duration) bool {
 	h := p.h
 	rng := p.env.Rand()
+	if h.o.ordered && rng.IntN(2) == 0 {
+		return p.issueOrdered(rng)
+	}
 	x := rng.IntN(100)
 	if x < 45 {
 		k := p.getKey(rng)
@@ -772,6 +804,11 @@ func (h *kvRun) crashClient(id rdma.NodeID, d time.Duration) {
 				}
 			}
 			p.writes = map[multicast.MsgID]pendingWrite{}
+			for _, pw := range p.resend {
+				h.rec.End(pw.rec, kvcheck.Output{Unknown: true})
+				h.stats.unknown++
+			}
+			p.resend = nil
 			for g, r := range p.readers {
 				if r.Busy() {
 					h.rec.End(p.getRec[g], kvcheck.Output{Unknown: true})
@@ -983,7 +1020,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 			if !h.s.Live(id) {
 				continue
 			}
-			if len(p.writes) > 0 || !p.c.Ready() {
+			if len(p.writes) > 0 || len(p.resend) > 0 || !p.c.Ready() {
 				return false
 			}
 			for _, r := range p.readers {
@@ -1053,6 +1090,11 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	}
 	if err := kvcheck.CheckStale(hist); err != nil {
 		return h, fmt.Errorf("stale-ok gets: %w", err)
+	}
+	if o.ordered {
+		if err := h.checkOrdered(); err != nil {
+			return h, err
+		}
 	}
 
 	if sd.Trace || testing.Verbose() && sd.Seed <= 2 {

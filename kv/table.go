@@ -64,6 +64,10 @@ type TableConfig struct {
 	// Clock gives the wall-clock time (Unix ns) recorded with each
 	// applied entry; default time.Now. The simulator passes its own.
 	Clock func() int64
+	// Ordered is the replica's ordered keyspace (a btree.Store; nil:
+	// none, and ordered requests are refused as malformed): it applies
+	// the requests of format OrderedFormat (ordered.go).
+	Ordered Ordered
 }
 
 // DefaultMaxRequest is TableConfig.MaxRequest's default for the given key
@@ -368,6 +372,9 @@ func (t *Table) BeginBatch() { t.batching = true }
 // client that got a reply reads a header that includes its write.
 func (t *Table) EndBatch() {
 	t.batching = false
+	if t.cfg.Ordered != nil && !t.knobs.skipOrderedPublish {
+		t.cfg.Ordered.Publish(t.applied)
+	}
 	t.publish()
 }
 
@@ -487,6 +494,8 @@ func (t *Table) Apply(e broadcast.Entry) []byte {
 			return t.applyStaged(e.Index, e.Data)
 		case multiFormat:
 			return t.applyMulti(e.Index, e.Data)
+		case OrderedFormat:
+			return t.applyOrdered(e.Index, e.Data)
 		}
 	}
 	return t.applyRequest(e.Index, e.Data)
@@ -966,7 +975,13 @@ func (t *Table) migrateBucket(b int) {
 //	snapshot: [magic u64][count u64][log2 buckets u64][applied u64][records, each as in the heap]
 //	          [staged u64] then per staged request:
 //	          [client u32][0 u32][inc u64][stage u64][total u64][have u64][bytes, padded to 8]
-const snapMagic = 0x6b7673_6e617031 // "kvsnap1"
+//	          [ordered u64][the ordered part's section (btree/snapshot.go), padded to 8]
+//
+// ordered is the section's length (0: no ordered part). The section is
+// copied at capture, on the polling goroutine (one copy of each ordered
+// record: Ordered.Snapshot). Version 2 added it; a version 1 snapshot is
+// refused (every replica of a cluster runs one version).
+const snapMagic = 0x6b7673_6e617032 // "kvsnap2"
 
 type capture struct {
 	t       *Table
@@ -976,6 +991,7 @@ type capture struct {
 	log     int
 	mems    [][]byte
 	stages  []stage // copies
+	ordered []byte  // the ordered part's section
 	epoch   uint64  // Table.heapEpoch at capture
 	done    atomic.Bool
 }
@@ -1023,6 +1039,10 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 			c.size += 40 + pad8(len(st.buf))
 		}
 	}
+	if t.cfg.Ordered != nil {
+		c.ordered = t.cfg.Ordered.Snapshot()
+	}
+	c.size += 8 + pad8(len(c.ordered))
 	t.snaps.Add(1)
 	return c, nil
 }
@@ -1056,6 +1076,10 @@ func (c *capture) Persist(dst []byte) error {
 		clear(dst[p+n : p+pad8(n)])
 		p += pad8(n)
 	}
+	binary.LittleEndian.PutUint64(dst[p:], uint64(len(c.ordered)))
+	p += 8
+	n := copy(dst[p:], c.ordered)
+	clear(dst[p+n : p+pad8(n)])
 	if c.t.heapEpoch.Load() != c.epoch {
 		return errors.New("kv: the table was restored while the snapshot was being copied")
 	}
@@ -1191,8 +1215,33 @@ func (t *Table) Restore(b []byte) error {
 		stages[st.id.Client] = append(l, st)
 		p += 40 + pad8(int(total))
 	}
-	if p != len(b) {
-		return fmt.Errorf("%w: %d trailing bytes", ErrSnapshot, len(b)-p)
+	if len(b)-p < 8 {
+		return fmt.Errorf("%w: no ordered section length", ErrSnapshot)
+	}
+	olen := binary.LittleEndian.Uint64(b[p:])
+	p += 8
+	if olen > uint64(len(b)-p) || uint64(pad8(int(olen))) != uint64(len(b)-p) {
+		return fmt.Errorf("%w: an ordered section of %d bytes in %d", ErrSnapshot, olen, len(b)-p)
+	}
+	var osec []byte
+	if olen > 0 {
+		osec = b[p : p+int(olen)]
+		for _, x := range b[p+int(olen):] {
+			if x != 0 {
+				return fmt.Errorf("%w: ordered section padding not zero", ErrSnapshot)
+			}
+		}
+	}
+	p += pad8(int(olen))
+	var commitOrdered func(uint64)
+	switch {
+	case t.cfg.Ordered != nil:
+		var err error
+		if commitOrdered, err = t.cfg.Ordered.Restore(osec); err != nil {
+			return fmt.Errorf("%w: %w", ErrSnapshot, err)
+		}
+	case olen > 0:
+		return fmt.Errorf("%w: an ordered section, and this table has no ordered part", ErrSnapshot)
 	}
 	// The index: sized for the records (the snapshot's own size is not
 	// trusted), built in a generation readers do not see yet. A
@@ -1256,6 +1305,9 @@ func (t *Table) Restore(b []byte) error {
 	// time of this table's last Apply, 0 for a fresh one).
 	t.applied, t.appliedAt = applied, t.cfg.Clock()
 	t.layout += 2 // even: no request in progress (applyRequest)
+	if commitOrdered != nil {
+		commitOrdered(applied)
+	}
 	t.publish()
 	return nil
 }
@@ -1346,6 +1398,9 @@ func (t *Table) applyStaged(index uint64, data []byte) []byte {
 		}
 		l = append(l[:at], l[at+1:]...)
 		t.setStages(id.Client, l)
+		if len(st.buf) > 0 && st.buf[0] == OrderedFormat {
+			return t.applyOrdered(index, st.buf)
+		}
 		return t.applyRequest(index, st.buf)
 	}
 }

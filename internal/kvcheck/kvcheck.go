@@ -41,6 +41,12 @@ const (
 	// it fails (Out.OK false), changing nothing, if the key holds a value
 	// that is not a fielded value (kv.OpMerge).
 	Merge
+	// Scan reads the keys in [Key, End) (End "": no end) in order, at
+	// most Limit of them (0: no limit); Out.Pairs is what it returned.
+	// It is checked against the model's range at its linearization
+	// point (an ordered keyspace's scan through the log, or one-sided
+	// inside one group).
+	Scan
 )
 
 func (k Kind) String() string {
@@ -57,6 +63,8 @@ func (k Kind) String() string {
 		return "batch"
 	case Merge:
 		return "merge"
+	case Scan:
+		return "scan"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -74,6 +82,8 @@ type Op struct {
 	Batch     []BatchOp
 	Fields    map[string]string // Merge: the fields set
 	Stale     bool              // a stale-ok get (CheckStale checks it; CheckLinearizable skips it)
+	End       string            // Scan: the end of the range (exclusive; "": none)
+	Limit     int               // Scan: the most pairs (0: no limit)
 	Call      int64
 	Return    int64
 	Out       Output
@@ -109,7 +119,12 @@ type Output struct {
 	// Group: the group that applied the write, or that the get read.
 	// Entry indexes are compared only within one group.
 	Group int
+	// Pairs: what a Scan returned, in order.
+	Pairs []KV
 }
+
+// KV is one pair a Scan returned.
+type KV struct{ Key, Value string }
 
 // VersionIndex is the entry index of a kv version (index<<16 | op number).
 func VersionIndex(version uint64) uint64 { return version >> 16 }
@@ -126,7 +141,10 @@ func (o *Op) index() uint64 {
 }
 
 // isWrite reports whether o may change the store.
-func (o *Op) isWrite() bool { return o.Kind != Get }
+func (o *Op) isWrite() bool { return o.Kind != Get && o.Kind != Scan }
+
+// isRead reports whether o only reads (a get or a scan).
+func (o *Op) isRead() bool { return !o.isWrite() }
 
 // String describes o for error messages and visualizations.
 func (o *Op) String() string {
@@ -174,6 +192,20 @@ func (o *Op) String() string {
 		default:
 			b.WriteString(" -> failed")
 		}
+	case Scan:
+		fmt.Fprintf(&b, "[%q, %q) limit %d", o.Key, o.End, o.Limit)
+		if o.Out.Unknown {
+			b.WriteString(" -> ?")
+		} else {
+			b.WriteString(" -> {")
+			for i, p := range o.Out.Pairs {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				fmt.Fprintf(&b, "%q: %q", p.Key, p.Value)
+			}
+			b.WriteString("}")
+		}
 	case Batch:
 		b.WriteString("(")
 		for i, bo := range o.Batch {
@@ -188,7 +220,7 @@ func (o *Op) String() string {
 		}
 		b.WriteString(")")
 	}
-	if o.Out.Unknown && o.Kind != Get {
+	if o.Out.Unknown && o.isWrite() {
 		b.WriteString(" (outcome unknown)")
 	} else if o.isWrite() && o.index() != 0 {
 		fmt.Fprintf(&b, " at index %d", o.index())
@@ -216,6 +248,10 @@ func validate(h []Op) error {
 		case Batch:
 			if len(o.Batch) == 0 {
 				return fmt.Errorf("kvcheck: op %d: an empty batch", i)
+			}
+		case Scan:
+			if len(o.Batch) != 0 || o.Fields != nil || o.Limit < 0 || o.End != "" && o.End <= o.Key {
+				return fmt.Errorf("kvcheck: op %d: a scan with batch ops, fields, a negative limit or an empty range", i)
 			}
 		default:
 			return fmt.Errorf("kvcheck: op %d: unknown kind %d", i, uint8(o.Kind))

@@ -216,8 +216,22 @@ type input struct {
 	op  *Op
 }
 
-// opKeys calls f with each key o touches.
-func opKeys(o *Op, f func(string)) {
+// opKeys calls f with each key o touches. A scan touches every key of
+// the history in its range (keys is the history's keys, sorted), or, if
+// none, a key of its own (its result must then be empty).
+func opKeys(o *Op, pos int, keys []string, f func(string)) {
+	if o.Kind == Scan {
+		i, _ := slices.BinarySearch(keys, o.Key)
+		n := 0
+		for ; i < len(keys) && (o.End == "" || keys[i] < o.End); i++ {
+			f(keys[i])
+			n++
+		}
+		if n == 0 {
+			f(scanKey(pos))
+		}
+		return
+	}
 	if o.Kind == Batch {
 		for _, b := range o.Batch {
 			f(b.Key)
@@ -232,11 +246,21 @@ func opKeys(o *Op, f func(string)) {
 // touches two keys), ordered by their smallest key.
 func partition(h []Op) []part {
 	uf := unionFind{}
+	keySet := map[string]bool{}
+	for i := range h {
+		if o := &h[i]; o.Kind != Scan {
+			opKeys(o, i, nil, func(k string) { keySet[k] = true })
+		}
+	}
+	keys := slices.Sorted(maps.Keys(keySet))
 	for i := range h {
 		o := &h[i]
+		if o.Kind == Scan && o.Out.Unknown {
+			continue
+		}
 		first := ""
 		n := 0
-		opKeys(o, func(k string) {
+		opKeys(o, i, keys, func(k string) {
 			uf.add(k)
 			if n == 0 {
 				first = k
@@ -264,7 +288,7 @@ func partition(h []Op) []part {
 	}
 	for i := range h {
 		o := &h[i]
-		if o.Kind == Get && (o.Stale || o.Out.Unknown) {
+		if o.Kind == Get && (o.Stale || o.Out.Unknown) || o.Kind == Scan && o.Out.Unknown {
 			continue
 		}
 		ret := o.Return
@@ -272,8 +296,11 @@ func partition(h []Op) []part {
 			ret = math.MaxInt64
 		}
 		k := o.Key
-		if o.Kind == Batch {
+		switch o.Kind {
+		case Batch:
 			k = o.Batch[0].Key
+		case Scan:
+			opKeys(o, i, keys, func(x string) { k = x })
 		}
 		p := comp(k)
 		p.ops = append(p.ops, porcupine.Operation{ClientId: o.Client, Input: input{i, o}, Call: o.Call,
@@ -321,6 +348,11 @@ func (u *unionFind) union(a, b string) {
 	u.size[a] += u.size[b]
 }
 
+// scanKey is the partition key of a scan whose range holds no key of
+// the history (not a key any op names: keys are compared as strings, and
+// the model's state never holds it).
+func scanKey(pos int) string { return fmt.Sprintf("\x00scan %d", pos) }
+
 // state is the model's state: the partition's keys that are present and
 // their values. It is never modified once made (porcupine's Step must be
 // pure): a write makes a copy.
@@ -337,6 +369,8 @@ var model = porcupine.Model{
 		case Get:
 			v, ok := s[o.Key]
 			return ok == got.Found && (!ok || v == got.Value), s
+		case Scan:
+			return slices.Equal(scanOf(s, o), got.Pairs), s
 		case Put:
 			return true, with(s, func(n state) { n[o.Key] = o.Value })
 		case Delete:
@@ -403,6 +437,22 @@ var model = porcupine.Model{
 		b.WriteString("}")
 		return b.String()
 	},
+}
+
+// scanOf is what a scan o returns in state s: the keys of its range in
+// order, at most its limit.
+func scanOf(s state, o *Op) []KV {
+	var out []KV
+	for _, k := range slices.Sorted(maps.Keys(s)) {
+		if k < o.Key || o.End != "" && k >= o.End {
+			continue
+		}
+		if o.Limit > 0 && len(out) == o.Limit {
+			break
+		}
+		out = append(out, KV{k, s[k]})
+	}
+	return out
 }
 
 // with returns a copy of s changed by f.

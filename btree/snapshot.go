@@ -1,0 +1,174 @@
+package btree
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// A Store's snapshot section (kv.Table puts it in its snapshot): the
+// tablets and, for each, its entries in key order, not node bytes, so the
+// section does not depend on node size or on the writer's layout, and a
+// restore bulk-loads a tree at the fill factor:
+//
+//	[magic u64][tablets u32][0 u32] then per tablet:
+//	  [low len u32][high len u32][flags u32: 1 high is +inf][0 u32][count u64]
+//	  [low][high], each padded to 8, then count entries:
+//	  [klen u32][vlen u32][version u64][key][value], each padded to 8
+const snapMagic = 0x3170_616e_7374_62 // "btsnap1"
+
+// ErrSnapshot is returned by Restore for bytes that are not a valid
+// snapshot section.
+var ErrSnapshot = errors.New("btree: corrupt snapshot section")
+
+// Snapshot returns the store's snapshot section. It copies every entry
+// (the tree changes in place after it returns): a cost on the polling
+// goroutine of one copy of each record's key and value plus 16 bytes,
+// and a walk of the leaves.
+func (s *Store) Snapshot() []byte {
+	le := binary.LittleEndian
+	b := make([]byte, 16, 16+s.t.Len()*32)
+	le.PutUint64(b, snapMagic)
+	le.PutUint32(b[8:], uint32(len(s.tablets)))
+	for _, tb := range s.tablets {
+		var h [24]byte
+		le.PutUint32(h[0:], uint32(len(tb.Low)))
+		le.PutUint32(h[4:], uint32(len(tb.High)))
+		if tb.HighInf {
+			le.PutUint32(h[8:], 1)
+		}
+		at := len(b) + 16
+		b = append(b, h[:]...)
+		for _, f := range [][]byte{tb.Low, tb.High} {
+			b = append(b, f...)
+			b = append(b, make([]byte, pad8(len(f))-len(f))...)
+		}
+		n := 0
+		s.t.ascend(tb.Low, func(e Entry) bool {
+			if !tb.Contains(e.Key) {
+				return false
+			}
+			b = appendPair(b, e.Key, e.Value, e.Version)
+			n++
+			return true
+		})
+		le.PutUint64(b[at:], uint64(n))
+	}
+	return b
+}
+
+// decodeSnapshot validates a section against the store's limits: its
+// tablets and each tablet's entries (aliasing b).
+func (s *Store) decodeSnapshot(b []byte) ([]Tablet, [][]KVV, error) {
+	le := binary.LittleEndian
+	if len(b) < 16 || le.Uint64(b) != snapMagic || le.Uint32(b[12:]) != 0 {
+		return nil, nil, fmt.Errorf("%w: bad header", ErrSnapshot)
+	}
+	nt := le.Uint32(b[8:])
+	if nt > 1 {
+		return nil, nil, fmt.Errorf("%w: %d tablets (at most one per group in this stage)", ErrSnapshot, nt)
+	}
+	p := 16
+	tablets := make([]Tablet, 0, nt)
+	ents := make([][]KVV, 0, nt)
+	for range nt {
+		if len(b)-p < 24 {
+			return nil, nil, fmt.Errorf("%w: truncated tablet", ErrSnapshot)
+		}
+		ll, hl, fl, z := int(le.Uint32(b[p:])), int(le.Uint32(b[p+4:])), le.Uint32(b[p+8:]), le.Uint32(b[p+12:])
+		count := le.Uint64(b[p+16:])
+		p += 24
+		if fl > 1 || z != 0 || ll > s.cfg.Tree.MaxKey || hl > s.cfg.Tree.MaxKey || fl == 1 && hl != 0 ||
+			pad8(ll)+pad8(hl) > len(b)-p {
+			return nil, nil, fmt.Errorf("%w: tablet at byte %d", ErrSnapshot, p-24)
+		}
+		tb := Tablet{Low: b[p : p+ll : p+ll], High: b[p+pad8(ll) : p+pad8(ll)+hl : p+pad8(ll)+hl], HighInf: fl == 1}
+		if !zeroPad(b[p+ll:p+pad8(ll)]) || !zeroPad(b[p+pad8(ll)+hl:p+pad8(ll)+pad8(hl)]) {
+			return nil, nil, fmt.Errorf("%w: tablet padding", ErrSnapshot)
+		}
+		p += pad8(ll) + pad8(hl)
+		if !tb.HighInf && string(tb.High) <= string(tb.Low) {
+			return nil, nil, fmt.Errorf("%w: tablet [%q, %q)", ErrSnapshot, tb.Low, tb.High)
+		}
+		if tb.HighInf {
+			tb.High = nil
+		}
+		if count > uint64(len(b)-p)/16 {
+			return nil, nil, fmt.Errorf("%w: %d entries in %d bytes", ErrSnapshot, count, len(b)-p)
+		}
+		es := make([]KVV, 0, count)
+		for range count {
+			if len(b)-p < 16 {
+				return nil, nil, fmt.Errorf("%w: truncated entry", ErrSnapshot)
+			}
+			kl, vl, ver := int(le.Uint32(b[p:])), int(le.Uint32(b[p+4:])), le.Uint64(b[p+8:])
+			p += 16
+			if kl < 1 || kl > s.cfg.Tree.MaxKey || vl > s.cfg.Tree.MaxInline() || ver == 0 || pad8(kl)+pad8(vl) > len(b)-p {
+				return nil, nil, fmt.Errorf("%w: entry at byte %d", ErrSnapshot, p-16)
+			}
+			e := KVV{Key: b[p : p+kl : p+kl], Value: b[p+pad8(kl) : p+pad8(kl)+vl : p+pad8(kl)+vl], Version: ver}
+			if !zeroPad(b[p+kl:p+pad8(kl)]) || !zeroPad(b[p+pad8(kl)+vl:p+pad8(kl)+pad8(vl)]) {
+				return nil, nil, fmt.Errorf("%w: entry padding", ErrSnapshot)
+			}
+			p += pad8(kl) + pad8(vl)
+			if !tb.Contains(e.Key) || len(es) > 0 && string(e.Key) <= string(es[len(es)-1].Key) {
+				return nil, nil, fmt.Errorf("%w: key %q out of order or outside its tablet", ErrSnapshot, e.Key)
+			}
+			es = append(es, e)
+		}
+		tablets, ents = append(tablets, tb), append(ents, es)
+	}
+	if p != len(b) {
+		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrSnapshot, len(b)-p)
+	}
+	return tablets, ents, nil
+}
+
+func zeroPad(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Restore validates a snapshot section (nil: an empty store with the
+// configured tablets) and returns the function that replaces the store
+// with it: the caller restores its own part, and commits only when
+// nothing else can fail. The commit frees every slot at once (each slot's
+// incarnation bumped, so a reader's old pointer fails), bulk-loads the
+// entries and publishes the header at applied. b must stay unchanged
+// until the commit.
+func (s *Store) Restore(b []byte) (commit func(applied uint64), err error) {
+	tablets, ents := s.cfg.Tablets, [][]KVV(nil)
+	if b != nil {
+		if tablets, ents, err = s.decodeSnapshot(b); err != nil {
+			return nil, err
+		}
+	}
+	var all []KVV
+	for _, es := range ents {
+		all = append(all, es...)
+	}
+	need := s.cfg.Tree.bulkSlots(all, s.cfg.Fill)
+	if need > s.cfg.MaxChunks*s.cfg.ChunkSlots-1 {
+		return nil, fmt.Errorf("%w: %d nodes, the arena holds %d", ErrSnapshot, need, s.cfg.MaxChunks*s.cfg.ChunkSlots-1)
+	}
+	return func(applied uint64) {
+		s.a.reset()
+		s.pending = s.pending[:0]
+		t, err := Load(s.cfg.Tree, s.a, all, s.cfg.Fill, applied)
+		if err != nil {
+			panic(fmt.Sprintf("btree: restore: load of validated entries: %v", err))
+		}
+		s.setTree(t)
+		s.tablets = s.tablets[:0]
+		for _, tb := range tablets {
+			s.tablets = append(s.tablets, Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf})
+		}
+		s.applied = applied
+		s.Publish(applied)
+	}, nil
+}

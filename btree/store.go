@@ -1,0 +1,440 @@
+package btree
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+
+	"github.com/rdmakv/rdmakv/kv/fielded"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// Store is the ordered part of one kv replica's state: the group's tree,
+// the tablets (key ranges) the group owns, and the slots waiting out their
+// grace. kv.Table routes the ordered requests it applies here (by their
+// format byte, kv.OrderedFormat) and takes the Store's section into its
+// snapshots; every replica of the group applies the same requests in the
+// same order, so every replica's Store holds the same keys, values and
+// versions (node ids may differ after a restore: a restored tree is
+// bulk-loaded).
+//
+// All methods but Snapshot's Persist run on the replica's polling
+// goroutine.
+type Store struct {
+	cfg     StoreConfig
+	regs    *Regions // nil without a node (unit tests)
+	a       *Arena
+	t       *Tree
+	tablets []Tablet
+	// pending: unlinked nodes, oldest first, with the entry that
+	// unlinked them; each slot is released FreeAfter entries later.
+	pending []pendingFree
+	index   uint64 // the entry being applied
+	applied uint64 // the last entry applied
+	knobs   testingKnobs
+
+	ops   []Op
+	mops  []Op
+	mbuf  []byte
+	mfail int
+	res   []byte
+}
+
+type pendingFree struct {
+	id NodeID
+	at uint64
+}
+
+// Tablet is a key range [Low, High) a group owns; HighInf: no upper bound.
+type Tablet struct {
+	Low, High []byte
+	HighInf   bool
+}
+
+// Contains reports whether key lies in the tablet.
+func (tb Tablet) Contains(key []byte) bool {
+	return string(key) >= string(tb.Low) && (tb.HighInf || string(key) < string(tb.High))
+}
+
+// All is the tablet of the whole keyspace.
+var All = Tablet{HighInf: true}
+
+// StoreConfig configures a group's Store.
+type StoreConfig struct {
+	// Group is the group: its regions are regions.BTree(Group)+k.
+	Group uint32
+	// Tree is the node geometry.
+	Tree Config
+	// ChunkSlots is the number of node slots per arena chunk (a
+	// registered region). Default 256.
+	ChunkSlots int
+	// MaxChunks bounds the arena: at most this many chunks (default and
+	// most: the 127 the group's region ids leave). Writes that might need
+	// more slots than are left are refused (StatusRefused, LimitHeap).
+	MaxChunks int
+	// FreeAfter is the grace, in entries, between a node's unlinking and
+	// the reuse of its slot. Default 1024.
+	FreeAfter uint64
+	// MaxResult bounds the bytes of a read's result (a scan stops there
+	// and says so). Default 64 KiB; at least 24 + one pair.
+	MaxResult int
+	// Fill is the fill factor of restored (bulk-loaded) nodes. Default
+	// DefaultFill.
+	Fill float64
+	// Tablets are the key ranges the group owns, sorted and disjoint.
+	// This stage has at most one per group: (-inf, +inf) on the group
+	// that holds the ordered keyspace (All), none elsewhere.
+	Tablets []Tablet
+	// Readers are granted read access to the regions.
+	Readers []rdma.NodeID
+}
+
+func (c *StoreConfig) fill() error {
+	c.Tree = c.Tree.withDefaults()
+	if c.ChunkSlots == 0 {
+		c.ChunkSlots = 256
+	}
+	if c.MaxChunks == 0 {
+		c.MaxChunks = maxChunks
+	}
+	if c.FreeAfter == 0 {
+		c.FreeAfter = 1024
+	}
+	if c.MaxResult == 0 {
+		c.MaxResult = 64 << 10
+	}
+	if c.Fill == 0 {
+		c.Fill = DefaultFill
+	}
+	switch {
+	case c.ChunkSlots < 1:
+		return fmt.Errorf("btree: %d slots per chunk", c.ChunkSlots)
+	case c.MaxChunks < 1 || c.MaxChunks > maxChunks:
+		return fmt.Errorf("btree: MaxChunks %d out of 1..%d", c.MaxChunks, maxChunks)
+	case c.Fill <= 0 || c.Fill > 1:
+		return fmt.Errorf("btree: fill %v out of (0, 1]", c.Fill)
+	case c.MaxResult < resSize+16+2*c.Tree.MaxKey+c.Tree.MaxInline():
+		return fmt.Errorf("btree: MaxResult %d cannot hold one pair", c.MaxResult)
+	case len(c.Tablets) > 1:
+		return fmt.Errorf("btree: %d tablets: this stage has at most one per group", len(c.Tablets))
+	}
+	return c.Tree.Validate()
+}
+
+// NewStore makes group cfg.Group's store with an empty tree, its regions
+// registered on node (nil: the arena in the Go heap and no header, for
+// tests), and publishes its header.
+func NewStore(cfg StoreConfig, node rdma.Node) (*Store, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets)}
+	if node != nil {
+		r, err := NewRegions(node, cfg.Group, cfg.Tree.NodeSize, cfg.ChunkSlots, cfg.Readers)
+		if err != nil {
+			return nil, err
+		}
+		s.regs, s.a = r, r.Arena
+	} else {
+		s.a = NewArena(cfg.Tree.NodeSize, cfg.ChunkSlots, nil)
+	}
+	s.a.limit = cfg.MaxChunks
+	t, err := New(cfg.Tree, s.a, 0)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.setTree(t)
+	s.Publish(0)
+	return s, nil
+}
+
+func (s *Store) setTree(t *Tree) {
+	s.t = t
+	t.onFree = func(id NodeID) { s.pending = append(s.pending, pendingFree{id: id, at: s.index}) }
+}
+
+// Close deregisters the regions.
+func (s *Store) Close() error {
+	if s.regs != nil {
+		return s.regs.Close()
+	}
+	return nil
+}
+
+// Tree is the group's tree (the writer's view: tests and checks only).
+func (s *Store) Tree() *Tree { return s.t }
+
+// Regions are the store's registered regions (nil without a node).
+func (s *Store) Regions() *Regions { return s.regs }
+
+// Tablets are the key ranges the group owns.
+func (s *Store) Tablets() []Tablet { return s.tablets }
+
+// Pending is the number of unlinked nodes whose slots wait out the grace.
+func (s *Store) Pending() int { return len(s.pending) }
+
+// Publish writes the header (root and applied index) after the node
+// writes of every entry up to applied: kv.Table calls it once per batch
+// (multicast's EndBatch) and after each ordered request outside a batch.
+func (s *Store) Publish(applied uint64) {
+	if applied > s.applied {
+		s.applied = applied
+	}
+	if s.regs != nil {
+		s.regs.Publish(s.t, s.applied)
+	}
+}
+
+// reclaim releases the slots whose grace ended by entry index.
+func (s *Store) reclaim(index uint64) {
+	k := 0
+	for k < len(s.pending) && (s.knobs.freeAtOnce || s.pending[k].at+s.cfg.FreeAfter <= index) {
+		s.a.release(s.pending[k].id)
+		k++
+	}
+	if k > 0 {
+		s.pending = append(s.pending[:0], s.pending[k:]...)
+	}
+}
+
+// owner is the tablet holding key, or -1.
+func (s *Store) owner(key []byte) int {
+	for i, tb := range s.tablets {
+		if tb.Contains(key) {
+			return i
+		}
+	}
+	return -1
+}
+
+// Apply applies the ordered request data delivered as entry index and
+// returns its result (see request.go).
+func (s *Store) Apply(index uint64, data []byte) []byte {
+	s.index = index
+	s.applied = max(s.applied, index)
+	s.reclaim(index)
+	ops, err := DecodeRequest(data, s.ops)
+	s.ops = ops[:0]
+	if err != nil {
+		return s.result(&Result{Status: StatusMalformed})
+	}
+	if k := ops[0].Kind; k == OpGet || k == OpScan {
+		if ops[0].Hashed {
+			s.res = appendReadHeader(s.res[:0], StatusMixed, 0, false, 0, index)
+			return s.res
+		}
+		return s.read(index, &ops[0])
+	}
+	res := s.applyOps(index, ops)
+	if s.knobs.freeAtOnce {
+		s.reclaim(index)
+	}
+	return s.result(&res)
+}
+
+func (s *Store) result(r *Result) []byte {
+	s.res = AppendResult(s.res[:0], r)
+	return s.res
+}
+
+func refusedRes(limit uint8, op, maxv, size int) Result {
+	return Result{Status: StatusRefused, Limit: limit, FailedOp: op, Max: uint64(maxv), Size: uint64(size)}
+}
+
+// applyOps applies a write request atomically: every check (space,
+// ownership, sizes, merges, conditions, room) before any change. Op i
+// gets version index<<16 | i; every node it writes is stamped index.
+func (s *Store) applyOps(index uint64, ops []Op) Result {
+	for i := range ops {
+		if ops[i].Hashed {
+			return Result{Status: StatusMixed, FailedOp: i}
+		}
+	}
+	if !s.knobs.skipOwnerCheck {
+		for i := range ops {
+			if s.owner(ops[i].Key) < 0 {
+				return Result{Status: StatusMoved, FailedOp: i}
+			}
+		}
+	}
+	for i := range ops {
+		if op := &ops[i]; len(op.Key) > s.cfg.Tree.MaxKey {
+			return refusedRes(LimitKey, i, s.cfg.Tree.MaxKey, len(op.Key))
+		}
+	}
+	// As kv.Table.applyOps: merges resolved, then limits and room, then
+	// the conditions, against the state before the request.
+	var prev uint64
+	if e, ok := s.t.Get(ops[0].Key); ok {
+		prev = e.Version
+	}
+	ops, ok := s.resolveMerges(ops)
+	if !ok {
+		r := Result{Status: StatusCondFailed, FailedOp: s.mfail}
+		if s.mfail == 0 {
+			r.Prev = prev
+		}
+		return r
+	}
+	for i := range ops {
+		if op := &ops[i]; op.Kind == OpPut && len(op.Value) > s.cfg.Tree.MaxInline() {
+			return refusedRes(LimitValue, i, s.cfg.Tree.MaxInline(), len(op.Value))
+		}
+	}
+	// Room: a put splits at most every node of its path and adds a root.
+	if room := s.a.room(); room >= 0 {
+		height := len(s.t.descend(nil))
+		need := 0
+		for i := range ops {
+			if ops[i].Kind == OpPut {
+				need += height + 1
+				height++
+			}
+		}
+		if need > room {
+			return refusedRes(LimitHeap, 0, s.cfg.MaxChunks*s.cfg.ChunkSlots*s.cfg.Tree.NodeSize, s.a.Slots()*s.cfg.Tree.NodeSize)
+		}
+	}
+	res := Result{Prev: prev}
+	for i := range ops {
+		if !s.holds(&ops[i]) {
+			res.Status, res.FailedOp = StatusCondFailed, i
+			return res
+		}
+	}
+	for i := range ops {
+		op := &ops[i]
+		version := index<<16 | uint64(i)
+		if res.Count == 0 {
+			res.Version = version
+		}
+		res.Count++
+		switch op.Kind {
+		case OpPut:
+			if _, err := s.t.Put(op.Key, op.Value, version, index); err != nil {
+				panic(fmt.Sprintf("btree: put checked before: %v", err))
+			}
+		case OpDelete:
+			s.t.Delete(op.Key, index)
+		}
+	}
+	return res
+}
+
+// holds checks op's condition against the key's state before the request.
+func (s *Store) holds(op *Op) bool {
+	if op.Cmp == CmpNone {
+		return true
+	}
+	e, found := s.t.Get(op.Key)
+	switch op.Cmp {
+	case CmpVersion:
+		if op.CmpVersion == 0 {
+			return !found
+		}
+		return found && e.Version == op.CmpVersion
+	case CmpValue:
+		if op.CmpVersion == 1 {
+			return !found
+		}
+		return found && bytes.Equal(e.Value, op.CmpValue)
+	case CmpExists:
+		return found
+	}
+	return false
+}
+
+// resolveMerges turns each merge into the put of its merged value (the
+// key's value as the request's earlier ops leave it, with the merge's
+// fields set), as kv does; false (s.mfail the merge) if that value is
+// not a fielded value.
+func (s *Store) resolveMerges(ops []Op) ([]Op, bool) {
+	has := false
+	for i := range ops {
+		has = has || ops[i].Kind == OpMerge
+	}
+	if !has {
+		return ops, true
+	}
+	out := append(s.mops[:0], ops...)
+	s.mops = out[:0]
+	// Merged values are appended to buf (an append that moves it leaves
+	// the values taken before where they were).
+	buf := s.mbuf[:0]
+	for i := range out {
+		op := &out[i]
+		if op.Kind != OpMerge {
+			continue
+		}
+		var cur []byte
+		found, earlier := false, false
+		for j := i - 1; j >= 0; j-- {
+			if bytes.Equal(out[j].Key, op.Key) {
+				earlier, found, cur = true, out[j].Kind == OpPut, out[j].Value
+				break
+			}
+		}
+		if !earlier {
+			var e Entry
+			e, found = s.t.Get(op.Key)
+			cur = e.Value
+		}
+		if !found {
+			op.Kind = OpPut
+			continue
+		}
+		start := len(buf)
+		var err error
+		buf, err = fielded.Merge(buf, cur, op.Value)
+		if err != nil {
+			s.mbuf, s.mfail = buf, i
+			return ops, false
+		}
+		op.Kind, op.Value = OpPut, buf[start:len(buf):len(buf)]
+	}
+	s.mbuf = buf
+	return out, true
+}
+
+// read answers a Get or a Scan at entry index.
+func (s *Store) read(index uint64, op *Op) []byte {
+	if op.Kind == OpGet {
+		if s.owner(op.Key) < 0 {
+			s.res = appendReadHeader(s.res[:0], StatusMoved, 0, false, 0, index)
+			return s.res
+		}
+		e, ok := s.t.Get(op.Key)
+		if !ok {
+			s.res = appendReadHeader(s.res[:0], StatusOK, 0, false, 0, index)
+			return s.res
+		}
+		s.res = appendReadHeader(s.res[:0], StatusOK, 0, false, 1, index)
+		s.res = appendPair(s.res, e.Key, e.Value, e.Version)
+		return s.res
+	}
+	start, end, limit := op.Key, op.Value, int(op.CmpVersion)
+	// The range must lie in one tablet the group owns.
+	i := s.owner(start)
+	if i < 0 || len(end) == 0 && !s.tablets[i].HighInf ||
+		len(end) != 0 && !s.tablets[i].HighInf && string(end) > string(s.tablets[i].High) {
+		s.res = appendReadHeader(s.res[:0], StatusMoved, 0, false, 0, index)
+		return s.res
+	}
+	out := appendReadHeader(s.res[:0], StatusOK, 0, false, 0, index)
+	n, more := 0, false
+	s.t.ascend(start, func(e Entry) bool {
+		if len(end) != 0 && string(e.Key) >= string(end) || limit > 0 && n >= limit {
+			return false
+		}
+		if len(out)+pairSize(e.Key, e.Value) > s.cfg.MaxResult {
+			more = true
+			return false
+		}
+		out = appendPair(out, e.Key, e.Value, e.Version)
+		n++
+		return true
+	})
+	s.res = appendReadHeader(out[:0], StatusOK, 0, more, n, index)[:len(out)]
+	return s.res
+}

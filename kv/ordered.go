@@ -1,0 +1,58 @@
+package kv
+
+// The ordered keyspace's hook (issue 18; package btree implements it):
+// a Table routes the requests whose format byte is OrderedFormat to its
+// Ordered part, publishes that part's header once per batch as it does
+// its own, and carries the part's section in its snapshots. The Table
+// knows nothing of trees: the part decodes its requests and encodes their
+// results (btree/request.go reuses this package's op encoding and result
+// layout), and package kv does not import btree.
+
+// OrderedFormat is the format byte of ordered requests (btree.RequestFormat).
+const OrderedFormat = 5
+
+// Statuses of an ordered request's result besides kv's four (btree's
+// StatusMoved and StatusMixed).
+const (
+	// StatusMoved: an op's key (Result.FailedOp) is in no key range this
+	// group owns; nothing applied. Refresh the directory and send again.
+	StatusMoved = 4
+	// StatusMixed: the request mixes ops on hashed and ordered keys;
+	// nothing applied.
+	StatusMixed = 5
+
+	maxStatus = StatusMixed
+)
+
+// Ordered is the ordered part of a replica's state (btree.Store), called
+// on the polling goroutine.
+type Ordered interface {
+	// Apply applies an ordered request delivered as entry index and
+	// returns its result.
+	Apply(index uint64, data []byte) []byte
+	// Publish makes the part's header say that every entry up to
+	// applied is applied (its node writes done).
+	Publish(applied uint64)
+	// Snapshot returns the part's snapshot section (a copy).
+	Snapshot() []byte
+	// Restore validates a section (nil: empty) and returns the commit
+	// that installs it, called once nothing else of the restore can
+	// fail; b stays unchanged until then.
+	Restore(b []byte) (commit func(applied uint64), err error)
+}
+
+// applyOrdered routes an ordered request, or refuses it as malformed if
+// the table has no ordered part.
+func (t *Table) applyOrdered(index uint64, data []byte) []byte {
+	if t.cfg.Ordered == nil {
+		res := Result{Status: StatusMalformed}
+		t.requestDone()
+		return encodeResult(t.res[:], &res)
+	}
+	out := t.cfg.Ordered.Apply(index, data)
+	if !t.batching && !t.knobs.skipOrderedPublish {
+		t.cfg.Ordered.Publish(t.applied)
+	}
+	t.requestDone()
+	return out
+}
