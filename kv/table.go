@@ -979,9 +979,13 @@ func (t *Table) migrateBucket(b int) {
 //
 // ordered is the section's length (0: no ordered part). The section is
 // copied at capture, on the polling goroutine (one copy of each ordered
-// record: Ordered.Snapshot). Version 2 added it; a version 1 snapshot is
-// refused (every replica of a cluster runs one version).
-const snapMagic = 0x6b7673_6e617032 // "kvsnap2"
+// record: Ordered.Snapshot). Version 2 added it; a version 1 snapshot
+// (no ordered length: what a replica of the previous release serves during
+// a rolling upgrade) restores as one with no ordered part.
+const (
+	snapMagic   = 0x6b7673_6e617032 // "kvsnap2"
+	snapMagicV1 = 0x6b7673_6e617031 // "kvsnap1"
+)
 
 type capture struct {
 	t       *Table
@@ -1104,9 +1108,10 @@ func (t *Table) Restore(b []byte) error {
 	if t.knobs.restoreKeeps {
 		b = t.keepOld(b)
 	}
-	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic {
+	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic && binary.LittleEndian.Uint64(b) != snapMagicV1 {
 		return fmt.Errorf("%w: bad header", ErrSnapshot)
 	}
+	v1 := binary.LittleEndian.Uint64(b) == snapMagicV1
 	count := binary.LittleEndian.Uint64(b[8:])
 	applied := binary.LittleEndian.Uint64(b[24:])
 	if lg := binary.LittleEndian.Uint64(b[16:]); lg < 2 || lg > 30 {
@@ -1215,11 +1220,17 @@ func (t *Table) Restore(b []byte) error {
 		stages[st.id.Client] = append(l, st)
 		p += 40 + pad8(int(total))
 	}
-	if len(b)-p < 8 {
+	if v1 && p != len(b) {
+		return fmt.Errorf("%w: %d trailing bytes", ErrSnapshot, len(b)-p)
+	}
+	if !v1 && len(b)-p < 8 {
 		return fmt.Errorf("%w: no ordered section length", ErrSnapshot)
 	}
-	olen := binary.LittleEndian.Uint64(b[p:])
-	p += 8
+	var olen uint64
+	if !v1 {
+		olen = binary.LittleEndian.Uint64(b[p:])
+		p += 8
+	}
 	if olen > uint64(len(b)-p) || uint64(pad8(int(olen))) != uint64(len(b)-p) {
 		return fmt.Errorf("%w: an ordered section of %d bytes in %d", ErrSnapshot, olen, len(b)-p)
 	}
