@@ -187,4 +187,3 @@ func TestTornTail(t *testing.T) {
 		}
 	}
 }
-
