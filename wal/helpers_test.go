@@ -49,7 +49,7 @@ func (d *testDevice) runAll() {
 // drain polls w and runs its IOs until it is idle or failed.
 func drain(t testing.TB, w *Writer, d *testDevice, now time.Duration) {
 	t.Helper()
-	for i := 0; !w.Idle() && w.Err() == nil; i++ {
+	for i := 0; w.phase != pIdle || w.pending || (w.failErr == nil && !w.Idle() && (w.fullErr == nil || w.now >= w.retryAt)); i++ {
 		if i > 1e6 {
 			t.Fatalf("writer never idle")
 		}
@@ -83,6 +83,9 @@ func mustRecover(t testing.TB, fs vfs.FS) *Recovered {
 func mustOpen(t testing.TB, d Device, rec *Recovered, cfg Config) *Writer {
 	t.Helper()
 	cfg.Dir, cfg.Member = testDir, 7
+	if cfg.SegmentBytes == 0 {
+		cfg.SegmentBytes = 1 << 16
+	}
 	w, err := Open(d, cfg, rec)
 	if err != nil {
 		t.Fatalf("open: %v", err)

@@ -129,8 +129,16 @@ func recoverLog(fsys vfs.FS, dir string, member uint64, knobs testingKnobs) (*Re
 		return nil, err
 	}
 	rec.NextSeq = max(sc.expected, 1)
+	// What was read may be only in the page cache (a process crash, not
+	// a power cut): make it durable before anyone acts on it.
 	for _, s := range sc.segs {
 		rec.Segments = append(rec.Segments, s.info)
+		if err := syncFile(fsys, s.info.Path); err != nil {
+			return nil, err
+		}
+	}
+	if err := fsys.SyncDir(dir); err != nil {
+		return nil, err
 	}
 	return rec, nil
 }
@@ -309,6 +317,18 @@ func (sc *scanner) cut(si int, off int64) error {
 	clear(s.data[off:])
 	s.info.End = off
 	return sc.fsys.SyncDir(sc.dir)
+}
+
+func syncFile(fsys vfs.FS, path string) error {
+	f, err := fsys.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // dropUnfinishedDiff cuts a DiffBegin with no DiffEnd after it, and what
