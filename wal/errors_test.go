@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -51,9 +51,10 @@ func sameFiles(a, b map[string][]byte) error {
 	return nil
 }
 
-// ENOSPC when the next segment is preallocated: ErrDiskFull, the files as
-// they were, appends refused; once space returns the batch goes through.
-func TestDiskFullOnRotation(t *testing.T) {
+// diskFullRun: ENOSPC when the next segment is preallocated. It returns
+// the properties that failed: ErrDiskFull, the files as they were, appends
+// refused; once space returns the batch goes through.
+func diskFullRun(t *testing.T, knobs testingKnobs) []string {
 	mem := vfs.NewMem()
 	var noSpace atomic.Bool
 	fs := errorfs.Wrap(mem, errorfs.Func(func(op errorfs.Op) error {
@@ -65,44 +66,48 @@ func TestDiskFullOnRotation(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
 	d := newTestDevice(fs)
 	w := mustOpen(t, d, mustRecover(t, fs), Config{Mode: Sync, SegmentBytes: 4096})
+	w.knobs = knobs
 	wr := written{}
 	for w.Stats().Segments < 1 || w.segOff < 3000 {
 		appendN(t, w, rng, wr, 2, 200)
 		drain(t, w, d, 0)
 	}
+	var failed []string
+	fail := func(format string, args ...any) { failed = append(failed, fmt.Sprintf(format, args...)) }
 	before := snapshotFiles(t, mem)
 	synced := w.Synced()
 	noSpace.Store(true)
 	appendN(t, w, rng, wr, 8, 300) // does not fit: rotation
 	drain(t, w, d, 0)
 	if !errors.Is(w.Err(), ErrDiskFull) {
-		t.Fatalf("Err() = %v, want ErrDiskFull", w.Err())
+		fail("Err() = %v, want ErrDiskFull", w.Err())
 	}
 	if err := sameFiles(before, snapshotFiles(t, mem)); err != nil {
-		t.Fatalf("disk full changed the files: %v", err)
+		fail("files changed: %v", err)
 	}
 	if _, ok := w.Append(RecEntry, []byte("x")); ok {
-		t.Fatal("append accepted while the disk is full")
+		fail("append accepted while the disk is full")
 	}
 	if w.Synced() != synced {
-		t.Fatalf("synced moved to %d while full", w.Synced())
+		fail("synced moved to %d while full", w.Synced())
 	}
 	// Still full at the retry: still refused, files unchanged.
 	w.Poll(w.retryAt)
 	d.runAll()
 	drain(t, w, d, w.retryAt)
 	if !errors.Is(w.Err(), ErrDiskFull) || w.Stats().DiskFull < 2 {
-		t.Fatalf("second try: Err() = %v, DiskFull %d", w.Err(), w.Stats().DiskFull)
+		fail("second try: Err() = %v, DiskFull %d", w.Err(), w.Stats().DiskFull)
 	}
 	if err := sameFiles(before, snapshotFiles(t, mem)); err != nil {
-		t.Fatalf("disk full changed the files: %v", err)
+		fail("files changed at the second try: %v", err)
 	}
 	noSpace.Store(false)
 	w.Poll(w.retryAt)
 	d.runAll()
 	drain(t, w, d, w.retryAt)
 	if w.Err() != nil || w.Synced() != w.NextSeq()-1 {
-		t.Fatalf("after space returned: Err() = %v, synced %d next %d", w.Err(), w.Synced(), w.NextSeq())
+		fail("after space returned: Err() = %v, synced %d next %d", w.Err(), w.Synced(), w.NextSeq())
+		return failed
 	}
 	appendN(t, w, rng, wr, 3, 100)
 	drain(t, w, d, w.retryAt)
@@ -110,25 +115,45 @@ func TestDiskFullOnRotation(t *testing.T) {
 	rec := mustRecover(t, mem)
 	wr.check(t, rec)
 	if len(rec.Records) != len(wr) || len(rec.Segments) != 2 {
-		t.Fatalf("recovered %d of %d records, %d segments", len(rec.Records), len(wr), len(rec.Segments))
+		fail("recovered %d of %d records, %d segments", len(rec.Records), len(wr), len(rec.Segments))
+	}
+	return failed
+}
+
+func TestDiskFullOnRotation(t *testing.T) {
+	if f := diskFullRun(t, testingKnobs{}); len(f) > 0 {
+		t.Fatalf("disk full: %q", f)
 	}
 }
 
-// A short write of a batch: the batch is cut back (Truncate) and written
-// again from its start; no half record is ever followed by another write.
-func TestShortWriteRewrites(t *testing.T) {
+// The planted bug keepFailedSegment is caught by "files changed".
+func TestDiskFullCatchesKeepFailedSegment(t *testing.T) {
+	f := diskFullRun(t, testingKnobs{keepFailedSegment: true})
+	if !slices.ContainsFunc(f, func(s string) bool { return strings.HasPrefix(s, "files changed") }) {
+		t.Fatalf("keepFailedSegment not caught: %q", f)
+	}
+	t.Logf("keepFailedSegment caught: %q", f)
+}
+
+// shortWriteRun: a short write of a batch. The batch must be cut back
+// (Truncate) and written again from its start; no half record is ever
+// followed by another write. It returns the properties that failed.
+func shortWriteRun(t *testing.T, knobs testingKnobs) []string {
 	mem := vfs.NewMem()
 	fs := errorfs.Wrap(mem, errorfs.OnNth(errorfs.OpWrite, 4, errorfs.ShortWrite(100)))
 	rng := rand.New(rand.NewPCG(11, 11))
 	d := newTestDevice(fs)
 	w := mustOpen(t, d, mustRecover(t, fs), Config{Mode: Sync})
+	w.knobs = knobs
 	wr := written{}
 	for range 6 {
 		appendN(t, w, rng, wr, 4, 200)
 		drain(t, w, d, 0)
 	}
-	if w.Err() != nil || w.Stats().ShortWrites != 1 {
-		t.Fatalf("Err() = %v, short writes %d", w.Err(), w.Stats().ShortWrites)
+	var failed []string
+	fail := func(format string, args ...any) { failed = append(failed, fmt.Sprintf(format, args...)) }
+	if w.Err() != nil {
+		fail("Err() = %v", w.Err())
 	}
 	// The IOs: the short write at off, then Truncate(off), then the same
 	// batch written again at off.
@@ -142,19 +167,36 @@ func TestShortWriteRewrites(t *testing.T) {
 		}
 		rest := d.ran[i+1:]
 		if len(rest) < 2 || rest[0].Kind != IOTruncate || rest[0].Off != op.Off {
-			t.Fatalf("after the short write at %d: %v, want a Truncate to %d", op.Off, kinds(rest), op.Off)
+			fail("after the short write at %d: %v, want a Truncate to %d", op.Off, kinds(rest[:min(len(rest), 4)]), op.Off)
+			break
 		}
 		j := slices.IndexFunc(rest, func(o IO) bool { return o.Kind == IOWrite || o.Kind == IOSync })
 		if j < 0 || rest[j].Kind != IOWrite || rest[j].Off != op.Off || !bytes.Equal(rest[j].Data, op.Data) {
-			t.Fatalf("after the cut: %v, want the same batch written again at %d", kinds(rest), op.Off)
+			fail("after the cut: %v, want the same batch written again at %d", kinds(rest), op.Off)
 		}
 	}
 	mem.DropUnsynced()
 	rec := mustRecover(t, mem)
 	wr.check(t, rec)
 	if len(rec.Records) != len(wr) || rec.TornAt != nil || len(rec.Corrupt) > 0 {
-		t.Fatalf("recovered %d of %d (torn %v, corrupt %v)", len(rec.Records), len(wr), rec.TornAt, rec.Corrupt)
+		fail("read back: %d of %d records (torn %v, corrupt %v)", len(rec.Records), len(wr), rec.TornAt, rec.Corrupt)
 	}
+	return failed
+}
+
+func TestShortWriteRewrites(t *testing.T) {
+	if f := shortWriteRun(t, testingKnobs{}); len(f) > 0 {
+		t.Fatalf("short write: %q", f)
+	}
+}
+
+// The planted bug ignoreShortWrite is caught by the read-back.
+func TestShortWriteCatchesIgnore(t *testing.T) {
+	f := shortWriteRun(t, testingKnobs{ignoreShortWrite: true})
+	if !slices.ContainsFunc(f, func(s string) bool { return strings.HasPrefix(s, "read back:") }) {
+		t.Fatalf("ignoreShortWrite not caught by the read-back: %q", f)
+	}
+	t.Logf("ignoreShortWrite caught: %q", f)
 }
 
 func kinds(ops []IO) []string {
@@ -300,5 +342,3 @@ func TestRecoverCatchesCutCorrupt(t *testing.T) {
 	}
 	t.Logf("cutCorrupt caught: %q", f)
 }
-
-var _ = io.EOF

@@ -171,3 +171,20 @@ func TestRecoverSeeds(t *testing.T) {
 		}
 	}
 }
+
+// The fuzz property catches the planted bug noRecoverSync: what Recover
+// read after a process crash (no power cut) is lost by a later power cut.
+func TestRecoverCatchesNoRecoverSync(t *testing.T) {
+	caught := 0
+	for seed := range uint64(60) {
+		if err := fuzzRecover(t, seed, 1+int(seed%30), 0, 2, testingKnobs{noRecoverSync: true}); err != nil {
+			caught++
+			if caught == 1 {
+				t.Logf("caught: %v", err)
+			}
+		}
+	}
+	if caught == 0 {
+		t.Fatal("noRecoverSync never caught in 60 seeds")
+	}
+}

@@ -13,4 +13,16 @@ type testingKnobs struct {
 	// when a valid batch follows it: it cuts synced records. Caught by
 	// TestRecoverCorruptNotCut and FuzzRecover.
 	cutCorrupt bool
+	// ignoreShortWrite: a short write of a batch counts as written (the
+	// next batch goes after its full length, leaving a hole). Caught by
+	// TestShortWriteRewrites (records lost, corruption reported).
+	ignoreShortWrite bool
+	// keepFailedSegment: ENOSPC while creating the next segment leaves the
+	// half-made file behind. Caught by TestDiskFullOnRotation (files
+	// changed).
+	keepFailedSegment bool
+	// noRecoverSync: Recover returns what it read without syncing the
+	// segments and the directory (a process crash leaves them in the
+	// page cache only). Caught by TestRecoverCatchesNoRecoverSync.
+	noRecoverSync bool
 }

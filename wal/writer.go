@@ -486,6 +486,10 @@ func (w *Writer) complete(err error) {
 				w.stats.ShortWrites++
 			}
 			w.lastErr(err)
+			if w.knobs.keepFailedSegment {
+				w.afterAbort()
+				return
+			}
 			w.issue(pAbortRemove)
 		default:
 			w.fail("creating segment", err)
@@ -519,6 +523,9 @@ func (w *Writer) complete(err error) {
 		}
 		w.afterAbort()
 	case pWrite:
+		if w.knobs.ignoreShortWrite && errors.Is(err, io.ErrShortWrite) {
+			err = nil
+		}
 		switch {
 		case err == nil:
 			w.issue(pSync)
