@@ -24,8 +24,10 @@
 // env.Disk(). Process.Step(now) reads the node's own memory and completions,
 // posts verbs and returns whether it made progress. A replica written for
 // production should not import sim: give it an rdma.Node, a clock value, a
-// *rand.Rand and a small storage interface (Disk has Get and Put), and let a
-// few lines of test code adapt it to Process.
+// *rand.Rand and a small storage interface (Disk has Get and Put, durable at
+// once; and files: Disk is a vfs.FS and env.DiskDevice() a wal.Device whose
+// unsynced writes a crash may lose or tear, see disk.go), and let a few
+// lines of test code adapt it to Process.
 //
 // The scheduler keeps one agenda of timed items and runs the earliest
 // (ties in scheduling order). A node steps when
@@ -54,6 +56,7 @@
 //     or any length) still lands; never anything out of order. Ops of peers
 //     targeting it are held and fail with rdma.ErrPeerDead after
 //     FabricTimeout; Connect to it fails at once with rdma.ErrPeerDead.
+//     Its disk's files lose what was not synced (disk.go).
 //   - Restart(id, keepDisk): a new incarnation with fresh, zeroed memory,
 //     a new Process, and the previous incarnation's Disk if keepDisk.
 //     Peers' old Conns stay broken; they must reconnect.

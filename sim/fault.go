@@ -111,6 +111,7 @@ func (s *Sim) Crash(id rdma.NodeID) error {
 	}
 	n.held = nil
 	n.mem.Crash()
+	n.disk.crash()
 	n.dead = append(n.dead, n.mem)
 	n.mem = nil
 	n.live = false

@@ -205,6 +205,8 @@ type Disk struct {
 	s  *Sim
 	id rdma.NodeID
 	m  map[string][]byte
+
+	files *diskFiles // disk.go, made on first use
 }
 
 func newDisk(s *Sim, id rdma.NodeID) *Disk {

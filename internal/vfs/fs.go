@@ -1,0 +1,80 @@
+// Package vfs is the small file-system interface the write-ahead log and
+// the snapshot store use, so that tests and the simulator can run the same
+// code over files that lose unsynced data, tear writes and fail on demand.
+//
+// OS is the real file system (fdatasync for File.Sync, fallocate for
+// File.Allocate, an fsync of the directory for SyncDir). Mem is an
+// in-memory file system that keeps, per file, what was synced apart from
+// what was only written, and per directory which names were made durable
+// by SyncDir, so a test can "crash" it: drop the unsynced pages, tear the
+// last write, forget unsynced renames (Mem.Crash).
+package vfs
+
+import (
+	"io"
+	"os"
+)
+
+// FS is what the log needs from a file system.
+type FS interface {
+	OpenFile(name string, flag int, perm os.FileMode) (File, error)
+	Rename(oldname, newname string) error
+	Remove(name string) error
+	ReadDir(dir string) ([]os.DirEntry, error)
+	MkdirAll(dir string, perm os.FileMode) error
+	// SyncDir makes the directory's entries durable: a file created,
+	// renamed or removed in dir survives a crash only after it.
+	SyncDir(dir string) error
+	Stat(name string) (os.FileInfo, error)
+}
+
+// File is an open file. Sync makes the file's data durable (fdatasync),
+// not its name (see FS.SyncDir).
+type File interface {
+	io.ReaderAt
+	io.WriterAt
+	Sync() error
+	Truncate(size int64) error
+	// Allocate reserves [off, off+n) so later writes there do not need
+	// new blocks; the file grows to off+n if it is shorter, with zeros.
+	Allocate(off, n int64) error
+	Stat() (os.FileInfo, error)
+	Close() error
+}
+
+// ReadFile reads the whole of name.
+func ReadFile(fs FS, name string) ([]byte, error) {
+	f, err := fs.OpenFile(name, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, st.Size())
+	n, err := f.ReadAt(b, 0)
+	if err == io.EOF && int64(n) == st.Size() {
+		err = nil
+	}
+	return b[:n], err
+}
+
+// WriteFile creates (or truncates) name, writes b and syncs it. The name
+// is durable only after SyncDir of its directory.
+func WriteFile(fs FS, name string, b []byte) error {
+	f, err := fs.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(b, 0); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

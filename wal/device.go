@@ -1,0 +1,223 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/rdmakv/rdmakv/internal/vfs"
+)
+
+// IOKind is the kind of a device operation.
+type IOKind uint8
+
+const (
+	IOWrite    IOKind = iota + 1 // write Data at Off of Path
+	IOSync                       // fdatasync Path
+	IOCreate                     // create Path (truncating an old file of that name)
+	IOAllocate                   // preallocate [Off, Off+Len) of Path
+	IORename                     // rename Path to To
+	IORemove                     // remove Path
+	IOSyncDir                    // fsync the directory Path
+	IOTruncate                   // truncate Path to Off bytes
+)
+
+var ioNames = [...]string{"?", "write", "sync", "create", "allocate", "rename", "remove", "syncdir", "truncate"}
+
+func (k IOKind) String() string {
+	if int(k) < len(ioNames) {
+		return ioNames[k]
+	}
+	return fmt.Sprintf("io%d", k)
+}
+
+// IO is one device operation. The device owns Data until the operation
+// completes.
+type IO struct {
+	Kind IOKind
+	Path string
+	To   string // IORename's new name
+	Off  int64
+	Len  int64 // IOAllocate's length
+	Data []byte
+	Tag  uint64
+}
+
+// Done is a completed IO.
+type Done struct {
+	Tag uint64
+	Err error
+}
+
+// Device runs IOs in the order they were submitted and reports their
+// completions in that order. Neither method blocks.
+type Device interface {
+	// Submit queues op; false if the queue is full (retry at a later Poll).
+	Submit(op IO) bool
+	// Reap appends the completions that arrived since the last Reap.
+	Reap(dst []Done) []Done
+}
+
+// Executor runs IOs synchronously on a vfs.FS, keeping the files it
+// opened. The FileDevice's goroutine and the simulator's disk use it.
+type Executor struct {
+	FS    vfs.FS
+	files map[string]vfs.File
+}
+
+// NewExecutor returns an Executor over fs.
+func NewExecutor(fs vfs.FS) *Executor { return &Executor{FS: fs, files: map[string]vfs.File{}} }
+
+func (x *Executor) file(path string) (vfs.File, error) {
+	if f, ok := x.files[path]; ok {
+		return f, nil
+	}
+	f, err := x.FS.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	x.files[path] = f
+	return f, nil
+}
+
+func (x *Executor) drop(path string) {
+	if f, ok := x.files[path]; ok {
+		f.Close()
+		delete(x.files, path)
+	}
+}
+
+// Do runs op.
+func (x *Executor) Do(op IO) error {
+	switch op.Kind {
+	case IOCreate:
+		x.drop(op.Path)
+		f, err := x.FS.OpenFile(op.Path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return err
+		}
+		x.files[op.Path] = f
+		return nil
+	case IOWrite:
+		f, err := x.file(op.Path)
+		if err != nil {
+			return err
+		}
+		n, err := f.WriteAt(op.Data, op.Off)
+		if err == nil && n < len(op.Data) {
+			err = io.ErrShortWrite
+		}
+		return err
+	case IOSync:
+		f, err := x.file(op.Path)
+		if err != nil {
+			return err
+		}
+		return f.Sync()
+	case IOAllocate:
+		f, err := x.file(op.Path)
+		if err != nil {
+			return err
+		}
+		return f.Allocate(op.Off, op.Len)
+	case IOTruncate:
+		f, err := x.file(op.Path)
+		if err != nil {
+			return err
+		}
+		return f.Truncate(op.Off)
+	case IORename:
+		x.drop(op.Path)
+		x.drop(op.To)
+		return x.FS.Rename(op.Path, op.To)
+	case IORemove:
+		x.drop(op.Path)
+		return x.FS.Remove(op.Path)
+	case IOSyncDir:
+		return x.FS.SyncDir(op.Path)
+	}
+	return fmt.Errorf("wal: unknown IO kind %d", op.Kind)
+}
+
+// Close closes every file the Executor opened.
+func (x *Executor) Close() error {
+	var errs []error
+	for path, f := range x.files {
+		errs = append(errs, f.Close())
+		delete(x.files, path)
+	}
+	return errors.Join(errs...)
+}
+
+// FileDevice is the production Device: one goroutine runs the IOs in
+// order on a vfs.FS, and kick wakes the poller after each completion.
+type FileDevice struct {
+	ops  chan IO
+	kick func()
+	x    *Executor
+
+	mu   sync.Mutex
+	done []Done
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// FileDeviceQueue is how many IOs a FileDevice holds before Submit
+// refuses.
+const FileDeviceQueue = 64
+
+// NewFileDevice starts the device's goroutine; Close stops it.
+func NewFileDevice(fs vfs.FS, kick func()) *FileDevice {
+	d := &FileDevice{ops: make(chan IO, FileDeviceQueue), kick: kick, x: NewExecutor(fs), stop: make(chan struct{})}
+	d.wg.Add(1)
+	go d.run()
+	return d
+}
+
+func (d *FileDevice) run() {
+	defer d.wg.Done()
+	for {
+		select {
+		case op := <-d.ops:
+			err := d.x.Do(op)
+			d.mu.Lock()
+			d.done = append(d.done, Done{Tag: op.Tag, Err: err})
+			d.mu.Unlock()
+			if d.kick != nil {
+				d.kick()
+			}
+		case <-d.stop:
+			return
+		}
+	}
+}
+
+// Submit queues op without blocking.
+func (d *FileDevice) Submit(op IO) bool {
+	select {
+	case d.ops <- op:
+		return true
+	default:
+		return false
+	}
+}
+
+// Reap appends the completions so far.
+func (d *FileDevice) Reap(dst []Done) []Done {
+	d.mu.Lock()
+	dst = append(dst, d.done...)
+	d.done = d.done[:0]
+	d.mu.Unlock()
+	return dst
+}
+
+// Close stops the goroutine (IOs still queued are not run) and closes the
+// files.
+func (d *FileDevice) Close() error {
+	close(d.stop)
+	d.wg.Wait()
+	return d.x.Close()
+}

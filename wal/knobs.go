@@ -1,0 +1,28 @@
+package wal
+
+// testingKnobs are the planted bugs of this package's tests (STYLE.md: one
+// unexported struct, as in every package). Production code never sets
+// them.
+type testingKnobs struct {
+	// retrySync: after a failed fsync the Writer syncs again and, if that
+	// succeeds, counts the batch as durable (PostgreSQL's fsyncgate bug).
+	// Caught by TestSyncErrorFailStop (Synced moved past a record that
+	// is not on the disk).
+	retrySync bool
+	// cutCorrupt: Recover treats an invalid record as a torn tail even
+	// when a valid batch follows it: it cuts synced records. Caught by
+	// TestRecoverCorruptNotCut and FuzzRecover.
+	cutCorrupt bool
+	// ignoreShortWrite: a short write of a batch counts as written (the
+	// next batch goes after its full length, leaving a hole). Caught by
+	// TestShortWriteRewrites (records lost, corruption reported).
+	ignoreShortWrite bool
+	// keepFailedSegment: ENOSPC while creating the next segment leaves the
+	// half-made file behind. Caught by TestDiskFullOnRotation (files
+	// changed).
+	keepFailedSegment bool
+	// noRecoverSync: Recover returns what it read without syncing the
+	// segments and the directory (a process crash leaves them in the
+	// page cache only). Caught by TestRecoverCatchesNoRecoverSync.
+	noRecoverSync bool
+}

@@ -1,0 +1,189 @@
+package wal
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/rdmakv/rdmakv/internal/vfs"
+)
+
+func appendN(t testing.TB, w *Writer, rng *rand.Rand, wr written, n, maxLen int) {
+	t.Helper()
+	for range n {
+		seq := w.NextSeq()
+		if len(w.open) == 0 {
+			seq++ // the batch record takes the first seq
+		}
+		p := payload(rng, seq, rng.IntN(maxLen+1))
+		got, ok := w.Append(RecEntry, p[:4], p[4:])
+		if !ok || got != seq {
+			t.Fatalf("append: seq %d ok %v, want seq %d (err %v)", got, ok, seq, w.Err())
+		}
+		wr[got] = p
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	fs := vfs.NewMem()
+	rng := rand.New(rand.NewPCG(1, 2))
+	d := newTestDevice(fs)
+	w := mustOpen(t, d, mustRecover(t, fs), Config{Mode: Sync})
+	wr := written{}
+	for range 20 {
+		appendN(t, w, rng, wr, 1+rng.IntN(10), 300)
+		drain(t, w, d, 0)
+	}
+	if w.Err() != nil {
+		t.Fatal(w.Err())
+	}
+	if w.Synced() != w.NextSeq()-1 {
+		t.Fatalf("synced %d, next %d", w.Synced(), w.NextSeq())
+	}
+	c := fs.Clone()
+	c.DropUnsynced()
+	rec := mustRecover(t, c)
+	wr.check(t, rec)
+	if len(rec.Records) != len(wr) || rec.TornAt != nil || len(rec.Corrupt) != 0 {
+		t.Fatalf("recovered %d records of %d (torn %v, corrupt %v)", len(rec.Records), len(wr), rec.TornAt, rec.Corrupt)
+	}
+	if rec.NextSeq != w.NextSeq() {
+		t.Fatalf("recovered next seq %d, writer %d", rec.NextSeq, w.NextSeq())
+	}
+	st := w.Stats()
+	if st.Batches != 20 || st.Segments != 1 || st.Fsyncs < 20 || st.FsyncLatency.N() != st.Fsyncs {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestRotation(t *testing.T) {
+	fs := vfs.NewMem()
+	rng := rand.New(rand.NewPCG(3, 4))
+	d := newTestDevice(fs)
+	w := mustOpen(t, d, mustRecover(t, fs), Config{Mode: Sync, SegmentBytes: 4096})
+	wr := written{}
+	for range 40 {
+		appendN(t, w, rng, wr, 1+rng.IntN(4), 400)
+		drain(t, w, d, 0)
+	}
+	// one batch larger than a segment
+	appendN(t, w, rng, wr, 20, 600)
+	drain(t, w, d, 0)
+	if w.Err() != nil {
+		t.Fatal(w.Err())
+	}
+	nseg := w.Stats().Segments
+	if nseg < 4 {
+		t.Fatalf("%d segments, want rotation", nseg)
+	}
+	rec := mustRecover(t, fs.Clone())
+	wr.check(t, rec)
+	if len(rec.Records) != len(wr) || len(rec.Segments) != nseg {
+		t.Fatalf("recovered %d of %d records in %d segments (writer: %d)", len(rec.Records), len(wr), len(rec.Segments), nseg)
+	}
+	// DropBefore removes whole segments only.
+	cut := rec.Segments[2].FirstSeq
+	w.DropBefore(cut + 1)
+	drain(t, w, d, 0)
+	for w.dropDue() || w.phase != pIdle {
+		w.Poll(0)
+		d.runAll()
+	}
+	rec = mustRecover(t, fs.Clone())
+	wr.check(t, rec)
+	if len(rec.Segments) != nseg-2 || rec.Records[0].Seq != cut+1 || rec.Records[len(rec.Records)-1].Seq != w.NextSeq()-1 {
+		t.Fatalf("after DropBefore(%d): %d segments (had %d), first seq %d", cut+1, len(rec.Segments), nseg, rec.Records[0].Seq)
+	}
+	for i := 1; i < len(rec.Records); i++ {
+		if rec.Records[i].Seq <= rec.Records[i-1].Seq {
+			t.Fatalf("records out of order")
+		}
+	}
+}
+
+func TestRestartAfterClose(t *testing.T) {
+	fs := vfs.NewMem()
+	rng := rand.New(rand.NewPCG(5, 6))
+	wr := written{}
+	for round := range 4 {
+		fs.DropUnsynced() // a clean stop: everything was synced
+		rec := mustRecover(t, fs)
+		wr.check(t, rec)
+		if len(rec.Records) != len(wr) || rec.TornAt != nil {
+			t.Fatalf("round %d: recovered %d of %d (torn %v)", round, len(rec.Records), len(wr), rec.TornAt)
+		}
+		d := newTestDevice(fs)
+		w := mustOpen(t, d, rec, Config{Mode: Sync, SegmentBytes: 8192})
+		for range 10 {
+			appendN(t, w, rng, wr, 1+rng.IntN(5), 500)
+			drain(t, w, d, 0)
+		}
+		if w.Err() != nil {
+			t.Fatal(w.Err())
+		}
+		d.x.Close()
+	}
+}
+
+// An unsynced batch torn by a crash is cut back; everything synced stays;
+// the writer continues after the cut and the next recovery is clean.
+func TestTornTail(t *testing.T) {
+	for seed := range uint64(20) {
+		fs := vfs.NewMem()
+		rng := rand.New(rand.NewPCG(seed, 7))
+		d := newTestDevice(fs)
+		w := mustOpen(t, d, mustRecover(t, fs), Config{Mode: Sync, SegmentBytes: 1 << 16})
+		wr := written{}
+		for range 5 {
+			appendN(t, w, rng, wr, 3, 200)
+			drain(t, w, d, 0)
+		}
+		synced := w.Synced()
+		appendN(t, w, rng, wr, 30, 700) // several pages
+		for w.phase != pSync {
+			w.Poll(0)
+			d.step()
+		}
+		fs.Crash(rng)
+		rec := mustRecover(t, fs)
+		wr.check(t, rec)
+		got := seqs(rec)
+		for s := range wr {
+			if s <= synced && !got[s] {
+				t.Fatalf("seed %d: synced seq %d lost", seed, s)
+			}
+		}
+		if len(rec.Corrupt) != 0 {
+			t.Fatalf("seed %d: corruption reported for a torn tail: %+v", seed, rec.Corrupt)
+		}
+		if rec.TornAt != nil {
+			if len(rec.Warnings) == 0 || !strings.Contains(rec.Warnings[0], "torn tail") {
+				t.Fatalf("seed %d: torn at %v without a warning: %q", seed, rec.TornAt, rec.Warnings)
+			}
+			ents, _ := fs.ReadDir(testDir)
+			found := false
+			for _, e := range ents {
+				found = found || strings.Contains(e.Name(), ".torn-")
+			}
+			if !found {
+				t.Fatalf("seed %d: no .torn- copy in %v", seed, ents)
+			}
+		}
+		// drop what the tear left of the batch from the expectations
+		for s := range wr {
+			if s > synced && !got[s] {
+				delete(wr, s)
+			}
+		}
+		d = newTestDevice(fs)
+		w = mustOpen(t, d, rec, Config{Mode: Sync, SegmentBytes: 1 << 16})
+		appendN(t, w, rng, wr, 5, 300)
+		drain(t, w, d, 0)
+		fs.DropUnsynced()
+		rec2 := mustRecover(t, fs)
+		wr.check(t, rec2)
+		if len(rec2.Records) != len(wr) || rec2.TornAt != nil || len(rec2.Corrupt) != 0 {
+			t.Fatalf("seed %d: after the cut and more appends: %d of %d records (torn %v corrupt %v)", seed, len(rec2.Records), len(wr), rec2.TornAt, rec2.Corrupt)
+		}
+	}
+}

@@ -1,0 +1,637 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/rdmakv/rdmakv/internal/hist"
+)
+
+var (
+	// ErrFailStop: a sync failed. The kernel may have dropped the unsynced
+	// pages and cleared the error (PostgreSQL's "fsyncgate"), so nothing
+	// written since the last good sync can be trusted and retrying is
+	// unsafe: the Writer stops for good, Synced never moves again, and
+	// the replica must exit. Err wraps it with the cause.
+	ErrFailStop = errors.New("wal: fail-stop")
+	// ErrDiskFull: a write or preallocation found no space. Nothing was
+	// lost and the files are consistent (a half-written batch is cut
+	// back); Append refuses until a retry succeeds (Config.DiskFullRetry).
+	ErrDiskFull = errors.New("wal: disk full")
+)
+
+// Mode is when records count as synced enough.
+type Mode uint8
+
+const (
+	// Async: a batch is written and fsynced when its oldest record is
+	// FsyncInterval old or MaxUnsyncedBytes are queued.
+	Async Mode = iota
+	// Sync: a batch starts as soon as the previous one is synced (group
+	// commit): records wait for one fsync at most plus the one in flight.
+	Sync
+)
+
+// Config of a Writer.
+type Config struct {
+	Dir              string        // the segments' directory
+	Mode             Mode          // Async or Sync
+	FsyncInterval    time.Duration // Async: the longest a record waits before its batch starts (default 10ms)
+	SegmentBytes     int64         // a segment's preallocated size (default 64 MiB)
+	MaxUnsyncedBytes int64         // a batch starts once this much is queued; Append refuses beyond 2x (default 4 MiB)
+	Member           uint64        // written in every segment header, checked by Recover
+	DiskFullRetry    time.Duration // after ErrDiskFull, the batch is tried again this long after (default 100ms)
+}
+
+func (c *Config) defaults() {
+	if c.FsyncInterval <= 0 {
+		c.FsyncInterval = 10 * time.Millisecond
+	}
+	if c.SegmentBytes <= 0 {
+		c.SegmentBytes = DefaultSegmentBytes
+	}
+	c.SegmentBytes = max(c.SegmentBytes, 4096)
+	if c.MaxUnsyncedBytes <= 0 {
+		c.MaxUnsyncedBytes = 4 << 20
+	}
+	if c.DiskFullRetry <= 0 {
+		c.DiskFullRetry = 100 * time.Millisecond
+	}
+}
+
+// Stats are the Writer's counters.
+type Stats struct {
+	Records       uint64    // records appended (Batch records excluded)
+	Batches       uint64    // batches synced
+	BytesWritten  uint64    // bytes of batches synced
+	Segments      int       // live segment files
+	SegmentBytes  int64     // their preallocated sizes, summed
+	Fsyncs        uint64    // fsyncs completed (batches and new segments)
+	FsyncLatency  hist.Hist // from submitting an fsync to the Poll that reaped it
+	UnsyncedBytes int64     // bytes appended and not yet synced
+	DiskFull      uint64    // batches that found no space
+	ShortWrites   uint64    // batches rewritten after a short write
+	RemoveErrors  uint64    // segments DropBefore could not remove
+}
+
+// Never is NextDeadline's "no deadline".
+const Never = time.Duration(math.MaxInt64)
+
+type phase uint8
+
+const (
+	pIdle phase = iota
+	pCreate
+	pAlloc
+	pHdr
+	pHdrSync
+	pDirSync
+	pAbortRemove
+	pAbortDirSync
+	pWrite
+	pSync
+	pTrunc
+	pRealloc
+	pDropRemove
+	pDropDirSync
+)
+
+type batch struct {
+	buf         []byte
+	first, last uint64
+	since       time.Duration
+	// placement, decided when its job starts
+	rotate bool
+	seg    SegInfo // the segment it goes to (a new one if rotate)
+	off    int64
+	// what went wrong so far
+	short   int
+	noSpace bool
+}
+
+// Writer appends records and makes them durable in batches, one batch in
+// flight. It is not safe for concurrent use: one poller calls everything.
+type Writer struct {
+	dev   Device
+	cfg   Config
+	knobs testingKnobs
+
+	now     time.Duration
+	failErr error // sticky
+	fullErr error // while the disk is full
+	retryAt time.Duration
+
+	nextSeq      uint64
+	synced       uint64
+	lastBatchEnd uint64
+
+	open      []byte // the open batch; its first batchRecSize bytes are the Batch record
+	openFirst uint64
+	openCount uint32
+	openSince time.Duration
+	flush     bool
+
+	cur   *batch // sealed: being written, or waiting for space
+	spare []byte // the previous sealed batch's buffer, reused
+
+	segs   []SegInfo // live segments, the last one written
+	segCap int64     // the last segment's size (writes beyond grow it)
+	segOff int64     // where the next batch goes in the last segment
+
+	phase    phase
+	op       IO   // the IO of the current phase
+	pending  bool // op not yet accepted by the device
+	tag      uint64
+	submitAt time.Duration
+	dropTo   uint64
+	drops    []SegInfo
+	doneBuf  []Done
+
+	stats Stats
+}
+
+// Open returns a Writer that continues the recovered log rec (nil: an
+// empty log; Config.Dir must exist).
+func Open(dev Device, cfg Config, rec *Recovered) (*Writer, error) {
+	cfg.defaults()
+	w := &Writer{dev: dev, cfg: cfg, nextSeq: 1}
+	if rec != nil {
+		w.nextSeq = max(rec.NextSeq, 1)
+		w.segs = append(w.segs, rec.Segments...)
+		if n := len(w.segs); n > 0 {
+			last := w.segs[n-1]
+			if last.FirstSeq > w.nextSeq {
+				return nil, fmt.Errorf("wal: last segment %s starts at seq %d, after the recovered end %d", last.Path, last.FirstSeq, w.nextSeq)
+			}
+			w.segOff = max(last.End, segHdrSize)
+			w.segCap = max(last.Size, w.segOff)
+		}
+	}
+	w.synced = w.nextSeq - 1
+	w.lastBatchEnd = w.nextSeq - 1
+	for _, s := range w.segs {
+		w.stats.SegmentBytes += s.Size
+	}
+	return w, nil
+}
+
+// Append copies a record of type typ whose payload is parts, concatenated,
+// into the open batch and returns its seq. ok is false (nothing appended)
+// while Err is not nil, and when the unsynced bytes would pass twice
+// MaxUnsyncedBytes (the caller holds the record and retries after a Poll).
+func (w *Writer) Append(typ RecType, parts ...[]byte) (seq uint64, ok bool) {
+	return w.AppendFlags(typ, 0, parts...)
+}
+
+// AppendFlags is Append with the record's flags byte.
+func (w *Writer) AppendFlags(typ RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool) {
+	if w.failErr != nil || w.fullErr != nil || typ == RecBatch {
+		return 0, false
+	}
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	if n > MaxRecord {
+		return 0, false
+	}
+	sz := recSize(n)
+	if len(w.open) > 0 && w.unsynced()+int64(sz) > 2*w.cfg.MaxUnsyncedBytes {
+		return 0, false
+	}
+	if len(w.open) == 0 {
+		if cap(w.open) < batchRecSize {
+			w.open = make([]byte, 0, 64<<10)
+		}
+		w.open = w.open[:batchRecSize]
+		w.openFirst = w.nextSeq
+		w.nextSeq++
+		w.openCount = 1
+		w.openSince = w.now
+	}
+	off := len(w.open)
+	w.open = grow(w.open, sz)
+	seq = w.nextSeq
+	w.nextSeq++
+	putRecord(w.open[off:], typ, flags, seq, parts...)
+	w.openCount++
+	w.stats.Records++
+	return seq, true
+}
+
+func grow(b []byte, n int) []byte {
+	if len(b)+n > cap(b) {
+		nb := make([]byte, len(b), max(2*cap(b), len(b)+n))
+		copy(nb, b)
+		b = nb
+	}
+	return b[:len(b)+n]
+}
+
+func (w *Writer) unsynced() int64 {
+	n := int64(len(w.open))
+	if w.cur != nil {
+		n += int64(len(w.cur.buf))
+	}
+	return n
+}
+
+// Synced is the seq up to which every record is on disk.
+func (w *Writer) Synced() uint64 { return w.synced }
+
+// NextSeq is the seq the next appended record gets (a Batch record may
+// take it first).
+func (w *Writer) NextSeq() uint64 { return w.nextSeq }
+
+// OldestUnsynced is the time (the Poll clock) at which the oldest record
+// not yet synced was appended, or -1 if every record is synced. For the
+// async back-pressure rule.
+func (w *Writer) OldestUnsynced() time.Duration {
+	switch {
+	case w.cur != nil:
+		return w.cur.since
+	case len(w.open) > 0:
+		return w.openSince
+	}
+	return -1
+}
+
+// Err is nil while the log works; ErrFailStop (wrapping the cause) for
+// good after a failed sync or an unexpected error; ErrDiskFull while the
+// disk has no space.
+func (w *Writer) Err() error {
+	if w.failErr != nil {
+		return w.failErr
+	}
+	return w.fullErr
+}
+
+// Flush makes the next Polls write and sync everything appended so far
+// without waiting for FsyncInterval (a clean stop). Idle reports when
+// they did.
+func (w *Writer) Flush() { w.flush = true }
+
+// Idle reports that every appended record is synced and nothing is in
+// flight.
+func (w *Writer) Idle() bool {
+	return w.cur == nil && len(w.open) == 0 && w.phase == pIdle
+}
+
+// DropBefore removes, in the background, the whole segments whose records
+// all have seqs below seq (never the segment being written).
+func (w *Writer) DropBefore(seq uint64) { w.dropTo = max(w.dropTo, seq) }
+
+// Stats returns the counters.
+func (w *Writer) Stats() Stats {
+	s := w.stats
+	s.Segments = len(w.segs)
+	s.UnsyncedBytes = w.unsynced()
+	return s
+}
+
+// NextDeadline is when the Writer next needs a Poll without a device
+// completion: Never if nothing is due.
+func (w *Writer) NextDeadline() time.Duration {
+	switch {
+	case w.failErr != nil:
+		return Never
+	case w.pending:
+		return w.now
+	case w.phase != pIdle:
+		return Never
+	case w.cur != nil:
+		return w.retryAt
+	case len(w.open) > 0 && (w.cfg.Mode == Sync || w.flush || int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
+		return w.now
+	case len(w.open) > 0:
+		if w.dropDue() {
+			return w.now
+		}
+		return w.openSince + w.cfg.FsyncInterval
+	case w.dropDue():
+		return w.now
+	}
+	return Never
+}
+
+func (w *Writer) dropDue() bool {
+	return len(w.segs) > 1 && w.segs[1].FirstSeq <= w.dropTo
+}
+
+// Poll reaps completions, moves the batch in flight along, and starts the
+// next batch when it is due at now. It never blocks; it reports whether
+// anything happened.
+func (w *Writer) Poll(now time.Duration) bool {
+	w.now = now
+	progress := false
+	w.doneBuf = w.dev.Reap(w.doneBuf[:0])
+	for _, d := range w.doneBuf {
+		if w.phase == pIdle || d.Tag != w.op.Tag {
+			continue // a completion of an earlier Writer on the same device
+		}
+		progress = true
+		w.complete(d.Err)
+	}
+	if w.failErr != nil {
+		return progress
+	}
+	if w.phase == pIdle {
+		switch {
+		case w.cur != nil:
+			if now >= w.retryAt {
+				w.startBatch()
+				progress = true
+			}
+		case len(w.open) > 0 && (w.cfg.Mode == Sync || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
+			int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
+			w.seal()
+			w.startBatch()
+			progress = true
+		case w.dropDue():
+			w.startDrop()
+			progress = true
+		}
+	}
+	if w.pending && w.dev.Submit(w.op) {
+		w.pending = false
+		progress = true
+	}
+	return progress
+}
+
+// seal closes the open batch: it becomes cur.
+func (w *Writer) seal() {
+	buf := w.open
+	putBatch(buf, w.openFirst, w.openCount, w.lastBatchEnd)
+	w.cur = &batch{buf: buf, first: w.openFirst, last: w.nextSeq - 1, since: w.openSince}
+	w.open = w.spare[:0]
+	w.spare = nil
+	if w.flush {
+		w.flush = false
+	}
+}
+
+func putBatch(buf []byte, first uint64, count uint32, prev uint64) {
+	var p [batchPayload]byte
+	putBatchInfo(p[:], BatchInfo{First: first, Count: count, Bytes: uint32(min(len(buf), math.MaxUint32)), PrevLast: prev})
+	putRecord(buf[:batchRecSize], RecBatch, 0, first, p[:])
+}
+
+// startBatch decides where cur goes and issues its first IO.
+func (w *Writer) startBatch() {
+	b := w.cur
+	b.noSpace = false
+	n := int64(len(b.buf))
+	if len(w.segs) == 0 || (w.segOff+n > w.segCap && w.segOff > segHdrSize) {
+		next := uint32(1)
+		if len(w.segs) > 0 {
+			next = w.segs[len(w.segs)-1].Seq + 1
+		}
+		size := max(w.cfg.SegmentBytes, (segHdrSize+n+4095)&^4095)
+		b.rotate = true
+		b.seg = SegInfo{Seq: next, FirstSeq: b.first, Path: segPath(w.cfg.Dir, next), Size: size, End: segHdrSize}
+		b.off = segHdrSize
+		w.issue(pCreate)
+		return
+	}
+	b.rotate = false
+	b.seg = w.segs[len(w.segs)-1]
+	b.off = w.segOff
+	w.issue(pWrite)
+}
+
+func (w *Writer) startDrop() {
+	w.drops = w.drops[:0]
+	for len(w.segs) > 1 && w.segs[1].FirstSeq <= w.dropTo {
+		w.drops = append(w.drops, w.segs[0])
+		w.stats.SegmentBytes -= w.segs[0].Size
+		w.segs = w.segs[1:]
+	}
+	w.issue(pDropRemove)
+}
+
+// issue builds the IO of phase p and submits it.
+func (w *Writer) issue(p phase) {
+	w.phase = p
+	b := w.cur
+	w.tag++
+	op := IO{Tag: w.tag}
+	switch p {
+	case pCreate:
+		op.Kind, op.Path = IOCreate, b.seg.Path
+	case pAlloc:
+		op.Kind, op.Path, op.Off, op.Len = IOAllocate, b.seg.Path, 0, b.seg.Size
+	case pHdr:
+		hdr := make([]byte, segHdrSize)
+		putSegHeader(hdr, segHeader{member: w.cfg.Member, firstSeq: b.seg.FirstSeq, segseq: b.seg.Seq})
+		op.Kind, op.Path, op.Data = IOWrite, b.seg.Path, hdr
+	case pHdrSync, pSync:
+		op.Kind, op.Path = IOSync, b.seg.Path
+		w.submitAt = w.now
+	case pDirSync, pAbortDirSync, pDropDirSync:
+		op.Kind, op.Path = IOSyncDir, w.cfg.Dir
+	case pAbortRemove:
+		op.Kind, op.Path = IORemove, b.seg.Path
+	case pWrite:
+		op.Kind, op.Path, op.Off, op.Data = IOWrite, b.seg.Path, b.off, b.buf
+	case pTrunc:
+		op.Kind, op.Path, op.Off = IOTruncate, b.seg.Path, b.off
+	case pRealloc:
+		op.Kind, op.Path, op.Off, op.Len = IOAllocate, b.seg.Path, b.off, b.seg.Size-b.off
+	case pDropRemove:
+		op.Kind, op.Path = IORemove, w.drops[0].Path
+	}
+	w.op = op
+	w.pending = !w.dev.Submit(op)
+}
+
+func noSpace(err error) bool { return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) }
+
+func (w *Writer) fail(what string, err error) {
+	w.failErr = fmt.Errorf("%w: %s %s: %w", ErrFailStop, what, w.op.Path, err)
+	w.phase = pIdle
+}
+
+// full ends the current batch job with ErrDiskFull (err is the cause
+// when no lastErr set it); the batch is tried again later.
+func (w *Writer) full(err error) {
+	if w.fullErr == nil || !errors.Is(w.fullErr, ErrDiskFull) {
+		w.fullErr = fmt.Errorf("%w: %s: %w", ErrDiskFull, filepath.Base(w.op.Path), err)
+	}
+	w.retryAt = w.now + w.cfg.DiskFullRetry
+	w.stats.DiskFull++
+	w.phase = pIdle
+}
+
+// complete handles the completion of the current IO.
+func (w *Writer) complete(err error) {
+	b := w.cur
+	switch w.phase {
+	case pCreate, pAlloc, pHdr:
+		switch {
+		case err == nil && w.phase == pCreate:
+			w.issue(pAlloc)
+		case err == nil && w.phase == pAlloc:
+			w.issue(pHdr)
+		case err == nil:
+			w.issue(pHdrSync)
+		case noSpace(err) || errors.Is(err, io.ErrShortWrite):
+			b.noSpace = noSpace(err)
+			if !b.noSpace {
+				w.stats.ShortWrites++
+			}
+			w.lastErr(err)
+			if w.knobs.keepFailedSegment {
+				w.afterAbort()
+				return
+			}
+			w.issue(pAbortRemove)
+		default:
+			w.fail("creating segment", err)
+		}
+	case pHdrSync:
+		w.fsynced()
+		if err != nil {
+			w.fail("fsync of new segment", err)
+			return
+		}
+		w.issue(pDirSync)
+	case pDirSync:
+		if err != nil {
+			w.fail("fsync of directory", err)
+			return
+		}
+		w.segs = append(w.segs, b.seg)
+		w.stats.SegmentBytes += b.seg.Size
+		w.segCap, w.segOff = b.seg.Size, segHdrSize
+		w.issue(pWrite)
+	case pAbortRemove:
+		if err != nil && !errors.Is(err, syscall.ENOENT) {
+			w.fail("removing unfinished segment", err)
+			return
+		}
+		w.issue(pAbortDirSync)
+	case pAbortDirSync:
+		if err != nil {
+			w.fail("fsync of directory", err)
+			return
+		}
+		w.afterAbort()
+	case pWrite:
+		if w.knobs.ignoreShortWrite && errors.Is(err, io.ErrShortWrite) {
+			err = nil
+		}
+		switch {
+		case err == nil:
+			w.issue(pSync)
+		case noSpace(err) || errors.Is(err, io.ErrShortWrite):
+			// The batch may be half on the file: cut it back so that
+			// no half record is ever followed by a new one.
+			b.noSpace = noSpace(err)
+			if !b.noSpace {
+				w.stats.ShortWrites++
+			}
+			w.lastErr(err)
+			w.issue(pTrunc)
+		default:
+			w.fail("writing batch", err)
+		}
+	case pTrunc:
+		if err != nil {
+			w.fail("cutting back a failed batch", err)
+			return
+		}
+		if b.off < b.seg.Size {
+			w.issue(pRealloc)
+			return
+		}
+		w.afterAbort()
+	case pRealloc:
+		if err != nil && !noSpace(err) {
+			w.fail("preallocating after a failed batch", err)
+			return
+		}
+		if err != nil {
+			b.noSpace = true
+			w.lastErr(err)
+		}
+		w.afterAbort()
+	case pSync:
+		w.fsynced()
+		if err != nil {
+			if w.knobs.retrySync {
+				w.issue(pSync)
+				return
+			}
+			w.fail("fsync", err)
+			return
+		}
+		w.synced = b.last
+		w.lastBatchEnd = b.last
+		w.segOff = b.off + int64(len(b.buf))
+		if w.segOff > w.segCap {
+			w.segCap = w.segOff
+			w.segs[len(w.segs)-1].Size = w.segCap
+		}
+		w.segs[len(w.segs)-1].End = w.segOff
+		w.stats.Batches++
+		w.stats.BytesWritten += uint64(len(b.buf))
+		w.spare = b.buf
+		w.cur = nil
+		w.fullErr = nil
+		w.phase = pIdle
+	case pDropRemove:
+		if err != nil && !errors.Is(err, syscall.ENOENT) {
+			w.stats.RemoveErrors++
+		}
+		w.drops = w.drops[1:]
+		if len(w.drops) > 0 {
+			w.issue(pDropRemove)
+			return
+		}
+		w.issue(pDropDirSync)
+	case pDropDirSync:
+		if err != nil {
+			w.fail("fsync of directory", err)
+			return
+		}
+		w.phase = pIdle
+	}
+}
+
+// lastErr remembers the error that made the current batch start again.
+func (w *Writer) lastErr(err error) {
+	if noSpace(err) {
+		w.fullErr = fmt.Errorf("%w: %s: %w", ErrDiskFull, filepath.Base(w.op.Path), err)
+	}
+}
+
+// afterAbort: the files are consistent again after a failed write or
+// rotation; wait for space, or write the batch again at once after a
+// short write (at most 3 times in a row, then wait as for space).
+func (w *Writer) afterAbort() {
+	b := w.cur
+	if b.noSpace {
+		w.full(syscall.ENOSPC)
+		return
+	}
+	b.short++
+	if b.short > 3 {
+		w.fullErr = fmt.Errorf("%w: %s: %d short writes in a row: %w", ErrDiskFull, filepath.Base(w.op.Path), b.short, io.ErrShortWrite)
+		w.full(nil)
+		b.short = 0
+		return
+	}
+	w.phase = pIdle
+	w.startBatch()
+}
+
+func (w *Writer) fsynced() {
+	w.stats.Fsyncs++
+	w.stats.FsyncLatency.Record(w.now - w.submitAt)
+}
