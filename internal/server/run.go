@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,7 +19,6 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/kv"
-	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
@@ -57,7 +55,7 @@ type identity struct {
 // Run runs replica id of cfg until ctx ends, then stops it cleanly. Its
 // errors are one line saying what is wrong and what to do.
 func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *slog.Logger) error {
-	g, i, entry, err := cfg.Replica(id)
+	g, _, entry, err := cfg.Replica(id)
 	if err != nil {
 		return err
 	}
@@ -101,51 +99,28 @@ func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *
 
 	spec := fabric.ForMap(m)
 	spec.Listen, spec.Secret, spec.PeerTimeout = opts.Listen, cfg.SecretBytes, time.Duration(cfg.Timing.PeerTimeout)
-	node, err := fabric.Open(spec, self)
-	if err != nil {
-		return err
-	}
-	defer node.Close()
-
 	stable := broadcast.FileStable{Path: filepath.Join(dir, "stable")}
-	start, why, err := startMode(node, m, g, stable, opts.Rejoin, log)
-	if err != nil {
-		return err
-	}
-	bc := broadcast.Config{Self: self, Start: start, RejoinIncarnation: uint64(time.Now().UnixNano()),
-		HeartbeatInterval: time.Duration(cfg.Timing.Heartbeat), ElectionTimeout: time.Duration(cfg.Timing.ElectionTimeout)}
-	rc, err := m.ReplicaConfig(g, bc)
-	if err != nil {
-		return err
-	}
-	kr, err := kv.NewReplica(rc, node, stable)
+	proc, err := StartProcess(ProcessConfig{Map: m, IDs: []rdma.NodeID{self}, Spec: &spec, Pollers: 1,
+		Broadcast: broadcast.Config{RejoinIncarnation: uint64(time.Now().UnixNano()),
+			HeartbeatInterval: time.Duration(cfg.Timing.Heartbeat), ElectionTimeout: time.Duration(cfg.Timing.ElectionTimeout)},
+		Prepare: func(node rdma.Node, g, _ int) (broadcast.Stable, broadcast.StartMode, error) {
+			start, why, err := startMode(node, m, g, stable, opts.Rejoin, log)
+			if err != nil {
+				return nil, 0, err
+			}
+			log.Info("replica starting", "cluster", m.Name, "fabric", m.Fabric, "start", start.String(), "why", why, "data_dir", dir)
+			return stable, start, nil
+		},
+		Control: cln, Pprof: opts.Pprof, Log: base})
+	cln = nil // StartProcess closes it
 	if err != nil {
 		if errors.Is(err, broadcast.ErrCorrupt) {
 			return fmt.Errorf("the stable state in %s is corrupt (%v): if the disk lost it, move the file away and start with --rejoin", dir, err)
 		}
-		return fmt.Errorf("start the replica: %w", err)
+		return err
 	}
-	defer kr.Close()
-	log.Info("replica starting", "cluster", m.Name, "fabric", m.Fabric, "start", start.String(), "why", why, "data_dir", dir)
-
-	rep := NewReplica(g, i, self, kr)
-	reps := []*Replica{rep}
-	dctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() {
-		stop()
-		wg.Wait()
-	}()
-	pollers := poller.NewGroup(poller.GroupConfig{Pollers: 1})
-	pollers.Add(rep, node)
-	wg.Go(func() { pollers.Run(dctx) })
-	wg.Go(func() { Watch(dctx, reps, base) })
-
-	if cln != nil {
-		c := ServeControl(cln, m, reps, opts.Pprof, log)
-		cln = nil // c closes it
-		defer c.Close()
-		caddr = c.Addr()
+	defer proc.Close()
+	if caddr = proc.ControlAddr(); caddr != "" {
 		log.Info("control port", "addr", caddr)
 	}
 	if opts.Ready != nil {

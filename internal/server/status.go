@@ -15,6 +15,7 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -32,6 +33,7 @@ type Replica struct {
 	r            *kv.Replica
 	started      time.Time
 	busy         prometheus.Histogram
+	pollers      *poller.Group // the group polling it (Process), for /status and /metrics
 
 	mu   sync.Mutex
 	last time.Duration

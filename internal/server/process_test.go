@@ -1,0 +1,152 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/server"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// TestProcessTwoGroupsOneNode: one node runtime hosts replica 0 of each
+// of two groups (kvserver --id 1,4), a second hosts the other four. The
+// first one's pollers own both its replicas; clients write to both
+// groups; a paused replica's table header stays readable one-sided and
+// does not move while the others apply; resumed, it catches up; a
+// stopped one is gone (Do refuses) while its group goes on; Close of both
+// leaves no file in the shm directory.
+func TestProcessTwoGroupsOneNode(t *testing.T) {
+	dir, err := os.MkdirTemp("/dev/shm", "rdmakv-proctest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	m := &cluster.Map{Name: "proc", Fabric: "shm", ShmDir: dir,
+		Groups: [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}}, ClientNodes: []rdma.NodeID{100}}
+	bc := broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond}
+	a, err := server.StartProcess(server.ProcessConfig{Map: m, IDs: []rdma.NodeID{1, 4}, Broadcast: bc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := server.StartProcess(server.ProcessConfig{Map: m, IDs: []rdma.NodeID{2, 3, 5, 6}, Broadcast: bc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !a.Hosts(0, 0) || !a.Hosts(1, 0) || a.Hosts(0, 1) || b.Hosts(0, 0) {
+		t.Fatalf("hosts: a (0,0) %v (1,0) %v (0,1) %v; b (0,0) %v", a.Hosts(0, 0), a.Hosts(1, 0), a.Hosts(0, 1), b.Hosts(0, 0))
+	}
+	tasks := 0
+	for _, st := range a.PollerStats() {
+		tasks += st.Tasks
+	}
+	if tasks != 2 || len(a.Replicas()) != 2 {
+		t.Fatalf("process a: pollers own %d tasks, %d replicas; want 2 and 2", tasks, len(a.Replicas()))
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cn, err := a.ClientNode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Open(ctx, client.WithMap(m), client.WithNode(cn), client.WithSlot(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	n := 0
+	put := func(k int) {
+		t.Helper()
+		for range k {
+			key := fmt.Sprintf("k%d", n)
+			n++
+			if _, err := c.Put(ctx, []byte(key), []byte("v")); err != nil {
+				t.Fatalf("put %s: %v", key, err)
+			}
+		}
+	}
+	put(40)
+	groups := map[uint32]bool{}
+	for i := range n {
+		groups[m.GroupOf(fmt.Appendf(nil, "k%d", i))] = true
+	}
+	if len(groups) != 2 {
+		t.Fatalf("the keys went to groups %v, want both", groups)
+	}
+
+	// A paused replica's memory stays readable and frozen.
+	readHeader := func(id rdma.NodeID, g uint32) kv.Header {
+		t.Helper()
+		conn, err := cn.Connect(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		h, err := kv.ReadHeader(conn, g, 5*time.Second)
+		if err != nil {
+			t.Fatalf("read node %d's header: %v", id, err)
+		}
+		return h
+	}
+	appliedDo := func(p *server.Process, g, i int) uint64 {
+		t.Helper()
+		var ap uint64
+		if err := p.Do(g, i, func(r *kv.Replica) { ap = r.Table().Header().Applied }); err != nil {
+			t.Fatal(err)
+		}
+		return ap
+	}
+	a.Pause(0, 0)
+	frozen := readHeader(1, 0)
+	put(40)
+	if h := readHeader(1, 0); h.Applied != frozen.Applied {
+		t.Fatalf("paused replica's applied index moved from %d to %d", frozen.Applied, h.Applied)
+	}
+	if ap := appliedDo(a, 0, 0); ap != frozen.Applied {
+		t.Fatalf("Do on the paused replica sees applied %d, its memory %d", ap, frozen.Applied)
+	}
+	a.Resume(0, 0)
+	var leaderApplied uint64
+	for i := range 3 {
+		if b.Hosts(0, i) && b.Leader(0) == i {
+			leaderApplied = appliedDo(b, 0, i)
+		}
+	}
+	for readHeader(1, 0).Applied < max(leaderApplied, frozen.Applied+1) {
+		if ctx.Err() != nil {
+			t.Fatalf("the resumed replica did not catch up: applied %d, the group's leader %d", readHeader(1, 0).Applied, leaderApplied)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// A stopped replica is gone; its group goes on.
+	a.Stop(0, 0)
+	if a.Hosts(0, 0) {
+		t.Fatal("a stopped replica is still hosted")
+	}
+	if err := a.Do(0, 0, func(*kv.Replica) {}); err == nil {
+		t.Fatal("Do on a stopped replica succeeded")
+	}
+	put(40)
+
+	c.Close()
+	a.Close()
+	b.Close()
+	a.Close() // twice is fine
+	left, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range left {
+		t.Errorf("left in the shm directory after Close: %s", e.Name())
+	}
+}
