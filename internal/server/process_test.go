@@ -2,8 +2,10 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,5 +150,79 @@ func TestProcessTwoGroupsOneNode(t *testing.T) {
 	}
 	for _, e := range left {
 		t.Errorf("left in the shm directory after Close: %s", e.Name())
+	}
+}
+
+// TestStatusPollerStats: a Process's /status carries its pollers'
+// counters (every replica owned by one of them), which move while puts
+// run, and /metrics exports them.
+func TestStatusPollerStats(t *testing.T) {
+	m := &cluster.Map{Name: "pstat", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}}, ClientNodes: []rdma.NodeID{100}}
+	ln, err := server.ListenControl("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := server.StartProcess(server.ProcessConfig{Map: m, Control: ln,
+		Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 30 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := p.WaitServing(ctx); err != nil {
+		t.Fatal(err)
+	}
+	status := func() server.ProcessStatus {
+		t.Helper()
+		code, body := get(t, "http://"+p.ControlAddr()+"/status")
+		var ps server.ProcessStatus
+		if code != 200 {
+			t.Fatalf("/status: %d %s", code, body)
+		}
+		if err := json.Unmarshal([]byte(body), &ps); err != nil {
+			t.Fatalf("/status: %v in %s", err, body)
+		}
+		return ps
+	}
+	sum := func(ps server.ProcessStatus) (tasks int, passes uint64) {
+		for _, st := range ps.Pollers {
+			tasks += st.Tasks
+			passes += st.Passes
+		}
+		return
+	}
+	before := status()
+	if len(before.Pollers) == 0 {
+		t.Fatal("/status has no pollers")
+	}
+	if tasks, _ := sum(before); tasks != 6 {
+		t.Fatalf("/status: pollers own %d replicas, want 6: %+v", tasks, before.Pollers)
+	}
+	cn, err := p.ClientNode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Open(ctx, client.WithMap(m), client.WithNode(cn), client.WithSlot(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 50 {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "k%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := status()
+	_, p0 := sum(before)
+	_, p1 := sum(after)
+	if p1 <= p0 {
+		t.Fatalf("poller passes did not move over 50 puts: %d then %d", p0, p1)
+	}
+	code, body := get(t, "http://"+p.ControlAddr()+"/metrics")
+	for _, name := range []string{"rdmakv_poller_passes_total{poller=\"0\"}", "rdmakv_poller_parks_total", "rdmakv_poller_wakes_total", "rdmakv_poller_spin_hits_total", "rdmakv_poller_tasks"} {
+		if code != 200 || !strings.Contains(body, name) {
+			t.Fatalf("/metrics (%d) lacks %s", code, name)
+		}
 	}
 }

@@ -199,3 +199,33 @@ func (s *ReplicaStatus) Ready() (bool, string) {
 	}
 	return true, ""
 }
+
+// PollerStatus is one poller's counters (poller.PollerStats) as /status
+// shows them: how often a process's pollers pass over their replicas,
+// spin, park and are woken.
+type PollerStatus struct {
+	Poller   int    `json:"poller"`
+	Tasks    int    `json:"tasks"`     // replicas it owns
+	Passes   uint64 `json:"passes"`    // passes over them
+	Spins    uint64 `json:"spins"`     // spin phases before a park
+	SpinHits uint64 `json:"spin_hits"` // spin phases ended by a ring or a kick
+	Parks    uint64 `json:"parks"`     // parks in the wait set
+	Wakes    uint64 `json:"wakes"`     // parks ended by a ring or a kick (the rest timed out)
+}
+
+// pollerStatus is the counters of the pollers that run reps (those of
+// the first replica that has some: a process has one poller.Group).
+func pollerStatus(reps []*Replica) []PollerStatus {
+	for _, r := range reps {
+		if r.pollers == nil {
+			continue
+		}
+		var out []PollerStatus
+		for i, st := range r.pollers.Stats() {
+			out = append(out, PollerStatus{Poller: i, Tasks: st.Tasks, Passes: st.Passes, Spins: st.Spins,
+				SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes})
+		}
+		return out
+	}
+	return nil
+}
