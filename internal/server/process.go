@@ -44,6 +44,10 @@ type ProcessConfig struct {
 	// returns the replica's stable storage and how it starts. nil: an
 	// in-memory stable state and broadcast.StartNew.
 	Prepare func(node rdma.Node, g, i int) (broadcast.Stable, broadcast.StartMode, error)
+	// AfterPoll, if set, is called on a replica's polling goroutine after
+	// each of its Polls, with whether it made progress: a harness copies
+	// there what only that goroutine may read.
+	AfterPoll func(g, i int, r *kv.Replica, now time.Duration, progress bool)
 	// Control, if set, is the control port's listener: the process serves
 	// /status, /metrics... of its replicas there, and closes it.
 	Control net.Listener
@@ -194,6 +198,9 @@ func (p *Process) start(g, i int) error {
 	}
 	sr := NewReplica(g, i, id, r)
 	sr.pollers = p.pollers
+	if f := p.cfg.AfterPoll; f != nil {
+		sr.after = func(now time.Duration, progress bool) { f(g, i, r, now, progress) }
+	}
 	// A group's replicas share a poller: their messages to each other
 	// then need no wake-up.
 	h := &hosted{node: node, r: r, sr: sr, h: p.pollers.AddTo(g, sr, node)}

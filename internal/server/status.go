@@ -33,7 +33,8 @@ type Replica struct {
 	r            *kv.Replica
 	started      time.Time
 	busy         prometheus.Histogram
-	pollers      *poller.Group // the group polling it (Process), for /status and /metrics
+	pollers      *poller.Group                          // the group polling it (Process), for /status and /metrics
+	after        func(now time.Duration, progress bool) // ProcessConfig.AfterPoll
 
 	mu   sync.Mutex
 	last time.Duration
@@ -70,6 +71,9 @@ func (p *Replica) Poll(now time.Duration) bool {
 		p.mu.Lock()
 		p.tab, p.hdr, p.mc, p.dups = tab, hdr, mc, d
 		p.mu.Unlock()
+	}
+	if p.after != nil {
+		p.after(now, progress)
 	}
 	return progress
 }
