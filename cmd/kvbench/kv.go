@@ -275,7 +275,7 @@ func checkValue(v, key []byte) error {
 
 // The replicas' process: kvbench re-executed as a replica child
 // (server.SpawnChild; the hidden argument kvServeCmd names it in ps). Its
-// init hands it to server.ServeChild, the child of every harness that runs
+// init (child.go) hands it to server.ServeChild, the child of every harness that runs
 // kv replicas in a process of their own: it starts the map's replicas
 // (a server.Process on shm), answers its ready line once the group has a
 // leader, then "stats" requests (every replica's kv.Table.Stats, read on
@@ -284,27 +284,6 @@ func checkValue(v, key []byte) error {
 
 // kvServeCmd is the hidden argument of the replicas' process.
 const kvServeCmd = "_kv-serve"
-
-func init() {
-	if !server.IsChild() {
-		return
-	}
-	stop := func() {}
-	if prof := os.Getenv(peerProfileEnv); prof != "" {
-		var err error
-		if stop, err = startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid())); err != nil {
-			fmt.Fprintf(os.Stderr, "kvbench kv replicas: %v\n", err)
-			os.Exit(1)
-		}
-	}
-	err := server.ServeChild(os.Stdin, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kvbench kv replicas: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
 
 // kvServeReply is the replicas' table stats and the process's memory.
 type kvServeReply struct {

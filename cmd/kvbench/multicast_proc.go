@@ -16,7 +16,7 @@ import (
 )
 
 // The client path across processes: every replica of the cluster runs in
-// one child process (kvbench re-executed with mcastEnv set; each replica
+// one child process (kvbench re-executed as a child of kind mcastKind; each replica
 // an shm node of its own there, polled by its own goroutine), and the
 // client in this process, on an shm node of its own. The child reads its
 // mcProcConfig as the first JSON line on stdin, answers {"ready":true}
@@ -24,31 +24,10 @@ import (
 // the replicas' anomaly counters); EOF on stdin closes the replicas and
 // ends it.
 
-// mcastEnv marks a re-executed kvbench as the replicas' process of the
-// multicast client path. It is checked in init, like replicaEnv, so that a
-// test binary plays it too.
-const mcastEnv = "KVBENCH_MCAST"
-
-func init() {
-	if os.Getenv(mcastEnv) == "" {
-		return
-	}
-	stop := func() {}
-	if prof := os.Getenv(peerProfileEnv); prof != "" {
-		var err error
-		if stop, err = startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid())); err != nil {
-			fmt.Fprintf(os.Stderr, "kvbench multicast replicas: %v\n", err)
-			os.Exit(1)
-		}
-	}
-	err := mcServe(os.Stdin, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kvbench multicast replicas: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
+// mcastKind is the kind (internal/childproc) of the replicas' process of
+// the multicast client path: kvbench's own child, registered by child.go's
+// init.
+const mcastKind = "kvbench-mcast"
 
 // mcProcConfig is the cluster the child runs.
 type mcProcConfig struct {
@@ -123,7 +102,7 @@ func (r mcProcReply) failure() string { return r.Err }
 
 // startMcProc starts the child with cfg and waits until it is ready.
 func startMcProc(cfg mcProcConfig) (*mcProc, error) {
-	c, err := startChild("the replicas' process", mcastEnv, nil, cfg, 1<<20)
+	c, err := startChild("the replicas' process", mcastKind, nil, cfg, 1<<20)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/internal/childproc"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
@@ -18,8 +19,9 @@ import (
 
 // The embedded cluster runs in a child process: kvycsb re-executed as a
 // replica child (server.SpawnChild, the hidden argument clusterCmd naming
-// it in ps), which its init hands to server.ServeChild: every replica of
-// the map in one server.Process on shm, until its stdin closes.
+// it in ps), which init hands (childproc.ServeIfChild) to
+// server.ServeChild: every replica of the map in one server.Process on
+// shm, until its stdin closes.
 //
 // Not in kvycsb's own process: each replica's driver parks in futex(2)
 // system calls, and with several of them parked the Go runtime has no P
@@ -30,16 +32,7 @@ import (
 // the same way.
 const clusterCmd = "_cluster"
 
-func init() {
-	if !server.IsChild() {
-		return
-	}
-	if err := server.ServeChild(os.Stdin, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "kvycsb %s: %v\n", clusterCmd, err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
+func init() { childproc.ServeIfChild() }
 
 // childCluster is a running embedded cluster and this process's node of
 // client slot 0 (kvycsb's one client).

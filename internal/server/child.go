@@ -21,21 +21,20 @@ import (
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
-// The one child-process mechanism of the harnesses that run kv replicas
-// in a process of their own (kvbench kv, kvycsb's embedded cluster): the
-// harness re-executes its own binary with ChildEnv set (SpawnChild), and
-// the binary's init hands the process to ServeChild (IsChild), which runs
-// a Process of the replicas its ChildConfig names. The child speaks
+// The replica child of the harnesses that run kv replicas in a process of
+// their own (kvbench kv, kvycsb's embedded cluster), on the one child
+// mechanism (internal/childproc): the harness re-executes its own binary
+// as a child of kind ChildKind (SpawnChild), and the binary's
+// childproc.ServeIfChild hands the process to ServeChild, which runs a
+// Process of the replicas its ChildConfig names. The child speaks
 // childproc's JSON lines: its config first, then requests (ChildRequest),
 // each answered by a ChildLine with the request's id. EOF on its stdin,
 // SIGTERM or SIGINT close the Process (its shm files go) and end it.
 
-// ChildEnv, set in a process's environment, makes it a replica child: a
-// binary whose init checks IsChild runs ServeChild instead of its main.
-const ChildEnv = "RDMAKV_CHILD"
+// ChildKind is the replica child's kind (childproc.Register).
+const ChildKind = "kv"
 
-// IsChild reports whether this process was spawned as a replica child.
-func IsChild() bool { return os.Getenv(ChildEnv) != "" }
+func init() { childproc.Register(ChildKind, ServeChild) }
 
 // ChildConfig is what a replica child runs: its first line.
 type ChildConfig struct {
@@ -196,16 +195,13 @@ type Child struct {
 	Ready ChildLine
 }
 
-// SpawnChild starts cmd (a binary whose init serves the child when
-// IsChild; SpawnChild adds ChildEnv to cmd.Env and sets its stdin and
-// stdout, the caller may set Stderr and SysProcAttr), sends it cfg and
-// waits up to timeout for its ready line.
+// SpawnChild starts cmd (a binary that calls childproc.ServeIfChild
+// first and links this package; SpawnChild sets its kind in cmd.Env, and
+// its stdin and stdout, the caller may set Stderr and SysProcAttr), sends
+// it cfg and waits up to timeout for its ready line.
 func SpawnChild(cmd *exec.Cmd, cfg ChildConfig, timeout time.Duration) (*Child, error) {
-	if cmd.Env == nil {
-		cmd.Env = os.Environ()
-	}
-	cmd.Env = append(cmd.Env, ChildEnv+"=1")
 	c, l, err := childproc.Start(cmd, cfg, timeout, childproc.Options[ChildLine]{
+		Kind:    ChildKind,
 		Name:    "replica child",
 		MaxLine: 16 << 20,
 		ID:      func(l *ChildLine) uint64 { return l.ID },

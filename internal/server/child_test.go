@@ -12,24 +12,19 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/internal/childproc"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
 // TestMain plays the replica child when spawned as one (SpawnChild).
 func TestMain(m *testing.M) {
-	if server.IsChild() {
-		if err := server.ServeChild(os.Stdin, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	childproc.ServeIfChild()
 	os.Exit(m.Run())
 }
 
 // TestChildServesAndExitsOnSIGTERM: a replica child spawned through the
-// one mechanism (this test binary re-executed with ChildEnv) runs a 1x3
+// one mechanism (this test binary re-executed as a child of kind "kv") runs a 1x3
 // cluster on shm, answers stats and status (its pollers' counters
 // included), serves a client's puts from this process, and on SIGTERM
 // closes its replicas and exits with status 0, leaving no shm file.
