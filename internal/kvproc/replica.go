@@ -85,11 +85,12 @@ func serveReplica(cfg Config, sc *bufio.Scanner, w *lineWriter) error {
 	sp := &stats{last: -time.Hour}
 	p, err := server.StartProcess(server.ProcessConfig{Map: m, IDs: []rdma.NodeID{self}, Spec: &spec, Broadcast: bc,
 		Pollers: 1, MaxPark: maxPark, Spin: cfg.Spin,
-		Prepare: func(rdma.Node, int, int) (broadcast.Stable, broadcast.StartMode, error) {
+		Prepare: func(_ rdma.Node, _, _ int, bc *broadcast.Config) (broadcast.Stable, error) {
 			if cfg.StablePath == "" {
-				return &broadcast.MemStable{}, broadcast.StartNew, nil
+				return &broadcast.MemStable{}, nil // always new
 			}
-			return broadcast.FileStable{Path: cfg.StablePath}, cfg.Start, nil
+			bc.Start = cfg.Start
+			return broadcast.FileStable{Path: cfg.StablePath}, nil
 		},
 		AfterPoll: func(_, _ int, r *kv.Replica, now time.Duration, progress bool) { sp.afterPoll(r, now, progress) }})
 	if err != nil {

@@ -41,9 +41,10 @@ type ProcessConfig struct {
 	Spin, MaxPark time.Duration
 	// Prepare, if set, is called for each replica with its node open and
 	// before the replica is built (it may probe the replica's peers): it
-	// returns the replica's stable storage and how it starts. nil: an
-	// in-memory stable state and broadcast.StartNew.
-	Prepare func(node rdma.Node, g, i int) (broadcast.Stable, broadcast.StartMode, error)
+	// returns the replica's stable storage and may change its broadcast
+	// configuration (bc: Broadcast with Self set and Start StartNew), e.g.
+	// how it starts. nil: an in-memory stable state and StartNew.
+	Prepare func(node rdma.Node, g, i int, bc *broadcast.Config) (broadcast.Stable, error)
 	// AfterPoll, if set, is called on a replica's polling goroutine after
 	// each of its Polls, with whether it made progress: a harness copies
 	// there what only that goroutine may read.
@@ -181,7 +182,7 @@ func (p *Process) start(g, i int) error {
 	bc.Self, bc.Start = id, broadcast.StartNew
 	var stable broadcast.Stable = &broadcast.MemStable{}
 	if p.cfg.Prepare != nil {
-		if stable, bc.Start, err = p.cfg.Prepare(node, g, i); err != nil {
+		if stable, err = p.cfg.Prepare(node, g, i, &bc); err != nil {
 			node.Close()
 			return err
 		}

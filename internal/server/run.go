@@ -55,27 +55,60 @@ type identity struct {
 // Run runs replica id of cfg until ctx ends, then stops it cleanly. Its
 // errors are one line saying what is wrong and what to do.
 func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *slog.Logger) error {
-	g, _, entry, err := cfg.Replica(id)
-	if err != nil {
-		return err
+	return RunReplicas(ctx, cfg, []int64{id}, opts, log)
+}
+
+// RunReplicas runs replicas ids of cfg (of any groups) in this process,
+// on one node runtime (Process), until ctx ends, then stops them cleanly.
+// Each keeps its own data directory (locked, with its identity); the
+// control port is the first replica's (or opts.Control) and shows them
+// all. Its errors are one line saying what is wrong and what to do.
+func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Options, log *slog.Logger) error {
+	if len(ids) == 0 {
+		return errors.New("no replica to run")
 	}
 	m, err := cfg.Map()
 	if err != nil {
 		return err
 	}
-	self := rdma.NodeID(id)
-	base := log
-	log = log.With("node", self, "group", g)
-	dir := cfg.ReplicaDir(id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+	if len(ids) > 1 && opts.Listen != "" {
+		return fmt.Errorf("--listen gives one replica's address: run replicas %v one per process to override their addresses", ids)
 	}
-	unlock, err := lockDir(dir, id)
-	if err != nil {
-		return err
+	type hostedReplica struct {
+		dir    string
+		log    *slog.Logger
+		stable broadcast.FileStable
+		ident  identity
 	}
-	defer unlock()
-	caddr := entry.Control
+	reps := map[rdma.NodeID]*hostedReplica{}
+	var nodes []rdma.NodeID
+	caddr := ""
+	for k, id := range ids {
+		g, _, entry, err := cfg.Replica(id)
+		if err != nil {
+			return err
+		}
+		self := rdma.NodeID(id)
+		if reps[self] != nil {
+			return fmt.Errorf("replica %d given twice", id)
+		}
+		dir := cfg.ReplicaDir(id)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
+		unlock, err := lockDir(dir, id)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if k == 0 {
+			caddr = entry.Control
+		}
+		reps[self] = &hostedReplica{dir: dir, log: log.With("node", self, "group", g),
+			stable: broadcast.FileStable{Path: filepath.Join(dir, "stable")},
+			ident:  identity{Cluster: m.Name, Fabric: m.Fabric, Node: self, Group: g, Members: m.Groups[g]}}
+		nodes = append(nodes, self)
+	}
 	if opts.Control != "" {
 		caddr = opts.Control
 	}
@@ -93,28 +126,35 @@ func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *
 			}
 		}()
 	}
-	if err := checkIdentity(dir, identity{Cluster: m.Name, Fabric: m.Fabric, Node: self, Group: g, Members: m.Groups[g]}); err != nil {
-		return err
+	for _, id := range nodes {
+		if err := checkIdentity(reps[id].dir, reps[id].ident); err != nil {
+			return err
+		}
 	}
 
 	spec := fabric.ForMap(m)
 	spec.Listen, spec.Secret, spec.PeerTimeout = opts.Listen, cfg.SecretBytes, time.Duration(cfg.Timing.PeerTimeout)
-	stable := broadcast.FileStable{Path: filepath.Join(dir, "stable")}
-	proc, err := StartProcess(ProcessConfig{Map: m, IDs: []rdma.NodeID{self}, Spec: &spec, Pollers: 1,
+	proc, err := StartProcess(ProcessConfig{Map: m, IDs: nodes, Spec: &spec,
 		Broadcast: broadcast.Config{RejoinIncarnation: uint64(time.Now().UnixNano()),
 			HeartbeatInterval: time.Duration(cfg.Timing.Heartbeat), ElectionTimeout: time.Duration(cfg.Timing.ElectionTimeout)},
-		Prepare: func(node rdma.Node, g, _ int) (broadcast.Stable, broadcast.StartMode, error) {
-			start, why, err := startMode(node, m, g, stable, opts.Rejoin, log)
+		Prepare: func(node rdma.Node, g, _ int, bc *broadcast.Config) (broadcast.Stable, error) {
+			r := reps[node.ID()]
+			start, why, err := startMode(node, m, g, r.stable, opts.Rejoin, r.log)
 			if err != nil {
-				return nil, 0, err
+				return nil, err
 			}
-			log.Info("replica starting", "cluster", m.Name, "fabric", m.Fabric, "start", start.String(), "why", why, "data_dir", dir)
-			return stable, start, nil
+			r.log.Info("replica starting", "cluster", m.Name, "fabric", m.Fabric, "start", start.String(), "why", why, "data_dir", r.dir)
+			bc.Start = start
+			return r.stable, nil
 		},
-		Control: cln, Pprof: opts.Pprof, Log: base})
+		Control: cln, Pprof: opts.Pprof, Log: log})
 	cln = nil // StartProcess closes it
 	if err != nil {
 		if errors.Is(err, broadcast.ErrCorrupt) {
+			dir := cfg.DataDir
+			if len(nodes) == 1 {
+				dir = reps[nodes[0]].dir
+			}
 			return fmt.Errorf("the stable state in %s is corrupt (%v): if the disk lost it, move the file away and start with --rejoin", dir, err)
 		}
 		return err
