@@ -154,17 +154,19 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	p.stop = stop
 	var wg sync.WaitGroup
 	wg.Go(func() { p.pollers.Run(ctx) })
-	go func() {
+	finished := func() {
 		wg.Wait()
 		close(p.done)
-	}()
+	}
 	for _, w := range want {
 		if err := p.start(w.g, w.i); err != nil {
+			go finished()
 			p.Close()
 			return nil, err
 		}
 	}
 	wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
+	go finished()
 	if cfg.Control != nil {
 		p.control = ServeControl(cfg.Control, m, p.all, cfg.Pprof, cfg.Log)
 	}

@@ -226,3 +226,40 @@ func TestStatusPollerStats(t *testing.T) {
 		}
 	}
 }
+
+// TestStartProcessFailsCleanly: a Process that cannot open one of its
+// nodes (another process's runtime holds it) fails with the fabric's
+// one-line error and releases what it had opened: its other node's files
+// and its control listener.
+func TestStartProcessFailsCleanly(t *testing.T) {
+	dir, err := os.MkdirTemp("/dev/shm", "rdmakv-procfail-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	m := &cluster.Map{Name: "pf", Fabric: "shm", ShmDir: dir, Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
+	holder, err := server.StartProcess(server.ProcessConfig{Map: m, IDs: []rdma.NodeID{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	before, _ := os.ReadDir(dir)
+	ln, err := server.ListenControl("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = server.StartProcess(server.ProcessConfig{Map: m, IDs: []rdma.NodeID{1, 2}, Control: ln})
+	if err == nil || !strings.Contains(err.Error(), "node 2 already runs") {
+		t.Fatalf("StartProcess of a node another runtime holds: %v", err)
+	}
+	if _, err := ln.Accept(); err == nil {
+		t.Error("the control listener is still open after the failed start")
+	}
+	after, _ := os.ReadDir(dir)
+	if len(after) != len(before) {
+		t.Errorf("shm files before the failed start %d, after %d: %v", len(before), len(after), after)
+	}
+	if _, err := server.StartProcess(server.ProcessConfig{Map: m, IDs: []rdma.NodeID{7}}); err == nil || !strings.Contains(err.Error(), "not a replica") {
+		t.Errorf("StartProcess of a node not in the map: %v", err)
+	}
+}
