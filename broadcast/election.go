@@ -264,13 +264,15 @@ func (r *Replica) elect() bool {
 		r.electRetry() // the pre-vote failed: try again later, not every Poll
 	}
 	// Fig. 7 l.114-115: a majority holds our vote, and we are its candidate.
+	// (A member that joined our forced vote still counts once its flag
+	// lapsed here: it joined while the vote was forced, force.go.)
 	if r.vote.ENew.Leader() != r.self || r.vote.ENew != r.eNew || r.vote.ENew <= r.eCur {
 		return progress
 	}
 	votes := 1
 	for i := range r.mems {
 		m := &r.mems[i]
-		if i != r.me && m.valid[tVote] && m.vote() == r.vote {
+		if v := m.vote(); i != r.me && m.valid[tVote] && v.ENew == r.vote.ENew && v.Acpt == r.vote.Acpt {
 			votes++
 		}
 	}

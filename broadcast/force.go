@@ -27,7 +27,10 @@ import (
 
 // forceExpiry is, in election timeouts, how long a forced vote stays
 // forced: a command that did not take effect then (the members catching
-// up were not reachable) does not take effect later by surprise.
+// up were not reachable) does not take effect later by surprise. Members
+// that joined while it was forced still count for it (elect compares
+// epoch and header, not the flag) until the candidate votes anew, which
+// it does within two election timeouts of the lapse.
 const forceExpiry = 4
 
 // forcing reports whether our vote is our own forced vote.
@@ -49,15 +52,18 @@ func restartedRow(m *member) bool {
 }
 
 // ForceLead casts a forced vote for this replica (see above). confirm is
-// the E_new the operator saw in this replica's status (Status().ENew):
-// if it moved since, the group moved, and the command refuses. It
+// the Accepted header the operator saw in this replica's status
+// (Status().Accepted), what the group will go on from: if it moved since,
+// the group moved, and the command refuses. (Not E_new: a stuck survivor
+// raises it at each of its own fruitless election attempts.) It
 // refuses, with an error wrapping ErrForceRefused that says why and no
 // change of state, unless this replica:
 //   - kept its memory (is not catching up, nor rejoining),
 //   - is ELECTING and heard no leader for two election timeouts, and no
 //     member it hears says it hears one,
 //   - heard, within an election timeout, rows of a majority, itself
-//     included, whose other members are catching up,
+//     included, whose other members are catching up and linked to it
+//     (they will see its vote),
 //   - is not outnumbered: the members that kept their memory and that it
 //     hears are no majority (they would elect without help), and none of
 //     them accepted more than it did (force from that one instead).
@@ -65,7 +71,7 @@ func restartedRow(m *member) bool {
 // It returns the forced vote's epoch. Call it from the goroutine that
 // polls the replica (the server runs it through its poller's Handle.Do);
 // the next Poll publishes the vote.
-func (r *Replica) ForceLead(confirm Epoch) (Epoch, error) {
+func (r *Replica) ForceLead(confirm MsgHdr) (Epoch, error) {
 	refuse := func(format string, args ...any) (Epoch, error) {
 		return 0, fmt.Errorf("%w: node %d: %s", ErrForceRefused, r.self, fmt.Sprintf(format, args...))
 	}
@@ -77,8 +83,8 @@ func (r *Replica) ForceLead(confirm Epoch) (Epoch, error) {
 		return refuse("it restarted without its data itself (catching up): force from a member that kept its data")
 	case r.role != Electing:
 		return refuse("it is the %v of epoch %v: the group has a leader", r.role, r.eCur)
-	case confirm != r.eNew:
-		return refuse("its E_new is %v, not %v as given: the group moved since its status was read", r.eNew, confirm)
+	case confirm != r.accepted:
+		return refuse("it accepted %v, not %v as given: the group moved since its status was read", r.accepted, confirm)
 	case r.now-r.electingSince < 2*et || r.now-r.leaderHBAt < 2*et:
 		return refuse("it heard a leader less than 2 election timeouts (%v) ago: wait", 2*et)
 	}
@@ -94,7 +100,9 @@ func (r *Replica) ForceLead(confirm Epoch) (Epoch, error) {
 			return refuse("node %d hears the leader of epoch %v", m.id, m.follows())
 		}
 		if restartedRow(m) {
-			catching++
+			if l := r.links[i]; l != nil && l.isUp() {
+				catching++ // it will see our vote
+			}
 			continue
 		}
 		voters = append(voters, i)

@@ -90,7 +90,7 @@ func forceScript(st *forceStats) func(h *simRun) {
 					}
 				}
 				r := s.r
-				e, err := r.ForceLead(r.eNew)
+				e, err := r.ForceLead(r.accepted)
 				if h.cfg.Trace != nil {
 					h.cfg.Trace("operator: ForceLead on node %d: %v", r.self, err)
 				}
@@ -262,7 +262,7 @@ func stateOf(n *qnode) forceState {
 	return forceState{n.r.role, n.r.eNew, n.r.eCur, n.r.vote, n.r.myRows[tVote], s}
 }
 
-func wantRefused(t *testing.T, n *qnode, confirm Epoch, why string) {
+func wantRefused(t *testing.T, n *qnode, confirm MsgHdr, why string) {
 	t.Helper()
 	before := stateOf(n)
 	_, err := n.r.ForceLead(confirm)
@@ -285,7 +285,7 @@ func TestForceLeadRefusals(t *testing.T) {
 	c.settle(nil)
 	c.get(1).r.startElection(true)
 	c.settle(nil)
-	wantRefused(t, c.get(2), c.get(2).r.eNew, "the group has a leader")
+	wantRefused(t, c.get(2), c.get(2).r.accepted, "the group has a leader")
 
 	// 5 members, 3 crash, 1 of them restarts: the survivors hear 3 rows,
 	// but only 1 catching up: no majority for a forced vote.
@@ -294,7 +294,7 @@ func TestForceLeadRefusals(t *testing.T) {
 	if c.get(4).r.role != Electing {
 		t.Fatalf("survivor: %v", c.get(4).r.role)
 	}
-	wantRefused(t, c.get(4), c.get(4).r.eNew, "a forced vote needs a majority")
+	wantRefused(t, c.get(4), c.get(4).r.accepted, "a forced vote needs a majority")
 
 	c = forceCluster(t, []rdma.NodeID{1, 2, 3}, []rdma.NodeID{1, 2}, []rdma.NodeID{1, 2})
 	s := c.get(3)
@@ -302,10 +302,10 @@ func TestForceLeadRefusals(t *testing.T) {
 	if s.r.role != Electing {
 		t.Fatalf("survivor: %v", s.r.role)
 	}
-	wantRefused(t, s, s.r.eNew, "heard a leader less than 2 election timeouts")
+	wantRefused(t, s, s.r.accepted, "heard a leader less than 2 election timeouts")
 	c.run(2 * c.cfg.ElectionTimeout)
-	wantRefused(t, c.get(1), c.get(1).r.eNew, "catching up")
-	wantRefused(t, s, s.r.eNew+1, "the group moved since")
+	wantRefused(t, c.get(1), c.get(1).r.accepted, "catching up")
+	wantRefused(t, s, MsgHdr{E: s.r.accepted.E, Cnt: s.r.accepted.Cnt + 1}, "the group moved since")
 	if s.r.role != Electing || !c.get(1).r.catchingUp || !c.get(2).r.catchingUp {
 		t.Fatal("the group was not stuck")
 	}
@@ -313,7 +313,7 @@ func TestForceLeadRefusals(t *testing.T) {
 	if s.r.role != Electing {
 		t.Fatal("the group healed without a force")
 	}
-	e, err := s.r.ForceLead(s.r.eNew)
+	e, err := s.r.ForceLead(s.r.accepted)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +331,7 @@ func TestForceLeadRefusals(t *testing.T) {
 		t.Fatal("the winner's vote is still forced")
 	}
 	// A later force is refused: the group has a leader.
-	wantRefused(t, s, s.r.eNew, "the group has a leader")
+	wantRefused(t, s, s.r.accepted, "the group has a leader")
 }
 
 // TestForcedVoteExpires: a forced vote that no member catching up could
@@ -341,7 +341,7 @@ func TestForcedVoteExpires(t *testing.T) {
 	c := forceCluster(t, []rdma.NodeID{1, 2, 3}, []rdma.NodeID{1, 2}, []rdma.NodeID{1, 2})
 	s := c.get(3)
 	c.run(3 * c.cfg.ElectionTimeout)
-	if _, err := s.r.ForceLead(s.r.eNew); err != nil {
+	if _, err := s.r.ForceLead(s.r.accepted); err != nil {
 		t.Fatal(err)
 	}
 	// Node 3 hears the others; what it writes is lost until its forced
