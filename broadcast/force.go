@@ -66,7 +66,8 @@ func restartedRow(m *member) bool {
 //     (they will see its vote),
 //   - is not outnumbered: the members that kept their memory and that it
 //     hears are no majority (they would elect without help), and none of
-//     them accepted more than it did (force from that one instead).
+//     them accepted more than it did, or votes for a log longer than its
+//     own (force from that one instead).
 //
 // It returns the forced vote's epoch. Call it from the goroutine that
 // polls the replica (the server runs it through its poller's Handle.Do);
@@ -108,6 +109,12 @@ func (r *Replica) ForceLead(confirm MsgHdr) (Epoch, error) {
 		voters = append(voters, i)
 		if m.valid[tAccept] && r.accepted.Less(m.acceptHdr()) {
 			return refuse("node %d, which kept its data, accepted %v, more than this node's %v: force from node %d", m.id, m.acceptHdr(), r.accepted, m.id)
+		}
+		// Its AcceptSST row reaches only its leader; while it elects, its
+		// vote shows a log at least as long as its own (Fig. 7 l.102,
+		// l.106), its candidate's.
+		if v := m.vote(); m.valid[tVote] && r.accepted.Less(v.Acpt) {
+			return refuse("node %d, which kept its data, votes %v: node %d's log reaches %v, beyond this node's %v: force from node %d", m.id, v, v.ENew.Leader(), v.Acpt, r.accepted, v.ENew.Leader())
 		}
 	}
 	if 1+catching < r.quorum {

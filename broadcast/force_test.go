@@ -365,3 +365,43 @@ func TestForcedVoteExpires(t *testing.T) {
 		t.Fatalf("an expired forced vote took effect: node 3 %v, node 1 vote %v catching up %v", s.r.role, c.get(1).r.vote, c.get(1).r.catchingUp)
 	}
 }
+
+// TestForceLeadTwoSurvivors: of 5 members, 3 restart without memory and
+// 2 survive, one (node 5) with an entry the other lacks. ForceLead on
+// node 4 refuses, naming node 5; on node 5 it is accepted, node 4 (which
+// kept its data) joins the forced vote instead of voting for itself, and
+// the group goes on from node 5's log with every member caught up.
+func TestForceLeadTwoSurvivors(t *testing.T) {
+	ids := []rdma.NodeID{1, 2, 3, 4, 5}
+	c := forceCluster(t, ids, nil, nil)
+	c.get(1).r.Propose([]byte("m5"))
+	for range 3 {
+		c.settle(func(from, to rdma.NodeID) bool { return to != 4 })
+	}
+	if a4, a5 := c.get(4).r.accepted, c.get(5).r.accepted; !a4.Less(a5) {
+		t.Fatalf("node 4 accepted %v, node 5 %v: want node 5 ahead", a4, a5)
+	}
+	for _, id := range []rdma.NodeID{1, 2, 3} {
+		c.crash(id, 0)
+	}
+	for _, id := range []rdma.NodeID{1, 2, 3} {
+		c.boot(c.get(id))
+	}
+	c.run(4 * c.cfg.ElectionTimeout)
+	wantRefused(t, c.get(4), c.get(4).r.accepted, "force from node 5")
+	e, err := c.get(5).r.ForceLead(c.get(5).r.accepted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.run(3 * c.cfg.ElectionTimeout)
+	want := c.delivered(5)
+	if len(want) != 6 {
+		t.Fatalf("node 5 delivered %v, want the 6 entries", want)
+	}
+	for _, n := range c.nodes {
+		st := n.r.Status()
+		if l, ok := st.Leader(); !ok || l != 5 || st.ECur < e || st.CatchingUp || !slices.Equal(c.delivered(n.id), want) {
+			t.Fatalf("node %d after the force of %v: %+v, delivered %v, want %v", n.id, e, st, c.delivered(n.id), want)
+		}
+	}
+}
