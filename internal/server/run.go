@@ -137,12 +137,12 @@ func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *
 		wg.Wait()
 	}()
 	pollers := poller.NewGroup(poller.GroupConfig{Pollers: 1})
-	pollers.Add(rep, node)
+	rep.SetHandle(pollers.Add(rep, node))
 	wg.Go(func() { pollers.Run(dctx) })
 	wg.Go(func() { Watch(dctx, reps, base) })
 
 	if cln != nil {
-		c := ServeControl(cln, m, reps, opts.Pprof, log)
+		c := ServeControlWith(cln, m, reps, ControlOptions{Pprof: opts.Pprof, Secret: cfg.SecretBytes}, log)
 		cln = nil // c closes it
 		defer c.Close()
 		caddr = c.Addr()
