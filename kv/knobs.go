@@ -48,6 +48,11 @@ type testingKnobs struct {
 	// value with the merge's fields, dropping the fields it does not
 	// name.
 	mergeReplaces bool
+	// reuseInFlight (reader): a get posts to a member while a list of
+	// an abandoned attempt is still out on it (the pending rule broken),
+	// so that two reads may land in the member's buffers
+	// (TestReaderPendingRule).
+	reuseInFlight bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served
