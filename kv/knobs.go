@@ -53,6 +53,11 @@ type testingKnobs struct {
 	// saying a member that caught up cannot vote (TestSimMutants: the
 	// simulator's header-versus-broadcast check).
 	lateCatchUp bool
+	// reuseInFlight (reader): a get posts to a member while a list of
+	// an abandoned attempt is still out on it (the pending rule broken),
+	// so that two reads may land in the member's buffers
+	// (TestReaderPendingRule).
+	reuseInFlight bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served
