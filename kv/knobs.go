@@ -58,6 +58,10 @@ type testingKnobs struct {
 	// so that two reads may land in the member's buffers
 	// (TestReaderPendingRule).
 	reuseInFlight bool
+	// readCatchingUp (reader): a stale-ok get answers from a member whose
+	// header says it is catching up (restarted without its data), so a
+	// key the group holds reads as not found (TestStaleOKSkipsCatchingUp).
+	readCatchingUp bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

@@ -89,6 +89,11 @@ var (
 	// errConnecting: the member's Conn is being connected in the
 	// background (tcp).
 	errConnecting = errors.New("still connecting")
+	// ErrCatchingUp: the member read restarted without its data and has
+	// not been caught up by a leader yet (its header says so): its table
+	// is empty or behind by a whole outage, so a stale-ok get reads
+	// another member.
+	ErrCatchingUp = errors.New("kv: the replica restarted without its data and is catching up")
 )
 
 // GroupReader reads one group's tables one-sided. A get is a polled state
@@ -159,6 +164,7 @@ type GroupReader struct {
 	retryAt  time.Duration
 	backoff  rdma.Backoff // between attempts of the get
 	attempt  int
+	catching int // members found catching up in a row (stale-ok)
 	lastErr  error
 
 	// Reads counts one-sided reads posted; Rounds the rounds.
@@ -417,6 +423,7 @@ func (r *GroupReader) Begin(key []byte, mode Consistency) {
 	r.res = GetResult{}
 	r.err = nil
 	r.attempt = 0
+	r.catching = 0
 	r.backoff = rdma.Backoff{Min: r.BackoffMin, Max: r.BackoffMax}
 	r.lastErr = nil
 	r.st = gsStart
@@ -671,6 +678,23 @@ func (r *GroupReader) pollR1() bool {
 		r.fail(errRetry)
 		return true
 	}
+	if r.mode != Linearizable && (h1.CatchingUp || h2.CatchingUp) && !r.knobs.readCatchingUp {
+		// Its table holds nothing of what the group stored before the
+		// member restarted: read another member (and come back to it,
+		// as to a member that failed, once a leader caught it up).
+		r.consume(m)
+		if r.catching++; r.catching >= len(r.members) {
+			// Every member in a row: the group lost its data (every
+			// replica restarted without it). Say so now, rather than
+			// after MaxAttempts.
+			r.err = fmt.Errorf("kv: group %d: every replica read restarted without its data and is catching up: %w", r.group, ErrCatchingUp)
+			r.st = gsDone
+			return true
+		}
+		r.fail(fmt.Errorf("kv: node %d: %w", r.members[m], ErrCatchingUp))
+		return true
+	}
+	r.catching = 0
 	if r.mode == Linearizable {
 		e := h1.Serving
 		if e == 0 || h2.Serving != e {
