@@ -26,23 +26,24 @@ vet:
 # subtests NoAllocs, PostList/NoAllocs, WaitSet/NoAllocs and Link/NoAllocs (rdma/fabrictest), tcp's
 # TestSteadyStateAllocs, broadcast's TestSlabReuse (which also runs in
 # unit), kv's TestGetAllocs, client's TestPutAllocs (one Put, the
-# replicas in 3 kvproc processes), shm's TestProcWatchAllocs (the
+# replicas in 3 kvproc processes) and TestQueuedPutAllocs (a Put queued
+# behind a full window until its deadline), shm's TestProcWatchAllocs (the
 # periodic liveness check of a peer) and TestCheckLiveAllocs (what is left
 # of it on the Post path), poller's TestPassNoAllocs and btree's
 # TestWarmLookupAllocs. The pass fails if any is skipped or if fewer than NOALLOC_TESTS of
 # them pass (a renamed test would otherwise drop out of the regexp silently);
 # a new allocation test goes into NOALLOC_RUN and NOALLOC_TESTS.
 NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast ./kv ./client ./poller ./btree
-NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
-# 3 fabrics x 4 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, client's TestPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
-NOALLOC_TESTS := 20
+NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
+# 3 fabrics x 4 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, client's TestPutAllocs and TestQueuedPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
+NOALLOC_TESTS := 21
 
 noalloc:
 	@out=$$($(GO) test -v -timeout 5m -run '$(NOALLOC_RUN)' $(NOALLOC_PKGS) 2>&1); st=$$?; \
 	[ $$st -eq 0 ] || { printf '%s\n' "$$out"; exit $$st; }; \
 	printf '%s\n' "$$out" | grep -E -e '--- (PASS|SKIP)|^ok'; \
 	if printf '%s\n' "$$out" | grep -qE -e '--- SKIP|no tests to run'; then echo "noalloc: an allocation test was skipped or not selected"; exit 1; fi; \
-	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/((PostList|WaitSet|Link)/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs) '); \
+	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/((PostList|WaitSet|Link)/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs) '); \
 	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
 # Tests that skip assertions or seeds under -race (it slows everything

@@ -108,7 +108,10 @@
 //     catching-up members at once. Memory is not durable: if more than f
 //     members lose their memory at once (a whole-group restart included),
 //     committed entries can be lost and restarted members wait for a diff
-//     forever; that is the durability issue's to solve.
+//     forever, unless an operator forces a survivor to lead
+//     (Replica.ForceLead: they may join its forced vote, and what only
+//     the lost memories held is lost); the rest is the durability
+//     issue's to solve.
 //   - Testing: -seed N, -seeds K and -simtrace select simulator runs of
 //     this package's tests (see package sim).
 package broadcast

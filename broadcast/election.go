@@ -184,6 +184,7 @@ func (r *Replica) recoverENew() bool {
 func (r *Replica) startElection(timedOut bool) {
 	r.ctr.ElectionsStarted++
 	r.role = Electing
+	r.electingSince = r.now
 	r.setLeading()
 	r.event(EventElecting, r.eCur)
 	if timedOut {
@@ -214,8 +215,15 @@ func (r *Replica) electRetry() {
 
 // elect is one run of Acuerdo Fig. 7.
 func (r *Replica) elect() bool {
+	if r.forcing() && r.now-r.forcedAt > forceExpiry*r.cfg.ElectionTimeout {
+		r.expireForced()
+	}
 	if r.catchingUp {
-		// A restarted member counts as failed until caught up.
+		// A restarted member counts as failed until caught up; it may
+		// only join an operator's forced vote (force.go).
+		if r.joinForced() {
+			return true
+		}
 		if r.now >= r.electAt && !r.knobs.noElectBackoff {
 			r.electRetry()
 		}
@@ -229,10 +237,13 @@ func (r *Replica) elect() bool {
 			mx = m.vote()
 		}
 	}
+	if r.forcing() && r.vote.ENew < mx.ENew {
+		return r.reforce(mx) // a member that kept its data voted above our forced vote
+	}
 	timedOut := r.now >= r.electAt
 	progress := false
 	switch {
-	case (timedOut || mx.Acpt.Less(r.accepted) && !r.knobs.voteRule) && r.preVote():
+	case (timedOut || mx.Acpt.Less(r.accepted) && !r.knobs.voteRule) && !r.forcing() && !r.seesForced() && r.preVote():
 		// Fig. 7 l.100-105: vote for self with a bigger epoch, once a
 		// majority hears no leader (pre-vote).
 		e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
@@ -253,13 +264,15 @@ func (r *Replica) elect() bool {
 		r.electRetry() // the pre-vote failed: try again later, not every Poll
 	}
 	// Fig. 7 l.114-115: a majority holds our vote, and we are its candidate.
+	// (A member that joined our forced vote still counts once its flag
+	// lapsed here: it joined while the vote was forced, force.go.)
 	if r.vote.ENew.Leader() != r.self || r.vote.ENew != r.eNew || r.vote.ENew <= r.eCur {
 		return progress
 	}
 	votes := 1
 	for i := range r.mems {
 		m := &r.mems[i]
-		if i != r.me && m.valid[tVote] && m.vote() == r.vote {
+		if v := m.vote(); i != r.me && m.valid[tVote] && v.ENew == r.vote.ENew && v.Acpt == r.vote.Acpt {
 			votes++
 		}
 	}
@@ -293,6 +306,7 @@ func (r *Replica) setVote(v Vote) bool {
 func (r *Replica) becomeLeader() {
 	r.ctr.Elected++
 	r.role = Leader
+	r.vote.Forced = false // won: the forced vote has done its work (force.go)
 	r.count = 0
 	r.eCur = r.eNew
 	r.accepted = MsgHdr{E: r.eCur}

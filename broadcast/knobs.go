@@ -36,6 +36,9 @@ type testingKnobs struct {
 	snapRollback bool
 	// slabLeak: a pruned entry keeps its data slab (slab bound).
 	slabLeak bool
+	// forceJoinUnforced: a member catching up joins any vote, not only a
+	// forced one (total order).
+	forceJoinUnforced bool
 
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool

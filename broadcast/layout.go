@@ -44,6 +44,7 @@ const (
 
 	wHeartbeat   = 2 // CommitSST: the failure detector's counter (Fig. 6 l.93-95)
 	wIncarnation = 3
+	wForced      = 4 // VoteSST: 1 for an operator's forced vote (ForceLead), else 0
 	wFollows     = 5 // CommitSST: the epoch whose leader this member hears now (0: none); pre-vote and leader stickiness
 	wCheck       = 7
 )

@@ -42,7 +42,7 @@ func (m *member) commitHdr() MsgHdr {
 
 func (m *member) vote() Vote {
 	r := &m.rows[tVote]
-	return Vote{ENew: Epoch(r[0]), Acpt: MsgHdr{E: Epoch(r[1]), Cnt: r[2]}}
+	return Vote{ENew: Epoch(r[0]), Acpt: MsgHdr{E: Epoch(r[1]), Cnt: r[2]}, Forced: r[wForced] == 1}
 }
 
 // inRing is the receiver side of the ring from one sender.
@@ -131,6 +131,10 @@ type Replica struct {
 	pruned     MsgHdr // every entry <= pruned left the Log
 	catchingUp bool   // restarted with empty memory, no diff accepted yet
 	recovering bool   // rejoined without stable state: E_new not learnt from a majority yet (recoverENew)
+
+	// electingSince is when we last became ELECTING (startElection);
+	// forcedAt when ForceLead cast our forced vote (force.go).
+	electingSince, forcedAt time.Duration
 
 	vote        Vote // our published VoteSST row
 	electAt     time.Duration

@@ -19,6 +19,9 @@ func (r *Replica) updateRows() {
 	rs[tCommit] = row{uint64(r.committed.E), r.committed.Cnt, r.heartbeat, r.inc, r.index, uint64(r.follows())}
 	if r.vote != (Vote{}) {
 		rs[tVote] = row{uint64(r.vote.ENew), uint64(r.vote.Acpt.E), r.vote.Acpt.Cnt, r.inc}
+		if r.vote.Forced {
+			rs[tVote][wForced] = 1
+		}
 	}
 	for t := range rs {
 		if rs[t] == r.myRows[t] {

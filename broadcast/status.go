@@ -99,6 +99,7 @@ type Counters struct {
 	ElectionsStarted      uint64 // times it became ELECTING
 	ElectionsDeferred     uint64 // leader timeouts that did not start an election: another member still heard a leader (pre-vote)
 	ElectBackoffs         uint64 // election attempts put off: the pre-vote failed, or the member was catching up (electRetry)
+	ForcedVotes           uint64 // forced votes this replica cast (ForceLead)
 	DiffsAccepted         uint64 // diffs accepted (Fig. 5 l.54-66)
 	DiffParts             uint64 // diff records received, parts and ends
 	SnapshotsTaken        uint64 // FSM captures this leader served (one serves every member behind)

@@ -74,13 +74,22 @@ func minHdr(a, b MsgHdr) MsgHdr {
 type Vote struct {
 	ENew Epoch
 	Acpt MsgHdr
+	// Forced marks an operator's forced vote (Replica.ForceLead): members
+	// catching up may join it. Less ignores it; a member that joins copies
+	// it.
+	Forced bool
 }
 
 // Less orders votes by epoch, then accepted header.
 func (v Vote) Less(o Vote) bool { return v.ENew < o.ENew || (v.ENew == o.ENew && v.Acpt.Less(o.Acpt)) }
 
 // String formats the vote.
-func (v Vote) String() string { return fmt.Sprintf("<%v,%v>", v.ENew, v.Acpt) }
+func (v Vote) String() string {
+	if v.Forced {
+		return fmt.Sprintf("<%v,%v,forced>", v.ENew, v.Acpt)
+	}
+	return fmt.Sprintf("<%v,%v>", v.ENew, v.Acpt)
+}
 
 // Role is the paper's Role (Acuerdo Fig. 1 l.17).
 type Role uint8
@@ -453,4 +462,7 @@ var (
 	// ErrStopped: the replica was closed. The proposal's outcome is
 	// unknown: it may still be delivered by the rest of the group.
 	ErrStopped = errors.New("broadcast: replica stopped")
+	// ErrForceRefused is ForceLead's refusal (the error says why); the
+	// replica's state did not change.
+	ErrForceRefused = errors.New("broadcast: force-lead refused")
 )

@@ -41,6 +41,9 @@ type pendingOp struct {
 	err      error
 	ch       chan struct{} // cap 1: a result, or the message handed over
 	deadline time.Time
+	// t wakes a caller queued behind a full window at its deadline;
+	// made once, it stays with the pooled op (stopped when unused).
+	t *time.Timer
 
 	// under combiner.mu
 	state uint8
@@ -100,8 +103,8 @@ func (cb *combiner) putOp(p *pendingOp) {
 	case <-p.ch:
 	default:
 	}
-	ch := p.ch
-	*p = pendingOp{ch: ch}
+	ch, t := p.ch, p.t
+	*p = pendingOp{ch: ch, t: t}
 	cb.ops.Put(p)
 }
 
@@ -124,10 +127,10 @@ func (c *Client) combine(ctx context.Context, deadline time.Time, op kv.Op) (kv.
 	if !cb.sending[p.g] && cb.inflight[p.g] < c.m.Limits.ClientSlots {
 		cb.flush(p.g, p)
 	}
-	var t *time.Timer // only while queued behind a full window
+	armed := false // p.t, only while queued behind a full window
 	defer func() {
-		if t != nil {
-			t.Stop()
+		if armed {
+			p.t.Stop()
 		}
 	}()
 	for {
@@ -152,10 +155,15 @@ func (c *Client) combine(ctx context.Context, deadline time.Time, op kv.Op) (kv.
 		if p.state == opQueued && !deadline.IsZero() {
 			// the owners of messages expire their ops; a queued op
 			// has none
-			if t == nil {
-				t = time.NewTimer(time.Until(deadline))
+			if !armed {
+				if p.t == nil {
+					p.t = time.NewTimer(time.Until(deadline))
+				} else {
+					p.t.Reset(time.Until(deadline)) // no stale tick: Go 1.23 timers
+				}
+				armed = true
 			}
-			tc = t.C
+			tc = p.t.C
 		}
 		cb.mu.Unlock()
 		select {

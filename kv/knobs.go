@@ -53,6 +53,15 @@ type testingKnobs struct {
 	// saying a member that caught up cannot vote (TestSimMutants: the
 	// simulator's header-versus-broadcast check).
 	lateCatchUp bool
+	// reuseInFlight (reader): a get posts to a member while a list of
+	// an abandoned attempt is still out on it (the pending rule broken),
+	// so that two reads may land in the member's buffers
+	// (TestReaderPendingRule).
+	reuseInFlight bool
+	// readCatchingUp (reader): a stale-ok get answers from a member whose
+	// header says it is catching up (restarted without its data), so a
+	// key the group holds reads as not found (TestStaleOKSkipsCatchingUp).
+	readCatchingUp bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

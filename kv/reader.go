@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"time"
 
@@ -12,8 +13,8 @@ import (
 )
 
 // One-sided gets (docs/kv.md, "Gets"). A GroupReader reads one group's
-// replicas with its own Conns; it is used by one goroutine at a time (the
-// client keeps a pool).
+// replicas through its own rdma.Link to each; it is used by one goroutine
+// at a time (the client keeps a pool).
 //
 // A get takes two dependent rounds when the key is there, one when it is
 // not:
@@ -88,6 +89,11 @@ var (
 	// errConnecting: the member's Conn is being connected in the
 	// background (tcp).
 	errConnecting = errors.New("still connecting")
+	// ErrCatchingUp: the member read restarted without its data and has
+	// not been caught up by a leader yet (its header says so): its table
+	// is empty or behind by a whole outage, so a stale-ok get reads
+	// another member.
+	ErrCatchingUp = errors.New("kv: the replica restarted without its data and is catching up")
 )
 
 // GroupReader reads one group's tables one-sided. A get is a polled state
@@ -109,15 +115,27 @@ type GroupReader struct {
 	// failing, and is 0 once home answered.
 	near, home       int
 	homeAt, homeWait time.Duration
-	// Timeout bounds the wait for one read's completion (Get); a Conn
-	// that does not complete in time is closed and reopened. A read takes
-	// microseconds; one that takes this long is to a member that is
-	// stopped or cut off (on tcp: shm memory stays readable), and the get
-	// tries another. Default 250 ms.
+	// Timeout bounds the wait for one read's completion on the reader's
+	// clock (the now given to Poll): a member's Link whose read does not
+	// complete in time fails (its OpTimeout), and reconnects after its
+	// backoff. A read takes microseconds; one that takes this long is to
+	// a member that is stopped or cut off (on tcp: shm memory stays
+	// readable), and the get tries another. Default 250 ms. Set it, and
+	// Reconnect and Rand, before the first get: a member's Link is made
+	// at its first read.
 	Timeout time.Duration
+	// Reconnect spaces the reconnects of a member's Link after it failed
+	// (zero: rdma.Backoff's defaults, 1 ms doubling to 1 s); a
+	// successful read resets it.
+	Reconnect rdma.Backoff
+	// Rand draws the jitter of the reader's backoffs (reconnects and
+	// attempts); nil: none. A simulated reader is given its process's
+	// seeded one.
+	Rand *rand.Rand
 	// BackoffMin and BackoffMax bound the wait before an attempt that
-	// follows one that found no leader or a failed read; it doubles.
-	// Default 50 µs and 20 ms.
+	// follows one that found no leader or a failed read; it doubles
+	// (rdma.Backoff: zero bounds are its defaults). Default 50 µs and
+	// 20 ms.
 	BackoffMin, BackoffMax time.Duration
 	// HedgeAfter is how long a linearizable get waits for the f promise
 	// words it asked for before it asks every other member too (a member
@@ -126,7 +144,6 @@ type GroupReader struct {
 	HedgeAfter time.Duration
 	r1At       time.Duration // when round 1 was posted
 	hedged     bool
-	nextID     uint64
 	m          []*memberState
 
 	// The get under way.
@@ -145,8 +162,9 @@ type GroupReader struct {
 	fetching Slot // the slot whose record round 2 reads
 	recSize  int  // the bytes round 2 reads
 	retryAt  time.Duration
-	backoff  time.Duration
+	backoff  rdma.Backoff // between attempts of the get
 	attempt  int
+	catching int // members found catching up in a row (stale-ok)
 	lastErr  error
 
 	// Reads counts one-sided reads posted; Rounds the rounds.
@@ -184,19 +202,24 @@ const (
 	gsDone
 )
 
-// memberState is one member's Conn and the buffers its reads land in (each
-// member's own, so a read left behind by an abandoned attempt lands where
-// nothing else is read).
+// memberState is one member's Link and the buffers its reads land in
+// (each member's own, so a read left behind by an abandoned attempt lands
+// where nothing else is read). At most one list of reads is out on a
+// member: a new one is posted only once the last one finished (the
+// pending rule), so its buffers are never the destination of two reads.
 type memberState struct {
-	conn rdma.Conn
-	dial *rdma.Connector
+	link *rdma.Link // nil until the member's first read
+	// pending: the list posted last, the ops with seq < until on the
+	// Link's Conn epoch, is not known finished.
+	pending bool
+	until   uint64
+	epoch   uint64
+	perr    error // how the finished list failed
+	pdone   bool  // the list finished (perr says how), not consumed
 	// connecting: a background connect is under way, since connAt (the
 	// reader's clock).
 	connecting bool
 	connAt     time.Duration
-	pending    uint64 // the signalled op awaited, 0 if none
-	perr       error  // how it failed
-	pdone      bool
 	// hdr[:hdrSize] takes a first header read (and promise reads);
 	// hdr[hdrSize:] the header that ended this member's last round,
 	// read at lastAt.
@@ -206,9 +229,12 @@ type memberState struct {
 	rec    []byte
 	wrs    []rdma.WR
 	hwr    []rdma.WR // a header read alone
-	cs     [8]rdma.Completion
-	since  time.Time
 }
+
+// readerLinkDepth is a member Link's window: one list in flight (at most
+// 6 reads: two headers and four bucket pairs), and one more for a planted
+// bug that ignores the pending rule.
+const readerLinkDepth = 16
 
 // NewGroupReader reads group g's members from node. near is the member
 // stale-ok gets read first (on shm any; on tcp the closest).
@@ -222,121 +248,115 @@ func NewGroupReader(node rdma.Node, g uint32, members []rdma.NodeID, near int) *
 	return r
 }
 
-// Close closes the reader's Conns.
+// Close closes the reader's Links.
 func (r *GroupReader) Close() {
 	for _, ms := range r.m {
-		if ms.conn != nil {
-			ms.conn.Close()
-			ms.conn = nil
+		if ms.link != nil {
+			ms.link.Close()
 		}
-		if ms.dial != nil {
-			ms.dial.Close()
-			ms.dial = nil
-		}
-		ms.pending, ms.connecting = 0, false
+		ms.pending, ms.connecting = false, false
 	}
 }
 
 // Leader is the member the reader last found serving (-1: unknown).
 func (r *GroupReader) Leader() int { return r.leader }
 
-// post posts wrs on member i's Conn, the last one signalled, unless a read
-// to i is still outstanding (false).
+// link is member i's Link, made at its first use.
+func (r *GroupReader) link(i int) *rdma.Link {
+	ms := r.m[i]
+	if ms.link == nil {
+		ms.link = rdma.NewLink(rdma.LinkConfig{Node: r.node, Peer: r.members[i], Backoff: r.Reconnect, Rand: r.Rand,
+			OpTimeout: r.Timeout, Depth: readerLinkDepth, SignalEvery: readerLinkDepth / 2, QuietReads: true})
+	}
+	return ms.link
+}
+
+// post posts wrs on member i's Link as one list, the last read signalled,
+// unless a list posted to i before is still out (false). A member whose
+// Link is down (connecting in the background, or backing off after a
+// failure) or whose post fails finishes the list at once with the error.
 func (r *GroupReader) post(i int, wrs []rdma.WR) bool {
 	ms := r.m[i]
-	if ms.pending != 0 && !r.reap(i) {
+	if ms.pending && !r.reap(i) && !r.knobs.reuseInFlight {
 		return false // a read of an abandoned attempt is still out
 	}
-	ms.pdone, ms.perr = false, nil // whatever an abandoned attempt left
-	if ms.conn != nil && ms.conn.Err() != nil {
-		ms.conn.Close()
-		ms.conn = nil
+	ms.pending, ms.pdone, ms.perr = false, false, nil // whatever an abandoned attempt left
+	l := r.link(i)
+	if !l.Up(r.now) {
+		// This attempt counts as a failed read of the member (a stale-ok
+		// get waits for a background connect up to Timeout: see fail).
+		ms.perr, ms.pdone = r.downErr(i), true
+		return true
 	}
-	if ms.conn == nil {
-		ok, err := r.connect(i)
-		if !ok {
-			// Connecting in the background (a tcp member that may be
-			// down): this attempt counts as a failed read of it (a
-			// stale-ok get waits for it up to Timeout: see fail).
-			ms.perr, ms.pdone = fmt.Errorf("kv: node %d: %w: %w", r.members[i], errConnecting, rdma.ErrPeerDead), true
+	ms.connecting = false
+	var last uint64
+	for k, wr := range wrs {
+		if k == len(wrs)-1 {
+			wr.Flags |= rdma.Signaled // the list's completion
+		}
+		seq, ok := l.Queue(wr, false)
+		if !ok { // the window: not with one list out at a time
+			l.Fail(r.now, fmt.Errorf("kv: reader's link window full"))
+			ms.perr, ms.pdone = r.linkErr(i), true
 			return true
 		}
-		if err != nil {
-			ms.perr, ms.pdone = err, true
-			return true
-		}
+		last = seq
 	}
-	r.nextID++
-	wrs[len(wrs)-1].Flags |= rdma.Signaled
-	wrs[len(wrs)-1].ID = r.nextID
 	r.Reads += uint64(len(wrs))
-	ms.pending, ms.perr, ms.pdone = r.nextID, nil, false
-	ms.since = time.Time{}
-	if n, err := ms.conn.PostList(wrs); err != nil || n < len(wrs) {
-		if err == nil {
-			err = rdma.ErrQueueFull
-		}
-		ms.pending, ms.perr, ms.pdone = 0, err, true
-		if n > 0 {
-			// Part of the list was posted: a completion (or an
-			// error) will come; treat the Conn as unusable.
-			ms.conn.Close()
-			ms.conn = nil
-		}
+	ms.pending, ms.until, ms.epoch = true, last+1, l.Conn()
+	l.Flush(r.now)
+	if !l.IsUp() {
+		ms.pending, ms.perr, ms.pdone = false, r.linkErr(i), true // the post failed
 	}
 	return true
 }
 
-// connect opens member i's Conn through its Connector: ok false while it
-// connects in the background, else Node.Connect's error or the Conn set.
-func (r *GroupReader) connect(i int) (ok bool, err error) {
-	ms := r.m[i]
-	if ms.dial == nil {
-		ms.dial = rdma.NewConnector(r.node, r.members[i])
-	}
-	c, err, ok := ms.dial.Connect()
-	if !ok {
+// downErr is the error of a read of member i whose Link is down: still
+// connecting in the background (tcp; noted since when), or backing off
+// after a failure.
+func (r *GroupReader) downErr(i int) error {
+	ms, l := r.m[i], r.m[i].link
+	if l.RetryAt() <= r.now {
 		if !ms.connecting {
 			ms.connecting, ms.connAt = true, r.now
 		}
-		return false, nil
+		return fmt.Errorf("kv: node %d: %w: %w", r.members[i], errConnecting, rdma.ErrPeerDead)
 	}
 	ms.connecting = false
-	if err == nil {
-		ms.conn = c
+	cause := l.Err()
+	if cause == nil {
+		cause = rdma.ErrClosed
 	}
-	return true, err
+	return fmt.Errorf("kv: node %d: link down until its reconnect: %w", r.members[i], cause)
+}
+
+// linkErr is the error of a read of member i whose Link failed.
+func (r *GroupReader) linkErr(i int) error {
+	cause := r.m[i].link.Err()
+	if errors.Is(cause, rdma.ErrOpTimeout) {
+		return fmt.Errorf("kv: read from node %d: no completion in %v: %w", r.members[i], r.Timeout, cause)
+	}
+	return fmt.Errorf("kv: read from node %d: %w", r.members[i], cause)
 }
 
 // homeReady reports whether a stale-ok get may go back to its home member:
-// its Conn is up (connected now if need be, without waiting) and no read
+// its Link is up (connected now if need be, without waiting) and no read
 // of an abandoned attempt is still out on it.
 func (r *GroupReader) homeReady() bool {
 	i := r.home
 	ms := r.m[i]
-	if ms.pending != 0 && !r.reap(i) {
+	if ms.pending && !r.reap(i) {
 		return false
 	}
-	if ms.pdone && ms.perr != nil && ms.conn != nil {
-		// A read left behind failed on this Conn: connect anew, so
-		// that going back rests on the member answering.
-		ms.conn.Close()
-		ms.conn = nil
-	}
+	// A read left behind that failed failed the Link: going back rests on
+	// a new Conn's read.
 	ms.pdone, ms.perr = false, nil
-	if ms.conn != nil && ms.conn.Err() != nil {
-		ms.conn.Close()
-		ms.conn = nil
-	}
-	if ms.conn == nil {
-		ok, err := r.connect(i)
-		if !ok {
-			return false
+	l := r.link(i)
+	if !l.Up(r.now) {
+		if l.RetryAt() > r.now {
+			r.homeFailed() // backing off, or the connect failed
 		}
-		if err != nil {
-			r.homeFailed()
-			return false
-		}
+		return false
 	}
 	return true
 }
@@ -355,47 +375,34 @@ func (r *GroupReader) postHeader(i int, buf []byte) bool {
 	return r.post(i, ms.hwr)
 }
 
-// reap moves member i's completions; it reports whether the awaited op is
-// finished (done, with perr set if it failed).
+// reap reaps member i's Link; it reports whether the list awaited is
+// finished (done, with perr set if it failed: an error completion, or no
+// completion within Timeout on the reader's clock).
 func (r *GroupReader) reap(i int) bool {
 	ms := r.m[i]
 	if ms.pdone {
 		return true
 	}
-	if ms.pending == 0 || ms.conn == nil {
+	if !ms.pending {
 		return false
 	}
-	n := ms.conn.Poll(ms.cs[:])
-	for _, cp := range ms.cs[:n] {
-		if cp.Err != nil {
-			ms.perr, ms.pdone, ms.pending = cp.Err, true, 0
-			return true
+	l := ms.link
+	if l.IsUp() && l.Conn() == ms.epoch {
+		l.Reap(r.now)
+		if l.Queued() > 0 && l.IsUp() {
+			l.Flush(r.now) // a send queue smaller than the list cut it short
 		}
-		if cp.ID == ms.pending {
-			ms.pdone, ms.pending = true, 0
-			return true
-		}
+	}
+	switch {
+	case !l.IsUp() || l.Conn() != ms.epoch:
+		// The Link failed, dropping the list: its Conn is closed.
+		ms.pending, ms.perr, ms.pdone = false, r.linkErr(i), true
+		return true
+	case l.Completed() >= ms.until:
+		ms.pending, ms.pdone = false, true
+		return true
 	}
 	return false
-}
-
-// expire fails member i's awaited op after Timeout of real time (Get's
-// driver; the simulator's fabric fails ops itself).
-func (r *GroupReader) expire(i int) {
-	ms := r.m[i]
-	if ms.pending == 0 || ms.pdone {
-		return
-	}
-	if ms.since.IsZero() {
-		ms.since = time.Now()
-		return
-	}
-	if time.Since(ms.since) > r.Timeout {
-		ms.conn.Close()
-		ms.conn = nil
-		ms.pending, ms.pdone = 0, true
-		ms.perr = fmt.Errorf("kv: read from node %d: no completion in %v", r.members[i], r.Timeout)
-	}
 }
 
 // consume takes member i's finished op (its error).
@@ -416,7 +423,8 @@ func (r *GroupReader) Begin(key []byte, mode Consistency) {
 	r.res = GetResult{}
 	r.err = nil
 	r.attempt = 0
-	r.backoff = 0
+	r.catching = 0
+	r.backoff = rdma.Backoff{Min: r.BackoffMin, Max: r.BackoffMax}
 	r.lastErr = nil
 	r.st = gsStart
 }
@@ -468,21 +476,25 @@ func (r *GroupReader) Poll(now time.Duration) bool {
 				return false
 			}
 		}
-		if r.st == gsWait && r.retryAt == 0 {
-			r.retryAt = now + r.backoff
-		}
 	}
 }
 
 // Result is the outcome of the get that finished.
 func (r *GroupReader) Result() (GetResult, error) { return r.res, r.err }
 
-// NextDeadline is when a backing-off get wants its next Poll.
+// NextDeadline is when a get wants its next Poll even if no read
+// completes: the end of its backoff, or the timeout of a read it awaits.
 func (r *GroupReader) NextDeadline() time.Duration {
 	if r.st == gsWait {
 		return r.retryAt
 	}
-	return 1<<63 - 1
+	next := time.Duration(1<<63 - 1)
+	for _, ms := range r.m {
+		if ms.pending && ms.link.IsUp() {
+			next = min(next, ms.link.NextDeadline())
+		}
+	}
+	return next
 }
 
 // fail ends the attempt: retry (after a backoff for some causes) or give up.
@@ -510,8 +522,7 @@ func (r *GroupReader) fail(err error) {
 		}
 		r.near = (r.near + 1) % len(r.members)
 	}
-	r.backoff = min(max(2*r.backoff, r.BackoffMin), r.BackoffMax)
-	r.retryAt = 0
+	r.retryAt = r.backoff.Next(r.now, r.Rand)
 	r.st = gsWait
 }
 
@@ -615,8 +626,7 @@ func (r *GroupReader) askPromises(k int) int {
 
 func (r *GroupReader) pollFind() bool {
 	for i := range r.members {
-		r.reap(i)
-		if r.m[i].pending != 0 && !r.m[i].pdone {
+		if r.m[i].pending && !r.reap(i) {
 			return false
 		}
 	}
@@ -624,7 +634,7 @@ func (r *GroupReader) pollFind() bool {
 	var errs []error
 	for i := range r.members {
 		if err := r.consume(i); err != nil {
-			errs = append(errs, fmt.Errorf("node %d: %w", r.members[i], err))
+			errs = append(errs, err) // it names the node
 			continue
 		}
 		h, err := DecodeHeader(r.m[i].hdr[hdrSize:])
@@ -668,6 +678,23 @@ func (r *GroupReader) pollR1() bool {
 		r.fail(errRetry)
 		return true
 	}
+	if r.mode != Linearizable && (h1.CatchingUp || h2.CatchingUp) && !r.knobs.readCatchingUp {
+		// Its table holds nothing of what the group stored before the
+		// member restarted: read another member (and come back to it,
+		// as to a member that failed, once a leader caught it up).
+		r.consume(m)
+		if r.catching++; r.catching >= len(r.members) {
+			// Every member in a row: the group lost its data (every
+			// replica restarted without it). Say so now, rather than
+			// after MaxAttempts.
+			r.err = fmt.Errorf("kv: group %d: every replica read restarted without its data and is catching up: %w", r.group, ErrCatchingUp)
+			r.st = gsDone
+			return true
+		}
+		r.fail(fmt.Errorf("kv: node %d: %w", r.members[m], ErrCatchingUp))
+		return true
+	}
+	r.catching = 0
 	if r.mode == Linearizable {
 		e := h1.Serving
 		if e == 0 || h2.Serving != e {
@@ -885,9 +912,6 @@ func (r *GroupReader) GetCtx(ctx context.Context, stop <-chan struct{}, deadline
 			}
 			t.Stop()
 			continue
-		}
-		for i := range r.m {
-			r.expire(i)
 		}
 		if spins < 1024 {
 			runtime.Gosched()

@@ -86,9 +86,16 @@ type callState struct {
 	pool    []*Call
 	closed  bool
 
-	// counts, for tests: reaper roles handed to a waiter, and the
-	// reapers' parks a doorbell ring ended
-	handOffs, rings uint64
+	// counts, for tests: reaper roles handed to a waiter, the reapers'
+	// parks, and those a doorbell ring ended
+	handOffs, parks, rings uint64
+
+	// watch hands the keeper the Done channel of a reaper's context
+	// (cap 1; nil without a keeper): the keeper rings the doorbell when it
+	// closes, so that a reaper parked past reapMaxPark needs no tick to
+	// see its context end. watched is the last one handed over.
+	watch   chan (<-chan struct{})
+	watched <-chan struct{}
 
 	// the published registration and Conn failures
 	reg   tree.Set
@@ -142,6 +149,7 @@ func StartClientAsync(cfg ClientConfig, node rdma.Node) (*Client, error) {
 	}
 	c.rt.stop = make(chan struct{})
 	c.rt.keeperOn = make(chan struct{})
+	c.rt.watch = make(chan (<-chan struct{}), 1)
 	go c.keeper()
 	return c, nil
 }
@@ -214,6 +222,11 @@ func (c *Client) keeper() {
 	defer close(c.rt.keeperOn)
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	var watched <-chan struct{} // a parked reaper's ctx.Done (nil: none)
+	ring := func() {
+		c.rt.db.Ring() // the reaper sees its context ended
+		watched = nil
+	}
 	for {
 		seq := c.rt.db.Seq()
 		c.mu.Lock()
@@ -237,6 +250,15 @@ func (c *Client) keeper() {
 		default:
 		}
 		if !ready {
+			select {
+			case watched = <-c.rt.watch:
+			default:
+			}
+			select {
+			case <-watched:
+				ring()
+			default:
+			}
 			c.rt.db.Wait(seq, max(min(wait, time.Millisecond), time.Microsecond))
 			continue
 		}
@@ -245,6 +267,9 @@ func (c *Client) keeper() {
 		case <-c.rt.stop:
 			return
 		case <-t.C:
+		case watched = <-c.rt.watch:
+		case <-watched:
+			ring()
 		}
 	}
 }
@@ -525,14 +550,18 @@ func (c *Client) handOff() {
 	}
 }
 
-// reapMaxPark bounds a reaper's park while its context can end (the
-// doorbell does not watch the context).
+// reapMaxPark bounds a reaper's first park while its context can end
+// (the doorbell does not watch the context). A reaper still waiting after
+// it hands its context's Done channel to the keeper, which rings the
+// doorbell when it closes: longer waits park without a tick, and a reply
+// within reapMaxPark costs the keeper nothing.
 const reapMaxPark = time.Millisecond
 
 // reap is the reaper's loop (entered and left with mu held): it polls,
 // completing calls, and parks on the doorbell when nothing progressed,
 // until u is done, its wait ended or the client closed.
 func (c *Client) reap(u *Call, ctx context.Context) {
+	long := false // a park of this reap ended without progress: watch ctx
 	for {
 		seq := c.rt.db.Seq()
 		if c.rt.closed {
@@ -559,20 +588,45 @@ func (c *Client) reap(u *Call, ctx context.Context) {
 		if u.deadline != 0 {
 			next = min(next, u.deadline)
 		}
-		c.mu.Unlock()
-		if !progress {
-			wait := next - now
-			if ctx.Done() != nil {
+		wait := next - now
+		if d := ctx.Done(); d != nil && !progress {
+			if !long || !c.watchCtx(d) {
 				wait = min(wait, reapMaxPark)
 			}
+		}
+		if !progress {
+			c.rt.parks++
+		}
+		c.mu.Unlock()
+		if !progress {
 			rang := c.rt.db.Wait(seq, max(wait, time.Microsecond))
 			c.mu.Lock()
 			if rang {
 				c.rt.rings++
+			} else {
+				long = true
 			}
 			continue
 		}
 		c.mu.Lock()
+	}
+}
+
+// watchCtx has the keeper ring the doorbell when d closes (mu held); false
+// without a keeper, or while it has not taken the last one handed over.
+func (c *Client) watchCtx(d <-chan struct{}) bool {
+	if c.rt.watch == nil {
+		return false
+	}
+	if c.rt.watched == d {
+		return true
+	}
+	select {
+	case c.rt.watch <- d:
+		c.rt.watched = d
+		return true
+	default:
+		return false
 	}
 }
 

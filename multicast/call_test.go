@@ -159,3 +159,45 @@ func TestReaperParkedWoken(t *testing.T) {
 		t.Fatalf("the reaper's Wait after Close = %v, want ErrClosed", r.err)
 	}
 }
+
+// TestReaperParksWithoutTick: a reaper whose context can end (a
+// cancellable one) and whose call does not complete parks on the
+// doorbell without a 1 ms tick: after its first park (reapMaxPark) it
+// hands the context to the keeper and sleeps until the client's next
+// deadline (up to a second away) or a ring. Cancelling the context wakes
+// it through a ring of the doorbell, not at that deadline.
+func TestReaperParksWithoutTick(t *testing.T) {
+	_, c := callCluster(t, time.Hour) // no retry while the test runs
+	a, _, err := c.Begin(tree.Of(0), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	aw := waitAsync(a, ctx) // never sent: it never completes
+	eventually(t, c, "A parks with its context watched", func() bool { return c.rt.reaper == a && c.rt.watched == ctx.Done() })
+	c.mu.Lock()
+	parks, rings := c.rt.parks, c.rt.rings
+	c.mu.Unlock()
+	const idle = 300 * time.Millisecond // 300 parks with a 1 ms tick
+	time.Sleep(idle)
+	c.mu.Lock()
+	n := c.rt.parks - parks
+	c.mu.Unlock()
+	// Without a tick, only the client's own deadlines (a second apart)
+	// end its park.
+	if n > 3 {
+		t.Fatalf("the parked reaper woke %d times in %v with nothing to do (a tick?)", n, idle)
+	}
+	cancel()
+	if r := <-aw; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("A's Wait = %v, want context.Canceled", r.err)
+	}
+	c.mu.Lock()
+	woken := c.rt.rings > rings
+	c.mu.Unlock()
+	if !woken {
+		t.Fatalf("the cancel did not ring the parked reaper's doorbell (it woke at its deadline)")
+	}
+	a.Release()
+}

@@ -85,6 +85,13 @@ type LinkConfig struct {
 	// DefaultLinkDepth. Within the fabric's QueueDepth, Post never finds
 	// the send queue full.
 	Depth int
+	// QuietReads signals reads as writes are (when the caller asks with
+	// Signaled, by SignalEvery, last of a timed list) instead of always:
+	// for a caller that posts a list of reads into its own buffers and
+	// waits for the whole list, marking its last read Signaled (ops
+	// complete in order, so that completion is the list's). One
+	// completion per list, not one per read. Atomics stay signaled.
+	QuietReads bool
 }
 
 // Defaults of a LinkConfig.
@@ -232,7 +239,8 @@ func (l *Link) Stage(n int) []byte {
 // Completion ID; Completed passes it once it completed). notify asks that
 // the list's last op ring the peer's doorbell (at most one Notify per
 // Flush). wr.Flags' Signaled forces a completion; the link signals
-// otherwise as it needs (reads and atomics always). It refuses (ok false)
+// otherwise as it needs (atomics always, reads unless
+// QuietReads). It refuses (ok false)
 // while the link is down or the window is full.
 func (l *Link) Queue(wr WR, notify bool) (seq uint64, ok bool) {
 	if !l.up || !l.room() {
@@ -251,7 +259,8 @@ func (l *Link) Queue(wr WR, notify bool) (seq uint64, ok bool) {
 
 // Flush posts the queued ops as one PostList and returns how many were
 // posted. An op is signaled when its caller asked, when it is not a write
-// (the caller wants its result), when SignalEvery-1 unsignaled ops precede
+// (the caller wants its result; with QuietReads, when it is an atomic),
+// when SignalEvery-1 unsignaled ops precede
 // it, or when over a quarter of the staging ring was staged since the last
 // signaled op; so a full window or stage always has a completion coming
 // that frees most of it (SignalEvery is at most Depth/2). With an
@@ -273,7 +282,7 @@ func (l *Link) Flush(now time.Duration) int {
 	for k := range l.wrs {
 		wr := &l.wrs[k]
 		end := l.ends[wr.ID%depth]
-		sig := wr.Flags&Signaled != 0 || wr.Kind != OpWrite || wr.ID+1-last >= every ||
+		sig := wr.Flags&Signaled != 0 || wr.Kind != OpWrite && (wr.Kind != OpRead || !l.cfg.QuietReads) || wr.ID+1-last >= every ||
 			(quarter > 0 && end-sigBytes > quarter)
 		if k == q-1 && l.cfg.OpTimeout > 0 {
 			sig = true // every list is timed

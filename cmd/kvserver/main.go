@@ -70,6 +70,11 @@ const usage = `usage:
                                         --shm: every replica on this host)
   kvserver check --config FILE          validate a config and summarise it
   kvserver map --config FILE            print the cluster map clients use (JSON)
+  kvserver force-new-cluster --config FILE --group G [--from ID] [--yes]
+                                        a group whose majority restarted without its data
+                                        (memory mode) cannot elect: go on from a replica
+                                        that kept it, losing what only the others held
+                                        (says what it would do; --yes does it)
   kvserver --version                    the module version and commit it was built from
 
 With no flags, kvserver starts an embedded local cluster of 2 groups x 3
@@ -90,6 +95,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runInit(args[1:], stdout, stderr)
 		case "check", "map":
 			return runCheck(args[0], args[1:], stdout, stderr)
+		case "force-new-cluster":
+			return runForce(args[1:], stdout, stderr)
 		}
 	}
 	for _, a := range args {

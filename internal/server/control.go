@@ -11,6 +11,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 //	GET /healthz  200 while the process runs
 //	GET /readyz   200 when every replica here has a leader and is caught up; 503 and why otherwise
 //	GET /map      the cluster map clients use (JSON; never the secret)
+//	POST /force?group=G&epoch=E&count=C  force a leader of group G here (kvserver force-new-cluster)
 //	/debug/pprof/ profiles, only with pprof enabled
 type Control struct {
 	srv *http.Server
@@ -69,8 +71,23 @@ func ListenControl(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
+// ControlOptions are ServeControlWith's options.
+type ControlOptions struct {
+	Pprof bool // serve /debug/pprof/
+	// Secret is the cluster secret: POST /force then requires proof of
+	// it (ForceAuthHeader). Without one the endpoint is as open as the
+	// control port's address (127.0.0.1 by default).
+	Secret []byte
+}
+
 // ServeControl serves the control port on ln (see StartControl).
 func ServeControl(ln net.Listener, m *cluster.Map, reps []*Replica, withPprof bool, log *slog.Logger) *Control {
+	return ServeControlWith(ln, m, reps, ControlOptions{Pprof: withPprof}, log)
+}
+
+// ServeControlWith is ServeControl with options.
+func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o ControlOptions, log *slog.Logger) *Control {
+	withPprof := o.Pprof
 	start := time.Now()
 	mux := http.NewServeMux()
 	status := func() ProcessStatus {
@@ -104,6 +121,9 @@ func ServeControl(ln net.Listener, m *cluster.Map, reps []*Replica, withPprof bo
 			}
 		}
 		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("POST /force", func(w http.ResponseWriter, r *http.Request) {
+		serveForce(w, r, reps, o.Secret, log)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(NewRegistry(reps), promhttp.HandlerOpts{}))
 	if withPprof {
@@ -309,4 +329,44 @@ func nodeList(ids []rdma.NodeID) string {
 		return "replica " + s[0]
 	}
 	return "replicas " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
+// serveForce is POST /force?group=G&epoch=E&count=C: the first
+// state-changing request of the control port. It runs ForceLead on this
+// process's replica of group G with (E, C) as the accepted header its
+// status showed (so that a group that moved since refuses), and answers
+// 200 with the forced epoch, 409 with the refusal's reason, 403 without
+// proof of the cluster secret (when there is one), 400/404 for a bad
+// request.
+func serveForce(w http.ResponseWriter, r *http.Request, reps []*Replica, secret []byte, log *slog.Logger) {
+	q := r.URL.Query()
+	g, err1 := strconv.Atoi(q.Get("group"))
+	e, err2 := strconv.ParseUint(q.Get("epoch"), 10, 64)
+	cnt, err3 := strconv.ParseUint(q.Get("count"), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		http.Error(w, "force: want ?group=G&epoch=E&count=C (E, C: the replica's accepted header in /status, numbers)", http.StatusBadRequest)
+		return
+	}
+	h := Hdr{Epoch: broadcast.Epoch(e), Count: cnt}
+	if len(secret) > 0 && !checkForceAuth(secret, g, h, r.Header.Get(ForceAuthHeader)) {
+		http.Error(w, "force: the cluster has a secret: send its proof in "+ForceAuthHeader+" (kvserver force-new-cluster --config does)", http.StatusForbidden)
+		return
+	}
+	for _, rep := range reps {
+		if rep.Group != g {
+			continue
+		}
+		got, err := rep.ForceLead(broadcast.MsgHdr{E: h.Epoch, Cnt: h.Count})
+		switch {
+		case errors.Is(err, broadcast.ErrForceRefused):
+			http.Error(w, err.Error(), http.StatusConflict)
+		case err != nil:
+			http.Error(w, "force: "+err.Error(), http.StatusInternalServerError)
+		default:
+			log.Warn("forced vote: an operator forced this replica to lead its group; members catching up join it and take its data", "group", g, "node", rep.Node, "epoch", got.String())
+			fmt.Fprintf(w, "node %d of group %d votes for itself in epoch %v (%d), forced\n", rep.Node, g, got, uint64(got))
+		}
+		return
+	}
+	http.Error(w, fmt.Sprintf("force: no replica of group %d in this process", g), http.StatusNotFound)
 }

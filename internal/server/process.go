@@ -54,6 +54,13 @@ type ProcessConfig struct {
 	Control net.Listener
 	// Pprof serves /debug/pprof/ on the control port.
 	Pprof bool
+	// Secret is the cluster secret the control port's POST /force
+	// requires proof of (ControlOptions.Secret).
+	Secret []byte
+	// Commands lets the replicas take state-changing commands (ForceLead,
+	// POST /force) on their pollers: kvserver --config sets it; an
+	// embedded cluster's replicas take none.
+	Commands bool
 	// Log, if set, logs the replicas' role changes (Watch) and the control
 	// port's errors.
 	Log *slog.Logger
@@ -168,7 +175,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
 	go finished()
 	if cfg.Control != nil {
-		p.control = ServeControl(cfg.Control, m, p.all, cfg.Pprof, cfg.Log)
+		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret}, cfg.Log)
 	}
 	return p, nil
 }
@@ -207,6 +214,9 @@ func (p *Process) start(g, i int) error {
 	// A group's replicas share a poller: their messages to each other
 	// then need no wake-up.
 	h := &hosted{node: node, r: r, sr: sr, h: p.pollers.AddTo(g, sr, node)}
+	if p.cfg.Commands {
+		sr.SetHandle(h.h)
+	}
 	p.mu.Lock()
 	p.reps[g][i] = h
 	p.mu.Unlock()

@@ -147,7 +147,7 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 			bc.Start = start
 			return r.stable, nil
 		},
-		Control: cln, Pprof: opts.Pprof, Log: log})
+		Control: cln, Pprof: opts.Pprof, Secret: cfg.SecretBytes, Commands: true, Log: log})
 	cln = nil // StartProcess closes it
 	if err != nil {
 		if errors.Is(err, broadcast.ErrCorrupt) {

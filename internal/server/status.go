@@ -37,6 +37,7 @@ type Replica struct {
 	after        func(now time.Duration, progress bool) // ProcessConfig.AfterPoll
 
 	mu   sync.Mutex
+	h    *poller.Handle // SetHandle: runs commands on the replica's poller
 	last time.Duration
 	tab  kv.Stats
 	hdr  kv.Header
@@ -99,6 +100,12 @@ type ReplicaStatus struct {
 	Round   uint32          `json:"round"`
 	Leader  rdma.NodeID     `json:"leader,omitempty"` // 0 while electing
 	Serving bool            `json:"serving"`          // leads and serves linearizable gets
+	// ENew is the epoch it promised (E_new: a vote or the epoch it
+	// follows); Accepted and Committed are its protocol headers
+	// (kvserver force-new-cluster reads them).
+	ENew      broadcast.Epoch `json:"e_new"`
+	Accepted  Hdr             `json:"accepted"`
+	Committed Hdr             `json:"committed"`
 	// Delivered counts entries delivered (ordered and applied); Applied
 	// is the table's applied index (its header).
 	Delivered  uint64 `json:"delivered"`
@@ -118,6 +125,15 @@ type ReplicaStatus struct {
 	HugePages rdma.HugePages `json:"huge_pages"`
 }
 
+// Hdr is a message header (broadcast.MsgHdr): an epoch and a count in it.
+type Hdr struct {
+	Epoch broadcast.Epoch `json:"epoch"`
+	Count uint64          `json:"count"`
+}
+
+// String formats the header as broadcast.MsgHdr does: (round,leader):count.
+func (h Hdr) String() string { return fmt.Sprintf("%v:%d", h.Epoch, h.Count) }
+
 // BroadcastCounters are broadcast.Counters with snake_case JSON keys (a
 // conversion: a field added there must be added here).
 type BroadcastCounters struct {
@@ -125,6 +141,7 @@ type BroadcastCounters struct {
 	ElectionsStarted      uint64 `json:"elections_started"`
 	ElectionsDeferred     uint64 `json:"elections_deferred"`
 	ElectBackoffs         uint64 `json:"elect_backoffs"`
+	ForcedVotes           uint64 `json:"forced_votes"`
 	DiffsAccepted         uint64 `json:"diffs_accepted"`
 	DiffParts             uint64 `json:"diff_parts"`
 	SnapshotsTaken        uint64 `json:"snapshots_taken"`
@@ -169,6 +186,7 @@ func (p *Replica) Status() ReplicaStatus {
 	p.mu.Unlock()
 	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
 		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
+		ENew: bs.ENew, Accepted: Hdr{bs.Accepted.E, bs.Accepted.Cnt}, Committed: Hdr{bs.Committed.E, bs.Committed.Cnt},
 		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
 		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
 		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),

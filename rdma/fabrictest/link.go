@@ -26,6 +26,7 @@ func testLink(t *testing.T, h Harness) {
 		{"StageReuse", testLinkStageReuse},
 		{"SignalBound", testLinkSignalBound},
 		{"OpTimeout", testLinkOpTimeout},
+		{"QuietReads", testLinkQuietReads},
 		{"NoAllocs", testLinkNoAllocs},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -528,6 +529,59 @@ func testLinkOpTimeout(t *testing.T, h Harness) {
 	l.Reap(e.now)
 	if l.IsUp() || l.Stats().Timeouts != 2 {
 		t.Fatalf("a stalled list of unsignaled writes did not time out: up %v, timeouts %d", l.IsUp(), l.Stats().Timeouts)
+	}
+}
+
+// testLinkQuietReads: with QuietReads a list of reads whose last one the
+// caller marks Signaled posts one signaled op (one completion for the
+// list), and Completed passing that op means every read of the list landed;
+// SignalEvery never leaves the list's last read unsignaled. Without it
+// every read is signaled.
+func testLinkQuietReads(t *testing.T, h Harness) {
+	const reads = 6
+	for _, quiet := range []bool{true, false} {
+		e := newLinkEnv(t, h, 64, rdma.LinkConfig{QuietReads: quiet, SignalEvery: 8, Depth: 16})
+		l := e.l
+		e.up()
+		for i := range 8 {
+			put64(e.reg.Bytes()[8*i:], uint64(100+i))
+		}
+		dst := make([]byte, 8*reads)
+		for round := range 5 {
+			clear(dst)
+			st := l.Stats()
+			var last uint64
+			for k := range reads {
+				wr := rdma.WR{Kind: rdma.OpRead, Region: 1, Offset: uint64(8 * k), Buf: dst[8*k : 8*k+8]}
+				if k == reads-1 {
+					wr.Flags = rdma.Signaled
+				}
+				seq, ok := l.Queue(wr, false)
+				if !ok {
+					t.Fatalf("Queue refused")
+				}
+				last = seq
+			}
+			if n := l.Flush(e.now); n != reads {
+				t.Fatalf("Flush posted %d, want %d (err %v)", n, reads, l.Err())
+			}
+			e.reapTo(last)
+			if !l.IsUp() {
+				t.Fatalf("link failed: %v", l.Err())
+			}
+			for k := range reads {
+				if got := le64(dst[8*k:]); got != uint64(100+k) {
+					t.Fatalf("quiet %v round %d: read %d = %d after the list completed, want %d", quiet, round, k, got, 100+k)
+				}
+			}
+			want := uint64(reads)
+			if quiet {
+				want = 1
+			}
+			if got := l.Stats().Signaled - st.Signaled; got != want {
+				t.Fatalf("quiet %v round %d: %d of the list's %d reads signaled, want %d", quiet, round, got, reads, want)
+			}
+		}
 	}
 }
 
