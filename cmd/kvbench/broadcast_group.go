@@ -21,33 +21,6 @@ import (
 	"github.com/rdmakv/rdmakv/rdma/mem"
 )
 
-// replicaEnv marks a re-executed kvbench as one broadcast replica process
-// (groupproc.Serve on its stdin and stdout). It is checked in init, before
-// main or a test binary's TestMain, so that the command table stays the
-// only entry point users see.
-const replicaEnv = "KVBENCH_REPLICA"
-
-func init() {
-	if os.Getenv(replicaEnv) == "" {
-		return
-	}
-	stop := func() {}
-	if prof := os.Getenv(peerProfileEnv); prof != "" {
-		var err error
-		if stop, err = startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid())); err != nil {
-			fmt.Fprintf(os.Stderr, "kvbench replica: %v\n", err)
-			os.Exit(1)
-		}
-	}
-	err := groupproc.Serve(os.Stdin, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kvbench replica: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
-
 // groupSpec is one group to measure: a fabric and a size.
 type groupSpec struct {
 	fabric string
@@ -182,7 +155,6 @@ func (g *bgroup) start(i int) error {
 		return fmt.Errorf("find own executable: %w", err)
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), replicaEnv+"=1")
 	if err := childCmd(cmd); err != nil {
 		return err
 	}

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -22,13 +21,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/hist"
-	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/internal/redisproc"
+	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -43,8 +41,8 @@ Redis, in the same run: 16-byte keys, 100-byte values, one group of 3
 replicas on the shm fabric.
 
 Placement: the 3 replicas run in one child process (kvbench re-executes
-itself, hidden subcommand _kv-serve; internal/localcluster there: every
-replica an shm node of its own polled by its own goroutine); the client
+itself as a replica child, server.ServeChild: every replica an shm node
+of its own, a group's replicas on one poller); the client
 (package client, one client slot) runs in this process on an shm node of
 its own, so a get is one-sided reads of the child's memory and a put goes
 through TRAM and Acuerdo. The baseline is Debian's redis-server, started by
@@ -275,55 +273,22 @@ func checkValue(v, key []byte) error {
 	return nil
 }
 
-// The replicas' process: kvbench re-executed with kvServeEnv set (the
-// hidden subcommand kvServeCmd names it in ps). It reads a kvServeConfig as
-// the first JSON line on stdin, starts the map's replicas
-// (localcluster.Start on shm), answers {"ready":true,...} once the group
-// has a leader, then one line per request ("stats": every replica's
-// kv.Table.Stats, read on its polling goroutine, and the process's
-// memory); EOF on stdin closes the replicas (their shm files go) and ends
-// it.
+// The replicas' process: kvbench re-executed as a replica child
+// (server.SpawnChild; the hidden argument kvServeCmd names it in ps). Its
+// init (child.go) hands it to server.ServeChild, the child of every harness that runs
+// kv replicas in a process of their own: it starts the map's replicas
+// (a server.Process on shm), answers its ready line once the group has a
+// leader, then "stats" requests (every replica's kv.Table.Stats, read on
+// its poller); EOF on stdin closes the replicas (their shm files go) and
+// ends it. The process's memory is read from /proc here.
 
-// kvServeEnv marks a re-executed kvbench as the kv replicas' process; it
-// is checked in init, like mcastEnv, so that a test binary plays it too.
-const kvServeEnv = "KVBENCH_KV"
-
-// kvServeCmd is the hidden subcommand of the replicas' process.
+// kvServeCmd is the hidden argument of the replicas' process.
 const kvServeCmd = "_kv-serve"
 
-func init() {
-	if os.Getenv(kvServeEnv) == "" && (len(os.Args) < 2 || os.Args[1] != kvServeCmd) {
-		return
-	}
-	stop := func() {}
-	if prof := os.Getenv(peerProfileEnv); prof != "" {
-		var err error
-		if stop, err = startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid())); err != nil {
-			fmt.Fprintf(os.Stderr, "kvbench kv replicas: %v\n", err)
-			os.Exit(1)
-		}
-	}
-	err := kvServe(os.Stdin, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kvbench kv replicas: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
-
-// kvServeConfig is what the replicas' process runs.
-type kvServeConfig struct {
-	Map             *cluster.Map  `json:"map"`
-	ElectionTimeout time.Duration `json:"election_timeout"`
-}
-
-// kvServeReply answers the configuration and each request.
+// kvServeReply is the replicas' table stats and the process's memory.
 type kvServeReply struct {
-	Ready    bool       `json:"ready,omitempty"`
-	Err      string     `json:"err,omitempty"`
-	Replicas []kv.Stats `json:"replicas,omitempty"`
-	Mem      procMem    `json:"mem"`
+	Replicas []kv.Stats
+	Mem      procMem
 }
 
 // procMem is a process's resident memory, in bytes (/proc/<pid>/status).
@@ -371,97 +336,56 @@ func readProcMem(pid int) (procMem, error) {
 	return m, nil
 }
 
-// kvServe is the replicas' process: it runs the cluster until EOF on in.
-func kvServe(in io.Reader, out io.Writer) error {
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	enc := json.NewEncoder(out)
-	if !sc.Scan() {
-		return fmt.Errorf("no configuration on stdin: %v", sc.Err())
-	}
-	var cfg kvServeConfig
-	if err := json.Unmarshal(sc.Bytes(), &cfg); err != nil || cfg.Map == nil {
-		return fmt.Errorf("bad configuration: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	lc, err := localcluster.Start(ctx, cfg.Map, broadcast.Config{ElectionTimeout: cfg.ElectionTimeout})
-	cancel()
-	if err != nil {
-		enc.Encode(kvServeReply{Err: err.Error()})
-		return err
-	}
-	defer lc.Close()
-	mem, _ := readProcMem(os.Getpid())
-	if err := enc.Encode(kvServeReply{Ready: true, Mem: mem}); err != nil {
-		return err
-	}
-	for sc.Scan() {
-		var req struct {
-			Cmd string `json:"cmd"`
-		}
-		var r kvServeReply
-		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
-			r.Err = fmt.Sprintf("bad request: %v", err)
-		} else if req.Cmd == "stats" {
-			for i := range cfg.Map.Groups[0] {
-				var s kv.Stats
-				if err := lc.Do(0, i, func(r *kv.Replica) { s = r.Table().Stats() }); err != nil {
-					r.Err = err.Error()
-					break
-				}
-				r.Replicas = append(r.Replicas, s)
-			}
-			if r.Mem, err = readProcMem(os.Getpid()); err != nil && r.Err == "" {
-				r.Err = err.Error()
-			}
-		} else {
-			r.Err = fmt.Sprintf("unknown command %q", req.Cmd)
-		}
-		if err := enc.Encode(r); err != nil {
-			return err
-		}
-	}
-	lc.Close()
-	return sc.Err()
-}
-
 // kvProc is the parent's handle on the replicas' process.
 type kvProc struct {
-	*childProc
-	ready kvServeReply // the ready line: the memory of the empty cluster
+	ch    *server.Child
+	ready kvServeReply // at the ready line: the memory of the empty cluster
 }
 
-func (r kvServeReply) failure() string { return r.Err }
-
-// startKVProc starts the replicas' process with cfg and waits until its
+// startKVProc starts the replicas' process of map m and waits until its
 // group has a leader.
-func startKVProc(cfg kvServeConfig) (*kvProc, error) {
-	c, err := startChild("the kv replicas' process", kvServeEnv, []string{kvServeCmd}, cfg, 4<<20)
+func startKVProc(m *cluster.Map, et time.Duration) (*kvProc, error) {
+	exe, err := os.Executable()
 	if err != nil {
+		return nil, fmt.Errorf("kvbench: find own executable: %w", err)
+	}
+	cmd := exec.Command(exe, kvServeCmd)
+	if err := childCmd(cmd); err != nil {
 		return nil, err
 	}
-	p := &kvProc{childProc: c}
-	if p.ready, err = p.reply(40 * time.Second); err != nil {
-		p.kill()
+	cmd.Stderr = os.Stderr
+	ch, err := server.SpawnChild(cmd, server.ChildConfig{Map: m, ElectionTimeout: et}, 40*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("kv replicas' process: %w", err)
+	}
+	p := &kvProc{ch: ch}
+	if p.ready.Mem, err = readProcMem(ch.Pid()); err != nil {
+		ch.Kill()
 		return nil, fmt.Errorf("kv replicas' process: %w", err)
 	}
 	return p, nil
 }
 
-// reply waits for the child's next answer.
-func (p *kvProc) reply(timeout time.Duration) (kvServeReply, error) {
-	return childReply[kvServeReply](p.childProc, timeout)
-}
+func (p *kvProc) pid() int { return p.ch.Pid() }
 
-// stats asks for every replica's table stats and the process's memory.
+// close ends the process (EOF on its stdin), killing it if it does not
+// exit in 10 s.
+func (p *kvProc) close() error { return p.ch.Close(10 * time.Second) }
+
+// stats asks for every replica's table stats and reads the process's
+// memory.
 func (p *kvProc) stats() (kvServeReply, error) {
-	if _, err := fmt.Fprintln(p.in, `{"cmd":"stats"}`); err != nil {
-		return kvServeReply{}, err
+	ctx, cancel := context.WithTimeout(context.Background(), stallTimeout)
+	defer cancel()
+	var r kvServeReply
+	var err error
+	if r.Replicas, err = p.ch.Stats(ctx); err != nil {
+		return r, err
 	}
-	r, err := p.reply(stallTimeout)
-	if err == nil && len(r.Replicas) != kvReplicas {
-		err = fmt.Errorf("stats of %d replicas, want %d", len(r.Replicas), kvReplicas)
+	if len(r.Replicas) != kvReplicas {
+		return r, fmt.Errorf("stats of %d replicas, want %d", len(r.Replicas), kvReplicas)
 	}
+	r.Mem, err = readProcMem(p.pid())
 	return r, err
 }
 
@@ -1082,7 +1006,7 @@ func (e *kvEnv) openEmbedded() (err error) {
 func (e *kvEnv) openChild() (err error) {
 	o, note := e.o, e.note
 	e.m = &cluster.Map{Name: e.name, Fabric: "shm", ShmDir: e.wd, Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{kvClientID}}
-	if e.proc, err = startKVProc(kvServeConfig{Map: e.m, ElectionTimeout: o.et}); err != nil {
+	if e.proc, err = startKVProc(e.m, o.et); err != nil {
 		return err
 	}
 	defer func() {

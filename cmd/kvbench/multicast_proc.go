@@ -1,54 +1,34 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"time"
 
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/internal/childproc"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
 // The client path across processes: every replica of the cluster runs in
-// one child process (kvbench re-executed with mcastEnv set; each replica
+// one child process (kvbench re-executed as a child of kind mcastKind; each replica
 // an shm node of its own there, polled by its own goroutine), and the
-// client in this process, on an shm node of its own. The child reads its
-// mcProcConfig as the first JSON line on stdin, answers {"ready":true}
-// once every group has a leader and then one line per request ("check":
-// the replicas' anomaly counters); EOF on stdin closes the replicas and
-// ends it.
+// client in this process, on an shm node of its own. The child speaks
+// internal/childproc's lines: its mcProcConfig first, {"ready":true} once
+// every group has a leader, then one answer per request ("check": the
+// replicas' anomaly counters); EOF on stdin closes the replicas and ends
+// it.
 
-// mcastEnv marks a re-executed kvbench as the replicas' process of the
-// multicast client path. It is checked in init, like replicaEnv, so that a
-// test binary plays it too.
-const mcastEnv = "KVBENCH_MCAST"
-
-func init() {
-	if os.Getenv(mcastEnv) == "" {
-		return
-	}
-	stop := func() {}
-	if prof := os.Getenv(peerProfileEnv); prof != "" {
-		var err error
-		if stop, err = startProfile(fmt.Sprintf("%s.%d", prof, os.Getpid())); err != nil {
-			fmt.Fprintf(os.Stderr, "kvbench multicast replicas: %v\n", err)
-			os.Exit(1)
-		}
-	}
-	err := mcServe(os.Stdin, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kvbench multicast replicas: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
+// mcastKind is the kind (internal/childproc) of the replicas' process of
+// the multicast client path: kvbench's own child, registered by child.go's
+// init.
+const mcastKind = "kvbench-mcast"
 
 // mcProcConfig is the cluster the child runs.
 type mcProcConfig struct {
@@ -62,24 +42,21 @@ type mcProcConfig struct {
 	ClientNodes []rdma.NodeID `json:"client_nodes"`
 }
 
-// mcProcReply answers the config (ready) and each request.
+// mcProcReply answers the config (ready, ID 0) and each request (its ID).
 type mcProcReply struct {
+	ID    uint64 `json:"id,omitempty"`
 	Ready bool   `json:"ready,omitempty"`
 	Err   string `json:"err,omitempty"`
 }
 
 // mcServe is the child: it runs the cluster until EOF on in.
 func mcServe(in io.Reader, out io.Writer) error {
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	enc := json.NewEncoder(out)
-	if !sc.Scan() {
-		return fmt.Errorf("no configuration on stdin: %v", sc.Err())
-	}
 	var cfg mcProcConfig
-	if err := json.Unmarshal(sc.Bytes(), &cfg); err != nil {
-		return fmt.Errorf("bad configuration: %w", err)
+	sc, err := childproc.ReadConfig(in, &cfg)
+	if err != nil {
+		return err
 	}
+	enc := json.NewEncoder(out)
 	tr, err := tree.Parse(cfg.Tree)
 	if err != nil {
 		enc.Encode(mcProcReply{Err: err.Error()})
@@ -97,6 +74,7 @@ func mcServe(in io.Reader, out io.Writer) error {
 	}
 	for sc.Scan() {
 		var req struct {
+			ID  uint64 `json:"id"`
 			Cmd string `json:"cmd"`
 		}
 		var r mcProcReply
@@ -109,6 +87,7 @@ func mcServe(in io.Reader, out io.Writer) error {
 		} else {
 			r.Err = fmt.Sprintf("unknown command %q", req.Cmd)
 		}
+		r.ID = req.ID
 		if err := enc.Encode(r); err != nil {
 			return err
 		}
@@ -117,37 +96,54 @@ func mcServe(in io.Reader, out io.Writer) error {
 }
 
 // mcProc is the parent's handle on the child.
-type mcProc struct{ *childProc }
-
-func (r mcProcReply) failure() string { return r.Err }
+type mcProc struct{ c *childproc.Proc[mcProcReply] }
 
 // startMcProc starts the child with cfg and waits until it is ready.
 func startMcProc(cfg mcProcConfig) (*mcProc, error) {
-	c, err := startChild("the replicas' process", mcastEnv, nil, cfg, 1<<20)
+	exe, err := os.Executable()
 	if err != nil {
+		return nil, fmt.Errorf("kvbench: find own executable: %w", err)
+	}
+	cmd := exec.Command(exe)
+	if err := childCmd(cmd); err != nil {
 		return nil, err
 	}
-	p := &mcProc{c}
-	if _, err := p.reply(30 * time.Second); err != nil {
-		p.kill()
+	cmd.Stderr = os.Stderr
+	c, r, err := childproc.Start(cmd, cfg, 30*time.Second, childproc.Options[mcProcReply]{Kind: mcastKind, Name: "kvbench: the replicas' process",
+		MaxLine: 1 << 20, ID: func(r *mcProcReply) uint64 { return r.ID }, Exited: mcProcReply{Err: "exited"}, Drain: true})
+	if err != nil {
 		return nil, fmt.Errorf("replicas' process: %w", err)
 	}
-	return p, nil
-}
-
-// reply waits for the child's next answer.
-func (p *mcProc) reply(timeout time.Duration) (mcProcReply, error) {
-	return childReply[mcProcReply](p.childProc, timeout)
+	if !r.Ready {
+		c.Kill()
+		return nil, fmt.Errorf("replicas' process: %s", r.Err)
+	}
+	return &mcProc{c}, nil
 }
 
 // check asks the child for its replicas' anomaly counters.
 func (p *mcProc) check() error {
-	if _, err := fmt.Fprintln(p.in, `{"cmd":"check"}`); err != nil {
+	_, ch, err := p.c.Send(func(id uint64) any { return map[string]any{"id": id, "cmd": "check"} }, nil)
+	if ch == nil {
+		return errors.New("the replicas' process exited")
+	}
+	if err != nil {
 		return err
 	}
-	_, err := p.reply(stallTimeout)
-	return err
+	select {
+	case r := <-ch:
+		if r.Err != "" {
+			return errors.New(r.Err)
+		}
+		return nil
+	case <-time.After(stallTimeout):
+		return fmt.Errorf("no answer in %v", stallTimeout)
+	}
 }
+
+// close ends the child (EOF on its stdin), killing it if it does not exit
+// in 10 s.
+func (p *mcProc) close() error { return p.c.Close(10 * time.Second) }
 
 // mcRemote is a cluster whose replicas run in a child process (shm) and
 // whose clients run here.
@@ -224,3 +220,5 @@ func (m *mcRemote) close() error {
 	}
 	return errors.Join(err, os.RemoveAll(m.dir))
 }
+
+func (p *mcProc) pid() int { return p.c.Pid() }

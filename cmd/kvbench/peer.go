@@ -70,7 +70,7 @@ type procPeer struct {
 	enc *json.Encoder
 }
 
-// startSelf re-executes this binary with args and env=1 set, its stdin
+// startSelf re-executes this binary with args and env ("NAME=value") set, its stdin
 // and stdout piped to the caller and its stderr shared (what a child
 // process of a measurement is: childCmd's settings); what names the child
 // in errors.
@@ -80,7 +80,7 @@ func startSelf(what, env string, args ...string) (*exec.Cmd, io.WriteCloser, io.
 		return nil, nil, nil, fmt.Errorf("kvbench: find own executable: %w", err)
 	}
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(), env+"=1")
+	cmd.Env = append(os.Environ(), env)
 	if err := childCmd(cmd); err != nil {
 		return nil, nil, nil, err
 	}
@@ -101,7 +101,7 @@ func startSelf(what, env string, args ...string) (*exec.Cmd, io.WriteCloser, io.
 
 // startPeer re-executes this binary as a peer.
 func startPeer() (*procPeer, error) {
-	cmd, in, out, err := startSelf("peer process", peerEnv, peerCmd)
+	cmd, in, out, err := startSelf("peer process", peerEnv+"=1", peerCmd)
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -34,7 +35,6 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
-	"github.com/rdmakv/rdmakv/internal/localcluster"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/internal/version"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -204,29 +204,30 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
+	var cln net.Listener
+	controlLine := "none (--control)"
+	if eo.control != "-" {
+		if cln, err = server.ListenControl(eo.control); err != nil {
+			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
+		}
+	}
+	proc, err := server.StartProcess(server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log})
+	if err != nil {
+		return fmt.Errorf("start the local cluster: %w", err)
+	}
+	defer proc.Close()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	lc, err := localcluster.Start(sctx, m, bc)
+	err = proc.WaitServing(sctx)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("start the local cluster: %w", err)
 	}
-	defer lc.Close()
 	if err := m.Save(mapFile); err != nil {
 		return fmt.Errorf("write the cluster map: %w", err)
 	}
 	defer os.Remove(mapFile)
-	reps := lc.Replicas()
-	wctx, wstop := context.WithCancel(ctx)
-	defer wstop()
-	go server.Watch(wctx, reps, eo.log)
-	controlLine := "none (--control)"
-	if eo.control != "-" {
-		c, err := server.StartControl(eo.control, m, reps, eo.pprof, eo.log)
-		if err != nil {
-			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
-		}
-		defer c.Close()
-		controlLine = "http://" + c.Addr() + "/status  (also /metrics /healthz /readyz /map)"
+	if a := proc.ControlAddr(); a != "" {
+		controlLine = "http://" + a + "/status  (also /metrics /healthz /readyz /map)"
 	}
 	fmt.Fprintf(stdout, `rdmakv local cluster %q is up in %v: %s x %s on shm (%s), pid %d
   cluster map:  %s

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,11 +20,13 @@ import (
 	"github.com/rdmakv/rdmakv/internal/server"
 )
 
-const replicaUsage = `usage: kvserver --config FILE --id N [flags]
+const replicaUsage = `usage: kvserver --config FILE --id N[,M...] [flags]
 
 Runs replica N of the cluster FILE describes (a TOML config; kvserver init
-writes a commented example) until SIGINT or SIGTERM. Its stable state
-lives in the config's data_dir/replica-N. A replica that restarts catches
+writes a commented example) until SIGINT or SIGTERM; --id N,M runs several
+replicas (of any groups) in this one process, on one set of pollers and
+one control port (the first replica's). A replica's stable state lives in
+the config's data_dir/replica-N. A replica that restarts catches
 up from its group; one whose state was lost (a new disk) rejoins as a new
 incarnation, on its own when another member shows the group ran, or with
 --rejoin.
@@ -39,7 +42,7 @@ func runReplica(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	config := fs.String("config", "", "the cluster config (TOML)")
-	id := fs.String("id", "", "the replica to run: its id in the config")
+	id := fs.String("id", "", "the replica to run: its id in the config (N,M,...: several in this process)")
 	listen := fs.String("listen", "", "tcp: bind this address instead of the replica's addr (e.g. 0.0.0.0:7001)")
 	control := fs.String("control", "", "the control port's address instead of the config's; \"-\": none")
 	pprofOn := fs.Bool("pprof", false, "serve /debug/pprof/ on the control port")
@@ -59,10 +62,14 @@ func runReplica(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvserver: --config and --id go together: kvserver --config FILE --id N")
 		return 2
 	}
-	n, err := strconv.ParseInt(*id, 10, 64)
-	if err != nil {
-		fmt.Fprintf(stderr, "kvserver: --id %q: want a replica id from the config\n", *id)
-		return 2
+	var ids []int64
+	for _, f := range strings.Split(*id, ",") {
+		n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvserver: --id %q: want a replica id from the config, or several separated by commas\n", *id)
+			return 2
+		}
+		ids = append(ids, n)
 	}
 	cfg, err := cluster.LoadConfig(*config)
 	if err != nil {
@@ -77,21 +84,27 @@ func runReplica(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver: %v\n", err)
 		return 2
 	}
-	if _, _, _, err := cfg.Replica(n); err != nil {
-		fmt.Fprintf(stderr, "kvserver: %v\n", err)
-		return 2
+	for _, n := range ids {
+		if _, _, _, err := cfg.Replica(n); err != nil {
+			fmt.Fprintf(stderr, "kvserver: %v\n", err)
+			return 2
+		}
+	}
+	what := "replica " + *id
+	if len(ids) > 1 {
+		what = "replicas " + *id
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	err = server.Run(ctx, cfg, n, server.Options{Listen: *listen, Control: *control, Pprof: *pprofOn, Rejoin: *rejoin,
+	err = server.RunReplicas(ctx, cfg, ids, server.Options{Listen: *listen, Control: *control, Pprof: *pprofOn, Rejoin: *rejoin,
 		Ready: func(c string) {
 			if c != "" {
 				c = ", control http://" + c
 			}
-			fmt.Fprintf(stdout, "kvserver: replica %d of cluster %q runs (pid %d%s)\n", n, cfg.Name, os.Getpid(), c)
+			fmt.Fprintf(stdout, "kvserver: %s of cluster %q runs (pid %d%s)\n", what, cfg.Name, os.Getpid(), c)
 		}}, log)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvserver: replica %d: %v\n", n, err)
+		fmt.Fprintf(stderr, "kvserver: %s: %v\n", what, err)
 		return 1
 	}
 	return 0

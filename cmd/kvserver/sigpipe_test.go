@@ -19,7 +19,8 @@ import (
 // writes after that ("stopping", the logs) fail; it must still stop
 // cleanly (exit 0, not killed by SIGPIPE) and leave nothing behind: no shm
 // file, and for the embedded cluster no map and no lock file. Both modes:
-// the embedded cluster and one replica per process (--config --id).
+// the embedded cluster, one replica per process (--config --id) and
+// replicas of two groups in one (--id 1,2).
 func TestClosedOutputKeepsCleanup(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kvserver")
@@ -57,6 +58,22 @@ func TestClosedOutputKeepsCleanup(t *testing.T) {
 			t.Fatal(err)
 		}
 		runClosedOutput(t, kvserver, "runs (pid", shmDir, "--config", config, "--id", "1", "--control", "-", "--log-level", "info")
+	})
+
+	// Replicas of two groups (of one replica each) in one process.
+	t.Run("replicas", func(t *testing.T) {
+		d := t.TempDir()
+		shmDir := filepath.Join(d, "shm")
+		if err := os.Mkdir(shmDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		config := filepath.Join(d, "cluster.toml")
+		toml := fmt.Sprintf("name = \"sq%d\"\nfabric = \"shm\"\nshm_dir = %q\ndata_dir = %q\n[timing]\nheartbeat = \"5ms\"\nelection_timeout = \"100ms\"\n[[group]]\n[[group.replica]]\nid = 1\n[[group]]\n[[group.replica]]\nid = 2\n[[clients]]\ncount = 1\n",
+			os.Getpid(), shmDir, filepath.Join(d, "data"))
+		if err := os.WriteFile(config, []byte(toml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		runClosedOutput(t, kvserver, "replicas 1,2 of cluster", shmDir, "--config", config, "--id", "1,2", "--control", "-", "--log-level", "info")
 	})
 }
 

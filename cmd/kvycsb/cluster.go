@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -11,17 +9,19 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
-	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/internal/childproc"
+	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
-// The embedded cluster runs in a child process: kvycsb re-executed with the
-// hidden command clusterCmd, which starts every replica of the map
-// (internal/localcluster on shm) and runs them until its stdin closes.
+// The embedded cluster runs in a child process: kvycsb re-executed as a
+// replica child (server.SpawnChild, the hidden argument clusterCmd naming
+// it in ps), which init hands (childproc.ServeIfChild) to
+// server.ServeChild: every replica of the map in one server.Process on
+// shm, until its stdin closes.
 //
 // Not in kvycsb's own process: each replica's driver parks in futex(2)
 // system calls, and with several of them parked the Go runtime has no P
@@ -32,55 +32,15 @@ import (
 // the same way.
 const clusterCmd = "_cluster"
 
-// clusterConfig is the child's first line on stdin.
-type clusterConfig struct {
-	Map       *cluster.Map  `json:"map"`
-	Heartbeat time.Duration `json:"heartbeat"`
-	Election  time.Duration `json:"election"`
-}
-
-// clusterReply is the child's answer on stdout.
-type clusterReply struct {
-	Ready bool   `json:"ready,omitempty"`
-	Err   string `json:"err,omitempty"`
-}
-
-// serveCluster is the child: it runs the cluster until EOF on in.
-func serveCluster(in io.Reader, out io.Writer) error {
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	enc := json.NewEncoder(out)
-	if !sc.Scan() {
-		return fmt.Errorf("no configuration on stdin: %v", sc.Err())
-	}
-	var cfg clusterConfig
-	if err := json.Unmarshal(sc.Bytes(), &cfg); err != nil || cfg.Map == nil {
-		return fmt.Errorf("bad configuration: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	lc, err := localcluster.Start(ctx, cfg.Map, broadcast.Config{HeartbeatInterval: cfg.Heartbeat, ElectionTimeout: cfg.Election})
-	cancel()
-	if err != nil {
-		enc.Encode(clusterReply{Err: err.Error()})
-		return err
-	}
-	defer lc.Close()
-	if err := enc.Encode(clusterReply{Ready: true}); err != nil {
-		return err
-	}
-	for sc.Scan() {
-	}
-	return nil
-}
+func init() { childproc.ServeIfChild() }
 
 // childCluster is a running embedded cluster and this process's node of
 // client slot 0 (kvycsb's one client).
 type childCluster struct {
-	m      *cluster.Map
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	exited chan error
-	node   rdma.Node
+	m    *cluster.Map
+	cmd  *exec.Cmd
+	ch   *server.Child
+	node rdma.Node
 }
 
 // startChildCluster starts the cluster of ec in a child process and opens
@@ -97,45 +57,18 @@ func startChildCluster(ctx context.Context, ec embeddedConfig, stderr io.Writer)
 	if err != nil {
 		return nil, err
 	}
-	c := &childCluster{m: m, exited: make(chan error, 1)}
+	c := &childCluster{m: m}
 	c.cmd = exec.Command(exe, clusterCmd)
 	c.cmd.Stderr = stderr
 	// Its own process group: a Ctrl-C reaches kvycsb, which ends the
 	// phase and then closes the cluster; killed if kvycsb dies.
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
-		return nil, err
+	timeout := time.Minute
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
 	}
-	stdout, err := c.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the cluster's process: %w", err)
-	}
-	go func() { c.exited <- c.cmd.Wait() }()
-	if err := json.NewEncoder(c.stdin).Encode(clusterConfig{Map: m, Heartbeat: ec.heartbeat, Election: ec.election}); err != nil {
-		c.close()
-		return nil, err
-	}
-	replies := make(chan clusterReply, 1)
-	go func() {
-		var r clusterReply
-		if err := json.NewDecoder(stdout).Decode(&r); err != nil {
-			r.Err = "no answer: " + err.Error()
-		}
-		replies <- r
-		io.Copy(io.Discard, stdout)
-	}()
-	select {
-	case r := <-replies:
-		if !r.Ready {
-			c.close()
-			return nil, fmt.Errorf("the cluster's process: %s", r.Err)
-		}
-	case <-ctx.Done():
-		c.close()
-		return nil, fmt.Errorf("the cluster's process did not start in time: %w", ctx.Err())
+	if c.ch, err = server.SpawnChild(c.cmd, server.ChildConfig{Map: m, Heartbeat: ec.heartbeat, ElectionTimeout: ec.election}, timeout); err != nil {
+		return nil, fmt.Errorf("the cluster's process: %w", err)
 	}
 	if c.node, err = fabric.Open(fabric.ForMap(m), m.ClientNodes[0]); err != nil {
 		c.close()
@@ -151,13 +84,5 @@ func (c *childCluster) close() {
 		c.node.Close()
 		c.node = nil
 	}
-	c.stdin.Close()
-	select {
-	case err := <-c.exited:
-		c.exited <- err
-	case <-time.After(10 * time.Second):
-		c.cmd.Process.Kill()
-		err := <-c.exited
-		c.exited <- err
-	}
+	c.ch.Close(10 * time.Second)
 }

@@ -116,13 +116,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cmd, rest := args[0], args[1:]
-	if cmd == clusterCmd { // the embedded cluster's process (cluster.go)
-		if err := serveCluster(os.Stdin, stdout); err != nil {
-			fmt.Fprintf(stderr, "kvycsb %s: %v\n", clusterCmd, err)
-			return 1
-		}
-		return 0
-	}
 	var err error
 	switch cmd {
 	case "load", "run", "loadrun":

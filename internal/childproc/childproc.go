@@ -7,6 +7,13 @@
 // Proc is the parent's side: it spawns the child, reads its lines in one
 // goroutine, matches answers to requests by id, and ends the child by EOF
 // on its stdin or by kill -9. ReadConfig begins the child's side.
+//
+// It is also the one way a binary becomes a child: Start sets Env to the
+// child's kind (Options.Kind), and a binary that calls ServeIfChild first
+// (in init, or a test binary's TestMain) hands its stdin and stdout to the
+// entry registered for that kind (Register: "kv" by internal/server,
+// "kv-test" by internal/kvproc, "bcast-test" by internal/groupproc,
+// "mc-test" by internal/mcproc, and a harness's own).
 package childproc
 
 import (
@@ -17,9 +24,63 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"sort"
 	"sync"
 	"time"
 )
+
+// Env, in a process's environment, makes it a child of the kind it names.
+const Env = "RDMAKV_CHILD"
+
+var (
+	kindsMu sync.Mutex
+	kinds   = map[string]func(in io.Reader, out io.Writer) error{}
+)
+
+// Register makes serve the entry of children of kind (from the init of
+// the package that serves them). A kind registered twice panics.
+func Register(kind string, serve func(in io.Reader, out io.Writer) error) {
+	kindsMu.Lock()
+	defer kindsMu.Unlock()
+	if _, ok := kinds[kind]; ok {
+		panic("childproc: kind " + kind + " registered twice")
+	}
+	kinds[kind] = serve
+}
+
+// Kind is the kind of child this process was started as, "" if none.
+func Kind() string { return os.Getenv(Env) }
+
+// Serve runs this process's child entry (Kind's) on stdin and stdout.
+func Serve() error {
+	kind := Kind()
+	kindsMu.Lock()
+	serve := kinds[kind]
+	var known []string
+	for k := range kinds {
+		known = append(known, k)
+	}
+	kindsMu.Unlock()
+	if serve == nil {
+		sort.Strings(known)
+		return fmt.Errorf("childproc: this binary serves no child of kind %q (it serves %v)", kind, known)
+	}
+	return serve(os.Stdin, os.Stdout)
+}
+
+// ServeIfChild returns at once in a process that is not a child; in a
+// child it runs Serve and exits (status 1, with the error on stderr, if
+// it failed).
+func ServeIfChild() {
+	if Kind() == "" {
+		return
+	}
+	if err := Serve(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s child: %v\n", Kind(), err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
 
 // ReadConfig returns a scanner of the lines of in (the requests) after it
 // decoded the first line into cfg.
@@ -37,6 +98,9 @@ func ReadConfig(in io.Reader, cfg any) (*bufio.Scanner, error) {
 
 // Options describe the child's lines, of type L.
 type Options[L any] struct {
+	// Kind, if set, is the child's kind: Start sets Env to it in cmd's
+	// environment (os.Environ() if cmd.Env is nil).
+	Kind string
 	// Name begins Close's error message (e.g. "groupproc: member").
 	Name string
 	// MaxLine is the longest line read from the child.
@@ -81,6 +145,12 @@ type Proc[L any] struct {
 // was killed.
 func Start[L any](cmd *exec.Cmd, cfg any, timeout time.Duration, o Options[L]) (*Proc[L], L, error) {
 	var zero L
+	if o.Kind != "" {
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, Env+"="+o.Kind)
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, zero, err

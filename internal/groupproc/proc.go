@@ -106,6 +106,12 @@ func codeOf(err error) string {
 	return CodeOther
 }
 
+// ChildKind is a member process's kind (childproc.Register): Spawn starts
+// a binary that calls childproc.ServeIfChild as one.
+const ChildKind = "bcast-test"
+
+func init() { childproc.Register(ChildKind, Serve) }
+
 // Serve is a member process's main loop: it reads the Config from the
 // first line of in, opens the node and starts the member, answers Ready,
 // then serves requests until in ends, and closes the member.
@@ -221,6 +227,7 @@ var exitedReply = Reply{Err: "member process exited", Code: CodeExited}
 // and waits up to timeout for the member to run.
 func Spawn(cmd *exec.Cmd, cfg Config, timeout time.Duration) (*Proc, error) {
 	c, r, err := childproc.Start(cmd, cfg, timeout, childproc.Options[Reply]{
+		Kind:    ChildKind,
 		Name:    "groupproc: member",
 		MaxLine: 256 << 20,
 		ID:      func(r *Reply) uint64 { return r.ID },

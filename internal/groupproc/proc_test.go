@@ -16,25 +16,18 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/childproc"
 	"github.com/rdmakv/rdmakv/rdma"
 )
-
-// memberEnv makes a re-executed test binary a member process.
-const memberEnv = "GROUPPROC_TEST_MEMBER"
 
 // testWait bounds a test's wait for one proposal, a leader, a convergence:
 // generous for a loaded 2-core machine under the race detector, far below
 // the package timeout, so that a test fails with a message, never hangs.
 const testWait = 30 * time.Second
 
+// TestMain plays a member process when spawned as one (Spawn).
 func TestMain(m *testing.M) {
-	if os.Getenv(memberEnv) != "" {
-		if err := Serve(os.Stdin, os.Stdout); err != nil {
-			fmt.Fprintf(os.Stderr, "member: %v\n", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	childproc.ServeIfChild()
 	os.Exit(m.Run())
 }
 
@@ -52,7 +45,6 @@ func (g *group) spawn(i int) {
 		g.t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), memberEnv+"=1")
 	cmd.Stderr = os.Stderr
 	p, err := Spawn(cmd, g.cfgs[i], 30*time.Second)
 	if err != nil {

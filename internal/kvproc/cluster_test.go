@@ -17,25 +17,16 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/childproc"
 	"github.com/rdmakv/rdmakv/internal/kvproc"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
-// childEnv makes a re-executed test binary a kvproc replica process.
-const childEnv = "KVPROC_CHILD"
-
-// TestKVProcChild is the child's entry point: it does nothing in a normal
-// run.
-func TestKVProcChild(t *testing.T) {
-	if os.Getenv(childEnv) == "" {
-		return
-	}
-	if err := kvproc.Serve(os.Stdin, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "kvproc child: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
+// TestMain plays a replica process when spawned as one (kvproc.Spawn).
+func TestMain(m *testing.M) {
+	childproc.ServeIfChild()
+	os.Exit(m.Run())
 }
 
 // raceEnabled reports whether the binary was built with the race detector.
@@ -149,8 +140,7 @@ func (c *kvCluster) spawn(cfg kvproc.Config) (*kvproc.Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, "-test.run=^TestKVProcChild$")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Stderr = os.Stderr
 	// Killed with the test binary, whatever happens to it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

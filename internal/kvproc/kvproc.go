@@ -16,7 +16,7 @@
 // Groups[Group][Replica], with the map's ShmDir and Name), builds its
 // configuration with cluster.Map.ReplicaConfig, keeps its Acuerdo stable
 // state in a broadcast.FileStable file, and is driven by
-// a poller.Group. EOF on stdin ends it cleanly: it stops
+// a server.Process (the node runtime). EOF on stdin ends it cleanly: it stops
 // polling, closes the replica and the node (which removes its shm files)
 // and exits. A restarted replica (same Config, with Start StartExisting and
 // the same StablePath) opens its node again, which removes the files its

@@ -16,6 +16,12 @@ import (
 	"github.com/rdmakv/rdmakv/internal/childproc"
 )
 
+// ChildKind is a replica process's kind (childproc.Register): Spawn
+// starts a binary that calls childproc.ServeIfChild as one.
+const ChildKind = "kv-test"
+
+func init() { childproc.Register(ChildKind, Serve) }
+
 // Serve is a replica process's main loop: it reads the Config from the
 // first line of in, runs the replica (answering Ready on out once it
 // runs), serves requests until in ends, closes everything and returns.
@@ -70,6 +76,7 @@ type Proc struct {
 // order, from one goroutine per Proc; it must not block for long.
 func Spawn(cmd *exec.Cmd, cfg Config, onEvent func(*Status), timeout time.Duration) (*Proc, error) {
 	c, l, err := childproc.Start(cmd, cfg, timeout, childproc.Options[Line]{
+		Kind:    ChildKind,
 		Name:    "kvproc: replica",
 		MaxLine: 1 << 20,
 		ID:      func(l *Line) uint64 { return l.ID },

@@ -12,6 +12,12 @@ import (
 	"github.com/rdmakv/rdmakv/internal/childproc"
 )
 
+// ChildKind is a replica or client process's kind (childproc.Register):
+// Spawn starts a binary that calls childproc.ServeIfChild as one.
+const ChildKind = "mc-test"
+
+func init() { childproc.Register(ChildKind, Serve) }
+
 // Serve is a process's main loop: it reads the Config from the first line
 // of in, runs the replica or the client it describes (answering Ready on
 // out once it runs), serves requests until in ends, closes everything and
@@ -54,6 +60,7 @@ type Proc struct {
 // Proc; it must not block for long (the child's writes wait for it).
 func Spawn(cmd *exec.Cmd, cfg Config, onEvent func(*Line), timeout time.Duration) (*Proc, error) {
 	c, l, err := childproc.Start(cmd, cfg, timeout, childproc.Options[Line]{
+		Kind:    ChildKind,
 		Name:    "mcproc:",
 		MaxLine: 64 << 20,
 		ID:      func(l *Line) uint64 { return l.ID },

@@ -45,6 +45,9 @@ type ProcessStatus struct {
 	Pid      int             `json:"pid"`
 	Uptime   string          `json:"uptime"`
 	Replicas []ReplicaStatus `json:"replicas"`
+	// Pollers are the process's pollers' counters (none for replicas run
+	// outside a Process).
+	Pollers []PollerStatus `json:"pollers,omitempty"`
 }
 
 // StartControl listens on addr and serves the control port of the
@@ -92,6 +95,7 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 		for _, r := range reps {
 			ps.Replicas = append(ps.Replicas, r.Status())
 		}
+		ps.Pollers = pollerStatus(reps)
 		return ps
 	}
 	writeJSON := func(w http.ResponseWriter, code int, v any) {

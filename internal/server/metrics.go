@@ -9,7 +9,8 @@ import (
 
 // NewRegistry is the control port's Prometheus registry: the Go runtime
 // and process collectors, each replica's poll-time histogram, and a
-// collector that reads every replica's Status at each scrape (so that the
+// collector that reads every replica's Status (and the pollers'
+// counters) at each scrape (so that the
 // hot path keeps no counters of its own). Gets are one-sided reads that
 // no replica sees: clients count them.
 func NewRegistry(reps []*Replica) *prometheus.Registry {
@@ -52,13 +53,22 @@ var (
 	dOrdered    = desc("ordered_total", "Messages this replica ordered as its group's leader.")
 	dReplies    = desc("replies_total", "Reply writes to clients.")
 	dMalformed  = desc("malformed_total", "Client records refused as malformed.")
+
+	pollerLabels = []string{"poller"}
+	dPasses      = prometheus.NewDesc("rdmakv_poller_passes_total", "Passes of a poller over its replicas.", pollerLabels, nil)
+	dSpins       = prometheus.NewDesc("rdmakv_poller_spins_total", "Spin phases of a poller before it parks.", pollerLabels, nil)
+	dSpinHits    = prometheus.NewDesc("rdmakv_poller_spin_hits_total", "Spin phases ended by a doorbell ring or a kick (no park needed).", pollerLabels, nil)
+	dParks       = prometheus.NewDesc("rdmakv_poller_parks_total", "Times a poller parked in its wait set.", pollerLabels, nil)
+	dWakes       = prometheus.NewDesc("rdmakv_poller_wakes_total", "Parks ended by a doorbell ring or a kick (the others timed out).", pollerLabels, nil)
+	dTasks       = prometheus.NewDesc("rdmakv_poller_tasks", "Replicas a poller owns.", pollerLabels, nil)
 )
 
 type collector struct{ reps []*Replica }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dRole, dServing, dRound, dDelivered, dApplied, dCatching, dRecords, dBytes, dMembers,
-		dElections, dElected, dRestored, dSnapSent, dDiffs, dReconnects, dDuplicates, dOrdered, dReplies, dMalformed} {
+		dElections, dElected, dRestored, dSnapSent, dDiffs, dReconnects, dDuplicates, dOrdered, dReplies, dMalformed,
+		dPasses, dSpins, dSpinHits, dParks, dWakes, dTasks} {
 		ch <- d
 	}
 }
@@ -71,6 +81,16 @@ func b2f(b bool) float64 {
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range pollerStatus(c.reps) {
+		l := strconv.Itoa(p.Poller)
+		for _, v := range []struct {
+			d *prometheus.Desc
+			n uint64
+		}{{dPasses, p.Passes}, {dSpins, p.Spins}, {dSpinHits, p.SpinHits}, {dParks, p.Parks}, {dWakes, p.Wakes}} {
+			ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), l)
+		}
+		ch <- prometheus.MustNewConstMetric(dTasks, prometheus.GaugeValue, float64(p.Tasks), l)
+	}
 	for _, r := range c.reps {
 		s := r.Status()
 		l := []string{strconv.Itoa(s.Group), strconv.FormatUint(uint64(s.Node), 10)}

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,7 +19,6 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/kv"
-	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
 )
@@ -57,27 +55,60 @@ type identity struct {
 // Run runs replica id of cfg until ctx ends, then stops it cleanly. Its
 // errors are one line saying what is wrong and what to do.
 func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *slog.Logger) error {
-	g, i, entry, err := cfg.Replica(id)
-	if err != nil {
-		return err
+	return RunReplicas(ctx, cfg, []int64{id}, opts, log)
+}
+
+// RunReplicas runs replicas ids of cfg (of any groups) in this process,
+// on one node runtime (Process), until ctx ends, then stops them cleanly.
+// Each keeps its own data directory (locked, with its identity); the
+// control port is the first replica's (or opts.Control) and shows them
+// all. Its errors are one line saying what is wrong and what to do.
+func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Options, log *slog.Logger) error {
+	if len(ids) == 0 {
+		return errors.New("no replica to run")
 	}
 	m, err := cfg.Map()
 	if err != nil {
 		return err
 	}
-	self := rdma.NodeID(id)
-	base := log
-	log = log.With("node", self, "group", g)
-	dir := cfg.ReplicaDir(id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+	if len(ids) > 1 && opts.Listen != "" {
+		return fmt.Errorf("--listen gives one replica's address: run replicas %v one per process to override their addresses", ids)
 	}
-	unlock, err := lockDir(dir, id)
-	if err != nil {
-		return err
+	type hostedReplica struct {
+		dir    string
+		log    *slog.Logger
+		stable broadcast.FileStable
+		ident  identity
 	}
-	defer unlock()
-	caddr := entry.Control
+	reps := map[rdma.NodeID]*hostedReplica{}
+	var nodes []rdma.NodeID
+	caddr := ""
+	for k, id := range ids {
+		g, _, entry, err := cfg.Replica(id)
+		if err != nil {
+			return err
+		}
+		self := rdma.NodeID(id)
+		if reps[self] != nil {
+			return fmt.Errorf("replica %d given twice", id)
+		}
+		dir := cfg.ReplicaDir(id)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
+		unlock, err := lockDir(dir, id)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if k == 0 {
+			caddr = entry.Control
+		}
+		reps[self] = &hostedReplica{dir: dir, log: log.With("node", self, "group", g),
+			stable: broadcast.FileStable{Path: filepath.Join(dir, "stable")},
+			ident:  identity{Cluster: m.Name, Fabric: m.Fabric, Node: self, Group: g, Members: m.Groups[g]}}
+		nodes = append(nodes, self)
+	}
 	if opts.Control != "" {
 		caddr = opts.Control
 	}
@@ -95,57 +126,41 @@ func Run(ctx context.Context, cfg *cluster.Config, id int64, opts Options, log *
 			}
 		}()
 	}
-	if err := checkIdentity(dir, identity{Cluster: m.Name, Fabric: m.Fabric, Node: self, Group: g, Members: m.Groups[g]}); err != nil {
-		return err
+	for _, id := range nodes {
+		if err := checkIdentity(reps[id].dir, reps[id].ident); err != nil {
+			return err
+		}
 	}
 
 	spec := fabric.ForMap(m)
 	spec.Listen, spec.Secret, spec.PeerTimeout = opts.Listen, cfg.SecretBytes, time.Duration(cfg.Timing.PeerTimeout)
-	node, err := fabric.Open(spec, self)
-	if err != nil {
-		return err
-	}
-	defer node.Close()
-
-	stable := broadcast.FileStable{Path: filepath.Join(dir, "stable")}
-	start, why, err := startMode(node, m, g, stable, opts.Rejoin, log)
-	if err != nil {
-		return err
-	}
-	bc := broadcast.Config{Self: self, Start: start, RejoinIncarnation: uint64(time.Now().UnixNano()),
-		HeartbeatInterval: time.Duration(cfg.Timing.Heartbeat), ElectionTimeout: time.Duration(cfg.Timing.ElectionTimeout)}
-	rc, err := m.ReplicaConfig(g, bc)
-	if err != nil {
-		return err
-	}
-	kr, err := kv.NewReplica(rc, node, stable)
+	proc, err := StartProcess(ProcessConfig{Map: m, IDs: nodes, Spec: &spec,
+		Broadcast: broadcast.Config{RejoinIncarnation: uint64(time.Now().UnixNano()),
+			HeartbeatInterval: time.Duration(cfg.Timing.Heartbeat), ElectionTimeout: time.Duration(cfg.Timing.ElectionTimeout)},
+		Prepare: func(node rdma.Node, g, _ int, bc *broadcast.Config) (broadcast.Stable, error) {
+			r := reps[node.ID()]
+			start, why, err := startMode(node, m, g, r.stable, opts.Rejoin, r.log)
+			if err != nil {
+				return nil, err
+			}
+			r.log.Info("replica starting", "cluster", m.Name, "fabric", m.Fabric, "start", start.String(), "why", why, "data_dir", r.dir)
+			bc.Start = start
+			return r.stable, nil
+		},
+		Control: cln, Pprof: opts.Pprof, Secret: cfg.SecretBytes, Commands: true, Log: log})
+	cln = nil // StartProcess closes it
 	if err != nil {
 		if errors.Is(err, broadcast.ErrCorrupt) {
+			dir := cfg.DataDir
+			if len(nodes) == 1 {
+				dir = reps[nodes[0]].dir
+			}
 			return fmt.Errorf("the stable state in %s is corrupt (%v): if the disk lost it, move the file away and start with --rejoin", dir, err)
 		}
-		return fmt.Errorf("start the replica: %w", err)
+		return err
 	}
-	defer kr.Close()
-	log.Info("replica starting", "cluster", m.Name, "fabric", m.Fabric, "start", start.String(), "why", why, "data_dir", dir)
-
-	rep := NewReplica(g, i, self, kr)
-	reps := []*Replica{rep}
-	dctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() {
-		stop()
-		wg.Wait()
-	}()
-	pollers := poller.NewGroup(poller.GroupConfig{Pollers: 1})
-	rep.SetHandle(pollers.Add(rep, node))
-	wg.Go(func() { pollers.Run(dctx) })
-	wg.Go(func() { Watch(dctx, reps, base) })
-
-	if cln != nil {
-		c := ServeControlWith(cln, m, reps, ControlOptions{Pprof: opts.Pprof, Secret: cfg.SecretBytes}, log)
-		cln = nil // c closes it
-		defer c.Close()
-		caddr = c.Addr()
+	defer proc.Close()
+	if caddr = proc.ControlAddr(); caddr != "" {
 		log.Info("control port", "addr", caddr)
 	}
 	if opts.Ready != nil {

@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -180,5 +181,92 @@ func TestLostDiskRejoins(t *testing.T) {
 	p = start(t, &wrong, 2, server.Options{Control: "-"})
 	if err := <-p.done; err == nil || !strings.Contains(err.Error(), "secret") {
 		t.Errorf("a replica with another secret: %v", err)
+	}
+}
+
+// TestRunReplicasOfTwoGroups: one process runs replica 1 of group 0 and
+// replica 4 of group 1 (kvserver --id 1,4) beside another running the
+// other four; both groups serve; the first process's control port shows
+// both its replicas and its pollers; restarted, its replicas come back as
+// the same members (each from its own data directory); once both stop no
+// shm file is left.
+func TestRunReplicasOfTwoGroups(t *testing.T) {
+	shmDir, err := os.MkdirTemp("/dev/shm", "rdmakv-runtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(shmDir)
+	ports := freePorts(t, 6)
+	var b strings.Builder
+	fmt.Fprintf(&b, "name = \"two\"\nfabric = \"shm\"\nshm_dir = %q\ndata_dir = %q\n[timing]\nheartbeat = \"2ms\"\nelection_timeout = \"60ms\"\n", shmDir, filepath.Join(t.TempDir(), "data"))
+	for g := range 2 {
+		fmt.Fprintf(&b, "[[group]]\n")
+		for i := range 3 {
+			fmt.Fprintf(&b, "[[group.replica]]\nid = %d\ncontrol = \"127.0.0.1:%d\"\n", 3*g+i+1, ports[3*g+i])
+		}
+	}
+	fmt.Fprintf(&b, "[[clients]]\ncount = 1\n")
+	cfg, err := cluster.ParseConfig([]byte(b.String()), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(ids ...int64) *proc {
+		ctx, cancel := context.WithCancel(context.Background())
+		p := &proc{cancel: cancel, done: make(chan error, 1), logs: &syncBuf{}}
+		ready := make(chan string, 1)
+		go func() {
+			p.done <- server.RunReplicas(ctx, cfg, ids, server.Options{Ready: func(c string) { ready <- c }}, slog.New(slog.NewTextHandler(p.logs, nil)))
+		}()
+		select {
+		case <-ready:
+		case err := <-p.done:
+			cancel()
+			t.Fatalf("replicas %v: %v\n%s", ids, err, p.logs.String())
+		case <-time.After(20 * time.Second):
+			t.Fatalf("replicas %v did not start:\n%s", ids, p.logs.String())
+		}
+		return p
+	}
+	first := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	a := run(1, 4)
+	rest := run(2, 3, 5, 6)
+	running := true
+	defer func() {
+		if running {
+			rest.stop()
+		}
+	}()
+	waitReady(t, first, "replicas 1 and 4")
+	waitReady(t, fmt.Sprintf("127.0.0.1:%d", ports[1]), "replicas 2, 3, 5 and 6")
+	_, body := get(t, "http://"+first+"/status")
+	var ps server.ProcessStatus
+	if err := json.Unmarshal([]byte(body), &ps); err != nil {
+		t.Fatal(err)
+	}
+	tasks := 0
+	for _, st := range ps.Pollers {
+		tasks += st.Tasks
+	}
+	if len(ps.Replicas) != 2 || ps.Replicas[0].Node != 1 || ps.Replicas[1].Node != 4 || tasks != 2 {
+		t.Fatalf("/status of the process of replicas 1 and 4: %d replicas, pollers %+v:\n%s", len(ps.Replicas), ps.Pollers, body)
+	}
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	a = run(1, 4)
+	if l := a.logs.String(); strings.Count(l, "start=existing") != 2 {
+		t.Errorf("a restart of replicas 1 and 4 with their stable state:\n%s", l)
+	}
+	waitReady(t, first, "restarted replicas 1 and 4")
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	running = false
+	if err := rest.stop(); err != nil {
+		t.Fatal(err)
+	}
+	left, _ := os.ReadDir(shmDir)
+	for _, e := range left {
+		t.Errorf("left in the shm directory: %s", e.Name())
 	}
 }

@@ -33,6 +33,8 @@ type Replica struct {
 	r            *kv.Replica
 	started      time.Time
 	busy         prometheus.Histogram
+	pollers      *poller.Group                          // the group polling it (Process), for /status and /metrics
+	after        func(now time.Duration, progress bool) // ProcessConfig.AfterPoll
 
 	mu   sync.Mutex
 	h    *poller.Handle // SetHandle: runs commands on the replica's poller
@@ -70,6 +72,9 @@ func (p *Replica) Poll(now time.Duration) bool {
 		p.mu.Lock()
 		p.tab, p.hdr, p.mc, p.dups = tab, hdr, mc, d
 		p.mu.Unlock()
+	}
+	if p.after != nil {
+		p.after(now, progress)
 	}
 	return progress
 }
@@ -215,4 +220,34 @@ func (s *ReplicaStatus) Ready() (bool, string) {
 		return false, "it is catching up with its group"
 	}
 	return true, ""
+}
+
+// PollerStatus is one poller's counters (poller.PollerStats) as /status
+// shows them: how often a process's pollers pass over their replicas,
+// spin, park and are woken.
+type PollerStatus struct {
+	Poller   int    `json:"poller"`
+	Tasks    int    `json:"tasks"`     // replicas it owns
+	Passes   uint64 `json:"passes"`    // passes over them
+	Spins    uint64 `json:"spins"`     // spin phases before a park
+	SpinHits uint64 `json:"spin_hits"` // spin phases ended by a ring or a kick
+	Parks    uint64 `json:"parks"`     // parks in the wait set
+	Wakes    uint64 `json:"wakes"`     // parks ended by a ring or a kick (the rest timed out)
+}
+
+// pollerStatus is the counters of the pollers that run reps (those of
+// the first replica that has some: a process has one poller.Group).
+func pollerStatus(reps []*Replica) []PollerStatus {
+	for _, r := range reps {
+		if r.pollers == nil {
+			continue
+		}
+		var out []PollerStatus
+		for i, st := range r.pollers.Stats() {
+			out = append(out, PollerStatus{Poller: i, Tasks: st.Tasks, Passes: st.Passes, Spins: st.Spins,
+				SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes})
+		}
+		return out
+	}
+	return nil
 }

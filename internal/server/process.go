@@ -1,0 +1,396 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/poller"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
+)
+
+// ProcessConfig is what one node runtime (Process) runs: the kv replicas
+// of a cluster map that this process hosts.
+type ProcessConfig struct {
+	// Map is the cluster map (StartProcess fills it).
+	Map *cluster.Map
+	// IDs are the replicas this process hosts; nil hosts every replica of
+	// the map (the embedded cluster).
+	IDs []rdma.NodeID
+	// Spec is the fabric to open the replicas' nodes on; nil takes the
+	// map's (fabric.ForMap), with a fresh mem.Fabric on mem.
+	Spec *fabric.Spec
+	// Broadcast is the Acuerdo configuration of every replica (Self is set
+	// per replica, and Start by Prepare).
+	Broadcast broadcast.Config
+	// Pollers is the number of poller goroutines; 0 means one per core,
+	// at most one per hosted group (a group's replicas share a poller).
+	Pollers int
+	// Spin and MaxPark are the pollers' (poller.GroupConfig).
+	Spin, MaxPark time.Duration
+	// Prepare, if set, is called for each replica with its node open and
+	// before the replica is built (it may probe the replica's peers): it
+	// returns the replica's stable storage and may change its broadcast
+	// configuration (bc: Broadcast with Self set and Start StartNew), e.g.
+	// how it starts. nil: an in-memory stable state and StartNew.
+	Prepare func(node rdma.Node, g, i int, bc *broadcast.Config) (broadcast.Stable, error)
+	// AfterPoll, if set, is called on a replica's polling goroutine after
+	// each of its Polls, with whether it made progress: a harness copies
+	// there what only that goroutine may read.
+	AfterPoll func(g, i int, r *kv.Replica, now time.Duration, progress bool)
+	// Control, if set, is the control port's listener: the process serves
+	// /status, /metrics... of its replicas there, and closes it.
+	Control net.Listener
+	// Pprof serves /debug/pprof/ on the control port.
+	Pprof bool
+	// Secret is the cluster secret the control port's POST /force
+	// requires proof of (ControlOptions.Secret).
+	Secret []byte
+	// Commands lets the replicas take state-changing commands (ForceLead,
+	// POST /force) on their pollers: kvserver --config sets it; an
+	// embedded cluster's replicas take none.
+	Commands bool
+	// Log, if set, logs the replicas' role changes (Watch) and the control
+	// port's errors.
+	Log *slog.Logger
+}
+
+// Process is one node runtime: the fabric nodes of the replicas a process
+// hosts, the replicas, one poller.Group running them all (the replicas of
+// one group on one poller), and the control port. kvserver (one replica,
+// some or all), the embedded cluster and the harnesses run one.
+type Process struct {
+	// Map is the cluster map.
+	Map *cluster.Map
+
+	cfg     ProcessConfig
+	spec    fabric.Spec
+	pollers *poller.Group
+	stop    context.CancelFunc
+	done    chan struct{} // closed when the pollers and Watch returned
+	control *Control
+	all     []*Replica // every replica started, in map order, for the control port
+
+	mu      sync.Mutex
+	reps    [][]*hosted // [group][index]; nil: not hosted here, or stopped
+	clients map[rdma.NodeID]rdma.Node
+	closed  bool
+}
+
+// hosted is one replica of the process.
+type hosted struct {
+	node rdma.Node
+	r    *kv.Replica
+	sr   *Replica
+	h    *poller.Handle
+}
+
+// StartProcess opens the nodes of cfg's replicas, builds the replicas,
+// runs them on one poller.Group and serves the control port (if
+// cfg.Control; it closes that listener on error). It does not wait for the groups to elect (WaitServing).
+// On error everything it opened is closed again.
+func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
+	if cfg.Control != nil {
+		defer func() {
+			if err != nil {
+				cfg.Control.Close()
+			}
+		}()
+	}
+	m := cfg.Map
+	if m == nil {
+		return nil, errors.New("server: no cluster map")
+	}
+	if err := m.Fill(); err != nil {
+		return nil, err
+	}
+	var spec fabric.Spec
+	if cfg.Spec != nil {
+		spec = *cfg.Spec
+	} else {
+		spec = fabric.ForMap(m)
+	}
+	if spec.Fabric == "mem" && spec.Mem == nil {
+		spec.Mem = mem.New(mem.Options{}) // a closed node's id may be reused
+	}
+	type pos struct{ g, i int }
+	var want []pos
+	groups := map[int]bool{}
+	if cfg.IDs == nil {
+		for g, ms := range m.Groups {
+			for i := range ms {
+				want = append(want, pos{g, i})
+			}
+			groups[g] = true
+		}
+	} else {
+		for _, id := range cfg.IDs {
+			g, i, ok := position(m, id)
+			if !ok {
+				return nil, fmt.Errorf("node %d is not a replica of cluster %q (groups %v)", id, m.Name, m.Groups)
+			}
+			want = append(want, pos{g, i})
+			groups[g] = true
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	np := cfg.Pollers
+	if np <= 0 {
+		np = max(1, min(runtime.GOMAXPROCS(0), len(groups)))
+	}
+	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}),
+		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
+	p.reps = make([][]*hosted, len(m.Groups))
+	for g, ms := range m.Groups {
+		p.reps[g] = make([]*hosted, len(ms))
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	p.stop = stop
+	var wg sync.WaitGroup
+	wg.Go(func() { p.pollers.Run(ctx) })
+	finished := func() {
+		wg.Wait()
+		close(p.done)
+	}
+	for _, w := range want {
+		if err := p.start(w.g, w.i); err != nil {
+			go finished()
+			p.Close()
+			return nil, err
+		}
+	}
+	wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
+	go finished()
+	if cfg.Control != nil {
+		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret}, cfg.Log)
+	}
+	return p, nil
+}
+
+// start opens replica (g, i)'s node and starts the replica.
+func (p *Process) start(g, i int) error {
+	id := p.Map.Groups[g][i]
+	node, err := fabric.Open(p.spec, id)
+	if err != nil {
+		return err
+	}
+	bc := p.cfg.Broadcast
+	bc.Self, bc.Start = id, broadcast.StartNew
+	var stable broadcast.Stable = &broadcast.MemStable{}
+	if p.cfg.Prepare != nil {
+		if stable, err = p.cfg.Prepare(node, g, i, &bc); err != nil {
+			node.Close()
+			return err
+		}
+	}
+	rc, err := p.Map.ReplicaConfig(g, bc)
+	if err != nil {
+		node.Close()
+		return err
+	}
+	r, err := kv.NewReplica(rc, node, stable)
+	if err != nil {
+		node.Close()
+		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
+	}
+	sr := NewReplica(g, i, id, r)
+	sr.pollers = p.pollers
+	if f := p.cfg.AfterPoll; f != nil {
+		sr.after = func(now time.Duration, progress bool) { f(g, i, r, now, progress) }
+	}
+	// A group's replicas share a poller: their messages to each other
+	// then need no wake-up.
+	h := &hosted{node: node, r: r, sr: sr, h: p.pollers.AddTo(g, sr, node)}
+	if p.cfg.Commands {
+		sr.SetHandle(h.h)
+	}
+	p.mu.Lock()
+	p.reps[g][i] = h
+	p.mu.Unlock()
+	p.all = append(p.all, sr)
+	return nil
+}
+
+func (p *Process) get(g, i int) *hosted {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if g < 0 || g >= len(p.reps) || i < 0 || i >= len(p.reps[g]) {
+		return nil
+	}
+	return p.reps[g][i]
+}
+
+// Hosts reports whether replica (g, i) runs here (hosted and not stopped).
+func (p *Process) Hosts(g, i int) bool { return p.get(g, i) != nil }
+
+// Do runs f on replica (g, i)'s polling goroutine, between two of its
+// Polls (paused or not), and waits for it.
+func (p *Process) Do(g, i int, f func(*kv.Replica)) error {
+	h := p.get(g, i)
+	if h == nil {
+		return fmt.Errorf("replica %d of group %d does not run here (stopped, or another process's)", i, g)
+	}
+	if err := h.h.Do(func() { f(h.r) }); err != nil {
+		return errors.New("replica stopped")
+	}
+	return nil
+}
+
+// Stop stops replica (g, i) and closes its node: its memory is gone (as
+// after kill -9 of a process hosting only it).
+func (p *Process) Stop(g, i int) {
+	p.mu.Lock()
+	var h *hosted
+	if g >= 0 && g < len(p.reps) && i >= 0 && i < len(p.reps[g]) {
+		h = p.reps[g][i]
+		p.reps[g][i] = nil
+	}
+	p.mu.Unlock()
+	if h == nil {
+		return
+	}
+	h.h.Remove()
+	h.r.Close()
+	h.node.Close()
+}
+
+// Pause stops polling replica (g, i) until Resume (once it returns, no
+// Poll of the replica runs): its memory stays readable one-sided.
+func (p *Process) Pause(g, i int) {
+	if h := p.get(g, i); h != nil {
+		h.h.Pause()
+	}
+}
+
+// Resume resumes polling replica (g, i).
+func (p *Process) Resume(g, i int) {
+	if h := p.get(g, i); h != nil {
+		h.h.Resume()
+	}
+}
+
+// Leader is the index of the replica of group g running here that leads
+// a committed epoch, or -1.
+func (p *Process) Leader(g int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, h := range p.reps[g] {
+		if h == nil {
+			continue
+		}
+		if _, ok := h.r.Multicast().Broadcast().Leading(); ok {
+			return i
+		}
+	}
+	return -1
+}
+
+// WaitServing waits until every group of the map has a replica here
+// serving linearizable gets (meant for a process hosting every replica).
+func (p *Process) WaitServing(ctx context.Context) error {
+	for {
+		missing := -1
+		for g := range p.reps {
+			if p.Leader(g) < 0 {
+				missing = g
+				break
+			}
+		}
+		if missing < 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("group %d has no leader: %w", missing, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// Replicas are the replicas started, for the control port (the list does
+// not follow later Stops).
+func (p *Process) Replicas() []*Replica { return p.all }
+
+// ControlAddr is the control port's address, "" if none.
+func (p *Process) ControlAddr() string {
+	if p.control == nil {
+		return ""
+	}
+	return p.control.Addr()
+}
+
+// ClientNode opens (once) the node of client slot k on the process's
+// fabric, for client.WithNode (the only way to reach a mem cluster).
+func (p *Process) ClientNode(k int) (rdma.Node, error) {
+	if k < 0 || k >= len(p.Map.ClientNodes) {
+		return nil, fmt.Errorf("client slot %d: the map has %d", k, len(p.Map.ClientNodes))
+	}
+	id := p.Map.ClientNodes[k]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := p.clients[id]; n != nil {
+		return n, nil
+	}
+	n, err := fabric.Open(p.spec, id)
+	if err != nil {
+		return nil, err
+	}
+	p.clients[id] = n
+	return n, nil
+}
+
+// PollerStats are the pollers' counters.
+func (p *Process) PollerStats() []poller.PollerStats { return p.pollers.Stats() }
+
+// Close stops the control port and every replica, and closes every node
+// (shm files included). It may be called more than once.
+func (p *Process) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.mu.Unlock()
+	if p.control != nil {
+		p.control.Close()
+	}
+	for g := range p.reps {
+		for i := range p.reps[g] {
+			p.Stop(g, i)
+		}
+	}
+	p.stop()
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, n := range p.clients {
+		n.Close()
+		delete(p.clients, id)
+	}
+}
+
+// position is where node id sits in m's groups.
+func position(m *cluster.Map, id rdma.NodeID) (g, i int, ok bool) {
+	for g, ms := range m.Groups {
+		for i, n := range ms {
+			if n == id {
+				return g, i, true
+			}
+		}
+	}
+	return 0, 0, false
+}
