@@ -1,0 +1,537 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// One-sided reads of a group's ordered keyspace (issue 18 stage B2;
+// docs/btree.md, "Reads"; docs/dev/btree-plan.md section 4). An
+// OrderedReader looks a key up, or scans a range, in the B-link tree that
+// group publishes (btree.Regions), as a polled state machine like
+// GroupReader's gets: Begin, then Poll until it reports done. It reads
+// through a GroupReader of its own (that reader's per-member I/O, leader
+// search and round-1 leader check), and walks the tree with a btree.Cache
+// shared by every OrderedReader of one client and group.
+//
+// The walk itself is btree's (Cache.Lookup, Scan, ReverseScan over a
+// ReadFunc): the reader runs it over the nodes read so far in this
+// attempt; when it asks for a slot not read yet, the run stops, the reader
+// posts that read and runs the walk again once it lands (each run is a
+// local search over cached nodes and bytes already read). A node the walk
+// asks for twice in one run (it met a torn copy and descends again) is
+// read again. Every node is validated by btree (check word, id, fences,
+// level, stamps); a torn or stale node makes the walk read again, move
+// right or drop one cached level, never answer; an attempt whose walk
+// gives up (btree.ErrRetry, ErrChanged, a broken chain) starts over with
+// a fresh tree header, and MaxAttempts of them end the call with the last
+// cause.
+//
+// Every list of reads an attempt posts goes to one member m, in order,
+// and the first one starts with a read of m's kv header (h1).
+//
+// Linearizable (m is the leader): every list also ends with a read of
+// m's kv header, and the attempt's answer is accepted only when h1 and
+// the header that ended the last list (h2) both say m serves epoch E and
+// f+1 members, counted with m, promise exactly E (GroupReader.confirm, the
+// same check as a linearizable get, with the promise words read after the
+// call began). Serving an epoch, once given up, never comes back, so m
+// served E during every read in between; no later leader was elected
+// before the promise reads (quorum intersection), so every write
+// acknowledged before the call began is applied in m's tree by then (in
+// an epoch up to E: E's diff was applied before m served it, and m
+// acknowledges its own writes after applying them).
+//   - A lookup answers from one leaf read inside that bracket, whose
+//     fences hold the key (a validated leaf whose fences hold the key is
+//     the key's only leaf at the moment of the read: a split narrows the
+//     old leaf in the same apply, a freed leaf fails its id): the answer is
+//     m's state at that read, a point inside the call, as for a get's
+//     bucket read.
+//   - A scan reads m's btree header (applied index A) in the first list,
+//     after the call began, and accepts leaves only when each is stamped
+//     at most A and contiguous with the one before (btree.Cache.Scan):
+//     the pairs are m's tree as of A. Every write acknowledged before the
+//     call began was published (A) before that header read, and no write
+//     after A was acknowledged before it, so the scan linearizes at the
+//     header read, inside the call (plan section 4).
+//
+// Stale-ok (m is the near member, as for stale-ok gets): no bracket and no
+// promises. A lookup's answer is m's state at its leaf read, after entry
+// Applied (h1's, read before the leaf) or a later one; a scan is m's tree
+// as of Scanned, the btree applied index it read (at least Applied).
+
+// OrderedResult is what a one-sided ordered read found.
+type OrderedResult struct {
+	// Lookup: whether the key is there, its value and version.
+	Found   bool
+	Value   []byte
+	Version uint64
+	// Scan: the pairs, in the scan's order (descending for a reverse
+	// scan), and the btree applied index they are the tree's state at.
+	Pairs   []btree.KV
+	Scanned uint64
+	// Member is the replica read; Applied and AppliedAt its kv header's
+	// last applied entry and when it was applied, read before the tree:
+	// the answer is never older than the state after Applied.
+	Member    int
+	Applied   uint64
+	AppliedAt int64
+	// Epoch is the serving epoch a linearizable read confirmed.
+	Epoch uint64
+	// Retries counts the attempts started again; Reads the node reads of
+	// the attempt that answered.
+	Retries, Reads int
+}
+
+// ErrOrderedRetries: a one-sided ordered read kept meeting nodes being
+// written, or a tree that changed under it, for MaxAttempts attempts.
+var ErrOrderedRetries = errors.New("kv: ordered read gave up")
+
+// errNeed: the walk asked for a node not read yet in this attempt.
+var errNeed = errors.New("kv: node not read yet")
+
+type orderedKind uint8
+
+const (
+	okLookup orderedKind = iota
+	okScan
+	okReverse
+)
+
+type ordState uint8
+
+const (
+	osIdle ordState = iota
+	osStart
+	osFind    // the GroupReader's header reads of every member, for the leader
+	osList    // a list of reads posted to m
+	osConfirm // the answer found; waiting for the promise reads
+	osWait    // backing off until retryAt
+	osDone
+)
+
+// OrderedReader reads one group's ordered keyspace one-sided, one call at
+// a time (a client keeps a pool, like GroupReaders); its Cache may be
+// shared.
+type OrderedReader struct {
+	gr    *GroupReader
+	cache *btree.Cache
+
+	// The tree header last read: the root a lookup starts from (any
+	// older root works too, through right links) and the geometry that
+	// places node slots.
+	hdr    btree.Header
+	hdrOK  bool
+	hbuf   []byte
+	wrs    []rdma.WR
+	readFn btree.ReadFunc
+
+	// The call under way.
+	st                ordState
+	kind              orderedKind
+	mode              Consistency
+	key, start, end   []byte
+	limit             int
+	res               OrderedResult
+	err, lastErr      error
+	attempt           int
+	backoff, retryAt  time.Duration
+	now               time.Duration
+	m                 int
+	first, wantHdr    bool
+	h1, h2            Header
+	posted            int    // lists posted in this attempt
+	inList            uint32 // the node slot the list in flight reads (0: none)
+	hdrInList         bool
+	nbuf              []byte
+	memo              map[uint32][][]byte // node slots read this attempt, in read order
+	uses              map[uint32]int      // reads of each slot by the current run
+	need              uint32
+	runReads          int
+	pairs             []btree.KV
+	lkEntry           btree.Entry
+	lkFound           bool
+	maxReadsPerAttmpt int
+}
+
+// NewOrderedReader reads group g's ordered keyspace from node, walking
+// the tree through cache (shared by a client's readers of g: btree.Cache
+// locks its own state). near is the member stale-ok reads go to first.
+func NewOrderedReader(node rdma.Node, g uint32, members []rdma.NodeID, near int, cache *btree.Cache) *OrderedReader {
+	r := &OrderedReader{gr: NewGroupReader(node, g, members, near), cache: cache, hbuf: make([]byte, btree.HeaderSize),
+		memo: map[uint32][][]byte{}, uses: map[uint32]int{}, maxReadsPerAttmpt: 256}
+	r.readFn = r.memoRead
+	return r
+}
+
+// Reader is the GroupReader the reads go through (its Timeout and
+// backoff settings apply).
+func (r *OrderedReader) Reader() *GroupReader { return r.gr }
+
+// Close closes the reader's Conns.
+func (r *OrderedReader) Close() { r.gr.Close() }
+
+// Busy reports whether a call is under way.
+func (r *OrderedReader) Busy() bool { return r.st != osIdle && r.st != osDone }
+
+// Result is the outcome of the call that finished. Its slices are the
+// reader's until its next call.
+func (r *OrderedReader) Result() (OrderedResult, error) { return r.res, r.err }
+
+// NextDeadline is when a backing-off call wants its next Poll.
+func (r *OrderedReader) NextDeadline() time.Duration {
+	if r.st == osWait {
+		return r.retryAt
+	}
+	return 1<<63 - 1
+}
+
+// BeginLookup starts a lookup of key (copied).
+func (r *OrderedReader) BeginLookup(key []byte, mode Consistency) {
+	r.begin(okLookup, mode)
+	r.key = append(r.key[:0], key...)
+}
+
+// BeginScan starts a scan of the pairs with start <= key < end (end nil:
+// no bound), at most limit of them (<= 0: all), in ascending key order,
+// or descending with reverse (the last limit pairs of the range).
+func (r *OrderedReader) BeginScan(start, end []byte, limit int, mode Consistency, reverse bool) {
+	r.begin(okScan, mode)
+	if reverse {
+		r.kind = okReverse
+	}
+	r.start = append(r.start[:0], start...)
+	r.end = nil
+	if end != nil {
+		r.end = append([]byte{}, end...)
+	}
+	r.limit = limit
+}
+
+func (r *OrderedReader) begin(k orderedKind, mode Consistency) {
+	r.kind, r.mode = k, mode
+	r.res, r.err, r.lastErr = OrderedResult{}, nil, nil
+	r.attempt, r.backoff = 0, 0
+	r.st = osStart
+}
+
+// Poll advances the call; when it returns true the call is over and
+// Result has its outcome. now is the caller's clock.
+func (r *OrderedReader) Poll(now time.Duration) bool {
+	r.now, r.gr.now = now, now
+	for {
+		switch r.st {
+		case osIdle, osDone:
+			return true
+		case osWait:
+			if now < r.retryAt {
+				return false
+			}
+			r.st = osStart
+		case osStart:
+			r.startAttempt()
+		case osFind:
+			done, err := r.gr.found()
+			if !done {
+				return false
+			}
+			if err != nil {
+				r.fail(err)
+			} else {
+				r.st = osStart
+			}
+		case osList:
+			if !r.gr.reap(r.m) {
+				return false
+			}
+			r.landed()
+		case osConfirm:
+			done, err := r.gr.confirm(r.m, &r.h1, &r.h2)
+			if !done {
+				return false
+			}
+			if err != nil {
+				r.fail(err)
+				continue
+			}
+			r.res.Epoch = r.h1.Serving
+			r.st = osDone
+		}
+	}
+}
+
+// fail ends the attempt: start again (at once for a torn or changed tree,
+// but for every 16th; after a backoff otherwise) or give up.
+func (r *OrderedReader) fail(err error) {
+	g := r.gr
+	r.lastErr = err
+	r.attempt++
+	r.res.Retries = r.attempt
+	r.hdrOK = false // read the tree header again
+	if r.attempt >= MaxAttempts {
+		r.err = fmt.Errorf("%w: group %d: %d attempts: %w", ErrOrderedRetries, g.group, r.attempt, err)
+		r.st = osDone
+		return
+	}
+	if errors.Is(err, errRetry) && r.attempt%16 != 0 {
+		r.st = osStart
+		return
+	}
+	if r.mode == Linearizable {
+		g.leader = -1
+	} else if !errors.Is(err, errRetry) {
+		if g.near == g.home {
+			g.homeFailed()
+		}
+		g.near = (g.near + 1) % len(g.members)
+	}
+	r.backoff = min(max(2*r.backoff, g.BackoffMin), g.BackoffMax)
+	r.retryAt = r.now + r.backoff
+	r.st = osWait
+}
+
+func (r *OrderedReader) startAttempt() {
+	g := r.gr
+	g.Rounds++
+	if r.mode == Linearizable && g.leader < 0 {
+		for i := range g.members {
+			g.postHeader(i, g.m[i].hdr[hdrSize:])
+		}
+		r.st = osFind
+		return
+	}
+	if r.mode == StaleOK && g.near != g.home && r.now >= g.homeAt && g.homeReady() {
+		g.near = g.home
+	}
+	r.m = g.near
+	if r.mode == Linearizable {
+		r.m = g.leader
+	}
+	g.at = r.m
+	clear(r.memo)
+	r.first, r.posted, r.runReads = true, 0, 0
+	r.wantHdr = !r.hdrOK || r.kind != okLookup
+	for i := range g.asked {
+		g.asked[i] = false
+	}
+	g.asked[r.m] = true
+	if r.mode == Linearizable {
+		// f other members' promise words, read after the call began, in
+		// parallel with the tree reads.
+		g.askPromises(g.quorum - 1)
+		g.r1At, g.hedged = r.now, false
+	}
+	r.step()
+}
+
+// memoRead is the walk's ReadFunc: the k-th read of a slot in one run
+// returns the k-th copy read in this attempt, or stops the run (errNeed)
+// to have it read.
+func (r *OrderedReader) memoRead(slot uint32) ([]byte, error) {
+	k := r.uses[slot]
+	r.uses[slot] = k + 1
+	if bs := r.memo[slot]; k < len(bs) {
+		return bs[k], nil
+	}
+	r.need = slot
+	return nil, errNeed
+}
+
+// run runs the walk over the nodes read so far: nil when it answered,
+// errNeed when it needs r.need read, else why the attempt failed.
+func (r *OrderedReader) run() error {
+	clear(r.uses)
+	var err error
+	var reads int
+	switch r.kind {
+	case okLookup:
+		r.lkEntry, r.lkFound, reads, err = r.cache.Lookup(r.readFn, r.hdr.Root, r.key)
+	case okScan:
+		r.pairs, reads, err = r.cache.Scan(r.readFn, r.hdr.Root, r.hdr.Applied, r.start, r.end, r.limit, r.pairs[:0])
+	case okReverse:
+		r.pairs, reads, err = r.cache.ReverseScan(r.readFn, r.hdr.Root, r.hdr.Applied, r.start, r.end, r.limit, r.pairs[:0])
+	}
+	r.runReads = reads
+	return err
+}
+
+// step posts the attempt's next list of reads, or takes the walk's
+// answer.
+func (r *OrderedReader) step() {
+	g := r.gr
+	var wrs []rdma.WR
+	r.inList, r.hdrInList = 0, false
+	ms := g.m[r.m]
+	if r.first {
+		wrs = append(r.wrs[:0], rdma.WR{Kind: rdma.OpRead, Region: headerRegion(g.group), Buf: ms.hdr[:hdrSize]})
+	} else {
+		wrs = r.wrs[:0]
+	}
+	if r.wantHdr {
+		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: btree.HeaderRegion(g.group), Buf: r.hbuf})
+		r.hdrInList = true
+	} else {
+		err := r.run()
+		switch {
+		case err == nil && r.posted > 0:
+			r.answer()
+			return
+		case err == nil || errors.Is(err, errNeed) && len(r.memo) >= r.maxReadsPerAttmpt:
+			r.fail(errRetry) // answered with nothing read (cannot happen), or too many reads
+			return
+		case errors.Is(err, errNeed):
+			reg, off := r.hdr.SlotAddr(g.group, r.need)
+			r.nbuf = make([]byte, r.hdr.NodeSize) // the memo keeps it: a fresh buffer per read
+			wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: r.nbuf})
+			r.inList = r.need
+		case errors.Is(err, btree.ErrChanged), errors.Is(err, btree.ErrRetry), errors.Is(err, btree.ErrMalformed),
+			errors.Is(err, btree.ErrStale), errors.Is(err, btree.ErrNotNode), errors.Is(err, btree.ErrTorn):
+			r.fail(fmt.Errorf("%w: %w", errRetry, err))
+			return
+		default:
+			r.fail(err)
+			return
+		}
+	}
+	if r.mode == Linearizable {
+		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(g.group), Buf: ms.hdr[hdrSize:]})
+	}
+	r.wrs = wrs
+	if !g.post(r.m, wrs) {
+		r.fail(errRetry) // a read of an abandoned attempt is still out
+		return
+	}
+	r.posted++
+	r.st = osList
+}
+
+// landed takes the list that finished.
+func (r *OrderedReader) landed() {
+	g := r.gr
+	ms := g.m[r.m]
+	if err := g.consume(r.m); err != nil {
+		clear(ms.hdr[hdrSize:])
+		r.fail(err)
+		return
+	}
+	if r.first {
+		h1, err := DecodeHeader(ms.hdr[:hdrSize])
+		if err != nil {
+			r.fail(errRetry)
+			return
+		}
+		r.h1, r.first = h1, false
+		if r.mode == Linearizable && h1.Serving == 0 {
+			r.fail(ErrNoLeader)
+			return
+		}
+		r.res.Member, r.res.Applied, r.res.AppliedAt = r.m, h1.Applied, h1.AppliedAt
+	}
+	if r.mode == Linearizable {
+		h2, err := DecodeHeader(ms.hdr[hdrSize:])
+		if err != nil {
+			r.fail(errRetry)
+			return
+		}
+		ms.lastAt = r.now
+		if h2.Serving != r.h1.Serving {
+			r.fail(ErrNoLeader)
+			return
+		}
+		r.h2 = h2
+	}
+	if r.hdrInList {
+		h, err := btree.DecodeHeader(r.hbuf)
+		if err != nil {
+			r.fail(fmt.Errorf("%w: tree header: %w", errRetry, err))
+			return
+		}
+		r.hdr, r.hdrOK, r.wantHdr = h, true, false
+	}
+	if r.inList != 0 {
+		r.memo[r.inList] = append(r.memo[r.inList], r.nbuf)
+	}
+	r.step()
+}
+
+// answer takes the walk's answer: at once for stale-ok, after the promise
+// check for a linearizable read.
+func (r *OrderedReader) answer() {
+	r.res.Reads = r.runReads
+	if r.kind == okLookup {
+		r.res.Found = r.lkFound
+		r.res.Value, r.res.Version = nil, 0
+		if r.lkFound {
+			r.res.Value, r.res.Version = r.lkEntry.Value, r.lkEntry.Version
+		}
+	} else {
+		r.res.Pairs, r.res.Scanned = r.pairs, r.hdr.Applied
+	}
+	if r.m == r.gr.home {
+		r.gr.homeWait = 0
+	}
+	if r.mode == Linearizable {
+		r.st = osConfirm
+		return
+	}
+	r.st = osDone
+}
+
+// Lookup runs a lookup to the end in real time (LookupCtx without a
+// context).
+func (r *OrderedReader) Lookup(key []byte, mode Consistency) (OrderedResult, error) {
+	return r.LookupCtx(context.Background(), key, mode)
+}
+
+// LookupCtx looks key up, giving up when ctx ends (its error).
+func (r *OrderedReader) LookupCtx(ctx context.Context, key []byte, mode Consistency) (OrderedResult, error) {
+	r.BeginLookup(key, mode)
+	return r.drive(ctx)
+}
+
+// ScanCtx scans like BeginScan, giving up when ctx ends (its error).
+func (r *OrderedReader) ScanCtx(ctx context.Context, start, end []byte, limit int, mode Consistency, reverse bool) (OrderedResult, error) {
+	r.BeginScan(start, end, limit, mode, reverse)
+	return r.drive(ctx)
+}
+
+// drive polls the call in real time, as GroupReader.GetCtx polls a get:
+// spinning while reads complete at once (shm), then yielding, then
+// sleeping briefly (tcp); a read it leaves behind lands in the reader's
+// own buffers and is reaped by its next call.
+func (r *OrderedReader) drive(ctx context.Context) (OrderedResult, error) {
+	done := ctx.Done()
+	for spins := 0; !r.Poll(rdma.Mono()); spins++ {
+		if spins < 64 {
+			continue
+		}
+		select {
+		case <-done:
+			r.st = osIdle
+			return OrderedResult{}, ctx.Err()
+		default:
+		}
+		if r.st == osWait {
+			t := time.NewTimer(r.retryAt - rdma.Mono())
+			select {
+			case <-done:
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		if spins < 1024 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	r.st = osIdle
+	return r.res, r.err
+}

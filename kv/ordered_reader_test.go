@@ -1,0 +1,271 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/rdma/shm"
+)
+
+// orderedGroup is a group of three replicas, each a table with an ordered
+// part, on nodes 1-3 of a fabric; node 1 leads epoch 5, all promise it.
+// apply applies one ordered request to all three (entry idx).
+type orderedGroup struct {
+	tabs   []*Table
+	stores []*btree.Store
+	idx    uint64
+}
+
+func newOrderedGroup(t *testing.T, nodes []rdma.Node, readers []rdma.NodeID) *orderedGroup {
+	t.Helper()
+	g := &orderedGroup{}
+	for _, n := range nodes {
+		st, err := btree.NewStore(btree.StoreConfig{Tree: btree.Config{NodeSize: 256, MaxKey: 8}, ChunkSlots: 16, FreeAfter: 4,
+			Tablets: []btree.Tablet{btree.All}, Readers: readers}, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb, err := NewTable(TableConfig{LogBuckets: 2, HeapRegionSize: 1 << 16, MaxValue: 1 << 10, Ordered: st, Readers: readers}, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb.Promise(5)
+		t.Cleanup(func() { tb.Close(); st.Close() })
+		g.tabs, g.stores = append(g.tabs, tb), append(g.stores, st)
+	}
+	g.tabs[0].SetServing(5)
+	return g
+}
+
+func (g *orderedGroup) apply(ops ...btree.Op) {
+	g.idx++
+	for _, tb := range g.tabs {
+		tb.Apply(broadcast.Entry{Index: g.idx, Data: btree.AppendRequest(nil, ops)})
+	}
+}
+
+// model is the leader's tree's pairs.
+func (g *orderedGroup) model() []btree.KV {
+	return storePairs(g.stores[0])
+}
+
+// TestOrderedReaderRealTime: the blocking one-sided ordered reads
+// (LookupCtx, ScanCtx) over the mem and shm fabrics, both consistencies,
+// against the replicas' trees: every lookup of a present and an absent
+// key, forward and reverse scans with and without limits; the tree grows
+// by splits between rounds under the reader's cache, so cached inner
+// nodes go stale. A reader whose context ends returns its error.
+func TestOrderedReaderRealTime(t *testing.T) {
+	for _, fab := range []string{"mem", "shm"} {
+		t.Run(fab, func(t *testing.T) {
+			nodes, rn := orderedNodes(t, fab)
+			g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+			cache := btree.NewCache(1 << 20)
+			r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
+			defer r.Close()
+			ctx := context.Background()
+			for round := range 6 {
+				for i := range 40 {
+					k := fmt.Sprintf("k%03d", (i*37+round*11)%200)
+					if i%9 == 0 {
+						g.apply(btree.Op{Kind: btree.OpDelete, Key: []byte(k)})
+						continue
+					}
+					g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(k), Value: []byte(fmt.Sprintf("v%d", g.idx+1))})
+				}
+				want := g.model()
+				wantOf := map[string]string{}
+				for _, kv := range want {
+					wantOf[string(kv.Key)] = string(kv.Value)
+				}
+				for _, mode := range []Consistency{Linearizable, StaleOK} {
+					for i := 0; i < 200; i += 7 {
+						k := fmt.Sprintf("k%03d", i)
+						res, err := r.LookupCtx(ctx, []byte(k), mode)
+						if err != nil {
+							t.Fatalf("round %d %v lookup %s: %v", round, mode, k, err)
+						}
+						v, ok := wantOf[k]
+						if res.Found != ok || ok && string(res.Value) != v {
+							t.Fatalf("round %d %v lookup %s: found %v %q, the tree holds %v %q", round, mode, k, res.Found, res.Value, ok, v)
+						}
+						if mode == Linearizable && res.Epoch != 5 || mode == StaleOK && res.Member != 1 || res.Applied != g.idx {
+							t.Fatalf("round %d %v lookup: epoch %d member %d applied %d (entry %d)", round, mode, res.Epoch, res.Member, res.Applied, g.idx)
+						}
+					}
+					for _, sc := range []struct {
+						start, end string
+						limit      int
+						reverse    bool
+					}{{"", "", 0, false}, {"k050", "k120", 0, false}, {"k010", "", 5, false}, {"", "", 0, true}, {"k030", "k150", 7, true}} {
+						var end []byte
+						if sc.end != "" {
+							end = []byte(sc.end)
+						}
+						res, err := r.ScanCtx(ctx, []byte(sc.start), end, sc.limit, mode, sc.reverse)
+						if err != nil {
+							t.Fatalf("round %d %v scan %+v: %v", round, mode, sc, err)
+						}
+						var exp []btree.KV
+						for _, kv := range want {
+							if string(kv.Key) >= sc.start && (sc.end == "" || string(kv.Key) < sc.end) {
+								exp = append(exp, kv)
+							}
+						}
+						if sc.reverse {
+							slices.Reverse(exp)
+						}
+						if sc.limit > 0 && len(exp) > sc.limit {
+							exp = exp[:sc.limit]
+						}
+						if err := samePairs(res.Pairs, exp); err != nil {
+							t.Fatalf("round %d %v scan %+v: %v", round, mode, sc, err)
+						}
+						if res.Scanned != g.idx {
+							t.Fatalf("round %d %v scan as of %d, entry %d applied", round, mode, res.Scanned, g.idx)
+						}
+					}
+				}
+			}
+			st := cache.Stats()
+			if st.Nodes == 0 || g.stores[0].Tree().Stats().Leaves < 4 {
+				t.Fatalf("the test cached %d nodes over %d leaves", st.Nodes, g.stores[0].Tree().Stats().Leaves)
+			}
+			t.Logf("cache: %+v", st)
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			g.tabs[0].SetServing(0) // no leader: a linearizable read waits
+			if _, err := r.LookupCtx(cctx, []byte("k001"), Linearizable); !errors.Is(err, context.Canceled) {
+				t.Fatalf("a lookup whose context ended: %v", err)
+			}
+		})
+	}
+}
+
+func orderedNodes(t *testing.T, fab string) ([]rdma.Node, rdma.Node) {
+	t.Helper()
+	var open func(id rdma.NodeID) (rdma.Node, error)
+	switch fab {
+	case "mem":
+		f := mem.New(mem.Options{})
+		open = func(id rdma.NodeID) (rdma.Node, error) { return f.NewNode(id) }
+	case "shm":
+		dir := t.TempDir()
+		name := fmt.Sprintf("kvord%d", os.Getpid())
+		open = func(id rdma.NodeID) (rdma.Node, error) { return shm.Open(id, shm.Options{Dir: dir, Cluster: name}) }
+	}
+	var nodes []rdma.Node
+	for _, id := range []rdma.NodeID{1, 2, 3, 9} {
+		n, err := open(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, n)
+	}
+	t.Cleanup(func() {
+		for i := len(nodes) - 1; i >= 0; i-- {
+			nodes[i].Close()
+		}
+	})
+	return nodes[:3], nodes[3]
+}
+
+// TestOrderedReaderSharedCache: readers of one client share a cache
+// while a writer applies puts and splits leaves (run with -race): every
+// linearizable lookup by one reader sees each key's value never go back
+// (the writer's values grow), and every scan is sorted and holds values
+// the writer wrote.
+func TestOrderedReaderSharedCache(t *testing.T) {
+	nodes, rn := orderedNodes(t, "mem")
+	g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+	put := func(i int) {
+		g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%03d", i%120)), Value: []byte(fmt.Sprintf("%08d", i))})
+	}
+	for i := range 60 {
+		put(i)
+	}
+	cache := btree.NewCache(1 << 20)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	errs := make(chan error, 8)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, w%3, cache)
+			defer r.Close()
+			seen := map[string]string{}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := fmt.Sprintf("k%03d", (i*7+w)%120)
+				res, err := r.Lookup([]byte(k), Linearizable)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if res.Found {
+					if string(res.Value) < seen[k] {
+						errs <- fmt.Errorf("reader %d: %s went back from %s to %s", w, k, seen[k], res.Value)
+						return
+					}
+					seen[k] = string(res.Value)
+				}
+				if i%10 == 0 {
+					sr, err := r.ScanCtx(context.Background(), nil, nil, 0, Linearizable, w%2 == 1)
+					if err != nil {
+						errs <- err
+						return
+					}
+					ks := make([]string, len(sr.Pairs))
+					for j, kv := range sr.Pairs {
+						ks[j] = string(kv.Key)
+						if len(kv.Value) != 8 {
+							errs <- fmt.Errorf("scan value %q", kv.Value)
+							return
+						}
+					}
+					if w%2 == 1 {
+						slices.Reverse(ks)
+					}
+					if !slices.IsSorted(ks) {
+						errs <- fmt.Errorf("reader %d: scan out of order: %v", w, ks)
+						return
+					}
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for i := 60; i < 600 || time.Now().Before(deadline); i++ {
+		put(i)
+		if i%50 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		if i > 100000 {
+			break
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if cache.Stats().Lookups == 0 {
+		t.Fatal("no lookups")
+	}
+}
