@@ -23,3 +23,7 @@ func (h Header) SlotAddr(g uint32, slot uint32) (rdma.RegionID, uint64) {
 // PlantSkipFence plants the skipFence bug in c (tests of other packages
 // only: the kv simulator's mutant of the one-sided ordered reader).
 func PlantSkipFence(c *Cache) { c.knobs.skipFence = true }
+
+// PlantStaleCacheAfterSplit plants the staleCacheAfterSplit bug in c
+// (tests of other packages only).
+func PlantStaleCacheAfterSplit(c *Cache) { c.knobs.staleCacheAfterSplit = true }

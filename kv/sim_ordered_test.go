@@ -410,6 +410,9 @@ func TestSimOrdered(t *testing.T) {
 //     the leaf a stale cached parent names without checking that its
 //     fences hold the key, so a key a split moved right reads as absent
 //     (linearizability, or the stale-ok check);
+//   - staleCacheAfterSplit (the clients' caches): a lookup through a
+//     cached parent that predates a leaf's split does not move right, so
+//     a key the split moved reads as absent (the same checks);
 //   - noQuorum (the one-sided ordered readers only; the hashed gets keep
 //     the check): a linearizable lookup or scan trusts a leader's serving
 //     word without f+1 promises, and a deposed leader cut off by a
@@ -419,19 +422,20 @@ func TestSimOrderedMutants(t *testing.T) {
 		name     string
 		owner    bool
 		knobs    testingKnobs
-		fence    bool
+		fence    int // 1: skipFence, 2: staleCacheAfterSplit
 		ordKnobs testingKnobs
 		base     kvOpts
 		want     []string
 	}{
-		{"skip-owner-check", true, testingKnobs{}, false, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability"}},
-		{"skip-ordered-publish", false, testingKnobs{skipOrderedPublish: true}, false, testingKnobs{}, kvOpts{ops: 100}, []string{"one-sided scan"}},
-		{"reader-skip-fence", false, testingKnobs{}, true, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
-		{"reader-no-quorum", false, testingKnobs{}, false, testingKnobs{noQuorum: true}, kvOpts{ops: 120, isolate: 4, gap: 100 * time.Microsecond}, []string{"linearizability"}},
+		{"skip-owner-check", true, testingKnobs{}, 0, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability"}},
+		{"skip-ordered-publish", false, testingKnobs{skipOrderedPublish: true}, 0, testingKnobs{}, kvOpts{ops: 100}, []string{"one-sided scan"}},
+		{"reader-skip-fence", false, testingKnobs{}, 1, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
+		{"reader-stale-cache-after-split", false, testingKnobs{}, 2, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
+		{"reader-no-quorum", false, testingKnobs{}, 0, testingKnobs{noQuorum: true}, kvOpts{ops: 120, isolate: 4, gap: 100 * time.Microsecond}, []string{"linearizability"}},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			o := orderedRunOpts(m.base)
-			o.skipOwnerCheck, o.knobs, o.skipFence, o.ordKnobs = m.owner, m.knobs, m.fence, m.ordKnobs
+			o.skipOwnerCheck, o.knobs, o.skipFence, o.staleSplit, o.ordKnobs = m.owner, m.knobs, m.fence == 1, m.fence == 2, m.ordKnobs
 			for seed := uint64(1); seed <= 20; seed++ {
 				_, err := runKV(sim.Seed{Seed: seed}, o)
 				if err == nil {
@@ -471,6 +475,9 @@ func (p *kvCliProc) startOneSided() {
 	cache := btree.NewCache(1 << 16)
 	if h.o.skipFence {
 		btree.PlantSkipFence(cache)
+	}
+	if h.o.staleSplit {
+		btree.PlantStaleCacheAfterSplit(cache)
 	}
 	r := NewOrderedReader(p.env.Node(), 0, h.members[0], p.slot, cache)
 	r.gr.knobs = h.o.ordKnobs

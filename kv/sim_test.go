@@ -101,10 +101,11 @@ type kvOpts struct {
 	ordered, skipOwnerCheck bool
 	// oneSided: ordered clients also look keys up and scan one-sided
 	// (an OrderedReader of group 0; sim_ordered_test.go). skipFence
-	// plants that bug in the clients' caches; ordKnobs are the planted
+	// and staleSplit (staleCacheAfterSplit) plant those bugs in the
+	// clients' caches; ordKnobs are the planted
 	// bugs of the ordered readers (the hashed ones get knobs).
-	oneSided, skipFence bool
-	ordKnobs            testingKnobs
+	oneSided, skipFence, staleSplit bool
+	ordKnobs                        testingKnobs
 }
 
 type kvRun struct {
