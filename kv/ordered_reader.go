@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/rdmakv/rdmakv/btree"
@@ -112,6 +114,7 @@ const (
 	osFind    // the GroupReader's header reads of every member, for the leader
 	osList    // a list of reads posted to m
 	osConfirm // the answer found; waiting for the promise reads
+	osJoin    // waiting for another reader's read of the node (Delegation)
 	osWait    // backing off until retryAt
 	osDone
 )
@@ -145,7 +148,8 @@ type OrderedReader struct {
 	now               time.Duration
 	m                 int
 	first, wantHdr    bool
-	h1, h2            Header
+	h1, h2            Header // the bracket the answer is confirmed with (linearizable)
+	ownH1             Header // the kv header this attempt's first list read
 	posted            int    // lists posted in this attempt
 	inList            uint32 // the node slot the list in flight reads (0: none)
 	hdrInList         bool
@@ -158,6 +162,108 @@ type OrderedReader struct {
 	lkEntry           btree.Entry
 	lkFound           bool
 	maxReadsPerAttmpt int
+
+	// Read delegation (SetDelegation): the delegation's count when the
+	// lookup began, the read this reader posted and shares (nil: none),
+	// the one it waits for, and a slot it reads itself after a shared
+	// read of it failed.
+	deleg    *Delegation
+	beginSeq uint64
+	own      *sharedRead
+	joining  *sharedRead
+	noJoin   uint32
+	took     []*sharedRead // the shared reads this call took: each once
+	// In this attempt: the reads landed or joined, whether a bracket (an
+	// h1 and h2 serving one epoch, linearizable) or an h1 (stale-ok) was
+	// taken yet.
+	got       int
+	bracketed bool
+	// Joined counts the node reads this reader took from another's.
+	Joined uint64
+}
+
+// Delegation lets one client's OrderedReaders of a group share node reads
+// of lookups (read delegation, as SMART and CHIME do): a lookup that
+// needs a node another lookup of the client has read, or is reading, from
+// the same member takes that read instead of posting its own, but only a
+// read posted after it began: one posted before may predate a write
+// acknowledged before the lookup began, which the lookup must see. A
+// linearizable lookup joins only reads bracketed by header reads that
+// show the member serving the epoch it confirms (with its own promise
+// reads, made after it began); its answer then rests on a node read made
+// inside its call while the leader served that epoch, as if it had made
+// the read itself. Scans neither share nor join (a scan's leaves must be
+// read after its applied index). Safe for concurrent use.
+type Delegation struct {
+	mu    sync.Mutex
+	seq   uint64
+	reads map[uint32]*sharedRead // by slot: the last read of it posted
+	// joinOlder plants a bug: lookups join reads posted before they
+	// began.
+	joinOlder bool
+}
+
+// NewDelegation returns a Delegation for one client's readers of a group.
+func NewDelegation() *Delegation { return &Delegation{reads: map[uint32]*sharedRead{}} }
+
+// sharedRead is one node read a lookup posted, as others may join it.
+type sharedRead struct {
+	seq    uint64 // the Delegation's count when it was posted
+	member int
+	done   bool
+	failed bool
+	buf    []byte
+	lin    bool   // h1 and h2 bracket it, serving one epoch
+	h1, h2 Header // the poster's header before the read, and after (lin)
+}
+
+// SetDelegation makes the reader's lookups share node reads through d
+// (nil: none). Set it before the reader's first call.
+func (r *OrderedReader) SetDelegation(d *Delegation) { r.deleg = d }
+
+func (d *Delegation) begin() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.seq
+}
+
+// find returns a read of slot from member posted after seq, or nil.
+func (d *Delegation) find(slot uint32, member int, after uint64, lin bool) *sharedRead {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sr := d.reads[slot]
+	if sr == nil || sr.member != member || sr.seq <= after && !d.joinOlder || sr.failed || sr.done && lin && !sr.lin {
+		return nil
+	}
+	return sr
+}
+
+// posted registers a read of slot just posted.
+func (d *Delegation) posted(slot uint32, member int, buf []byte) *sharedRead {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.seq++
+	sr := &sharedRead{seq: d.seq, member: member, buf: buf}
+	d.reads[slot] = sr
+	return sr
+}
+
+// land ends a shared read: failed (joiners read for themselves), or with
+// its bytes in buf and the poster's headers.
+func (d *Delegation) land(sr *sharedRead, failed, lin bool, h1, h2 Header) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sr.done {
+		return
+	}
+	sr.done, sr.failed, sr.lin, sr.h1, sr.h2 = true, failed, lin, h1, h2
+}
+
+// state reports whether sr is done and, if so, whether it failed.
+func (d *Delegation) state(sr *sharedRead) (done, failed bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return sr.done, sr.failed
 }
 
 // NewOrderedReader reads group g's ordered keyspace from node, walking
@@ -216,6 +322,11 @@ func (r *OrderedReader) BeginScan(start, end []byte, limit int, mode Consistency
 
 func (r *OrderedReader) begin(k orderedKind, mode Consistency) {
 	r.kind, r.mode = k, mode
+	if r.deleg != nil {
+		r.beginSeq = r.deleg.begin()
+		clear(r.took)
+		r.took = r.took[:0]
+	}
 	r.res, r.err, r.lastErr = OrderedResult{}, nil, nil
 	r.attempt, r.backoff = 0, 0
 	r.st = osStart
@@ -251,6 +362,17 @@ func (r *OrderedReader) Poll(now time.Duration) bool {
 				return false
 			}
 			r.landed()
+		case osJoin:
+			done, failed := r.deleg.state(r.joining)
+			if !done {
+				return false
+			}
+			sr := r.joining
+			r.joining = nil
+			if failed || !r.take(sr) {
+				r.noJoin = r.need // read it for ourselves
+			}
+			r.step()
 		case osConfirm:
 			done, err := r.gr.confirm(r.m, &r.h1, &r.h2)
 			if !done {
@@ -270,6 +392,7 @@ func (r *OrderedReader) Poll(now time.Duration) bool {
 // but for every 16th; after a backoff otherwise) or give up.
 func (r *OrderedReader) fail(err error) {
 	g := r.gr
+	r.release()
 	r.lastErr = err
 	r.attempt++
 	r.res.Retries = r.attempt
@@ -315,7 +438,7 @@ func (r *OrderedReader) startAttempt() {
 	}
 	g.at = r.m
 	clear(r.memo)
-	r.first, r.posted, r.runReads = true, 0, 0
+	r.first, r.posted, r.runReads, r.got, r.bracketed, r.noJoin, r.joining = true, 0, 0, 0, false, 0, nil
 	r.wantHdr = !r.hdrOK || r.kind != okLookup
 	for i := range g.asked {
 		g.asked[i] = false
@@ -379,9 +502,11 @@ func (r *OrderedReader) step() {
 	} else {
 		err := r.run()
 		switch {
-		case err == nil && r.posted > 0:
+		case err == nil && r.got > 0 && r.bracketed:
 			r.answer()
 			return
+		case errors.Is(err, errNeed) && r.join():
+			return // joined another lookup's read (state osJoin), or took it and ran again
 		case err == nil || errors.Is(err, errNeed) && len(r.memo) >= r.maxReadsPerAttmpt:
 			r.fail(errRetry) // answered with nothing read (cannot happen), or too many reads
 			return
@@ -390,6 +515,9 @@ func (r *OrderedReader) step() {
 			r.nbuf = make([]byte, r.hdr.NodeSize) // the memo keeps it: a fresh buffer per read
 			wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: r.nbuf})
 			r.inList = r.need
+			if r.need == r.noJoin {
+				r.noJoin = 0
+			}
 		case errors.Is(err, btree.ErrChanged), errors.Is(err, btree.ErrRetry), errors.Is(err, btree.ErrMalformed),
 			errors.Is(err, btree.ErrStale), errors.Is(err, btree.ErrNotNode), errors.Is(err, btree.ErrTorn):
 			r.fail(fmt.Errorf("%w: %w", errRetry, err))
@@ -409,12 +537,89 @@ func (r *OrderedReader) step() {
 	}
 	r.posted++
 	r.st = osList
+	if r.inList != 0 && r.deleg != nil && r.kind == okLookup {
+		r.own = r.deleg.posted(r.inList, r.m, r.nbuf)
+	}
+}
+
+// join looks for another lookup's read of the node the walk needs (see
+// Delegation): a finished one is taken and the walk runs again; one in
+// flight is waited for (osJoin). false: none to join.
+func (r *OrderedReader) join() bool {
+	if r.deleg == nil || r.kind != okLookup || r.need == r.noJoin || r.wantHdr {
+		return false
+	}
+	sr := r.deleg.find(r.need, r.m, r.beginSeq, r.mode == Linearizable)
+	if sr == nil || sr == r.own || slices.Contains(r.took, sr) {
+		return false // a node taken once and asked for again: read it afresh
+	}
+	if done, failed := r.deleg.state(sr); !done {
+		r.joining = sr
+		r.st = osJoin
+		return true
+	} else if failed || !r.take(sr) {
+		return false
+	}
+	r.step()
+	return true
+}
+
+// take adds a shared read that finished to the attempt: false if its
+// bracket does not fit the attempt's (another epoch), so the reader reads
+// the node itself.
+func (r *OrderedReader) take(sr *sharedRead) bool {
+	if r.mode == Linearizable {
+		if !sr.lin || !r.bracket(sr.h1, sr.h2) {
+			return false
+		}
+	} else {
+		r.noteH1(sr.h1)
+	}
+	r.memo[r.need] = append(r.memo[r.need], sr.buf)
+	r.took = append(r.took, sr)
+	r.got++
+	r.Joined++
+	return true
+}
+
+// bracket adds the header reads h1 and h2 around a node read to the
+// attempt's: they must serve the epoch the attempt's others do. The
+// attempt confirms with its first h1 and last h2 (GroupReader.confirm).
+func (r *OrderedReader) bracket(h1, h2 Header) bool {
+	if r.bracketed && (h1.Serving != r.h1.Serving || h2.Serving != r.h1.Serving) || h1.Serving == 0 || h2.Serving != h1.Serving {
+		return false
+	}
+	if !r.bracketed {
+		r.h1, r.bracketed = h1, true
+		r.res.Member, r.res.Applied, r.res.AppliedAt = r.m, h1.Applied, h1.AppliedAt
+	}
+	r.h2 = h2
+	return true
+}
+
+// noteH1 takes a kv header read before some node read of the attempt: the
+// answer is never older than the earliest such header's applied entry.
+func (r *OrderedReader) noteH1(h1 Header) {
+	if !r.bracketed || h1.Applied < r.res.Applied {
+		r.res.Member, r.res.Applied, r.res.AppliedAt = r.m, h1.Applied, h1.AppliedAt
+	}
+	r.bracketed = true
+}
+
+// release ends the shared read this reader posted and has not landed, as
+// failed (it abandons it).
+func (r *OrderedReader) release() {
+	if r.own != nil {
+		r.deleg.land(r.own, true, false, Header{}, Header{})
+		r.own = nil
+	}
 }
 
 // landed takes the list that finished.
 func (r *OrderedReader) landed() {
 	g := r.gr
 	ms := g.m[r.m]
+	lin := r.mode == Linearizable
 	if err := g.consume(r.m); err != nil {
 		clear(ms.hdr[hdrSize:])
 		r.fail(err)
@@ -426,25 +631,27 @@ func (r *OrderedReader) landed() {
 			r.fail(errRetry)
 			return
 		}
-		r.h1, r.first = h1, false
-		if r.mode == Linearizable && h1.Serving == 0 {
+		r.ownH1, r.first = h1, false
+		if lin && h1.Serving == 0 {
 			r.fail(ErrNoLeader)
 			return
 		}
-		r.res.Member, r.res.Applied, r.res.AppliedAt = r.m, h1.Applied, h1.AppliedAt
+		if !lin {
+			r.noteH1(h1)
+		}
 	}
-	if r.mode == Linearizable {
-		h2, err := DecodeHeader(ms.hdr[hdrSize:])
-		if err != nil {
+	var h2 Header
+	if lin {
+		var err error
+		if h2, err = DecodeHeader(ms.hdr[hdrSize:]); err != nil {
 			r.fail(errRetry)
 			return
 		}
 		ms.lastAt = r.now
-		if h2.Serving != r.h1.Serving {
+		if !r.bracket(r.ownH1, h2) {
 			r.fail(ErrNoLeader)
 			return
 		}
-		r.h2 = h2
 	}
 	if r.hdrInList {
 		h, err := btree.DecodeHeader(r.hbuf)
@@ -456,6 +663,11 @@ func (r *OrderedReader) landed() {
 	}
 	if r.inList != 0 {
 		r.memo[r.inList] = append(r.memo[r.inList], r.nbuf)
+		r.got++
+		if r.own != nil {
+			r.deleg.land(r.own, false, lin, r.ownH1, h2)
+			r.own = nil
+		}
 	}
 	r.step()
 }
@@ -513,6 +725,7 @@ func (r *OrderedReader) drive(ctx context.Context) (OrderedResult, error) {
 		}
 		select {
 		case <-done:
+			r.release()
 			r.st = osIdle
 			return OrderedResult{}, ctx.Err()
 		default:

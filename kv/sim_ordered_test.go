@@ -355,14 +355,16 @@ var kvSimOrderedCases = []struct {
 	// ordered section and restore it by a bulk load.
 	{"lagging-restore", kvOpts{ops: 160, gap: 200 * time.Microsecond, lag: 2, logEntries: 16}},
 	{"down-for-good", kvOpts{ops: 100, downForGood: true, partitions: true}},
-	{"batches", kvOpts{ops: 120, gap: 40 * time.Microsecond, crashAfterCommit: 1, leaders: 1, crashes: true, clients: 6}},
+	// batches: one one-sided reader per client (six clients' concurrent
+	// scans make porcupine's search long).
+	{"batches", kvOpts{ops: 120, gap: 40 * time.Microsecond, crashAfterCommit: 1, leaders: 1, crashes: true, clients: 6, ordReaders: 1}},
 }
 
 func orderedRunOpts(o kvOpts) kvOpts {
 	o.ordered = true
 	o.groups, o.replicas, o.clients, o.keys = 2, 3, cmp.Or(o.clients, 3), 24
 	o.until = 60 * time.Millisecond
-	o.oneSided = true
+	o.oneSided, o.ordReaders = true, cmp.Or(o.ordReaders, 2)
 	if o.gap == 0 {
 		o.gap = 200 * time.Microsecond
 	}
@@ -378,18 +380,18 @@ func TestSimOrdered(t *testing.T) {
 	for _, c := range kvSimOrderedCases {
 		t.Run(c.name, func(t *testing.T) {
 			o := orderedRunOpts(c.o)
-			var scans, moved, oneSided, restores, leaves, lookups, oscans, retries int
+			var scans, moved, oneSided, restores, leaves, lookups, oscans, retries, joined int
 			flags.Run(t, func(sd sim.Seed) error {
 				h, err := runKV(sd.WithLog(t), o)
 				if h != nil {
 					scans, moved, oneSided, restores = scans+h.stats.scans, moved+h.stats.moved, oneSided+h.stats.oneSided, restores+h.stats.restores
 					leaves = max(leaves, h.stats.leaves)
-					lookups, oscans, retries = lookups+h.stats.ordLookups, oscans+h.stats.ordScans, retries+h.stats.ordRetries
+					lookups, oscans, retries, joined = lookups+h.stats.ordLookups, oscans+h.stats.ordScans, retries+h.stats.ordRetries, joined+h.stats.ordJoined
 				}
 				return err
 			})
-			t.Logf("%d scans through the log, %d requests refused as moved and sent again, %d one-sided scans checked, %d snapshots restored, up to %d leaves; reader: %d one-sided lookups, %d one-sided scans, %d attempts retried",
-				scans, moved, oneSided, restores, leaves, lookups, oscans, retries)
+			t.Logf("%d scans through the log, %d requests refused as moved and sent again, %d one-sided scans checked, %d snapshots restored, up to %d leaves; reader: %d one-sided lookups, %d one-sided scans, %d attempts retried, %d node reads joined",
+				scans, moved, oneSided, restores, leaves, lookups, oscans, retries, joined)
 			if scans == 0 || moved == 0 || oneSided == 0 || leaves < 2 || lookups == 0 || oscans == 0 {
 				t.Errorf("the case tested nothing: %d scans, %d moved, %d one-sided scans, up to %d leaves, %d reader lookups, %d reader scans", scans, moved, oneSided, leaves, lookups, oscans)
 			}
@@ -413,6 +415,9 @@ func TestSimOrdered(t *testing.T) {
 //   - staleCacheAfterSplit (the clients' caches): a lookup through a
 //     cached parent that predates a leaf's split does not move right, so
 //     a key the split moved reads as absent (the same checks);
+//   - joinOlder (the clients' Delegations): a lookup takes another
+//     lookup's node read posted before it began, which may predate a
+//     write acknowledged before it began (linearizability);
 //   - noQuorum (the one-sided ordered readers only; the hashed gets keep
 //     the check): a linearizable lookup or scan trusts a leader's serving
 //     word without f+1 promises, and a deposed leader cut off by a
@@ -422,7 +427,7 @@ func TestSimOrderedMutants(t *testing.T) {
 		name     string
 		owner    bool
 		knobs    testingKnobs
-		fence    int // 1: skipFence, 2: staleCacheAfterSplit
+		fence    int // 1: skipFence, 2: staleCacheAfterSplit, 3: the Delegation's joinOlder
 		ordKnobs testingKnobs
 		base     kvOpts
 		want     []string
@@ -431,11 +436,13 @@ func TestSimOrderedMutants(t *testing.T) {
 		{"skip-ordered-publish", false, testingKnobs{skipOrderedPublish: true}, 0, testingKnobs{}, kvOpts{ops: 100}, []string{"one-sided scan"}},
 		{"reader-skip-fence", false, testingKnobs{}, 1, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
 		{"reader-stale-cache-after-split", false, testingKnobs{}, 2, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
+		{"reader-join-older", false, testingKnobs{}, 3, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
 		{"reader-no-quorum", false, testingKnobs{}, 0, testingKnobs{noQuorum: true}, kvOpts{ops: 120, isolate: 4, gap: 100 * time.Microsecond}, []string{"linearizability"}},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			o := orderedRunOpts(m.base)
 			o.skipOwnerCheck, o.knobs, o.skipFence, o.staleSplit, o.ordKnobs = m.owner, m.knobs, m.fence == 1, m.fence == 2, m.ordKnobs
+			o.joinOlder = m.fence == 3
 			for seed := uint64(1); seed <= 20; seed++ {
 				_, err := runKV(sim.Seed{Seed: seed}, o)
 				if err == nil {
@@ -452,9 +459,10 @@ func TestSimOrderedMutants(t *testing.T) {
 	}
 }
 
-// One-sided ordered reads (stage B2): each client has an OrderedReader of
-// group 0 (the owner) with a cache of its own, and issues lookups and
-// scans, forward and reverse, linearizable and stale-ok, one at a time.
+// One-sided ordered reads (stage B2): each client has two OrderedReaders
+// of group 0 (the owner) sharing a cache and a Delegation (lookups of one
+// leaf share reads), and issues lookups and scans, forward and reverse,
+// linearizable and stale-ok, at most one per reader at a time.
 // Linearizable ones join the history checked by porcupine (a lookup as a
 // Get of the key, a scan as a Scan). A stale-ok lookup is a stale Get
 // (CheckStale, at the kv applied index it reports); a stale-ok scan is the
@@ -462,32 +470,71 @@ func TestSimOrderedMutants(t *testing.T) {
 // recorded as one stale Get per ordered key of the range it covered (each
 // found or absent at exactly that index).
 type oneSidedReads struct {
-	r     *OrderedReader
 	cache *btree.Cache
+	deleg *Delegation
+	rs    []*ordRead
+}
+
+// ordRead is one reader and the read under way.
+type ordRead struct {
+	r     *OrderedReader
 	recs  []int
 	keys  []string // stale scans: the key of each record
 	op    kvcheck.Op
 	stale bool
+	seen  uint64 // r.Joined counted so far
 }
 
 func (p *kvCliProc) startOneSided() {
 	h := p.h
-	cache := btree.NewCache(1 << 16)
+	o := &oneSidedReads{cache: btree.NewCache(1 << 16), deleg: NewDelegation()}
+	o.deleg.joinOlder = h.o.joinOlder
 	if h.o.skipFence {
-		btree.PlantSkipFence(cache)
+		btree.PlantSkipFence(o.cache)
 	}
 	if h.o.staleSplit {
-		btree.PlantStaleCacheAfterSplit(cache)
+		btree.PlantStaleCacheAfterSplit(o.cache)
 	}
-	r := NewOrderedReader(p.env.Node(), 0, h.members[0], p.slot, cache)
-	r.gr.knobs = h.o.ordKnobs
-	p.ord = &oneSidedReads{r: r, cache: cache}
+	for range h.o.ordReaders {
+		r := NewOrderedReader(p.env.Node(), 0, h.members[0], p.slot, o.cache)
+		r.gr.knobs = h.o.ordKnobs
+		r.SetDelegation(o.deleg)
+		o.rs = append(o.rs, &ordRead{r: r})
+	}
+	p.ord = o
 }
 
-// issueOneSided starts a one-sided ordered read; false if one is under way.
+// busy reports whether a one-sided read is under way.
+func (o *oneSidedReads) busy() bool {
+	for _, x := range o.rs {
+		if x.r.Busy() {
+			return true
+		}
+	}
+	return false
+}
+
+// nextDeadline is the earliest deadline of the readers.
+func (o *oneSidedReads) nextDeadline() time.Duration {
+	d := time.Duration(1<<63 - 1)
+	for _, x := range o.rs {
+		d = min(d, x.r.NextDeadline())
+	}
+	return d
+}
+
+// issueOneSided starts a one-sided ordered read; false if every reader
+// is busy.
 func (p *kvCliProc) issueOneSided(now time.Duration, rng *rand.Rand) bool {
-	h, o := p.h, p.ord
-	if o.r.Busy() {
+	h := p.h
+	var o *ordRead
+	for _, x := range p.ord.rs {
+		if !x.r.Busy() {
+			o = x
+			break
+		}
+	}
+	if o == nil {
 		return false
 	}
 	stale := rng.IntN(3) == 0
@@ -540,20 +587,30 @@ func (p *kvCliProc) issueOneSided(now time.Duration, rng *rand.Rand) bool {
 	return true
 }
 
-// pollOneSided polls the read under way and records it when it ends.
+// pollOneSided polls the reads under way and records those that end.
 func (p *kvCliProc) pollOneSided(now time.Duration) bool {
-	h, o := p.h, p.ord
-	if !o.r.Busy() || !o.r.Poll(now) {
-		return false
+	progress := false
+	for _, o := range p.ord.rs {
+		if o.r.Busy() && o.r.Poll(now) {
+			p.endOneSided(o)
+			progress = true
+		}
 	}
+	return progress
+}
+
+func (p *kvCliProc) endOneSided(o *ordRead) {
+	h := p.h
 	res, err := o.r.Result()
 	o.r.st = osIdle
 	h.stats.ordRetries += res.Retries
+	h.stats.ordJoined += int(o.r.Joined - o.seen)
+	o.seen = o.r.Joined
 	if err != nil {
 		for _, id := range o.recs {
 			h.rec.End(id, kvcheck.Output{Unknown: true})
 		}
-		return true
+		return
 	}
 	switch {
 	case o.op.Kind == kvcheck.Get:
@@ -590,5 +647,4 @@ func (p *kvCliProc) pollOneSided(now time.Duration) bool {
 			h.rec.End(o.recs[i], kvcheck.Output{Found: ok, Value: v, Applied: res.Scanned, Group: 0})
 		}
 	}
-	return true
 }

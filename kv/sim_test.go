@@ -105,6 +105,8 @@ type kvOpts struct {
 	// clients' caches; ordKnobs are the planted
 	// bugs of the ordered readers (the hashed ones get knobs).
 	oneSided, skipFence, staleSplit bool
+	joinOlder                       bool // Delegation's planted bug in the clients
+	ordReaders                      int  // OrderedReaders per client (orderedRunOpts: 2)
 	ordKnobs                        testingKnobs
 }
 
@@ -126,7 +128,7 @@ type kvRun struct {
 	stats   struct {
 		gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls int
 		scans, moved, oneSided, leaves                                                                                        int
-		ordLookups, ordScans, ordRetries                                                                                      int
+		ordLookups, ordScans, ordRetries, ordJoined                                                                           int
 	}
 }
 
@@ -442,8 +444,8 @@ func (p *kvCliProc) Step(now time.Duration) bool {
 		if p.pollOneSided(now) {
 			progress = true
 		}
-		if p.ord.r.Busy() {
-			wake = min(wake, p.ord.r.NextDeadline(), now+20*time.Microsecond)
+		if p.ord.busy() {
+			wake = min(wake, p.ord.nextDeadline(), now+20*time.Microsecond)
 		}
 	}
 	p.env.WakeAt(wake)
