@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,8 +181,9 @@ func orderedNodes(t *testing.T, fab string) ([]rdma.Node, rdma.Node) {
 	return nodes[:3], nodes[3]
 }
 
-// TestOrderedReaderSharedCache: readers of one client share a cache
-// while a writer applies puts and splits leaves (run with -race): every
+// TestOrderedReaderSharedCache: readers of one client share a cache and
+// a Delegation while a writer applies puts and splits leaves (run with
+// -race): every
 // linearizable lookup by one reader sees each key's value never go back
 // (the writer's values grow), and every scan is sorted and holds values
 // the writer wrote.
@@ -194,7 +196,8 @@ func TestOrderedReaderSharedCache(t *testing.T) {
 	for i := range 60 {
 		put(i)
 	}
-	cache := btree.NewCache(1 << 20)
+	cache, d := btree.NewCache(1<<20), NewDelegation()
+	var joined atomic.Uint64
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	errs := make(chan error, 8)
@@ -202,8 +205,10 @@ func TestOrderedReaderSharedCache(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, w%3, cache)
+			r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 0, cache)
+			r.SetDelegation(d)
 			defer r.Close()
+			defer func() { joined.Add(r.Joined) }()
 			seen := map[string]string{}
 			for i := 0; ; i++ {
 				select {
@@ -268,6 +273,7 @@ func TestOrderedReaderSharedCache(t *testing.T) {
 	if cache.Stats().Lookups == 0 {
 		t.Fatal("no lookups")
 	}
+	t.Logf("%d lookups, %d node reads joined", cache.Stats().Lookups, joined.Load())
 }
 
 // TestOrderedReaderDelegation: two readers of one client share a cache
