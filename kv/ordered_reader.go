@@ -64,7 +64,9 @@ import (
 //     header read, inside the call (plan section 4).
 //
 // Stale-ok (m is the near member, as for stale-ok gets): no bracket and no
-// promises. A lookup's answer is m's state at its leaf read, after entry
+// promises; a member whose kv header says it is catching up (restarted
+// without its data) is skipped as stale-ok gets skip it, and ErrCatchingUp
+// ends the call when every member in a row is. A lookup's answer is m's state at its leaf read, after entry
 // Applied (h1's, read before the leaf) or a later one; a scan is m's tree
 // as of Scanned, the btree applied index it read (at least Applied).
 
@@ -173,6 +175,8 @@ type OrderedReader struct {
 	joining  *sharedRead
 	noJoin   uint32
 	took     []*sharedRead // the shared reads this call took: each once
+	// catching counts the members found catching up in a row (stale-ok).
+	catching int
 	// In this attempt: the reads landed or joined, whether a bracket (an
 	// h1 and h2 serving one epoch, linearizable) or an h1 (stale-ok) was
 	// taken yet.
@@ -328,7 +332,7 @@ func (r *OrderedReader) begin(k orderedKind, mode Consistency) {
 		r.took = r.took[:0]
 	}
 	r.res, r.err, r.lastErr = OrderedResult{}, nil, nil
-	r.attempt, r.backoff = 0, 0
+	r.attempt, r.backoff, r.catching = 0, 0, 0
 	r.st = osStart
 }
 
@@ -573,6 +577,9 @@ func (r *OrderedReader) take(sr *sharedRead) bool {
 			return false
 		}
 	} else {
+		if sr.h1.CatchingUp {
+			return false
+		}
 		r.noteH1(sr.h1)
 	}
 	r.memo[r.need] = append(r.memo[r.need], sr.buf)
@@ -637,6 +644,19 @@ func (r *OrderedReader) landed() {
 			return
 		}
 		if !lin {
+			if h1.CatchingUp && !g.knobs.readCatchingUp {
+				// Restarted without its data (its tree is empty): read
+				// another member, as a stale-ok get does.
+				if r.catching++; r.catching >= len(g.members) {
+					r.release()
+					r.err = fmt.Errorf("kv: group %d: every replica read restarted without its data and is catching up: %w", g.group, ErrCatchingUp)
+					r.st = osDone
+					return
+				}
+				r.fail(fmt.Errorf("kv: node %d: %w", g.members[r.m], ErrCatchingUp))
+				return
+			}
+			r.catching = 0
 			r.noteH1(h1)
 		}
 	}

@@ -348,3 +348,40 @@ func TestOrderedReaderDelegation(t *testing.T) {
 		}
 	}
 }
+
+// TestOrderedStaleSkipsCatchingUp: a stale-ok lookup near a member whose
+// kv header says it is catching up (restarted without its data: its tree
+// is empty) reads another member and finds the key; with every member
+// catching up it fails with ErrCatchingUp. The planted readCatchingUp
+// makes it answer not found from the restarted member.
+func TestOrderedStaleSkipsCatchingUp(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		nodes, rn := orderedNodes(t, "mem")
+		g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+		g.tabs[0].SetCatchingUp(true)
+		for _, tb := range g.tabs[1:] {
+			tb.Apply(broadcast.Entry{Index: 1, Data: btree.AppendRequest(nil, []btree.Op{{Kind: btree.OpPut, Key: []byte("k"), Value: []byte("v")}})})
+		}
+		r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 0, btree.NewCache(1<<16))
+		r.gr.knobs.readCatchingUp = planted
+		res, err := r.Lookup([]byte("k"), StaleOK)
+		r.Close()
+		if planted {
+			if err != nil || res.Found || res.Member != 0 {
+				t.Fatalf("planted readCatchingUp: %+v, %v; want not found from member 0", res, err)
+			}
+			continue
+		}
+		if err != nil || !res.Found || res.Member == 0 {
+			t.Fatalf("stale-ok lookup near a catching-up member: %+v, %v; want k found on member 1 or 2", res, err)
+		}
+		for _, tb := range g.tabs {
+			tb.SetCatchingUp(true)
+		}
+		r = NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 0, btree.NewCache(1<<16))
+		if _, err := r.Lookup([]byte("k"), StaleOK); !errors.Is(err, ErrCatchingUp) {
+			t.Fatalf("every member catching up: %v; want ErrCatchingUp", err)
+		}
+		r.Close()
+	}
+}
