@@ -294,12 +294,13 @@ func (r *OrderedReader) Busy() bool { return r.st != osIdle && r.st != osDone }
 // reader's until its next call.
 func (r *OrderedReader) Result() (OrderedResult, error) { return r.res, r.err }
 
-// NextDeadline is when a backing-off call wants its next Poll.
+// NextDeadline is when the call wants its next Poll: the end of its
+// backoff, or the read timeout of a member's Link with reads out.
 func (r *OrderedReader) NextDeadline() time.Duration {
 	if r.st == osWait {
 		return r.retryAt
 	}
-	return 1<<63 - 1
+	return r.gr.NextDeadline() // its own st is idle: its Links' deadlines
 }
 
 // BeginLookup starts a lookup of key (copied).

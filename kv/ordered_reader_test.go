@@ -385,3 +385,27 @@ func TestOrderedStaleSkipsCatchingUp(t *testing.T) {
 		r.Close()
 	}
 }
+
+// TestOrderedReaderGivesUp: with no member serving, a linearizable lookup
+// ends after MaxAttempts attempts with ErrOrderedRetries wrapping the last
+// cause (no leader), on the reader's own clock.
+func TestOrderedReaderGivesUp(t *testing.T) {
+	nodes, rn := orderedNodes(t, "mem")
+	g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+	g.apply(btree.Op{Kind: btree.OpPut, Key: []byte("k"), Value: []byte("v")})
+	g.tabs[0].SetServing(0)
+	r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 0, btree.NewCache(1<<16))
+	defer r.Close()
+	r.BeginLookup([]byte("k"), Linearizable)
+	now := time.Duration(0)
+	for i := 0; !r.Poll(now); i++ {
+		if i > 100*MaxAttempts {
+			t.Fatal("the lookup did not give up")
+		}
+		now += 50 * time.Millisecond
+	}
+	res, err := r.Result()
+	if !errors.Is(err, ErrOrderedRetries) || !errors.Is(err, ErrNoLeader) || res.Retries != MaxAttempts {
+		t.Fatalf("%+v, %v; want ErrOrderedRetries of ErrNoLeader after %d attempts", res, err, MaxAttempts)
+	}
+}
