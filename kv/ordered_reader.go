@@ -89,8 +89,10 @@ type OrderedResult struct {
 	// Epoch is the serving epoch a linearizable read confirmed.
 	Epoch uint64
 	// Retries counts the attempts started again; Reads the node reads of
-	// the attempt that answered.
-	Retries, Reads int
+	// the attempt that answered, and Lists the lists of reads it posted
+	// (round trips: a scan reads the leaves a cached level-1 node lists
+	// several to a list).
+	Retries, Reads, Lists int
 }
 
 // ErrOrderedRetries: a one-sided ordered read kept meeting nodes being
@@ -150,12 +152,12 @@ type OrderedReader struct {
 	now               time.Duration
 	m                 int
 	first, wantHdr    bool
-	h1, h2            Header // the bracket the answer is confirmed with (linearizable)
-	ownH1             Header // the kv header this attempt's first list read
-	posted            int    // lists posted in this attempt
-	inList            uint32 // the node slot the list in flight reads (0: none)
+	h1, h2            Header   // the bracket the answer is confirmed with (linearizable)
+	ownH1             Header   // the kv header this attempt's first list read
+	posted            int      // lists posted in this attempt
+	inList            []uint32 // the node slots the list in flight reads
+	bufs              [][]byte // and their buffers
 	hdrInList         bool
-	nbuf              []byte
 	memo              map[uint32][][]byte // node slots read this attempt, in read order
 	uses              map[uint32]int      // reads of each slot by the current run
 	need              uint32
@@ -471,6 +473,20 @@ func (r *OrderedReader) memoRead(slot uint32) ([]byte, error) {
 	return nil, errNeed
 }
 
+// scanAhead bounds the leaves a scan reads ahead in one list, besides the
+// one its walk asks for (a list, with its two header reads, stays within
+// the member Link's window).
+const scanAhead = 8
+
+// ahead is how many leaves the scan under way reads ahead: scanAhead, or
+// about half its limit (a leaf holds several pairs).
+func (r *OrderedReader) ahead() int {
+	if r.limit <= 0 {
+		return scanAhead
+	}
+	return min(scanAhead, r.limit/2)
+}
+
 // run runs the walk over the nodes read so far: nil when it answered,
 // errNeed when it needs r.need read, else why the attempt failed.
 func (r *OrderedReader) run() error {
@@ -494,7 +510,7 @@ func (r *OrderedReader) run() error {
 func (r *OrderedReader) step() {
 	g := r.gr
 	var wrs []rdma.WR
-	r.inList, r.hdrInList = 0, false
+	r.inList, r.bufs, r.hdrInList = r.inList[:0], r.bufs[:0], false
 	ms := g.m[r.m]
 	if r.first {
 		wrs = append(r.wrs[:0], rdma.WR{Kind: rdma.OpRead, Region: headerRegion(g.group), Buf: ms.hdr[:hdrSize]})
@@ -516,10 +532,26 @@ func (r *OrderedReader) step() {
 			r.fail(errRetry) // answered with nothing read (cannot happen), or too many reads
 			return
 		case errors.Is(err, errNeed):
-			reg, off := r.hdr.SlotAddr(g.group, r.need)
-			r.nbuf = make([]byte, r.hdr.NodeSize) // the memo keeps it: a fresh buffer per read
-			wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: r.nbuf})
-			r.inList = r.need
+			r.inList = append(r.inList, r.need)
+			if r.kind != okLookup {
+				// The leaves the cached level-1 node lists next, read
+				// together with this one (the walk takes them in turn).
+				key, bound, rev := r.start, r.end, r.kind == okReverse
+				if rev {
+					key, bound = r.end, r.start
+				}
+				for _, id := range r.cache.Listed(key, bound, r.need, rev, r.ahead()) {
+					if sl := id.Slot(); len(r.memo[sl]) == 0 && !slices.Contains(r.inList, sl) {
+						r.inList = append(r.inList, sl)
+					}
+				}
+			}
+			for _, sl := range r.inList {
+				reg, off := r.hdr.SlotAddr(g.group, sl)
+				b := make([]byte, r.hdr.NodeSize) // the memo keeps it: a fresh buffer per read
+				r.bufs = append(r.bufs, b)
+				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: b})
+			}
 			if r.need == r.noJoin {
 				r.noJoin = 0
 			}
@@ -542,8 +574,8 @@ func (r *OrderedReader) step() {
 	}
 	r.posted++
 	r.st = osList
-	if r.inList != 0 && r.deleg != nil && r.kind == okLookup {
-		r.own = r.deleg.posted(r.inList, r.m, r.nbuf)
+	if len(r.inList) == 1 && r.deleg != nil && r.kind == okLookup {
+		r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0])
 	}
 }
 
@@ -682,9 +714,11 @@ func (r *OrderedReader) landed() {
 		}
 		r.hdr, r.hdrOK, r.wantHdr = h, true, false
 	}
-	if r.inList != 0 {
-		r.memo[r.inList] = append(r.memo[r.inList], r.nbuf)
+	for i, sl := range r.inList {
+		r.memo[sl] = append(r.memo[sl], r.bufs[i])
 		r.got++
+	}
+	if len(r.inList) > 0 {
 		if r.own != nil {
 			r.deleg.land(r.own, false, lin, r.ownH1, h2)
 			r.own = nil
@@ -696,7 +730,7 @@ func (r *OrderedReader) landed() {
 // answer takes the walk's answer: at once for stale-ok, after the promise
 // check for a linearizable read.
 func (r *OrderedReader) answer() {
-	r.res.Reads = r.runReads
+	r.res.Reads, r.res.Lists = r.runReads, r.posted
 	if r.kind == okLookup {
 		r.res.Found = r.lkFound
 		r.res.Value, r.res.Version = nil, 0
