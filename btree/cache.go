@@ -300,6 +300,9 @@ func (c *Cache) down(read ReadFunc, id NodeID, level int, key []byte, toEnd, rea
 		if n.Leaf && c.knobs.skipFence && !toEnd {
 			return n, id, reads, moved, nil
 		}
+		if n.Leaf && c.knobs.staleCacheAfterSplit && !toEnd && string(key) >= string(n.Low) {
+			return n, id, reads, moved, nil
+		}
 		if (level >= 0 && n.Level != level) || (!toEnd && string(key) < string(n.Low)) {
 			return Node{}, 0, reads, moved, ErrStale
 		}

@@ -16,6 +16,11 @@ type testingKnobs struct {
 	// skipFence answers from a leaf without checking that its fences
 	// hold the key (the client trusts its cached pointer).
 	skipFence bool
+	// staleCacheAfterSplit answers from a leaf reached through a cached
+	// parent that predates the leaf's split, without moving right: the
+	// low fence is checked, the high fence a split lowered is not, so a
+	// key the split moved to the new right leaf reads as absent.
+	staleCacheAfterSplit bool
 	// skipContiguity accepts a leaf whose low fence is not the previous
 	// leaf's high fence (Sherman's issue 18: a scan that reads the leaves
 	// a stale parent lists misses the keys a split moved).

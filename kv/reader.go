@@ -625,9 +625,26 @@ func (r *GroupReader) askPromises(k int) int {
 }
 
 func (r *GroupReader) pollFind() bool {
+	done, err := r.found()
+	if !done {
+		return false
+	}
+	if err != nil {
+		r.fail(err)
+		return true
+	}
+	r.st = gsStart
+	return true
+}
+
+// found waits for the header reads that startAttempt posted to every
+// member and sets leader to the member serving the highest epoch (done
+// false while reads are out; err when none serves). The ordered reader
+// finds the leader with it too.
+func (r *GroupReader) found() (done bool, err error) {
 	for i := range r.members {
 		if r.m[i].pending && !r.reap(i) {
-			return false
+			return false, nil
 		}
 	}
 	best, be := -1, uint64(0)
@@ -643,12 +660,10 @@ func (r *GroupReader) pollFind() bool {
 		}
 	}
 	if best < 0 {
-		r.fail(fmt.Errorf("%w in group %d: %w", ErrNoLeader, r.group, errors.Join(errs...)))
-		return true
+		return true, fmt.Errorf("%w in group %d: %w", ErrNoLeader, r.group, errors.Join(errs...))
 	}
 	r.leader = best
-	r.st = gsStart
-	return true
+	return true, nil
 }
 
 // pollR1 waits for round 1 (and the promise reads), then evaluates it.
@@ -696,54 +711,16 @@ func (r *GroupReader) pollR1() bool {
 	}
 	r.catching = 0
 	if r.mode == Linearizable {
-		e := h1.Serving
-		if e == 0 || h2.Serving != e {
+		done, err := r.confirm(m, &h1, &h2)
+		if !done {
+			return false
+		}
+		if err != nil {
 			r.consume(m)
-			r.fail(ErrNoLeader)
+			r.fail(err)
 			return true
 		}
-		votes := 0
-		if h1.Promise == e && h2.Promise == e {
-			votes++
-		}
-		waiting := false
-		for o := range r.members {
-			if o == m || !r.asked[o] {
-				continue
-			}
-			if !r.reap(o) {
-				waiting = true
-				continue
-			}
-			if r.m[o].perr != nil {
-				continue
-			}
-			if ho, err := DecodeHeader(r.m[o].hdr[:hdrSize]); err == nil && ho.Promise == e {
-				votes++
-			}
-		}
-		if r.knobs.noQuorum {
-			votes = r.quorum
-		}
-		if votes < r.quorum {
-			if waiting {
-				if !r.hedged && r.now-r.r1At >= r.HedgeAfter {
-					r.hedged = true
-					r.askPromises(len(r.members))
-				}
-				return false
-			}
-			// Ask the members not asked yet; give up when none is left.
-			if r.askPromises(r.quorum-votes) > 0 {
-				return false
-			}
-			r.consume(m)
-			r.consumeAsked()
-			r.fail(ErrNoLeader)
-			return true
-		}
-		r.consumeAsked()
-		r.res.Epoch = e
+		r.res.Epoch = h1.Serving
 	}
 	r.consume(m)
 	if m == r.home {
@@ -791,6 +768,61 @@ func (r *GroupReader) consumeAsked() {
 			r.consume(o)
 		}
 	}
+}
+
+// confirm is round 1's leader check (see the comment at the top of this
+// file): member m served epoch e at both header reads h1 and h2 that
+// bracket the round, and f+1 members, counted with m, promise exactly e.
+// done is false while promise reads it asked for are still out (it hedges
+// to every other member after HedgeAfter, and asks more when answers fell
+// short); err is ErrNoLeader when the check failed. The caller consumes
+// m's own list. The ordered reader (ordered_reader.go) confirms its
+// rounds with it too.
+func (r *GroupReader) confirm(m int, h1, h2 *Header) (done bool, err error) {
+	e := h1.Serving
+	if e == 0 || h2.Serving != e {
+		return true, ErrNoLeader
+	}
+	votes := 0
+	if h1.Promise == e && h2.Promise == e {
+		votes++
+	}
+	waiting := false
+	for o := range r.members {
+		if o == m || !r.asked[o] {
+			continue
+		}
+		if !r.reap(o) {
+			waiting = true
+			continue
+		}
+		if r.m[o].perr != nil {
+			continue
+		}
+		if ho, err := DecodeHeader(r.m[o].hdr[:hdrSize]); err == nil && ho.Promise == e {
+			votes++
+		}
+	}
+	if r.knobs.noQuorum {
+		votes = r.quorum
+	}
+	if votes < r.quorum {
+		if waiting {
+			if !r.hedged && r.now-r.r1At >= r.HedgeAfter {
+				r.hedged = true
+				r.askPromises(len(r.members))
+			}
+			return false, nil
+		}
+		// Ask the members not asked yet; give up when none is left.
+		if r.askPromises(r.quorum-votes) > 0 {
+			return false, nil
+		}
+		r.consumeAsked()
+		return true, ErrNoLeader
+	}
+	r.consumeAsked()
+	return true, nil
 }
 
 // nextCandidate posts round 2 for the newest remaining candidate, or ends

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -354,13 +355,16 @@ var kvSimOrderedCases = []struct {
 	// ordered section and restore it by a bulk load.
 	{"lagging-restore", kvOpts{ops: 160, gap: 200 * time.Microsecond, lag: 2, logEntries: 16}},
 	{"down-for-good", kvOpts{ops: 100, downForGood: true, partitions: true}},
-	{"batches", kvOpts{ops: 120, gap: 40 * time.Microsecond, crashAfterCommit: 1, leaders: 1, crashes: true, clients: 6}},
+	// batches: one one-sided reader per client (six clients' concurrent
+	// scans make porcupine's search long).
+	{"batches", kvOpts{ops: 120, gap: 40 * time.Microsecond, crashAfterCommit: 1, leaders: 1, crashes: true, clients: 6, ordReaders: 1}},
 }
 
 func orderedRunOpts(o kvOpts) kvOpts {
 	o.ordered = true
 	o.groups, o.replicas, o.clients, o.keys = 2, 3, cmp.Or(o.clients, 3), 24
 	o.until = 60 * time.Millisecond
+	o.oneSided, o.ordReaders = true, cmp.Or(o.ordReaders, 2)
 	if o.gap == 0 {
 		o.gap = 200 * time.Microsecond
 	}
@@ -376,19 +380,20 @@ func TestSimOrdered(t *testing.T) {
 	for _, c := range kvSimOrderedCases {
 		t.Run(c.name, func(t *testing.T) {
 			o := orderedRunOpts(c.o)
-			var scans, moved, oneSided, restores, leaves int
+			var scans, moved, oneSided, restores, leaves, lookups, oscans, retries, joined int
 			flags.Run(t, func(sd sim.Seed) error {
 				h, err := runKV(sd.WithLog(t), o)
 				if h != nil {
 					scans, moved, oneSided, restores = scans+h.stats.scans, moved+h.stats.moved, oneSided+h.stats.oneSided, restores+h.stats.restores
 					leaves = max(leaves, h.stats.leaves)
+					lookups, oscans, retries, joined = lookups+h.stats.ordLookups, oscans+h.stats.ordScans, retries+h.stats.ordRetries, joined+h.stats.ordJoined
 				}
 				return err
 			})
-			t.Logf("%d scans through the log, %d requests refused as moved and sent again, %d one-sided scans checked, %d snapshots restored, up to %d leaves",
-				scans, moved, oneSided, restores, leaves)
-			if scans == 0 || moved == 0 || oneSided == 0 || leaves < 2 {
-				t.Errorf("the case tested nothing: %d scans, %d moved, %d one-sided scans, up to %d leaves", scans, moved, oneSided, leaves)
+			t.Logf("%d scans through the log, %d requests refused as moved and sent again, %d one-sided scans checked, %d snapshots restored, up to %d leaves; reader: %d one-sided lookups, %d one-sided scans, %d attempts retried, %d node reads joined",
+				scans, moved, oneSided, restores, leaves, lookups, oscans, retries, joined)
+			if scans == 0 || moved == 0 || oneSided == 0 || leaves < 2 || lookups == 0 || oscans == 0 {
+				t.Errorf("the case tested nothing: %d scans, %d moved, %d one-sided scans, up to %d leaves, %d reader lookups, %d reader scans", scans, moved, oneSided, leaves, lookups, oscans)
 			}
 			if o.lag > 0 && restores == 0 {
 				t.Errorf("no snapshot restored")
@@ -402,32 +407,244 @@ func TestSimOrdered(t *testing.T) {
 //   - skipOwnerCheck: a group applies ordered writes it owns no tablet of;
 //     they are lost to the owner's readers (linearizability);
 //   - skipOrderedPublish: the ordered header is not published after
-//     applies, so one-sided readers see an applied index behind the tree.
+//     applies, so one-sided readers see an applied index behind the tree;
+//   - skipFence (the clients' caches): a one-sided lookup answers from
+//     the leaf a stale cached parent names without checking that its
+//     fences hold the key, so a key a split moved right reads as absent
+//     (linearizability, or the stale-ok check);
+//   - staleCacheAfterSplit (the clients' caches): a lookup through a
+//     cached parent that predates a leaf's split does not move right, so
+//     a key the split moved reads as absent (the same checks);
+//   - joinOlder (the clients' Delegations): a lookup takes another
+//     lookup's node read posted before it began, which may predate a
+//     write acknowledged before it began (linearizability);
+//   - noQuorum (the one-sided ordered readers only; the hashed gets keep
+//     the check): a linearizable lookup or scan trusts a leader's serving
+//     word without f+1 promises, and a deposed leader cut off by a
+//     partition keeps saying it serves (linearizability).
 func TestSimOrderedMutants(t *testing.T) {
 	for _, m := range []struct {
-		name  string
-		owner bool
-		knobs testingKnobs
-		want  string
+		name     string
+		owner    bool
+		knobs    testingKnobs
+		fence    int // 1: skipFence, 2: staleCacheAfterSplit, 3: the Delegation's joinOlder
+		ordKnobs testingKnobs
+		base     kvOpts
+		want     []string
 	}{
-		{"skip-owner-check", true, testingKnobs{}, "linearizability"},
-		{"skip-ordered-publish", false, testingKnobs{skipOrderedPublish: true}, "one-sided scan"},
+		{"skip-owner-check", true, testingKnobs{}, 0, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability"}},
+		{"skip-ordered-publish", false, testingKnobs{skipOrderedPublish: true}, 0, testingKnobs{}, kvOpts{ops: 100}, []string{"one-sided scan"}},
+		{"reader-skip-fence", false, testingKnobs{}, 1, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
+		{"reader-stale-cache-after-split", false, testingKnobs{}, 2, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
+		{"reader-join-older", false, testingKnobs{}, 3, testingKnobs{}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
+		{"reader-no-quorum", false, testingKnobs{}, 0, testingKnobs{noQuorum: true}, kvOpts{ops: 120, isolate: 4, gap: 100 * time.Microsecond}, []string{"linearizability"}},
 	} {
 		t.Run(m.name, func(t *testing.T) {
-			o := orderedRunOpts(kvOpts{ops: 100})
-			o.skipOwnerCheck, o.knobs = m.owner, m.knobs
+			o := orderedRunOpts(m.base)
+			o.skipOwnerCheck, o.knobs, o.skipFence, o.staleSplit, o.ordKnobs = m.owner, m.knobs, m.fence == 1, m.fence == 2, m.ordKnobs
+			o.joinOlder = m.fence == 3
 			for seed := uint64(1); seed <= 20; seed++ {
 				_, err := runKV(sim.Seed{Seed: seed}, o)
 				if err == nil {
 					continue
 				}
-				if !strings.Contains(err.Error(), m.want) {
-					t.Fatalf("seed %d: caught by the wrong check: %v", seed, err)
+				if !slices.ContainsFunc(m.want, func(w string) bool { return strings.Contains(err.Error(), w) }) {
+					t.Fatalf("seed %d: caught by the wrong check (want %q): %v", seed, m.want, err)
 				}
 				t.Logf("seed %d caught it: %s", seed, firstLine(err.Error()))
 				return
 			}
 			t.Fatal("not caught in 20 seeds")
 		})
+	}
+}
+
+// One-sided ordered reads (stage B2): each client has two OrderedReaders
+// of group 0 (the owner) sharing a cache and a Delegation (lookups of one
+// leaf share reads), and issues lookups and scans, forward and reverse,
+// linearizable and stale-ok, at most one per reader at a time.
+// Linearizable ones join the history checked by porcupine (a lookup as a
+// Get of the key, a scan as a Scan). A stale-ok lookup is a stale Get
+// (CheckStale, at the kv applied index it reports); a stale-ok scan is the
+// replica's tree as of the btree applied index it read (Scanned), so it is
+// recorded as one stale Get per ordered key of the range it covered (each
+// found or absent at exactly that index).
+type oneSidedReads struct {
+	cache *btree.Cache
+	deleg *Delegation
+	rs    []*ordRead
+}
+
+// ordRead is one reader and the read under way.
+type ordRead struct {
+	r     *OrderedReader
+	recs  []int
+	keys  []string // stale scans: the key of each record
+	op    kvcheck.Op
+	stale bool
+	seen  uint64 // r.Joined counted so far
+}
+
+func (p *kvCliProc) startOneSided() {
+	h := p.h
+	o := &oneSidedReads{cache: btree.NewCache(1 << 16), deleg: NewDelegation()}
+	o.deleg.joinOlder = h.o.joinOlder
+	if h.o.skipFence {
+		btree.PlantSkipFence(o.cache)
+	}
+	if h.o.staleSplit {
+		btree.PlantStaleCacheAfterSplit(o.cache)
+	}
+	for range h.o.ordReaders {
+		r := NewOrderedReader(p.env.Node(), 0, h.members[0], p.slot, o.cache)
+		r.gr.knobs = h.o.ordKnobs
+		r.SetDelegation(o.deleg)
+		o.rs = append(o.rs, &ordRead{r: r})
+	}
+	p.ord = o
+}
+
+// busy reports whether a one-sided read is under way.
+func (o *oneSidedReads) busy() bool {
+	for _, x := range o.rs {
+		if x.r.Busy() {
+			return true
+		}
+	}
+	return false
+}
+
+// nextDeadline is the earliest deadline of the readers.
+func (o *oneSidedReads) nextDeadline() time.Duration {
+	d := time.Duration(1<<63 - 1)
+	for _, x := range o.rs {
+		d = min(d, x.r.NextDeadline())
+	}
+	return d
+}
+
+// issueOneSided starts a one-sided ordered read; false if every reader
+// is busy.
+func (p *kvCliProc) issueOneSided(now time.Duration, rng *rand.Rand) bool {
+	h := p.h
+	var o *ordRead
+	for _, x := range p.ord.rs {
+		if !x.r.Busy() {
+			o = x
+			break
+		}
+	}
+	if o == nil {
+		return false
+	}
+	stale := rng.IntN(3) == 0
+	mode := Linearizable
+	if stale {
+		mode = StaleOK
+	}
+	key := func() string { return fmt.Sprintf("o%02d", rng.IntN(orderedKeys)) }
+	o.recs, o.keys, o.stale = o.recs[:0], o.keys[:0], stale
+	if rng.IntN(2) == 0 {
+		k := key()
+		o.op = kvcheck.Op{Kind: kvcheck.Get, Key: k, Stale: stale}
+		o.recs = append(o.recs, h.rec.Begin(p.slot, o.op))
+		o.r.BeginLookup([]byte(k), mode)
+		h.stats.ordLookups++
+	} else {
+		start, end := "", ""
+		if rng.IntN(3) > 0 {
+			start = key()
+		}
+		if rng.IntN(2) == 0 {
+			end = fmt.Sprintf("o%02d", rng.IntN(orderedKeys+1))
+			if end <= start {
+				end = ""
+			}
+		}
+		limit := 0
+		if rng.IntN(3) > 0 {
+			limit = 1 + rng.IntN(8)
+		}
+		o.op = kvcheck.Op{Kind: kvcheck.Scan, Key: cmp.Or(start, "o"), End: cmp.Or(end, "p"), Limit: limit, Reverse: rng.IntN(2) == 0}
+		if stale {
+			for i := range orderedKeys {
+				if k := fmt.Sprintf("o%02d", i); k >= o.op.Key && k < o.op.End {
+					o.keys = append(o.keys, k)
+					o.recs = append(o.recs, h.rec.Begin(p.slot, kvcheck.Op{Kind: kvcheck.Get, Key: k, Stale: true}))
+				}
+			}
+		} else {
+			o.recs = append(o.recs, h.rec.Begin(p.slot, o.op))
+		}
+		var e []byte
+		if end != "" {
+			e = []byte(end)
+		}
+		o.r.BeginScan([]byte(start), e, limit, mode, o.op.Reverse)
+		h.stats.ordScans++
+	}
+	p.pollOneSided(now)
+	return true
+}
+
+// pollOneSided polls the reads under way and records those that end.
+func (p *kvCliProc) pollOneSided(now time.Duration) bool {
+	progress := false
+	for _, o := range p.ord.rs {
+		if o.r.Busy() && o.r.Poll(now) {
+			p.endOneSided(o)
+			progress = true
+		}
+	}
+	return progress
+}
+
+func (p *kvCliProc) endOneSided(o *ordRead) {
+	h := p.h
+	res, err := o.r.Result()
+	o.r.st = osIdle
+	h.stats.ordRetries += res.Retries
+	h.stats.ordJoined += int(o.r.Joined - o.seen)
+	o.seen = o.r.Joined
+	if err != nil {
+		for _, id := range o.recs {
+			h.rec.End(id, kvcheck.Output{Unknown: true})
+		}
+		return
+	}
+	switch {
+	case o.op.Kind == kvcheck.Get:
+		out := kvcheck.Output{Found: res.Found, Value: string(res.Value), Group: 0}
+		if o.stale {
+			out.Applied = res.Applied
+		}
+		h.rec.End(o.recs[0], out)
+	case !o.stale:
+		out := kvcheck.Output{Group: 0}
+		for _, kv := range res.Pairs {
+			out.Pairs = append(out.Pairs, kvcheck.KV{Key: string(kv.Key), Value: string(kv.Value)})
+		}
+		h.rec.End(o.recs[0], out)
+	default:
+		got := map[string]string{}
+		for _, kv := range res.Pairs {
+			got[string(kv.Key)] = string(kv.Value)
+		}
+		// The keys the scan covered: all of its range, or up to its
+		// last pair when the limit cut it.
+		full := o.op.Limit == 0 || len(res.Pairs) < o.op.Limit
+		var last string
+		if len(res.Pairs) > 0 {
+			last = string(res.Pairs[len(res.Pairs)-1].Key)
+		}
+		for i, k := range o.keys {
+			covered := full || !o.op.Reverse && k <= last || o.op.Reverse && k >= last
+			if !covered {
+				h.rec.End(o.recs[i], kvcheck.Output{Unknown: true})
+				continue
+			}
+			v, ok := got[k]
+			h.rec.End(o.recs[i], kvcheck.Output{Found: ok, Value: v, Applied: res.Scanned, Group: 0})
+		}
 	}
 }

@@ -99,6 +99,15 @@ type kvOpts struct {
 	// 0 owning the keyspace) and half the clients' ops are ordered
 	// (sim_ordered_test.go); skipOwnerCheck plants that bug in the stores.
 	ordered, skipOwnerCheck bool
+	// oneSided: ordered clients also look keys up and scan one-sided
+	// (an OrderedReader of group 0; sim_ordered_test.go). skipFence
+	// and staleSplit (staleCacheAfterSplit) plant those bugs in the
+	// clients' caches; ordKnobs are the planted
+	// bugs of the ordered readers (the hashed ones get knobs).
+	oneSided, skipFence, staleSplit bool
+	joinOlder                       bool // Delegation's planted bug in the clients
+	ordReaders                      int  // OrderedReaders per client (orderedRunOpts: 2)
+	ordKnobs                        testingKnobs
 }
 
 type kvRun struct {
@@ -119,6 +128,7 @@ type kvRun struct {
 	stats   struct {
 		gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls int
 		scans, moved, oneSided, leaves                                                                                        int
+		ordLookups, ordScans, ordRetries, ordJoined                                                                           int
 	}
 }
 
@@ -189,6 +199,7 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 		return err
 	}
 	r.t.knobs = h.o.knobs
+	r.t.knobs.noQuorum = r.t.knobs.noQuorum || h.o.ordKnobs.noQuorum // the deposed leader's serving word, below
 	r.t.yield = env.Yield
 	p.r = r
 	h.procs[id] = p
@@ -245,7 +256,7 @@ func (p *kvRepProc) Step(now time.Duration) bool {
 	} else if bc {
 		p.h.stats.catchingUpPolls++
 	}
-	if p.h.o.knobs.noQuorum && p.r.t.knobs.lastServed != 0 {
+	if p.r.t.knobs.noQuorum && p.r.t.knobs.lastServed != 0 {
 		// A deposed leader keeps its serving word.
 		if _, ok := p.r.Multicast().Broadcast().Leading(); !ok {
 			p.r.t.serving = p.r.t.knobs.lastServed
@@ -269,6 +280,7 @@ type kvCliProc struct {
 	readers []*GroupReader
 	getRec  []int // the recorder id of each reader's get
 	getOp   []kvcheck.Op
+	ord     *oneSidedReads // kvOpts.oneSided
 	writes  map[multicast.MsgID]pendingWrite
 	issued  int
 	next    time.Duration
@@ -306,6 +318,9 @@ func (p *kvCliProc) Start(env *sim.Env) error {
 	for g := range h.members {
 		p.readers[g] = NewGroupReader(env.Node(), uint32(g), h.members[g], p.slot)
 		p.readers[g].knobs = h.o.knobs
+	}
+	if h.o.oneSided {
+		p.startOneSided()
 	}
 	return nil
 }
@@ -425,6 +440,14 @@ func (p *kvCliProc) Step(now time.Duration) bool {
 			wake = min(wake, now+20*time.Microsecond)
 		}
 	}
+	if p.ord != nil {
+		if p.pollOneSided(now) {
+			progress = true
+		}
+		if p.ord.busy() {
+			wake = min(wake, p.ord.nextDeadline(), now+20*time.Microsecond)
+		}
+	}
 	p.env.WakeAt(wake)
 	return progress
 }
@@ -500,6 +523,9 @@ func (p *kvCliProc) issue(now time.Duration) bool {
 	h := p.h
 	rng := p.env.Rand()
 	if h.o.ordered && rng.IntN(2) == 0 {
+		if h.o.oneSided && rng.IntN(3) == 0 {
+			return p.issueOneSided(now, rng)
+		}
 		return p.issueOrdered(rng)
 	}
 	x := rng.IntN(100)

@@ -84,6 +84,7 @@ type Op struct {
 	Stale     bool              // a stale-ok get (CheckStale checks it; CheckLinearizable skips it)
 	End       string            // Scan: the end of the range (exclusive; "": none)
 	Limit     int               // Scan: the most pairs (0: no limit)
+	Reverse   bool              // Scan: in descending key order (the last Limit pairs of the range)
 	Call      int64
 	Return    int64
 	Out       Output
@@ -194,6 +195,9 @@ func (o *Op) String() string {
 		}
 	case Scan:
 		fmt.Fprintf(&b, "[%q, %q) limit %d", o.Key, o.End, o.Limit)
+		if o.Reverse {
+			b.WriteString(" reverse")
+		}
 		if o.Out.Unknown {
 			b.WriteString(" -> ?")
 		} else {

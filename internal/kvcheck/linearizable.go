@@ -440,10 +440,14 @@ var model = porcupine.Model{
 }
 
 // scanOf is what a scan o returns in state s: the keys of its range in
-// order, at most its limit.
+// order (descending for a reverse scan), at most its limit.
 func scanOf(s state, o *Op) []KV {
 	var out []KV
-	for _, k := range slices.Sorted(maps.Keys(s)) {
+	keys := slices.Sorted(maps.Keys(s))
+	if o.Reverse {
+		slices.Reverse(keys)
+	}
+	for _, k := range keys {
 		if k < o.Key || o.End != "" && k >= o.End {
 			continue
 		}

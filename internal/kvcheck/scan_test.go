@@ -73,3 +73,33 @@ func TestScanSeesBatchAtomically(t *testing.T) {
 		t.Fatalf("a torn scan: %v", res.Outcome)
 	}
 }
+
+// A reverse scan returns its range's last pairs, descending: the model
+// accepts that and rejects the ascending order or the first pairs.
+func TestScanReverse(t *testing.T) {
+	base := []Op{
+		at(putOp(0, "a", "1"), 0, 10),
+		at(putOp(0, "b", "1"), 0, 10),
+		at(putOp(0, "c", "1"), 0, 10),
+	}
+	rev := func(limit int, pairs ...KV) Op {
+		o := scanOp(1, "a", "", limit, pairs...)
+		o.Reverse = true
+		return o
+	}
+	ok := append(append([]Op(nil), base...), at(rev(2, KV{"c", "1"}, KV{"b", "1"}), 20, 30), at(rev(0, KV{"c", "1"}, KV{"b", "1"}, KV{"a", "1"}), 31, 40))
+	mustLinearizable(t, ok)
+	for name, s := range map[string]Op{
+		"ascending":   rev(0, KV{"a", "1"}, KV{"b", "1"}, KV{"c", "1"}),
+		"first pairs": rev(2, KV{"b", "1"}, KV{"a", "1"}),
+	} {
+		h := append(append([]Op(nil), base...), at(s, 20, 30))
+		res, err := CheckLinearizable(h, 10e9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Outcome != Illegal {
+			t.Fatalf("%s: outcome %v", name, res.Outcome)
+		}
+	}
+}

@@ -1,0 +1,805 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// One-sided reads of a group's ordered keyspace (issue 18 stage B2;
+// docs/btree.md, "Reads"; docs/dev/btree-plan.md section 4). An
+// OrderedReader looks a key up, or scans a range, in the B-link tree that
+// group publishes (btree.Regions), as a polled state machine like
+// GroupReader's gets: Begin, then Poll until it reports done. It reads
+// through a GroupReader of its own (that reader's per-member I/O, leader
+// search and round-1 leader check), and walks the tree with a btree.Cache
+// shared by every OrderedReader of one client and group.
+//
+// The walk itself is btree's (Cache.Lookup, Scan, ReverseScan over a
+// ReadFunc): the reader runs it over the nodes read so far in this
+// attempt; when it asks for a slot not read yet, the run stops, the reader
+// posts that read and runs the walk again once it lands (each run is a
+// local search over cached nodes and bytes already read). A node the walk
+// asks for twice in one run (it met a torn copy and descends again) is
+// read again. Every node is validated by btree (check word, id, fences,
+// level, stamps); a torn or stale node makes the walk read again, move
+// right or drop one cached level, never answer; an attempt whose walk
+// gives up (btree.ErrRetry, ErrChanged, a broken chain) starts over with
+// a fresh tree header, and MaxAttempts of them end the call with the last
+// cause.
+//
+// Every list of reads an attempt posts goes to one member m, in order,
+// and the first one starts with a read of m's kv header (h1).
+//
+// Linearizable (m is the leader): every list also ends with a read of
+// m's kv header, and the attempt's answer is accepted only when h1 and
+// the header that ended the last list (h2) both say m serves epoch E and
+// f+1 members, counted with m, promise exactly E (GroupReader.confirm, the
+// same check as a linearizable get, with the promise words read after the
+// call began). Serving an epoch, once given up, never comes back, so m
+// served E during every read in between; no later leader was elected
+// before the promise reads (quorum intersection), so every write
+// acknowledged before the call began is applied in m's tree by then (in
+// an epoch up to E: E's diff was applied before m served it, and m
+// acknowledges its own writes after applying them).
+//   - A lookup answers from one leaf read inside that bracket, whose
+//     fences hold the key (a validated leaf whose fences hold the key is
+//     the key's only leaf at the moment of the read: a split narrows the
+//     old leaf in the same apply, a freed leaf fails its id): the answer is
+//     m's state at that read, a point inside the call, as for a get's
+//     bucket read.
+//   - A scan reads m's btree header (applied index A) in the first list,
+//     after the call began, and accepts leaves only when each is stamped
+//     at most A and contiguous with the one before (btree.Cache.Scan):
+//     the pairs are m's tree as of A. Every write acknowledged before the
+//     call began was published (A) before that header read, and no write
+//     after A was acknowledged before it, so the scan linearizes at the
+//     header read, inside the call (plan section 4).
+//
+// Stale-ok (m is the near member, as for stale-ok gets): no bracket and no
+// promises; a member whose kv header says it is catching up (restarted
+// without its data) is skipped as stale-ok gets skip it, and ErrCatchingUp
+// ends the call when every member in a row is. A lookup's answer is m's state at its leaf read, after entry
+// Applied (h1's, read before the leaf) or a later one; a scan is m's tree
+// as of Scanned, the btree applied index it read (at least Applied).
+
+// OrderedResult is what a one-sided ordered read found.
+type OrderedResult struct {
+	// Lookup: whether the key is there, its value and version.
+	Found   bool
+	Value   []byte
+	Version uint64
+	// Scan: the pairs, in the scan's order (descending for a reverse
+	// scan), and the btree applied index they are the tree's state at.
+	Pairs   []btree.KV
+	Scanned uint64
+	// Member is the replica read; Applied and AppliedAt its kv header's
+	// last applied entry and when it was applied, read before the tree:
+	// the answer is never older than the state after Applied.
+	Member    int
+	Applied   uint64
+	AppliedAt int64
+	// Epoch is the serving epoch a linearizable read confirmed.
+	Epoch uint64
+	// Retries counts the attempts started again; Reads the node reads of
+	// the attempt that answered, and Lists the lists of reads it posted
+	// (round trips: a scan reads the leaves a cached level-1 node lists
+	// several to a list).
+	Retries, Reads, Lists int
+}
+
+// ErrOrderedRetries: a one-sided ordered read kept meeting nodes being
+// written, or a tree that changed under it, for MaxAttempts attempts.
+var ErrOrderedRetries = errors.New("kv: ordered read gave up")
+
+// errNeed: the walk asked for a node not read yet in this attempt.
+var errNeed = errors.New("kv: node not read yet")
+
+type orderedKind uint8
+
+const (
+	okLookup orderedKind = iota
+	okScan
+	okReverse
+)
+
+type ordState uint8
+
+const (
+	osIdle ordState = iota
+	osStart
+	osFind    // the GroupReader's header reads of every member, for the leader
+	osList    // a list of reads posted to m
+	osConfirm // the answer found; waiting for the promise reads
+	osJoin    // waiting for another reader's read of the node (Delegation)
+	osWait    // backing off until retryAt
+	osDone
+)
+
+// OrderedReader reads one group's ordered keyspace one-sided, one call at
+// a time (a client keeps a pool, like GroupReaders); its Cache may be
+// shared.
+type OrderedReader struct {
+	gr    *GroupReader
+	cache *btree.Cache
+
+	// The tree header last read: the root a lookup starts from (any
+	// older root works too, through right links) and the geometry that
+	// places node slots.
+	hdr    btree.Header
+	hdrOK  bool
+	hbuf   []byte
+	wrs    []rdma.WR
+	readFn btree.ReadFunc
+
+	// The call under way.
+	st                ordState
+	kind              orderedKind
+	mode              Consistency
+	key, start, end   []byte
+	limit             int
+	res               OrderedResult
+	err, lastErr      error
+	attempt           int
+	backoff, retryAt  time.Duration
+	now               time.Duration
+	m                 int
+	first, wantHdr    bool
+	h1, h2            Header   // the bracket the answer is confirmed with (linearizable)
+	ownH1             Header   // the kv header this attempt's first list read
+	posted            int      // lists posted in this attempt
+	inList            []uint32 // the node slots the list in flight reads
+	bufs              [][]byte // and their buffers
+	hdrInList         bool
+	memo              map[uint32][][]byte // node slots read this attempt, in read order
+	uses              map[uint32]int      // reads of each slot by the current run
+	need              uint32
+	runReads          int
+	pairs             []btree.KV
+	lkEntry           btree.Entry
+	lkFound           bool
+	maxReadsPerAttmpt int
+
+	// Read delegation (SetDelegation): the delegation's count when the
+	// lookup began, the read this reader posted and shares (nil: none),
+	// the one it waits for, and a slot it reads itself after a shared
+	// read of it failed.
+	deleg    *Delegation
+	beginSeq uint64
+	own      *sharedRead
+	joining  *sharedRead
+	noJoin   uint32
+	took     []*sharedRead // the shared reads this call took: each once
+	// catching counts the members found catching up in a row (stale-ok).
+	catching int
+	// In this attempt: the reads landed or joined, whether a bracket (an
+	// h1 and h2 serving one epoch, linearizable) or an h1 (stale-ok) was
+	// taken yet.
+	got       int
+	bracketed bool
+	// Joined counts the node reads this reader took from another's.
+	Joined uint64
+}
+
+// Delegation lets one client's OrderedReaders of a group share node reads
+// of lookups (read delegation, as SMART and CHIME do): a lookup that
+// needs a node another lookup of the client has read, or is reading, from
+// the same member takes that read instead of posting its own, but only a
+// read posted after it began: one posted before may predate a write
+// acknowledged before the lookup began, which the lookup must see. A
+// linearizable lookup joins only reads bracketed by header reads that
+// show the member serving the epoch it confirms (with its own promise
+// reads, made after it began); its answer then rests on a node read made
+// inside its call while the leader served that epoch, as if it had made
+// the read itself. Scans neither share nor join (a scan's leaves must be
+// read after its applied index). Safe for concurrent use.
+type Delegation struct {
+	mu    sync.Mutex
+	seq   uint64
+	reads map[uint32]*sharedRead // by slot: the last read of it posted
+	// joinOlder plants a bug: lookups join reads posted before they
+	// began.
+	joinOlder bool
+}
+
+// NewDelegation returns a Delegation for one client's readers of a group.
+func NewDelegation() *Delegation { return &Delegation{reads: map[uint32]*sharedRead{}} }
+
+// sharedRead is one node read a lookup posted, as others may join it.
+type sharedRead struct {
+	seq    uint64 // the Delegation's count when it was posted
+	member int
+	done   bool
+	failed bool
+	buf    []byte
+	lin    bool   // h1 and h2 bracket it, serving one epoch
+	h1, h2 Header // the poster's header before the read, and after (lin)
+}
+
+// SetDelegation makes the reader's lookups share node reads through d
+// (nil: none). Set it before the reader's first call.
+func (r *OrderedReader) SetDelegation(d *Delegation) { r.deleg = d }
+
+func (d *Delegation) begin() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.seq
+}
+
+// find returns a read of slot from member posted after seq, or nil.
+func (d *Delegation) find(slot uint32, member int, after uint64, lin bool) *sharedRead {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sr := d.reads[slot]
+	if sr == nil || sr.member != member || sr.seq <= after && !d.joinOlder || sr.failed || sr.done && lin && !sr.lin {
+		return nil
+	}
+	return sr
+}
+
+// posted registers a read of slot just posted.
+func (d *Delegation) posted(slot uint32, member int, buf []byte) *sharedRead {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.seq++
+	sr := &sharedRead{seq: d.seq, member: member, buf: buf}
+	d.reads[slot] = sr
+	return sr
+}
+
+// land ends a shared read: failed (joiners read for themselves), or with
+// its bytes in buf and the poster's headers.
+func (d *Delegation) land(sr *sharedRead, failed, lin bool, h1, h2 Header) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sr.done {
+		return
+	}
+	sr.done, sr.failed, sr.lin, sr.h1, sr.h2 = true, failed, lin, h1, h2
+}
+
+// state reports whether sr is done and, if so, whether it failed.
+func (d *Delegation) state(sr *sharedRead) (done, failed bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return sr.done, sr.failed
+}
+
+// NewOrderedReader reads group g's ordered keyspace from node, walking
+// the tree through cache (shared by a client's readers of g: btree.Cache
+// locks its own state). near is the member stale-ok reads go to first.
+func NewOrderedReader(node rdma.Node, g uint32, members []rdma.NodeID, near int, cache *btree.Cache) *OrderedReader {
+	r := &OrderedReader{gr: NewGroupReader(node, g, members, near), cache: cache, hbuf: make([]byte, btree.HeaderSize),
+		memo: map[uint32][][]byte{}, uses: map[uint32]int{}, maxReadsPerAttmpt: 256}
+	r.readFn = r.memoRead
+	return r
+}
+
+// Reader is the GroupReader the reads go through (its Timeout and
+// backoff settings apply).
+func (r *OrderedReader) Reader() *GroupReader { return r.gr }
+
+// Close closes the reader's Conns.
+func (r *OrderedReader) Close() { r.gr.Close() }
+
+// Busy reports whether a call is under way.
+func (r *OrderedReader) Busy() bool { return r.st != osIdle && r.st != osDone }
+
+// Result is the outcome of the call that finished. Its slices are the
+// reader's until its next call.
+func (r *OrderedReader) Result() (OrderedResult, error) { return r.res, r.err }
+
+// NextDeadline is when the call wants its next Poll: the end of its
+// backoff, or the read timeout of a member's Link with reads out.
+func (r *OrderedReader) NextDeadline() time.Duration {
+	if r.st == osWait {
+		return r.retryAt
+	}
+	return r.gr.NextDeadline() // its own st is idle: its Links' deadlines
+}
+
+// BeginLookup starts a lookup of key (copied).
+func (r *OrderedReader) BeginLookup(key []byte, mode Consistency) {
+	r.begin(okLookup, mode)
+	r.key = append(r.key[:0], key...)
+}
+
+// BeginScan starts a scan of the pairs with start <= key < end (end nil:
+// no bound), at most limit of them (<= 0: all), in ascending key order,
+// or descending with reverse (the last limit pairs of the range).
+func (r *OrderedReader) BeginScan(start, end []byte, limit int, mode Consistency, reverse bool) {
+	r.begin(okScan, mode)
+	if reverse {
+		r.kind = okReverse
+	}
+	r.start = append(r.start[:0], start...)
+	r.end = nil
+	if end != nil {
+		r.end = append([]byte{}, end...)
+	}
+	r.limit = limit
+}
+
+func (r *OrderedReader) begin(k orderedKind, mode Consistency) {
+	r.kind, r.mode = k, mode
+	if r.deleg != nil {
+		r.beginSeq = r.deleg.begin()
+		clear(r.took)
+		r.took = r.took[:0]
+	}
+	r.res, r.err, r.lastErr = OrderedResult{}, nil, nil
+	r.attempt, r.backoff, r.catching = 0, 0, 0
+	r.st = osStart
+}
+
+// Poll advances the call; when it returns true the call is over and
+// Result has its outcome. now is the caller's clock.
+func (r *OrderedReader) Poll(now time.Duration) bool {
+	r.now, r.gr.now = now, now
+	for {
+		switch r.st {
+		case osIdle, osDone:
+			return true
+		case osWait:
+			if now < r.retryAt {
+				return false
+			}
+			r.st = osStart
+		case osStart:
+			r.startAttempt()
+		case osFind:
+			done, err := r.gr.found()
+			if !done {
+				return false
+			}
+			if err != nil {
+				r.fail(err)
+			} else {
+				r.st = osStart
+			}
+		case osList:
+			if !r.gr.reap(r.m) {
+				return false
+			}
+			r.landed()
+		case osJoin:
+			done, failed := r.deleg.state(r.joining)
+			if !done {
+				return false
+			}
+			sr := r.joining
+			r.joining = nil
+			if failed || !r.take(sr) {
+				r.noJoin = r.need // read it for ourselves
+			}
+			r.step()
+		case osConfirm:
+			done, err := r.gr.confirm(r.m, &r.h1, &r.h2)
+			if !done {
+				return false
+			}
+			if err != nil {
+				r.fail(err)
+				continue
+			}
+			r.res.Epoch = r.h1.Serving
+			r.st = osDone
+		}
+	}
+}
+
+// fail ends the attempt: start again (at once for a torn or changed tree,
+// but for every 16th; after a backoff otherwise) or give up.
+func (r *OrderedReader) fail(err error) {
+	g := r.gr
+	r.release()
+	r.lastErr = err
+	r.attempt++
+	r.res.Retries = r.attempt
+	r.hdrOK = false // read the tree header again
+	if r.attempt >= MaxAttempts {
+		r.err = fmt.Errorf("%w: group %d: %d attempts: %w", ErrOrderedRetries, g.group, r.attempt, err)
+		r.st = osDone
+		return
+	}
+	if errors.Is(err, errRetry) && r.attempt%16 != 0 {
+		r.st = osStart
+		return
+	}
+	if r.mode == Linearizable {
+		g.leader = -1
+	} else if !errors.Is(err, errRetry) {
+		if g.near == g.home {
+			g.homeFailed()
+		}
+		g.near = (g.near + 1) % len(g.members)
+	}
+	r.backoff = min(max(2*r.backoff, g.BackoffMin), g.BackoffMax)
+	r.retryAt = r.now + r.backoff
+	r.st = osWait
+}
+
+func (r *OrderedReader) startAttempt() {
+	g := r.gr
+	g.Rounds++
+	if r.mode == Linearizable && g.leader < 0 {
+		for i := range g.members {
+			g.postHeader(i, g.m[i].hdr[hdrSize:])
+		}
+		r.st = osFind
+		return
+	}
+	if r.mode == StaleOK && g.near != g.home && r.now >= g.homeAt && g.homeReady() {
+		g.near = g.home
+	}
+	r.m = g.near
+	if r.mode == Linearizable {
+		r.m = g.leader
+	}
+	g.at = r.m
+	clear(r.memo)
+	r.first, r.posted, r.runReads, r.got, r.bracketed, r.noJoin, r.joining = true, 0, 0, 0, false, 0, nil
+	r.wantHdr = !r.hdrOK || r.kind != okLookup
+	for i := range g.asked {
+		g.asked[i] = false
+	}
+	g.asked[r.m] = true
+	if r.mode == Linearizable {
+		// f other members' promise words, read after the call began, in
+		// parallel with the tree reads.
+		g.askPromises(g.quorum - 1)
+		g.r1At, g.hedged = r.now, false
+	}
+	r.step()
+}
+
+// memoRead is the walk's ReadFunc: the k-th read of a slot in one run
+// returns the k-th copy read in this attempt, or stops the run (errNeed)
+// to have it read.
+func (r *OrderedReader) memoRead(slot uint32) ([]byte, error) {
+	k := r.uses[slot]
+	r.uses[slot] = k + 1
+	if bs := r.memo[slot]; k < len(bs) {
+		return bs[k], nil
+	}
+	r.need = slot
+	return nil, errNeed
+}
+
+// scanAhead bounds the leaves a scan reads ahead in one list, besides the
+// one its walk asks for (a list, with its two header reads, stays within
+// the member Link's window).
+const scanAhead = 8
+
+// ahead is how many leaves the scan under way reads ahead: scanAhead, or
+// about half its limit (a leaf holds several pairs).
+func (r *OrderedReader) ahead() int {
+	if r.limit <= 0 {
+		return scanAhead
+	}
+	return min(scanAhead, r.limit/2)
+}
+
+// run runs the walk over the nodes read so far: nil when it answered,
+// errNeed when it needs r.need read, else why the attempt failed.
+func (r *OrderedReader) run() error {
+	clear(r.uses)
+	var err error
+	var reads int
+	switch r.kind {
+	case okLookup:
+		r.lkEntry, r.lkFound, reads, err = r.cache.Lookup(r.readFn, r.hdr.Root, r.key)
+	case okScan:
+		r.pairs, reads, err = r.cache.Scan(r.readFn, r.hdr.Root, r.hdr.Applied, r.start, r.end, r.limit, r.pairs[:0])
+	case okReverse:
+		r.pairs, reads, err = r.cache.ReverseScan(r.readFn, r.hdr.Root, r.hdr.Applied, r.start, r.end, r.limit, r.pairs[:0])
+	}
+	r.runReads = reads
+	return err
+}
+
+// step posts the attempt's next list of reads, or takes the walk's
+// answer.
+func (r *OrderedReader) step() {
+	g := r.gr
+	var wrs []rdma.WR
+	r.inList, r.bufs, r.hdrInList = r.inList[:0], r.bufs[:0], false
+	ms := g.m[r.m]
+	if r.first {
+		wrs = append(r.wrs[:0], rdma.WR{Kind: rdma.OpRead, Region: headerRegion(g.group), Buf: ms.hdr[:hdrSize]})
+	} else {
+		wrs = r.wrs[:0]
+	}
+	if r.wantHdr {
+		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: btree.HeaderRegion(g.group), Buf: r.hbuf})
+		r.hdrInList = true
+	} else {
+		err := r.run()
+		switch {
+		case err == nil && r.got > 0 && r.bracketed:
+			r.answer()
+			return
+		case errors.Is(err, errNeed) && r.join():
+			return // joined another lookup's read (state osJoin), or took it and ran again
+		case err == nil || errors.Is(err, errNeed) && len(r.memo) >= r.maxReadsPerAttmpt:
+			r.fail(errRetry) // answered with nothing read (cannot happen), or too many reads
+			return
+		case errors.Is(err, errNeed):
+			r.inList = append(r.inList, r.need)
+			if r.kind != okLookup {
+				// The leaves the cached level-1 node lists next, read
+				// together with this one (the walk takes them in turn).
+				key, bound, rev := r.start, r.end, r.kind == okReverse
+				if rev {
+					key, bound = r.end, r.start
+				}
+				for _, id := range r.cache.Listed(key, bound, r.need, rev, r.ahead()) {
+					if sl := id.Slot(); len(r.memo[sl]) == 0 && !slices.Contains(r.inList, sl) {
+						r.inList = append(r.inList, sl)
+					}
+				}
+			}
+			for _, sl := range r.inList {
+				reg, off := r.hdr.SlotAddr(g.group, sl)
+				b := make([]byte, r.hdr.NodeSize) // the memo keeps it: a fresh buffer per read
+				r.bufs = append(r.bufs, b)
+				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: b})
+			}
+			if r.need == r.noJoin {
+				r.noJoin = 0
+			}
+		case errors.Is(err, btree.ErrChanged), errors.Is(err, btree.ErrRetry), errors.Is(err, btree.ErrMalformed),
+			errors.Is(err, btree.ErrStale), errors.Is(err, btree.ErrNotNode), errors.Is(err, btree.ErrTorn):
+			r.fail(fmt.Errorf("%w: %w", errRetry, err))
+			return
+		default:
+			r.fail(err)
+			return
+		}
+	}
+	if r.mode == Linearizable {
+		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(g.group), Buf: ms.hdr[hdrSize:]})
+	}
+	r.wrs = wrs
+	if !g.post(r.m, wrs) {
+		r.fail(errRetry) // a read of an abandoned attempt is still out
+		return
+	}
+	r.posted++
+	r.st = osList
+	if len(r.inList) == 1 && r.deleg != nil && r.kind == okLookup {
+		r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0])
+	}
+}
+
+// join looks for another lookup's read of the node the walk needs (see
+// Delegation): a finished one is taken and the walk runs again; one in
+// flight is waited for (osJoin). false: none to join.
+func (r *OrderedReader) join() bool {
+	if r.deleg == nil || r.kind != okLookup || r.need == r.noJoin || r.wantHdr {
+		return false
+	}
+	sr := r.deleg.find(r.need, r.m, r.beginSeq, r.mode == Linearizable)
+	if sr == nil || sr == r.own || slices.Contains(r.took, sr) {
+		return false // a node taken once and asked for again: read it afresh
+	}
+	if done, failed := r.deleg.state(sr); !done {
+		r.joining = sr
+		r.st = osJoin
+		return true
+	} else if failed || !r.take(sr) {
+		return false
+	}
+	r.step()
+	return true
+}
+
+// take adds a shared read that finished to the attempt: false if its
+// bracket does not fit the attempt's (another epoch), so the reader reads
+// the node itself.
+func (r *OrderedReader) take(sr *sharedRead) bool {
+	if r.mode == Linearizable {
+		if !sr.lin || !r.bracket(sr.h1, sr.h2) {
+			return false
+		}
+	} else {
+		if sr.h1.CatchingUp {
+			return false
+		}
+		r.noteH1(sr.h1)
+	}
+	r.memo[r.need] = append(r.memo[r.need], sr.buf)
+	r.took = append(r.took, sr)
+	r.got++
+	r.Joined++
+	return true
+}
+
+// bracket adds the header reads h1 and h2 around a node read to the
+// attempt's: they must serve the epoch the attempt's others do. The
+// attempt confirms with its first h1 and last h2 (GroupReader.confirm).
+func (r *OrderedReader) bracket(h1, h2 Header) bool {
+	if r.bracketed && (h1.Serving != r.h1.Serving || h2.Serving != r.h1.Serving) || h1.Serving == 0 || h2.Serving != h1.Serving {
+		return false
+	}
+	if !r.bracketed {
+		r.h1, r.bracketed = h1, true
+		r.res.Member, r.res.Applied, r.res.AppliedAt = r.m, h1.Applied, h1.AppliedAt
+	}
+	r.h2 = h2
+	return true
+}
+
+// noteH1 takes a kv header read before some node read of the attempt: the
+// answer is never older than the earliest such header's applied entry.
+func (r *OrderedReader) noteH1(h1 Header) {
+	if !r.bracketed || h1.Applied < r.res.Applied {
+		r.res.Member, r.res.Applied, r.res.AppliedAt = r.m, h1.Applied, h1.AppliedAt
+	}
+	r.bracketed = true
+}
+
+// release ends the shared read this reader posted and has not landed, as
+// failed (it abandons it).
+func (r *OrderedReader) release() {
+	if r.own != nil {
+		r.deleg.land(r.own, true, false, Header{}, Header{})
+		r.own = nil
+	}
+}
+
+// landed takes the list that finished.
+func (r *OrderedReader) landed() {
+	g := r.gr
+	ms := g.m[r.m]
+	lin := r.mode == Linearizable
+	if err := g.consume(r.m); err != nil {
+		clear(ms.hdr[hdrSize:])
+		r.fail(err)
+		return
+	}
+	if r.first {
+		h1, err := DecodeHeader(ms.hdr[:hdrSize])
+		if err != nil {
+			r.fail(errRetry)
+			return
+		}
+		r.ownH1, r.first = h1, false
+		if lin && h1.Serving == 0 {
+			r.fail(ErrNoLeader)
+			return
+		}
+		if !lin {
+			if h1.CatchingUp && !g.knobs.readCatchingUp {
+				// Restarted without its data (its tree is empty): read
+				// another member, as a stale-ok get does.
+				if r.catching++; r.catching >= len(g.members) {
+					r.release()
+					r.err = fmt.Errorf("kv: group %d: every replica read restarted without its data and is catching up: %w", g.group, ErrCatchingUp)
+					r.st = osDone
+					return
+				}
+				r.fail(fmt.Errorf("kv: node %d: %w", g.members[r.m], ErrCatchingUp))
+				return
+			}
+			r.catching = 0
+			r.noteH1(h1)
+		}
+	}
+	var h2 Header
+	if lin {
+		var err error
+		if h2, err = DecodeHeader(ms.hdr[hdrSize:]); err != nil {
+			r.fail(errRetry)
+			return
+		}
+		ms.lastAt = r.now
+		if !r.bracket(r.ownH1, h2) {
+			r.fail(ErrNoLeader)
+			return
+		}
+	}
+	if r.hdrInList {
+		h, err := btree.DecodeHeader(r.hbuf)
+		if err != nil {
+			r.fail(fmt.Errorf("%w: tree header: %w", errRetry, err))
+			return
+		}
+		r.hdr, r.hdrOK, r.wantHdr = h, true, false
+	}
+	for i, sl := range r.inList {
+		r.memo[sl] = append(r.memo[sl], r.bufs[i])
+		r.got++
+	}
+	if len(r.inList) > 0 {
+		if r.own != nil {
+			r.deleg.land(r.own, false, lin, r.ownH1, h2)
+			r.own = nil
+		}
+	}
+	r.step()
+}
+
+// answer takes the walk's answer: at once for stale-ok, after the promise
+// check for a linearizable read.
+func (r *OrderedReader) answer() {
+	r.res.Reads, r.res.Lists = r.runReads, r.posted
+	if r.kind == okLookup {
+		r.res.Found = r.lkFound
+		r.res.Value, r.res.Version = nil, 0
+		if r.lkFound {
+			r.res.Value, r.res.Version = r.lkEntry.Value, r.lkEntry.Version
+		}
+	} else {
+		r.res.Pairs, r.res.Scanned = r.pairs, r.hdr.Applied
+	}
+	if r.m == r.gr.home {
+		r.gr.homeWait = 0
+	}
+	if r.mode == Linearizable {
+		r.st = osConfirm
+		return
+	}
+	r.st = osDone
+}
+
+// Lookup runs a lookup to the end in real time (LookupCtx without a
+// context).
+func (r *OrderedReader) Lookup(key []byte, mode Consistency) (OrderedResult, error) {
+	return r.LookupCtx(context.Background(), key, mode)
+}
+
+// LookupCtx looks key up, giving up when ctx ends (its error).
+func (r *OrderedReader) LookupCtx(ctx context.Context, key []byte, mode Consistency) (OrderedResult, error) {
+	r.BeginLookup(key, mode)
+	return r.drive(ctx)
+}
+
+// ScanCtx scans like BeginScan, giving up when ctx ends (its error).
+func (r *OrderedReader) ScanCtx(ctx context.Context, start, end []byte, limit int, mode Consistency, reverse bool) (OrderedResult, error) {
+	r.BeginScan(start, end, limit, mode, reverse)
+	return r.drive(ctx)
+}
+
+// drive polls the call in real time, as GroupReader.GetCtx polls a get:
+// spinning while reads complete at once (shm), then yielding, then
+// sleeping briefly (tcp); a read it leaves behind lands in the reader's
+// own buffers and is reaped by its next call.
+func (r *OrderedReader) drive(ctx context.Context) (OrderedResult, error) {
+	done := ctx.Done()
+	for spins := 0; !r.Poll(rdma.Mono()); spins++ {
+		if spins < 64 {
+			continue
+		}
+		select {
+		case <-done:
+			r.release()
+			r.st = osIdle
+			return OrderedResult{}, ctx.Err()
+		default:
+		}
+		if r.st == osWait {
+			t := time.NewTimer(r.retryAt - rdma.Mono())
+			select {
+			case <-done:
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		if spins < 1024 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	r.st = osIdle
+	return r.res, r.err
+}
