@@ -309,6 +309,9 @@ func (r *Replica) becomeLeader() {
 	r.vote.Forced = false // won: the forced vote has done its work (force.go)
 	r.count = 0
 	r.eCur = r.eNew
+	// Sync: the leader's own (empty) diff goes to the log, so that replay
+	// finds E_cur and Accepted = (E, 0) (durable.go).
+	r.walDiff(MsgHdr{E: r.eCur}, r.accepted, nil, MsgHdr{}, nil, nil)
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
 	r.setLeading()

@@ -40,6 +40,11 @@ type testingKnobs struct {
 	// forced one (total order).
 	forceJoinUnforced bool
 
+	// ackUnsynced: in Sync mode the AcceptSST row (and the leader's own
+	// count) carries Accepted, not min(Accepted, dA): acknowledgements of
+	// records not yet on disk (acknowledged lost).
+	ackUnsynced bool
+
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool
 }

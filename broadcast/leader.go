@@ -105,8 +105,10 @@ func (r *Replica) AppendRoom() int {
 func (r *Replica) broadcast(id proposalID, data []byte, s *slab) MsgHdr {
 	r.count++
 	hdr := MsgHdr{E: r.eNew, Cnt: r.count}
-	r.log.Set(entry{hdr: hdr, id: id, data: data, slab: s})
+	e := entry{hdr: hdr, id: id, data: data, slab: s}
+	r.log.Set(e)
 	r.accepted = hdr
+	r.walAccept(&e)
 	return hdr
 }
 
