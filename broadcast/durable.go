@@ -340,7 +340,7 @@ func (r *Replica) replay(rc *Recovery) error {
 				if err := r.restore(&m, diff.state, diff.snapAt); err != nil {
 					return fmt.Errorf("broadcast: log snapshot at seq %d: restore: %w", x.Seq, err)
 				}
-				delivered = diff.snapAt
+				delivered, commitIdx = diff.snapAt, m.index
 			}
 			for {
 				last, ok := r.log.Max()
