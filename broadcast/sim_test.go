@@ -215,6 +215,10 @@ type simOpts struct {
 	staggered  bool
 	// stats, if set, sums what the durable runs did over seeds.
 	stats *simStats
+	// promiseCheck (Sync): each time a member's AcceptSST row moves,
+	// recover a copy of its disk with every unsynced write dropped and
+	// check that it holds what the row acknowledges (checkDurable).
+	promiseCheck bool
 }
 
 // simStats are counts over a case's seeds that Counters do not hold.
@@ -232,7 +236,8 @@ type simProc struct {
 	fsm      *checkFSM
 	next     time.Duration
 	k        int
-	promised Epoch // the highest promise published so far (checkPromises)
+	promised Epoch  // the highest promise published so far (checkPromises)
+	acked    MsgHdr // the AcceptSST row checkDurable last checked
 }
 
 type simRun struct {
@@ -322,6 +327,7 @@ func (p *simProc) Step(now time.Duration) bool {
 		p.h.c.fail("disk: node %d: %v", p.env.ID(), err)
 	}
 	p.checkPromises()
+	p.checkDurable()
 	p.checkBounds()
 	p.checkLeading()
 	wake := p.r.NextDeadline()
@@ -373,6 +379,47 @@ func (p *simProc) checkPromises() {
 			})
 		}
 	})
+}
+
+// checkDurable (simOpts.promiseCheck) runs after a step that moved the
+// member's AcceptSST row: what the row acknowledges must be on disk, so
+// the member's disk image with every unsynced write dropped (the worst a
+// crash now can leave) must recover to a durable Accepted at or above it.
+// This catches an early acknowledgement without waiting for the unlucky
+// crash that loses it (plan §4 D2, "durability promise:").
+func (p *simProc) checkDurable() {
+	r := p.r
+	if !p.h.o.promiseCheck || r.dur == nil {
+		return
+	}
+	acked := MsgHdr{E: Epoch(r.myRows[tAccept][0]), Cnt: r.myRows[tAccept][1]}
+	if acked == p.acked {
+		return
+	}
+	p.acked = acked
+	fs := p.env.Disk().Files()
+	fs.DropUnsynced()
+	rec, err := wal.Recover(fs, "wal", uint64(p.env.ID()))
+	if err != nil {
+		p.h.c.fail("durability promise: node %d: its disk image does not recover: %v", p.env.ID(), err)
+		return
+	}
+	if dA := recordsAccepted(rec); dA.Less(acked) {
+		p.h.c.fail("durability promise: node %d incarnation %d acknowledges %v in its AcceptSST row, but its disk recovers only to %v", p.env.ID(), p.env.Incarnation(), acked, dA)
+	}
+}
+
+// recordsAccepted is the Accepted a recovered log replays to: the last
+// entry outside a diff or the last diff's end.
+func recordsAccepted(rec *wal.Recovered) MsgHdr {
+	var a MsgHdr
+	for _, x := range rec.Records {
+		switch {
+		case x.Type == wal.RecEntry && x.Flags&recInDiff == 0, x.Type == wal.RecDiffEnd:
+			a = getHdr(x.Data)
+		}
+	}
+	return a
 }
 
 // checkLeading runs after every step: Leading reports exactly "leader of
@@ -725,8 +772,8 @@ func TestSimAcuerdo(t *testing.T) {
 		// Sync durability (durable.go): whole-group crashes, every member
 		// restarted from the disk image its crash left, plus random
 		// crashes and partitions; nothing acknowledged may be lost.
-		{"n3-sync-whole-group", 0.05, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
-		{"n5-sync-staggered", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
+		{"n3-sync-whole-group", 0.05, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
+		{"n5-sync-staggered", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -815,6 +862,9 @@ func TestSimMutants(t *testing.T) {
 		// a whole-group crash loses an entry a majority acknowledged, and
 		// the members restarted first elect without it.
 		{"ack-unsynced", simOpts{knobs: testingKnobs{ackUnsynced: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, staggered: true, maxLog: 24}, 1000, "acknowledged lost:"},
+		// The same bug, caught with no crash at all: a row acknowledges
+		// what the member's disk image would not give back.
+		{"ack-unsynced-promise", simOpts{knobs: testingKnobs{ackUnsynced: true}, n: 3, until: window, durability: Sync, promiseCheck: true, maxLog: 24}, 100, "durability promise:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
