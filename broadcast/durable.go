@@ -55,6 +55,11 @@ type durable struct {
 // record it refused. The replica no longer polls; Status.DiskErr says why.
 var ErrDisk = errors.New("broadcast: write-ahead log failed")
 
+// ErrLogCorrupt: Recover or New found a log this package did not write,
+// or one that breaks the protocol's order (a bug or a damaged disk that
+// the wal's checks did not see). The replica does not start.
+var ErrLogCorrupt = errors.New("broadcast: log corrupt")
+
 // ackHdr is what our AcceptSST row acknowledges, and what a leader counts
 // for itself (Fig. 6 l.72-74): Accepted in Memory mode, min(Accepted, dA)
 // in Sync (plan §2 D3: a majority's acknowledgement is on a majority's
@@ -232,13 +237,13 @@ func Recover(rec *wal.Recovered) (*Recovery, error) {
 		return rc, nil
 	}
 	if len(rec.Segments) > 0 && rec.Segments[0].FirstSeq > 1 {
-		return nil, fmt.Errorf("broadcast: log %s starts at seq %d, not 1 (no disk snapshot to start from): %w", rec.Segments[0].Path, rec.Segments[0].FirstSeq, ErrCorrupt)
+		return nil, fmt.Errorf("broadcast: log %s starts at seq %d, not 1 (no disk snapshot to start from): %w", rec.Segments[0].Path, rec.Segments[0].FirstSeq, ErrLogCorrupt)
 	}
 	inDiff, left := false, 0
 	for i := range rec.Records {
 		x := &rec.Records[i]
 		bad := func(why string) error {
-			return fmt.Errorf("broadcast: log record seq %d (type %d) at %+v: %s: %w", x.Seq, x.Type, x.Pos, why, ErrCorrupt)
+			return fmt.Errorf("broadcast: log record seq %d (type %d) at %+v: %s: %w", x.Seq, x.Type, x.Pos, why, ErrLogCorrupt)
 		}
 		switch x.Type {
 		case wal.RecEntry:
@@ -280,7 +285,7 @@ func Recover(rec *wal.Recovered) (*Recovery, error) {
 		}
 	}
 	if inDiff {
-		return nil, fmt.Errorf("broadcast: log ends inside a diff (wal.Recover should have dropped it): %w", ErrCorrupt)
+		return nil, fmt.Errorf("broadcast: log ends inside a diff (wal.Recover should have dropped it): %w", ErrLogCorrupt)
 	}
 	rc.recs = rec.Records
 	return rc, nil
@@ -320,7 +325,7 @@ func (r *Replica) replay(rc *Recovery) error {
 			}
 			if hdr.E != r.accepted.E || hdr.Cnt != r.accepted.Cnt+1 {
 				s.unref()
-				return fmt.Errorf("broadcast: log entry %v at seq %d does not follow Accepted %v: %w", hdr, x.Seq, r.accepted, ErrCorrupt)
+				return fmt.Errorf("broadcast: log entry %v at seq %d does not follow Accepted %v: %w", hdr, x.Seq, r.accepted, ErrLogCorrupt)
 			}
 			r.log.Set(e)
 			r.accepted = hdr
@@ -363,10 +368,10 @@ func (r *Replica) replay(rc *Recovery) error {
 		}
 	}
 	if r.eCur > r.eNew {
-		return fmt.Errorf("broadcast: the log holds epoch %v, the stable state promised only %v: %w", r.eCur, r.eNew, ErrCorrupt)
+		return fmt.Errorf("broadcast: the log holds epoch %v, the stable state promised only %v: %w", r.eCur, r.eNew, ErrLogCorrupt)
 	}
 	if r.accepted.Less(r.committed) {
-		return fmt.Errorf("broadcast: the log's commit point %v is above its last entry %v: %w", r.committed, r.accepted, ErrCorrupt)
+		return fmt.Errorf("broadcast: the log's commit point %v is above its last entry %v: %w", r.committed, r.accepted, ErrLogCorrupt)
 	}
 	// Recovery step 4: the FSM (and the keyed table) to the commit point.
 	for i := r.log.above(delivered); i < r.log.Len(); i++ {
@@ -377,7 +382,7 @@ func (r *Replica) replay(rc *Recovery) error {
 		r.deliver(e)
 	}
 	if commitIdx != 0 && r.index != commitIdx {
-		return fmt.Errorf("broadcast: replay delivered %d entries up to %v, the log's commit record says %d: %w", r.index, r.committed, commitIdx, ErrCorrupt)
+		return fmt.Errorf("broadcast: replay delivered %d entries up to %v, the log's commit record says %d: %w", r.index, r.committed, commitIdx, ErrLogCorrupt)
 	}
 	for r.log.above(r.committed) > r.cfg.MaxLogEntries {
 		e, _ := r.log.Min()

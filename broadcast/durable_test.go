@@ -1,0 +1,107 @@
+package broadcast
+
+import (
+	"encoding/binary"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
+)
+
+func recEntry(seq uint64, h MsgHdr, flags uint8, data string) wal.Record {
+	b := make([]byte, 32+len(data))
+	binary.LittleEndian.PutUint64(b[0:], uint64(h.E))
+	binary.LittleEndian.PutUint64(b[8:], h.Cnt)
+	copy(b[32:], data)
+	return wal.Record{Type: wal.RecEntry, Flags: flags, Seq: seq, Data: b}
+}
+
+func recDiff(seq uint64, h, base MsgHdr, n int) (begin wal.Record, end wal.Record) {
+	b := make([]byte, 40)
+	binary.LittleEndian.PutUint64(b[0:], uint64(h.E))
+	binary.LittleEndian.PutUint64(b[8:], h.Cnt)
+	binary.LittleEndian.PutUint64(b[16:], uint64(base.E))
+	binary.LittleEndian.PutUint64(b[24:], base.Cnt)
+	binary.LittleEndian.PutUint32(b[32:], uint32(n))
+	e := make([]byte, 16)
+	copy(e, b[:16])
+	return wal.Record{Type: wal.RecDiffBegin, Seq: seq, Data: b}, wal.Record{Type: wal.RecDiffEnd, Seq: seq + uint64(n) + 1, Data: e}
+}
+
+func recCommit(seq uint64, h MsgHdr, index uint64) wal.Record {
+	b := make([]byte, 32)
+	binary.LittleEndian.PutUint64(b[0:], uint64(h.E))
+	binary.LittleEndian.PutUint64(b[8:], h.Cnt)
+	binary.LittleEndian.PutUint64(b[16:], index)
+	return wal.Record{Type: wal.RecCommit, Seq: seq, Data: b}
+}
+
+// TestRecoverChecksLog: Recover accepts the logs this package writes and
+// refuses, with ErrLogCorrupt, records out of its format; a log with
+// corruption is not replayed (Repair).
+func TestRecoverChecksLog(t *testing.T) {
+	e1 := Epoch(1)
+	begin, end := recDiff(2, MsgHdr{E: e1}, MsgHdr{}, 1)
+	good := []wal.Record{begin, recEntry(3, MsgHdr{E: 0, Cnt: 0}, recInDiff, "x"), end,
+		recEntry(5, MsgHdr{E: e1, Cnt: 1}, 0, "a"), recCommit(6, MsgHdr{E: e1, Cnt: 1}, 1)}
+	rc, err := Recover(&wal.Recovered{Records: good, NextSeq: 7})
+	if err != nil || rc.Repair || rc.Entries != 2 || rc.Diffs != 1 || rc.Commits != 1 {
+		t.Fatalf("good log: %+v, %v", rc, err)
+	}
+	if rc, err := Recover(nil); err != nil || rc.Repair {
+		t.Fatalf("no log: %+v, %v", rc, err)
+	}
+	bad := map[string][]wal.Record{
+		"entry flagged in a diff outside one": {recEntry(2, MsgHdr{E: e1, Cnt: 1}, recInDiff, "a")},
+		"diff entry not flagged":              {begin, recEntry(3, MsgHdr{}, 0, "x"), end},
+		"diff end without begin":              {end},
+		"diff missing an entry":               {begin, end},
+		"unfinished diff":                     {begin, recEntry(3, MsgHdr{}, recInDiff, "x")},
+		"short entry":                         {{Type: wal.RecEntry, Seq: 2, Data: make([]byte, 8)}},
+		"unknown type":                        {{Type: 42, Seq: 2}},
+		"short commit":                        {{Type: wal.RecCommit, Seq: 2, Data: make([]byte, 8)}},
+	}
+	for name, recs := range bad {
+		if _, err := Recover(&wal.Recovered{Records: recs}); !errors.Is(err, ErrLogCorrupt) {
+			t.Errorf("%s: Recover returned %v, want ErrLogCorrupt", name, err)
+		}
+	}
+	// A log that does not start at its first record (truncated behind a
+	// disk snapshot, not built yet) is refused.
+	if _, err := Recover(&wal.Recovered{Segments: []wal.SegInfo{{Seq: 3, Path: "wal/3.seg", FirstSeq: 900}}}); !errors.Is(err, ErrLogCorrupt) {
+		t.Errorf("truncated log: %v, want ErrLogCorrupt", err)
+	}
+	// Corruption: not replayed, the member catches up from the group.
+	rc, err = Recover(&wal.Recovered{Records: good, Corrupt: []wal.Corruption{{Path: "wal/1.seg", FromSeq: 4, ToSeq: 4, Reason: "crc"}}})
+	if err != nil || !rc.Repair || !strings.Contains(rc.Reason, "catching up") || rc.recs != nil {
+		t.Fatalf("corrupt log: %+v, %v", rc, err)
+	}
+}
+
+// TestDurabilityConfig: Async is refused until it is built, Sync needs a
+// WAL, Memory takes none.
+func TestDurabilityConfig(t *testing.T) {
+	base := Config{Self: 1, Members: []rdma.NodeID{1, 2, 3}}
+	for _, tc := range []struct {
+		name string
+		mod  func(c *Config)
+		want string
+	}{
+		{"async", func(c *Config) { c.Durability = Async }, "async is not implemented"},
+		{"sync without wal", func(c *Config) { c.Durability = Sync }, "needs a WAL"},
+		{"memory with wal", func(c *Config) { c.WAL = &wal.Writer{} }, "durability memory"},
+		{"unknown", func(c *Config) { c.Durability = 7 }, "unknown"},
+	} {
+		c := base
+		tc.mod(&c)
+		_, err := c.withDefaults()
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrConfig saying %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := base.withDefaults(); err != nil {
+		t.Fatalf("memory: %v", err)
+	}
+}
