@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // member is what this replica knows of one member from its SST rows.
@@ -500,6 +501,9 @@ func (r *Replica) Poll(now time.Duration) bool {
 // NextDeadline is the latest time the replica wants its next Poll even if
 // nothing lands in its memory (heartbeats, timeouts, reconnects).
 func (r *Replica) NextDeadline() time.Duration {
+	if r.dur != nil && r.dur.err != nil {
+		return wal.Never // stopped (ErrDisk): no timer is worth a Poll
+	}
 	d := r.nextHB
 	if r.role == Electing {
 		d = min(d, r.electAt)

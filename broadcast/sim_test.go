@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -219,6 +220,40 @@ type simOpts struct {
 	// recover a copy of its disk with every unsynced write dropped and
 	// check that it holds what the row acknowledges (checkDurable).
 	promiseCheck bool
+	// failSync makes the nth sync of node failNode's first incarnation
+	// fail with EIO: its writer fail-stops (wal.ErrFailStop), the replica
+	// stops (ErrDisk) and the harness restarts it from its disk, as a
+	// process that exited would be; stopped counts it.
+	failNode rdma.NodeID
+	failSync int
+	stopped  *int
+}
+
+// failingDevice fails the nth Sync submitted to it.
+type failingDevice struct {
+	wal.Device
+	nth, k int
+	tag    uint64
+}
+
+func (d *failingDevice) Submit(op wal.IO) bool {
+	if op.Kind == wal.IOSync {
+		if d.k++; d.k == d.nth {
+			d.tag = op.Tag
+		}
+	}
+	return d.Device.Submit(op)
+}
+
+func (d *failingDevice) Reap(dst []wal.Done) []wal.Done {
+	n := len(dst)
+	dst = d.Device.Reap(dst)
+	for i := n; i < len(dst); i++ {
+		if d.nth > 0 && d.k >= d.nth && dst[i].Tag == d.tag && dst[i].Err == nil {
+			dst[i].Err = syscall.EIO
+		}
+	}
+	return dst
 }
 
 // simStats are counts over a case's seeds that Counters do not hold.
@@ -238,6 +273,7 @@ type simProc struct {
 	k        int
 	promised Epoch  // the highest promise published so far (checkPromises)
 	acked    MsgHdr // the AcceptSST row checkDurable last checked
+	stopped  bool   // its replica stopped on a disk error (failSync)
 }
 
 type simRun struct {
@@ -273,7 +309,11 @@ func (p *simProc) Start(env *sim.Env) error {
 		if err != nil {
 			return fmt.Errorf("node %d incarnation %d: recover the log: %w", env.ID(), env.Incarnation(), err)
 		}
-		w, err := wal.Open(env.DiskDevice(), wal.Config{Dir: "wal", Mode: wal.Sync, Member: uint64(env.ID()), SegmentBytes: 64 << 10}, rec)
+		var dev wal.Device = env.DiskDevice()
+		if p.h.o.failSync > 0 && env.ID() == p.h.o.failNode && env.Incarnation() == 1 {
+			dev = &failingDevice{Device: dev, nth: p.h.o.failSync}
+		}
+		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: uint64(env.ID()), SegmentBytes: 64 << 10}, rec)
 		if err != nil {
 			return err
 		}
@@ -324,7 +364,27 @@ func (p *simProc) Step(now time.Duration) bool {
 	}
 	progress := p.r.Poll(now)
 	if err := p.r.Status().DiskErr; err != nil {
-		p.h.c.fail("disk: node %d: %v", p.env.ID(), err)
+		if p.h.o.failSync == 0 || p.env.ID() != p.h.o.failNode || !errors.Is(err, ErrDisk) || !errors.Is(err, wal.ErrFailStop) {
+			p.h.c.fail("disk: node %d: %v", p.env.ID(), err)
+		} else if !p.stopped {
+			// The process exits (fail-stop) and is restarted from its disk.
+			p.stopped = true
+			*p.h.o.stopped++
+			h, id := p.h, p.env.ID()
+			h.s.At(now, func() {
+				if err := h.s.Crash(id); err != nil {
+					h.c.fail("crash %d: %v", id, err)
+					return
+				}
+				h.down[id] = true
+				h.s.At(now+2*time.Millisecond, func() {
+					if err := h.s.Restart(id, true); err != nil {
+						h.c.fail("restart %d: %v", id, err)
+					}
+					delete(h.down, id)
+				})
+			})
+		}
 	}
 	p.checkPromises()
 	p.checkDurable()
