@@ -44,6 +44,11 @@ type testingKnobs struct {
 	// count) carries Accepted, not min(Accepted, dA): acknowledgements of
 	// records not yet on disk (acknowledged lost).
 	ackUnsynced bool
+	// resumeOldEpoch: in Sync mode a member restarted from its log may
+	// win the epoch it promised before the crash, counting the old votes
+	// it sees; if it led that epoch and its log lost the entries, the
+	// epoch gets two different entries at one header (total order).
+	resumeOldEpoch bool
 
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool

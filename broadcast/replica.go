@@ -178,6 +178,7 @@ type Replica struct {
 
 	dur      *durable // Sync mode's log (durable.go); nil in Memory mode
 	fromDisk bool     // replayed its log at start
+	bootENew Epoch    // E_new as the stable state held it at start (Sync: never won again)
 	repair   bool     // its log was corrupt: catching up instead
 
 	now    time.Duration
@@ -259,6 +260,7 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	r.electAt = r.voteTimeout(0)
 	if cfg.Durability == Sync {
 		r.dur = &durable{w: cfg.WAL}
+		r.bootENew = r.eNew
 		switch rc := cfg.Recovery; {
 		case rejoin:
 			// No stable state: whatever the log holds, E_new is unknown;
