@@ -81,8 +81,10 @@ func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 	}
 	// Acuerdo Fig. 5 l.49-51: Log[hdr] = M; Accepted = hdr; Accept_SST[Self] = hdr.
 	data, s := r.acceptCur.copy(&r.slabs, payload[entryMeta:])
-	r.log.Set(entry{hdr: hdr, id: getMeta(payload), data: data, slab: s})
+	e := entry{hdr: hdr, id: getMeta(payload), data: data, slab: s}
+	r.log.Set(e)
 	r.accepted = hdr
+	r.walAccept(&e) // Sync: the Entry record; acknowledged once synced (durable.go)
 	// Fig. 5 l.52 (push to the leader) happens once per batch in push.
 }
 
@@ -187,6 +189,10 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 			return
 		}
 	}
+	var snapMetaBytes []byte
+	if useSnap && r.dur != nil {
+		snapMetaBytes = encodeSnapMeta(r.cfg.Members, f.meta) // before restore takes its tables
+	}
 	if useSnap {
 		if err := r.restore(&f.meta, f.buf, d.base); err != nil {
 			r.tracef("node %d: restore snapshot: %v", r.self, err)
@@ -194,6 +200,9 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 			return
 		}
 	}
+	// Sync: the diff's records (its snapshot, if it installs one, then its
+	// entries and its end), after the E_new save (durable.go).
+	r.walDiff(d.hdr, d.base, d.entries, d.base, snapMetaBytes, f.buf)
 	l.stopFetch()
 	// Acuerdo Fig. 5 l.58-60: E_new = E_cur = e; Role = FOLLOWER.
 	newEpoch := e != r.eCur

@@ -34,7 +34,7 @@ func (r *Replica) commit() bool {
 			return false
 		}
 		vals := r.commitVals[:0]
-		vals = append(vals, r.accepted)
+		vals = append(vals, r.ackHdr()) // Sync: our own dA, not Accepted (plan §2 D3)
 		for i := range r.mems {
 			m := &r.mems[i]
 			if i != r.me && m.valid[tAccept] {

@@ -18,6 +18,9 @@ func TestSimDeterminism(t *testing.T) {
 		"lost-disk":          {n: 5, until: window, crashes: true, loseDisk: 0.5, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}},
 		"crash-at-vote":      {n: 3, until: window, crashAtVote: true, limits: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}},
 		"leader-to-follower": asymOpts("leader-to-follower", 3, testingKnobs{}),
+		// Sync: the writer, the sim disk's latencies and crash model, and
+		// recovery are part of the deterministic run.
+		"sync-whole-group": {n: 3, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}},
 	}
 	for name, o := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -269,6 +269,13 @@ func (r *Replica) elect() bool {
 	if r.vote.ENew.Leader() != r.self || r.vote.ENew != r.eNew || r.vote.ENew <= r.eCur {
 		return progress
 	}
+	if r.dur != nil && r.vote.ENew <= r.bootENew && !r.knobs.resumeOldEpoch {
+		// Sync: a member restarted from its log never wins an epoch it
+		// promised in an earlier incarnation (it may have led it, and its
+		// log may not show it): the votes of that epoch it sees are old.
+		// It needs a new, bigger one (plan §2).
+		return progress
+	}
 	votes := 1
 	for i := range r.mems {
 		m := &r.mems[i]
@@ -309,6 +316,9 @@ func (r *Replica) becomeLeader() {
 	r.vote.Forced = false // won: the forced vote has done its work (force.go)
 	r.count = 0
 	r.eCur = r.eNew
+	// Sync: the leader's own (empty) diff goes to the log, so that replay
+	// finds E_cur and Accepted = (E, 0) (durable.go).
+	r.walDiff(MsgHdr{E: r.eCur}, r.accepted, nil, MsgHdr{}, nil, nil)
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
 	r.setLeading()

@@ -40,6 +40,16 @@ type testingKnobs struct {
 	// forced one (total order).
 	forceJoinUnforced bool
 
+	// ackUnsynced: in Sync mode the AcceptSST row (and the leader's own
+	// count) carries Accepted, not min(Accepted, dA): acknowledgements of
+	// records not yet on disk (acknowledged lost).
+	ackUnsynced bool
+	// resumeOldEpoch: in Sync mode a member restarted from its log may
+	// win the epoch it promised before the crash, counting the old votes
+	// it sees; if it led that epoch and its log lost the entries, the
+	// epoch gets two different entries at one header (total order).
+	resumeOldEpoch bool
+
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool
 }

@@ -105,8 +105,10 @@ func (r *Replica) AppendRoom() int {
 func (r *Replica) broadcast(id proposalID, data []byte, s *slab) MsgHdr {
 	r.count++
 	hdr := MsgHdr{E: r.eNew, Cnt: r.count}
-	r.log.Set(entry{hdr: hdr, id: id, data: data, slab: s})
+	e := entry{hdr: hdr, id: id, data: data, slab: s}
+	r.log.Set(e)
 	r.accepted = hdr
+	r.walAccept(&e)
 	return hdr
 }
 
@@ -143,7 +145,12 @@ func (r *Replica) serve(i int) bool {
 		// accepted the diff and made no progress (accepting, or fetching
 		// its snapshot: a long transfer is not thrown away) for 20
 		// election timeouts, is synced again.
-		stalled := m.valid[tAccept] && m.acceptHdr().Less(f.end) && r.now-max(f.sentAt, m.progressAt) > 20*r.cfg.ElectionTimeout
+		// In Sync mode a member restarted from its log may show an
+		// AcceptSST row at f.end already (its replayed dA) without having
+		// accepted our diff (a snapshot fetch failed): it does not say it
+		// follows us.
+		behind := m.valid[tAccept] && m.acceptHdr().Less(f.end) || r.dur != nil && m.valid[tCommit] && m.follows() != r.eCur
+		stalled := behind && r.now-max(f.sentAt, m.progressAt) > 20*r.cfg.ElectionTimeout
 		if f.next.Less(r.pruned) || stalled {
 			r.tracef("node %d re-syncs node %d (stalled %v)", r.self, m.id, stalled)
 			r.startSync(i)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // member is what this replica knows of one member from its SST rows.
@@ -175,6 +176,11 @@ type Replica struct {
 	pseq       uint64
 	npending   atomic.Int64 // len(inbox)+len(waiting)+len(inflight); added to under mu
 
+	dur      *durable // Sync mode's log (durable.go); nil in Memory mode
+	fromDisk bool     // replayed its log at start
+	bootENew Epoch    // E_new as the stable state held it at start (Sync: never won again)
+	repair   bool     // its log was corrupt: catching up instead
+
 	now    time.Duration
 	ctr    Counters
 	knobs  testingKnobs // planted bugs, tests only (knobs.go)
@@ -252,7 +258,29 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	}
 	r.role = Electing
 	r.electAt = r.voteTimeout(0)
-	if r.catchingUp && r.eNew != 0 {
+	if cfg.Durability == Sync {
+		r.dur = &durable{w: cfg.WAL}
+		r.bootENew = r.eNew
+		switch rc := cfg.Recovery; {
+		case rejoin:
+			// No stable state: whatever the log holds, E_new is unknown;
+			// rejoin as today (recoverENew), catching up.
+		case rc != nil && rc.Repair:
+			r.tracef("node %d: %s", r.self, rc.Reason)
+			r.repair = true
+		case rc != nil:
+			// Plan §2: in Sync mode a member restarted from an intact log
+			// is a full voter at once, with Accepted = dA.
+			if err := r.replay(rc); err != nil {
+				r.closeRegions()
+				return nil, err
+			}
+			r.catchingUp = false
+		default:
+			r.catchingUp = false // an empty log: the initial state, durably
+		}
+	}
+	if (r.catchingUp || r.dur != nil) && r.eNew != 0 {
 		// Publish the promise we kept on disk (with no accepted header, so
 		// that no candidate counts it): members of a smaller epoch see it
 		// and elect past it, or we could never accept their diff (Fig. 5
@@ -372,6 +400,13 @@ func (r *Replica) idxOf(id rdma.NodeID) int {
 // elections, Stable.Save).
 func (r *Replica) Poll(now time.Duration) bool {
 	r.now = now
+	walProgress := false
+	if r.dur != nil {
+		if r.dur.err != nil {
+			return false // fail-stop: the log failed (ErrDisk)
+		}
+		walProgress = r.walPoll(now) // completions first: dA may have moved
+	}
 	if r.knobs.unsaved {
 		r.knobs.unsaved = false
 		r.stable.Save(StableState{Incarnation: r.inc, ENew: r.eNew})
@@ -445,6 +480,17 @@ func (r *Replica) Poll(now time.Duration) bool {
 		r.nextPrune = now + r.cfg.HeartbeatInterval
 		r.prune()
 	}
+	if r.dur != nil {
+		// This Poll's records go to the disk now (Sync: group commit).
+		r.walCommit()
+		if r.walPoll(now) || walProgress {
+			progress = true
+		}
+		if r.dur.err != nil {
+			r.publishStatus()
+			return progress
+		}
+	}
 	if r.push() {
 		progress = true
 	}
@@ -457,6 +503,9 @@ func (r *Replica) Poll(now time.Duration) bool {
 // NextDeadline is the latest time the replica wants its next Poll even if
 // nothing lands in its memory (heartbeats, timeouts, reconnects).
 func (r *Replica) NextDeadline() time.Duration {
+	if r.dur != nil && r.dur.err != nil {
+		return wal.Never // stopped (ErrDisk): no timer is worth a Poll
+	}
 	d := r.nextHB
 	if r.role == Electing {
 		d = min(d, r.electAt)
@@ -465,6 +514,9 @@ func (r *Replica) NextDeadline() time.Duration {
 		if l != nil {
 			d = min(d, l.io.NextDeadline())
 		}
+	}
+	if r.dur != nil && r.dur.err == nil {
+		d = min(d, r.dur.w.NextDeadline())
 	}
 	return d
 }

@@ -15,7 +15,8 @@ import (
 // CommitSST and VoteSST to all (Fig. 6 l.95, Fig. 7 l.104).
 func (r *Replica) updateRows() {
 	var rs [nTables]row
-	rs[tAccept] = row{uint64(r.accepted.E), r.accepted.Cnt, r.fetched, r.inc}
+	ack := r.ackHdr() // Accepted; in Sync mode no more than what is on disk (durable.go)
+	rs[tAccept] = row{uint64(ack.E), ack.Cnt, r.fetched, r.inc}
 	rs[tCommit] = row{uint64(r.committed.E), r.committed.Cnt, r.heartbeat, r.inc, r.index, uint64(r.follows())}
 	if r.vote != (Vote{}) {
 		rs[tVote] = row{uint64(r.vote.ENew), uint64(r.vote.Acpt.E), r.vote.Acpt.Cnt, r.inc}

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/sim"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 var simFlags = sim.RegisterFlags(flag.CommandLine)
@@ -57,7 +59,27 @@ type checker struct {
 	// check (a proposal reported delivered that is no longer in the
 	// order), nothing else.
 	lost map[string]bool
-	err  error
+	// durable: ref is the order acknowledged entries must keep across
+	// whole-group crashes (Sync): a different entry delivered where an
+	// acknowledged one stands is "acknowledged lost:".
+	durable bool
+	err     error
+}
+
+// acked reports whether d was acknowledged to its proposer: its Proposal
+// resolved delivered (an Append has no handle: never).
+func (c *checker) acked(d string) (uint64, bool) {
+	sp := c.proposed[d]
+	if sp == nil || sp.p == nil {
+		return 0, false
+	}
+	select {
+	case <-sp.p.Done():
+	default:
+		return 0, false
+	}
+	index, err := sp.p.Result()
+	return index, err == nil
 }
 
 type simProposal struct {
@@ -80,6 +102,9 @@ func (c *checker) apply(id rdma.NodeID, index uint64, d string) {
 	switch {
 	case index <= uint64(len(c.ref)):
 		if c.ref[index-1] != d {
+			if at, ok := c.acked(c.ref[index-1]); ok && c.durable {
+				c.fail("acknowledged lost: node %d delivered %q at %d, where %q stood, acknowledged delivered at %d", id, d, index, c.ref[index-1], at)
+			}
 			c.fail("total order: node %d delivered %q at %d, another replica %q", id, d, index, c.ref[index-1])
 		}
 	case index == uint64(len(c.ref))+1:
@@ -180,6 +205,64 @@ type simOpts struct {
 	// script, if set, schedules scripted faults and checks on the run
 	// (asym_test.go); it fails the run through h.c.fail.
 	script func(h *simRun)
+	// durability is the replicas' mode; Sync runs each incarnation on a
+	// wal.Writer over the node's sim.Disk files, recovered at start, and
+	// restarts members from the disk image their crash left.
+	durability Durability
+	// wholeGroup crashes every member at once that many times, at random
+	// instants, and restarts each from its disk after a random downtime;
+	// staggered spreads the restarts (members come back one by one).
+	wholeGroup int
+	staggered  bool
+	// stats, if set, sums what the durable runs did over seeds.
+	stats *simStats
+	// promiseCheck (Sync): each time a member's AcceptSST row moves,
+	// recover a copy of its disk with every unsynced write dropped and
+	// check that it holds what the row acknowledges (checkDurable).
+	promiseCheck bool
+	// failSync makes the nth sync of node failNode's first incarnation
+	// fail with EIO: its writer fail-stops (wal.ErrFailStop), the replica
+	// stops (ErrDisk) and the harness restarts it from its disk, as a
+	// process that exited would be; stopped counts it.
+	failNode rdma.NodeID
+	failSync int
+	stopped  *int
+	// slowDisk makes node 1's syncs take 0.5-2 ms (the others' 50-500
+	// µs), an eighth to half an election timeout.
+	slowDisk bool
+}
+
+// failingDevice fails the nth Sync submitted to it.
+type failingDevice struct {
+	wal.Device
+	nth, k int
+	tag    uint64
+}
+
+func (d *failingDevice) Submit(op wal.IO) bool {
+	if op.Kind == wal.IOSync {
+		if d.k++; d.k == d.nth {
+			d.tag = op.Tag
+		}
+	}
+	return d.Device.Submit(op)
+}
+
+func (d *failingDevice) Reap(dst []wal.Done) []wal.Done {
+	n := len(dst)
+	dst = d.Device.Reap(dst)
+	for i := n; i < len(dst); i++ {
+		if d.nth > 0 && d.k >= d.nth && dst[i].Tag == d.tag && dst[i].Err == nil {
+			dst[i].Err = syscall.EIO
+		}
+	}
+	return dst
+}
+
+// simStats are counts over a case's seeds that Counters do not hold.
+type simStats struct {
+	wholeGroup int // whole-group crashes run
+	fromDisk   int // incarnations that replayed their log at start
 }
 
 // simProc is one incarnation of a replica in the simulator, with a client
@@ -191,7 +274,9 @@ type simProc struct {
 	fsm      *checkFSM
 	next     time.Duration
 	k        int
-	promised Epoch // the highest promise published so far (checkPromises)
+	promised Epoch  // the highest promise published so far (checkPromises)
+	acked    MsgHdr // the AcceptSST row checkDurable last checked
+	stopped  bool   // its replica stopped on a disk error (failSync)
 }
 
 type simRun struct {
@@ -203,6 +288,7 @@ type simRun struct {
 	rng   *rand.Rand
 	down  map[rdma.NodeID]bool // crashed by scheduleCrashes, not restarted yet
 	all   []*simProc           // every incarnation, for its counters
+	ctr   struct{ wholeGroup int }
 }
 
 func (p *simProc) Start(env *sim.Env) error {
@@ -221,6 +307,27 @@ func (p *simProc) Start(env *sim.Env) error {
 		}
 	}
 	p.fsm = &checkFSM{id: env.ID(), c: p.h.c, seen: map[string]bool{}}
+	if p.h.o.durability == Sync {
+		rec, err := wal.Recover(env.Disk(), "wal", uint64(env.ID()))
+		if err != nil {
+			return fmt.Errorf("node %d incarnation %d: recover the log: %w", env.ID(), env.Incarnation(), err)
+		}
+		if p.h.o.slowDisk && env.ID() == 1 {
+			env.Disk().SetSyncLatency(500*time.Microsecond, 2*time.Millisecond)
+		}
+		var dev wal.Device = env.DiskDevice()
+		if p.h.o.failSync > 0 && env.ID() == p.h.o.failNode && env.Incarnation() == 1 {
+			dev = &failingDevice{Device: dev, nth: p.h.o.failSync}
+		}
+		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: uint64(env.ID()), SegmentBytes: 64 << 10}, rec)
+		if err != nil {
+			return err
+		}
+		if cfg.Recovery, err = Recover(rec); err != nil {
+			return fmt.Errorf("node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
+		}
+		cfg.Durability, cfg.WAL = Sync, w
+	}
 	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
 	if err != nil {
 		return err
@@ -262,7 +369,31 @@ func (p *simProc) Step(now time.Duration) bool {
 		p.next = now + time.Duration(p.env.Rand().Int64N(int64(4*time.Millisecond)))
 	}
 	progress := p.r.Poll(now)
+	if err := p.r.Status().DiskErr; err != nil {
+		if p.h.o.failSync == 0 || p.env.ID() != p.h.o.failNode || !errors.Is(err, ErrDisk) || !errors.Is(err, wal.ErrFailStop) {
+			p.h.c.fail("disk: node %d: %v", p.env.ID(), err)
+		} else if !p.stopped {
+			// The process exits (fail-stop) and is restarted from its disk.
+			p.stopped = true
+			*p.h.o.stopped++
+			h, id := p.h, p.env.ID()
+			h.s.At(now, func() {
+				if err := h.s.Crash(id); err != nil {
+					h.c.fail("crash %d: %v", id, err)
+					return
+				}
+				h.down[id] = true
+				h.s.At(now+2*time.Millisecond, func() {
+					if err := h.s.Restart(id, true); err != nil {
+						h.c.fail("restart %d: %v", id, err)
+					}
+					delete(h.down, id)
+				})
+			})
+		}
+	}
 	p.checkPromises()
+	p.checkDurable()
 	p.checkBounds()
 	p.checkLeading()
 	wake := p.r.NextDeadline()
@@ -314,6 +445,47 @@ func (p *simProc) checkPromises() {
 			})
 		}
 	})
+}
+
+// checkDurable (simOpts.promiseCheck) runs after a step that moved the
+// member's AcceptSST row: what the row acknowledges must be on disk, so
+// the member's disk image with every unsynced write dropped (the worst a
+// crash now can leave) must recover to a durable Accepted at or above it.
+// This catches an early acknowledgement without waiting for the unlucky
+// crash that loses it (plan §4 D2, "durability promise:").
+func (p *simProc) checkDurable() {
+	r := p.r
+	if !p.h.o.promiseCheck || r.dur == nil {
+		return
+	}
+	acked := MsgHdr{E: Epoch(r.myRows[tAccept][0]), Cnt: r.myRows[tAccept][1]}
+	if acked == p.acked {
+		return
+	}
+	p.acked = acked
+	fs := p.env.Disk().Files()
+	fs.DropUnsynced()
+	rec, err := wal.Recover(fs, "wal", uint64(p.env.ID()))
+	if err != nil {
+		p.h.c.fail("durability promise: node %d: its disk image does not recover: %v", p.env.ID(), err)
+		return
+	}
+	if dA := recordsAccepted(rec); dA.Less(acked) {
+		p.h.c.fail("durability promise: node %d incarnation %d acknowledges %v in its AcceptSST row, but its disk recovers only to %v", p.env.ID(), p.env.Incarnation(), acked, dA)
+	}
+}
+
+// recordsAccepted is the Accepted a recovered log replays to: the last
+// entry outside a diff or the last diff's end.
+func recordsAccepted(rec *wal.Recovered) MsgHdr {
+	var a MsgHdr
+	for _, x := range rec.Records {
+		switch {
+		case x.Type == wal.RecEntry && x.Flags&recInDiff == 0, x.Type == wal.RecDiffEnd:
+			a = getHdr(x.Data)
+		}
+	}
+	return a
 }
 
 // checkLeading runs after every step: Leading reports exactly "leader of
@@ -377,6 +549,43 @@ func (h *simRun) unavailable() int {
 		}
 	}
 	return k
+}
+
+// scheduleWholeGroup crashes every member at one random instant before
+// the faults end, then restarts each from the disk image its crash left
+// after a random downtime (staggered: one by one, some much later).
+func (h *simRun) scheduleWholeGroup() {
+	lo, hi := 2*time.Millisecond, h.o.until-3*time.Millisecond
+	at := lo + time.Duration(h.rng.Int64N(int64(hi-lo)))
+	h.s.At(at, func() {
+		now := h.s.Now()
+		ids := h.s.Nodes()
+		for _, id := range ids {
+			if !h.s.Live(id) {
+				continue
+			}
+			if err := h.s.Crash(id); err != nil {
+				h.c.fail("crash %d: %v", id, err)
+				return
+			}
+			h.down[id] = true
+		}
+		h.ctr.wholeGroup++
+		for k, id := range ids {
+			down := time.Millisecond + time.Duration(h.rng.Int64N(int64(3*time.Millisecond)))
+			if h.o.staggered {
+				down += time.Duration(k) * time.Duration(h.rng.Int64N(int64(3*time.Millisecond)))
+			}
+			h.s.At(now+down, func() {
+				if !h.s.Live(id) {
+					if err := h.s.Restart(id, true); err != nil {
+						h.c.fail("restart %d: %v", id, err)
+					}
+				}
+				delete(h.down, id)
+			})
+		}
+	})
 }
 
 // scheduleCrashes crashes members at random and restarts each with empty
@@ -450,6 +659,10 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		}
 	}
 	s.Invariant(func() error { return h.c.err })
+	h.c.durable = o.durability != Memory
+	for range o.wholeGroup {
+		h.scheduleWholeGroup()
+	}
 	if o.crashes {
 		h.scheduleCrashes(2 * time.Millisecond)
 	}
@@ -475,6 +688,12 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	defer func() {
 		for _, p := range h.all {
 			total.add(p.r.Status().Counters)
+			if o.stats != nil && p.r.Status().FromDisk {
+				o.stats.fromDisk++
+			}
+		}
+		if o.stats != nil {
+			o.stats.wholeGroup += h.ctr.wholeGroup
 		}
 	}()
 	if err := s.RunUntil(o.until); err != nil {
@@ -554,6 +773,8 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		case pos[d] == 0 && h.c.lost[d]:
 			// delivered, then lost with the members that held it
 			// (a forced leader: TestSimForceLead counts it)
+		case pos[d] == 0 && h.c.durable:
+			return fmt.Errorf("acknowledged lost: proposal %q reported delivered at %d is not in the order", d, index)
 		case pos[d] == 0:
 			return fmt.Errorf("proposal %q reported delivered at %d but is not in the order", d, index)
 		case index != 0 && int(index) != pos[d]:
@@ -614,14 +835,29 @@ func TestSimAcuerdo(t *testing.T) {
 		{"n3-appends", 0.05, simOpts{n: 3, until: window, crashes: true, maxLog: 24, appends: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
 		{"n5-appends", 0.05, simOpts{n: 5, until: window, crashes: true, maxLog: 24, appends: true, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
 		{"n3-crash-at-vote", 0.04, simOpts{n: 3, until: window, crashAtVote: true, maxLog: 24, limits: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
+		// Sync durability (durable.go): whole-group crashes, every member
+		// restarted from the disk image its crash left, plus random
+		// crashes and partitions; nothing acknowledged may be lost.
+		{"n3-sync-whole-group", 0.05, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
+		{"n3-sync-slow-disk", 0.02, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, slowDisk: true, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
+		{"n5-sync-staggered", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // each seed is its own single-goroutine Sim
 			var total Counters
+			var stats simStats
+			o := tc.o
+			o.stats = &stats
 			flags := simFlags.WithDefault(int(float64(2*sim.DefaultSeeds)*tc.share + 0.5))
-			flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), tc.o, &total) })
+			flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), o, &total) })
 			t.Logf("counters over all seeds: %+v", total)
+			if o.durability != Memory {
+				t.Logf("durable: %+v", stats)
+				if flags.Seed == 0 && flags.Seeds >= 20 && (stats.fromDisk == 0 || stats.wholeGroup == 0) {
+					t.Errorf("want whole-group crashes and members restarted from their log: %+v", stats)
+				}
+			}
 			// The fault paths must have been taken (a test that never
 			// restores a snapshot proves nothing about snapshots).
 			if flags.Seed == 0 && flags.Seeds >= 50 {
@@ -688,6 +924,18 @@ func TestSimMutants(t *testing.T) {
 		// (force.go): with its vote a member behind the committed entries
 		// wins, under a partition that keeps a live majority.
 		{"force-join-unforced", simOpts{knobs: testingKnobs{forceJoinUnforced: true}, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
+		// Sync mode acknowledges records not yet on disk (AcceptSST and
+		// the leader's own count carry Accepted, not min(Accepted, dA)):
+		// a whole-group crash loses an entry a majority acknowledged, and
+		// the members restarted first elect without it.
+		{"ack-unsynced", simOpts{knobs: testingKnobs{ackUnsynced: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, staggered: true, maxLog: 24}, 1000, "acknowledged lost:"},
+		// The same bug, caught with no crash at all: a row acknowledges
+		// what the member's disk image would not give back.
+		// A member restarted from its log wins the epoch it led before the
+		// crash again (its slow disk kept none of it): two leaders of one
+		// epoch.
+		{"resume-old-epoch", simOpts{knobs: testingKnobs{resumeOldEpoch: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, slowDisk: true, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
+		{"ack-unsynced-promise", simOpts{knobs: testingKnobs{ackUnsynced: true}, n: 3, until: window, durability: Sync, promiseCheck: true, maxLog: 24}, 100, "durability promise:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -23,6 +23,14 @@ type Status struct {
 	Vote        Vote
 	CatchingUp  bool
 	Pending     int // proposals not yet resolved
+	// Durable is dA, the last accepted header on disk (Sync; Accepted in
+	// Memory mode); DiskErr the log failure that stopped the replica.
+	Durable MsgHdr
+	DiskErr error
+	// FromDisk: this incarnation replayed its log at start (Sync, a full
+	// voter at once); Repair: its log was corrupt, not replayed, and it
+	// boots catching up.
+	FromDisk, Repair bool
 	// Members is what this replica knows of each member (itself included),
 	// in Config.Members order, as of its last heartbeat or role change; a
 	// leader also says how it serves each one.
@@ -171,7 +179,11 @@ func (r *Replica) publishStatus() {
 	r.status = Status{Self: r.self, Incarnation: r.inc, Role: r.role, ECur: r.eCur, ENew: r.eNew,
 		Accepted: r.accepted, Committed: r.committed, Index: r.index, LogLen: r.log.Len(),
 		Slabs: int(r.slabs.live.Load()), Pruned: r.pruned, Vote: r.vote, CatchingUp: r.catchingUp,
-		Pending: pending, Members: ms, Counters: r.ctr}
+		Pending: pending, Members: ms, Counters: r.ctr, Durable: r.durableHdr(),
+		FromDisk: r.fromDisk, Repair: r.repair}
+	if r.dur != nil {
+		r.status.DiskErr = r.dur.err
+	}
 	r.stmu.Unlock()
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // Epoch is the paper's epoch = (round, ldr) (Acuerdo Fig. 1 l.3) packed in
@@ -261,6 +262,47 @@ type Config struct {
 	// kv publishes the value in the table header that clients read to
 	// confirm a leader's reads (docs/kv.md, "Linearizable gets").
 	OnPromise func(Epoch)
+	// Durability is what the replica keeps on disk besides its stable
+	// state (docs/broadcast.md, "Durability"). Memory, the default, keeps
+	// nothing: the protocol is exactly the in-memory one. Sync writes
+	// every accepted entry, diff and commit point to WAL and acknowledges
+	// (AcceptSST) only what is synced. Async is not built yet: New refuses
+	// it.
+	Durability Durability
+	// WAL is the log Sync writes (required with Sync, nil with Memory):
+	// a wal.Writer opened on the log Recover read, polled from Poll.
+	WAL *wal.Writer
+	// Recovery is what Recover made of the log at start (nil: an empty
+	// log). New replays it: the Log, Accepted, E_cur and the commit
+	// point, delivering the committed entries to the FSM before New
+	// returns.
+	Recovery *Recovery
+}
+
+// Durability says what a replica keeps on disk (Config.Durability).
+type Durability uint8
+
+const (
+	// Memory keeps nothing but the stable state: a restarted member
+	// catches up from the group and does not vote until then.
+	Memory Durability = iota
+	// Async: not implemented yet (New refuses it).
+	Async
+	// Sync: an acknowledgement (AcceptSST) covers only synced records, so
+	// a member restarted from its disk is a full voter at once.
+	Sync
+)
+
+func (d Durability) String() string {
+	switch d {
+	case Memory:
+		return "memory"
+	case Async:
+		return "async"
+	case Sync:
+		return "sync"
+	}
+	return fmt.Sprintf("durability(%d)", uint8(d))
 }
 
 // StartMode says how New treats a replica whose Stable holds no state (or
@@ -427,6 +469,16 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Start > StartRejoin {
 		return c, fmt.Errorf("broadcast: config: start mode %d unknown: %w", c.Start, ErrConfig)
+	}
+	switch {
+	case c.Durability == Async:
+		return c, fmt.Errorf("broadcast: config: durability async is not implemented yet (use sync or memory): %w", ErrConfig)
+	case c.Durability > Sync:
+		return c, fmt.Errorf("broadcast: config: durability %d unknown: %w", c.Durability, ErrConfig)
+	case c.Durability == Sync && c.WAL == nil:
+		return c, fmt.Errorf("broadcast: config: durability sync needs a WAL: %w", ErrConfig)
+	case c.Durability == Memory && (c.WAL != nil || c.Recovery != nil):
+		return c, fmt.Errorf("broadcast: config: a WAL or a Recovery with durability memory: %w", ErrConfig)
 	}
 	if c.Start == StartRejoin && c.RejoinIncarnation == 0 {
 		return c, fmt.Errorf("broadcast: config: start mode rejoin needs a RejoinIncarnation above any this member had: %w", ErrConfig)

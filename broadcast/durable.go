@@ -1,0 +1,397 @@
+package broadcast
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rdmakv/rdmakv/wal"
+)
+
+// Durability (docs/broadcast.md, "Durability"; docs/dev/durability-plan.md
+// §2-3): in Sync mode the replica writes what it accepts to a wal.Writer,
+// in the order it accepts it, and acknowledges only what is synced.
+//
+// Records (payloads little-endian; wal adds the Batch records):
+//
+//	Entry     [E u64][Cnt u64][proposal id, 16 bytes][data ...]   Fig. 5 l.49 / Fig. 4 l.40: Log[hdr] = M
+//	DiffBegin [E u64][Cnt u64][baseE u64][baseCnt u64][n u32][flags u32]
+//	SnapMark  [E u64][Cnt u64][meta len u64][meta][state]        inside a diff: the snapshot it installs
+//	DiffEnd   [E u64][Cnt u64]                                   Fig. 5 l.62-64, applied as one unit on replay
+//	Commit    [E u64][Cnt u64][index u64][seen index u64]        the commit point, lazily
+//
+// A diff's records sit between its DiffBegin and DiffEnd (the entries
+// flagged recInDiff); recovery applies a diff only when its DiffEnd is
+// there (wal.Recover drops an unfinished one at the tail). A leader's
+// election writes an empty diff of its epoch, so that replay finds E_cur
+// and Accepted = (E, 0).
+
+// recInDiff flags an Entry record that belongs to a diff.
+const recInDiff = 1
+
+// durMark is an accepted header and the seq of the record that made it
+// Accepted: dA is the last mark whose record is synced.
+type durMark struct {
+	seq uint64
+	hdr MsgHdr
+}
+
+// durable is a Sync replica's log state.
+type durable struct {
+	w    *wal.Writer
+	ring []durMark // not yet synced, in seq order
+	dA   MsgHdr    // durable accepted: the last synced mark
+	// commitSeq is the seq of the last Commit record (0: none yet);
+	// commitLogged the point it records.
+	commitSeq    uint64
+	commitLogged MsgHdr
+	err          error // sticky: the writer failed or refused a record (fail-stop)
+	hdr          [48]byte
+}
+
+// ErrDisk wraps a write-ahead log failure that stopped the replica (Sync
+// mode): the writer's own error (wal.ErrFailStop, wal.ErrDiskFull) or a
+// record it refused. The replica no longer polls; Status.DiskErr says why.
+var ErrDisk = errors.New("broadcast: write-ahead log failed")
+
+// ErrLogCorrupt: Recover or New found a log this package did not write,
+// or one that breaks the protocol's order (a bug or a damaged disk that
+// the wal's checks did not see). The replica does not start.
+var ErrLogCorrupt = errors.New("broadcast: log corrupt")
+
+// ackHdr is what our AcceptSST row acknowledges, and what a leader counts
+// for itself (Fig. 6 l.72-74): Accepted in Memory mode, min(Accepted, dA)
+// in Sync (plan §2 D3: a majority's acknowledgement is on a majority's
+// disks).
+func (r *Replica) ackHdr() MsgHdr {
+	if r.dur == nil || r.knobs.ackUnsynced {
+		return r.accepted
+	}
+	return minHdr(r.accepted, r.dur.dA)
+}
+
+// Durable is the header of the last accepted entry (or diff) on disk, dA:
+// what recovery would give back now. Accepted in Memory mode.
+func (r *Replica) durableHdr() MsgHdr {
+	if r.dur == nil {
+		return r.accepted
+	}
+	return r.dur.dA
+}
+
+// walAppend appends one record; a refusal (the writer failed, or its queue
+// is full) stops the replica: a record missing from the middle of the log
+// would make a later dA claim entries the disk does not hold.
+func (r *Replica) walAppend(typ wal.RecType, flags uint8, parts ...[]byte) uint64 {
+	d := r.dur
+	if d.err != nil {
+		return 0
+	}
+	seq, ok := d.w.AppendFlags(typ, flags, parts...)
+	if !ok {
+		d.err = d.w.Err()
+		if d.err == nil {
+			d.err = fmt.Errorf("the writer refused a %d-byte record (%d bytes unsynced)", recLen(parts), d.w.Stats().UnsyncedBytes)
+		}
+		d.err = fmt.Errorf("%w: member %d: %w", ErrDisk, r.self, d.err)
+		r.tracef("node %d stops: %v", r.self, d.err)
+	}
+	return seq
+}
+
+func recLen(parts [][]byte) int {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	return n
+}
+
+// walMark notes that the record seq made hdr our Accepted.
+func (r *Replica) walMark(seq uint64, hdr MsgHdr) {
+	if seq != 0 {
+		r.dur.ring = append(r.dur.ring, durMark{seq: seq, hdr: hdr})
+	}
+}
+
+// walEntry appends e as an Entry record and returns its seq.
+func (r *Replica) walEntry(e *entry, flags uint8) uint64 {
+	b := r.dur.hdr[:32]
+	binary.LittleEndian.PutUint64(b[0:], uint64(e.hdr.E))
+	binary.LittleEndian.PutUint64(b[8:], e.hdr.Cnt)
+	putMeta(b[16:], e.id)
+	return r.walAppend(wal.RecEntry, flags, b, e.data)
+}
+
+// walAccept logs an entry this replica accepted (follower, Fig. 5 l.49) or
+// broadcast (leader, Fig. 4 l.40) as its new Accepted.
+func (r *Replica) walAccept(e *entry) {
+	if r.dur != nil {
+		r.walMark(r.walEntry(e, 0), e.hdr)
+	}
+}
+
+// walDiff logs a diff accepted with base: its snapshot (meta, state) if it
+// installs one, its entries, and its end, the point from which it is
+// replayed as one unit.
+func (r *Replica) walDiff(hdr, base MsgHdr, entries []*entry, snapAt MsgHdr, meta, state []byte) {
+	if r.dur == nil {
+		return
+	}
+	b := r.dur.hdr[:40]
+	binary.LittleEndian.PutUint64(b[0:], uint64(hdr.E))
+	binary.LittleEndian.PutUint64(b[8:], hdr.Cnt)
+	binary.LittleEndian.PutUint64(b[16:], uint64(base.E))
+	binary.LittleEndian.PutUint64(b[24:], base.Cnt)
+	binary.LittleEndian.PutUint32(b[32:], uint32(len(entries)))
+	var flags uint32
+	if meta != nil {
+		flags = diffSnapshot
+	}
+	binary.LittleEndian.PutUint32(b[36:], flags)
+	r.walAppend(wal.RecDiffBegin, 0, b)
+	if meta != nil {
+		s := r.dur.hdr[:24]
+		binary.LittleEndian.PutUint64(s[0:], uint64(snapAt.E))
+		binary.LittleEndian.PutUint64(s[8:], snapAt.Cnt)
+		binary.LittleEndian.PutUint64(s[16:], uint64(len(meta)))
+		r.walAppend(wal.RecSnapMark, 0, s, meta, state)
+	}
+	for _, e := range entries {
+		r.walEntry(e, recInDiff)
+	}
+	b = r.dur.hdr[:16]
+	binary.LittleEndian.PutUint64(b[0:], uint64(hdr.E))
+	binary.LittleEndian.PutUint64(b[8:], hdr.Cnt)
+	r.walMark(r.walAppend(wal.RecDiffEnd, 0, b), hdr)
+}
+
+// walCommit logs the commit point when it moved, at most once per batch
+// of the writer: only once the previous Commit record is synced.
+func (r *Replica) walCommit() {
+	d := r.dur
+	if d.err != nil || d.commitLogged == r.committed || d.commitSeq > d.w.Synced() {
+		return
+	}
+	b := d.hdr[:32]
+	binary.LittleEndian.PutUint64(b[0:], uint64(r.committed.E))
+	binary.LittleEndian.PutUint64(b[8:], r.committed.Cnt)
+	binary.LittleEndian.PutUint64(b[16:], r.index)
+	binary.LittleEndian.PutUint64(b[24:], 0) // seen index: async loss counting (not built)
+	if seq := r.walAppend(wal.RecCommit, 0, b); seq != 0 {
+		d.commitSeq, d.commitLogged = seq, r.committed
+	}
+}
+
+// walPoll polls the writer and moves dA to the last synced mark. It
+// reports whether anything happened.
+func (r *Replica) walPoll(now time.Duration) bool {
+	d := r.dur
+	progress := d.w.Poll(now)
+	if d.err == nil && d.w.Err() != nil && !errors.Is(d.w.Err(), wal.ErrDiskFull) {
+		d.err = fmt.Errorf("%w: member %d: %w", ErrDisk, r.self, d.w.Err())
+		r.tracef("node %d stops: %v", r.self, d.err)
+	}
+	synced := d.w.Synced()
+	k := 0
+	for k < len(d.ring) && d.ring[k].seq <= synced {
+		d.dA = d.ring[k].hdr
+		k++
+	}
+	if k > 0 {
+		n := copy(d.ring, d.ring[k:])
+		d.ring = d.ring[:n]
+		progress = true
+	}
+	return progress
+}
+
+// Recovery is a log read back by Recover, checked, for New to replay.
+type Recovery struct {
+	recs []wal.Record
+	// Repair: the log has corruption (wal.Recovered.Corrupt); it is not
+	// replayed and the member boots catching up (no vote) until a
+	// leader's diff repaired it. Corruption repair in place is not built.
+	Repair bool
+	// Reason says why Repair is set.
+	Reason string
+	// Entries, Diffs and Commits count the records of each kind.
+	Entries, Diffs, Commits int
+}
+
+// Recover checks a log wal.Recover read back: every record is one this
+// package writes, well formed, diffs complete, and the log starts at its
+// first record (disk snapshots and log truncation are not built). A log
+// with corruption is returned with Repair set, not replayed. It reads the
+// records only; New replays them.
+func Recover(rec *wal.Recovered) (*Recovery, error) {
+	rc := &Recovery{}
+	if rec == nil {
+		return rc, nil
+	}
+	if len(rec.Corrupt) > 0 {
+		c := rec.Corrupt[0]
+		rc.Repair = true
+		rc.Reason = fmt.Sprintf("corrupt log at %s+%d (seq %d-%d: %s): catching up from the group, not replaying it", c.Path, c.At.Off, c.FromSeq, c.ToSeq, c.Reason)
+		return rc, nil
+	}
+	if len(rec.Segments) > 0 && rec.Segments[0].FirstSeq > 1 {
+		return nil, fmt.Errorf("broadcast: log %s starts at seq %d, not 1 (no disk snapshot to start from): %w", rec.Segments[0].Path, rec.Segments[0].FirstSeq, ErrLogCorrupt)
+	}
+	inDiff, left := false, 0
+	for i := range rec.Records {
+		x := &rec.Records[i]
+		bad := func(why string) error {
+			return fmt.Errorf("broadcast: log record seq %d (type %d) at %+v: %s: %w", x.Seq, x.Type, x.Pos, why, ErrLogCorrupt)
+		}
+		switch x.Type {
+		case wal.RecEntry:
+			if len(x.Data) < 32 {
+				return nil, bad("entry too short")
+			}
+			if (x.Flags&recInDiff != 0) != inDiff {
+				return nil, bad("entry flag and diff disagree")
+			}
+			if inDiff {
+				if left == 0 {
+					return nil, bad("more entries than the diff announced")
+				}
+				left--
+			}
+			rc.Entries++
+		case wal.RecDiffBegin:
+			if len(x.Data) != 40 || inDiff {
+				return nil, bad("malformed or nested diff")
+			}
+			inDiff, left = true, int(binary.LittleEndian.Uint32(x.Data[32:]))
+		case wal.RecSnapMark:
+			if !inDiff || len(x.Data) < 24 || binary.LittleEndian.Uint64(x.Data[16:]) > uint64(len(x.Data)-24) {
+				return nil, bad("snapshot record outside a diff or malformed")
+			}
+		case wal.RecDiffEnd:
+			if len(x.Data) != 16 || !inDiff || left != 0 {
+				return nil, bad("diff end without its begin or entries")
+			}
+			inDiff = false
+			rc.Diffs++
+		case wal.RecCommit:
+			if len(x.Data) != 32 {
+				return nil, bad("malformed commit")
+			}
+			rc.Commits++
+		default:
+			return nil, bad("unknown record type")
+		}
+	}
+	if inDiff {
+		return nil, fmt.Errorf("broadcast: log ends inside a diff (wal.Recover should have dropped it): %w", ErrLogCorrupt)
+	}
+	rc.recs = rec.Records
+	return rc, nil
+}
+
+func getHdr(b []byte) MsgHdr {
+	return MsgHdr{E: Epoch(binary.LittleEndian.Uint64(b[0:])), Cnt: binary.LittleEndian.Uint64(b[8:])}
+}
+
+// replay rebuilds the protocol state from the log (plan §4 D2, recovery
+// steps 3-5): entries into the Log, diffs as units (remove above the
+// base, insert, E_cur and Accepted), the commit point; then it delivers
+// the committed entries to the FSM in order and bounds the Log as prune
+// would. It runs in New, before anything is published.
+func (r *Replica) replay(rc *Recovery) error {
+	type pend struct {
+		hdr, base MsgHdr
+		snapAt    MsgHdr
+		meta      []byte
+		state     []byte
+		entries   []entry
+	}
+	var diff *pend
+	var delivered MsgHdr // entries at or below it are in the FSM already (a snapshot's)
+	var commitIdx uint64
+	for i := range rc.recs {
+		x := &rc.recs[i]
+		switch x.Type {
+		case wal.RecEntry:
+			hdr := getHdr(x.Data)
+			id := getMeta(x.Data[16:])
+			data, s := r.acceptCur.copy(&r.slabs, x.Data[32:])
+			e := entry{hdr: hdr, id: id, data: data, slab: s}
+			if diff != nil {
+				diff.entries = append(diff.entries, e)
+				continue
+			}
+			if hdr.E != r.accepted.E || hdr.Cnt != r.accepted.Cnt+1 {
+				s.unref()
+				return fmt.Errorf("broadcast: log entry %v at seq %d does not follow Accepted %v: %w", hdr, x.Seq, r.accepted, ErrLogCorrupt)
+			}
+			r.log.Set(e)
+			r.accepted = hdr
+		case wal.RecDiffBegin:
+			diff = &pend{hdr: getHdr(x.Data), base: getHdr(x.Data[16:])}
+		case wal.RecSnapMark:
+			n := binary.LittleEndian.Uint64(x.Data[16:])
+			diff.snapAt = getHdr(x.Data)
+			diff.meta = x.Data[24 : 24+n]
+			diff.state = x.Data[24+n:]
+		case wal.RecDiffEnd:
+			if diff.meta != nil {
+				m, err := decodeSnapMeta(diff.meta, r.cfg.Members)
+				if err != nil {
+					return fmt.Errorf("broadcast: log snapshot at seq %d: %w", x.Seq, err)
+				}
+				if err := r.restore(&m, diff.state, diff.snapAt); err != nil {
+					return fmt.Errorf("broadcast: log snapshot at seq %d: restore: %w", x.Seq, err)
+				}
+				delivered, commitIdx = diff.snapAt, m.index
+			}
+			for {
+				last, ok := r.log.Max()
+				if !ok || !diff.base.Less(last.hdr) {
+					break
+				}
+				r.log.PopMax()
+			}
+			for _, e := range diff.entries {
+				r.log.Set(e)
+			}
+			r.eCur = diff.hdr.E
+			r.accepted = diff.hdr
+			diff = nil
+		case wal.RecCommit:
+			if h := getHdr(x.Data); r.committed.Less(h) {
+				r.committed = h
+				commitIdx = binary.LittleEndian.Uint64(x.Data[16:])
+			}
+		}
+	}
+	if r.eCur > r.eNew {
+		return fmt.Errorf("broadcast: the log holds epoch %v, the stable state promised only %v: %w", r.eCur, r.eNew, ErrLogCorrupt)
+	}
+	if r.accepted.Less(r.committed) {
+		return fmt.Errorf("broadcast: the log's commit point %v is above its last entry %v: %w", r.committed, r.accepted, ErrLogCorrupt)
+	}
+	// Recovery step 4: the FSM (and the keyed table) to the commit point.
+	for i := r.log.above(delivered); i < r.log.Len(); i++ {
+		e := r.log.at(i)
+		if r.committed.Less(e.hdr) {
+			break
+		}
+		r.deliver(e)
+	}
+	if commitIdx != 0 && r.index != commitIdx {
+		return fmt.Errorf("broadcast: replay delivered %d entries up to %v, the log's commit record says %d: %w", r.index, r.committed, commitIdx, ErrLogCorrupt)
+	}
+	for r.log.above(r.committed) > r.cfg.MaxLogEntries {
+		e, _ := r.log.Min()
+		r.pruned = maxHdr(r.pruned, e.hdr)
+		r.log.PopMin()
+	}
+	r.dur.dA = r.accepted
+	r.dur.commitLogged = r.committed
+	r.fromDisk = true
+	r.tracef("node %d replays its log: %d entries, %d diffs, %d commits: accepted %v, committed %v (index %d), e_cur %v", r.self, rc.Entries, rc.Diffs, rc.Commits, r.accepted, r.committed, r.index, r.eCur)
+	return nil
+}
