@@ -140,7 +140,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver: --groups %d --replicas %d --clients %d: want at least one group, an odd number of replicas and at least one client slot\n", *groups, *replicas, *clients)
 		return 2
 	}
-	m := &cluster.Map{Name: *name, Fabric: "shm", ShmDir: *shmDir}
+	m := &cluster.Map{Name: *name, Fabric: "shm", ShmDir: *shmDir,
+		Keyspaces: []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1}}}
 	id := rdma.NodeID(1)
 	for range *groups {
 		var ms []rdma.NodeID
