@@ -69,6 +69,7 @@ func (k *Keyspace) Name() string { return k.ks.Name }
 // nodes its readers share, their delegation, and idle readers.
 type ordered struct {
 	once  sync.Once
+	life  context.Context // ended when the client closes
 	cache *btree.Cache
 	deleg *kv.Delegation
 	mu    sync.Mutex
@@ -78,13 +79,25 @@ type ordered struct {
 // orderedCacheBytes bounds a client's cache of inner nodes.
 const orderedCacheBytes = 16 << 20
 
-func (k *Keyspace) reader() *kv.OrderedReader {
+func (k *Keyspace) init() {
 	c := k.c
 	o := &c.ord
 	o.once.Do(func() {
 		o.cache = btree.NewCache(orderedCacheBytes)
 		o.deleg = kv.NewDelegation()
+		var cancel context.CancelFunc
+		o.life, cancel = context.WithCancel(context.Background())
+		go func() {
+			<-c.done
+			cancel()
+		}()
 	})
+}
+
+func (k *Keyspace) reader() *kv.OrderedReader {
+	c := k.c
+	o := &c.ord
+	k.init()
 	o.mu.Lock()
 	if n := len(o.free); n > 0 {
 		r := o.free[n-1]
@@ -149,16 +162,10 @@ func (k *Keyspace) readCtx(ctx context.Context) (context.Context, func(), error)
 	if err != nil {
 		return nil, nil, err
 	}
+	k.init()
 	ctx, cancel := context.WithCancel(ctx)
-	stop := make(chan struct{})
-	go func() {
-		select {
-		case <-c.done:
-			cancel()
-		case <-stop:
-		}
-	}()
-	return ctx, func() { close(stop); cancel(); end() }, nil
+	stop := context.AfterFunc(c.ord.life, cancel)
+	return ctx, func() { stop(); cancel(); end() }, nil
 }
 
 // readErr is the error of a failed one-sided read.

@@ -421,3 +421,44 @@ func TestKeyspaceLinearizable(t *testing.T) {
 		t.Fatalf("%d ops: %v", len(hist), err)
 	}
 }
+
+// TestKeyspaceClose: Close ends ordered reads under way (they return
+// ErrClosed, not the timeout's UnavailableError), and calls after Close
+// fail with ErrClosed.
+func TestKeyspaceClose(t *testing.T) {
+	lc := startLocal(t, orderedMap("ksclose", 1))
+	c := open(t, lc, 0, client.WithTimeout(5*time.Minute))
+	ks := c.Keyspace("users")
+	ctx := context.Background()
+	if _, err := ks.Put(ctx, []byte("k"), []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		lc.Stop(0, i) // the group's memory is gone: reads retry until their deadline
+	}
+	errc := make(chan error, 2)
+	go func() {
+		_, err := ks.Get(ctx, []byte("k"))
+		errc <- err
+	}()
+	go func() {
+		var err error
+		for _, e := range ks.Scan(ctx, nil, nil) {
+			err = e
+		}
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // let them start (the outcome is the same if not)
+	c.Close()
+	for range 2 {
+		if err := <-errc; !errors.Is(err, client.ErrClosed) {
+			t.Errorf("a read under way at Close: %v, want ErrClosed", err)
+		}
+	}
+	if _, err := ks.Put(ctx, []byte("k"), []byte("v")); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("put after Close: %v", err)
+	}
+	if _, err := ks.Get(ctx, []byte("k")); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("get after Close: %v", err)
+	}
+}
