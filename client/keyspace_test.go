@@ -462,3 +462,36 @@ func TestKeyspaceClose(t *testing.T) {
 		t.Errorf("get after Close: %v", err)
 	}
 }
+
+// TestKeyspaceReplicaErrors: what the replicas refuse reaches the caller
+// as the client's error types. A client whose map promises larger nodes
+// (so larger values) than the replicas' gets a *LimitError (max_value)
+// from the group, with nothing written; a write sent to a group that does
+// not own the keyspace fails with ErrKeyMoved naming the key.
+func TestKeyspaceReplicaErrors(t *testing.T) {
+	lc := startLocal(t, orderedMap("ksrefused", 2))
+	loose := *lc.Map
+	loose.Keyspaces = []cluster.Keyspace{{Name: "users", Kind: "ordered", ID: 1, NodeSize: 16384}, {Name: "events", Kind: "ordered", ID: 2, NodeSize: 16384}}
+	c := open(t, lc, 0, client.WithMap(&loose))
+	ks := c.Keyspace("users")
+	ctx := context.Background()
+	big := make([]byte, lc.Map.OrderedMaxValue()+1)
+	if len(big) > c.Map().OrderedMaxValue() {
+		t.Fatalf("the loose map's value limit %d is not looser", c.Map().OrderedMaxValue())
+	}
+	_, err := ks.Put(ctx, []byte("big"), big)
+	var le *client.LimitError
+	if !errors.As(err, &le) || le.Limit != "max_value" || !errors.Is(err, client.ErrValueTooLarge) || le.Group != 0 {
+		t.Fatalf("put of a value the replicas refuse: %v", err)
+	}
+	if _, err := ks.Get(ctx, []byte("big")); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("a refused put was written: %v", err)
+	}
+
+	c2 := open(t, lc, 1)
+	moved := c2.Keyspace("users")
+	client.SetKeyspaceGroup(moved, 1)
+	if _, err := moved.Put(ctx, []byte("elsewhere"), []byte("v")); !errors.Is(err, client.ErrKeyMoved) || !strings.Contains(err.Error(), `"elsewhere"`) {
+		t.Fatalf("put to a group that does not own the keyspace: %v", err)
+	}
+}
