@@ -235,6 +235,7 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
   control:      %s
   try:          go run ./cmd/kvcli put hello world && go run ./cmd/kvcli get hello
   from Go:      c, err := client.Open(ctx)   // package github.com/rdmakv/rdmakv/client
+  ordered:      c.Keyspace("ordered")         // sorted keys and Scan (docs/client.md)
   stop:         Ctrl-C (or kill %d)
 `, m.Name, time.Since(start).Round(time.Millisecond), plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.ShmDir, os.Getpid(), mapFile, controlLine, os.Getpid())
 	<-ctx.Done()
