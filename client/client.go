@@ -161,6 +161,7 @@ type Client struct {
 	own      bool
 	mc       *multicast.Client // a started client: calls post and wait on the caller's goroutine
 	pools    []readerPool
+	ord      ordered // ordered keyspaces' readers and cache (keyspace.go)
 	comb     combiner
 	slotLock *os.File      // the claimed slot's lock file (shm clusters), closed by Close
 	inc      uint64        // the multicast client's incarnation
@@ -331,6 +332,7 @@ func (c *Client) Close() error {
 		p.free = nil
 		p.mu.Unlock()
 	}
+	c.closeOrdered()
 	if c.slotLock != nil {
 		defer releaseSlot(c.slotLock) // the slot is free once the node is closed
 	}

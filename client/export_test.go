@@ -15,3 +15,7 @@ func CombinerLoad(c *Client) (inflight, queued int) {
 // MulticastOutstanding is the number of messages c's multicast client
 // still holds (abandoned ones until their lca ordered them).
 func MulticastOutstanding(c *Client) int { return c.mc.Outstanding() }
+
+// SetKeyspaceGroup makes k send to group g (tests: a group that does not
+// own the keyspace answers StatusMoved).
+func SetKeyspaceGroup(k *Keyspace, g uint32) { k.g = g }

@@ -48,6 +48,9 @@ type Map struct {
 	ClientNodes []rdma.NodeID `json:"client_nodes"`
 	// Limits bound keys, values and messages; zero fields take defaults.
 	Limits Limits `json:"limits"`
+	// Keyspaces are the named keyspaces (ordered ones: keyspace.go);
+	// the default keyspace is hashed and not listed.
+	Keyspaces []Keyspace `json:"keyspaces,omitempty"`
 }
 
 // Limits are the cluster's size limits.
@@ -153,6 +156,9 @@ func (m *Map) Fill() error {
 	}
 	if _, err := m.Overlay(); err != nil {
 		return bad("tree: %v", err)
+	}
+	if err := m.fillKeyspaces(); err != nil {
+		return bad("%v", err)
 	}
 	return nil
 }

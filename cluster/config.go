@@ -17,6 +17,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	"github.com/pelletier/go-toml/v2/unstable"
 
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
@@ -76,6 +77,8 @@ type Config struct {
 	Clients []ClientBlock `toml:"clients"`
 	// Slots assigns hash-slot ranges to groups; empty: spread evenly.
 	Slots []SlotRange `toml:"slots"`
+	// Keyspaces declare named ordered keyspaces ([[keyspace]]).
+	Keyspaces []KeyspaceConfig `toml:"keyspace"`
 
 	// Path is the file the config was read from ("" if parsed from
 	// bytes with no name).
@@ -142,6 +145,21 @@ type ClientBlock struct {
 type SlotRange struct {
 	Range string `toml:"range"`
 	Group int    `toml:"group"`
+}
+
+// KeyspaceConfig declares a named keyspace:
+//
+//	[[keyspace]]
+//	name = "users"
+//	kind = "ordered"
+//	node_size = "4KiB"   # optional
+//
+// Keyspaces are numbered 1, 2, ... in the order declared (the number
+// prefixes their internal keys): add new ones at the end.
+type KeyspaceConfig struct {
+	Name     string `toml:"name"`
+	Kind     string `toml:"kind"`
+	NodeSize string `toml:"node_size"`
 }
 
 // Config limits and defaults.
@@ -408,6 +426,9 @@ func (v *validator) validate() error {
 	if err := v.slots(); err != nil {
 		return err
 	}
+	if err := v.keyspaces(); err != nil {
+		return err
+	}
 	if _, err := c.Map(); err != nil {
 		if c.Tree != "" && strings.Contains(err.Error(), "tree") {
 			return v.fail("tree", "%v", err)
@@ -632,6 +653,56 @@ func (v *validator) slots() error {
 	return nil
 }
 
+func (v *validator) keyspaces() error {
+	c := v.c
+	if len(c.Keyspaces) > MaxKeyspaces {
+		return v.fail("keyspace", "%d keyspaces: want at most %d", len(c.Keyspaces), MaxKeyspaces)
+	}
+	seen := map[string]int{}
+	size := 0
+	for k, ks := range c.Keyspaces {
+		f := fmt.Sprintf("keyspace[%d]", k)
+		if !nameRE.MatchString(ks.Name) {
+			return v.fail(f+".name", "%q: want 1 to 64 of A-Z a-z 0-9 _ -", ks.Name)
+		}
+		if o, ok := seen[ks.Name]; ok {
+			return v.fail(f+".name", "%q is also keyspace[%d]'s name", ks.Name, o)
+		}
+		seen[ks.Name] = k
+		switch ks.Kind {
+		case KindOrdered:
+		case KindHashed:
+			return v.fail(f+".kind", "named hashed keyspaces are not built yet: the default keyspace is hashed; want \"ordered\"")
+		case "":
+			return v.fail(f+".kind", "missing: want \"ordered\"")
+		default:
+			return v.fail(f+".kind", "%q: want \"ordered\"", ks.Kind)
+		}
+		n := btree.DefaultConfig.NodeSize
+		if ks.NodeSize != "" {
+			var err error
+			if n, err = ParseByteSize(ks.NodeSize); err != nil {
+				return v.fail(f+".node_size", "%v", err)
+			}
+			if err := (btree.Config{NodeSize: n, MaxKey: 1}).Validate(); err != nil {
+				return v.fail(f+".node_size", "%s: want a multiple of 64 from %d to %d bytes", ks.NodeSize, btree.MinNodeSize, btree.MaxNodeSize)
+			}
+		}
+		if k > 0 && n != size {
+			return v.fail(f+".node_size", "%d bytes: every ordered keyspace shares the groups' tree, and keyspace[0]'s nodes are %d bytes", n, size)
+		}
+		size = n
+	}
+	if len(c.Keyspaces) > 0 {
+		m := Map{Limits: c.Limits, Keyspaces: []Keyspace{{NodeSize: size}}}
+		cfg, _ := m.OrderedTree()
+		if err := cfg.Validate(); err != nil {
+			return v.fail("keyspace[0].node_size", "%d bytes: too small for ordered keys of %d bytes (limits.max_key, capped at %d)", size, m.OrderedMaxKey(), DefaultOrderedMaxKey)
+		}
+	}
+	return nil
+}
+
 func parseRange(s string) (lo, hi int, err error) {
 	a, b, ok := strings.Cut(s, "-")
 	if !ok {
@@ -689,6 +760,16 @@ func (c *Config) Map() (*Map, error) {
 				m.Slots[i] = uint32(s.Group)
 			}
 		}
+	}
+	for k, ks := range c.Keyspaces {
+		n := 0
+		if ks.NodeSize != "" {
+			var err error
+			if n, err = ParseByteSize(ks.NodeSize); err != nil {
+				return nil, err
+			}
+		}
+		m.Keyspaces = append(m.Keyspaces, Keyspace{Name: ks.Name, Kind: ks.Kind, ID: uint8(k + 1), NodeSize: n})
 	}
 	if err := m.Fill(); err != nil {
 		return nil, err

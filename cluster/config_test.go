@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,66 @@ data_dir = "data"
 [[clients]]
 count = 4
 `
+
+// TestKeyspaceConfig: [[keyspace]] blocks become the map's keyspaces,
+// numbered in order, with the ordered tree's geometry, and replicas of
+// group 0 own the tree's one tablet.
+func TestKeyspaceConfig(t *testing.T) {
+	doc := shmConfig + `
+[[keyspace]]
+name = "users"
+kind = "ordered"
+node_size = "8KiB"
+[[keyspace]]
+name = "events"
+kind = "ordered"
+node_size = "8192"
+`
+	c, err := ParseConfig([]byte(doc), "/etc/rdmakv/c.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Keyspace{{Name: "users", Kind: "ordered", ID: 1, NodeSize: 8192}, {Name: "events", Kind: "ordered", ID: 2, NodeSize: 8192}}
+	if !reflect.DeepEqual(m.Keyspaces, want) {
+		t.Fatalf("keyspaces %+v, want %+v", m.Keyspaces, want)
+	}
+	tc, ok := m.OrderedTree()
+	if !ok || tc.NodeSize != 8192 || tc.MaxKey != m.OrderedMaxKey()+KeyspacePrefix || m.OrderedMaxValue() <= 0 {
+		t.Errorf("tree %+v %v, max value %d", tc, ok, m.OrderedMaxValue())
+	}
+	m.Groups = append(m.Groups, []rdma.NodeID{9})
+	s0, ok0 := m.OrderedStore(0)
+	s1, ok1 := m.OrderedStore(1)
+	if !ok0 || !ok1 || len(s0.Tablets) != 1 || len(s1.Tablets) != 0 {
+		t.Errorf("group 0 tablets %v, group 1 %v", s0.Tablets, s1.Tablets)
+	}
+	if _, err := m.FindKeyspace("nosuch"); err == nil || !strings.Contains(err.Error(), `"events", "users"`) {
+		t.Errorf("unknown keyspace: %v", err)
+	}
+	// The map travels as JSON to clients.
+	m.Groups = m.Groups[:1]
+	path := filepath.Join(t.TempDir(), "map.json")
+	if err := m.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := Load(path)
+	if err != nil || !reflect.DeepEqual(m2.Keyspaces, want) {
+		t.Fatalf("loaded %+v, %v", m2, err)
+	}
+	// Keyspace ranges never overlap: each is [ID, ID+1).
+	a0, a1 := want[0].Range(nil, nil)
+	b0, _ := want[1].Range(nil, nil)
+	if string(a0) != "\x01" || string(a1) != "\x02" || string(b0) != "\x02" {
+		t.Errorf("ranges %q %q %q", a0, a1, b0)
+	}
+	if _, e := (Keyspace{ID: 255}).Range(nil, nil); e != nil {
+		t.Errorf("the last id's range ends at %q, want no bound", e)
+	}
+}
 
 func TestShmConfig(t *testing.T) {
 	c, err := ParseConfig([]byte(shmConfig), "/etc/rdmakv/c.toml")
@@ -164,6 +225,53 @@ group = 2`), "slots[0].group", "groups 0 to 1", 0, "group = 2"},
 # group = 0`, `[[slots]]
 range = "0-2000"
 group = 0`), "slots[0].range", "within 0-1023", 0, `range = "0-2000"`},
+		{"keyspace kind", ex(`# [[keyspace]]
+# name = "users"
+# kind = "ordered"`, `[[keyspace]]
+name = "users"
+kind = "sorted"`), "keyspace[0].kind", `"sorted"`, 0, `kind = "sorted"`},
+		{"keyspace hashed", ex(`# [[keyspace]]
+# name = "users"
+# kind = "ordered"`, `[[keyspace]]
+name = "users"
+kind = "hashed"`), "keyspace[0].kind", "not built yet", 0, `kind = "hashed"`},
+		{"keyspace name", ex(`# [[keyspace]]
+# name = "users"
+# kind = "ordered"`, `[[keyspace]]
+name = "us ers"
+kind = "ordered"`), "keyspace[0].name", "want 1 to 64", 0, `name = "us ers"`},
+		{"keyspace twice", ex(`# [[keyspace]]
+# name = "users"
+# kind = "ordered"`, `[[keyspace]]
+name = "users"
+kind = "ordered"
+[[keyspace]]
+name = "users"
+kind = "ordered"`), "keyspace[1].name", "also keyspace[0]", 0, "name = \"users\"\nkind = \"ordered\"\n# node"},
+		{"keyspace node size", ex(`# [[keyspace]]
+# name = "users"
+# kind = "ordered"
+# node_size = "4KiB"`, `[[keyspace]]
+name = "users"
+kind = "ordered"
+node_size = "100B"`), "keyspace[0].node_size", "multiple of 64", 0, `node_size = "100B"`},
+		{"keyspace node sizes differ", ex(`# [[keyspace]]
+# name = "users"
+# kind = "ordered"
+# node_size = "4KiB"`, `[[keyspace]]
+name = "users"
+kind = "ordered"
+[[keyspace]]
+name = "events"
+kind = "ordered"
+node_size = "8KiB"`), "keyspace[1].node_size", "shares", 0, `node_size = "8KiB"`},
+		{"keyspace node too small", ex(`# [[keyspace]]
+# name = "users"
+# kind = "ordered"
+# node_size = "4KiB"`, `[[keyspace]]
+name = "users"
+kind = "ordered"
+node_size = "256B"`), "keyspace[0].node_size", "too small", 0, `node_size = "256B"`},
 		{"bad tree", ex(`log_level = "info"`, `log_level = "info"
 tree = "nonsense("`), "tree", "", 0, `tree = "nonsense("`},
 	}

@@ -39,6 +39,29 @@ func TestInitShm(t *testing.T) {
 	}
 }
 
+// TestInitKeyspaceExample: the [[keyspace]] example init writes, once
+// uncommented, is a valid config whose check lists the keyspace.
+func TestInitKeyspaceExample(t *testing.T) {
+	out, errOut, code := runArgs("init", "--shm", "-")
+	if code != 0 {
+		t.Fatalf("init --shm -: exit %d: %s", code, errOut)
+	}
+	for _, l := range []string{"[[keyspace]]", `name = "users"`, `kind = "ordered"`, `node_size = "4KiB"`} {
+		if !strings.Contains(out, "# "+l) {
+			t.Fatalf("init's config has no commented %q", l)
+		}
+		out = strings.Replace(out, "# "+l, l, 1)
+	}
+	path := filepath.Join(t.TempDir(), "cluster.toml")
+	if err := os.WriteFile(path, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = runArgs("check", "--config", path)
+	if code != 0 || !strings.Contains(out, `keyspace "users": ordered (id 1), nodes of 4096 bytes`) {
+		t.Fatalf("check: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
 // Counts read as English: "1 group", "1 client slot".
 func TestCheckSingular(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "one.toml")

@@ -140,7 +140,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver: --groups %d --replicas %d --clients %d: want at least one group, an odd number of replicas and at least one client slot\n", *groups, *replicas, *clients)
 		return 2
 	}
-	m := &cluster.Map{Name: *name, Fabric: "shm", ShmDir: *shmDir}
+	m := &cluster.Map{Name: *name, Fabric: "shm", ShmDir: *shmDir,
+		Keyspaces: []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1}}}
 	id := rdma.NodeID(1)
 	for range *groups {
 		var ms []rdma.NodeID
@@ -234,6 +235,7 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
   control:      %s
   try:          go run ./cmd/kvcli put hello world && go run ./cmd/kvcli get hello
   from Go:      c, err := client.Open(ctx)   // package github.com/rdmakv/rdmakv/client
+  ordered:      c.Keyspace("ordered")         // sorted keys and Scan (docs/client.md)
   stop:         Ctrl-C (or kill %d)
 `, m.Name, time.Since(start).Round(time.Millisecond), plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.ShmDir, os.Getpid(), mapFile, controlLine, os.Getpid())
 	<-ctx.Done()

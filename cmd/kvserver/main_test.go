@@ -11,6 +11,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
 )
 
 // build compiles a command of this module into dir.
@@ -121,6 +124,34 @@ func TestLocalClusterWithKvcli(t *testing.T) {
 	if got, code := cli("", "--json", "get", "hello"); code != 0 || !strings.Contains(got, `"value":"there"`) {
 		t.Fatalf("kvcli --json get: %q, exit %d", got, code)
 	}
+
+	// The embedded cluster declares the ordered keyspace "ordered"
+	// (docs/operations.md): a Go client reaches it by name.
+	func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := client.Open(ctx, client.WithMapFile(mapFile), client.WithSlot(5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ks := c.Keyspace(cluster.DefaultOrderedKeyspace)
+		for _, k := range []string{"b", "c", "a"} {
+			if _, err := ks.Put(ctx, []byte(k), []byte(k+k)); err != nil {
+				t.Fatalf("put to the embedded ordered keyspace: %v", err)
+			}
+		}
+		var got []string
+		for kv, err := range ks.Scan(ctx, nil, nil) {
+			if err != nil {
+				t.Fatalf("scan of the embedded ordered keyspace: %v", err)
+			}
+			got = append(got, string(kv.Key)+"="+string(kv.Value))
+		}
+		if strings.Join(got, ",") != "a=aa,b=bb,c=cc" {
+			t.Fatalf("scan of the embedded ordered keyspace: %v", got)
+		}
+	}()
 
 	// A second embedded cluster on the same map is refused in one line.
 	second := exec.Command(kvserver, "--map", mapFile, "--shm-dir", shmDir, "--name", name+"b")

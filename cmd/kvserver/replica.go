@@ -222,5 +222,11 @@ func runCheck(cmd string, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stdout)
 		}
 	}
+	if tc, ok := m.OrderedTree(); ok {
+		for _, ks := range m.Keyspaces {
+			fmt.Fprintf(stdout, "  keyspace %q: %s (id %d), nodes of %d bytes, keys up to %d bytes, values up to %d, in group %d\n",
+				ks.Name, ks.Kind, ks.ID, tc.NodeSize, m.OrderedMaxKey(), m.OrderedMaxValue(), m.OrderedGroup())
+		}
+	}
 	return 0
 }

@@ -173,6 +173,8 @@ type spec struct {
 	Groups                                              [][]replicaSpec
 	Clients                                             int
 	ClientListen                                        string
+	// Extra is TOML appended to the config (e.g. [[keyspace]] blocks).
+	Extra string
 }
 
 // TOML is the config file's text.
@@ -219,6 +221,7 @@ func (s *spec) TOML() string {
 	if s.ClientListen != "" {
 		fmt.Fprintf(&b, "listen = %q\n", s.ClientListen)
 	}
+	b.WriteString(s.Extra)
 	return b.String()
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/kv"
@@ -92,6 +93,7 @@ type Process struct {
 type hosted struct {
 	node rdma.Node
 	r    *kv.Replica
+	st   *btree.Store // nil: the map has no ordered keyspace
 	sr   *Replica
 	h    *poller.Handle
 }
@@ -201,8 +203,22 @@ func (p *Process) start(g, i int) error {
 		node.Close()
 		return err
 	}
+	// The ordered keyspaces' tree: every replica of every group builds a
+	// Store when the map declares one (group OrderedGroup owns its one
+	// tablet; the others answer StatusMoved).
+	var st *btree.Store
+	if sc, ok := p.Map.OrderedStore(g); ok {
+		if st, err = btree.NewStore(sc, node); err != nil {
+			node.Close()
+			return fmt.Errorf("start replica %d (group %d): ordered keyspace: %w", id, g, err)
+		}
+		rc.Table.Ordered = st
+	}
 	r, err := kv.NewReplica(rc, node, stable)
 	if err != nil {
+		if st != nil {
+			st.Close()
+		}
 		node.Close()
 		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
@@ -213,7 +229,7 @@ func (p *Process) start(g, i int) error {
 	}
 	// A group's replicas share a poller: their messages to each other
 	// then need no wake-up.
-	h := &hosted{node: node, r: r, sr: sr, h: p.pollers.AddTo(g, sr, node)}
+	h := &hosted{node: node, r: r, st: st, sr: sr, h: p.pollers.AddTo(g, sr, node)}
 	if p.cfg.Commands {
 		sr.SetHandle(h.h)
 	}
@@ -264,6 +280,9 @@ func (p *Process) Stop(g, i int) {
 	}
 	h.h.Remove()
 	h.r.Close()
+	if h.st != nil {
+		h.st.Close()
+	}
 	h.node.Close()
 }
 
