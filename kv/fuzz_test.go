@@ -596,11 +596,13 @@ type snapContents struct {
 }
 
 // parseSnapshot is the snapshot format as documented (table.go), for a
-// table whose MaxRequest is maxRequest.
+// table whose MaxRequest is maxRequest: version 2, or version 1 (no
+// ordered section length).
 func parseSnapshot(b []byte, maxRequest int) (c snapContents, err error) {
-	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic {
+	if len(b) < 32 || binary.LittleEndian.Uint64(b) != snapMagic && binary.LittleEndian.Uint64(b) != snapMagicV1 {
 		return c, errors.New("bad header")
 	}
+	v1 := binary.LittleEndian.Uint64(b) == snapMagicV1
 	count := binary.LittleEndian.Uint64(b[8:])
 	log := binary.LittleEndian.Uint64(b[16:])
 	c.applied = binary.LittleEndian.Uint64(b[24:])
@@ -650,7 +652,14 @@ func parseSnapshot(b []byte, maxRequest int) (c snapContents, err error) {
 		c.stages = append(c.stages, snapStage{id, string(b[p+40 : p+40+int(total)]), int(have)})
 		p += 40 + pad8(int(total))
 	}
-	// The ordered section: empty for a table without an ordered part.
+	// The ordered section: empty for a table without an ordered part,
+	// absent in version 1.
+	if v1 {
+		if p != len(b) {
+			return c, fmt.Errorf("%d trailing bytes", len(b)-p)
+		}
+		return c, nil
+	}
 	if len(b)-p < 8 {
 		return c, errors.New("no ordered section length")
 	}
