@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -399,4 +400,91 @@ func (s *SnapStore) failed(op wal.IO, err error) bool {
 	s.failErr = fmt.Errorf("%w: snapshot %s: %s %s: %w", wal.ErrFailStop, filepath.Base(s.saving.Path), op.Kind, op.Path, err)
 	s.saving = nil
 	return true
+}
+
+// diskSnapJob is a capture being persisted off Poll (runPersist).
+type diskSnapJob struct {
+	at    MsgHdr
+	index uint64
+	drop  uint64 // DropBefore this once the snapshot is durable
+	meta  []byte
+	state []byte
+	err   error
+	done  atomic.Bool
+}
+
+// diskSnapPoll (Sync with Config.Snapshots; end of Poll) moves disk
+// snapshots along: it reaps the store, drops the log below a snapshot
+// that became durable, hands a persisted capture to the store, and
+// captures the FSM at the commit point when the log grew
+// SnapshotLogBytes since the last capture. One snapshot at a time.
+func (r *Replica) diskSnapPoll() {
+	d, s := r.dur, r.cfg.Snapshots
+	if s == nil || d.err != nil {
+		return
+	}
+	if s.Poll(r.now) {
+		d.w.DropBefore(d.snapDrop)
+		idx, at, _ := s.Newest()
+		r.tracef("node %d: disk snapshot at %v (index %d) durable; log dropped below seq %d", r.self, at, idx, d.snapDrop)
+	}
+	if err := s.Err(); err != nil {
+		d.err = fmt.Errorf("%w: member %d: %w", ErrDisk, r.self, err)
+		r.tracef("node %d stops: %v", r.self, d.err)
+		return
+	}
+	if j := d.snapJob; j != nil {
+		if !j.done.Load() || s.Busy() {
+			return
+		}
+		d.snapJob = nil
+		if j.err != nil {
+			r.tracef("node %d: disk snapshot at %v: %v", r.self, j.at, j.err)
+			return
+		}
+		if s.Save(r.now, j.index, j.at, j.meta, j.state) {
+			d.snapDrop = j.drop
+		}
+		return
+	}
+	written := d.w.Stats().BytesWritten
+	if s.Busy() || written-d.snapBytes < uint64(r.cfg.SnapshotLogBytes) || r.index == 0 {
+		return
+	}
+	if _, at, ok := s.Newest(); ok && !at.Less(r.committed) {
+		return
+	}
+	d.snapBytes = written
+	capture, err := r.fsm.Snapshot()
+	if err != nil {
+		r.tracef("node %d: disk snapshot: %v", r.self, err)
+		return
+	}
+	// The log below the first unit above the commit point is covered.
+	drop, k := d.w.NextSeq(), 0
+	for k < len(d.units) && !r.committed.Less(d.units[k].hdr) {
+		k++
+	}
+	if k < len(d.units) {
+		drop = d.units[k].seq
+	}
+	d.units = d.units[:copy(d.units, d.units[k:])]
+	j := &diskSnapJob{at: r.committed, index: r.index, drop: drop}
+	d.snapJob = j
+	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
+	members := r.cfg.Members
+	r.tracef("node %d captures a disk snapshot at %v (index %d, %d bytes)", r.self, j.at, j.index, capture.Size())
+	r.runPersist(func() {
+		defer capture.Release()
+		buf := make([]byte, capture.Size())
+		if err := capture.Persist(buf); err != nil {
+			j.err = err
+		} else {
+			meta.size = uint64(len(buf))
+			meta.stateCheck = hashChunked(buf)
+			j.meta, j.state = encodeSnapMeta(members, meta), buf
+		}
+		j.done.Store(true)
+		r.node.Doorbell().Ring()
+	})
 }
