@@ -56,6 +56,7 @@ type durable struct {
 	snapBytes uint64       // the writer's BytesWritten at the last capture
 	snapJob   *diskSnapJob // a capture being persisted
 	snapDrop  uint64       // the save in flight: DropBefore this once durable
+	cut       uint64       // the newest durable snapshot's: the log below it is dropped
 }
 
 // ErrDisk wraps a write-ahead log failure that stopped the replica (Sync
@@ -140,6 +141,21 @@ func (r *Replica) walAccept(e *entry) {
 		r.walMark(seq, e.hdr)
 		r.walUnit(seq, e.hdr)
 	}
+}
+
+// cutUnits forgets the units at or below at and returns the seq the log
+// may be dropped before once a snapshot at at is durable: the first unit
+// above at, or the next seq if there is none.
+func (d *durable) cutUnits(at MsgHdr) uint64 {
+	drop, k := d.w.NextSeq(), 0
+	for k < len(d.units) && !at.Less(d.units[k].hdr) {
+		k++
+	}
+	if k < len(d.units) {
+		drop = d.units[k].seq
+	}
+	d.units = d.units[:copy(d.units, d.units[k:])]
+	return drop
 }
 
 // walUnit notes a unit (an entry, or a diff from its DiffBegin) for
@@ -343,6 +359,7 @@ func getHdr(b []byte) MsgHdr {
 // would. It runs in New, before anything is published.
 func (r *Replica) replay(rc *Recovery) error {
 	type pend struct {
+		seq       uint64 // the DiffBegin's
 		hdr, base MsgHdr
 		snapAt    MsgHdr
 		meta      []byte
@@ -371,8 +388,11 @@ func (r *Replica) replay(rc *Recovery) error {
 		switch x.Type {
 		case wal.RecEntry:
 			hdr := getHdr(x.Data)
-			if diff == nil && !delivered.Less(hdr) {
-				continue // covered by the disk snapshot
+			if diff == nil {
+				r.walUnit(x.Seq, hdr)
+				if !delivered.Less(hdr) {
+					continue // covered by the disk snapshot
+				}
 			}
 			id := getMeta(x.Data[16:])
 			data, s := r.acceptCur.copy(&r.slabs, x.Data[32:])
@@ -388,13 +408,14 @@ func (r *Replica) replay(rc *Recovery) error {
 			r.log.Set(e)
 			r.accepted = hdr
 		case wal.RecDiffBegin:
-			diff = &pend{hdr: getHdr(x.Data), base: getHdr(x.Data[16:])}
+			diff = &pend{seq: x.Seq, hdr: getHdr(x.Data), base: getHdr(x.Data[16:])}
 		case wal.RecSnapMark:
 			n := binary.LittleEndian.Uint64(x.Data[16:])
 			diff.snapAt = getHdr(x.Data)
 			diff.meta = x.Data[24 : 24+n]
 			diff.state = x.Data[24+n:]
 		case wal.RecDiffEnd:
+			r.walUnit(diff.seq, diff.hdr)
 			if !delivered.Less(diff.hdr) {
 				for _, e := range diff.entries { // a diff the disk snapshot covers
 					e.slab.unref()
@@ -460,6 +481,12 @@ func (r *Replica) replay(rc *Recovery) error {
 	}
 	r.dur.dA = r.accepted
 	r.dur.commitLogged = r.committed
+	if sn := rc.snap; sn != nil {
+		// The log below the first unit above the snapshot is covered (a
+		// crash may have come between the save and its drop).
+		r.dur.cut = r.dur.cutUnits(sn.At)
+		r.dur.w.DropBefore(r.dur.cut)
+	}
 	r.fromDisk = true
 	r.tracef("node %d replays its log: %d entries, %d diffs, %d commits: accepted %v, committed %v (index %d), e_cur %v", r.self, rc.Entries, rc.Diffs, rc.Commits, r.accepted, r.committed, r.index, r.eCur)
 	return nil

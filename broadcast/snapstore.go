@@ -188,6 +188,12 @@ func LoadNewest(fs vfs.FS, dir string) (snap *DiskSnap, warnings []string, err e
 			err = fmt.Errorf("%w: header says %s", ErrSnapCorrupt, SnapName(s.Index, s.At))
 		}
 		if err == nil {
+			// What we read may be in the page cache only (a process
+			// crash between the rename and the dir fsync): make it
+			// durable before the log below it is dropped.
+			if err := syncSnap(fs, dir, p); err != nil {
+				return nil, warnings, err
+			}
 			s.Path = p
 			return s, warnings, nil
 		}
@@ -206,6 +212,21 @@ func LoadNewest(fs vfs.FS, dir string) (snap *DiskSnap, warnings []string, err e
 		}
 	}
 	return nil, warnings, nil
+}
+
+func syncSnap(fs vfs.FS, dir, path string) error {
+	f, err := fs.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = fs.SyncDir(dir)
+	}
+	return err
 }
 
 // snapKnobs are the snapshot store's planted bugs.
@@ -424,7 +445,8 @@ func (r *Replica) diskSnapPoll() {
 		return
 	}
 	if s.Poll(r.now) {
-		d.w.DropBefore(d.snapDrop)
+		d.cut = d.snapDrop
+		d.w.DropBefore(d.cut)
 		idx, at, _ := s.Newest()
 		r.tracef("node %d: disk snapshot at %v (index %d) durable; log dropped below seq %d", r.self, at, idx, d.snapDrop)
 	}
@@ -461,15 +483,7 @@ func (r *Replica) diskSnapPoll() {
 		return
 	}
 	// The log below the first unit above the commit point is covered.
-	drop, k := d.w.NextSeq(), 0
-	for k < len(d.units) && !r.committed.Less(d.units[k].hdr) {
-		k++
-	}
-	if k < len(d.units) {
-		drop = d.units[k].seq
-	}
-	d.units = d.units[:copy(d.units, d.units[k:])]
-	j := &diskSnapJob{at: r.committed, index: r.index, drop: drop}
+	j := &diskSnapJob{at: r.committed, index: r.index, drop: d.cutUnits(r.committed)}
 	d.snapJob = j
 	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
 	members := r.cfg.Members

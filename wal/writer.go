@@ -319,6 +319,9 @@ func (w *Writer) NextDeadline() time.Duration {
 	return Never
 }
 
+// Segments returns the live segments, oldest first (a copy).
+func (w *Writer) Segments() []SegInfo { return append([]SegInfo(nil), w.segs...) }
+
 // DropPending: segments DropBefore covers are not all removed yet.
 func (w *Writer) DropPending() bool {
 	return w.dropDue() || w.phase == pDropRemove || w.phase == pDropDirSync
