@@ -305,11 +305,20 @@ func (s *SnapStore) Save(now time.Duration, index uint64, at MsgHdr, meta, state
 	if s.saving != nil || s.failErr != nil {
 		return false
 	}
+	return s.SaveImage(index, at, encodeSnapFile(index, at, s.member, now, meta, state))
+}
+
+// SaveImage is Save for a file image EncodeSnapFile built (off the
+// polling goroutine: no copy of the state in Poll). The device owns img
+// until the save ends.
+func (s *SnapStore) SaveImage(index uint64, at MsgHdr, img []byte) bool {
+	if s.saving != nil || s.failErr != nil {
+		return false
+	}
 	s.fullErr = nil
 	s.tmpN++
 	tmp := filepath.Join(s.dir, fmt.Sprintf("tmp-%d", s.tmpN))
 	final := filepath.Join(s.dir, SnapName(index, at))
-	img := encodeSnapFile(index, at, s.member, now, meta, state)
 	s.saving = &DiskSnap{Path: final, Index: index, At: at, Member: s.member}
 	s.done = false
 	s.ops = s.ops[:0]
@@ -428,8 +437,7 @@ type diskSnapJob struct {
 	at    MsgHdr
 	index uint64
 	drop  uint64 // DropBefore this once the snapshot is durable
-	meta  []byte
-	state []byte
+	img   []byte // the file image (encodeSnapFile)
 	err   error
 	done  atomic.Bool
 }
@@ -464,7 +472,7 @@ func (r *Replica) diskSnapPoll() {
 			r.tracef("node %d: disk snapshot at %v: %v", r.self, j.at, j.err)
 			return
 		}
-		if s.Save(r.now, j.index, j.at, j.meta, j.state) {
+		if s.SaveImage(j.index, j.at, j.img) {
 			d.snapDrop = j.drop
 		}
 		return
@@ -486,7 +494,7 @@ func (r *Replica) diskSnapPoll() {
 	j := &diskSnapJob{at: r.committed, index: r.index, drop: d.cutUnits(r.committed)}
 	d.snapJob = j
 	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
-	members := r.cfg.Members
+	members, member, now := r.cfg.Members, s.member, r.now
 	r.tracef("node %d captures a disk snapshot at %v (index %d, %d bytes)", r.self, j.at, j.index, capture.Size())
 	r.runPersist(func() {
 		defer capture.Release()
@@ -496,7 +504,7 @@ func (r *Replica) diskSnapPoll() {
 		} else {
 			meta.size = uint64(len(buf))
 			meta.stateCheck = hashChunked(buf)
-			j.meta, j.state = encodeSnapMeta(members, meta), buf
+			j.img = encodeSnapFile(j.index, j.at, member, now, encodeSnapMeta(members, meta), buf)
 		}
 		j.done.Store(true)
 		r.node.Doorbell().Ring()
