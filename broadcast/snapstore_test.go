@@ -370,3 +370,28 @@ func TestSnapStoreSharedDevice(t *testing.T) {
 		t.Fatalf("log recovered %v records, err %v", rec, err)
 	}
 }
+
+// TestRecoverFromSnapshot: a log cut below a disk snapshot (its first
+// segment starts after seq 1, and may begin inside a diff whose start was
+// dropped) is refused without the snapshot and accepted with it, the
+// dropped diff's tail left out.
+func TestRecoverFromSnapshot(t *testing.T) {
+	e1 := Epoch(1)
+	_, end := recDiff(2, MsgHdr{E: e1}, MsgHdr{}, 1)
+	cutLog := func() *wal.Recovered {
+		return &wal.Recovered{
+			Segments: []wal.SegInfo{{Path: "wal/0000000000000002.seg", FirstSeq: 3}},
+			Records: []wal.Record{recEntry(3, MsgHdr{E: 0, Cnt: 1}, recInDiff, "x"), end,
+				recEntry(5, MsgHdr{E: e1, Cnt: 1}, 0, "a"), recCommit(6, MsgHdr{E: e1, Cnt: 1}, 1)},
+			NextSeq: 7,
+		}
+	}
+	if _, err := Recover(cutLog()); !errors.Is(err, ErrLogCorrupt) {
+		t.Fatalf("a log starting at seq 3 without a snapshot: %v, want ErrLogCorrupt", err)
+	}
+	snap := &DiskSnap{Path: "snap/x.snap", Index: 1, At: MsgHdr{E: e1, Cnt: 0}}
+	rc, err := RecoverFrom(cutLog(), snap)
+	if err != nil || rc.Repair || len(rc.recs) != 2 || rc.recs[0].Seq != 5 || rc.Entries != 1 || rc.Commits != 1 || rc.snap != snap {
+		t.Fatalf("RecoverFrom = %+v, %v: want the entry and the commit after the dropped diff's tail", rc, err)
+	}
+}
