@@ -54,6 +54,10 @@ type DiskSnap struct {
 	Member uint64
 	Meta   []byte // the network meta region's bytes
 	State  []byte // the FSM's bytes
+	// Older are the older snapshot files LoadNewest found beside it (a
+	// crash came before their removal); NewSnapStore removes them after
+	// its first save.
+	Older []string
 }
 
 // SnapName is the file name of the snapshot at index/at.
@@ -195,6 +199,9 @@ func LoadNewest(fs vfs.FS, dir string) (snap *DiskSnap, warnings []string, err e
 				return nil, warnings, err
 			}
 			s.Path = p
+			for _, n := range names[:i] {
+				s.Older = append(s.Older, filepath.Join(dir, n))
+			}
 			return s, warnings, nil
 		}
 		next := "no older snapshot"
@@ -265,12 +272,13 @@ type SnapStore struct {
 }
 
 // NewSnapStore returns a store writing to dir (which must exist) through
-// dev. newest is what LoadNewest returned (nil: none); other .snap files
-// in dir are removed after the next save.
+// dev. newest is what LoadNewest returned (nil: none); it and the older
+// files LoadNewest listed are removed after the next save.
 func NewSnapStore(dev wal.Device, dir string, member uint64, newest *DiskSnap) *SnapStore {
 	s := &SnapStore{dev: dev, dir: dir, member: member}
 	if newest != nil {
 		s.newest = &DiskSnap{Path: newest.Path, Index: newest.Index, At: newest.At, Member: newest.Member}
+		s.old = append(s.old, newest.Older...)
 	}
 	return s
 }

@@ -395,3 +395,27 @@ func TestRecoverFromSnapshot(t *testing.T) {
 		t.Fatalf("RecoverFrom = %+v, %v: want the entry and the commit after the dropped diff's tail", rc, err)
 	}
 }
+
+// TestSnapStoreRemovesLeftovers: snapshot files a crash left behind
+// (older than the newest) are removed after the next save.
+func TestSnapStoreRemovesLeftovers(t *testing.T) {
+	m := newSnapFS(t)
+	for i := 1; i <= 2; i++ {
+		meta, state := snapState(i)
+		at := MsgHdr{E: Epoch(i), Cnt: uint64(i)}
+		if err := vfs.WriteFile(m, filepath.Join(snapDir, SnapName(uint64(100*i), at)), encodeSnapFile(uint64(100*i), at, 7, 0, meta, state)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _, err := LoadNewest(m, snapDir)
+	if err != nil || got == nil || got.Index != 200 || len(got.Older) != 1 {
+		t.Fatalf("LoadNewest = %+v, %v", got, err)
+	}
+	d := newStepDevice(m)
+	s := NewSnapStore(d, snapDir, 7, got)
+	saveSnap(t, s, d, 3)
+	if names := snapFiles(t, m); len(names) != 1 || names[0] != SnapName(300, MsgHdr{E: 3, Cnt: 3}) {
+		t.Fatalf("snap dir holds %q, want only the newest snapshot", names)
+	}
+	checkSnap(t, m, 3)
+}
