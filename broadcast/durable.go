@@ -48,6 +48,15 @@ type durable struct {
 	commitLogged MsgHdr
 	err          error // sticky: the writer failed or refused a record (fail-stop)
 	hdr          [48]byte
+	// units are the (first seq, header) of every entry and diff written
+	// since the last disk snapshot's capture, in seq (and header) order:
+	// a capture at commit point C may drop the log below the first unit
+	// above C.
+	units     []durMark
+	snapBytes uint64       // the writer's BytesWritten at the last capture
+	snapJob   *diskSnapJob // a capture being persisted
+	snapDrop  uint64       // the save in flight: DropBefore this once durable
+	cut       uint64       // the newest durable snapshot's: the log below it is dropped
 }
 
 // ErrDisk wraps a write-ahead log failure that stopped the replica (Sync
@@ -128,7 +137,32 @@ func (r *Replica) walEntry(e *entry, flags uint8) uint64 {
 // broadcast (leader, Fig. 4 l.40) as its new Accepted.
 func (r *Replica) walAccept(e *entry) {
 	if r.dur != nil {
-		r.walMark(r.walEntry(e, 0), e.hdr)
+		seq := r.walEntry(e, 0)
+		r.walMark(seq, e.hdr)
+		r.walUnit(seq, e.hdr)
+	}
+}
+
+// cutUnits forgets the units at or below at and returns the seq the log
+// may be dropped before once a snapshot at at is durable: the first unit
+// above at, or the next seq if there is none.
+func (d *durable) cutUnits(at MsgHdr) uint64 {
+	drop, k := d.w.NextSeq(), 0
+	for k < len(d.units) && !at.Less(d.units[k].hdr) {
+		k++
+	}
+	if k < len(d.units) {
+		drop = d.units[k].seq
+	}
+	d.units = d.units[:copy(d.units, d.units[k:])]
+	return drop
+}
+
+// walUnit notes a unit (an entry, or a diff from its DiffBegin) for
+// truncation behind a disk snapshot.
+func (r *Replica) walUnit(seq uint64, hdr MsgHdr) {
+	if seq != 0 && r.cfg.Snapshots != nil {
+		r.dur.units = append(r.dur.units, durMark{seq: seq, hdr: hdr})
 	}
 }
 
@@ -150,7 +184,7 @@ func (r *Replica) walDiff(hdr, base MsgHdr, entries []*entry, snapAt MsgHdr, met
 		flags = diffSnapshot
 	}
 	binary.LittleEndian.PutUint32(b[36:], flags)
-	r.walAppend(wal.RecDiffBegin, 0, b)
+	r.walUnit(r.walAppend(wal.RecDiffBegin, 0, b), hdr)
 	if meta != nil {
 		s := r.dur.hdr[:24]
 		binary.LittleEndian.PutUint64(s[0:], uint64(snapAt.E))
@@ -210,6 +244,7 @@ func (r *Replica) walPoll(now time.Duration) bool {
 // Recovery is a log read back by Recover, checked, for New to replay.
 type Recovery struct {
 	recs []wal.Record
+	snap *DiskSnap // the disk snapshot the log continues (nil: none)
 	// Repair: the log has corruption (wal.Recovered.Corrupt); it is not
 	// replayed and the member boots catching up (no vote) until a
 	// leader's diff repaired it. Corruption repair in place is not built.
@@ -225,10 +260,32 @@ type Recovery struct {
 // first record (disk snapshots and log truncation are not built). A log
 // with corruption is returned with Repair set, not replayed. It reads the
 // records only; New replays them.
-func Recover(rec *wal.Recovered) (*Recovery, error) {
-	rc := &Recovery{}
+func Recover(rec *wal.Recovered) (*Recovery, error) { return RecoverFrom(rec, nil) }
+
+// RecoverFrom is Recover for a log that continues the disk snapshot snap
+// (LoadNewest's; nil: none): the log may then start after seq 1, and
+// records at its start that belong to a diff whose beginning was dropped
+// with the segments below the snapshot are left out (they are older than
+// the snapshot). Replay starts from the snapshot and skips what it
+// covers.
+func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
+	rc := &Recovery{snap: snap}
 	if rec == nil {
 		return rc, nil
+	}
+	if snap != nil && len(rec.Corrupt) == 0 {
+		k := 0
+		for k < len(rec.Records) {
+			x := &rec.Records[k]
+			if x.Type == wal.RecEntry && x.Flags&recInDiff != 0 || x.Type == wal.RecSnapMark || x.Type == wal.RecDiffEnd {
+				k++
+				continue
+			}
+			break
+		}
+		if k > 0 {
+			rec.Records = rec.Records[k:]
+		}
 	}
 	if len(rec.Corrupt) > 0 {
 		c := rec.Corrupt[0]
@@ -236,7 +293,7 @@ func Recover(rec *wal.Recovered) (*Recovery, error) {
 		rc.Reason = fmt.Sprintf("corrupt log at %s+%d (seq %d-%d: %s): catching up from the group, not replaying it", c.Path, c.At.Off, c.FromSeq, c.ToSeq, c.Reason)
 		return rc, nil
 	}
-	if len(rec.Segments) > 0 && rec.Segments[0].FirstSeq > 1 {
+	if snap == nil && len(rec.Segments) > 0 && rec.Segments[0].FirstSeq > 1 {
 		return nil, fmt.Errorf("broadcast: log %s starts at seq %d, not 1 (no disk snapshot to start from): %w", rec.Segments[0].Path, rec.Segments[0].FirstSeq, ErrLogCorrupt)
 	}
 	inDiff, left := false, 0
@@ -302,6 +359,7 @@ func getHdr(b []byte) MsgHdr {
 // would. It runs in New, before anything is published.
 func (r *Replica) replay(rc *Recovery) error {
 	type pend struct {
+		seq       uint64 // the DiffBegin's
 		hdr, base MsgHdr
 		snapAt    MsgHdr
 		meta      []byte
@@ -311,11 +369,31 @@ func (r *Replica) replay(rc *Recovery) error {
 	var diff *pend
 	var delivered MsgHdr // entries at or below it are in the FSM already (a snapshot's)
 	var commitIdx uint64
+	if sn := rc.snap; sn != nil {
+		m, err := decodeSnapMeta(sn.Meta, r.cfg.Members)
+		if err != nil {
+			return fmt.Errorf("broadcast: disk snapshot %s: %w", sn.Path, err)
+		}
+		if hashChunked(sn.State) != m.stateCheck {
+			return fmt.Errorf("broadcast: disk snapshot %s: state check mismatch: %w", sn.Path, ErrLogCorrupt)
+		}
+		if err := r.restore(&m, sn.State, sn.At); err != nil {
+			return fmt.Errorf("broadcast: disk snapshot %s: restore: %w", sn.Path, err)
+		}
+		delivered, commitIdx = sn.At, m.index
+		r.accepted, r.eCur = sn.At, sn.At.E
+	}
 	for i := range rc.recs {
 		x := &rc.recs[i]
 		switch x.Type {
 		case wal.RecEntry:
 			hdr := getHdr(x.Data)
+			if diff == nil {
+				r.walUnit(x.Seq, hdr)
+				if !delivered.Less(hdr) {
+					continue // covered by the disk snapshot
+				}
+			}
 			id := getMeta(x.Data[16:])
 			data, s := r.acceptCur.copy(&r.slabs, x.Data[32:])
 			e := entry{hdr: hdr, id: id, data: data, slab: s}
@@ -330,14 +408,22 @@ func (r *Replica) replay(rc *Recovery) error {
 			r.log.Set(e)
 			r.accepted = hdr
 		case wal.RecDiffBegin:
-			diff = &pend{hdr: getHdr(x.Data), base: getHdr(x.Data[16:])}
+			diff = &pend{seq: x.Seq, hdr: getHdr(x.Data), base: getHdr(x.Data[16:])}
 		case wal.RecSnapMark:
 			n := binary.LittleEndian.Uint64(x.Data[16:])
 			diff.snapAt = getHdr(x.Data)
 			diff.meta = x.Data[24 : 24+n]
 			diff.state = x.Data[24+n:]
 		case wal.RecDiffEnd:
-			if diff.meta != nil {
+			r.walUnit(diff.seq, diff.hdr)
+			if !delivered.Less(diff.hdr) {
+				for _, e := range diff.entries { // a diff the disk snapshot covers
+					e.slab.unref()
+				}
+				diff = nil
+				continue
+			}
+			if diff.meta != nil && delivered.Less(diff.snapAt) {
 				m, err := decodeSnapMeta(diff.meta, r.cfg.Members)
 				if err != nil {
 					return fmt.Errorf("broadcast: log snapshot at seq %d: %w", x.Seq, err)
@@ -355,6 +441,10 @@ func (r *Replica) replay(rc *Recovery) error {
 				r.log.PopMax()
 			}
 			for _, e := range diff.entries {
+				if !delivered.Less(e.hdr) {
+					e.slab.unref() // in the FSM already
+					continue
+				}
 				r.log.Set(e)
 			}
 			r.eCur = diff.hdr.E
@@ -391,6 +481,12 @@ func (r *Replica) replay(rc *Recovery) error {
 	}
 	r.dur.dA = r.accepted
 	r.dur.commitLogged = r.committed
+	if sn := rc.snap; sn != nil {
+		// The log below the first unit above the snapshot is covered (a
+		// crash may have come between the save and its drop).
+		r.dur.cut = r.dur.cutUnits(sn.At)
+		r.dur.w.DropBefore(r.dur.cut)
+	}
 	r.fromDisk = true
 	r.tracef("node %d replays its log: %d entries, %d diffs, %d commits: accepted %v, committed %v (index %d), e_cur %v", r.self, rc.Entries, rc.Diffs, rc.Commits, r.accepted, r.committed, r.index, r.eCur)
 	return nil

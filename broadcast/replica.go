@@ -483,6 +483,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 	if r.dur != nil {
 		// This Poll's records go to the disk now (Sync: group commit).
 		r.walCommit()
+		r.diskSnapPoll()
 		if r.walPoll(now) || walProgress {
 			progress = true
 		}

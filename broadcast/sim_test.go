@@ -227,10 +227,19 @@ type simOpts struct {
 	failNode rdma.NodeID
 	failSync int
 	stopped  *int
+	// snapLog (Sync) gives each replica a SnapStore in snap/ with
+	// SnapshotLogBytes = snapLog: disk snapshots and log truncation run
+	// constantly; the "disk bound:" and "recoverable:" checks apply.
+	snapLog   int64
+	snapKnobs snapKnobs
 	// slowDisk makes node 1's syncs take 0.5-2 ms (the others' 50-500
 	// µs), an eighth to half an election timeout.
 	slowDisk bool
 }
+
+// segBytes is the log segment size with disk snapshots: small, so that
+// truncation drops segments often.
+func (o *simOpts) segBytes() int64 { return 4 << 10 }
 
 // failingDevice fails the nth Sync submitted to it.
 type failingDevice struct {
@@ -263,6 +272,10 @@ func (d *failingDevice) Reap(dst []wal.Done) []wal.Done {
 type simStats struct {
 	wholeGroup int // whole-group crashes run
 	fromDisk   int // incarnations that replayed their log at start
+	// with disk snapshots: the largest log (live segment bytes) seen
+	// while a snapshot existed, and incarnations that started from a
+	// snapshot with a log cut below it
+	maxLog, fromSnap, diskSnaps int64
 }
 
 // simProc is one incarnation of a replica in the simulator, with a client
@@ -319,17 +332,51 @@ func (p *simProc) Start(env *sim.Env) error {
 		if p.h.o.failSync > 0 && env.ID() == p.h.o.failNode && env.Incarnation() == 1 {
 			dev = &failingDevice{Device: dev, nth: p.h.o.failSync}
 		}
-		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: uint64(env.ID()), SegmentBytes: 64 << 10}, rec)
+		var snap *DiskSnap
+		var snapDev wal.Device
+		if p.h.o.snapLog > 0 {
+			var warn []string
+			snap, warn, err = LoadNewest(env.Disk(), "snap")
+			if err == nil && len(warn) > 0 {
+				err = fmt.Errorf("%q", warn) // the sim plants no corruption in snapshots
+			}
+			if err != nil {
+				return fmt.Errorf("recoverable: node %d incarnation %d: snapshots: %v", env.ID(), env.Incarnation(), err)
+			}
+			if err := env.Disk().MkdirAll("snap", 0o755); err != nil {
+				return err
+			}
+			dev, snapDev = wal.Share(dev)
+		}
+		seg := int64(64 << 10)
+		if p.h.o.snapLog > 0 {
+			seg = p.h.o.segBytes()
+		}
+		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: uint64(env.ID()), SegmentBytes: seg}, rec)
 		if err != nil {
 			return err
 		}
-		if cfg.Recovery, err = Recover(rec); err != nil {
+		if snap != nil && len(rec.Segments) > 0 && rec.Segments[0].FirstSeq > 1 && p.h.o.stats != nil {
+			p.h.o.stats.fromSnap++ // a snapshot and a log cut below it
+		}
+		if cfg.Recovery, err = RecoverFrom(rec, snap); err != nil {
+			if p.h.o.snapLog > 0 {
+				return fmt.Errorf("recoverable: node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
+			}
 			return fmt.Errorf("node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
 		}
 		cfg.Durability, cfg.WAL = Sync, w
+		if snapDev != nil {
+			st := NewSnapStore(snapDev, "snap", uint64(env.ID()), snap)
+			st.knobs = p.h.o.snapKnobs
+			cfg.Snapshots, cfg.SnapshotLogBytes = st, p.h.o.snapLog
+		}
 	}
 	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
 	if err != nil {
+		if cfg.Snapshots != nil {
+			return fmt.Errorf("recoverable: node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
+		}
 		return err
 	}
 	p.r = r
@@ -394,6 +441,7 @@ func (p *simProc) Step(now time.Duration) bool {
 	}
 	p.checkPromises()
 	p.checkDurable()
+	p.checkDiskBound()
 	p.checkBounds()
 	p.checkLeading()
 	wake := p.r.NextDeadline()
@@ -470,8 +518,43 @@ func (p *simProc) checkDurable() {
 		p.h.c.fail("durability promise: node %d: its disk image does not recover: %v", p.env.ID(), err)
 		return
 	}
-	if dA := recordsAccepted(rec); dA.Less(acked) {
+	dA := recordsAccepted(rec)
+	if p.h.o.snapLog > 0 {
+		snap, _, err := LoadNewest(fs, "snap")
+		if err != nil {
+			p.h.c.fail("durability promise: node %d: its snapshots do not load: %v", p.env.ID(), err)
+			return
+		}
+		if snap != nil {
+			dA = maxHdr(dA, snap.At)
+		}
+	}
+	if dA.Less(acked) {
 		p.h.c.fail("durability promise: node %d incarnation %d acknowledges %v in its AcceptSST row, but its disk recovers only to %v", p.env.ID(), p.env.Incarnation(), acked, dA)
+	}
+}
+
+// checkDiskBound (with disk snapshots): once a snapshot is durable and
+// its drop done, the log keeps no segment wholly below the snapshot's cut
+// (the first unit above its commit point): at most the segment the cut
+// falls in ("disk bound:"). What stays above the cut is what was written
+// since the capture plus what was uncommitted then; the trigger keeps the
+// former under SnapshotLogBytes per snapshot, the protocol bounds the
+// latter (MaxUncommitted).
+func (p *simProc) checkDiskBound() {
+	r := p.r
+	if p.h.o.snapLog == 0 || r.dur == nil || r.cfg.Snapshots == nil {
+		return
+	}
+	if _, _, ok := r.cfg.Snapshots.Newest(); !ok || r.dur.cut == 0 || r.dur.w.DropPending() {
+		return
+	}
+	segs := r.dur.w.Segments()
+	if len(segs) > 1 && segs[1].FirstSeq <= r.dur.cut {
+		p.h.c.fail("disk bound: node %d keeps segment %s (seqs %d-%d) below its snapshot's cut at seq %d", p.env.ID(), segs[0].Path, segs[0].FirstSeq, segs[1].FirstSeq-1, r.dur.cut)
+	}
+	if st := r.dur.w.Stats(); p.h.o.stats != nil && st.SegmentBytes > p.h.o.stats.maxLog {
+		p.h.o.stats.maxLog = st.SegmentBytes
 	}
 }
 
@@ -691,6 +774,9 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 			if o.stats != nil && p.r.Status().FromDisk {
 				o.stats.fromDisk++
 			}
+			if o.stats != nil && p.r.cfg.Snapshots != nil {
+				o.stats.diskSnaps += int64(p.r.cfg.Snapshots.Saves())
+			}
 		}
 		if o.stats != nil {
 			o.stats.wholeGroup += h.ctr.wholeGroup
@@ -841,6 +927,10 @@ func TestSimAcuerdo(t *testing.T) {
 		{"n3-sync-whole-group", 0.05, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
 		{"n3-sync-slow-disk", 0.02, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, slowDisk: true, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
 		{"n5-sync-staggered", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
+		// ... with disk snapshots every few KiB of log and truncation
+		// behind them (snapstore.go): recovery from snapshot + log.
+		{"n3-sync-snapshots", 0.04, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, snapLog: 1 << 10, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
+		{"n5-sync-staggered-snapshots", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, promiseCheck: true, maxLog: 24, snapLog: 512, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -856,6 +946,9 @@ func TestSimAcuerdo(t *testing.T) {
 				t.Logf("durable: %+v", stats)
 				if flags.Seed == 0 && flags.Seeds >= 20 && (stats.fromDisk == 0 || stats.wholeGroup == 0) {
 					t.Errorf("want whole-group crashes and members restarted from their log: %+v", stats)
+				}
+				if flags.Seed == 0 && flags.Seeds >= 20 && o.snapLog > 0 && stats.diskSnaps == 0 {
+					t.Errorf("want disk snapshots: %+v", stats)
 				}
 			}
 			// The fault paths must have been taken (a test that never
@@ -936,6 +1029,7 @@ func TestSimMutants(t *testing.T) {
 		// epoch.
 		{"resume-old-epoch", simOpts{knobs: testingKnobs{resumeOldEpoch: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, slowDisk: true, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
 		{"ack-unsynced-promise", simOpts{knobs: testingKnobs{ackUnsynced: true}, n: 3, until: window, durability: Sync, promiseCheck: true, maxLog: 24}, 100, "durability promise:"},
+		{"rename-before-sync", simOpts{snapKnobs: snapKnobs{renameBeforeSync: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, maxLog: 24, snapLog: 1 << 10, faults: partition}, 1000, "recoverable:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

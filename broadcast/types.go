@@ -277,6 +277,16 @@ type Config struct {
 	// point, delivering the committed entries to the FSM before New
 	// returns.
 	Recovery *Recovery
+	// Snapshots, with Sync, is where the replica keeps disk snapshots
+	// (snapstore.go; nil: none, the log grows without bound). It shares
+	// WAL's device (wal.Share). Every member captures its FSM at its
+	// commit point once the log grew SnapshotLogBytes since the last
+	// capture, persists it off Poll, writes it through Snapshots, and
+	// then drops the log's whole segments below the snapshot.
+	Snapshots *SnapStore
+	// SnapshotLogBytes is how much log (bytes of synced batches) triggers
+	// a disk snapshot; 64 MiB if zero.
+	SnapshotLogBytes int64
 }
 
 // Durability says what a replica keeps on disk (Config.Durability).
@@ -428,6 +438,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.ElectionTimeout < 2*c.HeartbeatInterval {
 		return c, fmt.Errorf("broadcast: config: election timeout %v must be at least twice the heartbeat interval %v: %w", c.ElectionTimeout, c.HeartbeatInterval, ErrConfig)
 	}
+	if c.SnapshotLogBytes <= 0 {
+		c.SnapshotLogBytes = 64 << 20
+	}
 	if c.MaxLogEntries == 0 {
 		c.MaxLogEntries = DefaultMaxLogEntries
 	}
@@ -477,7 +490,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("broadcast: config: durability %d unknown: %w", c.Durability, ErrConfig)
 	case c.Durability == Sync && c.WAL == nil:
 		return c, fmt.Errorf("broadcast: config: durability sync needs a WAL: %w", ErrConfig)
-	case c.Durability == Memory && (c.WAL != nil || c.Recovery != nil):
+	case c.Durability == Memory && (c.WAL != nil || c.Recovery != nil || c.Snapshots != nil):
 		return c, fmt.Errorf("broadcast: config: a WAL or a Recovery with durability memory: %w", ErrConfig)
 	}
 	if c.Start == StartRejoin && c.RejoinIncarnation == 0 {

@@ -319,6 +319,14 @@ func (w *Writer) NextDeadline() time.Duration {
 	return Never
 }
 
+// Segments returns the live segments, oldest first (a copy).
+func (w *Writer) Segments() []SegInfo { return append([]SegInfo(nil), w.segs...) }
+
+// DropPending: segments DropBefore covers are not all removed yet.
+func (w *Writer) DropPending() bool {
+	return w.dropDue() || w.phase == pDropRemove || w.phase == pDropDirSync
+}
+
 func (w *Writer) dropDue() bool {
 	return len(w.segs) > 1 && w.segs[1].FirstSeq <= w.dropTo
 }
@@ -347,13 +355,16 @@ func (w *Writer) Poll(now time.Duration) bool {
 				w.startBatch()
 				progress = true
 			}
+		case w.dropDue():
+			// Before the next batch: under steady load (Sync seals a
+			// batch at every idle Poll) a drop placed after it would
+			// never run and the log would grow behind its snapshots.
+			w.startDrop()
+			progress = true
 		case len(w.open) > 0 && (w.cfg.Mode == Sync || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
 			int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 			w.seal()
 			w.startBatch()
-			progress = true
-		case w.dropDue():
-			w.startDrop()
 			progress = true
 		}
 	}

@@ -1,0 +1,520 @@
+package broadcast
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/rdmakv/rdmakv/internal/vfs"
+	"github.com/rdmakv/rdmakv/wal"
+)
+
+// Disk snapshots (docs/dev/durability-plan.md §3.1, stage D3). A snapshot
+// file is snap/<index %016x>-<E %016x>-<Cnt %016x>.snap:
+//
+//	 0 "RKVS" u32 | 4 version u16 | 6 flags u16 | 8 index u64 | 16 commit E u64
+//	24 commit Cnt u64 | 32 meta len u64 | 40 state len u64 | 48 member u64
+//	56 created ns u64 | 64 crc32c of bytes 0..64 u32 | 68 zero u32
+//	72 meta (the network meta region's bytes), padded to 8
+//	   state (FSMSnapshot.Persist's bytes), padded to 8
+//	end-16 [xxhash(meta‖state) u64]["RKVE" u32][crc32c of the trailer's first 12 bytes u32]
+//
+// It is written as snap/tmp-<n>: create, write, fdatasync, rename, fsync
+// snap/; only then is it the newest snapshot (and the log below it may be
+// dropped). Older snapshots are removed after that. LoadNewest reads the
+// newest file whose checks hold; a failing one is renamed <name>.broken.
+
+const (
+	snapMagic    = 0x53564b52 // "RKVS" little-endian
+	snapEndMagic = 0x45564b52 // "RKVE"
+	snapVersion  = 1
+	snapHdrSize  = 72
+	snapTrlSize  = 16
+)
+
+var snapCRC = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrSnapCorrupt: a snapshot file failed one of its checks.
+var ErrSnapCorrupt = errors.New("broadcast: snapshot file corrupt")
+
+// DiskSnap is a snapshot read back from disk.
+type DiskSnap struct {
+	Path   string
+	Index  uint64 // the commit index the snapshot covers
+	At     MsgHdr // the header of the last entry it covers
+	Member uint64
+	Meta   []byte // the network meta region's bytes
+	State  []byte // the FSM's bytes
+	// Older are the older snapshot files LoadNewest found beside it (a
+	// crash came before their removal); NewSnapStore removes them after
+	// its first save.
+	Older []string
+}
+
+// SnapName is the file name of the snapshot at index/at.
+func SnapName(index uint64, at MsgHdr) string {
+	return fmt.Sprintf("%016x-%016x-%016x.snap", index, uint64(at.E), at.Cnt)
+}
+
+func pad8(n int) int { return (n + 7) &^ 7 }
+
+// encodeSnapFile lays out the whole file image.
+func encodeSnapFile(index uint64, at MsgHdr, member uint64, created time.Duration, meta, state []byte) []byte {
+	ml, sl := pad8(len(meta)), pad8(len(state))
+	b := make([]byte, snapHdrSize+ml+sl+snapTrlSize)
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], snapMagic)
+	le.PutUint16(b[4:], snapVersion)
+	le.PutUint64(b[8:], index)
+	le.PutUint64(b[16:], uint64(at.E))
+	le.PutUint64(b[24:], at.Cnt)
+	le.PutUint64(b[32:], uint64(len(meta)))
+	le.PutUint64(b[40:], uint64(len(state)))
+	le.PutUint64(b[48:], member)
+	le.PutUint64(b[56:], uint64(created))
+	le.PutUint32(b[64:], crc32.Checksum(b[:64], snapCRC))
+	copy(b[snapHdrSize:], meta)
+	copy(b[snapHdrSize+ml:], state)
+	t := b[len(b)-snapTrlSize:]
+	le.PutUint64(t[0:], snapHash(meta, state))
+	le.PutUint32(t[8:], snapEndMagic)
+	le.PutUint32(t[12:], crc32.Checksum(t[:12], snapCRC))
+	return b
+}
+
+func snapHash(meta, state []byte) uint64 {
+	d := xxhash.New()
+	for _, p := range [][]byte{meta, state} {
+		for len(p) > 0 { // chunked, as hashChunked
+			n := min(len(p), 1<<20)
+			d.Write(p[:n])
+			p = p[n:]
+		}
+	}
+	return d.Sum64()
+}
+
+// decodeSnapFile checks a file image and returns its parts (aliasing b).
+func decodeSnapFile(b []byte) (*DiskSnap, error) {
+	le := binary.LittleEndian
+	bad := func(why string) (*DiskSnap, error) { return nil, fmt.Errorf("%w: %s", ErrSnapCorrupt, why) }
+	if len(b) < snapHdrSize+snapTrlSize {
+		return bad(fmt.Sprintf("%d bytes, shorter than a header and trailer", len(b)))
+	}
+	if le.Uint32(b[0:]) != snapMagic {
+		return bad("bad magic")
+	}
+	if le.Uint32(b[64:]) != crc32.Checksum(b[:64], snapCRC) {
+		return bad("header checksum mismatch")
+	}
+	if v := le.Uint16(b[4:]); v != snapVersion {
+		return bad(fmt.Sprintf("version %d", v))
+	}
+	mlen, slen := le.Uint64(b[32:]), le.Uint64(b[40:])
+	if mlen > uint64(len(b)) || slen > uint64(len(b)) ||
+		uint64(snapHdrSize+pad8(int(mlen))+pad8(int(slen))+snapTrlSize) != uint64(len(b)) {
+		return bad(fmt.Sprintf("lengths meta %d state %d do not fit %d bytes", mlen, slen, len(b)))
+	}
+	t := b[len(b)-snapTrlSize:]
+	if le.Uint32(t[8:]) != snapEndMagic || le.Uint32(t[12:]) != crc32.Checksum(t[:12], snapCRC) {
+		return bad("trailer mismatch")
+	}
+	s := &DiskSnap{
+		Index:  le.Uint64(b[8:]),
+		At:     MsgHdr{E: Epoch(le.Uint64(b[16:])), Cnt: le.Uint64(b[24:])},
+		Member: le.Uint64(b[48:]),
+		Meta:   b[snapHdrSize : snapHdrSize+int(mlen)],
+	}
+	so := snapHdrSize + pad8(int(mlen))
+	s.State = b[so : so+int(slen)]
+	if le.Uint32(b[68:]) != 0 || !allZeroBytes(b[snapHdrSize+int(mlen):so]) || !allZeroBytes(b[so+int(slen):len(b)-snapTrlSize]) {
+		return bad("nonzero padding")
+	}
+	if snapHash(s.Meta, s.State) != le.Uint64(t[0:]) {
+		return bad("check word mismatch")
+	}
+	return s, nil
+}
+
+func allZeroBytes(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// LoadNewest returns the newest valid snapshot in dir (nil if there is
+// none) and one warning per file it set aside: a file that fails its
+// checks, or whose name disagrees with its header, is renamed
+// <name>.broken and the next older one is tried. Leftover tmp- files (a
+// save a crash interrupted) are removed. It runs before the replica
+// starts, synchronously on fs.
+func LoadNewest(fs vfs.FS, dir string) (snap *DiskSnap, warnings []string, err error) {
+	ents, err := fs.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil, nil
+		}
+		return nil, nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		n := e.Name()
+		switch {
+		case strings.HasPrefix(n, "tmp-"):
+			if err := fs.Remove(filepath.Join(dir, n)); err != nil {
+				return nil, warnings, err
+			}
+		case strings.HasSuffix(n, ".snap"):
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names) // fixed-width hex: by index, then header
+	for i := len(names) - 1; i >= 0; i-- {
+		p := filepath.Join(dir, names[i])
+		b, err := vfs.ReadFile(fs, p)
+		if err != nil {
+			return nil, warnings, err
+		}
+		s, err := decodeSnapFile(b)
+		if err == nil && SnapName(s.Index, s.At) != names[i] {
+			err = fmt.Errorf("%w: header says %s", ErrSnapCorrupt, SnapName(s.Index, s.At))
+		}
+		if err == nil {
+			// What we read may be in the page cache only (a process
+			// crash between the rename and the dir fsync): make it
+			// durable before the log below it is dropped.
+			if err := syncSnap(fs, dir, p); err != nil {
+				return nil, warnings, err
+			}
+			s.Path = p
+			for _, n := range names[:i] {
+				s.Older = append(s.Older, filepath.Join(dir, n))
+			}
+			return s, warnings, nil
+		}
+		next := "no older snapshot"
+		if i > 0 {
+			next = "falling back to " + filepath.Join(dir, names[i-1])
+		}
+		warnings = append(warnings, fmt.Sprintf("snapshot %s is corrupt (%v): %s", p, err, next))
+		if rerr := fs.Rename(p, p+".broken"); rerr != nil {
+			return nil, warnings, rerr
+		}
+	}
+	if len(warnings) > 0 {
+		if err := fs.SyncDir(dir); err != nil {
+			return nil, warnings, err
+		}
+	}
+	return nil, warnings, nil
+}
+
+func syncSnap(fs vfs.FS, dir, path string) error {
+	f, err := fs.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = fs.SyncDir(dir)
+	}
+	return err
+}
+
+// snapKnobs are the snapshot store's planted bugs.
+type snapKnobs struct {
+	// renameBeforeSync: the tmp file is renamed (and the directory
+	// synced) before its fdatasync, and the save counts as done then: a
+	// crash loses the pages behind a durable name. Caught by
+	// TestSnapStoreRenameBeforeSync ("recoverable:").
+	renameBeforeSync bool
+}
+
+// SnapStore writes disk snapshots through a wal.Device (the log's, split
+// with wal.Share), one at a time, as a polled state machine: Save queues
+// the file's IOs, Poll reaps them. Not safe for concurrent use: it runs
+// on the replica's polling goroutine.
+type SnapStore struct {
+	dev    wal.Device
+	dir    string
+	member uint64
+	knobs  snapKnobs
+
+	ops    []wal.IO // the current save's IOs, in order
+	next   int      // ops[:next] submitted
+	inDone int      // ops[:inDone] completed
+	tag    uint64
+	saving *DiskSnap // the save in flight (Meta/State nil)
+	done   bool      // the save in flight is durable (ops after it remove old files)
+	tmpN   uint64
+
+	newest  *DiskSnap // the newest durable snapshot (Meta/State nil)
+	old     []string  // older snapshot files to remove
+	failErr error     // sticky: fail-stop
+	fullErr error     // the last save found the disk full (cleared by the next save)
+	saves   uint64
+	buf     []wal.Done
+}
+
+// NewSnapStore returns a store writing to dir (which must exist) through
+// dev. newest is what LoadNewest returned (nil: none); it and the older
+// files LoadNewest listed are removed after the next save.
+func NewSnapStore(dev wal.Device, dir string, member uint64, newest *DiskSnap) *SnapStore {
+	s := &SnapStore{dev: dev, dir: dir, member: member}
+	if newest != nil {
+		s.newest = &DiskSnap{Path: newest.Path, Index: newest.Index, At: newest.At, Member: newest.Member}
+		s.old = append(s.old, newest.Older...)
+	}
+	return s
+}
+
+// Busy: a save is in flight.
+func (s *SnapStore) Busy() bool { return s.saving != nil }
+
+// Err is the sticky fail-stop error (an fsync failed), or nil.
+func (s *SnapStore) Err() error { return s.failErr }
+
+// FullErr is why the last save was abandoned for want of space (nil if
+// it was not); the previous snapshot and the log are intact.
+func (s *SnapStore) FullErr() error { return s.fullErr }
+
+// Newest is the newest durable snapshot's index and header (ok false:
+// none yet).
+func (s *SnapStore) Newest() (index uint64, at MsgHdr, ok bool) {
+	if s.newest == nil {
+		return 0, MsgHdr{}, false
+	}
+	return s.newest.Index, s.newest.At, true
+}
+
+// Saves counts the snapshots made durable.
+func (s *SnapStore) Saves() uint64 { return s.saves }
+
+// Save starts writing a snapshot of the state at commit index/at (meta:
+// the network meta region; state: the FSM's persisted bytes). False if a
+// save is in flight or the store failed. The bytes are copied into the
+// file image.
+func (s *SnapStore) Save(now time.Duration, index uint64, at MsgHdr, meta, state []byte) bool {
+	if s.saving != nil || s.failErr != nil {
+		return false
+	}
+	return s.SaveImage(index, at, encodeSnapFile(index, at, s.member, now, meta, state))
+}
+
+// SaveImage is Save for a file image EncodeSnapFile built (off the
+// polling goroutine: no copy of the state in Poll). The device owns img
+// until the save ends.
+func (s *SnapStore) SaveImage(index uint64, at MsgHdr, img []byte) bool {
+	if s.saving != nil || s.failErr != nil {
+		return false
+	}
+	s.fullErr = nil
+	s.tmpN++
+	tmp := filepath.Join(s.dir, fmt.Sprintf("tmp-%d", s.tmpN))
+	final := filepath.Join(s.dir, SnapName(index, at))
+	s.saving = &DiskSnap{Path: final, Index: index, At: at, Member: s.member}
+	s.done = false
+	s.ops = s.ops[:0]
+	s.ops = append(s.ops,
+		wal.IO{Kind: wal.IOCreate, Path: tmp},
+		wal.IO{Kind: wal.IOWrite, Path: tmp, Data: img})
+	if s.knobs.renameBeforeSync {
+		s.ops = append(s.ops,
+			wal.IO{Kind: wal.IORename, Path: tmp, To: final},
+			wal.IO{Kind: wal.IOSyncDir, Path: s.dir},
+			wal.IO{Kind: wal.IOSync, Path: final})
+	} else {
+		s.ops = append(s.ops,
+			wal.IO{Kind: wal.IOSync, Path: tmp},
+			wal.IO{Kind: wal.IORename, Path: tmp, To: final},
+			wal.IO{Kind: wal.IOSyncDir, Path: s.dir})
+	}
+	s.next, s.inDone = 0, 0
+	s.submit()
+	return true
+}
+
+// durableAt is how many of the current ops must complete before the
+// snapshot counts as durable.
+func (s *SnapStore) durableAt() int {
+	if s.knobs.renameBeforeSync {
+		return 4 // the planted bug: after the dir sync, before the data sync
+	}
+	return 5
+}
+
+// submit submits the next op once the previous one completed: one op in
+// flight, so that nothing runs after a failed op (a rename after a failed
+// write would give a partial file the snapshot's name).
+func (s *SnapStore) submit() {
+	if s.next < len(s.ops) && s.next == s.inDone {
+		op := s.ops[s.next]
+		s.tag++
+		op.Tag = s.tag
+		if !s.dev.Submit(op) {
+			return
+		}
+		s.ops[s.next].Tag = op.Tag
+		s.next++
+	}
+}
+
+// Poll reaps the device's completions for this store and moves the save
+// along; it reports whether a save became durable at this call.
+func (s *SnapStore) Poll(now time.Duration) (saved bool) {
+	s.buf = s.dev.Reap(s.buf[:0])
+	for _, d := range s.buf {
+		if s.saving == nil || s.inDone >= s.next || d.Tag != s.ops[s.inDone].Tag {
+			continue
+		}
+		op := s.ops[s.inDone]
+		s.inDone++
+		if d.Err != nil {
+			if s.failed(op, d.Err) {
+				return false
+			}
+			continue
+		}
+		if !s.done && s.inDone == s.durableAt() {
+			s.done = true
+			saved = true
+			if s.newest != nil && s.newest.Path != s.saving.Path {
+				s.old = append(s.old, s.newest.Path)
+			}
+			s.newest = s.saving
+			s.saves++
+			for _, p := range s.old {
+				s.ops = append(s.ops, wal.IO{Kind: wal.IORemove, Path: p})
+			}
+			s.old = s.old[:0]
+		}
+		if s.inDone == len(s.ops) {
+			s.saving = nil
+		}
+	}
+	if s.saving != nil {
+		s.submit()
+	}
+	return saved
+}
+
+// failed ends the save at a failed op. No space while creating or writing
+// the tmp file abandons it (removed; the old snapshot and the log are
+// intact; a later Save tries again). Any other failure, and every failed
+// fsync, is fail-stop (the fsyncgate lesson: the kernel may have dropped
+// the pages).
+// It reports whether the store stopped (fail-stop).
+func (s *SnapStore) failed(op wal.IO, err error) bool {
+	noSpace := errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+	if noSpace && !s.done && (op.Kind == wal.IOCreate || op.Kind == wal.IOWrite || op.Kind == wal.IOAllocate) {
+		s.fullErr = fmt.Errorf("%w: snapshot %s: %s: %w", wal.ErrDiskFull, filepath.Base(s.saving.Path), op.Kind, err)
+		tmp := s.ops[0].Path
+		s.ops = append(s.ops[:0], wal.IO{Kind: wal.IORemove, Path: tmp})
+		s.next, s.inDone = 0, 0
+		s.done = true // nothing more counts as durable
+		return false
+	}
+	if op.Kind == wal.IORemove && s.done && errors.Is(err, os.ErrNotExist) {
+		if s.inDone == len(s.ops) {
+			s.saving = nil
+		}
+		return false
+	}
+	s.failErr = fmt.Errorf("%w: snapshot %s: %s %s: %w", wal.ErrFailStop, filepath.Base(s.saving.Path), op.Kind, op.Path, err)
+	s.saving = nil
+	return true
+}
+
+// diskSnapJob is a capture being persisted off Poll (runPersist).
+type diskSnapJob struct {
+	at    MsgHdr
+	index uint64
+	drop  uint64 // DropBefore this once the snapshot is durable
+	img   []byte // the file image (encodeSnapFile)
+	err   error
+	done  atomic.Bool
+}
+
+// diskSnapPoll (Sync with Config.Snapshots; end of Poll) moves disk
+// snapshots along: it reaps the store, drops the log below a snapshot
+// that became durable, hands a persisted capture to the store, and
+// captures the FSM at the commit point when the log grew
+// SnapshotLogBytes since the last capture. One snapshot at a time.
+func (r *Replica) diskSnapPoll() {
+	d, s := r.dur, r.cfg.Snapshots
+	if s == nil || d.err != nil {
+		return
+	}
+	if s.Poll(r.now) {
+		d.cut = d.snapDrop
+		d.w.DropBefore(d.cut)
+		idx, at, _ := s.Newest()
+		r.tracef("node %d: disk snapshot at %v (index %d) durable; log dropped below seq %d", r.self, at, idx, d.snapDrop)
+	}
+	if err := s.Err(); err != nil {
+		d.err = fmt.Errorf("%w: member %d: %w", ErrDisk, r.self, err)
+		r.tracef("node %d stops: %v", r.self, d.err)
+		return
+	}
+	if j := d.snapJob; j != nil {
+		if !j.done.Load() || s.Busy() {
+			return
+		}
+		d.snapJob = nil
+		if j.err != nil {
+			r.tracef("node %d: disk snapshot at %v: %v", r.self, j.at, j.err)
+			return
+		}
+		if s.SaveImage(j.index, j.at, j.img) {
+			d.snapDrop = j.drop
+		}
+		return
+	}
+	written := d.w.Stats().BytesWritten
+	if s.Busy() || written-d.snapBytes < uint64(r.cfg.SnapshotLogBytes) || r.index == 0 {
+		return
+	}
+	if _, at, ok := s.Newest(); ok && !at.Less(r.committed) {
+		return
+	}
+	d.snapBytes = written
+	capture, err := r.fsm.Snapshot()
+	if err != nil {
+		r.tracef("node %d: disk snapshot: %v", r.self, err)
+		return
+	}
+	// The log below the first unit above the commit point is covered.
+	j := &diskSnapJob{at: r.committed, index: r.index, drop: d.cutUnits(r.committed)}
+	d.snapJob = j
+	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
+	members, member, now := r.cfg.Members, s.member, r.now
+	r.tracef("node %d captures a disk snapshot at %v (index %d, %d bytes)", r.self, j.at, j.index, capture.Size())
+	r.runPersist(func() {
+		defer capture.Release()
+		buf := make([]byte, capture.Size())
+		if err := capture.Persist(buf); err != nil {
+			j.err = err
+		} else {
+			meta.size = uint64(len(buf))
+			meta.stateCheck = hashChunked(buf)
+			j.img = encodeSnapFile(j.index, j.at, member, now, encodeSnapMeta(members, meta), buf)
+		}
+		j.done.Store(true)
+		r.node.Doorbell().Ring()
+	})
+}
