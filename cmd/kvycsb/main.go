@@ -81,6 +81,7 @@ Examples:
   kvycsb run a --ops 100000 --threads 8
   kvycsb loadrun b --embedded --records 10000 --threads 8
   kvycsb loadrun e --embedded --records 10000   # scans, on the ordered keyspace
+  kvycsb load e -p rdmakv.keyspace=ordered -p fieldlength=80   # kvserver's 4 KiB nodes
   kvycsb run e -p rdmakv.keyspace=ordered --ops 10000
   kvycsb loadrun a --db redis -p redis.addr=127.0.0.1:6379
   kvycsb run -P myworkload -p operationcount=5000 -p rdmakv.consistency=stale-ok
@@ -282,11 +283,13 @@ func checkProps(p *properties.Properties, db string, phases []string) error {
 	if wl := p.GetString(prop.Workload, "core"); wl != "core" && wl != "site.ycsb.workloads.CoreWorkload" {
 		return usagef("workload=%s: kvycsb runs go-ycsb's core workload only", wl)
 	}
-	if sp := p.GetFloat64(prop.ScanProportion, 0); sp > 0 && slices.Contains(phases, "run") {
-		if db == "redis" {
+	if sp := p.GetFloat64(prop.ScanProportion, 0); sp > 0 {
+		if db == "redis" && slices.Contains(phases, "run") {
 			return usagef("the workload scans (scanproportion=%v, YCSB workload E), and go-ycsb's redis binding does not support scans", sp)
 		}
-		if p.GetString(rdycsb.PropKeyspace, "") == "" {
+		// Its load too: records loaded into the hashed keyspace could
+		// not be scanned.
+		if db == "rdmakv" && p.GetString(rdycsb.PropKeyspace, "") == "" {
 			return usagef("the workload scans (scanproportion=%v, YCSB workload E): rdmakv scans need an ordered keyspace: give -p %s=NAME (the local cluster of kvserver declares %q), or run with --embedded", sp, rdycsb.PropKeyspace, cluster.DefaultOrderedKeyspace)
 		}
 	}

@@ -122,8 +122,10 @@ func TestWorkloadERefusedWithoutKeyspace(t *testing.T) {
 	// The same from a property file.
 	file := filepath.Join(t.TempDir(), "w")
 	os.WriteFile(file, []byte("recordcount=10\noperationcount=10\nscanproportion=0.5\nreadproportion=0.5\n"), 0o644)
-	if code, _, errOut := runBin(t, 30*time.Second, "run", "-P", file); code != 2 || !strings.Contains(errOut, "rdmakv.keyspace") {
-		t.Errorf("run -P (scans): exit %d, stderr:\n%s", code, errOut)
+	for _, ph := range []string{"load", "run"} {
+		if code, _, errOut := runBin(t, 30*time.Second, ph, "-P", file); code != 2 || !strings.Contains(errOut, "rdmakv.keyspace") {
+			t.Errorf("%s -P (scans): exit %d, stderr:\n%s", ph, code, errOut)
+		}
 	}
 }
 
