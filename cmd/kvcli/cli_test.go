@@ -391,11 +391,31 @@ func TestScanArgs(t *testing.T) {
 		{[]string{"keys"}, false, 0},
 		{[]string{"keys", "--limit", "5", "p"}, true, 5},
 		{[]string{"use"}, true, 0},
+		{[]string{"scan", "a", "z", "--limit", "10"}, true, 10},
+		{[]string{"scan", "a", "--limit=7", "--reverse"}, true, 7},
+		{[]string{"keys", "p", "--limit", "3"}, true, 3},
+		{[]string{"keys", "--", "-p"}, true, -1},
 		{[]string{"use", "a", "b"}, false, 0},
 	} {
 		x, err := parse(c.words, opts{timeout: time.Second, interval: time.Second})
 		if (err == nil) != c.ok || err == nil && (c.words[0] != "use" && x.limit != c.limit) {
 			t.Errorf("parse %q: %v (limit %v), want ok %v limit %d", c.words, err, x, c.ok, c.limit)
+		}
+		if err == nil && c.words[0] != "use" {
+			// The arguments are what is not a flag or a flag's value.
+			var want []string
+			for i, w := range c.words[1:] {
+				if w == "--" {
+					want = append(want, c.words[i+2:]...)
+					break
+				}
+				if !strings.HasPrefix(w, "-") && (i == 0 || c.words[i] != "--limit") {
+					want = append(want, w)
+				}
+			}
+			if !reflect.DeepEqual(x.args, want) {
+				t.Errorf("parse %q: arguments %q, want %q", c.words, x.args, want)
+			}
 		}
 	}
 	for in, want := range map[string]string{"a": "b", "a\xff": "b", "\xff\xff": "", "": "", "ab\xfe": "ab\xff"} {

@@ -200,7 +200,8 @@ the watch goes on.`,
 whose keys are FROM or after and before TO, one a line: KEY, a tab, VALUE
 (quoted when they hold tabs, line breaks or unprintable bytes). FROM "" is
 the first key; no TO (or "") runs to the last. --reverse prints them in
-descending order (with a limit: the last N of the range).
+descending order (with a limit: the last N of the range). Flags may come
+after the arguments too: scan a z --limit 10.
 At most 100 pairs unless --limit N says otherwise (--limit 0: all of them;
 the scan streams, Ctrl-C stops it); when the limit cut the scan short, a
 note on stderr says so. --json prints one object a pair, then
@@ -385,7 +386,11 @@ func parse(words []string, d opts) (*call, error) {
 			fs.BoolVar(&x.stale, f, false, "")
 		}
 	}
-	if err := fs.Parse(words[1:]); err != nil {
+	rest := words[1:]
+	if c.name == "scan" || c.name == "keys" {
+		rest = flagsFirst(rest)
+	}
+	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return x, flag.ErrHelp
 		}
@@ -467,6 +472,30 @@ func parse(words []string, d opts) (*call, error) {
 		return bad("%s takes %s, got %d", c.name, plural(n, "argument"), len(x.args))
 	}
 	return x, nil
+}
+
+// flagsFirst moves the flags found after the arguments (scan a z --limit
+// 10) before them, with their values, for the flag package, which stops
+// at the first argument. A "--" ends the flags, as it does there.
+func flagsFirst(words []string) []string {
+	var flags, args []string
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		switch {
+		case w == "--":
+			return append(append(flags, "--"), append(args, words[i+1:]...)...)
+		case strings.HasPrefix(w, "-") && len(w) > 1:
+			flags = append(flags, w)
+			name := strings.TrimLeft(w, "-")
+			if h, ok := flagHelp[name]; ok && h[0] != "" && !strings.Contains(name, "=") && i+1 < len(words) {
+				i++
+				flags = append(flags, words[i])
+			}
+		default:
+			args = append(args, w)
+		}
+	}
+	return append(flags, args...)
 }
 
 // batchOp is one op of a batch command.

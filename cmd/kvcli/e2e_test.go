@@ -536,8 +536,9 @@ func testOrdered(t *testing.T, e *e2e) {
 		t.Fatalf("get ab in the hashed keyspace: exit %d, want 1 (not found)", code)
 	}
 	e.must(t, 0, "a\tva\nab\tvab\nb\tvb\nc\tvc\n", append(ks, "scan", "a", "d")...)
-	e.must(t, 0, "d\tvd\nc\tvc\n", append(ks, "scan", "--reverse", "--limit", "2", "", "")...)
+	e.must(t, 0, "d\tvd\nc\tvc\n", append(ks, "scan", "", "", "--reverse", "--limit", "2")...)
 	e.must(t, 0, "a\nab\n", append(ks, "keys", "a")...)
+	e.must(t, 0, "a\n", append(ks, "keys", "a", "--limit", "1")...)
 	out, stderr, code := e.cli(t, "", append(ks, "scan", "--limit", "2", "a")...)
 	if code != 0 || out != "a\tva\nab\tvab\n" || !strings.Contains(stderr, "there are more") {
 		t.Fatalf("scan --limit 2: exit %d, stdout %q, stderr %q", code, out, stderr)
