@@ -61,6 +61,7 @@ import (
 	"time"
 
 	"github.com/magiconair/properties"
+	"github.com/pingcap/go-ycsb/pkg/prop"
 	goycsb "github.com/pingcap/go-ycsb/pkg/ycsb"
 
 	"github.com/rdmakv/rdmakv/client"
@@ -154,10 +155,45 @@ func Open(ctx context.Context, p *properties.Properties, opts ...client.Option) 
 			c.Close()
 			return nil, fmt.Errorf("rdmakv ycsb: %s: %w: %v", PropKeyspace, client.ErrUnknownKeyspace, err)
 		}
+		if err := checkRecordSize(p, cfg.Keyspace, c.Map().OrderedMaxValue()); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	db := New(c, cfg)
 	db.own = true
 	return db, nil
+}
+
+// ErrRecordTooLarge: the workload's records (fieldcount fields of
+// fieldlength bytes) do not fit an ordered keyspace's values.
+var ErrRecordTooLarge = errors.New("rdmakv ycsb: records too large for the ordered keyspace")
+
+// checkRecordSize fails, before anything runs, when the largest record of
+// the workload's properties is larger than an ordered keyspace's values
+// (go-ycsb would count every insert as an error, without saying why).
+func checkRecordSize(p *properties.Properties, keyspace string, limit int) error {
+	if p == nil || limit <= 0 {
+		return nil
+	}
+	n := int(p.GetInt64(prop.FieldCount, prop.FieldCountDefault))
+	l := int(p.GetInt64(prop.FieldLength, prop.FieldLengthDefault))
+	size := func(l int) int {
+		rec := make(map[string][]byte, n)
+		for i := range n {
+			rec[fmt.Sprintf("field%d", i)] = make([]byte, l)
+		}
+		return EncodedSize(rec)
+	}
+	if size(l) <= limit {
+		return nil
+	}
+	fits := 0
+	for fits < l && size(fits+1) <= limit {
+		fits++
+	}
+	return fmt.Errorf("%w: %d fields of up to %d bytes take %d bytes, and keyspace %q holds values of at most %d: give -p fieldlength=%d (or fewer fields), or declare the keyspace with a larger node_size",
+		ErrRecordTooLarge, n, l, size(l), keyspace, limit, fits)
 }
 
 // New returns a DB on a client the caller opened and closes (Close leaves

@@ -38,6 +38,7 @@ func startOrderedDB(t *testing.T) *DB {
 	t.Helper()
 	p := properties.NewProperties()
 	p.Set(PropKeyspace, "ordered")
+	p.Set("fieldlength", "50") // the default records do not fit 4 KiB nodes
 	db, err := startDBMap(t, p, orderedMap())
 	if err != nil {
 		t.Fatal(err)
@@ -403,5 +404,31 @@ func TestUnknownKeyspace(t *testing.T) {
 	_, err := startDBMap(t, p, orderedMap())
 	if !errors.Is(err, client.ErrUnknownKeyspace) || !strings.Contains(err.Error(), `"ordered"`) {
 		t.Fatalf("open with rdmakv.keyspace=nope: %v, want ErrUnknownKeyspace naming \"ordered\"", err)
+	}
+}
+
+// TestRecordTooLargeForKeyspace: YCSB's default records (1,081 bytes) do
+// not fit the values of a keyspace of 4 KiB nodes; Open says so, and how
+// long a field fits.
+func TestRecordTooLargeForKeyspace(t *testing.T) {
+	p := properties.NewProperties()
+	p.Set(PropKeyspace, "ordered")
+	_, err := startDBMap(t, p, orderedMap())
+	if !errors.Is(err, ErrRecordTooLarge) || !strings.Contains(err.Error(), "fieldlength=") {
+		t.Fatalf("open with default records on 4 KiB nodes: %v, want ErrRecordTooLarge naming a fieldlength", err)
+	}
+	var fits int
+	fmt.Sscanf(err.Error()[strings.Index(err.Error(), "fieldlength=")+len("fieldlength="):], "%d", &fits)
+	p.Set("fieldlength", fmt.Sprint(fits))
+	db, err := startDBMap(t, p, orderedMap())
+	if err != nil {
+		t.Fatalf("open with the fieldlength the error gave (%d): %v", fits, err)
+	}
+	rec := map[string][]byte{}
+	for i := range 10 {
+		rec[fmt.Sprintf("field%d", i)] = bytes.Repeat([]byte{'x'}, fits)
+	}
+	if err := db.Insert(context.Background(), "usertable", "user1", rec); err != nil {
+		t.Fatalf("insert of a record of 10 fields of %d bytes: %v", fits, err)
 	}
 }

@@ -146,6 +146,12 @@ func TestWorkloadEEmbedded(t *testing.T) {
 	if strings.Contains(out, "_ERROR") {
 		t.Errorf("failed operations:\n%s", out)
 	}
+	// Records too large for the keyspace's values are refused before
+	// the load (go-ycsb would count each insert as an error, silently).
+	code, out, errOut = runBin(t, 90*time.Second, "loadrun", "e", "--embedded", "--records", "10", "-p", "fieldcount=30")
+	if code != 2 || !strings.Contains(errOut, "records too large") || !strings.Contains(errOut, "fieldlength=") || strings.Contains(out, "INSERT") {
+		t.Errorf("fieldcount=30: exit %d, want 2 naming a fieldlength that fits\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
 }
 
 func TestJSON(t *testing.T) {

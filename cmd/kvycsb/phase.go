@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -125,6 +126,9 @@ func openRdmakv(ctx context.Context, p *properties.Properties, embedded bool, ec
 	db, err := rdycsb.Open(octx, p, opts...)
 	if err != nil {
 		env.close()
+		if errors.Is(err, rdycsb.ErrRecordTooLarge) || errors.Is(err, client.ErrUnknownKeyspace) {
+			return nil, usageError{err.Error()}
+		}
 		if !embedded {
 			return nil, fmt.Errorf("%w (is a cluster running? `kvserver` with no arguments starts one; or use --embedded)", err)
 		}
