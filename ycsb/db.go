@@ -20,8 +20,10 @@
 //     value that is not a record, one wrapping ErrMalformed. Workload F's
 //     read-modify-write is go-ycsb's Read then this Update.
 //   - Delete: a delete (of a missing record too, without error).
-//   - Scan: ErrScanUnsupported. Scans need an ordered index, which comes
-//     with the B+tree; until then YCSB workload E cannot run.
+//   - Scan (rdmakv.keyspace set): a scan of the ordered keyspace from
+//     "<table>/<startkey>" to the table's end, at most count records,
+//     each decoded with the requested fields. Without rdmakv.keyspace the
+//     default keyspace is hashed and Scan returns ErrScanUnsupported.
 //   - BatchInsert and BatchDelete: client.Batch commits, atomic within each
 //     group (split into several commits when the batch exceeds the
 //     cluster's operations or bytes per request). BatchRead: a get per
@@ -33,6 +35,18 @@
 //	                    where `kvserver` with no arguments writes it)
 //	rdmakv.consistency  linearizable (default) or stale-ok, for reads
 //	rdmakv.timeout      bound of each operation, retries included (default 10s)
+//	rdmakv.keyspace     an ordered keyspace of the cluster (the embedded
+//	                    cluster of kvserver declares "ordered"): every
+//	                    operation goes there, and Scan works (workload E)
+//
+// With rdmakv.keyspace, the operations use the client's Keyspace calls,
+// which have no merges and no batches yet: Update is a read, then a
+// compare-version-and-swap of the merged record, retried while another
+// write got in between (so concurrent updates of one record still keep
+// each other's fields); the Batch calls run one operation per key. An
+// ordered keyspace's values are at most Map().OrderedMaxValue() bytes
+// (about 900 with 4 KiB nodes: YCSB's default 10 fields of 100 bytes need
+// a node_size of 8192, or smaller fieldcount/fieldlength).
 //
 // One DB holds one client.Client, shared by every YCSB thread: a client is
 // safe for concurrent use, gets run in parallel and concurrent writes are
@@ -47,6 +61,7 @@ import (
 	"time"
 
 	"github.com/magiconair/properties"
+	"github.com/pingcap/go-ycsb/pkg/prop"
 	goycsb "github.com/pingcap/go-ycsb/pkg/ycsb"
 
 	"github.com/rdmakv/rdmakv/client"
@@ -58,6 +73,7 @@ const (
 	PropMap         = "rdmakv.map"
 	PropConsistency = "rdmakv.consistency"
 	PropTimeout     = "rdmakv.timeout"
+	PropKeyspace    = "rdmakv.keyspace"
 )
 
 // Defaults.
@@ -67,7 +83,7 @@ const (
 )
 
 // ErrScanUnsupported is what Scan returns.
-var ErrScanUnsupported = errors.New("rdmakv: scans (YCSB workload E) need the B+tree index, which is not built yet; workloads A, B, C, D and F run")
+var ErrScanUnsupported = errors.New("rdmakv: scans (YCSB workload E) need an ordered keyspace: set -p rdmakv.keyspace=NAME (the embedded cluster of kvserver declares \"ordered\"); the default keyspace is hashed")
 
 // Name is the name the binding is registered under.
 const Name = "rdmakv"
@@ -88,6 +104,7 @@ type Config struct {
 	MapFile     string
 	Consistency client.Consistency
 	Timeout     time.Duration
+	Keyspace    string // "": the default (hashed) keyspace
 }
 
 // ParseConfig reads the binding's properties (nil p: the defaults).
@@ -105,6 +122,7 @@ func ParseConfig(p *properties.Properties) (Config, error) {
 	default:
 		return cfg, fmt.Errorf("rdmakv ycsb: %s=%q: want linearizable or stale-ok", PropConsistency, s)
 	}
+	cfg.Keyspace = p.GetString(PropKeyspace, "")
 	if s, ok := p.Get(PropTimeout); ok {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {
@@ -132,9 +150,50 @@ func Open(ctx context.Context, p *properties.Properties, opts ...client.Option) 
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Keyspace != "" {
+		if _, err := c.Map().FindKeyspace(cfg.Keyspace); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("rdmakv ycsb: %s: %w: %v", PropKeyspace, client.ErrUnknownKeyspace, err)
+		}
+		if err := checkRecordSize(p, cfg.Keyspace, c.Map().OrderedMaxValue()); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	db := New(c, cfg)
 	db.own = true
 	return db, nil
+}
+
+// ErrRecordTooLarge: the workload's records (fieldcount fields of
+// fieldlength bytes) do not fit an ordered keyspace's values.
+var ErrRecordTooLarge = errors.New("rdmakv ycsb: records too large for the ordered keyspace")
+
+// checkRecordSize fails, before anything runs, when the largest record of
+// the workload's properties is larger than an ordered keyspace's values
+// (go-ycsb would count every insert as an error, without saying why).
+func checkRecordSize(p *properties.Properties, keyspace string, limit int) error {
+	if p == nil || limit <= 0 {
+		return nil
+	}
+	n := int(p.GetInt64(prop.FieldCount, prop.FieldCountDefault))
+	l := int(p.GetInt64(prop.FieldLength, prop.FieldLengthDefault))
+	size := func(l int) int {
+		rec := make(map[string][]byte, n)
+		for i := range n {
+			rec[fmt.Sprintf("field%d", i)] = make([]byte, l)
+		}
+		return EncodedSize(rec)
+	}
+	if size(l) <= limit {
+		return nil
+	}
+	fits := 0
+	for fits < l && size(fits+1) <= limit {
+		fits++
+	}
+	return fmt.Errorf("%w: %d fields of up to %d bytes take %d bytes, and keyspace %q holds values of at most %d: give -p fieldlength=%d (or fewer fields), or declare the keyspace with a larger node_size",
+		ErrRecordTooLarge, n, l, size(l), keyspace, limit, fits)
 }
 
 // New returns a DB on a client the caller opened and closes (Close leaves
@@ -144,7 +203,11 @@ func New(c *client.Client, cfg Config) *DB {
 		cfg.Timeout = DefaultTimeout
 	}
 	l := c.Map().Limits
-	return &DB{c: c, cfg: cfg, maxBatch: l.MaxBatch, maxRequest: kv.DefaultMaxRequest(l.MaxKey, l.MaxValue)}
+	db := &DB{c: c, cfg: cfg, maxBatch: l.MaxBatch, maxRequest: kv.DefaultMaxRequest(l.MaxKey, l.MaxValue)}
+	if cfg.Keyspace != "" {
+		db.ks = c.Keyspace(cfg.Keyspace)
+	}
+	return db
 }
 
 // DB is the binding: a goycsb.DB and goycsb.BatchDB.
@@ -154,6 +217,7 @@ type DB struct {
 	cfg        Config
 	maxBatch   int
 	maxRequest int
+	ks         *client.Keyspace // rdmakv.keyspace's; nil: the default keyspace
 }
 
 var (
@@ -188,7 +252,13 @@ func Key(table, key string) []byte {
 
 // Read returns the record's requested fields (all if fields is empty).
 func (db *DB) Read(ctx context.Context, table, key string, fields []string) (map[string][]byte, error) {
-	v, err := db.c.Get(ctx, Key(table, key))
+	var v []byte
+	var err error
+	if db.ks != nil {
+		v, err = db.ks.Get(ctx, Key(table, key))
+	} else {
+		v, err = db.c.Get(ctx, Key(table, key))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read %s/%s: %w", table, key, err)
 	}
@@ -199,15 +269,56 @@ func (db *DB) Read(ctx context.Context, table, key string, fields []string) (map
 	return m, nil
 }
 
-// Scan is not supported yet: ErrScanUnsupported.
-func (db *DB) Scan(context.Context, string, string, int, []string) ([]map[string][]byte, error) {
-	return nil, ErrScanUnsupported
+// Scan returns up to count records of table from startkey on, in key
+// order, with the requested fields (all if fields is empty). It needs
+// rdmakv.keyspace (ErrScanUnsupported without).
+func (db *DB) Scan(ctx context.Context, table, startkey string, count int, fields []string) ([]map[string][]byte, error) {
+	if db.ks == nil {
+		return nil, ErrScanUnsupported
+	}
+	if count <= 0 {
+		return nil, nil
+	}
+	out := make([]map[string][]byte, 0, count)
+	for p, err := range db.ks.Scan(ctx, Key(table, startkey), tableEnd(table), client.WithLimit(count)) {
+		if err != nil {
+			return nil, fmt.Errorf("scan %s/%s: %w", table, startkey, err)
+		}
+		m, err := DecodeSelected(p.Value, fields)
+		if err != nil {
+			return nil, fmt.Errorf("scan %s/%s: record %q: %w", table, startkey, p.Key, err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// tableEnd is the first key after every record of table ("<table>0":
+// '0' follows '/').
+func tableEnd(table string) []byte {
+	b := make([]byte, 0, len(table)+1)
+	b = append(b, table...)
+	return append(b, '/'+1)
+}
+
+// valueErr adds, to a value too large for an ordered keyspace, what to do.
+func (db *DB) valueErr(err error) error {
+	if db.ks != nil && errors.Is(err, client.ErrValueTooLarge) {
+		return fmt.Errorf("%w (an ordered keyspace's values live in its tree's nodes: lower fieldcount or fieldlength, or raise the keyspace's node_size)", err)
+	}
+	return err
 }
 
 // Insert stores the record (replacing one already there).
 func (db *DB) Insert(ctx context.Context, table, key string, values map[string][]byte) error {
-	if _, err := db.c.Put(ctx, Key(table, key), EncodeFields(values)); err != nil {
-		return fmt.Errorf("insert %s/%s: %w", table, key, err)
+	var err error
+	if db.ks != nil {
+		_, err = db.ks.Put(ctx, Key(table, key), EncodeFields(values))
+	} else {
+		_, err = db.c.Put(ctx, Key(table, key), EncodeFields(values))
+	}
+	if err != nil {
+		return fmt.Errorf("insert %s/%s: %w", table, key, db.valueErr(err))
 	}
 	return nil
 }
@@ -221,6 +332,9 @@ func (db *DB) Update(ctx context.Context, table, key string, values map[string][
 }
 
 func (db *DB) update(ctx context.Context, k []byte, values map[string][]byte) error {
+	if db.ks != nil {
+		return db.updateOrdered(ctx, k, values)
+	}
 	// One blind write: the replicas merge the fields into the record
 	// they hold (kv.OpMerge), in their log's order, so concurrent
 	// updates keep each other's fields with no read and no retry.
@@ -231,9 +345,39 @@ func (db *DB) update(ctx context.Context, k []byte, values map[string][]byte) er
 	return err
 }
 
+// updateOrdered merges values into the record of an ordered keyspace,
+// which has no merge operation yet: a linearizable read, then a
+// compare-version-and-swap of the merged record, again from the read
+// while another write got in between.
+func (db *DB) updateOrdered(ctx context.Context, k []byte, values map[string][]byte) error {
+	for {
+		it, err := db.ks.GetItem(ctx, k, client.Linearizable)
+		if err != nil {
+			return err
+		}
+		rec, err := DecodeFields(it.Value)
+		if err != nil {
+			return err
+		}
+		for f, v := range values {
+			rec[f] = v
+		}
+		_, err = db.ks.CompareVersionAndSwap(ctx, k, it.Version, EncodeFields(rec))
+		if !errors.Is(err, client.ErrCASMismatch) {
+			return db.valueErr(err)
+		}
+	}
+}
+
 // Delete removes the record (a missing record is not an error).
 func (db *DB) Delete(ctx context.Context, table, key string) error {
-	if _, err := db.c.Delete(ctx, Key(table, key)); err != nil {
+	var err error
+	if db.ks != nil {
+		_, err = db.ks.Delete(ctx, Key(table, key))
+	} else {
+		_, err = db.c.Delete(ctx, Key(table, key))
+	}
+	if err != nil {
 		return fmt.Errorf("delete %s/%s: %w", table, key, err)
 	}
 	return nil
@@ -244,6 +388,14 @@ func (db *DB) Delete(ctx context.Context, table, key string) error {
 func (db *DB) BatchInsert(ctx context.Context, table string, keys []string, values []map[string][]byte) error {
 	if len(keys) != len(values) {
 		return fmt.Errorf("batch insert: %d keys, %d records", len(keys), len(values))
+	}
+	if db.ks != nil { // no batches on ordered keys yet: one put each
+		for i, key := range keys {
+			if err := db.Insert(ctx, table, key, values[i]); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	b := db.newBatcher(ctx, "batch insert")
 	for i, key := range keys {
@@ -257,6 +409,14 @@ func (db *DB) BatchInsert(ctx context.Context, table string, keys []string, valu
 // BatchDelete removes the records with client.Batch commits, as
 // BatchInsert.
 func (db *DB) BatchDelete(ctx context.Context, table string, keys []string) error {
+	if db.ks != nil { // no batches on ordered keys yet: one delete each
+		for _, key := range keys {
+			if err := db.Delete(ctx, table, key); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	b := db.newBatcher(ctx, "batch delete")
 	for _, key := range keys {
 		if err := b.add(kv.Op{Kind: kv.OpDelete, Key: Key(table, key)}); err != nil {

@@ -25,7 +25,33 @@ import (
 // fabric and opens the binding on it.
 func startDB(t *testing.T, p *properties.Properties) *DB {
 	t.Helper()
-	m := &cluster.Map{Name: "ycsb", Fabric: "mem"}
+	db, err := startDBMap(t, p, &cluster.Map{Name: "ycsb", Fabric: "mem"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// startOrderedDB is startDB on a map declaring the ordered keyspace
+// "ordered", with rdmakv.keyspace=ordered.
+func startOrderedDB(t *testing.T) *DB {
+	t.Helper()
+	p := properties.NewProperties()
+	p.Set(PropKeyspace, "ordered")
+	p.Set("fieldlength", "50") // the default records do not fit 4 KiB nodes
+	db, err := startDBMap(t, p, orderedMap())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func orderedMap() *cluster.Map {
+	return &cluster.Map{Name: "ycsb", Fabric: "mem", Keyspaces: []cluster.Keyspace{{Name: "ordered", Kind: cluster.KindOrdered, ID: 1}}}
+}
+
+func startDBMap(t *testing.T, p *properties.Properties, m *cluster.Map) (*DB, error) {
+	t.Helper()
 	id := rdma.NodeID(1)
 	for range 2 {
 		m.Groups = append(m.Groups, []rdma.NodeID{id, id + 1, id + 2})
@@ -45,10 +71,10 @@ func startDB(t *testing.T, p *properties.Properties) *DB {
 	}
 	db, err := Open(ctx, p, client.WithMap(m), client.WithNode(n), client.WithSlot(0))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	t.Cleanup(func() { db.Close() })
-	return db
+	return db, nil
 }
 
 func record(tag string, n int) map[string][]byte {
@@ -118,8 +144,8 @@ func TestBindingOps(t *testing.T) {
 	}
 
 	_, err = db.Scan(ctx, "usertable", "user0", 10, nil)
-	if !errors.Is(err, ErrScanUnsupported) || !strings.Contains(err.Error(), "B+tree") {
-		t.Fatalf("scan: %v, want ErrScanUnsupported naming the B+tree", err)
+	if !errors.Is(err, ErrScanUnsupported) || !strings.Contains(err.Error(), PropKeyspace) {
+		t.Fatalf("scan: %v, want ErrScanUnsupported naming %s", err, PropKeyspace)
 	}
 
 	// A value that is not a record is an error, not a panic.
@@ -274,4 +300,135 @@ func TestStaleOKReads(t *testing.T) {
 
 func equalFields(a, b map[string][]byte) bool {
 	return maps.EqualFunc(a, b, bytes.Equal)
+}
+
+// TestOrderedScan: with rdmakv.keyspace every op goes to the ordered
+// keyspace, and Scan returns count records from startkey on, in key
+// order, with the requested fields, never past the table's end.
+func TestOrderedScan(t *testing.T) {
+	db := startOrderedDB(t)
+	ctx := context.Background()
+	for _, table := range []string{"usertable", "usertablf", "other"} {
+		for i := range 20 {
+			if err := db.Insert(ctx, table, fmt.Sprintf("user%02d", i), record(fmt.Sprintf("%s-%d", table, i), 3)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The records are in the ordered keyspace, not the hashed one.
+	if _, err := db.Client().Get(ctx, Key("usertable", "user00")); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("the hashed keyspace's get of a record: %v, want ErrNotFound", err)
+	}
+	got, err := db.Scan(ctx, "usertable", "user05", 5, nil)
+	if err != nil || len(got) != 5 {
+		t.Fatalf("scan of 5 from user05: %d records, %v", len(got), err)
+	}
+	for i, r := range got {
+		if want := record(fmt.Sprintf("usertable-%d", 5+i), 3); !equalFields(r, want) {
+			t.Fatalf("scan record %d: %v, want %v", i, r, want)
+		}
+	}
+	// Near the table's end: the records left, none of the next table.
+	got, err = db.Scan(ctx, "usertable", "user17", 10, []string{"field1"})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("scan of 10 from user17: %d records, %v; want 3", len(got), err)
+	}
+	for i, r := range got {
+		if want := map[string][]byte{"field1": []byte(fmt.Sprintf("usertable-%d-1", 17+i))}; !equalFields(r, want) {
+			t.Fatalf("scan record %d with field1: %v, want %v", i, r, want)
+		}
+	}
+	// A start key between records starts at the next one.
+	got, err = db.Scan(ctx, "usertable", "user055", 1, nil)
+	if err != nil || len(got) != 1 || string(got[0]["field0"]) != "usertable-6-0" {
+		t.Fatalf("scan from user055: %v %v, want user06", got, err)
+	}
+	// Update merges fields; Delete removes; batches work one by one.
+	if err := db.Update(ctx, "usertable", "user00", map[string][]byte{"field1": []byte("new")}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := db.Read(ctx, "usertable", "user00", nil)
+	if want := map[string][]byte{"field0": []byte("usertable-0-0"), "field1": []byte("new"), "field2": []byte("usertable-0-2")}; err != nil || !equalFields(r, want) {
+		t.Fatalf("read after update: %v %v, want %v", r, err, want)
+	}
+	if err := db.Update(ctx, "usertable", "nobody", map[string][]byte{"f": nil}); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("update of a missing record: %v, want ErrNotFound", err)
+	}
+	if err := db.BatchDelete(ctx, "usertable", []string{"user01", "user02"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = db.Scan(ctx, "usertable", "", 2, []string{"field0"})
+	if err != nil || len(got) != 2 || string(got[1]["field0"]) != "usertable-3-0" {
+		t.Fatalf("scan after deleting user01, user02: %v %v", got, err)
+	}
+}
+
+// TestOrderedConcurrentUpdatesKeepFields: the read-then-swap Update of
+// an ordered keyspace loses no concurrent update's field.
+func TestOrderedConcurrentUpdatesKeepFields(t *testing.T) {
+	db := startOrderedDB(t)
+	ctx := context.Background()
+	if err := db.Insert(ctx, "t", "k", map[string][]byte{}); err != nil {
+		t.Fatal(err)
+	}
+	const writers, rounds = 4, 5
+	var wg sync.WaitGroup
+	errc := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				f := fmt.Sprintf("w%d-%d", w, r)
+				if err := db.Update(ctx, "t", "k", map[string][]byte{f: []byte(f)}); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	got, err := db.Read(ctx, "t", "k", nil)
+	if err != nil || len(got) != writers*rounds {
+		t.Fatalf("after %d concurrent updates of distinct fields: %d fields, %v", writers*rounds, len(got), err)
+	}
+}
+
+func TestUnknownKeyspace(t *testing.T) {
+	p := properties.NewProperties()
+	p.Set(PropKeyspace, "nope")
+	_, err := startDBMap(t, p, orderedMap())
+	if !errors.Is(err, client.ErrUnknownKeyspace) || !strings.Contains(err.Error(), `"ordered"`) {
+		t.Fatalf("open with rdmakv.keyspace=nope: %v, want ErrUnknownKeyspace naming \"ordered\"", err)
+	}
+}
+
+// TestRecordTooLargeForKeyspace: YCSB's default records (1,081 bytes) do
+// not fit the values of a keyspace of 4 KiB nodes; Open says so, and how
+// long a field fits.
+func TestRecordTooLargeForKeyspace(t *testing.T) {
+	p := properties.NewProperties()
+	p.Set(PropKeyspace, "ordered")
+	_, err := startDBMap(t, p, orderedMap())
+	if !errors.Is(err, ErrRecordTooLarge) || !strings.Contains(err.Error(), "fieldlength=") {
+		t.Fatalf("open with default records on 4 KiB nodes: %v, want ErrRecordTooLarge naming a fieldlength", err)
+	}
+	var fits int
+	fmt.Sscanf(err.Error()[strings.Index(err.Error(), "fieldlength=")+len("fieldlength="):], "%d", &fits)
+	p.Set("fieldlength", fmt.Sprint(fits))
+	db, err := startDBMap(t, p, orderedMap())
+	if err != nil {
+		t.Fatalf("open with the fieldlength the error gave (%d): %v", fits, err)
+	}
+	rec := map[string][]byte{}
+	for i := range 10 {
+		rec[fmt.Sprintf("field%d", i)] = bytes.Repeat([]byte{'x'}, fits)
+	}
+	if err := db.Insert(context.Background(), "usertable", "user1", rec); err != nil {
+		t.Fatalf("insert of a record of 10 fields of %d bytes: %v", fits, err)
+	}
 }

@@ -118,9 +118,9 @@ func TestUsageExitCodes(t *testing.T) {
 		lines []string
 	}{
 		{"", []string{"get"}, []string{"kvcli: get takes 1 argument, got 0"}},
-		{"", []string{"frobnicate"}, []string{`kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, help)`}},
-		{"", []string{"gt", "k"}, []string{`kvcli: unknown command "gt": did you mean "get"? (commands: get, put, del, cas, batch, status, leaders, watch, help)`}},
-		{"", []string{"help", "stauts"}, []string{`kvcli: unknown command "stauts": did you mean "status"? (commands: get, put, del, cas, batch, status, leaders, watch, help)`}},
+		{"", []string{"frobnicate"}, []string{`kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, help)`}},
+		{"", []string{"gt", "k"}, []string{`kvcli: unknown command "gt": did you mean "get"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, help)`}},
+		{"", []string{"help", "stauts"}, []string{`kvcli: unknown command "stauts": did you mean "status"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, help)`}},
 		{"", []string{"status", "x"}, []string{"kvcli: status takes no arguments, got 1"}},
 		{"", []string{"cas", "--version", "1", "--absent", "k", "v"}, []string{"kvcli: cas: --absent and --version exclude each other (--version 0 is --absent)"}},
 		{"", []string{"exit"}, []string{"kvcli: exit is a shell command (run kvcli with no command for the shell)"}},
@@ -138,11 +138,11 @@ func TestUsageExitCodes(t *testing.T) {
 			"kvcli: line 1: batch: exit 2"}},
 		{"frob\n", nil, []string{
 			`kvcli: unknown command "frob" (help lists the commands)`,
-			"commands: get, put, del, cas, batch, status, leaders, watch, help, exit, quit (help COMMAND)",
+			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, use, help, exit, quit (help COMMAND)",
 			"kvcli: line 1: frob: exit 2"}},
 		{"qiut\n", nil, []string{
 			`kvcli: unknown command "qiut": did you mean "quit"? (help lists the commands)`,
-			"commands: get, put, del, cas, batch, status, leaders, watch, help, exit, quit (help COMMAND)",
+			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, use, help, exit, quit (help COMMAND)",
 			"kvcli: line 1: qiut: exit 2"}},
 		{"get 'open\n", nil, []string{"kvcli: line 1: unterminated ' quote"}},
 	} {
@@ -374,5 +374,57 @@ func TestStatusJSONAppliedAt(t *testing.T) {
 	}
 	if out.Groups[0].Epoch != 1<<32|1 || r[0].Serving != 1<<32|1 {
 		t.Errorf("epochs %d %d: want round << 32 | leader", out.Groups[0].Epoch, r[0].Serving)
+	}
+}
+
+func TestScanArgs(t *testing.T) {
+	for _, c := range []struct {
+		words []string
+		ok    bool
+		limit int
+	}{
+		{[]string{"scan", "a"}, true, -1},
+		{[]string{"scan", "--limit", "0", "a", "z"}, true, 0},
+		{[]string{"scan", "--limit", "-2", "a"}, false, 0},
+		{[]string{"scan"}, false, 0},
+		{[]string{"scan", "a", "b", "c"}, false, 0},
+		{[]string{"keys"}, false, 0},
+		{[]string{"keys", "--limit", "5", "p"}, true, 5},
+		{[]string{"use"}, true, 0},
+		{[]string{"scan", "a", "z", "--limit", "10"}, true, 10},
+		{[]string{"scan", "a", "--limit=7", "--reverse"}, true, 7},
+		{[]string{"keys", "p", "--limit", "3"}, true, 3},
+		{[]string{"keys", "--", "-p"}, true, -1},
+		{[]string{"use", "a", "b"}, false, 0},
+	} {
+		x, err := parse(c.words, opts{timeout: time.Second, interval: time.Second})
+		if (err == nil) != c.ok || err == nil && (c.words[0] != "use" && x.limit != c.limit) {
+			t.Errorf("parse %q: %v (limit %v), want ok %v limit %d", c.words, err, x, c.ok, c.limit)
+		}
+		if err == nil && c.words[0] != "use" {
+			// The arguments are what is not a flag or a flag's value.
+			var want []string
+			for i, w := range c.words[1:] {
+				if w == "--" {
+					want = append(want, c.words[i+2:]...)
+					break
+				}
+				if !strings.HasPrefix(w, "-") && (i == 0 || c.words[i] != "--limit") {
+					want = append(want, w)
+				}
+			}
+			if !reflect.DeepEqual(x.args, want) {
+				t.Errorf("parse %q: arguments %q, want %q", c.words, x.args, want)
+			}
+		}
+	}
+	for in, want := range map[string]string{"a": "b", "a\xff": "b", "\xff\xff": "", "": "", "ab\xfe": "ab\xff"} {
+		if got := string(prefixEnd([]byte(in))); got != want {
+			t.Errorf("prefixEnd(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// use completes the map's keyspace names; with no client, none.
+	if got, _ := (completer{s: &session{}}).Do([]rune("use o"), 5); len(got) != 0 {
+		t.Errorf("use completion without a client: %q", got)
 	}
 }

@@ -46,6 +46,9 @@ type opts struct {
 	version     versionFlag
 	interval    time.Duration
 	count       int
+	limit       int // scan, keys: -1 is the default limit, 0 none
+	reverse     bool
+	stale       bool
 }
 
 // versionFlag is --version N: whether it was given, and N.
@@ -108,6 +111,9 @@ var flagHelp = map[string][2]string{
 	"version":     {"N", "compare the key's version instead of its value (0: no value)"},
 	"interval":    {"D", "watch: time between gets"},
 	"count":       {"N", "watch: stop after printing N states (0: until Ctrl-C)"},
+	"limit":       {"N", "scan, keys: print at most N pairs (default 100; 0: all)"},
+	"reverse":     {"", "scan: in descending key order (with --limit N: the last N of the range)"},
+	"stale":       {"", "scan, keys: read the nearest replica (may lag) instead of the leader"},
 }
 
 // flagValues are what tab completion offers after a flag.
@@ -188,6 +194,35 @@ Changes that happen between two gets are not seen. Ctrl-C ends it (exit 0);
 Errors (a group without a leader for longer than --timeout) are printed and
 the watch goes on.`,
 			run: runWatch},
+		{name: "scan", args: "FROM [TO]", cluster: true, flags: []string{"limit", "reverse", "stale", "json", "timeout"},
+			summary: "an ordered keyspace's pairs with FROM <= key < TO, in key order",
+			help: `Prints the pairs of the ordered keyspace chosen with use (or --keyspace)
+whose keys are FROM or after and before TO, one a line: KEY, a tab, VALUE
+(quoted when they hold tabs, line breaks or unprintable bytes). FROM "" is
+the first key; no TO (or "") runs to the last. --reverse prints them in
+descending order (with a limit: the last N of the range). Flags may come
+after the arguments too: scan a z --limit 10.
+At most 100 pairs unless --limit N says otherwise (--limit 0: all of them;
+the scan streams, Ctrl-C stops it); when the limit cut the scan short, a
+note on stderr says so. --json prints one object a pair, then
+{"command":"scan","count":N,"more":BOOL}. Each page of 128 pairs is one
+linearizable read of the leader (--stale: of the nearest replica, which may
+lag); a write between two pages shows in the later one only.`,
+			run: runScan},
+		{name: "keys", args: "PREFIX", cluster: true, flags: []string{"limit", "stale", "json", "timeout"},
+			summary: "an ordered keyspace's keys starting with PREFIX, in order",
+			help: `Prints the keys of the ordered keyspace chosen with use (or --keyspace)
+that start with PREFIX ("": every key), one a line: a scan of
+[PREFIX, PREFIX+1). At most 100 unless --limit N says otherwise (0: all).`,
+			run: runScan},
+		{name: "use", args: "[KEYSPACE]", cluster: true, shell: true,
+			summary: "act on an ordered keyspace (use alone: back to the default, hashed one)",
+			help: `Makes get, put, del, cas, watch, scan and keys act on the ordered keyspace
+KEYSPACE (a [[keyspace]] of the cluster's config; the local cluster of
+kvserver with no arguments declares one named "ordered"). The prompt shows
+it; Tab completes the names. use alone goes back to the default keyspace,
+which is hashed (no scans). In one-shot mode, give --keyspace NAME.`,
+			run: runUse},
 		{name: "help", args: "[COMMAND]",
 			summary: "list the commands, or describe one",
 			run:     runHelp},
@@ -343,9 +378,19 @@ func parse(words []string, d opts) (*call, error) {
 			fs.DurationVar(&x.interval, f, d.interval, "")
 		case "count":
 			fs.IntVar(&x.count, f, 0, "")
+		case "limit":
+			fs.IntVar(&x.limit, f, -1, "")
+		case "reverse":
+			fs.BoolVar(&x.reverse, f, false, "")
+		case "stale":
+			fs.BoolVar(&x.stale, f, false, "")
 		}
 	}
-	if err := fs.Parse(words[1:]); err != nil {
+	rest := words[1:]
+	if c.name == "scan" || c.name == "keys" {
+		rest = flagsFirst(rest)
+	}
+	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return x, flag.ErrHelp
 		}
@@ -360,6 +405,11 @@ func parse(words []string, d opts) (*call, error) {
 	}
 	if x.interval <= 0 {
 		return bad("%s: --interval %v: want a positive duration", c.name, x.interval)
+	}
+	limitSet := false
+	fs.Visit(func(f *flag.Flag) { limitSet = limitSet || f.Name == "limit" })
+	if limitSet && x.limit < 0 {
+		return bad("%s: --limit %d: want 0 (all) or more", c.name, x.limit)
 	}
 	if x.count < 0 {
 		return bad("%s: --count %d: want 0 or more", c.name, x.count)
@@ -384,6 +434,16 @@ func parse(words []string, d opts) (*call, error) {
 		}
 		if x.file != "" {
 			n--
+		}
+	case "keys":
+		n = 1
+	case "scan":
+		if len(x.args) < 1 || len(x.args) > 2 {
+			return bad("scan takes FROM [TO] (\"\" FROM: the first key), got %s", plural(len(x.args), "argument"))
+		}
+	case "use":
+		if len(x.args) > 1 {
+			return bad("use takes at most 1 argument (a keyspace), got %d", len(x.args))
 		}
 	case "status", "leaders", "exit", "quit":
 		n = 0
@@ -412,6 +472,30 @@ func parse(words []string, d opts) (*call, error) {
 		return bad("%s takes %s, got %d", c.name, plural(n, "argument"), len(x.args))
 	}
 	return x, nil
+}
+
+// flagsFirst moves the flags found after the arguments (scan a z --limit
+// 10) before them, with their values, for the flag package, which stops
+// at the first argument. A "--" ends the flags, as it does there.
+func flagsFirst(words []string) []string {
+	var flags, args []string
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		switch {
+		case w == "--":
+			return append(append(flags, "--"), append(args, words[i+1:]...)...)
+		case strings.HasPrefix(w, "-") && len(w) > 1:
+			flags = append(flags, w)
+			name := strings.TrimLeft(w, "-")
+			if h, ok := flagHelp[name]; ok && h[0] != "" && !strings.Contains(name, "=") && i+1 < len(words) {
+				i++
+				flags = append(flags, words[i])
+			}
+		default:
+			args = append(args, w)
+		}
+	}
+	return append(flags, args...)
 }
 
 // batchOp is one op of a batch command.

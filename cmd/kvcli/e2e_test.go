@@ -128,6 +128,7 @@ func TestEndToEnd(t *testing.T) {
 	e := startE2E(t)
 	t.Run("oneshot", func(t *testing.T) { testOneShot(t, e) })
 	t.Run("piped", func(t *testing.T) { testPiped(t, e) })
+	t.Run("ordered", func(t *testing.T) { testOrdered(t, e) })
 	t.Run("shell", func(t *testing.T) { testShell(t, e) })
 }
 
@@ -437,6 +438,21 @@ func testShell(t *testing.T, e *e2e) {
 	x.keys(s1, "get", "Enter")
 	x.waitLine(s1, "usage: get [--consistency linearizable|stale-ok] [--json] [--timeout D] KEY")
 
+	// use picks an ordered keyspace (Tab completes its name; the prompt
+	// shows it); scan and keys run there; use alone goes back.
+	x.keys(s1, "use ord", "Tab")
+	x.waitLine(s1, p+"use ordered")
+	x.keys(s1, "", "Enter")
+	x.waitFor(s1, `using ordered keyspace "ordered"`)
+	x.keys(s1, "put shellkey v1", "Enter")
+	x.waitLine(s1, "OK")
+	x.keys(s1, "keys shell", "Enter")
+	x.waitLine(s1, "shellkey")
+	x.waitFor(s1, e.name+"/ordered> ")
+	x.keys(s1, "use", "Enter")
+	x.waitFor(s1, "using the default (hashed) keyspace")
+	x.keys(s1, "get shellkey", "Enter")
+	x.waitLine(s1, "(not found)")
 	// Ctrl-C drops the line being typed.
 	x.keys(s1, "del greeting", "C-c")
 	x.waitLine(s1, p+"del greeting^C")
@@ -504,4 +520,77 @@ func build(t *testing.T, dir, pkg string) string {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out
+}
+
+// testOrdered: the embedded cluster's "ordered" keyspace through
+// --keyspace (one-shot) and use (piped): scan, keys, --json, the default
+// limit, and the errors.
+func testOrdered(t *testing.T, e *e2e) {
+	ks := []string{"--keyspace", "ordered"}
+	for _, k := range []string{"b", "a", "c", "ab", "d"} {
+		e.must(t, 0, "OK\n", append(ks, "put", k, "v"+k)...)
+	}
+	e.must(t, 0, "vab\n", append(ks, "get", "ab")...)
+	// The hashed keyspace does not see ordered keys.
+	if _, _, code := e.cli(t, "", "get", "ab"); code != 1 {
+		t.Fatalf("get ab in the hashed keyspace: exit %d, want 1 (not found)", code)
+	}
+	e.must(t, 0, "a\tva\nab\tvab\nb\tvb\nc\tvc\n", append(ks, "scan", "a", "d")...)
+	e.must(t, 0, "d\tvd\nc\tvc\n", append(ks, "scan", "", "", "--reverse", "--limit", "2")...)
+	e.must(t, 0, "a\nab\n", append(ks, "keys", "a")...)
+	e.must(t, 0, "a\n", append(ks, "keys", "a", "--limit", "1")...)
+	out, stderr, code := e.cli(t, "", append(ks, "scan", "--limit", "2", "a")...)
+	if code != 0 || out != "a\tva\nab\tvab\n" || !strings.Contains(stderr, "there are more") {
+		t.Fatalf("scan --limit 2: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	// --json: one object a pair, then the count.
+	out = e.must(t, 0, "", append(ks, "scan", "--json", "b", "d")...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("scan --json: %q", out)
+	}
+	var kv struct {
+		Key, Value string
+		Version    uint64
+	}
+	var end struct {
+		Command string
+		Count   int
+		More    bool
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &kv); err != nil || kv.Key != "b" || kv.Value != "vb" || kv.Version == 0 {
+		t.Fatalf("scan --json first line %q: %+v %v", lines[0], kv, err)
+	}
+	if err := json.Unmarshal([]byte(lines[2]), &end); err != nil || end.Command != "scan" || end.Count != 2 || end.More {
+		t.Fatalf("scan --json last line %q: %+v %v", lines[2], end, err)
+	}
+	// The default limit: 100 shown, and a note says there are more.
+	var in strings.Builder
+	in.WriteString("use ordered\n")
+	for i := range 101 {
+		fmt.Fprintf(&in, "put lim%03d x\n", i)
+	}
+	in.WriteString("keys lim\n")
+	out, stderr, code = e.cli(t, in.String())
+	if code != 0 || strings.Count(out, "\nlim") != 100 || strings.Contains(out, "lim100") || !strings.Contains(stderr, "the default limit") {
+		t.Fatalf("piped keys over 101 keys: exit %d, %d keys, stderr %q", code, strings.Count(out, "\nlim"), stderr)
+	}
+	// Errors: scan on the hashed keyspace; an unknown keyspace, naming
+	// the declared ones; use of one.
+	_, stderr, code = e.cli(t, "", "scan", "a")
+	if code != 2 || !strings.Contains(stderr, "needs an ordered keyspace") || !strings.Contains(stderr, "ordered") {
+		t.Fatalf("scan without a keyspace: exit %d, stderr %q", code, stderr)
+	}
+	_, stderr, code = e.cli(t, "", "--keyspace", "nope", "get", "a")
+	if code != 2 || !strings.Contains(stderr, `unknown keyspace "nope"`) || !strings.Contains(stderr, "ordered") {
+		t.Fatalf("--keyspace nope: exit %d, stderr %q", code, stderr)
+	}
+	_, stderr, code = e.cli(t, "use nope\n")
+	if code != 2 || !strings.Contains(stderr, `unknown keyspace "nope"`) {
+		t.Fatalf("use nope: exit %d, stderr %q", code, stderr)
+	}
+	_, stderr, code = e.cli(t, "", "use", "ordered")
+	if code != 2 || !strings.Contains(stderr, "shell command") {
+		t.Fatalf("one-shot use: exit %d, stderr %q", code, stderr)
+	}
 }

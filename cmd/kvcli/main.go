@@ -8,6 +8,7 @@
 //	kvcli batch put K V del K ...   several puts and deletes, atomically
 //	kvcli status            every replica's state; leaders: each group's leader
 //	kvcli watch KEY         print the key's value at every change, until Ctrl-C
+//	kvcli --keyspace NAME scan FROM [TO]   an ordered keyspace's pairs in key order (keys PREFIX: its keys)
 //	kvcli                   the interactive shell (history, tab completion, help)
 //
 // With no --map, kvcli uses the map of the local cluster that kvserver
@@ -81,6 +82,11 @@ type session struct {
 	flags   *flag.FlagSet // the global flags (help prints them)
 	c       *client.Client
 	exit    bool // exit or quit ran
+	// keyspace is the ordered keyspace get, put, del, cas, watch, scan
+	// and keys act on (use, --keyspace); "": the default, hashed one.
+	keyspace string
+	// setPrompt shows the keyspace in the shell's prompt (nil: no shell).
+	setPrompt func()
 }
 
 const defaultInterval = 500 * time.Millisecond
@@ -103,6 +109,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.DurationVar(&s.defs.timeout, "timeout", 10*time.Second, "bound on each command, retries included")
 	fs.BoolVar(&s.defs.absent, "absent", false, "cas: the key must have no value (cas KEY NEW)")
 	fs.DurationVar(&s.defs.interval, "interval", defaultInterval, "watch: time between gets")
+	fs.StringVar(&s.keyspace, "keyspace", "", "act on this ordered keyspace (scan and keys need one; default: the hashed keyspace)")
 	fs.StringVar(&s.history, "history", historyPath(), "the shell's history file (empty: keep none)")
 	showVersion := fs.Bool("version", false, "print kvcli's version (module version, commit) and exit")
 	keepGoing := fs.Bool("keep-going", false, "commands read from stdin: run every line even after one failed (the exit code is the first failure's)")
@@ -165,6 +172,11 @@ func (s *session) exec(ctx context.Context, words []string) int {
 		// group to have a leader, and report the groups that have none.
 		degraded := x.cmd.name == "status" || x.cmd.name == "leaders"
 		if code := s.open(ctx, x.timeout, degraded); code != exitOK {
+			return code
+		}
+	}
+	if x.cmd.cluster && x.cmd.name != "status" && x.cmd.name != "leaders" && x.cmd.name != "use" {
+		if code := s.checkKeyspace(x); code != exitOK {
 			return code
 		}
 	}
@@ -336,6 +348,8 @@ func exitCode(err error) int {
 		return exitInterrupted
 	case errors.Is(err, client.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return exitUnavailable
+	case errors.Is(err, client.ErrUnknownKeyspace):
+		return exitUsage
 	case errors.Is(err, client.ErrEmptyKey), errors.Is(err, client.ErrKeyTooLarge),
 		errors.Is(err, client.ErrValueTooLarge), errors.Is(err, client.ErrBatchTooLarge):
 		return exitUsage

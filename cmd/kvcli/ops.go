@@ -18,7 +18,7 @@ func runGet(s *session, x *call) int {
 	defer cancel()
 	key := x.args[0]
 	out := result{Command: "get", Key: key}
-	it, err := s.c.GetItem(ctx, []byte(key), x.consistency)
+	it, err := s.store().GetItem(ctx, []byte(key), x.consistency)
 	if err != nil {
 		return s.finish(out, err, x.json)
 	}
@@ -65,7 +65,7 @@ func runPut(s *session, x *call) int {
 	}
 	ctx, cancel := x.runCtx()
 	defer cancel()
-	w, err := s.c.Put(ctx, []byte(x.args[0]), v)
+	w, err := s.store().Put(ctx, []byte(x.args[0]), v)
 	return s.finish(result{Command: "put", Key: x.args[0], Version: w.Version, Prev: w.Prev}, err, x.json)
 }
 
@@ -75,9 +75,9 @@ func runDel(s *session, x *call) int {
 	var w client.WriteResult
 	var err error
 	if x.version.set {
-		w, err = s.c.CompareAndDelete(ctx, []byte(x.args[0]), x.version.v)
+		w, err = s.store().CompareAndDelete(ctx, []byte(x.args[0]), x.version.v)
 	} else {
-		w, err = s.c.Delete(ctx, []byte(x.args[0]))
+		w, err = s.store().Delete(ctx, []byte(x.args[0]))
 	}
 	return s.finish(result{Command: "del", Key: x.args[0], Version: w.Version, Prev: w.Prev}, err, x.json)
 }
@@ -102,9 +102,9 @@ func runCAS(s *session, x *call) int {
 	var w client.WriteResult
 	var err error
 	if x.version.set {
-		w, err = s.c.CompareVersionAndSwap(ctx, key, x.version.v, nv)
+		w, err = s.store().CompareVersionAndSwap(ctx, key, x.version.v, nv)
 	} else {
-		w, err = s.c.CompareAndSwap(ctx, key, old, nv) // old nil: --absent
+		w, err = s.store().CompareAndSwap(ctx, key, old, nv) // old nil: --absent
 	}
 	return s.finish(result{Command: "cas", Key: x.args[0], Version: w.Version, Prev: w.Prev}, err, x.json)
 }
@@ -131,6 +131,9 @@ func runBatch(s *session, x *call) int {
 		ops, err = readOps("stdin", s.stdin)
 	default:
 		ops, err = parseOps(x.args)
+	}
+	if s.keyspace != "" {
+		return s.usage(&usageError{cmd: x.cmd, msg: fmt.Sprintf("batch: not yet on ordered keys (keyspace %q): batches act on the default keyspace only (use alone goes back to it)", s.keyspace)})
 	}
 	if err == nil && len(ops) == 0 {
 		err = errors.New("no ops")
@@ -227,7 +230,7 @@ func runWatch(s *session, x *call) int {
 	defer t.Stop()
 	for {
 		ctx, cancel := x.runCtx()
-		it, err := s.c.GetItem(ctx, []byte(key), x.consistency)
+		it, err := s.store().GetItem(ctx, []byte(key), x.consistency)
 		cancel()
 		if x.ctx.Err() != nil {
 			return exitOK // Ctrl-C: the end of a watch

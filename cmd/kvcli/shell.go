@@ -111,7 +111,7 @@ func (s *session) interactive() int {
 		HistoryFile:            s.history,
 		HistoryLimit:           historyLimit,
 		DisableAutoSaveHistory: true,
-		AutoComplete:           completer{},
+		AutoComplete:           completer{s: s},
 		Stdin:                  s.stdin,
 		Stdout:                 s.stdout,
 		Stderr:                 s.stderr,
@@ -130,11 +130,27 @@ func (s *session) interactive() int {
 
 	// Connect at once, to say where to; a cluster that is not there yet
 	// is opened by the first command that needs it.
+	s.setPrompt = func() {
+		p := "kvcli"
+		if s.c != nil {
+			p = s.c.Map().Name
+		}
+		if s.keyspace != "" {
+			p += "/" + s.keyspace
+		}
+		rl.SetPrompt(p + "> ")
+	}
 	ctx, end := in.command()
 	if s.open(ctx, s.defs.timeout, false) == exitOK {
 		m := s.c.Map()
 		fmt.Fprintf(s.stdout, "kvcli: cluster %q, %s x %s on %s (%s)\n", m.Name, plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.Fabric, s.where())
-		rl.SetPrompt(m.Name + "> ")
+		if s.keyspace != "" {
+			if _, err := m.FindKeyspace(s.keyspace); err != nil {
+				fmt.Fprintf(s.stderr, "kvcli: --keyspace: unknown keyspace %q (%s); using the default keyspace\n", s.keyspace, s.declared())
+				s.keyspace = ""
+			}
+		}
+		s.setPrompt()
 	}
 	end()
 	fmt.Fprintln(s.stdout, "Type help for the commands, Tab to complete, Ctrl-D or exit to leave.")
@@ -306,11 +322,11 @@ func scanWords(line string) (words []string, partial bool, open rune) {
 	return words, inWord, open
 }
 
-// completer completes command names, flags and flag values, and batch's op
-// words.
-type completer struct{}
+// completer completes command names, flags and flag values, batch's op
+// words and use's keyspace names (from the map of s's client; s nil: none).
+type completer struct{ s *session }
 
-func (completer) Do(line []rune, pos int) ([][]rune, int) {
+func (c completer) Do(line []rune, pos int) ([][]rune, int) {
 	words, partial, open := scanWords(string(line[:pos]))
 	if open != 0 {
 		return nil, 0
@@ -322,8 +338,12 @@ func (completer) Do(line []rune, pos int) ([][]rune, int) {
 	if strings.ContainsAny(cur, `'"\`) {
 		return nil, 0
 	}
+	cands := candidates(words, cur)
+	if len(words) == 1 && words[0] == "use" && c.s != nil {
+		cands = c.s.keyspaceNames()
+	}
 	var out [][]rune
-	for _, c := range candidates(words, cur) {
+	for _, c := range cands {
 		if strings.HasPrefix(c, cur) {
 			out = append(out, []rune(c[len(cur):]+" "))
 		}

@@ -29,6 +29,7 @@ import (
 	"github.com/pingcap/go-ycsb/pkg/prop"
 
 	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/version"
 	rdycsb "github.com/rdmakv/rdmakv/ycsb"
 )
@@ -64,8 +65,10 @@ Commands:
   --version the module version and commit kvycsb was built from
 
 Workloads: a, b, c, d, e, f are YCSB's standard core workloads, built in
-(e needs scans, which need the B+tree index: not built yet, so kvycsb
-refuses it up front with exit status 2). -P file loads a property file
+(e scans: it needs an ordered keyspace, -p rdmakv.keyspace=NAME; with
+--embedded it defaults to the embedded cluster's "ordered"; without either
+kvycsb refuses it up front with exit status 2). With rdmakv.keyspace every
+workload runs on that ordered keyspace. -P file loads a property file
 instead or in addition, as go-ycsb does.
 
 Without --embedded, kvycsb connects to a running cluster: the map file of
@@ -77,6 +80,9 @@ Examples:
   kvycsb load a --records 100000 --threads 8
   kvycsb run a --ops 100000 --threads 8
   kvycsb loadrun b --embedded --records 10000 --threads 8
+  kvycsb loadrun e --embedded --records 10000   # scans, on the ordered keyspace
+  kvycsb load e -p rdmakv.keyspace=ordered -p fieldlength=80   # kvserver's 4 KiB nodes
+  kvycsb run e -p rdmakv.keyspace=ordered --ops 10000
   kvycsb loadrun a --db redis -p redis.addr=127.0.0.1:6379
   kvycsb run -P myworkload -p operationcount=5000 -p rdmakv.consistency=stale-ok
 
@@ -238,7 +244,7 @@ func (f *flags) buildProps() (*properties.Properties, string, error) {
 		label = append(label, file)
 	}
 	if len(label) == 0 {
-		return nil, "", usagef("no workload: name one of a, b, c, d, f (e needs scans) or give -P file")
+		return nil, "", usagef("no workload: name one of a, b, c, d, e, f or give -P file")
 	}
 	for _, kv := range f.props {
 		k, v, ok := strings.Cut(kv, "=")
@@ -277,11 +283,15 @@ func checkProps(p *properties.Properties, db string, phases []string) error {
 	if wl := p.GetString(prop.Workload, "core"); wl != "core" && wl != "site.ycsb.workloads.CoreWorkload" {
 		return usagef("workload=%s: kvycsb runs go-ycsb's core workload only", wl)
 	}
-	if sp := p.GetFloat64(prop.ScanProportion, 0); sp > 0 && slices.Contains(phases, "run") {
-		if db == "redis" {
+	if sp := p.GetFloat64(prop.ScanProportion, 0); sp > 0 {
+		if db == "redis" && slices.Contains(phases, "run") {
 			return usagef("the workload scans (scanproportion=%v, YCSB workload E), and go-ycsb's redis binding does not support scans", sp)
 		}
-		return usagef("the workload scans (scanproportion=%v, YCSB workload E): rdmakv scans need the B+tree index, which is not built yet; workloads A, B, C, D and F run", sp)
+		// Its load too: records loaded into the hashed keyspace could
+		// not be scanned.
+		if db == "rdmakv" && p.GetString(rdycsb.PropKeyspace, "") == "" {
+			return usagef("the workload scans (scanproportion=%v, YCSB workload E): rdmakv scans need an ordered keyspace: give -p %s=NAME (the local cluster of kvserver declares %q), or run with --embedded", sp, rdycsb.PropKeyspace, cluster.DefaultOrderedKeyspace)
+		}
 	}
 	threads := p.GetInt64(prop.ThreadCount, 1)
 	for _, ph := range phases {
@@ -344,6 +354,12 @@ func runPhases(cmd string, args []string, stdout, stderr io.Writer) error {
 	p, label, err := f.buildProps()
 	if err != nil {
 		return err
+	}
+	if f.embedded && p.GetFloat64(prop.ScanProportion, 0) > 0 {
+		if _, ok := p.Get(rdycsb.PropKeyspace); !ok {
+			// Workload E on the embedded cluster: its ordered keyspace.
+			p.Set(rdycsb.PropKeyspace, cluster.DefaultOrderedKeyspace)
+		}
 	}
 	if err := checkProps(p, f.db, phases); err != nil {
 		return err

@@ -105,25 +105,52 @@ func TestLoadRunEmbedded(t *testing.T) {
 	}
 }
 
-// (Up front: nothing is printed before the refusal, which the output
-// checks show; how long it took is not asserted, a loaded machine may
-// take its time.)
-func TestWorkloadERefusedUpFront(t *testing.T) {
-	code, out, errOut := runBin(t, 30*time.Second, "loadrun", "e", "--embedded", "--records", "100000")
+// Workload E without an ordered keyspace is refused up front (nothing
+// is printed before the refusal, which the output checks show; how long
+// it took is not asserted, a loaded machine may take its time).
+func TestWorkloadERefusedWithoutKeyspace(t *testing.T) {
+	code, out, errOut := runBin(t, 30*time.Second, "loadrun", "e", "--records", "100000", "--map", filepath.Join(t.TempDir(), "none.json"))
 	if code != 2 {
 		t.Fatalf("exit %d, want 2\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
-	if !strings.Contains(errOut, "B+tree") || !strings.Contains(errOut, "scan") {
-		t.Errorf("stderr does not explain that scans need the B+tree:\n%s", errOut)
+	if !strings.Contains(errOut, "rdmakv.keyspace") || !strings.Contains(errOut, "scan") {
+		t.Errorf("stderr does not say that scans need rdmakv.keyspace:\n%s", errOut)
 	}
-	if out != "" || strings.Contains(errOut, "embedded cluster") {
+	if out != "" {
 		t.Errorf("something ran before the refusal:\nstdout:\n%s\nstderr:\n%s", out, errOut)
 	}
 	// The same from a property file.
 	file := filepath.Join(t.TempDir(), "w")
 	os.WriteFile(file, []byte("recordcount=10\noperationcount=10\nscanproportion=0.5\nreadproportion=0.5\n"), 0o644)
-	if code, _, errOut := runBin(t, 30*time.Second, "run", "-P", file); code != 2 || !strings.Contains(errOut, "B+tree") {
-		t.Errorf("run -P (scans): exit %d, stderr:\n%s", code, errOut)
+	for _, ph := range []string{"load", "run"} {
+		if code, _, errOut := runBin(t, 30*time.Second, ph, "-P", file); code != 2 || !strings.Contains(errOut, "rdmakv.keyspace") {
+			t.Errorf("%s -P (scans): exit %d, stderr:\n%s", ph, code, errOut)
+		}
+	}
+}
+
+// TestWorkloadEEmbedded: workload E runs on --embedded, on the embedded
+// cluster's ordered keyspace, with YCSB's default records, and every
+// scan and insert succeeds.
+func TestWorkloadEEmbedded(t *testing.T) {
+	code, out, errOut := runBin(t, 90*time.Second, "loadrun", "e", "--embedded", "--records", "300", "--ops", "200", "--threads", "2")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for _, want := range []string{"SCAN   - ", "INSERT - ", "[OVERALL] run e on rdmakv: 200 operations", "2 threads, 0 errors",
+		`"rdmakv.keyspace"="ordered"`, `"maxscanlength"="100"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "_ERROR") {
+		t.Errorf("failed operations:\n%s", out)
+	}
+	// Records too large for the keyspace's values are refused before
+	// the load (go-ycsb would count each insert as an error, silently).
+	code, out, errOut = runBin(t, 90*time.Second, "loadrun", "e", "--embedded", "--records", "10", "-p", "fieldcount=30")
+	if code != 2 || !strings.Contains(errOut, "records too large") || !strings.Contains(errOut, "fieldlength=") || strings.Contains(out, "INSERT") {
+		t.Errorf("fieldcount=30: exit %d, want 2 naming a fieldlength that fits\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 }
 
@@ -171,7 +198,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"load", "a", "-p", "novalue"}, 2, "want -p name=value"},
 		{[]string{"run", "e", "--db", "redis"}, 2, "redis binding does not support scans"},
 		{[]string{"load", "a", "--map", "/nonexistent/cluster.json"}, 1, "kvserver"},
-		{[]string{"bench", "--workloads", "a,e"}, 2, "B+tree"},
+		{[]string{"bench", "--workloads", "a,e"}, 2, "Redis baseline"},
 		{[]string{"bench", "--threads", "0"}, 2, "--threads"},
 		{[]string{"bench", "extra"}, 2, "unexpected arguments"},
 	} {

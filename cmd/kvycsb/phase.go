@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -69,7 +70,11 @@ func (e *dbEnv) open(p *properties.Properties) (goycsb.DB, func(), error) {
 // under a name of its own (so that it never meets a kvserver's), and a
 // few client slots.
 func embeddedMap(groups, replicas int) *cluster.Map {
-	m := &cluster.Map{Name: fmt.Sprintf("kvycsb-%d", os.Getpid()), Fabric: "shm", ShmDir: "/dev/shm"}
+	m := &cluster.Map{Name: fmt.Sprintf("kvycsb-%d", os.Getpid()), Fabric: "shm", ShmDir: "/dev/shm",
+		// The ordered keyspace workload E scans (rdmakv.keyspace): 8 KiB
+		// nodes, so that YCSB's default records (10 fields of 100 bytes)
+		// fit in a leaf.
+		Keyspaces: []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1, NodeSize: embeddedNodeSize}}}
 	id := rdma.NodeID(1)
 	for range groups {
 		var ms []rdma.NodeID
@@ -84,6 +89,10 @@ func embeddedMap(groups, replicas int) *cluster.Map {
 	}
 	return m
 }
+
+// embeddedNodeSize is the node size of the embedded cluster's ordered
+// keyspace.
+const embeddedNodeSize = 8192
 
 // embeddedConfig is the shape of an embedded cluster.
 type embeddedConfig struct {
@@ -117,6 +126,9 @@ func openRdmakv(ctx context.Context, p *properties.Properties, embedded bool, ec
 	db, err := rdycsb.Open(octx, p, opts...)
 	if err != nil {
 		env.close()
+		if errors.Is(err, rdycsb.ErrRecordTooLarge) || errors.Is(err, client.ErrUnknownKeyspace) {
+			return nil, usageError{err.Error()}
+		}
 		if !embedded {
 			return nil, fmt.Errorf("%w (is a cluster running? `kvserver` with no arguments starts one; or use --embedded)", err)
 		}
