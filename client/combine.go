@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
@@ -84,11 +85,30 @@ type Stats struct {
 	// WriteMessages and WriteOps count the messages of single-key writes
 	// and the writes they carried (more ops than messages: combining).
 	WriteMessages, WriteOps uint64
+	// Ordered keyspaces' one-sided reads (every Keyspace of the client):
+	// OrderedGets counts the gets answered, OrderedGetReads the node reads
+	// of the attempts that answered them and OrderedGetLists those
+	// attempts' lists of reads (round trips); likewise for scan pages (a
+	// Scan reads one page per ScanPage pairs).
+	OrderedGets, OrderedGetReads, OrderedGetLists        uint64
+	OrderedScanPages, OrderedScanReads, OrderedScanLists uint64
+	// OrderedCache is the client's cache of inner nodes: its Lookups,
+	// Reads and Warm count every walk to a leaf that answered (a retried
+	// get may walk more than once); Warm/Lookups is its hit rate (walks
+	// that began at a cached level-1 node, so read only the leaf).
+	OrderedCache btree.CacheStats
 }
 
 // Stats reports the client's counters.
 func (c *Client) Stats() Stats {
-	return Stats{WriteMessages: c.comb.messages.Load(), WriteOps: c.comb.nops.Load()}
+	s := Stats{WriteMessages: c.comb.messages.Load(), WriteOps: c.comb.nops.Load()}
+	o := &c.ord
+	s.OrderedGets, s.OrderedGetReads, s.OrderedGetLists = o.gets.Load(), o.getReads.Load(), o.getLists.Load()
+	s.OrderedScanPages, s.OrderedScanReads, s.OrderedScanLists = o.pages.Load(), o.pageReads.Load(), o.pageLists.Load()
+	if o.ready.Load() {
+		s.OrderedCache = o.cache.Stats()
+	}
+	return s
 }
 
 func (cb *combiner) getOp() *pendingOp {
