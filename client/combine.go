@@ -86,16 +86,21 @@ type Stats struct {
 	// and the writes they carried (more ops than messages: combining).
 	WriteMessages, WriteOps uint64
 	// Ordered keyspaces' one-sided reads (every Keyspace of the client):
-	// OrderedGets counts the gets answered, OrderedGetReads the node reads
-	// of the attempts that answered them and OrderedGetLists those
-	// attempts' lists of reads (round trips); likewise for scan pages (a
-	// Scan reads one page per ScanPage pairs).
-	OrderedGets, OrderedGetReads, OrderedGetLists        uint64
-	OrderedScanPages, OrderedScanReads, OrderedScanLists uint64
-	// OrderedCache is the client's cache of inner nodes: its Lookups,
-	// Reads and Warm count every walk to a leaf that answered (a retried
-	// get may walk more than once); Warm/Lookups is its hit rate (walks
-	// that began at a cached level-1 node, so read only the leaf).
+	// OrderedGets counts the gets answered, OrderedGetReads the one-sided
+	// node reads they posted (every attempt's; a read shared with a
+	// concurrent get of the same leaf counts once) and OrderedGetLists
+	// the lists of reads (round trips) of the attempts that answered;
+	// likewise for scan pages (a Scan reads one page per ScanPage pairs).
+	// OrderedGetHits counts the gets that read one node at most: the
+	// leaf, found through the cache (its hit rate: OrderedGetHits /
+	// OrderedGets).
+	OrderedGets, OrderedGetReads, OrderedGetLists, OrderedGetHits uint64
+	OrderedScanPages, OrderedScanReads, OrderedScanLists          uint64
+	// OrderedCache is the client's cache of inner nodes (Nodes, Bytes:
+	// its size now). Its Lookups, Reads and Warm count the walks that
+	// answered, and a walk runs again from the inner nodes an earlier run
+	// of the same get cached: use OrderedGetReads and OrderedGetHits for
+	// what gets read.
 	OrderedCache btree.CacheStats
 }
 
@@ -104,6 +109,7 @@ func (c *Client) Stats() Stats {
 	s := Stats{WriteMessages: c.comb.messages.Load(), WriteOps: c.comb.nops.Load()}
 	o := &c.ord
 	s.OrderedGets, s.OrderedGetReads, s.OrderedGetLists = o.gets.Load(), o.getReads.Load(), o.getLists.Load()
+	s.OrderedGetHits = o.getHits.Load()
 	s.OrderedScanPages, s.OrderedScanReads, s.OrderedScanLists = o.pages.Load(), o.pageReads.Load(), o.pageLists.Load()
 	if o.ready.Load() {
 		s.OrderedCache = o.cache.Stats()

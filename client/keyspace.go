@@ -78,6 +78,7 @@ type ordered struct {
 	// What the one-sided reads that answered did (Client.Stats): gets and
 	// scan pages, their node reads and their lists of reads (round trips).
 	gets, getReads, getLists    atomic.Uint64
+	getHits                     atomic.Uint64 // gets that read at most one node
 	pages, pageReads, pageLists atomic.Uint64
 	ready                       atomic.Bool // cache is set (Stats reads it)
 }
@@ -214,7 +215,10 @@ func (k *Keyspace) GetItem(ctx context.Context, key []byte, mode Consistency) (I
 	}
 	c := k.c
 	c.ord.gets.Add(1)
-	c.ord.getReads.Add(uint64(res.Reads))
+	c.ord.getReads.Add(uint64(res.NodeReads))
+	if res.NodeReads <= 1 {
+		c.ord.getHits.Add(1)
+	}
 	c.ord.getLists.Add(uint64(res.Lists))
 	it := Item{Version: res.Version, Replica: c.m.Groups[k.g][res.Member], Applied: res.Applied, AppliedAt: timeOf(res.AppliedAt)}
 	known := c.known(k.g, 0)
@@ -459,7 +463,7 @@ func (k *Keyspace) scanPage(ctx context.Context, lo, hi []byte, n int, mode Cons
 		return nil, k.readErr(err)
 	}
 	k.c.ord.pages.Add(1)
-	k.c.ord.pageReads.Add(uint64(res.Reads))
+	k.c.ord.pageReads.Add(uint64(res.NodeReads))
 	k.c.ord.pageLists.Add(uint64(res.Lists))
 	if mode == Linearizable {
 		k.c.known(k.g, res.Applied)
