@@ -29,9 +29,9 @@ import (
 const btreeUsage = `usage: kvbench btree [flags]
 
 Measures the ordered keyspace (a B-link tree read one-sided, package
-btree; issue 18) through the path a user takes: client.Keyspace's Get,
-Put and Scan on the cluster's ordered keyspace "ordered". The cluster is
-started as 'kvbench kv' starts it: 3 replicas (one group) on shm in a
+btree; issue 18) through the path a user takes: client.Keyspace's
+GetItem, Put and Scan on the cluster's ordered keyspace "ordered". The
+cluster is started as 'kvbench kv' starts it: 3 replicas (one group) on shm in a
 child process of kvbench, the client in this one on a node of its own; or
 with --embedded kvserver's embedded cluster (--groups x 3 replicas; the
 ordered keyspace lives in group 0), the client opening its map file.
@@ -267,6 +267,8 @@ type btreeRun struct {
 	res   *btreeResults
 	errw  io.Writer
 	floor *tbtree.Map[string, []byte]
+	// lookup is this run's lookup measurements (the scans' baseline).
+	lookup map[btreeKey]kvstat
 }
 
 func btreeRunOnce(o *btreeFlags, run int, bin string, res *btreeResults, stderr io.Writer) (err error) {
@@ -278,7 +280,7 @@ func btreeRunOnce(o *btreeFlags, run int, bin string, res *btreeResults, stderr 
 		return err
 	}
 	defer func() { err = errors.Join(err, e.close()) }()
-	b := &btreeRun{o: o, e: e, ks: e.c.Keyspace(cluster.DefaultOrderedKeyspace), run: run, res: res, errw: stderr,
+	b := &btreeRun{o: o, e: e, ks: e.c.Keyspace(cluster.DefaultOrderedKeyspace), run: run, res: res, errw: stderr, lookup: map[btreeKey]kvstat{},
 		tm: timing{dur: o.duration, warm: min(o.duration/5, 200*time.Millisecond)}}
 	if err := b.load(); err != nil {
 		return err
@@ -456,6 +458,7 @@ func (b *btreeRun) lookups() {
 			b.e.note("%-26s p50 %-8s %8s ops/s, %.3f reads/lookup, hit rate %.4f; hashed get p50 %-8s %8s ops/s; tidwall/btree %8s ops/s",
 				what, fmtDur(st.p50), fmtOps(st.opsPerS), st.reads, st.hitRate, fmtDur(m.base.p50), fmtOps(m.base.opsPerS), fmtOps(m.floor.opsPerS))
 			b.res.add(k, m)
+			b.lookup[k] = st.kvstat
 		}
 	}
 }
@@ -495,9 +498,7 @@ func (b *btreeRun) scans() {
 				continue
 			}
 			m := btreeMeas{ours: st}
-			if ls := b.res.rows[btreeKey{"lookup", k.cons, t}]; len(ls) >= b.run {
-				m.base, m.hasBase = ls[len(ls)-1].ours.kvstat, true
-			}
+			m.base, m.hasBase = b.lookup[btreeKey{"lookup", k.cons, t}]
 			b.e.note("%-26s p50 %-8s %8s keys/s, %.2f reads/scan in %.2f round trips", what, fmtDur(st.p50), fmtOps(st.opsPerS*float64(n)), st.reads, st.lists)
 			b.res.add(k, m)
 		}
