@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
@@ -84,11 +85,36 @@ type Stats struct {
 	// WriteMessages and WriteOps count the messages of single-key writes
 	// and the writes they carried (more ops than messages: combining).
 	WriteMessages, WriteOps uint64
+	// Ordered keyspaces' one-sided reads (every Keyspace of the client):
+	// OrderedGets counts the gets answered, OrderedGetReads the one-sided
+	// node reads they posted (every attempt's; a read shared with a
+	// concurrent get of the same leaf counts once) and OrderedGetLists
+	// the lists of reads (round trips) of the attempts that answered;
+	// likewise for scan pages (a Scan reads one page per ScanPage pairs).
+	// OrderedGetHits counts the gets that read one node at most: the
+	// leaf, found through the cache (its hit rate: OrderedGetHits /
+	// OrderedGets).
+	OrderedGets, OrderedGetReads, OrderedGetLists, OrderedGetHits uint64
+	OrderedScanPages, OrderedScanReads, OrderedScanLists          uint64
+	// OrderedCache is the client's cache of inner nodes (Nodes, Bytes:
+	// its size now). Its Lookups, Reads and Warm count the walks that
+	// answered, and a walk runs again from the inner nodes an earlier run
+	// of the same get cached: use OrderedGetReads and OrderedGetHits for
+	// what gets read.
+	OrderedCache btree.CacheStats
 }
 
 // Stats reports the client's counters.
 func (c *Client) Stats() Stats {
-	return Stats{WriteMessages: c.comb.messages.Load(), WriteOps: c.comb.nops.Load()}
+	s := Stats{WriteMessages: c.comb.messages.Load(), WriteOps: c.comb.nops.Load()}
+	o := &c.ord
+	s.OrderedGets, s.OrderedGetReads, s.OrderedGetLists = o.gets.Load(), o.getReads.Load(), o.getLists.Load()
+	s.OrderedGetHits = o.getHits.Load()
+	s.OrderedScanPages, s.OrderedScanReads, s.OrderedScanLists = o.pages.Load(), o.pageReads.Load(), o.pageLists.Load()
+	if o.ready.Load() {
+		s.OrderedCache = o.cache.Stats()
+	}
+	return s
 }
 
 func (cb *combiner) getOp() *pendingOp {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmakv/rdmakv/btree"
@@ -74,6 +75,12 @@ type ordered struct {
 	deleg *kv.Delegation
 	mu    sync.Mutex
 	free  []*kv.OrderedReader
+	// What the one-sided reads that answered did (Client.Stats): gets and
+	// scan pages, their node reads and their lists of reads (round trips).
+	gets, getReads, getLists    atomic.Uint64
+	getHits                     atomic.Uint64 // gets that read at most one node
+	pages, pageReads, pageLists atomic.Uint64
+	ready                       atomic.Bool // cache is set (Stats reads it)
 }
 
 // orderedCacheBytes bounds a client's cache of inner nodes.
@@ -85,6 +92,7 @@ func (k *Keyspace) init() {
 	o.once.Do(func() {
 		o.cache = btree.NewCache(orderedCacheBytes)
 		o.deleg = kv.NewDelegation()
+		o.ready.Store(true)
 		var cancel context.CancelFunc
 		o.life, cancel = context.WithCancel(context.Background())
 		go func() {
@@ -206,6 +214,12 @@ func (k *Keyspace) GetItem(ctx context.Context, key []byte, mode Consistency) (I
 		return Item{}, k.readErr(err)
 	}
 	c := k.c
+	c.ord.gets.Add(1)
+	c.ord.getReads.Add(uint64(res.NodeReads))
+	if res.NodeReads <= 1 {
+		c.ord.getHits.Add(1)
+	}
+	c.ord.getLists.Add(uint64(res.Lists))
 	it := Item{Version: res.Version, Replica: c.m.Groups[k.g][res.Member], Applied: res.Applied, AppliedAt: timeOf(res.AppliedAt)}
 	known := c.known(k.g, 0)
 	if mode == Linearizable {
@@ -448,6 +462,9 @@ func (k *Keyspace) scanPage(ctx context.Context, lo, hi []byte, n int, mode Cons
 	if err != nil {
 		return nil, k.readErr(err)
 	}
+	k.c.ord.pages.Add(1)
+	k.c.ord.pageReads.Add(uint64(res.NodeReads))
+	k.c.ord.pageLists.Add(uint64(res.Lists))
 	if mode == Linearizable {
 		k.c.known(k.g, res.Applied)
 	}

@@ -495,3 +495,56 @@ func TestKeyspaceReplicaErrors(t *testing.T) {
 		t.Fatalf("put to a group that does not own the keyspace: %v", err)
 	}
 }
+
+// TestKeyspaceStats: Client.Stats counts the ordered keyspaces' one-sided
+// reads (kvbench btree's reads per lookup and hit rate come from it): a
+// client that read nothing ordered reports zeros; every get answered
+// counts once with at least one node read, a scan counts its pages and
+// their reads, and the cache counts the walks it answered.
+//
+// A get from a fresh client (an empty cache) counts every node it read:
+// the root and a leaf of a two-level tree. (Counting the walk's steps,
+// as OrderedResult.Reads does, it once reported 1: the walk runs again
+// from the root it had cached.)
+func TestKeyspaceStats(t *testing.T) {
+	m := orderedMap("ksstats", 1)
+	m.Limits.MaxKey = 32
+	m.Keyspaces[0].NodeSize, m.Keyspaces[1].NodeSize = 512, 512 // 100 keys take several leaves under a root
+	lc := startLocal(t, m)
+	c := open(t, lc, 0)
+	ctx := context.Background()
+	if s := c.Stats(); s.OrderedGets != 0 || s.OrderedScanPages != 0 || s.OrderedCache.Lookups != 0 {
+		t.Fatalf("stats before any ordered read: %+v", s)
+	}
+	users := c.Keyspace("users")
+	const n = 100
+	for i := range n {
+		if _, err := users.Put(ctx, []byte(fmt.Sprintf("k%03d", i)), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		if _, err := users.GetItem(ctx, []byte(fmt.Sprintf("k%03d", i)), client.Linearizable); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := c.Stats()
+	if s.OrderedGets != n || s.OrderedGetReads < n || s.OrderedGetLists < n || s.OrderedCache.Lookups < n ||
+		s.OrderedCache.Reads < n || s.OrderedCache.Warm > s.OrderedCache.Lookups || s.OrderedGetHits < 1 || s.OrderedGetHits >= n {
+		t.Fatalf("stats after %d gets: %+v; want %d gets, at least one node read and one list each, the cache's walks counted, hits but not the first get", n, s, n)
+	}
+	if got := scanAll(t, users, nil, nil); len(got) != n {
+		t.Fatalf("scan: %d pairs, want %d", len(got), n)
+	}
+	s2 := c.Stats()
+	if s2.OrderedScanPages < 1 || s2.OrderedScanReads < 1 || s2.OrderedScanLists < 1 || s2.OrderedGets != n {
+		t.Fatalf("stats after a scan: %+v; want its page and reads counted, gets unchanged", s2)
+	}
+	cold := open(t, lc, 1)
+	if _, err := cold.Keyspace("users").GetItem(ctx, []byte("k050"), client.Linearizable); err != nil {
+		t.Fatal(err)
+	}
+	if s := cold.Stats(); s.OrderedGets != 1 || s.OrderedGetReads < 2 || s.OrderedGetHits != 0 || s.OrderedCache.Nodes < 1 {
+		t.Fatalf("stats of a fresh client's first get: %+v; want 1 get of at least 2 node reads (root and leaf), not a hit, the root cached", s)
+	}
+}

@@ -93,6 +93,11 @@ type OrderedResult struct {
 	// (round trips: a scan reads the leaves a cached level-1 node lists
 	// several to a list).
 	Retries, Reads, Lists int
+	// NodeReads counts the one-sided node reads the call posted, over
+	// all its attempts (a read joined through delegation is not its
+	// own). Reads can be fewer: a walk runs again over the nodes read so
+	// far, from the inner nodes the cache took from them.
+	NodeReads int
 }
 
 // ErrOrderedRetries: a one-sided ordered read kept meeting nodes being
@@ -573,6 +578,7 @@ func (r *OrderedReader) step() {
 		return
 	}
 	r.posted++
+	r.res.NodeReads += len(r.inList)
 	r.st = osList
 	if len(r.inList) == 1 && r.deleg != nil && r.kind == okLookup {
 		r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0])

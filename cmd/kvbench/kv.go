@@ -148,6 +148,7 @@ type kvFlags struct {
 	groups     int
 	kvserver   string
 	rows       []string // of kvRowNames
+	ordered    bool     // not a flag: kvbench btree's cluster, with an ordered keyspace
 }
 
 // kvRowNames are --rows' names, in the order they are measured.
@@ -896,18 +897,11 @@ func runKV(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "kvbench kv: no Redis baseline: %v; install it with: apt-get install -y redis-server (Debian); the rdmakv rows follow alone\n", err)
 		}
 	}
-	kvserverBin := o.kvserver
-	if o.embedded && kvserverBin == "" {
-		dir, err := os.MkdirTemp("", "kvbench-kvserver-")
-		if err != nil {
-			return fmt.Errorf("kv: %w", err)
-		}
-		defer os.RemoveAll(dir)
-		fmt.Fprintf(stderr, "kvbench kv: building kvserver (go build %s)\n", kvserverPkg)
-		if kvserverBin, err = buildKVServer(dir); err != nil {
-			return fmt.Errorf("kv: %w", err)
-		}
+	kvserverBin, cleanup, err := kvserverBinary("kv", o.embedded, o.kvserver, stderr)
+	if err != nil {
+		return err
 	}
+	defer cleanup()
 	res := &kvResults{rows: map[kvKey][]kvPair{}}
 	fmt.Fprintf(stderr, "kvbench kv: %d run(s) of %d records; load average %s\n", o.runs, o.records, loadAvg())
 	for run := 1; run <= o.runs; run++ {
@@ -918,6 +912,25 @@ func runKV(args []string, stdout, stderr io.Writer) error {
 	}
 	out := summarizeKV(res, o)
 	return emitRows("kv", stdout, stderr, out, o.json, func() { printKVTable(stdout, out, o, redisBin != "") }, res.failed)
+}
+
+// kvserverBinary is the kvserver binary of --embedded: bin if given,
+// else one built into a temporary directory that cleanup removes ("" if
+// not embedded).
+func kvserverBinary(cmd string, embedded bool, bin string, stderr io.Writer) (string, func(), error) {
+	if !embedded || bin != "" {
+		return bin, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "kvbench-kvserver-")
+	if err != nil {
+		return "", nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	fmt.Fprintf(stderr, "kvbench %s: building kvserver (go build %s)\n", cmd, kvserverPkg)
+	if bin, err = buildKVServer(dir); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
 }
 
 // kvEnv is one run's setup: the replicas' process, the client, and Redis.
@@ -1006,6 +1019,12 @@ func (e *kvEnv) openEmbedded() (err error) {
 func (e *kvEnv) openChild() (err error) {
 	o, note := e.o, e.note
 	e.m = &cluster.Map{Name: e.name, Fabric: "shm", ShmDir: e.wd, Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{kvClientID}}
+	if o.ordered {
+		// kvbench btree: the ordered keyspace kvserver's embedded cluster
+		// declares, and a node for a second client (its cold rows).
+		e.m.Keyspaces = []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1}}
+		e.m.ClientNodes = append(e.m.ClientNodes, kvClientID+1)
+	}
 	if e.proc, err = startKVProc(e.m, o.et); err != nil {
 		return err
 	}
@@ -1206,24 +1225,11 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 	o := e.o
 	tm := timing{dur: o.duration, warm: min(o.duration/5, 200*time.Millisecond)}
 	measure := func(threads int, mk func(g int) kvOp) (kvstat, error) {
-		return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) {
-			a := takeCPUs(e.pids...)
-			c0 := takeCost(e.reps)
-			st, err := closedLoop(threads, tm, mk)
-			c1 := takeCostAfter(e.reps)
-			st.otherCPU = otherCPUs(a, takeCPUs(e.pids...), runtime.NumCPU())
-			st.cost = costPerOp(c0, c1, st.total)
-			return st, err
-		})
+		return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) { return e.sample(tm, threads, mk, true) })
 	}
 	// Redis's rows: the cost fields are ours only.
 	measureBase := func(threads int, mk func(g int) kvOp) (kvstat, error) {
-		return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) {
-			a := takeCPUs(e.pids...)
-			st, err := closedLoop(threads, tm, mk)
-			st.otherCPU = otherCPUs(a, takeCPUs(e.pids...), runtime.NumCPU())
-			return st, err
-		})
+		return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) { return e.sample(tm, threads, mk, false) })
 	}
 	getOp := func(s store, cons client.Consistency) func(int) kvOp {
 		return func(g int) kvOp {
@@ -1320,6 +1326,23 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 		e.note("%s; other %.2f CPUs", line, st.otherCPU)
 		res.add(sp.k, p)
 	}
+}
+
+// sample is one closed-loop measurement of threads goroutines with the
+// CPUs other processes used meanwhile and, if costed, the cost per op of
+// the client's and the replicas' processes.
+func (e *kvEnv) sample(tm timing, threads int, mk func(g int) kvOp, costed bool) (kvstat, error) {
+	a := takeCPUs(e.pids...)
+	var c0 costSnap
+	if costed {
+		c0 = takeCost(e.reps)
+	}
+	st, err := closedLoop(threads, tm, mk)
+	if costed {
+		st.cost = costPerOp(c0, takeCostAfter(e.reps), st.total)
+	}
+	st.otherCPU = otherCPUs(a, takeCPUs(e.pids...), runtime.NumCPU())
+	return st, err
 }
 
 // kvMemory waits until every replica applied the load and reads the
@@ -1419,18 +1442,8 @@ type kvRow struct {
 	// HugePages is how the replicas' regions in --shm-dir are backed
 	// (shm.ProbeHugePages: huge pages need a tmpfs mounted huge=...).
 	HugePages *rdma.HugePages `json:"huge_pages,omitempty"`
-	// get and put rows: the cost per op (medians over runs), from the
-	// client's process (this one) and the replicas' process, over every op
-	// of the measurement, warm-up included (cost_ops of them).
-	CostOps             uint64   `json:"cost_ops,omitempty"`
-	ClientAllocsPerOp   *float64 `json:"client_allocs_per_op,omitempty"`
-	ClientWakeupsPerOp  *float64 `json:"client_wakeups_per_op,omitempty"`
-	ServerWakeupsPerOp  *float64 `json:"server_wakeups_per_op,omitempty"`
-	ClientPreemptsPerOp *float64 `json:"client_nonvoluntary_per_op,omitempty"` // of the wake-ups: preemptions
-	ServerPreemptsPerOp *float64 `json:"server_nonvoluntary_per_op,omitempty"`
-	ClientCPUUSPerOp    *float64 `json:"client_cpu_us_per_op,omitempty"`
-	ServerCPUUSPerOp    *float64 `json:"server_cpu_us_per_op,omitempty"`
-	CPUUSPerOp          *float64 `json:"cpu_us_per_op,omitempty"` // client + server
+	// get and put rows: the cost per op.
+	costCols
 	// get-during-growth (ops_per_s is the slowest interval of the load)
 	IntervalNS            int64   `json:"interval_ns,omitempty"`
 	BeforeOpsPerS         float64 `json:"before_ops_per_s,omitempty"`
@@ -1461,6 +1474,50 @@ type kvRow struct {
 	Migrating                 bool    `json:"migrating,omitempty"`
 }
 
+// costCols are a row's cost per op (medians over runs), from the
+// client's process (this one) and the replicas' process, over every op
+// of the measurement, warm-up included (cost_ops of them).
+type costCols struct {
+	CostOps             uint64   `json:"cost_ops,omitempty"`
+	ClientAllocsPerOp   *float64 `json:"client_allocs_per_op,omitempty"`
+	ClientWakeupsPerOp  *float64 `json:"client_wakeups_per_op,omitempty"`
+	ServerWakeupsPerOp  *float64 `json:"server_wakeups_per_op,omitempty"`
+	ClientPreemptsPerOp *float64 `json:"client_nonvoluntary_per_op,omitempty"` // of the wake-ups: preemptions
+	ServerPreemptsPerOp *float64 `json:"server_nonvoluntary_per_op,omitempty"`
+	ClientCPUUSPerOp    *float64 `json:"client_cpu_us_per_op,omitempty"`
+	ServerCPUUSPerOp    *float64 `json:"server_cpu_us_per_op,omitempty"`
+	CPUUSPerOp          *float64 `json:"cpu_us_per_op,omitempty"` // client + server
+}
+
+// medianCost is the cost columns over runs: the medians of the runs
+// whose cost was read (none: empty columns).
+func medianCost[T any](runs []T, cost func(T) opCost) costCols {
+	var costed []opCost
+	for _, r := range runs {
+		if c := cost(r); c.ok {
+			costed = append(costed, c)
+		}
+	}
+	var r costCols
+	if len(costed) == 0 {
+		return r
+	}
+	med := func(f func(c opCost) float64) *float64 {
+		v := medianOf(costed, f)
+		return &v
+	}
+	r.CostOps = uint64(*med(func(c opCost) float64 { return float64(c.ops) }))
+	r.ClientAllocsPerOp = med(func(c opCost) float64 { return c.allocs })
+	r.ClientWakeupsPerOp = med(func(c opCost) float64 { return c.clientWakeups })
+	r.ServerWakeupsPerOp = med(func(c opCost) float64 { return c.serverWakeups })
+	r.ClientPreemptsPerOp = med(func(c opCost) float64 { return c.clientPreempts })
+	r.ServerPreemptsPerOp = med(func(c opCost) float64 { return c.serverPreempts })
+	r.ClientCPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU })
+	r.ServerCPUUSPerOp = med(func(c opCost) float64 { return c.serverCPU })
+	r.CPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU + c.serverCPU })
+	return r
+}
+
 // summarizeKV turns per-run results into rows: medians over runs, ratios
 // per run.
 func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
@@ -1472,27 +1529,7 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 	for _, k := range res.order {
 		ps := res.rows[k]
 		r := kvRow{Bench: "kv", Op: k.op, Consistency: k.cons, Threads: k.threads, Records: o.records, Runs: len(ps)}
-		var costed []kvPair
-		for _, p := range ps {
-			if p.ours.cost.ok {
-				costed = append(costed, p)
-			}
-		}
-		if len(costed) > 0 {
-			med := func(f func(c opCost) float64) *float64 {
-				v := medianOf(costed, func(p kvPair) float64 { return f(p.ours.cost) })
-				return &v
-			}
-			r.CostOps = uint64(*med(func(c opCost) float64 { return float64(c.ops) }))
-			r.ClientAllocsPerOp = med(func(c opCost) float64 { return c.allocs })
-			r.ClientWakeupsPerOp = med(func(c opCost) float64 { return c.clientWakeups })
-			r.ServerWakeupsPerOp = med(func(c opCost) float64 { return c.serverWakeups })
-			r.ClientPreemptsPerOp = med(func(c opCost) float64 { return c.clientPreempts })
-			r.ServerPreemptsPerOp = med(func(c opCost) float64 { return c.serverPreempts })
-			r.ClientCPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU })
-			r.ServerCPUUSPerOp = med(func(c opCost) float64 { return c.serverCPU })
-			r.CPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU + c.serverCPU })
-		}
+		r.costCols = medianCost(ps, func(p kvPair) opCost { return p.ours.cost })
 		r.P50NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p50) }))
 		r.P99NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p99) }))
 		r.OpsPerS = medianOf(ps, func(p kvPair) float64 { return p.ours.opsPerS })

@@ -123,10 +123,17 @@ func TestKVQuickJSON(t *testing.T) {
 			positive(t, m, "baseline_bytes_per_record")
 		}
 	}
-	// Nothing of the run's cluster is left in /dev/shm.
-	where := regexp.MustCompile(`cluster (\S+) in (\S+)`).FindStringSubmatch(stderr.String())
+	checkKVLeftovers(t, stderr.String())
+}
+
+// checkKVLeftovers checks that nothing of the run's cluster (kvbench kv's
+// setup, named on stderr) is left: neither its work directory nor a
+// file in /dev/shm.
+func checkKVLeftovers(t *testing.T, stderr string) {
+	t.Helper()
+	where := regexp.MustCompile(`cluster (\S+) in (\S+)`).FindStringSubmatch(stderr)
 	if where == nil {
-		t.Fatalf("stderr names no cluster:\n%s", stderr.String())
+		t.Fatalf("stderr names no cluster:\n%s", stderr)
 	}
 	name, dir := where[1], where[2]
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {

@@ -6,6 +6,7 @@
 //	kvbench broadcast [flags]   Acuerdo atomic broadcast inside one group
 //	kvbench multicast [flags]   TRAM atomic multicast across groups
 //	kvbench kv [flags]          gets and puts of the replicated store against Redis
+//	kvbench btree [flags]       lookups, scans and puts of the ordered keyspace against hashed ones
 //	kvbench help [command]      list the commands, or one command's flags
 //
 // Each command prints a table, or with --json one JSON object per result.
@@ -47,6 +48,7 @@ func commands() []command {
 		{"broadcast", "Acuerdo atomic broadcast: commit latency and throughput by window (Fig. 8), election time (Table 1), --soak memory, --kill-follower outage, --snapshot-catchup large-snapshot catch-up", runBroadcast},
 		{"multicast", "TRAM atomic multicast: latency and throughput by tree, destinations, payload and group size (Fig. 5-8), leader changes (Table 1), client path against the one-way write, single-group tax against broadcast, scaling, --soak memory", runMulticast},
 		{"kv", "the replicated store (3 replicas on shm, client in another process): gets (stale-ok, linearizable) and puts by goroutines, gets while the index grows, bytes per record; against redis-server in the same run", runKV},
+		{"btree", "the ordered keyspace through client.Keyspace: warm lookups against hashed gets and tidwall/btree in process, node reads per lookup, cache hit rate, scans, puts against hashed puts, the cold-cache curve", runBTree},
 	}
 }
 

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestBTreeQuickJSON runs kvbench btree with tiny counts (2000 records,
+// measurements of 1 ms, 40 cold lookups) and checks its JSON lines: the
+// rows a run must have (lookup and scan of each consistency at each
+// goroutine count, put at 1 and --put-threads, cold), each naming its op,
+// threads, consistency and baseline, with the baseline's ratios present;
+// a warm lookup from one goroutine reads at least one node (from more,
+// read delegation may share a leaf's read: positive), and the cache's hit
+// rate is in [0, 1]; the lookup rows carry the tidwall/btree floor; a scan of 20
+// keys reads at least one node; the cold curve has 20 points of at least
+// one read each and its first lookup read the root and a leaf. It checks
+// shapes and sanity, not figures (closedLoop measures on until every
+// goroutine completed an op, so they are positive however loaded the
+// machine). Nothing of the cluster is left afterwards.
+func TestBTreeQuickJSON(t *testing.T) {
+	args := []string{"btree", "--json", "--records", "2000", "--duration", "1ms", "--runs", "1", "--retries", "0",
+		"--threads", "1,2", "--put-threads", "4", "--scan-length", "20", "--cold", "40"}
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	}
+	required := []string{"bench", "op", "consistency", "threads", "records", "p50_ns", "p99_ns", "ops_per_s",
+		"baseline", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "runs", "replicas", "groups"}
+	rows := map[string]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		for _, k := range required {
+			if _, ok := obj[k]; !ok {
+				t.Errorf("line %q lacks key %q", line, k)
+			}
+		}
+		if obj["bench"] != "btree" || obj["records"] != float64(2000) || obj["replicas"] != "kvbench-child" || obj["groups"] != float64(1) {
+			t.Errorf("line %q: want bench btree, 2000 records, kvbench-child, 1 group", line)
+		}
+		name := fmt.Sprintf("%v/%v/%v", obj["op"], obj["consistency"], obj["threads"])
+		if _, dup := rows[name]; dup {
+			t.Errorf("two rows %s", name)
+		}
+		rows[name] = obj
+	}
+	get := func(name string) map[string]any {
+		r, ok := rows[name]
+		if !ok {
+			t.Errorf("no row %s; have %v", name, keys(rows))
+		}
+		return r
+	}
+	for _, n := range []int{1, 2} {
+		for _, cons := range []string{"stale-ok", "linearizable"} {
+			if r := get(fmt.Sprintf("lookup/%s/%d", cons, n)); r != nil {
+				positive(t, r, "ops_per_s", "p50_ns", "baseline_ops_per_s", "ratio_ops", "ratio_p50",
+					"floor_ops_per_s", "ratio_floor_ops", "lists_per_op", "cost_ops", "cache_bytes", "raw_bytes")
+				nonNegative(t, r, kvCostFields...)
+				if r["baseline"] != "hash-get" || r["floor"] != "tidwall-btree" {
+					t.Errorf("row lookup/%s/%d: baseline %v, floor %v; want hash-get, tidwall-btree", cons, n, r["baseline"], r["floor"])
+				}
+				// From one goroutine a lookup reads its leaf at least; from
+				// more, read delegation shares a leaf's read between lookups.
+				if v, _ := r["reads_per_op"].(float64); v <= 0 || n == 1 && v < 1 {
+					t.Errorf("row lookup/%s/%d: reads_per_op %v, want positive, at least 1 from 1 goroutine (the leaf)", cons, n, r["reads_per_op"])
+				}
+				if v, ok := r["hit_rate"].(float64); !ok || v < 0 || v > 1 {
+					t.Errorf("row lookup/%s/%d: hit_rate %v, want in [0, 1]", cons, n, r["hit_rate"])
+				}
+			}
+			if r := get(fmt.Sprintf("scan/%s/%d", cons, n)); r != nil {
+				positive(t, r, "ops_per_s", "p50_ns", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "keys_per_s", "reads_per_op", "lists_per_op")
+				if r["baseline"] != "lookup" || r["scan_length"] != float64(20) {
+					t.Errorf("row scan/%s/%d: baseline %v, scan_length %v; want lookup, 20", cons, n, r["baseline"], r["scan_length"])
+				}
+			}
+		}
+	}
+	for _, n := range []int{1, 4} {
+		if r := get(fmt.Sprintf("put//%d", n)); r != nil {
+			positive(t, r, "ops_per_s", "p50_ns", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "cost_ops")
+			if r["baseline"] != "hash-put" {
+				t.Errorf("row put//%d: baseline %v, want hash-put", n, r["baseline"])
+			}
+		}
+	}
+	if r := get("cold/linearizable/1"); r != nil {
+		positive(t, r, "ops_per_s", "reads_per_op")
+		if r["cold_lookups"] != float64(40) || r["curve_step"] != float64(2) {
+			t.Errorf("cold row: cold_lookups %v, curve_step %v; want 40, 2", r["cold_lookups"], r["curve_step"])
+		}
+		curve, _ := r["curve"].([]any)
+		if len(curve) != 20 {
+			t.Errorf("cold row: curve %v, want 20 points", r["curve"])
+		}
+		for i, v := range curve {
+			if f, _ := v.(float64); f < 1 {
+				t.Errorf("cold row: curve point %d is %v reads per lookup, want at least 1", i, v)
+			}
+		}
+		if f, _ := r["first_reads"].(float64); f < 2 {
+			t.Errorf("cold row: first_reads %v, want at least 2 (2000 records take several leaves under a root)", r["first_reads"])
+		}
+	}
+	checkKVLeftovers(t, stderr.String())
+}
