@@ -490,6 +490,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("broadcast: config: durability %d unknown: %w", c.Durability, ErrConfig)
 	case c.Durability == Sync && c.WAL == nil:
 		return c, fmt.Errorf("broadcast: config: durability sync needs a WAL: %w", ErrConfig)
+	case c.Durability == Sync && c.Snapshots == nil:
+		return c, fmt.Errorf("broadcast: config: durability sync needs Snapshots (a network snapshot a diff installs is saved there): %w", ErrConfig)
 	case c.Durability == Memory && (c.WAL != nil || c.Recovery != nil || c.Snapshots != nil):
 		return c, fmt.Errorf("broadcast: config: a WAL or a Recovery with durability memory: %w", ErrConfig)
 	}
