@@ -330,7 +330,7 @@ type Recovery struct {
 
 // Recover checks a log wal.Recover read back: every record is one this
 // package writes, well formed, diffs complete, and the log starts at its
-// first record (disk snapshots and log truncation are not built). A log
+// first record (RecoverFrom: or continues a disk snapshot). A log
 // with corruption is returned with Repair set, not replayed. It reads the
 // records only; New replays them.
 func Recover(rec *wal.Recovered) (*Recovery, error) { return RecoverFrom(rec, nil) }

@@ -277,12 +277,13 @@ type Config struct {
 	// point, delivering the committed entries to the FSM before New
 	// returns.
 	Recovery *Recovery
-	// Snapshots, with Sync, is where the replica keeps disk snapshots
-	// (snapstore.go; nil: none, the log grows without bound). It shares
-	// WAL's device (wal.Share). Every member captures its FSM at its
-	// commit point once the log grew SnapshotLogBytes since the last
-	// capture, persists it off Poll, writes it through Snapshots, and
-	// then drops the log's whole segments below the snapshot.
+	// Snapshots, required with Sync, is where the replica keeps disk
+	// snapshots (snapstore.go). It shares WAL's device (wal.Share).
+	// Every member captures its FSM at its commit point once the log
+	// grew SnapshotLogBytes since the last capture, persists it off Poll,
+	// writes it through Snapshots, and then drops the log's whole
+	// segments below the snapshot. A snapshot a diff installs is saved
+	// here too (the log only names it).
 	Snapshots *SnapStore
 	// SnapshotLogBytes is how much log (bytes of synced batches) triggers
 	// a disk snapshot; 64 MiB if zero.
