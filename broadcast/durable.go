@@ -370,6 +370,7 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 		return nil, fmt.Errorf("broadcast: log %s starts at seq %d, not 1 (no disk snapshot to start from): %w", rec.Segments[0].Path, rec.Segments[0].FirstSeq, ErrLogCorrupt)
 	}
 	inDiff, left := false, 0
+	lastMark, markBegin, begin := -1, 0, 0 // the last SnapMark, its DiffBegin; the current DiffBegin
 	for i := range rec.Records {
 		x := &rec.Records[i]
 		bad := func(why string) error {
@@ -394,19 +395,12 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 			if len(x.Data) != 40 || inDiff {
 				return nil, bad("malformed or nested diff")
 			}
-			inDiff, left = true, int(binary.LittleEndian.Uint32(x.Data[32:]))
+			inDiff, left, begin = true, int(binary.LittleEndian.Uint32(x.Data[32:])), i
 		case wal.RecSnapMark:
 			if !inDiff || len(x.Data) != 24 {
 				return nil, bad("snapshot record outside a diff or malformed")
 			}
-			if at := getHdr(x.Data); snap == nil || snap.At.Less(at) {
-				// The snapshot it names is not on disk (never made
-				// durable, so nothing from here was acknowledged, or
-				// lost): boot catching up, as for corruption.
-				rc.Repair = true
-				rc.Reason = fmt.Sprintf("log record seq %d names the snapshot %s, which is not on disk: catching up from the group, not replaying the log", x.Seq, SnapName(binary.LittleEndian.Uint64(x.Data[16:]), at))
-				return rc, nil
-			}
+			lastMark, markBegin = i, begin
 		case wal.RecDiffEnd:
 			if len(x.Data) != 16 || !inDiff || left != 0 {
 				return nil, bad("diff end without its begin or entries")
@@ -424,6 +418,22 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 	}
 	if inDiff {
 		return nil, fmt.Errorf("broadcast: log ends inside a diff (wal.Recover should have dropped it): %w", ErrLogCorrupt)
+	}
+	if lastMark >= 0 {
+		x := &rec.Records[lastMark]
+		if at := getHdr(x.Data); snap == nil || snap.At.Less(at) {
+			// The snapshot the last SnapMark names is not on disk (never
+			// made durable, so nothing from its diff on was
+			// acknowledged; or lost): boot catching up, as for
+			// corruption.
+			rc.Repair = true
+			rc.Reason = fmt.Sprintf("log record seq %d names the snapshot %s, which is not on disk: catching up from the group, not replaying the log", x.Seq, SnapName(binary.LittleEndian.Uint64(x.Data[16:]), at))
+			return rc, nil
+		}
+		// The diff installed the whole state: what the log holds before
+		// it is superseded (among it, SnapMarks of an incarnation that
+		// booted catching up, naming snapshots never made durable).
+		rec.Records = rec.Records[markBegin:]
 	}
 	rc.recs = rec.Records
 	return rc, nil

@@ -128,6 +128,17 @@ func TestRecoverSnapMark(t *testing.T) {
 			t.Errorf("%s: reason %q does not name the snapshot", tc.name, rc.Reason)
 		}
 	}
+	// A SnapMark whose snapshot never became durable (the member booted
+	// catching up), then a later diff whose snapshot is on disk: the
+	// later install supersedes everything before its DiffBegin.
+	at2 := MsgHdr{E: e1, Cnt: 5}
+	begin2, end2 := recDiff(7, MsgHdr{E: Epoch(3)}, at2, 0)
+	later := append(recs(), begin2, recSnapMark(8, at2, 5), end2)
+	later[len(later)-1].Seq = 9
+	rc, err := RecoverFrom(&wal.Recovered{Records: later, NextSeq: 10}, &DiskSnap{At: at2, Index: 5})
+	if err != nil || rc.Repair || len(rc.recs) != 3 || rc.recs[0].Seq != 7 {
+		t.Errorf("a stale SnapMark before a durable one: %+v, %v; want the records from seq 7", rc, err)
+	}
 	// The old format (the whole snapshot in the record) is refused.
 	old := recs()
 	old[1].Data = append(old[1].Data, make([]byte, 64)...)

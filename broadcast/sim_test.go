@@ -578,17 +578,24 @@ func recordsAccepted(rec *wal.Recovered) MsgHdr {
 	return a
 }
 
-// recordsAcceptedUpToSnap is recordsAccepted up to the first SnapMark whose
-// snapshot is not snap or covered by it.
+// recordsAcceptedUpToSnap is recordsAccepted, but if the log's last
+// SnapMark names a snapshot that snap does not cover, only up to it (the
+// member recovers with Repair: the last state the disk surely held is the
+// one before that diff).
 func recordsAcceptedUpToSnap(rec *wal.Recovered, snap *DiskSnap) MsgHdr {
-	var a MsgHdr
+	var a, before MsgHdr
+	missing := false
 	for _, x := range rec.Records {
 		switch {
-		case x.Type == wal.RecSnapMark && (snap == nil || snap.At.Less(getHdr(x.Data))):
-			return a
+		case x.Type == wal.RecSnapMark:
+			missing = snap == nil || snap.At.Less(getHdr(x.Data))
+			before = a
 		case x.Type == wal.RecEntry && x.Flags&recInDiff == 0, x.Type == wal.RecDiffEnd:
 			a = getHdr(x.Data)
 		}
+	}
+	if missing {
+		return before
 	}
 	return a
 }
