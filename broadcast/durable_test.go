@@ -280,3 +280,27 @@ func TestSimSyncFailStop(t *testing.T) {
 	}
 	t.Logf("%d members stopped on a failed sync and came back", stopped)
 }
+
+// TestSimSyncSnapDiskFull: a member whose disk is full when it saves the
+// snapshot a diff installed stops (ErrDisk wrapping wal.ErrDiskFull: its
+// log already names the snapshot) without acknowledging the diff; the
+// harness restarts it from its disk, which boots catching up (the log's
+// last SnapMark names a snapshot that is not there) or from before the
+// diff, and nothing acknowledged is lost.
+func TestSimSyncSnapDiskFull(t *testing.T) {
+	const window = 16 * time.Millisecond
+	stopped := 0
+	for seed := uint64(1); seed <= 10; seed++ {
+		// longDown: one member is down long enough to need a snapshot
+		// when it comes back (its second incarnation, whose disk is full).
+		o := simOpts{n: 3, until: 4 * window, longDown: true, durability: Sync, promiseCheck: true, maxLog: 16,
+			ballast: 64 << 10, maxUnsynced: 16 << 10, fullSnap: 2, stopped: &stopped}
+		if err := runSim(sim.Seed{Seed: seed}, o, new(Counters)); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	if stopped == 0 {
+		t.Fatal("no seed stopped a member on a full disk while saving a snapshot a diff installed")
+	}
+	t.Logf("%d members stopped on a full disk and came back", stopped)
+}

@@ -227,6 +227,11 @@ type simOpts struct {
 	failNode rdma.NodeID
 	failSync int
 	stopped  *int
+	// fullSnap: no node's snapshot files can be written (ENOSPC on
+	// snap/tmp-*) in its incarnation fullSnap: a snapshot a diff
+	// installs then stops the replica (ErrDisk, wal.ErrDiskFull), and
+	// the harness restarts it as for failSync.
+	fullSnap int
 	// snapLog (Sync) gives each replica a SnapStore in snap/ with
 	// SnapshotLogBytes = snapLog: disk snapshots and log truncation run
 	// constantly; the "disk bound:" and "recoverable:" checks apply.
@@ -268,6 +273,32 @@ func (d *failingDevice) Reap(dst []wal.Done) []wal.Done {
 		if d.nth > 0 && d.k >= d.nth && dst[i].Tag == d.tag && dst[i].Err == nil {
 			dst[i].Err = syscall.EIO
 		}
+	}
+	return dst
+}
+
+// fullSnapDevice fails every write of a temporary snapshot file with
+// ENOSPC.
+type fullSnapDevice struct {
+	wal.Device
+	fail map[uint64]bool
+}
+
+func (d *fullSnapDevice) Submit(op wal.IO) bool {
+	if op.Kind == wal.IOWrite && strings.HasPrefix(op.Path, "snap/tmp-") {
+		d.fail[op.Tag] = true
+	}
+	return d.Device.Submit(op)
+}
+
+func (d *fullSnapDevice) Reap(dst []wal.Done) []wal.Done {
+	n := len(dst)
+	dst = d.Device.Reap(dst)
+	for i := n; i < len(dst); i++ {
+		if d.fail[dst[i].Tag] && dst[i].Err == nil {
+			dst[i].Err = syscall.ENOSPC
+		}
+		delete(d.fail, dst[i].Tag)
 	}
 	return dst
 }
@@ -369,6 +400,9 @@ func (p *simProc) Start(env *sim.Env) error {
 			return fmt.Errorf("recoverable: node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
 		}
 		cfg.Durability, cfg.WAL = Sync, w
+		if p.h.o.fullSnap > 0 && env.Incarnation() == p.h.o.fullSnap {
+			snapDev = &fullSnapDevice{Device: snapDev, fail: map[uint64]bool{}}
+		}
 		st := NewSnapStore(snapDev, "snap", uint64(env.ID()), snap)
 		st.knobs = p.h.o.snapKnobs
 		cfg.Snapshots, cfg.SnapshotLogBytes = st, p.h.o.snapLog
@@ -421,7 +455,11 @@ func (p *simProc) Step(now time.Duration) bool {
 	}
 	progress := p.r.Poll(now)
 	if err := p.r.Status().DiskErr; err != nil {
-		if p.h.o.failSync == 0 || p.env.ID() != p.h.o.failNode || !errors.Is(err, ErrDisk) || !errors.Is(err, wal.ErrFailStop) {
+		want := wal.ErrFailStop
+		if p.h.o.fullSnap > 0 {
+			want = wal.ErrDiskFull
+		}
+		if p.h.o.failSync == 0 && p.h.o.fullSnap == 0 || p.h.o.failSync > 0 && p.env.ID() != p.h.o.failNode || !errors.Is(err, ErrDisk) || !errors.Is(err, want) {
 			p.h.c.fail("disk: node %d: %v", p.env.ID(), err)
 		} else if !p.stopped {
 			// The process exits (fail-stop) and is restarted from its disk.
