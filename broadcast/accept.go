@@ -200,9 +200,10 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 			return
 		}
 	}
-	// Sync: the diff's records (its snapshot, if it installs one, then its
-	// entries and its end), after the E_new save (durable.go).
-	r.walDiff(d.hdr, d.base, d.entries, d.base, snapMetaBytes, f.buf)
+	// Sync: the diff's records (a SnapMark naming its snapshot, if it
+	// installs one, then its entries and its end), after the E_new save;
+	// the snapshot goes to the disk snapshot store (durable.go).
+	r.walDiff(d.hdr, d.base, d.entries, d.base, f.meta.index, snapMetaBytes, f.buf)
 	l.stopFetch()
 	// Acuerdo Fig. 5 l.58-60: E_new = E_cur = e; Role = FOLLOWER.
 	newEpoch := e != r.eCur

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmakv/rdmakv/wal"
@@ -17,7 +18,7 @@ import (
 //
 //	Entry     [E u64][Cnt u64][proposal id, 16 bytes][data ...]   Fig. 5 l.49 / Fig. 4 l.40: Log[hdr] = M
 //	DiffBegin [E u64][Cnt u64][baseE u64][baseCnt u64][n u32][flags u32]
-//	SnapMark  [E u64][Cnt u64][meta len u64][meta][state]        inside a diff: the snapshot it installs
+//	SnapMark  [E u64][Cnt u64][index u64]                        inside a diff: the snapshot it installs, in snap/
 //	DiffEnd   [E u64][Cnt u64]                                   Fig. 5 l.62-64, applied as one unit on replay
 //	Commit    [E u64][Cnt u64][index u64][seen index u64]        the commit point, lazily
 //
@@ -26,6 +27,14 @@ import (
 // there (wal.Recover drops an unfinished one at the tail). A leader's
 // election writes an empty diff of its epoch, so that replay finds E_cur
 // and Accepted = (E, 0).
+//
+// A network snapshot that a diff installs is not in the log: it is saved
+// as a disk snapshot through Config.Snapshots (snap/, off Poll like the
+// periodic ones), and the diff's SnapMark only names it. dA does not move
+// to the SnapMark's record or past it (the gate) until the snapshot file
+// is durable too; recovery finds a SnapMark whose snapshot is not on disk
+// only if that snapshot was never acknowledged or the disk lost it: it
+// boots catching up (Repair).
 
 // recInDiff flags an Entry record that belongs to a diff.
 const recInDiff = 1
@@ -57,6 +66,25 @@ type durable struct {
 	snapJob   *diskSnapJob // a capture being persisted
 	snapDrop  uint64       // the save in flight: DropBefore this once durable
 	cut       uint64       // the newest durable snapshot's: the log below it is dropped
+
+	// A network snapshot a diff installed, waiting for the store (net)
+	// and in it (netSaving). gate: marks at or above this seq do not
+	// move dA until the snapshot is durable (0: no gate). netDrop,
+	// netEnd: once the snapshot is durable and the record netEnd synced,
+	// the log below netDrop (the diff's DiffBegin) is covered.
+	net, netSaving  *netSnapSave
+	gate            uint64
+	netDrop, netEnd uint64
+	netSaves        uint64 // network snapshots made durable
+}
+
+// netSnapSave is a network snapshot being saved as a disk snapshot.
+type netSnapSave struct {
+	at         MsgHdr
+	index      uint64
+	begin, end uint64 // the diff's DiffBegin and DiffEnd seqs
+	img        []byte // the file image (encodeSnapFile), built off Poll
+	done       atomic.Bool
 }
 
 // ErrDisk wraps a write-ahead log failure that stopped the replica (Sync
@@ -166,10 +194,11 @@ func (r *Replica) walUnit(seq uint64, hdr MsgHdr) {
 	}
 }
 
-// walDiff logs a diff accepted with base: its snapshot (meta, state) if it
-// installs one, its entries, and its end, the point from which it is
-// replayed as one unit.
-func (r *Replica) walDiff(hdr, base MsgHdr, entries []*entry, snapAt MsgHdr, meta, state []byte) {
+// walDiff logs a diff accepted with base: a SnapMark naming its snapshot
+// (at snapAt, index snapIdx; meta, state) if it installs one, its entries,
+// and its end, the point from which it is replayed as one unit. The
+// snapshot itself goes to the disk snapshot store (diskSnapPoll).
+func (r *Replica) walDiff(hdr, base MsgHdr, entries []*entry, snapAt MsgHdr, snapIdx uint64, meta, state []byte) {
 	if r.dur == nil {
 		return
 	}
@@ -184,21 +213,59 @@ func (r *Replica) walDiff(hdr, base MsgHdr, entries []*entry, snapAt MsgHdr, met
 		flags = diffSnapshot
 	}
 	binary.LittleEndian.PutUint32(b[36:], flags)
-	r.walUnit(r.walAppend(wal.RecDiffBegin, 0, b), hdr)
+	d := r.dur
 	if meta != nil {
-		s := r.dur.hdr[:24]
+		// Everything logged before this diff is below the snapshot or
+		// removed by the diff: the diff is the log's first unit.
+		d.units = d.units[:0]
+	}
+	begin := r.walAppend(wal.RecDiffBegin, 0, b)
+	r.walUnit(begin, hdr)
+	var ns *netSnapSave
+	if meta != nil {
+		s := d.hdr[:24]
 		binary.LittleEndian.PutUint64(s[0:], uint64(snapAt.E))
 		binary.LittleEndian.PutUint64(s[8:], snapAt.Cnt)
-		binary.LittleEndian.PutUint64(s[16:], uint64(len(meta)))
-		r.walAppend(wal.RecSnapMark, 0, s, meta, state)
+		binary.LittleEndian.PutUint64(s[16:], snapIdx)
+		seq := r.walAppend(wal.RecSnapMark, 0, s)
+		if d.gate == 0 && !r.knobs.ackBeforeSnapSync {
+			d.gate = seq
+		}
+		ns = &netSnapSave{at: snapAt, index: snapIdx, begin: begin}
 	}
 	for _, e := range entries {
 		r.walEntry(e, recInDiff)
 	}
-	b = r.dur.hdr[:16]
+	b = d.hdr[:16]
 	binary.LittleEndian.PutUint64(b[0:], uint64(hdr.E))
 	binary.LittleEndian.PutUint64(b[8:], hdr.Cnt)
-	r.walMark(r.walAppend(wal.RecDiffEnd, 0, b), hdr)
+	end := r.walAppend(wal.RecDiffEnd, 0, b)
+	r.walMark(end, hdr)
+	if ns != nil {
+		ns.end = end
+		r.saveNetSnap(ns, meta, state)
+	}
+}
+
+// saveNetSnap queues the network snapshot a diff installed for the disk
+// snapshot store: its file image is built off Poll (runPersist), then
+// diskSnapPoll hands it to the store. A newer one replaces one not yet in
+// the store (the gate stays at the older SnapMark: the newer snapshot
+// covers it). A periodic capture under way is abandoned: it is older.
+func (r *Replica) saveNetSnap(ns *netSnapSave, meta, state []byte) {
+	d := r.dur
+	d.net = ns
+	d.snapJob = nil
+	member, now := uint64(r.self), r.now
+	if r.cfg.Snapshots != nil {
+		member = r.cfg.Snapshots.member
+	}
+	r.tracef("node %d saves the snapshot at %v (index %d, %d bytes) its diff installed", r.self, ns.at, ns.index, len(state))
+	r.runPersist(func() {
+		ns.img = encodeSnapFile(ns.index, ns.at, member, now, meta, state)
+		ns.done.Store(true)
+		r.node.Doorbell().Ring()
+	})
 }
 
 // walCommit logs the commit point when it moved, at most once per batch
@@ -228,8 +295,14 @@ func (r *Replica) walPoll(now time.Duration) bool {
 		r.tracef("node %d stops: %v", r.self, d.err)
 	}
 	synced := d.w.Synced()
+	if d.gate == 0 && d.netEnd != 0 && d.netEnd <= synced {
+		// The network snapshot and its diff are durable: the log below
+		// the diff is covered.
+		d.cut, d.netDrop, d.netEnd = d.netDrop, 0, 0
+		d.w.DropBefore(d.cut)
+	}
 	k := 0
-	for k < len(d.ring) && d.ring[k].seq <= synced {
+	for k < len(d.ring) && d.ring[k].seq <= synced && (d.gate == 0 || d.ring[k].seq < d.gate) {
 		d.dA = d.ring[k].hdr
 		k++
 	}
@@ -257,7 +330,7 @@ type Recovery struct {
 
 // Recover checks a log wal.Recover read back: every record is one this
 // package writes, well formed, diffs complete, and the log starts at its
-// first record (disk snapshots and log truncation are not built). A log
+// first record (RecoverFrom: or continues a disk snapshot). A log
 // with corruption is returned with Repair set, not replayed. It reads the
 // records only; New replays them.
 func Recover(rec *wal.Recovered) (*Recovery, error) { return RecoverFrom(rec, nil) }
@@ -297,6 +370,7 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 		return nil, fmt.Errorf("broadcast: log %s starts at seq %d, not 1 (no disk snapshot to start from): %w", rec.Segments[0].Path, rec.Segments[0].FirstSeq, ErrLogCorrupt)
 	}
 	inDiff, left := false, 0
+	lastMark, markBegin, begin := -1, 0, 0 // the last SnapMark, its DiffBegin; the current DiffBegin
 	for i := range rec.Records {
 		x := &rec.Records[i]
 		bad := func(why string) error {
@@ -321,11 +395,12 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 			if len(x.Data) != 40 || inDiff {
 				return nil, bad("malformed or nested diff")
 			}
-			inDiff, left = true, int(binary.LittleEndian.Uint32(x.Data[32:]))
+			inDiff, left, begin = true, int(binary.LittleEndian.Uint32(x.Data[32:])), i
 		case wal.RecSnapMark:
-			if !inDiff || len(x.Data) < 24 || binary.LittleEndian.Uint64(x.Data[16:]) > uint64(len(x.Data)-24) {
+			if !inDiff || len(x.Data) != 24 {
 				return nil, bad("snapshot record outside a diff or malformed")
 			}
+			lastMark, markBegin = i, begin
 		case wal.RecDiffEnd:
 			if len(x.Data) != 16 || !inDiff || left != 0 {
 				return nil, bad("diff end without its begin or entries")
@@ -344,6 +419,22 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 	if inDiff {
 		return nil, fmt.Errorf("broadcast: log ends inside a diff (wal.Recover should have dropped it): %w", ErrLogCorrupt)
 	}
+	if lastMark >= 0 {
+		x := &rec.Records[lastMark]
+		if at := getHdr(x.Data); snap == nil || snap.At.Less(at) {
+			// The snapshot the last SnapMark names is not on disk (never
+			// made durable, so nothing from its diff on was
+			// acknowledged; or lost): boot catching up, as for
+			// corruption.
+			rc.Repair = true
+			rc.Reason = fmt.Sprintf("log record seq %d names the snapshot %s, which is not on disk: catching up from the group, not replaying the log", x.Seq, SnapName(binary.LittleEndian.Uint64(x.Data[16:]), at))
+			return rc, nil
+		}
+		// The diff installed the whole state: what the log holds before
+		// it is superseded (among it, SnapMarks of an incarnation that
+		// booted catching up, naming snapshots never made durable).
+		rec.Records = rec.Records[markBegin:]
+	}
 	rc.recs = rec.Records
 	return rc, nil
 }
@@ -361,9 +452,6 @@ func (r *Replica) replay(rc *Recovery) error {
 	type pend struct {
 		seq       uint64 // the DiffBegin's
 		hdr, base MsgHdr
-		snapAt    MsgHdr
-		meta      []byte
-		state     []byte
 		entries   []entry
 	}
 	var diff *pend
@@ -410,10 +498,7 @@ func (r *Replica) replay(rc *Recovery) error {
 		case wal.RecDiffBegin:
 			diff = &pend{seq: x.Seq, hdr: getHdr(x.Data), base: getHdr(x.Data[16:])}
 		case wal.RecSnapMark:
-			n := binary.LittleEndian.Uint64(x.Data[16:])
-			diff.snapAt = getHdr(x.Data)
-			diff.meta = x.Data[24 : 24+n]
-			diff.state = x.Data[24+n:]
+			// RecoverFrom checked that the disk snapshot covers it.
 		case wal.RecDiffEnd:
 			r.walUnit(diff.seq, diff.hdr)
 			if !delivered.Less(diff.hdr) {
@@ -422,16 +507,6 @@ func (r *Replica) replay(rc *Recovery) error {
 				}
 				diff = nil
 				continue
-			}
-			if diff.meta != nil && delivered.Less(diff.snapAt) {
-				m, err := decodeSnapMeta(diff.meta, r.cfg.Members)
-				if err != nil {
-					return fmt.Errorf("broadcast: log snapshot at seq %d: %w", x.Seq, err)
-				}
-				if err := r.restore(&m, diff.state, diff.snapAt); err != nil {
-					return fmt.Errorf("broadcast: log snapshot at seq %d: restore: %w", x.Seq, err)
-				}
-				delivered, commitIdx = diff.snapAt, m.index
 			}
 			for {
 				last, ok := r.log.Max()

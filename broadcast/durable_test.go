@@ -86,6 +86,67 @@ func TestRecoverChecksLog(t *testing.T) {
 	}
 }
 
+func recSnapMark(seq uint64, at MsgHdr, index uint64) wal.Record {
+	b := make([]byte, 24)
+	binary.LittleEndian.PutUint64(b[0:], uint64(at.E))
+	binary.LittleEndian.PutUint64(b[8:], at.Cnt)
+	binary.LittleEndian.PutUint64(b[16:], index)
+	return wal.Record{Type: wal.RecSnapMark, Seq: seq, Data: b}
+}
+
+// TestRecoverSnapMark: a diff that installed a network snapshot logs a
+// small SnapMark naming the disk snapshot it was saved as (not the
+// snapshot itself). Recovery replays it when snap/ holds that snapshot
+// (or a newer one), and boots catching up (Repair) when it does not: the
+// snapshot was never durable (nothing from the diff on was acknowledged)
+// or the disk lost it.
+func TestRecoverSnapMark(t *testing.T) {
+	e1, e2 := Epoch(1), Epoch(2)
+	at := MsgHdr{E: e1, Cnt: 7}
+	begin, end := recDiff(2, MsgHdr{E: e2}, at, 2)
+	end.Seq = 6
+	recs := func() []wal.Record {
+		return []wal.Record{begin, recSnapMark(3, at, 7), recEntry(4, MsgHdr{E: e1, Cnt: 8}, recInDiff, "x"),
+			recEntry(5, MsgHdr{E: e1, Cnt: 9}, recInDiff, "y"), end}
+	}
+	for _, tc := range []struct {
+		name   string
+		snap   *DiskSnap
+		repair bool
+	}{
+		{"no snapshot on disk", nil, true},
+		{"an older snapshot only", &DiskSnap{At: MsgHdr{E: e1, Cnt: 3}, Index: 3}, true},
+		{"the snapshot it names", &DiskSnap{At: at, Index: 7}, false},
+		{"a newer snapshot", &DiskSnap{At: MsgHdr{E: e2, Cnt: 4}, Index: 12}, false},
+	} {
+		rc, err := RecoverFrom(&wal.Recovered{Records: recs(), NextSeq: 7}, tc.snap)
+		if err != nil || rc.Repair != tc.repair {
+			t.Errorf("%s: %+v, %v; want Repair %v", tc.name, rc, err, tc.repair)
+			continue
+		}
+		if tc.repair && !strings.Contains(rc.Reason, SnapName(7, at)) {
+			t.Errorf("%s: reason %q does not name the snapshot", tc.name, rc.Reason)
+		}
+	}
+	// A SnapMark whose snapshot never became durable (the member booted
+	// catching up), then a later diff whose snapshot is on disk: the
+	// later install supersedes everything before its DiffBegin.
+	at2 := MsgHdr{E: e1, Cnt: 5}
+	begin2, end2 := recDiff(7, MsgHdr{E: Epoch(3)}, at2, 0)
+	later := append(recs(), begin2, recSnapMark(8, at2, 5), end2)
+	later[len(later)-1].Seq = 9
+	rc, err := RecoverFrom(&wal.Recovered{Records: later, NextSeq: 10}, &DiskSnap{At: at2, Index: 5})
+	if err != nil || rc.Repair || len(rc.recs) != 3 || rc.recs[0].Seq != 7 {
+		t.Errorf("a stale SnapMark before a durable one: %+v, %v; want the records from seq 7", rc, err)
+	}
+	// The old format (the whole snapshot in the record) is refused.
+	old := recs()
+	old[1].Data = append(old[1].Data, make([]byte, 64)...)
+	if _, err := RecoverFrom(&wal.Recovered{Records: old, NextSeq: 7}, &DiskSnap{At: at, Index: 7}); !errors.Is(err, ErrLogCorrupt) {
+		t.Errorf("whole-snapshot record: %v, want ErrLogCorrupt", err)
+	}
+}
+
 // TestDurabilityConfig: Async is refused until it is built, Sync needs a
 // WAL, Memory takes none.
 func TestDurabilityConfig(t *testing.T) {
@@ -97,6 +158,7 @@ func TestDurabilityConfig(t *testing.T) {
 	}{
 		{"async", func(c *Config) { c.Durability = Async }, "async is not implemented"},
 		{"sync without wal", func(c *Config) { c.Durability = Sync }, "needs a WAL"},
+		{"sync without snapshots", func(c *Config) { c.Durability, c.WAL = Sync, &wal.Writer{} }, "needs Snapshots"},
 		{"memory with wal", func(c *Config) { c.WAL = &wal.Writer{} }, "durability memory"},
 		{"unknown", func(c *Config) { c.Durability = 7 }, "unknown"},
 	} {
@@ -217,4 +279,28 @@ func TestSimSyncFailStop(t *testing.T) {
 		t.Fatalf("only %d of 20 seeds stopped a member on its failed sync", stopped)
 	}
 	t.Logf("%d members stopped on a failed sync and came back", stopped)
+}
+
+// TestSimSyncSnapDiskFull: a member whose disk is full when it saves the
+// snapshot a diff installed stops (ErrDisk wrapping wal.ErrDiskFull: its
+// log already names the snapshot) without acknowledging the diff; the
+// harness restarts it from its disk, which boots catching up (the log's
+// last SnapMark names a snapshot that is not there) or from before the
+// diff, and nothing acknowledged is lost.
+func TestSimSyncSnapDiskFull(t *testing.T) {
+	const window = 16 * time.Millisecond
+	stopped := 0
+	for seed := uint64(1); seed <= 10; seed++ {
+		// longDown: one member is down long enough to need a snapshot
+		// when it comes back (its second incarnation, whose disk is full).
+		o := simOpts{n: 3, until: 4 * window, longDown: true, durability: Sync, promiseCheck: true, maxLog: 16,
+			ballast: 64 << 10, maxUnsynced: 16 << 10, fullSnap: 2, stopped: &stopped}
+		if err := runSim(sim.Seed{Seed: seed}, o, new(Counters)); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	if stopped == 0 {
+		t.Fatal("no seed stopped a member on a full disk while saving a snapshot a diff installed")
+	}
+	t.Logf("%d members stopped on a full disk and came back", stopped)
 }

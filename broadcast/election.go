@@ -318,7 +318,7 @@ func (r *Replica) becomeLeader() {
 	r.eCur = r.eNew
 	// Sync: the leader's own (empty) diff goes to the log, so that replay
 	// finds E_cur and Accepted = (E, 0) (durable.go).
-	r.walDiff(MsgHdr{E: r.eCur}, r.accepted, nil, MsgHdr{}, nil, nil)
+	r.walDiff(MsgHdr{E: r.eCur}, r.accepted, nil, MsgHdr{}, 0, nil, nil)
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
 	r.setLeading()

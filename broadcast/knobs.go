@@ -49,6 +49,11 @@ type testingKnobs struct {
 	// it sees; if it led that epoch and its log lost the entries, the
 	// epoch gets two different entries at one header (total order).
 	resumeOldEpoch bool
+	// ackBeforeSnapSync: in Sync mode a diff that installs a network
+	// snapshot counts in dA (the AcceptSST row) once its records are
+	// synced, before the snapshot file is: a crash then leaves a log
+	// naming a snapshot that is not there (durability promise).
+	ackBeforeSnapSync bool
 
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool

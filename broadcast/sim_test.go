@@ -227,11 +227,20 @@ type simOpts struct {
 	failNode rdma.NodeID
 	failSync int
 	stopped  *int
+	// fullSnap: no node's snapshot files can be written (ENOSPC on
+	// snap/tmp-*) in its incarnation fullSnap: a snapshot a diff
+	// installs then stops the replica (ErrDisk, wal.ErrDiskFull), and
+	// the harness restarts it as for failSync.
+	fullSnap int
 	// snapLog (Sync) gives each replica a SnapStore in snap/ with
 	// SnapshotLogBytes = snapLog: disk snapshots and log truncation run
 	// constantly; the "disk bound:" and "recoverable:" checks apply.
-	snapLog   int64
-	snapKnobs snapKnobs
+	snapLog int64
+	// maxUnsynced is the Sync writer's MaxUnsyncedBytes (0: its
+	// default); smaller than a snapshot shows that snapshots a diff
+	// installs do not go through the log.
+	maxUnsynced int64
+	snapKnobs   snapKnobs
 	// slowDisk makes node 1's syncs take 0.5-2 ms (the others' 50-500
 	// µs), an eighth to half an election timeout.
 	slowDisk bool
@@ -268,6 +277,32 @@ func (d *failingDevice) Reap(dst []wal.Done) []wal.Done {
 	return dst
 }
 
+// fullSnapDevice fails every write of a temporary snapshot file with
+// ENOSPC.
+type fullSnapDevice struct {
+	wal.Device
+	fail map[uint64]bool
+}
+
+func (d *fullSnapDevice) Submit(op wal.IO) bool {
+	if op.Kind == wal.IOWrite && strings.HasPrefix(op.Path, "snap/tmp-") {
+		d.fail[op.Tag] = true
+	}
+	return d.Device.Submit(op)
+}
+
+func (d *fullSnapDevice) Reap(dst []wal.Done) []wal.Done {
+	n := len(dst)
+	dst = d.Device.Reap(dst)
+	for i := n; i < len(dst); i++ {
+		if d.fail[dst[i].Tag] && dst[i].Err == nil {
+			dst[i].Err = syscall.ENOSPC
+		}
+		delete(d.fail, dst[i].Tag)
+	}
+	return dst
+}
+
 // simStats are counts over a case's seeds that Counters do not hold.
 type simStats struct {
 	wholeGroup int // whole-group crashes run
@@ -276,6 +311,8 @@ type simStats struct {
 	// while a snapshot existed, and incarnations that started from a
 	// snapshot with a log cut below it
 	maxLog, fromSnap, diskSnaps int64
+	// netSnaps: snapshots installed by diffs made durable in snap/
+	netSnaps int64
 }
 
 // simProc is one incarnation of a replica in the simulator, with a client
@@ -334,7 +371,7 @@ func (p *simProc) Start(env *sim.Env) error {
 		}
 		var snap *DiskSnap
 		var snapDev wal.Device
-		if p.h.o.snapLog > 0 {
+		{ // Sync needs a store: snapshots installed by diffs go there
 			var warn []string
 			snap, warn, err = LoadNewest(env.Disk(), "snap")
 			if err == nil && len(warn) > 0 {
@@ -352,7 +389,7 @@ func (p *simProc) Start(env *sim.Env) error {
 		if p.h.o.snapLog > 0 {
 			seg = p.h.o.segBytes()
 		}
-		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: uint64(env.ID()), SegmentBytes: seg}, rec)
+		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: uint64(env.ID()), SegmentBytes: seg, MaxUnsyncedBytes: p.h.o.maxUnsynced}, rec)
 		if err != nil {
 			return err
 		}
@@ -360,16 +397,17 @@ func (p *simProc) Start(env *sim.Env) error {
 			p.h.o.stats.fromSnap++ // a snapshot and a log cut below it
 		}
 		if cfg.Recovery, err = RecoverFrom(rec, snap); err != nil {
-			if p.h.o.snapLog > 0 {
-				return fmt.Errorf("recoverable: node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
-			}
-			return fmt.Errorf("node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
+			return fmt.Errorf("recoverable: node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
 		}
 		cfg.Durability, cfg.WAL = Sync, w
-		if snapDev != nil {
-			st := NewSnapStore(snapDev, "snap", uint64(env.ID()), snap)
-			st.knobs = p.h.o.snapKnobs
-			cfg.Snapshots, cfg.SnapshotLogBytes = st, p.h.o.snapLog
+		if p.h.o.fullSnap > 0 && env.Incarnation() == p.h.o.fullSnap {
+			snapDev = &fullSnapDevice{Device: snapDev, fail: map[uint64]bool{}}
+		}
+		st := NewSnapStore(snapDev, "snap", uint64(env.ID()), snap)
+		st.knobs = p.h.o.snapKnobs
+		cfg.Snapshots, cfg.SnapshotLogBytes = st, p.h.o.snapLog
+		if p.h.o.snapLog == 0 {
+			cfg.SnapshotLogBytes = 1 << 40 // only the snapshots diffs install
 		}
 	}
 	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
@@ -417,7 +455,11 @@ func (p *simProc) Step(now time.Duration) bool {
 	}
 	progress := p.r.Poll(now)
 	if err := p.r.Status().DiskErr; err != nil {
-		if p.h.o.failSync == 0 || p.env.ID() != p.h.o.failNode || !errors.Is(err, ErrDisk) || !errors.Is(err, wal.ErrFailStop) {
+		want := wal.ErrFailStop
+		if p.h.o.fullSnap > 0 {
+			want = wal.ErrDiskFull
+		}
+		if p.h.o.failSync == 0 && p.h.o.fullSnap == 0 || p.h.o.failSync > 0 && p.env.ID() != p.h.o.failNode || !errors.Is(err, ErrDisk) || !errors.Is(err, want) {
 			p.h.c.fail("disk: node %d: %v", p.env.ID(), err)
 		} else if !p.stopped {
 			// The process exits (fail-stop) and is restarted from its disk.
@@ -519,12 +561,15 @@ func (p *simProc) checkDurable() {
 		return
 	}
 	dA := recordsAccepted(rec)
-	if p.h.o.snapLog > 0 {
+	if r.cfg.Snapshots != nil {
 		snap, _, err := LoadNewest(fs, "snap")
 		if err != nil {
 			p.h.c.fail("durability promise: node %d: its snapshots do not load: %v", p.env.ID(), err)
 			return
 		}
+		// A SnapMark naming a snapshot not on disk: recovery boots
+		// catching up; what the log holds before it is all it kept.
+		dA = recordsAcceptedUpToSnap(rec, snap)
 		if snap != nil {
 			dA = maxHdr(dA, snap.At)
 		}
@@ -567,6 +612,28 @@ func recordsAccepted(rec *wal.Recovered) MsgHdr {
 		case x.Type == wal.RecEntry && x.Flags&recInDiff == 0, x.Type == wal.RecDiffEnd:
 			a = getHdr(x.Data)
 		}
+	}
+	return a
+}
+
+// recordsAcceptedUpToSnap is recordsAccepted, but if the log's last
+// SnapMark names a snapshot that snap does not cover, only up to it (the
+// member recovers with Repair: the last state the disk surely held is the
+// one before that diff).
+func recordsAcceptedUpToSnap(rec *wal.Recovered, snap *DiskSnap) MsgHdr {
+	var a, before MsgHdr
+	missing := false
+	for _, x := range rec.Records {
+		switch {
+		case x.Type == wal.RecSnapMark:
+			missing = snap == nil || snap.At.Less(getHdr(x.Data))
+			before = a
+		case x.Type == wal.RecEntry && x.Flags&recInDiff == 0, x.Type == wal.RecDiffEnd:
+			a = getHdr(x.Data)
+		}
+	}
+	if missing {
+		return before
 	}
 	return a
 }
@@ -776,6 +843,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 			}
 			if o.stats != nil && p.r.cfg.Snapshots != nil {
 				o.stats.diskSnaps += int64(p.r.cfg.Snapshots.Saves())
+				o.stats.netSnaps += int64(p.r.dur.netSaves)
 			}
 		}
 		if o.stats != nil {
@@ -924,13 +992,16 @@ func TestSimAcuerdo(t *testing.T) {
 		// Sync durability (durable.go): whole-group crashes, every member
 		// restarted from the disk image its crash left, plus random
 		// crashes and partitions; nothing acknowledged may be lost.
-		{"n3-sync-whole-group", 0.05, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
-		{"n3-sync-slow-disk", 0.02, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, slowDisk: true, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
-		{"n5-sync-staggered", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, promiseCheck: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
+		{"n3-sync-whole-group", 0.05, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, ballast: 64 << 10, maxUnsynced: 16 << 10, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
+		{"n3-sync-slow-disk", 0.02, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, slowDisk: true, crashes: true, promiseCheck: true, maxLog: 24, ballast: 64 << 10, maxUnsynced: 16 << 10, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
+		{"n5-sync-staggered", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, promiseCheck: true, maxLog: 24, ballast: 64 << 10, maxUnsynced: 16 << 10, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
+		// Their snapshots (64 KiB of ballast) are larger than the
+		// writer's MaxUnsyncedBytes (16 KiB): a snapshot a diff installs
+		// goes to snap/, not through the log.
 		// ... with disk snapshots every few KiB of log and truncation
 		// behind them (snapstore.go): recovery from snapshot + log.
-		{"n3-sync-snapshots", 0.04, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, snapLog: 1 << 10, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
-		{"n5-sync-staggered-snapshots", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, promiseCheck: true, maxLog: 24, snapLog: 512, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
+		{"n3-sync-snapshots", 0.04, simOpts{n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, ballast: 64 << 10, maxUnsynced: 16 << 10, snapLog: 1 << 10, faults: sim.Faults{Until: window, Partition: 1}}, wantElections},
+		{"n5-sync-staggered-snapshots", 0.03, simOpts{n: 5, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, promiseCheck: true, maxLog: 24, ballast: 64 << 10, maxUnsynced: 16 << 10, snapLog: 512, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantElections},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -949,6 +1020,9 @@ func TestSimAcuerdo(t *testing.T) {
 				}
 				if flags.Seed == 0 && flags.Seeds >= 20 && o.snapLog > 0 && stats.diskSnaps == 0 {
 					t.Errorf("want disk snapshots: %+v", stats)
+				}
+				if flags.Seed == 0 && flags.Seeds >= 20 && stats.netSnaps == 0 {
+					t.Errorf("want snapshots installed by diffs saved in snap/: %+v", stats)
 				}
 			}
 			// The fault paths must have been taken (a test that never
@@ -1029,6 +1103,10 @@ func TestSimMutants(t *testing.T) {
 		// epoch.
 		{"resume-old-epoch", simOpts{knobs: testingKnobs{resumeOldEpoch: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, slowDisk: true, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
 		{"ack-unsynced-promise", simOpts{knobs: testingKnobs{ackUnsynced: true}, n: 3, until: window, durability: Sync, promiseCheck: true, maxLog: 24}, 100, "durability promise:"},
+		// A diff that installs a network snapshot counts in the row once
+		// its records are synced, before the snapshot file in snap/ is:
+		// the disk image then names a snapshot it does not hold.
+		{"ack-before-snap-sync", simOpts{knobs: testingKnobs{ackBeforeSnapSync: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, promiseCheck: true, maxLog: 24, ballast: 64 << 10, maxUnsynced: 16 << 10, faults: partition}, 100, "durability promise:"},
 		{"rename-before-sync", simOpts{snapKnobs: snapKnobs{renameBeforeSync: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, maxLog: 24, snapLog: 1 << 10, faults: partition}, 1000, "recoverable:"},
 	}
 	for _, tc := range cases {

@@ -460,7 +460,29 @@ func (r *Replica) diskSnapPoll() {
 	if s == nil || d.err != nil {
 		return
 	}
-	if s.Poll(r.now) {
+	saved := s.Poll(r.now)
+	if ns := d.netSaving; ns != nil && (saved || !s.Busy()) {
+		d.netSaving = nil
+		if !saved {
+			// The disk was full: the diff's SnapMark names a snapshot
+			// that is not there; nothing from it on may be acknowledged.
+			err := s.Err()
+			if err == nil {
+				err = s.FullErr()
+			}
+			d.err = fmt.Errorf("%w: member %d: the snapshot its diff installed: %w", ErrDisk, r.self, err)
+			r.tracef("node %d stops: %v", r.self, d.err)
+			return
+		}
+		d.netSaves++
+		if d.net == nil {
+			// The newest snapshot a diff installed is durable: its
+			// diff's records may count once synced (walPoll), and the
+			// log below the diff is covered then.
+			d.gate, d.netDrop, d.netEnd = 0, ns.begin, ns.end
+		}
+		r.tracef("node %d: the snapshot at %v (index %d) its diff installed is durable", r.self, ns.at, ns.index)
+	} else if saved {
 		d.cut = d.snapDrop
 		d.w.DropBefore(d.cut)
 		idx, at, _ := s.Newest()
@@ -469,6 +491,17 @@ func (r *Replica) diskSnapPoll() {
 	if err := s.Err(); err != nil {
 		d.err = fmt.Errorf("%w: member %d: %w", ErrDisk, r.self, err)
 		r.tracef("node %d stops: %v", r.self, d.err)
+		return
+	}
+	if ns := d.net; ns != nil {
+		// A snapshot a diff installed goes first; no periodic capture
+		// meanwhile.
+		if !ns.done.Load() || s.Busy() {
+			return
+		}
+		if s.SaveImage(ns.index, ns.at, ns.img) {
+			d.net, d.netSaving = nil, ns
+		}
 		return
 	}
 	if j := d.snapJob; j != nil {

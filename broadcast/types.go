@@ -277,12 +277,13 @@ type Config struct {
 	// point, delivering the committed entries to the FSM before New
 	// returns.
 	Recovery *Recovery
-	// Snapshots, with Sync, is where the replica keeps disk snapshots
-	// (snapstore.go; nil: none, the log grows without bound). It shares
-	// WAL's device (wal.Share). Every member captures its FSM at its
-	// commit point once the log grew SnapshotLogBytes since the last
-	// capture, persists it off Poll, writes it through Snapshots, and
-	// then drops the log's whole segments below the snapshot.
+	// Snapshots, required with Sync, is where the replica keeps disk
+	// snapshots (snapstore.go). It shares WAL's device (wal.Share).
+	// Every member captures its FSM at its commit point once the log
+	// grew SnapshotLogBytes since the last capture, persists it off Poll,
+	// writes it through Snapshots, and then drops the log's whole
+	// segments below the snapshot. A snapshot a diff installs is saved
+	// here too (the log only names it).
 	Snapshots *SnapStore
 	// SnapshotLogBytes is how much log (bytes of synced batches) triggers
 	// a disk snapshot; 64 MiB if zero.
@@ -490,6 +491,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("broadcast: config: durability %d unknown: %w", c.Durability, ErrConfig)
 	case c.Durability == Sync && c.WAL == nil:
 		return c, fmt.Errorf("broadcast: config: durability sync needs a WAL: %w", ErrConfig)
+	case c.Durability == Sync && c.Snapshots == nil:
+		return c, fmt.Errorf("broadcast: config: durability sync needs Snapshots (a network snapshot a diff installs is saved there): %w", ErrConfig)
 	case c.Durability == Memory && (c.WAL != nil || c.Recovery != nil || c.Snapshots != nil):
 		return c, fmt.Errorf("broadcast: config: a WAL or a Recovery with durability memory: %w", ErrConfig)
 	}
