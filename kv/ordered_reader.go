@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -779,33 +778,15 @@ func (r *OrderedReader) ScanCtx(ctx context.Context, start, end []byte, limit in
 // sleeping briefly (tcp); a read it leaves behind lands in the reader's
 // own buffers and is reaped by its next call.
 func (r *OrderedReader) drive(ctx context.Context) (OrderedResult, error) {
-	done := ctx.Done()
-	for spins := 0; !r.Poll(rdma.Mono()); spins++ {
-		if spins < 64 {
-			continue
-		}
-		select {
-		case <-done:
-			r.release()
-			r.st = osIdle
-			return OrderedResult{}, ctx.Err()
-		default:
-		}
-		if r.st == osWait {
-			t := time.NewTimer(r.retryAt - rdma.Mono())
-			select {
-			case <-done:
-			case <-t.C:
-			}
-			t.Stop()
-			continue
-		}
-		if spins < 1024 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(20 * time.Microsecond)
-		}
+	if err := runPolled(r, ctx, nil, time.Time{}); err != nil {
+		r.release()
+		r.st = osIdle
+		return OrderedResult{}, err
 	}
 	r.st = osIdle
 	return r.res, r.err
 }
+
+// backoffUntil reports whether the call waits between attempts, and until
+// when (runPolled).
+func (r *OrderedReader) backoffUntil() (time.Duration, bool) { return r.retryAt, r.st == osWait }

@@ -917,26 +917,54 @@ var ErrStopped = errors.New("kv: get stopped")
 // reader's own buffers and is reaped by its next get.
 func (r *GroupReader) GetCtx(ctx context.Context, stop <-chan struct{}, deadline time.Time, key []byte, mode Consistency) (GetResult, error) {
 	r.Begin(key, mode)
+	err := runPolled(r, ctx, stop, deadline)
+	r.st = gsIdle
+	if errors.Is(err, errDeadline) {
+		return GetResult{}, fmt.Errorf("%w (last cause: %v)", context.DeadlineExceeded, r.lastErr)
+	}
+	if err != nil {
+		return GetResult{}, err
+	}
+	return r.res, r.err
+}
+
+// backoffUntil reports whether the get waits between attempts, and until
+// when (runPolled).
+func (r *GroupReader) backoffUntil() (time.Duration, bool) { return r.retryAt, r.st == gsWait }
+
+// polled is a reader's state machine as runPolled drives it.
+type polled interface {
+	Poll(now time.Duration) bool
+	backoffUntil() (time.Duration, bool)
+}
+
+// errDeadline: runPolled's deadline passed.
+var errDeadline = errors.New("kv: deadline passed")
+
+// runPolled drives p in real time until its Poll reports it done (nil):
+// it spins, then yields, then sleeps 20 µs between Polls (on tcp the
+// answer is a round trip away), and sleeps through a backoff between
+// attempts. It returns ctx's error when ctx ends, ErrStopped when stop
+// closes (nil: never) and errDeadline once deadline passed (zero: none);
+// the caller then resets p.
+func runPolled(p polled, ctx context.Context, stop <-chan struct{}, deadline time.Time) error {
 	done := ctx.Done()
-	for spins := 0; !r.Poll(rdma.Mono()); spins++ {
+	for spins := 0; !p.Poll(rdma.Mono()); spins++ {
 		if spins < 64 {
 			continue
 		}
 		select {
 		case <-done:
-			r.st = gsIdle
-			return GetResult{}, ctx.Err()
+			return ctx.Err()
 		case <-stop:
-			r.st = gsIdle
-			return GetResult{}, ErrStopped
+			return ErrStopped
 		default:
 		}
 		if !deadline.IsZero() && time.Now().After(deadline) {
-			r.st = gsIdle
-			return GetResult{}, fmt.Errorf("%w (last cause: %v)", context.DeadlineExceeded, r.lastErr)
+			return errDeadline
 		}
-		if r.st == gsWait {
-			t := time.NewTimer(r.retryAt - rdma.Mono())
+		if at, ok := p.backoffUntil(); ok {
+			t := time.NewTimer(at - rdma.Mono())
 			select {
 			case <-done:
 			case <-stop:
@@ -948,9 +976,8 @@ func (r *GroupReader) GetCtx(ctx context.Context, stop <-chan struct{}, deadline
 		if spins < 1024 {
 			runtime.Gosched()
 		} else {
-			time.Sleep(20 * time.Microsecond) // tcp: the answer is a round trip away
+			time.Sleep(20 * time.Microsecond)
 		}
 	}
-	r.st = gsIdle
-	return r.res, r.err
+	return nil
 }
