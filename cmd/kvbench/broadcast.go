@@ -39,8 +39,8 @@ or goroutines of this process on mem:
             that commit (includes the election timeout).
   oneway    the baseline, measured in the same run: the fabric's 8-byte
             write-oneway ping-pong in the mode the replicas run in (doorbell
-            spin --spin, default rdma.DefaultSpin = 20us, then park; writes
-            with Notify), as 'kvbench fabric --modes park --park-spin 20us'.
+            spin --spin, default rdma.DefaultSpin = 100us, then park; writes
+            with Notify), as 'kvbench fabric --modes park --park-spin 100us'.
             Commit and
             election rows show ratio = p50 / one-way p50.
 

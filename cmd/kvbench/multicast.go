@@ -65,7 +65,7 @@ messages (not deliveries) completed in the measured part.
           re-executes itself), one client in this process, W=1, single-group
           messages (--groups 1 x --replicas 3); p50 beside the fabric's
           8-byte write one-way p50 measured in the same run (as 'kvbench
-          broadcast': doorbell spin 20us then park, Notify writes);
+          broadcast': doorbell spin rdma.DefaultSpin then park, Notify writes);
           ratio = p50 / one-way p50 (issue target <= 12x).
   tax     single-group tax: W=1 single-group multicast (one client on a
           node of its own) against a plain Acuerdo group of the same size,
