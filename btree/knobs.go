@@ -37,8 +37,16 @@ type testingKnobs struct {
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
+	// shiftMultiResults applies a multi request's ops in a rotated order
+	// and hands op i the result of op i+1 (a replica that mixes up whose
+	// result is whose: each caller learns a neighbour's outcome).
+	shiftMultiResults bool
 }
 
 // PlantSkipOwnerCheck plants the skipOwnerCheck bug in s (tests of other
 // packages only: the kv simulator's mutant).
 func PlantSkipOwnerCheck(s *Store) { s.knobs.skipOwnerCheck = true }
+
+// PlantShiftMultiResults plants the shiftMultiResults bug in s (tests of
+// other packages: the client's combining test).
+func PlantShiftMultiResults(s *Store) { s.knobs.shiftMultiResults = true }

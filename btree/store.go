@@ -214,6 +214,9 @@ func (s *Store) Apply(index uint64, data []byte) []byte {
 	s.index = index
 	s.applied = max(s.applied, index)
 	s.reclaim(index)
+	if IsMulti(data) {
+		return s.applyMulti(index, data)
+	}
 	ops, err := DecodeRequest(data, s.ops)
 	s.ops = ops[:0]
 	if err != nil {
@@ -226,11 +229,40 @@ func (s *Store) Apply(index uint64, data []byte) []byte {
 		}
 		return s.read(index, &ops[0])
 	}
-	res := s.applyOps(index, ops)
+	res := s.applyOps(index, ops, 0)
 	if s.knobs.freeAtOnce {
 		s.reclaim(index)
 	}
 	return s.result(&res)
+}
+
+// applyMulti applies a multi request's independent writes, each as a
+// request of that one op at version index<<16 | its position, and returns
+// their results in order (request.go).
+func (s *Store) applyMulti(index uint64, data []byte) []byte {
+	ops, err := DecodeMulti(data, s.ops)
+	s.ops = ops[:0]
+	switch {
+	case err != nil:
+		return s.result(&Result{Status: StatusMalformed})
+	case len(ops) > MaxMulti:
+		r := refusedRes(LimitMulti, MaxMulti, MaxMulti, len(ops))
+		return s.result(&r)
+	}
+	out := appendMultiHeader(s.res[:0], len(ops))
+	for i := range ops {
+		j := i
+		if s.knobs.shiftMultiResults {
+			j = (i + 1) % len(ops)
+		}
+		r := s.applyOps(index, ops[j:j+1], j)
+		out = AppendResult(out, &r)
+	}
+	if s.knobs.freeAtOnce {
+		s.reclaim(index)
+	}
+	s.res = out
+	return out
 }
 
 func (s *Store) result(r *Result) []byte {
@@ -244,8 +276,9 @@ func refusedRes(limit uint8, op, maxv, size int) Result {
 
 // applyOps applies a write request atomically: every check (space,
 // ownership, sizes, merges, conditions, room) before any change. Op i
-// gets version index<<16 | i; every node it writes is stamped index.
-func (s *Store) applyOps(index uint64, ops []Op) Result {
+// gets version index<<16 | (base+i); every node it writes is stamped
+// index.
+func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	for i := range ops {
 		if ops[i].Hashed {
 			return Result{Status: StatusMixed, FailedOp: i}
@@ -305,7 +338,7 @@ func (s *Store) applyOps(index uint64, ops []Op) Result {
 	}
 	for i := range ops {
 		op := &ops[i]
-		version := index<<16 | uint64(i)
+		version := index<<16 | uint64(base+i)
 		if res.Count == 0 {
 			res.Version = version
 		}
