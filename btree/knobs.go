@@ -11,6 +11,9 @@ type testingKnobs struct {
 	// to the new node before the new node exists, so a reader that moves
 	// right finds no node there.
 	linkBeforeNode bool
+	// keepDescentMemo keeps the writer's last descent across node writes
+	// (a split or a new root leaves it pointing at the wrong leaf).
+	keepDescentMemo bool
 
 	// On a Cache:
 	// skipFence answers from a leaf without checking that its fences

@@ -13,20 +13,27 @@ import (
 // Store owning the tablet [k000, k300) and to the model, each op of a
 // message as a request of its own at its position, and returns the first
 // disagreement. Messages hold 1..MaxMulti independent writes (puts,
-// deletes, both compare-and-swaps, merges) with, mixed in, ops that fail
+// deletes, both compare-and-swaps, merges; a quarter on the previous op's
+// key) with, mixed in, ops that fail
 // on their own: a key outside the tablet (StatusMoved), a key over MaxKey
 // (StatusRefused, LimitKey), an op on the hashed keyspace (StatusMixed),
 // a failed condition. Now and then a message of MaxMulti+1 ops, refused
 // whole (LimitMulti, nothing applied).
-func multiRun(knobs testingKnobs, ns int, seed uint64, messages int) error {
+func multiRun(knobs testingKnobs, ns int, seed uint64, messages int) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
 	rng := rand.New(rand.NewPCG(seed, uint64(ns)+7))
 	cfg := StoreConfig{Tree: Config{NodeSize: ns, MaxKey: 16}, ChunkSlots: 16, FreeAfter: 8,
 		Tablets: []Tablet{{Low: []byte("k000"), High: []byte("k300")}}}
-	s, err := NewStore(cfg, nil)
-	if err != nil {
-		return err
+	s, serr := NewStore(cfg, nil)
+	if serr != nil {
+		return serr
 	}
 	s.knobs = knobs
+	s.t.knobs.keepDescentMemo = knobs.keepDescentMemo
 	md := &model{}
 	const nkeys = 330 // k300..k329 lie outside the tablet
 	valMax := min(40, s.cfg.Tree.MaxInline()/2)
@@ -40,6 +47,9 @@ func multiRun(knobs testingKnobs, ns int, seed uint64, messages int) error {
 		var ops []Op
 		for len(ops) < n {
 			op := randOps(rng, nkeys, md, valMax)[0]
+			if len(ops) > 0 && rng.IntN(4) == 0 && op.Cmp != CmpVersion && op.Cmp != CmpValue {
+				op.Key = ops[len(ops)-1].Key // the same key again
+			}
 			switch rng.IntN(25) {
 			case 0:
 				op.Key = []byte("k0" + strings.Repeat("x", 15)) // in the tablet
@@ -175,4 +185,17 @@ func TestMultiDecode(t *testing.T) {
 			t.Errorf("DecodeMultiResult of %s: %v, want ErrMalformedRequest", name, err)
 		}
 	}
+}
+
+// TestDescentMemoMutant: the writer's memo of its last descent (a lookup
+// and the write of the same key descend once) must end at every node
+// write; the planted keepDescentMemo keeps it across splits, and the run
+// against the model catches it (a write into a leaf that no longer holds
+// the key, or a lookup there).
+func TestDescentMemoMutant(t *testing.T) {
+	err := multiRun(testingKnobs{keepDescentMemo: true}, 256, 0, 300)
+	if err == nil {
+		t.Fatal("keepDescentMemo not caught")
+	}
+	t.Logf("caught: %v", err)
 }

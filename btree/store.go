@@ -299,8 +299,9 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	// As kv.Table.applyOps: merges resolved, then limits and room, then
 	// the conditions, against the state before the request.
 	var prev uint64
-	if e, ok := s.t.Get(ops[0].Key); ok {
-		prev = e.Version
+	first, found0 := s.t.Get(ops[0].Key)
+	if found0 {
+		prev = first.Version
 	}
 	ops, ok := s.resolveMerges(ops)
 	if !ok {
@@ -317,7 +318,7 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	}
 	// Room: a put splits at most every node of its path and adds a root.
 	if room := s.a.room(); room >= 0 {
-		height := len(s.t.descend(nil))
+		height := s.t.height()
 		need := 0
 		for i := range ops {
 			if ops[i].Kind == OpPut {
@@ -331,7 +332,11 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	}
 	res := Result{Prev: prev}
 	for i := range ops {
-		if !s.holds(&ops[i]) {
+		var e *Entry // the key's state before, if known
+		if bytes.Equal(ops[i].Key, ops[0].Key) {
+			e = &first
+		}
+		if !s.holds(&ops[i], e, found0) {
 			res.Status, res.FailedOp = StatusCondFailed, i
 			return res
 		}
@@ -355,12 +360,18 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	return res
 }
 
-// holds checks op's condition against the key's state before the request.
-func (s *Store) holds(op *Op) bool {
+// holds checks op's condition against the key's state before the request
+// (known: *known and found, when known is not nil).
+func (s *Store) holds(op *Op, known *Entry, found bool) bool {
 	if op.Cmp == CmpNone {
 		return true
 	}
-	e, found := s.t.Get(op.Key)
+	var e Entry
+	if known != nil {
+		e = *known
+	} else {
+		e, found = s.t.Get(op.Key)
+	}
 	switch op.Cmp {
 	case CmpVersion:
 		if op.CmpVersion == 0 {
