@@ -19,3 +19,7 @@ func MulticastOutstanding(c *Client) int { return c.mc.Outstanding() }
 // SetKeyspaceGroup makes k send to group g (tests: a group that does not
 // own the keyspace answers StatusMoved).
 func SetKeyspaceGroup(k *Keyspace, g uint32) { k.g = g }
+
+// PlantShiftResults plants a bug in c's write combiner: op i of a message
+// gets the result of op i+1.
+func PlantShiftResults(c *Client) { c.comb.shiftResults = true }
