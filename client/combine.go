@@ -94,6 +94,12 @@ type combiner struct {
 	// shiftResults plants a bug (tests): a message's op i gets the
 	// result of op i+1.
 	shiftResults bool
+	// reuseUnposted plants a bug (tests): an op whose caller gives up
+	// while its message is being encoded returns its key buffer to the
+	// pool, where another write may overwrite it.
+	reuseUnposted bool
+	// onPost, if set (tests), runs in post before the message is encoded.
+	onPost func()
 }
 
 // Stats counts what a client sent.
@@ -259,6 +265,12 @@ func (cb *combiner) giveUp(p *pendingOp, err error) (kv.Result, uint64, error) {
 	p.state = opGone
 	m := p.m
 	m.forget(p)
+	if m.call == nil && !cb.reuseUnposted {
+		// m may be being encoded (post, outside mu): its copy of the op
+		// still reads the key in kbuf, which must not go back to the
+		// pool with p.
+		p.kbuf = nil
+	}
 	var drop *multicast.Call
 	if m.owner == p {
 		m.owner = nil
@@ -384,6 +396,9 @@ func (cb *combiner) post(m *message) (*multicast.Call, error) {
 	c := cb.c
 	if err := c.registered(tree.Of(m.g)); err != nil {
 		return nil, err
+	}
+	if cb.onPost != nil {
+		cb.onPost()
 	}
 	n := kv.RequestSize(m.kops)
 	if m.ordered {
