@@ -123,3 +123,43 @@ func TestKeyspaceBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestKeyspaceLargeValue: with 16 KiB nodes an ordered value may be larger
+// than a request slot: such a put, a compare-and-swap and a batch holding
+// one go in parts (not through the combiner) and read back whole.
+func TestKeyspaceLargeValue(t *testing.T) {
+	m := orderedMap("kslarge", 1)
+	m.Keyspaces[0].NodeSize, m.Keyspaces[1].NodeSize = 16384, 16384
+	lc := startLocal(t, m)
+	c := open(t, lc, 0)
+	users := c.Keyspace("users")
+	ctx := context.Background()
+	big := make([]byte, 5000)
+	for i := range big {
+		big[i] = byte(i)
+	}
+	if len(big) > c.Map().OrderedMaxValue() || len(big) < lc.Map.Limits.SlotSize {
+		t.Fatalf("a %d-byte value: ordered limit %d, slot %d", len(big), c.Map().OrderedMaxValue(), lc.Map.Limits.SlotSize)
+	}
+	w, err := users.Put(ctx, []byte("big"), big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := users.CompareVersionAndSwap(ctx, []byte("big"), w.Version+1, big); !errors.Is(err, client.ErrCASMismatch) {
+		t.Fatalf("a large compare-and-swap of a wrong version: %v", err)
+	}
+	big[0] = 'x'
+	if _, err := users.CompareVersionAndSwap(ctx, []byte("big"), w.Version, big); err != nil {
+		t.Fatal(err)
+	}
+	var b client.Batch
+	b.Put([]byte("big2"), big).Put([]byte("small"), []byte("s"))
+	if _, err := users.Commit(ctx, &b); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"big", "big2"} {
+		if v, err := users.Get(ctx, []byte(k)); err != nil || string(v) != string(big) {
+			t.Fatalf("get %s: %d bytes, %v", k, len(v), err)
+		}
+	}
+}
