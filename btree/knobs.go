@@ -11,6 +11,9 @@ type testingKnobs struct {
 	// to the new node before the new node exists, so a reader that moves
 	// right finds no node there.
 	linkBeforeNode bool
+	// keepDescentMemo keeps the writer's last descent across node writes
+	// (a split or a new root leaves it pointing at the wrong leaf).
+	keepDescentMemo bool
 
 	// On a Cache:
 	// skipFence answers from a leaf without checking that its fences
@@ -37,8 +40,16 @@ type testingKnobs struct {
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
+	// shiftMultiResults applies a multi request's ops in a rotated order
+	// and hands op i the result of op i+1 (a replica that mixes up whose
+	// result is whose: each caller learns a neighbour's outcome).
+	shiftMultiResults bool
 }
 
 // PlantSkipOwnerCheck plants the skipOwnerCheck bug in s (tests of other
 // packages only: the kv simulator's mutant).
 func PlantSkipOwnerCheck(s *Store) { s.knobs.skipOwnerCheck = true }
+
+// PlantShiftMultiResults plants the shiftMultiResults bug in s (tests of
+// other packages: the client's combining test).
+func PlantShiftMultiResults(s *Store) { s.knobs.shiftMultiResults = true }

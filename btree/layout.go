@@ -166,7 +166,14 @@ func Decode(b []byte, want NodeID) (Node, error) {
 // id, header and fences. Its entries are still read with bounds checks
 // (an iterator stops at Count or at the first entry that does not fit),
 // so no input makes it or the iteration panic.
-func decodeRead(b []byte, want NodeID) (Node, error) {
+func decodeRead(b []byte, want NodeID) (Node, error) { return decodeHeader(b, want, true) }
+
+// decodeOwn is decodeRead without the check word: the writer's view of its
+// own nodes (only it writes them, and never while it reads them), which
+// the apply path reads several times per write. Tree.Check validates them.
+func decodeOwn(b []byte, want NodeID) (Node, error) { return decodeHeader(b, want, false) }
+
+func decodeHeader(b []byte, want NodeID, check bool) (Node, error) {
 	var n Node
 	if len(b) < hdrSize+4+checkSize {
 		return n, ErrTorn
@@ -175,7 +182,7 @@ func decodeRead(b []byte, want NodeID) (Node, error) {
 	if used < hdrSize+4+checkSize || used > len(b) || used%8 != 0 {
 		return n, ErrTorn
 	}
-	if xxhash.Sum64(b[:used-checkSize]) != binary.LittleEndian.Uint64(b[used-checkSize:]) {
+	if check && xxhash.Sum64(b[:used-checkSize]) != binary.LittleEndian.Uint64(b[used-checkSize:]) {
 		return n, ErrTorn
 	}
 	n.ID = NodeID(binary.LittleEndian.Uint64(b[offID:]))

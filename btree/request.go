@@ -30,6 +30,24 @@ import (
 // StatusMixed (docs/btree.md). The writes of a request are applied
 // atomically, every condition checked first, as kv applies a batch.
 //
+// A multi request carries independent single-key writes that a client
+// combined into one message (as kv's multi request, format 4, does for
+// hashed keys): the same layout with flags FlagMulti in the second byte,
+//
+//	[format u8 = 5][flags u8 = 1][count u16] then count ops, as above
+//
+// of at most MaxMulti writes (no reads). Each op is applied on its own, in
+// order, with its own condition, as a request of that one op would be
+// (op i's version is index<<16 | i), and gets its own result: one op's
+// failure (its condition, StatusMoved, a limit, StatusMixed for a hashed
+// op) never stops its neighbours. Its result is kv's multi result,
+//
+//	[status u8 = StatusOK][0 u8][count u16][0 u32] then count results of 24 bytes
+//
+// (each a write's result, below, for that one op), or one result of 24
+// bytes refusing the whole message: StatusMalformed, or StatusRefused with
+// LimitMulti for more than MaxMulti ops.
+//
 // A write's result is kv's result, byte for byte (kv.DecodeResult reads
 // it), with two statuses more: StatusMoved (an op's key is not in a
 // tablet this group owns: nothing applied, failed op names it) and
@@ -43,9 +61,15 @@ import (
 // limit or its end: the caller scans again from after the last key.
 const (
 	RequestFormat = 5
-	reqHdr        = 4
-	opHdr         = 24
-	resSize       = 24
+	// FlagMulti in a request's second byte: its ops are independent
+	// (a multi request).
+	FlagMulti = 1
+	// MaxMulti bounds the ops of a multi request (kv.MaxMulti).
+	MaxMulti = 32
+
+	reqHdr  = 4
+	opHdr   = 24
+	resSize = 24
 
 	// SpaceHashed marks an op on the hashed keyspace (refused here).
 	SpaceHashed = 1
@@ -84,6 +108,8 @@ const (
 const (
 	LimitKey   = 1
 	LimitValue = 2
+	// LimitMulti: a multi request of more than MaxMulti ops.
+	LimitMulti = 4
 	// LimitHeap: the group's node arena is full (StoreConfig.MaxChunks).
 	LimitHeap = 5
 )
@@ -104,9 +130,26 @@ var ErrMalformedRequest = errors.New("btree: malformed request")
 
 func pad8(n int) int { return (n + 7) &^ 7 }
 
-// AppendRequest appends the ordered request of ops to dst.
-func AppendRequest(dst []byte, ops []Op) []byte {
-	dst = append(dst, RequestFormat, 0, byte(len(ops)), byte(len(ops)>>8))
+// RequestSize is the encoded size of a request (or a multi request)
+// holding ops.
+func RequestSize(ops []Op) int {
+	n := reqHdr
+	for i := range ops {
+		n += opHdr + pad8(len(ops[i].Key)) + pad8(len(ops[i].Value)) + pad8(len(ops[i].CmpValue))
+	}
+	return n
+}
+
+// AppendRequest appends the ordered request of ops to dst (its writes
+// applied atomically).
+func AppendRequest(dst []byte, ops []Op) []byte { return appendOps(dst, 0, ops) }
+
+// AppendMulti appends the multi request of ops (independent writes, at
+// most MaxMulti) to dst.
+func AppendMulti(dst []byte, ops []Op) []byte { return appendOps(dst, FlagMulti, ops) }
+
+func appendOps(dst []byte, flags byte, ops []Op) []byte {
+	dst = append(dst, RequestFormat, flags, byte(len(ops)), byte(len(ops)>>8))
 	for i := range ops {
 		op := &ops[i]
 		var h [opHdr]byte
@@ -131,9 +174,19 @@ func AppendRequest(dst []byte, ops []Op) []byte {
 // capacity); keys and values are slices of b. It accepts exactly what
 // AppendRequest writes for valid ops: kinds and conditions as above, a
 // merge's value a fielded value, a read alone in its request.
-func DecodeRequest(b []byte, ops []Op) ([]Op, error) {
+func DecodeRequest(b []byte, ops []Op) ([]Op, error) { return decodeOps(b, 0, ops) }
+
+// DecodeMulti decodes a multi request: what AppendMulti writes for valid
+// writes (no reads), any number of them (Store.Apply refuses more than
+// MaxMulti with LimitMulti, so that the client learns why).
+func DecodeMulti(b []byte, ops []Op) ([]Op, error) { return decodeOps(b, FlagMulti, ops) }
+
+// IsMulti reports whether b is (the header of) a multi request.
+func IsMulti(b []byte) bool { return len(b) >= 2 && b[0] == RequestFormat && b[1] == FlagMulti }
+
+func decodeOps(b []byte, flags byte, ops []Op) ([]Op, error) {
 	ops = ops[:0]
-	if len(b) < reqHdr || b[0] != RequestFormat || b[1] != 0 {
+	if len(b) < reqHdr || b[0] != RequestFormat || b[1] != flags {
 		return ops, ErrMalformedRequest
 	}
 	n := int(binary.LittleEndian.Uint16(b[2:]))
@@ -192,11 +245,54 @@ func DecodeRequest(b []byte, ops []Op) ([]Op, error) {
 		return ops, fmt.Errorf("%w: %d trailing bytes", ErrMalformedRequest, len(b)-p)
 	}
 	for i := range ops {
-		if (ops[i].Kind == OpGet || ops[i].Kind == OpScan) && len(ops) != 1 {
+		switch read := ops[i].Kind == OpGet || ops[i].Kind == OpScan; {
+		case read && flags == FlagMulti:
+			return ops, fmt.Errorf("%w: a read in a multi request", ErrMalformedRequest)
+		case read && len(ops) != 1:
 			return ops, fmt.Errorf("%w: a read with other ops", ErrMalformedRequest)
 		}
 	}
 	return ops, nil
+}
+
+// multiHdr is the size of a multi result's header.
+const multiHdr = 8
+
+// MultiResultSize is the result size of a multi request of MaxMulti ops.
+const MultiResultSize = multiHdr + MaxMulti*resSize
+
+// appendMultiHeader appends the header of a multi result of n results.
+func appendMultiHeader(dst []byte, n int) []byte {
+	return append(dst, StatusOK, 0, byte(n), byte(n>>8), 0, 0, 0, 0)
+}
+
+// DecodeMultiResult decodes a multi request's result into rs (reusing its
+// capacity): one result per op. A result refusing the whole message (24
+// bytes: StatusMalformed, or StatusRefused with LimitMulti) is an error;
+// so is anything else that is not exactly a header and its results.
+func DecodeMultiResult(b []byte, rs []Result) ([]Result, error) {
+	rs = rs[:0]
+	if len(b) == resSize {
+		r, err := DecodeResult(b)
+		if err == nil {
+			return rs, fmt.Errorf("%w: the group refused the whole multi request (status %d, limit %d)", ErrMalformedRequest, r.Status, r.Limit)
+		}
+	}
+	if len(b) < multiHdr || b[0] != StatusOK || b[1] != 0 || binary.LittleEndian.Uint32(b[4:]) != 0 {
+		return rs, fmt.Errorf("%w: multi result of %d bytes", ErrMalformedRequest, len(b))
+	}
+	n := int(binary.LittleEndian.Uint16(b[2:]))
+	if n == 0 || len(b) != multiHdr+n*resSize {
+		return rs, fmt.Errorf("%w: multi result of %d bytes for %d ops", ErrMalformedRequest, len(b), n)
+	}
+	for i := range n {
+		r, err := DecodeResult(b[multiHdr+i*resSize : multiHdr+(i+1)*resSize])
+		if err != nil {
+			return rs, err
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
 }
 
 // Result is a write request's outcome (kv.Result's fields).
@@ -230,7 +326,8 @@ func AppendResult(dst []byte, r *Result) []byte {
 
 // DecodeResult decodes a write request's result.
 func DecodeResult(b []byte) (Result, error) {
-	if len(b) != resSize || b[0] > StatusMixed || b[0] != StatusRefused && b[1] != 0 {
+	if len(b) != resSize || b[0] > StatusMixed || b[0] != StatusRefused && b[1] != 0 ||
+		b[0] == StatusRefused && (b[1] == 0 || binary.LittleEndian.Uint32(b[4:]) != 0) {
 		return Result{}, fmt.Errorf("%w: result of %d bytes", ErrMalformedRequest, len(b))
 	}
 	r := Result{Status: b[0], FailedOp: int(binary.LittleEndian.Uint16(b[2:]))}

@@ -214,6 +214,9 @@ func (s *Store) Apply(index uint64, data []byte) []byte {
 	s.index = index
 	s.applied = max(s.applied, index)
 	s.reclaim(index)
+	if IsMulti(data) {
+		return s.applyMulti(index, data)
+	}
 	ops, err := DecodeRequest(data, s.ops)
 	s.ops = ops[:0]
 	if err != nil {
@@ -226,11 +229,40 @@ func (s *Store) Apply(index uint64, data []byte) []byte {
 		}
 		return s.read(index, &ops[0])
 	}
-	res := s.applyOps(index, ops)
+	res := s.applyOps(index, ops, 0)
 	if s.knobs.freeAtOnce {
 		s.reclaim(index)
 	}
 	return s.result(&res)
+}
+
+// applyMulti applies a multi request's independent writes, each as a
+// request of that one op at version index<<16 | its position, and returns
+// their results in order (request.go).
+func (s *Store) applyMulti(index uint64, data []byte) []byte {
+	ops, err := DecodeMulti(data, s.ops)
+	s.ops = ops[:0]
+	switch {
+	case err != nil:
+		return s.result(&Result{Status: StatusMalformed})
+	case len(ops) > MaxMulti:
+		r := refusedRes(LimitMulti, MaxMulti, MaxMulti, len(ops))
+		return s.result(&r)
+	}
+	out := appendMultiHeader(s.res[:0], len(ops))
+	for i := range ops {
+		j := i
+		if s.knobs.shiftMultiResults {
+			j = (i + 1) % len(ops)
+		}
+		r := s.applyOps(index, ops[j:j+1], j)
+		out = AppendResult(out, &r)
+	}
+	if s.knobs.freeAtOnce {
+		s.reclaim(index)
+	}
+	s.res = out
+	return out
 }
 
 func (s *Store) result(r *Result) []byte {
@@ -244,8 +276,9 @@ func refusedRes(limit uint8, op, maxv, size int) Result {
 
 // applyOps applies a write request atomically: every check (space,
 // ownership, sizes, merges, conditions, room) before any change. Op i
-// gets version index<<16 | i; every node it writes is stamped index.
-func (s *Store) applyOps(index uint64, ops []Op) Result {
+// gets version index<<16 | (base+i); every node it writes is stamped
+// index.
+func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	for i := range ops {
 		if ops[i].Hashed {
 			return Result{Status: StatusMixed, FailedOp: i}
@@ -266,8 +299,9 @@ func (s *Store) applyOps(index uint64, ops []Op) Result {
 	// As kv.Table.applyOps: merges resolved, then limits and room, then
 	// the conditions, against the state before the request.
 	var prev uint64
-	if e, ok := s.t.Get(ops[0].Key); ok {
-		prev = e.Version
+	first, found0 := s.t.Get(ops[0].Key)
+	if found0 {
+		prev = first.Version
 	}
 	ops, ok := s.resolveMerges(ops)
 	if !ok {
@@ -284,7 +318,7 @@ func (s *Store) applyOps(index uint64, ops []Op) Result {
 	}
 	// Room: a put splits at most every node of its path and adds a root.
 	if room := s.a.room(); room >= 0 {
-		height := len(s.t.descend(nil))
+		height := s.t.height()
 		need := 0
 		for i := range ops {
 			if ops[i].Kind == OpPut {
@@ -298,14 +332,18 @@ func (s *Store) applyOps(index uint64, ops []Op) Result {
 	}
 	res := Result{Prev: prev}
 	for i := range ops {
-		if !s.holds(&ops[i]) {
+		var e *Entry // the key's state before, if known
+		if bytes.Equal(ops[i].Key, ops[0].Key) {
+			e = &first
+		}
+		if !s.holds(&ops[i], e, found0) {
 			res.Status, res.FailedOp = StatusCondFailed, i
 			return res
 		}
 	}
 	for i := range ops {
 		op := &ops[i]
-		version := index<<16 | uint64(i)
+		version := index<<16 | uint64(base+i)
 		if res.Count == 0 {
 			res.Version = version
 		}
@@ -322,12 +360,18 @@ func (s *Store) applyOps(index uint64, ops []Op) Result {
 	return res
 }
 
-// holds checks op's condition against the key's state before the request.
-func (s *Store) holds(op *Op) bool {
+// holds checks op's condition against the key's state before the request
+// (known: *known and found, when known is not nil).
+func (s *Store) holds(op *Op, known *Entry, found bool) bool {
 	if op.Cmp == CmpNone {
 		return true
 	}
-	e, found := s.t.Get(op.Key)
+	var e Entry
+	if known != nil {
+		e = *known
+	} else {
+		e, found = s.t.Get(op.Key)
+	}
 	switch op.Cmp {
 	case CmpVersion:
 		if op.CmpVersion == 0 {

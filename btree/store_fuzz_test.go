@@ -118,3 +118,78 @@ func FuzzSnapshot(f *testing.F) {
 		}
 	})
 }
+
+// FuzzMulti: DecodeMulti never panics, fails only with
+// ErrMalformedRequest, accepts only writes and re-encodes what it accepts
+// to the same bytes; a store applying any bytes of the multi form answers
+// one result per op it accepted (at most MaxMulti), the whole message
+// refused with LimitMulti (more), or StatusMalformed (bytes it refused),
+// and keeps a tree that checks; DecodeMultiResult accepts only a header
+// and its results, which re-encode to the same bytes.
+func FuzzMulti(f *testing.F) {
+	f.Add(AppendMulti(nil, []Op{{Kind: OpPut, Key: []byte("a"), Value: []byte("1")}, {Kind: OpDelete, Cmp: CmpVersion, Key: []byte("b"), CmpVersion: 7}}))
+	f.Add(AppendMulti(nil, []Op{{Kind: OpPut, Cmp: CmpValue, Key: []byte("c"), Value: []byte("2"), CmpValue: []byte("1")}, {Kind: OpPut, Key: []byte("z")}, {Kind: OpPut, Key: []byte("h"), Hashed: true}}))
+	f.Add(AppendMulti(nil, []Op{{Kind: OpMerge, Key: []byte("m"), Value: fielded.Encode(map[string][]byte{"f": []byte("v")})}}))
+	f.Add(AppendMulti(nil, []Op{{Kind: OpGet, Key: []byte("a")}}))
+	f.Add([]byte{RequestFormat, FlagMulti, 0, 0})
+	mres := appendMultiHeader(nil, 2)
+	mres = AppendResult(mres, &Result{Status: StatusOK, Count: 1, Version: 7 << 16})
+	mres = AppendResult(mres, &Result{Status: StatusRefused, Limit: LimitKey, Max: 8, Size: 9})
+	f.Add(mres)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ops, err := DecodeMulti(b, nil)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedRequest) {
+				t.Fatalf("error %v is not ErrMalformedRequest", err)
+			}
+		} else {
+			for i := range ops {
+				if ops[i].Kind == OpGet || ops[i].Kind == OpScan {
+					t.Fatalf("accepted a read (op %d of %d)", i, len(ops))
+				}
+			}
+			if len(ops) == 0 {
+				t.Fatal("accepted a multi request of no ops")
+			}
+			if enc := AppendMulti(nil, ops); !bytes.Equal(enc, b) {
+				t.Fatalf("decoded %+v from %x, which encodes to %x", ops, b, enc)
+			}
+		}
+		s, serr := NewStore(StoreConfig{Tree: Config{NodeSize: 256, MaxKey: 8}, ChunkSlots: 4, MaxChunks: 4, Tablets: []Tablet{{Low: []byte("a"), High: []byte("n")}}}, nil)
+		if serr != nil {
+			t.Fatal(serr)
+		}
+		if IsMulti(b) {
+			out := s.Apply(1, b)
+			switch {
+			case err != nil:
+				if r, rerr := DecodeResult(out); rerr != nil || r.Status != StatusMalformed {
+					t.Fatalf("refused bytes answered %x (%+v, %v), want StatusMalformed", out, r, rerr)
+				}
+			case len(ops) > MaxMulti:
+				if r, rerr := DecodeResult(out); rerr != nil || r.Status != StatusRefused || r.Limit != LimitMulti {
+					t.Fatalf("%d ops answered %x (%+v, %v), want LimitMulti", len(ops), out, r, rerr)
+				}
+			default:
+				rs, rerr := DecodeMultiResult(out, nil)
+				if rerr != nil || len(rs) != len(ops) {
+					t.Fatalf("%d ops answered %d results (%v)", len(ops), len(rs), rerr)
+				}
+			}
+			if err := s.Tree().Check(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rs, err := DecodeMultiResult(b, nil); err == nil {
+			enc := appendMultiHeader(nil, len(rs))
+			for i := range rs {
+				enc = AppendResult(enc, &rs[i])
+			}
+			if !bytes.Equal(enc, b) {
+				t.Fatalf("multi result %x re-encodes as %x", b, enc)
+			}
+		} else if !errors.Is(err, ErrMalformedRequest) {
+			t.Fatalf("DecodeMultiResult error %v is not ErrMalformedRequest", err)
+		}
+	})
+}

@@ -23,7 +23,11 @@ type mval struct {
 }
 
 // apply is the model's answer to a write request at index.
-func (md *model) apply(index uint64, ops []Op) Result {
+func (md *model) apply(index uint64, ops []Op) Result { return md.applyAt(index, 0, ops) }
+
+// applyAt is apply with op i at version index<<16 | (base+i) (an op of a
+// multi request is a request of its own at its position).
+func (md *model) applyAt(index uint64, base int, ops []Op) Result {
 	var res Result
 	if v, ok := md.m.Get(string(ops[0].Key)); ok {
 		res.Prev = v.ver
@@ -90,7 +94,7 @@ func (md *model) apply(index uint64, ops []Op) Result {
 	}
 	for i := range ops {
 		op := &ops[i]
-		ver := index<<16 | uint64(i)
+		ver := index<<16 | uint64(base+i)
 		if res.Count == 0 {
 			res.Version = ver
 		}

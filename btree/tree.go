@@ -76,6 +76,12 @@ type Tree struct {
 	// instead of releasing its slot at once (Store: the grace of
 	// FreeAfter entries before a slot is reused).
 	onFree func(NodeID)
+	// memo is the last descent, valid until the next node write: an
+	// apply looks a key up (its version before, its condition) and then
+	// writes it, and the second descent is free.
+	memoKey  []byte
+	memoPath []NodeID
+	memoOK   bool
 }
 
 // New returns an empty tree (one empty leaf) in arena a, written at stamp.
@@ -116,7 +122,7 @@ func (t *Tree) checkSizes(key, val []byte) error {
 // load decodes node id into an image whose slices alias the arena. A
 // failure is a bug of the writer: the writer's own nodes always validate.
 func (t *Tree) load(id NodeID) *image {
-	n, err := Decode(t.a.bytes(id.Slot()), id)
+	n, err := decodeOwn(t.a.bytes(id.Slot()), id)
 	if err != nil {
 		panic(fmt.Sprintf("btree: writer's node %v: %v", id, err))
 	}
@@ -138,6 +144,7 @@ func (t *Tree) load(id NodeID) *image {
 // write seals m in scratch and copies it into its slot: the one place a
 // node changes.
 func (t *Tree) write(m *image) {
+	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
 	t.encode(t.scratch, m)
 	copy(t.a.bytes(m.id.Slot()), t.scratch)
 	if t.knobs.onWrite != nil {
@@ -154,15 +161,19 @@ func (t *Tree) encode(dst []byte, m *image) {
 
 // descend returns the path of node ids from the root to the leaf whose
 // fences hold key, as the writer sees its own tree (no moves right: the
-// writer's parents are always current).
+// writer's parents are always current). The caller does not change it.
 func (t *Tree) descend(key []byte) []NodeID {
+	if t.memoOK && string(key) == string(t.memoKey) {
+		return t.memoPath
+	}
 	path := []NodeID{t.root}
 	for {
-		n, err := Decode(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
+		n, err := decodeOwn(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
 		if err != nil {
 			panic(fmt.Sprintf("btree: writer's node %v: %v", path[len(path)-1], err))
 		}
 		if n.Leaf {
+			t.memoKey, t.memoPath, t.memoOK = append(t.memoKey[:0], key...), path, true
 			return path
 		}
 		path = append(path, n.ChildFor(key))
@@ -173,8 +184,17 @@ func (t *Tree) descend(key []byte) []NodeID {
 // aliasing the arena until the next change) and whether it is there.
 func (t *Tree) Get(key []byte) (Entry, bool) {
 	path := t.descend(key)
-	n, _ := Decode(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
+	n, _ := decodeOwn(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
 	return n.Find(key)
+}
+
+// height is the number of levels (the root's level + 1).
+func (t *Tree) height() int {
+	n, err := decodeOwn(t.a.bytes(t.root.Slot()), t.root)
+	if err != nil {
+		panic(fmt.Sprintf("btree: writer's root %v: %v", t.root, err))
+	}
+	return n.Level + 1
 }
 
 // Put stores key -> val with its version, written at stamp. It reports

@@ -20,6 +20,10 @@ import (
 // that has not applied it yet sees the state before it. Once Commit
 // returned, every group applied it and every linearizable get sees it. No
 // reader ever sees part of one group's share.
+//
+// The same Batch commits on an ordered keyspace's keys with
+// Keyspace.Commit: one group holds the keyspace, so that batch is applied
+// at once, as one entry of that group's log.
 type Batch struct {
 	ops []kv.Op
 	err error
@@ -69,7 +73,7 @@ func (c *Client) Commit(ctx context.Context, b *Batch) (BatchResult, error) {
 	if err := ctx.Err(); err != nil {
 		return BatchResult{}, err // a done context: nothing is sent
 	}
-	rs, err := c.write(ctx, b.ops)
+	rs, err := c.write(ctx, b.ops, nil)
 	if err != nil {
 		return BatchResult{}, err
 	}
@@ -79,6 +83,51 @@ func (c *Client) Commit(ctx context.Context, b *Batch) (BatchResult, error) {
 	}
 	for i := range b.ops {
 		out.Versions[i] = out.Groups[c.m.GroupOf(b.ops[i].Key)]<<16 | uint64(i)
+	}
+	return out, nil
+}
+
+// Commit applies the batch's puts and deletes of keys of keyspace k (the
+// user's keys, as for k.Put) atomically: the group holding the keyspace
+// applies them as one entry of its log, in order, so a reader (a get or a
+// scan, linearizable or stale-ok) sees all of them or none, and a later op
+// on a key the batch wrote twice sees the last one. An empty batch is a
+// no-op. If the group refuses the batch (a limit) or does not own one of
+// its keys (ErrKeyMoved), nothing of it is applied.
+func (k *Keyspace) Commit(ctx context.Context, b *Batch) (BatchResult, error) {
+	if k.err != nil {
+		return BatchResult{}, k.err
+	}
+	if len(b.ops) == 0 {
+		return BatchResult{}, nil
+	}
+	c := k.c
+	if len(b.ops) > c.m.Limits.MaxBatch {
+		return BatchResult{}, fmt.Errorf("%w: %d operations, limit %d", ErrBatchTooLarge, len(b.ops), c.m.Limits.MaxBatch)
+	}
+	for i := range b.ops {
+		if err := k.checkKey(b.ops[i].Key); err != nil {
+			return BatchResult{}, fmt.Errorf("batch op %d: %w", i, err)
+		}
+		if err := k.checkValue(b.ops[i].Value); err != nil {
+			return BatchResult{}, fmt.Errorf("batch op %d: %w", i, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return BatchResult{}, err // a done context: nothing is sent
+	}
+	rs, err := c.write(ctx, b.ops, k)
+	if err != nil {
+		return BatchResult{}, err
+	}
+	r := rs[0]
+	if r.res.Status != kv.StatusOK {
+		// (a batch has no conditions)
+		return BatchResult{}, c.statusErr(r.group, r.res, k, nil)
+	}
+	out := BatchResult{Versions: make([]uint64, len(b.ops)), Groups: map[uint32]uint64{r.group: r.index}}
+	for i := range b.ops {
+		out.Versions[i] = r.index<<16 | uint64(i)
 	}
 	return out, nil
 }

@@ -3,6 +3,12 @@
 // the cluster's ordering (TRAM over Acuerdo, exactly once), and gets read
 // the replicas' memory one-sided, without the servers' CPU.
 //
+// Keys live in the default (hashed) keyspace, or in a named ordered
+// keyspace (Client.Keyspace): sorted keys with scans and atomic batches.
+// Single-key writes of both kinds go through one write combiner per
+// client: concurrent writes to a group share a message, each with its own
+// condition and result.
+//
 // A Client is safe for concurrent use. Every method takes a context and
 // returns typed errors (ErrNotFound, ErrKeyTooLarge, ErrValueTooLarge,
 // ErrCASMismatch, *UnavailableError, ...). docs/client.md explains the

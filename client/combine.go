@@ -15,12 +15,18 @@ import (
 )
 
 // Write combining. A client has a window of ClientSlots messages in flight
-// per group. A single-key write (Put, Delete, a compare-and-swap) joins its
-// group's queue; whoever finds the window open and nobody sending for the
-// group drains the whole queue into messages (kv.AppendMulti: up to
-// kv.MaxMulti independent ops, each with its own condition and result; a
-// lone op goes as a plain request), encoded straight into the multicast
-// call's record image and posted on that caller's goroutine. When the
+// per group. A single-key write (Put, Delete, a compare-and-swap, of a
+// hashed key or of an ordered keyspace's) joins its group's queue; whoever
+// finds the window open and nobody sending for the group drains the whole
+// queue into messages (kv.AppendMulti for hashed keys, btree.AppendMulti
+// for ordered ones: up to kv.MaxMulti independent ops, each with its own
+// condition and result; a lone op goes as a plain request), encoded
+// straight into the multicast call's record image and posted on that
+// caller's goroutine. A message carries ops of one kind: hashed and
+// ordered ops of a group share its queue and its window, and a message
+// takes the queue's first op and the later ones of the same kind (the
+// group's replica routes a message by its format byte, and a request of
+// format 5 carries ordered ops only). When the
 // window is full the queue grows, and the caller whose message completes
 // sends it. Under load one ordered message thus carries many writes, and a
 // single writer's put is posted and reaped by its own goroutine. The
@@ -35,7 +41,12 @@ import (
 // passed, so the others wait without a timer.
 
 type pendingOp struct {
-	op       kv.Op
+	op kv.Op
+	// ordered: op is an ordered keyspace's, its key the internal key (the
+	// keyspace's prefix and the user's key) in kbuf, which stays with
+	// the pooled op.
+	ordered  bool
+	kbuf     []byte
 	g        uint32
 	res      kv.Result
 	index    uint64
@@ -59,12 +70,14 @@ const (
 )
 
 type message struct {
-	g     uint32
-	call  *multicast.Call // nil until posted
-	ops   []*pendingOp
-	kops  []kv.Op
-	rs    []kv.Result
-	owner *pendingOp // the op whose caller waits for call; nil if none left
+	g       uint32
+	ordered bool            // the ops are ordered ones (format 5)
+	call    *multicast.Call // nil until posted
+	ops     []*pendingOp
+	kops    []kv.Op
+	bops    []btree.Op // kops as btree ops (ordered messages)
+	rs      []kv.Result
+	owner   *pendingOp // the op whose caller waits for call; nil if none left
 }
 
 type combiner struct {
@@ -78,12 +91,22 @@ type combiner struct {
 	msgs sync.Pool // *message
 
 	messages, nops atomic.Uint64
+	// shiftResults plants a bug (tests): a message's op i gets the
+	// result of op i+1.
+	shiftResults bool
+	// reuseUnposted plants a bug (tests): an op whose caller gives up
+	// while its message is being encoded returns its key buffer to the
+	// pool, where another write may overwrite it.
+	reuseUnposted bool
+	// onPost, if set (tests), runs in post before the message is encoded.
+	onPost func()
 }
 
 // Stats counts what a client sent.
 type Stats struct {
 	// WriteMessages and WriteOps count the messages of single-key writes
-	// and the writes they carried (more ops than messages: combining).
+	// (of hashed and of ordered keys) and the writes they carried (more
+	// ops than messages: combining).
 	WriteMessages, WriteOps uint64
 	// Ordered keyspaces' one-sided reads (every Keyspace of the client):
 	// OrderedGets counts the gets answered, OrderedGetReads the one-sided
@@ -129,8 +152,8 @@ func (cb *combiner) putOp(p *pendingOp) {
 	case <-p.ch:
 	default:
 	}
-	ch, t := p.ch, p.t
-	*p = pendingOp{ch: ch, t: t}
+	ch, t, kbuf := p.ch, p.t, p.kbuf
+	*p = pendingOp{ch: ch, t: t, kbuf: kbuf[:0]}
 	cb.ops.Put(p)
 }
 
@@ -141,13 +164,18 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// combine sends op through its group's queue and waits for its result
-// until ctx ends or deadline passes.
-func (c *Client) combine(ctx context.Context, deadline time.Time, op kv.Op) (kv.Result, uint64, error) {
+// combine sends op through group g's queue and waits for its result until
+// ctx ends or deadline passes. ks is the ordered keyspace of op's key (nil:
+// a hashed key).
+func (c *Client) combine(ctx context.Context, deadline time.Time, g uint32, op kv.Op, ks *Keyspace) (kv.Result, uint64, error) {
 	cb := &c.comb
 	p := cb.getOp()
 	defer cb.putOp(p)
-	p.op, p.g, p.deadline = op, c.m.GroupOf(op.Key), deadline
+	if ks != nil {
+		p.kbuf = ks.ks.InternalKey(p.kbuf[:0], op.Key)
+		op.Key, p.ordered = p.kbuf, true
+	}
+	p.op, p.g, p.deadline = op, g, deadline
 	cb.mu.Lock()
 	cb.queued[p.g] = append(cb.queued[p.g], p)
 	if !cb.sending[p.g] && cb.inflight[p.g] < c.m.Limits.ClientSlots {
@@ -237,6 +265,12 @@ func (cb *combiner) giveUp(p *pendingOp, err error) (kv.Result, uint64, error) {
 	p.state = opGone
 	m := p.m
 	m.forget(p)
+	if m.call == nil && !cb.reuseUnposted {
+		// m may be being encoded (post, outside mu): its copy of the op
+		// still reads the key in kbuf, which must not go back to the
+		// pool with p.
+		p.kbuf = nil
+	}
 	var drop *multicast.Call
 	if m.owner == p {
 		m.owner = nil
@@ -316,30 +350,35 @@ func (cb *combiner) flush(g uint32, self *pendingOp) {
 	cb.sending[g] = false
 }
 
-// take removes up to kv.MaxMulti ops of group g's queue that fit one
-// request slot into a message (mu held).
+// take removes from group g's queue its first op and up to kv.MaxMulti-1
+// later ones of the same kind (hashed or ordered) that fit one request
+// slot with it, into a message (mu held). The ops left keep their order.
 func (cb *combiner) take(g uint32, self *pendingOp) *message {
 	m, _ := cb.msgs.Get().(*message)
 	if m == nil {
 		m = &message{}
 	}
-	m.g, m.call, m.owner = g, nil, nil
-	m.ops, m.kops = m.ops[:0], m.kops[:0]
 	q := cb.queued[g]
+	m.g, m.call, m.owner, m.ordered = g, nil, nil, q[0].ordered
+	m.ops, m.kops = m.ops[:0], m.kops[:0]
 	room := multicast.MaxPayload(cb.c.m.Limits.SlotSize) - 4
-	n := 0
-	for n < len(q) && n < kv.MaxMulti {
-		m.kops = append(m.kops, q[n].op)
-		sz := kv.RequestSize(m.kops[len(m.kops)-1:]) - 4
-		if n > 0 && sz > room {
-			m.kops = m.kops[:len(m.kops)-1]
-			break
+	kept, full := 0, false
+	for _, p := range q {
+		if !full && p.ordered == m.ordered {
+			// (kv's and btree's requests encode an op in the same bytes)
+			m.kops = append(m.kops, p.op)
+			sz := kv.RequestSize(m.kops[len(m.kops)-1:]) - 4
+			if len(m.ops) == 0 || sz <= room {
+				room -= sz
+				p.state, p.m = opSent, m
+				m.ops = append(m.ops, p)
+				full = len(m.ops) == kv.MaxMulti
+				continue
+			}
+			m.kops, full = m.kops[:len(m.kops)-1], true
 		}
-		room -= sz
-		p := q[n]
-		p.state, p.m = opSent, m
-		m.ops = append(m.ops, p)
-		n++
+		q[kept] = p
+		kept++
 	}
 	m.owner = m.ops[0]
 	for _, p := range m.ops {
@@ -347,9 +386,8 @@ func (cb *combiner) take(g uint32, self *pendingOp) *message {
 			m.owner = p // no wake-up: the caller waits for it
 		}
 	}
-	rest := copy(q, q[n:])
-	clear(q[rest:])
-	cb.queued[g] = q[:rest]
+	clear(q[kept:])
+	cb.queued[g] = q[:kept]
 	return m
 }
 
@@ -359,7 +397,18 @@ func (cb *combiner) post(m *message) (*multicast.Call, error) {
 	if err := c.registered(tree.Of(m.g)); err != nil {
 		return nil, err
 	}
+	if cb.onPost != nil {
+		cb.onPost()
+	}
 	n := kv.RequestSize(m.kops)
+	if m.ordered {
+		m.bops = m.bops[:0]
+		for i := range m.kops {
+			o := &m.kops[i]
+			m.bops = append(m.bops, btree.Op{Kind: o.Kind, Cmp: o.Cmp, Key: o.Key, Value: o.Value, CmpVersion: o.CmpVersion, CmpValue: o.CmpValue})
+		}
+		n = btree.RequestSize(m.bops)
+	}
 	call, area, err := c.mc.Begin(tree.Of(m.g), n)
 	if err != nil {
 		if errors.Is(err, multicast.ErrClosed) {
@@ -367,9 +416,14 @@ func (cb *combiner) post(m *message) (*multicast.Call, error) {
 		}
 		return nil, err
 	}
-	if len(m.kops) == 1 {
+	switch {
+	case m.ordered && len(m.bops) == 1:
+		btree.AppendRequest(area[:0], m.bops)
+	case m.ordered:
+		btree.AppendMulti(area[:0], m.bops)
+	case len(m.kops) == 1:
 		kv.AppendRequest(area[:0], m.kops)
-	} else {
+	default:
 		kv.AppendMulti(area[:0], m.kops)
 	}
 	cb.messages.Add(1)
@@ -455,20 +509,24 @@ func (cb *combiner) deliver(m *message, replies []multicast.Reply, err error) {
 			// The group refused the whole message (kv.LimitMulti): each
 			// op gets the refusal.
 			var r kv.Result
-			if r, err = kv.DecodeResult(res); err == nil && r.Status != kv.StatusRefused {
+			if r, err = kv.DecodeResult(res); err == nil && r.Status != kv.StatusRefused && r.Status != kv.StatusMalformed {
 				err = fmt.Errorf("rdmakv: group %d answered status %d to a multi request", g, r.Status)
 			}
 			for range m.ops {
 				rs = append(rs, r)
 			}
 		} else {
+			// (an ordered multi request's result is laid out as kv's)
 			rs, err = kv.DecodeMultiResult(res, rs)
 		}
 		if err == nil && len(rs) != len(m.ops) {
 			err = fmt.Errorf("rdmakv: group %d answered %d results for %d ops", g, len(rs), len(m.ops))
 		}
-		if err == nil && len(rs) == 1 && rs[0].Status == kv.StatusMalformed {
+		if err == nil && len(rs) > 0 && rs[0].Status == kv.StatusMalformed {
 			err = fmt.Errorf("rdmakv: group %d refused the request as malformed (nothing applied there)", g)
+			if m.ordered {
+				err = fmt.Errorf("rdmakv: group %d refused the ordered request as malformed (nothing applied; does it run an ordered keyspace?)", g)
+			}
 		}
 	}
 	m.rs = rs
@@ -479,6 +537,9 @@ func (cb *combiner) deliver(m *message, replies []multicast.Reply, err error) {
 		p.state, p.err, p.index = opDone, err, index
 		if err == nil {
 			p.res = rs[i]
+			if cb.shiftResults {
+				p.res = rs[(i+1)%len(rs)]
+			}
 		}
 		m.ops[i] = nil
 		signal(p.ch)

@@ -25,9 +25,26 @@ import (
 // write applied although reported unsent, or applied twice, fails it.
 // Afterwards the combiner holds nothing, and the multicast client lets go
 // of every abandoned message.
-func TestCombiningContention(t *testing.T) {
-	lc := startLocal(t, testMap("contention", "mem", 2, 1))
+func TestCombiningContention(t *testing.T) { combiningContention(t, false) }
+
+// TestKeyspaceCombiningContention is TestCombiningContention on an
+// ordered keyspace's keys: its single-key writes go through the same
+// combiner (btree's multi requests), and porcupine checks the history the
+// same way.
+func TestKeyspaceCombiningContention(t *testing.T) { combiningContention(t, true) }
+
+func combiningContention(t *testing.T, ordered bool) {
+	m := testMap("contention", "mem", 2, 1)
+	if ordered {
+		m = orderedMap("kscontention", 2)
+	}
+	lc := startLocal(t, m)
 	c := open(t, lc, 0, client.WithTimeout(time.Minute))
+	put, cas, get := c.Put, c.CompareAndSwap, c.Get
+	if ordered {
+		ks := c.Keyspace("users")
+		put, cas, get = ks.Put, ks.CompareAndSwap, ks.Get
+	}
 	const workers = 64
 	ops := 25
 	if raceEnabled {
@@ -63,7 +80,7 @@ func TestCombiningContention(t *testing.T) {
 				switch r := rng.IntN(10); {
 				case r < 5:
 					op.Kind, op.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
-					_, err = c.Put(ctx, []byte(key), []byte(op.Value))
+					_, err = put(ctx, []byte(key), []byte(op.Value))
 				case r < 7:
 					op.Kind, op.Value = kvcheck.CAS, fmt.Sprintf("w%d-%d", w, i)
 					old, ok := last[key]
@@ -72,11 +89,11 @@ func TestCombiningContention(t *testing.T) {
 					if ok {
 						prev = []byte(old)
 					}
-					_, err = c.CompareAndSwap(ctx, []byte(key), prev, []byte(op.Value))
+					_, err = cas(ctx, []byte(key), prev, []byte(op.Value))
 				default:
 					op.Kind = kvcheck.Get
 					var v []byte
-					v, err = c.Get(ctx, []byte(key))
+					v, err = get(ctx, []byte(key))
 					if err == nil {
 						op.Out = kvcheck.Output{Found: true, Value: string(v)}
 						last[key] = string(v)
@@ -144,7 +161,7 @@ func TestCombiningContention(t *testing.T) {
 	// more, so that porcupine sees where each ended.
 	for _, k := range keys {
 		op := kvcheck.Op{Client: workers, Kind: kvcheck.Get, Key: k, Call: clock()}
-		v, err := c.Get(context.Background(), []byte(k))
+		v, err := get(context.Background(), []byte(k))
 		op.Return = clock()
 		switch {
 		case err == nil:

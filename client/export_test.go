@@ -19,3 +19,15 @@ func MulticastOutstanding(c *Client) int { return c.mc.Outstanding() }
 // SetKeyspaceGroup makes k send to group g (tests: a group that does not
 // own the keyspace answers StatusMoved).
 func SetKeyspaceGroup(k *Keyspace, g uint32) { k.g = g }
+
+// PlantShiftResults plants a bug in c's write combiner: op i of a message
+// gets the result of op i+1.
+func PlantShiftResults(c *Client) { c.comb.shiftResults = true }
+
+// PlantReuseUnposted plants a bug in c's write combiner: an op given up
+// while its message is being encoded returns its key buffer to the pool.
+func PlantReuseUnposted(c *Client) { c.comb.reuseUnposted = true }
+
+// SetOnPost makes c's combiner call f before it encodes each message
+// (outside its lock, on the posting caller's goroutine).
+func SetOnPost(c *Client, f func()) { c.comb.onPost = f }

@@ -12,8 +12,6 @@ import (
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/kv"
-	"github.com/rdmakv/rdmakv/multicast"
-	"github.com/rdmakv/rdmakv/multicast/tree"
 )
 
 // Errors of ordered keyspaces.
@@ -234,17 +232,20 @@ func (k *Keyspace) GetItem(ctx context.Context, key []byte, mode Consistency) (I
 	return it, nil
 }
 
-// Put stores value under key.
+// Put stores value under key. Single-key writes (Put, Delete and the
+// compare-and-swaps) of ordered and hashed keys go through the client's
+// write combiner: under load one message to the group carries many of
+// them, each with its own condition and result.
 func (k *Keyspace) Put(ctx context.Context, key, value []byte) (WriteResult, error) {
 	if err := k.checkValue(value); err != nil {
 		return WriteResult{}, err
 	}
-	return k.write(ctx, btree.Op{Kind: btree.OpPut, Key: key, Value: value})
+	return k.c.single(ctx, kv.Op{Kind: kv.OpPut, Key: key, Value: value}, k)
 }
 
 // Delete removes key (a key without a value is not an error: Prev is 0).
 func (k *Keyspace) Delete(ctx context.Context, key []byte) (WriteResult, error) {
-	return k.write(ctx, btree.Op{Kind: btree.OpDelete, Key: key})
+	return k.c.single(ctx, kv.Op{Kind: kv.OpDelete, Key: key}, k)
 }
 
 // CompareAndSwap stores value under key if the key's current value is old
@@ -253,11 +254,11 @@ func (k *Keyspace) CompareAndSwap(ctx context.Context, key, old, value []byte) (
 	if err := k.checkValue(value); err != nil {
 		return WriteResult{}, err
 	}
-	op := btree.Op{Kind: btree.OpPut, Cmp: btree.CmpValue, Key: key, Value: value, CmpValue: old}
+	op := kv.Op{Kind: kv.OpPut, Cmp: kv.CmpValue, Key: key, Value: value, CmpValue: old}
 	if old == nil {
 		op.CmpVersion = 1
 	}
-	return k.write(ctx, op)
+	return k.c.single(ctx, op, k)
 }
 
 // CompareVersionAndSwap stores value under key if the key's current
@@ -266,84 +267,12 @@ func (k *Keyspace) CompareVersionAndSwap(ctx context.Context, key []byte, versio
 	if err := k.checkValue(value); err != nil {
 		return WriteResult{}, err
 	}
-	return k.write(ctx, btree.Op{Kind: btree.OpPut, Cmp: btree.CmpVersion, Key: key, Value: value, CmpVersion: version})
+	return k.c.single(ctx, kv.Op{Kind: kv.OpPut, Cmp: kv.CmpVersion, Key: key, Value: value, CmpVersion: version}, k)
 }
 
 // CompareAndDelete removes key if its current version is version.
 func (k *Keyspace) CompareAndDelete(ctx context.Context, key []byte, version uint64) (WriteResult, error) {
-	return k.write(ctx, btree.Op{Kind: btree.OpDelete, Cmp: btree.CmpVersion, Key: key, CmpVersion: version})
-}
-
-// write sends one ordered write (format 5) to the keyspace's group
-// through the client's ordered call path and decodes its result.
-func (k *Keyspace) write(ctx context.Context, op btree.Op) (WriteResult, error) {
-	if err := k.checkKey(op.Key); err != nil {
-		return WriteResult{}, err
-	}
-	if err := ctx.Err(); err != nil {
-		return WriteResult{}, err // a done context: nothing is sent
-	}
-	c := k.c
-	op.Key = k.ks.InternalKey(nil, op.Key)
-	payload := btree.AppendRequest(nil, []btree.Op{op})
-	ctx, end, err := c.begin(ctx)
-	if err != nil {
-		return WriteResult{}, err
-	}
-	defer end()
-	dst := tree.Of(k.g)
-	if len(payload) > multicast.MaxPayload(c.m.Limits.SlotSize) {
-		// In parts, as Client.write sends a large request (the group
-		// routes the committed request by its format byte).
-		if err := c.stages.acquire(ctx, c.done); err != nil {
-			return WriteResult{}, err
-		}
-		defer c.stages.release()
-		if payload, err = c.stage(ctx, dst, payload); err != nil {
-			return WriteResult{}, err
-		}
-		if err := ctx.Err(); err != nil {
-			return WriteResult{}, err // the parts are sent, not the commit: nothing is applied
-		}
-	}
-	o, err := c.multicast(ctx, dst, payload)
-	if err != nil {
-		switch {
-		case errors.Is(err, multicast.ErrClosed) || c.isClosed():
-			return WriteResult{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
-		case ctx.Err() != nil:
-			return WriteResult{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
-		}
-		return WriteResult{}, err
-	}
-	for _, rp := range o.Replies {
-		if rp.Group != k.g {
-			continue
-		}
-		r, err := btree.DecodeResult(rp.Result)
-		if err != nil {
-			return WriteResult{}, fmt.Errorf("rdmakv: group %d's reply: %w", rp.Group, err)
-		}
-		c.known(rp.Group, rp.Index)
-		switch r.Status {
-		case btree.StatusOK:
-			return WriteResult{Version: r.Version, Prev: r.Prev}, nil
-		case btree.StatusCondFailed:
-			return WriteResult{Prev: r.Prev}, ErrCASMismatch
-		case btree.StatusRefused:
-			kr := kv.Result{Status: r.Status, FailedOp: r.FailedOp, Limit: r.Limit, Max: r.Max, Size: r.Size}
-			if r.Limit == btree.LimitKey && kr.Max >= cluster.KeyspacePrefix && kr.Size >= cluster.KeyspacePrefix {
-				kr.Max, kr.Size = kr.Max-cluster.KeyspacePrefix, kr.Size-cluster.KeyspacePrefix // the user's bytes
-			}
-			return WriteResult{}, refusedError(rp.Group, kr)
-		case btree.StatusMoved:
-			return WriteResult{}, fmt.Errorf("%w: group %d does not own key %q of keyspace %q (StatusMoved; nothing written)", ErrKeyMoved, rp.Group, op.Key[cluster.KeyspacePrefix:], k.ks.Name)
-		case btree.StatusMalformed:
-			return WriteResult{}, fmt.Errorf("rdmakv: group %d refused the ordered request as malformed (nothing applied; does it run an ordered keyspace?)", rp.Group)
-		}
-		return WriteResult{}, fmt.Errorf("rdmakv: group %d answered status %d", rp.Group, r.Status)
-	}
-	return WriteResult{}, fmt.Errorf("rdmakv: no reply from group %d", k.g)
+	return k.c.single(ctx, kv.Op{Kind: kv.OpDelete, Cmp: kv.CmpVersion, Key: key, CmpVersion: version}, k)
 }
 
 // ScanOption configures Scan.

@@ -50,7 +50,7 @@ func (c *Client) merge(ctx context.Context, key []byte, fields map[string][]byte
 	if err := c.checkValue(v); err != nil {
 		return WriteResult{}, err
 	}
-	r, err := c.single(ctx, kv.Op{Kind: kv.OpMerge, Cmp: cmp, Key: key, Value: v})
+	r, err := c.single(ctx, kv.Op{Kind: kv.OpMerge, Cmp: cmp, Key: key, Value: v}, nil)
 	if errors.Is(err, ErrCASMismatch) {
 		// StatusCondFailed: the value was not a fielded value (Prev is
 		// its version), or with CmpExists the key had none (Prev 0).

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
@@ -161,12 +163,12 @@ func (c *Client) Put(ctx context.Context, key, value []byte) (WriteResult, error
 	if err := c.checkValue(value); err != nil {
 		return WriteResult{}, err
 	}
-	return c.single(ctx, kv.Op{Kind: kv.OpPut, Key: key, Value: value})
+	return c.single(ctx, kv.Op{Kind: kv.OpPut, Key: key, Value: value}, nil)
 }
 
 // Delete removes key (a key without a value is not an error: Prev is 0).
 func (c *Client) Delete(ctx context.Context, key []byte) (WriteResult, error) {
-	return c.single(ctx, kv.Op{Kind: kv.OpDelete, Key: key})
+	return c.single(ctx, kv.Op{Kind: kv.OpDelete, Key: key}, nil)
 }
 
 // CompareAndSwap stores value under key if the key's current value is old
@@ -179,7 +181,7 @@ func (c *Client) CompareAndSwap(ctx context.Context, key, old, value []byte) (Wr
 	if old == nil {
 		op.CmpVersion = 1
 	}
-	return c.single(ctx, op)
+	return c.single(ctx, op, nil)
 }
 
 // CompareVersionAndSwap stores value under key if the key's current
@@ -188,48 +190,85 @@ func (c *Client) CompareVersionAndSwap(ctx context.Context, key []byte, version 
 	if err := c.checkValue(value); err != nil {
 		return WriteResult{}, err
 	}
-	return c.single(ctx, kv.Op{Kind: kv.OpPut, Cmp: kv.CmpVersion, Key: key, Value: value, CmpVersion: version})
+	return c.single(ctx, kv.Op{Kind: kv.OpPut, Cmp: kv.CmpVersion, Key: key, Value: value, CmpVersion: version}, nil)
 }
 
 // CompareAndDelete removes key if its current version is version.
 func (c *Client) CompareAndDelete(ctx context.Context, key []byte, version uint64) (WriteResult, error) {
-	return c.single(ctx, kv.Op{Kind: kv.OpDelete, Cmp: kv.CmpVersion, Key: key, CmpVersion: version})
+	return c.single(ctx, kv.Op{Kind: kv.OpDelete, Cmp: kv.CmpVersion, Key: key, CmpVersion: version}, nil)
 }
 
-func (c *Client) single(ctx context.Context, op kv.Op) (WriteResult, error) {
-	if err := c.checkKey(op.Key); err != nil {
-		return WriteResult{}, err
+// single makes one single-key write: of a hashed key (ks nil) or of
+// ordered keyspace ks's key (op.Key the user's key). A write that fits one
+// request slot goes through the write combiner (combine.go), a larger one
+// as a request of its own in parts (write).
+func (c *Client) single(ctx context.Context, op kv.Op, ks *Keyspace) (WriteResult, error) {
+	var g uint32
+	extra := 0 // the key's bytes on the wire beyond the user's
+	if ks == nil {
+		if err := c.checkKey(op.Key); err != nil {
+			return WriteResult{}, err
+		}
+		g = c.m.GroupOf(op.Key)
+	} else {
+		if err := ks.checkKey(op.Key); err != nil {
+			return WriteResult{}, err
+		}
+		g, extra = ks.g, cluster.KeyspacePrefix
 	}
 	if err := ctx.Err(); err != nil {
 		return WriteResult{}, err // a done context: nothing is sent
 	}
 	var r kv.Result
-	if kv.RequestSize([]kv.Op{op}) <= multicast.MaxPayload(c.m.Limits.SlotSize) {
+	if 4+24+pad8(len(op.Key)+extra)+pad8(len(op.Value))+pad8(len(op.CmpValue)) <= multicast.MaxPayload(c.m.Limits.SlotSize) {
 		deadline, err := c.enter(ctx)
 		if err != nil {
 			return WriteResult{}, err
 		}
-		r, _, err = c.combine(ctx, deadline, op)
+		r, _, err = c.combine(ctx, deadline, g, op, ks)
 		c.exit()
 		if err != nil {
 			return WriteResult{}, err
 		}
 	} else {
-		rs, err := c.write(ctx, []kv.Op{op})
+		rs, err := c.write(ctx, []kv.Op{op}, ks)
 		if err != nil {
 			return WriteResult{}, err
 		}
 		r = rs[0].res
 	}
 	switch r.Status {
-	case kv.StatusCondFailed:
-		return WriteResult{Prev: r.Prev}, ErrCASMismatch
-	case kv.StatusRefused:
-		return WriteResult{}, refusedError(c.m.GroupOf(op.Key), r)
 	case kv.StatusOK:
 		return WriteResult{Version: r.Version, Prev: r.Prev}, nil
+	case kv.StatusCondFailed:
+		return WriteResult{Prev: r.Prev}, ErrCASMismatch
 	}
-	return WriteResult{}, fmt.Errorf("rdmakv: group %d answered status %d", c.m.GroupOf(op.Key), r.Status)
+	return WriteResult{}, c.statusErr(g, r, ks, op.Key)
+}
+
+func pad8(n int) int { return (n + 7) &^ 7 }
+
+// statusErr is the error of group g's result r of a write (not OK, not a
+// failed condition) whose failed op's key is key (the user's), of ordered
+// keyspace ks (nil: hashed).
+func (c *Client) statusErr(g uint32, r kv.Result, ks *Keyspace, key []byte) error {
+	switch r.Status {
+	case kv.StatusRefused:
+		if ks != nil && r.Limit == kv.LimitKey && r.Max >= cluster.KeyspacePrefix && r.Size >= cluster.KeyspacePrefix {
+			r.Max, r.Size = r.Max-cluster.KeyspacePrefix, r.Size-cluster.KeyspacePrefix // the user's bytes
+		}
+		return refusedError(g, r)
+	case kv.StatusMalformed:
+		if ks != nil {
+			return fmt.Errorf("rdmakv: group %d refused the ordered request as malformed (nothing applied; does it run an ordered keyspace?)", g)
+		}
+		return fmt.Errorf("rdmakv: group %d refused the request as malformed (nothing applied there)", g)
+	case kv.StatusMoved:
+		if ks != nil {
+			return fmt.Errorf("%w: group %d does not own key %q of keyspace %q (StatusMoved; nothing written)", ErrKeyMoved, g, key, ks.ks.Name)
+		}
+	}
+	return fmt.Errorf("rdmakv: group %d answered status %d", g, r.Status)
 }
 
 type groupResult struct {
@@ -238,9 +277,12 @@ type groupResult struct {
 	res   kv.Result
 }
 
-// write multicasts a request to the groups of its keys and decodes every
-// group's result.
-func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) {
+// write multicasts a request of ops, applied atomically, to the groups of
+// their keys and decodes every group's result: a request of hashed keys
+// (ks nil), or of ordered keyspace ks's keys (the user's) to its group.
+// A refused or malformed request, or an op on a key the group does not
+// own, is an error; a failed condition is a result.
+func (c *Client) write(ctx context.Context, ops []kv.Op, ks *Keyspace) ([]groupResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // a done context: nothing is sent
 	}
@@ -250,10 +292,21 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 	}
 	defer end()
 	var dst tree.Set
-	for i := range ops {
-		dst |= tree.Of(c.m.GroupOf(ops[i].Key))
+	var payload []byte
+	if ks == nil {
+		for i := range ops {
+			dst |= tree.Of(c.m.GroupOf(ops[i].Key))
+		}
+		payload = kv.AppendRequest(make([]byte, 0, kv.RequestSize(ops)), ops)
+	} else {
+		dst = tree.Of(ks.g)
+		bops := make([]btree.Op, len(ops))
+		for i := range ops {
+			o := &ops[i]
+			bops[i] = btree.Op{Kind: o.Kind, Cmp: o.Cmp, Key: ks.ks.InternalKey(nil, o.Key), Value: o.Value, CmpVersion: o.CmpVersion, CmpValue: o.CmpValue}
+		}
+		payload = btree.AppendRequest(make([]byte, 0, btree.RequestSize(bops)), bops)
 	}
-	payload := kv.AppendRequest(make([]byte, 0, kv.RequestSize(ops)), ops)
 	if lim := kv.DefaultMaxRequest(c.m.Limits.MaxKey, c.m.Limits.MaxValue); len(payload) > lim {
 		return nil, fmt.Errorf("%w: the request takes %d bytes, the limit is %d (max_key + max_value + 4 KiB)", ErrBatchTooLarge, len(payload), lim)
 	}
@@ -285,23 +338,38 @@ func (c *Client) write(ctx context.Context, ops []kv.Op) ([]groupResult, error) 
 	}
 	out := make([]groupResult, 0, len(o.Replies))
 	for _, rp := range o.Replies {
+		if !dst.Has(rp.Group) {
+			continue
+		}
+		// (an ordered request's result is laid out as kv's)
 		res, err := kv.DecodeResult(rp.Result)
 		if err != nil {
 			return nil, fmt.Errorf("rdmakv: group %d's reply: %w", rp.Group, err)
 		}
-		if res.Status == kv.StatusMalformed {
-			return nil, fmt.Errorf("rdmakv: group %d refused the request as malformed (nothing applied there)", rp.Group)
+		if res.Status != kv.StatusMalformed {
+			c.known(rp.Group, rp.Index)
 		}
-		c.known(rp.Group, rp.Index)
-		if res.Status == kv.StatusRefused {
-			// Every group checks every op against the key, value and
-			// request limits: none applied its share.
-			return nil, refusedError(rp.Group, res)
+		switch res.Status {
+		case kv.StatusOK, kv.StatusCondFailed:
+			out = append(out, groupResult{group: rp.Group, index: rp.Index, res: res})
+			continue
 		}
-		out = append(out, groupResult{group: rp.Group, index: rp.Index, res: res})
+		// Refused: every group checks every op against the key, value
+		// and request limits, so none applied its share.
+		var key []byte
+		if res.FailedOp < len(ops) {
+			key = ops[res.FailedOp].Key
+		}
+		return nil, c.statusErr(rp.Group, res, ks, key)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("rdmakv: no reply from the request's groups")
 	}
 	// The first op's group first (single-key calls read rs[0]).
 	first := c.m.GroupOf(ops[0].Key)
+	if ks != nil {
+		first = ks.g
+	}
 	for i := range out {
 		if out[i].group == first {
 			out[0], out[i] = out[i], out[0]

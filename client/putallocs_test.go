@@ -51,8 +51,9 @@ func TestPutAllocsChild(t *testing.T) {
 // the way a user's program makes it: the group's 3 replicas run in 3 other
 // processes (internal/kvproc, on shm), so only the client's allocations
 // (the caller's goroutine and the client's own: keeper, combining) count.
-// It asserts today's count as a ceiling. make noalloc runs it (it skips
-// under -race, whose instrumentation allocates).
+// It asserts today's count as a ceiling, for a hashed put and for a put of
+// an ordered keyspace's key (the same combiner path). make noalloc runs it
+// (it skips under -race, whose instrumentation allocates).
 func TestPutAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
@@ -72,7 +73,8 @@ func TestPutAllocs(t *testing.T) {
 		os.RemoveAll(dir)
 	})
 	m := &cluster.Map{Name: fmt.Sprintf("putallocs-%d", os.Getpid()), Fabric: "shm", ShmDir: dir,
-		Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
+		Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100},
+		Keyspaces: []cluster.Keyspace{{Name: "ordered", Kind: "ordered", ID: 1}}}
 	if err := m.Fill(); err != nil {
 		t.Fatal(err)
 	}
@@ -154,5 +156,33 @@ func TestPutAllocs(t *testing.T) {
 	}
 	if got, err := c.Get(ctx, key); err != nil || len(got) != len(val) || got[0] != val[0] {
 		t.Fatalf("get after the puts: %v %v, want a value starting with %d", got, err, val[0])
+	}
+
+	// An ordered keyspace's put takes the same path (the combiner, a
+	// request of format 5): the same ceiling.
+	ks := c.Keyspace("ordered")
+	for i := range 200 {
+		val[0] = byte(i)
+		if _, err := ks.Put(ctx, key, val); err != nil {
+			t.Fatalf("warm-up ordered put %d: %v", i, err)
+		}
+	}
+	start = time.Now()
+	n = testing.AllocsPerRun(runs, func() {
+		val[0]++
+		if _, err := ks.Put(bg, key, val); err != nil && perr == nil {
+			perr = err
+		}
+	})
+	if perr != nil {
+		t.Fatalf("ordered put: %v", perr)
+	}
+	t.Logf("%v allocations per ordered put in the client's process over %d puts in %v (ceiling %d)",
+		n, runs, time.Since(start).Round(time.Millisecond), putAllocsCeiling)
+	if n > putAllocsCeiling {
+		t.Errorf("an ordered put makes %v allocations in the client's process, more than the ceiling %d", n, putAllocsCeiling)
+	}
+	if got, err := ks.Get(ctx, key); err != nil || len(got) != len(val) || got[0] != val[0] {
+		t.Fatalf("get after the ordered puts: %v %v, want a value starting with %d", got, err, val[0])
 	}
 }

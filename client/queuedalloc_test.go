@@ -9,17 +9,21 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
 )
 
 // TestQueuedPutAllocs: a put queued behind its group's full window (the
 // group does not answer: its replicas are paused) that gives up at its
 // deadline allocates nothing: the timer that wakes it at the deadline
 // stays with its pooled op (it allocated one timer per such wait before).
+// Likewise an ordered keyspace's put, queued behind the same window.
 func TestQueuedPutAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	lc := startLocal(t, testMap("qalloc", "mem", 1, 1))
+	m := testMap("qalloc", "mem", 1, 1)
+	m.Keyspaces = []cluster.Keyspace{{Name: "users", Kind: "ordered", ID: 1}}
+	lc := startLocal(t, m)
 	c := open(t, lc, 0, client.WithTimeout(time.Millisecond))
 	bg := context.Background()
 	wctx, wcancel := context.WithTimeout(bg, time.Minute)
@@ -75,5 +79,18 @@ func TestQueuedPutAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(50, put); n > 0 {
 		t.Errorf("a put queued behind the full window until its deadline: %v allocations, want 0", n)
+	}
+	// An ordered keyspace's put queues behind the same window (its group's).
+	ks := c.Keyspace("users")
+	oput := func() {
+		if _, err := ks.Put(bg, key, val); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("an ordered put behind the full window: %v, want context.DeadlineExceeded", err)
+		}
+	}
+	for range 5 {
+		oput()
+	}
+	if n := testing.AllocsPerRun(50, oput); n > 0 {
+		t.Errorf("an ordered put queued behind the full window until its deadline: %v allocations, want 0", n)
 	}
 }
