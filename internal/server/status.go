@@ -35,6 +35,7 @@ type Replica struct {
 	busy         prometheus.Histogram
 	pollers      *poller.Group                          // the group polling it (Process), for /status and /metrics
 	after        func(now time.Duration, progress bool) // ProcessConfig.AfterPoll
+	dur          *Durable                               // nil: memory mode
 
 	mu   sync.Mutex
 	h    *poller.Handle // SetHandle: runs commands on the replica's poller
