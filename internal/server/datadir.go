@@ -42,7 +42,7 @@ func (c clusterIdentity) shape() string {
 // pc.Prepare (a replica with stable state restarts as the member it was)
 // and pc.ReplicaDir; pc.Durable says what the replicas keep besides the
 // stable state.
-func UseDataDir(pc *ProcessConfig, dir string) (unlock func(), err error) {
+func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 	m := pc.Map
 	if m == nil {
 		return nil, errors.New("server: no cluster map")
@@ -50,7 +50,7 @@ func UseDataDir(pc *ProcessConfig, dir string) (unlock func(), err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	unlock, err = lockClusterDir(dir)
+	unlock, err := lockClusterDir(dir)
 	if err != nil {
 		return nil, err
 	}
