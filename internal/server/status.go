@@ -7,6 +7,8 @@ package server
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // copyEvery is how often a Replica copies the state only its polling
@@ -44,6 +47,16 @@ type Replica struct {
 	hdr  kv.Header
 	mc   multicast.Counters
 	dups uint64
+	disk diskCopy // durable modes: the log's and snapshots' state
+}
+
+// diskCopy is what a durable replica's log writer and snapshot store
+// show, copied on the polling goroutine.
+type diskCopy struct {
+	wal     wal.Stats
+	snapOK  bool
+	snapIdx uint64
+	snapAt  broadcast.MsgHdr
 }
 
 // NewReplica wraps replica i of group g.
@@ -70,8 +83,13 @@ func (p *Replica) Poll(now time.Duration) bool {
 		p.last = now
 		tab, hdr, mc := p.r.Table().Stats(), p.r.Table().Header(), p.r.Multicast().Counters()
 		d, _, _ := p.r.Multicast().Anomalies()
+		var dc diskCopy
+		if p.dur != nil {
+			dc.wal = p.dur.WAL.Stats()
+			dc.snapIdx, dc.snapAt, dc.snapOK = p.dur.Snapshots.Newest()
+		}
 		p.mu.Lock()
-		p.tab, p.hdr, p.mc, p.dups = tab, hdr, mc, d
+		p.tab, p.hdr, p.mc, p.dups, p.disk = tab, hdr, mc, d, dc
 		p.mu.Unlock()
 	}
 	if p.after != nil {
@@ -124,6 +142,36 @@ type ReplicaStatus struct {
 	// HugePages is how the replica's regions (its table) are backed by
 	// huge pages, and why (rdma.HugePagesOf its node).
 	HugePages rdma.HugePages `json:"huge_pages"`
+	// Durability is what the replica keeps on disk (memory, sync,
+	// async); Durable the last accepted header on its disk (dA: what its
+	// acknowledgements cover in sync mode; Accepted in memory mode).
+	Durability string `json:"durability"`
+	Durable    Hdr    `json:"durable"`
+	// DiskError is the disk failure that stopped the replica (fail-stop).
+	DiskError string `json:"disk_error,omitempty"`
+	// Disk is its log's and snapshots' state (durable modes only).
+	Disk *DiskStatus `json:"disk,omitempty"`
+}
+
+// DiskStatus is a durable replica's log and snapshots.
+type DiskStatus struct {
+	Dir             string  `json:"dir"`
+	WALBytes        uint64  `json:"wal_bytes"`    // bytes of batches synced since start
+	WALSegments     int     `json:"wal_segments"` // live segment files
+	WALSegmentBytes int64   `json:"wal_segment_bytes"`
+	UnsyncedBytes   int64   `json:"unsynced_bytes"`
+	Fsyncs          uint64  `json:"fsyncs"`
+	FsyncP50        float64 `json:"fsync_p50_seconds"`
+	FsyncP99        float64 `json:"fsync_p99_seconds"`
+	DiskFull        uint64  `json:"disk_full"`
+	// Snapshot is the newest durable disk snapshot's file ("" if none),
+	// its size and age.
+	Snapshot        string  `json:"snapshot,omitempty"`
+	SnapshotIndex   uint64  `json:"snapshot_index,omitempty"`
+	SnapshotBytes   int64   `json:"snapshot_bytes,omitempty"`
+	SnapshotAge     float64 `json:"snapshot_age_seconds,omitempty"`
+	RecoverySeconds float64 `json:"recovery_seconds"`
+	Recovery        string  `json:"recovery"`
 }
 
 // Hdr is a message header (broadcast.MsgHdr): an epoch and a count in it.
@@ -183,7 +231,7 @@ func (p *Replica) Status() ReplicaStatus {
 	bs := b.Status()
 	_, serving := b.Leading()
 	p.mu.Lock()
-	tab, hdr, mc := p.tab, p.hdr, p.mc
+	tab, hdr, mc, dc := p.tab, p.hdr, p.mc, p.disk
 	p.mu.Unlock()
 	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
 		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
@@ -194,6 +242,25 @@ func (p *Replica) Status() ReplicaStatus {
 		HugePages: rdma.HugePagesOf(p.r.Table().Node())}
 	if l, ok := bs.Leader(); ok {
 		s.Leader = l
+	}
+	s.Durability, s.Durable = broadcast.Memory.String(), Hdr{bs.Durable.E, bs.Durable.Cnt}
+	if bs.DiskErr != nil {
+		s.DiskError = bs.DiskErr.Error()
+	}
+	if d := p.dur; d != nil {
+		s.Durability = d.Mode.String()
+		w := &dc.wal
+		ds := &DiskStatus{Dir: d.Dir, WALBytes: w.BytesWritten, WALSegments: w.Segments, WALSegmentBytes: w.SegmentBytes,
+			UnsyncedBytes: w.UnsyncedBytes, Fsyncs: w.Fsyncs, FsyncP50: w.FsyncLatency.Quantile(0.5).Seconds(),
+			FsyncP99: w.FsyncLatency.Quantile(0.99).Seconds(), DiskFull: w.DiskFull, RecoverySeconds: d.Took.Seconds(), Recovery: d.Summary}
+		if dc.snapOK {
+			path := filepath.Join(d.Dir, "snap", broadcast.SnapName(dc.snapIdx, dc.snapAt))
+			ds.Snapshot, ds.SnapshotIndex = path, dc.snapIdx
+			if fi, err := os.Stat(path); err == nil {
+				ds.SnapshotBytes, ds.SnapshotAge = fi.Size(), time.Since(fi.ModTime()).Seconds()
+			}
+		}
+		s.Disk = ds
 	}
 	for _, m := range bs.Members {
 		s.Members = append(s.Members, MemberStatus{Node: m.ID, State: m.State.String(), LinkUp: m.LinkUp || m.State == broadcast.MemberSelf, Committed: m.Committed.Cnt})
