@@ -308,7 +308,11 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
   ordered:      c.Keyspace("ordered")         // sorted keys and Scan (docs/client.md)
   stop:         Ctrl-C (or kill %d)
 `, m.Name, time.Since(start).Round(time.Millisecond), plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.ShmDir, os.Getpid(), mapFile, dataLine, controlLine, os.Getpid())
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case err := <-proc.Failed():
+		return err
+	}
 	fmt.Fprintln(stdout, "kvserver: stopping")
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/internal/vfs"
+	"github.com/rdmakv/rdmakv/internal/vfs/errorfs"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -179,5 +182,66 @@ func TestOpenDurableAfterMemory(t *testing.T) {
 	defer d.Close()
 	if !d.Recovery.Repair || !strings.Contains(d.Summary, "ran in memory mode") {
 		t.Errorf("after memory mode: repair %v, summary %q", d.Recovery.Repair, d.Summary)
+	}
+}
+
+// TestProcessDiskFailStop: an fsync of replica 2's log fails (EIO): that
+// replica stops (fail-stop, never a retried fsync), Process.Failed names
+// it and the error, and its group goes on with the other two.
+func TestProcessDiskFailStop(t *testing.T) {
+	dir := t.TempDir()
+	m := &cluster.Map{Name: "failstop", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
+	if err := m.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	bad := filepath.Join(dir, "replica-2", "wal")
+	pc := server.ProcessConfig{Map: m,
+		Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond},
+		Durable:   server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 64 << 10},
+		FS: errorfs.Wrap(vfs.OS, errorfs.Func(func(op errorfs.Op) error {
+			if armed.Load() && op.Kind == errorfs.OpSync && strings.HasPrefix(op.Path, bad) {
+				return syscall.EIO
+			}
+			return nil
+		}))}
+	unlock, err := server.UseDataDir(&pc, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	p, err := server.StartProcess(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := p.WaitServing(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := openClient(t, p, m)
+	defer c.Close()
+	armed.Store(true)
+	for i := range 50 {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "k%d", i), []byte("v")); err != nil {
+			t.Fatalf("put k%d: %v", i, err)
+		}
+	}
+	select {
+	case err := <-p.Failed():
+		if !strings.Contains(err.Error(), "replica 2 (group 0) stopped on a disk error") || !strings.Contains(err.Error(), "input/output error") {
+			t.Errorf("Failed: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("no fail-stop reported; replica 2: %+v", p.Replicas()[1].Status().DiskError)
+	}
+	if st := p.Replicas()[1].Status(); st.DiskError == "" {
+		t.Errorf("replica 2's status shows no disk error")
+	}
+	for i := range 20 {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "after%d", i), []byte("v")); err != nil {
+			t.Fatalf("the group does not go on: put after%d: %v", i, err)
+		}
 	}
 }

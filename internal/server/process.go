@@ -72,6 +72,9 @@ type ProcessConfig struct {
 	// after Prepare), and Stop flushes and syncs what its log has queued.
 	Durable    DurableConfig
 	ReplicaDir func(id rdma.NodeID) string
+	// FS is the file system the durable state is on (nil: vfs.OS; tests
+	// inject faults with errorfs).
+	FS vfs.FS
 }
 
 // Process is one node runtime: the fabric nodes of the replicas a process
@@ -91,6 +94,7 @@ type Process struct {
 	all     []*Replica // every replica started, in map order, for the control port
 
 	mu      sync.Mutex
+	failed  chan error    // a replica stopped on a disk error (fail-stop)
 	reps    [][]*hosted // [group][index]; nil: not hosted here, or stopped
 	clients map[rdma.NodeID]rdma.Node
 	closed  bool
@@ -161,7 +165,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	if np <= 0 {
 		np = max(1, min(runtime.GOMAXPROCS(0), len(groups)))
 	}
-	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}),
+	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
 		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
 	p.reps = make([][]*hosted, len(m.Groups))
 	for g, ms := range m.Groups {
@@ -183,6 +187,9 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 		}
 	}
 	wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
+	if cfg.Durable.Mode != broadcast.Memory {
+		wg.Go(func() { p.watchDisks(ctx) })
+	}
 	go finished()
 	if cfg.Control != nil {
 		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret}, cfg.Log)
@@ -212,7 +219,11 @@ func (p *Process) start(g, i int) error {
 			node.Close()
 			return fmt.Errorf("start replica %d (group %d): durability %v needs a data directory", id, g, p.cfg.Durable.Mode)
 		}
-		if dur, err = OpenDurable(vfs.OS, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring); err != nil {
+		fsys := p.cfg.FS
+		if fsys == nil {
+			fsys = vfs.OS
+		}
+		if dur, err = OpenDurable(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring); err != nil {
 			node.Close()
 			return err
 		}
@@ -277,6 +288,31 @@ func (p *Process) get(g, i int) *hosted {
 		return nil
 	}
 	return p.reps[g][i]
+}
+
+// Failed delivers the first disk error that stopped a replica of the
+// process (fail-stop: its writer failed an fsync, or the disk refused a
+// record): the replica polls no more, and the process should exit so that
+// it is restarted once the disk is sound.
+func (p *Process) Failed() <-chan error { return p.failed }
+
+// watchDisks reports the first replica a disk error stopped (Failed).
+func (p *Process) watchDisks(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, r := range p.all {
+			if err := r.r.Multicast().Broadcast().Status().DiskErr; err != nil {
+				p.failed <- fmt.Errorf("replica %d (group %d) stopped on a disk error in %s: %v: nothing it acknowledged is lost; check the disk (dmesg, df), then restart it", r.Node, r.Group, r.dur.Dir, err)
+				return
+			}
+		}
+	}
 }
 
 // Hosts reports whether replica (g, i) runs here (hosted and not stopped).

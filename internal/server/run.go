@@ -176,7 +176,11 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 	if opts.Ready != nil {
 		opts.Ready(caddr)
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case err := <-proc.Failed():
+		return err
+	}
 	log.Info("stopping")
 	return nil
 }
