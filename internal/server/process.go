@@ -94,7 +94,7 @@ type Process struct {
 	all     []*Replica // every replica started, in map order, for the control port
 
 	mu      sync.Mutex
-	failed  chan error    // a replica stopped on a disk error (fail-stop)
+	failed  chan error  // a replica stopped on a disk error (fail-stop)
 	reps    [][]*hosted // [group][index]; nil: not hosted here, or stopped
 	clients map[rdma.NodeID]rdma.Node
 	closed  bool
