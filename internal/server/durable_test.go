@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -243,5 +244,28 @@ func TestProcessDiskFailStop(t *testing.T) {
 		if _, err := c.Put(ctx, fmt.Appendf(nil, "after%d", i), []byte("v")); err != nil {
 			t.Fatalf("the group does not go on: put after%d: %v", i, err)
 		}
+	}
+}
+
+// TestBroadcastCountersJSON: every broadcast counter appears in /status
+// under its snake_case name and reads back (the mirror is the same struct:
+// a new counter needs no edit here).
+func TestBroadcastCountersJSON(t *testing.T) {
+	c := server.BroadcastCounters(broadcast.Counters{SnapshotFetchesFailed: 3, ForcedVotes: 2, Elected: 1})
+	b, err := json.Marshal(server.ReplicaStatus{Counters: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"snapshot_fetches_failed":3`, `"forced_votes":2`, `"elected":1`, `"elections_started":0`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s lacks %s", b, want)
+		}
+	}
+	var back server.ReplicaStatus
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Counters != c {
+		t.Errorf("read back %+v, want %+v", back.Counters, c)
 	}
 }

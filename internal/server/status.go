@@ -6,7 +6,11 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
+	"reflect"
+	"strings"
+	"unicode"
 	"os"
 	"path/filepath"
 	"sync"
@@ -183,25 +187,52 @@ type Hdr struct {
 // String formats the header as broadcast.MsgHdr does: (round,leader):count.
 func (h Hdr) String() string { return fmt.Sprintf("%v:%d", h.Epoch, h.Count) }
 
-// BroadcastCounters are broadcast.Counters with snake_case JSON keys (a
-// conversion: a field added there must be added here).
-type BroadcastCounters struct {
-	Elected               uint64 `json:"elected"`
-	ElectionsStarted      uint64 `json:"elections_started"`
-	ElectionsDeferred     uint64 `json:"elections_deferred"`
-	ElectBackoffs         uint64 `json:"elect_backoffs"`
-	ForcedVotes           uint64 `json:"forced_votes"`
-	DiffsAccepted         uint64 `json:"diffs_accepted"`
-	DiffParts             uint64 `json:"diff_parts"`
-	SnapshotsTaken        uint64 `json:"snapshots_taken"`
-	SnapshotsSent         uint64 `json:"snapshots_sent"`
-	SnapshotsRestored     uint64 `json:"snapshots_restored"`
-	SnapshotsRefused      uint64 `json:"snapshots_refused"`
-	SnapshotFetchesFailed uint64 `json:"snapshot_fetches_failed"`
-	Reconnects            uint64 `json:"reconnects"`
-	Requeued              uint64 `json:"requeued"`
-	Delivered             uint64 `json:"delivered"`
-	Duplicates            uint64 `json:"duplicates"`
+// BroadcastCounters are broadcast.Counters with snake_case JSON keys
+// (ElectionsStarted: "elections_started"). It is the same struct, so a
+// counter added to broadcast.Counters shows here with no edit.
+type BroadcastCounters broadcast.Counters
+
+// MarshalJSON writes every counter under its snake_case name.
+func (c BroadcastCounters) MarshalJSON() ([]byte, error) {
+	m := map[string]uint64{}
+	v := reflect.ValueOf(c)
+	for i := range v.NumField() {
+		if f := v.Field(i); f.CanUint() {
+			m[snake(v.Type().Field(i).Name)] = f.Uint()
+		}
+	}
+	return json.Marshal(m)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes (unknown keys are ignored).
+func (c *BroadcastCounters) UnmarshalJSON(b []byte) error {
+	var m map[string]uint64
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	v := reflect.ValueOf(c).Elem()
+	for i := range v.NumField() {
+		if f := v.Field(i); f.CanUint() {
+			f.SetUint(m[snake(v.Type().Field(i).Name)])
+		}
+	}
+	return nil
+}
+
+// snake is a Go field name in snake_case: SnapshotFetchesFailed ->
+// snapshot_fetches_failed.
+func snake(name string) string {
+	var b strings.Builder
+	for i, r := range name {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // MulticastCounters are multicast.Counters with snake_case JSON keys.
