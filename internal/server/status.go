@@ -8,13 +8,13 @@ package server
 import (
 	"encoding/json"
 	"fmt"
-	"reflect"
-	"strings"
-	"unicode"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 
