@@ -6,7 +6,10 @@
 // package client, YCSB drivers) read its memory one-sided. It writes the
 // cluster map where those find it by default (client.DefaultMapFile),
 // prints how to connect, and runs until SIGINT or SIGTERM, after which it
-// leaves no file behind (shared memory, map, lock).
+// leaves no file behind (shared memory, map, lock) but its data directory:
+// by default its replicas keep their data in --data-dir in sync mode
+// (every acknowledged write survives a restart, even after kill -9), and
+// --memory keeps nothing.
 //
 // With --config FILE --id N it runs one replica of a cluster described by
 // a TOML config (kvserver init writes a commented example): one process
@@ -80,7 +83,9 @@ const usage = `usage:
 With no flags, kvserver starts an embedded local cluster of 2 groups x 3
 replicas on the shm fabric, writes its cluster map to %s,
 and runs until Ctrl-C (SIGINT) or SIGTERM. kvcli and Go programs using
-github.com/rdmakv/rdmakv/client find the map there by default.
+github.com/rdmakv/rdmakv/client find the map there by default. Its data is
+kept in --data-dir (durability sync) and comes back when it is started
+again with the same flags; --memory keeps nothing.
 
 Flags of the embedded cluster:
 `
