@@ -258,7 +258,7 @@ func (p *Process) start(g, i int) error {
 		dur.Close()
 		node.Close()
 		if errors.Is(err, broadcast.ErrConfig) && p.cfg.Durable.Mode == broadcast.Async {
-			return fmt.Errorf("start replica %d (group %d): durability async is not built yet (use sync or memory): %w", id, g, err)
+			return fmt.Errorf("start replica %d (group %d): durability async is not built yet (use sync or memory)", id, g)
 		}
 		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
