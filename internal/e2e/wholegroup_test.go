@@ -116,4 +116,3 @@ func wholeGroupKill(t *testing.T, wipe bool) (h []kvcheck.Op, final map[string]s
 	c.logf("load stopped: %d calls, acknowledged writes per group %v, %d of unknown outcome", l.ops.Load(), l.ackedNow(), l.unknown.Load())
 	return l.rec.History(), final, l.keys
 }
-
