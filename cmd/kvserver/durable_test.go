@@ -253,6 +253,12 @@ func TestEmbeddedDurable(t *testing.T) {
 				t.Errorf("kvserver %v: exit %d, stderr %q; want exit 1 and a refusal naming the data dir", extra, code, stderr)
 			}
 		}
+		// Async is accepted by the flags and refused, in one line, until
+		// it is built.
+		args := append([]string{"--durability", "async", "--data-dir", data + "-async", "--name", e.name + "a"}, common...)
+		if code, stderr := e.run(args...); code != 1 || !strings.HasSuffix(strings.TrimSpace(stderr), "durability async is not built yet (use sync or memory)") {
+			t.Errorf("--durability async: exit %d, stderr %q", code, stderr)
+		}
 	})
 
 	t.Run("kill", func(t *testing.T) {
