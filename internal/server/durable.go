@@ -65,7 +65,11 @@ type Durable struct {
 	Took     time.Duration
 	Warnings []string
 
-	dev *wal.FileDevice
+	dev     *wal.FileDevice
+	start   time.Time
+	snapIdx uint64
+	snap    bool
+	records int
 }
 
 // OpenDurable opens replica member's durable state in dir (which must
@@ -130,18 +134,29 @@ func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg Durab
 		return nil, fmt.Errorf("replica %d: open the log in %s: %v", member, walDir, err)
 	}
 	d.Snapshots = broadcast.NewSnapStore(snapDev, snapDir, uint64(member), snap)
-	d.Took = time.Since(t0)
+	d.start, d.records = t0, len(rec.Records)
+	if snap != nil {
+		d.snap, d.snapIdx = true, snap.Index
+	}
+	d.Replayed()
+	return d, nil
+}
+
+// Replayed sets Took (from OpenDurable's start until now) and Summary:
+// the caller calls it again once the replica replayed the log (New), so
+// that both count the whole recovery.
+func (d *Durable) Replayed() {
+	d.Took = time.Since(d.start)
 	var b strings.Builder
 	b.WriteString("recovered ")
-	if snap != nil {
-		fmt.Fprintf(&b, "snapshot index %d + ", snap.Index)
+	if d.snap {
+		fmt.Fprintf(&b, "snapshot index %d + ", d.snapIdx)
 	}
-	fmt.Fprintf(&b, "%d log records in %.2fs", len(rec.Records), d.Took.Seconds())
+	fmt.Fprintf(&b, "%d log records in %.2fs", d.records, d.Took.Seconds())
 	if d.Recovery.Repair {
 		fmt.Fprintf(&b, " (catching up from its group: %s)", d.Recovery.Reason)
 	}
 	d.Summary = b.String()
-	return d, nil
 }
 
 // remedy says what to do about a replica's unusable durable state.

@@ -230,7 +230,6 @@ func (p *Process) start(g, i int) error {
 		for _, w := range dur.Warnings {
 			p.cfg.Log.Warn(w, "node", id, "group", g)
 		}
-		p.cfg.Log.Info(dur.Summary, "node", id, "group", g, "durability", dur.Mode.String(), "data_dir", dur.Dir)
 		dur.Apply(&bc)
 	}
 	rc, err := p.Map.ReplicaConfig(g, bc)
@@ -264,6 +263,10 @@ func (p *Process) start(g, i int) error {
 	}
 	sr := NewReplica(g, i, id, r)
 	sr.dur = dur
+	if dur != nil {
+		dur.Replayed() // New replayed the log: the recovery's whole time
+		p.cfg.Log.Info(dur.Summary, "node", id, "group", g, "durability", dur.Mode.String(), "data_dir", dur.Dir)
+	}
 	sr.pollers = p.pollers
 	if f := p.cfg.AfterPoll; f != nil {
 		sr.after = func(now time.Duration, progress bool) { f(g, i, r, now, progress) }
