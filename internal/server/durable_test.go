@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -267,5 +268,30 @@ func TestBroadcastCountersJSON(t *testing.T) {
 	}
 	if back.Counters != c {
 		t.Errorf("read back %+v, want %+v", back.Counters, c)
+	}
+}
+
+// TestRunMemoryRefusesLog: a replica run in memory mode on a data dir
+// that holds a log (it ran with durability sync) is refused in one line:
+// the log would go stale, and replayed after a later switch back to sync
+// it would bring the replica back as a voter with old data.
+func TestRunMemoryRefusesLog(t *testing.T) {
+	dir := t.TempDir()
+	shm := filepath.Join(dir, "shm")
+	if err := os.Mkdir(shm, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := cluster.ParseConfig(fmt.Appendf(nil, "name = \"mem\"\nfabric = \"shm\"\nshm_dir = %q\ndata_dir = %q\n[[group]]\n[[group.replica]]\nid = 1\n[[clients]]\ncount = 1\n", shm, filepath.Join(dir, "data")), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.ReplicaDir(1), "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // without the check it runs until then
+	defer cancel()
+	err = server.Run(ctx, cfg, 1, server.Options{Control: "-"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err == nil || !strings.Contains(err.Error(), "durability is memory but "+cfg.ReplicaDir(1)+" holds a log") {
+		t.Fatalf("memory mode on a data dir with a log: %v", err)
 	}
 }
