@@ -61,6 +61,17 @@ type Config struct {
 	// DataDir holds each replica's stable state, in DataDir/replica-<id>
 	// (relative paths are relative to the config file). Required.
 	DataDir string `toml:"data_dir"`
+	// Durability is what each replica keeps on disk besides its stable
+	// state: "memory" (the default: nothing; a group whose replicas all
+	// stop loses its data), "sync" (a write is acknowledged once a
+	// majority of its group has it on disk) or "async" (written and
+	// fsynced at least every FsyncInterval).
+	Durability string `toml:"durability"`
+	// FsyncInterval bounds how long an async write waits for its fsync
+	// (default 10ms; only with durability "async").
+	FsyncInterval Duration `toml:"fsync_interval"`
+	// Snapshot tunes the disk snapshots of the durable modes.
+	Snapshot SnapshotConfig `toml:"snapshot"`
 	// Tree is the overlay tree in tree.Parse's form; empty: a chain.
 	Tree string `toml:"tree"`
 	// LogLevel is debug, info, warn or error (default info).
@@ -86,6 +97,24 @@ type Config struct {
 	// SecretBytes is the secret, read from Secret or SecretFile.
 	SecretBytes []byte `toml:"-"`
 }
+
+// SnapshotConfig tunes disk snapshots ([snapshot]; durable modes only).
+type SnapshotConfig struct {
+	// LogBytes is how much log a replica writes before it takes a disk
+	// snapshot and drops the log below it ("64MiB" if empty).
+	LogBytes string `toml:"log_bytes"`
+	// LogBytesN is LogBytes in bytes (0: the default).
+	LogBytesN int64 `toml:"-"`
+}
+
+// Durability modes (Config.Durability).
+const (
+	DurabilityMemory = "memory"
+	DurabilitySync   = "sync"
+	DurabilityAsync  = "async"
+	// DefaultFsyncInterval is fsync_interval's default.
+	DefaultFsyncInterval = 10 * time.Millisecond
+)
 
 // Timing tunes failure detection. Durations are strings such as "10ms".
 type Timing struct {
@@ -398,7 +427,7 @@ func (v *validator) validate() error {
 		return v.fail("shm_dir", "only for fabric \"shm\"")
 	}
 	if c.DataDir == "" {
-		return v.fail("data_dir", "missing: each replica keeps its stable state (votes, epochs) in data_dir/replica-<id>")
+		return v.fail("data_dir", "missing: each replica keeps its stable state (votes, epochs), and its log and snapshots in the durable modes, in data_dir/replica-<id>")
 	}
 	c.DataDir = v.rel(c.DataDir)
 	switch c.LogLevel {
@@ -412,6 +441,9 @@ func (v *validator) validate() error {
 		return err
 	}
 	if err := v.timing(); err != nil {
+		return err
+	}
+	if err := v.durability(); err != nil {
 		return err
 	}
 	if err := v.limits(); err != nil {
@@ -495,6 +527,39 @@ func (v *validator) timing() error {
 		return v.fail("timing.election_timeout", "%v: want at most 1m", time.Duration(t.ElectionTimeout))
 	case t.PeerTimeout < 0 || (t.PeerTimeout != 0 && t.PeerTimeout < Duration(10*time.Millisecond)):
 		return v.fail("timing.peer_timeout", "%v: want at least 10ms", time.Duration(t.PeerTimeout))
+	}
+	return nil
+}
+
+func (v *validator) durability() error {
+	c := v.c
+	switch c.Durability {
+	case "":
+		c.Durability = DurabilityMemory
+	case DurabilityMemory, DurabilitySync, DurabilityAsync:
+	default:
+		return v.fail("durability", "%q: want \"memory\", \"sync\" or \"async\"", c.Durability)
+	}
+	switch {
+	case c.FsyncInterval != 0 && c.Durability != DurabilityAsync:
+		return v.fail("fsync_interval", "only for durability \"async\" (durability is %q)", c.Durability)
+	case c.FsyncInterval == 0:
+		c.FsyncInterval = Duration(DefaultFsyncInterval)
+	case c.FsyncInterval < Duration(100*time.Microsecond) || c.FsyncInterval > Duration(10*time.Second):
+		return v.fail("fsync_interval", "%v: want 100µs to 10s", time.Duration(c.FsyncInterval))
+	}
+	if c.Snapshot.LogBytes != "" {
+		if c.Durability == DurabilityMemory {
+			return v.fail("snapshot.log_bytes", "only for durability \"sync\" or \"async\" (memory mode keeps no snapshots on disk)")
+		}
+		n, err := ParseByteSize(c.Snapshot.LogBytes)
+		if err != nil {
+			return v.fail("snapshot.log_bytes", "%v", err)
+		}
+		if n < 1<<20 {
+			return v.fail("snapshot.log_bytes", "%s: want at least 1MiB (and at most 1024MiB)", c.Snapshot.LogBytes)
+		}
+		c.Snapshot.LogBytesN = int64(n)
 	}
 	return nil
 }

@@ -156,6 +156,38 @@ func TestShmConfig(t *testing.T) {
 	}
 }
 
+// TestConfigDurability: a config without durability keeps memory mode
+// (and the default fsync interval); the example asks for sync with 64 MiB
+// of log between snapshots; async is accepted with its interval.
+func TestConfigDurability(t *testing.T) {
+	d := exampleDir(t)
+	path := filepath.Join(d, "cluster.toml")
+	c, err := ParseConfig([]byte(ExampleConfig), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Durability != DurabilitySync || c.Snapshot.LogBytesN != 64<<20 || time.Duration(c.FsyncInterval) != DefaultFsyncInterval {
+		t.Errorf("example: durability %q log_bytes %d fsync_interval %v", c.Durability, c.Snapshot.LogBytesN, time.Duration(c.FsyncInterval))
+	}
+	old := strings.Replace(ExampleConfig, `durability = "sync"`, ``, 1)
+	old = strings.Replace(old, `log_bytes = "64MiB"`, ``, 1)
+	if c, err = ParseConfig([]byte(old), path); err != nil {
+		t.Fatal(err)
+	}
+	if c.Durability != DurabilityMemory || c.Snapshot.LogBytesN != 0 {
+		t.Errorf("no durability field: durability %q log_bytes %d, want memory and 0", c.Durability, c.Snapshot.LogBytesN)
+	}
+	as := strings.Replace(ExampleConfig, `durability = "sync"
+# fsync_interval = "10ms"`, `durability = "async"
+fsync_interval = "5ms"`, 1)
+	if c, err = ParseConfig([]byte(as), path); err != nil {
+		t.Fatal(err)
+	}
+	if c.Durability != DurabilityAsync || time.Duration(c.FsyncInterval) != 5*time.Millisecond {
+		t.Errorf("async: durability %q fsync_interval %v", c.Durability, time.Duration(c.FsyncInterval))
+	}
+}
+
 // TestConfigErrors checks that each kind of bad config is refused with
 // the line and the field at fault.
 func TestConfigErrors(t *testing.T) {
@@ -274,6 +306,14 @@ kind = "ordered"
 node_size = "256B"`), "keyspace[0].node_size", "too small", 0, `node_size = "256B"`},
 		{"bad tree", ex(`log_level = "info"`, `log_level = "info"
 tree = "nonsense("`), "tree", "", 0, `tree = "nonsense("`},
+		{"bad durability", ex(`durability = "sync"`, `durability = "fsync"`), "durability", `"fsync": want "memory", "sync" or "async"`, 0, `durability = "fsync"`},
+		{"fsync interval not async", ex(`# fsync_interval = "10ms"`, `fsync_interval = "10ms"`), "fsync_interval", `only for durability "async"`, 0, `fsync_interval = "10ms"`},
+		{"fsync interval too long", ex(`durability = "sync"
+# fsync_interval = "10ms"`, `durability = "async"
+fsync_interval = "1m"`), "fsync_interval", "want 100µs to 10s", 0, `fsync_interval = "1m"`},
+		{"bad snapshot size", ex(`log_bytes = "64MiB"`, `log_bytes = "64 parsecs"`), "snapshot.log_bytes", "want a size", 0, `log_bytes = "64 parsecs"`},
+		{"small snapshot size", ex(`log_bytes = "64MiB"`, `log_bytes = "4KiB"`), "snapshot.log_bytes", "at least 1MiB", 0, `log_bytes = "4KiB"`},
+		{"snapshot in memory mode", ex(`durability = "sync"`, `durability = "memory"`), "snapshot.log_bytes", "memory mode keeps no snapshots", 0, `log_bytes = "64MiB"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -47,7 +47,7 @@ type kvserverProc struct {
 // lock) in shmDir too, and waits until it says it is up.
 func startKVServer(bin, shmDir, name string, groups int, et time.Duration) (*kvserverProc, error) {
 	mapFile := filepath.Join(shmDir, name+".map.json")
-	cmd := exec.Command(bin, "--groups", strconv.Itoa(groups), "--replicas", "3", "--name", name,
+	cmd := exec.Command(bin, "--memory", "--groups", strconv.Itoa(groups), "--replicas", "3", "--name", name,
 		"--map", mapFile, "--shm-dir", shmDir, "--control", "-", "--election-timeout", et.String())
 	if err := childCmd(cmd); err != nil {
 		return nil, err

@@ -42,7 +42,7 @@ func startE2E(t *testing.T) *e2e {
 	e.env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + filepath.Join(dir, "home"),
 		"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "TMPDIR=" + filepath.Join(dir, "tmp"), "TERM=xterm-256color", "LANG=C.UTF-8"}
 	shmDir := filepath.Join(dir, "shm")
-	srv := exec.Command(kvserver, "--map", e.mapFile, "--shm-dir", shmDir, "--name", e.name)
+	srv := exec.Command(kvserver, "--memory", "--map", e.mapFile, "--shm-dir", shmDir, "--name", e.name)
 	srv.Env = e.env
 	out, err := srv.StdoutPipe()
 	if err != nil {

@@ -39,7 +39,7 @@ func TestReadmeRunOnFreshClone(t *testing.T) {
 	os.Mkdir(shmDir, 0o755)
 	mapFile := filepath.Join(dir, "run", "cluster.json")
 	name := fmt.Sprintf("fresh%d", os.Getpid())
-	run := exec.Command("make", "-s", "run", fmt.Sprintf("ARGS=--map %s --shm-dir %s --name %s", mapFile, shmDir, name))
+	run := exec.Command("make", "-s", "run", fmt.Sprintf("ARGS=--data-dir %s --map %s --shm-dir %s --name %s", filepath.Join(dir, "data"), mapFile, shmDir, name))
 	run.Dir = clone
 	run.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C signals the whole group
 	out, err := run.StdoutPipe()

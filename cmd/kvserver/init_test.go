@@ -26,7 +26,8 @@ func TestInitShm(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("check of init --shm's config: exit %d, stderr %q", code, errOut)
 	}
-	if !strings.Contains(out, "fabric shm, 2 groups, 16 client slots") || strings.Count(out, "\n  group ") != 6 || strings.Contains(out, " addr ") {
+	if !strings.Contains(out, "fabric shm, 2 groups, 16 client slots") || strings.Count(out, "\n  group ") != 6 || strings.Contains(out, " addr ") ||
+		!strings.Contains(out, "durability sync: a write is acknowledged once a majority of its group has it on disk") {
 		t.Errorf("check of init --shm's config:\n%s", out)
 	}
 	// And the same text on stdout with -; the default stays tcp.
@@ -70,7 +71,8 @@ func TestCheckSingular(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, errOut, code := runArgs("check", "--config", path)
-	if code != 0 || !strings.Contains(out, "fabric shm, 1 group, 1 client slot, ") {
+	// No durability field: memory mode, and check says what that loses.
+	if code != 0 || !strings.Contains(out, "fabric shm, 1 group, 1 client slot, ") || !strings.Contains(out, "durability memory: ") || !strings.Contains(out, "loses its data") {
 		t.Errorf("check: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

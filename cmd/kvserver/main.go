@@ -6,7 +6,10 @@
 // package client, YCSB drivers) read its memory one-sided. It writes the
 // cluster map where those find it by default (client.DefaultMapFile),
 // prints how to connect, and runs until SIGINT or SIGTERM, after which it
-// leaves no file behind (shared memory, map, lock).
+// leaves no file behind (shared memory, map, lock) but its data directory:
+// by default its replicas keep their data in --data-dir in sync mode
+// (every acknowledged write survives a restart, even after kill -9), and
+// --memory keeps nothing.
 //
 // With --config FILE --id N it runs one replica of a cluster described by
 // a TOML config (kvserver init writes a commented example): one process
@@ -80,7 +83,9 @@ const usage = `usage:
 With no flags, kvserver starts an embedded local cluster of 2 groups x 3
 replicas on the shm fabric, writes its cluster map to %s,
 and runs until Ctrl-C (SIGINT) or SIGTERM. kvcli and Go programs using
-github.com/rdmakv/rdmakv/client find the map there by default.
+github.com/rdmakv/rdmakv/client find the map there by default. Its data is
+kept in --data-dir (durability sync) and comes back when it is started
+again with the same flags; --memory keeps nothing.
 
 Flags of the embedded cluster:
 `
@@ -121,6 +126,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	control := fs.String("control", "127.0.0.1:0", "the control port's address (status, metrics, health); \"-\": none")
 	pprofOn := fs.Bool("pprof", false, "serve /debug/pprof/ on the control port")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn or error")
+	dataDir := fs.String("data-dir", "", "where the replicas keep their data (default $XDG_STATE_HOME/rdmakv/<name>, else ~/.local/state/rdmakv/<name>)")
+	durability := fs.String("durability", defaultDurability, "what the replicas keep on disk: sync (a write is acknowledged once a majority of its group synced it), async (synced at least every 10ms; not built yet) or memory (nothing: the data is gone when kvserver stops)")
+	memory := fs.Bool("memory", false, "keep nothing on disk (--durability memory): the data is gone when kvserver stops")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -162,12 +170,63 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver: --heartbeat %v --election-timeout %v: want a positive heartbeat and an election timeout of at least 4 heartbeats\n", *heartbeat, *election)
 		return 2
 	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	eo := embedOpts{control: *control, pprof: *pprofOn, log: log}
+	if *memory {
+		if explicit["durability"] && *durability != "memory" {
+			fmt.Fprintf(stderr, "kvserver: --memory and --durability %s: give one\n", *durability)
+			return 2
+		}
+		*durability = "memory"
+	}
+	mode, err := server.ParseDurability(*durability)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvserver: --%v\n", err)
+		return 2
+	}
+	eo.durable = server.DurableConfig{Mode: mode, SegmentBytes: embeddedSegmentBytes}
+	if mode == broadcast.Memory {
+		if explicit["data-dir"] {
+			fmt.Fprintf(stderr, "kvserver: --data-dir with durability memory: memory mode keeps nothing on disk (leave out --data-dir, or --memory)\n")
+			return 2
+		}
+	} else {
+		eo.dataDir = *dataDir
+		if eo.dataDir == "" {
+			if eo.dataDir, err = defaultDataDir(*name); err != nil {
+				fmt.Fprintf(stderr, "kvserver: %v (give --data-dir, or --memory)\n", err)
+				return 2
+			}
+		}
+	}
 	bc := broadcast.Config{HeartbeatInterval: *heartbeat, ElectionTimeout: *election}
-	if err := serve(m, bc, *mapFile, embedOpts{control: *control, pprof: *pprofOn, log: log}, stdout, stderr); err != nil {
+	if err := serve(m, bc, *mapFile, eo, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "kvserver: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// defaultDurability is the embedded cluster's --durability default.
+const defaultDurability = "sync"
+
+// embeddedSegmentBytes is the embedded cluster's log segment size: six
+// replicas on one disk, each preallocating a segment (and reading it back
+// at start), so smaller than a replica's default 64 MiB.
+const embeddedSegmentBytes = 8 << 20
+
+// defaultDataDir is the embedded cluster's default --data-dir:
+// $XDG_STATE_HOME/rdmakv/<name>, else ~/.local/state/rdmakv/<name>.
+func defaultDataDir(name string) (string, error) {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" && filepath.IsAbs(d) {
+		return filepath.Join(d, "rdmakv", name), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("no data directory: %v", err)
+	}
+	return filepath.Join(home, ".local", "state", "rdmakv", name), nil
 }
 
 // serve runs the embedded cluster of map m until a signal.
@@ -175,6 +234,8 @@ type embedOpts struct {
 	control string
 	pprof   bool
 	log     *slog.Logger
+	durable server.DurableConfig
+	dataDir string // "" in memory mode
 }
 
 func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, stdout, stderr io.Writer) error {
@@ -212,7 +273,20 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
 		}
 	}
-	proc, err := server.StartProcess(server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log})
+	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable}
+	dataLine := "in memory only (--memory): nothing is kept when kvserver stops"
+	if eo.dataDir != "" {
+		unlock, err := server.UseDataDir(&pc, eo.dataDir)
+		if err != nil {
+			if cln != nil {
+				cln.Close()
+			}
+			return err
+		}
+		defer unlock()
+		dataLine = fmt.Sprintf("%s (durability %v; --memory keeps nothing)", eo.dataDir, eo.durable.Mode)
+	}
+	proc, err := server.StartProcess(pc)
 	if err != nil {
 		return fmt.Errorf("start the local cluster: %w", err)
 	}
@@ -232,13 +306,18 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 	}
 	fmt.Fprintf(stdout, `rdmakv local cluster %q is up in %v: %s x %s on shm (%s), pid %d
   cluster map:  %s
+  data:         %s
   control:      %s
   try:          go run ./cmd/kvcli put hello world && go run ./cmd/kvcli get hello
   from Go:      c, err := client.Open(ctx)   // package github.com/rdmakv/rdmakv/client
   ordered:      c.Keyspace("ordered")         // sorted keys and Scan (docs/client.md)
   stop:         Ctrl-C (or kill %d)
-`, m.Name, time.Since(start).Round(time.Millisecond), plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.ShmDir, os.Getpid(), mapFile, controlLine, os.Getpid())
-	<-ctx.Done()
+`, m.Name, time.Since(start).Round(time.Millisecond), plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.ShmDir, os.Getpid(), mapFile, dataLine, controlLine, os.Getpid())
+	select {
+	case <-ctx.Done():
+	case err := <-proc.Failed():
+		return err
+	}
 	fmt.Fprintln(stdout, "kvserver: stopping")
 	return nil
 }

@@ -46,7 +46,7 @@ func TestLocalClusterWithKvcli(t *testing.T) {
 	}
 	mapFile := filepath.Join(dir, "run", "cluster.json")
 	name := fmt.Sprintf("e2e%d", os.Getpid())
-	srv := exec.Command(kvserver, "--map", mapFile, "--shm-dir", shmDir, "--name", name)
+	srv := exec.Command(kvserver, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name)
 	out, err := srv.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestLocalClusterWithKvcli(t *testing.T) {
 	}()
 
 	// A second embedded cluster on the same map is refused in one line.
-	second := exec.Command(kvserver, "--map", mapFile, "--shm-dir", shmDir, "--name", name+"b")
+	second := exec.Command(kvserver, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name+"b")
 	b, err := second.CombinedOutput()
 	if err == nil || !strings.Contains(string(b), "already runs") {
 		t.Fatalf("a second kvserver on the same map: %v: %s", err, b)

@@ -106,7 +106,7 @@ func TestMakeRunCtrlC(t *testing.T) {
 	dir := t.TempDir()
 	shmDir := filepath.Join(dir, "shm")
 	mapFile := filepath.Join(dir, "cluster.json")
-	args := "--map " + mapFile + " --shm-dir " + shmDir + " --name makerun --control -"
+	args := "--memory --map " + mapFile + " --shm-dir " + shmDir + " --name makerun --control -"
 	cmd := exec.Command(makeBin, "--no-print-directory", "run", "RUNBIN="+filepath.Join(dir, "kvserver"), "ARGS="+args)
 	cmd.Dir = "../.."
 	master, slave := openPTY(t)

@@ -210,6 +210,14 @@ func runCheck(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%s: cluster %q, fabric %s, %s, %s, data_dir %s, heartbeat %v, election timeout %v\n",
 		*config, cfg.Name, cfg.Fabric, plural(len(cfg.Groups), "group"), plural(len(m.ClientNodes), "client slot"), cfg.DataDir, time.Duration(cfg.Timing.Heartbeat), time.Duration(cfg.Timing.ElectionTimeout))
+	switch cfg.Durability {
+	case cluster.DurabilityMemory:
+		fmt.Fprintf(stdout, "  durability memory: replicas keep only their stable state on disk; a group whose replicas all stop at once loses its data (set durability = \"sync\" to keep it)\n")
+	case cluster.DurabilityAsync:
+		fmt.Fprintf(stdout, "  durability async: fsync at least every %v; a power cut of a whole group loses at most the writes of the last interval\n", time.Duration(cfg.FsyncInterval))
+	default:
+		fmt.Fprintf(stdout, "  durability %s: a write is acknowledged once a majority of its group has it on disk\n", cfg.Durability)
+	}
 	for g, gr := range cfg.Groups {
 		for _, r := range gr.Replicas {
 			fmt.Fprintf(stdout, "  group %d replica %d", g, r.ID)

@@ -36,7 +36,7 @@ func TestClosedOutputKeepsCleanup(t *testing.T) {
 		}
 		mapFile := filepath.Join(d, "run", "cluster.json")
 		name := fmt.Sprintf("sp%d", os.Getpid())
-		runClosedOutput(t, kvserver, "stop:", shmDir, "--map", mapFile, "--shm-dir", shmDir, "--name", name,
+		runClosedOutput(t, kvserver, "stop:", shmDir, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name,
 			"--control", "-", "--log-level", "info", "--groups", "1", "--replicas", "3", "--clients", "2")
 		for _, f := range []string{mapFile, mapFile + ".lock"} {
 			if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {

@@ -175,6 +175,8 @@ type spec struct {
 	ClientListen                                        string
 	// Extra is TOML appended to the config (e.g. [[keyspace]] blocks).
 	Extra string
+	// Durability is the config's durability ("": none, memory mode).
+	Durability string
 }
 
 // TOML is the config file's text.
@@ -194,6 +196,9 @@ func (s *spec) TOML() string {
 	fmt.Fprintf(&b, "data_dir = %q\n", dataDir)
 	if s.LogLevel != "" {
 		fmt.Fprintf(&b, "log_level = %q\n", s.LogLevel)
+	}
+	if s.Durability != "" {
+		fmt.Fprintf(&b, "durability = %q\n", s.Durability)
 	}
 	b.WriteString("\n[timing]\n")
 	if s.Heartbeat != "" {

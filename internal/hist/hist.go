@@ -93,3 +93,17 @@ func (h *Hist) Mean() time.Duration {
 
 // Reset empties the histogram.
 func (h *Hist) Reset() { *h = Hist{} }
+
+// CountBelow is how many observations fell in the buckets below d's (for
+// a Prometheus histogram's cumulative counts, to the bucket's precision).
+func (h *Hist) CountBelow(d time.Duration) uint64 {
+	b := bucket(uint64(max(d, 0)))
+	var n uint64
+	for _, c := range h.counts[:b] {
+		n += c
+	}
+	return n
+}
+
+// Sum is the sum of the observations.
+func (h *Hist) Sum() time.Duration { return time.Duration(h.sum) }

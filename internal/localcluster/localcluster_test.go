@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/kvcheck"
 	"github.com/rdmakv/rdmakv/internal/localcluster"
+	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -192,5 +194,45 @@ func TestPausedMemoryReadable(t *testing.T) {
 	}
 	if _, err := c.Put(ctx, []byte("after"), []byte("resume")); err != nil {
 		t.Fatalf("put after Resume: %v", err)
+	}
+}
+
+// TestDurableRestart: a local cluster started with a data dir in sync mode
+// comes back with its data after Close (every replica at once); one of
+// another shape is refused on the same dir.
+func TestDurableRestart(t *testing.T) {
+	dir := t.TempDir()
+	m := &cluster.Map{Name: "dur", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}}, ClientNodes: []rdma.NodeID{100}}
+	bc := broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond}
+	o := localcluster.Options{DataDir: dir, Durable: server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 1 << 20}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	lc, err := localcluster.StartWith(ctx, m, bc, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := openClient(t, lc, 0)
+	for i := range 100 {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "k%d", i), fmt.Appendf(nil, "v%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	lc.Close()
+	other := &cluster.Map{Name: "dur", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
+	if _, err := localcluster.StartWith(ctx, other, bc, o); err == nil || !strings.Contains(err.Error(), "holds the data of cluster") {
+		t.Fatalf("a map of another shape on the same data dir: %v", err)
+	}
+	lc, err = localcluster.StartWith(ctx, m, bc, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	c = openClient(t, lc, 0)
+	for i := range 100 {
+		v, err := c.Get(ctx, fmt.Appendf(nil, "k%d", i))
+		if err != nil || string(v) != fmt.Sprintf("v%d", i) {
+			t.Fatalf("after the restart k%d: %q, %v", i, v, err)
+		}
 	}
 }

@@ -2,9 +2,12 @@ package server
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/rdmakv/rdmakv/internal/hist"
 )
 
 // NewRegistry is the control port's Prometheus registry: the Go runtime
@@ -54,6 +57,18 @@ var (
 	dReplies    = desc("replies_total", "Reply writes to clients.")
 	dMalformed  = desc("malformed_total", "Client records refused as malformed.")
 
+	dDurability  = desc("durability", "1 for what the replica keeps on disk (memory, sync, async).", "mode")
+	dDiskStopped = desc("disk_stopped", "1 once a disk error stopped the replica (fail-stop: restart it once the disk is sound).")
+	dWALBytes    = desc("wal_bytes_total", "Bytes of log batches written and synced.")
+	dWALSegs     = desc("wal_segments", "Live log segment files.")
+	dWALSegBytes = desc("wal_segment_bytes", "Preallocated bytes of the live log segments.")
+	dUnsynced    = desc("wal_unsynced_bytes", "Log bytes appended and not yet synced.")
+	dFsync       = desc("wal_fsync_seconds", "Latency of the log's fsyncs.")
+	dDiskFull    = desc("wal_disk_full_total", "Log batches that found the disk full (writes wait; nothing is lost).")
+	dSnapAge     = desc("snapshot_age_seconds", "Age of the newest disk snapshot.")
+	dSnapBytes   = desc("snapshot_bytes", "Size of the newest disk snapshot file.")
+	dRecovery    = desc("recovery_seconds", "How long reading the log and snapshot back took at start.")
+
 	pollerLabels = []string{"poller"}
 	dPasses      = prometheus.NewDesc("rdmakv_poller_passes_total", "Passes of a poller over its replicas.", pollerLabels, nil)
 	dSpins       = prometheus.NewDesc("rdmakv_poller_spins_total", "Spin phases of a poller before it parks.", pollerLabels, nil)
@@ -68,7 +83,8 @@ type collector struct{ reps []*Replica }
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dRole, dServing, dRound, dDelivered, dApplied, dCatching, dRecords, dBytes, dMembers,
 		dElections, dElected, dRestored, dSnapSent, dDiffs, dReconnects, dDuplicates, dOrdered, dReplies, dMalformed,
-		dPasses, dSpins, dSpinHits, dParks, dWakes, dTasks} {
+		dPasses, dSpins, dSpinHits, dParks, dWakes, dTasks,
+		dDurability, dDiskStopped, dWALBytes, dWALSegs, dWALSegBytes, dUnsynced, dFsync, dDiskFull, dSnapAge, dSnapBytes, dRecovery} {
 		ch <- d
 	}
 }
@@ -126,5 +142,38 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(dOrdered, s.Multicast.Ordered)
 		counter(dReplies, s.Multicast.Replies)
 		counter(dMalformed, s.Multicast.Malformed)
+		for _, m := range []string{"memory", "sync", "async"} {
+			gauge(dDurability, b2f(s.Durability == m), m)
+		}
+		gauge(dDiskStopped, b2f(s.DiskError != ""))
+		if d := s.Disk; d != nil {
+			counter(dWALBytes, d.WALBytes)
+			gauge(dWALSegs, float64(d.WALSegments))
+			gauge(dWALSegBytes, float64(d.WALSegmentBytes))
+			gauge(dUnsynced, float64(d.UnsyncedBytes))
+			counter(dDiskFull, d.DiskFull)
+			gauge(dRecovery, d.RecoverySeconds)
+			if d.Snapshot != "" {
+				gauge(dSnapAge, d.SnapshotAge)
+				gauge(dSnapBytes, float64(d.SnapshotBytes))
+			}
+			h := r.fsyncHist()
+			buckets := map[float64]uint64{}
+			for _, b := range fsyncBuckets {
+				buckets[b.Seconds()] = h.CountBelow(b)
+			}
+			ch <- prometheus.MustNewConstHistogram(dFsync, h.N(), h.Sum().Seconds(), buckets, l...)
+		}
 	}
+}
+
+// fsyncBuckets are rdmakv_wal_fsync_seconds's upper bounds: 50µs to 100ms.
+var fsyncBuckets = []time.Duration{50 * time.Microsecond, 100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond,
+	time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond}
+
+// fsyncHist is the log's fsync latencies as last copied.
+func (p *Replica) fsyncHist() hist.Hist {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.disk.wal.FsyncLatency
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -65,6 +66,15 @@ type ProcessConfig struct {
 	// Log, if set, logs the replicas' role changes (Watch) and the control
 	// port's errors.
 	Log *slog.Logger
+	// Durable is what the replicas keep on disk besides their stable
+	// state (zero: memory mode, nothing). With a durable mode each
+	// replica opens its log and snapshots in ReplicaDir(id) (OpenDurable,
+	// after Prepare), and Stop flushes and syncs what its log has queued.
+	Durable    DurableConfig
+	ReplicaDir func(id rdma.NodeID) string
+	// FS is the file system the durable state is on (nil: vfs.OS; tests
+	// inject faults with errorfs).
+	FS vfs.FS
 }
 
 // Process is one node runtime: the fabric nodes of the replicas a process
@@ -84,6 +94,7 @@ type Process struct {
 	all     []*Replica // every replica started, in map order, for the control port
 
 	mu      sync.Mutex
+	failed  chan error  // a replica stopped on a disk error (fail-stop)
 	reps    [][]*hosted // [group][index]; nil: not hosted here, or stopped
 	clients map[rdma.NodeID]rdma.Node
 	closed  bool
@@ -96,6 +107,7 @@ type hosted struct {
 	st   *btree.Store // nil: the map has no ordered keyspace
 	sr   *Replica
 	h    *poller.Handle
+	dur  *Durable // nil: memory mode
 }
 
 // StartProcess opens the nodes of cfg's replicas, builds the replicas,
@@ -153,7 +165,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	if np <= 0 {
 		np = max(1, min(runtime.GOMAXPROCS(0), len(groups)))
 	}
-	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}),
+	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
 		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
 	p.reps = make([][]*hosted, len(m.Groups))
 	for g, ms := range m.Groups {
@@ -175,6 +187,9 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 		}
 	}
 	wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
+	if cfg.Durable.Mode != broadcast.Memory {
+		wg.Go(func() { p.watchDisks(ctx) })
+	}
 	go finished()
 	if cfg.Control != nil {
 		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret}, cfg.Log)
@@ -198,8 +213,28 @@ func (p *Process) start(g, i int) error {
 			return err
 		}
 	}
+	var dur *Durable
+	if p.cfg.Durable.Mode != broadcast.Memory {
+		if p.cfg.ReplicaDir == nil {
+			node.Close()
+			return fmt.Errorf("start replica %d (group %d): durability %v needs a data directory", id, g, p.cfg.Durable.Mode)
+		}
+		fsys := p.cfg.FS
+		if fsys == nil {
+			fsys = vfs.OS
+		}
+		if dur, err = OpenDurable(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring); err != nil {
+			node.Close()
+			return err
+		}
+		for _, w := range dur.Warnings {
+			p.cfg.Log.Warn(w, "node", id, "group", g)
+		}
+		dur.Apply(&bc)
+	}
 	rc, err := p.Map.ReplicaConfig(g, bc)
 	if err != nil {
+		dur.Close()
 		node.Close()
 		return err
 	}
@@ -219,17 +254,26 @@ func (p *Process) start(g, i int) error {
 		if st != nil {
 			st.Close()
 		}
+		dur.Close()
 		node.Close()
+		if errors.Is(err, broadcast.ErrConfig) && p.cfg.Durable.Mode == broadcast.Async {
+			return fmt.Errorf("start replica %d (group %d): durability async is not built yet (use sync or memory)", id, g)
+		}
 		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
 	sr := NewReplica(g, i, id, r)
+	sr.dur = dur
+	if dur != nil {
+		dur.Replayed() // New replayed the log: the recovery's whole time
+		p.cfg.Log.Info(dur.Summary, "node", id, "group", g, "durability", dur.Mode.String(), "data_dir", dur.Dir)
+	}
 	sr.pollers = p.pollers
 	if f := p.cfg.AfterPoll; f != nil {
 		sr.after = func(now time.Duration, progress bool) { f(g, i, r, now, progress) }
 	}
 	// A group's replicas share a poller: their messages to each other
 	// then need no wake-up.
-	h := &hosted{node: node, r: r, st: st, sr: sr, h: p.pollers.AddTo(g, sr, node)}
+	h := &hosted{node: node, r: r, st: st, sr: sr, h: p.pollers.AddTo(g, sr, node), dur: dur}
 	if p.cfg.Commands {
 		sr.SetHandle(h.h)
 	}
@@ -249,6 +293,31 @@ func (p *Process) get(g, i int) *hosted {
 	return p.reps[g][i]
 }
 
+// Failed delivers the first disk error that stopped a replica of the
+// process (fail-stop: its writer failed an fsync, or the disk refused a
+// record): the replica polls no more, and the process should exit so that
+// it is restarted once the disk is sound.
+func (p *Process) Failed() <-chan error { return p.failed }
+
+// watchDisks reports the first replica a disk error stopped (Failed).
+func (p *Process) watchDisks(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, r := range p.all {
+			if err := r.r.Multicast().Broadcast().Status().DiskErr; err != nil {
+				p.failed <- fmt.Errorf("replica %d (group %d) stopped on a disk error in %s: %v: nothing it acknowledged is lost; check the disk (dmesg, df), then restart it", r.Node, r.Group, r.dur.Dir, err)
+				return
+			}
+		}
+	}
+}
+
 // Hosts reports whether replica (g, i) runs here (hosted and not stopped).
 func (p *Process) Hosts(g, i int) bool { return p.get(g, i) != nil }
 
@@ -266,7 +335,9 @@ func (p *Process) Do(g, i int, f func(*kv.Replica)) error {
 }
 
 // Stop stops replica (g, i) and closes its node: its memory is gone (as
-// after kill -9 of a process hosting only it).
+// after kill -9 of a process hosting only it). A durable replica first
+// writes and syncs what its log has queued (a clean stop), for at most
+// flushTimeout.
 func (p *Process) Stop(g, i int) {
 	p.mu.Lock()
 	var h *hosted
@@ -278,12 +349,38 @@ func (p *Process) Stop(g, i int) {
 	if h == nil {
 		return
 	}
+	if h.dur != nil {
+		flush(h)
+	}
 	h.h.Remove()
 	h.r.Close()
 	if h.st != nil {
 		h.st.Close()
 	}
+	h.dur.Close()
 	h.node.Close()
+}
+
+// flushTimeout bounds how long Stop waits for a log's queue to reach the
+// disk.
+const flushTimeout = 10 * time.Second
+
+// flush asks h's log writer (on its polling goroutine) to write and sync
+// what is queued, and waits until it is idle, failed, or flushTimeout
+// passed.
+func flush(h *hosted) {
+	w := h.dur.WAL
+	if h.h.Do(w.Flush) != nil {
+		return
+	}
+	deadline := time.Now().Add(flushTimeout)
+	for time.Now().Before(deadline) {
+		done := false
+		if h.h.Do(func() { done = w.Idle() || w.Err() != nil }) != nil || done {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Pause stops polling replica (g, i) until Resume (once it returns, no

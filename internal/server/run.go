@@ -126,9 +126,18 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 			}
 		}()
 	}
+	dc, err := DurableFor(cfg)
+	if err != nil {
+		return err
+	}
 	for _, id := range nodes {
 		if err := checkIdentity(reps[id].dir, reps[id].ident); err != nil {
 			return err
+		}
+		if dc.Mode == broadcast.Memory {
+			if err := checkNoLog(reps[id].dir, int64(id)); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -147,6 +156,7 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 			bc.Start = start
 			return r.stable, nil
 		},
+		Durable: dc, ReplicaDir: func(id rdma.NodeID) string { return reps[id].dir },
 		Control: cln, Pprof: opts.Pprof, Secret: cfg.SecretBytes, Commands: true, Log: log})
 	cln = nil // StartProcess closes it
 	if err != nil {
@@ -166,9 +176,26 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 	if opts.Ready != nil {
 		opts.Ready(caddr)
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case err := <-proc.Failed():
+		return err
+	}
 	log.Info("stopping")
 	return nil
+}
+
+// DurableFor is the durability a cluster config asks for.
+func DurableFor(cfg *cluster.Config) (DurableConfig, error) {
+	mode := cfg.Durability
+	if mode == "" {
+		mode = cluster.DurabilityMemory
+	}
+	m, err := ParseDurability(mode)
+	if err != nil {
+		return DurableConfig{}, err
+	}
+	return DurableConfig{Mode: m, FsyncInterval: time.Duration(cfg.FsyncInterval), SnapshotLogBytes: cfg.Snapshot.LogBytesN}, nil
 }
 
 // lockDir takes the data directory's lock for this process's life.

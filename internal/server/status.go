@@ -6,9 +6,15 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -17,6 +23,7 @@ import (
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // copyEvery is how often a Replica copies the state only its polling
@@ -35,6 +42,7 @@ type Replica struct {
 	busy         prometheus.Histogram
 	pollers      *poller.Group                          // the group polling it (Process), for /status and /metrics
 	after        func(now time.Duration, progress bool) // ProcessConfig.AfterPoll
+	dur          *Durable                               // nil: memory mode
 
 	mu   sync.Mutex
 	h    *poller.Handle // SetHandle: runs commands on the replica's poller
@@ -43,6 +51,16 @@ type Replica struct {
 	hdr  kv.Header
 	mc   multicast.Counters
 	dups uint64
+	disk diskCopy // durable modes: the log's and snapshots' state
+}
+
+// diskCopy is what a durable replica's log writer and snapshot store
+// show, copied on the polling goroutine.
+type diskCopy struct {
+	wal     wal.Stats
+	snapOK  bool
+	snapIdx uint64
+	snapAt  broadcast.MsgHdr
 }
 
 // NewReplica wraps replica i of group g.
@@ -69,8 +87,13 @@ func (p *Replica) Poll(now time.Duration) bool {
 		p.last = now
 		tab, hdr, mc := p.r.Table().Stats(), p.r.Table().Header(), p.r.Multicast().Counters()
 		d, _, _ := p.r.Multicast().Anomalies()
+		var dc diskCopy
+		if p.dur != nil {
+			dc.wal = p.dur.WAL.Stats()
+			dc.snapIdx, dc.snapAt, dc.snapOK = p.dur.Snapshots.Newest()
+		}
 		p.mu.Lock()
-		p.tab, p.hdr, p.mc, p.dups = tab, hdr, mc, d
+		p.tab, p.hdr, p.mc, p.dups, p.disk = tab, hdr, mc, d, dc
 		p.mu.Unlock()
 	}
 	if p.after != nil {
@@ -123,6 +146,36 @@ type ReplicaStatus struct {
 	// HugePages is how the replica's regions (its table) are backed by
 	// huge pages, and why (rdma.HugePagesOf its node).
 	HugePages rdma.HugePages `json:"huge_pages"`
+	// Durability is what the replica keeps on disk (memory, sync,
+	// async); Durable the last accepted header on its disk (dA: what its
+	// acknowledgements cover in sync mode; Accepted in memory mode).
+	Durability string `json:"durability"`
+	Durable    Hdr    `json:"durable"`
+	// DiskError is the disk failure that stopped the replica (fail-stop).
+	DiskError string `json:"disk_error,omitempty"`
+	// Disk is its log's and snapshots' state (durable modes only).
+	Disk *DiskStatus `json:"disk,omitempty"`
+}
+
+// DiskStatus is a durable replica's log and snapshots.
+type DiskStatus struct {
+	Dir             string  `json:"dir"`
+	WALBytes        uint64  `json:"wal_bytes"`    // bytes of batches synced since start
+	WALSegments     int     `json:"wal_segments"` // live segment files
+	WALSegmentBytes int64   `json:"wal_segment_bytes"`
+	UnsyncedBytes   int64   `json:"unsynced_bytes"`
+	Fsyncs          uint64  `json:"fsyncs"`
+	FsyncP50        float64 `json:"fsync_p50_seconds"`
+	FsyncP99        float64 `json:"fsync_p99_seconds"`
+	DiskFull        uint64  `json:"disk_full"`
+	// Snapshot is the newest durable disk snapshot's file ("" if none),
+	// its size and age.
+	Snapshot        string  `json:"snapshot,omitempty"`
+	SnapshotIndex   uint64  `json:"snapshot_index,omitempty"`
+	SnapshotBytes   int64   `json:"snapshot_bytes,omitempty"`
+	SnapshotAge     float64 `json:"snapshot_age_seconds,omitempty"`
+	RecoverySeconds float64 `json:"recovery_seconds"`
+	Recovery        string  `json:"recovery"`
 }
 
 // Hdr is a message header (broadcast.MsgHdr): an epoch and a count in it.
@@ -134,25 +187,52 @@ type Hdr struct {
 // String formats the header as broadcast.MsgHdr does: (round,leader):count.
 func (h Hdr) String() string { return fmt.Sprintf("%v:%d", h.Epoch, h.Count) }
 
-// BroadcastCounters are broadcast.Counters with snake_case JSON keys (a
-// conversion: a field added there must be added here).
-type BroadcastCounters struct {
-	Elected               uint64 `json:"elected"`
-	ElectionsStarted      uint64 `json:"elections_started"`
-	ElectionsDeferred     uint64 `json:"elections_deferred"`
-	ElectBackoffs         uint64 `json:"elect_backoffs"`
-	ForcedVotes           uint64 `json:"forced_votes"`
-	DiffsAccepted         uint64 `json:"diffs_accepted"`
-	DiffParts             uint64 `json:"diff_parts"`
-	SnapshotsTaken        uint64 `json:"snapshots_taken"`
-	SnapshotsSent         uint64 `json:"snapshots_sent"`
-	SnapshotsRestored     uint64 `json:"snapshots_restored"`
-	SnapshotsRefused      uint64 `json:"snapshots_refused"`
-	SnapshotFetchesFailed uint64 `json:"snapshot_fetches_failed"`
-	Reconnects            uint64 `json:"reconnects"`
-	Requeued              uint64 `json:"requeued"`
-	Delivered             uint64 `json:"delivered"`
-	Duplicates            uint64 `json:"duplicates"`
+// BroadcastCounters are broadcast.Counters with snake_case JSON keys
+// (ElectionsStarted: "elections_started"). It is the same struct, so a
+// counter added to broadcast.Counters shows here with no edit.
+type BroadcastCounters broadcast.Counters
+
+// MarshalJSON writes every counter under its snake_case name.
+func (c BroadcastCounters) MarshalJSON() ([]byte, error) {
+	m := map[string]uint64{}
+	v := reflect.ValueOf(c)
+	for i := range v.NumField() {
+		if f := v.Field(i); f.CanUint() {
+			m[snake(v.Type().Field(i).Name)] = f.Uint()
+		}
+	}
+	return json.Marshal(m)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes (unknown keys are ignored).
+func (c *BroadcastCounters) UnmarshalJSON(b []byte) error {
+	var m map[string]uint64
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	v := reflect.ValueOf(c).Elem()
+	for i := range v.NumField() {
+		if f := v.Field(i); f.CanUint() {
+			f.SetUint(m[snake(v.Type().Field(i).Name)])
+		}
+	}
+	return nil
+}
+
+// snake is a Go field name in snake_case: SnapshotFetchesFailed ->
+// snapshot_fetches_failed.
+func snake(name string) string {
+	var b strings.Builder
+	for i, r := range name {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // MulticastCounters are multicast.Counters with snake_case JSON keys.
@@ -182,7 +262,7 @@ func (p *Replica) Status() ReplicaStatus {
 	bs := b.Status()
 	_, serving := b.Leading()
 	p.mu.Lock()
-	tab, hdr, mc := p.tab, p.hdr, p.mc
+	tab, hdr, mc, dc := p.tab, p.hdr, p.mc, p.disk
 	p.mu.Unlock()
 	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
 		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
@@ -193,6 +273,25 @@ func (p *Replica) Status() ReplicaStatus {
 		HugePages: rdma.HugePagesOf(p.r.Table().Node())}
 	if l, ok := bs.Leader(); ok {
 		s.Leader = l
+	}
+	s.Durability, s.Durable = broadcast.Memory.String(), Hdr{bs.Durable.E, bs.Durable.Cnt}
+	if bs.DiskErr != nil {
+		s.DiskError = bs.DiskErr.Error()
+	}
+	if d := p.dur; d != nil {
+		s.Durability = d.Mode.String()
+		w := &dc.wal
+		ds := &DiskStatus{Dir: d.Dir, WALBytes: w.BytesWritten, WALSegments: w.Segments, WALSegmentBytes: w.SegmentBytes,
+			UnsyncedBytes: w.UnsyncedBytes, Fsyncs: w.Fsyncs, FsyncP50: w.FsyncLatency.Quantile(0.5).Seconds(),
+			FsyncP99: w.FsyncLatency.Quantile(0.99).Seconds(), DiskFull: w.DiskFull, RecoverySeconds: d.Took.Seconds(), Recovery: d.Summary}
+		if dc.snapOK {
+			path := filepath.Join(d.Dir, "snap", broadcast.SnapName(dc.snapIdx, dc.snapAt))
+			ds.Snapshot, ds.SnapshotIndex = path, dc.snapIdx
+			if fi, err := os.Stat(path); err == nil {
+				ds.SnapshotBytes, ds.SnapshotAge = fi.Size(), time.Since(fi.ModTime()).Seconds()
+			}
+		}
+		s.Disk = ds
 	}
 	for _, m := range bs.Members {
 		s.Members = append(s.Members, MemberStatus{Node: m.ID, State: m.State.String(), LinkUp: m.LinkUp || m.State == broadcast.MemberSelf, Committed: m.Committed.Cnt})

@@ -1,0 +1,180 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// clusterIdentity is what an embedded cluster's data directory records
+// of the cluster it holds, so that a directory of another shape is never
+// used.
+type clusterIdentity struct {
+	Cluster string          `json:"cluster"`
+	Fabric  string          `json:"fabric"`
+	Groups  [][]rdma.NodeID `json:"groups"`
+}
+
+func (c clusterIdentity) shape() string {
+	n := 0
+	if len(c.Groups) > 0 {
+		n = len(c.Groups[0])
+	}
+	return fmt.Sprintf("cluster %q (%d groups x %d replicas, %s)", c.Cluster, len(c.Groups), n, c.Fabric)
+}
+
+// UseDataDir makes pc (a process hosting every replica of pc.Map: the
+// embedded cluster) keep its replicas' state in dir: each replica's stable
+// state, log and snapshots in dir/replica-<id>. It takes dir's lock for
+// the process's life (unlock releases it), records the cluster's shape
+// in dir/identity.json and refuses a directory that holds another
+// cluster's (another name, number of groups or replicas). It sets
+// pc.Prepare (a replica with stable state restarts as the member it was)
+// and pc.ReplicaDir; pc.Durable says what the replicas keep besides the
+// stable state.
+func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
+	m := pc.Map
+	if m == nil {
+		return nil, errors.New("server: no cluster map")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	unlock, err := lockClusterDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			unlock()
+		}
+	}()
+	want := clusterIdentity{Cluster: m.Name, Fabric: m.Fabric, Groups: m.Groups}
+	path := filepath.Join(dir, "identity.json")
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		b, _ := json.MarshalIndent(want, "", "  ")
+		if err := writeFileSync(path, append(b, '\n')); err != nil {
+			return nil, fmt.Errorf("data dir: %w", err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("data dir: %w", err)
+	default:
+		var got clusterIdentity
+		if err := json.Unmarshal(b, &got); err != nil {
+			return nil, fmt.Errorf("data dir %s: %s is not an rdmakv identity file (%v): give another --data-dir", dir, path, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			return nil, fmt.Errorf("data dir %s holds the data of %s, not of %s: give another --data-dir (or the flags it was started with), or remove the directory if that data is not wanted",
+				dir, got.shape(), want.shape())
+		}
+	}
+	ran := false
+	for _, ms := range m.Groups {
+		for _, id := range ms {
+			rd := replicaDir(dir, id)
+			if err := os.MkdirAll(rd, 0o700); err != nil {
+				return nil, fmt.Errorf("data dir: %w", err)
+			}
+			if _, err := os.Stat(filepath.Join(rd, "stable")); err == nil {
+				ran = true
+			}
+		}
+	}
+	rejoinInc := uint64(time.Now().UnixNano())
+	pc.ReplicaDir = func(id rdma.NodeID) string { return replicaDir(dir, id) }
+	pc.Prepare = func(node rdma.Node, g, _ int, bc *broadcast.Config) (broadcast.Stable, error) {
+		st := broadcast.FileStable{Path: filepath.Join(replicaDir(dir, node.ID()), "stable")}
+		_, err := os.Stat(st.Path)
+		switch {
+		case err == nil:
+			bc.Start = broadcast.StartExisting
+		case ran:
+			// The cluster ran before and this replica lost its state
+			// (or never saved it): it rejoins as a new incarnation, or
+			// it could vote twice in an epoch.
+			bc.Start, bc.RejoinIncarnation = broadcast.StartRejoin, rejoinInc
+		default:
+			bc.Start = broadcast.StartNew
+		}
+		return st, nil
+	}
+	return unlock, nil
+}
+
+func replicaDir(dir string, id rdma.NodeID) string {
+	return filepath.Join(dir, fmt.Sprintf("replica-%d", id))
+}
+
+// lockClusterDir takes dir's lock (dir/lock) for the process's life.
+func lockClusterDir(dir string) (func(), error) {
+	path := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b, _ := os.ReadFile(path)
+		f.Close()
+		pid := strings.TrimSpace(string(b))
+		if pid == "" {
+			pid = "unknown"
+		}
+		return nil, fmt.Errorf("data dir %s is in use by process %s: stop it first, or give another --data-dir", dir, pid)
+	}
+	f.Truncate(0)
+	fmt.Fprintf(f, "%d\n", os.Getpid())
+	return func() { f.Close() }, nil
+}
+
+// writeFileSync writes path through a synced temporary file and renames
+// it into place.
+func writeFileSync(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// checkNoLog refuses to run a replica in memory mode over a data
+// directory that holds a log: the log would go stale, and a later start
+// in a durable mode would replay it as if it were current.
+func checkNoLog(dir string, id int64) error {
+	if _, err := os.Stat(filepath.Join(dir, "wal")); err == nil {
+		return fmt.Errorf("replica %d: durability is memory but %s holds a log (it ran with durability sync or async): set durability back, or remove %s and %s to run it in memory mode",
+			id, dir, filepath.Join(dir, "wal"), filepath.Join(dir, "snap"))
+	}
+	return nil
+}

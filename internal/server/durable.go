@@ -1,0 +1,185 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/vfs"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
+)
+
+// DurableConfig is what a replica keeps on disk besides its stable state
+// (docs/deploy.md, "Durability"): the mode and its tuning. The zero value
+// is memory mode (nothing kept, nothing opened).
+type DurableConfig struct {
+	// Mode is broadcast.Memory, Sync or Async.
+	Mode broadcast.Durability
+	// FsyncInterval bounds how long a record waits for its fsync in
+	// async mode (default 10ms).
+	FsyncInterval time.Duration
+	// SnapshotLogBytes is how much log triggers a disk snapshot (default
+	// broadcast's, 64 MiB).
+	SnapshotLogBytes int64
+	// SegmentBytes is a log segment's preallocated size (default wal's,
+	// 64 MiB).
+	SegmentBytes int64
+}
+
+// ParseDurability reads a durability mode's name (memory, sync, async).
+func ParseDurability(s string) (broadcast.Durability, error) {
+	switch s {
+	case "memory":
+		return broadcast.Memory, nil
+	case "sync":
+		return broadcast.Sync, nil
+	case "async":
+		return broadcast.Async, nil
+	}
+	return 0, fmt.Errorf("durability %q: want memory, sync or async", s)
+}
+
+// Durable is a replica's durable state opened from its data directory:
+// the log read back and its writer, the disk snapshots and their store.
+// Apply hands them to the replica's broadcast configuration; Close
+// releases the device once the replica is closed.
+type Durable struct {
+	Mode broadcast.Durability
+	// Dir is the replica's data directory (wal/ and snap/ are in it).
+	Dir       string
+	WAL       *wal.Writer
+	Snapshots *broadcast.SnapStore
+	Recovery  *broadcast.Recovery
+	// SnapshotLogBytes is passed on to broadcast.Config.
+	SnapshotLogBytes int64
+	// Summary is the recovery's log line ("recovered snapshot index N +
+	// M log records in 1.42s"); Took how long reading took; Warnings the
+	// lines recovery wants logged (a torn tail cut back, a corrupt
+	// snapshot set aside).
+	Summary  string
+	Took     time.Duration
+	Warnings []string
+
+	dev     *wal.FileDevice
+	start   time.Time
+	snapIdx uint64
+	snap    bool
+	records int
+}
+
+// OpenDurable opens replica member's durable state in dir (which must
+// exist; its stable state is dir/stable): it reads back the newest valid
+// disk snapshot (snap/) and the log (wal/), checks them, and opens the
+// log's writer and the snapshot store on one device whose goroutine runs
+// the IO and calls kick after each completion (the replica's doorbell).
+// With cfg.Mode Memory it returns nil, nil and touches nothing. group
+// names the replica's group in errors. Its errors are one line naming the
+// file and what to do.
+func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg DurableConfig, kick func()) (*Durable, error) {
+	if cfg.Mode == broadcast.Memory {
+		return nil, nil
+	}
+	t0 := time.Now()
+	walDir, snapDir := filepath.Join(dir, "wal"), filepath.Join(dir, "snap")
+	d := &Durable{Mode: cfg.Mode, Dir: dir, SnapshotLogBytes: cfg.SnapshotLogBytes}
+	// A replica that ran in memory mode has a stable state and no log:
+	// it may have acknowledged entries it has nowhere, so it must not
+	// come back as a voter with an empty log. It boots catching up, as a
+	// memory-mode restart does, and writes its log from the leader's diff.
+	ranInMemory := false
+	if _, err := fs.Stat(filepath.Join(dir, "stable")); err == nil {
+		if _, err := fs.Stat(walDir); errors.Is(err, os.ErrNotExist) {
+			ranInMemory = true
+		}
+	}
+	snap, warns, err := broadcast.LoadNewest(fs, snapDir)
+	d.Warnings = append(d.Warnings, warns...)
+	if err != nil {
+		return nil, fmt.Errorf("replica %d: read the snapshots in %s: %v", member, snapDir, err)
+	}
+	if err := fs.MkdirAll(snapDir, 0o700); err != nil {
+		return nil, fmt.Errorf("replica %d: data dir: %w", member, err)
+	}
+	rec, err := wal.Recover(fs, walDir, uint64(member))
+	if err != nil {
+		return nil, fmt.Errorf("replica %d: the log in %s cannot be read (%v): %s", member, walDir, err, remedy(dir, group))
+	}
+	d.Warnings = append(d.Warnings, rec.Warnings...)
+	if ranInMemory {
+		d.Recovery = &broadcast.Recovery{Repair: true, Reason: "it ran in memory mode before (a stable state and no log): catching up from its group"}
+	} else if d.Recovery, err = broadcast.RecoverFrom(rec, snap); err != nil {
+		if snap == nil && len(rec.Segments) > 0 && rec.Segments[0].FirstSeq > 1 {
+			why := "no snapshot file"
+			if len(warns) > 0 {
+				why = strings.Join(warns, "; ")
+			}
+			return nil, fmt.Errorf("replica %d: no valid snapshot in %s (%s) and the log starts at record %d: refusing to start: %s", member, snapDir, why, rec.Segments[0].FirstSeq, remedy(dir, group))
+		}
+		return nil, fmt.Errorf("replica %d: the log in %s is corrupt (%v): %s", member, walDir, err, remedy(dir, group))
+	}
+	mode := wal.Sync
+	if cfg.Mode == broadcast.Async {
+		mode = wal.Async
+	}
+	d.dev = wal.NewFileDevice(fs, kick)
+	walDev, snapDev := wal.Share(d.dev)
+	d.WAL, err = wal.Open(walDev, wal.Config{Dir: walDir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: uint64(member)}, rec)
+	if err != nil {
+		d.dev.Close()
+		return nil, fmt.Errorf("replica %d: open the log in %s: %v", member, walDir, err)
+	}
+	d.Snapshots = broadcast.NewSnapStore(snapDev, snapDir, uint64(member), snap)
+	d.start, d.records = t0, len(rec.Records)
+	if snap != nil {
+		d.snap, d.snapIdx = true, snap.Index
+	}
+	d.Replayed()
+	return d, nil
+}
+
+// Replayed sets Took (from OpenDurable's start until now) and Summary:
+// the caller calls it again once the replica replayed the log (New), so
+// that both count the whole recovery.
+func (d *Durable) Replayed() {
+	d.Took = time.Since(d.start)
+	var b strings.Builder
+	b.WriteString("recovered ")
+	if d.snap {
+		fmt.Fprintf(&b, "snapshot index %d + ", d.snapIdx)
+	}
+	fmt.Fprintf(&b, "%d log records in %.2fs", d.records, d.Took.Seconds())
+	if d.Recovery.Repair {
+		fmt.Fprintf(&b, " (catching up from its group: %s)", d.Recovery.Reason)
+	}
+	d.Summary = b.String()
+}
+
+// remedy says what to do about a replica's unusable durable state.
+func remedy(dir string, group int) string {
+	return fmt.Sprintf("move %s aside and start the replica again with --rejoin: it catches up from its group (safe while a majority of group %d is up)", dir, group)
+}
+
+// Apply sets bc's durability fields (Durability, WAL, Recovery,
+// Snapshots, SnapshotLogBytes). A nil Durable leaves bc in memory mode.
+func (d *Durable) Apply(bc *broadcast.Config) {
+	if d == nil {
+		return
+	}
+	bc.Durability, bc.WAL, bc.Recovery, bc.Snapshots, bc.SnapshotLogBytes = d.Mode, d.WAL, d.Recovery, d.Snapshots, d.SnapshotLogBytes
+}
+
+// Close stops the device (IO still queued is not run: call it once the
+// replica is closed, after Flush if the queue is to reach the disk).
+func (d *Durable) Close() error {
+	if d == nil || d.dev == nil {
+		return nil
+	}
+	dev := d.dev
+	d.dev = nil
+	return dev.Close()
+}

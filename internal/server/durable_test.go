@@ -1,0 +1,297 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/server"
+	"github.com/rdmakv/rdmakv/internal/vfs"
+	"github.com/rdmakv/rdmakv/internal/vfs/errorfs"
+	"github.com/rdmakv/rdmakv/rdma"
+)
+
+// startDurable starts every replica of m in sync mode with its state in
+// dir (UseDataDir), small log segments and snapshots every 64 KiB of log,
+// and a control port; it waits until every group serves.
+func startDurable(t *testing.T, m *cluster.Map, dir string) (*server.Process, func()) {
+	t.Helper()
+	cln, err := server.ListenControl("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := server.ProcessConfig{Map: m, Control: cln,
+		Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond},
+		Durable:   server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 64 << 10, SnapshotLogBytes: 64 << 10}}
+	unlock, err := server.UseDataDir(&pc, dir)
+	if err != nil {
+		cln.Close()
+		t.Fatal(err)
+	}
+	p, err := server.StartProcess(pc)
+	if err != nil {
+		unlock()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.WaitServing(ctx); err != nil {
+		p.Close()
+		unlock()
+		t.Fatal(err)
+	}
+	return p, func() { p.Close(); unlock() }
+}
+
+func openClient(t *testing.T, p *server.Process, m *cluster.Map) *client.Client {
+	t.Helper()
+	cn, err := p.ClientNode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.Open(ctx, client.WithMap(m), client.WithNode(cn), client.WithSlot(0), client.WithTimeout(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestProcessDurableRestart: a Process in sync mode writes each replica's
+// log and disk snapshots under its data dir, shows them in /status and
+// /metrics, and a new Process on the same dir (every replica restarted at
+// once) reads every acknowledged put back. A data dir whose snapshot is
+// corrupt while its log was cut below it is refused in one line naming
+// the file, and the refusal says what to do.
+func TestProcessDurableRestart(t *testing.T) {
+	dir := t.TempDir()
+	m := &cluster.Map{Name: "durable", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
+	if err := m.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	val := strings.Repeat("x", 1000)
+	const n = 300
+	p, stop := startDurable(t, m, dir)
+	c := openClient(t, p, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := range n {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "k%d", i), []byte(val)); err != nil {
+			t.Fatalf("put k%d: %v", i, err)
+		}
+	}
+	c.Close()
+	// The leader's status: its log and a snapshot (the log grew past
+	// 64 KiB several times). The copy for /status is at most 50ms old.
+	var st server.ReplicaStatus
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st = p.Replicas()[0].Status()
+		if st.Disk != nil && st.Disk.Snapshot != "" && st.Disk.WALBytes > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot in the status after 30s: %+v", st.Disk)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st.Durability != "sync" || st.Durable.Count == 0 && st.Durable.Epoch == 0 || st.Disk.Fsyncs == 0 || !strings.HasPrefix(st.Disk.Snapshot, filepath.Join(dir, "replica-1", "snap")) || st.Disk.SnapshotBytes <= 0 {
+		t.Errorf("status: durability %q durable %v disk %+v", st.Durability, st.Durable, st.Disk)
+	}
+	resp, err := http.Get("http://" + p.ControlAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`rdmakv_durability{group="0",mode="sync",node="1"} 1`, "rdmakv_wal_fsync_seconds_bucket{", "rdmakv_wal_bytes_total{",
+		"rdmakv_wal_segments{", "rdmakv_wal_unsynced_bytes{", "rdmakv_snapshot_age_seconds{", "rdmakv_snapshot_bytes{", "rdmakv_recovery_seconds{"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	stop()
+
+	p, stop = startDurable(t, m, dir)
+	c = openClient(t, p, m)
+	for i := range n {
+		v, err := c.Get(ctx, fmt.Appendf(nil, "k%d", i))
+		if err != nil || string(v) != val {
+			t.Fatalf("after the restart k%d: %d bytes, %v", i, len(v), err)
+		}
+	}
+	c.Close()
+	if r := p.Replicas()[1].Status(); !strings.HasPrefix(r.Disk.Recovery, "recovered snapshot index ") {
+		t.Errorf("recovery line %q: want one from a snapshot", r.Disk.Recovery)
+	}
+	stop()
+
+	// Corrupt replica 2's snapshots: its log no longer starts at 1.
+	snaps, _ := filepath.Glob(filepath.Join(dir, "replica-2", "snap", "*.snap"))
+	if len(snaps) == 0 {
+		t.Fatal("replica 2 has no snapshot file")
+	}
+	for _, s := range snaps {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/2] ^= 0xff
+		if err := os.WriteFile(s, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = server.OpenDurable(vfs.OS, filepath.Join(dir, "replica-2"), 2, 0, server.DurableConfig{Mode: broadcast.Sync}, func() {})
+	if err == nil || !strings.Contains(err.Error(), "no valid snapshot in "+filepath.Join(dir, "replica-2", "snap")) ||
+		!strings.Contains(err.Error(), "refusing to start") || !strings.Contains(err.Error(), "--rejoin") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("corrupt snapshot, log cut below it: %v", err)
+	}
+}
+
+// TestOpenDurableAfterMemory: a replica that ran in memory mode (stable
+// state, no log) and is restarted in sync mode must not come back as a
+// voter with an empty log (it acknowledged entries it has nowhere): it
+// boots catching up. In memory mode OpenDurable touches nothing.
+func TestOpenDurableAfterMemory(t *testing.T) {
+	dir := t.TempDir()
+	if d, err := server.OpenDurable(vfs.OS, dir, 1, 0, server.DurableConfig{}, func() {}); d != nil || err != nil {
+		t.Fatalf("memory mode: %v, %v", d, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("memory mode wrote %d files", len(ents))
+	}
+	if err := (&broadcast.FileStable{Path: filepath.Join(dir, "stable")}).Save(broadcast.StableState{Incarnation: 3, ENew: 7}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := server.OpenDurable(vfs.OS, dir, 1, 0, server.DurableConfig{Mode: broadcast.Sync}, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if !d.Recovery.Repair || !strings.Contains(d.Summary, "ran in memory mode") {
+		t.Errorf("after memory mode: repair %v, summary %q", d.Recovery.Repair, d.Summary)
+	}
+}
+
+// TestProcessDiskFailStop: an fsync of replica 2's log fails (EIO): that
+// replica stops (fail-stop, never a retried fsync), Process.Failed names
+// it and the error, and its group goes on with the other two.
+func TestProcessDiskFailStop(t *testing.T) {
+	dir := t.TempDir()
+	m := &cluster.Map{Name: "failstop", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
+	if err := m.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	bad := filepath.Join(dir, "replica-2", "wal")
+	pc := server.ProcessConfig{Map: m,
+		Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond},
+		Durable:   server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 64 << 10},
+		FS: errorfs.Wrap(vfs.OS, errorfs.Func(func(op errorfs.Op) error {
+			if armed.Load() && op.Kind == errorfs.OpSync && strings.HasPrefix(op.Path, bad) {
+				return syscall.EIO
+			}
+			return nil
+		}))}
+	unlock, err := server.UseDataDir(&pc, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	p, err := server.StartProcess(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := p.WaitServing(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := openClient(t, p, m)
+	defer c.Close()
+	armed.Store(true)
+	for i := range 50 {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "k%d", i), []byte("v")); err != nil {
+			t.Fatalf("put k%d: %v", i, err)
+		}
+	}
+	select {
+	case err := <-p.Failed():
+		if !strings.Contains(err.Error(), "replica 2 (group 0) stopped on a disk error") || !strings.Contains(err.Error(), "input/output error") {
+			t.Errorf("Failed: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("no fail-stop reported; replica 2: %+v", p.Replicas()[1].Status().DiskError)
+	}
+	if st := p.Replicas()[1].Status(); st.DiskError == "" {
+		t.Errorf("replica 2's status shows no disk error")
+	}
+	for i := range 20 {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "after%d", i), []byte("v")); err != nil {
+			t.Fatalf("the group does not go on: put after%d: %v", i, err)
+		}
+	}
+}
+
+// TestBroadcastCountersJSON: every broadcast counter appears in /status
+// under its snake_case name and reads back (the mirror is the same struct:
+// a new counter needs no edit here).
+func TestBroadcastCountersJSON(t *testing.T) {
+	c := server.BroadcastCounters(broadcast.Counters{SnapshotFetchesFailed: 3, ForcedVotes: 2, Elected: 1})
+	b, err := json.Marshal(server.ReplicaStatus{Counters: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"snapshot_fetches_failed":3`, `"forced_votes":2`, `"elected":1`, `"elections_started":0`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s lacks %s", b, want)
+		}
+	}
+	var back server.ReplicaStatus
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Counters != c {
+		t.Errorf("read back %+v, want %+v", back.Counters, c)
+	}
+}
+
+// TestRunMemoryRefusesLog: a replica run in memory mode on a data dir
+// that holds a log (it ran with durability sync) is refused in one line:
+// the log would go stale, and replayed after a later switch back to sync
+// it would bring the replica back as a voter with old data.
+func TestRunMemoryRefusesLog(t *testing.T) {
+	dir := t.TempDir()
+	shm := filepath.Join(dir, "shm")
+	if err := os.Mkdir(shm, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := cluster.ParseConfig(fmt.Appendf(nil, "name = \"mem\"\nfabric = \"shm\"\nshm_dir = %q\ndata_dir = %q\n[[group]]\n[[group.replica]]\nid = 1\n[[clients]]\ncount = 1\n", shm, filepath.Join(dir, "data")), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.ReplicaDir(1), "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // without the check it runs until then
+	defer cancel()
+	err = server.Run(ctx, cfg, 1, server.Options{Control: "-"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err == nil || !strings.Contains(err.Error(), "durability is memory but "+cfg.ReplicaDir(1)+" holds a log") {
+		t.Fatalf("memory mode on a data dir with a log: %v", err)
+	}
+}
