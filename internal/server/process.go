@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"runtime"
@@ -159,7 +158,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 		}
 	}
 	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	np := cfg.Pollers
 	if np <= 0 {
@@ -186,7 +185,13 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 			return nil, err
 		}
 	}
-	wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
+	// Watch reads every replica's full status 50 times a second to log
+	// role changes (at Info and Warn): with a log that drops those
+	// lines it would only cost CPU and allocations (an allocation test
+	// counts the whole process's).
+	if cfg.Log.Enabled(ctx, slog.LevelWarn) {
+		wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
+	}
 	if cfg.Durable.Mode != broadcast.Memory {
 		wg.Go(func() { p.watchDisks(ctx) })
 	}
