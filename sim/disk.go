@@ -35,6 +35,7 @@ type diskFiles struct {
 	mem              *vfs.Mem
 	rng              *rand.Rand // the crash model's and the latencies' draws
 	syncMin, syncMax time.Duration
+	writePerKiB      time.Duration // added to a write's latency per KiB written (SetWriteCost)
 }
 
 func (d *Disk) fs() *vfs.Mem {
@@ -50,6 +51,14 @@ func (d *Disk) fs() *vfs.Mem {
 func (d *Disk) SetSyncLatency(lo, hi time.Duration) {
 	d.fs()
 	d.files.syncMin, d.files.syncMax = lo, max(hi, lo)
+}
+
+// SetWriteCost makes a write take perKiB longer for each KiB it writes (a
+// disk of limited bandwidth: large batches take long). It draws nothing
+// from the disk's random source.
+func (d *Disk) SetWriteCost(perKiB time.Duration) {
+	d.fs()
+	d.files.writePerKiB = perKiB
 }
 
 // crash applies the crash model to the files (Sim.Crash calls it).
@@ -117,6 +126,9 @@ func (dev *DiskDevice) Submit(op wal.IO) bool {
 	}
 	s := e.s
 	at := max(s.now, dev.busy) + dev.latency(op.Kind)
+	if f := dev.disk.files; op.Kind == wal.IOWrite && f.writePerKiB > 0 {
+		at += time.Duration(int64(len(op.Data)) * int64(f.writePerKiB) / 1024)
+	}
 	dev.busy = at
 	s.At(at, func() {
 		if !e.alive() {
