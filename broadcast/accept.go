@@ -19,17 +19,19 @@ func (r *Replica) readRing(i int) bool {
 	if in.sinc == 0 || r.recovering {
 		return false // rejoining: records wait until we know what we promised
 	}
-	if r.diskLate() {
-		// Async back-pressure: the records wait in the ring (and the
-		// sender with them) until our disk caught up (durable.go).
-		r.diskLateN++
-		return false
-	}
+
 	sender := r.mems[i].id
 	rs := uint64(len(in.mem))
 	start := in.cursor
 	acc := r.accepted
 	for k := 0; k < maxBatch; k++ {
+		if r.diskLate() {
+			// Async back-pressure: the records wait in the ring (and
+			// the sender with them) until our disk caught up
+			// (durable.go).
+			r.diskLateN++
+			break
+		}
 		off := in.cursor % rs
 		if rs-off < recHdr+8 {
 			in.cursor += rs - off

@@ -112,7 +112,8 @@ func (r *Replica) ackHdr() MsgHdr {
 }
 
 // diskLate is Async's back-pressure (plan §2.4): while the oldest record
-// not yet synced is older than 2 x FsyncInterval, the replica accepts no
+// not yet synced is older than 2 x FsyncInterval (or half the writer's
+// MaxUnsyncedBytes are queued), the replica accepts no
 // new entry (a follower leaves records in its ring, a leader broadcasts
 // nothing new), so that what it acknowledges is on its disk within about
 // 2 x FsyncInterval plus one batch's write and sync, however slow the
@@ -121,8 +122,14 @@ func (r *Replica) diskLate() bool {
 	if r.dur == nil || r.cfg.Durability != Async || r.knobs.asyncNoBackpressure {
 		return false
 	}
-	o := r.dur.w.OldestUnsynced()
-	return o >= 0 && r.now-o > 2*r.cfg.FsyncInterval
+	w := r.dur.w
+	o := w.OldestUnsynced()
+	// Also once half the writer's MaxUnsyncedBytes is queued: a burst
+	// accepted in one Poll (a ring's records, a leader's waiting
+	// proposals) would otherwise make one batch, and its write, as large
+	// as the burst, and a queue past twice MaxUnsyncedBytes makes the
+	// writer refuse records (fail-stop).
+	return o >= 0 && (r.now-o > 2*r.cfg.FsyncInterval || w.UnsyncedBytes() >= w.MaxUnsyncedBytes()/2)
 }
 
 // recoveryVoter reports whether this member restarted from its disk in

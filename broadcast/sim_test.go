@@ -84,8 +84,9 @@ type checker struct {
 	now        func() time.Duration
 }
 
-// wholeGroupCrash notes an async whole-group crash at now: what was
-// delivered more than asyncBound before it must survive (clean: all).
+// wholeGroupCrash notes an async whole-group crash (the outage began at
+// now): what was delivered more than asyncBound before must survive
+// (clean: all).
 func (c *checker) wholeGroupCrash(now time.Duration, clean bool) {
 	if !c.async {
 		return
@@ -111,6 +112,14 @@ func (c *checker) wholeGroupCrash(now time.Duration, clean bool) {
 func (c *checker) staleReplay(index uint64, d string) bool {
 	return c.async && c.replaced && index > c.lossyFrom && index <= uint64(len(c.oldRef)) && c.oldRef[index-1] == d &&
 		(index > uint64(len(c.ref)) || c.ref[index-1] != d)
+}
+
+// oldEntry: after an async whole-group crash, d is the entry oldRef held
+// at index in the range that may be lost: a member replaying its log
+// delivers it (again after a second crash, if the snapshot that rolled it
+// back was not synced yet); Leading's promise does not cover it.
+func (c *checker) oldEntry(index uint64, d string) bool {
+	return c.async && c.oldRef != nil && index > c.lossyFrom && index <= uint64(len(c.oldRef)) && c.oldRef[index-1] == d
 }
 
 // asyncLost is what the async whole-group crash lost: the entries of
@@ -229,7 +238,9 @@ func (f *checkFSM) Apply(e Entry) []byte {
 	}
 	f.seen[d] = true
 	f.c.apply(f.id, index, d)
-	f.c.leadingHdr(f.id, index, e.Hdr)
+	if !f.c.oldEntry(index, d) {
+		f.c.leadingHdr(f.id, index, e.Hdr)
+	}
 	return res
 }
 
@@ -242,6 +253,9 @@ func (f *checkFSM) Restore(s []byte) error {
 	// its group lost rolls back to the new leader's snapshot, diffReset;
 	// what it keeps is checked against ref below.)
 	rolledBack := f.c.async && f.c.oldRef != nil && uint64(len(f.seq)) >= f.c.lossyFrom
+	if len(f.seq) < delivered && f.c.async && f.c.oldRef != nil && !rolledBack {
+		f.c.fail("async loss bound: node %d rolled back to a snapshot of %d entries after delivering %d: entries up to %d were first delivered more than %v before the whole-group crash", f.id, len(f.seq), delivered, f.c.lossyFrom, f.c.asyncBound)
+	}
 	if len(f.seq) < delivered && !rolledBack { // the random seeds rarely meet it: TestSnapshotBehindCommit makes it happen
 		// A replica's delivered prefix never shrinks within an
 		// incarnation: restoring an older snapshot rolls the state back
@@ -343,6 +357,12 @@ type simOpts struct {
 	slowDisks     bool
 	writeCost     time.Duration
 	cleanStop     bool
+	// proposeEvery: each node proposes at random intervals below it
+	// (0: 4 ms).
+	proposeEvery time.Duration
+	// lossBound, if set, is the "async loss bound:" check's bound
+	// instead of asyncBound's (a mutant checked against its good case's).
+	lossBound time.Duration
 }
 
 func (o *simOpts) fsyncIvl() time.Duration {
@@ -353,16 +373,24 @@ func (o *simOpts) fsyncIvl() time.Duration {
 }
 
 // asyncBound is how long before a whole-group crash an entry first
-// delivered may still be lost in Async mode (plan §2.4): 2 x
-// FsyncInterval, plus the longest sync and the write of the largest batch
-// back-pressure lets through (a ring's worth), plus a heartbeat of slack
-// for the commit to reach the member that delivers first.
+// delivered may still be lost in Async mode (plan §2.4): a record waits
+// at most FsyncInterval for its batch to start, then for the batch in
+// flight and its own: 2 x FsyncInterval plus two batches' writes and
+// syncs bounds it, a batch being at most what back-pressure lets queue
+// (half the writer's MaxUnsyncedBytes, plus one Poll's worth: a ring),
+// plus a heartbeat of slack for the commit to reach the member that
+// delivers first.
 func (o *simOpts) asyncBound(ring int) time.Duration {
 	maxSync := sim.DefaultSyncMax
 	if o.slowDisks {
 		maxSync = time.Millisecond
 	}
-	write := time.Duration(int64(2*ring) * int64(o.writeCost) / 1024)
+	maxUnsynced := o.maxUnsynced
+	if maxUnsynced == 0 {
+		maxUnsynced = 4 << 20
+	}
+	batch := min(maxUnsynced/2, 1<<20) + int64(ring)
+	write := time.Duration(batch * int64(o.writeCost) / 1024)
 	return 2*o.fsyncIvl() + 2*maxSync + write + time.Millisecond
 }
 
@@ -436,6 +464,10 @@ type simStats struct {
 	// Async: entries whole-group crashes lost, and the losses recovery
 	// elections reported (a lower bound of lost); recovery elections won
 	recoveries, lost, reported int64
+	// Async: the oldest unsynced record's largest age seen after a step,
+	// and the ring reads back-pressure put off
+	maxLag   time.Duration
+	diskLate int64
 }
 
 // simProc is one incarnation of a replica in the simulator, with a client
@@ -464,6 +496,8 @@ type simRun struct {
 	ctr   struct{ wholeGroup int }
 	// stopping: a clean stop of the whole group is under way (cleanStop)
 	stopping bool
+	// crashedAt: each node's last crash (Async runs)
+	crashedAt map[rdma.NodeID]time.Duration
 }
 
 func (p *simProc) Start(env *sim.Env) error {
@@ -492,7 +526,7 @@ func (p *simProc) Start(env *sim.Env) error {
 		}
 		if p.h.o.slowDisks {
 			env.Disk().SetSyncLatency(500*time.Microsecond, time.Millisecond)
-			env.Disk().SetWriteCost(p.h.o.writeCost)
+			env.Disk().SetWriteCost("wal/", p.h.o.writeCost)
 		}
 		var dev wal.Device = env.DiskDevice()
 		if p.h.o.failSync > 0 && env.ID() == p.h.o.failNode && env.Incarnation() == 1 {
@@ -588,7 +622,11 @@ func (p *simProc) Step(now time.Duration) bool {
 				}
 			}
 		}
-		p.next = now + time.Duration(p.env.Rand().Int64N(int64(4*time.Millisecond)))
+		every := 4 * time.Millisecond
+		if p.h.o.proposeEvery > 0 {
+			every = p.h.o.proposeEvery
+		}
+		p.next = now + time.Duration(p.env.Rand().Int64N(int64(every)))
 	}
 	progress := p.r.Poll(now)
 	if err := p.r.Status().DiskErr; err != nil {
@@ -616,6 +654,11 @@ func (p *simProc) Step(now time.Duration) bool {
 					delete(h.down, id)
 				})
 			})
+		}
+	}
+	if st := p.h.o.stats; st != nil && p.r.dur != nil {
+		if o := p.r.dur.w.OldestUnsynced(); o >= 0 && now-o > st.maxLag {
+			st.maxLag = now - o
 		}
 	}
 	p.checkPromises()
@@ -856,7 +899,16 @@ func (h *simRun) wholeGroupAt() {
 		return
 	}
 	h.stopping = false
-	h.c.wholeGroupCrash(h.s.Now(), h.o.cleanStop)
+	// The outage began at the first crash of the members down now: a
+	// member that crashed earlier (a random crash) lost its unsynced
+	// tail then, and it may be in the majority that recovers.
+	start := h.s.Now()
+	for _, id := range h.s.Nodes() {
+		if at, ok := h.crashedAt[id]; ok && !h.s.Live(id) {
+			start = min(start, at)
+		}
+	}
+	h.c.wholeGroupCrash(start, h.o.cleanStop)
 	{
 		now := h.s.Now()
 		ids := h.s.Nodes()
@@ -979,7 +1031,18 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	h.c.durable = o.durability == Sync
 	h.c.async = o.durability == Async
 	h.c.asyncBound = o.asyncBound(h.cfg.RingSize)
+	if o.lossBound > 0 {
+		h.c.asyncBound = o.lossBound
+	}
 	h.c.now = s.Now
+	if o.durability == Async {
+		h.crashedAt = map[rdma.NodeID]time.Duration{}
+		s.Observe(func(e sim.Event) {
+			if e.Kind == sim.EvCrash {
+				h.crashedAt[e.Node] = e.Time
+			}
+		})
+	}
 	for range o.wholeGroup {
 		h.scheduleWholeGroup()
 	}
@@ -1013,6 +1076,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 			}
 			if o.stats != nil {
 				o.stats.recoveries += int64(p.r.Status().RecoveryElections)
+				o.stats.diskLate += int64(p.r.Status().DiskLate)
 			}
 			if o.stats != nil && p.r.cfg.Snapshots != nil {
 				o.stats.diskSnaps += int64(p.r.cfg.Snapshots.Saves())
