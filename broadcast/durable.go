@@ -11,8 +11,11 @@ import (
 )
 
 // Durability (docs/broadcast.md, "Durability"; docs/dev/durability-plan.md
-// §2-3): in Sync mode the replica writes what it accepts to a wal.Writer,
-// in the order it accepts it, and acknowledges only what is synced.
+// §2-3): in Sync and Async modes the replica writes what it accepts to a
+// wal.Writer, in the order it accepts it; Sync acknowledges only what is
+// synced, Async what it accepted (back-pressure bounds how far the disk
+// trails: diskLate; a restarted member votes only in a recovery election:
+// election.go, recoveryReady).
 //
 // Records (payloads little-endian; wal adds the Batch records):
 //
@@ -46,7 +49,7 @@ type durMark struct {
 	hdr MsgHdr
 }
 
-// durable is a Sync replica's log state.
+// durable is a Sync or Async replica's log state.
 type durable struct {
 	w    *wal.Writer
 	ring []durMark // not yet synced, in seq order

@@ -271,7 +271,7 @@ func (r *Replica) elect() bool {
 		return progress
 	}
 	if r.dur != nil && r.vote.ENew <= r.bootENew && !r.knobs.resumeOldEpoch {
-		// Sync: a member restarted from its log never wins an epoch it
+		// Sync, Async: a member restarted from its log never wins an epoch it
 		// promised in an earlier incarnation (it may have led it, and its
 		// log may not show it): the votes of that epoch it sees are old.
 		// It needs a new, bigger one (plan §2).
@@ -403,6 +403,7 @@ func (r *Replica) becomeLeader() {
 	// Sync: the leader's own (empty) diff goes to the log, so that replay
 	// finds E_cur and Accepted = (E, 0) (durable.go).
 	r.walDiff(MsgHdr{E: r.eCur}, r.accepted, nil, MsgHdr{}, 0, nil, nil)
+	r.electedFrom = r.accepted
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
 	r.setLeading()

@@ -127,13 +127,18 @@ func (r *Replica) startSync(i int) {
 		f.snap = true
 	}
 	f.base = minHdr(f.base, r.accepted)
-	if r.cfg.Durability == Async && !f.snap && f.base.Cnt != 0 && f.base != r.pruned {
-		if _, ok := r.log.Get(f.base); !ok {
-			// Async: its commit point is not in our history (it
-			// restarted from its disk after a recovery election that did
-			// not hear it, and committed entries the group lost): its
-			// state is replaced by our snapshot, even though its commit
-			// point may look ahead of the snapshot's (diffReset).
+	if r.cfg.Durability == Async && !f.snap && f.base.E != r.eCur && f.base != r.pruned {
+		// Async: is its commit point in our history? In a history
+		// without loss every commit point of an earlier epoch is at or
+		// below what the leader had accepted when elected (Fig. 7
+		// l.106), and one that names an entry above the pruned point is
+		// in our Log. One that is not (the member restarted from its
+		// disk after a recovery election that did not hear it, and had
+		// committed entries, or an epoch's diff, the group lost) has
+		// its state replaced by our snapshot, even though its commit
+		// point may look ahead of the snapshot's (diffReset).
+		_, inLog := r.log.Get(f.base)
+		if r.electedFrom.Less(f.base) || f.base.Cnt != 0 && !inLog {
 			f.snap, f.reset = true, true
 		}
 	}

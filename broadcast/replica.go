@@ -177,13 +177,14 @@ type Replica struct {
 	pseq       uint64
 	npending   atomic.Int64 // len(inbox)+len(waiting)+len(inflight); added to under mu
 
-	dur                              *durable      // Sync mode's log (durable.go); nil in Memory mode
+	dur                              *durable      // Sync and Async modes' log (durable.go); nil in Memory mode
 	fromDisk                         bool          // replayed its log at start
-	bootENew                         Epoch         // E_new as the stable state held it at start (Sync: never won again)
+	bootENew                         Epoch         // E_new as the stable state held it at start (durable modes: never won again)
 	repair                           bool          // its log was corrupt: catching up instead
 	seenIdx                          uint64        // the highest commit index seen (durable modes: Commit records, async loss counting)
 	recElections, recLost, diskLateN uint64        // Status.RecoveryElections, RecoveryLost, DiskLate
 	recPending                       *Event        // a recovery election won, reported once the epoch commits
+	electedFrom                      MsgHdr        // our Accepted when we won our epoch (Async: diffReset)
 	bootAt                           time.Duration // the first Poll's time (-1 before it): the recovery election waits an election timeout after it
 
 	now    time.Duration

@@ -27,8 +27,9 @@ type Status struct {
 	// Memory mode); DiskErr the log failure that stopped the replica.
 	Durable MsgHdr
 	DiskErr error
-	// FromDisk: this incarnation replayed its log at start (Sync, a full
-	// voter at once); Repair: its log was corrupt, not replayed, and it
+	// FromDisk: this incarnation replayed its log at start (Sync: a full
+	// voter at once; Async: catching up until a recovery election or a
+	// diff); Repair: its log was corrupt, not replayed, and it
 	// boots catching up.
 	FromDisk, Repair bool
 	// SeenIdx is the highest commit index this replica saw (its own

@@ -285,9 +285,10 @@ type Config struct {
 	// Recovery is what Recover made of the log at start (nil: an empty
 	// log). New replays it: the Log, Accepted, E_cur and the commit
 	// point, delivering the committed entries to the FSM before New
-	// returns.
+	// returns. (Async: a restarted member then waits, catching up, for a
+	// recovery election or a leader's diff.)
 	Recovery *Recovery
-	// Snapshots, required with Sync, is where the replica keeps disk
+	// Snapshots, required with Sync and Async, is where the replica keeps disk
 	// snapshots (snapstore.go). It shares WAL's device (wal.Share).
 	// Every member captures its FSM at its commit point once the log
 	// grew SnapshotLogBytes since the last capture, persists it off Poll,
