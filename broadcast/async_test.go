@@ -179,6 +179,9 @@ func TestSimAsyncMutants(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			if raceEnabled {
+				t.Skip("tens of seeds, half a minute each under -race: run without it (make norace)")
+			}
 			t.Parallel()
 			for seed := uint64(1); seed <= tc.seeds; seed++ {
 				err := runSim(sim.Seed{Seed: seed}, tc.o, new(Counters))
