@@ -132,7 +132,7 @@ func (r *Replica) diskLate() bool {
 	// proposals) would otherwise make one batch, and its write, as large
 	// as the burst, and a queue past twice MaxUnsyncedBytes makes the
 	// writer refuse records (fail-stop).
-	return o >= 0 && (r.now-o > 2*r.cfg.FsyncInterval || w.UnsyncedBytes() >= w.MaxUnsyncedBytes()/2)
+	return o >= 0 && (r.now-o > 2*r.cfg.FsyncInterval || !r.knobs.timeOnlyBackpressure && w.UnsyncedBytes() >= w.MaxUnsyncedBytes()/2)
 }
 
 // recoveryVoter reports whether this member restarted from its disk in

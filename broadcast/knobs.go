@@ -57,6 +57,10 @@ type testingKnobs struct {
 	// asyncNoBackpressure: in Async mode the replica accepts whatever
 	// the disk's lag (async loss bound, with a slow disk).
 	asyncNoBackpressure bool
+	// timeOnlyBackpressure: Async back-pressure by age only, not by
+	// queued bytes: larger batches and longer lags, which drive
+	// TestSimAsyncResetEpochStart's scenario (not a bug by itself there).
+	timeOnlyBackpressure bool
 	// minorityRecovery: in Async mode a member restarted from its disk
 	// votes in a recovery election once it heard one member fewer than
 	// a majority of members restarted from their disks (total order, or
