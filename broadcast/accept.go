@@ -19,11 +19,19 @@ func (r *Replica) readRing(i int) bool {
 	if in.sinc == 0 || r.recovering {
 		return false // rejoining: records wait until we know what we promised
 	}
+
 	sender := r.mems[i].id
 	rs := uint64(len(in.mem))
 	start := in.cursor
 	acc := r.accepted
 	for k := 0; k < maxBatch; k++ {
+		if r.diskLate() {
+			// Async back-pressure: the records wait in the ring (and
+			// the sender with them) until our disk caught up
+			// (durable.go).
+			r.diskLateN++
+			break
+		}
 		off := in.cursor % rs
 		if rs-off < recHdr+8 {
 			in.cursor += rs - off
@@ -98,7 +106,7 @@ func (r *Replica) acceptForward(hdr MsgHdr, payload []byte) bool {
 		r.tracef("node %d drops a forwarded proposal of %d bytes: its MaxRecord differs from ours", r.self, len(payload)-entryMeta)
 		return true
 	}
-	if r.uncommitted() >= r.cfg.MaxUncommitted {
+	if r.uncommitted() >= r.cfg.MaxUncommitted || r.diskLate() {
 		return false
 	}
 	data, s := r.acceptCur.copy(&r.slabs, payload[entryMeta:])
@@ -173,7 +181,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	ready := f.active && f.phase == fetchReady && f.commit == d.base
 	useSnap := false
 	if d.flags&diffSnapshot != 0 {
-		if r.committed.Less(d.base) || r.knobs.snapRollback && ready {
+		if r.committed.Less(d.base) || d.flags&diffReset != 0 || r.knobs.snapRollback && ready {
 			if !ready {
 				return // the snapshot did not arrive: the leader re-syncs us
 			}

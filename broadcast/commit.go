@@ -72,6 +72,11 @@ func (r *Replica) commit() bool {
 		if h.E != r.eCur {
 			return false
 		}
+		if r.dur != nil {
+			// Durable modes: the highest commit index seen, for the
+			// Commit records (async loss counting).
+			r.seenIdx = max(r.seenIdx, m.rows[tCommit][wIndex])
+		}
 		bound = minHdr(h, r.accepted)
 		if r.knobs.uncommitted {
 			bound = r.accepted
@@ -96,6 +101,7 @@ func (r *Replica) commit() bool {
 	}
 	r.committed = bound
 	r.commitMoved = true
+	r.seenIdx = max(r.seenIdx, r.index)
 	if r.log.Len() > r.cfg.MaxLogEntries+r.uncommitted() {
 		r.prune() // the bounds are hard, not once per prune period
 	}
@@ -111,6 +117,7 @@ func (r *Replica) commit() bool {
 func (r *Replica) checkEpochDone() {
 	if !r.epochDone && r.role != Electing && r.committed.E == r.eCur {
 		r.epochDone = true
+		r.recoveryCommitted()
 		r.setLeading() // before the event: OnEvent may Append
 		r.event(EventEpochCommitted, r.eCur)
 		r.newEpochCommitted()

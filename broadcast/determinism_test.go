@@ -21,6 +21,9 @@ func TestSimDeterminism(t *testing.T) {
 		// Sync: the writer, the sim disk's latencies and crash model, and
 		// recovery are part of the deterministic run.
 		"sync-whole-group": {n: 3, until: window, durability: Sync, wholeGroup: 1, staggered: true, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}},
+		// Async: the writer's interval, back-pressure and the recovery
+		// election too.
+		"async-whole-group": {n: 3, until: window, durability: Async, wholeGroup: 1, staggered: true, crashes: true, maxLog: 24, faults: sim.Faults{Until: window, Partition: 1}},
 	}
 	for name, o := range cases {
 		t.Run(name, func(t *testing.T) {

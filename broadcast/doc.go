@@ -105,13 +105,18 @@
 //     rdma/regions hands out (regions.Broadcast(g)), and may share
 //     one poller.
 //   - Failures: n = 2f+1 members tolerate f crashed, partitioned or
-//     catching-up members at once. Memory is not durable: if more than f
-//     members lose their memory at once (a whole-group restart included),
-//     committed entries can be lost and restarted members wait for a diff
-//     forever, unless an operator forces a survivor to lead
-//     (Replica.ForceLead: they may join its forced vote, and what only
-//     the lost memories held is lost); the rest is the durability
-//     issue's to solve.
+//     catching-up members at once. In Memory mode (the default) nothing
+//     but the stable state is durable: if more than f members lose their
+//     memory at once (a whole-group restart included), committed entries
+//     can be lost and restarted members wait for a diff forever, unless
+//     an operator forces a survivor to lead (Replica.ForceLead: they may
+//     join its forced vote, and what only the lost memories held is
+//     lost). Config.Durability Sync loses no acknowledged entry while a
+//     majority's disks survive; Async may lose, at a whole-group crash,
+//     the entries committed within about 2 x FsyncInterval (plus two
+//     batches' writes) before it, and its restarted members elect among
+//     themselves once a majority of them is back (docs/broadcast.md,
+//     "Durability").
 //   - Testing: -seed N, -seeds K and -simtrace select simulator runs of
 //     this package's tests (see package sim).
 package broadcast

@@ -11,8 +11,11 @@ import (
 )
 
 // Durability (docs/broadcast.md, "Durability"; docs/dev/durability-plan.md
-// §2-3): in Sync mode the replica writes what it accepts to a wal.Writer,
-// in the order it accepts it, and acknowledges only what is synced.
+// §2-3): in Sync and Async modes the replica writes what it accepts to a
+// wal.Writer, in the order it accepts it; Sync acknowledges only what is
+// synced, Async what it accepted (back-pressure bounds how far the disk
+// trails: diskLate; a restarted member votes only in a recovery election:
+// election.go, recoveryReady).
 //
 // Records (payloads little-endian; wal adds the Batch records):
 //
@@ -46,7 +49,7 @@ type durMark struct {
 	hdr MsgHdr
 }
 
-// durable is a Sync replica's log state.
+// durable is a Sync or Async replica's log state.
 type durable struct {
 	w    *wal.Writer
 	ring []durMark // not yet synced, in seq order
@@ -76,6 +79,9 @@ type durable struct {
 	gate            uint64
 	netDrop, netEnd uint64
 	netSaves        uint64 // network snapshots made durable
+	// flushedFor (Async) is the append time of the oldest unsynced
+	// record when walPoll last flushed the writer for it.
+	flushedFor time.Duration
 }
 
 // netSnapSave is a network snapshot being saved as a disk snapshot.
@@ -102,10 +108,38 @@ var ErrLogCorrupt = errors.New("broadcast: log corrupt")
 // in Sync (plan §2 D3: a majority's acknowledgement is on a majority's
 // disks).
 func (r *Replica) ackHdr() MsgHdr {
-	if r.dur == nil || r.knobs.ackUnsynced {
-		return r.accepted
+	if r.dur == nil || r.cfg.Durability == Async || r.knobs.ackUnsynced {
+		return r.accepted // Async: acknowledged before it is on disk
 	}
 	return minHdr(r.accepted, r.dur.dA)
+}
+
+// diskLate is Async's back-pressure (plan §2.4): while the oldest record
+// not yet synced is older than 2 x FsyncInterval (or half the writer's
+// MaxUnsyncedBytes are queued), the replica accepts no
+// new entry (a follower leaves records in its ring, a leader broadcasts
+// nothing new), so that what it acknowledges is on its disk within about
+// 2 x FsyncInterval plus one batch's write and sync, however slow the
+// disk. A Poll that finds the writer late counts it (Counters.DiskLate).
+func (r *Replica) diskLate() bool {
+	if r.dur == nil || r.cfg.Durability != Async || r.knobs.asyncNoBackpressure {
+		return false
+	}
+	w := r.dur.w
+	o := w.OldestUnsynced()
+	// Also once half the writer's MaxUnsyncedBytes is queued: a burst
+	// accepted in one Poll (a ring's records, a leader's waiting
+	// proposals) would otherwise make one batch, and its write, as large
+	// as the burst, and a queue past twice MaxUnsyncedBytes makes the
+	// writer refuse records (fail-stop).
+	return o >= 0 && (r.now-o > 2*r.cfg.FsyncInterval || !r.knobs.timeOnlyBackpressure && w.UnsyncedBytes() >= w.MaxUnsyncedBytes()/2)
+}
+
+// recoveryVoter reports whether this member restarted from its disk in
+// Async mode and waits for a recovery election: catching up (it may have
+// acknowledged entries its disk lost), but with its log replayed.
+func (r *Replica) recoveryVoter() bool {
+	return r.fromDisk && r.catchingUp && r.dur != nil && r.cfg.Durability == Async
 }
 
 // Durable is the header of the last accepted entry (or diff) on disk, dA:
@@ -279,7 +313,7 @@ func (r *Replica) walCommit() {
 	binary.LittleEndian.PutUint64(b[0:], uint64(r.committed.E))
 	binary.LittleEndian.PutUint64(b[8:], r.committed.Cnt)
 	binary.LittleEndian.PutUint64(b[16:], r.index)
-	binary.LittleEndian.PutUint64(b[24:], 0) // seen index: async loss counting (not built)
+	binary.LittleEndian.PutUint64(b[24:], r.seenIdx) // async loss counting (election.go, recoveryLoss)
 	if seq := r.walAppend(wal.RecCommit, 0, b); seq != 0 {
 		d.commitSeq, d.commitLogged = seq, r.committed
 	}
@@ -289,6 +323,14 @@ func (r *Replica) walCommit() {
 // reports whether anything happened.
 func (r *Replica) walPoll(now time.Duration) bool {
 	d := r.dur
+	if r.cfg.Durability == Async {
+		// The writer syncs at least every FsyncInterval, whatever its
+		// own interval (NextDeadline asks for this Poll).
+		if o := d.w.OldestUnsynced(); o >= 0 && now-o >= r.cfg.FsyncInterval && o != d.flushedFor {
+			d.w.Flush()
+			d.flushedFor = o
+		}
+	}
 	progress := d.w.Poll(now)
 	if d.err == nil && d.w.Err() != nil && !errors.Is(d.w.Err(), wal.ErrDiskFull) {
 		d.err = fmt.Errorf("%w: member %d: %w", ErrDisk, r.self, d.w.Err())
@@ -526,6 +568,7 @@ func (r *Replica) replay(rc *Recovery) error {
 			r.accepted = diff.hdr
 			diff = nil
 		case wal.RecCommit:
+			r.seenIdx = max(r.seenIdx, binary.LittleEndian.Uint64(x.Data[16:]), binary.LittleEndian.Uint64(x.Data[24:]))
 			if h := getHdr(x.Data); r.committed.Less(h) {
 				r.committed = h
 				commitIdx = binary.LittleEndian.Uint64(x.Data[16:])

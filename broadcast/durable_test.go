@@ -147,8 +147,8 @@ func TestRecoverSnapMark(t *testing.T) {
 	}
 }
 
-// TestDurabilityConfig: Async is refused until it is built, Sync needs a
-// WAL, Memory takes none.
+// TestDurabilityConfig: Sync and Async need a WAL and Snapshots, Memory
+// takes none; FsyncInterval defaults to 10 ms.
 func TestDurabilityConfig(t *testing.T) {
 	base := Config{Self: 1, Members: []rdma.NodeID{1, 2, 3}}
 	for _, tc := range []struct {
@@ -156,7 +156,9 @@ func TestDurabilityConfig(t *testing.T) {
 		mod  func(c *Config)
 		want string
 	}{
-		{"async", func(c *Config) { c.Durability = Async }, "async is not implemented"},
+		{"async without wal", func(c *Config) { c.Durability = Async }, "async needs a WAL"},
+		{"async without snapshots", func(c *Config) { c.Durability, c.WAL = Async, &wal.Writer{} }, "needs Snapshots"},
+		{"negative fsync interval", func(c *Config) { c.FsyncInterval = -1 }, "fsync interval"},
 		{"sync without wal", func(c *Config) { c.Durability = Sync }, "needs a WAL"},
 		{"sync without snapshots", func(c *Config) { c.Durability, c.WAL = Sync, &wal.Writer{} }, "needs Snapshots"},
 		{"memory with wal", func(c *Config) { c.WAL = &wal.Writer{} }, "durability memory"},
@@ -169,8 +171,12 @@ func TestDurabilityConfig(t *testing.T) {
 			t.Errorf("%s: %v, want ErrConfig saying %q", tc.name, err, tc.want)
 		}
 	}
-	if _, err := base.withDefaults(); err != nil {
+	c, err := base.withDefaults()
+	if err != nil {
 		t.Fatalf("memory: %v", err)
+	}
+	if c.FsyncInterval != 10*time.Millisecond {
+		t.Errorf("default FsyncInterval %v, want 10ms", c.FsyncInterval)
 	}
 }
 

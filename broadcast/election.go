@@ -218,9 +218,10 @@ func (r *Replica) elect() bool {
 	if r.forcing() && r.now-r.forcedAt > forceExpiry*r.cfg.ElectionTimeout {
 		r.expireForced()
 	}
-	if r.catchingUp {
+	if r.catchingUp && !(r.recoveryVoter() && r.recoveryReady()) {
 		// A restarted member counts as failed until caught up; it may
-		// only join an operator's forced vote (force.go).
+		// only join an operator's forced vote (force.go), or (Async,
+		// restarted from its disk) vote in a recovery election.
 		if r.joinForced() {
 			return true
 		}
@@ -270,7 +271,7 @@ func (r *Replica) elect() bool {
 		return progress
 	}
 	if r.dur != nil && r.vote.ENew <= r.bootENew && !r.knobs.resumeOldEpoch {
-		// Sync: a member restarted from its log never wins an epoch it
+		// Sync, Async: a member restarted from its log never wins an epoch it
 		// promised in an earlier incarnation (it may have led it, and its
 		// log may not show it): the votes of that epoch it sees are old.
 		// It needs a new, bigger one (plan §2).
@@ -288,6 +289,76 @@ func (r *Replica) elect() bool {
 		progress = true
 	}
 	return progress
+}
+
+// recoveryReady is the recovery election's condition (Async, plan §2
+// "Async"): a member restarted from its disk votes, with Acpt = its
+// replayed Accepted (dA), only once (i) it hears, within the election
+// timeout, a majority of members (itself included) that restarted from
+// their disks and wait for this election too, so that at most a minority
+// kept its memory; (ii) the pre-vote holds (a majority hears no leader);
+// (iii) an election timeout passed since it booted, so that members that
+// kept their memory show their votes first (they win by Fig. 7 l.106
+// when their log is ahead). Before that it is catching up as in Memory
+// mode: while a majority with memory may exist, a member whose disk may
+// have lost what it acknowledged must not vote.
+func (r *Replica) recoveryReady() bool {
+	if r.bootAt < 0 || r.now-r.bootAt < r.cfg.ElectionTimeout {
+		return false
+	}
+	k := 1
+	for i := range r.mems {
+		m := &r.mems[i]
+		if i != r.me && m.valid[tVote] && m.rows[tVote][wFromDisk] == 1 && r.now-m.heardAt <= r.cfg.ElectionTimeout {
+			k++
+		}
+	}
+	q := r.quorum
+	if r.knobs.minorityRecovery {
+		q--
+	}
+	return k >= q && r.preVote()
+}
+
+// recoveryLoss is the recovery election winner's count (plan §2,
+// "Counting async loss"): the highest commit index any member it heard
+// saw (its own and the from-disk voters' VoteSST rows) less what its log
+// holds (its commit index and the entries above it, which its diff
+// commits). Every entry counted was committed and is on none of those
+// disks; entries seen by no one heard are not counted: a lower bound.
+func (r *Replica) recoveryLoss() (lost, held uint64) {
+	seen := r.seenIdx
+	for i := range r.mems {
+		m := &r.mems[i]
+		if i != r.me && m.valid[tVote] && m.rows[tVote][wFromDisk] == 1 {
+			seen = max(seen, m.rows[tVote][wSeen])
+		}
+	}
+	held = r.index + uint64(r.log.Len()-r.log.above(r.committed))
+	if r.knobs.overcountLost {
+		held = r.index
+	}
+	if seen > held {
+		lost = seen - held
+	}
+	return lost, held
+}
+
+// recoveryCommitted reports a recovery election's outcome once the
+// winner's epoch committed (checkEpochDone): the counters, a trace line
+// and EventRecovered (the server logs it).
+func (r *Replica) recoveryCommitted() {
+	ev := r.recPending
+	if ev == nil || r.role != Leader || ev.Epoch != r.eCur {
+		return
+	}
+	r.recPending = nil
+	r.recElections++
+	r.recLost += ev.Lost
+	r.tracef("node %d recovered the group at index %d from its log: %d entries seen committed before the outage are on no disk of the members that voted (async)", r.self, ev.Index, ev.Lost)
+	if r.cfg.OnEvent != nil {
+		r.cfg.OnEvent(*ev)
+	}
 }
 
 // setVote records the vote (E_new first, durably), then publishes it.
@@ -312,6 +383,19 @@ func (r *Replica) setVote(v Vote) bool {
 // diff is empty; accepting it (Fig. 5 l.58-66) sets E_cur and Accepted.
 func (r *Replica) becomeLeader() {
 	r.ctr.Elected++
+	r.recPending = nil
+	if r.catchingUp {
+		// Async: a recovery election's winner. Its log is the group's
+		// truth from here on (the most up-to-date durable log of the
+		// majority that voted, Fig. 7 l.106). What was lost is counted
+		// now, from the voters' rows (they clear their from-disk word
+		// once they take our diff), and reported once our epoch's diff
+		// commits (recoveryCommitted): a candidate whose voters went on
+		// to a bigger vote leads an epoch that never commits.
+		lost, held := r.recoveryLoss()
+		r.catchingUp = false
+		r.recPending = &Event{Kind: EventRecovered, Epoch: r.eNew, Lost: lost, Index: held}
+	}
 	r.role = Leader
 	r.vote.Forced = false // won: the forced vote has done its work (force.go)
 	r.count = 0
@@ -319,6 +403,7 @@ func (r *Replica) becomeLeader() {
 	// Sync: the leader's own (empty) diff goes to the log, so that replay
 	// finds E_cur and Accepted = (E, 0) (durable.go).
 	r.walDiff(MsgHdr{E: r.eCur}, r.accepted, nil, MsgHdr{}, 0, nil, nil)
+	r.electedFrom = r.accepted
 	r.accepted = MsgHdr{E: r.eCur}
 	r.epochDone = false
 	r.setLeading()

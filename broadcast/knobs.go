@@ -54,6 +54,22 @@ type testingKnobs struct {
 	// synced, before the snapshot file is: a crash then leaves a log
 	// naming a snapshot that is not there (durability promise).
 	ackBeforeSnapSync bool
+	// asyncNoBackpressure: in Async mode the replica accepts whatever
+	// the disk's lag (async loss bound, with a slow disk).
+	asyncNoBackpressure bool
+	// timeOnlyBackpressure: Async back-pressure by age only, not by
+	// queued bytes: larger batches and longer lags, which drive
+	// TestSimAsyncResetEpochStart's scenario (not a bug by itself there).
+	timeOnlyBackpressure bool
+	// minorityRecovery: in Async mode a member restarted from its disk
+	// votes in a recovery election once it heard one member fewer than
+	// a majority of members restarted from their disks (total order, or
+	// async loss bound).
+	minorityRecovery bool
+	// overcountLost: a recovery election's winner counts the entries it
+	// holds above its commit point as lost (async loss bound: the count
+	// must be a lower bound).
+	overcountLost bool
 
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool

@@ -44,8 +44,11 @@ const (
 
 	wHeartbeat   = 2 // CommitSST: the failure detector's counter (Fig. 6 l.93-95)
 	wIncarnation = 3
+	wIndex       = 4 // CommitSST: the member's delivered count (its commit index)
 	wForced      = 4 // VoteSST: 1 for an operator's forced vote (ForceLead), else 0
 	wFollows     = 5 // CommitSST: the epoch whose leader this member hears now (0: none); pre-vote and leader stickiness
+	wSeen        = 5 // VoteSST (Async): the highest commit index this member saw (its Commit records')
+	wFromDisk    = 6 // VoteSST (Async): 1 while this member, restarted from its disk, waits for a recovery election
 	wCheck       = 7
 )
 
@@ -214,6 +217,7 @@ const (
 	diffEntryHdr  = 40
 	snapRecLen    = 40
 	diffSnapshot  = 1  // flags: the diff's base is the fetched snapshot
+	diffReset     = 2  // flags (Async): install the snapshot even if your commit point looks ahead of it (leader.go startSync)
 	snapMetaWords = 2  // snapshot meta region: [index u64][ntable u64][table ...][state location][keys]
 	snapTableRec  = 16 // one member's record in the snapshot's table
 

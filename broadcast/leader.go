@@ -49,7 +49,9 @@ func (r *Replica) setLeading() {
 // Errors: ErrNotLeader when Leading is false; ErrTooLarge when data is
 // larger than MaxProposal; ErrBusy when the leader's uncommitted entries
 // (proposals and appends) reached Config.MaxUncommitted (back pressure:
-// retry after a Poll committed some; AppendRoom says how many fit now).
+// retry after a Poll committed some; AppendRoom says how many fit now), and
+// in Async mode while the oldest record not yet on disk is older than
+// 2 x Config.FsyncInterval.
 // On an error nothing was appended.
 func (r *Replica) Append(data []byte) error {
 	if r.leading.Load() == 0 {
@@ -58,7 +60,7 @@ func (r *Replica) Append(data []byte) error {
 	if len(data) > maxProposal(r.cfg.MaxRecord) {
 		return ErrTooLarge
 	}
-	if r.uncommitted() >= r.cfg.MaxUncommitted {
+	if r.uncommitted() >= r.cfg.MaxUncommitted || r.diskLate() {
 		return ErrBusy
 	}
 	d, s := r.acceptCur.copy(&r.slabs, data) // the Log takes the reference
@@ -80,7 +82,7 @@ func (r *Replica) AppendFunc(n int, fill func([]byte)) error {
 	if n < 0 || n > maxProposal(r.cfg.MaxRecord) {
 		return ErrTooLarge
 	}
-	if r.uncommitted() >= r.cfg.MaxUncommitted {
+	if r.uncommitted() >= r.cfg.MaxUncommitted || r.diskLate() {
 		return ErrBusy
 	}
 	d, s := r.acceptCur.alloc(&r.slabs, n) // the Log takes the reference
@@ -93,8 +95,8 @@ func (r *Replica) AppendFunc(n int, fill func([]byte)) error {
 // Leading, else Config.MaxUncommitted less the leader's uncommitted
 // entries. Like Append, it is for the polling goroutine.
 func (r *Replica) AppendRoom() int {
-	if r.leading.Load() == 0 {
-		return 0
+	if r.leading.Load() == 0 || r.diskLate() {
+		return 0 // Async: also while our disk is late (durable.go)
 	}
 	return max(0, r.cfg.MaxUncommitted-r.uncommitted())
 }
@@ -125,6 +127,21 @@ func (r *Replica) startSync(i int) {
 		f.snap = true
 	}
 	f.base = minHdr(f.base, r.accepted)
+	if r.cfg.Durability == Async && !f.snap && f.base.E != r.eCur && f.base != r.pruned {
+		// Async: is its commit point in our history? In a history
+		// without loss every commit point of an earlier epoch is at or
+		// below what the leader had accepted when elected (Fig. 7
+		// l.106), and one that names an entry above the pruned point is
+		// in our Log. One that is not (the member restarted from its
+		// disk after a recovery election that did not hear it, and had
+		// committed entries, or an epoch's diff, the group lost) has
+		// its state replaced by our snapshot, even though its commit
+		// point may look ahead of the snapshot's (diffReset).
+		_, inLog := r.log.Get(f.base)
+		if r.electedFrom.Less(f.base) || f.base.Cnt != 0 && !inLog {
+			f.snap, f.reset = true, true
+		}
+	}
 	f.packed = f.base
 }
 
@@ -241,6 +258,9 @@ func (r *Replica) sendDiff(i int, f *follower, l *link) bool {
 	var flags uint64
 	if f.snap {
 		flags = diffSnapshot
+	}
+	if f.reset {
+		flags |= diffReset
 	}
 	for {
 		// Fig. 7 l.121-124: the entries h with comm_cpy[j] <= h <= Accepted,

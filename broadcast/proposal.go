@@ -295,7 +295,7 @@ func (r *Replica) submit() bool {
 	k := 0
 	switch r.role {
 	case Leader:
-		for k < len(r.waiting) && r.uncommitted() < r.cfg.MaxUncommitted {
+		for k < len(r.waiting) && r.uncommitted() < r.cfg.MaxUncommitted && !r.diskLate() {
 			p := r.waiting[k]
 			p.epoch = r.eCur
 			p.slab.ref() // the Log's; the proposal keeps its own until it resolves

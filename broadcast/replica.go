@@ -74,6 +74,7 @@ type follower struct {
 	end      MsgHdr // diff header: the leader's Accepted when the sync began
 	packed   MsgHdr // last entry put into a diff part
 	snap     bool   // the diff's base is a snapshot
+	reset    bool   // Async: the member's commit point is not in our history: it must install the snapshot (diffReset)
 	snapSent bool
 	next     MsgHdr // streaming: last header written to the follower's ring
 	sentAt   time.Duration
@@ -176,10 +177,15 @@ type Replica struct {
 	pseq       uint64
 	npending   atomic.Int64 // len(inbox)+len(waiting)+len(inflight); added to under mu
 
-	dur      *durable // Sync mode's log (durable.go); nil in Memory mode
-	fromDisk bool     // replayed its log at start
-	bootENew Epoch    // E_new as the stable state held it at start (Sync: never won again)
-	repair   bool     // its log was corrupt: catching up instead
+	dur                              *durable      // Sync and Async modes' log (durable.go); nil in Memory mode
+	fromDisk                         bool          // replayed its log at start
+	bootENew                         Epoch         // E_new as the stable state held it at start (durable modes: never won again)
+	repair                           bool          // its log was corrupt: catching up instead
+	seenIdx                          uint64        // the highest commit index seen (durable modes: Commit records, async loss counting)
+	recElections, recLost, diskLateN uint64        // Status.RecoveryElections, RecoveryLost, DiskLate
+	recPending                       *Event        // a recovery election won, reported once the epoch commits
+	electedFrom                      MsgHdr        // our Accepted when we won our epoch (Async: diffReset)
+	bootAt                           time.Duration // the first Poll's time (-1 before it): the recovery election waits an election timeout after it
 
 	now    time.Duration
 	ctr    Counters
@@ -258,9 +264,11 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	}
 	r.role = Electing
 	r.electAt = r.voteTimeout(0)
-	if cfg.Durability == Sync {
-		r.dur = &durable{w: cfg.WAL}
+	r.bootAt = -1
+	if cfg.Durability != Memory {
+		r.dur = &durable{w: cfg.WAL, flushedFor: -1}
 		r.bootENew = r.eNew
+		async := cfg.Durability == Async
 		switch rc := cfg.Recovery; {
 		case rejoin:
 			// No stable state: whatever the log holds, E_new is unknown;
@@ -275,7 +283,12 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 				r.closeRegions()
 				return nil, err
 			}
-			r.catchingUp = false
+			// Async (plan §2 "Async"): it may have acknowledged entries
+			// its disk lost; it stays catching up, its log replayed, and
+			// votes only in a recovery election (election.go).
+			r.catchingUp = async && st.Incarnation > 0
+		case async && st.Incarnation > 0:
+			r.fromDisk = true // an empty log after a restart: dA is nothing, still a recovery voter
 		default:
 			r.catchingUp = false // an empty log: the initial state, durably
 		}
@@ -400,6 +413,9 @@ func (r *Replica) idxOf(id rdma.NodeID) int {
 // elections, Stable.Save).
 func (r *Replica) Poll(now time.Duration) bool {
 	r.now = now
+	if r.bootAt < 0 {
+		r.bootAt = now
+	}
 	walProgress := false
 	if r.dur != nil {
 		if r.dur.err != nil {
@@ -518,6 +534,9 @@ func (r *Replica) NextDeadline() time.Duration {
 	}
 	if r.dur != nil && r.dur.err == nil {
 		d = min(d, r.dur.w.NextDeadline())
+		if o := r.dur.w.OldestUnsynced(); o >= 0 && r.cfg.Durability == Async && o != r.dur.flushedFor {
+			d = min(d, o+r.cfg.FsyncInterval) // walPoll flushes the writer then
+		}
 	}
 	return d
 }

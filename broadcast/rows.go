@@ -18,17 +18,24 @@ func (r *Replica) updateRows() {
 	ack := r.ackHdr() // Accepted; in Sync mode no more than what is on disk (durable.go)
 	rs[tAccept] = row{uint64(ack.E), ack.Cnt, r.fetched, r.inc}
 	rs[tCommit] = row{uint64(r.committed.E), r.committed.Cnt, r.heartbeat, r.inc, r.index, uint64(r.follows())}
-	if r.vote != (Vote{}) {
+	rv := r.recoveryVoter()
+	if r.vote != (Vote{}) || rv {
 		rs[tVote] = row{uint64(r.vote.ENew), uint64(r.vote.Acpt.E), r.vote.Acpt.Cnt, r.inc}
 		if r.vote.Forced {
 			rs[tVote][wForced] = 1
+		}
+		if rv {
+			// Async: restarted from its disk, waiting for a recovery
+			// election; the highest commit index it saw (election.go).
+			rs[tVote][wSeen] = r.seenIdx
+			rs[tVote][wFromDisk] = 1
 		}
 	}
 	for t := range rs {
 		if rs[t] == r.myRows[t] {
 			continue
 		}
-		if t == tVote && r.vote == (Vote{}) {
+		if t == tVote && r.vote == (Vote{}) && !rv {
 			continue
 		}
 		// A follower's CommitSST row matters at once to its leader only

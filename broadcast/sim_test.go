@@ -64,6 +64,78 @@ type checker struct {
 	// acknowledged one stands is "acknowledged lost:".
 	durable bool
 	err     error
+
+	// Async whole-group crashes ("async loss bound:"): at the crash, ref
+	// is saved in oldRef and the entries after lossyFrom (the last index
+	// first delivered more than asyncBound before the crash) may be lost:
+	// the first delivery that differs there replaces ref from it
+	// (replaced); a member that replays a lost entry of oldRef there is
+	// tolerated (it must then install the new leader's snapshot, else
+	// its next delivery breaks total order). A different delivery at or
+	// below lossyFrom fails. firstAt is when each ref index was first
+	// delivered; now the sim's clock.
+	async      bool
+	asyncBound time.Duration
+	oldRef     []string
+	lossyFrom  uint64
+	crashAt    time.Duration
+	replaced   bool
+	firstAt    []time.Duration
+	now        func() time.Duration
+}
+
+// wholeGroupCrash notes an async whole-group crash (the outage began at
+// now): what was delivered more than asyncBound before must survive
+// (clean: all).
+func (c *checker) wholeGroupCrash(now time.Duration, clean bool) {
+	if !c.async {
+		return
+	}
+	c.oldRef = append([]string(nil), c.ref...)
+	c.crashAt = now
+	// Leading's promise (every entry of an earlier epoch ever delivered
+	// was delivered at the leader by then) does not survive an async
+	// whole-group crash: the disks may have lost that epoch's diff, and
+	// a recovery revive entries it dropped.
+	clear(c.leadAt)
+	c.replaced = false
+	c.lossyFrom = 0
+	for i, at := range c.firstAt {
+		if clean || at <= now-c.asyncBound {
+			c.lossyFrom = uint64(i + 1)
+		}
+	}
+}
+
+// staleReplay: after a loss replaced ref, a member delivering the entry
+// oldRef held at index (it replays its log from before the crash).
+func (c *checker) staleReplay(index uint64, d string) bool {
+	return c.async && c.replaced && index > c.lossyFrom && index <= uint64(len(c.oldRef)) && c.oldRef[index-1] == d &&
+		(index > uint64(len(c.ref)) || c.ref[index-1] != d)
+}
+
+// oldEntry: after an async whole-group crash, d is the entry oldRef held
+// at index in the range that may be lost: a member replaying its log
+// delivers it (again after a second crash, if the snapshot that rolled it
+// back was not synced yet); Leading's promise does not cover it.
+func (c *checker) oldEntry(index uint64, d string) bool {
+	return c.async && c.oldRef != nil && index > c.lossyFrom && index <= uint64(len(c.oldRef)) && c.oldRef[index-1] == d
+}
+
+// asyncLost is what the async whole-group crash lost: the entries of
+// oldRef not in ref.
+func (c *checker) asyncLost() map[string]bool {
+	in := map[string]bool{}
+	for _, d := range c.ref {
+		in[d] = true
+	}
+	lost := map[string]bool{}
+	for _, d := range c.oldRef {
+		if !in[d] {
+			lost[d] = true
+		}
+	}
+	return lost
 }
 
 // acked reports whether d was acknowledged to its proposer: its Proposal
@@ -99,8 +171,27 @@ func (c *checker) apply(id rdma.NodeID, index uint64, d string) {
 	if _, ok := c.proposed[d]; !ok {
 		c.fail("integrity: node %d delivered %q at %d, never proposed", id, d, index)
 	}
+	if c.staleReplay(index, d) {
+		return
+	}
 	switch {
 	case index <= uint64(len(c.ref)):
+		if c.ref[index-1] != d && c.async && c.oldRef != nil {
+			if index <= c.lossyFrom {
+				c.fail("async loss bound: node %d delivered %q at %d, where %q stood, first delivered at %v, more than %v before the whole-group crash at %v", id, d, index, c.ref[index-1], c.firstAt[index-1], c.asyncBound, c.crashAt)
+				return
+			}
+			if !c.replaced {
+				// The group lost the entries from index on: the new
+				// order replaces them.
+				c.replaced = true
+				c.ref = c.ref[:index-1]
+				c.firstAt = c.firstAt[:index-1]
+				c.ref = append(c.ref, d)
+				c.firstAt = append(c.firstAt, c.now())
+				return
+			}
+		}
 		if c.ref[index-1] != d {
 			if at, ok := c.acked(c.ref[index-1]); ok && c.durable {
 				c.fail("acknowledged lost: node %d delivered %q at %d, where %q stood, acknowledged delivered at %d", id, d, index, c.ref[index-1], at)
@@ -109,6 +200,9 @@ func (c *checker) apply(id rdma.NodeID, index uint64, d string) {
 		}
 	case index == uint64(len(c.ref))+1:
 		c.ref = append(c.ref, d)
+		if c.now != nil {
+			c.firstAt = append(c.firstAt, c.now())
+		}
 	default:
 		c.fail("gap: node %d delivered %d with only %d in the reference", id, index, len(c.ref))
 	}
@@ -144,7 +238,9 @@ func (f *checkFSM) Apply(e Entry) []byte {
 	}
 	f.seen[d] = true
 	f.c.apply(f.id, index, d)
-	f.c.leadingHdr(f.id, index, e.Hdr)
+	if !f.c.oldEntry(index, d) {
+		f.c.leadingHdr(f.id, index, e.Hdr)
+	}
 	return res
 }
 
@@ -153,7 +249,14 @@ func (f *checkFSM) Restore(s []byte) error {
 	if err := f.logFSM.Restore(s); err != nil {
 		return err
 	}
-	if len(f.seq) < delivered { // the random seeds rarely meet it: TestSnapshotBehindCommit makes it happen
+	// (Async: after a whole-group crash, a member that replayed entries
+	// its group lost rolls back to the new leader's snapshot, diffReset;
+	// what it keeps is checked against ref below.)
+	rolledBack := f.c.async && f.c.oldRef != nil && uint64(len(f.seq)) >= f.c.lossyFrom
+	if len(f.seq) < delivered && f.c.async && f.c.oldRef != nil && !rolledBack {
+		f.c.fail("async loss bound: node %d rolled back to a snapshot of %d entries after delivering %d: entries up to %d were first delivered more than %v before the whole-group crash", f.id, len(f.seq), delivered, f.c.lossyFrom, f.c.asyncBound)
+	}
+	if len(f.seq) < delivered && !rolledBack { // the random seeds rarely meet it: TestSnapshotBehindCommit makes it happen
 		// A replica's delivered prefix never shrinks within an
 		// incarnation: restoring an older snapshot rolls the state back
 		// and re-applies entries (what the per-restore duplication
@@ -244,6 +347,51 @@ type simOpts struct {
 	// slowDisk makes node 1's syncs take 0.5-2 ms (the others' 50-500
 	// µs), an eighth to half an election timeout.
 	slowDisk bool
+	// Async: fsyncInterval is the replicas' FsyncInterval (0: 1 ms);
+	// slowDisks makes every node's syncs take 0.5-1 ms and its writes
+	// writeCost per KiB (a disk of limited bandwidth: without
+	// back-pressure the unsynced tail grows with the load); cleanStop
+	// makes the whole-group crash a clean stop (proposals stop, every
+	// writer flushes, then the crash: nothing may be lost).
+	fsyncInterval time.Duration
+	slowDisks     bool
+	writeCost     time.Duration
+	cleanStop     bool
+	// proposeEvery: each node proposes at random intervals below it
+	// (0: 4 ms).
+	proposeEvery time.Duration
+	// lossBound, if set, is the "async loss bound:" check's bound
+	// instead of asyncBound's (a mutant checked against its good case's).
+	lossBound time.Duration
+}
+
+func (o *simOpts) fsyncIvl() time.Duration {
+	if o.fsyncInterval == 0 {
+		return time.Millisecond
+	}
+	return o.fsyncInterval
+}
+
+// asyncBound is how long before a whole-group crash an entry first
+// delivered may still be lost in Async mode (plan §2.4): a record waits
+// at most FsyncInterval for its batch to start, then for the batch in
+// flight and its own: 2 x FsyncInterval plus two batches' writes and
+// syncs bounds it, a batch being at most what back-pressure lets queue
+// (half the writer's MaxUnsyncedBytes, plus one Poll's worth: a ring),
+// plus a heartbeat of slack for the commit to reach the member that
+// delivers first.
+func (o *simOpts) asyncBound(ring int) time.Duration {
+	maxSync := sim.DefaultSyncMax
+	if o.slowDisks {
+		maxSync = time.Millisecond
+	}
+	maxUnsynced := o.maxUnsynced
+	if maxUnsynced == 0 {
+		maxUnsynced = 4 << 20
+	}
+	batch := min(maxUnsynced/2, 1<<20) + int64(ring)
+	write := time.Duration(batch * int64(o.writeCost) / 1024)
+	return 2*o.fsyncIvl() + 2*maxSync + write + time.Millisecond
 }
 
 // segBytes is the log segment size with disk snapshots: small, so that
@@ -313,6 +461,13 @@ type simStats struct {
 	maxLog, fromSnap, diskSnaps int64
 	// netSnaps: snapshots installed by diffs made durable in snap/
 	netSnaps int64
+	// Async: entries whole-group crashes lost, and the losses recovery
+	// elections reported (a lower bound of lost); recovery elections won
+	recoveries, lost, reported int64
+	// Async: the oldest unsynced record's largest age seen after a step,
+	// and the ring reads back-pressure put off
+	maxLag   time.Duration
+	diskLate int64
 }
 
 // simProc is one incarnation of a replica in the simulator, with a client
@@ -339,6 +494,10 @@ type simRun struct {
 	down  map[rdma.NodeID]bool // crashed by scheduleCrashes, not restarted yet
 	all   []*simProc           // every incarnation, for its counters
 	ctr   struct{ wholeGroup int }
+	// stopping: a clean stop of the whole group is under way (cleanStop)
+	stopping bool
+	// crashedAt: each node's last crash (Async runs)
+	crashedAt map[rdma.NodeID]time.Duration
 }
 
 func (p *simProc) Start(env *sim.Env) error {
@@ -357,13 +516,17 @@ func (p *simProc) Start(env *sim.Env) error {
 		}
 	}
 	p.fsm = &checkFSM{id: env.ID(), c: p.h.c, seen: map[string]bool{}}
-	if p.h.o.durability == Sync {
+	if p.h.o.durability != Memory {
 		rec, err := wal.Recover(env.Disk(), "wal", uint64(env.ID()))
 		if err != nil {
 			return fmt.Errorf("node %d incarnation %d: recover the log: %w", env.ID(), env.Incarnation(), err)
 		}
 		if p.h.o.slowDisk && env.ID() == 1 {
 			env.Disk().SetSyncLatency(500*time.Microsecond, 2*time.Millisecond)
+		}
+		if p.h.o.slowDisks {
+			env.Disk().SetSyncLatency(500*time.Microsecond, time.Millisecond)
+			env.Disk().SetWriteCost("wal/", p.h.o.writeCost)
 		}
 		var dev wal.Device = env.DiskDevice()
 		if p.h.o.failSync > 0 && env.ID() == p.h.o.failNode && env.Incarnation() == 1 {
@@ -389,7 +552,12 @@ func (p *simProc) Start(env *sim.Env) error {
 		if p.h.o.snapLog > 0 {
 			seg = p.h.o.segBytes()
 		}
-		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: uint64(env.ID()), SegmentBytes: seg, MaxUnsyncedBytes: p.h.o.maxUnsynced}, rec)
+		mode := wal.Sync
+		if p.h.o.durability == Async {
+			mode = wal.Async
+			cfg.FsyncInterval = p.h.o.fsyncIvl()
+		}
+		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: mode, FsyncInterval: cfg.FsyncInterval, Member: uint64(env.ID()), SegmentBytes: seg, MaxUnsyncedBytes: p.h.o.maxUnsynced}, rec)
 		if err != nil {
 			return err
 		}
@@ -399,7 +567,7 @@ func (p *simProc) Start(env *sim.Env) error {
 		if cfg.Recovery, err = RecoverFrom(rec, snap); err != nil {
 			return fmt.Errorf("recoverable: node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
 		}
-		cfg.Durability, cfg.WAL = Sync, w
+		cfg.Durability, cfg.WAL = p.h.o.durability, w
 		if p.h.o.fullSnap > 0 && env.Incarnation() == p.h.o.fullSnap {
 			snapDev = &fullSnapDevice{Device: snapDev, fail: map[uint64]bool{}}
 		}
@@ -428,7 +596,10 @@ func (p *simProc) Start(env *sim.Env) error {
 }
 
 func (p *simProc) Step(now time.Duration) bool {
-	if now >= p.next && now < p.h.o.until {
+	if p.h.stopping && p.r.dur != nil {
+		p.r.dur.w.Flush() // SIGTERM: write and sync what is queued, propose nothing
+	}
+	if now >= p.next && now < p.h.o.until && !p.h.stopping {
 		p.k++
 		d := fmt.Sprintf("n%d.%d.%d.%s", p.env.ID(), p.env.Incarnation(), p.k, pad[:p.env.Rand().IntN(len(pad))])
 		if p.h.o.limits && p.env.Rand().IntN(3) == 0 {
@@ -451,7 +622,11 @@ func (p *simProc) Step(now time.Duration) bool {
 				}
 			}
 		}
-		p.next = now + time.Duration(p.env.Rand().Int64N(int64(4*time.Millisecond)))
+		every := 4 * time.Millisecond
+		if p.h.o.proposeEvery > 0 {
+			every = p.h.o.proposeEvery
+		}
+		p.next = now + time.Duration(p.env.Rand().Int64N(int64(every)))
 	}
 	progress := p.r.Poll(now)
 	if err := p.r.Status().DiskErr; err != nil {
@@ -479,6 +654,11 @@ func (p *simProc) Step(now time.Duration) bool {
 					delete(h.down, id)
 				})
 			})
+		}
+	}
+	if st := p.h.o.stats; st != nil && p.r.dur != nil {
+		if o := p.r.dur.w.OldestUnsynced(); o >= 0 && now-o > st.maxLag {
+			st.maxLag = now - o
 		}
 	}
 	p.checkPromises()
@@ -707,7 +887,29 @@ func (h *simRun) unavailable() int {
 func (h *simRun) scheduleWholeGroup() {
 	lo, hi := 2*time.Millisecond, h.o.until-3*time.Millisecond
 	at := lo + time.Duration(h.rng.Int64N(int64(hi-lo)))
-	h.s.At(at, func() {
+	h.s.At(at, h.wholeGroupAt)
+}
+
+// wholeGroupAt crashes every member now, or with cleanStop first stops
+// proposals, flushes every writer and crashes once all are idle.
+func (h *simRun) wholeGroupAt() {
+	if h.o.cleanStop && !h.settled() {
+		h.stopping = true
+		h.s.At(h.s.Now()+100*time.Microsecond, h.wholeGroupAt)
+		return
+	}
+	h.stopping = false
+	// The outage began at the first crash of the members down now: a
+	// member that crashed earlier (a random crash) lost its unsynced
+	// tail then, and it may be in the majority that recovers.
+	start := h.s.Now()
+	for _, id := range h.s.Nodes() {
+		if at, ok := h.crashedAt[id]; ok && !h.s.Live(id) {
+			start = min(start, at)
+		}
+	}
+	h.c.wholeGroupCrash(start, h.o.cleanStop)
+	{
 		now := h.s.Now()
 		ids := h.s.Nodes()
 		for _, id := range ids {
@@ -735,7 +937,24 @@ func (h *simRun) scheduleWholeGroup() {
 				delete(h.down, id)
 			})
 		}
-	})
+	}
+}
+
+// settled (cleanStop): every member is live, idle on disk, and has
+// accepted what the leader committed, with nothing uncommitted.
+func (h *simRun) settled() bool {
+	var acc MsgHdr
+	for k, id := range h.s.Nodes() {
+		p := h.procs[id]
+		if !h.s.Live(id) || p == nil || p.r.dur == nil || !p.r.dur.w.Idle() || p.r.role == Electing || p.r.committed != p.r.accepted {
+			return false
+		}
+		if k > 0 && p.r.accepted != acc {
+			return false
+		}
+		acc = p.r.accepted
+	}
+	return true
 }
 
 // scheduleCrashes crashes members at random and restarts each with empty
@@ -809,7 +1028,21 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		}
 	}
 	s.Invariant(func() error { return h.c.err })
-	h.c.durable = o.durability != Memory
+	h.c.durable = o.durability == Sync
+	h.c.async = o.durability == Async
+	h.c.asyncBound = o.asyncBound(h.cfg.RingSize)
+	if o.lossBound > 0 {
+		h.c.asyncBound = o.lossBound
+	}
+	h.c.now = s.Now
+	if o.durability == Async {
+		h.crashedAt = map[rdma.NodeID]time.Duration{}
+		s.Observe(func(e sim.Event) {
+			if e.Kind == sim.EvCrash {
+				h.crashedAt[e.Node] = e.Time
+			}
+		})
+	}
 	for range o.wholeGroup {
 		h.scheduleWholeGroup()
 	}
@@ -841,6 +1074,10 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 			if o.stats != nil && p.r.Status().FromDisk {
 				o.stats.fromDisk++
 			}
+			if o.stats != nil {
+				o.stats.recoveries += int64(p.r.Status().RecoveryElections)
+				o.stats.diskLate += int64(p.r.Status().DiskLate)
+			}
 			if o.stats != nil && p.r.cfg.Snapshots != nil {
 				o.stats.diskSnaps += int64(p.r.cfg.Snapshots.Saves())
 				o.stats.netSnaps += int64(p.r.dur.netSaves)
@@ -859,6 +1096,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		if len(h.down) != 0 {
 			return false
 		}
+		h.asyncLostTail(ids)
 		var epoch Epoch
 		for _, id := range ids {
 			p := h.procs[id]
@@ -899,6 +1137,21 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	if after := h.electionsStarted(); after != before {
 		return fmt.Errorf("elections after heal: %d elections started in the %v after every fault healed and every member caught up", after-before, 10*h.cfg.ElectionTimeout)
 	}
+	// Async: the loss the recoveries reported is a lower bound.
+	lost := h.c.asyncLost()
+	if h.c.async {
+		var reported uint64
+		for _, p := range h.all {
+			reported += p.r.Status().RecoveryLost
+		}
+		if o.stats != nil {
+			o.stats.lost += int64(len(lost))
+			o.stats.reported += int64(reported)
+		}
+		if reported > uint64(len(lost)) {
+			return fmt.Errorf("async loss bound: the recovery elections reported %d entries lost, the run lost %d", reported, len(lost))
+		}
+	}
 	// Outcomes: delivered at the index they name, errors only for messages
 	// that were not delivered.
 	pos := map[string]int{}
@@ -924,7 +1177,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 			if s.Live(sp.node) && s.Incarnation(sp.node) == sp.inc {
 				return fmt.Errorf("liveness: proposal %q of a live proposer failed: %v", d, err)
 			}
-		case pos[d] == 0 && h.c.lost[d]:
+		case pos[d] == 0 && (h.c.lost[d] || lost[d]):
 			// delivered, then lost with the members that held it
 			// (a forced leader: TestSimForceLead counts it)
 		case pos[d] == 0 && h.c.durable:
@@ -936,6 +1189,32 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		}
 	}
 	return nil
+}
+
+// asyncLostTail (Async): once every member is live, follows one leader
+// that has nothing uncommitted, and all delivered the same k entries
+// after a whole-group crash, the entries of ref above k (but above
+// lossyFrom) were lost and nothing replaced them: ref ends at k.
+func (h *simRun) asyncLostTail(ids []rdma.NodeID) {
+	c := h.c
+	if !c.async || c.oldRef == nil || c.replaced {
+		return
+	}
+	var k uint64
+	for n, id := range ids {
+		p := h.procs[id]
+		if !h.s.Live(id) || p == nil || p.r.role == Electing || p.r.Status().CatchingUp || p.r.committed != p.r.accepted {
+			return
+		}
+		if n > 0 && p.r.index != k {
+			return
+		}
+		k = p.r.index
+	}
+	if k < uint64(len(c.ref)) && k >= c.lossyFrom {
+		c.replaced = true
+		c.ref, c.firstAt = c.ref[:k], c.firstAt[:k]
+	}
 }
 
 // electionsStarted sums ElectionsStarted over the live incarnations.

@@ -27,10 +27,24 @@ type Status struct {
 	// Memory mode); DiskErr the log failure that stopped the replica.
 	Durable MsgHdr
 	DiskErr error
-	// FromDisk: this incarnation replayed its log at start (Sync, a full
-	// voter at once); Repair: its log was corrupt, not replayed, and it
+	// FromDisk: this incarnation replayed its log at start (Sync: a full
+	// voter at once; Async: catching up until a recovery election or a
+	// diff); Repair: its log was corrupt, not replayed, and it
 	// boots catching up.
 	FromDisk, Repair bool
+	// SeenIdx is the highest commit index this replica saw (its own
+	// delivered count, or its leader's), as its Commit records keep it:
+	// after a whole-group crash in Async mode, what recovery compares
+	// with what the disks held (Counters.RecoveryLost).
+	SeenIdx uint64
+	// Async (counts since the replica started): RecoveryElections is the
+	// recovery elections it won (its group restarted from its disks);
+	// RecoveryLost the entries their winner found seen committed by a
+	// member it heard and held by none of their disks, a lower bound of
+	// what the group lost (EventRecovered); DiskLate the ring reads put
+	// off because its oldest unsynced record was older than 2 x
+	// FsyncInterval (back-pressure).
+	RecoveryElections, RecoveryLost, DiskLate uint64
 	// Members is what this replica knows of each member (itself included),
 	// in Config.Members order, as of its last heartbeat or role change; a
 	// leader also says how it serves each one.
@@ -180,7 +194,8 @@ func (r *Replica) publishStatus() {
 		Accepted: r.accepted, Committed: r.committed, Index: r.index, LogLen: r.log.Len(),
 		Slabs: int(r.slabs.live.Load()), Pruned: r.pruned, Vote: r.vote, CatchingUp: r.catchingUp,
 		Pending: pending, Members: ms, Counters: r.ctr, Durable: r.durableHdr(),
-		FromDisk: r.fromDisk, Repair: r.repair}
+		FromDisk: r.fromDisk, Repair: r.repair, SeenIdx: r.seenIdx,
+		RecoveryElections: r.recElections, RecoveryLost: r.recLost, DiskLate: r.diskLateN}
 	if r.dur != nil {
 		r.status.DiskErr = r.dur.err
 	}

@@ -266,18 +266,29 @@ type Config struct {
 	// state (docs/broadcast.md, "Durability"). Memory, the default, keeps
 	// nothing: the protocol is exactly the in-memory one. Sync writes
 	// every accepted entry, diff and commit point to WAL and acknowledges
-	// (AcceptSST) only what is synced. Async is not built yet: New refuses
-	// it.
+	// (AcceptSST) only what is synced. Async writes the same records but
+	// acknowledges what it accepted; the disk trails by at most about
+	// 2 x FsyncInterval (back-pressure), and a member restarted from its
+	// log votes only in a recovery election (durable.go).
 	Durability Durability
-	// WAL is the log Sync writes (required with Sync, nil with Memory):
+	// FsyncInterval (Async) is the longest a record waits before its
+	// batch is written and synced (the replica flushes the writer when
+	// its oldest unsynced record is this old, whatever the writer's own
+	// interval), and half the back-pressure threshold: while the oldest
+	// unsynced record is older than 2 x FsyncInterval the replica accepts
+	// nothing new (a follower leaves records in its ring, a leader's
+	// AppendRoom is 0 and proposals wait). Default 10 ms.
+	FsyncInterval time.Duration
+	// WAL is the log Sync and Async write (required with them, nil with Memory):
 	// a wal.Writer opened on the log Recover read, polled from Poll.
 	WAL *wal.Writer
 	// Recovery is what Recover made of the log at start (nil: an empty
 	// log). New replays it: the Log, Accepted, E_cur and the commit
 	// point, delivering the committed entries to the FSM before New
-	// returns.
+	// returns. (Async: a restarted member then waits, catching up, for a
+	// recovery election or a leader's diff.)
 	Recovery *Recovery
-	// Snapshots, required with Sync, is where the replica keeps disk
+	// Snapshots, required with Sync and Async, is where the replica keeps disk
 	// snapshots (snapstore.go). It shares WAL's device (wal.Share).
 	// Every member captures its FSM at its commit point once the log
 	// grew SnapshotLogBytes since the last capture, persists it off Poll,
@@ -297,7 +308,10 @@ const (
 	// Memory keeps nothing but the stable state: a restarted member
 	// catches up from the group and does not vote until then.
 	Memory Durability = iota
-	// Async: not implemented yet (New refuses it).
+	// Async: the log trails what is acknowledged by at most about
+	// 2 x FsyncInterval; a whole-group crash may lose the entries
+	// committed in that window, a restarted member votes only in a
+	// recovery election (docs/broadcast.md, "Durability").
 	Async
 	// Sync: an acknowledgement (AcceptSST) covers only synced records, so
 	// a member restarted from its disk is a full voter at once.
@@ -372,12 +386,21 @@ const (
 	// EventEpochCommitted: Epoch's diff committed here (Fig. 6 l.83): the
 	// new epoch's first commit, after which proposals flow again.
 	EventEpochCommitted
+	// EventRecovered (Async): the replica won a recovery election (its
+	// group's members restarted from their disks): Lost entries, at
+	// least, that some member saw committed are on no disk of the
+	// members it heard; Index is where the group goes on from (the
+	// entries its log holds). Log it: it is the "N entries lost" line.
+	EventRecovered
 )
 
 // Event is one protocol milestone.
 type Event struct {
 	Kind  EventKind
 	Epoch Epoch // the epoch concerned (E_cur, or the epoch won)
+	// EventRecovered only: a lower bound of the committed entries lost,
+	// and the index the group goes on from.
+	Lost, Index uint64
 }
 
 // Defaults.
@@ -394,6 +417,7 @@ const (
 	DefaultProposeTimeout                  = 2 * time.Second
 	DefaultReconnectMin                    = time.Millisecond
 	DefaultReconnectMax                    = 100 * time.Millisecond
+	DefaultFsyncInterval                   = 10 * time.Millisecond
 )
 
 // withDefaults validates c and fills in defaults.
@@ -438,6 +462,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ElectionTimeout < 2*c.HeartbeatInterval {
 		return c, fmt.Errorf("broadcast: config: election timeout %v must be at least twice the heartbeat interval %v: %w", c.ElectionTimeout, c.HeartbeatInterval, ErrConfig)
+	}
+	if c.FsyncInterval == 0 {
+		c.FsyncInterval = DefaultFsyncInterval
 	}
 	if c.SnapshotLogBytes <= 0 {
 		c.SnapshotLogBytes = 64 << 20
@@ -485,14 +512,14 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("broadcast: config: start mode %d unknown: %w", c.Start, ErrConfig)
 	}
 	switch {
-	case c.Durability == Async:
-		return c, fmt.Errorf("broadcast: config: durability async is not implemented yet (use sync or memory): %w", ErrConfig)
 	case c.Durability > Sync:
 		return c, fmt.Errorf("broadcast: config: durability %d unknown: %w", c.Durability, ErrConfig)
-	case c.Durability == Sync && c.WAL == nil:
-		return c, fmt.Errorf("broadcast: config: durability sync needs a WAL: %w", ErrConfig)
-	case c.Durability == Sync && c.Snapshots == nil:
-		return c, fmt.Errorf("broadcast: config: durability sync needs Snapshots (a network snapshot a diff installs is saved there): %w", ErrConfig)
+	case c.Durability != Memory && c.WAL == nil:
+		return c, fmt.Errorf("broadcast: config: durability %v needs a WAL: %w", c.Durability, ErrConfig)
+	case c.Durability != Memory && c.Snapshots == nil:
+		return c, fmt.Errorf("broadcast: config: durability %v needs Snapshots (a network snapshot a diff installs is saved there): %w", c.Durability, ErrConfig)
+	case c.FsyncInterval < 0:
+		return c, fmt.Errorf("broadcast: config: fsync interval %v is negative: %w", c.FsyncInterval, ErrConfig)
 	case c.Durability == Memory && (c.WAL != nil || c.Recovery != nil || c.Snapshots != nil):
 		return c, fmt.Errorf("broadcast: config: a WAL or a Recovery with durability memory: %w", ErrConfig)
 	}

@@ -3,6 +3,7 @@ package sim
 import (
 	"math/rand/v2"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/rdmakv/rdmakv/internal/vfs"
@@ -35,6 +36,8 @@ type diskFiles struct {
 	mem              *vfs.Mem
 	rng              *rand.Rand // the crash model's and the latencies' draws
 	syncMin, syncMax time.Duration
+	writePerKiB      time.Duration // added to a write's latency per KiB written (SetWriteCost)
+	writePrefix      string        // to writes of files whose name starts with it
 }
 
 func (d *Disk) fs() *vfs.Mem {
@@ -50,6 +53,15 @@ func (d *Disk) fs() *vfs.Mem {
 func (d *Disk) SetSyncLatency(lo, hi time.Duration) {
 	d.fs()
 	d.files.syncMin, d.files.syncMax = lo, max(hi, lo)
+}
+
+// SetWriteCost makes a write to a file whose name starts with prefix take
+// perKiB longer for each KiB it writes (a log on a disk of limited
+// bandwidth: large batches take long). It draws nothing from the disk's
+// random source.
+func (d *Disk) SetWriteCost(prefix string, perKiB time.Duration) {
+	d.fs()
+	d.files.writePrefix, d.files.writePerKiB = prefix, perKiB
 }
 
 // crash applies the crash model to the files (Sim.Crash calls it).
@@ -117,6 +129,9 @@ func (dev *DiskDevice) Submit(op wal.IO) bool {
 	}
 	s := e.s
 	at := max(s.now, dev.busy) + dev.latency(op.Kind)
+	if f := dev.disk.files; op.Kind == wal.IOWrite && f.writePerKiB > 0 && strings.HasPrefix(op.Path, f.writePrefix) {
+		at += time.Duration(int64(len(op.Data)) * int64(f.writePerKiB) / 1024)
+	}
 	dev.busy = at
 	s.At(at, func() {
 		if !e.alive() {

@@ -215,3 +215,28 @@ func TestDropUnderLoad(t *testing.T) {
 		t.Fatalf("DropBefore never ran under load: %d segments (had %d), err %v", w.Stats().Segments, nseg, w.Err())
 	}
 }
+
+// TestUnsyncedBytes: UnsyncedBytes is Stats().UnsyncedBytes (the open
+// batch and the one in flight), MaxUnsyncedBytes the Config's after
+// defaults; both feed broadcast's Async back-pressure.
+func TestUnsyncedBytes(t *testing.T) {
+	fs := vfs.NewMem()
+	rng := rand.New(rand.NewPCG(3, 4))
+	d := newTestDevice(fs)
+	w := mustOpen(t, d, mustRecover(t, fs), Config{Mode: Async})
+	if w.MaxUnsyncedBytes() != 4<<20 {
+		t.Fatalf("default MaxUnsyncedBytes %d, want 4 MiB", w.MaxUnsyncedBytes())
+	}
+	if w.UnsyncedBytes() != 0 {
+		t.Fatalf("unsynced %d on an empty writer", w.UnsyncedBytes())
+	}
+	appendN(t, w, rng, written{}, 5, 300)
+	if n := w.UnsyncedBytes(); n == 0 || n != w.Stats().UnsyncedBytes {
+		t.Fatalf("unsynced %d after 5 appends, stats say %d", n, w.Stats().UnsyncedBytes)
+	}
+	w.Flush()
+	drain(t, w, d, 0)
+	if w.UnsyncedBytes() != 0 {
+		t.Fatalf("unsynced %d after a flush", w.UnsyncedBytes())
+	}
+}

@@ -241,6 +241,14 @@ func (w *Writer) unsynced() int64 {
 	return n
 }
 
+// UnsyncedBytes is how many bytes are appended and not yet synced (the
+// open batch and the one in flight): Stats().UnsyncedBytes, cheaply.
+func (w *Writer) UnsyncedBytes() int64 { return w.unsynced() }
+
+// MaxUnsyncedBytes is the Config's (after defaults): a batch starts once
+// this much is queued, and Append refuses beyond twice it.
+func (w *Writer) MaxUnsyncedBytes() int64 { return w.cfg.MaxUnsyncedBytes }
+
 // Synced is the seq up to which every record is on disk.
 func (w *Writer) Synced() uint64 { return w.synced }
 
