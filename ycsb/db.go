@@ -196,6 +196,13 @@ func checkRecordSize(p *properties.Properties, keyspace string, limit int) error
 		ErrRecordTooLarge, n, l, size(l), keyspace, limit, fits)
 }
 
+// CheckRecordSize is Open's check, for a DB that New makes on c: it fails
+// when the records of p do not fit the values of c's ordered keyspace
+// (wrapping ErrRecordTooLarge).
+func CheckRecordSize(p *properties.Properties, c *client.Client, keyspace string) error {
+	return checkRecordSize(p, keyspace, c.Map().OrderedMaxValue())
+}
+
 // New returns a DB on a client the caller opened and closes (Close leaves
 // it open). cfg.MapFile is not used.
 func New(c *client.Client, cfg Config) *DB {

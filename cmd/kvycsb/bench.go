@@ -20,31 +20,39 @@ import (
 	"github.com/magiconair/properties"
 	"github.com/pingcap/go-ycsb/pkg/prop"
 
+	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/redisproc"
+	rdycsb "github.com/rdmakv/rdmakv/ycsb"
 )
 
 const benchUsage = `usage: kvycsb bench [flags]
 
-Runs YCSB workloads A, B, C, D and F through go-ycsb's core workload at each
-thread count, against rdmakv and against Redis in the same run, and prints
-a table of ops/s and the rdmakv/Redis ratio.
+Runs YCSB workloads (A, B, C, D and F by default; E with --workloads)
+through go-ycsb's core workload at each thread count, against rdmakv and
+against Redis in the same run, and prints a table of ops/s and the
+rdmakv/Redis ratio.
 
   rdmakv   an embedded cluster (--groups x --replicas on the shm fabric, in
            a child process of kvycsb) through the binding in package ycsb,
            one client in kvycsb shared by the threads, linearizable reads
-           (rdmakv.consistency)
+           (rdmakv.consistency); E on the cluster's ordered keyspace
+           (rdmakv.keyspace=ordered), the others on the hashed one
   Redis    redis-server (--redis-server), started by kvycsb on a free
            loopback port with persistence off (--save "" --appendonly no)
-           in a temporary directory and killed at the end, through
-           go-ycsb's redis binding (hashes: HSET, HMGET) with a connection
-           per thread
+           in a temporary directory and killed at the end, with a
+           connection per thread; A-D and F through go-ycsb's redis
+           binding (hashes: HSET, HMGET), E through redis-sorted (the
+           same hashes plus a sorted-set index: insert = MULTI HSET ZADD
+           EXEC, scan = ZRANGEBYLEX then the HGETALLs in one pipeline)
 
 Each database is loaded once with --records records (--load-threads
 threads), then every workload runs at every thread count, --ops
 operations each, rdmakv first and Redis right after (so that both see the
-same machine), D last of all (its inserts add records). ops/s =
-operations / wall time of the run, as YCSB's [OVERALL] throughput; a
-read-modify-write of F is one operation. Progress goes to stderr.
+same machine), D after the others (its inserts add records). E comes last
+of all, with a load of its own (the ordered keyspace; the hashes again
+and the index on Redis). ops/s = operations / wall time of the run, as
+YCSB's [OVERALL] throughput; a read-modify-write of F is one operation.
+Progress goes to stderr.
 
 Flags:
 `
@@ -59,7 +67,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	records := fs.Int64("records", 100000, "records loaded (recordcount)")
 	ops := fs.Int64("ops", 0, "operations per run (operationcount; 0: as many as --records)")
 	threadsArg := fs.String("threads", "1,8,32", "comma-separated thread counts")
-	workloadsArg := fs.String("workloads", "a,b,c,d,f", "comma-separated workloads (of a, b, c, d, f)")
+	workloadsArg := fs.String("workloads", "a,b,c,d,f", "comma-separated workloads (of a, b, c, d, e, f)")
 	loadThreads := fs.Int("load-threads", 8, "threads of the load phases")
 	redisBin := fs.String("redis-server", "redis-server", "the redis-server binary (empty: rdmakv alone)")
 	groups := fs.Int("groups", 2, "embedded cluster: groups (shards)")
@@ -87,17 +95,12 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	for _, w := range strings.Split(*workloadsArg, ",") {
 		w = strings.ToLower(strings.TrimSpace(w))
 		switch w {
-		case "a", "b", "c", "d", "f":
+		case "a", "b", "c", "d", "e", "f":
 			if !slices.Contains(workloads, w) {
 				workloads = append(workloads, w)
 			}
-		case "e":
-			// TODO(issue 18): the Redis baseline a Redis user would
-			// write for scans (a sorted-set index, ZRANGEBYLEX plus
-			// pipelined HGETALL) is not built yet.
-			return usagef("bench: workload e: its Redis baseline (a sorted-set index; go-ycsb's redis binding cannot scan) is not built yet; run E on rdmakv alone with `kvycsb loadrun e --embedded`")
 		default:
-			return usagef("bench: unknown workload %q (want a, b, c, d, f)", w)
+			return usagef("bench: unknown workload %q (want a, b, c, d, e, f)", w)
 		}
 	}
 	if len(workloads) == 0 {
@@ -115,10 +118,12 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	case *groups < 1 || *replicas < 1 || *replicas%2 == 0:
 		return usagef("bench: --groups %d --replicas %d: want at least one group and an odd number of replicas", *groups, *replicas)
 	}
-	// D last: its inserts add records that the other workloads would
-	// otherwise see.
-	order := slices.Clone(workloads)
-	slices.SortStableFunc(order, func(a, b string) int {
+	// hashed are the workloads on the hashed keyspace (on go-ycsb's
+	// redis binding), D last of them: its inserts add records that the
+	// others would otherwise see. E, if asked for, runs after them on
+	// records loaded for it alone.
+	hashed := slices.DeleteFunc(slices.Clone(workloads), func(w string) bool { return w == "e" })
+	slices.SortStableFunc(hashed, func(a, b string) int {
 		if (a == "d") != (b == "d") {
 			if a == "d" {
 				return 1
@@ -127,6 +132,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		}
 		return 0
 	})
+	withE := slices.Contains(workloads, "e")
 	base := func(w string) (*properties.Properties, error) {
 		text, _ := builtinWorkload(w)
 		p, err := properties.LoadString(text)
@@ -142,6 +148,13 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 				return nil, usagef("bench: bad property %q: want -p name=value", kv)
 			}
 			p.Set(k, v)
+		}
+		if w == "e" {
+			if _, ok := p.Get(rdycsb.PropKeyspace); !ok {
+				// As loadrun e --embedded: the embedded cluster's
+				// ordered keyspace.
+				p.Set(rdycsb.PropKeyspace, cluster.DefaultOrderedKeyspace)
+			}
 		}
 		return p, nil
 	}
@@ -168,7 +181,11 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	defer redirectStdout(devnull)()
 
 	start := time.Now()
-	loadProps, err := base(workloads[0])
+	first := "e"
+	if len(hashed) > 0 {
+		first = hashed[0]
+	}
+	loadProps, err := base(first)
 	if err != nil {
 		return err
 	}
@@ -180,6 +197,32 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	defer rd.close()
 	fmt.Fprintf(stderr, "kvycsb bench: rdmakv: %s\n", rd.desc)
 	dbs := []*dbEnv{rd}
+	// E's databases: rdmakv's ordered keyspace through a second binding
+	// on the same client (rd itself if every workload runs there), and
+	// Redis through redis-sorted.
+	var dbsE []*dbEnv
+	if withE {
+		pe, err := base("e")
+		if err != nil {
+			return err
+		}
+		cfg, err := rdycsb.ParseConfig(pe)
+		if err != nil {
+			return usageError{err.Error()}
+		}
+		rdE := rd
+		if cfg.Keyspace != rd.keyspace {
+			c := rd.db.Client()
+			if _, err := c.Map().FindKeyspace(cfg.Keyspace); err != nil {
+				return usagef("bench: workload e: %s=%s: %v", rdycsb.PropKeyspace, cfg.Keyspace, err)
+			}
+			if err := rdycsb.CheckRecordSize(pe, c, cfg.Keyspace); err != nil {
+				return usageError{err.Error()}
+			}
+			rdE = &dbEnv{name: "rdmakv", keyspace: cfg.Keyspace, db: rdycsb.New(c, cfg), desc: rd.desc}
+		}
+		dbsE = append(dbsE, rdE)
+	}
 	var redisSrv *redisproc.Server
 	if *redisBin != "" {
 		bin, err := exec.LookPath(*redisBin)
@@ -198,46 +241,64 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		defer redisSrv.Close()
 		fmt.Fprintf(stderr, "kvycsb bench: redis: %s (pid %d, persistence off)\n", redisSrv.Addr, redisSrv.Pid())
 		dbs = append(dbs, &dbEnv{name: "redis", desc: redisSrv.Addr})
+		if withE {
+			dbsE = append(dbsE, &dbEnv{name: "redis", binding: redisSortedName, desc: redisSrv.Addr})
+		}
 	}
 	phase := func(env *dbEnv, ph, w string, p *properties.Properties) (*phaseResult, error) {
-		if env.name == "redis" {
+		if isRedisDB(env.name) {
 			p.Set("redis.addr", redisSrv.Addr)
 		}
 		r, err := runPhase(ctx, phaseSpec{phase: ph, workload: w, db: env, props: p, progress: *progress, stderr: stderr, quiet: true})
 		if err != nil {
-			return r, fmt.Errorf("%s %s on %s: %w", ph, w, env.name, err)
+			return r, fmt.Errorf("%s %s on %s: %w", ph, w, env.driver(), err)
 		}
-		fmt.Fprintf(stderr, "kvycsb bench: %-4s %s %-6s %2d threads: %9.0f ops/s (%d ops in %.2f s, %d errors)\n",
-			ph, strings.ToUpper(w), env.name, r.Threads, r.OpsPerSec, r.Operations, r.Seconds, r.Errors)
+		fmt.Fprintf(stderr, "kvycsb bench: %-4s %s %-12s %2d threads: %9.0f ops/s (%d ops in %.2f s, %d errors)\n",
+			ph, strings.ToUpper(w), env.driver(), r.Threads, r.OpsPerSec, r.Operations, r.Seconds, r.Errors)
 		return r, nil
 	}
 	var results []*phaseResult
-	for _, env := range dbs {
-		p, err := base(workloads[0])
-		if err != nil {
-			return err
-		}
-		p.Set(prop.ThreadCount, strconv.Itoa(*loadThreads))
-		r, err := phase(env, "load", workloads[0], p)
-		if err != nil {
-			return err
-		}
-		results = append(results, r)
-	}
-	for _, w := range order {
-		for _, t := range threads {
-			for _, env := range dbs {
-				p, err := base(w)
-				if err != nil {
-					return err
-				}
-				p.Set(prop.ThreadCount, strconv.Itoa(t))
-				r, err := phase(env, "run", w, p)
-				if err != nil {
-					return err
-				}
-				results = append(results, r)
+	// loadRun loads dbs with workload load's records, then runs each of
+	// ws at every thread count on each of dbs.
+	loadRun := func(dbs []*dbEnv, load string, ws []string) error {
+		for _, env := range dbs {
+			p, err := base(load)
+			if err != nil {
+				return err
 			}
+			p.Set(prop.ThreadCount, strconv.Itoa(*loadThreads))
+			r, err := phase(env, "load", load, p)
+			if err != nil {
+				return err
+			}
+			results = append(results, r)
+		}
+		for _, w := range ws {
+			for _, t := range threads {
+				for _, env := range dbs {
+					p, err := base(w)
+					if err != nil {
+						return err
+					}
+					p.Set(prop.ThreadCount, strconv.Itoa(t))
+					r, err := phase(env, "run", w, p)
+					if err != nil {
+						return err
+					}
+					results = append(results, r)
+				}
+			}
+		}
+		return nil
+	}
+	if len(hashed) > 0 {
+		if err := loadRun(dbs, hashed[0], hashed); err != nil {
+			return err
+		}
+	}
+	if withE {
+		if err := loadRun(dbsE, "e", []string{"e"}); err != nil {
+			return err
 		}
 	}
 	load, _ := loadAvg()
@@ -247,7 +308,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 			"cpus": numCPU(), "loadavg_after": load, "seconds": time.Since(start).Seconds(), "results": results,
 		})
 	}
-	printTable(stdout, results, workloads, threads, *records, *ops, *groups, *replicas)
+	printTable(stdout, results, workloads, threads)
 	fmt.Fprintf(stdout, "\n%d records, %d operations a run; %d CPUs; load average after the run: %s; took %v\n",
 		*records, *ops, numCPU(), load, time.Since(start).Round(time.Second))
 	return nil
@@ -268,8 +329,8 @@ func parseInts(s string) ([]int, error) {
 }
 
 // printTable prints ops/s per workload and thread count, for both
-// databases, and their ratio.
-func printTable(w io.Writer, results []*phaseResult, workloads []string, threads []int, records, ops int64, groups, replicas int) {
+// databases, their ratio, and the Redis binding of each row.
+func printTable(w io.Writer, results []*phaseResult, workloads []string, threads []int) {
 	find := func(db, ph, wl string, t int) *phaseResult {
 		for _, r := range results {
 			if r.DB == db && r.Phase == ph && r.Workload == wl && (t == 0 || r.Threads == t) {
@@ -279,9 +340,12 @@ func printTable(w io.Writer, results []*phaseResult, workloads []string, threads
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tthreads\trdmakv ops/s\tredis ops/s\trdmakv/redis\trdmakv p99 us\tredis p99 us\terrors\t")
+	fmt.Fprintln(tw, "workload\tthreads\trdmakv ops/s\tredis ops/s\trdmakv/redis\trdmakv p99 us\tredis p99 us\tredis binding\terrors\t")
 	row := func(label string, ph, wl string, t int) {
 		rd, rs := find("rdmakv", ph, wl, t), find("redis", ph, wl, t)
+		if rd == nil && rs == nil {
+			return
+		}
 		cell := func(r *phaseResult) string {
 			if r == nil {
 				return "-"
@@ -297,9 +361,12 @@ func printTable(w io.Writer, results []*phaseResult, workloads []string, threads
 			}
 			return "-"
 		}
-		ratio, errs := "-", "0"
+		ratio, errs, binding := "-", "0", "-"
 		if rd != nil && rs != nil && rs.OpsPerSec > 0 {
 			ratio = fmt.Sprintf("%.2fx", rd.OpsPerSec/rs.OpsPerSec)
+		}
+		if rs != nil {
+			binding = rs.Binding
 		}
 		var ne []string
 		for _, r := range []*phaseResult{rd, rs} {
@@ -314,33 +381,66 @@ func printTable(w io.Writer, results []*phaseResult, workloads []string, threads
 		if r := rd; r != nil {
 			ts = strconv.Itoa(r.Threads)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", label, ts, cell(rd), cell(rs), ratio, p99(rd), p99(rs), errs)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", label, ts, cell(rd), cell(rs), ratio, p99(rd), p99(rs), binding, errs)
 	}
-	row("load", "load", workloads[0], 0)
+	// The main load is of the first workload other than E (its records
+	// serve every one of them); E has a load of its own.
 	for _, wl := range workloads {
+		if wl != "e" {
+			row("load", "load", wl, 0)
+			break
+		}
+	}
+	for _, wl := range workloads {
+		if wl == "e" {
+			continue
+		}
 		for _, t := range threads {
 			row(strings.ToUpper(wl), "run", wl, t)
 		}
 	}
-	tw.Flush()
-	// The targets: rdmakv at least 5x Redis on A, B and C at 8 threads.
-	var verdict []string
-	for _, wl := range []string{"a", "b", "c"} {
-		rd, rs := find("rdmakv", "run", wl, 8), find("redis", "run", wl, 8)
-		if rd == nil || rs == nil || rs.OpsPerSec == 0 {
-			continue
+	if slices.Contains(workloads, "e") {
+		row("load E", "load", "e", 0)
+		for _, t := range threads {
+			row("E", "run", "e", t)
 		}
-		x := rd.OpsPerSec / rs.OpsPerSec
-		mark := "met"
-		if x < 5 {
-			mark = "missed"
-		}
-		verdict = append(verdict, fmt.Sprintf("%s %.2fx (%s)", strings.ToUpper(wl), x, mark))
 	}
-	if len(verdict) > 0 {
-		fmt.Fprintf(w, "\ntarget rdmakv >= 5x Redis at 8 threads: %s\n", strings.Join(verdict, ", "))
+	tw.Flush()
+	// The targets: rdmakv at least 5x Redis on A, B and C at 8 threads;
+	// on E, at least 3x the sorted-set baseline at 1 thread and 5x at 8.
+	verdict := func(wls []string, t int, want float64) []string {
+		var out []string
+		for _, wl := range wls {
+			rd, rs := find("rdmakv", "run", wl, t), find("redis", "run", wl, t)
+			if rd == nil || rs == nil || rs.OpsPerSec == 0 {
+				continue
+			}
+			x := rd.OpsPerSec / rs.OpsPerSec
+			mark := "met"
+			if x < want {
+				mark = "missed"
+			}
+			out = append(out, fmt.Sprintf("%s %.2fx (%s)", strings.ToUpper(wl), x, mark))
+		}
+		return out
+	}
+	if v := verdict([]string{"a", "b", "c"}, 8, 5); len(v) > 0 {
+		fmt.Fprintf(w, "\ntarget rdmakv >= 5x Redis at 8 threads: %s\n", strings.Join(v, ", "))
+	}
+	var ve []string
+	for _, t := range []struct {
+		threads int
+		want    float64
+	}{{1, 3}, {8, 5}} {
+		for _, v := range verdict([]string{"e"}, t.threads, t.want) {
+			ve = append(ve, fmt.Sprintf("%d thread(s) >= %gx: %s", t.threads, t.want, v))
+		}
+	}
+	if len(ve) > 0 {
+		fmt.Fprintf(w, "target E against %s: %s\n", redisSortedName, strings.Join(ve, "; "))
 	}
 	fmt.Fprintf(w, "p99 us: go-ycsb's TOTAL row (every measured operation; for F, its reads and the read-modify-writes' read and update)\n")
+	fmt.Fprintf(w, "redis binding: redis = go-ycsb's (hashes: HSET, HMGET); %s = the same hashes plus a sorted-set index (insert MULTI HSET ZADD EXEC; scan ZRANGEBYLEX, then the HGETALLs in one pipeline)\n", redisSortedName)
 }
 
 func numCPU() int { return runtime.NumCPU() }

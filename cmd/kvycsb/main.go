@@ -5,7 +5,7 @@
 //	kvycsb load a                 # load workload A's records into the cluster kvserver runs
 //	kvycsb run a --threads 8      # then run its operations
 //	kvycsb loadrun a --embedded   # both, against a cluster kvycsb starts (a child process)
-//	kvycsb bench                  # A, B, C, D, F at 1, 8, 32 threads, rdmakv and Redis
+//	kvycsb bench                  # A, B, C, D, F at 1, 8, 32 threads, rdmakv and Redis (--workloads e: scans)
 //
 // docs/ycsb.md explains the flags, the properties and the output.
 package main
@@ -52,7 +52,8 @@ func ignoreSIGPIPE() {
 const usage = `usage: kvycsb <command> [flags] [workload]
 
 Runs YCSB workloads against rdmakv (the go-ycsb binding in package
-github.com/rdmakv/rdmakv/ycsb) or against Redis (go-ycsb's redis binding).
+github.com/rdmakv/rdmakv/ycsb) or against Redis (go-ycsb's redis binding, or
+redis-sorted: the same hashes plus a sorted-set index, which scans).
 
 Commands:
   load      insert the workload's records (recordcount of them)
@@ -61,7 +62,8 @@ Commands:
   loadrun   load, then run, in one process (the way to use --embedded)
   bench     workloads A, B, C, D and F at 1, 8 and 32 threads against an
             embedded rdmakv cluster and a Redis server kvycsb starts, and a
-            table of ops/s and the rdmakv/Redis ratio (kvycsb bench -h)
+            table of ops/s and the rdmakv/Redis ratio (kvycsb bench -h;
+            --workloads e adds E, against a sorted-set index on Redis)
   --version the module version and commit kvycsb was built from
 
 Workloads: a, b, c, d, e, f are YCSB's standard core workloads, built in
@@ -84,6 +86,7 @@ Examples:
   kvycsb load e -p rdmakv.keyspace=ordered -p fieldlength=80   # kvserver's 4 KiB nodes
   kvycsb run e -p rdmakv.keyspace=ordered --ops 10000
   kvycsb loadrun a --db redis -p redis.addr=127.0.0.1:6379
+  kvycsb loadrun e --db redis-sorted -p redis.addr=127.0.0.1:6379   # scans on Redis
   kvycsb run -P myworkload -p operationcount=5000 -p rdmakv.consistency=stale-ok
 
 Exit status: 0 done (the summary counts failed operations in its _ERROR
@@ -183,7 +186,7 @@ func newFlags(out io.Writer) *flags {
 	fs.SetOutput(out)
 	fs.Var(&f.files, "P", "a property `file` (repeatable; after the built-in workload's properties)")
 	fs.Var(&f.props, "p", "a property `key=value` (repeatable; after the files)")
-	fs.StringVar(&f.db, "db", "rdmakv", "the database: rdmakv or redis (go-ycsb's binding; redis.addr, default localhost:6379)")
+	fs.StringVar(&f.db, "db", "rdmakv", "the database: rdmakv, redis (go-ycsb's binding; redis.addr, default localhost:6379) or redis-sorted (hashes plus a sorted-set index: scans too)")
 	fs.IntVar(&f.threads, "threads", 1, "YCSB client threads (goroutines), as the threadcount property")
 	fs.IntVar(&f.target, "target", 0, "throttle to this many operations per second in total (0: unlimited)")
 	fs.Int64Var(&f.records, "records", 0, "recordcount (0: from the workload)")
@@ -285,7 +288,7 @@ func checkProps(p *properties.Properties, db string, phases []string) error {
 	}
 	if sp := p.GetFloat64(prop.ScanProportion, 0); sp > 0 {
 		if db == "redis" && slices.Contains(phases, "run") {
-			return usagef("the workload scans (scanproportion=%v, YCSB workload E), and go-ycsb's redis binding does not support scans", sp)
+			return usagef("the workload scans (scanproportion=%v, YCSB workload E), and go-ycsb's redis binding does not support scans (--db %s does: hashes plus a sorted-set index)", sp, redisSortedName)
 		}
 		// Its load too: records loaded into the hashed keyspace could
 		// not be scanned.
@@ -340,8 +343,8 @@ func runPhases(cmd string, args []string, stdout, stderr io.Writer) error {
 		phases = []string{"load", "run"}
 	}
 	switch {
-	case f.db != "rdmakv" && f.db != "redis":
-		return usagef("--db %s: want rdmakv or redis", f.db)
+	case f.db != "rdmakv" && f.db != "redis" && f.db != redisSortedName:
+		return usagef("--db %s: want rdmakv, redis or %s", f.db, redisSortedName)
 	case f.embedded && f.db != "rdmakv":
 		return usagef("--embedded starts an rdmakv cluster: it goes with --db rdmakv")
 	case f.embedded && cmd == "run":
@@ -384,7 +387,7 @@ func runPhases(cmd string, args []string, stdout, stderr io.Writer) error {
 		}
 		defer env.close()
 	} else {
-		env = &dbEnv{name: "redis"}
+		env = &dbEnv{name: f.db}
 	}
 	var results []*phaseResult
 	for _, ph := range phases {

@@ -191,14 +191,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"load", "z"}, 2, "unknown workload"},
 		{[]string{"load", "a", "b"}, 2, "one workload at a time"},
 		{[]string{"run", "a", "--embedded"}, 2, "use loadrun"},
-		{[]string{"load", "a", "--db", "mongo"}, 2, "want rdmakv or redis"},
+		{[]string{"load", "a", "--db", "mongo"}, 2, "want rdmakv, redis or redis-sorted"},
 		{[]string{"load", "a", "--db", "redis", "--embedded"}, 2, "--embedded"},
 		{[]string{"run", "a", "--ops", "2", "--threads", "4"}, 2, "operationcount=2 is less than the 4 threads"},
 		{[]string{"load", "a", "-p", "rdmakv.consistency=strong"}, 2, "rdmakv.consistency"},
 		{[]string{"load", "a", "-p", "novalue"}, 2, "want -p name=value"},
-		{[]string{"run", "e", "--db", "redis"}, 2, "redis binding does not support scans"},
+		{[]string{"run", "e", "--db", "redis"}, 2, "redis binding does not support scans (--db redis-sorted does"},
 		{[]string{"load", "a", "--map", "/nonexistent/cluster.json"}, 1, "kvserver"},
-		{[]string{"bench", "--workloads", "a,e"}, 2, "Redis baseline"},
+		{[]string{"bench", "--workloads", "a,g"}, 2, "want a, b, c, d, e, f"},
 		{[]string{"bench", "--threads", "0"}, 2, "--threads"},
 		{[]string{"bench", "extra"}, 2, "unexpected arguments"},
 	} {
@@ -295,5 +295,81 @@ func TestBench(t *testing.T) {
 	}
 	if lines != 4 {
 		t.Errorf("%d rows of A and D, want 4 (2 thread counts each):\n%s", lines, out)
+	}
+}
+
+// TestBenchE runs kvycsb bench --workloads e small: rdmakv on the
+// embedded cluster's ordered keyspace, Redis through redis-sorted, both
+// rows in the table and in the JSON, with no failed operation.
+func TestBenchE(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (apt-get install -y redis-server): the E baseline needs it")
+	}
+	args := []string{"bench", "--records", "200", "--ops", "200", "--threads", "1,2", "--workloads", "e", "--load-threads", "2", "--progress", "0"}
+	// Records too large for the ordered keyspace are refused before
+	// anything is loaded, as with loadrun e --embedded.
+	code, out, errOut := runBin(t, 120*time.Second, append(args, "-p", "fieldcount=30")...)
+	if code != 2 || !strings.Contains(errOut, "records too large") || strings.Contains(errOut, "load E") {
+		t.Errorf("fieldcount=30: exit %d, want 2 and records too large\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	code, out, errOut = runBin(t, 120*time.Second, args...)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	rows := map[string]int{}
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 10 && f[0] == "load" && f[1] == "E":
+			f = append([]string{"load E"}, f[2:]...)
+		case len(f) == 9 && f[0] == "E":
+		default:
+			continue
+		}
+		rows[f[0]]++
+		// workload threads rdmakv redis ratio p99 p99 binding errors
+		if f[2] == "-" || f[3] == "-" || !strings.HasSuffix(f[4], "x") || f[7] != redisSortedName || f[8] != "0" {
+			t.Errorf("row without both databases, with another binding or with errors: %q", l)
+		}
+	}
+	if rows["load E"] != 1 || rows["E"] != 2 {
+		t.Errorf("rows %v, want a load E row and 2 E rows (1 and 2 threads):\n%s", rows, out)
+	}
+	if !strings.Contains(out, "target E against redis-sorted") {
+		t.Errorf("no E target line:\n%s", out)
+	}
+
+	code, out, errOut = runBin(t, 120*time.Second, append(args, "--threads", "2", "--json")...)
+	if code != 0 {
+		t.Fatalf("--json: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	var doc struct {
+		Results []phaseResult `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("stdout is not one JSON document (%v):\n%s", err, out)
+	}
+	got := map[string]phaseResult{}
+	for _, r := range doc.Results {
+		got[r.Phase+" "+r.DB] = r
+	}
+	for _, want := range []phaseResult{
+		{Phase: "load", DB: "rdmakv", Binding: "rdmakv", Keyspace: "ordered", Operations: 200},
+		{Phase: "run", DB: "rdmakv", Binding: "rdmakv", Keyspace: "ordered", Operations: 200},
+		{Phase: "load", DB: "redis", Binding: redisSortedName, Operations: 200},
+		{Phase: "run", DB: "redis", Binding: redisSortedName, Operations: 200},
+	} {
+		r, ok := got[want.Phase+" "+want.DB]
+		if !ok || r.Workload != "e" || r.Binding != want.Binding || r.Keyspace != want.Keyspace || r.Operations != want.Operations || r.Errors != 0 {
+			t.Errorf("%s %s: %+v (found %v), want binding %s, keyspace %q, %d operations, no errors", want.Phase, want.DB, r, ok, want.Binding, want.Keyspace, want.Operations)
+		}
+		if want.Phase == "run" {
+			if _, ok := r.op("SCAN"); !ok {
+				t.Errorf("%s %s: no SCAN row in %+v", want.Phase, want.DB, r.Ops)
+			}
+		}
+	}
+	if len(doc.Results) != 4 {
+		t.Errorf("%d results, want 4: %+v", len(doc.Results), doc.Results)
 	}
 }

@@ -35,10 +35,15 @@ import (
 // binding, created per phase with that phase's threadcount, which sizes
 // its connection pool).
 type dbEnv struct {
-	name  string // rdmakv or redis
-	db    *rdycsb.DB
-	child *childCluster // the embedded cluster, if any
-	desc  string        // where, for the header line
+	name string // rdmakv, redis or redis-sorted
+	// binding is the go-ycsb DB the phases run through, as registered
+	// ("": name): bench runs workload E on Redis through redis-sorted.
+	binding string
+	// keyspace is the rdmakv keyspace of db's operations ("": hashed).
+	keyspace string
+	db       *rdycsb.DB
+	child    *childCluster // the embedded cluster, if any
+	desc     string        // where, for the header line
 }
 
 func (e *dbEnv) close() {
@@ -55,15 +60,23 @@ func (e *dbEnv) open(p *properties.Properties) (goycsb.DB, func(), error) {
 	if e.db != nil {
 		return e.db, func() {}, nil
 	}
-	c := goycsb.GetDBCreator(e.name)
+	c := goycsb.GetDBCreator(e.driver())
 	if c == nil {
-		return nil, nil, fmt.Errorf("database %q is not registered", e.name)
+		return nil, nil, fmt.Errorf("database %q is not registered", e.driver())
 	}
 	db, err := c.Create(p)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", e.name, err)
+		return nil, nil, fmt.Errorf("%s: %w", e.driver(), err)
 	}
 	return db, func() { db.Close() }, nil
+}
+
+// driver is the go-ycsb DB of the phases.
+func (e *dbEnv) driver() string {
+	if e.binding != "" {
+		return e.binding
+	}
+	return e.name
 }
 
 // embeddedMap is the map of an embedded cluster: groups x replicas on shm
@@ -135,6 +148,9 @@ func openRdmakv(ctx context.Context, p *properties.Properties, embedded bool, ec
 		return nil, err
 	}
 	env.db = db
+	if cfg, err := rdycsb.ParseConfig(p); err == nil {
+		env.keyspace = cfg.Keyspace
+	}
 	return env, nil
 }
 
@@ -152,7 +168,12 @@ type phaseSpec struct {
 
 // phaseResult is what a phase measured.
 type phaseResult struct {
-	DB       string `json:"db"`
+	DB string `json:"db"`
+	// Binding is the go-ycsb DB the phase ran through: rdmakv, redis
+	// (go-ycsb's, hashes) or redis-sorted (hashes and a sorted-set
+	// index, for scans); Keyspace is rdmakv's ordered keyspace, if any.
+	Binding  string `json:"binding"`
+	Keyspace string `json:"keyspace,omitempty"`
 	Workload string `json:"workload"`
 	Phase    string `json:"phase"`
 	Threads  int    `json:"threads"`
@@ -242,7 +263,7 @@ func runPhase(ctx context.Context, s phaseSpec) (*phaseResult, error) {
 			total = p.GetInt64(prop.InsertCount, 0)
 		}
 	}
-	res := &phaseResult{DB: s.db.name, Workload: s.workload, Phase: s.phase, Threads: threads, Records: p.GetInt64(prop.RecordCount, 0)}
+	res := &phaseResult{DB: s.db.name, Binding: s.db.driver(), Keyspace: s.db.keyspace, Workload: s.workload, Phase: s.phase, Threads: threads, Records: p.GetInt64(prop.RecordCount, 0)}
 
 	if s.human {
 		fmt.Fprintln(os.Stdout, "***************** properties *****************")
@@ -256,7 +277,7 @@ func runPhase(ctx context.Context, s phaseSpec) (*phaseResult, error) {
 	}
 	if !s.quiet {
 		where := s.db.desc
-		if s.db.name == "redis" {
+		if isRedisDB(s.db.driver()) {
 			where = p.GetString("redis.addr", "localhost:6379")
 		}
 		fmt.Fprintf(s.stderr, "kvycsb: %s %s: %s (%s), %d operations, %d threads\n", s.phase, s.workload, s.db.name, where, total, threads)
