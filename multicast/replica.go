@@ -642,7 +642,11 @@ func (r *Replica) sendReplies() bool {
 			continue
 		}
 		off := uint64((int(r.g)*w + int(rec.seq%uint64(w))) * rs)
-		b := encodeReply(r.rbuf, r.g, &rec.reply)
+		// Signed with our id: the client rings only us (the leader)
+		// with its next messages.
+		rp := rec.reply
+		rp.flags |= replyFromBits(r.node.ID())
+		b := encodeReply(r.rbuf, r.g, &rp)
 		if p.queue(r.now, rec.addr.Region, off, b) {
 			r.ctr.Replies++
 		}
