@@ -97,7 +97,14 @@ type Client struct {
 	addr  Addr
 	base  []rdma.RegionID // per group: regions.Multicast(g)
 	peers [][]*peer       // per group, per member
-	now   time.Duration
+	// leader, per group: the member (index in peers) that wrote the last
+	// reply, its leader then; -1 unknown. send writes a message to every
+	// member but rings only the leader's doorbell (only a leader scans
+	// the rings; a leader not rung finds the message at its next
+	// heartbeat's scan), and every member's while it is unknown, which a
+	// retry makes it again.
+	leader []int
+	now    time.Duration
 
 	ready     tree.Set // groups that acknowledged our incarnation
 	helloAt   time.Duration
@@ -191,6 +198,7 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 			ps = append(ps, newPeer(node, id, max(64<<10, 4*cfg.SlotSize), cfg.ReconnectMin, cfg.ReconnectMax))
 		}
 		c.peers = append(c.peers, ps)
+		c.leader = append(c.leader, -1)
 		c.busy = append(c.busy, make([]uint64, cfg.ClientSlots))
 		c.rbusy = append(c.rbusy, make([]uint64, cfg.ClientSlots))
 	}
@@ -335,8 +343,25 @@ func (c *Client) admit(dst tree.Set) (*call, error) {
 func (c *Client) send(k *call) {
 	w := c.cfg.ClientSlots
 	off := uint64((int(c.cfg.Slot)*w + int(k.pos%uint64(w))) * c.cfg.SlotSize)
-	for _, p := range c.peers[k.lca] {
-		p.write(c.now, c.base[k.lca]+regRings, off, k.rec, true)
+	li := c.leader[k.lca]
+	for i, p := range c.peers[k.lca] {
+		p.write(c.now, c.base[k.lca]+regRings, off, k.rec, li < 0 || i == li)
+	}
+}
+
+// noteLeader records which member of g wrote a reply with flags (mu
+// held).
+func (c *Client) noteLeader(g tree.Group, flags uint32) {
+	id, ok := replyWriter(flags)
+	if !ok || c.leader[g] >= 0 && uint32(c.peers[g][c.leader[g]].id)&0xffffff == id {
+		return
+	}
+	c.leader[g] = -1
+	for i, p := range c.peers[g] {
+		if uint32(p.id)&0xffffff == id {
+			c.leader[g] = i
+			return
+		}
 	}
 }
 
@@ -446,6 +471,7 @@ func (c *Client) poll(now time.Duration) bool {
 				continue
 			}
 			k.got = k.got.Add(g)
+			c.noteLeader(g, rp.flags)
 			c.freeReply(g, k.seq)
 			if k.ring {
 				c.ordered(k)
@@ -470,6 +496,7 @@ func (c *Client) poll(now time.Duration) bool {
 			continue
 		}
 		if now >= k.retryAt {
+			c.leader[k.lca] = -1 // ring every member: the leader may have changed
 			if k.ring {
 				// (once a reply showed the lca ordered it, its ring slot
 				// may hold a later message: only the replies are asked for)

@@ -36,7 +36,8 @@ type testCluster struct {
 	spec   clusterSpec
 	nodes  map[rdma.NodeID]rdma.Node
 	reps   []*Replica
-	counts []*countPolls // one per replica, in reps order
+	counts []*countPolls    // one per replica, in reps order
+	hs     []*poller.Handle // one per replica, in reps order
 	ctx    context.Context
 }
 
@@ -129,7 +130,7 @@ func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
 			c.reps = append(c.reps, r)
 			cp := &countPolls{p: r}
 			c.counts = append(c.counts, cp)
-			pg.Add(cp, c.nodes[id])
+			c.hs = append(c.hs, pg.Add(cp, c.nodes[id]))
 		}
 	}
 	wg.Go(func() { pg.Run(ctx) })

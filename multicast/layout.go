@@ -54,7 +54,9 @@ import (
 //	 8 inc   u64  the client incarnation the reply is for
 //	16 index u64  g's delivery index of the message
 //	24 len   u32  result length
-//	28 flags u32  replyTruncated: the result was longer than MaxResult
+//	28 flags u32  replyTruncated: the result was longer than MaxResult;
+//	              replyFrom: bits 8-31 hold the low 24 bits of the node id
+//	              of the replica that wrote it (g's leader then)
 //	32 result     len bytes, zero padded to a multiple of 8
 //	32+pad8(len)  check u64
 //	hello words, one per group at Groups*Window*replySlot + g*8: the
@@ -77,7 +79,18 @@ const (
 
 	replyHdr       = 32
 	replyTruncated = 1
+	replyFrom      = 2
+	replyFromShift = 8
 )
+
+// replyFromBits are a reply's flags naming node id as its writer.
+func replyFromBits(id rdma.NodeID) uint32 { return replyFrom | uint32(id)<<replyFromShift }
+
+// replyWriter is the low 24 bits of the node id of the replica that wrote
+// a reply with flags, if it says.
+func replyWriter(flags uint32) (uint32, bool) {
+	return flags >> replyFromShift, flags&replyFrom != 0
+}
 
 func init() {
 	if numRegions > regions.MulticastIDs {

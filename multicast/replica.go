@@ -162,6 +162,7 @@ type Replica struct {
 	cfg  Config
 	g    tree.Group
 	node rdma.Node
+	self rdma.NodeID // node's id, which signs our replies
 	b    *broadcast.Replica
 	st   *state
 	base rdma.RegionID
@@ -248,7 +249,7 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 	if err != nil {
 		return nil, err
 	}
-	r := &Replica{cfg: cfg, g: cfg.Group, node: node, base: regions.Multicast(cfg.Group), hbeat: cfg.Broadcast.HeartbeatInterval}
+	r := &Replica{cfg: cfg, g: cfg.Group, node: node, self: node.ID(), base: regions.Multicast(cfg.Group), hbeat: cfg.Broadcast.HeartbeatInterval}
 	r.st = newState(&cfg, app, &r.knobs)
 	r.st.onReply = func(_ uint32, slot int) { r.replyQ = append(r.replyQ, slot) }
 	r.st.onHello = func(c uint32) { r.helloQ = append(r.helloQ, c) }
@@ -642,7 +643,11 @@ func (r *Replica) sendReplies() bool {
 			continue
 		}
 		off := uint64((int(r.g)*w + int(rec.seq%uint64(w))) * rs)
-		b := encodeReply(r.rbuf, r.g, &rec.reply)
+		// Signed with our id: the client rings only us (the leader)
+		// with its next messages.
+		rp := rec.reply
+		rp.flags |= replyFromBits(r.self)
+		b := encodeReply(r.rbuf, r.g, &rp)
 		if p.queue(r.now, rec.addr.Region, off, b) {
 			r.ctr.Replies++
 		}

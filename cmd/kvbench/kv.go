@@ -37,8 +37,8 @@ import (
 const kvUsage = `usage: kvbench kv [flags]
 
 Measures the replicated key-value store (packages kv and client) against
-Redis, in the same run: 16-byte keys, 100-byte values, one group of 3
-replicas on the shm fabric.
+Redis, in the same run: 16-byte keys, 100-byte values (--value-size),
+one group of 3 replicas on the shm fabric.
 
 Placement: the 3 replicas run in one child process (kvbench re-executes
 itself as a replica child, server.ServeChild: every replica an shm node
@@ -126,13 +126,15 @@ flags:
 
 // The workload's shape.
 const (
-	kvKeySize   = 16
-	kvValueSize = 100
-	kvReplicas  = 3
-	kvSeedKeys  = 1000 // written before the load: the growth figure's baseline
-	kvLoaders   = 8    // goroutines (connections) of the load
-	kvClientID  = rdma.NodeID(100)
+	kvKeySize  = 16
+	kvReplicas = 3
+	kvSeedKeys = 1000 // written before the load: the growth figure's baseline
+	kvLoaders  = 8    // goroutines (connections) of the load
+	kvClientID = rdma.NodeID(100)
 )
+
+// kvValueSize is the values' length: 100 bytes, or --value-size.
+var kvValueSize = 100
 
 // kvFlags are the options of the kv benchmark.
 type kvFlags struct {
@@ -167,6 +169,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.IntVar(&o.records, "records", 1000000, "keys loaded (from an empty table) before the get and put rows")
 	threads := fs.String("threads", "1,8", "comma-separated goroutine counts of the get rows")
 	fs.IntVar(&o.putThreads, "put-threads", 64, "goroutines of the saturated put row (the other put row has 1)")
+	fs.IntVar(&kvValueSize, "value-size", 100, "bytes per value (at least the 16-byte key, which each value starts with), of rdmakv's and Redis's rows")
 	fs.DurationVar(&o.interval, "interval", 100*time.Millisecond, "get-during-growth: the interval gets are counted in")
 	fs.DurationVar(&o.et, "election-timeout", time.Second, "the replicas' election timeout (long, so that a descheduled leader is not voted out mid-measurement)")
 	fs.StringVar(&o.redis, "redis-server", "redis-server", "the baseline's redis-server binary (looked up in PATH); empty: no baseline")
@@ -243,6 +246,8 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 		return nil, fmt.Errorf("kv: --records must be at least %d", 2*kvSeedKeys)
 	case o.putThreads <= 0:
 		return nil, errors.New("kv: --put-threads must be positive")
+	case kvValueSize < kvKeySize || kvValueSize > 1<<20:
+		return nil, fmt.Errorf("kv: --value-size %d: want %d to %d bytes", kvValueSize, kvKeySize, 1<<20)
 	case o.interval <= 0 || o.et <= 0:
 		return nil, errors.New("kv: --interval and --election-timeout must be positive")
 	}
@@ -258,7 +263,8 @@ func fillKey(b []byte, i int) {
 	}
 }
 
-// fillValue writes the value of key (100 bytes: the key, then tag).
+// fillValue writes the value of key (kvValueSize bytes: the key, then
+// tag).
 func fillValue(v, key []byte, tag byte) {
 	copy(v, key)
 	for j := kvKeySize; j < kvValueSize; j++ {
@@ -1306,6 +1312,9 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 		if c := st.cost; c.ok {
 			line += fmt.Sprintf("; per op: %.1f allocs, wake-ups %.2f client (%.2f preempted) %.2f replicas (%.2f preempted), cpu %.1f µs client %.1f µs replicas",
 				c.allocs, c.clientWakeups, c.clientPreempts, c.serverWakeups, c.serverPreempts, c.clientCPU, c.serverCPU)
+			if c.writesPerMsg > 0 {
+				line += fmt.Sprintf(", %.2f writes per message", c.writesPerMsg)
+			}
 		}
 		switch {
 		case sp.base != nil:
@@ -1334,12 +1343,22 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 func (e *kvEnv) sample(tm timing, threads int, mk func(g int) kvOp, costed bool) (kvstat, error) {
 	a := takeCPUs(e.pids...)
 	var c0 costSnap
+	var w0 client.Stats
+	rs := e.ours
 	if costed {
 		c0 = takeCost(e.reps)
+		if rs != nil {
+			w0 = rs.c.Stats()
+		}
 	}
 	st, err := closedLoop(threads, tm, mk)
 	if costed {
 		st.cost = costPerOp(c0, takeCostAfter(e.reps), st.total)
+		if rs != nil {
+			if w := rs.c.Stats(); w.WriteMessages > w0.WriteMessages {
+				st.cost.writesPerMsg = float64(w.WriteOps-w0.WriteOps) / float64(w.WriteMessages-w0.WriteMessages)
+			}
+		}
 	}
 	st.otherCPU = otherCPUs(a, takeCPUs(e.pids...), runtime.NumCPU())
 	return st, err

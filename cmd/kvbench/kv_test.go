@@ -243,7 +243,13 @@ func TestKVRowsFlags(t *testing.T) {
 	if err != nil || strings.Join(o.rows, ",") != "put" || o.groups != 2 || o.records != 100000 {
 		t.Errorf("--embedded: rows %v, groups %d, records %d, %v; want put, 2, 100000", o.rows, o.groups, o.records, err)
 	}
+	if _, err := parseKVFlags([]string{"--value-size", "1000"}, io.Discard); err != nil || kvValueSize != 1000 {
+		t.Errorf("--value-size 1000: values of %d bytes, %v", kvValueSize, err)
+	}
 	o, err = parseKVFlags([]string{"--embedded", "--rows", "put,get,put", "--groups", "1", "--records", "5000"}, io.Discard)
+	if kvValueSize != 100 {
+		t.Errorf("without --value-size: values of %d bytes, want 100", kvValueSize)
+	}
 	if err != nil || strings.Join(o.rows, ",") != "put,get" || o.groups != 1 || o.records != 5000 {
 		t.Errorf("--embedded --rows put,get,put --groups 1: rows %v, groups %d, records %d, %v", o.rows, o.groups, o.records, err)
 	}
@@ -254,6 +260,7 @@ func TestKVRowsFlags(t *testing.T) {
 		{"--groups", "2"},
 		{"--kvserver", "/bin/true"},
 		{"--embedded", "--groups", "0"},
+		{"--value-size", "15"}, // shorter than the key each value starts with
 	} {
 		if _, err := parseKVFlags(args, io.Discard); err == nil {
 			t.Errorf("kv %v: no error", args)

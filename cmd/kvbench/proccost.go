@@ -168,6 +168,9 @@ type opCost struct {
 	clientWakeups, serverWakeups   float64
 	clientPreempts, serverPreempts float64 // the nonvoluntary part of the wake-ups
 	clientCPU, serverCPU           float64 // µs
+	// writesPerMsg: the client's single-key writes per message sent
+	// (client.Stats; 0 when it sent none), how much it combined
+	writesPerMsg float64
 }
 
 // costPerOp is b - a over ops (ok false: a reading failed or no op).

@@ -11,7 +11,6 @@ import (
 
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
-	"github.com/rdmakv/rdmakv/internal/childproc"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
@@ -19,7 +18,7 @@ import (
 
 // The embedded cluster runs in a child process: kvycsb re-executed as a
 // replica child (server.SpawnChild, the hidden argument clusterCmd naming
-// it in ps), which init hands (childproc.ServeIfChild) to
+// it in ps), which init hands (serveChild: childproc.Serve) to
 // server.ServeChild: every replica of the map in one server.Process on
 // shm, until its stdin closes.
 //
@@ -32,7 +31,7 @@ import (
 // the same way.
 const clusterCmd = "_cluster"
 
-func init() { childproc.ServeIfChild() }
+func init() { serveChild() }
 
 // childCluster is a running embedded cluster and this process's node of
 // client slot 0 (kvycsb's one client).

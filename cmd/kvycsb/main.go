@@ -177,6 +177,7 @@ type flags struct {
 	interval  int
 	progress  time.Duration
 	jsonOut   bool
+	cpuProf   string
 	workloads []string // positional
 }
 
@@ -201,6 +202,7 @@ func newFlags(out io.Writer) *flags {
 	fs.IntVar(&f.interval, "interval", 10, "seconds between go-ycsb's interim summaries (measurement.interval)")
 	fs.DurationVar(&f.progress, "progress", 3*time.Second, "interval of the progress lines on stderr (0: none)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print one JSON document with each phase's results on stdout instead of the text summary")
+	fs.StringVar(&f.cpuProf, "cpuprofile", "", "write a CPU profile of kvycsb's process (go-ycsb, the binding and the client) over the phases to `file`, for go tool pprof; "+clusterProfileEnv+"=path profiles the embedded cluster's process (path.<pid>)")
 	return f
 }
 
@@ -388,6 +390,13 @@ func runPhases(cmd string, args []string, stdout, stderr io.Writer) error {
 		defer env.close()
 	} else {
 		env = &dbEnv{name: f.db}
+	}
+	if f.cpuProf != "" {
+		stop, err := startProfile(f.cpuProf)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	var results []*phaseResult
 	for _, ph := range phases {

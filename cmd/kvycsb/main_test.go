@@ -176,6 +176,44 @@ func TestJSON(t *testing.T) {
 	if !ok || r.Count != 400 || r.P99 < r.P50 {
 		t.Fatalf("run's READ row: %+v %v (ops %+v)", r, ok, rn.Ops)
 	}
+	// Each insert is one single-key write, in a message of its own or
+	// combined with others; workload C's run writes nothing.
+	if ld.WriteOps != 200 || ld.WriteMessages < 1 || ld.WriteMessages > ld.WriteOps {
+		t.Errorf("load: %d writes in %d messages, want 200 writes in 1 to 200 messages", ld.WriteOps, ld.WriteMessages)
+	}
+	if rn.WriteOps != 0 || rn.WriteMessages != 0 {
+		t.Errorf("run of workload c: %d writes in %d messages, want none", rn.WriteOps, rn.WriteMessages)
+	}
+}
+
+// TestCPUProfile: --cpuprofile profiles kvycsb's process and
+// KVYCSB_CLUSTER_CPUPROFILE the embedded cluster's (path.<pid>); both are
+// gzipped pprof profiles once kvycsb has ended.
+func TestCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	prof, cprof := filepath.Join(dir, "kvycsb.prof"), filepath.Join(dir, "cluster.prof")
+	t.Setenv(clusterProfileEnv, cprof)
+	code, out, errOut := runBin(t, 60*time.Second, "loadrun", "a", "--embedded", "--records", "200", "--ops", "200", "--threads", "2", "--cpuprofile", prof)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "[WRITES] ") {
+		t.Errorf("stdout lacks the load's [WRITES] line:\n%s", out)
+	}
+	m := regexp.MustCompile(`in process ([0-9]+),`).FindStringSubmatch(errOut)
+	if m == nil {
+		t.Fatalf("stderr does not say where the cluster ran:\n%s", errOut)
+	}
+	for _, f := range []string{prof, cprof + "." + m[1]} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Errorf("profile: %v", err)
+			continue
+		}
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s: %d bytes, not a gzipped pprof profile", f, len(b))
+		}
+	}
 }
 
 func TestUsageErrors(t *testing.T) {

@@ -188,6 +188,12 @@ type phaseResult struct {
 	// Ops are go-ycsb's measurements per operation type (latencies in
 	// microseconds).
 	Ops []opStats `json:"ops,omitempty"`
+	// WriteOps and WriteMessages (rdmakv) are the single-key writes the
+	// client sent during the phase and the messages that carried them
+	// (client.Stats): WriteOps / WriteMessages is how many writes the
+	// client combined into one message.
+	WriteOps      uint64 `json:"write_ops,omitempty"`
+	WriteMessages uint64 `json:"write_messages,omitempty"`
 }
 
 type opStats struct {
@@ -325,8 +331,16 @@ func runPhase(ctx context.Context, s phaseSpec) (*phaseResult, error) {
 			}
 		}
 	}()
+	var st0 client.Stats
+	if s.db.db != nil {
+		st0 = s.db.db.Client().Stats()
+	}
 	c.Run(ctx)
 	el := time.Since(start)
+	if s.db.db != nil {
+		st := s.db.db.Client().Stats()
+		res.WriteOps, res.WriteMessages = st.WriteOps-st0.WriteOps, st.WriteMessages-st0.WriteMessages
+	}
 	close(done)
 	<-progressDone
 
@@ -356,6 +370,10 @@ func runPhase(ctx context.Context, s phaseSpec) (*phaseResult, error) {
 	if s.human {
 		fmt.Fprintf(os.Stdout, "[OVERALL] %s %s on %s: %d operations in %.3f s, %.1f ops/s, %d threads, %d errors\n",
 			s.phase, s.workload, s.db.name, res.Operations, res.Seconds, res.OpsPerSec, threads, res.Errors)
+		if res.WriteMessages > 0 {
+			fmt.Fprintf(os.Stdout, "[WRITES] %d single-key writes in %d messages, %.2f per message\n",
+				res.WriteOps, res.WriteMessages, float64(res.WriteOps)/float64(res.WriteMessages))
+		}
 	}
 	if res.Interrupted {
 		return res, fmt.Errorf("%s %s interrupted after %d operations", s.phase, s.workload, res.Operations)
