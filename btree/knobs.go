@@ -28,6 +28,14 @@ type testingKnobs struct {
 	// leaf's high fence (Sherman's issue 18: a scan that reads the leaves
 	// a stale parent lists misses the keys a split moved).
 	skipContiguity bool
+	// keepStaleParent plants a slowdown, not a wrong answer: a scan
+	// whose first leaf, named by a cached parent, no longer holds the
+	// scan's start (a split moved it right) keeps that parent and walks
+	// right links, and a descent that moved right keeps the cached node
+	// it started from. Inserts at the right end split the last leaf
+	// again and again, so every later scan there walks a chain of right
+	// links that grows with each split (issue 18: YCSB E's collapse).
+	keepStaleParent bool
 	// skipStamp accepts leaves written after the scan's applied index, so
 	// one scan mixes states of the tree from different moments.
 	skipStamp bool

@@ -99,6 +99,17 @@ func (c *Cache) Scan(read ReadFunc, root NodeID, applied uint64, start, end []by
 			if n.Next == 0 {
 				return dst, reads, ErrMalformed
 			}
+			if listed && src != nil && !c.knobs.keepStaleParent {
+				// The cached parent predates the split (maybe many:
+				// inserts at the right end split the last leaf again
+				// and again, and nothing else refreshes a cache that
+				// only scans use). Drop it and descend again, reading
+				// the parent afresh, rather than walk a chain of right
+				// links that grows with every split, on every scan.
+				c.drop(src)
+				src, queue = nil, nil
+				continue
+			}
 			queue = []NodeID{n.Next}
 			src = nil
 			continue
@@ -137,12 +148,18 @@ func (c *Cache) findLeaf(read ReadFunc, root NodeID, key []byte) (NodeID, *cache
 		if from != nil {
 			id, level = from.child(key), from.level-1
 		}
-		_, leaf, n, _, err := c.down(read, id, level, key, false, false)
+		_, leaf, n, moved, err := c.down(read, id, level, key, false, false)
 		reads += n
 		switch {
 		case err == nil && n == 0:
 			return leaf, from, reads, nil // the cached level-1 node named it
 		case err == nil:
+			if moved && from != nil && !c.knobs.keepStaleParent {
+				// Its pointer led to a node a split had cut (the leaf
+				// found by moving right stands): drop it, as Lookup
+				// does, or every later descent walks the same links.
+				c.drop(from)
+			}
 			return leaf, nil, reads, nil
 		case retryable(err):
 			if from != nil {
@@ -199,6 +216,16 @@ func (c *Cache) ReverseScan(read ReadFunc, root NodeID, applied uint64, start, e
 			if end != nil && string(end) < string(n.Low) {
 				err = ErrStale
 			} else if !n.HighInf && (end == nil || string(end) >= string(n.High)) {
+				if src != nil && !c.knobs.keepStaleParent {
+					// The cached parent predates the split: drop it
+					// and descend again rather than walk right links
+					// (see Scan).
+					c.drop(src)
+					if err := first(); err != nil {
+						return dst, reads, err
+					}
+					continue
+				}
 				id = n.Next // end lies right of this leaf: a split moved it
 				continue
 			}
