@@ -236,6 +236,20 @@ func (p *Process) start(g, i int) error {
 			p.cfg.Log.Warn(w, "node", id, "group", g)
 		}
 		dur.Apply(&bc)
+		if dur.Mode == broadcast.Async {
+			// A recovery election this replica won: the line the
+			// operator reads to learn what the outage cost (Warn: a
+			// whole group went down, and the default level shows it).
+			prev, fi := bc.OnEvent, bc.FsyncInterval
+			bc.OnEvent = func(ev broadcast.Event) {
+				if ev.Kind == broadcast.EventRecovered {
+					p.cfg.Log.Warn(RecoveredLine(g, ev, fi), "node", id, "group", g)
+				}
+				if prev != nil {
+					prev(ev)
+				}
+			}
+		}
 	}
 	rc, err := p.Map.ReplicaConfig(g, bc)
 	if err != nil {
@@ -261,9 +275,6 @@ func (p *Process) start(g, i int) error {
 		}
 		dur.Close()
 		node.Close()
-		if errors.Is(err, broadcast.ErrConfig) && p.cfg.Durable.Mode == broadcast.Async {
-			return fmt.Errorf("start replica %d (group %d): durability async is not built yet (use sync or memory)", id, g)
-		}
 		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
 	sr := NewReplica(g, i, id, r)
