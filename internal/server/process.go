@@ -366,7 +366,7 @@ func (p *Process) Stop(g, i int) {
 		return
 	}
 	if h.dur != nil {
-		flush(h)
+		p.flush(h)
 	}
 	h.h.Remove()
 	h.r.Close()
@@ -381,18 +381,23 @@ func (p *Process) Stop(g, i int) {
 // disk.
 const flushTimeout = 10 * time.Second
 
-// flush asks h's log writer (on its polling goroutine) to write and sync
-// what is queued, and waits until it is idle, failed, or flushTimeout
-// passed.
-func flush(h *hosted) {
+// flush pauses h (no Poll of it runs again, so it accepts and
+// acknowledges nothing more: in async mode every entry it acknowledged
+// is in its log's queue) and then drives its log writer itself, between
+// the poller's passes, until everything queued is written and synced,
+// the writer failed, or flushTimeout passed. A SIGTERM of every replica
+// then loses nothing in async mode either.
+func (p *Process) flush(h *hosted) {
 	w := h.dur.WAL
-	if h.h.Do(w.Flush) != nil {
-		return
-	}
+	h.h.Pause()
 	deadline := time.Now().Add(flushTimeout)
 	for time.Now().Before(deadline) {
 		done := false
-		if h.h.Do(func() { done = w.Idle() || w.Err() != nil }) != nil || done {
+		if h.h.Do(func() {
+			w.Flush()
+			w.Poll(p.pollers.Now())
+			done = w.Idle() || w.Err() != nil
+		}) != nil || done {
 			return
 		}
 		time.Sleep(time.Millisecond)
