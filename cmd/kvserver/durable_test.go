@@ -208,8 +208,9 @@ func checkKeys(t *testing.T, c *client.Client, prefix string, n int) {
 }
 
 // TestEmbeddedDurable is `make run`'s data across restarts, with real
-// processes: the embedded cluster in sync mode keeps every acknowledged put
-// across Ctrl-C (SIGINT) and across kill -9 (its default data dir under
+// processes: the embedded cluster keeps every acknowledged put across
+// Ctrl-C (SIGINT) in async mode (the default) and sync mode, and across
+// kill -9 in sync mode (its default data dir under
 // XDG_STATE_HOME, named in the banner); --memory keeps nothing and writes
 // nothing to disk; a data dir of another shape is refused.
 func TestEmbeddedDurable(t *testing.T) {
@@ -245,12 +246,13 @@ func TestEmbeddedDurable(t *testing.T) {
 		}
 	})
 
-	// Async: a clean stop (SIGINT, Ctrl-C) writes and syncs what every
-	// replica's log has queued, so it loses nothing either; the restart
-	// is a recovery election whose winner logs what was lost (nothing).
+	// Async, the default: a clean stop (SIGINT, Ctrl-C) writes and syncs
+	// what every replica's log has queued, so it loses nothing either;
+	// the restart is a recovery election whose winner logs what was lost
+	// (nothing).
 	t.Run("sigint-async", func(t *testing.T) {
 		dataA := filepath.Join(e.dir, "data-async")
-		args := append([]string{"--durability", "async", "--data-dir", dataA, "--name", e.name + "a"}, common...)
+		args := append([]string{"--data-dir", dataA, "--name", e.name + "a"}, common...)
 		p := e.start("stop:", args...)
 		if !strings.Contains(p.out, dataA+" (durability async") {
 			t.Fatalf("the banner does not name the data dir %s in async mode:\n%s", dataA, p.out)
