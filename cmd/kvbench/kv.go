@@ -94,7 +94,10 @@ directory, --control -, --election-timeout as below, the other flags
 kvserver's defaults); the client opens the map file kvserver wrote
 (client.Open with WithMapFile). --rows is then get and/or put (default
 put), --records defaults to 100000, and the keys are loaded without the
-growth figure.
+growth figure. --durability memory|async|sync is kvserver's --durability
+(default memory, as in earlier figures; make run's own default is async);
+a durable mode keeps its data in a fresh directory under $TMPDIR, removed
+at the end: put $TMPDIR on the disk you mean to measure.
 
 Cost per op (every get and put row, both placements): from counters of
 the client's process (this one) and the replicas' process, read right
@@ -109,8 +112,10 @@ before and after the measurement and divided by every op it completed
             also alone in --json
   cpu       utime + stime (/proc/PID/stat; 10 ms ticks, so coarse for a
             short --duration), client and replicas apart, and their sum
-Example (issue 17's single-writer and saturation puts):
+Example (issue 17's single-writer and saturation puts; issue 19's
+durability targets with --durability async and sync):
   kvbench kv --embedded --put-threads 64 --runs 3 --json
+  kvbench kv --embedded --durability async --put-threads 64 --runs 3
 
 Latency: every op is timed, with one monotonic clock read per op (an op's
 end is the next op's start; about 30 ns). ops/s and the latencies count
@@ -149,6 +154,7 @@ type kvFlags struct {
 	embedded   bool
 	groups     int
 	kvserver   string
+	durability string   // --embedded: kvserver --durability
 	rows       []string // of kvRowNames
 	ordered    bool     // not a flag: kvbench btree's cluster, with an ordered keyspace
 }
@@ -177,6 +183,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.BoolVar(&o.embedded, "embedded", false, "the replicas are kvserver's embedded cluster (what make run starts), the client opens its map file (see above)")
 	fs.IntVar(&o.groups, "groups", 2, "--embedded: the embedded cluster's groups of 3 replicas (kvserver --groups)")
 	fs.StringVar(&o.kvserver, "kvserver", "", "--embedded: the kvserver `binary` to run (default: go build it from this module)")
+	fs.StringVar(&o.durability, "durability", "memory", "--embedded: what the replicas keep on disk (kvserver --durability): memory, async or sync; a durable mode's data dir is a fresh directory under $TMPDIR (put it on the disk to measure), removed at the end")
 	rows := fs.String("rows", "", "comma-separated measurements: growth, memory, get, put (default all; with --embedded: put)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -207,8 +214,11 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	if o.embedded && (o.row("growth") || o.row("memory")) {
 		return nil, errors.New("kv: --embedded measures get and put rows only (growth and memory need kvbench's own replicas' process)")
 	}
-	if !o.embedded && (set["groups"] || set["kvserver"]) {
-		return nil, errors.New("kv: --groups and --kvserver go with --embedded")
+	if !o.embedded && (set["groups"] || set["kvserver"] || set["durability"]) {
+		return nil, errors.New("kv: --groups, --kvserver and --durability go with --embedded")
+	}
+	if !slices.Contains([]string{"memory", "async", "sync"}, o.durability) {
+		return nil, fmt.Errorf("kv: --durability %q: want memory, async or sync", o.durability)
 	}
 	if o.groups < 1 {
 		return nil, errors.New("kv: --groups must be positive")
@@ -996,7 +1006,7 @@ func openKVEnv(o *kvFlags, kvserverBin, redisBin string, note func(string, ...an
 // openEmbedded starts kvserver's embedded cluster and opens the client on
 // the map file it wrote. On error, what was started is closed.
 func (e *kvEnv) openEmbedded() (err error) {
-	if e.srv, err = startKVServer(e.bin, e.wd, e.name, e.o.groups, e.o.et); err != nil {
+	if e.srv, err = startKVServer(e.bin, e.wd, e.name, e.o.groups, e.o.et, e.o.durability); err != nil {
 		return err
 	}
 	defer func() {
@@ -1015,8 +1025,8 @@ func (e *kvEnv) openEmbedded() (err error) {
 	}
 	e.ours = &rdmakvStore{c: e.c, ctx: e.ctx}
 	e.reps = []int{e.srv.pid()}
-	e.note("rdmakv: kvserver's embedded cluster (%s, %d x 3 replicas) in process %d, cluster %s in %s (the client opened %s)",
-		e.bin, len(e.m.Groups), e.srv.pid(), e.name, e.wd, e.srv.mapFile)
+	e.note("rdmakv: kvserver's embedded cluster (%s, %d x 3 replicas, durability %s) in process %d, cluster %s in %s (the client opened %s)",
+		e.bin, len(e.m.Groups), e.o.durability, e.srv.pid(), e.name, e.wd, e.srv.mapFile)
 	return nil
 }
 

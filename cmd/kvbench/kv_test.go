@@ -231,6 +231,35 @@ func TestKVEmbeddedJSON(t *testing.T) {
 	})
 }
 
+// TestKVEmbeddedDurability: --embedded --durability async runs kvserver in
+// async mode (its note says so) with its data in a fresh directory under
+// $TMPDIR, removed at the end; the default is memory (comparable with the
+// earlier figures).
+func TestKVEmbeddedDurability(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kvserver and runs it")
+	}
+	o, err := parseKVFlags([]string{"--embedded"}, io.Discard)
+	if err != nil || o.durability != "memory" {
+		t.Fatalf("--embedded: durability %q, %v; want memory", o.durability, err)
+	}
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	args := []string{"kv", "--embedded", "--durability", "async", "--quick", "--json", "--records", "2000", "--duration", "1ms",
+		"--retries", "0", "--put-threads", "4", "--redis-server", ""}
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "durability async) in process") {
+		t.Errorf("stderr does not say the embedded cluster runs in async mode:\n%s", stderr.String())
+	}
+	ents, _ := os.ReadDir(tmp)
+	for _, e := range ents {
+		t.Errorf("left in $TMPDIR: %s", e.Name())
+	}
+}
+
 // TestKVRowsFlags: --rows selects measurements; --embedded defaults to the
 // put rows and 100 k records and refuses the rows that need kvbench's own
 // replicas' process; --groups and --kvserver need --embedded.
@@ -261,6 +290,8 @@ func TestKVRowsFlags(t *testing.T) {
 		{"--kvserver", "/bin/true"},
 		{"--embedded", "--groups", "0"},
 		{"--value-size", "15"}, // shorter than the key each value starts with
+		{"--durability", "async"},
+		{"--embedded", "--durability", "fsync"},
 	} {
 		if _, err := parseKVFlags(args, io.Discard); err == nil {
 			t.Errorf("kv %v: no error", args)

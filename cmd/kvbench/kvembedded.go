@@ -39,16 +39,40 @@ func buildKVServer(dir string) (string, error) {
 type kvserverProc struct {
 	cmd     *exec.Cmd
 	mapFile string
+	dataDir string        // a durable mode's data ("": memory); close removes it
 	exited  chan struct{} // closed once its stdout ended
 }
 
 // startKVServer runs bin as an embedded cluster of groups x 3 replicas
 // named name, with its shm files in shmDir and its map (and the map's
-// lock) in shmDir too, and waits until it says it is up.
-func startKVServer(bin, shmDir, name string, groups int, et time.Duration) (*kvserverProc, error) {
+// lock) in shmDir too, and waits until it says it is up. durability is
+// kvserver's --durability (memory, sync, async); a durable mode keeps
+// its data in a fresh directory under the temporary directory ($TMPDIR:
+// put it on the disk to be measured), which close removes.
+func startKVServer(bin, shmDir, name string, groups int, et time.Duration, durability string) (*kvserverProc, error) {
 	mapFile := filepath.Join(shmDir, name+".map.json")
-	cmd := exec.Command(bin, "--memory", "--groups", strconv.Itoa(groups), "--replicas", "3", "--name", name,
-		"--map", mapFile, "--shm-dir", shmDir, "--control", "-", "--election-timeout", et.String())
+	args := []string{"--groups", strconv.Itoa(groups), "--replicas", "3", "--name", name,
+		"--map", mapFile, "--shm-dir", shmDir, "--control", "-", "--election-timeout", et.String()}
+	dataDir := ""
+	if durability == "" || durability == "memory" {
+		args = append(args, "--memory")
+	} else {
+		var err error
+		if dataDir, err = os.MkdirTemp("", "kvbench-data-"); err != nil {
+			return nil, err
+		}
+		args = append(args, "--durability", durability, "--data-dir", filepath.Join(dataDir, "data"))
+	}
+	p, err := runKVServer(bin, mapFile, dataDir, args)
+	if err != nil && dataDir != "" {
+		os.RemoveAll(dataDir)
+	}
+	return p, err
+}
+
+// runKVServer starts bin with args and waits until it is up.
+func runKVServer(bin, mapFile, dataDir string, args []string) (*kvserverProc, error) {
+	cmd := exec.Command(bin, args...)
 	if err := childCmd(cmd); err != nil {
 		return nil, err
 	}
@@ -60,7 +84,7 @@ func startKVServer(bin, shmDir, name string, groups int, et time.Duration) (*kvs
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	p := &kvserverProc{cmd: cmd, mapFile: mapFile, exited: make(chan struct{})}
+	p := &kvserverProc{cmd: cmd, mapFile: mapFile, dataDir: dataDir, exited: make(chan struct{})}
 	up := make(chan string, 1)
 	go func() {
 		defer close(p.exited)
@@ -98,6 +122,9 @@ func (p *kvserverProc) pid() int { return p.cmd.Process.Pid }
 // close stops kvserver as Ctrl-C does (SIGINT: it removes its shm files,
 // map and lock), killing it if it has not exited in 10 s.
 func (p *kvserverProc) close() error {
+	if p.dataDir != "" {
+		defer os.RemoveAll(p.dataDir)
+	}
 	p.cmd.Process.Signal(syscall.SIGINT)
 	done := make(chan error, 1)
 	go func() {

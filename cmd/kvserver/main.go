@@ -84,8 +84,10 @@ With no flags, kvserver starts an embedded local cluster of 2 groups x 3
 replicas on the shm fabric, writes its cluster map to %s,
 and runs until Ctrl-C (SIGINT) or SIGTERM. kvcli and Go programs using
 github.com/rdmakv/rdmakv/client find the map there by default. Its data is
-kept in --data-dir (durability sync) and comes back when it is started
-again with the same flags; --memory keeps nothing.
+kept in --data-dir (durability async: Ctrl-C loses nothing, a power cut
+or kill -9 at most the last 10ms of writes; --durability sync loses
+nothing acknowledged) and comes back when it is started again with the
+same flags; --memory keeps nothing.
 
 Flags of the embedded cluster:
 `
@@ -127,7 +129,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pprofOn := fs.Bool("pprof", false, "serve /debug/pprof/ on the control port")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn or error")
 	dataDir := fs.String("data-dir", "", "where the replicas keep their data (default $XDG_STATE_HOME/rdmakv/<name>, else ~/.local/state/rdmakv/<name>)")
-	durability := fs.String("durability", defaultDurability, "what the replicas keep on disk: sync (a write is acknowledged once a majority of its group synced it), async (synced at least every 10ms; not built yet) or memory (nothing: the data is gone when kvserver stops)")
+	durability := fs.String("durability", defaultDurability, "what the replicas keep on disk: async (synced at least every 10ms: a power cut or kill -9 loses at most the last 10ms of writes, Ctrl-C nothing), sync (a write is acknowledged once a majority of its group synced it) or memory (nothing: the data is gone when kvserver stops)")
 	memory := fs.Bool("memory", false, "keep nothing on disk (--durability memory): the data is gone when kvserver stops")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -208,8 +210,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// defaultDurability is the embedded cluster's --durability default.
-const defaultDurability = "sync"
+// defaultDurability is the embedded cluster's --durability default:
+// async, like Redis's appendfsync everysec, for a development cluster
+// (Ctrl-C and a restart keep everything: a clean stop syncs the logs;
+// a power cut or kill -9 loses at most the last fsync interval's writes)
+// with writes close to memory mode's speed. `kvserver init` writes
+// durability = "sync" instead (cluster/example.toml): a production
+// cluster's acknowledged write must survive a power cut of its group.
+const defaultDurability = "async"
 
 // embeddedSegmentBytes is the embedded cluster's log segment size: six
 // replicas on one disk, each preallocating a segment (and reading it back

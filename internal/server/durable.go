@@ -55,8 +55,10 @@ type Durable struct {
 	WAL       *wal.Writer
 	Snapshots *broadcast.SnapStore
 	Recovery  *broadcast.Recovery
-	// SnapshotLogBytes is passed on to broadcast.Config.
+	// SnapshotLogBytes and FsyncInterval are passed on to
+	// broadcast.Config.
 	SnapshotLogBytes int64
+	FsyncInterval    time.Duration
 	// Summary is the recovery's log line ("recovered snapshot index N +
 	// M log records in 1.42s"); Took how long reading took; Warnings the
 	// lines recovery wants logged (a torn tail cut back, a corrupt
@@ -86,7 +88,7 @@ func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg Durab
 	}
 	t0 := time.Now()
 	walDir, snapDir := filepath.Join(dir, "wal"), filepath.Join(dir, "snap")
-	d := &Durable{Mode: cfg.Mode, Dir: dir, SnapshotLogBytes: cfg.SnapshotLogBytes}
+	d := &Durable{Mode: cfg.Mode, Dir: dir, SnapshotLogBytes: cfg.SnapshotLogBytes, FsyncInterval: cfg.FsyncInterval}
 	// A replica that ran in memory mode has a stable state and no log:
 	// it may have acknowledged entries it has nowhere, so it must not
 	// come back as a voter with an empty log. It boots catching up, as a
@@ -165,12 +167,28 @@ func remedy(dir string, group int) string {
 }
 
 // Apply sets bc's durability fields (Durability, WAL, Recovery,
-// Snapshots, SnapshotLogBytes). A nil Durable leaves bc in memory mode.
+// Snapshots, SnapshotLogBytes, FsyncInterval). A nil Durable leaves bc in
+// memory mode.
 func (d *Durable) Apply(bc *broadcast.Config) {
 	if d == nil {
 		return
 	}
 	bc.Durability, bc.WAL, bc.Recovery, bc.Snapshots, bc.SnapshotLogBytes = d.Mode, d.WAL, d.Recovery, d.Snapshots, d.SnapshotLogBytes
+	if d.FsyncInterval > 0 {
+		bc.FsyncInterval = d.FsyncInterval
+	}
+}
+
+// RecoveredLine is the log line of an async recovery election that this
+// replica won (broadcast.EventRecovered): where group went on from and
+// how many entries, at least, were acknowledged before the outage and
+// found on no disk of the majority that recovered it.
+func RecoveredLine(group int, ev broadcast.Event, fsyncInterval time.Duration) string {
+	if fsyncInterval <= 0 {
+		fsyncInterval = broadcast.DefaultFsyncInterval
+	}
+	return fmt.Sprintf("group %d recovered at index %d: %d entries acknowledged before the outage were not found on the disks of a majority (async mode, fsync_interval %v)",
+		group, ev.Index, ev.Lost, fsyncInterval)
 }
 
 // Close stops the device (IO still queued is not run: call it once the

@@ -68,6 +68,7 @@ var (
 	dSnapAge     = desc("snapshot_age_seconds", "Age of the newest disk snapshot.")
 	dSnapBytes   = desc("snapshot_bytes", "Size of the newest disk snapshot file.")
 	dRecovery    = desc("recovery_seconds", "How long reading the log and snapshot back took at start.")
+	dRecLost     = desc("recovery_lost_entries_total", "Entries acknowledged before a whole-group outage and found on no disk of the majority that recovered the group (async mode; a lower bound), counted by the recovery's winner.")
 
 	pollerLabels = []string{"poller"}
 	dPasses      = prometheus.NewDesc("rdmakv_poller_passes_total", "Passes of a poller over its replicas.", pollerLabels, nil)
@@ -84,7 +85,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dRole, dServing, dRound, dDelivered, dApplied, dCatching, dRecords, dBytes, dMembers,
 		dElections, dElected, dRestored, dSnapSent, dDiffs, dReconnects, dDuplicates, dOrdered, dReplies, dMalformed,
 		dPasses, dSpins, dSpinHits, dParks, dWakes, dTasks,
-		dDurability, dDiskStopped, dWALBytes, dWALSegs, dWALSegBytes, dUnsynced, dFsync, dDiskFull, dSnapAge, dSnapBytes, dRecovery} {
+		dDurability, dDiskStopped, dWALBytes, dWALSegs, dWALSegBytes, dUnsynced, dFsync, dDiskFull, dSnapAge, dSnapBytes, dRecovery, dRecLost} {
 		ch <- d
 	}
 }
@@ -153,6 +154,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dUnsynced, float64(d.UnsyncedBytes))
 			counter(dDiskFull, d.DiskFull)
 			gauge(dRecovery, d.RecoverySeconds)
+			counter(dRecLost, s.RecoveryLost)
 			if d.Snapshot != "" {
 				gauge(dSnapAge, d.SnapshotAge)
 				gauge(dSnapBytes, float64(d.SnapshotBytes))

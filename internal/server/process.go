@@ -236,6 +236,20 @@ func (p *Process) start(g, i int) error {
 			p.cfg.Log.Warn(w, "node", id, "group", g)
 		}
 		dur.Apply(&bc)
+		if dur.Mode == broadcast.Async {
+			// A recovery election this replica won: the line the
+			// operator reads to learn what the outage cost (Warn: a
+			// whole group went down, and the default level shows it).
+			prev, fi := bc.OnEvent, bc.FsyncInterval
+			bc.OnEvent = func(ev broadcast.Event) {
+				if ev.Kind == broadcast.EventRecovered {
+					p.cfg.Log.Warn(RecoveredLine(g, ev, fi), "node", id, "group", g)
+				}
+				if prev != nil {
+					prev(ev)
+				}
+			}
+		}
 	}
 	rc, err := p.Map.ReplicaConfig(g, bc)
 	if err != nil {
@@ -261,9 +275,6 @@ func (p *Process) start(g, i int) error {
 		}
 		dur.Close()
 		node.Close()
-		if errors.Is(err, broadcast.ErrConfig) && p.cfg.Durable.Mode == broadcast.Async {
-			return fmt.Errorf("start replica %d (group %d): durability async is not built yet (use sync or memory)", id, g)
-		}
 		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
 	sr := NewReplica(g, i, id, r)
@@ -355,7 +366,7 @@ func (p *Process) Stop(g, i int) {
 		return
 	}
 	if h.dur != nil {
-		flush(h)
+		p.flush(h)
 	}
 	h.h.Remove()
 	h.r.Close()
@@ -370,18 +381,23 @@ func (p *Process) Stop(g, i int) {
 // disk.
 const flushTimeout = 10 * time.Second
 
-// flush asks h's log writer (on its polling goroutine) to write and sync
-// what is queued, and waits until it is idle, failed, or flushTimeout
-// passed.
-func flush(h *hosted) {
+// flush pauses h (no Poll of it runs again, so it accepts and
+// acknowledges nothing more: in async mode every entry it acknowledged
+// is in its log's queue) and then drives its log writer itself, between
+// the poller's passes, until everything queued is written and synced,
+// the writer failed, or flushTimeout passed. A SIGTERM of every replica
+// then loses nothing in async mode either.
+func (p *Process) flush(h *hosted) {
 	w := h.dur.WAL
-	if h.h.Do(w.Flush) != nil {
-		return
-	}
+	h.h.Pause()
 	deadline := time.Now().Add(flushTimeout)
 	for time.Now().Before(deadline) {
 		done := false
-		if h.h.Do(func() { done = w.Idle() || w.Err() != nil }) != nil || done {
+		if h.h.Do(func() {
+			w.Flush()
+			w.Poll(p.pollers.Now())
+			done = w.Idle() || w.Err() != nil
+		}) != nil || done {
 			return
 		}
 		time.Sleep(time.Millisecond)

@@ -151,6 +151,15 @@ type ReplicaStatus struct {
 	// acknowledgements cover in sync mode; Accepted in memory mode).
 	Durability string `json:"durability"`
 	Durable    Hdr    `json:"durable"`
+	// SeenIndex is the highest commit index this replica saw (async: a
+	// recovery counts what was lost against it); RecoveryLost the
+	// entries, at least, that the async recovery elections it won found
+	// acknowledged before the outage and on no disk of the majority
+	// (rdmakv_recovery_lost_entries_total), RecoveryElections how many
+	// it won.
+	SeenIndex         uint64 `json:"seen_index"`
+	RecoveryLost      uint64 `json:"recovery_lost"`
+	RecoveryElections uint64 `json:"recovery_elections"`
 	// DiskError is the disk failure that stopped the replica (fail-stop).
 	DiskError string `json:"disk_error,omitempty"`
 	// Disk is its log's and snapshots' state (durable modes only).
@@ -275,6 +284,7 @@ func (p *Replica) Status() ReplicaStatus {
 		s.Leader = l
 	}
 	s.Durability, s.Durable = broadcast.Memory.String(), Hdr{bs.Durable.E, bs.Durable.Cnt}
+	s.SeenIndex, s.RecoveryLost, s.RecoveryElections = bs.SeenIdx, bs.RecoveryLost, bs.RecoveryElections
 	if bs.DiskErr != nil {
 		s.DiskError = bs.DiskErr.Error()
 	}
