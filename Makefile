@@ -53,8 +53,8 @@ noalloc:
 # run a token count (a seed or a few a case), here their whole count.
 # broadcast's TestLargeSnapshotCatchUp (no Poll of the leader runs long
 # while a 64 MiB snapshot is taken and fetched), TestSimAcuerdo (2,000
-# seeds; 2 a case under -race), TestSimForceLead (300 and 150 seeds; 4
-# under -race), TestSimAsymmetricPartition (40 seeds a case, 2 under
+# seeds; 1 a case under -race), TestSimForceLead (300 and 150 seeds; 2
+# under -race), TestSimAsymmetricPartition (40 seeds a case, 1 under
 # -race), TestSimMutants (its deliver-uncommitted case needs ~1300 seeds:
 # skipped under -race),
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race

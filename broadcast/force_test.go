@@ -167,7 +167,7 @@ func forceScript(st *forceStats) func(h *simRun) {
 // snapshot), and the group serves again: total order from the survivor's
 // Log on, every member caught up, and the entries lost (delivered before
 // by the crashed members past the survivor's Log) counted and at most
-// MaxUncommitted. Many seeds per size (4 under -race: make norace runs
+// MaxUncommitted. Many seeds per size (2 under -race: make norace runs
 // them all).
 func TestSimForceLead(t *testing.T) {
 	const window = 40 * time.Millisecond
@@ -178,7 +178,7 @@ func TestSimForceLead(t *testing.T) {
 			lost, lossy, refused, runs := 0, 0, 0, 0
 			def := map[int]int{3: 300, 5: 150}[n]
 			if raceEnabled {
-				def = 4
+				def = 2
 			}
 			flags := simFlags.WithDefault(def)
 			flags.Run(t, func(sd sim.Seed) error {

@@ -970,7 +970,7 @@ func (c *Counters) add(o Counters) {
 // random faults and checks integrity, no duplication, total order, and
 // liveness once the faults heal; a failing seed prints its rerun command.
 // -seeds K runs seeds 1..K of every case (default: 2000 seeds in all;
-// under -race 2 a case, make norace runs them all), -seed N one seed.
+// under -race 1 a case, make norace runs them all), -seed N one seed.
 func TestSimAcuerdo(t *testing.T) {
 	const window = 16 * time.Millisecond
 	cases := []struct {
@@ -1015,7 +1015,7 @@ func TestSimAcuerdo(t *testing.T) {
 				// A seed is one goroutine: the race detector has little
 				// to check in it, and slows it several times (make
 				// norace runs every seed).
-				def = 2
+				def = 1
 			}
 			flags := simFlags.WithDefault(def)
 			flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), o, &total) })
