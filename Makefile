@@ -2,6 +2,7 @@
 # .ci/run): gofmt and go vet, the allocation tests without the race detector
 # (noalloc), the timing-sensitive tests without it (norace), every package's
 # tests with it (unit), then a short run of every fuzz target (fuzz-short).
+# `make soak` runs the simulators with long seed counts (not in make test).
 # `make run` is the one run command: an embedded local cluster (kvserver
 # with no arguments); `make bench` runs the fabric benchmark.
 
@@ -9,7 +10,7 @@ GO ?= go
 # A count of executions, not a duration: see scripts/fuzz-short (golang/go#75804).
 FUZZTIME ?= 100000x
 
-.PHONY: test run vet noalloc norace unit fuzz-short bench ycsb
+.PHONY: test run vet noalloc norace unit fuzz-short soak bench ycsb
 
 test: vet noalloc norace unit fuzz-short
 
@@ -47,27 +48,46 @@ noalloc:
 	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
 # Tests that skip assertions or seeds under -race (it slows everything
-# several times) run here in full: broadcast's TestLargeSnapshotCatchUp (no
-# Poll of the leader runs long while a 64 MiB snapshot is taken and
-# fetched), TestSimAsymmetricPartition (40 seeds a case, 8 under -race),
-# TestSimMutants (its deliver-uncommitted case needs ~1300 seeds: skipped
-# under -race),
+# several times) run here in full. A simulator seed is one goroutine, so
+# the race detector has little to check in it: under -race the simulators
+# run a token count (a seed or a few a case), here their whole count.
+# broadcast's TestLargeSnapshotCatchUp (no Poll of the leader runs long
+# while a 64 MiB snapshot is taken and fetched), TestSimAcuerdo (2,000
+# seeds; 1 a case under -race), TestSimForceLead (300 and 150 seeds; 2
+# under -race), TestSimAsymmetricPartition (40 seeds a case, 1 under
+# -race), TestSimMutants (its deliver-uncommitted case needs ~1300 seeds:
+# skipped under -race),
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
-# TestSim with all its seeds (1,900 per tree shape; 4 a case under -race),
-# and kv's TestSim with all its seeds (150 a case, 10 cases; 3 under -race)
+# TestSim with all its seeds (1,900 per tree shape; 1 a case under -race),
+# and kv's TestSim with all its seeds (150 a case, 10 cases; 1 under -race)
 # and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
-# (skipped under -race).
-# (skipped under -race).
+# (skipped under -race). `make soak` runs the simulators longer.
 norace:
-	@out=$$($(GO) test -count=1 -timeout 10m -run '^(TestLargeSnapshotCatchUp|TestSimAsymmetricPartition|TestSimMutants)$$' -v ./broadcast 2>&1 && \
+	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSimAcuerdo|TestSimForceLead|TestSimAsymmetricPartition|TestSimMutants)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
-	  $(GO) test -count=1 -timeout 15m -run '^TestSim$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 10m -run '^(TestSim|TestSimTorn|TestSimTornMutants)$$' ./kv 2>&1); st=$$?; \
+	  $(GO) test -count=1 -timeout 30m -run '^TestSim$$' ./multicast 2>&1 && \
+	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimTorn|TestSimTornMutants)$$' ./kv 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:
 	$(GO) test -race -timeout 30m ./...
+
+# The simulators with long seed counts, without the race detector: about
+# ten times what make test runs (each test's -seeds is per case), times
+# SOAK_SCALE (make soak SOAK_SCALE=5). Not part of make test (it runs for
+# a long time). A failing seed prints the command that reruns it.
+SOAK_SCALE ?= 1
+soak:
+	$(GO) test -count=1 -timeout 0 -run '^TestSimAcuerdo$$' ./broadcast -seeds $$((2000 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSimForceLead$$' ./broadcast -seeds $$((2000 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSimAsymmetricPartition$$' ./broadcast -seeds $$((400 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSim$$' ./multicast -seeds $$((2500 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSimAbandon$$' ./multicast -seeds $$((1000 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSim$$' ./kv -seeds $$((1500 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSimTorn$$' ./kv -seeds $$((300 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSimOrdered$$' ./kv -seeds $$((200 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestCounterSim$$' ./sim -seeds $$((10000 * $(SOAK_SCALE)))
 
 # Runs every fuzz target for $(FUZZTIME) executions (the seed corpora already ran in unit).
 fuzz-short:

@@ -33,7 +33,7 @@ func TestSimAsymmetricPartition(t *testing.T) {
 				t.Parallel()
 				def := 40
 				if raceEnabled {
-					def = 8 // 8 cases of 190 ms runs: several minutes under the race detector otherwise
+					def = 1 // 8 cases of 190 ms runs: minutes under the race detector otherwise (make norace runs 40)
 				}
 				flags := simFlags.WithDefault(def)
 				flags.Run(t, func(sd sim.Seed) error {

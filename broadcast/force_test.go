@@ -167,7 +167,8 @@ func forceScript(st *forceStats) func(h *simRun) {
 // snapshot), and the group serves again: total order from the survivor's
 // Log on, every member caught up, and the entries lost (delivered before
 // by the crashed members past the survivor's Log) counted and at most
-// MaxUncommitted. Many seeds per size.
+// MaxUncommitted. Many seeds per size (2 under -race: make norace runs
+// them all).
 func TestSimForceLead(t *testing.T) {
 	const window = 40 * time.Millisecond
 	for _, n := range []int{3, 5} {
@@ -175,7 +176,11 @@ func TestSimForceLead(t *testing.T) {
 			t.Parallel()
 			var total Counters
 			lost, lossy, refused, runs := 0, 0, 0, 0
-			flags := simFlags.WithDefault(map[int]int{3: 300, 5: 150}[n])
+			def := map[int]int{3: 300, 5: 150}[n]
+			if raceEnabled {
+				def = 2
+			}
+			flags := simFlags.WithDefault(def)
 			flags.Run(t, func(sd sim.Seed) error {
 				var st forceStats
 				o := simOpts{n: n, until: window, maxLog: 24, faults: sim.Faults{Until: 12 * time.Millisecond, Slow: 1}, script: forceScript(&st)}

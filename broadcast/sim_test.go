@@ -1248,8 +1248,8 @@ func (c *Counters) add(o Counters) {
 // TestSimAcuerdo runs the protocol in the deterministic simulator under
 // random faults and checks integrity, no duplication, total order, and
 // liveness once the faults heal; a failing seed prints its rerun command.
-// -seeds K runs seeds 1..K of every case (default: 2000 seeds in all),
-// -seed N one seed.
+// -seeds K runs seeds 1..K of every case (default: 2000 seeds in all;
+// under -race 1 a case, make norace runs them all), -seed N one seed.
 func TestSimAcuerdo(t *testing.T) {
 	const window = 16 * time.Millisecond
 	cases := []struct {
@@ -1289,7 +1289,14 @@ func TestSimAcuerdo(t *testing.T) {
 			var stats simStats
 			o := tc.o
 			o.stats = &stats
-			flags := simFlags.WithDefault(int(float64(2*sim.DefaultSeeds)*tc.share + 0.5))
+			def := int(float64(2*sim.DefaultSeeds)*tc.share + 0.5)
+			if raceEnabled {
+				// A seed is one goroutine: the race detector has little
+				// to check in it, and slows it several times (make
+				// norace runs every seed).
+				def = 1
+			}
+			flags := simFlags.WithDefault(def)
 			flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), o, &total) })
 			t.Logf("counters over all seeds: %+v", total)
 			if o.durability != Memory {

@@ -1210,14 +1210,17 @@ var kvSimCases = []struct {
 
 func TestSim(t *testing.T) {
 	// -seeds N (any N, kvSimSeeds included) runs N a case; without it
-	// kvSimSeeds a case, 3 under the race detector, a tenth with -short.
+	// kvSimSeeds a case (make norace), 1 under the race detector (a seed
+	// is one goroutine: the detector has little to check in it), a tenth
+	// with -short. The cases run in parallel, each seed its own Sim.
 	def := kvSimSeeds
 	if raceEnabled {
-		def = 3
+		def = 1
 	}
 	flags := simFlags.WithDefault(def)
 	for _, c := range kvSimCases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			o := c.o
 			o.groups, o.replicas, o.clients, o.keys = 2, 3, cmp.Or(o.clients, 3), max(24, o.keysSet)
 			o.until = 60 * time.Millisecond

@@ -59,6 +59,7 @@ func TestSimTorn(t *testing.T) {
 	flags := simFlags.WithDefault(def)
 	for _, c := range kvTornCases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // each seed is its own single-goroutine Sim
 			o := kvTornOpts(c.o)
 			var mixed uint64
 			flags.Run(t, func(sd sim.Seed) error {
@@ -105,6 +106,7 @@ func TestSimTornMutants(t *testing.T) {
 			if raceEnabled {
 				t.Skip("slow under -race: make norace runs it")
 			}
+			t.Parallel()
 			o := kvTornOpts(kvTornCases[m.c].o)
 			o.knobs = m.knobs
 			if *tornBlind && m.seen {

@@ -864,19 +864,21 @@ var simCases = []struct {
 
 // Without -seeds (or -seed) each case runs simSeeds seeds, the three batch
 // cases a fifth of that: 1,900 seeds per tree shape (make norace runs
-// them); under the race detector 4 a case (a tenth with -short). -seeds N
-// runs N a case, whatever N (-seeds 250 or -seeds 1000 included).
+// them); under the race detector 1 a case (a seed is one goroutine: the
+// detector has little to check in it). -short runs a tenth. -seeds N runs
+// N a case, whatever N (-seeds 250 or -seeds 1000 included). The cases
+// run in parallel (each seed is its own single-goroutine Sim).
 func TestSim(t *testing.T) {
-	def := simSeeds
+	def, batchDef := simSeeds, simSeeds/5 // the batch cases are 2 to 5 times longer
 	if raceEnabled {
-		def = 4
+		def, batchDef = 1, 1
 	}
 	flags := simFlags.WithDefault(def)
-	// the batch cases are 2 to 5 times longer: a fifth as many seeds
-	batchFlags := simFlags.WithDefault(max(def/5, 4))
+	batchFlags := simFlags.WithDefault(batchDef)
 	for _, shape := range []string{"breadth", "depth", "base"} {
 		for _, c := range simCases {
 			t.Run(shape+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
 				o := c.o
 				o.shape, o.groups, o.replicas = shape, 4, 3
 				f := flags
