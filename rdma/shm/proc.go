@@ -63,8 +63,8 @@ func parseStat(b []byte) (state byte, start uint64, ok bool) {
 		field++
 		switch field {
 		case 3:
-			if k-j != 1 {
-				return 0, 0, false
+			if k-j != 1 || !isStateLetter(b[j]) {
+				return 0, 0, false // the kernel writes one letter (R, S, D, Z, T, ...)
 			}
 			state = b[j]
 		case 22:
@@ -82,6 +82,8 @@ func parseStat(b []byte) (state byte, start uint64, ok bool) {
 	}
 	return 0, 0, false
 }
+
+func isStateLetter(c byte) bool { return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' }
 
 // procWatch checks that one process still runs without allocating: it
 // holds /proc/<pid>/stat open from the start and rereads it. The open file

@@ -16,7 +16,7 @@ func statFields(b []byte) (state byte, start uint64, ok bool) {
 		return 0, 0, false
 	}
 	f := bytes.Fields(b[i+1:])
-	if len(f) < 20 || len(f[0]) != 1 {
+	if len(f) < 20 || len(f[0]) != 1 || !isStateLetter(f[0][0]) {
 		return 0, 0, false
 	}
 	start, err := strconv.ParseUint(string(f[19]), 10, 64)
