@@ -54,6 +54,20 @@ type proc struct {
 	done   chan error
 }
 
+// waitLog waits (up to a minute) for want in p's stderr. A replica logs
+// its recovery once New has replayed its log, which may come after the
+// start-up line the test waited for: reading stderr once raced with it
+// (CI caught it).
+func (p *proc) waitLog(t *testing.T, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(p.stderr.String(), want); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q line in the log:\n%s", want, p.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func (e *durableEnv) command(args ...string) *exec.Cmd {
 	cmd := exec.Command(e.kvserver, args...)
 	cmd.Env = append(os.Environ(), "HOME="+filepath.Join(e.dir, "home"), "XDG_STATE_HOME="+e.state)
@@ -235,12 +249,10 @@ func TestEmbeddedDurable(t *testing.T) {
 			t.Fatalf("exit %d after SIGINT\nstderr: %s", code, p.stderr.String())
 		}
 		p = e.start("stop:", args...)
-		if !strings.Contains(p.stderr.String(), "recovered ") {
-			t.Errorf("no recovery line in the log:\n%s", p.stderr.String())
-		}
 		c = e.open()
 		checkKeys(t, c, "int", n)
 		c.Close()
+		p.waitLog(t, "recovered ")
 		if code := p.stop(t, syscall.SIGINT); code != 0 {
 			t.Fatalf("exit %d after SIGINT\nstderr: %s", code, p.stderr.String())
 		}
@@ -402,14 +414,12 @@ count = 2
 		}
 	}
 	ps = startAll()
-	for _, p := range ps {
-		if !strings.Contains(p.stderr.String(), "recovered ") {
-			t.Errorf("no recovery line:\n%s", p.stderr.String())
-		}
-	}
 	c = e.open(client.WithConfigFile(config))
 	checkKeys(t, c, "r", 300)
 	c.Close()
+	for _, p := range ps {
+		p.waitLog(t, "recovered ")
+	}
 	for _, p := range ps {
 		if code := p.stop(t, syscall.SIGTERM); code != 0 {
 			t.Errorf("exit %d after SIGTERM\nstderr: %s", code, p.stderr.String())
