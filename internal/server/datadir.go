@@ -7,10 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -117,25 +114,14 @@ func replicaDir(dir string, id rdma.NodeID) string {
 	return filepath.Join(dir, fmt.Sprintf("replica-%d", id))
 }
 
-// lockClusterDir takes dir's lock (dir/lock) for the process's life.
+// lockClusterDir takes an embedded cluster's data directory's lock
+// (dir/lock) for the process's life.
 func lockClusterDir(dir string) (func(), error) {
-	path := filepath.Join(dir, "lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("data dir: %w", err)
+	unlock, holder, err := flockDir(dir)
+	if err == nil && unlock == nil {
+		err = fmt.Errorf("data dir %s is in use by process %s: stop it first, or give another --data-dir", dir, holder)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		b, _ := os.ReadFile(path)
-		f.Close()
-		pid := strings.TrimSpace(string(b))
-		if pid == "" {
-			pid = "unknown"
-		}
-		return nil, fmt.Errorf("data dir %s is in use by process %s: stop it first, or give another --data-dir", dir, pid)
-	}
-	f.Truncate(0)
-	fmt.Fprintf(f, "%d\n", os.Getpid())
-	return func() { f.Close() }, nil
+	return unlock, err
 }
 
 // writeFileSync writes path through a synced temporary file and renames

@@ -198,25 +198,35 @@ func DurableFor(cfg *cluster.Config) (DurableConfig, error) {
 	return DurableConfig{Mode: m, FsyncInterval: time.Duration(cfg.FsyncInterval), SnapshotLogBytes: cfg.Snapshot.LogBytesN}, nil
 }
 
-// lockDir takes the data directory's lock for this process's life.
-func lockDir(dir string, id int64) (func(), error) {
+// flockDir takes dir/lock for the process's life and writes the
+// process id into it; if another process holds it, it returns that
+// process's id (as the file says) and ok false.
+func flockDir(dir string) (unlock func(), holder string, err error) {
 	path := filepath.Join(dir, "lock")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("data dir: %w", err)
+		return nil, "", fmt.Errorf("data dir: %w", err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		b, _ := os.ReadFile(path)
 		f.Close()
-		pid := strings.TrimSpace(string(b))
-		if pid == "" {
-			pid = "unknown"
+		if holder = strings.TrimSpace(string(b)); holder == "" {
+			holder = "unknown"
 		}
-		return nil, fmt.Errorf("replica %d already runs (process %s holds %s)", id, pid, path)
+		return nil, holder, nil
 	}
 	f.Truncate(0)
 	fmt.Fprintf(f, "%d\n", os.Getpid())
-	return func() { f.Close() }, nil
+	return func() { f.Close() }, "", nil
+}
+
+// lockDir takes a replica's data directory's lock for this process's life.
+func lockDir(dir string, id int64) (func(), error) {
+	unlock, holder, err := flockDir(dir)
+	if err == nil && unlock == nil {
+		err = fmt.Errorf("replica %d already runs (process %s holds %s)", id, holder, filepath.Join(dir, "lock"))
+	}
+	return unlock, err
 }
 
 // checkIdentity records the replica's identity in a fresh data directory
