@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"time"
 )
 
@@ -50,4 +52,37 @@ func (c *commonFlags) check(cmd string) error {
 		return fmt.Errorf("%s: --retries must not be negative", cmd)
 	}
 	return nil
+}
+
+// quickDefaults applies --quick's smoke-test settings to the flags the
+// command line did not set (set: the flags given): 20,000 records, 200 ms
+// measurements, one run, no retries.
+func (c *commonFlags) quickDefaults(set map[string]bool, records *int) {
+	if !set["records"] {
+		*records = 20000
+	}
+	if !set["duration"] {
+		c.duration = 200 * time.Millisecond
+	}
+	if !set["runs"] {
+		c.runs = 1
+	}
+	if !set["retries"] {
+		c.retries = 0
+	}
+}
+
+// parseThreads appends the distinct goroutine counts of list (comma
+// separated) to threads.
+func parseThreads(cmd, list string, threads []int) ([]int, error) {
+	for _, s := range splitList(list) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%s: --threads: bad goroutine count %q", cmd, s)
+		}
+		if !slices.Contains(threads, n) {
+			threads = append(threads, n)
+		}
+	}
+	return threads, nil
 }

@@ -224,27 +224,11 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 		return nil, errors.New("kv: --groups must be positive")
 	}
 	if o.quick {
-		if !set["records"] {
-			o.records = 20000
-		}
-		if !set["duration"] {
-			o.duration = 200 * time.Millisecond
-		}
-		if !set["runs"] {
-			o.runs = 1
-		}
-		if !set["retries"] {
-			o.retries = 0
-		}
+		o.commonFlags.quickDefaults(set, &o.records)
 	}
-	for _, s := range splitList(*threads) {
-		n, err := strconv.Atoi(s)
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("kv: --threads: bad goroutine count %q", s)
-		}
-		if !slices.Contains(o.threads, n) {
-			o.threads = append(o.threads, n)
-		}
+	var err error
+	if o.threads, err = parseThreads("kv", *threads, o.threads); err != nil {
+		return nil, err
 	}
 	if err := o.commonFlags.check("kv"); err != nil {
 		return nil, err
