@@ -518,7 +518,7 @@ func (r *Replica) diskSnapPoll() {
 		}
 		return
 	}
-	written := d.w.Stats().BytesWritten
+	written := d.w.BytesWritten()
 	if s.Busy() || written-d.snapBytes < uint64(r.cfg.SnapshotLogBytes) || r.index == 0 {
 		return
 	}

@@ -295,6 +295,10 @@ func (w *Writer) Idle() bool {
 func (w *Writer) DropBefore(seq uint64) { w.dropTo = max(w.dropTo, seq) }
 
 // Stats returns the counters.
+// BytesWritten is Stats().BytesWritten without copying Stats (its
+// latency histogram is kilobytes): the replica reads it on every Poll.
+func (w *Writer) BytesWritten() uint64 { return w.stats.BytesWritten }
+
 func (w *Writer) Stats() Stats {
 	s := w.stats
 	s.Segments = len(w.segs)
