@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
 
 // durableEnv runs kvserver processes with HOME and XDG_STATE_HOME in a
@@ -50,7 +51,7 @@ func newDurableEnv(t *testing.T) *durableEnv {
 type proc struct {
 	cmd    *exec.Cmd
 	out    string // its stdout up to the line it was waited for
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	done   chan error
 }
 
@@ -78,7 +79,7 @@ func (e *durableEnv) command(args ...string) *exec.Cmd {
 func (e *durableEnv) start(up string, args ...string) *proc {
 	e.t.Helper()
 	cmd := e.command(args...)
-	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p := &proc{cmd: cmd, stderr: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		e.t.Fatal(err)

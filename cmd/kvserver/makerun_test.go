@@ -11,31 +11,14 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer a process writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // procState is process pid's state letter in /proc (T: stopped).
 func procState(pid int) byte {
@@ -115,7 +98,7 @@ func TestMakeRunCtrlC(t *testing.T) {
 	// A session of its own with the pty as its controlling terminal: make
 	// is the terminal's foreground job.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	var out syncBuffer
+	var out syncbuf.Buffer
 	copied := make(chan struct{})
 	go func() { io.Copy(&out, master); close(copied) }() // ends with EIO once every holder of the slave is gone
 	if err := os.Mkdir(shmDir, 0o755); err != nil {

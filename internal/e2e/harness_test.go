@@ -25,6 +25,7 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/server"
+	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
 
 // helperEnv, when set, makes the test binary a helper process instead of
@@ -268,33 +269,14 @@ func shmDir(t *testing.T) string {
 	return d
 }
 
-// syncBuf is an output sink the process's copying goroutine writes while
-// the test reads it.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // proc is one kvserver process: one incarnation of a replica.
 type proc struct {
 	id       int64
 	inc      int // 1 for the first start of the replica, then 2, ...
 	args     []string
 	cmd      *exec.Cmd
-	stdout   *syncBuf
-	stderr   *syncBuf
+	stdout   *syncbuf.Buffer
+	stderr   *syncbuf.Buffer
 	started  time.Time
 	done     chan struct{} // closed once the process was reaped
 	state    *os.ProcessState
@@ -446,7 +428,7 @@ func (c *tcluster) command(id int64, args ...string) *exec.Cmd {
 func (c *tcluster) spawn(id int64, extra ...string) *proc {
 	c.t.Helper()
 	args := append([]string{"--config", c.path, "--id", strconv.FormatInt(id, 10)}, extra...)
-	p := &proc{id: id, args: args, cmd: c.command(id, args...), stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
+	p := &proc{id: id, args: args, cmd: c.command(id, args...), stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	c.mu.Lock()
 	for _, o := range c.all {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/internal/kvcheck"
+	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
 
 // The netns test's network: a bridge in a namespace of its own, and one
@@ -252,7 +253,7 @@ func netnsClient(in io.Reader, out io.Writer) int {
 type helperProc struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	stderr *syncBuf
+	stderr *syncbuf.Buffer
 	opened chan struct{}
 	ended  chan struct{} // closed once its stdout ended and it was reaped
 	acked  atomic.Int64
@@ -269,7 +270,7 @@ func startClientHelper(t *testing.T, ns, config string) *helperProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &helperProc{stderr: &syncBuf{}, opened: make(chan struct{}), ended: make(chan struct{})}
+	h := &helperProc{stderr: &syncbuf.Buffer{}, opened: make(chan struct{}), ended: make(chan struct{})}
 	h.cmd = exec.Command("ip", "netns", "exec", ns, exe, "-test.run=^$")
 	h.cmd.Env = append(os.Environ(), helperEnv+"="+helperNetnsClient, helperConfigEnv+"="+config,
 		fmt.Sprintf("%s=%d", helperSeedEnv, time.Now().UnixNano()))

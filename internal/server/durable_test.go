@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -21,6 +19,7 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/server"
+	"github.com/rdmakv/rdmakv/internal/syncbuf"
 	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/internal/vfs/errorfs"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -304,24 +303,6 @@ func TestRunMemoryRefusesLog(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestProcessAsyncRestart: a Process in async mode starts (it was refused
 // before async reached the server), keeps every acknowledged put across a
 // clean stop of every replica (Stop flushes and syncs the queued log), and
@@ -351,7 +332,7 @@ func TestProcessAsyncRestart(t *testing.T) {
 	}
 	stop()
 
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	p, stop = startDurableMode(t, m, dir, broadcast.Async, slog.New(slog.NewTextHandler(&logs, nil)))
 	defer stop()
 	c = openClient(t, p, m)

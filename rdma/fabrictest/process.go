@@ -2,7 +2,6 @@ package fabrictest
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmakv/rdmakv/internal/syncbuf"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -216,25 +216,8 @@ type child struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan string // stdout lines; closed at EOF
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	exited chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // spawn starts a helper playing role as node p.ID of cl and waits until it
@@ -250,7 +233,7 @@ func spawn(cl *cluster, role string, p roleParams) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), RoleEnv+"="+role, ParamsEnv+"="+string(params))
 	c := &child{t: t, name: fmt.Sprintf("helper %s (node %d)", role, p.ID), cmd: cmd,
-		lines: make(chan string, 64), stderr: &syncBuffer{}, exited: make(chan struct{})}
+		lines: make(chan string, 64), stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	if c.stdin, err = cmd.StdinPipe(); err != nil {
 		t.Fatalf("%s: %v", c.name, err)
