@@ -122,6 +122,12 @@ func (s *rseg) loadAll() error {
 // (keeping the cut bytes in "<segment>.torn-<seq>"), drops a diff that was
 // never finished, and reports corruption without cutting it. member must
 // match the segments' headers. It runs before the Writer is opened.
+//
+// It reads what it checks: each segment in chunks up to its last record
+// and zeroProbe bytes of zeros after it, not the rest of the preallocated
+// file (a 64 MiB segment holding a few records costs a few records and
+// the probe); only corruption or a torn tail makes it read the later
+// segments whole.
 func Recover(fsys vfs.FS, dir string, member uint64) (*Recovered, error) {
 	return recoverLog(fsys, dir, member, testingKnobs{})
 }
