@@ -209,7 +209,17 @@ type PollerStats struct {
 	SpinHits uint64 // spin phases ended by a ring or a kick
 	Parks    uint64 // parks in the WaitSet
 	Wakes    uint64 // parks ended by a ring or a kick (the rest timed out)
+	// MaxPass is the longest pass since the group started: the longest a
+	// task of this poller waited for its next Poll while the poller was
+	// busy (a pass polls every task once). RecentMaxPass is the longest
+	// pass in the last PassWindow to 2*PassWindow: a reader sampling it
+	// at least every PassWindow sees every long pass of an interval.
+	MaxPass       time.Duration
+	RecentMaxPass time.Duration
 }
+
+// PassWindow is the window of PollerStats.RecentMaxPass.
+const PassWindow = time.Second
 
 // Stats returns every poller's counters.
 func (g *Group) Stats() []PollerStats {
@@ -218,8 +228,12 @@ func (g *Group) Stats() []PollerStats {
 		p.mu.Lock()
 		n := len(p.handles)
 		p.mu.Unlock()
+		// cur before prev: notePass moves cur to prev before it clears cur
+		recent := time.Duration(p.passCur.Load())
+		recent = max(recent, time.Duration(p.passPrev.Load()))
 		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
-			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load()})
+			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
+			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent})
 	}
 	return out
 }
@@ -319,6 +333,9 @@ type poller struct {
 	passes  atomic.Uint64 // stats
 	spins, spinHits,
 	parks, wakes atomic.Uint64
+	// longest passes (ns): since the start, in the current window and in
+	// the previous one (notePass)
+	passMax, passCur, passPrev atomic.Int64
 
 	// owned by the poller goroutine
 	tasks   []Task
@@ -327,6 +344,9 @@ type poller struct {
 	maxPark time.Duration
 	spin    time.Duration // current spin budget (adaptive)
 	dos     []func()
+	// notePass's own copies of the longest passes, and its window's start
+	maxPass, curPass time.Duration
+	window           time.Duration
 }
 
 // changed tells a running poller to look at its handles.
@@ -440,6 +460,7 @@ func (p *poller) run() {
 		now := p.g.Now()
 		progress, next := Pass(now, p.tasks)
 		p.passes.Add(1)
+		p.notePass(now, p.g.Now())
 		if progress {
 			continue
 		}
@@ -452,6 +473,30 @@ func (p *poller) run() {
 			continue
 		}
 		p.park(next)
+	}
+}
+
+// notePass records a pass that ran from start to end (the group's
+// clock) in the longest-pass stats: one clock read per pass, and atomic
+// stores only when a maximum moves or a window ends.
+func (p *poller) notePass(start, end time.Duration) {
+	d := end - start
+	if start-p.window >= PassWindow {
+		if start-p.window >= 2*PassWindow {
+			p.curPass = 0 // no pass in the window after it
+		}
+		p.passPrev.Store(int64(p.curPass))
+		p.curPass = 0
+		p.passCur.Store(0)
+		p.window = start
+	}
+	if d > p.curPass {
+		p.curPass = d
+		p.passCur.Store(int64(d))
+	}
+	if d > p.maxPass {
+		p.maxPass = d
+		p.passMax.Store(int64(d))
 	}
 }
 

@@ -25,4 +25,9 @@ type testingKnobs struct {
 	// segments and the directory (a process crash leaves them in the
 	// page cache only). Caught by TestRecoverCatchesNoRecoverSync.
 	noRecoverSync bool
+	// noZeroProbe: Recover takes a zero record header for the end of a
+	// segment without probing the bytes after it, so a batch torn with
+	// its first page lost stays in the log. Caught by
+	// TestRecoverReadsWrittenPart (the torn tail is not cut).
+	noZeroProbe bool
 }

@@ -27,6 +27,7 @@
 package wal
 
 import (
+	"bytes"
 	"encoding/binary"
 	"hash/crc32"
 )
@@ -144,11 +145,16 @@ func parseBatchInfo(b []byte) (BatchInfo, bool) {
 		Bytes: binary.LittleEndian.Uint32(b[12:]), PrevLast: binary.LittleEndian.Uint64(b[16:])}, true
 }
 
+var zeroPage [4096]byte
+
+// allZero reports whether b holds only zeros (a page at a time: Recover
+// probes megabytes of a segment's preallocated tail).
 func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
+	for len(b) >= len(zeroPage) {
+		if !bytes.Equal(b[:len(zeroPage)], zeroPage[:]) {
 			return false
 		}
+		b = b[len(zeroPage):]
 	}
-	return true
+	return bytes.Equal(b, zeroPage[:len(b)])
 }

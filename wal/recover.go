@@ -1,8 +1,10 @@
 package wal
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,10 +52,69 @@ type Recovered struct {
 
 type rseg struct {
 	info    SegInfo
-	data    []byte
+	f       vfs.File
+	base    int64  // the file offset of data[0]
+	data    []byte // the chunk of the file the scan is in
 	hdr     segHeader
 	hdrErr  error
 	entered bool // the scan reached it (its header was checked)
+}
+
+// readChunk is the least Recover reads of a segment at a time.
+const readChunk = 4 << 20
+
+// zeroProbe is how many zero bytes after the last valid record of a
+// segment Recover reads before it calls them the preallocated tail and
+// stops (it reads no further: a 64 MiB segment holding a few records
+// costs a few records and zeroProbe to recover). It is twice the Writer's
+// default MaxUnsyncedBytes, the largest batch unless one record is bigger
+// (and a batch whose Batch record survived is probed to its end): the
+// bytes of a batch torn by a crash lie within it, so a torn tail is still
+// found and cut. A run of zeros longer than zeroProbe in the middle of
+// the log (a lost write) is taken for the end of the segment.
+const zeroProbe = 8 << 20
+
+// window makes data hold the file's bytes [from, end) (fewer at the end
+// of the file). A new chunk starts at from and holds at least readChunk
+// bytes; the records parsed from the old chunk keep it, so no byte is
+// read twice and only a record cut by a chunk's end is copied.
+func (s *rseg) window(from, end int64) error {
+	end = max(min(end, s.info.Size), from)
+	if from >= s.base && end <= s.base+int64(len(s.data)) {
+		return nil
+	}
+	n := max(0, min(s.info.Size-from, max(end-from, readChunk)))
+	buf := make([]byte, n)
+	have := int64(0)
+	if from >= s.base && from < s.base+int64(len(s.data)) {
+		have = int64(copy(buf, s.data[from-s.base:]))
+	}
+	got, err := s.f.ReadAt(buf[have:], from+have)
+	if err == io.EOF {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("wal: reading %s: %w", s.info.Path, err)
+	}
+	if int64(got) < n-have {
+		// the file is shorter than its Stat said
+		s.info.Size = from + have + int64(got)
+	}
+	s.base, s.data = from, buf[:have+int64(got)]
+	return nil
+}
+
+// at returns the loaded bytes from off (window must cover off).
+func (s *rseg) at(off int64) []byte { return s.data[min(off-s.base, int64(len(s.data))):] }
+
+// loadAll makes data hold the whole file (base 0): for the rare paths
+// (corruption, a torn tail, an unfinished rotation) that look at all of it.
+func (s *rseg) loadAll() error {
+	if s.base == 0 && int64(len(s.data)) == s.info.Size {
+		return nil
+	}
+	s.base, s.data = 0, nil
+	return s.window(0, s.info.Size)
 }
 
 // Recover reads the log in dir (creating dir if needed): it checks every
@@ -61,6 +122,12 @@ type rseg struct {
 // (keeping the cut bytes in "<segment>.torn-<seq>"), drops a diff that was
 // never finished, and reports corruption without cutting it. member must
 // match the segments' headers. It runs before the Writer is opened.
+//
+// It reads what it checks: each segment in chunks up to its last record
+// and zeroProbe bytes of zeros after it, not the rest of the preallocated
+// file (a 64 MiB segment holding a few records costs a few records and
+// the probe); only corruption or a torn tail makes it read the later
+// segments whole.
 func Recover(fsys vfs.FS, dir string, member uint64) (*Recovered, error) {
 	return recoverLog(fsys, dir, member, testingKnobs{})
 }
@@ -74,18 +141,32 @@ func recoverLog(fsys vfs.FS, dir string, member uint64, knobs testingKnobs) (*Re
 		return nil, err
 	}
 	var segs []*rseg
+	defer func() {
+		for _, s := range segs {
+			s.f.Close()
+		}
+	}()
 	for _, e := range ents {
 		seq, ok := parseSegName(e.Name())
 		if !ok || e.IsDir() {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
-		data, err := vfs.ReadFile(fsys, path)
+		f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
 		if err != nil {
 			return nil, err
 		}
-		s := &rseg{info: SegInfo{Seq: seq, Path: path, Size: int64(len(data)), End: segHdrSize}, data: data}
-		s.hdr, s.hdrErr = parseSegHeader(data)
+		s := &rseg{info: SegInfo{Seq: seq, Path: path, End: segHdrSize}, f: f}
+		segs = append(segs, s)
+		st, err := f.Stat()
+		if err != nil {
+			return nil, err
+		}
+		s.info.Size = st.Size()
+		if err := s.window(0, segHdrSize); err != nil {
+			return nil, err
+		}
+		s.hdr, s.hdrErr = parseSegHeader(s.data)
 		if s.hdrErr == nil && s.hdr.segseq != seq {
 			s.hdrErr = fmt.Errorf("header names segment %d", s.hdr.segseq)
 		}
@@ -93,7 +174,6 @@ func recoverLog(fsys vfs.FS, dir string, member uint64, knobs testingKnobs) (*Re
 			return nil, fmt.Errorf("%w: %s belongs to member %d, not %d", ErrCorrupt, path, s.hdr.member, member)
 		}
 		s.info.FirstSeq = s.hdr.firstSeq
-		segs = append(segs, s)
 	}
 	slices.SortFunc(segs, func(a, b *rseg) int { return int(int64(a.info.Seq) - int64(b.info.Seq)) })
 	for i := 1; i < len(segs); i++ {
@@ -104,8 +184,14 @@ func recoverLog(fsys vfs.FS, dir string, member uint64, knobs testingKnobs) (*Re
 	}
 	rec := &Recovered{NextSeq: 1}
 	// An unfinished rotation: the last segment's header never made it.
+	if n := len(segs); n > 0 && segs[n-1].hdrErr != nil {
+		if err := segs[n-1].loadAll(); err != nil {
+			return nil, err
+		}
+	}
 	if n := len(segs); n > 0 && segs[n-1].hdrErr != nil && allZero(segs[n-1].data[min(segHdrSize, len(segs[n-1].data)):]) {
 		s := segs[n-1]
+		s.f.Close()
 		if err := fsys.Remove(s.info.Path); err != nil {
 			return nil, err
 		}
@@ -158,6 +244,7 @@ type scanner struct {
 	expected uint64 // seq of the next valid record (0 before the first if unknown)
 	batch    BatchInfo
 	inBatch  bool
+	batchAt  Pos // where the Batch record of batch is
 
 	resumeSeg int
 	resumeOff int64
@@ -167,7 +254,6 @@ func (sc *scanner) scan() error {
 	si, off := 0, int64(segHdrSize)
 	for si < len(sc.segs) {
 		s := sc.segs[si]
-		d := s.data
 		if !s.entered {
 			s.entered = true
 			if s.hdrErr != nil {
@@ -183,12 +269,16 @@ func (sc *scanner) scan() error {
 				continue
 			}
 		}
-		if off >= int64(len(d)) || allZero(d[off:]) {
+		end, err := sc.cleanEnd(si, off)
+		if err != nil {
+			return err
+		}
+		if end {
 			// the clean end of this segment's data
 			si, off = si+1, segHdrSize
 			continue
 		}
-		r, sz, ok := parseRecord(d[off:])
+		r, sz, ok := parseRecord(s.at(off))
 		reason := "checksum or length mismatch"
 		if ok && sc.expected != 0 && r.Seq != sc.expected {
 			ok, reason = false, fmt.Sprintf("seq %d, want %d", r.Seq, sc.expected)
@@ -208,7 +298,7 @@ func (sc *scanner) scan() error {
 		}
 		r.Pos = Pos{Seg: s.info.Seq, Off: off}
 		if r.Type == RecBatch {
-			sc.batch, sc.inBatch = bi, true
+			sc.batch, sc.inBatch, sc.batchAt = bi, true, r.Pos
 		} else {
 			sc.rec.Records = append(sc.rec.Records, r)
 		}
@@ -219,11 +309,54 @@ func (sc *scanner) scan() error {
 	return nil
 }
 
+// cleanEnd reports whether (si, off) is the clean end of segment si's
+// data: the end of the file, or only zeros after it. It reads what the
+// record at off needs and, where that starts with a zero header, probes
+// zeroProbe bytes (or to the end of the batch being read, if that is
+// farther) rather than the whole preallocated tail.
+func (sc *scanner) cleanEnd(si int, off int64) (bool, error) {
+	s := sc.segs[si]
+	if err := s.window(off, off+recHdrSize); err != nil {
+		return false, err
+	}
+	hdr := s.at(off)
+	if len(hdr) == 0 {
+		return true, nil
+	}
+	hdr = hdr[:min(recHdrSize, len(hdr))]
+	if !allZero(hdr) {
+		// a record: read it all (with its padding) for parseRecord
+		if len(hdr) == recHdrSize {
+			if n := binary.LittleEndian.Uint32(hdr[16:]); n <= MaxRecord {
+				return false, s.window(off, off+int64(recSize(int(n))))
+			}
+		}
+		return false, nil
+	}
+	if sc.knobs.noZeroProbe {
+		return true, nil
+	}
+	probe := off + zeroProbe
+	if sc.inBatch && sc.batchAt.Seg == s.info.Seq && sc.batch.First+uint64(sc.batch.Count) > sc.expected {
+		// inside a batch that is not complete: a torn batch's bytes
+		// may be anywhere up to its end
+		probe = max(probe, sc.batchAt.Off+int64(sc.batch.Bytes))
+	}
+	if err := s.window(off, probe); err != nil {
+		return false, err
+	}
+	b := s.at(off)
+	return allZero(b[:min(probe-off, int64(len(b)))]), nil
+}
+
 // invalid handles the invalid record at (si, off): corruption if a valid
 // batch follows (scanning resumes there: resumeSeg, resumeOff), else a
 // torn tail, cut back (done).
 func (sc *scanner) invalid(si int, off int64, reason string) (done bool, err error) {
-	fsi, foff, fseq, found := sc.nextBatch(si, off)
+	fsi, foff, fseq, found, err := sc.nextBatch(si, off)
+	if err != nil {
+		return true, err
+	}
 	s := sc.segs[si]
 	if found && !sc.knobs.cutCorrupt {
 		sc.rec.Corrupt = append(sc.rec.Corrupt, Corruption{At: Pos{Seg: s.info.Seq, Off: off}, Path: s.info.Path,
@@ -255,8 +388,11 @@ func (sc *scanner) invalid(si int, off int64, reason string) (done bool, err err
 // nextBatch looks for a valid Batch record with a seq not below expected
 // at or after (si, off), 8-byte aligned, in this segment and the later
 // ones.
-func (sc *scanner) nextBatch(si int, off int64) (int, int64, uint64, bool) {
+func (sc *scanner) nextBatch(si int, off int64) (int, int64, uint64, bool, error) {
 	for ; si < len(sc.segs); si, off = si+1, segHdrSize {
+		if err := sc.segs[si].loadAll(); err != nil {
+			return 0, 0, 0, false, err
+		}
 		d := sc.segs[si].data
 		for q := off; q+batchRecSize <= int64(len(d)); q += 8 {
 			if d[q+4] != byte(RecBatch) {
@@ -267,11 +403,11 @@ func (sc *scanner) nextBatch(si int, off int64) (int, int64, uint64, bool) {
 				continue
 			}
 			if bi, ok := parseBatchInfo(r.Data); ok && bi.First == r.Seq {
-				return si, q, r.Seq, true
+				return si, q, r.Seq, true, nil
 			}
 		}
 	}
-	return 0, 0, 0, false
+	return 0, 0, 0, false, nil
 }
 
 // cut makes (si, off) the end of the log: the bytes from there, and the
@@ -280,6 +416,9 @@ func (sc *scanner) nextBatch(si int, off int64) (int, int64, uint64, bool) {
 // whole, unless it is the first).
 func (sc *scanner) cut(si int, off int64) error {
 	s := sc.segs[si]
+	if err := s.loadAll(); err != nil {
+		return err
+	}
 	aside := func(p string) string { return fmt.Sprintf("%s.torn-%d", p, sc.expected) }
 	for _, later := range sc.segs[si+1:] {
 		if err := sc.fsys.Rename(later.info.Path, aside(later.info.Path)); err != nil {

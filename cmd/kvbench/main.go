@@ -7,6 +7,8 @@
 //	kvbench multicast [flags]   TRAM atomic multicast across groups
 //	kvbench kv [flags]          gets and puts of the replicated store against Redis
 //	kvbench btree [flags]       lookups, scans and puts of the ordered keyspace against hashed ones
+//	kvbench disk [flags]        one small durable write on the disk, without rdmakv (--raw-fsync)
+//	kvbench recover [flags]     restart of a durable embedded cluster: recovery time, disk bytes, snapshot stalls
 //	kvbench help [command]      list the commands, or one command's flags
 //
 // Each command prints a table, or with --json one JSON object per result.
@@ -49,6 +51,8 @@ func commands() []command {
 		{"multicast", "TRAM atomic multicast: latency and throughput by tree, destinations, payload and group size (Fig. 5-8), leader changes (Table 1), client path against the one-way write, single-group tax against broadcast, scaling, --soak memory", runMulticast},
 		{"kv", "the replicated store (3 replicas on shm, client in another process): gets (stale-ok, linearizable) and puts by goroutines, gets while the index grows, bytes per record; against redis-server in the same run", runKV},
 		{"btree", "the ordered keyspace through client.Keyspace: warm lookups against hashed gets and tidwall/btree in process, node reads per lookup, cache hit rate, scans, puts against hashed puts, the cold-cache curve", runBTree},
+		{"disk", "--raw-fsync: p50/p99 of one small write + fdatasync and O_DSYNC on the disk under --dir, the figure durable puts compare with", runDisk},
+		{"recover", "a durable embedded cluster's restart: time to recover --records from disk, the recovery lines, disk bytes per record before and after a snapshot, the longest poller pass while the snapshot is written", runRecover},
 	}
 }
 

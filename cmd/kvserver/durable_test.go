@@ -343,6 +343,12 @@ func TestEmbeddedDurable(t *testing.T) {
 		if code, stderr := e.run("--memory", "--data-dir", data); code != 2 || !strings.Contains(stderr, "memory mode keeps nothing on disk") {
 			t.Errorf("--memory --data-dir: exit %d, %q", code, stderr)
 		}
+		if code, stderr := e.run("--memory", "--snapshot-log-bytes", "8MiB"); code != 2 || !strings.Contains(stderr, "memory mode keeps nothing on disk") {
+			t.Errorf("--memory --snapshot-log-bytes: exit %d, %q", code, stderr)
+		}
+		if code, stderr := e.run("--snapshot-log-bytes", "64KiB"); code != 2 || !strings.Contains(stderr, "want at least 1MiB") {
+			t.Errorf("--snapshot-log-bytes 64KiB: exit %d, %q", code, stderr)
+		}
 	})
 }
 

@@ -131,6 +131,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", "", "where the replicas keep their data (default $XDG_STATE_HOME/rdmakv/<name>, else ~/.local/state/rdmakv/<name>)")
 	durability := fs.String("durability", defaultDurability, "what the replicas keep on disk: async (synced at least every 10ms: a power cut or kill -9 loses at most the last 10ms of writes, Ctrl-C nothing), sync (a write is acknowledged once a majority of its group synced it) or memory (nothing: the data is gone when kvserver stops)")
 	memory := fs.Bool("memory", false, "keep nothing on disk (--durability memory): the data is gone when kvserver stops")
+	snapLog := fs.String("snapshot-log-bytes", "", "sync and async: how much log (bytes of synced batches, e.g. 64MiB: 1MiB to 1024MiB) a replica writes before it takes a disk snapshot and drops the log behind it (default 64MiB, as [snapshot] log_bytes in a config)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -188,9 +189,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	eo.durable = server.DurableConfig{Mode: mode, SegmentBytes: embeddedSegmentBytes}
+	if *snapLog != "" {
+		n, err := cluster.ParseByteSize(*snapLog)
+		if err == nil && n < 1<<20 {
+			err = fmt.Errorf("%q: want at least 1MiB", *snapLog)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "kvserver: --snapshot-log-bytes %v\n", err)
+			return 2
+		}
+		eo.durable.SnapshotLogBytes = int64(n)
+	}
 	if mode == broadcast.Memory {
-		if explicit["data-dir"] {
-			fmt.Fprintf(stderr, "kvserver: --data-dir with durability memory: memory mode keeps nothing on disk (leave out --data-dir, or --memory)\n")
+		if explicit["data-dir"] || explicit["snapshot-log-bytes"] {
+			fmt.Fprintf(stderr, "kvserver: --data-dir or --snapshot-log-bytes with durability memory: memory mode keeps nothing on disk (leave them out, or --memory)\n")
 			return 2
 		}
 	} else {

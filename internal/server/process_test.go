@@ -173,6 +173,10 @@ func TestStatusPollerStats(t *testing.T) {
 	if err := p.WaitServing(ctx); err != nil {
 		t.Fatal(err)
 	}
+	statusBody := func() string {
+		_, body := get(t, "http://"+p.ControlAddr()+"/status")
+		return body
+	}
 	status := func() server.ProcessStatus {
 		t.Helper()
 		code, body := get(t, "http://"+p.ControlAddr()+"/status")
@@ -218,6 +222,15 @@ func TestStatusPollerStats(t *testing.T) {
 	_, p1 := sum(after)
 	if p1 <= p0 {
 		t.Fatalf("poller passes did not move over 50 puts: %d then %d", p0, p1)
+	}
+	if !strings.Contains(statusBody(), `"pass_max_recent_us"`) {
+		t.Fatal("/status lacks pass_max_recent_us")
+	}
+	for _, st := range after.Pollers {
+		// a pass polls every replica it owns: it takes some time
+		if st.Tasks > 0 && (st.PassMaxUs <= 0 || st.PassMaxRecentUs > st.PassMaxUs) {
+			t.Fatalf("poller %d: pass_max_us %v, pass_max_recent_us %v: want a positive max, and the recent one at most it", st.Poller, st.PassMaxUs, st.PassMaxRecentUs)
+		}
 	}
 	code, body := get(t, "http://"+p.ControlAddr()+"/metrics")
 	for _, name := range []string{"rdmakv_poller_passes_total{poller=\"0\"}", "rdmakv_poller_parks_total", "rdmakv_poller_wakes_total", "rdmakv_poller_spin_hits_total", "rdmakv_poller_tasks"} {

@@ -342,6 +342,14 @@ type PollerStatus struct {
 	SpinHits uint64 `json:"spin_hits"` // spin phases ended by a ring or a kick
 	Parks    uint64 `json:"parks"`     // parks in the wait set
 	Wakes    uint64 `json:"wakes"`     // parks ended by a ring or a kick (the rest timed out)
+	// PassMaxUs is its longest pass since the start in microseconds: the
+	// longest any of its replicas (a leader too) waited for its next Poll
+	// while the poller was busy. PassMaxRecentUs is the longest in the
+	// last 1 to 2 seconds (poller.PassWindow): sampled every second, it
+	// gives the longest pass of an interval (kvbench recover's
+	// poll_max_us while a snapshot is written).
+	PassMaxUs       float64 `json:"pass_max_us"`
+	PassMaxRecentUs float64 `json:"pass_max_recent_us"`
 }
 
 // pollerStatus is the counters of the pollers that run reps (those of
@@ -354,7 +362,8 @@ func pollerStatus(reps []*Replica) []PollerStatus {
 		var out []PollerStatus
 		for i, st := range r.pollers.Stats() {
 			out = append(out, PollerStatus{Poller: i, Tasks: st.Tasks, Passes: st.Passes, Spins: st.Spins,
-				SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes})
+				SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes,
+				PassMaxUs: float64(st.MaxPass.Nanoseconds()) / 1e3, PassMaxRecentUs: float64(st.RecentMaxPass.Nanoseconds()) / 1e3})
 		}
 		return out
 	}

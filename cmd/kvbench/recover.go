@@ -1,0 +1,618 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/server"
+)
+
+const recoverUsage = `usage: kvbench recover [flags]
+
+Measures a durable cluster's restart from its disk: kvserver's embedded
+cluster (what 'make run' starts; kvserver built with go build, or
+--kvserver FILE) with --groups groups x 3 replicas on shm, --durability
+sync or async, its data in a fresh directory under $TMPDIR (put $TMPDIR
+on the disk to measure; removed at the end). 16-byte keys, --value-size
+byte values; raw = key + value bytes.
+
+The run:
+  1. start with --snapshot-log-bytes 1024MiB (no disk snapshot for up to
+     1 GiB of log per replica), load --records keys (batches of as many
+     puts as fit one request slot, 8 goroutines), stop it as Ctrl-C does
+     (SIGINT), and measure the data dir: the log alone.
+  2. start it again with --snapshot-log-bytes 1MiB: the "log" row's
+     recovery. Once every replica holds every record and the pollers are
+     quiet (2.5 s), overwrite loaded keys until every replica has taken a
+     disk snapshot (it snapshots after 1 MiB of new log), stop, and
+     measure the data dir: a snapshot and the log after it.
+  3. start it again: the "snapshot" row's recovery.
+
+Columns (one row per restart):
+  recover     from starting kvserver to every replica holding every
+              record it held before the stop (/status records, polled
+              every 10 ms)
+  up          from starting kvserver to its "is up" line (every group
+              elected a leader)
+  replica     the longest replica's own recovery figure (/status
+              disk.recovery_seconds: reading the snapshot and the log and
+              replaying them, as its "recovered ... in Ns" log line says;
+              the line of the slowest replica is printed under the row)
+  disk/rec    bytes the data dir holds on disk (allocated blocks: the
+              log's segments are preallocated) per record and copy:
+              size / (records x 3 replicas); log: after step 1 (log
+              only), snapshot: after step 2 (a snapshot and the log after
+              it). x raw: disk/rec / raw (issue 19's target: <= 2 after
+              a snapshot)
+  poll max    the longest poller pass (/status pollers
+              pass_max_recent_us, sampled every 250 ms; a pass polls every
+              replica of the poller once, so it is the longest a leader
+              waited for its next Poll while busy): log: during step 1's
+              load, from 2.5 s after the start; snapshot: from the first
+              overwrite of step 2 until 1.5 s after every replica's
+              snapshot was durable. ET/20 is issue 19's bound
+              (--election-timeout / 20)
+
+--json prints one object per row with these figures and the recovery
+line, the data dir's log and snapshot bytes apart (wal_bytes,
+snap_bytes), and the load's time.
+
+Example:
+  kvbench recover --records 1000000 --value-size 100 --durability sync
+
+flags:
+`
+
+// recoverFlags are kvbench recover's options.
+type recoverFlags struct {
+	records    int
+	groups     int
+	durability string
+	kvserver   string
+	et         time.Duration
+	shmDir     string
+	json       bool
+	quick      bool
+}
+
+// recoverRow is one restart of kvbench recover.
+type recoverRow struct {
+	Row           string  `json:"row"` // log or snapshot
+	Durability    string  `json:"durability"`
+	Records       int     `json:"records"`
+	ValueSize     int     `json:"value_size"`
+	Groups        int     `json:"groups"`
+	RecoverS      float64 `json:"recover_s"`
+	UpS           float64 `json:"up_s"`
+	ReplicaMaxS   float64 `json:"replica_recovery_max_s"`
+	Recovery      string  `json:"recovery"` // the slowest replica's recovery line
+	DiskBytes     int64   `json:"disk_bytes"`
+	WALBytes      int64   `json:"wal_bytes"`
+	SnapBytes     int64   `json:"snap_bytes"`
+	DiskPerRecord float64 `json:"disk_bytes_per_record"`
+	RawPerRecord  int     `json:"raw_bytes_per_record"`
+	DiskXRaw      float64 `json:"disk_x_raw"`
+	PollMaxUS     float64 `json:"poll_max_us"`
+	ETOver20US    float64 `json:"et_over_20_us"`
+	LoadS         float64 `json:"load_s"` // log: step 1's load; snapshot: step 2's overwrites
+	FS            string  `json:"fs"`
+}
+
+func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
+	o := &recoverFlags{}
+	fs := flag.NewFlagSet("recover", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, recoverUsage)
+		fs.PrintDefaults()
+	}
+	fs.IntVar(&o.records, "records", 1000000, "keys loaded before the first stop")
+	fs.IntVar(&kvValueSize, "value-size", 100, "bytes per value (at least the 16-byte key, which each value starts with)")
+	fs.IntVar(&o.groups, "groups", 2, "the embedded cluster's groups of 3 replicas (kvserver --groups)")
+	fs.StringVar(&o.durability, "durability", "sync", "kvserver --durability: sync or async")
+	fs.StringVar(&o.kvserver, "kvserver", "", "the kvserver `binary` to run (default: go build it from this module)")
+	fs.DurationVar(&o.et, "election-timeout", 150*time.Millisecond, "kvserver --election-timeout (ET/20 is the poll max's bound)")
+	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for the cluster's shared-memory files (kvbench's work directory in it, removed at the end)")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object per row instead of a table")
+	fs.BoolVar(&o.quick, "quick", false, "a smoke test: 20,000 records (unless --records is given)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.quick && !set["records"] {
+		o.records = 20000
+	}
+	switch {
+	case o.records <= 0 || o.groups <= 0:
+		return nil, fmt.Errorf("--records %d --groups %d: want both positive", o.records, o.groups)
+	case o.durability != "sync" && o.durability != "async":
+		return nil, fmt.Errorf("--durability %q: want sync or async (memory keeps nothing to recover)", o.durability)
+	case kvValueSize < kvKeySize || kvValueSize > 1<<20:
+		return nil, fmt.Errorf("--value-size %d: want %d to %d bytes", kvValueSize, kvKeySize, 1<<20)
+	case o.et <= 0:
+		return nil, errors.New("--election-timeout must be positive")
+	}
+	return o, nil
+}
+
+func runRecover(args []string, stdout, stderr io.Writer) error {
+	o, err := parseRecoverFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	bin, cleanup, err := kvserverBinary("recover", true, o.kvserver, stderr)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	sweepShmDir(o.shmDir, stderr)
+	wd, err := workDir(o.shmDir)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "kvbench-recover-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	r := &recoverRun{o: o, bin: bin, wd: wd, data: filepath.Join(tmp, "data"), stderr: stderr,
+		name: fmt.Sprintf("kvbench-rec-%d-%x", os.Getpid(), time.Now().UnixNano()&0xffffffff)}
+	if r.fs, err = fsTypeOf(tmp); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "kvbench recover: %d records of %d+%d B, durability %s, %d x 3 replicas, data in %s (%s); load average %s\n",
+		o.records, kvKeySize, kvValueSize, o.durability, o.groups, r.data, r.fs, loadAvg())
+	rows, err := r.run()
+	if err != nil {
+		return err
+	}
+	return emitRows("recover", stdout, stderr, rows, o.json, func() { printRecoverTable(stdout, rows, o, r) }, nil)
+}
+
+// recoverRun is one kvbench recover run.
+type recoverRun struct {
+	o      *recoverFlags
+	bin    string
+	wd     string // shm files and the map
+	data   string // kvserver --data-dir
+	name   string
+	fs     string
+	stderr io.Writer
+
+	srv     *kvserverProc
+	control string         // the running kvserver's control address
+	want    map[uint64]int // node -> records it held before the last stop
+}
+
+func (r *recoverRun) note(f string, a ...any) {
+	fmt.Fprintf(r.stderr, "kvbench recover: "+f+"\n", a...)
+}
+
+func (r *recoverRun) run() (rows []recoverRow, err error) {
+	o := r.o
+	defer func() {
+		if r.srv != nil {
+			r.srv.kill()
+		}
+	}()
+	raw := kvKeySize + kvValueSize
+	row := func(name string) recoverRow {
+		return recoverRow{Row: name, Durability: o.durability, Records: o.records, ValueSize: kvValueSize, Groups: o.groups,
+			RawPerRecord: raw, ETOver20US: float64(o.et.Microseconds()) / 20, FS: r.fs}
+	}
+	logRow, snapRow := row("log"), row("snapshot")
+
+	// 1. Load, with no disk snapshot.
+	if _, err := r.start("1024MiB", ""); err != nil {
+		return nil, err
+	}
+	c, m, err := r.open()
+	if err != nil {
+		return nil, err
+	}
+	upAt := time.Now()
+	var stopSampling func() float64
+	t0 := time.Now()
+	err = r.write(c, m, o.records, func(done int) bool {
+		if stopSampling == nil && time.Since(upAt) > 2500*time.Millisecond {
+			stopSampling = r.samplePollMax()
+		}
+		return done >= o.records
+	})
+	logRow.LoadS = time.Since(t0).Seconds()
+	if stopSampling != nil {
+		logRow.PollMaxUS = stopSampling()
+	}
+	c.Close()
+	if err != nil {
+		return nil, fmt.Errorf("load: %w", err)
+	}
+	r.note("loaded %d keys in %.1fs", o.records, logRow.LoadS)
+	if err := r.stop(); err != nil {
+		return nil, err
+	}
+	if logRow.DiskBytes, logRow.WALBytes, logRow.SnapBytes, err = dataDirBytes(r.data); err != nil {
+		return nil, err
+	}
+
+	// 2. Recover from the log; then snapshot.
+	if err := r.restart(&logRow, "1MiB"); err != nil {
+		return nil, err
+	}
+	time.Sleep(2500 * time.Millisecond) // the pollers' recent max forgets the recovery's passes
+	c, m, err = r.open()
+	if err != nil {
+		return nil, err
+	}
+	stopSampling = r.samplePollMax()
+	t0 = time.Now()
+	var snapped, checked time.Time
+	var serr error
+	limit := 4*o.records + (64<<20)/raw // far more than 1 MiB of log per replica
+	err = r.write(c, m, o.records, func(done int) bool {
+		if time.Since(checked) >= 200*time.Millisecond {
+			checked = time.Now()
+			var ok bool
+			if ok, serr = r.allSnapshotted(); ok {
+				snapped = checked
+			}
+		}
+		return !snapped.IsZero() || serr != nil || done >= limit || time.Since(t0) > 10*time.Minute
+	})
+	snapRow.LoadS = time.Since(t0).Seconds()
+	c.Close()
+	if err == nil && serr != nil {
+		err = serr
+	}
+	if err == nil && snapped.IsZero() {
+		err = fmt.Errorf("no disk snapshot on every replica after %.1fs of overwrites", snapRow.LoadS)
+	}
+	if err != nil {
+		stopSampling()
+		return nil, fmt.Errorf("overwrites until a snapshot: %w", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the log dropped behind it; the last passes sampled
+	snapRow.PollMaxUS = stopSampling()
+	r.note("every replica took a disk snapshot after %.1fs of overwrites", snapRow.LoadS)
+	if err := r.stop(); err != nil {
+		return nil, err
+	}
+	if snapRow.DiskBytes, snapRow.WALBytes, snapRow.SnapBytes, err = dataDirBytes(r.data); err != nil {
+		return nil, err
+	}
+
+	// 3. Recover from the snapshot.
+	if err := r.restart(&snapRow, "1024MiB"); err != nil {
+		return nil, err
+	}
+	if err := r.stop(); err != nil {
+		return nil, err
+	}
+	for _, x := range []*recoverRow{&logRow, &snapRow} {
+		x.DiskPerRecord = float64(x.DiskBytes) / float64(o.records*kvReplicas)
+		x.DiskXRaw = x.DiskPerRecord / float64(raw)
+	}
+	return []recoverRow{logRow, snapRow}, nil
+}
+
+// freeControl returns a free loopback address for kvserver's control
+// port.
+func freeControl() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// start runs kvserver on the data dir with --snapshot-log-bytes snapLog
+// and its control port on control ("": a free one), and returns when it
+// is up, with the time it was started.
+func (r *recoverRun) start(snapLog, control string) (time.Time, error) {
+	if control == "" {
+		var err error
+		if control, err = freeControl(); err != nil {
+			return time.Time{}, err
+		}
+	}
+	r.control = control
+	mapFile := filepath.Join(r.wd, r.name+".map.json")
+	args := []string{"--groups", strconv.Itoa(r.o.groups), "--replicas", "3", "--name", r.name,
+		"--map", mapFile, "--shm-dir", r.wd, "--control", control, "--election-timeout", r.o.et.String(),
+		"--durability", r.o.durability, "--data-dir", r.data, "--snapshot-log-bytes", snapLog}
+	t0 := time.Now()
+	srv, err := runKVServer(r.bin, mapFile, "", args)
+	if err != nil {
+		return t0, err
+	}
+	r.srv = srv
+	return t0, nil
+}
+
+// restart starts kvserver again (--snapshot-log-bytes snapLog) and fills
+// x's recovery figures: the time to every replica holding what it held
+// before the stop.
+func (r *recoverRun) restart(x *recoverRow, snapLog string) error {
+	control, err := freeControl()
+	if err != nil {
+		return err
+	}
+	type result struct {
+		at  time.Time
+		st  server.ProcessStatus
+		err error
+	}
+	t0 := time.Now()
+	done := make(chan result, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		// from kvserver's start: the control port answers once the
+		// replicas are made, their recovery done
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			st, err := getStatus(control)
+			if err == nil && r.applied(st) {
+				done <- result{at: time.Now(), st: st}
+				return
+			}
+			if time.Since(t0) > 10*time.Minute {
+				done <- result{err: fmt.Errorf("replicas not back to their records in 10 minutes (last: %v)", err)}
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	start, err := r.start(snapLog, control)
+	if err != nil {
+		return err
+	}
+	up := time.Since(start)
+	var res result
+	select {
+	case res = <-done:
+	case <-runCtx.Done():
+		return errStopping
+	}
+	if res.err != nil {
+		return res.err
+	}
+	x.RecoverS, x.UpS = res.at.Sub(start).Seconds(), up.Seconds()
+	for _, rep := range res.st.Replicas {
+		if d := rep.Disk; d != nil && d.RecoverySeconds >= x.ReplicaMaxS {
+			x.ReplicaMaxS, x.Recovery = d.RecoverySeconds, d.Recovery
+		}
+	}
+	r.note("%s: every replica back in %.2fs (up in %.2fs); slowest replica: %s", x.Row, x.RecoverS, x.UpS, x.Recovery)
+	return nil
+}
+
+// applied reports whether every replica of st holds the records it held
+// before the last stop (r.want).
+func (r *recoverRun) applied(st server.ProcessStatus) bool {
+	if len(st.Replicas) != len(r.want) {
+		return false
+	}
+	for _, rep := range st.Replicas {
+		if rep.Records < r.want[uint64(rep.Node)] {
+			return false
+		}
+	}
+	return true
+}
+
+// stop records what every replica holds (r.want) and stops kvserver as
+// Ctrl-C does.
+func (r *recoverRun) stop() error {
+	st, err := getStatus(r.control)
+	if err != nil {
+		return fmt.Errorf("status before the stop: %w", err)
+	}
+	r.want = map[uint64]int{}
+	for _, rep := range st.Replicas {
+		r.want[uint64(rep.Node)] = rep.Records
+	}
+	srv := r.srv
+	r.srv = nil
+	return srv.close()
+}
+
+// allSnapshotted reports whether every replica has a durable disk
+// snapshot.
+func (r *recoverRun) allSnapshotted() (bool, error) {
+	st, err := getStatus(r.control)
+	if err != nil {
+		return false, err
+	}
+	for _, rep := range st.Replicas {
+		if rep.Disk == nil || rep.Disk.SnapshotIndex == 0 {
+			return false, nil
+		}
+	}
+	return len(st.Replicas) > 0, nil
+}
+
+// samplePollMax samples the pollers' pass_max_recent_us every 250 ms
+// until the returned function is called, which returns the largest.
+func (r *recoverRun) samplePollMax() func() float64 {
+	var mu sync.Mutex
+	best := 0.0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	sample := func() {
+		if st, err := getStatus(r.control); err == nil {
+			mu.Lock()
+			for _, p := range st.Pollers {
+				best = max(best, p.PassMaxRecentUs)
+			}
+			mu.Unlock()
+		}
+	}
+	wg.Go(func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				sample()
+			}
+		}
+	})
+	return func() float64 {
+		close(stop)
+		wg.Wait()
+		sample()
+		mu.Lock()
+		defer mu.Unlock()
+		return best
+	}
+}
+
+var statusClient = &http.Client{Timeout: time.Minute}
+
+// getStatus reads /status of the control port at addr.
+func getStatus(addr string) (server.ProcessStatus, error) {
+	var st server.ProcessStatus
+	resp, err := statusClient.Get("http://" + addr + "/status")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("/status: %s", resp.Status)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	return st, err
+}
+
+// open opens a client on the running kvserver's map file.
+func (r *recoverRun) open() (*client.Client, *cluster.Map, error) {
+	ctx, cancel := context.WithTimeout(runCtx, 30*time.Second)
+	defer cancel()
+	c, err := client.Open(ctx, client.WithMapFile(r.srv.mapFile))
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := cluster.Load(r.srv.mapFile)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, m, nil
+}
+
+// write puts keys 0..records-1 (again and again) in batches that fit one
+// request slot, on kvLoaders goroutines, until enough (called after every
+// batch with the keys written so far, from one goroutine at a time) says
+// so.
+func (r *recoverRun) write(c *client.Client, m *cluster.Map, records int, enough func(done int) bool) error {
+	s := &rdmakvStore{c: c, ctx: runCtx}
+	batch := loadBatch(m.Limits.SlotSize, m.Limits.MaxBatch)
+	nb := (records + batch - 1) / batch
+	var next, written atomic.Int64
+	var stopped atomic.Bool
+	var mu sync.Mutex
+	errs := make([]error, kvLoaders)
+	var wg sync.WaitGroup
+	lastNote := time.Now()
+	for j := range kvLoaders {
+		wg.Go(func() {
+			for !stopped.Load() {
+				b := int(next.Add(1)-1) % nb
+				first := b * batch
+				n := min(batch, records-first)
+				if err := s.writeBatch(j, first, n); err != nil {
+					errs[j] = fmt.Errorf("keys %d..: %w", first, err)
+					stopped.Store(true)
+					return
+				}
+				done := int(written.Add(int64(n)))
+				mu.Lock()
+				if !stopped.Load() && enough(done) {
+					stopped.Store(true)
+				}
+				if time.Since(lastNote) > 5*time.Second {
+					lastNote = time.Now()
+					r.note("%d keys written", done)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// dataDirBytes sums what the files under dir hold on disk (allocated
+// blocks), and those of its wal and snap directories apart.
+func dataDirBytes(dir string) (all, walBytes, snapBytes int64, err error) {
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		n := fi.Size()
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			n = st.Blocks * 512
+		}
+		all += n
+		switch filepath.Base(filepath.Dir(path)) {
+		case "wal":
+			walBytes += n
+		case "snap":
+			snapBytes += n
+		}
+		return nil
+	})
+	return all, walBytes, snapBytes, err
+}
+
+func printRecoverTable(w io.Writer, rows []recoverRow, o *recoverFlags, r *recoverRun) {
+	fmt.Fprintf(w, "kvbench recover  %s  %s, %d CPUs, %s\n%d records, %d B keys, %d B values (raw %d B), durability %s; kvserver's embedded cluster (%d x 3 replicas on shm), data dir under %s (%s)\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(),
+		o.records, kvKeySize, kvValueSize, kvKeySize+kvValueSize, o.durability, o.groups, os.TempDir(), r.fs)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "row\trecover\tup\treplica\tdisk/rec\tx raw\twal MiB\tsnap MiB\tpoll max\tET/20\t")
+	sec := func(s float64) string { return fmtDur(time.Duration(s * float64(time.Second))) }
+	us := func(u float64) string { return fmtDur(time.Duration(u * 1e3)) }
+	for _, x := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f\t%.2f\t%.1f\t%.1f\t%s\t%s\t\n", x.Row, sec(x.RecoverS), sec(x.UpS), sec(x.ReplicaMaxS),
+			x.DiskPerRecord, x.DiskXRaw, float64(x.WALBytes)/(1<<20), float64(x.SnapBytes)/(1<<20), us(x.PollMaxUS), us(x.ETOver20US))
+	}
+	tw.Flush()
+	for _, x := range rows {
+		fmt.Fprintf(w, "  %s: slowest replica: %s\n", x.Row, x.Recovery)
+	}
+}
