@@ -232,8 +232,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 const defaultDurability = "async"
 
 // embeddedSegmentBytes is the embedded cluster's log segment size: six
-// replicas on one disk, each preallocating a segment (and reading it back
-// at start), so smaller than a replica's default 64 MiB.
+// replicas on one disk (a laptop's, often), each preallocating a segment
+// or two, so smaller than a replica's default 64 MiB: 48-96 MiB of
+// preallocated space for a fresh `make run` is too much.
 const embeddedSegmentBytes = 8 << 20
 
 // defaultDataDir is the embedded cluster's default --data-dir:
