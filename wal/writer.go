@@ -34,6 +34,7 @@ const (
 	Async Mode = iota
 	// Sync: a batch starts as soon as the previous one is synced (group
 	// commit): records wait for one fsync at most plus the one in flight.
+	// A batch of lazy records only (AppendLazy) waits as in Async.
 	Sync
 )
 
@@ -134,6 +135,7 @@ type Writer struct {
 	openFirst uint64
 	openCount uint32
 	openSince time.Duration
+	openEager bool // a record other than AppendLazy's is open (Sync: the batch is due)
 	flush     bool
 
 	cur   *batch // sealed: being written, or waiting for space
@@ -190,6 +192,23 @@ func (w *Writer) Append(typ RecType, parts ...[]byte) (seq uint64, ok bool) {
 
 // AppendFlags is Append with the record's flags byte.
 func (w *Writer) AppendFlags(typ RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool) {
+	seq, ok = w.appendRec(typ, flags, parts)
+	if ok {
+		w.openEager = true
+	}
+	return seq, ok
+}
+
+// AppendLazy is AppendFlags for a record that need not reach the disk
+// soon by itself (a hint, such as a commit point that recovery may also
+// find lower): in Sync mode it does not make the open batch due; it goes
+// with the next record appended otherwise, or FsyncInterval after the
+// batch opened, or at Flush. In Async mode it is AppendFlags.
+func (w *Writer) AppendLazy(typ RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool) {
+	return w.appendRec(typ, flags, parts)
+}
+
+func (w *Writer) appendRec(typ RecType, flags uint8, parts [][]byte) (seq uint64, ok bool) {
 	if w.failErr != nil || w.fullErr != nil || typ == RecBatch {
 		return 0, false
 	}
@@ -213,6 +232,7 @@ func (w *Writer) AppendFlags(typ RecType, flags uint8, parts ...[]byte) (seq uin
 		w.nextSeq++
 		w.openCount = 1
 		w.openSince = w.now
+		w.openEager = false
 	}
 	off := len(w.open)
 	w.open = grow(w.open, sz)
@@ -318,7 +338,7 @@ func (w *Writer) NextDeadline() time.Duration {
 		return Never
 	case w.cur != nil:
 		return w.retryAt
-	case len(w.open) > 0 && (w.cfg.Mode == Sync || w.flush || int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
+	case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 		return w.now
 	case len(w.open) > 0:
 		if w.dropDue() {
@@ -373,7 +393,7 @@ func (w *Writer) Poll(now time.Duration) bool {
 			// never run and the log would grow behind its snapshots.
 			w.startDrop()
 			progress = true
-		case len(w.open) > 0 && (w.cfg.Mode == Sync || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
+		case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
 			int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 			w.seal()
 			w.startBatch()
@@ -394,6 +414,7 @@ func (w *Writer) seal() {
 	w.cur = &batch{buf: buf, first: w.openFirst, last: w.nextSeq - 1, since: w.openSince}
 	w.open = w.spare[:0]
 	w.spare = nil
+	w.openEager = false
 	if w.flush {
 		w.flush = false
 	}
