@@ -73,7 +73,7 @@ type Stats struct {
 	Segments      int       // live segment files
 	SegmentBytes  int64     // their preallocated sizes, summed
 	Fsyncs        uint64    // fsyncs completed (batches and new segments)
-	FsyncLatency  hist.Hist // from submitting an fsync to the Poll that reaped it
+	FsyncLatency  hist.Hist // from submitting an fsync (a batch's: and its write) to the Poll that reaped it
 	UnsyncedBytes int64     // bytes appended and not yet synced
 	DiskFull      uint64    // batches that found no space
 	ShortWrites   uint64    // batches rewritten after a short write
@@ -95,6 +95,7 @@ const (
 	pAbortRemove
 	pAbortDirSync
 	pWrite
+	pWriteFailed // the write failed; waiting for the sync submitted with it
 	pSync
 	pTrunc
 	pRealloc
@@ -146,8 +147,10 @@ type Writer struct {
 	segOff int64     // where the next batch goes in the last segment
 
 	phase    phase
-	op       IO   // the IO of the current phase
-	pending  bool // op not yet accepted by the device
+	op       IO // the IO of the current phase
+	syncOp   IO // pWrite: the batch's sync, submitted right behind its write
+	writeErr error
+	queued   []IO // submitted IOs the device has not accepted yet, in order
 	tag      uint64
 	submitAt time.Duration
 	dropTo   uint64
@@ -332,7 +335,7 @@ func (w *Writer) NextDeadline() time.Duration {
 	switch {
 	case w.failErr != nil:
 		return Never
-	case w.pending:
+	case len(w.queued) > 0:
 		return w.now
 	case w.phase != pIdle:
 		return Never
@@ -400,8 +403,7 @@ func (w *Writer) Poll(now time.Duration) bool {
 			progress = true
 		}
 	}
-	if w.pending && w.dev.Submit(w.op) {
-		w.pending = false
+	if len(w.queued) > 0 && w.flushQueue() {
 		progress = true
 	}
 	return progress
@@ -459,7 +461,29 @@ func (w *Writer) startDrop() {
 	w.issue(pDropRemove)
 }
 
-// issue builds the IO of phase p and submits it.
+// submit hands op to the device, after the IOs it has not accepted yet.
+func (w *Writer) submit(op IO) {
+	w.queued = append(w.queued, op)
+	w.flushQueue()
+}
+
+// flushQueue submits the queued IOs in order until the device refuses
+// one; it reports whether it submitted any.
+func (w *Writer) flushQueue() bool {
+	k := 0
+	for k < len(w.queued) && w.dev.Submit(w.queued[k]) {
+		k++
+	}
+	n := copy(w.queued, w.queued[k:])
+	clear(w.queued[n:])
+	w.queued = w.queued[:n]
+	return k > 0
+}
+
+// issue builds the IO of phase p and submits it. A batch's write goes
+// with its sync right behind it (the device runs them in order): one
+// wake-up of the poller per batch, not one per IO. The write is Quiet:
+// the sync's completion, right after it, wakes the poller.
 func (w *Writer) issue(p phase) {
 	w.phase = p
 	b := w.cur
@@ -482,7 +506,10 @@ func (w *Writer) issue(p phase) {
 	case pAbortRemove:
 		op.Kind, op.Path = IORemove, b.seg.Path
 	case pWrite:
-		op.Kind, op.Path, op.Off, op.Data = IOWrite, b.seg.Path, b.off, b.buf
+		op.Kind, op.Path, op.Off, op.Data, op.Quiet = IOWrite, b.seg.Path, b.off, b.buf, true
+		w.tag++
+		w.syncOp = IO{Tag: w.tag, Kind: IOSync, Path: b.seg.Path}
+		w.submitAt = w.now
 	case pTrunc:
 		op.Kind, op.Path, op.Off = IOTruncate, b.seg.Path, b.off
 	case pRealloc:
@@ -491,7 +518,10 @@ func (w *Writer) issue(p phase) {
 		op.Kind, op.Path = IORemove, w.drops[0].Path
 	}
 	w.op = op
-	w.pending = !w.dev.Submit(op)
+	w.submit(op)
+	if p == pWrite {
+		w.submit(w.syncOp)
+	}
 }
 
 func noSpace(err error) bool { return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) }
@@ -572,19 +602,31 @@ func (w *Writer) complete(err error) {
 		}
 		switch {
 		case err == nil:
-			w.issue(pSync)
+			w.phase, w.op = pSync, w.syncOp // submitted with the write
 		case noSpace(err) || errors.Is(err, io.ErrShortWrite):
 			// The batch may be half on the file: cut it back so that
-			// no half record is ever followed by a new one.
-			b.noSpace = noSpace(err)
-			if !b.noSpace {
-				w.stats.ShortWrites++
-			}
-			w.lastErr(err)
-			w.issue(pTrunc)
+			// no half record is ever followed by a new one, once the
+			// sync submitted with the write is done.
+			w.phase, w.op, w.writeErr = pWriteFailed, w.syncOp, err
 		default:
 			w.fail("writing batch", err)
 		}
+	case pWriteFailed:
+		w.fsynced()
+		if err != nil {
+			// Fail-stop as for any failed sync: the kernel may have
+			// dropped dirty pages of earlier writes too.
+			w.fail("fsync", err)
+			return
+		}
+		err = w.writeErr
+		w.writeErr = nil
+		b.noSpace = noSpace(err)
+		if !b.noSpace {
+			w.stats.ShortWrites++
+		}
+		w.lastErr(err)
+		w.issue(pTrunc)
 	case pTrunc:
 		if err != nil {
 			w.fail("cutting back a failed batch", err)
