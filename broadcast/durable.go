@@ -155,11 +155,23 @@ func (r *Replica) durableHdr() MsgHdr {
 // is full) stops the replica: a record missing from the middle of the log
 // would make a later dA claim entries the disk does not hold.
 func (r *Replica) walAppend(typ wal.RecType, flags uint8, parts ...[]byte) uint64 {
+	return r.walAdd(false, typ, flags, parts)
+}
+
+// walAdd is walAppend; lazy appends with wal.Writer.AppendLazy (the
+// record does not start a batch of its own in Sync mode).
+func (r *Replica) walAdd(lazy bool, typ wal.RecType, flags uint8, parts [][]byte) uint64 {
 	d := r.dur
 	if d.err != nil {
 		return 0
 	}
-	seq, ok := d.w.AppendFlags(typ, flags, parts...)
+	var seq uint64
+	var ok bool
+	if lazy && !r.knobs.eagerCommit {
+		seq, ok = d.w.AppendLazy(typ, flags, parts...)
+	} else {
+		seq, ok = d.w.AppendFlags(typ, flags, parts...)
+	}
 	if !ok {
 		d.err = d.w.Err()
 		if d.err == nil {
@@ -303,7 +315,13 @@ func (r *Replica) saveNetSnap(ns *netSnapSave, meta, state []byte) {
 }
 
 // walCommit logs the commit point when it moved, at most once per batch
-// of the writer: only once the previous Commit record is synced.
+// of the writer: only once the previous Commit record is synced. The
+// record is lazy (wal.Writer.AppendLazy): in Sync mode it rides with the
+// next batch of entries instead of costing an fsync of its own, which the
+// next entry's batch would wait for (one batch in flight). Recovery may
+// then find a lower commit point, as after any crash before the record's
+// batch was synced: replay delivers less and the group commits the rest
+// again.
 func (r *Replica) walCommit() {
 	d := r.dur
 	if d.err != nil || d.commitLogged == r.committed || d.commitSeq > d.w.Synced() {
@@ -314,7 +332,7 @@ func (r *Replica) walCommit() {
 	binary.LittleEndian.PutUint64(b[8:], r.committed.Cnt)
 	binary.LittleEndian.PutUint64(b[16:], r.index)
 	binary.LittleEndian.PutUint64(b[24:], r.seenIdx) // async loss counting (election.go, recoveryLoss)
-	if seq := r.walAppend(wal.RecCommit, 0, b); seq != 0 {
+	if seq := r.walAdd(true, wal.RecCommit, 0, [][]byte{b}); seq != 0 {
 		d.commitSeq, d.commitLogged = seq, r.committed
 	}
 }

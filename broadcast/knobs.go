@@ -54,6 +54,10 @@ type testingKnobs struct {
 	// synced, before the snapshot file is: a crash then leaves a log
 	// naming a snapshot that is not there (durability promise).
 	ackBeforeSnapSync bool
+	// eagerCommit: a Commit record is appended like an entry, so that in
+	// Sync mode it starts a batch, and an fsync, of its own (not a safety
+	// bug: the cost TestSimSyncFsyncsPerEntry counts).
+	eagerCommit bool
 	// asyncNoBackpressure: in Async mode the replica accepts whatever
 	// the disk's lag (async loss bound, with a slow disk).
 	asyncNoBackpressure bool

@@ -468,6 +468,9 @@ type simStats struct {
 	// and the ring reads back-pressure put off
 	maxLag   time.Duration
 	diskLate int64
+	// fsyncs the writers of every incarnation completed; delivered the
+	// entries the run delivered (the reference order's length)
+	fsyncs, delivered int64
 }
 
 // simProc is one incarnation of a replica in the simulator, with a client
@@ -1078,6 +1081,9 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 				o.stats.recoveries += int64(p.r.Status().RecoveryElections)
 				o.stats.diskLate += int64(p.r.Status().DiskLate)
 			}
+			if o.stats != nil && p.r.dur != nil {
+				o.stats.fsyncs += int64(p.r.dur.w.Stats().Fsyncs)
+			}
 			if o.stats != nil && p.r.cfg.Snapshots != nil {
 				o.stats.diskSnaps += int64(p.r.cfg.Snapshots.Saves())
 				o.stats.netSnaps += int64(p.r.dur.netSaves)
@@ -1085,6 +1091,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		}
 		if o.stats != nil {
 			o.stats.wholeGroup += h.ctr.wholeGroup
+			o.stats.delivered += int64(len(h.c.ref))
 		}
 	}()
 	if err := s.RunUntil(o.until); err != nil {

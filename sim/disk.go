@@ -92,7 +92,8 @@ var _ vfs.FS = (*Disk)(nil)
 
 // DiskDevice is an incarnation's wal.Device on its node's Disk: IOs run in
 // submission order, each when its virtual latency has passed after the
-// previous one finished; a completion wakes the node. After a crash the
+// previous one finished; a completion wakes the node (a Quiet IO's does
+// not, as on the FileDevice). After a crash the
 // device is dead: its queued IOs never run.
 type DiskDevice struct {
 	env  *Env
@@ -139,7 +140,9 @@ func (dev *DiskDevice) Submit(op wal.IO) bool {
 		}
 		err := dev.x.Do(op)
 		dev.done = append(dev.done, wal.Done{Tag: op.Tag, Err: err})
-		s.wake(e.n)
+		if !op.Quiet { // as the FileDevice: the next IO's completion wakes it
+			s.wake(e.n)
+		}
 	})
 	return true
 }

@@ -43,6 +43,10 @@ type IO struct {
 	Len  int64 // IOAllocate's length
 	Data []byte
 	Tag  uint64
+	// Quiet: the submitter needs no wake-up for this IO's completion
+	// (the next IO it submitted follows right behind it and wakes it):
+	// the FileDevice does not kick after it.
+	Quiet bool
 }
 
 // Done is a completed IO.
@@ -152,7 +156,8 @@ func (x *Executor) Close() error {
 }
 
 // FileDevice is the production Device: one goroutine runs the IOs in
-// order on a vfs.FS, and kick wakes the poller after each completion.
+// order on a vfs.FS, and kick wakes the poller after each completion
+// (but a Quiet IO's).
 type FileDevice struct {
 	ops  chan IO
 	kick func()
@@ -186,7 +191,7 @@ func (d *FileDevice) run() {
 			d.mu.Lock()
 			d.done = append(d.done, Done{Tag: op.Tag, Err: err})
 			d.mu.Unlock()
-			if d.kick != nil {
+			if d.kick != nil && !op.Quiet {
 				d.kick()
 			}
 		case <-d.stop:

@@ -3,6 +3,7 @@ package wal
 import (
 	"math/rand/v2"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,5 +118,51 @@ func TestAsyncInterval(t *testing.T) {
 	drain(t, w, d, 20*ms)
 	if _, ok := w.Append(RecEntry, make([]byte, 2000)); !ok {
 		t.Fatal("append refused after the sync")
+	}
+}
+
+// TestFileDeviceOneKickPerBatch: a batch's write and sync go to the
+// device together and wake the poller once, when the sync is done (the
+// write is Quiet), not once per IO.
+func TestFileDeviceOneKickPerBatch(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "wal")
+	rec, err := Recover(vfs.OS, dir, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kicks atomic.Int64
+	kick := make(chan struct{}, 1)
+	dev := NewFileDevice(vfs.OS, func() {
+		kicks.Add(1)
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	})
+	defer dev.Close()
+	w, err := Open(dev, Config{Dir: dir, Member: 7, Mode: Sync, SegmentBytes: 1 << 20}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	now := func() time.Duration { return time.Since(start) }
+	put := func() {
+		seq, ok := w.Append(RecEntry, []byte("a record"))
+		if !ok {
+			t.Fatal(w.Err())
+		}
+		pollUntil(t, w, kick, now, func() bool { return w.Synced() >= seq })
+	}
+	put() // creates the segment
+	const n = 20
+	k0, b0 := kicks.Load(), w.Stats().Batches
+	for range n {
+		put()
+	}
+	if b := w.Stats().Batches - b0; b != n {
+		t.Fatalf("%d batches for %d records appended one at a time", b, n)
+	}
+	if k := kicks.Load() - k0; k != n {
+		t.Fatalf("%d kicks for %d batches, want one per batch", k, n)
 	}
 }

@@ -155,8 +155,8 @@ func shortWriteRun(t *testing.T, knobs testingKnobs) []string {
 	if w.Err() != nil {
 		fail("Err() = %v", w.Err())
 	}
-	// The IOs: the short write at off, then Truncate(off), then the same
-	// batch written again at off.
+	// The IOs: the short write at off (and the sync submitted with it),
+	// then Truncate(off), then the same batch written again at off.
 	writes := 0
 	for i, op := range d.ran {
 		if op.Kind != IOWrite {
@@ -166,6 +166,9 @@ func shortWriteRun(t *testing.T, knobs testingKnobs) []string {
 			continue
 		}
 		rest := d.ran[i+1:]
+		if len(rest) > 0 && rest[0].Kind == IOSync {
+			rest = rest[1:]
+		}
 		if len(rest) < 2 || rest[0].Kind != IOTruncate || rest[0].Off != op.Off {
 			fail("after the short write at %d: %v, want a Truncate to %d", op.Off, kinds(rest[:min(len(rest), 4)]), op.Off)
 			break
@@ -341,4 +344,41 @@ func TestRecoverCatchesCutCorrupt(t *testing.T) {
 		t.Fatalf("cutCorrupt not caught as a lost synced record: %q", f)
 	}
 	t.Logf("cutCorrupt caught: %q", f)
+}
+
+// TestShortWriteThenSyncError: a batch's write is short and the sync
+// submitted with it fails: the writer fail-stops (as after any failed
+// sync) instead of cutting the batch back and writing it again, and
+// Synced does not move.
+func TestShortWriteThenSyncError(t *testing.T) {
+	mem := vfs.NewMem()
+	var short atomic.Bool
+	fs := errorfs.Wrap(mem, errorfs.Func(func(op errorfs.Op) error {
+		switch {
+		case !short.Load():
+		case op.Kind == errorfs.OpWrite:
+			return errorfs.ShortWrite(10)
+		case op.Kind == errorfs.OpSync:
+			return syscall.EIO
+		}
+		return nil
+	}))
+	rng := rand.New(rand.NewPCG(23, 23))
+	d := newTestDevice(fs)
+	w := mustOpen(t, d, mustRecover(t, fs), Config{Mode: Sync})
+	wr := written{}
+	appendN(t, w, rng, wr, 3, 200)
+	drain(t, w, d, 0)
+	before := w.Synced()
+	short.Store(true)
+	appendN(t, w, rng, wr, 3, 200)
+	drain(t, w, d, 0)
+	if !errors.Is(w.Err(), ErrFailStop) || w.Synced() != before {
+		t.Fatalf("Err() = %v, Synced %d (was %d): want ErrFailStop and no move", w.Err(), w.Synced(), before)
+	}
+	for _, op := range d.ran {
+		if op.Kind == IOTruncate {
+			t.Fatalf("the batch was cut back after its sync failed: %v", kinds(d.ran))
+		}
+	}
 }

@@ -49,7 +49,7 @@ func (d *testDevice) runAll() {
 // drain polls w and runs its IOs until it is idle or failed.
 func drain(t testing.TB, w *Writer, d *testDevice, now time.Duration) {
 	t.Helper()
-	for i := 0; w.phase != pIdle || w.pending || (w.failErr == nil && !w.Idle() && (w.fullErr == nil || w.now >= w.retryAt)); i++ {
+	for i := 0; w.phase != pIdle || len(w.queued) > 0 || (w.failErr == nil && !w.Idle() && (w.fullErr == nil || w.now >= w.retryAt)); i++ {
 		if i > 1e6 {
 			t.Fatalf("writer never idle")
 		}

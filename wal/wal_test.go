@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rdmakv/rdmakv/internal/vfs"
 )
@@ -238,5 +239,59 @@ func TestUnsyncedBytes(t *testing.T) {
 	drain(t, w, d, 0)
 	if w.UnsyncedBytes() != 0 {
 		t.Fatalf("unsynced %d after a flush", w.UnsyncedBytes())
+	}
+}
+
+// TestSyncLazyRecord: in Sync mode a lazy record alone does not start a
+// batch (no write, no fsync) until FsyncInterval after the batch opened;
+// an eager record appended after it makes the batch due at once and takes
+// the lazy one along; Flush starts a lazy-only batch at once.
+func TestSyncLazyRecord(t *testing.T) {
+	fs := vfs.NewMem()
+	d := newTestDevice(fs)
+	const ivl = 10 * time.Millisecond
+	w := mustOpen(t, d, mustRecover(t, fs), Config{Mode: Sync, FsyncInterval: ivl})
+	drain(t, w, d, 0) // nothing to do
+
+	lazy, ok := w.AppendLazy(RecCommit, 0, []byte("commit-1"))
+	if !ok {
+		t.Fatal(w.Err())
+	}
+	if got := w.NextDeadline(); got != ivl {
+		t.Fatalf("NextDeadline with a lazy record open = %v, want %v", got, ivl)
+	}
+	for now := time.Duration(0); now < ivl; now += time.Millisecond {
+		w.Poll(now)
+		d.runAll()
+	}
+	if n := len(d.ran); n != 0 || w.Synced() >= lazy {
+		t.Fatalf("a lazy record alone started a batch before FsyncInterval: %d IOs, synced %d", n, w.Synced())
+	}
+	eager, _ := w.Append(RecEntry, []byte("entry"))
+	if got := w.NextDeadline(); got > ivl-time.Millisecond {
+		t.Fatalf("NextDeadline with an entry open = %v, want now", got)
+	}
+	drain(t, w, d, ivl-time.Millisecond)
+	if w.Synced() < eager || w.Stats().Batches != 1 {
+		t.Fatalf("synced %d (want %d, the lazy record %d with it), %d batches", w.Synced(), eager, lazy, w.Stats().Batches)
+	}
+
+	// A lazy record alone: synced FsyncInterval later, or at Flush.
+	lazy, _ = w.AppendLazy(RecCommit, 0, []byte("commit-2"))
+	w.Poll(ivl)
+	d.runAll()
+	w.Poll(ivl)
+	if w.Synced() >= lazy {
+		t.Fatalf("a lazy record synced without waiting")
+	}
+	drain(t, w, d, 2*ivl)
+	if w.Synced() < lazy {
+		t.Fatalf("a lazy record not synced FsyncInterval after its batch opened")
+	}
+	lazy, _ = w.AppendLazy(RecCommit, 0, []byte("commit-3"))
+	w.Flush()
+	drain(t, w, d, 2*ivl)
+	if w.Synced() < lazy {
+		t.Fatalf("Flush left a lazy record unsynced")
 	}
 }

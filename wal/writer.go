@@ -34,6 +34,7 @@ const (
 	Async Mode = iota
 	// Sync: a batch starts as soon as the previous one is synced (group
 	// commit): records wait for one fsync at most plus the one in flight.
+	// A batch of lazy records only (AppendLazy) waits as in Async.
 	Sync
 )
 
@@ -72,7 +73,7 @@ type Stats struct {
 	Segments      int       // live segment files
 	SegmentBytes  int64     // their preallocated sizes, summed
 	Fsyncs        uint64    // fsyncs completed (batches and new segments)
-	FsyncLatency  hist.Hist // from submitting an fsync to the Poll that reaped it
+	FsyncLatency  hist.Hist // from submitting an fsync (a batch's: and its write) to the Poll that reaped it
 	UnsyncedBytes int64     // bytes appended and not yet synced
 	DiskFull      uint64    // batches that found no space
 	ShortWrites   uint64    // batches rewritten after a short write
@@ -94,6 +95,7 @@ const (
 	pAbortRemove
 	pAbortDirSync
 	pWrite
+	pWriteFailed // the write failed; waiting for the sync submitted with it
 	pSync
 	pTrunc
 	pRealloc
@@ -134,6 +136,7 @@ type Writer struct {
 	openFirst uint64
 	openCount uint32
 	openSince time.Duration
+	openEager bool // a record other than AppendLazy's is open (Sync: the batch is due)
 	flush     bool
 
 	cur   *batch // sealed: being written, or waiting for space
@@ -144,8 +147,10 @@ type Writer struct {
 	segOff int64     // where the next batch goes in the last segment
 
 	phase    phase
-	op       IO   // the IO of the current phase
-	pending  bool // op not yet accepted by the device
+	op       IO // the IO of the current phase
+	syncOp   IO // pWrite: the batch's sync, submitted right behind its write
+	writeErr error
+	queued   []IO // submitted IOs the device has not accepted yet, in order
 	tag      uint64
 	submitAt time.Duration
 	dropTo   uint64
@@ -190,6 +195,23 @@ func (w *Writer) Append(typ RecType, parts ...[]byte) (seq uint64, ok bool) {
 
 // AppendFlags is Append with the record's flags byte.
 func (w *Writer) AppendFlags(typ RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool) {
+	seq, ok = w.appendRec(typ, flags, parts)
+	if ok {
+		w.openEager = true
+	}
+	return seq, ok
+}
+
+// AppendLazy is AppendFlags for a record that need not reach the disk
+// soon by itself (a hint, such as a commit point that recovery may also
+// find lower): in Sync mode it does not make the open batch due; it goes
+// with the next record appended otherwise, or FsyncInterval after the
+// batch opened, or at Flush. In Async mode it is AppendFlags.
+func (w *Writer) AppendLazy(typ RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool) {
+	return w.appendRec(typ, flags, parts)
+}
+
+func (w *Writer) appendRec(typ RecType, flags uint8, parts [][]byte) (seq uint64, ok bool) {
 	if w.failErr != nil || w.fullErr != nil || typ == RecBatch {
 		return 0, false
 	}
@@ -213,6 +235,7 @@ func (w *Writer) AppendFlags(typ RecType, flags uint8, parts ...[]byte) (seq uin
 		w.nextSeq++
 		w.openCount = 1
 		w.openSince = w.now
+		w.openEager = false
 	}
 	off := len(w.open)
 	w.open = grow(w.open, sz)
@@ -312,13 +335,13 @@ func (w *Writer) NextDeadline() time.Duration {
 	switch {
 	case w.failErr != nil:
 		return Never
-	case w.pending:
+	case len(w.queued) > 0:
 		return w.now
 	case w.phase != pIdle:
 		return Never
 	case w.cur != nil:
 		return w.retryAt
-	case len(w.open) > 0 && (w.cfg.Mode == Sync || w.flush || int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
+	case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 		return w.now
 	case len(w.open) > 0:
 		if w.dropDue() {
@@ -373,15 +396,14 @@ func (w *Writer) Poll(now time.Duration) bool {
 			// never run and the log would grow behind its snapshots.
 			w.startDrop()
 			progress = true
-		case len(w.open) > 0 && (w.cfg.Mode == Sync || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
+		case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
 			int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 			w.seal()
 			w.startBatch()
 			progress = true
 		}
 	}
-	if w.pending && w.dev.Submit(w.op) {
-		w.pending = false
+	if len(w.queued) > 0 && w.flushQueue() {
 		progress = true
 	}
 	return progress
@@ -394,6 +416,7 @@ func (w *Writer) seal() {
 	w.cur = &batch{buf: buf, first: w.openFirst, last: w.nextSeq - 1, since: w.openSince}
 	w.open = w.spare[:0]
 	w.spare = nil
+	w.openEager = false
 	if w.flush {
 		w.flush = false
 	}
@@ -438,7 +461,29 @@ func (w *Writer) startDrop() {
 	w.issue(pDropRemove)
 }
 
-// issue builds the IO of phase p and submits it.
+// submit hands op to the device, after the IOs it has not accepted yet.
+func (w *Writer) submit(op IO) {
+	w.queued = append(w.queued, op)
+	w.flushQueue()
+}
+
+// flushQueue submits the queued IOs in order until the device refuses
+// one; it reports whether it submitted any.
+func (w *Writer) flushQueue() bool {
+	k := 0
+	for k < len(w.queued) && w.dev.Submit(w.queued[k]) {
+		k++
+	}
+	n := copy(w.queued, w.queued[k:])
+	clear(w.queued[n:])
+	w.queued = w.queued[:n]
+	return k > 0
+}
+
+// issue builds the IO of phase p and submits it. A batch's write goes
+// with its sync right behind it (the device runs them in order): one
+// wake-up of the poller per batch, not one per IO. The write is Quiet:
+// the sync's completion, right after it, wakes the poller.
 func (w *Writer) issue(p phase) {
 	w.phase = p
 	b := w.cur
@@ -461,7 +506,10 @@ func (w *Writer) issue(p phase) {
 	case pAbortRemove:
 		op.Kind, op.Path = IORemove, b.seg.Path
 	case pWrite:
-		op.Kind, op.Path, op.Off, op.Data = IOWrite, b.seg.Path, b.off, b.buf
+		op.Kind, op.Path, op.Off, op.Data, op.Quiet = IOWrite, b.seg.Path, b.off, b.buf, true
+		w.tag++
+		w.syncOp = IO{Tag: w.tag, Kind: IOSync, Path: b.seg.Path}
+		w.submitAt = w.now
 	case pTrunc:
 		op.Kind, op.Path, op.Off = IOTruncate, b.seg.Path, b.off
 	case pRealloc:
@@ -470,7 +518,10 @@ func (w *Writer) issue(p phase) {
 		op.Kind, op.Path = IORemove, w.drops[0].Path
 	}
 	w.op = op
-	w.pending = !w.dev.Submit(op)
+	w.submit(op)
+	if p == pWrite {
+		w.submit(w.syncOp)
+	}
 }
 
 func noSpace(err error) bool { return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) }
@@ -551,19 +602,31 @@ func (w *Writer) complete(err error) {
 		}
 		switch {
 		case err == nil:
-			w.issue(pSync)
+			w.phase, w.op = pSync, w.syncOp // submitted with the write
 		case noSpace(err) || errors.Is(err, io.ErrShortWrite):
 			// The batch may be half on the file: cut it back so that
-			// no half record is ever followed by a new one.
-			b.noSpace = noSpace(err)
-			if !b.noSpace {
-				w.stats.ShortWrites++
-			}
-			w.lastErr(err)
-			w.issue(pTrunc)
+			// no half record is ever followed by a new one, once the
+			// sync submitted with the write is done.
+			w.phase, w.op, w.writeErr = pWriteFailed, w.syncOp, err
 		default:
 			w.fail("writing batch", err)
 		}
+	case pWriteFailed:
+		w.fsynced()
+		if err != nil {
+			// Fail-stop as for any failed sync: the kernel may have
+			// dropped dirty pages of earlier writes too.
+			w.fail("fsync", err)
+			return
+		}
+		err = w.writeErr
+		w.writeErr = nil
+		b.noSpace = noSpace(err)
+		if !b.noSpace {
+			w.stats.ShortWrites++
+		}
+		w.lastErr(err)
+		w.issue(pTrunc)
 	case pTrunc:
 		if err != nil {
 			w.fail("cutting back a failed batch", err)
