@@ -40,6 +40,12 @@ type testingKnobs struct {
 	// one scan mixes states of the tree from different moments.
 	skipStamp bool
 
+	// On a Directory:
+	// skipDirGap lets a scan that meets a range no tablet holds skip to
+	// the next tablet (the keys of the missing range are silently left
+	// out) instead of failing with ErrDirGap.
+	skipDirGap bool
+
 	// On a Store:
 	// skipOwnerCheck applies writes to keys the group owns no tablet
 	// of (a misrouted write, or one sent with a stale directory): the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"sort"
 
 	"github.com/rdmakv/rdmakv/kv/fielded"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -26,6 +27,9 @@ type Store struct {
 	a       *Arena
 	t       *Tree
 	tablets []Tablet
+	// dirVer is the version of tablets, bumped at each change; dirPub
+	// the version last written to the directory area.
+	dirVer, dirPub uint64
 	// pending: unlinked nodes, oldest first, with the entry that
 	// unlinked them; each slot is released FreeAfter entries later.
 	pending []pendingFree
@@ -81,9 +85,11 @@ type StoreConfig struct {
 	// Fill is the fill factor of restored (bulk-loaded) nodes. Default
 	// DefaultFill.
 	Fill float64
-	// Tablets are the key ranges the group owns, sorted and disjoint.
-	// This stage has at most one per group: (-inf, +inf) on the group
-	// that holds the ordered keyspace (All), none elsewhere.
+	// Tablets are the key ranges the group owns, sorted and disjoint, at
+	// most MaxTablets (cluster.Map.OrderedStore places them: the
+	// keyspace's split points cut the key order into tablets, placed
+	// round-robin over the groups). All of them live in the group's one
+	// tree.
 	Tablets []Tablet
 	// Readers are granted read access to the regions.
 	Readers []rdma.NodeID
@@ -115,8 +121,9 @@ func (c *StoreConfig) fill() error {
 		return fmt.Errorf("btree: fill %v out of (0, 1]", c.Fill)
 	case c.MaxResult < resSize+16+2*c.Tree.MaxKey+c.Tree.MaxInline():
 		return fmt.Errorf("btree: MaxResult %d cannot hold one pair", c.MaxResult)
-	case len(c.Tablets) > 1:
-		return fmt.Errorf("btree: %d tablets: this stage has at most one per group", len(c.Tablets))
+	}
+	if err := checkTablets(c.Tablets, c.Tree.MaxKey); err != nil {
+		return err
 	}
 	return c.Tree.Validate()
 }
@@ -128,7 +135,7 @@ func NewStore(cfg StoreConfig, node rdma.Node) (*Store, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets)}
+	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1}
 	if node != nil {
 		r, err := NewRegions(node, cfg.Group, cfg.Tree.NodeSize, cfg.ChunkSlots, cfg.Readers)
 		if err != nil {
@@ -182,9 +189,21 @@ func (s *Store) Publish(applied uint64) {
 		s.applied = applied
 	}
 	if s.regs != nil {
-		s.regs.Publish(s.t, s.applied)
+		var dir []Tablet
+		if s.dirPub != s.dirVer {
+			dir = s.tablets
+			if dir == nil {
+				dir = []Tablet{}
+			}
+			s.dirPub = s.dirVer
+		}
+		s.regs.Publish(s.t, s.applied, s.dirVer, dir)
 	}
 }
+
+// DirVersion is the version of the group's tablets (bumped at each
+// change; published with them).
+func (s *Store) DirVersion() uint64 { return s.dirVer }
 
 // reclaim releases the slots whose grace ended by entry index.
 func (s *Store) reclaim(index uint64) {
@@ -200,10 +219,9 @@ func (s *Store) reclaim(index uint64) {
 
 // owner is the tablet holding key, or -1.
 func (s *Store) owner(key []byte) int {
-	for i, tb := range s.tablets {
-		if tb.Contains(key) {
-			return i
-		}
+	i := sort.Search(len(s.tablets), func(i int) bool { return string(s.tablets[i].Low) > string(key) }) - 1
+	if i >= 0 && s.tablets[i].Contains(key) {
+		return i
 	}
 	return -1
 }
