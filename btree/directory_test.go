@@ -306,3 +306,125 @@ func TestDirectoryScans(t *testing.T) {
 		t.Fatalf("overlapping groups: %v", err)
 	}
 }
+
+// tabletInvariant says what is wrong with s's tablets, if anything: they
+// must cover exactly [low, +inf) without gaps (a split never changes what
+// the group owns), each count must be the keys its tablet holds, and no
+// tablet may hold more than max keys while the group has fewer than
+// MaxTablets.
+func tabletInvariant(s *Store, low []byte, max int) string {
+	tbs := s.Tablets()
+	if len(tbs) == 0 || string(tbs[0].Low) != string(low) || !tbs[len(tbs)-1].HighInf {
+		return fmt.Sprintf("cover: tablets %d, first low %q", len(tbs), tbs[0].Low)
+	}
+	for i := 1; i < len(tbs); i++ {
+		if string(tbs[i-1].High) != string(tbs[i].Low) {
+			return fmt.Sprintf("cover: a gap between [.., %q) and [%q, ..)", tbs[i-1].High, tbs[i].Low)
+		}
+	}
+	counts := make([]int, len(tbs))
+	s.Tree().Ascend(nil, func(k, _ []byte) bool {
+		if i := s.owner(k); i >= 0 {
+			counts[i]++
+		}
+		return true
+	})
+	for i := range tbs {
+		if counts[i] != s.Counts()[i] {
+			return fmt.Sprintf("count: tablet %d holds %d keys, counted %d", i, counts[i], s.Counts()[i])
+		}
+		if len(tbs) < MaxTablets && counts[i] > max {
+			return fmt.Sprintf("size: tablet %d holds %d keys, more than %d", i, counts[i], max)
+		}
+	}
+	return ""
+}
+
+// TestStoreTabletSplit: a tablet that passes TabletMax keys splits at its
+// median in the same apply; two stores applying the same requests split
+// at the same keys; the tablets keep covering what the group owned (no
+// gap), their counts stay exact through deletes and a snapshot restore,
+// and the split halves are published. The planted splitGap (the upper
+// half starts just past the median) is caught by the cover property.
+func TestStoreTabletSplit(t *testing.T) {
+	for _, plant := range []bool{false, true} {
+		low := []byte("b")
+		cfg := StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, TabletMax: 40, Tablets: []Tablet{{Low: low, HighInf: true}}}
+		s1, err := NewStore(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s2, _ := NewStore(cfg, nil)
+		if plant {
+			s1.knobs.splitGap = true
+		}
+		rng := rand.New(rand.NewPCG(7, 18))
+		caught := ""
+		for i := range 1500 {
+			k := fmt.Sprintf("b%04d", rng.IntN(2000))
+			op := Op{Kind: OpPut, Key: []byte(k), Value: []byte("v")}
+			if rng.IntN(5) == 0 {
+				op = Op{Kind: OpDelete, Key: []byte(k)}
+			}
+			req := AppendRequest(nil, []Op{op})
+			r1, r2 := s1.Apply(uint64(i+1), req), s2.Apply(uint64(i+1), req)
+			if msg := tabletInvariant(s1, low, 40); msg != "" {
+				caught = msg
+				break
+			}
+			if !bytes.Equal(r1, r2) || fmt.Sprint(s1.Tablets()) != fmt.Sprint(s2.Tablets()) {
+				t.Fatalf("op %d: the stores differ: %x %x, tablets %v %v", i, r1, r2, s1.Tablets(), s2.Tablets())
+			}
+		}
+		if plant {
+			if !strings.HasPrefix(caught, "cover:") {
+				t.Fatalf("planted splitGap: caught %q, want the cover property", caught)
+			}
+			continue
+		}
+		if caught != "" {
+			t.Fatal(caught)
+		}
+		if n := len(s1.Tablets()); n < 10 {
+			t.Fatalf("%d tablets after %d keys at 40 a tablet", n, s1.Tree().Len())
+		}
+		// Restore keeps the tablets and their counts.
+		s3, _ := NewStore(cfg, nil)
+		commit, err := s3.Restore(s1.Snapshot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		commit(2000)
+		if fmt.Sprint(s3.Tablets()) != fmt.Sprint(s1.Tablets()) || fmt.Sprint(s3.Counts()) != fmt.Sprint(s1.Counts()) {
+			t.Fatalf("restored tablets %v counts %v, want %v %v", s3.Tablets(), s3.Counts(), s1.Tablets(), s1.Counts())
+		}
+		if msg := tabletInvariant(s3, low, 40); msg != "" {
+			t.Fatal(msg)
+		}
+	}
+}
+
+// TestStoreSplitPublished: the halves of a split are in the directory
+// area the next Publish writes, with a new version.
+func TestStoreSplitPublished(t *testing.T) {
+	f := mem.New(mem.Options{})
+	n, err := f.NewNode(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	s, err := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, TabletMax: 10, Tablets: []Tablet{All}}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v0 := s.DirVersion()
+	for i := range 11 {
+		s.Apply(uint64(i+1), AppendRequest(nil, []Op{{Kind: OpPut, Key: []byte(fmt.Sprintf("k%02d", i)), Value: []byte("v")}}))
+	}
+	s.Publish(11)
+	v, tbs, err := DecodeDir(s.Regions().hdr.Bytes()[HeaderSize:RegionSize])
+	if err != nil || v == v0 || len(tbs) != 2 || string(tbs[0].High) != "k05" || string(tbs[1].Low) != "k05" || !tbs[1].HighInf {
+		t.Fatalf("published %d (was %d) %v %v", v, v0, tbs, err)
+	}
+}

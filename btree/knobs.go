@@ -51,6 +51,10 @@ type testingKnobs struct {
 	// of (a misrouted write, or one sent with a stale directory): the
 	// write is lost to readers of the owner.
 	skipOwnerCheck bool
+	// splitGap splits a tablet into [low, mid) and [mid+0x00, high):
+	// the key mid belongs to no tablet after the split (its writes are
+	// refused, StatusMoved, and readers route it nowhere).
+	splitGap bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool

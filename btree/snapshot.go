@@ -170,9 +170,14 @@ func (s *Store) Restore(b []byte) (commit func(applied uint64), err error) {
 			panic(fmt.Sprintf("btree: restore: load of validated entries: %v", err))
 		}
 		s.setTree(t)
-		s.tablets = s.tablets[:0]
-		for _, tb := range tablets {
+		s.tablets, s.counts = s.tablets[:0], s.counts[:0]
+		for i, tb := range tablets {
 			s.tablets = append(s.tablets, Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf})
+			n := 0
+			if i < len(ents) {
+				n = len(ents[i])
+			}
+			s.counts = append(s.counts, n)
 		}
 		s.dirVer++
 		s.applied = applied

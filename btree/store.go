@@ -30,6 +30,9 @@ type Store struct {
 	// dirVer is the version of tablets, bumped at each change; dirPub
 	// the version last written to the directory area.
 	dirVer, dirPub uint64
+	// counts are the keys each tablet holds (a tablet splits past
+	// TabletMax).
+	counts []int
 	// pending: unlinked nodes, oldest first, with the entry that
 	// unlinked them; each slot is released FreeAfter entries later.
 	pending []pendingFree
@@ -91,9 +94,19 @@ type StoreConfig struct {
 	// round-robin over the groups). All of them live in the group's one
 	// tree.
 	Tablets []Tablet
+	// TabletMax is the most keys a tablet holds: the put that takes one
+	// past it splits the tablet in two at its median key, in the same
+	// apply (both halves stay in the group and are published). Default
+	// DefaultTabletMax; negative: tablets never split. A split that
+	// would give the group more than MaxTablets tablets, or overflow the
+	// directory area, is not made (the tablet grows on).
+	TabletMax int
 	// Readers are granted read access to the regions.
 	Readers []rdma.NodeID
 }
+
+// DefaultTabletMax is the default TabletMax.
+const DefaultTabletMax = 64 << 10
 
 func (c *StoreConfig) fill() error {
 	c.Tree = c.Tree.withDefaults()
@@ -111,6 +124,9 @@ func (c *StoreConfig) fill() error {
 	}
 	if c.Fill == 0 {
 		c.Fill = DefaultFill
+	}
+	if c.TabletMax == 0 {
+		c.TabletMax = DefaultTabletMax
 	}
 	switch {
 	case c.ChunkSlots < 1:
@@ -135,7 +151,7 @@ func NewStore(cfg StoreConfig, node rdma.Node) (*Store, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1}
+	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1, counts: make([]int, len(cfg.Tablets))}
 	if node != nil {
 		r, err := NewRegions(node, cfg.Group, cfg.Tree.NodeSize, cfg.ChunkSlots, cfg.Readers)
 		if err != nil {
@@ -368,15 +384,66 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 		res.Count++
 		switch op.Kind {
 		case OpPut:
-			if _, err := s.t.Put(op.Key, op.Value, version, index); err != nil {
+			existed, err := s.t.Put(op.Key, op.Value, version, index)
+			if err != nil {
 				panic(fmt.Sprintf("btree: put checked before: %v", err))
 			}
+			if k := s.owner(op.Key); !existed && k >= 0 {
+				if s.counts[k]++; s.cfg.TabletMax > 0 && s.counts[k] > s.cfg.TabletMax {
+					s.splitTablet(k)
+				}
+			}
 		case OpDelete:
-			s.t.Delete(op.Key, index)
+			if s.t.Delete(op.Key, index) {
+				if k := s.owner(op.Key); k >= 0 {
+					s.counts[k]--
+				}
+			}
 		}
 	}
 	return res
 }
+
+// splitTablet cuts tablet k in two at its median key (the first key of
+// its upper half), unless the group has MaxTablets tablets or the
+// directory area could not hold the new fence. Every replica applies the
+// same puts, so every replica splits at the same key in the same apply.
+func (s *Store) splitTablet(k int) {
+	if len(s.tablets) >= MaxTablets {
+		return
+	}
+	tb := s.tablets[k]
+	half := s.counts[k] / 2
+	var mid []byte
+	i := 0
+	s.t.ascend(tb.Low, func(e Entry) bool {
+		if i == half {
+			mid = slices.Clone(e.Key)
+			return false
+		}
+		i++
+		return true
+	})
+	if mid == nil || string(mid) <= string(tb.Low) {
+		return
+	}
+	lo := Tablet{Low: tb.Low, High: mid}
+	hi := Tablet{Low: mid, High: tb.High, HighInf: tb.HighInf}
+	if s.knobs.splitGap {
+		hi.Low = append(slices.Clone(mid), 0) // planted: [mid, mid+0) left to no tablet
+	}
+	if dirSize(s.tablets)+dirEnt+2*len(mid) > DirBytes {
+		return
+	}
+	s.tablets = slices.Insert(s.tablets, k+1, hi)
+	s.tablets[k] = lo
+	s.counts = slices.Insert(s.counts, k+1, s.counts[k]-half)
+	s.counts[k] = half
+	s.dirVer++
+}
+
+// Counts are the keys each tablet holds (tests).
+func (s *Store) Counts() []int { return s.counts }
 
 // holds checks op's condition against the key's state before the request
 // (known: *known and found, when known is not nil).
