@@ -427,4 +427,10 @@ func TestStoreSplitPublished(t *testing.T) {
 	if err != nil || v == v0 || len(tbs) != 2 || string(tbs[0].High) != "k05" || string(tbs[1].Low) != "k05" || !tbs[1].HighInf {
 		t.Fatalf("published %d (was %d) %v %v", v, v0, tbs, err)
 	}
+	// A scan through the log across the split answers (the two tablets
+	// are one range of the group's).
+	rr, err := DecodeReadResult(s.Apply(12, AppendRequest(nil, []Op{{Kind: OpScan, Key: []byte("k")}})))
+	if err != nil || rr.Status != StatusOK || len(rr.Pairs) != 11 {
+		t.Fatalf("a scan across the split: status %d, %d pairs, %v", rr.Status, len(rr.Pairs), err)
+	}
 }

@@ -543,10 +543,19 @@ func (s *Store) read(index uint64, op *Op) []byte {
 		return s.res
 	}
 	start, end, limit := op.Key, op.Value, int(op.CmpVersion)
-	// The range must lie in one tablet the group owns.
+	// The range must lie in one run of contiguous tablets the group
+	// owns (a tablet that split is still one range).
 	i := s.owner(start)
-	if i < 0 || len(end) == 0 && !s.tablets[i].HighInf ||
-		len(end) != 0 && !s.tablets[i].HighInf && string(end) > string(s.tablets[i].High) {
+	if i >= 0 {
+		run := s.tablets[i]
+		for j := i + 1; j < len(s.tablets) && !run.HighInf && string(s.tablets[j].Low) == string(run.High); j++ {
+			run.High, run.HighInf = s.tablets[j].High, s.tablets[j].HighInf
+		}
+		if len(end) == 0 && !run.HighInf || len(end) != 0 && !run.HighInf && string(end) > string(run.High) {
+			i = -1
+		}
+	}
+	if i < 0 {
 		s.res = appendReadHeader(s.res[:0], StatusMoved, 0, false, 0, index)
 		return s.res
 	}
