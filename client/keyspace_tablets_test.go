@@ -133,3 +133,52 @@ func TestKeyspaceScanGap(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyspaceMovedResend: a client whose first directory is stale (it
+// routes every key to group 1) sends a write of a key group 0 owns to
+// group 1, which refuses it (StatusMoved, nothing applied); the client
+// reads the directory again and resends the write to group 0, which
+// applies it once. A batch likewise.
+func TestKeyspaceMovedResend(t *testing.T) {
+	lc := startLocal(t, tabletMap("ksresend", 2, "m"))
+	c := open(t, lc, 0)
+	builds := 0
+	client.SetPlantDir(c, func(d *btree.Directory) *btree.Directory {
+		if builds++; builds > 1 {
+			return d
+		}
+		stale, err := btree.NewDirectory(map[uint32][]btree.Tablet{1: {btree.All}}, nil)
+		if err != nil {
+			t.Error(err)
+			return d
+		}
+		return stale
+	})
+	ctx := context.Background()
+	ks := c.Keyspace("users")
+	w, err := ks.Put(ctx, []byte("apple"), []byte("v1"))
+	if err != nil || w.Version == 0 {
+		t.Fatalf("put through a stale directory: %+v %v", w, err)
+	}
+	if builds != 2 {
+		t.Fatalf("the directory was built %d times, want 2 (the stale one, then after StatusMoved)", builds)
+	}
+	v, err := ks.Get(ctx, []byte("apple"))
+	if err != nil || string(v) != "v1" {
+		t.Fatalf("get: %q %v", v, err)
+	}
+	var b client.Batch
+	b.Put([]byte("banana"), []byte("v2")).Put([]byte("cherry"), []byte("v3"))
+	if _, err := ks.Commit(ctx, &b); err != nil {
+		t.Fatal(err)
+	}
+	var spans client.Batch
+	spans.Put([]byte("date"), []byte("x")).Put([]byte("zebra"), []byte("y"))
+	if _, err := ks.Commit(ctx, &spans); !errors.Is(err, client.ErrBatchSpansGroups) {
+		t.Fatalf("a batch over two groups' tablets: %v", err)
+	}
+	got := scanAll(t, ks, nil, nil)
+	if len(got) != 3 || string(got[0].Key) != "apple" || string(got[2].Key) != "cherry" {
+		t.Fatalf("scan: %v", got)
+	}
+}
