@@ -181,11 +181,16 @@ func (k *Keyspace) directory(ctx context.Context) (*btree.Directory, error) {
 	return k.refreshDir(ctx, nil)
 }
 
+// dirReadTimeout bounds the read of one group's tablets in a refresh.
+const dirReadTimeout = 2 * time.Second
+
 // refreshDir reads every group's tablets again (one-sided, from the
-// header region of one member each) and installs their union, unless
-// another call replaced seen (the directory the caller found wrong)
-// meanwhile. A group whose read fails keeps the tablets the old
-// directory had for it.
+// header region of one member each, the groups in parallel) and installs
+// their union, unless another call replaced seen (the directory the
+// caller found wrong) meanwhile. A group whose read fails keeps the
+// tablets the old directory had for it, or, at the first read, those the
+// map places on it (tablets do not move between groups yet), so that a
+// group that is down fails only the calls on its own keys.
 func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btree.Directory, error) {
 	c := k.c
 	o := &c.ord
@@ -195,33 +200,47 @@ func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btre
 		return d, nil
 	}
 	old := o.dir.Load()
+	n := len(c.m.Groups)
+	res := make([]kv.OrderedResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			gctx, cancel := context.WithTimeout(ctx, dirReadTimeout)
+			defer cancel()
+			r := k.reader(uint32(g))
+			res[g], errs[g] = r.DirCtx(gctx)
+			if errs[g] == nil {
+				res[g].Tablets = slices.Clone(res[g].Tablets)
+			}
+			k.putReader(uint32(g), r)
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	groups, versions := map[uint32][]btree.Tablet{}, map[uint32]uint64{}
-	var errs []error
-	for g := range c.m.Groups {
-		r := k.reader(uint32(g))
-		res, err := r.DirCtx(ctx)
-		if err == nil {
-			groups[uint32(g)], versions[uint32(g)] = slices.Clone(res.Tablets), res.DirVersion
+	for g := range n {
+		gid := uint32(g)
+		if errs[g] == nil {
+			groups[gid], versions[gid] = res[g].Tablets, res[g].DirVersion
+			continue
 		}
-		k.putReader(uint32(g), r)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			if old == nil {
-				errs = append(errs, fmt.Errorf("group %d's tablets: %w", g, err))
-				continue
-			}
+		if old != nil {
 			for _, p := range old.Tablets() {
-				if p.Group == uint32(g) {
-					groups[p.Group] = append(groups[p.Group], p.Tablet)
+				if p.Group == gid {
+					groups[gid] = append(groups[gid], p.Tablet)
 				}
 			}
-			versions[uint32(g)] = old.Version(uint32(g))
+			versions[gid] = old.Version(gid)
+			continue
 		}
-	}
-	if len(errs) > 0 {
-		return nil, &UnavailableError{Group: 0, Err: errors.Join(errs...)}
+		for _, p := range c.m.OrderedTablets() {
+			if p.Group == gid {
+				groups[gid] = append(groups[gid], p.Tablet)
+			}
+		}
 	}
 	d, err := btree.NewDirectory(groups, versions)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/client"
@@ -180,5 +181,29 @@ func TestKeyspaceMovedResend(t *testing.T) {
 	got := scanAll(t, ks, nil, nil)
 	if len(got) != 3 || string(got[0].Key) != "apple" || string(got[2].Key) != "cherry" {
 		t.Fatalf("scan: %v", got)
+	}
+}
+
+// TestKeyspaceGroupDownAtFirstCall: when a group is down at the client's
+// first ordered call, the directory takes that group's tablets from the
+// map, so calls on the other groups' keys work and only calls on the
+// down group's keys fail (unavailable).
+func TestKeyspaceGroupDownAtFirstCall(t *testing.T) {
+	lc := startLocal(t, tabletMap("ksdown", 2, "m"))
+	c := open(t, lc, 0, client.WithTimeout(3*time.Second))
+	for i := range 3 {
+		lc.Stop(1, i)
+	}
+	ctx := context.Background()
+	ks := c.Keyspace("users")
+	if _, err := ks.Put(ctx, []byte("apple"), []byte("v")); err != nil {
+		t.Fatalf("put of a key of the group that is up: %v", err)
+	}
+	if v, err := ks.Get(ctx, []byte("apple")); err != nil || string(v) != "v" {
+		t.Fatalf("get of a key of the group that is up: %q %v", v, err)
+	}
+	var ue *client.UnavailableError
+	if _, err := ks.Get(ctx, []byte("zebra")); !errors.As(err, &ue) || ue.Group != 1 {
+		t.Fatalf("get of a key of the group that is down: %v", err)
 	}
 }
