@@ -40,11 +40,21 @@ type testingKnobs struct {
 	// one scan mixes states of the tree from different moments.
 	skipStamp bool
 
+	// On a Directory:
+	// skipDirGap lets a scan that meets a range no tablet holds skip to
+	// the next tablet (the keys of the missing range are silently left
+	// out) instead of failing with ErrDirGap.
+	skipDirGap bool
+
 	// On a Store:
 	// skipOwnerCheck applies writes to keys the group owns no tablet
 	// of (a misrouted write, or one sent with a stale directory): the
 	// write is lost to readers of the owner.
 	skipOwnerCheck bool
+	// splitGap splits a tablet into [low, mid) and [mid+0x00, high):
+	// the key mid belongs to no tablet after the split (its writes are
+	// refused, StatusMoved, and readers route it nowhere).
+	splitGap bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool

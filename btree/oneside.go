@@ -6,8 +6,14 @@ import "github.com/rdmakv/rdmakv/rdma"
 // OrderedReader) needs to post its own reads: where a group's header and
 // a node slot live, and the size of a header read.
 
-// HeaderSize is the size of a group's btree header region.
+// HeaderSize is the size of a group's btree header (the first bytes of
+// its header region).
 const HeaderSize = hdrRegionSize
+
+// RegionSize is the size of a group's btree header region: the header
+// and the directory area after it (a read of the whole region returns
+// both: DecodeDir(b[HeaderSize:])).
+const RegionSize = regionLen
 
 // HeaderRegion is the region of group g's btree header.
 func HeaderRegion(g uint32) rdma.RegionID { return headerRegion(g) }

@@ -20,16 +20,18 @@ import (
 // NodeSize. Slot 0 is never a node.
 //
 // Header (64 bytes, sealed by a check word; written after every node of
-// the applies it reports):
+// the applies it reports), followed by the directory area (DirBytes: the
+// group's tablets, directory.go):
 //
-//	0       8           16        24 ...  56      64
-//	[root  ][geometry  ][applied ][0     ][check ]
+//	0       8           16        24       32 ... 56      64
+//	[root  ][geometry  ][applied ][dirver ][0    ][check ]
 //
 //	root      the root's node id
 //	geometry  [node size u32][chunk slots u32]
 //	applied   the index of the last apply whose node writes all precede
 //	          this header: a node stamped at most applied holds its state
 //	          as of applied (scans)
+//	dirver    the version of the directory area written before it
 //	check     xxhash of words 0..6
 const (
 	hdrRegionSize = 64
@@ -50,6 +52,9 @@ type Header struct {
 	NodeSize   int
 	ChunkSlots int
 	Applied    uint64
+	// DirVersion is the version of the group's tablets (the directory
+	// area's).
+	DirVersion uint64
 }
 
 func (h Header) encode(b []byte) {
@@ -58,6 +63,7 @@ func (h Header) encode(b []byte) {
 	le.PutUint64(b[hRoot:], uint64(h.Root))
 	le.PutUint64(b[hGeometry:], uint64(uint32(h.NodeSize))|uint64(uint32(h.ChunkSlots))<<32)
 	le.PutUint64(b[hApplied:], h.Applied)
+	le.PutUint64(b[hDirVer:], h.DirVersion)
 	le.PutUint64(b[hCheck:], xxhash.Sum64(b[:hCheck]))
 }
 
@@ -72,7 +78,7 @@ func DecodeHeader(b []byte) (Header, error) {
 		return h, ErrTorn
 	}
 	g := le.Uint64(b[hGeometry:])
-	h = Header{Root: NodeID(le.Uint64(b[hRoot:])), NodeSize: int(uint32(g)), ChunkSlots: int(g >> 32), Applied: le.Uint64(b[hApplied:])}
+	h = Header{Root: NodeID(le.Uint64(b[hRoot:])), NodeSize: int(uint32(g)), ChunkSlots: int(g >> 32), Applied: le.Uint64(b[hApplied:]), DirVersion: le.Uint64(b[hDirVer:])}
 	if h.NodeSize < MinNodeSize || h.NodeSize > MaxNodeSize || h.NodeSize%64 != 0 || h.ChunkSlots < 1 || h.Root == 0 {
 		return h, ErrMalformed
 	}
@@ -96,7 +102,7 @@ type Regions struct {
 func NewRegions(node rdma.Node, g uint32, nodeSize, chunkSlots int, readers []rdma.NodeID) (*Regions, error) {
 	r := &Regions{node: node, group: g, readers: readers}
 	var err error
-	if r.hdr, err = node.Register(headerRegion(g), hdrRegionSize); err != nil {
+	if r.hdr, err = node.Register(headerRegion(g), regionLen); err != nil {
 		return nil, fmt.Errorf("btree: register header: %w", err)
 	}
 	if err := r.grant(r.hdr); err != nil {
@@ -138,9 +144,21 @@ func (r *Regions) grow(n int) ([]byte, error) {
 
 // Publish writes the header: the tree's root and geometry and the applied
 // index all of whose node writes are done. The writer calls it after the
-// last node write of an apply (or of a batch of them).
-func (r *Regions) Publish(t *Tree, applied uint64) {
-	Header{Root: t.root, NodeSize: r.Arena.size, ChunkSlots: r.Arena.per, Applied: applied}.encode(r.hdr.Bytes())
+// last node write of an apply (or of a batch of them). With tablets not
+// nil it first writes the directory area (the group's tablets at
+// version dirVer).
+func (r *Regions) Publish(t *Tree, applied uint64, dirVer uint64, tablets []Tablet) {
+	b := r.hdr.Bytes()
+	if tablets != nil {
+		encodeDir(b[hdrRegionSize:regionLen], dirVer, tablets)
+	}
+	Header{Root: t.root, NodeSize: r.Arena.size, ChunkSlots: r.Arena.per, Applied: applied, DirVersion: dirVer}.encode(b)
+}
+
+// LocalDir decodes the directory area as this replica last published it
+// (checks between simulator steps).
+func (r *Regions) LocalDir() (uint64, []Tablet, error) {
+	return DecodeDir(r.hdr.Bytes()[hdrRegionSize:regionLen])
 }
 
 // Close deregisters every region.
@@ -227,7 +245,7 @@ func (r *Remote) Read(slot uint32) ([]byte, error) {
 // of this replica would return now (checks in a simulator, whose reads
 // are events, read through it between steps).
 func (r *Regions) Local() (Header, ReadFunc, error) {
-	h, err := DecodeHeader(r.hdr.Bytes())
+	h, err := DecodeHeader(r.hdr.Bytes()[:hdrRegionSize])
 	if err != nil {
 		return h, nil, err
 	}

@@ -66,8 +66,8 @@ func (s *Store) decodeSnapshot(b []byte) ([]Tablet, [][]KVV, error) {
 		return nil, nil, fmt.Errorf("%w: bad header", ErrSnapshot)
 	}
 	nt := le.Uint32(b[8:])
-	if nt > 1 {
-		return nil, nil, fmt.Errorf("%w: %d tablets (at most one per group in this stage)", ErrSnapshot, nt)
+	if nt > MaxTablets {
+		return nil, nil, fmt.Errorf("%w: %d tablets (at most %d per group)", ErrSnapshot, nt, MaxTablets)
 	}
 	p := 16
 	tablets := make([]Tablet, 0, nt)
@@ -117,7 +117,13 @@ func (s *Store) decodeSnapshot(b []byte) ([]Tablet, [][]KVV, error) {
 			}
 			es = append(es, e)
 		}
+		if n := len(tablets); n > 0 && (tablets[n-1].HighInf || string(tablets[n-1].High) > string(tb.Low)) {
+			return nil, nil, fmt.Errorf("%w: tablets out of order or overlapping", ErrSnapshot)
+		}
 		tablets, ents = append(tablets, tb), append(ents, es)
+	}
+	if err := checkTablets(tablets, s.cfg.Tree.MaxKey); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrSnapshot, err)
 	}
 	if p != len(b) {
 		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrSnapshot, len(b)-p)
@@ -164,10 +170,16 @@ func (s *Store) Restore(b []byte) (commit func(applied uint64), err error) {
 			panic(fmt.Sprintf("btree: restore: load of validated entries: %v", err))
 		}
 		s.setTree(t)
-		s.tablets = s.tablets[:0]
-		for _, tb := range tablets {
+		s.tablets, s.counts = s.tablets[:0], s.counts[:0]
+		for i, tb := range tablets {
 			s.tablets = append(s.tablets, Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf})
+			n := 0
+			if i < len(ents) {
+				n = len(ents[i])
+			}
+			s.counts = append(s.counts, n)
 		}
+		s.dirVer++
 		s.applied = applied
 		s.Publish(applied)
 	}, nil

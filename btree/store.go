@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"sort"
 
 	"github.com/rdmakv/rdmakv/kv/fielded"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -26,6 +27,12 @@ type Store struct {
 	a       *Arena
 	t       *Tree
 	tablets []Tablet
+	// dirVer is the version of tablets, bumped at each change; dirPub
+	// the version last written to the directory area.
+	dirVer, dirPub uint64
+	// counts are the keys each tablet holds (a tablet splits past
+	// TabletMax).
+	counts []int
 	// pending: unlinked nodes, oldest first, with the entry that
 	// unlinked them; each slot is released FreeAfter entries later.
 	pending []pendingFree
@@ -81,13 +88,25 @@ type StoreConfig struct {
 	// Fill is the fill factor of restored (bulk-loaded) nodes. Default
 	// DefaultFill.
 	Fill float64
-	// Tablets are the key ranges the group owns, sorted and disjoint.
-	// This stage has at most one per group: (-inf, +inf) on the group
-	// that holds the ordered keyspace (All), none elsewhere.
+	// Tablets are the key ranges the group owns, sorted and disjoint, at
+	// most MaxTablets (cluster.Map.OrderedStore places them: the
+	// keyspace's split points cut the key order into tablets, placed
+	// round-robin over the groups). All of them live in the group's one
+	// tree.
 	Tablets []Tablet
+	// TabletMax is the most keys a tablet holds: the put that takes one
+	// past it splits the tablet in two at its median key, in the same
+	// apply (both halves stay in the group and are published). Default
+	// DefaultTabletMax; negative: tablets never split. A split that
+	// would give the group more than MaxTablets tablets, or overflow the
+	// directory area, is not made (the tablet grows on).
+	TabletMax int
 	// Readers are granted read access to the regions.
 	Readers []rdma.NodeID
 }
+
+// DefaultTabletMax is the default TabletMax.
+const DefaultTabletMax = 64 << 10
 
 func (c *StoreConfig) fill() error {
 	c.Tree = c.Tree.withDefaults()
@@ -106,6 +125,9 @@ func (c *StoreConfig) fill() error {
 	if c.Fill == 0 {
 		c.Fill = DefaultFill
 	}
+	if c.TabletMax == 0 {
+		c.TabletMax = DefaultTabletMax
+	}
 	switch {
 	case c.ChunkSlots < 1:
 		return fmt.Errorf("btree: %d slots per chunk", c.ChunkSlots)
@@ -115,8 +137,9 @@ func (c *StoreConfig) fill() error {
 		return fmt.Errorf("btree: fill %v out of (0, 1]", c.Fill)
 	case c.MaxResult < resSize+16+2*c.Tree.MaxKey+c.Tree.MaxInline():
 		return fmt.Errorf("btree: MaxResult %d cannot hold one pair", c.MaxResult)
-	case len(c.Tablets) > 1:
-		return fmt.Errorf("btree: %d tablets: this stage has at most one per group", len(c.Tablets))
+	}
+	if err := checkTablets(c.Tablets, c.Tree.MaxKey); err != nil {
+		return err
 	}
 	return c.Tree.Validate()
 }
@@ -128,7 +151,7 @@ func NewStore(cfg StoreConfig, node rdma.Node) (*Store, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets)}
+	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1, counts: make([]int, len(cfg.Tablets))}
 	if node != nil {
 		r, err := NewRegions(node, cfg.Group, cfg.Tree.NodeSize, cfg.ChunkSlots, cfg.Readers)
 		if err != nil {
@@ -182,9 +205,21 @@ func (s *Store) Publish(applied uint64) {
 		s.applied = applied
 	}
 	if s.regs != nil {
-		s.regs.Publish(s.t, s.applied)
+		var dir []Tablet
+		if s.dirPub != s.dirVer {
+			dir = s.tablets
+			if dir == nil {
+				dir = []Tablet{}
+			}
+			s.dirPub = s.dirVer
+		}
+		s.regs.Publish(s.t, s.applied, s.dirVer, dir)
 	}
 }
+
+// DirVersion is the version of the group's tablets (bumped at each
+// change; published with them).
+func (s *Store) DirVersion() uint64 { return s.dirVer }
 
 // reclaim releases the slots whose grace ended by entry index.
 func (s *Store) reclaim(index uint64) {
@@ -200,10 +235,9 @@ func (s *Store) reclaim(index uint64) {
 
 // owner is the tablet holding key, or -1.
 func (s *Store) owner(key []byte) int {
-	for i, tb := range s.tablets {
-		if tb.Contains(key) {
-			return i
-		}
+	i := sort.Search(len(s.tablets), func(i int) bool { return string(s.tablets[i].Low) > string(key) }) - 1
+	if i >= 0 && s.tablets[i].Contains(key) {
+		return i
 	}
 	return -1
 }
@@ -350,15 +384,66 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 		res.Count++
 		switch op.Kind {
 		case OpPut:
-			if _, err := s.t.Put(op.Key, op.Value, version, index); err != nil {
+			existed, err := s.t.Put(op.Key, op.Value, version, index)
+			if err != nil {
 				panic(fmt.Sprintf("btree: put checked before: %v", err))
 			}
+			if k := s.owner(op.Key); !existed && k >= 0 {
+				if s.counts[k]++; s.cfg.TabletMax > 0 && s.counts[k] > s.cfg.TabletMax {
+					s.splitTablet(k)
+				}
+			}
 		case OpDelete:
-			s.t.Delete(op.Key, index)
+			if s.t.Delete(op.Key, index) {
+				if k := s.owner(op.Key); k >= 0 {
+					s.counts[k]--
+				}
+			}
 		}
 	}
 	return res
 }
+
+// splitTablet cuts tablet k in two at its median key (the first key of
+// its upper half), unless the group has MaxTablets tablets or the
+// directory area could not hold the new fence. Every replica applies the
+// same puts, so every replica splits at the same key in the same apply.
+func (s *Store) splitTablet(k int) {
+	if len(s.tablets) >= MaxTablets {
+		return
+	}
+	tb := s.tablets[k]
+	half := s.counts[k] / 2
+	var mid []byte
+	i := 0
+	s.t.ascend(tb.Low, func(e Entry) bool {
+		if i == half {
+			mid = slices.Clone(e.Key)
+			return false
+		}
+		i++
+		return true
+	})
+	if mid == nil || string(mid) <= string(tb.Low) {
+		return
+	}
+	lo := Tablet{Low: tb.Low, High: mid}
+	hi := Tablet{Low: mid, High: tb.High, HighInf: tb.HighInf}
+	if s.knobs.splitGap {
+		hi.Low = append(slices.Clone(mid), 0) // planted: [mid, mid+0) left to no tablet
+	}
+	if dirSize(s.tablets)+dirEnt+2*len(mid) > DirBytes {
+		return
+	}
+	s.tablets = slices.Insert(s.tablets, k+1, hi)
+	s.tablets[k] = lo
+	s.counts = slices.Insert(s.counts, k+1, s.counts[k]-half)
+	s.counts[k] = half
+	s.dirVer++
+}
+
+// Counts are the keys each tablet holds (tests).
+func (s *Store) Counts() []int { return s.counts }
 
 // holds checks op's condition against the key's state before the request
 // (known: *known and found, when known is not nil).
@@ -458,10 +543,19 @@ func (s *Store) read(index uint64, op *Op) []byte {
 		return s.res
 	}
 	start, end, limit := op.Key, op.Value, int(op.CmpVersion)
-	// The range must lie in one tablet the group owns.
+	// The range must lie in one run of contiguous tablets the group
+	// owns (a tablet that split is still one range).
 	i := s.owner(start)
-	if i < 0 || len(end) == 0 && !s.tablets[i].HighInf ||
-		len(end) != 0 && !s.tablets[i].HighInf && string(end) > string(s.tablets[i].High) {
+	if i >= 0 {
+		run := s.tablets[i]
+		for j := i + 1; j < len(s.tablets) && !run.HighInf && string(s.tablets[j].Low) == string(run.High); j++ {
+			run.High, run.HighInf = s.tablets[j].High, s.tablets[j].HighInf
+		}
+		if len(end) == 0 && !run.HighInf || len(end) != 0 && !run.HighInf && string(end) > string(run.High) {
+			i = -1
+		}
+	}
+	if i < 0 {
 		s.res = appendReadHeader(s.res[:0], StatusMoved, 0, false, 0, index)
 		return s.res
 	}

@@ -2,8 +2,10 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/kv"
 )
 
@@ -87,9 +89,35 @@ func (c *Client) Commit(ctx context.Context, b *Batch) (BatchResult, error) {
 	return out, nil
 }
 
+// batchGroup is the group owning every key of ops (user keys of k), by
+// the directory (read again first when it is seen, the one a group
+// refused).
+func (k *Keyspace) batchGroup(ctx context.Context, ops []kv.Op, seen *btree.Directory) (uint32, *btree.Directory, error) {
+	d, err := k.directory(ctx)
+	if err == nil && seen != nil {
+		d, err = k.refreshDir(ctx, seen)
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	var g uint32
+	for i := range ops {
+		og, _, err := k.route(ctx, k.ks.InternalKey(nil, ops[i].Key))
+		if err != nil {
+			return 0, nil, err
+		}
+		if i > 0 && og != g {
+			return 0, nil, fmt.Errorf("%w: key %q in group %d, key %q in group %d (nothing written)", ErrBatchSpansGroups, ops[0].Key, g, ops[i].Key, og)
+		}
+		g = og
+	}
+	return g, d, nil
+}
+
 // Commit applies the batch's puts and deletes of keys of keyspace k (the
-// user's keys, as for k.Put) atomically: the group holding the keyspace
-// applies them as one entry of its log, in order, so a reader (a get or a
+// user's keys, as for k.Put) atomically: the group holding the keys'
+// tablets applies them as one entry of its log (keys in the tablets of
+// several groups: ErrBatchSpansGroups, nothing written), in order, so a reader (a get or a
 // scan, linearizable or stale-ok) sees all of them or none, and a later op
 // on a key the batch wrote twice sees the last one. An empty batch is a
 // no-op. If the group refuses the batch (a limit) or does not own one of
@@ -116,9 +144,24 @@ func (k *Keyspace) Commit(ctx context.Context, b *Batch) (BatchResult, error) {
 	if err := ctx.Err(); err != nil {
 		return BatchResult{}, err // a done context: nothing is sent
 	}
-	rs, err := c.write(ctx, b.ops, k)
-	if err != nil {
-		return BatchResult{}, err
+	// One group applies the batch: the one whose tablets hold every key
+	// (the directory read again once if a group answers StatusMoved).
+	var rs []groupResult
+	var seen *btree.Directory
+	for tries := 0; ; tries++ {
+		g, d, err := k.batchGroup(ctx, b.ops, seen)
+		if err != nil {
+			return BatchResult{}, err
+		}
+		rs, err = c.writeTo(ctx, b.ops, k, g)
+		if errors.Is(err, ErrKeyMoved) && tries == 0 {
+			seen = d
+			continue
+		}
+		if err != nil {
+			return BatchResult{}, err
+		}
+		break
 	}
 	r := rs[0]
 	if r.res.Status != kv.StatusOK {

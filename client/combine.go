@@ -135,7 +135,16 @@ func (c *Client) Stats() Stats {
 	s.OrderedGetHits = o.getHits.Load()
 	s.OrderedScanPages, s.OrderedScanReads, s.OrderedScanLists = o.pages.Load(), o.pageReads.Load(), o.pageLists.Load()
 	if o.ready.Load() {
-		s.OrderedCache = o.cache.Stats()
+		for _, og := range o.groups {
+			cs := og.cache.Stats()
+			s.OrderedCache.Lookups += cs.Lookups
+			s.OrderedCache.Reads += cs.Reads
+			s.OrderedCache.Warm += cs.Warm
+			s.OrderedCache.Drops += cs.Drops
+			s.OrderedCache.Evicted += cs.Evicted
+			s.OrderedCache.Nodes += cs.Nodes
+			s.OrderedCache.Bytes += cs.Bytes
+		}
 	}
 	return s
 }

@@ -1,5 +1,11 @@
 package client
 
+import (
+	"context"
+
+	"github.com/rdmakv/rdmakv/btree"
+)
+
 // CombinerLoad is the messages under way and the writes queued, summed
 // over the groups, in c's write combiner.
 func CombinerLoad(c *Client) (inflight, queued int) {
@@ -18,7 +24,11 @@ func MulticastOutstanding(c *Client) int { return c.mc.Outstanding() }
 
 // SetKeyspaceGroup makes k send to group g (tests: a group that does not
 // own the keyspace answers StatusMoved).
-func SetKeyspaceGroup(k *Keyspace, g uint32) { k.g = g }
+func SetKeyspaceGroup(k *Keyspace, g uint32) { k.force = &g }
+
+// SetPlantDir makes c change every directory of tablets it builds with f
+// (tests: a gap, a planted bug). Set it before c's first ordered call.
+func SetPlantDir(c *Client, f func(*btree.Directory) *btree.Directory) { c.ord.plantDir = f }
 
 // PlantShiftResults plants a bug in c's write combiner: op i of a message
 // gets the result of op i+1.
@@ -31,3 +41,9 @@ func PlantReuseUnposted(c *Client) { c.comb.reuseUnposted = true }
 // SetOnPost makes c's combiner call f before it encodes each message
 // (outside its lock, on the posting caller's goroutine).
 func SetOnPost(c *Client, f func()) { c.comb.onPost = f }
+
+// KeyspaceDirectory is k's client's directory of tablets (read from the
+// groups' headers at its first use).
+func KeyspaceDirectory(k *Keyspace) (*btree.Directory, error) {
+	return k.directory(context.Background())
+}

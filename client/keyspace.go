@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,10 +21,15 @@ var (
 	// name (the error names the ones it declares).
 	ErrUnknownKeyspace = errors.New("rdmakv: unknown keyspace")
 	// ErrKeyMoved: the group the client sent an ordered write to does not
-	// own the key's range (StatusMoved); nothing was written. Ranges do
-	// not move yet (one group owns each ordered keyspace), so this means
-	// the client's map and the cluster's disagree.
+	// own the key's range (StatusMoved), also after the client read the
+	// groups' tablets again; nothing was written. Tablets do not move
+	// between groups yet, so this means the client's map and the
+	// cluster's disagree.
 	ErrKeyMoved = errors.New("rdmakv: ordered key not owned by the group written to")
+	// ErrBatchSpansGroups: a Commit's keys lie in tablets of several
+	// groups (an ordered batch is applied by one group; nothing was
+	// written).
+	ErrBatchSpansGroups = errors.New("rdmakv: ordered batch spans the tablets of several groups")
 )
 
 // KV is one pair of a scan.
@@ -37,8 +43,11 @@ type KV struct {
 // [[keyspace]] of kind "ordered" in the kvserver config): its keys are
 // kept sorted, so besides Get, Put, Delete and the compare-and-swaps it
 // has Scan. Keys of different keyspaces, and of the default (hashed)
-// keyspace, never collide. Writes go through the ordering of the group
-// that owns the keyspace; reads walk its B-link tree one-sided.
+// keyspace, never collide. The keyspace is cut into tablets (key ranges,
+// its split points in the config) that the groups own; the client's
+// directory of them, read one-sided from the groups' headers, says which
+// group a key's writes go to (through that group's ordering) and whose
+// B-link tree its reads walk one-sided.
 //
 // Ordered keys are at most Map().OrderedMaxKey() bytes (255 unless the
 // cluster's max_key is smaller) and values at most Map().OrderedMaxValue()
@@ -46,8 +55,10 @@ type KV struct {
 type Keyspace struct {
 	c   *Client
 	ks  cluster.Keyspace
-	g   uint32
 	err error // the keyspace is unknown: every call fails with it
+	// force, if set, is the group every key routes to (tests: a group
+	// that does not own the key answers StatusMoved).
+	force *uint32
 }
 
 // Keyspace returns the handle of the ordered keyspace name. If the
@@ -58,27 +69,39 @@ func (c *Client) Keyspace(name string) *Keyspace {
 	if err != nil {
 		return &Keyspace{c: c, err: fmt.Errorf("%w: %v", ErrUnknownKeyspace, err)}
 	}
-	return &Keyspace{c: c, ks: ks, g: c.m.OrderedGroup()}
+	return &Keyspace{c: c, ks: ks}
 }
 
 // Name is the keyspace's name.
 func (k *Keyspace) Name() string { return k.ks.Name }
 
-// ordered is a client's state for ordered keyspaces: the cache of inner
-// nodes its readers share, their delegation, and idle readers.
+// ordered is a client's state for ordered keyspaces: the directory of
+// tablets, and per group the cache of inner nodes its readers share,
+// their delegation, and idle readers.
 type ordered struct {
-	once  sync.Once
-	life  context.Context // ended when the client closes
-	cache *btree.Cache
-	deleg *kv.Delegation
-	mu    sync.Mutex
-	free  []*kv.OrderedReader
+	once   sync.Once
+	life   context.Context // ended when the client closes
+	groups []*ordGroup     // by group id
+	dir    atomic.Pointer[btree.Directory]
+	dirMu  sync.Mutex // one refresh at a time
+	dirGen atomic.Uint64
+	// plantDir, if set, changes every directory the client builds
+	// (tests: a gap, a planted bug).
+	plantDir func(*btree.Directory) *btree.Directory
 	// What the one-sided reads that answered did (Client.Stats): gets and
 	// scan pages, their node reads and their lists of reads (round trips).
 	gets, getReads, getLists    atomic.Uint64
 	getHits                     atomic.Uint64 // gets that read at most one node
 	pages, pageReads, pageLists atomic.Uint64
-	ready                       atomic.Bool // cache is set (Stats reads it)
+	ready                       atomic.Bool // groups are set (Stats reads them)
+}
+
+// ordGroup is a client's state for one group's tree.
+type ordGroup struct {
+	cache *btree.Cache
+	deleg *kv.Delegation
+	mu    sync.Mutex
+	free  []*kv.OrderedReader
 }
 
 // orderedCacheBytes bounds a client's cache of inner nodes.
@@ -88,8 +111,10 @@ func (k *Keyspace) init() {
 	c := k.c
 	o := &c.ord
 	o.once.Do(func() {
-		o.cache = btree.NewCache(orderedCacheBytes)
-		o.deleg = kv.NewDelegation()
+		o.groups = make([]*ordGroup, len(c.m.Groups))
+		for g := range o.groups {
+			o.groups[g] = &ordGroup{cache: btree.NewCache(orderedCacheBytes / len(o.groups)), deleg: kv.NewDelegation()}
+		}
 		o.ready.Store(true)
 		var cancel context.CancelFunc
 		o.life, cancel = context.WithCancel(context.Background())
@@ -100,45 +125,153 @@ func (k *Keyspace) init() {
 	})
 }
 
-func (k *Keyspace) reader() *kv.OrderedReader {
+func (k *Keyspace) reader(g uint32) *kv.OrderedReader {
 	c := k.c
-	o := &c.ord
 	k.init()
-	o.mu.Lock()
-	if n := len(o.free); n > 0 {
-		r := o.free[n-1]
-		o.free = o.free[:n-1]
-		o.mu.Unlock()
+	og := c.ord.groups[g]
+	og.mu.Lock()
+	if n := len(og.free); n > 0 {
+		r := og.free[n-1]
+		og.free = og.free[:n-1]
+		og.mu.Unlock()
 		return r
 	}
-	o.mu.Unlock()
-	r := kv.NewOrderedReader(c.node, k.g, c.m.Groups[k.g], c.o.near, o.cache)
-	r.SetDelegation(o.deleg)
+	og.mu.Unlock()
+	r := kv.NewOrderedReader(c.node, g, c.m.Groups[g], c.o.near, og.cache)
+	r.SetDelegation(og.deleg)
 	r.Reader().BackoffMin, r.Reader().BackoffMax = c.o.backoffMin, c.o.backoffMax
 	return r
 }
 
-func (k *Keyspace) putReader(r *kv.OrderedReader) {
-	o := &k.c.ord
-	o.mu.Lock()
-	if !k.c.isClosed() && len(o.free) < maxIdleReaders {
-		o.free = append(o.free, r)
-		o.mu.Unlock()
+func (k *Keyspace) putReader(g uint32, r *kv.OrderedReader) {
+	og := k.c.ord.groups[g]
+	og.mu.Lock()
+	if !k.c.isClosed() && len(og.free) < maxIdleReaders {
+		og.free = append(og.free, r)
+		og.mu.Unlock()
 		return
 	}
-	o.mu.Unlock()
+	og.mu.Unlock()
 	r.Close()
 }
 
 // closeOrdered closes the idle ordered readers (Close, every call over).
 func (c *Client) closeOrdered() {
 	o := &c.ord
-	o.mu.Lock()
-	for _, r := range o.free {
-		r.Close()
+	if !o.ready.Load() {
+		return
 	}
-	o.free = nil
-	o.mu.Unlock()
+	for _, og := range o.groups {
+		og.mu.Lock()
+		for _, r := range og.free {
+			r.Close()
+		}
+		og.free = nil
+		og.mu.Unlock()
+	}
+}
+
+// directory is the client's directory of tablets, read from the groups'
+// headers at first use.
+func (k *Keyspace) directory(ctx context.Context) (*btree.Directory, error) {
+	k.init()
+	if d := k.c.ord.dir.Load(); d != nil {
+		return d, nil
+	}
+	return k.refreshDir(ctx, nil)
+}
+
+// dirReadTimeout bounds the read of one group's tablets in a refresh.
+const dirReadTimeout = 2 * time.Second
+
+// refreshDir reads every group's tablets again (one-sided, from the
+// header region of one member each, the groups in parallel) and installs
+// their union, unless another call replaced seen (the directory the
+// caller found wrong) meanwhile. A group whose read fails keeps the
+// tablets the old directory had for it, or, at the first read, those the
+// map places on it (tablets do not move between groups yet), so that a
+// group that is down fails only the calls on its own keys.
+func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btree.Directory, error) {
+	c := k.c
+	o := &c.ord
+	o.dirMu.Lock()
+	defer o.dirMu.Unlock()
+	if d := o.dir.Load(); d != nil && d != seen {
+		return d, nil
+	}
+	old := o.dir.Load()
+	n := len(c.m.Groups)
+	res := make([]kv.OrderedResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			gctx, cancel := context.WithTimeout(ctx, dirReadTimeout)
+			defer cancel()
+			r := k.reader(uint32(g))
+			res[g], errs[g] = r.DirCtx(gctx)
+			if errs[g] == nil {
+				res[g].Tablets = slices.Clone(res[g].Tablets)
+			}
+			k.putReader(uint32(g), r)
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	groups, versions := map[uint32][]btree.Tablet{}, map[uint32]uint64{}
+	for g := range n {
+		gid := uint32(g)
+		if errs[g] == nil {
+			groups[gid], versions[gid] = res[g].Tablets, res[g].DirVersion
+			continue
+		}
+		if old != nil {
+			for _, p := range old.Tablets() {
+				if p.Group == gid {
+					groups[gid] = append(groups[gid], p.Tablet)
+				}
+			}
+			versions[gid] = old.Version(gid)
+			continue
+		}
+		for _, p := range c.m.OrderedTablets() {
+			if p.Group == gid {
+				groups[gid] = append(groups[gid], p.Tablet)
+			}
+		}
+	}
+	d, err := btree.NewDirectory(groups, versions)
+	if err != nil {
+		return nil, fmt.Errorf("rdmakv: the groups' tablets: %w", err)
+	}
+	if o.plantDir != nil {
+		d = o.plantDir(d)
+	}
+	o.dir.Store(d)
+	o.dirGen.Add(1)
+	return d, nil
+}
+
+// route is the group owning internal key ik: the directory's, read again
+// once if the key lies in a gap of it.
+func (k *Keyspace) route(ctx context.Context, ik []byte) (uint32, *btree.Directory, error) {
+	d, err := k.directory(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	if k.force != nil {
+		return *k.force, d, nil
+	}
+	g, err := d.Route(ik)
+	if errors.Is(err, btree.ErrDirGap) {
+		if d, err = k.refreshDir(ctx, d); err != nil {
+			return 0, nil, err
+		}
+		g, err = d.Route(ik)
+	}
+	return g, d, err
 }
 
 func (k *Keyspace) checkKey(key []byte) error {
@@ -174,12 +307,12 @@ func (k *Keyspace) readCtx(ctx context.Context) (context.Context, func(), error)
 	return ctx, func() { stop(); cancel(); end() }, nil
 }
 
-// readErr is the error of a failed one-sided read.
-func (k *Keyspace) readErr(err error) error {
+// readErr is the error of a failed one-sided read of group g.
+func (k *Keyspace) readErr(g uint32, err error) error {
 	if k.c.isClosed() {
 		return ErrClosed
 	}
-	return &UnavailableError{Group: k.g, Err: err}
+	return &UnavailableError{Group: g, Err: err}
 }
 
 // Get returns key's value with the client's default consistency.
@@ -205,11 +338,16 @@ func (k *Keyspace) GetItem(ctx context.Context, key []byte, mode Consistency) (I
 		return Item{}, err
 	}
 	defer end()
-	r := k.reader()
-	defer k.putReader(r)
-	res, err := r.LookupCtx(ctx, k.ks.InternalKey(nil, key), mode)
+	ik := k.ks.InternalKey(nil, key)
+	g, _, err := k.route(ctx, ik)
 	if err != nil {
-		return Item{}, k.readErr(err)
+		return Item{}, err
+	}
+	r := k.reader(g)
+	defer k.putReader(g, r)
+	res, err := r.LookupCtx(ctx, ik, mode)
+	if err != nil {
+		return Item{}, k.readErr(g, err)
 	}
 	c := k.c
 	c.ord.gets.Add(1)
@@ -218,10 +356,10 @@ func (k *Keyspace) GetItem(ctx context.Context, key []byte, mode Consistency) (I
 		c.ord.getHits.Add(1)
 	}
 	c.ord.getLists.Add(uint64(res.Lists))
-	it := Item{Version: res.Version, Replica: c.m.Groups[k.g][res.Member], Applied: res.Applied, AppliedAt: timeOf(res.AppliedAt)}
-	known := c.known(k.g, 0)
+	it := Item{Version: res.Version, Replica: c.m.Groups[g][res.Member], Applied: res.Applied, AppliedAt: timeOf(res.AppliedAt)}
+	known := c.known(g, 0)
 	if mode == Linearizable {
-		c.known(k.g, res.Applied)
+		c.known(g, res.Applied)
 	} else if known > res.Applied {
 		it.Behind = known - res.Applied
 	}
@@ -326,16 +464,40 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 		}
 		lo, hi := k.ks.Range(start, end)
 		left := o.limit
+		refreshed := false // the directory was read again at this piece
 		for {
-			n := o.page
-			if left > 0 && left < n {
-				n = left
-			}
-			pairs, err := k.scanPage(ctx, lo, hi, n, o.mode, o.reverse)
+			d, err := k.directory(ctx)
 			if err != nil {
 				yield(KV{}, err)
 				return
 			}
+			// The piece of the range one group answers next: a scan
+			// crossing tablets continues at the next one's fence, and a
+			// range no tablet holds is read again once, then an error
+			// (never skipped).
+			g, plo, phi, last, err := d.Piece(lo, hi, o.reverse)
+			if errors.Is(err, btree.ErrDirGap) && !refreshed {
+				refreshed = true
+				if _, err := k.refreshDir(ctx, d); err != nil {
+					yield(KV{}, err)
+					return
+				}
+				continue
+			}
+			if err != nil {
+				yield(KV{}, fmt.Errorf("rdmakv: scan of keyspace %q: %w", k.ks.Name, err))
+				return
+			}
+			n := o.page
+			if left > 0 && left < n {
+				n = left
+			}
+			pairs, err := k.scanPage(ctx, g, plo, phi, n, o.mode, o.reverse)
+			if err != nil {
+				yield(KV{}, err)
+				return
+			}
+			refreshed = false
 			for _, p := range pairs {
 				if !yield(p, nil) {
 					return
@@ -347,13 +509,22 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 				}
 			}
 			if len(pairs) < n {
-				return // the range is done
+				// The piece is done: the scan goes on at its fence.
+				if last {
+					return
+				}
+				if o.reverse {
+					hi = plo
+				} else {
+					lo = phi
+				}
+				continue
 			}
-			last := k.ks.InternalKey(nil, pairs[len(pairs)-1].Key)
+			lastKey := k.ks.InternalKey(nil, pairs[len(pairs)-1].Key)
 			if o.reverse {
-				hi = last // exclusive: the rest is below it
+				hi = lastKey // exclusive: the rest is below it
 			} else {
-				lo = append(last, 0) // the next key after it
+				lo = append(lastKey, 0) // the next key after it
 			}
 			if hi != nil && string(lo) >= string(hi) {
 				return
@@ -376,7 +547,7 @@ func (k *Keyspace) checkScan(start, end []byte) error {
 
 // scanPage reads at most n pairs of [lo, hi) (internal keys), copied and
 // without the keyspace prefix.
-func (k *Keyspace) scanPage(ctx context.Context, lo, hi []byte, n int, mode Consistency, reverse bool) ([]KV, error) {
+func (k *Keyspace) scanPage(ctx context.Context, g uint32, lo, hi []byte, n int, mode Consistency, reverse bool) ([]KV, error) {
 	if hi != nil && string(lo) >= string(hi) {
 		return nil, nil
 	}
@@ -385,17 +556,17 @@ func (k *Keyspace) scanPage(ctx context.Context, lo, hi []byte, n int, mode Cons
 		return nil, err
 	}
 	defer end()
-	r := k.reader()
-	defer k.putReader(r)
+	r := k.reader(g)
+	defer k.putReader(g, r)
 	res, err := r.ScanCtx(ctx, lo, hi, n, mode, reverse)
 	if err != nil {
-		return nil, k.readErr(err)
+		return nil, k.readErr(g, err)
 	}
 	k.c.ord.pages.Add(1)
 	k.c.ord.pageReads.Add(uint64(res.NodeReads))
 	k.c.ord.pageLists.Add(uint64(res.Lists))
 	if mode == Linearizable {
-		k.c.known(k.g, res.Applied)
+		k.c.known(g, res.Applied)
 	}
 	out := make([]KV, 0, len(res.Pairs))
 	for _, p := range res.Pairs {

@@ -212,7 +212,11 @@ func TestKeyspaceOperations(t *testing.T) {
 // tidwall/btree (linearizable reads); then stale-ok scans converge to
 // the model's final state.
 func TestKeyspaceModel(t *testing.T) {
-	lc := startLocal(t, orderedMap("ksmodel", 1))
+	keyspaceModel(t, orderedMap("ksmodel", 1))
+}
+
+func keyspaceModel(t *testing.T, m *cluster.Map) {
+	lc := startLocal(t, m)
 	c := open(t, lc, 0)
 	ks := c.Keyspace("users")
 	ctx := context.Background()
@@ -338,7 +342,18 @@ func TestKeyspaceModel(t *testing.T) {
 // few ordered keys from several goroutines, checked by porcupine with
 // kvcheck's ordered-map model (scans at their linearization point).
 func TestKeyspaceLinearizable(t *testing.T) {
-	lc := startLocal(t, orderedMap("kslin", 1))
+	keyspaceLinearizable(t, orderedMap("kslin", 1), "")
+}
+
+// keyspaceLinearizable runs TestKeyspaceLinearizable's history over m;
+// with split, a split point of "users" between groups: each scan then
+// reads [a, split) and [split, d) from two groups, each part
+// linearizable on its own (the whole is not one atomic read), so the
+// history the checker gets has each scan as its two parts, each with the
+// whole scan's call and return (plus the limit the client gave the
+// second part).
+func keyspaceLinearizable(t *testing.T, m *cluster.Map, split string) {
+	lc := startLocal(t, m)
 	c := open(t, lc, 0, client.WithTimeout(time.Minute))
 	ks := c.Keyspace("users")
 	keys := []string{"a", "b", "c", "d"}
@@ -403,7 +418,7 @@ func TestKeyspaceLinearizable(t *testing.T) {
 					return
 				}
 				mu.Lock()
-				hist = append(hist, op)
+				hist = append(hist, scanParts(op, split)...)
 				mu.Unlock()
 			}
 		})
@@ -420,6 +435,37 @@ func TestKeyspaceLinearizable(t *testing.T) {
 	if err := res.Err(); err != nil {
 		t.Fatalf("%d ops: %v", len(hist), err)
 	}
+}
+
+// scanParts cuts a scan op at split (a tablet boundary between groups)
+// into the reads the client made: the part on the scan's side first,
+// then, unless its limit was reached there, the other part with what is
+// left of the limit.
+func scanParts(op kvcheck.Op, split string) []kvcheck.Op {
+	if op.Kind != kvcheck.Scan || split == "" || split <= op.Key || split >= op.End {
+		return []kvcheck.Op{op}
+	}
+	lo, hi := op, op
+	lo.End, hi.Key = split, split
+	lo.Out.Pairs, hi.Out.Pairs = nil, nil
+	for _, p := range op.Out.Pairs {
+		if p.Key < split {
+			lo.Out.Pairs = append(lo.Out.Pairs, p)
+		} else {
+			hi.Out.Pairs = append(hi.Out.Pairs, p)
+		}
+	}
+	first, second := lo, hi
+	if op.Reverse {
+		first, second = hi, lo
+	}
+	if op.Limit > 0 && len(first.Out.Pairs) >= op.Limit {
+		return []kvcheck.Op{first}
+	}
+	if op.Limit > 0 {
+		second.Limit = op.Limit - len(first.Out.Pairs)
+	}
+	return []kvcheck.Op{first, second}
 }
 
 // TestKeyspaceClose: Close ends ordered reads under way (they return

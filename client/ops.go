@@ -203,18 +203,47 @@ func (c *Client) CompareAndDelete(ctx context.Context, key []byte, version uint6
 // request slot goes through the write combiner (combine.go), a larger one
 // as a request of its own in parts (write).
 func (c *Client) single(ctx context.Context, op kv.Op, ks *Keyspace) (WriteResult, error) {
-	var g uint32
-	extra := 0 // the key's bytes on the wire beyond the user's
 	if ks == nil {
 		if err := c.checkKey(op.Key); err != nil {
 			return WriteResult{}, err
 		}
-		g = c.m.GroupOf(op.Key)
-	} else {
-		if err := ks.checkKey(op.Key); err != nil {
+		return c.singleTo(ctx, c.m.GroupOf(op.Key), op, nil)
+	}
+	if err := ks.checkKey(op.Key); err != nil {
+		return WriteResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return WriteResult{}, err // a done context: nothing is sent
+	}
+	// The group of the key's tablet, by the client's directory; a group
+	// that answers StatusMoved applied nothing: read the directory again
+	// and send the write to the group it names, if another.
+	ik := ks.ks.InternalKey(nil, op.Key)
+	g, d, err := ks.route(ctx, ik)
+	for tries := 0; ; tries++ {
+		if err != nil {
 			return WriteResult{}, err
 		}
-		g, extra = ks.g, cluster.KeyspacePrefix
+		wr, err := c.singleTo(ctx, g, op, ks)
+		if !errors.Is(err, ErrKeyMoved) || tries >= 2 {
+			return wr, err
+		}
+		if _, rerr := ks.refreshDir(ctx, d); rerr != nil {
+			return WriteResult{}, rerr
+		}
+		ng, nd, rerr := ks.route(ctx, ik)
+		if rerr != nil || ng == g {
+			return wr, errors.Join(err, rerr)
+		}
+		g, d = ng, nd
+	}
+}
+
+// singleTo sends one single-key write to group g.
+func (c *Client) singleTo(ctx context.Context, g uint32, op kv.Op, ks *Keyspace) (WriteResult, error) {
+	extra := 0 // the key's bytes on the wire beyond the user's
+	if ks != nil {
+		extra = cluster.KeyspacePrefix
 	}
 	if err := ctx.Err(); err != nil {
 		return WriteResult{}, err // a done context: nothing is sent
@@ -231,7 +260,7 @@ func (c *Client) single(ctx context.Context, op kv.Op, ks *Keyspace) (WriteResul
 			return WriteResult{}, err
 		}
 	} else {
-		rs, err := c.write(ctx, []kv.Op{op}, ks)
+		rs, err := c.writeTo(ctx, []kv.Op{op}, ks, g)
 		if err != nil {
 			return WriteResult{}, err
 		}
@@ -283,6 +312,11 @@ type groupResult struct {
 // A refused or malformed request, or an op on a key the group does not
 // own, is an error; a failed condition is a result.
 func (c *Client) write(ctx context.Context, ops []kv.Op, ks *Keyspace) ([]groupResult, error) {
+	return c.writeTo(ctx, ops, ks, 0)
+}
+
+// writeTo is write, of ordered keys to group og (ks not nil).
+func (c *Client) writeTo(ctx context.Context, ops []kv.Op, ks *Keyspace, og uint32) ([]groupResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // a done context: nothing is sent
 	}
@@ -299,7 +333,7 @@ func (c *Client) write(ctx context.Context, ops []kv.Op, ks *Keyspace) ([]groupR
 		}
 		payload = kv.AppendRequest(make([]byte, 0, kv.RequestSize(ops)), ops)
 	} else {
-		dst = tree.Of(ks.g)
+		dst = tree.Of(og)
 		bops := make([]btree.Op, len(ops))
 		for i := range ops {
 			o := &ops[i]
@@ -368,7 +402,7 @@ func (c *Client) write(ctx context.Context, ops []kv.Op, ks *Keyspace) ([]groupR
 	// The first op's group first (single-key calls read rs[0]).
 	first := c.m.GroupOf(ops[0].Key)
 	if ks != nil {
-		first = ks.g
+		first = og
 	}
 	for i := range out {
 		if out[i].group == first {

@@ -182,13 +182,33 @@ type SlotRange struct {
 //	name = "users"
 //	kind = "ordered"
 //	node_size = "4KiB"   # optional
+//	splits = ["user3", "user6"]   # optional: split points
+//	uniform_splits = 8             # optional, instead: 8 tablets over
+//	split_prefix = "user"          #   "user" + decimal digits
 //
 // Keyspaces are numbered 1, 2, ... in the order declared (the number
-// prefixes their internal keys): add new ones at the end.
+// prefixes their internal keys): add new ones at the end. Split points
+// cut the keyspace into tablets (key ranges), placed round-robin over the
+// groups, so that writes to the keyspace spread over the groups: give
+// points that cut the keys written into ranges of similar load. With
+// uniform_splits = n the points are split_prefix followed by the two
+// digits i*100/n, i = 1..n-1 (keys whose digits after the prefix are
+// about uniform: YCSB's).
 type KeyspaceConfig struct {
-	Name     string `toml:"name"`
-	Kind     string `toml:"kind"`
-	NodeSize string `toml:"node_size"`
+	Name          string   `toml:"name"`
+	Kind          string   `toml:"kind"`
+	NodeSize      string   `toml:"node_size"`
+	Splits        []string `toml:"splits"`
+	UniformSplits int      `toml:"uniform_splits"`
+	SplitPrefix   string   `toml:"split_prefix"`
+}
+
+// splits are the keyspace's split points.
+func (ks KeyspaceConfig) splits() []string {
+	if ks.UniformSplits > 0 {
+		return UniformSplits(ks.SplitPrefix, ks.UniformSplits)
+	}
+	return ks.Splits
 }
 
 // Config limits and defaults.
@@ -753,6 +773,19 @@ func (v *validator) keyspaces() error {
 				return v.fail(f+".node_size", "%s: want a multiple of 64 from %d to %d bytes", ks.NodeSize, btree.MinNodeSize, btree.MaxNodeSize)
 			}
 		}
+		switch {
+		case ks.UniformSplits != 0 && len(ks.Splits) > 0:
+			return v.fail(f+".uniform_splits", "give splits or uniform_splits, not both")
+		case ks.UniformSplits < 0 || ks.UniformSplits > 100:
+			return v.fail(f+".uniform_splits", "%d: want 1 to 100 tablets", ks.UniformSplits)
+		case ks.SplitPrefix != "" && ks.UniformSplits == 0:
+			return v.fail(f+".split_prefix", "goes with uniform_splits")
+		}
+		for j, sp := range ks.splits() {
+			if sp == "" || j > 0 && sp <= ks.splits()[j-1] {
+				return v.fail(f+".splits", "%q: want non-empty split points in increasing order", sp)
+			}
+		}
 		if k > 0 && n != size {
 			return v.fail(f+".node_size", "%d bytes: every ordered keyspace shares the groups' tree, and keyspace[0]'s nodes are %d bytes", n, size)
 		}
@@ -834,7 +867,7 @@ func (c *Config) Map() (*Map, error) {
 				return nil, err
 			}
 		}
-		m.Keyspaces = append(m.Keyspaces, Keyspace{Name: ks.Name, Kind: ks.Kind, ID: uint8(k + 1), NodeSize: n})
+		m.Keyspaces = append(m.Keyspaces, Keyspace{Name: ks.Name, Kind: ks.Kind, ID: uint8(k + 1), NodeSize: n, Splits: ks.splits()})
 	}
 	if err := m.Fill(); err != nil {
 		return nil, err

@@ -14,11 +14,13 @@ import (
 // declares ordered ones ([[keyspace]] in kvserver's TOML), which clients
 // reach through Client.Keyspace(name).
 //
-// Every ordered keyspace lives in one B-link tree per group (btree.Store);
-// keys of different keyspaces never collide because the internal key is
-// the keyspace's ID byte followed by the user's key, so each keyspace is
-// one contiguous range of the tree ([ID], [ID+1]). In this stage group 0
-// owns the whole tree (one tablet, (-inf, +inf)); tablets move in B4.
+// Every ordered keyspace lives in the groups' B-link trees (one per
+// group, btree.Store); keys of different keyspaces never collide because
+// the internal key is the keyspace's ID byte followed by the user's key,
+// so each keyspace is one contiguous range of the key order ([ID],
+// [ID+1]). The keyspaces' split points cut that order into tablets,
+// placed round-robin over the groups (OrderedTablets); without split
+// points group 0 owns the one tablet (-inf, +inf).
 type Keyspace struct {
 	// Name is how clients name it ([A-Za-z0-9_-]{1,64}, unique).
 	Name string `json:"name"`
@@ -31,6 +33,25 @@ type Keyspace struct {
 	// NodeSize is the tree's node size in bytes (0: 4 KiB). Every
 	// ordered keyspace shares the group's tree, so all give the same.
 	NodeSize int `json:"node_size,omitempty"`
+	// Splits are the keyspace's split points (user keys, strictly
+	// increasing): each starts a tablet, so a keyspace with n of them
+	// spreads over n+1 tablets (OrderedTablets places them).
+	Splits []string `json:"splits,omitempty"`
+}
+
+// UniformSplits are the split points of count tablets over the keys
+// prefix followed by decimal digits whose first two digits are about
+// uniform (YCSB's "user" keys, for example): prefix followed by the
+// two digits i*100/count for i = 1..count-1 (count 1..100).
+func UniformSplits(prefix string, count int) []string {
+	var out []string
+	for i := 1; i < count; i++ {
+		p := fmt.Sprintf("%s%02d", prefix, i*100/count)
+		if len(out) == 0 || out[len(out)-1] != p {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Keyspace kinds.
@@ -79,7 +100,23 @@ func (m *Map) fillKeyspaces() error {
 		case size != 0 && n != size:
 			return fmt.Errorf("keyspace %q: node_size %d: every ordered keyspace shares the tree, whose node size is %d", ks.Name, n, size)
 		}
+		for j, sp := range ks.Splits {
+			switch {
+			case len(sp) == 0 || len(sp) > m.OrderedMaxKey():
+				return fmt.Errorf("keyspace %q: split %d: %d bytes, want 1 to %d", ks.Name, j, len(sp), m.OrderedMaxKey())
+			case j > 0 && sp <= ks.Splits[j-1]:
+				return fmt.Errorf("keyspace %q: splits %q and %q: want strictly increasing split points", ks.Name, ks.Splits[j-1], sp)
+			}
+		}
 		names[ks.Name], ids[ks.ID], size = true, true, n
+	}
+	if len(m.Groups) > 0 {
+		per := map[uint32]int{}
+		for _, p := range m.OrderedTablets() {
+			if per[p.Group]++; per[p.Group] > btree.MaxTablets {
+				return fmt.Errorf("keyspaces: the split points give group %d more than %d tablets", p.Group, btree.MaxTablets)
+			}
+		}
 	}
 	if cfg, ok := m.OrderedTree(); ok {
 		if err := cfg.Validate(); err != nil {
@@ -152,22 +189,59 @@ func (m *Map) OrderedMaxValue() int {
 	return v
 }
 
-// OrderedGroup is the group that owns the ordered tree's one tablet (in
-// this stage, group 0: tablets that move come in B4).
-func (m *Map) OrderedGroup() uint32 { return 0 }
+// OrderedTablets are the ordered key order's initial tablets, in key
+// order, and their groups: every keyspace's split points (as internal
+// keys) cut (-inf, +inf), and tablet i goes to group i mod the number of
+// groups. Without split points, group 0 owns the one tablet.
+func (m *Map) OrderedTablets() []btree.Placed {
+	var points []string
+	for _, ks := range m.Keyspaces {
+		for _, sp := range ks.Splits {
+			points = append(points, string(ks.InternalKey(nil, []byte(sp))))
+		}
+	}
+	slices.Sort(points)
+	points = slices.Compact(points)
+	ng := max(len(m.Groups), 1)
+	out := make([]btree.Placed, 0, len(points)+1)
+	var low []byte
+	for i := 0; i <= len(points); i++ {
+		p := btree.Placed{Tablet: btree.Tablet{Low: low, HighInf: i == len(points)}, Group: uint32(i % ng)}
+		if i < len(points) {
+			p.High = []byte(points[i])
+			low = p.High
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// OrderedGroups are the groups that own an initial tablet.
+func (m *Map) OrderedGroups() []uint32 {
+	var out []uint32
+	for _, p := range m.OrderedTablets() {
+		if !slices.Contains(out, p.Group) {
+			out = append(out, p.Group)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // OrderedStore is group g's btree.Store config for a replica of the map
-// (ok false: the map has no ordered keyspace and replicas build none).
-// Group OrderedGroup owns the one tablet (-inf, +inf); other groups own
-// none and answer StatusMoved.
+// (ok false: the map has no ordered keyspace and replicas build none):
+// the tablets OrderedTablets gives g (a group with none answers every
+// ordered request StatusMoved).
 func (m *Map) OrderedStore(g int) (cfg btree.StoreConfig, ok bool) {
 	tc, ok := m.OrderedTree()
 	if !ok {
 		return cfg, false
 	}
 	cfg = btree.StoreConfig{Group: uint32(g), Tree: tc}
-	if uint32(g) == m.OrderedGroup() {
-		cfg.Tablets = []btree.Tablet{btree.All}
+	for _, p := range m.OrderedTablets() {
+		if p.Group == uint32(g) {
+			cfg.Tablets = append(cfg.Tablets, p.Tablet)
+		}
 	}
 	cfg.Readers = append(append(cfg.Readers, m.ClientNodes...), m.Groups[g]...)
 	return cfg, true

@@ -56,3 +56,6 @@ func (t *Table) applyOrdered(index uint64, data []byte) []byte {
 	t.requestDone()
 	return out
 }
+
+// OrderedPart is the table's ordered part (nil: none).
+func (t *Table) OrderedPart() Ordered { return t.cfg.Ordered }

@@ -79,6 +79,9 @@ type OrderedResult struct {
 	// scan), and the btree applied index they are the tree's state at.
 	Pairs   []btree.KV
 	Scanned uint64
+	// Directory read (BeginDir): the group's tablets and their version.
+	Tablets    []btree.Tablet
+	DirVersion uint64
 	// Member is the replica read; Applied and AppliedAt its kv header's
 	// last applied entry and when it was applied, read before the tree:
 	// the answer is never older than the state after Applied.
@@ -112,6 +115,7 @@ const (
 	okLookup orderedKind = iota
 	okScan
 	okReverse
+	okDir // the group's tablets (the directory area after the tree header)
 )
 
 type ordState uint8
@@ -140,6 +144,7 @@ type OrderedReader struct {
 	hdr    btree.Header
 	hdrOK  bool
 	hbuf   []byte
+	dbuf   []byte // the whole header region (directory reads)
 	wrs    []rdma.WR
 	readFn btree.ReadFunc
 
@@ -329,6 +334,19 @@ func (r *OrderedReader) BeginScan(start, end []byte, limit int, mode Consistency
 		r.end = append([]byte{}, end...)
 	}
 	r.limit = limit
+}
+
+// BeginDir starts a read of the group's tablets: its btree header region
+// (the header and the directory area after it) from one member, read as
+// a stale-ok read is (the near member; the tablets it has published).
+func (r *OrderedReader) BeginDir() {
+	r.begin(okDir, StaleOK)
+}
+
+// DirCtx reads the group's tablets like BeginDir, giving up when ctx ends.
+func (r *OrderedReader) DirCtx(ctx context.Context) (OrderedResult, error) {
+	r.BeginDir()
+	return r.drive(ctx)
 }
 
 func (r *OrderedReader) begin(k orderedKind, mode Consistency) {
@@ -522,7 +540,14 @@ func (r *OrderedReader) step() {
 		wrs = r.wrs[:0]
 	}
 	if r.wantHdr {
-		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: btree.HeaderRegion(g.group), Buf: r.hbuf})
+		buf := r.hbuf
+		if r.kind == okDir {
+			if r.dbuf == nil {
+				r.dbuf = make([]byte, btree.RegionSize)
+			}
+			buf = r.dbuf
+		}
+		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: btree.HeaderRegion(g.group), Buf: buf})
 		r.hdrInList = true
 	} else {
 		err := r.run()
@@ -712,12 +737,26 @@ func (r *OrderedReader) landed() {
 		}
 	}
 	if r.hdrInList {
-		h, err := btree.DecodeHeader(r.hbuf)
+		buf := r.hbuf
+		if r.kind == okDir {
+			buf = r.dbuf[:btree.HeaderSize]
+		}
+		h, err := btree.DecodeHeader(buf)
 		if err != nil {
 			r.fail(fmt.Errorf("%w: tree header: %w", errRetry, err))
 			return
 		}
 		r.hdr, r.hdrOK, r.wantHdr = h, true, false
+		if r.kind == okDir {
+			v, tbs, err := btree.DecodeDir(r.dbuf[btree.HeaderSize:])
+			if err != nil {
+				r.fail(fmt.Errorf("%w: tablets: %w", errRetry, err))
+				return
+			}
+			r.res.Tablets, r.res.DirVersion = tbs, v
+			r.answer()
+			return
+		}
 	}
 	for i, sl := range r.inList {
 		r.memo[sl] = append(r.memo[sl], r.bufs[i])
@@ -742,7 +781,7 @@ func (r *OrderedReader) answer() {
 		if r.lkFound {
 			r.res.Value, r.res.Version = r.lkEntry.Value, r.lkEntry.Version
 		}
-	} else {
+	} else if r.kind != okDir {
 		r.res.Pairs, r.res.Scanned = r.pairs, r.hdr.Applied
 	}
 	if r.m == r.gr.home {

@@ -31,10 +31,13 @@ const btreeUsage = `usage: kvbench btree [flags]
 Measures the ordered keyspace (a B-link tree read one-sided, package
 btree; issue 18) through the path a user takes: client.Keyspace's
 GetItem, Put and Scan on the cluster's ordered keyspace "ordered". The
-cluster is started as 'kvbench kv' starts it: 3 replicas (one group) on shm in a
-child process of kvbench, the client in this one on a node of its own; or
-with --embedded kvserver's embedded cluster (--groups x 3 replicas; the
-ordered keyspace lives in group 0), the client opening its map file.
+cluster is started as 'kvbench kv' starts it: --groups groups (default 1)
+of 3 replicas on shm in a child process of kvbench, the client in this one
+on a node of its own, the ordered keyspace cut into one tablet per group
+at the loaded keys' quantiles (split points k(records*j/groups)); or with
+--embedded kvserver's embedded cluster (--groups x 3 replicas; its ordered
+keyspace has no split points: one tablet, in group 0), the client opening
+its map file.
 
 Every run starts a fresh cluster and loads --records records (16-byte
 keys, 100-byte values) into the ordered keyspace (single puts on
@@ -64,6 +67,12 @@ hashed keyspace (batches, as kvbench kv loads). Then, in this order:
   put      overwrites of random loaded keys at 1 and --put-threads
            goroutines. baseline: hashed puts of the same keys at the same
            count.
+  insert   puts of new keys (a loaded key with its last digit made a
+           letter: they fall between the loaded keys, so over every
+           tablet) at 1 and --put-threads goroutines. baseline: hashed
+           puts of the same new keys at the same count. Run it at
+           --groups 1, 2, 4 and 8 to see inserts scale with groups
+           (the row's groups column).
   cold     a second client opened after the load (an empty cache) makes
            --cold linearizable lookups of random keys from 1 goroutine;
            curve: the mean node reads per lookup over each --cold/20
@@ -97,7 +106,7 @@ type btreeFlags struct {
 	rows       []string // of btreeRowNames
 }
 
-var btreeRowNames = []string{"lookup", "scan", "put", "cold"}
+var btreeRowNames = []string{"lookup", "scan", "put", "insert", "cold"}
 
 func (o *btreeFlags) row(name string) bool { return slices.Contains(o.rows, name) }
 
@@ -117,9 +126,9 @@ func parseBTreeFlags(args []string, stderr io.Writer) (*btreeFlags, error) {
 	fs.DurationVar(&o.et, "election-timeout", time.Second, "the replicas' election timeout")
 	fs.BoolVar(&o.quick, "quick", false, "smoke test: --records 20000, --duration 200ms, --runs 1 and --retries 0 unless given")
 	fs.BoolVar(&o.embedded, "embedded", false, "the replicas are kvserver's embedded cluster (what make run starts), the client opens its map file")
-	fs.IntVar(&o.groups, "groups", 2, "--embedded: the embedded cluster's groups of 3 replicas (kvserver --groups)")
+	fs.IntVar(&o.groups, "groups", 1, "groups of 3 replicas (with --embedded: kvserver --groups, default 2); the ordered keyspace has a tablet per group unless --embedded")
 	fs.StringVar(&o.kvserver, "kvserver", "", "--embedded: the kvserver `binary` to run (default: go build it from this module)")
-	rows := fs.String("rows", "", "comma-separated measurements: lookup, scan, put, cold (default all)")
+	rows := fs.String("rows", "", "comma-separated measurements: lookup, scan, put, insert, cold (default all)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -139,8 +148,11 @@ func parseBTreeFlags(args []string, stderr io.Writer) (*btreeFlags, error) {
 	if len(o.rows) == 0 {
 		o.rows = slices.Clone(btreeRowNames)
 	}
-	if !o.embedded && (set["groups"] || set["kvserver"]) {
-		return nil, errors.New("btree: --groups and --kvserver go with --embedded")
+	if !o.embedded && set["kvserver"] {
+		return nil, errors.New("btree: --kvserver goes with --embedded")
+	}
+	if o.embedded && !set["groups"] {
+		o.groups = 2
 	}
 	if o.quick {
 		o.commonFlags.quickDefaults(set, &o.records)
@@ -168,8 +180,24 @@ func parseBTreeFlags(args []string, stderr io.Writer) (*btreeFlags, error) {
 // kvFlags is the cluster setup of kvbench kv that btree shares: its
 // cluster, its client and its hashed baseline, with no Redis.
 func (o *btreeFlags) kvFlags() *kvFlags {
-	return &kvFlags{commonFlags: o.commonFlags, records: o.records, threads: o.threads, putThreads: o.putThreads,
+	f := &kvFlags{commonFlags: o.commonFlags, records: o.records, threads: o.threads, putThreads: o.putThreads,
 		et: o.et, embedded: o.embedded, groups: o.groups, kvserver: o.kvserver, ordered: true}
+	if !o.embedded {
+		f.childGroups, f.orderedSplits = o.groups, btreeSplits(o.records, o.groups)
+	}
+	return f
+}
+
+// btreeSplits are the split points of groups tablets over the keys of
+// records loaded records: their quantiles.
+func btreeSplits(records, groups int) []string {
+	var out []string
+	key := make([]byte, kvKeySize)
+	for j := 1; j < groups; j++ {
+		fillKey(key, records*j/groups)
+		out = append(out, string(key))
+	}
+	return out
 }
 
 // btreeStat is one measurement of an ordered row: the closed loop's
@@ -281,6 +309,9 @@ func btreeRunOnce(o *btreeFlags, run int, bin string, res *btreeResults, stderr 
 	}
 	if o.row("put") {
 		b.puts()
+	}
+	if o.row("insert") {
+		b.inserts()
 	}
 	if o.row("cold") {
 		if err := b.coldRow(); err != nil {
@@ -523,6 +554,55 @@ func (b *btreeRun) puts() {
 	}
 }
 
+// inserts measures the insert rows (puts of new keys between the loaded
+// ones) against hashed puts of the same keys.
+func (b *btreeRun) inserts() {
+	ctx := b.e.ctx
+	for i, t := range []int{1, b.o.putThreads} {
+		if i > 0 && t == 1 {
+			break
+		}
+		what := fmt.Sprintf("insert x%d", t)
+		st, err := b.measure(t, b.newKeys(func(key, val []byte) error {
+			fillValue(val, key, 'i')
+			_, err := b.ks.Put(ctx, key, val)
+			return err
+		}))
+		if err != nil {
+			b.fail(what, err)
+			continue
+		}
+		m := btreeMeas{ours: st}
+		put := b.e.ours.putter()
+		if m.base, err = b.measureBase(t, b.newKeys(func(key, val []byte) error {
+			fillValue(val, key, 'i')
+			return put(key, val)
+		})); err != nil {
+			b.fail("hashed "+what, err)
+		} else {
+			m.hasBase = true
+		}
+		b.e.note("%-26s p50 %-8s %8s ops/s; hashed put p50 %-8s %8s ops/s (%d groups)", what, fmtDur(st.p50), fmtOps(st.opsPerS), fmtDur(m.base.p50), fmtOps(m.base.opsPerS), b.o.groups)
+		b.res.add(btreeKey{"insert", "", t}, m)
+	}
+}
+
+// newKeys returns an op maker: each goroutine fills key with a random
+// new key (a loaded key whose last digit is a random letter: between two
+// loaded keys, so new keys spread over the tablets as loaded ones do)
+// and calls op.
+func (b *btreeRun) newKeys(op func(key []byte, val []byte) error) func(g int) kvOp {
+	return func(g int) kvOp {
+		rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(g)))
+		key, val := make([]byte, kvKeySize), make([]byte, kvValueSize)
+		return func() error {
+			fillKey(key, rng.IntN(b.o.records))
+			key[kvKeySize-1] = byte('a' + rng.IntN(26))
+			return op(key, val)
+		}
+	}
+}
+
 // coldRow opens a second client (an empty cache) and makes --cold
 // linearizable lookups of random keys, recording each one's node reads.
 func (b *btreeRun) coldRow() error {
@@ -662,12 +742,12 @@ type btreeRow struct {
 }
 
 // baselineName is the baseline each op compares with.
-var baselineName = map[string]string{"lookup": "hash-get", "put": "hash-put", "scan": "lookup"}
+var baselineName = map[string]string{"lookup": "hash-get", "put": "hash-put", "insert": "hash-put", "scan": "lookup"}
 
 func summarizeBTree(res *btreeResults, o *btreeFlags) []btreeRow {
-	placement, groups := "kvbench-child", 1
+	placement, groups := "kvbench-child", o.groups
 	if o.embedded {
-		placement, groups = "embedded-kvserver", o.groups
+		placement = "embedded-kvserver"
 	}
 	hp := shm.ProbeHugePages("", o.shmDir)
 	var out []btreeRow
@@ -686,7 +766,7 @@ func summarizeBTree(res *btreeResults, o *btreeFlags) []btreeRow {
 		for _, m := range ms {
 			r.Retries += m.ours.retries
 		}
-		if k.op != "put" {
+		if k.op != "put" && k.op != "insert" {
 			r.ReadsPerOp = ptr(med(func(m btreeMeas) float64 { return m.ours.reads }))
 		}
 		if k.op == "lookup" || k.op == "scan" {
@@ -738,7 +818,7 @@ func summarizeBTree(res *btreeResults, o *btreeFlags) []btreeRow {
 func printBTreeTable(w io.Writer, out []btreeRow, o *btreeFlags) {
 	fmt.Fprintf(w, "kvbench btree  %s  %s, %d CPUs, %s  medians of %d run(s) x %v\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(), o.runs, o.duration)
-	where := "3 replicas (1 group) on shm in a child process"
+	where := fmt.Sprintf("%d x 3 replicas on shm in a child process, a tablet per group", o.groups)
 	if o.embedded {
 		where = fmt.Sprintf("kvserver's embedded cluster (%d x 3 replicas on shm) in a child process", o.groups)
 	}

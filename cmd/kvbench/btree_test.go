@@ -84,10 +84,12 @@ func TestBTreeQuickJSON(t *testing.T) {
 		}
 	}
 	for _, n := range []int{1, 4} {
-		if r := get(fmt.Sprintf("put//%d", n)); r != nil {
-			positive(t, r, "ops_per_s", "p50_ns", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "cost_ops")
-			if r["baseline"] != "hash-put" {
-				t.Errorf("row put//%d: baseline %v, want hash-put", n, r["baseline"])
+		for _, op := range []string{"put", "insert"} {
+			if r := get(fmt.Sprintf("%s//%d", op, n)); r != nil {
+				positive(t, r, "ops_per_s", "p50_ns", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "cost_ops")
+				if r["baseline"] != "hash-put" {
+					t.Errorf("row %s//%d: baseline %v, want hash-put", op, n, r["baseline"])
+				}
 			}
 		}
 	}
@@ -108,6 +110,39 @@ func TestBTreeQuickJSON(t *testing.T) {
 		if f, _ := r["first_reads"].(float64); f < 2 {
 			t.Errorf("cold row: first_reads %v, want at least 2 (2000 records take several leaves under a root)", r["first_reads"])
 		}
+	}
+	checkKVLeftovers(t, stderr.String())
+}
+
+// TestBTreeGroupsQuick runs kvbench btree --groups 2 (the child's 2
+// groups, the ordered keyspace cut at the loaded keys' median) with the
+// insert and scan rows: every row says 2 groups, inserts and their hashed
+// baseline are measured, and scans (which cross the tablet boundary)
+// answer (without the lookup rows, their baseline, they have no ratio).
+func TestBTreeGroupsQuick(t *testing.T) {
+	args := []string{"btree", "--json", "--records", "2000", "--duration", "1ms", "--runs", "1", "--retries", "0",
+		"--threads", "1", "--put-threads", "4", "--scan-length", "20", "--groups", "2", "--rows", "insert,scan"}
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	}
+	ops := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		if obj["groups"] != float64(2) {
+			t.Errorf("line %q: want groups 2", line)
+		}
+		positive(t, obj, "ops_per_s")
+		if obj["op"] == "insert" {
+			positive(t, obj, "baseline_ops_per_s", "ratio_ops")
+		}
+		ops[fmt.Sprint(obj["op"])]++
+	}
+	if ops["insert"] != 2 || ops["scan"] != 2 {
+		t.Fatalf("rows by op %v, want 2 insert (x1, x4) and 2 scan (both consistencies)", ops)
 	}
 	checkKVLeftovers(t, stderr.String())
 }

@@ -157,6 +157,10 @@ type kvFlags struct {
 	durability string   // --embedded: kvserver --durability
 	rows       []string // of kvRowNames
 	ordered    bool     // not a flag: kvbench btree's cluster, with an ordered keyspace
+	// Not flags (kvbench btree --groups without --embedded): the child's
+	// groups of 3 replicas (0: 1) and the ordered keyspace's split points.
+	childGroups   int
+	orderedSplits []string
 }
 
 // kvRowNames are --rows' names, in the order they are measured.
@@ -1019,10 +1023,14 @@ func (e *kvEnv) openEmbedded() (err error) {
 func (e *kvEnv) openChild() (err error) {
 	o, note := e.o, e.note
 	e.m = &cluster.Map{Name: e.name, Fabric: "shm", ShmDir: e.wd, Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{kvClientID}}
+	for g := 1; g < o.childGroups; g++ {
+		id := rdma.NodeID(3*g + 1)
+		e.m.Groups = append(e.m.Groups, []rdma.NodeID{id, id + 1, id + 2})
+	}
 	if o.ordered {
 		// kvbench btree: the ordered keyspace kvserver's embedded cluster
 		// declares, and a node for a second client (its cold rows).
-		e.m.Keyspaces = []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1}}
+		e.m.Keyspaces = []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1, Splits: o.orderedSplits}}
 		e.m.ClientNodes = append(e.m.ClientNodes, kvClientID+1)
 	}
 	if e.proc, err = startKVProc(e.m, o.et); err != nil {
@@ -1050,7 +1058,7 @@ func (e *kvEnv) openChild() (err error) {
 	}
 	e.ours = &rdmakvStore{c: e.c, hdr: &headerReader{conn: e.hconn}, ctx: e.ctx}
 	e.reps = []int{e.proc.pid()}
-	note("rdmakv: 3 replicas in process %d, cluster %s in %s", e.proc.pid(), e.name, e.wd)
+	note("rdmakv: %d x 3 replicas in process %d, cluster %s in %s", len(e.m.Groups), e.proc.pid(), e.name, e.wd)
 	return nil
 }
 

@@ -232,8 +232,8 @@ func runCheck(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	if tc, ok := m.OrderedTree(); ok {
 		for _, ks := range m.Keyspaces {
-			fmt.Fprintf(stdout, "  keyspace %q: %s (id %d), nodes of %d bytes, keys up to %d bytes, values up to %d, in group %d\n",
-				ks.Name, ks.Kind, ks.ID, tc.NodeSize, m.OrderedMaxKey(), m.OrderedMaxValue(), m.OrderedGroup())
+			fmt.Fprintf(stdout, "  keyspace %q: %s (id %d), nodes of %d bytes, keys up to %d bytes, values up to %d, %d tablets in groups %v\n",
+				ks.Name, ks.Kind, ks.ID, tc.NodeSize, m.OrderedMaxKey(), m.OrderedMaxValue(), len(ks.Splits)+1, m.OrderedGroups())
 		}
 	}
 	return 0
