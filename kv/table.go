@@ -173,6 +173,7 @@ type Table struct {
 	mbuf      []byte // and merged values
 	res       [resSize]byte
 	keyb      []byte
+	finds     uint64 // index lookups (find), for tests
 }
 
 // Node is the node the table's regions are registered on.
@@ -402,6 +403,7 @@ type where struct {
 // reads its own words without atomics; a slot's fingerprint byte is
 // compared first.
 func (t *Table) find(key []byte, h uint64) (where, bool) {
+	t.finds++
 	fp := fpOf(h)
 	mem := t.cur.mem
 	for _, b := range places(h, t.cur.log) {
@@ -592,7 +594,13 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 	}
 	res := Result{}
 	// Migrate every owned key's old buckets, then check the conditions.
+	// A request of one op (every op of a multi request is one) keeps its
+	// key's hash and place for the write below: nothing between the two
+	// loops changes the index then, so it hashes and looks up once.
 	first := true
+	var oneH uint64
+	var oneW where
+	oneFound, oneKept := false, false
 	for i := range ops {
 		op := &ops[i]
 		h := hashKey(op.Key)
@@ -601,6 +609,9 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 		}
 		t.migrateKey(h)
 		w, found := t.find(op.Key, h)
+		if len(ops) == 1 {
+			oneH, oneW, oneFound, oneKept = h, w, found, true
+		}
 		if first {
 			first = false
 			if found {
@@ -616,22 +627,31 @@ func (t *Table) applyOps(index uint64, ops []Op, base int) Result {
 	deferring := t.snaps.Load() > 0
 	for i := range ops {
 		op := &ops[i]
-		h := hashKey(op.Key)
-		if !t.owns(h) {
-			continue
+		var h uint64
+		var w where
+		var found bool
+		if oneKept {
+			h, w, found = oneH, oneW, oneFound
+		} else {
+			h = hashKey(op.Key)
+			if !t.owns(h) {
+				continue
+			}
 		}
 		version := index<<16 | uint64(base+i)
 		if res.Count == 0 {
 			res.Version = version
 		}
 		res.Count++
-		// An earlier op of this request may have started a new
-		// generation (a put that found its key's buckets full): migrate
-		// this key's buckets again before looking it up.
-		if !t.knobs.noRemigrate {
-			t.migrateKey(h)
+		if !oneKept {
+			// An earlier op of this request may have started a new
+			// generation (a put that found its key's buckets full):
+			// migrate this key's buckets again before looking it up.
+			if !t.knobs.noRemigrate {
+				t.migrateKey(h)
+			}
+			w, found = t.find(op.Key, h)
 		}
-		w, found := t.find(op.Key, h)
 		switch op.Kind {
 		case OpDelete:
 			if found {
