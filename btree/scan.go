@@ -39,11 +39,7 @@ func (c *Cache) Scan(read ReadFunc, root NodeID, applied uint64, start, end []by
 	var src *cached
 	var queue []NodeID
 	if from := c.cover(start); from != nil && from.level == 1 {
-		i := len(from.keys) - 1
-		for i > 0 && string(start) < from.keys[i] {
-			i--
-		}
-		src, queue = from, slices.Clone(from.kids[i:])
+		src, queue = from, slices.Clone(from.kids[from.childIndex(start):])
 	}
 	var prev *Node
 	// stuck counts the reads since the last leaf the scan accepted.

@@ -46,7 +46,7 @@ func (e *scanEnv) write() {
 		k = randKey(e.r, 2000, e.tr.cfg.MaxKey)
 	}
 	if e.r.IntN(10) < 7 {
-		v := randVal(e.r, 24)
+		v := randVal(e.r, 22)
 		if _, err := e.tr.Put(k, v, e.stamp, e.stamp); err != nil {
 			e.t.Fatal(err)
 		}
