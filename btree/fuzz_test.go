@@ -150,3 +150,116 @@ func FuzzTreeOps(f *testing.F) {
 		}
 	})
 }
+
+// linearFind and linearChild are the node searches by a walk over the
+// entries in order (the searches before the offsets): the reference the
+// binary searches are held to.
+func linearFind(n *Node, key []byte) (Entry, bool) {
+	it := n.Entries()
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		switch c := cmp(e.Key, key); {
+		case c == 0:
+			return e, true
+		case c > 0:
+			return Entry{}, false
+		}
+	}
+	return Entry{}, false
+}
+
+func linearChild(n *Node, key []byte) NodeID {
+	it := n.Entries()
+	var child NodeID
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		if string(e.Key) > string(key) {
+			break
+		}
+		child = e.Child
+	}
+	return child
+}
+
+// FuzzSearch: a leaf and an inner node built from the input's keys
+// (sorted, deduplicated), searched for every key, a key between each two
+// and keys past both ends: Find and ChildFor (binary searches over the
+// entries' offsets) answer exactly as the linear walks, and so does the
+// cache's copy of the inner node (childIndex).
+func FuzzSearch(f *testing.F) {
+	f.Add([]byte("\x03abc\x01b\x02bb\x04zzzz\x01a"))
+	f.Add(slices.Repeat([]byte("\x02k1\x03k22\x01k"), 10))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		const size = 4096
+		var keys [][]byte
+		for len(b) > 0 {
+			kl := int(b[0])%12 + 1
+			b = b[1:]
+			if len(b) < kl {
+				break
+			}
+			keys = append(keys, b[:kl])
+			b = b[kl:]
+		}
+		slices.SortFunc(keys, cmp)
+		keys = slices.CompactFunc(keys, func(a, b []byte) bool { return cmp(a, b) == 0 })
+		leaf := &image{id: makeID(1, 0), highInf: true}
+		inner := &image{id: makeID(2, 0), level: 1, highInf: true}
+		for i, k := range keys {
+			m := &image{level: 0, highInf: true, keys: append(slices.Clone(leaf.keys), k),
+				vals: append(slices.Clone(leaf.vals), []byte{byte(i)}), vers: append(slices.Clone(leaf.vers), uint64(i+1))}
+			if m.size() > size {
+				break
+			}
+			leaf.keys, leaf.vals, leaf.vers = m.keys, m.vals, m.vers
+		}
+		// An inner node's first key is its low fence.
+		if len(leaf.keys) > 0 {
+			inner.low = leaf.keys[0]
+			leaf.low = leaf.keys[0]
+			for i, k := range leaf.keys {
+				inner.keys = append(inner.keys, k)
+				inner.kids = append(inner.kids, makeID(uint32(i+10), 1))
+			}
+		}
+		probes := [][]byte{nil, {0}, {0xff, 0xff, 0xff}}
+		for _, k := range leaf.keys {
+			probes = append(probes, k, append(slices.Clone(k), 0), k[:len(k)-1])
+		}
+		for _, m := range []*image{leaf, inner} {
+			if m.leaf() == false && len(m.keys) == 0 {
+				continue
+			}
+			buf := make([]byte, size)
+			m.encode(buf)
+			n, err := Decode(buf, m.id)
+			if err != nil {
+				t.Fatalf("%d keys: %v", len(m.keys), err)
+			}
+			var c *cached
+			if !n.Leaf {
+				Cache := NewCache(1 << 20)
+				Cache.add(&n)
+				c = Cache.cover(n.Low)
+			}
+			for _, p := range probes {
+				if n.Leaf {
+					e, ok := n.Find(p)
+					we, wok := linearFind(&n, p)
+					if ok != wok || ok && (!slices.Equal(e.Key, we.Key) || !slices.Equal(e.Value, we.Value) || e.Version != we.Version) {
+						t.Fatalf("Find(%q) = %q %v, linear %q %v", p, e.Key, ok, we.Key, wok)
+					}
+					continue
+				}
+				if !n.Covers(p) {
+					continue
+				}
+				if got, want := n.ChildFor(p), linearChild(&n, p); got != want {
+					t.Fatalf("ChildFor(%q) = %v, linear %v", p, got, want)
+				}
+				if got, want := c.child(p), linearChild(&n, p); got != want {
+					t.Fatalf("cached child(%q) = %v, linear %v", p, got, want)
+				}
+			}
+		}
+	})
+}

@@ -204,6 +204,9 @@ func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err er
 		return false, err
 	}
 	path := t.descend(key)
+	if handled, existed := t.putInPlace(path[len(path)-1], key, val, version, stamp); handled {
+		return existed, nil
+	}
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if found {
@@ -309,6 +312,9 @@ func (t *Tree) Delete(key []byte, stamp uint64) bool {
 		return false
 	}
 	path := t.descend(key)
+	if handled, found := t.deleteInPlace(path[len(path)-1], key, len(path) == 1, stamp); handled {
+		return found
+	}
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if !found {
