@@ -66,6 +66,8 @@ type ScanWalk struct {
 	err   error
 	// readStopped: the last error came from a read, the state kept.
 	readStopped bool
+	// alias: pairs alias the bytes read (AliasReads).
+	alias bool
 
 	// Forward: the cached node the next ids come from (see Scan), the
 	// ids it lists still to read, the last leaf taken.
@@ -94,6 +96,22 @@ func (c *Cache) BeginScan(w *ScanWalk, root NodeID, applied uint64, start, end [
 	if from := c.cover(start); from != nil && from.level == 1 {
 		w.src, w.queue = from, append(w.queue, from.kids[from.childIndex(start):]...)
 	}
+}
+
+// AliasReads makes the pairs' keys and values alias the bytes the walk's
+// ReadFunc returned instead of copying them: for a caller whose reads each
+// land in a buffer of their own that nothing writes again while it uses
+// the pairs (a one-sided reader's; an arena's bytes are not). Call it after
+// BeginScan.
+func (w *ScanWalk) AliasReads() { w.alias = true }
+
+// pair appends the pair of e to the scan's.
+func (w *ScanWalk) pair(e *Entry) {
+	if w.alias {
+		w.Pairs = append(w.Pairs, KV{Key: e.Key[:len(e.Key):len(e.Key)], Value: e.Value[:len(e.Value):len(e.Value)], Version: e.Version})
+		return
+	}
+	w.Pairs = append(w.Pairs, KV{Key: slices.Clone(e.Key), Value: slices.Clone(e.Value), Version: e.Version})
 }
 
 // Run advances the walk: nil when the scan is done (Pairs), a read's
@@ -208,7 +226,7 @@ func (w *ScanWalk) runForward(read ReadFunc) error {
 			if end != nil && string(e.Key) >= string(end) {
 				return nil
 			}
-			w.Pairs = append(w.Pairs, KV{Key: slices.Clone(e.Key), Value: slices.Clone(e.Value), Version: e.Version})
+			w.pair(&e)
 			if w.limit > 0 && len(w.Pairs)-w.dst >= w.limit {
 				return nil
 			}
@@ -361,7 +379,7 @@ func (w *ScanWalk) runReverse(read ReadFunc) error {
 			if string(k) < string(start) {
 				return nil
 			}
-			w.Pairs = append(w.Pairs, KV{Key: slices.Clone(k), Value: slices.Clone(w.ents[i].Value), Version: w.ents[i].Version})
+			w.pair(&w.ents[i])
 			if w.limit > 0 && len(w.Pairs)-w.dst >= w.limit {
 				return nil
 			}

@@ -79,6 +79,8 @@ type OrderedResult struct {
 	Version uint64
 	// Scan: the pairs, in the scan's order (descending for a reverse
 	// scan), and the btree applied index they are the tree's state at.
+	// Their keys and values alias the node reads' buffers (the reader's
+	// until its next call, as every slice of the result).
 	Pairs   []btree.KV
 	Scanned uint64
 	// Member is the replica read; Applied and AppliedAt its kv header's
@@ -172,6 +174,7 @@ type OrderedReader struct {
 	memo              map[uint32][][]byte // node slots read this attempt, in read order
 	uses              map[uint32]int      // reads of each slot by the current run
 	need              uint32
+	needK             int // the copy of need the walk asked for
 	runReads          int
 	pairs             []btree.KV
 	walk              btree.ScanWalk // the attempt's scan, resumed after each list
@@ -484,7 +487,7 @@ func (r *OrderedReader) memoRead(slot uint32) ([]byte, error) {
 		r.res.Decodes++
 		return bs[k], nil
 	}
-	r.need = slot
+	r.need, r.needK = slot, k
 	return nil, errNeed
 }
 
@@ -506,6 +509,14 @@ func (r *OrderedReader) ahead() int {
 // errNeed when it needs r.need read, else why the attempt failed.
 func (r *OrderedReader) run() error {
 	clear(r.uses)
+	if r.walking {
+		// A scan's walk resumes at the read that stopped it, which
+		// takes the copy it asked for (a fresh one, if it had read that
+		// slot before in this attempt); the reads before it in the
+		// walk are not made again. A descent the stop interrupted does
+		// start again, and takes the copies it took before.
+		r.uses[r.need] = r.needK
+	}
 	var err error
 	var reads int
 	switch r.kind {
@@ -516,6 +527,7 @@ func (r *OrderedReader) run() error {
 		// node read is decoded once per attempt (OrderedResult.Decodes).
 		if !r.walking {
 			r.cache.BeginScan(&r.walk, r.hdr.Root, r.hdr.Applied, r.start, r.end, r.limit, r.kind == okReverse, r.pairs[:0])
+			r.walk.AliasReads() // each read lands in a fresh buffer the memo keeps
 			r.walking = true
 		}
 		err = r.walk.Run(r.readFn)
