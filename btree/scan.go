@@ -114,6 +114,17 @@ func (w *ScanWalk) pair(e *Entry) {
 	w.Pairs = append(w.Pairs, KV{Key: slices.Clone(e.Key), Value: slices.Clone(e.Value), Version: e.Version})
 }
 
+// ResumeKey is, for a forward scan past its first leaf, the low fence of
+// the leaf it goes on with (the last leaf's high fence); nil otherwise. A
+// caller that reads leaves ahead looks up the cached level-1 node listing
+// that leaf with it (Listed), past the level-1 node the scan started in.
+func (w *ScanWalk) ResumeKey() []byte {
+	if w.reverse || w.prev == nil || w.prev.HighInf {
+		return nil
+	}
+	return w.prev.High
+}
+
 // Run advances the walk: nil when the scan is done (Pairs), a read's
 // error with the walk stopped at that read (Run again to retry it), or
 // why the scan failed (ErrChanged, ErrRetry, ErrMalformed, ErrTorn: the

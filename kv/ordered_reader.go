@@ -571,6 +571,8 @@ func (r *OrderedReader) step() {
 				key, bound, rev := r.start, r.end, r.kind == okReverse
 				if rev {
 					key, bound = r.end, r.start
+				} else if k := r.walk.ResumeKey(); k != nil {
+					key = k // past the level-1 node the scan began in
 				}
 				for _, id := range r.cache.Listed(key, bound, r.need, rev, r.ahead()) {
 					if sl := id.Slot(); len(r.memo[sl]) == 0 && !slices.Contains(r.inList, sl) {
