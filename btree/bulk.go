@@ -28,7 +28,7 @@ func (c Config) bulkPlan(ents []KVV, fill float64, stamp uint64) [][]*image {
 	var leaves []*image
 	cur := &image{stamp: stamp}
 	for _, e := range ents {
-		if !room(cur, leafEnt+len(e.Key)+len(e.Value)) {
+		if !room(cur, offSize+leafEnt+len(e.Key)+len(e.Value)) {
 			leaves = append(leaves, cur)
 			cur = &image{stamp: stamp, low: e.Key}
 		}
@@ -42,7 +42,7 @@ func (c Config) bulkPlan(ents []KVV, fill float64, stamp uint64) [][]*image {
 		var up []*image
 		p := &image{stamp: stamp, level: lvl}
 		for _, ch := range levels[lvl-1] {
-			if !room(p, innerEnt+len(ch.low)) {
+			if !room(p, offSize+innerEnt+len(ch.low)) {
 				up = append(up, p)
 				p = &image{stamp: stamp, level: lvl, low: ch.low}
 			}

@@ -70,12 +70,21 @@ func (c *cached) covers(key []byte) bool {
 	return string(key) >= c.low && (c.highInf || string(key) < c.high)
 }
 
-func (c *cached) child(key []byte) NodeID {
-	i := len(c.keys) - 1
-	for i > 0 && string(key) < c.keys[i] {
-		i--
+func (c *cached) child(key []byte) NodeID { return c.kids[c.childIndex(key)] }
+
+// childIndex is the index of the child that holds key: the last whose key
+// is at most key (0 if none), by binary search.
+func (c *cached) childIndex(key []byte) int {
+	lo, hi := 1, len(c.keys)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if string(key) < c.keys[mid] {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
 	}
-	return c.kids[i]
+	return lo - 1
 }
 
 // NewCache returns a cache of at most maxBytes of decoded inner nodes (0

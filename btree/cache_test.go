@@ -31,7 +31,7 @@ func cacheRun(t *testing.T, knobs testingKnobs, ops int) (caches []*Cache, err e
 		k := randKey(r, 3000, cfg.MaxKey)
 		switch p := r.IntN(10); {
 		case p < 3:
-			v := randVal(r, 24)
+			v := randVal(r, 22)
 			if _, err := tr.Put(k, v, uint64(i+2), uint64(i+2)); err != nil {
 				t.Fatal(err)
 			}

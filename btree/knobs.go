@@ -11,6 +11,14 @@ type testingKnobs struct {
 	// to the new node before the new node exists, so a reader that moves
 	// right finds no node there.
 	linkBeforeNode bool
+	// noInPlace makes every change go through a whole image (decode,
+	// change, encode, copy): the reference the in-place path is held to.
+	noInPlace bool
+	// inPlaceOldStamp plants a bug: a leaf changed in place keeps its
+	// old stamp, so a scan that read the applied index before the change
+	// accepts the changed leaf as a state as of that index (what readers
+	// validate was not updated with the node).
+	inPlaceOldStamp bool
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool

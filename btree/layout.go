@@ -19,6 +19,7 @@ import (
 //	0      8       16      24      32       34       36      38      40
 //	[id   ][stamp ][next  ][prev  ][level  ][count  ][used  ][flags ]
 //	40: [low len u16][low fence][high len u16][high fence]
+//	    [off 0 u16] ... [off count-1 u16]
 //	    [entry 0][entry 1] ... [entry count-1]
 //	    [zero padding to 8][check u64]            (ends at used)
 //	    zero to NodeSize
@@ -37,6 +38,13 @@ import (
 //	       freed: a reader holding a pointer to it must look again)
 //	fences the node holds keys k with low <= k < high (bytes.Compare);
 //	       the lowest node of a level has the empty low fence
+//	off    where entry i starts, counted from entry 0's first byte: the
+//	       entries are variable-sized, and these offsets let a search
+//	       bisect them (Find, ChildFor) instead of walking them in order.
+//	       Entries lie in key order, back to back (off 0 is 0, off i+1
+//	       is off i plus entry i's size), so a node's bytes are a
+//	       function of its contents: every replica writes the same bytes
+//	       (Decode checks it)
 //	check  xxhash of bytes [0, used-8)
 //
 // Leaf entry, sorted by key:
@@ -64,6 +72,7 @@ const (
 	checkSize = 8
 	leafEnt   = 14 // klen u16 + vlen u32 + version u64
 	innerEnt  = 10 // klen u16 + child u64
+	offSize   = 2  // an entry's offset (off i), besides its entry
 
 	flagLeaf    = 1
 	flagHighInf = 2
@@ -116,6 +125,7 @@ type Node struct {
 	Low     []byte
 	High    []byte // meaningless when HighInf
 	Count   int
+	offs    []byte // the entries' offsets, u16 each
 	ents    []byte // the entries, in order
 }
 
@@ -135,6 +145,9 @@ func Decode(b []byte, want NodeID) (Node, error) {
 	it := n.Entries()
 	var prev []byte
 	for i := 0; i < n.Count; i++ {
+		if int(leU16(n.offs[2*i:])) != len(n.ents)-len(it.rest) {
+			return n, ErrMalformed // entries not back to back, in order
+		}
 		e, ok := it.next()
 		if !ok {
 			return n, ErrMalformed
@@ -209,7 +222,10 @@ func decodeHeader(b []byte, want NodeID, check bool) (Node, error) {
 	if n.High, body, ok = fence(body); !ok {
 		return n, ErrMalformed
 	}
-	n.ents = body
+	if len(body) < offSize*n.Count {
+		return n, ErrMalformed
+	}
+	n.offs, n.ents = body[:offSize*n.Count], body[offSize*n.Count:]
 	return n, nil
 }
 
@@ -286,35 +302,79 @@ func (it *EntryIter) next() (Entry, bool) {
 	return e, true
 }
 
-// Find looks key up in a leaf: its entry and whether it is there.
-func (n *Node) Find(key []byte) (Entry, bool) {
-	it := n.Entries()
-	for {
-		e, ok := it.next()
-		if !ok {
-			return Entry{}, false
+// entryAt is entry i (i < Count) through its offset, false if it does
+// not fit the node (a malformed node: readers never panic on one).
+func (n *Node) entryAt(i int) (Entry, bool) {
+	o := int(leU16(n.offs[2*i:]))
+	if o > len(n.ents) {
+		return Entry{}, false
+	}
+	it := EntryIter{leaf: n.Leaf, left: 1, rest: n.ents[o:]}
+	return it.next()
+}
+
+// keyAt is the key of entry i (i < Count), false if it does not fit.
+func (n *Node) keyAt(i int) ([]byte, bool) {
+	o := int(leU16(n.offs[2*i:]))
+	hdr := innerEnt
+	if n.Leaf {
+		hdr = leafEnt
+	}
+	if o > len(n.ents)-hdr {
+		return nil, false
+	}
+	kl := int(leU16(n.ents[o:]))
+	if kl > len(n.ents)-o-hdr {
+		return nil, false
+	}
+	return n.ents[o+hdr : o+hdr+kl], true
+}
+
+// search is the number of entries whose key is at most key (a binary
+// search over the offsets), and whether the last of them equals key.
+// A malformed entry ends it with ok false.
+func (n *Node) search(key []byte) (i int, eq, ok bool) {
+	lo, hi := 0, n.Count
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		k, fits := n.keyAt(mid)
+		if !fits {
+			return 0, false, false
 		}
-		switch c := cmp(e.Key, key); {
+		switch c := cmp(k, key); {
 		case c == 0:
-			return e, true
-		case c > 0:
-			return Entry{}, false
+			return mid + 1, true, true
+		case c < 0:
+			lo = mid + 1
+		default:
+			hi = mid
 		}
 	}
+	return lo, false, true
+}
+
+// Find looks key up in a leaf: its entry and whether it is there.
+func (n *Node) Find(key []byte) (Entry, bool) {
+	i, eq, ok := n.search(key)
+	if !ok || !eq {
+		return Entry{}, false
+	}
+	return n.entryAt(i - 1)
 }
 
 // ChildFor returns the child of an inner node that holds key (key must lie
-// inside the node's fences).
+// inside the node's fences): the child of the last entry whose key is at
+// most key (0 if none, or the node is malformed).
 func (n *Node) ChildFor(key []byte) NodeID {
-	it := n.Entries()
-	var child NodeID
-	for {
-		e, ok := it.next()
-		if !ok || string(e.Key) > string(key) {
-			return child
-		}
-		child = e.Child
+	i, _, ok := n.search(key)
+	if !ok || i == 0 {
+		return 0
 	}
+	e, fits := n.entryAt(i - 1)
+	if !fits {
+		return 0
+	}
+	return e.Child
 }
 
 // lastChild is an inner node's rightmost child.
@@ -351,23 +411,20 @@ type image struct {
 
 func (m *image) leaf() bool { return m.level == 0 }
 
+// entSize is the bytes entry i takes: its offset and the entry.
 func (m *image) entSize(i int) int {
 	if m.leaf() {
-		return leafEnt + len(m.keys[i]) + len(m.vals[i])
+		return offSize + leafEnt + len(m.keys[i]) + len(m.vals[i])
 	}
-	return innerEnt + len(m.keys[i])
+	return offSize + innerEnt + len(m.keys[i])
 }
 
 // size is the encoded size of the image, check word included, rounded up
 // to 8.
 func (m *image) size() int {
 	s := hdrSize + 2 + len(m.low) + 2 + len(m.high) + checkSize
-	for i, k := range m.keys {
-		if m.leaf() {
-			s += leafEnt + len(k) + len(m.vals[i])
-		} else {
-			s += innerEnt + len(k)
-		}
+	for i := range m.keys {
+		s += m.entSize(i)
 	}
 	return (s + 7) &^ 7
 }
@@ -400,7 +457,11 @@ func (m *image) encode(dst []byte) {
 	} else {
 		p = putBytes(dst, p, m.high)
 	}
+	offs := p
+	p += offSize * len(m.keys)
+	base := p
 	for i, k := range m.keys {
+		le.PutUint16(dst[offs+offSize*i:], uint16(p-base))
 		le.PutUint16(dst[p:], uint16(len(k)))
 		if m.leaf() {
 			le.PutUint32(dst[p+2:], uint32(len(m.vals[i])))

@@ -31,87 +31,202 @@ type KV struct {
 // gap; so every pair returned, and every key absent, is as of applied,
 // which the caller read from the group before the scan began.
 func (c *Cache) Scan(read ReadFunc, root NodeID, applied uint64, start, end []byte, limit int, dst []KV) ([]KV, int, error) {
-	out := dst
-	reads := 0
-	// src is the cached node whose pointers the next ids come from (its
-	// list of leaves from start on, or the one pointer findLeaf took
-	// from it); a leaf that shows the list stale drops it.
-	var src *cached
-	var queue []NodeID
-	if from := c.cover(start); from != nil && from.level == 1 {
-		i := len(from.keys) - 1
-		for i > 0 && string(start) < from.keys[i] {
-			i--
-		}
-		src, queue = from, slices.Clone(from.kids[i:])
+	var w ScanWalk
+	c.BeginScan(&w, root, applied, start, end, limit, false, dst)
+	err := w.Run(read)
+	if err != nil {
+		return dst, w.Reads, err
 	}
-	var prev *Node
-	// stuck counts the reads since the last leaf the scan accepted.
-	for stuck := 0; stuck < maxSteps; stuck++ {
-		var id NodeID
-		listed := false
-		switch {
-		case len(queue) > 0:
-			id, queue, listed = queue[0], queue[1:], true
-		case prev != nil:
-			id = prev.Next
-		default:
-			leaf, used, n, err := c.findLeaf(read, root, start)
-			reads += n
-			if err != nil {
-				return dst, reads, err
+	return w.Pairs, w.Reads, nil
+}
+
+// ScanWalk is a scan (Cache.Scan or ReverseScan) that its caller may
+// resume: Run returns the error of a read that failed with the walk's
+// state kept, and the next Run starts with that same read. A one-sided
+// reader that posts the read the walk asks for and runs the walk again
+// once it lands thus takes each node once per scan, instead of walking
+// again over every node read so far after each round trip (quadratic in
+// the scan's leaves). The descent to the first leaf, which needs a few
+// inner nodes, starts again from the cache (which took the inner nodes
+// read so far) when a read stops it.
+type ScanWalk struct {
+	c          *Cache
+	root       NodeID
+	applied    uint64
+	start, end []byte
+	limit      int
+	reverse    bool
+	dst        int // len of the caller's dst: the pairs before the scan's
+	// Pairs are the caller's dst and the pairs found so far (all of them
+	// once Run returns nil).
+	Pairs []KV
+	// Reads counts the node reads the walk made (each Run's).
+	Reads int
+	done  bool
+	err   error
+	// readStopped: the last error came from a read, the state kept.
+	readStopped bool
+	// alias: pairs alias the bytes read (AliasReads).
+	alias bool
+
+	// Forward: the cached node the next ids come from (see Scan), the
+	// ids it lists still to read, the last leaf taken.
+	src   *cached
+	queue []NodeID
+	prev  *Node
+	stuck int
+	// The read under way: its id and whether the list named it.
+	pend       NodeID
+	pendListed bool
+	havePend   bool
+	// Reverse: whether the first leaf is still to be found, the leaf
+	// read before this one (to its right), and scratch.
+	needFirst bool
+	right     *Node
+	ents      []Entry
+}
+
+// BeginScan starts w: a scan (reverse: ReverseScan) of Scan's arguments.
+func (c *Cache) BeginScan(w *ScanWalk, root NodeID, applied uint64, start, end []byte, limit int, reverse bool, dst []KV) {
+	*w = ScanWalk{c: c, root: root, applied: applied, start: start, end: end, limit: limit, reverse: reverse,
+		dst: len(dst), Pairs: dst, queue: w.queue[:0], ents: w.ents[:0], needFirst: true}
+	if reverse {
+		return
+	}
+	if from := c.cover(start); from != nil && from.level == 1 {
+		w.src, w.queue = from, append(w.queue, from.kids[from.childIndex(start):]...)
+	}
+}
+
+// AliasReads makes the pairs' keys and values alias the bytes the walk's
+// ReadFunc returned instead of copying them: for a caller whose reads each
+// land in a buffer of their own that nothing writes again while it uses
+// the pairs (a one-sided reader's; an arena's bytes are not). Call it after
+// BeginScan.
+func (w *ScanWalk) AliasReads() { w.alias = true }
+
+// pair appends the pair of e to the scan's.
+func (w *ScanWalk) pair(e *Entry) {
+	if w.alias {
+		w.Pairs = append(w.Pairs, KV{Key: e.Key[:len(e.Key):len(e.Key)], Value: e.Value[:len(e.Value):len(e.Value)], Version: e.Version})
+		return
+	}
+	w.Pairs = append(w.Pairs, KV{Key: slices.Clone(e.Key), Value: slices.Clone(e.Value), Version: e.Version})
+}
+
+// ResumeKey is, for a forward scan past its first leaf, the low fence of
+// the leaf it goes on with (the last leaf's high fence); nil otherwise. A
+// caller that reads leaves ahead looks up the cached level-1 node listing
+// that leaf with it (Listed), past the level-1 node the scan started in.
+func (w *ScanWalk) ResumeKey() []byte {
+	if w.reverse || w.prev == nil || w.prev.HighInf {
+		return nil
+	}
+	return w.prev.High
+}
+
+// Run advances the walk: nil when the scan is done (Pairs), a read's
+// error with the walk stopped at that read (Run again to retry it), or
+// why the scan failed (ErrChanged, ErrRetry, ErrMalformed, ErrTorn: the
+// walk is over).
+func (w *ScanWalk) Run(read ReadFunc) error {
+	if w.done {
+		return w.err
+	}
+	var err error
+	if w.reverse {
+		err = w.runReverse(read)
+	} else {
+		err = w.runForward(read)
+	}
+	if err == nil || !w.readStopped {
+		w.done, w.err = true, err
+	}
+	w.readStopped = false
+	return err
+}
+
+// readFailed records that read failed with the walk's state kept.
+func (w *ScanWalk) readFailed(err error) error {
+	w.readStopped = true
+	return err
+}
+
+func (w *ScanWalk) runForward(read ReadFunc) error {
+	c, start, end := w.c, w.start, w.end
+	for ; w.stuck < maxSteps; w.stuck++ {
+		if !w.havePend {
+			var id NodeID
+			listed := false
+			switch {
+			case len(w.queue) > 0:
+				id, w.queue, listed = w.queue[0], w.queue[1:], true
+			case w.prev != nil:
+				id = w.prev.Next
+			default:
+				leaf, used, n, err := c.findLeaf(read, w.root, start)
+				w.Reads += n
+				if err != nil {
+					if retryable(err) || errors.Is(err, ErrMalformed) {
+						return err
+					}
+					return w.readFailed(err) // a read's: findLeaf runs again
+				}
+				id, w.src, listed = leaf, used, used != nil
 			}
-			id, src, listed = leaf, used, used != nil
+			w.pend, w.pendListed, w.havePend = id, listed, true
 		}
+		id, listed := w.pend, w.pendListed
 		b, err := read(id.Slot())
-		reads++
+		w.Reads++
 		if err != nil {
-			return dst, reads, err
+			return w.readFailed(err)
 		}
+		w.havePend = false
 		n, err := decodeRead(b, id)
 		if err == nil && n.Dead {
 			err = ErrNotNode
 		}
-		if err == nil && (n.Level != 0 || (prev == nil && string(start) < string(n.Low))) {
+		if err == nil && (n.Level != 0 || (w.prev == nil && string(start) < string(n.Low))) {
 			err = ErrStale
 		}
-		if err == nil && prev != nil && string(n.Low) != string(prev.High) && !c.knobs.skipContiguity {
+		if err == nil && w.prev != nil && string(n.Low) != string(w.prev.High) && !c.knobs.skipContiguity {
 			err = ErrStale // a gap or an overlap: the list was stale
 		}
 		if errors.Is(err, ErrStale) || errors.Is(err, ErrNotNode) {
-			if listed && src != nil {
-				c.drop(src) // the cached parent is out of date
-				src, queue = nil, nil
+			if listed && w.src != nil {
+				c.drop(w.src) // the cached parent is out of date
+				w.src, w.queue = nil, nil
 				continue // on from prev's right link, or descend again
 			}
 			// Through a right link or a fresh descent: the tree changed
 			// after the leaves read so far were written.
-			return dst, reads, ErrChanged
+			return ErrChanged
 		}
 		if err != nil {
-			return dst, reads, err
+			return err
 		}
-		if n.Stamp > applied && !c.knobs.skipStamp {
-			return dst, reads, ErrChanged
+		if n.Stamp > w.applied && !c.knobs.skipStamp {
+			return ErrChanged
 		}
-		if prev == nil && !n.Covers(start) {
+		if w.prev == nil && !n.Covers(start) {
 			// start lies right of this leaf: a split moved it there.
 			if n.Next == 0 {
-				return dst, reads, ErrMalformed
+				return ErrMalformed
 			}
-			if listed && src != nil && !c.knobs.keepStaleParent {
+			if listed && w.src != nil && !c.knobs.keepStaleParent {
 				// The cached parent predates the split (maybe many:
 				// inserts at the right end split the last leaf again
 				// and again, and nothing else refreshes a cache that
 				// only scans use). Drop it and descend again, reading
 				// the parent afresh, rather than walk a chain of right
 				// links that grows with every split, on every scan.
-				c.drop(src)
-				src, queue = nil, nil
+				c.drop(w.src)
+				w.src, w.queue = nil, nil
 				continue
 			}
-			queue = []NodeID{n.Next}
-			src = nil
+			w.queue = append(w.queue[:0], n.Next)
+			w.src = nil
 			continue
 		}
 		it := n.Entries()
@@ -120,20 +235,20 @@ func (c *Cache) Scan(read ReadFunc, root NodeID, applied uint64, start, end []by
 				continue
 			}
 			if end != nil && string(e.Key) >= string(end) {
-				return out, reads, nil
+				return nil
 			}
-			out = append(out, KV{Key: slices.Clone(e.Key), Value: slices.Clone(e.Value), Version: e.Version})
-			if limit > 0 && len(out)-len(dst) >= limit {
-				return out, reads, nil
+			w.pair(&e)
+			if w.limit > 0 && len(w.Pairs)-w.dst >= w.limit {
+				return nil
 			}
 		}
 		if n.HighInf || (end != nil && string(n.High) >= string(end)) {
-			return out, reads, nil
+			return nil
 		}
-		prev = &n // n aliases b, the read's own copy
-		stuck = 0
+		w.prev = &n // n aliases b, the read's own copy
+		w.stuck = -1
 	}
-	return dst, reads, ErrRetry
+	return ErrRetry
 }
 
 // findLeaf returns the id of the leaf holding key, descending from the
@@ -181,98 +296,111 @@ func (c *Cache) findLeaf(read ReadFunc, root NodeID, key []byte) (NodeID, *cache
 // left through prev links, which a split or merge rewrites in the same
 // apply as the rest of the change.
 func (c *Cache) ReverseScan(read ReadFunc, root NodeID, applied uint64, start, end []byte, limit int, dst []KV) ([]KV, int, error) {
-	out := dst
-	reads := 0
-	var id NodeID
-	var src *cached
-	first := func() error {
-		var n int
-		var err error
-		if end == nil {
-			id, n, err = c.lastLeaf(read, root)
-			src = nil
-		} else {
-			id, src, n, err = c.findLeaf(read, root, end)
+	var w ScanWalk
+	c.BeginScan(&w, root, applied, start, end, limit, true, dst)
+	err := w.Run(read)
+	if err != nil {
+		return dst, w.Reads, err
+	}
+	return w.Pairs, w.Reads, nil
+}
+
+// first finds the reverse scan's first leaf (the one holding end, or the
+// rightmost): w.pend, and the cached node that named it (w.src).
+func (w *ScanWalk) first(read ReadFunc) error {
+	var n int
+	var err error
+	if w.end == nil {
+		w.pend, n, err = w.c.lastLeaf(read, w.root)
+		w.src = nil
+	} else {
+		w.pend, w.src, n, err = w.c.findLeaf(read, w.root, w.end)
+	}
+	w.Reads += n
+	if err != nil && !retryable(err) && !errors.Is(err, ErrChanged) && !errors.Is(err, ErrMalformed) {
+		return w.readFailed(err) // a read's: the descent runs again
+	}
+	if err == nil {
+		w.needFirst = false
+	}
+	return err
+}
+
+func (w *ScanWalk) runReverse(read ReadFunc) error {
+	c, start, end := w.c, w.start, w.end
+	for ; w.stuck < maxSteps; w.stuck++ {
+		if w.needFirst {
+			if err := w.first(read); err != nil {
+				return err
+			}
 		}
-		reads += n
-		return err
-	}
-	if err := first(); err != nil {
-		return dst, reads, err
-	}
-	var right *Node // the leaf read before this one, to its right
-	var ents []Entry
-	for stuck := 0; stuck < maxSteps; stuck++ {
+		id := w.pend
 		b, err := read(id.Slot())
-		reads++
+		w.Reads++
 		if err != nil {
-			return dst, reads, err
+			return w.readFailed(err)
 		}
 		n, err := decodeRead(b, id)
 		if err == nil && (n.Dead || n.Level != 0) {
 			err = ErrNotNode
 		}
-		if err == nil && right == nil {
+		if err == nil && w.right == nil {
 			if end != nil && string(end) < string(n.Low) {
 				err = ErrStale
 			} else if !n.HighInf && (end == nil || string(end) >= string(n.High)) {
-				if src != nil && !c.knobs.keepStaleParent {
+				if w.src != nil && !c.knobs.keepStaleParent {
 					// The cached parent predates the split: drop it
 					// and descend again rather than walk right links
 					// (see Scan).
-					c.drop(src)
-					if err := first(); err != nil {
-						return dst, reads, err
-					}
+					c.drop(w.src)
+					w.needFirst = true
 					continue
 				}
-				id = n.Next // end lies right of this leaf: a split moved it
+				w.pend = n.Next // end lies right of this leaf: a split moved it
 				continue
 			}
 		}
-		if err == nil && right != nil && (n.HighInf || string(n.High) != string(right.Low)) {
+		if err == nil && w.right != nil && (n.HighInf || string(n.High) != string(w.right.Low)) {
 			err = ErrChanged // a prev link older than applied's state
 		}
 		if errors.Is(err, ErrStale) || errors.Is(err, ErrNotNode) {
-			if right == nil && src != nil {
-				c.drop(src)
-				if err := first(); err != nil {
-					return dst, reads, err
-				}
+			if w.right == nil && w.src != nil {
+				c.drop(w.src)
+				w.needFirst = true
 				continue
 			}
-			return dst, reads, ErrChanged
+			return ErrChanged
 		}
 		if err != nil {
-			return dst, reads, err
+			return err
 		}
-		if n.Stamp > applied && !c.knobs.skipStamp {
-			return dst, reads, ErrChanged
+		if n.Stamp > w.applied && !c.knobs.skipStamp {
+			return ErrChanged
 		}
-		ents = ents[:0]
+		w.ents = w.ents[:0]
 		it := n.Entries()
 		for e, ok := it.next(); ok; e, ok = it.next() {
-			ents = append(ents, e)
+			w.ents = append(w.ents, e)
 		}
-		for i := len(ents) - 1; i >= 0; i-- {
-			k := ents[i].Key
+		for i := len(w.ents) - 1; i >= 0; i-- {
+			k := w.ents[i].Key
 			if end != nil && string(k) >= string(end) {
 				continue
 			}
 			if string(k) < string(start) {
-				return out, reads, nil
+				return nil
 			}
-			out = append(out, KV{Key: slices.Clone(k), Value: slices.Clone(ents[i].Value), Version: ents[i].Version})
-			if limit > 0 && len(out)-len(dst) >= limit {
-				return out, reads, nil
+			w.pair(&w.ents[i])
+			if w.limit > 0 && len(w.Pairs)-w.dst >= w.limit {
+				return nil
 			}
 		}
 		if string(n.Low) <= string(start) || n.Prev == 0 {
-			return out, reads, nil
+			return nil
 		}
-		right, id, stuck = &n, n.Prev, 0
+		w.right, w.pend, w.stuck = &n, n.Prev, -1
 	}
-	return dst, reads, ErrRetry
+	return ErrRetry
 }
 
 // lastLeaf returns the rightmost leaf, descending from the root through

@@ -46,7 +46,7 @@ func (e *scanEnv) write() {
 		k = randKey(e.r, 2000, e.tr.cfg.MaxKey)
 	}
 	if e.r.IntN(10) < 7 {
-		v := randVal(e.r, 24)
+		v := randVal(e.r, 22)
 		if _, err := e.tr.Put(k, v, e.stamp, e.stamp); err != nil {
 			e.t.Fatal(err)
 		}
@@ -141,6 +141,7 @@ func scanRacing(t *testing.T, knobs testingKnobs, scans int, strict bool) (chang
 	e := newScanEnv(t, 21, 1500)
 	c := NewCache(1 << 20)
 	c.knobs = knobs
+	e.tr.knobs.inPlaceOldStamp = knobs.inPlaceOldStamp // the writer's
 	// Writes land between the reads of each scan's first attempt (a
 	// retry runs alone, so long scans end).
 	racing := false
@@ -313,6 +314,21 @@ func TestScanCatchesSkipContiguity(t *testing.T) {
 	// case ran at all.
 	if !strings.HasPrefix(err.Error(), "scan ") {
 		t.Fatalf("caught by the wrong check: %v", err)
+	}
+	t.Logf("caught as expected: %v", err)
+}
+
+// TestScanCatchesInPlaceOldStamp: a leaf changed in place that keeps its
+// old stamp (the planted bug: the writer changes the node but not what
+// scans validate) is accepted by a scan whose applied index predates the
+// change, and the scan mixes states: the linearizability check sees it.
+func TestScanCatchesInPlaceOldStamp(t *testing.T) {
+	_, err := scanRacing(t, testingKnobs{inPlaceOldStamp: true}, 1500, false)
+	if err == nil {
+		t.Fatal("inPlaceOldStamp went unnoticed")
+	}
+	if !strings.HasPrefix(err.Error(), "not linearizable") {
+		t.Fatalf("caught by the wrong property: %v", err)
 	}
 	t.Logf("caught as expected: %v", err)
 }

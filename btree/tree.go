@@ -40,7 +40,7 @@ func (c Config) fixed() int { return hdrSize + 2*(2+c.MaxKey) + checkSize + 8 }
 func (c Config) maxEntry() int { return (c.NodeSize - c.fixed()) / 3 }
 
 // MaxInline is the largest value a leaf holds with a key of MaxKey bytes.
-func (c Config) MaxInline() int { return c.maxEntry() - leafEnt - c.MaxKey }
+func (c Config) MaxInline() int { return c.maxEntry() - offSize - leafEnt - c.MaxKey }
 
 // Validate says what is wrong with the geometry, if anything.
 func (c Config) Validate() error {
@@ -51,7 +51,7 @@ func (c Config) Validate() error {
 	if c.MaxKey < 1 {
 		return fmt.Errorf("btree: max key %d: want at least 1", c.MaxKey)
 	}
-	if c.MaxInline() < 8 || innerEnt+c.MaxKey > c.maxEntry() {
+	if c.MaxInline() < 8 || offSize+innerEnt+c.MaxKey > c.maxEntry() {
 		return fmt.Errorf("btree: keys of up to %d bytes leave no room for values in nodes of %d bytes", c.MaxKey, c.NodeSize)
 	}
 	return nil
@@ -204,6 +204,9 @@ func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err er
 		return false, err
 	}
 	path := t.descend(key)
+	if handled, existed := t.putInPlace(path[len(path)-1], key, val, version, stamp); handled {
+		return existed, nil
+	}
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if found {
@@ -309,6 +312,9 @@ func (t *Tree) Delete(key []byte, stamp uint64) bool {
 		return false
 	}
 	path := t.descend(key)
+	if handled, found := t.deleteInPlace(path[len(path)-1], key, len(path) == 1, stamp); handled {
+		return found
+	}
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if !found {

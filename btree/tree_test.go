@@ -20,7 +20,7 @@ var geometries = []struct {
 	ops      int
 	keySpace int
 }{
-	{Config{NodeSize: 256, MaxKey: 16}, 24, 6000, 1500},
+	{Config{NodeSize: 256, MaxKey: 16}, 22, 6000, 1500}, // 22: MaxInline
 	{Config{NodeSize: 512, MaxKey: 32}, 64, 6000, 3000},
 	{Config{NodeSize: 4096, MaxKey: 256}, 300, 8000, 6000},
 	{Config{NodeSize: 16384, MaxKey: 64}, 900, 4000, 4000},
@@ -235,7 +235,7 @@ func writeOrderViolation(t *testing.T, linkBeforeNode bool, ops int) error {
 		var after string
 		var afterOK bool
 		if r.IntN(10) < 7 {
-			v := string(randVal(r, 24))
+			v := string(randVal(r, 22))
 			if _, err := tr.Put(k, []byte(v), uint64(i+2), uint64(i+2)); err != nil {
 				t.Fatal(err)
 			}

@@ -134,7 +134,7 @@ func TestKeyspaceLargeValue(t *testing.T) {
 	c := open(t, lc, 0)
 	users := c.Keyspace("users")
 	ctx := context.Background()
-	big := make([]byte, 5000)
+	big := make([]byte, 4900)
 	for i := range big {
 		big[i] = byte(i)
 	}

@@ -34,7 +34,7 @@ var ErrNotFielded = errors.New("rdmakv: the key's value is not a fielded value")
 // with the merged size); fields whose encoding alone exceeds the map's
 // max_value give ErrValueTooLarge before anything is sent.
 func (c *Client) UpdateFields(ctx context.Context, key []byte, fields map[string][]byte) (WriteResult, error) {
-	return c.merge(ctx, key, fields, kv.CmpNone)
+	return c.merge(ctx, key, fields, kv.CmpNone, nil)
 }
 
 // UpdateExistingFields is UpdateFields, but only of a key that has a
@@ -42,15 +42,38 @@ func (c *Client) UpdateFields(ctx context.Context, key []byte, fields map[string
 // ErrNotFound (checked by the replicas when they apply it, still one
 // write).
 func (c *Client) UpdateExistingFields(ctx context.Context, key []byte, fields map[string][]byte) (WriteResult, error) {
-	return c.merge(ctx, key, fields, kv.CmpExists)
+	return c.merge(ctx, key, fields, kv.CmpExists, nil)
 }
 
-func (c *Client) merge(ctx context.Context, key []byte, fields map[string][]byte, cmp uint8) (WriteResult, error) {
+// UpdateFields is Client.UpdateFields on the ordered keyspace: one blind
+// write that the replicas of the keyspace's group merge into the key's
+// fielded value when they apply it (the same merge as hashed keys', so
+// concurrent updates keep each other's fields), combined with the
+// client's other single-key writes. A merged value larger than
+// Map().OrderedMaxValue() writes nothing (a *LimitError).
+func (k *Keyspace) UpdateFields(ctx context.Context, key []byte, fields map[string][]byte) (WriteResult, error) {
+	return k.c.merge(ctx, key, fields, kv.CmpNone, k)
+}
+
+// UpdateExistingFields is UpdateFields, but only of a key that has a
+// value: for a key without one, nothing is written and the error is
+// ErrNotFound. YCSB's updates of an ordered keyspace are this call.
+func (k *Keyspace) UpdateExistingFields(ctx context.Context, key []byte, fields map[string][]byte) (WriteResult, error) {
+	return k.c.merge(ctx, key, fields, kv.CmpExists, k)
+}
+
+// merge sends the merge of fields into key, of ordered keyspace ks (nil:
+// the hashed keyspace).
+func (c *Client) merge(ctx context.Context, key []byte, fields map[string][]byte, cmp uint8, ks *Keyspace) (WriteResult, error) {
 	v := fielded.Encode(fields)
-	if err := c.checkValue(v); err != nil {
+	check := c.checkValue
+	if ks != nil {
+		check = ks.checkValue
+	}
+	if err := check(v); err != nil {
 		return WriteResult{}, err
 	}
-	r, err := c.single(ctx, kv.Op{Kind: kv.OpMerge, Cmp: cmp, Key: key, Value: v}, nil)
+	r, err := c.single(ctx, kv.Op{Kind: kv.OpMerge, Cmp: cmp, Key: key, Value: v}, ks)
 	if errors.Is(err, ErrCASMismatch) {
 		// StatusCondFailed: the value was not a fielded value (Prev is
 		// its version), or with CmpExists the key had none (Prev 0).

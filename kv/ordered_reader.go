@@ -21,13 +21,15 @@ import (
 // search and round-1 leader check), and walks the tree with a btree.Cache
 // shared by every OrderedReader of one client and group.
 //
-// The walk itself is btree's (Cache.Lookup, Scan, ReverseScan over a
-// ReadFunc): the reader runs it over the nodes read so far in this
-// attempt; when it asks for a slot not read yet, the run stops, the reader
-// posts that read and runs the walk again once it lands (each run is a
-// local search over cached nodes and bytes already read). A node the walk
-// asks for twice in one run (it met a torn copy and descends again) is
-// read again. Every node is validated by btree (check word, id, fences,
+// The walk itself is btree's (Cache.Lookup, and a btree.ScanWalk for
+// scans, over a ReadFunc): when it asks for a slot not read yet in this
+// attempt, the run stops, the reader posts that read and runs the walk
+// again once it lands. A lookup's walk runs again from its start over the
+// nodes read so far (a local search over cached nodes and bytes already
+// read: a lookup reads one or two nodes); a scan's walk resumes at the
+// read that stopped it, so each leaf of a scan is decoded once, not once
+// per round trip. A node the walk asks for twice in one run (it met a
+// torn copy and descends again) is read again. Every node is validated by btree (check word, id, fences,
 // level, stamps); a torn or stale node makes the walk read again, move
 // right or drop one cached level, never answer; an attempt whose walk
 // gives up (btree.ErrRetry, ErrChanged, a broken chain) starts over with
@@ -77,6 +79,8 @@ type OrderedResult struct {
 	Version uint64
 	// Scan: the pairs, in the scan's order (descending for a reverse
 	// scan), and the btree applied index they are the tree's state at.
+	// Their keys and values alias the node reads' buffers (the reader's
+	// until its next call, as every slice of the result).
 	Pairs   []btree.KV
 	Scanned uint64
 	// Directory read (BeginDir): the group's tablets and their version.
@@ -100,6 +104,11 @@ type OrderedResult struct {
 	// own). Reads can be fewer: a walk runs again over the nodes read so
 	// far, from the inner nodes the cache took from them.
 	NodeReads int
+	// Decodes counts the node images the walk took (and validated) over
+	// the call's attempts: a scan's walk resumes after each list of
+	// reads, so each node it reads is decoded once (NodeReads plus the
+	// nodes a descent or a retry takes again), not once per list.
+	Decodes int
 }
 
 // ErrOrderedRetries: a one-sided ordered read kept meeting nodes being
@@ -170,8 +179,11 @@ type OrderedReader struct {
 	memo              map[uint32][][]byte // node slots read this attempt, in read order
 	uses              map[uint32]int      // reads of each slot by the current run
 	need              uint32
+	needK             int // the copy of need the walk asked for
 	runReads          int
 	pairs             []btree.KV
+	walk              btree.ScanWalk // the attempt's scan, resumed after each list
+	walking           bool           // walk began in this attempt
 	lkEntry           btree.Entry
 	lkFound           bool
 	maxReadsPerAttmpt int
@@ -467,6 +479,7 @@ func (r *OrderedReader) startAttempt() {
 	}
 	g.at = r.m
 	clear(r.memo)
+	r.walking = false
 	r.first, r.posted, r.runReads, r.got, r.bracketed, r.noJoin, r.joining = true, 0, 0, 0, false, 0, nil
 	r.wantHdr = !r.hdrOK || r.kind != okLookup
 	for i := range g.asked {
@@ -489,9 +502,10 @@ func (r *OrderedReader) memoRead(slot uint32) ([]byte, error) {
 	k := r.uses[slot]
 	r.uses[slot] = k + 1
 	if bs := r.memo[slot]; k < len(bs) {
+		r.res.Decodes++
 		return bs[k], nil
 	}
-	r.need = slot
+	r.need, r.needK = slot, k
 	return nil, errNeed
 }
 
@@ -513,15 +527,29 @@ func (r *OrderedReader) ahead() int {
 // errNeed when it needs r.need read, else why the attempt failed.
 func (r *OrderedReader) run() error {
 	clear(r.uses)
+	if r.walking {
+		// A scan's walk resumes at the read that stopped it, which
+		// takes the copy it asked for (a fresh one, if it had read that
+		// slot before in this attempt); the reads before it in the
+		// walk are not made again. A descent the stop interrupted does
+		// start again, and takes the copies it took before.
+		r.uses[r.need] = r.needK
+	}
 	var err error
 	var reads int
 	switch r.kind {
 	case okLookup:
 		r.lkEntry, r.lkFound, reads, err = r.cache.Lookup(r.readFn, r.hdr.Root, r.key)
-	case okScan:
-		r.pairs, reads, err = r.cache.Scan(r.readFn, r.hdr.Root, r.hdr.Applied, r.start, r.end, r.limit, r.pairs[:0])
-	case okReverse:
-		r.pairs, reads, err = r.cache.ReverseScan(r.readFn, r.hdr.Root, r.hdr.Applied, r.start, r.end, r.limit, r.pairs[:0])
+	case okScan, okReverse:
+		// The scan's walk resumes where the last list stopped it: each
+		// node read is decoded once per attempt (OrderedResult.Decodes).
+		if !r.walking {
+			r.cache.BeginScan(&r.walk, r.hdr.Root, r.hdr.Applied, r.start, r.end, r.limit, r.kind == okReverse, r.pairs[:0])
+			r.walk.AliasReads() // each read lands in a fresh buffer the memo keeps
+			r.walking = true
+		}
+		err = r.walk.Run(r.readFn)
+		r.pairs, reads = r.walk.Pairs, r.walk.Reads
 	}
 	r.runReads = reads
 	return err
@@ -568,6 +596,8 @@ func (r *OrderedReader) step() {
 				key, bound, rev := r.start, r.end, r.kind == okReverse
 				if rev {
 					key, bound = r.end, r.start
+				} else if k := r.walk.ResumeKey(); k != nil {
+					key = k // past the level-1 node the scan began in
 				}
 				for _, id := range r.cache.Listed(key, bound, r.need, rev, r.ahead()) {
 					if sl := id.Slot(); len(r.memo[sl]) == 0 && !slices.Contains(r.inList, sl) {

@@ -419,3 +419,70 @@ func TestOrderedReaderGivesUp(t *testing.T) {
 		t.Fatalf("%+v, %v; want ErrOrderedRetries of ErrNoLeader after %d attempts", res, err, MaxAttempts)
 	}
 }
+
+// TestOrderedScanDecodesOnce: a scan over many leaves (300 keys in
+// 256-byte nodes: about a hundred leaves, read a few per list) decodes
+// each node it reads about once: the walk resumes after each list where it
+// stopped instead of running again over every node read so far (which
+// made the decodes of a scan quadratic in its leaves), both directions.
+func TestOrderedScanDecodesOnce(t *testing.T) {
+	nodes, rn := orderedNodes(t, "mem")
+	g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+	for i := range 300 {
+		g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%04d", i)), Value: []byte(fmt.Sprintf("v%d", i))})
+	}
+	r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 0, btree.NewCache(1<<20))
+	defer r.Close()
+	for _, mode := range []Consistency{Linearizable, StaleOK} {
+		for _, rev := range []bool{false, true} {
+			for round := range 2 { // cold cache, then warm
+				res, err := r.ScanCtx(context.Background(), nil, nil, 0, mode, rev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(res.Pairs) != 300 {
+					t.Fatalf("scan: %d pairs", len(res.Pairs))
+				}
+				if res.Retries > 0 {
+					continue // an attempt abandoned: its decodes count too
+				}
+				if res.Lists < 8 {
+					t.Fatalf("%d lists: the scan must take several round trips", res.Lists)
+				}
+				// Each node read once, plus a descent's inner nodes taken
+				// again when the walk resumes from the cache (a few).
+				if res.Decodes > res.NodeReads+16 {
+					t.Fatalf("mode %v reverse %v round %d: %d decodes for %d node reads in %d lists", mode, rev, round, res.Decodes, res.NodeReads, res.Lists)
+				}
+				t.Logf("mode %v reverse %v round %d: %d decodes, %d node reads, %d lists", mode, rev, round, res.Decodes, res.NodeReads, res.Lists)
+			}
+		}
+	}
+}
+
+// TestOrderedScanReadsAhead: a forward scan reads ahead the leaves each
+// cached level-1 node lists, not only those of the node it began in: with
+// a cache warmed by lookups, a scan over about 70 leaves takes a list per
+// level-1 node or so, far fewer than one per leaf.
+func TestOrderedScanReadsAhead(t *testing.T) {
+	nodes, rn := orderedNodes(t, "mem")
+	g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+	for i := range 300 {
+		g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%04d", i)), Value: []byte(fmt.Sprintf("v%d", i))})
+	}
+	r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 0, btree.NewCache(1<<20))
+	defer r.Close()
+	for i := range 300 { // every level-1 node into the cache
+		if _, err := r.Lookup([]byte(fmt.Sprintf("k%04d", i)), StaleOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := r.ScanCtx(context.Background(), nil, nil, 0, StaleOK, false)
+	if err != nil || len(res.Pairs) != 300 {
+		t.Fatalf("scan: %d pairs, %v", len(res.Pairs), err)
+	}
+	if res.Retries == 0 && res.Lists*3 > res.NodeReads {
+		t.Fatalf("%d lists for %d node reads: the scan did not read ahead", res.Lists, res.NodeReads)
+	}
+	t.Logf("%d lists, %d node reads, %d decodes", res.Lists, res.NodeReads, res.Decodes)
+}

@@ -39,11 +39,10 @@
 //	                    cluster of kvserver declares "ordered"): every
 //	                    operation goes there, and Scan works (workload E)
 //
-// With rdmakv.keyspace, the operations use the client's Keyspace calls,
-// which have no merges and no batches yet: Update is a read, then a
-// compare-version-and-swap of the merged record, retried while another
-// write got in between (so concurrent updates of one record still keep
-// each other's fields); the Batch calls run one operation per key. An
+// With rdmakv.keyspace, the operations use the client's Keyspace calls:
+// Update is one blind write there too (Keyspace.UpdateExistingFields, the
+// same merge); the Batch calls, with no ordered batches yet, run one
+// operation per key. An
 // ordered keyspace's values are at most Map().OrderedMaxValue() bytes
 // (about 900 with 4 KiB nodes: YCSB's default 10 fields of 100 bytes need
 // a node_size of 8192, or smaller fieldcount/fieldlength).
@@ -352,28 +351,16 @@ func (db *DB) update(ctx context.Context, k []byte, values map[string][]byte) er
 	return err
 }
 
-// updateOrdered merges values into the record of an ordered keyspace,
-// which has no merge operation yet: a linearizable read, then a
-// compare-version-and-swap of the merged record, again from the read
-// while another write got in between.
+// updateOrdered merges values into the record of an ordered keyspace:
+// one blind write, as for hashed keys (client.Keyspace's
+// UpdateExistingFields: the replicas of the keyspace's group merge the
+// fields when they apply it).
 func (db *DB) updateOrdered(ctx context.Context, k []byte, values map[string][]byte) error {
-	for {
-		it, err := db.ks.GetItem(ctx, k, client.Linearizable)
-		if err != nil {
-			return err
-		}
-		rec, err := DecodeFields(it.Value)
-		if err != nil {
-			return err
-		}
-		for f, v := range values {
-			rec[f] = v
-		}
-		_, err = db.ks.CompareVersionAndSwap(ctx, k, it.Version, EncodeFields(rec))
-		if !errors.Is(err, client.ErrCASMismatch) {
-			return db.valueErr(err)
-		}
+	_, err := db.ks.UpdateExistingFields(ctx, k, values)
+	if errors.Is(err, client.ErrNotFielded) {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
+	return db.valueErr(err)
 }
 
 // Delete removes the record (a missing record is not an error).

@@ -432,3 +432,35 @@ func TestRecordTooLargeForKeyspace(t *testing.T) {
 		t.Fatalf("insert of a record of 10 fields of %d bytes: %v", fits, err)
 	}
 }
+
+// TestOrderedUpdateIsOneWrite: an Update of an ordered keyspace's record
+// is one blind merge: no read of the record (the client's ordered gets do
+// not move), the other fields kept; a missing record is ErrNotFound and
+// is not created.
+func TestOrderedUpdateIsOneWrite(t *testing.T) {
+	db := startOrderedDB(t)
+	ctx := context.Background()
+	if err := db.Insert(ctx, "t", "k", map[string][]byte{"a": []byte("1"), "b": []byte("2")}); err != nil {
+		t.Fatal(err)
+	}
+	before := db.Client().Stats()
+	for i := range 5 {
+		if err := db.Update(ctx, "t", "k", map[string][]byte{"b": []byte(fmt.Sprint(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := db.Client().Stats()
+	if after.OrderedGets != before.OrderedGets {
+		t.Fatalf("5 updates made %d ordered gets: an update reads the record", after.OrderedGets-before.OrderedGets)
+	}
+	got, err := db.Read(ctx, "t", "k", nil)
+	if err != nil || string(got["a"]) != "1" || string(got["b"]) != "4" || len(got) != 2 {
+		t.Fatalf("after the updates: %q %v", got, err)
+	}
+	if err := db.Update(ctx, "t", "missing", map[string][]byte{"a": []byte("x")}); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("update of a missing record: %v, want ErrNotFound", err)
+	}
+	if _, err := db.Read(ctx, "t", "missing", nil); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("the update created the missing record: %v", err)
+	}
+}
