@@ -331,6 +331,8 @@ func (c *Client) write(ctx context.Context, ops []kv.Op, ks *Keyspace) ([]groupR
 		switch {
 		case errors.Is(err, multicast.ErrClosed) || c.isClosed():
 			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+		case errors.Is(err, multicast.ErrRestarted):
+			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
 		}
