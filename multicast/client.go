@@ -157,6 +157,7 @@ type call struct {
 	rbuf    []byte // the replies' results, in arrival order
 	rends   []int  // end of each reply's result in rbuf
 	retries int
+	esum    uint64 // its lca's links' connection epochs (summed) when it was admitted
 	ring    bool   // it holds its lca's ring slot (no reply yet)
 	gone    bool   // abandoned: dropped once it holds no ring slot
 	rec     []byte // the record image send posts (in own, or the user's Call)
@@ -351,7 +352,7 @@ func (c *Client) admit(dst tree.Set) (*call, error) {
 	c.free = c.free[:len(c.free)-1]
 	c.act = append(c.act, i)
 	k := &c.calls[i]
-	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, ring: true, own: k.own,
+	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, ring: true, own: k.own, esum: c.epochSum(lca),
 		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0], rbuf: k.rbuf[:0], rends: k.rends[:0]}
 	c.out++
 	return k, nil
@@ -475,9 +476,6 @@ func (c *Client) poll(now time.Duration) bool {
 			c.helloWait = min(2*c.helloWait, 20*c.cfg.RetryAfter)
 		}
 	}
-	if c.watchRestarts && c.restarted() {
-		progress = true
-	}
 	for j := 0; j < len(c.act); j++ {
 		k := &c.calls[c.act[j]]
 		for missing := k.dst &^ k.got; !missing.Empty(); {
@@ -494,7 +492,11 @@ func (c *Client) poll(now time.Duration) bool {
 			}
 			k.got = k.got.Add(g)
 			c.noteLeader(g, rp.flags)
-			c.answered(g)
+			if g == k.lca && k.esum == c.epochSum(g) {
+				// g took the message from its ring in the processes it
+				// was written to: it follows our ring positions
+				c.answered(g)
+			}
 			c.freeReply(g, k.seq)
 			if k.ring {
 				c.ordered(k)
@@ -531,6 +533,10 @@ func (c *Client) poll(now time.Duration) bool {
 			k.retryAt = now + k.wait
 			progress = true
 		}
+	}
+	// (after the replies: a group that answered did not restart whole)
+	if c.watchRestarts && c.restarted() {
+		progress = true
 	}
 	return progress
 }
@@ -692,8 +698,21 @@ func (c *Client) peerErrors() string {
 	return strings.TrimSuffix(b.String(), "; ")
 }
 
-// answered notes that group g answered (a reply or its hello) with its
-// members' links at their present connection epochs (mu held).
+// epochSum is the sum of the connection epochs of the links to group g's
+// members: it changes whenever one of them connects again.
+func (c *Client) epochSum(g tree.Group) uint64 {
+	n := uint64(0)
+	for _, p := range c.peers[g] {
+		n += p.link.Conn()
+	}
+	return n
+}
+
+// answered notes that group g answered (its hello, or the reply to a
+// message it took from its ring in the processes the message was written
+// to) with its members' links at their present connection epochs (mu
+// held). A reply written again by a new process, for a message an older
+// one took, does not count: the group may have lost ring positions since.
 func (c *Client) answered(g tree.Group) {
 	for i, p := range c.peers[g] {
 		c.linkBase[g][i] = p.link.Conn()
@@ -701,7 +720,7 @@ func (c *Client) answered(g tree.Group) {
 }
 
 // restarted looks for a group every replica of which was replaced since
-// it last answered: each member's link connected again (a replica's
+// it last answered (answered): each member's link connected again (a replica's
 // process that dies fails the link; its successor's node is a new
 // connection). Such a group may have recovered without what its memory
 // held: the messages in its rings, and (durability async) even entries it
