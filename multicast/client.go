@@ -116,8 +116,7 @@ type Client struct {
 
 	// Whole-group restarts (a started client only: watchRestarts).
 	// linkBase, per group, per member: the member's link's connection
-	// epoch when the group last answered (a reply or its hello); 0 not
-	// seen. Once every member's link connected again since (each
+	// epoch when the group last answered (answered); 0 not seen. Once every member's link connected again since (each
 	// process was replaced, as by a kill -9 of the whole group), the
 	// client takes a new incarnation (restarted). stale: groups that
 	// registered an older incarnation and not yet the current one (they
@@ -720,9 +719,9 @@ func (c *Client) answered(g tree.Group) {
 }
 
 // restarted looks for a group every replica of which was replaced since
-// it last answered (answered): each member's link connected again (a replica's
-// process that dies fails the link; its successor's node is a new
-// connection). Such a group may have recovered without what its memory
+// it last answered (answered): each member's link connected again (a
+// replica's process that dies fails the link; its successor's node is a
+// new connection). Such a group may have recovered without what its memory
 // held: the messages in its rings, and (durability async) even entries it
 // had ordered and answered, so that it waits in a client's ring for a
 // position the client will never write again. The client then takes a
