@@ -365,6 +365,8 @@ func (c *Client) writeTo(ctx context.Context, ops []kv.Op, ks *Keyspace, og uint
 		switch {
 		case errors.Is(err, multicast.ErrClosed) || c.isClosed():
 			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+		case errors.Is(err, multicast.ErrRestarted):
+			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
 		}

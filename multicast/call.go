@@ -147,6 +147,7 @@ func StartClientAsync(cfg ClientConfig, node rdma.Node) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.watchRestarts = true
 	c.rt.stop = make(chan struct{})
 	c.rt.keeperOn = make(chan struct{})
 	c.rt.watch = make(chan (<-chan struct{}), 1)

@@ -68,6 +68,10 @@ var (
 	ErrWindowFull  = errors.New("multicast: client window full (ClientSlots messages outstanding)")
 	ErrTooLarge    = errors.New("multicast: payload larger than a ring slot holds")
 	ErrDestination = errors.New("multicast: destination set empty or outside the tree")
+	// ErrRestarted ends a started client's calls under way when every
+	// replica of a group restarted while they were (Client.restarted):
+	// each may or may not have been delivered.
+	ErrRestarted = errors.New("multicast: every replica of a group restarted while the message was under way; it may or may not have been delivered")
 )
 
 // Client multicasts messages (TRAM Alg. 1: write m into the client's ring
@@ -110,6 +114,18 @@ type Client struct {
 	helloAt   time.Duration
 	helloWait time.Duration
 
+	// Whole-group restarts (a started client only: watchRestarts).
+	// linkBase, per group, per member: the member's link's connection
+	// epoch when the group last answered (answered); 0 not seen. Once every member's link connected again since (each
+	// process was replaced, as by a kill -9 of the whole group), the
+	// client takes a new incarnation (restarted). stale: groups that
+	// registered an older incarnation and not yet the current one (they
+	// stay in ready; hello is written to them until they answer).
+	watchRestarts bool
+	linkBase      [][]uint64
+	stale         tree.Set
+	restarts      uint64
+
 	seq   uint64
 	pos   []uint64   // per group: last ring position written
 	busy  [][]uint64 // per group, per ring slot: seq occupying it (0 free)
@@ -140,6 +156,7 @@ type call struct {
 	rbuf    []byte // the replies' results, in arrival order
 	rends   []int  // end of each reply's result in rbuf
 	retries int
+	esum    uint64 // its lca's links' connection epochs (summed) when it was admitted
 	ring    bool   // it holds its lca's ring slot (no reply yet)
 	gone    bool   // abandoned: dropped once it holds no ring slot
 	rec     []byte // the record image send posts (in own, or the user's Call)
@@ -199,6 +216,7 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 		}
 		c.peers = append(c.peers, ps)
 		c.leader = append(c.leader, -1)
+		c.linkBase = append(c.linkBase, make([]uint64, len(ms)))
 		c.busy = append(c.busy, make([]uint64, cfg.ClientSlots))
 		c.rbusy = append(c.rbusy, make([]uint64, cfg.ClientSlots))
 	}
@@ -333,7 +351,7 @@ func (c *Client) admit(dst tree.Set) (*call, error) {
 	c.free = c.free[:len(c.free)-1]
 	c.act = append(c.act, i)
 	k := &c.calls[i]
-	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, ring: true, own: k.own,
+	*k = call{seq: seq, dst: dst, lca: lca, pos: pos, ring: true, own: k.own, esum: c.epochSum(lca),
 		sent: c.now, retryAt: c.now + c.cfg.RetryAfter, wait: c.cfg.RetryAfter, replies: k.replies[:0], rbuf: k.rbuf[:0], rends: k.rends[:0]}
 	c.out++
 	return k, nil
@@ -411,7 +429,7 @@ func (c *Client) NextDeadline() time.Duration {
 
 func (c *Client) nextDeadline() time.Duration {
 	d := c.now + time.Second
-	if !c.isReady() {
+	if !c.isReady() || c.stale != 0 {
 		d = min(d, c.helloAt)
 	}
 	for _, i := range c.act {
@@ -441,16 +459,17 @@ func (c *Client) poll(now time.Duration) bool {
 	mem := c.reg.Bytes()
 	ng := c.cfg.Tree.Len()
 	w := c.cfg.ClientSlots
-	if !c.isReady() {
+	if !c.isReady() || c.stale != 0 {
 		helloOff := ng * w * c.rs
 		for g := range ng {
-			if !c.ready.Has(tree.Group(g)) && rdma.Load64(mem, helloOff+g*8) == c.cfg.Inc {
+			if (!c.ready.Has(tree.Group(g)) || c.stale.Has(tree.Group(g))) && rdma.Load64(mem, helloOff+g*8) == c.cfg.Inc {
 				c.ready = c.ready.Add(tree.Group(g))
+				c.stale = c.stale.Remove(tree.Group(g))
+				c.answered(tree.Group(g))
 				progress = true
 			}
 		}
-		if !c.isReady() && now >= c.helloAt {
-			missing := c.cfg.Tree.All() &^ c.ready
+		if missing := c.cfg.Tree.All()&^c.ready | c.stale; missing != 0 && now >= c.helloAt {
 			c.hello(missing)
 			c.helloAt = now + c.helloWait
 			c.helloWait = min(2*c.helloWait, 20*c.cfg.RetryAfter)
@@ -472,6 +491,11 @@ func (c *Client) poll(now time.Duration) bool {
 			}
 			k.got = k.got.Add(g)
 			c.noteLeader(g, rp.flags)
+			if g == k.lca && k.esum == c.epochSum(g) {
+				// g took the message from its ring in the processes it
+				// was written to: it follows our ring positions
+				c.answered(g)
+			}
 			c.freeReply(g, k.seq)
 			if k.ring {
 				c.ordered(k)
@@ -508,6 +532,10 @@ func (c *Client) poll(now time.Duration) bool {
 			k.retryAt = now + k.wait
 			progress = true
 		}
+	}
+	// (after the replies: a group that answered did not restart whole)
+	if c.watchRestarts && c.restarted() {
+		progress = true
 	}
 	return progress
 }
@@ -667,4 +695,98 @@ func (c *Client) peerErrors() string {
 		return "no Conn failed (are the groups up and electing?)"
 	}
 	return strings.TrimSuffix(b.String(), "; ")
+}
+
+// epochSum is the sum of the connection epochs of the links to group g's
+// members: it changes whenever one of them connects again.
+func (c *Client) epochSum(g tree.Group) uint64 {
+	n := uint64(0)
+	for _, p := range c.peers[g] {
+		n += p.link.Conn()
+	}
+	return n
+}
+
+// answered notes that group g answered (its hello, or the reply to a
+// message it took from its ring in the processes the message was written
+// to) with its members' links at their present connection epochs (mu
+// held). A reply written again by a new process, for a message an older
+// one took, does not count: the group may have lost ring positions since.
+func (c *Client) answered(g tree.Group) {
+	for i, p := range c.peers[g] {
+		c.linkBase[g][i] = p.link.Conn()
+	}
+}
+
+// restarted looks for a group every replica of which was replaced since
+// it last answered (answered): each member's link connected again (a
+// replica's process that dies fails the link; its successor's node is a
+// new connection). Such a group may have recovered without what its memory
+// held: the messages in its rings, and (durability async) even entries it
+// had ordered and answered, so that it waits in a client's ring for a
+// position the client will never write again. The client then takes a
+// new incarnation (mu held): every call under way (to any group: they all
+// carry the old one) ends with ErrRestarted, its ring positions and reply
+// slots are freed, and the hello of the new incarnation goes to every
+// group (a group orders its reset entry, then takes the client's ring
+// from position 1 again). Messages of the old incarnation a group has not
+// taken are then ignored, never delivered; those it took are delivered
+// once, their replies ignored. A group that lost no replica's memory at
+// once (a majority kept running) never triggers it, nor does a rolling
+// restart under load (the group answers in between).
+func (c *Client) restarted() bool {
+	var hit tree.Set
+	for g, ps := range c.peers {
+		if !c.ready.Has(tree.Group(g)) {
+			continue
+		}
+		all := len(ps) > 0
+		for i, p := range ps {
+			if b := c.linkBase[g][i]; b == 0 || p.link.Conn() <= b {
+				all = false
+				break
+			}
+		}
+		if all {
+			hit = hit.Add(tree.Group(g))
+		}
+	}
+	if hit == 0 {
+		return false
+	}
+	c.restarts++
+	c.cfg.Inc = max(c.cfg.Inc+1, uint64(time.Now().UnixNano()))
+	for g, ps := range c.peers {
+		for i, p := range ps {
+			c.linkBase[g][i] = p.link.Conn()
+		}
+		c.pos[g] = 0
+		clear(c.busy[g])
+		clear(c.rbusy[g])
+		c.leader[g] = -1
+	}
+	for _, i := range c.act {
+		k := &c.calls[i]
+		if u := k.user; u != nil {
+			k.user = nil
+			u.finish(nil, fmt.Errorf("%w (groups %v)", ErrRestarted, hit))
+		}
+		k.seq, k.rec, k.ring, k.gone = 0, nil, false, false
+		c.free = append(c.free, i)
+	}
+	c.act = c.act[:0]
+	c.out = 0
+	c.stale = c.ready
+	c.helloWait = c.cfg.RetryAfter
+	c.hello(c.stale)
+	c.helloAt = c.now + c.helloWait
+	return true
+}
+
+// Restarts counts the incarnations a started client took because every
+// replica of a group restarted.
+func (c *Client) Restarts() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.restarts
 }

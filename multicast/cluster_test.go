@@ -39,6 +39,8 @@ type testCluster struct {
 	counts []*countPolls    // one per replica, in reps order
 	hs     []*poller.Handle // one per replica, in reps order
 	ctx    context.Context
+	memf   *mem.Fabric   // the mem fabric (nil on tcp)
+	pg     *poller.Group // polls the replicas
 }
 
 // countPolls wraps a poller.Task and counts its Polls, the ones that made
@@ -86,6 +88,7 @@ func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
 	}
 	ids = append(append(ids, sp.cnodes...), sp.extra...)
 	memf := mem.New(mem.Options{})
+	c.memf = memf
 	for _, id := range ids {
 		if c.nodes[id] != nil {
 			continue
@@ -113,6 +116,7 @@ func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
 		}
 	}
 	pg := poller.NewGroup(poller.GroupConfig{})
+	c.pg = pg
 	for g, ms := range sp.members {
 		for i, id := range ms {
 			bc := sp.bcast

@@ -314,6 +314,10 @@ type tcluster struct {
 	// ns, if set, names the network namespace each replica runs in
 	// (ip netns exec); the control port is reached from inside it.
 	ns map[int64]string
+	// faults, if set for a replica, runs it as the test binary's replica
+	// helper (runFaultyReplica) with that errorfs spec instead of
+	// kvserver: the same server code, on a file system that fails.
+	faults map[int64]string
 
 	mu    sync.Mutex
 	procs map[int64]*proc // each replica's latest incarnation
@@ -413,7 +417,14 @@ func (c *tcluster) members(g int) []int64 {
 // (inside its network namespace, if it has one).
 func (c *tcluster) command(id int64, args ...string) *exec.Cmd {
 	var cmd *exec.Cmd
-	if ns := c.ns[id]; ns != "" {
+	if spec, ok := c.faults[id]; ok {
+		exe, err := os.Executable()
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		cmd = exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"="+helperReplica, faultsEnv+"="+spec, replicaArgsEnv+"="+strings.Join(args, "\x1f"))
+	} else if ns := c.ns[id]; ns != "" {
 		cmd = exec.Command("ip", append([]string{"netns", "exec", ns, c.bin}, args...)...)
 	} else {
 		cmd = exec.Command(c.bin, args...)

@@ -188,6 +188,8 @@ func runHelper(name string) int {
 	switch name {
 	case helperNetnsClient:
 		return netnsClient(os.Stdin, os.Stdout)
+	case helperReplica:
+		return runFaultyReplica()
 	}
 	fmt.Fprintf(os.Stderr, "e2e helper: unknown helper %q\n", name)
 	return 2

@@ -18,6 +18,7 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/tcp"
@@ -40,6 +41,10 @@ type Options struct {
 	// Ready, if set, is called once the replica runs, with the control
 	// port's address ("" if none).
 	Ready func(control string)
+	// FS is the file system of the durable state (nil: vfs.OS). Tests
+	// running a replica in a child process inject disk faults with it
+	// (internal/e2e TestDiskErrorsInProcess); kvserver has no such flag.
+	FS vfs.FS
 }
 
 // identity is what a replica's data directory records of the cluster it
@@ -156,7 +161,7 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 			bc.Start = start
 			return r.stable, nil
 		},
-		Durable: dc, ReplicaDir: func(id rdma.NodeID) string { return reps[id].dir },
+		Durable: dc, ReplicaDir: func(id rdma.NodeID) string { return reps[id].dir }, FS: opts.FS,
 		Control: cln, Pprof: opts.Pprof, Secret: cfg.SecretBytes, Commands: true, Log: log})
 	cln = nil // StartProcess closes it
 	if err != nil {
