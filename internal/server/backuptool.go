@@ -353,7 +353,7 @@ type RestoreOptions struct {
 	Map     *cluster.Map
 	DataDir string
 	Mode    broadcast.Durability
-	From   string // the backup directory
+	From    string // the backup directory
 	// Force moves a non-empty data directory aside (to
 	// <dir>.before-restore-<time>) instead of refusing.
 	Force bool
