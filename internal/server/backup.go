@@ -31,7 +31,9 @@ import (
 // temporary file, synced and renamed. The control port serves it (GET
 // /backup/<id>?group=G) and removes it (DELETE /backup/<id>, which also
 // keeps a replica that applies the marker later from writing one).
-// Leftover backup files of a replica are removed when it starts.
+// Leftover backup files of a replica are removed when it starts, and a
+// file nobody removed is removed when its marker expires (the tool's
+// timeout).
 
 // BackupMeta is the meta part of a backup file (JSON): what the file is
 // a backup of.
@@ -180,7 +182,27 @@ func (b *backups) capture(sr *Replica, t *kv.Table, m kv.BackupMarker) {
 			err = writeFileSync(f.path, img)
 		}
 		b.finish(m.ID, f, err)
+		if err == nil && m.Expires != 0 {
+			// Nobody fetches it after the backup's timeout (a replica
+			// that applied the marker late, after the tool's DELETE
+			// reached its process): remove it then.
+			time.AfterFunc(time.Until(time.Unix(0, m.Expires)), func() { b.expire(m.ID, f) })
+		}
 	})
+}
+
+// expire removes one file of backup id once its backup timed out.
+func (b *backups) expire(id uint64, f *backupFile) {
+	b.mu.Lock()
+	fs := b.files[id]
+	for i, x := range fs {
+		if x == f {
+			b.files[id] = append(fs[:i:i], fs[i+1:]...)
+			break
+		}
+	}
+	b.mu.Unlock()
+	os.Remove(f.path)
 }
 
 // finish records a write's end; a file written after its backup was
@@ -201,10 +223,10 @@ func (b *backups) finish(id uint64, f *backupFile, err error) {
 	}
 }
 
-// find returns the backup file of id written by a replica of group g
-// here: a finished one first; else one being written, or one that
-// failed (nil: none).
-func (b *backups) find(id uint64, g int) *backupFile {
+// find returns (a copy of) the backup file of id written by a replica
+// of group g here: a finished one first; else one being written, or one
+// that failed (ok false: none).
+func (b *backups) find(id uint64, g int) (backupFile, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var any *backupFile
@@ -213,13 +235,16 @@ func (b *backups) find(id uint64, g int) *backupFile {
 			continue
 		}
 		if f.done {
-			return f
+			return *f, true
 		}
 		if any == nil || f.err == nil {
 			any = f
 		}
 	}
-	return any
+	if any == nil {
+		return backupFile{}, false
+	}
+	return *any, true
 }
 
 // remove removes backup id's files and keeps it from being written again.
@@ -281,9 +306,9 @@ func serveBackup(w http.ResponseWriter, r *http.Request, b *backups, secret []by
 		http.Error(w, "backup: want ?group=G", http.StatusBadRequest)
 		return
 	}
-	f := b.find(id, g)
+	f, ok := b.find(id, g)
 	switch {
-	case f == nil:
+	case !ok:
 		http.Error(w, fmt.Sprintf("backup %x: no replica of group %d here has applied its marker", id, g), http.StatusNotFound)
 		return
 	case f.err != nil:

@@ -57,6 +57,12 @@ func startBackupProcess(t *testing.T, m *cluster.Map, dir string, mode broadcast
 // groups, takes a backup into out in the middle, and returns the
 // recorder, the manifest and the backup's error.
 func backupUnderLoad(t *testing.T, p *server.Process, m *cluster.Map, out string) (*backupcheck.Recorder, *server.Manifest, error) {
+	return backupUnderLoad2(t, p, m, out, "", nil)
+}
+
+// backupUnderLoad2 also takes a second backup into second, at the same
+// time as the first (its manifest in *secondMan).
+func backupUnderLoad2(t *testing.T, p *server.Process, m *cluster.Map, out, second string, secondMan *server.Manifest) (*backupcheck.Recorder, *server.Manifest, error) {
 	t.Helper()
 	c := openClient(t, p, m)
 	defer c.Close()
@@ -74,8 +80,30 @@ func backupUnderLoad(t *testing.T, p *server.Process, m *cluster.Map, out string
 	ctrl := p.ControlAddr()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// A second backup at the same time (its own marker and files), if
+	// asked: its own cut, as consistent.
+	done2 := make(chan struct{})
+	go func() {
+		defer close(done2)
+		if second == "" {
+			return
+		}
+		cn2, err := p.ClientNode(2)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		man2, err := server.Backup(ctx, server.BackupOptions{Map: m, Controls: [][]string{{ctrl}, {ctrl}}, Out: second,
+			Client: []client.Option{client.WithMap(m), client.WithNode(cn2), client.WithSlot(2), client.WithTimeout(30 * time.Second)}})
+		if err != nil {
+			t.Errorf("a second backup at the same time: %v", err)
+			return
+		}
+		*secondMan = *man2
+	}()
 	man, berr := server.Backup(ctx, server.BackupOptions{Map: m, Controls: [][]string{{ctrl}, {ctrl}}, Out: out,
 		Client: []client.Option{client.WithMap(m), client.WithNode(cn), client.WithSlot(1), client.WithTimeout(30 * time.Second)}})
+	<-done2
 	n := rec.Batches()
 	for rec.Batches() < n+200 {
 		time.Sleep(5 * time.Millisecond)
@@ -122,7 +150,7 @@ func checkRestored(t *testing.T, m *cluster.Map, from string, man *server.Manife
 }
 
 func backupMap(t *testing.T, name string) *cluster.Map {
-	m := &cluster.Map{Name: name, Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}}, ClientNodes: []rdma.NodeID{100, 101}}
+	m := &cluster.Map{Name: name, Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}}, ClientNodes: []rdma.NodeID{100, 101, 102}}
 	if err := m.Fill(); err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +179,12 @@ func TestBackupCut(t *testing.T) {
 				plant = func(pc *server.ProcessConfig) { server.SetBackupLateGroup(pc, 1) }
 			}
 			p, stop := startBackupProcess(t, m, data, broadcast.Sync, plant)
-			out := filepath.Join(t.TempDir(), "backup")
-			rec, man, err := backupUnderLoad(t, p, m, out)
+			out, out2 := filepath.Join(t.TempDir(), "backup"), ""
+			var man2 server.Manifest
+			if !planted {
+				out2 = filepath.Join(t.TempDir(), "backup2")
+			}
+			rec, man, err := backupUnderLoad2(t, p, m, out, out2, &man2)
 			stop()
 			if err != nil {
 				t.Fatalf("backup: %v", err)
@@ -163,6 +195,14 @@ func TestBackupCut(t *testing.T) {
 			}
 			if ents, _ := os.ReadDir(out); len(ents) != 3 {
 				t.Errorf("the backup dir holds %d files, want 2 group files and the manifest", len(ents))
+			}
+			if out2 != "" {
+				if len(man2.Groups) != 2 || man2.Backup == man.Backup {
+					t.Fatalf("second backup %+v after %+v", man2, man)
+				}
+				if err := checkRestored(t, m, out2, &man2, rec); err != nil {
+					t.Fatalf("the second backup: %v", err)
+				}
 			}
 			err = checkRestored(t, m, out, man, rec)
 			switch {
