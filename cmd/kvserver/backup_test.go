@@ -184,3 +184,69 @@ func TestBackupRestoreProcesses(t *testing.T) {
 	c.Close()
 	stopAll(ps)
 }
+
+// TestBackupEmbedded: `kvserver backup --control ADDR --map FILE` takes a
+// backup of an embedded cluster (make run's), ordered keyspace included,
+// and `kvserver restore --data-dir` writes it into a new data dir that
+// an embedded cluster then starts from, with every key.
+func TestBackupEmbedded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvserver")
+	}
+	e := newDurableEnv(t)
+	name := fmt.Sprintf("bke%d", os.Getpid())
+	data := filepath.Join(e.dir, "data")
+	common := []string{"--map", e.mapFile, "--shm-dir", e.shmDir, "--control", "127.0.0.1:0", "--name", name, "--durability", "sync"}
+	p := e.start("stop:", append([]string{"--data-dir", data}, common...)...)
+	i := strings.Index(p.out, "http://")
+	if i < 0 {
+		t.Fatalf("no control address in the banner:\n%s", p.out)
+	}
+	control := strings.TrimSuffix(strings.Fields(p.out[i+len("http://"):])[0], "/status")
+	c := e.open()
+	putKeys(t, c, "emb", 200)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ks := c.Keyspace("ordered")
+	for i := range 50 {
+		if _, err := ks.Put(ctx, fmt.Appendf(nil, "o%03d", i), fmt.Appendf(nil, "ov%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	out := filepath.Join(e.dir, "backup")
+	if b, err := e.command("backup", "--control", control, "--map", e.mapFile, "--out", out).CombinedOutput(); err != nil {
+		t.Fatalf("kvserver backup: %v\n%s", err, b)
+	}
+	if left, _ := filepath.Glob(filepath.Join(data, "replica-*", "backup-*")); len(left) > 0 {
+		t.Errorf("backup files left on the replicas' side: %v", left)
+	}
+	if code := p.stop(t, syscall.SIGINT); code != 0 {
+		t.Fatalf("exit %d after SIGINT", code)
+	}
+	ndata := filepath.Join(e.dir, "restored")
+	if code, stderr := e.run("restore", "--from", out, "--data-dir", ndata); code != 0 {
+		t.Fatalf("restore: exit %d: %s", code, stderr)
+	}
+	p = e.start("stop:", append([]string{"--data-dir", ndata}, common...)...)
+	c = e.open()
+	checkKeys(t, c, "emb", 200)
+	ks = c.Keyspace("ordered")
+	n := 0
+	for kv, err := range ks.Scan(ctx, nil, nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("o%03d", n); string(kv.Key) != want || string(kv.Value) != fmt.Sprintf("ov%d", n) {
+			t.Fatalf("ordered key %d: %q=%q, want %s", n, kv.Key, kv.Value, want)
+		}
+		n++
+	}
+	if n != 50 {
+		t.Fatalf("the restored ordered keyspace holds %d keys, want 50", n)
+	}
+	c.Close()
+	if code := p.stop(t, syscall.SIGINT); code != 0 {
+		t.Fatalf("exit %d after SIGINT", code)
+	}
+}
