@@ -251,12 +251,17 @@ func (b *backups) find(id uint64, g int) (backupFile, bool) {
 func (b *backups) remove(id uint64) int {
 	b.mu.Lock()
 	b.gone[id] = true
-	fs := b.files[id]
+	var paths []string // the finished files; finish removes the others
+	for _, f := range b.files[id] {
+		if f.done {
+			paths = append(paths, f.path)
+		}
+	}
 	delete(b.files, id)
 	b.mu.Unlock()
 	n := 0
-	for _, f := range fs {
-		if f.done && os.Remove(f.path) == nil {
+	for _, p := range paths {
+		if os.Remove(p) == nil {
 			n++
 		}
 	}
