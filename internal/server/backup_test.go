@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -287,4 +288,64 @@ func TestRestoreRefuses(t *testing.T) {
 	if len(aside) != 1 {
 		t.Errorf("--force did not move replica-1 aside")
 	}
+}
+
+// TestBackupFailureLeavesNothing: a backup whose files cannot be fetched
+// (no control port that serves them) fails within its timeout, leaves no
+// backup dir, and the replicas' files (which no DELETE reached) are
+// removed when the marker expires.
+func TestBackupFailureLeavesNothing(t *testing.T) {
+	m := backupMap(t, "bkfail")
+	data := filepath.Join(t.TempDir(), "data")
+	p, stop := startBackupProcess(t, m, data, broadcast.Sync, nil)
+	defer stop()
+	cn, err := p.ClientNode(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := freeAddr(t)
+	out := filepath.Join(t.TempDir(), "backup")
+	seen := make(chan bool, 1)
+	watch, unwatch := context.WithCancel(context.Background())
+	go func() {
+		saw := false
+		for watch.Err() == nil && !saw {
+			left, _ := filepath.Glob(filepath.Join(data, "replica-*", "backup-*.snap"))
+			saw = len(left) > 0
+			time.Sleep(10 * time.Millisecond)
+		}
+		seen <- saw
+	}()
+	_, err = server.Backup(context.Background(), server.BackupOptions{Map: m, Controls: [][]string{{dead}, {dead}}, Out: out, Timeout: 3 * time.Second,
+		Client: []client.Option{client.WithMap(m), client.WithNode(cn), client.WithSlot(1), client.WithTimeout(30 * time.Second)}})
+	if err == nil || !strings.Contains(err.Error(), "no replica served its backup file") {
+		t.Fatalf("backup with no control port serving: %v", err)
+	}
+	if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed backup left %s", out)
+	}
+	unwatch()
+	if !<-seen {
+		t.Fatal("the replicas wrote no backup file (nothing for the expiry to remove)")
+	}
+	// The six replicas wrote their files; they go at the expiry.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		left, _ := filepath.Glob(filepath.Join(data, "replica-*", "backup-*"))
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica-side files still there a minute after the expiry: %v", left)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := l.Addr().String()
+	l.Close()
+	return a
 }
