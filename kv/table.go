@@ -68,6 +68,11 @@ type TableConfig struct {
 	// none, and ordered requests are refused as malformed): it applies
 	// the requests of format OrderedFormat (ordered.go).
 	Ordered Ordered
+	// OnBackup, if set, is called on the polling goroutine when the
+	// table applies a backup marker (backup.go), with the table as it
+	// stands after the entries up to the marker: it may capture it
+	// (Snapshot) and write the capture off the polling goroutine.
+	OnBackup func(t *Table, m BackupMarker)
 }
 
 // DefaultMaxRequest is TableConfig.MaxRequest's default for the given key
@@ -498,6 +503,8 @@ func (t *Table) Apply(e broadcast.Entry) []byte {
 			return t.applyMulti(e.Index, e.Data)
 		case OrderedFormat:
 			return t.applyOrdered(e.Index, e.Data)
+		case backupFormat:
+			return t.applyBackup(e.Index, e.Data)
 		}
 	}
 	return t.applyRequest(e.Index, e.Data)

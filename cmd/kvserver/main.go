@@ -78,6 +78,12 @@ const usage = `usage:
                                         (memory mode) cannot elect: go on from a replica
                                         that kept it, losing what only the others held
                                         (says what it would do; --yes does it)
+  kvserver backup --config FILE --out DIR
+                                        a consistent backup of the whole cluster (one file
+                                        per group, at one index per group) into DIR
+  kvserver restore --config FILE --from DIR [--force]
+                                        write a backup into every replica's (empty) data dir,
+                                        offline: started, they are a new cluster at the backup
   kvserver --version                    the module version and commit it was built from
 
 With no flags, kvserver starts an embedded local cluster of 2 groups x 3
@@ -104,6 +110,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runCheck(args[0], args[1:], stdout, stderr)
 		case "force-new-cluster":
 			return runForce(args[1:], stdout, stderr)
+		case "backup":
+			return runBackup(args[1:], stdout, stderr)
+		case "restore":
+			return runRestore(args[1:], stdout, stderr)
 		}
 	}
 	for _, a := range args {
@@ -151,20 +161,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver: --groups %d --replicas %d --clients %d: want at least one group, an odd number of replicas and at least one client slot\n", *groups, *replicas, *clients)
 		return 2
 	}
-	m := &cluster.Map{Name: *name, Fabric: "shm", ShmDir: *shmDir,
-		Keyspaces: []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1}}}
-	id := rdma.NodeID(1)
-	for range *groups {
-		var ms []rdma.NodeID
-		for range *replicas {
-			ms = append(ms, id)
-			id++
-		}
-		m.Groups = append(m.Groups, ms)
-	}
-	for k := range *clients {
-		m.ClientNodes = append(m.ClientNodes, rdma.NodeID(1000+k))
-	}
+	m := embeddedMap(*name, *shmDir, *groups, *replicas, *clients)
 	if err := m.Fill(); err != nil {
 		fmt.Fprintf(stderr, "kvserver: %v\n", err)
 		return 2
@@ -220,6 +217,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// embeddedMap is the embedded cluster's map: groups x replicas on shm
+// (nodes 1, 2, ...), client slots on nodes 1000, 1001, ..., and the
+// ordered keyspace.
+func embeddedMap(name, shmDir string, groups, replicas, clients int) *cluster.Map {
+	m := &cluster.Map{Name: name, Fabric: "shm", ShmDir: shmDir,
+		Keyspaces: []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1}}}
+	id := rdma.NodeID(1)
+	for range groups {
+		var ms []rdma.NodeID
+		for range replicas {
+			ms = append(ms, id)
+			id++
+		}
+		m.Groups = append(m.Groups, ms)
+	}
+	for k := range clients {
+		m.ClientNodes = append(m.ClientNodes, rdma.NodeID(1000+k))
+	}
+	return m
 }
 
 // defaultDurability is the embedded cluster's --durability default:

@@ -31,6 +31,8 @@ import (
 //	GET /readyz   200 when every replica here has a leader and is caught up; 503 and why otherwise
 //	GET /map      the cluster map clients use (JSON; never the secret)
 //	POST /force?group=G&epoch=E&count=C  force a leader of group G here (kvserver force-new-cluster)
+//	GET /backup/<id>?group=G  the backup file of backup <id> (hex) a replica of group G here wrote (kvserver backup)
+//	DELETE /backup/<id>  remove backup <id>'s files here, and write none later
 //	/debug/pprof/ profiles, only with pprof enabled
 type Control struct {
 	srv *http.Server
@@ -78,6 +80,8 @@ type ControlOptions struct {
 	// it (ForceAuthHeader). Without one the endpoint is as open as the
 	// control port's address (127.0.0.1 by default).
 	Secret []byte
+
+	backups *backups // GET and DELETE /backup/<id> (StartProcess sets it)
 }
 
 // ServeControl serves the control port on ln (see StartControl).
@@ -125,6 +129,8 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 	mux.HandleFunc("POST /force", func(w http.ResponseWriter, r *http.Request) {
 		serveForce(w, r, reps, o.Secret, log)
 	})
+	mux.HandleFunc("GET /backup/{id}", func(w http.ResponseWriter, r *http.Request) { serveBackup(w, r, o.backups, o.Secret) })
+	mux.HandleFunc("DELETE /backup/{id}", func(w http.ResponseWriter, r *http.Request) { serveBackup(w, r, o.backups, o.Secret) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(NewRegistry(reps), promhttp.HandlerOpts{}))
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

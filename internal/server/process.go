@@ -74,6 +74,8 @@ type ProcessConfig struct {
 	// FS is the file system the durable state is on (nil: vfs.OS; tests
 	// inject faults with errorfs).
 	FS vfs.FS
+
+	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
 }
 
 // Process is one node runtime: the fabric nodes of the replicas a process
@@ -91,6 +93,7 @@ type Process struct {
 	done    chan struct{} // closed when the pollers and Watch returned
 	control *Control
 	all     []*Replica // every replica started, in map order, for the control port
+	backups *backups   // backup files of the replicas (backup.go)
 
 	mu      sync.Mutex
 	failed  chan error  // a replica stopped on a disk error (fail-stop)
@@ -166,6 +169,8 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	}
 	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
 		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
+	p.backups = newBackups(m.Name, cfg.ReplicaDir, cfg.Log)
+	p.backups.knobs = cfg.backupKnobs
 	p.reps = make([][]*hosted, len(m.Groups))
 	for g, ms := range m.Groups {
 		p.reps[g] = make([]*hosted, len(ms))
@@ -197,7 +202,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	}
 	go finished()
 	if cfg.Control != nil {
-		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret}, cfg.Log)
+		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret, backups: p.backups}, cfg.Log)
 	}
 	return p, nil
 }
@@ -268,6 +273,16 @@ func (p *Process) start(g, i int) error {
 		}
 		rc.Table.Ordered = st
 	}
+	// A backup marker (kv.BackupMarker) hands the table to the
+	// process's backups; one New replays from the log is ignored (its
+	// backup is long over), as sr is not set yet.
+	var sr *Replica
+	p.backups.sweep(id)
+	rc.Table.OnBackup = func(t *kv.Table, m kv.BackupMarker) {
+		if sr != nil {
+			p.backups.marker(sr, t, m)
+		}
+	}
 	r, err := kv.NewReplica(rc, node, stable)
 	if err != nil {
 		if st != nil {
@@ -277,8 +292,8 @@ func (p *Process) start(g, i int) error {
 		node.Close()
 		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
-	sr := NewReplica(g, i, id, r)
-	sr.dur = dur
+	sr = NewReplica(g, i, id, r)
+	sr.dur, sr.backups = dur, p.backups
 	if dur != nil {
 		dur.Replayed() // New replayed the log: the recovery's whole time
 		p.cfg.Log.Info(dur.Summary, "node", id, "group", g, "durability", dur.Mode.String(), "data_dir", dur.Dir)
@@ -512,6 +527,7 @@ func (p *Process) Close() {
 	}
 	p.stop()
 	<-p.done
+	p.backups.close()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for id, n := range p.clients {

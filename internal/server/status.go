@@ -43,6 +43,10 @@ type Replica struct {
 	pollers      *poller.Group                          // the group polling it (Process), for /status and /metrics
 	after        func(now time.Duration, progress bool) // ProcessConfig.AfterPoll
 	dur          *Durable                               // nil: memory mode
+	backups      *backups                               // the process's backup files
+	// pendingBackup: markers whose capture the lateGroup knob put off
+	// (polling goroutine).
+	pendingBackup []kv.BackupMarker
 
 	mu   sync.Mutex
 	h    *poller.Handle // SetHandle: runs commands on the replica's poller
@@ -80,6 +84,9 @@ func (p *Replica) KV() *kv.Replica { return p.r }
 func (p *Replica) Poll(now time.Duration) bool {
 	t0 := time.Now()
 	progress := p.r.Poll(now)
+	if len(p.pendingBackup) > 0 {
+		p.backups.afterPoll(p)
+	}
 	if progress {
 		p.busy.Observe(time.Since(t0).Seconds())
 	}

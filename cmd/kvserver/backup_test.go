@@ -1,0 +1,252 @@
+package main_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/backupcheck"
+	"github.com/rdmakv/rdmakv/internal/server"
+)
+
+// freeAddrs returns n loopback addresses free a moment ago.
+func freeAddrs(t *testing.T, n int) []string {
+	var out []string
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().String())
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return out
+}
+
+// backupConfig writes a 2 groups x 3 replicas shm config with data in
+// data and control ports controls (replica ids 1..6).
+func backupConfig(t *testing.T, e *durableEnv, name, data string, controls []string, groups int) string {
+	toml := fmt.Sprintf(`name = %q
+fabric = "shm"
+shm_dir = %q
+data_dir = %q
+durability = "sync"
+[timing]
+heartbeat = "5ms"
+election_timeout = "100ms"
+`, name, e.shmDir, data)
+	id := 1
+	for range groups {
+		toml += "[[group]]\n"
+		for range 3 {
+			toml += fmt.Sprintf("[[group.replica]]\nid = %d\ncontrol = %q\n", id, controls[id-1])
+			id++
+		}
+	}
+	toml += "[[clients]]\ncount = 4\n"
+	path := filepath.Join(e.dir, name+".toml")
+	if err := os.WriteFile(path, []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestBackupRestoreProcesses: real kvserver processes (2 groups x 3
+// replicas in three processes, --id 1,4 and so on) under a load of
+// batches spanning both groups; `kvserver backup` writes one file per
+// group and the manifest, and leaves no file on the replicas' side; the
+// manifest's cut splits no batch; `kvserver restore` refuses the running
+// cluster's non-empty data dirs and a config of another shape (exit 1,
+// one line, nothing written), and writes the backup into a fresh
+// cluster's data dirs; that cluster, started, holds exactly the writes
+// at or below each group's index.
+func TestBackupRestoreProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvserver")
+	}
+	e := newDurableEnv(t)
+	name := fmt.Sprintf("bk%d", os.Getpid())
+	controls := freeAddrs(t, 6)
+	data := filepath.Join(e.dir, "data")
+	config := backupConfig(t, e, name, data, controls, 2)
+	startAll := func(config string) []*proc {
+		var ps []*proc
+		for id := 1; id <= 3; id++ {
+			ps = append(ps, e.start("runs (pid", "--config", config, "--id", fmt.Sprintf("%d,%d", id, id+3), "--log-level", "warn"))
+		}
+		return ps
+	}
+	stopAll := func(ps []*proc) {
+		for _, p := range ps {
+			if code := p.stop(t, syscall.SIGTERM); code != 0 {
+				t.Errorf("exit %d after SIGTERM\nstderr: %s", code, p.stderr.String())
+			}
+		}
+	}
+	ps := startAll(config)
+	c := e.open(client.WithConfigFile(config))
+	cfg, err := cluster.LoadConfig(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := cfg.Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := backupcheck.NewRecorder()
+	lctx, stopLoad := context.WithCancel(context.Background())
+	loaded := make(chan struct{})
+	go func() { backupcheck.Load(lctx, c, m, rec, 4, 32); close(loaded) }()
+	waitBatches := func(n int) {
+		for deadline := time.Now().Add(2 * time.Minute); rec.Batches() < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d batches in 2 minutes", rec.Batches())
+			}
+		}
+	}
+	waitBatches(300)
+	out := filepath.Join(e.dir, "backup")
+	cmd := e.command("backup", "--config", config, "--out", out)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		stopLoad()
+		<-loaded
+		t.Fatalf("kvserver backup: %v\n%s", err, b)
+	}
+	t.Logf("kvserver backup:\n%s", b)
+	waitBatches(rec.Batches() + 300)
+	stopLoad()
+	<-loaded
+	c.Close()
+	left, _ := filepath.Glob(filepath.Join(data, "replica-*", "backup-*"))
+	if len(left) > 0 {
+		t.Errorf("backup files left on the replicas' side: %v", left)
+	}
+	mb, err := os.ReadFile(filepath.Join(out, server.ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var man server.Manifest
+	if err := json.Unmarshal(mb, &man); err != nil {
+		t.Fatal(err)
+	}
+	cut := map[int]uint64{}
+	for _, g := range man.Groups {
+		cut[g.Group] = g.Index
+	}
+	if man.Cluster != name || len(man.Groups) != 2 {
+		t.Fatalf("manifest %s", mb)
+	}
+	if err := rec.CheckCut(cut); err != nil {
+		t.Fatal(err)
+	}
+	stopAll(ps)
+
+	// Refusals: the old cluster's data dirs are not empty; a config of
+	// another shape. Exit 1, one line, nothing written.
+	if code, stderr := e.run("restore", "--config", config, "--from", out); code != 1 || !strings.Contains(stderr, "is not empty") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("restore into the running cluster's dirs: exit %d, %q", code, stderr)
+	}
+	odata := filepath.Join(e.dir, "other")
+	other := backupConfig(t, e, name+"o", odata, controls, 1)
+	if code, stderr := e.run("restore", "--config", other, "--from", out); code != 1 || !strings.Contains(stderr, "same shape") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("restore into a 1-group cluster: exit %d, %q", code, stderr)
+	}
+	if _, err := os.Stat(odata); err == nil {
+		t.Errorf("a refused restore wrote %s", odata)
+	}
+
+	ndata := filepath.Join(e.dir, "restored")
+	nconfig := backupConfig(t, e, name+"r", ndata, controls, 2)
+	if code, stderr := e.run("restore", "--config", nconfig, "--from", out); code != 0 {
+		t.Fatalf("restore: exit %d: %s", code, stderr)
+	}
+	ps = startAll(nconfig)
+	c = e.open(client.WithConfigFile(nconfig))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := rec.CheckState(cut, backupcheck.ClientRead(ctx, c)); err != nil {
+		t.Error(err)
+	}
+	c.Close()
+	stopAll(ps)
+}
+
+// TestBackupEmbedded: `kvserver backup --control ADDR --map FILE` takes a
+// backup of an embedded cluster (make run's), ordered keyspace included,
+// and `kvserver restore --data-dir` writes it into a new data dir that
+// an embedded cluster then starts from, with every key.
+func TestBackupEmbedded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvserver")
+	}
+	e := newDurableEnv(t)
+	name := fmt.Sprintf("bke%d", os.Getpid())
+	data := filepath.Join(e.dir, "data")
+	common := []string{"--map", e.mapFile, "--shm-dir", e.shmDir, "--control", "127.0.0.1:0", "--name", name, "--durability", "sync"}
+	p := e.start("stop:", append([]string{"--data-dir", data}, common...)...)
+	i := strings.Index(p.out, "http://")
+	if i < 0 {
+		t.Fatalf("no control address in the banner:\n%s", p.out)
+	}
+	control := strings.TrimSuffix(strings.Fields(p.out[i+len("http://"):])[0], "/status")
+	c := e.open()
+	putKeys(t, c, "emb", 200)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ks := c.Keyspace("ordered")
+	for i := range 50 {
+		if _, err := ks.Put(ctx, fmt.Appendf(nil, "o%03d", i), fmt.Appendf(nil, "ov%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	out := filepath.Join(e.dir, "backup")
+	if b, err := e.command("backup", "--control", control, "--map", e.mapFile, "--out", out).CombinedOutput(); err != nil {
+		t.Fatalf("kvserver backup: %v\n%s", err, b)
+	}
+	if left, _ := filepath.Glob(filepath.Join(data, "replica-*", "backup-*")); len(left) > 0 {
+		t.Errorf("backup files left on the replicas' side: %v", left)
+	}
+	if code := p.stop(t, syscall.SIGINT); code != 0 {
+		t.Fatalf("exit %d after SIGINT", code)
+	}
+	ndata := filepath.Join(e.dir, "restored")
+	if code, stderr := e.run("restore", "--from", out, "--data-dir", ndata); code != 0 {
+		t.Fatalf("restore: exit %d: %s", code, stderr)
+	}
+	p = e.start("stop:", append([]string{"--data-dir", ndata}, common...)...)
+	c = e.open()
+	checkKeys(t, c, "emb", 200)
+	ks = c.Keyspace("ordered")
+	n := 0
+	for kv, err := range ks.Scan(ctx, nil, nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("o%03d", n); string(kv.Key) != want || string(kv.Value) != fmt.Sprintf("ov%d", n) {
+			t.Fatalf("ordered key %d: %q=%q, want %s", n, kv.Key, kv.Value, want)
+		}
+		n++
+	}
+	if n != 50 {
+		t.Fatalf("the restored ordered keyspace holds %d keys, want 50", n)
+	}
+	c.Close()
+	if code := p.stop(t, syscall.SIGINT); code != 0 {
+		t.Fatalf("exit %d after SIGINT", code)
+	}
+}
