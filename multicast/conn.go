@@ -42,10 +42,10 @@ func newPeer(node rdma.Node, id rdma.NodeID, stage int, minBackoff, maxBackoff t
 
 // sync copies the link's failures and drops into the peer's counters.
 func (p *peer) sync() {
-	st := p.link.Stats()
-	p.dropped += st.Dropped - p.linkDropped
-	p.linkDropped = st.Dropped
-	p.fails = st.Failures
+	fails, dropped := p.link.Failed()
+	p.dropped += dropped - p.linkDropped
+	p.linkDropped = dropped
+	p.fails = fails
 	p.err = p.link.Err()
 }
 

@@ -194,6 +194,11 @@ func (l *Link) Queued() int { return len(l.wrs) }
 // Stats returns the link's counters.
 func (l *Link) Stats() LinkStats { return l.st }
 
+// Failed is Stats().Failures and Stats().Dropped without copying the
+// whole LinkStats: what an owner syncing its own counters after every
+// Reap or Flush needs.
+func (l *Link) Failed() (failures, dropped uint64) { return l.st.Failures, l.st.Dropped }
+
 // RetryAt is when a link that is down may connect again.
 func (l *Link) RetryAt() time.Duration { return l.retryAt }
 
