@@ -207,7 +207,6 @@ type PollerStats struct {
 	Passes   uint64 // passes over its tasks
 	Spins    uint64 // spin phases before a park
 	SpinHits uint64 // spin phases ended by a ring or a kick
-	Yields   uint64 // yields of the processor while spinning (runtime.Gosched)
 	Parks    uint64 // parks in the WaitSet
 	Wakes    uint64 // parks ended by a ring or a kick (the rest timed out)
 	// MaxPass is the longest pass since the group started: the longest a
@@ -233,7 +232,7 @@ func (g *Group) Stats() []PollerStats {
 		recent := time.Duration(p.passCur.Load())
 		recent = max(recent, time.Duration(p.passPrev.Load()))
 		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
-			SpinHits: p.spinHits.Load(), Yields: p.yields.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
+			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
 			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent})
 	}
 	return out
@@ -333,7 +332,6 @@ type poller struct {
 	dirty   atomic.Bool   // handles, flags or Do queues changed
 	passes  atomic.Uint64 // stats
 	spins, spinHits,
-	yields,
 	parks, wakes atomic.Uint64
 	// longest passes (ns): since the start, in the current window and in
 	// the previous one (notePass)
@@ -518,20 +516,19 @@ func (p *poller) park(next time.Duration) {
 	}
 	if p.spin > 0 {
 		p.spins.Add(1)
-		// A try looks at every doorbell of the set (a read lock each):
-		// the clock every 8 of them, a yield every rdma.SpinYield.
-		sp := rdma.SpinPace{End: min(rdma.Mono()+p.spin, deadline), Every: 8}
-		for {
+		end := min(rdma.Mono()+p.spin, deadline)
+		for i := 1; ; i++ {
 			if p.ws.Wait(p.snap, 0) {
 				p.spinHits.Add(1)
-				p.yields.Add(uint64(sp.Yields))
 				return
 			}
-			if sp.Over() {
-				break
+			if i%16 == 0 {
+				if rdma.Mono() >= end {
+					break
+				}
+				runtime.Gosched()
 			}
 		}
-		p.yields.Add(uint64(sp.Yields))
 		if p.spin /= 2; p.spin < time.Microsecond {
 			p.spin = 0
 		}

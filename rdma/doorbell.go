@@ -114,68 +114,22 @@ func (d *LocalDoorbell) Wait(seq uint64, timeout time.Duration) bool {
 // spinSeq spins until seq moves or the Mono clock passes deadline, like
 // SpinUntil with the condition inlined (no indirect call per try).
 func (d *LocalDoorbell) spinSeq(seq uint64, deadline time.Duration) bool {
-	sp := SpinPace{End: deadline}
-	for {
+	for i := 1; ; i++ {
 		if d.seq.Load() != seq {
 			return true
 		}
-		if sp.Over() {
-			return d.seq.Load() != seq
+		if i%spinCheck == 0 {
+			if Mono() >= deadline {
+				return d.seq.Load() != seq
+			}
+			runtime.Gosched()
 		}
 	}
 }
 
-// SpinCheck is how many tries a spin makes between looks at the clock
-// (SpinPace): a try is a load or a few, so the clock read (about 30 ns,
-// more in a VM) stays a small share of the loop.
-const SpinCheck = 64
-
-// SpinYield is how long a spinner runs between two yields of its
-// processor (runtime.Gosched), so that it cannot starve a goroutine that
-// waits for the processor (the one that may ring). A yield is not free:
-// it goes through the scheduler and wakes another OS thread (wakep) when
-// a processor is idle, which then takes the spinner over while the first
-// thread parks: yielding every few tries (as spin loops did, every 16
-// tries) made a spin a stream of thread hand-offs (issue 17).
-const SpinYield = 5 * time.Microsecond
-
-// SpinPace paces a spin loop: the loop calls Over after each try that
-// found nothing. Over looks at the clock every Every tries (0:
-// SpinCheck), reports true once the clock passed End, and yields the
-// processor at most every SpinYield (the first time after SpinYield).
-type SpinPace struct {
-	End    time.Duration // Mono time the spin ends at
-	Every  int           // tries between looks at the clock; 0: SpinCheck
-	Yields int           // yields so far
-
-	tries   int
-	yieldAt time.Duration // 0: not started
-}
-
-// Over counts a try and reports whether the spin is over.
-func (s *SpinPace) Over() bool {
-	s.tries++
-	every := s.Every
-	if every <= 0 {
-		every = SpinCheck
-	}
-	if s.tries%every != 0 {
-		return false
-	}
-	now := Mono()
-	if now >= s.End {
-		return true
-	}
-	switch {
-	case s.yieldAt == 0:
-		s.yieldAt = now + SpinYield
-	case now >= s.yieldAt:
-		runtime.Gosched()
-		s.Yields++
-		s.yieldAt = Mono() + SpinYield
-	}
-	return false
-}
+// spinCheck is how many tries a spin makes between looks at the clock
+// (each followed by a yield).
+const spinCheck = 16
 
 // monoStart is Mono's origin.
 var monoStart = time.Now()
@@ -186,9 +140,9 @@ var monoStart = time.Now()
 // time.Now also reads, so spin loops and drivers use it for deadlines.
 func Mono() time.Duration { return time.Since(monoStart) }
 
-// SpinUntil calls cond until it returns true or budget has passed,
-// yielding the processor every SpinYield so that a spinner cannot starve
-// the goroutine it waits for (SpinPace). It reports cond's last result.
+// SpinUntil calls cond until it returns true or budget has passed, yielding
+// the processor between tries so that a spinner cannot starve the goroutine
+// it waits for. It reports cond's last result.
 func SpinUntil(cond func() bool, budget time.Duration) bool {
 	if cond() {
 		return true
@@ -196,13 +150,16 @@ func SpinUntil(cond func() bool, budget time.Duration) bool {
 	if budget <= 0 {
 		return false
 	}
-	sp := SpinPace{End: Mono() + budget}
-	for {
+	deadline := Mono() + budget
+	for i := 1; ; i++ {
 		if cond() {
 			return true
 		}
-		if sp.Over() {
-			return cond()
+		if i%spinCheck == 0 {
+			if Mono() >= deadline {
+				return cond()
+			}
+			runtime.Gosched()
 		}
 	}
 }

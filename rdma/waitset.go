@@ -123,9 +123,6 @@ func (s *localWaitSet) wait(snap []uint64, deadline time.Duration) bool {
 	if s.changed(snap) {
 		return true
 	}
-	if deadline <= 0 { // a look (a spin's try): no clock read
-		return false
-	}
 	left := deadline - Mono()
 	if left <= 0 {
 		return false

@@ -192,7 +192,7 @@ func (s *waitSet) wait(snap []uint64, deadline time.Duration) bool {
 	if s.changed(snap) {
 		return true
 	}
-	if deadline <= 0 || deadline <= rdma.Mono() { // 0: a look (a spin's try), no clock read
+	if deadline <= rdma.Mono() {
 		return false
 	}
 	// Announce the park (each node's parked word, our own flag for Kick),
