@@ -1,6 +1,7 @@
 package btree
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -250,7 +251,9 @@ func (d *Directory) Route(key []byte) (uint32, error) {
 	if i := d.find(key); i >= 0 {
 		return d.tablets[i].Group, nil
 	}
-	return 0, fmt.Errorf("%w: key %q", ErrDirGap, key)
+	// A copy for the message: key itself stays the caller's (a put routes
+	// a key it built on its stack).
+	return 0, fmt.Errorf("%w: key %q", ErrDirGap, bytes.Clone(key))
 }
 
 // Piece is the part of a scan of [lo, hi) (hi nil: no bound) that one

@@ -218,7 +218,8 @@ func (c *Client) single(ctx context.Context, op kv.Op, ks *Keyspace) (WriteResul
 	// The group of the key's tablet, by the client's directory; a group
 	// that answers StatusMoved applied nothing: read the directory again
 	// and send the write to the group it names, if another.
-	ik := ks.ks.InternalKey(nil, op.Key)
+	var kb [128]byte // the internal key of a usual key, without an allocation
+	ik := ks.ks.InternalKey(kb[:0], op.Key)
 	g, d, err := ks.route(ctx, ik)
 	for tries := 0; ; tries++ {
 		if err != nil {
