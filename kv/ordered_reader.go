@@ -776,7 +776,15 @@ func (r *OrderedReader) landed() {
 			r.fail(fmt.Errorf("%w: tree header: %w", errRetry, err))
 			return
 		}
-		r.hdr, r.hdrOK, r.wantHdr = h, true, false
+		r.wantHdr = false
+		if r.kind != okDir {
+			// A directory read's header is not kept as the root later
+			// stale-ok lookups start from: a client reads the directory
+			// at its first ordered call, often before a load, and a
+			// lookup from that root (a leaf then) walked right through
+			// every leaf of the loaded tree.
+			r.hdr, r.hdrOK = h, true
+		}
 		if r.kind == okDir {
 			v, tbs, err := btree.DecodeDir(r.dbuf[btree.HeaderSize:])
 			if err != nil {
