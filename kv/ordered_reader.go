@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -198,8 +199,9 @@ type OrderedReader struct {
 	joining  *sharedRead
 	noJoin   uint32
 	took     []*sharedRead // the shared reads this call took: each once
-	// catching counts the members found catching up in a row (stale-ok).
-	catching int
+	// catching has bit i set for each member i found catching up since
+	// the last that was not (stale-ok; as GroupReader's).
+	catching uint64
 	// In this attempt: the reads landed or joined, whether a bracket (an
 	// h1 and h2 serving one epoch, linearizable) or an h1 (stale-ok) was
 	// taken yet.
@@ -740,7 +742,7 @@ func (r *OrderedReader) landed() {
 			if h1.CatchingUp && !g.knobs.readCatchingUp {
 				// Restarted without its data (its tree is empty): read
 				// another member, as a stale-ok get does.
-				if r.catching++; r.catching >= len(g.members) {
+				if r.catching |= 1 << r.m; bits.OnesCount64(r.catching) >= len(g.members) {
 					r.release()
 					r.err = fmt.Errorf("kv: group %d: every replica read restarted without its data and is catching up: %w", g.group, ErrCatchingUp)
 					r.st = osDone

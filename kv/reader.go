@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"time"
@@ -164,7 +165,12 @@ type GroupReader struct {
 	retryAt  time.Duration
 	backoff  rdma.Backoff // between attempts of the get
 	attempt  int
-	catching int // members found catching up in a row (stale-ok)
+	// catching has bit i set for each member i found catching up since
+	// the last member read that was not (stale-ok): the get fails with
+	// ErrCatchingUp once every member is in it. A set, not a count of
+	// reads in a row: reads of one catching-up member between failed
+	// reads of the others do not add up to "every member".
+	catching uint64
 	lastErr  error
 
 	// Reads counts one-sided reads posted; Rounds the rounds.
@@ -698,7 +704,7 @@ func (r *GroupReader) pollR1() bool {
 		// member restarted: read another member (and come back to it,
 		// as to a member that failed, once a leader caught it up).
 		r.consume(m)
-		if r.catching++; r.catching >= len(r.members) {
+		if r.catching |= 1 << m; bits.OnesCount64(r.catching) >= len(r.members) {
 			// Every member in a row: the group lost its data (every
 			// replica restarted without it). Say so now, rather than
 			// after MaxAttempts.
