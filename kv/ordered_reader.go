@@ -836,6 +836,25 @@ func (r *OrderedReader) LookupCtx(ctx context.Context, key []byte, mode Consiste
 	return r.drive(ctx)
 }
 
+// LookupUntil looks key up like LookupCtx, also giving up when stop
+// closes (ErrStopped; nil: never) or once deadline passed (an error
+// wrapping context.DeadlineExceeded; zero: none), as GroupReader.GetCtx
+// does: a caller bounds the call without deriving a context per call
+// (the client's ordered get).
+func (r *OrderedReader) LookupUntil(ctx context.Context, stop <-chan struct{}, deadline time.Time, key []byte, mode Consistency) (OrderedResult, error) {
+	r.BeginLookup(key, mode)
+	if err := runPolled(r, ctx, stop, deadline); err != nil {
+		r.release()
+		r.st = osIdle
+		if errors.Is(err, errDeadline) {
+			return OrderedResult{}, fmt.Errorf("%w (last cause: %v)", context.DeadlineExceeded, r.lastErr)
+		}
+		return OrderedResult{}, err
+	}
+	r.st = osIdle
+	return r.res, r.err
+}
+
 // ScanCtx scans like BeginScan, giving up when ctx ends (its error).
 func (r *OrderedReader) ScanCtx(ctx context.Context, start, end []byte, limit int, mode Consistency, reverse bool) (OrderedResult, error) {
 	r.BeginScan(start, end, limit, mode, reverse)
