@@ -198,6 +198,14 @@ type OrderedReader struct {
 	joining  *sharedRead
 	noJoin   uint32
 	took     []*sharedRead // the shared reads this call took: each once
+	// The node buffers the call posted reads into (and the shared read
+	// each was, for a lookup's): the next call reuses them once the call
+	// ended with no read out (clean), except those another lookup joined.
+	// free holds the buffers to reuse, spare a sharedRead.
+	callBufs []callBuf
+	free     [][]byte
+	spare    *sharedRead
+	clean    bool
 	// catching counts the members found catching up in a row (stale-ok).
 	catching int
 	// In this attempt: the reads landed or joined, whether a bracket (an
@@ -228,6 +236,9 @@ type Delegation struct {
 	// joinOlder plants a bug: lookups join reads posted before they
 	// began.
 	joinOlder bool
+	// recycleJoined plants a bug: a reader reuses the buffer of a read
+	// another lookup joined (whose answer aliases it).
+	recycleJoined bool
 }
 
 // NewDelegation returns a Delegation for one client's readers of a group.
@@ -239,9 +250,60 @@ type sharedRead struct {
 	member int
 	done   bool
 	failed bool
+	joined bool // find returned it: another lookup may hold buf
 	buf    []byte
 	lin    bool   // h1 and h2 bracket it, serving one epoch
 	h1, h2 Header // the poster's header before the read, and after (lin)
+}
+
+// callBuf is a node buffer a call posted a read into.
+type callBuf struct {
+	slot uint32
+	buf  []byte
+	sr   *sharedRead // the shared read it was, nil if none
+}
+
+// maxFreeBufs bounds the node buffers a reader keeps for reuse.
+const maxFreeBufs = 16
+
+// recycle takes back the node buffers of the call that ended, at the
+// start of the next (a result's slices alias them until then): all of
+// them if the call ended with no read out, but those another lookup
+// joined (Delegation.retire), which become the joiners'.
+func (r *OrderedReader) recycle() {
+	clean := r.st == osDone || r.st == osIdle && r.clean
+	r.clean = false
+	for i := range r.callBufs {
+		cb := &r.callBufs[i]
+		if clean {
+			ok := true
+			if cb.sr != nil {
+				ok = r.deleg.retire(cb.slot, cb.sr)
+				if ok {
+					r.spare = cb.sr
+				}
+			}
+			if ok && len(r.free) < maxFreeBufs {
+				r.free = append(r.free, cb.buf)
+			}
+		}
+		*cb = callBuf{}
+	}
+	r.callBufs = r.callBufs[:0]
+}
+
+// nodeBuf is a buffer for a read of a node: a reused one, or a fresh one.
+func (r *OrderedReader) nodeBuf(slot uint32) []byte {
+	size := int(r.hdr.NodeSize)
+	var b []byte
+	if n := len(r.free); n > 0 && cap(r.free[n-1]) >= size {
+		b, r.free[n-1] = r.free[n-1][:size], nil
+		r.free = r.free[:n-1]
+	} else {
+		b = make([]byte, size)
+	}
+	r.callBufs = append(r.callBufs, callBuf{slot: slot, buf: b})
+	return b
 }
 
 // SetDelegation makes the reader's lookups share node reads through d
@@ -262,17 +324,35 @@ func (d *Delegation) find(slot uint32, member int, after uint64, lin bool) *shar
 	if sr == nil || sr.member != member || sr.seq <= after && !d.joinOlder || sr.failed || sr.done && lin && !sr.lin {
 		return nil
 	}
+	sr.joined = true
 	return sr
 }
 
-// posted registers a read of slot just posted.
-func (d *Delegation) posted(slot uint32, member int, buf []byte) *sharedRead {
+// posted registers a read of slot just posted (into spare, if not nil: a
+// read retire gave back).
+func (d *Delegation) posted(slot uint32, member int, buf []byte, spare *sharedRead) *sharedRead {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.seq++
-	sr := &sharedRead{seq: d.seq, member: member, buf: buf}
+	sr := spare
+	if sr == nil {
+		sr = &sharedRead{}
+	}
+	*sr = sharedRead{seq: d.seq, member: member, buf: buf}
 	d.reads[slot] = sr
 	return sr
+}
+
+// retire ends the sharing of sr, which landed: no lookup can join it
+// from now on. true if none did, so that its poster may reuse sr and its
+// buffer; false if another lookup took it (its answer may alias buf).
+func (d *Delegation) retire(slot uint32, sr *sharedRead) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.reads[slot] == sr {
+		delete(d.reads, slot)
+	}
+	return !sr.joined || d.recycleJoined
 }
 
 // land ends a shared read: failed (joiners read for themselves), or with
@@ -362,6 +442,7 @@ func (r *OrderedReader) DirCtx(ctx context.Context) (OrderedResult, error) {
 }
 
 func (r *OrderedReader) begin(k orderedKind, mode Consistency) {
+	r.recycle()
 	r.kind, r.mode = k, mode
 	if r.deleg != nil {
 		r.beginSeq = r.deleg.begin()
@@ -607,7 +688,7 @@ func (r *OrderedReader) step() {
 			}
 			for _, sl := range r.inList {
 				reg, off := r.hdr.SlotAddr(g.group, sl)
-				b := make([]byte, r.hdr.NodeSize) // the memo keeps it: a fresh buffer per read
+				b := r.nodeBuf(sl) // the memo keeps it until the call's end
 				r.bufs = append(r.bufs, b)
 				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: b})
 			}
@@ -635,7 +716,9 @@ func (r *OrderedReader) step() {
 	r.res.NodeReads += len(r.inList)
 	r.st = osList
 	if len(r.inList) == 1 && r.deleg != nil && r.kind == okLookup {
-		r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0])
+		r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0], r.spare)
+		r.spare = nil
+		r.callBufs[len(r.callBufs)-1].sr = r.own
 	}
 }
 
@@ -851,7 +934,7 @@ func (r *OrderedReader) LookupUntil(ctx context.Context, stop <-chan struct{}, d
 		}
 		return OrderedResult{}, err
 	}
-	r.st = osIdle
+	r.st, r.clean = osIdle, true // no read out: the next call reuses the buffers
 	return r.res, r.err
 }
 
@@ -871,7 +954,7 @@ func (r *OrderedReader) drive(ctx context.Context) (OrderedResult, error) {
 		r.st = osIdle
 		return OrderedResult{}, err
 	}
-	r.st = osIdle
+	r.st, r.clean = osIdle, true // no read out: the next call reuses the buffers
 	return r.res, r.err
 }
 
