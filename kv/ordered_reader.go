@@ -176,8 +176,8 @@ type OrderedReader struct {
 	inList            []uint32 // the node slots the list in flight reads
 	bufs              [][]byte // and their buffers
 	hdrInList         bool
-	memo              map[uint32][][]byte // node slots read this attempt, in read order
-	uses              map[uint32]int      // reads of each slot by the current run
+	memo              []memoEnt // node slots read (or asked for) this attempt
+	memoN             int       // those read: with a copy
 	need              uint32
 	needK             int // the copy of need the walk asked for
 	runReads          int
@@ -378,7 +378,7 @@ func (d *Delegation) state(sr *sharedRead) (done, failed bool) {
 // locks its own state). near is the member stale-ok reads go to first.
 func NewOrderedReader(node rdma.Node, g uint32, members []rdma.NodeID, near int, cache *btree.Cache) *OrderedReader {
 	r := &OrderedReader{gr: NewGroupReader(node, g, members, near), cache: cache, hbuf: make([]byte, btree.HeaderSize),
-		memo: map[uint32][][]byte{}, uses: map[uint32]int{}, maxReadsPerAttmpt: 256}
+		maxReadsPerAttmpt: 256}
 	r.readFn = r.memoRead
 	return r
 }
@@ -559,7 +559,7 @@ func (r *OrderedReader) startAttempt() {
 		r.m = g.leader
 	}
 	g.at = r.m
-	clear(r.memo)
+	r.resetMemo()
 	r.walking = false
 	r.first, r.posted, r.runReads, r.got, r.bracketed, r.noJoin, r.joining = true, 0, 0, 0, false, 0, nil
 	r.wantHdr = !r.hdrOK || r.kind != okLookup
@@ -580,14 +580,72 @@ func (r *OrderedReader) startAttempt() {
 // returns the k-th copy read in this attempt, or stops the run (errNeed)
 // to have it read.
 func (r *OrderedReader) memoRead(slot uint32) ([]byte, error) {
-	k := r.uses[slot]
-	r.uses[slot] = k + 1
-	if bs := r.memo[slot]; k < len(bs) {
+	e := r.memoEnt(slot)
+	k := e.uses
+	e.uses++
+	if k < len(e.bufs) {
 		r.res.Decodes++
-		return bs[k], nil
+		return e.bufs[k], nil
 	}
 	r.need, r.needK = slot, k
 	return nil, errNeed
+}
+
+// memoEnt is a node slot of the attempt's memo: the copies read of it, in
+// read order, and how many of them the current run took. The memo is a
+// list searched in order, not a map: a lookup reads one or two slots, and
+// a map's clearing and hashing cost more than the search (a scan's
+// attempt reads at most maxReadsPerAttmpt).
+type memoEnt struct {
+	slot uint32
+	bufs [][]byte
+	uses int
+}
+
+// memoEnt is slot's entry of the memo, added (with no copy) if none.
+func (r *OrderedReader) memoEnt(slot uint32) *memoEnt {
+	for i := range r.memo {
+		if r.memo[i].slot == slot {
+			return &r.memo[i]
+		}
+	}
+	if len(r.memo) < cap(r.memo) {
+		r.memo = r.memo[:len(r.memo)+1] // reuse the entry's list
+	} else {
+		r.memo = append(r.memo, memoEnt{})
+	}
+	e := &r.memo[len(r.memo)-1]
+	e.slot, e.bufs, e.uses = slot, e.bufs[:0], 0
+	return e
+}
+
+// memoAdd adds a copy of slot read in this attempt.
+func (r *OrderedReader) memoAdd(slot uint32, b []byte) {
+	e := r.memoEnt(slot)
+	if len(e.bufs) == 0 {
+		r.memoN++
+	}
+	e.bufs = append(e.bufs, b)
+}
+
+// copies is the number of copies of slot read in this attempt.
+func (r *OrderedReader) copies(slot uint32) int {
+	for i := range r.memo {
+		if r.memo[i].slot == slot {
+			return len(r.memo[i].bufs)
+		}
+	}
+	return 0
+}
+
+// resetMemo empties the memo for a new attempt (its lists kept for reuse,
+// without the buffers).
+func (r *OrderedReader) resetMemo() {
+	for i := range r.memo {
+		clear(r.memo[i].bufs)
+		r.memo[i].bufs = r.memo[i].bufs[:0]
+	}
+	r.memo, r.memoN = r.memo[:0], 0
 }
 
 // scanAhead bounds the leaves a scan reads ahead in one list, besides the
@@ -607,14 +665,16 @@ func (r *OrderedReader) ahead() int {
 // run runs the walk over the nodes read so far: nil when it answered,
 // errNeed when it needs r.need read, else why the attempt failed.
 func (r *OrderedReader) run() error {
-	clear(r.uses)
+	for i := range r.memo {
+		r.memo[i].uses = 0
+	}
 	if r.walking {
 		// A scan's walk resumes at the read that stopped it, which
 		// takes the copy it asked for (a fresh one, if it had read that
 		// slot before in this attempt); the reads before it in the
 		// walk are not made again. A descent the stop interrupted does
 		// start again, and takes the copies it took before.
-		r.uses[r.need] = r.needK
+		r.memoEnt(r.need).uses = r.needK
 	}
 	var err error
 	var reads int
@@ -666,7 +726,7 @@ func (r *OrderedReader) step() {
 			return
 		case errors.Is(err, errNeed) && r.join():
 			return // joined another lookup's read (state osJoin), or took it and ran again
-		case err == nil || errors.Is(err, errNeed) && len(r.memo) >= r.maxReadsPerAttmpt:
+		case err == nil || errors.Is(err, errNeed) && r.memoN >= r.maxReadsPerAttmpt:
 			r.fail(errRetry) // answered with nothing read (cannot happen), or too many reads
 			return
 		case errors.Is(err, errNeed):
@@ -681,7 +741,7 @@ func (r *OrderedReader) step() {
 					key = k // past the level-1 node the scan began in
 				}
 				for _, id := range r.cache.Listed(key, bound, r.need, rev, r.ahead()) {
-					if sl := id.Slot(); len(r.memo[sl]) == 0 && !slices.Contains(r.inList, sl) {
+					if sl := id.Slot(); r.copies(sl) == 0 && !slices.Contains(r.inList, sl) {
 						r.inList = append(r.inList, sl)
 					}
 				}
@@ -758,7 +818,7 @@ func (r *OrderedReader) take(sr *sharedRead) bool {
 		}
 		r.noteH1(sr.h1)
 	}
-	r.memo[r.need] = append(r.memo[r.need], sr.buf)
+	r.memoAdd(r.need, sr.buf)
 	r.took = append(r.took, sr)
 	r.got++
 	r.Joined++
@@ -872,7 +932,7 @@ func (r *OrderedReader) landed() {
 		}
 	}
 	for i, sl := range r.inList {
-		r.memo[sl] = append(r.memo[sl], r.bufs[i])
+		r.memoAdd(sl, r.bufs[i])
 		r.got++
 	}
 	if len(r.inList) > 0 {

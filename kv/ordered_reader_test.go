@@ -586,5 +586,6 @@ func TestOrderedLookupAllocs(t *testing.T) {
 	}
 }
 
-// orderedLookupAllocs: the memo's list of the leaf's copies.
-const orderedLookupAllocs = 1
+// orderedLookupAllocs: none (the memo's lists are reused as the buffers
+// are).
+const orderedLookupAllocs = 0
