@@ -185,6 +185,7 @@ type OrderedReader struct {
 	walk              btree.ScanWalk // the attempt's scan, resumed after each list
 	walking           bool           // walk began in this attempt
 	lkEntry           btree.Entry
+	hint              btree.Hint // the lookup's search of the cache, kept from run to run of an attempt
 	lkFound           bool
 	maxReadsPerAttmpt int
 
@@ -560,6 +561,7 @@ func (r *OrderedReader) startAttempt() {
 	}
 	g.at = r.m
 	r.resetMemo()
+	r.hint.Reset()
 	r.walking = false
 	r.first, r.posted, r.runReads, r.got, r.bracketed, r.noJoin, r.joining = true, 0, 0, 0, false, 0, nil
 	r.wantHdr = !r.hdrOK || r.kind != okLookup
@@ -680,7 +682,7 @@ func (r *OrderedReader) run() error {
 	var reads int
 	switch r.kind {
 	case okLookup:
-		r.lkEntry, r.lkFound, reads, err = r.cache.Lookup(r.readFn, r.hdr.Root, r.key)
+		r.lkEntry, r.lkFound, reads, err = r.cache.LookupHinted(r.readFn, r.hdr.Root, r.key, &r.hint)
 	case okScan, okReverse:
 		// The scan's walk resumes where the last list stopped it: each
 		// node read is decoded once per attempt (OrderedResult.Decodes).

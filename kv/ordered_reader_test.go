@@ -27,7 +27,7 @@ type orderedGroup struct {
 	idx    uint64
 }
 
-func newOrderedGroup(t *testing.T, nodes []rdma.Node, readers []rdma.NodeID) *orderedGroup {
+func newOrderedGroup(t testing.TB, nodes []rdma.Node, readers []rdma.NodeID) *orderedGroup {
 	t.Helper()
 	g := &orderedGroup{}
 	for _, n := range nodes {
@@ -163,7 +163,7 @@ func TestOrderedReaderRealTime(t *testing.T) {
 	}
 }
 
-func orderedNodes(t *testing.T, fab string) ([]rdma.Node, rdma.Node) {
+func orderedNodes(t testing.TB, fab string) ([]rdma.Node, rdma.Node) {
 	t.Helper()
 	var open func(id rdma.NodeID) (rdma.Node, error)
 	switch fab {
