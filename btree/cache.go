@@ -232,11 +232,42 @@ const maxAttempts = 32
 // that validated and holds key inside its fences. reads counts the node
 // reads made.
 func (c *Cache) Lookup(read ReadFunc, root NodeID, key []byte) (e Entry, found bool, reads int, err error) {
+	return c.LookupHinted(read, root, key, nil)
+}
+
+// Hint carries a lookup's local search of the cache (the cached node it
+// starts from and the child it names) from one run of LookupHinted to the
+// next run of the same lookup: a polled reader runs a lookup again once
+// the leaf read it stopped for lands, and need not search the cache
+// again. It is only a hint, as every cached node is: what the descent
+// reads is checked. The zero Hint is empty; Reset empties it (for another
+// key or root).
+type Hint struct {
+	set   bool
+	from  *cached
+	id    NodeID
+	level int
+}
+
+// Reset empties h.
+func (h *Hint) Reset() { *h = Hint{} }
+
+// LookupHinted is Lookup, taking its first descent's start from h if h is
+// set and recording it there if not (h nil: Lookup). The caller resets h
+// whenever key or root changes.
+func (c *Cache) LookupHinted(read ReadFunc, root NodeID, key []byte, h *Hint) (e Entry, found bool, reads int, err error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		from := c.cover(key)
+		var from *cached
 		id, level := root, -1
-		if from != nil {
-			id, level = from.child(key), from.level-1
+		if h != nil && h.set && attempt == 0 {
+			from, id, level = h.from, h.id, h.level
+		} else {
+			if from = c.cover(key); from != nil {
+				id, level = from.child(key), from.level-1
+			}
+			if h != nil {
+				*h = Hint{set: true, from: from, id: id, level: level}
+			}
 		}
 		v, ok, n, moved, err := c.descend(read, id, level, key)
 		reads += n

@@ -184,3 +184,56 @@ func TestWarmLookupAllocs(t *testing.T) {
 		t.Fatalf("a warm lookup allocates %.1f times", n)
 	}
 }
+
+// TestLookupHintStale: a lookup run again with the hint of an earlier run
+// (LookupHinted: the cached node and child it started from) answers as a
+// fresh lookup does after the tree changed under the hint: leaves split
+// (the key moved right of the hinted leaf), values changed, and keys
+// deleted until leaves merged and were freed (the hinted leaf's slot dead
+// or reused). The hint is only a start: what is read is checked.
+func TestLookupHintStale(t *testing.T) {
+	cfg := Config{NodeSize: 512, MaxKey: 32}
+	a := NewArena(cfg.NodeSize, 1024, nil)
+	tr, _ := New(cfg, a, 1)
+	key := func(i int) []byte { return []byte(fmt.Sprintf("k%06d", i)) }
+	stamp := uint64(1)
+	for i := 0; i < 4000; i += 4 {
+		if _, err := tr.Put(key(i), []byte("v0"), stamp, stamp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(s uint32) ([]byte, error) { return append([]byte(nil), a.Bytes(s)...), nil }
+	c := NewCache(1 << 20)
+	hints := make([]Hint, 4000)
+	for i := 0; i < 4000; i += 4 {
+		if _, found, _, err := c.LookupHinted(read, tr.Root(), key(i), &hints[i]); err != nil || !found {
+			t.Fatalf("key %d: %v %v", i, found, err)
+		}
+	}
+	check := func(phase string, want func(i int) (string, bool)) {
+		t.Helper()
+		for i := 0; i < 4000; i += 4 {
+			e, found, _, err := c.LookupHinted(read, tr.Root(), key(i), &hints[i])
+			v, ok := want(i)
+			if err != nil || found != ok || ok && string(e.Value) != v {
+				t.Fatalf("%s: key %d with its earlier hint: found %v %q, err %v; want %v %q", phase, i, found, e.Value, err, ok, v)
+			}
+		}
+	}
+	// Splits: keys in between; every value changes.
+	stamp++
+	for i := 0; i < 4000; i++ {
+		if _, err := tr.Put(key(i), []byte("v1"), stamp, stamp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after splits", func(int) (string, bool) { return "v1", true })
+	// Merges and frees: most keys deleted.
+	stamp++
+	for i := 0; i < 4000; i++ {
+		if i%32 != 0 {
+			tr.Delete(key(i), stamp)
+		}
+	}
+	check("after merges", func(i int) (string, bool) { return "v1", i%32 == 0 })
+}

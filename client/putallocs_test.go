@@ -30,6 +30,14 @@ import (
 // on how long the puts take.
 const putAllocsCeiling = 1
 
+// orderedGetAllocsCeiling bounds the allocations of one warm ordered get
+// (GetItem of an ordered keyspace's key, a context without a deadline)
+// in the client's process: 1, the copy of the value it returns (as a
+// hashed get's), and one more for a pool refilled after a GC. It was 18
+// when the client derived three contexts per call (a deadline, a cancel,
+// an AfterFunc on close) and the reader a fresh buffer per leaf read.
+const orderedGetAllocsCeiling = 2
+
 // putAllocsChildEnv makes a re-executed client test binary a kvproc
 // replica process (TestPutAllocsChild).
 const putAllocsChildEnv = "CLIENT_PUTALLOCS_CHILD"
@@ -184,5 +192,31 @@ func TestPutAllocs(t *testing.T) {
 	}
 	if got, err := ks.Get(ctx, key); err != nil || len(got) != len(val) || got[0] != val[0] {
 		t.Fatalf("get after the ordered puts: %v %v, want a value starting with %d", got, err, val[0])
+	}
+
+	// A warm ordered get (issue 18: one leaf read after a local search of
+	// the cached inner nodes), as a program makes it: a context without
+	// a deadline. Its one allocation is the copy of the value it
+	// returns, as a hashed get's.
+	for _, mode := range []client.Consistency{client.StaleOK, client.Linearizable} {
+		for range 50 {
+			if _, err := ks.GetItem(ctx, key, mode); err != nil {
+				t.Fatalf("warm-up ordered %v get: %v", mode, err)
+			}
+		}
+		var gerr error
+		n = testing.AllocsPerRun(runs, func() {
+			if _, err := ks.GetItem(bg, key, mode); err != nil && gerr == nil {
+				gerr = err
+			}
+		})
+		if gerr != nil {
+			t.Fatalf("ordered %v get: %v", mode, gerr)
+		}
+		t.Logf("%v allocations per ordered %v get in the client's process (ceiling %d)", n, mode, orderedGetAllocsCeiling)
+		if n > orderedGetAllocsCeiling {
+			t.Errorf("an ordered %v get makes %v allocations in the client's process, more than the ceiling %d: a change added allocations to the lookup path",
+				mode, n, orderedGetAllocsCeiling)
+		}
 	}
 }

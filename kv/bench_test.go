@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 	"github.com/rdmakv/rdmakv/rdma/shm"
@@ -140,5 +141,66 @@ func TestGetAllocs(t *testing.T) {
 		if n := testing.AllocsPerRun(200, func() { r.Get(key, mode) }); n != 0 {
 			t.Errorf("%v get: %v allocations", mode, n)
 		}
+	}
+}
+
+// BenchmarkOrderedLookup is one OrderedReader's warm one-sided lookup
+// (cached inner nodes, one leaf read) of a group's ordered keyspace of
+// 20k records (16-byte keys, 100-byte values, 4 KiB nodes) on shm, with
+// a Delegation as the client's readers have: the cost of the ordered get
+// path itself, without the cluster (kvbench btree measures it against
+// one).
+func BenchmarkOrderedLookup(b *testing.B) {
+	nodes, rn := orderedNodes(b, "shm")
+	g := &orderedGroup{}
+	for _, n := range nodes {
+		st, err := btree.NewStore(btree.StoreConfig{Tree: btree.Config{NodeSize: 4096, MaxKey: 64}, ChunkSlots: 256, FreeAfter: 4,
+			Tablets: []btree.Tablet{btree.All}, Readers: []rdma.NodeID{9}}, n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tb, err := NewTable(TableConfig{LogBuckets: 2, HeapRegionSize: 1 << 16, MaxValue: 1 << 10, Ordered: st, Readers: []rdma.NodeID{9}}, n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tb.Promise(5)
+		b.Cleanup(func() { tb.Close(); st.Close() })
+		g.tabs, g.stores = append(g.tabs, tb), append(g.stores, st)
+	}
+	g.tabs[0].SetServing(5)
+	const n = 20000
+	keys := make([][]byte, n)
+	val := make([]byte, 100)
+	for i := 0; i < n; i += 100 {
+		var ops []btree.Op
+		for j := i; j < i+100; j++ {
+			keys[j] = []byte(fmt.Sprintf("key-%012d", j))
+			ops = append(ops, btree.Op{Kind: btree.OpPut, Key: keys[j], Value: val})
+		}
+		g.apply(ops...)
+	}
+	for _, mode := range []Consistency{StaleOK, Linearizable} {
+		b.Run(mode.String(), func(b *testing.B) {
+			r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, btree.NewCache(16<<20))
+			r.SetDelegation(NewDelegation())
+			defer r.Close()
+			for _, k := range keys {
+				if res, err := r.Lookup(k, mode); err != nil || !res.Found {
+					b.Fatal(res.Found, err)
+				}
+			}
+			b.ReportAllocs()
+			i, reads, retries := 0, 0, 0
+			for b.Loop() {
+				res, err := r.Lookup(keys[i%n], mode)
+				if err != nil || !res.Found {
+					b.Fatal(res.Found, err)
+				}
+				reads, retries = reads+res.NodeReads, retries+res.Retries
+				i += 7919
+			}
+			b.ReportMetric(float64(reads)/float64(b.N), "reads/op")
+			b.ReportMetric(float64(retries)/float64(b.N), "retries/op")
+		})
 	}
 }

@@ -177,8 +177,8 @@ type OrderedReader struct {
 	inList            []uint32 // the node slots the list in flight reads
 	bufs              [][]byte // and their buffers
 	hdrInList         bool
-	memo              map[uint32][][]byte // node slots read this attempt, in read order
-	uses              map[uint32]int      // reads of each slot by the current run
+	memo              []memoEnt // node slots read (or asked for) this attempt
+	memoN             int       // those read: with a copy
 	need              uint32
 	needK             int // the copy of need the walk asked for
 	runReads          int
@@ -186,6 +186,7 @@ type OrderedReader struct {
 	walk              btree.ScanWalk // the attempt's scan, resumed after each list
 	walking           bool           // walk began in this attempt
 	lkEntry           btree.Entry
+	hint              btree.Hint // the lookup's search of the cache, kept from run to run of an attempt
 	lkFound           bool
 	maxReadsPerAttmpt int
 
@@ -199,6 +200,14 @@ type OrderedReader struct {
 	joining  *sharedRead
 	noJoin   uint32
 	took     []*sharedRead // the shared reads this call took: each once
+	// The node buffers the call posted reads into (and the shared read
+	// each was, for a lookup's): the next call reuses them once the call
+	// ended with no read out (clean), except those another lookup joined.
+	// free holds the buffers to reuse, spare a sharedRead.
+	callBufs []callBuf
+	free     [][]byte
+	spare    *sharedRead
+	clean    bool
 	// catching has bit i set for each member i found catching up since
 	// the last that was not (stale-ok; as GroupReader's).
 	catching uint64
@@ -230,6 +239,9 @@ type Delegation struct {
 	// joinOlder plants a bug: lookups join reads posted before they
 	// began.
 	joinOlder bool
+	// recycleJoined plants a bug: a reader reuses the buffer of a read
+	// another lookup joined (whose answer aliases it).
+	recycleJoined bool
 }
 
 // NewDelegation returns a Delegation for one client's readers of a group.
@@ -241,9 +253,60 @@ type sharedRead struct {
 	member int
 	done   bool
 	failed bool
+	joined bool // find returned it: another lookup may hold buf
 	buf    []byte
 	lin    bool   // h1 and h2 bracket it, serving one epoch
 	h1, h2 Header // the poster's header before the read, and after (lin)
+}
+
+// callBuf is a node buffer a call posted a read into.
+type callBuf struct {
+	slot uint32
+	buf  []byte
+	sr   *sharedRead // the shared read it was, nil if none
+}
+
+// maxFreeBufs bounds the node buffers a reader keeps for reuse.
+const maxFreeBufs = 16
+
+// recycle takes back the node buffers of the call that ended, at the
+// start of the next (a result's slices alias them until then): all of
+// them if the call ended with no read out, but those another lookup
+// joined (Delegation.retire), which become the joiners'.
+func (r *OrderedReader) recycle() {
+	clean := r.st == osDone || r.st == osIdle && r.clean
+	r.clean = false
+	for i := range r.callBufs {
+		cb := &r.callBufs[i]
+		if clean {
+			ok := true
+			if cb.sr != nil {
+				ok = r.deleg.retire(cb.slot, cb.sr)
+				if ok {
+					r.spare = cb.sr
+				}
+			}
+			if ok && len(r.free) < maxFreeBufs {
+				r.free = append(r.free, cb.buf)
+			}
+		}
+		*cb = callBuf{}
+	}
+	r.callBufs = r.callBufs[:0]
+}
+
+// nodeBuf is a buffer for a read of a node: a reused one, or a fresh one.
+func (r *OrderedReader) nodeBuf(slot uint32) []byte {
+	size := int(r.hdr.NodeSize)
+	var b []byte
+	if n := len(r.free); n > 0 && cap(r.free[n-1]) >= size {
+		b, r.free[n-1] = r.free[n-1][:size], nil
+		r.free = r.free[:n-1]
+	} else {
+		b = make([]byte, size)
+	}
+	r.callBufs = append(r.callBufs, callBuf{slot: slot, buf: b})
+	return b
 }
 
 // SetDelegation makes the reader's lookups share node reads through d
@@ -264,17 +327,35 @@ func (d *Delegation) find(slot uint32, member int, after uint64, lin bool) *shar
 	if sr == nil || sr.member != member || sr.seq <= after && !d.joinOlder || sr.failed || sr.done && lin && !sr.lin {
 		return nil
 	}
+	sr.joined = true
 	return sr
 }
 
-// posted registers a read of slot just posted.
-func (d *Delegation) posted(slot uint32, member int, buf []byte) *sharedRead {
+// posted registers a read of slot just posted (into spare, if not nil: a
+// read retire gave back).
+func (d *Delegation) posted(slot uint32, member int, buf []byte, spare *sharedRead) *sharedRead {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.seq++
-	sr := &sharedRead{seq: d.seq, member: member, buf: buf}
+	sr := spare
+	if sr == nil {
+		sr = &sharedRead{}
+	}
+	*sr = sharedRead{seq: d.seq, member: member, buf: buf}
 	d.reads[slot] = sr
 	return sr
+}
+
+// retire ends the sharing of sr, which landed: no lookup can join it
+// from now on. true if none did, so that its poster may reuse sr and its
+// buffer; false if another lookup took it (its answer may alias buf).
+func (d *Delegation) retire(slot uint32, sr *sharedRead) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.reads[slot] == sr {
+		delete(d.reads, slot)
+	}
+	return !sr.joined || d.recycleJoined
 }
 
 // land ends a shared read: failed (joiners read for themselves), or with
@@ -300,7 +381,7 @@ func (d *Delegation) state(sr *sharedRead) (done, failed bool) {
 // locks its own state). near is the member stale-ok reads go to first.
 func NewOrderedReader(node rdma.Node, g uint32, members []rdma.NodeID, near int, cache *btree.Cache) *OrderedReader {
 	r := &OrderedReader{gr: NewGroupReader(node, g, members, near), cache: cache, hbuf: make([]byte, btree.HeaderSize),
-		memo: map[uint32][][]byte{}, uses: map[uint32]int{}, maxReadsPerAttmpt: 256}
+		maxReadsPerAttmpt: 256}
 	r.readFn = r.memoRead
 	return r
 }
@@ -364,6 +445,7 @@ func (r *OrderedReader) DirCtx(ctx context.Context) (OrderedResult, error) {
 }
 
 func (r *OrderedReader) begin(k orderedKind, mode Consistency) {
+	r.recycle()
 	r.kind, r.mode = k, mode
 	if r.deleg != nil {
 		r.beginSeq = r.deleg.begin()
@@ -480,7 +562,8 @@ func (r *OrderedReader) startAttempt() {
 		r.m = g.leader
 	}
 	g.at = r.m
-	clear(r.memo)
+	r.resetMemo()
+	r.hint.Reset()
 	r.walking = false
 	r.first, r.posted, r.runReads, r.got, r.bracketed, r.noJoin, r.joining = true, 0, 0, 0, false, 0, nil
 	r.wantHdr = !r.hdrOK || r.kind != okLookup
@@ -501,14 +584,72 @@ func (r *OrderedReader) startAttempt() {
 // returns the k-th copy read in this attempt, or stops the run (errNeed)
 // to have it read.
 func (r *OrderedReader) memoRead(slot uint32) ([]byte, error) {
-	k := r.uses[slot]
-	r.uses[slot] = k + 1
-	if bs := r.memo[slot]; k < len(bs) {
+	e := r.memoEnt(slot)
+	k := e.uses
+	e.uses++
+	if k < len(e.bufs) {
 		r.res.Decodes++
-		return bs[k], nil
+		return e.bufs[k], nil
 	}
 	r.need, r.needK = slot, k
 	return nil, errNeed
+}
+
+// memoEnt is a node slot of the attempt's memo: the copies read of it, in
+// read order, and how many of them the current run took. The memo is a
+// list searched in order, not a map: a lookup reads one or two slots, and
+// a map's clearing and hashing cost more than the search (a scan's
+// attempt reads at most maxReadsPerAttmpt).
+type memoEnt struct {
+	slot uint32
+	bufs [][]byte
+	uses int
+}
+
+// memoEnt is slot's entry of the memo, added (with no copy) if none.
+func (r *OrderedReader) memoEnt(slot uint32) *memoEnt {
+	for i := range r.memo {
+		if r.memo[i].slot == slot {
+			return &r.memo[i]
+		}
+	}
+	if len(r.memo) < cap(r.memo) {
+		r.memo = r.memo[:len(r.memo)+1] // reuse the entry's list
+	} else {
+		r.memo = append(r.memo, memoEnt{})
+	}
+	e := &r.memo[len(r.memo)-1]
+	e.slot, e.bufs, e.uses = slot, e.bufs[:0], 0
+	return e
+}
+
+// memoAdd adds a copy of slot read in this attempt.
+func (r *OrderedReader) memoAdd(slot uint32, b []byte) {
+	e := r.memoEnt(slot)
+	if len(e.bufs) == 0 {
+		r.memoN++
+	}
+	e.bufs = append(e.bufs, b)
+}
+
+// copies is the number of copies of slot read in this attempt.
+func (r *OrderedReader) copies(slot uint32) int {
+	for i := range r.memo {
+		if r.memo[i].slot == slot {
+			return len(r.memo[i].bufs)
+		}
+	}
+	return 0
+}
+
+// resetMemo empties the memo for a new attempt (its lists kept for reuse,
+// without the buffers).
+func (r *OrderedReader) resetMemo() {
+	for i := range r.memo {
+		clear(r.memo[i].bufs)
+		r.memo[i].bufs = r.memo[i].bufs[:0]
+	}
+	r.memo, r.memoN = r.memo[:0], 0
 }
 
 // scanAhead bounds the leaves a scan reads ahead in one list, besides the
@@ -528,20 +669,22 @@ func (r *OrderedReader) ahead() int {
 // run runs the walk over the nodes read so far: nil when it answered,
 // errNeed when it needs r.need read, else why the attempt failed.
 func (r *OrderedReader) run() error {
-	clear(r.uses)
+	for i := range r.memo {
+		r.memo[i].uses = 0
+	}
 	if r.walking {
 		// A scan's walk resumes at the read that stopped it, which
 		// takes the copy it asked for (a fresh one, if it had read that
 		// slot before in this attempt); the reads before it in the
 		// walk are not made again. A descent the stop interrupted does
 		// start again, and takes the copies it took before.
-		r.uses[r.need] = r.needK
+		r.memoEnt(r.need).uses = r.needK
 	}
 	var err error
 	var reads int
 	switch r.kind {
 	case okLookup:
-		r.lkEntry, r.lkFound, reads, err = r.cache.Lookup(r.readFn, r.hdr.Root, r.key)
+		r.lkEntry, r.lkFound, reads, err = r.cache.LookupHinted(r.readFn, r.hdr.Root, r.key, &r.hint)
 	case okScan, okReverse:
 		// The scan's walk resumes where the last list stopped it: each
 		// node read is decoded once per attempt (OrderedResult.Decodes).
@@ -587,7 +730,7 @@ func (r *OrderedReader) step() {
 			return
 		case errors.Is(err, errNeed) && r.join():
 			return // joined another lookup's read (state osJoin), or took it and ran again
-		case err == nil || errors.Is(err, errNeed) && len(r.memo) >= r.maxReadsPerAttmpt:
+		case err == nil || errors.Is(err, errNeed) && r.memoN >= r.maxReadsPerAttmpt:
 			r.fail(errRetry) // answered with nothing read (cannot happen), or too many reads
 			return
 		case errors.Is(err, errNeed):
@@ -602,14 +745,14 @@ func (r *OrderedReader) step() {
 					key = k // past the level-1 node the scan began in
 				}
 				for _, id := range r.cache.Listed(key, bound, r.need, rev, r.ahead()) {
-					if sl := id.Slot(); len(r.memo[sl]) == 0 && !slices.Contains(r.inList, sl) {
+					if sl := id.Slot(); r.copies(sl) == 0 && !slices.Contains(r.inList, sl) {
 						r.inList = append(r.inList, sl)
 					}
 				}
 			}
 			for _, sl := range r.inList {
 				reg, off := r.hdr.SlotAddr(g.group, sl)
-				b := make([]byte, r.hdr.NodeSize) // the memo keeps it: a fresh buffer per read
+				b := r.nodeBuf(sl) // the memo keeps it until the call's end
 				r.bufs = append(r.bufs, b)
 				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: b})
 			}
@@ -637,7 +780,9 @@ func (r *OrderedReader) step() {
 	r.res.NodeReads += len(r.inList)
 	r.st = osList
 	if len(r.inList) == 1 && r.deleg != nil && r.kind == okLookup {
-		r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0])
+		r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0], r.spare)
+		r.spare = nil
+		r.callBufs[len(r.callBufs)-1].sr = r.own
 	}
 }
 
@@ -677,7 +822,7 @@ func (r *OrderedReader) take(sr *sharedRead) bool {
 		}
 		r.noteH1(sr.h1)
 	}
-	r.memo[r.need] = append(r.memo[r.need], sr.buf)
+	r.memoAdd(r.need, sr.buf)
 	r.took = append(r.took, sr)
 	r.got++
 	r.Joined++
@@ -799,7 +944,7 @@ func (r *OrderedReader) landed() {
 		}
 	}
 	for i, sl := range r.inList {
-		r.memo[sl] = append(r.memo[sl], r.bufs[i])
+		r.memoAdd(sl, r.bufs[i])
 		r.got++
 	}
 	if len(r.inList) > 0 {
@@ -846,6 +991,25 @@ func (r *OrderedReader) LookupCtx(ctx context.Context, key []byte, mode Consiste
 	return r.drive(ctx)
 }
 
+// LookupUntil looks key up like LookupCtx, also giving up when stop
+// closes (ErrStopped; nil: never) or once deadline passed (an error
+// wrapping context.DeadlineExceeded; zero: none), as GroupReader.GetCtx
+// does: a caller bounds the call without deriving a context per call
+// (the client's ordered get).
+func (r *OrderedReader) LookupUntil(ctx context.Context, stop <-chan struct{}, deadline time.Time, key []byte, mode Consistency) (OrderedResult, error) {
+	r.BeginLookup(key, mode)
+	if err := runPolled(r, ctx, stop, deadline); err != nil {
+		r.release()
+		r.st = osIdle
+		if errors.Is(err, errDeadline) {
+			return OrderedResult{}, fmt.Errorf("%w (last cause: %v)", context.DeadlineExceeded, r.lastErr)
+		}
+		return OrderedResult{}, err
+	}
+	r.st, r.clean = osIdle, true // no read out: the next call reuses the buffers
+	return r.res, r.err
+}
+
 // ScanCtx scans like BeginScan, giving up when ctx ends (its error).
 func (r *OrderedReader) ScanCtx(ctx context.Context, start, end []byte, limit int, mode Consistency, reverse bool) (OrderedResult, error) {
 	r.BeginScan(start, end, limit, mode, reverse)
@@ -862,7 +1026,7 @@ func (r *OrderedReader) drive(ctx context.Context) (OrderedResult, error) {
 		r.st = osIdle
 		return OrderedResult{}, err
 	}
-	r.st = osIdle
+	r.st, r.clean = osIdle, true // no read out: the next call reuses the buffers
 	return r.res, r.err
 }
 

@@ -27,7 +27,7 @@ type orderedGroup struct {
 	idx    uint64
 }
 
-func newOrderedGroup(t *testing.T, nodes []rdma.Node, readers []rdma.NodeID) *orderedGroup {
+func newOrderedGroup(t testing.TB, nodes []rdma.Node, readers []rdma.NodeID) *orderedGroup {
 	t.Helper()
 	g := &orderedGroup{}
 	for _, n := range nodes {
@@ -163,7 +163,7 @@ func TestOrderedReaderRealTime(t *testing.T) {
 	}
 }
 
-func orderedNodes(t *testing.T, fab string) ([]rdma.Node, rdma.Node) {
+func orderedNodes(t testing.TB, fab string) ([]rdma.Node, rdma.Node) {
 	t.Helper()
 	var open func(id rdma.NodeID) (rdma.Node, error)
 	switch fab {
@@ -515,3 +515,106 @@ func TestOrderedDirReadKeepsNoRoot(t *testing.T) {
 		t.Fatalf("a stale-ok lookup after a directory read took %d node reads (the tree's leaves: about %d)", res.NodeReads, n/8)
 	}
 }
+
+// TestOrderedReaderRecyclesBuffers: a reader reuses its node buffers from
+// one call to the next, but never one another lookup joined: b's answer
+// aliases a's leaf read (Delegation), and stays b's after a's next
+// lookups of other leaves. The planted recycleJoined (a reuses it)
+// overwrites b's answer.
+func TestOrderedReaderRecyclesBuffers(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		nodes, rn := orderedNodes(t, "mem")
+		g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+		for i := range 60 {
+			g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%03d", i)), Value: []byte(fmt.Sprintf("v%03d", i))})
+		}
+		cache, d := btree.NewCache(1<<20), NewDelegation()
+		d.recycleJoined = planted
+		a := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
+		b := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
+		a.SetDelegation(d)
+		b.SetDelegation(d)
+		defer a.Close()
+		defer b.Close()
+		key := []byte("k007")
+		for _, r := range []*OrderedReader{a, b} { // warm: tree header and inner nodes
+			if res, err := r.Lookup(key, StaleOK); err != nil || string(res.Value) != "v007" {
+				t.Fatalf("warm-up: %q %v", res.Value, err)
+			}
+		}
+		run := func(r *OrderedReader) OrderedResult {
+			t.Helper()
+			for i := 0; !r.Poll(rdma.Mono()); i++ {
+				if i > 1e6 {
+					t.Fatal("a lookup did not end")
+				}
+			}
+			res, err := r.Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		b.BeginLookup(key, StaleOK)
+		a.BeginLookup(key, StaleOK)
+		run(a)
+		joined := b.Joined
+		resB := run(b)
+		if string(resB.Value) != "v007" || b.Joined != joined+1 {
+			t.Fatalf("b: %q, joined %d reads (want a's read)", resB.Value, b.Joined-joined)
+		}
+		// a's next lookups, of keys in other leaves, reuse its buffers.
+		for i := 20; i < 60; i += 10 {
+			k := fmt.Sprintf("k%03d", i)
+			if res, err := a.Lookup([]byte(k), StaleOK); err != nil || string(res.Value) != fmt.Sprintf("v%03d", i) {
+				t.Fatalf("a's lookup of %s: %q %v", k, res.Value, err)
+			}
+		}
+		if planted {
+			if string(resB.Value) == "v007" {
+				t.Fatalf("recycleJoined planted: b's answer still reads %q", resB.Value)
+			}
+			t.Logf("recycleJoined planted: b's answer became %q", resB.Value)
+			continue
+		}
+		if string(resB.Value) != "v007" {
+			t.Fatalf("b's answer changed to %q after a's later lookups: a reused the buffer b joined", resB.Value)
+		}
+	}
+}
+
+// TestOrderedLookupAllocs: a warm lookup (with and without a Delegation,
+// both consistencies) reuses its node buffers: in steady state it
+// allocates at most orderedLookupAllocs times.
+func TestOrderedLookupAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	nodes, rn := orderedNodes(t, "mem")
+	g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+	for i := range 60 {
+		g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%03d", i)), Value: []byte("v")})
+	}
+	for _, deleg := range []bool{false, true} {
+		r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, btree.NewCache(1<<20))
+		defer r.Close()
+		if deleg {
+			r.SetDelegation(NewDelegation())
+		}
+		key := []byte("k031")
+		for _, mode := range []Consistency{StaleOK, Linearizable} {
+			for range 10 {
+				if res, err := r.Lookup(key, mode); err != nil || !res.Found {
+					t.Fatalf("%v lookup: %v %v", mode, res.Found, err)
+				}
+			}
+			if n := testing.AllocsPerRun(200, func() { r.Lookup(key, mode) }); n > orderedLookupAllocs {
+				t.Errorf("delegation %v, %v: a warm lookup allocates %.1f times, want at most %d", deleg, mode, n, orderedLookupAllocs)
+			}
+		}
+	}
+}
+
+// orderedLookupAllocs: none (the memo's lists are reused as the buffers
+// are).
+const orderedLookupAllocs = 0
