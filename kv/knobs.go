@@ -62,6 +62,11 @@ type testingKnobs struct {
 	// header says it is catching up (restarted without its data), so a
 	// key the group holds reads as not found (TestStaleOKSkipsCatchingUp).
 	readCatchingUp bool
+	// unitsLarge (table): Snapshot sizes every record from its slot's
+	// Units, a MiB or larger ones too (unitsLarge: the slot does not say
+	// their size), so the capture's Size is short of the records it
+	// persists (TestCaptureIsStateAtCapture).
+	unitsLarge bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

@@ -165,6 +165,11 @@ type Table struct {
 	knobs    testingKnobs // planted bugs, tests only (knobs.go)
 	mres     []byte
 	restores int
+	// snapMaxNs: the longest Snapshot call (Stats.SnapshotMaxNs).
+	snapMaxNs int64
+	// hdrReads counts sizeHint's reads of a record's header (tests: a
+	// capture reads only those of records of a MiB or more).
+	hdrReads int
 	// yield, if set, is called between the stores readers rely on the
 	// order of (the simulator's Env.Yield, which may land one-sided reads
 	// there); nil in production.
@@ -310,12 +315,16 @@ type Stats struct {
 	Migrating    bool
 	FreeListRefs int
 	Restores     int // snapshots restored into this table
+	// SnapshotMaxNs is the longest Snapshot call (a capture, on the
+	// polling goroutine), by TableConfig.Clock, since the table was made.
+	SnapshotMaxNs int64
 }
 
 // Stats reports the table's size (polling goroutine).
 func (t *Table) Stats() Stats {
 	s := Stats{Records: t.count, HeapBytes: t.heap.used, HeapRegions: len(t.heap.regions),
-		IndexBytes: len(t.cur.mem), Gen: t.cur.n, LogBuckets: t.cur.log, Migrating: t.old != nil, Restores: t.restores}
+		IndexBytes: len(t.cur.mem), Gen: t.cur.n, LogBuckets: t.cur.log, Migrating: t.old != nil, Restores: t.restores,
+		SnapshotMaxNs: t.snapMaxNs}
 	if t.old != nil {
 		s.IndexBytes += len(t.old.mem)
 	}
@@ -823,7 +832,23 @@ func (t *Table) heapFits(ops []Op) bool {
 	return hp.ensure(n) == nil
 }
 
-func (s Slot) sizeHint(t *Table) int { return recordInfo(t.heap.mems[s.Heap][s.Off:]).Size() }
+func (s Slot) sizeHint(t *Table) int {
+	t.hdrReads++
+	return recordInfo(t.heap.mems[s.Heap][s.Off:]).Size()
+}
+
+// snapSize is the size of the record s points to, from the slot: record
+// sizes are multiples of recAlign, which the slot's Units count, so only
+// a record of unitsLarge units or more (a MiB) reads its header. Snapshot
+// walks every slot on the polling goroutine: reading each record's header
+// there (random memory, a cache miss per record) stalled the poller for
+// tens to hundreds of milliseconds per capture (issue 19).
+func (s Slot) snapSize(t *Table) int {
+	if s.Units != unitsLarge || t.knobs.unitsLarge {
+		return int(s.Units) * recAlign
+	}
+	return s.sizeHint(t)
+}
 
 func (t *Table) sref(s Slot) uint64 { return refOf(int(s.Heap), int(s.Off)) }
 
@@ -1052,11 +1077,13 @@ func (t *Table) eachSlot(f func(Slot)) {
 
 // Snapshot captures the table's records (broadcast.FSM).
 func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
+	start := t.cfg.Clock()
+	defer func() { t.snapMaxNs = max(t.snapMaxNs, t.cfg.Clock()-start) }()
 	c := &capture{t: t, size: 32, applied: t.applied, log: t.cur.log, mems: append([][]byte(nil), t.heap.mems...), epoch: t.heapEpoch.Load()}
 	c.refs = make([]uint64, 0, t.count)
 	t.eachSlot(func(s Slot) {
 		c.refs = append(c.refs, t.sref(s))
-		c.size += s.sizeHint(t)
+		c.size += s.snapSize(t)
 	})
 	clients := make([]uint32, 0, len(t.stages))
 	for k := range t.stages {
