@@ -2,6 +2,7 @@ package kv
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,35 +10,45 @@ import (
 
 // TestCaptureIsStateAtCapture: a capture (Snapshot) taken while the index
 // migrates, then followed by applies that overwrite records (small with
-// large, large with small), delete, add keys and grow the index again,
+// large, large with small), delete, add keys and grow the index twice,
 // persists exactly the bytes of a snapshot persisted at the capture, and
 // its Size is that length. Records of a MiB, whose slots cannot say their
-// size (unitsLarge), are among them. Snapshot sizes the records from
-// their slots, reading only those two records' headers (issue 19: reading
-// every record's header stalled the poller); the planted unitsLarge knob sizes the large ones from their
-// slots too, and the size check catches it.
+// size (unitsLarge), are among them. The capture walks no index on the
+// polling goroutine (issue 19: the walk stalled the poller): it copies
+// the index, which Persist walks. Planted bugs: persistLive (Persist walks
+// the live index) is caught by Persist's own check of the records it
+// walked against the count at capture; staleLiveBytes (an
+// overwrite leaves the old record's size in liveBytes) by the size check.
 func TestCaptureIsStateAtCapture(t *testing.T) {
-	for _, planted := range []bool{false, true} {
-		t.Run(fmt.Sprintf("planted=%v", planted), func(t *testing.T) {
-			err := captureAtCapture(t, planted)
-			if !planted {
+	for _, tc := range []struct {
+		knob string
+		want string // the check that must fail
+	}{
+		{"", ""},
+		{"persistLive", "captured index holds"},
+		{"staleLiveBytes", "capture size"},
+	} {
+		t.Run("planted="+tc.knob, func(t *testing.T) {
+			err := captureAtCapture(t, tc.knob)
+			if tc.knob == "" {
 				if err != "" {
 					t.Fatal(err)
 				}
 				return
 			}
-			t.Logf("planted unitsLarge: %s", err)
-			if !strings.Contains(err, "capture size") {
-				t.Fatalf("planted unitsLarge: got %q, want the size check to fail", err)
+			t.Logf("planted %s: %s", tc.knob, err)
+			if !strings.Contains(err, tc.want) {
+				t.Fatalf("planted %s: got %q, want the %q check to fail", tc.knob, err, tc.want)
 			}
 		})
 	}
 }
 
-func captureAtCapture(t *testing.T, planted bool) string {
+func captureAtCapture(t *testing.T, knob string) string {
 	cfg := TableConfig{LogBuckets: 2, MigrateStep: 1, HeapRegionSize: 8 << 20, MaxValue: 1 << 20}
 	tb, _ := soloTable(t, cfg)
-	tb.knobs.unitsLarge = planted
+	tb.knobs.persistLive = knob == "persistLive"
+	tb.knobs.staleLiveBytes = knob == "staleLiveBytes"
 	idx := uint64(0)
 	apply := func(ops ...Op) {
 		idx++
@@ -52,30 +63,24 @@ func captureAtCapture(t *testing.T, planted bool) string {
 	apply(Op{Kind: OpPut, Key: []byte("big1"), Value: large(1<<20, 'a')})
 	apply(Op{Kind: OpPut, Key: []byte("big2"), Value: large(1<<20-40, 'b')})
 	apply(Op{Kind: OpDelete, Key: []byte("k3")})
-	if !tb.Stats().Migrating {
-		// Grow until a capture sees both generations.
-		for i := 100; !tb.Stats().Migrating; i++ {
-			apply(Op{Kind: OpPut, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("g")})
-		}
+	apply(Op{Kind: OpPut, Key: []byte("k4"), Value: large(300, 'o')}) // an overwrite, larger
+	apply(Op{Kind: OpPut, Key: []byte("k29"), Value: []byte("o")})    // and smaller
+	// Grow until a capture sees both generations.
+	for i := 100; !tb.Stats().Migrating; i++ {
+		apply(Op{Kind: OpPut, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("g")})
 	}
-	reads := tb.hdrReads
+	walks := tb.slotWalks
 	c, err := tb.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Release()
-	wantReads := 2
-	if planted {
-		wantReads = 0 // the bug: it sizes them from their slots too
+	if n := tb.slotWalks - walks; n != 0 {
+		t.Fatalf("the capture walked the index %d times on the polling goroutine, want 0", n)
 	}
-	if n := tb.hdrReads - reads; n != wantReads {
-		// Snapshot runs on the polling goroutine: a header read per
-		// record is a cache miss per record (issue 19).
-		t.Fatalf("the capture of %d records read %d record headers, want %d (the records of a MiB)", tb.Len(), n, wantReads)
-	}
-	tb.knobs.unitsLarge = false
-	want := snapshotOf(t, tb) // a second capture (as designed), persisted at once
-	tb.knobs.unitsLarge = planted
+	tb.knobs.persistLive, tb.knobs.staleLiveBytes = false, false
+	want := snapshotOfIndex(t, tb) // a walk of the index at capture, as designed
+	tb.knobs.persistLive = knob == "persistLive"
 	if c.Size() != len(want) {
 		return fmt.Sprintf("capture size %d, the snapshot at capture holds %d bytes", c.Size(), len(want))
 	}
@@ -106,6 +111,27 @@ func captureAtCapture(t *testing.T, planted bool) string {
 		return fmt.Sprintf("restored %d records, the snapshot at capture %d", len(a.recs), len(b.recs))
 	}
 	return ""
+}
+
+// snapshotOfIndex is the table's snapshot as a walk of its live index
+// (eachSlot) writes it, independent of Snapshot's copy and liveBytes:
+// the records in index order, no staged requests, no ordered section.
+func snapshotOfIndex(t *testing.T, tb *Table) []byte {
+	t.Helper()
+	if len(tb.stages) != 0 || tb.cfg.Ordered != nil {
+		t.Fatal("snapshotOfIndex: staged requests or an ordered part")
+	}
+	b := make([]byte, 32)
+	n := 0
+	tb.eachSlot(func(s Slot) {
+		b = append(b, tb.record(s)...)
+		n++
+	})
+	binary.LittleEndian.PutUint64(b, snapMagic)
+	binary.LittleEndian.PutUint64(b[8:], uint64(n))
+	binary.LittleEndian.PutUint64(b[16:], uint64(tb.cur.log))
+	binary.LittleEndian.PutUint64(b[24:], tb.applied)
+	return append(b, make([]byte, 16)...) // no staged requests, no ordered section
 }
 
 // mustParse is the state a snapshot holds (as stateOf reads a table's).
