@@ -62,6 +62,14 @@ type testingKnobs struct {
 	// header says it is catching up (restarted without its data), so a
 	// key the group holds reads as not found (TestStaleOKSkipsCatchingUp).
 	readCatchingUp bool
+	// persistLive (table): a capture's Persist walks the table's live
+	// index instead of the copy taken at capture, so applies after the
+	// capture leak into the snapshot (TestCaptureIsStateAtCapture).
+	persistLive bool
+	// staleLiveBytes (table): an overwrite adds the new record's size to
+	// liveBytes without taking the old one's off, so a capture's Size is
+	// not what Persist writes (TestCaptureIsStateAtCapture).
+	staleLiveBytes bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

@@ -145,6 +145,9 @@ type ReplicaStatus struct {
 	IndexBytes int    `json:"index_bytes"`
 	HeapBytes  int    `json:"heap_bytes"`
 	Migrating  bool   `json:"migrating"`
+	// SnapshotMaxUs is the table's longest snapshot capture (on its
+	// poller) since the start (kv.Stats.SnapshotMaxNs).
+	SnapshotMaxUs float64 `json:"snapshot_max_us"`
 	// Members is how this replica sees each member of its group.
 	Members   []MemberStatus    `json:"members"`
 	Counters  BroadcastCounters `json:"counters"`
@@ -285,7 +288,8 @@ func (p *Replica) Status() ReplicaStatus {
 		ENew: bs.ENew, Accepted: Hdr{bs.Accepted.E, bs.Accepted.Cnt}, Committed: Hdr{bs.Committed.E, bs.Committed.Cnt},
 		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
 		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
-		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),
+		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3,
+		Counters:      BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),
 		HugePages: rdma.HugePagesOf(p.r.Table().Node())}
 	if l, ok := bs.Leader(); ok {
 		s.Leader = l
