@@ -559,9 +559,40 @@ func (c *tcluster) stop(id int64) {
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		c.t.Fatalf("SIGSTOP replica %d: %v", id, err)
 	}
+	// The signal stops the process's threads asynchronously: one busy on
+	// a request may still answer it after kill(2) returned (TestNearReplicaTCP
+	// read a "stopped" replica so in CI). Wait until every thread is.
+	pid := p.cmd.Process.Pid
+	for deadline := time.Now().Add(10 * time.Second); !allThreadsStopped(pid); {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("replica %d (pid %d): threads still running 10 s after SIGSTOP", id, pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	c.mu.Lock()
 	p.stopped = true
 	c.mu.Unlock()
+}
+
+// allThreadsStopped reports whether every thread of pid is in state T
+// (stopped by a signal) or t (traced), from /proc/pid/task/*/stat.
+func allThreadsStopped(pid int) bool {
+	stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(stats) == 0 {
+		return false
+	}
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return false
+		}
+		// The state follows the command's closing parenthesis.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *tcluster) cont(id int64) {
