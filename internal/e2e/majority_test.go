@@ -116,7 +116,10 @@ func majorityKill(t *testing.T, mode string, wipe bool) (h []kvcheck.Op, final m
 			time.Sleep(time.Millisecond)
 		}
 	})
-	defer func() { close(g0stop); g0wg.Wait() }()
+	// Stopped before the convergence check (a group written every
+	// millisecond does not hold still for it), and at any return.
+	stopG0 := sync.OnceFunc(func() { close(g0stop); g0wg.Wait() })
+	defer stopG0()
 	time.Sleep(500 * time.Millisecond)
 
 	leader := c.leader(1, 10*time.Second)
@@ -172,6 +175,7 @@ func majorityKill(t *testing.T, mode string, wipe bool) (h []kvcheck.Op, final m
 	if err != nil {
 		t.Fatal(err)
 	}
+	stopG0()
 	if n := g0failed.Load(); n > 0 {
 		t.Errorf("%d puts to group 0 failed, the last: %v", n, g0err.Load())
 	}
