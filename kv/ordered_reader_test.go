@@ -293,25 +293,8 @@ func TestOrderedReaderSharedCache(t *testing.T) {
 // joinOlder (joining any read) returns the value from before the write.
 func TestOrderedReaderDelegation(t *testing.T) {
 	for _, planted := range []bool{false, true} {
-		nodes, rn := orderedNodes(t, "mem")
-		g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
-		for i := range 30 {
-			g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%03d", i)), Value: []byte("old")})
-		}
-		cache, d := btree.NewCache(1<<20), NewDelegation()
-		d.joinOlder = planted
-		a := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
-		b := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
-		a.SetDelegation(d)
-		b.SetDelegation(d)
-		defer a.Close()
-		defer b.Close()
+		g, a, b := delegatedPair(t, 30, func(int) string { return "old" }, Linearizable, func(d *Delegation) { d.joinOlder = planted })
 		key := []byte("k007")
-		for _, r := range []*OrderedReader{a, b} { // warm: tree header and inner nodes
-			if res, err := r.Lookup(key, Linearizable); err != nil || string(res.Value) != "old" {
-				t.Fatalf("warm-up: %q %v", res.Value, err)
-			}
-		}
 		run := func(r *OrderedReader) OrderedResult {
 			t.Helper()
 			for i := 0; !r.Poll(rdma.Mono()); i++ {
@@ -523,25 +506,8 @@ func TestOrderedDirReadKeepsNoRoot(t *testing.T) {
 // overwrites b's answer.
 func TestOrderedReaderRecyclesBuffers(t *testing.T) {
 	for _, planted := range []bool{false, true} {
-		nodes, rn := orderedNodes(t, "mem")
-		g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
-		for i := range 60 {
-			g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%03d", i)), Value: []byte(fmt.Sprintf("v%03d", i))})
-		}
-		cache, d := btree.NewCache(1<<20), NewDelegation()
-		d.recycleJoined = planted
-		a := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
-		b := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
-		a.SetDelegation(d)
-		b.SetDelegation(d)
-		defer a.Close()
-		defer b.Close()
+		_, a, b := delegatedPair(t, 60, func(i int) string { return fmt.Sprintf("v%03d", i) }, StaleOK, func(d *Delegation) { d.recycleJoined = planted })
 		key := []byte("k007")
-		for _, r := range []*OrderedReader{a, b} { // warm: tree header and inner nodes
-			if res, err := r.Lookup(key, StaleOK); err != nil || string(res.Value) != "v007" {
-				t.Fatalf("warm-up: %q %v", res.Value, err)
-			}
-		}
 		run := func(r *OrderedReader) OrderedResult {
 			t.Helper()
 			for i := 0; !r.Poll(rdma.Mono()); i++ {
@@ -618,3 +584,29 @@ func TestOrderedLookupAllocs(t *testing.T) {
 // orderedLookupAllocs: none (the memo's lists are reused as the buffers
 // are).
 const orderedLookupAllocs = 0
+
+// delegatedPair is a group holding keys k000.. (n of them, values from
+// val) and two readers sharing one cache and one Delegation (knobs sets
+// its planted bugs), both warmed by a lookup of k007 in mode (tree header
+// and inner nodes cached).
+func delegatedPair(t *testing.T, n int, val func(int) string, mode Consistency, knobs func(*Delegation)) (g *orderedGroup, a, b *OrderedReader) {
+	t.Helper()
+	nodes, rn := orderedNodes(t, "mem")
+	g = newOrderedGroup(t, nodes, []rdma.NodeID{9})
+	for i := range n {
+		g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%03d", i)), Value: []byte(val(i))})
+	}
+	cache, d := btree.NewCache(1<<20), NewDelegation()
+	knobs(d)
+	a = NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
+	b = NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 1, cache)
+	a.SetDelegation(d)
+	b.SetDelegation(d)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	for _, r := range []*OrderedReader{a, b} {
+		if res, err := r.Lookup([]byte("k007"), mode); err != nil || string(res.Value) != val(7) {
+			t.Fatalf("warm-up: %q %v", res.Value, err)
+		}
+	}
+	return g, a, b
+}
