@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/internal/kvcheck"
 )
 
@@ -71,23 +70,8 @@ func majorityKill(t *testing.T, mode string, wipe bool) (h []kvcheck.Op, final m
 	if testing.Short() {
 		t.Skip("runs 6 kvserver processes")
 	}
-	const groups, nkeys, clients, workersPerClient, progress = 2, 16, 2, 3, 20
-	s := loopbackSpec(t, "majk", "shm", groups)
-	s.Durability = mode
-	c := newCluster(t, s)
-	c.startAll()
-	c.waitReady(30*time.Second, c.allIDs()...)
-	cls := make([]*client.Client, clients)
-	for k := range cls {
-		cls[k] = c.openClient(k)
-	}
-	l := newLoad(cls[0].Map(), nkeys, 15*time.Second, 2*time.Millisecond)
-	t.Cleanup(func() { l.end(0) })
-	seed := uint64(time.Now().UnixNano())
-	for _, cl := range cls {
-		l.start(cl, workersPerClient, seed)
-	}
-	l.waitProgress(t, make([]int64, groups), progress, 20*time.Second, "warm-up", c.describe)
+	const groups, progress = killGroups, killProgress
+	c, cls, l, seed := startKillLoad(t, "majk", mode)
 	// A writer of group 0's own keys (outside the load's, which its
 	// workers, blocked on group 1's keys, would stop using): group 0
 	// must serve it while group 1 is down.

@@ -48,23 +48,8 @@ func wholeGroupKill(t *testing.T, wipe bool) (h []kvcheck.Op, final map[string]s
 	if testing.Short() {
 		t.Skip("runs 6 kvserver processes")
 	}
-	const groups, nkeys, clients, workersPerClient, progress = 2, 16, 2, 3, 20
-	s := loopbackSpec(t, "wgk", "shm", groups)
-	s.Durability = "sync"
-	c := newCluster(t, s)
-	c.startAll()
-	c.waitReady(30*time.Second, c.allIDs()...)
-	cls := make([]*client.Client, clients)
-	for k := range cls {
-		cls[k] = c.openClient(k)
-	}
-	l := newLoad(cls[0].Map(), nkeys, 15*time.Second, 2*time.Millisecond)
-	t.Cleanup(func() { l.end(0) })
-	seed := uint64(time.Now().UnixNano())
-	for _, cl := range cls {
-		l.start(cl, workersPerClient, seed)
-	}
-	l.waitProgress(t, make([]int64, groups), progress, 20*time.Second, "warm-up", c.describe)
+	const groups, progress = killGroups, killProgress
+	c, cls, l, seed := startKillLoad(t, "wgk", "sync")
 	time.Sleep(700 * time.Millisecond)
 	c.logf("load running (seed %d); acknowledged writes per group %v", seed, l.ackedNow())
 
@@ -115,4 +100,33 @@ func wholeGroupKill(t *testing.T, wipe bool) (h []kvcheck.Op, final map[string]s
 	}
 	c.logf("load stopped: %d calls, acknowledged writes per group %v, %d of unknown outcome", l.ops.Load(), l.ackedNow(), l.unknown.Load())
 	return l.rec.History(), final, l.keys
+}
+
+// The load of the kill tests (wholeGroupKill, majorityKill): 2 groups x 3
+// replicas, 2 clients of 3 workers each over 16 keys; killProgress
+// acknowledged writes per group mark progress.
+const killGroups, killNKeys, killClients, killWorkers, killProgress = 2, 16, 2, 3, 20
+
+// startKillLoad starts the kill tests' cluster (shm, durability mode,
+// cluster name from name) and their recorded load, and waits for its
+// warm-up progress in every group.
+func startKillLoad(t *testing.T, name, mode string) (*tcluster, []*client.Client, *load, uint64) {
+	t.Helper()
+	s := loopbackSpec(t, name, "shm", killGroups)
+	s.Durability = mode
+	c := newCluster(t, s)
+	c.startAll()
+	c.waitReady(30*time.Second, c.allIDs()...)
+	cls := make([]*client.Client, killClients)
+	for k := range cls {
+		cls[k] = c.openClient(k)
+	}
+	l := newLoad(cls[0].Map(), killNKeys, 15*time.Second, 2*time.Millisecond)
+	t.Cleanup(func() { l.end(0) })
+	seed := uint64(time.Now().UnixNano())
+	for _, cl := range cls {
+		l.start(cl, killWorkers, seed)
+	}
+	l.waitProgress(t, make([]int64, killGroups), killProgress, 20*time.Second, "warm-up", c.describe)
+	return c, cls, l, seed
 }
