@@ -328,6 +328,15 @@ func (r *Recorder) End(id int, out Output) {
 	r.ended[id] = true
 }
 
+// Now is the Recorder's clock now: the time of an event that is not an
+// operation (an outage's start and end, for CheckDurable).
+func (r *Recorder) Now() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.init()
+	return r.clock()
+}
+
 // History returns a copy of the operations recorded so far, in the order
 // they began. An operation not ended yet has Out.Unknown set (and Return
 // 0): it may still take effect.
