@@ -44,7 +44,8 @@ func (d Durability) String() string {
 // on the history's clock (Recorder.Now): Start just before the first
 // replica was killed, End once every replica was dead (before any
 // restarted). A write may have taken effect before the outage as late as
-// End; an operation called after End is served by the restarted group.
+// End, and ops that return by End were served by the dying replicas; an
+// operation called after End is served by the restarted group.
 type Outage struct {
 	Group      int
 	Start, End int64
@@ -68,6 +69,10 @@ const (
 	AsyncLossBound
 	// CheckTimedOut: porcupine did not decide in time (not a pass).
 	CheckTimedOut
+	// NotAPrefix (async): a write lost at an outage was followed in real
+	// time (so in its group's log) by a write of the group that the
+	// history shows kept: the recovery did not keep a prefix of the log.
+	NotAPrefix
 )
 
 func (p DurableProperty) String() string {
@@ -80,6 +85,8 @@ func (p DurableProperty) String() string {
 		return "async loss bound"
 	case CheckTimedOut:
 		return "check timed out"
+	case NotAPrefix:
+		return "not a prefix"
 	}
 	return fmt.Sprintf("durable property(%d)", uint8(p))
 }
@@ -120,21 +127,26 @@ func (e *DurableError) Error() string {
 //     at each outage of a group, the group's keys go back to their state
 //     at some earlier point of the linearization (the recovered log is a
 //     prefix of the committed one), a point after every write that was
-//     acknowledged more than window before the outage's Start. The writes
-//     between that point and the outage are lost. lost counts the
-//     acknowledged writes that every explanation of h loses: a write
-//     acknowledged after Start − window whose loss a later read shows
-//     (the key absent or holding an older value), or is implied by the
-//     real-time order of the key's writes (a write that followed a lost
-//     one is lost too). Where the history shows that something was lost
-//     but not what, one write is counted.
+//     acknowledged more than window before the outage's Start. The
+//     rollback happens at the outage's End (until then the dying replicas
+//     serve what they hold); the writes between that point and the
+//     rollback are lost. lost counts the acknowledged writes that every
+//     explanation of h loses: a write acknowledged after Start − window
+//     whose loss a later read shows (the key absent or holding an older
+//     value), or is implied by the real-time order of the key's writes (a
+//     write that followed a lost one is lost too). Where the history
+//     shows that something was lost but not what, one write is counted.
+//     And across keys: a write of the group called after a lost write
+//     returned (so after it in the group's log) must not be one that the
+//     history shows kept.
 //
 // A failure is a *DurableError whose Property names what failed:
 // AcknowledgedLost (sync: the history is linearizable only if an outage
 // lost writes), AsyncLossBound (async: only if an outage lost a write
-// acknowledged before its window), NotLinearizable (not even if
-// everything before an outage were lost), CheckTimedOut. The error is
-// another error if h or outages cannot be checked.
+// acknowledged before its window), NotAPrefix (async: a lost write and a
+// later kept one), NotLinearizable (not even if everything before an
+// outage were lost), CheckTimedOut. The error is another error if h or
+// outages cannot be checked.
 //
 // Keys belong to the group their acknowledged gets and single-key writes
 // report (Output.Group); a key with no such op is never rolled back (a
@@ -143,19 +155,21 @@ func (e *DurableError) Error() string {
 // and may be lost if it took effect before an outage.
 //
 // Limits. Porcupine checks each partition (keys linked by batches and
-// scans) alone, and so does the rollback: each partition may choose its
-// own point, so a loss that is a prefix of every key's writes but not of
-// the group's log (key a lost an earlier write than key b kept) is not
-// caught. A lost write is seen only if a later read (a final read of
-// every key after the load is the way to see them all) observes its key;
-// lost counts only those, so it is a lower bound on the writes lost.
-// The window is on the history's clock: a write acknowledged by a
-// replica before the window but whose reply the client saw inside it
-// counts as inside.
+// scans) alone, and each partition chooses its own rollback point; the
+// prefix across partitions is checked only between writes the history
+// shows lost and writes it shows kept that are ordered in real time (two
+// overlapping writes may be in the log either way). A lost write is seen
+// only if a later read (a final read of every key after the load is the
+// way to see them all) observes its key; lost counts only those, so it
+// is a lower bound on the writes lost. The window is on the history's
+// clock: a write acknowledged by a replica before the window but whose
+// reply the client saw inside it counts as inside. Counting runs one
+// porcupine check per write of the window in each partition that lost
+// something: cheap when losses are few, as they are.
 //
 // opts.Timeout bounds the whole check; opts.VisualizeTo, if set, gets
-// porcupine's visualization of the failed partitions (under the model of
-// the mode's promise, with the outages as operations).
+// porcupine's visualization of the first failed partition (under the
+// model of the mode's promise, with the outages as operations).
 func CheckDurable(h []Op, mode Durability, outages []Outage, window time.Duration, opts Options) (lost int, err error) {
 	if err := validate(h); err != nil {
 		return 0, err
@@ -203,7 +217,7 @@ func CheckDurable(h []Op, mode Durability, outages []Outage, window time.Duratio
 	}
 	jobs := make([]job, len(dparts))
 	for i, p := range dparts {
-		jobs[i] = c.job(p, keep, -1)
+		jobs[i] = c.job(p, keep, dcand{pos: -1})
 	}
 	outcomes := c.run(jobs)
 	var illegal, timedOut []int
@@ -228,52 +242,121 @@ func CheckDurable(h []Op, mode Durability, outages []Outage, window time.Duratio
 	// Count the writes every explanation loses: per partition, first
 	// with every candidate kept (usually it passes: nothing lost there),
 	// else one candidate kept at a time.
-	type cand struct{ part, pos int }
 	var joint []job
 	var jointPart []int
 	for i, p := range dparts {
 		if len(p.candidates) > 0 {
-			joint = append(joint, c.job(p, keepCandidates, -1))
+			joint = append(joint, c.job(p, keepCandidates, dcand{pos: -1}))
 			jointPart = append(jointPart, i)
 		}
 	}
 	var single []job
-	var singleOf []cand
+	var singleOf []int // the partition of each single job
+	var singleCand []dcand
+	failedJoint := map[int]bool{}
 	for j, o := range c.run(joint) {
 		p := dparts[jointPart[j]]
 		switch o {
 		case Unknown:
 			return 0, c.timedOut(dparts, []int{jointPart[j]})
 		case Illegal:
-			for _, pos := range p.candidates {
-				single = append(single, c.job(p, keepOne, pos))
-				singleOf = append(singleOf, cand{jointPart[j], pos})
+			failedJoint[jointPart[j]] = true
+			for _, cd := range p.candidates {
+				single = append(single, c.job(p, keepOne, cd))
+				singleOf, singleCand = append(singleOf, jointPart[j]), append(singleCand, cd)
 			}
 		}
 	}
 	perPart := map[int]int{}
-	for _, j := range jointPart {
-		perPart[j] = 0
-	}
-	failedJoint := map[int]bool{}
-	for _, s := range singleOf {
-		failedJoint[s.part] = true
-	}
+	var lostWrites []dcand // the writes every explanation loses
 	for k, o := range c.run(single) {
 		switch o {
 		case Unknown:
-			return 0, c.timedOut(dparts, []int{singleOf[k].part})
+			return 0, c.timedOut(dparts, []int{singleOf[k]})
 		case Illegal:
-			perPart[singleOf[k].part]++
+			perPart[singleOf[k]]++
+			lostWrites = append(lostWrites, singleCand[k])
 		}
 	}
-	for p, n := range perPart {
-		if failedJoint[p] {
-			n = max(n, 1)
-		}
-		lost += n
+	for p := range failedJoint {
+		lost += max(perPart[p], 1)
+	}
+	if err := c.checkPrefix(dparts, lostWrites); err != nil {
+		return lost, err
 	}
 	return lost, nil
+}
+
+// checkPrefix checks that no write lost at an outage was followed (in
+// real time, so in its group's log) by a write of the group that the
+// history shows kept: the recovered log is a prefix. Within a partition
+// the model already ensures it (one mark); across partitions, each write
+// acknowledged before the outage's End and called after a lost write
+// returned is checked with it forced lost: if that fails, it was kept.
+func (c *durableCheck) checkPrefix(parts []*dpart, lostWrites []dcand) error {
+	if len(lostWrites) == 0 {
+		return nil
+	}
+	isLost := map[int]bool{}
+	for _, l := range lostWrites {
+		isLost[l.pos] = true
+	}
+	type pair struct {
+		part  int
+		later dcand
+	}
+	var jobs []job
+	var pairs []pair
+	for oi, out := range c.outages {
+		earliest := int64(math.MaxInt64)
+		for _, l := range lostWrites {
+			if l.out == oi {
+				earliest = min(earliest, c.h[l.pos].Return)
+			}
+		}
+		if earliest == math.MaxInt64 {
+			continue
+		}
+		for pi, p := range parts {
+			for _, cd := range p.candidates {
+				o := &c.h[cd.pos]
+				if cd.out != oi || isLost[cd.pos] || o.Call <= earliest || o.Return > out.End {
+					continue
+				}
+				jobs = append(jobs, c.job(p, loseOne, cd))
+				pairs = append(pairs, pair{pi, cd})
+			}
+		}
+	}
+	for k, res := range c.run(jobs) {
+		if res != Illegal { // Ok: it may have been lost too; Unknown: undecided, not a verdict
+			continue
+		}
+		b := pairs[k].later
+		ob := &c.h[b.pos]
+		for _, l := range lostWrites {
+			oa := &c.h[l.pos]
+			if l.out != b.out || oa.Return >= ob.Call {
+				continue
+			}
+			pa := -1
+			for pi, p := range parts {
+				if slices.ContainsFunc(p.candidates, func(x dcand) bool { return x.pos == l.pos }) {
+					pa = pi
+				}
+			}
+			e := &DurableError{Property: NotAPrefix,
+				Msg: fmt.Sprintf("%s was lost at the outage of group %d but %s, called after it returned, was kept: the recovered log is not a prefix of the group's",
+					describe(l.pos, oa), c.outages[b.out].Group, describe(b.pos, ob))}
+			for _, pi := range []int{pa, pairs[k].part} {
+				if pi >= 0 {
+					e.Partitions = append(e.Partitions, Partition{Keys: parts[pi].keys, Ops: len(parts[pi].ops), Outcome: Illegal})
+				}
+			}
+			return e
+		}
+	}
+	return nil
 }
 
 // keepRule says which writes a check forbids an outage to lose.
@@ -285,6 +368,7 @@ const (
 	keepBeforeWindow                 // writes acknowledged before the window must stay (async's promise)
 	keepCandidates                   // and the window's writes too (nothing lost)
 	keepOne                          // async's promise and one candidate of the window
+	loseOne                          // async's promise, and one candidate must be lost
 )
 
 // durableCheck is one CheckDurable run.
@@ -305,11 +389,16 @@ type dpart struct {
 	// opOuts: per op of part.ops, the bit set of outs whose group the op
 	// touches.
 	opOuts []uint64
-	// candidates: the positions (in h) of the acknowledged writes that
-	// changed the store and may be lost under async's promise: acknowledged
-	// at or after Start − window of an outage of their group, called
-	// before its End.
-	candidates []int
+	// candidates: the acknowledged writes that changed the store and may
+	// be lost under async's promise: acknowledged at or after Start −
+	// window of an outage of their group, called before its End.
+	candidates []dcand
+}
+
+// dcand is a write an outage may lose.
+type dcand struct {
+	pos int // in h
+	out int // the outage: index into durableCheck.outages
 }
 
 // keyGroups maps each key to the group its acknowledged single-key ops
@@ -403,7 +492,7 @@ func (c *durableCheck) newPart(p part) *dpart {
 		for i, oi := range d.outs {
 			out := c.outages[oi]
 			if bits&(1<<i) != 0 && o.Return >= out.Start-c.window && o.Call <= out.End {
-				d.candidates = append(d.candidates, in.pos)
+				d.candidates = append(d.candidates, dcand{pos: in.pos, out: oi})
 				break
 			}
 		}
@@ -420,9 +509,9 @@ type job struct {
 	ops   []porcupine.Operation
 }
 
-// job builds the check of p under rule (keepOne: with the candidate at
-// position one kept too).
-func (c *durableCheck) job(p *dpart, rule keepRule, one int) job {
+// job builds the check of p under rule (keepOne, loseOne: with the
+// candidate one kept, or lost, at its outage).
+func (c *durableCheck) job(p *dpart, rule keepRule, one dcand) job {
 	if rule == noLoss || len(p.outs) == 0 {
 		return job{model: model, ops: p.ops}
 	}
@@ -432,7 +521,7 @@ func (c *durableCheck) job(p *dpart, rule keepRule, one int) job {
 		minCall = min(minCall, po.Call)
 		in := po.Input.(input)
 		o := in.op
-		var keep uint64
+		var keep, lose uint64
 		if o.isWrite() && !o.Out.Unknown && o.changed() && rule != keepNone {
 			for i, oi := range p.outs {
 				if p.opOuts[j]&(1<<i) == 0 {
@@ -440,12 +529,15 @@ func (c *durableCheck) job(p *dpart, rule keepRule, one int) job {
 				}
 				out := c.outages[oi]
 				candidate := o.Return >= out.Start-c.window && o.Call <= out.End
-				if !candidate || rule == keepCandidates || rule == keepOne && in.pos == one {
+				switch {
+				case rule == loseOne && in.pos == one.pos && oi == one.out:
+					lose |= 1 << i
+				case !candidate || rule == keepCandidates || rule == keepOne && in.pos == one.pos && oi == one.out:
 					keep |= 1 << i
 				}
 			}
 		}
-		po.Input = dinput{input: in, keep: keep}
+		po.Input = dinput{input: in, keep: keep, lose: lose}
 		ops = append(ops, po)
 	}
 	for i, oi := range p.outs {
@@ -456,7 +548,7 @@ func (c *durableCheck) job(p *dpart, rule keepRule, one int) job {
 		}
 		ops = append(ops,
 			porcupine.Operation{ClientId: -1, Input: dinput{mark: true, outage: i, group: out.Group}, Call: markCall, Return: out.End},
-			porcupine.Operation{ClientId: -1, Input: dinput{rollback: true, outage: i, group: out.Group}, Call: out.Start, Return: out.End})
+			porcupine.Operation{ClientId: -1, Input: dinput{rollback: true, outage: i, group: out.Group}, Call: out.End, Return: out.End})
 	}
 	return job{model: durableModel(p), ops: ops}
 }
@@ -505,7 +597,7 @@ func (c *durableCheck) diagnose(mode Durability, parts []*dpart, illegal []int, 
 	var which []int
 	for _, i := range illegal {
 		if len(parts[i].outs) > 0 {
-			jobs = append(jobs, c.job(parts[i], keepNone, -1))
+			jobs = append(jobs, c.job(parts[i], keepNone, dcand{pos: -1}))
 			which = append(which, i)
 		}
 	}
@@ -548,7 +640,7 @@ func (c *durableCheck) diagnose(mode Durability, parts []*dpart, illegal []int, 
 	if opts.VisualizeTo != "" {
 		// The first failed partition only: the rollback model is per
 		// partition.
-		j := c.job(parts[show[0]], rule, -1)
+		j := c.job(parts[show[0]], rule, dcand{pos: -1})
 		if err := visualizeModel(j.model, [][]porcupine.Operation{j.ops}, opts.VisualizeTo, opts.Timeout); err != nil {
 			return fmt.Errorf("%w (and the visualization failed: %v)", e, err)
 		}
@@ -592,6 +684,7 @@ func visualizeModel(m porcupine.Model, parts [][]porcupine.Operation, path strin
 type dinput struct {
 	input
 	keep     uint64 // a write: the outages (bits of dpart.outs) that must not lose it
+	lose     uint64 // a write: the outages that must lose it (it took effect between mark and rollback)
 	mark     bool   // outage's mark: the state its rollback returns to
 	rollback bool   // outage's rollback: its group's keys go back to the mark
 	outage   int    // mark, rollback: index into dpart.outs
@@ -648,7 +741,7 @@ func durableModel(p *dpart) porcupine.Model {
 				return true, dstate{cur: cur, phase: setPhase(s.phase, i, '2'), saved: saved}
 			}
 			for i := range p.outs {
-				if d.keep&(1<<i) != 0 && s.phase[i] == '1' {
+				if d.keep&(1<<i) != 0 && s.phase[i] == '1' || d.lose&(1<<i) != 0 && s.phase[i] != '1' {
 					return false, s
 				}
 			}
