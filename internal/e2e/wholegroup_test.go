@@ -28,8 +28,10 @@ import (
 //   - sync: linearizable as is: nothing acknowledged was lost;
 //   - async: linearizable once the outage may have lost the writes
 //     acknowledged within 2 x fsync_interval + asyncSlack before it, and
-//     nothing older; the test prints how many acknowledged writes the
-//     history shows lost against the servers' count (recovery_lost).
+//     nothing older, with no write the history shows kept that followed
+//     (in real time, across keys) one it shows lost; the test prints how
+//     many acknowledged writes the history shows lost against the
+//     servers' count (recovery_lost).
 //
 // The planted variants restart the three with their data dirs wiped
 // (everything lost): the check must then fail and name the property
