@@ -601,21 +601,30 @@ func (c *durableCheck) diagnose(mode Durability, parts []*dpart, illegal []int, 
 			which = append(which, i)
 		}
 	}
-	explained := map[int]bool{}
+	explained := map[int]Outcome{}
 	for k, o := range c.run(jobs) {
-		if o == Ok {
-			explained[which[k]] = true
-		}
+		explained[which[k]] = o
 	}
 	var loss, lin []Partition
-	var lossIdx, linIdx []int
+	var lossIdx, linIdx, undecided []int
 	for _, i := range illegal {
 		p := Partition{Keys: parts[i].keys, Ops: len(parts[i].ops), Outcome: Illegal}
-		if explained[i] {
+		o, ok := explained[i]
+		switch {
+		case ok && o == Ok:
 			loss, lossIdx = append(loss, p), append(lossIdx, i)
-		} else {
+		case ok && o == Unknown:
+			undecided = append(undecided, i)
+		default: // Illegal, or no outage to explain it
 			lin, linIdx = append(lin, p), append(linIdx, i)
 		}
+	}
+	if len(lin) == 0 && len(undecided) > 0 {
+		// Illegal under the promise, but whether a loss explains it was
+		// not decided in time: a failure either way.
+		e := c.timedOut(parts, undecided).(*DurableError)
+		e.Msg = fmt.Sprintf("%d partitions break the %v promise and porcupine did not decide in time whether a loss at an outage explains them", len(undecided), mode)
+		return e
 	}
 	e := &DurableError{}
 	rule := noLoss

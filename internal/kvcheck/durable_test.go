@@ -296,3 +296,18 @@ func TestDurableVisualization(t *testing.T) {
 		t.Fatal("the visualization does not show the outage's rollback")
 	}
 }
+
+// A check that runs out of time is a failure, never a pass.
+func TestDurableTimeoutIsNoPass(t *testing.T) {
+	h := []Op{
+		at(g1(putOp(0, "x", "1")), 0, 10),
+		at(g1(getOp(1, "x", true, "1")), 200, 210),
+	}
+	for _, mode := range []Durability{DurableSync, DurableAsync} {
+		_, err := CheckDurable(h, mode, outage1, window, Options{Timeout: time.Nanosecond})
+		var de *DurableError
+		if !errors.As(err, &de) || de.Property != CheckTimedOut {
+			t.Fatalf("%v with a 1ns timeout: %v, want property %v", mode, err, CheckTimedOut)
+		}
+	}
+}
