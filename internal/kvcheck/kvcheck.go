@@ -7,6 +7,11 @@
 //   - CheckStale: a stale-ok get returns the key's state after exactly the
 //     writes whose entry index is at most the applied index it reports, so
 //     in particular only values that some write wrote.
+//   - CheckDurable: CheckLinearizable across whole-group outages (kill -9
+//     of every replica of a group, restart from the data dirs), against a
+//     durability mode's promise: sync loses nothing acknowledged; async
+//     may lose only the writes acknowledged within a window before the
+//     outage, and it counts the ones the history shows lost.
 //
 // A Recorder timestamps each operation's call and return from one
 // monotonic clock; an operation whose outcome the client does not know (a
@@ -326,6 +331,15 @@ func (r *Recorder) End(id int, out Output) {
 	r.ops[id].Return = r.clock()
 	r.ops[id].Out = out
 	r.ended[id] = true
+}
+
+// Now is the Recorder's clock now: the time of an event that is not an
+// operation (an outage's start and end, for CheckDurable).
+func (r *Recorder) Now() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.init()
+	return r.clock()
 }
 
 // History returns a copy of the operations recorded so far, in the order
