@@ -18,40 +18,16 @@ import (
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
-// startBackupProcess starts every replica of m with its state in dir,
-// a control port, and plant applied to its config.
+// startBackupProcess starts every replica of m in mode with its state in
+// dir, snapshots every MiB of log, and plant applied to its config.
 func startBackupProcess(t *testing.T, m *cluster.Map, dir string, mode broadcast.Durability, plant func(*server.ProcessConfig)) (*server.Process, func()) {
 	t.Helper()
-	cln, err := server.ListenControl("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := server.ProcessConfig{Map: m, Control: cln,
-		Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond},
-		Durable:   server.DurableConfig{Mode: mode, SegmentBytes: 64 << 10, SnapshotLogBytes: 1 << 20}}
-	if plant != nil {
-		plant(&pc)
-	}
-	unlock := func() {}
-	if dir != "" {
-		if unlock, err = server.UseDataDir(&pc, dir); err != nil {
-			cln.Close()
-			t.Fatal(err)
+	return startProcess(t, m, dir, func(pc *server.ProcessConfig) {
+		pc.Durable.Mode, pc.Durable.SnapshotLogBytes = mode, 1<<20
+		if plant != nil {
+			plant(pc)
 		}
-	}
-	p, err := server.StartProcess(pc)
-	if err != nil {
-		unlock()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.WaitServing(ctx); err != nil {
-		p.Close()
-		unlock()
-		t.Fatal(err)
-	}
-	return p, func() { p.Close(); unlock() }
+	})
 }
 
 // backupUnderLoad loads the cluster of p with batches spanning both

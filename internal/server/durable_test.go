@@ -36,17 +36,33 @@ func startDurable(t *testing.T, m *cluster.Map, dir string) (*server.Process, fu
 // startDurableMode is startDurable in mode, logging to log (nil: none).
 func startDurableMode(t *testing.T, m *cluster.Map, dir string, mode broadcast.Durability, log *slog.Logger) (*server.Process, func()) {
 	t.Helper()
+	return startProcess(t, m, dir, func(pc *server.ProcessConfig) {
+		pc.Durable.Mode, pc.Log = mode, log
+	})
+}
+
+// startProcess starts every replica of m with a control port, small log
+// segments and snapshots every 64 KiB of log, its state in dir (none if
+// dir is ""), and adjust applied to its config (nil: none); it waits
+// until every group serves.
+func startProcess(t *testing.T, m *cluster.Map, dir string, adjust func(*server.ProcessConfig)) (*server.Process, func()) {
+	t.Helper()
 	cln, err := server.ListenControl("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc := server.ProcessConfig{Map: m, Control: cln, Log: log,
+	pc := server.ProcessConfig{Map: m, Control: cln,
 		Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond},
-		Durable:   server.DurableConfig{Mode: mode, SegmentBytes: 64 << 10, SnapshotLogBytes: 64 << 10}}
-	unlock, err := server.UseDataDir(&pc, dir)
-	if err != nil {
-		cln.Close()
-		t.Fatal(err)
+		Durable:   server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 64 << 10, SnapshotLogBytes: 64 << 10}}
+	if adjust != nil {
+		adjust(&pc)
+	}
+	unlock := func() {}
+	if dir != "" {
+		if unlock, err = server.UseDataDir(&pc, dir); err != nil {
+			cln.Close()
+			t.Fatal(err)
+		}
 	}
 	p, err := server.StartProcess(pc)
 	if err != nil {
@@ -103,12 +119,14 @@ func TestProcessDurableRestart(t *testing.T) {
 	}
 	c.Close()
 	// The leader's status: its log and a snapshot (the log grew past
-	// 64 KiB several times). The copy for /status is at most 50ms old.
+	// 64 KiB several times). The copy for /status is at most 50ms old,
+	// so the snapshot it names may have been replaced (and removed) since:
+	// its size is then unknown (0) until the next copy.
 	var st server.ReplicaStatus
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		st = p.Replicas()[0].Status()
-		if st.Disk != nil && st.Disk.Snapshot != "" && st.Disk.WALBytes > 0 {
+		if st.Disk != nil && st.Disk.Snapshot != "" && st.Disk.SnapshotBytes > 0 && st.Disk.WALBytes > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
