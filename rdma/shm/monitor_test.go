@@ -12,9 +12,9 @@ import (
 // monitoredPeer is a peer of another process whose liveness check is
 // check (instead of a /proc read), as connect makes it.
 func monitoredPeer(every time.Duration, check func() bool) *peer {
-	p := &peer{nf: make([]byte, nodeFileSize), every: every, alive: check, refs: 1}
-	p.startMonitor()
-	return p
+	m := &procMonitor{key: monitorKey{every: every}, refs: 1, alive: check}
+	m.start()
+	return &peer{nf: make([]byte, nodeFileSize), mon: m, refs: 1}
 }
 
 // TestCheckLiveOffPostPath: the liveness check of a peer's process runs on
@@ -30,8 +30,8 @@ func TestCheckLiveOffPostPath(t *testing.T) {
 		return false
 	})
 	defer func() {
-		p.gone.Store(true)
-		p.timer.Load().Stop()
+		p.mon.gone.Store(true)
+		p.mon.timer.Load().Stop()
 	}()
 	posted := make(chan error, 1)
 	go func() {
@@ -83,10 +83,10 @@ func TestMonitorIdle(t *testing.T) {
 	var checks atomic.Int64
 	p := monitoredPeer(time.Millisecond, func() bool { checks.Add(1); return true })
 	defer func() {
-		p.gone.Store(true)
-		p.timer.Load().Stop()
+		p.mon.gone.Store(true)
+		p.mon.timer.Load().Stop()
 	}()
-	for deadline := time.Now().Add(time.Minute); p.armed.Load(); {
+	for deadline := time.Now().Add(time.Minute); p.mon.armed.Load(); {
 		if time.Now().After(deadline) {
 			t.Fatal("the monitor of an unused peer still armed after a minute")
 		}
@@ -100,7 +100,7 @@ func TestMonitorIdle(t *testing.T) {
 	if err := p.checkLive(); err != nil {
 		t.Fatal(err)
 	}
-	if !p.armed.Load() {
+	if !p.mon.armed.Load() {
 		t.Fatal("the first op after an idle spell did not re-arm the monitor")
 	}
 	for deadline := time.Now().Add(time.Minute); checks.Load() == n; {
@@ -120,11 +120,11 @@ func TestCheckLiveAllocs(t *testing.T) {
 	}
 	p := monitoredPeer(time.Hour, func() bool { return true })
 	defer func() {
-		p.gone.Store(true)
-		p.timer.Load().Stop()
+		p.mon.gone.Store(true)
+		p.mon.timer.Load().Stop()
 	}()
 	if n := testing.AllocsPerRun(1000, func() {
-		p.armed.Store(false)
+		p.mon.armed.Store(false)
 		if p.checkLive() != nil {
 			t.Fatal("dead")
 		}
