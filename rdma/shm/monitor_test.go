@@ -2,6 +2,7 @@ package shm
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,5 +131,52 @@ func TestCheckLiveAllocs(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Fatalf("checkLive made %v allocations", n)
+	}
+}
+
+// TestMonitorShareRace: peers of one process acquire, use and release its
+// shared monitor from many goroutines while its checks run (the race
+// detector watches); every acquire while another holds it returns the
+// same monitor, and the last release stops it and forgets it.
+func TestMonitorShareRace(t *testing.T) {
+	self, err := selfIdent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const every = 50 * time.Microsecond // checks of a live process (this one) run throughout
+	hold := acquireMonitor(self, every)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 200 {
+				m := acquireMonitor(self, every)
+				if m != hold {
+					t.Error("a second monitor of one process while the first is held")
+				}
+				if err := m.use(); err != nil {
+					t.Errorf("use of a live process's monitor: %v", err)
+				}
+				m.release()
+			}
+		})
+	}
+	wg.Wait()
+	if hold.gone.Load() {
+		t.Fatal("the monitor stopped while a peer still held it")
+	}
+	hold.release()
+	if !hold.gone.Load() {
+		t.Fatal("the last release did not stop the monitor")
+	}
+	monitors.mu.Lock()
+	left := len(monitors.m)
+	monitors.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d monitors left after the last release", left)
+	}
+	if m := acquireMonitor(self, every); m == hold {
+		t.Fatal("an acquire after the last release returned the stopped monitor")
+	} else {
+		m.release()
 	}
 }
