@@ -20,25 +20,11 @@ import (
 type peer struct {
 	id    rdma.NodeID
 	owner procIdent
-	watch *procWatch // owner's liveness for checkLive; nil for a node of this process
-	nf    []byte
-	refs  int // Conns + the Node's peers map; guarded by the Node's mu
-
-	// Liveness: every is the check interval. The timer's function (the
-	// monitor, on a goroutine of the runtime's) checks the owner's
-	// process and sets dead, which is sticky; the ops only load flags.
-	// The monitor re-arms itself only while ops use the peer (used), so
-	// an idle peer costs no wake-ups: the first op after an idle spell
-	// re-arms it (armed).
-	every time.Duration
-	timer atomic.Pointer[time.Timer] // set once, before it first fires (startMonitor)
-	used  atomic.Bool
-	armed atomic.Bool
-	dead  atomic.Bool
-	gone  atomic.Bool // released: the monitor stops
-	// wmu guards watch against release while the monitor reads it.
-	wmu   sync.Mutex
-	alive func() bool // the monitor's check (tests replace it); nil: watch.alive
+	// mon checks the owner's process for checkLive; nil for a node of
+	// this process (its closing shows in its node file's closed flag).
+	mon  *procMonitor
+	nf   []byte
+	refs int // Conns + the Node's peers map; guarded by the Node's mu
 
 	mu      sync.Mutex
 	regions map[rdma.RegionID]*remoteRegion
@@ -48,67 +34,166 @@ type peer struct {
 // live reports whether the target is open and its process alive (a system
 // call: not for the hot path).
 func (p *peer) live() bool {
-	return rdma.Load64(p.nf, nodeClosedW) == 0 && !p.dead.Load() && p.owner.alive()
+	return rdma.Load64(p.nf, nodeClosedW) == 0 && (p.mon == nil || !p.mon.dead.Load()) && p.owner.alive()
 }
 
-// checkLive fails once the target is closed or its monitor found its
-// process gone. It makes no system call and allocates nothing: atomic
+// checkLive fails once the target is closed or its owner's monitor found
+// the process gone. It makes no system call and allocates nothing: atomic
 // loads, and a store and a timer reset only on the first op after an idle
 // spell.
 func (p *peer) checkLive() error {
-	if rdma.Load64(p.nf, nodeClosedW) != 0 || p.dead.Load() {
+	if rdma.Load64(p.nf, nodeClosedW) != 0 {
 		return rdma.ErrPeerDead
 	}
-	if !p.used.Load() {
-		p.used.Store(true)
-	}
-	if !p.armed.Load() && p.armed.CompareAndSwap(false, true) {
-		p.timer.Load().Reset(p.every)
+	if m := p.mon; m != nil {
+		return m.use()
 	}
 	return nil
 }
 
-// startMonitor arms the peer's monitor for its first check one interval
-// from now (the timer is stored before it can fire).
-func (p *peer) startMonitor() {
-	p.armed.Store(true)
-	p.used.Store(true)
-	p.timer.Store(time.AfterFunc(time.Duration(1<<62), p.monitor))
-	p.timer.Load().Reset(p.every)
+// procMonitor checks that one process of another still runs, for every
+// peer of this process whose target node it owns: the nodes of all the
+// replicas in one kvserver process share one check, whichever Node (of
+// this process) connected to them. The check (a /proc read) runs on a
+// timer's goroutine of the runtime's, every interval while ops use one of
+// the peers: an idle monitor costs no wake-ups, and the first op after
+// an idle spell re-arms it. dead is sticky: the process is gone for good
+// (procIdent names one process for its lifetime).
+type procMonitor struct {
+	key   monitorKey
+	refs  int                        // peers holding it; guarded by monitors.mu
+	timer atomic.Pointer[time.Timer] // set once, before it first fires (start)
+	used  atomic.Bool
+	armed atomic.Bool
+	dead  atomic.Bool
+	gone  atomic.Bool // released by its last peer: the monitor stops
+	// wmu guards watch against release while the monitor reads it.
+	wmu   sync.Mutex
+	watch *procWatch
+	alive func() bool // the check (tests replace it); nil: watch.alive
 }
 
-// monitor is the timer's function: it checks the owner's process if ops
-// used the peer since the last check, and re-arms the timer; an unused
-// peer is left unarmed until its next op.
-func (p *peer) monitor() {
-	if p.gone.Load() {
+// monitorKey: one monitor per watched process and check interval (the
+// Options of the Nodes that share it).
+type monitorKey struct {
+	owner procIdent
+	every time.Duration
+}
+
+// monitors holds this process's monitors by key.
+var monitors struct {
+	mu sync.Mutex
+	m  map[monitorKey]*procMonitor
+	// unshared plants a bug (tests): every peer gets a monitor of its
+	// own, as before they were shared.
+	unshared bool
+}
+
+// acquireMonitor returns the monitor of owner's process at interval every,
+// started, with one more reference.
+func acquireMonitor(owner procIdent, every time.Duration) *procMonitor {
+	k := monitorKey{owner: owner, every: every}
+	monitors.mu.Lock()
+	defer monitors.mu.Unlock()
+	if m := monitors.m[k]; m != nil && !monitors.unshared {
+		m.refs++
+		return m
+	}
+	if monitors.m == nil {
+		monitors.m = make(map[monitorKey]*procMonitor)
+	}
+	m := &procMonitor{key: k, refs: 1, watch: newProcWatch(owner)}
+	m.start()
+	if monitors.m[k] == nil {
+		monitors.m[k] = m
+	}
+	return m
+}
+
+// release drops one reference; the last stops the monitor.
+func (m *procMonitor) release() {
+	monitors.mu.Lock()
+	m.refs--
+	last := m.refs == 0
+	if last && monitors.m[m.key] == m {
+		delete(monitors.m, m.key)
+	}
+	monitors.mu.Unlock()
+	if last {
+		m.stop()
+	}
+}
+
+// use fails once the process was found dead, and marks the monitor used
+// (re-arming it after an idle spell).
+func (m *procMonitor) use() error {
+	if m.dead.Load() {
+		return rdma.ErrPeerDead
+	}
+	if !m.used.Load() {
+		m.used.Store(true)
+	}
+	if !m.armed.Load() && m.armed.CompareAndSwap(false, true) {
+		m.timer.Load().Reset(m.key.every)
+	}
+	return nil
+}
+
+// start arms the monitor for its first check one interval from now (the
+// timer is stored before it can fire).
+func (m *procMonitor) start() {
+	m.armed.Store(true)
+	m.used.Store(true)
+	m.timer.Store(time.AfterFunc(time.Duration(1<<62), m.check))
+	m.timer.Load().Reset(m.key.every)
+}
+
+// check is the timer's function: it checks the process if ops used a peer
+// of it since the last check, and re-arms the timer; an unused monitor is
+// left unarmed until the next op.
+func (m *procMonitor) check() {
+	if m.gone.Load() {
 		return
 	}
-	if !p.used.Swap(false) {
-		p.armed.Store(false)
+	if !m.used.Swap(false) {
+		m.armed.Store(false)
 		// an op that saw armed just before the store re-arms nothing:
 		// look again
-		if p.used.Load() && p.armed.CompareAndSwap(false, true) {
-			p.timer.Load().Reset(p.every)
+		if m.used.Load() && m.armed.CompareAndSwap(false, true) {
+			m.timer.Load().Reset(m.key.every)
 		}
 		return
 	}
-	p.wmu.Lock()
+	m.wmu.Lock()
 	alive := true
 	switch {
-	case p.alive != nil:
-		alive = p.alive()
-	case p.watch != nil:
-		alive = p.watch.alive()
+	case m.alive != nil:
+		alive = m.alive()
+	case m.watch != nil:
+		alive = m.watch.alive()
 	}
-	p.wmu.Unlock()
+	m.wmu.Unlock()
 	if !alive {
-		p.dead.Store(true)
+		m.dead.Store(true)
 		return
 	}
-	if !p.gone.Load() {
-		p.timer.Load().Reset(p.every)
+	if !m.gone.Load() {
+		m.timer.Load().Reset(m.key.every)
 	}
+}
+
+// stop ends the monitor and releases its stat file.
+func (m *procMonitor) stop() {
+	m.gone.Store(true)
+	if t := m.timer.Load(); t != nil {
+		t.Stop()
+	}
+	m.wmu.Lock()
+	if m.watch != nil {
+		m.watch.close()
+		m.watch = nil
+	}
+	m.wmu.Unlock()
 }
 
 // release drops one reference; the Node's mu is held (or p is unshared).
@@ -117,16 +202,10 @@ func (p *peer) release() {
 	if p.refs > 0 {
 		return
 	}
-	p.gone.Store(true)
-	if t := p.timer.Load(); t != nil {
-		t.Stop()
+	if p.mon != nil {
+		p.mon.release()
+		p.mon = nil
 	}
-	p.wmu.Lock()
-	if p.watch != nil {
-		p.watch.close()
-		p.watch = nil
-	}
-	p.wmu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, rr := range p.regions {

@@ -186,6 +186,17 @@ func runRole(role string) {
 	} else if err := r.Grant(rdma.NodeID(args["peer"]), rdma.PermReadWrite); err != nil {
 		fail("grant: %v", err)
 	}
+	var n2 *Node // a second node of this process (id2), granting peer as well
+	if id2 := args["id2"]; id2 != 0 {
+		if n2, err = Open(rdma.NodeID(id2), o); err != nil {
+			fail("open %d: %v", id2, err)
+		}
+		if r, err := n2.Register(1, 4096); err != nil {
+			fail("register: %v", err)
+		} else if err := r.Grant(rdma.NodeID(args["peer"]), rdma.PermReadWrite); err != nil {
+			fail("grant: %v", err)
+		}
+	}
 	switch role {
 	case "hold":
 		fmt.Println("ready")
@@ -250,5 +261,8 @@ func runRole(role string) {
 	}
 	io.Copy(io.Discard, os.Stdin) // until the parent closes stdin or kills us
 	n.Close()
+	if n2 != nil {
+		n2.Close()
+	}
 	os.Exit(0)
 }

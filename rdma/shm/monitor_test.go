@@ -2,6 +2,7 @@ package shm
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,9 +13,9 @@ import (
 // monitoredPeer is a peer of another process whose liveness check is
 // check (instead of a /proc read), as connect makes it.
 func monitoredPeer(every time.Duration, check func() bool) *peer {
-	p := &peer{nf: make([]byte, nodeFileSize), every: every, alive: check, refs: 1}
-	p.startMonitor()
-	return p
+	m := &procMonitor{key: monitorKey{every: every}, refs: 1, alive: check}
+	m.start()
+	return &peer{nf: make([]byte, nodeFileSize), mon: m, refs: 1}
 }
 
 // TestCheckLiveOffPostPath: the liveness check of a peer's process runs on
@@ -30,8 +31,8 @@ func TestCheckLiveOffPostPath(t *testing.T) {
 		return false
 	})
 	defer func() {
-		p.gone.Store(true)
-		p.timer.Load().Stop()
+		p.mon.gone.Store(true)
+		p.mon.timer.Load().Stop()
 	}()
 	posted := make(chan error, 1)
 	go func() {
@@ -83,10 +84,10 @@ func TestMonitorIdle(t *testing.T) {
 	var checks atomic.Int64
 	p := monitoredPeer(time.Millisecond, func() bool { checks.Add(1); return true })
 	defer func() {
-		p.gone.Store(true)
-		p.timer.Load().Stop()
+		p.mon.gone.Store(true)
+		p.mon.timer.Load().Stop()
 	}()
-	for deadline := time.Now().Add(time.Minute); p.armed.Load(); {
+	for deadline := time.Now().Add(time.Minute); p.mon.armed.Load(); {
 		if time.Now().After(deadline) {
 			t.Fatal("the monitor of an unused peer still armed after a minute")
 		}
@@ -100,7 +101,7 @@ func TestMonitorIdle(t *testing.T) {
 	if err := p.checkLive(); err != nil {
 		t.Fatal(err)
 	}
-	if !p.armed.Load() {
+	if !p.mon.armed.Load() {
 		t.Fatal("the first op after an idle spell did not re-arm the monitor")
 	}
 	for deadline := time.Now().Add(time.Minute); checks.Load() == n; {
@@ -120,15 +121,62 @@ func TestCheckLiveAllocs(t *testing.T) {
 	}
 	p := monitoredPeer(time.Hour, func() bool { return true })
 	defer func() {
-		p.gone.Store(true)
-		p.timer.Load().Stop()
+		p.mon.gone.Store(true)
+		p.mon.timer.Load().Stop()
 	}()
 	if n := testing.AllocsPerRun(1000, func() {
-		p.armed.Store(false)
+		p.mon.armed.Store(false)
 		if p.checkLive() != nil {
 			t.Fatal("dead")
 		}
 	}); n != 0 {
 		t.Fatalf("checkLive made %v allocations", n)
+	}
+}
+
+// TestMonitorShareRace: peers of one process acquire, use and release its
+// shared monitor from many goroutines while its checks run (the race
+// detector watches); every acquire while another holds it returns the
+// same monitor, and the last release stops it and forgets it.
+func TestMonitorShareRace(t *testing.T) {
+	self, err := selfIdent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const every = 50 * time.Microsecond // checks of a live process (this one) run throughout
+	hold := acquireMonitor(self, every)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 200 {
+				m := acquireMonitor(self, every)
+				if m != hold {
+					t.Error("a second monitor of one process while the first is held")
+				}
+				if err := m.use(); err != nil {
+					t.Errorf("use of a live process's monitor: %v", err)
+				}
+				m.release()
+			}
+		})
+	}
+	wg.Wait()
+	if hold.gone.Load() {
+		t.Fatal("the monitor stopped while a peer still held it")
+	}
+	hold.release()
+	if !hold.gone.Load() {
+		t.Fatal("the last release did not stop the monitor")
+	}
+	monitors.mu.Lock()
+	left := len(monitors.m)
+	monitors.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d monitors left after the last release", left)
+	}
+	if m := acquireMonitor(self, every); m == hold {
+		t.Fatal("an acquire after the last release returned the stopped monitor")
+	} else {
+		m.release()
 	}
 }

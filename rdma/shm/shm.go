@@ -565,21 +565,18 @@ func (n *Node) openPeer(id rdma.NodeID) (*peer, error) {
 		unix.Munmap(nf)
 		return nil, fmt.Errorf("shm: connect to node %d: %s: %w", id, path, err)
 	}
-	p := &peer{id: id, owner: h.owner, nf: nf, regions: make(map[rdma.RegionID]*remoteRegion), refs: 1, every: n.opts.checkInterval()}
+	p := &peer{id: id, owner: h.owner, nf: nf, regions: make(map[rdma.RegionID]*remoteRegion), refs: 1}
 	if !p.live() {
 		p.release()
 		return nil, fmt.Errorf("shm: connect to node %d: its node file is left by a closed node or dead %v: %w", id, h.owner, rdma.ErrPeerDead)
 	}
-	if h.owner == n.self {
-		// A node of this very process: it lives as long as we do, and
-		// its closing shows in its node file's closed flag; no periodic
-		// /proc check (a system call every few ms per peer) is needed.
-		p.timer.Store(time.AfterFunc(time.Duration(1<<62), func() {}))
-		p.armed.Store(true) // never re-armed
-		return p, nil
+	if h.owner != n.self {
+		// A node of another process: its process's monitor, shared with
+		// this process's other peers of nodes that process owns. (A node
+		// of this very process lives as long as we do, and its closing
+		// shows in its node file's closed flag: no /proc check.)
+		p.mon = acquireMonitor(h.owner, n.opts.checkInterval())
 	}
-	p.watch = newProcWatch(h.owner)
-	p.startMonitor()
 	return p, nil
 }
 

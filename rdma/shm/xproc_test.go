@@ -261,3 +261,108 @@ func TestXRevokeStoppedWriter(t *testing.T) {
 		t.Fatal("a write landed after Revoke returned nil")
 	}
 }
+
+// TestXMonitorShared: the peers of every node another process owns share
+// one liveness monitor of that process, across this process's Nodes (the
+// client's Conns to the replicas of one kvserver, the replicas' Conns to a
+// client): one /proc check per interval, not one per peer. A death found
+// through one peer's ops fails the others at once, and the monitor goes
+// when its last peer does. unshared plants one monitor per peer.
+func TestXMonitorShared(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		name := "shared"
+		if planted {
+			name = "planted"
+		}
+		t.Run(name, func(t *testing.T) {
+			monitors.mu.Lock()
+			monitors.unshared = planted
+			monitors.mu.Unlock()
+			defer func() {
+				monitors.mu.Lock()
+				monitors.unshared = false
+				monitors.mu.Unlock()
+			}()
+			ok := checkMonitorShared(t)
+			if ok == planted {
+				t.Fatalf("planted %v: every peer of the child's two nodes on one monitor = %v", planted, ok)
+			}
+		})
+	}
+}
+
+// checkMonitorShared connects two nodes of this process to two nodes of a
+// child and reports whether the four peers share one monitor; the other
+// properties (a death seen through every peer, no monitor left) it
+// asserts.
+func checkMonitorShared(t *testing.T) bool {
+	o := newTestOptions(t)
+	o.PeerTimeout = 200 * time.Millisecond
+	ch := startChild(t, o, "hold", "id=5", "id2=6", "peer=1")
+	ch.expect("ready")
+	n1, n2 := mustOpen(t, 1, o), mustOpen(t, 2, o)
+	c15, c16 := mustConnect(t, n1, 5), mustConnect(t, n1, 6)
+	c25, c26 := mustConnect(t, n2, 5), mustConnect(t, n2, 6)
+	cs := []rdma.Conn{c15, c16, c25, c26}
+	mons := map[*procMonitor]bool{}
+	for _, c := range cs {
+		m := c.(*Conn).peer.mon
+		if m == nil {
+			t.Fatal("a peer of another process's node has no liveness monitor")
+		}
+		mons[m] = true
+	}
+	self := mustConnect(t, n1, 2)
+	if self.(*Conn).peer.mon != nil {
+		t.Fatal("a peer of a node of this process has a liveness monitor (its closed flag is enough)")
+	}
+	shared := len(mons) == 1
+	if err := rdma.Write(c15, 1, 0, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	ch.kill()
+	// Ops through c15 alone keep the monitor(s) in use until the death
+	// is found.
+	var comp [4]rdma.Completion
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if err := c15.Post(rdma.WR{Kind: rdma.OpWrite, Region: 1, Buf: make([]byte, 8)}); err != nil {
+			t.Fatal(err)
+		}
+		if k := c15.Poll(comp[:]); k > 0 && comp[0].Err != nil {
+			if !errors.Is(comp[0].Err, rdma.ErrPeerDead) {
+				t.Fatalf("op to a killed target failed with %v, want ErrPeerDead", comp[0].Err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("ops to a killed target still succeed after 20s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if shared {
+		// the others' first op fails: no check of their own needed
+		for _, c := range []rdma.Conn{c16, c25, c26} {
+			if err := c.(*Conn).peer.checkLive(); !errors.Is(err, rdma.ErrPeerDead) {
+				t.Fatalf("a peer of the dead process sharing its monitor: checkLive = %v, want ErrPeerDead", err)
+			}
+		}
+	}
+	ch.reap()
+	for _, c := range append(cs, self) {
+		c.Close()
+	}
+	n1.Close()
+	n2.Close()
+	monitors.mu.Lock()
+	left := len(monitors.m)
+	monitors.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d monitors left after every peer closed", left)
+	}
+	for m := range mons {
+		if !m.gone.Load() {
+			t.Fatal("a monitor still runs after its peers closed")
+		}
+	}
+	return shared
+}
