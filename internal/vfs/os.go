@@ -43,7 +43,7 @@ func (osFS) SyncDir(dir string) error {
 // Sync is fdatasync: the data and the size, not the other metadata.
 func (f osFile) Sync() error {
 	for {
-		err := unix.Fdatasync(int(f.Fd()))
+		err := fdatasync(int(f.Fd()))
 		if err != unix.EINTR {
 			if err != nil {
 				return &os.PathError{Op: "fdatasync", Path: f.Name(), Err: err}
