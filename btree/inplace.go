@@ -100,8 +100,10 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 		clear(b[used:oldUsed])
 	}
 	le.PutUint64(b[used-checkSize:], xxhash.Sum64(b[:used-checkSize]))
+	t.account(l.slot, l.n.ID, -1)
 	copy(l.slot[:hdrSize], b[:hdrSize])
 	copy(l.slot[lo:max(used, oldUsed)], b[lo:max(used, oldUsed)])
+	t.account(l.slot, l.n.ID, 1)
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
 	}

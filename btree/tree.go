@@ -1,6 +1,7 @@
 package btree
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -82,6 +83,42 @@ type Tree struct {
 	memoKey  []byte
 	memoPath []NodeID
 	memoOK   bool
+	// use is the tree's memory and split counts, kept at each node
+	// write (Usage).
+	use Usage
+}
+
+// Usage is what a tree's nodes take and how often they split, kept by
+// the writer as it writes nodes (no walk: a replica's stats read it at
+// any time). Leaves and Inner are the live nodes (written, not dead);
+// LeafBytes the bytes the live leaves use (their used words: header,
+// fences, offsets, entries, check word), so LeafBytes / (Leaves *
+// NodeSize) is the leaves' fill. The split counts are since the tree
+// was made (a restore makes a new tree).
+type Usage struct {
+	Leaves, Inner           int
+	LeafBytes               int
+	LeafSplits, InnerSplits uint64
+}
+
+// Usage is the tree's memory and split counts.
+func (t *Tree) Usage() Usage { return t.use }
+
+// account adds sign times slot's node to the usage, if slot holds node
+// id alive: called with -1 before a write of id (a slot just taken holds
+// another id, or zeros) and +1 after it.
+func (t *Tree) account(slot []byte, id NodeID, sign int) {
+	if NodeID(binary.LittleEndian.Uint64(slot[offID:])) != id {
+		return
+	}
+	switch f := leU16(slot[offFlags:]); {
+	case f&flagDead != 0:
+	case f&flagLeaf != 0:
+		t.use.Leaves += sign
+		t.use.LeafBytes += sign * int(leU16(slot[offUsed:]))
+	default:
+		t.use.Inner += sign
+	}
 }
 
 // New returns an empty tree (one empty leaf) in arena a, written at stamp.
@@ -146,7 +183,10 @@ func (t *Tree) load(id NodeID) *image {
 func (t *Tree) write(m *image) {
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
 	t.encode(t.scratch, m)
-	copy(t.a.bytes(m.id.Slot()), t.scratch)
+	slot := t.a.bytes(m.id.Slot())
+	t.account(slot, m.id, -1)
+	copy(slot, t.scratch)
+	t.account(slot, m.id, 1)
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
 	}
@@ -235,6 +275,11 @@ func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
 			return
 		}
 		right, sep := t.split(m, stamp)
+		if m.leaf() {
+			t.use.LeafSplits++
+		} else {
+			t.use.InnerSplits++
+		}
 		if t.knobs.linkBeforeNode {
 			t.write(m)
 			t.write(right)
