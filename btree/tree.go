@@ -316,15 +316,7 @@ func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
 // its right and returns it with the separator (the new node's low fence,
 // copied: m's slices alias the slot that m is about to overwrite).
 func (t *Tree) split(m *image, stamp uint64) (*image, []byte) {
-	sum := 0
-	for i := range m.keys {
-		sum += m.entSize(i)
-	}
-	at, acc := 1, m.entSize(0)
-	for at < len(m.keys)-1 && acc < sum/2 {
-		acc += m.entSize(at)
-		at++
-	}
+	at := t.splitAt(m)
 	sep := slices.Clone(m.keys[at])
 	r := &image{id: t.a.alloc(), stamp: stamp, level: m.level, next: m.next, prev: m.id,
 		low: sep, high: m.high, highInf: m.highInf}
@@ -342,6 +334,46 @@ func (t *Tree) split(m *image, stamp uint64) (*image, []byte) {
 	m.next = r.id
 	m.stamp = stamp
 	return r, sep
+}
+
+// RightFill is the share of an overfull node's entry bytes that a split
+// of the last node of its level (no right sibling: where keys inserted in
+// ascending order land) leaves in it, instead of half.
+const RightFill = 0.9
+
+// splitAt is the first entry that split moves to the new right node.
+// Entries are cut by bytes: at half, or, when m is the last node of its
+// level, after RightFill of them. A load in ascending key order (a
+// sequence, a time series, kvbench's load) appends at the right end, and
+// halves would leave every node it passes half full for good: the nodes
+// it leaves behind are RightFill full instead, as B-trees split their
+// rightmost page (PostgreSQL's fillfactor). Keys that arrive a little out
+// of order still find room in the left node. Random inserts reach the last
+// node of a level as rarely as any other, so their fill is unchanged.
+// Either way each side keeps an entry, and the uneven cut is made only if
+// both sides fit NodeSize (else: halves, which always fit).
+func (t *Tree) splitAt(m *image) int {
+	sum := 0
+	for i := range m.keys {
+		sum += m.entSize(i)
+	}
+	cut := func(target int) (int, int) {
+		at, acc := 1, m.entSize(0)
+		for at < len(m.keys)-1 && acc < target {
+			acc += m.entSize(at)
+			at++
+		}
+		return at, acc
+	}
+	if m.next == 0 && !t.knobs.halfSplits {
+		at, acc := cut(int(RightFill * float64(sum)))
+		fixed := hdrSize + 2 + 2 + len(m.keys[at]) + checkSize + 7
+		if fixed+len(m.low)+acc <= t.cfg.NodeSize && fixed+len(m.high)+sum-acc <= t.cfg.NodeSize {
+			return at
+		}
+	}
+	at, _ := cut(sum / 2)
+	return at
 }
 
 // Delete removes key, written at stamp, and reports whether it was there.
