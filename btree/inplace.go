@@ -44,7 +44,11 @@ type inPlaceLeaf struct {
 	dataEnd int // the last entry's end
 }
 
-func (t *Tree) inPlace(id NodeID) (inPlaceLeaf, bool) {
+func (t *Tree) inPlace(id NodeID) (inPlaceLeaf, bool) { return t.inPlaceNode(id, true) }
+
+// inPlaceNode is inPlace for a leaf (leaf true) or any node (false: an
+// inner node's entries end at their keys).
+func (t *Tree) inPlaceNode(id NodeID, leaf bool) (inPlaceLeaf, bool) {
 	if t.knobs.noInPlace {
 		return inPlaceLeaf{}, false
 	}
@@ -56,7 +60,7 @@ func (t *Tree) inPlace(id NodeID) (inPlaceLeaf, bool) {
 	b := t.scratch
 	copy(b[:used], slot[:used])
 	n, err := decodeOwn(b, id)
-	if err != nil || !n.Leaf {
+	if err != nil || leaf && !n.Leaf {
 		return inPlaceLeaf{}, false
 	}
 	l := inPlaceLeaf{slot: slot, b: b, n: n}
@@ -69,9 +73,72 @@ func (t *Tree) inPlace(id NodeID) (inPlaceLeaf, bool) {
 		if !ok {
 			return inPlaceLeaf{}, false
 		}
-		l.dataEnd = l.entBase + last + leafEnt + len(e.Key) + len(e.Value)
+		if n.Leaf {
+			l.dataEnd = l.entBase + last + leafEnt + len(e.Key) + len(e.Value)
+		} else {
+			l.dataEnd = l.entBase + last + innerEnt + len(e.Key)
+		}
 	}
 	return l, true
+}
+
+// relinkInPlace makes node id's left link prev, stamped stamp, changing
+// only its header words and check word (a split's old right neighbour,
+// whose entries stay): false if not done (noInPlace). The bytes are what
+// loading the node, setting prev and stamp and encoding it would write.
+func (t *Tree) relinkInPlace(id, prev NodeID, stamp uint64) bool {
+	l, ok := t.inPlaceNode(id, false)
+	if !ok {
+		return false
+	}
+	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	binary.LittleEndian.PutUint64(l.b[offPrev:], uint64(prev))
+	used := (l.dataEnd + checkSize + 7) &^ 7
+	t.seal(&l, used-checkSize, l.n.Count, l.dataEnd, stamp)
+	return true
+}
+
+// addChildInPlace inserts into inner node id, stamped stamp, the entry
+// (sep, right) just after the entry of its child left (a split of left
+// moved the keys from sep on to right), if it fits: false (nothing
+// changed) if it does not, if left's entry is not the one before sep's
+// place, or with noInPlace. The bytes are what the image path (load,
+// insert, encode) writes.
+func (t *Tree) addChildInPlace(id, left NodeID, sep []byte, right NodeID, stamp uint64) bool {
+	l, ok := t.inPlaceNode(id, false)
+	if !ok || l.n.Leaf {
+		return false
+	}
+	i, eq, ok := l.n.search(sep)
+	if !ok || eq || i == 0 {
+		return false
+	}
+	if e, fits := l.n.entryAt(i - 1); !fits || e.Child != left {
+		return false
+	}
+	ns := innerEnt + len(sep)
+	if (l.dataEnd+offSize+ns+checkSize+7)&^7 > len(l.b) {
+		return false
+	}
+	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	le := binary.LittleEndian
+	rel := l.dataEnd - l.entBase
+	if i < l.n.Count {
+		rel = l.off(i)
+	}
+	pos := l.entBase + rel
+	copy(l.b[pos+offSize+ns:], l.b[pos:l.dataEnd])
+	copy(l.b[l.offsPos+offSize*(i+1):], l.b[l.offsPos+offSize*i:pos])
+	l.setOff(i, rel)
+	for j := i + 1; j <= l.n.Count; j++ {
+		l.setOff(j, l.off(j)+ns)
+	}
+	p := pos + offSize
+	le.PutUint16(l.b[p:], uint16(len(sep)))
+	le.PutUint64(l.b[p+2:], uint64(right))
+	copy(l.b[p+innerEnt:], sep)
+	t.seal(&l, l.offsPos+offSize*i, l.n.Count+1, l.dataEnd+offSize+ns, stamp)
+	return true
 }
 
 // off and setOff read and write offset i.

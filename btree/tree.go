@@ -287,7 +287,7 @@ func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
 			t.write(right)
 			t.write(m)
 		}
-		if right.next != 0 {
+		if right.next != 0 && !t.relinkInPlace(right.next, right.id, stamp) {
 			nb := t.load(right.next)
 			nb.prev = right.id
 			nb.stamp = stamp
@@ -298,6 +298,9 @@ func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
 				keys: [][]byte{nil, sep}, kids: []NodeID{m.id, right.id}}
 			t.write(root)
 			t.root = root.id
+			return
+		}
+		if t.addChildInPlace(path[lvl-1], m.id, sep, right.id, stamp) {
 			return
 		}
 		parent := t.load(path[lvl-1])
