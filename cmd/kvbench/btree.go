@@ -214,6 +214,9 @@ type btreeStat struct {
 	cacheBytes   int     // lookups: the client's cache of inner nodes after it
 	// writes: the replicas' ordered work meanwhile (child mode)
 	srv srvWork
+	// keys: the ordered keys the groups held after it (child mode; 0:
+	// unknown)
+	keys int
 }
 
 // srvWork is what the groups' ordered parts applied during a
@@ -413,6 +416,9 @@ func (b *btreeRun) measure(threads int, mk func(g int) kvOp) (btreeStat, error) 
 		bs := btreeStat{kvstat: st, hitRate: -1}
 		if w1, err := b.orderedStats(); werr == nil && err == nil && w0 != nil {
 			bs.srv = workBetween(w0, w1)
+			for _, st := range w1 {
+				bs.keys += st.Keys
+			}
 		}
 		if err != nil || st.total == 0 {
 			return bs, err
@@ -1045,7 +1051,11 @@ func summarizeBTree(res *btreeResults, o *btreeFlags) []btreeRow {
 		if k.op == "lookup" || k.op == "mixed" {
 			r.HitRate = ptr(med(func(m btreeMeas) float64 { return m.ours.hitRate }))
 			r.CacheBytes = int(med(func(m btreeMeas) float64 { return float64(m.ours.cacheBytes) }))
-			r.RawBytes = o.records * (kvKeySize + kvValueSize)
+			// The records in the tree: the loaded ones, and those the
+			// inserts of earlier rows added (child mode: the replicas'
+			// count).
+			keys := int(med(func(m btreeMeas) float64 { return float64(max(m.ours.keys, o.records)) }))
+			r.RawBytes = keys * (kvKeySize + kvValueSize)
 			r.CacheRatio = float64(r.CacheBytes) / float64(r.RawBytes)
 		}
 		if k.op == "mixed" {
