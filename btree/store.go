@@ -76,7 +76,9 @@ type StoreConfig struct {
 	// Tree is the node geometry.
 	Tree Config
 	// ChunkSlots is the number of node slots per arena chunk (a
-	// registered region). Default 256.
+	// registered region). Default DefaultChunkSlots. The arena holds at
+	// most MaxChunks of them: with the defaults, 127 chunks of 4 MiB
+	// (1024 nodes of 4 KiB), 508 MiB of nodes per group.
 	ChunkSlots int
 	// MaxChunks bounds the arena: at most this many chunks (default and
 	// most: the 127 the group's region ids leave). Writes that might need
@@ -108,13 +110,19 @@ type StoreConfig struct {
 	Readers []rdma.NodeID
 }
 
+// DefaultChunkSlots is the default ChunkSlots. It was 256 (1 MiB chunks
+// of 4 KiB nodes), which bounded a group's tree to 127 MiB of nodes: a
+// million records of 16-byte keys and 100-byte values, loaded in key
+// order, take 147 MiB, and the group refused the rest as a full heap.
+const DefaultChunkSlots = 1024
+
 // DefaultTabletMax is the default TabletMax.
 const DefaultTabletMax = 64 << 10
 
 func (c *StoreConfig) fill() error {
 	c.Tree = c.Tree.withDefaults()
 	if c.ChunkSlots == 0 {
-		c.ChunkSlots = 256
+		c.ChunkSlots = DefaultChunkSlots
 	}
 	if c.MaxChunks == 0 {
 		c.MaxChunks = maxChunks

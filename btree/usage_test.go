@@ -101,3 +101,23 @@ func TestUsageMatchesWalk(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaultArenaHoldsAMillion: a Store of the default geometry has room
+// for the nodes of a million records of 16-byte keys and 100-byte values
+// (issue 18's size) in one group, with leaves filled ln 2 (random inserts;
+// a load in key order fills them more), inner nodes included. With 256
+// slots a chunk (127 MiB of nodes) it had not: a kvbench btree load of a
+// million records was refused as a full heap at 904 k.
+func TestDefaultArenaHoldsAMillion(t *testing.T) {
+	s, err := NewStore(StoreConfig{Tablets: []Tablet{All}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const records, ent = 1_000_000, offSize + leafEnt + 16 + 100
+	perLeaf := int(0.69 * float64(DefaultConfig.NodeSize-hdrSize-4-2*17-checkSize) / ent)
+	leaves := (records + perLeaf - 1) / perLeaf
+	need := leaves + leaves/50 // inner nodes: fanout above 100 at ln 2
+	if room := s.a.room(); room < need {
+		t.Fatalf("room for %d nodes of %d B (%d MiB), a million records need about %d", room, DefaultConfig.NodeSize, room*DefaultConfig.NodeSize>>20, need)
+	}
+}
