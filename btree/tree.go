@@ -165,6 +165,13 @@ func (t *Tree) load(id NodeID) *image {
 	}
 	m := &image{id: n.ID, next: n.Next, prev: n.Prev, stamp: n.Stamp, level: n.Level,
 		highInf: n.HighInf, low: n.Low, high: n.High}
+	// Room for the entry a caller inserts: no slice grows on the way.
+	m.keys = make([][]byte, 0, n.Count+1)
+	if n.Leaf {
+		m.vals, m.vers = make([][]byte, 0, n.Count+1), make([]uint64, 0, n.Count+1)
+	} else {
+		m.kids = make([]NodeID, 0, n.Count+1)
+	}
 	it := n.Entries()
 	for e, ok := it.next(); ok; e, ok = it.next() {
 		m.keys = append(m.keys, e.Key)
