@@ -2,6 +2,8 @@ package btree
 
 import (
 	"encoding/binary"
+	"fmt"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -268,4 +270,134 @@ func (t *Tree) deleteInPlace(id NodeID, key []byte, root bool, stamp uint64) (ha
 	t.seal(&l, l.offsPos+offSize*i, l.n.Count-1, l.dataEnd-offSize-os, stamp)
 	t.len--
 	return true, true
+}
+
+// splitInsert inserts key -> val (a key leaf path[last] does not hold,
+// which has no room for it) by splitting the leaf as store does, but
+// builds the two halves from the leaf's bytes: entries are copied as they
+// are, not decoded into an image and encoded again. The writes, their
+// order and their bytes are store's (TestInPlaceSameBytes): the new right
+// node, the leaf, the old right neighbour's link, the parent (or a new
+// root). False (nothing changed) with noInPlace, or for a key the leaf
+// holds.
+func (t *Tree) splitInsert(path []NodeID, key, val []byte, version, stamp uint64) bool {
+	id := path[len(path)-1]
+	l, ok := t.inPlace(id)
+	if !ok {
+		return false
+	}
+	i, eq, ok := l.n.search(key)
+	if !ok || eq || (l.dataEnd+offSize+leafEnt+len(key)+len(val)+checkSize+7)&^7 <= t.cfg.NodeSize {
+		return false // (putInPlace inserts what fits)
+	}
+	le := binary.LittleEndian
+	ne := slices.Grow(t.entBuf[:0], leafEnt+len(key)+len(val))[:leafEnt]
+	le.PutUint16(ne, uint16(len(key)))
+	le.PutUint32(ne[2:], uint32(len(val)))
+	le.PutUint64(ne[6:], version)
+	ne = append(append(ne, key...), val...)
+	t.entBuf = ne
+	old := func(k int) []byte {
+		end := l.dataEnd
+		if k+1 < l.n.Count {
+			end = l.entBase + l.off(k+1)
+		}
+		return l.b[l.entBase+l.off(k) : end]
+	}
+	ent := func(j int) []byte {
+		switch {
+		case j < i:
+			return old(j)
+		case j == i:
+			return ne
+		}
+		return old(j - 1)
+	}
+	keyOf := func(j int) []byte {
+		e := ent(j)
+		return e[leafEnt : leafEnt+int(le.Uint16(e))]
+	}
+	count := l.n.Count + 1
+	at := t.cutAt(count, func(j int) int { return offSize + len(ent(j)) }, keyOf, l.n.Next == 0, len(l.n.Low), len(l.n.High))
+	sep := slices.Clone(keyOf(at))
+	rid := t.a.alloc()
+	if t.img == nil {
+		t.img = make([]byte, t.cfg.NodeSize)
+	}
+	right := func() {
+		encodeLeaf(t.img, rid, stamp, l.n.Next, id, l.n.HighInf, sep, l.n.High, at, count, ent)
+		t.install(rid, t.img)
+	}
+	left := func() {
+		encodeLeaf(t.img, id, stamp, rid, l.n.Prev, false, l.n.Low, sep, 0, at, ent)
+		t.install(id, t.img)
+	}
+	if t.knobs.linkBeforeNode {
+		left()
+		right()
+	} else {
+		right()
+		left()
+	}
+	next := l.n.Next // l's bytes are reused by what follows
+	t.len++
+	t.use.LeafSplits++
+	if next != 0 && !t.relinkInPlace(next, rid, stamp) {
+		nb := t.load(next)
+		nb.prev, nb.stamp = rid, stamp
+		t.write(nb)
+	}
+	if len(path) == 1 {
+		root := &image{id: t.a.alloc(), stamp: stamp, level: 1, highInf: true,
+			keys: [][]byte{nil, sep}, kids: []NodeID{id, rid}}
+		t.write(root)
+		t.root = root.id
+		return true
+	}
+	if t.addChildInPlace(path[len(path)-2], id, sep, rid, stamp) {
+		return true
+	}
+	parent := t.load(path[len(path)-2])
+	pi := slices.Index(parent.kids, id)
+	if pi < 0 {
+		panic(fmt.Sprintf("btree: node %v is not a child of %v", id, parent.id))
+	}
+	parent.keys = slices.Insert(parent.keys, pi+1, sep)
+	parent.kids = slices.Insert(parent.kids, pi+1, rid)
+	parent.stamp = stamp
+	t.store(parent, path[:len(path)-1], stamp)
+	return true
+}
+
+// encodeLeaf writes into dst the sealed image of leaf id with entries
+// ent(from) .. ent(to-1) (each entry's bytes as they lie in a node), as
+// image.encode writes the same leaf.
+func encodeLeaf(dst []byte, id NodeID, stamp uint64, next, prev NodeID, highInf bool, low, high []byte, from, to int, ent func(int) []byte) {
+	le := binary.LittleEndian
+	le.PutUint64(dst[offID:], uint64(id))
+	le.PutUint64(dst[offStamp:], stamp)
+	le.PutUint64(dst[offNext:], uint64(next))
+	le.PutUint64(dst[offPrev:], uint64(prev))
+	le.PutUint16(dst[offLevel:], 0)
+	le.PutUint16(dst[offCount:], uint16(to-from))
+	f := uint16(flagLeaf)
+	if highInf {
+		f |= flagHighInf
+		high = nil
+	}
+	le.PutUint16(dst[offFlags:], f)
+	p := putBytes(dst, hdrSize, low)
+	p = putBytes(dst, p, high)
+	offs := p
+	p += offSize * (to - from)
+	base := p
+	for j := from; j < to; j++ {
+		le.PutUint16(dst[offs+offSize*(j-from):], uint16(p-base))
+		p += copy(dst[p:], ent(j))
+	}
+	used := (p + checkSize + 7) &^ 7
+	clear(dst[p : used-checkSize])
+	le.PutUint16(dst[offUsed:], uint16(used))
+	le.PutUint64(dst[used-checkSize:], xxhash.Sum64(dst[:used-checkSize]))
+	clear(dst[used:])
 }

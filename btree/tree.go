@@ -71,8 +71,11 @@ type Tree struct {
 	a       *Arena
 	root    NodeID
 	scratch []byte
-	knobs   testingKnobs
-	len     int
+	// img and entBuf are splitInsert's: the image it builds, and the new
+	// entry's bytes.
+	img, entBuf []byte
+	knobs       testingKnobs
+	len         int
 	// onFree, if set, takes the id of every node the tree unlinks
 	// instead of releasing its slot at once (Store: the grace of
 	// FreeAfter entries before a slot is reused).
@@ -190,10 +193,17 @@ func (t *Tree) load(id NodeID) *image {
 func (t *Tree) write(m *image) {
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
 	t.encode(t.scratch, m)
-	slot := t.a.bytes(m.id.Slot())
-	t.account(slot, m.id, -1)
-	copy(slot, t.scratch)
-	t.account(slot, m.id, 1)
+	t.install(m.id, t.scratch)
+}
+
+// install copies the sealed image img (NodeSize bytes) of node id into
+// its slot, keeping the usage.
+func (t *Tree) install(id NodeID, img []byte) {
+	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	slot := t.a.bytes(id.Slot())
+	t.account(slot, id, -1)
+	copy(slot, img)
+	t.account(slot, id, 1)
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
 	}
@@ -253,6 +263,9 @@ func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err er
 	path := t.descend(key)
 	if handled, existed := t.putInPlace(path[len(path)-1], key, val, version, stamp); handled {
 		return existed, nil
+	}
+	if t.splitInsert(path, key, val, version, stamp) {
+		return false, nil
 	}
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
@@ -363,22 +376,29 @@ const RightFill = 0.9
 // Either way each side keeps an entry, and the uneven cut is made only if
 // both sides fit NodeSize (else: halves, which always fit).
 func (t *Tree) splitAt(m *image) int {
+	return t.cutAt(len(m.keys), m.entSize, func(j int) []byte { return m.keys[j] }, m.next == 0, len(m.low), len(m.high))
+}
+
+// cutAt is splitAt over count entries of the given sizes (offset
+// included) and keys, of a node that is the last of its level (last)
+// with fences of lowLen and highLen bytes.
+func (t *Tree) cutAt(count int, size func(int) int, key func(int) []byte, last bool, lowLen, highLen int) int {
 	sum := 0
-	for i := range m.keys {
-		sum += m.entSize(i)
+	for i := range count {
+		sum += size(i)
 	}
 	cut := func(target int) (int, int) {
-		at, acc := 1, m.entSize(0)
-		for at < len(m.keys)-1 && acc < target {
-			acc += m.entSize(at)
+		at, acc := 1, size(0)
+		for at < count-1 && acc < target {
+			acc += size(at)
 			at++
 		}
 		return at, acc
 	}
-	if m.next == 0 && !t.knobs.halfSplits {
+	if last && !t.knobs.halfSplits {
 		at, acc := cut(int(RightFill * float64(sum)))
-		fixed := hdrSize + 2 + 2 + len(m.keys[at]) + checkSize + 7
-		if fixed+len(m.low)+acc <= t.cfg.NodeSize && fixed+len(m.high)+sum-acc <= t.cfg.NodeSize {
+		fixed := hdrSize + 2 + 2 + len(key(at)) + checkSize + 7
+		if fixed+lowLen+acc <= t.cfg.NodeSize && fixed+highLen+sum-acc <= t.cfg.NodeSize {
 			return at
 		}
 	}
