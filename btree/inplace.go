@@ -2,6 +2,8 @@ package btree
 
 import (
 	"encoding/binary"
+	"fmt"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -44,7 +46,11 @@ type inPlaceLeaf struct {
 	dataEnd int // the last entry's end
 }
 
-func (t *Tree) inPlace(id NodeID) (inPlaceLeaf, bool) {
+func (t *Tree) inPlace(id NodeID) (inPlaceLeaf, bool) { return t.inPlaceNode(id, true) }
+
+// inPlaceNode is inPlace for a leaf (leaf true) or any node (false: an
+// inner node's entries end at their keys).
+func (t *Tree) inPlaceNode(id NodeID, leaf bool) (inPlaceLeaf, bool) {
 	if t.knobs.noInPlace {
 		return inPlaceLeaf{}, false
 	}
@@ -56,7 +62,7 @@ func (t *Tree) inPlace(id NodeID) (inPlaceLeaf, bool) {
 	b := t.scratch
 	copy(b[:used], slot[:used])
 	n, err := decodeOwn(b, id)
-	if err != nil || !n.Leaf {
+	if err != nil || leaf && !n.Leaf {
 		return inPlaceLeaf{}, false
 	}
 	l := inPlaceLeaf{slot: slot, b: b, n: n}
@@ -69,9 +75,72 @@ func (t *Tree) inPlace(id NodeID) (inPlaceLeaf, bool) {
 		if !ok {
 			return inPlaceLeaf{}, false
 		}
-		l.dataEnd = l.entBase + last + leafEnt + len(e.Key) + len(e.Value)
+		if n.Leaf {
+			l.dataEnd = l.entBase + last + leafEnt + len(e.Key) + len(e.Value)
+		} else {
+			l.dataEnd = l.entBase + last + innerEnt + len(e.Key)
+		}
 	}
 	return l, true
+}
+
+// relinkInPlace makes node id's left link prev, stamped stamp, changing
+// only its header words and check word (a split's old right neighbour,
+// whose entries stay): false if not done (noInPlace). The bytes are what
+// loading the node, setting prev and stamp and encoding it would write.
+func (t *Tree) relinkInPlace(id, prev NodeID, stamp uint64) bool {
+	l, ok := t.inPlaceNode(id, false)
+	if !ok {
+		return false
+	}
+	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	binary.LittleEndian.PutUint64(l.b[offPrev:], uint64(prev))
+	used := (l.dataEnd + checkSize + 7) &^ 7
+	t.seal(&l, used-checkSize, l.n.Count, l.dataEnd, stamp)
+	return true
+}
+
+// addChildInPlace inserts into inner node id, stamped stamp, the entry
+// (sep, right) just after the entry of its child left (a split of left
+// moved the keys from sep on to right), if it fits: false (nothing
+// changed) if it does not, if left's entry is not the one before sep's
+// place, or with noInPlace. The bytes are what the image path (load,
+// insert, encode) writes.
+func (t *Tree) addChildInPlace(id, left NodeID, sep []byte, right NodeID, stamp uint64) bool {
+	l, ok := t.inPlaceNode(id, false)
+	if !ok || l.n.Leaf {
+		return false
+	}
+	i, eq, ok := l.n.search(sep)
+	if !ok || eq || i == 0 {
+		return false
+	}
+	if e, fits := l.n.entryAt(i - 1); !fits || e.Child != left {
+		return false
+	}
+	ns := innerEnt + len(sep)
+	if (l.dataEnd+offSize+ns+checkSize+7)&^7 > len(l.b) {
+		return false
+	}
+	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	le := binary.LittleEndian
+	rel := l.dataEnd - l.entBase
+	if i < l.n.Count {
+		rel = l.off(i)
+	}
+	pos := l.entBase + rel
+	copy(l.b[pos+offSize+ns:], l.b[pos:l.dataEnd])
+	copy(l.b[l.offsPos+offSize*(i+1):], l.b[l.offsPos+offSize*i:pos])
+	l.setOff(i, rel)
+	for j := i + 1; j <= l.n.Count; j++ {
+		l.setOff(j, l.off(j)+ns)
+	}
+	p := pos + offSize
+	le.PutUint16(l.b[p:], uint16(len(sep)))
+	le.PutUint64(l.b[p+2:], uint64(right))
+	copy(l.b[p+innerEnt:], sep)
+	t.seal(&l, l.offsPos+offSize*i, l.n.Count+1, l.dataEnd+offSize+ns, stamp)
+	return true
 }
 
 // off and setOff read and write offset i.
@@ -100,8 +169,10 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 		clear(b[used:oldUsed])
 	}
 	le.PutUint64(b[used-checkSize:], xxhash.Sum64(b[:used-checkSize]))
+	t.account(l.slot, l.n.ID, -1)
 	copy(l.slot[:hdrSize], b[:hdrSize])
 	copy(l.slot[lo:max(used, oldUsed)], b[lo:max(used, oldUsed)])
+	t.account(l.slot, l.n.ID, 1)
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
 	}
@@ -199,4 +270,134 @@ func (t *Tree) deleteInPlace(id NodeID, key []byte, root bool, stamp uint64) (ha
 	t.seal(&l, l.offsPos+offSize*i, l.n.Count-1, l.dataEnd-offSize-os, stamp)
 	t.len--
 	return true, true
+}
+
+// splitInsert inserts key -> val (a key leaf path[last] does not hold,
+// which has no room for it) by splitting the leaf as store does, but
+// builds the two halves from the leaf's bytes: entries are copied as they
+// are, not decoded into an image and encoded again. The writes, their
+// order and their bytes are store's (TestInPlaceSameBytes): the new right
+// node, the leaf, the old right neighbour's link, the parent (or a new
+// root). False (nothing changed) with noInPlace, or for a key the leaf
+// holds.
+func (t *Tree) splitInsert(path []NodeID, key, val []byte, version, stamp uint64) bool {
+	id := path[len(path)-1]
+	l, ok := t.inPlace(id)
+	if !ok {
+		return false
+	}
+	i, eq, ok := l.n.search(key)
+	if !ok || eq || (l.dataEnd+offSize+leafEnt+len(key)+len(val)+checkSize+7)&^7 <= t.cfg.NodeSize {
+		return false // (putInPlace inserts what fits)
+	}
+	le := binary.LittleEndian
+	ne := slices.Grow(t.entBuf[:0], leafEnt+len(key)+len(val))[:leafEnt]
+	le.PutUint16(ne, uint16(len(key)))
+	le.PutUint32(ne[2:], uint32(len(val)))
+	le.PutUint64(ne[6:], version)
+	ne = append(append(ne, key...), val...)
+	t.entBuf = ne
+	old := func(k int) []byte {
+		end := l.dataEnd
+		if k+1 < l.n.Count {
+			end = l.entBase + l.off(k+1)
+		}
+		return l.b[l.entBase+l.off(k) : end]
+	}
+	ent := func(j int) []byte {
+		switch {
+		case j < i:
+			return old(j)
+		case j == i:
+			return ne
+		}
+		return old(j - 1)
+	}
+	keyOf := func(j int) []byte {
+		e := ent(j)
+		return e[leafEnt : leafEnt+int(le.Uint16(e))]
+	}
+	count := l.n.Count + 1
+	at := t.cutAt(count, func(j int) int { return offSize + len(ent(j)) }, keyOf, l.n.Next == 0, len(l.n.Low), len(l.n.High))
+	sep := slices.Clone(keyOf(at))
+	rid := t.a.alloc()
+	if t.img == nil {
+		t.img = make([]byte, t.cfg.NodeSize)
+	}
+	right := func() {
+		encodeLeaf(t.img, rid, stamp, l.n.Next, id, l.n.HighInf, sep, l.n.High, at, count, ent)
+		t.install(rid, t.img)
+	}
+	left := func() {
+		encodeLeaf(t.img, id, stamp, rid, l.n.Prev, false, l.n.Low, sep, 0, at, ent)
+		t.install(id, t.img)
+	}
+	if t.knobs.linkBeforeNode {
+		left()
+		right()
+	} else {
+		right()
+		left()
+	}
+	next := l.n.Next // l's bytes are reused by what follows
+	t.len++
+	t.use.LeafSplits++
+	if next != 0 && !t.relinkInPlace(next, rid, stamp) {
+		nb := t.load(next)
+		nb.prev, nb.stamp = rid, stamp
+		t.write(nb)
+	}
+	if len(path) == 1 {
+		root := &image{id: t.a.alloc(), stamp: stamp, level: 1, highInf: true,
+			keys: [][]byte{nil, sep}, kids: []NodeID{id, rid}}
+		t.write(root)
+		t.root = root.id
+		return true
+	}
+	if t.addChildInPlace(path[len(path)-2], id, sep, rid, stamp) {
+		return true
+	}
+	parent := t.load(path[len(path)-2])
+	pi := slices.Index(parent.kids, id)
+	if pi < 0 {
+		panic(fmt.Sprintf("btree: node %v is not a child of %v", id, parent.id))
+	}
+	parent.keys = slices.Insert(parent.keys, pi+1, sep)
+	parent.kids = slices.Insert(parent.kids, pi+1, rid)
+	parent.stamp = stamp
+	t.store(parent, path[:len(path)-1], stamp)
+	return true
+}
+
+// encodeLeaf writes into dst the sealed image of leaf id with entries
+// ent(from) .. ent(to-1) (each entry's bytes as they lie in a node), as
+// image.encode writes the same leaf.
+func encodeLeaf(dst []byte, id NodeID, stamp uint64, next, prev NodeID, highInf bool, low, high []byte, from, to int, ent func(int) []byte) {
+	le := binary.LittleEndian
+	le.PutUint64(dst[offID:], uint64(id))
+	le.PutUint64(dst[offStamp:], stamp)
+	le.PutUint64(dst[offNext:], uint64(next))
+	le.PutUint64(dst[offPrev:], uint64(prev))
+	le.PutUint16(dst[offLevel:], 0)
+	le.PutUint16(dst[offCount:], uint16(to-from))
+	f := uint16(flagLeaf)
+	if highInf {
+		f |= flagHighInf
+		high = nil
+	}
+	le.PutUint16(dst[offFlags:], f)
+	p := putBytes(dst, hdrSize, low)
+	p = putBytes(dst, p, high)
+	offs := p
+	p += offSize * (to - from)
+	base := p
+	for j := from; j < to; j++ {
+		le.PutUint16(dst[offs+offSize*(j-from):], uint16(p-base))
+		p += copy(dst[p:], ent(j))
+	}
+	used := (p + checkSize + 7) &^ 7
+	clear(dst[p : used-checkSize])
+	le.PutUint16(dst[offUsed:], uint16(used))
+	le.PutUint64(dst[used-checkSize:], xxhash.Sum64(dst[:used-checkSize]))
+	clear(dst[used:])
 }

@@ -22,6 +22,9 @@ type testingKnobs struct {
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool
+	// halfSplits splits every node at half its bytes, the last of its
+	// level too (the comparison for splitAt's RightFill).
+	halfSplits bool
 
 	// On a Cache:
 	// skipFence answers from a leaf without checking that its fences

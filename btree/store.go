@@ -40,6 +40,9 @@ type Store struct {
 	applied uint64 // the last entry applied
 	knobs   testingKnobs
 
+	// work counts what Apply did (Stats).
+	work StoreStats
+
 	ops   []Op
 	mops  []Op
 	mbuf  []byte
@@ -73,7 +76,9 @@ type StoreConfig struct {
 	// Tree is the node geometry.
 	Tree Config
 	// ChunkSlots is the number of node slots per arena chunk (a
-	// registered region). Default 256.
+	// registered region). Default DefaultChunkSlots. The arena holds at
+	// most MaxChunks of them: with the defaults, 127 chunks of 4 MiB
+	// (1024 nodes of 4 KiB), 508 MiB of nodes per group.
 	ChunkSlots int
 	// MaxChunks bounds the arena: at most this many chunks (default and
 	// most: the 127 the group's region ids leave). Writes that might need
@@ -105,13 +110,19 @@ type StoreConfig struct {
 	Readers []rdma.NodeID
 }
 
+// DefaultChunkSlots is the default ChunkSlots. It was 256 (1 MiB chunks
+// of 4 KiB nodes), which bounded a group's tree to 127 MiB of nodes: a
+// million records of 16-byte keys and 100-byte values, loaded in key
+// order, take 147 MiB, and the group refused the rest as a full heap.
+const DefaultChunkSlots = 1024
+
 // DefaultTabletMax is the default TabletMax.
 const DefaultTabletMax = 64 << 10
 
 func (c *StoreConfig) fill() error {
 	c.Tree = c.Tree.withDefaults()
 	if c.ChunkSlots == 0 {
-		c.ChunkSlots = 256
+		c.ChunkSlots = DefaultChunkSlots
 	}
 	if c.MaxChunks == 0 {
 		c.MaxChunks = maxChunks
@@ -197,6 +208,34 @@ func (s *Store) Tablets() []Tablet { return s.tablets }
 // Pending is the number of unlinked nodes whose slots wait out the grace.
 func (s *Store) Pending() int { return len(s.pending) }
 
+// StoreStats is a Store's size and work: what a replica reports of its
+// ordered part (kv.Stats.Ordered). Keys, the tree's Usage (live nodes,
+// the bytes its leaves use, splits since the tree was made) and the
+// arena's Slots (ever handed out: live, dead in their grace, or free)
+// and ArenaBytes (its chunks: the node memory the group registered) are
+// read as they are; the counts of requests (messages: an ordered
+// request, multi or not), writes (their write ops that changed the tree),
+// inserts (puts of a new key) and tablet splits are since the Store was
+// made. None of it walks the tree: a replica's stats read it often.
+type StoreStats struct {
+	Keys       int
+	Tablets    int
+	NodeSize   int
+	Slots      int
+	ArenaBytes int
+	Usage
+	Requests, Writes, Inserts, TabletSplits uint64
+}
+
+// Stats is the Store's size and work.
+func (s *Store) Stats() StoreStats {
+	st := s.work
+	st.Keys, st.Tablets, st.NodeSize = s.t.Len(), len(s.tablets), s.cfg.Tree.NodeSize
+	st.Slots, st.ArenaBytes = s.a.Slots(), len(s.a.chunks)*s.a.per*s.a.size
+	st.Usage = s.t.Usage()
+	return st
+}
+
 // Publish writes the header (root and applied index) after the node
 // writes of every entry up to applied: kv.Table calls it once per batch
 // (multicast's EndBatch) and after each ordered request outside a batch.
@@ -248,6 +287,7 @@ func (s *Store) Apply(index uint64, data []byte) []byte {
 	s.index = index
 	s.applied = max(s.applied, index)
 	s.reclaim(index)
+	s.work.Requests++
 	if IsMulti(data) {
 		return s.applyMulti(index, data)
 	}
@@ -388,6 +428,10 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 			if err != nil {
 				panic(fmt.Sprintf("btree: put checked before: %v", err))
 			}
+			s.work.Writes++
+			if !existed {
+				s.work.Inserts++
+			}
 			if k := s.owner(op.Key); !existed && k >= 0 {
 				if s.counts[k]++; s.cfg.TabletMax > 0 && s.counts[k] > s.cfg.TabletMax {
 					s.splitTablet(k)
@@ -395,6 +439,7 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 			}
 		case OpDelete:
 			if s.t.Delete(op.Key, index) {
+				s.work.Writes++
 				if k := s.owner(op.Key); k >= 0 {
 					s.counts[k]--
 				}
@@ -440,6 +485,7 @@ func (s *Store) splitTablet(k int) {
 	s.counts = slices.Insert(s.counts, k+1, s.counts[k]-half)
 	s.counts[k] = half
 	s.dirVer++
+	s.work.TabletSplits++
 }
 
 // Counts are the keys each tablet holds (tests).

@@ -1,6 +1,7 @@
 package btree
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -70,8 +71,11 @@ type Tree struct {
 	a       *Arena
 	root    NodeID
 	scratch []byte
-	knobs   testingKnobs
-	len     int
+	// img and entBuf are splitInsert's: the image it builds, and the new
+	// entry's bytes.
+	img, entBuf []byte
+	knobs       testingKnobs
+	len         int
 	// onFree, if set, takes the id of every node the tree unlinks
 	// instead of releasing its slot at once (Store: the grace of
 	// FreeAfter entries before a slot is reused).
@@ -82,6 +86,42 @@ type Tree struct {
 	memoKey  []byte
 	memoPath []NodeID
 	memoOK   bool
+	// use is the tree's memory and split counts, kept at each node
+	// write (Usage).
+	use Usage
+}
+
+// Usage is what a tree's nodes take and how often they split, kept by
+// the writer as it writes nodes (no walk: a replica's stats read it at
+// any time). Leaves and Inner are the live nodes (written, not dead);
+// LeafBytes the bytes the live leaves use (their used words: header,
+// fences, offsets, entries, check word), so LeafBytes / (Leaves *
+// NodeSize) is the leaves' fill. The split counts are since the tree
+// was made (a restore makes a new tree).
+type Usage struct {
+	Leaves, Inner           int
+	LeafBytes               int
+	LeafSplits, InnerSplits uint64
+}
+
+// Usage is the tree's memory and split counts.
+func (t *Tree) Usage() Usage { return t.use }
+
+// account adds sign times slot's node to the usage, if slot holds node
+// id alive: called with -1 before a write of id (a slot just taken holds
+// another id, or zeros) and +1 after it.
+func (t *Tree) account(slot []byte, id NodeID, sign int) {
+	if NodeID(binary.LittleEndian.Uint64(slot[offID:])) != id {
+		return
+	}
+	switch f := leU16(slot[offFlags:]); {
+	case f&flagDead != 0:
+	case f&flagLeaf != 0:
+		t.use.Leaves += sign
+		t.use.LeafBytes += sign * int(leU16(slot[offUsed:]))
+	default:
+		t.use.Inner += sign
+	}
 }
 
 // New returns an empty tree (one empty leaf) in arena a, written at stamp.
@@ -128,6 +168,13 @@ func (t *Tree) load(id NodeID) *image {
 	}
 	m := &image{id: n.ID, next: n.Next, prev: n.Prev, stamp: n.Stamp, level: n.Level,
 		highInf: n.HighInf, low: n.Low, high: n.High}
+	// Room for the entry a caller inserts: no slice grows on the way.
+	m.keys = make([][]byte, 0, n.Count+1)
+	if n.Leaf {
+		m.vals, m.vers = make([][]byte, 0, n.Count+1), make([]uint64, 0, n.Count+1)
+	} else {
+		m.kids = make([]NodeID, 0, n.Count+1)
+	}
 	it := n.Entries()
 	for e, ok := it.next(); ok; e, ok = it.next() {
 		m.keys = append(m.keys, e.Key)
@@ -146,7 +193,17 @@ func (t *Tree) load(id NodeID) *image {
 func (t *Tree) write(m *image) {
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
 	t.encode(t.scratch, m)
-	copy(t.a.bytes(m.id.Slot()), t.scratch)
+	t.install(m.id, t.scratch)
+}
+
+// install copies the sealed image img (NodeSize bytes) of node id into
+// its slot, keeping the usage.
+func (t *Tree) install(id NodeID, img []byte) {
+	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	slot := t.a.bytes(id.Slot())
+	t.account(slot, id, -1)
+	copy(slot, img)
+	t.account(slot, id, 1)
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
 	}
@@ -207,6 +264,9 @@ func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err er
 	if handled, existed := t.putInPlace(path[len(path)-1], key, val, version, stamp); handled {
 		return existed, nil
 	}
+	if t.splitInsert(path, key, val, version, stamp) {
+		return false, nil
+	}
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if found {
@@ -235,6 +295,11 @@ func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
 			return
 		}
 		right, sep := t.split(m, stamp)
+		if m.leaf() {
+			t.use.LeafSplits++
+		} else {
+			t.use.InnerSplits++
+		}
 		if t.knobs.linkBeforeNode {
 			t.write(m)
 			t.write(right)
@@ -242,7 +307,7 @@ func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
 			t.write(right)
 			t.write(m)
 		}
-		if right.next != 0 {
+		if right.next != 0 && !t.relinkInPlace(right.next, right.id, stamp) {
 			nb := t.load(right.next)
 			nb.prev = right.id
 			nb.stamp = stamp
@@ -253,6 +318,9 @@ func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
 				keys: [][]byte{nil, sep}, kids: []NodeID{m.id, right.id}}
 			t.write(root)
 			t.root = root.id
+			return
+		}
+		if t.addChildInPlace(path[lvl-1], m.id, sep, right.id, stamp) {
 			return
 		}
 		parent := t.load(path[lvl-1])
@@ -271,15 +339,7 @@ func (t *Tree) store(m *image, path []NodeID, stamp uint64) {
 // its right and returns it with the separator (the new node's low fence,
 // copied: m's slices alias the slot that m is about to overwrite).
 func (t *Tree) split(m *image, stamp uint64) (*image, []byte) {
-	sum := 0
-	for i := range m.keys {
-		sum += m.entSize(i)
-	}
-	at, acc := 1, m.entSize(0)
-	for at < len(m.keys)-1 && acc < sum/2 {
-		acc += m.entSize(at)
-		at++
-	}
+	at := t.splitAt(m)
 	sep := slices.Clone(m.keys[at])
 	r := &image{id: t.a.alloc(), stamp: stamp, level: m.level, next: m.next, prev: m.id,
 		low: sep, high: m.high, highInf: m.highInf}
@@ -297,6 +357,53 @@ func (t *Tree) split(m *image, stamp uint64) (*image, []byte) {
 	m.next = r.id
 	m.stamp = stamp
 	return r, sep
+}
+
+// RightFill is the share of an overfull node's entry bytes that a split
+// of the last node of its level (no right sibling: where keys inserted in
+// ascending order land) leaves in it, instead of half.
+const RightFill = 0.9
+
+// splitAt is the first entry that split moves to the new right node.
+// Entries are cut by bytes: at half, or, when m is the last node of its
+// level, after RightFill of them. A load in ascending key order (a
+// sequence, a time series, kvbench's load) appends at the right end, and
+// halves would leave every node it passes half full for good: the nodes
+// it leaves behind are RightFill full instead, as B-trees split their
+// rightmost page (PostgreSQL's fillfactor). Keys that arrive a little out
+// of order still find room in the left node. Random inserts reach the last
+// node of a level as rarely as any other, so their fill is unchanged.
+// Either way each side keeps an entry, and the uneven cut is made only if
+// both sides fit NodeSize (else: halves, which always fit).
+func (t *Tree) splitAt(m *image) int {
+	return t.cutAt(len(m.keys), m.entSize, func(j int) []byte { return m.keys[j] }, m.next == 0, len(m.low), len(m.high))
+}
+
+// cutAt is splitAt over count entries of the given sizes (offset
+// included) and keys, of a node that is the last of its level (last)
+// with fences of lowLen and highLen bytes.
+func (t *Tree) cutAt(count int, size func(int) int, key func(int) []byte, last bool, lowLen, highLen int) int {
+	sum := 0
+	for i := range count {
+		sum += size(i)
+	}
+	cut := func(target int) (int, int) {
+		at, acc := 1, size(0)
+		for at < count-1 && acc < target {
+			acc += size(at)
+			at++
+		}
+		return at, acc
+	}
+	if last && !t.knobs.halfSplits {
+		at, acc := cut(int(RightFill * float64(sum)))
+		fixed := hdrSize + 2 + 2 + len(key(at)) + checkSize + 7
+		if fixed+lowLen+acc <= t.cfg.NodeSize && fixed+highLen+sum-acc <= t.cfg.NodeSize {
+			return at
+		}
+	}
+	at, _ := cut(sum / 2)
+	return at
 }
 
 // Delete removes key, written at stamp, and reports whether it was there.

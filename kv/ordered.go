@@ -1,5 +1,7 @@
 package kv
 
+import "github.com/rdmakv/rdmakv/btree"
+
 // The ordered keyspace's hook (issue 18; package btree implements it):
 // a Table routes the requests whose format byte is OrderedFormat to its
 // Ordered part, publishes that part's header once per batch as it does
@@ -59,3 +61,17 @@ func (t *Table) applyOrdered(index uint64, data []byte) []byte {
 
 // OrderedPart is the table's ordered part (nil: none).
 func (t *Table) OrderedPart() Ordered { return t.cfg.Ordered }
+
+// orderedStater is an ordered part that reports its size and work
+// (btree.Store does).
+type orderedStater interface{ Stats() btree.StoreStats }
+
+// orderedStats is the ordered part's size and work for Stats (nil: no
+// ordered part, or one that reports none).
+func (t *Table) orderedStats() *btree.StoreStats {
+	if o, ok := t.cfg.Ordered.(orderedStater); ok {
+		st := o.Stats()
+		return &st
+	}
+	return nil
+}

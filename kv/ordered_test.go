@@ -262,3 +262,37 @@ func TestRestoreVersion1(t *testing.T) {
 		t.Fatal("a version 1 snapshot with trailing bytes restored")
 	}
 }
+
+// A table's Stats carry its ordered part's size and work: the keys, the
+// live nodes, the leaves' bytes and the requests, writes and inserts
+// applied; a table without an ordered part reports none.
+func TestTableStatsOrdered(t *testing.T) {
+	tb, _ := orderedTable(t, []btree.Tablet{btree.All})
+	idx := uint64(2)
+	for i := range 40 {
+		idx++
+		orderedPut(tb, idx, fmt.Sprintf("k%03d", i), "v")
+	}
+	idx++
+	orderedPut(tb, idx, "k000", "w") // an overwrite: a write, not an insert
+	o := tb.Stats().Ordered
+	switch {
+	case o == nil:
+		t.Fatal("no ordered stats")
+	case o.Keys != 40 || o.Requests != 41 || o.Writes != 41 || o.Inserts != 40:
+		t.Fatalf("keys %d, requests %d, writes %d, inserts %d; want 40, 41, 41, 40", o.Keys, o.Requests, o.Writes, o.Inserts)
+	case o.Leaves < 2 || o.LeafSplits == 0 || o.LeafBytes <= 40*4 || o.LeafBytes > o.Leaves*o.NodeSize || o.ArenaBytes < (o.Leaves+o.Inner)*o.NodeSize:
+		t.Fatalf("40 keys in 256-byte nodes: %+v", *o)
+	}
+	f := mem.New(mem.Options{})
+	n, _ := f.NewNode(1)
+	defer n.Close()
+	plain, err := NewTable(TableConfig{LogBuckets: 2, HeapRegionSize: 1 << 16, MaxValue: 1 << 10}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if o := plain.Stats().Ordered; o != nil {
+		t.Fatalf("a table without an ordered part reports %+v", *o)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/kv/fielded"
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -324,13 +325,15 @@ type Stats struct {
 	// SnapshotMaxNs is the longest Snapshot call (a capture, on the
 	// polling goroutine), by TableConfig.Clock, since the table was made.
 	SnapshotMaxNs int64
+	// Ordered is the ordered part's size and work (nil: none).
+	Ordered *btree.StoreStats `json:",omitempty"`
 }
 
 // Stats reports the table's size (polling goroutine).
 func (t *Table) Stats() Stats {
 	s := Stats{Records: t.count, HeapBytes: t.heap.used, HeapRegions: len(t.heap.regions),
 		IndexBytes: len(t.cur.mem), Gen: t.cur.n, LogBuckets: t.cur.log, Migrating: t.old != nil, Restores: t.restores,
-		SnapshotMaxNs: t.snapMaxNs}
+		SnapshotMaxNs: t.snapMaxNs, Ordered: t.orderedStats()}
 	if t.old != nil {
 		s.IndexBytes += len(t.old.mem)
 	}

@@ -19,6 +19,7 @@ import (
 
 	tbtree "github.com/tidwall/btree"
 
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
@@ -104,9 +105,10 @@ type btreeFlags struct {
 	groups     int
 	kvserver   string
 	rows       []string // of btreeRowNames
+	insertPct  int
 }
 
-var btreeRowNames = []string{"lookup", "scan", "put", "insert", "cold"}
+var btreeRowNames = []string{"memory", "lookup", "mixed", "scan", "put", "insert", "cold"}
 
 func (o *btreeFlags) row(name string) bool { return slices.Contains(o.rows, name) }
 
@@ -128,7 +130,8 @@ func parseBTreeFlags(args []string, stderr io.Writer) (*btreeFlags, error) {
 	fs.BoolVar(&o.embedded, "embedded", false, "the replicas are kvserver's embedded cluster (what make run starts), the client opens its map file")
 	fs.IntVar(&o.groups, "groups", 1, "groups of 3 replicas (with --embedded: kvserver --groups, default 2); the ordered keyspace has a tablet per group unless --embedded")
 	fs.StringVar(&o.kvserver, "kvserver", "", "--embedded: the kvserver `binary` to run (default: go build it from this module)")
-	rows := fs.String("rows", "", "comma-separated measurements: lookup, scan, put, insert, cold (default all)")
+	rows := fs.String("rows", "", "comma-separated measurements: memory, lookup, mixed, scan, put, insert, cold (default all)")
+	fs.IntVar(&o.insertPct, "insert-pct", 5, "percent of inserts among the mixed row's lookups")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -171,6 +174,8 @@ func parseBTreeFlags(args []string, stderr io.Writer) (*btreeFlags, error) {
 		return nil, errors.New("btree: --groups, --put-threads and --election-timeout must be positive")
 	case o.scanLen <= 0 || o.cold <= 0:
 		return nil, errors.New("btree: --scan-length and --cold must be positive")
+	case o.insertPct < 0 || o.insertPct > 100:
+		return nil, fmt.Errorf("btree: --insert-pct %d out of 0..100", o.insertPct)
 	case o.records <= o.scanLen:
 		return nil, fmt.Errorf("btree: --records must be more than --scan-length (%d)", o.scanLen)
 	}
@@ -207,6 +212,21 @@ type btreeStat struct {
 	reads, lists float64 // node reads and their round trips per op
 	hitRate      float64 // lookups: those that read only the leaf / all; -1: none
 	cacheBytes   int     // lookups: the client's cache of inner nodes after it
+	// writes: the replicas' ordered work meanwhile (child mode)
+	srv srvWork
+	// keys: the ordered keys the groups held after it (child mode; 0:
+	// unknown)
+	keys int
+}
+
+// srvWork is what the groups' ordered parts applied during a
+// measurement: per group (its first replica's counts) the requests
+// (messages) and writes, and over all groups the inserts, leaf splits and
+// tablet splits.
+type srvWork struct {
+	ok                         bool
+	messages, writes           []uint64
+	inserts, leafSplits, tabSp uint64
 }
 
 // btreeKey names a row.
@@ -223,6 +243,13 @@ type btreeMeas struct {
 	hasBase, hasFloor bool
 	curve             []float64 // cold: mean reads per lookup per step
 	first             float64   // cold: the first lookup's reads
+	mem               memFig    // memory
+}
+
+// memFig is the memory row's figures: the ordered part's nodes over the
+// groups (one replica each).
+type memFig struct {
+	keys, leaves, inner, nodeSize, leafBytes, arenaBytes int
 }
 
 type btreeResults struct {
@@ -300,9 +327,18 @@ func btreeRunOnce(o *btreeFlags, run int, bin string, res *btreeResults, stderr 
 	if err := e.plainLoad(); err != nil {
 		return err
 	}
+	if o.row("memory") {
+		if err := b.memoryRow(); err != nil {
+			res.failed = append(res.failed, fmt.Sprintf("run %d: memory", run))
+			note("memory: %v", err)
+		}
+	}
 	if o.row("lookup") {
 		b.floor = floorTree(o.records)
 		b.lookups()
+	}
+	if o.row("mixed") {
+		b.mixed()
 	}
 	if o.row("scan") {
 		b.scans()
@@ -373,19 +409,26 @@ func floorTree(records int) *tbtree.Map[string, []byte] {
 // are) with the client's ordered-read counters around it.
 func (b *btreeRun) measure(threads int, mk func(g int) kvOp) (btreeStat, error) {
 	return retryDisturbed("btree", b.o.commonFlags, b.errw, func() (btreeStat, error) {
+		w0, werr := b.orderedStats()
 		s0 := b.e.c.Stats()
 		st, err := b.e.sample(b.tm, threads, mk, true)
 		s1 := b.e.c.Stats()
 		bs := btreeStat{kvstat: st, hitRate: -1}
+		if w1, err := b.orderedStats(); werr == nil && err == nil && w0 != nil {
+			bs.srv = workBetween(w0, w1)
+			for _, st := range w1 {
+				bs.keys += st.Keys
+			}
+		}
 		if err != nil || st.total == 0 {
 			return bs, err
 		}
 		n := float64(st.total)
 		gets, pages := s1.OrderedGets-s0.OrderedGets, s1.OrderedScanPages-s0.OrderedScanPages
 		switch {
-		case gets > 0:
-			bs.reads = float64(s1.OrderedGetReads-s0.OrderedGetReads) / n
-			bs.lists = float64(s1.OrderedGetLists-s0.OrderedGetLists) / n
+		case gets > 0: // per lookup (the mixed row's inserts read nothing)
+			bs.reads = float64(s1.OrderedGetReads-s0.OrderedGetReads) / float64(gets)
+			bs.lists = float64(s1.OrderedGetLists-s0.OrderedGetLists) / float64(gets)
 			bs.hitRate = float64(s1.OrderedGetHits-s0.OrderedGetHits) / float64(gets)
 			bs.cacheBytes = s1.OrderedCache.Bytes
 		case pages > 0:
@@ -399,6 +442,85 @@ func (b *btreeRun) measure(threads int, mk func(g int) kvOp) (btreeStat, error) 
 // measureBase is a baseline's measurement (no cost columns).
 func (b *btreeRun) measureBase(threads int, mk func(g int) kvOp) (kvstat, error) {
 	return retryDisturbed("btree", b.o.commonFlags, b.errw, func() (kvstat, error) { return b.e.sample(b.tm, threads, mk, false) })
+}
+
+// measureBaseCost is a write baseline's measurement with its cost per op
+// (the put and insert rows compare CPU per write and writes per message
+// with it).
+func (b *btreeRun) measureBaseCost(threads int, mk func(g int) kvOp) (kvstat, error) {
+	return retryDisturbed("btree", b.o.commonFlags, b.errw, func() (kvstat, error) { return b.e.sample(b.tm, threads, mk, true) })
+}
+
+// orderedStats is each group's ordered stats, read from its first
+// replica (nil with --embedded: kvserver's replicas are not the child's).
+func (b *btreeRun) orderedStats() ([]btree.StoreStats, error) {
+	if b.e.proc == nil {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(b.e.ctx, stallTimeout)
+	defer cancel()
+	reps, err := b.e.proc.ch.Stats(ctx) // in map order
+	if err != nil {
+		return nil, err
+	}
+	var out []btree.StoreStats
+	i := 0
+	for _, members := range b.e.m.Groups {
+		if i >= len(reps) || reps[i].Ordered == nil {
+			return nil, errors.New("a replica reports no ordered part")
+		}
+		out = append(out, *reps[i].Ordered)
+		i += len(members)
+	}
+	return out, nil
+}
+
+func workBetween(a, b []btree.StoreStats) srvWork {
+	w := srvWork{ok: len(a) == len(b)}
+	if !w.ok {
+		return w
+	}
+	for g := range a {
+		w.messages = append(w.messages, b[g].Requests-a[g].Requests)
+		w.writes = append(w.writes, b[g].Writes-a[g].Writes)
+		w.inserts += b[g].Inserts - a[g].Inserts
+		w.leafSplits += b[g].LeafSplits - a[g].LeafSplits
+		w.tabSp += b[g].TabletSplits - a[g].TabletSplits
+	}
+	return w
+}
+
+// srvLine says what the groups applied.
+func (w srvWork) String() string {
+	if !w.ok {
+		return "replicas' counts unknown"
+	}
+	var per []string
+	for g := range w.messages {
+		wpm := 0.0
+		if w.messages[g] > 0 {
+			wpm = float64(w.writes[g]) / float64(w.messages[g])
+		}
+		per = append(per, fmt.Sprintf("g%d %d msgs %.2f writes/msg", g, w.messages[g], wpm))
+	}
+	return fmt.Sprintf("%s; %d inserts, %.1f leaf splits per k inserts, %d tablet splits", strings.Join(per, ", "), w.inserts, w.splitsPerK(), w.tabSp)
+}
+
+func (w srvWork) splitsPerK() float64 {
+	if w.inserts == 0 {
+		return 0
+	}
+	return 1000 * float64(w.leafSplits) / float64(w.inserts)
+}
+
+// writeCost says what a write row cost per op: CPU of the client's and
+// the replicas' processes and the writes per message the client sent.
+func writeCost(st kvstat) string {
+	c := st.cost
+	if !c.ok {
+		return "cost unknown"
+	}
+	return fmt.Sprintf("cpu %.1f µs client + %.1f µs replicas, %.2f writes/message", c.clientCPU, c.serverCPU, c.writesPerMsg)
 }
 
 // randomKeys returns an op maker: each goroutine fills key with a random
@@ -478,6 +600,123 @@ func (b *btreeRun) lookups() {
 	}
 }
 
+// memoryRow reads what the ordered part takes on the replicas after the
+// load: nodes and leaf bytes over the groups (one replica each; the
+// group's others hold the same tree), against the records' raw bytes.
+func (b *btreeRun) memoryRow() error {
+	if b.e.proc == nil {
+		b.e.note("memory: not measured with --embedded (kvserver's replicas report no ordered stats to kvbench)")
+		return nil
+	}
+	// Every replica has applied the load once its keys are all there.
+	var sts []btree.StoreStats
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var err error
+		if sts, err = b.orderedStats(); err != nil {
+			return err
+		}
+		keys := 0
+		for _, st := range sts {
+			keys += st.Keys
+		}
+		if keys == b.o.records {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the groups hold %d ordered keys, want %d", keys, b.o.records)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var f memFig
+	for _, st := range sts {
+		f.keys += st.Keys
+		f.leaves += st.Leaves
+		f.inner += st.Inner
+		f.leafBytes += st.LeafBytes
+		f.arenaBytes += st.ArenaBytes
+		f.nodeSize = st.NodeSize
+	}
+	m := btreeMeas{mem: f, ours: btreeStat{hitRate: -1, kvstat: kvstat{otherCPU: -1}}}
+	b.e.note("memory: %d keys in %d leaves and %d inner nodes of %d B: %.0f B of nodes per record (raw %d B, %.2fx), leaf fill %.3f, arena %.0f B per record",
+		f.keys, f.leaves, f.inner, f.nodeSize, f.nodePerRecord(), kvKeySize+kvValueSize, f.nodePerRecord()/float64(kvKeySize+kvValueSize), f.fill(), f.arenaPerRecord())
+	b.res.add(btreeKey{"memory", "", 0}, m)
+	return nil
+}
+
+func (f memFig) nodePerRecord() float64 {
+	return float64((f.leaves+f.inner)*f.nodeSize) / float64(max(f.keys, 1))
+}
+
+func (f memFig) arenaPerRecord() float64 { return float64(f.arenaBytes) / float64(max(f.keys, 1)) }
+
+func (f memFig) fill() float64 {
+	if f.leaves == 0 {
+		return 0
+	}
+	return float64(f.leafBytes) / float64(f.leaves*f.nodeSize)
+}
+
+// mixed measures the mixed rows: stale-ok lookups of random loaded keys
+// with --insert-pct percent inserts of new keys among them (the cache's
+// hit rate while leaves split), against hashed gets and puts in the same
+// mix.
+func (b *btreeRun) mixed() {
+	ctx, pct := b.e.ctx, b.o.insertPct
+	mix := func(get func(key []byte) error, put func(key, val []byte) error) func(g int) kvOp {
+		return func(g int) kvOp {
+			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(g)))
+			key, val := make([]byte, kvKeySize), make([]byte, kvValueSize)
+			return func() error {
+				fillKey(key, rng.IntN(b.o.records))
+				if rng.IntN(100) < pct {
+					key[kvKeySize-1] = byte('a' + rng.IntN(26))
+					fillValue(val, key, 'm')
+					return put(key, val)
+				}
+				return get(key)
+			}
+		}
+	}
+	for _, t := range b.o.threads {
+		k := btreeKey{"mixed", client.StaleOK.String(), t}
+		what := fmt.Sprintf("mixed %d%% inserts x%d", pct, t)
+		st, err := b.measure(t, mix(func(key []byte) error {
+			it, err := b.ks.GetItem(ctx, key, client.StaleOK)
+			if err != nil {
+				return fmt.Errorf("ordered get of %s: %w", key, err)
+			}
+			return checkValue(it.Value, key)
+		}, func(key, val []byte) error {
+			_, err := b.ks.Put(ctx, key, val)
+			return err
+		}))
+		if err != nil {
+			b.fail(what, err)
+			continue
+		}
+		m := btreeMeas{ours: st}
+		get, put := b.e.ours.getter(client.StaleOK), b.e.ours.putter()
+		if m.base, err = b.measureBase(t, mix(func(key []byte) error {
+			v, found, err := get(key)
+			if err == nil && !found {
+				err = fmt.Errorf("hashed key %s not found", key)
+			}
+			if err != nil {
+				return err
+			}
+			return checkValue(v, key)
+		}, put)); err != nil {
+			b.fail("hashed "+what, err)
+		} else {
+			m.hasBase = true
+		}
+		b.e.note("%-26s p50 %-8s %8s ops/s, %.3f reads/lookup, hit rate %.4f, cache %d B; hashed p50 %-8s %8s ops/s",
+			what, fmtDur(st.p50), fmtOps(st.opsPerS), st.reads, st.hitRate, st.cacheBytes, fmtDur(m.base.p50), fmtOps(m.base.opsPerS))
+		b.res.add(k, m)
+	}
+}
+
 // scans measures the scan rows; their baseline is this run's lookup row
 // of the same count and consistency.
 func (b *btreeRun) scans() {
@@ -541,7 +780,7 @@ func (b *btreeRun) puts() {
 		}
 		m := btreeMeas{ours: st}
 		put := b.e.ours.putter()
-		if m.base, err = b.measureBase(t, b.randomKeys(func(key, val []byte) error {
+		if m.base, err = b.measureBaseCost(t, b.randomKeys(func(key, val []byte) error {
 			fillValue(val, key, tag)
 			return put(key, val)
 		})); err != nil {
@@ -550,6 +789,8 @@ func (b *btreeRun) puts() {
 			m.hasBase = true
 		}
 		b.e.note("%-26s p50 %-8s %8s ops/s; hashed put p50 %-8s %8s ops/s", what, fmtDur(st.p50), fmtOps(st.opsPerS), fmtDur(m.base.p50), fmtOps(m.base.opsPerS))
+		b.e.note("%-26s per op: ordered %s; hashed %s", what, writeCost(st.kvstat), writeCost(m.base))
+		b.e.note("%-26s replicas: %s", what, st.srv)
 		b.res.add(btreeKey{"put", "", t}, m)
 	}
 }
@@ -574,7 +815,7 @@ func (b *btreeRun) inserts() {
 		}
 		m := btreeMeas{ours: st}
 		put := b.e.ours.putter()
-		if m.base, err = b.measureBase(t, b.newKeys(func(key, val []byte) error {
+		if m.base, err = b.measureBaseCost(t, b.newKeys(func(key, val []byte) error {
 			fillValue(val, key, 'i')
 			return put(key, val)
 		})); err != nil {
@@ -583,6 +824,8 @@ func (b *btreeRun) inserts() {
 			m.hasBase = true
 		}
 		b.e.note("%-26s p50 %-8s %8s ops/s; hashed put p50 %-8s %8s ops/s (%d groups)", what, fmtDur(st.p50), fmtOps(st.opsPerS), fmtDur(m.base.p50), fmtOps(m.base.opsPerS), b.o.groups)
+		b.e.note("%-26s per op: ordered %s; hashed %s", what, writeCost(st.kvstat), writeCost(m.base))
+		b.e.note("%-26s replicas: %s", what, st.srv)
 		b.res.add(btreeKey{"insert", "", t}, m)
 	}
 }
@@ -718,10 +961,43 @@ type btreeRow struct {
 	ReadsPerOp *float64 `json:"reads_per_op,omitempty"`
 	// lookup: the client's cache of inner nodes, and the records' raw
 	// key and value bytes.
-	CacheBytes int      `json:"cache_bytes,omitempty"`
-	RawBytes   int      `json:"raw_bytes,omitempty"`
+	CacheBytes int `json:"cache_bytes,omitempty"`
+	RawBytes   int `json:"raw_bytes,omitempty"`
+	// cache_ratio = cache_bytes / raw_bytes (issue 18: <= 0.02).
+	CacheRatio float64  `json:"cache_ratio,omitempty"`
 	ListsPerOp *float64 `json:"lists_per_op,omitempty"`
 	HitRate    *float64 `json:"hit_rate,omitempty"`
+	// mixed: the percent of inserts among the lookups (hit_rate,
+	// reads_per_op and lists_per_op are the lookups').
+	InsertPct int `json:"insert_pct,omitempty"`
+	// memory: the ordered part's nodes after the load, over the groups
+	// (one replica each: every replica of a group holds the same tree):
+	// node_bytes_per_record = (leaves + inner_nodes) x node_size / keys,
+	// ratio_raw = that / raw_bytes_per_record (key and value bytes),
+	// leaf_fill = the bytes the leaves use / their node bytes,
+	// arena_bytes_per_record = the node memory registered (chunks, free
+	// slots included) / keys.
+	Keys                int     `json:"keys,omitempty"`
+	Leaves              int     `json:"leaves,omitempty"`
+	InnerNodes          int     `json:"inner_nodes,omitempty"`
+	NodeSize            int     `json:"node_size,omitempty"`
+	NodeBytesPerRecord  float64 `json:"node_bytes_per_record,omitempty"`
+	RawBytesPerRecord   int     `json:"raw_bytes_per_record,omitempty"`
+	RatioRaw            float64 `json:"ratio_raw,omitempty"`
+	LeafFill            float64 `json:"leaf_fill,omitempty"`
+	ArenaBytesPerRecord float64 `json:"arena_bytes_per_record,omitempty"`
+	// put, insert: the client's writes per message (ordered and the
+	// baseline's) and the baseline's CPU per op (client + replicas);
+	// what the groups applied meanwhile (child mode): ordered requests
+	// (messages) and writes per group, leaf splits per 1000 inserts and
+	// tablet splits over all groups.
+	WritesPerMessage         *float64 `json:"writes_per_message,omitempty"`
+	BaselineWritesPerMessage *float64 `json:"baseline_writes_per_message,omitempty"`
+	BaselineCPUUSPerOp       *float64 `json:"baseline_cpu_us_per_op,omitempty"`
+	GroupMessages            []uint64 `json:"group_messages,omitempty"`
+	GroupWrites              []uint64 `json:"group_writes,omitempty"`
+	LeafSplitsPerKInserts    *float64 `json:"leaf_splits_per_k_inserts,omitempty"`
+	TabletSplits             *uint64  `json:"tablet_splits,omitempty"`
 	// scan
 	ScanLength int     `json:"scan_length,omitempty"`
 	KeysPerS   float64 `json:"keys_per_s,omitempty"`
@@ -742,7 +1018,7 @@ type btreeRow struct {
 }
 
 // baselineName is the baseline each op compares with.
-var baselineName = map[string]string{"lookup": "hash-get", "put": "hash-put", "insert": "hash-put", "scan": "lookup"}
+var baselineName = map[string]string{"lookup": "hash-get", "mixed": "hash-get-put", "put": "hash-put", "insert": "hash-put", "scan": "lookup"}
 
 func summarizeBTree(res *btreeResults, o *btreeFlags) []btreeRow {
 	placement, groups := "kvbench-child", o.groups
@@ -766,16 +1042,67 @@ func summarizeBTree(res *btreeResults, o *btreeFlags) []btreeRow {
 		for _, m := range ms {
 			r.Retries += m.ours.retries
 		}
-		if k.op != "put" && k.op != "insert" {
+		if k.op != "put" && k.op != "insert" && k.op != "memory" {
 			r.ReadsPerOp = ptr(med(func(m btreeMeas) float64 { return m.ours.reads }))
 		}
-		if k.op == "lookup" || k.op == "scan" {
+		if k.op == "lookup" || k.op == "scan" || k.op == "mixed" {
 			r.ListsPerOp = ptr(med(func(m btreeMeas) float64 { return m.ours.lists }))
 		}
-		if k.op == "lookup" {
+		if k.op == "lookup" || k.op == "mixed" {
 			r.HitRate = ptr(med(func(m btreeMeas) float64 { return m.ours.hitRate }))
 			r.CacheBytes = int(med(func(m btreeMeas) float64 { return float64(m.ours.cacheBytes) }))
-			r.RawBytes = o.records * (kvKeySize + kvValueSize)
+			// The records in the tree: the loaded ones, and those the
+			// inserts of earlier rows added (child mode: the replicas'
+			// count).
+			keys := int(med(func(m btreeMeas) float64 { return float64(max(m.ours.keys, o.records)) }))
+			r.RawBytes = keys * (kvKeySize + kvValueSize)
+			r.CacheRatio = float64(r.CacheBytes) / float64(r.RawBytes)
+		}
+		if k.op == "mixed" {
+			r.InsertPct = o.insertPct
+		}
+		if k.op == "memory" {
+			f := ms[len(ms)/2].mem
+			r.Keys, r.Leaves, r.InnerNodes, r.NodeSize = f.keys, f.leaves, f.inner, f.nodeSize
+			r.RawBytesPerRecord = kvKeySize + kvValueSize
+			r.NodeBytesPerRecord = med(func(m btreeMeas) float64 { return m.mem.nodePerRecord() })
+			r.RatioRaw = r.NodeBytesPerRecord / float64(r.RawBytesPerRecord)
+			r.LeafFill = med(func(m btreeMeas) float64 { return m.mem.fill() })
+			r.ArenaBytesPerRecord = med(func(m btreeMeas) float64 { return m.mem.arenaPerRecord() })
+		}
+		if k.op == "put" || k.op == "insert" {
+			costed := func(f func(c opCost) float64, base bool) *float64 {
+				var vs []float64
+				for _, m := range ms {
+					c := m.ours.cost
+					if base {
+						c = m.base.cost
+					}
+					if c.ok {
+						vs = append(vs, f(c))
+					}
+				}
+				if len(vs) == 0 {
+					return nil
+				}
+				return ptr(medianOf(vs, func(v float64) float64 { return v }))
+			}
+			r.WritesPerMessage = costed(func(c opCost) float64 { return c.writesPerMsg }, false)
+			r.BaselineWritesPerMessage = costed(func(c opCost) float64 { return c.writesPerMsg }, true)
+			r.BaselineCPUUSPerOp = costed(func(c opCost) float64 { return c.clientCPU + c.serverCPU }, true)
+			if w := ms[len(ms)/2].ours.srv; w.ok {
+				r.GroupMessages, r.GroupWrites = w.messages, w.writes
+				r.TabletSplits = &w.tabSp
+			}
+			var sp []float64
+			for _, m := range ms {
+				if m.ours.srv.ok && m.ours.srv.inserts > 0 {
+					sp = append(sp, m.ours.srv.splitsPerK())
+				}
+			}
+			if len(sp) > 0 {
+				r.LeafSplitsPerKInserts = ptr(medianOf(sp, func(v float64) float64 { return v }))
+			}
 		}
 		if k.op == "scan" {
 			r.ScanLength, r.KeysPerS = o.scanLen, r.OpsPerS*float64(o.scanLen)
@@ -826,6 +1153,9 @@ func printBTreeTable(w io.Writer, out []btreeRow, o *btreeFlags) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "op\tconsistency\tthreads\tp50\tp99\tops/s\treads/op\thit rate\tbaseline\tbase ops/s\tratio ops\tratio p50\ttidwall ops/s\tratio\t")
 	for _, r := range out {
+		if r.Op == "memory" {
+			continue
+		}
 		opt := func(p *float64, f string) string {
 			if p == nil {
 				return "-"
@@ -851,6 +1181,15 @@ func printBTreeTable(w io.Writer, out []btreeRow, o *btreeFlags) {
 			fmt.Fprintf(w, "scan %s x%d: %s keys/s, %.2f node reads per scan of %d keys\n", r.Consistency, r.Threads, fmtOps(r.KeysPerS), *r.ReadsPerOp, r.ScanLength)
 		case "cold":
 			fmt.Fprintf(w, "cold: first lookup %.0f reads; mean reads per lookup per %d lookups: %s\n", r.FirstReads, r.CurveStep, fmtCurve(r.Curve))
+		case "lookup", "mixed":
+			fmt.Fprintf(w, "%s %s x%d: client cache %d B = %.4f of the raw %d B\n", r.Op, r.Consistency, r.Threads, r.CacheBytes, r.CacheRatio, r.RawBytes)
+		case "memory":
+			fmt.Fprintf(w, "memory per replica: %.0f B of nodes per record = %.2fx raw (%d B), leaf fill %.3f, %d leaves + %d inner nodes of %d B, arena %.0f B per record\n",
+				r.NodeBytesPerRecord, r.RatioRaw, r.RawBytesPerRecord, r.LeafFill, r.Leaves, r.InnerNodes, r.NodeSize, r.ArenaBytesPerRecord)
+		case "insert", "put":
+			if r.LeafSplitsPerKInserts != nil {
+				fmt.Fprintf(w, "%s x%d: %.1f leaf splits per k inserts, %d tablet splits, messages per group %v\n", r.Op, r.Threads, *r.LeafSplitsPerKInserts, *r.TabletSplits, r.GroupMessages)
+			}
 		}
 	}
 }

@@ -10,8 +10,9 @@ import (
 
 // TestBTreeQuickJSON runs kvbench btree with tiny counts (2000 records,
 // measurements of 1 ms, 40 cold lookups) and checks its JSON lines: the
-// rows a run must have (lookup and scan of each consistency at each
-// goroutine count, put at 1 and --put-threads, cold), each naming its op,
+// rows a run must have (memory; lookup and scan of each consistency and
+// mixed at each goroutine count, put and insert at 1 and --put-threads
+// with the replicas' counts, cold), each naming its op,
 // threads, consistency and baseline, with the baseline's ratios present;
 // a warm lookup from one goroutine reads at least one node (from more,
 // read delegation may share a leaf's read: positive), and the cache's hit
@@ -83,14 +84,50 @@ func TestBTreeQuickJSON(t *testing.T) {
 			}
 		}
 	}
+	for _, n := range []int{1, 2} {
+		if r := get(fmt.Sprintf("mixed/stale-ok/%d", n)); r != nil {
+			positive(t, r, "ops_per_s", "baseline_ops_per_s", "ratio_ops", "reads_per_op", "cache_bytes", "cache_ratio")
+			if r["baseline"] != "hash-get-put" || r["insert_pct"] != float64(5) {
+				t.Errorf("row mixed/stale-ok/%d: baseline %v, insert_pct %v; want hash-get-put, 5", n, r["baseline"], r["insert_pct"])
+			}
+			if v, ok := r["hit_rate"].(float64); !ok || v < 0 || v > 1 {
+				t.Errorf("row mixed/stale-ok/%d: hit_rate %v, want in [0, 1]", n, r["hit_rate"])
+			}
+		}
+	}
 	for _, n := range []int{1, 4} {
 		for _, op := range []string{"put", "insert"} {
 			if r := get(fmt.Sprintf("%s//%d", op, n)); r != nil {
-				positive(t, r, "ops_per_s", "p50_ns", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "cost_ops")
+				positive(t, r, "ops_per_s", "p50_ns", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "cost_ops",
+					"writes_per_message", "baseline_writes_per_message")
+				nonNegative(t, r, "baseline_cpu_us_per_op") // CPU in ticks: 0 over 1 ms
 				if r["baseline"] != "hash-put" {
 					t.Errorf("row %s//%d: baseline %v, want hash-put", op, n, r["baseline"])
 				}
+				// What the one group applied meanwhile: at least the row's
+				// writes, in at least one message.
+				msgs, _ := r["group_messages"].([]any)
+				writes, _ := r["group_writes"].([]any)
+				if len(msgs) != 1 || len(writes) != 1 || msgs[0].(float64) < 1 || writes[0].(float64) < msgs[0].(float64) {
+					t.Errorf("row %s//%d: group_messages %v, group_writes %v; want one group's, writes >= messages >= 1", op, n, r["group_messages"], r["group_writes"])
+				}
+				if _, ok := r["leaf_splits_per_k_inserts"].(float64); op == "insert" && !ok {
+					t.Errorf("row insert//%d: no leaf_splits_per_k_inserts", n)
+				}
 			}
+		}
+	}
+	// The ordered part after the load: 2000 keys in nodes that take more
+	// than the raw bytes (headers, free room), leaves partly filled, and
+	// the arena's chunks at least the live nodes.
+	if r := get("memory//0"); r != nil {
+		positive(t, r, "leaves", "node_size", "node_bytes_per_record", "ratio_raw", "leaf_fill", "arena_bytes_per_record")
+		nb, _ := r["node_bytes_per_record"].(float64)
+		ab, _ := r["arena_bytes_per_record"].(float64)
+		fill, _ := r["leaf_fill"].(float64)
+		if r["keys"] != float64(2000) || r["raw_bytes_per_record"] != float64(116) || nb <= 116 || ab < nb || fill > 1 {
+			t.Errorf("memory row: keys %v, raw %v, node bytes %v, arena bytes %v, leaf fill %v; want 2000 keys, 116 raw, node bytes above raw, arena at least node bytes, fill at most 1",
+				r["keys"], r["raw_bytes_per_record"], nb, ab, fill)
 		}
 	}
 	if r := get("cold/linearizable/1"); r != nil {
