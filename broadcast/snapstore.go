@@ -450,6 +450,47 @@ type diskSnapJob struct {
 	done  atomic.Bool
 }
 
+// SnapWork is the disk snapshot work a replica did on its polling
+// goroutine since it started, timed by Config.StatClock (durations zero
+// without one): kvserver's /status attributes a replica's long polls
+// with it.
+type SnapWork struct {
+	Captures   uint64        // FSM captures for disk snapshots
+	Capture    time.Duration // in them: FSM.Snapshot
+	CaptureMax time.Duration
+	Meta       time.Duration // and the meta copied with it (keyed table, units)
+	// Store is the rest: a persisted image handed to the store, the log
+	// dropped below a durable snapshot.
+	Store    time.Duration
+	StoreMax time.Duration
+}
+
+// SnapWork returns the replica's disk snapshot work (polling goroutine).
+func (r *Replica) SnapWork() SnapWork {
+	if r.dur == nil {
+		return SnapWork{}
+	}
+	return r.dur.work
+}
+
+// Delivered is the number of entries delivered to the FSM (polling
+// goroutine; Status().Index without its lock and copy).
+func (r *Replica) Delivered() uint64 { return r.index }
+
+func (r *Replica) statNow() time.Duration {
+	if r.cfg.StatClock == nil {
+		return 0
+	}
+	return r.cfg.StatClock()
+}
+
+// noteStore adds the store work since t0 (statNow) to SnapWork.
+func (d *durable) noteStore(r *Replica, t0 time.Duration) {
+	x := r.statNow() - t0
+	d.work.Store += x
+	d.work.StoreMax = max(d.work.StoreMax, x)
+}
+
 // diskSnapPoll (Sync with Config.Snapshots; end of Poll) moves disk
 // snapshots along: it reaps the store, drops the log below a snapshot
 // that became durable, hands a persisted capture to the store, and
@@ -483,8 +524,10 @@ func (r *Replica) diskSnapPoll() {
 		}
 		r.tracef("node %d: the snapshot at %v (index %d) its diff installed is durable", r.self, ns.at, ns.index)
 	} else if saved {
+		t0 := r.statNow()
 		d.cut = d.snapDrop
 		d.w.DropBefore(d.cut)
+		d.noteStore(r, t0)
 		idx, at, _ := s.Newest()
 		r.tracef("node %d: disk snapshot at %v (index %d) durable; log dropped below seq %d", r.self, at, idx, d.snapDrop)
 	}
@@ -513,9 +556,11 @@ func (r *Replica) diskSnapPoll() {
 			r.tracef("node %d: disk snapshot at %v: %v", r.self, j.at, j.err)
 			return
 		}
+		t0 := r.statNow()
 		if s.SaveImage(j.index, j.at, j.img) {
 			d.snapDrop = j.drop
 		}
+		d.noteStore(r, t0)
 		return
 	}
 	written := d.w.BytesWritten()
@@ -526,15 +571,21 @@ func (r *Replica) diskSnapPoll() {
 		return
 	}
 	d.snapBytes = written
+	t0 := r.statNow()
 	capture, err := r.fsm.Snapshot()
 	if err != nil {
 		r.tracef("node %d: disk snapshot: %v", r.self, err)
 		return
 	}
+	t1 := r.statNow()
+	d.work.Captures++
+	d.work.Capture += t1 - t0
+	d.work.CaptureMax = max(d.work.CaptureMax, t1-t0)
 	// The log below the first unit above the commit point is covered.
 	j := &diskSnapJob{at: r.committed, index: r.index, drop: d.cutUnits(r.committed)}
 	d.snapJob = j
 	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
+	d.work.Meta += r.statNow() - t1
 	members, member, now := r.cfg.Members, s.member, r.now
 	r.tracef("node %d captures a disk snapshot at %v (index %d, %d bytes)", r.self, j.at, j.index, capture.Size())
 	r.runPersist(func() {

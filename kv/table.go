@@ -171,8 +171,10 @@ type Table struct {
 	knobs    testingKnobs // planted bugs, tests only (knobs.go)
 	mres     []byte
 	restores int
-	// snapMaxNs: the longest Snapshot call (Stats.SnapshotMaxNs).
+	// snapMaxNs: the longest Snapshot call (Stats.SnapshotMaxNs);
+	// snapWork: every call's time (SnapshotWork).
 	snapMaxNs int64
+	snapWork  SnapshotWork
 	// slotWalks counts eachSlot's walks of the index (tests: a capture
 	// walks none on the polling goroutine).
 	slotWalks int
@@ -1092,16 +1094,33 @@ func walkSlots(cur, old []byte, f func(Slot)) {
 	walk(cur, false)
 }
 
+// SnapshotWork is the time Snapshot spent on the polling goroutine since
+// the table was made (TableConfig.Clock, ns), in all and in its two parts
+// that grow with the state: the copy of the index and the ordered part's
+// capture.
+type SnapshotWork struct {
+	Total, Index, Ordered int64
+}
+
+// SnapshotWork returns the captures' time (polling goroutine).
+func (t *Table) SnapshotWork() SnapshotWork { return t.snapWork }
+
 // Snapshot captures the table's records (broadcast.FSM).
 func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 	start := t.cfg.Clock()
-	defer func() { t.snapMaxNs = max(t.snapMaxNs, t.cfg.Clock()-start) }()
+	defer func() {
+		d := t.cfg.Clock() - start
+		t.snapMaxNs = max(t.snapMaxNs, d)
+		t.snapWork.Total += d
+	}()
 	c := &capture{t: t, count: t.count, size: 32 + t.liveBytes, applied: t.applied, log: t.cur.log,
 		mems: append([][]byte(nil), t.heap.mems...), epoch: t.heapEpoch.Load()}
 	c.cur = bytes.Clone(t.cur.index())
 	if t.old != nil {
 		c.old = bytes.Clone(t.old.index())
 	}
+	mid := t.cfg.Clock()
+	t.snapWork.Index += mid - start
 	clients := make([]uint32, 0, len(t.stages))
 	for k := range t.stages {
 		clients = append(clients, k)
@@ -1115,7 +1134,9 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 		}
 	}
 	if t.cfg.Ordered != nil {
+		o := t.cfg.Clock()
 		c.ordered = t.cfg.Ordered.Snapshot()
+		t.snapWork.Ordered += t.cfg.Clock() - o
 	}
 	c.size += 8 + pad8(len(c.ordered))
 	t.snaps.Add(1)
