@@ -100,8 +100,10 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 		clear(b[used:oldUsed])
 	}
 	le.PutUint64(b[used-checkSize:], xxhash.Sum64(b[:used-checkSize]))
+	t.a.beginWrite(l.n.ID.Slot())
 	copy(l.slot[:hdrSize], b[:hdrSize])
 	copy(l.slot[lo:max(used, oldUsed)], b[lo:max(used, oldUsed)])
+	t.a.endWrite()
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
 	}
@@ -139,6 +141,7 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 			l.setOff(j, l.off(j)+d)
 		}
 		t.seal(&l, l.offsPos+offSize*(i+1), l.n.Count, l.dataEnd+d, stamp)
+		t.pairs += snapPairSize(len(key), len(val)) - snapPairSize(len(key), os-leafEnt-len(key))
 		return true, true
 	}
 	// Insert at i: offsets i.. and entries ..i-1 move by one offset,
@@ -165,6 +168,7 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 	copy(l.b[p+leafEnt+len(key):], val)
 	t.seal(&l, l.offsPos+offSize*i, l.n.Count+1, l.dataEnd+offSize+ns, stamp)
 	t.len++
+	t.pairs += snapPairSize(len(key), len(val))
 	return true, false
 }
 
@@ -198,5 +202,6 @@ func (t *Tree) deleteInPlace(id NodeID, key []byte, root bool, stamp uint64) (ha
 	}
 	t.seal(&l, l.offsPos+offSize*i, l.n.Count-1, l.dataEnd-offSize-os, stamp)
 	t.len--
+	t.pairs -= snapPairSize(len(key), os-leafEnt-len(key))
 	return true, true
 }

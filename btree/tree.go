@@ -72,6 +72,9 @@ type Tree struct {
 	scratch []byte
 	knobs   testingKnobs
 	len     int
+	// pairs is the entries' bytes in a snapshot section (pairSize),
+	// kept by every change: a capture's size without a walk.
+	pairs int
 	// onFree, if set, takes the id of every node the tree unlinks
 	// instead of releasing its slot at once (Store: the grace of
 	// FreeAfter entries before a slot is reused).
@@ -146,7 +149,8 @@ func (t *Tree) load(id NodeID) *image {
 func (t *Tree) write(m *image) {
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
 	t.encode(t.scratch, m)
-	copy(t.a.bytes(m.id.Slot()), t.scratch)
+	copy(t.a.beginWrite(m.id.Slot()), t.scratch)
+	t.a.endWrite()
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
 	}
@@ -210,12 +214,14 @@ func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err er
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if found {
+		t.pairs += snapPairSize(len(key), len(val)) - snapPairSize(len(key), len(leaf.vals[i]))
 		leaf.vals[i], leaf.vers[i] = val, version
 	} else {
 		leaf.keys = slices.Insert(leaf.keys, i, key)
 		leaf.vals = slices.Insert(leaf.vals, i, val)
 		leaf.vers = slices.Insert(leaf.vers, i, version)
 		t.len++
+		t.pairs += snapPairSize(len(key), len(val))
 	}
 	leaf.stamp = stamp
 	t.store(leaf, path, stamp)
@@ -321,6 +327,7 @@ func (t *Tree) Delete(key []byte, stamp uint64) bool {
 		return false
 	}
 	t.len--
+	t.pairs -= snapPairSize(len(key), len(leaf.vals[i]))
 	leaf.keys = slices.Delete(leaf.keys, i, i+1)
 	leaf.vals = slices.Delete(leaf.vals, i, i+1)
 	leaf.vers = slices.Delete(leaf.vers, i, i+1)

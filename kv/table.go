@@ -1033,9 +1033,10 @@ func (t *Table) migrateBucket(b int) {
 //	          [client u32][0 u32][inc u64][stage u64][total u64][have u64][bytes, padded to 8]
 //	          [ordered u64][the ordered part's section (btree/snapshot.go), padded to 8]
 //
-// ordered is the section's length (0: no ordered part). The section is
-// copied at capture, on the polling goroutine (one copy of each ordered
-// record: Ordered.Snapshot). Version 2 added it; a version 1 snapshot
+// ordered is the section's length (0: no ordered part). Its capture
+// copies only the part's metadata on the polling goroutine; Persist walks
+// the part's tree, whose writer keeps the nodes' images at capture for
+// it (Ordered.CaptureSection, btree/capture.go). Version 2 added it; a version 1 snapshot
 // (no ordered length: what a replica of the previous release serves during
 // a rolling upgrade) restores as one with no ordered part.
 const (
@@ -1053,9 +1054,9 @@ type capture struct {
 	applied  uint64
 	log      int
 	mems     [][]byte
-	stages   []stage // copies
-	ordered  []byte  // the ordered part's section
-	epoch    uint64  // Table.heapEpoch at capture
+	stages   []stage        // copies
+	ordered  OrderedCapture // the ordered part's (nil: none)
+	epoch    uint64         // Table.heapEpoch at capture
 	done     atomic.Bool
 }
 
@@ -1133,22 +1134,31 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 			c.size += 40 + pad8(len(st.buf))
 		}
 	}
+	c.size += 8
 	if t.cfg.Ordered != nil {
 		o := t.cfg.Clock()
-		c.ordered = t.cfg.Ordered.Snapshot()
+		c.ordered = t.cfg.Ordered.CaptureSection()
 		t.snapWork.Ordered += t.cfg.Clock() - o
+		c.size += pad8(c.ordered.Size())
 	}
-	c.size += 8 + pad8(len(c.ordered))
 	t.snaps.Add(1)
 	return c, nil
 }
 
 func (c *capture) Size() int { return c.size }
 
+// orderedSize is the ordered section's length (0: none).
+func (c *capture) orderedSize() int {
+	if c.ordered == nil {
+		return 0
+	}
+	return c.ordered.Size()
+}
+
 // tail is the size of what follows the records: the staged requests and
 // the ordered section.
 func (c *capture) tail() int {
-	n := 8 + 8 + pad8(len(c.ordered))
+	n := 8 + 8 + pad8(c.orderedSize())
 	for _, st := range c.stages {
 		n += 40 + pad8(len(st.buf))
 	}
@@ -1197,9 +1207,14 @@ func (c *capture) Persist(dst []byte) error {
 		clear(dst[p+n : p+pad8(n)])
 		p += pad8(n)
 	}
-	binary.LittleEndian.PutUint64(dst[p:], uint64(len(c.ordered)))
+	n := c.orderedSize()
+	binary.LittleEndian.PutUint64(dst[p:], uint64(n))
 	p += 8
-	n := copy(dst[p:], c.ordered)
+	if c.ordered != nil {
+		if err := c.ordered.Persist(dst[p : p+n]); err != nil {
+			return err
+		}
+	}
 	clear(dst[p+n : p+pad8(n)])
 	if c.t.heapEpoch.Load() != c.epoch {
 		return errors.New("kv: the table was restored while the snapshot was being copied")
@@ -1210,6 +1225,9 @@ func (c *capture) Persist(dst []byte) error {
 func (c *capture) Release() {
 	if c.done.CompareAndSwap(false, true) {
 		c.t.snaps.Add(-1)
+		if c.ordered != nil {
+			c.ordered.Release()
+		}
 	}
 }
 
