@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -69,8 +70,27 @@ func pad8(n int) int { return (n + 7) &^ 7 }
 
 // encodeSnapFile lays out the whole file image.
 func encodeSnapFile(index uint64, at MsgHdr, member uint64, created time.Duration, meta, state []byte) []byte {
-	ml, sl := pad8(len(meta)), pad8(len(state))
-	b := make([]byte, snapHdrSize+ml+sl+snapTrlSize)
+	b, st := snapImage(len(meta), len(state))
+	copy(st, state)
+	sealSnapImage(b, len(state), index, at, member, created, meta)
+	return b
+}
+
+// snapImage allocates a file image for a meta of metaLen bytes and a
+// state of stateLen, and returns it with its state's bytes: a capture
+// persists straight into them (no copy of the state into the image).
+func snapImage(metaLen, stateLen int) (img, state []byte) {
+	ml := pad8(metaLen)
+	img = make([]byte, snapHdrSize+ml+pad8(stateLen)+snapTrlSize)
+	return img, img[snapHdrSize+ml : snapHdrSize+ml+stateLen]
+}
+
+// sealSnapImage writes the header, the meta and the trailer of an image
+// snapImage made for meta and a state of stateLen bytes, once the state
+// is written.
+func sealSnapImage(b []byte, stateLen int, index uint64, at MsgHdr, member uint64, created time.Duration, meta []byte) {
+	ml := pad8(len(meta))
+	state := b[snapHdrSize+ml : snapHdrSize+ml+stateLen]
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], snapMagic)
 	le.PutUint16(b[4:], snapVersion)
@@ -83,12 +103,10 @@ func encodeSnapFile(index uint64, at MsgHdr, member uint64, created time.Duratio
 	le.PutUint64(b[56:], uint64(created))
 	le.PutUint32(b[64:], crc32.Checksum(b[:64], snapCRC))
 	copy(b[snapHdrSize:], meta)
-	copy(b[snapHdrSize+ml:], state)
 	t := b[len(b)-snapTrlSize:]
 	le.PutUint64(t[0:], snapHash(meta, state))
 	le.PutUint32(t[8:], snapEndMagic)
 	le.PutUint32(t[12:], crc32.Checksum(t[:12], snapCRC))
-	return b
 }
 
 func snapHash(meta, state []byte) uint64 {
@@ -98,6 +116,7 @@ func snapHash(meta, state []byte) uint64 {
 			n := min(len(p), 1<<20)
 			d.Write(p[:n])
 			p = p[n:]
+			runtime.Gosched()
 		}
 	}
 	return d.Sum64()
@@ -590,13 +609,17 @@ func (r *Replica) diskSnapPoll() {
 	r.tracef("node %d captures a disk snapshot at %v (index %d, %d bytes)", r.self, j.at, j.index, capture.Size())
 	r.runPersist(func() {
 		defer capture.Release()
-		buf := make([]byte, capture.Size())
+		// The capture persists straight into the file image: the meta's
+		// length does not depend on the state's size and check word,
+		// which it records.
+		img, buf := snapImage(len(encodeSnapMeta(members, meta)), capture.Size())
 		if err := capture.Persist(buf); err != nil {
 			j.err = err
 		} else {
 			meta.size = uint64(len(buf))
 			meta.stateCheck = hashChunked(buf)
-			j.img = encodeSnapFile(j.index, j.at, member, now, encodeSnapMeta(members, meta), buf)
+			sealSnapImage(img, len(buf), j.index, j.at, member, now, encodeSnapMeta(members, meta))
+			j.img = img
 		}
 		j.done.Store(true)
 		r.node.Doorbell().Ring()

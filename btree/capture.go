@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -95,6 +96,7 @@ type Capture struct {
 	keys    int      // the tree's keys
 	size    int      // the section's bytes
 	persist atomic.Bool
+	reads   int // Persist's node reads
 	knobs   testingKnobs
 }
 
@@ -138,8 +140,13 @@ func (c *Capture) Release() {
 // errCaptureBroken: a restore replaced the tree while it was persisted.
 var errCaptureBroken = errors.New("btree: the store was restored while its snapshot was being written")
 
-// read copies node id's image at capture into dst.
+// read copies node id's image at capture into dst. Every 64 reads it
+// yields its processor: Persist runs beside the pollers, which must not
+// wait for it for a scheduler time slice when they are runnable.
 func (c *Capture) read(id NodeID, dst []byte) (Node, error) {
+	if c.reads++; c.reads%64 == 0 {
+		runtime.Gosched()
+	}
 	k := c.cow
 	s := id.Slot()
 	if s == 0 || s >= k.limit || int(s)/c.per >= len(c.chunks) {

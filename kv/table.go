@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -183,7 +184,12 @@ type Table struct {
 	// there); nil in production.
 	yield func()
 
-	snaps     atomic.Int32  // captures not yet released
+	snaps atomic.Int32 // captures not yet released
+	// spare is the index copy of a released capture, which the next
+	// capture reuses if it is large enough: its pages are mapped
+	// already (a fresh buffer's page faults were much of a capture's
+	// time: issue 19). The cost is one index-sized buffer per table.
+	spare     atomic.Pointer[[]byte]
 	heapEpoch atomic.Uint64 // counts restores: a capture that saw it change is void
 	stages    map[uint32][]*stage
 	ops       []Op
@@ -1047,8 +1053,10 @@ const (
 type capture struct {
 	t *Table
 	// cur and old: copies of the index generations' memory (old: nil, or
-	// the generation being migrated from, with its moved bits).
+	// the generation being migrated from, with its moved bits), both in
+	// buf (Table.spare's when it was large enough).
 	cur, old []byte
+	buf      []byte
 	count    int // live records
 	size     int
 	applied  uint64
@@ -1116,9 +1124,23 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 	}()
 	c := &capture{t: t, count: t.count, size: 32 + t.liveBytes, applied: t.applied, log: t.cur.log,
 		mems: append([][]byte(nil), t.heap.mems...), epoch: t.heapEpoch.Load()}
-	c.cur = bytes.Clone(t.cur.index())
+	cur, old := t.cur.index(), []byte(nil)
 	if t.old != nil {
-		c.old = bytes.Clone(t.old.index())
+		old = t.old.index()
+	}
+	n := len(cur) + len(old)
+	p := t.spare.Swap(nil)
+	if t.knobs.shareSpare && p != nil {
+		t.spare.Store(p) // planted: left for the next capture too
+	}
+	if p != nil && cap(*p) >= n {
+		c.buf = (*p)[:n]
+	} else {
+		c.buf = make([]byte, n)
+	}
+	c.cur = c.buf[:copy(c.buf, cur)]
+	if old != nil {
+		c.old = c.buf[len(cur) : len(cur)+copy(c.buf[len(cur):], old)]
 	}
 	mid := t.cfg.Clock()
 	t.snapWork.Index += mid - start
@@ -1146,6 +1168,11 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 }
 
 func (c *capture) Size() int { return c.size }
+
+// persistYield is how many records Persist copies between two yields of
+// its processor: it runs beside the pollers, which must not wait for it
+// for a scheduler time slice (10 ms) when they are runnable (issue 19).
+const persistYield = 4096
 
 // orderedSize is the ordered section's length (0: none).
 func (c *capture) orderedSize() int {
@@ -1184,6 +1211,9 @@ func (c *capture) Persist(dst []byte) error {
 	walkSlots(cur, old, func(s Slot) {
 		b := c.mems[s.Heap][s.Off:]
 		size := recordInfo(b).Size()
+		if recs%persistYield == persistYield-1 {
+			runtime.Gosched() // pollers waiting for a processor go first
+		}
 		if recs++; p+size <= end {
 			copy(dst[p:], b[:size])
 		}
@@ -1224,10 +1254,15 @@ func (c *capture) Persist(dst []byte) error {
 
 func (c *capture) Release() {
 	if c.done.CompareAndSwap(false, true) {
-		c.t.snaps.Add(-1)
 		if c.ordered != nil {
 			c.ordered.Release()
 		}
+		// The index copy is the next capture's (Persist is over: a
+		// capture is released after its last Persist).
+		buf := c.buf
+		c.cur, c.old, c.buf = nil, nil, nil
+		c.t.spare.Store(&buf)
+		c.t.snaps.Add(-1)
 	}
 }
 
