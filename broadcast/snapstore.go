@@ -478,6 +478,9 @@ type SnapWork struct {
 	Capture    time.Duration // in them: FSM.Snapshot
 	CaptureMax time.Duration
 	Meta       time.Duration // and the meta copied with it (keyed table, units)
+	// CaptureCPU is the polling thread's CPU time in the captures (by
+	// Config.StatCPUClock), CaptureCPUMax the largest.
+	CaptureCPU, CaptureCPUMax time.Duration
 	// Store is the rest: a persisted image handed to the store, the log
 	// dropped below a durable snapshot.
 	Store    time.Duration
@@ -590,6 +593,10 @@ func (r *Replica) diskSnapPoll() {
 		return
 	}
 	d.snapBytes = written
+	var cpu0 time.Duration
+	if r.cfg.StatCPUClock != nil {
+		cpu0 = r.cfg.StatCPUClock()
+	}
 	t0 := r.statNow()
 	capture, err := r.fsm.Snapshot()
 	if err != nil {
@@ -597,6 +604,13 @@ func (r *Replica) diskSnapPoll() {
 		return
 	}
 	t1 := r.statNow()
+	if r.cfg.StatCPUClock != nil {
+		// A goroutine moved to another thread mid-capture reads
+		// another thread's clock: clamped, never negative.
+		x := max(r.cfg.StatCPUClock()-cpu0, 0)
+		d.work.CaptureCPU += x
+		d.work.CaptureCPUMax = max(d.work.CaptureCPUMax, x)
+	}
 	d.work.Captures++
 	d.work.Capture += t1 - t0
 	d.work.CaptureMax = max(d.work.CaptureMax, t1-t0)

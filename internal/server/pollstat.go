@@ -27,9 +27,12 @@ type PollDetail struct {
 	// it (the keyed table).
 	CaptureUs float64 `json:"capture_us"`
 	MetaUs    float64 `json:"meta_us"`
-	TableUs   float64 `json:"table_us"`
-	IndexUs   float64 `json:"index_us"`
-	OrderedUs float64 `json:"ordered_us"`
+	// CaptureCPUUs is the polling thread's CPU time in the capture: its
+	// own work, without the time it waited for a processor.
+	CaptureCPUUs float64 `json:"capture_cpu_us"`
+	TableUs      float64 `json:"table_us"`
+	IndexUs      float64 `json:"index_us"`
+	OrderedUs    float64 `json:"ordered_us"`
 	// StoreUs: a persisted snapshot handed to the store, the log dropped
 	// below a durable one.
 	StoreUs float64 `json:"snap_store_us"`
@@ -38,7 +41,7 @@ type PollDetail struct {
 // pollMark is the counters pollStats reads around a Poll.
 type pollMark struct {
 	delivered, walSeq, captures uint64
-	capture, meta, store        time.Duration
+	capture, meta, store, cpu   time.Duration
 	table, index, ordered       int64
 }
 
@@ -53,7 +56,7 @@ type pollStats struct {
 func (p *Replica) mark() pollMark {
 	b := p.r.Multicast().Broadcast()
 	sw, kw := b.SnapWork(), p.r.Table().SnapshotWork()
-	m := pollMark{delivered: b.Delivered(), captures: sw.Captures, capture: sw.Capture, meta: sw.Meta, store: sw.Store,
+	m := pollMark{delivered: b.Delivered(), captures: sw.Captures, capture: sw.Capture, meta: sw.Meta, store: sw.Store, cpu: sw.CaptureCPU,
 		table: kw.Total, index: kw.Index, ordered: kw.Ordered}
 	if p.dur != nil {
 		m.walSeq = p.dur.WAL.NextSeq()
@@ -76,7 +79,7 @@ func (s *pollStats) note(now, d time.Duration, a, b pollMark) {
 		return
 	}
 	det := PollDetail{Us: x, Applied: b.delivered - a.delivered, WALRecords: b.walSeq - a.walSeq,
-		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), StoreUs: us(b.store - a.store),
+		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), CaptureCPUUs: us(b.cpu - a.cpu), StoreUs: us(b.store - a.store),
 		TableUs: us(time.Duration(b.table - a.table)), IndexUs: us(time.Duration(b.index - a.index)),
 		OrderedUs: us(time.Duration(b.ordered - a.ordered))}
 	if x > s.cur.Us {

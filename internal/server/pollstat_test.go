@@ -59,3 +59,15 @@ func TestHistMaxUs(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 }
+
+// TestThreadCPU: the thread's CPU clock moves with work on it.
+func TestThreadCPU(t *testing.T) {
+	a := threadCPU()
+	x := 0
+	for i := range 50_000_000 {
+		x += i
+	}
+	if b := threadCPU(); b <= a || x == 0 {
+		t.Fatalf("thread CPU %v then %v", a, b)
+	}
+}
