@@ -3,6 +3,8 @@ package server
 import (
 	"time"
 
+	"github.com/rdmakv/rdmakv/broadcast"
+
 	"github.com/rdmakv/rdmakv/poller"
 )
 
@@ -36,13 +38,34 @@ type PollDetail struct {
 	// StoreUs: a persisted snapshot handed to the store, the log dropped
 	// below a durable one.
 	StoreUs float64 `json:"snap_store_us"`
+	// StableSaves: saves of the stable state (a vote, a new epoch
+	// followed: each a write and two fsyncs, on the polling goroutine),
+	// StableUs their time.
+	StableSaves uint64  `json:"stable_saves"`
+	StableUs    float64 `json:"stable_us"`
+}
+
+// timedStable counts a replica's stable saves and their time (Save runs
+// on the polling goroutine).
+type timedStable struct {
+	broadcast.Stable
+	saves uint64
+	took  time.Duration
+}
+
+func (s *timedStable) Save(st broadcast.StableState) error {
+	t0 := time.Now()
+	err := s.Stable.Save(st)
+	s.saves++
+	s.took += time.Since(t0)
+	return err
 }
 
 // pollMark is the counters pollStats reads around a Poll.
 type pollMark struct {
-	delivered, walSeq, captures uint64
-	capture, meta, store, cpu   time.Duration
-	table, index, ordered       int64
+	delivered, walSeq, captures, saves uint64
+	capture, meta, store, cpu, stable  time.Duration
+	table, index, ordered              int64
 }
 
 // pollStats keeps a replica's longest Poll since the start and in the
@@ -60,6 +83,9 @@ func (p *Replica) mark() pollMark {
 		table: kw.Total, index: kw.Index, ordered: kw.Ordered}
 	if p.dur != nil {
 		m.walSeq = p.dur.WAL.NextSeq()
+	}
+	if p.stable != nil {
+		m.saves, m.stable = p.stable.saves, p.stable.took
 	}
 	return m
 }
@@ -79,7 +105,7 @@ func (s *pollStats) note(now, d time.Duration, a, b pollMark) {
 		return
 	}
 	det := PollDetail{Us: x, Applied: b.delivered - a.delivered, WALRecords: b.walSeq - a.walSeq,
-		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), CaptureCPUUs: us(b.cpu - a.cpu), StoreUs: us(b.store - a.store),
+		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), CaptureCPUUs: us(b.cpu - a.cpu), StableSaves: b.saves - a.saves, StableUs: us(b.stable - a.stable), StoreUs: us(b.store - a.store),
 		TableUs: us(time.Duration(b.table - a.table)), IndexUs: us(time.Duration(b.index - a.index)),
 		OrderedUs: us(time.Duration(b.ordered - a.ordered))}
 	if x > s.cur.Us {

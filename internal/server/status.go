@@ -47,7 +47,8 @@ type Replica struct {
 	// pendingBackup: markers whose capture the lateGroup knob put off
 	// (polling goroutine).
 	pendingBackup []kv.BackupMarker
-	polls         pollStats // polling goroutine
+	polls         pollStats    // polling goroutine
+	stable        *timedStable // nil: not counted
 
 	mu   sync.Mutex
 	h    *poller.Handle // SetHandle: runs commands on the replica's poller
