@@ -82,6 +82,9 @@ type durable struct {
 	// flushedFor (Async) is the append time of the oldest unsynced
 	// record when walPoll last flushed the writer for it.
 	flushedFor time.Duration
+	// work: the snapshot work diskSnapPoll did on the polling goroutine
+	// (Config.StatClock; SnapWork).
+	work SnapWork
 }
 
 // netSnapSave is a network snapshot being saved as a disk snapshot.

@@ -3,6 +3,7 @@ package broadcast
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -175,6 +176,7 @@ func hashChunked(b []byte) uint64 {
 		n := min(len(b), 1<<20)
 		d.Write(b[:n])
 		b = b[n:]
+		runtime.Gosched() // runnable pollers go first (off Poll only)
 	}
 	return d.Sum64()
 }

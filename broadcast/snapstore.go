@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -69,8 +70,27 @@ func pad8(n int) int { return (n + 7) &^ 7 }
 
 // encodeSnapFile lays out the whole file image.
 func encodeSnapFile(index uint64, at MsgHdr, member uint64, created time.Duration, meta, state []byte) []byte {
-	ml, sl := pad8(len(meta)), pad8(len(state))
-	b := make([]byte, snapHdrSize+ml+sl+snapTrlSize)
+	b, st := snapImage(len(meta), len(state))
+	copy(st, state)
+	sealSnapImage(b, len(state), index, at, member, created, meta)
+	return b
+}
+
+// snapImage allocates a file image for a meta of metaLen bytes and a
+// state of stateLen, and returns it with its state's bytes: a capture
+// persists straight into them (no copy of the state into the image).
+func snapImage(metaLen, stateLen int) (img, state []byte) {
+	ml := pad8(metaLen)
+	img = make([]byte, snapHdrSize+ml+pad8(stateLen)+snapTrlSize)
+	return img, img[snapHdrSize+ml : snapHdrSize+ml+stateLen]
+}
+
+// sealSnapImage writes the header, the meta and the trailer of an image
+// snapImage made for meta and a state of stateLen bytes, once the state
+// is written.
+func sealSnapImage(b []byte, stateLen int, index uint64, at MsgHdr, member uint64, created time.Duration, meta []byte) {
+	ml := pad8(len(meta))
+	state := b[snapHdrSize+ml : snapHdrSize+ml+stateLen]
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], snapMagic)
 	le.PutUint16(b[4:], snapVersion)
@@ -83,12 +103,10 @@ func encodeSnapFile(index uint64, at MsgHdr, member uint64, created time.Duratio
 	le.PutUint64(b[56:], uint64(created))
 	le.PutUint32(b[64:], crc32.Checksum(b[:64], snapCRC))
 	copy(b[snapHdrSize:], meta)
-	copy(b[snapHdrSize+ml:], state)
 	t := b[len(b)-snapTrlSize:]
 	le.PutUint64(t[0:], snapHash(meta, state))
 	le.PutUint32(t[8:], snapEndMagic)
 	le.PutUint32(t[12:], crc32.Checksum(t[:12], snapCRC))
-	return b
 }
 
 func snapHash(meta, state []byte) uint64 {
@@ -98,6 +116,7 @@ func snapHash(meta, state []byte) uint64 {
 			n := min(len(p), 1<<20)
 			d.Write(p[:n])
 			p = p[n:]
+			runtime.Gosched()
 		}
 	}
 	return d.Sum64()
@@ -450,6 +469,50 @@ type diskSnapJob struct {
 	done  atomic.Bool
 }
 
+// SnapWork is the disk snapshot work a replica did on its polling
+// goroutine since it started, timed by Config.StatClock (durations zero
+// without one): kvserver's /status attributes a replica's long polls
+// with it.
+type SnapWork struct {
+	Captures   uint64        // FSM captures for disk snapshots
+	Capture    time.Duration // in them: FSM.Snapshot
+	CaptureMax time.Duration
+	Meta       time.Duration // and the meta copied with it (keyed table, units)
+	// CaptureCPU is the polling thread's CPU time in the captures (by
+	// Config.StatCPUClock), CaptureCPUMax the largest.
+	CaptureCPU, CaptureCPUMax time.Duration
+	// Store is the rest: a persisted image handed to the store, the log
+	// dropped below a durable snapshot.
+	Store    time.Duration
+	StoreMax time.Duration
+}
+
+// SnapWork returns the replica's disk snapshot work (polling goroutine).
+func (r *Replica) SnapWork() SnapWork {
+	if r.dur == nil {
+		return SnapWork{}
+	}
+	return r.dur.work
+}
+
+// Delivered is the number of entries delivered to the FSM (polling
+// goroutine; Status().Index without its lock and copy).
+func (r *Replica) Delivered() uint64 { return r.index }
+
+func (r *Replica) statNow() time.Duration {
+	if r.cfg.StatClock == nil {
+		return 0
+	}
+	return r.cfg.StatClock()
+}
+
+// noteStore adds the store work since t0 (statNow) to SnapWork.
+func (d *durable) noteStore(r *Replica, t0 time.Duration) {
+	x := r.statNow() - t0
+	d.work.Store += x
+	d.work.StoreMax = max(d.work.StoreMax, x)
+}
+
 // diskSnapPoll (Sync with Config.Snapshots; end of Poll) moves disk
 // snapshots along: it reaps the store, drops the log below a snapshot
 // that became durable, hands a persisted capture to the store, and
@@ -483,8 +546,10 @@ func (r *Replica) diskSnapPoll() {
 		}
 		r.tracef("node %d: the snapshot at %v (index %d) its diff installed is durable", r.self, ns.at, ns.index)
 	} else if saved {
+		t0 := r.statNow()
 		d.cut = d.snapDrop
 		d.w.DropBefore(d.cut)
+		d.noteStore(r, t0)
 		idx, at, _ := s.Newest()
 		r.tracef("node %d: disk snapshot at %v (index %d) durable; log dropped below seq %d", r.self, at, idx, d.snapDrop)
 	}
@@ -513,9 +578,11 @@ func (r *Replica) diskSnapPoll() {
 			r.tracef("node %d: disk snapshot at %v: %v", r.self, j.at, j.err)
 			return
 		}
+		t0 := r.statNow()
 		if s.SaveImage(j.index, j.at, j.img) {
 			d.snapDrop = j.drop
 		}
+		d.noteStore(r, t0)
 		return
 	}
 	written := d.w.BytesWritten()
@@ -526,26 +593,47 @@ func (r *Replica) diskSnapPoll() {
 		return
 	}
 	d.snapBytes = written
+	var cpu0 time.Duration
+	if r.cfg.StatCPUClock != nil {
+		cpu0 = r.cfg.StatCPUClock()
+	}
+	t0 := r.statNow()
 	capture, err := r.fsm.Snapshot()
 	if err != nil {
 		r.tracef("node %d: disk snapshot: %v", r.self, err)
 		return
 	}
+	t1 := r.statNow()
+	if r.cfg.StatCPUClock != nil {
+		// A goroutine moved to another thread mid-capture reads
+		// another thread's clock: clamped, never negative.
+		x := max(r.cfg.StatCPUClock()-cpu0, 0)
+		d.work.CaptureCPU += x
+		d.work.CaptureCPUMax = max(d.work.CaptureCPUMax, x)
+	}
+	d.work.Captures++
+	d.work.Capture += t1 - t0
+	d.work.CaptureMax = max(d.work.CaptureMax, t1-t0)
 	// The log below the first unit above the commit point is covered.
 	j := &diskSnapJob{at: r.committed, index: r.index, drop: d.cutUnits(r.committed)}
 	d.snapJob = j
 	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
+	d.work.Meta += r.statNow() - t1
 	members, member, now := r.cfg.Members, s.member, r.now
 	r.tracef("node %d captures a disk snapshot at %v (index %d, %d bytes)", r.self, j.at, j.index, capture.Size())
 	r.runPersist(func() {
 		defer capture.Release()
-		buf := make([]byte, capture.Size())
+		// The capture persists straight into the file image: the meta's
+		// length does not depend on the state's size and check word,
+		// which it records.
+		img, buf := snapImage(len(encodeSnapMeta(members, meta)), capture.Size())
 		if err := capture.Persist(buf); err != nil {
 			j.err = err
 		} else {
 			meta.size = uint64(len(buf))
 			meta.stateCheck = hashChunked(buf)
-			j.img = encodeSnapFile(j.index, j.at, member, now, encodeSnapMeta(members, meta), buf)
+			sealSnapImage(img, len(buf), j.index, j.at, member, now, encodeSnapMeta(members, meta))
+			j.img = img
 		}
 		j.done.Store(true)
 		r.node.Doorbell().Ring()

@@ -299,6 +299,15 @@ type Config struct {
 	// SnapshotLogBytes is how much log (bytes of synced batches) triggers
 	// a disk snapshot; 64 MiB if zero.
 	SnapshotLogBytes int64
+	// StatClock, if set, times the disk snapshot work done in Poll
+	// (SnapWork) for the operator's figures; nothing the protocol
+	// decides reads it (the simulator leaves it nil).
+	StatClock func() time.Duration
+	// StatCPUClock, if set, is the polling thread's CPU time, read
+	// around each disk snapshot capture (SnapWork.CaptureCPU): the
+	// capture's own work, without the time the thread waited for a
+	// processor. Operator's figures only, like StatClock.
+	StatCPUClock func() time.Duration
 }
 
 // Durability says what a replica keeps on disk (Config.Durability).

@@ -22,6 +22,8 @@ type Arena struct {
 	grow   func(n int) ([]byte, error)
 	// limit bounds the chunks (0: no bound); room counts against it.
 	limit int
+	// cows are the snapshot captures being persisted (capture.go).
+	cows []*cow
 }
 
 // NewArena returns an arena of nodeSize-byte slots, chunkSlots slots per
@@ -96,6 +98,7 @@ func (a *Arena) room() int {
 // from before names a node after), and hands slots out again from 1 up:
 // what a restore does before it bulk-loads a tree. The chunks stay.
 func (a *Arena) reset() {
+	a.breakCaptures()
 	a.free = a.free[:0]
 	for s := a.n - 1; s >= 1; s-- {
 		a.inc[s]++

@@ -123,5 +123,8 @@ func Load(cfg Config, a *Arena, ents []KVV, fill float64, stamp uint64) (*Tree, 
 	}
 	t.root = levels[len(levels)-1][0].id
 	t.len = len(ents)
+	for _, e := range ents {
+		t.pairs += snapPairSize(len(e.Key), len(e.Value))
+	}
 	return t, nil
 }

@@ -32,7 +32,7 @@ func (t *Tree) Check() error {
 		return fmt.Errorf("root %v: fences [%q, inf=%v) links %v/%v", root.ID, root.Low, root.HighInf, root.Prev, root.Next)
 	}
 	level := []Node{root}
-	keys := 0
+	keys, pairs := 0, 0
 	for {
 		// The expected next level: the children of this one, in order,
 		// with the fences the parents give them.
@@ -62,6 +62,10 @@ func (t *Tree) Check() error {
 		if level[0].Leaf {
 			for _, n := range level {
 				keys += n.Count
+				it := n.Entries()
+				for e, ok := it.next(); ok; e, ok = it.next() {
+					pairs += snapPairSize(len(e.Key), len(e.Value))
+				}
 			}
 			break
 		}
@@ -102,6 +106,9 @@ func (t *Tree) Check() error {
 	}
 	if keys != t.len {
 		return fmt.Errorf("%d keys in leaves, Len %d", keys, t.len)
+	}
+	if pairs != t.pairs {
+		return fmt.Errorf("%d snapshot bytes of entries in leaves, counted %d", pairs, t.pairs)
 	}
 	return nil
 }

@@ -170,8 +170,10 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 	}
 	le.PutUint64(b[used-checkSize:], xxhash.Sum64(b[:used-checkSize]))
 	t.account(l.slot, l.n.ID, -1)
+	t.a.beginWrite(l.n.ID.Slot())
 	copy(l.slot[:hdrSize], b[:hdrSize])
 	copy(l.slot[lo:max(used, oldUsed)], b[lo:max(used, oldUsed)])
+	t.a.endWrite()
 	t.account(l.slot, l.n.ID, 1)
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
@@ -210,6 +212,7 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 			l.setOff(j, l.off(j)+d)
 		}
 		t.seal(&l, l.offsPos+offSize*(i+1), l.n.Count, l.dataEnd+d, stamp)
+		t.pairs += snapPairSize(len(key), len(val)) - snapPairSize(len(key), os-leafEnt-len(key))
 		return true, true
 	}
 	// Insert at i: offsets i.. and entries ..i-1 move by one offset,
@@ -236,6 +239,7 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 	copy(l.b[p+leafEnt+len(key):], val)
 	t.seal(&l, l.offsPos+offSize*i, l.n.Count+1, l.dataEnd+offSize+ns, stamp)
 	t.len++
+	t.pairs += snapPairSize(len(key), len(val))
 	return true, false
 }
 
@@ -269,6 +273,7 @@ func (t *Tree) deleteInPlace(id NodeID, key []byte, root bool, stamp uint64) (ha
 	}
 	t.seal(&l, l.offsPos+offSize*i, l.n.Count-1, l.dataEnd-offSize-os, stamp)
 	t.len--
+	t.pairs -= snapPairSize(len(key), os-leafEnt-len(key))
 	return true, true
 }
 
@@ -341,6 +346,7 @@ func (t *Tree) splitInsert(path []NodeID, key, val []byte, version, stamp uint64
 	}
 	next := l.n.Next // l's bytes are reused by what follows
 	t.len++
+	t.pairs += snapPairSize(len(key), len(val))
 	t.use.LeafSplits++
 	if next != 0 && !t.relinkInPlace(next, rid, stamp) {
 		nb := t.load(next)

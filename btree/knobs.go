@@ -69,6 +69,10 @@ type testingKnobs struct {
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
+	// persistLive: a snapshot capture's Persist reads every node from
+	// the arena, ignoring the images the writer saved for it, so the
+	// section mixes the state at capture with later changes.
+	persistLive bool
 	// shiftMultiResults applies a multi request's ops in a rotated order
 	// and hands op i the result of op i+1 (a replica that mixes up whose
 	// result is whose: each caller learns a neighbour's outcome).
@@ -82,3 +86,7 @@ func PlantSkipOwnerCheck(s *Store) { s.knobs.skipOwnerCheck = true }
 // PlantShiftMultiResults plants the shiftMultiResults bug in s (tests of
 // other packages: the client's combining test).
 func PlantShiftMultiResults(s *Store) { s.knobs.shiftMultiResults = true }
+
+// PlantPersistLive plants the persistLive bug in s (tests of other
+// packages: kv's capture of its ordered part).
+func PlantPersistLive(s *Store) { s.knobs.persistLive = true }

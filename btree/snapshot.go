@@ -23,9 +23,11 @@ const snapMagic = 0x3170_616e_7374_62 // "btsnap1"
 var ErrSnapshot = errors.New("btree: corrupt snapshot section")
 
 // Snapshot returns the store's snapshot section. It copies every entry
-// (the tree changes in place after it returns): a cost on the polling
-// goroutine of one copy of each record's key and value plus 16 bytes,
-// and a walk of the leaves.
+// (the tree changes in place after it returns): a cost of one copy of
+// each record's key and value plus 16 bytes, and a walk of the leaves,
+// on the calling goroutine. Replicas take Capture instead (capture.go),
+// which copies only metadata on the polling goroutine and walks the
+// tree off it; this is the reference its sections are held to.
 func (s *Store) Snapshot() []byte {
 	le := binary.LittleEndian
 	b := make([]byte, 16, 16+s.t.Len()*32)

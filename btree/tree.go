@@ -76,6 +76,9 @@ type Tree struct {
 	img, entBuf []byte
 	knobs       testingKnobs
 	len         int
+	// pairs is the entries' bytes in a snapshot section (pairSize),
+	// kept by every change: a capture's size without a walk.
+	pairs int
 	// onFree, if set, takes the id of every node the tree unlinks
 	// instead of releasing its slot at once (Store: the grace of
 	// FreeAfter entries before a slot is reused).
@@ -197,12 +200,14 @@ func (t *Tree) write(m *image) {
 }
 
 // install copies the sealed image img (NodeSize bytes) of node id into
-// its slot, keeping the usage.
+// its slot (through Arena.beginWrite, for the captures), keeping the
+// usage.
 func (t *Tree) install(id NodeID, img []byte) {
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
 	slot := t.a.bytes(id.Slot())
 	t.account(slot, id, -1)
-	copy(slot, img)
+	copy(t.a.beginWrite(id.Slot()), img)
+	t.a.endWrite()
 	t.account(slot, id, 1)
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
@@ -270,12 +275,14 @@ func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err er
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if found {
+		t.pairs += snapPairSize(len(key), len(val)) - snapPairSize(len(key), len(leaf.vals[i]))
 		leaf.vals[i], leaf.vers[i] = val, version
 	} else {
 		leaf.keys = slices.Insert(leaf.keys, i, key)
 		leaf.vals = slices.Insert(leaf.vals, i, val)
 		leaf.vers = slices.Insert(leaf.vers, i, version)
 		t.len++
+		t.pairs += snapPairSize(len(key), len(val))
 	}
 	leaf.stamp = stamp
 	t.store(leaf, path, stamp)
@@ -428,6 +435,7 @@ func (t *Tree) Delete(key []byte, stamp uint64) bool {
 		return false
 	}
 	t.len--
+	t.pairs -= snapPairSize(len(key), len(leaf.vals[i]))
 	leaf.keys = slices.Delete(leaf.keys, i, i+1)
 	leaf.vals = slices.Delete(leaf.vals, i, i+1)
 	leaf.vers = slices.Delete(leaf.vers, i, i+1)

@@ -70,6 +70,11 @@ type testingKnobs struct {
 	// liveBytes without taking the old one's off, so a capture's Size is
 	// not what Persist writes (TestCaptureIsStateAtCapture).
 	staleLiveBytes bool
+	// shareSpare (table): a capture that reuses a released capture's
+	// index copy leaves it for the next capture too, so two captures
+	// alive at once (a network and a disk snapshot) copy the index into
+	// one buffer.
+	shareSpare bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

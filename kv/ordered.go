@@ -35,12 +35,24 @@ type Ordered interface {
 	// Publish makes the part's header say that every entry up to
 	// applied is applied (its node writes done).
 	Publish(applied uint64)
-	// Snapshot returns the part's snapshot section (a copy).
-	Snapshot() []byte
+	// CaptureSection captures the part's snapshot section at this
+	// point: quick (the polling goroutine waits for it), its Persist
+	// runs later on another goroutine while Apply goes on, and writes
+	// the section of the state at capture.
+	CaptureSection() OrderedCapture
 	// Restore validates a section (nil: empty) and returns the commit
 	// that installs it, called once nothing else of the restore can
 	// fail; b stays unchanged until then.
 	Restore(b []byte) (commit func(applied uint64), err error)
+}
+
+// OrderedCapture is an ordered part's capture (btree.SectionCapture):
+// its section's Size now, Persist (once, any goroutine) later, Release
+// when done.
+type OrderedCapture = interface {
+	Size() int
+	Persist(dst []byte) error
+	Release()
 }
 
 // applyOrdered routes an ordered request, or refuses it as malformed if

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -172,8 +173,10 @@ type Table struct {
 	knobs    testingKnobs // planted bugs, tests only (knobs.go)
 	mres     []byte
 	restores int
-	// snapMaxNs: the longest Snapshot call (Stats.SnapshotMaxNs).
+	// snapMaxNs: the longest Snapshot call (Stats.SnapshotMaxNs);
+	// snapWork: every call's time (SnapshotWork).
 	snapMaxNs int64
+	snapWork  SnapshotWork
 	// slotWalks counts eachSlot's walks of the index (tests: a capture
 	// walks none on the polling goroutine).
 	slotWalks int
@@ -182,7 +185,12 @@ type Table struct {
 	// there); nil in production.
 	yield func()
 
-	snaps     atomic.Int32  // captures not yet released
+	snaps atomic.Int32 // captures not yet released
+	// spare is the index copy of a released capture, which the next
+	// capture reuses if it is large enough: its pages are mapped
+	// already (a fresh buffer's page faults were much of a capture's
+	// time: issue 19). The cost is one index-sized buffer per table.
+	spare     atomic.Pointer[[]byte]
 	heapEpoch atomic.Uint64 // counts restores: a capture that saw it change is void
 	stages    map[uint32][]*stage
 	ops       []Op
@@ -1034,9 +1042,10 @@ func (t *Table) migrateBucket(b int) {
 //	          [client u32][0 u32][inc u64][stage u64][total u64][have u64][bytes, padded to 8]
 //	          [ordered u64][the ordered part's section (btree/snapshot.go), padded to 8]
 //
-// ordered is the section's length (0: no ordered part). The section is
-// copied at capture, on the polling goroutine (one copy of each ordered
-// record: Ordered.Snapshot). Version 2 added it; a version 1 snapshot
+// ordered is the section's length (0: no ordered part). Its capture
+// copies only the part's metadata on the polling goroutine; Persist walks
+// the part's tree, whose writer keeps the nodes' images at capture for
+// it (Ordered.CaptureSection, btree/capture.go). Version 2 added it; a version 1 snapshot
 // (no ordered length: what a replica of the previous release serves during
 // a rolling upgrade) restores as one with no ordered part.
 const (
@@ -1047,16 +1056,18 @@ const (
 type capture struct {
 	t *Table
 	// cur and old: copies of the index generations' memory (old: nil, or
-	// the generation being migrated from, with its moved bits).
+	// the generation being migrated from, with its moved bits), both in
+	// buf (Table.spare's when it was large enough).
 	cur, old []byte
+	buf      []byte
 	count    int // live records
 	size     int
 	applied  uint64
 	log      int
 	mems     [][]byte
-	stages   []stage // copies
-	ordered  []byte  // the ordered part's section
-	epoch    uint64  // Table.heapEpoch at capture
+	stages   []stage        // copies
+	ordered  OrderedCapture // the ordered part's (nil: none)
+	epoch    uint64         // Table.heapEpoch at capture
 	done     atomic.Bool
 }
 
@@ -1095,16 +1106,47 @@ func walkSlots(cur, old []byte, f func(Slot)) {
 	walk(cur, false)
 }
 
+// SnapshotWork is the time Snapshot spent on the polling goroutine since
+// the table was made (TableConfig.Clock, ns), in all and in its two parts
+// that grow with the state: the copy of the index and the ordered part's
+// capture.
+type SnapshotWork struct {
+	Total, Index, Ordered int64
+}
+
+// SnapshotWork returns the captures' time (polling goroutine).
+func (t *Table) SnapshotWork() SnapshotWork { return t.snapWork }
+
 // Snapshot captures the table's records (broadcast.FSM).
 func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 	start := t.cfg.Clock()
-	defer func() { t.snapMaxNs = max(t.snapMaxNs, t.cfg.Clock()-start) }()
+	defer func() {
+		d := t.cfg.Clock() - start
+		t.snapMaxNs = max(t.snapMaxNs, d)
+		t.snapWork.Total += d
+	}()
 	c := &capture{t: t, count: t.count, size: 32 + t.liveBytes, applied: t.applied, log: t.cur.log,
 		mems: append([][]byte(nil), t.heap.mems...), epoch: t.heapEpoch.Load()}
-	c.cur = bytes.Clone(t.cur.index())
+	cur, old := t.cur.index(), []byte(nil)
 	if t.old != nil {
-		c.old = bytes.Clone(t.old.index())
+		old = t.old.index()
 	}
+	n := len(cur) + len(old)
+	p := t.spare.Swap(nil)
+	if t.knobs.shareSpare && p != nil {
+		t.spare.Store(p) // planted: left for the next capture too
+	}
+	if p != nil && cap(*p) >= n {
+		c.buf = (*p)[:n]
+	} else {
+		c.buf = make([]byte, n)
+	}
+	c.cur = c.buf[:copy(c.buf, cur)]
+	if old != nil {
+		c.old = c.buf[len(cur) : len(cur)+copy(c.buf[len(cur):], old)]
+	}
+	mid := t.cfg.Clock()
+	t.snapWork.Index += mid - start
 	clients := make([]uint32, 0, len(t.stages))
 	for k := range t.stages {
 		clients = append(clients, k)
@@ -1117,20 +1159,36 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 			c.size += 40 + pad8(len(st.buf))
 		}
 	}
+	c.size += 8
 	if t.cfg.Ordered != nil {
-		c.ordered = t.cfg.Ordered.Snapshot()
+		o := t.cfg.Clock()
+		c.ordered = t.cfg.Ordered.CaptureSection()
+		t.snapWork.Ordered += t.cfg.Clock() - o
+		c.size += pad8(c.ordered.Size())
 	}
-	c.size += 8 + pad8(len(c.ordered))
 	t.snaps.Add(1)
 	return c, nil
 }
 
 func (c *capture) Size() int { return c.size }
 
+// persistYield is how many records Persist copies between two yields of
+// its processor: it runs beside the pollers, which must not wait for it
+// for a scheduler time slice (10 ms) when they are runnable (issue 19).
+const persistYield = 4096
+
+// orderedSize is the ordered section's length (0: none).
+func (c *capture) orderedSize() int {
+	if c.ordered == nil {
+		return 0
+	}
+	return c.ordered.Size()
+}
+
 // tail is the size of what follows the records: the staged requests and
 // the ordered section.
 func (c *capture) tail() int {
-	n := 8 + 8 + pad8(len(c.ordered))
+	n := 8 + 8 + pad8(c.orderedSize())
 	for _, st := range c.stages {
 		n += 40 + pad8(len(st.buf))
 	}
@@ -1156,6 +1214,9 @@ func (c *capture) Persist(dst []byte) error {
 	walkSlots(cur, old, func(s Slot) {
 		b := c.mems[s.Heap][s.Off:]
 		size := recordInfo(b).Size()
+		if recs%persistYield == persistYield-1 {
+			runtime.Gosched() // pollers waiting for a processor go first
+		}
 		if recs++; p+size <= end {
 			copy(dst[p:], b[:size])
 		}
@@ -1179,9 +1240,14 @@ func (c *capture) Persist(dst []byte) error {
 		clear(dst[p+n : p+pad8(n)])
 		p += pad8(n)
 	}
-	binary.LittleEndian.PutUint64(dst[p:], uint64(len(c.ordered)))
+	n := c.orderedSize()
+	binary.LittleEndian.PutUint64(dst[p:], uint64(n))
 	p += 8
-	n := copy(dst[p:], c.ordered)
+	if c.ordered != nil {
+		if err := c.ordered.Persist(dst[p : p+n]); err != nil {
+			return err
+		}
+	}
 	clear(dst[p+n : p+pad8(n)])
 	if c.t.heapEpoch.Load() != c.epoch {
 		return errors.New("kv: the table was restored while the snapshot was being copied")
@@ -1191,6 +1257,14 @@ func (c *capture) Persist(dst []byte) error {
 
 func (c *capture) Release() {
 	if c.done.CompareAndSwap(false, true) {
+		if c.ordered != nil {
+			c.ordered.Release()
+		}
+		// The index copy is the next capture's (Persist is over: a
+		// capture is released after its last Persist).
+		buf := c.buf
+		c.cur, c.old, c.buf = nil, nil, nil
+		c.t.spare.Store(&buf)
 		c.t.snaps.Add(-1)
 	}
 }

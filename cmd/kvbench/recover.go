@@ -464,6 +464,9 @@ func (r *recoverRun) allSnapshotted() (bool, error) {
 func (r *recoverRun) samplePollMax() func() float64 {
 	var mu sync.Mutex
 	best := 0.0
+	var worst, worstCap server.PollDetail // the longest replica Poll seen (and with a capture), and whose
+	var who, whoCap string
+	var rt server.RuntimeStatus // the longest runtime pauses seen
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	sample := func() {
@@ -472,6 +475,18 @@ func (r *recoverRun) samplePollMax() func() float64 {
 			for _, p := range st.Pollers {
 				best = max(best, p.PassMaxRecentUs)
 			}
+			for _, rep := range st.Replicas {
+				if d := rep.PollMaxRecent; d.Us > worst.Us {
+					worst, who = d, fmt.Sprintf("group %d replica %d (%s)", rep.Group, rep.Index, rep.Role)
+				}
+				if d := rep.PollMaxRecent; d.Captures > 0 && d.Us > worstCap.Us {
+					worstCap, whoCap = d, fmt.Sprintf("group %d replica %d (%s)", rep.Group, rep.Index, rep.Role)
+				}
+			}
+			x := st.Runtime
+			rt.GCStopMaxUs, rt.GCPauseMaxUs = max(rt.GCStopMaxUs, x.GCStopMaxUs), max(rt.GCPauseMaxUs, x.GCPauseMaxUs)
+			rt.OtherStopMaxUs, rt.OtherPauseMaxUs = max(rt.OtherStopMaxUs, x.OtherStopMaxUs), max(rt.OtherPauseMaxUs, x.OtherPauseMaxUs)
+			rt.SchedLatencyMaxUs = max(rt.SchedLatencyMaxUs, x.SchedLatencyMaxUs)
 			mu.Unlock()
 		}
 	}
@@ -493,6 +508,16 @@ func (r *recoverRun) samplePollMax() func() float64 {
 		sample()
 		mu.Lock()
 		defer mu.Unlock()
+		if worst.Us > 0 {
+			b, _ := json.Marshal(worst)
+			r.note("longest replica poll: %s: %s", who, b)
+		}
+		if worstCap.Us > 0 {
+			b, _ := json.Marshal(worstCap)
+			r.note("longest replica poll with a capture: %s: %s", whoCap, b)
+		}
+		b, _ := json.Marshal(rt)
+		r.note("longest runtime pauses: %s", b)
 		return best
 	}
 }

@@ -50,6 +50,9 @@ type ProcessStatus struct {
 	// Pollers are the process's pollers' counters (none for replicas run
 	// outside a Process).
 	Pollers []PollerStatus `json:"pollers,omitempty"`
+	// Runtime is what the Go runtime's pauses and scheduling did to the
+	// process's goroutines in the last 1 to 2 seconds.
+	Runtime RuntimeStatus `json:"runtime"`
 }
 
 // StartControl listens on addr and serves the control port of the
@@ -100,6 +103,7 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 			ps.Replicas = append(ps.Replicas, r.Status())
 		}
 		ps.Pollers = pollerStatus(reps)
+		ps.Runtime = runtimeWindows.status()
 		return ps
 	}
 	writeJSON := func(w http.ResponseWriter, code int, v any) {

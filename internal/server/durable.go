@@ -174,6 +174,8 @@ func (d *Durable) Apply(bc *broadcast.Config) {
 		return
 	}
 	bc.Durability, bc.WAL, bc.Recovery, bc.Snapshots, bc.SnapshotLogBytes = d.Mode, d.WAL, d.Recovery, d.Snapshots, d.SnapshotLogBytes
+	bc.StatClock = rdma.Mono // times the snapshot work in Poll (/status poll_max)
+	bc.StatCPUClock = threadCPU
 	if d.FsyncInterval > 0 {
 		bc.FsyncInterval = d.FsyncInterval
 	}

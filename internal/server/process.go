@@ -283,7 +283,8 @@ func (p *Process) start(g, i int) error {
 			p.backups.marker(sr, t, m)
 		}
 	}
-	r, err := kv.NewReplica(rc, node, stable)
+	ts := &timedStable{Stable: stable}
+	r, err := kv.NewReplica(rc, node, ts)
 	if err != nil {
 		if st != nil {
 			st.Close()
@@ -293,7 +294,7 @@ func (p *Process) start(g, i int) error {
 		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
 	sr = NewReplica(g, i, id, r)
-	sr.dur, sr.backups = dur, p.backups
+	sr.dur, sr.backups, sr.stable = dur, p.backups, ts
 	if dur != nil {
 		dur.Replayed() // New replayed the log: the recovery's whole time
 		p.cfg.Log.Info(dur.Summary, "node", id, "group", g, "durability", dur.Mode.String(), "data_dir", dur.Dir)

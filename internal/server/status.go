@@ -47,6 +47,8 @@ type Replica struct {
 	// pendingBackup: markers whose capture the lateGroup knob put off
 	// (polling goroutine).
 	pendingBackup []kv.BackupMarker
+	polls         pollStats    // polling goroutine
+	stable        *timedStable // nil: not counted
 
 	mu   sync.Mutex
 	h    *poller.Handle // SetHandle: runs commands on the replica's poller
@@ -56,6 +58,8 @@ type Replica struct {
 	mc   multicast.Counters
 	dups uint64
 	disk diskCopy // durable modes: the log's and snapshots' state
+	// pollMax, pollRecent: the longest Polls (pollStats), copied
+	pollMax, pollRecent PollDetail
 }
 
 // diskCopy is what a durable replica's log writer and snapshot store
@@ -82,13 +86,15 @@ func (p *Replica) KV() *kv.Replica { return p.r }
 
 // Poll implements poller.Task.
 func (p *Replica) Poll(now time.Duration) bool {
-	t0 := time.Now()
+	t0, m0 := time.Now(), p.mark()
 	progress := p.r.Poll(now)
+	d := time.Since(t0)
+	p.polls.note(now, d, m0, p.mark())
 	if len(p.pendingBackup) > 0 {
 		p.backups.afterPoll(p)
 	}
 	if progress {
-		p.busy.Observe(time.Since(t0).Seconds())
+		p.busy.Observe(d.Seconds())
 	}
 	if now-p.last >= copyEvery {
 		p.last = now
@@ -101,6 +107,7 @@ func (p *Replica) Poll(now time.Duration) bool {
 		}
 		p.mu.Lock()
 		p.tab, p.hdr, p.mc, p.dups, p.disk = tab, hdr, mc, d, dc
+		p.pollMax, p.pollRecent = p.polls.max, p.polls.recent(now)
 		p.mu.Unlock()
 	}
 	if p.after != nil {
@@ -148,6 +155,11 @@ type ReplicaStatus struct {
 	// SnapshotMaxUs is the table's longest snapshot capture (on its
 	// poller) since the start (kv.Stats.SnapshotMaxNs).
 	SnapshotMaxUs float64 `json:"snapshot_max_us"`
+	// PollMax is its longest Poll since the start and what it did (the
+	// replica's share of its poller's pass_max_us); PollMaxRecent the
+	// longest in the last 1 to 2 seconds (as of at most 50 ms ago).
+	PollMax       PollDetail `json:"poll_max"`
+	PollMaxRecent PollDetail `json:"poll_max_recent"`
 	// Members is how this replica sees each member of its group.
 	Members   []MemberStatus    `json:"members"`
 	Counters  BroadcastCounters `json:"counters"`
@@ -281,15 +293,15 @@ func (p *Replica) Status() ReplicaStatus {
 	bs := b.Status()
 	_, serving := b.Leading()
 	p.mu.Lock()
-	tab, hdr, mc, dc := p.tab, p.hdr, p.mc, p.disk
+	tab, hdr, mc, dc, pmax, precent := p.tab, p.hdr, p.mc, p.disk, p.pollMax, p.pollRecent
 	p.mu.Unlock()
 	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
 		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
 		ENew: bs.ENew, Accepted: Hdr{bs.Accepted.E, bs.Accepted.Cnt}, Committed: Hdr{bs.Committed.E, bs.Committed.Cnt},
 		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
 		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
-		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3,
-		Counters:      BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),
+		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3, PollMax: pmax, PollMaxRecent: precent,
+		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),
 		HugePages: rdma.HugePagesOf(p.r.Table().Node())}
 	if l, ok := bs.Leader(); ok {
 		s.Leader = l

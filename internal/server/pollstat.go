@@ -1,0 +1,130 @@
+package server
+
+import (
+	"time"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+
+	"github.com/rdmakv/rdmakv/poller"
+)
+
+// PollDetail is one Poll of a replica and what it did in it, for the
+// longest ones /status shows (issue 19: which step of which replica holds
+// its poller up while a disk snapshot is written). The counters are read
+// before and after every Poll (fields, no clock); the durations of the
+// capture and store steps are timed inside (broadcast.SnapWork,
+// kv.SnapshotWork), the rest of the Poll is not: Us minus the timed steps
+// is the delivery (Applied entries), the log work (WALRecords), the
+// messages, and any time the goroutine did not run (Go's scheduler
+// preempting it, the garbage collector, the OS).
+type PollDetail struct {
+	Us         float64 `json:"us"`          // the whole Poll
+	Applied    uint64  `json:"applied"`     // entries delivered to the table
+	WALRecords uint64  `json:"wal_records"` // log records appended
+	Captures   uint64  `json:"captures"`    // disk snapshot captures (0 or 1)
+	// CaptureUs is the FSM capture (multicast state, table, ordered
+	// part); TableUs the table's part of it, IndexUs the copy of its
+	// index, OrderedUs the ordered part's capture; the multicast part is
+	// CaptureUs - TableUs. MetaUs: broadcast's own state captured with
+	// it (the keyed table).
+	CaptureUs float64 `json:"capture_us"`
+	MetaUs    float64 `json:"meta_us"`
+	// CaptureCPUUs is the polling thread's CPU time in the capture: its
+	// own work, without the time it waited for a processor.
+	CaptureCPUUs float64 `json:"capture_cpu_us"`
+	TableUs      float64 `json:"table_us"`
+	IndexUs      float64 `json:"index_us"`
+	OrderedUs    float64 `json:"ordered_us"`
+	// StoreUs: a persisted snapshot handed to the store, the log dropped
+	// below a durable one.
+	StoreUs float64 `json:"snap_store_us"`
+	// StableSaves: saves of the stable state (a vote, a new epoch
+	// followed: each a write and two fsyncs, on the polling goroutine),
+	// StableUs their time.
+	StableSaves uint64  `json:"stable_saves"`
+	StableUs    float64 `json:"stable_us"`
+}
+
+// timedStable counts a replica's stable saves and their time (Save runs
+// on the polling goroutine).
+type timedStable struct {
+	broadcast.Stable
+	saves uint64
+	took  time.Duration
+}
+
+func (s *timedStable) Save(st broadcast.StableState) error {
+	t0 := time.Now()
+	err := s.Stable.Save(st)
+	s.saves++
+	s.took += time.Since(t0)
+	return err
+}
+
+// pollMark is the counters pollStats reads around a Poll.
+type pollMark struct {
+	delivered, walSeq, captures, saves uint64
+	capture, meta, store, cpu, stable  time.Duration
+	table, index, ordered              int64
+}
+
+// pollStats keeps a replica's longest Poll since the start and in the
+// last poller.PassWindow to 2 x PassWindow, with what each did (polling
+// goroutine).
+type pollStats struct {
+	max, cur, prev PollDetail
+	window         time.Duration
+}
+
+func (p *Replica) mark() pollMark {
+	b := p.r.Multicast().Broadcast()
+	sw, kw := b.SnapWork(), p.r.Table().SnapshotWork()
+	m := pollMark{delivered: b.Delivered(), captures: sw.Captures, capture: sw.Capture, meta: sw.Meta, store: sw.Store, cpu: sw.CaptureCPU,
+		table: kw.Total, index: kw.Index, ordered: kw.Ordered}
+	if p.dur != nil {
+		m.walSeq = p.dur.WAL.NextSeq()
+	}
+	if p.stable != nil {
+		m.saves, m.stable = p.stable.saves, p.stable.took
+	}
+	return m
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// note records a Poll at now that took d, between marks a and b.
+func (s *pollStats) note(now, d time.Duration, a, b pollMark) {
+	if now-s.window >= poller.PassWindow {
+		if now-s.window >= 2*poller.PassWindow {
+			s.cur = PollDetail{}
+		}
+		s.prev, s.cur, s.window = s.cur, PollDetail{}, now
+	}
+	x := us(d)
+	if x <= s.cur.Us && x <= s.max.Us {
+		return
+	}
+	det := PollDetail{Us: x, Applied: b.delivered - a.delivered, WALRecords: b.walSeq - a.walSeq,
+		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), CaptureCPUUs: us(b.cpu - a.cpu), StableSaves: b.saves - a.saves, StableUs: us(b.stable - a.stable), StoreUs: us(b.store - a.store),
+		TableUs: us(time.Duration(b.table - a.table)), IndexUs: us(time.Duration(b.index - a.index)),
+		OrderedUs: us(time.Duration(b.ordered - a.ordered))}
+	if x > s.cur.Us {
+		s.cur = det
+	}
+	if x > s.max.Us {
+		s.max = det
+	}
+}
+
+// recent is the longest Poll of the last 1 to 2 windows at now.
+func (s *pollStats) recent(now time.Duration) PollDetail {
+	switch {
+	case now-s.window >= 2*poller.PassWindow:
+		return PollDetail{}
+	case now-s.window >= poller.PassWindow:
+		return s.cur
+	case s.prev.Us > s.cur.Us:
+		return s.prev
+	}
+	return s.cur
+}
