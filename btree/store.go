@@ -28,8 +28,11 @@ type Store struct {
 	t       *Tree
 	tablets []Tablet
 	// dirVer is the version of tablets, bumped at each change; dirPub
-	// the version last written to the directory area.
-	dirVer, dirPub uint64
+	// the version last written to the directory area. ownVer is the
+	// version of the keys the group serves (move.go: OwnVersion). Both
+	// are replicated state: every replica has the same at each entry,
+	// and snapshots carry them.
+	dirVer, dirPub, ownVer uint64
 	// counts are the keys each tablet holds (a tablet splits past
 	// TabletMax).
 	counts []int
@@ -56,6 +59,16 @@ type pendingFree struct {
 type Tablet struct {
 	Low, High []byte
 	HighInf   bool
+	// State is TabletServing, TabletFrozen (a move under way: writes
+	// refused with StatusMoving) or TabletInstalling (being moved in:
+	// not served yet). To is the group a frozen tablet moves to. Gen
+	// counts the tablet's moves (0 for the config's tablets; a move's
+	// tablet has its source's Gen + 1; halves of a split keep it): of
+	// two overlapping tablets in a directory, the higher Gen is the
+	// newer (move.go).
+	State uint8
+	To    uint32
+	Gen   uint64
 }
 
 // Contains reports whether key lies in the tablet.
@@ -151,7 +164,7 @@ func NewStore(cfg StoreConfig, node rdma.Node) (*Store, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1, counts: make([]int, len(cfg.Tablets))}
+	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1, ownVer: 1, counts: make([]int, len(cfg.Tablets))}
 	if node != nil {
 		r, err := NewRegions(node, cfg.Group, cfg.Tree.NodeSize, cfg.ChunkSlots, cfg.Readers)
 		if err != nil {
@@ -213,7 +226,7 @@ func (s *Store) Publish(applied uint64) {
 			}
 			s.dirPub = s.dirVer
 		}
-		s.regs.Publish(s.t, s.applied, s.dirVer, dir)
+		s.regs.Publish(s.t, s.applied, s.dirVer, s.ownVer, dir)
 	}
 }
 
@@ -233,13 +246,19 @@ func (s *Store) reclaim(index uint64) {
 	}
 }
 
-// owner is the tablet holding key, or -1.
+// owner is the tablet holding key that the group serves reads of
+// (serving or frozen), or -1.
 func (s *Store) owner(key []byte) int {
-	i := sort.Search(len(s.tablets), func(i int) bool { return string(s.tablets[i].Low) > string(key) }) - 1
-	if i >= 0 && s.tablets[i].Contains(key) {
+	if i := s.find(key); i >= 0 && s.tablets[i].State != TabletInstalling {
 		return i
 	}
 	return -1
+}
+
+// searchTablets is the index of the last of tablets (sorted) whose low
+// fence is at most key, or -1.
+func searchTablets(tablets []Tablet, key []byte) int {
+	return sort.Search(len(tablets), func(i int) bool { return string(tablets[i].Low) > string(key) }) - 1
 }
 
 // Apply applies the ordered request data delivered as entry index and
@@ -250,6 +269,9 @@ func (s *Store) Apply(index uint64, data []byte) []byte {
 	s.reclaim(index)
 	if IsMulti(data) {
 		return s.applyMulti(index, data)
+	}
+	if IsCtl(data) {
+		return s.applyCtl(index, data)
 	}
 	ops, err := DecodeRequest(data, s.ops)
 	s.ops = ops[:0]
@@ -320,8 +342,11 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	}
 	if !s.knobs.skipOwnerCheck {
 		for i := range ops {
-			if s.owner(ops[i].Key) < 0 {
+			switch k := s.find(ops[i].Key); {
+			case k < 0 || s.tablets[k].State == TabletInstalling:
 				return Result{Status: StatusMoved, FailedOp: i}
+			case s.tablets[k].State == TabletFrozen && !s.knobs.writeDuringMove:
+				return Result{Status: StatusMoving, FailedOp: i}
 			}
 		}
 	}
@@ -388,14 +413,14 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 			if err != nil {
 				panic(fmt.Sprintf("btree: put checked before: %v", err))
 			}
-			if k := s.owner(op.Key); !existed && k >= 0 {
-				if s.counts[k]++; s.cfg.TabletMax > 0 && s.counts[k] > s.cfg.TabletMax {
+			if k := s.find(op.Key); !existed && k >= 0 {
+				if s.counts[k]++; s.cfg.TabletMax > 0 && s.counts[k] > s.cfg.TabletMax && s.tablets[k].State == TabletServing {
 					s.splitTablet(k)
 				}
 			}
 		case OpDelete:
 			if s.t.Delete(op.Key, index) {
-				if k := s.owner(op.Key); k >= 0 {
+				if k := s.find(op.Key); k >= 0 {
 					s.counts[k]--
 				}
 			}
@@ -427,8 +452,8 @@ func (s *Store) splitTablet(k int) {
 	if mid == nil || string(mid) <= string(tb.Low) {
 		return
 	}
-	lo := Tablet{Low: tb.Low, High: mid}
-	hi := Tablet{Low: mid, High: tb.High, HighInf: tb.HighInf}
+	lo := Tablet{Low: tb.Low, High: mid, Gen: tb.Gen}
+	hi := Tablet{Low: mid, High: tb.High, HighInf: tb.HighInf, Gen: tb.Gen}
 	if s.knobs.splitGap {
 		hi.Low = append(slices.Clone(mid), 0) // planted: [mid, mid+0) left to no tablet
 	}
@@ -548,7 +573,7 @@ func (s *Store) read(index uint64, op *Op) []byte {
 	i := s.owner(start)
 	if i >= 0 {
 		run := s.tablets[i]
-		for j := i + 1; j < len(s.tablets) && !run.HighInf && string(s.tablets[j].Low) == string(run.High); j++ {
+		for j := i + 1; j < len(s.tablets) && !run.HighInf && string(s.tablets[j].Low) == string(run.High) && s.tablets[j].State != TabletInstalling; j++ {
 			run.High, run.HighInf = s.tablets[j].High, s.tablets[j].HighInf
 		}
 		if len(end) == 0 && !run.HighInf || len(end) != 0 && !run.HighInf && string(end) > string(run.High) {
