@@ -114,12 +114,24 @@ type StoreConfig struct {
 	// would give the group more than MaxTablets tablets, or overflow the
 	// directory area, is not made (the tablet grows on).
 	TabletMax int
+	// EarlySplit and FirstTabletMax make a fresh load cut tablets early
+	// (plan section 5, "Bootstrapping"): while the group owns fewer than
+	// EarlySplit tablets, a tablet splits past FirstTabletMax keys
+	// (default DefaultFirstTabletMax) rather than TabletMax. Moves then
+	// spread those tablets over the groups (client.Balance), and each
+	// group cuts its own early again. cluster.Map.OrderedStore sets
+	// EarlySplit to the number of groups. 0: no early splits.
+	EarlySplit     int
+	FirstTabletMax int
 	// Readers are granted read access to the regions.
 	Readers []rdma.NodeID
 }
 
 // DefaultTabletMax is the default TabletMax.
 const DefaultTabletMax = 64 << 10
+
+// DefaultFirstTabletMax is the default FirstTabletMax.
+const DefaultFirstTabletMax = 4 << 10
 
 func (c *StoreConfig) fill() error {
 	c.Tree = c.Tree.withDefaults()
@@ -140,6 +152,9 @@ func (c *StoreConfig) fill() error {
 	}
 	if c.TabletMax == 0 {
 		c.TabletMax = DefaultTabletMax
+	}
+	if c.FirstTabletMax == 0 {
+		c.FirstTabletMax = DefaultFirstTabletMax
 	}
 	switch {
 	case c.ChunkSlots < 1:
@@ -414,7 +429,7 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 				panic(fmt.Sprintf("btree: put checked before: %v", err))
 			}
 			if k := s.find(op.Key); !existed && k >= 0 {
-				if s.counts[k]++; s.cfg.TabletMax > 0 && s.counts[k] > s.cfg.TabletMax && s.tablets[k].State == TabletServing {
+				if s.counts[k]++; s.counts[k] > s.splitPast() && s.tablets[k].State == TabletServing {
 					s.splitTablet(k)
 				}
 			}
@@ -427,6 +442,19 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 		}
 	}
 	return res
+}
+
+// splitPast is the count past which a tablet splits: TabletMax, or
+// FirstTabletMax while the group owns fewer than EarlySplit tablets (a
+// function of replicated state: every replica splits at the same put).
+func (s *Store) splitPast() int {
+	if s.cfg.TabletMax <= 0 {
+		return int(^uint(0) >> 1)
+	}
+	if len(s.tablets) < s.cfg.EarlySplit && s.cfg.FirstTabletMax > 0 {
+		return min(s.cfg.FirstTabletMax, s.cfg.TabletMax)
+	}
+	return s.cfg.TabletMax
 }
 
 // splitTablet cuts tablet k in two at its median key (the first key of

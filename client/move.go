@@ -107,12 +107,23 @@ func (c *Client) ctl(ctx context.Context, g uint32, ct *btree.Ctl) (kv.Result, e
 	return kv.Result{}, fmt.Errorf("rdmakv: no reply from group %d", g)
 }
 
+// stepTries bounds the sends of one move step.
+const stepTries = 5
+
 // step sends a move step and wants StatusOK.
 func (c *Client) step(ctx context.Context, g uint32, ct *btree.Ctl, what string) error {
 	if c.ord.moveHook != nil {
 		c.ord.moveHook(what)
 	}
-	r, err := c.ctl(ctx, g, ct)
+	// Every step is idempotent: one whose outcome is unknown (a leader
+	// change, a timeout) is sent again.
+	var r kv.Result
+	var err error
+	for try := 0; try < stepTries; try++ {
+		if r, err = c.ctl(ctx, g, ct); err == nil || ctx.Err() != nil || c.isClosed() {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("rdmakv: tablet move, %s at group %d: %w", what, g, err)
 	}
@@ -264,4 +275,67 @@ func (c *Client) AbortTabletMove(ctx context.Context, low []byte) error {
 		return c.step(ctx, p.Group, ct, "abort")
 	}
 	return fmt.Errorf("rdmakv: no frozen tablet starts at %q (a move past its drop is finished with MoveTablet)", low)
+}
+
+// PlanBalance is the balancing rule: given the tablets (as Tablets
+// returns them) of a cluster of groups groups, the next move it makes,
+// if any. It counts each group's tablets; when the group with the most
+// has at least 2 more than the group with the fewest (the hysteresis:
+// a difference of 1 never moves a tablet back and forth), its tablet
+// with the highest low fence goes to the group with the fewest (ties:
+// the lowest group id, both ways). No move while a tablet is not
+// serving (a move is under way). The rule is a function of the tablets
+// alone, so every client that runs it proposes the same move, and a
+// stale proposal is refused at apply (btree/move.go).
+func PlanBalance(tablets []TabletInfo, groups int) (low []byte, from, to uint32, ok bool) {
+	if groups < 2 {
+		return nil, 0, 0, false
+	}
+	count := make([]int, groups)
+	last := make([][]byte, groups)
+	has := make([]bool, groups)
+	for _, tb := range tablets {
+		if tb.State != "serving" || int(tb.Group) >= groups {
+			return nil, 0, 0, false
+		}
+		count[tb.Group]++
+		if !has[tb.Group] || string(tb.Low) > string(last[tb.Group]) {
+			last[tb.Group], has[tb.Group] = tb.Low, true
+		}
+	}
+	hi, lo := 0, 0
+	for g := range groups {
+		if count[g] > count[hi] {
+			hi = g
+		}
+		if count[g] < count[lo] {
+			lo = g
+		}
+	}
+	if count[hi]-count[lo] < 2 {
+		return nil, 0, 0, false
+	}
+	return last[hi], uint32(hi), uint32(lo), true
+}
+
+// Balance runs the balancing rule (PlanBalance) until it proposes no
+// move, or for at most max moves (<= 0: no bound), and returns the moves
+// it made.
+func (c *Client) Balance(ctx context.Context, max int) (int, error) {
+	n := 0
+	for max <= 0 || n < max {
+		tbs, err := c.Tablets(ctx)
+		if err != nil {
+			return n, err
+		}
+		low, _, to, ok := PlanBalance(tbs, len(c.m.Groups))
+		if !ok {
+			return n, nil
+		}
+		if err := c.MoveTablet(ctx, low, to); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }

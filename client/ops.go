@@ -242,7 +242,7 @@ func (c *Client) single(ctx context.Context, op kv.Op, ks *Keyspace) (WriteResul
 		if moving || tries >= 2 {
 			// Same group named again after StatusMoved: the directory
 			// was read from a replica behind the one written to.
-			if moved && tries >= 12 {
+			if moved && tries >= 200 {
 				return wr, err
 			}
 			if werr := ks.moveWait(ctx, deadline, waits, err); werr != nil {
