@@ -119,8 +119,8 @@ func TestKeyspaceBalanceSpreads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 {
-		t.Fatalf("Balance made %d moves, want 2", n)
+	if n < 2 {
+		t.Fatalf("Balance made %d moves, want 2 or more (the writers go on splitting)", n)
 	}
 	tbs, _ = op.Tablets(ctx)
 	per := map[uint32]int{}

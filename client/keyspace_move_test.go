@@ -140,13 +140,22 @@ func waitApplied(t *testing.T, lc interface {
 func TestKeyspaceMoveLinearizable(t *testing.T) {
 	for _, plant := range []bool{false, true} {
 		t.Run(fmt.Sprint("plant=", plant), func(t *testing.T) {
-			keyspaceMoveLinearizable(t, plant)
+			keyspaceMoveLinearizable(t, plant, false)
 		})
 	}
 }
 
-func keyspaceMoveLinearizable(t *testing.T, plant bool) {
-	lc := startLocal(t, tabletMap(fmt.Sprint("ksmovelin", plant), 2, "m"))
+// TestKeyspaceMoveLeaderStops: TestKeyspaceMoveLinearizable's history
+// while the first move loses the source group's leader after the freeze
+// and the target group's leader after the ingest (each stopped for good:
+// the move's steps are sent again to the new leaders, and the groups go
+// on with two replicas).
+func TestKeyspaceMoveLeaderStops(t *testing.T) {
+	keyspaceMoveLinearizable(t, false, true)
+}
+
+func keyspaceMoveLinearizable(t *testing.T, plant, stopLeaders bool) {
+	lc := startLocal(t, tabletMap(fmt.Sprintf("ksmovelin%v%v", plant, stopLeaders), 2, "m"))
 	if plant {
 		for g := range 2 {
 			for i := range 3 {
@@ -161,7 +170,20 @@ func keyspaceMoveLinearizable(t *testing.T, plant bool) {
 	c := open(t, lc, 0, client.WithTimeout(time.Minute))
 	ks := c.Keyspace("users")
 	op := open(t, lc, 1, client.WithTimeout(time.Minute))
+	var steps []string
+	stopped := 0
 	client.SetMoveHook(op, func(step string) {
+		steps = append(steps, step)
+		if stopLeaders && stopped < 2 && len(steps) > 1 && (step == "ingest" && steps[len(steps)-2] == "freeze" || step == "activate") {
+			g := 0 // the first move's source, then its target
+			if step == "activate" {
+				g = 1
+			}
+			if l := lc.Leader(g); l >= 0 {
+				lc.Stop(g, l)
+				stopped++
+			}
+		}
 		if step == "drop" || step == "freeze" {
 			time.Sleep(30 * time.Millisecond) // let the workers run against the frozen tablet
 		}
@@ -228,6 +250,9 @@ func keyspaceMoveLinearizable(t *testing.T, plant bool) {
 	}
 	stop.Store(true)
 	wg.Wait()
+	if stopLeaders && stopped != 2 {
+		t.Errorf("stopped %d leaders, want 2", stopped)
+	}
 	close(errc)
 	for err := range errc {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/kv"
@@ -195,8 +196,25 @@ func (c *Client) MoveTablet(ctx context.Context, low []byte, to uint32) error {
 		hi = tb.High
 	}
 	sent := false
-	for {
+	for waits := 0; ; {
 		pairs, err := k.movePage(ctx, d, g, lo, hi)
+		if errors.Is(err, kv.ErrNotOwner) {
+			// g's tablets changed since d was read (another tablet
+			// moved in or out, or d came from a replica behind g's
+			// leader): read them again; this tablet must still be
+			// frozen there for this move.
+			if werr := k.moveWait(ctx, time.Time{}, waits, err); werr != nil {
+				return werr
+			}
+			waits++
+			if d, err = c.freshDir(ctx); err != nil {
+				return err
+			}
+			if !frozenFor(d, tb, g, to, gen) && waits > 50 {
+				return fmt.Errorf("rdmakv: tablet move: tablet %q is no longer frozen at group %d for this move", tb.Low, g)
+			}
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("rdmakv: tablet move, reading the tablet at group %d: %w", g, err)
 		}
@@ -226,6 +244,17 @@ func (c *Client) MoveTablet(ctx context.Context, low []byte, to uint32) error {
 		return err
 	}
 	return c.step(ctx, to, &btree.Ctl{Cmd: btree.CtlActivate, To: to, Gen: gen, Tablet: tb}, "activate")
+}
+
+// frozenFor reports whether d shows tablet tb frozen at group g for the
+// move to group to of generation gen.
+func frozenFor(d *btree.Directory, tb btree.Tablet, g, to uint32, gen uint64) bool {
+	for _, p := range d.Tablets() {
+		if p.Group == g && bytes.Equal(p.Low, tb.Low) && p.State == btree.TabletFrozen && p.To == to && p.Gen+1 == gen {
+			return true
+		}
+	}
+	return false
 }
 
 // movePage is the most pairs one read of a move takes.
@@ -320,9 +349,15 @@ func PlanBalance(tablets []TabletInfo, groups int) (low []byte, from, to uint32,
 
 // Balance runs the balancing rule (PlanBalance) until it proposes no
 // move, or for at most max moves (<= 0: no bound), and returns the moves
-// it made.
+// it made. While a tablet is not serving (a move under way, or replicas
+// behind the last one) it reads the tablets again for up to about a
+// second before it gives up proposing.
 func (c *Client) Balance(ctx context.Context, max int) (int, error) {
-	n := 0
+	n, waits := 0, 0
+	k, err := c.anyKeyspace()
+	if err != nil {
+		return 0, err
+	}
 	for max <= 0 || n < max {
 		tbs, err := c.Tablets(ctx)
 		if err != nil {
@@ -330,8 +365,22 @@ func (c *Client) Balance(ctx context.Context, max int) (int, error) {
 		}
 		low, _, to, ok := PlanBalance(tbs, len(c.m.Groups))
 		if !ok {
-			return n, nil
+			busy := false
+			for _, tb := range tbs {
+				busy = busy || tb.State != "serving"
+			}
+			if !busy || waits >= 50 {
+				return n, nil
+			}
+			// A move under way, or the replicas read are behind the
+			// last move: read again in a moment.
+			if err := k.moveWait(ctx, time.Time{}, waits, nil); err != nil {
+				return n, err
+			}
+			waits++
+			continue
 		}
+		waits = 0
 		if err := c.MoveTablet(ctx, low, to); err != nil {
 			return n, err
 		}
