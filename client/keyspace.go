@@ -199,7 +199,8 @@ const dirReadTimeout = 2 * time.Second
 // their union, unless another call replaced seen (the directory the
 // caller found wrong) meanwhile. A group whose read fails keeps the
 // tablets the old directory had for it, or, at the first read, those the
-// map places on it (tablets do not move between groups yet), so that a
+// map places on it (after moves that placement is old, and the
+// generations of the other groups' tablets win over it), so that a
 // group that is down fails only the calls on its own keys.
 func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btree.Directory, error) {
 	c := k.c
