@@ -55,3 +55,7 @@ func SetPlantReader(c *Client, f func(*kv.OrderedReader)) { c.ord.plantReader = 
 
 // SetMoveHook makes c call f before each step of a tablet move.
 func SetMoveHook(c *Client, f func(step string)) { c.ord.moveHook = f }
+
+// PlantActivateFirst plants a bug in c's tablet moves: the target is
+// activated before the source drops the tablet.
+func PlantActivateFirst(c *Client) { c.ord.activateFirst = true }

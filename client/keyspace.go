@@ -98,6 +98,9 @@ type ordered struct {
 	// moveHook, if set, is called before each step of a tablet move
 	// (tests: writes and reads between the steps).
 	moveHook func(step string)
+	// activateFirst plants a bug in the client's tablet moves: the
+	// target serves the tablet before the source drops it.
+	activateFirst bool
 	// What the one-sided reads that answered did (Client.Stats): gets and
 	// scan pages, their node reads and their lists of reads (round trips).
 	gets, getReads, getLists    atomic.Uint64

@@ -134,12 +134,18 @@ func waitApplied(t *testing.T, lc interface {
 // keys of one tablet while an operator moves the tablet between the two
 // groups and back, pausing between the steps; porcupine checks the
 // history. Writes to the frozen tablet wait (StatusMoving) and go to the
-// new group. The planted writeDuringMove (the source applies writes to
-// the frozen tablet, after the mover read it) is caught: an acknowledged
-// write is lost.
+// new group; a second client only reads, so its directory stays as it
+// was until a read fails the ownership check. Planted bugs, each caught
+// as not linearizable: writeDuringMove (the source applies writes to
+// the frozen tablet after the mover read it: an acknowledged write is
+// lost) and activateFirst (the mover activates the target before the
+// source drops the tablet: the reading client reads the source's frozen
+// state after writes at the target were acknowledged), and skipOwnCheck
+// in the reading client (it reads the source after the drop: keys that
+// are there read as absent).
 func TestKeyspaceMoveLinearizable(t *testing.T) {
-	for _, plant := range []bool{false, true} {
-		t.Run(fmt.Sprint("plant=", plant), func(t *testing.T) {
+	for _, plant := range []string{"none", "writeDuringMove", "activateFirst", "skipOwnCheck"} {
+		t.Run(plant, func(t *testing.T) {
 			keyspaceMoveLinearizable(t, plant, false)
 		})
 	}
@@ -151,12 +157,14 @@ func TestKeyspaceMoveLinearizable(t *testing.T) {
 // the move's steps are sent again to the new leaders, and the groups go
 // on with two replicas).
 func TestKeyspaceMoveLeaderStops(t *testing.T) {
-	keyspaceMoveLinearizable(t, false, true)
+	keyspaceMoveLinearizable(t, "none", true)
 }
 
-func keyspaceMoveLinearizable(t *testing.T, plant, stopLeaders bool) {
-	lc := startLocal(t, tabletMap(fmt.Sprintf("ksmovelin%v%v", plant, stopLeaders), 2, "m"))
-	if plant {
+func keyspaceMoveLinearizable(t *testing.T, plant string, stopLeaders bool) {
+	m := tabletMap(fmt.Sprintf("ksmovelin%s%v", plant, stopLeaders), 2, "m")
+	m.ClientNodes = append(m.ClientNodes, m.ClientNodes[len(m.ClientNodes)-1]+1) // a third client
+	lc := startLocal(t, m)
+	if plant == "writeDuringMove" {
 		for g := range 2 {
 			for i := range 3 {
 				if err := lc.Do(g, i, func(r *kv.Replica) { btree.PlantWriteDuringMove(r.Table().OrderedPart().(*btree.Store)) }); err != nil {
@@ -168,8 +176,14 @@ func keyspaceMoveLinearizable(t *testing.T, plant, stopLeaders bool) {
 	ctx := context.Background()
 	keys := []string{"a", "b", "c", "d"}
 	c := open(t, lc, 0, client.WithTimeout(time.Minute))
-	ks := c.Keyspace("users")
+	rc := open(t, lc, 2, client.WithTimeout(time.Minute)) // reads only
 	op := open(t, lc, 1, client.WithTimeout(time.Minute))
+	switch plant {
+	case "activateFirst":
+		client.PlantActivateFirst(op)
+	case "skipOwnCheck":
+		client.SetPlantReader(rc, kv.PlantSkipOwnCheck)
+	}
 	var steps []string
 	stopped := 0
 	client.SetMoveHook(op, func(step string) {
@@ -193,18 +207,26 @@ func keyspaceMoveLinearizable(t *testing.T, plant, stopLeaders bool) {
 	var mu sync.Mutex
 	var hist []kvcheck.Op
 	var stop atomic.Bool
-	const workers = 5
+	const workers, readers = 5, 2
 	var wg sync.WaitGroup
-	errc := make(chan error, workers+1)
-	for w := range workers {
+	errc := make(chan error, workers+readers+1)
+	for w := range workers + readers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 19))
+			ks, reader := c.Keyspace("users"), w >= workers
+			if reader {
+				ks = rc.Keyspace("users")
+			}
 			for i := 0; !stop.Load() && i < 4000; i++ {
 				time.Sleep(500 * time.Microsecond) // a history porcupine checks quickly
 				key := keys[rng.IntN(len(keys))]
 				o := kvcheck.Op{Client: w, Key: key, Call: clock()}
 				var err error
-				switch r := rng.IntN(10); {
+				r := rng.IntN(10)
+				if reader {
+					r = 5 + r%3 // gets, and a scan now and then
+				}
+				switch {
 				case r < 5:
 					o.Kind, o.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
 					_, err = ks.Put(ctx, []byte(key), []byte(o.Value))
@@ -263,12 +285,12 @@ func keyspaceMoveLinearizable(t *testing.T, plant, stopLeaders bool) {
 	}
 	err = res.Err()
 	switch {
-	case !plant && err != nil:
+	case plant == "none" && err != nil:
 		t.Fatalf("%d ops, %d moves: %v", len(hist), moves, err)
-	case plant && err == nil:
-		t.Fatalf("the planted writeDuringMove was not caught (%d ops, %d moves)", len(hist), moves)
-	case plant:
-		t.Logf("planted writeDuringMove caught: %v", err)
+	case plant != "none" && err == nil:
+		t.Fatalf("the planted %s was not caught (%d ops, %d moves)", plant, len(hist), moves)
+	case plant != "none":
+		t.Logf("planted %s caught: %v", plant, err)
 	default:
 		t.Logf("%d ops over %d moves: linearizable", len(hist), moves)
 	}

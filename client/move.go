@@ -240,10 +240,20 @@ func (c *Client) MoveTablet(ctx context.Context, low []byte, to uint32) error {
 	}
 	// The drop before the activation: group to serves the tablet only
 	// once g no longer does (btree/move.go).
-	if err := c.step(ctx, g, &btree.Ctl{Cmd: btree.CtlDrop, To: to, Gen: gen, Tablet: tb}, "drop"); err != nil {
+	drop := &btree.Ctl{Cmd: btree.CtlDrop, To: to, Gen: gen, Tablet: tb}
+	activate := &btree.Ctl{Cmd: btree.CtlActivate, To: to, Gen: gen, Tablet: tb}
+	if c.ord.activateFirst {
+		// Planted: group to serves the tablet's writes while g still
+		// serves its reads (to readers whose directory names g).
+		if err := c.step(ctx, to, activate, "activate"); err != nil {
+			return err
+		}
+		return c.step(ctx, g, drop, "drop")
+	}
+	if err := c.step(ctx, g, drop, "drop"); err != nil {
 		return err
 	}
-	return c.step(ctx, to, &btree.Ctl{Cmd: btree.CtlActivate, To: to, Gen: gen, Tablet: tb}, "activate")
+	return c.step(ctx, to, activate, "activate")
 }
 
 // frozenFor reports whether d shows tablet tb frozen at group g for the
