@@ -260,6 +260,9 @@ type Delegation struct {
 	// recycleJoined plants a bug: a reader reuses the buffer of a read
 	// another lookup joined (whose answer aliases it).
 	recycleJoined bool
+	// joinAnyOwn plants a bug: a lookup that checks ownership joins a
+	// read that was not checked against its ownership version.
+	joinAnyOwn bool
 }
 
 // NewDelegation returns a Delegation for one client's readers of a group.
@@ -873,7 +876,7 @@ func (r *OrderedReader) join() bool {
 // bracket does not fit the attempt's (another epoch), so the reader reads
 // the node itself.
 func (r *OrderedReader) take(sr *sharedRead) bool {
-	if r.ownCheck() && sr.own != r.ownWant {
+	if r.ownCheck() && sr.own != r.ownWant && !r.deleg.joinAnyOwn {
 		return false // not read under the ownership version this call checks
 	}
 	if r.mode == Linearizable {
