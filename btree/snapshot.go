@@ -94,6 +94,9 @@ func (s *Store) decodeSnapshot(b []byte) ([]Tablet, [][]KVV, snapVersions, error
 			return nil, nil, vs, fmt.Errorf("%w: bad header", ErrSnapshot)
 		}
 		vs = snapVersions{dir: le.Uint64(b[16:]), own: le.Uint64(b[24:])}
+		if vs.dir == 0 || vs.own == 0 {
+			return nil, nil, vs, fmt.Errorf("%w: version 0", ErrSnapshot)
+		}
 		p = 32
 	}
 	tablets := make([]Tablet, 0, nt)
