@@ -193,13 +193,16 @@ func keyspaceMoveLinearizable(t *testing.T, plant string, stopLeaders bool) {
 			if step == "activate" {
 				g = 1
 			}
-			if l := lc.Leader(g); l >= 0 {
-				lc.Stop(g, l)
-				stopped++
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+				if l := lc.Leader(g); l >= 0 {
+					lc.Stop(g, l)
+					stopped++
+					break
+				}
 			}
 		}
 		if step == "drop" || step == "freeze" {
-			time.Sleep(30 * time.Millisecond) // let the workers run against the frozen tablet
+			time.Sleep(50 * time.Millisecond) // let the workers run against the frozen tablet
 		}
 	})
 	start := time.Now()
