@@ -103,7 +103,7 @@ func BenchmarkRemoteLookup(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	rg.Publish(tr, n+1, 0, nil)
+	rg.Publish(tr, n+1, 0, 0, nil)
 	rn, err := f.NewNode(2)
 	if err != nil {
 		b.Fatal(err)

@@ -93,11 +93,14 @@ type Capture struct {
 	node    int      // node size
 	root    NodeID
 	tablets []Tablet // copies
-	keys    int      // the tree's keys
-	size    int      // the section's bytes
-	persist atomic.Bool
-	reads   int // Persist's node reads
-	knobs   testingKnobs
+	// dirVer and ownVer are the store's directory and ownership
+	// versions at capture (the section's header, snapshot.go).
+	dirVer, ownVer, verOff uint64
+	keys                   int // the tree's keys
+	size                   int // the section's bytes
+	persist                atomic.Bool
+	reads                  int // Persist's node reads
+	knobs                  testingKnobs
 }
 
 // SectionCapture is what kv.Table takes of its ordered part for a
@@ -117,10 +120,12 @@ func (s *Store) Capture() *Capture {
 	a := s.a
 	c := &Capture{cow: &cow{limit: a.n, saved: map[uint32][]byte{}}, chunks: slices.Clone(a.chunks), per: a.per,
 		node: a.size, root: s.t.root, keys: s.t.len, knobs: s.knobs}
-	c.size = 16 + s.t.pairs
+	c.size = 40 + s.t.pairs
+	c.dirVer, c.ownVer, c.verOff = s.dirVer, s.ownVer, s.verOff
 	for _, tb := range s.tablets {
-		c.tablets = append(c.tablets, Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf})
-		c.size += 24 + pad8(len(tb.Low)) + pad8(len(tb.High))
+		c.tablets = append(c.tablets, Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf,
+			State: tb.State, Gen: tb.Gen, To: tb.To})
+		c.size += 40 + pad8(len(tb.Low)) + pad8(len(tb.High))
 	}
 	a.cows = append(a.cows, c.cow)
 	return c
@@ -182,15 +187,21 @@ func (c *Capture) Persist(dst []byte) error {
 	b = le.AppendUint64(b, snapMagic)
 	b = le.AppendUint32(b, uint32(len(c.tablets)))
 	b = le.AppendUint32(b, 0)
+	b = le.AppendUint64(b, c.dirVer)
+	b = le.AppendUint64(b, c.ownVer)
+	b = le.AppendUint64(b, c.verOff)
 	buf := make([]byte, c.node)
 	keys := 0
 	for _, tb := range c.tablets {
-		var h [24]byte
+		var h [40]byte
 		le.PutUint32(h[0:], uint32(len(tb.Low)))
 		le.PutUint32(h[4:], uint32(len(tb.High)))
 		if tb.HighInf {
 			le.PutUint32(h[8:], 1)
 		}
+		le.PutUint32(h[12:], uint32(tb.State))
+		le.PutUint64(h[24:], tb.Gen)
+		le.PutUint32(h[32:], tb.To)
 		at := len(b) + 16
 		b = append(b, h[:]...)
 		for _, f := range [][]byte{tb.Low, tb.High} {

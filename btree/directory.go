@@ -26,13 +26,15 @@ import (
 //
 //	0         8         12       16
 //	[version ][count   ][used   ] then count tablets, sorted by low fence:
-//	  [state u8][flags u8][low len u16][high len u16][0 u16][low][high]
+//	  [state u8][flags u8][low len u16][high len u16][0 u16][gen u64]
+//	  [to u32][0 u32][low][high]
 //	[check u64]   (ends at used; xxhash of [0, used-8))
 //
 //	version  bumped at every change of the group's tablets (also in the
 //	         header's word 3)
-//	state    TabletServing (later stages: frozen, moving)
+//	state    TabletServing, TabletFrozen, TabletInstalling (move.go)
 //	flags    bit 0: the high fence is +inf
+//	gen, to  Tablet.Gen and Tablet.To
 const (
 	// MaxTablets bounds the tablets a group owns: the directory area
 	// holds at most this many. A tablet that would split past it does
@@ -44,7 +46,7 @@ const (
 	// is not made.
 	DirBytes  = 32 << 10
 	dirHdr    = 16
-	dirEnt    = 8
+	dirEnt    = 24
 	hDirVer   = 24 // the header's word 3: the directory's version
 	regionLen = hdrRegionSize + DirBytes
 )
@@ -81,14 +83,15 @@ func encodeDir(b []byte, version uint64, tablets []Tablet) {
 	le.PutUint32(b[8:], uint32(len(tablets)))
 	p := dirHdr
 	for _, tb := range tablets {
-		b[p] = TabletServing
-		b[p+1] = 0
+		clear(b[p : p+dirEnt])
+		b[p] = tb.State
 		if tb.HighInf {
 			b[p+1] = 1
 		}
 		le.PutUint16(b[p+2:], uint16(len(tb.Low)))
 		le.PutUint16(b[p+4:], uint16(len(tb.High)))
-		le.PutUint16(b[p+6:], 0)
+		le.PutUint64(b[p+8:], tb.Gen)
+		le.PutUint32(b[p+16:], tb.To)
 		p += dirEnt
 		p += copy(b[p:], tb.Low)
 		p += copy(b[p:], tb.High)
@@ -125,11 +128,13 @@ func DecodeDir(b []byte) (uint64, []Tablet, error) {
 		}
 		st, fl := b[p], b[p+1]
 		ll, hl := int(le.Uint16(b[p+2:])), int(le.Uint16(b[p+4:]))
+		gen, to := le.Uint64(b[p+8:]), le.Uint32(b[p+16:])
+		zero := le.Uint16(b[p+6:]) == 0 && le.Uint32(b[p+20:]) == 0
 		p += dirEnt
-		if st != TabletServing || fl > 1 || fl == 1 && hl != 0 || ll+hl > end-p {
+		if st > TabletInstalling || fl > 1 || fl == 1 && hl != 0 || ll+hl > end-p || !zero {
 			return 0, nil, fmt.Errorf("%w: tablet entry", ErrMalformed)
 		}
-		tb := Tablet{Low: b[p : p+ll : p+ll], HighInf: fl == 1}
+		tb := Tablet{Low: b[p : p+ll : p+ll], HighInf: fl == 1, State: st, Gen: gen, To: to}
 		p += ll
 		if !tb.HighInf {
 			tb.High = b[p : p+hl : p+hl]
@@ -182,29 +187,83 @@ type Placed struct {
 // Directory is a client's map from keys to groups: the union of every
 // group's published tablets, sorted by low fence. It is immutable once
 // built (a refresh builds another).
+//
+// During a move two groups may publish the same range (the directory
+// read the source before its drop and the target after its activation):
+// the tablet of the higher Gen is the newer and wins. A tablet being
+// installed is not routed to; a key that only such a tablet holds is
+// moving (ErrTabletMoving: the caller waits and reads the directory
+// again).
 type Directory struct {
 	tablets  []Placed
+	moving   []Placed // installing tablets not covered by a served one
 	versions map[uint32]uint64
+	owns     map[uint32]uint64
 	knobs    testingKnobs
 }
 
+// ErrTabletMoving: the key's tablet is being moved between groups, and
+// no group serves it at the moment the directory was read. The caller
+// waits a little and reads the directory again.
+var ErrTabletMoving = errors.New("btree: the key's tablet is moving between groups")
+
 // NewDirectory is the union of the groups' tablets (groups[g] read from
 // group g's header region, at version versions[g]). Overlapping tablets
-// are an error; gaps are not (a lookup there says so: ErrDirGap).
+// of one Gen are an error; gaps are not (a lookup there says so:
+// ErrDirGap).
 func NewDirectory(groups map[uint32][]Tablet, versions map[uint32]uint64) (*Directory, error) {
-	d := &Directory{versions: map[uint32]uint64{}}
+	return NewDirectoryOwned(groups, versions, nil)
+}
+
+// NewDirectoryOwned is NewDirectory with the ownership version each
+// group's header had when its tablets were read (OwnVersion).
+func NewDirectoryOwned(groups map[uint32][]Tablet, versions, owns map[uint32]uint64) (*Directory, error) {
+	d := &Directory{versions: map[uint32]uint64{}, owns: map[uint32]uint64{}}
 	gs := make([]uint32, 0, len(groups))
 	for g := range groups {
 		gs = append(gs, g)
 	}
 	slices.Sort(gs)
+	var all, inst []Placed
 	for _, g := range gs {
 		for _, tb := range groups[g] {
-			d.tablets = append(d.tablets, Placed{Tablet: Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf}, Group: g})
+			p := Placed{Tablet: Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf, State: tb.State, To: tb.To, Gen: tb.Gen}, Group: g}
+			if tb.State == TabletInstalling {
+				inst = append(inst, p)
+			} else {
+				all = append(all, p)
+			}
 		}
 		d.versions[g] = versions[g]
+		d.owns[g] = owns[g]
 	}
-	slices.SortFunc(d.tablets, func(a, b Placed) int {
+	// Newest first: a tablet overlapping one of a higher Gen is an older
+	// owner's, left out.
+	slices.SortStableFunc(all, func(a, b Placed) int {
+		switch {
+		case a.Gen > b.Gen:
+			return -1
+		case a.Gen < b.Gen:
+			return 1
+		}
+		return 0
+	})
+	for _, p := range all {
+		keep := true
+		for _, q := range d.tablets {
+			if overlaps(p.Tablet, q.Tablet) {
+				if q.Gen == p.Gen {
+					return nil, fmt.Errorf("%w: group %d's [%q, %s) and group %d's [%q, %s)", ErrDirOverlap, q.Group, q.Low, fmtHigh(q.Tablet), p.Group, p.Low, fmtHigh(p.Tablet))
+				}
+				keep = false
+				break
+			}
+		}
+		if keep {
+			d.tablets = append(d.tablets, p)
+		}
+	}
+	byLow := func(a, b Placed) int {
 		switch {
 		case string(a.Low) < string(b.Low):
 			return -1
@@ -212,14 +271,41 @@ func NewDirectory(groups map[uint32][]Tablet, versions map[uint32]uint64) (*Dire
 			return 1
 		}
 		return 0
-	})
-	for i := 1; i < len(d.tablets); i++ {
-		a, b := d.tablets[i-1], d.tablets[i]
-		if a.HighInf || string(a.High) > string(b.Low) {
-			return nil, fmt.Errorf("%w: group %d's [%q, %s) and group %d's [%q, ...)", ErrDirOverlap, a.Group, a.Low, fmtHigh(a.Tablet), b.Group, b.Low)
+	}
+	slices.SortFunc(d.tablets, byLow)
+	for _, p := range inst {
+		covered := false
+		for _, q := range d.tablets {
+			if q.Gen >= p.Gen && overlaps(p.Tablet, q.Tablet) {
+				covered = true // activated there already (an older read of this group)
+			}
+		}
+		if !covered {
+			d.moving = append(d.moving, p)
 		}
 	}
+	slices.SortFunc(d.moving, byLow)
 	return d, nil
+}
+
+// OwnVersion is the ownership version group g's header had when its
+// tablets were read (0: unknown). A read of g's tree checks that g's
+// header still says it, around its node reads.
+func (d *Directory) OwnVersion(g uint32) uint64 { return d.owns[g] }
+
+// Moving are the tablets being installed that no served tablet of the
+// directory covers (a move between its drop and its activation, or one
+// whose source was read after its drop).
+func (d *Directory) Moving() []Placed { return d.moving }
+
+// movingAt reports whether key lies in a tablet being installed.
+func (d *Directory) movingAt(key []byte) bool {
+	for _, p := range d.moving {
+		if p.Contains(key) {
+			return true
+		}
+	}
+	return false
 }
 
 func fmtHigh(tb Tablet) string {
@@ -253,6 +339,9 @@ func (d *Directory) Route(key []byte) (uint32, error) {
 	}
 	// A copy for the message: key itself stays the caller's (a put routes
 	// a key it built on its stack).
+	if d.movingAt(key) {
+		return 0, fmt.Errorf("%w: key %q", ErrTabletMoving, bytes.Clone(key))
+	}
 	return 0, fmt.Errorf("%w: key %q", ErrDirGap, bytes.Clone(key))
 }
 
@@ -276,6 +365,9 @@ func (d *Directory) Piece(lo, hi []byte, reverse bool) (g uint32, plo, phi []byt
 			lo = d.tablets[i].Low
 		}
 		if i < 0 {
+			if d.movingAt(lo) {
+				return 0, nil, nil, false, fmt.Errorf("%w: a scan at %q", ErrTabletMoving, lo)
+			}
 			return 0, nil, nil, false, fmt.Errorf("%w: a scan at %q", ErrDirGap, lo)
 		}
 		j := i
@@ -308,6 +400,11 @@ func (d *Directory) Piece(lo, hi []byte, reverse bool) (g uint32, plo, phi []byt
 		hi = d.tablets[i].High
 	}
 	if i < 0 {
+		for _, p := range d.moving {
+			if hi == nil && p.HighInf || hi != nil && string(p.Low) < string(hi) && (p.HighInf || string(p.High) >= string(hi)) {
+				return 0, nil, nil, false, fmt.Errorf("%w: a reverse scan below %q", ErrTabletMoving, hi)
+			}
+		}
 		return 0, nil, nil, false, fmt.Errorf("%w: a reverse scan below %q", ErrDirGap, hi)
 	}
 	j := i

@@ -4,6 +4,10 @@ package btree
 // value is production behaviour. Tests set them on a Tree or a Cache
 // before use.
 type testingKnobs struct {
+	// noVersionFloor: an ingest does not raise the versions issued after
+	// it above the moved keys' (a CAS can match a version from another
+	// group: TestMoveVersionsNeverRepeat).
+	noVersionFloor bool
 	// onWrite runs after every node write (tests capture the states a
 	// concurrent reader may see between writes).
 	onWrite func()
@@ -66,6 +70,11 @@ type testingKnobs struct {
 	// the key mid belongs to no tablet after the split (its writes are
 	// refused, StatusMoved, and readers route it nowhere).
 	splitGap bool
+	// writeDuringMove applies writes to a frozen tablet (a move under
+	// way): the mover has read the tablet's entries already, so such a
+	// write is acknowledged but lost when the tablet's new group takes
+	// over.
+	writeDuringMove bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
@@ -82,6 +91,10 @@ type testingKnobs struct {
 // PlantSkipOwnerCheck plants the skipOwnerCheck bug in s (tests of other
 // packages only: the kv simulator's mutant).
 func PlantSkipOwnerCheck(s *Store) { s.knobs.skipOwnerCheck = true }
+
+// PlantWriteDuringMove plants the writeDuringMove bug in s (tests of
+// other packages: the client's move test).
+func PlantWriteDuringMove(s *Store) { s.knobs.writeDuringMove = true }
 
 // PlantShiftMultiResults plants the shiftMultiResults bug in s (tests of
 // other packages: the client's combining test).

@@ -23,8 +23,8 @@ import (
 // the applies it reports), followed by the directory area (DirBytes: the
 // group's tablets, directory.go):
 //
-//	0       8           16        24       32 ... 56      64
-//	[root  ][geometry  ][applied ][dirver ][0    ][check ]
+//	0       8           16        24       32       40 ... 56      64
+//	[root  ][geometry  ][applied ][dirver ][ownver ][0    ][check ]
 //
 //	root      the root's node id
 //	geometry  [node size u32][chunk slots u32]
@@ -32,12 +32,16 @@ import (
 //	          this header: a node stamped at most applied holds its state
 //	          as of applied (scans)
 //	dirver    the version of the directory area written before it
+//	ownver    the version of the keys the group serves (Store.OwnVersion:
+//	          changes when a tablet leaves the group or is installed in
+//	          it; a reader checks it around its node reads)
 //	check     xxhash of words 0..6
 const (
 	hdrRegionSize = 64
 	hRoot         = 0
 	hGeometry     = 8
 	hApplied      = 16
+	hOwnVer       = 32
 	hCheck        = 56
 	maxChunks     = regions.BTreeIDs - 1
 )
@@ -55,6 +59,9 @@ type Header struct {
 	// DirVersion is the version of the group's tablets (the directory
 	// area's).
 	DirVersion uint64
+	// OwnVersion is the version of the keys the group serves
+	// (Store.OwnVersion).
+	OwnVersion uint64
 }
 
 func (h Header) encode(b []byte) {
@@ -64,6 +71,7 @@ func (h Header) encode(b []byte) {
 	le.PutUint64(b[hGeometry:], uint64(uint32(h.NodeSize))|uint64(uint32(h.ChunkSlots))<<32)
 	le.PutUint64(b[hApplied:], h.Applied)
 	le.PutUint64(b[hDirVer:], h.DirVersion)
+	le.PutUint64(b[hOwnVer:], h.OwnVersion)
 	le.PutUint64(b[hCheck:], xxhash.Sum64(b[:hCheck]))
 }
 
@@ -78,7 +86,7 @@ func DecodeHeader(b []byte) (Header, error) {
 		return h, ErrTorn
 	}
 	g := le.Uint64(b[hGeometry:])
-	h = Header{Root: NodeID(le.Uint64(b[hRoot:])), NodeSize: int(uint32(g)), ChunkSlots: int(g >> 32), Applied: le.Uint64(b[hApplied:]), DirVersion: le.Uint64(b[hDirVer:])}
+	h = Header{Root: NodeID(le.Uint64(b[hRoot:])), NodeSize: int(uint32(g)), ChunkSlots: int(g >> 32), Applied: le.Uint64(b[hApplied:]), DirVersion: le.Uint64(b[hDirVer:]), OwnVersion: le.Uint64(b[hOwnVer:])}
 	if h.NodeSize < MinNodeSize || h.NodeSize > MaxNodeSize || h.NodeSize%64 != 0 || h.ChunkSlots < 1 || h.Root == 0 {
 		return h, ErrMalformed
 	}
@@ -147,12 +155,12 @@ func (r *Regions) grow(n int) ([]byte, error) {
 // last node write of an apply (or of a batch of them). With tablets not
 // nil it first writes the directory area (the group's tablets at
 // version dirVer).
-func (r *Regions) Publish(t *Tree, applied uint64, dirVer uint64, tablets []Tablet) {
+func (r *Regions) Publish(t *Tree, applied, dirVer, ownVer uint64, tablets []Tablet) {
 	b := r.hdr.Bytes()
 	if tablets != nil {
 		encodeDir(b[hdrRegionSize:regionLen], dirVer, tablets)
 	}
-	Header{Root: t.root, NodeSize: r.Arena.size, ChunkSlots: r.Arena.per, Applied: applied, DirVersion: dirVer}.encode(b)
+	Header{Root: t.root, NodeSize: r.Arena.size, ChunkSlots: r.Arena.per, Applied: applied, DirVersion: dirVer, OwnVersion: ownVer}.encode(b)
 }
 
 // LocalDir decodes the directory area as this replica last published it

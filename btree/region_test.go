@@ -71,7 +71,7 @@ func TestRemoteReadsRacingWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rg.Publish(tr, 1, 0, nil)
+	rg.Publish(tr, 1, 0, 0, nil)
 	h := &history{keys: map[string][]change{}}
 	// applied is the last entry published; writing the entry whose node
 	// writes may be under way (a lookup may see them before the header).
@@ -102,7 +102,7 @@ func TestRemoteReadsRacingWriter(t *testing.T) {
 				h.add(k, s, "")
 				tr.Delete([]byte(k), s)
 			}
-			rg.Publish(tr, s, 0, nil)
+			rg.Publish(tr, s, 0, 0, nil)
 			applied.Store(s)
 		}
 	}()

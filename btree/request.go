@@ -326,7 +326,7 @@ func AppendResult(dst []byte, r *Result) []byte {
 
 // DecodeResult decodes a write request's result.
 func DecodeResult(b []byte) (Result, error) {
-	if len(b) != resSize || b[0] > StatusMixed || b[0] != StatusRefused && b[1] != 0 ||
+	if len(b) != resSize || b[0] > StatusMoving || b[0] != StatusRefused && b[1] != 0 ||
 		b[0] == StatusRefused && (b[1] == 0 || binary.LittleEndian.Uint32(b[4:]) != 0) {
 		return Result{}, fmt.Errorf("%w: result of %d bytes", ErrMalformedRequest, len(b))
 	}
@@ -385,7 +385,7 @@ func appendPair(dst []byte, k, v []byte, version uint64) []byte {
 // DecodeReadResult decodes a read's result; pairs alias b.
 func DecodeReadResult(b []byte) (ReadResult, error) {
 	var r ReadResult
-	if len(b) < resSize || b[0] > StatusMixed || b[1] > 1 || binary.LittleEndian.Uint64(b[16:]) != 0 {
+	if len(b) < resSize || b[0] > StatusMoving || b[1] > 1 || binary.LittleEndian.Uint64(b[16:]) != 0 {
 		return r, fmt.Errorf("%w: read result of %d bytes", ErrMalformedRequest, len(b))
 	}
 	r.Status, r.More = b[0], b[1] == 1

@@ -28,8 +28,17 @@ type Store struct {
 	t       *Tree
 	tablets []Tablet
 	// dirVer is the version of tablets, bumped at each change; dirPub
-	// the version last written to the directory area.
-	dirVer, dirPub uint64
+	// the version last written to the directory area. ownVer is the
+	// version of the keys the group serves (move.go: OwnVersion). Both
+	// are replicated state: every replica has the same at each entry,
+	// and snapshots carry them.
+	dirVer, dirPub, ownVer uint64
+	// verOff is added to every version the store issues (index<<16 |
+	// op): raised by an ingest so that no version issued later equals one
+	// a moved key held in another group (whose log indexes are not ours),
+	// which a compare-and-swap could otherwise match. Never lowered:
+	// versions stay strictly increasing. Replicated state (snapshots).
+	verOff uint64
 	// counts are the keys each tablet holds (a tablet splits past
 	// TabletMax).
 	counts []int
@@ -59,6 +68,16 @@ type pendingFree struct {
 type Tablet struct {
 	Low, High []byte
 	HighInf   bool
+	// State is TabletServing, TabletFrozen (a move under way: writes
+	// refused with StatusMoving) or TabletInstalling (being moved in:
+	// not served yet). To is the group a frozen tablet moves to. Gen
+	// counts the tablet's moves (0 for the config's tablets; a move's
+	// tablet has its source's Gen + 1; halves of a split keep it): of
+	// two overlapping tablets in a directory, the higher Gen is the
+	// newer (move.go).
+	State uint8
+	To    uint32
+	Gen   uint64
 }
 
 // Contains reports whether key lies in the tablet.
@@ -106,6 +125,15 @@ type StoreConfig struct {
 	// would give the group more than MaxTablets tablets, or overflow the
 	// directory area, is not made (the tablet grows on).
 	TabletMax int
+	// EarlySplit and FirstTabletMax make a fresh load cut tablets early
+	// (plan section 5, "Bootstrapping"): while the group owns fewer than
+	// EarlySplit tablets, a tablet splits past FirstTabletMax keys
+	// (default DefaultFirstTabletMax) rather than TabletMax. Moves then
+	// spread those tablets over the groups (client.Balance), and each
+	// group cuts its own early again. cluster.Map.OrderedStore sets
+	// EarlySplit to the number of groups. 0: no early splits.
+	EarlySplit     int
+	FirstTabletMax int
 	// Readers are granted read access to the regions.
 	Readers []rdma.NodeID
 }
@@ -118,6 +146,9 @@ const DefaultChunkSlots = 1024
 
 // DefaultTabletMax is the default TabletMax.
 const DefaultTabletMax = 64 << 10
+
+// DefaultFirstTabletMax is the default FirstTabletMax.
+const DefaultFirstTabletMax = 4 << 10
 
 func (c *StoreConfig) fill() error {
 	c.Tree = c.Tree.withDefaults()
@@ -138,6 +169,9 @@ func (c *StoreConfig) fill() error {
 	}
 	if c.TabletMax == 0 {
 		c.TabletMax = DefaultTabletMax
+	}
+	if c.FirstTabletMax == 0 {
+		c.FirstTabletMax = DefaultFirstTabletMax
 	}
 	switch {
 	case c.ChunkSlots < 1:
@@ -162,7 +196,7 @@ func NewStore(cfg StoreConfig, node rdma.Node) (*Store, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1, counts: make([]int, len(cfg.Tablets))}
+	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1, ownVer: 1, counts: make([]int, len(cfg.Tablets))}
 	if node != nil {
 		r, err := NewRegions(node, cfg.Group, cfg.Tree.NodeSize, cfg.ChunkSlots, cfg.Readers)
 		if err != nil {
@@ -252,7 +286,7 @@ func (s *Store) Publish(applied uint64) {
 			}
 			s.dirPub = s.dirVer
 		}
-		s.regs.Publish(s.t, s.applied, s.dirVer, dir)
+		s.regs.Publish(s.t, s.applied, s.dirVer, s.ownVer, dir)
 	}
 }
 
@@ -272,13 +306,19 @@ func (s *Store) reclaim(index uint64) {
 	}
 }
 
-// owner is the tablet holding key, or -1.
+// owner is the tablet holding key that the group serves reads of
+// (serving or frozen), or -1.
 func (s *Store) owner(key []byte) int {
-	i := sort.Search(len(s.tablets), func(i int) bool { return string(s.tablets[i].Low) > string(key) }) - 1
-	if i >= 0 && s.tablets[i].Contains(key) {
+	if i := s.find(key); i >= 0 && s.tablets[i].State != TabletInstalling {
 		return i
 	}
 	return -1
+}
+
+// searchTablets is the index of the last of tablets (sorted) whose low
+// fence is at most key, or -1.
+func searchTablets(tablets []Tablet, key []byte) int {
+	return sort.Search(len(tablets), func(i int) bool { return string(tablets[i].Low) > string(key) }) - 1
 }
 
 // Apply applies the ordered request data delivered as entry index and
@@ -290,6 +330,9 @@ func (s *Store) Apply(index uint64, data []byte) []byte {
 	s.work.Requests++
 	if IsMulti(data) {
 		return s.applyMulti(index, data)
+	}
+	if IsCtl(data) {
+		return s.applyCtl(index, data)
 	}
 	ops, err := DecodeRequest(data, s.ops)
 	s.ops = ops[:0]
@@ -360,8 +403,11 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	}
 	if !s.knobs.skipOwnerCheck {
 		for i := range ops {
-			if s.owner(ops[i].Key) < 0 {
+			switch k := s.find(ops[i].Key); {
+			case k < 0 || s.tablets[k].State == TabletInstalling:
 				return Result{Status: StatusMoved, FailedOp: i}
+			case s.tablets[k].State == TabletFrozen && !s.knobs.writeDuringMove:
+				return Result{Status: StatusMoving, FailedOp: i}
 			}
 		}
 	}
@@ -417,7 +463,7 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	}
 	for i := range ops {
 		op := &ops[i]
-		version := index<<16 | uint64(base+i)
+		version := index<<16 | uint64(base+i) + s.verOff
 		if res.Count == 0 {
 			res.Version = version
 		}
@@ -432,21 +478,34 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 			if !existed {
 				s.work.Inserts++
 			}
-			if k := s.owner(op.Key); !existed && k >= 0 {
-				if s.counts[k]++; s.cfg.TabletMax > 0 && s.counts[k] > s.cfg.TabletMax {
+			if k := s.find(op.Key); !existed && k >= 0 {
+				if s.counts[k]++; s.counts[k] > s.splitPast() && s.tablets[k].State == TabletServing {
 					s.splitTablet(k)
 				}
 			}
 		case OpDelete:
 			if s.t.Delete(op.Key, index) {
 				s.work.Writes++
-				if k := s.owner(op.Key); k >= 0 {
+				if k := s.find(op.Key); k >= 0 {
 					s.counts[k]--
 				}
 			}
 		}
 	}
 	return res
+}
+
+// splitPast is the count past which a tablet splits: TabletMax, or
+// FirstTabletMax while the group owns fewer than EarlySplit tablets (a
+// function of replicated state: every replica splits at the same put).
+func (s *Store) splitPast() int {
+	if s.cfg.TabletMax <= 0 {
+		return int(^uint(0) >> 1)
+	}
+	if len(s.tablets) < s.cfg.EarlySplit && s.cfg.FirstTabletMax > 0 {
+		return min(s.cfg.FirstTabletMax, s.cfg.TabletMax)
+	}
+	return s.cfg.TabletMax
 }
 
 // splitTablet cuts tablet k in two at its median key (the first key of
@@ -472,8 +531,8 @@ func (s *Store) splitTablet(k int) {
 	if mid == nil || string(mid) <= string(tb.Low) {
 		return
 	}
-	lo := Tablet{Low: tb.Low, High: mid}
-	hi := Tablet{Low: mid, High: tb.High, HighInf: tb.HighInf}
+	lo := Tablet{Low: tb.Low, High: mid, Gen: tb.Gen}
+	hi := Tablet{Low: mid, High: tb.High, HighInf: tb.HighInf, Gen: tb.Gen}
 	if s.knobs.splitGap {
 		hi.Low = append(slices.Clone(mid), 0) // planted: [mid, mid+0) left to no tablet
 	}
@@ -594,7 +653,7 @@ func (s *Store) read(index uint64, op *Op) []byte {
 	i := s.owner(start)
 	if i >= 0 {
 		run := s.tablets[i]
-		for j := i + 1; j < len(s.tablets) && !run.HighInf && string(s.tablets[j].Low) == string(run.High); j++ {
+		for j := i + 1; j < len(s.tablets) && !run.HighInf && string(s.tablets[j].Low) == string(run.High) && s.tablets[j].State != TabletInstalling; j++ {
 			run.High, run.HighInf = s.tablets[j].High, s.tablets[j].HighInf
 		}
 		if len(end) == 0 && !run.HighInf || len(end) != 0 && !run.HighInf && string(end) > string(run.High) {

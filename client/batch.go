@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/kv"
@@ -148,14 +149,29 @@ func (k *Keyspace) Commit(ctx context.Context, b *Batch) (BatchResult, error) {
 	// (the directory read again once if a group answers StatusMoved).
 	var rs []groupResult
 	var seen *btree.Directory
+	deadline := time.Now().Add(c.o.timeout)
+	if dl, ok := ctx.Deadline(); ok {
+		deadline = dl
+	}
+	waits := 0
 	for tries := 0; ; tries++ {
 		g, d, err := k.batchGroup(ctx, b.ops, seen)
-		if err != nil {
-			return BatchResult{}, err
+		if err == nil {
+			rs, err = c.writeTo(ctx, b.ops, k, g)
 		}
-		rs, err = c.writeTo(ctx, b.ops, k, g)
-		if errors.Is(err, ErrKeyMoved) && tries == 0 {
+		if errors.Is(err, ErrKeyMoved) && tries == 0 && k.force == nil {
 			seen = d
+			continue
+		}
+		if errors.Is(err, ErrTabletMoving) || errors.Is(err, btree.ErrTabletMoving) {
+			// A tablet of the batch is being moved: nothing applied.
+			if werr := k.moveWait(ctx, deadline, waits, err); werr != nil {
+				return BatchResult{}, werr
+			}
+			waits++
+			if seen = d; seen == nil {
+				seen = c.ord.dir.Load()
+			}
 			continue
 		}
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/kv"
 )
 
 // CombinerLoad is the messages under way and the writes queued, summed
@@ -47,3 +48,14 @@ func SetOnPost(c *Client, f func()) { c.comb.onPost = f }
 func KeyspaceDirectory(k *Keyspace) (*btree.Directory, error) {
 	return k.directory(context.Background())
 }
+
+// SetPlantReader makes c call f on the reader of each ordered get and
+// scan page before its call (tests: kv.PlantSkipOwnCheck).
+func SetPlantReader(c *Client, f func(*kv.OrderedReader)) { c.ord.plantReader = f }
+
+// SetMoveHook makes c call f before each step of a tablet move.
+func SetMoveHook(c *Client, f func(step string)) { c.ord.moveHook = f }
+
+// PlantActivateFirst plants a bug in c's tablet moves: the target is
+// activated before the source drops the tablet.
+func PlantActivateFirst(c *Client) { c.ord.activateFirst = true }

@@ -22,10 +22,14 @@ var (
 	ErrUnknownKeyspace = errors.New("rdmakv: unknown keyspace")
 	// ErrKeyMoved: the group the client sent an ordered write to does not
 	// own the key's range (StatusMoved), also after the client read the
-	// groups' tablets again; nothing was written. Tablets do not move
-	// between groups yet, so this means the client's map and the
-	// cluster's disagree.
+	// groups' tablets again; nothing was written.
 	ErrKeyMoved = errors.New("rdmakv: ordered key not owned by the group written to")
+	// ErrTabletMoving: the key's tablet was being moved between groups
+	// until the call's deadline (a write to a frozen tablet, or a range
+	// no group served yet); nothing was written. The client waits and
+	// retries until then: a move takes about the time of reading and
+	// writing the tablet's entries once.
+	ErrTabletMoving = errors.New("rdmakv: the key's tablet is moving between groups")
 	// ErrBatchSpansGroups: a Commit's keys lie in tablets of several
 	// groups (an ordered batch is applied by one group; nothing was
 	// written).
@@ -88,6 +92,15 @@ type ordered struct {
 	// plantDir, if set, changes every directory the client builds
 	// (tests: a gap, a planted bug).
 	plantDir func(*btree.Directory) *btree.Directory
+	// plantReader, if set, is called on the reader of each get and scan
+	// page before its call (tests: a planted bug).
+	plantReader func(*kv.OrderedReader)
+	// moveHook, if set, is called before each step of a tablet move
+	// (tests: writes and reads between the steps).
+	moveHook func(step string)
+	// activateFirst plants a bug in the client's tablet moves: the
+	// target serves the tablet before the source drops it.
+	activateFirst bool
 	// What the one-sided reads that answered did (Client.Stats): gets and
 	// scan pages, their node reads and their lists of reads (round trips).
 	gets, getReads, getLists    atomic.Uint64
@@ -189,7 +202,8 @@ const dirReadTimeout = 2 * time.Second
 // their union, unless another call replaced seen (the directory the
 // caller found wrong) meanwhile. A group whose read fails keeps the
 // tablets the old directory had for it, or, at the first read, those the
-// map places on it (tablets do not move between groups yet), so that a
+// map places on it (after moves that placement is old, and the
+// generations of the other groups' tablets win over it), so that a
 // group that is down fails only the calls on its own keys.
 func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btree.Directory, error) {
 	c := k.c
@@ -220,11 +234,11 @@ func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btre
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	groups, versions := map[uint32][]btree.Tablet{}, map[uint32]uint64{}
+	groups, versions, owns := map[uint32][]btree.Tablet{}, map[uint32]uint64{}, map[uint32]uint64{}
 	for g := range n {
 		gid := uint32(g)
 		if errs[g] == nil {
-			groups[gid], versions[gid] = res[g].Tablets, res[g].DirVersion
+			groups[gid], versions[gid], owns[gid] = res[g].Tablets, res[g].DirVersion, res[g].OwnVersion
 			continue
 		}
 		if old != nil {
@@ -233,7 +247,7 @@ func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btre
 					groups[gid] = append(groups[gid], p.Tablet)
 				}
 			}
-			versions[gid] = old.Version(gid)
+			versions[gid], owns[gid] = old.Version(gid), old.OwnVersion(gid)
 			continue
 		}
 		for _, p := range c.m.OrderedTablets() {
@@ -242,7 +256,7 @@ func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btre
 			}
 		}
 	}
-	d, err := btree.NewDirectory(groups, versions)
+	d, err := btree.NewDirectoryOwned(groups, versions, owns)
 	if err != nil {
 		return nil, fmt.Errorf("rdmakv: the groups' tablets: %w", err)
 	}
@@ -296,12 +310,13 @@ func (k *Keyspace) checkValue(v []byte) error {
 // routeRead is route for a read that holds the client open (enter): the
 // directory the client has, or, if it has none yet or ik lies in a gap
 // of it, route's reading of the groups' tablets under the read's context
-// (readCtx).
-func (k *Keyspace) routeRead(ctx context.Context, ik []byte) (uint32, error) {
+// (readCtx). With stale, the directory is read again first unless
+// another call replaced stale meanwhile (a read found it wrong).
+func (k *Keyspace) routeRead(ctx context.Context, ik []byte, stale *btree.Directory) (uint32, *btree.Directory, error) {
 	k.init()
-	if d := k.c.ord.dir.Load(); d != nil && k.force == nil {
+	if d := k.c.ord.dir.Load(); d != nil && k.force == nil && (stale == nil || d != stale) {
 		if g, err := d.Route(ik); err == nil {
-			return g, nil
+			return g, d, nil
 		}
 	}
 	rctx, cancel := context.WithCancel(ctx)
@@ -313,8 +328,40 @@ func (k *Keyspace) routeRead(ctx context.Context, ik []byte) (uint32, error) {
 		rctx, c2 = context.WithTimeout(rctx, k.c.o.timeout)
 		defer c2()
 	}
-	g, _, err := k.route(rctx, ik)
-	return g, err
+	if stale != nil {
+		if _, err := k.refreshDir(rctx, stale); err != nil {
+			return 0, nil, err
+		}
+	}
+	return k.route(rctx, ik)
+}
+
+// moveWait waits before the try-th retry of a call that met a tablet
+// being moved (or a group that no longer owns the key): an error if
+// ctx ends, the client closes, or the wait would end past deadline
+// (zero: none).
+func (k *Keyspace) moveWait(ctx context.Context, deadline time.Time, try int, cause error) error {
+	d := min(100*time.Microsecond<<min(try, 9), 20*time.Millisecond)
+	if !deadline.IsZero() && time.Now().Add(d).After(deadline) {
+		return fmt.Errorf("%w (until the deadline): %w", ErrTabletMoving, cause)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-k.c.done:
+		return ErrClosed
+	case <-t.C:
+		return nil
+	}
+}
+
+// retryMove reports whether a read's error means the directory was
+// stale or the key's tablet is moving: the caller reads the directory
+// again and retries.
+func retryMove(err error) bool {
+	return errors.Is(err, kv.ErrNotOwner) || errors.Is(err, btree.ErrTabletMoving)
 }
 
 // readCtx is the context of a read: ctx with the client's default
@@ -373,15 +420,41 @@ func (k *Keyspace) GetItem(ctx context.Context, key []byte, mode Consistency) (I
 	}
 	var kb [128]byte // the internal key of a usual key, without an allocation
 	ik := k.ks.InternalKey(kb[:0], key)
-	g, err := k.routeRead(ctx, ik)
-	if err != nil {
-		return Item{}, err
-	}
-	r := k.reader(g)
-	defer k.putReader(g, r)
-	res, err := r.LookupUntil(ctx, c.done, deadline, ik, mode)
-	if err != nil {
-		return Item{}, k.readErr(g, err)
+	var g uint32
+	var res kv.OrderedResult
+	var stale *btree.Directory
+	for try := 0; ; try++ {
+		var dir *btree.Directory
+		g, dir, err = k.routeRead(ctx, ik, stale)
+		if err == nil {
+			// The group's reads check that it still owns what dir says
+			// it owns (a tablet that moved away fails the check).
+			r := k.reader(g)
+			r.SetOwnVersion(dir.OwnVersion(g))
+			if k.c.ord.plantReader != nil {
+				k.c.ord.plantReader(r)
+			}
+			res, err = r.LookupUntil(ctx, c.done, deadline, ik, mode)
+			if err == nil {
+				// res aliases r's buffers until its next call: r goes
+				// back to the pool once the value is copied.
+				defer k.putReader(g, r)
+				break
+			}
+			k.putReader(g, r)
+			if !retryMove(err) {
+				return Item{}, k.readErr(g, err)
+			}
+		} else if !errors.Is(err, btree.ErrTabletMoving) {
+			return Item{}, err
+		}
+		if werr := k.moveWait(ctx, d, try, err); werr != nil {
+			return Item{}, werr
+		}
+		stale = dir
+		if stale == nil {
+			stale = k.c.ord.dir.Load()
+		}
 	}
 	c.ord.gets.Add(1)
 	c.ord.getReads.Add(uint64(res.NodeReads))
@@ -498,6 +571,8 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 		lo, hi := k.ks.Range(start, end)
 		left := o.limit
 		refreshed := false // the directory was read again at this piece
+		moves := 0         // retries of this piece for a move (moveWait)
+		var moveDeadline time.Time
 		for {
 			d, err := k.directory(ctx)
 			if err != nil {
@@ -517,20 +592,44 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 				}
 				continue
 			}
-			if err != nil {
-				yield(KV{}, fmt.Errorf("rdmakv: scan of keyspace %q: %w", k.ks.Name, err))
-				return
-			}
 			n := o.page
 			if left > 0 && left < n {
 				n = left
 			}
-			pairs, err := k.scanPage(ctx, g, plo, phi, n, o.mode, o.reverse)
+			var pairs []KV
+			if err == nil {
+				pairs, err = k.scanPage(ctx, d, g, plo, phi, n, o.mode, o.reverse)
+			}
+			if retryMove(err) {
+				// The piece's tablet moved (the group read no longer
+				// owns what d says), or is moving: wait, read the
+				// directory again, and read the piece where it is now.
+				if moveDeadline.IsZero() {
+					moveDeadline = time.Now().Add(k.c.o.timeout)
+					if dl, ok := ctx.Deadline(); ok {
+						moveDeadline = dl
+					}
+				}
+				if werr := k.moveWait(ctx, moveDeadline, moves, err); werr != nil {
+					yield(KV{}, werr)
+					return
+				}
+				moves++
+				if _, err := k.refreshDir(ctx, d); err != nil {
+					yield(KV{}, err)
+					return
+				}
+				continue
+			}
+			if errors.Is(err, btree.ErrDirGap) {
+				yield(KV{}, fmt.Errorf("rdmakv: scan of keyspace %q: %w", k.ks.Name, err))
+				return
+			}
 			if err != nil {
 				yield(KV{}, err)
 				return
 			}
-			refreshed = false
+			refreshed, moves, moveDeadline = false, 0, time.Time{}
 			for _, p := range pairs {
 				if !yield(p, nil) {
 					return
@@ -580,7 +679,7 @@ func (k *Keyspace) checkScan(start, end []byte) error {
 
 // scanPage reads at most n pairs of [lo, hi) (internal keys), copied and
 // without the keyspace prefix.
-func (k *Keyspace) scanPage(ctx context.Context, g uint32, lo, hi []byte, n int, mode Consistency, reverse bool) ([]KV, error) {
+func (k *Keyspace) scanPage(ctx context.Context, d *btree.Directory, g uint32, lo, hi []byte, n int, mode Consistency, reverse bool) ([]KV, error) {
 	if hi != nil && string(lo) >= string(hi) {
 		return nil, nil
 	}
@@ -591,7 +690,14 @@ func (k *Keyspace) scanPage(ctx context.Context, g uint32, lo, hi []byte, n int,
 	defer end()
 	r := k.reader(g)
 	defer k.putReader(g, r)
+	r.SetOwnVersion(d.OwnVersion(g))
+	if k.c.ord.plantReader != nil {
+		k.c.ord.plantReader(r)
+	}
 	res, err := r.ScanCtx(ctx, lo, hi, n, mode, reverse)
+	if errors.Is(err, kv.ErrNotOwner) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, k.readErr(g, err)
 	}

@@ -217,26 +217,50 @@ func (c *Client) single(ctx context.Context, op kv.Op, ks *Keyspace) (WriteResul
 	}
 	// The group of the key's tablet, by the client's directory; a group
 	// that answers StatusMoved applied nothing: read the directory again
-	// and send the write to the group it names, if another.
+	// and send the write to the group it names. A tablet being moved
+	// (StatusMoving, or a range no group serves for a moment) applied
+	// nothing either: wait, read the directory again and send again,
+	// until the call's deadline (ErrTabletMoving then).
 	var kb [128]byte // the internal key of a usual key, without an allocation
 	ik := ks.ks.InternalKey(kb[:0], op.Key)
+	deadline := time.Now().Add(c.o.timeout)
+	if dl, ok := ctx.Deadline(); ok {
+		deadline = dl
+	}
 	g, d, err := ks.route(ctx, ik)
+	waits := 0
 	for tries := 0; ; tries++ {
-		if err != nil {
-			return WriteResult{}, err
+		var wr WriteResult
+		if err == nil {
+			wr, err = c.singleTo(ctx, g, op, ks)
 		}
-		wr, err := c.singleTo(ctx, g, op, ks)
-		if !errors.Is(err, ErrKeyMoved) || tries >= 2 {
+		moving := errors.Is(err, ErrTabletMoving) || errors.Is(err, btree.ErrTabletMoving)
+		moved := errors.Is(err, ErrKeyMoved) && ks.force == nil
+		if !moving && !moved {
 			return wr, err
+		}
+		if moving || tries >= 2 {
+			// Same group named again after StatusMoved: the directory
+			// was read from a replica behind the one written to.
+			if moved && tries >= 200 {
+				return wr, err
+			}
+			if werr := ks.moveWait(ctx, deadline, waits, err); werr != nil {
+				return WriteResult{}, werr
+			}
+			waits++
+		}
+		if d == nil {
+			d = ks.c.ord.dir.Load()
 		}
 		if _, rerr := ks.refreshDir(ctx, d); rerr != nil {
 			return WriteResult{}, rerr
 		}
 		ng, nd, rerr := ks.route(ctx, ik)
-		if rerr != nil || ng == g {
-			return wr, errors.Join(err, rerr)
+		if moved && rerr == nil && ng == g && tries < 2 {
+			tries = 2 // wait from now on
 		}
-		g, d = ng, nd
+		g, d, err = ng, nd, rerr
 	}
 }
 
@@ -296,6 +320,10 @@ func (c *Client) statusErr(g uint32, r kv.Result, ks *Keyspace, key []byte) erro
 	case kv.StatusMoved:
 		if ks != nil {
 			return fmt.Errorf("%w: group %d does not own key %q of keyspace %q (StatusMoved; nothing written)", ErrKeyMoved, g, key, ks.ks.Name)
+		}
+	case kv.StatusMoving:
+		if ks != nil {
+			return fmt.Errorf("%w: group %d: key %q of keyspace %q is in a tablet frozen for a move (StatusMoving; nothing written)", ErrTabletMoving, g, key, ks.ks.Name)
 		}
 	}
 	return fmt.Errorf("rdmakv: group %d answered status %d", g, r.Status)

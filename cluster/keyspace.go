@@ -37,6 +37,11 @@ type Keyspace struct {
 	// increasing): each starts a tablet, so a keyspace with n of them
 	// spreads over n+1 tablets (OrderedTablets places them).
 	Splits []string `json:"splits,omitempty"`
+	// FirstTabletMax is the keys past which a tablet splits while its
+	// group owns fewer tablets than there are groups (0:
+	// btree.DefaultFirstTabletMax; the first keyspace's applies to all,
+	// like NodeSize). Maps only (tests): the config does not set it.
+	FirstTabletMax int `json:"first_tablet_max,omitempty"`
 }
 
 // UniformSplits are the split points of count tablets over the keys
@@ -242,6 +247,12 @@ func (m *Map) OrderedStore(g int) (cfg btree.StoreConfig, ok bool) {
 		if p.Group == uint32(g) {
 			cfg.Tablets = append(cfg.Tablets, p.Tablet)
 		}
+	}
+	if len(m.Groups) > 1 {
+		// A fresh load cuts tablets early, which client.Balance
+		// spreads over the groups (docs/btree.md, "Moving a tablet").
+		cfg.EarlySplit = len(m.Groups)
+		cfg.FirstTabletMax = m.Keyspaces[0].FirstTabletMax
 	}
 	cfg.Readers = append(append(cfg.Readers, m.ClientNodes...), m.Groups[g]...)
 	return cfg, true

@@ -22,8 +22,12 @@ const (
 	// StatusMixed: the request mixes ops on hashed and ordered keys;
 	// nothing applied.
 	StatusMixed = 5
+	// StatusMoving: an op's key is in a tablet frozen for a move to
+	// another group; nothing applied. Wait and send again (after
+	// reading the directory again).
+	StatusMoving = 6
 
-	maxStatus = StatusMixed
+	maxStatus = StatusMoving
 )
 
 // Ordered is the ordered part of a replica's state (btree.Store), called

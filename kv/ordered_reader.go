@@ -84,9 +84,11 @@ type OrderedResult struct {
 	// until its next call, as every slice of the result).
 	Pairs   []btree.KV
 	Scanned uint64
-	// Directory read (BeginDir): the group's tablets and their version.
+	// Directory read (BeginDir): the group's tablets and their version,
+	// and the header's ownership version (btree.Store.OwnVersion).
 	Tablets    []btree.Tablet
 	DirVersion uint64
+	OwnVersion uint64
 	// Member is the replica read; Applied and AppliedAt its kv header's
 	// last applied entry and when it was applied, read before the tree:
 	// the answer is never older than the state after Applied.
@@ -115,6 +117,13 @@ type OrderedResult struct {
 // ErrOrderedRetries: a one-sided ordered read kept meeting nodes being
 // written, or a tree that changed under it, for MaxAttempts attempts.
 var ErrOrderedRetries = errors.New("kv: ordered read gave up")
+
+// ErrNotOwner: the group's ownership version (btree header word 4)
+// differs from the one the caller's directory was read at
+// (SetOwnVersion): the group may no longer own the key's tablet, or own
+// one it did not. The read gave no answer; the caller reads the
+// directory again and reads the group it names.
+var ErrNotOwner = errors.New("kv: the group's tablets changed since the directory was read")
 
 // errNeed: the walk asked for a node not read yet in this attempt.
 var errNeed = errors.New("kv: node not read yet")
@@ -151,12 +160,21 @@ type OrderedReader struct {
 	// The tree header last read: the root a lookup starts from (any
 	// older root works too, through right links) and the geometry that
 	// places node slots.
-	hdr    btree.Header
-	hdrOK  bool
-	hbuf   []byte
-	dbuf   []byte // the whole header region (directory reads)
-	wrs    []rdma.WR
-	readFn btree.ReadFunc
+	hdr   btree.Header
+	hdrOK bool
+	hbuf  []byte
+	dbuf  []byte // the whole header region (directory reads)
+	// The ownership check (SetOwnVersion): the version the caller's
+	// directory says, the buffers of the tree-header reads before the
+	// attempt's first node read and after each list's node reads, and
+	// which of them the list in flight has.
+	ownWant         uint64
+	obuf            [2][]byte
+	ownPre, ownPost bool
+	ownOK           bool // every check of this attempt so far matched
+	skipOwnCheck    bool // planted: the check is not made
+	wrs             []rdma.WR
+	readFn          btree.ReadFunc
 
 	// The call under way.
 	st                ordState
@@ -242,6 +260,9 @@ type Delegation struct {
 	// recycleJoined plants a bug: a reader reuses the buffer of a read
 	// another lookup joined (whose answer aliases it).
 	recycleJoined bool
+	// joinAnyOwn plants a bug: a lookup that checks ownership joins a
+	// read that was not checked against its ownership version.
+	joinAnyOwn bool
 }
 
 // NewDelegation returns a Delegation for one client's readers of a group.
@@ -257,6 +278,9 @@ type sharedRead struct {
 	buf    []byte
 	lin    bool   // h1 and h2 bracket it, serving one epoch
 	h1, h2 Header // the poster's header before the read, and after (lin)
+	// own is the ownership version the poster's tree-header reads showed
+	// before and after the read (0: not checked, or they differed).
+	own uint64
 }
 
 // callBuf is a node buffer a call posted a read into.
@@ -360,13 +384,13 @@ func (d *Delegation) retire(slot uint32, sr *sharedRead) bool {
 
 // land ends a shared read: failed (joiners read for themselves), or with
 // its bytes in buf and the poster's headers.
-func (d *Delegation) land(sr *sharedRead, failed, lin bool, h1, h2 Header) {
+func (d *Delegation) land(sr *sharedRead, failed, lin bool, h1, h2 Header, own uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if sr.done {
 		return
 	}
-	sr.done, sr.failed, sr.lin, sr.h1, sr.h2 = true, failed, lin, h1, h2
+	sr.done, sr.failed, sr.lin, sr.h1, sr.h2, sr.own = true, failed, lin, h1, h2, own
 }
 
 // state reports whether sr is done and, if so, whether it failed.
@@ -382,8 +406,35 @@ func (d *Delegation) state(sr *sharedRead) (done, failed bool) {
 func NewOrderedReader(node rdma.Node, g uint32, members []rdma.NodeID, near int, cache *btree.Cache) *OrderedReader {
 	r := &OrderedReader{gr: NewGroupReader(node, g, members, near), cache: cache, hbuf: make([]byte, btree.HeaderSize),
 		maxReadsPerAttmpt: 256}
+	r.obuf[0], r.obuf[1] = make([]byte, btree.HeaderSize), make([]byte, btree.HeaderSize)
 	r.readFn = r.memoRead
 	return r
+}
+
+// SetOwnVersion makes the reader's lookups and scans check that the
+// group serves the keys it served when the caller's directory was read:
+// its tree header's ownership version must be v before the attempt's
+// first node read and after each list of node reads (a version changes
+// when a tablet leaves the group or is installed in it, btree/move.go).
+// A mismatch ends the call with ErrNotOwner. 0: no check. It holds for
+// the reader's later calls until set again.
+//
+// Why it suffices: the version a group publishes only grows, so the same
+// v before and after the node reads means no tablet left or entered the
+// group in between: the group owned the key's tablet (the directory said
+// so at v) at every node read the answer rests on. A move drops the
+// tablet at its source before the target serves it, so a source that
+// still has v served every write of the tablet acknowledged so far.
+func (r *OrderedReader) SetOwnVersion(v uint64) { r.ownWant = v }
+
+// PlantSkipOwnCheck plants a bug in r: its reads do not check the
+// ownership version (a client with a stale directory reads a group that
+// no longer owns the key, tests of other packages).
+func PlantSkipOwnCheck(r *OrderedReader) { r.skipOwnCheck = true }
+
+// ownCheck reports whether the call checks ownership.
+func (r *OrderedReader) ownCheck() bool {
+	return r.ownWant != 0 && r.kind != okDir && !r.skipOwnCheck
 }
 
 // Reader is the GroupReader the reads go through (its Timeout and
@@ -566,6 +617,7 @@ func (r *OrderedReader) startAttempt() {
 	r.hint.Reset()
 	r.walking = false
 	r.first, r.posted, r.runReads, r.got, r.bracketed, r.noJoin, r.joining = true, 0, 0, 0, false, 0, nil
+	r.ownOK = true
 	r.wantHdr = !r.hdrOK || r.kind != okLookup
 	for i := range g.asked {
 		g.asked[i] = false
@@ -706,6 +758,7 @@ func (r *OrderedReader) step() {
 	g := r.gr
 	var wrs []rdma.WR
 	r.inList, r.bufs, r.hdrInList = r.inList[:0], r.bufs[:0], false
+	r.ownPre, r.ownPost = false, false
 	ms := g.m[r.m]
 	if r.first {
 		wrs = append(r.wrs[:0], rdma.WR{Kind: rdma.OpRead, Region: headerRegion(g.group), Buf: ms.hdr[:hdrSize]})
@@ -750,11 +803,22 @@ func (r *OrderedReader) step() {
 					}
 				}
 			}
+			if r.ownCheck() && r.first {
+				// The tree header before the attempt's first node read:
+				// the ownership version then.
+				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: btree.HeaderRegion(g.group), Buf: r.obuf[0]})
+				r.ownPre = true
+			}
 			for _, sl := range r.inList {
 				reg, off := r.hdr.SlotAddr(g.group, sl)
 				b := r.nodeBuf(sl) // the memo keeps it until the call's end
 				r.bufs = append(r.bufs, b)
 				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: b})
+			}
+			if r.ownCheck() {
+				// And after them.
+				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: btree.HeaderRegion(g.group), Buf: r.obuf[1]})
+				r.ownPost = true
 			}
 			if r.need == r.noJoin {
 				r.noJoin = 0
@@ -812,6 +876,9 @@ func (r *OrderedReader) join() bool {
 // bracket does not fit the attempt's (another epoch), so the reader reads
 // the node itself.
 func (r *OrderedReader) take(sr *sharedRead) bool {
+	if r.ownCheck() && sr.own != r.ownWant && !r.deleg.joinAnyOwn {
+		return false // not read under the ownership version this call checks
+	}
 	if r.mode == Linearizable {
 		if !sr.lin || !r.bracket(sr.h1, sr.h2) {
 			return false
@@ -857,7 +924,7 @@ func (r *OrderedReader) noteH1(h1 Header) {
 // failed (it abandons it).
 func (r *OrderedReader) release() {
 	if r.own != nil {
-		r.deleg.land(r.own, true, false, Header{}, Header{})
+		r.deleg.land(r.own, true, false, Header{}, Header{}, 0)
 		r.own = nil
 	}
 }
@@ -924,6 +991,9 @@ func (r *OrderedReader) landed() {
 			return
 		}
 		r.wantHdr = false
+		if r.ownCheck() && !r.ownMatch(h) {
+			return
+		}
 		if r.kind != okDir {
 			// A directory read's header is not kept as the root later
 			// stale-ok lookups start from: a client reads the directory
@@ -938,8 +1008,21 @@ func (r *OrderedReader) landed() {
 				r.fail(fmt.Errorf("%w: tablets: %w", errRetry, err))
 				return
 			}
-			r.res.Tablets, r.res.DirVersion = tbs, v
+			r.res.Tablets, r.res.DirVersion, r.res.OwnVersion = tbs, v, h.OwnVersion
 			r.answer()
+			return
+		}
+	}
+	for i, b := range r.obuf {
+		if i == 0 && !r.ownPre || i == 1 && !r.ownPost {
+			continue
+		}
+		h, err := btree.DecodeHeader(b)
+		if err != nil {
+			r.fail(fmt.Errorf("%w: tree header: %w", errRetry, err))
+			return
+		}
+		if !r.ownMatch(h) {
 			return
 		}
 	}
@@ -949,11 +1032,30 @@ func (r *OrderedReader) landed() {
 	}
 	if len(r.inList) > 0 {
 		if r.own != nil {
-			r.deleg.land(r.own, false, lin, r.ownH1, h2)
+			var own uint64
+			if r.ownCheck() && r.ownOK && r.ownPost {
+				own = r.ownWant
+			}
+			r.deleg.land(r.own, false, lin, r.ownH1, h2, own)
 			r.own = nil
 		}
 	}
 	r.step()
+}
+
+// ownMatch checks a tree header read for the ownership check: false
+// (the call ended with ErrNotOwner) if its version is not the one asked
+// for.
+func (r *OrderedReader) ownMatch(h btree.Header) bool {
+	if h.OwnVersion == r.ownWant {
+		return true
+	}
+	r.ownOK = false
+	r.release()
+	r.lastErr = fmt.Errorf("%w: group %d's ownership version is %d, the directory's %d", ErrNotOwner, r.gr.group, h.OwnVersion, r.ownWant)
+	r.err = r.lastErr
+	r.st = osDone
+	return false
 }
 
 // answer takes the walk's answer: at once for stale-ok, after the promise

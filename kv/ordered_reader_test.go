@@ -610,3 +610,53 @@ func delegatedPair(t *testing.T, n int, val func(int) string, mode Consistency, 
 	}
 	return g, a, b
 }
+
+// TestOrderedReaderJoinOwnCheck: a lookup that checks ownership joins
+// only reads made under the same ownership version. Here the group
+// dropped its tablet (a move), a reader whose directory predates the drop
+// begins a lookup, and a reader that checks nothing posts the leaf read:
+// the first does not take it, reads for itself and fails the check
+// (ErrNotOwner). The planted joinAnyOwn takes it and answers not found
+// from a group that no longer owns the key.
+func TestOrderedReaderJoinOwnCheck(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		g, a, b := delegatedPair(t, 30, func(int) string { return "v" }, Linearizable, func(d *Delegation) { d.joinAnyOwn = planted })
+		own := g.stores[0].OwnVersion()
+		for _, cmd := range []uint8{btree.CtlFreeze, btree.CtlDrop} {
+			g.idx++
+			for _, tb := range g.tabs {
+				tb.Apply(broadcast.Entry{Index: g.idx, Data: btree.AppendCtl(nil, &btree.Ctl{Cmd: cmd, To: 1, Gen: 1, Tablet: btree.All})})
+			}
+		}
+		if g.stores[0].OwnVersion() == own || g.stores[0].Tree().Len() != 0 {
+			t.Fatalf("the drop: version %d, %d keys", g.stores[0].OwnVersion(), g.stores[0].Tree().Len())
+		}
+		run := func(r *OrderedReader) (OrderedResult, error) {
+			t.Helper()
+			for i := 0; !r.Poll(rdma.Mono()); i++ {
+				if i > 1e6 {
+					t.Fatal("a lookup did not end")
+				}
+			}
+			r.st = osIdle
+			return r.Result()
+		}
+		key := []byte("k007")
+		b.SetOwnVersion(own) // its directory predates the drop
+		b.BeginLookup(key, Linearizable)
+		a.BeginLookup(key, Linearizable) // checks nothing
+		if res, err := run(a); err != nil || res.Found {
+			t.Fatalf("a: %+v %v", res, err)
+		}
+		joined := b.Joined
+		res, err := run(b)
+		switch {
+		case planted && err == nil && !res.Found && b.Joined == joined+1:
+			t.Logf("joinAnyOwn planted: b answered not found from a read it did not check")
+		case planted:
+			t.Fatalf("joinAnyOwn planted: b %+v %v, joined %d", res, err, b.Joined-joined)
+		case !errors.Is(err, ErrNotOwner) || b.Joined != joined:
+			t.Fatalf("b after the drop: %+v %v (joined %d reads), want ErrNotOwner", res, err, b.Joined-joined)
+		}
+	}
+}

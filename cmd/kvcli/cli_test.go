@@ -118,9 +118,9 @@ func TestUsageExitCodes(t *testing.T) {
 		lines []string
 	}{
 		{"", []string{"get"}, []string{"kvcli: get takes 1 argument, got 0"}},
-		{"", []string{"frobnicate"}, []string{`kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, help)`}},
-		{"", []string{"gt", "k"}, []string{`kvcli: unknown command "gt": did you mean "get"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, help)`}},
-		{"", []string{"help", "stauts"}, []string{`kvcli: unknown command "stauts": did you mean "status"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, help)`}},
+		{"", []string{"frobnicate"}, []string{`kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, help)`}},
+		{"", []string{"gt", "k"}, []string{`kvcli: unknown command "gt": did you mean "get"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, help)`}},
+		{"", []string{"help", "stauts"}, []string{`kvcli: unknown command "stauts": did you mean "status"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, help)`}},
 		{"", []string{"status", "x"}, []string{"kvcli: status takes no arguments, got 1"}},
 		{"", []string{"cas", "--version", "1", "--absent", "k", "v"}, []string{"kvcli: cas: --absent and --version exclude each other (--version 0 is --absent)"}},
 		{"", []string{"exit"}, []string{"kvcli: exit is a shell command (run kvcli with no command for the shell)"}},
@@ -138,11 +138,11 @@ func TestUsageExitCodes(t *testing.T) {
 			"kvcli: line 1: batch: exit 2"}},
 		{"frob\n", nil, []string{
 			`kvcli: unknown command "frob" (help lists the commands)`,
-			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, use, help, exit, quit (help COMMAND)",
+			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, use, help, exit, quit (help COMMAND)",
 			"kvcli: line 1: frob: exit 2"}},
 		{"qiut\n", nil, []string{
 			`kvcli: unknown command "qiut": did you mean "quit"? (help lists the commands)`,
-			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, use, help, exit, quit (help COMMAND)",
+			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, use, help, exit, quit (help COMMAND)",
 			"kvcli: line 1: qiut: exit 2"}},
 		{"get 'open\n", nil, []string{"kvcli: line 1: unterminated ' quote"}},
 	} {
@@ -250,7 +250,8 @@ func TestCompletion(t *testing.T) {
 		{"get --consistency ", []string{"linearizable ", "stale-ok "}, 0},
 		{"cas --", []string{"absent ", "version ", "file ", "json ", "timeout "}, 2},
 		{"watch --i", []string{"nterval "}, 3},
-		{"help ba", []string{"tch "}, 2},
+		{"help bat", []string{"ch "}, 3},
+		{"help bal", []string{"ance "}, 3},
 		{"batch ", []string{"put ", "del "}, 0},
 		{"batch put a 1 d", []string{"el "}, 1},
 		{"batch put a ", nil, 0},

@@ -215,6 +215,33 @@ lag); a write between two pages shows in the later one only.`,
 that start with PREFIX ("": every key), one a line: a scan of
 [PREFIX, PREFIX+1). At most 100 unless --limit N says otherwise (0: all).`,
 			run: runScan},
+		{name: "tablets", cluster: true, flags: []string{"json", "timeout"},
+			summary: "the ordered keyspaces' tablets: key ranges and the group serving each",
+			help: `Reads every group's tablets afresh and prints one a line: its first key, the
+key it ends before, its group and its state (serving; frozen while a move
+to another group runs: writes to it wait; installing: being moved in).
+Keys print as KEYSPACE:KEY; min and max are the ends of the key order.`,
+			run: runTablets},
+		{name: "move-tablet", args: "FROM GROUP", cluster: true, flags: []string{"json", "timeout"},
+			summary: "move the tablet starting at FROM (as tablets prints it) to GROUP",
+			help: `Moves a tablet to another group: freezes it (writes to its keys wait),
+copies its pairs to GROUP, drops it at its group and has GROUP serve it.
+Reads go on until the drop; a get or scan through a stale directory finds
+out and reads the new group. If it fails half way (a timeout), run it again
+to finish, or abort-move to undo a move that has not dropped yet. A large
+tablet may need a longer --timeout.`,
+			run: runMoveTablet},
+		{name: "abort-move", args: "FROM", cluster: true, flags: []string{"json", "timeout"},
+			summary: "undo a tablet move that failed before its drop",
+			run:     runAbortMove},
+		{name: "balance", cluster: true, flags: []string{"json", "timeout"},
+			summary: "move tablets until no group has 2 more than another",
+			help: `Runs the balancing rule until it proposes no move: while the group with
+the most tablets has at least 2 more than the group with the fewest, its
+last tablet (in key order) moves to that group. Prints the number of
+moves. A fresh load of a keyspace without split points makes as many
+tablets as groups early (at 4096 keys), so balance spreads it.`,
+			run: runBalance},
 		{name: "use", args: "[KEYSPACE]", cluster: true, shell: true,
 			summary: "act on an ordered keyspace (use alone: back to the default, hashed one)",
 			help: `Makes get, put, del, cas, watch, scan and keys act on the ordered keyspace
@@ -445,8 +472,12 @@ func parse(words []string, d opts) (*call, error) {
 		if len(x.args) > 1 {
 			return bad("use takes at most 1 argument (a keyspace), got %d", len(x.args))
 		}
-	case "status", "leaders", "exit", "quit":
+	case "status", "leaders", "exit", "quit", "tablets", "balance":
 		n = 0
+	case "move-tablet":
+		n = 2
+	case "abort-move":
+		n = 1
 	case "help":
 		if len(x.args) > 1 {
 			return bad("help takes at most 1 argument, got %d", len(x.args))

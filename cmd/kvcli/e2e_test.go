@@ -593,4 +593,17 @@ func testOrdered(t *testing.T, e *e2e) {
 	if code != 2 || !strings.Contains(stderr, "shell command") {
 		t.Fatalf("one-shot use: exit %d, stderr %q", code, stderr)
 	}
+	// Tablets: the keyspace declares no split points, so group 0 serves
+	// the one tablet; move-tablet hands it to group 1, and the keys are
+	// read from there; balance has nothing to do (1 tablet, 2 groups).
+	e.must(t, 0, "min\tmax\tgroup 0\tserving\n", "tablets")
+	e.must(t, 0, "OK\n", "move-tablet", "min", "1")
+	e.must(t, 0, "min\tmax\tgroup 1\tserving\n", "tablets")
+	e.must(t, 0, "vab\n", append(ks, "get", "ab")...)
+	e.must(t, 0, "a\tva\nab\tvab\nb\tvb\nc\tvc\n", append(ks, "scan", "a", "d")...)
+	e.must(t, 0, "OK\n", append(ks, "put", "e", "ve")...)
+	e.must(t, 0, "0 moves\n", "balance")
+	if _, stderr, code := e.cli(t, "", "move-tablet", "nope:a", "1"); code != 2 || !strings.Contains(stderr, "nope") {
+		t.Fatalf("move-tablet of an unknown keyspace's key: exit %d, stderr %q", code, stderr)
+	}
 }

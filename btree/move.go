@@ -1,0 +1,339 @@
+package btree
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+)
+
+// Tablet moves (docs/btree.md, "Moving a tablet"): a tablet of group g
+// goes to group t in four steps, each an ordered request applied through
+// one group's log (deterministic on every replica, idempotent, so a step
+// sent again after a lost answer or a leader change changes nothing more):
+//
+//  1. CtlFreeze at g: the tablet is frozen (writes to its keys get
+//     StatusMoving; reads go on), marked for t and the move's generation
+//     (the tablet's generation + 1).
+//  2. CtlIngest at t, as many as needed: the frozen tablet's entries
+//     (the mover reads them from g through g's log after the freeze, so
+//     they are the tablet's last state), with their versions. t holds
+//     them as an installing tablet: neither read nor written yet.
+//  3. CtlDrop at g: g deletes the tablet's keys and stops owning it. Its
+//     ownership version changes, so a reader of g with an older directory
+//     fails its ownership check instead of answering from g.
+//  4. CtlActivate at t, only after the drop was applied: t serves the
+//     tablet (its ownership version changes).
+//
+// Between 3 and 4 no group serves the range: clients wait and retry. No
+// group ever serves the range's writes while another serves its reads,
+// which is what keeps the move linearizable: every write applied at g
+// was applied before the freeze (so it was ingested), and t applies
+// writes only after g's drop, which a linearizable reader of g sees.
+// CtlAbort undoes a move that has not dropped: it removes t's installing
+// tablet, and unfreezes g's.
+//
+// A control request (format RequestFormat, flags FlagTablet):
+//
+//	[format u8 = 5][flags u8 = 2][cmd u8][0 u8][0 u32]
+//	[to u32][0 u32][gen u64]
+//	[low len u32][high len u32][flags u32: 1 high is +inf][count u32]
+//	[low][high], each padded to 8, then count entries (CtlIngest only):
+//	  [klen u32][vlen u32][version u64][key][value], each padded to 8
+//
+// Its result is a write's 24-byte result: StatusOK; StatusCondFailed when
+// the group's tablets do not match the step (a stale or conflicting
+// move: nothing changed); StatusMalformed; StatusRefused (LimitHeap) for
+// an ingest the arena cannot take.
+const (
+	// FlagTablet in a request's second byte: a tablet control request.
+	FlagTablet = 2
+
+	CtlFreeze   = 1
+	CtlIngest   = 2
+	CtlDrop     = 3
+	CtlActivate = 4
+	CtlAbort    = 5
+
+	ctlHdr = 40
+)
+
+// Tablet states (in the directory area and in snapshots).
+const (
+	// TabletFrozen: a move to Tablet.To is under way; writes are refused
+	// with StatusMoving, reads are served.
+	TabletFrozen = 1
+	// TabletInstalling: the group is taking the tablet in (CtlIngest):
+	// not served until CtlActivate.
+	TabletInstalling = 2
+)
+
+// StatusMoving: the key's tablet is frozen for a move; nothing applied.
+// The client waits and sends the write again (after reading the
+// directory again: the tablet may have moved by then).
+const StatusMoving = 6
+
+// Ctl is a decoded tablet control request.
+type Ctl struct {
+	Cmd     uint8
+	To      uint32
+	Gen     uint64
+	Tablet  Tablet // its fences
+	Entries []KVV  // CtlIngest
+}
+
+// IsCtl reports whether b is (the header of) a tablet control request.
+func IsCtl(b []byte) bool { return len(b) >= 2 && b[0] == RequestFormat && b[1] == FlagTablet }
+
+// AppendCtl appends c's encoding to dst.
+func AppendCtl(dst []byte, c *Ctl) []byte {
+	le := binary.LittleEndian
+	var h [ctlHdr]byte
+	h[0], h[1], h[2] = RequestFormat, FlagTablet, c.Cmd
+	le.PutUint32(h[8:], c.To)
+	le.PutUint64(h[16:], c.Gen)
+	le.PutUint32(h[24:], uint32(len(c.Tablet.Low)))
+	le.PutUint32(h[28:], uint32(len(c.Tablet.High)))
+	if c.Tablet.HighInf {
+		le.PutUint32(h[32:], 1)
+	}
+	le.PutUint32(h[36:], uint32(len(c.Entries)))
+	dst = append(dst, h[:]...)
+	for _, f := range [][]byte{c.Tablet.Low, c.Tablet.High} {
+		dst = append(dst, f...)
+		dst = append(dst, make([]byte, pad8(len(f))-len(f))...)
+	}
+	for _, e := range c.Entries {
+		dst = appendPair(dst, e.Key, e.Value, e.Version)
+	}
+	return dst
+}
+
+// CtlSize is the encoded size of a control request of tablet tb with
+// entries es.
+func CtlSize(tb Tablet, es []KVV) int {
+	n := ctlHdr + pad8(len(tb.Low)) + pad8(len(tb.High))
+	for _, e := range es {
+		n += pairSize(e.Key, e.Value)
+	}
+	return n
+}
+
+// DecodeCtl decodes a control request (entries alias b), checking it
+// against a tree's limits (maxKey, maxValue).
+func DecodeCtl(b []byte, maxKey, maxValue int) (Ctl, error) {
+	le := binary.LittleEndian
+	var c Ctl
+	if len(b) < ctlHdr || !IsCtl(b) || b[3] != 0 || le.Uint32(b[4:]) != 0 || le.Uint32(b[12:]) != 0 {
+		return c, fmt.Errorf("%w: tablet control header", ErrMalformedRequest)
+	}
+	c.Cmd, c.To, c.Gen = b[2], le.Uint32(b[8:]), le.Uint64(b[16:])
+	ll, hl, fl, n := int(le.Uint32(b[24:])), int(le.Uint32(b[28:])), le.Uint32(b[32:]), int(le.Uint32(b[36:]))
+	switch {
+	case c.Cmd < CtlFreeze || c.Cmd > CtlAbort, fl > 1, fl == 1 && hl != 0, ll > maxKey, hl > maxKey,
+		c.Gen == 0, n != 0 && c.Cmd != CtlIngest:
+		return c, fmt.Errorf("%w: tablet control %d", ErrMalformedRequest, c.Cmd)
+	}
+	p := ctlHdr
+	if pad8(ll)+pad8(hl) > len(b)-p {
+		return c, fmt.Errorf("%w: truncated", ErrMalformedRequest)
+	}
+	c.Tablet = Tablet{Low: b[p : p+ll : p+ll], HighInf: fl == 1}
+	if !c.Tablet.HighInf {
+		c.Tablet.High = b[p+pad8(ll) : p+pad8(ll)+hl : p+pad8(ll)+hl]
+		if string(c.Tablet.High) <= string(c.Tablet.Low) {
+			return c, fmt.Errorf("%w: empty tablet", ErrMalformedRequest)
+		}
+	}
+	if !zeroPad(b[p+ll:p+pad8(ll)]) || !zeroPad(b[p+pad8(ll)+hl:p+pad8(ll)+pad8(hl)]) {
+		return c, fmt.Errorf("%w: padding not zero", ErrMalformedRequest)
+	}
+	p += pad8(ll) + pad8(hl)
+	if n > (len(b)-p)/16 {
+		return c, fmt.Errorf("%w: %d entries in %d bytes", ErrMalformedRequest, n, len(b)-p)
+	}
+	for range n {
+		kl, vl, ver := int(le.Uint32(b[p:])), int(le.Uint32(b[p+4:])), le.Uint64(b[p+8:])
+		p += 16
+		if kl < 1 || kl > maxKey || vl > maxValue || ver == 0 || pad8(kl)+pad8(vl) > len(b)-p {
+			return c, fmt.Errorf("%w: entry", ErrMalformedRequest)
+		}
+		e := KVV{Key: b[p : p+kl : p+kl], Value: b[p+pad8(kl) : p+pad8(kl)+vl : p+pad8(kl)+vl], Version: ver}
+		if !zeroPad(b[p+kl:p+pad8(kl)]) || !zeroPad(b[p+pad8(kl)+vl:p+pad8(kl)+pad8(vl)]) {
+			return c, fmt.Errorf("%w: padding not zero", ErrMalformedRequest)
+		}
+		p += pad8(kl) + pad8(vl)
+		if !c.Tablet.Contains(e.Key) || len(c.Entries) > 0 && string(e.Key) <= string(c.Entries[len(c.Entries)-1].Key) {
+			return c, fmt.Errorf("%w: entry %q out of order or outside the tablet", ErrMalformedRequest, e.Key)
+		}
+		c.Entries = append(c.Entries, e)
+	}
+	if p != len(b) {
+		return c, fmt.Errorf("%w: %d trailing bytes", ErrMalformedRequest, len(b)-p)
+	}
+	return c, nil
+}
+
+// sameFences reports whether a and b are the same key range.
+func sameFences(a, b Tablet) bool {
+	return string(a.Low) == string(b.Low) && a.HighInf == b.HighInf && (a.HighInf || string(a.High) == string(b.High))
+}
+
+// overlaps reports whether a and b share a key.
+func overlaps(a, b Tablet) bool {
+	return (a.HighInf || string(b.Low) < string(a.High)) && (b.HighInf || string(a.Low) < string(b.High))
+}
+
+// find is the index of the tablet (in any state) holding key, or -1.
+func (s *Store) find(key []byte) int {
+	i := searchTablets(s.tablets, key)
+	if i >= 0 && s.tablets[i].Contains(key) {
+		return i
+	}
+	return -1
+}
+
+// exact is the index of the tablet with tb's fences, or -1.
+func (s *Store) exact(tb Tablet) int {
+	i := s.find(tb.Low)
+	if i >= 0 && sameFences(s.tablets[i], tb) {
+		return i
+	}
+	return -1
+}
+
+// OwnVersion is the version of the keys the group serves: bumped when a
+// tablet leaves the group (CtlDrop) or starts being served in it
+// (CtlActivate), not when one splits. Readers check it (header word 4).
+func (s *Store) OwnVersion() uint64 { return s.ownVer }
+
+// applyCtl applies a tablet control request at entry index.
+func (s *Store) applyCtl(index uint64, data []byte) []byte {
+	c, err := DecodeCtl(data, s.cfg.Tree.MaxKey, s.cfg.Tree.MaxInline())
+	if err != nil {
+		return s.result(&Result{Status: StatusMalformed})
+	}
+	ok := Result{Status: StatusOK, Version: index << 16, Count: len(c.Entries)}
+	cond := Result{Status: StatusCondFailed}
+	k := s.exact(c.Tablet)
+	switch c.Cmd {
+	case CtlFreeze:
+		if k < 0 {
+			return s.result(&cond)
+		}
+		tb := &s.tablets[k]
+		switch {
+		case tb.State == TabletFrozen && tb.To == c.To && tb.Gen+1 == c.Gen:
+			return s.result(&ok) // sent again
+		case tb.State != TabletServing || tb.Gen+1 != c.Gen || c.To == s.cfg.Group:
+			return s.result(&cond)
+		}
+		tb.State, tb.To = TabletFrozen, c.To
+		s.dirVer++
+	case CtlIngest:
+		if k < 0 {
+			for i := range s.tablets {
+				if overlaps(s.tablets[i], c.Tablet) {
+					return s.result(&cond)
+				}
+			}
+			if len(s.tablets) >= MaxTablets || dirSize(s.tablets)+dirEnt+len(c.Tablet.Low)+len(c.Tablet.High) > DirBytes {
+				return s.result(&cond)
+			}
+			at := searchTablets(s.tablets, c.Tablet.Low) + 1
+			s.tablets = slices.Insert(s.tablets, at, Tablet{Low: slices.Clone(c.Tablet.Low), High: slices.Clone(c.Tablet.High),
+				HighInf: c.Tablet.HighInf, State: TabletInstalling, Gen: c.Gen, To: s.cfg.Group})
+			s.counts = slices.Insert(s.counts, at, 0)
+			s.dirVer++
+			k = at
+		} else if tb := s.tablets[k]; tb.State != TabletInstalling || tb.Gen != c.Gen {
+			if tb.State == TabletServing && tb.Gen == c.Gen {
+				return s.result(&ok) // activated already: sent again
+			}
+			return s.result(&cond)
+		}
+		if room := s.a.room(); room >= 0 && len(c.Entries) > 0 {
+			if need := len(c.Entries) * (s.t.height() + 1); need > room {
+				r := refusedRes(LimitHeap, 0, s.cfg.MaxChunks*s.cfg.ChunkSlots*s.cfg.Tree.NodeSize, s.a.Slots()*s.cfg.Tree.NodeSize)
+				return s.result(&r)
+			}
+		}
+		for _, e := range c.Entries {
+			// Every version issued after this apply exceeds e's.
+			if next := (index+1)<<16 + s.verOff; e.Version >= next && !s.knobs.noVersionFloor {
+				s.verOff += e.Version - next + 1
+			}
+			existed, err := s.t.Put(e.Key, e.Value, e.Version, index)
+			if err != nil {
+				panic(fmt.Sprintf("btree: ingest checked before: %v", err))
+			}
+			if !existed {
+				s.counts[k]++
+			}
+		}
+	case CtlDrop:
+		if k < 0 {
+			return s.result(&ok) // dropped already
+		}
+		tb := s.tablets[k]
+		if tb.State != TabletFrozen || tb.To != c.To || tb.Gen+1 != c.Gen {
+			return s.result(&cond)
+		}
+		s.removeTablet(k, index)
+		s.ownVer++
+	case CtlActivate:
+		if k < 0 {
+			return s.result(&cond)
+		}
+		tb := &s.tablets[k]
+		switch {
+		case tb.State == TabletServing && tb.Gen == c.Gen:
+			return s.result(&ok)
+		case tb.State != TabletInstalling || tb.Gen != c.Gen:
+			return s.result(&cond)
+		}
+		tb.State, tb.To = TabletServing, 0
+		s.dirVer++
+		s.ownVer++
+	case CtlAbort:
+		if k < 0 {
+			return s.result(&ok)
+		}
+		tb := &s.tablets[k]
+		switch {
+		case tb.State == TabletInstalling && tb.Gen == c.Gen:
+			s.removeTablet(k, index)
+		case tb.State == TabletFrozen && tb.Gen+1 == c.Gen:
+			tb.State, tb.To = TabletServing, 0
+			s.dirVer++
+		case tb.State == TabletServing:
+			return s.result(&ok) // nothing under way
+		default:
+			return s.result(&cond)
+		}
+	}
+	if s.knobs.freeAtOnce {
+		s.reclaim(index)
+	}
+	return s.result(&ok)
+}
+
+// removeTablet deletes tablet k's keys from the tree and the tablet from
+// the group's list, at entry index. One apply deletes them all: a tablet
+// holds at most TabletMax keys (plus what its last put added).
+func (s *Store) removeTablet(k int, index uint64) {
+	tb := s.tablets[k]
+	var keys [][]byte
+	s.t.ascend(tb.Low, func(e Entry) bool {
+		if !tb.Contains(e.Key) {
+			return false
+		}
+		keys = append(keys, slices.Clone(e.Key))
+		return true
+	})
+	for _, key := range keys {
+		s.t.Delete(key, index)
+	}
+	s.tablets = slices.Delete(s.tablets, k, k+1)
+	s.counts = slices.Delete(s.counts, k, k+1)
+	s.dirVer++
+}

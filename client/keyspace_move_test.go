@@ -1,0 +1,300 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/internal/kvcheck"
+	"github.com/rdmakv/rdmakv/kv"
+)
+
+// tabletGroup is the group whose tablets hold internal key ik, by c's
+// fresh read of the groups' tablets.
+func tabletGroup(t *testing.T, c *client.Client, ik []byte) uint32 {
+	t.Helper()
+	tbs, err := c.Tablets(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range tbs {
+		if tb.State != "installing" && string(ik) >= string(tb.Low) && (tb.HighInf || string(ik) < string(tb.High)) {
+			return tb.Group
+		}
+	}
+	t.Fatalf("no tablet holds %q: %+v", ik, tbs)
+	return 0
+}
+
+// TestKeyspaceMoveStaleReader: a client reads keys of a tablet of group
+// 0, then another client moves the tablet to group 1 (group 0 drops its
+// keys). The first client's directory is stale: its gets and scans go to
+// group 0, whose ownership version changed, so they fail the check, read
+// the directory again and answer from group 1, in both consistencies.
+// The planted skipOwnCheck (the reader does not check) answers from
+// group 0, which no longer has the keys: the gets say not found and the
+// scan is empty.
+func TestKeyspaceMoveStaleReader(t *testing.T) {
+	for _, plant := range []bool{false, true} {
+		t.Run(fmt.Sprint("plant=", plant), func(t *testing.T) {
+			lc := startLocal(t, tabletMap(fmt.Sprint("ksmovestale", plant), 2, "m"))
+			ctx := context.Background()
+			r := open(t, lc, 0)
+			if plant {
+				client.SetPlantReader(r, kv.PlantSkipOwnCheck)
+			}
+			ks := r.Keyspace("users")
+			keys := []string{"apple", "banana", "cherry"}
+			for _, k := range keys {
+				if _, err := ks.Put(ctx, []byte(k), []byte("v-"+k)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, mode := range []client.Consistency{client.Linearizable, client.StaleOK} {
+				for _, k := range keys {
+					if it, err := ks.GetItem(ctx, []byte(k), mode); err != nil || string(it.Value) != "v-"+k {
+						t.Fatalf("get %s before the move: %q %v", k, it.Value, err)
+					}
+				}
+			}
+			op := open(t, lc, 1)
+			if err := op.MoveTablet(ctx, []byte{}, 1); err != nil {
+				t.Fatal(err)
+			}
+			if g := tabletGroup(t, op, []byte("\x01apple")); g != 1 {
+				t.Fatalf("after the move the tablet is in group %d", g)
+			}
+			// Stale-ok reads go to the near replica: wait until group 0's
+			// replicas all applied the drop (their headers say so).
+			waitApplied(t, lc, 0)
+			wrong := 0
+			for _, mode := range []client.Consistency{client.Linearizable, client.StaleOK} {
+				for _, k := range keys {
+					it, err := ks.GetItem(ctx, []byte(k), mode)
+					switch {
+					case plant && errors.Is(err, client.ErrNotFound):
+						wrong++
+					case err != nil || string(it.Value) != "v-"+k:
+						t.Fatalf("mode %v: get %s after the move through a stale directory: %q %v", mode, k, it.Value, err)
+					}
+				}
+			}
+			got := scanAll(t, ks, nil, nil)
+			if len(got) != len(keys) {
+				if !plant {
+					t.Fatalf("scan after the move: %v", got)
+				}
+				wrong++
+			}
+			switch {
+			case !plant && wrong != 0:
+				t.Fatal("wrong answers without the plant")
+			case plant && wrong == 0:
+				t.Fatal("the planted skipOwnCheck was not caught: every read answered right through a stale directory")
+			case plant:
+				t.Logf("planted skipOwnCheck caught: %d reads answered from the group the tablet left", wrong)
+			}
+		})
+	}
+}
+
+// waitApplied waits until every replica of group g has applied what its
+// leader has.
+func waitApplied(t *testing.T, lc interface {
+	Do(g, i int, f func(*kv.Replica)) error
+	Leader(g int) int
+}, g int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var lead uint64
+		lc.Do(g, lc.Leader(g), func(r *kv.Replica) { lead = r.Table().OrderedPart().(*btree.Store).OwnVersion() })
+		ok := true
+		for i := range 3 {
+			var v uint64
+			lc.Do(g, i, func(r *kv.Replica) { v = r.Table().OrderedPart().(*btree.Store).OwnVersion() })
+			ok = ok && v == lead
+		}
+		if ok {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("group %d's replicas did not converge", g)
+}
+
+// TestKeyspaceMoveLinearizable: writers, readers and scanners on the
+// keys of one tablet while an operator moves the tablet between the two
+// groups and back, pausing between the steps; porcupine checks the
+// history. Writes to the frozen tablet wait (StatusMoving) and go to the
+// new group; a second client only reads, so its directory stays as it
+// was until a read fails the ownership check. Planted bugs, each caught
+// as not linearizable: writeDuringMove (the source applies writes to
+// the frozen tablet after the mover read it: an acknowledged write is
+// lost) and activateFirst (the mover activates the target before the
+// source drops the tablet: the reading client reads the source's frozen
+// state after writes at the target were acknowledged), and skipOwnCheck
+// in the reading client (it reads the source after the drop: keys that
+// are there read as absent).
+func TestKeyspaceMoveLinearizable(t *testing.T) {
+	for _, plant := range []string{"none", "writeDuringMove", "activateFirst", "skipOwnCheck"} {
+		t.Run(plant, func(t *testing.T) {
+			keyspaceMoveLinearizable(t, plant, false)
+		})
+	}
+}
+
+// TestKeyspaceMoveLeaderStops: TestKeyspaceMoveLinearizable's history
+// while the first move loses the source group's leader after the freeze
+// and the target group's leader after the ingest (each stopped for good:
+// the move's steps are sent again to the new leaders, and the groups go
+// on with two replicas).
+func TestKeyspaceMoveLeaderStops(t *testing.T) {
+	keyspaceMoveLinearizable(t, "none", true)
+}
+
+func keyspaceMoveLinearizable(t *testing.T, plant string, stopLeaders bool) {
+	m := tabletMap(fmt.Sprintf("ksmovelin%s%v", plant, stopLeaders), 2, "m")
+	m.ClientNodes = append(m.ClientNodes, m.ClientNodes[len(m.ClientNodes)-1]+1) // a third client
+	lc := startLocal(t, m)
+	if plant == "writeDuringMove" {
+		for g := range 2 {
+			for i := range 3 {
+				if err := lc.Do(g, i, func(r *kv.Replica) { btree.PlantWriteDuringMove(r.Table().OrderedPart().(*btree.Store)) }); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	ctx := context.Background()
+	keys := []string{"a", "b", "c", "d"}
+	c := open(t, lc, 0, client.WithTimeout(time.Minute))
+	rc := open(t, lc, 2, client.WithTimeout(time.Minute)) // reads only
+	op := open(t, lc, 1, client.WithTimeout(time.Minute))
+	switch plant {
+	case "activateFirst":
+		client.PlantActivateFirst(op)
+	case "skipOwnCheck":
+		client.SetPlantReader(rc, kv.PlantSkipOwnCheck)
+	}
+	var steps []string
+	stopped := 0
+	client.SetMoveHook(op, func(step string) {
+		steps = append(steps, step)
+		if stopLeaders && stopped < 2 && len(steps) > 1 && (step == "ingest" && steps[len(steps)-2] == "freeze" || step == "activate") {
+			g := 0 // the first move's source, then its target
+			if step == "activate" {
+				g = 1
+			}
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+				if l := lc.Leader(g); l >= 0 {
+					lc.Stop(g, l)
+					stopped++
+					break
+				}
+			}
+		}
+		if step == "drop" || step == "freeze" {
+			time.Sleep(50 * time.Millisecond) // let the workers run against the frozen tablet
+		}
+	})
+	start := time.Now()
+	clock := func() int64 { return int64(time.Since(start)) }
+	var mu sync.Mutex
+	var hist []kvcheck.Op
+	var stop atomic.Bool
+	const workers, readers = 5, 2
+	var wg sync.WaitGroup
+	errc := make(chan error, workers+readers+1)
+	for w := range workers + readers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 19))
+			ks, reader := c.Keyspace("users"), w >= workers
+			if reader {
+				ks = rc.Keyspace("users")
+			}
+			for i := 0; !stop.Load() && i < 4000; i++ {
+				time.Sleep(500 * time.Microsecond) // a history porcupine checks quickly
+				key := keys[rng.IntN(len(keys))]
+				o := kvcheck.Op{Client: w, Key: key, Call: clock()}
+				var err error
+				r := rng.IntN(10)
+				if reader {
+					r = 5 + r%3 // gets, and a scan now and then
+				}
+				switch {
+				case r < 5:
+					o.Kind, o.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
+					_, err = ks.Put(ctx, []byte(key), []byte(o.Value))
+					o.Out.OK = err == nil
+				case r < 8:
+					o.Kind = kvcheck.Get
+					var v []byte
+					v, err = ks.Get(ctx, []byte(key))
+					if err == nil {
+						o.Out = kvcheck.Output{Found: true, Value: string(v)}
+					} else if errors.Is(err, client.ErrNotFound) {
+						err = nil
+					}
+				default:
+					o.Kind, o.Key, o.End = kvcheck.Scan, "a", "e"
+					for kv, e := range ks.Scan(ctx, []byte(o.Key), []byte(o.End)) {
+						if e != nil {
+							err = e
+							break
+						}
+						o.Out.Pairs = append(o.Out.Pairs, kvcheck.KV{Key: string(kv.Key), Value: string(kv.Value)})
+					}
+				}
+				o.Return = clock()
+				if err != nil {
+					errc <- fmt.Errorf("worker %d: %v: %w", w, o.Kind, err)
+					return
+				}
+				mu.Lock()
+				hist = append(hist, o)
+				mu.Unlock()
+			}
+		})
+	}
+	moves := 0
+	for _, to := range []uint32{1, 0, 1, 0} {
+		time.Sleep(20 * time.Millisecond)
+		if err := op.MoveTablet(ctx, []byte{}, to); err != nil {
+			errc <- fmt.Errorf("move to %d: %w", to, err)
+			break
+		}
+		moves++
+	}
+	stop.Store(true)
+	wg.Wait()
+	if stopLeaders && stopped != 2 {
+		t.Errorf("stopped %d leaders, want 2", stopped)
+	}
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	res, err := kvcheck.CheckLinearizable(hist, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = res.Err()
+	switch {
+	case plant == "none" && err != nil:
+		t.Fatalf("%d ops, %d moves: %v", len(hist), moves, err)
+	case plant != "none" && err == nil:
+		t.Fatalf("the planted %s was not caught (%d ops, %d moves)", plant, len(hist), moves)
+	case plant != "none":
+		t.Logf("planted %s caught: %v", plant, err)
+	default:
+		t.Logf("%d ops over %d moves: linearizable", len(hist), moves)
+	}
+}

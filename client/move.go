@@ -1,0 +1,400 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/multicast"
+	"github.com/rdmakv/rdmakv/multicast/tree"
+)
+
+// Tablet moves, as an operator runs them (docs/btree.md, "Moving a
+// tablet"; the steps and why they are safe: btree/move.go). The client
+// that moves a tablet sends each step to the group that applies it and
+// waits for its answer before the next; every step is idempotent, so a
+// move that failed half way is finished by running it again (or undone
+// by AbortTabletMove while the source still holds the tablet).
+
+// TabletInfo is one tablet of the ordered keyspaces, as the groups
+// publish it. Low and High are internal keys: a keyspace's id byte, then
+// the user's key (cluster.Keyspace.InternalKey).
+type TabletInfo struct {
+	Low, High []byte
+	HighInf   bool
+	Group     uint32
+	// State is "serving", "frozen" (moving to To: writes wait) or
+	// "installing" (being moved in: not served yet).
+	State string
+	To    uint32
+	Gen   uint64
+}
+
+func tabletInfo(p btree.Placed) TabletInfo {
+	st := "serving"
+	switch p.State {
+	case btree.TabletFrozen:
+		st = "frozen"
+	case btree.TabletInstalling:
+		st = "installing"
+	}
+	return TabletInfo{Low: p.Low, High: p.High, HighInf: p.HighInf, Group: p.Group, State: st, To: p.To, Gen: p.Gen}
+}
+
+// ErrNoKeyspace: the cluster map declares no ordered keyspace.
+var ErrNoKeyspace = errors.New("rdmakv: the cluster has no ordered keyspace")
+
+// anyKeyspace is a handle on the client's ordered state (the directory
+// is shared by every keyspace).
+func (c *Client) anyKeyspace() (*Keyspace, error) {
+	if len(c.m.Keyspaces) == 0 {
+		return nil, ErrNoKeyspace
+	}
+	return c.Keyspace(c.m.Keyspaces[0].Name), nil
+}
+
+// Tablets reads every group's tablets afresh and returns them in key
+// order (the served ones, then the ones being installed that no served
+// tablet covers).
+func (c *Client) Tablets(ctx context.Context) ([]TabletInfo, error) {
+	d, err := c.freshDir(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []TabletInfo
+	for _, p := range d.Tablets() {
+		out = append(out, tabletInfo(p))
+	}
+	for _, p := range d.Moving() {
+		out = append(out, tabletInfo(p))
+	}
+	return out, nil
+}
+
+func (c *Client) freshDir(ctx context.Context) (*btree.Directory, error) {
+	k, err := c.anyKeyspace()
+	if err != nil {
+		return nil, err
+	}
+	k.init()
+	return k.refreshDir(ctx, c.ord.dir.Load())
+}
+
+// ctl sends a tablet control request to group g and returns its result.
+func (c *Client) ctl(ctx context.Context, g uint32, ct *btree.Ctl) (kv.Result, error) {
+	payload := btree.AppendCtl(nil, ct)
+	if len(payload) > multicast.MaxPayload(c.m.Limits.SlotSize) {
+		return kv.Result{}, fmt.Errorf("rdmakv: tablet control of %d bytes, a slot holds %d", len(payload), multicast.MaxPayload(c.m.Limits.SlotSize))
+	}
+	ctx, end, err := c.begin(ctx)
+	if err != nil {
+		return kv.Result{}, err
+	}
+	defer end()
+	o, err := c.multicast(ctx, tree.Of(tree.Group(g)), payload)
+	if err != nil {
+		return kv.Result{}, err
+	}
+	for _, rp := range o.Replies {
+		if rp.Group == tree.Group(g) {
+			return kv.DecodeResult(rp.Result)
+		}
+	}
+	return kv.Result{}, fmt.Errorf("rdmakv: no reply from group %d", g)
+}
+
+// stepTries bounds the sends of one move step.
+const stepTries = 5
+
+// step sends a move step and wants StatusOK.
+func (c *Client) step(ctx context.Context, g uint32, ct *btree.Ctl, what string) error {
+	if c.ord.moveHook != nil {
+		c.ord.moveHook(what)
+	}
+	// Every step is idempotent: one whose outcome is unknown (a leader
+	// change, a timeout) is sent again.
+	var r kv.Result
+	var err error
+	for try := 0; try < stepTries; try++ {
+		if r, err = c.ctl(ctx, g, ct); err == nil || ctx.Err() != nil || c.isClosed() {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("rdmakv: tablet move, %s at group %d: %w", what, g, err)
+	}
+	if r.Status != kv.StatusOK {
+		return fmt.Errorf("rdmakv: tablet move, %s at group %d: status %d (the tablet changed, or another move runs; nothing changed by this step)", what, g, r.Status)
+	}
+	return nil
+}
+
+// MoveTablet moves the tablet whose low fence is low (an internal key,
+// as Tablets returns) to group to: it freezes the tablet at its group
+// (writes to it wait), reads its entries one-sided from that group,
+// sends them to group to, drops the tablet at its group and has group to
+// serve it. Readers and writers of the tablet's keys see one history
+// throughout (writes wait while the tablet is frozen and in the moment
+// between the drop and the activation; reads go on until the drop).
+// Called again after a failure (or for a tablet left frozen), it
+// finishes the move.
+func (c *Client) MoveTablet(ctx context.Context, low []byte, to uint32) error {
+	if int(to) >= len(c.m.Groups) {
+		return fmt.Errorf("rdmakv: no group %d", to)
+	}
+	d, err := c.freshDir(ctx)
+	if err != nil {
+		return err
+	}
+	var src *btree.Placed
+	for i, p := range d.Tablets() {
+		if bytes.Equal(p.Low, low) {
+			src = &d.Tablets()[i]
+		}
+	}
+	if src == nil {
+		for _, p := range d.Moving() {
+			if bytes.Equal(p.Low, low) && p.Group == to {
+				// Dropped at its source already: only the activation
+				// is left.
+				return c.step(ctx, to, &btree.Ctl{Cmd: btree.CtlActivate, To: to, Gen: p.Gen, Tablet: p.Tablet}, "activate")
+			}
+		}
+		return fmt.Errorf("rdmakv: no tablet starts at %q", low)
+	}
+	tb := btree.Tablet{Low: src.Low, High: src.High, HighInf: src.HighInf}
+	g, gen := src.Group, src.Gen+1
+	switch {
+	case src.Group == to && src.State == btree.TabletServing:
+		return nil
+	case src.State == btree.TabletFrozen && src.To != to:
+		return fmt.Errorf("rdmakv: tablet %q is moving to group %d (abort that move first)", low, src.To)
+	case src.State == btree.TabletServing:
+		if err := c.step(ctx, g, &btree.Ctl{Cmd: btree.CtlFreeze, To: to, Gen: gen, Tablet: tb}, "freeze"); err != nil {
+			return err
+		}
+	}
+	// The frozen tablet's entries, read one-sided from the leader of g
+	// (linearizable: after the freeze, so its last state, which no write
+	// changes any more), sent to group to in slots.
+	k, _ := c.anyKeyspace()
+	room := multicast.MaxPayload(c.m.Limits.SlotSize)
+	var part []btree.KVV
+	flush := func() error {
+		err := c.step(ctx, to, &btree.Ctl{Cmd: btree.CtlIngest, To: to, Gen: gen, Tablet: tb, Entries: part}, "ingest")
+		part = part[:0]
+		return err
+	}
+	lo := slices.Clone(tb.Low)
+	var hi []byte
+	if !tb.HighInf {
+		hi = tb.High
+	}
+	sent := false
+	for waits := 0; ; {
+		pairs, err := k.movePage(ctx, d, g, lo, hi)
+		if errors.Is(err, kv.ErrNotOwner) {
+			// g's tablets changed since d was read (another tablet
+			// moved in or out, or d came from a replica behind g's
+			// leader): read them again; this tablet must still be
+			// frozen there for this move.
+			if werr := k.moveWait(ctx, time.Time{}, waits, err); werr != nil {
+				return werr
+			}
+			waits++
+			if d, err = c.freshDir(ctx); err != nil {
+				return err
+			}
+			if !frozenFor(d, tb, g, to, gen) && waits > 50 {
+				return fmt.Errorf("rdmakv: tablet move: tablet %q is no longer frozen at group %d for this move", tb.Low, g)
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("rdmakv: tablet move, reading the tablet at group %d: %w", g, err)
+		}
+		for _, p := range pairs {
+			e := btree.KVV{Key: p.Key, Value: p.Value, Version: p.Version}
+			if len(part) > 0 && btree.CtlSize(tb, append(part, e)) > room {
+				if err := flush(); err != nil {
+					return err
+				}
+				sent = true
+			}
+			part = append(part, e)
+		}
+		if len(pairs) < movePage {
+			break
+		}
+		lo = append(slices.Clone(pairs[len(pairs)-1].Key), 0)
+	}
+	if len(part) > 0 || !sent {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	// The drop before the activation: group to serves the tablet only
+	// once g no longer does (btree/move.go).
+	drop := &btree.Ctl{Cmd: btree.CtlDrop, To: to, Gen: gen, Tablet: tb}
+	activate := &btree.Ctl{Cmd: btree.CtlActivate, To: to, Gen: gen, Tablet: tb}
+	if c.ord.activateFirst {
+		// Planted: group to serves the tablet's writes while g still
+		// serves its reads (to readers whose directory names g).
+		if err := c.step(ctx, to, activate, "activate"); err != nil {
+			return err
+		}
+		return c.step(ctx, g, drop, "drop")
+	}
+	if err := c.step(ctx, g, drop, "drop"); err != nil {
+		return err
+	}
+	return c.step(ctx, to, activate, "activate")
+}
+
+// frozenFor reports whether d shows tablet tb frozen at group g for the
+// move to group to of generation gen.
+func frozenFor(d *btree.Directory, tb btree.Tablet, g, to uint32, gen uint64) bool {
+	for _, p := range d.Tablets() {
+		if p.Group == g && bytes.Equal(p.Low, tb.Low) && p.State == btree.TabletFrozen && p.To == to && p.Gen+1 == gen {
+			return true
+		}
+	}
+	return false
+}
+
+// movePage is the most pairs one read of a move takes.
+const movePage = 512
+
+// movePage reads up to movePage pairs of [lo, hi) (internal keys) from
+// group g's tree, linearizable, copied.
+func (k *Keyspace) movePage(ctx context.Context, d *btree.Directory, g uint32, lo, hi []byte) ([]btree.KV, error) {
+	ctx, end, err := k.readCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	r := k.reader(g)
+	defer k.putReader(g, r)
+	r.SetOwnVersion(d.OwnVersion(g))
+	res, err := r.ScanCtx(ctx, lo, hi, movePage, Linearizable, false)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]btree.KV, len(res.Pairs))
+	for i, p := range res.Pairs {
+		out[i] = btree.KV{Key: slices.Clone(p.Key), Value: slices.Clone(p.Value), Version: p.Version}
+	}
+	return out, nil
+}
+
+// AbortTabletMove undoes the move of the tablet whose low fence is low,
+// while its source still holds it frozen: the target forgets what it
+// took in, and the source serves the tablet's writes again.
+func (c *Client) AbortTabletMove(ctx context.Context, low []byte) error {
+	d, err := c.freshDir(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range d.Tablets() {
+		if !bytes.Equal(p.Low, low) {
+			continue
+		}
+		if p.State != btree.TabletFrozen {
+			return fmt.Errorf("rdmakv: tablet %q is not being moved", low)
+		}
+		ct := &btree.Ctl{Cmd: btree.CtlAbort, To: p.To, Gen: p.Gen + 1, Tablet: btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}}
+		if err := c.step(ctx, p.To, ct, "abort"); err != nil {
+			return err
+		}
+		return c.step(ctx, p.Group, ct, "abort")
+	}
+	return fmt.Errorf("rdmakv: no frozen tablet starts at %q (a move past its drop is finished with MoveTablet)", low)
+}
+
+// PlanBalance is the balancing rule: given the tablets (as Tablets
+// returns them) of a cluster of groups groups, the next move it makes,
+// if any. It counts each group's tablets; when the group with the most
+// has at least 2 more than the group with the fewest (the hysteresis:
+// a difference of 1 never moves a tablet back and forth), its tablet
+// with the highest low fence goes to the group with the fewest (ties:
+// the lowest group id, both ways). No move while a tablet is not
+// serving (a move is under way). The rule is a function of the tablets
+// alone, so every client that runs it proposes the same move, and a
+// stale proposal is refused at apply (btree/move.go).
+func PlanBalance(tablets []TabletInfo, groups int) (low []byte, from, to uint32, ok bool) {
+	if groups < 2 {
+		return nil, 0, 0, false
+	}
+	count := make([]int, groups)
+	last := make([][]byte, groups)
+	has := make([]bool, groups)
+	for _, tb := range tablets {
+		if tb.State != "serving" || int(tb.Group) >= groups {
+			return nil, 0, 0, false
+		}
+		count[tb.Group]++
+		if !has[tb.Group] || string(tb.Low) > string(last[tb.Group]) {
+			last[tb.Group], has[tb.Group] = tb.Low, true
+		}
+	}
+	hi, lo := 0, 0
+	for g := range groups {
+		if count[g] > count[hi] {
+			hi = g
+		}
+		if count[g] < count[lo] {
+			lo = g
+		}
+	}
+	if count[hi]-count[lo] < 2 {
+		return nil, 0, 0, false
+	}
+	return last[hi], uint32(hi), uint32(lo), true
+}
+
+// Balance runs the balancing rule (PlanBalance) until it proposes no
+// move, or for at most max moves (<= 0: no bound), and returns the moves
+// it made. While a tablet is not serving (a move under way, or replicas
+// behind the last one) it reads the tablets again for up to about a
+// second before it gives up proposing.
+func (c *Client) Balance(ctx context.Context, max int) (int, error) {
+	n, waits := 0, 0
+	k, err := c.anyKeyspace()
+	if err != nil {
+		return 0, err
+	}
+	for max <= 0 || n < max {
+		tbs, err := c.Tablets(ctx)
+		if err != nil {
+			return n, err
+		}
+		low, _, to, ok := PlanBalance(tbs, len(c.m.Groups))
+		if !ok {
+			busy := false
+			for _, tb := range tbs {
+				busy = busy || tb.State != "serving"
+			}
+			if !busy || waits >= 50 {
+				return n, nil
+			}
+			// A move under way, or the replicas read are behind the
+			// last move: read again in a moment.
+			if err := k.moveWait(ctx, time.Time{}, waits, nil); err != nil {
+				return n, err
+			}
+			waits++
+			continue
+		}
+		waits = 0
+		if err := c.MoveTablet(ctx, low, to); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Tablets of the ordered keyspaces: list them, move one, balance them
+// (docs/btree.md, "Moving a tablet").
+
+// fence prints a tablet fence (an internal key): min for the empty
+// one (the start of the key order; max is its end), else KEYSPACE:KEY (the key quoted when it holds unprintable
+// bytes), or the bytes in hex for an id no keyspace has.
+func (s *session) fence(k []byte) string {
+	if len(k) == 0 {
+		return "min"
+	}
+	for _, ks := range s.c.Map().Keyspaces {
+		if ks.ID == k[0] {
+			key := string(k[1:])
+			if strings.ContainsFunc(key, func(r rune) bool { return !strconv.IsPrint(r) || r == ' ' }) {
+				key = strconv.Quote(key)
+			}
+			return ks.Name + ":" + key
+		}
+	}
+	return fmt.Sprintf("0x%x", k)
+}
+
+// parseFence is fence's inverse: min (or ""), or KEYSPACE:KEY (KEY
+// quoted or not).
+func (s *session) parseFence(f string) ([]byte, error) {
+	if f == "min" || f == "" {
+		return []byte{}, nil
+	}
+	name, key, ok := strings.Cut(f, ":")
+	if !ok {
+		return nil, fmt.Errorf("want min or KEYSPACE:KEY (as tablets prints the first column), got %q", f)
+	}
+	ks, err := s.c.Map().FindKeyspace(name)
+	if err != nil {
+		return nil, err
+	}
+	if uq, err := strconv.Unquote(key); err == nil {
+		key = uq
+	}
+	return ks.InternalKey(nil, []byte(key)), nil
+}
+
+// tabletLine is what tablets prints with --json, one object a tablet.
+type tabletLine struct {
+	From  string `json:"from"`
+	To    string `json:"to"`
+	Group uint32 `json:"group"`
+	State string `json:"state"`
+	Dest  uint32 `json:"moving_to,omitempty"`
+	Gen   uint64 `json:"gen"`
+}
+
+func runTablets(s *session, x *call) int {
+	ctx, cancel := x.runCtx()
+	defer cancel()
+	tbs, err := s.c.Tablets(ctx)
+	if err != nil {
+		return s.report(err)
+	}
+	for _, tb := range tbs {
+		hi := "max"
+		if !tb.HighInf {
+			hi = s.fence(tb.High)
+		}
+		l := tabletLine{From: s.fence(tb.Low), To: hi, Group: tb.Group, State: tb.State, Gen: tb.Gen}
+		if tb.State == "frozen" {
+			l.Dest = tb.To
+		}
+		if x.json {
+			s.printJSON(l)
+			continue
+		}
+		st := tb.State
+		if tb.State == "frozen" {
+			st = fmt.Sprintf("frozen (moving to group %d)", tb.To)
+		}
+		fmt.Fprintf(s.stdout, "%s\t%s\tgroup %d\t%s\n", l.From, l.To, tb.Group, st)
+	}
+	return exitOK
+}
+
+func runMoveTablet(s *session, x *call) int {
+	low, err := s.parseFence(x.args[0])
+	if err != nil {
+		return s.usage(&usageError{cmd: x.cmd, msg: fmt.Sprintf("move-tablet: %v", err)})
+	}
+	g, err := strconv.ParseUint(x.args[1], 10, 32)
+	if err != nil || int(g) >= len(s.c.Map().Groups) {
+		return s.usage(&usageError{cmd: x.cmd, msg: fmt.Sprintf("move-tablet: group %q: want 0..%d", x.args[1], len(s.c.Map().Groups)-1)})
+	}
+	ctx, cancel := x.runCtx()
+	defer cancel()
+	err = s.c.MoveTablet(ctx, low, uint32(g))
+	return s.finish(result{Command: "move-tablet", Key: x.args[0]}, err, x.json)
+}
+
+func runAbortMove(s *session, x *call) int {
+	low, err := s.parseFence(x.args[0])
+	if err != nil {
+		return s.usage(&usageError{cmd: x.cmd, msg: fmt.Sprintf("abort-move: %v", err)})
+	}
+	ctx, cancel := x.runCtx()
+	defer cancel()
+	err = s.c.AbortTabletMove(ctx, low)
+	return s.finish(result{Command: "abort-move", Key: x.args[0]}, err, x.json)
+}
+
+func runBalance(s *session, x *call) int {
+	ctx, cancel := x.runCtx()
+	defer cancel()
+	n, err := s.c.Balance(ctx, 0)
+	if x.json {
+		out := struct {
+			Command string `json:"command"`
+			Moves   int    `json:"moves"`
+			Error   string `json:"error,omitempty"`
+		}{Command: "balance", Moves: n}
+		code := exitOK
+		if err != nil {
+			out.Error, code = err.Error(), exitCode(err)
+		}
+		s.printJSON(out)
+		return code
+	}
+	if err != nil {
+		fmt.Fprintf(s.stdout, "%s before the error\n", plural(n, "move"))
+		return s.report(err)
+	}
+	fmt.Fprintf(s.stdout, "%s\n", plural(n, "move"))
+	return exitOK
+}
