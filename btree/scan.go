@@ -62,8 +62,13 @@ type ScanWalk struct {
 	Pairs []KV
 	// Reads counts the node reads the walk made (each Run's).
 	Reads int
-	done  bool
-	err   error
+	// Leaves counts the leaves whose pairs the walk took, Entries the
+	// entries those leaves hold (all of them, taken or not): a caller
+	// that reads leaves ahead sizes its reads with Entries/Leaves.
+	Leaves, Entries int
+
+	done bool
+	err  error
 	// readStopped: the last error came from a read, the state kept.
 	readStopped bool
 	// alias: pairs alias the bytes read (AliasReads).
@@ -229,6 +234,8 @@ func (w *ScanWalk) runForward(read ReadFunc) error {
 			w.src = nil
 			continue
 		}
+		w.Leaves++
+		w.Entries += n.Count
 		it := n.Entries()
 		for e, ok := it.next(); ok; e, ok = it.next() {
 			if string(e.Key) < string(start) {
@@ -377,6 +384,8 @@ func (w *ScanWalk) runReverse(read ReadFunc) error {
 		if n.Stamp > w.applied && !c.knobs.skipStamp {
 			return ErrChanged
 		}
+		w.Leaves++
+		w.Entries += n.Count
 		w.ents = w.ents[:0]
 		it := n.Entries()
 		for e, ok := it.next(); ok; e, ok = it.next() {

@@ -110,6 +110,10 @@ type OrderedResult struct {
 	// reads, so each node it reads is decoded once (NodeReads plus the
 	// nodes a descent or a retry takes again), not once per list.
 	Decodes int
+	// Leaves counts the leaves a scan's answer took pairs from (the
+	// attempt that answered): NodeReads beyond them (and the inner
+	// nodes a descent read) are leaves read ahead and not needed.
+	Leaves int
 }
 
 // ErrOrderedRetries: a one-sided ordered read kept meeting nodes being
@@ -189,6 +193,10 @@ type OrderedReader struct {
 	hint              btree.Hint // the lookup's search of the cache, kept from run to run of an attempt
 	lkFound           bool
 	maxReadsPerAttmpt int
+	// perLeaf16 is 16 times the entries per leaf of this reader's past
+	// scans (a moving average; 0: none yet), which sizes their reads
+	// ahead (ahead).
+	perLeaf16 int
 
 	// Read delegation (SetDelegation): the delegation's count when the
 	// lookup began, the read this reader posted and shares (nil: none),
@@ -657,13 +665,42 @@ func (r *OrderedReader) resetMemo() {
 // the member Link's window).
 const scanAhead = 8
 
-// ahead is how many leaves the scan under way reads ahead: scanAhead, or
-// about half its limit (a leaf holds several pairs).
+// ahead is how many leaves the scan under way reads ahead, besides the
+// one its walk asks for: scanAhead without a limit; with one, enough
+// leaves for the pairs still to find at the entries per leaf e of the
+// reader's past scans, counting half a leaf for the one asked for (the
+// scan's first leaf starts on average in its middle): ceil(left/e - 1/2);
+// before the reader knows e, half the limit (a leaf holds several
+// pairs). A leaf read and not needed costs a copy; one too few costs a
+// round trip.
 func (r *OrderedReader) ahead() int {
 	if r.limit <= 0 {
 		return scanAhead
 	}
-	return min(scanAhead, r.limit/2)
+	if r.perLeaf16 == 0 {
+		return min(scanAhead, r.limit/2)
+	}
+	left := r.limit - len(r.pairs)
+	num, den := 32*left-r.perLeaf16, 2*r.perLeaf16
+	if num <= 0 {
+		return 0
+	}
+	return min(scanAhead, (num+den-1)/den)
+}
+
+// notePerLeaf adds the entries per leaf of the scan that answered to the
+// reader's average.
+func (r *OrderedReader) notePerLeaf() {
+	w := &r.walk
+	if w.Leaves == 0 {
+		return
+	}
+	per := max(16*w.Entries/w.Leaves, 16)
+	if r.perLeaf16 == 0 {
+		r.perLeaf16 = per
+	} else {
+		r.perLeaf16 = (3*r.perLeaf16 + per) / 4
+	}
 }
 
 // run runs the walk over the nodes read so far: nil when it answered,
@@ -967,7 +1004,8 @@ func (r *OrderedReader) answer() {
 			r.res.Value, r.res.Version = r.lkEntry.Value, r.lkEntry.Version
 		}
 	} else if r.kind != okDir {
-		r.res.Pairs, r.res.Scanned = r.pairs, r.hdr.Applied
+		r.res.Pairs, r.res.Scanned, r.res.Leaves = r.pairs, r.hdr.Applied, r.walk.Leaves
+		r.notePerLeaf()
 	}
 	if r.m == r.gr.home {
 		r.gr.homeWait = 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"sync"
@@ -609,4 +610,46 @@ func delegatedPair(t *testing.T, n int, val func(int) string, mode Consistency, 
 		}
 	}
 	return g, a, b
+}
+
+// TestOrderedScanReadAheadSized: a reader that has scanned before reads
+// ahead only the leaves its scan's limit needs at the entries per leaf it
+// saw: over scans of 1 to 40 pairs from random starts, the leaves read
+// and not used average at most one per scan. Half the limit (the reader's
+// rule before it knows the leaves' size) read about 3 such leaves per scan
+// in this tree (leaves of about 4 to 8 entries).
+func TestOrderedScanReadAheadSized(t *testing.T) {
+	nodes, rn := orderedNodes(t, "mem")
+	g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
+	const n = 600
+	for i := range n {
+		g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%04d", i)), Value: []byte(fmt.Sprintf("v%d", i))})
+	}
+	r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 0, btree.NewCache(1<<20))
+	defer r.Close()
+	for i := range n { // every level-1 node into the cache
+		if _, err := r.Lookup([]byte(fmt.Sprintf("k%04d", i)), StaleOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	const scans = 200
+	extra, leaves, lists := 0, 0, 0
+	for i := range scans {
+		start, limit := rng.IntN(n), 1+rng.IntN(40)
+		res, err := r.ScanCtx(context.Background(), []byte(fmt.Sprintf("k%04d", start)), nil, limit, StaleOK, false)
+		if err != nil || len(res.Pairs) != min(limit, n-start) {
+			t.Fatalf("scan %d of %d from %d: %d pairs, %v", i, limit, start, len(res.Pairs), err)
+		}
+		if res.Retries > 0 {
+			t.Fatalf("scan %d: %d retries in a tree nothing writes", i, res.Retries)
+		}
+		extra += res.NodeReads - res.Leaves
+		leaves += res.Leaves
+		lists += res.Lists
+	}
+	t.Logf("%d scans: %d leaves used, %d read and not used, %d lists", scans, leaves, extra, lists)
+	if extra > scans {
+		t.Fatalf("%d scans read %d leaves they did not use (%d used)", scans, extra, leaves)
+	}
 }
