@@ -1,10 +1,6 @@
 package btree
 
-import (
-	"encoding/binary"
-
-	"github.com/cespare/xxhash/v2"
-)
+import "encoding/binary"
 
 // In-place changes of a leaf (the common apply: a put that fits, a delete
 // that leaves the leaf some key). Instead of decoding the leaf into an
@@ -18,7 +14,7 @@ import (
 // replica writes the same bytes; TestInPlaceSameBytes).
 //
 // Why readers still see whole nodes: a reader validates a node by its
-// check word, an xxhash of every byte the node uses, and the slot changes
+// check word, a hash of every byte the node uses, and the slot changes
 // only by the two copies at the end. A read that overlaps them copies a
 // mix of the old and the new node, which hashes to neither check word
 // but with probability 2^-64, so it is refused as torn and read again,
@@ -30,8 +26,9 @@ import (
 // readers gave up after 32 torn reads in a row when the moves were made
 // in the slot). The stamp changes with the node, since scans validate it
 // too (a leaf stamped after a scan's applied index is refused). The hash
-// costs about a microsecond per 4 KiB node; what the in-place path saves
-// is the decode into slices and their allocations and the re-encode.
+// costs a few hundred nanoseconds per 4 KiB node; what the in-place path
+// saves is the decode into slices and their allocations and the
+// re-encode.
 
 // inPlaceLeaf is the writer's view of a leaf's bytes for an in-place
 // change: where the offsets and the entries start, and the entries' end.
@@ -99,7 +96,7 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 	if oldUsed > used {
 		clear(b[used:oldUsed])
 	}
-	le.PutUint64(b[used-checkSize:], xxhash.Sum64(b[:used-checkSize]))
+	le.PutUint64(b[used-checkSize:], nodeCheck(b[:used-checkSize]))
 	copy(l.slot[:hdrSize], b[:hdrSize])
 	copy(l.slot[lo:max(used, oldUsed)], b[lo:max(used, oldUsed)])
 	if t.knobs.onWrite != nil {
