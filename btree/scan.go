@@ -80,6 +80,8 @@ type ScanWalk struct {
 	queue []NodeID
 	prev  *Node
 	stuck int
+	// prevNode holds the last leaf taken (prev, or right in reverse).
+	prevNode Node
 	// The read under way: its id and whether the list named it.
 	pend       NodeID
 	pendListed bool
@@ -252,7 +254,10 @@ func (w *ScanWalk) runForward(read ReadFunc) error {
 		if n.HighInf || (end != nil && string(n.High) >= string(end)) {
 			return nil
 		}
-		w.prev = &n // n aliases b, the read's own copy
+		// n aliases b, the read's own copy; kept in the walk, not on
+		// the heap (a leaf read allocated a Node).
+		w.prevNode = n
+		w.prev = &w.prevNode
 		w.stuck = -1
 	}
 	return ErrRetry
@@ -407,7 +412,8 @@ func (w *ScanWalk) runReverse(read ReadFunc) error {
 		if string(n.Low) <= string(start) || n.Prev == 0 {
 			return nil
 		}
-		w.right, w.pend, w.stuck = &n, n.Prev, -1
+		w.prevNode = n
+		w.right, w.pend, w.stuck = &w.prevNode, n.Prev, -1
 	}
 	return ErrRetry
 }

@@ -274,8 +274,11 @@ type callBuf struct {
 	sr   *sharedRead // the shared read it was, nil if none
 }
 
-// maxFreeBufs bounds the node buffers a reader keeps for reuse.
-const maxFreeBufs = 16
+// maxFreeBytes bounds the bytes of node buffers a reader keeps for reuse:
+// enough for the leaves of a scan of a few hundred records (YCSB E's scans
+// of up to 100 records of 1 KiB read about 20 leaves of 8 KiB; 16
+// buffers made such a scan allocate some of its buffers every call).
+const maxFreeBytes = 256 << 10
 
 // recycle takes back the node buffers of the call that ended, at the
 // start of the next (a result's slices alias them until then): all of
@@ -294,7 +297,7 @@ func (r *OrderedReader) recycle() {
 					r.spare = cb.sr
 				}
 			}
-			if ok && len(r.free) < maxFreeBufs {
+			if ok && (len(r.free)+1)*len(cb.buf) <= maxFreeBytes {
 				r.free = append(r.free, cb.buf)
 			}
 		}
