@@ -110,6 +110,12 @@ type OrderedResult struct {
 	// reads, so each node it reads is decoded once (NodeReads plus the
 	// nodes a descent or a retry takes again), not once per list.
 	Decodes int
+	// NodeBytes counts the bytes the call's node reads asked for.
+	NodeBytes int
+	// ShortReads counts the node reads that came back shorter than the
+	// node (read by a size it had outgrown), over the call's attempts:
+	// each is read again.
+	ShortReads int
 	// Leaves counts the leaves a scan's answer took pairs from (the
 	// attempt that answered): NodeReads beyond them (and the inner
 	// nodes a descent read) are leaves read ahead and not needed.
@@ -193,6 +199,8 @@ type OrderedReader struct {
 	hint              btree.Hint // the lookup's search of the cache, kept from run to run of an attempt
 	lkFound           bool
 	maxReadsPerAttmpt int
+	// hints are the used sizes of nodes read (readLen).
+	hints []usedHint
 	// perLeaf16 is 16 times the entries per leaf of this reader's past
 	// scans (a moving average; 0: none yet), which sizes their reads
 	// ahead (ahead).
@@ -297,13 +305,70 @@ func (r *OrderedReader) recycle() {
 					r.spare = cb.sr
 				}
 			}
-			if ok && (len(r.free)+1)*len(cb.buf) <= maxFreeBytes {
+			if ok && (len(r.free)+1)*cap(cb.buf) <= maxFreeBytes {
 				r.free = append(r.free, cb.buf)
 			}
 		}
 		*cb = callBuf{}
 	}
 	r.callBufs = r.callBufs[:0]
+}
+
+// Reading a node's used bytes only. A node uses `used` bytes of its
+// NodeSize (leaves are 50 to 100% full), and a one-sided read copies
+// every byte it asks for. So the reader remembers the used size of the
+// nodes it read (a small table by slot, its own: no lock) and reads such
+// a node's used bytes and some slack for its growth (usedSlack), rounded
+// up to 64 bytes, instead of the whole slot. A read that comes back
+// shorter than the node's used size (its header's used field, read with
+// it, says more: the node grew) is not a node: the reader notes the new
+// size and the walk asks for the node again (OrderedResult.ShortReads). A
+// read whose used field is torn is only a wrong hint: the node is
+// validated (check word over its used bytes) as any other.
+const (
+	hintSlots = 4096 // the size hints kept, by slot modulo hintSlots
+	usedSlack = 512  // bytes read past a node's last known used size, at least
+)
+
+type usedHint struct {
+	slot uint32
+	used uint32 // 0: none
+}
+
+// readLen is how many bytes of slot a read asks for.
+func (r *OrderedReader) readLen(slot uint32) int {
+	size := int(r.hdr.NodeSize)
+	if r.hints == nil {
+		return size
+	}
+	h := r.hints[slot%hintSlots]
+	if h.used == 0 || h.slot != slot {
+		return size
+	}
+	n := int(h.used) + max(usedSlack, size/8)
+	return min(size, (n+63)&^63)
+}
+
+// noteUsed records the used size of the node read into b from slot, and
+// reports whether b holds all of it (false: read again).
+func (r *OrderedReader) noteUsed(slot uint32, b []byte) bool {
+	used := btree.UsedSize(b)
+	if used <= 0 || used > int(r.hdr.NodeSize) {
+		// Not a node's header (torn, or a freed slot): no hint, and the
+		// walk's validation decides.
+		if r.hints != nil {
+			r.hints[slot%hintSlots] = usedHint{}
+		}
+		return true
+	}
+	if r.hints == nil {
+		r.hints = make([]usedHint, hintSlots)
+	}
+	if h := &r.hints[slot%hintSlots]; r.gr.knobs.staleSizeHints && h.slot == slot && h.used != 0 {
+		return true // keeps the size first learnt, and takes the read
+	}
+	r.hints[slot%hintSlots] = usedHint{slot: slot, used: uint32(used)}
+	return used <= len(b)
 }
 
 // nodeBuf is a buffer for a read of a node: a reused one, or a fresh one.
@@ -792,8 +857,9 @@ func (r *OrderedReader) step() {
 			}
 			for _, sl := range r.inList {
 				reg, off := r.hdr.SlotAddr(g.group, sl)
-				b := r.nodeBuf(sl) // the memo keeps it until the call's end
+				b := r.nodeBuf(sl)[:r.readLen(sl)] // the memo keeps it until the call's end
 				r.bufs = append(r.bufs, b)
+				r.res.NodeBytes += len(b)
 				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: b})
 			}
 			if r.need == r.noJoin {
@@ -983,13 +1049,23 @@ func (r *OrderedReader) landed() {
 			return
 		}
 	}
+	ownShort := false
 	for i, sl := range r.inList {
+		if !r.noteUsed(sl, r.bufs[i]) {
+			// Read short: the node grew past the bytes read. The walk
+			// asks for it again, and it is read at its new size.
+			r.res.ShortReads++
+			ownShort = ownShort || i == 0
+			continue
+		}
 		r.memoAdd(sl, r.bufs[i])
 		r.got++
 	}
 	if len(r.inList) > 0 {
 		if r.own != nil {
-			r.deleg.land(r.own, false, lin, r.ownH1, h2)
+			// A short read is no node: lookups that joined it read
+			// for themselves.
+			r.deleg.land(r.own, ownShort, lin, r.ownH1, h2)
 			r.own = nil
 		}
 	}

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,9 +31,15 @@ type orderedGroup struct {
 
 func newOrderedGroup(t testing.TB, nodes []rdma.Node, readers []rdma.NodeID) *orderedGroup {
 	t.Helper()
+	return newOrderedGroupSized(t, nodes, readers, 256)
+}
+
+// newOrderedGroupSized is newOrderedGroup with nodes of size bytes.
+func newOrderedGroupSized(t testing.TB, nodes []rdma.Node, readers []rdma.NodeID, size int) *orderedGroup {
+	t.Helper()
 	g := &orderedGroup{}
 	for _, n := range nodes {
-		st, err := btree.NewStore(btree.StoreConfig{Tree: btree.Config{NodeSize: 256, MaxKey: 8}, ChunkSlots: 16, FreeAfter: 4,
+		st, err := btree.NewStore(btree.StoreConfig{Tree: btree.Config{NodeSize: size, MaxKey: 8}, ChunkSlots: 16, FreeAfter: 4,
 			Tablets: []btree.Tablet{btree.All}, Readers: readers}, n)
 		if err != nil {
 			t.Fatal(err)
@@ -684,5 +691,71 @@ func TestOrderedScanReusesBuffers(t *testing.T) {
 	}
 	if allocs >= float64(res.NodeReads-16) {
 		t.Fatalf("a scan reading %d nodes made %.1f allocations: node buffers are not reused", res.NodeReads, allocs)
+	}
+}
+
+// TestOrderedReadsUsedBytes: once a reader has read a node, it reads only
+// the node's used bytes and some slack, not the whole slot; a leaf that
+// grew past what the reader reads is read again at its new size (a short
+// read is never taken as the node: the walk would refuse it as torn), and
+// every lookup answers right. The planted staleSizeHints never relearns a
+// node's size: the lookup of the grown leaf gives up.
+func TestOrderedReadsUsedBytes(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		nodes, rn := orderedNodes(t, "mem")
+		g := newOrderedGroupSized(t, nodes, []rdma.NodeID{9}, 4096)
+		val := func(i, n int) []byte { return bytes.Repeat([]byte{byte('a' + i%26)}, n) }
+		// Even keys first: the leaves split about half full.
+		const n = 400
+		for i := 0; i < n; i += 2 {
+			g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%04d", i)), Value: val(i, 20)})
+		}
+		r := NewOrderedReader(rn, 0, []rdma.NodeID{1, 2, 3}, 0, btree.NewCache(1<<20))
+		r.gr.knobs.staleSizeHints = planted
+		lookup := func(i int) (OrderedResult, error) {
+			res, err := r.Lookup([]byte(fmt.Sprintf("k%04d", i)), StaleOK)
+			if err == nil && (!res.Found || !bytes.Equal(res.Value, val(i, 20))) {
+				t.Fatalf("lookup of k%04d: %v %q", i, res.Found, res.Value)
+			}
+			return res, err
+		}
+		for i := 0; i < n; i += 2 { // every node read once: the sizes known
+			if _, err := lookup(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		bytesRead, reads := 0, 0
+		for i := 0; i < n; i += 2 {
+			res, err := lookup(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bytesRead, reads = bytesRead+res.NodeBytes, reads+res.NodeReads
+		}
+		if reads == 0 || bytesRead >= reads*4096*3/4 {
+			t.Fatalf("warm lookups read %d bytes in %d node reads of 4096-byte nodes", bytesRead, reads)
+		}
+		// Grow the leaf holding k0100 by the odd keys next to it (about
+		// 1.5 KiB more, past the slack, with no split).
+		for i := 101; i < 140; i += 2 {
+			g.apply(btree.Op{Kind: btree.OpPut, Key: []byte(fmt.Sprintf("k%04d", i)), Value: val(i, 20)})
+		}
+		res, err := lookup(139)
+		if planted {
+			if err == nil {
+				t.Fatalf("staleSizeHints: the lookup of the grown leaf answered (%d short reads)", res.ShortReads)
+			}
+			t.Logf("staleSizeHints caught: %v", err)
+			r.Close()
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ShortReads == 0 {
+			t.Fatalf("the grown leaf was read whole at once (%d bytes in %d reads): the test grew nothing", res.NodeBytes, res.NodeReads)
+		}
+		t.Logf("%d warm lookups: %d bytes in %d node reads; the grown leaf: %d short reads, %d reads, %d bytes", n/2, bytesRead, reads, res.ShortReads, res.NodeReads, res.NodeBytes)
+		r.Close()
 	}
 }
