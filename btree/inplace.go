@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // In-place changes of a leaf (the common apply: a put that fits, a delete
@@ -20,7 +18,7 @@ import (
 // replica writes the same bytes; TestInPlaceSameBytes).
 //
 // Why readers still see whole nodes: a reader validates a node by its
-// check word, an xxhash of every byte the node uses, and the slot changes
+// check word, a hash of every byte the node uses, and the slot changes
 // only by the two copies at the end. A read that overlaps them copies a
 // mix of the old and the new node, which hashes to neither check word
 // but with probability 2^-64, so it is refused as torn and read again,
@@ -32,8 +30,9 @@ import (
 // readers gave up after 32 torn reads in a row when the moves were made
 // in the slot). The stamp changes with the node, since scans validate it
 // too (a leaf stamped after a scan's applied index is refused). The hash
-// costs about a microsecond per 4 KiB node; what the in-place path saves
-// is the decode into slices and their allocations and the re-encode.
+// costs a few hundred nanoseconds per 4 KiB node; what the in-place path
+// saves is the decode into slices and their allocations and the
+// re-encode.
 
 // inPlaceLeaf is the writer's view of a leaf's bytes for an in-place
 // change: where the offsets and the entries start, and the entries' end.
@@ -168,7 +167,7 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 	if oldUsed > used {
 		clear(b[used:oldUsed])
 	}
-	le.PutUint64(b[used-checkSize:], xxhash.Sum64(b[:used-checkSize]))
+	le.PutUint64(b[used-checkSize:], nodeCheck(b[:used-checkSize]))
 	t.account(l.slot, l.n.ID, -1)
 	t.a.beginWrite(l.n.ID.Slot())
 	copy(l.slot[:hdrSize], b[:hdrSize])
@@ -404,6 +403,6 @@ func encodeLeaf(dst []byte, id NodeID, stamp uint64, next, prev NodeID, highInf 
 	used := (p + checkSize + 7) &^ 7
 	clear(dst[p : used-checkSize])
 	le.PutUint16(dst[offUsed:], uint16(used))
-	le.PutUint64(dst[used-checkSize:], xxhash.Sum64(dst[:used-checkSize]))
+	le.PutUint64(dst[used-checkSize:], nodeCheck(dst[:used-checkSize]))
 	clear(dst[used:])
 }

@@ -26,6 +26,17 @@ func (h Header) SlotAddr(g uint32, slot uint32) (rdma.RegionID, uint64) {
 	return chunkRegion(g, int(slot/per)), uint64(slot%per) * uint64(h.NodeSize)
 }
 
+// UsedSize is the used size a node image's header announces (the bytes
+// it uses from its start, check word included), or 0 if b is too short to
+// hold a header. Only a hint: the bytes are not validated (a one-sided
+// reader that read fewer bytes than this reads the node again).
+func UsedSize(b []byte) int {
+	if len(b) < hdrSize {
+		return 0
+	}
+	return int(leU16(b[offUsed:]))
+}
+
 // PlantSkipFence plants the skipFence bug in c (tests of other packages
 // only: the kv simulator's mutant of the one-sided ordered reader).
 func PlantSkipFence(c *Cache) { c.knobs.skipFence = true }

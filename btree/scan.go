@@ -62,8 +62,13 @@ type ScanWalk struct {
 	Pairs []KV
 	// Reads counts the node reads the walk made (each Run's).
 	Reads int
-	done  bool
-	err   error
+	// Leaves counts the leaves whose pairs the walk took, Entries the
+	// entries those leaves hold (all of them, taken or not): a caller
+	// that reads leaves ahead sizes its reads with Entries/Leaves.
+	Leaves, Entries int
+
+	done bool
+	err  error
 	// readStopped: the last error came from a read, the state kept.
 	readStopped bool
 	// alias: pairs alias the bytes read (AliasReads).
@@ -75,6 +80,8 @@ type ScanWalk struct {
 	queue []NodeID
 	prev  *Node
 	stuck int
+	// prevNode holds the last leaf taken (prev, or right in reverse).
+	prevNode Node
 	// The read under way: its id and whether the list named it.
 	pend       NodeID
 	pendListed bool
@@ -229,6 +236,8 @@ func (w *ScanWalk) runForward(read ReadFunc) error {
 			w.src = nil
 			continue
 		}
+		w.Leaves++
+		w.Entries += n.Count
 		it := n.Entries()
 		for e, ok := it.next(); ok; e, ok = it.next() {
 			if string(e.Key) < string(start) {
@@ -245,7 +254,10 @@ func (w *ScanWalk) runForward(read ReadFunc) error {
 		if n.HighInf || (end != nil && string(n.High) >= string(end)) {
 			return nil
 		}
-		w.prev = &n // n aliases b, the read's own copy
+		// n aliases b, the read's own copy; kept in the walk, not on
+		// the heap (a leaf read allocated a Node).
+		w.prevNode = n
+		w.prev = &w.prevNode
 		w.stuck = -1
 	}
 	return ErrRetry
@@ -377,6 +389,8 @@ func (w *ScanWalk) runReverse(read ReadFunc) error {
 		if n.Stamp > w.applied && !c.knobs.skipStamp {
 			return ErrChanged
 		}
+		w.Leaves++
+		w.Entries += n.Count
 		w.ents = w.ents[:0]
 		it := n.Entries()
 		for e, ok := it.next(); ok; e, ok = it.next() {
@@ -398,7 +412,8 @@ func (w *ScanWalk) runReverse(read ReadFunc) error {
 		if string(n.Low) <= string(start) || n.Prev == 0 {
 			return nil
 		}
-		w.right, w.pend, w.stuck = &n, n.Prev, -1
+		w.prevNode = n
+		w.right, w.pend, w.stuck = &w.prevNode, n.Prev, -1
 	}
 	return ErrRetry
 }

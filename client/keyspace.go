@@ -707,12 +707,24 @@ func (k *Keyspace) scanPage(ctx context.Context, d *btree.Directory, g uint32, l
 	if mode == Linearizable {
 		k.c.known(g, res.Applied)
 	}
-	out := make([]KV, 0, len(res.Pairs))
+	// The pairs alias the reader's buffers, which go back to the pool:
+	// copy them, every key and value into one allocation.
+	size := 0
 	for _, p := range res.Pairs {
 		if len(p.Key) < cluster.KeyspacePrefix || p.Key[0] != k.ks.ID {
 			return nil, fmt.Errorf("rdmakv: scan of keyspace %q returned key %q of another keyspace", k.ks.Name, p.Key)
 		}
-		out = append(out, KV{Key: append([]byte(nil), p.Key[cluster.KeyspacePrefix:]...), Value: append([]byte{}, p.Value...), Version: p.Version})
+		size += len(p.Key) - cluster.KeyspacePrefix + len(p.Value)
+	}
+	out := make([]KV, 0, len(res.Pairs))
+	buf := make([]byte, 0, size)
+	for _, p := range res.Pairs {
+		n := len(buf)
+		buf = append(buf, p.Key[cluster.KeyspacePrefix:]...)
+		key := buf[n:len(buf):len(buf)]
+		n = len(buf)
+		buf = append(buf, p.Value...)
+		out = append(out, KV{Key: key, Value: buf[n:len(buf):len(buf)], Version: p.Version})
 	}
 	return out, nil
 }

@@ -594,3 +594,35 @@ func TestKeyspaceStats(t *testing.T) {
 		t.Fatalf("stats of a fresh client's first get: %+v; want 1 get of at least 2 node reads (root and leaf), not a hit, the root cached", s)
 	}
 }
+
+// TestKeyspaceScanPairsOwned: a scan's pairs are the caller's: later scans
+// (which reuse the reader's buffers) do not change them, and appending
+// to one pair's key or value does not overwrite the next pair's bytes
+// (the pairs of a page share one allocation).
+func TestKeyspaceScanPairsOwned(t *testing.T) {
+	lc := startLocal(t, orderedMap("ksowned", 1))
+	c := open(t, lc, 0)
+	ctx := context.Background()
+	users := c.Keyspace("users")
+	for i := range 50 {
+		if _, err := users.Put(ctx, fmt.Appendf(nil, "k%03d", i), fmt.Appendf(nil, "v%03d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := scanAll(t, users, []byte("k000"), nil, client.WithScanConsistency(client.Linearizable))
+	if len(first) != 50 {
+		t.Fatalf("scan: %d pairs, want 50", len(first))
+	}
+	for i := range first {
+		_ = append(first[i].Key, 'X')
+		_ = append(first[i].Value, 'Y')
+	}
+	for range 3 {
+		scanAll(t, users, []byte("k010"), nil, client.WithScanConsistency(client.Linearizable))
+	}
+	for i, p := range first {
+		if string(p.Key) != fmt.Sprintf("k%03d", i) || string(p.Value) != fmt.Sprintf("v%03d", i) {
+			t.Fatalf("pair %d after appends and later scans: %q=%q", i, p.Key, p.Value)
+		}
+	}
+}

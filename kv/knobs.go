@@ -35,6 +35,12 @@ type testingKnobs struct {
 	// was applied: caught by the linearizability check when new leaders
 	// stall after their election.
 	serveEarly bool
+	// staleSizeHints (ordered reader): the reader keeps the first used
+	// size it learnt of a node and takes a read shorter than the node
+	// (it grew since) as the node: the walk refuses it as torn (its used
+	// bytes are not all there) on every attempt, and lookups of a grown
+	// leaf give up.
+	staleSizeHints bool
 	// noRecordCheck (reader): a record is accepted without its check
 	// word (TestSimTornMutants: a record half rewritten passes).
 	noRecordCheck bool

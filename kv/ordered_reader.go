@@ -112,6 +112,16 @@ type OrderedResult struct {
 	// reads, so each node it reads is decoded once (NodeReads plus the
 	// nodes a descent or a retry takes again), not once per list.
 	Decodes int
+	// NodeBytes counts the bytes the call's node reads asked for.
+	NodeBytes int
+	// ShortReads counts the node reads that came back shorter than the
+	// node (read by a size it had outgrown), over the call's attempts:
+	// each is read again.
+	ShortReads int
+	// Leaves counts the leaves a scan's answer took pairs from (the
+	// attempt that answered): NodeReads beyond them (and the inner
+	// nodes a descent read) are leaves read ahead and not needed.
+	Leaves int
 }
 
 // ErrOrderedRetries: a one-sided ordered read kept meeting nodes being
@@ -207,6 +217,12 @@ type OrderedReader struct {
 	hint              btree.Hint // the lookup's search of the cache, kept from run to run of an attempt
 	lkFound           bool
 	maxReadsPerAttmpt int
+	// hints are the used sizes of nodes read (readLen).
+	hints []usedHint
+	// perLeaf16 is 16 times the entries per leaf of this reader's past
+	// scans (a moving average; 0: none yet), which sizes their reads
+	// ahead (ahead).
+	perLeaf16 int
 
 	// Read delegation (SetDelegation): the delegation's count when the
 	// lookup began, the read this reader posted and shares (nil: none),
@@ -290,8 +306,11 @@ type callBuf struct {
 	sr   *sharedRead // the shared read it was, nil if none
 }
 
-// maxFreeBufs bounds the node buffers a reader keeps for reuse.
-const maxFreeBufs = 16
+// maxFreeBytes bounds the bytes of node buffers a reader keeps for reuse:
+// enough for the leaves of a scan of a few hundred records (YCSB E's scans
+// of up to 100 records of 1 KiB read about 20 leaves of 8 KiB; 16
+// buffers made such a scan allocate some of its buffers every call).
+const maxFreeBytes = 256 << 10
 
 // recycle takes back the node buffers of the call that ended, at the
 // start of the next (a result's slices alias them until then): all of
@@ -310,13 +329,70 @@ func (r *OrderedReader) recycle() {
 					r.spare = cb.sr
 				}
 			}
-			if ok && len(r.free) < maxFreeBufs {
+			if ok && (len(r.free)+1)*cap(cb.buf) <= maxFreeBytes {
 				r.free = append(r.free, cb.buf)
 			}
 		}
 		*cb = callBuf{}
 	}
 	r.callBufs = r.callBufs[:0]
+}
+
+// Reading a node's used bytes only. A node uses `used` bytes of its
+// NodeSize (leaves are 50 to 100% full), and a one-sided read copies
+// every byte it asks for. So the reader remembers the used size of the
+// nodes it read (a small table by slot, its own: no lock) and reads such
+// a node's used bytes and some slack for its growth (usedSlack), rounded
+// up to 64 bytes, instead of the whole slot. A read that comes back
+// shorter than the node's used size (its header's used field, read with
+// it, says more: the node grew) is not a node: the reader notes the new
+// size and the walk asks for the node again (OrderedResult.ShortReads). A
+// read whose used field is torn is only a wrong hint: the node is
+// validated (check word over its used bytes) as any other.
+const (
+	hintSlots = 4096 // the size hints kept, by slot modulo hintSlots
+	usedSlack = 512  // bytes read past a node's last known used size, at least
+)
+
+type usedHint struct {
+	slot uint32
+	used uint32 // 0: none
+}
+
+// readLen is how many bytes of slot a read asks for.
+func (r *OrderedReader) readLen(slot uint32) int {
+	size := int(r.hdr.NodeSize)
+	if r.hints == nil {
+		return size
+	}
+	h := r.hints[slot%hintSlots]
+	if h.used == 0 || h.slot != slot {
+		return size
+	}
+	n := int(h.used) + max(usedSlack, size/8)
+	return min(size, (n+63)&^63)
+}
+
+// noteUsed records the used size of the node read into b from slot, and
+// reports whether b holds all of it (false: read again).
+func (r *OrderedReader) noteUsed(slot uint32, b []byte) bool {
+	used := btree.UsedSize(b)
+	if used <= 0 || used > int(r.hdr.NodeSize) {
+		// Not a node's header (torn, or a freed slot): no hint, and the
+		// walk's validation decides.
+		if r.hints != nil {
+			r.hints[slot%hintSlots] = usedHint{}
+		}
+		return true
+	}
+	if r.hints == nil {
+		r.hints = make([]usedHint, hintSlots)
+	}
+	if h := &r.hints[slot%hintSlots]; r.gr.knobs.staleSizeHints && h.slot == slot && h.used != 0 {
+		return true // keeps the size first learnt, and takes the read
+	}
+	r.hints[slot%hintSlots] = usedHint{slot: slot, used: uint32(used)}
+	return used <= len(b)
 }
 
 // nodeBuf is a buffer for a read of a node: a reused one, or a fresh one.
@@ -709,13 +785,42 @@ func (r *OrderedReader) resetMemo() {
 // the member Link's window).
 const scanAhead = 8
 
-// ahead is how many leaves the scan under way reads ahead: scanAhead, or
-// about half its limit (a leaf holds several pairs).
+// ahead is how many leaves the scan under way reads ahead, besides the
+// one its walk asks for: scanAhead without a limit; with one, enough
+// leaves for the pairs still to find at the entries per leaf e of the
+// reader's past scans, counting half a leaf for the one asked for (the
+// scan's first leaf starts on average in its middle): ceil(left/e - 1/2);
+// before the reader knows e, half the limit (a leaf holds several
+// pairs). A leaf read and not needed costs a copy; one too few costs a
+// round trip.
 func (r *OrderedReader) ahead() int {
 	if r.limit <= 0 {
 		return scanAhead
 	}
-	return min(scanAhead, r.limit/2)
+	if r.perLeaf16 == 0 {
+		return min(scanAhead, r.limit/2)
+	}
+	left := r.limit - len(r.pairs)
+	num, den := 32*left-r.perLeaf16, 2*r.perLeaf16
+	if num <= 0 {
+		return 0
+	}
+	return min(scanAhead, (num+den-1)/den)
+}
+
+// notePerLeaf adds the entries per leaf of the scan that answered to the
+// reader's average.
+func (r *OrderedReader) notePerLeaf() {
+	w := &r.walk
+	if w.Leaves == 0 {
+		return
+	}
+	per := max(16*w.Entries/w.Leaves, 16)
+	if r.perLeaf16 == 0 {
+		r.perLeaf16 = per
+	} else {
+		r.perLeaf16 = (3*r.perLeaf16 + per) / 4
+	}
 }
 
 // run runs the walk over the nodes read so far: nil when it answered,
@@ -811,8 +916,9 @@ func (r *OrderedReader) step() {
 			}
 			for _, sl := range r.inList {
 				reg, off := r.hdr.SlotAddr(g.group, sl)
-				b := r.nodeBuf(sl) // the memo keeps it until the call's end
+				b := r.nodeBuf(sl)[:r.readLen(sl)] // the memo keeps it until the call's end
 				r.bufs = append(r.bufs, b)
+				r.res.NodeBytes += len(b)
 				wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: reg, Offset: off, Buf: b})
 			}
 			if r.ownCheck() {
@@ -1026,7 +1132,15 @@ func (r *OrderedReader) landed() {
 			return
 		}
 	}
+	ownShort := false
 	for i, sl := range r.inList {
+		if !r.noteUsed(sl, r.bufs[i]) {
+			// Read short: the node grew past the bytes read. The walk
+			// asks for it again, and it is read at its new size.
+			r.res.ShortReads++
+			ownShort = ownShort || i == 0
+			continue
+		}
 		r.memoAdd(sl, r.bufs[i])
 		r.got++
 	}
@@ -1036,7 +1150,9 @@ func (r *OrderedReader) landed() {
 			if r.ownCheck() && r.ownOK && r.ownPost {
 				own = r.ownWant
 			}
-			r.deleg.land(r.own, false, lin, r.ownH1, h2, own)
+			// A short read is no node: lookups that joined it read
+			// for themselves.
+			r.deleg.land(r.own, ownShort, lin, r.ownH1, h2, own)
 			r.own = nil
 		}
 	}
@@ -1069,7 +1185,8 @@ func (r *OrderedReader) answer() {
 			r.res.Value, r.res.Version = r.lkEntry.Value, r.lkEntry.Version
 		}
 	} else if r.kind != okDir {
-		r.res.Pairs, r.res.Scanned = r.pairs, r.hdr.Applied
+		r.res.Pairs, r.res.Scanned, r.res.Leaves = r.pairs, r.hdr.Applied, r.walk.Leaves
+		r.notePerLeaf()
 	}
 	if r.m == r.gr.home {
 		r.gr.homeWait = 0

@@ -65,6 +65,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/kv/fielded"
 )
 
 // Property names.
@@ -286,11 +287,14 @@ func (db *DB) Scan(ctx context.Context, table, startkey string, count int, field
 		return nil, nil
 	}
 	out := make([]map[string][]byte, 0, count)
+	// One Selector for the scan's records: their maps' keys are its
+	// strings, not a string allocated per field of every record.
+	sel := fielded.NewSelector(fields)
 	for p, err := range db.ks.Scan(ctx, Key(table, startkey), tableEnd(table), client.WithLimit(count)) {
 		if err != nil {
 			return nil, fmt.Errorf("scan %s/%s: %w", table, startkey, err)
 		}
-		m, err := DecodeSelected(p.Value, fields)
+		m, err := sel.Decode(p.Value)
 		if err != nil {
 			return nil, fmt.Errorf("scan %s/%s: record %q: %w", table, startkey, p.Key, err)
 		}

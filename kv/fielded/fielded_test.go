@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 )
 
@@ -218,4 +219,82 @@ func FuzzMergeFields(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzSelector: a Selector reused over records decodes each exactly as
+// DecodeSelected does (the same map, or an error wrapping ErrMalformed
+// where it fails), for any names, with or without duplicates or order,
+// and any bytes, also after a record with other field names.
+func FuzzSelector(f *testing.F) {
+	rec := map[string][]byte{}
+	for i := range 10 {
+		rec[fmt.Sprintf("field%d", i)] = bytes.Repeat([]byte{byte('a' + i)}, 100)
+	}
+	f.Add(Encode(rec), "field3,field0,nope,field3")
+	f.Add(Encode(rec), "")
+	f.Add([]byte{2, 1, 'a', 0, 1, 'b', 0}, "b,a")
+	f.Add([]byte{2, 1, 'b', 0, 1, 'a', 0}, "a")
+	f.Add(append(Encode(rec), 0), "field1")
+	f.Fuzz(func(t *testing.T, data []byte, list string) {
+		var names []string
+		if list != "" {
+			names = strings.Split(list, ",")
+		}
+		s := NewSelector(names)
+		other := Encode(fieldsFrom(data))
+		for i, b := range [][]byte{data, other, data, Encode(rec), data} {
+			want, werr := DecodeSelected(b, names)
+			got, err := s.Decode(b)
+			if (werr == nil) != (err == nil) || err != nil && !errors.Is(err, ErrMalformed) {
+				t.Fatalf("record %d %x, names %q: Selector %v, DecodeSelected %v", i, b, names, err, werr)
+			}
+			if err == nil && !equalFields(got, want) {
+				t.Fatalf("record %d %x, names %q: Selector %v, DecodeSelected %v", i, b, names, got, want)
+			}
+		}
+	})
+}
+
+var sink map[string][]byte
+
+// TestSelectorAllocations: decoding a scan's records through one Selector
+// allocates only each record's map (what a map of that many fields with
+// keys already held costs), not a string per field name, with every field
+// and with a few named.
+func TestSelectorAllocations(t *testing.T) {
+	rec := map[string][]byte{}
+	names := []string{}
+	for i := range 10 {
+		names = append(names, fmt.Sprintf("field%d", i))
+		rec[names[i]] = bytes.Repeat([]byte{byte('a' + i)}, 100)
+	}
+	b := Encode(rec)
+	for _, sel := range [][]string{nil, names, {"field7", "field2"}} {
+		n := len(names)
+		if sel != nil {
+			n = len(sel)
+		}
+		mapOnly := testing.AllocsPerRun(100, func() {
+			m := make(map[string][]byte, n)
+			for _, name := range names[:n] {
+				m[name] = b
+			}
+			sink = m // escapes, as a decoded record does
+		})
+		s := NewSelector(sel)
+		got := testing.AllocsPerRun(100, func() {
+			if _, err := s.Decode(b); err != nil {
+				t.Fatal(err)
+			}
+		})
+		old := testing.AllocsPerRun(100, func() {
+			if _, err := DecodeSelected(b, sel); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if got > mapOnly {
+			t.Errorf("names %q: %v allocations per record, a map of %d fields alone takes %v (DecodeSelected: %v)", sel, got, n, mapOnly, old)
+		}
+		t.Logf("names %q: Selector %v allocations per record, DecodeSelected %v", sel, got, old)
+	}
 }
