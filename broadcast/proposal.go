@@ -295,6 +295,18 @@ func (r *Replica) submit() bool {
 	k := 0
 	switch r.role {
 	case Leader:
+		if r.fullRefuse {
+			// The group cannot log them (durable.go): they were never
+			// broadcast, so they are not delivered.
+			for _, p := range r.waiting {
+				p.finish(0, nil, ErrDiskFull)
+			}
+			r.ctr.DiskFullRefused += uint64(len(r.waiting))
+			r.resolved(len(r.waiting))
+			clear(r.waiting)
+			r.waiting = r.waiting[:0]
+			return true
+		}
 		for k < len(r.waiting) && r.uncommitted() < r.cfg.MaxUncommitted && !r.diskLate() {
 			p := r.waiting[k]
 			p.epoch = r.eCur
