@@ -86,6 +86,7 @@ type durable struct {
 	// last walPoll, since fullSince.
 	full      bool
 	fullSince time.Duration
+	fullErr   error // the writer's error when the episode began
 }
 
 // netSnapSave is a network snapshot being saved as a disk snapshot.
@@ -174,6 +175,12 @@ func (r *Replica) diskLate() bool {
 // diskFull reports that this replica's log refuses records for a full
 // disk (wal.Writer.Full), as of its last Poll.
 func (r *Replica) diskFull() bool { return r.dur != nil && r.dur.full }
+
+// RefusingFull reports that this replica leads and refuses new entries
+// with ErrDiskFull (Status.GroupDiskFull) as of its last Poll: Append,
+// AppendFunc and waiting proposals fail with it, AppendRoom is 0. Like
+// Append, it is for the polling goroutine (multicast tells its clients).
+func (r *Replica) RefusingFull() bool { return r.fullRefuse }
 
 // updateFull recomputes fullRefuse: a leader refuses new entries while
 // its own disk is full or fewer than a majority of members can log (and
@@ -456,7 +463,7 @@ func (r *Replica) walPoll(now time.Duration) bool {
 		d.full = full
 		progress = true
 		if full {
-			d.fullSince = now
+			d.fullSince, d.fullErr = now, d.w.Err()
 			r.ctr.DiskFull++
 			r.tracef("node %d: disk full, takes no new entry until space returns: %v", r.self, d.w.Err())
 			if r.cfg.OnEvent != nil {

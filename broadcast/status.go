@@ -210,7 +210,7 @@ func (r *Replica) publishStatus() {
 		r.status.DiskErr = r.dur.err
 		r.status.DiskFull, r.status.GroupDiskFull = r.dur.full, r.fullRefuse
 		if r.dur.full {
-			r.status.DiskFullErr = r.dur.w.Err()
+			r.status.DiskFullErr = r.dur.fullErr
 		}
 	}
 	r.stmu.Unlock()

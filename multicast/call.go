@@ -372,6 +372,16 @@ func (c *Client) pump() bool {
 			keep = append(keep, u)
 			continue
 		}
+		if c.full.Has(lca) {
+			if c.clock()-c.fullAt[lca] < fullFor {
+				// Its leader refused an earlier message for a full disk
+				// and has not answered since: not sent.
+				u.finish(nil, &DiskFullError{Group: lca})
+				sent = true
+				continue
+			}
+			c.full = c.full.Remove(lca) // try again: the notice is old
+		}
 		if u.build != nil {
 			// built once its id is sure: admit below takes this seq
 			seq, ok := c.nextSeq(u.dst)
