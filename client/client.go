@@ -64,8 +64,10 @@ var (
 	// operations.md, "A full disk"). The error names the group. Alone,
 	// nothing was written; together with ErrOutcomeUnknown the write was
 	// sent before the group refused it and stays queued there: it may
-	// still be applied, once, when space returns. Retry once space is
-	// freed.
+	// still be applied, once, when space returns. Alone, the client's
+	// window to the group was full of writes the group refused (also
+	// for a moment right after space returns, until the group answered
+	// them). Retry once space is freed.
 	ErrDiskFull = errors.New("rdmakv: disk full")
 )
 

@@ -82,9 +82,9 @@ var (
 // instead of a reply. Sent says whether the message was written to the
 // group's ring: if so it stays there and may still be delivered once
 // space returns (its outcome is unknown; it is never sent again); if not
-// (the group had refused an earlier message and has not answered since),
-// nothing was sent. A client fails new calls to the group at once, not
-// sent, until the group answers a message again or a second passed.
+// nothing was sent: the group had refused earlier messages that fill
+// the client's window to it and has not answered since (a call would
+// otherwise wait for them).
 type DiskFullError struct {
 	Group tree.Group
 	Sent  bool
@@ -98,10 +98,6 @@ func (e *DiskFullError) Error() string {
 }
 
 func (e *DiskFullError) Unwrap() error { return ErrDiskFull }
-
-// fullFor is how long a client takes a group's disk-full notice as the
-// group's state (failing new calls to it unsent) without a reply since.
-const fullFor = time.Second
 
 // Client multicasts messages (TRAM Alg. 1: write m into the client's ring
 // on every replica of lca(dst)) and collects the replies that the
@@ -171,9 +167,8 @@ type Client struct {
 	rt callState // the started client's calls (call.go)
 
 	// full: groups whose leader sent a disk-full notice and no reply
-	// since; fullAt when (per group)
-	full   tree.Set
-	fullAt []time.Duration
+	// since
+	full tree.Set
 }
 
 type call struct {
@@ -255,7 +250,6 @@ func NewClient(cfg ClientConfig, node rdma.Node) (*Client, error) {
 		c.rbusy = append(c.rbusy, make([]uint64, cfg.ClientSlots))
 	}
 	c.pos = make([]uint64, ng)
-	c.fullAt = make([]time.Duration, ng)
 	c.calls = make([]call, ng*cfg.ClientSlots)
 	for i := len(c.calls) - 1; i >= 0; i-- {
 		c.free = append(c.free, i)
@@ -530,7 +524,6 @@ func (c *Client) poll(now time.Duration) bool {
 				// until the lca orders it); a polled one waits.
 				if u := k.user; u != nil && g == k.lca && !k.gone {
 					c.full = c.full.Add(g)
-					c.fullAt[g] = now
 					c.abandon(k)
 					u.finish(nil, &DiskFullError{Group: g, Sent: true})
 					progress = true

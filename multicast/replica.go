@@ -728,6 +728,7 @@ func (r *Replica) scanHeaders() bool {
 		}
 		if retry := rdma.Load64(mem, off+hRetry); retry != r.retrySeen[c] {
 			r.retrySeen[c] = retry
+			r.noticed[c] = 0 // its disk-full notices too, if a write was lost
 			w := r.cfg.ClientSlots
 			for k := c * w; k < (c+1)*w; k++ {
 				if r.st.replies[k].seq != 0 && r.st.replies[k].inc == r.st.cinc[c] {
@@ -858,17 +859,19 @@ func (r *Replica) noticeFull() bool {
 			if err != nil || rec.id.Inc != r.tinc[c] || rec.id.Client != uint32(c) {
 				break // torn, or not written yet: looked at again next Poll
 			}
-			r.noticed[c] = pos
 			p := r.clients[rec.reply.Node]
 			if p == nil {
+				r.noticed[c] = pos
 				continue
 			}
 			rp := reply{seq: rec.id.Seq, inc: rec.id.Inc, flags: replyDiskFull | replyFromBits(r.self)}
 			b := encodeReply(r.rbuf, r.g, &rp)
-			if p.queue(r.now, rec.reply.Region, uint64((int(r.g)*w+int(rec.id.Seq%uint64(w)))*rs), b) {
-				r.ctr.FullNotices++
-			}
 			sent = true
+			if !p.queue(r.now, rec.reply.Region, uint64((int(r.g)*w+int(rec.id.Seq%uint64(w)))*rs), b) {
+				break // not queued (its Conn is down or its stage full): told at a later Poll
+			}
+			r.ctr.FullNotices++
+			r.noticed[c] = pos
 		}
 	}
 	if sent {

@@ -358,11 +358,23 @@ func diskFull(t *testing.T, who string) {
 		}
 		return err
 	}
+	// put puts n keys. A put refused unsent is tried again for a while:
+	// right after space returns, a client whose window to the group is
+	// full of writes the group refused fails new ones unsent until the
+	// group answered those (client.ErrDiskFull alone).
 	put := func(prefix string, n int) {
 		t.Helper()
 		for range n {
-			if err := try(prefix); err != nil {
-				t.Fatalf("put: %v%s", err, c.describe())
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				err := try(prefix)
+				if err == nil {
+					break
+				}
+				if errors.Is(err, client.ErrOutcomeUnknown) || time.Now().After(deadline) {
+					t.Fatalf("put: %v%s", err, c.describe())
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
 		}
 	}
