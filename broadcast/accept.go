@@ -25,6 +25,11 @@ func (r *Replica) readRing(i int) bool {
 	start := in.cursor
 	acc := r.accepted
 	for k := 0; k < maxBatch; k++ {
+		if r.diskFull() {
+			// A full disk: the writer refuses records until space
+			// returns; nothing is read that would need one (durable.go).
+			break
+		}
 		if r.diskLate() {
 			// Async back-pressure: the records wait in the ring (and
 			// the sender with them) until our disk caught up
@@ -106,7 +111,7 @@ func (r *Replica) acceptForward(hdr MsgHdr, payload []byte) bool {
 		r.tracef("node %d drops a forwarded proposal of %d bytes: its MaxRecord differs from ours", r.self, len(payload)-entryMeta)
 		return true
 	}
-	if r.uncommitted() >= r.cfg.MaxUncommitted || r.diskLate() {
+	if r.uncommitted() >= r.cfg.MaxUncommitted || r.diskLate() || r.fullRefuse {
 		return false
 	}
 	data, s := r.acceptCur.copy(&r.slabs, payload[entryMeta:])

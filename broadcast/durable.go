@@ -85,6 +85,11 @@ type durable struct {
 	// work: the snapshot work diskSnapPoll did on the polling goroutine
 	// (Config.StatClock; SnapWork).
 	work SnapWork
+	// full: the writer found the disk full (wal.Writer.Full) as of the
+	// last walPoll, since fullSince.
+	full      bool
+	fullSince time.Duration
+	fullErr   error // the writer's error when the episode began
 }
 
 // netSnapSave is a network snapshot being saved as a disk snapshot.
@@ -96,9 +101,11 @@ type netSnapSave struct {
 	done       atomic.Bool
 }
 
-// ErrDisk wraps a write-ahead log failure that stopped the replica (Sync
-// mode): the writer's own error (wal.ErrFailStop, wal.ErrDiskFull) or a
-// record it refused. The replica no longer polls; Status.DiskErr says why.
+// ErrDisk wraps a write-ahead log failure that stopped the replica (Sync,
+// Async): the writer's own error (wal.ErrFailStop), a record it refused,
+// or a snapshot a diff installed that found no space (wal.ErrDiskFull: the
+// log already names it). A full disk under the log alone does not stop
+// the replica (diskFull). The replica no longer polls; Status.DiskErr says why.
 var ErrDisk = errors.New("broadcast: write-ahead log failed")
 
 // ErrLogCorrupt: Recover or New found a log this package did not write,
@@ -111,7 +118,7 @@ var ErrLogCorrupt = errors.New("broadcast: log corrupt")
 // in Sync (plan §2 D3: a majority's acknowledgement is on a majority's
 // disks).
 func (r *Replica) ackHdr() MsgHdr {
-	if r.dur == nil || r.cfg.Durability == Async || r.knobs.ackUnsynced {
+	if r.dur == nil || r.cfg.Durability == Async || r.knobs.ackUnsynced || r.knobs.ackRefused && r.dur.full {
 		return r.accepted // Async: acknowledged before it is on disk
 	}
 	return minHdr(r.accepted, r.dur.dA)
@@ -136,6 +143,102 @@ func (r *Replica) diskLate() bool {
 	// as the burst, and a queue past twice MaxUnsyncedBytes makes the
 	// writer refuse records (fail-stop).
 	return o >= 0 && (r.now-o > 2*r.cfg.FsyncInterval || !r.knobs.timeOnlyBackpressure && w.UnsyncedBytes() >= w.MaxUnsyncedBytes()/2)
+}
+
+// A full disk (issue 19; plan §1, "fsyncgate"). A write that finds no
+// space (ENOSPC, EDQUOT) is not a failed fsync: nothing synced was lost,
+// and the writer cuts the batch back and retries it later
+// (wal.ErrDiskFull). Until a retry succeeds it refuses every record, so
+// the replica must not do anything that needs one, or its log would get
+// a hole (a later dA would claim entries the disk does not hold). While
+// full (diskFull), the replica therefore:
+//
+//   - reads no ring record (as Async's back-pressure: records, diffs and
+//     forwarded proposals wait in the ring, and the sender with them);
+//   - acknowledges nothing more: Sync's AcceptSST row is min(Accepted,
+//     dA), and dA stays at the last synced record (the batch the writer
+//     refused is not synced); a Sync leader does not count itself;
+//   - as leader, broadcasts nothing new: Append and AppendFunc fail with
+//     ErrDiskFull, waiting proposals end with it (never broadcast, so
+//     never delivered), AppendRoom is 0; forwarded proposals wait;
+//   - never stands for election nor wins one (becomeLeader writes its
+//     epoch's empty diff), and a leader whose disk stays full for an
+//     election timeout steps down once a majority of the others can log
+//     (they say so in their AcceptSST rows, word wAckFull), so that the
+//     group goes on without it;
+//   - still delivers what its leader commits (committed entries are on
+//     a majority's disks in Sync) and serves one-sided reads.
+//
+// A leader also refuses (ErrDiskFull: fullRefuse) when fewer than a
+// majority of members can log, counting itself and the followers it
+// heard within an election timeout that do not say wAckFull: the group
+// could not commit the entry. Everything is decided on the Poll's clock;
+// the writer retries the batch every wal.Config.DiskFullRetry.
+
+// diskFull reports that this replica's log refuses records for a full
+// disk (wal.Writer.Full), as of its last Poll.
+func (r *Replica) diskFull() bool { return r.dur != nil && r.dur.full }
+
+// RefusingFull reports that this replica leads and refuses new entries
+// with ErrDiskFull (Status.GroupDiskFull) as of its last Poll: Append,
+// AppendFunc and waiting proposals fail with it, AppendRoom is 0. Like
+// Append, it is for the polling goroutine (multicast tells its clients).
+func (r *Replica) RefusingFull() bool { return r.fullRefuse }
+
+// updateFull recomputes fullRefuse: a leader refuses new entries while
+// its own disk is full or fewer than a majority of members can log (and
+// one of them because its disk is full).
+func (r *Replica) updateFull() {
+	r.fullRefuse = false
+	if r.dur == nil || r.role != Leader {
+		return
+	}
+	if r.dur.full {
+		r.fullRefuse = true
+		return
+	}
+	k, full := 1, false
+	for i := range r.mems {
+		m := &r.mems[i]
+		if i == r.me || !m.valid[tAccept] || r.now-m.heardAt > r.cfg.ElectionTimeout {
+			continue
+		}
+		if m.rows[tAccept][wAckFull] != 0 {
+			full = true
+			continue
+		}
+		k++
+	}
+	r.fullRefuse = full && k < r.quorum
+}
+
+// othersCanLog counts the other members that follow this leader, were
+// heard within an election timeout and whose logs can write (no
+// wAckFull): a majority of them can elect a leader without us.
+func (r *Replica) othersCanLog() int {
+	k := 0
+	for i := range r.mems {
+		m := &r.mems[i]
+		if i != r.me && m.valid[tAccept] && m.valid[tCommit] && m.rows[tAccept][wAckFull] == 0 &&
+			r.now-m.heardAt <= r.cfg.ElectionTimeout && m.follows() == r.eCur {
+			k++
+		}
+	}
+	return k
+}
+
+// fullStepDown: a leader whose disk has been full for an election
+// timeout hands the group over when a majority of the others can log
+// and follow it (they elect without us; we do not stand while full).
+func (r *Replica) fullStepDown() bool {
+	d := r.dur
+	if d == nil || !d.full || r.knobs.fullNoStepDown || r.now-d.fullSince < r.cfg.ElectionTimeout || r.othersCanLog() < r.quorum {
+		return false
+	}
+	r.ctr.DiskFullStepDowns++
+	r.tracef("node %d: its disk has been full since %v: leader hands over epoch %v", r.self, d.fullSince, r.eCur)
+	r.startElection(true)
+	return true
 }
 
 // recoveryVoter reports whether this member restarted from its disk in
@@ -327,7 +430,7 @@ func (r *Replica) saveNetSnap(ns *netSnapSave, meta, state []byte) {
 // again.
 func (r *Replica) walCommit() {
 	d := r.dur
-	if d.err != nil || d.commitLogged == r.committed || d.commitSeq > d.w.Synced() {
+	if d.err != nil || d.full || d.commitLogged == r.committed || d.commitSeq > d.w.Synced() {
 		return
 	}
 	b := d.hdr[:32]
@@ -353,9 +456,26 @@ func (r *Replica) walPoll(now time.Duration) bool {
 		}
 	}
 	progress := d.w.Poll(now)
-	if d.err == nil && d.w.Err() != nil && !errors.Is(d.w.Err(), wal.ErrDiskFull) {
+	if d.err == nil && d.w.Err() != nil && !d.w.Full() {
 		d.err = fmt.Errorf("%w: member %d: %w", ErrDisk, r.self, d.w.Err())
 		r.tracef("node %d stops: %v", r.self, d.err)
+	}
+	if full := d.err == nil && d.w.Full(); full != d.full {
+		// A full disk is not fail-stop: the writer retries the batch it
+		// cut back; meanwhile the replica takes nothing new (diskFull).
+		d.full = full
+		progress = true
+		if full {
+			d.fullSince, d.fullErr = now, d.w.Err()
+			r.ctr.DiskFull++
+			r.tracef("node %d: disk full, takes no new entry until space returns: %v", r.self, d.w.Err())
+			if r.cfg.OnEvent != nil {
+				r.cfg.OnEvent(Event{Kind: EventDiskFull, Epoch: r.eCur, Err: d.w.Err()})
+			}
+		} else {
+			r.tracef("node %d: disk space returned after %v", r.self, now-d.fullSince)
+			r.event(EventDiskSpace, r.eCur)
+		}
 	}
 	synced := d.w.Synced()
 	if d.gate == 0 && d.netEnd != 0 && d.netEnd <= synced {

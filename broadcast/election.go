@@ -58,6 +58,9 @@ func (r *Replica) timers() bool {
 			r.startElection(true)
 			return true
 		}
+		if r.fullStepDown() {
+			return true
+		}
 	}
 	if r.role != Electing {
 		hears := r.follows() != 0
@@ -244,7 +247,7 @@ func (r *Replica) elect() bool {
 	timedOut := r.now >= r.electAt
 	progress := false
 	switch {
-	case (timedOut || mx.Acpt.Less(r.accepted) && !r.knobs.voteRule) && !r.forcing() && !r.seesForced() && r.preVote():
+	case (timedOut || mx.Acpt.Less(r.accepted) && !r.knobs.voteRule) && !r.forcing() && !r.seesForced() && !r.diskFull() && r.preVote():
 		// Fig. 7 l.100-105: vote for self with a bigger epoch, once a
 		// majority hears no leader (pre-vote).
 		e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
@@ -275,6 +278,11 @@ func (r *Replica) elect() bool {
 		// promised in an earlier incarnation (it may have led it, and its
 		// log may not show it): the votes of that epoch it sees are old.
 		// It needs a new, bigger one (plan §2).
+		return progress
+	}
+	if r.diskFull() {
+		// Leading starts with our epoch's empty diff in the log, which
+		// the writer refuses while the disk is full (durable.go).
 		return progress
 	}
 	votes := 1

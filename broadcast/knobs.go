@@ -54,6 +54,15 @@ type testingKnobs struct {
 	// synced, before the snapshot file is: a crash then leaves a log
 	// naming a snapshot that is not there (durability promise).
 	ackBeforeSnapSync bool
+	// ackRefused: while the disk is full, the AcceptSST row (and a Sync
+	// leader's own count) carries Accepted: it acknowledges the entries
+	// of the batch the writer refused, which are not on disk (durability
+	// promise).
+	ackRefused bool
+	// fullNoStepDown: a leader whose disk stays full keeps its epoch (not
+	// a safety bug: the group stops taking writes although a majority
+	// could log them; TestSimDiskFullLeaderStepsDown counts it).
+	fullNoStepDown bool
 	// eagerCommit: a Commit record is appended like an entry, so that in
 	// Sync mode it starts a batch, and an fsync, of its own (not a safety
 	// bug: the cost TestSimSyncFsyncsPerEntry counts).

@@ -45,6 +45,7 @@ const (
 	wHeartbeat   = 2 // CommitSST: the failure detector's counter (Fig. 6 l.93-95)
 	wIncarnation = 3
 	wIndex       = 4 // CommitSST: the member's delivered count (its commit index)
+	wAckFull     = 4 // AcceptSST (Sync, Async): 1 while the member's log finds its disk full (durable.go, updateFull)
 	wForced      = 4 // VoteSST: 1 for an operator's forced vote (ForceLead), else 0
 	wFollows     = 5 // CommitSST: the epoch whose leader this member hears now (0: none); pre-vote and leader stickiness
 	wSeen        = 5 // VoteSST (Async): the highest commit index this member saw (its Commit records')

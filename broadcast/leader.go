@@ -51,7 +51,8 @@ func (r *Replica) setLeading() {
 // (proposals and appends) reached Config.MaxUncommitted (back pressure:
 // retry after a Poll committed some; AppendRoom says how many fit now), and
 // in Async mode while the oldest record not yet on disk is older than
-// 2 x Config.FsyncInterval.
+// 2 x Config.FsyncInterval; ErrDiskFull (Sync, Async) while this leader's
+// log finds its disk full or too few members can log (Status.GroupDiskFull).
 // On an error nothing was appended.
 func (r *Replica) Append(data []byte) error {
 	if r.leading.Load() == 0 {
@@ -59,6 +60,10 @@ func (r *Replica) Append(data []byte) error {
 	}
 	if len(data) > maxProposal(r.cfg.MaxRecord) {
 		return ErrTooLarge
+	}
+	if r.fullRefuse {
+		r.ctr.DiskFullRefused++
+		return ErrDiskFull
 	}
 	if r.uncommitted() >= r.cfg.MaxUncommitted || r.diskLate() {
 		return ErrBusy
@@ -82,6 +87,10 @@ func (r *Replica) AppendFunc(n int, fill func([]byte)) error {
 	if n < 0 || n > maxProposal(r.cfg.MaxRecord) {
 		return ErrTooLarge
 	}
+	if r.fullRefuse {
+		r.ctr.DiskFullRefused++
+		return ErrDiskFull
+	}
 	if r.uncommitted() >= r.cfg.MaxUncommitted || r.diskLate() {
 		return ErrBusy
 	}
@@ -95,7 +104,7 @@ func (r *Replica) AppendFunc(n int, fill func([]byte)) error {
 // Leading, else Config.MaxUncommitted less the leader's uncommitted
 // entries. Like Append, it is for the polling goroutine.
 func (r *Replica) AppendRoom() int {
-	if r.leading.Load() == 0 || r.diskLate() {
+	if r.leading.Load() == 0 || r.diskLate() || r.fullRefuse {
 		return 0 // Async: also while our disk is late (durable.go)
 	}
 	return max(0, r.cfg.MaxUncommitted-r.uncommitted())

@@ -289,6 +289,19 @@ func (r *Replica) newEpochCommitted() {
 // (Acuerdo Fig. 4), else forward them through our ring to the leader. Only
 // once this epoch's diff committed here, so that delivery follows pseq order.
 func (r *Replica) submit() bool {
+	if len(r.waiting) > 0 && r.role == Leader && r.fullRefuse {
+		// The group cannot log them (durable.go), also before our
+		// epoch's diff committed: they were never broadcast, so they
+		// are not delivered.
+		for _, p := range r.waiting {
+			p.finish(0, nil, ErrDiskFull)
+		}
+		r.ctr.DiskFullRefused += uint64(len(r.waiting))
+		r.resolved(len(r.waiting))
+		clear(r.waiting)
+		r.waiting = r.waiting[:0]
+		return true
+	}
 	if len(r.waiting) == 0 || !r.epochDone || r.role == Electing {
 		return false
 	}

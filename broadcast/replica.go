@@ -184,6 +184,7 @@ type Replica struct {
 	seenIdx                          uint64        // the highest commit index seen (durable modes: Commit records, async loss counting)
 	recElections, recLost, diskLateN uint64        // Status.RecoveryElections, RecoveryLost, DiskLate
 	recPending                       *Event        // a recovery election won, reported once the epoch commits
+	fullRefuse                       bool          // a leader that refuses new entries with ErrDiskFull (durable.go, updateFull)
 	electedFrom                      MsgHdr        // our Accepted when we won our epoch (Async: diffReset)
 	bootAt                           time.Duration // the first Poll's time (-1 before it): the recovery election waits an election timeout after it
 
@@ -422,6 +423,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 			return false // fail-stop: the log failed (ErrDisk)
 		}
 		walProgress = r.walPoll(now) // completions first: dA may have moved
+		r.updateFull()
 	}
 	if r.knobs.unsaved {
 		r.knobs.unsaved = false
@@ -453,6 +455,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 	if r.readRows() {
 		progress = true
 	}
+	r.updateFull()
 	r.readAcks()
 	accepted := r.accepted
 	for i := range r.ins {
@@ -503,6 +506,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 		if r.walPoll(now) || walProgress {
 			progress = true
 		}
+		r.updateFull() // for Append and AppendRoom until the next Poll
 		if r.dur.err != nil {
 			r.publishStatus()
 			return progress

@@ -17,6 +17,9 @@ func (r *Replica) updateRows() {
 	var rs [nTables]row
 	ack := r.ackHdr() // Accepted; in Sync mode no more than what is on disk (durable.go)
 	rs[tAccept] = row{uint64(ack.E), ack.Cnt, r.fetched, r.inc}
+	if r.diskFull() {
+		rs[tAccept][wAckFull] = 1 // our leader counts us out (updateFull)
+	}
 	rs[tCommit] = row{uint64(r.committed.E), r.committed.Cnt, r.heartbeat, r.inc, r.index, uint64(r.follows())}
 	rv := r.recoveryVoter()
 	if r.vote != (Vote{}) || rv {

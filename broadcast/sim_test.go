@@ -363,6 +363,16 @@ type simOpts struct {
 	// lossBound, if set, is the "async loss bound:" check's bound
 	// instead of asyncBound's (a mutant checked against its good case's).
 	lossBound time.Duration
+	// diskFull: that many windows, at random instants before until,
+	// during which node fullNode's log directory (wal/) finds the disk
+	// full (sim.Disk.SetFull: ENOSPC on writes, preallocations and
+	// creations; 0: a random member per window), each an eighth to
+	// fullLen (0: 4 election timeouts) long. The writer retries every
+	// 500 µs; a replica that stops on it fails the run ("disk:"), and
+	// proposals and appends may fail with ErrDiskFull (never delivered).
+	diskFull int
+	fullNode rdma.NodeID
+	fullLen  time.Duration
 }
 
 func (o *simOpts) fsyncIvl() time.Duration {
@@ -560,7 +570,11 @@ func (p *simProc) Start(env *sim.Env) error {
 			mode = wal.Async
 			cfg.FsyncInterval = p.h.o.fsyncIvl()
 		}
-		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: mode, FsyncInterval: cfg.FsyncInterval, Member: uint64(env.ID()), SegmentBytes: seg, MaxUnsyncedBytes: p.h.o.maxUnsynced}, rec)
+		var retry time.Duration
+		if p.h.o.diskFull > 0 {
+			retry = 500 * time.Microsecond
+		}
+		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: mode, FsyncInterval: cfg.FsyncInterval, Member: uint64(env.ID()), SegmentBytes: seg, MaxUnsyncedBytes: p.h.o.maxUnsynced, DiskFullRetry: retry}, rec)
 		if err != nil {
 			return err
 		}
@@ -620,7 +634,7 @@ func (p *simProc) Step(now time.Duration) bool {
 				}
 				if err := p.r.Append([]byte(a)); err == nil {
 					p.h.c.proposed[a] = &simProposal{node: p.env.ID(), inc: p.env.Incarnation()} // no handle
-				} else if err != ErrBusy {
+				} else if err != ErrBusy && !(err == ErrDiskFull && p.h.o.diskFull > 0) {
 					p.h.c.fail("append at node %d, Leading: %v", p.env.ID(), err)
 				}
 			}
@@ -990,6 +1004,37 @@ func (h *simRun) scheduleCrashes(at time.Duration) {
 	})
 }
 
+// scheduleFull plants the diskFull windows: each makes one member's log
+// directory full (sim.Disk.SetFull) for a while; overlapping windows on
+// one member nest.
+func (h *simRun) scheduleFull(ids []rdma.NodeID) {
+	o := h.o
+	longest := o.fullLen
+	if longest == 0 {
+		longest = 4 * h.cfg.ElectionTimeout
+	}
+	depth := map[rdma.NodeID]int{}
+	span := int64(o.until - 2*time.Millisecond - longest)
+	for range o.diskFull {
+		id := o.fullNode
+		if id == 0 {
+			id = ids[h.rng.IntN(len(ids))]
+		}
+		at := time.Millisecond + time.Duration(h.rng.Int64N(max(span, 1)))
+		n := longest/8 + time.Duration(h.rng.Int64N(int64(longest-longest/8)+1))
+		h.s.At(at, func() {
+			if depth[id]++; depth[id] == 1 {
+				h.s.Disk(id).SetFull("wal/", true)
+			}
+		})
+		h.s.At(at+n, func() {
+			if depth[id]--; depth[id] == 0 {
+				h.s.Disk(id).SetFull("wal/", false)
+			}
+		})
+	}
+}
+
 func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	opts := sd.Options()
 	opts.Faults = o.faults
@@ -1048,6 +1093,9 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	}
 	for range o.wholeGroup {
 		h.scheduleWholeGroup()
+	}
+	if o.diskFull > 0 {
+		h.scheduleFull(ids)
 	}
 	if o.crashes {
 		h.scheduleCrashes(2 * time.Millisecond)
@@ -1177,6 +1225,8 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		index, err := sp.p.Result()
 		switch {
 		case err != nil && errors.Is(err, ErrStopped):
+		case err == ErrDiskFull && o.diskFull > 0 && pos[d] == 0:
+			// refused while the group could not log it: not delivered
 		case err != nil:
 			if pos[d] != 0 {
 				return fmt.Errorf("proposal %q failed with %v but was delivered at %d", d, err, pos[d])
@@ -1250,6 +1300,9 @@ func (c *Counters) add(o Counters) {
 	c.Reconnects += o.Reconnects
 	c.Requeued += o.Requeued
 	c.Delivered += o.Delivered
+	c.DiskFull += o.DiskFull
+	c.DiskFullRefused += o.DiskFullRefused
+	c.DiskFullStepDowns += o.DiskFullStepDowns
 }
 
 // TestSimAcuerdo runs the protocol in the deterministic simulator under

@@ -45,6 +45,13 @@ type Status struct {
 	// off because its oldest unsynced record was older than 2 x
 	// FsyncInterval (back-pressure).
 	RecoveryElections, RecoveryLost, DiskLate uint64
+	// DiskFull (Sync, Async): the log found its disk full and refuses
+	// records until a retry succeeds (DiskFullErr names the file): the
+	// replica takes no new entry meanwhile (durable.go, "A full disk").
+	// GroupDiskFull: this leader refuses proposals and appends with
+	// ErrDiskFull (its own disk, or too few members that can log).
+	DiskFull, GroupDiskFull bool
+	DiskFullErr             error
 	// Members is what this replica knows of each member (itself included),
 	// in Config.Members order, as of its last heartbeat or role change; a
 	// leader also says how it serves each one.
@@ -133,6 +140,9 @@ type Counters struct {
 	Requeued              uint64 // proposals handed back after an epoch ended without them
 	Delivered             uint64
 	Duplicates            uint64 // keyed entries delivered as duplicates (not applied; counted in Delivered)
+	DiskFull              uint64 // times the log found the disk full (episodes: the replica took no new entry until space returned)
+	DiskFullRefused       uint64 // proposals and appends this leader refused with ErrDiskFull
+	DiskFullStepDowns     uint64 // times this leader handed its group over because its disk stayed full
 }
 
 // Leader returns the leader's node id if this replica follows or leads an
@@ -198,6 +208,10 @@ func (r *Replica) publishStatus() {
 		RecoveryElections: r.recElections, RecoveryLost: r.recLost, DiskLate: r.diskLateN}
 	if r.dur != nil {
 		r.status.DiskErr = r.dur.err
+		r.status.DiskFull, r.status.GroupDiskFull = r.dur.full, r.fullRefuse
+		if r.dur.full {
+			r.status.DiskFullErr = r.dur.fullErr
+		}
 	}
 	r.stmu.Unlock()
 }

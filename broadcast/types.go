@@ -401,6 +401,15 @@ const (
 	// members it heard; Index is where the group goes on from (the
 	// entries its log holds). Log it: it is the "N entries lost" line.
 	EventRecovered
+	// EventDiskFull (Sync, Async): the replica's log found its disk full
+	// (Err says which file): it takes no new entry (rings wait, a leader
+	// refuses with ErrDiskFull) and retries the write on its own until
+	// space returns; nothing is lost and the replica keeps serving reads.
+	// Reported once per episode.
+	EventDiskFull
+	// EventDiskSpace: the write that found the disk full succeeded: the
+	// replica takes entries again (the end of an EventDiskFull episode).
+	EventDiskSpace
 )
 
 // Event is one protocol milestone.
@@ -410,6 +419,8 @@ type Event struct {
 	// EventRecovered only: a lower bound of the committed entries lost,
 	// and the index the group goes on from.
 	Lost, Index uint64
+	// EventDiskFull only: the log's error (wal.ErrDiskFull and the file).
+	Err error
 }
 
 // Defaults.
@@ -548,6 +559,13 @@ var (
 	// ErrTimeout: the proposal found no leader within ProposeTimeout; it was
 	// not delivered and will not be, so retrying is safe.
 	ErrTimeout = errors.New("broadcast: proposal timed out without a leader")
+	// ErrDiskFull (Sync, Async): the proposal or Append was refused
+	// because the group cannot log it: this leader's log found its disk
+	// full (wal.ErrDiskFull), or too few members' logs can write for a
+	// majority to hold it. It was not delivered and will not be;
+	// retrying once space returns is safe (docs/broadcast.md, "A full
+	// disk").
+	ErrDiskFull = errors.New("broadcast: disk full: the group's logs cannot take new entries")
 	// ErrTooLarge: the proposal's data is larger than MaxProposal.
 	ErrTooLarge = errors.New("broadcast: proposal larger than the record limit")
 	// ErrInvalidKey: ProposeKeyed was given a Key with a zero Client or

@@ -59,7 +59,29 @@ var (
 	ErrOutcomeUnknown = errors.New("rdmakv: write outcome unknown")
 	// ErrClosed: the client was closed.
 	ErrClosed = errors.New("rdmakv: client closed")
+	// ErrDiskFull: the write's group refuses writes because its
+	// replicas' disks are full (durability sync or async; docs/
+	// operations.md, "A full disk"). The error names the group. Alone,
+	// nothing was written; together with ErrOutcomeUnknown the write was
+	// sent before the group refused it and stays queued there: it may
+	// still be applied, once, when space returns. Alone, the client's
+	// window to the group was full of writes the group refused (also
+	// for a moment right after space returns, until the group answered
+	// them). Retry once space is freed.
+	ErrDiskFull = errors.New("rdmakv: disk full")
 )
+
+// diskFullErr maps a call ended by a disk-full notice (nil otherwise).
+func diskFullErr(err error) error {
+	var df *multicast.DiskFullError
+	if !errors.As(err, &df) {
+		return nil
+	}
+	if df.Sent {
+		return fmt.Errorf("%w: %w: group %d refuses writes, its disk is full (the write stays queued in the group and may still be applied once space returns)", ErrOutcomeUnknown, ErrDiskFull, df.Group)
+	}
+	return fmt.Errorf("%w: group %d refuses writes, its disk is full (nothing written)", ErrDiskFull, df.Group)
+}
 
 // UnavailableError says which group could not be reached in time.
 type UnavailableError struct {

@@ -465,6 +465,8 @@ func (cb *combiner) own(ctx context.Context, p *pendingOp) {
 			case errors.Is(err, multicast.ErrRestarted):
 				// its group came back without its memory: never sent again
 				err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+			case errors.Is(err, multicast.ErrDiskFull):
+				err = diskFullErr(err)
 			case errors.Is(err, multicast.ErrNotReady):
 				if uerr := c.registered(tree.Of(m.g)); uerr != nil {
 					err = uerr

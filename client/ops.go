@@ -396,6 +396,8 @@ func (c *Client) writeTo(ctx context.Context, ops []kv.Op, ks *Keyspace, og uint
 			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
 		case errors.Is(err, multicast.ErrRestarted):
 			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+		case errors.Is(err, multicast.ErrDiskFull):
+			return nil, diskFullErr(err)
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
 		}

@@ -372,6 +372,14 @@ func (c *Client) pump() bool {
 			keep = append(keep, u)
 			continue
 		}
+		if w := uint64(c.cfg.ClientSlots); c.full.Has(lca) && (c.busy[lca][(c.pos[lca]+1)%w] != 0 || len(c.free) == 0) {
+			// Its leader refused earlier messages for a full disk and
+			// has not answered since, and they fill the window: the
+			// call would wait for them, so it fails, not sent.
+			u.finish(nil, &DiskFullError{Group: lca})
+			sent = true
+			continue
+		}
 		if u.build != nil {
 			// built once its id is sure: admit below takes this seq
 			seq, ok := c.nextSeq(u.dst)

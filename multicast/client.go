@@ -72,7 +72,32 @@ var (
 	// replica of a group restarted while they were (Client.restarted):
 	// each may or may not have been delivered.
 	ErrRestarted = errors.New("multicast: every replica of a group restarted while the message was under way; it may or may not have been delivered")
+	// ErrDiskFull is wrapped by *DiskFullError.
+	ErrDiskFull = errors.New("multicast: disk full")
 )
+
+// DiskFullError ends a started client's call whose lca's leader cannot
+// log new messages because its group's disks are full (broadcast.
+// ErrDiskFull): the leader wrote a notice in the call's reply slot
+// instead of a reply. Sent says whether the message was written to the
+// group's ring: if so it stays there and may still be delivered once
+// space returns (its outcome is unknown; it is never sent again); if not
+// nothing was sent: the group had refused earlier messages that fill
+// the client's window to it and has not answered since (a call would
+// otherwise wait for them).
+type DiskFullError struct {
+	Group tree.Group
+	Sent  bool
+}
+
+func (e *DiskFullError) Error() string {
+	if e.Sent {
+		return fmt.Sprintf("multicast: group %d refuses writes: disk full (the message is in its ring and may still be delivered once space returns)", e.Group)
+	}
+	return fmt.Sprintf("multicast: group %d refuses writes: disk full (nothing sent)", e.Group)
+}
+
+func (e *DiskFullError) Unwrap() error { return ErrDiskFull }
 
 // Client multicasts messages (TRAM Alg. 1: write m into the client's ring
 // on every replica of lca(dst)) and collects the replies that the
@@ -140,6 +165,10 @@ type Client struct {
 	oc    Outcome
 
 	rt callState // the started client's calls (call.go)
+
+	// full: groups whose leader sent a disk-full notice and no reply
+	// since
+	full tree.Set
 }
 
 type call struct {
@@ -489,6 +518,19 @@ func (c *Client) poll(now time.Duration) bool {
 			if !ok {
 				continue
 			}
+			if rp.flags&replyDiskFull != 0 {
+				// Not a reply: the lca cannot log the message now. A
+				// started call ends (the message stays, abandoned,
+				// until the lca orders it); a polled one waits.
+				if u := k.user; u != nil && g == k.lca && !k.gone {
+					c.full = c.full.Add(g)
+					c.abandon(k)
+					u.finish(nil, &DiskFullError{Group: g, Sent: true})
+					progress = true
+				}
+				continue
+			}
+			c.full = c.full.Remove(g)
 			k.got = k.got.Add(g)
 			c.noteLeader(g, rp.flags)
 			if g == k.lca && k.esum == c.epochSum(g) {
@@ -761,6 +803,7 @@ func (c *Client) restarted() bool {
 			c.linkBase[g][i] = p.link.Conn()
 		}
 		c.pos[g] = 0
+		c.full = c.full.Remove(tree.Group(g))
 		clear(c.busy[g])
 		clear(c.rbusy[g])
 		c.leader[g] = -1

@@ -56,7 +56,12 @@ import (
 //	24 len   u32  result length
 //	28 flags u32  replyTruncated: the result was longer than MaxResult;
 //	              replyFrom: bits 8-31 hold the low 24 bits of the node id
-//	              of the replica that wrote it (g's leader then)
+//	              of the replica that wrote it (g's leader then);
+//	              replyDiskFull: no reply but a notice (index 0, no
+//	              result): g's leader cannot log the message for now
+//	              (its group's disks are full) and leaves it in the ring,
+//	              so it may still be delivered once space returns; the
+//	              real reply, if any, overwrites it
 //	32 result     len bytes, zero padded to a multiple of 8
 //	32+pad8(len)  check u64
 //	hello words, one per group at Groups*Window*replySlot + g*8: the
@@ -80,6 +85,7 @@ const (
 	replyHdr       = 32
 	replyTruncated = 1
 	replyFrom      = 2
+	replyDiskFull  = 4 // not a reply: a notice that the leader refuses the message for now (disk full)
 	replyFromShift = 8
 )
 

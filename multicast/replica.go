@@ -213,6 +213,12 @@ type Replica struct {
 	rbuf  []byte // scratch reply
 	fwdv  []uint64
 
+	// disk-full notices (noticeFull): per client slot, the incarnation
+	// and ring position up to which its messages were told; nbuf copies
+	// a record
+	noticeInc, noticed []uint64
+	nbuf               []byte
+
 	// The batch one scan builds (scan, take, fillBatch): the messages,
 	// their child positions (bfwd), their records copied out of the rings
 	// (bbuf, MaxBatch slots), and the entry's size so far.
@@ -239,6 +245,7 @@ type Counters struct {
 	Blocked     uint64 // scans stopped by a full child ring
 	Dropped     uint64 // writes dropped (Conn down or stage full), to be repeated
 	Malformed   uint64 // client records refused (bad destinations or size)
+	FullNotices uint64 // disk-full notices written to clients (the leader could not log their messages)
 }
 
 // New creates the replica of cfg.Group on node, with the application's
@@ -278,6 +285,8 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 	r.bfwd = make([]uint64, 0, cfg.MaxBatch*len(kids))
 	r.fillFn = r.fillBatch
 	r.rbuf = make([]byte, replySlot(cfg.MaxResult))
+	r.nbuf = make([]byte, cfg.SlotSize)
+	r.noticeInc, r.noticed = make([]uint64, nc), make([]uint64, nc)
 	if err := r.register(kids); err != nil {
 		r.closeRegions()
 		return nil, err
@@ -470,6 +479,9 @@ func (r *Replica) Poll(now time.Duration) bool {
 			progress = true
 		}
 		if r.scan() {
+			progress = true
+		}
+		if r.b.RefusingFull() && r.noticeFull() {
 			progress = true
 		}
 	}
@@ -716,6 +728,7 @@ func (r *Replica) scanHeaders() bool {
 		}
 		if retry := rdma.Load64(mem, off+hRetry); retry != r.retrySeen[c] {
 			r.retrySeen[c] = retry
+			r.noticed[c] = 0 // its disk-full notices too, if a write was lost
 			w := r.cfg.ClientSlots
 			for k := c * w; k < (c+1)*w; k++ {
 				if r.st.replies[k].seq != 0 && r.st.replies[k].inc == r.st.cinc[c] {
@@ -809,6 +822,64 @@ func (r *Replica) scan() bool {
 		}
 	}
 	return true
+}
+
+// noticeFull runs while the Acuerdo replica refuses new entries for a
+// full disk (broadcast.Replica.RefusingFull): every client message waiting
+// in a ring, or taken into an entry not committed yet, gets, once, a
+// notice in its reply slot (flag replyDiskFull,
+// no result) so that the client's call ends at once with ErrDiskFull
+// instead of waiting for its deadline. The message stays in the ring: a
+// leader that can log it later (space returned, or another leader)
+// orders it, and its real reply overwrites the notice.
+func (r *Replica) noticeFull() bool {
+	mem := r.regs[regRings].Bytes()
+	w := r.cfg.ClientSlots
+	rs := replySlot(r.cfg.MaxResult)
+	sent := false
+	for c := range r.tinc {
+		if r.tinc[c] == 0 {
+			continue
+		}
+		if r.noticeInc[c] != r.tinc[c] {
+			r.noticeInc[c], r.noticed[c] = r.tinc[c], 0
+		}
+		// From the position applied: a message taken into an entry that
+		// has not committed (the group became full meanwhile) waits too.
+		from := r.tpos[c]
+		if r.st.cinc[c] == r.tinc[c] {
+			from = min(from, r.st.cpos[c])
+		}
+		for pos := max(from, r.noticed[c]) + 1; pos <= from+uint64(w); pos++ {
+			off := (c*w + int(pos%uint64(w))) * r.cfg.SlotSize
+			if rdma.Load64(mem, off) != pos {
+				break
+			}
+			rec, err := copyRecord(r.nbuf, mem, off, r.cfg.SlotSize, pos)
+			if err != nil || rec.id.Inc != r.tinc[c] || rec.id.Client != uint32(c) {
+				break // torn, or not written yet: looked at again next Poll
+			}
+			p := r.clients[rec.reply.Node]
+			if p == nil {
+				r.noticed[c] = pos
+				continue
+			}
+			rp := reply{seq: rec.id.Seq, inc: rec.id.Inc, flags: replyDiskFull | replyFromBits(r.self)}
+			b := encodeReply(r.rbuf, r.g, &rp)
+			sent = true
+			if !p.queue(r.now, rec.reply.Region, uint64((int(r.g)*w+int(rec.id.Seq%uint64(w)))*rs), b) {
+				break // not queued (its Conn is down or its stage full): told at a later Poll
+			}
+			r.ctr.FullNotices++
+			r.noticed[c] = pos
+		}
+	}
+	if sent {
+		for _, p := range r.clientPeers {
+			p.flush(r.now)
+		}
+	}
+	return sent
 }
 
 // pending is a message taken into the batch being built.

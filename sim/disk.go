@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rdmakv/rdmakv/internal/vfs"
@@ -38,6 +39,9 @@ type diskFiles struct {
 	syncMin, syncMax time.Duration
 	writePerKiB      time.Duration // added to a write's latency per KiB written (SetWriteCost)
 	writePrefix      string        // to writes of files whose name starts with it
+	fullPrefix       string        // SetFull: writes under it find no space
+	full             bool
+	fullOps          uint64 // IOs that failed with ENOSPC
 }
 
 func (d *Disk) fs() *vfs.Mem {
@@ -62,6 +66,34 @@ func (d *Disk) SetSyncLatency(lo, hi time.Duration) {
 func (d *Disk) SetWriteCost(prefix string, perKiB time.Duration) {
 	d.fs()
 	d.files.writePrefix, d.files.writePerKiB = prefix, perKiB
+}
+
+// SetFull makes the disk full, or not, for files whose name starts with
+// prefix (a full file system as errorfs's ENOSPC injector sees it, in
+// virtual time): while full, a device write, preallocation or file
+// creation there completes with ENOSPC and changes nothing; syncs,
+// truncations, renames and removals still work. It draws nothing from
+// the disk's random source. FullOps counts the IOs it failed.
+func (d *Disk) SetFull(prefix string, full bool) {
+	d.fs()
+	d.files.fullPrefix, d.files.full = prefix, full
+}
+
+// FullOps is how many device IOs found the disk full (SetFull).
+func (d *Disk) FullOps() uint64 {
+	if d.files == nil {
+		return 0
+	}
+	return d.files.fullOps
+}
+
+// noSpace reports whether op finds the disk full now.
+func (f *diskFiles) noSpace(op wal.IO) bool {
+	switch op.Kind {
+	case wal.IOWrite, wal.IOAllocate, wal.IOCreate:
+		return f.full && strings.HasPrefix(op.Path, f.fullPrefix)
+	}
+	return false
 }
 
 // crash applies the crash model to the files (Sim.Crash calls it).
@@ -138,7 +170,13 @@ func (dev *DiskDevice) Submit(op wal.IO) bool {
 		if !e.alive() {
 			return
 		}
-		err := dev.x.Do(op)
+		var err error
+		if f := dev.disk.files; f.noSpace(op) {
+			f.fullOps++
+			err = syscall.ENOSPC
+		} else {
+			err = dev.x.Do(op)
+		}
 		dev.done = append(dev.done, wal.Done{Tag: op.Tag, Err: err})
 		if !op.Quiet { // as the FileDevice: the next IO's completion wakes it
 			s.wake(e.n)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"path/filepath"
 	"syscall"
@@ -302,6 +303,12 @@ func (w *Writer) Err() error {
 	return w.fullErr
 }
 
+// Full reports that the disk was found full (Err is ErrDiskFull): Append
+// refuses every record until a retry of the batch waiting for space
+// succeeds (Config.DiskFullRetry). Nothing is lost meanwhile: what was
+// appended before stays queued, in order, and is written by the retry.
+func (w *Writer) Full() bool { return w.failErr == nil && w.fullErr != nil }
+
 // Flush makes the next Polls write and sync everything appended so far
 // without waiting for FsyncInterval (a clean stop). Idle reports when
 // they did.
@@ -585,7 +592,7 @@ func (w *Writer) complete(err error) {
 		w.segCap, w.segOff = b.seg.Size, segHdrSize
 		w.issue(pWrite)
 	case pAbortRemove:
-		if err != nil && !errors.Is(err, syscall.ENOENT) {
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			w.fail("removing unfinished segment", err)
 			return
 		}
@@ -672,7 +679,7 @@ func (w *Writer) complete(err error) {
 		w.fullErr = nil
 		w.phase = pIdle
 	case pDropRemove:
-		if err != nil && !errors.Is(err, syscall.ENOENT) {
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			w.stats.RemoveErrors++
 		}
 		w.drops = w.drops[1:]

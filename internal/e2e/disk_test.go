@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -28,7 +30,9 @@ const (
 	helperReplica = "replica"
 	// faultsEnv is the errorfs spec: "KIND:ERRNO:ARMFILE": operations of
 	// KIND (sync, or write: writes and preallocations) on the replica's
-	// write-ahead log fail with ERRNO (EIO, ENOSPC) once ARMFILE exists.
+	// write-ahead log fail with ERRNO (EIO, ENOSPC) once ARMFILE exists:
+	// EIO for good, ENOSPC while it exists (space returns when the test
+	// removes it).
 	faultsEnv = "RDMAKV_E2E_ERRORFS"
 	// replicaArgsEnv holds the replica's kvserver arguments, separated by
 	// \x1f.
@@ -77,16 +81,16 @@ func (a *armedFaults) MaybeError(op errorfs.Op) error {
 	if !hit || !strings.Contains(op.Path, string(filepath.Separator)+"wal") {
 		return nil
 	}
+	sticky := a.err != syscall.ENOSPC // a full disk frees up again; a failed fsync stays failed
+	if !a.armed.Load() || !sticky {
+		if now := time.Now().UnixNano(); now-a.last.Load() >= int64(2*time.Millisecond) {
+			a.last.Store(now)
+			_, err := os.Stat(a.arm)
+			a.armed.Store(err == nil)
+		}
+	}
 	if !a.armed.Load() {
-		now := time.Now().UnixNano()
-		if now-a.last.Load() < int64(2*time.Millisecond) {
-			return nil
-		}
-		a.last.Store(now)
-		if _, err := os.Stat(a.arm); err != nil {
-			return nil
-		}
-		a.armed.Store(true)
+		return nil
 	}
 	return a.err
 }
@@ -142,20 +146,18 @@ func runFaultyReplica() int {
 //   - eio: fsync of one follower's log fails with EIO. That process
 //     exits 1 with one line naming the replica, its data dir and the
 //     error (fail-stop: never retry an fsync), and the group goes on
-//     with the other two: puts succeed.
-//   - enospc: every write of one follower's log finds the disk full. That
-//     replica stops the same way (exit 1, one line naming "disk full"),
-//     the group goes on; once space returns (started again, unarmed) it
+//     with the other two: puts succeed. Started again (unarmed), it
 //     reads back what its disk holds (nothing corrupt: it starts, and
 //     logs its recovery), catches up, and holds exactly the group's
 //     records; every acknowledged put reads back.
+//
+// A full disk is not fail-stop: TestDiskFullInProcess.
 func TestDiskErrorsInProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs 3 replica processes")
 	}
 	for _, tc := range []struct{ name, kind, errno, want string }{
 		{"eio", "sync", "EIO", "input/output error"},
-		{"enospc", "write", "ENOSPC", "disk full"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { diskErrors(t, tc.kind, tc.errno, tc.want) })
 	}
@@ -265,4 +267,280 @@ func diskErrors(t *testing.T, kind, errno, want string) {
 		t.Errorf("no stale-ok get read replica %d", victim)
 	}
 	c.logf("%d acknowledged puts read back (linearizable, and stale-ok: %d from replica %d); %d wrong", len(acked), fromVictim, victim, bad)
+}
+
+// TestDiskFullInProcess (issue 19): ENOSPC on every write of some
+// replicas' logs (the errorfs replica helper, armed by a file per
+// replica, disarmed by removing it: space returns), 1 group x 3 on shm,
+// durability sync, under sequential puts:
+//
+//   - follower: one follower's disk is full. It stays up, /readyz 503
+//     naming "disk full", /status disk_full, rdmakv_disk_full 1; the
+//     group goes on with the two that can write: 100 puts succeed while
+//     it is full.
+//   - leader: the leader's disk is full. Puts to the group fail with
+//     client.ErrDiskFull (at once, never OK, never waiting for their
+//     deadline) until the leader hands the group over (a majority can
+//     write; it counts a step-down); then 50 puts in a row succeed while
+//     its disk is still full.
+//   - all: every replica's disk is full (a follower finds it only when
+//     it has something to write: the test waits for the leader and one
+//     other). Every put fails with client.ErrDiskFull, promptly.
+//
+// In each, the full replicas log one "disk full:" line when the log
+// first finds it full and one "disk space returned" line when a write
+// succeeds again; once space returns every replica is ready again, every
+// acknowledged put reads back (linearizable, and stale-ok from a replica
+// that was full), a put that failed with ErrOutcomeUnknown too reads back
+// its value or nothing, and a replica that was full, restarted, recovers
+// its log (nothing corrupt) and holds the same.
+func TestDiskFullInProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs 3 replica processes")
+	}
+	for _, who := range []string{"follower", "leader", "all"} {
+		t.Run(who, func(t *testing.T) { diskFull(t, who) })
+	}
+}
+
+func diskFull(t *testing.T, who string) {
+	s := loopbackSpec(t, "full", "shm", 1)
+	s.Durability = "sync"
+	c := newCluster(t, s)
+	arm := func(id int64) string { return filepath.Join(c.dir, fmt.Sprintf("full-%d", id)) }
+	c.faults = map[int64]string{}
+	for _, id := range c.allIDs() {
+		c.faults[id] = "write:ENOSPC:" + arm(id)
+	}
+	c.startAll()
+	c.waitReady(30*time.Second, c.allIDs()...)
+	leader := c.leader(0, 10*time.Second)
+	var victims []int64
+	switch who {
+	case "follower":
+		victims = c.followers(0, leader)[:1]
+	case "leader":
+		victims = []int64{leader}
+	case "all":
+		victims = c.allIDs()
+	}
+	cl := c.openClient(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	acked, unknown := map[string]string{}, map[string]string{}
+	refused, seq := 0, 0
+	// try puts one key: nil, or a disk-full refusal (counted); anything
+	// else fails the test. No put may wait for its deadline.
+	try := func(prefix string) error {
+		t.Helper()
+		seq++
+		k, v := fmt.Sprintf("%s-%d", prefix, seq), fmt.Sprintf("v-%s-%d", prefix, seq)
+		start := time.Now()
+		pctx, pcancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := cl.Put(pctx, []byte(k), []byte(v))
+		pcancel()
+		switch {
+		case err == nil:
+			acked[k] = v
+		case errors.Is(err, client.ErrDiskFull):
+			refused++
+			if errors.Is(err, client.ErrOutcomeUnknown) {
+				unknown[k] = v
+			}
+			if !strings.Contains(err.Error(), "group 0") || !strings.Contains(err.Error(), "disk full") {
+				t.Fatalf("put %s: %q does not name the group and the disk", k, err)
+			}
+		default:
+			t.Fatalf("put %s after %v: %v%s", k, time.Since(start).Round(time.Millisecond), err, c.describe())
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("put %s took %v (%v)", k, d, err)
+		}
+		return err
+	}
+	// put puts n keys. A put refused unsent is tried again for a while:
+	// right after space returns, a client whose window to the group is
+	// full of writes the group refused fails new ones unsent until the
+	// group answered those (client.ErrDiskFull alone).
+	put := func(prefix string, n int) {
+		t.Helper()
+		for range n {
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				err := try(prefix)
+				if err == nil {
+					break
+				}
+				if errors.Is(err, client.ErrOutcomeUnknown) || time.Now().After(deadline) {
+					t.Fatalf("put: %v%s", err, c.describe())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	isFull := func(id int64) bool {
+		st, err := c.status(id)
+		return err == nil && st.DiskFull != ""
+	}
+	put("before", 100)
+	for _, id := range victims {
+		if err := os.WriteFile(arm(id), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.logf("armed: ENOSPC on the logs of replicas %v (leader %d)", victims, leader)
+	// Puts until the victims' logs found their disks full: each of them,
+	// or in the all case the leader and another (a follower finds it
+	// only when it has something to write, and the full leader sends it
+	// nothing more).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, leaderFull := 0, false
+		for _, id := range victims {
+			if isFull(id) {
+				n++
+				leaderFull = leaderFull || id == leader
+			}
+		}
+		if n == len(victims) || who == "all" && leaderFull && n >= 2 {
+			break
+		}
+		for _, id := range victims {
+			if p := c.proc(id); p.exited() {
+				t.Fatalf("replica %d exited on a full disk (%v): %s", id, p.state, tail(p.stderr.String(), 2<<10))
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas %v: not all say disk full 30 s after arming%s", victims, c.describe())
+		}
+		if who == "follower" {
+			put("filling", 1)
+		} else {
+			try("filling")
+		}
+	}
+	for _, id := range victims {
+		if p := c.proc(id); p.exited() {
+			t.Fatalf("replica %d exited on a full disk: %s", id, tail(p.stderr.String(), 2<<10))
+		}
+		if !isFull(id) {
+			continue // (all: a follower that had nothing to write yet)
+		}
+		ok, why := c.ready(id)
+		if ok || !strings.Contains(why, "disk full") {
+			t.Errorf("replica %d: /readyz ready=%v %q, want 503 naming disk full", id, ok, why)
+		}
+		code, body, err := c.get(id, "/metrics")
+		if err != nil || code != 200 || !strings.Contains(string(body), "rdmakv_disk_full{") || !regexp.MustCompile(`(?m)^rdmakv_disk_full\{[^}]*\} 1$`).Match(body) {
+			t.Errorf("replica %d: /metrics %d (%v) has no rdmakv_disk_full 1", id, code, err)
+		}
+	}
+	switch who {
+	case "follower":
+		// The two that can write go on. (A put may still be refused:
+		// a leader that did not hear the other follower for an
+		// election timeout counts a majority unable to write.)
+		for ok := 0; ok < 100; {
+			if try("during") == nil {
+				ok++
+			}
+		}
+		if !isFull(victims[0]) {
+			t.Fatalf("replica %d no longer says disk full", victims[0])
+		}
+	case "leader":
+		// Refused until the leader hands over, then the group goes on.
+		before := refused
+		deadline := time.Now().Add(40 * time.Second)
+		for ok := 0; ok < 50; {
+			if time.Now().After(deadline) {
+				t.Fatalf("no 50 puts in a row within 40 s with the leader's disk full (%d refused)%s", refused, c.describe())
+			}
+			if try("during") == nil {
+				ok++
+			} else {
+				ok = 0
+			}
+		}
+		st, err := c.status(leader)
+		if err != nil || st.Role == "leader" || st.Counters.DiskFullStepDowns == 0 {
+			t.Errorf("replica %d (disk full) still leads or never stepped down: role %q, step-downs %d (%v)", leader, st.Role, st.Counters.DiskFullStepDowns, err)
+		}
+		// (How many puts it refused before it stepped down depends on
+		// timing: the all case shows the refusals.)
+		c.logf("leader %d full: %d puts refused (%d before it said so), %d since; it stepped down", leader, refused, before, refused-before)
+	case "all":
+		for range 20 {
+			if err := try("during"); err == nil {
+				t.Fatalf("a put succeeded with every disk full%s", c.describe())
+			}
+		}
+	}
+	// Space returns.
+	for _, id := range victims {
+		if err := os.Remove(arm(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.waitReady(30*time.Second, c.allIDs()...)
+	for _, id := range victims {
+		if isFull(id) {
+			t.Errorf("replica %d still says disk full once ready", id)
+		}
+	}
+	put("after", 100)
+	c.waitConverged(30 * time.Second)
+	for _, id := range victims {
+		p := c.proc(id)
+		full, back := strings.Count(p.stderr.String(), "disk full: replica"), strings.Count(p.stderr.String(), "disk space returned")
+		if full != back || full > 1 || full == 0 && (who != "all" || id == leader) {
+			t.Errorf("replica %d logged %d \"disk full\" and %d \"disk space returned\" lines, want 1 and 1 (all: or 0 and 0 for a follower): %s", id, full, back, tail(p.stderr.String(), 4<<10))
+		}
+	}
+	// Nothing corrupt: a replica that was full restarts from its disk.
+	victim := victims[0]
+	if who == "all" {
+		victim = leader
+	}
+	c.term(victim)
+	q := c.start(victim)
+	c.waitReady(30*time.Second, c.allIDs()...)
+	if !q.logged("recovered ") {
+		t.Errorf("replica %d logged no recovery line: %s", victim, tail(q.stderr.String(), 2<<10))
+	}
+	put("restarted", 20)
+	c.waitConverged(30 * time.Second)
+	near, err := client.Open(ctx, client.WithConfigFile(c.path), client.WithSlot(1), client.WithNearReplica(int(victim-1)), client.WithConsistency(client.StaleOK))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer near.Close()
+	bad, fromVictim := 0, 0
+	for k, v := range acked {
+		got, err := cl.Get(ctx, []byte(k))
+		if err != nil || string(got) != v {
+			if bad++; bad <= 5 {
+				t.Errorf("get %s: %q, %v; want %q", k, got, err, v)
+			}
+		}
+		it, err := near.GetItem(ctx, []byte(k), client.StaleOK)
+		if err != nil || string(it.Value) != v {
+			if bad++; bad <= 5 {
+				t.Errorf("stale-ok get %s from replica %d: %q, %v; want %q", k, it.Replica, it.Value, err, v)
+			}
+		}
+		if int64(it.Replica) == victim {
+			fromVictim++
+		}
+	}
+	for k, v := range unknown {
+		got, err := cl.Get(ctx, []byte(k))
+		if err == nil && string(got) != v || err != nil && !errors.Is(err, client.ErrNotFound) {
+			t.Errorf("get %s (outcome unknown: disk full): %q, %v; want %q or not found", k, got, err, v)
+		}
+	}
+	if fromVictim == 0 {
+		t.Errorf("no stale-ok get read replica %d", victim)
+	}
+	c.logf("%d acknowledged puts read back (stale-ok: %d from replica %d); %d refused for a full disk (%d outcome unknown); %d wrong", len(acked), fromVictim, victim, refused, len(unknown), bad)
 }

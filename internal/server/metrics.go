@@ -65,6 +65,7 @@ var (
 	dUnsynced    = desc("wal_unsynced_bytes", "Log bytes appended and not yet synced.")
 	dFsync       = desc("wal_fsync_seconds", "Latency of the log's fsyncs.")
 	dDiskFull    = desc("wal_disk_full_total", "Log batches that found the disk full (writes wait; nothing is lost).")
+	dDiskFullNow = desc("disk_full", "1 while the replica's log finds its disk full (it takes no new writes until space returns; it stays up).")
 	dSnapAge     = desc("snapshot_age_seconds", "Age of the newest disk snapshot.")
 	dSnapBytes   = desc("snapshot_bytes", "Size of the newest disk snapshot file.")
 	dRecovery    = desc("recovery_seconds", "How long reading the log and snapshot back took at start.")
@@ -85,7 +86,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dRole, dServing, dRound, dDelivered, dApplied, dCatching, dRecords, dBytes, dMembers,
 		dElections, dElected, dRestored, dSnapSent, dDiffs, dReconnects, dDuplicates, dOrdered, dReplies, dMalformed,
 		dPasses, dSpins, dSpinHits, dParks, dWakes, dTasks,
-		dDurability, dDiskStopped, dWALBytes, dWALSegs, dWALSegBytes, dUnsynced, dFsync, dDiskFull, dSnapAge, dSnapBytes, dRecovery, dRecLost} {
+		dDurability, dDiskStopped, dWALBytes, dWALSegs, dWALSegBytes, dUnsynced, dFsync, dDiskFull, dDiskFullNow, dSnapAge, dSnapBytes, dRecovery, dRecLost} {
 		ch <- d
 	}
 }
@@ -153,6 +154,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dWALSegBytes, float64(d.WALSegmentBytes))
 			gauge(dUnsynced, float64(d.UnsyncedBytes))
 			counter(dDiskFull, d.DiskFull)
+			gauge(dDiskFullNow, b2f(s.DiskFull != ""))
 			gauge(dRecovery, d.RecoverySeconds)
 			counter(dRecLost, s.RecoveryLost)
 			if d.Snapshot != "" {

@@ -241,6 +241,22 @@ func (p *Process) start(g, i int) error {
 			p.cfg.Log.Warn(w, "node", id, "group", g)
 		}
 		dur.Apply(&bc)
+		{
+			// A full disk: one line when the log finds it full, one
+			// when a write succeeds again (not one per retry).
+			prev := bc.OnEvent
+			bc.OnEvent = func(ev broadcast.Event) {
+				switch ev.Kind {
+				case broadcast.EventDiskFull:
+					p.cfg.Log.Error(fmt.Sprintf("disk full: replica %d (group %d) takes no new writes until space returns: %v", id, g, ev.Err), "node", id, "group", g, "dir", p.cfg.ReplicaDir(id))
+				case broadcast.EventDiskSpace:
+					p.cfg.Log.Info(fmt.Sprintf("disk space returned: replica %d (group %d) takes writes again", id, g), "node", id, "group", g)
+				}
+				if prev != nil {
+					prev(ev)
+				}
+			}
+		}
 		if dur.Mode == broadcast.Async {
 			// A recovery election this replica won: the line the
 			// operator reads to learn what the outage cost (Warn: a

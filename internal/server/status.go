@@ -184,6 +184,13 @@ type ReplicaStatus struct {
 	RecoveryElections uint64 `json:"recovery_elections"`
 	// DiskError is the disk failure that stopped the replica (fail-stop).
 	DiskError string `json:"disk_error,omitempty"`
+	// DiskFull is, while the replica's log finds its disk full, the
+	// log's error (the replica takes no new entry until a retry of the
+	// write succeeds; it stays up and serves reads); RefusingWrites: it
+	// leads and refuses writes for a full disk (its own, or too few
+	// members' can log).
+	DiskFull       string `json:"disk_full,omitempty"`
+	RefusingWrites bool   `json:"refusing_writes,omitempty"`
 	// Disk is its log's and snapshots' state (durable modes only).
 	Disk *DiskStatus `json:"disk,omitempty"`
 }
@@ -277,6 +284,7 @@ type MulticastCounters struct {
 	Blocked     uint64 `json:"blocked"`
 	Dropped     uint64 `json:"dropped"`
 	Malformed   uint64 `json:"malformed"`
+	FullNotices uint64 `json:"full_notices"` // disk-full notices to clients whose writes the group could not log
 }
 
 // MemberStatus is one member as a replica sees it.
@@ -311,6 +319,10 @@ func (p *Replica) Status() ReplicaStatus {
 	if bs.DiskErr != nil {
 		s.DiskError = bs.DiskErr.Error()
 	}
+	if bs.DiskFull && bs.DiskFullErr != nil {
+		s.DiskFull = bs.DiskFullErr.Error()
+	}
+	s.RefusingWrites = bs.GroupDiskFull
 	if d := p.dur; d != nil {
 		s.Durability = d.Mode.String()
 		w := &dc.wal
@@ -342,6 +354,10 @@ func (s *ReplicaStatus) Ready() (bool, string) {
 		}
 	}
 	switch {
+	case s.DiskFull != "":
+		return false, fmt.Sprintf("disk full: its log cannot write (%s); it takes no new writes until space returns", s.DiskFull)
+	case s.RefusingWrites:
+		return false, "disk full: it leads its group, and too few members' logs can write; its group refuses writes until space returns"
 	case s.Leader == 0:
 		return false, "its group is electing a leader"
 	case leaderState == "unreachable" || leaderState == "unknown":
