@@ -59,8 +59,18 @@ func TestKeyspaceMoveStaleReader(t *testing.T) {
 			}
 			for _, mode := range []client.Consistency{client.Linearizable, client.StaleOK} {
 				for _, k := range keys {
-					if it, err := ks.GetItem(ctx, []byte(k), mode); err != nil || string(it.Value) != "v-"+k {
-						t.Fatalf("get %s before the move: %q %v", k, it.Value, err)
+					// A stale-ok get reads the near replica, which may not
+					// have applied the put yet (seen under -race in CI).
+					deadline := time.Now().Add(10 * time.Second)
+					for {
+						it, err := ks.GetItem(ctx, []byte(k), mode)
+						if err == nil && string(it.Value) == "v-"+k {
+							break
+						}
+						if mode == client.Linearizable || time.Now().After(deadline) {
+							t.Fatalf("get %s (%v) before the move: %q %v", k, mode, it.Value, err)
+						}
+						time.Sleep(time.Millisecond)
 					}
 				}
 			}
