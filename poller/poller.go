@@ -78,22 +78,7 @@ type GroupConfig struct {
 	// Spin is the most a poller spins before it parks; 0 means
 	// rdma.DefaultSpin, negative never spins.
 	Spin time.Duration
-	// SpinYield is the longest a spinning poller keeps its P before it
-	// yields it (runtime.Gosched) to the process's other goroutines,
-	// while the group has no more pollers than GOMAXPROCS; 0 means
-	// DefaultSpinYield. With more pollers than Ps a spinner yields at
-	// every look at the clock (every 16 tries), so that pollers sharing a
-	// P take turns.
-	SpinYield time.Duration
 }
-
-// DefaultSpinYield bounds how long a spinning poller keeps its P from the
-// process's other goroutines. Each Gosched with an idle P wakes another
-// thread (the runtime's wakep), which then takes the poller's goroutine
-// or goes back to sleep: two context switches for nothing when no other
-// goroutine waits. A yield every 16 tries did that hundreds of times per
-// spin phase.
-const DefaultSpinYield = 20 * time.Microsecond
 
 // DefaultMaxPark bounds a park when no task reports a heartbeat.
 const DefaultMaxPark = time.Millisecond
@@ -109,9 +94,6 @@ type Group struct {
 	ps     []*poller
 	ran    bool
 	stop   atomic.Bool // Run's ctx ended
-	// noYieldPace plants a bug (tests): spinners yield at every look at
-	// the clock, as before SpinYield.
-	noYieldPace bool
 }
 
 // NewGroup returns a group of cfg.Pollers pollers; Run runs them.
@@ -124,9 +106,6 @@ func NewGroup(cfg GroupConfig) *Group {
 		cfg.Spin = rdma.DefaultSpin
 	case cfg.Spin < 0:
 		cfg.Spin = 0
-	}
-	if cfg.SpinYield <= 0 {
-		cfg.SpinYield = DefaultSpinYield
 	}
 	g := &Group{cfg: cfg, origin: rdma.Mono()}
 	for i := range cfg.Pollers {
@@ -230,7 +209,6 @@ type PollerStats struct {
 	SpinHits uint64 // spin phases ended by a ring or a kick
 	Parks    uint64 // parks in the WaitSet
 	Wakes    uint64 // parks ended by a ring or a kick (the rest timed out)
-	Yields   uint64 // runtime.Gosched calls while spinning
 	// MaxPass is the longest pass since the group started: the longest a
 	// task of this poller waited for its next Poll while the poller was
 	// busy (a pass polls every task once). RecentMaxPass is the longest
@@ -254,7 +232,7 @@ func (g *Group) Stats() []PollerStats {
 		recent := time.Duration(p.passCur.Load())
 		recent = max(recent, time.Duration(p.passPrev.Load()))
 		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
-			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(), Yields: p.yields.Load(),
+			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
 			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent})
 	}
 	return out
@@ -354,7 +332,7 @@ type poller struct {
 	dirty   atomic.Bool   // handles, flags or Do queues changed
 	passes  atomic.Uint64 // stats
 	spins, spinHits,
-	parks, wakes, yields atomic.Uint64
+	parks, wakes atomic.Uint64
 	// longest passes (ns): since the start, in the current window and in
 	// the previous one (notePass)
 	passMax, passCur, passPrev atomic.Int64
@@ -365,11 +343,7 @@ type poller struct {
 	snap    []uint64
 	maxPark time.Duration
 	spin    time.Duration // current spin budget (adaptive)
-	// yieldEvery is how long a spin keeps the P between yields: the
-	// group's SpinYield, or 0 (every look at the clock) while the group
-	// has more pollers than GOMAXPROCS (set by refresh)
-	yieldEvery time.Duration
-	dos        []func()
+	dos     []func()
 	// notePass's own copies of the longest passes, and its window's start
 	maxPass, curPass time.Duration
 	window           time.Duration
@@ -443,10 +417,6 @@ func (p *poller) refresh() {
 	}
 	if p.maxPark == 0 {
 		p.maxPark = DefaultMaxPark
-	}
-	p.yieldEvery = p.g.cfg.SpinYield
-	if len(p.g.ps) > runtime.GOMAXPROCS(0) || p.g.noYieldPace {
-		p.yieldEvery = 0
 	}
 	var old rdma.WaitSet
 	if !slices.Equal(dbs, p.dbs) {
@@ -546,24 +516,17 @@ func (p *poller) park(next time.Duration) {
 	}
 	if p.spin > 0 {
 		p.spins.Add(1)
-		start := rdma.Mono()
-		end := min(start+p.spin, deadline)
-		yieldAt := start + p.yieldEvery
+		end := min(rdma.Mono()+p.spin, deadline)
 		for i := 1; ; i++ {
 			if p.ws.Wait(p.snap, 0) {
 				p.spinHits.Add(1)
 				return
 			}
 			if i%16 == 0 {
-				now := rdma.Mono()
-				if now >= end {
+				if rdma.Mono() >= end {
 					break
 				}
-				if now >= yieldAt {
-					p.yields.Add(1)
-					runtime.Gosched()
-					yieldAt = rdma.Mono() + p.yieldEvery
-				}
+				runtime.Gosched()
 			}
 		}
 		if p.spin /= 2; p.spin < time.Microsecond {
