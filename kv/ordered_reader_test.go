@@ -718,6 +718,9 @@ func TestOrderedScanReadAheadSized(t *testing.T) {
 // walk keeps the last leaf in itself (each leaf taken was a Node on the
 // heap: 54 allocations with the buffers reused). Now 4.
 func TestOrderedScanReusesBuffers(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
 	nodes, rn := orderedNodes(t, "mem")
 	g := newOrderedGroup(t, nodes, []rdma.NodeID{9})
 	const n = 600
