@@ -430,7 +430,7 @@ func FuzzResult(f *testing.F) {
 		}
 		if err == nil {
 			switch r.Status {
-			case StatusOK, StatusCondFailed, StatusMalformed, StatusMoved, StatusMixed:
+			case StatusOK, StatusCondFailed, StatusMalformed, StatusMoved, StatusMixed, StatusMoving:
 				if r.Limit != 0 || r.Max != 0 || r.Size != 0 {
 					t.Fatalf("status %d with a limit: %+v", r.Status, r)
 				}
