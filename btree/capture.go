@@ -193,21 +193,8 @@ func (c *Capture) Persist(dst []byte) error {
 	buf := make([]byte, c.node)
 	keys := 0
 	for _, tb := range c.tablets {
-		var h [40]byte
-		le.PutUint32(h[0:], uint32(len(tb.Low)))
-		le.PutUint32(h[4:], uint32(len(tb.High)))
-		if tb.HighInf {
-			le.PutUint32(h[8:], 1)
-		}
-		le.PutUint32(h[12:], uint32(tb.State))
-		le.PutUint64(h[24:], tb.Gen)
-		le.PutUint32(h[32:], tb.To)
-		at := len(b) + 16
-		b = append(b, h[:]...)
-		for _, f := range [][]byte{tb.Low, tb.High} {
-			b = append(b, f...)
-			b = append(b, make([]byte, pad8(len(f))-len(f))...)
-		}
+		var at int
+		b, at = appendTabletHeader(b, tb)
 		// Descend to the leaf holding Low, then walk right.
 		id := c.root
 		for {

@@ -47,21 +47,8 @@ func (s *Store) Snapshot() []byte {
 	le.PutUint64(b[24:], s.ownVer)
 	le.PutUint64(b[32:], s.verOff)
 	for _, tb := range s.tablets {
-		var h [40]byte
-		le.PutUint32(h[0:], uint32(len(tb.Low)))
-		le.PutUint32(h[4:], uint32(len(tb.High)))
-		if tb.HighInf {
-			le.PutUint32(h[8:], 1)
-		}
-		le.PutUint32(h[12:], uint32(tb.State))
-		le.PutUint64(h[24:], tb.Gen)
-		le.PutUint32(h[32:], tb.To)
-		at := len(b) + 16
-		b = append(b, h[:]...)
-		for _, f := range [][]byte{tb.Low, tb.High} {
-			b = append(b, f...)
-			b = append(b, make([]byte, pad8(len(f))-len(f))...)
-		}
+		var at int
+		b, at = appendTabletHeader(b, tb)
 		n := 0
 		s.t.ascend(tb.Low, func(e Entry) bool {
 			if !tb.Contains(e.Key) {
@@ -74,6 +61,29 @@ func (s *Store) Snapshot() []byte {
 		le.PutUint64(b[at:], uint64(n))
 	}
 	return b
+}
+
+// appendTabletHeader appends tb's header and fences to a section (the
+// layout above; Snapshot and Capture.Persist both write it) and returns
+// the offset of its count word, filled in once the entries are written.
+func appendTabletHeader(b []byte, tb Tablet) ([]byte, int) {
+	le := binary.LittleEndian
+	var h [40]byte
+	le.PutUint32(h[0:], uint32(len(tb.Low)))
+	le.PutUint32(h[4:], uint32(len(tb.High)))
+	if tb.HighInf {
+		le.PutUint32(h[8:], 1)
+	}
+	le.PutUint32(h[12:], uint32(tb.State))
+	le.PutUint64(h[24:], tb.Gen)
+	le.PutUint32(h[32:], tb.To)
+	at := len(b) + 16
+	b = append(b, h[:]...)
+	for _, f := range [][]byte{tb.Low, tb.High} {
+		b = append(b, f...)
+		b = append(b, make([]byte, pad8(len(f))-len(f))...)
+	}
+	return b, at
 }
 
 // snapVersions are a section's directory and ownership versions.
