@@ -123,18 +123,7 @@ func (t *Tree) addChildInPlace(id, left NodeID, sep []byte, right NodeID, stamp 
 	}
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
 	le := binary.LittleEndian
-	rel := l.dataEnd - l.entBase
-	if i < l.n.Count {
-		rel = l.off(i)
-	}
-	pos := l.entBase + rel
-	copy(l.b[pos+offSize+ns:], l.b[pos:l.dataEnd])
-	copy(l.b[l.offsPos+offSize*(i+1):], l.b[l.offsPos+offSize*i:pos])
-	l.setOff(i, rel)
-	for j := i + 1; j <= l.n.Count; j++ {
-		l.setOff(j, l.off(j)+ns)
-	}
-	p := pos + offSize
+	p := l.openGap(i, ns)
 	le.PutUint16(l.b[p:], uint16(len(sep)))
 	le.PutUint64(l.b[p+2:], uint64(right))
 	copy(l.b[p+innerEnt:], sep)
@@ -219,18 +208,7 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 	if (l.dataEnd+offSize+ns+checkSize+7)&^7 > len(l.b) {
 		return false, false
 	}
-	rel := l.dataEnd - l.entBase // the new entry's offset
-	if i < l.n.Count {
-		rel = l.off(i)
-	}
-	pos := l.entBase + rel
-	copy(l.b[pos+offSize+ns:], l.b[pos:l.dataEnd])
-	copy(l.b[l.offsPos+offSize*(i+1):], l.b[l.offsPos+offSize*i:pos])
-	l.setOff(i, rel)
-	for j := i + 1; j <= l.n.Count; j++ {
-		l.setOff(j, l.off(j)+ns)
-	}
-	p := pos + offSize
+	p := l.openGap(i, ns)
 	le.PutUint16(l.b[p:], uint16(len(key)))
 	le.PutUint32(l.b[p+2:], uint32(len(val)))
 	le.PutUint64(l.b[p+6:], version)
@@ -405,4 +383,23 @@ func encodeLeaf(dst []byte, id NodeID, stamp uint64, next, prev NodeID, highInf 
 	le.PutUint16(dst[offUsed:], uint16(used))
 	le.PutUint64(dst[used-checkSize:], nodeCheck(dst[:used-checkSize]))
 	clear(dst[used:])
+}
+
+// openGap makes room in l's image for a new entry of ns bytes at index i
+// (its offset slot and its bytes: entries i.. move right by the slot and
+// the entry) and returns where the entry's bytes go. The caller checked
+// that the node has room.
+func (l *inPlaceLeaf) openGap(i, ns int) int {
+	rel := l.dataEnd - l.entBase // the new entry's offset
+	if i < l.n.Count {
+		rel = l.off(i)
+	}
+	pos := l.entBase + rel
+	copy(l.b[pos+offSize+ns:], l.b[pos:l.dataEnd])
+	copy(l.b[l.offsPos+offSize*(i+1):], l.b[l.offsPos+offSize*i:pos])
+	l.setOff(i, rel)
+	for j := i + 1; j <= l.n.Count; j++ {
+		l.setOff(j, l.off(j)+ns)
+	}
+	return pos + offSize
 }
