@@ -21,6 +21,9 @@ func FuzzRecover(f *testing.F) {
 	for i := range uint64(24) {
 		f.Add(i, uint8(8+i), uint8(i%4), uint8(i%3))
 	}
+	// CI's fuzz-short found it: two of the four flips hit the same bit of
+	// seq 83 and cancelled, and the test called the intact record flipped.
+	f.Add(uint64(134), uint8(23), uint8(4), uint8(2))
 	f.Fuzz(func(t *testing.T, seed uint64, nbatch, flips, crash uint8) {
 		if err := fuzzRecover(t, seed, int(nbatch%40)+1, int(flips%5), crash%3, testingKnobs{}); err != nil {
 			t.Fatal(err)
@@ -67,7 +70,14 @@ func fuzzRecover(t testing.TB, seed uint64, nbatch, flips int, crash uint8, knob
 	case 1:
 		mem.DropUnsynced()
 	}
-	var flipped []uint64
+	// Two flips of one bit of one byte cancel: a record counts as flipped
+	// only if the XOR of the flips of some byte of it is not zero.
+	type flipAt struct {
+		seq uint64
+		seg uint64
+		off int64
+	}
+	net := map[flipAt]byte{}
 	var cands []Record
 	for _, r := range before.Records {
 		if r.Seq < lastSynced {
@@ -83,11 +93,19 @@ func fuzzRecover(t testing.TB, seed uint64, nbatch, flips int, crash uint8, knob
 		if off >= r.Pos.Off+int64(recHdrSize+len(r.Data)) {
 			off = r.Pos.Off + int64(rng.IntN(recHdrSize+len(r.Data)))
 		}
-		if err := mem.Corrupt(testDir+"/"+SegName(r.Pos.Seg), off, byte(1)<<rng.IntN(8)); err != nil {
+		bit := byte(1) << rng.IntN(8)
+		if err := mem.Corrupt(testDir+"/"+SegName(r.Pos.Seg), off, bit); err != nil {
 			return err
 		}
-		flipped = append(flipped, r.Seq)
+		net[flipAt{r.Seq, uint64(r.Pos.Seg), off}] ^= bit
 	}
+	var flipped []uint64
+	for at, x := range net {
+		if x != 0 && !slices.Contains(flipped, at.seq) {
+			flipped = append(flipped, at.seq)
+		}
+	}
+	slices.Sort(flipped)
 	rec, err := recoverLog(mem, testDir, 7, knobs)
 	if err != nil {
 		return err
