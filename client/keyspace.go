@@ -206,12 +206,20 @@ const dirReadTimeout = 2 * time.Second
 // generations of the other groups' tablets win over it), so that a
 // group that is down fails only the calls on its own keys.
 func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btree.Directory, error) {
+	return k.refreshDirMode(ctx, seen, kv.StaleOK)
+}
+
+// refreshDirMode is refreshDir reading each group's tablets in mode:
+// routing reads them stale-ok (a hint: every node read checks the
+// group's ownership version), Tablets and the move steps linearizably
+// (they must see every tablet change acknowledged before they began).
+func (k *Keyspace) refreshDirMode(ctx context.Context, seen *btree.Directory, mode kv.Consistency) (*btree.Directory, error) {
 	c := k.c
 	o := &c.ord
 	o.dirMu.Lock()
 	defer o.dirMu.Unlock()
-	if d := o.dir.Load(); d != nil && d != seen {
-		return d, nil
+	if d := o.dir.Load(); d != nil && d != seen && mode != kv.Linearizable {
+		return d, nil // another caller refreshed it meanwhile
 	}
 	old := o.dir.Load()
 	n := len(c.m.Groups)
@@ -223,7 +231,7 @@ func (k *Keyspace) refreshDir(ctx context.Context, seen *btree.Directory) (*btre
 			gctx, cancel := context.WithTimeout(ctx, dirReadTimeout)
 			defer cancel()
 			r := k.reader(uint32(g))
-			res[g], errs[g] = r.DirCtx(gctx)
+			res[g], errs[g] = r.DirCtxMode(gctx, mode)
 			if errs[g] == nil {
 				res[g].Tablets = slices.Clone(res[g].Tablets)
 			}

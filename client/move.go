@@ -58,9 +58,12 @@ func (c *Client) anyKeyspace() (*Keyspace, error) {
 	return c.Keyspace(c.m.Keyspaces[0].Name), nil
 }
 
-// Tablets reads every group's tablets afresh and returns them in key
-// order (the served ones, then the ones being installed that no served
-// tablet covers).
+// Tablets reads every group's tablets afresh, linearizably (from each
+// group's leader, its epoch confirmed: every tablet change acknowledged
+// before the call is in the answer), and returns them in key order (the
+// served ones, then the ones being installed that no served tablet
+// covers). A group that does not answer within a few seconds is shown
+// as this client last saw it.
 func (c *Client) Tablets(ctx context.Context) ([]TabletInfo, error) {
 	d, err := c.freshDir(ctx)
 	if err != nil {
@@ -82,7 +85,7 @@ func (c *Client) freshDir(ctx context.Context) (*btree.Directory, error) {
 		return nil, err
 	}
 	k.init()
-	return k.refreshDir(ctx, c.ord.dir.Load())
+	return k.refreshDirMode(ctx, c.ord.dir.Load(), kv.Linearizable)
 }
 
 // ctl sends a tablet control request to group g and returns its result.

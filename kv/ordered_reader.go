@@ -565,9 +565,23 @@ func (r *OrderedReader) BeginDir() {
 	r.begin(okDir, StaleOK)
 }
 
+// BeginDirMode is BeginDir in the given consistency: Linearizable reads
+// the leader's tablets and confirms its epoch as a linearizable get
+// does, so the answer includes every tablet change acknowledged before
+// the call began (a move's last step, for one).
+func (r *OrderedReader) BeginDirMode(mode Consistency) {
+	r.begin(okDir, mode)
+}
+
 // DirCtx reads the group's tablets like BeginDir, giving up when ctx ends.
 func (r *OrderedReader) DirCtx(ctx context.Context) (OrderedResult, error) {
-	r.BeginDir()
+	return r.DirCtxMode(ctx, StaleOK)
+}
+
+// DirCtxMode reads the group's tablets like BeginDirMode, giving up when
+// ctx ends.
+func (r *OrderedReader) DirCtxMode(ctx context.Context, mode Consistency) (OrderedResult, error) {
+	r.BeginDirMode(mode)
 	return r.drive(ctx)
 }
 
