@@ -277,7 +277,9 @@ func (k *Keyspace) refreshDirMode(ctx context.Context, seen *btree.Directory, mo
 }
 
 // route is the group owning internal key ik: the directory's, read again
-// once if the key lies in a gap of it.
+// if the key lies in a gap of it: stale-ok first (cheap, and usually
+// enough), then linearizably (a near replica that has not applied a
+// move's last step shows the moved tablet in neither group).
 func (k *Keyspace) route(ctx context.Context, ik []byte) (uint32, *btree.Directory, error) {
 	d, err := k.directory(ctx)
 	if err != nil {
@@ -287,8 +289,11 @@ func (k *Keyspace) route(ctx context.Context, ik []byte) (uint32, *btree.Directo
 		return *k.force, d, nil
 	}
 	g, err := d.Route(ik)
-	if errors.Is(err, btree.ErrDirGap) {
-		if d, err = k.refreshDir(ctx, d); err != nil {
+	for _, mode := range []kv.Consistency{kv.StaleOK, kv.Linearizable} {
+		if !errors.Is(err, btree.ErrDirGap) {
+			break
+		}
+		if d, err = k.refreshDirMode(ctx, d, mode); err != nil {
 			return 0, nil, err
 		}
 		g, err = d.Route(ik)
