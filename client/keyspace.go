@@ -583,7 +583,7 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 		}
 		lo, hi := k.ks.Range(start, end)
 		left := o.limit
-		refreshed := false // the directory was read again at this piece
+		refreshed := 0 // the directory's re-reads at this piece
 		moves := 0         // retries of this piece for a move (moveWait)
 		var moveDeadline time.Time
 		for {
@@ -594,12 +594,17 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 			}
 			// The piece of the range one group answers next: a scan
 			// crossing tablets continues at the next one's fence, and a
-			// range no tablet holds is read again once, then an error
-			// (never skipped).
+			// range no tablet holds is read again (stale-ok, then
+			// linearizably, as route does), then an error (never
+			// skipped).
 			g, plo, phi, last, err := d.Piece(lo, hi, o.reverse)
-			if errors.Is(err, btree.ErrDirGap) && !refreshed {
-				refreshed = true
-				if _, err := k.refreshDir(ctx, d); err != nil {
+			if errors.Is(err, btree.ErrDirGap) && refreshed < 2 {
+				mode := kv.StaleOK
+				if refreshed == 1 {
+					mode = kv.Linearizable
+				}
+				refreshed++
+				if _, err := k.refreshDirMode(ctx, d, mode); err != nil {
 					yield(KV{}, err)
 					return
 				}
@@ -642,7 +647,7 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 				yield(KV{}, err)
 				return
 			}
-			refreshed, moves, moveDeadline = false, 0, time.Time{}
+			refreshed, moves, moveDeadline = 0, 0, time.Time{}
 			for _, p := range pairs {
 				if !yield(p, nil) {
 					return

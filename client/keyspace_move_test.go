@@ -340,7 +340,9 @@ func keyspaceMoveRun(t *testing.T, plant string, stopLeaders bool, attempt int) 
 // re-read of the directory has a gap where the tablet was, and it reads
 // the directory again linearizably instead of failing.
 func TestTabletsAfterMoveLinearizable(t *testing.T) {
-	lc := startLocal(t, tabletMap("ksmovelin", 2, "m"))
+	m := tabletMap("ksmovelin", 2, "m")
+	m.ClientNodes = append(m.ClientNodes, m.ClientNodes[len(m.ClientNodes)-1]+1) // a third client
+	lc := startLocal(t, m)
 	ctx := context.Background()
 	lag := (lc.Leader(1) + 1) % 3
 	w := open(t, lc, 0, client.WithNearReplica(lag))
@@ -364,5 +366,14 @@ func TestTabletsAfterMoveLinearizable(t *testing.T) {
 	}
 	if it, err := ks.GetItem(ctx, []byte("apple"), client.Linearizable); err != nil || string(it.Value) != "v" {
 		t.Fatalf("get after the move: %q %v", it.Value, err)
+	}
+	// A scan through a third client with the same near replica, whose
+	// first (stale-ok) directory read has the gap.
+	sc := open(t, lc, 2, client.WithNearReplica(lag))
+	if err := func() error { _, err := client.KeyspaceDirectory(sc.Keyspace("users")); return err }(); err != nil {
+		t.Fatal(err)
+	}
+	if got := scanAll(t, sc.Keyspace("users"), nil, nil); len(got) != 3 {
+		t.Fatalf("scan after the move: %v", got)
 	}
 }
