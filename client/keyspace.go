@@ -584,7 +584,7 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 		lo, hi := k.ks.Range(start, end)
 		left := o.limit
 		refreshed := 0 // the directory's re-reads at this piece
-		moves := 0         // retries of this piece for a move (moveWait)
+		moves := 0     // retries of this piece for a move (moveWait)
 		var moveDeadline time.Time
 		for {
 			d, err := k.directory(ctx)
