@@ -578,7 +578,7 @@ func (d *durRun) staleHistory(hist []kvcheck.Op, outs []kvcheck.Outage) []kvchec
 	return out
 }
 
-const kvDurSeeds = 25
+const kvDurSeeds = 20
 
 var kvDurCases = []struct {
 	name string
