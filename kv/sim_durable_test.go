@@ -460,11 +460,13 @@ func (d *durRun) checked() []kvcheck.Outage {
 		if !o.whole && d.o.mode == broadcast.Sync {
 			continue // nothing may be lost: the plain check
 		}
-		end := o.end
-		if end < 0 {
-			end = d.h.s.Now() // never deposed: whatever it held is kept
+		if o.end < 0 {
+			// A majority crash after which the group never committed in
+			// a new epoch: the member that kept running led throughout
+			// and the others caught up from it; nothing was lost.
+			continue
 		}
-		outs = append(outs, kvcheck.Outage{Group: o.g, Start: int64(o.start), End: int64(end)})
+		outs = append(outs, kvcheck.Outage{Group: o.g, Start: int64(o.start), End: int64(o.end)})
 	}
 	return outs
 }
@@ -659,6 +661,8 @@ func TestSimDurable(t *testing.T) {
 					t.Errorf("only %d majority crashes in %d seeds", majority, seeds)
 				case fromDisk == 0:
 					t.Errorf("no incarnation replayed its log in %d seeds", seeds)
+				case d.mode == broadcast.Async && d.wholeGroup > 0 && recoveries == 0:
+					t.Errorf("no recovery election in %d seeds with whole-group crashes", seeds)
 				case d.mode == broadcast.Sync && lost != 0:
 					t.Errorf("sync mode counted %d writes lost", lost)
 				}
