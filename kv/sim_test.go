@@ -438,7 +438,9 @@ func (p *kvCliProc) Step(now time.Duration) bool {
 		if h.dur.finalReads(p, now) {
 			progress = true
 		}
-		wake = min(wake, now+50*time.Microsecond)
+		if !h.dur.readAll(p) {
+			wake = min(wake, now+50*time.Microsecond)
+		}
 	}
 	for p.c.Ready() && p.issued < h.o.ops && now < h.o.until && now >= p.next {
 		if !p.issue(now) {
