@@ -67,7 +67,7 @@ norace:
 	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSimAcuerdo|TestSimForceLead|TestSimAsymmetricPartition|TestSimMutants)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^TestSim$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimTorn|TestSimTornMutants)$$' ./kv 2>&1); st=$$?; \
+	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants)$$' ./kv 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:
@@ -86,6 +86,7 @@ soak:
 	$(GO) test -count=1 -timeout 0 -run '^TestSimAbandon$$' ./multicast -seeds $$((1000 * $(SOAK_SCALE)))
 	$(GO) test -count=1 -timeout 0 -run '^TestSim$$' ./kv -seeds $$((1500 * $(SOAK_SCALE)))
 	$(GO) test -count=1 -timeout 0 -run '^TestSimTorn$$' ./kv -seeds $$((300 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSimDurable$$' ./kv -seeds $$((200 * $(SOAK_SCALE)))
 	$(GO) test -count=1 -timeout 0 -run '^TestSimOrdered$$' ./kv -seeds $$((200 * $(SOAK_SCALE)))
 	$(GO) test -count=1 -timeout 0 -run '^TestCounterSim$$' ./sim -seeds $$((10000 * $(SOAK_SCALE)))
 

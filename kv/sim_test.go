@@ -108,6 +108,10 @@ type kvOpts struct {
 	joinOlder                       bool // Delegation's planted bug in the clients
 	ordReaders                      int  // OrderedReaders per client (orderedRunOpts: 2)
 	ordKnobs                        testingKnobs
+	// durable: the replicas keep a log and snapshots on their sim disks
+	// (sync or async), with whole-group and majority crashes
+	// (sim_durable_test.go). The zero value is memory mode.
+	durable kvDurable
 }
 
 type kvRun struct {
@@ -125,6 +129,7 @@ type kvRun struct {
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
 	err     error
+	dur     *durRun // kvOpts.durable (sim_durable_test.go)
 	stats   struct {
 		gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls int
 		scans, moved, oneSided, leaves                                                                                        int
@@ -193,6 +198,11 @@ func (p *kvRepProc) Start(env *sim.Env) error {
 			return err
 		}
 		p.store, cfg.Table.Ordered = st, st
+	}
+	if h.dur != nil {
+		if err := h.dur.open(p, &cfg.Multicast.Broadcast); err != nil {
+			return err
+		}
 	}
 	r, err := NewReplica(cfg, env.Node(), diskStable{env.Disk()})
 	if err != nil {
@@ -422,6 +432,14 @@ func (p *kvCliProc) Step(now time.Duration) bool {
 			progress = true
 		} else {
 			wake = min(wake, r.NextDeadline())
+		}
+	}
+	if h.dur != nil && now >= h.o.until {
+		if h.dur.finalReads(p, now) {
+			progress = true
+		}
+		if !h.dur.readAll(p) {
+			wake = min(wake, now+50*time.Microsecond)
 		}
 	}
 	for p.c.Ready() && p.issued < h.o.ops && now < h.o.until && now >= p.next {
@@ -985,6 +1003,9 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		clients: map[rdma.NodeID]*kvCliProc{}, rng: rand.New(rand.NewPCG(sd.Seed, 0x6b76)),
 		down: map[rdma.NodeID]bool{}, gone: map[rdma.NodeID]bool{}}
 	h.rec = kvcheck.NewRecorder(func() int64 { return int64(s.Now()) })
+	if o.durable.mode != 0 {
+		h.dur = newDurRun(h)
+	}
 	h.slots = make([]uint32, NumHashSlots)
 	for i := range h.slots {
 		h.slots[i] = uint32(i % o.groups)
@@ -1027,6 +1048,9 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 	h.isolateLeaders(10*time.Millisecond, o.isolate)
 	h.lagFollowers(7*time.Millisecond, o.lag)
 	h.crashAfterCommit(8*time.Millisecond, o.crashAfterCommit)
+	if h.dur != nil {
+		h.dur.schedule()
+	}
 	if o.downForGood {
 		s.At(3*time.Millisecond, func() {
 			for _, ms := range h.members {
@@ -1046,7 +1070,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 			if !h.s.Live(id) {
 				continue
 			}
-			if len(p.writes) > 0 || len(p.resend) > 0 || !p.c.Ready() {
+			if len(p.writes) > 0 || len(p.resend) > 0 || !p.c.Ready() || h.dur != nil && !h.dur.readAll(p) {
 				return false
 			}
 			for _, r := range p.readers {
@@ -1107,15 +1131,22 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		}
 	}
 	hist := h.rec.History()
-	res, err := kvcheck.CheckLinearizable(hist, 60*time.Second)
-	if err != nil {
-		return h, err
-	}
-	if err := res.Err(); err != nil {
-		return h, fmt.Errorf("linearizability: %w\n%s", err, failedOps(hist, res))
-	}
-	if err := kvcheck.CheckStale(hist); err != nil {
-		return h, fmt.Errorf("stale-ok gets: %w", err)
+	if h.dur != nil && h.dur.outages() {
+		// A whole-group outage: CheckDurable (sim_durable_test.go).
+		if err := h.dur.check(hist); err != nil {
+			return h, err
+		}
+	} else {
+		res, err := kvcheck.CheckLinearizable(hist, 60*time.Second)
+		if err != nil {
+			return h, err
+		}
+		if err := res.Err(); err != nil {
+			return h, fmt.Errorf("linearizability: %w\n%s", err, failedOps(hist, res))
+		}
+		if err := kvcheck.CheckStale(hist); err != nil {
+			return h, fmt.Errorf("stale-ok gets: %w", err)
+		}
 	}
 	if o.ordered {
 		if err := h.checkOrdered(); err != nil {
