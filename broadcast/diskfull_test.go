@@ -126,7 +126,9 @@ func TestSimDiskFullMutant(t *testing.T) {
 // full: leader": same member, same epoch, still leading and refusing) and
 // start no election ("all full: elections"), although the leader stops
 // for 3 election timeouts, twice, and a follower once (a stalled
-// process: its peers still write its memory). The run's own checks follow: once space
+// process: its peers still write its memory; the second time the
+// leader's links are also cut until half an election timeout after it
+// resumed). The run's own checks follow: once space
 // returns, every member catches up and every proposal resolves. idle: no
 // proposal after the first, and the window starts at 40 ms, so that
 // nothing but a probe writes in it.
@@ -181,6 +183,15 @@ func allFullRun(seed uint64, knobs testingKnobs, idle bool, total *Counters) err
 					l = l%3 + 1 // a follower: the leader hears a minority meanwhile
 				}
 				h.procs[l].pausedUntil = h.s.Now() + 3*et
+				if k == 2 {
+					// Its links break too, and come back a little after
+					// it resumes (a stopped process: the fabric's
+					// dead-peer detection closed its Conns).
+					if err := h.s.Isolate(l); err != nil {
+						h.c.fail("isolate %d: %v", l, err)
+					}
+					h.s.At(h.s.Now()+3*et+et/2, h.s.HealAll)
+				}
 			})
 		}
 		h.s.At(from+window-time.Microsecond, func() {

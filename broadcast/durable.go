@@ -200,17 +200,21 @@ func (r *Replica) diskLate() bool {
 //     can log elect without it: its CommitSST row still says it hears no
 //     leader). Once space returns it elects if its leader is still
 //     silent. A leader that restarted ends the epoch as before;
-//   - a leader that refuses for full disks counts as following it every
-//     member it hears within an election timeout, whatever their rows
-//     say about hearing it (fullKeeps, followedBy): it steps down only
-//     when it hears fewer than a majority. Its followers then hear its
-//     heartbeat again after a stall. It gives up only the one-way
-//     partition check (a leader that its followers cannot hear), which
-//     is moot while the group cannot start a new epoch; when members
-//     that can log elect past it, it sees their vote and joins it (after
-//     the two election timeouts of leader stickiness). Linearizable gets
-//     do not rely on leadership timing (the promise quorum, docs/kv.md);
-//     the leader commits nothing without a majority's acknowledgements.
+//   - a leader that refuses for full disks keeps its epoch when it hears
+//     fewer than a majority (after a pause of its own the links to it
+//     may take a while to come back: the fabric's dead-peer detection
+//     closed them), and counts as following it every member it heard
+//     within an election timeout, whatever their rows say about hearing
+//     it (fullKeeps, timers and followedBy): its row then says it is
+//     followed, and its followers take its heartbeat again. It gives up
+//     the majority and one-way partition checks, which are moot while
+//     no new epoch can start; when members that can log elect past it,
+//     it sees their vote and joins it (at once if it hears fewer than a
+//     majority, else after the two election timeouts of leader
+//     stickiness). Nothing here is a safety rule: the leader commits
+//     nothing without a majority's acknowledgements, and linearizable
+//     gets do not rely on leadership timing (the promise quorum,
+//     docs/kv.md).
 //
 // A member also finds out that its disk is full without a write of its
 // own: a writer that took no record for fullProbeEvery election timeouts
@@ -230,8 +234,9 @@ const (
 )
 
 // fullKeeps reports that this leader refuses for full disks (as of this
-// Poll's rows): followedBy counts the members it hears, not only those
-// that say they follow it.
+// Poll's rows): it keeps its epoch when it hears fewer than a majority,
+// and followedBy counts the members it hears, not only those that say
+// they follow it.
 func (r *Replica) fullKeeps() bool { return r.fullRefuse && !r.knobs.fullElects }
 
 // fullDefers reports that this follower, whose disk is full, waits for

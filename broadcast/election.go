@@ -53,7 +53,7 @@ func (r *Replica) timers() bool {
 		}
 	case Leader:
 		r.followed = r.followedBy()
-		if r.followed < r.quorum {
+		if r.followed < r.quorum && !r.fullKeeps() {
 			r.tracef("node %d: leader lost its majority", r.self)
 			r.startElection(true)
 			return true
@@ -105,7 +105,8 @@ func (r *Replica) follows() Epoch {
 // heard within the election timeout and, once they had the time to take
 // our diff, saying that they hear us. A leader that some members hear
 // but that cannot reach them (a one-way partition) thus steps down,
-// unless it refuses for full disks (fullKeeps: no new epoch could start).
+// unless it refuses for full disks (fullKeeps: it counts the members it
+// hears, and keeps its epoch even when they are fewer than a majority).
 func (r *Replica) followedBy() int {
 	k := 1
 	settled := r.now-r.leaderSince > r.cfg.ElectionTimeout && !r.fullKeeps() // durable.go, "A full disk"
