@@ -167,8 +167,9 @@ func (r *Replica) diskLate() bool {
 //     ErrDiskFull, waiting proposals end with it (never broadcast, so
 //     never delivered), AppendRoom is 0; forwarded proposals wait;
 //   - never stands for election nor wins one (becomeLeader writes its
-//     epoch's empty diff), and a leader whose disk stays full for an
-//     election timeout steps down once a majority of the others can log
+//     epoch's empty diff), and a leader whose disk stays full for
+//     fullStepDownAfter election timeouts steps down once a majority of
+//     the others can log
 //     (they say so in their AcceptSST rows, word wAckFull), so that the
 //     group goes on without it;
 //   - still delivers what its leader commits (committed entries are on
