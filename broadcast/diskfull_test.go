@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/sim"
 )
 
@@ -76,9 +77,10 @@ func TestSimDiskFullLeaderStepsDown(t *testing.T) {
 	run := func(knobs testingKnobs) Counters {
 		var total Counters
 		for seed := uint64(1); seed <= 10; seed++ {
-			// Long windows (up to 8 election timeouts) on every member
-			// in turn: some fall on the leader.
-			o := simOpts{knobs: knobs, n: 3, until: 6 * window, durability: Sync, promiseCheck: true, maxLog: 24, diskFull: 4, fullLen: 32 * time.Millisecond}
+			// Long windows (up to 24 election timeouts: the leader
+			// waits fullStepDownAfter of them) on every member in
+			// turn: some fall on the leader.
+			o := simOpts{knobs: knobs, n: 3, until: 12 * window, durability: Sync, promiseCheck: true, maxLog: 24, diskFull: 4, fullLen: 96 * time.Millisecond}
 			if err := runSim(sim.Seed{Seed: seed}, o, &total); err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
@@ -115,4 +117,173 @@ func TestSimDiskFullMutant(t *testing.T) {
 		return
 	}
 	t.Fatal("100 seeds of the ack-refused mutant passed the \"durability promise:\" check")
+}
+
+// allFullRun runs one seed of a group whose every member's log finds the
+// disk full for 100 election timeouts. From 16 election timeouts into the
+// window (twice the probe interval: every member found out, by a write or
+// by a probe) until its end, the group must keep the leader it had ("all
+// full: leader": same member, same epoch, still leading and refusing) and
+// start no election ("all full: elections"), although the leader stops
+// for 3 election timeouts, twice, and a follower once (a stalled
+// process: its peers still write its memory; the second time the
+// leader's links are also cut until half an election timeout after it
+// resumed). The run's own checks follow: once space
+// returns, every member catches up and every proposal resolves. idle: no
+// proposal after the first, and the window starts at 40 ms, so that
+// nothing but a probe writes in it.
+func allFullRun(seed uint64, knobs testingKnobs, idle bool, total *Counters) error {
+	const et = 4 * time.Millisecond // the sim's ElectionTimeout
+	const window = 100 * et
+	from := 8 * time.Millisecond
+	if idle {
+		// After the first proposal's lazy Commit record went out (it
+		// waits FsyncInterval, 10 ms, for a batch): nothing writes then.
+		from = 40 * time.Millisecond
+	}
+	o := simOpts{knobs: knobs, n: 3, until: from + window + 8*time.Millisecond, durability: Sync, promiseCheck: true, maxLog: 24, appends: true,
+		fullAll: true, fullAt: from, fullLen: window}
+	if idle {
+		o.appends, o.proposeEvery = false, time.Hour
+	}
+	o.script = func(h *simRun) {
+		var leader rdma.NodeID
+		var epoch Epoch
+		var elections uint64
+		leading := func() (rdma.NodeID, Epoch) {
+			for _, id := range h.s.Nodes() {
+				if p := h.procs[id]; p != nil && h.s.Live(id) {
+					if e, ok := p.r.Leading(); ok {
+						return id, e
+					}
+				}
+			}
+			return 0, 0
+		}
+		h.s.At(from+16*et, func() {
+			for _, id := range h.s.Nodes() {
+				if st := h.procs[id].r.Status(); !st.DiskFull {
+					h.c.fail("all full: node %d does not know its disk is full %v into the window (a write or a probe should have found it)", id, 16*et)
+					return
+				}
+			}
+			leader, epoch = leading()
+			elections = h.electionsStarted()
+			if leader == 0 {
+				h.c.fail("all full: no leader %v into the window", 16*et)
+			}
+		})
+		for k, at := range []time.Duration{20 * et, 45 * et, 70 * et} {
+			h.s.At(from+at, func() {
+				l, _ := leading()
+				if l == 0 {
+					return
+				}
+				if k == 1 {
+					l = l%3 + 1 // a follower: the leader hears a minority meanwhile
+				}
+				h.procs[l].pausedUntil = h.s.Now() + 3*et
+				if k == 2 {
+					// Its links break too, and come back a little after
+					// it resumes (a stopped process: the fabric's
+					// dead-peer detection closed its Conns).
+					if err := h.s.Isolate(l); err != nil {
+						h.c.fail("isolate %d: %v", l, err)
+					}
+					h.s.At(h.s.Now()+3*et+et/2, h.s.HealAll)
+				}
+			})
+		}
+		h.s.At(from+window-time.Microsecond, func() {
+			if leader == 0 {
+				return
+			}
+			if n := h.electionsStarted() - elections; n != 0 {
+				h.c.fail("all full: elections: %d started while every disk was full", n)
+				return
+			}
+			p := h.procs[leader]
+			if e, ok := p.r.Leading(); !ok || e != epoch || !p.r.RefusingFull() {
+				h.c.fail("all full: leader: node %d led %v; at the end of the window it leads %v (%v), refusing %v", leader, epoch, e, ok, p.r.RefusingFull())
+			}
+		})
+	}
+	return runSim(sim.Seed{Seed: seed}, o, total)
+}
+
+// TestSimDiskFullAllMembers: a group whose every disk is full keeps its
+// leader through the leader's own stalls and starts no election; with the
+// fullElects knob (full followers elect when the leader times out, and
+// the leader gives them no grace after its stall) the same seeds must
+// fail "all full:" (the group elects and has no leader until space
+// returns).
+func TestSimDiskFullAllMembers(t *testing.T) {
+	seeds := uint64(10)
+	if raceEnabled {
+		seeds = 3
+	}
+	var total Counters
+	for seed := uint64(1); seed <= seeds; seed++ {
+		if err := allFullRun(seed, testingKnobs{}, false, &total); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	if total.DiskFull == 0 || total.DiskProbes == 0 {
+		t.Fatalf("no disk full or no probe: %+v", total)
+	}
+	t.Logf("%d seeds: %d disk-full episodes, %d probes, %d elections deferred, %d refused", seeds, total.DiskFull, total.DiskProbes, total.ElectionsDeferred, total.DiskFullRefused)
+	caught := 0
+	for seed := uint64(1); seed <= seeds; seed++ {
+		err := allFullRun(seed, testingKnobs{fullElects: true}, false, new(Counters))
+		if err == nil {
+			continue
+		}
+		if !strings.Contains(err.Error(), "all full: elections") && !strings.Contains(err.Error(), "all full: leader") {
+			t.Fatalf("seed %d: the fullElects knob failed another check than \"all full:\": %v", seed, err)
+		}
+		if caught++; caught == 1 {
+			t.Logf("seed %d caught fullElects: %v", seed, firstLine(err))
+		}
+	}
+	if caught != int(seeds) {
+		t.Fatalf("the fullElects knob failed %d of %d seeds, want all", caught, seeds)
+	}
+}
+
+// TestSimDiskFullProbe: a group that writes nothing (one proposal, at the
+// start) finds its disks full through the probe (allFullRun, idle) and
+// keeps its leader; without the probe (knob noFullProbe) no member finds
+// out, as none has anything to write: the seeds must fail "all full: node
+// N does not know its disk is full".
+func TestSimDiskFullProbe(t *testing.T) {
+	seeds := uint64(10)
+	if raceEnabled {
+		seeds = 3
+	}
+	var total Counters
+	for seed := uint64(1); seed <= seeds; seed++ {
+		if err := allFullRun(seed, testingKnobs{}, true, &total); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	if total.DiskProbes == 0 || total.DiskFull < 3*seeds {
+		t.Fatalf("idle: %d probes, %d disk-full episodes in %d seeds", total.DiskProbes, total.DiskFull, seeds)
+	}
+	t.Logf("idle, %d seeds: %d probes, %d disk-full episodes", seeds, total.DiskProbes, total.DiskFull)
+	caught := 0
+	for seed := uint64(1); seed <= seeds; seed++ {
+		err := allFullRun(seed, testingKnobs{noFullProbe: true}, true, new(Counters))
+		if err == nil {
+			continue
+		}
+		if !strings.Contains(err.Error(), "does not know its disk is full") {
+			t.Fatalf("seed %d: the noFullProbe knob failed another check: %v", seed, err)
+		}
+		if caught++; caught == 1 {
+			t.Logf("seed %d caught noFullProbe: %v", seed, firstLine(err))
+		}
+	}
+	if caught != int(seeds) {
+		t.Fatalf("the noFullProbe knob failed %d of %d seeds, want all", caught, seeds)
+	}
 }

@@ -90,6 +90,11 @@ type durable struct {
 	full      bool
 	fullSince time.Duration
 	fullErr   error // the writer's error when the episode began
+	// idleSeq is the writer's NextSeq as walCommit last saw it, and
+	// idleSince when it last changed: a writer that took no record for
+	// fullProbeEvery election timeouts gets a probe (walCommit).
+	idleSeq   uint64
+	idleSince time.Duration
 }
 
 // netSnapSave is a network snapshot being saved as a disk snapshot.
@@ -162,8 +167,9 @@ func (r *Replica) diskLate() bool {
 //     ErrDiskFull, waiting proposals end with it (never broadcast, so
 //     never delivered), AppendRoom is 0; forwarded proposals wait;
 //   - never stands for election nor wins one (becomeLeader writes its
-//     epoch's empty diff), and a leader whose disk stays full for an
-//     election timeout steps down once a majority of the others can log
+//     epoch's empty diff), and a leader whose disk stays full for
+//     fullStepDownAfter election timeouts steps down once a majority of
+//     the others can log
 //     (they say so in their AcceptSST rows, word wAckFull), so that the
 //     group goes on without it;
 //   - still delivers what its leader commits (committed entries are on
@@ -174,6 +180,69 @@ func (r *Replica) diskLate() bool {
 // heard within an election timeout that do not say wAckFull: the group
 // could not commit the entry. Everything is decided on the Poll's clock;
 // the writer retries the batch every wal.Config.DiskFullRetry.
+
+// A group where a majority's disks are full cannot start a new epoch:
+// its leader must write the epoch's empty diff and a majority must log
+// it (becomeLeader, acceptDiff). An election started then runs until
+// space returns, and meanwhile nobody leads: writes wait for a leader
+// instead of being refused with ErrDiskFull, and no linearizable get is
+// served. One pause longer than an election timeout of the leader, or of
+// the follower it needs for its majority (a loaded machine, a GC, a
+// stopped process: seen after 12-25 s in real processes), was enough to
+// end the epoch: the others stop hearing it, and their rows say so, and
+// a leader steps down when fewer than a majority say they follow it,
+// while a follower hears its leader again only while the leader says it
+// is followed. So:
+//
+//   - a follower whose disk is full does not start an election when its
+//     leader times out: it waits for it, as when the pre-vote fails
+//     (fullDefers), and takes part in no election until space returns
+//     (it could neither stand nor log a new leader's diff; members that
+//     can log elect without it: its CommitSST row still says it hears no
+//     leader). Once space returns it elects if its leader is still
+//     silent. A leader that restarted ends the epoch as before;
+//   - a leader that refuses for full disks keeps its epoch when it hears
+//     fewer than a majority (after a pause of its own the links to it
+//     may take a while to come back: the fabric's dead-peer detection
+//     closed them), and counts as following it every member it heard
+//     within an election timeout, whatever their rows say about hearing
+//     it (fullKeeps, timers and followedBy): its row then says it is
+//     followed, and its followers take its heartbeat again. It gives up
+//     the majority and one-way partition checks, which are moot while
+//     no new epoch can start; when members that can log elect past it,
+//     it sees their vote and joins it (at once if it hears fewer than a
+//     majority, else after the two election timeouts of leader
+//     stickiness). Nothing here is a safety rule: the leader commits
+//     nothing without a majority's acknowledgements, and linearizable
+//     gets do not rely on leadership timing (the promise quorum,
+//     docs/kv.md).
+//
+// A member also finds out that its disk is full without a write of its
+// own: a writer that took no record for fullProbeEvery election timeouts
+// gets a Commit record restating the commit point (walCommit), written
+// and synced like any other; it fails while the log cannot write. So an
+// idle follower shows disk_full (and /readyz 503) within that time, stops
+// standing for election, and its leader counts it out (wAckFull) before
+// a write needs it.
+
+// fullProbeEvery is how many election timeouts a writer that took no
+// record waits before walCommit probes the disk; fullStepDownAfter how
+// many a full leader waits before it hands over (a probe's round and one
+// more for its write and sync).
+const (
+	fullProbeEvery    = 8
+	fullStepDownAfter = fullProbeEvery + 1
+)
+
+// fullKeeps reports that this leader refuses for full disks (as of this
+// Poll's rows): it keeps its epoch when it hears fewer than a majority,
+// and followedBy counts the members it hears, not only those that say
+// they follow it.
+func (r *Replica) fullKeeps() bool { return r.fullRefuse && !r.knobs.fullElects }
+
+// fullDefers reports that this follower, whose disk is full, waits for
+// its leader instead of starting an election when it times out.
+func (r *Replica) fullDefers() bool { return r.diskFull() && !r.knobs.fullElects }
 
 // diskFull reports that this replica's log refuses records for a full
 // disk (wal.Writer.Full), as of its last Poll.
@@ -227,12 +296,17 @@ func (r *Replica) othersCanLog() int {
 	return k
 }
 
-// fullStepDown: a leader whose disk has been full for an election
-// timeout hands the group over when a majority of the others can log
-// and follow it (they elect without us; we do not stand while full).
+// fullStepDown: a leader whose disk has been full for fullStepDownAfter
+// election timeouts hands the group over when a majority of the others
+// can log and follow it (they elect without us; we do not stand while
+// full). It waits that long so that the others had the time to find out
+// whether their disks are full too (a write or a probe, walCommit): a
+// follower that has not written since the disk filled does not know it
+// yet, and handing over to it would make the group elect leaders that
+// then refuse (found by TestSimDiskFullProbe).
 func (r *Replica) fullStepDown() bool {
 	d := r.dur
-	if d == nil || !d.full || r.knobs.fullNoStepDown || r.now-d.fullSince < r.cfg.ElectionTimeout || r.othersCanLog() < r.quorum {
+	if d == nil || !d.full || r.knobs.fullNoStepDown || r.now-d.fullSince < fullStepDownAfter*r.cfg.ElectionTimeout || r.othersCanLog() < r.quorum {
 		return false
 	}
 	r.ctr.DiskFullStepDowns++
@@ -428,17 +502,29 @@ func (r *Replica) saveNetSnap(ns *netSnapSave, meta, state []byte) {
 // then find a lower commit point, as after any crash before the record's
 // batch was synced: replay delivers less and the group commits the rest
 // again.
+//
+// A writer that took no record for fullProbeEvery election timeouts gets
+// one (not lazy: it is written and synced now) although the commit point
+// did not move: a probe that finds a full disk without waiting for a
+// write to need it ("A full disk").
 func (r *Replica) walCommit() {
 	d := r.dur
-	if d.err != nil || d.full || d.commitLogged == r.committed || d.commitSeq > d.w.Synced() {
+	if seq := d.w.NextSeq(); seq != d.idleSeq {
+		d.idleSeq, d.idleSince = seq, r.now
+	}
+	probe := r.now-d.idleSince >= fullProbeEvery*r.cfg.ElectionTimeout && !r.knobs.noFullProbe
+	if d.err != nil || d.full || d.commitLogged == r.committed && !probe || d.commitSeq > d.w.Synced() {
 		return
+	}
+	if probe {
+		r.ctr.DiskProbes++
 	}
 	b := d.hdr[:32]
 	binary.LittleEndian.PutUint64(b[0:], uint64(r.committed.E))
 	binary.LittleEndian.PutUint64(b[8:], r.committed.Cnt)
 	binary.LittleEndian.PutUint64(b[16:], r.index)
 	binary.LittleEndian.PutUint64(b[24:], r.seenIdx) // async loss counting (election.go, recoveryLoss)
-	if seq := r.walAdd(true, wal.RecCommit, 0, [][]byte{b}); seq != 0 {
+	if seq := r.walAdd(!probe, wal.RecCommit, 0, [][]byte{b}); seq != 0 {
 		d.commitSeq, d.commitLogged = seq, r.committed
 	}
 }

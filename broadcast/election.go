@@ -39,11 +39,11 @@ func (r *Replica) timers() bool {
 			return true
 		}
 		if now-r.leaderHBAt > r.cfg.ElectionTimeout {
-			if !r.preVote() {
+			if !r.preVote() || r.fullDefers() {
 				if !r.deferring {
 					r.deferring = true
 					r.ctr.ElectionsDeferred++
-					r.tracef("node %d: leader %d timed out, but no majority lost it: no election", r.self, r.eCur.Leader())
+					r.tracef("node %d: leader %d timed out, but no majority lost it or our disk is full (%v): no election", r.self, r.eCur.Leader(), r.diskFull())
 				}
 				return false
 			}
@@ -53,7 +53,7 @@ func (r *Replica) timers() bool {
 		}
 	case Leader:
 		r.followed = r.followedBy()
-		if r.followed < r.quorum {
+		if r.followed < r.quorum && !r.fullKeeps() {
 			r.tracef("node %d: leader lost its majority", r.self)
 			r.startElection(true)
 			return true
@@ -104,10 +104,12 @@ func (r *Replica) follows() Epoch {
 // followedBy counts the members (us included) that follow our leadership:
 // heard within the election timeout and, once they had the time to take
 // our diff, saying that they hear us. A leader that some members hear
-// but that cannot reach them (a one-way partition) thus steps down.
+// but that cannot reach them (a one-way partition) thus steps down,
+// unless it refuses for full disks (fullKeeps: it counts the members it
+// hears, and keeps its epoch even when they are fewer than a majority).
 func (r *Replica) followedBy() int {
 	k := 1
-	settled := r.now-r.leaderSince > r.cfg.ElectionTimeout
+	settled := r.now-r.leaderSince > r.cfg.ElectionTimeout && !r.fullKeeps() // durable.go, "A full disk"
 	for i := range r.mems {
 		m := &r.mems[i]
 		if i != r.me && r.now-m.heardAt <= r.cfg.ElectionTimeout && (!settled || m.follows() == r.eCur) {

@@ -63,6 +63,16 @@ type testingKnobs struct {
 	// a safety bug: the group stops taking writes although a majority
 	// could log them; TestSimDiskFullLeaderStepsDown counts it).
 	fullNoStepDown bool
+	// fullElects: a follower whose disk is full starts an election when
+	// its leader times out, and a leader refusing for full disks steps
+	// down when fewer than a majority say they follow it (not a safety bug:
+	// a group whose every disk is full then elects and has no leader
+	// until space returns; TestSimDiskFullAllMembers counts it).
+	fullElects bool
+	// noFullProbe: a writer that takes no record is never probed: a
+	// member finds its disk full only when it has something to write
+	// (TestSimDiskFullProbe).
+	noFullProbe bool
 	// eagerCommit: a Commit record is appended like an entry, so that in
 	// Sync mode it starts a batch, and an fsync, of its own (not a safety
 	// bug: the cost TestSimSyncFsyncsPerEntry counts).

@@ -373,7 +373,15 @@ type simOpts struct {
 	diskFull int
 	fullNode rdma.NodeID
 	fullLen  time.Duration
+	// fullAll: one window instead, from fullAt for fullLen, during which
+	// every member's log directory finds the disk full (with diskFull's
+	// retry and refusals).
+	fullAll bool
+	fullAt  time.Duration
 }
+
+// fullDisks: the run has disk-full windows (diskFull or fullAll).
+func (o *simOpts) fullDisks() bool { return o.diskFull > 0 || o.fullAll }
 
 func (o *simOpts) fsyncIvl() time.Duration {
 	if o.fsyncInterval == 0 {
@@ -495,6 +503,9 @@ type simProc struct {
 	promised Epoch  // the highest promise published so far (checkPromises)
 	acked    MsgHdr // the AcceptSST row checkDurable last checked
 	stopped  bool   // its replica stopped on a disk error (failSync)
+	// pausedUntil: the node takes no step before then (a stopped
+	// process: its peers still write its memory).
+	pausedUntil time.Duration
 }
 
 type simRun struct {
@@ -571,7 +582,7 @@ func (p *simProc) Start(env *sim.Env) error {
 			cfg.FsyncInterval = p.h.o.fsyncIvl()
 		}
 		var retry time.Duration
-		if p.h.o.diskFull > 0 {
+		if p.h.o.fullDisks() {
 			retry = 500 * time.Microsecond
 		}
 		w, err := wal.Open(dev, wal.Config{Dir: "wal", Mode: mode, FsyncInterval: cfg.FsyncInterval, Member: uint64(env.ID()), SegmentBytes: seg, MaxUnsyncedBytes: p.h.o.maxUnsynced, DiskFullRetry: retry}, rec)
@@ -613,6 +624,10 @@ func (p *simProc) Start(env *sim.Env) error {
 }
 
 func (p *simProc) Step(now time.Duration) bool {
+	if now < p.pausedUntil {
+		p.env.WakeAt(p.pausedUntil)
+		return false
+	}
 	if p.h.stopping && p.r.dur != nil {
 		p.r.dur.w.Flush() // SIGTERM: write and sync what is queued, propose nothing
 	}
@@ -634,7 +649,7 @@ func (p *simProc) Step(now time.Duration) bool {
 				}
 				if err := p.r.Append([]byte(a)); err == nil {
 					p.h.c.proposed[a] = &simProposal{node: p.env.ID(), inc: p.env.Incarnation()} // no handle
-				} else if err != ErrBusy && !(err == ErrDiskFull && p.h.o.diskFull > 0) {
+				} else if err != ErrBusy && !(err == ErrDiskFull && p.h.o.fullDisks()) {
 					p.h.c.fail("append at node %d, Leading: %v", p.env.ID(), err)
 				}
 			}
@@ -1097,6 +1112,18 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	if o.diskFull > 0 {
 		h.scheduleFull(ids)
 	}
+	if o.fullAll {
+		s.At(o.fullAt, func() {
+			for _, id := range ids {
+				s.Disk(id).SetFull("wal/", true)
+			}
+		})
+		s.At(o.fullAt+o.fullLen, func() {
+			for _, id := range ids {
+				s.Disk(id).SetFull("wal/", false)
+			}
+		})
+	}
 	if o.crashes {
 		h.scheduleCrashes(2 * time.Millisecond)
 	}
@@ -1225,7 +1252,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		index, err := sp.p.Result()
 		switch {
 		case err != nil && errors.Is(err, ErrStopped):
-		case err == ErrDiskFull && o.diskFull > 0 && pos[d] == 0:
+		case err == ErrDiskFull && o.fullDisks() && pos[d] == 0:
 			// refused while the group could not log it: not delivered
 		case err != nil:
 			if pos[d] != 0 {
@@ -1303,6 +1330,8 @@ func (c *Counters) add(o Counters) {
 	c.DiskFull += o.DiskFull
 	c.DiskFullRefused += o.DiskFullRefused
 	c.DiskFullStepDowns += o.DiskFullStepDowns
+	c.DiskProbes += o.DiskProbes
+	c.ElectBackoffs += o.ElectBackoffs
 }
 
 // TestSimAcuerdo runs the protocol in the deterministic simulator under

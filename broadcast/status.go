@@ -126,7 +126,7 @@ type MemberStatus struct {
 type Counters struct {
 	Elected               uint64 // epochs this replica won
 	ElectionsStarted      uint64 // times it became ELECTING
-	ElectionsDeferred     uint64 // leader timeouts that did not start an election: another member still heard a leader (pre-vote)
+	ElectionsDeferred     uint64 // leader timeouts that did not start an election: another member still heard a leader (pre-vote), or its disk was full
 	ElectBackoffs         uint64 // election attempts put off: the pre-vote failed, or the member was catching up (electRetry)
 	ForcedVotes           uint64 // forced votes this replica cast (ForceLead)
 	DiffsAccepted         uint64 // diffs accepted (Fig. 5 l.54-66)
@@ -143,6 +143,7 @@ type Counters struct {
 	DiskFull              uint64 // times the log found the disk full (episodes: the replica took no new entry until space returned)
 	DiskFullRefused       uint64 // proposals and appends this leader refused with ErrDiskFull
 	DiskFullStepDowns     uint64 // times this leader handed its group over because its disk stayed full
+	DiskProbes            uint64 // records its log took only to find out whether the disk can write (it took no other for a while)
 }
 
 // Leader returns the leader's node id if this replica follows or leads an

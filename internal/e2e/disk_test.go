@@ -239,13 +239,23 @@ func diskErrors(t *testing.T, kind, errno, want string) {
 	put("restarted", 50)
 	c.waitConverged(30 * time.Second)
 	// Every acknowledged put reads back, from the restarted replica's
-	// memory too (a stale-ok get of the nearest replica: the victim).
+	// memory too.
+	bad, fromVictim := readBack(ctx, c, cl, acked, victim)
+	c.logf("%d acknowledged puts read back (linearizable, and stale-ok: %d from replica %d); %d wrong", len(acked), fromVictim, victim, bad)
+}
+
+// readBack checks that every put of acked reads back its value through
+// cl (linearizable) and through a stale-ok get of the nearest replica,
+// victim (its own memory), and that some get did read victim. It reports
+// the wrong values and the gets victim served.
+func readBack(ctx context.Context, c *tcluster, cl *client.Client, acked map[string]string, victim int64) (bad, fromVictim int) {
+	t := c.t
+	t.Helper()
 	near, err := client.Open(ctx, client.WithConfigFile(c.path), client.WithSlot(1), client.WithNearReplica(int(victim-1)), client.WithConsistency(client.StaleOK))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer near.Close()
-	bad, fromVictim := 0, 0
 	for k, v := range acked {
 		got, err := cl.Get(ctx, []byte(k))
 		if err != nil || string(got) != v {
@@ -266,7 +276,7 @@ func diskErrors(t *testing.T, kind, errno, want string) {
 	if fromVictim == 0 {
 		t.Errorf("no stale-ok get read replica %d", victim)
 	}
-	c.logf("%d acknowledged puts read back (linearizable, and stale-ok: %d from replica %d); %d wrong", len(acked), fromVictim, victim, bad)
+	return bad, fromVictim
 }
 
 // TestDiskFullInProcess (issue 19): ENOSPC on every write of some
@@ -283,9 +293,15 @@ func diskErrors(t *testing.T, kind, errno, want string) {
 //     deadline) until the leader hands the group over (a majority can
 //     write; it counts a step-down); then 50 puts in a row succeed while
 //     its disk is still full.
-//   - all: every replica's disk is full (a follower finds it only when
-//     it has something to write: the test waits for the leader and one
-//     other). Every put fails with client.ErrDiskFull, promptly.
+//   - all: every replica's disk is full, armed while nothing is
+//     written: each replica finds out through its log's probe (a record
+//     written when the log took none for 8 election timeouts; or a
+//     write of an election, on a loaded machine). Every
+//     put fails with client.ErrDiskFull, promptly, and the group keeps
+//     its leader: the leader, then a follower, is stopped (SIGSTOP) for
+//     5 election timeouts, and no replica starts an election, the leader
+//     leads and refuses, puts are refused at once (nobody could lead
+//     better, and a new epoch needs a majority that can log).
 //
 // In each, the full replicas log one "disk full:" line when the log
 // first finds it full and one "disk space returned" line when a write
@@ -383,26 +399,37 @@ func diskFull(t *testing.T, who string) {
 		return err == nil && st.DiskFull != ""
 	}
 	put("before", 100)
+	if who == "all" {
+		// Let the last commit's lazy Commit records reach the disks
+		// (they wait up to 10 ms for a batch): then nothing writes, and
+		// only the probes can find the disks full.
+		time.Sleep(300 * time.Millisecond)
+	}
 	for _, id := range victims {
 		if err := os.WriteFile(arm(id), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	c.logf("armed: ENOSPC on the logs of replicas %v (leader %d)", victims, leader)
-	// Puts until the victims' logs found their disks full: each of them,
-	// or in the all case the leader and another (a follower finds it
-	// only when it has something to write, and the full leader sends it
-	// nothing more).
+	// Until every victim's log found its disk full: puts fill the
+	// follower's or the leader's; in the all case nothing is written and
+	// each replica's probe finds it.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		n, leaderFull := 0, false
+		n := 0
 		for _, id := range victims {
 			if isFull(id) {
 				n++
-				leaderFull = leaderFull || id == leader
 			}
 		}
-		if n == len(victims) || who == "all" && leaderFull && n >= 2 {
+		if n == len(victims) {
+			var b strings.Builder
+			for _, id := range c.allIDs() {
+				if st, err := c.status(id); err == nil {
+					fmt.Fprintf(&b, " [replica %d: %s %s, %d elections, %d step-downs, %d probes]", id, st.Role, st.Epoch, st.Counters.ElectionsStarted, st.Counters.DiskFullStepDowns, st.Counters.DiskProbes)
+				}
+			}
+			c.logf("every victim says disk full:%s", b.String())
 			break
 		}
 		for _, id := range victims {
@@ -413,18 +440,18 @@ func diskFull(t *testing.T, who string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("replicas %v: not all say disk full 30 s after arming%s", victims, c.describe())
 		}
-		if who == "follower" {
+		switch who {
+		case "follower":
 			put("filling", 1)
-		} else {
+		case "leader":
 			try("filling")
+		default:
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	for _, id := range victims {
 		if p := c.proc(id); p.exited() {
 			t.Fatalf("replica %d exited on a full disk: %s", id, tail(p.stderr.String(), 2<<10))
-		}
-		if !isFull(id) {
-			continue // (all: a follower that had nothing to write yet)
 		}
 		ok, why := c.ready(id)
 		if ok || !strings.Contains(why, "disk full") {
@@ -460,6 +487,7 @@ func diskFull(t *testing.T, who string) {
 				ok++
 			} else {
 				ok = 0
+				time.Sleep(5 * time.Millisecond) // refused at once: no busy loop while the leader waits to hand over
 			}
 		}
 		st, err := c.status(leader)
@@ -474,6 +502,49 @@ func diskFull(t *testing.T, who string) {
 			if err := try("during"); err == nil {
 				t.Fatalf("a put succeeded with every disk full%s", c.describe())
 			}
+		}
+		// The leader stops for 5 election timeouts (its followers stop
+		// hearing it, and it hears nothing while stopped), then a
+		// follower does (the leader hears a minority meanwhile). The
+		// group keeps its leader all the same. (The leader may have
+		// changed since the start: an election that ran before the
+		// replicas found their disks full.)
+		leader = c.leader(0, 10*time.Second)
+		elections := func() map[int64]uint64 {
+			k := map[int64]uint64{}
+			for _, id := range c.allIDs() {
+				st, err := c.status(id)
+				if err != nil {
+					t.Fatalf("replica %d: %v", id, err)
+				}
+				k[id] = st.Counters.ElectionsStarted
+				c.logf("replica %d: %s %s, counters %+v", id, st.Role, st.Epoch, st.Counters)
+			}
+			return k
+		}
+		before := elections()
+		et, err := time.ParseDuration(c.spec.Election)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []int64{leader, c.followers(0, leader)[0]} {
+			c.stop(id)
+			time.Sleep(5 * et)
+			c.cont(id)
+			c.logf("replica %d stopped for %v (5 election timeouts; leader %d)", id, 5*et, leader)
+			for range 20 {
+				if err := try("stalled"); err == nil {
+					t.Fatalf("a put succeeded with every disk full%s", c.describe())
+				}
+				time.Sleep(et / 2)
+			}
+		}
+		if after := elections(); fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Errorf("elections started by replica while every disk was full: %v before the stops, %v after%s", before, after, c.describe())
+		}
+		st, err := c.status(leader)
+		if err != nil || st.Role != "leader" || !st.RefusingWrites {
+			t.Errorf("replica %d (the leader) after the stops: role %q, refusing writes %v (%v)%s", leader, st.Role, st.RefusingWrites, err, c.describe())
 		}
 	}
 	// Space returns.
@@ -493,8 +564,8 @@ func diskFull(t *testing.T, who string) {
 	for _, id := range victims {
 		p := c.proc(id)
 		full, back := strings.Count(p.stderr.String(), "disk full: replica"), strings.Count(p.stderr.String(), "disk space returned")
-		if full != back || full > 1 || full == 0 && (who != "all" || id == leader) {
-			t.Errorf("replica %d logged %d \"disk full\" and %d \"disk space returned\" lines, want 1 and 1 (all: or 0 and 0 for a follower): %s", id, full, back, tail(p.stderr.String(), 4<<10))
+		if full != 1 || back != 1 {
+			t.Errorf("replica %d logged %d \"disk full\" and %d \"disk space returned\" lines, want 1 and 1: %s", id, full, back, tail(p.stderr.String(), 4<<10))
 		}
 	}
 	// Nothing corrupt: a replica that was full restarts from its disk.
@@ -510,37 +581,12 @@ func diskFull(t *testing.T, who string) {
 	}
 	put("restarted", 20)
 	c.waitConverged(30 * time.Second)
-	near, err := client.Open(ctx, client.WithConfigFile(c.path), client.WithSlot(1), client.WithNearReplica(int(victim-1)), client.WithConsistency(client.StaleOK))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer near.Close()
-	bad, fromVictim := 0, 0
-	for k, v := range acked {
-		got, err := cl.Get(ctx, []byte(k))
-		if err != nil || string(got) != v {
-			if bad++; bad <= 5 {
-				t.Errorf("get %s: %q, %v; want %q", k, got, err, v)
-			}
-		}
-		it, err := near.GetItem(ctx, []byte(k), client.StaleOK)
-		if err != nil || string(it.Value) != v {
-			if bad++; bad <= 5 {
-				t.Errorf("stale-ok get %s from replica %d: %q, %v; want %q", k, it.Replica, it.Value, err, v)
-			}
-		}
-		if int64(it.Replica) == victim {
-			fromVictim++
-		}
-	}
+	bad, fromVictim := readBack(ctx, c, cl, acked, victim)
 	for k, v := range unknown {
 		got, err := cl.Get(ctx, []byte(k))
 		if err == nil && string(got) != v || err != nil && !errors.Is(err, client.ErrNotFound) {
 			t.Errorf("get %s (outcome unknown: disk full): %q, %v; want %q or not found", k, got, err, v)
 		}
-	}
-	if fromVictim == 0 {
-		t.Errorf("no stale-ok get read replica %d", victim)
 	}
 	c.logf("%d acknowledged puts read back (stale-ok: %d from replica %d); %d refused for a full disk (%d outcome unknown); %d wrong", len(acked), fromVictim, victim, refused, len(unknown), bad)
 }
