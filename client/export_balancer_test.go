@@ -1,0 +1,14 @@
+package client
+
+// PlantBalancerIgnoreBusy plants a bug in b: a round plans from the
+// serving tablets alone, so it starts a move while another tablet is
+// frozen or installing.
+func PlantBalancerIgnoreBusy(b *Balancer) { b.knobs.ignoreBusy = true }
+
+// PlantBalancerNoTakeover plants a bug in b: it never finishes a move
+// another mover left half done.
+func PlantBalancerNoTakeover(b *Balancer) { b.knobs.noTakeover = true }
+
+// PlanBalanceLoad is the balancer's rule with the groups' loads as the
+// tie-breaker.
+var PlanBalanceLoad = planBalanceLoad
