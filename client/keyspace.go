@@ -279,7 +279,17 @@ func (k *Keyspace) route(ctx context.Context, ik []byte) (uint32, *btree.Directo
 		return *k.force, d, nil
 	}
 	g, err := d.Route(ik)
-	if errors.Is(err, btree.ErrDirGap) {
+	// A gap is read again at once, then again after waits: the groups'
+	// tablets are read from replicas that may be at different points of
+	// a tablet move (the source's past its drop, the target's before the
+	// ingest its leader acknowledged), a gap that closes as they catch
+	// up. One that stays (gapWaits) is the error.
+	for waits := 0; errors.Is(err, btree.ErrDirGap) && waits <= gapWaits; waits++ {
+		if waits > 0 {
+			if werr := k.moveWait(ctx, time.Time{}, waits-1, err); werr != nil {
+				return 0, nil, werr
+			}
+		}
 		if d, err = k.refreshDir(ctx, d); err != nil {
 			return 0, nil, err
 		}
@@ -287,6 +297,10 @@ func (k *Keyspace) route(ctx context.Context, ik []byte) (uint32, *btree.Directo
 	}
 	return g, d, err
 }
+
+// gapWaits bounds the waits (moveWait's, about a second in all) for a
+// gap in the directory to close.
+const gapWaits = 50
 
 func (k *Keyspace) checkKey(key []byte) error {
 	switch {
@@ -570,8 +584,8 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 		}
 		lo, hi := k.ks.Range(start, end)
 		left := o.limit
-		refreshed := false // the directory was read again at this piece
-		moves := 0         // retries of this piece for a move (moveWait)
+		gaps := 0  // the directory was read again for a gap at this piece
+		moves := 0 // retries of this piece for a move (moveWait)
 		var moveDeadline time.Time
 		for {
 			d, err := k.directory(ctx)
@@ -584,8 +598,15 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 			// range no tablet holds is read again once, then an error
 			// (never skipped).
 			g, plo, phi, last, err := d.Piece(lo, hi, o.reverse)
-			if errors.Is(err, btree.ErrDirGap) && !refreshed {
-				refreshed = true
+			if errors.Is(err, btree.ErrDirGap) && gaps <= gapWaits {
+				// Read again at once, then after waits (route).
+				if gaps > 0 {
+					if werr := k.moveWait(ctx, time.Time{}, gaps-1, err); werr != nil {
+						yield(KV{}, werr)
+						return
+					}
+				}
+				gaps++
 				if _, err := k.refreshDir(ctx, d); err != nil {
 					yield(KV{}, err)
 					return
@@ -629,7 +650,7 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 				yield(KV{}, err)
 				return
 			}
-			refreshed, moves, moveDeadline = false, 0, time.Time{}
+			gaps, moves, moveDeadline = 0, 0, time.Time{}
 			for _, p := range pairs {
 				if !yield(p, nil) {
 					return
