@@ -116,9 +116,14 @@ func (p *Process) runBalancer(ctx context.Context, bl *balancer, log *slog.Logge
 	}()
 	bl.b.SetState(standby)
 	lastErr := ""
-	t := time.NewTicker(p.cfg.Balance.Interval)
+	// A timer set again after each round: a full interval between the
+	// end of a move and the start of the next, however long it took.
+	t := time.NewTimer(p.cfg.Balance.Interval)
 	defer t.Stop()
-	for {
+	for first := true; ; first = false {
+		if !first {
+			t.Reset(p.cfg.Balance.Interval)
+		}
 		select {
 		case <-ctx.Done():
 			return

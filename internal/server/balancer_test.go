@@ -93,7 +93,7 @@ func TestProcessBalancer(t *testing.T) {
 					t.Fatalf("not spread after 30s: %+v", st)
 				}
 			}
-			if st.Last == nil || st.Last.Source != 0 || st.Last.Err != "" || st.Interval != "100ms" {
+			if st.Last == nil || st.Last.Source == st.Last.Target || st.Last.Err != "" || st.Interval != "100ms" {
 				t.Fatalf("balancer status %+v, last move %+v", st, st.Last)
 			}
 			resp, err := http.Get("http://" + p.ControlAddr() + "/metrics")
