@@ -41,10 +41,10 @@ const (
 	holdLine = "balancer-hold: holding before the ingest"
 )
 
-// balancerSpec is a 2-group shm config with keyspace "users" (2 KiB
-// nodes) and a balancer every 200ms.
-func balancerSpec(t *testing.T, what string) spec {
-	s := loopbackSpec(t, what, "shm", 2)
+// balancerSpec is a 2-group config on fabric with keyspace "users" (2
+// KiB nodes) and a balancer every 200ms.
+func balancerSpec(t *testing.T, what, fabric string) spec {
+	s := loopbackSpec(t, what, fabric, 2)
 	s.Extra = "\n[[keyspace]]\nname = \"users\"\nkind = \"ordered\"\nnode_size = \"2KiB\"\n\n[ordered]\nbalance_interval = \"200ms\"\n"
 	return s
 }
@@ -159,12 +159,20 @@ func balancerStatus(c *tcluster, id int64) *client.BalancerStatus {
 // 4096 keys and group 0's leader's process moves one half); the history
 // (every put of the load, the hot keys' puts, gets and scans) is
 // linearizable (porcupine), every acknowledged put is there, and the
-// process hosting group 0's leader shows its move in /status.
+// process hosting group 0's leader shows its move in /status. On shm,
+// and on tcp (loopback: the balancer's client slot listens on the host of
+// group 0's leader).
 func TestBalancerProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs 6 replica processes")
 	}
-	c := newCluster(t, balancerSpec(t, "balancer"))
+	for _, fabric := range []string{"shm", "tcp"} {
+		t.Run(fabric, func(t *testing.T) { balancerProcesses(t, fabric) })
+	}
+}
+
+func balancerProcesses(t *testing.T, fabric string) {
+	c := newCluster(t, balancerSpec(t, "balancer", fabric))
 	c.startAll()
 	c.waitReady(30*time.Second, c.allIDs()...)
 	cl := c.openClient(0)
@@ -278,7 +286,7 @@ func TestBalancerKilledMidMove(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs 6 replica processes")
 	}
-	c := newCluster(t, balancerSpec(t, "balkill"))
+	c := newCluster(t, balancerSpec(t, "balkill", "shm"))
 	arm := filepath.Join(c.dir, "hold")
 	if err := os.WriteFile(arm, nil, 0o644); err != nil {
 		t.Fatal(err)
