@@ -85,6 +85,12 @@ func (p *Process) startBalancer() {
 		close(bl.done)
 		return
 	}
+	if len(m.ClientNodes) < 2 {
+		// It would hold the one slot every other client needs.
+		bl.b.SetState("off: the cluster has one client slot")
+		close(bl.done)
+		return
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	bl.stop = stop
 	go func() {
