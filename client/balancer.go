@@ -25,7 +25,10 @@ import (
 //
 //   - While a tablet is not serving (a move under way, by anyone), the
 //     round moves nothing else. A move this balancer left half done (its
-//     MoveTablet failed) is finished at the next round; a move another
+//     MoveTablet failed) is finished at the next round, or, after
+//     abortAfter failures in a row while its source still holds the
+//     tablet, undone (AbortTabletMove: the source serves it again), and
+//     the balancer then makes no move for pauseRounds rounds; a move another
 //     mover left half done (an operator's kvcli that was stopped, or the
 //     balancer of a process that died) is finished once the tablet has
 //     stayed in the same state for StuckAfter. MoveTablet's steps are
@@ -86,6 +89,8 @@ type BalancerStatus struct {
 	Moves   uint64 `json:"moves"`
 	Resumed uint64 `json:"resumed"`
 	Errors  uint64 `json:"errors"`
+	// Aborted counts its own moves it undid after abortAfter failures.
+	Aborted uint64 `json:"aborted"`
 	// Rounds counts the rounds run.
 	Rounds uint64 `json:"rounds"`
 	// Tablets is the number of tablets of each group at the last round.
@@ -109,8 +114,11 @@ type Balancer struct {
 	busy   busyKey
 	busyAt time.Time
 	// failed: the tablet of this balancer's last move, if it failed (the
-	// next round finishes it at once).
-	failed []byte
+	// next round finishes it at once), and its failures in a row.
+	failed   []byte
+	failures int
+	// pause: rounds left without a new move (after an abort).
+	pause int
 	// applied: each group's highest applied index at the last round
 	// (the load tie-breaker's counters).
 	applied []uint64
@@ -124,7 +132,19 @@ type balancerKnobs struct {
 	// noTakeover: a move another mover left half done is never
 	// finished.
 	noTakeover bool
+	// noAbort: a move of its own that keeps failing is never undone.
+	noAbort bool
 }
+
+// abortAfter is how many times in a row the balancer's move of a tablet
+// may fail before it undoes the move (while the source holds the tablet
+// frozen: writes to it wait until the move ends, so a move that cannot
+// finish, for a target that refuses the ingest, must end the other
+// way), and pauseRounds how many rounds it then makes no move.
+const (
+	abortAfter  = 3
+	pauseRounds = 10
+)
 
 // busyKey identifies a not-serving tablet's state.
 type busyKey struct {
@@ -233,9 +253,17 @@ func (b *Balancer) Round(ctx context.Context, c *Client) error {
 		return b.takeOver(ctx, c, busy[0])
 	}
 	b.mu.Lock()
-	b.busy, b.failed = busyKey{}, nil
+	b.busy, b.failed, b.failures = busyKey{}, nil, 0
+	paused := b.pause > 0
+	if paused {
+		b.pause--
+	}
 	b.mu.Unlock()
 	low, from, to, ok := planBalanceLoad(tbs, groups, b.load(ctx, c))
+	if paused {
+		b.SetState("paused after an aborted move")
+		return nil
+	}
 	if !ok {
 		b.SetState("balanced")
 		return nil
@@ -263,11 +291,15 @@ func (b *Balancer) takeOver(ctx context.Context, c *Client, tb TabletInfo) error
 	now := time.Now()
 	b.mu.Lock()
 	own := b.failed != nil && bytes.Equal(b.failed, tb.Low)
+	failures := b.failures
 	if b.busy != k {
 		b.busy, b.busyAt = k, now
 	}
 	waited := now.Sub(b.busyAt)
 	b.mu.Unlock()
+	if own && failures >= abortAfter && tb.State == "frozen" && !b.knobs.noAbort {
+		return b.abort(ctx, c, tb, failures)
+	}
 	if b.knobs.noTakeover || !own && waited < b.cfg.StuckAfter {
 		b.SetState("waiting")
 		return nil
@@ -277,6 +309,31 @@ func (b *Balancer) takeOver(ctx context.Context, c *Client, tb TabletInfo) error
 			fenceString(c.m, tb.Low), highString(c.m, tb), to, tb.State, waited.Round(time.Millisecond)))
 	}
 	return b.move(ctx, c, tb, src, to, true, nil)
+}
+
+// abort undoes the balancer's own move of tablet tb (frozen at its
+// source) after failures failed attempts.
+func (b *Balancer) abort(ctx context.Context, c *Client, tb TabletInfo, failures int) error {
+	b.SetState("moving")
+	mctx, cancel := context.WithTimeout(ctx, b.cfg.MoveTimeout)
+	defer cancel()
+	err := c.AbortTabletMove(mctx, tb.Low)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.busy = busyKey{}
+	if err != nil {
+		b.st.State, b.st.LastError, b.st.LastErrorAt = "error", err.Error(), time.Now()
+		b.st.Errors++
+		b.cfg.Log.Warn(fmt.Sprintf("balancer: undoing the move of tablet [%s, %s) to group %d failed (the next round tries again): %v",
+			fenceString(c.m, tb.Low), highString(c.m, tb), tb.To, err))
+		return err
+	}
+	b.failed, b.failures, b.pause = nil, 0, pauseRounds
+	b.st.Aborted++
+	b.st.State = "paused after an aborted move"
+	b.cfg.Log.Warn(fmt.Sprintf("balancer: undid the move of tablet [%s, %s) from group %d to group %d after %d failed attempts (group %d serves it again; no move for %d rounds)",
+		fenceString(c.m, tb.Low), highString(c.m, tb), tb.Group, tb.To, failures, tb.Group, pauseRounds))
+	return nil
 }
 
 // move moves tablet tb from group from to group to (or finishes that
@@ -298,11 +355,15 @@ func (b *Balancer) move(ctx context.Context, c *Client, tb TabletInfo, from, to 
 	b.busy = busyKey{}
 	if err != nil {
 		mv.Err = err.Error()
-		b.failed = bytes.Clone(tb.Low)
+		if bytes.Equal(b.failed, tb.Low) {
+			b.failures++
+		} else {
+			b.failed, b.failures = bytes.Clone(tb.Low), 1
+		}
 		b.st.State, b.st.LastError, b.st.LastErrorAt = "error", err.Error(), time.Now()
 		b.st.Errors++
 	} else {
-		b.failed = nil
+		b.failed, b.failures = nil, 0
 		b.st.Moves++
 		if resumed {
 			b.st.Resumed++

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -373,5 +374,81 @@ func TestKeyspaceDirGapDuringMove(t *testing.T) {
 	}
 	if v, err := rc.Keyspace("users").Get(ctx, []byte("b")); err != nil || string(v) != "2" {
 		t.Fatalf("get b: %q %v", v, err)
+	}
+}
+
+// TestBalancerAbortsFailingMove: the balancer's move fails after the
+// freeze every time (its round's context ends before the ingest, as a
+// target refusing the ingest would fail it). The next rounds try to
+// finish it, and after 3 failures in a row the balancer undoes it: the
+// tablet serves at its source again (writes to it go through), every
+// key is there, and the balancer makes no move for the next rounds.
+// Planted noAbort (it never undoes its move) leaves the tablet frozen
+// round after round, and the test catches it.
+func TestBalancerAbortsFailingMove(t *testing.T) {
+	for _, plant := range []string{"none", "noAbort"} {
+		t.Run(plant, func(t *testing.T) { balancerAbortsFailingMove(t, plant) })
+	}
+}
+
+func balancerAbortsFailingMove(t *testing.T, plant string) {
+	lc, _ := balancerCluster(t, "balabort"+plant)
+	bc := open(t, lc, 2)
+	var mu sync.Mutex
+	var cancelRound context.CancelFunc
+	ingests := 0
+	b := client.NewBalancer(client.BalancerConfig{StuckAfter: time.Hour, BeforeStep: func(step string) {
+		if step == "ingest" {
+			mu.Lock()
+			ingests++
+			cancelRound()
+			mu.Unlock()
+		}
+	}})
+	round := func() error {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		mu.Lock()
+		cancelRound = cancel
+		mu.Unlock()
+		return b.Round(ctx, bc)
+	}
+	if plant == "noAbort" {
+		client.PlantBalancerNoAbort(b)
+	}
+	for r := 0; b.Status().Aborted == 0; r++ {
+		if r > 20 {
+			tbs, _ := tabletsOf(t, bc)
+			if plant == "noAbort" {
+				t.Logf("planted noAbort caught: no abort after %d rounds, %d ingests tried, tablets %+v", r, ingests, tbs)
+				return
+			}
+			t.Fatalf("no abort after %d rounds: %+v, tablets %+v", r, b.Status(), tbs)
+		}
+		round()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if plant != "none" {
+		t.Fatalf("the planted %s was not caught", plant)
+	}
+	st := b.Status()
+	if ingests != 3 || st.Moves != 0 || st.Errors < 3 || st.State != "paused after an aborted move" {
+		t.Fatalf("after the abort: %d ingests tried, status %+v", ingests, st)
+	}
+	waitCounts(t, bc, []int{3, 0, 0})
+	tbs, _ := tabletsOf(t, bc)
+	for _, tb := range tbs {
+		if tb.State != "serving" {
+			t.Fatalf("after the abort: %+v", tbs)
+		}
+	}
+	checkAll(t, bc)
+	if _, err := bc.Keyspace("users").Put(context.Background(), []byte("k0299"), []byte("v299")); err != nil {
+		t.Fatalf("a write to the tablet after the abort: %v", err)
+	}
+	for r := range 5 {
+		if err := round(); err != nil || b.Status().Moves != 0 || ingests != 3 {
+			t.Fatalf("round %d after the abort: %v, %d ingests, %+v", r, err, ingests, b.Status())
+		}
 	}
 }

@@ -12,3 +12,7 @@ func PlantBalancerNoTakeover(b *Balancer) { b.knobs.noTakeover = true }
 // PlanBalanceLoad is the balancer's rule with the groups' loads as the
 // tie-breaker.
 var PlanBalanceLoad = planBalanceLoad
+
+// PlantBalancerNoAbort plants a bug in b: a move of its own that keeps
+// failing is never undone.
+func PlantBalancerNoAbort(b *Balancer) { b.knobs.noAbort = true }

@@ -198,6 +198,7 @@ func (p *Process) BalancerStatus() *client.BalancerStatus {
 var (
 	dBalMoves   = prometheus.NewDesc("rdmakv_balancer_moves_total", "Tablet moves the process's balancer completed (resumed ones included).", nil, nil)
 	dBalResumed = prometheus.NewDesc("rdmakv_balancer_resumed_total", "Half-done tablet moves (another mover's, or its own failed ones) the process's balancer finished.", nil, nil)
+	dBalAborted = prometheus.NewDesc("rdmakv_balancer_aborted_total", "Moves of its own the process's balancer undid after they failed 3 times in a row.", nil, nil)
 	dBalErrors  = prometheus.NewDesc("rdmakv_balancer_errors_total", "Balancer rounds that failed (a move that failed, tablets not readable, no client).", nil, nil)
 	dBalActive  = prometheus.NewDesc("rdmakv_balancer_active", "1 while the process's balancer runs rounds (it hosts group 0's leader), else 0.", nil, nil)
 	dBalMoving  = prometheus.NewDesc("rdmakv_balancer_moving", "1 while the process's balancer moves a tablet.", nil, nil)
@@ -208,7 +209,7 @@ var (
 type balancerCollector struct{ p *Process }
 
 func (c balancerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dBalMoves, dBalResumed, dBalErrors, dBalActive, dBalMoving, dBalTablets} {
+	for _, d := range []*prometheus.Desc{dBalMoves, dBalResumed, dBalAborted, dBalErrors, dBalActive, dBalMoving, dBalTablets} {
 		ch <- d
 	}
 }
@@ -221,6 +222,7 @@ func (c balancerCollector) Collect(ch chan<- prometheus.Metric) {
 	st := bl.b.Status()
 	ch <- prometheus.MustNewConstMetric(dBalMoves, prometheus.CounterValue, float64(st.Moves))
 	ch <- prometheus.MustNewConstMetric(dBalResumed, prometheus.CounterValue, float64(st.Resumed))
+	ch <- prometheus.MustNewConstMetric(dBalAborted, prometheus.CounterValue, float64(st.Aborted))
 	ch <- prometheus.MustNewConstMetric(dBalErrors, prometheus.CounterValue, float64(st.Errors))
 	ch <- prometheus.MustNewConstMetric(dBalActive, prometheus.GaugeValue, b2f(bl.active.Load() && !strings.HasPrefix(st.State, "off")))
 	ch <- prometheus.MustNewConstMetric(dBalMoving, prometheus.GaugeValue, b2f(st.State == "moving"))
