@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
 )
@@ -317,7 +318,7 @@ func (b *Balancer) abort(ctx context.Context, c *Client, tb TabletInfo, failures
 	b.SetState("moving")
 	mctx, cancel := context.WithTimeout(ctx, b.cfg.MoveTimeout)
 	defer cancel()
-	err := c.AbortTabletMove(mctx, tb.Low)
+	err := c.undoMove(mctx, tb.Low)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.busy = busyKey{}
@@ -334,6 +335,60 @@ func (b *Balancer) abort(ctx context.Context, c *Client, tb TabletInfo, failures
 	b.cfg.Log.Warn(fmt.Sprintf("balancer: undid the move of tablet [%s, %s) from group %d to group %d after %d failed attempts (group %d serves it again; no move for %d rounds)",
 		fenceString(c.m, tb.Low), highString(c.m, tb), tb.Group, tb.To, failures, tb.Group, pauseRounds))
 	return nil
+}
+
+// undoMove undoes the move of the tablet whose low fence is low while
+// its source holds it frozen, in an order safe against a directory read
+// from replicas behind their groups (AbortTabletMove, for an operator
+// who saw the tablet frozen, tells the target first):
+//
+//  1. abort at the source: if it still holds the tablet frozen for this
+//     move, it serves it again, and a drop of this move sent later (a
+//     late retry of the failed mover's) is refused; if it dropped the
+//     tablet already, nothing changes;
+//  2. a linearizable read of the tablet's range at the source, checked
+//     against the ownership version of the directory that showed the
+//     tablet frozen there: it succeeds only if the source never dropped
+//     the tablet (a drop changes that version), so the source holds
+//     every pair and the target's copy is not the only one;
+//  3. abort at the target: it forgets what it took in.
+//
+// If 2 fails the target keeps the tablet, and the move is left to be
+// finished (the next round sees a tablet installing).
+func (c *Client) undoMove(ctx context.Context, low []byte) error {
+	d, err := c.freshDir(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range d.Tablets() {
+		if !bytes.Equal(p.Low, low) {
+			continue
+		}
+		if p.State != btree.TabletFrozen {
+			return fmt.Errorf("rdmakv: tablet %q is not being moved", low)
+		}
+		if d.OwnVersion(p.Group) == 0 {
+			return fmt.Errorf("rdmakv: group %d's ownership version is unknown: the move of tablet %q is not undone", p.Group, low)
+		}
+		tb := btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}
+		ct := &btree.Ctl{Cmd: btree.CtlAbort, To: p.To, Gen: p.Gen + 1, Tablet: tb}
+		if err := c.step(ctx, p.Group, ct, "abort"); err != nil {
+			return err
+		}
+		k, err := c.anyKeyspace()
+		if err != nil {
+			return err
+		}
+		var hi []byte
+		if !tb.HighInf {
+			hi = tb.High
+		}
+		if _, err := k.movePage(ctx, d, p.Group, tb.Low, hi); err != nil && !c.ord.undoUnchecked {
+			return fmt.Errorf("rdmakv: tablet move: group %d may have dropped tablet %q (its ownership changed), so group %d keeps what it took in: %w", p.Group, low, p.To, err)
+		}
+		return c.step(ctx, p.To, ct, "abort")
+	}
+	return fmt.Errorf("rdmakv: no frozen tablet starts at %q", low)
 }
 
 // move moves tablet tb from group from to group to (or finishes that

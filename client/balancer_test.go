@@ -452,3 +452,89 @@ func balancerAbortsFailingMove(t *testing.T, plant string) {
 		}
 	}
 }
+
+// TestBalancerUndoAfterDrop: the balancer undoes a move only while the
+// source holds the tablet. Here its directory is read from a replica of
+// the source that stopped (paused) after the freeze, so it shows the
+// tablet frozen although the source's leader already dropped it and the
+// target holds the only copy (installing). undoMove refuses: the
+// source's ownership changed, so the target keeps the tablet; the move
+// then completes and every key is there; so does AbortTabletMove (an
+// operator's kvcli abort-move, which told the target first and lost the
+// keys). The planted undoUnchecked
+// (the target forgets the tablet without the check) loses the keys, and
+// the test catches it.
+func TestBalancerUndoAfterDrop(t *testing.T) {
+	for _, plant := range []string{"none", "undoUnchecked", "operator"} {
+		t.Run(plant, func(t *testing.T) {
+			lc := startLocal(t, orderedMap("balundo"+plant, 2))
+			ctx := context.Background()
+			op := open(t, lc, 0)
+			ks := op.Keyspace("users")
+			for i := range 100 {
+				if _, err := ks.Put(ctx, fmt.Appendf(nil, "k%04d", i), fmt.Appendf(nil, "v%d", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f := (lc.Leader(0) + 1) % 3 // a follower of group 0
+			bc := open(t, lc, 1, client.WithNearReplica(f))
+			if plant == "undoUnchecked" {
+				client.PlantUndoUnchecked(bc)
+			}
+			atActivate, release := make(chan struct{}), make(chan struct{})
+			paused := false
+			client.SetMoveHook(op, func(step string) {
+				switch step {
+				case "drop":
+					// Replica f of group 0 has the freeze, not the drop.
+					for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+						tbs, err := bc.Tablets(ctx)
+						if err == nil && len(tbs) > 0 && tbs[0].State == "frozen" {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Errorf("replica %d of group 0 does not show the freeze: %+v %v", f, tbs, err)
+							break
+						}
+					}
+					lc.Pause(0, f)
+					paused = true
+				case "activate":
+					close(atActivate)
+					<-release
+				}
+			})
+			done := make(chan error, 1)
+			go func() { done <- op.MoveTablet(ctx, []byte{}, 1) }()
+			<-atActivate
+			var err error
+			if plant == "operator" {
+				// kvcli abort-move: the same undoing.
+				err = bc.AbortTabletMove(ctx, []byte{})
+			} else {
+				err = client.UndoMove(bc, ctx, []byte{})
+			}
+			t.Logf("undo with the source dropped: %v", err)
+			lc.Resume(0, f)
+			close(release)
+			merr := <-done
+			if !paused {
+				t.Fatal("replica f was not paused")
+			}
+			n := 0
+			for _, e := range op.Keyspace("users").Scan(ctx, nil, nil) {
+				if e == nil {
+					n++
+				}
+			}
+			switch {
+			case plant != "undoUnchecked" && (err == nil || merr != nil || n != 100):
+				t.Fatalf("undo: %v; the move: %v; %d keys, want 100", err, merr, n)
+			case plant == "undoUnchecked" && n == 100:
+				t.Fatalf("the planted %s was not caught: %d keys", plant, n)
+			case plant == "undoUnchecked":
+				t.Logf("planted %s caught: %d of 100 keys left (the move: %v)", plant, n, merr)
+			}
+		})
+	}
+}

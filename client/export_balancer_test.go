@@ -1,5 +1,7 @@
 package client
 
+import "context"
+
 // PlantBalancerIgnoreBusy plants a bug in b: a round plans from the
 // serving tablets alone, so it starts a move while another tablet is
 // frozen or installing.
@@ -16,3 +18,10 @@ var PlanBalanceLoad = planBalanceLoad
 // PlantBalancerNoAbort plants a bug in b: a move of its own that keeps
 // failing is never undone.
 func PlantBalancerNoAbort(b *Balancer) { b.knobs.noAbort = true }
+
+// UndoMove is the balancer's undoing of a move (undoMove).
+func UndoMove(c *Client, ctx context.Context, low []byte) error { return c.undoMove(ctx, low) }
+
+// PlantUndoUnchecked plants a bug in c's undoMove: the target forgets the
+// tablet without the check that the source never dropped it.
+func PlantUndoUnchecked(c *Client) { c.ord.undoUnchecked = true }

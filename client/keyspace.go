@@ -101,6 +101,10 @@ type ordered struct {
 	// activateFirst plants a bug in the client's tablet moves: the
 	// target serves the tablet before the source drops it.
 	activateFirst bool
+	// undoUnchecked plants a bug in the balancer's undoing of a move
+	// (undoMove): the target forgets the tablet even if the source's
+	// ownership changed (it dropped the tablet).
+	undoUnchecked bool
 	// What the one-sided reads that answered did (Client.Stats): gets and
 	// scan pages, their node reads and their lists of reads (round trips).
 	gets, getReads, getLists    atomic.Uint64

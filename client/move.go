@@ -293,27 +293,18 @@ func (k *Keyspace) movePage(ctx context.Context, d *btree.Directory, g uint32, l
 }
 
 // AbortTabletMove undoes the move of the tablet whose low fence is low,
-// while its source still holds it frozen: the target forgets what it
-// took in, and the source serves the tablet's writes again.
+// while its source still holds it frozen: the source serves the
+// tablet's writes again, and the target forgets what it took in. The
+// target forgets it only once a linearizable read of the source shows
+// that the source never dropped the tablet (undoMove): a directory read
+// from a replica behind the source could show the tablet frozen after
+// the source dropped it, and the target's copy is then the only one
+// (the move is finished with MoveTablet instead).
 func (c *Client) AbortTabletMove(ctx context.Context, low []byte) error {
-	d, err := c.freshDir(ctx)
-	if err != nil {
-		return err
+	if err := c.undoMove(ctx, low); err != nil {
+		return fmt.Errorf("%w (a move past its drop is finished with MoveTablet)", err)
 	}
-	for _, p := range d.Tablets() {
-		if !bytes.Equal(p.Low, low) {
-			continue
-		}
-		if p.State != btree.TabletFrozen {
-			return fmt.Errorf("rdmakv: tablet %q is not being moved", low)
-		}
-		ct := &btree.Ctl{Cmd: btree.CtlAbort, To: p.To, Gen: p.Gen + 1, Tablet: btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}}
-		if err := c.step(ctx, p.To, ct, "abort"); err != nil {
-			return err
-		}
-		return c.step(ctx, p.Group, ct, "abort")
-	}
-	return fmt.Errorf("rdmakv: no frozen tablet starts at %q (a move past its drop is finished with MoveTablet)", low)
+	return nil
 }
 
 // PlanBalance is the balancing rule: given the tablets (as Tablets
