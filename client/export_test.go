@@ -59,3 +59,9 @@ func SetMoveHook(c *Client, f func(step string)) { c.ord.moveHook = f }
 // PlantActivateFirst plants a bug in c's tablet moves: the target is
 // activated before the source drops the tablet.
 func PlantActivateFirst(c *Client) { c.ord.activateFirst = true }
+
+// NearTablets is Tablets read from c's near replicas (stale-ok): what
+// they have applied.
+func NearTablets(c *Client, ctx context.Context) ([]TabletInfo, error) {
+	return c.tablets(ctx, kv.StaleOK)
+}

@@ -101,6 +101,10 @@ type ordered struct {
 	// activateFirst plants a bug in the client's tablet moves: the
 	// target serves the tablet before the source drops it.
 	activateFirst bool
+	// undoUnchecked plants a bug in the balancer's undoing of a move
+	// (undoMove): the target forgets the tablet even if the source's
+	// ownership changed (it dropped the tablet).
+	undoUnchecked bool
 	// What the one-sided reads that answered did (Client.Stats): gets and
 	// scan pages, their node reads and their lists of reads (round trips).
 	gets, getReads, getLists    atomic.Uint64
@@ -289,16 +293,40 @@ func (k *Keyspace) route(ctx context.Context, ik []byte) (uint32, *btree.Directo
 		return *k.force, d, nil
 	}
 	g, err := d.Route(ik)
-	for _, mode := range []kv.Consistency{kv.StaleOK, kv.Linearizable} {
-		if !errors.Is(err, btree.ErrDirGap) {
-			break
+	// A gap is read again at once (stale-ok, as routing reads), then
+	// linearizably after waits: the groups' tablets are read from
+	// replicas that may be at different points of a tablet move (the
+	// source's past its drop, the target's before the step its leader
+	// acknowledged), a gap that closes as they catch up or that the
+	// leaders' tablets do not have. One that stays (gapWaits) is the
+	// error.
+	for waits := 0; errors.Is(err, btree.ErrDirGap) && waits <= gapWaits; waits++ {
+		if waits > 0 {
+			if werr := k.moveWait(ctx, time.Time{}, waits-1, err); werr != nil {
+				return 0, nil, werr
+			}
 		}
-		if d, err = k.refreshDirMode(ctx, d, mode); err != nil {
+		if d, err = k.refreshDirMode(ctx, d, gapMode(waits)); err != nil {
 			return 0, nil, err
 		}
 		g, err = d.Route(ik)
 	}
 	return g, d, err
+}
+
+// gapWaits bounds the waits (moveWait's, about a second in all) for a
+// gap in the directory to close.
+const gapWaits = 50
+
+// gapMode is the consistency of the n-th re-read of the directory for a
+// gap: the first stale-ok, as routing reads; later ones linearizable (a
+// near replica that has not applied a move's last step shows the moved
+// tablet in neither group, and may stay behind while paused).
+func gapMode(n int) kv.Consistency {
+	if n == 0 {
+		return kv.StaleOK
+	}
+	return kv.Linearizable
 }
 
 func (k *Keyspace) checkKey(key []byte) error {
@@ -583,8 +611,8 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 		}
 		lo, hi := k.ks.Range(start, end)
 		left := o.limit
-		refreshed := 0 // the directory's re-reads at this piece
-		moves := 0     // retries of this piece for a move (moveWait)
+		gaps := 0  // the directory was read again for a gap at this piece
+		moves := 0 // retries of this piece for a move (moveWait)
 		var moveDeadline time.Time
 		for {
 			d, err := k.directory(ctx)
@@ -598,12 +626,16 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 			// linearizably, as route does), then an error (never
 			// skipped).
 			g, plo, phi, last, err := d.Piece(lo, hi, o.reverse)
-			if errors.Is(err, btree.ErrDirGap) && refreshed < 2 {
-				mode := kv.StaleOK
-				if refreshed == 1 {
-					mode = kv.Linearizable
+			if errors.Is(err, btree.ErrDirGap) && gaps <= gapWaits {
+				// Read again at once, then after waits (route).
+				if gaps > 0 {
+					if werr := k.moveWait(ctx, time.Time{}, gaps-1, err); werr != nil {
+						yield(KV{}, werr)
+						return
+					}
 				}
-				refreshed++
+				mode := gapMode(gaps)
+				gaps++
 				if _, err := k.refreshDirMode(ctx, d, mode); err != nil {
 					yield(KV{}, err)
 					return
@@ -647,7 +679,7 @@ func (k *Keyspace) Scan(ctx context.Context, start, end []byte, opts ...ScanOpti
 				yield(KV{}, err)
 				return
 			}
-			refreshed, moves, moveDeadline = 0, 0, time.Time{}
+			gaps, moves, moveDeadline = 0, 0, time.Time{}
 			for _, p := range pairs {
 				if !yield(p, nil) {
 					return

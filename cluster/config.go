@@ -90,6 +90,9 @@ type Config struct {
 	Slots []SlotRange `toml:"slots"`
 	// Keyspaces declare named ordered keyspaces ([[keyspace]]).
 	Keyspaces []KeyspaceConfig `toml:"keyspace"`
+	// Ordered tunes what the cluster does with the ordered keyspaces'
+	// tablets by itself ([ordered]).
+	Ordered OrderedConfig `toml:"ordered"`
 
 	// Path is the file the config was read from ("" if parsed from
 	// bytes with no name).
@@ -105,6 +108,37 @@ type SnapshotConfig struct {
 	LogBytes string `toml:"log_bytes"`
 	// LogBytesN is LogBytes in bytes (0: the default).
 	LogBytesN int64 `toml:"-"`
+}
+
+// OrderedConfig is the [ordered] section.
+type OrderedConfig struct {
+	// BalanceInterval is the pause between the rounds of the tablet
+	// balancer (docs/btree.md, "Who decides"), each of which moves at
+	// most one tablet; "0" turns the balancer off. Absent:
+	// DefaultBalanceInterval.
+	BalanceInterval *Duration `toml:"balance_interval"`
+}
+
+// DefaultBalanceInterval is [ordered] balance_interval's default (and
+// the embedded cluster's --balance-interval).
+const DefaultBalanceInterval = 5 * time.Second
+
+// BalanceInterval is the tablet balancer's interval: [ordered]
+// balance_interval, DefaultBalanceInterval if absent, 0 if off.
+func (c *Config) BalanceInterval() time.Duration {
+	if c.Ordered.BalanceInterval == nil {
+		return DefaultBalanceInterval
+	}
+	return time.Duration(*c.Ordered.BalanceInterval)
+}
+
+// CheckBalanceInterval validates a balancer interval: 0 (off), or 100ms
+// to 24h.
+func CheckBalanceInterval(d time.Duration) error {
+	if d != 0 && (d < 100*time.Millisecond || d > 24*time.Hour) {
+		return fmt.Errorf("%v: want 0 (no balancer) or 100ms to 24h", d)
+	}
+	return nil
 }
 
 // Durability modes (Config.Durability).
@@ -462,6 +496,9 @@ func (v *validator) validate() error {
 	}
 	if err := v.timing(); err != nil {
 		return err
+	}
+	if err := CheckBalanceInterval(c.BalanceInterval()); err != nil {
+		return v.fail("ordered.balance_interval", "%v", err)
 	}
 	if err := v.durability(); err != nil {
 		return err

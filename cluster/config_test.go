@@ -222,6 +222,12 @@ func TestConfigErrors(t *testing.T) {
 		{"both secrets", ex(`secret_file = "secret"`, `secret_file = "secret"
 secret = "0123456789abcdefgh"`), "secret_file", "not both", 0, `secret_file = "secret"`},
 		{"bad duration", ex(`heartbeat = "10ms"`, `heartbeat = "10"`), "timing.heartbeat", "unit", 0, `heartbeat = "10"`},
+		{"balance interval", ex(`# [ordered]
+# balance_interval = "5s"`, `[ordered]
+balance_interval = "10ms"`), "ordered.balance_interval", "want 0 (no balancer)", 0, `balance_interval = "10ms"`},
+		{"balance interval unit", ex(`# [ordered]
+# balance_interval = "5s"`, `[ordered]
+balance_interval = "5"`), "ordered.balance_interval", "unit", 0, `balance_interval = "5"`},
 		{"election too short", ex(`election_timeout = "150ms"`, `election_timeout = "20ms"`), "timing.election_timeout", "4 heartbeats", 0, `election_timeout = "20ms"`},
 		{"huge value limit", ex(`max_value = 1048576`, `max_value = 1099511627776`), "limits.max_value", "want 0 to", 0, `max_value = 1099511627776`},
 		{"slot size", ex(`slot_size = 4096`, `slot_size = 100`), "limits.slot_size", "multiple of 8", 0, `slot_size = 100`},
@@ -385,4 +391,27 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestConfigBalanceInterval: [ordered] balance_interval defaults to
+// DefaultBalanceInterval when absent, "0" turns the balancer off, and a
+// duration is taken as given.
+func TestConfigBalanceInterval(t *testing.T) {
+	path := filepath.Join(exampleDir(t), "cluster.toml")
+	for _, tc := range []struct {
+		doc  string
+		want time.Duration
+	}{
+		{ExampleConfig, DefaultBalanceInterval},
+		{strings.Replace(ExampleConfig, "# [ordered]\n# balance_interval = \"5s\"", "[ordered]\nbalance_interval = \"0\"", 1), 0},
+		{strings.Replace(ExampleConfig, "# [ordered]\n# balance_interval = \"5s\"", "[ordered]\nbalance_interval = \"2m\"", 1), 2 * time.Minute},
+	} {
+		c, err := ParseConfig([]byte(tc.doc), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.BalanceInterval(); got != tc.want {
+			t.Errorf("balance interval %v, want %v", got, tc.want)
+		}
+	}
 }

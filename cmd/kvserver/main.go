@@ -141,6 +141,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", "", "where the replicas keep their data (default $XDG_STATE_HOME/rdmakv/<name>, else ~/.local/state/rdmakv/<name>)")
 	durability := fs.String("durability", defaultDurability, "what the replicas keep on disk: async (synced at least every 10ms: a power cut or kill -9 loses at most the last 10ms of writes, Ctrl-C nothing), sync (a write is acknowledged once a majority of its group synced it) or memory (nothing: the data is gone when kvserver stops)")
 	memory := fs.Bool("memory", false, "keep nothing on disk (--durability memory): the data is gone when kvserver stops")
+	balance := fs.Duration("balance-interval", cluster.DefaultBalanceInterval, "the tablet balancer's pause between moves of the ordered keyspace's tablets (each round moves at most one, from the group with the most to the one with the fewest); 0: no balancer (kvcli balance moves them)")
 	snapLog := fs.String("snapshot-log-bytes", "", "sync and async: how much log (bytes of synced batches, e.g. 64MiB: 1MiB to 1024MiB) a replica writes before it takes a disk snapshot and drops the log behind it (default 64MiB, as [snapshot] log_bytes in a config)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -170,9 +171,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver: --heartbeat %v --election-timeout %v: want a positive heartbeat and an election timeout of at least 4 heartbeats\n", *heartbeat, *election)
 		return 2
 	}
+	if err := cluster.CheckBalanceInterval(*balance); err != nil {
+		fmt.Fprintf(stderr, "kvserver: --balance-interval %v\n", err)
+		return 2
+	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
-	eo := embedOpts{control: *control, pprof: *pprofOn, log: log}
+	eo := embedOpts{control: *control, pprof: *pprofOn, log: log, balance: *balance, logLevel: *logLevel, stderr: stderr}
 	if *memory {
 		if explicit["durability"] && *durability != "memory" {
 			fmt.Fprintf(stderr, "kvserver: --memory and --durability %s: give one\n", *durability)
@@ -275,6 +280,11 @@ type embedOpts struct {
 	log     *slog.Logger
 	durable server.DurableConfig
 	dataDir string // "" in memory mode
+	// balance is the tablet balancer's interval (0: none); its lines go
+	// to stderr at info unless the log level is error.
+	balance  time.Duration
+	logLevel string
+	stderr   io.Writer
 }
 
 func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, stdout, stderr io.Writer) error {
@@ -312,7 +322,13 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
 		}
 	}
-	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable}
+	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable,
+		Balance: server.BalanceConfig{Interval: eo.balance}}
+	if eo.logLevel == "warn" && eo.stderr != nil {
+		// The default level hides info lines; the balancer's moves (a
+		// line each, rare) are shown anyway.
+		pc.Balance.Log = slog.New(slog.NewTextHandler(eo.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	dataLine := "in memory only (--memory): nothing is kept when kvserver stops"
 	if eo.dataDir != "" {
 		unlock, err := server.UseDataDir(&pc, eo.dataDir)

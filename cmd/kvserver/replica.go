@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -235,6 +236,41 @@ func runCheck(cmd string, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "  keyspace %q: %s (id %d), nodes of %d bytes, keys up to %d bytes, values up to %d, %d tablets in groups %v\n",
 				ks.Name, ks.Kind, ks.ID, tc.NodeSize, m.OrderedMaxKey(), m.OrderedMaxValue(), len(ks.Splits)+1, m.OrderedGroups())
 		}
+		for _, l := range balancerLines(cfg, m) {
+			fmt.Fprintln(stdout, "  "+l)
+		}
 	}
 	return 0
+}
+
+// balancerLines is what check says of the tablet balancer: its interval,
+// and on tcp each host of group 0's replicas where no client slot
+// listens (the balancer runs in the process of group 0's leader, on a
+// client slot of its host).
+func balancerLines(cfg *cluster.Config, m *cluster.Map) []string {
+	if len(m.Groups) < 2 {
+		return nil
+	}
+	d := cfg.BalanceInterval()
+	if d == 0 {
+		return []string{"tablet balancer: off ([ordered] balance_interval = \"0\"): tablets move when an operator asks (kvcli balance)"}
+	}
+	out := []string{fmt.Sprintf("tablet balancer: a move at most every %v, by the process hosting group 0's leader", d)}
+	if m.Fabric != "tcp" {
+		return out
+	}
+	hosts := map[string]bool{}
+	for _, id := range m.ClientNodes {
+		if h, _, err := net.SplitHostPort(m.Addrs[id]); err == nil {
+			hosts[h] = true
+		}
+	}
+	for _, id := range m.Groups[0] {
+		h, _, err := net.SplitHostPort(m.Addrs[id])
+		if err == nil && !hosts[h] {
+			out = append(out, fmt.Sprintf("warning: no client slot listens on %s (replica %d of group 0): the tablet balancer cannot run there while it leads (add a [[clients]] block with count = 1 listening on %s)", h, id, h))
+			hosts[h] = true // once per host
+		}
+	}
+	return out
 }

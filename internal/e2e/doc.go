@@ -41,6 +41,11 @@
 //   - TestWholeGroupRestart: a group whose every replica stopped does not
 //     come back on its own, and starts over once its data dirs are
 //     removed (the procedure docs/deploy.md gives).
+//   - TestBalancerProcesses (shm, tcp), TestBalancerKilledMidMove: the
+//     tablet balancer of the process hosting group 0's leader spreads an
+//     ordered load over the groups with no kvcli call (porcupine-checked
+//     history), and the next leader's process finishes a move whose
+//     balancer was killed with -9 after the freeze.
 //
 // Set RDMAKV_E2E_RACE_SERVER=1 to build kvserver with -race as well.
 //

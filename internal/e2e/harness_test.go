@@ -333,6 +333,9 @@ func newCluster(t *testing.T, s spec) *tcluster {
 	c := &tcluster{t: t, bin: kvserverBin(t), dir: t.TempDir(), spec: s, procs: map[int64]*proc{}, t0: time.Now()}
 	c.path = filepath.Join(c.dir, "cluster.toml")
 	c.hc = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: c.dial}}
+	// After the processes are killed: the client slot lock file a
+	// replica process's tablet balancer held (shm) stays behind a kill.
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(os.TempDir(), "rdmakv-slots", s.Name)) })
 	t.Cleanup(c.cleanup)
 	c.writeConfig()
 	return c

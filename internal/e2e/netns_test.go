@@ -190,6 +190,8 @@ func runHelper(name string) int {
 		return netnsClient(os.Stdin, os.Stdout)
 	case helperReplica:
 		return runFaultyReplica()
+	case helperBalancer:
+		return runBalancerReplica()
 	}
 	fmt.Fprintf(os.Stderr, "e2e helper: unknown helper %q\n", name)
 	return 2

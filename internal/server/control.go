@@ -15,9 +15,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -53,6 +55,10 @@ type ProcessStatus struct {
 	// Runtime is what the Go runtime's pauses and scheduling did to the
 	// process's goroutines in the last 1 to 2 seconds.
 	Runtime RuntimeStatus `json:"runtime"`
+	// Balancer is the process's tablet balancer's state (absent: the
+	// process runs none: no ordered keyspace, one group, or no replica
+	// of group 0 here).
+	Balancer *client.BalancerStatus `json:"balancer,omitempty"`
 }
 
 // StartControl listens on addr and serves the control port of the
@@ -85,6 +91,10 @@ type ControlOptions struct {
 	Secret []byte
 
 	backups *backups // GET and DELETE /backup/<id> (StartProcess sets it)
+	// balancer, if set, is the process's tablet balancer's state
+	// (/status), and collector its metrics (StartProcess sets them).
+	balancer  func() *client.BalancerStatus
+	collector prometheus.Collector
 }
 
 // ServeControl serves the control port on ln (see StartControl).
@@ -104,6 +114,9 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 		}
 		ps.Pollers = pollerStatus(reps)
 		ps.Runtime = runtimeWindows.status()
+		if o.balancer != nil {
+			ps.Balancer = o.balancer()
+		}
 		return ps
 	}
 	writeJSON := func(w http.ResponseWriter, code int, v any) {
@@ -135,7 +148,11 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 	})
 	mux.HandleFunc("GET /backup/{id}", func(w http.ResponseWriter, r *http.Request) { serveBackup(w, r, o.backups, o.Secret) })
 	mux.HandleFunc("DELETE /backup/{id}", func(w http.ResponseWriter, r *http.Request) { serveBackup(w, r, o.backups, o.Secret) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(NewRegistry(reps), promhttp.HandlerOpts{}))
+	reg := NewRegistry(reps)
+	if o.collector != nil {
+		reg.MustRegister(o.collector)
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

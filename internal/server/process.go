@@ -74,6 +74,10 @@ type ProcessConfig struct {
 	// FS is the file system the durable state is on (nil: vfs.OS; tests
 	// inject faults with errorfs).
 	FS vfs.FS
+	// Balance is the tablet balancer's configuration (balancer.go):
+	// with an ordered keyspace and several groups, a process hosting a
+	// replica of group 0 runs one, which acts while that replica leads.
+	Balance BalanceConfig
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
 }
@@ -94,6 +98,8 @@ type Process struct {
 	control *Control
 	all     []*Replica // every replica started, in map order, for the control port
 	backups *backups   // backup files of the replicas (backup.go)
+	// balancer is the tablet balancer (balancer.go); nil: none.
+	balancer *balancer
 
 	mu      sync.Mutex
 	failed  chan error  // a replica stopped on a disk error (fail-stop)
@@ -201,8 +207,10 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 		wg.Go(func() { p.watchDisks(ctx) })
 	}
 	go finished()
+	p.startBalancer()
 	if cfg.Control != nil {
-		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret, backups: p.backups}, cfg.Log)
+		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret, backups: p.backups,
+			balancer: p.BalancerStatus, collector: balancerCollector{p}}, cfg.Log)
 	}
 	return p, nil
 }
@@ -534,6 +542,7 @@ func (p *Process) Close() {
 	}
 	p.closed = true
 	p.mu.Unlock()
+	p.stopBalancer()
 	if p.control != nil {
 		p.control.Close()
 	}

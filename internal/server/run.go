@@ -45,6 +45,10 @@ type Options struct {
 	// running a replica in a child process inject disk faults with it
 	// (internal/e2e TestDiskErrorsInProcess); kvserver has no such flag.
 	FS vfs.FS
+	// BalancerStuckAfter and BalancerBeforeStep, if set (tests), are the
+	// tablet balancer's StuckAfter and BeforeStep (BalanceConfig).
+	BalancerStuckAfter time.Duration
+	BalancerBeforeStep func(step string)
 }
 
 // identity is what a replica's data directory records of the cluster it
@@ -162,7 +166,8 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 			return r.stable, nil
 		},
 		Durable: dc, ReplicaDir: func(id rdma.NodeID) string { return reps[id].dir }, FS: opts.FS,
-		Control: cln, Pprof: opts.Pprof, Secret: cfg.SecretBytes, Commands: true, Log: log})
+		Control: cln, Pprof: opts.Pprof, Secret: cfg.SecretBytes, Commands: true, Log: log,
+		Balance: BalanceConfig{Interval: cfg.BalanceInterval(), StuckAfter: opts.BalancerStuckAfter, Secret: cfg.SecretBytes, BeforeStep: opts.BalancerBeforeStep}})
 	cln = nil // StartProcess closes it
 	if err != nil {
 		if errors.Is(err, broadcast.ErrCorrupt) {

@@ -1,0 +1,596 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/fabric"
+)
+
+// The balancer: tablet moves that nobody asks for (docs/btree.md, "Who
+// decides"). A Balancer runs rounds; each round reads the tablets afresh
+// and makes at most one move (Client.MoveTablet), so moves run one at a
+// time with a pause (the caller's interval) between them:
+//
+//   - While a tablet is not serving (a move under way, by anyone), the
+//     round moves nothing else. A move this balancer left half done (its
+//     MoveTablet failed) is finished at the next round, or, after
+//     abortAfter failures in a row while its source still holds the
+//     tablet, undone (AbortTabletMove: the source serves it again), and
+//     the balancer then makes no move for pauseRounds rounds; a move another
+//     mover left half done (an operator's kvcli that was stopped, or the
+//     balancer of a process that died) is finished once the tablet has
+//     stayed in the same state for StuckAfter. MoveTablet's steps are
+//     idempotent, so finishing a move that its own mover is still
+//     running changes nothing more than that mover would.
+//   - Otherwise the round runs the balancing rule (PlanBalance, with the
+//     groups' write load as the tie-breaker: planBalanceLoad) and makes
+//     its move.
+//
+// Who runs a Balancer is the caller's choice: kvserver runs one in the
+// process hosting group 0's leader (internal/server, balancer.go).
+
+// BalancerConfig configures a Balancer.
+type BalancerConfig struct {
+	// StuckAfter: a tablet another mover left frozen or installing, in
+	// the same state this long, has its move finished by the balancer
+	// (0: 5 times Interval, at least a second).
+	StuckAfter time.Duration
+	// Interval is the pause between rounds the caller keeps (for the
+	// status, and StuckAfter's default).
+	Interval time.Duration
+	// MoveTimeout bounds one move (0: 5 minutes).
+	MoveTimeout time.Duration
+	// Log, if set, gets one line per move and per error.
+	Log *slog.Logger
+	// BeforeStep, if set (tests), is called before each step of the
+	// balancer's moves, with the step's name (freeze, ingest, drop,
+	// activate).
+	BeforeStep func(step string)
+}
+
+// BalancerMove is a move the balancer made (or tried).
+type BalancerMove struct {
+	// From and To are the tablet's fences as kvcli tablets prints them.
+	From string `json:"from"`
+	To   string `json:"to"`
+	// Source and Target are the groups.
+	Source uint32 `json:"source"`
+	Target uint32 `json:"target"`
+	// Resumed: the balancer finished a move that another mover (or its
+	// own failed attempt) left half done.
+	Resumed bool      `json:"resumed,omitempty"`
+	At      time.Time `json:"at"`
+	Took    string    `json:"took"`
+	Err     string    `json:"error,omitempty"`
+}
+
+// BalancerStatus is what a balancer did so far.
+type BalancerStatus struct {
+	// State: "starting", "balanced" (no move to make), "moving",
+	// "waiting" (another mover's move is under way), "error" (the last
+	// round failed), or what the caller says ("standby: ...", "off").
+	State string `json:"state"`
+	// Interval is the pause between rounds.
+	Interval string `json:"interval,omitempty"`
+	// Moves counts the moves completed (Resumed among them: moves
+	// another mover left half done), Errors the rounds that failed.
+	Moves   uint64 `json:"moves"`
+	Resumed uint64 `json:"resumed"`
+	Errors  uint64 `json:"errors"`
+	// Aborted counts its own moves it undid after abortAfter failures.
+	Aborted uint64 `json:"aborted"`
+	// Rounds counts the rounds run.
+	Rounds uint64 `json:"rounds"`
+	// Tablets is the number of tablets of each group at the last round.
+	Tablets []int `json:"tablets,omitempty"`
+	// Last is the last move made or tried.
+	Last *BalancerMove `json:"last_move,omitempty"`
+	// LastError is the last round's error, and when.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+}
+
+// Balancer decides and makes tablet moves, one per round.
+type Balancer struct {
+	cfg   BalancerConfig
+	knobs balancerKnobs
+
+	mu sync.Mutex
+	st BalancerStatus
+	// busy: the not-serving tablet the last rounds saw, and since when
+	// (unchanged).
+	busy   busyKey
+	busyAt time.Time
+	// failed: the tablet of this balancer's last move, if it failed (the
+	// next round finishes it at once), and its failures in a row.
+	failed   []byte
+	failures int
+	// pause: rounds left without a new move (after an abort).
+	pause int
+	// applied: each group's highest applied index at the last round
+	// (the load tie-breaker's counters).
+	applied []uint64
+}
+
+// balancerKnobs are planted bugs (tests only).
+type balancerKnobs struct {
+	// ignoreBusy: a round plans from the serving tablets alone, and so
+	// starts a move while another tablet is frozen or installing.
+	ignoreBusy bool
+	// noTakeover: a move another mover left half done is never
+	// finished.
+	noTakeover bool
+	// noAbort: a move of its own that keeps failing is never undone.
+	noAbort bool
+}
+
+// abortAfter is how many times in a row the balancer's move of a tablet
+// may fail before it undoes the move (while the source holds the tablet
+// frozen: writes to it wait until the move ends, so a move that cannot
+// finish, for a target that refuses the ingest, must end the other
+// way), and pauseRounds how many rounds it then makes no move.
+const (
+	abortAfter  = 3
+	pauseRounds = 10
+)
+
+// busyKey identifies a not-serving tablet's state.
+type busyKey struct {
+	low   string
+	state string
+	group uint32
+	to    uint32
+	gen   uint64
+}
+
+// NewBalancer returns a balancer that has run no round.
+func NewBalancer(cfg BalancerConfig) *Balancer {
+	if cfg.StuckAfter <= 0 {
+		cfg.StuckAfter = max(5*cfg.Interval, time.Second)
+	}
+	if cfg.MoveTimeout <= 0 {
+		cfg.MoveTimeout = 5 * time.Minute
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	b := &Balancer{cfg: cfg}
+	b.st.State = "starting"
+	if cfg.Interval > 0 {
+		b.st.Interval = cfg.Interval.String()
+	}
+	return b
+}
+
+// Status is a copy of what the balancer did so far.
+func (b *Balancer) Status() BalancerStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.st
+	st.Tablets = append([]int(nil), st.Tablets...)
+	if st.Last != nil {
+		l := *st.Last
+		st.Last = &l
+	}
+	return st
+}
+
+// SetState sets the state the status shows (the caller's: "standby:
+// ...", "off") until the next round.
+func (b *Balancer) SetState(s string) {
+	b.mu.Lock()
+	b.st.State = s
+	b.mu.Unlock()
+}
+
+// Fail records an error of the caller's (no client to run a round
+// with): the status shows it, and it is counted.
+func (b *Balancer) Fail(err error) {
+	b.mu.Lock()
+	b.st.State, b.st.LastError, b.st.LastErrorAt = "error", err.Error(), time.Now()
+	b.st.Errors++
+	b.mu.Unlock()
+}
+
+func (b *Balancer) fail(err error) error {
+	b.Fail(err)
+	b.cfg.Log.Warn("balancer: " + err.Error())
+	return err
+}
+
+// Round runs one round with client c: it reads the tablets and makes at
+// most one move (see the package comment above: a half-done move is
+// finished first, and no move starts while another is under way). It
+// returns the round's error (also in the status).
+func (b *Balancer) Round(ctx context.Context, c *Client) error {
+	if b.cfg.BeforeStep != nil {
+		c.ord.moveHook = b.cfg.BeforeStep
+	}
+	b.mu.Lock()
+	b.st.Rounds++
+	b.mu.Unlock()
+	groups := len(c.m.Groups)
+	tbs, err := c.Tablets(ctx)
+	if err != nil {
+		return b.fail(fmt.Errorf("reading the tablets: %w", err))
+	}
+	count := make([]int, groups)
+	var busy []TabletInfo
+	for _, tb := range tbs {
+		if int(tb.Group) < groups && tb.State != "installing" {
+			count[tb.Group]++
+		}
+		if tb.State != "serving" {
+			busy = append(busy, tb)
+		}
+	}
+	b.mu.Lock()
+	b.st.Tablets = count
+	b.mu.Unlock()
+	if len(busy) > 0 && b.knobs.ignoreBusy {
+		// Planted: plan from the serving tablets, as if nothing moved.
+		var serving []TabletInfo
+		for _, tb := range tbs {
+			if tb.State == "serving" {
+				serving = append(serving, tb)
+			}
+		}
+		tbs, busy = serving, nil
+	}
+	if len(busy) > 0 {
+		return b.takeOver(ctx, c, busy[0])
+	}
+	b.mu.Lock()
+	b.busy, b.failed, b.failures = busyKey{}, nil, 0
+	paused := b.pause > 0
+	if paused {
+		b.pause--
+	}
+	b.mu.Unlock()
+	low, from, to, ok := planBalanceLoad(tbs, groups, b.load(ctx, c))
+	if paused {
+		b.SetState("paused after an aborted move")
+		return nil
+	}
+	if !ok {
+		b.SetState("balanced")
+		return nil
+	}
+	var tb TabletInfo
+	for _, t := range tbs {
+		if bytes.Equal(t.Low, low) {
+			tb = t
+		}
+	}
+	return b.move(ctx, c, tb, from, to, false, count)
+}
+
+// takeOver handles a tablet that is not serving: the balancer's own
+// failed move is finished at once, another mover's once it has stayed
+// unchanged for StuckAfter.
+func (b *Balancer) takeOver(ctx context.Context, c *Client, tb TabletInfo) error {
+	k := busyKey{low: string(tb.Low), state: tb.State, group: tb.Group, to: tb.To, gen: tb.Gen}
+	src, to := tb.Group, tb.To
+	if tb.State == "installing" {
+		// Dropped at its source (no longer known): the target, its
+		// group, activates it.
+		src, to = tb.Group, tb.Group
+	}
+	now := time.Now()
+	b.mu.Lock()
+	own := b.failed != nil && bytes.Equal(b.failed, tb.Low)
+	failures := b.failures
+	if b.busy != k {
+		b.busy, b.busyAt = k, now
+	}
+	waited := now.Sub(b.busyAt)
+	b.mu.Unlock()
+	if own && failures >= abortAfter && tb.State == "frozen" && !b.knobs.noAbort {
+		return b.abort(ctx, c, tb, failures)
+	}
+	if b.knobs.noTakeover || !own && waited < b.cfg.StuckAfter {
+		b.SetState("waiting")
+		return nil
+	}
+	if !own {
+		b.cfg.Log.Info(fmt.Sprintf("balancer: the move of tablet [%s, %s) to group %d has been %s for %v: finishing it",
+			fenceString(c.m, tb.Low), highString(c.m, tb), to, tb.State, waited.Round(time.Millisecond)))
+	}
+	return b.move(ctx, c, tb, src, to, true, nil)
+}
+
+// abort undoes the balancer's own move of tablet tb (frozen at its
+// source) after failures failed attempts.
+func (b *Balancer) abort(ctx context.Context, c *Client, tb TabletInfo, failures int) error {
+	b.SetState("moving")
+	mctx, cancel := context.WithTimeout(ctx, b.cfg.MoveTimeout)
+	defer cancel()
+	err := c.undoMove(mctx, tb.Low)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.busy = busyKey{}
+	if err != nil {
+		b.st.State, b.st.LastError, b.st.LastErrorAt = "error", err.Error(), time.Now()
+		b.st.Errors++
+		b.cfg.Log.Warn(fmt.Sprintf("balancer: undoing the move of tablet [%s, %s) to group %d failed (the next round tries again): %v",
+			fenceString(c.m, tb.Low), highString(c.m, tb), tb.To, err))
+		return err
+	}
+	b.failed, b.failures, b.pause = nil, 0, pauseRounds
+	b.st.Aborted++
+	b.st.State = "paused after an aborted move"
+	b.cfg.Log.Warn(fmt.Sprintf("balancer: undid the move of tablet [%s, %s) from group %d to group %d after %d failed attempts (group %d serves it again; no move for %d rounds)",
+		fenceString(c.m, tb.Low), highString(c.m, tb), tb.Group, tb.To, failures, tb.Group, pauseRounds))
+	return nil
+}
+
+// undoMove undoes the move of the tablet whose low fence is low while
+// its source holds it frozen, in an order safe against a directory read
+// from replicas behind their groups (AbortTabletMove, for an operator
+// who saw the tablet frozen, tells the target first):
+//
+//  1. abort at the source: if it still holds the tablet frozen for this
+//     move, it serves it again, and a drop of this move sent later (a
+//     late retry of the failed mover's) is refused; if it dropped the
+//     tablet already, nothing changes;
+//  2. a linearizable read of the tablet's range at the source, checked
+//     against the ownership version of the directory that showed the
+//     tablet frozen there: it succeeds only if the source never dropped
+//     the tablet (a drop changes that version), so the source holds
+//     every pair and the target's copy is not the only one;
+//  3. abort at the target: it forgets what it took in.
+//
+// If 2 fails the target keeps the tablet, and the move is left to be
+// finished (the next round sees a tablet installing).
+func (c *Client) undoMove(ctx context.Context, low []byte) error {
+	d, err := c.freshDir(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range d.Tablets() {
+		if !bytes.Equal(p.Low, low) {
+			continue
+		}
+		if p.State != btree.TabletFrozen {
+			return fmt.Errorf("rdmakv: tablet %q is not being moved", low)
+		}
+		if d.OwnVersion(p.Group) == 0 {
+			return fmt.Errorf("rdmakv: group %d's ownership version is unknown: the move of tablet %q is not undone", p.Group, low)
+		}
+		tb := btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}
+		ct := &btree.Ctl{Cmd: btree.CtlAbort, To: p.To, Gen: p.Gen + 1, Tablet: tb}
+		if err := c.step(ctx, p.Group, ct, "abort"); err != nil {
+			return err
+		}
+		k, err := c.anyKeyspace()
+		if err != nil {
+			return err
+		}
+		var hi []byte
+		if !tb.HighInf {
+			hi = tb.High
+		}
+		if _, err := k.movePage(ctx, d, p.Group, tb.Low, hi); err != nil && !c.ord.undoUnchecked {
+			return fmt.Errorf("rdmakv: tablet move: group %d may have dropped tablet %q (its ownership changed), so group %d keeps what it took in: %w", p.Group, low, p.To, err)
+		}
+		return c.step(ctx, p.To, ct, "abort")
+	}
+	return fmt.Errorf("rdmakv: no frozen tablet starts at %q", low)
+}
+
+// move moves tablet tb from group from to group to (or finishes that
+// move), records it and logs one line.
+func (b *Balancer) move(ctx context.Context, c *Client, tb TabletInfo, from, to uint32, resumed bool, count []int) error {
+	b.SetState("moving")
+	mctx, cancel := context.WithTimeout(ctx, b.cfg.MoveTimeout)
+	defer cancel()
+	t0 := time.Now()
+	err := c.MoveTablet(mctx, tb.Low, to)
+	mv := &BalancerMove{From: fenceString(c.m, tb.Low), To: highString(c.m, tb), Source: from, Target: to, Resumed: resumed,
+		At: t0, Took: time.Since(t0).Round(time.Millisecond).String()}
+	what := "moved"
+	if resumed {
+		what = "finished moving"
+	}
+	b.mu.Lock()
+	b.st.Last = mv
+	b.busy = busyKey{}
+	if err != nil {
+		mv.Err = err.Error()
+		if bytes.Equal(b.failed, tb.Low) {
+			b.failures++
+		} else {
+			b.failed, b.failures = bytes.Clone(tb.Low), 1
+		}
+		b.st.State, b.st.LastError, b.st.LastErrorAt = "error", err.Error(), time.Now()
+		b.st.Errors++
+	} else {
+		b.failed, b.failures = nil, 0
+		b.st.Moves++
+		if resumed {
+			b.st.Resumed++
+		}
+		b.st.State = "balanced"
+		if count != nil {
+			count[from]--
+			count[to]++
+			b.st.Tablets = count
+		}
+	}
+	b.mu.Unlock()
+	if err != nil {
+		b.cfg.Log.Warn(fmt.Sprintf("balancer: moving tablet [%s, %s) from group %d to group %d failed after %s (the next round finishes it): %v",
+			mv.From, mv.To, from, to, mv.Took, err))
+		return err
+	}
+	line := fmt.Sprintf("balancer: %s tablet [%s, %s) from group %d to group %d in %s", what, mv.From, mv.To, from, to, mv.Took)
+	if count != nil {
+		line += fmt.Sprintf(" (tablets per group now %v)", count)
+	}
+	b.cfg.Log.Info(line)
+	return nil
+}
+
+// load is each group's write load since the last round: the log entries
+// its most advanced replica applied meanwhile (read one-sided from the
+// replicas' headers; nil if they could not be read, or at the first
+// round).
+func (b *Balancer) load(ctx context.Context, c *Client) []uint64 {
+	st, err := c.Status(ctx)
+	if err != nil || len(st.Groups) != len(c.m.Groups) {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	prev := b.applied
+	b.applied = make([]uint64, len(st.Groups))
+	for g, gs := range st.Groups {
+		b.applied[g] = gs.Applied
+	}
+	if len(prev) != len(b.applied) {
+		return nil
+	}
+	load := make([]uint64, len(prev))
+	for g := range load {
+		if b.applied[g] > prev[g] {
+			load[g] = b.applied[g] - prev[g]
+		}
+	}
+	return load
+}
+
+// planBalanceLoad is PlanBalance with the groups' loads (nil: none) as
+// the tie-breaker: among the groups with the most tablets the source is
+// the most loaded, among those with the fewest the target the least
+// loaded (then the lowest group id, as PlanBalance). The counts decide
+// whether a move is made, so the load never makes one that PlanBalance
+// would not.
+func planBalanceLoad(tablets []TabletInfo, groups int, load []uint64) (low []byte, from, to uint32, ok bool) {
+	low, from, to, ok = PlanBalance(tablets, groups)
+	if !ok || len(load) != groups {
+		return low, from, to, ok
+	}
+	count := make([]int, groups)
+	last := make([][]byte, groups)
+	has := make([]bool, groups)
+	for _, tb := range tablets {
+		count[tb.Group]++
+		if !has[tb.Group] || string(tb.Low) > string(last[tb.Group]) {
+			last[tb.Group], has[tb.Group] = tb.Low, true
+		}
+	}
+	hi, lo := from, to
+	for g := range groups {
+		if count[g] == count[hi] && load[g] > load[hi] {
+			hi = uint32(g)
+		}
+		if count[g] == count[lo] && load[g] < load[lo] {
+			lo = uint32(g)
+		}
+	}
+	return last[hi], hi, lo, true
+}
+
+// fenceString is a fence as kvcli tablets prints it: min for the empty
+// one, else KEYSPACE:KEY (quoted when it holds unprintable bytes or
+// spaces), or hex for an id no keyspace has.
+func fenceString(m *cluster.Map, k []byte) string {
+	if len(k) == 0 {
+		return "min"
+	}
+	for _, ks := range m.Keyspaces {
+		if ks.ID == k[0] {
+			key := string(k[1:])
+			if strings.ContainsFunc(key, func(r rune) bool { return !strconv.IsPrint(r) || r == ' ' }) {
+				key = strconv.Quote(key)
+			}
+			return ks.Name + ":" + key
+		}
+	}
+	return fmt.Sprintf("0x%x", k)
+}
+
+func highString(m *cluster.Map, tb TabletInfo) string {
+	if tb.HighInf {
+		return "max"
+	}
+	return fenceString(m, tb.High)
+}
+
+// OpenHighSlot opens a client of map m on the highest client slot of
+// this host that no other process holds (ordinary clients take the
+// lowest: see WithSlot), for a client that a server process runs for
+// itself (kvserver's balancer). On shm the slot is claimed as Open
+// claims one (a lock file, released by release or by the process's
+// death); on tcp it is the highest slot whose address this host can
+// listen on, with the cluster secret. release closes the client and
+// lets the slot go.
+func OpenHighSlot(ctx context.Context, m *cluster.Map, secret []byte, opts ...Option) (c *Client, release func(), err error) {
+	if err := m.Fill(); err != nil {
+		return nil, nil, err
+	}
+	switch m.Fabric {
+	case "shm":
+		dir := filepath.Join(os.TempDir(), "rdmakv-slots", m.Name)
+		for k := len(m.ClientNodes) - 1; k >= 0; k-- {
+			f, err := lockSlot(dir, k)
+			if err != nil {
+				return nil, nil, err
+			}
+			if f == nil {
+				continue
+			}
+			sweepSlots(dir, f.Name())
+			c, err := Open(ctx, append(opts, WithMap(m), WithSlot(k))...)
+			if err != nil {
+				releaseSlot(f)
+				return nil, nil, err
+			}
+			return c, func() { c.Close(); releaseSlot(f) }, nil
+		}
+		return nil, nil, fmt.Errorf("all %d client slots of cluster %q are in use on this host", len(m.ClientNodes), m.Name)
+	case "tcp":
+		if len(secret) == 0 {
+			return nil, nil, errors.New("a tcp cluster needs its secret")
+		}
+		s := fabric.ForMap(m)
+		s.Secret = secret
+		inUse := 0
+		for k := len(m.ClientNodes) - 1; k >= 0; k-- {
+			n, err := fabric.Open(s, m.ClientNodes[k])
+			switch {
+			case errors.Is(err, syscall.EADDRINUSE):
+				inUse++
+				continue
+			case errors.Is(err, syscall.EADDRNOTAVAIL):
+				continue
+			case err != nil:
+				return nil, nil, fmt.Errorf("client slot %d (%s): %w", k, m.Addrs[m.ClientNodes[k]], err)
+			}
+			c, err := Open(ctx, append(opts, WithMap(m), WithSlot(k), WithNode(n))...)
+			if err != nil {
+				n.Close()
+				return nil, nil, err
+			}
+			return c, func() { c.Close(); n.Close() }, nil
+		}
+		if inUse == 0 {
+			return nil, nil, errors.New("no client slot listens on this host: add a [[clients]] block listening here to the config (count = 1 is enough)")
+		}
+		return nil, nil, fmt.Errorf("all %d client slots of this host are in use", inUse)
+	}
+	return nil, nil, fmt.Errorf("fabric %q: give the client's node (WithNode)", m.Fabric)
+}

@@ -1,0 +1,27 @@
+package client
+
+import "context"
+
+// PlantBalancerIgnoreBusy plants a bug in b: a round plans from the
+// serving tablets alone, so it starts a move while another tablet is
+// frozen or installing.
+func PlantBalancerIgnoreBusy(b *Balancer) { b.knobs.ignoreBusy = true }
+
+// PlantBalancerNoTakeover plants a bug in b: it never finishes a move
+// another mover left half done.
+func PlantBalancerNoTakeover(b *Balancer) { b.knobs.noTakeover = true }
+
+// PlanBalanceLoad is the balancer's rule with the groups' loads as the
+// tie-breaker.
+var PlanBalanceLoad = planBalanceLoad
+
+// PlantBalancerNoAbort plants a bug in b: a move of its own that keeps
+// failing is never undone.
+func PlantBalancerNoAbort(b *Balancer) { b.knobs.noAbort = true }
+
+// UndoMove is the balancer's undoing of a move (undoMove).
+func UndoMove(c *Client, ctx context.Context, low []byte) error { return c.undoMove(ctx, low) }
+
+// PlantUndoUnchecked plants a bug in c's undoMove: the target forgets the
+// tablet without the check that the source never dropped it.
+func PlantUndoUnchecked(c *Client) { c.ord.undoUnchecked = true }
