@@ -92,8 +92,12 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 		return false
 	}
 	deadline := rdma.Mono() + timeout
-	if rdma.SpinUntil(changed, min(d.spin, timeout)) {
-		return true
+	if d.spin > 0 {
+		hit := rdma.SpinUntil(changed, min(d.spin, timeout))
+		rdma.NoteSpin(hit)
+		if hit {
+			return true
+		}
 	}
 	rdma.Add64(nf, nodeParkedW, 1)
 	defer rdma.Add64(nf, nodeParkedW, ^uint64(0))
@@ -101,6 +105,7 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 	for !changed() {
 		now := rdma.Mono()
 		if now >= deadline {
+			rdma.NotePark(false)
 			return false
 		}
 		ts := absTimespec(min(deadline, now+time.Hour)) // no overflow for a far deadline
@@ -109,6 +114,7 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 		// P is handed back while it sleeps (see waitset.go).
 		futexWaitBlocking(addr, futexWaitBitset, uint32(seq), unsafe.Pointer(&ts))
 	}
+	rdma.NotePark(true)
 	return true
 }
 
