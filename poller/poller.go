@@ -78,6 +78,8 @@ type GroupConfig struct {
 	// Spin is the most a poller spins before it parks; 0 means
 	// rdma.DefaultSpin, negative never spins.
 	Spin time.Duration
+
+	noProbe bool // testing knob: no probe spins (spinBudget)
 }
 
 // DefaultMaxPark bounds a park when no task reports a heartbeat.
@@ -342,7 +344,7 @@ type poller struct {
 	dbs     []rdma.Doorbell // the WaitSet's
 	snap    []uint64
 	maxPark time.Duration
-	spin    time.Duration // current spin budget (adaptive)
+	budget  spinBudget // the adaptive spin budget
 	dos     []func()
 	// notePass's own copies of the longest passes, and its window's start
 	maxPass, curPass time.Duration
@@ -451,7 +453,8 @@ func (p *poller) finish() {
 func (p *poller) run() {
 	defer p.finish()
 	p.refresh()
-	p.spin = p.g.cfg.Spin
+	p.budget = newSpinBudget(p.g.cfg.Spin)
+	p.budget.noProbe = p.g.cfg.noProbe
 	for !p.g.stop.Load() {
 		if p.dirty.Load() {
 			p.refresh()
@@ -500,10 +503,8 @@ func (p *poller) notePass(start, end time.Duration) {
 	}
 }
 
-// park spins for the adaptive budget, then parks until the task time
-// next. The budget halves after each spin that found nothing and is reset
-// by a park that a ring ended within the full budget (a spin would have
-// caught it): an idle poller (rings far apart) soon parks at once.
+// park spins for the adaptive budget (spinBudget), then parks until the
+// task time next.
 func (p *poller) park(next time.Duration) {
 	// A change or the stop may have kicked the WaitSet that refresh
 	// replaced: look at both before parking on the new one.
@@ -514,12 +515,14 @@ func (p *poller) park(next time.Duration) {
 	if next < never-p.g.origin {
 		deadline = p.g.origin + next
 	}
-	if p.spin > 0 {
+	enter := rdma.Mono()
+	if p.budget.cur > 0 {
 		p.spins.Add(1)
-		end := min(rdma.Mono()+p.spin, deadline)
+		end := min(enter+p.budget.cur, deadline)
 		for i := 1; ; i++ {
 			if p.ws.Wait(p.snap, 0) {
 				p.spinHits.Add(1)
+				p.budget.spun(true)
 				return
 			}
 			if i%16 == 0 {
@@ -529,19 +532,17 @@ func (p *poller) park(next time.Duration) {
 				runtime.Gosched()
 			}
 		}
-		if p.spin /= 2; p.spin < time.Microsecond {
-			p.spin = 0
-		}
+		p.budget.spun(false)
 		if p.dirty.Load() || p.g.stop.Load() {
 			return
 		}
 	}
 	p.parks.Add(1)
 	start := rdma.Mono()
-	if p.ws.Wait(p.snap, deadline) {
+	rang := p.ws.Wait(p.snap, deadline)
+	if rang {
 		p.wakes.Add(1)
-		if rdma.Mono()-start < p.g.cfg.Spin {
-			p.spin = p.g.cfg.Spin
-		}
 	}
+	end := rdma.Mono()
+	p.budget.parked(rang, end-enter, end-start)
 }
