@@ -1323,7 +1323,7 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 			if c.writesPerMsg > 0 {
 				line += fmt.Sprintf(", %.2f writes per message", c.writesPerMsg)
 			}
-			line += fmt.Sprintf(", waits: client spins %.2f (hits %.2f) parks %.2f", c.clientSpins, c.clientSpinHits, c.clientParks)
+			line += fmt.Sprintf(", waits: client spins %.2f (hits %.2f) parks %.2f wake calls %.2f (woke none %.2f)", c.clientSpins, c.clientSpinHits, c.clientParks, c.clientWakes, c.clientWakesNone)
 			if c.pollersOK {
 				line += fmt.Sprintf(", pollers spins %.2f (hits %.2f) parks %.2f", c.serverSpins, c.serverSpinHits, c.serverParks)
 			}
@@ -1532,9 +1532,13 @@ type costCols struct {
 	ClientSpinsPerOp    *float64 `json:"client_spins_per_op,omitempty"`
 	ClientSpinHitsPerOp *float64 `json:"client_spin_hits_per_op,omitempty"`
 	ClientParksPerOp    *float64 `json:"client_parks_per_op,omitempty"`
-	ServerSpinsPerOp    *float64 `json:"server_spins_per_op,omitempty"`
-	ServerSpinHitsPerOp *float64 `json:"server_spin_hits_per_op,omitempty"`
-	ServerParksPerOp    *float64 `json:"server_parks_per_op,omitempty"`
+	// the client's rings that made a wake system call, and those that
+	// woke no thread (the waiter was already woken)
+	ClientWakeCallsPerOp     *float64 `json:"client_wake_calls_per_op,omitempty"`
+	ClientWakeCallsNonePerOp *float64 `json:"client_wake_calls_none_per_op,omitempty"`
+	ServerSpinsPerOp         *float64 `json:"server_spins_per_op,omitempty"`
+	ServerSpinHitsPerOp      *float64 `json:"server_spin_hits_per_op,omitempty"`
+	ServerParksPerOp         *float64 `json:"server_parks_per_op,omitempty"`
 }
 
 // medianCost is the cost columns over runs: the medians of the runs
@@ -1566,6 +1570,8 @@ func medianCost[T any](runs []T, cost func(T) opCost) costCols {
 	r.ClientSpinsPerOp = med(func(c opCost) float64 { return c.clientSpins })
 	r.ClientSpinHitsPerOp = med(func(c opCost) float64 { return c.clientSpinHits })
 	r.ClientParksPerOp = med(func(c opCost) float64 { return c.clientParks })
+	r.ClientWakeCallsPerOp = med(func(c opCost) float64 { return c.clientWakes })
+	r.ClientWakeCallsNonePerOp = med(func(c opCost) float64 { return c.clientWakesNone })
 	if costed[0].pollersOK {
 		r.ServerSpinsPerOp = med(func(c opCost) float64 { return c.serverSpins })
 		r.ServerSpinHitsPerOp = med(func(c opCost) float64 { return c.serverSpinHits })

@@ -201,6 +201,7 @@ type opCost struct {
 	// the client's doorbell waits (rdma.WaitStats) and, pollersOK, the
 	// replicas' pollers' spin phases, spin hits and parks
 	clientSpins, clientSpinHits, clientParks float64
+	clientWakes, clientWakesNone             float64 // its rings' wake calls, and those that woke no thread
 	pollersOK                                bool
 	serverSpins, serverSpinHits, serverParks float64
 }
@@ -219,16 +220,18 @@ func costPerOp(a, b costSnap, ops uint64) opCost {
 	}
 	const usPerTick = 1e6 / userHZ
 	c := opCost{ok: true, ops: ops,
-		clientSpins:    delta(a.waits.Spins, b.waits.Spins) / n,
-		clientSpinHits: delta(a.waits.SpinHits, b.waits.SpinHits) / n,
-		clientParks:    delta(a.waits.Parks, b.waits.Parks) / n,
-		allocs:         delta(a.mallocs, b.mallocs) / n,
-		clientWakeups:  delta(a.client.wakeups, b.client.wakeups) / n,
-		serverWakeups:  delta(a.servers.wakeups, b.servers.wakeups) / n,
-		clientPreempts: delta(a.client.preempts, b.client.preempts) / n,
-		serverPreempts: delta(a.servers.preempts, b.servers.preempts) / n,
-		clientCPU:      delta(a.client.ticks, b.client.ticks) * usPerTick / n,
-		serverCPU:      delta(a.servers.ticks, b.servers.ticks) * usPerTick / n,
+		clientSpins:     delta(a.waits.Spins, b.waits.Spins) / n,
+		clientSpinHits:  delta(a.waits.SpinHits, b.waits.SpinHits) / n,
+		clientParks:     delta(a.waits.Parks, b.waits.Parks) / n,
+		clientWakes:     delta(a.waits.Wakes, b.waits.Wakes) / n,
+		clientWakesNone: delta(a.waits.WakesNone, b.waits.WakesNone) / n,
+		allocs:          delta(a.mallocs, b.mallocs) / n,
+		clientWakeups:   delta(a.client.wakeups, b.client.wakeups) / n,
+		serverWakeups:   delta(a.servers.wakeups, b.servers.wakeups) / n,
+		clientPreempts:  delta(a.client.preempts, b.client.preempts) / n,
+		serverPreempts:  delta(a.servers.preempts, b.servers.preempts) / n,
+		clientCPU:       delta(a.client.ticks, b.client.ticks) * usPerTick / n,
+		serverCPU:       delta(a.servers.ticks, b.servers.ticks) * usPerTick / n,
 	}
 	if a.pollers != nil && b.pollers != nil {
 		c.pollersOK = true
