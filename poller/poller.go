@@ -211,6 +211,9 @@ type PollerStats struct {
 	SpinHits uint64 // spin phases ended by a ring or a kick
 	Parks    uint64 // parks in the WaitSet
 	Wakes    uint64 // parks ended by a ring or a kick (the rest timed out)
+	// Probes are spins of a probe budget (spinBudget: a stream just
+	// beyond the full budget), ProbeHits those a ring ended.
+	Probes, ProbeHits uint64
 	// MaxPass is the longest pass since the group started: the longest a
 	// task of this poller waited for its next Poll while the poller was
 	// busy (a pass polls every task once). RecentMaxPass is the longest
@@ -235,6 +238,7 @@ func (g *Group) Stats() []PollerStats {
 		recent = max(recent, time.Duration(p.passPrev.Load()))
 		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
 			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
+			Probes: p.probes.Load(), ProbeHits: p.probeHits.Load(),
 			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent})
 	}
 	return out
@@ -334,7 +338,8 @@ type poller struct {
 	dirty   atomic.Bool   // handles, flags or Do queues changed
 	passes  atomic.Uint64 // stats
 	spins, spinHits,
-	parks, wakes atomic.Uint64
+	parks, wakes,
+	probes, probeHits atomic.Uint64
 	// longest passes (ns): since the start, in the current window and in
 	// the previous one (notePass)
 	passMax, passCur, passPrev atomic.Int64
@@ -518,10 +523,17 @@ func (p *poller) park(next time.Duration) {
 	enter := rdma.Mono()
 	if p.budget.cur > 0 {
 		p.spins.Add(1)
+		probe := p.budget.probing
+		if probe {
+			p.probes.Add(1)
+		}
 		end := min(enter+p.budget.cur, deadline)
 		for i := 1; ; i++ {
 			if p.ws.Wait(p.snap, 0) {
 				p.spinHits.Add(1)
+				if probe {
+					p.probeHits.Add(1)
+				}
 				p.budget.spun(true)
 				return
 			}

@@ -1325,7 +1325,7 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 			}
 			line += fmt.Sprintf(", waits: client spins %.2f (hits %.2f) parks %.2f wake calls %.2f (woke none %.2f)", c.clientSpins, c.clientSpinHits, c.clientParks, c.clientWakes, c.clientWakesNone)
 			if c.pollersOK {
-				line += fmt.Sprintf(", pollers spins %.2f (hits %.2f) parks %.2f", c.serverSpins, c.serverSpinHits, c.serverParks)
+				line += fmt.Sprintf(", pollers spins %.2f (hits %.2f; probes %.3f, hits %.3f) parks %.2f", c.serverSpins, c.serverSpinHits, c.serverProbes, c.serverProbeHits, c.serverParks)
 			}
 		}
 		switch {
@@ -1539,6 +1539,8 @@ type costCols struct {
 	ServerSpinsPerOp         *float64 `json:"server_spins_per_op,omitempty"`
 	ServerSpinHitsPerOp      *float64 `json:"server_spin_hits_per_op,omitempty"`
 	ServerParksPerOp         *float64 `json:"server_parks_per_op,omitempty"`
+	ServerProbesPerOp        *float64 `json:"server_probes_per_op,omitempty"` // the pollers' probe spins (poller.PollerStats)
+	ServerProbeHitsPerOp     *float64 `json:"server_probe_hits_per_op,omitempty"`
 }
 
 // medianCost is the cost columns over runs: the medians of the runs
@@ -1576,6 +1578,8 @@ func medianCost[T any](runs []T, cost func(T) opCost) costCols {
 		r.ServerSpinsPerOp = med(func(c opCost) float64 { return c.serverSpins })
 		r.ServerSpinHitsPerOp = med(func(c opCost) float64 { return c.serverSpinHits })
 		r.ServerParksPerOp = med(func(c opCost) float64 { return c.serverParks })
+		r.ServerProbesPerOp = med(func(c opCost) float64 { return c.serverProbes })
+		r.ServerProbeHitsPerOp = med(func(c opCost) float64 { return c.serverProbeHits })
 	}
 	return r
 }

@@ -133,7 +133,7 @@ type costSnap struct {
 }
 
 // pollerCounts are a kvserver's pollers' counters summed (its /status).
-type pollerCounts struct{ spins, spinHits, parks uint64 }
+type pollerCounts struct{ spins, spinHits, parks, probes, probeHits uint64 }
 
 // readPollerCounts reads the pollers' counters of the kvserver whose
 // control port is addr (nil: no addr, or the read failed).
@@ -150,6 +150,8 @@ func readPollerCounts(addr string) *pollerCounts {
 		c.spins += p.Spins
 		c.spinHits += p.SpinHits
 		c.parks += p.Parks
+		c.probes += p.Probes
+		c.probeHits += p.ProbeHits
 	}
 	return &c
 }
@@ -204,6 +206,7 @@ type opCost struct {
 	clientWakes, clientWakesNone             float64 // its rings' wake calls, and those that woke no thread
 	pollersOK                                bool
 	serverSpins, serverSpinHits, serverParks float64
+	serverProbes, serverProbeHits            float64
 }
 
 // costPerOp is b - a over ops (ok false: a reading failed or no op).
@@ -238,6 +241,8 @@ func costPerOp(a, b costSnap, ops uint64) opCost {
 		c.serverSpins = delta(a.pollers.spins, b.pollers.spins) / n
 		c.serverSpinHits = delta(a.pollers.spinHits, b.pollers.spinHits) / n
 		c.serverParks = delta(a.pollers.parks, b.pollers.parks) / n
+		c.serverProbes = delta(a.pollers.probes, b.pollers.probes) / n
+		c.serverProbeHits = delta(a.pollers.probeHits, b.pollers.probeHits) / n
 	}
 	return c
 }
