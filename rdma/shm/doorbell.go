@@ -29,7 +29,7 @@ func ringNode(nf []byte) {
 	if rdma.Load64(nf, nodeParkedW) == 0 {
 		return
 	}
-	if rdma.Load64(nf, nodeFeatW)&featWakeOnce != 0 && !ringWakeAll {
+	if rdma.Load64(nf, nodeFeatW)&featWakeOnce != 0 {
 		if rdma.Load64(nf, nodeWokenW) != 0 || rdma.CAS64(nf, nodeWokenW, 0, 1) != 0 {
 			rdma.NoteWakeSkipped()
 			return
@@ -38,10 +38,6 @@ func ringNode(nf []byte) {
 	n, _ := futex(nf, nodeSeqW, futexWake, 1<<31-1, nil)
 	rdma.NoteWake(n)
 }
-
-// ringWakeAll is a testing knob: rings ignore woken (a wake call whenever
-// a waiter is parked, as before wakeOnce).
-var ringWakeAll bool
 
 // announcePark adds a waiter to nf's parked count and clears woken: a
 // ring after it makes a wake call (see wakeOnce in layout.go). The

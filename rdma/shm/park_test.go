@@ -162,3 +162,27 @@ func TestWakeOnceOldOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestWakeOnceSkips: with a waiter announced (parked, no thread behind
+// it here), the first ring makes the wake call and the next ones skip it
+// until a waiter announces again.
+func TestWakeOnceSkips(t *testing.T) {
+	o := newTestOptions(t)
+	o.Spin = -1
+	n := mustOpen(t, 1, o)
+	announcePark(n.nf)
+	w0 := rdma.DoorbellWaits()
+	for range 3 {
+		ringNode(n.nf)
+	}
+	w1 := rdma.DoorbellWaits()
+	if calls, skipped := w1.Wakes-w0.Wakes, w1.WakesSkipped-w0.WakesSkipped; calls != 1 || skipped != 2 {
+		t.Fatalf("three rings to one announced park: %d wake calls, %d skipped; want 1, 2", calls, skipped)
+	}
+	announcePark(n.nf) // a second waiter: the next ring calls again
+	ringNode(n.nf)
+	if w2 := rdma.DoorbellWaits(); w2.Wakes-w1.Wakes != 1 {
+		t.Fatalf("a ring after a new announce: %d wake calls, want 1", w2.Wakes-w1.Wakes)
+	}
+	rdma.Add64(n.nf, nodeParkedW, ^uint64(1)) // both announces gone
+}
