@@ -7,27 +7,27 @@ import "time"
 // it measured), so that tests drive it without a clock.
 //
 // A spin that found nothing halves the budget (an idle poller soon parks
-// at once); a ring that came within the full budget of the poller going
-// idle (a full spin would have caught it) restores it.
+// at once); a park shorter than the full budget that a ring ended (a
+// full spin would have caught it) restores it.
 //
 // The single writer's slow mode: a steady stream whose messages arrive a
 // little further apart than the full budget (one writer against two
 // groups: a leader's next message comes after the client was woken for
 // its reply and posted again) makes every spin miss, and each message
 // costs a park and a futex wake in each process, which keeps the round
-// trip, and so the gap, long. The rule before this one restored the
-// budget when the park after a missed spin was short (a ring 100-200 µs
-// after going idle: a full spin, a miss, a park and a wake for every
-// message). The probe: a ring that ended a park gap after the poller went
-// idle, with the full budget < gap <= probeSpans full budgets, is a near
-// miss; after two in a row the next spin is a probe: it spins for 5/4 of
-// the last gap once. A probe that catches the next ring keeps its budget
+// trip, and so the gap, long; a missed full spin followed by a short
+// park restores the budget, so each message also pays a full spin. The
+// probe: a ring that ended a park gap after the poller went idle, with
+// the full budget < gap <= probeSpans full budgets, is a near miss;
+// after two in a row the next spin is a probe: it spins for 5/4 of the
+// last gap once. A probe that catches the next ring keeps its budget
 // (the stream is caught without a wake, and its round trips can shorten
 // back under the full budget); one that misses backs the probes off: the
 // next one only after 1, 2, 4 ... 64 more near misses, so a machine where
 // spinning does not shorten the gap pays at most one probe in 64
 // messages. Idle pollers' parks end by deadlines (timeouts, heartbeats)
-// or far rings, not near misses: they never probe.
+// or far rings, not near misses: they never probe. Everything else is
+// the rule before the probe.
 type spinBudget struct {
 	full time.Duration // the configured budget (0: never spin)
 	cur  time.Duration // the next spin's budget
@@ -37,7 +37,7 @@ type spinBudget struct {
 	wait    int  // near misses still to skip before the next probe
 	backoff int  // the last wait set (0 after a probe hit)
 
-	noProbe bool // testing knob: the rule before the probe (restore after a short park)
+	noProbe bool // testing knob: the rule before the probe
 }
 
 // probeSpans bounds a probe's spin and a near miss's gap, in full
@@ -79,17 +79,13 @@ func (b *spinBudget) parked(rang bool, gap, parkedFor time.Duration) {
 		b.near = 0
 		return
 	}
+	if parkedFor < b.full {
+		b.cur = b.full
+	}
 	if b.noProbe {
-		if parkedFor < b.full {
-			b.cur = b.full
-		}
 		return
 	}
-	if gap <= b.full {
-		b.cur, b.near = b.full, 0
-		return
-	}
-	if gap > probeSpans*b.full {
+	if gap <= b.full || gap > probeSpans*b.full {
 		b.near = 0
 		return
 	}
