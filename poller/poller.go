@@ -78,6 +78,8 @@ type GroupConfig struct {
 	// Spin is the most a poller spins before it parks; 0 means
 	// rdma.DefaultSpin, negative never spins.
 	Spin time.Duration
+
+	noProbe bool // testing knob: no probe spins (spinBudget)
 }
 
 // DefaultMaxPark bounds a park when no task reports a heartbeat.
@@ -209,6 +211,9 @@ type PollerStats struct {
 	SpinHits uint64 // spin phases ended by a ring or a kick
 	Parks    uint64 // parks in the WaitSet
 	Wakes    uint64 // parks ended by a ring or a kick (the rest timed out)
+	// Probes are spins of a probe budget (spinBudget: a stream just
+	// beyond the full budget), ProbeHits those a ring ended.
+	Probes, ProbeHits uint64
 	// MaxPass is the longest pass since the group started: the longest a
 	// task of this poller waited for its next Poll while the poller was
 	// busy (a pass polls every task once). RecentMaxPass is the longest
@@ -233,6 +238,7 @@ func (g *Group) Stats() []PollerStats {
 		recent = max(recent, time.Duration(p.passPrev.Load()))
 		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
 			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
+			Probes: p.probes.Load(), ProbeHits: p.probeHits.Load(),
 			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent})
 	}
 	return out
@@ -332,7 +338,8 @@ type poller struct {
 	dirty   atomic.Bool   // handles, flags or Do queues changed
 	passes  atomic.Uint64 // stats
 	spins, spinHits,
-	parks, wakes atomic.Uint64
+	parks, wakes,
+	probes, probeHits atomic.Uint64
 	// longest passes (ns): since the start, in the current window and in
 	// the previous one (notePass)
 	passMax, passCur, passPrev atomic.Int64
@@ -342,7 +349,7 @@ type poller struct {
 	dbs     []rdma.Doorbell // the WaitSet's
 	snap    []uint64
 	maxPark time.Duration
-	spin    time.Duration // current spin budget (adaptive)
+	budget  spinBudget // the adaptive spin budget
 	dos     []func()
 	// notePass's own copies of the longest passes, and its window's start
 	maxPass, curPass time.Duration
@@ -451,7 +458,8 @@ func (p *poller) finish() {
 func (p *poller) run() {
 	defer p.finish()
 	p.refresh()
-	p.spin = p.g.cfg.Spin
+	p.budget = newSpinBudget(p.g.cfg.Spin)
+	p.budget.noProbe = p.g.cfg.noProbe
 	for !p.g.stop.Load() {
 		if p.dirty.Load() {
 			p.refresh()
@@ -500,10 +508,8 @@ func (p *poller) notePass(start, end time.Duration) {
 	}
 }
 
-// park spins for the adaptive budget, then parks until the task time
-// next. The budget halves after each spin that found nothing and is reset
-// by a park that a ring ended within the full budget (a spin would have
-// caught it): an idle poller (rings far apart) soon parks at once.
+// park spins for the adaptive budget (spinBudget), then parks until the
+// task time next.
 func (p *poller) park(next time.Duration) {
 	// A change or the stop may have kicked the WaitSet that refresh
 	// replaced: look at both before parking on the new one.
@@ -514,12 +520,21 @@ func (p *poller) park(next time.Duration) {
 	if next < never-p.g.origin {
 		deadline = p.g.origin + next
 	}
-	if p.spin > 0 {
+	enter := rdma.Mono()
+	if p.budget.cur > 0 {
 		p.spins.Add(1)
-		end := min(rdma.Mono()+p.spin, deadline)
+		probe := p.budget.probing
+		if probe {
+			p.probes.Add(1)
+		}
+		end := min(enter+p.budget.cur, deadline)
 		for i := 1; ; i++ {
 			if p.ws.Wait(p.snap, 0) {
 				p.spinHits.Add(1)
+				if probe {
+					p.probeHits.Add(1)
+				}
+				p.budget.spun(true)
 				return
 			}
 			if i%16 == 0 {
@@ -529,19 +544,17 @@ func (p *poller) park(next time.Duration) {
 				runtime.Gosched()
 			}
 		}
-		if p.spin /= 2; p.spin < time.Microsecond {
-			p.spin = 0
-		}
+		p.budget.spun(false)
 		if p.dirty.Load() || p.g.stop.Load() {
 			return
 		}
 	}
 	p.parks.Add(1)
 	start := rdma.Mono()
-	if p.ws.Wait(p.snap, deadline) {
+	rang := p.ws.Wait(p.snap, deadline)
+	if rang {
 		p.wakes.Add(1)
-		if rdma.Mono()-start < p.g.cfg.Spin {
-			p.spin = p.g.cfg.Spin
-		}
 	}
+	end := rdma.Mono()
+	p.budget.parked(rang, end-enter, end-start)
 }

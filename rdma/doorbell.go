@@ -73,7 +73,11 @@ func (d *LocalDoorbell) Wait(seq uint64, timeout time.Duration) bool {
 		return false
 	}
 	start := Mono()
-	if d.spinSeq(seq, start+min(d.spin, timeout)) {
+	hit := d.spinSeq(seq, start+min(d.spin, timeout))
+	if d.spin > 0 {
+		NoteSpin(hit)
+	}
+	if hit {
 		return true
 	}
 	left := timeout - (Mono() - start)
@@ -103,10 +107,13 @@ func (d *LocalDoorbell) Wait(seq uint64, timeout time.Duration) bool {
 		select {
 		case <-d.wake:
 			if d.seq.Load() != seq {
+				NotePark(true)
 				return true
 			}
 		case <-t.C:
-			return d.seq.Load() != seq
+			rang := d.seq.Load() != seq
+			NotePark(rang)
+			return rang
 		}
 	}
 }

@@ -90,7 +90,7 @@ redis-server, then measures, rdmakv first and Redis right after it:
 'make run' starts: kvbench builds kvserver (go build; or --kvserver FILE)
 and runs it with no --config, an embedded cluster of --groups groups x 3
 replicas on shm in one process (its map and shm files in kvbench's work
-directory, --control -, --election-timeout as below, the other flags
+directory, --control on a free loopback port, --election-timeout as below, the other flags
 kvserver's defaults); the client opens the map file kvserver wrote
 (client.Open with WithMapFile). --rows is then get and/or put (default
 put), --records defaults to 100000, and the keys are loaded without the
@@ -112,6 +112,12 @@ before and after the measurement and divided by every op it completed
             also alone in --json
   cpu       utime + stime (/proc/PID/stat; 10 ms ticks, so coarse for a
             short --duration), client and replicas apart, and their sum
+  waits     how the waits ended: the client's doorbell waits
+            (rdma.DoorbellWaits: spins, spins a ring ended = hits, parks)
+            and, with --embedded, kvserver's pollers' (its /status: spins,
+            spin_hits, parks); a put whose waits park pays a futex wake
+            and a thread wake-up per hop (--json: client_spins_per_op ...
+            server_parks_per_op)
 Example (issue 17's single-writer and saturation puts; issue 19's
 durability targets with --durability async and sync):
   kvbench kv --embedded --put-threads 64 --runs 3 --json
@@ -1317,6 +1323,10 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 			if c.writesPerMsg > 0 {
 				line += fmt.Sprintf(", %.2f writes per message", c.writesPerMsg)
 			}
+			line += fmt.Sprintf(", waits: client spins %.2f (hits %.2f) parks %.2f wake calls %.2f (woke none %.2f)", c.clientSpins, c.clientSpinHits, c.clientParks, c.clientWakes, c.clientWakesNone)
+			if c.pollersOK {
+				line += fmt.Sprintf(", pollers spins %.2f (hits %.2f; probes %.3f, hits %.3f) parks %.2f", c.serverSpins, c.serverSpinHits, c.serverProbes, c.serverProbeHits, c.serverParks)
+			}
 		}
 		switch {
 		case sp.base != nil:
@@ -1347,15 +1357,22 @@ func (e *kvEnv) sample(tm timing, threads int, mk func(g int) kvOp, costed bool)
 	var c0 costSnap
 	var w0 client.Stats
 	rs := e.ours
+	var ctl string // the replicas' control port (--embedded)
+	if e.srv != nil {
+		ctl = e.srv.control
+	}
 	if costed {
 		c0 = takeCost(e.reps)
+		c0.pollers = readPollerCounts(ctl)
 		if rs != nil {
 			w0 = rs.c.Stats()
 		}
 	}
 	st, err := closedLoop(threads, tm, mk)
 	if costed {
-		st.cost = costPerOp(c0, takeCostAfter(e.reps), st.total)
+		c1 := takeCostAfter(e.reps)
+		c1.pollers = readPollerCounts(ctl)
+		st.cost = costPerOp(c0, c1, st.total)
 		if rs != nil {
 			if w := rs.c.Stats(); w.WriteMessages > w0.WriteMessages {
 				st.cost.writesPerMsg = float64(w.WriteOps-w0.WriteOps) / float64(w.WriteMessages-w0.WriteMessages)
@@ -1508,6 +1525,22 @@ type costCols struct {
 	ClientCPUUSPerOp    *float64 `json:"client_cpu_us_per_op,omitempty"`
 	ServerCPUUSPerOp    *float64 `json:"server_cpu_us_per_op,omitempty"`
 	CPUUSPerOp          *float64 `json:"cpu_us_per_op,omitempty"` // client + server
+	// How the waits of an op ended (rdma.WaitStats in the client, the
+	// pollers' /status counters of an --embedded kvserver): spin phases,
+	// those a ring ended (no park), and parks. A put whose waits all
+	// park pays a futex wake and a thread wake-up per hop.
+	ClientSpinsPerOp    *float64 `json:"client_spins_per_op,omitempty"`
+	ClientSpinHitsPerOp *float64 `json:"client_spin_hits_per_op,omitempty"`
+	ClientParksPerOp    *float64 `json:"client_parks_per_op,omitempty"`
+	// the client's rings that made a wake system call, and those that
+	// woke no thread (the waiter was already woken)
+	ClientWakeCallsPerOp     *float64 `json:"client_wake_calls_per_op,omitempty"`
+	ClientWakeCallsNonePerOp *float64 `json:"client_wake_calls_none_per_op,omitempty"`
+	ServerSpinsPerOp         *float64 `json:"server_spins_per_op,omitempty"`
+	ServerSpinHitsPerOp      *float64 `json:"server_spin_hits_per_op,omitempty"`
+	ServerParksPerOp         *float64 `json:"server_parks_per_op,omitempty"`
+	ServerProbesPerOp        *float64 `json:"server_probes_per_op,omitempty"` // the pollers' probe spins (poller.PollerStats)
+	ServerProbeHitsPerOp     *float64 `json:"server_probe_hits_per_op,omitempty"`
 }
 
 // medianCost is the cost columns over runs: the medians of the runs
@@ -1536,6 +1569,18 @@ func medianCost[T any](runs []T, cost func(T) opCost) costCols {
 	r.ClientCPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU })
 	r.ServerCPUUSPerOp = med(func(c opCost) float64 { return c.serverCPU })
 	r.CPUUSPerOp = med(func(c opCost) float64 { return c.clientCPU + c.serverCPU })
+	r.ClientSpinsPerOp = med(func(c opCost) float64 { return c.clientSpins })
+	r.ClientSpinHitsPerOp = med(func(c opCost) float64 { return c.clientSpinHits })
+	r.ClientParksPerOp = med(func(c opCost) float64 { return c.clientParks })
+	r.ClientWakeCallsPerOp = med(func(c opCost) float64 { return c.clientWakes })
+	r.ClientWakeCallsNonePerOp = med(func(c opCost) float64 { return c.clientWakesNone })
+	if costed[0].pollersOK {
+		r.ServerSpinsPerOp = med(func(c opCost) float64 { return c.serverSpins })
+		r.ServerSpinHitsPerOp = med(func(c opCost) float64 { return c.serverSpinHits })
+		r.ServerParksPerOp = med(func(c opCost) float64 { return c.serverParks })
+		r.ServerProbesPerOp = med(func(c opCost) float64 { return c.serverProbes })
+		r.ServerProbeHitsPerOp = med(func(c opCost) float64 { return c.serverProbeHits })
+	}
 	return r
 }
 

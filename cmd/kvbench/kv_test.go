@@ -206,6 +206,9 @@ func TestKVEmbeddedJSON(t *testing.T) {
 		}
 		positive(t, r, "ops_per_s", "p50_ns", "p99_ns", "cost_ops")
 		nonNegative(t, r, kvCostFields...)
+		// the waits: the client's, and kvserver's pollers' from its /status
+		nonNegative(t, r, "client_spins_per_op", "client_spin_hits_per_op", "client_parks_per_op", "client_wake_calls_per_op",
+			"server_spins_per_op", "server_spin_hits_per_op", "server_parks_per_op", "server_probes_per_op", "server_probe_hits_per_op")
 		if _, ok := r["baseline_ops_per_s"]; !ok {
 			t.Errorf("row %s lacks baseline_ops_per_s", name)
 		}

@@ -40,6 +40,7 @@ type kvserverProc struct {
 	cmd     *exec.Cmd
 	mapFile string
 	dataDir string        // a durable mode's data ("": memory); close removes it
+	control string        // its control port's address ("": none known)
 	exited  chan struct{} // closed once its stdout ended
 }
 
@@ -51,13 +52,18 @@ type kvserverProc struct {
 // put it on the disk to be measured), which close removes.
 func startKVServer(bin, shmDir, name string, groups int, et time.Duration, durability string) (*kvserverProc, error) {
 	mapFile := filepath.Join(shmDir, name+".map.json")
+	// A control port on loopback: its /status gives the pollers' spin and
+	// park counts per op (kvPollerCost).
+	control, err := freeControl()
+	if err != nil {
+		return nil, err
+	}
 	args := []string{"--groups", strconv.Itoa(groups), "--replicas", "3", "--name", name,
-		"--map", mapFile, "--shm-dir", shmDir, "--control", "-", "--election-timeout", et.String()}
+		"--map", mapFile, "--shm-dir", shmDir, "--control", control, "--election-timeout", et.String()}
 	dataDir := ""
 	if durability == "" || durability == "memory" {
 		args = append(args, "--memory")
 	} else {
-		var err error
 		if dataDir, err = os.MkdirTemp("", "kvbench-data-"); err != nil {
 			return nil, err
 		}
@@ -66,6 +72,9 @@ func startKVServer(bin, shmDir, name string, groups int, et time.Duration, durab
 	p, err := runKVServer(bin, mapFile, dataDir, args)
 	if err != nil && dataDir != "" {
 		os.RemoveAll(dataDir)
+	}
+	if p != nil {
+		p.control = control
 	}
 	return p, err
 }

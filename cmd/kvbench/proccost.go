@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/rdmakv/rdmakv/rdma"
 )
 
 // The cost of an op, from the processes' own counters (issue 17's targets
@@ -125,7 +127,33 @@ type costSnap struct {
 	mallocs uint64
 	client  procCounters
 	servers procCounters // summed over the server processes
+	waits   rdma.WaitStats
+	pollers *pollerCounts // nil: not read
 	err     error
+}
+
+// pollerCounts are a kvserver's pollers' counters summed (its /status).
+type pollerCounts struct{ spins, spinHits, parks, probes, probeHits uint64 }
+
+// readPollerCounts reads the pollers' counters of the kvserver whose
+// control port is addr (nil: no addr, or the read failed).
+func readPollerCounts(addr string) *pollerCounts {
+	if addr == "" {
+		return nil
+	}
+	st, err := getStatus(addr)
+	if err != nil || len(st.Pollers) == 0 {
+		return nil
+	}
+	var c pollerCounts
+	for _, p := range st.Pollers {
+		c.spins += p.Spins
+		c.spinHits += p.SpinHits
+		c.parks += p.Parks
+		c.probes += p.Probes
+		c.probeHits += p.ProbeHits
+	}
+	return &c
 }
 
 // takeCost reads the counters before a measurement: the allocation count
@@ -149,6 +177,7 @@ func takeCostAfter(servers []int) costSnap {
 
 func readCostProcs(servers []int) costSnap {
 	var s costSnap
+	s.waits = rdma.DoorbellWaits()
 	s.client, s.err = readProcCounters(os.Getpid())
 	for _, p := range servers {
 		c, err := readProcCounters(p)
@@ -171,6 +200,13 @@ type opCost struct {
 	// writesPerMsg: the client's single-key writes per message sent
 	// (client.Stats; 0 when it sent none), how much it combined
 	writesPerMsg float64
+	// the client's doorbell waits (rdma.WaitStats) and, pollersOK, the
+	// replicas' pollers' spin phases, spin hits and parks
+	clientSpins, clientSpinHits, clientParks float64
+	clientWakes, clientWakesNone             float64 // its rings' wake calls, and those that woke no thread
+	pollersOK                                bool
+	serverSpins, serverSpinHits, serverParks float64
+	serverProbes, serverProbeHits            float64
 }
 
 // costPerOp is b - a over ops (ok false: a reading failed or no op).
@@ -186,13 +222,27 @@ func costPerOp(a, b costSnap, ops uint64) opCost {
 		return float64(y - x)
 	}
 	const usPerTick = 1e6 / userHZ
-	return opCost{ok: true, ops: ops,
-		allocs:         delta(a.mallocs, b.mallocs) / n,
-		clientWakeups:  delta(a.client.wakeups, b.client.wakeups) / n,
-		serverWakeups:  delta(a.servers.wakeups, b.servers.wakeups) / n,
-		clientPreempts: delta(a.client.preempts, b.client.preempts) / n,
-		serverPreempts: delta(a.servers.preempts, b.servers.preempts) / n,
-		clientCPU:      delta(a.client.ticks, b.client.ticks) * usPerTick / n,
-		serverCPU:      delta(a.servers.ticks, b.servers.ticks) * usPerTick / n,
+	c := opCost{ok: true, ops: ops,
+		clientSpins:     delta(a.waits.Spins, b.waits.Spins) / n,
+		clientSpinHits:  delta(a.waits.SpinHits, b.waits.SpinHits) / n,
+		clientParks:     delta(a.waits.Parks, b.waits.Parks) / n,
+		clientWakes:     delta(a.waits.Wakes, b.waits.Wakes) / n,
+		clientWakesNone: delta(a.waits.WakesNone, b.waits.WakesNone) / n,
+		allocs:          delta(a.mallocs, b.mallocs) / n,
+		clientWakeups:   delta(a.client.wakeups, b.client.wakeups) / n,
+		serverWakeups:   delta(a.servers.wakeups, b.servers.wakeups) / n,
+		clientPreempts:  delta(a.client.preempts, b.client.preempts) / n,
+		serverPreempts:  delta(a.servers.preempts, b.servers.preempts) / n,
+		clientCPU:       delta(a.client.ticks, b.client.ticks) * usPerTick / n,
+		serverCPU:       delta(a.servers.ticks, b.servers.ticks) * usPerTick / n,
 	}
+	if a.pollers != nil && b.pollers != nil {
+		c.pollersOK = true
+		c.serverSpins = delta(a.pollers.spins, b.pollers.spins) / n
+		c.serverSpinHits = delta(a.pollers.spinHits, b.pollers.spinHits) / n
+		c.serverParks = delta(a.pollers.parks, b.pollers.parks) / n
+		c.serverProbes = delta(a.pollers.probes, b.pollers.probes) / n
+		c.serverProbeHits = delta(a.pollers.probeHits, b.pollers.probeHits) / n
+	}
+	return c
 }

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/rdmakv/rdmakv/rdma"
 )
 
 // A thread's /proc/PID/task/TID/status, as Linux 6.x writes it (cut).
@@ -96,5 +98,21 @@ func TestCostPerOp(t *testing.T) {
 	a.err = os.ErrNotExist
 	if c := costPerOp(a, b, 400); c.ok {
 		t.Errorf("costPerOp with a failed reading: ok")
+	}
+}
+
+// TestCostPerOpWaits: the client's doorbell waits and the pollers'
+// counters per op; without both pollers' readings no poller figures.
+func TestCostPerOpWaits(t *testing.T) {
+	a := costSnap{waits: rdma.WaitStats{Spins: 10, SpinHits: 5, Parks: 3}, pollers: &pollerCounts{spins: 100, spinHits: 10, parks: 50}}
+	b := costSnap{waits: rdma.WaitStats{Spins: 10 + 200, SpinHits: 5 + 100, Parks: 3 + 100}, pollers: &pollerCounts{spins: 100 + 300, spinHits: 10 + 20, parks: 50 + 400}}
+	c := costPerOp(a, b, 200)
+	if c.clientSpins != 1 || c.clientSpinHits != 0.5 || c.clientParks != 0.5 || !c.pollersOK ||
+		c.serverSpins != 1.5 || c.serverSpinHits != 0.1 || c.serverParks != 2 {
+		t.Errorf("costPerOp = %+v, want client 1 spin, 0.5 hits, 0.5 parks; pollers 1.5, 0.1, 2", c)
+	}
+	b.pollers = nil
+	if c := costPerOp(a, b, 200); c.pollersOK {
+		t.Errorf("costPerOp without the pollers' second reading: pollersOK")
 	}
 }

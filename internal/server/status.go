@@ -381,6 +381,10 @@ type PollerStatus struct {
 	SpinHits uint64 `json:"spin_hits"` // spin phases ended by a ring or a kick
 	Parks    uint64 `json:"parks"`     // parks in the wait set
 	Wakes    uint64 `json:"wakes"`     // parks ended by a ring or a kick (the rest timed out)
+	// Probes are spins of a probe budget (a stream of messages a little
+	// further apart than the spin budget), ProbeHits those a ring ended.
+	Probes    uint64 `json:"probes"`
+	ProbeHits uint64 `json:"probe_hits"`
 	// PassMaxUs is its longest pass since the start in microseconds: the
 	// longest any of its replicas (a leader too) waited for its next Poll
 	// while the poller was busy. PassMaxRecentUs is the longest in the
@@ -401,7 +405,7 @@ func pollerStatus(reps []*Replica) []PollerStatus {
 		var out []PollerStatus
 		for i, st := range r.pollers.Stats() {
 			out = append(out, PollerStatus{Poller: i, Tasks: st.Tasks, Passes: st.Passes, Spins: st.Spins,
-				SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes,
+				SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes, Probes: st.Probes, ProbeHits: st.ProbeHits,
 				PassMaxUs: float64(st.MaxPass.Nanoseconds()) / 1e3, PassMaxRecentUs: float64(st.RecentMaxPass.Nanoseconds()) / 1e3})
 		}
 		return out

@@ -20,18 +20,45 @@ const futexWake = 1
 // bump seq, then wake parked waiters. A waiter announces itself in parked
 // before its last look at seq, so either it sees the new seq or the ringer
 // sees it parked; a spinning target costs the ringer no system call.
+//
+// With the owner's featWakeOnce (layout.go), a ring skips the wake call
+// when an earlier ring made one since the last waiter announced itself:
+// every waiter parked then is woken already.
 func ringNode(nf []byte) {
 	rdma.Add64(nf, nodeSeqW, 1)
-	if rdma.Load64(nf, nodeParkedW) != 0 {
-		futex(nf, nodeSeqW, futexWake, 1<<31-1, nil)
+	if rdma.Load64(nf, nodeParkedW) == 0 {
+		return
+	}
+	if rdma.Load64(nf, nodeFeatW)&featWakeOnce != 0 {
+		if rdma.Load64(nf, nodeWokenW) != 0 || rdma.CAS64(nf, nodeWokenW, 0, 1) != 0 {
+			rdma.NoteWakeSkipped()
+			return
+		}
+	}
+	n, _ := futex(nf, nodeSeqW, futexWake, 1<<31-1, nil)
+	rdma.NoteWake(n)
+}
+
+// announcePark adds a waiter to nf's parked count and clears woken: a
+// ring after it makes a wake call (see wakeOnce in layout.go). The
+// caller looks at seq once more before it sleeps.
+func announcePark(nf []byte) {
+	rdma.Add64(nf, nodeParkedW, 1)
+	if !skipClearWoken {
+		rdma.Store64(nf, nodeWokenW, 0)
 	}
 }
 
-// futex calls futex(2) on the low 32 bits of the word at nf[off:].
-func futex(nf []byte, off int, op uintptr, val uint32, ts *unix.Timespec) unix.Errno {
+// skipClearWoken is a testing knob: a planted bug (a waiter that does not
+// clear woken loses wake-ups; TestWakeOnceLostWakeup catches it).
+var skipClearWoken bool
+
+// futex calls futex(2) on the low 32 bits of the word at nf[off:]; n is
+// its result (FUTEX_WAKE: the threads woken).
+func futex(nf []byte, off int, op uintptr, val uint32, ts *unix.Timespec) (n int, e unix.Errno) {
 	addr := unsafe.Pointer(&nf[off:][:8][0])
-	_, _, e := unix.Syscall6(unix.SYS_FUTEX, uintptr(addr), op, uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
-	return e
+	r, _, e := unix.Syscall6(unix.SYS_FUTEX, uintptr(addr), op, uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+	return int(r), e
 }
 
 // doorbell is a node's rdma.Doorbell: the seq word of its node file, which
@@ -92,15 +119,20 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 		return false
 	}
 	deadline := rdma.Mono() + timeout
-	if rdma.SpinUntil(changed, min(d.spin, timeout)) {
-		return true
+	if d.spin > 0 {
+		hit := rdma.SpinUntil(changed, min(d.spin, timeout))
+		rdma.NoteSpin(hit)
+		if hit {
+			return true
+		}
 	}
-	rdma.Add64(nf, nodeParkedW, 1)
+	announcePark(nf)
 	defer rdma.Add64(nf, nodeParkedW, ^uint64(0))
 	addr := unsafe.Pointer(&nf[nodeSeqW:][:8][0])
 	for !changed() {
 		now := rdma.Mono()
 		if now >= deadline {
+			rdma.NotePark(false)
 			return false
 		}
 		ts := absTimespec(min(deadline, now+time.Hour)) // no overflow for a far deadline
@@ -109,6 +141,7 @@ func (d *doorbell) Wait(seq uint64, timeout time.Duration) bool {
 		// P is handed back while it sleeps (see waitset.go).
 		futexWaitBlocking(addr, futexWaitBitset, uint32(seq), unsafe.Pointer(&ts))
 	}
+	rdma.NotePark(true)
 	return true
 }
 

@@ -501,3 +501,45 @@ func TestPeerTableFull(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDoorbellWaitStats checks rdma.DoorbellWaits' counts of the shm
+// doorbell's waits: a ring during the spin is a spin hit and no park; a
+// wait that parks is a park, a ring-ended one a park wake too.
+func TestDoorbellWaitStats(t *testing.T) {
+	o := newTestOptions(t)
+	o.Spin = time.Hour // spins until rung
+	n := mustOpen(t, 1, o)
+	db := n.Doorbell()
+	w0 := rdma.DoorbellWaits()
+	s := db.Seq()
+	go func() {
+		time.Sleep(time.Millisecond)
+		db.Ring()
+	}()
+	if !db.Wait(s, time.Minute) {
+		t.Fatal("Wait did not see the ring")
+	}
+	w1 := rdma.DoorbellWaits()
+	if got := (rdma.WaitStats{Spins: w1.Spins - w0.Spins, SpinHits: w1.SpinHits - w0.SpinHits, Parks: w1.Parks - w0.Parks}); got != (rdma.WaitStats{Spins: 1, SpinHits: 1}) {
+		t.Fatalf("a wait rung while spinning counted %+v, want one spin, one hit, no park", got)
+	}
+
+	o2 := newTestOptions(t)
+	o2.Spin = -1 // park at once
+	db2 := mustOpen(t, 2, o2).Doorbell()
+	s = db2.Seq()
+	if db2.Wait(s, time.Millisecond) {
+		t.Fatal("Wait returned true with no ring")
+	}
+	go func() {
+		time.Sleep(time.Millisecond)
+		db2.Ring()
+	}()
+	if !db2.Wait(s, time.Minute) {
+		t.Fatal("Wait did not see the ring")
+	}
+	w2 := rdma.DoorbellWaits()
+	if got := (rdma.WaitStats{Spins: w2.Spins - w1.Spins, Parks: w2.Parks - w1.Parks, ParkWakes: w2.ParkWakes - w1.ParkWakes}); got != (rdma.WaitStats{Parks: 2, ParkWakes: 1}) {
+		t.Fatalf("a timed-out park and a rung one counted %+v, want two parks, one woken, no spin", got)
+	}
+}

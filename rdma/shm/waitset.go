@@ -200,7 +200,7 @@ func (s *waitSet) wait(snap []uint64, deadline time.Duration) bool {
 	for i, d := range s.dbs {
 		s.open[i] = !d.closed.Load()
 		if s.open[i] {
-			rdma.Add64(d.nf, nodeParkedW, 1)
+			announcePark(d.nf)
 		}
 	}
 	s.parked.Store(true)

@@ -1,0 +1,102 @@
+package poller
+
+import "time"
+
+// spinBudget is a poller's adaptive spin budget: how long it spins for
+// the next ring before it parks. Pure (the poller hands it the durations
+// it measured), so that tests drive it without a clock.
+//
+// A spin that found nothing halves the budget (an idle poller soon parks
+// at once); a park shorter than the full budget that a ring ended (a
+// full spin would have caught it) restores it.
+//
+// The single writer's slow mode: a steady stream whose messages arrive a
+// little further apart than the full budget (one writer against two
+// groups: a leader's next message comes after the client was woken for
+// its reply and posted again) makes every spin miss, and each message
+// costs a park and a futex wake in each process, which keeps the round
+// trip, and so the gap, long; a missed full spin followed by a short
+// park restores the budget, so each message also pays a full spin. The
+// probe: a ring that ended a park gap after the poller went idle, with
+// the full budget < gap <= probeSpans full budgets, is a near miss;
+// after two in a row the next spin is a probe: it spins for 5/4 of the
+// last gap once. A probe that catches the next ring keeps its budget
+// (the stream is caught without a wake, and its round trips can shorten
+// back under the full budget); one that misses backs the probes off: the
+// next one only after 1, 2, 4 ... 64 more near misses, so a machine where
+// spinning does not shorten the gap pays at most one probe in 64
+// messages. Idle pollers' parks end by deadlines (timeouts, heartbeats)
+// or far rings, not near misses: they never probe. Everything else is
+// the rule before the probe.
+type spinBudget struct {
+	full time.Duration // the configured budget (0: never spin)
+	cur  time.Duration // the next spin's budget
+
+	near    int  // near misses in a row
+	probing bool // cur is a probe's
+	wait    int  // near misses still to skip before the next probe
+	backoff int  // the last wait set (0 after a probe hit)
+
+	noProbe bool // testing knob: the rule before the probe
+}
+
+// probeSpans bounds a probe's spin and a near miss's gap, in full
+// budgets.
+const probeSpans = 4
+
+// maxProbeBackoff bounds the near misses skipped after a probe that
+// missed.
+const maxProbeBackoff = 64
+
+func newSpinBudget(full time.Duration) spinBudget {
+	return spinBudget{full: full, cur: full}
+}
+
+// spun records a spin phase of the current budget: hit, a ring ended it.
+func (b *spinBudget) spun(hit bool) {
+	probing := b.probing
+	b.probing = false
+	if hit {
+		if probing {
+			b.backoff, b.wait = 0, 0
+		}
+		return
+	}
+	if probing {
+		b.backoff = min(max(1, 2*b.backoff), maxProbeBackoff)
+		b.wait = b.backoff
+	}
+	if b.cur /= 2; b.cur < time.Microsecond {
+		b.cur = 0
+	}
+}
+
+// parked records a park: rang, a ring (not a deadline) ended it; gap,
+// the time from the poller going idle (the spin before the park
+// included) to its end; parkedFor, the park's own part of it.
+func (b *spinBudget) parked(rang bool, gap, parkedFor time.Duration) {
+	if !rang {
+		b.near = 0
+		return
+	}
+	if parkedFor < b.full {
+		b.cur = b.full
+	}
+	if b.noProbe {
+		return
+	}
+	if gap <= b.full || gap > probeSpans*b.full {
+		b.near = 0
+		return
+	}
+	if b.near++; b.near < 2 {
+		return
+	}
+	if b.wait > 0 {
+		b.wait--
+		return
+	}
+	b.near = 0
+	b.cur = min(gap+gap/4, probeSpans*b.full)
+	b.probing = true
+}
