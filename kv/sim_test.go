@@ -108,6 +108,9 @@ type kvOpts struct {
 	joinOlder                       bool // Delegation's planted bug in the clients
 	ordReaders                      int  // OrderedReaders per client (orderedRunOpts: 2)
 	ordKnobs                        testingKnobs
+	// moves: ordered tablets over the groups and a mover process that
+	// moves them while the clients run (sim_move_test.go).
+	moves *moveOpts
 }
 
 type kvRun struct {
@@ -124,6 +127,7 @@ type kvRun struct {
 	gone    map[rdma.NodeID]bool
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
+	mv      *moveRun // kvOpts.moves
 	err     error
 	stats   struct {
 		gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls int
@@ -1019,6 +1023,11 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 			return nil, err
 		}
 	}
+	if o.moves != nil {
+		if err := h.setupMoves(); err != nil {
+			return nil, err
+		}
+	}
 	s.Invariant(func() error { return h.err })
 	if o.crashes || o.partitions || o.slow || o.clientCrash {
 		h.scheduleFaults(5 * time.Millisecond)
@@ -1042,6 +1051,9 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		return h, err
 	}
 	converged := func() bool {
+		if h.mv != nil && !h.mv.settled() {
+			return false
+		}
 		for id, p := range h.clients {
 			if !h.s.Live(id) {
 				continue
