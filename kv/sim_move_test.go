@@ -72,6 +72,10 @@ type moveOpts struct {
 	// move (after its freeze, an ingest or its drop was acknowledged),
 	// for 0.5 to 2 ms.
 	crashMover int
+	// crashLeaders crashes, this many times, the leader of the group a
+	// step went to (the source or the target) right after the step was
+	// acknowledged, for 1 to 4 ms.
+	crashLeaders int
 	// abortOneIn: a new mover that finds a tablet frozen aborts the move
 	// one time in abortOneIn (default 3), else finishes it.
 	abortOneIn int
@@ -81,6 +85,8 @@ type moveOpts struct {
 	activateEarly bool   // drop and activate after the first ingest, then the others
 	store         string // "write-during-move", "no-version-floor", "drop-keeps-keys", "no-own-bump"
 }
+
+var debugMoves = false
 
 // moveFences cut the ordered keys into the tablets of a moves run.
 var moveFences = []string{"o08", "o16"}
@@ -117,6 +123,7 @@ type moveRun struct {
 	// requests through the log to first.
 	route        [][]int
 	crashesLeft  int
+	leadersLeft  int
 	stats        moveStats
 	versionPairs int // pairs of writes the version check compared
 }
@@ -127,11 +134,11 @@ type frontier struct {
 }
 
 type moveStats struct {
-	moves, aborts, resumes, activations, refused, crashes, notOwner, dirReads, waits, moving, rerouted, frozen, pieces int
+	moves, aborts, resumes, activations, refused, crashes, leaders, notOwner, dirReads, waits, moving, rerouted, frozen, pieces int
 }
 
 func (h *kvRun) setupMoves() error {
-	m := &moveRun{h: h, crashesLeft: h.o.moves.crashMover}
+	m := &moveRun{h: h, crashesLeft: h.o.moves.crashMover, leadersLeft: h.o.moves.crashLeaders}
 	m.front = make([]frontier, len(h.members))
 	m.node = h.cnodes[len(h.cnodes)-1] + 1
 	m.route = make([][]int, len(h.cnodes))
@@ -223,6 +230,13 @@ func (m *moveRun) note(p *kvRepProc) {
 	f := &m.front[g]
 	switch {
 	case idx > f.idx || f.tablets == nil:
+		if debugMoves && !sameTablets(f.tablets, p.store.Tablets()) {
+			fmt.Printf("%v: group %d node %d after entry %d:", h.s.Now(), g, p.env.ID(), idx)
+			for _, tb := range p.store.Tablets() {
+				fmt.Printf(" %s to %d;", fmtTablet(tb), tb.To)
+			}
+			fmt.Println()
+		}
 		f.idx, f.tablets = idx, cloneTablets(p.store.Tablets())
 	case idx == f.idx && !sameTablets(f.tablets, p.store.Tablets()):
 		h.fail(fmt.Errorf("ownership: group %d: node %d holds other tablets than its group-mates after entry %d", g, p.env.ID(), idx))
@@ -272,6 +286,26 @@ func (m *moveRun) settledFront() bool {
 func (m *moveRun) settled() bool {
 	p := m.mover
 	return m.h.s.Live(m.node) && p != nil && p.st == mvIdle && m.settledFront()
+}
+
+// dump describes the mover and the groups' tablets, for a failed run.
+func (m *moveRun) dump() string {
+	var b strings.Builder
+	if p := m.mover; p != nil {
+		fmt.Fprintf(&b, "mover (node %d) live %v: state %d, queue %d steps, inflight %v, next %v; move %s from %d to %d gen %d\n",
+			m.node, m.h.s.Live(m.node), p.st, len(p.queue), p.inflight, p.next, fmtTablet(p.tb), p.from, p.to, p.gen)
+		for _, s := range p.queue {
+			fmt.Fprintf(&b, "  step %s at group %d\n", s.what, s.g)
+		}
+	}
+	for g, f := range m.front {
+		fmt.Fprintf(&b, "group %d after entry %d:", g, f.idx)
+		for _, tb := range f.tablets {
+			fmt.Fprintf(&b, " %s to %d;", fmtTablet(tb), tb.To)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // checkMoves: after the run, every group's tablets are serving and
@@ -497,6 +531,12 @@ func (p *moverProc) Step(now time.Duration) bool {
 			}
 			s := p.queue[0]
 			p.queue = p.queue[1:]
+			if p.m.leadersLeft > 0 && p.env.Rand().IntN(3) == 0 {
+				p.crashLeader(now, int(s.g))
+			}
+			if debugMoves {
+				fmt.Printf("%v: mover: %s at group %d acknowledged\n", now, s.what, s.g)
+			}
 			if s.crash {
 				p.crash(now)
 				return true
@@ -532,6 +572,22 @@ func (p *moverProc) crash(now time.Duration) {
 	h, id := p.h, p.env.ID()
 	p.m.stats.crashes++
 	h.s.At(now, func() { h.crashFor(id, 500*time.Microsecond+time.Duration(h.rng.Int64N(int64(1500*time.Microsecond)))) })
+}
+
+// crashLeader crashes group g's leader (moveOpts.crashLeaders), if the
+// group keeps a majority up.
+func (p *moverProc) crashLeader(now time.Duration, g int) {
+	h := p.h
+	id, ok := h.leaderOf(g)
+	if !ok || h.downIn(g) >= (len(h.members[g])-1)/2 {
+		return
+	}
+	p.m.leadersLeft--
+	p.m.stats.leaders++
+	if debugMoves {
+		fmt.Printf("%v: crash group %d's leader %d\n", now, g, id)
+	}
+	h.s.At(now, func() { h.crashFor(id, time.Millisecond+time.Duration(h.rng.Int64N(int64(3*time.Millisecond)))) })
 }
 
 // retry gives the move up for now: the mover reads the directory again
@@ -590,9 +646,14 @@ func (p *moverProc) plan(now time.Duration) {
 		p.st = mvSteps
 		return
 	}
-	if mv := d.Moving(); len(mv) > 0 {
+	for _, t := range d.Moving() {
 		// Dropped at its source already: only the activation is left.
-		t := mv[0]
+		// (MoveTablet activates only a tablet that no group serves: a
+		// tablet being installed that another group serves is left of
+		// an aborted move.)
+		if slices.ContainsFunc(d.Tablets(), func(q btree.Placed) bool { return bytes.Equal(q.Low, t.Low) }) {
+			continue
+		}
 		p.tb = btree.Tablet{Low: bytes.Clone(t.Low), High: bytes.Clone(t.High), HighInf: t.HighInf}
 		p.to, p.gen = t.Group, t.Gen
 		p.queue = []mvStep{{g: p.to, ct: btree.Ctl{Cmd: btree.CtlActivate, To: p.to, Gen: p.gen, Tablet: p.tb}, what: "activate"}}
@@ -605,6 +666,13 @@ func (p *moverProc) plan(now time.Duration) {
 		return
 	}
 	tbs := d.Tablets()
+	if len(tbs) == 0 {
+		if debugMoves {
+			fmt.Printf("%v: mover: no tablet served: %v\n", now, p.tabs)
+		}
+		p.retry(now)
+		return
+	}
 	t := tbs[rng.IntN(len(tbs))]
 	to := (t.Group + 1 + uint32(rng.IntN(len(h.members)-1))) % uint32(len(h.members))
 	p.tb = btree.Tablet{Low: bytes.Clone(t.Low), High: bytes.Clone(t.High), HighInf: t.HighInf}
@@ -964,6 +1032,26 @@ func (p *kvCliProc) advanceLane(l *mvLane, now time.Duration) {
 		p.waitDir(l, now)
 		return
 	}
+	// A piece within one tablet (a run of one group's tablets is cut at
+	// their fences): the history's scans then link only the keys of one
+	// tablet, which keeps porcupine's partitions small.
+	if !l.reverse {
+		if i := tabletOf(string(plo)); i < len(moveFences) && (phi == nil || string(phi) > moveFences[i]) {
+			phi, last = []byte(moveFences[i]), false
+		}
+	} else {
+		// The tablet of the greatest key below phi.
+		top := len(moveFences)
+		if phi != nil {
+			top = tabletOf(string(phi))
+			if top > 0 && string(phi) == moveFences[top-1] {
+				top--
+			}
+		}
+		if top > 0 && string(plo) < moveFences[top-1] {
+			plo, last = []byte(moveFences[top-1]), false
+		}
+	}
 	if len(l.recs) > 0 && (!bytes.Equal(plo, l.plo) || !bytes.Equal(phi, l.phi)) {
 		// The directory changed the piece: the one recorded gave no
 		// answer.
@@ -1097,7 +1185,7 @@ func (p *kvCliProc) landLane(l *mvLane, now time.Duration) {
 }
 
 // kvSimMoveSeeds is TestSimMoves' seeds per case (-seeds N for more).
-const kvSimMoveSeeds = 8
+const kvSimMoveSeeds = 6
 
 var kvSimMoveCases = []struct {
 	name string
@@ -1107,6 +1195,10 @@ var kvSimMoveCases = []struct {
 	{"faults", kvOpts{ops: 100, crashes: true, partitions: true, slow: true, clientCrash: true}},
 	{"leaders", kvOpts{ops: 100, leaders: 2, isolate: 2, gap: 100 * time.Microsecond}},
 	{"mover-crashes", kvOpts{ops: 100, crashes: true, partitions: true, moves: &moveOpts{crashMover: 4}}},
+	// step-leaders: the source's or the target's leader crashes right
+	// after it acknowledged a step; the mover sends the next one to the
+	// group's next leader (and a step whose answer was lost again).
+	{"step-leaders", kvOpts{ops: 100, gap: 150 * time.Microsecond, slow: true, moves: &moveOpts{crashLeaders: 6}}},
 	{"slow-new-leaders", kvOpts{ops: 100, crashAfterCommit: 3, newLeaderStall: true, gap: 100 * time.Microsecond, moves: &moveOpts{crashMover: 2}}},
 }
 
@@ -1147,6 +1239,7 @@ func TestSimMoves(t *testing.T) {
 					st.activations += s.activations
 					st.refused += s.refused
 					st.crashes += s.crashes
+					st.leaders += s.leaders
 					st.notOwner += s.notOwner
 					st.waits += s.waits
 					st.moving += s.moving
@@ -1156,17 +1249,23 @@ func TestSimMoves(t *testing.T) {
 				}
 				seeds++
 				if err != nil {
-					return fmt.Errorf("%w\nrun alone: go test ./kv -run 'TestSimMoves/%s$' -v -args -seed %d", err, c.name, sd.Seed)
+					if h != nil && h.mv != nil {
+						err = fmt.Errorf("%w\n%s", err, h.mv.dump())
+					}
+					return err // sim prints the command that runs the seed alone
 				}
 				return nil
 			})
-			t.Logf("%d seeds: %d moves begun, %d resumed and %d aborted by a new mover, %d activations alone, %d steps refused, %d mover crashes; clients: %d requests sent to another group, %d reads refused by the ownership check, %d waits for the directory (%d on a tablet being installed), %d scan pieces; %d write pairs compared by version",
-				seeds, st.moves, st.resumes, st.aborts, st.activations, st.refused, st.crashes, st.rerouted, st.notOwner, st.waits, st.moving, st.pieces, pairs)
+			t.Logf("%d seeds: %d moves begun, %d resumed and %d aborted by a new mover, %d activations alone, %d steps refused, %d mover crashes, %d leaders crashed after a step; clients: %d requests sent to another group, %d reads refused by the ownership check, %d waits for the directory (%d on a tablet being installed), %d scan pieces; %d write pairs compared by version",
+				seeds, st.moves, st.resumes, st.aborts, st.activations, st.refused, st.crashes, st.leaders, st.rerouted, st.notOwner, st.waits, st.moving, st.pieces, pairs)
 			if st.moves == 0 || st.rerouted == 0 || st.pieces == 0 || pairs == 0 {
 				t.Errorf("the case tested nothing: %+v, %d version pairs", st, pairs)
 			}
 			if o.moves.crashMover > 0 && st.crashes == 0 {
 				t.Errorf("the mover never crashed")
+			}
+			if o.moves.crashLeaders > 0 && st.leaders == 0 {
+				t.Errorf("no leader crashed after a step")
 			}
 		})
 	}
