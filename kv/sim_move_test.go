@@ -1199,6 +1199,12 @@ var kvSimMoveCases = []struct {
 	// after it acknowledged a step; the mover sends the next one to the
 	// group's next leader (and a step whose answer was lost again).
 	{"step-leaders", kvOpts{ops: 100, gap: 150 * time.Microsecond, slow: true, moves: &moveOpts{crashLeaders: 6}}},
+	// lagging-mover: a follower of every group lags (cut from its
+	// group-mates until its leader's log is pruned past it) while the
+	// mover, which reads the directory from member 0 of each group,
+	// crashes mid-move: a new mover may read a directory behind the
+	// groups.
+	{"lagging-mover", kvOpts{ops: 100, lag: 2, logEntries: 16, moves: &moveOpts{crashMover: 4}}},
 	{"slow-new-leaders", kvOpts{ops: 100, crashAfterCommit: 3, newLeaderStall: true, gap: 100 * time.Microsecond, moves: &moveOpts{crashMover: 2}}},
 }
 
