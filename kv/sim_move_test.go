@@ -86,6 +86,8 @@ type moveOpts struct {
 	store         string // "write-during-move", "no-version-floor", "drop-keeps-keys", "no-own-bump"
 }
 
+// debugMoves prints the groups' tablet changes and the mover's steps (set
+// it by hand to follow a failing seed).
 var debugMoves = false
 
 // moveFences cut the ordered keys into the tablets of a moves run.
