@@ -88,6 +88,7 @@ soak:
 	$(GO) test -count=1 -timeout 0 -run '^TestSimTorn$$' ./kv -seeds $$((300 * $(SOAK_SCALE)))
 	$(GO) test -count=1 -timeout 0 -run '^TestSimDurable$$' ./kv -seeds $$((200 * $(SOAK_SCALE)))
 	$(GO) test -count=1 -timeout 0 -run '^TestSimOrdered$$' ./kv -seeds $$((200 * $(SOAK_SCALE)))
+	$(GO) test -count=1 -timeout 0 -run '^TestSimMoves$$' ./kv -seeds $$((60 * $(SOAK_SCALE)))
 	$(GO) test -count=1 -timeout 0 -run '^TestCounterSim$$' ./sim -seeds $$((10000 * $(SOAK_SCALE)))
 
 # Runs every fuzz target for $(FUZZTIME) executions (the seed corpora already ran in unit).

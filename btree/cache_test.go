@@ -237,3 +237,59 @@ func TestLookupHintStale(t *testing.T) {
 	}
 	check("after merges", func(i int) (string, bool) { return "v1", i%32 == 0 })
 }
+
+// TestCacheOtherReplicaTree: a cache warmed on one replica's tree and
+// then used on another's holding the same keys in other nodes (a leader
+// change to a replica whose tree was restored: bulk-loaded, its own node
+// ids). Cached pointers name slots the second tree never wrote (zeros);
+// such a read is no node (ErrNotNode), so the lookup drops the cached
+// node and answers. Read as torn, it was read again until the lookup
+// gave up (ErrRetry), every time.
+func TestCacheOtherReplicaTree(t *testing.T) {
+	cfg := Config{NodeSize: 256, MaxKey: 16}
+	a := NewArena(cfg.NodeSize, 4096, nil)
+	tr, err := New(cfg, a, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	var model tbtree.Map[string, string]
+	for i := 0; i < 3000; i++ {
+		k, v := randKey(r, 3000, cfg.MaxKey), randVal(r, 22)
+		if _, err := tr.Put(k, v, uint64(i+2), uint64(i+2)); err != nil {
+			t.Fatal(err)
+		}
+		model.Set(string(k), string(v))
+	}
+	var ents []KVV
+	model.Scan(func(k, v string) bool {
+		ents = append(ents, KVV{Key: []byte(k), Value: []byte(v), Version: 1})
+		return true
+	})
+	b := NewArena(cfg.NodeSize, 4096, nil)
+	other, err := Load(cfg, b, ents, 1, 5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCache(1 << 20)
+	for _, e := range ents {
+		if _, found, _, err := c.Lookup(arenaRead(a), tr.Root(), e.Key); err != nil || !found {
+			t.Fatalf("warm-up lookup %q: %v %v", e.Key, found, err)
+		}
+	}
+	t.Logf("first tree %d slots, second %d", a.Slots(), b.Slots())
+	// A one-sided read of a slot in the second replica's registered
+	// chunk that it never handed out: zeros.
+	readB := func(slot uint32) ([]byte, error) {
+		if n := b.Bytes(slot); n != nil || slot >= 4096 {
+			return arenaRead(b)(slot)
+		}
+		return make([]byte, cfg.NodeSize), nil
+	}
+	for _, e := range ents {
+		got, found, _, err := c.Lookup(readB, other.Root(), e.Key)
+		if err != nil || !found || string(got.Value) != string(e.Value) {
+			t.Fatalf("lookup %q in the other tree through the warm cache: %q %v %v", e.Key, got.Value, found, err)
+		}
+	}
+}

@@ -75,6 +75,15 @@ type testingKnobs struct {
 	// write is acknowledged but lost when the tablet's new group takes
 	// over.
 	writeDuringMove bool
+	// dropKeepsKeys: a drop (CtlDrop) removes the tablet from the
+	// group's list but leaves its keys in the tree; when the tablet
+	// moves back, the ingest puts its pairs over them, and keys deleted
+	// meanwhile elsewhere come back (the kv simulator's moves).
+	dropKeepsKeys bool
+	// noOwnBump: a drop and an activation leave the ownership version
+	// as it was, so a reader whose directory predates a move reads the
+	// group the tablet left and is not told (the kv simulator's moves).
+	noOwnBump bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
@@ -103,3 +112,15 @@ func PlantShiftMultiResults(s *Store) { s.knobs.shiftMultiResults = true }
 // PlantPersistLive plants the persistLive bug in s (tests of other
 // packages: kv's capture of its ordered part).
 func PlantPersistLive(s *Store) { s.knobs.persistLive = true }
+
+// PlantNoVersionFloor plants the noVersionFloor bug in s (tests of other
+// packages: the kv simulator's moves).
+func PlantNoVersionFloor(s *Store) { s.knobs.noVersionFloor = true }
+
+// PlantDropKeepsKeys plants the dropKeepsKeys bug in s (tests of other
+// packages: the kv simulator's moves).
+func PlantDropKeepsKeys(s *Store) { s.knobs.dropKeepsKeys = true }
+
+// PlantNoOwnBump plants the noOwnBump bug in s (tests of other packages:
+// the kv simulator's moves).
+func PlantNoOwnBump(s *Store) { s.knobs.noOwnBump = true }

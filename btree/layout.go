@@ -192,6 +192,16 @@ func decodeHeader(b []byte, want NodeID, check bool) (Node, error) {
 		return n, ErrTorn
 	}
 	used := int(binary.LittleEndian.Uint16(b[offUsed:]))
+	if used == 0 && want != 0 {
+		// A slot this replica never wrote (or zeroed): no node, and no
+		// torn one that a read again would fix. A cached pointer into
+		// another replica's tree names such slots after a leader change
+		// to a replica whose tree was restored (bulk-loaded: its own
+		// node ids): as a freed node, the walk drops the cached node
+		// that named it (read again, ErrTorn, it looped until the call
+		// gave up, every call).
+		return n, ErrNotNode
+	}
 	if used < hdrSize+4+checkSize || used > len(b) || used%8 != 0 {
 		return n, ErrTorn
 	}

@@ -278,8 +278,16 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 		if tb.State != TabletFrozen || tb.To != c.To || tb.Gen+1 != c.Gen {
 			return s.result(&cond)
 		}
-		s.removeTablet(k, index)
-		s.ownVer++
+		if s.knobs.dropKeepsKeys {
+			s.tablets = slices.Delete(s.tablets, k, k+1) // planted: the keys stay
+			s.counts = slices.Delete(s.counts, k, k+1)
+			s.dirVer++
+		} else {
+			s.removeTablet(k, index)
+		}
+		if !s.knobs.noOwnBump {
+			s.ownVer++
+		}
 	case CtlActivate:
 		if k < 0 {
 			return s.result(&cond)
@@ -293,7 +301,9 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 		}
 		tb.State, tb.To = TabletServing, 0
 		s.dirVer++
-		s.ownVer++
+		if !s.knobs.noOwnBump {
+			s.ownVer++
+		}
 	case CtlAbort:
 		if k < 0 {
 			return s.result(&ok)
@@ -305,6 +315,16 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 		case tb.State == TabletFrozen && tb.Gen+1 == c.Gen:
 			tb.State, tb.To = TabletServing, 0
 			s.dirVer++
+			// The ownership version too, though the group serves the
+			// same keys: a mover that resumes the move from a directory
+			// read before the abort (a replica behind) reads the tablet
+			// checked at that version, and must fail (ErrNotOwner), not
+			// read a tablet that takes writes again and ingest it at the
+			// target, where it would stay an installing tablet no move
+			// finishes (the kv simulator's lagging-mover case).
+			if !s.knobs.noOwnBump {
+				s.ownVer++
+			}
 		case tb.State == TabletServing:
 			return s.result(&ok) // nothing under way
 		default:

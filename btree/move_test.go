@@ -160,11 +160,18 @@ func TestStoreMoveAbort(t *testing.T) {
 	if st := status(t, g.Apply(2, ctlReq(CtlFreeze, 1, 1, tb))); st != StatusOK {
 		t.Fatal(st)
 	}
+	frozenOwn := g.OwnVersion()
 	tg.Apply(3, ctlReq(CtlIngest, 1, 1, tb, KVV{Key: []byte("b"), Value: []byte("v"), Version: 1 << 16}))
 	for _, s := range []*Store{tg, g} {
 		if st := status(t, s.Apply(4, ctlReq(CtlAbort, 1, 1, tb))); st != StatusOK {
 			t.Fatal(st)
 		}
+	}
+	// A mover resuming from a directory read while the tablet was frozen
+	// reads the source checked at that ownership version: the abort must
+	// change it, or the read takes a tablet that takes writes again.
+	if g.OwnVersion() == frozenOwn {
+		t.Fatalf("the source's ownership version is %d after the abort, as while frozen", frozenOwn)
 	}
 	if tg.Tree().Len() != 0 || len(tg.Tablets()) != 0 {
 		t.Fatalf("target after abort: %d keys %+v", tg.Tree().Len(), tg.Tablets())

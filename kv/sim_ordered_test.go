@@ -35,6 +35,10 @@ type ordPending struct {
 	req  []byte
 	read bool
 	g    int // the group it was sent to
+	// Moves (sim_move_test.go): the tablet of its keys, and when to
+	// send it again (a frozen tablet's StatusMoving).
+	tablet int
+	at     time.Duration
 }
 
 const orderedKeys = 24
@@ -46,6 +50,9 @@ func (p *kvRepProc) orderedStore(g int) (*btree.Store, error) {
 	if g == 0 {
 		tablets = []btree.Tablet{btree.All}
 	}
+	if h.o.moves != nil {
+		tablets = placedTablets(g, len(h.members))
+	}
 	st, err := btree.NewStore(btree.StoreConfig{Group: uint32(g), Tree: btree.Config{NodeSize: 256, MaxKey: 4},
 		ChunkSlots: 16, FreeAfter: 8, MaxResult: MultiResultSize, Tablets: tablets, Readers: h.cnodes}, p.env.Node())
 	if err != nil {
@@ -53,6 +60,9 @@ func (p *kvRepProc) orderedStore(g int) (*btree.Store, error) {
 	}
 	if h.o.skipOwnerCheck {
 		btree.PlantSkipOwnerCheck(st)
+	}
+	if h.o.moves != nil {
+		h.o.moves.plantStore(st)
 	}
 	return st, nil
 }
@@ -64,6 +74,19 @@ func (p *kvCliProc) issueOrdered(rng *rand.Rand) bool {
 		return false
 	}
 	key := func() string { return fmt.Sprintf("o%02d", rng.IntN(orderedKeys)) }
+	ti := -1
+	if h.mv != nil && len(p.resend) > 0 {
+		// A write waits for a moving tablet: no more ordered requests
+		// meanwhile (ops that overlap for milliseconds make porcupine's
+		// search long).
+		return false
+	}
+	if h.mv != nil {
+		// Moves: the keys of one tablet (a request's keys must lie in
+		// one group's tablets).
+		ti = rng.IntN(len(moveFences) + 1)
+		key = func() string { return fmt.Sprintf("o%02d", 8*ti+rng.IntN(8)) }
+	}
 	var ops []btree.Op
 	var op kvcheck.Op
 	read := false
@@ -82,6 +105,22 @@ func (p *kvCliProc) issueOrdered(rng *rand.Rand) bool {
 			end = fmt.Sprintf("o%02d", rng.IntN(orderedKeys+1))
 			if end <= start {
 				end = ""
+			}
+		}
+		if ti >= 0 {
+			// Within the tablet.
+			lo, hi := "", ""
+			if ti > 0 {
+				lo = moveFences[ti-1]
+			}
+			if ti < len(moveFences) {
+				hi = moveFences[ti]
+			}
+			start, end = cmp.Or(start, lo), hi
+			if rng.IntN(2) == 0 {
+				if e := fmt.Sprintf("o%02d", 8*ti+1+rng.IntN(8)); e > start && (hi == "" || e <= hi) {
+					end = e
+				}
 			}
 		}
 		limit := 1 + rng.IntN(8)
@@ -137,6 +176,9 @@ func (p *kvCliProc) issueOrdered(rng *rand.Rand) bool {
 	if len(h.members) > 1 && rng.IntN(8) == 0 {
 		g = 1 // a stale directory
 	}
+	if ti >= 0 {
+		g = h.mv.route[p.slot][ti] // where the tablet was last found
+	}
 	mid, err := p.c.Multicast(tree.Of(tree.Group(g)), req)
 	if errors.Is(err, multicast.ErrWindowFull) {
 		return false
@@ -147,7 +189,7 @@ func (p *kvCliProc) issueOrdered(rng *rand.Rand) bool {
 	}
 	op.Client = p.slot
 	rid := h.rec.Begin(p.slot, op)
-	p.writes[mid] = pendingWrite{rec: rid, op: op, ord: &ordPending{req: req, read: read, g: g}}
+	p.writes[mid] = pendingWrite{rec: rid, op: op, ord: &ordPending{req: req, read: read, g: g, tablet: ti}}
 	h.stats.writes++
 	return true
 }
@@ -162,6 +204,16 @@ func (p *kvCliProc) doneOrdered(o *multicast.Outcome, pw pendingWrite) {
 	}
 	rp := o.Replies[0]
 	moved := func() {
+		if h.mv != nil {
+			// The next group may own the tablet now.
+			ng := (pw.ord.g + 1) % len(h.members)
+			h.mv.route[p.slot][pw.ord.tablet] = ng
+			pw.ord = &ordPending{req: pw.ord.req, read: pw.ord.read, g: ng, tablet: pw.ord.tablet, at: h.s.Now() + 50*time.Microsecond}
+			p.resend = append(p.resend, pw)
+			h.stats.moved++
+			h.mv.stats.rerouted++
+			return
+		}
 		if pw.ord.g == 0 {
 			h.fail(fmt.Errorf("client %d: group 0 (the owner) refused %v as moved", p.slot, pw.op.Kind))
 			return
@@ -203,11 +255,19 @@ func (p *kvCliProc) doneOrdered(o *multicast.Outcome, pw pendingWrite) {
 		h.fail(fmt.Errorf("client %d: ordered result: %v", p.slot, err))
 	case r.Status == btree.StatusMoved:
 		moved()
+	case r.Status == btree.StatusMoving && h.mv != nil:
+		// The tablet is frozen for a move: nothing applied; send it
+		// again in a moment.
+		pw.ord = &ordPending{req: pw.ord.req, g: pw.ord.g, tablet: pw.ord.tablet, at: h.s.Now() + 100*time.Microsecond + time.Duration(h.rng.Int64N(int64(200*time.Microsecond)))}
+		p.resend = append(p.resend, pw)
+		h.mv.stats.frozen++
 	case r.Status == btree.StatusOK || r.Status == btree.StatusCondFailed:
 		out := kvcheck.Output{OK: r.Status == btree.StatusOK, Group: int(rp.Group)}
 		if out.OK && r.Count > 0 {
 			out.Index, out.Version = rp.Index, r.Version
-			if r.Version>>16 != rp.Index {
+			// A group that took a tablet in issues versions above the
+			// moved ones (its version offset): index<<16 | op + offset.
+			if r.Version>>16 != rp.Index && (h.mv == nil || r.Version>>16 < rp.Index) {
 				h.fail(fmt.Errorf("client %d: version %x of an ordered write at index %d", p.slot, r.Version, rp.Index))
 			}
 		}
@@ -225,7 +285,10 @@ func (p *kvCliProc) flushResends() bool {
 	progress := false
 	for len(p.resend) > 0 && p.c.Ready() && p.c.Outstanding() < p.c.Window()-1 {
 		pw := p.resend[0]
-		mid, err := p.c.Multicast(tree.Of(0), pw.ord.req)
+		if pw.ord.at > p.h.s.Now() {
+			break
+		}
+		mid, err := p.c.Multicast(tree.Of(tree.Group(pw.ord.g)), pw.ord.req)
 		if errors.Is(err, multicast.ErrWindowFull) {
 			break
 		}
@@ -283,6 +346,9 @@ func oneSided(st *btree.Store) ([]btree.KV, btree.Header, error) {
 // ordered header after each batch and each ordered request outside one.
 func (p *kvRepProc) checkOneSided() {
 	h := p.h
+	if h.mv != nil {
+		h.mv.note(p)
+	}
 	if p.steps++; p.steps%8 != 0 {
 		return
 	}
@@ -316,8 +382,10 @@ func (h *kvRun) checkOrdered() error {
 				return fmt.Errorf("group %d node %d: ordered tree: %v", g, id, err)
 			}
 			got := storePairs(st)
-			if g != 0 && len(got) > 0 {
-				return fmt.Errorf("group %d node %d holds %d ordered keys and owns no tablet", g, id, len(got))
+			for _, kv := range got {
+				if !slices.ContainsFunc(st.Tablets(), func(tb btree.Tablet) bool { return tb.Contains(kv.Key) }) {
+					return fmt.Errorf("group %d node %d holds ordered key %q, in none of its %d tablets", g, id, kv.Key, len(st.Tablets()))
+				}
 			}
 			kvs, hd, err := oneSided(st)
 			if err != nil {
@@ -335,6 +403,9 @@ func (h *kvRun) checkOrdered() error {
 				return fmt.Errorf("group %d: node %d and node %d: ordered entries differ: %v", g, refID, id, err)
 			}
 		}
+	}
+	if h.mv != nil {
+		return h.checkMoves()
 	}
 	return nil
 }
@@ -473,6 +544,7 @@ type oneSidedReads struct {
 	cache *btree.Cache
 	deleg *Delegation
 	rs    []*ordRead
+	mv    *moveReads // a moves run's reads instead (sim_move_test.go)
 }
 
 // ordRead is one reader and the read under way.
@@ -487,6 +559,10 @@ type ordRead struct {
 
 func (p *kvCliProc) startOneSided() {
 	h := p.h
+	if h.o.moves != nil {
+		p.ord = &oneSidedReads{mv: p.startMoveReads()}
+		return
+	}
 	o := &oneSidedReads{cache: btree.NewCache(1 << 16), deleg: NewDelegation()}
 	o.deleg.joinOlder = h.o.joinOlder
 	if h.o.skipFence {
@@ -506,6 +582,9 @@ func (p *kvCliProc) startOneSided() {
 
 // busy reports whether a one-sided read is under way.
 func (o *oneSidedReads) busy() bool {
+	if o.mv != nil {
+		return o.mv.busy()
+	}
 	for _, x := range o.rs {
 		if x.r.Busy() {
 			return true
@@ -516,6 +595,9 @@ func (o *oneSidedReads) busy() bool {
 
 // nextDeadline is the earliest deadline of the readers.
 func (o *oneSidedReads) nextDeadline() time.Duration {
+	if o.mv != nil {
+		return o.mv.nextDeadline()
+	}
 	d := time.Duration(1<<63 - 1)
 	for _, x := range o.rs {
 		d = min(d, x.r.NextDeadline())
@@ -527,6 +609,9 @@ func (o *oneSidedReads) nextDeadline() time.Duration {
 // is busy.
 func (p *kvCliProc) issueOneSided(now time.Duration, rng *rand.Rand) bool {
 	h := p.h
+	if p.ord.mv != nil {
+		return p.issueMoveRead(now, rng)
+	}
 	var o *ordRead
 	for _, x := range p.ord.rs {
 		if !x.r.Busy() {
@@ -589,6 +674,9 @@ func (p *kvCliProc) issueOneSided(now time.Duration, rng *rand.Rand) bool {
 
 // pollOneSided polls the reads under way and records those that end.
 func (p *kvCliProc) pollOneSided(now time.Duration) bool {
+	if p.ord.mv != nil {
+		return p.pollMoveReads(now)
+	}
 	progress := false
 	for _, o := range p.ord.rs {
 		if o.r.Busy() && o.r.Poll(now) {

@@ -112,6 +112,9 @@ type kvOpts struct {
 	// (sync or async), with whole-group and majority crashes
 	// (sim_durable_test.go). The zero value is memory mode.
 	durable kvDurable
+	// moves: ordered tablets over the groups and a mover process that
+	// moves them while the clients run (sim_move_test.go).
+	moves *moveOpts
 }
 
 type kvRun struct {
@@ -128,6 +131,7 @@ type kvRun struct {
 	gone    map[rdma.NodeID]bool
 	clients map[rdma.NodeID]*kvCliProc
 	rec     *kvcheck.Recorder
+	mv      *moveRun // kvOpts.moves
 	err     error
 	dur     *durRun // kvOpts.durable (sim_durable_test.go)
 	stats   struct {
@@ -1040,6 +1044,11 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 			return nil, err
 		}
 	}
+	if o.moves != nil {
+		if err := h.setupMoves(); err != nil {
+			return nil, err
+		}
+	}
 	s.Invariant(func() error { return h.err })
 	if o.crashes || o.partitions || o.slow || o.clientCrash {
 		h.scheduleFaults(5 * time.Millisecond)
@@ -1066,6 +1075,9 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 		return h, err
 	}
 	converged := func() bool {
+		if h.mv != nil && !h.mv.settled() {
+			return false
+		}
 		for id, p := range h.clients {
 			if !h.s.Live(id) {
 				continue
