@@ -122,7 +122,9 @@ func (r *Replica) acceptForward(hdr MsgHdr, payload []byte) bool {
 // acceptSnapshot handles a snapshot announcement: fetch it (driveFetch)
 // before looking further in the ring. A fetch that cannot succeed skips
 // the announcement; the diff after it is then refused and the leader
-// syncs us again.
+// syncs us again. A later announcement of the same snapshot (the leader
+// still holds it) is fetched anew: the failure skips only the record it
+// came from.
 func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 	if len(payload) < snapRecLen {
 		return true
@@ -137,9 +139,17 @@ func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 		return true // Fig. 5 l.54 would refuse the diff it belongs to, or not a snapshot of this group
 	}
 	f := &l.fetch
-	if !f.active || f.metaID != metaID || f.metaCheck != check || f.commit != commit {
+	at := r.ins[i].cursor
+	// A fetch of the same snapshot is kept (a re-announcement does not
+	// throw a transfer away), unless it failed and this is a new
+	// announcement: the leader re-synced us, and the skip of the failed
+	// one must not be taken for this one (its diff would be refused for
+	// ever; docs/broadcast.md, Beyond the paper: snapshots).
+	if !f.active || f.metaID != metaID || f.metaCheck != check || f.commit != commit ||
+		f.phase == fetchFailed && f.at != at {
 		l.startFetch(metaID, int(size), check, commit)
 	}
+	f.at = at
 	return f.phase >= fetchReady
 }
 

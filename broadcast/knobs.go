@@ -31,6 +31,11 @@ type testingKnobs struct {
 	// voteUnsaved: a vote is published before E_new is saved; it is saved
 	// at the next Poll (promise lost).
 	voteUnsaved bool
+	// lateCommitRow: a member restarted from its disk withholds its
+	// CommitSST row for its first two election timeouts (a schedule, not
+	// a bug: rows land when they land). A leader must not sync it before
+	// it has that row (TestSimAsyncSyncWaitsCommitRow).
+	lateCommitRow bool
 	// snapRollback: a fetched snapshot is installed even behind our
 	// commit point (rollback).
 	snapRollback bool

@@ -164,6 +164,17 @@ func (r *Replica) serve(i int) bool {
 		return false
 	}
 	if f.state == fsIdle || f.inc != m.inc {
+		if r.cfg.Durability == Async && !m.valid[tCommit] {
+			// Fig. 7 l.119 takes the diff's base from comm_cpy[j]: wait
+			// for this incarnation's CommitSST row. Async: without it
+			// startSync cannot tell whether the member's commit point
+			// is in our history (a member restarted from its disk may
+			// have delivered entries a recovery election lost). From
+			// base 0 it sent a snapshot diff without diffReset, or,
+			// nothing pruned, a plain diff: a member whose commit point
+			// is above the diff's base kept those entries.
+			return false
+		}
 		r.startSync(i)
 	}
 	if f.state == fsStream {

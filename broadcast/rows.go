@@ -164,6 +164,9 @@ func (r *Replica) pushLink(i int, l *link) bool {
 		if t == tCommit && records && r.lazyCommit(l) {
 			continue
 		}
+		if t == tCommit && r.knobs.lateCommitRow && r.dur != nil && r.inc > 1 && (r.bootAt < 0 || r.now-r.bootAt < 2*r.cfg.ElectionTimeout) {
+			continue
+		}
 		buf := l.io.Stage(rowSize)
 		if buf == nil {
 			break

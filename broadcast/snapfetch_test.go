@@ -113,6 +113,45 @@ func TestSnapshotReleasedMidFetch(t *testing.T) {
 	}
 }
 
+// TestSnapshotRefetchAfterFailure: a member's fetch fails while the
+// leader still holds the snapshot (kv's TestSimDurable, sync-random seed
+// 63: a member restarted from its log read "no such region" once). The
+// member skips the announcement and refuses the diff; the leader syncs it
+// again after 20 election timeouts with the same snapshot (same region,
+// check and commit point). That is a new announcement: the member fetches
+// again and catches up. Before, it took the failed fetch for this one
+// too, skipped every later announcement of the snapshot, refused every
+// diff and never caught up.
+func TestSnapshotRefetchAfterFailure(t *testing.T) {
+	c, n1, n3, want := snapFetchCluster(t)
+	l := n3.r.links[0]
+	before := len(c.delivered(3))
+	n3.r.fetchFail(l, "planted: the read found no such region")
+	for k := 0; k < 5; k++ {
+		c.settle(nil)
+	}
+	s := n3.r.Status()
+	if s.Counters.SnapshotFetchesFailed != 1 || s.Counters.SnapshotsRestored != 0 || len(c.delivered(3)) != before {
+		t.Fatalf("after the failure: %+v, delivered %d (had %d); want one failed fetch, nothing restored", s.Counters, len(c.delivered(3)), before)
+	}
+	// Time goes on a quarter of an election timeout at a time: the
+	// members hear each other, and the leader keeps the snapshot.
+	for k := 0; k < 4*60 && n3.r.Status().Counters.SnapshotsRestored == 0; k++ {
+		c.now += c.cfg.ElectionTimeout / 4
+		c.settle(nil)
+	}
+	s = n3.r.Status()
+	if s.Counters.SnapshotsRestored != 1 {
+		t.Fatalf("counters %+v: the member never installed the re-announced snapshot (%d diff parts read, %d diffs accepted)", s.Counters, s.Counters.DiffParts, s.Counters.DiffsAccepted)
+	}
+	if k := n1.r.Status().Counters.SnapshotsTaken; k != 1 {
+		t.Errorf("the leader took %d snapshots, want 1 (the same one announced again)", k)
+	}
+	if got := c.delivered(3); !equalStrings(got, want) {
+		t.Errorf("node 3 delivered %d entries, want %d", len(got), len(want))
+	}
+}
+
 // TestSnapshotFreedWhenMemberDies: the member a snapshot was made for dies
 // part-way through fetching it. Once the member has been silent for an
 // election timeout the leader releases the snapshot (its copy of the

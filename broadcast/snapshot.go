@@ -249,6 +249,7 @@ type snapFetch struct {
 	metaSize  int
 	metaCheck uint64
 	commit    MsgHdr
+	at        uint64 // ring cursor of the announcement last read for it
 	meta      snapMeta
 	buf       []byte // meta, then state
 	nextOff   int    // next byte to request
