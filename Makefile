@@ -62,12 +62,13 @@ noalloc:
 # TestSim with all its seeds (1,900 per tree shape; 1 a case under -race),
 # and kv's TestSim with all its seeds (150 a case, 10 cases; 1 under -race)
 # and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
-# (skipped under -race). `make soak` runs the simulators longer.
+# (skipped under -race), TestSimDurable and TestSimMoves with their mutants
+# (1 seed a case under -race). `make soak` runs the simulators longer.
 norace:
 	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSimAcuerdo|TestSimForceLead|TestSimAsymmetricPartition|TestSimMutants)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^TestSim$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants)$$' ./kv 2>&1); st=$$?; \
+	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:
