@@ -169,9 +169,8 @@ func (r *Replica) recoverENew() bool {
 	if heard < r.quorum {
 		return false
 	}
-	if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: mx}); err != nil {
-		r.tracef("node %d: save e_new: %v", r.self, err)
-		return false
+	if !r.saveENew(mx) {
+		return false // (an asynchronous save: a later Poll publishes it)
 	}
 	r.setENew(mx)
 	r.recovering = false
@@ -220,6 +219,9 @@ func (r *Replica) electRetry() {
 func (r *Replica) elect() bool {
 	if r.forcing() && r.now-r.forcedAt > forceExpiry*r.cfg.ElectionTimeout {
 		r.expireForced()
+	}
+	if r.forceConfirm != nil && r.forceAgain() {
+		return true // ForceLead's vote, once its save completed
 	}
 	if r.catchingUp && !(r.recoveryVoter() && r.recoveryReady()) {
 		// A restarted member counts as failed until caught up; it may
@@ -369,13 +371,15 @@ func (r *Replica) recoveryCommitted() {
 	}
 }
 
-// setVote records the vote (E_new first, durably), then publishes it.
+// setVote records the vote (E_new first, durably), then publishes it. With
+// an AsyncStable it reports false until a save of v.ENew (or more)
+// completed: elect decides again at a later Poll, and sets the vote it
+// then decides on once its E_new is durable.
 func (r *Replica) setVote(v Vote) bool {
 	if v.ENew != r.eNew && r.knobs.voteUnsaved {
 		r.knobs.unsaved = true
 	} else if v.ENew != r.eNew {
-		if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: v.ENew}); err != nil {
-			r.tracef("node %d: save e_new: %v", r.self, err)
+		if !r.saveENew(v.ENew) {
 			return false
 		}
 	}

@@ -31,6 +31,10 @@ type testingKnobs struct {
 	// voteUnsaved: a vote is published before E_new is saved; it is saved
 	// at the next Poll (promise lost).
 	voteUnsaved bool
+	// publishAsked: with an AsyncStable, a vote or an accept that raises
+	// E_new is published once its save is asked for, not once it
+	// completed (promise lost).
+	publishAsked bool
 	// snapRollback: a fetched snapshot is installed even behind our
 	// commit point (rollback).
 	snapRollback bool
