@@ -80,7 +80,7 @@ func (r *Replica) readRing(i int) bool {
 // acceptMsg is Acuerdo Fig. 5 l.47-53: normal message acceptance.
 func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 	// Acuerdo Fig. 5 l.47: only messages of the epoch we are in.
-	if hdr.E != r.eNew || hdr.E != r.eCur || r.role != Follower || hdr.E.Leader() != sender || len(payload) < entryMeta ||
+	if hdr.E != r.eNew || hdr.E != r.eCur || hdr.E < r.saves.asked || r.role != Follower || hdr.E.Leader() != sender || len(payload) < entryMeta ||
 		len(payload) > entryMeta+maxProposal(r.cfg.MaxRecord) { // a member with another MaxRecord: never accepted, never in a diff of ours
 		return
 	}
@@ -133,7 +133,7 @@ func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 	size := binary.LittleEndian.Uint64(payload[8:])
 	check := binary.LittleEndian.Uint64(payload[16:])
 	commit := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[24:])), Cnt: binary.LittleEndian.Uint64(payload[32:])}
-	if hdr.E < r.eNew || size < uint64(snapMetaSize(r.n)) || size > maxSnapMetaSize(r.n, r.cfg.MaxKeyedClients) || uint64(metaID) != mw {
+	if hdr.E < r.promised() || size < uint64(snapMetaSize(r.n)) || size > maxSnapMetaSize(r.n, r.cfg.MaxKeyedClients) || uint64(metaID) != mw {
 		return true // Fig. 5 l.54 would refuse the diff it belongs to, or not a snapshot of this group
 	}
 	f := &l.fetch
@@ -196,7 +196,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) bool {
 	e := d.hdr.E
 	// Acuerdo Fig. 5 l.54: accept unless we promised a bigger epoch (or,
 	// rejoining without stable state, do not know yet what we promised).
-	if e < r.eNew || e.Leader() != sender || r.recovering || d.hdr.Less(d.base) {
+	if e < r.promised() || e.Leader() != sender || r.recovering || d.hdr.Less(d.base) {
 		return true // (a diff ends at or after its base: the leader sends none that does not)
 	}
 	l := r.links[i]

@@ -71,9 +71,8 @@ func restartedRow(m *member) bool {
 //
 // It returns the forced vote's epoch. Call it from the goroutine that
 // polls the replica (the server runs it through its poller's Handle.Do);
-// the next Poll publishes the vote. With an AsyncStable the vote is
-// published once its E_new is saved: until then each Poll runs the
-// command again, and a refusal then drops it (the trace says why).
+// the next Poll publishes the vote (with an AsyncStable, the Poll that
+// finds its E_new saved: setVote).
 func (r *Replica) ForceLead(confirm MsgHdr) (Epoch, error) {
 	refuse := func(format string, args ...any) (Epoch, error) {
 		return 0, fmt.Errorf("%w: node %d: %s", ErrForceRefused, r.self, fmt.Sprintf(format, args...))
@@ -134,34 +133,13 @@ func (r *Replica) ForceLead(confirm MsgHdr) (Epoch, error) {
 		}
 	}
 	e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
-	if !r.setVote(Vote{ENew: e, Acpt: r.accepted, Forced: true}) {
-		if r.stableWaiting() || r.saves.full && r.saves.err == nil {
-			// An asynchronous save of E_new runs: elect runs the
-			// command again at each Poll (forceAgain) and publishes the
-			// vote once the save completed, unless it refuses by then.
-			r.forceConfirm = &confirm
-			return e, nil
-		}
+	if !r.setVote(Vote{ENew: e, Acpt: r.accepted, Forced: true}) && r.pendVote == nil {
 		return 0, fmt.Errorf("broadcast: node %d: saving the forced vote's E_new %v failed (see the trace): nothing published", r.self, e)
 	}
-	r.forceConfirm = nil
 	r.forcedAt = r.now
 	r.ctr.ForcedVotes++
 	r.tracef("node %d forces vote %v (%d of %d members heard, %d catching up)", r.self, r.vote, heard, r.n, catching)
 	return e, nil
-}
-
-// forceAgain runs a ForceLead whose vote waits for the save of its E_new
-// again (elect, each Poll): the vote goes out once the save completed, if
-// the command still holds then; a refusal drops it (the trace says why).
-func (r *Replica) forceAgain() bool {
-	confirm := *r.forceConfirm
-	r.forceConfirm = nil
-	if _, err := r.ForceLead(confirm); err != nil {
-		r.tracef("node %d: the forced vote waiting for its save is dropped: %v", r.self, err)
-		return false
-	}
-	return r.forceConfirm == nil // published now
 }
 
 // reforce handles a vote mx above our forced vote, cast by a member that
@@ -224,7 +202,7 @@ func (r *Replica) joinForced() bool {
 			mx = v
 		}
 	}
-	if mx.ENew == 0 || !r.vote.Less(mx) || mx.ENew <= r.eCur || mx.ENew < r.eNew {
+	if mx.ENew == 0 || !r.myVote().Less(mx) || mx.ENew <= r.eCur || mx.ENew < r.promised() {
 		return false
 	}
 	if !r.setVote(mx) {

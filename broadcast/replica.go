@@ -141,7 +141,7 @@ type Replica struct {
 	// electingSince is when we last became ELECTING (startElection);
 	// forcedAt when ForceLead cast our forced vote (force.go).
 	electingSince, forcedAt time.Duration
-	forceConfirm            *MsgHdr // a ForceLead whose vote waits for its save (force.go)
+	pendVote                *Vote // a vote decided, waiting for the save of its E_new (setVote)
 
 	vote        Vote // our published VoteSST row
 	electAt     time.Duration
@@ -500,6 +500,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 	if r.role == Electing && r.elect() {
 		progress = true
 	}
+	r.adoptSaved()
 	// Proposals made while this Poll ran (a completion callback of
 	// commit proposes the next message) go out in this Poll, not the next.
 	if r.drainInbox() {

@@ -408,3 +408,34 @@ func (r *Replica) stableWaiting() bool {
 	s := &r.saves
 	return s.async != nil && s.err == nil && len(s.asks) > 0
 }
+
+// promised is the epoch below which the replica accepts nothing: E_new,
+// or the E_new of an asynchronous save asked for and not consumed yet,
+// which may be on disk already. A member must never accept entries of an
+// epoch below what its disk promises: restarted, it would publish that
+// promise (a vote with no accepted header) having forgotten them.
+func (r *Replica) promised() Epoch { return max(r.eNew, r.saves.asked) }
+
+// adoptSaved (end of Poll) takes a completed save that no step used (the
+// vote or the diff that asked for it no longer stands) as our promise:
+// the disk holds it, so we keep it and publish it as a restarted member
+// publishes the promise its disk kept, with no accepted header (a vote for
+// another member's epoch with our Accepted would be one its candidate
+// never cast, which it could join and win with a log it does not hold),
+// or, for our own epoch, as our vote; and we elect past the epoch we
+// followed or led (we no longer accept it).
+func (r *Replica) adoptSaved() {
+	s := &r.saves
+	if s.async == nil || s.err != nil || len(s.asks) > 0 || s.saved <= r.eNew {
+		return
+	}
+	r.tracef("node %d keeps e_new %v: saved, and no longer needed by the step that asked", r.self, s.saved)
+	r.setENew(s.saved)
+	r.vote = Vote{ENew: s.saved}
+	if s.saved.Leader() == r.self {
+		r.vote.Acpt = r.accepted
+	}
+	if r.role != Electing {
+		r.startElection(false)
+	}
+}
