@@ -59,7 +59,7 @@ func (r *Replica) readRing(i int) bool {
 		case kSnapshot:
 			done = r.acceptSnapshot(i, h.hdr, payload)
 		case kDiffPart, kDiffEnd:
-			r.acceptDiffPart(i, sender, h.kind, h.hdr, payload)
+			done = r.acceptDiffPart(i, sender, h.kind, h.hdr, payload)
 		}
 		if !done {
 			break
@@ -80,7 +80,7 @@ func (r *Replica) readRing(i int) bool {
 // acceptMsg is Acuerdo Fig. 5 l.47-53: normal message acceptance.
 func (r *Replica) acceptMsg(sender rdma.NodeID, hdr MsgHdr, payload []byte) {
 	// Acuerdo Fig. 5 l.47: only messages of the epoch we are in.
-	if hdr.E != r.eNew || hdr.E != r.eCur || r.role != Follower || hdr.E.Leader() != sender || len(payload) < entryMeta ||
+	if hdr.E != r.eNew || hdr.E != r.eCur || hdr.E < r.saves.asked || r.role != Follower || hdr.E.Leader() != sender || len(payload) < entryMeta ||
 		len(payload) > entryMeta+maxProposal(r.cfg.MaxRecord) { // a member with another MaxRecord: never accepted, never in a diff of ours
 		return
 	}
@@ -135,7 +135,7 @@ func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 	size := binary.LittleEndian.Uint64(payload[8:])
 	check := binary.LittleEndian.Uint64(payload[16:])
 	commit := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[24:])), Cnt: binary.LittleEndian.Uint64(payload[32:])}
-	if hdr.E < r.eNew || size < uint64(snapMetaSize(r.n)) || size > maxSnapMetaSize(r.n, r.cfg.MaxKeyedClients) || uint64(metaID) != mw {
+	if hdr.E < r.promised() || size < uint64(snapMetaSize(r.n)) || size > maxSnapMetaSize(r.n, r.cfg.MaxKeyedClients) || uint64(metaID) != mw {
 		return true // Fig. 5 l.54 would refuse the diff it belongs to, or not a snapshot of this group
 	}
 	f := &l.fetch
@@ -154,42 +154,60 @@ func (r *Replica) acceptSnapshot(i int, hdr MsgHdr, payload []byte) bool {
 }
 
 // acceptDiffPart collects diff parts and accepts the diff on its last part.
-func (r *Replica) acceptDiffPart(i int, sender rdma.NodeID, kind uint8, hdr MsgHdr, payload []byte) {
+// It reports false to leave the last part in the ring: the diff waits for
+// the save of its E_new (acceptDiff), and is accepted when the part is
+// read again at a later Poll.
+func (r *Replica) acceptDiffPart(i int, sender rdma.NodeID, kind uint8, hdr MsgHdr, payload []byte) bool {
 	in := &r.ins[i]
 	if len(payload) < diffHdr {
-		return
+		return true
 	}
 	base := MsgHdr{E: Epoch(binary.LittleEndian.Uint64(payload[0:])), Cnt: binary.LittleEndian.Uint64(payload[8:])}
 	flags := binary.LittleEndian.Uint64(payload[16:])
-	r.ctr.DiffParts++
 	d := &in.diff
-	if d.hdr != hdr || d.base != base || d.flags != flags {
+	if d.ended && kind == kDiffEnd && d.hdr == hdr && d.base == base && d.flags == flags {
+		return r.retryDiff(i, sender, d) // its entries are in d already
+	}
+	r.ctr.DiffParts++
+	if d.hdr != hdr || d.base != base || d.flags != flags || d.ended {
 		*d = pendingDiff{hdr: hdr, base: base, flags: flags}
 	}
 	for p := payload[diffHdr:]; len(p) > 0; {
 		e, size, ok := getDiffEntry(p)
 		if !ok || len(e.data) > maxProposal(r.cfg.MaxRecord) {
 			*d = pendingDiff{}
-			return
+			return true
 		}
 		d.entries = append(d.entries, e)
 		p = p[size:]
 	}
 	if kind == kDiffEnd {
-		r.acceptDiff(i, sender, d)
-		*d = pendingDiff{}
+		d.ended = true
+		return r.retryDiff(i, sender, d)
 	}
+	return true
+}
+
+// retryDiff runs acceptDiff on an ended diff; the diff is dropped unless
+// it waits for its E_new's save.
+func (r *Replica) retryDiff(i int, sender rdma.NodeID, d *pendingDiff) bool {
+	if !r.acceptDiff(i, sender, d) {
+		return false
+	}
+	*d = pendingDiff{}
+	return true
 }
 
 // acceptDiff is Acuerdo Fig. 5 l.54-66: diff acceptance and transition into
 // broadcast, with the base fix of docs/broadcast.md: entries above the
-// diff's base are removed, not only those from the diff's first key.
-func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
+// diff's base are removed, not only those from the diff's first key. It
+// reports false while the diff waits for the save of its E_new.
+func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) bool {
 	e := d.hdr.E
 	// Acuerdo Fig. 5 l.54: accept unless we promised a bigger epoch (or,
 	// rejoining without stable state, do not know yet what we promised).
-	if e < r.eNew || e.Leader() != sender || r.recovering || d.hdr.Less(d.base) {
-		return // (a diff ends at or after its base: the leader sends none that does not)
+	if e < r.promised() || e.Leader() != sender || r.recovering || d.hdr.Less(d.base) {
+		return true // (a diff ends at or after its base: the leader sends none that does not)
 	}
 	l := r.links[i]
 	f := &l.fetch
@@ -198,19 +216,19 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 	if d.flags&diffSnapshot != 0 {
 		if r.committed.Less(d.base) || d.flags&diffReset != 0 || r.knobs.snapRollback && ready {
 			if !ready {
-				return // the snapshot did not arrive: the leader re-syncs us
+				return true // the snapshot did not arrive: the leader re-syncs us
 			}
 			useSnap = true
 		}
 	} else if r.committed.Less(d.base) {
-		return // a gap: the leader's view of our commit is stale; it re-syncs us
+		return true // a gap: the leader's view of our commit is stale; it re-syncs us
 	}
-	if e > r.eNew {
-		// A vote is recorded before it is published: E_new before the accept.
-		if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: e}); err != nil {
-			r.tracef("node %d: save e_new: %v", r.self, err)
-			return
-		}
+	if e > r.eNew && !r.saveENew(e) {
+		// A vote is recorded before it is published: E_new before the
+		// accept. The diff's end stays in the ring until the save
+		// completed (or, a synchronous save that failed, until the
+		// next try).
+		return false
 	}
 	var snapMetaBytes []byte
 	if useSnap && r.dur != nil {
@@ -220,7 +238,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 		if err := r.restore(&f.meta, f.buf, d.base); err != nil {
 			r.tracef("node %d: restore snapshot: %v", r.self, err)
 			l.stopFetch()
-			return
+			return true
 		}
 	}
 	// Sync: the diff's records (a SnapMark naming its snapshot, if it
@@ -262,6 +280,7 @@ func (r *Replica) acceptDiff(i int, sender rdma.NodeID, d *pendingDiff) {
 		r.event(EventFollower, e)
 	}
 	r.tracef("node %d accepts diff %v base %v with %d entries from node %d (snapshot %v)", r.self, d.hdr, d.base, len(d.entries), sender, useSnap)
+	return true
 }
 
 // restore installs a fetched snapshot (meta m, state bytes) taken at

@@ -191,6 +191,7 @@ func TestSimAsyncMutants(t *testing.T) {
 	// bound.
 	noBP.lossBound = slow.asyncBound(8 << 10)
 	noBP.maxUnsynced = 4 << 20
+	noBP.syncStable = true // the schedule its catching seeds were found with
 	minority := minorityOpts()
 	minority.knobs = testingKnobs{minorityRecovery: true}
 	overcount := whole

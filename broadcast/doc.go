@@ -88,8 +88,10 @@
 //     ErrBusy / ErrTimeout / ErrTooLarge, which guarantee the data was not and
 //     will not be delivered (retrying is safe). ErrStopped (the replica was
 //     closed) leaves the outcome unknown.
-//   - Persistence: Stable.Save is called before a vote or an accept that
-//     raised E_new is published. Restarting with the same Stable and empty
+//   - Persistence: a vote or an accept that raised E_new is published only
+//     once a save of it completed (Stable.Save, or with an AsyncStable a
+//     save run off the polling goroutine and reaped by a later Poll; a
+//     failed one stops the replica with ErrDisk). Restarting with the same Stable and empty
 //     memory is supported while at most f members are down or catching up.
 //     A replica without stable state starts only as Config.Start says:
 //     StartNew (a new group), StartRejoin (a lost disk: it learns E_new from

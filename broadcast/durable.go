@@ -106,8 +106,10 @@ type netSnapSave struct {
 	done       atomic.Bool
 }
 
-// ErrDisk wraps a write-ahead log failure that stopped the replica (Sync,
-// Async): the writer's own error (wal.ErrFailStop), a record it refused,
+// ErrDisk wraps a disk failure that stopped the replica: a save of the
+// stable state that failed (any mode; a full disk is retried), or, in
+// Sync and Async, a write-ahead log failure: the writer's own error
+// (wal.ErrFailStop), a record it refused,
 // or a snapshot a diff installed that found no space (wal.ErrDiskFull: the
 // log already names it). A full disk under the log alone does not stop
 // the replica (diskFull). The replica no longer polls; Status.DiskErr says why.

@@ -171,9 +171,8 @@ func (r *Replica) recoverENew() bool {
 	if heard < r.quorum {
 		return false
 	}
-	if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: mx}); err != nil {
-		r.tracef("node %d: save e_new: %v", r.self, err)
-		return false
+	if !r.saveENew(mx) {
+		return false // (an asynchronous save: a later Poll publishes it)
 	}
 	r.setENew(mx)
 	r.recovering = false
@@ -223,6 +222,9 @@ func (r *Replica) elect() bool {
 	if r.forcing() && r.now-r.forcedAt > forceExpiry*r.cfg.ElectionTimeout {
 		r.expireForced()
 	}
+	if r.publishPending() {
+		return true // a vote decided earlier, once its E_new is saved
+	}
 	if r.catchingUp && !(r.recoveryVoter() && r.recoveryReady()) {
 		// A restarted member counts as failed until caught up; it may
 		// only join an operator's forced vote (force.go), or (Async,
@@ -235,8 +237,9 @@ func (r *Replica) elect() bool {
 		}
 		return false
 	}
-	// Fig. 7 l.98-99: votes_cpy = Vote_SST; mx = max_vote(votes_cpy).
-	mx := r.vote
+	// Fig. 7 l.98-99: votes_cpy = Vote_SST; mx = max_vote(votes_cpy). (A
+	// vote decided and waiting for its save counts as ours: myVote.)
+	mx := r.myVote()
 	for i := range r.mems {
 		m := &r.mems[i]
 		if i != r.me && m.valid[tVote] && mx.Less(m.vote()) {
@@ -258,7 +261,7 @@ func (r *Replica) elect() bool {
 		}
 		r.tracef("node %d votes for itself %v", r.self, r.vote)
 		progress = true
-	case r.vote.Less(mx) && (!mx.Acpt.Less(r.accepted) || r.knobs.voteRule) && mx.ENew > r.eCur && mx.ENew >= r.eNew:
+	case r.myVote().Less(mx) && (!mx.Acpt.Less(r.accepted) || r.knobs.voteRule) && mx.ENew > r.eCur && mx.ENew >= r.promised():
 		// Fig. 7 l.106-111: join the max vote.
 		if !r.setVote(mx) {
 			return false
@@ -273,6 +276,12 @@ func (r *Replica) elect() bool {
 	// (A member that joined our forced vote still counts once its flag
 	// lapsed here: it joined while the vote was forced, force.go.)
 	if r.vote.ENew.Leader() != r.self || r.vote.ENew != r.eNew || r.vote.ENew <= r.eCur {
+		return progress
+	}
+	if r.pendVote != nil || r.vote.ENew < r.saves.asked {
+		// A save of a bigger E_new was asked for (a vote decided since,
+		// a diff): it may be on disk already, and we accept nothing below
+		// it (promised), our own epoch included.
 		return progress
 	}
 	if r.dur != nil && r.vote.ENew <= r.bootENew && !r.knobs.resumeOldEpoch {
@@ -371,20 +380,58 @@ func (r *Replica) recoveryCommitted() {
 	}
 }
 
-// setVote records the vote (E_new first, durably), then publishes it.
+// setVote records the vote (E_new first, durably), then publishes it. With
+// an AsyncStable whose save of v.ENew has not completed it reports false
+// and keeps v as the vote decided (pendVote): the election goes on from
+// it as if cast (myVote; the vote timeout restarts), and publishPending
+// publishes it once the save completed.
 func (r *Replica) setVote(v Vote) bool {
 	if v.ENew != r.eNew && r.knobs.voteUnsaved {
 		r.knobs.unsaved = true
 	} else if v.ENew != r.eNew {
-		if err := r.stable.Save(StableState{Incarnation: r.inc, ENew: v.ENew}); err != nil {
-			r.tracef("node %d: save e_new: %v", r.self, err)
+		if !r.saveENew(v.ENew) {
+			if r.stableWaiting() && (r.pendVote == nil || *r.pendVote != v) {
+				r.pendVote = &v
+				r.electAt = r.voteTimeout(r.now)
+				r.electFails = 0
+			}
 			return false
 		}
 	}
+	r.pendVote = nil
 	r.setENew(v.ENew)
 	r.vote = v
 	r.electAt = r.voteTimeout(r.now)
 	r.electFails = 0
+	return true
+}
+
+// myVote is our vote as the election sees it: the one decided and waiting
+// for its save (pendVote), else the one published.
+func (r *Replica) myVote() Vote {
+	if r.pendVote != nil {
+		return *r.pendVote
+	}
+	return r.vote
+}
+
+// publishPending publishes the vote setVote decided once its E_new is
+// saved (and asks for the save again after a full disk); one overtaken (E_new moved past it: a diff accepted, a later
+// vote published) is dropped.
+func (r *Replica) publishPending() bool {
+	p := r.pendVote
+	switch {
+	case p == nil:
+		return false
+	case r.eNew >= p.ENew:
+		r.pendVote = nil
+		return false
+	}
+	v := *p
+	if !r.setVote(v) {
+		return false // (asked again if a full disk failed the save)
+	}
+	r.tracef("node %d publishes its vote %v: its e_new is saved", r.self, v)
 	return true
 }
 

@@ -71,7 +71,8 @@ func restartedRow(m *member) bool {
 //
 // It returns the forced vote's epoch. Call it from the goroutine that
 // polls the replica (the server runs it through its poller's Handle.Do);
-// the next Poll publishes the vote.
+// the next Poll publishes the vote (with an AsyncStable, the Poll that
+// finds its E_new saved: setVote).
 func (r *Replica) ForceLead(confirm MsgHdr) (Epoch, error) {
 	refuse := func(format string, args ...any) (Epoch, error) {
 		return 0, fmt.Errorf("%w: node %d: %s", ErrForceRefused, r.self, fmt.Sprintf(format, args...))
@@ -132,7 +133,7 @@ func (r *Replica) ForceLead(confirm MsgHdr) (Epoch, error) {
 		}
 	}
 	e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
-	if !r.setVote(Vote{ENew: e, Acpt: r.accepted, Forced: true}) {
+	if !r.setVote(Vote{ENew: e, Acpt: r.accepted, Forced: true}) && r.pendVote == nil {
 		return 0, fmt.Errorf("broadcast: node %d: saving the forced vote's E_new %v failed (see the trace): nothing published", r.self, e)
 	}
 	r.forcedAt = r.now
@@ -201,7 +202,7 @@ func (r *Replica) joinForced() bool {
 			mx = v
 		}
 	}
-	if mx.ENew == 0 || !r.vote.Less(mx) || mx.ENew <= r.eCur || mx.ENew < r.eNew {
+	if mx.ENew == 0 || !r.myVote().Less(mx) || mx.ENew <= r.eCur || mx.ENew < r.promised() {
 		return false
 	}
 	if !r.setVote(mx) {

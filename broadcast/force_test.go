@@ -171,19 +171,28 @@ func forceScript(st *forceStats) func(h *simRun) {
 // them all).
 func TestSimForceLead(t *testing.T) {
 	const window = 40 * time.Millisecond
-	for _, n := range []int{3, 5} {
-		t.Run(map[int]string{3: "n3", 5: "n5"}[n], func(t *testing.T) {
+	// n3-file-stable: the stable state saved off the polling goroutine
+	// (AsyncFileStable): the forced vote goes out once its
+	// E_new is saved.
+	for _, tc := range []struct {
+		name string
+		n    int
+		file bool
+		def  int
+	}{{"n3", 3, false, 300}, {"n5", 5, false, 150}, {"n3-file-stable", 3, true, 100}} {
+		n := tc.n
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var total Counters
 			lost, lossy, refused, runs := 0, 0, 0, 0
-			def := map[int]int{3: 300, 5: 150}[n]
+			def := tc.def
 			if raceEnabled {
 				def = 2
 			}
 			flags := simFlags.WithDefault(def)
 			flags.Run(t, func(sd sim.Seed) error {
 				var st forceStats
-				o := simOpts{n: n, until: window, maxLog: 24, faults: sim.Faults{Until: 12 * time.Millisecond, Slow: 1}, script: forceScript(&st)}
+				o := simOpts{n: n, until: window, maxLog: 24, fileStable: tc.file, faults: sim.Faults{Until: 12 * time.Millisecond, Slow: 1}, script: forceScript(&st)}
 				if err := runSim(sd.WithLog(t), o, &total); err != nil {
 					return err
 				}

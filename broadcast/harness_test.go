@@ -124,7 +124,7 @@ type qnode struct {
 	node   *mem.Node
 	r      *Replica
 	fsm    *logFSM
-	stable *MemStable
+	stable Stable
 	up     bool
 }
 

@@ -36,6 +36,10 @@ type testingKnobs struct {
 	// a bug: rows land when they land). A leader must not sync it before
 	// it has that row (TestSimAsyncSyncWaitsCommitRow).
 	lateCommitRow bool
+	// publishAsked: with an AsyncStable, a vote or an accept that raises
+	// E_new is published once its save is asked for, not once it
+	// completed (promise lost).
+	publishAsked bool
 	// snapRollback: a fetched snapshot is installed even behind our
 	// commit point (rollback).
 	snapRollback bool

@@ -63,6 +63,9 @@ type pendingDiff struct {
 	base    MsgHdr
 	flags   uint64
 	entries []*entry
+	// ended: its end was read, and it waits for its E_new's save (the
+	// end record stays in the ring and is read again: acceptDiffPart)
+	ended bool
 }
 
 // follower is the leader's per-follower state: a cursor into the Log and
@@ -99,6 +102,7 @@ type Replica struct {
 	node   rdma.Node
 	fsm    FSM
 	stable Stable
+	saves  stableSaves // the stable state's saves (stable.go)
 	rng    *rand.Rand
 
 	self   rdma.NodeID
@@ -137,6 +141,7 @@ type Replica struct {
 	// electingSince is when we last became ELECTING (startElection);
 	// forcedAt when ForceLead cast our forced vote (force.go).
 	electingSince, forcedAt time.Duration
+	pendVote                *Vote // a vote decided, waiting for the save of its E_new (setVote)
 
 	vote        Vote // our published VoteSST row
 	electAt     time.Duration
@@ -247,6 +252,13 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	r.eNew = st.ENew
 	if err := stable.Save(StableState{Incarnation: r.inc, ENew: r.eNew}); err != nil {
 		return nil, err
+	}
+	// The boot save is synchronous (not on a poller yet); later ones run
+	// off the polling goroutine if the Stable can (stable.go).
+	r.saves.saved = r.eNew
+	r.saves.asked = r.eNew
+	if a, ok := stable.(AsyncStable); ok {
+		r.saves.async = a
 	}
 	if err := r.register(); err != nil {
 		r.closeRegions()
@@ -411,11 +423,19 @@ func (r *Replica) idxOf(id rdma.NodeID) int {
 // since any fixed origin): it reads local memory, runs Acuerdo's handlers,
 // posts verbs, and reports whether anything happened. It never blocks and
 // makes no system calls other than the fabric's verbs (and, during
-// elections, Stable.Save).
+// elections, Stable.Save if the Stable is not an AsyncStable).
 func (r *Replica) Poll(now time.Duration) bool {
 	r.now = now
 	if r.bootAt < 0 {
 		r.bootAt = now
+	}
+	if r.saves.err != nil {
+		return false // fail-stop: a save of the stable state failed (ErrDisk)
+	}
+	r.reapStable() // completions first: a vote or an accept may go out now
+	if r.saves.err != nil {
+		r.publishStatus()
+		return false
 	}
 	walProgress := false
 	if r.dur != nil {
@@ -427,7 +447,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 	}
 	if r.knobs.unsaved {
 		r.knobs.unsaved = false
-		r.stable.Save(StableState{Incarnation: r.inc, ENew: r.eNew})
+		r.saveENew(r.eNew)
 	}
 	progress := false
 	if r.role == Follower {
@@ -480,6 +500,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 	if r.role == Electing && r.elect() {
 		progress = true
 	}
+	r.adoptSaved()
 	// Proposals made while this Poll ran (a completion callback of
 	// commit proposes the next message) go out in this Poll, not the next.
 	if r.drainInbox() {
@@ -524,12 +545,17 @@ func (r *Replica) Poll(now time.Duration) bool {
 // NextDeadline is the latest time the replica wants its next Poll even if
 // nothing lands in its memory (heartbeats, timeouts, reconnects).
 func (r *Replica) NextDeadline() time.Duration {
-	if r.dur != nil && r.dur.err != nil {
+	if r.dur != nil && r.dur.err != nil || r.saves.err != nil {
 		return wal.Never // stopped (ErrDisk): no timer is worth a Poll
 	}
 	d := r.nextHB
-	if r.role == Electing {
+	if r.role == Electing && !(r.electAt <= r.now && r.stableWaiting()) {
+		// (An election step that waits for its vote's save is woken by
+		// the save's completion.)
 		d = min(d, r.electAt)
+	}
+	if s := &r.saves; s.full && s.retryAt > r.now {
+		d = min(d, s.retryAt) // a save that found the disk full is asked again
 	}
 	for _, l := range r.links {
 		if l != nil {

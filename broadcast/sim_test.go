@@ -290,6 +290,20 @@ type simOpts struct {
 	// crashAtVote crashes nodes, at random, right after a step that
 	// published a higher promise (checkPromises).
 	crashAtVote bool
+	// fileStable: the stable state is an AsyncFileStable on the node's
+	// Disk with a device of its own (seeded latencies; a crash loses a
+	// save not finished), as kvserver keeps it; durable modes always
+	// use it. Without it, diskStable (saved at once).
+	fileStable bool
+	// slowStable: with fileStable, syncs take 0.5-2 ms on every node (a
+	// disk busy with other files): saves stay in flight long.
+	slowStable bool
+	// syncStable: diskStable (saved at once, on the polling goroutine)
+	// even in a durable mode: the schedule of the mutants whose scenario
+	// was found before saves ran off the poller (resume-old-epoch,
+	// async-no-backpressure: their checks aim at the log, not at the
+	// stable state).
+	syncStable bool
 	// limits makes a third of the proposals MaxProposal-8..MaxProposal
 	// bytes long.
 	limits bool
@@ -489,6 +503,9 @@ type simStats struct {
 	// fsyncs the writers of every incarnation completed; delivered the
 	// entries the run delivered (the reference order's length)
 	fsyncs, delivered int64
+	// fileStable: crashes that struck while a save of the stable state
+	// was in flight (its restart finds the old file or the new one)
+	stableCrashes int64
 }
 
 // simProc is one incarnation of a replica in the simulator, with a client
@@ -501,6 +518,8 @@ type simProc struct {
 	next     time.Duration
 	k        int
 	promised Epoch  // the highest promise published so far (checkPromises)
+	verified Epoch  // fileStable: the highest E_new its disk image was seen to hold
+	askSeen  Epoch  // fileStable: the highest save asked for that checkPromises saw
 	acked    MsgHdr // the AcceptSST row checkDurable last checked
 	stopped  bool   // its replica stopped on a disk error (failSync)
 	// pausedUntil: the node takes no step before then (a stopped
@@ -534,7 +553,7 @@ func (p *simProc) Start(env *sim.Env) error {
 		// A restart: with its stable state, or rejoining without it (a
 		// lost disk) with an incarnation above any it had.
 		cfg.Start = StartExisting
-		if _, ok := env.Disk().Get("acuerdo"); !ok {
+		if !p.hasStable(env) {
 			cfg.Start = StartRejoin
 			cfg.RejoinIncarnation = uint64(env.Incarnation())<<40 | env.Rand().Uint64()>>24
 		}
@@ -606,7 +625,14 @@ func (p *simProc) Start(env *sim.Env) error {
 			cfg.SnapshotLogBytes = 1 << 40 // only the snapshots diffs install
 		}
 	}
-	r, err := New(cfg, env.Node(), p.fsm, diskStable{env.Disk()})
+	var stable Stable = diskStable{env.Disk()}
+	if p.h.o.slowStable {
+		env.Disk().SetSyncLatency(500*time.Microsecond, 2*time.Millisecond)
+	}
+	if p.h.o.asyncStable() {
+		stable = NewAsyncFileStable(FileStable{Path: simStablePath, FS: env.Disk()}, env.DiskDevice())
+	}
+	r, err := New(cfg, env.Node(), p.fsm, stable)
 	if err != nil {
 		if cfg.Snapshots != nil {
 			return fmt.Errorf("recoverable: node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
@@ -706,6 +732,36 @@ func (p *simProc) Step(now time.Duration) bool {
 	return progress
 }
 
+// simStablePath is the stable file on a simulated node's Disk (fileStable).
+const simStablePath = "stable"
+
+// asyncStable: the replicas keep their stable state in an AsyncFileStable.
+func (o *simOpts) asyncStable() bool {
+	return !o.syncStable && (o.fileStable || o.durability != Memory)
+}
+
+// hasStable reports whether the node's Disk holds a stable state.
+func (p *simProc) hasStable(env *sim.Env) bool {
+	if p.h.o.asyncStable() {
+		_, err := env.Disk().Stat(simStablePath)
+		return err == nil
+	}
+	_, ok := env.Disk().Get("acuerdo")
+	return ok
+}
+
+// durableStable is the E_new the node's stable file holds on its disk
+// image with every unsynced write dropped (the worst a crash now leaves).
+func (p *simProc) durableStable() Epoch {
+	fs := p.env.Disk().Files()
+	fs.DropUnsynced()
+	st, err := FileStable{Path: simStablePath, FS: fs}.Load()
+	if err != nil {
+		p.h.c.fail("promise lost: node %d: its stable file does not load after a crash: %v", p.env.ID(), err)
+	}
+	return st.ENew
+}
+
 // checkPromises runs after every step: a crash at this instant leaves the
 // stable state as saved, so every promise the replica published (the
 // e_new of its VoteSST row, the epoch of its AcceptSST row) must be saved
@@ -714,26 +770,48 @@ func (p *simProc) Step(now time.Duration) bool {
 // the node crashes; it restarts with the stable state of that instant.
 func (p *simProc) checkPromises() {
 	r := p.r
+	published := max(Epoch(r.myRows[tVote][0]), Epoch(r.myRows[tAccept][0]))
 	saved := Epoch(0)
-	if b, ok := p.env.Disk().Get("acuerdo"); ok && len(b) == 16 {
+	if p.h.o.asyncStable() {
+		// The stable file as a crash now would leave it (every unsynced
+		// write and name dropped), read only when the promise rose.
+		saved = p.verified
+		if published > saved {
+			saved = p.durableStable()
+			p.verified = saved
+		}
+	} else if b, ok := p.env.Disk().Get("acuerdo"); ok && len(b) == 16 {
 		saved = Epoch(binary.LittleEndian.Uint64(b[8:]))
 	}
-	published := max(Epoch(r.myRows[tVote][0]), Epoch(r.myRows[tAccept][0]))
 	if published > saved {
 		p.h.c.fail("promise lost: node %d incarnation %d published e_new %v but its stable state holds %v (a crash now forgets the promise)", p.env.ID(), p.env.Incarnation(), published, saved)
+	}
+	if p.h.o.asyncStable() && p.h.o.crashAtVote && r.saves.asked > p.askSeen && r.stableWaiting() {
+		// A save just asked for: at random, the node crashes while it is
+		// in flight (its restart finds the old stable file or the new
+		// one, never a torn one, and the promise was not published).
+		p.askSeen = r.saves.asked
+		p.maybeCrash(time.Duration(p.h.rng.Int64N(int64(time.Millisecond))))
 	}
 	if published <= p.promised {
 		return
 	}
 	p.promised = published
+	p.maybeCrash(0)
+}
+
+// maybeCrash (crashAtVote): at random, while the faults last and fewer
+// than f members are unavailable, crash the node after d and restart it
+// with its disk after 1-4 ms.
+func (p *simProc) maybeCrash(d time.Duration) {
 	h := p.h
 	if !h.o.crashAtVote || h.s.Now() >= h.o.until || h.unavailable() >= (len(h.s.Nodes())-1)/2 || h.rng.IntN(4) != 0 {
 		return
 	}
 	id := p.env.ID()
-	h.s.At(h.s.Now(), func() {
-		if !h.s.Live(id) || h.procs[id] != p {
-			return
+	h.s.At(h.s.Now()+d, func() {
+		if !h.s.Live(id) || h.procs[id] != p || d > 0 && h.unavailable() >= (len(h.s.Nodes())-1)/2 {
+			return // (a member went down meanwhile: at most f at once)
 		}
 		if err := h.s.Crash(id); err == nil {
 			h.down[id] = true
@@ -1098,6 +1176,13 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		h.c.asyncBound = o.lossBound
 	}
 	h.c.now = s.Now
+	if o.stats != nil && o.asyncStable() {
+		s.Observe(func(e sim.Event) {
+			if p := h.procs[e.Node]; e.Kind == sim.EvCrash && p != nil && p.r.stableWaiting() {
+				o.stats.stableCrashes++
+			}
+		})
+	}
 	if o.durability == Async {
 		h.crashedAt = map[rdma.NodeID]time.Duration{}
 		s.Observe(func(e sim.Event) {
@@ -1175,8 +1260,8 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	// Liveness once faults heal: every member up to date, following or
 	// leading one epoch, and every proposal of a live incarnation resolved.
 	done := func() bool {
-		if len(h.down) != 0 {
-			return false
+		if len(h.down) != 0 || h.ctr.wholeGroup < o.wholeGroup {
+			return false // (a clean stop's crash waits for the group to settle: it may come after the window)
 		}
 		h.asyncLostTail(ids)
 		var epoch Epoch
@@ -1332,6 +1417,9 @@ func (c *Counters) add(o Counters) {
 	c.DiskFullStepDowns += o.DiskFullStepDowns
 	c.DiskProbes += o.DiskProbes
 	c.ElectBackoffs += o.ElectBackoffs
+	c.StableSaves += o.StableSaves
+	c.StableSaveNanos += o.StableSaveNanos
+	c.StableSavesFull += o.StableSavesFull
 }
 
 // TestSimAcuerdo runs the protocol in the deterministic simulator under
@@ -1357,6 +1445,10 @@ func TestSimAcuerdo(t *testing.T) {
 		{"n3-appends", 0.05, simOpts{n: 3, until: window, crashes: true, maxLog: 24, appends: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
 		{"n5-appends", 0.05, simOpts{n: 5, until: window, crashes: true, maxLog: 24, appends: true, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}, wantSnapshots},
 		{"n3-crash-at-vote", 0.04, simOpts{n: 3, until: window, crashAtVote: true, maxLog: 24, limits: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantElections},
+		// Memory mode, the stable state in a file saved off the polling
+		// goroutine (as kvserver keeps it): a vote or an accept waits for
+		// its save; crashes strike saves in flight.
+		{"n3-crash-at-vote-file-stable", 0.04, simOpts{n: 3, until: window, crashAtVote: true, fileStable: true, slowStable: true, maxLog: 24, limits: true, faults: sim.Faults{Until: window, Partition: 2, Slow: 1}}, wantSavedVotes},
 		// Sync durability (durable.go): whole-group crashes, every member
 		// restarted from the disk image its crash left, plus random
 		// crashes and partitions; nothing acknowledged may be lost.
@@ -1388,6 +1480,12 @@ func TestSimAcuerdo(t *testing.T) {
 			flags := simFlags.WithDefault(def)
 			flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), o, &total) })
 			t.Logf("counters over all seeds: %+v", total)
+			if o.asyncStable() {
+				t.Logf("stable state: %d saves off the poller, %d crashes with one in flight", total.StableSaves, stats.stableCrashes)
+			}
+			if o.asyncStable() && flags.Seed == 0 && flags.Seeds >= 20 && (total.StableSaves == 0 || stats.stableCrashes == 0) {
+				t.Errorf("want stable state saves off the poller (%d) and crashes while one was in flight (%d)", total.StableSaves, stats.stableCrashes)
+			}
 			if o.durability != Memory {
 				t.Logf("durable: %+v", stats)
 				if flags.Seed == 0 && flags.Seeds >= 20 && (stats.fromDisk == 0 || stats.wholeGroup == 0) {
@@ -1414,6 +1512,13 @@ func TestSimAcuerdo(t *testing.T) {
 func wantElections(c Counters) error {
 	if c.ElectionsStarted == 0 || c.Requeued == 0 || c.Reconnects == 0 {
 		return fmt.Errorf("want elections, re-queued proposals and reconnects")
+	}
+	return nil
+}
+
+func wantSavedVotes(c Counters) error {
+	if c.ElectionsStarted == 0 || c.Reconnects == 0 || c.StableSaves == 0 {
+		return fmt.Errorf("want elections, reconnects and stable state saves off the poller")
 	}
 	return nil
 }
@@ -1460,6 +1565,11 @@ func TestSimMutants(t *testing.T) {
 		// leader without committed entries can win.
 		{"vote-rule", simOpts{knobs: testingKnobs{voteRule: true}, n: 3, until: window, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
 		{"vote-before-save", simOpts{knobs: testingKnobs{voteUnsaved: true}, n: 3, until: window, crashAtVote: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
+		{"vote-before-save-file-stable", simOpts{knobs: testingKnobs{voteUnsaved: true}, n: 3, until: window, crashAtVote: true, fileStable: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
+		// A vote or an accept of a new epoch goes out once its save is
+		// asked for, before it completed: a crash then forgets it.
+		{"publish-before-save", simOpts{knobs: testingKnobs{publishAsked: true}, n: 3, until: window, crashAtVote: true, fileStable: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
+		{"publish-before-save-sync", simOpts{knobs: testingKnobs{publishAsked: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, crashes: true, maxLog: 24, faults: partition}, 100, "promise lost:"},
 		{"unbounded-log", simOpts{knobs: testingKnobs{unboundedLog: true}, n: 3, until: 6 * window, longDown: true, maxLog: 16}, 100, "log bound:"},
 		{"slab-leak", simOpts{knobs: testingKnobs{slabLeak: true}, n: 3, until: 12 * window, longDown: true, maxLog: 16, limits: true}, 100, "slab bound:"},
 		// A member catching up joins any vote, not only a forced one
@@ -1476,7 +1586,7 @@ func TestSimMutants(t *testing.T) {
 		// A member restarted from its log wins the epoch it led before the
 		// crash again (its slow disk kept none of it): two leaders of one
 		// epoch.
-		{"resume-old-epoch", simOpts{knobs: testingKnobs{resumeOldEpoch: true}, n: 3, until: window, durability: Sync, wholeGroup: 1, slowDisk: true, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
+		{"resume-old-epoch", simOpts{knobs: testingKnobs{resumeOldEpoch: true}, n: 3, until: window, durability: Sync, syncStable: true, wholeGroup: 1, slowDisk: true, crashes: true, maxLog: 24, faults: partition}, 1000, "total order:"},
 		{"ack-unsynced-promise", simOpts{knobs: testingKnobs{ackUnsynced: true}, n: 3, until: window, durability: Sync, promiseCheck: true, maxLog: 24}, 100, "durability promise:"},
 		// A diff that installs a network snapshot counts in the row once
 		// its records are synced, before the snapshot file in snap/ is:

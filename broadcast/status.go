@@ -52,6 +52,11 @@ type Status struct {
 	// ErrDiskFull (its own disk, or too few members that can log).
 	DiskFull, GroupDiskFull bool
 	DiskFullErr             error
+	// StableSaveMax is the longest asynchronous save of the stable state
+	// (Counters.StableSaves); StableFullErr the error of a save that
+	// found the disk full, until one succeeds.
+	StableSaveMax time.Duration
+	StableFullErr error
 	// Members is what this replica knows of each member (itself included),
 	// in Config.Members order, as of its last heartbeat or role change; a
 	// leader also says how it serves each one.
@@ -144,6 +149,12 @@ type Counters struct {
 	DiskFullRefused       uint64 // proposals and appends this leader refused with ErrDiskFull
 	DiskFullStepDowns     uint64 // times this leader handed its group over because its disk stayed full
 	DiskProbes            uint64 // records its log took only to find out whether the disk can write (it took no other for a while)
+	// StableSaves: saves of the stable state (E_new before a vote or an
+	// accept of a new epoch) completed off the polling goroutine (an
+	// AsyncStable); StableSaveNanos their total time, from the Poll that
+	// asked to the one that reaped it; StableSavesFull the times a save
+	// found the disk full (retried; nothing published meanwhile).
+	StableSaves, StableSaveNanos, StableSavesFull uint64
 }
 
 // Leader returns the leader's node id if this replica follows or leads an
@@ -207,8 +218,14 @@ func (r *Replica) publishStatus() {
 		Pending: pending, Members: ms, Counters: r.ctr, Durable: r.durableHdr(),
 		FromDisk: r.fromDisk, Repair: r.repair, SeenIdx: r.seenIdx,
 		RecoveryElections: r.recElections, RecoveryLost: r.recLost, DiskLate: r.diskLateN}
+	r.status.StableSaveMax, r.status.StableFullErr = r.saves.maxTook, r.saves.fullErr
+	if r.saves.err != nil {
+		r.status.DiskErr = r.saves.err
+	}
 	if r.dur != nil {
-		r.status.DiskErr = r.dur.err
+		if r.dur.err != nil {
+			r.status.DiskErr = r.dur.err
+		}
 		r.status.DiskFull, r.status.GroupDiskFull = r.dur.full, r.fullRefuse
 		if r.dur.full {
 			r.status.DiskFullErr = r.dur.fullErr

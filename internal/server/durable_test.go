@@ -406,3 +406,43 @@ func TestProcessAsyncRestart(t *testing.T) {
 		}
 	}
 }
+
+// TestStableSavesOffPoller: a replica whose stable state is a file (a
+// data directory, in memory and sync modes) saves it off its polling
+// goroutine: after the groups elected, the only save its poller ran is
+// the boot's, and the saves of the election's votes and accepts are in
+// its broadcast counters (stable_saves, with their time) instead.
+func TestStableSavesOffPoller(t *testing.T) {
+	for _, mode := range []broadcast.Durability{broadcast.Memory, broadcast.Sync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			m := &cluster.Map{Name: "stable", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
+			if err := m.Fill(); err != nil {
+				t.Fatal(err)
+			}
+			p, stop := startDurableMode(t, m, t.TempDir(), mode, nil)
+			defer stop()
+			// (The status copy may be up to 50 ms old: wait for it.)
+			var async uint64
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				async = 0
+				for _, r := range p.Replicas() {
+					async += r.Status().Counters.StableSaves
+				}
+				if async >= 2 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if async < 2 {
+				t.Errorf("%d stable saves off the poller in all: an election saves a vote or an accept on a majority", async)
+			}
+			for _, r := range p.Replicas() {
+				if n := server.PollStableSaves(r); n != 1 {
+					t.Errorf("replica %d: %d stable saves on its poller, want only the boot's", r.Node, n)
+				}
+				if c := r.Status().Counters; c.StableSaves > 0 && c.StableSaveNanos == 0 {
+					t.Errorf("replica %d: %d saves off the poller and no time counted", r.Node, c.StableSaves)
+				}
+			}
+		})
+	}
+}

@@ -38,9 +38,11 @@ type PollDetail struct {
 	// StoreUs: a persisted snapshot handed to the store, the log dropped
 	// below a durable one.
 	StoreUs float64 `json:"snap_store_us"`
-	// StableSaves: saves of the stable state (a vote, a new epoch
-	// followed: each a write and two fsyncs, on the polling goroutine),
-	// StableUs their time.
+	// StableSaves: saves of the stable state on the polling goroutine
+	// (a write and two fsyncs each), StableUs their time: a Stable that
+	// is not an AsyncStable (an AsyncFileStable saves off the poller:
+	// broadcast's Counters.StableSaves and Status.StableSaveMax count
+	// those).
 	StableSaves uint64  `json:"stable_saves"`
 	StableUs    float64 `json:"stable_us"`
 }
@@ -59,6 +61,19 @@ func (s *timedStable) Save(st broadcast.StableState) error {
 	s.saves++
 	s.took += time.Since(t0)
 	return err
+}
+
+// timedAsyncStable is a timedStable over an AsyncStable: its Save (at
+// boot) is timed, its asynchronous saves run off the poller.
+type timedAsyncStable struct {
+	*timedStable
+	a broadcast.AsyncStable
+}
+
+func (s timedAsyncStable) SaveAsync(st broadcast.StableState) { s.a.SaveAsync(st) }
+
+func (s timedAsyncStable) Saved(dst []broadcast.StableSaved) []broadcast.StableSaved {
+	return s.a.Saved(dst)
 }
 
 // pollMark is the counters pollStats reads around a Poll.

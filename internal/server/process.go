@@ -19,6 +19,7 @@ import (
 	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // ProcessConfig is what one node runtime (Process) runs: the kv replicas
@@ -116,6 +117,9 @@ type hosted struct {
 	sr   *Replica
 	h    *poller.Handle
 	dur  *Durable // nil: memory mode
+	// stableDev runs the stable state's saves (an AsyncFileStable);
+	// nil: an in-memory stable state.
+	stableDev *wal.FileDevice
 }
 
 // StartProcess opens the nodes of cfg's replicas, builds the replicas,
@@ -203,7 +207,8 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	if cfg.Log.Enabled(ctx, slog.LevelWarn) {
 		wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
 	}
-	if cfg.Durable.Mode != broadcast.Memory {
+	if cfg.Durable.Mode != broadcast.Memory || cfg.Prepare != nil {
+		// (A stable state in a file fails a replica too: ErrDisk.)
 		wg.Go(func() { p.watchDisks(ctx) })
 	}
 	go finished()
@@ -231,9 +236,28 @@ func (p *Process) start(g, i int) error {
 			return err
 		}
 	}
+	// A stable state in a file saves off the polling goroutine, on a
+	// device of its own (not the log's: a vote must not wait behind a
+	// disk snapshot's writes), whose completions ring the node's
+	// doorbell.
+	var stableDev *wal.FileDevice
+	if fs, ok := stable.(broadcast.FileStable); ok {
+		dfs := fs.FS
+		if dfs == nil {
+			dfs = vfs.OS
+		}
+		stableDev = wal.NewFileDevice(dfs, node.Doorbell().Ring)
+		stable = broadcast.NewAsyncFileStable(fs, stableDev)
+	}
+	closeStable := func() {
+		if stableDev != nil {
+			stableDev.Close()
+		}
+	}
 	var dur *Durable
 	if p.cfg.Durable.Mode != broadcast.Memory {
 		if p.cfg.ReplicaDir == nil {
+			closeStable()
 			node.Close()
 			return fmt.Errorf("start replica %d (group %d): durability %v needs a data directory", id, g, p.cfg.Durable.Mode)
 		}
@@ -242,6 +266,7 @@ func (p *Process) start(g, i int) error {
 			fsys = vfs.OS
 		}
 		if dur, err = OpenDurable(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring); err != nil {
+			closeStable()
 			node.Close()
 			return err
 		}
@@ -283,6 +308,7 @@ func (p *Process) start(g, i int) error {
 	rc, err := p.Map.ReplicaConfig(g, bc)
 	if err != nil {
 		dur.Close()
+		closeStable()
 		node.Close()
 		return err
 	}
@@ -292,6 +318,7 @@ func (p *Process) start(g, i int) error {
 	var st *btree.Store
 	if sc, ok := p.Map.OrderedStore(g); ok {
 		if st, err = btree.NewStore(sc, node); err != nil {
+			closeStable()
 			node.Close()
 			return fmt.Errorf("start replica %d (group %d): ordered keyspace: %w", id, g, err)
 		}
@@ -308,12 +335,17 @@ func (p *Process) start(g, i int) error {
 		}
 	}
 	ts := &timedStable{Stable: stable}
-	r, err := kv.NewReplica(rc, node, ts)
+	var rs broadcast.Stable = ts
+	if a, ok := stable.(broadcast.AsyncStable); ok {
+		rs = timedAsyncStable{timedStable: ts, a: a}
+	}
+	r, err := kv.NewReplica(rc, node, rs)
 	if err != nil {
 		if st != nil {
 			st.Close()
 		}
 		dur.Close()
+		closeStable()
 		node.Close()
 		return fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
@@ -329,7 +361,7 @@ func (p *Process) start(g, i int) error {
 	}
 	// A group's replicas share a poller: their messages to each other
 	// then need no wake-up.
-	h := &hosted{node: node, r: r, st: st, sr: sr, h: p.pollers.AddTo(g, sr, node), dur: dur}
+	h := &hosted{node: node, r: r, st: st, sr: sr, h: p.pollers.AddTo(g, sr, node), dur: dur, stableDev: stableDev}
 	if p.cfg.Commands {
 		sr.SetHandle(h.h)
 	}
@@ -367,7 +399,11 @@ func (p *Process) watchDisks(ctx context.Context) {
 		}
 		for _, r := range p.all {
 			if err := r.r.Multicast().Broadcast().Status().DiskErr; err != nil {
-				p.failed <- fmt.Errorf("replica %d (group %d) stopped on a disk error in %s: %v: nothing it acknowledged is lost; check the disk (dmesg, df), then restart it", r.Node, r.Group, r.dur.Dir, err)
+				where := "its stable state"
+				if r.dur != nil {
+					where = r.dur.Dir
+				}
+				p.failed <- fmt.Errorf("replica %d (group %d) stopped on a disk error in %s: %v: nothing it acknowledged is lost; check the disk (dmesg, df), then restart it", r.Node, r.Group, where, err)
 				return
 			}
 		}
@@ -414,6 +450,9 @@ func (p *Process) Stop(g, i int) {
 		h.st.Close()
 	}
 	h.dur.Close()
+	if h.stableDev != nil {
+		h.stableDev.Close()
+	}
 	h.node.Close()
 }
 
