@@ -1,7 +1,6 @@
 package client_test
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -19,44 +18,24 @@ import (
 func TestKeyspaceMergeLinearizable(t *testing.T) {
 	lc := startLocal(t, orderedMap("ksmerge", 1))
 	c := open(t, lc, 0, client.WithTimeout(time.Minute))
-	ks := c.Keyspace("users")
-	keys := []string{"a", "b", "c"}
-	h := newKsHistory()
-	ops := 40
-	if raceEnabled {
-		ops = 15
-	}
-	err := goWorkers(5, func(w int) error {
-		rng := rand.New(rand.NewPCG(uint64(w), 17))
-		for i := range ops {
-			op := kvcheck.Op{Client: w, Key: keys[rng.IntN(len(keys))]}
-			switch r := rng.IntN(10); {
-			case r < 4:
-				op.Kind = kvcheck.Merge
-				op.Fields = map[string]string{fmt.Sprintf("f%d", rng.IntN(3)): fmt.Sprintf("w%d-%d", w, i)}
-			case r < 6:
-				op.Kind, op.Value = kvcheck.Put, kvcheck.EncodeFields(map[string]string{"f0": fmt.Sprintf("p%d-%d", w, i)})
-				if rng.IntN(4) == 0 {
-					op.Value = fmt.Sprintf("plain%d-%d", w, i) // not fielded: merges fail on it
-				}
-			case r < 7:
-				op.Kind = kvcheck.Delete
-			case r < 9:
-				op.Kind = kvcheck.Get
-			default:
-				op.Kind, op.Key, op.End = kvcheck.Scan, "a", "d"
+	h := runKsHistory(t, c.Keyspace("users"), 5, 17, []string{"a", "b", "c"}, func(rng *rand.Rand, op *kvcheck.Op, w, i int) {
+		switch r := rng.IntN(10); {
+		case r < 4:
+			op.Kind = kvcheck.Merge
+			op.Fields = map[string]string{fmt.Sprintf("f%d", rng.IntN(3)): fmt.Sprintf("w%d-%d", w, i)}
+		case r < 6:
+			op.Kind, op.Value = kvcheck.Put, kvcheck.EncodeFields(map[string]string{"f0": fmt.Sprintf("p%d-%d", w, i)})
+			if rng.IntN(4) == 0 {
+				op.Value = fmt.Sprintf("plain%d-%d", w, i) // not fielded: merges fail on it
 			}
-			op, err := h.do(context.Background(), ks, op)
-			if err != nil {
-				return err
-			}
-			h.add(op)
+		case r < 7:
+			op.Kind = kvcheck.Delete
+		case r < 9:
+			op.Kind = kvcheck.Get
+		default:
+			op.Kind, op.Key, op.End = kvcheck.Scan, "a", "d"
 		}
-		return nil
-	})()
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, nil)
 	merges, refused := 0, 0
 	for _, op := range h.ops {
 		if op.Kind == kvcheck.Merge {

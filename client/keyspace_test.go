@@ -355,45 +355,61 @@ func TestKeyspaceLinearizable(t *testing.T) {
 func keyspaceLinearizable(t *testing.T, m *cluster.Map, split string) {
 	lc := startLocal(t, m)
 	c := open(t, lc, 0, client.WithTimeout(time.Minute))
-	ks := c.Keyspace("users")
-	keys := []string{"a", "b", "c", "d"}
+	h := runKsHistory(t, c.Keyspace("users"), 6, 18, []string{"a", "b", "c", "d"}, func(rng *rand.Rand, op *kvcheck.Op, w, i int) {
+		switch r := rng.IntN(10); {
+		case r < 4:
+			op.Kind, op.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
+		case r < 5:
+			op.Kind = kvcheck.Delete
+		case r < 7:
+			op.Kind = kvcheck.Get
+		default:
+			op.Kind, op.Key, op.End = kvcheck.Scan, "a", "d"
+			if rng.IntN(2) == 0 {
+				op.Limit = 2
+			}
+			op.Reverse = rng.IntN(2) == 0
+		}
+	}, func(op kvcheck.Op) []kvcheck.Op { return scanParts(op, split) })
+	if err := h.check(t); err != nil {
+		t.Fatalf("%d ops: %v", len(h.ops), err)
+	}
+}
+
+// runKsHistory runs workers goroutines of 40 ops each (15 under -race)
+// on ks and returns their history. Worker w's ops come from a generator
+// seeded (w, seed): each on a random key of keys, pick sets the rest; the
+// history records what record makes of each op done (nil: the op). A
+// worker's error fails the test.
+func runKsHistory(t *testing.T, ks *client.Keyspace, workers int, seed uint64, keys []string,
+	pick func(rng *rand.Rand, op *kvcheck.Op, w, i int), record func(kvcheck.Op) []kvcheck.Op) *ksHistory {
+	t.Helper()
 	h := newKsHistory()
 	ops := 40
 	if raceEnabled {
 		ops = 15
 	}
-	err := goWorkers(6, func(w int) error {
-		rng := rand.New(rand.NewPCG(uint64(w), 18))
+	err := goWorkers(workers, func(w int) error {
+		rng := rand.New(rand.NewPCG(uint64(w), seed))
 		for i := range ops {
 			op := kvcheck.Op{Client: w, Key: keys[rng.IntN(len(keys))]}
-			switch r := rng.IntN(10); {
-			case r < 4:
-				op.Kind, op.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
-			case r < 5:
-				op.Kind = kvcheck.Delete
-			case r < 7:
-				op.Kind = kvcheck.Get
-			default:
-				op.Kind, op.Key, op.End = kvcheck.Scan, "a", "d"
-				if rng.IntN(2) == 0 {
-					op.Limit = 2
-				}
-				op.Reverse = rng.IntN(2) == 0
-			}
+			pick(rng, &op, w, i)
 			op, err := h.do(context.Background(), ks, op)
 			if err != nil {
 				return err
 			}
-			h.add(scanParts(op, split)...)
+			if record != nil {
+				h.add(record(op)...)
+			} else {
+				h.add(op)
+			}
 		}
 		return nil
 	})()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.check(t); err != nil {
-		t.Fatalf("%d ops: %v", len(h.ops), err)
-	}
+	return h
 }
 
 // ksHistory is a concurrent history of ordered-keyspace calls for
