@@ -1,7 +1,6 @@
 package broadcast
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -222,18 +221,7 @@ func TestSimAsyncMutants(t *testing.T) {
 				t.Skip("tens of seeds, half a minute each under -race: run without it (make norace)")
 			}
 			t.Parallel()
-			for seed := uint64(1); seed <= tc.seeds; seed++ {
-				err := runSim(sim.Seed{Seed: seed}, tc.o, new(Counters))
-				if err == nil {
-					continue
-				}
-				if !strings.Contains(err.Error(), tc.want) {
-					t.Fatalf("seed %d: the %s mutant failed another check than %q: %v", seed, tc.name, tc.want, err)
-				}
-				t.Logf("seed %d caught the %s mutant: %v", seed, tc.name, firstLine(err))
-				return
-			}
-			t.Fatalf("%d seeds of the %s mutant passed the %q check", tc.seeds, tc.name, tc.want)
+			catchMutant(t, tc.name, tc.o, tc.seeds, tc.want)
 		})
 	}
 }

@@ -105,18 +105,7 @@ func TestSimDiskFullLeaderStepsDown(t *testing.T) {
 func TestSimDiskFullMutant(t *testing.T) {
 	const window = 16 * time.Millisecond
 	o := simOpts{knobs: testingKnobs{ackRefused: true}, n: 3, until: 4 * window, durability: Sync, promiseCheck: true, maxLog: 24, diskFull: 6}
-	for seed := uint64(1); seed <= 100; seed++ {
-		err := runSim(sim.Seed{Seed: seed}, o, new(Counters))
-		if err == nil {
-			continue
-		}
-		if !strings.Contains(err.Error(), "durability promise:") {
-			t.Fatalf("seed %d: the ack-refused mutant failed another check than \"durability promise:\": %v", seed, err)
-		}
-		t.Logf("seed %d caught the ack-refused mutant: %v", seed, firstLine(err))
-		return
-	}
-	t.Fatal("100 seeds of the ack-refused mutant passed the \"durability promise:\" check")
+	catchMutant(t, "ack-refused", o, 100, "durability promise:")
 }
 
 // allFullRun runs one seed of a group whose every member's log finds the

@@ -1600,20 +1600,28 @@ func TestSimMutants(t *testing.T) {
 				t.Skip("thousands of seeds: run without -race (make norace)")
 			}
 			t.Parallel()
-			for seed := uint64(1); seed <= tc.seeds; seed++ {
-				err := runSim(sim.Seed{Seed: seed}, tc.o, new(Counters))
-				if err == nil {
-					continue
-				}
-				if !strings.Contains(err.Error(), tc.want) {
-					t.Fatalf("seed %d: the %s mutant failed another check than %q: %v", seed, tc.name, tc.want, err)
-				}
-				t.Logf("seed %d caught the %s mutant: %v", seed, tc.name, firstLine(err))
-				return
-			}
-			t.Fatalf("%d seeds of the %s mutant passed the %q check", tc.seeds, tc.name, tc.want)
+			catchMutant(t, tc.name, tc.o, tc.seeds, tc.want)
 		})
 	}
+}
+
+// catchMutant runs seeds 1 to seeds of the mutant name (o plants it)
+// until one fails: that failure must be the check aimed at it (its
+// message holds want), and some seed must fail.
+func catchMutant(t *testing.T, name string, o simOpts, seeds uint64, want string) {
+	t.Helper()
+	for seed := uint64(1); seed <= seeds; seed++ {
+		err := runSim(sim.Seed{Seed: seed}, o, new(Counters))
+		if err == nil {
+			continue
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("seed %d: the %s mutant failed another check than %q: %v", seed, name, want, err)
+		}
+		t.Logf("seed %d caught the %s mutant: %v", seed, name, firstLine(err))
+		return
+	}
+	t.Fatalf("%d seeds of the %s mutant passed the %q check", seeds, name, want)
 }
 
 func firstLine(err error) string {

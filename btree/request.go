@@ -6,11 +6,13 @@ import (
 	"fmt"
 
 	"github.com/rdmakv/rdmakv/kv/fielded"
+	"github.com/rdmakv/rdmakv/kv/opwire"
 )
 
 // Ordered requests: the bytes a client multicasts to the group owning the
 // keys and the bytes the group's Store returns. They reuse kv's request
-// encoding (kv/ops.go: the same op header, padding and kinds), under
+// encoding (kv/ops.go: the same op header, padding and kinds; the layout
+// is package kv/opwire, which both encode and decode through), under
 // format byte RequestFormat, so that kv.Table routes them here by their
 // first byte (kv.OrderedFormat) without importing this package:
 //
@@ -67,8 +69,6 @@ const (
 	// MaxMulti bounds the ops of a multi request (kv.MaxMulti).
 	MaxMulti = 32
 
-	reqHdr  = 4
-	opHdr   = 24
 	resSize = 24
 
 	// SpaceHashed marks an op on the hashed keyspace (refused here).
@@ -133,9 +133,9 @@ func pad8(n int) int { return (n + 7) &^ 7 }
 // RequestSize is the encoded size of a request (or a multi request)
 // holding ops.
 func RequestSize(ops []Op) int {
-	n := reqHdr
+	n := opwire.ReqHdr
 	for i := range ops {
-		n += opHdr + pad8(len(ops[i].Key)) + pad8(len(ops[i].Value)) + pad8(len(ops[i].CmpValue))
+		n += opwire.Size(ops[i].Key, ops[i].Value, ops[i].CmpValue)
 	}
 	return n
 }
@@ -149,23 +149,14 @@ func AppendRequest(dst []byte, ops []Op) []byte { return appendOps(dst, 0, ops) 
 func AppendMulti(dst []byte, ops []Op) []byte { return appendOps(dst, FlagMulti, ops) }
 
 func appendOps(dst []byte, flags byte, ops []Op) []byte {
-	dst = append(dst, RequestFormat, flags, byte(len(ops)), byte(len(ops)>>8))
+	dst = opwire.AppendRequestHeader(dst, RequestFormat, flags, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		var h [opHdr]byte
-		h[0], h[1] = op.Kind, op.Cmp
+		space := byte(0)
 		if op.Hashed {
-			h[2] = SpaceHashed
+			space = SpaceHashed
 		}
-		binary.LittleEndian.PutUint32(h[4:], uint32(len(op.Key)))
-		binary.LittleEndian.PutUint32(h[8:], uint32(len(op.Value)))
-		binary.LittleEndian.PutUint32(h[12:], uint32(len(op.CmpValue)))
-		binary.LittleEndian.PutUint64(h[16:], op.CmpVersion)
-		dst = append(dst, h[:]...)
-		for _, b := range [][]byte{op.Key, op.Value, op.CmpValue} {
-			dst = append(dst, b...)
-			dst = append(dst, make([]byte, pad8(len(b))-len(b))...)
-		}
+		dst = opwire.AppendOp(dst, op.Kind, op.Cmp, space, op.CmpVersion, op.Key, op.Value, op.CmpValue)
 	}
 	return dst
 }
@@ -186,46 +177,29 @@ func IsMulti(b []byte) bool { return len(b) >= 2 && b[0] == RequestFormat && b[1
 
 func decodeOps(b []byte, flags byte, ops []Op) ([]Op, error) {
 	ops = ops[:0]
-	if len(b) < reqHdr || b[0] != RequestFormat || b[1] != flags {
-		return ops, ErrMalformedRequest
+	d, n, err := opwire.NewDecoder(b, RequestFormat, flags, ErrMalformedRequest)
+	if err != nil {
+		return ops, err
 	}
-	n := int(binary.LittleEndian.Uint16(b[2:]))
-	if n == 0 {
-		return ops, fmt.Errorf("%w: no operations", ErrMalformedRequest)
-	}
-	p := reqHdr
 	for range n {
-		if len(b)-p < opHdr {
-			return ops, fmt.Errorf("%w: truncated", ErrMalformedRequest)
+		h, err := d.Header()
+		if err != nil {
+			return ops, err
 		}
-		h := b[p : p+opHdr]
-		op := Op{Kind: h[0], Cmp: h[1], Hashed: h[2] == SpaceHashed, CmpVersion: binary.LittleEndian.Uint64(h[16:])}
+		op := Op{Kind: h.Kind, Cmp: h.Cmp, Hashed: h.Space == SpaceHashed, CmpVersion: h.CmpVersion}
 		read := op.Kind == OpGet || op.Kind == OpScan
 		switch {
 		case op.Kind != OpPut && op.Kind != OpDelete && op.Kind != OpMerge && !read,
-			op.Cmp > CmpExists, h[2] > SpaceHashed, h[3] != 0,
+			op.Cmp > CmpExists, h.Space > SpaceHashed, h.Pad != 0,
 			op.Kind == OpMerge && op.Cmp != CmpNone && op.Cmp != CmpExists,
 			op.Cmp == CmpExists && op.CmpVersion != 0,
 			read && op.Cmp != CmpNone,
 			op.Kind == OpGet && op.CmpVersion != 0:
-			return ops, fmt.Errorf("%w: op kind %d cmp %d space %d", ErrMalformedRequest, op.Kind, op.Cmp, h[2])
+			return ops, fmt.Errorf("%w: op kind %d cmp %d space %d", ErrMalformedRequest, op.Kind, op.Cmp, h.Space)
 		}
-		p += opHdr
-		var parts [3][]byte
-		for k := range parts {
-			l := int(binary.LittleEndian.Uint32(h[4+4*k:]))
-			if l < 0 || l > len(b)-p || pad8(l) > len(b)-p {
-				return ops, fmt.Errorf("%w: truncated", ErrMalformedRequest)
-			}
-			parts[k] = b[p : p+l : p+l]
-			for _, x := range b[p+l : p+pad8(l)] {
-				if x != 0 {
-					return ops, fmt.Errorf("%w: padding not zero", ErrMalformedRequest)
-				}
-			}
-			p += pad8(l)
+		if op.Key, op.Value, op.CmpValue, err = d.Parts(h); err != nil {
+			return ops, err
 		}
-		op.Key, op.Value, op.CmpValue = parts[0], parts[1], parts[2]
 		switch {
 		case len(op.Key) == 0 && op.Kind != OpScan:
 			return ops, fmt.Errorf("%w: empty key", ErrMalformedRequest)
@@ -241,8 +215,8 @@ func decodeOps(b []byte, flags byte, ops []Op) ([]Op, error) {
 		}
 		ops = append(ops, op)
 	}
-	if p != len(b) {
-		return ops, fmt.Errorf("%w: %d trailing bytes", ErrMalformedRequest, len(b)-p)
+	if err := d.End(); err != nil {
+		return ops, err
 	}
 	for i := range ops {
 		switch read := ops[i].Kind == OpGet || ops[i].Kind == OpScan; {

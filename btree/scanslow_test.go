@@ -4,34 +4,20 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
-
-	tbtree "github.com/tidwall/btree"
 )
 
 // rightEnd is a tree of sequential keys that grows at its right end, as
 // YCSB E's inserts grow the key order (issue 18), with its model.
 type rightEnd struct {
-	t     *testing.T
-	r     *rand.Rand
-	tr    *Tree
-	a     *Arena
-	model tbtree.Map[string, string]
-	stamp uint64
-	next  int // the next key to insert
+	*scanEnv
+	next int // the next key to insert
 }
 
 func rightEndKey(i int) []byte { return []byte(fmt.Sprintf("user%08d", i)) }
 
 func newRightEnd(t *testing.T, seed uint64, keys int) *rightEnd {
-	cfg := Config{NodeSize: 512, MaxKey: 16}
-	a := NewArena(cfg.NodeSize, 64, nil)
-	tr, err := New(cfg, a, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &rightEnd{t: t, r: rand.New(rand.NewPCG(seed, 7)), tr: tr, a: a, stamp: 1}
+	e := &rightEnd{scanEnv: newTreeEnv(t, 512, rand.New(rand.NewPCG(seed, 7)))}
 	for i := 0; i < keys; i++ {
 		e.insert()
 	}
@@ -104,31 +90,6 @@ func rightEndScans(t *testing.T, knobs testingKnobs, steps int) (maxExcess int, 
 	return maxExcess, e.tr.Check()
 }
 
-// wantRange is the model's answer to a scan (reverse: descending, of the
-// keys in [start, end)).
-func wantRange(m *tbtree.Map[string, string], start, end []byte, limit int, reverse bool) []KV {
-	var out []KV
-	f := func(k, v string) bool {
-		if reverse && k < string(start) || !reverse && end != nil && k >= string(end) {
-			return false
-		}
-		if reverse && end != nil && k >= string(end) {
-			return true
-		}
-		out = append(out, KV{Key: []byte(k), Value: []byte(v)})
-		return limit <= 0 || len(out) < limit
-	}
-	switch {
-	case !reverse:
-		m.Ascend(string(start), f)
-	case end == nil:
-		m.Reverse(f)
-	default:
-		m.Descend(string(end), f)
-	}
-	return out
-}
-
 // TestScanReadsBoundedUnderRightInserts: issue 18's YCSB E collapse. As
 // inserts at the right end split the last leaf again and again, a scan
 // there reads a bounded number of nodes: the cached parent that predates
@@ -147,13 +108,7 @@ func TestScanReadsBoundedUnderRightInserts(t *testing.T) {
 // by a wrong answer.
 func TestScanCatchesKeepStaleParent(t *testing.T) {
 	_, err := rightEndScans(t, testingKnobs{keepStaleParent: true}, 4000)
-	if err == nil {
-		t.Fatal("keepStaleParent went unnoticed")
-	}
-	if !strings.HasPrefix(err.Error(), "too many reads") {
-		t.Fatalf("caught by the wrong check: %v", err)
-	}
-	t.Logf("caught as expected: %v", err)
+	mustCatch(t, "keepStaleParent", err, "^too many reads")
 }
 
 // TestScanRightInsertsRacing: scans and reverse scans near the right end
@@ -173,14 +128,7 @@ func TestScanRightInsertsRacing(t *testing.T) {
 // (leaves a stale parent lists taken without the contiguity check): the
 // racing scans miss keys present throughout, and the check says so.
 func TestScanRightInsertsCatchesSkipContiguity(t *testing.T) {
-	err := rightInsertsRacing(t, testingKnobs{skipContiguity: true})
-	if err == nil {
-		t.Fatal("skipContiguity went unnoticed")
-	}
-	if !strings.Contains(err.Error(), "present throughout") {
-		t.Fatalf("caught by the wrong check: %v", err)
-	}
-	t.Logf("caught as expected: %v", err)
+	mustCatch(t, "skipContiguity", rightInsertsRacing(t, testingKnobs{skipContiguity: true}), "present throughout")
 }
 
 func rightInsertsRacing(t *testing.T, knobs testingKnobs) error {

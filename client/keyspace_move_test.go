@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -246,87 +245,56 @@ func keyspaceMoveRun(t *testing.T, plant string, stopLeaders bool, attempt int) 
 			time.Sleep(50 * time.Millisecond) // let the workers run against the frozen tablet
 		}
 	})
-	start := time.Now()
-	clock := func() int64 { return int64(time.Since(start)) }
-	var mu sync.Mutex
-	var hist []kvcheck.Op
+	h := newKsHistory()
 	var stop atomic.Bool
 	const workers, readers = 5, 2
-	var wg sync.WaitGroup
-	errc := make(chan error, workers+readers+1)
-	for w := range workers + readers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 19))
-			ks, reader := c.Keyspace("users"), w >= workers
+	wait := goWorkers(workers+readers, func(w int) error {
+		rng := rand.New(rand.NewPCG(uint64(w), 19))
+		ks, reader := c.Keyspace("users"), w >= workers
+		if reader {
+			ks = rc.Keyspace("users")
+		}
+		for i := 0; !stop.Load() && i < 4000; i++ {
+			time.Sleep(500 * time.Microsecond) // a history porcupine checks quickly
+			o := kvcheck.Op{Client: w, Key: keys[rng.IntN(len(keys))]}
+			r := rng.IntN(10)
 			if reader {
-				ks = rc.Keyspace("users")
+				r = 5 + r%3 // gets, and a scan now and then
 			}
-			for i := 0; !stop.Load() && i < 4000; i++ {
-				time.Sleep(500 * time.Microsecond) // a history porcupine checks quickly
-				key := keys[rng.IntN(len(keys))]
-				o := kvcheck.Op{Client: w, Key: key, Call: clock()}
-				var err error
-				r := rng.IntN(10)
-				if reader {
-					r = 5 + r%3 // gets, and a scan now and then
-				}
-				switch {
-				case r < 5:
-					o.Kind, o.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
-					_, err = ks.Put(ctx, []byte(key), []byte(o.Value))
-					o.Out.OK = err == nil
-				case r < 8:
-					o.Kind = kvcheck.Get
-					var v []byte
-					v, err = ks.Get(ctx, []byte(key))
-					if err == nil {
-						o.Out = kvcheck.Output{Found: true, Value: string(v)}
-					} else if errors.Is(err, client.ErrNotFound) {
-						err = nil
-					}
-				default:
-					o.Kind, o.Key, o.End = kvcheck.Scan, "a", "e"
-					for kv, e := range ks.Scan(ctx, []byte(o.Key), []byte(o.End)) {
-						if e != nil {
-							err = e
-							break
-						}
-						o.Out.Pairs = append(o.Out.Pairs, kvcheck.KV{Key: string(kv.Key), Value: string(kv.Value)})
-					}
-				}
-				o.Return = clock()
-				if err != nil {
-					errc <- fmt.Errorf("worker %d: %v: %w", w, o.Kind, err)
-					return
-				}
-				mu.Lock()
-				hist = append(hist, o)
-				mu.Unlock()
+			switch {
+			case r < 5:
+				o.Kind, o.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
+			case r < 8:
+				o.Kind = kvcheck.Get
+			default:
+				o.Kind, o.Key, o.End = kvcheck.Scan, "a", "e"
 			}
-		})
-	}
+			o, err := h.do(ctx, ks, o)
+			if err != nil {
+				return err
+			}
+			h.add(o)
+		}
+		return nil
+	})
+	var moveErr error
 	for _, to := range []uint32{1, 0, 1, 0} {
 		time.Sleep(20 * time.Millisecond)
 		if err := op.MoveTablet(ctx, []byte{}, to); err != nil {
-			errc <- fmt.Errorf("move to %d: %w", to, err)
+			moveErr = fmt.Errorf("move to %d: %w", to, err)
 			break
 		}
 		moves++
 	}
 	stop.Store(true)
-	wg.Wait()
+	werr := wait()
 	if stopLeaders && stopped != 2 {
 		t.Errorf("stopped %d leaders, want 2", stopped)
 	}
-	close(errc)
-	for err := range errc {
+	if err := errors.Join(werr, moveErr); err != nil {
 		t.Fatal(err)
 	}
-	res, err := kvcheck.CheckLinearizable(hist, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(hist), moves, res.Err()
+	return len(h.ops), moves, h.check(t)
 }
 
 // TestTabletsAfterMoveLinearizable: Tablets right after MoveTablet

@@ -355,85 +355,160 @@ func TestKeyspaceLinearizable(t *testing.T) {
 func keyspaceLinearizable(t *testing.T, m *cluster.Map, split string) {
 	lc := startLocal(t, m)
 	c := open(t, lc, 0, client.WithTimeout(time.Minute))
-	ks := c.Keyspace("users")
-	keys := []string{"a", "b", "c", "d"}
-	start := time.Now()
-	clock := func() int64 { return int64(time.Since(start)) }
-	var mu sync.Mutex
-	var hist []kvcheck.Op
-	const workers = 6
+	h := runKsHistory(t, c.Keyspace("users"), 6, 18, []string{"a", "b", "c", "d"}, func(rng *rand.Rand, op *kvcheck.Op, w, i int) {
+		switch r := rng.IntN(10); {
+		case r < 4:
+			op.Kind, op.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
+		case r < 5:
+			op.Kind = kvcheck.Delete
+		case r < 7:
+			op.Kind = kvcheck.Get
+		default:
+			op.Kind, op.Key, op.End = kvcheck.Scan, "a", "d"
+			if rng.IntN(2) == 0 {
+				op.Limit = 2
+			}
+			op.Reverse = rng.IntN(2) == 0
+		}
+	}, func(op kvcheck.Op) []kvcheck.Op { return scanParts(op, split) })
+	if err := h.check(t); err != nil {
+		t.Fatalf("%d ops: %v", len(h.ops), err)
+	}
+}
+
+// runKsHistory runs workers goroutines of 40 ops each (15 under -race)
+// on ks and returns their history. Worker w's ops come from a generator
+// seeded (w, seed): each on a random key of keys, pick sets the rest; the
+// history records what record makes of each op done (nil: the op). A
+// worker's error fails the test.
+func runKsHistory(t *testing.T, ks *client.Keyspace, workers int, seed uint64, keys []string,
+	pick func(rng *rand.Rand, op *kvcheck.Op, w, i int), record func(kvcheck.Op) []kvcheck.Op) *ksHistory {
+	t.Helper()
+	h := newKsHistory()
 	ops := 40
 	if raceEnabled {
 		ops = 15
 	}
-	var wg sync.WaitGroup
-	errc := make(chan error, workers)
-	for w := range workers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 18))
-			ctx := context.Background()
-			for i := range ops {
-				key := keys[rng.IntN(len(keys))]
-				op := kvcheck.Op{Client: w, Key: key, Call: clock()}
-				var err error
-				switch r := rng.IntN(10); {
-				case r < 4:
-					op.Kind, op.Value = kvcheck.Put, fmt.Sprintf("w%d-%d", w, i)
-					_, err = ks.Put(ctx, []byte(key), []byte(op.Value))
-					op.Out.OK = err == nil
-				case r < 5:
-					op.Kind = kvcheck.Delete
-					_, err = ks.Delete(ctx, []byte(key))
-					op.Out.OK = err == nil
-				case r < 7:
-					op.Kind = kvcheck.Get
-					var v []byte
-					v, err = ks.Get(ctx, []byte(key))
-					if err == nil {
-						op.Out = kvcheck.Output{Found: true, Value: string(v)}
-					} else if errors.Is(err, client.ErrNotFound) {
-						err = nil
-					}
-				default:
-					op.Kind, op.Key, op.End = kvcheck.Scan, "a", "d"
-					if rng.IntN(2) == 0 {
-						op.Limit = 2
-					}
-					opts := []client.ScanOption{client.WithLimit(op.Limit)}
-					if rng.IntN(2) == 0 {
-						op.Reverse = true
-						opts = append(opts, client.Reverse())
-					}
-					for kv, e := range ks.Scan(ctx, []byte(op.Key), []byte(op.End), opts...) {
-						if e != nil {
-							err = e
-							break
-						}
-						op.Out.Pairs = append(op.Out.Pairs, kvcheck.KV{Key: string(kv.Key), Value: string(kv.Value)})
-					}
-				}
-				op.Return = clock()
-				if err != nil {
-					errc <- fmt.Errorf("worker %d: %v: %w", w, op.Kind, err)
-					return
-				}
-				mu.Lock()
-				hist = append(hist, scanParts(op, split)...)
-				mu.Unlock()
+	err := goWorkers(workers, func(w int) error {
+		rng := rand.New(rand.NewPCG(uint64(w), seed))
+		for i := range ops {
+			op := kvcheck.Op{Client: w, Key: keys[rng.IntN(len(keys))]}
+			pick(rng, &op, w, i)
+			op, err := h.do(context.Background(), ks, op)
+			if err != nil {
+				return err
 			}
-		})
-	}
-	wg.Wait()
-	close(errc)
-	for err := range errc {
-		t.Fatal(err)
-	}
-	res, err := kvcheck.CheckLinearizable(hist, time.Minute)
+			if record != nil {
+				h.add(record(op)...)
+			} else {
+				h.add(op)
+			}
+		}
+		return nil
+	})()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := res.Err(); err != nil {
-		t.Fatalf("%d ops: %v", len(hist), err)
+	return h
+}
+
+// ksHistory is a concurrent history of ordered-keyspace calls for
+// kvcheck's ordered-map model: workers run their ops through do, which
+// times them on one clock, and record them with add.
+type ksHistory struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   []kvcheck.Op
+}
+
+func newKsHistory() *ksHistory { return &ksHistory{start: time.Now()} }
+
+func (h *ksHistory) clock() int64 { return int64(time.Since(h.start)) }
+
+// do runs op on ks (its Kind, Key, and Value, Fields or End, Limit and
+// Reverse say what) between its Call and Return on h's clock, and
+// returns it with what the client saw in Out. A get of an absent key
+// and a merge into a plain value (Out.OK false) are outcomes, not
+// errors; an error names op's client (the worker) and kind.
+func (h *ksHistory) do(ctx context.Context, ks *client.Keyspace, op kvcheck.Op) (kvcheck.Op, error) {
+	op.Call = h.clock()
+	var err error
+	switch op.Kind {
+	case kvcheck.Put:
+		_, err = ks.Put(ctx, []byte(op.Key), []byte(op.Value))
+		op.Out.OK = err == nil
+	case kvcheck.Delete:
+		_, err = ks.Delete(ctx, []byte(op.Key))
+		op.Out.OK = err == nil
+	case kvcheck.Merge:
+		f := map[string][]byte{}
+		for k, v := range op.Fields {
+			f[k] = []byte(v)
+		}
+		_, err = ks.UpdateFields(ctx, []byte(op.Key), f)
+		op.Out.OK = err == nil
+		if errors.Is(err, client.ErrNotFielded) {
+			err = nil
+		}
+	case kvcheck.Get:
+		var v []byte
+		v, err = ks.Get(ctx, []byte(op.Key))
+		if err == nil {
+			op.Out = kvcheck.Output{Found: true, Value: string(v)}
+		} else if errors.Is(err, client.ErrNotFound) {
+			err = nil
+		}
+	case kvcheck.Scan:
+		opts := []client.ScanOption{client.WithLimit(op.Limit)}
+		if op.Reverse {
+			opts = append(opts, client.Reverse())
+		}
+		for kv, e := range ks.Scan(ctx, []byte(op.Key), []byte(op.End), opts...) {
+			if e != nil {
+				err = e
+				break
+			}
+			op.Out.Pairs = append(op.Out.Pairs, kvcheck.KV{Key: string(kv.Key), Value: string(kv.Value)})
+		}
+	default:
+		panic(fmt.Sprintf("ksHistory.do: op kind %v", op.Kind))
+	}
+	op.Return = h.clock()
+	if err != nil {
+		return op, fmt.Errorf("worker %d: %v: %w", op.Client, op.Kind, err)
+	}
+	return op, nil
+}
+
+// add records ops.
+func (h *ksHistory) add(ops ...kvcheck.Op) {
+	h.mu.Lock()
+	h.ops = append(h.ops, ops...)
+	h.mu.Unlock()
+}
+
+// check is porcupine's verdict on the history (nil: linearizable); a
+// checker that cannot decide fails the test.
+func (h *ksHistory) check(t *testing.T) error {
+	t.Helper()
+	res, err := kvcheck.CheckLinearizable(h.ops, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Err()
+}
+
+// goWorkers runs f(0) to f(n-1) each in its goroutine; the function it
+// returns waits for them all and returns their errors, joined.
+func goWorkers(n int, f func(w int) error) (wait func() error) {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for w := range n {
+		wg.Go(func() { errs[w] = f(w) })
+	}
+	return func() error {
+		wg.Wait()
+		return errors.Join(errs...)
 	}
 }
 

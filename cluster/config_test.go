@@ -79,6 +79,21 @@ data_dir = "data"
 count = 4
 `
 
+// configMap is the map of config doc (a file /etc/rdmakv/c.toml); an
+// error fails the test.
+func configMap(t *testing.T, doc string) *Map {
+	t.Helper()
+	c, err := ParseConfig([]byte(doc), "/etc/rdmakv/c.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // TestKeyspaceConfig: [[keyspace]] blocks become the map's keyspaces,
 // numbered in order, with the ordered tree's geometry, and replicas of
 // group 0 own the tree's one tablet.
@@ -93,14 +108,7 @@ name = "events"
 kind = "ordered"
 node_size = "8192"
 `
-	c, err := ParseConfig([]byte(doc), "/etc/rdmakv/c.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := c.Map()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := configMap(t, doc)
 	want := []Keyspace{{Name: "users", Kind: "ordered", ID: 1, NodeSize: 8192}, {Name: "events", Kind: "ordered", ID: 2, NodeSize: 8192}}
 	if !reflect.DeepEqual(m.Keyspaces, want) {
 		t.Fatalf("keyspaces %+v, want %+v", m.Keyspaces, want)

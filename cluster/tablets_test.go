@@ -39,14 +39,7 @@ kind = "ordered"
 uniform_splits = 4
 split_prefix = "user"
 `
-	c, err := ParseConfig([]byte(doc), "/etc/rdmakv/c.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := c.Map()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := configMap(t, doc)
 	if got := fmt.Sprint(m.Keyspaces[1].Splits); got != "[user25 user50 user75]" {
 		t.Fatalf("uniform splits %s", got)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/internal/freeport"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 	"github.com/rdmakv/rdmakv/rdma/shm"
@@ -18,17 +19,6 @@ import (
 )
 
 var secret = []byte("0123456789abcdef0123456789abcdef")
-
-// freeAddr is a loopback address nothing listens on a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // assertFree checks that nothing of a closed or refused node stays behind:
 // the shm directory is empty and the tcp address can be bound again.
@@ -68,7 +58,7 @@ func TestOpen(t *testing.T) {
 		assertFree(t, dir, "")
 	})
 	t.Run("tcp", func(t *testing.T) {
-		addrs := map[rdma.NodeID]string{1: freeAddr(t), 2: freeAddr(t)}
+		addrs := map[rdma.NodeID]string{1: freeport.Addr(t), 2: freeport.Addr(t)}
 		s := fabric.Spec{Fabric: "tcp", Addrs: addrs, Secret: secret}
 		pair(t, s, s)
 		assertFree(t, "", addrs[1])
@@ -131,7 +121,7 @@ func pair(t *testing.T, a, b fabric.Spec) {
 // behind.
 func TestOpenErrors(t *testing.T) {
 	dir := t.TempDir()
-	addr := freeAddr(t)
+	addr := freeport.Addr(t)
 	cases := []struct {
 		name string
 		spec fabric.Spec
@@ -196,7 +186,7 @@ func TestOpenInUse(t *testing.T) {
 		assertFree(t, dir, "")
 	})
 	t.Run("tcp", func(t *testing.T) {
-		addr := freeAddr(t)
+		addr := freeport.Addr(t)
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -239,7 +229,7 @@ func TestForMap(t *testing.T) {
 	n.Close()
 	assertFree(t, dir, "")
 
-	addrs := map[rdma.NodeID]string{1: freeAddr(t), 9: freeAddr(t)}
+	addrs := map[rdma.NodeID]string{1: freeport.Addr(t), 9: freeport.Addr(t)}
 	m = &cluster.Map{Name: "formap", Fabric: "tcp", Addrs: addrs, Groups: [][]rdma.NodeID{{1}}, ClientNodes: []rdma.NodeID{9}}
 	s = fabric.ForMap(m)
 	s.Secret = secret

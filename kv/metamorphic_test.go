@@ -35,6 +35,7 @@ import (
 	"testing"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/kv/opwire"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 )
@@ -427,7 +428,7 @@ func metaGenerate(seed uint64, n int) []metaStep {
 		case r < 640: // a batch over several keys (and groups), unconditional
 			n := 2 + g.rng.IntN(11)
 			ops := make([]Op, 0, n)
-			size := reqHdr
+			size := opwire.ReqHdr
 			for len(ops) < n {
 				k := g.key()
 				if len(ops) > 0 && g.rng.IntN(8) == 0 {
@@ -437,10 +438,10 @@ func metaGenerate(seed uint64, n int) []metaStep {
 				if g.rng.IntN(3) > 0 {
 					op = g.put(k)
 				}
-				if size+opSize(&op) > metaMaxRequest {
+				if size+opwire.Size(op.Key, op.Value, op.CmpValue) > metaMaxRequest {
 					break
 				}
-				size += opSize(&op)
+				size += opwire.Size(op.Key, op.Value, op.CmpValue)
 				ops = append(ops, op)
 			}
 			if len(ops) > 0 {

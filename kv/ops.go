@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/rdmakv/rdmakv/kv/fielded"
+	"github.com/rdmakv/rdmakv/kv/opwire"
 )
 
 // Requests and results: the bytes a client multicasts and the bytes each
@@ -53,8 +54,6 @@ import (
 // request had (size).
 const (
 	reqFormat = 1
-	reqHdr    = 4
-	opHdr     = 24
 	resSize   = 24
 )
 
@@ -147,16 +146,11 @@ var ErrMalformed = errors.New("kv: malformed request")
 
 func pad8(n int) int { return (n + 7) &^ 7 }
 
-// opSize is the encoded size of op.
-func opSize(op *Op) int {
-	return opHdr + pad8(len(op.Key)) + pad8(len(op.Value)) + pad8(len(op.CmpValue))
-}
-
 // RequestSize is the encoded size of a request holding ops.
 func RequestSize(ops []Op) int {
-	n := reqHdr
+	n := opwire.ReqHdr
 	for i := range ops {
-		n += opSize(&ops[i])
+		n += opwire.Size(ops[i].Key, ops[i].Value, ops[i].CmpValue)
 	}
 	return n
 }
@@ -214,20 +208,10 @@ func DecodeMultiResult(b []byte, rs []Result) ([]Result, error) {
 }
 
 func appendOps(dst []byte, format byte, ops []Op) []byte {
-	dst = append(dst, format, 0, byte(len(ops)), byte(len(ops)>>8))
+	dst = opwire.AppendRequestHeader(dst, format, 0, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		var h [opHdr]byte
-		h[0], h[1] = op.Kind, op.Cmp
-		binary.LittleEndian.PutUint32(h[4:], uint32(len(op.Key)))
-		binary.LittleEndian.PutUint32(h[8:], uint32(len(op.Value)))
-		binary.LittleEndian.PutUint32(h[12:], uint32(len(op.CmpValue)))
-		binary.LittleEndian.PutUint64(h[16:], op.CmpVersion)
-		dst = append(dst, h[:]...)
-		for _, b := range [][]byte{op.Key, op.Value, op.CmpValue} {
-			dst = append(dst, b...)
-			dst = append(dst, make([]byte, pad8(len(b))-len(b))...)
-		}
+		dst = opwire.AppendOp(dst, op.Kind, op.Cmp, 0, op.CmpVersion, op.Key, op.Value, op.CmpValue)
 	}
 	return dst
 }
@@ -247,40 +231,23 @@ func DecodeMulti(b []byte, ops []Op) ([]Op, error) {
 
 func decodeOps(b []byte, format byte, ops []Op) ([]Op, error) {
 	ops = ops[:0]
-	if len(b) < reqHdr || b[0] != format || b[1] != 0 {
-		return ops, ErrMalformed
+	d, n, err := opwire.NewDecoder(b, format, 0, ErrMalformed)
+	if err != nil {
+		return ops, err
 	}
-	n := int(binary.LittleEndian.Uint16(b[2:]))
-	if n == 0 {
-		return ops, fmt.Errorf("%w: no operations", ErrMalformed)
-	}
-	p := reqHdr
 	for range n {
-		if len(b)-p < opHdr {
-			return ops, fmt.Errorf("%w: truncated", ErrMalformed)
+		h, err := d.Header()
+		if err != nil {
+			return ops, err
 		}
-		h := b[p : p+opHdr]
-		op := Op{Kind: h[0], Cmp: h[1], CmpVersion: binary.LittleEndian.Uint64(h[16:])}
-		if op.Kind != OpPut && op.Kind != OpDelete && op.Kind != OpMerge || op.Cmp > CmpExists || h[2] != 0 || h[3] != 0 ||
+		op := Op{Kind: h.Kind, Cmp: h.Cmp, CmpVersion: h.CmpVersion}
+		if op.Kind != OpPut && op.Kind != OpDelete && op.Kind != OpMerge || op.Cmp > CmpExists || h.Space != 0 || h.Pad != 0 ||
 			op.Kind == OpMerge && op.Cmp != CmpNone && op.Cmp != CmpExists || op.Cmp == CmpExists && op.CmpVersion != 0 {
 			return ops, fmt.Errorf("%w: op kind %d cmp %d", ErrMalformed, op.Kind, op.Cmp)
 		}
-		p += opHdr
-		var parts [3][]byte
-		for k := range parts {
-			l := int(binary.LittleEndian.Uint32(h[4+4*k:]))
-			if l < 0 || l > len(b)-p || pad8(l) > len(b)-p {
-				return ops, fmt.Errorf("%w: truncated", ErrMalformed)
-			}
-			parts[k] = b[p : p+l : p+l]
-			for _, x := range b[p+l : p+pad8(l)] {
-				if x != 0 {
-					return ops, fmt.Errorf("%w: padding not zero", ErrMalformed)
-				}
-			}
-			p += pad8(l)
+		if op.Key, op.Value, op.CmpValue, err = d.Parts(h); err != nil {
+			return ops, err
 		}
-		op.Key, op.Value, op.CmpValue = parts[0], parts[1], parts[2]
 		if len(op.Key) == 0 {
 			return ops, fmt.Errorf("%w: empty key", ErrMalformed)
 		}
@@ -294,10 +261,7 @@ func decodeOps(b []byte, format byte, ops []Op) ([]Op, error) {
 		}
 		ops = append(ops, op)
 	}
-	if p != len(b) {
-		return ops, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(b)-p)
-	}
-	return ops, nil
+	return ops, d.End()
 }
 
 // ResultSize is the size of a request's result (and of a multi

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/kv/opwire"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 )
@@ -24,7 +25,7 @@ func TestOrderedSharesEncoding(t *testing.T) {
 		{StatusOK, btree.StatusOK}, {StatusCondFailed, btree.StatusCondFailed}, {StatusMalformed, btree.StatusMalformed},
 		{StatusRefused, btree.StatusRefused}, {StatusMoved, btree.StatusMoved}, {StatusMixed, btree.StatusMixed},
 		{LimitKey, btree.LimitKey}, {LimitValue, btree.LimitValue}, {LimitHeap, btree.LimitHeap},
-		{opHdr, 24}, {reqHdr, 4}, {resSize, 24},
+		{opwire.OpHdr, 24}, {opwire.ReqHdr, 4}, {resSize, 24},
 	} {
 		if c[0] != c[1] {
 			t.Fatalf("kv's %d is btree's %d", c[0], c[1])

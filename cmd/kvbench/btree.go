@@ -762,50 +762,28 @@ func (b *btreeRun) scans() {
 // puts measures the put rows (overwrites of loaded keys) against hashed
 // puts of the same keys.
 func (b *btreeRun) puts() {
-	ctx := b.e.ctx
-	for i, t := range []int{1, b.o.putThreads} {
-		if i > 0 && t == 1 {
-			break
-		}
-		tag := byte('b' + i)
-		what := fmt.Sprintf("put x%d", t)
-		st, err := b.measure(t, b.randomKeys(func(key, val []byte) error {
-			fillValue(val, key, tag)
-			_, err := b.ks.Put(ctx, key, val)
-			return err
-		}))
-		if err != nil {
-			b.fail(what, err)
-			continue
-		}
-		m := btreeMeas{ours: st}
-		put := b.e.ours.putter()
-		if m.base, err = b.measureBaseCost(t, b.randomKeys(func(key, val []byte) error {
-			fillValue(val, key, tag)
-			return put(key, val)
-		})); err != nil {
-			b.fail("hashed "+what, err)
-		} else {
-			m.hasBase = true
-		}
-		b.e.note("%-26s p50 %-8s %8s ops/s; hashed put p50 %-8s %8s ops/s", what, fmtDur(st.p50), fmtOps(st.opsPerS), fmtDur(m.base.p50), fmtOps(m.base.opsPerS))
-		b.e.note("%-26s per op: ordered %s; hashed %s", what, writeCost(st.kvstat), writeCost(m.base))
-		b.e.note("%-26s replicas: %s", what, st.srv)
-		b.res.add(btreeKey{"put", "", t}, m)
-	}
+	b.writeRows("put", b.randomKeys, func(i int) byte { return byte('b' + i) }, "")
 }
 
 // inserts measures the insert rows (puts of new keys between the loaded
 // ones) against hashed puts of the same keys.
 func (b *btreeRun) inserts() {
+	b.writeRows("insert", b.newKeys, func(int) byte { return 'i' }, fmt.Sprintf(" (%d groups)", b.o.groups))
+}
+
+// writeRows measures op's rows, x1 and x--put-threads: ordered puts of
+// the keys that keys picks, values tagged tag(row), against hashed puts
+// of the same keys; note is added to the hashed figures' log line.
+func (b *btreeRun) writeRows(op string, keys func(func(key, val []byte) error) func(g int) kvOp, tag func(row int) byte, note string) {
 	ctx := b.e.ctx
 	for i, t := range []int{1, b.o.putThreads} {
 		if i > 0 && t == 1 {
 			break
 		}
-		what := fmt.Sprintf("insert x%d", t)
-		st, err := b.measure(t, b.newKeys(func(key, val []byte) error {
-			fillValue(val, key, 'i')
+		tag := tag(i)
+		what := fmt.Sprintf("%s x%d", op, t)
+		st, err := b.measure(t, keys(func(key, val []byte) error {
+			fillValue(val, key, tag)
 			_, err := b.ks.Put(ctx, key, val)
 			return err
 		}))
@@ -815,18 +793,18 @@ func (b *btreeRun) inserts() {
 		}
 		m := btreeMeas{ours: st}
 		put := b.e.ours.putter()
-		if m.base, err = b.measureBaseCost(t, b.newKeys(func(key, val []byte) error {
-			fillValue(val, key, 'i')
+		if m.base, err = b.measureBaseCost(t, keys(func(key, val []byte) error {
+			fillValue(val, key, tag)
 			return put(key, val)
 		})); err != nil {
 			b.fail("hashed "+what, err)
 		} else {
 			m.hasBase = true
 		}
-		b.e.note("%-26s p50 %-8s %8s ops/s; hashed put p50 %-8s %8s ops/s (%d groups)", what, fmtDur(st.p50), fmtOps(st.opsPerS), fmtDur(m.base.p50), fmtOps(m.base.opsPerS), b.o.groups)
+		b.e.note("%-26s p50 %-8s %8s ops/s; hashed put p50 %-8s %8s ops/s%s", what, fmtDur(st.p50), fmtOps(st.opsPerS), fmtDur(m.base.p50), fmtOps(m.base.opsPerS), note)
 		b.e.note("%-26s per op: ordered %s; hashed %s", what, writeCost(st.kvstat), writeCost(m.base))
 		b.e.note("%-26s replicas: %s", what, st.srv)
-		b.res.add(btreeKey{"insert", "", t}, m)
+		b.res.add(btreeKey{op, "", t}, m)
 	}
 }
 

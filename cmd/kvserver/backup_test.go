@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,26 +14,13 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/backupcheck"
+	"github.com/rdmakv/rdmakv/internal/freeport"
 	"github.com/rdmakv/rdmakv/internal/server"
 )
 
-// freeAddrs returns n loopback addresses free a moment ago.
-func freeAddrs(t *testing.T, n int) []string {
-	var out []string
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return out
-}
+// freeAddrs is freeport.Addrs (kept under the name the package's tests
+// used while other branches may still call it).
+var freeAddrs = freeport.Addrs
 
 // backupConfig writes a 2 groups x 3 replicas shm config with data in
 // data and control ports controls (replica ids 1..6).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,9 +20,12 @@ import (
 	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
 
-// durableEnv runs kvserver processes with HOME and XDG_STATE_HOME in a
-// temporary directory (never the user's ~/.local/state) and a private
-// shm directory.
+// durableEnv runs kvserver processes with HOME, XDG_STATE_HOME and
+// TMPDIR in a temporary directory (never the user's ~/.local/state) and a
+// private shm directory. TMPDIR is the test process's too: the shm
+// clients' slot lock files ($TMPDIR/rdmakv-slots/<name>/) stay in the
+// test's directory, also those of a client a failed test did not close
+// (CI found /tmp/rdmakv-slots/dur<pid>/slot-0.lock).
 type durableEnv struct {
 	t        *testing.T
 	dir      string
@@ -36,12 +40,21 @@ func newDurableEnv(t *testing.T) *durableEnv {
 	dir := t.TempDir()
 	e := &durableEnv{t: t, dir: dir, kvserver: build(t, dir, "./cmd/kvserver"), shmDir: filepath.Join(dir, "shm"),
 		state: filepath.Join(dir, "state"), mapFile: filepath.Join(dir, "run", "cluster.json"), name: fmt.Sprintf("dur%d", os.Getpid())}
-	if err := os.Mkdir(e.shmDir, 0o755); err != nil {
-		t.Fatal(err)
+	tmp := filepath.Join(dir, "tmp")
+	for _, d := range []string{e.shmDir, tmp} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
+	t.Setenv("TMPDIR", tmp)
 	t.Cleanup(func() {
 		if ents, _ := os.ReadDir(e.shmDir); len(ents) > 0 {
 			t.Errorf("%d files left in the shm dir", len(ents))
+		}
+		// Every client is closed by now (open's cleanup): a closed
+		// client removes its slot's lock file and the directories.
+		if ents, _ := os.ReadDir(tmp); len(ents) > 0 {
+			t.Errorf("%d entries left in TMPDIR (%s...)", len(ents), ents[0].Name())
 		}
 	})
 	return e
@@ -162,6 +175,8 @@ func (e *durableEnv) run(args ...string) (int, string) {
 	return 0, stderr.String()
 }
 
+// open opens a client; a cleanup closes it if the test did not (a failed
+// test: Close releases its slot; Close is idempotent).
 func (e *durableEnv) open(opts ...client.Option) *client.Client {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -173,6 +188,7 @@ func (e *durableEnv) open(opts ...client.Option) *client.Client {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.t.Cleanup(func() { c.Close() })
 	return c
 }
 
@@ -420,5 +436,41 @@ count = 2
 		if code := p.stop(t, syscall.SIGTERM); code != 0 {
 			t.Errorf("exit %d after SIGTERM\nstderr: %s", code, p.stderr.String())
 		}
+	}
+}
+
+// TestDurableEnvFailureLeavesNoSlotLock: a durableEnv test that fails
+// while its client is open (t.Fatal skips the test's Close) leaves
+// nothing in TMPDIR: neither its client's slot lock file
+// (rdmakv-slots/<name>/slot-0.lock, which no later client of its
+// per-process cluster name sweeps) nor anything else. Real processes:
+// this test binary runs itself, with a TMPDIR of its own, as the failing
+// test (an embedded kvserver, a client open, a planted t.Fatal).
+func TestDurableEnvFailureLeavesNoSlotLock(t *testing.T) {
+	if os.Getenv("RDMAKV_DURABLE_FAIL_CHILD") != "" {
+		e := newDurableEnv(t)
+		e.start("stop:", "--memory", "--name", e.name, "--map", e.mapFile, "--shm-dir", e.shmDir, "--control", "-")
+		e.open()
+		t.Fatal("planted failure with a client open")
+	}
+	if testing.Short() {
+		t.Skip("builds and runs kvserver")
+	}
+	tmp := t.TempDir()
+	child := exec.Command(os.Args[0], "-test.run=^TestDurableEnvFailureLeavesNoSlotLock$", "-test.v")
+	child.Env = append(os.Environ(), "RDMAKV_DURABLE_FAIL_CHILD=1", "TMPDIR="+tmp)
+	out, err := child.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "planted failure with a client open") {
+		t.Fatalf("the child test: %v, want its planted failure:\n%s", err, out)
+	}
+	var left []string
+	filepath.WalkDir(tmp, func(path string, d fs.DirEntry, err error) error {
+		if path != tmp {
+			left = append(left, strings.TrimPrefix(path, tmp+"/"))
+		}
+		return nil
+	})
+	if len(left) > 0 {
+		t.Errorf("the failed test left in its TMPDIR: %v", left)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -308,26 +307,7 @@ func checkHistory(t *testing.T, h []kvcheck.Op) {
 		return
 	}
 	t.Errorf("linearizability: %v", res.Err())
-	keys := map[string]bool{}
-	for _, p := range res.Failed {
-		for _, k := range p.Keys {
-			keys[k] = true
-		}
-	}
-	var b strings.Builder
-	n := 0
-	for i := range h {
-		o := &h[i]
-		if !keys[o.Key] {
-			continue
-		}
-		if n++; n > 300 {
-			b.WriteString("  ...\n")
-			break
-		}
-		fmt.Fprintf(&b, "  w%d [%v, %v] %v\n", o.Client, time.Duration(o.Call), time.Duration(o.Return), o)
-	}
-	t.Logf("ops of the failed partitions:\n%s", b.String())
+	dumpPartitions(t, h, res.Failed)
 }
 
 // checkFinal checks directly what porcupine's check implies for the end

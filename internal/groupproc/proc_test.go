@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/internal/childproc"
+	"github.com/rdmakv/rdmakv/internal/freeport"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -207,23 +207,6 @@ func (c *client) stopAndCheck(t *testing.T, g *group, wait time.Duration) {
 	}
 }
 
-func freeAddrs(t *testing.T, n int) []string {
-	var out []string
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return out
-}
-
 // TestKillLeaderShm and TestKillLeaderTCP run a three-member group, each
 // member its own OS process, with a client proposing at a follower; they
 // kill -9 the leader mid-load, keep proposing through the election, restart
@@ -254,7 +237,7 @@ func TestKillLeaderShm(t *testing.T) {
 }
 
 func TestKillLeaderTCP(t *testing.T) {
-	addrs := freeAddrs(t, 3)
+	addrs := freeport.Addrs(t, 3)
 	secret := make([]byte, 32)
 	rand.Read(secret)
 	killLeader(t, func(c *Config) {

@@ -6,10 +6,8 @@ import (
 	"hash/maphash"
 	"maps"
 	"math"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -29,15 +27,7 @@ const (
 	DurableAsync
 )
 
-func (d Durability) String() string {
-	switch d {
-	case DurableSync:
-		return "sync"
-	case DurableAsync:
-		return "async"
-	}
-	return fmt.Sprintf("durability(%d)", uint8(d))
-}
+func (d Durability) String() string { return enumString(d, "durability", "", "sync", "async") }
 
 // Outage is a whole-group outage: every replica of Group stopped (kill -9,
 // power loss) and later restarted from its data dir. Start and End are
@@ -76,19 +66,7 @@ const (
 )
 
 func (p DurableProperty) String() string {
-	switch p {
-	case NotLinearizable:
-		return "not linearizable"
-	case AcknowledgedLost:
-		return "acknowledged lost"
-	case AsyncLossBound:
-		return "async loss bound"
-	case CheckTimedOut:
-		return "check timed out"
-	case NotAPrefix:
-		return "not a prefix"
-	}
-	return fmt.Sprintf("durable property(%d)", uint8(p))
+	return enumString(p, "durable property", "", "not linearizable", "acknowledged lost", "async loss bound", "check timed out", "not a prefix")
 }
 
 // DurableError is a history that broke a promise of its durability mode.
@@ -102,20 +80,7 @@ type DurableError struct {
 }
 
 func (e *DurableError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "kvcheck: %v: %s", e.Property, e.Msg)
-	for i, p := range e.Partitions {
-		if i == 8 {
-			fmt.Fprintf(&b, "; and %d more", len(e.Partitions)-i)
-			break
-		}
-		b.WriteString("; ")
-		b.WriteString(p.String())
-	}
-	if e.Visualization != "" {
-		fmt.Fprintf(&b, " (visualization: %s)", e.Visualization)
-	}
-	return b.String()
+	return failureString(fmt.Sprintf("kvcheck: %v: %s", e.Property, e.Msg), "; ", e.Partitions, e.Visualization)
 }
 
 // CheckDurable checks h, a history across the whole-group outages
@@ -503,12 +468,6 @@ func (c *durableCheck) newPart(p part) *dpart {
 // scanCovers reports whether key k is in scan o's range.
 func scanCovers(o *Op, k string) bool { return k >= o.Key && (o.End == "" || k < o.End) }
 
-// job is one porcupine check.
-type job struct {
-	model porcupine.Model
-	ops   []porcupine.Operation
-}
-
 // job builds the check of p under rule (keepOne, loseOne: with the
 // candidate one kept, or lost, at its outage).
 func (c *durableCheck) job(p *dpart, rule keepRule, one dcand) job {
@@ -553,41 +512,8 @@ func (c *durableCheck) job(p *dpart, rule keepRule, one dcand) job {
 	return job{model: durableModel(p), ops: ops}
 }
 
-// run runs jobs on GOMAXPROCS workers within the deadline.
-func (c *durableCheck) run(jobs []job) []Outcome {
-	res := make([]Outcome, len(jobs))
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range min(runtime.GOMAXPROCS(0), max(len(jobs), 1)) {
-		wg.Go(func() {
-			for i := range next {
-				res[i] = c.check(jobs[i])
-			}
-		})
-	}
-	for i := range jobs {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return res
-}
-
-func (c *durableCheck) check(j job) Outcome {
-	left := time.Duration(0)
-	if !c.deadline.IsZero() {
-		if left = time.Until(c.deadline); left <= 0 {
-			return Unknown
-		}
-	}
-	switch porcupine.CheckOperationsTimeout(j.model, j.ops, left) {
-	case porcupine.Ok:
-		return Ok
-	case porcupine.Illegal:
-		return Illegal
-	}
-	return Unknown
-}
+// run runs jobs within the check's deadline.
+func (c *durableCheck) run(jobs []job) []Outcome { return runJobs(jobs, c.deadline) }
 
 // diagnose names the property the Illegal partitions broke: loss at an
 // outage if they pass once every write before an outage may be lost,
@@ -674,18 +600,6 @@ func (c *durableCheck) timedOut(parts []*dpart, which []int) error {
 		e.Partitions = append(e.Partitions, Partition{Keys: parts[i].keys, Ops: len(parts[i].ops), Outcome: Unknown})
 	}
 	return e
-}
-
-// visualizeModel writes porcupine's visualization of the partitions
-// parts under m to path.
-func visualizeModel(m porcupine.Model, parts [][]porcupine.Operation, path string, timeout time.Duration) error {
-	var all []porcupine.Operation
-	for _, p := range parts {
-		all = append(all, p...)
-	}
-	m.Partition = func([]porcupine.Operation) [][]porcupine.Operation { return parts }
-	_, info := porcupine.CheckOperationsVerbose(m, all, timeout)
-	return porcupine.VisualizePath(m, info, path)
 }
 
 // dinput is an operation of the durable model: a history op (with the

@@ -55,23 +55,17 @@ const (
 )
 
 func (k Kind) String() string {
-	switch k {
-	case Get:
-		return "get"
-	case Put:
-		return "put"
-	case Delete:
-		return "delete"
-	case CAS:
-		return "cas"
-	case Batch:
-		return "batch"
-	case Merge:
-		return "merge"
-	case Scan:
-		return "scan"
+	return enumString(k, "kind", "", "get", "put", "delete", "cas", "batch", "merge", "scan")
+}
+
+// enumString is the name of v: names[v], or kind(v) if it has none (v
+// out of names, or its name ""). Every enum of the package names its
+// values through it.
+func enumString[T ~uint8](v T, kind string, names ...string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return fmt.Sprintf("kind(%d)", uint8(k))
+	return fmt.Sprintf("%s(%d)", kind, uint8(v))
 }
 
 // Op is one operation of a history: what a client asked (Kind, Key, Value,

@@ -25,17 +25,7 @@ const (
 	Unknown                // the check timed out
 )
 
-func (o Outcome) String() string {
-	switch o {
-	case Ok:
-		return "Ok"
-	case Illegal:
-		return "Illegal"
-	case Unknown:
-		return "Unknown"
-	}
-	return fmt.Sprintf("outcome(%d)", uint8(o))
-}
+func (o Outcome) String() string { return enumString(o, "outcome", "Ok", "Illegal", "Unknown") }
 
 // Partition is a set of keys checked on its own: one key, or the keys that
 // batches link (the connected components of the graph whose edges are
@@ -68,26 +58,34 @@ func (r Result) Err() error {
 	if r.Outcome == Ok {
 		return nil
 	}
-	var b strings.Builder
-	if r.Outcome == Illegal {
-		b.WriteString("kvcheck: history not linearizable: ")
-	} else {
-		b.WriteString("kvcheck: linearizability check timed out: ")
+	head := "kvcheck: history not linearizable: "
+	if r.Outcome != Illegal {
+		head = "kvcheck: linearizability check timed out: "
 	}
-	for i, p := range r.Failed {
+	return errors.New(failureString(head, "", r.Failed, r.Visualization))
+}
+
+// failureString is Result.Err's and DurableError's text: head, the
+// partitions parts (the first 8: the first after sep, the others after
+// "; "), and the visualization file if any.
+func failureString(head, sep string, parts []Partition, visualization string) string {
+	var b strings.Builder
+	b.WriteString(head)
+	for i, p := range parts {
 		if i == 8 {
-			fmt.Fprintf(&b, "; and %d more", len(r.Failed)-i)
+			fmt.Fprintf(&b, "; and %d more", len(parts)-i)
 			break
 		}
 		if i > 0 {
-			b.WriteString("; ")
+			sep = "; "
 		}
+		b.WriteString(sep)
 		b.WriteString(p.String())
 	}
-	if r.Visualization != "" {
-		fmt.Fprintf(&b, " (visualization: %s)", r.Visualization)
+	if visualization != "" {
+		fmt.Fprintf(&b, " (visualization: %s)", visualization)
 	}
-	return errors.New(b.String())
+	return b.String()
 }
 
 // Options tune CheckLinearizableOptions.
@@ -134,36 +132,13 @@ func CheckLinearizableOptions(h []Op, opts Options) (Result, error) {
 	if opts.Timeout > 0 {
 		deadline = time.Now().Add(opts.Timeout)
 	}
-	// Check the partitions on GOMAXPROCS workers, each within what is
-	// left of the timeout.
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range min(runtime.GOMAXPROCS(0), max(len(parts), 1)) {
-		wg.Go(func() {
-			for i := range next {
-				p := &parts[i]
-				out := Unknown
-				left := time.Duration(0)
-				if !deadline.IsZero() {
-					left = time.Until(deadline)
-				}
-				if deadline.IsZero() || left > 0 {
-					switch porcupine.CheckOperationsTimeout(model, p.ops, left) {
-					case porcupine.Ok:
-						out = Ok
-					case porcupine.Illegal:
-						out = Illegal
-					}
-				}
-				res.Partitions[i] = Partition{Keys: p.keys, Ops: len(p.ops), Outcome: out}
-			}
-		})
+	jobs := make([]job, len(parts))
+	for i, p := range parts {
+		jobs[i] = job{model: model, ops: p.ops}
 	}
-	for i := range parts {
-		next <- i
+	for i, out := range runJobs(jobs, deadline) {
+		res.Partitions[i] = Partition{Keys: parts[i].keys, Ops: len(parts[i].ops), Outcome: out}
 	}
-	close(next)
-	wg.Wait()
 	var failed [][]porcupine.Operation
 	for i, p := range res.Partitions {
 		if p.Outcome == Illegal {
@@ -184,7 +159,7 @@ func CheckLinearizableOptions(h []Op, opts Options) (Result, error) {
 				show[i] = parts[i].ops
 			}
 		}
-		if err := visualize(show, opts.VisualizeTo, opts.Timeout); err != nil {
+		if err := visualizeModel(model, show, opts.VisualizeTo, opts.Timeout); err != nil {
 			return res, fmt.Errorf("kvcheck: visualization: %w", err)
 		}
 		res.Visualization = opts.VisualizeTo
@@ -192,13 +167,57 @@ func CheckLinearizableOptions(h []Op, opts Options) (Result, error) {
 	return res, nil
 }
 
-// visualize writes the visualization of the partitions parts to path.
-func visualize(parts [][]porcupine.Operation, path string, timeout time.Duration) error {
+// job is one porcupine check.
+type job struct {
+	model porcupine.Model
+	ops   []porcupine.Operation
+}
+
+// runJobs runs jobs on GOMAXPROCS workers, each check within what is
+// left until deadline (zero: no deadline); a check not decided by then
+// is Unknown.
+func runJobs(jobs []job, deadline time.Time) []Outcome {
+	res := make([]Outcome, len(jobs))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(runtime.GOMAXPROCS(0), max(len(jobs), 1)) {
+		wg.Go(func() {
+			for i := range next {
+				res[i] = checkJob(jobs[i], deadline)
+			}
+		})
+	}
+	for i := range jobs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return res
+}
+
+func checkJob(j job, deadline time.Time) Outcome {
+	left := time.Duration(0)
+	if !deadline.IsZero() {
+		if left = time.Until(deadline); left <= 0 {
+			return Unknown
+		}
+	}
+	switch porcupine.CheckOperationsTimeout(j.model, j.ops, left) {
+	case porcupine.Ok:
+		return Ok
+	case porcupine.Illegal:
+		return Illegal
+	}
+	return Unknown
+}
+
+// visualizeModel writes porcupine's visualization of the partitions
+// parts under m to path.
+func visualizeModel(m porcupine.Model, parts [][]porcupine.Operation, path string, timeout time.Duration) error {
 	var all []porcupine.Operation
 	for _, p := range parts {
 		all = append(all, p...)
 	}
-	m := model
 	m.Partition = func([]porcupine.Operation) [][]porcupine.Operation { return parts }
 	_, info := porcupine.CheckOperationsVerbose(m, all, timeout)
 	return porcupine.VisualizePath(m, info, path)

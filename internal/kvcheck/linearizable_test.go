@@ -1,6 +1,7 @@
 package kvcheck
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -281,6 +282,52 @@ func TestLinearizableMalformed(t *testing.T) {
 		}
 		if err := CheckStale(h); err == nil {
 			t.Errorf("CheckStale: no error for %+v", h)
+		}
+	}
+}
+
+// TestNamesAndErrorText: every enum value's name, the fallback of a value
+// without one, and the exact text of Result.Err and DurableError (at most
+// 8 partitions, then how many more; the visualization file), which share
+// one writer.
+func TestNamesAndErrorText(t *testing.T) {
+	for _, c := range []struct {
+		got  fmt.Stringer
+		want string
+	}{
+		{Get, "get"}, {Put, "put"}, {Delete, "delete"}, {CAS, "cas"}, {Batch, "batch"}, {Merge, "merge"}, {Scan, "scan"},
+		{Kind(0), "kind(0)"}, {Kind(8), "kind(8)"},
+		{Ok, "Ok"}, {Illegal, "Illegal"}, {Unknown, "Unknown"}, {Outcome(3), "outcome(3)"},
+		{NeverWritten, "(a) never-written value"}, {WrongPrefix, "(b) not the state at the reported applied index"}, {Property(0), "property(0)"}, {Property(3), "property(3)"},
+		{DurableSync, "sync"}, {DurableAsync, "async"}, {Durability(0), "durability(0)"}, {Durability(3), "durability(3)"},
+		{NotLinearizable, "not linearizable"}, {AcknowledgedLost, "acknowledged lost"}, {AsyncLossBound, "async loss bound"},
+		{CheckTimedOut, "check timed out"}, {NotAPrefix, "not a prefix"}, {DurableProperty(0), "durable property(0)"}, {DurableProperty(6), "durable property(6)"},
+	} {
+		if s := c.got.String(); s != c.want {
+			t.Errorf("%T %d: %q, want %q", c.got, c.got, s, c.want)
+		}
+	}
+	var parts []Partition
+	for i := range 10 {
+		parts = append(parts, Partition{Keys: []string{fmt.Sprint("k", i)}, Ops: i, Outcome: Illegal})
+	}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{Result{Outcome: Illegal, Failed: parts[:2]}.Err(),
+			`kvcheck: history not linearizable: partition ["k0"] (0 ops): Illegal; partition ["k1"] (1 ops): Illegal`},
+		{Result{Outcome: Unknown, Failed: parts, Visualization: "v.html"}.Err(),
+			`kvcheck: linearizability check timed out: partition ["k0"] (0 ops): Illegal; partition ["k1"] (1 ops): Illegal; partition ["k2"] (2 ops): Illegal; partition ["k3"] (3 ops): Illegal; partition ["k4"] (4 ops): Illegal; partition ["k5"] (5 ops): Illegal; partition ["k6"] (6 ops): Illegal; partition ["k7"] (7 ops): Illegal; and 2 more (visualization: v.html)`},
+		{&DurableError{Property: AsyncLossBound, Msg: "lost", Partitions: parts[:1]},
+			`kvcheck: async loss bound: lost; partition ["k0"] (0 ops): Illegal`},
+		{&DurableError{Property: NotAPrefix, Msg: "m", Partitions: parts[:9], Visualization: "d.html"},
+			`kvcheck: not a prefix: m; partition ["k0"] (0 ops): Illegal; partition ["k1"] (1 ops): Illegal; partition ["k2"] (2 ops): Illegal; partition ["k3"] (3 ops): Illegal; partition ["k4"] (4 ops): Illegal; partition ["k5"] (5 ops): Illegal; partition ["k6"] (6 ops): Illegal; partition ["k7"] (7 ops): Illegal; and 1 more (visualization: d.html)`},
+		{&DurableError{Property: CheckTimedOut, Msg: "porcupine did not decide in time"},
+			`kvcheck: check timed out: porcupine did not decide in time`},
+	} {
+		if c.err.Error() != c.want {
+			t.Errorf("error text\n%s\nwant\n%s", c.err, c.want)
 		}
 	}
 }

@@ -28,13 +28,7 @@ const (
 )
 
 func (p Property) String() string {
-	switch p {
-	case NeverWritten:
-		return "(a) never-written value"
-	case WrongPrefix:
-		return "(b) not the state at the reported applied index"
-	}
-	return fmt.Sprintf("property(%d)", uint8(p))
+	return enumString(p, "property", "", "(a) never-written value", "(b) not the state at the reported applied index")
 }
 
 // StaleError is a stale-ok get that broke a promise.

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/backupcheck"
+	"github.com/rdmakv/rdmakv/internal/freeport"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -279,7 +279,7 @@ func TestBackupFailureLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := freeAddr(t)
+	dead := freeport.Addr(t)
 	out := filepath.Join(t.TempDir(), "backup")
 	seen := make(chan bool, 1)
 	watch, unwatch := context.WithCancel(context.Background())
@@ -314,14 +314,4 @@ func TestBackupFailureLeavesNothing(t *testing.T) {
 			t.Fatalf("replica-side files still there a minute after the expiry: %v", left)
 		}
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := l.Addr().String()
-	l.Close()
-	return a
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,26 +14,9 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/freeport"
 	"github.com/rdmakv/rdmakv/internal/server"
 )
-
-// freePorts returns n loopback ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	var ps []int
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ps = append(ps, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return ps
-}
 
 // syncBuf is a log sink several goroutines write.
 type syncBuf struct {
@@ -106,7 +88,7 @@ func waitReady(t *testing.T, addr string, what string) {
 // another cluster and of a member holding another secret.
 func TestLostDiskRejoins(t *testing.T) {
 	dir := t.TempDir()
-	ports := freePorts(t, 7)
+	ports := freeport.Ports(t, 7)
 	var b strings.Builder
 	fmt.Fprintf(&b, "name = \"rj\"\nfabric = \"tcp\"\nsecret = \"0123456789abcdef\"\ndata_dir = %q\n[timing]\nheartbeat = \"2ms\"\nelection_timeout = \"60ms\"\n[[group]]\n", filepath.Join(dir, "data"))
 	for i := range 3 {
@@ -196,7 +178,7 @@ func TestRunReplicasOfTwoGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(shmDir)
-	ports := freePorts(t, 6)
+	ports := freeport.Ports(t, 6)
 	var b strings.Builder
 	fmt.Fprintf(&b, "name = \"two\"\nfabric = \"shm\"\nshm_dir = %q\ndata_dir = %q\n[timing]\nheartbeat = \"2ms\"\nelection_timeout = \"60ms\"\n", shmDir, filepath.Join(t.TempDir(), "data"))
 	for g := range 2 {
