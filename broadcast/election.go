@@ -43,7 +43,11 @@ func (r *Replica) timers() bool {
 				if !r.deferring {
 					r.deferring = true
 					r.ctr.ElectionsDeferred++
-					r.tracef("node %d: leader %d timed out, but no majority lost it or our disk is full (%v): no election", r.self, r.eCur.Leader(), r.diskFull())
+					if r.diskFull() {
+						r.tracef("node %d: leader %d timed out, but our disk is full: no election", r.self, r.eCur.Leader())
+					} else {
+						r.tracef("node %d: leader %d timed out, but no majority lost it: no election", r.self, r.eCur.Leader())
+					}
 				}
 				return false
 			}
