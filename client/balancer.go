@@ -17,6 +17,7 @@ import (
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/kv"
 )
 
 // The balancer: tablet moves that nobody asks for (docs/btree.md, "Who
@@ -251,7 +252,19 @@ func (b *Balancer) Round(ctx context.Context, c *Client) error {
 		tbs, busy = serving, nil
 	}
 	if len(busy) > 0 {
-		return b.takeOver(ctx, c, busy[0])
+		// A tablet frozen at its source first: a move past its ingest
+		// shows the tablet twice (frozen at the source, installing at
+		// the target, listed after the served ones but possibly first
+		// in a directory whose generations rank the target's copy
+		// higher), and only the frozen one can be undone (abortAfter).
+		pick := busy[0]
+		for _, tb := range busy {
+			if tb.State == "frozen" {
+				pick = tb
+				break
+			}
+		}
+		return b.takeOver(ctx, c, pick)
 	}
 	b.mu.Lock()
 	b.busy, b.failed, b.failures = busyKey{}, nil, 0
@@ -379,16 +392,38 @@ func (c *Client) undoMove(ctx context.Context, low []byte) error {
 		if err != nil {
 			return err
 		}
-		var hi []byte
-		if !tb.HighInf {
-			hi = tb.High
-		}
-		if _, err := k.movePage(ctx, d, p.Group, tb.Low, hi); err != nil && !c.ord.undoUnchecked {
-			return fmt.Errorf("rdmakv: tablet move: group %d may have dropped tablet %q (its ownership changed), so group %d keeps what it took in: %w", p.Group, low, p.To, err)
+		if !c.ord.undoUnchecked {
+			if err := k.servesAgain(ctx, p.Group, tb); err != nil {
+				return fmt.Errorf("rdmakv: tablet move: group %d may have dropped tablet %q, so group %d keeps what it took in: %w", p.Group, low, p.To, err)
+			}
 		}
 		return c.step(ctx, p.To, ct, "abort")
 	}
 	return fmt.Errorf("rdmakv: no frozen tablet starts at %q", low)
+}
+
+// servesAgain checks, by a linearizable read of group g's tablets (its
+// leader's, its epoch confirmed), that g serves tablet tb again after an
+// abort: a group that dropped the tablet no longer lists it, and nothing
+// brings a dropped tablet back, so g holds every pair of it. (The
+// ownership version cannot tell: the abort changes it too, as a drop
+// does.)
+func (k *Keyspace) servesAgain(ctx context.Context, g uint32, tb btree.Tablet) error {
+	r := k.reader(g)
+	defer k.putReader(g, r)
+	res, err := r.DirCtxMode(ctx, kv.Linearizable)
+	if err != nil {
+		return err
+	}
+	for _, t := range res.Tablets {
+		if bytes.Equal(t.Low, tb.Low) && t.HighInf == tb.HighInf && bytes.Equal(t.High, tb.High) {
+			if t.State != 0 {
+				return fmt.Errorf("its tablet is in state %d after the abort", t.State)
+			}
+			return nil
+		}
+	}
+	return errors.New("it does not list the tablet after the abort")
 }
 
 // move moves tablet tb from group from to group to (or finishes that
