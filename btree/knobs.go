@@ -84,6 +84,11 @@ type testingKnobs struct {
 	// as it was, so a reader whose directory predates a move reads the
 	// group the tablet left and is not told (the kv simulator's moves).
 	noOwnBump bool
+	// dropBeforePublish: a drop deletes the tablet's keys before the
+	// header says the ownership version changed, so a reader that checks
+	// the version around its node reads may meet leaves without the
+	// keys under the old version (and answer "not found").
+	dropBeforePublish bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
