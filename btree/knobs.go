@@ -129,3 +129,12 @@ func PlantDropKeepsKeys(s *Store) { s.knobs.dropKeepsKeys = true }
 // PlantNoOwnBump plants the noOwnBump bug in s (tests of other packages:
 // the kv simulator's moves).
 func PlantNoOwnBump(s *Store) { s.knobs.noOwnBump = true }
+
+// PlantDropBeforePublish plants the dropBeforePublish bug in s (tests
+// of other packages: a reader between a drop's node writes).
+func PlantDropBeforePublish(s *Store) { s.knobs.dropBeforePublish = true }
+
+// SetOnWrite makes s call f after each node write of its tree (nil:
+// none; tests of other packages read the published state between the
+// writes of one apply).
+func SetOnWrite(s *Store, f func()) { s.t.knobs.onWrite = f }
