@@ -890,3 +890,66 @@ func TestOrderedReaderDuringDrop(t *testing.T) {
 		})
 	}
 }
+
+// TestOrderedReaderJoinAfterPost: a lookup that begins right after
+// another lookup's leaf read was made (the mem fabric reads at the post)
+// and after a write acknowledged since, does not join that read: the
+// read is registered for sharing before it is posted, so it counts as
+// posted before the second lookup began. The planted registerAfterPost
+// (the order before) lets the second lookup join it and answer the value
+// from before the write (seen once in the client's
+// TestKeyspaceMoveLinearizable: a get answered a value overwritten by a
+// put acknowledged before the get began).
+func TestOrderedReaderJoinAfterPost(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		t.Run(fmt.Sprint("planted=", planted), func(t *testing.T) {
+			var d *Delegation
+			g, a, b := delegatedPair(t, 30, func(int) string { return "old" }, Linearizable, func(dd *Delegation) { d, dd.registerAfterPost = dd, planted })
+			key := []byte("k007")
+			run := func(r *OrderedReader) OrderedResult {
+				t.Helper()
+				for i := 0; !r.Poll(rdma.Mono()); i++ {
+					if i > 1e6 {
+						t.Fatal("a lookup did not end")
+					}
+				}
+				r.st = osIdle
+				res, err := r.Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			began := false
+			d.afterPost = func() {
+				if began {
+					return
+				}
+				began = true
+				// a's leaf read is made: a write is acknowledged, then
+				// b begins.
+				g.apply(btree.Op{Kind: btree.OpPut, Key: key, Value: []byte("new")})
+				b.BeginLookup(key, Linearizable)
+			}
+			a.BeginLookup(key, Linearizable)
+			resA := run(a)
+			d.afterPost = nil
+			if !began {
+				t.Fatal("a posted no shared leaf read")
+			}
+			if string(resA.Value) != "old" {
+				t.Skipf("the mem fabric did not copy a's read at its post (a saw %q): the case tests nothing", resA.Value)
+			}
+			joined := b.Joined
+			resB := run(b)
+			switch {
+			case planted && string(resB.Value) == "old" && b.Joined == joined+1:
+				t.Logf("registerAfterPost planted: b joined a's read and answered %q, overwritten by a write acknowledged before b began", resB.Value)
+			case planted:
+				t.Fatalf("registerAfterPost planted and not caught: b read %q, joined %d", resB.Value, b.Joined-joined)
+			case string(resB.Value) != "new":
+				t.Fatalf("b began after the write was acknowledged and read %q (joined %d reads)", resB.Value, b.Joined-joined)
+			}
+		})
+	}
+}
