@@ -84,6 +84,11 @@ type testingKnobs struct {
 	// as it was, so a reader whose directory predates a move reads the
 	// group the tablet left and is not told (the kv simulator's moves).
 	noOwnBump bool
+	// dropBeforePublish: a drop deletes the tablet's keys before the
+	// header says the ownership version changed, so a reader that checks
+	// the version around its node reads may meet leaves without the
+	// keys under the old version (and answer "not found").
+	dropBeforePublish bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
@@ -124,3 +129,12 @@ func PlantDropKeepsKeys(s *Store) { s.knobs.dropKeepsKeys = true }
 // PlantNoOwnBump plants the noOwnBump bug in s (tests of other packages:
 // the kv simulator's moves).
 func PlantNoOwnBump(s *Store) { s.knobs.noOwnBump = true }
+
+// PlantDropBeforePublish plants the dropBeforePublish bug in s (tests
+// of other packages: a reader between a drop's node writes).
+func PlantDropBeforePublish(s *Store) { s.knobs.dropBeforePublish = true }
+
+// SetOnWrite makes s call f after each node write of its tree (nil:
+// none; tests of other packages read the published state between the
+// writes of one apply).
+func SetOnWrite(s *Store, f func()) { s.t.knobs.onWrite = f }

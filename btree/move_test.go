@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+
+	"github.com/rdmakv/rdmakv/rdma/mem"
 )
 
 func ctlReq(cmd uint8, to uint32, gen uint64, tb Tablet, es ...KVV) []byte {
@@ -285,4 +287,87 @@ func capturedSection(t *testing.T, s *Store) []byte {
 		t.Fatalf("a capture persisted %d bytes that differ from the snapshot's %d", len(b), len(want))
 	}
 	return b
+}
+
+// TestStoreDropPublishesFirst: a drop's node writes (the deletion of the
+// tablet's keys) all come after the header says the new ownership
+// version and the directory area no longer lists the tablet: a reader
+// checks the version before and after its node reads, so a leaf without
+// the moved keys is never read under the old version (the client saw
+// "not found" for keys that moved: TestKeyspaceMoveLinearizable). The
+// planted dropBeforePublish deletes the keys first and is caught: node
+// writes under the old version.
+func TestStoreDropPublishesFirst(t *testing.T) {
+	for _, plant := range []bool{false, true} {
+		t.Run(fmt.Sprint("plant=", plant), func(t *testing.T) {
+			f := mem.New(mem.Options{})
+			n, err := f.NewNode(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			tb := Tablet{Low: []byte("a"), High: []byte("m")}
+			s, err := NewStore(StoreConfig{Group: 0, Tree: Config{NodeSize: 256, MaxKey: 8}, FreeAfter: 4, Tablets: []Tablet{tb}}, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if plant {
+				s.knobs.dropBeforePublish = true
+			}
+			idx := uint64(0)
+			apply := func(b []byte) uint8 {
+				idx++
+				st := status(t, s.Apply(idx, b))
+				s.Publish(idx)
+				return st
+			}
+			for i := range 60 {
+				if st := apply(putReq(fmt.Sprintf("b%02d", i), "v")); st != StatusOK {
+					t.Fatal(st)
+				}
+			}
+			if st := apply(ctlReq(CtlFreeze, 1, 1, tb)); st != StatusOK {
+				t.Fatalf("freeze: %d", st)
+			}
+			own0 := s.OwnVersion()
+			writes, oldOwn, listed := 0, 0, 0
+			s.t.knobs.onWrite = func() {
+				writes++
+				b := s.Regions().hdr.Bytes()
+				h, err := DecodeHeader(b[:HeaderSize])
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, tbs, err := DecodeDir(b[HeaderSize:RegionSize])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if h.OwnVersion == own0 {
+					oldOwn++
+				}
+				if len(tbs) > 0 {
+					listed++
+				}
+				if h.Applied > idx-1 {
+					t.Fatalf("header published during the drop (entry %d) says applied %d", idx, h.Applied)
+				}
+			}
+			if st := apply(ctlReq(CtlDrop, 1, 1, tb)); st != StatusOK {
+				t.Fatalf("drop: %d", st)
+			}
+			s.t.knobs.onWrite = nil
+			if s.Tree().Len() != 0 || s.OwnVersion() != own0+1 || writes == 0 {
+				t.Fatalf("after the drop: %d keys, own %d (was %d), %d node writes", s.Tree().Len(), s.OwnVersion(), own0, writes)
+			}
+			switch {
+			case !plant && (oldOwn > 0 || listed > 0):
+				t.Fatalf("%d of the drop's %d node writes under the old ownership version, %d with the tablet still listed", oldOwn, writes, listed)
+			case plant && oldOwn == 0:
+				t.Fatalf("planted dropBeforePublish not caught: none of %d node writes under the old ownership version", writes)
+			case plant:
+				t.Logf("planted dropBeforePublish caught: %d of the drop's %d node writes under the old ownership version", oldOwn, writes)
+			}
+		})
+	}
 }

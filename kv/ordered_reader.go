@@ -279,6 +279,13 @@ type Delegation struct {
 	// joinAnyOwn plants a bug: a lookup that checks ownership joins a
 	// read that was not checked against its ownership version.
 	joinAnyOwn bool
+	// registerAfterPost plants a bug: a lookup registers its node read
+	// after posting it (a lookup that begins in between joins a read
+	// made before it began).
+	registerAfterPost bool
+	// afterPost, if set, runs after a lookup posted a list with a shared
+	// node read (tests: a lookup begins right after the read was made).
+	afterPost func()
 }
 
 // NewDelegation returns a Delegation for one client's readers of a group.
@@ -956,18 +963,36 @@ func (r *OrderedReader) step() {
 		wrs = append(wrs, rdma.WR{Kind: rdma.OpRead, Region: headerRegion(g.group), Buf: ms.hdr[hdrSize:]})
 	}
 	r.wrs = wrs
+	if len(r.inList) == 1 && r.deleg != nil && r.kind == okLookup && !r.deleg.registerAfterPost {
+		// Shared before it is posted: a fabric may read the node at the
+		// post (mem does), and a lookup joins only reads registered
+		// after it began, which must then be reads made after it began.
+		// Registered after the post, a lookup that began in between
+		// joined a read made before it began, and missed a write
+		// acknowledged before it began (the client's
+		// TestKeyspaceMoveLinearizable, once: a stale value).
+		r.share()
+	}
 	if !g.post(r.m, wrs) {
 		r.fail(errRetry) // a read of an abandoned attempt is still out
 		return
 	}
+	if r.deleg != nil && r.deleg.afterPost != nil && len(r.inList) == 1 && r.kind == okLookup {
+		r.deleg.afterPost()
+	}
 	r.posted++
 	r.res.NodeReads += len(r.inList)
 	r.st = osList
-	if len(r.inList) == 1 && r.deleg != nil && r.kind == okLookup {
-		r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0], r.spare)
-		r.spare = nil
-		r.callBufs[len(r.callBufs)-1].sr = r.own
+	if len(r.inList) == 1 && r.deleg != nil && r.kind == okLookup && r.deleg.registerAfterPost {
+		r.share() // planted: after the post
 	}
+}
+
+// share registers the attempt's one node read in the Delegation.
+func (r *OrderedReader) share() {
+	r.own = r.deleg.posted(r.inList[0], r.m, r.bufs[0], r.spare)
+	r.spare = nil
+	r.callBufs[len(r.callBufs)-1].sr = r.own
 }
 
 // join looks for another lookup's read of the node the walk needs (see
