@@ -303,20 +303,7 @@ func TestOrderedReaderDelegation(t *testing.T) {
 	for _, planted := range []bool{false, true} {
 		g, a, b := delegatedPair(t, 30, func(int) string { return "old" }, Linearizable, func(d *Delegation) { d.joinOlder = planted })
 		key := []byte("k007")
-		run := func(r *OrderedReader) OrderedResult {
-			t.Helper()
-			for i := 0; !r.Poll(rdma.Mono()); i++ {
-				if i > 1e6 {
-					t.Fatal("a lookup did not end")
-				}
-			}
-			r.st = osIdle
-			res, err := r.Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res
-		}
+		run := func(r *OrderedReader) OrderedResult { return pollToEnd(t, r) }
 		// b begins, then a posts its leaf read: b takes it.
 		b.BeginLookup(key, Linearizable)
 		a.BeginLookup(key, Linearizable)
@@ -906,20 +893,7 @@ func TestOrderedReaderJoinAfterPost(t *testing.T) {
 			var d *Delegation
 			g, a, b := delegatedPair(t, 30, func(int) string { return "old" }, Linearizable, func(dd *Delegation) { d, dd.registerAfterPost = dd, planted })
 			key := []byte("k007")
-			run := func(r *OrderedReader) OrderedResult {
-				t.Helper()
-				for i := 0; !r.Poll(rdma.Mono()); i++ {
-					if i > 1e6 {
-						t.Fatal("a lookup did not end")
-					}
-				}
-				r.st = osIdle
-				res, err := r.Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				return res
-			}
+			run := func(r *OrderedReader) OrderedResult { return pollToEnd(t, r) }
 			began := false
 			d.afterPost = func() {
 				if began {
@@ -952,4 +926,21 @@ func TestOrderedReaderJoinAfterPost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pollToEnd polls r until its call ends and returns its result (a test
+// driving delegated lookups by hand).
+func pollToEnd(t *testing.T, r *OrderedReader) OrderedResult {
+	t.Helper()
+	for i := 0; !r.Poll(rdma.Mono()); i++ {
+		if i > 1e6 {
+			t.Fatal("a lookup did not end")
+		}
+	}
+	r.st = osIdle
+	res, err := r.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
 }
