@@ -8,7 +8,7 @@
 
 GO ?= go
 # A count of executions, not a duration: see scripts/fuzz-short (golang/go#75804).
-FUZZTIME ?= 100000x
+FUZZTIME ?= 30000x
 
 .PHONY: test run vet noalloc norace unit fuzz-short soak bench ycsb
 
