@@ -5,12 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,7 +19,6 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/client"
-	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/kvcheck"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/internal/syncbuf"
@@ -417,26 +414,11 @@ func (c *tcluster) spawnBalancerHelper(id int64, arm string) *proc {
 // reduced to --config and --id, whose balancer holds before the ingest
 // of a move while the file balancerHoldEnv names exists.
 func runBalancerReplica() int {
-	args := strings.Split(os.Getenv(replicaArgsEnv), "\x1f")
-	var path string
-	var id int64
-	for i := 0; i+1 < len(args); i++ {
-		switch args[i] {
-		case "--config":
-			path = args[i+1]
-		case "--id":
-			id, _ = strconv.ParseInt(args[i+1], 10, 64)
-		}
-	}
 	arm := os.Getenv(balancerHoldEnv)
-	cfg, err := cluster.LoadConfig(path)
-	if err != nil || id == 0 || arm == "" {
-		fmt.Fprintf(os.Stderr, "kvserver: balancer helper: %v (args %q, hold %q)\n", err, args, arm)
-		return 2
+	var err error
+	if arm == "" {
+		err = fmt.Errorf("no %s", balancerHoldEnv)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	hold := func(step string) {
 		if step != "ingest" {
 			return
@@ -452,17 +434,5 @@ func runBalancerReplica() int {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	what := fmt.Sprintf("replica %d", id)
-	err = server.Run(ctx, cfg, id, server.Options{BalancerBeforeStep: hold,
-		Ready: func(c string) {
-			if c != "" {
-				c = ", control http://" + c
-			}
-			fmt.Fprintf(os.Stdout, "kvserver: %s of cluster %q runs (pid %d%s)\n", what, cfg.Name, os.Getpid(), c)
-		}}, log)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kvserver: %s: %v\n", what, err)
-		return 1
-	}
-	return 0
+	return runHelperReplica("balancer helper", err, server.Options{BalancerBeforeStep: hold})
 }

@@ -99,6 +99,15 @@ func (a *armedFaults) MaybeError(op errorfs.Op) error {
 // (cmd/kvserver/replica.go) reduced to --config and --id, with the file
 // system wrapped by errorfs.
 func runFaultyReplica() int {
+	inj, err := parseFaults(os.Getenv(faultsEnv))
+	return runHelperReplica("replica helper", err, server.Options{FS: errorfs.Wrap(vfs.OS, inj)})
+}
+
+// runHelperReplica runs one replica the way kvserver's replica command
+// does, reduced to the --config and --id of replicaArgsEnv, with opts
+// (the helper's faults or hooks); setupErr is the helper's own set-up
+// failure, reported with the arguments as a bad invocation (exit 2).
+func runHelperReplica(helper string, setupErr error, opts server.Options) int {
 	args := strings.Split(os.Getenv(replicaArgsEnv), "\x1f")
 	var path string
 	var id int64
@@ -110,9 +119,8 @@ func runFaultyReplica() int {
 			id, _ = strconv.ParseInt(args[i+1], 10, 64)
 		}
 	}
-	inj, err := parseFaults(os.Getenv(faultsEnv))
-	if err != nil || path == "" || id == 0 {
-		fmt.Fprintf(os.Stderr, "kvserver: replica helper: %v (args %q)\n", err, args)
+	if setupErr != nil || path == "" || id == 0 {
+		fmt.Fprintf(os.Stderr, "kvserver: %s: %v (args %q)\n", helper, setupErr, args)
 		return 2
 	}
 	cfg, err := cluster.LoadConfig(path)
@@ -124,14 +132,13 @@ func runFaultyReplica() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	what := fmt.Sprintf("replica %d", id)
-	err = server.Run(ctx, cfg, id, server.Options{FS: errorfs.Wrap(vfs.OS, inj),
-		Ready: func(c string) {
-			if c != "" {
-				c = ", control http://" + c
-			}
-			fmt.Fprintf(os.Stdout, "kvserver: %s of cluster %q runs (pid %d%s)\n", what, cfg.Name, os.Getpid(), c)
-		}}, log)
-	if err != nil {
+	opts.Ready = func(c string) {
+		if c != "" {
+			c = ", control http://" + c
+		}
+		fmt.Fprintf(os.Stdout, "kvserver: %s of cluster %q runs (pid %d%s)\n", what, cfg.Name, os.Getpid(), c)
+	}
+	if err := server.Run(ctx, cfg, id, opts, log); err != nil {
 		fmt.Fprintf(os.Stderr, "kvserver: %s: %v\n", what, err)
 		return 1
 	}
