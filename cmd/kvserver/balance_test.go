@@ -1,13 +1,11 @@
 package main_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -19,7 +17,6 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/server"
-	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
 
 // TestEmbeddedBalancer is `make run` and an ordered load: the embedded
@@ -42,40 +39,12 @@ func TestEmbeddedBalancer(t *testing.T) {
 	name := fmt.Sprintf("bal%d", os.Getpid())
 	slots := filepath.Join(os.TempDir(), "rdmakv-slots", name)
 	t.Cleanup(func() { os.RemoveAll(slots) })
-	srv := exec.Command(kvserver, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name, "--balance-interval", "200ms")
-	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	srv, banner, stderr := startServer(t, kvserver, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name, "--balance-interval", "200ms")
+	m := regexp.MustCompile(`http://([0-9.:]+)/status`).FindStringSubmatch(banner)
+	if m == nil {
+		t.Fatalf("no control address in the banner:\n%s", banner)
 	}
-	stderr := &syncbuf.Buffer{}
-	srv.Stderr = stderr
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Process.Kill()
-	up := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		var lines []string
-		for sc.Scan() {
-			lines = append(lines, sc.Text())
-			if strings.Contains(sc.Text(), "stop:") {
-				up <- strings.Join(lines, "\n")
-			}
-		}
-	}()
-	var control string
-	select {
-	case banner := <-up:
-		m := regexp.MustCompile(`http://([0-9.:]+)/status`).FindStringSubmatch(banner)
-		if m == nil {
-			t.Fatalf("no control address in the banner:\n%s", banner)
-		}
-		control = m[1]
-	case <-time.After(60 * time.Second):
-		t.Fatalf("kvserver did not come up; stderr: %s", stderr.String())
-	}
+	control := m[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	c, err := client.Open(ctx, client.WithMapFile(mapFile), client.WithSlot(0))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
 
 // build compiles a command of this module into dir.
@@ -26,6 +27,44 @@ func build(t *testing.T, dir, pkg string) string {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out
+}
+
+// startServer starts kvserver with args (killed when the test ends, or
+// with the test process) and waits up to a minute for its banner, the
+// lines up to the one that says how to stop it; it returns the process,
+// the banner and the process's stderr.
+func startServer(t *testing.T, kvserver string, args ...string) (*exec.Cmd, string, *syncbuf.Buffer) {
+	t.Helper()
+	srv := exec.Command(kvserver, args...)
+	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncbuf.Buffer{}
+	srv.Stderr = stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill() })
+	up := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		var lines []string
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+			if strings.Contains(sc.Text(), "stop:") {
+				up <- strings.Join(lines, "\n")
+			}
+		}
+	}()
+	select {
+	case banner := <-up:
+		return srv, banner, stderr
+	case <-time.After(60 * time.Second):
+		t.Fatalf("kvserver did not come up; stderr: %s", stderr.String())
+		return nil, "", nil
+	}
 }
 
 // TestLocalClusterWithKvcli is the README's run command end to end: real
@@ -46,36 +85,10 @@ func TestLocalClusterWithKvcli(t *testing.T) {
 	}
 	mapFile := filepath.Join(dir, "run", "cluster.json")
 	name := fmt.Sprintf("e2e%d", os.Getpid())
-	srv := exec.Command(kvserver, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name)
-	out, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	srv.Stderr = &stderr
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Process.Kill()
-	up := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		var lines []string
-		for sc.Scan() {
-			lines = append(lines, sc.Text())
-			if strings.Contains(sc.Text(), "stop:") {
-				up <- strings.Join(lines, "\n")
-			}
-		}
-	}()
-	select {
-	case banner := <-up:
-		t.Logf("kvserver says:\n%s", banner)
-		if !strings.Contains(banner, mapFile) {
-			t.Fatalf("the banner does not name the map file %s", mapFile)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("kvserver did not come up; stderr: %s", stderr.String())
+	srv, banner, stderr := startServer(t, kvserver, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name)
+	t.Logf("kvserver says:\n%s", banner)
+	if !strings.Contains(banner, mapFile) {
+		t.Fatalf("the banner does not name the map file %s", mapFile)
 	}
 
 	cli := func(stdin string, args ...string) (string, int) {
