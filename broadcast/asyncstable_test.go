@@ -237,19 +237,27 @@ func TestAsyncStableAccept(t *testing.T) {
 	}
 }
 
+// electOnFailingSaves starts an election at node 1 of an asyncCluster
+// whose device fails op with errno, and runs the device and the cluster
+// rounds times.
+func electOnFailingSaves(t *testing.T, op wal.IOKind, errno error, rounds int) (*qcluster, *gateDevice, *vfs.Mem, *Replica) {
+	c, dev, fs := asyncCluster(t)
+	r := c.get(1).r
+	dev.fail[op] = errno
+	r.startElection(true)
+	for range rounds {
+		dev.run()
+		c.settle(nil)
+	}
+	return c, dev, fs, r
+}
+
 // TestAsyncStableFailStop: a save that fails (EIO on the temporary
 // file's fsync) stops the replica, as a failed fsync of the log does:
 // the vote is not published, Status.DiskErr wraps ErrDisk and the cause,
 // Poll does nothing more, and it asks for no Poll.
 func TestAsyncStableFailStop(t *testing.T) {
-	c, dev, _ := asyncCluster(t)
-	r := c.get(1).r
-	dev.fail[wal.IOSync] = syscall.EIO
-	r.startElection(true)
-	for range 10 {
-		dev.run()
-		c.settle(nil)
-	}
+	c, _, _, r := electOnFailingSaves(t, wal.IOSync, syscall.EIO, 10)
 	s := r.Status()
 	if !errors.Is(s.DiskErr, ErrDisk) || !errors.Is(s.DiskErr, syscall.EIO) {
 		t.Fatalf("DiskErr %v, want ErrDisk wrapping EIO", s.DiskErr)
@@ -266,14 +274,7 @@ func TestAsyncStableFailStop(t *testing.T) {
 // published and is asked again ElectionTimeout/8 later (the replica asks
 // for that Poll); once space returns the vote goes out.
 func TestAsyncStableDiskFull(t *testing.T) {
-	c, dev, fs := asyncCluster(t)
-	r := c.get(1).r
-	dev.fail[wal.IOWrite] = syscall.ENOSPC
-	r.startElection(true)
-	for range 3 {
-		dev.run()
-		c.settle(nil)
-	}
+	c, dev, fs, r := electOnFailingSaves(t, wal.IOWrite, syscall.ENOSPC, 3)
 	s := r.Status()
 	if s.Counters.StableSavesFull != 1 || !errors.Is(s.StableFullErr, syscall.ENOSPC) || s.DiskErr != nil {
 		t.Fatalf("after ENOSPC: %+v; want one full save, StableFullErr ENOSPC, no DiskErr", s)
