@@ -48,14 +48,7 @@ func TestProcessBalancer(t *testing.T) {
 			if err := p.WaitServing(ctx); err != nil {
 				t.Fatal(err)
 			}
-			cn, err := p.ClientNode(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c, err := client.Open(ctx, client.WithMap(m), client.WithNode(cn), client.WithSlot(0))
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := openClient(t, p, m)
 			defer c.Close()
 			ks := c.Keyspace("users")
 			for i := range 300 {

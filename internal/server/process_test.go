@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
-	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/kv"
@@ -60,10 +59,7 @@ func TestProcessTwoGroupsOneNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.Open(ctx, client.WithMap(m), client.WithNode(cn), client.WithSlot(0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := openClient(t, a, m)
 	defer c.Close()
 	n := 0
 	put := func(k int) {
@@ -203,14 +199,7 @@ func TestStatusPollerStats(t *testing.T) {
 	if tasks, _ := sum(before); tasks != 6 {
 		t.Fatalf("/status: pollers own %d replicas, want 6: %+v", tasks, before.Pollers)
 	}
-	cn, err := p.ClientNode(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.Open(ctx, client.WithMap(m), client.WithNode(cn), client.WithSlot(0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := openClient(t, p, m)
 	defer c.Close()
 	for i := range 50 {
 		if _, err := c.Put(ctx, fmt.Appendf(nil, "k%d", i), []byte("v")); err != nil {
