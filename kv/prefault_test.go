@@ -104,8 +104,8 @@ func prefaultedSpare(t *testing.T, knob string) string {
 	c.Release()
 
 	// A capture alive while the index grows: the pre-fault for the
-	// grown index runs meanwhile, and the capture's release must not
-	// put its smaller buffer in place of that spare.
+	// grown index runs meanwhile, and the capture's Persist, handing its
+	// buffer on, must not put it, smaller, in place of that spare.
 	c, want, err = take(tb, "the capture before the growth")
 	if err != "" {
 		return err
@@ -114,10 +114,10 @@ func prefaultedSpare(t *testing.T, knob string) string {
 	for range 5 {
 		apply() // changes after the capture (and a migration step each)
 	}
+	tb.prefaultWG.Wait() // the grown index's spare, then Persist's offer
 	if err := check(c, want, "the capture before the growth"); err != "" {
 		return err
 	}
-	tb.prefaultWG.Wait() // the grown index's spare, then the release's offer
 	c.Release()
 	c, want, err = take(tb, "a capture while the index grows")
 	if err != "" {
@@ -189,4 +189,69 @@ func spareCap(tb *Table) int {
 		return cap(*p)
 	}
 	return 0
+}
+
+// TestPersistHandsOnIndexCopy: a capture's Persist hands its index copy on
+// to the next capture once it has walked it, so a capture kept after its
+// Persist (a network snapshot's, released only when a newer one replaces
+// it) does not leave the disk captures meanwhile to copy into fresh
+// buffers; a second Persist fails. Planted handOnTwice (the Release offers
+// the buffer again) lets a third capture copy into the second's buffer
+// while it is alive: caught by the second's snapshot, unlike the one at
+// its capture.
+func TestPersistHandsOnIndexCopy(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("planted=%v", planted), func(t *testing.T) {
+			tb, _ := soloTable(t, TableConfig{LogBuckets: 4, HeapRegionSize: 1 << 16, MaxValue: 1 << 10})
+			tb.knobs.handOnTwice = planted
+			idx := uint64(0)
+			apply := func(ops ...Op) {
+				idx++
+				if res := put(tb, idx, ops...); res.Status != StatusOK {
+					t.Fatalf("entry %d: %+v", idx, res)
+				}
+			}
+			for i := range 200 {
+				apply(Op{Kind: OpPut, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")})
+			}
+			c1, err := tb.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf1 := &c1.(*capture).buf[0]
+			if err := c1.Persist(make([]byte, c1.Size())); err != nil {
+				t.Fatal(err)
+			}
+			if err := c1.Persist(make([]byte, c1.Size())); err == nil || !strings.Contains(err.Error(), "persisted twice") {
+				t.Fatalf("a second Persist: %v, want an error", err)
+			}
+			want := snapshotOfIndex(t, tb)
+			c2, _ := tb.Snapshot()
+			defer c2.Release()
+			if &c2.(*capture).buf[0] != buf1 || tb.Stats().FreshIndexCopies != 1 {
+				t.Fatalf("the capture after a persisted one (not released) did not copy into its buffer: %d fresh copies", tb.Stats().FreshIndexCopies)
+			}
+			c1.Release()
+			for i := range 200 {
+				if i%2 == 0 {
+					apply(Op{Kind: OpDelete, Key: fmt.Appendf(nil, "k%d", i)})
+				}
+			}
+			c3, _ := tb.Snapshot()
+			defer c3.Release()
+			got := make([]byte, c2.Size())
+			err = c2.Persist(got)
+			same := err == nil && bytes.Equal(got, want)
+			if planted {
+				if same {
+					t.Fatal("planted handOnTwice: the second capture still persisted the snapshot at its capture")
+				}
+				t.Logf("planted handOnTwice caught: the second capture's snapshot differs from the one at its capture (err %v)", err)
+				return
+			}
+			if !same {
+				t.Fatalf("the second capture's snapshot differs from the one at its capture (err %v)", err)
+			}
+		})
+	}
 }

@@ -1109,6 +1109,9 @@ type capture struct {
 	ordered  OrderedCapture // the ordered part's (nil: none)
 	epoch    uint64         // Table.heapEpoch at capture
 	done     atomic.Bool
+	// persisted: Persist ran (once only: it hands buf on once it has
+	// walked it).
+	persisted atomic.Bool
 }
 
 // eachSlot calls f with the slot of every live record: those of the
@@ -1236,7 +1239,15 @@ func (c *capture) tail() int {
 	return n
 }
 
+// Persist writes the snapshot at capture (any goroutine, once). Once it
+// has walked the index copy it hands the buffer on to the next capture
+// (Table.spare): a network snapshot's capture is released only when a
+// newer one replaces it, and disk captures meanwhile would copy into
+// fresh buffers, their page faults on the polling goroutine.
 func (c *capture) Persist(dst []byte) error {
+	if c.persisted.Swap(true) {
+		return errors.New("kv: a capture persisted twice")
+	}
 	if len(dst) != c.size {
 		return fmt.Errorf("kv: snapshot of %d bytes into %d", c.size, len(dst))
 	}
@@ -1263,6 +1274,7 @@ func (c *capture) Persist(dst []byte) error {
 		}
 		p += size
 	})
+	c.handOn()
 	if recs != c.count || p != end {
 		// liveBytes or count disagrees with the index: never in a
 		// correct table, and no snapshot rather than a wrong one.
@@ -1301,13 +1313,25 @@ func (c *capture) Release() {
 		if c.ordered != nil {
 			c.ordered.Release()
 		}
-		// The index copy is the next capture's (Persist is over: a
-		// capture is released after its last Persist).
-		buf := c.buf
-		c.cur, c.old, c.buf = nil, nil, nil
-		c.t.offerSpare(&buf)
+		// The index copy is the next capture's, if Persist did not
+		// hand it on (a capture is released after its Persist).
+		c.handOn()
 		c.t.snaps.Add(-1)
 	}
+}
+
+// handOn offers the capture's index copy to the next capture (Persist
+// walked it, or the capture is released), once.
+func (c *capture) handOn() {
+	if c.buf == nil {
+		return
+	}
+	buf := c.buf
+	c.cur, c.old = nil, nil
+	if !c.t.knobs.handOnTwice {
+		c.buf = nil
+	}
+	c.t.offerSpare(&buf)
 }
 
 // indexCopySize is the size of a capture's copy of the index now: the
