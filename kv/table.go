@@ -83,7 +83,7 @@ type TableConfig struct {
 	// when its index grows and when a snapshot is restored into it: the
 	// capture's copy then lands in mapped memory, and the poller pays no
 	// page faults for it (a first capture's fresh buffer cost a 1 M-record
-	// table's poller 45-160 ms: issue 19). The cost is one buffer the size
+	// table's poller 38-217 ms here: issue 19). The cost is one buffer the size
 	// of the largest index copy since the table was made: the index's
 	// size, 1.5 times it after a growth (a capture while the index grows
 	// copies both generations). Without it the first capture, and the
