@@ -81,6 +81,16 @@ type testingKnobs struct {
 	// alive at once (a network and a disk snapshot) copy the index into
 	// one buffer.
 	shareSpare bool
+	// spareKeepsLast (table): offerSpare keeps the buffer offered last,
+	// not the larger, so a capture persisted after a growth puts its
+	// smaller index copy in place of the spare pre-faulted for the grown
+	// index, and the next capture faults a fresh buffer in on the poller
+	// (TestPrefaultedSpare).
+	spareKeepsLast bool
+	// handOnTwice (table): a capture's Release offers its index copy as
+	// the spare although its Persist handed it on already, so a later
+	// capture copies into the buffer of one alive (TestPersistHandsOnIndexCopy).
+	handOnTwice bool
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,6 +77,20 @@ type TableConfig struct {
 	// stands after the entries up to the marker: it may capture it
 	// (Snapshot) and write the capture off the polling goroutine.
 	OnBackup func(t *Table, m BackupMarker)
+	// PrefaultSpare keeps a spare buffer for a capture's copy of the
+	// index (Snapshot), allocated and its pages touched by a goroutine of
+	// the table's, off the polling goroutine, when the table is made,
+	// when its index grows and when a snapshot is restored into it: the
+	// capture's copy then lands in mapped memory, and the poller pays no
+	// page faults for it (a first capture's fresh buffer cost a 1 M-record
+	// table's poller 38-217 ms here: issue 19). The cost is one buffer the size
+	// of the largest index copy since the table was made: the index's
+	// size, 1.5 times it after a growth (a capture while the index grows
+	// copies both generations). Without it the first capture, and the
+	// first after each growth, pay the faults on the poller (the spare is
+	// then only a released capture's buffer). Off in the simulator (no
+	// goroutines there); a kvserver with a durable mode sets it.
+	PrefaultSpare bool
 }
 
 // DefaultMaxRequest is TableConfig.MaxRequest's default for the given key
@@ -186,11 +202,26 @@ type Table struct {
 	yield func()
 
 	snaps atomic.Int32 // captures not yet released
-	// spare is the index copy of a released capture, which the next
-	// capture reuses if it is large enough: its pages are mapped
-	// already (a fresh buffer's page faults were much of a capture's
-	// time: issue 19). The cost is one index-sized buffer per table.
-	spare     atomic.Pointer[[]byte]
+	// spare is the index copy of a released capture, or a buffer
+	// pre-faulted off the polling goroutine (PrefaultSpare), which the
+	// next capture reuses if it is large enough: its pages are mapped
+	// already (a fresh buffer's page faults were most of a first
+	// capture's time: issue 19). Of two offered, the larger stays
+	// (offerSpare): one index-sized buffer per table besides those of
+	// captures alive.
+	spare atomic.Pointer[[]byte]
+	// spareWant is the size of the spare last asked of the pre-fault
+	// goroutine (only the polling goroutine raises it, ensureSpare);
+	// prefaulting says the goroutine runs, prefaultWG lets Close wait
+	// for it, spareFaults counts the spares it made.
+	spareWant   atomic.Int64
+	prefaulting atomic.Bool
+	prefaultWG  sync.WaitGroup
+	spareFaults atomic.Int64
+	// freshCopies counts the captures that copied the index into a fresh
+	// buffer, faulting its pages in on the polling goroutine.
+	freshCopies int
+
 	heapEpoch atomic.Uint64 // counts restores: a capture that saw it change is void
 	stages    map[uint32][]*stage
 	ops       []Op
@@ -225,6 +256,7 @@ func NewTable(cfg TableConfig, node rdma.Node) (*Table, error) {
 		return nil, err
 	}
 	t.publish()
+	t.ensureSpare()
 	return t, nil
 }
 
@@ -254,6 +286,7 @@ func (t *Table) newGen(n, log int) (gen, error) {
 
 // Close releases every region.
 func (t *Table) Close() error {
+	t.prefaultWG.Wait()
 	if t.hdr != nil {
 		t.hdr.Close()
 	}
@@ -333,6 +366,11 @@ type Stats struct {
 	// SnapshotMaxNs is the longest Snapshot call (a capture, on the
 	// polling goroutine), by TableConfig.Clock, since the table was made.
 	SnapshotMaxNs int64
+	// FreshIndexCopies counts the captures that copied the index into
+	// a fresh buffer (its page faults on the polling goroutine);
+	// SparePrefaults the spares pre-faulted off it (PrefaultSpare).
+	FreshIndexCopies int
+	SparePrefaults   int
 	// Ordered is the ordered part's size and work (nil: none).
 	Ordered *btree.StoreStats `json:",omitempty"`
 }
@@ -341,7 +379,8 @@ type Stats struct {
 func (t *Table) Stats() Stats {
 	s := Stats{Records: t.count, HeapBytes: t.heap.used, HeapRegions: len(t.heap.regions),
 		IndexBytes: len(t.cur.mem), Gen: t.cur.n, LogBuckets: t.cur.log, Migrating: t.old != nil, Restores: t.restores,
-		SnapshotMaxNs: t.snapMaxNs, Ordered: t.orderedStats()}
+		SnapshotMaxNs: t.snapMaxNs, FreshIndexCopies: t.freshCopies, SparePrefaults: int(t.spareFaults.Load()),
+		Ordered: t.orderedStats()}
 	if t.old != nil {
 		s.IndexBytes += len(t.old.mem)
 	}
@@ -947,6 +986,7 @@ func (t *Table) startGrowth() error {
 	t.cur = ng
 	t.cursor = 0
 	t.layout += 2 // even: no request in progress (applyRequest)
+	t.ensureSpare()
 	return nil
 }
 
@@ -1069,6 +1109,9 @@ type capture struct {
 	ordered  OrderedCapture // the ordered part's (nil: none)
 	epoch    uint64         // Table.heapEpoch at capture
 	done     atomic.Bool
+	// persisted: Persist ran (once only: it hands buf on once it has
+	// walked it).
+	persisted atomic.Bool
 }
 
 // eachSlot calls f with the slot of every live record: those of the
@@ -1140,6 +1183,7 @@ func (t *Table) Snapshot() (broadcast.FSMSnapshot, error) {
 		c.buf = (*p)[:n]
 	} else {
 		c.buf = make([]byte, n)
+		t.freshCopies++
 	}
 	c.cur = c.buf[:copy(c.buf, cur)]
 	if old != nil {
@@ -1195,7 +1239,15 @@ func (c *capture) tail() int {
 	return n
 }
 
+// Persist writes the snapshot at capture (any goroutine, once). Once it
+// has walked the index copy it hands the buffer on to the next capture
+// (Table.spare): a network snapshot's capture is released only when a
+// newer one replaces it, and disk captures meanwhile would copy into
+// fresh buffers, their page faults on the polling goroutine.
 func (c *capture) Persist(dst []byte) error {
+	if c.persisted.Swap(true) {
+		return errors.New("kv: a capture persisted twice")
+	}
 	if len(dst) != c.size {
 		return fmt.Errorf("kv: snapshot of %d bytes into %d", c.size, len(dst))
 	}
@@ -1222,6 +1274,7 @@ func (c *capture) Persist(dst []byte) error {
 		}
 		p += size
 	})
+	c.handOn()
 	if recs != c.count || p != end {
 		// liveBytes or count disagrees with the index: never in a
 		// correct table, and no snapshot rather than a wrong one.
@@ -1260,13 +1313,113 @@ func (c *capture) Release() {
 		if c.ordered != nil {
 			c.ordered.Release()
 		}
-		// The index copy is the next capture's (Persist is over: a
-		// capture is released after its last Persist).
-		buf := c.buf
-		c.cur, c.old, c.buf = nil, nil, nil
-		c.t.spare.Store(&buf)
+		// The index copy is the next capture's, if Persist did not
+		// hand it on (a capture is released after its Persist).
+		c.handOn()
 		c.t.snaps.Add(-1)
 	}
+}
+
+// handOn offers the capture's index copy to the next capture (Persist
+// walked it, or the capture is released), once.
+func (c *capture) handOn() {
+	if c.buf == nil {
+		return
+	}
+	buf := c.buf
+	c.cur, c.old = nil, nil
+	if !c.t.knobs.handOnTwice {
+		c.buf = nil
+	}
+	c.t.offerSpare(&buf)
+}
+
+// indexCopySize is the size of a capture's copy of the index now: the
+// current generation's buckets and, while the index grows, the old one's.
+func (t *Table) indexCopySize() int {
+	n := len(t.cur.index())
+	if t.old != nil {
+		n += len(t.old.index())
+	}
+	return n
+}
+
+// offerSpare makes b the spare unless the spare is at least as large (any
+// goroutine): a released capture's buffer and a pre-faulted one may be
+// offered at once, and the larger serves more captures.
+func (t *Table) offerSpare(b *[]byte) {
+	for {
+		old := t.spare.Load()
+		if old != nil && cap(*old) >= cap(*b) && !t.knobs.spareKeepsLast {
+			return
+		}
+		if t.spare.CompareAndSwap(old, b) {
+			return
+		}
+	}
+}
+
+// ensureSpare asks the pre-fault goroutine for a spare as large as a
+// capture's index copy now, unless one that large was asked for already
+// (PrefaultSpare; polling goroutine: at NewTable, growth and Restore). It
+// starts the goroutine if it does not run; a running one sees the new size
+// before it ends (prefaultSpares).
+func (t *Table) ensureSpare() {
+	if !t.cfg.PrefaultSpare {
+		return
+	}
+	n := int64(t.indexCopySize())
+	if n <= t.spareWant.Load() {
+		return
+	}
+	t.spareWant.Store(n)
+	if t.prefaulting.CompareAndSwap(false, true) {
+		t.prefaultWG.Add(1)
+		go t.prefaultSpares()
+	}
+}
+
+// prefaultSpares makes spares of spareWant's size, their pages touched,
+// until it has made one of the last size asked; one goroutine at a time
+// (prefaulting).
+func (t *Table) prefaultSpares() {
+	defer t.prefaultWG.Done()
+	made := int64(0)
+	for {
+		if n := t.spareWant.Load(); n > made {
+			b := prefaulted(int(n))
+			t.offerSpare(&b)
+			t.spareFaults.Add(1)
+			made = n
+			continue
+		}
+		t.prefaulting.Store(false)
+		// A size asked for between the check above and the store was
+		// not seen by ensureSpare's start: take it on, unless a new
+		// goroutine did.
+		if t.spareWant.Load() <= made || !t.prefaulting.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// prefaultYield is how many bytes prefaulted touches between two yields
+// of its processor (as Persist's, it runs beside the pollers).
+const prefaultYield = 1 << 20
+
+// prefaulted is a buffer of n bytes whose pages are all mapped: a store to
+// each page faults it in here, not in a capture's copy on the polling
+// goroutine.
+func prefaulted(n int) []byte {
+	b := make([]byte, n)
+	page := os.Getpagesize()
+	for i := 0; i < n; i += page {
+		b[i] = 0
+		if i%prefaultYield == 0 && i > 0 {
+			runtime.Gosched()
+		}
+	}
+	return b
 }
 
 // ErrSnapshot is returned by Restore for bytes that are not a table
@@ -1497,6 +1650,7 @@ func (t *Table) Restore(b []byte) error {
 		commitOrdered(applied)
 	}
 	t.publish()
+	t.ensureSpare()
 	return nil
 }
 

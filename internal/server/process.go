@@ -324,6 +324,10 @@ func (p *Process) start(g, i int) error {
 		}
 		rc.Table.Ordered = st
 	}
+	// A durable replica writes snapshots periodically: its table keeps
+	// a spare for a capture's index copy, pre-faulted off the polling
+	// goroutine (issue 19: a fresh buffer's page faults stalled it).
+	rc.Table.PrefaultSpare = dur != nil
 	// A backup marker (kv.BackupMarker) hands the table to the
 	// process's backups; one New replays from the log is ignored (its
 	// backup is long over), as sr is not set yet.
