@@ -367,3 +367,84 @@ func TestSimIdleNoProbeSync(t *testing.T) {
 		}
 	}
 }
+
+// staggeredFullRun: the leader's disk fills and it gets a write (one
+// proposal at the leader: its log finds no space, its followers log the
+// entry); the followers' disks fill 6 election timeouts later while they
+// are idle: only their idle rounds (a free-space query answering 0, then
+// a probe) can find out. Their round started with the write they logged,
+// so they know by about 8 election timeouts into the window, before the
+// leader, full since the write, would hand over (fullStepDownAfter, 9):
+// 16 election timeouts in, every member knows its disk is full and the
+// group has a leader ("staggered full:"). A longer idle round with the
+// leader's hand-over still at 9 lets the leader hand over to followers
+// that do not know their disks are full yet, which then cannot lead
+// (fullProbeEvery 32, fullStepDownAfter 9: "no leader 64ms into the
+// window"): the idle round and fullStepDownAfter go together.
+func staggeredFullRun(seed uint64, knobs testingKnobs) error {
+	const et = 4 * time.Millisecond
+	const from, window = 40 * time.Millisecond, 40 * et
+	// Every disk full from 6 election timeouts in to the window's end
+	// (fullAll); the leader's from the start (the script).
+	o := simOpts{knobs: knobs, n: 3, until: from + window + 8*time.Millisecond, durability: Sync, promiseCheck: true, maxLog: 24, proposeEvery: time.Hour,
+		fullAll: true, fullAt: from + 6*et, fullLen: window - 6*et}
+	o.script = func(h *simRun) {
+		leading := func() rdma.NodeID {
+			for _, id := range h.s.Nodes() {
+				if p := h.procs[id]; p != nil && h.s.Live(id) {
+					if _, ok := p.r.Leading(); ok {
+						return id
+					}
+				}
+			}
+			return 0
+		}
+		var leader rdma.NodeID
+		h.s.At(from, func() {
+			if leader = leading(); leader == 0 {
+				h.c.fail("staggered full: no leader at the window's start")
+				return
+			}
+			h.s.Disk(leader).SetFull("wal/", true)
+			p := h.procs[leader]
+			p.next = h.s.Now()
+			p.env.WakeAt(h.s.Now())
+		})
+		h.s.At(from+16*et, func() {
+			for _, id := range h.s.Nodes() {
+				if !h.procs[id].r.Status().DiskFull {
+					h.c.fail("staggered full: node %d does not know its disk is full %v into the window", id, 16*et)
+					return
+				}
+			}
+			if leading() == 0 {
+				h.c.fail("staggered full: no leader %v into the window (the leader, node %d, handed over to members that could not lead)", 16*et, leader)
+			}
+		})
+	}
+	return runSim(sim.Seed{Seed: seed}, o, new(Counters))
+}
+
+// TestSimDiskFullStaggered: staggeredFullRun passes on every seed; with
+// the spaceAlwaysPlenty knob (the followers' idle rounds never probe) it
+// fails "staggered full:" on every seed.
+func TestSimDiskFullStaggered(t *testing.T) {
+	seeds := uint64(10)
+	if raceEnabled {
+		seeds = 3
+	}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		if err := staggeredFullRun(seed, testingKnobs{}); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		err := staggeredFullRun(seed, testingKnobs{spaceAlwaysPlenty: true})
+		if err == nil || !strings.Contains(err.Error(), "staggered full:") {
+			t.Fatalf("seed %d: the spaceAlwaysPlenty knob: %v, want \"staggered full:\"", seed, err)
+		}
+		if seed == 1 {
+			t.Logf("seed 1 caught spaceAlwaysPlenty: %v", firstLine(err))
+		}
+	}
+}
