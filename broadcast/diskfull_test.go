@@ -217,10 +217,12 @@ func TestSimDiskFullAllMembers(t *testing.T) {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 	}
-	if total.DiskFull == 0 || total.DiskProbes == 0 {
-		t.Fatalf("no disk full or no probe: %+v", total)
+	// (Members find their disks full by their writes here: probes are
+	// TestSimDiskFullProbe's. An idle member with space writes none.)
+	if total.DiskFull == 0 {
+		t.Fatalf("no disk full: %+v", total)
 	}
-	t.Logf("%d seeds: %d disk-full episodes, %d probes, %d elections deferred, %d refused", seeds, total.DiskFull, total.DiskProbes, total.ElectionsDeferred, total.DiskFullRefused)
+	t.Logf("%d seeds: %d disk-full episodes, %d probes (%d free-space checks), %d elections deferred, %d refused", seeds, total.DiskFull, total.DiskProbes, total.DiskSpaceChecks, total.ElectionsDeferred, total.DiskFullRefused)
 	caught := 0
 	for seed := uint64(1); seed <= seeds; seed++ {
 		err := allFullRun(seed, testingKnobs{fullElects: true}, false, new(Counters))
@@ -240,10 +242,12 @@ func TestSimDiskFullAllMembers(t *testing.T) {
 }
 
 // TestSimDiskFullProbe: a group that writes nothing (one proposal, at the
-// start) finds its disks full through the probe (allFullRun, idle) and
-// keeps its leader; without the probe (knob noFullProbe) no member finds
-// out, as none has anything to write: the seeds must fail "all full: node
-// N does not know its disk is full".
+// start) finds its disks full through the probe (allFullRun, idle: the
+// free-space query answers 0, and the probe's write finds no space) and
+// keeps its leader; without the probe (knob noFullProbe), or with a probe
+// only when the free-space answer is ignored (knob spaceAlwaysPlenty), no
+// member finds out, as none has anything to write: the seeds must fail
+// "all full: node N does not know its disk is full".
 func TestSimDiskFullProbe(t *testing.T) {
 	seeds := uint64(10)
 	if raceEnabled {
@@ -259,20 +263,188 @@ func TestSimDiskFullProbe(t *testing.T) {
 		t.Fatalf("idle: %d probes, %d disk-full episodes in %d seeds", total.DiskProbes, total.DiskFull, seeds)
 	}
 	t.Logf("idle, %d seeds: %d probes, %d disk-full episodes", seeds, total.DiskProbes, total.DiskFull)
-	caught := 0
-	for seed := uint64(1); seed <= seeds; seed++ {
-		err := allFullRun(seed, testingKnobs{noFullProbe: true}, true, new(Counters))
-		if err == nil {
-			continue
+	if total.DiskSpaceChecks < total.DiskProbes {
+		t.Fatalf("idle: %d probes but only %d free-space checks (a probe follows a low answer)", total.DiskProbes, total.DiskSpaceChecks)
+	}
+	for _, knob := range []struct {
+		name  string
+		knobs testingKnobs
+	}{{"noFullProbe", testingKnobs{noFullProbe: true}}, {"spaceAlwaysPlenty", testingKnobs{spaceAlwaysPlenty: true}}} {
+		caught := 0
+		for seed := uint64(1); seed <= seeds; seed++ {
+			err := allFullRun(seed, knob.knobs, true, new(Counters))
+			if err == nil {
+				continue
+			}
+			if !strings.Contains(err.Error(), "does not know its disk is full") {
+				t.Fatalf("seed %d: the %s knob failed another check: %v", seed, knob.name, err)
+			}
+			if caught++; caught == 1 {
+				t.Logf("seed %d caught %s: %v", seed, knob.name, firstLine(err))
+			}
 		}
-		if !strings.Contains(err.Error(), "does not know its disk is full") {
-			t.Fatalf("seed %d: the noFullProbe knob failed another check: %v", seed, err)
-		}
-		if caught++; caught == 1 {
-			t.Logf("seed %d caught noFullProbe: %v", seed, firstLine(err))
+		if caught != int(seeds) {
+			t.Fatalf("the %s knob failed %d of %d seeds, want all", knob.name, caught, seeds)
 		}
 	}
-	if caught != int(seeds) {
-		t.Fatalf("the noFullProbe knob failed %d of %d seeds, want all", caught, seeds)
+}
+
+// idleRun runs one seed of a Sync group of 3 that writes nothing after
+// its first proposal (allFullRun's idle shape, no disk full), and checks
+// what the members' logs do over 100 election timeouts from 40 ms (the
+// first proposal's lazy Commit records are synced by then). With space to
+// spare (low false) an idle round only asks the device for free space:
+// no fsync, no probe ("idle fsyncs:"), but every member asks ("idle
+// space checks:"). With low (each disk's capacity set, at the window's
+// start, to leave half of wal.Config.LowSpaceBytes free) every member
+// writes a probe each round ("idle low:": at least 10 each).
+func idleRun(seed uint64, knobs testingKnobs, low bool, total *Counters) error {
+	const et = 4 * time.Millisecond // the sim's ElectionTimeout
+	const from, window = 40 * time.Millisecond, 100 * et
+	o := simOpts{knobs: knobs, n: 3, until: from + window + 8*time.Millisecond, durability: Sync, promiseCheck: true, maxLog: 24, proposeEvery: time.Hour}
+	o.script = func(h *simRun) {
+		type mark struct{ fsyncs, probes, checks uint64 }
+		at := map[rdma.NodeID]mark{}
+		now := func(id rdma.NodeID) mark {
+			p := h.procs[id]
+			c := p.r.Status().Counters
+			return mark{p.r.dur.w.Stats().Fsyncs, c.DiskProbes, c.DiskSpaceChecks}
+		}
+		h.s.At(from, func() {
+			for _, id := range h.s.Nodes() {
+				at[id] = now(id)
+				if low {
+					d := h.s.Disk(id)
+					d.SetCapacity(d.Used() + h.procs[id].r.dur.w.LowSpaceBytes()/2)
+				}
+			}
+		})
+		h.s.At(from+window, func() {
+			for _, id := range h.s.Nodes() {
+				m, n := at[id], now(id)
+				fsyncs, probes, checks := n.fsyncs-m.fsyncs, n.probes-m.probes, n.checks-m.checks
+				switch {
+				case !low && (fsyncs != 0 || probes != 0):
+					h.c.fail("idle fsyncs: node %d synced its log %d times (%d probes) in %v idle with space to spare", id, fsyncs, probes, window)
+				case !low && checks < 10:
+					h.c.fail("idle space checks: node %d asked for free space %d times in %v idle, want a round every %d election timeouts", id, checks, window, fullProbeEvery)
+				case low && (probes < 10 || fsyncs < probes):
+					h.c.fail("idle low: node %d wrote %d probes (%d fsyncs) in %v idle with its disk low on space, want one a round", id, probes, fsyncs, window)
+				}
+			}
+		})
+	}
+	return runSim(sim.Seed{Seed: seed}, o, total)
+}
+
+// TestSimIdleNoProbeSync: an idle durable group with space to spare
+// syncs nothing (idleRun: no fsync, no probe, a free-space query a
+// round), and with its disks low on space probes every round. The
+// probeAlways knob (a probe each round without asking, the cost before
+// the free-space query) must fail "idle fsyncs:" on every seed.
+func TestSimIdleNoProbeSync(t *testing.T) {
+	seeds := uint64(5)
+	if raceEnabled {
+		seeds = 2
+	}
+	var plenty, low Counters
+	for seed := uint64(1); seed <= seeds; seed++ {
+		if err := idleRun(seed, testingKnobs{}, false, &plenty); err != nil {
+			t.Fatalf("seed %d, space to spare: %v", seed, err)
+		}
+		if err := idleRun(seed, testingKnobs{}, true, &low); err != nil {
+			t.Fatalf("seed %d, low on space: %v", seed, err)
+		}
+	}
+	t.Logf("%d seeds: space to spare: %d probes, %d free-space checks; low: %d probes, %d checks", seeds, plenty.DiskProbes, plenty.DiskSpaceChecks, low.DiskProbes, low.DiskSpaceChecks)
+	for seed := uint64(1); seed <= seeds; seed++ {
+		err := idleRun(seed, testingKnobs{probeAlways: true}, false, new(Counters))
+		if err == nil || !strings.Contains(err.Error(), "idle fsyncs:") {
+			t.Fatalf("seed %d: the probeAlways knob: %v, want \"idle fsyncs:\"", seed, err)
+		}
+		if seed == 1 {
+			t.Logf("seed 1 caught probeAlways: %v", firstLine(err))
+		}
+	}
+}
+
+// staggeredFullRun: the leader's disk fills and it gets a write (one
+// proposal at the leader: its log finds no space, its followers log the
+// entry); the followers' disks fill 6 election timeouts later while they
+// are idle: only their idle rounds (a free-space query answering 0, then
+// a probe) can find out. Their round started with the write they logged,
+// so they know by about 8 election timeouts into the window, before the
+// leader, full since the write, would hand over (fullStepDownAfter, 9):
+// 16 election timeouts in, every member knows its disk is full and the
+// group has a leader ("staggered full:"). A longer idle round with the
+// leader's hand-over still at 9 lets the leader hand over to followers
+// that do not know their disks are full yet, which then cannot lead
+// (fullProbeEvery 32, fullStepDownAfter 9: "no leader 64ms into the
+// window"): the idle round and fullStepDownAfter go together.
+func staggeredFullRun(seed uint64, knobs testingKnobs) error {
+	const et = 4 * time.Millisecond
+	const from, window = 40 * time.Millisecond, 40 * et
+	// Every disk full from 6 election timeouts in to the window's end
+	// (fullAll); the leader's from the start (the script).
+	o := simOpts{knobs: knobs, n: 3, until: from + window + 8*time.Millisecond, durability: Sync, promiseCheck: true, maxLog: 24, proposeEvery: time.Hour,
+		fullAll: true, fullAt: from + 6*et, fullLen: window - 6*et}
+	o.script = func(h *simRun) {
+		leading := func() rdma.NodeID {
+			for _, id := range h.s.Nodes() {
+				if p := h.procs[id]; p != nil && h.s.Live(id) {
+					if _, ok := p.r.Leading(); ok {
+						return id
+					}
+				}
+			}
+			return 0
+		}
+		var leader rdma.NodeID
+		h.s.At(from, func() {
+			if leader = leading(); leader == 0 {
+				h.c.fail("staggered full: no leader at the window's start")
+				return
+			}
+			h.s.Disk(leader).SetFull("wal/", true)
+			p := h.procs[leader]
+			p.next = h.s.Now()
+			p.env.WakeAt(h.s.Now())
+		})
+		h.s.At(from+16*et, func() {
+			for _, id := range h.s.Nodes() {
+				if !h.procs[id].r.Status().DiskFull {
+					h.c.fail("staggered full: node %d does not know its disk is full %v into the window", id, 16*et)
+					return
+				}
+			}
+			if leading() == 0 {
+				h.c.fail("staggered full: no leader %v into the window (the leader, node %d, handed over to members that could not lead)", 16*et, leader)
+			}
+		})
+	}
+	return runSim(sim.Seed{Seed: seed}, o, new(Counters))
+}
+
+// TestSimDiskFullStaggered: staggeredFullRun passes on every seed; with
+// the spaceAlwaysPlenty knob (the followers' idle rounds never probe) it
+// fails "staggered full:" on every seed.
+func TestSimDiskFullStaggered(t *testing.T) {
+	seeds := uint64(10)
+	if raceEnabled {
+		seeds = 3
+	}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		if err := staggeredFullRun(seed, testingKnobs{}); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		err := staggeredFullRun(seed, testingKnobs{spaceAlwaysPlenty: true})
+		if err == nil || !strings.Contains(err.Error(), "staggered full:") {
+			t.Fatalf("seed %d: the spaceAlwaysPlenty knob: %v, want \"staggered full:\"", seed, err)
+		}
+		if seed == 1 {
+			t.Logf("seed 1 caught spaceAlwaysPlenty: %v", firstLine(err))
+		}
 	}
 }

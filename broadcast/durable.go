@@ -91,10 +91,15 @@ type durable struct {
 	fullSince time.Duration
 	fullErr   error // the writer's error when the episode began
 	// idleSeq is the writer's NextSeq as walCommit last saw it, and
-	// idleSince when it last changed: a writer that took no record for
-	// fullProbeEvery election timeouts gets a probe (walCommit).
-	idleSeq   uint64
-	idleSince time.Duration
+	// idleSince when it last changed (or when an idle round found space
+	// to spare): a writer that took no record for fullProbeEvery
+	// election timeouts is checked for a full disk (idleProbe).
+	// spaceAsked: the round asked the writer for free space, whose
+	// answer count was then spaceN.
+	idleSeq    uint64
+	idleSince  time.Duration
+	spaceAsked bool
+	spaceN     uint64
 }
 
 // netSnapSave is a network snapshot being saved as a disk snapshot.
@@ -221,11 +226,20 @@ func (r *Replica) diskLate() bool {
 //
 // A member also finds out that its disk is full without a write of its
 // own: a writer that took no record for fullProbeEvery election timeouts
-// gets a Commit record restating the commit point (walCommit), written
-// and synced like any other; it fails while the log cannot write. So an
-// idle follower shows disk_full (and /readyz 503) within that time, stops
-// standing for election, and its leader counts it out (wAckFull) before
-// a write needs it.
+// asks its device for the free space of the log's file system (statfs on
+// the device's goroutine, no disk IO: idleProbe), and when the answer is
+// low (wal.Config.LowSpaceBytes) or the query fails it gets a Commit
+// record restating the commit point (walCommit), written and synced like
+// any other; it fails while the log cannot write. So an idle follower
+// shows disk_full (and /readyz 503) within that time, stops standing for
+// election, and its leader counts it out (wAckFull) before a write needs
+// it. A probe costs an fsync; the query costs none, so an idle member
+// with space to spare syncs nothing (an idle cluster that probed every
+// round did an fsync per replica every 8 election timeouts, for ever). The
+// query has the same period as the probe had, so the bounds above
+// (fullStepDownAfter) are unchanged: a disk that fills while idle is
+// found at the next round's query, which answers 0 (or little), and its
+// probe.
 
 // fullProbeEvery is how many election timeouts a writer that took no
 // record waits before walCommit probes the disk; fullStepDownAfter how
@@ -505,17 +519,21 @@ func (r *Replica) saveNetSnap(ns *netSnapSave, meta, state []byte) {
 // batch was synced: replay delivers less and the group commits the rest
 // again.
 //
-// A writer that took no record for fullProbeEvery election timeouts gets
-// one (not lazy: it is written and synced now) although the commit point
-// did not move: a probe that finds a full disk without waiting for a
-// write to need it ("A full disk").
+// A writer that took no record for fullProbeEvery election timeouts is
+// checked for a full disk although the commit point did not move
+// (idleProbe): a probe record (not lazy: written and synced now) when
+// its disk is low on space ("A full disk").
 func (r *Replica) walCommit() {
 	d := r.dur
 	if seq := d.w.NextSeq(); seq != d.idleSeq {
 		d.idleSeq, d.idleSince = seq, r.now
+		d.spaceAsked = false // a record went out: the round starts again
 	}
-	probe := r.now-d.idleSince >= fullProbeEvery*r.cfg.ElectionTimeout && !r.knobs.noFullProbe
-	if d.err != nil || d.full || d.commitLogged == r.committed && !probe || d.commitSeq > d.w.Synced() {
+	if d.err != nil || d.full || d.commitSeq > d.w.Synced() {
+		return
+	}
+	probe := r.now-d.idleSince >= fullProbeEvery*r.cfg.ElectionTimeout && !r.knobs.noFullProbe && r.idleProbe()
+	if d.commitLogged == r.committed && !probe {
 		return
 	}
 	if probe {
@@ -529,6 +547,42 @@ func (r *Replica) walCommit() {
 	if seq := r.walAdd(!probe, wal.RecCommit, 0, [][]byte{b}); seq != 0 {
 		d.commitSeq, d.commitLogged = seq, r.committed
 	}
+}
+
+// idleProbe runs an idle writer's round (walCommit, fullProbeEvery
+// election timeouts without a record) and reports whether it needs a
+// probe record now. A probe costs a write and an fsync, so the round
+// first asks the device how much space the log's file system has left
+// (wal.Writer.CheckSpace: statfs on the device's goroutine, a few
+// microseconds and no disk IO); the answer comes at a later Poll. Only a
+// low answer (below wal.Config.LowSpaceBytes: two segments and twice the
+// writer's queue), or none (the query failed, or the file system cannot
+// say), gets the probe: a write that could find the disk full soon. With
+// space to spare the round ends without one, and the next starts
+// fullProbeEvery election timeouts later: an idle member with space
+// syncs nothing, and a disk that fills is still found within a round
+// (plus the query's and the probe's IO).
+func (r *Replica) idleProbe() bool {
+	d := r.dur
+	if r.knobs.probeAlways {
+		return true
+	}
+	if !d.spaceAsked {
+		d.w.CheckSpace()
+		d.spaceAsked, d.spaceN = true, d.w.Space().N
+		return false
+	}
+	sp := d.w.Space()
+	if sp.N == d.spaceN {
+		return false // not answered yet
+	}
+	d.spaceAsked = false
+	r.ctr.DiskSpaceChecks++
+	if d.w.SpaceLow(sp) && !r.knobs.spaceAlwaysPlenty {
+		return true
+	}
+	d.idleSince = r.now // plenty: no probe this round
+	return false
 }
 
 // walPoll polls the writer and moves dA to the last synced mark. It

@@ -82,6 +82,15 @@ type testingKnobs struct {
 	// member finds its disk full only when it has something to write
 	// (TestSimDiskFullProbe).
 	noFullProbe bool
+	// spaceAlwaysPlenty: an idle writer's free-space answer counts as
+	// plenty whatever it says (or a failed query): no probe, so a member
+	// whose disk filled while idle never finds out (TestSimDiskFullProbe).
+	spaceAlwaysPlenty bool
+	// probeAlways: an idle writer gets a probe record every
+	// fullProbeEvery election timeouts without asking for free space
+	// first (the cost, not a safety bug: an idle group fsyncs for ever;
+	// TestSimIdleNoProbeSync counts it).
+	probeAlways bool
 	// eagerCommit: a Commit record is appended like an entry, so that in
 	// Sync mode it starts a batch, and an fsync, of its own (not a safety
 	// bug: the cost TestSimSyncFsyncsPerEntry counts).

@@ -1416,6 +1416,7 @@ func (c *Counters) add(o Counters) {
 	c.DiskFullRefused += o.DiskFullRefused
 	c.DiskFullStepDowns += o.DiskFullStepDowns
 	c.DiskProbes += o.DiskProbes
+	c.DiskSpaceChecks += o.DiskSpaceChecks
 	c.ElectBackoffs += o.ElectBackoffs
 	c.StableSaves += o.StableSaves
 	c.StableSaveNanos += o.StableSaveNanos

@@ -148,7 +148,8 @@ type Counters struct {
 	DiskFull              uint64 // times the log found the disk full (episodes: the replica took no new entry until space returned)
 	DiskFullRefused       uint64 // proposals and appends this leader refused with ErrDiskFull
 	DiskFullStepDowns     uint64 // times this leader handed its group over because its disk stayed full
-	DiskProbes            uint64 // records its log took only to find out whether the disk can write (it took no other for a while)
+	DiskProbes            uint64 // records its log took only to find out whether the disk can write (it took no other for a while, and its disk is low on space)
+	DiskSpaceChecks       uint64 // free-space queries (statfs) of its idle log; only a low answer is followed by a probe
 	// StableSaves: saves of the stable state (E_new before a vote or an
 	// accept of a new epoch) completed off the polling goroutine (an
 	// AsyncStable); StableSaveNanos their total time, from the Poll that

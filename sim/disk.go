@@ -33,6 +33,10 @@ const (
 	DefaultSyncMax = 500 * time.Microsecond
 )
 
+// DefaultCapacity is a disk's size until SetCapacity: 1 TiB, which no run
+// fills.
+const DefaultCapacity = 1 << 40
+
 type diskFiles struct {
 	mem              *vfs.Mem
 	rng              *rand.Rand // the crash model's and the latencies' draws
@@ -42,12 +46,13 @@ type diskFiles struct {
 	fullPrefix       string        // SetFull: writes under it find no space
 	full             bool
 	fullOps          uint64 // IOs that failed with ENOSPC
+	capacity         int64  // SetCapacity
 }
 
 func (d *Disk) fs() *vfs.Mem {
 	if d.files == nil {
 		d.files = &diskFiles{mem: vfs.NewMem(), rng: rand.New(rand.NewPCG(d.s.opts.Seed^0xd15cd15c, uint64(d.id))),
-			syncMin: DefaultSyncMin, syncMax: DefaultSyncMax}
+			syncMin: DefaultSyncMin, syncMax: DefaultSyncMax, capacity: DefaultCapacity}
 	}
 	return d.files.mem
 }
@@ -79,6 +84,31 @@ func (d *Disk) SetFull(prefix string, full bool) {
 	d.files.fullPrefix, d.files.full = prefix, full
 }
 
+// SetCapacity sets the disk's size (DefaultCapacity until then): a device
+// write or preallocation that would take the files' bytes past it
+// completes with ENOSPC and changes nothing, and a free-space query
+// (wal.IOStatFS) answers the capacity minus the bytes the files hold
+// (vfs.Mem.Used). It draws nothing from the disk's random source.
+func (d *Disk) SetCapacity(bytes int64) {
+	d.fs()
+	d.files.capacity = bytes
+}
+
+// Used is the bytes the disk's files hold now.
+func (d *Disk) Used() int64 { return d.fs().Used() }
+
+// Free is what a free-space query of dir answers now: 0 while SetFull
+// covers files in dir, else the capacity minus the bytes the files hold.
+func (d *Disk) Free(dir string) int64 {
+	d.fs()
+	f := d.files
+	in := strings.TrimSuffix(dir, "/") + "/"
+	if f.full && (strings.HasPrefix(in, f.fullPrefix) || strings.HasPrefix(f.fullPrefix, in)) {
+		return 0
+	}
+	return max(f.capacity-f.mem.Used(), 0)
+}
+
 // FullOps is how many device IOs found the disk full (SetFull).
 func (d *Disk) FullOps() uint64 {
 	if d.files == nil {
@@ -87,13 +117,28 @@ func (d *Disk) FullOps() uint64 {
 	return d.files.fullOps
 }
 
-// noSpace reports whether op finds the disk full now.
+// noSpace reports whether op finds the disk full now (SetFull, or past
+// the capacity).
 func (f *diskFiles) noSpace(op wal.IO) bool {
 	switch op.Kind {
 	case wal.IOWrite, wal.IOAllocate, wal.IOCreate:
-		return f.full && strings.HasPrefix(op.Path, f.fullPrefix)
+		if f.full && strings.HasPrefix(op.Path, f.fullPrefix) {
+			return true
+		}
 	}
-	return false
+	end := op.Off + op.Len
+	switch op.Kind {
+	case wal.IOWrite:
+		end = op.Off + int64(len(op.Data))
+	case wal.IOAllocate:
+	default:
+		return false
+	}
+	var size int64
+	if st, err := f.mem.Stat(op.Path); err == nil {
+		size = st.Size()
+	}
+	return end > size && f.mem.Used()+end-size > f.capacity
 }
 
 // crash applies the crash model to the files (Sim.Crash calls it).
@@ -170,14 +215,17 @@ func (dev *DiskDevice) Submit(op wal.IO) bool {
 		if !e.alive() {
 			return
 		}
-		var err error
-		if f := dev.disk.files; f.noSpace(op) {
+		var done wal.Done
+		switch f := dev.disk.files; {
+		case op.Kind == wal.IOStatFS:
+			done = wal.Done{Tag: op.Tag, Free: dev.disk.Free(op.Path)}
+		case f.noSpace(op):
 			f.fullOps++
-			err = syscall.ENOSPC
-		} else {
-			err = dev.x.Do(op)
+			done = wal.Done{Tag: op.Tag, Err: syscall.ENOSPC}
+		default:
+			done = wal.Done{Tag: op.Tag, Err: dev.x.Do(op)}
 		}
-		dev.done = append(dev.done, wal.Done{Tag: op.Tag, Err: err})
+		dev.done = append(dev.done, done)
 		if !op.Quiet { // as the FileDevice: the next IO's completion wakes it
 			s.wake(e.n)
 		}

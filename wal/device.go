@@ -22,9 +22,10 @@ const (
 	IORemove                     // remove Path
 	IOSyncDir                    // fsync the directory Path
 	IOTruncate                   // truncate Path to Off bytes
+	IOStatFS                     // how much space is left for the directory Path's files (Done.Free): statfs, no disk IO
 )
 
-var ioNames = [...]string{"?", "write", "sync", "create", "allocate", "rename", "remove", "syncdir", "truncate"}
+var ioNames = [...]string{"?", "write", "sync", "create", "allocate", "rename", "remove", "syncdir", "truncate", "statfs"}
 
 func (k IOKind) String() string {
 	if int(k) < len(ioNames) {
@@ -53,6 +54,9 @@ type IO struct {
 type Done struct {
 	Tag uint64
 	Err error
+	// Free is an IOStatFS's answer: the bytes an unprivileged writer can
+	// still allocate there (vfs.FreeSpace).
+	Free int64
 }
 
 // Device runs IOs in the order they were submitted and reports their
@@ -141,8 +145,20 @@ func (x *Executor) Do(op IO) error {
 		return x.FS.Remove(op.Path)
 	case IOSyncDir:
 		return x.FS.SyncDir(op.Path)
+	case IOStatFS:
+		_, err := vfs.FreeSpace(x.FS, op.Path)
+		return err
 	}
 	return fmt.Errorf("wal: unknown IO kind %d", op.Kind)
+}
+
+// Run runs op and returns its completion (an IOStatFS's with its Free).
+func (x *Executor) Run(op IO) Done {
+	if op.Kind == IOStatFS {
+		free, err := vfs.FreeSpace(x.FS, op.Path)
+		return Done{Tag: op.Tag, Err: err, Free: free}
+	}
+	return Done{Tag: op.Tag, Err: x.Do(op)}
 }
 
 // Close closes every file the Executor opened.
@@ -187,9 +203,9 @@ func (d *FileDevice) run() {
 	for {
 		select {
 		case op := <-d.ops:
-			err := d.x.Do(op)
+			done := d.x.Run(op)
 			d.mu.Lock()
-			d.done = append(d.done, Done{Tag: op.Tag, Err: err})
+			d.done = append(d.done, done)
 			d.mu.Unlock()
 			if d.kick != nil && !op.Quiet {
 				d.kick()

@@ -35,9 +35,8 @@ func (d *testDevice) step() bool {
 	}
 	op := d.queue[0]
 	d.queue = d.queue[1:]
-	err := d.x.Do(op)
 	d.ran = append(d.ran, op)
-	d.done = append(d.done, Done{Tag: op.Tag, Err: err})
+	d.done = append(d.done, d.x.Run(op))
 	return true
 }
 

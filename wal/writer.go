@@ -48,6 +48,11 @@ type Config struct {
 	MaxUnsyncedBytes int64         // a batch starts once this much is queued; Append refuses beyond 2x (default 4 MiB)
 	Member           uint64        // written in every segment header, checked by Recover
 	DiskFullRetry    time.Duration // after ErrDiskFull, the batch is tried again this long after (default 100ms)
+	// LowSpaceBytes: a free-space answer (CheckSpace) below this is low
+	// (SpaceLow): the next writes may find the disk full. Default: two
+	// segments' preallocation plus twice MaxUnsyncedBytes (the most the
+	// Writer queues), 136 MiB with the other defaults.
+	LowSpaceBytes int64
 }
 
 func (c *Config) defaults() {
@@ -64,6 +69,9 @@ func (c *Config) defaults() {
 	if c.DiskFullRetry <= 0 {
 		c.DiskFullRetry = 100 * time.Millisecond
 	}
+	if c.LowSpaceBytes <= 0 {
+		c.LowSpaceBytes = 2*c.SegmentBytes + 2*c.MaxUnsyncedBytes
+	}
 }
 
 // Stats are the Writer's counters.
@@ -79,6 +87,7 @@ type Stats struct {
 	DiskFull      uint64    // batches that found no space
 	ShortWrites   uint64    // batches rewritten after a short write
 	RemoveErrors  uint64    // segments DropBefore could not remove
+	SpaceChecks   uint64    // free-space queries answered (CheckSpace)
 }
 
 // Never is NextDeadline's "no deadline".
@@ -102,6 +111,7 @@ const (
 	pRealloc
 	pDropRemove
 	pDropDirSync
+	pSpace // a free-space query (CheckSpace)
 )
 
 type batch struct {
@@ -157,6 +167,10 @@ type Writer struct {
 	dropTo   uint64
 	drops    []SegInfo
 	doneBuf  []Done
+	doneFree int64 // the Free of the completion being handled
+
+	spaceWant bool  // CheckSpace: a query is to be issued
+	space     Space // the last answer
 
 	stats Stats
 }
@@ -324,6 +338,32 @@ func (w *Writer) Idle() bool {
 // all have seqs below seq (never the segment being written).
 func (w *Writer) DropBefore(seq uint64) { w.dropTo = max(w.dropTo, seq) }
 
+// Space is a free-space answer (CheckSpace).
+type Space struct {
+	N    uint64        // answers so far, this one included (0: none yet)
+	At   time.Duration // the Poll clock when it arrived
+	Free int64         // bytes an unprivileged writer can still allocate in Config.Dir's file system
+	Err  error         // the query failed, or the file system cannot answer (vfs.ErrNoSpaceQuery)
+}
+
+// CheckSpace asks the device how much space the log's directory has left
+// (IOStatFS: statfs on the device's goroutine, never on the poller; no
+// disk IO). It goes out at a Poll with no batch due or in flight, and a
+// later Poll has the answer (Space: N grows). Asking again before the
+// answer arrived asks once.
+func (w *Writer) CheckSpace() { w.spaceWant = true }
+
+// Space is the last answer to CheckSpace.
+func (w *Writer) Space() Space { return w.space }
+
+// SpaceLow reports whether the answer s leaves the next writes at risk of
+// finding the disk full: below Config.LowSpaceBytes, or no answer (the
+// query failed, or the file system cannot say).
+func (w *Writer) SpaceLow(s Space) bool { return s.Err != nil || s.Free < w.cfg.LowSpaceBytes }
+
+// LowSpaceBytes is the Config's (after defaults).
+func (w *Writer) LowSpaceBytes() int64 { return w.cfg.LowSpaceBytes }
+
 // Stats returns the counters.
 // BytesWritten is Stats().BytesWritten without copying Stats (its
 // latency histogram is kilobytes): the replica reads it on every Poll.
@@ -348,6 +388,8 @@ func (w *Writer) NextDeadline() time.Duration {
 		return Never
 	case w.cur != nil:
 		return w.retryAt
+	case w.spaceWant:
+		return w.now
 	case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 		return w.now
 	case len(w.open) > 0:
@@ -385,6 +427,7 @@ func (w *Writer) Poll(now time.Duration) bool {
 			continue // a completion of an earlier Writer on the same device
 		}
 		progress = true
+		w.doneFree = d.Free
 		w.complete(d.Err)
 	}
 	if w.failErr != nil {
@@ -407,6 +450,10 @@ func (w *Writer) Poll(now time.Duration) bool {
 			int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 			w.seal()
 			w.startBatch()
+			progress = true
+		case w.spaceWant:
+			w.spaceWant = false
+			w.issue(pSpace)
 			progress = true
 		}
 	}
@@ -523,6 +570,8 @@ func (w *Writer) issue(p phase) {
 		op.Kind, op.Path, op.Off, op.Len = IOAllocate, b.seg.Path, b.off, b.seg.Size-b.off
 	case pDropRemove:
 		op.Kind, op.Path = IORemove, w.drops[0].Path
+	case pSpace:
+		op.Kind, op.Path = IOStatFS, w.cfg.Dir
 	}
 	w.op = op
 	w.submit(op)
@@ -693,6 +742,12 @@ func (w *Writer) complete(err error) {
 			w.fail("fsync of directory", err)
 			return
 		}
+		w.phase = pIdle
+	case pSpace:
+		// A failed query is an answer too (SpaceLow), never a log
+		// failure: nothing was written.
+		w.space = Space{N: w.space.N + 1, At: w.now, Free: w.doneFree, Err: err}
+		w.stats.SpaceChecks++
 		w.phase = pIdle
 	}
 }

@@ -29,7 +29,8 @@ const (
 	// a file system that fails as faultsEnv says.
 	helperReplica = "replica"
 	// faultsEnv is the errorfs spec: "KIND:ERRNO:ARMFILE": operations of
-	// KIND (sync, or write: writes and preallocations) on the replica's
+	// KIND (sync, or write: writes, preallocations and free-space
+	// queries, which answer 0 free for ENOSPC) on the replica's
 	// write-ahead log fail with ERRNO (EIO, ENOSPC) once ARMFILE exists:
 	// EIO for good, ENOSPC while it exists (space returns when the test
 	// removes it).
@@ -58,7 +59,9 @@ func parseFaults(spec string) (*armedFaults, error) {
 	case "sync":
 		a.kinds = []errorfs.OpKind{errorfs.OpSync}
 	case "write":
-		a.kinds = []errorfs.OpKind{errorfs.OpWrite, errorfs.OpAllocate}
+		// A full disk also says so to a free-space query (statfs: 0
+		// free), as a real one does.
+		a.kinds = []errorfs.OpKind{errorfs.OpWrite, errorfs.OpAllocate, errorfs.OpStatFS}
 	default:
 		return nil, fmt.Errorf("errorfs spec %q: kind %q", spec, f[0])
 	}
@@ -302,8 +305,9 @@ func readBack(ctx context.Context, c *tcluster, cl *client.Client, acked map[str
 //     its disk is still full.
 //   - all: every replica's disk is full, armed while nothing is
 //     written: each replica finds out through its log's probe (a record
-//     written when the log took none for 8 election timeouts; or a
-//     write of an election, on a loaded machine). Every
+//     written when the log took none for 8 election timeouts and the
+//     free-space query, armed too, answers 0; or a write of an
+//     election, on a loaded machine). Every
 //     put fails with client.ErrDiskFull, promptly, and the group keeps
 //     its leader: the leader, then a follower, is stopped (SIGSTOP) for
 //     5 election timeouts, and no replica starts an election, the leader

@@ -11,6 +11,7 @@
 package vfs
 
 import (
+	"errors"
 	"io"
 	"os"
 )
@@ -77,4 +78,26 @@ func WriteFile(fs FS, name string, b []byte) error {
 		return err
 	}
 	return f.Close()
+}
+
+// SpaceFS is an FS that can say how much space is left for a directory's
+// files (statfs). The write-ahead log asks it, on its device's goroutine,
+// before it writes a probe record to find a full disk (wal.IOStatFS).
+type SpaceFS interface {
+	// FreeSpace is the bytes an unprivileged writer can still allocate
+	// on the file system of dir (statfs: f_bavail x f_bsize).
+	FreeSpace(dir string) (int64, error)
+}
+
+// ErrNoSpaceQuery: the FS cannot say how much space is left (it is not a
+// SpaceFS).
+var ErrNoSpaceQuery = errors.New("vfs: the file system does not report free space")
+
+// FreeSpace asks fs (a SpaceFS) how much space is left for dir's files;
+// ErrNoSpaceQuery if it cannot say.
+func FreeSpace(fs FS, dir string) (int64, error) {
+	if s, ok := fs.(SpaceFS); ok {
+		return s.FreeSpace(dir)
+	}
+	return 0, ErrNoSpaceQuery
 }

@@ -186,6 +186,18 @@ func (m *Mem) Stat(name string) (os.FileInfo, error) {
 // with probability 1/2. Open Files must not be used afterwards.
 func (m *Mem) Crash(rng *rand.Rand) { m.crash(rng) }
 
+// Used is the bytes the files hold now (their current sizes, summed): a
+// disk model's used space (the simulator's capacity).
+func (m *Mem) Used() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n int64
+	for _, ino := range m.cur {
+		n += int64(len(ino.data))
+	}
+	return n
+}
+
 // DropUnsynced is the crash that keeps nothing unsynced: every file is
 // what its last Sync made durable, every directory what its last SyncDir.
 func (m *Mem) DropUnsynced() { m.crash(nil) }

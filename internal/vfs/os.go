@@ -27,6 +27,23 @@ func (osFS) ReadDir(dir string) ([]os.DirEntry, error)   { return os.ReadDir(dir
 func (osFS) MkdirAll(dir string, perm os.FileMode) error { return os.MkdirAll(dir, perm) }
 func (osFS) Stat(name string) (os.FileInfo, error)       { return os.Stat(name) }
 
+// FreeSpace is statfs(2) of dir: the blocks available to an unprivileged
+// user (f_bavail; the blocks reserved for root do not count) times the
+// block size. It reads the file system's counters: no disk IO.
+func (osFS) FreeSpace(dir string) (int64, error) {
+	var st unix.Statfs_t
+	for {
+		err := unix.Statfs(dir, &st)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, &os.PathError{Op: "statfs", Path: dir, Err: err}
+		}
+		return int64(st.Bavail) * int64(st.Bsize), nil
+	}
+}
+
 // SyncDir fsyncs the directory, making its entries durable.
 func (osFS) SyncDir(dir string) error {
 	d, err := os.Open(dir)

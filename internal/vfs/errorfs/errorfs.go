@@ -30,9 +30,10 @@ const (
 	OpTruncate
 	OpRemove
 	OpRead
+	OpStatFS // a free-space query (vfs.FreeSpace) of Path, a directory
 )
 
-var kindNames = [...]string{"?", "open", "write", "sync", "syncdir", "rename", "allocate", "truncate", "remove", "read"}
+var kindNames = [...]string{"?", "open", "write", "sync", "syncdir", "rename", "allocate", "truncate", "remove", "read", "statfs"}
 
 func (k OpKind) String() string {
 	if int(k) < len(kindNames) {
@@ -149,6 +150,13 @@ func (s *Space) Free(n int64) {
 	s.mu.Unlock()
 }
 
+// Left is the bytes left (errFS.FreeSpace reports no more).
+func (s *Space) Left() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.left, 0)
+}
+
 // Fails is how many operations failed for lack of space.
 func (s *Space) Fails() int {
 	s.mu.Lock()
@@ -213,6 +221,27 @@ func (e *errFS) SyncDir(dir string) error {
 }
 
 func (e *errFS) Stat(name string) (os.FileInfo, error) { return e.fs.Stat(name) }
+
+// FreeSpace shows an OpStatFS to the injector first: ENOSPC from it means
+// a full disk, which reports 0 bytes free; another error fails the query.
+// Otherwise it is the wrapped FS's answer, and no more than a Space
+// injector has left.
+func (e *errFS) FreeSpace(dir string) (int64, error) {
+	if err := e.inj.MaybeError(Op{Kind: OpStatFS, Path: dir}); err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("errorfs: statfs %s: %w", dir, err)
+	}
+	free, err := vfs.FreeSpace(e.fs, dir)
+	if l, ok := e.inj.(interface{ Left() int64 }); ok {
+		if errors.Is(err, vfs.ErrNoSpaceQuery) {
+			free, err = l.Left(), nil
+		}
+		free = min(free, l.Left())
+	}
+	return free, err
+}
 
 type errFile struct {
 	f    vfs.File
