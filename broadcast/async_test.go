@@ -208,6 +208,8 @@ func TestSimAsyncMutants(t *testing.T) {
 	minority.knobs = testingKnobs{minorityRecovery: true}
 	overcount := whole
 	overcount.knobs = testingKnobs{overcountLost: true}
+	emptyVote := whole
+	emptyVote.knobs = testingKnobs{recoveryVoteEmpty: true}
 	cases := []struct {
 		name  string
 		o     simOpts
@@ -227,6 +229,10 @@ func TestSimAsyncMutants(t *testing.T) {
 		// The winner counts the uncommitted entries its diff commits as
 		// lost: more than the run lost.
 		{"overcount-lost", overcount, 300, "async loss bound:"},
+		// A recovery voter claims an empty log: a winner whose disk
+		// lacks what the disks of a majority hold (the protected prefix
+		// at the whole-group crash: majorityHolds).
+		{"recovery-vote-empty", emptyVote, 300, "async loss bound:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
