@@ -217,8 +217,9 @@ func TestSimAsyncMutants(t *testing.T) {
 		want  string
 	}{
 		// No back-pressure: with slow disks the unsynced tail outgrows
-		// the bound, and a whole-group crash loses entries delivered long
-		// before it.
+		// the bound: a member restarts from a disk that lacks entries it
+		// delivered more than the bound before its crash (and a
+		// whole-group crash may lose them).
 		{"async-no-backpressure", noBP, 300, "async loss bound:"},
 		// A member restarted from its disk votes having heard a minority
 		// of such members: with the member that acknowledged entries
