@@ -255,17 +255,21 @@ func (r *Replica) elect() bool {
 	}
 	timedOut := r.now >= r.electAt
 	progress := false
+	acpt := r.accepted
+	if r.knobs.recoveryVoteEmpty && r.recoveryVoter() {
+		acpt = MsgHdr{}
+	}
 	switch {
-	case (timedOut || mx.Acpt.Less(r.accepted) && !r.knobs.voteRule) && !r.forcing() && !r.seesForced() && !r.diskFull() && r.preVote():
+	case (timedOut || mx.Acpt.Less(acpt) && !r.knobs.voteRule) && !r.forcing() && !r.seesForced() && !r.diskFull() && r.preVote():
 		// Fig. 7 l.100-105: vote for self with a bigger epoch, once a
 		// majority hears no leader (pre-vote).
 		e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
-		if !r.setVote(Vote{ENew: e, Acpt: r.accepted}) {
+		if !r.setVote(Vote{ENew: e, Acpt: acpt}) {
 			return false
 		}
 		r.tracef("node %d votes for itself %v", r.self, r.vote)
 		progress = true
-	case r.myVote().Less(mx) && (!mx.Acpt.Less(r.accepted) || r.knobs.voteRule) && mx.ENew > r.eCur && mx.ENew >= r.promised():
+	case r.myVote().Less(mx) && (!mx.Acpt.Less(acpt) || r.knobs.voteRule) && mx.ENew > r.eCur && mx.ENew >= r.promised():
 		// Fig. 7 l.106-111: join the max vote.
 		if !r.setVote(mx) {
 			return false

@@ -111,6 +111,12 @@ type testingKnobs struct {
 	// holds above its commit point as lost (async loss bound: the count
 	// must be a lower bound).
 	overcountLost bool
+	// recoveryVoteEmpty: in a recovery election a member restarted from
+	// its disk votes as if its log were empty (Acpt 0 instead of its
+	// replayed Accepted, Fig. 7 l.103 and l.107's comparison): a winner
+	// whose disk lacks entries the disks of a majority hold (async loss
+	// bound: the protected prefix).
+	recoveryVoteEmpty bool
 
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -67,7 +68,8 @@ type checker struct {
 
 	// Async whole-group crashes ("async loss bound:"): at the crash, ref
 	// is saved in oldRef and the entries after lossyFrom (the last index
-	// first delivered more than asyncBound before the crash) may be lost:
+	// that the disks of a majority must hold: simRun.diskHolds) may be
+	// lost:
 	// the first delivery that differs there replaces ref from it
 	// (replaced); a member that replays a lost entry of oldRef there is
 	// tolerated (it must then install the new leader's snapshot, else
@@ -77,6 +79,7 @@ type checker struct {
 	async      bool
 	asyncBound time.Duration
 	oldRef     []string
+	oldFirstAt []time.Duration // firstAt at the whole-group crash
 	lossyFrom  uint64
 	crashAt    time.Duration
 	replaced   bool
@@ -84,14 +87,15 @@ type checker struct {
 	now        func() time.Duration
 }
 
-// wholeGroupCrash notes an async whole-group crash (the outage began at
-// now): what was delivered more than asyncBound before must survive
-// (clean: all).
-func (c *checker) wholeGroupCrash(now time.Duration, clean bool) {
+// wholeGroupCrash notes an async whole-group crash at now: the first
+// protected entries (those the disks of a majority must hold) must
+// survive (clean: all).
+func (c *checker) wholeGroupCrash(now time.Duration, protected uint64, clean bool) {
 	if !c.async {
 		return
 	}
 	c.oldRef = append([]string(nil), c.ref...)
+	c.oldFirstAt = append([]time.Duration(nil), c.firstAt...)
 	c.crashAt = now
 	// Leading's promise (every entry of an earlier epoch ever delivered
 	// was delivered at the leader by then) does not survive an async
@@ -99,11 +103,9 @@ func (c *checker) wholeGroupCrash(now time.Duration, clean bool) {
 	// a recovery revive entries it dropped.
 	clear(c.leadAt)
 	c.replaced = false
-	c.lossyFrom = 0
-	for i, at := range c.firstAt {
-		if clean || at <= now-c.asyncBound {
-			c.lossyFrom = uint64(i + 1)
-		}
+	c.lossyFrom = min(protected, uint64(len(c.ref)))
+	if clean {
+		c.lossyFrom = uint64(len(c.ref))
 	}
 }
 
@@ -178,7 +180,7 @@ func (c *checker) apply(id rdma.NodeID, index uint64, d string) {
 	case index <= uint64(len(c.ref)):
 		if c.ref[index-1] != d && c.async && c.oldRef != nil {
 			if index <= c.lossyFrom {
-				c.fail("async loss bound: node %d delivered %q at %d, where %q stood, first delivered at %v, more than %v before the whole-group crash at %v", id, d, index, c.ref[index-1], c.firstAt[index-1], c.asyncBound, c.crashAt)
+				c.fail("async loss bound: node %d delivered %q at %d, where %q stood, first delivered at %v: the disks of a majority held the first %d entries at the whole-group crash at %v (each delivered them more than %v before it crashed)", id, d, index, c.ref[index-1], c.firstAt[index-1], c.lossyFrom, c.crashAt, c.asyncBound)
 				return
 			}
 			if !c.replaced {
@@ -227,6 +229,42 @@ type checkFSM struct {
 	id   rdma.NodeID
 	c    *checker
 	seen map[string]bool
+	// marks (Async): how many entries this incarnation had delivered
+	// when, in time order (a rollback to an older snapshot starts them
+	// again, and calls onRollback).
+	marks      []delMark
+	onRollback func()
+}
+
+type delMark struct {
+	at time.Duration
+	n  uint64
+}
+
+// mark notes that the incarnation has delivered n entries now.
+func (f *checkFSM) mark(rolledBack bool) {
+	if !f.c.async || f.c.now == nil {
+		return
+	}
+	if rolledBack {
+		f.marks = f.marks[:0]
+		if f.onRollback != nil {
+			f.onRollback()
+		}
+	}
+	f.marks = append(f.marks, delMark{f.c.now(), uint64(len(f.seq))})
+}
+
+// deliveredBy is how many entries the incarnation had delivered at t.
+func (f *checkFSM) deliveredBy(t time.Duration) uint64 {
+	var n uint64
+	for _, m := range f.marks {
+		if m.at > t {
+			break
+		}
+		n = m.n
+	}
+	return n
 }
 
 func (f *checkFSM) Apply(e Entry) []byte {
@@ -237,6 +275,7 @@ func (f *checkFSM) Apply(e Entry) []byte {
 		f.c.fail("duplication: node %d delivered %q twice (again at %d)", f.id, d, index)
 	}
 	f.seen[d] = true
+	f.mark(false)
 	f.c.apply(f.id, index, d)
 	if !f.c.oldEntry(index, d) {
 		f.c.leadingHdr(f.id, index, e.Hdr)
@@ -250,12 +289,14 @@ func (f *checkFSM) Restore(s []byte) error {
 		return err
 	}
 	// (Async: after a whole-group crash, a member that replayed entries
-	// its group lost rolls back to the new leader's snapshot, diffReset;
-	// what it keeps is checked against ref below.)
-	rolledBack := f.c.async && f.c.oldRef != nil && uint64(len(f.seq)) >= f.c.lossyFrom
-	if len(f.seq) < delivered && f.c.async && f.c.oldRef != nil && !rolledBack {
-		f.c.fail("async loss bound: node %d rolled back to a snapshot of %d entries after delivering %d: entries up to %d were first delivered more than %v before the whole-group crash", f.id, len(f.seq), delivered, f.c.lossyFrom, f.c.asyncBound)
-	}
+	// its group lost rolls back to the new leader's snapshot, diffReset,
+	// which may be older than entries the group kept: the diff delivers
+	// them again. What it keeps is checked against ref below, what it
+	// delivers next by apply; a protected entry delivered differently, or
+	// a group that settles below the protected entries (asyncLostTail),
+	// is "async loss bound:".)
+	rolledBack := f.c.async && f.c.oldRef != nil
+	f.mark(len(f.seq) < delivered)
 	if len(f.seq) < delivered && !rolledBack { // the random seeds rarely meet it: TestSnapshotBehindCommit makes it happen
 		// A replica's delivered prefix never shrinks within an
 		// incarnation: restoring an older snapshot rolls the state back
@@ -496,6 +537,10 @@ type simStats struct {
 	// Async: entries whole-group crashes lost, and the losses recovery
 	// elections reported (a lower bound of lost); recovery elections won
 	recoveries, lost, reported int64
+	// Async: the longest a lost entry had been delivered before the
+	// whole-group crash (beyond asyncBound: an earlier crash had left it
+	// on a minority of disks)
+	oldestLost time.Duration
 	// Async: the oldest unsynced record's largest age seen after a step,
 	// and the ring reads back-pressure put off
 	maxLag   time.Duration
@@ -525,6 +570,12 @@ type simProc struct {
 	// pausedUntil: the node takes no step before then (a stopped
 	// process: its peers still write its memory).
 	pausedUntil time.Duration
+	// Async: when this incarnation booted and crashed (-1: live), and
+	// whether it saw its disk full (it may then acknowledge what its
+	// disk does not hold: diskHolds does not count it)
+	bootAt, crashAt time.Duration
+	sawFull         bool
+	lostDisk        bool // it started without its disk (StartRejoin)
 }
 
 type simRun struct {
@@ -539,12 +590,68 @@ type simRun struct {
 	ctr   struct{ wholeGroup int }
 	// stopping: a clean stop of the whole group is under way (cleanStop)
 	stopping bool
-	// crashedAt: each node's last crash (Async runs)
-	crashedAt map[rdma.NodeID]time.Duration
+	// resetAt (Async): per node, when a snapshot rolled its delivered
+	// prefix back (diffReset after a whole-group crash): what the
+	// incarnations that ended before left on its disk no longer counts
+	// (diskHolds).
+	resetAt map[rdma.NodeID]time.Duration
+}
+
+// diskHolds (Async) is how many entries the disk of node id must hold at
+// now: a member that accepted an entry writes it to its log and, by the
+// back-pressure bound (docs/broadcast.md, "Async"), has it synced
+// asyncBound later unless it crashed first. So each incarnation of the
+// node that delivered k entries more than asyncBound before it crashed,
+// or before now if it is live, left them on the disk (the log and the
+// disk snapshots keep them across restarts; a restart without the disk
+// drops them, a rollback replaces them: resetAt). Incarnations that saw
+// their disk full are not counted. (Counts are indexes of ref: a run has
+// one whole-group crash, after which only the entries the group kept
+// keep their index.)
+func (h *simRun) diskHolds(id rdma.NodeID, now time.Duration) uint64 {
+	var k uint64
+	for _, p := range h.all {
+		if p.env.ID() != id {
+			continue
+		}
+		if at, ok := h.resetAt[id]; ok && p.crashAt >= 0 && p.crashAt <= at {
+			continue
+		}
+		if p.lostDisk {
+			k = 0 // what the earlier incarnations left is gone
+		}
+		if p.sawFull {
+			continue
+		}
+		end := now
+		if p.crashAt >= 0 {
+			end = min(end, p.crashAt)
+		}
+		k = max(k, p.fsm.deliveredBy(end-h.c.asyncBound))
+	}
+	return k
+}
+
+// majorityHolds (Async) is the number of first entries that the disks of
+// a majority must hold at now (diskHolds): a recovery election's voters,
+// a majority, include one of them, and its winner holds every committed
+// entry its voters' disks hold. A member that crashed lost its unsynced
+// tail, and until a leader synced it again and that sync is on its disk,
+// its disk lacks that tail whether it is down or restarted (a group that
+// cannot elect, for a partition or rows that come late, cannot sync it):
+// the entries it had acknowledged then may be on a minority of disks.
+func (h *simRun) majorityHolds(now time.Duration) uint64 {
+	var ks []uint64
+	for _, id := range h.s.Nodes() {
+		ks = append(ks, h.diskHolds(id, now))
+	}
+	slices.Sort(ks)
+	return ks[len(ks)-(len(ks)/2+1)]
 }
 
 func (p *simProc) Start(env *sim.Env) error {
 	p.env = env
+	p.bootAt, p.crashAt = env.Now(), -1
 	cfg := p.h.cfg
 	cfg.Self = env.ID()
 	cfg.Seed = env.Rand().Uint64() | 1
@@ -555,10 +662,12 @@ func (p *simProc) Start(env *sim.Env) error {
 		cfg.Start = StartExisting
 		if !p.hasStable(env) {
 			cfg.Start = StartRejoin
+			p.lostDisk = true
 			cfg.RejoinIncarnation = uint64(env.Incarnation())<<40 | env.Rand().Uint64()>>24
 		}
 	}
 	p.fsm = &checkFSM{id: env.ID(), c: p.h.c, seen: map[string]bool{}}
+	p.fsm.onRollback = func() { p.h.resetAt[env.ID()] = env.Now() }
 	if p.h.o.durability != Memory {
 		rec, err := wal.Recover(env.Disk(), "wal", uint64(env.ID()))
 		if err != nil {
@@ -641,6 +750,15 @@ func (p *simProc) Start(env *sim.Env) error {
 	}
 	p.r = r
 	r.knobs = p.h.o.knobs
+	if p.h.c.async && !p.lostDisk && !p.h.o.fullDisks() {
+		// Its disk holds what it delivered more than asyncBound before
+		// its crash (the back-pressure bound): its log, replayed, and
+		// the entries above the commit point it recovered.
+		held := r.index + uint64(r.log.Len()-r.log.above(r.committed))
+		if must := p.h.diskHolds(env.ID(), env.Now()); held < must {
+			p.h.c.fail("async loss bound: node %d restarted (incarnation %d) from a disk that holds %d entries: it had delivered %d more than %v before it crashed", env.ID(), env.Incarnation(), held, must, p.h.c.asyncBound)
+		}
+	}
 	r.runPersist = func(fn func()) { fn() } // deterministic: the snapshot is ready at the next step
 	p.fsm.ballast = p.h.o.ballast
 	p.next = env.Now() + time.Duration(env.Rand().Int64N(int64(time.Millisecond)))
@@ -687,6 +805,9 @@ func (p *simProc) Step(now time.Duration) bool {
 		p.next = now + time.Duration(p.env.Rand().Int64N(int64(every)))
 	}
 	progress := p.r.Poll(now)
+	if p.r.dur != nil && p.r.dur.full {
+		p.sawFull = true
+	}
 	if err := p.r.Status().DiskErr; err != nil {
 		want := wal.ErrFailStop
 		if p.h.o.fullSnap > 0 {
@@ -1009,18 +1130,18 @@ func (h *simRun) wholeGroupAt() {
 		return
 	}
 	h.stopping = false
-	// The outage began at the first crash of the members down now: a
-	// member that crashed earlier (a random crash) lost its unsynced
-	// tail then, and it may be in the majority that recovers.
-	start := h.s.Now()
-	for _, id := range h.s.Nodes() {
-		if at, ok := h.crashedAt[id]; ok && !h.s.Live(id) {
-			start = min(start, at)
-		}
+	// What a majority's disks hold must survive: entries each of them
+	// delivered more than asyncBound before it crashed (majorityHolds).
+	// Not a time before the crash: a member that crashed earlier lost
+	// its unsynced tail then, and holds it again only once a leader
+	// synced it and the bound passed; a group that could not elect since
+	// (a partition, lateCommitRow) left the entries it had acknowledged
+	// on a minority of disks however long ago they were delivered.
+	now := h.s.Now()
+	if h.c.async {
+		h.c.wholeGroupCrash(now, h.majorityHolds(now), h.o.cleanStop)
 	}
-	h.c.wholeGroupCrash(start, h.o.cleanStop)
 	{
-		now := h.s.Now()
 		ids := h.s.Nodes()
 		for _, id := range ids {
 			if !h.s.Live(id) {
@@ -1141,7 +1262,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		defer func() { *o.hash = s.TraceHash() }()
 	}
 	h := &simRun{o: o, s: s, c: &checker{proposed: map[string]*simProposal{}, leadAt: map[Epoch]uint64{}}, procs: map[rdma.NodeID]*simProc{},
-		rng: rand.New(rand.NewPCG(sd.Seed, 0xc7a5)), down: map[rdma.NodeID]bool{}}
+		rng: rand.New(rand.NewPCG(sd.Seed, 0xc7a5)), down: map[rdma.NodeID]bool{}, resetAt: map[rdma.NodeID]time.Duration{}}
 	var ids []rdma.NodeID
 	for i := 1; i <= o.n; i++ {
 		ids = append(ids, rdma.NodeID(i))
@@ -1184,10 +1305,10 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		})
 	}
 	if o.durability == Async {
-		h.crashedAt = map[rdma.NodeID]time.Duration{}
 		s.Observe(func(e sim.Event) {
-			if e.Kind == sim.EvCrash {
-				h.crashedAt[e.Node] = e.Time
+			// (procs still holds the incarnation that crashed.)
+			if p := h.procs[e.Node]; e.Kind == sim.EvCrash && p != nil {
+				p.crashAt = e.Time
 			}
 		})
 	}
@@ -1313,6 +1434,11 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 		}
 		if o.stats != nil {
 			o.stats.lost += int64(len(lost))
+			for i, d := range h.c.oldRef {
+				if lost[d] && i < len(h.c.oldFirstAt) {
+					o.stats.oldestLost = max(o.stats.oldestLost, h.c.crashAt-h.c.oldFirstAt[i])
+				}
+			}
 			o.stats.reported += int64(reported)
 		}
 		if reported > uint64(len(lost)) {
@@ -1363,7 +1489,8 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 // asyncLostTail (Async): once every member is live, follows one leader
 // that has nothing uncommitted, and all delivered the same k entries
 // after a whole-group crash, the entries of ref above k (but above
-// lossyFrom) were lost and nothing replaced them: ref ends at k.
+// lossyFrom) were lost and nothing replaced them: ref ends at k. Below
+// lossyFrom, the group lost protected entries: "async loss bound:".
 func (h *simRun) asyncLostTail(ids []rdma.NodeID) {
 	c := h.c
 	if !c.async || c.oldRef == nil || c.replaced {
@@ -1380,7 +1507,11 @@ func (h *simRun) asyncLostTail(ids []rdma.NodeID) {
 		}
 		k = p.r.index
 	}
-	if k < uint64(len(c.ref)) && k >= c.lossyFrom {
+	if k < c.lossyFrom {
+		c.fail("async loss bound: the group settled at %d entries after the whole-group crash at %v: the disks of a majority held the first %d (each delivered them more than %v before it crashed)", k, c.crashAt, c.lossyFrom, c.asyncBound)
+		return
+	}
+	if k < uint64(len(c.ref)) {
 		c.replaced = true
 		c.ref, c.firstAt = c.ref[:k], c.firstAt[:k]
 	}
