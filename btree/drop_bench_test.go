@@ -64,14 +64,23 @@ func dropBenchSection(b *testing.B, n int) []byte {
 func BenchmarkDrop(b *testing.B) {
 	for _, n := range []int{64 << 10, 1 << 20} {
 		section := dropBenchSection(b, n)
-		for _, step := range []int{DefaultGarbageStep, -1} {
-			b.Run(fmt.Sprintf("keys=%d/step=%d", n, step), func(b *testing.B) {
+		for _, v := range []struct {
+			step     int
+			keyByKey bool
+		}{{DefaultGarbageStep, false}, {-1, false}, {-1, true}} {
+			step := v.step
+			name := fmt.Sprintf("keys=%d/step=%d", n, step)
+			if v.keyByKey {
+				name += "/keybykey"
+			}
+			b.Run(name, func(b *testing.B) {
 				var maxApply time.Duration
 				applies, drops := 0, 0
 				var after time.Duration
 				for b.Loop() {
 					b.StopTimer()
 					s, big := dropBenchStore(b, section, n, step)
+					s.knobs.keyByKey = v.keyByKey
 					idx := uint64(12)
 					b.StartTimer()
 					t0 := time.Now()
@@ -105,5 +114,56 @@ func BenchmarkDrop(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkIngest measures one CtlIngest apply at a move's target as the
+// mover sends them: as many 16-byte keys with 100-byte values as fit a
+// slot (multicast.MaxPayload; the default slot is 4 KiB), into a tree of
+// 64 Ki keys. The ingest's work is bounded by the slot, as every
+// request's is: pairs/op is how many one apply puts.
+func BenchmarkIngest(b *testing.B) {
+	for _, slot := range []int{4 << 10, 64 << 10} {
+		b.Run(fmt.Sprint("slot=", slot), func(b *testing.B) {
+			s, err := NewStore(StoreConfig{Tablets: []Tablet{{Low: []byte("a"), High: []byte("k")}}, TabletMax: -1}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			val := make([]byte, 100)
+			var ents []KVV
+			for i := range 64 << 10 {
+				ents = append(ents, KVV{Key: fmt.Appendf(nil, "b%015d", i), Value: val, Version: 1 << 16})
+			}
+			t, err := Load(s.cfg.Tree, s.a, ents, s.cfg.Fill, 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.setTree(t)
+			s.counts = []int{len(ents)}
+			in := Tablet{Low: []byte("x"), High: []byte("y")}
+			var reqs [][]byte
+			pairs := 0
+			for r := 0; r < 64; r++ {
+				var es []KVV
+				for i := 0; ; i++ {
+					e := KVV{Key: fmt.Appendf(nil, "x%06d%08d", r, i), Value: val, Version: 1 << 16}
+					if CtlSize(in, append(es, e)) > slot-64 {
+						break
+					}
+					es = append(es, e)
+				}
+				pairs = len(es)
+				reqs = append(reqs, ctlReq(CtlIngest, 0, 1, in, es...))
+			}
+			idx := uint64(100)
+			for i := 0; b.Loop(); i++ {
+				idx++
+				if res := s.Apply(idx, reqs[i%len(reqs)]); res[0] != StatusOK {
+					b.Fatalf("ingest: %d", res[0])
+				}
+				s.Publish(idx)
+			}
+			b.ReportMetric(float64(pairs), "pairs/op")
+		})
 	}
 }

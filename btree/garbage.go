@@ -92,9 +92,7 @@ func (s *Store) collect(index uint64) {
 		if !done {
 			keys = keys[:want]
 		}
-		for _, k := range keys {
-			s.t.Delete(k, index)
-		}
+		s.deleteKeys(keys, index)
 		s.garbageKeys -= len(keys)
 		s.work.GarbageDeleted += uint64(len(keys))
 		if s.gcLeft > 0 {
@@ -107,6 +105,19 @@ func (s *Store) collect(index uint64) {
 		// Every key of [Low, last] is deleted: the range goes on after.
 		r.Low = keys[len(keys)-1]
 	}
+}
+
+// deleteKeys deletes keys (sorted, in the tree) at entry index: one
+// node write per leaf (Tree.deleteKeys), or one per key with the
+// planted keyByKey (the comparison of TestGarbageDeleteKeys).
+func (s *Store) deleteKeys(keys [][]byte, index uint64) {
+	if s.knobs.keyByKey {
+		for _, k := range keys {
+			s.t.Delete(k, index)
+		}
+		return
+	}
+	s.t.deleteKeys(keys, index)
 }
 
 // rangeKeys are (copies of) the first max keys of the tree in tb.
@@ -142,9 +153,7 @@ func (s *Store) clearGarbage(tb Tablet, index uint64) {
 			in.High, in.HighInf = tb.High, false
 		}
 		keys := s.rangeKeys(in, int(^uint(0)>>1))
-		for _, k := range keys {
-			s.t.Delete(k, index)
-		}
+		s.deleteKeys(keys, index)
 		s.garbageKeys -= len(keys)
 		s.work.GarbageCleared += uint64(len(keys))
 		if s.knobs.gcKeepsRange {

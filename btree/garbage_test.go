@@ -322,3 +322,63 @@ func TestGarbageMerges(t *testing.T) {
 		t.Fatalf("after 20 applies: garbage %+v %d keys, tree %d keys", gr, left, g.Tree().Len())
 	}
 }
+
+// TestGarbageDeleteKeys: garbage deleted one write per leaf
+// (Tree.deleteKeys) leaves the same entries as deleted one key at a time
+// (the keyByKey reference), after every apply, over random trees whose
+// leaves straddle the dropped tablet's fences, for several node sizes and
+// steps: the trees check (fences, links, counts), and their key counts
+// and section sizes agree.
+func TestGarbageDeleteKeys(t *testing.T) {
+	for _, size := range []int{256, 512, 4096} {
+		for _, step := range []int{5, 64, -1} {
+			t.Run(fmt.Sprintf("node=%d/step=%d", size, step), func(t *testing.T) {
+				mid := Tablet{Low: []byte("k3"), High: []byte("k7")}
+				tbs := []Tablet{{Low: []byte("a"), High: []byte("k3")}, mid, {Low: []byte("k7"), HighInf: true}}
+				cfg := StoreConfig{Tree: Config{NodeSize: size, MaxKey: 16}, FreeAfter: 4, Tablets: tbs, TabletMax: -1, GarbageStep: step}
+				a, _ := NewStore(cfg, nil)
+				b, _ := NewStore(cfg, nil)
+				b.knobs.keyByKey = true
+				idx := uint64(0)
+				both := func(req []byte, what string) {
+					idx++
+					for _, s := range []*Store{a, b} {
+						if st := status(t, s.Apply(idx, req)); st != StatusOK {
+							t.Fatalf("%s: status %d", what, st)
+						}
+						s.Publish(idx)
+					}
+				}
+				rng := uint64(size*131 + step + 7)
+				next := func() uint64 { rng = rng*6364136223846793005 + 1442695040888963407; return rng >> 33 }
+				for range 1000 {
+					k := fmt.Sprintf("k%04d", next()%10000)
+					v := strings.Repeat("v", int(next()%20))
+					both(putReq(k, v), "put")
+				}
+				both(ctlReq(CtlFreeze, 1, 1, mid), "freeze")
+				both(ctlReq(CtlDrop, 1, 1, mid), "drop")
+				for i := 0; ; i++ {
+					if err := samePairs(storePairs(a), storePairs(b)); err != nil {
+						t.Fatalf("after %d applies: %v", i, err)
+					}
+					for _, s := range []*Store{a, b} {
+						if err := s.Tree().Check(); err != nil {
+							t.Fatalf("after %d applies: %v", i, err)
+						}
+						if err := s.CheckKeys(); err != nil {
+							t.Fatalf("after %d applies: %v", i, err)
+						}
+					}
+					if a.Capture().Size() != b.Capture().Size() {
+						t.Fatalf("after %d applies: sections of %d and %d bytes", i, a.Capture().Size(), b.Capture().Size())
+					}
+					if _, left := a.Garbage(); left == 0 {
+						break
+					}
+					both(putReq(fmt.Sprintf("b%04d", i), "x"), "put")
+				}
+			})
+		}
+	}
+}

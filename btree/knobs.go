@@ -95,6 +95,10 @@ type testingKnobs struct {
 	// the tablet took in (Store.CheckKeys: a garbage range overlaps a
 	// tablet; TestDropMoveBack).
 	gcKeepsRange bool
+	// keyByKey deletes garbage keys one Delete each (a descent and a
+	// leaf write per key) instead of one write per leaf: the reference
+	// Tree.deleteKeys is compared with, not a bug.
+	keyByKey bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
