@@ -92,7 +92,7 @@ type Capture struct {
 	per     int      // slots per chunk
 	node    int      // node size
 	root    NodeID
-	tablets []Tablet // copies
+	tablets []Tablet // copies, with the garbage ranges (garbage.go)
 	// dirVer and ownVer are the store's directory and ownership
 	// versions at capture (the section's header, snapshot.go).
 	dirVer, ownVer, verOff uint64
@@ -122,7 +122,7 @@ func (s *Store) Capture() *Capture {
 		node: a.size, root: s.t.root, keys: s.t.len, knobs: s.knobs}
 	c.size = 40 + s.t.pairs
 	c.dirVer, c.ownVer, c.verOff = s.dirVer, s.ownVer, s.verOff
-	for _, tb := range s.tablets {
+	for _, tb := range s.sectionTablets() {
 		c.tablets = append(c.tablets, Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf,
 			State: tb.State, Gen: tb.Gen, To: tb.To})
 		c.size += 40 + pad8(len(tb.Low)) + pad8(len(tb.High))

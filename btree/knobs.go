@@ -89,6 +89,16 @@ type testingKnobs struct {
 	// the version around its node reads may meet leaves without the
 	// keys under the old version (and answer "not found").
 	dropBeforePublish bool
+	// gcKeepsRange: an ingest of a tablet coming back over garbage
+	// (garbage.go) deletes the garbage keys in its range but leaves the
+	// range in the garbage list, so later collects delete the pairs
+	// the tablet took in (Store.CheckKeys: a garbage range overlaps a
+	// tablet; TestDropMoveBack).
+	gcKeepsRange bool
+	// keyByKey deletes garbage keys one Delete each (a descent and a
+	// leaf write per key) instead of one write per leaf: the reference
+	// Tree.deleteKeys is compared with, not a bug.
+	keyByKey bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
@@ -125,6 +135,10 @@ func PlantNoVersionFloor(s *Store) { s.knobs.noVersionFloor = true }
 // PlantDropKeepsKeys plants the dropKeepsKeys bug in s (tests of other
 // packages: the kv simulator's moves).
 func PlantDropKeepsKeys(s *Store) { s.knobs.dropKeepsKeys = true }
+
+// PlantGCKeepsRange plants the gcKeepsRange bug in s (tests of other
+// packages: the kv simulator's moves).
+func PlantGCKeepsRange(s *Store) { s.knobs.gcKeepsRange = true }
 
 // PlantNoOwnBump plants the noOwnBump bug in s (tests of other packages:
 // the kv simulator's moves).

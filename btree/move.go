@@ -18,7 +18,8 @@ import (
 //     (the mover reads them from g through g's log after the freeze, so
 //     they are the tablet's last state), with their versions. t holds
 //     them as an installing tablet: neither read nor written yet.
-//  3. CtlDrop at g: g deletes the tablet's keys and stops owning it. Its
+//  3. CtlDrop at g: g stops owning the tablet, and its keys become
+//     garbage that g deletes in bounded steps afterwards (garbage.go). Its
 //     ownership version changes, so a reader of g with an older directory
 //     fails its ownership check instead of answering from g.
 //  4. CtlActivate at t, only after the drop was applied: t serves the
@@ -239,6 +240,11 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 			if len(s.tablets) >= MaxTablets || dirSize(s.tablets)+dirEnt+len(c.Tablet.Low)+len(c.Tablet.High) > DirBytes {
 				return s.result(&cond)
 			}
+			// A tablet coming back while keys it left behind are
+			// still garbage: they go first (the ingest must not put
+			// its pairs over them, nor a later collect delete the
+			// pairs it puts).
+			s.clearGarbage(c.Tablet, index)
 			at := searchTablets(s.tablets, c.Tablet.Low) + 1
 			s.tablets = slices.Insert(s.tablets, at, Tablet{Low: slices.Clone(c.Tablet.Low), High: slices.Clone(c.Tablet.High),
 				HighInf: c.Tablet.HighInf, State: TabletInstalling, Gen: c.Gen, To: s.cfg.Group})
@@ -287,7 +293,10 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 				s.ownVer++
 			}
 		case s.knobs.dropBeforePublish:
-			s.removeTablet(k, index) // planted: the keys go under the old version
+			s.deleteRange(tb, index) // planted: the keys go under the old version
+			s.tablets = slices.Delete(s.tablets, k, k+1)
+			s.counts = slices.Delete(s.counts, k, k+1)
+			s.dirVer++
 			if !s.knobs.noOwnBump {
 				s.ownVer++
 			}
@@ -299,6 +308,9 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 			// met a leaf without the keys under the old version would
 			// answer "not found" for keys that moved (the client's
 			// TestKeyspaceMoveLinearizable, 1 run in 5 under -race).
+			// The keys become garbage, deleted GarbageStep per batch
+			// from this apply on (garbage.go), all after this publish.
+			n := s.counts[k]
 			s.tablets = slices.Delete(s.tablets, k, k+1)
 			s.counts = slices.Delete(s.counts, k, k+1)
 			s.dirVer++
@@ -306,7 +318,7 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 				s.ownVer++
 			}
 			s.publishBefore()
-			s.deleteRange(tb, index)
+			s.addGarbage(tb, n)
 		}
 	case CtlActivate:
 		if k < 0 {
@@ -331,7 +343,7 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 		tb := &s.tablets[k]
 		switch {
 		case tb.State == TabletInstalling && tb.Gen == c.Gen:
-			s.removeTablet(k, index)
+			s.removeTablet(k)
 		case tb.State == TabletFrozen && tb.Gen+1 == c.Gen:
 			tb.State, tb.To = TabletServing, 0
 			s.dirVer++
@@ -357,15 +369,16 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 	return s.result(&ok)
 }
 
-// removeTablet deletes tablet k's keys from the tree and the tablet from
-// the group's list, at entry index. One apply deletes them all: a tablet
-// holds at most TabletMax keys (plus what its last put added).
-func (s *Store) removeTablet(k int, index uint64) {
-	tb := s.tablets[k]
-	s.deleteRange(tb, index)
+// removeTablet removes tablet k (an installing tablet an abort undoes)
+// from the group's list; its keys become garbage, deleted in bounded
+// steps from this apply on (garbage.go). No reader reads them meanwhile:
+// an installing tablet is never served.
+func (s *Store) removeTablet(k int) {
+	tb, n := s.tablets[k], s.counts[k]
 	s.tablets = slices.Delete(s.tablets, k, k+1)
 	s.counts = slices.Delete(s.counts, k, k+1)
 	s.dirVer++
+	s.addGarbage(tb, n)
 }
 
 // publishBefore publishes the header and the directory area in the

@@ -23,6 +23,9 @@ import (
 // and the tablets' states travel too: they are replicated state (a reader compares one replica's
 // ownership version with what another replica published). Restore also
 // takes the first layout (magic "btsnap1": no versions, states, gens).
+// The garbage ranges (garbage.go) are listed among the tablets, in key
+// order, with state TabletGarbage, gen 0 and to 0, and their keys: a
+// restored replica deletes them as its group-mates do.
 const (
 	snapMagic  = 0x3270_616e_7374_62 // "btsnap2"
 	snapMagic1 = 0x3170_616e_7374_62 // "btsnap1"
@@ -41,12 +44,13 @@ var ErrSnapshot = errors.New("btree: corrupt snapshot section")
 func (s *Store) Snapshot() []byte {
 	le := binary.LittleEndian
 	b := make([]byte, 40, 40+s.t.Len()*32)
+	all := s.sectionTablets()
 	le.PutUint64(b, snapMagic)
-	le.PutUint32(b[8:], uint32(len(s.tablets)))
+	le.PutUint32(b[8:], uint32(len(all)))
 	le.PutUint64(b[16:], s.dirVer)
 	le.PutUint64(b[24:], s.ownVer)
 	le.PutUint64(b[32:], s.verOff)
-	for _, tb := range s.tablets {
+	for _, tb := range all {
 		var at int
 		b, at = appendTabletHeader(b, tb)
 		n := 0
@@ -99,8 +103,8 @@ func (s *Store) decodeSnapshot(b []byte) ([]Tablet, [][]KVV, snapVersions, error
 	}
 	v2 := le.Uint64(b) == snapMagic
 	nt := le.Uint32(b[8:])
-	if nt > MaxTablets {
-		return nil, nil, vs, fmt.Errorf("%w: %d tablets (at most %d per group)", ErrSnapshot, nt, MaxTablets)
+	if nt > 2*MaxTablets+1 {
+		return nil, nil, vs, fmt.Errorf("%w: %d tablets and garbage ranges (at most %d per group)", ErrSnapshot, nt, 2*MaxTablets+1)
 	}
 	p := 16
 	if v2 {
@@ -133,7 +137,10 @@ func (s *Store) decodeSnapshot(b []byte) ([]Tablet, [][]KVV, snapVersions, error
 			z = 1
 		}
 		p += th
-		if fl > 1 || z != 0 || st > TabletInstalling || ll > s.cfg.Tree.MaxKey || hl > s.cfg.Tree.MaxKey || fl == 1 && hl != 0 ||
+		if st == TabletGarbage && (!v2 || gen != 0 || to != 0) {
+			z = 1
+		}
+		if fl > 1 || z != 0 || st > TabletGarbage || ll > s.cfg.Tree.MaxKey || hl > s.cfg.Tree.MaxKey || fl == 1 && hl != 0 ||
 			pad8(ll)+pad8(hl) > len(b)-p {
 			return nil, nil, vs, fmt.Errorf("%w: tablet at byte %d", ErrSnapshot, p-th)
 		}
@@ -176,7 +183,15 @@ func (s *Store) decodeSnapshot(b []byte) ([]Tablet, [][]KVV, snapVersions, error
 		}
 		tablets, ents = append(tablets, tb), append(ents, es)
 	}
-	if err := checkTablets(tablets, s.cfg.Tree.MaxKey); err != nil {
+	var owned []Tablet
+	for i, tb := range tablets {
+		if tb.State != TabletGarbage {
+			owned = append(owned, tb)
+		} else if i > 0 && tablets[i-1].State == TabletGarbage {
+			return nil, nil, vs, fmt.Errorf("%w: garbage ranges at %q and %q with no tablet between", ErrSnapshot, tablets[i-1].Low, tb.Low)
+		}
+	}
+	if err := checkTablets(owned, s.cfg.Tree.MaxKey); err != nil {
 		return nil, nil, vs, fmt.Errorf("%w: %v", ErrSnapshot, err)
 	}
 	if p != len(b) {
@@ -226,12 +241,18 @@ func (s *Store) Restore(b []byte) (commit func(applied uint64), err error) {
 		}
 		s.setTree(t)
 		s.tablets, s.counts = s.tablets[:0], s.counts[:0]
+		s.garbage, s.garbageKeys, s.gcLeft = nil, 0, s.cfg.GarbageStep
 		for i, tb := range tablets {
-			s.tablets = append(s.tablets, Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf, State: tb.State, Gen: tb.Gen, To: tb.To})
+			c := Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf, State: tb.State, Gen: tb.Gen, To: tb.To}
 			n := 0
 			if i < len(ents) {
 				n = len(ents[i])
 			}
+			if tb.State == TabletGarbage {
+				s.garbage, s.garbageKeys = append(s.garbage, c), s.garbageKeys+n
+				continue
+			}
+			s.tablets = append(s.tablets, c)
 			s.counts = append(s.counts, n)
 		}
 		// The section's versions: the same on every replica at this

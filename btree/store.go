@@ -42,6 +42,13 @@ type Store struct {
 	// counts are the keys each tablet holds (a tablet splits past
 	// TabletMax).
 	counts []int
+	// garbage: the key ranges of dropped tablets whose keys are still
+	// in the tree, garbageKeys of them (garbage.go); gcLeft is what this
+	// batch may still delete of them (GarbageStep, renewed at Publish).
+	// Replicated state (snapshots carry the ranges).
+	garbage     []Tablet
+	garbageKeys int
+	gcLeft      int
 	// pending: unlinked nodes, oldest first, with the entry that
 	// unlinked them; each slot is released FreeAfter entries later.
 	pending []pendingFree
@@ -134,6 +141,12 @@ type StoreConfig struct {
 	// EarlySplit to the number of groups. 0: no early splits.
 	EarlySplit     int
 	FirstTabletMax int
+	// GarbageStep is the most keys of dropped tablets a replica deletes
+	// per log entry (garbage.go): a drop leaves its tablet's keys as
+	// garbage that the group's later ordered applies delete, this many
+	// per batch. Default DefaultGarbageStep; negative: no bound (a drop
+	// deletes its keys in its own apply, as it used to).
+	GarbageStep int
 	// Readers are granted read access to the regions.
 	Readers []rdma.NodeID
 }
@@ -173,6 +186,9 @@ func (c *StoreConfig) fill() error {
 	if c.FirstTabletMax == 0 {
 		c.FirstTabletMax = DefaultFirstTabletMax
 	}
+	if c.GarbageStep == 0 {
+		c.GarbageStep = DefaultGarbageStep
+	}
 	switch {
 	case c.ChunkSlots < 1:
 		return fmt.Errorf("btree: %d slots per chunk", c.ChunkSlots)
@@ -196,7 +212,7 @@ func NewStore(cfg StoreConfig, node rdma.Node) (*Store, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1, ownVer: 1, counts: make([]int, len(cfg.Tablets))}
+	s := &Store{cfg: cfg, tablets: slices.Clone(cfg.Tablets), dirVer: 1, ownVer: 1, counts: make([]int, len(cfg.Tablets)), gcLeft: cfg.GarbageStep}
 	if node != nil {
 		r, err := NewRegions(node, cfg.Group, cfg.Tree.NodeSize, cfg.ChunkSlots, cfg.Readers)
 		if err != nil {
@@ -251,6 +267,10 @@ func (s *Store) Pending() int { return len(s.pending) }
 // request, multi or not), writes (their write ops that changed the tree),
 // inserts (puts of a new key) and tablet splits are since the Store was
 // made. None of it walks the tree: a replica's stats read it often.
+// GarbageKeys (of Keys) are keys of dropped tablets not deleted yet, in
+// GarbageRanges ranges; GarbageDeleted counts the keys deleted since in
+// bounded steps, GarbageCleared those deleted at once by an ingest of a
+// tablet coming back over them (garbage.go).
 type StoreStats struct {
 	Keys       int
 	Tablets    int
@@ -259,12 +279,15 @@ type StoreStats struct {
 	ArenaBytes int
 	Usage
 	Requests, Writes, Inserts, TabletSplits uint64
+	GarbageKeys, GarbageRanges              int
+	GarbageDeleted, GarbageCleared          uint64
 }
 
 // Stats is the Store's size and work.
 func (s *Store) Stats() StoreStats {
 	st := s.work
 	st.Keys, st.Tablets, st.NodeSize = s.t.Len(), len(s.tablets), s.cfg.Tree.NodeSize
+	st.GarbageKeys, st.GarbageRanges = s.garbageKeys, len(s.garbage)
 	st.Slots, st.ArenaBytes = s.a.Slots(), len(s.a.chunks)*s.a.per*s.a.size
 	st.Usage = s.t.Usage()
 	return st
@@ -273,7 +296,10 @@ func (s *Store) Stats() StoreStats {
 // Publish writes the header (root and applied index) after the node
 // writes of every entry up to applied: kv.Table calls it once per batch
 // (multicast's EndBatch) and after each ordered request outside a batch.
+// It renews the garbage budget: the next batch may delete GarbageStep
+// more keys of dropped tablets.
 func (s *Store) Publish(applied uint64) {
+	s.gcLeft = s.cfg.GarbageStep
 	if applied > s.applied {
 		s.applied = applied
 	}
@@ -322,8 +348,20 @@ func searchTablets(tablets []Tablet, key []byte) int {
 }
 
 // Apply applies the ordered request data delivered as entry index and
-// returns its result (see request.go).
+// returns its result (see request.go), then deletes what the batch's
+// budget allows of the dropped tablets' keys (garbage.go).
 func (s *Store) Apply(index uint64, data []byte) []byte {
+	out := s.apply(index, data)
+	if len(s.garbage) > 0 {
+		s.collect(index)
+		if s.knobs.freeAtOnce {
+			s.reclaim(index)
+		}
+	}
+	return out
+}
+
+func (s *Store) apply(index uint64, data []byte) []byte {
 	s.index = index
 	s.applied = max(s.applied, index)
 	s.reclaim(index)

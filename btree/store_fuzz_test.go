@@ -93,6 +93,21 @@ func FuzzSnapshot(f *testing.F) {
 	s, _ := NewStore(StoreConfig{Tree: cfg.Tree, Tablets: []Tablet{{Low: []byte("b"), High: []byte("d")}}}, nil)
 	s.Apply(1, AppendRequest(nil, []Op{{Kind: OpPut, Key: []byte("c"), Value: []byte("x")}}))
 	f.Add(s.Snapshot())
+	// A section with a garbage range (a dropped tablet's keys, not all
+	// deleted yet: garbage.go).
+	gt := Tablet{Low: []byte("d"), High: []byte("f")}
+	s, _ = NewStore(StoreConfig{Tree: cfg.Tree, Tablets: []Tablet{{Low: []byte("b"), High: []byte("d")}, gt}, GarbageStep: 1}, nil)
+	for i, k := range []string{"c", "d1", "d2", "e"} {
+		s.Apply(uint64(i+1), AppendRequest(nil, []Op{{Kind: OpPut, Key: []byte(k), Value: []byte("x")}}))
+	}
+	s.Publish(4)
+	s.Apply(5, AppendCtl(nil, &Ctl{Cmd: CtlFreeze, To: 1, Gen: 1, Tablet: gt}))
+	s.Publish(5)
+	s.Apply(6, AppendCtl(nil, &Ctl{Cmd: CtlDrop, To: 1, Gen: 1, Tablet: gt}))
+	if _, n := s.Garbage(); n != 2 {
+		f.Fatalf("the garbage seed holds %d garbage keys", n)
+	}
+	f.Add(s.Snapshot())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := NewStore(cfg, nil)
 		if err != nil {
@@ -112,6 +127,9 @@ func FuzzSnapshot(f *testing.F) {
 		}
 		commit(9)
 		if err := s.Tree().Check(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CheckKeys(); err != nil {
 			t.Fatal(err)
 		}
 		got := s.Snapshot()

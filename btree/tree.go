@@ -473,6 +473,65 @@ func (t *Tree) Delete(key []byte, stamp uint64) bool {
 	return true
 }
 
+// deleteKeys deletes keys (sorted, each in the tree), written at stamp,
+// one write per leaf rather than per key: the keys of one leaf go in one
+// image write. A leaf that would be left empty keeps one of them, which
+// Delete then removes (with the merge of the empty leaf, as for any
+// delete). The dropped tablets' garbage is deleted this way (garbage.go).
+func (t *Tree) deleteKeys(keys [][]byte, stamp uint64) {
+	for len(keys) > 0 {
+		path := t.descend(keys[0])
+		leaf := t.load(path[len(path)-1])
+		n := 0
+		for n < len(keys) && (leaf.highInf || string(keys[n]) < string(leaf.high)) {
+			n++
+		}
+		batch := keys[:max(n, 1)]
+		keys = keys[max(n, 1):]
+		kk, kv, kver := leaf.keys[:0], leaf.vals[:0], leaf.vers[:0]
+		var last []byte // the last key removed
+		removed, j := 0, 0
+		for i := range leaf.keys {
+			k := leaf.keys[i]
+			for j < len(batch) && string(batch[j]) < string(k) {
+				j++
+			}
+			if j < len(batch) && string(batch[j]) == string(k) {
+				removed++
+				t.pairs -= snapPairSize(len(k), len(leaf.vals[i]))
+				last = k
+				continue
+			}
+			kk, kv, kver = append(kk, k), append(kv, leaf.vals[i]), append(kver, leaf.vers[i])
+		}
+		if removed == 0 {
+			continue
+		}
+		t.len -= removed
+		if len(kk) == 0 && len(path) > 1 {
+			// Keep the last one for Delete, which merges the leaf.
+			lastKey := slices.Clone(last)
+			t.len++
+			if removed > 1 {
+				e, _ := t.Get(lastKey)
+				t.pairs += snapPairSize(len(lastKey), len(e.Value))
+				leaf = t.load(path[len(path)-1])
+				i, _ := slices.BinarySearchFunc(leaf.keys, lastKey, cmp)
+				leaf.keys, leaf.vals, leaf.vers = leaf.keys[i:i+1], leaf.vals[i:i+1], leaf.vers[i:i+1]
+				leaf.stamp = stamp
+				t.write(leaf)
+			} else {
+				e, _ := t.Get(lastKey)
+				t.pairs += snapPairSize(len(lastKey), len(e.Value))
+			}
+			t.Delete(lastKey, stamp)
+			continue
+		}
+		leaf.keys, leaf.vals, leaf.vers, leaf.stamp = kk, kv, kver, stamp
+		t.write(leaf)
+	}
+}
+
 // Ascend calls f for every key >= from in order, as the writer sees its
 // tree, until f returns false.
 func (t *Tree) Ascend(from []byte, f func(key, val []byte) bool) {

@@ -183,6 +183,8 @@ func (m *moveOpts) plantStore(st *btree.Store) {
 		btree.PlantDropKeepsKeys(st)
 	case "no-own-bump":
 		btree.PlantNoOwnBump(st)
+	case "gc-keeps-range":
+		btree.PlantGCKeepsRange(st)
 	default:
 		panic("unknown store bug " + m.store)
 	}
@@ -246,16 +248,23 @@ func (m *moveRun) note(p *kvRepProc) {
 	default:
 		return
 	}
-	// The replica holds only keys of its tablets (a drop deletes the
-	// tablet's keys; an abort the installing tablet's).
+	// The replica holds only keys of its tablets, and of the garbage
+	// ranges a drop or an abort left, which it deletes in steps
+	// (btree/garbage.go); its counts agree with its tree.
 	tbs := p.store.Tablets()
+	gr, _ := p.store.Garbage()
 	p.store.Tree().Ascend(nil, func(k, _ []byte) bool {
-		if !slices.ContainsFunc(tbs, func(tb btree.Tablet) bool { return tb.Contains(k) }) {
+		if !slices.ContainsFunc(tbs, func(tb btree.Tablet) bool { return tb.Contains(k) }) &&
+			!slices.ContainsFunc(gr, func(tb btree.Tablet) bool { return tb.Contains(k) }) {
 			h.fail(fmt.Errorf("ownership: group %d node %d holds key %q after entry %d, in none of its tablets", g, p.env.ID(), k, idx))
 			return false
 		}
 		return true
 	})
+	if err := p.store.CheckKeys(); err != nil {
+		h.fail(fmt.Errorf("ownership: group %d node %d after entry %d: %v", g, p.env.ID(), idx, err))
+		return
+	}
 	for o := range m.front {
 		if o == g {
 			continue
@@ -1290,6 +1299,10 @@ func TestSimMoves(t *testing.T) {
 //     key's version at the source (versions);
 //   - drop-keeps-keys (stores): a drop leaves the tablet's keys in the
 //     tree (ownership: a replica holds keys of no tablet of its);
+//   - gc-keeps-range (stores): a tablet that comes back over its own
+//     garbage leaves its range in the garbage, whose later steps delete
+//     the keys it took back in (ownership, Store.CheckKeys: a garbage
+//     range overlaps a tablet, or a tablet holds fewer keys than counted);
 //   - no-own-bump (stores): drops and activations keep the ownership
 //     version, so a one-sided reader with an old directory reads the
 //     group the tablet left (linearizability, or the stale-ok check);
@@ -1309,6 +1322,7 @@ func TestSimMovesMutants(t *testing.T) {
 		{"no-version-floor", moveOpts{store: "no-version-floor"}, kvOpts{ops: 100}, []string{"versions:"}},
 		{"drop-keeps-keys", moveOpts{store: "drop-keeps-keys"}, kvOpts{ops: 100}, []string{"in none of its tablets"}},
 		{"no-own-bump", moveOpts{store: "no-own-bump"}, kvOpts{ops: 100}, []string{"linearizability", "stale-ok gets"}},
+		{"gc-keeps-range", moveOpts{store: "gc-keeps-range"}, kvOpts{ops: 100}, []string{"overlap", "tablet count"}},
 		{"activate-first", moveOpts{activateFirst: true}, kvOpts{ops: 100}, []string{"served by two groups at once"}},
 		{"activate-early", moveOpts{activateEarly: true}, kvOpts{ops: 100}, []string{"linearizability"}},
 	} {
