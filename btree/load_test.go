@@ -228,3 +228,83 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestStoreCtlSplit: a split request cuts a serving tablet at its median
+// key (the lower half keeps the write count); one of a stale generation,
+// one sent again (the fences are gone), one of a frozen tablet or of a
+// tablet of fewer than 2 keys changes nothing (StatusCondFailed).
+func TestStoreCtlSplit(t *testing.T) {
+	s, _ := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: []Tablet{All}}, nil)
+	idx := uint64(0)
+	apply := func(req []byte) uint8 {
+		idx++
+		return status(t, s.Apply(idx, req))
+	}
+	for i := range 10 {
+		apply(putReq(fmt.Sprintf("k%d", i), "v"))
+	}
+	v0 := s.DirVersion()
+	if st := apply(ctlReq(CtlSplit, 0, 2, All)); st != StatusCondFailed || len(s.Tablets()) != 1 {
+		t.Fatalf("a split of a stale generation: status %d, %d tablets", st, len(s.Tablets()))
+	}
+	if st := apply(ctlReq(CtlSplit, 0, 1, All)); st != StatusOK {
+		t.Fatalf("split: status %d", st)
+	}
+	tbs := s.Tablets()
+	if len(tbs) != 2 || string(tbs[0].High) != "k5" || string(tbs[1].Low) != "k5" || !tbs[1].HighInf || tbs[0].Writes != 10 || tbs[1].Writes != 0 ||
+		fmt.Sprint(s.Counts()) != "[5 5]" || s.DirVersion() == v0 {
+		t.Fatalf("after the split: %+v counts %v", tbs, s.Counts())
+	}
+	if st := apply(ctlReq(CtlSplit, 0, 1, All)); st != StatusCondFailed || len(s.Tablets()) != 2 {
+		t.Fatalf("the split sent again: status %d, %d tablets", st, len(s.Tablets()))
+	}
+	hi := Tablet{Low: []byte("k5"), HighInf: true}
+	if st := apply(ctlReq(CtlFreeze, 1, 1, hi)); st != StatusOK {
+		t.Fatalf("freeze: %d", st)
+	}
+	if st := apply(ctlReq(CtlSplit, 0, 1, hi)); st != StatusCondFailed || len(s.Tablets()) != 2 {
+		t.Fatalf("a split of a frozen tablet: status %d, %d tablets", st, len(s.Tablets()))
+	}
+	one, _ := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: []Tablet{All}}, nil)
+	one.Apply(1, putReq("a", "v"))
+	if st := status(t, one.Apply(2, ctlReq(CtlSplit, 0, 1, All))); st != StatusCondFailed || len(one.Tablets()) != 1 {
+		t.Fatalf("a split of a tablet of one key: status %d, %d tablets", st, len(one.Tablets()))
+	}
+}
+
+// TestLoadAfterDrop: a drop publishes the directory area in the middle
+// of its apply; the Publish that ends the batch writes the load area of
+// that version, though no write was counted since (before the fix the
+// group's tablets were read without load from then until its next
+// write).
+func TestLoadAfterDrop(t *testing.T) {
+	f := mem.New(mem.Options{})
+	n, err := f.NewNode(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	tbs := []Tablet{{Low: []byte("a"), High: []byte("m")}, {Low: []byte("m"), HighInf: true}}
+	s, err := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: tbs}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.Apply(1, putReq("b", "v"))
+	s.Apply(2, putReq("n", "v"))
+	s.Publish(2)
+	hi := Tablet{Low: []byte("m"), HighInf: true}
+	for i, req := range [][]byte{ctlReq(CtlFreeze, 1, 1, hi), ctlReq(CtlDrop, 1, 1, hi)} {
+		if st := status(t, s.Apply(uint64(3+i), req)); st != StatusOK {
+			t.Fatalf("step %d: status %d", i, st)
+		}
+		s.Publish(uint64(3 + i))
+	}
+	v, got, err := DecodeDir(s.Regions().hdr.Bytes()[HeaderSize:RegionSize])
+	if err != nil || v != s.DirVersion() || len(got) != 1 {
+		t.Fatalf("after the drop: version %d, %v, %v", v, got, err)
+	}
+	if !got[0].HasLoad || got[0].Writes != 1 || got[0].Keys != 1 {
+		t.Fatalf("after the drop the tablet reads %+v, want its load (1 write, 1 key)", got[0])
+	}
+}

@@ -42,9 +42,12 @@ type Store struct {
 	// counts are the keys each tablet holds (a tablet splits past
 	// TabletMax).
 	counts []int
-	// loadSeq counts the writes counted in the tablets (Tablet.Writes),
-	// loadPub its value at the last publication of the load area.
-	loadSeq, loadPub uint64
+	// loadSeq counts the writes counted in the tablets (Tablet.Writes);
+	// loadPub and loadVer are it and dirVer at the last publication of
+	// the load area (a drop publishes the directory area alone, in its
+	// apply: the next Publish must write the load area of that version
+	// even if no write was counted since).
+	loadSeq, loadPub, loadVer uint64
 	// pending: unlinked nodes, oldest first, with the entry that
 	// unlinked them; each slot is released FreeAfter entries later.
 	pending []pendingFree
@@ -304,12 +307,12 @@ func (s *Store) Publish(applied uint64) {
 			}
 			s.dirPub = s.dirVer
 		}
-		if dir != nil || s.loadPub != s.loadSeq {
+		if s.loadVer != s.dirVer || s.loadPub != s.loadSeq {
 			// Before the header. A reader that reads one area
 			// before and the other after a change finds that their
 			// directory versions differ and takes no load (load.go).
 			s.regs.publishLoad(s.dirVer, s.tablets, s.counts)
-			s.loadPub = s.loadSeq
+			s.loadPub, s.loadVer = s.loadSeq, s.dirVer
 		}
 		s.regs.Publish(s.t, s.applied, s.dirVer, s.ownVer, dir)
 	}

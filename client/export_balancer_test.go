@@ -25,3 +25,13 @@ func UndoMove(c *Client, ctx context.Context, low []byte) error { return c.undoM
 // PlantUndoUnchecked plants a bug in c's undoMove: the target forgets the
 // tablet without the check that the source never dropped it.
 func PlantUndoUnchecked(c *Client) { c.ord.undoUnchecked = true }
+
+// PlanBalanceWrites is the balancer's rule by load (planBalanceWrites).
+func PlanBalanceWrites(tablets []TabletInfo, loads []uint64, groups int, minWrites, splitKeys uint64) (low []byte, from, to uint32, split, ok, byLoad bool) {
+	p, byLoad := planBalanceWrites(tablets, loads, groups, minWrites, splitKeys)
+	return p.Low, p.From, p.To, p.Split, p.OK, byLoad
+}
+
+// PlantBalancerIgnoreLoad plants a bug in b: rounds never measure the
+// tablets' load, so the rule by count always decides.
+func PlantBalancerIgnoreLoad(b *Balancer) { b.knobs.ignoreLoad = true }
