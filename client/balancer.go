@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,7 +64,7 @@ type BalancerConfig struct {
 	Log *slog.Logger
 	// BeforeStep, if set (tests), is called before each step of the
 	// balancer's moves, with the step's name (freeze, ingest, drop,
-	// activate).
+	// activate), and before its splits ("split").
 	BeforeStep func(step string)
 	// MinWrites is the fewest writes (to every ordered key, all groups
 	// together) between two rounds for the rule by load to decide; with
@@ -89,7 +90,7 @@ type BalancerMove struct {
 	Source uint32 `json:"source"`
 	Target uint32 `json:"target"`
 	// Split: the balancer split the tablet in its group (a hot tablet,
-	// the rule by load) rather than move it.
+	// the rule by load) rather than move it (BalancerStatus.LastSplit).
 	Split bool `json:"split,omitempty"`
 	// Rule is the rule that chose it: "load" or "count" (empty for a
 	// half-done move finished).
@@ -127,8 +128,9 @@ type BalancerStatus struct {
 	Writes []uint64 `json:"writes,omitempty"`
 	// Splits counts the hot tablets the balancer split.
 	Splits uint64 `json:"splits"`
-	// Last is the last move made or tried.
-	Last *BalancerMove `json:"last_move,omitempty"`
+	// Last is the last move made or tried, LastSplit the last split.
+	Last      *BalancerMove `json:"last_move,omitempty"`
+	LastSplit *BalancerMove `json:"last_split,omitempty"`
 	// LastError is the last round's error, and when.
 	LastError   string    `json:"last_error,omitempty"`
 	LastErrorAt time.Time `json:"last_error_at,omitzero"`
@@ -230,6 +232,10 @@ func (b *Balancer) Status() BalancerStatus {
 	if st.Last != nil {
 		l := *st.Last
 		st.Last = &l
+	}
+	if st.LastSplit != nil {
+		l := *st.LastSplit
+		st.LastSplit = &l
 	}
 	return st
 }
@@ -412,28 +418,58 @@ type balancePlan struct {
 // planBalanceWrites is the rule by load. loads are the tablets' loads
 // (the writes each took in the last round, in tablets' order; nil: not
 // known). It decides (byLoad) when the loads are known, every tablet
-// serves, and the groups took at least minWrites writes in all; then
-// (groups' loads L, most loaded group hi, least loaded lo, ties the
-// lowest id; a group at MaxTablets is never lo):
+// serves, and the groups took at least minWrites writes in all; then,
+// with L the groups' loads, hi the most loaded group and lo the least
+// loaded (ties: the lowest id; a group at MaxTablets is never lo), the
+// first of:
 //
-//   - The hysteresis: nothing while L[lo] > 3/4 L[hi] (a gap under a
-//     quarter of the most loaded group's load is left alone).
-//   - A move of tablet t (load x) from hi to lo leaves the two groups
-//     max(L[hi]-x, L[lo]+x). Of hi's tablets, the one that leaves the
-//     least (ties: the highest low fence) moves if that takes at least a
-//     quarter of the gap off L[hi]. So the heavier of the two groups
-//     always ends lighter than L[hi] was, and moving the tablet back
-//     would leave L[hi] again: a move never just swaps the imbalance
-//     (no ping-pong), and at constant loads moves end.
-//   - Else, if hi's hottest tablet (ties: the highest low fence) takes
-//     more than half of L[hi] and holds at least splitKeys keys, it
-//     splits (at its median key, in its group): moving it would only
-//     carry the imbalance to lo, its halves can be moved.
+//  1. A move (loadMove): nothing while L[lo] > 3/4 L[hi] (the
+//     hysteresis: a gap under a quarter of the most loaded group's load
+//     is left alone). A move of tablet t (load x) from hi to lo leaves
+//     the two groups max(L[hi]-x, L[lo]+x); of hi's tablets the one
+//     that leaves the least (ties: the highest low fence) moves if that
+//     takes at least a quarter of the gap off L[hi]. So both groups end
+//     below what L[hi] was, and moving the tablet back would leave
+//     L[hi] again: a move never just swaps the imbalance (no
+//     ping-pong), and at constant loads moves end.
+//  2. A split: hi's hottest tablet (ties: the highest low fence) takes
+//     more than half of L[hi] (moving it would only carry the imbalance
+//     to lo), holds at least splitKeys keys, and hi owns no more
+//     tablets than the mean (or just one): it splits at its median key,
+//     in hi, and its halves can then move. (The mean bounds the splits
+//     when the load does not divide, a hot key or inserts at the end of
+//     the key order: the upper half stays as hot, and hi's count stops
+//     them, about one split per group.)
+//  3. The rule by count (PlanBalance's groups), with a tablet of the
+//     fullest group whose move leaves its target no more loaded than
+//     L[hi] and the load rule nothing to move (1) at the same loads,
+//     the least loaded first (ties: the highest low fence): counts even
+//     out without raising the most loaded group's load, undoing, or
+//     being undone by, moves by load.
 //
 // Without load (byLoad false) the caller goes by count (PlanBalance).
 // A pure function of its arguments: every balancer reading the same
 // tablets and loads proposes the same.
 func planBalanceWrites(tablets []TabletInfo, loads []uint64, groups int, minWrites, splitKeys uint64) (p balancePlan, byLoad bool) {
+	return planBalanceWritesKnobs(tablets, loads, groups, minWrites, splitKeys, planKnobs{})
+}
+
+// planKnobs are planted bugs of the rule by load (tests only).
+type planKnobs struct {
+	// swap: a move by load needs only to leave hi no more loaded than
+	// before (not both groups below L[hi], by a quarter of the gap), so
+	// a tablet that is all of the imbalance moves back and forth.
+	swap bool
+	// countUnguarded: the rule by count moves the fullest group's
+	// tablet without checking what the load rule does after it.
+	countUnguarded bool
+	// splitPastMean: a hot tablet splits however many tablets its group
+	// owns, so a load that does not divide (inserts at the end of the
+	// key order) splits the tablet at its end round after round.
+	splitPastMean bool
+}
+
+func planBalanceWritesKnobs(tablets []TabletInfo, loads []uint64, groups int, minWrites, splitKeys uint64, k planKnobs) (p balancePlan, byLoad bool) {
 	p.Rule = "load"
 	if groups < 2 || len(loads) != len(tablets) {
 		return p, false
@@ -452,8 +488,59 @@ func planBalanceWrites(tablets []TabletInfo, loads []uint64, groups int, minWrit
 	if total < minWrites || total == 0 {
 		return p, false
 	}
-	hi, lo := 0, -1
+	if i, hi, lo, ok := loadMove(tablets, loads, L, count, k); ok {
+		p.Low, p.From, p.To, p.OK = tablets[i].Low, hi, lo, true
+		return p, true
+	}
+	hi := 0
 	for g := range groups {
+		if L[g] > L[hi] {
+			hi = g
+		}
+	}
+	hot := -1
+	for i, tb := range tablets {
+		if int(tb.Group) == hi && (hot < 0 || loads[i] > loads[hot] || loads[i] == loads[hot] && string(tb.Low) > string(tablets[hot].Low)) {
+			hot = i
+		}
+	}
+	if hot >= 0 && 2*loads[hot] > L[hi] && tablets[hot].Keys >= splitKeys && count[hi] < btree.MaxTablets && (count[hi]*groups <= max(len(tablets), groups) || k.splitPastMean) {
+		p.Low, p.From, p.To, p.Split, p.OK = tablets[hot].Low, uint32(hi), uint32(hi), true, true
+		return p, true
+	}
+	_, from, to, ok := PlanBalance(tablets, groups)
+	if !ok {
+		return p, true
+	}
+	tablets = slices.Clone(tablets) // the caller's are not changed, even for a moment
+	pick := -1
+	for i, tb := range tablets {
+		if tb.Group != from || pick >= 0 && (loads[i] > loads[pick] || loads[i] == loads[pick] && string(tb.Low) < string(tablets[pick].Low)) {
+			continue
+		}
+		// Would the load rule move something after it?
+		L[from], L[to] = L[from]-loads[i], L[to]+loads[i]
+		count[from], count[to] = count[from]-1, count[to]+1
+		tablets[i].Group = to
+		_, _, _, undo := loadMove(tablets, loads, L, count, k)
+		tablets[i].Group = from
+		L[from], L[to] = L[from]+loads[i], L[to]-loads[i]
+		count[from], count[to] = count[from]+1, count[to]-1
+		if !undo && L[to]+loads[i] <= L[hi] || k.countUnguarded {
+			pick = i
+		}
+	}
+	if pick >= 0 {
+		p.Low, p.From, p.To, p.OK, p.Rule = tablets[pick].Low, from, to, true, "count"
+	}
+	return p, true
+}
+
+// loadMove is step 1 of planBalanceWrites: the tablet (its index) to
+// move from hi to lo, given the groups' loads L and tablet counts.
+func loadMove(tablets []TabletInfo, loads, L []uint64, count []int, k planKnobs) (at int, from, to uint32, ok bool) {
+	hi, lo := 0, -1
+	for g := range L {
 		if L[g] > L[hi] {
 			hi = g
 		}
@@ -462,36 +549,26 @@ func planBalanceWrites(tablets []TabletInfo, loads []uint64, groups int, minWrit
 		}
 	}
 	if lo < 0 || lo == hi || 4*L[lo] > 3*L[hi] {
-		return p, true
+		return 0, 0, 0, false
 	}
 	gap := L[hi] - L[lo]
 	best, bestAt := L[hi], -1
-	hot, hotAt := uint64(0), -1
 	for i, tb := range tablets {
-		if int(tb.Group) != hi {
+		if int(tb.Group) != hi || loads[i] == 0 {
 			continue
 		}
-		x := loads[i]
-		if hotAt < 0 || x > hot || x == hot && string(tb.Low) > string(tablets[hotAt].Low) {
-			hot, hotAt = x, i
+		left := max(L[hi]-loads[i], L[lo]+loads[i])
+		if k.swap {
+			left = L[hi] - loads[i] // planted: the target's load left out
 		}
-		if x == 0 {
-			continue
-		}
-		left := max(L[hi]-x, L[lo]+x)
 		if left < best || left == best && bestAt >= 0 && string(tb.Low) > string(tablets[bestAt].Low) {
 			best, bestAt = left, i
 		}
 	}
-	if bestAt >= 0 && 4*(L[hi]-best) >= gap {
-		p.Low, p.From, p.To, p.OK = tablets[bestAt].Low, uint32(hi), uint32(lo), true
-		return p, true
+	if bestAt < 0 || 4*(L[hi]-best) < gap {
+		return 0, 0, 0, false
 	}
-	if hotAt >= 0 && 2*hot > L[hi] && tablets[hotAt].Keys >= splitKeys && count[hi] < btree.MaxTablets {
-		p.Low, p.From, p.To, p.Split, p.OK = tablets[hotAt].Low, uint32(hi), uint32(hi), true, true
-		return p, true
-	}
-	return p, true
+	return bestAt, uint32(hi), uint32(lo), true
 }
 
 // takeOver handles a tablet that is not serving: the balancer's own
@@ -695,7 +772,7 @@ func (b *Balancer) split(ctx context.Context, c *Client, tb TabletInfo, p balanc
 	mv := &BalancerMove{From: fenceString(c.m, tb.Low), To: highString(c.m, tb), Source: p.From, Target: p.From, Split: true,
 		Rule: p.Rule, At: t0, Took: time.Since(t0).Round(time.Millisecond).String()}
 	b.mu.Lock()
-	b.st.Last = mv
+	b.st.LastSplit = mv
 	if err != nil {
 		mv.Err = err.Error()
 		b.st.State, b.st.LastError, b.st.LastErrorAt = "error", err.Error(), time.Now()
