@@ -35,6 +35,9 @@ import (
 //	state    TabletServing, TabletFrozen, TabletInstalling (move.go)
 //	flags    bit 0: the high fence is +inf
 //	gen, to  Tablet.Gen and Tablet.To
+//
+// The load area (LoadBytes: each tablet's write and key counts, load.go)
+// follows it.
 const (
 	// MaxTablets bounds the tablets a group owns: the directory area
 	// holds at most this many. A tablet that would split past it does
@@ -48,7 +51,7 @@ const (
 	dirHdr    = 16
 	dirEnt    = 24
 	hDirVer   = 24 // the header's word 3: the directory's version
-	regionLen = hdrRegionSize + DirBytes
+	regionLen = hdrRegionSize + DirBytes + LoadBytes
 )
 
 // Tablet states.
@@ -103,8 +106,20 @@ func encodeDir(b []byte, version uint64, tablets []Tablet) {
 
 // DecodeDir validates and decodes a group's directory area (the bytes
 // from HeaderSize of its header region): its version and its tablets,
-// sorted and disjoint, aliasing b.
+// sorted and disjoint, aliasing b. If b goes on to the load area (b
+// holds RegionSize-HeaderSize bytes) and that area is whole and of the
+// same version, the tablets carry their load (Writes, Keys, HasLoad:
+// load.go); a torn or older load area fails nothing, the tablets then
+// have none.
 func DecodeDir(b []byte) (uint64, []Tablet, error) {
+	v, out, err := decodeDir(b)
+	if err == nil && len(b) >= DirBytes+LoadBytes {
+		attachLoad(b[DirBytes:DirBytes+LoadBytes], v, out)
+	}
+	return v, out, err
+}
+
+func decodeDir(b []byte) (uint64, []Tablet, error) {
 	le := binary.LittleEndian
 	if len(b) < dirHdr+checkSize {
 		return 0, nil, ErrTorn
@@ -227,7 +242,8 @@ func NewDirectoryOwned(groups map[uint32][]Tablet, versions, owns map[uint32]uin
 	var all, inst []Placed
 	for _, g := range gs {
 		for _, tb := range groups[g] {
-			p := Placed{Tablet: Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf, State: tb.State, To: tb.To, Gen: tb.Gen}, Group: g}
+			p := Placed{Tablet: Tablet{Low: slices.Clone(tb.Low), High: slices.Clone(tb.High), HighInf: tb.HighInf, State: tb.State, To: tb.To, Gen: tb.Gen,
+				Writes: tb.Writes, Keys: tb.Keys, HasLoad: tb.HasLoad}, Group: g}
 			if tb.State == TabletInstalling {
 				inst = append(inst, p)
 			} else {

@@ -106,6 +106,11 @@ type testingKnobs struct {
 	// the arena, ignoring the images the writer saved for it, so the
 	// section mixes the state at capture with later changes.
 	persistLive bool
+	// splitCopiesWrites: a tablet split gives both halves the tablet's
+	// write count (Tablet.Writes), so the group's tablets report more
+	// writes than it applied, and a balancer reads load where there is
+	// none.
+	splitCopiesWrites bool
 	// shiftMultiResults applies a multi request's ops in a rotated order
 	// and hands op i the result of op i+1 (a replica that mixes up whose
 	// result is whose: each caller learns a neighbour's outcome).

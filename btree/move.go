@@ -54,6 +54,13 @@ const (
 	CtlDrop     = 3
 	CtlActivate = 4
 	CtlAbort    = 5
+	// CtlSplit splits a serving tablet of the group at its median key,
+	// as a tablet past TabletMax splits (both halves stay in the group;
+	// the balancer's split of a hot tablet, load.go). Gen is the
+	// tablet's generation + 1 (a check, as a freeze's). StatusCondFailed:
+	// no such serving tablet, or it cannot be cut (fewer than 2 keys,
+	// MaxTablets, the directory area full).
+	CtlSplit = 6
 
 	ctlHdr = 40
 )
@@ -130,7 +137,7 @@ func DecodeCtl(b []byte, maxKey, maxValue int) (Ctl, error) {
 	c.Cmd, c.To, c.Gen = b[2], le.Uint32(b[8:]), le.Uint64(b[16:])
 	ll, hl, fl, n := int(le.Uint32(b[24:])), int(le.Uint32(b[28:])), le.Uint32(b[32:]), int(le.Uint32(b[36:]))
 	switch {
-	case c.Cmd < CtlFreeze || c.Cmd > CtlAbort, fl > 1, fl == 1 && hl != 0, ll > maxKey, hl > maxKey,
+	case c.Cmd < CtlFreeze || c.Cmd > CtlSplit, fl > 1, fl == 1 && hl != 0, ll > maxKey, hl > maxKey,
 		c.Gen == 0, n != 0 && c.Cmd != CtlIngest:
 		return c, fmt.Errorf("%w: tablet control %d", ErrMalformedRequest, c.Cmd)
 	}
@@ -360,6 +367,14 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 		case tb.State == TabletServing:
 			return s.result(&ok) // nothing under way
 		default:
+			return s.result(&cond)
+		}
+	case CtlSplit:
+		if k < 0 || s.tablets[k].State != TabletServing || s.tablets[k].Gen+1 != c.Gen || s.counts[k] < 2 {
+			return s.result(&cond)
+		}
+		n := len(s.tablets)
+		if s.splitTablet(k); len(s.tablets) == n {
 			return s.result(&cond)
 		}
 	}

@@ -10,9 +10,10 @@ import "github.com/rdmakv/rdmakv/rdma"
 // its header region).
 const HeaderSize = hdrRegionSize
 
-// RegionSize is the size of a group's btree header region: the header
-// and the directory area after it (a read of the whole region returns
-// both: DecodeDir(b[HeaderSize:])).
+// RegionSize is the size of a group's btree header region: the header,
+// the directory area after it and the load area after that (a read of
+// the whole region returns them all: DecodeDir(b[HeaderSize:]) decodes
+// the tablets with their load).
 const RegionSize = regionLen
 
 // HeaderRegion is the region of group g's btree header.

@@ -21,7 +21,8 @@ import (
 //
 // Header (64 bytes, sealed by a check word; written after every node of
 // the applies it reports), followed by the directory area (DirBytes: the
-// group's tablets, directory.go):
+// group's tablets, directory.go) and the load area (LoadBytes: their
+// write and key counts, load.go):
 //
 //	0       8           16        24       32       40 ... 56      64
 //	[root  ][geometry  ][applied ][dirver ][ownver ][0    ][check ]

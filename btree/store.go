@@ -49,6 +49,12 @@ type Store struct {
 	garbage     []Tablet
 	garbageKeys int
 	gcLeft      int
+	// loadSeq counts the writes counted in the tablets (Tablet.Writes);
+	// loadPub and loadVer are it and dirVer at the last publication of
+	// the load area (a drop publishes the directory area alone, in its
+	// apply: the next Publish must write the load area of that version
+	// even if no write was counted since).
+	loadSeq, loadPub, loadVer uint64
 	// pending: unlinked nodes, oldest first, with the entry that
 	// unlinked them; each slot is released FreeAfter entries later.
 	pending []pendingFree
@@ -85,6 +91,21 @@ type Tablet struct {
 	State uint8
 	To    uint32
 	Gen   uint64
+	// Writes counts the write ops the group applied to the tablet's
+	// keys (puts, and deletes of a key that was there) since the tablet
+	// came to be in this group: a config tablet from the store's start,
+	// a tablet moved in from its ingest (0), the upper half of a split
+	// from the split (0; the lower half keeps the count). Every replica
+	// counts the same at each entry, but the count is a hint, not
+	// replicated state: snapshots do not carry it, so a restored
+	// replica starts again from 0. The balancer's load (load.go).
+	Writes uint64
+	// Keys and HasLoad are set only by a directory read (DecodeDir):
+	// Keys is the tablet's key count, and HasLoad says that Writes and
+	// Keys were read with the tablets (the load area matched the
+	// directory area; see load.go).
+	Keys    uint64
+	HasLoad bool
 }
 
 // Contains reports whether key lies in the tablet.
@@ -312,6 +333,13 @@ func (s *Store) Publish(applied uint64) {
 			}
 			s.dirPub = s.dirVer
 		}
+		if s.loadVer != s.dirVer || s.loadPub != s.loadSeq {
+			// Before the header. A reader that reads one area
+			// before and the other after a change finds that their
+			// directory versions differ and takes no load (load.go).
+			s.regs.publishLoad(s.dirVer, s.tablets, s.counts)
+			s.loadPub, s.loadVer = s.loadSeq, s.dirVer
+		}
 		s.regs.Publish(s.t, s.applied, s.dirVer, s.ownVer, dir)
 	}
 }
@@ -516,9 +544,12 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 			if !existed {
 				s.work.Inserts++
 			}
-			if k := s.find(op.Key); !existed && k >= 0 {
-				if s.counts[k]++; s.counts[k] > s.splitPast() && s.tablets[k].State == TabletServing {
-					s.splitTablet(k)
+			if k := s.find(op.Key); k >= 0 {
+				s.countWrite(k)
+				if !existed {
+					if s.counts[k]++; s.counts[k] > s.splitPast() && s.tablets[k].State == TabletServing {
+						s.splitTablet(k)
+					}
 				}
 			}
 		case OpDelete:
@@ -526,6 +557,7 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 				s.work.Writes++
 				if k := s.find(op.Key); k >= 0 {
 					s.counts[k]--
+					s.countWrite(k)
 				}
 			}
 		}
@@ -569,8 +601,14 @@ func (s *Store) splitTablet(k int) {
 	if mid == nil || string(mid) <= string(tb.Low) {
 		return
 	}
-	lo := Tablet{Low: tb.Low, High: mid, Gen: tb.Gen}
+	// The lower half keeps the write count (load.go: a balancer that
+	// knew the tablet by its low fence and generation goes on measuring
+	// it), the upper half counts from 0.
+	lo := Tablet{Low: tb.Low, High: mid, Gen: tb.Gen, Writes: tb.Writes}
 	hi := Tablet{Low: mid, High: tb.High, HighInf: tb.HighInf, Gen: tb.Gen}
+	if s.knobs.splitCopiesWrites {
+		hi.Writes = tb.Writes // planted: the halves' writes add up to more than were made
+	}
 	if s.knobs.splitGap {
 		hi.Low = append(slices.Clone(mid), 0) // planted: [mid, mid+0) left to no tablet
 	}
@@ -587,6 +625,12 @@ func (s *Store) splitTablet(k int) {
 
 // Counts are the keys each tablet holds (tests).
 func (s *Store) Counts() []int { return s.counts }
+
+// countWrite counts a write op applied to tablet k's keys.
+func (s *Store) countWrite(k int) {
+	s.tablets[k].Writes++
+	s.loadSeq++
+}
 
 // holds checks op's condition against the key's state before the request
 // (known: *known and found, when known is not nil).

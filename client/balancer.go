@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,9 +37,14 @@ import (
 //     stayed in the same state for StuckAfter. MoveTablet's steps are
 //     idempotent, so finishing a move that its own mover is still
 //     running changes nothing more than that mover would.
-//   - Otherwise the round runs the balancing rule (PlanBalance, with the
-//     groups' write load as the tie-breaker: planBalanceLoad) and makes
-//     its move.
+//   - Otherwise the round runs the rule by load (planBalanceWrites: each
+//     tablet's writes since the last round, from the write counts its
+//     group publishes, btree/load.go): a tablet moves from the most
+//     loaded group to the least loaded, or a hot tablet splits first.
+//     When the load is not known (the first round, a group whose counts
+//     could not be read) or too small to go by (fewer than MinWrites in
+//     the round), it runs the rule by count (PlanBalance, with the
+//     groups' applied entries as the tie-breaker: planBalanceLoad).
 //
 // Who runs a Balancer is the caller's choice: kvserver runs one in the
 // process hosting group 0's leader (internal/server, balancer.go).
@@ -58,18 +64,37 @@ type BalancerConfig struct {
 	Log *slog.Logger
 	// BeforeStep, if set (tests), is called before each step of the
 	// balancer's moves, with the step's name (freeze, ingest, drop,
-	// activate).
+	// activate), and before its splits ("split").
 	BeforeStep func(step string)
+	// MinWrites is the fewest writes (to every ordered key, all groups
+	// together) between two rounds for the rule by load to decide; with
+	// fewer, the rule by count does (0: DefaultMinWrites).
+	MinWrites uint64
+	// SplitKeys is the fewest keys a hot tablet must hold for the rule
+	// by load to split it (0: DefaultSplitKeys).
+	SplitKeys uint64
 }
+
+// Defaults of BalancerConfig.
+const (
+	DefaultMinWrites = 1000
+	DefaultSplitKeys = 64
+)
 
 // BalancerMove is a move the balancer made (or tried).
 type BalancerMove struct {
 	// From and To are the tablet's fences as kvcli tablets prints them.
 	From string `json:"from"`
 	To   string `json:"to"`
-	// Source and Target are the groups.
+	// Source and Target are the groups (the same group for a split).
 	Source uint32 `json:"source"`
 	Target uint32 `json:"target"`
+	// Split: the balancer split the tablet in its group (a hot tablet,
+	// the rule by load) rather than move it (BalancerStatus.LastSplit).
+	Split bool `json:"split,omitempty"`
+	// Rule is the rule that chose it: "load" or "count" (empty for a
+	// half-done move finished).
+	Rule string `json:"rule,omitempty"`
 	// Resumed: the balancer finished a move that another mover (or its
 	// own failed attempt) left half done.
 	Resumed bool      `json:"resumed,omitempty"`
@@ -97,8 +122,15 @@ type BalancerStatus struct {
 	Rounds uint64 `json:"rounds"`
 	// Tablets is the number of tablets of each group at the last round.
 	Tablets []int `json:"tablets,omitempty"`
-	// Last is the last move made or tried.
-	Last *BalancerMove `json:"last_move,omitempty"`
+	// Writes is each group's write load at the last round that measured
+	// it: the writes its tablets took since the round before (nil: not
+	// measured).
+	Writes []uint64 `json:"writes,omitempty"`
+	// Splits counts the hot tablets the balancer split.
+	Splits uint64 `json:"splits"`
+	// Last is the last move made or tried, LastSplit the last split.
+	Last      *BalancerMove `json:"last_move,omitempty"`
+	LastSplit *BalancerMove `json:"last_split,omitempty"`
 	// LastError is the last round's error, and when.
 	LastError   string    `json:"last_error,omitempty"`
 	LastErrorAt time.Time `json:"last_error_at,omitzero"`
@@ -124,6 +156,9 @@ type Balancer struct {
 	// applied: each group's highest applied index at the last round
 	// (the load tie-breaker's counters).
 	applied []uint64
+	// writes: each tablet's write count at the last round, by
+	// tabletKey (nil: that round could not read every group's counts).
+	writes map[string]uint64
 }
 
 // balancerKnobs are planted bugs (tests only).
@@ -136,6 +171,11 @@ type balancerKnobs struct {
 	noTakeover bool
 	// noAbort: a move of its own that keeps failing is never undone.
 	noAbort bool
+	// ignoreLoad: rounds never measure the tablets' load, so the rule by
+	// count always decides (the balancer before per-tablet counters: a
+	// group with one hot tablet and one with three cold ones look
+	// balanced).
+	ignoreLoad bool
 }
 
 // abortAfter is how many times in a row the balancer's move of a tablet
@@ -165,6 +205,12 @@ func NewBalancer(cfg BalancerConfig) *Balancer {
 	if cfg.MoveTimeout <= 0 {
 		cfg.MoveTimeout = 5 * time.Minute
 	}
+	if cfg.MinWrites == 0 {
+		cfg.MinWrites = DefaultMinWrites
+	}
+	if cfg.SplitKeys == 0 {
+		cfg.SplitKeys = DefaultSplitKeys
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -182,9 +228,14 @@ func (b *Balancer) Status() BalancerStatus {
 	defer b.mu.Unlock()
 	st := b.st
 	st.Tablets = append([]int(nil), st.Tablets...)
+	st.Writes = append([]uint64(nil), st.Writes...)
 	if st.Last != nil {
 		l := *st.Last
 		st.Last = &l
+	}
+	if st.LastSplit != nil {
+		l := *st.LastSplit
+		st.LastSplit = &l
 	}
 	return st
 }
@@ -238,6 +289,7 @@ func (b *Balancer) Round(ctx context.Context, c *Client) error {
 			busy = append(busy, tb)
 		}
 	}
+	loads := b.measure(tbs, groups)
 	b.mu.Lock()
 	b.st.Tablets = count
 	b.mu.Unlock()
@@ -273,22 +325,250 @@ func (b *Balancer) Round(ctx context.Context, c *Client) error {
 		b.pause--
 	}
 	b.mu.Unlock()
-	low, from, to, ok := planBalanceLoad(tbs, groups, b.load(ctx, c))
+	applied := b.load(ctx, c)
+	p, byLoad := planBalanceWrites(tbs, loads, groups, b.cfg.MinWrites, b.cfg.SplitKeys)
+	if !byLoad {
+		p.Low, p.From, p.To, p.OK = planBalanceLoad(tbs, groups, applied)
+		p.Rule = "count"
+	}
 	if paused {
 		b.SetState("paused after an aborted move")
 		return nil
 	}
-	if !ok {
+	if !p.OK {
 		b.SetState("balanced")
 		return nil
 	}
 	var tb TabletInfo
 	for _, t := range tbs {
-		if bytes.Equal(t.Low, low) {
+		if bytes.Equal(t.Low, p.Low) {
 			tb = t
 		}
 	}
-	return b.move(ctx, c, tb, from, to, false, count)
+	if p.Split {
+		return b.split(ctx, c, tb, p)
+	}
+	return b.move(ctx, c, tb, p.From, p.To, false, count, p.Rule)
+}
+
+// tabletKey identifies a tablet across rounds: its group, generation
+// and low fence. The lower half of a split keeps its tablet's key and
+// write count; the upper half, and a tablet moved in (a new generation),
+// are new keys whose counts start at 0 (btree.Tablet.Writes).
+func tabletKey(tb TabletInfo) string {
+	return fmt.Sprintf("%d/%d/%x", tb.Group, tb.Gen, tb.Low)
+}
+
+// measure is each tablet's load (in tbs's order): the writes it took
+// since the last round, from its group's write counts; nil if this
+// round or the last could not read every tablet's (HasLoad), or at the
+// first round. A tablet the last round did not have counts from 0, so
+// its load is its count; a count that went down (a replica restored
+// from a snapshot counts again from 0) is taken as counted from 0 too.
+// It also records each group's load in the status.
+func (b *Balancer) measure(tbs []TabletInfo, groups int) []uint64 {
+	cur := make(map[string]uint64, len(tbs))
+	all := !b.knobs.ignoreLoad
+	for _, tb := range tbs {
+		all = all && tb.HasLoad
+		cur[tabletKey(tb)] = tb.Writes
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	prev := b.writes
+	if !all {
+		b.writes = nil
+		return nil
+	}
+	b.writes = cur
+	if prev == nil {
+		return nil
+	}
+	loads := make([]uint64, len(tbs))
+	per := make([]uint64, groups)
+	for i, tb := range tbs {
+		w := tb.Writes
+		if p, ok := prev[tabletKey(tb)]; ok && p <= w {
+			w -= p
+		}
+		loads[i] = w
+		if int(tb.Group) < groups {
+			per[tb.Group] += w
+		}
+	}
+	b.st.Writes = per
+	return loads
+}
+
+// balancePlan is what a balancing rule proposes.
+type balancePlan struct {
+	// Low is the tablet's low fence; From its group, To the group it
+	// goes to (From for a split).
+	Low      []byte
+	From, To uint32
+	// Split: split the tablet in its group (at its median key) rather
+	// than move it.
+	Split bool
+	// OK: there is something to do.
+	OK bool
+	// Rule is "load" or "count".
+	Rule string
+}
+
+// planBalanceWrites is the rule by load. loads are the tablets' loads
+// (the writes each took in the last round, in tablets' order; nil: not
+// known). It decides (byLoad) when the loads are known, every tablet
+// serves, and the groups took at least minWrites writes in all; then,
+// with L the groups' loads, hi the most loaded group and lo the least
+// loaded (ties: the lowest id; a group at MaxTablets is never lo), the
+// first of:
+//
+//  1. A move (loadMove): nothing while L[lo] > 3/4 L[hi] (the
+//     hysteresis: a gap under a quarter of the most loaded group's load
+//     is left alone). A move of tablet t (load x) from hi to lo leaves
+//     the two groups max(L[hi]-x, L[lo]+x); of hi's tablets the one
+//     that leaves the least (ties: the highest low fence) moves if that
+//     takes at least a quarter of the gap off L[hi]. So both groups end
+//     below what L[hi] was, and moving the tablet back would leave
+//     L[hi] again: a move never just swaps the imbalance (no
+//     ping-pong), and at constant loads moves end.
+//  2. A split: hi's hottest tablet (ties: the highest low fence) takes
+//     more than half of L[hi] (moving it would only carry the imbalance
+//     to lo), holds at least splitKeys keys, and hi owns no more
+//     tablets than the mean (or just one): it splits at its median key,
+//     in hi, and its halves can then move. (The mean bounds the splits
+//     when the load does not divide, a hot key or inserts at the end of
+//     the key order: the upper half stays as hot, and hi's count stops
+//     them, about one split per group.)
+//  3. The rule by count (PlanBalance's groups), with a tablet of the
+//     fullest group whose move leaves its target no more loaded than
+//     L[hi] and the load rule nothing to move (1) at the same loads,
+//     the least loaded first (ties: the highest low fence): counts even
+//     out without raising the most loaded group's load, undoing, or
+//     being undone by, moves by load.
+//
+// Without load (byLoad false) the caller goes by count (PlanBalance).
+// A pure function of its arguments: every balancer reading the same
+// tablets and loads proposes the same.
+func planBalanceWrites(tablets []TabletInfo, loads []uint64, groups int, minWrites, splitKeys uint64) (p balancePlan, byLoad bool) {
+	return planBalanceWritesKnobs(tablets, loads, groups, minWrites, splitKeys, planKnobs{})
+}
+
+// planKnobs are planted bugs of the rule by load (tests only).
+type planKnobs struct {
+	// swap: a move by load needs only to leave hi no more loaded than
+	// before (not both groups below L[hi], by a quarter of the gap), so
+	// a tablet that is all of the imbalance moves back and forth.
+	swap bool
+	// countUnguarded: the rule by count moves the fullest group's
+	// tablet without checking what the load rule does after it.
+	countUnguarded bool
+	// splitPastMean: a hot tablet splits however many tablets its group
+	// owns, so a load that does not divide (inserts at the end of the
+	// key order) splits the tablet at its end round after round.
+	splitPastMean bool
+}
+
+func planBalanceWritesKnobs(tablets []TabletInfo, loads []uint64, groups int, minWrites, splitKeys uint64, k planKnobs) (p balancePlan, byLoad bool) {
+	p.Rule = "load"
+	if groups < 2 || len(loads) != len(tablets) {
+		return p, false
+	}
+	L := make([]uint64, groups)
+	count := make([]int, groups)
+	var total uint64
+	for i, tb := range tablets {
+		if tb.State != "serving" || int(tb.Group) >= groups {
+			return p, false
+		}
+		L[tb.Group] += loads[i]
+		count[tb.Group]++
+		total += loads[i]
+	}
+	if total < minWrites || total == 0 {
+		return p, false
+	}
+	if i, hi, lo, ok := loadMove(tablets, loads, L, count, k); ok {
+		p.Low, p.From, p.To, p.OK = tablets[i].Low, hi, lo, true
+		return p, true
+	}
+	hi := 0
+	for g := range groups {
+		if L[g] > L[hi] {
+			hi = g
+		}
+	}
+	hot := -1
+	for i, tb := range tablets {
+		if int(tb.Group) == hi && (hot < 0 || loads[i] > loads[hot] || loads[i] == loads[hot] && string(tb.Low) > string(tablets[hot].Low)) {
+			hot = i
+		}
+	}
+	if hot >= 0 && 2*loads[hot] > L[hi] && tablets[hot].Keys >= splitKeys && count[hi] < btree.MaxTablets && (count[hi]*groups <= max(len(tablets), groups) || k.splitPastMean) {
+		p.Low, p.From, p.To, p.Split, p.OK = tablets[hot].Low, uint32(hi), uint32(hi), true, true
+		return p, true
+	}
+	_, from, to, ok := PlanBalance(tablets, groups)
+	if !ok {
+		return p, true
+	}
+	tablets = slices.Clone(tablets) // the caller's are not changed, even for a moment
+	pick := -1
+	for i, tb := range tablets {
+		if tb.Group != from || pick >= 0 && (loads[i] > loads[pick] || loads[i] == loads[pick] && string(tb.Low) < string(tablets[pick].Low)) {
+			continue
+		}
+		// Would the load rule move something after it?
+		L[from], L[to] = L[from]-loads[i], L[to]+loads[i]
+		count[from], count[to] = count[from]-1, count[to]+1
+		tablets[i].Group = to
+		_, _, _, undo := loadMove(tablets, loads, L, count, k)
+		tablets[i].Group = from
+		L[from], L[to] = L[from]+loads[i], L[to]-loads[i]
+		count[from], count[to] = count[from]+1, count[to]-1
+		if !undo && L[to]+loads[i] <= L[hi] || k.countUnguarded {
+			pick = i
+		}
+	}
+	if pick >= 0 {
+		p.Low, p.From, p.To, p.OK, p.Rule = tablets[pick].Low, from, to, true, "count"
+	}
+	return p, true
+}
+
+// loadMove is step 1 of planBalanceWrites: the tablet (its index) to
+// move from hi to lo, given the groups' loads L and tablet counts.
+func loadMove(tablets []TabletInfo, loads, L []uint64, count []int, k planKnobs) (at int, from, to uint32, ok bool) {
+	hi, lo := 0, -1
+	for g := range L {
+		if L[g] > L[hi] {
+			hi = g
+		}
+		if count[g] < btree.MaxTablets && (lo < 0 || L[g] < L[lo]) {
+			lo = g
+		}
+	}
+	if lo < 0 || lo == hi || 4*L[lo] > 3*L[hi] {
+		return 0, 0, 0, false
+	}
+	gap := L[hi] - L[lo]
+	best, bestAt := L[hi], -1
+	for i, tb := range tablets {
+		if int(tb.Group) != hi || loads[i] == 0 {
+			continue
+		}
+		left := max(L[hi]-loads[i], L[lo]+loads[i])
+		if k.swap {
+			left = L[hi] - loads[i] // planted: the target's load left out
+		}
+		if left < best || left == best && bestAt >= 0 && string(tb.Low) > string(tablets[bestAt].Low) {
+			best, bestAt = left, i
+		}
+	}
+	if bestAt < 0 || 4*(L[hi]-best) < gap {
+		return 0, 0, 0, false
+	}
+	return bestAt, uint32(hi), uint32(lo), true
 }
 
 // takeOver handles a tablet that is not serving: the balancer's own
@@ -322,7 +602,7 @@ func (b *Balancer) takeOver(ctx context.Context, c *Client, tb TabletInfo) error
 		b.cfg.Log.Info(fmt.Sprintf("balancer: the move of tablet [%s, %s) to group %d has been %s for %v: finishing it",
 			fenceString(c.m, tb.Low), highString(c.m, tb), to, tb.State, waited.Round(time.Millisecond)))
 	}
-	return b.move(ctx, c, tb, src, to, true, nil)
+	return b.move(ctx, c, tb, src, to, true, nil, "")
 }
 
 // abort undoes the balancer's own move of tablet tb (frozen at its
@@ -428,14 +708,14 @@ func (k *Keyspace) servesAgain(ctx context.Context, g uint32, tb btree.Tablet) e
 
 // move moves tablet tb from group from to group to (or finishes that
 // move), records it and logs one line.
-func (b *Balancer) move(ctx context.Context, c *Client, tb TabletInfo, from, to uint32, resumed bool, count []int) error {
+func (b *Balancer) move(ctx context.Context, c *Client, tb TabletInfo, from, to uint32, resumed bool, count []int, rule string) error {
 	b.SetState("moving")
 	mctx, cancel := context.WithTimeout(ctx, b.cfg.MoveTimeout)
 	defer cancel()
 	t0 := time.Now()
 	err := c.MoveTablet(mctx, tb.Low, to)
 	mv := &BalancerMove{From: fenceString(c.m, tb.Low), To: highString(c.m, tb), Source: from, Target: to, Resumed: resumed,
-		At: t0, Took: time.Since(t0).Round(time.Millisecond).String()}
+		Rule: rule, At: t0, Took: time.Since(t0).Round(time.Millisecond).String()}
 	what := "moved"
 	if resumed {
 		what = "finished moving"
@@ -475,7 +755,40 @@ func (b *Balancer) move(ctx context.Context, c *Client, tb TabletInfo, from, to 
 	if count != nil {
 		line += fmt.Sprintf(" (tablets per group now %v)", count)
 	}
+	if rule == "load" {
+		line += fmt.Sprintf(" by load (writes per group in the last round %v)", b.Status().Writes)
+	}
 	b.cfg.Log.Info(line)
+	return nil
+}
+
+// split splits the hot tablet tb in its group (the rule by load, p).
+func (b *Balancer) split(ctx context.Context, c *Client, tb TabletInfo, p balancePlan) error {
+	b.SetState("splitting")
+	mctx, cancel := context.WithTimeout(ctx, b.cfg.MoveTimeout)
+	defer cancel()
+	t0 := time.Now()
+	err := c.SplitTablet(mctx, tb.Low)
+	mv := &BalancerMove{From: fenceString(c.m, tb.Low), To: highString(c.m, tb), Source: p.From, Target: p.From, Split: true,
+		Rule: p.Rule, At: t0, Took: time.Since(t0).Round(time.Millisecond).String()}
+	b.mu.Lock()
+	b.st.LastSplit = mv
+	if err != nil {
+		mv.Err = err.Error()
+		b.st.State, b.st.LastError, b.st.LastErrorAt = "error", err.Error(), time.Now()
+		b.st.Errors++
+	} else {
+		b.st.Splits++
+		b.st.State = "balanced"
+	}
+	writes := b.st.Writes
+	b.mu.Unlock()
+	if err != nil {
+		b.cfg.Log.Warn(fmt.Sprintf("balancer: splitting hot tablet [%s, %s) in group %d failed: %v", mv.From, mv.To, p.From, err))
+		return err
+	}
+	b.cfg.Log.Info(fmt.Sprintf("balancer: split hot tablet [%s, %s) (%d keys) in group %d in %s by load (writes per group in the last round %v)",
+		mv.From, mv.To, tb.Keys, p.From, mv.Took, writes))
 	return nil
 }
 

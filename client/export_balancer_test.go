@@ -25,3 +25,21 @@ func UndoMove(c *Client, ctx context.Context, low []byte) error { return c.undoM
 // PlantUndoUnchecked plants a bug in c's undoMove: the target forgets the
 // tablet without the check that the source never dropped it.
 func PlantUndoUnchecked(c *Client) { c.ord.undoUnchecked = true }
+
+// PlanBalanceWrites is the balancer's rule by load (planBalanceWrites).
+func PlanBalanceWrites(tablets []TabletInfo, loads []uint64, groups int, minWrites, splitKeys uint64) (low []byte, from, to uint32, split, ok, byLoad bool, rule string) {
+	p, byLoad := planBalanceWrites(tablets, loads, groups, minWrites, splitKeys)
+	return p.Low, p.From, p.To, p.Split, p.OK, byLoad, p.Rule
+}
+
+// PlantBalancerIgnoreLoad plants a bug in b: rounds never measure the
+// tablets' load, so the rule by count always decides.
+func PlantBalancerIgnoreLoad(b *Balancer) { b.knobs.ignoreLoad = true }
+
+// PlanBalanceWritesPlanted is PlanBalanceWrites with a planted bug of
+// the rule: "swap", "countUnguarded" or "splitPastMean" (planKnobs).
+func PlanBalanceWritesPlanted(plant string, tablets []TabletInfo, loads []uint64, groups int, minWrites, splitKeys uint64) (low []byte, from, to uint32, split, ok, byLoad bool, rule string) {
+	k := planKnobs{swap: plant == "swap", countUnguarded: plant == "countUnguarded", splitPastMean: plant == "splitPastMean"}
+	p, byLoad := planBalanceWritesKnobs(tablets, loads, groups, minWrites, splitKeys, k)
+	return p.Low, p.From, p.To, p.Split, p.OK, byLoad, p.Rule
+}

@@ -256,7 +256,9 @@ func (k *Keyspace) refreshDirMode(ctx context.Context, seen *btree.Directory, mo
 		if old != nil {
 			for _, p := range old.Tablets() {
 				if p.Group == gid {
-					groups[gid] = append(groups[gid], p.Tablet)
+					tb := p.Tablet
+					tb.HasLoad = false // counts of an older read: not this one's
+					groups[gid] = append(groups[gid], tb)
 				}
 			}
 			versions[gid], owns[gid] = old.Version(gid), old.OwnVersion(gid)

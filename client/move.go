@@ -33,6 +33,16 @@ type TabletInfo struct {
 	State string
 	To    uint32
 	Gen   uint64
+	// Writes and Keys are the tablet's load as its group published it
+	// (btree/load.go), if HasLoad: the write ops the group applied to
+	// the tablet's keys since the tablet came to the group (a split's
+	// upper half and a moved tablet count from 0; a replica restored
+	// from a snapshot counts again from 0: a hint), and the keys it
+	// holds. Reads are one-sided and not counted. HasLoad is false when
+	// the group's load area could not be read with its tablets (torn,
+	// or of another directory version) or the group did not answer.
+	Writes, Keys uint64
+	HasLoad      bool
 }
 
 func tabletInfo(p btree.Placed) TabletInfo {
@@ -43,7 +53,8 @@ func tabletInfo(p btree.Placed) TabletInfo {
 	case btree.TabletInstalling:
 		st = "installing"
 	}
-	return TabletInfo{Low: p.Low, High: p.High, HighInf: p.HighInf, Group: p.Group, State: st, To: p.To, Gen: p.Gen}
+	return TabletInfo{Low: p.Low, High: p.High, HighInf: p.HighInf, Group: p.Group, State: st, To: p.To, Gen: p.Gen,
+		Writes: p.Writes, Keys: p.Keys, HasLoad: p.HasLoad}
 }
 
 // ErrNoKeyspace: the cluster map declares no ordered keyspace.
@@ -129,6 +140,14 @@ func (c *Client) ctl(ctx context.Context, g uint32, ct *btree.Ctl) (kv.Result, e
 const stepTries = 5
 
 // step sends a move step and wants StatusOK.
+// stepOf names what a step is part of.
+func stepOf(step string) string {
+	if step == "split" {
+		return "split"
+	}
+	return "move"
+}
+
 func (c *Client) step(ctx context.Context, g uint32, ct *btree.Ctl, what string) error {
 	if c.ord.moveHook != nil {
 		c.ord.moveHook(what)
@@ -143,10 +162,10 @@ func (c *Client) step(ctx context.Context, g uint32, ct *btree.Ctl, what string)
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("rdmakv: tablet move, %s at group %d: %w", what, g, err)
+		return fmt.Errorf("rdmakv: tablet %s, %s at group %d: %w", stepOf(what), what, g, err)
 	}
 	if r.Status != kv.StatusOK {
-		return fmt.Errorf("rdmakv: tablet move, %s at group %d: status %d (the tablet changed, or another move runs; nothing changed by this step)", what, g, r.Status)
+		return fmt.Errorf("rdmakv: tablet %s, %s at group %d: status %d (the tablet changed, or another move runs; nothing changed by this step)", stepOf(what), what, g, r.Status)
 	}
 	return nil
 }
@@ -307,6 +326,33 @@ func (k *Keyspace) movePage(ctx context.Context, d *btree.Directory, g uint32, l
 		out[i] = btree.KV{Key: slices.Clone(p.Key), Value: slices.Clone(p.Value), Version: p.Version}
 	}
 	return out, nil
+}
+
+// SplitTablet splits the tablet whose low fence is low (an internal key,
+// as Tablets returns) in its group, at its median key: both halves stay
+// in the group, and can then be moved apart (the balancer splits a hot
+// tablet so). It fails, changing nothing, if the tablet is moving, holds
+// fewer than 2 keys, or its group owns btree.MaxTablets tablets; and
+// also if its answer was lost and the request sent again found the
+// tablet split already (Tablets shows it).
+func (c *Client) SplitTablet(ctx context.Context, low []byte) error {
+	d, err := c.freshDir(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range d.Tablets() {
+		if !bytes.Equal(p.Low, low) {
+			continue
+		}
+		if p.State != btree.TabletServing {
+			return fmt.Errorf("rdmakv: tablet %q is moving", low)
+		}
+		ct := &btree.Ctl{Cmd: btree.CtlSplit, Gen: p.Gen + 1, Tablet: btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}}
+		// Routing needs no fresh directory: both halves stay in the
+		// group, as after a split past TabletMax.
+		return c.step(ctx, p.Group, ct, "split")
+	}
+	return fmt.Errorf("rdmakv: no tablet starts at %q", low)
 }
 
 // AbortTabletMove undoes the move of the tablet whose low fence is low,

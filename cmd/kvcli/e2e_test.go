@@ -596,9 +596,12 @@ func testOrdered(t *testing.T, e *e2e) {
 	// Tablets: the keyspace declares no split points, so group 0 serves
 	// the one tablet; move-tablet hands it to group 1, and the keys are
 	// read from there; balance has nothing to do (1 tablet, 2 groups).
-	e.must(t, 0, "min\tmax\tgroup 0\tserving\n", "tablets")
+	// Each line ends with the tablet's load: its keys, and the writes
+	// its group applied to it (a moved tablet counts from 0 at its
+	// target).
+	e.must(t, 0, "min\tmax\tgroup 0\tserving\t106 keys, 106 writes\n", "tablets")
 	e.must(t, 0, "OK\n", "move-tablet", "min", "1")
-	e.must(t, 0, "min\tmax\tgroup 1\tserving\n", "tablets")
+	e.must(t, 0, "min\tmax\tgroup 1\tserving\t106 keys, 0 writes\n", "tablets")
 	e.must(t, 0, "vab\n", append(ks, "get", "ab")...)
 	e.must(t, 0, "a\tva\nab\tvab\nb\tvb\nc\tvc\n", append(ks, "scan", "a", "d")...)
 	e.must(t, 0, "OK\n", append(ks, "put", "e", "ve")...)

@@ -56,6 +56,10 @@ type tabletLine struct {
 	State string `json:"state"`
 	Dest  uint32 `json:"moving_to,omitempty"`
 	Gen   uint64 `json:"gen"`
+	// Keys and Writes: the tablet's load as its group published it
+	// (absent when it could not be read with the tablets).
+	Keys   *uint64 `json:"keys,omitempty"`
+	Writes *uint64 `json:"writes,omitempty"`
 }
 
 func runTablets(s *session, x *call) int {
@@ -74,6 +78,9 @@ func runTablets(s *session, x *call) int {
 		if tb.State == "frozen" {
 			l.Dest = tb.To
 		}
+		if tb.HasLoad {
+			l.Keys, l.Writes = &tb.Keys, &tb.Writes
+		}
 		if x.json {
 			s.printJSON(l)
 			continue
@@ -82,7 +89,11 @@ func runTablets(s *session, x *call) int {
 		if tb.State == "frozen" {
 			st = fmt.Sprintf("frozen (moving to group %d)", tb.To)
 		}
-		fmt.Fprintf(s.stdout, "%s\t%s\tgroup %d\t%s\n", l.From, l.To, tb.Group, st)
+		load := ""
+		if tb.HasLoad {
+			load = fmt.Sprintf("\t%s, %s", plural(int(tb.Keys), "key"), plural(int(tb.Writes), "write"))
+		}
+		fmt.Fprintf(s.stdout, "%s\t%s\tgroup %d\t%s%s\n", l.From, l.To, tb.Group, st, load)
 	}
 	return exitOK
 }

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/server"
 )
@@ -255,7 +256,7 @@ func balancerLines(cfg *cluster.Config, m *cluster.Map) []string {
 	if d == 0 {
 		return []string{"tablet balancer: off ([ordered] balance_interval = \"0\"): tablets move when an operator asks (kvcli balance)"}
 	}
-	out := []string{fmt.Sprintf("tablet balancer: a move at most every %v, by the process hosting group 0's leader", d)}
+	out := []string{fmt.Sprintf("tablet balancer: a move at most every %v, by the process hosting group 0's leader (by the tablets' write load, splitting a hot tablet first; by their count under %d writes a round)", d, client.DefaultMinWrites)}
 	if m.Fabric != "tcp" {
 		return out
 	}

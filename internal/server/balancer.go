@@ -203,13 +203,15 @@ var (
 	dBalActive  = prometheus.NewDesc("rdmakv_balancer_active", "1 while the process's balancer runs rounds (it hosts group 0's leader), else 0.", nil, nil)
 	dBalMoving  = prometheus.NewDesc("rdmakv_balancer_moving", "1 while the process's balancer moves a tablet.", nil, nil)
 	dBalTablets = prometheus.NewDesc("rdmakv_balancer_tablets", "Tablets of each group at the balancer's last round.", []string{"group"}, nil)
+	dBalSplits  = prometheus.NewDesc("rdmakv_balancer_splits_total", "Hot tablets the process's balancer split (the rule by load).", nil, nil)
+	dBalWrites  = prometheus.NewDesc("rdmakv_balancer_writes", "Writes each group's tablets took between the balancer's last two rounds that measured them (its load).", []string{"group"}, nil)
 )
 
 // balancerCollector exports the balancer's status.
 type balancerCollector struct{ p *Process }
 
 func (c balancerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dBalMoves, dBalResumed, dBalAborted, dBalErrors, dBalActive, dBalMoving, dBalTablets} {
+	for _, d := range []*prometheus.Desc{dBalMoves, dBalResumed, dBalAborted, dBalErrors, dBalActive, dBalMoving, dBalTablets, dBalSplits, dBalWrites} {
 		ch <- d
 	}
 }
@@ -228,5 +230,9 @@ func (c balancerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(dBalMoving, prometheus.GaugeValue, b2f(st.State == "moving"))
 	for g, n := range st.Tablets {
 		ch <- prometheus.MustNewConstMetric(dBalTablets, prometheus.GaugeValue, float64(n), strconv.Itoa(g))
+	}
+	ch <- prometheus.MustNewConstMetric(dBalSplits, prometheus.CounterValue, float64(st.Splits))
+	for g, n := range st.Writes {
+		ch <- prometheus.MustNewConstMetric(dBalWrites, prometheus.GaugeValue, float64(n), strconv.Itoa(g))
 	}
 }
