@@ -72,6 +72,9 @@ import (
 //     tablet (in any state) of some group's furthest replica: a range
 //     that no group holds lost its pairs;
 //   - every group's replicas hold only keys of their tablets;
+//   - moved pairs: when a move's drop is acknowledged, the target's
+//     installing tablet holds exactly the keys the mover read from the
+//     source after the freeze (no key of an older installing copy);
 //   - scans: every piece's pairs lie in its range, in order (descending
 //     for a reverse scan), at most its limit, and the pieces of a scan
 //     follow each other in order;
@@ -566,6 +569,7 @@ type moverProc struct {
 	stepState uint8
 	crashArm  bool // crash after the next step acknowledged
 	fromView  bool // the next plan is made from the old incarnation's tablets
+	read      bool // pairs holds the tablet as this incarnation read it
 }
 
 // oldView is what a crashed mover knew (moveOpts.oldView).
@@ -682,6 +686,9 @@ func (p *moverProc) Step(now time.Duration) bool {
 			}
 			if debugMoves {
 				fmt.Printf("%v: mover: %s at group %d acknowledged\n", now, s.what, s.g)
+			}
+			if s.what == "drop" && p.read {
+				p.checkIngested()
 			}
 			if s.crash {
 				p.crash(now)
@@ -895,11 +902,51 @@ func (p *moverProc) stepsDone(now time.Duration) {
 	}
 	if p.thenRead {
 		p.thenRead = false
-		p.pairs, p.lo = p.pairs[:0], bytes.Clone(p.tb.Low)
+		p.pairs, p.lo, p.read = p.pairs[:0], bytes.Clone(p.tb.Low), false
 		p.beginRead()
 		return
 	}
 	p.st, p.next = mvIdle, now+p.gap()
+}
+
+// checkIngested: once the drop of a move whose pairs this mover read is
+// acknowledged, the target's installing tablet (which nothing writes
+// until its activation, not sent yet) holds exactly the keys read from
+// the source after the freeze, at the target's most advanced replica.
+// A key more is one the target had before (a leftover's, taken in by an
+// ingest: it may have been deleted at the source since).
+func (p *moverProc) checkIngested() {
+	h := p.h
+	var best *kvRepProc
+	for _, id := range h.members[p.to] {
+		if q := h.procs[id]; q != nil && h.s.Live(id) && (best == nil || q.r.Multicast().Delivered() > best.r.Multicast().Delivered()) {
+			best = q
+		}
+	}
+	if best == nil {
+		return
+	}
+	i := slices.IndexFunc(best.store.Tablets(), func(tb btree.Tablet) bool { return bytes.Equal(tb.Low, p.tb.Low) })
+	if i < 0 || best.store.Tablets()[i].State != btree.TabletInstalling || best.store.Tablets()[i].Gen != p.gen {
+		return // activated or replaced meanwhile (another incarnation's steps)
+	}
+	var keys []string
+	best.store.Tree().Ascend(p.tb.Low, func(k, _ []byte) bool {
+		if !p.tb.Contains(k) {
+			return false
+		}
+		keys = append(keys, string(k))
+		return true
+	})
+	for _, k := range keys {
+		if !slices.ContainsFunc(p.pairs, func(e btree.KVV) bool { return string(e.Key) == k }) {
+			h.fail(fmt.Errorf("moved pairs: group %d's installing %s holds key %q, which group %d did not hold at the freeze (an older installing copy's, taken in by the ingest)", p.to, fmtTablet(best.store.Tablets()[i]), k, p.from))
+			return
+		}
+	}
+	if len(keys) != len(p.pairs) {
+		h.fail(fmt.Errorf("moved pairs: group %d's installing %s holds %d keys, %d were ingested", p.to, fmtTablet(best.store.Tablets()[i]), len(keys), len(p.pairs)))
+	}
 }
 
 // beginCheck is Client.undoMove's step 2 (Keyspace.servesAgain): a
@@ -984,6 +1031,7 @@ func (p *moverProc) readDone(now time.Duration) {
 		p.beginRead()
 		return
 	}
+	p.read = true
 	room := multicast.MaxPayload(512)
 	var ingests []mvStep
 	var part []btree.KVV
@@ -1563,9 +1611,10 @@ func TestSimMoves(t *testing.T) {
 //     tablet's generation, so an installing copy left at the target by
 //     an undo cut short after its first step (the mover crashed) is not
 //     hidden by the source's tablet, and the next move to that target
-//     with the same generation would take its pairs over it (ownership:
-//     a leftover not hidden after the run; or linearizability, once a
-//     move took a key deleted meanwhile back).
+//     with the same generation takes its pairs in over it (moved pairs:
+//     the target holds a key the source did not; ownership: a leftover
+//     not hidden after the run; or linearizability, a key deleted
+//     meanwhile back).
 func TestSimMovesMutants(t *testing.T) {
 	for _, m := range []struct {
 		name string
@@ -1580,7 +1629,7 @@ func TestSimMovesMutants(t *testing.T) {
 		{"activate-first", moveOpts{activateFirst: true}, kvOpts{ops: 100}, []string{"served by two groups at once"}},
 		{"activate-early", moveOpts{activateEarly: true}, kvOpts{ops: 100}, []string{"linearizability"}},
 		{"unchecked-undo", moveOpts{uncheckedUndo: true, oldView: true, crashMover: 8, abortOneIn: 1, crashAfterDrop: true}, kvOpts{ops: 100}, []string{"ownership: the keys from"}},
-		{"ingest-over-leftover", moveOpts{store: "ingest-over-leftover", crashMover: 8, abortOneIn: 1}, kvOpts{ops: 100}, []string{"ownership:", "linearizability"}},
+		{"ingest-over-leftover", moveOpts{store: "ingest-over-leftover", crashMover: 8, abortOneIn: 1}, kvOpts{ops: 100}, []string{"moved pairs:", "ownership:", "linearizability"}},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			b := m.base
