@@ -34,8 +34,10 @@ import (
 // the client's calls. Each step names the product function it mirrors.
 // The mover reads the directory linearizably (from each group's leader,
 // its epoch confirmed: Client.freshDir), except in the lagging-mover
-// case, where it reads it stale-ok from member 0 (harsher than the
-// product: its undo must stay safe on a directory behind the groups). A
+// case, where it reads it stale-ok from each group's member furthest
+// behind (harsher than the product: its undo must stay safe on a
+// directory behind the groups), and a new mover of the old-view case
+// plans first from what its crashed incarnation knew. A
 // mover that crashes comes back as a new process that reads the
 // directory again and finishes the move it finds under way (MoveTablet
 // again) or undoes it (Client.undoMove, as AbortTabletMove and the
@@ -774,6 +776,7 @@ func (p *moverProc) readDir() {
 	if h.o.moves.staleDir {
 		mode = StaleOK
 		for g := range p.dirR {
+			p.dirR[g].Close()
 			p.dirR[g] = NewOrderedReader(p.env.Node(), uint32(g), h.members[g], h.furthestBehind(g), btree.NewCache(1<<10))
 		}
 	}
@@ -1578,6 +1581,9 @@ func TestSimMoves(t *testing.T) {
 			}
 			if o.moves.crashLeaders > 0 && st.leaders == 0 {
 				t.Errorf("no leader crashed after a step")
+			}
+			if o.moves.oldView && seeds >= kvSimMoveSeeds && st.undone == 0 {
+				t.Errorf("no undo got past its check of the source")
 			}
 		})
 	}
