@@ -75,7 +75,7 @@ import (
 //     that no group holds lost its pairs;
 //   - every group's replicas hold only keys of their tablets;
 //   - moved pairs: when a move's drop is acknowledged, the target's
-//     installing tablet holds exactly the keys the mover read from the
+//     installing tablet holds no key but those the mover read from the
 //     source after the freeze (no key of an older installing copy);
 //   - scans: every piece's pairs lie in its range, in order (descending
 //     for a reverse scan), at most its limit, and the pieces of a scan
@@ -913,11 +913,13 @@ func (p *moverProc) stepsDone(now time.Duration) {
 }
 
 // checkIngested: once the drop of a move whose pairs this mover read is
-// acknowledged, the target's installing tablet (which nothing writes
-// until its activation, not sent yet) holds exactly the keys read from
-// the source after the freeze, at the target's most advanced replica.
-// A key more is one the target had before (a leftover's, taken in by an
-// ingest: it may have been deleted at the source since).
+// acknowledged, the target's installing tablet of the move (which
+// nothing writes until its activation, not sent yet) holds no key but
+// those read from the source after the freeze, at the target's most
+// advanced live replica. A key more is one the target had before (a
+// leftover's, taken in by an ingest: it may have been deleted at the
+// source since). (Fewer keys are no error there: after a leader crash
+// the live replicas may not have applied every acknowledged ingest yet.)
 func (p *moverProc) checkIngested() {
 	h := p.h
 	var best *kvRepProc
@@ -946,9 +948,6 @@ func (p *moverProc) checkIngested() {
 			h.fail(fmt.Errorf("moved pairs: group %d's installing %s holds key %q, which group %d did not hold at the freeze (an older installing copy's, taken in by the ingest)", p.to, fmtTablet(best.store.Tablets()[i]), k, p.from))
 			return
 		}
-	}
-	if len(keys) != len(p.pairs) {
-		h.fail(fmt.Errorf("moved pairs: group %d's installing %s holds %d keys, %d were ingested", p.to, fmtTablet(best.store.Tablets()[i]), len(keys), len(p.pairs)))
 	}
 }
 
