@@ -99,6 +99,13 @@ type testingKnobs struct {
 	// leaf write per key) instead of one write per leaf: the reference
 	// Tree.deleteKeys is compared with, not a bug.
 	keyByKey bool
+	// ingestOverLeftover: an abort at a move's source leaves the
+	// tablet's generation as it was, and an ingest takes its pairs into
+	// an installing tablet left of an aborted move (the target's abort
+	// never ran) when the next move has the same generation: keys
+	// deleted at the source between the two moves come back at the
+	// target (the kv simulator's moves).
+	ingestOverLeftover bool
 	// freeAtOnce releases an unlinked node's slot in the apply that
 	// unlinked it, without the grace of FreeAfter entries.
 	freeAtOnce bool
@@ -152,6 +159,10 @@ func PlantNoOwnBump(s *Store) { s.knobs.noOwnBump = true }
 // PlantDropBeforePublish plants the dropBeforePublish bug in s (tests
 // of other packages: a reader between a drop's node writes).
 func PlantDropBeforePublish(s *Store) { s.knobs.dropBeforePublish = true }
+
+// PlantIngestOverLeftover plants the ingestOverLeftover bug in s (tests
+// of other packages: the kv simulator's moves).
+func PlantIngestOverLeftover(s *Store) { s.knobs.ingestOverLeftover = true }
 
 // SetOnWrite makes s call f after each node write of its tree (nil:
 // none; tests of other packages read the published state between the

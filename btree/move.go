@@ -31,7 +31,10 @@ import (
 // was applied before the freeze (so it was ingested), and t applies
 // writes only after g's drop, which a linearizable reader of g sees.
 // CtlAbort undoes a move that has not dropped: it removes t's installing
-// tablet, and unfreezes g's.
+// tablet, and unfreezes g's, which then serves at the move's generation
+// (so every move of a range, aborted or not, has a generation of its
+// own). An ingest meeting an installing tablet of an older generation
+// (left of an abort that reached g but not t) removes it first.
 //
 // A control request (format RequestFormat, flags FlagTablet):
 //
@@ -238,6 +241,21 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 		tb.State, tb.To = TabletFrozen, c.To
 		s.dirVer++
 	case CtlIngest:
+		// An installing tablet of an older generation overlapping this
+		// move's is left of a move that was aborted at its source but
+		// not at this target (an undo interrupted between its steps):
+		// that move can never finish (its source serves the range again,
+		// at a generation past it), and this move's pairs are the range's
+		// last state. Taking them in over the leftover would keep its
+		// keys that were deleted at the source since: they go first.
+		if !s.knobs.ingestOverLeftover {
+			for i := len(s.tablets) - 1; i >= 0; i-- {
+				if tb := s.tablets[i]; tb.State == TabletInstalling && tb.Gen < c.Gen && overlaps(tb, c.Tablet) {
+					s.removeTablet(i) // its keys become garbage, cleared below in this range
+				}
+			}
+			k = s.exact(c.Tablet)
+		}
 		if k < 0 {
 			for i := range s.tablets {
 				if overlaps(s.tablets[i], c.Tablet) {
@@ -353,6 +371,16 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 			s.removeTablet(k)
 		case tb.State == TabletFrozen && tb.Gen+1 == c.Gen:
 			tb.State, tb.To = TabletServing, 0
+			// The aborted move's generation is used up: the tablet
+			// serves again at it, so the next move of the range has a
+			// generation of its own. A freeze of this move sent again
+			// late is refused, and an installing copy of this move left
+			// at the target (its abort never ran) is older than the next
+			// move's, which replaces it (CtlIngest) instead of taking
+			// its pairs over the leftover's.
+			if !s.knobs.ingestOverLeftover {
+				tb.Gen = c.Gen
+			}
 			s.dirVer++
 			// The ownership version too, though the group serves the
 			// same keys: a mover that resumes the move from a directory

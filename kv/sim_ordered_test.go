@@ -522,20 +522,28 @@ func TestSimOrderedMutants(t *testing.T) {
 			o := orderedRunOpts(m.base)
 			o.skipOwnerCheck, o.knobs, o.skipFence, o.staleSplit, o.ordKnobs = m.owner, m.knobs, m.fence == 1, m.fence == 2, m.ordKnobs
 			o.joinOlder = m.fence == 3
-			for seed := uint64(1); seed <= 20; seed++ {
-				_, err := runKV(sim.Seed{Seed: seed}, o)
-				if err == nil {
-					continue
-				}
-				if !slices.ContainsFunc(m.want, func(w string) bool { return strings.Contains(err.Error(), w) }) {
-					t.Fatalf("seed %d: caught by the wrong check (want %q): %v", seed, m.want, err)
-				}
-				t.Logf("seed %d caught it: %s", seed, firstLine(err.Error()))
-				return
-			}
-			t.Fatal("not caught in 20 seeds")
+			catchMutant(t, o, m.want)
 		})
 	}
+}
+
+// catchMutant runs seeds 1 to 20 of o (a planted bug) and requires one to
+// fail, caught by a check whose error contains one of want (the ordered
+// and the moves mutants).
+func catchMutant(t *testing.T, o kvOpts, want []string) {
+	t.Helper()
+	for seed := uint64(1); seed <= 20; seed++ {
+		_, err := runKV(sim.Seed{Seed: seed}, o)
+		if err == nil {
+			continue
+		}
+		if !slices.ContainsFunc(want, func(w string) bool { return strings.Contains(err.Error(), w) }) {
+			t.Fatalf("seed %d: caught by the wrong check (want %q): %v", seed, want, err)
+		}
+		t.Logf("seed %d caught it: %s", seed, firstLine(err.Error()))
+		return
+	}
+	t.Fatal("not caught in 20 seeds")
 }
 
 // One-sided ordered reads (stage B2): each client has two OrderedReaders
