@@ -42,7 +42,11 @@ func BenchmarkApplyBatch(b *testing.B) {
 			if shape > 1 {
 				name = fmt.Sprintf("multi%d", shape)
 			}
-			for _, mode := range []string{"plain", "mlp"} {
+			modes := []string{"plain", "mlp"}
+			if os.Getenv("KV_BENCH_MLP_FIRST") != "" {
+				modes[0], modes[1] = modes[1], modes[0]
+			}
+			for _, mode := range modes {
 				b.Run(fmt.Sprintf("n=%d/%s/%s", n, name, mode), func(b *testing.B) {
 					benchApplyBatch(b, tb, records, n, shape, mode == "mlp")
 				})
