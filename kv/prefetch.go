@@ -78,6 +78,7 @@ func (t *Table) touchBatch() bool {
 		}
 	}
 	t.touch()
+	t.batchTouches++
 	return true
 }
 

@@ -1131,7 +1131,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 			// incarnation, as leader)
 			c := h.procs[id].r.Multicast().Counters()
 			h.stats.batched += int(c.Ordered - c.Batches)
-			h.stats.touched += int(tb.touched) // keys prefetched (prefetch.go)
+			h.stats.touched += int(tb.batchTouches) // batches prefetched (prefetch.go)
 			h.stats.restores += tb.Stats().Restores
 			got := tb.contents()
 			if ref == nil {
@@ -1303,10 +1303,10 @@ func TestSim(t *testing.T) {
 			// Prefetch, the table's touch at BeginBatch), so that the
 			// checkers see the apply as it runs with it.
 			if o.batches && seeds >= 10 && touched < batched/2 {
-				t.Errorf("only %d of %d seeds with batches prefetched their keys", touched, batched)
+				t.Errorf("only %d of %d seeds with batches prefetched a batch's keys", touched, batched)
 			}
 			if o.batches {
-				t.Logf("%d of %d seeds ordered a batch of several messages, %d prefetched keys of a batch", batched, seeds, touched)
+				t.Logf("%d of %d seeds ordered a batch of several messages, %d prefetched a batch's keys", batched, seeds, touched)
 			}
 			// The lagging followers must mostly catch up by a snapshot
 			// restored over their records, or the case tests nothing.

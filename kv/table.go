@@ -199,18 +199,19 @@ type Table struct {
 	res       [resSize]byte
 	keyb      []byte
 	finds     uint64 // index lookups (find), for tests
-	// pre: the hashes of the keys Prefetch touched the buckets of, for
-	// prefetchRecords; sink: the sum of the bytes the prefetch passes
-	// loaded (prefetch.go), kept so that the loads are not dropped;
-	// touched: the keys touch touched (tests); prePay: the payloads
-	// Prefetch kept for BeginBatch; batchTouched: BeginBatch touched
-	// them.
+	// Prefetching a batch (prefetch.go): prePay, the payloads Prefetch
+	// kept for BeginBatch; batchTouched, BeginBatch touched them; pre,
+	// the hashes of the keys to touch; preOff, touch's addresses; sink,
+	// the sum of the bytes touch loaded, kept so that the loads are not
+	// dropped; touched and batchTouches, the keys and the batches
+	// touched (tests).
 	prePay       [][]byte
 	batchTouched bool
 	pre          []uint64
 	preOff       []int
 	sink         uint64
 	touched      uint64
+	batchTouches uint64
 }
 
 // Node is the node the table's regions are registered on.
