@@ -26,6 +26,8 @@ import (
 // compare medians over -count runs. ns/put is the figure, and cpu-ns/put
 // the benchmark thread's CPU time per put (what the others' load on a
 // shared machine does not add to, but for their use of the caches).
+// KV_BENCH_RECORDS sets the records (e.g. 16384 for a table in cache);
+// KV_BENCH_MLP_FIRST runs mlp before plain (to see the order's bias).
 func BenchmarkApplyBatch(b *testing.B) {
 	records := 1 << 20
 	if v := os.Getenv("KV_BENCH_RECORDS"); v != "" {
