@@ -100,4 +100,12 @@ type testingKnobs struct {
 	// published after its applies (ordered.go, EndBatch), so a one-sided
 	// reader's applied index lags the tree it reads (TestSimOrderedMutants).
 	skipOrderedPublish bool
+	// noPrefetch (table, not a bug): Prefetch and a multi request's
+	// prefetch do nothing (prefetch.go); benchmarks and
+	// TestPrefetchSameImage compare the apply with and without them.
+	noPrefetch bool
+	// prefetchMigrates (table): Prefetch migrates each key's old buckets
+	// before the batch is applied: the table image differs from the one
+	// the apply without prefetch leaves (TestPrefetchSameImage).
+	prefetchMigrates bool
 }

@@ -135,9 +135,9 @@ type kvRun struct {
 	err     error
 	dur     *durRun // kvOpts.durable (sim_durable_test.go)
 	stats   struct {
-		gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls int
-		scans, moved, oneSided, leaves                                                                                        int
-		ordLookups, ordScans, ordRetries, ordJoined                                                                           int
+		gets, stale, writes, unknown, retries, grown, deposed, restores, restoresOver, lags, stalls, batched, catchingUpPolls, touched int
+		scans, moved, oneSided, leaves                                                                                                 int
+		ordLookups, ordScans, ordRetries, ordJoined                                                                                    int
 	}
 }
 
@@ -1131,6 +1131,7 @@ func runKV(sd sim.Seed, o kvOpts) (*kvRun, error) {
 			// incarnation, as leader)
 			c := h.procs[id].r.Multicast().Counters()
 			h.stats.batched += int(c.Ordered - c.Batches)
+			h.stats.touched += int(tb.batchTouches) // batches prefetched (prefetch.go)
 			h.stats.restores += tb.Stats().Restores
 			got := tb.contents()
 			if ref == nil {
@@ -1270,7 +1271,7 @@ func TestSim(t *testing.T) {
 			if o.gap == 0 {
 				o.gap = 200 * time.Microsecond
 			}
-			seeds, over, batched, catching := 0, 0, 0, 0
+			seeds, over, batched, catching, touched := 0, 0, 0, 0, 0
 			flags.Run(t, func(sd sim.Seed) error {
 				h, err := runKV(sd.WithLog(t), o)
 				if seeds++; h != nil && h.stats.restoresOver > 0 {
@@ -1278,6 +1279,9 @@ func TestSim(t *testing.T) {
 				}
 				if h != nil && h.stats.batched > 0 {
 					batched++
+				}
+				if h != nil && h.stats.touched > 0 {
+					touched++
 				}
 				if h != nil && h.stats.catchingUpPolls > 0 {
 					catching++
@@ -1295,8 +1299,14 @@ func TestSim(t *testing.T) {
 			if o.batches && seeds >= 10 && batched < seeds/2 {
 				t.Errorf("only %d of %d seeds ordered a batch of several messages", batched, seeds)
 			}
+			// Their batches must have been prefetched (multicast's
+			// Prefetch, the table's touch at BeginBatch), so that the
+			// checkers see the apply as it runs with it.
+			if o.batches && seeds >= 10 && touched < batched/2 {
+				t.Errorf("only %d of %d seeds with batches prefetched a batch's keys", touched, batched)
+			}
 			if o.batches {
-				t.Logf("%d of %d seeds ordered a batch of several messages", batched, seeds)
+				t.Logf("%d of %d seeds ordered a batch of several messages, %d prefetched a batch's keys", batched, seeds, touched)
 			}
 			// The lagging followers must mostly catch up by a snapshot
 			// restored over their records, or the case tests nothing.

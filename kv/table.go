@@ -230,6 +230,19 @@ type Table struct {
 	res       [resSize]byte
 	keyb      []byte
 	finds     uint64 // index lookups (find), for tests
+	// Prefetching a batch (prefetch.go): prePay, the payloads Prefetch
+	// kept for BeginBatch; batchTouched, BeginBatch touched them; pre,
+	// the hashes of the keys to touch; preOff, touch's addresses; sink,
+	// the sum of the bytes touch loaded, kept so that the loads are not
+	// dropped; touched and batchTouches, the keys and the batches
+	// touched (tests).
+	prePay       [][]byte
+	batchTouched bool
+	pre          []uint64
+	preOff       []int
+	sink         uint64
+	touched      uint64
+	batchTouches uint64
 }
 
 // Node is the node the table's regions are registered on.
@@ -436,13 +449,18 @@ func (t *Table) requestDone() {
 // BeginBatch implements multicast.BatchFSM: the requests applied until
 // EndBatch come from one log entry, and their header publication is
 // merged into one at EndBatch where that is safe (requestDone).
-func (t *Table) BeginBatch() { t.batching = true }
+// The records of the keys Prefetch found are touched here, in one pass
+// (prefetch.go).
+func (t *Table) BeginBatch() {
+	t.batching = true
+	t.batchTouched = t.touchBatch()
+}
 
 // EndBatch implements multicast.BatchFSM: it publishes the header once
 // for the batch. multicast sends the batch's replies only after it, so a
 // client that got a reply reads a header that includes its write.
 func (t *Table) EndBatch() {
-	t.batching = false
+	t.batching, t.batchTouched = false, false
 	if t.cfg.Ordered != nil && !t.knobs.skipOrderedPublish {
 		t.cfg.Ordered.Publish(t.applied)
 	}
@@ -587,6 +605,11 @@ func (t *Table) applyMulti(index uint64, data []byte) []byte {
 		}
 		t.requestDone()
 		return encodeResult(t.res[:], &res)
+	}
+	if !t.batchTouched && len(ops) > 1 {
+		// A batch of several messages touched them all at BeginBatch
+		// (prefetch.go).
+		t.prefetchOps(ops)
 	}
 	out := append(t.mres[:0], StatusOK, 0, byte(len(ops)), byte(len(ops)>>8), 0, 0, 0, 0)
 	for i := range ops {
