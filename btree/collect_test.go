@@ -102,8 +102,8 @@ func runCtlCollect(t *testing.T, plant func(*Store)) error {
 	for range 2 {
 		r := apply(collectReq())
 		want := max(left-step, 0)
-		if r.Status != StatusOK || r.Count != want || s.Stats().GarbageKeys != want {
-			return fmt.Errorf("budget: a collection with %d left answered status %d count %d, holds %d, want %d", left, r.Status, r.Count, s.Stats().GarbageKeys, want)
+		if r.Status != StatusOK || r.Count != want || s.Stats().GarbageKeys != want || r.Prev != uint64(left-want) {
+			return fmt.Errorf("budget: a collection with %d left answered status %d count %d deleted %d, holds %d, want %d", left, r.Status, r.Count, r.Prev, s.Stats().GarbageKeys, want)
 		}
 		left = want
 		if err := s.CheckKeys(); err != nil {
@@ -118,8 +118,8 @@ func runCtlCollect(t *testing.T, plant func(*Store)) error {
 		r := apply(collectReq())
 		s.Publish(idx)
 		want := max(left-step, 0)
-		if r.Status != StatusOK || r.Count != want || s.Stats().GarbageKeys != want {
-			return fmt.Errorf("budget: a collection with %d left answered status %d count %d, holds %d, want %d", left, r.Status, r.Count, s.Stats().GarbageKeys, want)
+		if r.Status != StatusOK || r.Count != want || s.Stats().GarbageKeys != want || r.Prev != uint64(left-want) {
+			return fmt.Errorf("budget: a collection with %d left answered status %d count %d deleted %d, holds %d, want %d", left, r.Status, r.Count, r.Prev, s.Stats().GarbageKeys, want)
 		}
 		if g := published(); g != uint64(want) {
 			return fmt.Errorf("published: %d garbage keys after a collection answered %d", g, want)

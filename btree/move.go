@@ -64,7 +64,8 @@ const (
 	CtlSplit = 6
 	// CtlCollect deletes up to GarbageStep of the group's garbage keys
 	// (garbage.go: keys of dropped tablets) with a budget of its own, and
-	// answers StatusOK with Count the garbage keys left (2^32-1 if more).
+	// answers StatusOK with Count the garbage keys left (2^32-1 if more)
+	// and Prev the keys it deleted.
 	// Its tablet and gen are not looked at (any valid ones: the client
 	// sends the whole keyspace, gen 1). Idempotent: with no garbage it
 	// changes nothing. A group that gets no ordered requests deletes
@@ -394,9 +395,11 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 		if s.knobs.gcIgnoresBudget {
 			s.gcLeft = -1 // planted: every key in one apply
 		}
+		before := s.garbageKeys
 		s.collect(index)
 		s.gcLeft = 0
 		ok.Count = int(min(uint64(s.garbageKeys), math.MaxUint32))
+		ok.Prev = uint64(before - s.garbageKeys)
 	}
 	if s.knobs.freeAtOnce {
 		s.reclaim(index)
