@@ -14,7 +14,10 @@ import (
 // ordered apply; the budget is renewed at Publish, which kv.Table calls
 // once per batch entry and after each ordered request outside one). One
 // apply of a 64 Ki-key tablet's drop took 0.3 s (BenchmarkDrop), all of
-// it on the replica's polling goroutine.
+// it on the replica's polling goroutine. A group that gets no ordered
+// requests deletes its garbage through CtlCollect (move.go: a budget of
+// its own per request), which the balancer sends to the groups whose
+// load area publishes garbage (load.go).
 //
 // The deletions are replicated state changes made at apply time, so
 // every replica of the group deletes the same keys at the same entry:

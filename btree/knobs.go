@@ -95,6 +95,15 @@ type testingKnobs struct {
 	// the tablet took in (Store.CheckKeys: a garbage range overlaps a
 	// tablet; TestDropMoveBack).
 	gcKeepsRange bool
+	// gcNotPublished: a change of the garbage key count alone does not
+	// republish the load area, so a group whose garbage a CtlCollect
+	// deleted keeps showing the old count (until a write or a tablet
+	// change), and a balancer keeps sending it collections
+	// (TestCtlCollect).
+	gcNotPublished bool
+	// gcIgnoresBudget: CtlCollect deletes every garbage key in its
+	// apply, not GarbageStep of them (TestCtlCollect).
+	gcIgnoresBudget bool
 	// keyByKey deletes garbage keys one Delete each (a descent and a
 	// leaf write per key) instead of one write per leaf: the reference
 	// Tree.deleteKeys is compared with, not a bug.

@@ -2,6 +2,7 @@ package btree
 
 import (
 	"encoding/binary"
+	"math"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -19,7 +20,7 @@ import (
 // sealed by its own check word):
 //
 //	0         8        12       16
-//	[dirver  ][count  ][0      ] then count entries, one per tablet of
+//	[dirver  ][count  ][garbage] then count entries, one per tablet of
 //	                             the directory area of version dirver,
 //	                             in its order:
 //	  [writes u64][keys u64]
@@ -33,6 +34,13 @@ import (
 //	writes  Tablet.Writes: write ops applied to the tablet's keys since
 //	        it came to this group (a hint: a restore starts it from 0)
 //	keys    the keys the tablet holds
+//	garbage u32: the group's garbage keys (Store.Garbage: keys of
+//	        dropped tablets not deleted yet), 2^32-1 if more; the
+//	        balancer sends CtlCollect to a group where it is not 0.
+//	        Republished when it changes. A reader older than this
+//	        field wanted 0 there: it takes no load from a group with
+//	        garbage (as from a torn area), and its balancer then goes
+//	        by key count for that round
 //
 // Only write ops are counted: gets and scans are one-sided and no
 // replica sees them, so a tablet's load is its writes.
@@ -43,12 +51,13 @@ const (
 )
 
 // encodeLoad writes the load area of tablets (at directory version
-// dirVer, counts their key counts) into b (at least LoadBytes long).
-func encodeLoad(b []byte, dirVer uint64, tablets []Tablet, counts []int) {
+// dirVer, counts their key counts; garbage the group's garbage keys)
+// into b (at least LoadBytes long).
+func encodeLoad(b []byte, dirVer uint64, tablets []Tablet, counts []int, garbage int) {
 	le := binary.LittleEndian
 	le.PutUint64(b[0:], dirVer)
 	le.PutUint32(b[8:], uint32(len(tablets)))
-	le.PutUint32(b[12:], 0)
+	le.PutUint32(b[12:], uint32(min(max(garbage, 0), math.MaxUint32)))
 	p := loadHdr
 	for i, tb := range tablets {
 		le.PutUint64(b[p:], tb.Writes)
@@ -63,33 +72,46 @@ func encodeLoad(b []byte, dirVer uint64, tablets []Tablet, counts []int) {
 }
 
 // decodeLoad validates the load area b and returns its directory
-// version and its entries' (writes, keys) pairs, false if it is torn or
-// malformed.
-func decodeLoad(b []byte) (dirVer uint64, writes, keys []uint64, ok bool) {
+// version, its entries' (writes, keys) pairs and the group's garbage
+// keys, false if it is torn or malformed.
+func decodeLoad(b []byte) (dirVer uint64, writes, keys []uint64, garbage uint64, ok bool) {
 	le := binary.LittleEndian
 	if len(b) < loadHdr+checkSize {
-		return 0, nil, nil, false
+		return 0, nil, nil, 0, false
 	}
 	n := int(le.Uint32(b[8:]))
-	if n > MaxTablets || le.Uint32(b[12:]) != 0 {
-		return 0, nil, nil, false
+	if n > MaxTablets {
+		return 0, nil, nil, 0, false
 	}
 	end := loadHdr + loadEnt*n
 	if end+checkSize > len(b) || xxhash.Sum64(b[:end]) != le.Uint64(b[end:]) {
-		return 0, nil, nil, false
+		return 0, nil, nil, 0, false
 	}
 	writes, keys = make([]uint64, n), make([]uint64, n)
 	for i := range n {
 		writes[i], keys[i] = le.Uint64(b[loadHdr+loadEnt*i:]), le.Uint64(b[loadHdr+loadEnt*i+8:])
 	}
-	return le.Uint64(b), writes, keys, true
+	return le.Uint64(b), writes, keys, uint64(le.Uint32(b[12:])), true
+}
+
+// DecodeGarbage is the group's garbage key count published in its load
+// area (b: the bytes from HeaderSize of its header region, as DecodeDir
+// takes them), false if the area is torn or b is short. Any version of
+// the area will do: the count is a hint the balancer acts on (it sends
+// CtlCollect, whose answer is exact).
+func DecodeGarbage(b []byte) (uint64, bool) {
+	if len(b) < DirBytes+LoadBytes {
+		return 0, false
+	}
+	_, _, _, g, ok := decodeLoad(b[DirBytes : DirBytes+LoadBytes])
+	return g, ok
 }
 
 // attachLoad sets the tablets' Writes, Keys and HasLoad from the load
 // area b if it is whole and belongs to the tablets' directory version;
 // otherwise it leaves them without load (HasLoad false).
 func attachLoad(b []byte, version uint64, tablets []Tablet) {
-	v, writes, keys, ok := decodeLoad(b)
+	v, writes, keys, _, ok := decodeLoad(b)
 	if !ok || v != version || len(writes) != len(tablets) {
 		return
 	}
@@ -99,7 +121,7 @@ func attachLoad(b []byte, version uint64, tablets []Tablet) {
 }
 
 // publishLoad writes the load area of tablets (directory version
-// dirVer, key counts counts).
-func (r *Regions) publishLoad(dirVer uint64, tablets []Tablet, counts []int) {
-	encodeLoad(r.hdr.Bytes()[hdrRegionSize+DirBytes:regionLen], dirVer, tablets, counts)
+// dirVer, key counts counts, the group's garbage keys garbage).
+func (r *Regions) publishLoad(dirVer uint64, tablets []Tablet, counts []int, garbage int) {
+	encodeLoad(r.hdr.Bytes()[hdrRegionSize+DirBytes:regionLen], dirVer, tablets, counts, garbage)
 }

@@ -169,7 +169,7 @@ func TestLoadArea(t *testing.T) {
 	counts := []int{3, 0, 7, 9}
 	b := make([]byte, DirBytes+LoadBytes)
 	encodeDir(b, 7, tbs)
-	encodeLoad(b[DirBytes:], 7, tbs, counts)
+	encodeLoad(b[DirBytes:], 7, tbs, counts, 12345)
 	v, got, err := DecodeDir(b)
 	if err != nil || v != 7 || len(got) != len(tbs) {
 		t.Fatalf("decode: %d %v %v", v, got, err)
@@ -178,6 +178,9 @@ func TestLoadArea(t *testing.T) {
 		if !got[i].HasLoad || got[i].Writes != tbs[i].Writes || got[i].Keys != uint64(counts[i]) {
 			t.Fatalf("tablet %d: %+v", i, got[i])
 		}
+	}
+	if g, ok := DecodeGarbage(b); !ok || g != 12345 {
+		t.Fatalf("garbage count: %d %v, want 12345", g, ok)
 	}
 	used := loadHdr + loadEnt*len(tbs) + checkSize
 	for i := range used {
@@ -193,7 +196,7 @@ func TestLoadArea(t *testing.T) {
 			}
 		}
 	}
-	encodeLoad(b[DirBytes:], 6, tbs, counts)
+	encodeLoad(b[DirBytes:], 6, tbs, counts, 0)
 	if _, got, _ := DecodeDir(b); got[0].HasLoad {
 		t.Fatal("a load area of version 6 taken for directory version 7")
 	}
@@ -206,10 +209,10 @@ func TestLoadArea(t *testing.T) {
 // to the same bytes.
 func FuzzLoad(f *testing.F) {
 	b := make([]byte, LoadBytes)
-	encodeLoad(b, 3, []Tablet{{Writes: 5}, {Writes: 9}}, []int{1, 2})
+	encodeLoad(b, 3, []Tablet{{Writes: 5}, {Writes: 9}}, []int{1, 2}, 4)
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		v, writes, keys, ok := decodeLoad(b)
+		v, writes, keys, garbage, ok := decodeLoad(b)
 		if !ok {
 			return
 		}
@@ -222,7 +225,7 @@ func FuzzLoad(f *testing.F) {
 			tbs[i].Writes, counts[i] = writes[i], int(keys[i])
 		}
 		c := make([]byte, LoadBytes)
-		encodeLoad(c, v, tbs, counts)
+		encodeLoad(c, v, tbs, counts, int(garbage))
 		if n := loadHdr + loadEnt*len(tbs) + checkSize; !bytes.Equal(c[:n], b[:n]) {
 			t.Fatalf("re-encoded differs")
 		}

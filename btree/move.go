@@ -3,6 +3,7 @@ package btree
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -64,6 +65,15 @@ const (
 	// no such serving tablet, or it cannot be cut (fewer than 2 keys,
 	// MaxTablets, the directory area full).
 	CtlSplit = 6
+	// CtlCollect deletes up to GarbageStep of the group's garbage keys
+	// (garbage.go: keys of dropped tablets) with a budget of its own, and
+	// answers StatusOK with Count the garbage keys left (2^32-1 if more)
+	// and Prev the keys it deleted.
+	// Its tablet and gen are not looked at (any valid ones: the client
+	// sends the whole keyspace, gen 1). Idempotent: with no garbage it
+	// changes nothing. A group that gets no ordered requests deletes
+	// its garbage only through these (the balancer sends them).
+	CtlCollect = 7
 
 	ctlHdr = 40
 )
@@ -140,7 +150,7 @@ func DecodeCtl(b []byte, maxKey, maxValue int) (Ctl, error) {
 	c.Cmd, c.To, c.Gen = b[2], le.Uint32(b[8:]), le.Uint64(b[16:])
 	ll, hl, fl, n := int(le.Uint32(b[24:])), int(le.Uint32(b[28:])), le.Uint32(b[32:]), int(le.Uint32(b[36:]))
 	switch {
-	case c.Cmd < CtlFreeze || c.Cmd > CtlSplit, fl > 1, fl == 1 && hl != 0, ll > maxKey, hl > maxKey,
+	case c.Cmd < CtlFreeze || c.Cmd > CtlCollect, fl > 1, fl == 1 && hl != 0, ll > maxKey, hl > maxKey,
 		c.Gen == 0, n != 0 && c.Cmd != CtlIngest:
 		return c, fmt.Errorf("%w: tablet control %d", ErrMalformedRequest, c.Cmd)
 	}
@@ -405,6 +415,19 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 		if s.splitTablet(k); len(s.tablets) == n {
 			return s.result(&cond)
 		}
+	case CtlCollect:
+		// A budget of its own (Apply's collect after this one finds it
+		// spent, or no garbage left): deterministic, it depends on the
+		// log alone.
+		s.gcLeft = s.cfg.GarbageStep
+		if s.knobs.gcIgnoresBudget {
+			s.gcLeft = -1 // planted: every key in one apply
+		}
+		before := s.garbageKeys
+		s.collect(index)
+		s.gcLeft = 0
+		ok.Count = int(min(uint64(s.garbageKeys), math.MaxUint32))
+		ok.Prev = uint64(before - s.garbageKeys)
 	}
 	if s.knobs.freeAtOnce {
 		s.reclaim(index)

@@ -53,8 +53,10 @@ type Store struct {
 	// loadPub and loadVer are it and dirVer at the last publication of
 	// the load area (a drop publishes the directory area alone, in its
 	// apply: the next Publish must write the load area of that version
-	// even if no write was counted since).
+	// even if no write was counted since); loadGC is the garbage key
+	// count it published (load.go: republished when it changes).
 	loadSeq, loadPub, loadVer uint64
+	loadGC                    int
 	// pending: unlinked nodes, oldest first, with the entry that
 	// unlinked them; each slot is released FreeAfter entries later.
 	pending []pendingFree
@@ -333,12 +335,12 @@ func (s *Store) Publish(applied uint64) {
 			}
 			s.dirPub = s.dirVer
 		}
-		if s.loadVer != s.dirVer || s.loadPub != s.loadSeq {
+		if s.loadVer != s.dirVer || s.loadPub != s.loadSeq || (s.loadGC != s.garbageKeys && !s.knobs.gcNotPublished) {
 			// Before the header. A reader that reads one area
 			// before and the other after a change finds that their
 			// directory versions differ and takes no load (load.go).
-			s.regs.publishLoad(s.dirVer, s.tablets, s.counts)
-			s.loadPub, s.loadVer = s.loadSeq, s.dirVer
+			s.regs.publishLoad(s.dirVer, s.tablets, s.counts, s.garbageKeys)
+			s.loadPub, s.loadVer, s.loadGC = s.loadSeq, s.dirVer, s.garbageKeys
 		}
 		s.regs.Publish(s.t, s.applied, s.dirVer, s.ownVer, dir)
 	}

@@ -128,6 +128,15 @@ type BalancerStatus struct {
 	Writes []uint64 `json:"writes,omitempty"`
 	// Splits counts the hot tablets the balancer split.
 	Splits uint64 `json:"splits"`
+	// Garbage is each group's garbage keys (keys of tablets that left
+	// it, not deleted yet; -1: not read) after the last round's
+	// collections. GarbageCollected counts the garbage keys the
+	// balancer's collection requests deleted, Collections the requests
+	// (each round sends up to collectPerRound to each group whose
+	// published garbage is not 0).
+	Garbage          []int64 `json:"garbage,omitempty"`
+	GarbageCollected uint64  `json:"garbage_collected"`
+	Collections      uint64  `json:"collections"`
 	// Last is the last move made or tried, LastSplit the last split.
 	Last      *BalancerMove `json:"last_move,omitempty"`
 	LastSplit *BalancerMove `json:"last_split,omitempty"`
@@ -171,6 +180,9 @@ type balancerKnobs struct {
 	noTakeover bool
 	// noAbort: a move of its own that keeps failing is never undone.
 	noAbort bool
+	// noCollect: rounds send no collection requests, so a group that
+	// gets no ordered requests keeps a dropped tablet's keys for ever.
+	noCollect bool
 	// ignoreLoad: rounds never measure the tablets' load, so the rule by
 	// count always decides (the balancer before per-tablet counters: a
 	// group with one hot tablet and one with three cold ones look
@@ -229,6 +241,7 @@ func (b *Balancer) Status() BalancerStatus {
 	st := b.st
 	st.Tablets = append([]int(nil), st.Tablets...)
 	st.Writes = append([]uint64(nil), st.Writes...)
+	st.Garbage = append([]int64(nil), st.Garbage...)
 	if st.Last != nil {
 		l := *st.Last
 		st.Last = &l
@@ -293,6 +306,7 @@ func (b *Balancer) Round(ctx context.Context, c *Client) error {
 	b.mu.Lock()
 	b.st.Tablets = count
 	b.mu.Unlock()
+	sent := b.collect(ctx, c)
 	if len(busy) > 0 && b.knobs.ignoreBusy {
 		// Planted: plan from the serving tablets, as if nothing moved.
 		var serving []TabletInfo
@@ -325,7 +339,7 @@ func (b *Balancer) Round(ctx context.Context, c *Client) error {
 		b.pause--
 	}
 	b.mu.Unlock()
-	applied := b.load(ctx, c)
+	applied := b.load(ctx, c, sent)
 	p, byLoad := planBalanceWrites(tbs, loads, groups, b.cfg.MinWrites, b.cfg.SplitKeys)
 	if !byLoad {
 		p.Low, p.From, p.To, p.OK = planBalanceLoad(tbs, groups, applied)
@@ -792,11 +806,55 @@ func (b *Balancer) split(ctx context.Context, c *Client, tb TabletInfo, p balanc
 	return nil
 }
 
+// collectPerRound bounds the collection requests a round sends one group
+// (each deletes up to btree.DefaultGarbageStep keys): a round stays
+// short, and a big dropped tablet's keys go over several rounds.
+const collectPerRound = 32
+
+// collect sends collection requests (Client.collectGarbage) to each
+// group whose published garbage count is not 0, and returns how many
+// each group got (the log entries this round added to it, which are not
+// its load). Its failures are logged, not the round's: garbage waits.
+func (b *Balancer) collect(ctx context.Context, c *Client) []int {
+	if b.knobs.noCollect {
+		return nil
+	}
+	garbage, err := c.GroupGarbage(ctx)
+	if err != nil {
+		return nil
+	}
+	sent := make([]int, len(garbage))
+	var collected, reqs uint64
+	for g, n := range garbage {
+		if n <= 0 {
+			continue
+		}
+		// The published count is a hint (a replica may lag): the
+		// answers say what was deleted and what is left.
+		left, del, k, err := c.collectGarbage(ctx, uint32(g), collectPerRound)
+		sent[g], reqs, collected = k, reqs+uint64(k), collected+del
+		if err != nil {
+			b.cfg.Log.Warn("balancer: " + err.Error())
+			continue
+		}
+		garbage[g] = int64(left)
+		if left > 0 {
+			b.cfg.Log.Info(fmt.Sprintf("balancer: group %d holds %d garbage keys after %d collections", g, left, k))
+		}
+	}
+	b.mu.Lock()
+	b.st.Garbage = garbage
+	b.st.GarbageCollected += collected
+	b.st.Collections += reqs
+	b.mu.Unlock()
+	return sent
+}
+
 // load is each group's write load since the last round: the log entries
 // its most advanced replica applied meanwhile (read one-sided from the
 // replicas' headers; nil if they could not be read, or at the first
-// round).
-func (b *Balancer) load(ctx context.Context, c *Client) []uint64 {
+// round), less the collection requests this round sent it (sent).
+func (b *Balancer) load(ctx context.Context, c *Client, sent []int) []uint64 {
 	st, err := c.Status(ctx)
 	if err != nil || len(st.Groups) != len(c.m.Groups) {
 		return nil
@@ -815,6 +873,9 @@ func (b *Balancer) load(ctx context.Context, c *Client) []uint64 {
 	for g := range load {
 		if b.applied[g] > prev[g] {
 			load[g] = b.applied[g] - prev[g]
+		}
+		if g < len(sent) {
+			load[g] -= min(load[g], uint64(sent[g]))
 		}
 	}
 	return load

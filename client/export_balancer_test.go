@@ -43,3 +43,7 @@ func PlanBalanceWritesPlanted(plant string, tablets []TabletInfo, loads []uint64
 	p, byLoad := planBalanceWritesKnobs(tablets, loads, groups, minWrites, splitKeys, k)
 	return p.Low, p.From, p.To, p.Split, p.OK, byLoad, p.Rule
 }
+
+// PlantBalancerNoCollect plants a bug in b: rounds send no garbage
+// collection requests.
+func PlantBalancerNoCollect(b *Balancer) { b.knobs.noCollect = true }

@@ -452,3 +452,77 @@ func (c *Client) Balance(ctx context.Context, max int) (int, error) {
 	}
 	return n, nil
 }
+
+// Garbage: the keys a tablet leaves behind in a group when it moves away
+// (or an aborted move's installing tablet) stay in that group's tree
+// until deleted, at most btree.DefaultGarbageStep per log entry of the
+// group (docs/btree.md, "Dropping a tablet: the keys as garbage"). A
+// group that gets ordered requests deletes them as it goes; a quiet one
+// only through collection requests (btree.CtlCollect), which the
+// balancer sends each round to the groups that publish garbage, and
+// CollectGarbage sends on demand.
+
+// GroupGarbage is each group's garbage key count, as the group's load
+// area publishes it (read one-sided from a near replica: a hint that
+// may lag a little); -1 for a group that could not be read.
+func (c *Client) GroupGarbage(ctx context.Context) ([]int64, error) {
+	k, err := c.anyKeyspace()
+	if err != nil {
+		return nil, err
+	}
+	k.init()
+	out := make([]int64, len(c.m.Groups))
+	for g := range out {
+		gctx, cancel := context.WithTimeout(ctx, dirReadTimeout)
+		r := k.reader(uint32(g))
+		res, err := r.DirCtxMode(gctx, kv.StaleOK)
+		k.putReader(uint32(g), r)
+		cancel()
+		out[g] = -1
+		if err == nil && res.GarbageOK {
+			out[g] = int64(res.Garbage)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return out, nil
+}
+
+// CollectGarbage has group g delete its garbage keys: it sends
+// collection requests (each deletes up to the group's GarbageStep keys,
+// in one log entry) until the group answers that none are left, or ctx
+// ends. It returns the keys left (0 on success).
+func (c *Client) CollectGarbage(ctx context.Context, g uint32) (uint64, error) {
+	left, _, _, err := c.collectGarbage(ctx, g, -1)
+	return left, err
+}
+
+// collectGarbage sends at most most collection requests to group g
+// (negative: no bound) until it answers 0 keys left, and returns the
+// keys left by the last answer, the keys the requests deleted (their
+// answers' sum) and the requests sent.
+func (c *Client) collectGarbage(ctx context.Context, g uint32, most int) (left, deleted uint64, sent int, err error) {
+	if int(g) >= len(c.m.Groups) {
+		return 0, 0, 0, fmt.Errorf("rdmakv: no group %d", g)
+	}
+	ct := &btree.Ctl{Cmd: btree.CtlCollect, Gen: 1, Tablet: btree.All}
+	for most < 0 || sent < most {
+		if err := ctx.Err(); err != nil {
+			return left, deleted, sent, err
+		}
+		r, err := c.ctl(ctx, g, ct)
+		sent++
+		if err != nil {
+			return left, deleted, sent, fmt.Errorf("rdmakv: garbage collection at group %d: %w", g, err)
+		}
+		if r.Status != kv.StatusOK {
+			return left, deleted, sent, fmt.Errorf("rdmakv: garbage collection at group %d: status %d", g, r.Status)
+		}
+		deleted += r.Prev
+		if left = uint64(r.Count); left == 0 {
+			break
+		}
+	}
+	return left, deleted, sent, nil
+}

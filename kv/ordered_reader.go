@@ -89,6 +89,10 @@ type OrderedResult struct {
 	Tablets    []btree.Tablet
 	DirVersion uint64
 	OwnVersion uint64
+	// Garbage is the group's garbage key count its load area published
+	// (btree.DecodeGarbage), if GarbageOK (the area was whole).
+	Garbage   uint64
+	GarbageOK bool
 	// Member is the replica read; Applied and AppliedAt its kv header's
 	// last applied entry and when it was applied, read before the tree:
 	// the answer is never older than the state after Applied.
@@ -1154,6 +1158,7 @@ func (r *OrderedReader) landed() {
 				return
 			}
 			r.res.Tablets, r.res.DirVersion, r.res.OwnVersion = tbs, v, h.OwnVersion
+			r.res.Garbage, r.res.GarbageOK = btree.DecodeGarbage(r.dbuf[btree.HeaderSize:])
 			r.answer()
 			return
 		}

@@ -205,13 +205,15 @@ var (
 	dBalTablets = prometheus.NewDesc("rdmakv_balancer_tablets", "Tablets of each group at the balancer's last round.", []string{"group"}, nil)
 	dBalSplits  = prometheus.NewDesc("rdmakv_balancer_splits_total", "Hot tablets the process's balancer split (the rule by load).", nil, nil)
 	dBalWrites  = prometheus.NewDesc("rdmakv_balancer_writes", "Writes each group's tablets took between the balancer's last two rounds that measured them (its load).", []string{"group"}, nil)
+	dBalGarbage = prometheus.NewDesc("rdmakv_balancer_garbage_keys", "Garbage keys (keys of tablets that left the group, not deleted yet) of each group after the balancer's last round's collections (-1: not read).", []string{"group"}, nil)
+	dBalGC      = prometheus.NewDesc("rdmakv_balancer_garbage_collected_total", "Garbage keys the process's balancer's collection requests deleted.", nil, nil)
 )
 
 // balancerCollector exports the balancer's status.
 type balancerCollector struct{ p *Process }
 
 func (c balancerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dBalMoves, dBalResumed, dBalAborted, dBalErrors, dBalActive, dBalMoving, dBalTablets, dBalSplits, dBalWrites} {
+	for _, d := range []*prometheus.Desc{dBalMoves, dBalResumed, dBalAborted, dBalErrors, dBalActive, dBalMoving, dBalTablets, dBalSplits, dBalWrites, dBalGarbage, dBalGC} {
 		ch <- d
 	}
 }
@@ -235,4 +237,8 @@ func (c balancerCollector) Collect(ch chan<- prometheus.Metric) {
 	for g, n := range st.Writes {
 		ch <- prometheus.MustNewConstMetric(dBalWrites, prometheus.GaugeValue, float64(n), strconv.Itoa(g))
 	}
+	for g, n := range st.Garbage {
+		ch <- prometheus.MustNewConstMetric(dBalGarbage, prometheus.GaugeValue, float64(n), strconv.Itoa(g))
+	}
+	ch <- prometheus.MustNewConstMetric(dBalGC, prometheus.CounterValue, float64(st.GarbageCollected))
 }

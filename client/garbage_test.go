@@ -1,0 +1,128 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/client"
+)
+
+// TestQuietGroupCollectsGarbage: a tablet of more keys than a log
+// entry's garbage budget moves away from its group, and no ordered
+// request reaches that group afterwards: it publishes the keys its drop
+// left (more than 0). The balancer's rounds ("balancer"), or
+// Client.CollectGarbage ("call"), bring the published count to 0, the
+// collection's own answer says 0 left, and the balancer's status counts
+// what it collected. Planted noCollect (rounds send no collection) leaves
+// the garbage where it was, and the test catches it.
+func TestQuietGroupCollectsGarbage(t *testing.T) {
+	for _, mode := range []string{"balancer", "call", "noCollect"} {
+		t.Run(mode, func(t *testing.T) {
+			const n = 700
+			m := orderedMap("gc"+mode, 3)
+			m.Keyspaces[0].FirstTabletMax = 1 << 20 // one tablet: no split
+			lc := startLocal(t, m)
+			c := open(t, lc, 0)
+			ctx := context.Background()
+			ks := c.Keyspace("users")
+			for i := range n {
+				if _, err := ks.Put(ctx, fmt.Appendf(nil, "k%04d", i), []byte("v")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tbs, count := tabletsOf(t, c)
+			var big client.TabletInfo
+			for _, tb := range tbs {
+				if tb.Keys > big.Keys {
+					big = tb
+				}
+			}
+			if big.Keys != n {
+				t.Fatalf("tablets %+v: want one holding the %d keys", tbs, n)
+			}
+			from, to := big.Group, uint32(0)
+			for g := range count {
+				if count[g] == 0 {
+					to = uint32(g)
+				}
+			}
+			if to == from || count[to] != 0 {
+				t.Fatalf("tablets per group %v: want an empty group to move to", count)
+			}
+			if err := c.MoveTablet(ctx, big.Low, to); err != nil {
+				t.Fatal(err)
+			}
+			// The drop's own log entry deleted a budget's worth; the rest
+			// waits, published.
+			var left int64
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				gs, err := c.GroupGarbage(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if left = gs[from]; left == n-btree.DefaultGarbageStep {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("group %d publishes %d garbage keys, want %d", from, left, n-btree.DefaultGarbageStep)
+				}
+			}
+			b := client.NewBalancer(client.BalancerConfig{})
+			switch mode {
+			case "call":
+				if got, err := c.CollectGarbage(ctx, from); err != nil || got != 0 {
+					t.Fatalf("CollectGarbage: %d left, %v", got, err)
+				}
+			case "noCollect":
+				client.PlantBalancerNoCollect(b)
+				fallthrough
+			default:
+				for r := range 3 {
+					if err := b.Round(ctx, c); err != nil {
+						t.Fatalf("round %d: %v", r, err)
+					}
+				}
+			}
+			var gs []int64
+			wait := 20 * time.Second
+			if mode == "noCollect" {
+				wait = time.Second // the garbage must stay: no need to wait long
+			}
+			for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
+				var err error
+				if gs, err = c.GroupGarbage(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if gs[from] == 0 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if mode == "noCollect" {
+				if gs[from] != left {
+					t.Fatalf("planted noCollect: group %d publishes %d garbage keys, want %d still", from, gs[from], left)
+				}
+				t.Logf("planted noCollect caught: group %d still publishes %d garbage keys after 3 rounds", from, gs[from])
+				return
+			}
+			if gs[from] != 0 {
+				t.Fatalf("group %d publishes %d garbage keys, want 0 (status %+v)", from, gs[from], b.Status())
+			}
+			if mode == "balancer" {
+				st := b.Status()
+				if st.GarbageCollected != uint64(left) || st.Collections < 2 || len(st.Garbage) != 3 || st.Garbage[from] != 0 || st.Moves != 0 {
+					t.Fatalf("balancer status %+v: want %d garbage keys collected, none left, no move", st, left)
+				}
+			}
+			// Idempotent: nothing left to collect, and the keys all moved.
+			if got, err := c.CollectGarbage(ctx, from); err != nil || got != 0 {
+				t.Fatalf("CollectGarbage after: %d left, %v", got, err)
+			}
+			if got := scanAll(t, ks, nil, nil); len(got) != n {
+				t.Fatalf("%d keys after the collection, want %d", len(got), n)
+			}
+		})
+	}
+}
