@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/rdmakv/rdmakv/rdma/mem"
 )
 
 // TestCaptureAroundDrop: a drop (CtlDrop) publishes the header and the
@@ -26,12 +24,7 @@ import (
 // keys it walks are not the keys counted at capture): no snapshot, never
 // an inconsistent one.
 func TestCaptureAroundDrop(t *testing.T) {
-	f := mem.New(mem.Options{})
-	n, err := f.NewNode(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := memNode(t)
 	moved, kept := Tablet{Low: []byte("a"), High: []byte("m")}, Tablet{Low: []byte("m"), HighInf: true}
 	cfg := StoreConfig{Group: 0, Tree: Config{NodeSize: 256, MaxKey: 8}, FreeAfter: 1, Tablets: []Tablet{moved, kept}}
 	s, err := NewStore(cfg, n)

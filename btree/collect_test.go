@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/rdmakv/rdmakv/rdma/mem"
 )
 
 // collectReq is a CtlCollect request, as the client sends it.
@@ -42,12 +40,7 @@ func TestCtlCollect(t *testing.T) {
 
 func runCtlCollect(t *testing.T, plant func(*Store)) error {
 	const n, step, low = 350, 100, 20
-	f := mem.New(mem.Options{})
-	node, err := f.NewNode(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
+	node := memNode(t)
 	lo := Tablet{Low: []byte("a"), High: []byte("m")}
 	hi := Tablet{Low: []byte("m"), HighInf: true}
 	s, err := NewStore(StoreConfig{Tree: Config{NodeSize: 256, MaxKey: 16}, Tablets: []Tablet{lo, hi}, TabletMax: -1, GarbageStep: step}, node)

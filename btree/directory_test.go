@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	tbtree "github.com/tidwall/btree"
-
-	"github.com/rdmakv/rdmakv/rdma/mem"
 )
 
 // splitAt cuts the key order at points into tablets placed round-robin
@@ -113,12 +111,7 @@ func FuzzDir(f *testing.F) {
 // tablet, and publishes its tablets in the directory area of its header
 // region (read back as a client reads it).
 func TestStoreTablets(t *testing.T) {
-	f := mem.New(mem.Options{})
-	n, err := f.NewNode(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := memNode(t)
 	tablets := splitAt(2, "c", "f", "m", "t")[1] // [c, f), [m, t)
 	s, err := NewStore(StoreConfig{Group: 2, Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: tablets}, n)
 	if err != nil {
@@ -409,12 +402,7 @@ func TestStoreTabletSplit(t *testing.T) {
 // TestStoreSplitPublished: the halves of a split are in the directory
 // area the next Publish writes, with a new version.
 func TestStoreSplitPublished(t *testing.T) {
-	f := mem.New(mem.Options{})
-	n, err := f.NewNode(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := memNode(t)
 	s, err := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, TabletMax: 10, Tablets: []Tablet{All}}, n)
 	if err != nil {
 		t.Fatal(err)

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/rdmakv/rdmakv/rdma/mem"
 )
 
 // noWrites is tbs without their write counts.
@@ -32,12 +30,7 @@ func noWrites(tbs []Tablet) []Tablet {
 func TestStoreTabletWrites(t *testing.T) {
 	for _, plant := range []bool{false, true} {
 		t.Run(fmt.Sprint("plant=", plant), func(t *testing.T) {
-			f := mem.New(mem.Options{})
-			n, err := f.NewNode(1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer n.Close()
+			n := memNode(t)
 			low := []byte("b")
 			cfg := StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, TabletMax: 40, Tablets: []Tablet{{Low: low, HighInf: true}}}
 			s1, err := NewStore(cfg, n)
@@ -281,12 +274,7 @@ func TestStoreCtlSplit(t *testing.T) {
 // group's tablets were read without load from then until its next
 // write).
 func TestLoadAfterDrop(t *testing.T) {
-	f := mem.New(mem.Options{})
-	n, err := f.NewNode(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := memNode(t)
 	tbs := []Tablet{{Low: []byte("a"), High: []byte("m")}, {Low: []byte("m"), HighInf: true}}
 	s, err := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: tbs}, n)
 	if err != nil {

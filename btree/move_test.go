@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
-
-	"github.com/rdmakv/rdmakv/rdma/mem"
 )
 
 func ctlReq(cmd uint8, to uint32, gen uint64, tb Tablet, es ...KVV) []byte {
@@ -387,12 +385,7 @@ func capturedSection(t *testing.T, s *Store) []byte {
 func TestStoreDropPublishesFirst(t *testing.T) {
 	for _, plant := range []bool{false, true} {
 		t.Run(fmt.Sprint("plant=", plant), func(t *testing.T) {
-			f := mem.New(mem.Options{})
-			n, err := f.NewNode(1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer n.Close()
+			n := memNode(t)
 			tb := Tablet{Low: []byte("a"), High: []byte("m")}
 			s, err := NewStore(StoreConfig{Group: 0, Tree: Config{NodeSize: 256, MaxKey: 8}, FreeAfter: 4, Tablets: []Tablet{tb}}, n)
 			if err != nil {
