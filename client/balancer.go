@@ -663,37 +663,34 @@ func (b *Balancer) abort(ctx context.Context, c *Client, tb TabletInfo, failures
 // If 2 fails the target keeps the tablet, and the move is left to be
 // finished (the next round sees a tablet installing).
 func (c *Client) undoMove(ctx context.Context, low []byte) error {
-	d, err := c.freshDir(ctx)
+	d, p, err := c.freshTablet(ctx, low)
 	if err != nil {
 		return err
 	}
-	for _, p := range d.Tablets() {
-		if !bytes.Equal(p.Low, low) {
-			continue
-		}
-		if p.State != btree.TabletFrozen {
-			return fmt.Errorf("rdmakv: tablet %q is not being moved", low)
-		}
-		if d.OwnVersion(p.Group) == 0 {
-			return fmt.Errorf("rdmakv: group %d's ownership version is unknown: the move of tablet %q is not undone", p.Group, low)
-		}
-		tb := btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}
-		ct := &btree.Ctl{Cmd: btree.CtlAbort, To: p.To, Gen: p.Gen + 1, Tablet: tb}
-		if err := c.step(ctx, p.Group, ct, "abort"); err != nil {
-			return err
-		}
-		k, err := c.anyKeyspace()
-		if err != nil {
-			return err
-		}
-		if !c.ord.undoUnchecked {
-			if err := k.servesAgain(ctx, p.Group, tb); err != nil {
-				return fmt.Errorf("rdmakv: tablet move: group %d may have dropped tablet %q, so group %d keeps what it took in: %w", p.Group, low, p.To, err)
-			}
-		}
-		return c.step(ctx, p.To, ct, "abort")
+	if p == nil {
+		return fmt.Errorf("rdmakv: no frozen tablet starts at %q", low)
 	}
-	return fmt.Errorf("rdmakv: no frozen tablet starts at %q", low)
+	if p.State != btree.TabletFrozen {
+		return fmt.Errorf("rdmakv: tablet %q is not being moved", low)
+	}
+	if d.OwnVersion(p.Group) == 0 {
+		return fmt.Errorf("rdmakv: group %d's ownership version is unknown: the move of tablet %q is not undone", p.Group, low)
+	}
+	tb := btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}
+	ct := &btree.Ctl{Cmd: btree.CtlAbort, To: p.To, Gen: p.Gen + 1, Tablet: tb}
+	if err := c.step(ctx, p.Group, ct, "abort"); err != nil {
+		return err
+	}
+	k, err := c.anyKeyspace()
+	if err != nil {
+		return err
+	}
+	if !c.ord.undoUnchecked {
+		if err := k.servesAgain(ctx, p.Group, tb); err != nil {
+			return fmt.Errorf("rdmakv: tablet move: group %d may have dropped tablet %q, so group %d keeps what it took in: %w", p.Group, low, p.To, err)
+		}
+	}
+	return c.step(ctx, p.To, ct, "abort")
 }
 
 // servesAgain checks, by a linearizable read of group g's tablets (its

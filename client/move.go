@@ -336,23 +336,35 @@ func (k *Keyspace) movePage(ctx context.Context, d *btree.Directory, g uint32, l
 // also if its answer was lost and the request sent again found the
 // tablet split already (Tablets shows it).
 func (c *Client) SplitTablet(ctx context.Context, low []byte) error {
-	d, err := c.freshDir(ctx)
+	_, p, err := c.freshTablet(ctx, low)
 	if err != nil {
 		return err
 	}
-	for _, p := range d.Tablets() {
-		if !bytes.Equal(p.Low, low) {
-			continue
-		}
-		if p.State != btree.TabletServing {
-			return fmt.Errorf("rdmakv: tablet %q is moving", low)
-		}
-		ct := &btree.Ctl{Cmd: btree.CtlSplit, Gen: p.Gen + 1, Tablet: btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}}
-		// Routing needs no fresh directory: both halves stay in the
-		// group, as after a split past TabletMax.
-		return c.step(ctx, p.Group, ct, "split")
+	if p == nil {
+		return fmt.Errorf("rdmakv: no tablet starts at %q", low)
 	}
-	return fmt.Errorf("rdmakv: no tablet starts at %q", low)
+	if p.State != btree.TabletServing {
+		return fmt.Errorf("rdmakv: tablet %q is moving", low)
+	}
+	ct := &btree.Ctl{Cmd: btree.CtlSplit, Gen: p.Gen + 1, Tablet: btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}}
+	// Routing needs no fresh directory: both halves stay in the group,
+	// as after a split past TabletMax.
+	return c.step(ctx, p.Group, ct, "split")
+}
+
+// freshTablet reads the directory linearizably (freshDir) and finds the
+// tablet whose low fence is low in it (nil: none).
+func (c *Client) freshTablet(ctx context.Context, low []byte) (*btree.Directory, *btree.Placed, error) {
+	d, err := c.freshDir(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, p := range d.Tablets() {
+		if bytes.Equal(p.Low, low) {
+			return d, &d.Tablets()[i], nil
+		}
+	}
+	return d, nil, nil
 }
 
 // AbortTabletMove undoes the move of the tablet whose low fence is low,
