@@ -510,6 +510,13 @@ func (c *Client) CollectGarbage(ctx context.Context, g uint32) (uint64, error) {
 	return left, err
 }
 
+// CollectGarbageCount is CollectGarbage that also returns the keys its
+// requests deleted (kvcli collect prints them).
+func (c *Client) CollectGarbageCount(ctx context.Context, g uint32) (left, deleted uint64, err error) {
+	left, deleted, _, err = c.collectGarbage(ctx, g, -1)
+	return left, deleted, err
+}
+
 // collectGarbage sends at most most collection requests to group g
 // (negative: no bound) until it answers 0 keys left, and returns the
 // keys left by the last answer, the keys the requests deleted (their
