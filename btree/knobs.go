@@ -127,6 +127,11 @@ type testingKnobs struct {
 	// writes than it applied, and a balancer reads load where there is
 	// none.
 	splitCopiesWrites bool
+	// splitResendRefused: a CtlSplit sent again after its answer was
+	// lost (the tablet is split already) is refused (StatusCondFailed)
+	// instead of answered OK, so the client reports a split that
+	// happened as failed (TestStoreCtlSplitResent).
+	splitResendRefused bool
 	// shiftMultiResults applies a multi request's ops in a rotated order
 	// and hands op i the result of op i+1 (a replica that mixes up whose
 	// result is whose: each caller learns a neighbour's outcome).

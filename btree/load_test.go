@@ -227,8 +227,9 @@ func FuzzLoad(f *testing.F) {
 
 // TestStoreCtlSplit: a split request cuts a serving tablet at its median
 // key (the lower half keeps the write count); one of a stale generation,
-// one sent again (the fences are gone), one of a frozen tablet or of a
-// tablet of fewer than 2 keys changes nothing (StatusCondFailed).
+// one of a frozen tablet or of a tablet of fewer than 2 keys changes
+// nothing (StatusCondFailed); one sent again changes nothing either and
+// answers OK (TestStoreCtlSplitResent).
 func TestStoreCtlSplit(t *testing.T) {
 	s, _ := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: []Tablet{All}}, nil)
 	idx := uint64(0)
@@ -251,7 +252,7 @@ func TestStoreCtlSplit(t *testing.T) {
 		fmt.Sprint(s.Counts()) != "[5 5]" || s.DirVersion() == v0 {
 		t.Fatalf("after the split: %+v counts %v", tbs, s.Counts())
 	}
-	if st := apply(ctlReq(CtlSplit, 0, 1, All)); st != StatusCondFailed || len(s.Tablets()) != 2 {
+	if st := apply(ctlReq(CtlSplit, 0, 1, All)); st != StatusOK || len(s.Tablets()) != 2 {
 		t.Fatalf("the split sent again: status %d, %d tablets", st, len(s.Tablets()))
 	}
 	hi := Tablet{Low: []byte("k5"), HighInf: true}
@@ -265,6 +266,64 @@ func TestStoreCtlSplit(t *testing.T) {
 	one.Apply(1, putReq("a", "v"))
 	if st := status(t, one.Apply(2, ctlReq(CtlSplit, 0, 1, All))); st != StatusCondFailed || len(one.Tablets()) != 1 {
 		t.Fatalf("a split of a tablet of one key: status %d, %d tablets", st, len(one.Tablets()))
+	}
+}
+
+// TestStoreCtlSplitResent: a split sent again after its answer was lost
+// (the step's retry, a leader change) answers OK and changes nothing:
+// the same tablets, key counts, write counts and directory version; a
+// second resend too. Requests that only look alike stay refused: the
+// same fences at another generation, and a split of the lower half's
+// own fences at the generation the halves have is a new split (OK, 3
+// tablets). With the planted splitResendRefused the resend is refused
+// (what SplitTablet reported as an error though the split happened).
+func TestStoreCtlSplitResent(t *testing.T) {
+	for _, plant := range []bool{false, true} {
+		s, _ := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: []Tablet{{Low: []byte("a"), High: []byte("z")}}}, nil)
+		s.knobs.splitResendRefused = plant
+		idx := uint64(0)
+		apply := func(req []byte) uint8 {
+			idx++
+			return status(t, s.Apply(idx, req))
+		}
+		for i := range 10 {
+			apply(putReq(fmt.Sprintf("k%d", i), "v"))
+		}
+		whole := Tablet{Low: []byte("a"), High: []byte("z")}
+		if st := apply(ctlReq(CtlSplit, 0, 1, whole)); st != StatusOK {
+			t.Fatalf("split: status %d", st)
+		}
+		state := func() string {
+			return fmt.Sprintf("%+v %v dir %d own %d", s.Tablets(), s.Counts(), s.DirVersion(), s.OwnVersion())
+		}
+		after := state()
+		var caught string
+		for i := range 2 {
+			if st := apply(ctlReq(CtlSplit, 0, 1, whole)); st != StatusOK {
+				caught = fmt.Sprintf("resend %d: status %d, want OK", i+1, st)
+				break
+			}
+			if got := state(); got != after {
+				t.Fatalf("resend %d changed the tablets: %s, was %s", i+1, got, after)
+			}
+		}
+		if plant {
+			if caught == "" {
+				t.Fatalf("planted splitResendRefused not caught")
+			}
+			t.Logf("planted splitResendRefused caught: %s", caught)
+			continue
+		}
+		if caught != "" {
+			t.Fatal(caught)
+		}
+		if st := apply(ctlReq(CtlSplit, 0, 2, whole)); st != StatusCondFailed || state() != after {
+			t.Fatalf("the split's fences at another generation: status %d, %s", st, state())
+		}
+		lo := Tablet{Low: []byte("a"), High: []byte("k5")}
+		if st := apply(ctlReq(CtlSplit, 0, 1, lo)); st != StatusOK || len(s.Tablets()) != 3 {
+			t.Fatalf("a split of the lower half: status %d, %d tablets", st, len(s.Tablets()))
+		}
 	}
 }
 

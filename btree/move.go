@@ -61,7 +61,10 @@ const (
 	// CtlSplit splits a serving tablet of the group at its median key,
 	// as a tablet past TabletMax splits (both halves stay in the group;
 	// the balancer's split of a hot tablet, load.go). Gen is the
-	// tablet's generation + 1 (a check, as a freeze's). StatusCondFailed:
+	// tablet's generation + 1 (a check, as a freeze's); both halves keep
+	// the tablet's generation. Sent again (its answer lost), it finds
+	// the lower half (the same low fence and generation, a lower high
+	// fence) and answers StatusOK, changing nothing. StatusCondFailed:
 	// no such serving tablet, or it cannot be cut (fewer than 2 keys,
 	// MaxTablets, the directory area full).
 	CtlSplit = 6
@@ -408,6 +411,22 @@ func (s *Store) applyCtl(index uint64, data []byte) []byte {
 			return s.result(&cond)
 		}
 	case CtlSplit:
+		if k < 0 && !s.knobs.splitResendRefused {
+			// Sent again after its answer was lost: the tablet at the
+			// request's low fence is its lower half, of the same
+			// generation (a split keeps it) and with a high fence below
+			// the request's. Only a split narrows a tablet and keeps its
+			// generation (a move or an abort gives a new one), so the
+			// tablet was split: this request's or one past TabletMax
+			// meanwhile, and either way what was asked is done.
+			if i := s.find(c.Tablet.Low); i >= 0 {
+				tb := s.tablets[i]
+				if string(tb.Low) == string(c.Tablet.Low) && tb.State != TabletInstalling && tb.Gen+1 == c.Gen && !tb.HighInf &&
+					(c.Tablet.HighInf || string(tb.High) < string(c.Tablet.High)) {
+					return s.result(&ok)
+				}
+			}
+		}
 		if k < 0 || s.tablets[k].State != TabletServing || s.tablets[k].Gen+1 != c.Gen || s.counts[k] < 2 {
 			return s.result(&cond)
 		}

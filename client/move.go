@@ -332,9 +332,9 @@ func (k *Keyspace) movePage(ctx context.Context, d *btree.Directory, g uint32, l
 // as Tablets returns) in its group, at its median key: both halves stay
 // in the group, and can then be moved apart (the balancer splits a hot
 // tablet so). It fails, changing nothing, if the tablet is moving, holds
-// fewer than 2 keys, or its group owns btree.MaxTablets tablets; and
-// also if its answer was lost and the request sent again found the
-// tablet split already (Tablets shows it).
+// fewer than 2 keys, or its group owns btree.MaxTablets tablets. A
+// request sent again after its answer was lost finds the tablet split
+// already and succeeds (btree.CtlSplit).
 func (c *Client) SplitTablet(ctx context.Context, low []byte) error {
 	_, p, err := c.freshTablet(ctx, low)
 	if err != nil {
@@ -508,6 +508,13 @@ func (c *Client) GroupGarbage(ctx context.Context) ([]int64, error) {
 func (c *Client) CollectGarbage(ctx context.Context, g uint32) (uint64, error) {
 	left, _, _, err := c.collectGarbage(ctx, g, -1)
 	return left, err
+}
+
+// CollectGarbageCount is CollectGarbage that also returns the keys its
+// requests deleted (kvcli collect prints them).
+func (c *Client) CollectGarbageCount(ctx context.Context, g uint32) (left, deleted uint64, err error) {
+	left, deleted, _, err = c.collectGarbage(ctx, g, -1)
+	return left, deleted, err
 }
 
 // collectGarbage sends at most most collection requests to group g

@@ -37,6 +37,9 @@ func TestParse(t *testing.T) {
 		{[]string{"status", "--json", "--timeout", "2s"}, nil, func(x *call) bool { return x.json && x.timeout == 2*time.Second }},
 		{[]string{"leaders"}, nil, nil},
 		{[]string{"watch", "--interval", "20ms", "--count", "3", "k"}, []string{"k"}, func(x *call) bool { return x.interval == 20*time.Millisecond && x.count == 3 }},
+		{[]string{"split-tablet", "--json", "ordered:k5"}, []string{"ordered:k5"}, func(x *call) bool { return x.json }},
+		{[]string{"collect"}, nil, nil},
+		{[]string{"collect", "--json", "--timeout", "3s", "1"}, []string{"1"}, func(x *call) bool { return x.json && x.timeout == 3*time.Second }},
 		{[]string{"help"}, nil, nil},
 		{[]string{"help", "batch"}, []string{"batch"}, nil},
 		{[]string{"exit"}, nil, nil},
@@ -85,6 +88,9 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"watch", "--interval", "-1s", "k"}, "watch: --interval -1s: want a positive duration"},
 		{[]string{"watch", "--count", "-1", "k"}, "watch: --count -1: want 0 or more"},
 		{[]string{"help", "a", "b"}, "help takes at most 1 argument, got 2"},
+		{[]string{"split-tablet"}, "split-tablet takes 1 argument, got 0"},
+		{[]string{"split-tablet", "min", "1"}, "split-tablet takes 1 argument, got 2"},
+		{[]string{"collect", "0", "1"}, "collect takes at most 1 argument (a group), got 2"},
 	} {
 		_, err := parse(c.words, defs)
 		ue, ok := err.(*usageError)
@@ -118,9 +124,9 @@ func TestUsageExitCodes(t *testing.T) {
 		lines []string
 	}{
 		{"", []string{"get"}, []string{"kvcli: get takes 1 argument, got 0"}},
-		{"", []string{"frobnicate"}, []string{`kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, help)`}},
-		{"", []string{"gt", "k"}, []string{`kvcli: unknown command "gt": did you mean "get"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, help)`}},
-		{"", []string{"help", "stauts"}, []string{`kvcli: unknown command "stauts": did you mean "status"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, help)`}},
+		{"", []string{"frobnicate"}, []string{`kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, split-tablet, collect, balance, help)`}},
+		{"", []string{"gt", "k"}, []string{`kvcli: unknown command "gt": did you mean "get"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, split-tablet, collect, balance, help)`}},
+		{"", []string{"help", "stauts"}, []string{`kvcli: unknown command "stauts": did you mean "status"? (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, split-tablet, collect, balance, help)`}},
 		{"", []string{"status", "x"}, []string{"kvcli: status takes no arguments, got 1"}},
 		{"", []string{"cas", "--version", "1", "--absent", "k", "v"}, []string{"kvcli: cas: --absent and --version exclude each other (--version 0 is --absent)"}},
 		{"", []string{"exit"}, []string{"kvcli: exit is a shell command (run kvcli with no command for the shell)"}},
@@ -138,11 +144,11 @@ func TestUsageExitCodes(t *testing.T) {
 			"kvcli: line 1: batch: exit 2"}},
 		{"frob\n", nil, []string{
 			`kvcli: unknown command "frob" (help lists the commands)`,
-			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, use, help, exit, quit (help COMMAND)",
+			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, split-tablet, collect, balance, use, help, exit, quit (help COMMAND)",
 			"kvcli: line 1: frob: exit 2"}},
 		{"qiut\n", nil, []string{
 			`kvcli: unknown command "qiut": did you mean "quit"? (help lists the commands)`,
-			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, use, help, exit, quit (help COMMAND)",
+			"commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, split-tablet, collect, balance, use, help, exit, quit (help COMMAND)",
 			"kvcli: line 1: qiut: exit 2"}},
 		{"get 'open\n", nil, []string{"kvcli: line 1: unterminated ' quote"}},
 	} {
@@ -252,6 +258,9 @@ func TestCompletion(t *testing.T) {
 		{"watch --i", []string{"nterval "}, 3},
 		{"help bat", []string{"ch "}, 3},
 		{"help bal", []string{"ance "}, 3},
+		{"spl", []string{"it-tablet "}, 3},
+		{"coll", []string{"ect "}, 4},
+		{"collect --", []string{"json ", "timeout "}, 2},
 		{"batch ", []string{"put ", "del "}, 0},
 		{"batch put a 1 d", []string{"el "}, 1},
 		{"batch put a ", nil, 0},

@@ -234,6 +234,24 @@ tablet may need a longer --timeout.`,
 		{name: "abort-move", args: "FROM", cluster: true, flags: []string{"json", "timeout"},
 			summary: "undo a tablet move that failed before its drop",
 			run:     runAbortMove},
+		{name: "split-tablet", args: "FROM", cluster: true, flags: []string{"json", "timeout"},
+			summary: "split the tablet starting at FROM (as tablets prints it) at its median key",
+			help: `Cuts the tablet whose first key is FROM in two at its median key; both
+halves stay in its group (tablets shows them), and can then be moved apart
+with move-tablet. It fails, changing nothing, when the tablet is moving,
+holds fewer than 2 keys or its group has as many tablets as it can hold.
+Run again after a lost answer (a timeout), it finds the tablet split and
+prints OK.`,
+			run: runSplitTablet},
+		{name: "collect", args: "[GROUP]", cluster: true, flags: []string{"json", "timeout"},
+			summary: "delete the keys of tablets a group dropped (all groups, or GROUP)",
+			help: `A group that moved a tablet away deletes its keys in bounded steps
+afterwards (garbage: tablets shows each group's count when it is not 0).
+collect has the group (each group, without GROUP) delete them all now, a
+bounded number per log entry, and prints how many keys it reclaimed in
+each group. The tablet balancer does this every round, so with it on there
+is often nothing left (0 keys reclaimed). --json prints one object a group.`,
+			run: runCollect},
 		{name: "balance", cluster: true, flags: []string{"json", "timeout"},
 			summary: "move tablets until no group has 2 more than another",
 			help: `Runs the balancing rule until it proposes no move: while the group with
@@ -476,8 +494,12 @@ func parse(words []string, d opts) (*call, error) {
 		n = 0
 	case "move-tablet":
 		n = 2
-	case "abort-move":
+	case "abort-move", "split-tablet":
 		n = 1
+	case "collect":
+		if len(x.args) > 1 {
+			return bad("collect takes at most 1 argument (a group), got %d", len(x.args))
+		}
 	case "help":
 		if len(x.args) > 1 {
 			return bad("help takes at most 1 argument, got %d", len(x.args))

@@ -24,9 +24,10 @@ type e2e struct {
 	env     []string // kvcli's: private HOME, XDG_STATE_HOME and TMPDIR
 }
 
-// startE2E builds kvserver and kvcli and starts the cluster; cleanup stops
-// it (SIGTERM) and checks it left nothing in its shm directory.
-func startE2E(t *testing.T) *e2e {
+// startE2E builds kvserver and kvcli and starts the cluster (kvserver's
+// flags: extra added); cleanup stops it (SIGTERM) and checks it left
+// nothing in its shm directory.
+func startE2E(t *testing.T, extra ...string) *e2e {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs kvserver and kvcli")
@@ -42,7 +43,7 @@ func startE2E(t *testing.T) *e2e {
 	e.env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + filepath.Join(dir, "home"),
 		"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "TMPDIR=" + filepath.Join(dir, "tmp"), "TERM=xterm-256color", "LANG=C.UTF-8"}
 	shmDir := filepath.Join(dir, "shm")
-	srv := exec.Command(kvserver, "--memory", "--map", e.mapFile, "--shm-dir", shmDir, "--name", e.name)
+	srv := exec.Command(kvserver, append([]string{"--memory", "--map", e.mapFile, "--shm-dir", shmDir, "--name", e.name}, extra...)...)
 	srv.Env = e.env
 	out, err := srv.StdoutPipe()
 	if err != nil {
@@ -608,5 +609,105 @@ func testOrdered(t *testing.T, e *e2e) {
 	e.must(t, 0, "0 moves\n", "balance")
 	if _, stderr, code := e.cli(t, "", "move-tablet", "nope:a", "1"); code != 2 || !strings.Contains(stderr, "nope") {
 		t.Fatalf("move-tablet of an unknown keyspace's key: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// TestTabletOps: split-tablet and collect on the real binaries, with the
+// tablet balancer off (nothing moves, splits or collects but the test's
+// commands). A split cuts the one tablet in two halves in group 0;
+// moving the upper half to group 1 leaves its keys as garbage in group
+// 0 beyond what the drop's own log entry deletes (GarbageStep); tablets
+// shows group 0's count and collect reclaims them. A split sent again
+// (the tablet is split already) prints OK.
+func TestTabletOps(t *testing.T) {
+	e := startE2E(t, "--balance-interval", "0")
+	const n = 1200
+	var in strings.Builder
+	in.WriteString("use ordered\n")
+	for i := range n {
+		fmt.Fprintf(&in, "put k%04d v\n", i)
+	}
+	if out, stderr, code := e.cli(t, in.String()); code != 0 || strings.Count(out, "OK\n") != n {
+		t.Fatalf("loading %d keys: exit %d, %d OKs, stderr %q", n, code, strings.Count(out, "OK\n"), stderr)
+	}
+	e.must(t, 0, fmt.Sprintf("min\tmax\tgroup 0\tserving\t%d keys, %d writes\n", n, n), "tablets")
+	e.must(t, 0, "OK\n", "split-tablet", "min")
+	// The median key: the first of the upper half.
+	mid := fmt.Sprintf("ordered:k%04d", n/2)
+	e.must(t, 0, fmt.Sprintf("min\t%s\tgroup 0\tserving\t%d keys, %d writes\n%s\tmax\tgroup 0\tserving\t%d keys, 0 writes\n", mid, n/2, n, mid, n/2), "tablets")
+	// --json: one object a tablet.
+	out := e.must(t, 0, "", "tablets", "--json")
+	var tl []tabletLine
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var l tabletLine
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("tablets --json line %q: %v", line, err)
+		}
+		tl = append(tl, l)
+	}
+	if len(tl) != 2 || tl[0].From != "min" || tl[0].To != mid || tl[1].From != mid || tl[1].To != "max" {
+		t.Fatalf("tablets --json after the split: %s", out)
+	}
+	// Errors: a fence no tablet starts at (exit 5, as move-tablet); a
+	// malformed fence and a group the cluster has not (exit 2).
+	if _, stderr, code := e.cli(t, "", "split-tablet", "ordered:k0001"); code != 5 || !strings.Contains(stderr, "no tablet starts at") {
+		t.Fatalf("split-tablet of no tablet: exit %d, stderr %q", code, stderr)
+	}
+	if _, stderr, code := e.cli(t, "", "split-tablet", "nope:a"); code != 2 || !strings.Contains(stderr, "nope") {
+		t.Fatalf("split-tablet of an unknown keyspace's key: exit %d, stderr %q", code, stderr)
+	}
+	if _, stderr, code := e.cli(t, "", "collect", "9"); code != 2 || !strings.Contains(stderr, `collect: group "9"`) {
+		t.Fatalf("collect 9: exit %d, stderr %q", code, stderr)
+	}
+
+	e.must(t, 0, "OK\n", "move-tablet", mid, "1")
+	// Group 0's garbage as it published it: read from the nearest
+	// replica, which may not have applied the drop yet, so read until
+	// the line shows (nothing collects it meanwhile).
+	var garbage int
+	for try := 0; ; try++ {
+		out := e.must(t, 0, "", "tablets")
+		if i := strings.Index(out, "\ngroup 0\t"); i >= 0 {
+			if _, err := fmt.Sscanf(out[i+1:], "group 0\t%d garbage keys", &garbage); err != nil {
+				t.Fatalf("tablets: garbage line: %v in %q", err, out)
+			}
+			break
+		}
+		if try == 200 {
+			t.Fatalf("tablets never showed group 0's garbage: %q", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if garbage <= 0 || garbage > n/2 {
+		t.Fatalf("group 0's garbage: %d keys, want 1..%d (the moved half's keys the drop's entry left)", garbage, n/2)
+	}
+	out = e.must(t, 0, "", "collect")
+	var g0, g1 int
+	if _, err := fmt.Sscanf(out, "group 0: %d keys reclaimed\ngroup 1: %d keys reclaimed\n", &g0, &g1); err != nil {
+		t.Fatalf("collect: %q: %v", out, err)
+	}
+	if g0 != garbage || g1 != 0 {
+		t.Fatalf("collect reclaimed %d keys in group 0 and %d in group 1, want %d (what tablets showed) and 0", g0, g1, garbage)
+	}
+	// Nothing left: collect again reclaims 0, --json says so.
+	out = e.must(t, 0, "", "collect", "--json", "0")
+	var cl collectLine
+	if err := json.Unmarshal([]byte(out), &cl); err != nil || cl != (collectLine{Command: "collect", Group: 0}) {
+		t.Fatalf("collect --json 0 again: %q: %+v %v", out, cl, err)
+	}
+	for try := 0; ; try++ {
+		out := e.must(t, 0, "", "tablets")
+		if !strings.Contains(out, "garbage") {
+			break
+		}
+		if try == 200 {
+			t.Fatalf("tablets still shows garbage after collect: %q", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The keys are all there, read from both groups.
+	out = e.must(t, 0, "", "--keyspace", "ordered", "scan", "--limit", "0", "")
+	if c := strings.Count(out, "\n"); c != n {
+		t.Fatalf("scan after the move and collect: %d keys, want %d", c, n)
 	}
 }
