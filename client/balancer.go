@@ -64,7 +64,8 @@ type BalancerConfig struct {
 	Log *slog.Logger
 	// BeforeStep, if set (tests), is called before each step of the
 	// balancer's moves, with the step's name (freeze, ingest, drop,
-	// activate), and before its splits ("split").
+	// activate), before its splits ("split") and before its removals
+	// of leftover installing tablets ("abort leftover").
 	BeforeStep func(step string)
 	// MinWrites is the fewest writes (to every ordered key, all groups
 	// together) between two rounds for the rule by load to decide; with
