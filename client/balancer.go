@@ -843,14 +843,15 @@ func (b *Balancer) split(ctx context.Context, c *Client, tb TabletInfo, p balanc
 // refuses move G's drop, and move G can never finish: its copy is
 // dead), or the activation of move G at t (t's copy serves; an abort
 // of generation G then finds no installing tablet of G there, and
-// changes nothing). Reading s before t would not do: s's answer could
-// be older than the copy (with the generations above it cannot match a
-// live copy either, but the argument would rest on more than the two
-// reads). Frozen is not serving: a range under a move is left alone
-// (the round after the move settles cleans it), and the abort carries
-// the leftover's exact fences and generation, so t applies it only to
-// that tablet while it is still installing. Its failures are logged,
-// not the round's: a leftover waits for the next round.
+// changes nothing). The order of the two reads is what makes "served at
+// G or more" a fact about a moment when the copy already existed: read
+// first, s's answer could predate the copy, and only the growth of the
+// range's generations would then rule out a live one. Frozen is not
+// serving: a range under a move is left alone (a round after the move
+// settles cleans it). The abort carries the leftover's exact fences and
+// generation, so t applies it to that tablet alone, and only while it
+// is still installing. Its failures are logged, not the round's: a
+// leftover waits for the next round.
 func (b *Balancer) cleanLeftovers(ctx context.Context, c *Client) {
 	if b.knobs.noLeftovers {
 		return
