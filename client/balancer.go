@@ -64,7 +64,8 @@ type BalancerConfig struct {
 	Log *slog.Logger
 	// BeforeStep, if set (tests), is called before each step of the
 	// balancer's moves, with the step's name (freeze, ingest, drop,
-	// activate), and before its splits ("split").
+	// activate), before its splits ("split") and before its removals
+	// of leftover installing tablets ("abort leftover").
 	BeforeStep func(step string)
 	// MinWrites is the fewest writes (to every ordered key, all groups
 	// together) between two rounds for the rule by load to decide; with
@@ -137,6 +138,10 @@ type BalancerStatus struct {
 	Garbage          []int64 `json:"garbage,omitempty"`
 	GarbageCollected uint64  `json:"garbage_collected"`
 	Collections      uint64  `json:"collections"`
+	// Leftovers counts the leftover installing tablets the balancer
+	// removed (copies an interrupted undo left at a move's target:
+	// cleanLeftovers).
+	Leftovers uint64 `json:"leftovers_removed"`
 	// Last is the last move made or tried, LastSplit the last split.
 	Last      *BalancerMove `json:"last_move,omitempty"`
 	LastSplit *BalancerMove `json:"last_split,omitempty"`
@@ -188,6 +193,13 @@ type balancerKnobs struct {
 	// group with one hot tablet and one with three cold ones look
 	// balanced).
 	ignoreLoad bool
+	// leftoverUnchecked: any installing tablet that another group's
+	// tablet overlaps (in any state, of any generation) is taken for a
+	// leftover and aborted, without the second read: a live move's
+	// copy (its source frozen) is removed.
+	leftoverUnchecked bool
+	// noLeftovers: rounds never remove leftover installing tablets.
+	noLeftovers bool
 }
 
 // abortAfter is how many times in a row the balancer's move of a tablet
@@ -306,6 +318,7 @@ func (b *Balancer) Round(ctx context.Context, c *Client) error {
 	b.mu.Lock()
 	b.st.Tablets = count
 	b.mu.Unlock()
+	b.cleanLeftovers(ctx, c)
 	sent := b.collect(ctx, c)
 	if len(busy) > 0 && b.knobs.ignoreBusy {
 		// Planted: plan from the serving tablets, as if nothing moved.
@@ -801,6 +814,136 @@ func (b *Balancer) split(ctx context.Context, c *Client, tb TabletInfo, p balanc
 	b.cfg.Log.Info(fmt.Sprintf("balancer: split hot tablet [%s, %s) (%d keys) in group %d in %s by load (writes per group in the last round %v)",
 		mv.From, mv.To, tb.Keys, p.From, mv.Took, writes))
 	return nil
+}
+
+// cleanLeftovers removes the installing copies that interrupted undos
+// left at their moves' targets. An undo (undoMove) aborts at the source,
+// which then serves the tablet again at the move's generation, and then
+// at the target; if it stops in between (its client died, the check
+// read failed), the target keeps an installing tablet of that
+// generation. Directories hide it (a tablet served at a generation as
+// high covers it, btree.NewDirectory), so Tablets does not show it and
+// rounds are not held up, and a later move of the range to that target
+// replaces it (CtlIngest); but with no such move it and its keys would
+// stay for ever.
+//
+// A leftover, as a round sees it: an installing tablet at group t (read
+// linearizably) that a SERVING tablet of another group s overlaps at a
+// generation at least the installing one's, in a linearizable read of s
+// made AFTER t's read answered. It is removed by CtlAbort at t with its
+// own fences and generation (its keys become garbage, collected as any
+// other). Why this never removes a live move's copy: a tablet's
+// generation only grows (a move and an abort raise it by one, a split
+// keeps it), and while move G (an ingest of generation G) can still
+// finish, its source holds the range frozen at G-1 (until its drop)
+// and then nobody holds it until the target activates it; so no group
+// serves any key of it at G or more. A read of s, after t's read showed
+// the copy, that finds a key of it served at G or more thus comes after
+// one of: the abort of move G at its source (from then on the source
+// refuses move G's drop, and move G can never finish: its copy is
+// dead), or the activation of move G at t (t's copy serves; an abort
+// of generation G then finds no installing tablet of G there, and
+// changes nothing). The order of the two reads is what makes "served at
+// G or more" a fact about a moment when the copy already existed: read
+// first, s's answer could predate the copy, and only the growth of the
+// range's generations would then rule out a live one. Frozen is not
+// serving: a range under a move is left alone (a round after the move
+// settles cleans it). The abort carries the leftover's exact fences and
+// generation, so t applies it to that tablet alone, and only while it
+// is still installing. Its failures are logged, not the round's: a
+// leftover waits for the next round.
+func (b *Balancer) cleanLeftovers(ctx context.Context, c *Client) {
+	if b.knobs.noLeftovers {
+		return
+	}
+	k, err := c.anyKeyspace()
+	if err != nil {
+		return
+	}
+	k.init()
+	read := func(g uint32) ([]btree.Tablet, error) {
+		gctx, cancel := context.WithTimeout(ctx, dirReadTimeout)
+		defer cancel()
+		r := k.reader(g)
+		defer k.putReader(g, r)
+		res, err := r.DirCtxMode(gctx, kv.Linearizable)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]btree.Tablet, len(res.Tablets))
+		for i, tb := range res.Tablets {
+			out[i] = btree.Tablet{Low: bytes.Clone(tb.Low), High: bytes.Clone(tb.High), HighInf: tb.HighInf,
+				State: tb.State, Gen: tb.Gen, To: tb.To}
+		}
+		return out, nil
+	}
+	groups := uint32(len(c.m.Groups))
+	lists := make([][]btree.Tablet, groups)
+	for g := range groups {
+		lists[g], _ = read(g) // a group not read is skipped this round
+		if ctx.Err() != nil {
+			return
+		}
+	}
+	// covers: a tablet of group s that shows tablet l of group t dead.
+	covers := func(q, l btree.Tablet) bool {
+		if !tabletsOverlap(q, l) {
+			return false
+		}
+		return b.knobs.leftoverUnchecked || q.State == btree.TabletServing && q.Gen >= l.Gen
+	}
+	for t := range groups {
+		for _, l := range lists[t] {
+			if l.State != btree.TabletInstalling {
+				continue
+			}
+			s, found := uint32(0), false
+			for g := range groups {
+				if g == t {
+					continue
+				}
+				for _, q := range lists[g] {
+					if covers(q, l) {
+						s, found = g, true
+					}
+				}
+			}
+			if !found {
+				continue
+			}
+			if !b.knobs.leftoverUnchecked {
+				// s again, after t's read answered (above).
+				again, err := read(s)
+				if err != nil {
+					continue
+				}
+				found = false
+				for _, q := range again {
+					found = found || covers(q, l)
+				}
+				if !found {
+					continue
+				}
+			}
+			tb := btree.Tablet{Low: l.Low, High: l.High, HighInf: l.HighInf}
+			ct := &btree.Ctl{Cmd: btree.CtlAbort, To: t, Gen: l.Gen, Tablet: tb}
+			if err := c.step(ctx, t, ct, "abort leftover"); err != nil {
+				b.cfg.Log.Warn(fmt.Sprintf("balancer: removing the leftover installing tablet [%s, %s) of generation %d at group %d (the next round tries again): %v",
+					fenceString(c.m, l.Low), highString(c.m, TabletInfo{High: l.High, HighInf: l.HighInf}), l.Gen, t, err))
+				continue
+			}
+			b.mu.Lock()
+			b.st.Leftovers++
+			b.mu.Unlock()
+			b.cfg.Log.Info(fmt.Sprintf("balancer: removed the leftover installing tablet [%s, %s) of generation %d at group %d (an undone move's copy: group %d serves the range)",
+				fenceString(c.m, l.Low), highString(c.m, TabletInfo{High: l.High, HighInf: l.HighInf}), l.Gen, t, s))
+		}
+	}
+}
+
+// tabletsOverlap reports whether tablets a and b share a key.
+func tabletsOverlap(a, b btree.Tablet) bool {
+	return (a.HighInf || string(b.Low) < string(a.High)) && (b.HighInf || string(a.Low) < string(b.High))
 }
 
 // collectPerRound bounds the collection requests a round sends one group

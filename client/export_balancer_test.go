@@ -1,6 +1,12 @@
 package client
 
-import "context"
+import (
+	"context"
+	"errors"
+
+	"github.com/rdmakv/rdmakv/btree"
+	"github.com/rdmakv/rdmakv/kv"
+)
 
 // PlantBalancerIgnoreBusy plants a bug in b: a round plans from the
 // serving tablets alone, so it starts a move while another tablet is
@@ -47,3 +53,48 @@ func PlanBalanceWritesPlanted(plant string, tablets []TabletInfo, loads []uint64
 // PlantBalancerNoCollect plants a bug in b: rounds send no garbage
 // collection requests.
 func PlantBalancerNoCollect(b *Balancer) { b.knobs.noCollect = true }
+
+// PlantBalancerLeftoverUnchecked plants a bug in b: any installing
+// tablet another group's tablet overlaps is removed as a leftover (no
+// state or generation check, no second read).
+func PlantBalancerLeftoverUnchecked(b *Balancer) { b.knobs.leftoverUnchecked = true }
+
+// PlantBalancerNoLeftovers plants a bug in b: rounds never remove
+// leftover installing tablets.
+func PlantBalancerNoLeftovers(b *Balancer) { b.knobs.noLeftovers = true }
+
+// AbortAtSource is the first step of undoMove alone (an undo whose
+// client died after it): the source of the frozen tablet starting at
+// low serves it again, and the target keeps its installing copy.
+func AbortAtSource(c *Client, ctx context.Context, low []byte) error {
+	_, p, err := c.freshTablet(ctx, low)
+	if err != nil {
+		return err
+	}
+	if p == nil || p.State != btree.TabletFrozen {
+		return errors.New("no frozen tablet starts there")
+	}
+	ct := &btree.Ctl{Cmd: btree.CtlAbort, To: p.To, Gen: p.Gen + 1, Tablet: btree.Tablet{Low: p.Low, High: p.High, HighInf: p.HighInf}}
+	return c.step(ctx, p.Group, ct, "abort")
+}
+
+// GroupTablets is group g's own list of tablets, read linearizably
+// (installing ones included, hidden by no directory).
+func GroupTablets(c *Client, ctx context.Context, g uint32) ([]btree.Tablet, error) {
+	k, err := c.anyKeyspace()
+	if err != nil {
+		return nil, err
+	}
+	k.init()
+	r := k.reader(g)
+	defer k.putReader(g, r)
+	res, err := r.DirCtxMode(ctx, kv.Linearizable)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]btree.Tablet, len(res.Tablets))
+	for i, tb := range res.Tablets {
+		out[i] = btree.Tablet{Low: append([]byte(nil), tb.Low...), High: append([]byte(nil), tb.High...), HighInf: tb.HighInf, State: tb.State, Gen: tb.Gen, To: tb.To}
+	}
+	return out, nil
+}

@@ -207,13 +207,14 @@ var (
 	dBalWrites  = prometheus.NewDesc("rdmakv_balancer_writes", "Writes each group's tablets took between the balancer's last two rounds that measured them (its load).", []string{"group"}, nil)
 	dBalGarbage = prometheus.NewDesc("rdmakv_balancer_garbage_keys", "Garbage keys (keys of tablets that left the group, not deleted yet) of each group after the balancer's last round's collections (-1: not read).", []string{"group"}, nil)
 	dBalGC      = prometheus.NewDesc("rdmakv_balancer_garbage_collected_total", "Garbage keys the process's balancer's collection requests deleted.", nil, nil)
+	dBalLeft    = prometheus.NewDesc("rdmakv_balancer_leftovers_removed_total", "Leftover installing tablets (copies interrupted undos left at a move's target) the process's balancer removed.", nil, nil)
 )
 
 // balancerCollector exports the balancer's status.
 type balancerCollector struct{ p *Process }
 
 func (c balancerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dBalMoves, dBalResumed, dBalAborted, dBalErrors, dBalActive, dBalMoving, dBalTablets, dBalSplits, dBalWrites, dBalGarbage, dBalGC} {
+	for _, d := range []*prometheus.Desc{dBalMoves, dBalResumed, dBalAborted, dBalErrors, dBalActive, dBalMoving, dBalTablets, dBalSplits, dBalWrites, dBalGarbage, dBalGC, dBalLeft} {
 		ch <- d
 	}
 }
@@ -241,4 +242,5 @@ func (c balancerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(dBalGarbage, prometheus.GaugeValue, float64(n), strconv.Itoa(g))
 	}
 	ch <- prometheus.MustNewConstMetric(dBalGC, prometheus.CounterValue, float64(st.GarbageCollected))
+	ch <- prometheus.MustNewConstMetric(dBalLeft, prometheus.CounterValue, float64(st.Leftovers))
 }

@@ -102,7 +102,8 @@ func TestProcessBalancer(t *testing.T) {
 				t.Fatalf("balancer status %+v: want each group's writes", st)
 			}
 			for _, want := range []string{fmt.Sprintf("rdmakv_balancer_moves_total %d", st.Moves), "rdmakv_balancer_active 1", fmt.Sprintf(`rdmakv_balancer_tablets{group="2"} %d`, st.Tablets[2]),
-				"rdmakv_balancer_splits_total 0", `rdmakv_balancer_writes{group="0"}`, `rdmakv_balancer_garbage_keys{group="0"}`, "rdmakv_balancer_garbage_collected_total"} {
+				"rdmakv_balancer_splits_total 0", `rdmakv_balancer_writes{group="0"}`, `rdmakv_balancer_garbage_keys{group="0"}`, "rdmakv_balancer_garbage_collected_total",
+				"rdmakv_balancer_leftovers_removed_total 0"} {
 				if !strings.Contains(string(b), want) {
 					t.Errorf("/metrics has no %q", want)
 				}
