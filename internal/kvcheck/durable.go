@@ -33,7 +33,11 @@ func (d Durability) String() string { return enumString(d, "durability", "", "sy
 // power loss) and later restarted from its data dir. Start and End are
 // on the history's clock (Recorder.Now): Start just before the first
 // replica was killed, End once every replica was dead (before any
-// restarted). A write may have taken effect before the outage as late as
+// restarted). In async mode the window counts back from Start, so a
+// caller whose replica crashed earlier and was not synced again since
+// (restarted but not yet brought up to date by a leader and that on its
+// disk) passes that earlier crash as Start: its disk lacks what it had
+// not synced then (docs/broadcast.md, "What it can lose"). A write may have taken effect before the outage as late as
 // End, and ops that return by End were served by the dying replicas; an
 // operation called after End is served by the restarted group.
 type Outage struct {
