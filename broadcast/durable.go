@@ -746,13 +746,28 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 	}
 	if lastMark >= 0 {
 		x := &rec.Records[lastMark]
-		if at := getHdr(x.Data); snap == nil || snap.At.Less(at) {
+		at := getHdr(x.Data)
+		if snap == nil || snap.At.Less(at) {
 			// The snapshot the last SnapMark names is not on disk (never
 			// made durable, so nothing from its diff on was
 			// acknowledged; or lost): boot catching up, as for
 			// corruption.
 			rc.Repair = true
 			rc.Reason = fmt.Sprintf("log record seq %d names the snapshot %s, which is not on disk: catching up from the group, not replaying the log", x.Seq, SnapName(binary.LittleEndian.Uint64(x.Data[16:]), at))
+			return rc, nil
+		}
+		if dh := getHdr(rec.Records[markBegin].Data); at.Less(snap.At) && snap.At.Less(dh) && !knobStaleSnapUsed {
+			// The newest disk snapshot is above the one the last diff
+			// installed and below that diff's epoch: it was taken
+			// before the diff replaced the state (async mode: a
+			// recovery that lost entries this member had delivered)
+			// and its removal after the installed snapshot's save did
+			// not reach the disk. It holds state the group no longer
+			// has (replaying over it delivered an entry the group lost:
+			// the kv simulator's async-staggered seed 208): boot
+			// catching up, as for corruption.
+			rc.Repair = true
+			rc.Reason = fmt.Sprintf("the newest disk snapshot %s is above %s, which the log's last diff (epoch %v) installed: it predates that diff; catching up from the group, not replaying the log", SnapName(snap.Index, snap.At), SnapName(binary.LittleEndian.Uint64(x.Data[16:]), at), dh.E)
 			return rc, nil
 		}
 		// The diff installed the whole state: what the log holds before

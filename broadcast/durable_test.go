@@ -118,6 +118,11 @@ func TestRecoverSnapMark(t *testing.T) {
 		{"an older snapshot only", &DiskSnap{At: MsgHdr{E: e1, Cnt: 3}, Index: 3}, true},
 		{"the snapshot it names", &DiskSnap{At: at, Index: 7}, false},
 		{"a newer snapshot", &DiskSnap{At: MsgHdr{E: e2, Cnt: 4}, Index: 12}, false},
+		// Above the one it names but below the diff's epoch: taken
+		// before the diff replaced the state (its removal after the
+		// install did not reach the disk); it may hold entries the
+		// group lost (kv's async-staggered seed 208).
+		{"a snapshot the diff replaced", &DiskSnap{At: MsgHdr{E: e1, Cnt: 9}, Index: 9}, true},
 	} {
 		rc, err := RecoverFrom(&wal.Recovered{Records: recs(), NextSeq: 7}, tc.snap)
 		if err != nil || rc.Repair != tc.repair {
@@ -128,6 +133,13 @@ func TestRecoverSnapMark(t *testing.T) {
 			t.Errorf("%s: reason %q does not name the snapshot", tc.name, rc.Reason)
 		}
 	}
+	// Planted: the snapshot the diff replaced is replayed over.
+	knobStaleSnapUsed = true
+	rc, err := RecoverFrom(&wal.Recovered{Records: recs(), NextSeq: 7}, &DiskSnap{At: MsgHdr{E: e1, Cnt: 9}, Index: 9})
+	knobStaleSnapUsed = false
+	if err != nil || rc.Repair {
+		t.Errorf("planted knobStaleSnapUsed: %+v, %v; want it replayed (the rule off)", rc, err)
+	}
 	// A SnapMark whose snapshot never became durable (the member booted
 	// catching up), then a later diff whose snapshot is on disk: the
 	// later install supersedes everything before its DiffBegin.
@@ -135,7 +147,7 @@ func TestRecoverSnapMark(t *testing.T) {
 	begin2, end2 := recDiff(7, MsgHdr{E: Epoch(3)}, at2, 0)
 	later := append(recs(), begin2, recSnapMark(8, at2, 5), end2)
 	later[len(later)-1].Seq = 9
-	rc, err := RecoverFrom(&wal.Recovered{Records: later, NextSeq: 10}, &DiskSnap{At: at2, Index: 5})
+	rc, err = RecoverFrom(&wal.Recovered{Records: later, NextSeq: 10}, &DiskSnap{At: at2, Index: 5})
 	if err != nil || rc.Repair || len(rc.recs) != 3 || rc.recs[0].Seq != 7 {
 		t.Errorf("a stale SnapMark before a durable one: %+v, %v; want the records from seq 7", rc, err)
 	}

@@ -121,3 +121,8 @@ type testingKnobs struct {
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool
 }
+
+// knobStaleSnapUsed plants the bug RecoverFrom's stale-snapshot rule
+// fixes (a disk snapshot taken before the last diff replaced the state is
+// replayed over): tests only (TestRecoverSkipsSnapshotBeforeLastDiff).
+var knobStaleSnapUsed bool
