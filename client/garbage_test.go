@@ -22,17 +22,8 @@ func TestQuietGroupCollectsGarbage(t *testing.T) {
 	for _, mode := range []string{"balancer", "call", "noCollect"} {
 		t.Run(mode, func(t *testing.T) {
 			const n = 700
-			m := orderedMap("gc"+mode, 3)
-			m.Keyspaces[0].FirstTabletMax = 1 << 20 // one tablet: no split
-			lc := startLocal(t, m)
-			c := open(t, lc, 0)
+			c, ks := oneTabletCluster(t, "gc"+mode, 3, n)
 			ctx := context.Background()
-			ks := c.Keyspace("users")
-			for i := range n {
-				if _, err := ks.Put(ctx, fmt.Appendf(nil, "k%04d", i), []byte("v")); err != nil {
-					t.Fatal(err)
-				}
-			}
 			tbs, count := tabletsOf(t, c)
 			var big client.TabletInfo
 			for _, tb := range tbs {
@@ -125,4 +116,21 @@ func TestQuietGroupCollectsGarbage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// oneTabletCluster starts a local cluster of groups groups whose
+// keyspace "users" keeps one tablet (it never splits by itself), opens a
+// client and puts n keys k0000... with value "v".
+func oneTabletCluster(t *testing.T, name string, groups, n int) (*client.Client, *client.Keyspace) {
+	t.Helper()
+	m := orderedMap(name, groups)
+	m.Keyspaces[0].FirstTabletMax = 1 << 20 // one tablet: no split
+	c := open(t, startLocal(t, m), 0)
+	ks := c.Keyspace("users")
+	for i := range n {
+		if _, err := ks.Put(context.Background(), fmt.Appendf(nil, "k%04d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c, ks
 }

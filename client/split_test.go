@@ -2,7 +2,6 @@ package client_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/rdmakv/rdmakv/client"
@@ -17,17 +16,8 @@ import (
 // tablet was split), and the tablet is split once: two halves, all keys.
 func TestSplitTabletResent(t *testing.T) {
 	const n = 40
-	m := orderedMap("splitresend", 2)
-	m.Keyspaces[0].FirstTabletMax = 1 << 20 // one tablet: no split but ours
-	lc := startLocal(t, m)
-	c := open(t, lc, 0)
+	c, _ := oneTabletCluster(t, "splitresend", 2, n) // no split but ours
 	ctx := context.Background()
-	ks := c.Keyspace("users")
-	for i := range n {
-		if _, err := ks.Put(ctx, fmt.Appendf(nil, "k%04d", i), []byte("v")); err != nil {
-			t.Fatal(err)
-		}
-	}
 	var tb client.TabletInfo
 	tbs, _ := tabletsOf(t, c)
 	for _, x := range tbs {
