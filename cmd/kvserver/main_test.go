@@ -122,7 +122,7 @@ func TestLocalClusterWithKvcli(t *testing.T) {
 		{"", []string{"--absent", "cas", "fresh", "v"}, "OK", 0},
 		{"", []string{"del", "k"}, "OK", 0},
 		{"", []string{"get", "k"}, "(not found)", 1},
-		{"", []string{"frobnicate"}, `kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, balance, help)`, 2},
+		{"", []string{"frobnicate"}, `kvcli: unknown command "frobnicate" (commands: get, put, del, cas, batch, status, leaders, watch, scan, keys, tablets, move-tablet, abort-move, split-tablet, collect, balance, help)`, 2},
 		{"", []string{"get"}, "kvcli: get takes 1 argument, got 0", 2},
 	} {
 		got, code := cli(c.stdin, c.args...)
