@@ -59,7 +59,7 @@ noalloc:
 # skipped under -race),
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
-# TestSim with all its seeds (1,900 per tree shape; 1 a case under -race),
+# TestSim with all its seeds (1,140 per tree shape; 1 a case under -race),
 # and kv's TestSim with all its seeds (150 a case, 10 cases; 1 under -race)
 # and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
 # (skipped under -race), TestSimDurable and TestSimMoves with their mutants
