@@ -55,7 +55,10 @@ type state struct {
 	onHello func(c uint32)
 	// replies a batch produced, handed to onReply after its EndBatch
 	batchReplies []replyOf
-	inBatch      bool
+	// batchMsgs: the messages of the batch entry being applied, decoded
+	// once for the prefetch and the apply (reused across batches).
+	batchMsgs []logEntry
+	inBatch   bool
 }
 
 type replyOf struct {
@@ -159,17 +162,7 @@ func (s *state) Apply(e broadcast.Entry) []byte {
 // an entry of its own, between BeginBatch and EndBatch; their replies go
 // to the leader after EndBatch.
 func (s *state) applyBatch(e broadcast.Entry, le *logEntry) {
-	if s.preApp != nil {
-		for rest := le.subs; len(rest) > 0; {
-			var sub []byte
-			sub, rest = nextSub(rest)
-			if m, err := decodeEntry(sub); err == nil && m.rec.dst.Has(s.g) {
-				s.preApp.Prefetch(m.rec.payload)
-			}
-		}
-	}
-	s.inBatch = true
-	began := false
+	msgs := s.batchMsgs[:0]
 	for rest := le.subs; len(rest) > 0; {
 		var sub []byte
 		sub, rest = nextSub(rest)
@@ -177,12 +170,27 @@ func (s *state) applyBatch(e broadcast.Entry, le *logEntry) {
 		if err != nil { // decodeEntry validated the batch
 			panic(fmt.Sprintf("multicast: group %d: committed entry %d: %v", s.g, e.Index, err))
 		}
+		msgs = append(msgs, m)
+	}
+	if s.preApp != nil {
+		for i := range msgs {
+			if msgs[i].rec.dst.Has(s.g) {
+				s.preApp.Prefetch(msgs[i].rec.payload)
+			}
+		}
+	}
+	s.inBatch = true
+	began := false
+	for i := range msgs {
+		m := &msgs[i]
 		if s.batchApp != nil && !began && m.rec.dst.Has(s.g) {
 			s.batchApp.BeginBatch()
 			began = true
 		}
-		s.applyMessage(e, &m)
+		s.applyMessage(e, m)
 	}
+	clear(msgs) // no payload kept past the entry
+	s.batchMsgs = msgs[:0]
 	if began {
 		s.batchApp.EndBatch()
 	}
