@@ -125,10 +125,13 @@ func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg Durab
 		return nil, fmt.Errorf("replica %d: the log in %s is corrupt (%v): %s", member, walDir, err, remedy(dir, group))
 	}
 	mode := wal.Sync
+	var sg *wal.SyncGroup
 	if cfg.Mode == broadcast.Async {
-		mode = wal.Async
+		// One syncfs for the process's async logs on this file system,
+		// due together (wal.SyncGroup); nil on a wrapped FS.
+		mode, sg = wal.Async, wal.SyncGroupFor(fs, dir)
 	}
-	d.dev = wal.NewFileDevice(fs, kick)
+	d.dev = wal.NewFileDeviceWith(fs, kick, sg)
 	walDev, snapDev := wal.Share(d.dev)
 	d.WAL, err = wal.Open(walDev, wal.Config{Dir: walDir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: uint64(member)}, rec)
 	if err != nil {
