@@ -71,10 +71,7 @@ type Device interface {
 // Executor runs IOs synchronously on a vfs.FS, keeping the files it
 // opened. The FileDevice's goroutine and the simulator's disk use it.
 type Executor struct {
-	FS vfs.FS
-	// Group, when set, runs every IOSync (SyncGroup.Sync: a syncfs that
-	// covers the file) instead of the file's own fdatasync.
-	Group *SyncGroup
+	FS    vfs.FS
 	files map[string]vfs.File
 }
 
@@ -125,9 +122,6 @@ func (x *Executor) Do(op IO) error {
 		f, err := x.file(op.Path)
 		if err != nil {
 			return err
-		}
-		if x.Group != nil {
-			return x.Group.Sync()
 		}
 		return f.Sync()
 	case IOAllocate:
@@ -197,14 +191,8 @@ type FileDevice struct {
 const FileDeviceQueue = 64
 
 // NewFileDevice starts the device's goroutine; Close stops it.
-func NewFileDevice(fs vfs.FS, kick func()) *FileDevice { return NewFileDeviceWith(fs, kick, nil) }
-
-// NewFileDeviceWith is NewFileDevice whose IOSyncs go through group
-// (SyncGroupFor) when it is not nil.
-func NewFileDeviceWith(fs vfs.FS, kick func(), group *SyncGroup) *FileDevice {
-	x := NewExecutor(fs)
-	x.Group = group
-	d := &FileDevice{ops: make(chan IO, FileDeviceQueue), kick: kick, x: x, stop: make(chan struct{})}
+func NewFileDevice(fs vfs.FS, kick func()) *FileDevice {
+	d := &FileDevice{ops: make(chan IO, FileDeviceQueue), kick: kick, x: NewExecutor(fs), stop: make(chan struct{})}
 	d.wg.Add(1)
 	go d.run()
 	return d

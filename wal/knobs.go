@@ -30,20 +30,4 @@ type testingKnobs struct {
 	// its first page lost stays in the log. Caught by
 	// TestRecoverReadsWrittenPart (the torn tail is not cut).
 	noZeroProbe bool
-	// gridLate: an Async batch is due at the second multiple of
-	// FsyncInterval after it opened, not the first: a record waits up to
-	// twice the interval for its write and sync (the promise is one).
-	// Caught by TestAsyncDueOnGrid.
-	gridLate bool
-	// syncJoinsRunning: a SyncGroup caller that finds a syncfs under way
-	// takes its result instead of waiting for one that starts after its
-	// call (the running one may have started before this caller's write
-	// reached the page cache). Caught by TestSyncGroupCoversEveryCall.
-	syncJoinsRunning bool
-	// syncErrForgotten: a SyncGroup reports a failed syncfs only to the
-	// callers it covered; later calls succeed again (the kernel reports a
-	// writeback error to one syncfs per open file, so a later caller
-	// whose pages were lost would count them durable: fsyncgate). Caught
-	// by TestSyncGroupErrorSticks.
-	syncErrForgotten bool
 }

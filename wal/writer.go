@@ -396,30 +396,11 @@ func (w *Writer) NextDeadline() time.Duration {
 		if w.dropDue() {
 			return w.now
 		}
-		return w.timedDue()
+		return w.openSince + w.cfg.FsyncInterval
 	case w.dropDue():
 		return w.now
 	}
 	return Never
-}
-
-// timedDue is when the open batch is due by its age: FsyncInterval after
-// it opened in Sync mode (a batch of lazy records only); in Async mode
-// the first multiple of FsyncInterval on the Poll clock after it opened,
-// which is never later. Every Async Writer polled on one clock (a
-// process's replicas: poller.Group.Now) is then due at the same instants:
-// their pollers wake once per interval for all of them, not once per
-// replica at its own phase, and their syncs reach the device together,
-// where a process-wide SyncGroup covers them with one syncfs(2).
-func (w *Writer) timedDue() time.Duration {
-	iv := w.cfg.FsyncInterval
-	if w.cfg.Mode != Async || w.openSince < 0 {
-		return w.openSince + iv
-	}
-	if w.knobs.gridLate {
-		return (w.openSince/iv + 2) * iv
-	}
-	return (w.openSince/iv + 1) * iv
 }
 
 // Segments returns the live segments, oldest first (a copy).
@@ -465,7 +446,7 @@ func (w *Writer) Poll(now time.Duration) bool {
 			// never run and the log would grow behind its snapshots.
 			w.startDrop()
 			progress = true
-		case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || now >= w.timedDue() ||
+		case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
 			int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 			w.seal()
 			w.startBatch()

@@ -125,13 +125,10 @@ func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg Durab
 		return nil, fmt.Errorf("replica %d: the log in %s is corrupt (%v): %s", member, walDir, err, remedy(dir, group))
 	}
 	mode := wal.Sync
-	var sg *wal.SyncGroup
 	if cfg.Mode == broadcast.Async {
-		// One syncfs for the process's async logs on this file system,
-		// due together (wal.SyncGroup); nil on a wrapped FS.
-		mode, sg = wal.Async, wal.SyncGroupFor(fs, dir)
+		mode = wal.Async
 	}
-	d.dev = wal.NewFileDeviceWith(fs, kick, sg)
+	d.dev = wal.NewFileDevice(fs, kick)
 	walDev, snapDev := wal.Share(d.dev)
 	d.WAL, err = wal.Open(walDev, wal.Config{Dir: walDir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: uint64(member)}, rec)
 	if err != nil {

@@ -43,29 +43,3 @@ func entersyscallblock()
 
 //go:linkname exitsyscall runtime.exitsyscall
 func exitsyscall()
-
-// SyncFS is syncfs(2) of the file system that holds the open file fd (a
-// directory will do), entered as fdatasync is (entersyscallblock). It
-// writes back every dirty file of that file system and flushes the
-// device: for the files written before it started, at least what
-// fdatasync of each would. Since Linux 5.8 it reports a writeback error
-// of any file of the file system that happened since fd was opened, once
-// per open file (the file system's error sequence): the caller must keep
-// an error it got, as wal.SyncGroup does.
-func SyncFS(fd uintptr) error {
-	var e unix.Errno
-	syncfsBlocking(fd, &e)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
-//go:nosplit
-//go:norace
-func syncfsBlocking(fd uintptr, errno *unix.Errno) {
-	entersyscallblock()
-	_, _, e := unix.RawSyscall(unix.SYS_SYNCFS, fd, 0, 0)
-	exitsyscall()
-	*errno = e
-}
