@@ -76,10 +76,11 @@ type BalancerConfig struct {
 	SplitKeys uint64
 }
 
-// Defaults of BalancerConfig.
+// Defaults of BalancerConfig (a config's [ordered] balance_min_writes
+// and balance_split_keys).
 const (
-	DefaultMinWrites = 1000
-	DefaultSplitKeys = 64
+	DefaultMinWrites = cluster.DefaultBalanceMinWrites
+	DefaultSplitKeys = cluster.DefaultBalanceSplitKeys
 )
 
 // BalancerMove is a move the balancer made (or tried).
@@ -112,6 +113,10 @@ type BalancerStatus struct {
 	State string `json:"state"`
 	// Interval is the pause between rounds.
 	Interval string `json:"interval,omitempty"`
+	// MinWrites and SplitKeys are the rule by load's thresholds in
+	// force (BalancerConfig's, defaults filled in).
+	MinWrites uint64 `json:"min_writes"`
+	SplitKeys uint64 `json:"split_keys"`
 	// Moves counts the moves completed (Resumed among them: moves
 	// another mover left half done), Errors the rounds that failed.
 	Moves   uint64 `json:"moves"`
@@ -240,6 +245,7 @@ func NewBalancer(cfg BalancerConfig) *Balancer {
 	}
 	b := &Balancer{cfg: cfg}
 	b.st.State = "starting"
+	b.st.MinWrites, b.st.SplitKeys = cfg.MinWrites, cfg.SplitKeys
 	if cfg.Interval > 0 {
 		b.st.Interval = cfg.Interval.String()
 	}
