@@ -205,6 +205,17 @@ type balancerKnobs struct {
 	leftoverUnchecked bool
 	// noLeftovers: rounds never remove leftover installing tablets.
 	noLeftovers bool
+	// leftoverSourceFirst: the leftover check goes by the round's list
+	// of s, read before t's when s comes first in the groups' order,
+	// instead of a read of s after t's (no second read).
+	leftoverSourceFirst bool
+	// leftoverAnyGen: a serving tablet of another group shows an
+	// installing one dead whatever their generations.
+	leftoverAnyGen bool
+	// afterLeftoverRead, if set (tests), is called after each read of a
+	// group's tablets by cleanLeftovers (the round's reads and the
+	// second reads), with the group.
+	afterLeftoverRead func(g uint32)
 }
 
 // abortAfter is how many times in a row the balancer's move of a tablet
@@ -852,7 +863,13 @@ func (b *Balancer) split(ctx context.Context, c *Client, tb TabletInfo, p balanc
 // changes nothing). The order of the two reads is what makes "served at
 // G or more" a fact about a moment when the copy already existed: read
 // first, s's answer could predate the copy, and only the growth of the
-// range's generations would then rule out a live one. Frozen is not
+// range's generations would then rule out a live one. Each of the two
+// rules is enough on its own: a copy of move G is made after its source
+// froze the range at G-1, so no group served a key of it at G or more
+// before (generations only grow), and after it nobody serves it while
+// the move can finish; TestBalancerLeftoverReadOrder runs a move between
+// the round's reads of its source and its target, and planting both
+// leftoverSourceFirst and leftoverAnyGen takes its copy. Frozen is not
 // serving: a range under a move is left alone (a round after the move
 // settles cleans it). The abort carries the leftover's exact fences and
 // generation, so t applies it to that tablet alone, and only while it
@@ -873,6 +890,9 @@ func (b *Balancer) cleanLeftovers(ctx context.Context, c *Client) {
 		r := k.reader(g)
 		defer k.putReader(g, r)
 		res, err := r.DirCtxMode(gctx, kv.Linearizable)
+		if b.knobs.afterLeftoverRead != nil {
+			b.knobs.afterLeftoverRead(g)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -896,7 +916,7 @@ func (b *Balancer) cleanLeftovers(ctx context.Context, c *Client) {
 		if !tabletsOverlap(q, l) {
 			return false
 		}
-		return b.knobs.leftoverUnchecked || q.State == btree.TabletServing && q.Gen >= l.Gen
+		return b.knobs.leftoverUnchecked || q.State == btree.TabletServing && (q.Gen >= l.Gen || b.knobs.leftoverAnyGen)
 	}
 	for t := range groups {
 		for _, l := range lists[t] {
@@ -917,7 +937,7 @@ func (b *Balancer) cleanLeftovers(ctx context.Context, c *Client) {
 			if !found {
 				continue
 			}
-			if !b.knobs.leftoverUnchecked {
+			if !b.knobs.leftoverUnchecked && !b.knobs.leftoverSourceFirst {
 				// s again, after t's read answered (above).
 				again, err := read(s)
 				if err != nil {
