@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
 
@@ -47,34 +46,11 @@ func installingAt(t *testing.T, c *client.Client, g uint32) []btree.Tablet {
 }
 
 func balancerRemovesLeftover(t *testing.T, plant string) {
-	lc := startLocal(t, orderedMap("balleft"+plant, 2))
+	o := startOneTablet(t, "balleft"+plant, 2, 100)
+	lc, op, ks, want := o.lc, o.c, o.ks, o.want
 	ctx := context.Background()
-	op := open(t, lc, 0)
-	ks := op.Keyspace("users")
-	want := map[string]string{}
-	for i := range 100 {
-		k, v := fmt.Sprintf("k%04d", i), fmt.Sprintf("v%d", i)
-		if _, err := ks.Put(ctx, []byte(k), []byte(v)); err != nil {
-			t.Fatal(err)
-		}
-		want[k] = v
-	}
-	// The move stops before its drop (its goroutine ends there, as a
-	// mover that died): frozen at 0, installing at 1.
-	client.SetMoveHook(op, func(step string) {
-		if step == "drop" {
-			runtime.Goexit()
-		}
-	})
-	done := make(chan error, 1)
-	go func() {
-		defer close(done)
-		done <- op.MoveTablet(ctx, []byte{}, 1)
-	}()
-	if err, ok := <-done; ok {
-		t.Fatalf("the move did not stop before its drop: %v", err)
-	}
-	client.SetMoveHook(op, nil)
+	// The move stops before its drop: frozen at 0, installing at 1.
+	moveStopsBefore(t, op, []byte{}, 1, "drop")
 	if in := installingAt(t, op, 1); len(in) != 1 {
 		t.Fatalf("after the ingest group 1 has installing tablets %+v", in)
 	}
@@ -142,15 +118,7 @@ func balancerRemovesLeftover(t *testing.T, plant string) {
 	if err != nil || len(all) != 0 {
 		t.Fatalf("group 1 lists %+v (%v), want nothing", all, err)
 	}
-	got := scanAll(t, ks, nil, nil)
-	if len(got) != len(want) {
-		t.Fatalf("%d keys, want %d", len(got), len(want))
-	}
-	for _, kv := range got {
-		if want[string(kv.Key)] != string(kv.Value) {
-			t.Fatalf("%s=%s, want %q", kv.Key, kv.Value, want[string(kv.Key)])
-		}
-	}
+	checkPairs(t, ks, want)
 	// Its keys at group 1 became garbage, deleted (at the abort's apply
 	// and after, or by the rounds' collection requests).
 	for r := 0; ; r++ {
@@ -195,18 +163,9 @@ func TestBalancerLeftoverReadOrder(t *testing.T) {
 }
 
 func balancerLeftoverReadOrder(t *testing.T, plant string) {
-	lc := startLocal(t, orderedMap("balorder"+plant, 2))
+	o := startOneTablet(t, "balorder"+plant, 2, 100)
+	lc, op, ks := o.lc, o.c, o.ks
 	ctx := context.Background()
-	op := open(t, lc, 0)
-	ks := op.Keyspace("users")
-	want := map[string]string{}
-	for i := range 100 {
-		k, v := fmt.Sprintf("k%04d", i), fmt.Sprintf("v%d", i)
-		if _, err := ks.Put(ctx, []byte(k), []byte(v)); err != nil {
-			t.Fatal(err)
-		}
-		want[k] = v
-	}
 	tbs, _ := tabletsOf(t, op)
 	if len(tbs) != 1 || tbs[0].Group != 0 || tbs[0].State != "serving" {
 		t.Fatalf("tablets %+v: want one, serving at group 0", tbs)
@@ -222,33 +181,19 @@ func balancerLeftoverReadOrder(t *testing.T, plant string) {
 		client.PlantBalancerLeftoverAnyGen(b)
 	}
 	// After the round's read of group 0: the move runs until its
-	// activation (its goroutine ends there, as a mover that died).
+	// activation.
 	moved := false
 	client.SetBalancerLeftoverReadHook(b, func(g uint32) {
-		if g != 0 || moved {
-			return
+		if g == 0 && !moved {
+			moved = true
+			moveStopsBefore(t, op, []byte{}, 1, "activate")
 		}
-		moved = true
-		client.SetMoveHook(op, func(step string) {
-			if step == "activate" {
-				runtime.Goexit()
-			}
-		})
-		done := make(chan error, 1)
-		go func() {
-			defer close(done)
-			done <- op.MoveTablet(ctx, []byte{}, 1)
-		}()
-		if err, ok := <-done; ok {
-			t.Errorf("the move did not stop before its activation: %v", err)
-		}
-		client.SetMoveHook(op, nil)
 	})
 	if err := b.Round(ctx, bc); err != nil {
 		t.Fatalf("round: %v", err)
 	}
-	if !moved || t.Failed() {
-		t.Fatalf("the move did not run between the round's reads (ran %v)", moved)
+	if !moved {
+		t.Fatalf("the move did not run between the round's reads")
 	}
 	if all, err := client.GroupTablets(op, ctx, 0); err != nil || len(all) != 0 {
 		t.Fatalf("group 0 lists %+v (%v): want nothing (the move dropped the tablet)", all, err)
@@ -271,13 +216,5 @@ func balancerLeftoverReadOrder(t *testing.T, plant string) {
 	if len(tbs) != 1 || tbs[0].Group != 1 || tbs[0].State != "serving" || tbs[0].Gen != gen+1 {
 		t.Fatalf("after the move the tablets are %+v, want group 1 serving at %d", tbs, gen+1)
 	}
-	got := scanAll(t, ks, nil, nil)
-	if len(got) != len(want) {
-		t.Fatalf("%d keys, want %d", len(got), len(want))
-	}
-	for _, kv := range got {
-		if want[string(kv.Key)] != string(kv.Value) {
-			t.Fatalf("%s=%s, want %q", kv.Key, kv.Value, want[string(kv.Key)])
-		}
-	}
+	checkPairs(t, ks, o.want)
 }
