@@ -114,11 +114,7 @@ func TestStoreWritesMoves(t *testing.T) {
 	tbs := []Tablet{{Low: []byte("a"), High: []byte("m")}, {Low: []byte("m"), HighInf: true}}
 	g, _ := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: tbs}, nil)
 	tg, _ := NewStore(StoreConfig{Group: 1, Tree: Config{NodeSize: 512, MaxKey: 16}}, nil)
-	idx := uint64(0)
-	apply := func(s *Store, req []byte) uint8 {
-		idx++
-		return status(t, s.Apply(idx, req))
-	}
+	apply := (&applier{t: t}).apply
 	for i := range 10 {
 		apply(g, putReq(fmt.Sprintf("n%d", i), "v"))
 	}
@@ -231,15 +227,7 @@ func FuzzLoad(f *testing.F) {
 // nothing (StatusCondFailed); one sent again changes nothing either and
 // answers OK (TestStoreCtlSplitResent).
 func TestStoreCtlSplit(t *testing.T) {
-	s, _ := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: []Tablet{All}}, nil)
-	idx := uint64(0)
-	apply := func(req []byte) uint8 {
-		idx++
-		return status(t, s.Apply(idx, req))
-	}
-	for i := range 10 {
-		apply(putReq(fmt.Sprintf("k%d", i), "v"))
-	}
+	s, apply := tenKeyStore(t, All)
 	v0 := s.DirVersion()
 	if st := apply(ctlReq(CtlSplit, 0, 2, All)); st != StatusCondFailed || len(s.Tablets()) != 1 {
 		t.Fatalf("a split of a stale generation: status %d, %d tablets", st, len(s.Tablets()))
@@ -269,6 +257,25 @@ func TestStoreCtlSplit(t *testing.T) {
 	}
 }
 
+// tenKeyStore is a store of group 0 owning tablet tb alone, with keys
+// k0 to k9 put, and a function that applies a request to it at the next
+// log index and returns its status.
+func tenKeyStore(t *testing.T, tb Tablet) (*Store, func(req []byte) uint8) {
+	t.Helper()
+	s, err := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: []Tablet{tb}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &applier{t: t}
+	apply := func(req []byte) uint8 { return a.apply(s, req) }
+	for i := range 10 {
+		if st := apply(putReq(fmt.Sprintf("k%d", i), "v")); st != StatusOK {
+			t.Fatalf("put k%d: status %d", i, st)
+		}
+	}
+	return s, apply
+}
+
 // TestStoreCtlSplitResent: a split sent again after its answer was lost
 // (the step's retry, a leader change) answers OK and changes nothing:
 // the same tablets, key counts, write counts and directory version; a
@@ -279,17 +286,9 @@ func TestStoreCtlSplit(t *testing.T) {
 // (what SplitTablet reported as an error though the split happened).
 func TestStoreCtlSplitResent(t *testing.T) {
 	for _, plant := range []bool{false, true} {
-		s, _ := NewStore(StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, Tablets: []Tablet{{Low: []byte("a"), High: []byte("z")}}}, nil)
-		s.knobs.splitResendRefused = plant
-		idx := uint64(0)
-		apply := func(req []byte) uint8 {
-			idx++
-			return status(t, s.Apply(idx, req))
-		}
-		for i := range 10 {
-			apply(putReq(fmt.Sprintf("k%d", i), "v"))
-		}
 		whole := Tablet{Low: []byte("a"), High: []byte("z")}
+		s, apply := tenKeyStore(t, whole)
+		s.knobs.splitResendRefused = plant
 		if st := apply(ctlReq(CtlSplit, 0, 1, whole)); st != StatusOK {
 			t.Fatalf("split: status %d", st)
 		}

@@ -23,6 +23,29 @@ func status(t *testing.T, res []byte) uint8 {
 	return r.Status
 }
 
+// applier applies requests to stores at increasing log indexes, one
+// counter for every store it is given (the stores of a move's groups),
+// and returns their status.
+type applier struct {
+	t   *testing.T
+	idx uint64
+}
+
+func (a *applier) apply(s *Store, req []byte) uint8 {
+	a.t.Helper()
+	a.idx++
+	return status(a.t, s.Apply(a.idx, req))
+}
+
+// must applies req to s and fails the test, naming the step what,
+// unless its status is want.
+func (a *applier) must(s *Store, what string, want uint8, req []byte) {
+	a.t.Helper()
+	if st := a.apply(s, req); st != want {
+		a.t.Fatalf("%s: status %d, want %d", what, st, want)
+	}
+}
+
 // TestStoreMoveSteps: a tablet's move from g to t at the Stores: a frozen
 // tablet refuses writes (StatusMoving) and serves log reads; the target
 // takes the entries with their versions as an installing tablet that it
@@ -201,8 +224,7 @@ func TestStoreMoveLeftover(t *testing.T) {
 				PlantIngestOverLeftover(g)
 				PlantIngestOverLeftover(tg)
 			}
-			idx := uint64(0)
-			apply := func(s *Store, b []byte) uint8 { idx++; return status(t, s.Apply(idx, b)) }
+			a := &applier{t: t}
 			entries := func() []KVV {
 				var es []KVV
 				g.Tree().ascend(tb.Low, func(e Entry) bool {
@@ -211,23 +233,15 @@ func TestStoreMoveLeftover(t *testing.T) {
 				})
 				return es
 			}
-			apply(g, putReq("b", "v"))
-			apply(g, putReq("c", "v"))
+			a.apply(g, putReq("b", "v"))
+			a.apply(g, putReq("c", "v"))
 			// Move 1: frozen, ingested, aborted at the source only.
 			gen1 := g.Tablets()[0].Gen + 1
-			if st := apply(g, ctlReq(CtlFreeze, 1, gen1, tb)); st != StatusOK {
-				t.Fatalf("freeze: %d", st)
-			}
-			if st := apply(tg, ctlReq(CtlIngest, 1, gen1, tb, entries()...)); st != StatusOK {
-				t.Fatalf("ingest: %d", st)
-			}
-			if st := apply(g, ctlReq(CtlAbort, 1, gen1, tb)); st != StatusOK {
-				t.Fatalf("abort at the source: %d", st)
-			}
+			a.must(g, "freeze", StatusOK, ctlReq(CtlFreeze, 1, gen1, tb))
+			a.must(tg, "ingest", StatusOK, ctlReq(CtlIngest, 1, gen1, tb, entries()...))
+			a.must(g, "abort at the source", StatusOK, ctlReq(CtlAbort, 1, gen1, tb))
 			if !plant {
-				if st := apply(g, ctlReq(CtlFreeze, 1, gen1, tb)); st != StatusCondFailed {
-					t.Fatalf("a freeze of the aborted move sent again: status %d, want StatusCondFailed", st)
-				}
+				a.must(g, "a freeze of the aborted move sent again", StatusCondFailed, ctlReq(CtlFreeze, 1, gen1, tb))
 				d, err := NewDirectory(map[uint32][]Tablet{0: g.Tablets(), 1: tg.Tablets()}, nil)
 				if err != nil {
 					t.Fatal(err)
@@ -237,24 +251,14 @@ func TestStoreMoveLeftover(t *testing.T) {
 				}
 			}
 			// The source serves again: c is deleted there.
-			if st := apply(g, AppendRequest(nil, []Op{{Kind: OpDelete, Key: []byte("c")}})); st != StatusOK {
-				t.Fatalf("delete: %d", st)
-			}
+			a.must(g, "delete", StatusOK, AppendRequest(nil, []Op{{Kind: OpDelete, Key: []byte("c")}}))
 			// Move 2, to the same target, at the generation a mover
 			// reads from the source's tablet.
 			gen2 := g.Tablets()[0].Gen + 1
-			if st := apply(g, ctlReq(CtlFreeze, 1, gen2, tb)); st != StatusOK {
-				t.Fatalf("second freeze: %d", st)
-			}
-			if st := apply(tg, ctlReq(CtlIngest, 1, gen2, tb, entries()...)); st != StatusOK {
-				t.Fatalf("second ingest: %d", st)
-			}
-			if st := apply(g, ctlReq(CtlDrop, 1, gen2, tb)); st != StatusOK {
-				t.Fatalf("drop: %d", st)
-			}
-			if st := apply(tg, ctlReq(CtlActivate, 1, gen2, tb)); st != StatusOK {
-				t.Fatalf("activate: %d", st)
-			}
+			a.must(g, "second freeze", StatusOK, ctlReq(CtlFreeze, 1, gen2, tb))
+			a.must(tg, "second ingest", StatusOK, ctlReq(CtlIngest, 1, gen2, tb, entries()...))
+			a.must(g, "drop", StatusOK, ctlReq(CtlDrop, 1, gen2, tb))
+			a.must(tg, "activate", StatusOK, ctlReq(CtlActivate, 1, gen2, tb))
 			var keys []string
 			tg.Tree().ascend(nil, func(e Entry) bool { keys = append(keys, string(e.Key)); return true })
 			back := len(keys) != 1 || keys[0] != "b" || tg.Counts()[0] != 1

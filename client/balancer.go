@@ -76,10 +76,11 @@ type BalancerConfig struct {
 	SplitKeys uint64
 }
 
-// Defaults of BalancerConfig.
+// Defaults of BalancerConfig (a config's [ordered] balance_min_writes
+// and balance_split_keys).
 const (
-	DefaultMinWrites = 1000
-	DefaultSplitKeys = 64
+	DefaultMinWrites = cluster.DefaultBalanceMinWrites
+	DefaultSplitKeys = cluster.DefaultBalanceSplitKeys
 )
 
 // BalancerMove is a move the balancer made (or tried).
@@ -112,6 +113,10 @@ type BalancerStatus struct {
 	State string `json:"state"`
 	// Interval is the pause between rounds.
 	Interval string `json:"interval,omitempty"`
+	// MinWrites and SplitKeys are the rule by load's thresholds in
+	// force (BalancerConfig's, defaults filled in).
+	MinWrites uint64 `json:"min_writes"`
+	SplitKeys uint64 `json:"split_keys"`
 	// Moves counts the moves completed (Resumed among them: moves
 	// another mover left half done), Errors the rounds that failed.
 	Moves   uint64 `json:"moves"`
@@ -200,6 +205,17 @@ type balancerKnobs struct {
 	leftoverUnchecked bool
 	// noLeftovers: rounds never remove leftover installing tablets.
 	noLeftovers bool
+	// leftoverSourceFirst: the leftover check goes by the round's list
+	// of s, read before t's when s comes first in the groups' order,
+	// instead of a read of s after t's (no second read).
+	leftoverSourceFirst bool
+	// leftoverAnyGen: a serving tablet of another group shows an
+	// installing one dead whatever their generations.
+	leftoverAnyGen bool
+	// afterLeftoverRead, if set (tests), is called after each read of a
+	// group's tablets by cleanLeftovers (the round's reads and the
+	// second reads), with the group.
+	afterLeftoverRead func(g uint32)
 }
 
 // abortAfter is how many times in a row the balancer's move of a tablet
@@ -240,6 +256,7 @@ func NewBalancer(cfg BalancerConfig) *Balancer {
 	}
 	b := &Balancer{cfg: cfg}
 	b.st.State = "starting"
+	b.st.MinWrites, b.st.SplitKeys = cfg.MinWrites, cfg.SplitKeys
 	if cfg.Interval > 0 {
 		b.st.Interval = cfg.Interval.String()
 	}
@@ -846,7 +863,13 @@ func (b *Balancer) split(ctx context.Context, c *Client, tb TabletInfo, p balanc
 // changes nothing). The order of the two reads is what makes "served at
 // G or more" a fact about a moment when the copy already existed: read
 // first, s's answer could predate the copy, and only the growth of the
-// range's generations would then rule out a live one. Frozen is not
+// range's generations would then rule out a live one. Each of the two
+// rules is enough on its own: a copy of move G is made after its source
+// froze the range at G-1, so no group served a key of it at G or more
+// before (generations only grow), and after it nobody serves it while
+// the move can finish; TestBalancerLeftoverReadOrder runs a move between
+// the round's reads of its source and its target, and planting both
+// leftoverSourceFirst and leftoverAnyGen takes its copy. Frozen is not
 // serving: a range under a move is left alone (a round after the move
 // settles cleans it). The abort carries the leftover's exact fences and
 // generation, so t applies it to that tablet alone, and only while it
@@ -867,6 +890,9 @@ func (b *Balancer) cleanLeftovers(ctx context.Context, c *Client) {
 		r := k.reader(g)
 		defer k.putReader(g, r)
 		res, err := r.DirCtxMode(gctx, kv.Linearizable)
+		if b.knobs.afterLeftoverRead != nil {
+			b.knobs.afterLeftoverRead(g)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -890,7 +916,7 @@ func (b *Balancer) cleanLeftovers(ctx context.Context, c *Client) {
 		if !tabletsOverlap(q, l) {
 			return false
 		}
-		return b.knobs.leftoverUnchecked || q.State == btree.TabletServing && q.Gen >= l.Gen
+		return b.knobs.leftoverUnchecked || q.State == btree.TabletServing && (q.Gen >= l.Gen || b.knobs.leftoverAnyGen)
 	}
 	for t := range groups {
 		for _, l := range lists[t] {
@@ -911,7 +937,7 @@ func (b *Balancer) cleanLeftovers(ctx context.Context, c *Client) {
 			if !found {
 				continue
 			}
-			if !b.knobs.leftoverUnchecked {
+			if !b.knobs.leftoverUnchecked && !b.knobs.leftoverSourceFirst {
 				// s again, after t's read answered (above).
 				again, err := read(s)
 				if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
 
@@ -47,34 +46,11 @@ func installingAt(t *testing.T, c *client.Client, g uint32) []btree.Tablet {
 }
 
 func balancerRemovesLeftover(t *testing.T, plant string) {
-	lc := startLocal(t, orderedMap("balleft"+plant, 2))
+	o := startOneTablet(t, "balleft"+plant, 2, 100)
+	lc, op, ks, want := o.lc, o.c, o.ks, o.want
 	ctx := context.Background()
-	op := open(t, lc, 0)
-	ks := op.Keyspace("users")
-	want := map[string]string{}
-	for i := range 100 {
-		k, v := fmt.Sprintf("k%04d", i), fmt.Sprintf("v%d", i)
-		if _, err := ks.Put(ctx, []byte(k), []byte(v)); err != nil {
-			t.Fatal(err)
-		}
-		want[k] = v
-	}
-	// The move stops before its drop (its goroutine ends there, as a
-	// mover that died): frozen at 0, installing at 1.
-	client.SetMoveHook(op, func(step string) {
-		if step == "drop" {
-			runtime.Goexit()
-		}
-	})
-	done := make(chan error, 1)
-	go func() {
-		defer close(done)
-		done <- op.MoveTablet(ctx, []byte{}, 1)
-	}()
-	if err, ok := <-done; ok {
-		t.Fatalf("the move did not stop before its drop: %v", err)
-	}
-	client.SetMoveHook(op, nil)
+	// The move stops before its drop: frozen at 0, installing at 1.
+	moveStopsBefore(t, op, []byte{}, 1, "drop")
 	if in := installingAt(t, op, 1); len(in) != 1 {
 		t.Fatalf("after the ingest group 1 has installing tablets %+v", in)
 	}
@@ -142,15 +118,7 @@ func balancerRemovesLeftover(t *testing.T, plant string) {
 	if err != nil || len(all) != 0 {
 		t.Fatalf("group 1 lists %+v (%v), want nothing", all, err)
 	}
-	got := scanAll(t, ks, nil, nil)
-	if len(got) != len(want) {
-		t.Fatalf("%d keys, want %d", len(got), len(want))
-	}
-	for _, kv := range got {
-		if want[string(kv.Key)] != string(kv.Value) {
-			t.Fatalf("%s=%s, want %q", kv.Key, kv.Value, want[string(kv.Key)])
-		}
-	}
+	checkPairs(t, ks, want)
 	// Its keys at group 1 became garbage, deleted (at the abort's apply
 	// and after, or by the rounds' collection requests).
 	for r := 0; ; r++ {
@@ -170,4 +138,83 @@ func balancerRemovesLeftover(t *testing.T, plant string) {
 	if err := b.Round(ctx, bc); err != nil || b.Status().Leftovers != 1 {
 		t.Fatalf("a later round: %v, status %+v", err, b.Status())
 	}
+}
+
+// TestBalancerLeftoverReadOrder: the leftover check reads the target t
+// first, then the group s that serves the range again, after t's read.
+// Here a move of the one tablet from group 0 to group 1 freezes, ingests
+// and drops (group 1's installing copy is then the tablet's only copy)
+// between a round's read of group 0, which served the tablet at the
+// generation before the move's, and its read of group 1. Group 0's
+// answer predates the copy: taking it as a read of s would make a live
+// move's copy a leftover, and two rules each stop that. The order: the
+// read of s after t's finds group 0 without the tablet. The generations:
+// group 0 served it below the copy's generation. Planted
+// leftoverSourceFirst (no read of s after t's: the round's read of group
+// 0, before group 1's) and planted leftoverAnyGen (a serving tablet
+// shows a copy dead at any generation) each leave the copy, the other
+// rule holding; both together remove the only copy, and the test
+// catches that. Otherwise the move then finishes and every key reads
+// back from group 1.
+func TestBalancerLeftoverReadOrder(t *testing.T) {
+	for _, plant := range []string{"none", "leftoverSourceFirst", "leftoverAnyGen", "both"} {
+		t.Run(plant, func(t *testing.T) { balancerLeftoverReadOrder(t, plant) })
+	}
+}
+
+func balancerLeftoverReadOrder(t *testing.T, plant string) {
+	o := startOneTablet(t, "balorder"+plant, 2, 100)
+	lc, op, ks := o.lc, o.c, o.ks
+	ctx := context.Background()
+	tbs, _ := tabletsOf(t, op)
+	if len(tbs) != 1 || tbs[0].Group != 0 || tbs[0].State != "serving" {
+		t.Fatalf("tablets %+v: want one, serving at group 0", tbs)
+	}
+	gen := tbs[0].Gen
+
+	bc := open(t, lc, 1)
+	b := client.NewBalancer(client.BalancerConfig{StuckAfter: time.Hour})
+	if plant == "leftoverSourceFirst" || plant == "both" {
+		client.PlantBalancerLeftoverSourceFirst(b)
+	}
+	if plant == "leftoverAnyGen" || plant == "both" {
+		client.PlantBalancerLeftoverAnyGen(b)
+	}
+	// After the round's read of group 0: the move runs until its
+	// activation.
+	moved := false
+	client.SetBalancerLeftoverReadHook(b, func(g uint32) {
+		if g == 0 && !moved {
+			moved = true
+			moveStopsBefore(t, op, []byte{}, 1, "activate")
+		}
+	})
+	if err := b.Round(ctx, bc); err != nil {
+		t.Fatalf("round: %v", err)
+	}
+	if !moved {
+		t.Fatalf("the move did not run between the round's reads")
+	}
+	if all, err := client.GroupTablets(op, ctx, 0); err != nil || len(all) != 0 {
+		t.Fatalf("group 0 lists %+v (%v): want nothing (the move dropped the tablet)", all, err)
+	}
+	in := installingAt(t, op, 1)
+	switch {
+	case plant == "both" && len(in) == 0:
+		t.Logf("planted leftoverSourceFirst and leftoverAnyGen caught: the live move's copy of generation %d at group 1, the only copy (group 0 dropped the tablet), was removed (status %+v)", gen+1, b.Status())
+		return
+	case plant == "both":
+		t.Fatalf("planted leftoverSourceFirst and leftoverAnyGen not caught: group 1 has %+v", in)
+	case len(in) != 1 || in[0].Gen != gen+1 || b.Status().Leftovers != 0:
+		t.Fatalf("after the round group 1 has installing tablets %+v (want the move's copy of generation %d), status %+v", in, gen+1, b.Status())
+	}
+	// The move finishes (its activation alone is left).
+	if err := op.MoveTablet(ctx, []byte{}, 1); err != nil {
+		t.Fatalf("finishing the move: %v", err)
+	}
+	tbs, _ = tabletsOf(t, op)
+	if len(tbs) != 1 || tbs[0].Group != 1 || tbs[0].State != "serving" || tbs[0].Gen != gen+1 {
+		t.Fatalf("after the move the tablets are %+v, want group 1 serving at %d", tbs, gen+1)
+	}
+	checkPairs(t, ks, o.want)
 }

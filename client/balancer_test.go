@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -236,18 +235,7 @@ func TestBalancerTakesOver(t *testing.T) {
 				lc, _ := balancerCluster(t, "baltake"+at+plant)
 				op, bc := open(t, lc, 1), open(t, lc, 2)
 				tbs, _ := tabletsOf(t, op)
-				client.SetMoveHook(op, func(step string) {
-					if step == at {
-						runtime.Goexit() // the operator's kvcli dies here
-					}
-				})
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					op.MoveTablet(context.Background(), tbs[0].Low, 2)
-					t.Errorf("the operator's move was not cut short")
-				}()
-				<-done
+				moveStopsBefore(t, op, tbs[0].Low, 2, at) // the operator's kvcli dies there
 				// The directory is read from a replica of each group that
 				// may not have applied the last step yet: wait for it.
 				state := map[string]string{"ingest": "frozen", "activate": "installing"}[at]

@@ -63,6 +63,21 @@ func PlantBalancerLeftoverUnchecked(b *Balancer) { b.knobs.leftoverUnchecked = t
 // leftover installing tablets.
 func PlantBalancerNoLeftovers(b *Balancer) { b.knobs.noLeftovers = true }
 
+// PlantBalancerLeftoverSourceFirst plants a bug in b: the leftover
+// check goes by the round's read of the serving group, which comes
+// before the target's read when that group comes first (no read of it
+// after the target's).
+func PlantBalancerLeftoverSourceFirst(b *Balancer) { b.knobs.leftoverSourceFirst = true }
+
+// PlantBalancerLeftoverAnyGen plants a bug in b: a serving tablet of
+// another group shows an installing one dead whatever their
+// generations.
+func PlantBalancerLeftoverAnyGen(b *Balancer) { b.knobs.leftoverAnyGen = true }
+
+// SetBalancerLeftoverReadHook has f called after each read of a group's
+// tablets by b's leftover removal, with the group.
+func SetBalancerLeftoverReadHook(b *Balancer, f func(g uint32)) { b.knobs.afterLeftoverRead = f }
+
 // AbortAtSource is the first step of undoMove alone (an undo whose
 // client died after it): the source of the frozen tablet starting at
 // low serves it again, and the target keeps its installing copy.

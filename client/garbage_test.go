@@ -3,11 +3,13 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/client"
+	"github.com/rdmakv/rdmakv/internal/localcluster"
 )
 
 // TestQuietGroupCollectsGarbage: a tablet of more keys than a log
@@ -120,17 +122,72 @@ func TestQuietGroupCollectsGarbage(t *testing.T) {
 
 // oneTabletCluster starts a local cluster of groups groups whose
 // keyspace "users" keeps one tablet (it never splits by itself), opens a
-// client and puts n keys k0000... with value "v".
+// client and puts n keys k0000... with values v0... (oneTablet).
 func oneTabletCluster(t *testing.T, name string, groups, n int) (*client.Client, *client.Keyspace) {
+	t.Helper()
+	o := startOneTablet(t, name, groups, n)
+	return o.c, o.ks
+}
+
+// oneTablet is oneTabletCluster's cluster, its client on slot 0, the
+// client's keyspace "users" and the pairs it put.
+type oneTablet struct {
+	lc   *localcluster.Cluster
+	c    *client.Client
+	ks   *client.Keyspace
+	want map[string]string
+}
+
+func startOneTablet(t *testing.T, name string, groups, n int) *oneTablet {
 	t.Helper()
 	m := orderedMap(name, groups)
 	m.Keyspaces[0].FirstTabletMax = 1 << 20 // one tablet: no split
-	c := open(t, startLocal(t, m), 0)
-	ks := c.Keyspace("users")
+	o := &oneTablet{lc: startLocal(t, m), want: make(map[string]string, n)}
+	o.c = open(t, o.lc, 0)
+	o.ks = o.c.Keyspace("users")
 	for i := range n {
-		if _, err := ks.Put(context.Background(), fmt.Appendf(nil, "k%04d", i), []byte("v")); err != nil {
+		k, v := fmt.Sprintf("k%04d", i), fmt.Sprintf("v%d", i)
+		if _, err := o.ks.Put(context.Background(), []byte(k), []byte(v)); err != nil {
 			t.Fatal(err)
 		}
+		o.want[k] = v
 	}
-	return c, ks
+	return o
+}
+
+// checkPairs fails the test unless a scan of ks gives the pairs of want,
+// each once.
+func checkPairs(t *testing.T, ks *client.Keyspace, want map[string]string) {
+	t.Helper()
+	got := scanAll(t, ks, nil, nil)
+	if len(got) != len(want) {
+		t.Fatalf("%d keys, want %d", len(got), len(want))
+	}
+	for _, kv := range got {
+		if v, ok := want[string(kv.Key)]; !ok || v != string(kv.Value) {
+			t.Fatalf("%s=%s, want %q (present %v)", kv.Key, kv.Value, v, ok)
+		}
+	}
+}
+
+// moveStopsBefore runs c's move of the tablet at low to group to until
+// the step named step, where its goroutine ends (as a mover that died:
+// the steps before it done, that one and the rest not sent), and fails
+// the test if the move was not cut short there.
+func moveStopsBefore(t *testing.T, c *client.Client, low []byte, to uint32, step string) {
+	t.Helper()
+	client.SetMoveHook(c, func(s string) {
+		if s == step {
+			runtime.Goexit()
+		}
+	})
+	defer client.SetMoveHook(c, nil)
+	done := make(chan error, 1)
+	go func() {
+		defer close(done)
+		done <- c.MoveTablet(context.Background(), low, to)
+	}()
+	if err, ok := <-done; ok {
+		t.Fatalf("the move did not stop before its %s: %v", step, err)
+	}
 }

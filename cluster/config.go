@@ -117,6 +117,67 @@ type OrderedConfig struct {
 	// most one tablet; "0" turns the balancer off. Absent:
 	// DefaultBalanceInterval.
 	BalanceInterval *Duration `toml:"balance_interval"`
+	// BalanceMinWrites is the fewest writes (all groups' tablets
+	// together) between two rounds for the balancer's rule by load to
+	// decide; with fewer, the rule by count does. 0 or absent:
+	// DefaultBalanceMinWrites. A value above any round's writes leaves
+	// every round to the rule by count.
+	BalanceMinWrites int64 `toml:"balance_min_writes"`
+	// BalanceSplitKeys is the fewest keys a hot tablet must hold for the
+	// rule by load to split it in its group. 0 or absent:
+	// DefaultBalanceSplitKeys.
+	BalanceSplitKeys int64 `toml:"balance_split_keys"`
+}
+
+// Defaults of [ordered] balance_min_writes and balance_split_keys (and
+// of client.BalancerConfig's MinWrites and SplitKeys, and the embedded
+// cluster's --balance-min-writes and --balance-split-keys), and their
+// bounds: a round's writes are compared with at most
+// MaxBalanceMinWrites, and a tablet holds at most btree.DefaultTabletMax
+// keys (it splits past that by itself), so a larger split_keys would
+// never split.
+const (
+	DefaultBalanceMinWrites = 1000
+	DefaultBalanceSplitKeys = 64
+	MaxBalanceMinWrites     = 1_000_000_000_000
+	MaxBalanceSplitKeys     = btree.DefaultTabletMax
+)
+
+// BalanceMinWrites is the balancer's MinWrites: [ordered]
+// balance_min_writes, DefaultBalanceMinWrites if absent or 0.
+func (c *Config) BalanceMinWrites() uint64 {
+	if c.Ordered.BalanceMinWrites <= 0 {
+		return DefaultBalanceMinWrites
+	}
+	return uint64(c.Ordered.BalanceMinWrites)
+}
+
+// BalanceSplitKeys is the balancer's SplitKeys: [ordered]
+// balance_split_keys, DefaultBalanceSplitKeys if absent or 0.
+func (c *Config) BalanceSplitKeys() uint64 {
+	if c.Ordered.BalanceSplitKeys <= 0 {
+		return DefaultBalanceSplitKeys
+	}
+	return uint64(c.Ordered.BalanceSplitKeys)
+}
+
+// CheckBalanceMinWrites validates a balancer's MinWrites: 0 (the
+// default), or 1 to MaxBalanceMinWrites.
+func CheckBalanceMinWrites(n int64) error {
+	if n < 0 || n > MaxBalanceMinWrites {
+		return fmt.Errorf("%d: want 1 to %d writes a round (0: the default, %d)", n, int64(MaxBalanceMinWrites), DefaultBalanceMinWrites)
+	}
+	return nil
+}
+
+// CheckBalanceSplitKeys validates a balancer's SplitKeys: 0 (the
+// default), or 2 (a tablet of fewer keys cannot be cut) to
+// MaxBalanceSplitKeys.
+func CheckBalanceSplitKeys(n int64) error {
+	if n == 1 || n < 0 || n > MaxBalanceSplitKeys {
+		return fmt.Errorf("%d: want 2 to %d keys (a tablet of fewer than 2 cannot be cut, and one splits by itself past %d; 0: the default, %d)", n, MaxBalanceSplitKeys, MaxBalanceSplitKeys, DefaultBalanceSplitKeys)
+	}
+	return nil
 }
 
 // DefaultBalanceInterval is [ordered] balance_interval's default (and
@@ -499,6 +560,12 @@ func (v *validator) validate() error {
 	}
 	if err := CheckBalanceInterval(c.BalanceInterval()); err != nil {
 		return v.fail("ordered.balance_interval", "%v", err)
+	}
+	if err := CheckBalanceMinWrites(c.Ordered.BalanceMinWrites); err != nil {
+		return v.fail("ordered.balance_min_writes", "%v", err)
+	}
+	if err := CheckBalanceSplitKeys(c.Ordered.BalanceSplitKeys); err != nil {
+		return v.fail("ordered.balance_split_keys", "%v", err)
 	}
 	if err := v.durability(); err != nil {
 		return err

@@ -236,6 +236,35 @@ balance_interval = "10ms"`), "ordered.balance_interval", "want 0 (no balancer)",
 		{"balance interval unit", ex(`# [ordered]
 # balance_interval = "5s"`, `[ordered]
 balance_interval = "5"`), "ordered.balance_interval", "unit", 0, `balance_interval = "5"`},
+		{"balance min writes negative", ex(`# [ordered]
+# balance_interval = "5s"
+# balance_min_writes = 1000`, `[ordered]
+balance_min_writes = -5`), "ordered.balance_min_writes", "-5: want 1 to 1000000000000 writes a round (0: the default, 1000)", 0, `balance_min_writes = -5`},
+		{"balance min writes huge", ex(`# [ordered]
+# balance_interval = "5s"
+# balance_min_writes = 1000`, `[ordered]
+balance_min_writes = 2000000000000`), "ordered.balance_min_writes", "want 1 to 1000000000000", 0, `balance_min_writes = 2000000000000`},
+		{"balance min writes type", ex(`# [ordered]
+# balance_interval = "5s"
+# balance_min_writes = 1000`, `[ordered]
+balance_min_writes = "1k"`), "ordered.balance_min_writes", "", 0, `balance_min_writes = "1k"`},
+		{"balance split keys one", ex(`# [ordered]
+# balance_interval = "5s"
+# balance_min_writes = 1000
+# balance_split_keys = 64`, `[ordered]
+balance_split_keys = 1`), "ordered.balance_split_keys", "1: want 2 to 65536 keys (a tablet of fewer than 2 cannot be cut", 0, `balance_split_keys = 1`},
+		{"balance split keys huge", ex(`# [ordered]
+# balance_interval = "5s"
+# balance_min_writes = 1000
+# balance_split_keys = 64`, `[ordered]
+balance_interval = "1s"
+balance_split_keys = 65537`), "ordered.balance_split_keys", "splits by itself past 65536", 0, `balance_split_keys = 65537`},
+		{"balance split keys negative", ex(`# [ordered]
+# balance_interval = "5s"
+# balance_min_writes = 1000
+# balance_split_keys = 64`, `[ordered]
+balance_min_writes = 10
+balance_split_keys = -64`), "ordered.balance_split_keys", "0: the default, 64", 0, `balance_split_keys = -64`},
 		{"election too short", ex(`election_timeout = "150ms"`, `election_timeout = "20ms"`), "timing.election_timeout", "4 heartbeats", 0, `election_timeout = "20ms"`},
 		{"huge value limit", ex(`max_value = 1048576`, `max_value = 1099511627776`), "limits.max_value", "want 0 to", 0, `max_value = 1099511627776`},
 		{"slot size", ex(`slot_size = 4096`, `slot_size = 100`), "limits.slot_size", "multiple of 8", 0, `slot_size = 100`},
@@ -399,6 +428,37 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestConfigBalanceLoadOptions: [ordered] balance_min_writes and
+// balance_split_keys default to DefaultBalanceMinWrites and
+// DefaultBalanceSplitKeys when absent or 0, and are taken as given
+// within their bounds (both ends of each range accepted).
+func TestConfigBalanceLoadOptions(t *testing.T) {
+	path := filepath.Join(exampleDir(t), "cluster.toml")
+	section := "# [ordered]\n# balance_interval = \"5s\"\n# balance_min_writes = 1000\n# balance_split_keys = 64"
+	if !strings.Contains(ExampleConfig, section) {
+		t.Fatalf("the example has no %q", section)
+	}
+	for _, tc := range []struct {
+		ordered          string
+		minWrites, split uint64
+	}{
+		{"", DefaultBalanceMinWrites, DefaultBalanceSplitKeys},
+		{"[ordered]\nbalance_min_writes = 0\nbalance_split_keys = 0", DefaultBalanceMinWrites, DefaultBalanceSplitKeys},
+		{"[ordered]\nbalance_min_writes = 1\nbalance_split_keys = 2", 1, 2},
+		{"[ordered]\nbalance_min_writes = 1000000000000\nbalance_split_keys = 65536", MaxBalanceMinWrites, MaxBalanceSplitKeys},
+		{"[ordered]\nbalance_interval = \"0\"\nbalance_min_writes = 250", 250, DefaultBalanceSplitKeys},
+		{"[ordered]\nbalance_split_keys = 500", DefaultBalanceMinWrites, 500},
+	} {
+		c, err := ParseConfig([]byte(strings.Replace(ExampleConfig, section, tc.ordered, 1)), path)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.ordered, err)
+		}
+		if c.BalanceMinWrites() != tc.minWrites || c.BalanceSplitKeys() != tc.split {
+			t.Errorf("%q: min writes %d, split keys %d; want %d, %d", tc.ordered, c.BalanceMinWrites(), c.BalanceSplitKeys(), tc.minWrites, tc.split)
+		}
+	}
 }
 
 // TestConfigBalanceInterval: [ordered] balance_interval defaults to

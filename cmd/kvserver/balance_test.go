@@ -23,8 +23,10 @@ import (
 // cluster (2 groups) with --balance-interval 200ms spreads the ordered
 // keyspace over both groups by itself (a load past 4096 keys splits
 // group 0's tablet early, and the balancer moves one half), prints one
-// line for the move at the default log level, shows it in /status, and
-// after SIGTERM leaves no client slot lock file behind.
+// line for the move at the default log level, shows it in /status (with
+// the rule by load's thresholds that --balance-min-writes and
+// --balance-split-keys gave), and after SIGTERM leaves no client slot
+// lock file behind.
 func TestEmbeddedBalancer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kvserver")
@@ -39,7 +41,8 @@ func TestEmbeddedBalancer(t *testing.T) {
 	name := fmt.Sprintf("bal%d", os.Getpid())
 	slots := filepath.Join(os.TempDir(), "rdmakv-slots", name)
 	t.Cleanup(func() { os.RemoveAll(slots) })
-	srv, banner, stderr := startServer(t, kvserver, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name, "--balance-interval", "200ms")
+	srv, banner, stderr := startServer(t, kvserver, "--memory", "--map", mapFile, "--shm-dir", shmDir, "--name", name, "--balance-interval", "200ms",
+		"--balance-min-writes", "900", "--balance-split-keys", "48")
 	m := regexp.MustCompile(`http://([0-9.:]+)/status`).FindStringSubmatch(banner)
 	if m == nil {
 		t.Fatalf("no control address in the banner:\n%s", banner)
@@ -88,6 +91,10 @@ func TestEmbeddedBalancer(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the balancer did not spread the tablets: %+v; stderr: %s", st, stderr.String())
 		}
+	}
+	// The flags' thresholds are the ones in force.
+	if st.MinWrites != 900 || st.SplitKeys != 48 {
+		t.Fatalf("the balancer runs with min_writes %d, split_keys %d; want --balance-min-writes 900, --balance-split-keys 48", st.MinWrites, st.SplitKeys)
 	}
 	// The moved tablet's low fence is min or a key of the keyspace
 	// ("[min, ordered:key000729)" when the rule by load split first).

@@ -141,7 +141,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", "", "where the replicas keep their data (default $XDG_STATE_HOME/rdmakv/<name>, else ~/.local/state/rdmakv/<name>)")
 	durability := fs.String("durability", defaultDurability, "what the replicas keep on disk: async (synced at least every 10ms: a power cut or kill -9 loses at most the last 10ms of writes, Ctrl-C nothing), sync (a write is acknowledged once a majority of its group synced it) or memory (nothing: the data is gone when kvserver stops)")
 	memory := fs.Bool("memory", false, "keep nothing on disk (--durability memory): the data is gone when kvserver stops")
-	balance := fs.Duration("balance-interval", cluster.DefaultBalanceInterval, "the tablet balancer's pause between moves of the ordered keyspace's tablets (each round moves at most one, from the group with the most to the one with the fewest); 0: no balancer (kvcli balance moves them)")
+	balance := fs.Duration("balance-interval", cluster.DefaultBalanceInterval, "the tablet balancer's pause between moves of the ordered keyspace's tablets (each round moves or splits at most one: by the tablets' write load, else from the group with the most to the one with the fewest); 0: no balancer (kvcli balance moves them)")
+	minWrites := fs.Int64("balance-min-writes", cluster.DefaultBalanceMinWrites, "the fewest writes (all groups together) between two balancer rounds for the balancer to go by the tablets' write load (fewer: by their count); 1 to 10^12 (0: the default), as [ordered] balance_min_writes in a config")
+	splitKeys := fs.Int64("balance-split-keys", cluster.DefaultBalanceSplitKeys, "the fewest keys a hot tablet must hold for the balancer to split it (going by load); 2 to 65536 (0: the default), as [ordered] balance_split_keys in a config")
 	snapLog := fs.String("snapshot-log-bytes", "", "sync and async: how much log (bytes of synced batches, e.g. 64MiB: 1MiB to 1024MiB) a replica writes before it takes a disk snapshot and drops the log behind it (default 64MiB, as [snapshot] log_bytes in a config)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -175,9 +177,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver: --balance-interval %v\n", err)
 		return 2
 	}
+	if err := cluster.CheckBalanceMinWrites(*minWrites); err != nil {
+		fmt.Fprintf(stderr, "kvserver: --balance-min-writes %v\n", err)
+		return 2
+	}
+	if err := cluster.CheckBalanceSplitKeys(*splitKeys); err != nil {
+		fmt.Fprintf(stderr, "kvserver: --balance-split-keys %v\n", err)
+		return 2
+	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
-	eo := embedOpts{control: *control, pprof: *pprofOn, log: log, balance: *balance, logLevel: *logLevel, stderr: stderr}
+	eo := embedOpts{control: *control, pprof: *pprofOn, log: log, balance: *balance, minWrites: uint64(*minWrites), splitKeys: uint64(*splitKeys),
+		logLevel: *logLevel, stderr: stderr}
 	if *memory {
 		if explicit["durability"] && *durability != "memory" {
 			fmt.Fprintf(stderr, "kvserver: --memory and --durability %s: give one\n", *durability)
@@ -282,9 +293,12 @@ type embedOpts struct {
 	dataDir string // "" in memory mode
 	// balance is the tablet balancer's interval (0: none); its lines go
 	// to stderr at info unless the log level is error.
-	balance  time.Duration
-	logLevel string
-	stderr   io.Writer
+	balance time.Duration
+	// minWrites and splitKeys are the balancer's rule by load's
+	// thresholds (0: the defaults).
+	minWrites, splitKeys uint64
+	logLevel             string
+	stderr               io.Writer
 }
 
 func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, stdout, stderr io.Writer) error {
@@ -323,7 +337,7 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 		}
 	}
 	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable,
-		Balance: server.BalanceConfig{Interval: eo.balance}}
+		Balance: server.BalanceConfig{Interval: eo.balance, MinWrites: eo.minWrites, SplitKeys: eo.splitKeys}}
 	if eo.logLevel == "warn" && eo.stderr != nil {
 		// The default level hides info lines; the balancer's moves (a
 		// line each, rare) are shown anyway.

@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/server"
 )
@@ -244,8 +243,8 @@ func runCheck(cmd string, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// balancerLines is what check says of the tablet balancer: its interval,
-// and on tcp each host of group 0's replicas where no client slot
+// balancerLines is what check says of the tablet balancer: its interval
+// and the rule by load's thresholds in force, and on tcp each host of group 0's replicas where no client slot
 // listens (the balancer runs in the process of group 0's leader, on a
 // client slot of its host).
 func balancerLines(cfg *cluster.Config, m *cluster.Map) []string {
@@ -256,7 +255,8 @@ func balancerLines(cfg *cluster.Config, m *cluster.Map) []string {
 	if d == 0 {
 		return []string{"tablet balancer: off ([ordered] balance_interval = \"0\"): tablets move when an operator asks (kvcli balance)"}
 	}
-	out := []string{fmt.Sprintf("tablet balancer: a move at most every %v, by the process hosting group 0's leader (by the tablets' write load, splitting a hot tablet first; by their count under %d writes a round)", d, client.DefaultMinWrites)}
+	out := []string{fmt.Sprintf("tablet balancer: a move at most every %v, by the process hosting group 0's leader (by the tablets' write load, splitting a hot tablet of %d keys or more first; by their count under %d writes a round: [ordered] balance_split_keys, balance_min_writes)",
+		d, cfg.BalanceSplitKeys(), cfg.BalanceMinWrites())}
 	if m.Fabric != "tcp" {
 		return out
 	}

@@ -41,6 +41,10 @@ type BalanceConfig struct {
 	Interval time.Duration
 	// StuckAfter is client.BalancerConfig's (0: its default).
 	StuckAfter time.Duration
+	// MinWrites and SplitKeys are client.BalancerConfig's, the rule by
+	// load's thresholds ([ordered] balance_min_writes and
+	// balance_split_keys; 0: its defaults).
+	MinWrites, SplitKeys uint64
 	// Secret is the cluster secret its client proves on tcp.
 	Secret []byte
 	// Log, if set, gets the balancer's lines instead of the process's
@@ -78,7 +82,8 @@ func (p *Process) startBalancer() {
 		log = p.cfg.Log
 	}
 	bl := &balancer{done: make(chan struct{}),
-		b: client.NewBalancer(client.BalancerConfig{Interval: bc.Interval, StuckAfter: bc.StuckAfter, Log: log, BeforeStep: bc.BeforeStep})}
+		b: client.NewBalancer(client.BalancerConfig{Interval: bc.Interval, StuckAfter: bc.StuckAfter, Log: log, BeforeStep: bc.BeforeStep,
+			MinWrites: bc.MinWrites, SplitKeys: bc.SplitKeys})}
 	p.balancer = bl
 	if bc.Interval <= 0 {
 		bl.b.SetState("off")

@@ -49,6 +49,11 @@ type Options struct {
 	// tablet balancer's StuckAfter and BeforeStep (BalanceConfig).
 	BalancerStuckAfter time.Duration
 	BalancerBeforeStep func(step string)
+
+	// dropBalanceLoad (a planted bug, tests only): the replicas' balancer
+	// gets the config's interval but not its balance_min_writes and
+	// balance_split_keys (the defaults run instead).
+	dropBalanceLoad bool
 }
 
 // identity is what a replica's data directory records of the cluster it
@@ -167,7 +172,7 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 		},
 		Durable: dc, ReplicaDir: func(id rdma.NodeID) string { return reps[id].dir }, FS: opts.FS,
 		Control: cln, Pprof: opts.Pprof, Secret: cfg.SecretBytes, Commands: true, Log: log,
-		Balance: BalanceConfig{Interval: cfg.BalanceInterval(), StuckAfter: opts.BalancerStuckAfter, Secret: cfg.SecretBytes, BeforeStep: opts.BalancerBeforeStep}})
+		Balance: balanceConfig(cfg, opts)})
 	cln = nil // StartProcess closes it
 	if err != nil {
 		if errors.Is(err, broadcast.ErrCorrupt) {
@@ -193,6 +198,17 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 	}
 	log.Info("stopping")
 	return nil
+}
+
+// balanceConfig is the balancer's configuration from cfg's [ordered]
+// section and opts.
+func balanceConfig(cfg *cluster.Config, opts Options) BalanceConfig {
+	bc := BalanceConfig{Interval: cfg.BalanceInterval(), MinWrites: cfg.BalanceMinWrites(), SplitKeys: cfg.BalanceSplitKeys(),
+		StuckAfter: opts.BalancerStuckAfter, Secret: cfg.SecretBytes, BeforeStep: opts.BalancerBeforeStep}
+	if opts.dropBalanceLoad {
+		bc.MinWrites, bc.SplitKeys = 0, 0 // planted
+	}
+	return bc
 }
 
 // DurableFor is the durability a cluster config asks for.
