@@ -212,9 +212,11 @@ func BenchmarkNodeCheck(b *testing.B) {
 // keys between the loaded ones (a loaded key with its last digit made a
 // letter), as the client's combining sends them at 64 writers. With
 // replicas=3 three Stores apply every batch in turn, as a group's three
-// replicas do on one poller (their trees compete for the caches).
-// cpu-ns/insert is the benchmark thread's CPU time per insert on one
-// replica; splits/k the leaf splits per 1000 inserts.
+// replicas do on one poller (their trees compete for the caches). Mode
+// get looks each put's key up before the put (noBlindPut: the apply
+// before blind puts), mode blind does not. cpu-ns/insert is the
+// benchmark thread's CPU time per insert on one replica; splits/k the
+// leaf splits per 1000 inserts.
 func BenchmarkStoreApplyBatch(b *testing.B) {
 	const n, msgs, per = 100_000, 16, 4
 	key := func(dst []byte, i int) []byte {
