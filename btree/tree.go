@@ -228,7 +228,10 @@ func (t *Tree) descend(key []byte) []NodeID {
 	if t.memoOK && string(key) == string(t.memoKey) {
 		return t.memoPath
 	}
-	path := []NodeID{t.root}
+	// Room for a path of 4 levels (a group's million keys of 16 bytes in
+	// 4 KiB nodes make 3), so that the path is one allocation, not one
+	// per level.
+	path := append(make([]NodeID, 0, 4), t.root)
 	for {
 		n, err := decodeOwn(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
 		if err != nil {
