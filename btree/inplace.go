@@ -169,16 +169,17 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 }
 
 // putInPlace stores key -> val in leaf id in place, if the leaf has room:
-// handled false (nothing changed) if it must split. The writer's descent
-// memo stays valid (no inner node changes).
-func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (handled, existed bool) {
+// handled false (nothing changed) if it must split. prev is the key's
+// version before, when it existed. The writer's descent memo stays valid
+// (no inner node changes).
+func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (handled, existed bool, prev uint64) {
 	l, ok := t.inPlace(id)
 	if !ok {
-		return false, false
+		return false, false, 0
 	}
 	i, eq, ok := l.n.search(key)
 	if !ok {
-		return false, false
+		return false, false, 0
 	}
 	le := binary.LittleEndian
 	ns := leafEnt + len(key) + len(val)
@@ -190,8 +191,9 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 		os := leafEnt + len(key) + int(le.Uint32(l.b[pos+2:]))
 		d := ns - os
 		if (l.dataEnd+d+checkSize+7)&^7 > len(l.b) {
-			return false, false
+			return false, false, 0
 		}
+		prev = le.Uint64(l.b[pos+6:])
 		copy(l.b[pos+ns:], l.b[pos+os:l.dataEnd])
 		le.PutUint32(l.b[pos+2:], uint32(len(val)))
 		le.PutUint64(l.b[pos+6:], version)
@@ -201,12 +203,12 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 		}
 		t.seal(&l, l.offsPos+offSize*(i+1), l.n.Count, l.dataEnd+d, stamp)
 		t.pairs += snapPairSize(len(key), len(val)) - snapPairSize(len(key), os-leafEnt-len(key))
-		return true, true
+		return true, true, prev
 	}
 	// Insert at i: offsets i.. and entries ..i-1 move by one offset,
 	// entries i.. by the offset and the new entry.
 	if (l.dataEnd+offSize+ns+checkSize+7)&^7 > len(l.b) {
-		return false, false
+		return false, false, 0
 	}
 	p := l.openGap(i, ns)
 	le.PutUint16(l.b[p:], uint16(len(key)))
@@ -217,7 +219,7 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 	t.seal(&l, l.offsPos+offSize*i, l.n.Count+1, l.dataEnd+offSize+ns, stamp)
 	t.len++
 	t.pairs += snapPairSize(len(key), len(val))
-	return true, false
+	return true, false, 0
 }
 
 // deleteInPlace removes key from leaf id in place when the leaf keeps

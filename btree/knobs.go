@@ -26,6 +26,15 @@ type testingKnobs struct {
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool
+	// noBlindPut makes a blind put (one unconditional put) look its key
+	// up before the put, as every other write request does: the
+	// reference its result is held to.
+	noBlindPut bool
+	// blindNoPrev plants a bug: a blind put's result leaves Prev 0 (the
+	// lookup that filled it is skipped and the put's own report of the
+	// version it replaced is not used), so an overwrite looks like an
+	// insert to the client.
+	blindNoPrev bool
 	// halfSplits splits every node at half its bytes, the last of its
 	// level too (the comparison for splitAt's RightFill).
 	halfSplits bool

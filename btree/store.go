@@ -486,10 +486,18 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 	}
 	// As kv.Table.applyOps: merges resolved, then limits and room, then
 	// the conditions, against the state before the request.
+	// A blind put (one unconditional put: what the client's combining
+	// sends for Put) needs no lookup before it: the put itself reports
+	// the version it replaced, so the request descends and searches its
+	// leaf once (docs/btree.md "Replicas: the Store").
+	blind := len(ops) == 1 && ops[0].Kind == OpPut && ops[0].Cmp == CmpNone && !s.knobs.noBlindPut
 	var prev uint64
-	first, found0 := s.t.Get(ops[0].Key)
-	if found0 {
-		prev = first.Version
+	var first Entry
+	var found0 bool
+	if !blind {
+		if first, found0 = s.t.Get(ops[0].Key); found0 {
+			prev = first.Version
+		}
 	}
 	ops, ok := s.resolveMerges(ops)
 	if !ok {
@@ -538,9 +546,12 @@ func (s *Store) applyOps(index uint64, ops []Op, base int) Result {
 		res.Count++
 		switch op.Kind {
 		case OpPut:
-			existed, err := s.t.Put(op.Key, op.Value, version, index)
+			was, existed, err := s.t.put(op.Key, op.Value, version, index)
 			if err != nil {
 				panic(fmt.Sprintf("btree: put checked before: %v", err))
+			}
+			if blind && existed && !s.knobs.blindNoPrev {
+				res.Prev = was
 			}
 			s.work.Writes++
 			if !existed {

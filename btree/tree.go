@@ -228,7 +228,10 @@ func (t *Tree) descend(key []byte) []NodeID {
 	if t.memoOK && string(key) == string(t.memoKey) {
 		return t.memoPath
 	}
-	path := []NodeID{t.root}
+	// Room for a path of 4 levels (a group's million keys of 16 bytes in
+	// 4 KiB nodes make 3), so that the path is one allocation, not one
+	// per level.
+	path := append(make([]NodeID, 0, 4), t.root)
 	for {
 		n, err := decodeOwn(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
 		if err != nil {
@@ -262,19 +265,27 @@ func (t *Tree) height() int {
 // Put stores key -> val with its version, written at stamp. It reports
 // whether the key was there before.
 func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err error) {
+	_, existed, err = t.put(key, val, version, stamp)
+	return existed, err
+}
+
+// put is Put that also returns the version the key had before (prev,
+// when existed): a blind put's result needs no lookup of its own.
+func (t *Tree) put(key, val []byte, version, stamp uint64) (prev uint64, existed bool, err error) {
 	if err := t.checkSizes(key, val); err != nil {
-		return false, err
+		return 0, false, err
 	}
 	path := t.descend(key)
-	if handled, existed := t.putInPlace(path[len(path)-1], key, val, version, stamp); handled {
-		return existed, nil
+	if handled, existed, prev := t.putInPlace(path[len(path)-1], key, val, version, stamp); handled {
+		return prev, existed, nil
 	}
 	if t.splitInsert(path, key, val, version, stamp) {
-		return false, nil
+		return 0, false, nil
 	}
 	leaf := t.load(path[len(path)-1])
 	i, found := slices.BinarySearchFunc(leaf.keys, key, cmp)
 	if found {
+		prev = leaf.vers[i]
 		t.pairs += snapPairSize(len(key), len(val)) - snapPairSize(len(key), len(leaf.vals[i]))
 		leaf.vals[i], leaf.vers[i] = val, version
 	} else {
@@ -286,7 +297,7 @@ func (t *Tree) Put(key, val []byte, version, stamp uint64) (existed bool, err er
 	}
 	leaf.stamp = stamp
 	t.store(leaf, path, stamp)
-	return found, nil
+	return prev, found, nil
 }
 
 // store writes m (the last node of path, changed) back, splitting it and
