@@ -33,12 +33,15 @@ import (
 // windows are per group so that a group that does not answer holds only
 // its own writes.
 //
-// Each message has an owner, one of its ops' callers, who waits for the
-// multicast call (multicast.Call.Wait) and hands each op its result. If
-// the owner's wait ends (its context or deadline), it hands the message
-// to another op's caller still waiting; the last one to give up abandons
-// the call. The owner also expires the ops of its message whose deadline
-// passed, so the others wait without a timer.
+// Every caller waits for its own op (multicast.Client.Await on the op's
+// Waiter); one of the waiting callers is the multicast client's reaper.
+// A posted message's call has an OnDone hook (message.onDone), which the
+// goroutine that completed the call (the reaper, mostly) runs: it hands
+// each op of the message its result and wakes that op's caller, then
+// posts what queued behind the window. So a reply costs one wake-up per
+// waiting caller and no goroutine in between, and a caller whose wait
+// ends (its context or deadline) leaves its op behind: the message goes
+// on, and is abandoned once no op of it has a caller.
 
 type pendingOp struct {
 	op kv.Op
@@ -51,11 +54,8 @@ type pendingOp struct {
 	res      kv.Result
 	index    uint64
 	err      error
-	ch       chan struct{} // cap 1: a result, or the message handed over
+	w        *multicast.Waiter // done once the op has its outcome (state opDone); stays with the pooled op
 	deadline time.Time
-	// t wakes a caller queued behind a full window at its deadline;
-	// made once, it stays with the pooled op (stopped when unused).
-	t *time.Timer
 
 	// under combiner.mu
 	state uint8
@@ -70,14 +70,19 @@ const (
 )
 
 type message struct {
+	cb      *combiner
 	g       uint32
 	ordered bool            // the ops are ordered ones (format 5)
 	call    *multicast.Call // nil until posted
-	ops     []*pendingOp
+	ops     []*pendingOp    // an op whose caller gave up is nil
 	kops    []kv.Op
 	bops    []btree.Op // kops as btree ops (ordered messages)
 	rs      []kv.Result
-	owner   *pendingOp // the op whose caller waits for call; nil if none left
+	hook    func(*multicast.Call) // onDone, made once with the message
+	// dropped: every op's caller gave up and the call was abandoned;
+	// the message is never reused (its hook may still run: it sees
+	// this and does nothing).
+	dropped bool
 }
 
 type combiner struct {
@@ -100,6 +105,10 @@ type combiner struct {
 	reuseUnposted bool
 	// onPost, if set (tests), runs in post before the message is encoded.
 	onPost func()
+	// closedAsUnsent plants a bug (tests): the hook of a message whose
+	// call the client's Close ended hands its ops ErrClosed alone (never
+	// sent), although the replicas may have applied them.
+	closedAsUnsent bool
 }
 
 // Stats counts what a client sent.
@@ -153,24 +162,14 @@ func (cb *combiner) getOp() *pendingOp {
 	if p, _ := cb.ops.Get().(*pendingOp); p != nil {
 		return p
 	}
-	return &pendingOp{ch: make(chan struct{}, 1)}
+	return &pendingOp{w: multicast.NewWaiter()}
 }
 
 func (cb *combiner) putOp(p *pendingOp) {
-	select {
-	case <-p.ch:
-	default:
-	}
-	ch, t, kbuf := p.ch, p.t, p.kbuf
-	*p = pendingOp{ch: ch, t: t, kbuf: kbuf[:0]}
+	p.w.Reset()
+	w, kbuf := p.w, p.kbuf
+	*p = pendingOp{w: w, kbuf: kbuf[:0]}
 	cb.ops.Put(p)
-}
-
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }
 
 // combine sends op through group g's queue and waits for its result until
@@ -188,14 +187,8 @@ func (c *Client) combine(ctx context.Context, deadline time.Time, g uint32, op k
 	cb.mu.Lock()
 	cb.queued[p.g] = append(cb.queued[p.g], p)
 	if !cb.sending[p.g] && cb.inflight[p.g] < c.m.Limits.ClientSlots {
-		cb.flush(p.g, p)
+		cb.flush(p.g)
 	}
-	armed := false // p.t, only while queued behind a full window
-	defer func() {
-		if armed {
-			p.t.Stop()
-		}
-	}()
 	for {
 		// mu held
 		if p.state == opDone {
@@ -205,37 +198,15 @@ func (c *Client) combine(ctx context.Context, deadline time.Time, g uint32, op k
 		if err := ctxEnded(ctx, deadline); err != nil {
 			return cb.giveUp(p, err) // unlocks
 		}
-		if m := p.m; m != nil && m.owner == p && m.call != nil {
-			cb.mu.Unlock()
-			cb.own(ctx, p)
-			cb.mu.Lock()
-			continue
-		}
 		if p.state == opQueued && c.closed.Load() {
 			return cb.giveUp(p, ErrClosed)
 		}
-		var tc <-chan time.Time
-		if p.state == opQueued && !deadline.IsZero() {
-			// the owners of messages expire their ops; a queued op
-			// has none
-			if !armed {
-				if p.t == nil {
-					p.t = time.NewTimer(time.Until(deadline))
-				} else {
-					p.t.Reset(time.Until(deadline)) // no stale tick: Go 1.23 timers
-				}
-				armed = true
-			}
-			tc = p.t.C
-		}
 		cb.mu.Unlock()
-		select {
-		case <-p.ch:
-		case <-ctx.Done():
-		case <-tc:
-		case <-c.done:
-		}
+		err := c.mc.Await(ctx, deadline, p.w)
 		cb.mu.Lock()
+		if errors.Is(err, multicast.ErrClosed) && p.state != opDone {
+			return cb.giveUp(p, ErrClosed)
+		}
 	}
 }
 
@@ -281,29 +252,31 @@ func (cb *combiner) giveUp(p *pendingOp, err error) (kv.Result, uint64, error) {
 		p.kbuf = nil
 	}
 	var drop *multicast.Call
-	if m.owner == p {
-		m.owner = nil
-		for _, q := range m.ops {
-			if q != nil && q.state == opSent {
-				m.owner = q
-				signal(q.ch)
-				break
-			}
-		}
-		if m.owner == nil && m.call != nil {
-			drop = m.call
-			cb.done(m)
-		}
+	if m.call != nil && !m.dropped && m.live() == 0 {
+		// nobody waits for it: abandoned (flush abandons a message
+		// whose callers all gave up while it was posted)
+		drop, m.dropped = m.call, true
+		cb.done(m)
 	}
 	cb.mu.Unlock()
 	if drop != nil {
-		drop.Release() // abandoned: it no longer holds reply slots
-		cb.msgs.Put(m)
+		drop.Release() // abandoned: it no longer holds reply slots; its hook will not run
 	}
 	if errors.Is(err, ErrClosed) {
 		return kv.Result{}, 0, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
 	}
 	return kv.Result{}, 0, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+}
+
+// live counts m's ops whose callers wait (mu held).
+func (m *message) live() int {
+	n := 0
+	for _, q := range m.ops {
+		if q != nil && q.state == opSent {
+			n++
+		}
+	}
+	return n
 }
 
 // forget drops p from m (mu held): its caller returns, and p goes back to
@@ -321,19 +294,18 @@ func (m *message) forget(p *pendingOp) {
 func (cb *combiner) done(m *message) {
 	cb.inflight[m.g]--
 	if len(cb.queued[m.g]) > 0 && !cb.sending[m.g] {
-		cb.flush(m.g, nil)
+		cb.flush(m.g)
 	}
 }
 
 // flush posts group g's queue as messages while the window has room (mu
-// held; unlocked while encoding and posting). Each message's owner is the
-// caller's op (self) if the message carries it, else its first op's
-// caller, woken to wait for it.
-func (cb *combiner) flush(g uint32, self *pendingOp) {
+// held; unlocked while encoding and posting). A posted message's call
+// gets its hook (onDone), which hands the ops their results.
+func (cb *combiner) flush(g uint32) {
 	c := cb.c
 	cb.sending[g] = true
 	for len(cb.queued[g]) > 0 && cb.inflight[g] < c.m.Limits.ClientSlots {
-		m := cb.take(g, self)
+		m := cb.take(g)
 		cb.inflight[g]++
 		cb.mu.Unlock()
 		call, err := cb.post(m)
@@ -345,16 +317,14 @@ func (cb *combiner) flush(g uint32, self *pendingOp) {
 			continue
 		}
 		m.call = call
-		if m.owner == nil {
+		if m.live() == 0 {
 			// every op's caller gave up while it was posted
 			call.Release()
 			cb.inflight[g]--
 			cb.msgs.Put(m)
 			continue
 		}
-		if m.owner != self {
-			signal(m.owner.ch)
-		}
+		call.OnDone(m.hook) // (it runs at once if call is done already)
 	}
 	cb.sending[g] = false
 }
@@ -362,13 +332,14 @@ func (cb *combiner) flush(g uint32, self *pendingOp) {
 // take removes from group g's queue its first op and up to kv.MaxMulti-1
 // later ones of the same kind (hashed or ordered) that fit one request
 // slot with it, into a message (mu held). The ops left keep their order.
-func (cb *combiner) take(g uint32, self *pendingOp) *message {
+func (cb *combiner) take(g uint32) *message {
 	m, _ := cb.msgs.Get().(*message)
 	if m == nil {
-		m = &message{}
+		m = &message{cb: cb}
+		m.hook = m.onDone
 	}
 	q := cb.queued[g]
-	m.g, m.call, m.owner, m.ordered = g, nil, nil, q[0].ordered
+	m.g, m.call, m.ordered = g, nil, q[0].ordered
 	m.ops, m.kops = m.ops[:0], m.kops[:0]
 	room := multicast.MaxPayload(cb.c.m.Limits.SlotSize) - 4
 	kept, full := 0, false
@@ -388,12 +359,6 @@ func (cb *combiner) take(g uint32, self *pendingOp) *message {
 		}
 		q[kept] = p
 		kept++
-	}
-	m.owner = m.ops[0]
-	for _, p := range m.ops {
-		if p == self {
-			m.owner = p // no wake-up: the caller waits for it
-		}
 	}
 	clear(q[kept:])
 	cb.queued[g] = q[:kept]
@@ -441,61 +406,40 @@ func (cb *combiner) post(m *message) (*multicast.Call, error) {
 	return call, nil
 }
 
-// own waits, as m's owner, for p's message's outcome and hands each op
-// its result; if p's wait ends first the message goes to another op.
-func (cb *combiner) own(ctx context.Context, p *pendingOp) {
+// onDone is the hook of m's call, run once it is done (by the goroutine
+// that completed it, holding none of the client's locks): it hands each
+// op of m still waiting its result, frees m's window slot and posts what
+// queued meanwhile.
+func (m *message) onDone(call *multicast.Call) {
+	cb := m.cb
 	c := cb.c
-	m := p.m
-	for {
-		// the earliest deadline of the ops still waiting
-		cb.mu.Lock()
-		dl := p.deadline
-		for _, q := range m.ops {
-			if q != nil && q.state == opSent && !q.deadline.IsZero() && (dl.IsZero() || q.deadline.Before(dl)) {
-				dl = q.deadline
-			}
-		}
-		cb.mu.Unlock()
-		replies, err := m.call.Wait(ctx, dl)
-		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-			// the outcome, or the call failed (nothing to wait for)
-			switch {
-			case errors.Is(err, multicast.ErrClosed):
-				err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
-			case errors.Is(err, multicast.ErrRestarted):
-				// its group came back without its memory: never sent again
-				err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
-			case errors.Is(err, multicast.ErrDiskFull):
-				err = diskFullErr(err)
-			case errors.Is(err, multicast.ErrNotReady):
-				if uerr := c.registered(tree.Of(m.g)); uerr != nil {
-					err = uerr
-				}
-			}
-			cb.mu.Lock()
-			cb.deliver(m, replies, err)
-			call := m.call
-			cb.done(m)
-			cb.mu.Unlock()
-			call.Release()
-			cb.msgs.Put(m)
-			return
-		}
-		cb.mu.Lock()
-		now := time.Now()
-		for i, q := range m.ops {
-			if q != nil && q != p && q.state == opSent && !q.deadline.IsZero() && !now.Before(q.deadline) {
-				q.state, q.err = opDone, fmt.Errorf("%w: %w", ErrOutcomeUnknown, context.DeadlineExceeded)
-				m.ops[i] = nil
-				signal(q.ch)
-			}
-		}
-		ended := ctxEnded(ctx, p.deadline) != nil
-		cb.mu.Unlock()
-		if ended {
-			return // combine gives up
+	cb.mu.Lock()
+	if m.dropped || m.call != call {
+		cb.mu.Unlock() // abandoned (giveUp released the call)
+		return
+	}
+	replies, err := call.Result()
+	switch {
+	case err == nil:
+	case errors.Is(err, multicast.ErrClosed) && cb.closedAsUnsent:
+		err = ErrClosed
+	case errors.Is(err, multicast.ErrClosed):
+		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed)
+	case errors.Is(err, multicast.ErrRestarted):
+		// its group came back without its memory: never sent again
+		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	case errors.Is(err, multicast.ErrDiskFull):
+		err = diskFullErr(err)
+	case errors.Is(err, multicast.ErrNotReady):
+		if uerr := c.registered(tree.Of(m.g)); uerr != nil {
+			err = uerr
 		}
 	}
+	cb.deliver(m, replies, err)
+	cb.done(m)
+	cb.mu.Unlock()
+	call.Release()
+	cb.msgs.Put(m)
 }
 
 // deliver hands each op of m still waiting its result: from replies, or
@@ -556,6 +500,6 @@ func (cb *combiner) deliver(m *message, replies []multicast.Reply, err error) {
 			}
 		}
 		m.ops[i] = nil
-		signal(p.ch)
+		p.w.Done()
 	}
 }

@@ -17,7 +17,7 @@ import (
 // and read 2 groups' keys through one client, a third of their calls with
 // a context cancelled or expiring at a random moment: while queued behind
 // the window, while their message is posted, or while it is in flight
-// (owned by its caller or by another op's). Each call returns exactly
+// (its caller the reaper or waiting). Each call returns exactly
 // once, with one of the outcomes the client promises: a result; ctx's
 // error alone only if nothing was sent (then it is never applied); or
 // ErrOutcomeUnknown (applied at most once, at any time after the call).

@@ -39,6 +39,10 @@ func PlantShiftResults(c *Client) { c.comb.shiftResults = true }
 // while its message is being encoded returns its key buffer to the pool.
 func PlantReuseUnposted(c *Client) { c.comb.reuseUnposted = true }
 
+// PlantClosedAsUnsent plants a bug in c's write combiner: a message whose
+// call c's Close ended hands its writes ErrClosed alone (not sent).
+func PlantClosedAsUnsent(c *Client) { c.comb.closedAsUnsent = true }
+
 // SetOnPost makes c's combiner call f before it encodes each message
 // (outside its lock, on the posting caller's goroutine).
 func SetOnPost(c *Client, f func()) { c.comb.onPost = f }

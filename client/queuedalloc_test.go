@@ -14,8 +14,10 @@ import (
 
 // TestQueuedPutAllocs: a put queued behind its group's full window (the
 // group does not answer: its replicas are paused) that gives up at its
-// deadline allocates nothing: the timer that wakes it at the deadline
-// stays with its pooled op (it allocated one timer per such wait before).
+// deadline allocates nothing: it waits on its pooled op's Waiter, and the
+// reaper (a caller whose put is in flight) pokes it at its deadline (it
+// allocated one timer per such wait before 0e5483b, which pooled the
+// timer; the timer went when every caller came to wait in Await).
 // Likewise an ordered keyspace's put, queued behind the same window.
 func TestQueuedPutAllocs(t *testing.T) {
 	if raceEnabled {

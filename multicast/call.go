@@ -33,6 +33,15 @@ import (
 // registers the client with the groups and retries messages whose
 // callers are not waiting (abandoned ones, held until their lca ordered
 // them).
+//
+// A caller may also wait for something other than its own call
+// (Client.Await on a Waiter): a call with an OnDone hook is settled by
+// the hook, which the goroutine that completed it (the reaper, mostly)
+// runs once it let go of the client's lock; the hook settles whatever
+// waits for the call (Waiter.Done). The client package combines several
+// callers' writes into one call this way: every caller waits on its own
+// Waiter, and the reaper hands each its result, with no goroutine woken
+// to do it for them.
 
 // ErrClosed: the client was closed before the outcome arrived; the
 // message may or may not be delivered.
@@ -54,18 +63,59 @@ type Call struct {
 	buf   []byte // the record image: SlotSize bytes
 	n     int    // payload length
 	build func(MsgID) []byte
-	ch    chan struct{} // cap 1: done, or the reaper role handed over
+	w     Waiter // done once the call is
 
 	// under c.mu
-	state    uint8
-	k        *call // once admitted, until done or abandoned
-	id       MsgID
-	err      error
-	replies  []Reply
-	rbuf     []byte
-	oc       Outcome
-	deadline time.Duration // of its waiter, on the client's clock (0: none)
+	state   uint8
+	k       *call // once admitted, until done or abandoned
+	id      MsgID
+	err     error
+	replies []Reply
+	rbuf    []byte
+	oc      Outcome
+	hook    func(*Call) // OnDone's
+}
+
+// Waiter is one goroutine's wait in Client.Await: for a Call's outcome
+// (Call.Wait uses the call's own), or for anything that another goroutine
+// settles with Done, typically a Call's OnDone hook. A Waiter is for one
+// goroutine at a time; NewWaiter makes one.
+type Waiter struct {
+	ch   chan struct{} // cap 1: done, the reaper role handed over, or its deadline passed
+	done atomic.Bool
+
+	// under Client.mu
+	deadline time.Duration // on the client's clock (0: none)
 	waiting  bool
+}
+
+// NewWaiter returns a Waiter, not done.
+func NewWaiter() *Waiter { return &Waiter{ch: make(chan struct{}, 1)} }
+
+// Done marks w done and wakes its goroutine if it waits (any goroutine,
+// under any lock: it only signals).
+func (w *Waiter) Done() {
+	w.done.Store(true)
+	w.poke()
+}
+
+// Reset makes w not done, for its next wait (not while it waits).
+func (w *Waiter) Reset() {
+	w.done.Store(false)
+	select {
+	case <-w.ch:
+	default:
+	}
+}
+
+// IsDone reports whether Done was called since the last Reset.
+func (w *Waiter) IsDone() bool { return w.done.Load() }
+
+func (w *Waiter) poke() {
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
 }
 
 const (
@@ -80,11 +130,15 @@ const (
 type callState struct {
 	db      rdma.Doorbell
 	start   time.Time
-	queue   []*Call // sent, waiting for room in their groups' windows
-	waiters []*Call // waiting callers other than the reaper
-	reaper  *Call
-	pool    []*Call
-	closed  bool
+	queue   []*Call   // sent, waiting for room in their groups' windows
+	waiters []*Waiter // waiting callers other than the reaper
+	reaper  *Waiter
+	// parkUntil: the reaper parks on the doorbell until then, on the
+	// client's clock (0: it does not park)
+	parkUntil time.Duration
+	pool      []*Call
+	hooks     []*Call // done, their OnDone hook not run yet (in completion order)
+	closed    bool
 
 	// counts, for tests: reaper roles handed to a waiter, the reapers'
 	// parks, and those a doorbell ring ended
@@ -241,7 +295,7 @@ func (c *Client) keeper() {
 		}
 		wait := c.nextDeadline() - c.now
 		ready := c.isReady()
-		c.mu.Unlock()
+		c.unlock()
 		if progress {
 			continue
 		}
@@ -309,7 +363,43 @@ func (c *Client) closeCalls() {
 		close(c.rt.regCh)
 		c.rt.regCh = make(chan struct{})
 	}
+	for _, w := range c.rt.waiters {
+		w.poke() // ErrClosed, unless done
+	}
 	c.rt.db.Ring() // the reaper
+}
+
+// unlock runs the OnDone hooks of the calls that are done, each without
+// mu, and then releases mu (entered with mu held). Only a goroutine that
+// holds no lock a hook may take calls it: Await, the reaper, the keeper
+// and Close.
+func (c *Client) unlock() {
+	for len(c.rt.hooks) > 0 {
+		u := c.rt.hooks[0]
+		copy(c.rt.hooks, c.rt.hooks[1:])
+		c.rt.hooks[len(c.rt.hooks)-1] = nil
+		c.rt.hooks = c.rt.hooks[:len(c.rt.hooks)-1]
+		f := u.hook
+		u.hook = nil
+		if f == nil {
+			continue
+		}
+		c.mu.Unlock()
+		f(u)
+		c.mu.Lock()
+	}
+	c.mu.Unlock()
+}
+
+// unlockRing releases mu; if calls became done with hooks since the
+// hooks list was n long, it rings the doorbell so that the reaper (or the
+// keeper) runs them: for the paths that may not run hooks themselves.
+func (c *Client) unlockRing(n int) {
+	more := len(c.rt.hooks) > n
+	c.mu.Unlock()
+	if more {
+		c.rt.db.Ring()
+	}
 }
 
 // Begin starts a call to dst with an n-byte payload, which the caller
@@ -333,9 +423,10 @@ func (c *Client) Begin(dst tree.Set, n int) (*Call, []byte, error) {
 	}
 	c.mu.Unlock()
 	if u == nil {
-		u = &Call{c: c, buf: make([]byte, c.cfg.SlotSize), ch: make(chan struct{}, 1)}
+		u = &Call{c: c, buf: make([]byte, c.cfg.SlotSize), w: Waiter{ch: make(chan struct{}, 1)}}
 	}
-	u.dst, u.n, u.build, u.state, u.err, u.deadline = dst, n, nil, callBegun, nil, 0
+	u.dst, u.n, u.build, u.state, u.err, u.w.deadline, u.hook = dst, n, nil, callBegun, nil, 0, nil
+	u.w.Reset()
 	return u, u.buf[recHdr : recHdr+n], nil
 }
 
@@ -344,7 +435,8 @@ func (c *Client) Begin(dst tree.Set, n int) (*Call, []byte, error) {
 func (u *Call) Send() {
 	c := u.c
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	n := len(c.rt.hooks)
+	defer c.unlockRing(n)
 	if c.rt.closed {
 		u.finish(nil, ErrClosed)
 		return
@@ -353,6 +445,27 @@ func (u *Call) Send() {
 	c.rt.queue = append(c.rt.queue, u)
 	c.pump()
 }
+
+// OnDone has f(u) run once u is done (instead of waking a waiter: a call
+// with a hook has none), on a goroutine that waits on the client (a
+// reaper, an Await, the keeper, Close) when it holds none of the client's
+// locks: f may call the client (Begin, Send, Release ...), and should not
+// block. If u is done already, f runs at the next such point. Release
+// before f ran cancels it. Set it once, after Send.
+func (u *Call) OnDone(f func(*Call)) {
+	c := u.c
+	c.mu.Lock()
+	n := len(c.rt.hooks)
+	u.hook = f
+	if u.state == callDone && !c.knobs.hookLost {
+		c.rt.hooks = append(c.rt.hooks, u)
+	}
+	c.unlockRing(n)
+}
+
+// Result is the outcome of a call that is done (in its OnDone hook, or
+// after Wait): its replies (valid until Release) or its error.
+func (u *Call) Result() ([]Reply, error) { return u.replies, u.err }
 
 // pump posts the queued calls while their groups' windows have room (mu
 // held). A call whose window is full waits, and so do the later ones that
@@ -437,10 +550,10 @@ func (u *Call) finish(o *Outcome, err error) {
 		}
 		u.oc = Outcome{ID: o.ID, Dst: o.Dst, Replies: u.replies, Sent: o.Sent, Retries: o.Retries}
 	}
-	select {
-	case u.ch <- struct{}{}:
-	default:
+	if u.hook != nil {
+		u.c.rt.hooks = append(u.c.rt.hooks, u)
 	}
+	u.w.Done()
 }
 
 // ID is the call's message id once it was posted (zero before).
@@ -468,72 +581,98 @@ func (u *Call) Outcome() *Outcome { return &u.oc }
 // Release it. The replies are valid until Release. (A call not Sent yet
 // waits until it is, or until ctx ends.)
 func (u *Call) Wait(ctx context.Context, deadline time.Time) ([]Reply, error) {
-	c := u.c
+	if err := u.c.Await(ctx, deadline, &u.w); err != nil {
+		return nil, err
+	}
+	return u.replies, u.err // (written before the waiter's Done)
+}
+
+// Await waits until w is done (Waiter.Done), ctx ends or the deadline
+// (zero: none) passes, or the client closes: nil, ctx's error,
+// context.DeadlineExceeded or ErrClosed (a done w wins). Meanwhile the
+// goroutine may serve as the reaper: it polls the client, completes calls
+// and runs their OnDone hooks, which may settle w.
+func (c *Client) Await(ctx context.Context, deadline time.Time, w *Waiter) error {
 	done := ctx.Done()
 	c.mu.Lock()
-	u.deadline = 0
+	w.deadline = 0
 	if !deadline.IsZero() {
-		u.deadline = max(time.Duration(1), deadline.Sub(c.rt.start))
+		w.deadline = max(time.Duration(1), deadline.Sub(c.rt.start))
 	}
 	for {
-		if u.state == callDone {
-			if c.rt.reaper == u {
+		if w.done.Load() {
+			if c.rt.reaper == w {
 				c.handOff()
 			}
-			c.mu.Unlock()
-			return u.replies, u.err
+			c.unlock()
+			return nil
 		}
-		err := u.ended(ctx)
+		err := w.ended(c, ctx)
 		if err == nil && c.rt.closed {
 			err = ErrClosed
 		}
 		if err != nil {
-			if c.rt.reaper == u {
+			if c.rt.reaper == w {
 				c.handOff()
 			}
-			c.mu.Unlock()
-			return nil, err
+			c.unlock()
+			return err
 		}
 		if c.rt.reaper == nil {
-			c.rt.reaper = u
+			c.rt.reaper = w
 		}
-		if c.rt.reaper == u {
-			c.reap(u, ctx) // unlocks and locks again
+		if c.rt.reaper == w {
+			c.reap(w, ctx) // unlocks and locks again
 			continue
 		}
-		u.waiting = true
-		c.rt.waiters = append(c.rt.waiters, u)
+		if len(c.rt.hooks) > 0 {
+			c.unlock() // the hooks may settle w: look again
+			c.mu.Lock()
+			continue
+		}
+		w.waiting = true
+		c.rt.waiters = append(c.rt.waiters, w)
+		// The reaper parked until parkUntil: if w's deadline is earlier,
+		// it must wake to see it.
+		early := w.deadline != 0 && c.rt.parkUntil != 0 && w.deadline < c.rt.parkUntil && !c.knobs.earlySleeps
 		c.mu.Unlock()
-		select {
-		case <-u.ch:
-		case <-done:
+		if early {
+			c.rt.db.Ring()
+		}
+		if done == nil {
+			<-w.ch
+		} else {
+			select {
+			case <-w.ch:
+			case <-done:
+			}
 		}
 		c.mu.Lock()
-		c.unwait(u)
+		c.unwait(w)
 	}
 }
 
-// ended is the error that ends u's wait, if any (mu held).
-func (u *Call) ended(ctx context.Context) error {
+// ended is the error that ends w's wait, if any (mu held).
+func (w *Waiter) ended(c *Client, ctx context.Context) error {
 	if ctx.Done() != nil {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 	}
-	if u.deadline != 0 && u.c.clock() >= u.deadline {
+	if w.deadline != 0 && c.clock() >= w.deadline {
 		return context.DeadlineExceeded
 	}
 	return nil
 }
 
-// unwait removes u from the waiters (mu held).
-func (c *Client) unwait(u *Call) {
-	if !u.waiting {
+// unwait removes w from the waiters (mu held).
+func (c *Client) unwait(w *Waiter) {
+	if !w.waiting {
 		return
 	}
-	u.waiting = false
-	for i, w := range c.rt.waiters {
-		if w == u {
+	w.waiting = false
+	for i, x := range c.rt.waiters {
+		if x == w {
 			last := len(c.rt.waiters) - 1
 			c.rt.waiters[i] = c.rt.waiters[last]
 			c.rt.waiters[last] = nil
@@ -547,13 +686,10 @@ func (c *Client) unwait(u *Call) {
 func (c *Client) handOff() {
 	c.rt.reaper = nil
 	for _, w := range c.rt.waiters {
-		if w.state != callDone {
+		if !w.done.Load() {
 			c.rt.reaper = w
 			c.rt.handOffs++
-			select {
-			case w.ch <- struct{}{}:
-			default:
-			}
+			w.poke()
 			return
 		}
 	}
@@ -567,9 +703,10 @@ func (c *Client) handOff() {
 const reapMaxPark = time.Millisecond
 
 // reap is the reaper's loop (entered and left with mu held): it polls,
-// completing calls, and parks on the doorbell when nothing progressed,
-// until u is done, its wait ended or the client closed.
-func (c *Client) reap(u *Call, ctx context.Context) {
+// completing calls and running their hooks, and parks on the doorbell
+// when nothing progressed, until w is done, its wait ended or the client
+// closed.
+func (c *Client) reap(w *Waiter, ctx context.Context) {
 	long := false // a park of this reap ended without progress: watch ctx
 	for {
 		seq := c.rt.db.Seq()
@@ -577,25 +714,30 @@ func (c *Client) reap(u *Call, ctx context.Context) {
 			return
 		}
 		progress := c.step()
+		if len(c.rt.hooks) > 0 {
+			c.unlock() // (a hook may post: the seq read above sees its replies)
+			c.mu.Lock()
+			progress = true
+			if c.rt.closed {
+				return
+			}
+		}
 		now := c.now
 		next := c.nextDeadline()
-		for _, w := range c.rt.waiters {
-			if w.deadline != 0 {
-				if w.deadline <= now {
-					select {
-					case w.ch <- struct{}{}:
-					default:
-					}
+		for _, x := range c.rt.waiters {
+			if x.deadline != 0 {
+				if x.deadline <= now {
+					x.poke()
 				} else {
-					next = min(next, w.deadline)
+					next = min(next, x.deadline)
 				}
 			}
 		}
-		if u.state == callDone || u.ended(ctx) != nil {
+		if w.done.Load() || w.ended(c, ctx) != nil {
 			return
 		}
-		if u.deadline != 0 {
-			next = min(next, u.deadline)
+		if w.deadline != 0 {
+			next = min(next, w.deadline)
 		}
 		wait := next - now
 		if d := ctx.Done(); d != nil && !progress {
@@ -605,11 +747,13 @@ func (c *Client) reap(u *Call, ctx context.Context) {
 		}
 		if !progress {
 			c.rt.parks++
+			c.rt.parkUntil = now + max(wait, time.Microsecond)
 		}
 		c.mu.Unlock()
 		if !progress {
 			rang := c.rt.db.Wait(seq, max(wait, time.Microsecond))
 			c.mu.Lock()
+			c.rt.parkUntil = 0
 			if rang {
 				c.rt.rings++
 			} else {
@@ -645,7 +789,19 @@ func (c *Client) watchCtx(d <-chan struct{}) bool {
 func (u *Call) Release() {
 	c := u.c
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	if u.hook != nil && !c.knobs.releaseKeepsHook {
+		u.hook = nil
+		for i, x := range c.rt.hooks {
+			if x == u {
+				copy(c.rt.hooks[i:], c.rt.hooks[i+1:])
+				c.rt.hooks[len(c.rt.hooks)-1] = nil
+				c.rt.hooks = c.rt.hooks[:len(c.rt.hooks)-1]
+				break
+			}
+		}
+	}
+	n := len(c.rt.hooks)
+	defer c.unlockRing(n)
 	switch u.state {
 	case callQueued:
 		for i, x := range c.rt.queue {
@@ -660,14 +816,11 @@ func (u *Call) Release() {
 		}
 		c.pump() // its reply slots may be free
 	}
-	if c.rt.reaper == u {
+	if c.rt.reaper == &u.w {
 		c.handOff()
 	}
-	c.unwait(u)
-	select {
-	case <-u.ch:
-	default:
-	}
+	c.unwait(&u.w)
+	u.w.Reset()
 	u.state, u.k, u.build, u.id, u.err = callBegun, nil, nil, MsgID{}, nil
 	u.oc = Outcome{}
 	clear(u.replies)

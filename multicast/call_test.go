@@ -74,12 +74,12 @@ func TestReaperHandOver(t *testing.T) {
 	}
 	actx, acancel := context.WithCancel(context.Background())
 	aw := waitAsync(a, actx)
-	eventually(t, c, "A is the reaper", func() bool { return c.rt.reaper == a })
+	eventually(t, c, "A is the reaper", func() bool { return c.rt.reaper == &a.w })
 	// B waits too, not sent yet; C is sent and waits (A may reap it).
 	b, pb, _ := c.Begin(dst, 8)
 	copy(pb, "payloadB")
 	bw := waitAsync(b, context.Background())
-	eventually(t, c, "B waits", func() bool { return b.waiting })
+	eventually(t, c, "B waits", func() bool { return b.w.waiting })
 	cc, pc, _ := c.Begin(dst, 8)
 	copy(pc, "payloadC")
 	cc.Send()
@@ -119,7 +119,7 @@ func TestReaperParkedWoken(t *testing.T) {
 	// Background: the reaper parks until its next deadline (1 s here),
 	// or a ring. A cancellable context would cap its park at 1 ms.
 	aw := waitAsync(a, context.Background())
-	eventually(t, c, "A is the reaper", func() bool { return c.rt.reaper == a })
+	eventually(t, c, "A is the reaper", func() bool { return c.rt.reaper == &a.w })
 	ringWoken := 0
 	for i := range 5 {
 		c.mu.Lock()
@@ -137,7 +137,7 @@ func TestReaperParkedWoken(t *testing.T) {
 		default:
 		}
 		c.mu.Lock()
-		if c.rt.reaper != a {
+		if c.rt.reaper != &a.w {
 			t.Fatalf("call %d: the reaper changed", i)
 		}
 		woken := c.rt.rings > rings
@@ -175,7 +175,7 @@ func TestReaperParksWithoutTick(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	aw := waitAsync(a, ctx) // never sent: it never completes
-	eventually(t, c, "A parks with its context watched", func() bool { return c.rt.reaper == a && c.rt.watched == ctx.Done() })
+	eventually(t, c, "A parks with its context watched", func() bool { return c.rt.reaper == &a.w && c.rt.watched == ctx.Done() })
 	c.mu.Lock()
 	parks, rings := c.rt.parks, c.rt.rings
 	c.mu.Unlock()

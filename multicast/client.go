@@ -134,6 +134,7 @@ type Client struct {
 	// retry makes it again.
 	leader []int
 	now    time.Duration
+	knobs  testingKnobs // planted bugs of the started client, tests only (knobs.go)
 
 	ready     tree.Set // groups that acknowledged our incarnation
 	helloAt   time.Duration
@@ -319,8 +320,8 @@ func (c *Client) Slot() uint32 { return c.cfg.Slot }
 func (c *Client) Close() error {
 	c.stopKeeper()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.rt.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closeCalls()
@@ -329,7 +330,9 @@ func (c *Client) Close() error {
 			p.close()
 		}
 	}
-	return c.reg.Close()
+	err := c.reg.Close()
+	c.unlock() // the hooks of the calls closeCalls ended
+	return err
 }
 
 // Multicast writes payload to dst's lca (TRAM Alg. 1) and returns the

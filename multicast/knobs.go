@@ -39,4 +39,20 @@ type testingKnobs struct {
 	// application's EndBatch published the batch (BatchFSM): caught by
 	// the simulator's publish-order check on every reply.
 	replyBeforePublish bool
+
+	// The started client's (Client.knobs; call.go), caught by
+	// TestOnDoneHook and TestAwaitEarlyDeadline:
+	// hookLost: OnDone on a call already done (its reply beat the hook,
+	// as the client package's flush may see) does not queue the hook, so
+	// it never runs: caught as the Waiter it settles never done.
+	hookLost bool
+	// releaseKeepsHook: Release leaves a pending hook queued, so it runs
+	// on a call already back in the pool: caught as a released call's
+	// hook running.
+	releaseKeepsHook bool
+	// earlySleeps: a waiter whose deadline is earlier than the end of the
+	// parked reaper's park does not ring the doorbell, so nobody looks at
+	// its deadline until that park ends: caught as the reaper's park
+	// ending at its own deadline instead of by a ring.
+	earlySleeps bool
 }
