@@ -152,7 +152,7 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 
 	spec := fabric.ForMap(m)
 	spec.Listen, spec.Secret, spec.PeerTimeout = opts.Listen, cfg.SecretBytes, time.Duration(cfg.Timing.PeerTimeout)
-	proc, err := StartProcess(ProcessConfig{Map: m, IDs: nodes, Spec: &spec,
+	proc, err := StartProcess(ProcessConfig{Map: m, IDs: nodes, Spec: &spec, SpareP: true,
 		Broadcast: broadcast.Config{RejoinIncarnation: uint64(time.Now().UnixNano()),
 			HeartbeatInterval: time.Duration(cfg.Timing.Heartbeat), ElectionTimeout: time.Duration(cfg.Timing.ElectionTimeout)},
 		Prepare: func(node rdma.Node, g, _ int, bc *broadcast.Config) (broadcast.Stable, error) {
