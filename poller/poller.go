@@ -109,8 +109,10 @@ type GroupConfig struct {
 // sysmon preempts a goroutine that kept its P for 10 ms without going
 // through the scheduler, and takes the P from one in a system call, which
 // restarts its 20 µs ticks; a holding poller never gives its P back, so
-// it calls runtime.Gosched every schedEvery of its clock (checked before
-// each pass: with a held park of at most Hold after it, under 10 ms). Its
+// while its next park would hold it calls runtime.Gosched every
+// schedEvery of its clock (checked before each pass: with a held park of
+// at most Hold after it, under 10 ms; an idle poller's parks give the P
+// back, and it does not yield). Its
 // spin does not yield every 16 tries either: with a P free, each yield
 // only woke a thread that found nothing to run.
 
@@ -522,7 +524,7 @@ func (p *poller) run() {
 		}
 		p.snap = p.ws.Snapshot(p.snap[:0])
 		now := p.g.Now()
-		if p.g.hold && now-p.sched >= schedEvery {
+		if p.budget.hold && now-p.sched >= schedEvery {
 			p.sched = now
 			runtime.Gosched()
 		}
