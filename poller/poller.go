@@ -78,9 +78,50 @@ type GroupConfig struct {
 	// Spin is the most a poller spins before it parks; 0 means
 	// rdma.DefaultSpin, negative never spins.
 	Spin time.Duration
+	// Hold bounds a held park (one that keeps the poller's P: see
+	// "Held parks" below); 0 means DefaultHold, negative never holds.
+	Hold time.Duration
 
 	noProbe bool // testing knob: no probe spins (spinBudget)
+	// testing knobs, planted bugs of the held parks: hold with no spare
+	// P; a held park not bounded by Hold (until the task deadline)
+	holdNoSpare, holdUnbounded bool
 }
+
+// Held parks. A poller parks in a system call (the WaitSet's futex sleep).
+// Its ordinary park enters it as a call known to block, which gives the
+// poller's P (the Go runtime's processor) back at once: the runtime then
+// starts a thread to take the P over when another P is busy, or to poll
+// the network when it was the last one running; on the way out the
+// poller takes a P again, and when every P had been idle that wakes the
+// runtime's monitor thread (sysmon) out of its deep sleep into 20 µs
+// ticks for a millisecond or more. At 64 writers a poller parks about
+// once per log entry, and each park paid those thread wake-ups (wsrv,
+// docs/dev/write-path-plan.md). A held park (rdma.HoldingWaitSet) keeps
+// the P through the sleep: none of them. It is safe only while another P
+// is free for the process's other goroutines (a goroutine the poller made
+// runnable is then taken by that P's thread), so a group holds only when
+// GOMAXPROCS is above its pollers (server.ProcessConfig.SpareP), and only
+// while a stream flows: after a park that a ring ended within Hold
+// (spinBudget.hold), for at most Hold, then the ordinary park. An idle
+// poller (parks ended by deadlines or far rings) never holds.
+//
+// sysmon preempts a goroutine that kept its P for 10 ms without going
+// through the scheduler, and takes the P from one in a system call, which
+// restarts its 20 µs ticks; a holding poller never gives its P back, so
+// while its next park would hold it calls runtime.Gosched every
+// schedEvery of its clock (checked before each pass: with a held park of
+// at most Hold after it, under 10 ms; an idle poller's parks give the P
+// back, and it does not yield). Its
+// spin does not yield every 16 tries either: with a P free, each yield
+// only woke a thread that found nothing to run.
+
+// DefaultHold bounds a held park.
+const DefaultHold = 4 * time.Millisecond
+
+// schedEvery is how often a holding poller goes through the scheduler
+// (schedEvery + Hold stays below sysmon's 10 ms).
+const schedEvery = 4 * time.Millisecond
 
 // DefaultMaxPark bounds a park when no task reports a heartbeat.
 const DefaultMaxPark = time.Millisecond
@@ -96,6 +137,7 @@ type Group struct {
 	ps     []*poller
 	ran    bool
 	stop   atomic.Bool // Run's ctx ended
+	hold   bool        // set by Run: pollers may hold their P in short parks
 }
 
 // NewGroup returns a group of cfg.Pollers pollers; Run runs them.
@@ -108,6 +150,12 @@ func NewGroup(cfg GroupConfig) *Group {
 		cfg.Spin = rdma.DefaultSpin
 	case cfg.Spin < 0:
 		cfg.Spin = 0
+	}
+	switch {
+	case cfg.Hold == 0:
+		cfg.Hold = DefaultHold
+	case cfg.Hold < 0:
+		cfg.Hold = 0
 	}
 	g := &Group{cfg: cfg, origin: rdma.Mono()}
 	for i := range cfg.Pollers {
@@ -179,6 +227,7 @@ func (g *Group) Run(ctx context.Context) error {
 		return errors.New("poller: Group.Run called twice")
 	}
 	g.ran = true
+	g.hold = g.cfg.Hold > 0 && (runtime.GOMAXPROCS(0) > len(g.ps) || g.cfg.holdNoSpare)
 	g.mu.Unlock()
 	for _, p := range g.ps {
 		p.mu.Lock()
@@ -214,6 +263,9 @@ type PollerStats struct {
 	// Probes are spins of a probe budget (spinBudget: a stream just
 	// beyond the full budget), ProbeHits those a ring ended.
 	Probes, ProbeHits uint64
+	// Holds are parks that kept the poller's P (held parks, counted in
+	// Parks too), HoldWakes those a ring or a kick ended.
+	Holds, HoldWakes uint64
 	// MaxPass is the longest pass since the group started: the longest a
 	// task of this poller waited for its next Poll while the poller was
 	// busy (a pass polls every task once). RecentMaxPass is the longest
@@ -239,6 +291,7 @@ func (g *Group) Stats() []PollerStats {
 		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
 			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
 			Probes: p.probes.Load(), ProbeHits: p.probeHits.Load(),
+			Holds: p.holds.Load(), HoldWakes: p.holdWakes.Load(),
 			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent})
 	}
 	return out
@@ -339,7 +392,8 @@ type poller struct {
 	passes  atomic.Uint64 // stats
 	spins, spinHits,
 	parks, wakes,
-	probes, probeHits atomic.Uint64
+	probes, probeHits,
+	holds, holdWakes atomic.Uint64
 	// longest passes (ns): since the start, in the current window and in
 	// the previous one (notePass)
 	passMax, passCur, passPrev atomic.Int64
@@ -354,6 +408,7 @@ type poller struct {
 	// notePass's own copies of the longest passes, and its window's start
 	maxPass, curPass time.Duration
 	window           time.Duration
+	sched            time.Duration // a holding poller's last Gosched
 }
 
 // changed tells a running poller to look at its handles.
@@ -460,12 +515,19 @@ func (p *poller) run() {
 	p.refresh()
 	p.budget = newSpinBudget(p.g.cfg.Spin)
 	p.budget.noProbe = p.g.cfg.noProbe
+	if p.g.hold {
+		p.budget.holdMax = p.g.cfg.Hold
+	}
 	for !p.g.stop.Load() {
 		if p.dirty.Load() {
 			p.refresh()
 		}
 		p.snap = p.ws.Snapshot(p.snap[:0])
 		now := p.g.Now()
+		if p.budget.hold && now-p.sched >= schedEvery {
+			p.sched = now
+			runtime.Gosched()
+		}
 		progress, next := Pass(now, p.tasks)
 		p.passes.Add(1)
 		p.notePass(now, p.g.Now())
@@ -541,7 +603,9 @@ func (p *poller) park(next time.Duration) {
 				if rdma.Mono() >= end {
 					break
 				}
-				runtime.Gosched()
+				if !p.g.hold {
+					runtime.Gosched()
+				}
 			}
 		}
 		p.budget.spun(false)
@@ -551,7 +615,20 @@ func (p *poller) park(next time.Duration) {
 	}
 	p.parks.Add(1)
 	start := rdma.Mono()
-	rang := p.ws.Wait(p.snap, deadline)
+	rang := false
+	if hs, ok := p.ws.(rdma.HoldingWaitSet); ok && p.budget.hold {
+		p.holds.Add(1)
+		until := min(deadline, start+p.g.cfg.Hold)
+		if p.g.cfg.holdUnbounded {
+			until = deadline
+		}
+		if rang = hs.WaitHolding(p.snap, until); rang {
+			p.holdWakes.Add(1)
+		}
+	}
+	if !rang {
+		rang = p.ws.Wait(p.snap, deadline)
+	}
 	if rang {
 		p.wakes.Add(1)
 	}

@@ -38,6 +38,15 @@ type spinBudget struct {
 	backoff int  // the last wait set (0 after a probe hit)
 
 	noProbe bool // testing knob: the rule before the probe
+
+	// Held parks (poller.go): holdMax is the group's Hold (0: the group
+	// never holds); hold, whether the next park holds the P: after a
+	// park that a ring ended within holdMax, so only while a stream
+	// flows.
+	holdMax time.Duration
+	hold    bool
+
+	holdAfterTimeout bool // testing knob (planted bug): a park that timed out holds the next
 }
 
 // probeSpans bounds a probe's spin and a near miss's gap, in full
@@ -75,6 +84,7 @@ func (b *spinBudget) spun(hit bool) {
 // the time from the poller going idle (the spin before the park
 // included) to its end; parkedFor, the park's own part of it.
 func (b *spinBudget) parked(rang bool, gap, parkedFor time.Duration) {
+	b.hold = b.holdMax > 0 && (rang || b.holdAfterTimeout) && parkedFor < b.holdMax
 	if !rang {
 		b.near = 0
 		return

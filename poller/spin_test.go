@@ -112,3 +112,66 @@ func TestSpinBudgetIdle(t *testing.T) {
 		t.Fatalf("a never-spinning poller's budget %v probing %v", z.cur, z.probing)
 	}
 }
+
+// holdRuleFault drives the held-park rule (spinBudget.hold) through a
+// stream, an idle poller and a stream that stops, and returns the first
+// rule it breaks ("" for none): a held park only right after a park that
+// a ring ended within holdMax, never after a deadline, never with
+// holdMax 0.
+func holdRuleFault(mk func(holdMax time.Duration) spinBudget) string {
+	b := mk(time.Millisecond)
+	// A stream: parks ended by rings a few hundred µs apart.
+	b.parked(true, 300*us, 300*us)
+	for range 100 {
+		if !b.hold {
+			return "a stream's next park does not hold"
+		}
+		b.parked(true, 300*us, 300*us)
+	}
+	// A ring after longer than holdMax: the stream is gone.
+	b.parked(true, 5*time.Millisecond, 5*time.Millisecond)
+	if b.hold {
+		return "held after a park that a far ring ended"
+	}
+	// Idle: parks ended by deadlines, near (a timer) or far (heartbeats).
+	for i := range 100 {
+		d := 10 * time.Millisecond
+		if i%2 == 0 {
+			d = 200 * us
+		}
+		b.parked(false, d, d)
+		if b.hold {
+			return "held after a park that a deadline ended"
+		}
+	}
+	// A group that never holds.
+	z := mk(0)
+	for range 10 {
+		z.parked(true, 100*us, 100*us)
+		if z.hold {
+			return "held with holdMax 0"
+		}
+	}
+	return ""
+}
+
+// TestHoldRule: the held-park rule holds only while a stream flows; the
+// planted holdAfterTimeout (a short park that a deadline ended also holds
+// the next) is caught.
+func TestHoldRule(t *testing.T) {
+	if f := holdRuleFault(func(m time.Duration) spinBudget {
+		b := newSpinBudget(100 * us)
+		b.holdMax = m
+		return b
+	}); f != "" {
+		t.Fatalf("held-park rule: %s", f)
+	}
+	f := holdRuleFault(func(m time.Duration) spinBudget {
+		b := newSpinBudget(100 * us)
+		b.holdMax, b.holdAfterTimeout = m, true
+		return b
+	})
+	if f != "held after a park that a deadline ended" {
+		t.Fatalf("planted holdAfterTimeout: the rule check said %q, want the deadline rule broken", f)
+	}
+}

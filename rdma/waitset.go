@@ -32,6 +32,20 @@ type WaitSet interface {
 	Close()
 }
 
+// HoldingWaitSet is a WaitSet that can also park holding the caller's
+// P (the Go runtime's processor): WaitHolding is Wait in a plain system
+// call, which keeps the P, where Wait enters the kernel as a system call
+// known to block and gives the P back at once. A held park costs less
+// at both ends (the runtime starts no other thread to take the P over,
+// takes it back without a hand-off, and does not wake its monitor
+// thread, sysmon, out of its deep sleep), but while it lasts no other
+// goroutine runs on that P: only a caller that knows another P is free
+// and the wait is short uses it (package poller).
+type HoldingWaitSet interface {
+	WaitSet
+	WaitHolding(snap []uint64, deadline time.Duration) bool
+}
+
 // WaitSetter is a doorbell whose fabric builds its own WaitSet (shm: one
 // FUTEX_WAITV over every node's doorbell word). NewWaitSet returns nil
 // if some doorbell of dbs is not of its kind.

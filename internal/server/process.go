@@ -41,6 +41,12 @@ type ProcessConfig struct {
 	Pollers int
 	// Spin and MaxPark are the pollers' (poller.GroupConfig).
 	Spin, MaxPark time.Duration
+	// SpareP raises GOMAXPROCS to one above the pollers if it is not
+	// (the process's own setting: for a process that runs a Process and
+	// little else, as kvserver and the replica child do), so that the
+	// pollers' short parks keep their P (poller, "Held parks"): with
+	// one P more than pollers, the other goroutines still have one.
+	SpareP bool
 	// Prepare, if set, is called for each replica with its node open and
 	// before the replica is built (it may probe the replica's peers): it
 	// returns the replica's stable storage and may change its broadcast
@@ -176,6 +182,9 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	np := cfg.Pollers
 	if np <= 0 {
 		np = max(1, min(runtime.GOMAXPROCS(0), len(groups)))
+	}
+	if cfg.SpareP && runtime.GOMAXPROCS(0) <= np {
+		runtime.GOMAXPROCS(np + 1)
 	}
 	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
 		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}

@@ -49,6 +49,9 @@ type Options struct {
 	// tablet balancer's StuckAfter and BeforeStep (BalanceConfig).
 	BalancerStuckAfter time.Duration
 	BalancerBeforeStep func(step string)
+	// SpareP is ProcessConfig.SpareP (kvserver sets it: it raises the
+	// process's GOMAXPROCS).
+	SpareP bool
 
 	// dropBalanceLoad (a planted bug, tests only): the replicas' balancer
 	// gets the config's interval but not its balance_min_writes and
@@ -157,7 +160,7 @@ func RunReplicas(ctx context.Context, cfg *cluster.Config, ids []int64, opts Opt
 
 	spec := fabric.ForMap(m)
 	spec.Listen, spec.Secret, spec.PeerTimeout = opts.Listen, cfg.SecretBytes, time.Duration(cfg.Timing.PeerTimeout)
-	proc, err := StartProcess(ProcessConfig{Map: m, IDs: nodes, Spec: &spec,
+	proc, err := StartProcess(ProcessConfig{Map: m, IDs: nodes, Spec: &spec, SpareP: opts.SpareP,
 		Broadcast: broadcast.Config{RejoinIncarnation: uint64(time.Now().UnixNano()),
 			HeartbeatInterval: time.Duration(cfg.Timing.Heartbeat), ElectionTimeout: time.Duration(cfg.Timing.ElectionTimeout)},
 		Prepare: func(node rdma.Node, g, _ int, bc *broadcast.Config) (broadcast.Stable, error) {

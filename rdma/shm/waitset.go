@@ -57,6 +57,10 @@ var hasWaitv = sync.OnceValue(func() bool {
 // noWaitv forces the FUTEX_WAIT fallback (tests).
 var noWaitv atomic.Bool
 
+// holdWaits makes every Wait a WaitHolding (tests: the WaitSet
+// conformance cases run on held parks).
+var holdWaits atomic.Bool
+
 // monoBase is CLOCK_MONOTONIC minus rdma.Mono: the Go runtime's monotonic
 // clock is CLOCK_MONOTONIC on Linux, so the difference is constant.
 var monoBase = sync.OnceValue(func() time.Duration {
@@ -81,6 +85,9 @@ func entersyscallblock()
 //go:linkname exitsyscall runtime.exitsyscall
 func exitsyscall()
 
+//go:linkname entersyscall runtime.entersyscall
+func entersyscall()
+
 // futexWaitvBlocking is FUTEX_WAITV on n entries at ws until the absolute
 // CLOCK_MONOTONIC time at ts, with the goroutine's P given back while it
 // sleeps. Nosplit and a raw system call between the two runtime calls:
@@ -90,6 +97,17 @@ func exitsyscall()
 //go:norace
 func futexWaitvBlocking(ws unsafe.Pointer, n int, ts unsafe.Pointer) {
 	entersyscallblock()
+	unix.RawSyscall6(sysFutexWaitv, uintptr(ws), uintptr(n), 0, uintptr(ts), clockMonotonic, 0)
+	exitsyscall()
+}
+
+// futexWaitvHolding is futexWaitvBlocking keeping the goroutine's P
+// (a plain system call: WaitHolding).
+//
+//go:nosplit
+//go:norace
+func futexWaitvHolding(ws unsafe.Pointer, n int, ts unsafe.Pointer) {
+	entersyscall()
 	unix.RawSyscall6(sysFutexWaitv, uintptr(ws), uintptr(n), 0, uintptr(ts), clockMonotonic, 0)
 	exitsyscall()
 }
@@ -120,7 +138,10 @@ type waitSet struct {
 	waitv  bool
 }
 
-var _ rdma.WaitSetter = (*doorbell)(nil)
+var (
+	_ rdma.WaitSetter     = (*doorbell)(nil)
+	_ rdma.HoldingWaitSet = (*waitSet)(nil)
+)
 
 // NewWaitSet implements rdma.WaitSetter: a set over shm doorbells (nil
 // if one is of another fabric). Over more than futexWaitvMax-1 doorbells
@@ -177,10 +198,21 @@ func (s *waitSet) changed(snap []uint64) bool {
 
 // Wait implements rdma.WaitSet.
 func (s *waitSet) Wait(snap []uint64, deadline time.Duration) bool {
+	return s.waitFor(snap, deadline, holdWaits.Load())
+}
+
+// WaitHolding implements rdma.HoldingWaitSet: Wait in FUTEX_WAITV as a
+// plain system call, which keeps the goroutine's P. Without FUTEX_WAITV
+// it is Wait.
+func (s *waitSet) WaitHolding(snap []uint64, deadline time.Duration) bool {
+	return s.waitFor(snap, deadline, true)
+}
+
+func (s *waitSet) waitFor(snap []uint64, deadline time.Duration, hold bool) bool {
 	for _, d := range s.dbs {
 		d.mu.RLock()
 	}
-	woken := s.wait(snap, deadline)
+	woken := s.wait(snap, deadline, hold)
 	for _, d := range s.dbs {
 		d.mu.RUnlock()
 	}
@@ -188,11 +220,11 @@ func (s *waitSet) Wait(snap []uint64, deadline time.Duration) bool {
 	return woken
 }
 
-func (s *waitSet) wait(snap []uint64, deadline time.Duration) bool {
+func (s *waitSet) wait(snap []uint64, deadline time.Duration, hold bool) bool {
 	if s.changed(snap) {
 		return true
 	}
-	if deadline <= rdma.Mono() {
+	if deadline <= 0 || deadline <= rdma.Mono() {
 		return false
 	}
 	// Announce the park (each node's parked word, our own flag for Kick),
@@ -204,7 +236,7 @@ func (s *waitSet) wait(snap []uint64, deadline time.Duration) bool {
 		}
 	}
 	s.parked.Store(true)
-	woken := s.park(snap, deadline)
+	woken := s.park(snap, deadline, hold)
 	s.parked.Store(false)
 	for i, d := range s.dbs {
 		if s.open[i] {
@@ -215,8 +247,8 @@ func (s *waitSet) wait(snap []uint64, deadline time.Duration) bool {
 }
 
 // park sleeps until a word moves or deadline; the doorbells are announced
-// parked.
-func (s *waitSet) park(snap []uint64, deadline time.Duration) bool {
+// parked. hold: FUTEX_WAITV keeps the P (WaitHolding).
+func (s *waitSet) park(snap []uint64, deadline time.Duration, hold bool) bool {
 	n := len(s.ws) - 1
 	for i := range s.ws[:n] {
 		d := s.dbs[i]
@@ -245,6 +277,8 @@ func (s *waitSet) park(snap []uint64, deadline time.Duration) bool {
 		// value, on a wake, on a signal (EINTR) or at the timeout: all
 		// recheck.
 		switch {
+		case s.waitv && hold:
+			futexWaitvHolding(unsafe.Pointer(&s.ws[0]), len(s.ws), unsafe.Pointer(&s.ts))
 		case s.waitv:
 			futexWaitvBlocking(unsafe.Pointer(&s.ws[0]), len(s.ws), unsafe.Pointer(&s.ts))
 		case n > 0 && s.open[0]:

@@ -17,6 +17,15 @@ func TestWaitSetFallback(t *testing.T) {
 	fabrictest.RunWaitSet(t, harness)
 }
 
+// TestWaitSetHolding: WaitHolding (FUTEX_WAITV in a plain system call,
+// keeping the P) wakes for a ring of any node, a Kick, or its deadline, as
+// Wait does.
+func TestWaitSetHolding(t *testing.T) {
+	holdWaits.Store(true)
+	defer holdWaits.Store(false)
+	fabrictest.RunWaitSet(t, harness)
+}
+
 // TestXWaitSetWake: a Notify write from another process wakes a WaitSet
 // parked on this process's two nodes, with or without FUTEX_WAITV.
 func TestXWaitSetWake(t *testing.T) {
