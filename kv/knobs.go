@@ -91,14 +91,6 @@ type testingKnobs struct {
 	// the spare although its Persist handed it on already, so a later
 	// capture copies into the buffer of one alive (TestPersistHandsOnIndexCopy).
 	handOnTwice bool
-	// persistUngated (table): Persist walks without a token of
-	// TableConfig.PersistGate, so every capture's walk runs at once
-	// (TestPersistGate).
-	persistUngated bool
-	// onPersistWalk (tests, not a bug): called as a Persist starts its
-	// walk, after it took its token; what it returns is called as the
-	// Persist returns, before the token is given back.
-	onPersistWalk func() func()
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

@@ -91,17 +91,6 @@ type TableConfig struct {
 	// then only a released capture's buffer). Off in the simulator (no
 	// goroutines there); a kvserver with a durable mode sets it.
 	PrefaultSpare bool
-	// PersistGate, if set, bounds how many captures' Persist walks run
-	// at once, one token each (a buffered channel of that capacity, which
-	// the tables of one process share); a walk waiting for a token is
-	// parked. The walks run on goroutines of their own beside the
-	// pollers, and Go's scheduler gives every runnable goroutine its turn:
-	// with a walk per replica at once (the replicas of a group snapshot
-	// together, every SnapshotLogBytes of their log), a poller taken off
-	// its processor waited behind all of them (issue 19: the pollers spent
-	// over half of an 8 s trace of the snapshots runnable, behind six
-	// walks). nil: no bound.
-	PersistGate chan struct{}
 }
 
 // DefaultMaxRequest is TableConfig.MaxRequest's default for the given key
@@ -1289,13 +1278,6 @@ func (c *capture) Persist(dst []byte) error {
 	binary.LittleEndian.PutUint64(dst[8:], uint64(c.count))
 	binary.LittleEndian.PutUint64(dst[16:], uint64(c.log))
 	binary.LittleEndian.PutUint64(dst[24:], c.applied)
-	if g := c.t.cfg.PersistGate; g != nil && !c.t.knobs.persistUngated {
-		g <- struct{}{}
-		defer func() { <-g }()
-	}
-	if h := c.t.knobs.onPersistWalk; h != nil {
-		defer h()()
-	}
 	p, recs, end := 32, 0, c.size-c.tail()
 	cur, old := c.cur, c.old
 	if c.t.knobs.persistLive {
