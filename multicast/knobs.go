@@ -8,6 +8,11 @@ package multicast
 // protocol as written, and every check is one read of a bool field (the
 // Replica's knobs; its state reads the same struct through a pointer).
 type testingKnobs struct {
+	// ownSpareEarly: Snapshot offers its own part's buffer to the next
+	// Snapshot at once, not after its Persist copied it, so a capture
+	// taken before the last one persisted overwrites it
+	// (TestSnapshotOwnReuse).
+	ownSpareEarly bool
 	// noDedup: a leader takes whatever valid record sits in the slot of
 	// its next input position, also one of an earlier lap (a message
 	// re-forwarded or retried and already ordered), and Apply does not

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
@@ -59,6 +60,12 @@ type state struct {
 	// once for the prefetch and the apply (reused across batches).
 	batchMsgs []logEntry
 	inBatch   bool
+	// ownSpare is the buffer of a persisted snapshot's own part, which
+	// the next Snapshot encodes into (its pages mapped and its size
+	// right): encoding into a growing fresh slice on the polling goroutine
+	// cost a capture up to tens of ms of CPU on a loaded machine, in
+	// page faults and copies of each growth (issue 19, perf of kvserver).
+	ownSpare atomic.Pointer[[]byte]
 }
 
 type replyOf struct {
@@ -128,7 +135,24 @@ func newState(cfg *Config, app broadcast.FSM, knobs *testingKnobs) *state {
 	for i := range s.replies {
 		s.replies[i].buf = make([]byte, cfg.MaxResult)
 	}
+	// The first capture's buffer, as large as an encoding can be, its
+	// pages touched here (replica construction) rather than in the
+	// capture on the polling goroutine.
+	own := make([]byte, s.maxEncoded())
+	for i := 0; i < len(own); i += 4096 {
+		own[i] = 0
+	}
+	own = own[:0]
+	s.ownSpare.Store(&own)
 	return s
+}
+
+// maxEncoded bounds the length of encode's output: every child's forward
+// buffer and every reply slot full.
+func (s *state) maxEncoded() int {
+	n := 6*8 + 3*8*len(s.cinc) + 8
+	n += len(s.children) * (8 + s.pslots*(8+pad8(s.slotSize)))
+	return n + len(s.replies)*(6*8+pad8(s.maxResult))
 }
 
 // fwdSlot returns the bytes of the slot holding child i's position q.
@@ -308,20 +332,38 @@ func (s *state) Snapshot() (broadcast.FSMSnapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &snap{own: s.encode(nil), app: app}, nil
+	var b []byte
+	if p := s.ownSpare.Swap(nil); p != nil {
+		b = (*p)[:0]
+	}
+	own := s.encode(b)
+	if s.knobs.ownSpareEarly {
+		s.ownSpare.Store(&own) // planted: offered while this capture needs it
+	}
+	return &snap{s: s, own: own, n: len(own), app: app}, nil
 }
 
 type snap struct {
-	own []byte
+	s   *state
+	own []byte // nil once Persist copied it and handed it on
+	n   int    // len(own)
 	app broadcast.FSMSnapshot
 }
 
-func (p *snap) Size() int { return 8 + len(p.own) + p.app.Size() }
+func (p *snap) Size() int { return 8 + p.n + p.app.Size() }
 
+// Persist copies the own part and hands its buffer on to the next
+// Snapshot (any goroutine, once), then persists the application's.
 func (p *snap) Persist(dst []byte) error {
-	binary.LittleEndian.PutUint64(dst, uint64(len(p.own)))
+	if p.own == nil {
+		return errors.New("multicast: a snapshot persisted twice")
+	}
+	binary.LittleEndian.PutUint64(dst, uint64(p.n))
 	copy(dst[8:], p.own)
-	return p.app.Persist(dst[8+len(p.own):])
+	own := p.own
+	p.own = nil
+	p.s.ownSpare.Store(&own)
+	return p.app.Persist(dst[8+p.n:])
 }
 
 func (p *snap) Release() { p.app.Release() }

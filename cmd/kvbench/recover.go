@@ -23,6 +23,7 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/server"
+	"github.com/rdmakv/rdmakv/rdma"
 )
 
 const recoverUsage = `usage: kvbench recover [flags]
@@ -70,10 +71,22 @@ Columns (one row per restart):
               overwrite of step 2 until 1.5 s after every replica's
               snapshot was durable. ET/20 is issue 19's bound
               (--election-timeout / 20)
+  capture     the disk snapshot captures on the pollers in the same
+              sampling (/status disk): the longest one's wall time, and
+              after the slash the most CPU time one took on its polling
+              thread, its own work (the rest of the wall time it waited
+              for a processor: Go's scheduler or the OS)
 
 --json prints one object per row with these figures and the recovery
 line, the data dir's log and snapshot bytes apart (wal_bytes,
-snap_bytes), and the load's time.
+snap_bytes), the load's time, the longest replica Poll with a capture
+that the sampling saw with its capture's wall and CPU time
+(capture_poll_*), and the runtime's longest scheduling latency
+(sched_latency_max_us).
+
+--trace FILE records a Go execution trace of kvserver over the first
+--trace-for of the overwrites (go tool trace FILE): which goroutines held
+the processors while a poller waited.
 
 Example:
   kvbench recover --records 1000000 --value-size 100 --durability sync
@@ -91,6 +104,10 @@ type recoverFlags struct {
 	shmDir     string
 	json       bool
 	quick      bool
+	// trace: a Go execution trace of kvserver over the first
+	// traceFor of step 2's overwrites (its disk snapshots) goes there.
+	trace    string
+	traceFor time.Duration
 }
 
 // recoverRow is one restart of kvbench recover.
@@ -112,8 +129,28 @@ type recoverRow struct {
 	DiskXRaw      float64 `json:"disk_x_raw"`
 	PollMaxUS     float64 `json:"poll_max_us"`
 	ETOver20US    float64 `json:"et_over_20_us"`
-	LoadS         float64 `json:"load_s"` // log: step 1's load; snapshot: step 2's overwrites
-	FS            string  `json:"fs"`
+	// The disk snapshots' captures on the pollers while the row's
+	// sampling ran (snapshot row; /status disk): how many, the longest
+	// one's wall time and the most CPU time one took on its polling
+	// thread (the maxima count from kvserver's start: the sampling's, as
+	// no capture runs before it) (its own work; the rest of the wall time it waited for a
+	// processor). CapturePoll is the longest replica Poll with a capture
+	// that the sampling saw (/status poll_max_recent; zero if every
+	// window's longest Poll was another), with its capture's wall and
+	// CPU time and the table's index copy in it.
+	Captures         uint64  `json:"captures"`
+	CaptureMaxUS     float64 `json:"capture_max_us"`
+	CaptureCPUMaxUS  float64 `json:"capture_cpu_max_us"`
+	CapturePollUS    float64 `json:"capture_poll_us"`
+	CapturePollCapUS float64 `json:"capture_poll_capture_us"`
+	CapturePollCPUUS float64 `json:"capture_poll_capture_cpu_us"`
+	CapturePollIdxUS float64 `json:"capture_poll_index_us"`
+	// SchedLatencyMaxUS is the longest a runnable goroutine of kvserver
+	// waited for a processor while the row's sampling ran (/status
+	// runtime.sched_latency_max_us, a histogram bucket's bound).
+	SchedLatencyMaxUS float64 `json:"sched_latency_max_us"`
+	LoadS             float64 `json:"load_s"` // log: step 1's load; snapshot: step 2's overwrites
+	FS                string  `json:"fs"`
 }
 
 func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
@@ -133,6 +170,8 @@ func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for the cluster's shared-memory files (kvbench's work directory in it, removed at the end)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per row instead of a table")
 	fs.BoolVar(&o.quick, "quick", false, "a smoke test: 20,000 records (unless --records is given)")
+	fs.StringVar(&o.trace, "trace", "", "write a Go execution trace of kvserver (its /debug/pprof/trace, kvserver --pprof) over the first --trace-for of step 2's overwrites, where the disk snapshots are captured, to `FILE` (go tool trace FILE)")
+	fs.DurationVar(&o.traceFor, "trace-for", 5*time.Second, "how long --trace records")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -233,7 +272,7 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 		return nil, err
 	}
 	upAt := time.Now()
-	var stopSampling func() float64
+	var stopSampling func() pollSample
 	t0 := time.Now()
 	err = r.write(c, m, o.records, func(done int) bool {
 		if stopSampling == nil && time.Since(upAt) > 2500*time.Millisecond {
@@ -243,7 +282,7 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 	})
 	logRow.LoadS = time.Since(t0).Seconds()
 	if stopSampling != nil {
-		logRow.PollMaxUS = stopSampling()
+		stopSampling().fill(&logRow)
 	}
 	c.Close()
 	if err != nil {
@@ -267,6 +306,7 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 		return nil, err
 	}
 	stopSampling = r.samplePollMax()
+	stopTrace := r.startTrace()
 	t0 = time.Now()
 	var snapped, checked time.Time
 	var serr error
@@ -291,10 +331,14 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 	}
 	if err != nil {
 		stopSampling()
+		stopTrace()
 		return nil, fmt.Errorf("overwrites until a snapshot: %w", err)
 	}
 	time.Sleep(1500 * time.Millisecond) // the log dropped behind it; the last passes sampled
-	snapRow.PollMaxUS = stopSampling()
+	stopSampling().fill(&snapRow)
+	if err := stopTrace(); err != nil {
+		return nil, fmt.Errorf("--trace: %w", err)
+	}
 	r.note("every replica took a disk snapshot after %.1fs of overwrites", snapRow.LoadS)
 	if err := r.stop(); err != nil {
 		return nil, err
@@ -343,6 +387,9 @@ func (r *recoverRun) start(snapLog, control string) (time.Time, error) {
 	args := []string{"--groups", strconv.Itoa(r.o.groups), "--replicas", "3", "--name", r.name,
 		"--map", mapFile, "--shm-dir", r.wd, "--control", control, "--election-timeout", r.o.et.String(),
 		"--durability", r.o.durability, "--data-dir", r.data, "--snapshot-log-bytes", snapLog}
+	if r.o.trace != "" {
+		args = append(args, "--pprof")
+	}
 	t0 := time.Now()
 	srv, err := runKVServer(r.bin, mapFile, "", args)
 	if err != nil {
@@ -459,11 +506,35 @@ func (r *recoverRun) allSnapshotted() (bool, error) {
 	return len(st.Replicas) > 0, nil
 }
 
-// samplePollMax samples the pollers' pass_max_recent_us every 250 ms
-// until the returned function is called, which returns the largest.
-func (r *recoverRun) samplePollMax() func() float64 {
+// pollSample is what samplePollMax saw.
+type pollSample struct {
+	passMax    float64           // the pollers' longest pass (µs)
+	capPoll    server.PollDetail // the longest replica Poll with a capture
+	captures   uint64            // captures in the sampling (all replicas)
+	capMax     float64           // the longest capture (µs)
+	capCPUMax  float64           // the most CPU a capture took (µs)
+	schedLatUs float64           // runtime.sched_latency_max_us
+}
+
+// fill sets x's poll and capture figures.
+func (s pollSample) fill(x *recoverRow) {
+	x.PollMaxUS, x.Captures, x.CaptureMaxUS, x.CaptureCPUMaxUS = s.passMax, s.captures, s.capMax, s.capCPUMax
+	x.CapturePollUS, x.CapturePollCapUS, x.CapturePollCPUUS, x.CapturePollIdxUS = s.capPoll.Us, s.capPoll.CaptureUs, s.capPoll.CaptureCPUUs, s.capPoll.IndexUs
+	x.SchedLatencyMaxUS = s.schedLatUs
+}
+
+// samplePollMax samples the pollers' pass_max_recent_us and the
+// replicas' longest Polls every 250 ms until the returned function is
+// called, which returns the largest, and the captures since the call.
+func (r *recoverRun) samplePollMax() func() pollSample {
 	var mu sync.Mutex
 	best := 0.0
+	// Each replica's capture counters at the start and end (they count
+	// from the process's start: the maxima at the end are the sampling's
+	// when no capture ran before it, as in kvbench recover's steps).
+	capsAt := map[rdma.NodeID]uint64{}
+	var first, last server.ProcessStatus
+	firstOK := false
 	var worst, worstCap server.PollDetail // the longest replica Poll seen (and with a capture), and whose
 	var who, whoCap string
 	var rt server.RuntimeStatus // the longest runtime pauses seen
@@ -472,6 +543,10 @@ func (r *recoverRun) samplePollMax() func() float64 {
 	sample := func() {
 		if st, err := getStatus(r.control); err == nil {
 			mu.Lock()
+			if !firstOK {
+				first, firstOK = st, true
+			}
+			last = st
 			for _, p := range st.Pollers {
 				best = max(best, p.PassMaxRecentUs)
 			}
@@ -502,12 +577,25 @@ func (r *recoverRun) samplePollMax() func() float64 {
 			}
 		}
 	})
-	return func() float64 {
+	sample()
+	return func() pollSample {
 		close(stop)
 		wg.Wait()
 		sample()
 		mu.Lock()
 		defer mu.Unlock()
+		res := pollSample{passMax: best, capPoll: worstCap, schedLatUs: rt.SchedLatencyMaxUs}
+		for _, rep := range first.Replicas {
+			if rep.Disk != nil {
+				capsAt[rep.Node] = rep.Disk.Captures
+			}
+		}
+		for _, rep := range last.Replicas {
+			if d := rep.Disk; d != nil && d.Captures > capsAt[rep.Node] {
+				res.captures += d.Captures - capsAt[rep.Node]
+				res.capMax, res.capCPUMax = max(res.capMax, d.CaptureMaxUs), max(res.capCPUMax, d.CaptureCPUMaxUs)
+			}
+		}
 		if worst.Us > 0 {
 			b, _ := json.Marshal(worst)
 			r.note("longest replica poll: %s: %s", who, b)
@@ -518,7 +606,49 @@ func (r *recoverRun) samplePollMax() func() float64 {
 		}
 		b, _ := json.Marshal(rt)
 		r.note("longest runtime pauses: %s", b)
-		return best
+		if res.captures > 0 {
+			r.note("%d disk snapshot captures: the longest %.1f ms, the most CPU one took on its polling thread %.1f ms", res.captures, res.capMax/1e3, res.capCPUMax/1e3)
+		}
+		return res
+	}
+}
+
+// startTrace starts reading a Go execution trace of kvserver for
+// --trace-for into --trace (none without --trace); the function it
+// returns waits for it to be written.
+func (r *recoverRun) startTrace() func() error {
+	if r.o.trace == "" {
+		return func() error { return nil }
+	}
+	done := make(chan error, 1)
+	url := fmt.Sprintf("http://%s/debug/pprof/trace?seconds=%g", r.control, r.o.traceFor.Seconds())
+	go func() {
+		done <- func() error {
+			resp, err := http.Get(url)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", url, resp.Status)
+			}
+			f, err := os.Create(r.o.trace)
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(f, resp.Body); err != nil {
+				f.Close()
+				return err
+			}
+			return f.Close()
+		}()
+	}()
+	return func() error {
+		err := <-done
+		if err == nil {
+			r.note("execution trace of the first %v of the overwrites in %s", r.o.traceFor, r.o.trace)
+		}
+		return err
 	}
 }
 
@@ -629,12 +759,16 @@ func printRecoverTable(w io.Writer, rows []recoverRow, o *recoverFlags, r *recov
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(),
 		o.records, kvKeySize, kvValueSize, kvKeySize+kvValueSize, o.durability, o.groups, os.TempDir(), r.fs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "row\trecover\tup\treplica\tdisk/rec\tx raw\twal MiB\tsnap MiB\tpoll max\tET/20\t")
+	fmt.Fprintln(tw, "row\trecover\tup\treplica\tdisk/rec\tx raw\twal MiB\tsnap MiB\tpoll max\tET/20\tcapture\t")
 	sec := func(s float64) string { return fmtDur(time.Duration(s * float64(time.Second))) }
 	us := func(u float64) string { return fmtDur(time.Duration(u * 1e3)) }
 	for _, x := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f\t%.2f\t%.1f\t%.1f\t%s\t%s\t\n", x.Row, sec(x.RecoverS), sec(x.UpS), sec(x.ReplicaMaxS),
-			x.DiskPerRecord, x.DiskXRaw, float64(x.WALBytes)/(1<<20), float64(x.SnapBytes)/(1<<20), us(x.PollMaxUS), us(x.ETOver20US))
+		capture := "-"
+		if x.Captures > 0 {
+			capture = us(x.CaptureMaxUS) + " / " + us(x.CaptureCPUMaxUS)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f\t%.2f\t%.1f\t%.1f\t%s\t%s\t%s\t\n", x.Row, sec(x.RecoverS), sec(x.UpS), sec(x.ReplicaMaxS),
+			x.DiskPerRecord, x.DiskXRaw, float64(x.WALBytes)/(1<<20), float64(x.SnapBytes)/(1<<20), us(x.PollMaxUS), us(x.ETOver20US), capture)
 	}
 	tw.Flush()
 	for _, x := range rows {

@@ -99,6 +99,13 @@ func TestRecoverJSON(t *testing.T) {
 	if rows["snapshot"]["poll_max_us"].(float64) <= 0 {
 		t.Errorf("snapshot row: poll_max_us %v, want the pollers' longest pass", rows["snapshot"]["poll_max_us"])
 	}
+	// Every replica captured a snapshot in the snapshot row's sampling:
+	// the most CPU one took is positive and within the longest one's
+	// wall time.
+	s := rows["snapshot"]
+	if n, wall, cpu := s["captures"].(float64), s["capture_max_us"].(float64), s["capture_cpu_max_us"].(float64); n < 6 || cpu <= 0 || cpu > wall+50 {
+		t.Errorf("snapshot row: %v captures, the longest %v µs, the most CPU %v µs: want at least one a replica, CPU in (0, wall]", n, wall, cpu)
+	}
 	ents, _ := os.ReadDir(tmp)
 	for _, e := range ents {
 		t.Errorf("left in $TMPDIR: %s", e.Name())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -67,11 +68,17 @@ type Durable struct {
 	Took     time.Duration
 	Warnings []string
 
-	dev     *wal.FileDevice
-	start   time.Time
-	snapIdx uint64
-	snap    bool
-	records int
+	dev   *wal.FileDevice
+	start time.Time
+	// locked counts the LockOSThread calls cpuClock made in the Poll
+	// running (polling goroutine; Replica.Poll undoes them after it).
+	locked int
+	// cpuUnlocked: planted bug (tests): cpuClock does not keep the
+	// goroutine on its thread.
+	cpuUnlocked bool
+	snapIdx     uint64
+	snap        bool
+	records     int
 }
 
 // OpenDurable opens replica member's durable state in dir (which must
@@ -175,9 +182,36 @@ func (d *Durable) Apply(bc *broadcast.Config) {
 	}
 	bc.Durability, bc.WAL, bc.Recovery, bc.Snapshots, bc.SnapshotLogBytes = d.Mode, d.WAL, d.Recovery, d.Snapshots, d.SnapshotLogBytes
 	bc.StatClock = rdma.Mono // times the snapshot work in Poll (/status poll_max)
-	bc.StatCPUClock = threadCPU
+	bc.StatCPUClock = d.cpuClock
 	if d.FsyncInterval > 0 {
 		bc.FsyncInterval = d.FsyncInterval
+	}
+}
+
+// cpuClock is broadcast.Config.StatCPUClock: the polling thread's CPU
+// time, read before and after a disk snapshot's capture in one Poll.
+// The two reads tell the capture's own work from the wall time it took
+// (/status capture_cpu_us against capture_us) only if both are of the
+// same thread, and Go's scheduler may move a goroutine it preempted to
+// another thread (issue 19: a capture of 1.35 s on a loaded machine read
+// 0 s of CPU). So the first read keeps the goroutine on its thread
+// (LockOSThread, a few ns) until Replica.Poll returns (unlockThread):
+// only a Poll that captures is locked, from the capture on. A Poll locked
+// all the time would cost every preemption of a busy poller a hand-off
+// between two threads (two wake-ups).
+func (d *Durable) cpuClock() time.Duration {
+	if !d.cpuUnlocked {
+		runtime.LockOSThread()
+		d.locked++
+	}
+	return threadCPU()
+}
+
+// unlockThread undoes cpuClock's LockOSThread calls (polling goroutine,
+// after each Poll).
+func (d *Durable) unlockThread() {
+	for ; d.locked > 0; d.locked-- {
+		runtime.UnlockOSThread()
 	}
 }
 

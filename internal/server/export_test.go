@@ -1,5 +1,7 @@
 package server
 
+import "fmt"
+
 // SetBackupLateGroup plants the lateGroup bug (backupKnobs) in group g's
 // replicas of the process pc starts.
 func SetBackupLateGroup(pc *ProcessConfig, g int) { pc.backupKnobs.lateGroup = g + 1 }
@@ -8,3 +10,16 @@ func SetBackupLateGroup(pc *ProcessConfig, g int) { pc.backupKnobs.lateGroup = g
 // polling goroutine (the boot save, and every save of a Stable that is
 // not an AsyncStable).
 func PollStableSaves(r *Replica) uint64 { return r.stable.saves }
+
+// CaptureThreadLocks is how many thread locks replica (g, i)'s capture
+// CPU clock holds between its Polls (read on its polling goroutine): 0
+// unless a Poll's locks were not undone (Durable.unlockThread).
+func CaptureThreadLocks(p *Process, g, i int) (int, error) {
+	h := p.get(g, i)
+	if h == nil || h.dur == nil {
+		return 0, fmt.Errorf("no durable replica %d of group %d", i, g)
+	}
+	n := 0
+	err := h.h.Do(func() { n = h.dur.locked })
+	return n, err
+}

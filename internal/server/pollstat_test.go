@@ -1,9 +1,12 @@
 package server
 
 import (
+	"runtime"
 	"runtime/metrics"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmakv/rdmakv/poller"
 )
@@ -70,4 +73,67 @@ func TestThreadCPU(t *testing.T) {
 	if b := threadCPU(); b <= a || x == 0 {
 		t.Fatalf("thread CPU %v then %v", a, b)
 	}
+}
+
+// TestCPUClockKeepsThread: from a capture's first CPU clock read
+// (Durable.cpuClock, broadcast's StatCPUClock) to the end of its Poll
+// (unlockThread) the polling goroutine stays on one thread, so the reads
+// around the capture are of one thread's clock, however often Go's
+// scheduler takes the goroutine off its processor in between (here: it
+// sleeps); after the Poll it may move again. Planted cpuUnlocked: the goroutine moves
+// between the reads, and capture_cpu_us would mix two threads' clocks.
+func TestCPUClockKeepsThread(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(2, runtime.GOMAXPROCS(0))))
+	for _, planted := range []bool{false, true} {
+		between, after, locked := clockThreadMoves(planted)
+		t.Logf("cpuUnlocked %v: the goroutine moved between the reads in %d of 20 captures, after the Poll in %d", planted, between, after)
+		switch {
+		case locked != 0:
+			t.Errorf("cpuUnlocked %v: %d locks left after the Poll", planted, locked)
+		case !planted && between > 0:
+			t.Errorf("the polling goroutine moved to another thread between the capture's CPU clock reads in %d of 20 captures", between)
+		case !planted && after == 0:
+			t.Errorf("the polling goroutine never moved after its Polls: unlockThread left it locked")
+		case planted && between == 0:
+			t.Errorf("planted cpuUnlocked: the goroutine never moved between the reads (the test no longer provokes a move)")
+		}
+	}
+}
+
+// clockThreadMoves runs 20 mock capturing Polls on a goroutine; between
+// the two CPU clock reads, and again after its unlockThread, each sleeps
+// 20 times for a microsecond (a goroutine woken by a timer runs on
+// whichever thread takes it up, most often another one here). It counts
+// the Polls whose goroutine changed threads between the reads and after
+// the Poll, and the locks left.
+func clockThreadMoves(unlocked bool) (between, after, locked int) {
+	d := &Durable{cpuUnlocked: unlocked}
+	moved := func() bool {
+		tid := unix.Gettid()
+		for range 20 {
+			time.Sleep(time.Microsecond)
+			if unix.Gettid() != tid {
+				return true
+			}
+		}
+		return false
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			d.cpuClock()
+			if moved() {
+				between++
+			}
+			d.cpuClock()
+			d.unlockThread()
+			if moved() {
+				after++
+			}
+		}
+		locked = d.locked
+	}()
+	<-done
+	return between, after, locked
 }
