@@ -63,6 +63,13 @@ type testingKnobs struct {
 	// synced, before the snapshot file is: a crash then leaves a log
 	// naming a snapshot that is not there (durability promise).
 	ackBeforeSnapSync bool
+	// netSaveUnsynced: the snapshot a diff installed goes to the store
+	// before the diff's records are synced, so that the store's removal
+	// of the snapshots it replaced can reach the disk before the log
+	// names the install: a crash then leaves the installed snapshot and a
+	// log that continues the removed one (TestNetSaveAfterDiffSynced,
+	// "recoverable:").
+	netSaveUnsynced bool
 	// ackRefused: while the disk is full, the AcceptSST row (and a Sync
 	// leader's own count) carries Accepted: it acknowledges the entries
 	// of the batch the writer refused, which are not on disk (durability
@@ -122,7 +129,14 @@ type testingKnobs struct {
 	unsaved bool
 }
 
-// knobStaleSnapUsed plants the bug RecoverFrom's stale-snapshot rule
-// fixes (a disk snapshot taken before the last diff replaced the state is
-// replayed over): tests only (TestRecoverSkipsSnapshotBeforeLastDiff).
-var knobStaleSnapUsed bool
+// recoverKnobs are the planted bugs of recovery (loadFor, recoverFrom):
+// plain functions, not a Replica's, so the knobs travel with the call
+// (LoadFor and RecoverFrom pass the zero value, the rules as written).
+type recoverKnobs struct {
+	// staleSnapUsed: the log's last install is not consulted: a disk
+	// snapshot taken before the diff that replaced the state (above the
+	// snapshot its SnapMark names, below the diff) is chosen and
+	// replayed over (kv's async-staggered seed 208). Caught by
+	// TestRecoverStaleSnapshot ("state:").
+	staleSnapUsed bool
+}
