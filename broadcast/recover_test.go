@@ -284,7 +284,8 @@ func snapNames(t *testing.T, fs vfs.FS) []string {
 // and a log that does not name the install yet, so that recovery would
 // start from the installed snapshot below a log that continues the
 // removed one ("recoverable:"). Async writer here: its records wait for a
-// Flush. Planted netSaveUnsynced is caught.
+// Flush, which diskSnapPoll asks for once the image is ready. Planted
+// netSaveUnsynced is caught.
 func TestNetSaveAfterDiffSynced(t *testing.T) {
 	for _, planted := range []bool{false, true} {
 		m := vfs.NewMem()

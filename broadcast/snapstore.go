@@ -694,7 +694,11 @@ func (r *Replica) diskSnapPoll() {
 		// meanwhile. It goes once the diff's records are synced: the
 		// save removes the files it replaced (SaveImage), and a log that
 		// does not name the install yet continues them.
-		if !ns.done.Load() || s.Busy() || d.w.Synced() < ns.end && !r.knobs.netSaveUnsynced {
+		if !ns.done.Load() || s.Busy() {
+			return
+		}
+		if d.w.Synced() < ns.end && !r.knobs.netSaveUnsynced {
+			d.w.Flush() // Async: do not wait FsyncInterval for it
 			return
 		}
 		if s.SaveImage(ns.index, ns.at, ns.img) {
