@@ -41,11 +41,11 @@ import (
 // boots catching up (Repair). The snapshot may lie below disk snapshots
 // the member holds (Async: a recovery that lost entries it had delivered
 // rolls it back, diffReset); those predate the diff (install.stale). The
-// store gets the snapshot only once the diff is synced, and removes them
-// durably before the save counts (SnapStore.SaveImage), so the gate never
-// passes the SnapMark while a crash could bring one back; a crash before
-// that may leave one, which LoadFor removes, starting from the snapshot
-// the SnapMark names and replaying the log from its diff.
+// store removes them durably before the save counts
+// (SnapStore.SaveImage), so the gate never passes the SnapMark while a
+// crash could bring one back; a crash before that may leave one, which
+// LoadFor removes, starting from the snapshot the SnapMark names and
+// replaying the log from its diff.
 
 // recInDiff flags an Entry record that belongs to a diff.
 const recInDiff = 1

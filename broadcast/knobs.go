@@ -63,13 +63,6 @@ type testingKnobs struct {
 	// synced, before the snapshot file is: a crash then leaves a log
 	// naming a snapshot that is not there (durability promise).
 	ackBeforeSnapSync bool
-	// netSaveUnsynced: the snapshot a diff installed goes to the store
-	// before the diff's records are synced, so that the store's removal
-	// of the snapshots it replaced can reach the disk before the log
-	// names the install: a crash then leaves the installed snapshot and a
-	// log that continues the removed one (TestNetSaveAfterDiffSynced,
-	// "recoverable:").
-	netSaveUnsynced bool
 	// ackRefused: while the disk is full, the AcceptSST row (and a Sync
 	// leader's own count) carries Accepted: it acknowledges the entries
 	// of the batch the writer refused, which are not on disk (durability
