@@ -570,7 +570,10 @@ type simProc struct {
 	verified Epoch  // fileStable: the highest E_new its disk image was seen to hold
 	askSeen  Epoch  // fileStable: the highest save asked for that checkPromises saw
 	acked    MsgHdr // the AcceptSST row checkDurable last checked
-	stopped  bool   // its replica stopped on a disk error (failSync)
+	// stalePending: the gate lifted; checkStale runs once the diff's
+	// records are synced too
+	stalePending bool
+	stopped      bool // its replica stopped on a disk error (failSync)
 	// pausedUntil: the node takes no step before then (a stopped
 	// process: its peers still write its memory).
 	pausedUntil time.Duration
@@ -814,6 +817,12 @@ func (p *simProc) Step(now time.Duration) bool {
 	}
 	progress := p.r.Poll(now)
 	if gate != 0 && p.r.dur.gate == 0 {
+		p.stalePending = true
+	}
+	if p.stalePending && p.r.dur.netEnd == 0 {
+		// The installed snapshot is durable and the diff's records
+		// synced: dA may pass the SnapMark now.
+		p.stalePending = false
 		p.checkStale()
 	}
 	if p.r.dur != nil && p.r.dur.full {
@@ -1016,9 +1025,9 @@ func (p *simProc) checkDurable() {
 	}
 }
 
-// checkStale runs when the gate lifted (durable.go: the snapshot the
-// last diff installed is durable, and that diff's SnapMark may now count
-// in dA): the disk image, every unsynced write dropped, holds no snapshot
+// checkStale runs once the gate lifted and the diff's records are synced
+// (durable.go: the snapshot the last diff installed is durable, and that
+// diff's SnapMark counts in dA): the disk image, every unsynced write dropped, holds no snapshot
 // file that diff replaced (install.stale: above the installed one, below
 // the diff), so that no crash from now on can bring one back
 // ("stale:"; SnapStore.SaveImage removes them durably first).
