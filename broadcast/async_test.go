@@ -52,6 +52,12 @@ func asyncCases() []struct {
 		// crash stays unsynced for long, and what it had acknowledged
 		// before its crash is on a minority of disks meanwhile.
 		{"n3-async-late-rows", 100, lateRows(simOpts{n: 3, until: window, durability: Async, wholeGroup: 1, crashes: true, maxLog: 24, ballast: 64 << 10, faults: sim.Faults{Until: window, Partition: 1}})},
+		// With disk snapshots every KiB of log: a recovery that lost
+		// entries rolls members back with a diff that installs a
+		// snapshot below the ones they hold (the files it replaced are
+		// removed before its SnapMark counts: "stale:"; kv's
+		// async-staggered seed 208).
+		{"n5-async-staggered-snapshots", 100, simOpts{n: 5, until: window, durability: Async, wholeGroup: 1, staggered: true, crashes: true, maxLog: 24, ballast: 64 << 10, snapLog: 512, faults: sim.Faults{Until: window, Partition: 1, Slow: 1}}},
 	}
 }
 
@@ -210,6 +216,8 @@ func TestSimAsyncMutants(t *testing.T) {
 	overcount.knobs = testingKnobs{overcountLost: true}
 	emptyVote := whole
 	emptyVote.knobs = testingKnobs{recoveryVoteEmpty: true}
+	staleLate := cs[4].o
+	staleLate.snapKnobs = snapKnobs{staleRemovedLate: true}
 	cases := []struct {
 		name  string
 		o     simOpts
@@ -234,6 +242,9 @@ func TestSimAsyncMutants(t *testing.T) {
 		// lacks what the disks of a majority hold (the protected prefix
 		// at the whole-group crash: majorityHolds).
 		{"recovery-vote-empty", emptyVote, 300, "async loss bound:"},
+		// A snapshot a diff installed below the member's disk snapshots
+		// counts before their removal is durable (seed 47).
+		{"stale-removed-late", staleLate, 300, "stale:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

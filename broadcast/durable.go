@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -37,7 +38,14 @@ import (
 // to the SnapMark's record or past it (the gate) until the snapshot file
 // is durable too; recovery finds a SnapMark whose snapshot is not on disk
 // only if that snapshot was never acknowledged or the disk lost it: it
-// boots catching up (Repair).
+// boots catching up (Repair). The snapshot may lie below disk snapshots
+// the member holds (Async: a recovery that lost entries it had delivered
+// rolls it back, diffReset); those predate the diff (install.stale). The
+// store removes them durably before the save counts
+// (SnapStore.SaveImage), so the gate never passes the SnapMark while a
+// crash could bring one back; a crash before that may leave one, which
+// LoadFor removes, starting from the snapshot the SnapMark names and
+// replaying the log from its diff.
 
 // recInDiff flags an Entry record that belongs to a diff.
 const recInDiff = 1
@@ -663,12 +671,16 @@ type Recovery struct {
 func Recover(rec *wal.Recovered) (*Recovery, error) { return RecoverFrom(rec, nil) }
 
 // RecoverFrom is Recover for a log that continues the disk snapshot snap
-// (LoadNewest's; nil: none): the log may then start after seq 1, and
+// (LoadFor's; nil: none): the log may then start after seq 1, and
 // records at its start that belong to a diff whose beginning was dropped
 // with the segments below the snapshot are left out (they are older than
 // the snapshot). Replay starts from the snapshot and skips what it
 // covers.
 func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
+	return recoverFrom(rec, snap, recoverKnobs{})
+}
+
+func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery, error) {
 	rc := &Recovery{snap: snap}
 	if rec == nil {
 		return rc, nil
@@ -752,24 +764,19 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 		if snap == nil || snap.At.Less(at) {
 			// The snapshot the last SnapMark names is not on disk (never
 			// made durable, so nothing from its diff on was
-			// acknowledged; or lost): boot catching up, as for
-			// corruption.
+			// acknowledged; or lost, or set aside as corrupt): boot
+			// catching up, as for corruption.
 			rc.Repair = true
 			rc.Reason = fmt.Sprintf("log record seq %d names the snapshot %s, which is not on disk: catching up from the group, not replaying the log", x.Seq, SnapName(binary.LittleEndian.Uint64(x.Data[16:]), at))
 			return rc, nil
 		}
-		if dh := getHdr(rec.Records[markBegin].Data); at.Less(snap.At) && snap.At.Less(dh) && !knobStaleSnapUsed {
-			// The newest disk snapshot is above the one the last diff
-			// installed and below that diff's epoch: it was taken
-			// before the diff replaced the state (async mode: a
-			// recovery that lost entries this member had delivered)
-			// and its removal after the installed snapshot's save did
-			// not reach the disk. It holds state the group no longer
-			// has (replaying over it delivered an entry the group lost:
-			// the kv simulator's async-staggered seed 208): boot
-			// catching up, as for corruption.
+		if in := lastInstall(rec.Records[markBegin:]); in.stale(snap.At) && !k.staleSnapUsed {
+			// LoadFor never returns such a snapshot (it removes it and
+			// starts from the one the mark names): this is a caller
+			// that chose the snapshot without the log. It holds state
+			// the group no longer has; boot catching up.
 			rc.Repair = true
-			rc.Reason = fmt.Sprintf("the newest disk snapshot %s is above %s, which the log's last diff (epoch %v) installed: it predates that diff; catching up from the group, not replaying the log", SnapName(snap.Index, snap.At), SnapName(binary.LittleEndian.Uint64(x.Data[16:]), at), dh.E)
+			rc.Reason = fmt.Sprintf("the disk snapshot %s predates the log's last diff (epoch %v), which installed %s: catching up from the group, not replaying the log", SnapName(snap.Index, snap.At), in.diff.E, SnapName(in.index, in.at))
 			return rc, nil
 		}
 		// The diff installed the whole state: what the log holds before
@@ -779,6 +786,59 @@ func RecoverFrom(rec *wal.Recovered, snap *DiskSnap) (*Recovery, error) {
 	}
 	rc.recs = rec.Records
 	return rc, nil
+}
+
+// install is what a log says about the last network snapshot a diff
+// installed (walDiff): the snapshot its SnapMark names (at, index), the
+// diff's header and the headers of its entries.
+type install struct {
+	ok      bool
+	markSeq uint64
+	at      MsgHdr
+	index   uint64
+	diff    MsgHdr
+	entries []MsgHdr
+}
+
+// lastInstall finds the last complete diff of recs that installed a
+// snapshot (a SnapMark between its DiffBegin and its DiffEnd). It skips
+// what it does not understand: recoverFrom checks the records.
+func lastInstall(recs []wal.Record) install {
+	var cur, last install
+	in := false
+	for i := range recs {
+		x := &recs[i]
+		switch x.Type {
+		case wal.RecDiffBegin:
+			cur, in = install{diff: getHdr(x.Data)}, len(x.Data) == 40
+		case wal.RecSnapMark:
+			if in && len(x.Data) == 24 {
+				cur.ok, cur.markSeq, cur.at, cur.index = true, x.Seq, getHdr(x.Data), binary.LittleEndian.Uint64(x.Data[16:])
+			}
+		case wal.RecEntry:
+			if in && cur.ok && x.Flags&recInDiff != 0 && len(x.Data) >= 16 {
+				cur.entries = append(cur.entries, getHdr(x.Data))
+			}
+		case wal.RecDiffEnd:
+			if in && cur.ok {
+				last = cur
+			}
+			in = false
+		}
+	}
+	return last
+}
+
+// stale reports that a disk snapshot at at predates the install: it lies
+// above the snapshot the diff installed and below the diff, so it was
+// taken before the diff replaced the state (in Async mode, a recovery that
+// lost entries this member had delivered rolls it back with such a diff:
+// diffReset), and may hold entries the group no longer has. A snapshot
+// taken after the diff is at or above the diff's header, or at one of
+// its entries (a commit point inside it); the latter is the group's state
+// whenever it was taken (one header, one entry).
+func (in *install) stale(at MsgHdr) bool {
+	return in.ok && in.at.Less(at) && at.Less(in.diff) && !slices.Contains(in.entries, at)
 }
 
 func getHdr(b []byte) MsgHdr {

@@ -122,7 +122,11 @@ func TestRecoverSnapMark(t *testing.T) {
 		// before the diff replaced the state (its removal after the
 		// install did not reach the disk); it may hold entries the
 		// group lost (kv's async-staggered seed 208).
-		{"a snapshot the diff replaced", &DiskSnap{At: MsgHdr{E: e1, Cnt: 9}, Index: 9}, true},
+		{"a snapshot the diff replaced", &DiskSnap{At: MsgHdr{E: e1, Cnt: 10}, Index: 10}, true},
+		// At one of the diff's entries: taken after the diff, at a
+		// commit point inside it (or before it, the same entries: one
+		// header, one entry): the group's state.
+		{"a snapshot at one of the diff's entries", &DiskSnap{At: MsgHdr{E: e1, Cnt: 9}, Index: 9}, false},
 	} {
 		rc, err := RecoverFrom(&wal.Recovered{Records: recs(), NextSeq: 7}, tc.snap)
 		if err != nil || rc.Repair != tc.repair {
@@ -134,11 +138,9 @@ func TestRecoverSnapMark(t *testing.T) {
 		}
 	}
 	// Planted: the snapshot the diff replaced is replayed over.
-	knobStaleSnapUsed = true
-	rc, err := RecoverFrom(&wal.Recovered{Records: recs(), NextSeq: 7}, &DiskSnap{At: MsgHdr{E: e1, Cnt: 9}, Index: 9})
-	knobStaleSnapUsed = false
+	rc, err := recoverFrom(&wal.Recovered{Records: recs(), NextSeq: 7}, &DiskSnap{At: MsgHdr{E: e1, Cnt: 10}, Index: 10}, recoverKnobs{staleSnapUsed: true})
 	if err != nil || rc.Repair {
-		t.Errorf("planted knobStaleSnapUsed: %+v, %v; want it replayed (the rule off)", rc, err)
+		t.Errorf("planted staleSnapUsed: %+v, %v; want it replayed (the rule off)", rc, err)
 	}
 	// A SnapMark whose snapshot never became durable (the member booted
 	// catching up), then a later diff whose snapshot is on disk: the

@@ -122,7 +122,14 @@ type testingKnobs struct {
 	unsaved bool
 }
 
-// knobStaleSnapUsed plants the bug RecoverFrom's stale-snapshot rule
-// fixes (a disk snapshot taken before the last diff replaced the state is
-// replayed over): tests only (TestRecoverSkipsSnapshotBeforeLastDiff).
-var knobStaleSnapUsed bool
+// recoverKnobs are the planted bugs of recovery (loadFor, recoverFrom):
+// plain functions, not a Replica's, so the knobs travel with the call
+// (LoadFor and RecoverFrom pass the zero value, the rules as written).
+type recoverKnobs struct {
+	// staleSnapUsed: the log's last install is not consulted: a disk
+	// snapshot taken before the diff that replaced the state (above the
+	// snapshot its SnapMark names, below the diff) is chosen and
+	// replayed over (kv's async-staggered seed 208). Caught by
+	// TestRecoverStaleSnapshot ("state:").
+	staleSnapUsed bool
+}

@@ -399,6 +399,7 @@ type simOpts struct {
 	// installs do not go through the log.
 	maxUnsynced int64
 	snapKnobs   snapKnobs
+	recKnobs    recoverKnobs
 	// slowDisk makes node 1's syncs take 0.5-2 ms (the others' 50-500
 	// µs), an eighth to half an election timeout.
 	slowDisk bool
@@ -532,8 +533,11 @@ type simStats struct {
 	// while a snapshot existed, and incarnations that started from a
 	// snapshot with a log cut below it
 	maxLog, fromSnap, diskSnaps int64
-	// netSnaps: snapshots installed by diffs made durable in snap/
-	netSnaps int64
+	// netSnaps: snapshots installed by diffs made durable in snap/;
+	// staleSaves those that removed files above them first (a rollback:
+	// the files held state the diff replaced), staleLoads the stale files
+	// recovery removed (a crash inside that window)
+	netSnaps, staleSaves, staleLoads int64
 	// Async: entries whole-group crashes lost, and the losses recovery
 	// elections reported (a lower bound of lost); recovery elections won
 	recoveries, lost, reported int64
@@ -566,7 +570,10 @@ type simProc struct {
 	verified Epoch  // fileStable: the highest E_new its disk image was seen to hold
 	askSeen  Epoch  // fileStable: the highest save asked for that checkPromises saw
 	acked    MsgHdr // the AcceptSST row checkDurable last checked
-	stopped  bool   // its replica stopped on a disk error (failSync)
+	// stalePending: the gate lifted; checkStale runs once the diff's
+	// records are synced too
+	stalePending bool
+	stopped      bool // its replica stopped on a disk error (failSync)
 	// pausedUntil: the node takes no step before then (a stopped
 	// process: its peers still write its memory).
 	pausedUntil time.Duration
@@ -688,9 +695,9 @@ func (p *simProc) Start(env *sim.Env) error {
 		var snapDev wal.Device
 		{ // Sync needs a store: snapshots installed by diffs go there
 			var warn []string
-			snap, warn, err = LoadNewest(env.Disk(), "snap")
-			if err == nil && len(warn) > 0 {
-				err = fmt.Errorf("%q", warn) // the sim plants no corruption in snapshots
+			snap, warn, err = loadFor(env.Disk(), "snap", rec, p.h.o.recKnobs)
+			if err == nil {
+				err = p.h.loadWarnings(warn)
 			}
 			if err != nil {
 				return fmt.Errorf("recoverable: node %d incarnation %d: snapshots: %v", env.ID(), env.Incarnation(), err)
@@ -720,7 +727,7 @@ func (p *simProc) Start(env *sim.Env) error {
 		if snap != nil && len(rec.Segments) > 0 && rec.Segments[0].FirstSeq > 1 && p.h.o.stats != nil {
 			p.h.o.stats.fromSnap++ // a snapshot and a log cut below it
 		}
-		if cfg.Recovery, err = RecoverFrom(rec, snap); err != nil {
+		if cfg.Recovery, err = recoverFrom(rec, snap, p.h.o.recKnobs); err != nil {
 			return fmt.Errorf("recoverable: node %d incarnation %d: %w", env.ID(), env.Incarnation(), err)
 		}
 		cfg.Durability, cfg.WAL = p.h.o.durability, w
@@ -804,7 +811,20 @@ func (p *simProc) Step(now time.Duration) bool {
 		}
 		p.next = now + time.Duration(p.env.Rand().Int64N(int64(every)))
 	}
+	var gate uint64
+	if p.r.dur != nil {
+		gate = p.r.dur.gate
+	}
 	progress := p.r.Poll(now)
+	if gate != 0 && p.r.dur.gate == 0 {
+		p.stalePending = true
+	}
+	if p.stalePending && p.r.dur.netEnd == 0 {
+		// The installed snapshot is durable and the diff's records
+		// synced: dA may pass the SnapMark now.
+		p.stalePending = false
+		p.checkStale()
+	}
 	if p.r.dur != nil && p.r.dur.full {
 		p.sawFull = true
 	}
@@ -851,6 +871,21 @@ func (p *simProc) Step(now time.Duration) bool {
 	}
 	p.env.WakeAt(wake)
 	return progress
+}
+
+// loadWarnings: the sim plants no corruption in snapshots, so LoadFor's
+// only warnings may be stale files it removed (a crash between an
+// install's save and the durable removal of the files it replaced).
+func (h *simRun) loadWarnings(warn []string) error {
+	for _, w := range warn {
+		if !StaleWarning(w) {
+			return fmt.Errorf("%q", warn)
+		}
+		if h.o.stats != nil {
+			h.o.stats.staleLoads++
+		}
+	}
+	return nil
 }
 
 // simStablePath is the stable file on a simulated node's Disk (fileStable).
@@ -973,7 +1008,7 @@ func (p *simProc) checkDurable() {
 	}
 	dA := recordsAccepted(rec)
 	if r.cfg.Snapshots != nil {
-		snap, _, err := LoadNewest(fs, "snap")
+		snap, _, err := LoadFor(fs, "snap", rec)
 		if err != nil {
 			p.h.c.fail("durability promise: node %d: its snapshots do not load: %v", p.env.ID(), err)
 			return
@@ -987,6 +1022,33 @@ func (p *simProc) checkDurable() {
 	}
 	if dA.Less(acked) {
 		p.h.c.fail("durability promise: node %d incarnation %d acknowledges %v in its AcceptSST row, but its disk recovers only to %v", p.env.ID(), p.env.Incarnation(), acked, dA)
+	}
+}
+
+// checkStale runs once the gate lifted and the diff's records are synced
+// (durable.go: the snapshot the last diff installed is durable, and that
+// diff's SnapMark counts in dA): the disk image, every unsynced write dropped, holds no snapshot
+// file that diff replaced (install.stale: above the installed one, below
+// the diff), so that no crash from now on can bring one back
+// ("stale:"; SnapStore.SaveImage removes them durably first).
+func (p *simProc) checkStale() {
+	fs := p.env.Disk().Files()
+	fs.DropUnsynced()
+	rec, err := wal.Recover(fs, "wal", uint64(p.env.ID()))
+	if err != nil {
+		p.h.c.fail("stale: node %d: its disk image does not recover: %v", p.env.ID(), err)
+		return
+	}
+	in := lastInstall(rec.Records)
+	ents, err := fs.ReadDir("snap")
+	if err != nil {
+		p.h.c.fail("stale: node %d: %v", p.env.ID(), err)
+		return
+	}
+	for _, e := range ents {
+		if f := parseSnapName(e.Name()); f.ok && in.stale(f.at) {
+			p.h.c.fail("stale: node %d incarnation %d: the gate passed the diff of epoch %v that installed %s, yet its disk image holds %s, which that diff replaced", p.env.ID(), p.env.Incarnation(), in.diff.E, SnapName(in.index, in.at), e.Name())
+		}
 	}
 }
 
@@ -1368,6 +1430,7 @@ func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 			if o.stats != nil && p.r.cfg.Snapshots != nil {
 				o.stats.diskSnaps += int64(p.r.cfg.Snapshots.Saves())
 				o.stats.netSnaps += int64(p.r.dur.netSaves)
+				o.stats.staleSaves += int64(p.r.cfg.Snapshots.staleN)
 			}
 		}
 		if o.stats != nil {

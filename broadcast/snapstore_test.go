@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -418,4 +419,82 @@ func TestSnapStoreRemovesLeftovers(t *testing.T) {
 		t.Fatalf("snap dir holds %q, want only the newest snapshot", names)
 	}
 	checkSnap(t, m, 3)
+}
+
+// TestSnapStoreStaleRemovedFirst: a save below the store's files (a
+// snapshot a diff installed over the state it replaced) removes them,
+// durably (unlink, dir fsync), before it reports the save durable: the
+// replica's gate passes the diff's SnapMark at that report, and from
+// then on no crash may bring back a file the diff replaced ("stale:").
+// The planted staleRemovedLate (their removal after the report, unsynced,
+// as any old file's) is caught at some crash point. A save above the old
+// files costs no extra dir fsync.
+func TestSnapStoreStaleRemovedFirst(t *testing.T) {
+	named, stale := MsgHdr{E: 1, Cnt: 28}, MsgHdr{E: 1, Cnt: 34}
+	for _, planted := range []bool{false, true} {
+		var failed error
+		for crashAt := 1; crashAt <= 12 && failed == nil; crashAt++ {
+			m := newSnapFS(t)
+			d := newStepDevice(m)
+			s := NewSnapStore(d, snapDir, 7, nil)
+			meta, state := snapState(1)
+			if !s.Save(0, 34, stale, meta, state) {
+				t.Fatal("Save refused")
+			}
+			drive(t, s, d)
+			s.knobs.staleRemovedLate = planted
+			meta, state = snapState(2)
+			s.Save(0, 28, named, meta, state)
+			saved := false
+			for i := 0; i < crashAt; i++ {
+				saved = s.Poll(0) || saved
+				d.step()
+			}
+			saved = s.Poll(0) || saved
+			m.DropUnsynced()
+			if err := checkRecoverable(m, s); err != nil {
+				t.Fatalf("planted %v, crash at %d: %v", planted, crashAt, err)
+			}
+			if !saved {
+				continue
+			}
+			for _, n := range snapFiles(t, m) {
+				if f := parseSnapName(n); f.ok && named.Less(f.at) {
+					failed = fmt.Errorf("stale: crash at IO %d: the store reported %s durable (the gate passes the diff that installed it), yet the disk holds %s", crashAt, SnapName(28, named), n)
+				}
+			}
+		}
+		switch {
+		case !planted && failed != nil:
+			t.Fatalf("the store as written: %v", failed)
+		case planted && (failed == nil || !strings.HasPrefix(failed.Error(), "stale:")):
+			t.Fatalf("staleRemovedLate not caught by stale: (%v)", failed)
+		case planted:
+			t.Logf("staleRemovedLate caught: %v", failed)
+		}
+	}
+
+	// A save above the old file: one dir fsync (the rename's), the old
+	// file's removal after the save counts.
+	m := newSnapFS(t)
+	d := newStepDevice(m)
+	s := NewSnapStore(d, snapDir, 7, nil)
+	saveSnap(t, s, d, 1)
+	meta, state := snapState(2)
+	s.Save(0, 200, MsgHdr{E: 2, Cnt: 2}, meta, state)
+	var kinds []wal.IOKind
+	for i := 0; i < 100; i++ {
+		s.Poll(0)
+		k := d.step()
+		if k == 0 && !s.Busy() {
+			break
+		}
+		if k != 0 {
+			kinds = append(kinds, k)
+		}
+	}
+	want := []wal.IOKind{wal.IOCreate, wal.IOWrite, wal.IOSync, wal.IORename, wal.IOSyncDir, wal.IORemove}
+	if !slices.Equal(kinds, want) {
+		t.Errorf("a save above the old file ran %v, want %v", kinds, want)
+	}
 }

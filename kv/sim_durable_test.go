@@ -151,9 +151,13 @@ func (d *durRun) open(p *kvRepProc, bc *broadcast.Config) error {
 	if err != nil {
 		return fmt.Errorf("recoverable: node %d incarnation %d: the log: %w", id, env.Incarnation(), err)
 	}
-	snap, warn, err := broadcast.LoadNewest(env.Disk(), "snap")
-	if err == nil && len(warn) > 0 {
-		err = fmt.Errorf("%q", warn) // the sim plants no corruption in snapshots
+	snap, warn, err := broadcast.LoadFor(env.Disk(), "snap", rec)
+	for _, w := range warn {
+		if err == nil && !broadcast.StaleWarning(w) {
+			// The sim plants no corruption in snapshots (a stale file
+			// removed: a crash inside an install's window).
+			err = fmt.Errorf("%q", warn)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("recoverable: node %d incarnation %d: snapshots: %v", id, env.Incarnation(), err)

@@ -82,8 +82,8 @@ type Durable struct {
 }
 
 // OpenDurable opens replica member's durable state in dir (which must
-// exist; its stable state is dir/stable): it reads back the newest valid
-// disk snapshot (snap/) and the log (wal/), checks them, and opens the
+// exist; its stable state is dir/stable): it reads back the log (wal/) and
+// the disk snapshot (snap/) it continues, checks them, and opens the
 // log's writer and the snapshot store on one device whose goroutine runs
 // the IO and calls kick after each completion (the replica's doorbell).
 // With cfg.Mode Memory it returns nil, nil and touches nothing. group
@@ -106,7 +106,15 @@ func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg Durab
 			ranInMemory = true
 		}
 	}
-	snap, warns, err := broadcast.LoadNewest(fs, snapDir)
+	// The log first: which snapshot recovery starts from depends on it
+	// (broadcast.LoadFor: the one its last install names, not a newer
+	// file that install replaced).
+	rec, err := wal.Recover(fs, walDir, uint64(member))
+	if err != nil {
+		return nil, fmt.Errorf("replica %d: the log in %s cannot be read (%v): %s", member, walDir, err, remedy(dir, group))
+	}
+	d.Warnings = append(d.Warnings, rec.Warnings...)
+	snap, warns, err := broadcast.LoadFor(fs, snapDir, rec)
 	d.Warnings = append(d.Warnings, warns...)
 	if err != nil {
 		return nil, fmt.Errorf("replica %d: read the snapshots in %s: %v", member, snapDir, err)
@@ -114,11 +122,6 @@ func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg Durab
 	if err := fs.MkdirAll(snapDir, 0o700); err != nil {
 		return nil, fmt.Errorf("replica %d: data dir: %w", member, err)
 	}
-	rec, err := wal.Recover(fs, walDir, uint64(member))
-	if err != nil {
-		return nil, fmt.Errorf("replica %d: the log in %s cannot be read (%v): %s", member, walDir, err, remedy(dir, group))
-	}
-	d.Warnings = append(d.Warnings, rec.Warnings...)
 	if ranInMemory {
 		d.Recovery = &broadcast.Recovery{Repair: true, Reason: "it ran in memory mode before (a stable state and no log): catching up from its group"}
 	} else if d.Recovery, err = broadcast.RecoverFrom(rec, snap); err != nil {

@@ -1,0 +1,278 @@
+package broadcast
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/rdmakv/rdmakv/internal/vfs"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/wal"
+)
+
+// The disk kv's async-staggered seed 208 left (node 6 there, member 1
+// here): the member had delivered entries 1-34 of epoch eOld and held a
+// disk snapshot at (eOld, 34); an async whole-group recovery lost entry
+// 34, and the new leader of eNew rolled the member back with a diff that
+// installed its snapshot at (eOld, 28) (the group's entries 29-33 in the
+// diff). The installed snapshot was saved in snap/ and the SnapMark
+// names it; the crash came before the old file's removal reached the
+// disk.
+var (
+	staleMembers = []rdma.NodeID{1, 2, 3}
+	staleOld     = MakeEpoch(1, 2)
+	staleNew     = MakeEpoch(2, 3)
+	staleNamed   = MsgHdr{E: staleOld, Cnt: 28}
+	staleAt      = MsgHdr{E: staleOld, Cnt: 34}
+)
+
+// groupEntry is the group's entry i (1-based); the member's lost 34th was
+// "lost34".
+func groupEntry(i int) string { return fmt.Sprintf("g%d", i) }
+
+// writeSnapFile writes (synced, with its directory) the disk snapshot of
+// a logFSM that delivered seq, at header at.
+func writeSnapFile(t *testing.T, fs vfs.FS, dir string, at MsgHdr, seq []string) string {
+	t.Helper()
+	var s logSnap
+	for _, d := range seq {
+		s.seq = append(s.seq, []byte(d))
+	}
+	state := make([]byte, s.Size())
+	if err := s.Persist(state); err != nil {
+		t.Fatal(err)
+	}
+	index := uint64(len(seq))
+	meta := encodeSnapMeta(staleMembers, snapMeta{index: index, table: make([]tableRec, len(staleMembers)), size: uint64(len(state)), stateCheck: hashChunked(state)})
+	p := filepath.Join(dir, SnapName(index, at))
+	if err := vfs.WriteFile(fs, p, encodeSnapFile(index, at, 1, 0, meta, state)); err != nil {
+		t.Fatal(err)
+	}
+	if err := syncSnap(fs, dir, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func walRec(typ wal.RecType, flags uint8, words ...uint64) (wal.RecType, uint8, []byte) {
+	b := make([]byte, 8*len(words))
+	for i, w := range words {
+		binary.LittleEndian.PutUint64(b[8*i:], w)
+	}
+	return typ, flags, b
+}
+
+// staleDisk lays out the disk: both snapshot files, and the log from the
+// rolling-back diff on (the log below the old snapshot was dropped).
+// committed: the log also holds the new leader's first entry, g34, and a
+// Commit record at it (index 34); without, the member crashed before any
+// Commit record after the diff, and recovers to the installed snapshot.
+// It returns the group's state that recovery must give back.
+func staleDisk(t *testing.T, committed bool) (m *vfs.Mem, want []string) {
+	t.Helper()
+	m = vfs.NewMem()
+	for _, d := range []string{"snap", "wal"} {
+		if err := m.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var group, member []string
+	for i := 1; i <= 34; i++ {
+		group = append(group, groupEntry(i))
+	}
+	member = append(slices.Clone(group[:33]), "lost34")
+	writeSnapFile(t, m, "snap", staleNamed, group[:28])
+	writeSnapFile(t, m, "snap", staleAt, member)
+
+	d := newStepDevice(m)
+	w, err := wal.Open(d, wal.Config{Dir: "wal", Mode: wal.Sync, Member: 1, SegmentBytes: 64 << 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	app := func(typ wal.RecType, flags uint8, parts ...[]byte) {
+		seq, ok := w.AppendFlags(typ, flags, parts...)
+		if !ok {
+			t.Fatalf("append: %v", w.Err())
+		}
+		last = seq
+	}
+	entry := func(h MsgHdr, flags uint8, data string) {
+		typ, fl, b := walRec(wal.RecEntry, flags, uint64(h.E), h.Cnt, 0, 0)
+		app(typ, fl, b, []byte(data))
+	}
+	diffHdr := MsgHdr{E: staleNew}
+	typ, fl, b := walRec(wal.RecDiffBegin, 0, uint64(diffHdr.E), diffHdr.Cnt, uint64(staleNamed.E), staleNamed.Cnt, 5)
+	app(typ, fl, b)
+	app(walRec(wal.RecSnapMark, 0, uint64(staleNamed.E), staleNamed.Cnt, 28))
+	for c := 29; c <= 33; c++ {
+		entry(MsgHdr{E: staleOld, Cnt: uint64(c)}, recInDiff, groupEntry(c))
+	}
+	app(walRec(wal.RecDiffEnd, 0, uint64(diffHdr.E), diffHdr.Cnt))
+	want = group[:28]
+	if committed {
+		entry(MsgHdr{E: staleNew, Cnt: 1}, 0, groupEntry(34))
+		app(walRec(wal.RecCommit, 0, uint64(staleNew), 1, 34, 34))
+		want = group
+	}
+	for i := 0; i < 1000 && w.Synced() < last; i++ {
+		w.Poll(0)
+		d.step()
+	}
+	if w.Synced() < last || w.Err() != nil {
+		t.Fatalf("log synced to %d of %d: %v", w.Synced(), last, w.Err())
+	}
+	m.DropUnsynced()
+	return m, want
+}
+
+// bootFrom recovers member 1 from m as internal/server.OpenDurable does
+// (the log, then the snapshot it continues) and starts its replica.
+func bootFrom(t *testing.T, m *vfs.Mem, k recoverKnobs) (r *Replica, fsm *logFSM, warn []string, err error) {
+	t.Helper()
+	rec, err := wal.Recover(m, "wal", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, warn, err := loadFor(m, "snap", rec, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := recoverFrom(rec, snap, k)
+	if err != nil {
+		return nil, nil, warn, err
+	}
+	logDev, snapDev := wal.Share(newStepDevice(m))
+	w, err := wal.Open(logDev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: 1, SegmentBytes: 64 << 10}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := mem.New(mem.Options{})
+	node, err := f.NewNode(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	stable := &MemStable{}
+	if err := stable.Save(StableState{Incarnation: 1, ENew: staleNew}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Self: 1, Members: staleMembers, Start: StartExisting, Durability: Sync, WAL: w, Recovery: rc,
+		Snapshots: NewSnapStore(snapDev, "snap", 1, snap)}
+	fsm = &logFSM{}
+	r, err = New(cfg, node, fsm, stable)
+	if err == nil {
+		t.Cleanup(func() { r.Close() })
+	}
+	return r, fsm, warn, err
+}
+
+// checkStart is the property: the replica started from its disk (not
+// catching up) with exactly the group's state ("state:"), and did not
+// boot catching up ("repair:").
+func checkStart(r *Replica, fsm *logFSM, err error, want []string) error {
+	if err != nil {
+		return fmt.Errorf("state: the replica did not start: %w", err)
+	}
+	var got []string
+	for _, d := range fsm.seq {
+		got = append(got, string(d))
+	}
+	if st := r.Status(); st.Repair {
+		return fmt.Errorf("repair: it boots catching up (%d entries delivered)", len(got))
+	}
+	if !slices.Equal(got, want) {
+		return fmt.Errorf("state: it delivered %d entries %q, the group's state is %d entries %q", len(got), got, len(want), want)
+	}
+	return nil
+}
+
+// TestRecoverStaleSnapshot: a disk that holds a snapshot the log's last
+// diff replaced (above the one its SnapMark names, below the diff) beside
+// the named one: recovery removes the stale file (a warning line says
+// so), starts from the named snapshot and replays the log after the
+// mark, delivering exactly the group's committed entries, without
+// catching up from the group (a whole group in that state could not).
+// Planted staleSnapUsed (the log not consulted: the stale file chosen and
+// replayed over) is caught by "state:": with a Commit record after the
+// diff the replay refuses to start (the seed-208 symptom, log corrupt),
+// without one it starts with the lost entry delivered.
+func TestRecoverStaleSnapshot(t *testing.T) {
+	stale := filepath.Join("snap", SnapName(34, staleAt))
+	for _, committed := range []bool{true, false} {
+		m, want := staleDisk(t, committed)
+		r, fsm, warn, err := bootFrom(t, m, recoverKnobs{})
+		if err := checkStart(r, fsm, err, want); err != nil {
+			t.Fatalf("committed %v: %v", committed, err)
+		}
+		if len(warn) != 1 || !StaleWarning(warn[0]) || !strings.Contains(warn[0], stale) || !strings.Contains(warn[0], SnapName(28, staleNamed)) {
+			t.Errorf("committed %v: warnings %q, want one naming the stale file removed and the snapshot recovery starts from", committed, warn)
+		}
+		m.DropUnsynced() // the removal is durable
+		if names := snapNames(t, m); slices.Contains(names, filepath.Base(stale)) {
+			t.Errorf("committed %v: after a crash snap/ still holds the stale file: %q", committed, names)
+		}
+		if st := r.Status(); !st.FromDisk || st.Index != uint64(len(want)) {
+			t.Errorf("committed %v: status from disk %v index %d, want from disk at %d", committed, st.FromDisk, st.Index, len(want))
+		}
+
+		m, want = staleDisk(t, committed)
+		r, fsm, _, err = bootFrom(t, m, recoverKnobs{staleSnapUsed: true})
+		err = checkStart(r, fsm, err, want)
+		if err == nil || !strings.HasPrefix(err.Error(), "state:") {
+			t.Fatalf("committed %v: planted staleSnapUsed not caught by state: (%v)", committed, err)
+		}
+		if committed && !errors.Is(err, ErrLogCorrupt) {
+			t.Errorf("committed %v: planted staleSnapUsed: %v, want the replay's log corrupt", committed, err)
+		}
+		t.Logf("committed %v: planted staleSnapUsed caught: %v", committed, err)
+	}
+}
+
+// TestRecoverStaleNamedMissing: the Repair fallback stays for a named
+// snapshot that really is missing (here: set aside as corrupt): the stale
+// file is removed all the same, and the member boots catching up, the
+// reason naming the snapshot.
+func TestRecoverStaleNamedMissing(t *testing.T) {
+	m, _ := staleDisk(t, true)
+	named := filepath.Join("snap", SnapName(28, staleNamed))
+	b, err := vfs.ReadFile(m, named)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := vfs.WriteFile(m, named, b); err != nil {
+		t.Fatal(err)
+	}
+	r, fsm, warn, err := bootFrom(t, m, recoverKnobs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Status().Repair || len(fsm.seq) != 0 {
+		t.Fatalf("status %+v, %d delivered: want Repair, nothing delivered", r.Status(), len(fsm.seq))
+	}
+	if len(warn) != 2 || !StaleWarning(warn[0]) || StaleWarning(warn[1]) || !strings.Contains(warn[1], "corrupt") {
+		t.Errorf("warnings %q: want the stale file's removal, then the named one set aside", warn)
+	}
+	if names := snapNames(t, m); len(names) != 1 || names[0] != filepath.Base(named)+".broken" {
+		t.Errorf("snap/ holds %q, want only the named snapshot set aside", names)
+	}
+}
+
+func snapNames(t *testing.T, fs vfs.FS) []string {
+	t.Helper()
+	ents, err := fs.ReadDir("snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
