@@ -336,7 +336,7 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
 		}
 	}
-	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable, SpareP: true,
+	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable, SpareP: server.HeldParks(),
 		Balance: server.BalanceConfig{Interval: eo.balance, MinWrites: eo.minWrites, SplitKeys: eo.splitKeys}}
 	if eo.logLevel == "warn" && eo.stderr != nil {
 		// The default level hides info lines; the balancer's moves (a

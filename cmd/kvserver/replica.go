@@ -97,7 +97,7 @@ func runReplica(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	err = server.RunReplicas(ctx, cfg, ids, server.Options{Listen: *listen, Control: *control, Pprof: *pprofOn, Rejoin: *rejoin, SpareP: true,
+	err = server.RunReplicas(ctx, cfg, ids, server.Options{Listen: *listen, Control: *control, Pprof: *pprofOn, Rejoin: *rejoin, SpareP: server.HeldParks(),
 		Ready: func(c string) {
 			if c != "" {
 				c = ", control http://" + c

@@ -107,7 +107,7 @@ func ServeChild(in io.Reader, out io.Writer) error {
 		emit(ChildLine{Err: err.Error()})
 		return err
 	}
-	pc := ProcessConfig{Map: cfg.Map, IDs: cfg.IDs, Pollers: cfg.Pollers, SpareP: true,
+	pc := ProcessConfig{Map: cfg.Map, IDs: cfg.IDs, Pollers: cfg.Pollers, SpareP: HeldParks(),
 		Broadcast: broadcast.Config{HeartbeatInterval: cfg.Heartbeat, ElectionTimeout: cfg.ElectionTimeout}}
 	if cfg.Control != "" {
 		if pc.Control, err = ListenControl(cfg.Control); err != nil {

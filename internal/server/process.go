@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -46,6 +47,8 @@ type ProcessConfig struct {
 	// little else, as kvserver and the replica child do), so that the
 	// pollers' short parks keep their P (poller, "Held parks"): with
 	// one P more than pollers, the other goroutines still have one.
+	// kvserver and the replica child set it from HeldParks (off unless
+	// RDMAKV_HELD_PARKS=1).
 	SpareP bool
 	// Prepare, if set, is called for each replica with its node open and
 	// before the replica is built (it may probe the replica's peers): it
@@ -625,3 +628,12 @@ func position(m *cluster.Map, id rdma.NodeID) (g, i int, ok bool) {
 	}
 	return 0, 0, false
 }
+
+// HeldParks reports whether kvserver and the replica child let their
+// pollers hold their P in short parks (ProcessConfig.SpareP): only when
+// the environment sets RDMAKV_HELD_PARKS=1. Off by default: measured
+// alone (2026-11-27, load 1-4, 2 runs each), held parks cut the
+// replicas' CPU per put at 64 writers (8.3 against 9.8-10.8 µs) but put
+// one writer's p50 at 70-77 µs against 18-21 µs without them
+// (docs/dev/write-path-plan.md, "Held parks").
+func HeldParks() bool { return os.Getenv("RDMAKV_HELD_PARKS") == "1" }
