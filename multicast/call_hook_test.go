@@ -20,23 +20,35 @@ import (
 func TestOnDoneHook(t *testing.T) {
 	_, c := callCluster(t, 0)
 	c.stopKeeper() // only Await runs hooks here
+	runPlanted(t, func(t *testing.T, k testingKnobs) error { return onDoneHook(t, c, k) }, []planted{
+		{"hookLost", testingKnobs{hookLost: true}, errHookNotRun},
+		{"releaseKeepsHook", testingKnobs{releaseKeepsHook: true}, errHookAfterRelease},
+	})
+}
+
+// planted is a planted bug and the failure its check must report.
+type planted struct {
+	name  string
+	knobs testingKnobs
+	want  error
+}
+
+// runPlanted runs check without knobs (it must pass), then with each
+// planted bug (it must fail with that bug's error).
+func runPlanted(t *testing.T, check func(*testing.T, testingKnobs) error, bugs []planted) {
+	t.Helper()
 	t.Run("correct", func(t *testing.T) {
-		if err := onDoneHook(t, c, testingKnobs{}); err != nil {
+		if err := check(t, testingKnobs{}); err != nil {
 			t.Fatal(err)
 		}
 	})
-	t.Run("hookLost", func(t *testing.T) {
-		err := onDoneHook(t, c, testingKnobs{hookLost: true})
-		if !errors.Is(err, errHookNotRun) {
-			t.Fatalf("planted hookLost: %v, want %v", err, errHookNotRun)
-		}
-	})
-	t.Run("releaseKeepsHook", func(t *testing.T) {
-		err := onDoneHook(t, c, testingKnobs{releaseKeepsHook: true})
-		if !errors.Is(err, errHookAfterRelease) {
-			t.Fatalf("planted releaseKeepsHook: %v, want %v", err, errHookAfterRelease)
-		}
-	})
+	for _, b := range bugs {
+		t.Run(b.name, func(t *testing.T) {
+			if err := check(t, b.knobs); !errors.Is(err, b.want) {
+				t.Fatalf("planted %s: %v, want %v", b.name, err, b.want)
+			}
+		})
+	}
 }
 
 var (
@@ -128,16 +140,8 @@ func onDoneHook(t *testing.T, c *Client, knobs testingKnobs) error {
 // deadline, with no ring.
 func TestAwaitEarlyDeadline(t *testing.T) {
 	_, c := callCluster(t, time.Hour) // no retry while the test runs
-	t.Run("correct", func(t *testing.T) {
-		if err := awaitEarlyDeadline(t, c, testingKnobs{}); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Run("earlySleeps", func(t *testing.T) {
-		err := awaitEarlyDeadline(t, c, testingKnobs{earlySleeps: true})
-		if !errors.Is(err, errReaperNotRung) {
-			t.Fatalf("planted earlySleeps: %v, want %v", err, errReaperNotRung)
-		}
+	runPlanted(t, func(t *testing.T, k testingKnobs) error { return awaitEarlyDeadline(t, c, k) }, []planted{
+		{"earlySleeps", testingKnobs{earlySleeps: true}, errReaperNotRung},
 	})
 }
 
