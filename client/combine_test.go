@@ -159,18 +159,7 @@ func combiningContention(t *testing.T, ordered bool) {
 	}
 	// The writes whose outcome was unknown settle: read every key once
 	// more, so that porcupine sees where each ended.
-	for _, k := range keys {
-		op := kvcheck.Op{Client: workers, Kind: kvcheck.Get, Key: k, Call: clock()}
-		v, err := get(context.Background(), []byte(k))
-		op.Return = clock()
-		switch {
-		case err == nil:
-			op.Out = kvcheck.Output{Found: true, Value: string(v)}
-		case !errors.Is(err, client.ErrNotFound):
-			t.Fatal(err)
-		}
-		hist = append(hist, op)
-	}
+	hist = appendFinalReads(t, hist, keys, workers, clock, get)
 	res, err := kvcheck.CheckLinearizable(hist, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -182,4 +171,24 @@ func combiningContention(t *testing.T, ordered bool) {
 	if st.WriteOps <= st.WriteMessages {
 		t.Errorf("no write was combined: %d writes in %d messages", st.WriteOps, st.WriteMessages)
 	}
+}
+
+// appendFinalReads reads every key once more, as the history's client
+// id, and appends the reads: porcupine then sees where each write whose
+// outcome was unknown ended.
+func appendFinalReads(t *testing.T, hist []kvcheck.Op, keys []string, id int, clock func() int64, get func(context.Context, []byte) ([]byte, error)) []kvcheck.Op {
+	t.Helper()
+	for _, k := range keys {
+		op := kvcheck.Op{Client: id, Kind: kvcheck.Get, Key: k, Call: clock()}
+		v, err := get(context.Background(), []byte(k))
+		op.Return = clock()
+		switch {
+		case err == nil:
+			op.Out = kvcheck.Output{Found: true, Value: string(v)}
+		case !errors.Is(err, client.ErrNotFound):
+			t.Fatal(err)
+		}
+		hist = append(hist, op)
+	}
+	return hist
 }

@@ -154,18 +154,7 @@ func combiningClose(t *testing.T, lc *localcluster.Cluster, reader *client.Clien
 	}
 	// Each key's final value, once the writes under way settled.
 	time.Sleep(100 * time.Millisecond)
-	for _, k := range keys {
-		op := kvcheck.Op{Client: workers, Kind: kvcheck.Get, Key: k, Call: clock()}
-		v, err := reader.Get(context.Background(), []byte(k))
-		op.Return = clock()
-		switch {
-		case err == nil:
-			op.Out = kvcheck.Output{Found: true, Value: string(v)}
-		case !errors.Is(err, client.ErrNotFound):
-			t.Fatal(err)
-		}
-		hist = append(hist, op)
-	}
+	hist = appendFinalReads(t, hist, keys, workers, clock, reader.Get)
 	res, err := kvcheck.CheckLinearizable(hist, time.Minute)
 	if err != nil {
 		t.Fatal(err)
