@@ -633,7 +633,7 @@ func position(m *cluster.Map, id rdma.NodeID) (g, i int, ok bool) {
 // pollers hold their P in short parks (ProcessConfig.SpareP): only when
 // the environment sets RDMAKV_HELD_PARKS=1. Off by default: measured
 // alone (2026-11-27, load 1-4, 2 runs each), held parks cut the
-// replicas' CPU per put at 64 writers (8.3 against 9.8-10.8 µs) but put
+// replicas' CPU per put at 64 writers (7.9-8.3 against 8.6-10.8 µs) but put
 // one writer's p50 at 70-77 µs against 18-21 µs without them
 // (docs/dev/write-path-plan.md, "Held parks").
 func HeldParks() bool { return os.Getenv("RDMAKV_HELD_PARKS") == "1" }
