@@ -238,8 +238,8 @@ func (m *bigMember) stop() {
 // the pruned Log catches up by a snapshot of a large state (64 MiB here,
 // -bigstate 1024 for the 1 GiB) on the mem fabric while a client
 // keeps proposing at the leader. The capture is taken in Poll, the copy
-// off it: no Poll of the leader runs for more than a twentieth of the
-// election timeout, no election starts, and the follower ends with the
+// off it: no Poll of the leader runs for more than a quarter of the
+// election timeout on CPU, no election starts, and the follower ends with the
 // same state (-persistinpoll, serialising on the polling goroutine as the
 // replica once did, fails it).
 // It reports the catch-up time and the leader's commit latencies during
@@ -360,7 +360,13 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 	if e := elections(); e != e0 {
 		t.Logf("%d elections started during the transfer", e-e0)
 	}
-	if maxCPU > et/20 && !raceEnabled {
+	// The bound is a quarter of the election timeout, not less: a Poll
+	// that pays the GC's mark assist (seen up to 10 ms of CPU in a Dial of
+	// the restarted follower, with 200 MiB of blob state in the process)
+	// or first touches of the test FSM's copy-on-write pages (up to 6 ms)
+	// is not blocked by the snapshot; a Persist on the polling goroutine
+	// (-persistinpoll) copies and hashes all 64 MiB, far more.
+	if maxCPU > et/4 && !raceEnabled {
 		t.Errorf("a Poll of the leader ran %v on CPU during the transfer (election timeout %v): the snapshot blocks the polling goroutine", maxCPU, et)
 	}
 	fs := fol.r.Status()
