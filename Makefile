@@ -8,7 +8,7 @@
 
 GO ?= go
 # A count of executions, not a duration: see scripts/fuzz-short (golang/go#75804).
-FUZZTIME ?= 30000x
+FUZZTIME ?= 15000x
 
 .PHONY: test run vet noalloc norace unit fuzz-short soak bench ycsb
 
@@ -59,8 +59,9 @@ noalloc:
 # skipped under -race),
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
-# TestSim with all its seeds (1,140 per tree shape; 1 a case under -race),
-# and kv's TestSim with all its seeds (150 a case, 10 cases; 1 under -race)
+# TestSim with all its seeds (760 per tree shape; 1 a case under -race),
+# and kv's TestSim with all its seeds (100 a case, a third of that for the
+# batches case; 1 under -race)
 # and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
 # (skipped under -race), TestSimDurable and TestSimMoves with their mutants
 # (1 seed a case under -race). `make soak` runs the simulators longer.

@@ -1211,7 +1211,7 @@ func sameContents(a, b map[string]uint64) error {
 	return nil
 }
 
-const kvSimSeeds = 150
+const kvSimSeeds = 100
 
 var kvSimCases = []struct {
 	name string
@@ -1254,7 +1254,7 @@ var kvSimCases = []struct {
 
 func TestSim(t *testing.T) {
 	// -seeds N (any N, kvSimSeeds included) runs N a case; without it
-	// kvSimSeeds a case (make norace), 1 under the race detector (a seed
+	// kvSimSeeds a case (make norace; the batches case a third), 1 under the race detector (a seed
 	// is one goroutine: the detector has little to check in it), a tenth
 	// with -short. The cases run in parallel, each seed its own Sim.
 	def := kvSimSeeds
@@ -1262,10 +1262,17 @@ func TestSim(t *testing.T) {
 		def = 1
 	}
 	flags := simFlags.WithDefault(def)
+	// The batches case (8 clients, crashes aimed at batches) takes ~4
+	// times a plain case's time a seed: a third of the seeds by default.
+	batchFlags := simFlags.WithDefault(max(1, def/3))
 	for _, c := range kvSimCases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			o := c.o
+			flags := flags
+			if o.batches {
+				flags = batchFlags
+			}
 			o.groups, o.replicas, o.clients, o.keys = 2, 3, cmp.Or(o.clients, 3), max(24, o.keysSet)
 			o.until = 60 * time.Millisecond
 			if o.gap == 0 {

@@ -833,7 +833,7 @@ func runMC(sd sim.Seed, o mcOpts) (*mcRun, error) {
 
 // simSeeds is how many seeds each case runs by default (make norace:
 // CI's budget; README names the command for more).
-const simSeeds = 150
+const simSeeds = 100
 
 // simCases are the simulator cases: each tree shape, with replica faults
 // of every kind and with every leader crashing at once.
@@ -863,7 +863,7 @@ var simCases = []struct {
 }
 
 // Without -seeds (or -seed) each case runs simSeeds seeds, the three batch
-// cases a fifth of that: 1,140 seeds per tree shape (make norace runs
+// cases a fifth of that: 760 seeds per tree shape (make norace runs
 // them); under the race detector 1 a case (a seed is one goroutine: the
 // detector has little to check in it). -short runs a tenth. -seeds N runs
 // N a case, whatever N (-seeds 250 or -seeds 1000 included). The cases
