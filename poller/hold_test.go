@@ -23,16 +23,20 @@ type holdSet struct {
 	enough  chan struct{} // closed after want parks
 	want    int
 	kick    chan struct{}
+	tries   int // spin tries after the first park
 }
 
 func (s *holdSet) Snapshot(dst []uint64) []uint64 { return append(dst, 0) }
 
 func (s *holdSet) park(deadline time.Duration, held bool) bool {
-	if deadline == 0 {
-		return false // a spin's try
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if deadline == 0 {
+		if s.parks > 0 {
+			s.tries++
+		}
+		return false // a spin's try
+	}
 	s.parks++
 	if held {
 		s.held++
@@ -70,11 +74,21 @@ func (n holdNode) Close() error                                     { return nil
 
 // heldParks runs a group of pollers (one task on a holdSet) with
 // GOMAXPROCS procs until the set saw 200 parks, and returns how many held
-// their P and the longest a held park asked for.
+// their P and the longest a held park asked for. cfg.Spin 0 means no spin.
 func heldParks(t *testing.T, procs, pollers int, cfg GroupConfig) (held int, longest time.Duration) {
+	held, longest, _ = heldRun(t, procs, pollers, cfg)
+	return held, longest
+}
+
+// heldRun is heldParks that also returns the spin tries after the first
+// park.
+func heldRun(t *testing.T, procs, pollers int, cfg GroupConfig) (held int, longest time.Duration, tries int) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 	s := &holdSet{want: 200, enough: make(chan struct{})}
-	cfg.Pollers, cfg.Spin, cfg.MaxPark = pollers, -1, time.Hour
+	if cfg.Spin == 0 {
+		cfg.Spin = -1
+	}
+	cfg.Pollers, cfg.MaxPark = pollers, time.Hour
 	g := NewGroup(cfg)
 	g.Add(&idleTask{}, holdNode{holdBell{s}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -89,7 +103,7 @@ func heldParks(t *testing.T, procs, pollers int, cfg GroupConfig) (held int, lon
 	<-done
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.held, s.longest
+	return s.held, s.longest, s.tries
 }
 
 // heldFault checks the held parks of a group configured by cfg: with a
@@ -109,12 +123,20 @@ func heldFault(t *testing.T, cfg GroupConfig) string {
 	if held, _ := heldParks(t, 2, 1, GroupConfig{Hold: -1}); held != 0 {
 		return fmt.Sprintf("%d held parks with Hold < 0", held)
 	}
+	// With a spin budget: a stream's parks hold and no spin comes before
+	// them (only the first park, before the stream was seen, spins).
+	spinning := cfg
+	spinning.Spin = 50 * time.Microsecond
+	if held, _, tries := heldRun(t, 2, 1, spinning); held < 150 || tries != 0 {
+		return fmt.Sprintf("spun %d tries between a stream's parks (%d of 200 held)", tries, held)
+	}
 	return ""
 }
 
 // TestHeldParks: a poller holds its P only with a spare P, for at most
-// Hold; the planted holdNoSpare (holding with no spare P) and
-// holdUnbounded (a held park until the task's deadline) are caught.
+// Hold, and does not spin before a held park; the planted holdNoSpare
+// (holding with no spare P), holdUnbounded (a held park until the task's
+// deadline) and holdSpins (a spin before each held park) are caught.
 func TestHeldParks(t *testing.T) {
 	if f := heldFault(t, GroupConfig{}); f != "" {
 		t.Fatalf("held parks: %s", f)
@@ -124,5 +146,8 @@ func TestHeldParks(t *testing.T) {
 	}
 	if f := heldFault(t, GroupConfig{holdNoSpare: true}); f == "" || !strings.Contains(f, "no spare P") {
 		t.Fatalf("planted holdNoSpare: the check said %q, want held parks with no spare P", f)
+	}
+	if f := heldFault(t, GroupConfig{holdSpins: true}); f == "" || !strings.Contains(f, "tries between a stream's parks") {
+		t.Fatalf("planted holdSpins: the check said %q, want spins before held parks", f)
 	}
 }

@@ -86,6 +86,7 @@ type GroupConfig struct {
 	// testing knobs, planted bugs of the held parks: hold with no spare
 	// P; a held park not bounded by Hold (until the task deadline)
 	holdNoSpare, holdUnbounded bool
+	holdSpins                  bool // planted: spin before a held park (spinBudget.spin)
 }
 
 // Held parks. A poller parks in a system call (the WaitSet's futex sleep).
@@ -112,9 +113,13 @@ type GroupConfig struct {
 // while its next park would hold it calls runtime.Gosched every
 // schedEvery of its clock (checked before each pass: with a held park of
 // at most Hold after it, under 10 ms; an idle poller's parks give the P
-// back, and it does not yield). Its
-// spin does not yield every 16 tries either: with a P free, each yield
-// only woke a thread that found nothing to run.
+// back, and it does not yield). A poller whose next park holds does
+// not spin before it (spinBudget.spin): the spin saved a blocking park's
+// costs, which a held park does not have, and it kept a core that a
+// single writer's client needed (one writer's round trip 3-4x longer on
+// two cores). Its other spins (before a blocking park, after an idle
+// spell) do not yield every 16 tries: with a P free, each yield only woke
+// a thread that found nothing to run.
 
 // DefaultHold bounds a held park.
 const DefaultHold = 4 * time.Millisecond
@@ -518,6 +523,7 @@ func (p *poller) run() {
 	if p.g.hold {
 		p.budget.holdMax = p.g.cfg.Hold
 	}
+	p.budget.holdSpins = p.g.cfg.holdSpins
 	for !p.g.stop.Load() {
 		if p.dirty.Load() {
 			p.refresh()
@@ -583,13 +589,13 @@ func (p *poller) park(next time.Duration) {
 		deadline = p.g.origin + next
 	}
 	enter := rdma.Mono()
-	if p.budget.cur > 0 {
+	if spin := p.budget.spin(); spin > 0 {
 		p.spins.Add(1)
 		probe := p.budget.probing
 		if probe {
 			p.probes.Add(1)
 		}
-		end := min(enter+p.budget.cur, deadline)
+		end := min(enter+spin, deadline)
 		for i := 1; ; i++ {
 			if p.ws.Wait(p.snap, 0) {
 				p.spinHits.Add(1)

@@ -47,6 +47,7 @@ type spinBudget struct {
 	hold    bool
 
 	holdAfterTimeout bool // testing knob (planted bug): a park that timed out holds the next
+	holdSpins        bool // testing knob (planted bug): a poller spins before a held park
 }
 
 // probeSpans bounds a probe's spin and a near miss's gap, in full
@@ -59,6 +60,22 @@ const maxProbeBackoff = 64
 
 func newSpinBudget(full time.Duration) spinBudget {
 	return spinBudget{full: full, cur: full}
+}
+
+// spin is the next spin's budget: cur, or none when the next park holds.
+// A held park is cheap to enter and to wake from (no P hand-off, no
+// thread woken for it), so a spin saves little there, and it costs a
+// core: one writer's round trip on two cores has three threads that want
+// one (the client waiting for its reply, the poller with the message, the
+// other group's poller waiting for its next ring), and a poller spinning
+// 100 µs without yielding held one of them while the other waited (one
+// writer 3-4x slower: docs/dev/write-path-plan.md, "Held parks and one
+// writer").
+func (b *spinBudget) spin() time.Duration {
+	if b.hold && !b.holdSpins {
+		return 0
+	}
+	return b.cur
 }
 
 // spun records a spin phase of the current budget: hit, a ring ended it.

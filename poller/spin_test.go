@@ -1,6 +1,7 @@
 package poller
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -126,12 +127,18 @@ func holdRuleFault(mk func(holdMax time.Duration) spinBudget) string {
 		if !b.hold {
 			return "a stream's next park does not hold"
 		}
+		if d := b.spin(); d != 0 {
+			return fmt.Sprintf("spins %v before a held park", d)
+		}
 		b.parked(true, 300*us, 300*us)
 	}
 	// A ring after longer than holdMax: the stream is gone.
 	b.parked(true, 5*time.Millisecond, 5*time.Millisecond)
 	if b.hold {
 		return "held after a park that a far ring ended"
+	}
+	if b.spin() != b.cur || b.cur == 0 {
+		return fmt.Sprintf("spins %v before a blocking park (budget %v)", b.spin(), b.cur)
 	}
 	// Idle: parks ended by deadlines, near (a timer) or far (heartbeats).
 	for i := range 100 {
@@ -155,9 +162,10 @@ func holdRuleFault(mk func(holdMax time.Duration) spinBudget) string {
 	return ""
 }
 
-// TestHoldRule: the held-park rule holds only while a stream flows; the
-// planted holdAfterTimeout (a short park that a deadline ended also holds
-// the next) is caught.
+// TestHoldRule: the held-park rule holds only while a stream flows, and
+// a poller about to hold does not spin; the planted holdAfterTimeout (a
+// short park that a deadline ended also holds the next) and holdSpins (a
+// spin before a held park) are caught.
 func TestHoldRule(t *testing.T) {
 	if f := holdRuleFault(func(m time.Duration) spinBudget {
 		b := newSpinBudget(100 * us)
@@ -173,5 +181,13 @@ func TestHoldRule(t *testing.T) {
 	})
 	if f != "held after a park that a deadline ended" {
 		t.Fatalf("planted holdAfterTimeout: the rule check said %q, want the deadline rule broken", f)
+	}
+	f = holdRuleFault(func(m time.Duration) spinBudget {
+		b := newSpinBudget(100 * us)
+		b.holdMax, b.holdSpins = m, true
+		return b
+	})
+	if f != "spins 100µs before a held park" {
+		t.Fatalf("planted holdSpins: the rule check said %q, want a spin before a held park", f)
 	}
 }

@@ -635,5 +635,8 @@ func position(m *cluster.Map, id rdma.NodeID) (g, i int, ok bool) {
 // alone (2026-11-27, load 1-4, 2 runs each), held parks cut the
 // replicas' CPU per put at 64 writers (7.9-8.3 against 8.6-10.8 µs) but put
 // one writer's p50 at 70-77 µs against 18-21 µs without them
-// (docs/dev/write-path-plan.md, "Held parks").
+// (docs/dev/write-path-plan.md, "Held parks"). With no spin before a held
+// park (poller, spinBudget.spin), one writer's p50 in a SCHED_RR stand-in
+// for the quiet machine is 22 against 15 µs off ("Held parks and one
+// writer"): still slower, so still off.
 func HeldParks() bool { return os.Getenv("RDMAKV_HELD_PARKS") == "1" }
