@@ -44,4 +44,9 @@ type testingKnobs struct {
 	// next seq is lost with it. Caught by TestMuxCatchesNoEvidence
 	// ("stream N: next seq").
 	muxNoEvidence bool
+	// muxHideLoss: RecoverMux reports no corruption to a stream whose
+	// records fell in a corrupt range of the log (the stream's seqs jump
+	// over the loss unreported). Caught by TestMuxCatchesHideLoss ("stream
+	// N: seq X follows Y" or "synced record lost").
+	muxHideLoss bool
 }
