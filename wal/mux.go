@@ -222,14 +222,19 @@ func splitMux(rec *Recovered, knobs testingKnobs) (*MuxRecovered, error) {
 	}
 	// A stream whose last record comes before a hole may have lost
 	// records in it (it may also have had none there: unknowable).
-	for id, s := range mr.Streams {
-		in := mr.info[id]
+	ids := make([]uint32, 0, len(mr.Streams))
+	for id := range mr.Streams {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids) // the warnings' order
+	for _, id := range ids {
+		s, in := mr.Streams[id], mr.info[id]
 		if in.holes < len(holes) {
 			lost(id, s, in, math.MaxUint64)
 		}
 	}
-	for id, s := range mr.Streams {
-		in := mr.info[id]
+	for _, id := range ids {
+		s, in := mr.Streams[id], mr.info[id]
 		if len(s.Corrupt) == 0 {
 			dropStreamDiff(id, s, in, mr)
 		}
