@@ -427,22 +427,30 @@ func TestMuxCatchesRetrySync(t *testing.T) {
 	t.Logf("retrySync caught: %q", f)
 }
 
-// EIO on fsync: every stream fails stop (ErrFailStop), appends are
+// EIO or ENOSPC on fsync: every stream fails stop (ErrFailStop), appends are
 // refused, Synced never moves again, and recovery keeps every stream's
 // synced records.
 func TestMuxSyncFailStop(t *testing.T) {
-	if f := muxSyncFailRun(t, testingKnobs{}); len(f) > 0 {
-		t.Fatalf("%q", f)
+	for _, errno := range []syscall.Errno{syscall.EIO, syscall.ENOSPC} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			if f := muxSyncFailRunErr(t, testingKnobs{}, errno); len(f) > 0 {
+				t.Fatalf("%q", f)
+			}
+		})
 	}
 }
 
 func muxSyncFailRun(t *testing.T, knobs testingKnobs) []string {
+	return muxSyncFailRunErr(t, knobs, syscall.EIO)
+}
+
+func muxSyncFailRunErr(t *testing.T, knobs testingKnobs, errno syscall.Errno) []string {
 	mem := vfs.NewMem()
 	var syncs atomic.Int32
 	fs := errorfs.Wrap(mem, errorfs.Func(func(op errorfs.Op) error {
 		if op.Kind == errorfs.OpSync && syncs.Add(1) == 6 {
 			mem.DropDirty(op.Path)
-			return syscall.EIO
+			return errno
 		}
 		return nil
 	}))
