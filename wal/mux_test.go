@@ -409,12 +409,12 @@ func TestMuxCatchesDropOwnMark(t *testing.T) {
 
 // Recovery must not mix streams (ids 1 and 257 share a low byte).
 func TestMuxCatchesMixStreams(t *testing.T) {
-	caughtBy(t, testingKnobs{muxMixStreams: true}, 60, "recover: wal: corrupt log: stream 1:")
+	caughtBy(t, testingKnobs{muxMixStreams: true}, 20, "recover: wal: corrupt log: stream 1:")
 }
 
 // A stream whose records were all dropped keeps its next seq.
 func TestMuxCatchesNoEvidence(t *testing.T) {
-	caughtBy(t, testingKnobs{muxNoEvidence: true}, 60, "next seq")
+	caughtBy(t, testingKnobs{muxNoEvidence: true}, 40, "next seq")
 }
 
 // The Mux's log is the Writer's: a failed sync after a page drop must stop
