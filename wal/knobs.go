@@ -30,4 +30,23 @@ type testingKnobs struct {
 	// its first page lost stays in the log. Caught by
 	// TestRecoverReadsWrittenPart (the torn tail is not cut).
 	noZeroProbe bool
+	// muxMixStreams: RecoverMux keys streams by their id's low byte
+	// (streams 1 and 257 become one). Caught by TestMuxCatchesMixStreams
+	// ("recover:" the split's seq check, or "stream N:" records differ).
+	muxMixStreams bool
+	// muxDropOwnMark: a Mux drops the segments one stream's DropBefore
+	// mark passed, not every stream's: another stream's records above its
+	// mark go. Caught by TestMuxCatchesDropOwnMark ("stream N: synced
+	// record lost").
+	muxDropOwnMark bool
+	// muxNoEvidence: a Mux drops a segment holding a stream's last record
+	// although no later record or marker of it is synced: the stream's
+	// next seq is lost with it. Caught by TestMuxCatchesNoEvidence
+	// ("stream N: next seq").
+	muxNoEvidence bool
+	// muxHideLoss: RecoverMux reports no corruption to a stream whose
+	// records fell in a corrupt range of the log (the stream's seqs jump
+	// over the loss unreported). Caught by TestMuxCatchesHideLoss ("stream
+	// N: seq X follows Y" or "synced record lost").
+	muxHideLoss bool
 }
