@@ -24,6 +24,11 @@ type Arena struct {
 	limit int
 	// cows are the snapshot captures being persisted (capture.go).
 	cows []*cow
+	// populated is the first new slot whose page alloc has not had the
+	// kernel populate yet (populate.go); noPopulate: the kernel cannot.
+	populated  uint32
+	noPopulate bool
+	knobs      testingKnobs
 }
 
 // NewArena returns an arena of nodeSize-byte slots, chunkSlots slots per
@@ -70,6 +75,7 @@ func (a *Arena) alloc() NodeID {
 		}
 		a.chunks = append(a.chunks, b)
 	}
+	a.populateFrom(s)
 	a.n++
 	a.inc = append(a.inc, 1)
 	return makeID(s, 1)

@@ -39,6 +39,20 @@ type testingKnobs struct {
 	// level too (the comparison for splitAt's RightFill).
 	halfSplits bool
 
+	// On an Arena:
+	// onPopulate replaces the madvise of a window of new slots
+	// [from, to) (populate.go): tests see the windows.
+	onPopulate func(from, to uint32)
+	// populateBehind plants a bug: the window alloc populates when it
+	// hands out a new slot ends at that slot, so every slot is handed out
+	// (and first written) before its page is populated: the cost the
+	// window is for is paid anyway.
+	populateBehind bool
+	// populatePastChunk plants a bug: the window is not clipped at the
+	// end of its chunk, so the madvise covers memory past the chunk (the
+	// next chunk's region, or none: an error that turns populating off).
+	populatePastChunk bool
+
 	// On a Cache:
 	// skipFence answers from a leaf without checking that its fences
 	// hold the key (the client trusts its cached pointer).
