@@ -98,10 +98,6 @@ type testingKnobs struct {
 	// walkAfterClose (table): a Persist that starts after Close walks
 	// the unmapped table instead of refusing (TestCloseWaitsForWalks).
 	walkAfterClose bool
-	// persistUngated (table): Persist walks without a token of
-	// TableConfig.PersistGate, so every capture's walk runs at once
-	// (TestPersistGate).
-	persistUngated bool
 	// onPersistWalk (tests, not a bug): called as a Persist starts its
 	// walk, once Close counts it (and, with TableConfig.PersistGate,
 	// once it holds its token); what it returns is called as the walk

@@ -91,18 +91,6 @@ type TableConfig struct {
 	// then only a released capture's buffer). Off in the simulator (no
 	// goroutines there); a kvserver with a durable mode sets it.
 	PrefaultSpare bool
-	// PersistGate, if set, bounds how many captures' Persist walks run
-	// at once, one token each (a buffered channel of that capacity, which
-	// the tables of one process share); a walk waiting for a token is
-	// parked. The walks run on goroutines of their own beside the
-	// pollers, and Go's scheduler gives every runnable goroutine its turn:
-	// with a walk per replica at once (the replicas of a group snapshot
-	// together, every SnapshotLogBytes of their log), a poller taken off
-	// its processor waited behind all of them (issue 19: the pollers spent
-	// over half of an 8 s trace of the snapshots runnable, behind six
-	// walks). A walk that waited past its table's Close refuses
-	// (ErrTableClosed) once it has its token. nil: no bound.
-	PersistGate chan struct{}
 }
 
 // DefaultMaxRequest is TableConfig.MaxRequest's default for the given key
@@ -1349,13 +1337,8 @@ func (c *capture) Persist(dst []byte) error {
 	if len(dst) != c.size {
 		return fmt.Errorf("kv: snapshot of %d bytes into %d", c.size, len(dst))
 	}
-	if g := c.t.cfg.PersistGate; g != nil && !c.t.knobs.persistUngated {
-		g <- struct{}{}
-		defer func() { <-g }()
-	}
 	// The walk reads the table's heap (and the ordered part's
-	// memory): Close waits for it, or it refuses after Close (a walk
-	// that waited for its token may come after).
+	// memory): Close waits for it, or it refuses after Close.
 	if err := c.t.beginWalk(); err != nil {
 		return err
 	}

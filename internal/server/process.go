@@ -111,10 +111,6 @@ type Process struct {
 	// balancer is the tablet balancer (balancer.go); nil: none.
 	balancer *balancer
 
-	// persistGate lets one snapshot capture's Persist walk run at a time
-	// among the process's replicas (kv.TableConfig.PersistGate).
-	persistGate chan struct{}
-
 	mu      sync.Mutex
 	failed  chan error  // a replica stopped on a disk error (fail-stop)
 	reps    [][]*hosted // [group][index]; nil: not hosted here, or stopped
@@ -194,8 +190,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 		runtime.GOMAXPROCS(np + 1)
 	}
 	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
-		persistGate: make(chan struct{}, 1),
-		pollers:     poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
+		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
 	p.backups = newBackups(m.Name, cfg.ReplicaDir, cfg.Log)
 	p.backups.knobs = cfg.backupKnobs
 	p.reps = make([][]*hosted, len(m.Groups))
@@ -345,12 +340,6 @@ func (p *Process) start(g, i int) error {
 	// a spare for a capture's index copy, pre-faulted off the polling
 	// goroutine (issue 19: a fresh buffer's page faults stalled it).
 	rc.Table.PrefaultSpare = dur != nil
-	// The snapshots' walks run one at a time beside the pollers (a
-	// group's replicas capture together): a preempted poller waits
-	// behind one, not behind one per replica (issue 19). Table.Close
-	// waits for a walk under way; one still waiting for its token
-	// refuses once it has it.
-	rc.Table.PersistGate = p.persistGate
 	// A backup marker (kv.BackupMarker) hands the table to the
 	// process's backups; one New replays from the log is ignored (its
 	// backup is long over), as sr is not set yet.
