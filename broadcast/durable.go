@@ -511,9 +511,7 @@ func (r *Replica) saveNetSnap(ns *netSnapSave, meta, state []byte) {
 		member = r.cfg.Snapshots.member
 	}
 	r.tracef("node %d saves the snapshot at %v (index %d, %d bytes) its diff installed", r.self, ns.at, ns.index, len(state))
-	r.persisting.Add(1)
-	r.runPersist(func() {
-		defer r.persisting.Done()
+	r.startPersist(persistDiff, func() {
 		ns.img = encodeSnapFile(ns.index, ns.at, member, now, meta, state)
 		ns.done.Store(true)
 		r.node.Doorbell().Ring()

@@ -117,6 +117,15 @@ type testingKnobs struct {
 	// whose disk lacks entries the disks of a majority hold (async loss
 	// bound: the protected prefix).
 	recoveryVoteEmpty bool
+	// uncounted: the goroutines of this kind run off the polling
+	// goroutine without being counted in persisting, so Close does not
+	// wait for them (persistDisk: a disk snapshot's Persist reads the
+	// FSM's memory after Close returned, and its owner unmaps it then;
+	// the SIGSEGV in capture.Persist of 3de1b0c). TestCloseWaitsForPersist.
+	uncounted persistKind
+	// onCloseWait (tests, not a bug): called by Close just before it
+	// waits for the goroutines persisting counts, with how many run.
+	onCloseWait func(running int)
 
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool

@@ -122,7 +122,7 @@ type Replica struct {
 	snap        *leaderSnap // the one this leader serves, or is making
 	snapSlot    int
 	snapRetryAt time.Duration
-	persisting  sync.WaitGroup
+	persisting  persistGroup // the goroutines startPersist runs; Close waits for them
 	runPersist  func(func()) // runs a snapshot's Persist: a goroutine (tests: inline)
 	fetched     uint64       // snapshot bytes fetched, all fetches: progress in our AcceptSST row
 
@@ -359,11 +359,54 @@ func (r *Replica) closeRegions() {
 			r.ins[i].region.Close()
 		}
 	}
-	r.persisting.Wait() // a Persist writes into a region we would close
+	r.waitPersist() // a Persist writes into a region we would close, or reads the FSM's memory
 	if r.snap != nil {
 		r.releaseSnap()
-		r.persisting.Wait()
+		r.waitPersist()
 	}
+}
+
+// persistKind names what a goroutine of startPersist does.
+type persistKind uint8
+
+const (
+	persistNet     persistKind = iota + 1 // a network snapshot's Persist into its regions (snapshot.go)
+	persistRelease                        // a network snapshot's regions closed, its capture released
+	persistDisk                           // a disk snapshot's Persist into its file image (snapstore.go)
+	persistDiff                           // the file image of the snapshot a diff installed (durable.go)
+)
+
+// persistGroup counts the goroutines Close waits for: a WaitGroup, and
+// how many run (for the test hook knobs.onCloseWait).
+type persistGroup struct {
+	wg      sync.WaitGroup
+	running atomic.Int32
+}
+
+// startPersist runs fn off the polling goroutine (runPersist), counted
+// in persisting: Close waits for it. Every such goroutine must be: a
+// snapshot's Persist reads the FSM's memory (kv's table: mapped heap
+// regions), which its owner unmaps once Close returned.
+func (r *Replica) startPersist(k persistKind, fn func()) {
+	if r.knobs.uncounted == k {
+		r.runPersist(fn) // planted: Close does not wait for it
+		return
+	}
+	r.persisting.running.Add(1)
+	r.persisting.wg.Add(1)
+	r.runPersist(func() {
+		defer r.persisting.wg.Done()
+		defer r.persisting.running.Add(-1)
+		fn()
+	})
+}
+
+// waitPersist waits for every goroutine startPersist runs (Close).
+func (r *Replica) waitPersist() {
+	if h := r.knobs.onCloseWait; h != nil {
+		h(int(r.persisting.running.Load()))
+	}
+	r.persisting.wg.Wait()
 }
 
 // Close releases the replica's regions and connections and fails every

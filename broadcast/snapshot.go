@@ -116,9 +116,7 @@ func (r *Replica) snapshotFor() *leaderSnap {
 	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
 	r.ctr.SnapshotsTaken++
 	r.tracef("node %d takes a snapshot at %v (%d bytes)", r.self, s.at, s.size)
-	r.persisting.Add(1)
-	r.runPersist(func() {
-		defer r.persisting.Done()
+	r.startPersist(persistNet, func() {
 		s.err = r.persistSnap(s, meta)
 		s.done.Store(true)
 		r.node.Doorbell().Ring() // a parked driver announces it at once
@@ -202,9 +200,7 @@ func (r *Replica) releaseSnap() {
 		return
 	}
 	r.snap = nil
-	r.persisting.Add(1)
-	r.runPersist(func() {
-		defer r.persisting.Done()
+	r.startPersist(persistRelease, func() {
 		if s.meta != nil {
 			s.meta.Close()
 		}

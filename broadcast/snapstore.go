@@ -754,9 +754,8 @@ func (r *Replica) diskSnapPoll() {
 	d.work.Meta += r.statNow() - t1
 	members, member, now := r.cfg.Members, s.member, r.now
 	r.tracef("node %d captures a disk snapshot at %v (index %d, %d bytes)", r.self, j.at, j.index, capture.Size())
-	r.persisting.Add(1) // Close waits: the capture reads the FSM's memory, which its owner unmaps after Close
-	r.runPersist(func() {
-		defer r.persisting.Done()
+	// Close waits: the capture reads the FSM's memory, which its owner unmaps after Close
+	r.startPersist(persistDisk, func() {
 		defer capture.Release()
 		// The capture persists straight into the file image: the meta's
 		// length does not depend on the state's size and check word,

@@ -91,6 +91,21 @@ type testingKnobs struct {
 	// the spare although its Persist handed it on already, so a later
 	// capture copies into the buffer of one alive (TestPersistHandsOnIndexCopy).
 	handOnTwice bool
+	// closeNoWait (table): Close unmaps the table's memory without
+	// waiting for the captures' Persist walks under way, which then read
+	// unmapped memory (SIGSEGV in capture.Persist: TestCloseWaitsForWalks).
+	closeNoWait bool
+	// walkAfterClose (table): a Persist that starts after Close walks
+	// the unmapped table instead of refusing (TestCloseWaitsForWalks).
+	walkAfterClose bool
+	// onPersistWalk (tests, not a bug): called as a Persist starts its
+	// walk, once Close counts it (and, with TableConfig.PersistGate,
+	// once it holds its token); what it returns is called as the walk
+	// ends, before the token is given back.
+	onPersistWalk func() func()
+	// onCloseWait (tests, not a bug): called by Close just before it
+	// waits for the Persist walks under way, with how many there are.
+	onCloseWait func(walking int)
 
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served

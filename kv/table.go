@@ -218,6 +218,16 @@ type Table struct {
 	prefaulting atomic.Bool
 	prefaultWG  sync.WaitGroup
 	spareFaults atomic.Int64
+	// walks counts the captures' Persist walks under way (any
+	// goroutine); Close waits for them and refuses later ones
+	// (beginWalk), as they read the memory it unmaps.
+	walks struct {
+		mu      sync.Mutex
+		idle    sync.Cond // signalled when n drops to 0 (L: mu)
+		n       int
+		closed  bool
+		waiting bool // Close waits: the last walk to end signals idle
+	}
 	// freshCopies counts the captures that copied the index into a fresh
 	// buffer, faulting its pages in on the polling goroutine.
 	freshCopies int
@@ -300,6 +310,7 @@ func (t *Table) newGen(n, log int) (gen, error) {
 // Close releases every region.
 func (t *Table) Close() error {
 	t.prefaultWG.Wait()
+	t.closeWalks()
 	if t.hdr != nil {
 		t.hdr.Close()
 	}
@@ -310,6 +321,54 @@ func (t *Table) Close() error {
 	}
 	t.heap.close()
 	return nil
+}
+
+// closeWalks waits for the captures' Persist walks under way (they run
+// off the polling goroutine, and read the heap and index regions Close
+// unmaps) and makes later ones refuse: a capture outlives the replica's
+// Close if broadcast left its writer running, or if the writer waited
+// for a PersistGate token (the SIGSEGV in capture.Persist of d54cd8d).
+func (t *Table) closeWalks() {
+	w := &t.walks
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	if t.knobs.closeNoWait {
+		return // planted: the walks under way read unmapped memory
+	}
+	if h := t.knobs.onCloseWait; h != nil {
+		h(w.n)
+	}
+	if w.idle.L == nil {
+		w.idle.L = &w.mu
+	}
+	for w.n > 0 {
+		w.waiting = true
+		w.idle.Wait()
+	}
+}
+
+// beginWalk counts a Persist walk about to read the table's memory, or
+// reports that the table is closed (its memory unmapped).
+func (t *Table) beginWalk() error {
+	w := &t.walks
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed && !t.knobs.walkAfterClose {
+		return ErrTableClosed
+	}
+	w.n++
+	return nil
+}
+
+// endWalk ends a walk beginWalk counted.
+func (t *Table) endWalk() {
+	w := &t.walks
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n--; w.n == 0 && w.waiting {
+		w.idle.Broadcast()
+	}
 }
 
 // Promise records this member's E_new in the header (wire it to
@@ -569,6 +628,10 @@ func bucketLoad(g *gen, b int) int {
 // group from making progress on that request) only if the heap regions are
 // exhausted.
 var ErrTableFull = errors.New("kv: table full")
+
+// ErrTableClosed: a capture's Persist started after its table's Close
+// (the memory it would read is unmapped).
+var ErrTableClosed = errors.New("kv: the table was closed before the snapshot was written")
 
 // Apply applies a delivered request (broadcast.FSM): the operations on
 // this group's keys, atomically (every condition is checked first).
@@ -1273,6 +1336,15 @@ func (c *capture) Persist(dst []byte) error {
 	}
 	if len(dst) != c.size {
 		return fmt.Errorf("kv: snapshot of %d bytes into %d", c.size, len(dst))
+	}
+	// The walk reads the table's heap (and the ordered part's
+	// memory): Close waits for it, or it refuses after Close.
+	if err := c.t.beginWalk(); err != nil {
+		return err
+	}
+	defer c.t.endWalk()
+	if h := c.t.knobs.onPersistWalk; h != nil {
+		defer h()()
 	}
 	binary.LittleEndian.PutUint64(dst, snapMagic)
 	binary.LittleEndian.PutUint64(dst[8:], uint64(c.count))
