@@ -2,6 +2,8 @@ package multicast
 
 import (
 	"fmt"
+	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,4 +102,52 @@ func TestIdleParks(t *testing.T) {
 	if check(polls, spins) == nil {
 		t.Fatal("the spinning-deadline mutant passed the idle checks")
 	}
+}
+
+// BenchmarkLeaderIdlePoll: the cost of one Poll of a group's leader with
+// nothing to order, by the number of client slots the cluster configures
+// (one of them registered): what every pass of a busy poller pays for
+// the group when its rings hold nothing new (scanHeaders, scan).
+func BenchmarkLeaderIdlePoll(b *testing.B) {
+	for _, slots := range []int{32, 1024} {
+		b.Run(fmt.Sprintf("slots=%d", slots), func(b *testing.B) {
+			tr, _ := tree.Parse("0:")
+			cnodes := make([]rdma.NodeID, slots)
+			for k := range cnodes {
+				cnodes[k] = rdma.NodeID(100 + k)
+			}
+			c := startCluster(b, clusterSpec{tree: tr, members: [][]rdma.NodeID{{1}}, cnodes: cnodes,
+				bcast: broadcast.Config{ElectionTimeout: 50 * time.Millisecond}})
+			c.waitLeaders(b)
+			c.client(b, 0, 100)
+			r := c.reps[0]
+			c.hs[0].Pause()
+			defer c.hs[0].Resume()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			now := c.pg.Now()
+			r.Poll(now)
+			cpu0 := threadCPU()
+			b.ResetTimer()
+			for i := range b.N {
+				if i%64 == 0 {
+					now = c.pg.Now()
+				}
+				r.Poll(now)
+			}
+			b.StopTimer()
+			if _, ok := r.Broadcast().Leading(); !ok {
+				b.Fatal("not leading")
+			}
+			b.ReportMetric(float64(threadCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// threadCPU is the calling thread's CPU time in ns (a loaded machine
+// inflates it less than wall time).
+func threadCPU() int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(1, &ru) // RUSAGE_THREAD
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }

@@ -25,6 +25,13 @@ type peer struct {
 	fails   uint64 // failures so far
 
 	linkDropped uint64 // link.Stats().Dropped already counted in dropped
+
+	// busy, if set, is the owner's list of peers that pollPeers reaps:
+	// queueWrite adds the peer (once: listed) when it stages a write, and
+	// the owner drops it once its link is idle (rdma.Link.Idle), so that a
+	// pass reaps the peers written to, not every client, child and parent.
+	busy   *[]*peer
+	listed bool
 }
 
 func newPeer(node rdma.Node, id rdma.NodeID, stage int, minBackoff, maxBackoff time.Duration) *peer {
@@ -81,6 +88,10 @@ func (p *peer) queue(now time.Duration, region rdma.RegionID, off uint64, buf []
 }
 
 func (p *peer) queueWrite(now time.Duration, region rdma.RegionID, off uint64, buf []byte, notify bool) bool {
+	if p.busy != nil && !p.listed {
+		p.listed = true
+		*p.busy = append(*p.busy, p)
+	}
 	dst := p.stageBuf(now, len(buf))
 	if dst == nil {
 		p.dropped++

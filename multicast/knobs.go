@@ -44,6 +44,22 @@ type testingKnobs struct {
 	// application's EndBatch published the batch (BatchFSM): caught by
 	// the simulator's publish-order check on every reply.
 	replyBeforePublish bool
+	// staleSources: a leader does not add a client slot to the sources
+	// its scan visits when it orders the slot's first registration (only
+	// a new leadership rebuilds them), so a client that registered with
+	// the leader in place is never read: caught by Validity.
+	staleSources bool
+	// headersOnce: a leader looks at the client headers once, when it
+	// starts leading, and never again (hdrAt not re-armed), so a client
+	// registering later, or asking again for replies a crash lost, is
+	// not heard: caught as a run that does not converge (a restarted
+	// client never ready).
+	headersOnce bool
+	// dropBusy: pollPeers drops a peer from its reap list after one reap,
+	// writes in flight or not, so their completions (and a failure) are
+	// reaped only when the peer's stage fills: caught by the simulator's
+	// reap-list check (Replica.checkBusy).
+	dropBusy bool
 
 	// The started client's (Client.knobs; call.go), caught by
 	// TestOnDoneHook and TestAwaitEarlyDeadline:

@@ -181,32 +181,44 @@ type Replica struct {
 	childOfPar int // our index among our parent's children
 
 	// leader-local (not replicated): TRAM Alg. 2's private variables.
-	lead      broadcast.Epoch // the epoch we lead and have set up (0: none)
-	tinc      []uint64        // tentative registered incarnation per client
-	tpos      []uint64        // tentative in[] per client
-	tppos     uint64          // tentative in[] of the parent ring
-	tout      []uint64        // tentative out[] per child
-	fwdSent   []uint64        // per child: forwarded up to this position
-	credit    []uint64        // per child: highest credit seen
-	creditAt  []time.Duration // per child: when its credit last moved (or we last wrote to it)
-	rtWait    []time.Duration // per child: the wait before the next retransmission (backoff)
-	rtCount   []uint64        // per child: retransmissions (Counters.Retransmits by child; the simulator checks them)
-	skipQ     []uint64        // per child: the position the skipCatchUp knob's catch-up leaves out
-	rr        int             // round-robin start of the next scan
-	retrySeen []uint64
-	creditOut uint64 // the credit last sent to our parent
-	creditAtT time.Duration
-	replyQ    []int    // reply slots to write
-	helloQ    []uint32 // clients to say hello to
-	resyncAt  time.Duration
+	lead     broadcast.Epoch // the epoch we lead and have set up (0: none)
+	tinc     []uint64        // tentative registered incarnation per client
+	tpos     []uint64        // tentative in[] per client
+	tppos    uint64          // tentative in[] of the parent ring
+	tout     []uint64        // tentative out[] per child
+	fwdSent  []uint64        // per child: forwarded up to this position
+	credit   []uint64        // per child: highest credit seen
+	creditAt []time.Duration // per child: when its credit last moved (or we last wrote to it)
+	rtWait   []time.Duration // per child: the wait before the next retransmission (backoff)
+	rtCount  []uint64        // per child: retransmissions (Counters.Retransmits by child; the simulator checks them)
+	skipQ    []uint64        // per child: the position the skipCatchUp knob's catch-up leaves out
+	rr       int             // round-robin start of the next scan (an index into srcs)
+	// srcs: the sources scan visits, in order: every client slot with a
+	// registered incarnation (tinc != 0) and the parent ring (nsrc-1) if
+	// the group has a parent. A slot no incarnation registered has no ring
+	// a leader may take from (take refuses it), so leaving it out changes
+	// nothing but the cost of a scan. Rebuilt whenever tinc changes
+	// (setSources).
+	srcs []int
+	// hdrAt: when the client headers are next looked at (scanHeaders):
+	// at once when we start leading, then every heartbeat interval, and at
+	// once again after a registration the log had no room for.
+	hdrAt       time.Duration
+	headerScans uint64 // scanHeaders runs (tests)
+	retrySeen   []uint64
+	creditOut   uint64 // the credit last sent to our parent
+	creditAtT   time.Duration
+	replyQ      []int    // reply slots to write
+	helloQ      []uint32 // clients to say hello to
+	resyncAt    time.Duration
 
 	children [][]*peer // per child, per member
 	parents  []*peer
 	clients  map[rdma.NodeID]*peer
-	// clientPeers: the values of clients, in ClientNodes order (flushed
-	// without iterating the map)
-	clientPeers []*peer
-	peers       []*peer // every peer above, once
+	peers    []*peer // every peer above, once (ClientNodes order for the clients)
+	// busy: the peers written to whose links may have completions to
+	// reap (peer.busy); pollPeers reaps only these
+	busy []*peer
 
 	entry []byte // scratch
 	rec   []byte // scratch
@@ -315,10 +327,12 @@ func New(cfg Config, node rdma.Node, app broadcast.FSM, stable broadcast.Stable)
 	for _, id := range cfg.ClientNodes {
 		if r.clients[id] == nil {
 			r.clients[id] = newPeer(node, id, max(16<<10, 4*replySlot(cfg.MaxResult)*cfg.ClientSlots), minB, maxB)
-			r.clientPeers = append(r.clientPeers, r.clients[id])
 		}
 	}
 	r.peers = r.allPeers()
+	for _, p := range r.peers {
+		p.busy = &r.busy
+	}
 	b, err := broadcast.New(cfg.Broadcast, node, r.st, stable)
 	if err != nil {
 		r.closeRegions()
@@ -456,6 +470,12 @@ func (r *Replica) NextDeadline() time.Duration {
 	d := r.b.NextDeadline()
 	if r.lead != 0 {
 		d = min(d, r.now+r.hbeat)
+		if r.hdrAt > r.now {
+			// (a header scan already due, after a registration the log
+			// had no room for, waits for the next Poll as it did: a full
+			// log must not make the leader due at once and spin)
+			d = min(d, r.hdrAt)
+		}
 		if r.tokReady > r.now {
 			d = min(d, r.tokReady)
 		}
@@ -475,7 +495,7 @@ func (r *Replica) Poll(now time.Duration) bool {
 	// Scan before Acuerdo's step, so that what we append goes out to the
 	// followers in this Poll, not the next.
 	if e, ok := r.b.Leading(); ok && e == r.lead {
-		if r.scanHeaders() {
+		if r.now >= r.hdrAt && r.scanHeaders() {
 			progress = true
 		}
 		if r.scan() {
@@ -514,15 +534,38 @@ func (r *Replica) Poll(now time.Duration) bool {
 	return progress
 }
 
-// pollPeers reaps every Conn's completions.
+// pollPeers reaps the completions of every peer written to since its
+// link was last idle (r.busy), and drops the peers that are idle now: a
+// link with nothing in flight or queued has nothing to reap (its Reap
+// returns at once and changes no counter), so the cost of a pass follows
+// the peers written to, not the configured client slots.
 func (r *Replica) pollPeers() bool {
 	progress := false
-	for _, p := range r.peers {
+	keep := r.busy[:0]
+	for _, p := range r.busy {
 		if p.poll(r.now) {
 			progress = true
 		}
+		if p.link.Idle() || r.knobs.dropBusy {
+			p.listed = false
+		} else {
+			keep = append(keep, p)
+		}
 	}
+	clear(r.busy[len(keep):])
+	r.busy = keep
 	return progress
+}
+
+// checkBusy is the rule pollPeers keeps (the simulator checks it after
+// every step): a peer whose link is not idle is in the reap list.
+func (r *Replica) checkBusy() error {
+	for _, p := range r.peers {
+		if !p.link.Idle() && !p.listed {
+			return fmt.Errorf("reap list: group %d node %d: the link to node %d has writes in flight or queued and is not in the reap list", r.g, r.self, p.id)
+		}
+	}
+	return nil
 }
 
 // becomeLeader sets up the leader's private variables once its epoch's
@@ -535,6 +578,8 @@ func (r *Replica) becomeLeader(e broadcast.Epoch) {
 	r.lead = e
 	copy(r.tinc, r.st.cinc)
 	copy(r.tpos, r.st.cpos)
+	r.setSources()
+	r.hdrAt = 0 // look at the headers in the next Poll
 	r.tppos = r.st.ppos
 	copy(r.tout, r.st.out)
 	for i := range r.fwdSent {
@@ -677,10 +722,19 @@ func (r *Replica) sendReplies() bool {
 		p.queue(r.now, addr.Region, off, b[:])
 	}
 	r.helloQ = r.helloQ[:0]
-	for _, p := range r.clientPeers {
-		p.flush(r.now)
-	}
+	r.flushQueued()
 	return true
+}
+
+// flushQueued posts what sendReplies and noticeFull queued: every peer a
+// write was queued on is in the reap list (peer.queueWrite), so only its
+// links are looked at, not every client node's.
+func (r *Replica) flushQueued() {
+	for _, p := range r.busy {
+		if p.link.Queued() > 0 {
+			p.flush(r.now)
+		}
+	}
 }
 
 // sendCredit writes the committed parent-ring position to every replica
@@ -709,22 +763,31 @@ func (r *Replica) sendCredit(force bool) {
 
 // scanHeaders looks at every client header: a new incarnation is
 // registered by ordering a reset entry; a moved retry word makes the
-// leader write that client's replies and hello again.
+// leader write that client's replies and hello again. It runs when
+// hdrAt is due (Poll): once a heartbeat interval, not on every pass,
+// since headers change only when a client registers or asks again (the
+// leader's cost per pass would otherwise grow with the configured client
+// slots, not with the clients sending). A header written meanwhile waits
+// at most a heartbeat interval: NextDeadline includes hdrAt, so a parked
+// leader wakes for it. A registration the log had no room for is looked
+// at again in the next Poll.
 func (r *Replica) scanHeaders() bool {
 	mem := r.regs[regClients].Bytes()
-	progress := false
+	progress, again, added := false, false, false
 	for c := range r.tinc {
 		off := c * clientHdrSize
 		inc := rdma.Load64(mem, off+hInc)
-		if inc > r.tinc[c] && r.b.AppendRoom() > 0 {
+		if inc > r.tinc[c] {
 			addr := addrOf(rdma.Load64(mem, off+hAddr))
 			r.entry = appendResetEntry(r.entry[:0], uint32(c), inc, addr)
-			if err := r.b.Append(r.entry); err != nil {
-				continue
+			if r.b.AppendRoom() == 0 || r.b.Append(r.entry) != nil {
+				again = true
+			} else {
+				added = added || r.tinc[c] == 0
+				r.tinc[c], r.tpos[c] = inc, 0
+				r.ctr.Resets++
+				progress = true
 			}
-			r.tinc[c], r.tpos[c] = inc, 0
-			r.ctr.Resets++
-			progress = true
 		}
 		if retry := rdma.Load64(mem, off+hRetry); retry != r.retrySeen[c] {
 			r.retrySeen[c] = retry
@@ -741,7 +804,37 @@ func (r *Replica) scanHeaders() bool {
 			progress = true
 		}
 	}
+	if added && !r.knobs.staleSources {
+		r.setSources()
+	}
+	r.hdrAt = r.now + r.hbeat
+	if r.knobs.headersOnce {
+		r.hdrAt = 1<<63 - 1
+	}
+	if again {
+		r.hdrAt = r.now
+	}
+	r.headerScans++
 	return progress
+}
+
+// setSources rebuilds srcs from tinc: the registered client slots, then
+// the parent ring.
+func (r *Replica) setSources() {
+	r.srcs = r.srcs[:0]
+	for c, inc := range r.tinc {
+		if inc != 0 {
+			r.srcs = append(r.srcs, c)
+		}
+	}
+	if r.hasParent {
+		r.srcs = append(r.srcs, r.nsrc-1)
+	}
+	if len(r.srcs) > 0 {
+		r.rr %= len(r.srcs)
+	} else {
+		r.rr = 0
+	}
 }
 
 // A scan takes from each client ring at most the client's window
@@ -769,13 +862,11 @@ func (r *Replica) scan() bool {
 	}
 	r.batch, r.bfwd, r.bused, r.bsize = r.batch[:0], r.bfwd[:0], 0, batchHdr
 	full := false
-	for k := 0; k < r.nsrc && !full; k++ {
-		src := (r.rr + k) % r.nsrc
+	ns := len(r.srcs)
+	for k := 0; k < ns && !full; k++ {
+		src := r.srcs[(r.rr+k)%ns]
 		burst := r.cfg.ClientSlots
 		if src == r.nsrc-1 {
-			if !r.hasParent {
-				continue
-			}
 			burst = parentBurst
 		} else if r.tokens != nil {
 			burst = min(burst, r.refill(src))
@@ -801,7 +892,9 @@ func (r *Replica) scan() bool {
 			}
 		}
 	}
-	r.rr = (r.rr + 1) % r.nsrc
+	if ns > 0 {
+		r.rr = (r.rr + 1) % ns
+	}
 	if len(r.batch) == 0 {
 		return false
 	}
@@ -875,9 +968,7 @@ func (r *Replica) noticeFull() bool {
 		}
 	}
 	if sent {
-		for _, p := range r.clientPeers {
-			p.flush(r.now)
-		}
+		r.flushQueued()
 	}
 	return sent
 }

@@ -100,8 +100,9 @@ func TestRepliesOneListPerClient(t *testing.T) {
 	}
 	c9, c10 := &recConn{peer: 9, failAt: -1}, &recConn{peer: 10, failAt: -1}
 	p9, p10 := testPeer(c9, 4096), testPeer(c10, 4096)
-	r := &Replica{cfg: cfg, g: 0, clients: map[rdma.NodeID]*peer{9: p9, 10: p10}, clientPeers: []*peer{p9, p10},
+	r := &Replica{cfg: cfg, g: 0, clients: map[rdma.NodeID]*peer{9: p9, 10: p10},
 		rbuf: make([]byte, replySlot(cfg.MaxResult))}
+	p9.busy, p10.busy = &r.busy, &r.busy // as New wires them: sendReplies flushes the peers it queued on
 	r.st = newState(&r.cfg, nopFSM{}, &r.knobs)
 	r.st.onReply = func(_ uint32, slot int) { r.replyQ = append(r.replyQ, slot) }
 	r.st.onHello = func(c uint32) { r.helloQ = append(r.helloQ, c) }

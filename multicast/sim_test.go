@@ -314,6 +314,9 @@ func (p *repProc) Start(env *sim.Env) error {
 func (p *repProc) Step(now time.Duration) bool {
 	batches, ordered, delivered := p.r.ctr.Batches, p.r.ctr.Ordered, p.r.Delivered()
 	progress := p.r.Poll(now)
+	if err := p.r.checkBusy(); err != nil {
+		p.h.fail(err)
+	}
 	appended := p.r.ctr.Batches > batches && p.r.ctr.Ordered-ordered >= 2
 	if appended {
 		p.h.multi++
@@ -972,6 +975,15 @@ func TestSimMutants(t *testing.T) {
 		// check sees it (the step is atomic to other nodes).
 		{"reply-before-publish", testingKnobs{replyBeforePublish: true}, mcOpts{shape: "base", clients: 5, msgs: 60, until: 50 * time.Millisecond, gap: 100 * time.Microsecond, maxDst: 8, batchFaults: 8, allKinds: true}, "", "", "publish order:"},
 		{"skip-catch-up", testingKnobs{skipCatchUp: true}, mcOpts{shape: "depth", clients: 4, msgs: 60, until: 60 * time.Millisecond, catchUp: 3, maxDst: 8, gap: 500 * time.Microsecond}, "", "", "catch-up:"},
+		// The scan's sources and the header scan's pace (scanHeaders):
+		// a slot registered while the leader leads must join the scan; a
+		// client that restarts with a new incarnation must be heard again
+		// (it never registers, so the run does not converge).
+		{"stale-sources", testingKnobs{staleSources: true}, mcOpts{shape: "base", clients: 3, msgs: 30, until: 40 * time.Millisecond}, mcheck.Validity, "", ""},
+		// pollPeers reaps only the peers written to: one with writes in
+		// flight must stay in its list until its link is idle.
+		{"drop-busy", testingKnobs{dropBusy: true}, mcOpts{shape: "base", clients: 3, msgs: 30, until: 40 * time.Millisecond}, "", "", "reap list:"},
+		{"headers-once", testingKnobs{headersOnce: true}, mcOpts{shape: "base", clients: 3, msgs: 40, until: 60 * time.Millisecond, retryAfter: time.Millisecond, slow: true, clientCrash: true}, "", "", "no convergence:"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -191,6 +191,11 @@ func (l *Link) Completed() uint64 { return l.completed }
 // Queued is how many ops are queued for the next Flush.
 func (l *Link) Queued() int { return len(l.wrs) }
 
+// Idle reports that the link has nothing for Reap or Flush to do: no op
+// in flight (or it is down) and none queued. Until the owner queues
+// again, Reap finds nothing, changes no counter and cannot fail.
+func (l *Link) Idle() bool { return (!l.up || l.completed == l.posted) && len(l.wrs) == 0 }
+
 // Stats returns the link's counters.
 func (l *Link) Stats() LinkStats { return l.st }
 
