@@ -91,7 +91,12 @@ type ProcessConfig struct {
 	Balance BalanceConfig
 	// RecoverWorkers is how many replicas StartProcess builds at once
 	// (each reads its snapshot and log and replays them: a durable
-	// restart's recovery); 0: GOMAXPROCS, at most one per replica.
+	// restart's recovery); 0: one at a time. Measured on this 2-core
+	// machine under load 27-38 (kvbench recover --records 200000, A/B
+	// alternated), two at once recovered the six replicas from their
+	// logs in 47-59 s against 20-24 s one at a time: each replay slowed
+	// 3-6x beside another (page faults and memmove in replay and
+	// Table.put). Not yet measured on a quiet machine.
 	RecoverWorkers int
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
@@ -261,10 +266,11 @@ type opened struct {
 
 // startAll starts the replicas at want. Their nodes are opened and
 // prepared one after another in map order (Prepare may probe the
-// replica's peers); then the replicas are built, at most RecoverWorkers
-// at once: each reads its snapshot and log and replays them (a durable
-// restart's recovery, issue 19: one after another, six replicas of 1 M
-// records took 3.1-3.7 s where the slowest alone took 0.6-0.9 s). Only
+// replica's peers); then the replicas are built, RecoverWorkers at once
+// (default one): each reads its snapshot and log and replays them (a
+// durable restart's recovery; issue 19: one after another, six replicas
+// of 1 M records took 3.1-3.7 s where the slowest alone took 0.6-0.9 s,
+// but two at once measured slower still, see RecoverWorkers). Only
 // once every replica is built does any go to its poller, in map order:
 // no replica votes, serves or writes its data dir before every replica
 // of the process recovered, and when one fails (its error names it),
@@ -284,11 +290,7 @@ func (p *Process) startAll(want []replicaPos) error {
 	}
 	built := make([]*hosted, len(ops))
 	errs := make([]error, len(ops))
-	workers := p.cfg.RecoverWorkers
-	if workers <= 0 {
-		workers = runtime.GOMAXPROCS(0)
-	}
-	workers = max(1, min(workers, len(ops)))
+	workers := max(1, min(p.cfg.RecoverWorkers, len(ops)))
 	var (
 		wg     sync.WaitGroup
 		next   atomic.Int64

@@ -87,7 +87,7 @@ func dirState(t *testing.T, dir, skip string) map[string]string {
 // TestStartProcessRecoveryFails: a process of 2 x 3 durable replicas
 // whose last replica's disk snapshot is corrupt (its log cut below it)
 // refuses to start in one line naming that replica and its file; the
-// other five recover meanwhile (concurrently), and none of them is
+// other five recover meanwhile (three replicas at once), and none of them is
 // polled: none votes, serves or writes its data dir while the process's
 // recovery has not ended, so a start that fails leaves every data dir as
 // it found it (but for the stable states New saves at boot, and the
@@ -142,7 +142,7 @@ func TestStartProcessRecoveryFails(t *testing.T) {
 		pollSeen := make(chan struct{})
 		var seen sync.Once
 		all := make(chan struct{})
-		pc := server.ProcessConfig{Map: m,
+		pc := server.ProcessConfig{Map: m, RecoverWorkers: 3, // the pool, and replica 6 held in it
 			Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond},
 			Durable:   server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 64 << 10, SnapshotLogBytes: 64 << 10},
 			Log:       slog.New(recoveredHandler{n: new(atomic.Int32), want: 5, all: all}),
