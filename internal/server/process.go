@@ -91,12 +91,13 @@ type ProcessConfig struct {
 	Balance BalanceConfig
 	// RecoverWorkers is how many replicas StartProcess builds at once
 	// (each reads its snapshot and log and replays them: a durable
-	// restart's recovery); 0: one at a time. Measured on this 2-core
-	// machine under load 27-38 (kvbench recover --records 200000, A/B
-	// alternated), two at once recovered the six replicas from their
-	// logs in 47-59 s against 20-24 s one at a time: each replay slowed
-	// 3-6x beside another (page faults and memmove in replay and
-	// Table.put). Not yet measured on a quiet machine.
+	// restart's recovery); 0: one at a time. On this shared 2-core
+	// machine (load 17-38, kvbench recover --records 200000, two A/B
+	// runs of two rounds) two at once were not told apart from one:
+	// from the log 47.5/53.3 s against 20.3/23.6 s in the first run,
+	// 42.1/29.1 against 33.5/35.0 in the second; from the snapshot
+	// 19.8/25.5 against 13.3/25.6, then 12.3/12.3 against 32.2/16.1.
+	// One at a time, as before, until a quiet machine tells them apart.
 	RecoverWorkers int
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
@@ -269,8 +270,9 @@ type opened struct {
 // replica's peers); then the replicas are built, RecoverWorkers at once
 // (default one): each reads its snapshot and log and replays them (a
 // durable restart's recovery; issue 19: one after another, six replicas
-// of 1 M records took 3.1-3.7 s where the slowest alone took 0.6-0.9 s,
-// but two at once measured slower still, see RecoverWorkers). Only
+// of 1 M records took 3.1-3.7 s where the slowest alone took 0.6-0.9 s;
+// two at once were not told apart on a loaded machine, see
+// RecoverWorkers). Only
 // once every replica is built does any go to its poller, in map order:
 // no replica votes, serves or writes its data dir before every replica
 // of the process recovered, and when one fails (its error names it),
