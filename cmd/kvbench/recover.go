@@ -84,6 +84,12 @@ that the sampling saw with its capture's wall and CPU time
 (capture_poll_*), and the runtime's longest scheduling latency
 (sched_latency_max_us).
 
+--rounds N restarts kvserver N more times from the log after step 1
+and N more from the snapshot after step 2 (rows log-a, snapshot-a); with
+--compare B each round restarts --kvserver (A) and B, alternated (A
+first in even rounds), in the same minutes (rows log-a, log-b,
+snapshot-a, snapshot-b): an A/B of the recovery on a shared machine.
+
 --trace FILE records a Go execution trace of kvserver over the first
 --trace-for of the overwrites (go tool trace FILE): which goroutines held
 the processors while a poller waited.
@@ -108,11 +114,17 @@ type recoverFlags struct {
 	// traceFor of step 2's overwrites (its disk snapshots) goes there.
 	trace    string
 	traceFor time.Duration
+	// compare is a second kvserver binary (B) and rounds the restart
+	// pairs of A and B measured from the log (after step 1) and from
+	// the snapshot (after step 2).
+	compare string
+	rounds  int
 }
 
 // recoverRow is one restart of kvbench recover.
 type recoverRow struct {
-	Row           string  `json:"row"` // log or snapshot
+	Row           string  `json:"row"`              // log or snapshot
+	Binary        string  `json:"binary,omitempty"` // --rounds' rows: a (--kvserver) or b (--compare)
 	Durability    string  `json:"durability"`
 	Records       int     `json:"records"`
 	ValueSize     int     `json:"value_size"`
@@ -172,6 +184,8 @@ func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
 	fs.BoolVar(&o.quick, "quick", false, "a smoke test: 20,000 records (unless --records is given)")
 	fs.StringVar(&o.trace, "trace", "", "write a Go execution trace of kvserver (its /debug/pprof/trace, kvserver --pprof) over the first --trace-for of step 2's overwrites, where the disk snapshots are captured, to `FILE` (go tool trace FILE)")
 	fs.DurationVar(&o.traceFor, "trace-for", 5*time.Second, "how long --trace records")
+	fs.StringVar(&o.compare, "compare", "", "a second kvserver `binary` (B) for --rounds' A/B restarts")
+	fs.IntVar(&o.rounds, "rounds", 0, "restart pairs of --kvserver (A) and --compare (B), alternated, measured from the log after step 1 and from the snapshot after step 2 (rows log-a, log-b, snapshot-a, snapshot-b; without --compare, restarts of A alone)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -192,6 +206,8 @@ func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
 		return nil, fmt.Errorf("--value-size %d: want %d to %d bytes", kvValueSize, kvKeySize, 1<<20)
 	case o.et <= 0:
 		return nil, errors.New("--election-timeout must be positive")
+	case o.rounds < 0:
+		return nil, fmt.Errorf("--rounds %d: want 0 or more", o.rounds)
 	}
 	return o, nil
 }
@@ -295,6 +311,10 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 	if logRow.DiskBytes, logRow.WALBytes, logRow.SnapBytes, err = dataDirBytes(r.data); err != nil {
 		return nil, err
 	}
+	extra, err := r.rounds("log", row)
+	if err != nil {
+		return nil, err
+	}
 
 	// 2. Recover from the log; then snapshot.
 	if err := r.restart(&logRow, "1MiB"); err != nil {
@@ -346,6 +366,11 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 	if snapRow.DiskBytes, snapRow.WALBytes, snapRow.SnapBytes, err = dataDirBytes(r.data); err != nil {
 		return nil, err
 	}
+	more, err := r.rounds("snapshot", row)
+	if err != nil {
+		return nil, err
+	}
+	extra = append(extra, more...)
 
 	// 3. Recover from the snapshot.
 	if err := r.restart(&snapRow, "1024MiB"); err != nil {
@@ -354,11 +379,49 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 	if err := r.stop(); err != nil {
 		return nil, err
 	}
-	for _, x := range []*recoverRow{&logRow, &snapRow} {
+	rows = append([]recoverRow{logRow, snapRow}, extra...)
+	for k := range rows {
+		x := &rows[k]
 		x.DiskPerRecord = float64(x.DiskBytes) / float64(o.records*kvReplicas)
 		x.DiskXRaw = x.DiskPerRecord / float64(raw)
 	}
-	return []recoverRow{logRow, snapRow}, nil
+	return rows, nil
+}
+
+// rounds restarts kvserver --rounds times from the data dir as it is
+// (name: log or snapshot), alternating --kvserver (A) and --compare (B)
+// in each round (A first in even rounds, B first in odd ones), and
+// returns a row per restart. --snapshot-log-bytes is 1 GiB, so that no
+// restart takes a disk snapshot the next one would start from.
+func (r *recoverRun) rounds(name string, row func(string) recoverRow) ([]recoverRow, error) {
+	type bin struct{ label, path string }
+	bins := []bin{{"a", r.bin}}
+	if r.o.compare != "" {
+		bins = append(bins, bin{"b", r.o.compare})
+	}
+	defer func(a string) { r.bin = a }(r.bin)
+	var rows []recoverRow
+	for round := range r.o.rounds {
+		for k := range bins {
+			b := bins[(k+round)%len(bins)]
+			r.bin = b.path
+			x := row(name)
+			x.Row, x.Binary = name+"-"+b.label, b.label
+			var err error
+			if x.DiskBytes, x.WALBytes, x.SnapBytes, err = dataDirBytes(r.data); err != nil {
+				return nil, err
+			}
+			r.note("round %d: %s", round+1, b.path)
+			if err := r.restart(&x, "1024MiB"); err != nil {
+				return nil, err
+			}
+			if err := r.stop(); err != nil {
+				return nil, err
+			}
+			rows = append(rows, x)
+		}
+	}
+	return rows, nil
 }
 
 // freeControl returns a free loopback address for kvserver's control

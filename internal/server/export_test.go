@@ -23,3 +23,7 @@ func CaptureThreadLocks(p *Process, g, i int) (int, error) {
 	err := h.h.Do(func() { n = h.dur.locked })
 	return n, err
 }
+
+// SetStartPollEach plants the pollEach bug (startKnobs) in the process pc
+// starts.
+func SetStartPollEach(pc *ProcessConfig) { pc.startKnobs.pollEach = true }
