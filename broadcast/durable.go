@@ -41,11 +41,11 @@ import (
 // boots catching up (Repair). The snapshot may lie below disk snapshots
 // the member holds (Async: a recovery that lost entries it had delivered
 // rolls it back, diffReset); those predate the diff (install.stale). The
-// store removes them durably before the save counts
-// (SnapStore.SaveImage), so the gate never passes the SnapMark while a
-// crash could bring one back; a crash before that may leave one, which
-// LoadFor removes, starting from the snapshot the SnapMark names and
-// replaying the log from its diff.
+// store gets the snapshot only once the diff is synced, and removes them
+// durably before the save counts (SnapStore.SaveImage), so the gate never
+// passes the SnapMark while a crash could bring one back; a crash before
+// that may leave one, which LoadFor removes, starting from the snapshot
+// the SnapMark names and replaying the log from its diff.
 
 // recInDiff flags an Entry record that belongs to a diff.
 const recInDiff = 1
@@ -344,6 +344,43 @@ func (r *Replica) fullStepDown() bool {
 // acknowledged entries its disk lost), but with its log replayed.
 func (r *Replica) recoveryVoter() bool {
 	return r.fromDisk && r.catchingUp && r.dur != nil && r.cfg.Durability == Async
+}
+
+// awaitsRecovery reports whether this member restarted in Async mode
+// without its memory and waits for a recovery election: a recovery
+// voter, or a member whose log recovery could not replay (Repair: a
+// SnapMark naming a snapshot that never became durable, or corruption),
+// which counts among the members that lost their memory (recoveryReady's
+// (i): at most a minority kept it) and joins votes (repairVoter). Without
+// it, a majority crash that left one member restarted from its disk and
+// one in Repair could never elect: the member that kept its memory needs
+// a vote, and the one from its disk votes only in a recovery election,
+// which needed a majority of recovery voters (kv's TestSimDurable,
+// async-majority seed 9, once an install's save waited for its diff's
+// sync); nor could a whole-group crash that left two of three members
+// in Repair (async-staggered seed 57).
+func (r *Replica) awaitsRecovery() bool {
+	return r.recoveryVoter() || r.repairVoter()
+}
+
+// repairVoter reports whether this member restarted in Async mode in
+// Repair (its log not replayed) and waits for a recovery election. It
+// counts among the members that lost their memory (recoveryReady's (i))
+// and votes, but only to join a candidate whose Acpt is at least what
+// its disk held before the install that never became durable
+// (Recovery.held; zero for a corrupt log): it has no state to lead with,
+// and a winner below that could lose entries a majority's disks hold.
+func (r *Replica) repairVoter() bool {
+	return r.repair && r.catchingUp && r.dur != nil && r.cfg.Durability == Async && !r.knobs.repairUncounted
+}
+
+// repairHeld is a Repair member's Acpt in a recovery election
+// (repairVoter).
+func (r *Replica) repairHeld() MsgHdr {
+	if rc := r.cfg.Recovery; rc != nil {
+		return rc.held
+	}
+	return MsgHdr{}
 }
 
 // Durable is the header of the last accepted entry (or diff) on disk, dA:
@@ -657,6 +694,12 @@ type Recovery struct {
 	Repair bool
 	// Reason says why Repair is set.
 	Reason string
+	// held (Repair for a SnapMark naming a snapshot not on disk): the
+	// last header the log accepted before the first diff whose snapshot
+	// is missing, at least the loaded snapshot's: what the disk held
+	// before that diff. A member in Repair votes with it in a recovery
+	// election, joining only (awaitsRecovery).
+	held MsgHdr
 	// Entries, Diffs and Commits count the records of each kind.
 	Entries, Diffs, Commits int
 }
@@ -766,6 +809,7 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 			// catching up, as for corruption.
 			rc.Repair = true
 			rc.Reason = fmt.Sprintf("log record seq %d names the snapshot %s, which is not on disk: catching up from the group, not replaying the log", x.Seq, SnapName(binary.LittleEndian.Uint64(x.Data[16:]), at))
+			rc.held = heldBeforeMissing(rec.Records, snap)
 			return rc, nil
 		}
 		if in := lastInstall(rec.Records[markBegin:]); in.stale(snap.At) && !k.staleSnapUsed {
@@ -784,6 +828,27 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 	}
 	rc.recs = rec.Records
 	return rc, nil
+}
+
+// heldBeforeMissing is the last header recs accepted (an entry outside a
+// diff, or a diff's end) before the first SnapMark naming a snapshot that
+// snap does not cover, and at least snap's header: the state the disk
+// held before the first install that never became durable.
+func heldBeforeMissing(recs []wal.Record, snap *DiskSnap) MsgHdr {
+	var a MsgHdr
+	for i := range recs {
+		x := &recs[i]
+		switch {
+		case x.Type == wal.RecSnapMark && (snap == nil || snap.At.Less(getHdr(x.Data))):
+			if snap != nil {
+				a = maxHdr(a, snap.At)
+			}
+			return a
+		case x.Type == wal.RecEntry && x.Flags&recInDiff == 0, x.Type == wal.RecDiffEnd:
+			a = getHdr(x.Data)
+		}
+	}
+	return a
 }
 
 // install is what a log says about the last network snapshot a diff

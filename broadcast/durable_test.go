@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,6 +153,29 @@ func TestRecoverSnapMark(t *testing.T) {
 	rc, err = RecoverFrom(&wal.Recovered{Records: later, NextSeq: 10}, &DiskSnap{At: at2, Index: 5})
 	if err != nil || rc.Repair || len(rc.recs) != 3 || rc.recs[0].Seq != 7 {
 		t.Errorf("a stale SnapMark before a durable one: %+v, %v; want the records from seq 7", rc, err)
+	}
+	// Repair's held (a Repair member's Acpt in a recovery election): what
+	// the log accepted before the first diff whose snapshot is missing
+	// (two such diffs here), at least the loaded snapshot's header.
+	b1, e1d := recDiff(3, MsgHdr{E: e2}, at, 0)
+	b2, e2d := recDiff(6, MsgHdr{E: Epoch(3)}, MsgHdr{E: e1, Cnt: 9}, 0)
+	e2d.Seq = 8
+	twice := []wal.Record{recEntry(1, MsgHdr{E: e1, Cnt: 1}, 0, "a"), recEntry(2, MsgHdr{E: e1, Cnt: 2}, 0, "b"),
+		b1, recSnapMark(4, at, 7), e1d, b2, recSnapMark(7, MsgHdr{E: e1, Cnt: 9}, 9), e2d}
+	e1d.Seq = 5
+	twice[4] = e1d
+	for _, tc := range []struct {
+		snap *DiskSnap
+		want MsgHdr
+	}{
+		{nil, MsgHdr{E: e1, Cnt: 2}},
+		{&DiskSnap{At: MsgHdr{E: e1, Cnt: 1}, Index: 1}, MsgHdr{E: e1, Cnt: 2}},
+		{&DiskSnap{At: MsgHdr{E: e1, Cnt: 3}, Index: 3}, MsgHdr{E: e1, Cnt: 3}},
+	} {
+		rc, err := RecoverFrom(&wal.Recovered{Records: slices.Clone(twice), NextSeq: 9}, tc.snap)
+		if err != nil || !rc.Repair || rc.held != tc.want {
+			t.Errorf("two installs never durable, snapshot %v: Repair %v, held %v, %v; want Repair, held %v", tc.snap, rc.Repair, rc.held, err, tc.want)
+		}
 	}
 	// The old format (the whole snapshot in the record) is refused.
 	old := recs()

@@ -229,7 +229,7 @@ func (r *Replica) elect() bool {
 	if r.publishPending() {
 		return true // a vote decided earlier, once its E_new is saved
 	}
-	if r.catchingUp && !(r.recoveryVoter() && r.recoveryReady()) {
+	if r.catchingUp && !(r.awaitsRecovery() && r.recoveryReady()) {
 		// A restarted member counts as failed until caught up; it may
 		// only join an operator's forced vote (force.go), or (Async,
 		// restarted from its disk) vote in a recovery election.
@@ -259,8 +259,12 @@ func (r *Replica) elect() bool {
 	if r.knobs.recoveryVoteEmpty && r.recoveryVoter() {
 		acpt = MsgHdr{}
 	}
+	repairing := r.catchingUp && r.repairVoter()
+	if repairing {
+		acpt = r.repairHeld() // it joins only (no state to lead with)
+	}
 	switch {
-	case (timedOut || mx.Acpt.Less(acpt) && !r.knobs.voteRule) && !r.forcing() && !r.seesForced() && !r.diskFull() && r.preVote():
+	case (timedOut || mx.Acpt.Less(acpt) && !r.knobs.voteRule) && !repairing && !r.forcing() && !r.seesForced() && !r.diskFull() && r.preVote():
 		// Fig. 7 l.100-105: vote for self with a bigger epoch, once a
 		// majority hears no leader (pre-vote).
 		e := newBiggerEpoch(r.eNew, mx.ENew, r.self)
@@ -322,8 +326,9 @@ func (r *Replica) elect() bool {
 // "Async"): a member restarted from its disk votes, with Acpt = its
 // replayed Accepted (dA), only once (i) it hears, within the election
 // timeout, a majority of members (itself included) that restarted from
-// their disks and wait for this election too, so that at most a minority
-// kept its memory; (ii) the pre-vote holds (a majority hears no leader);
+// their disks and wait for this election too (or restarted in Repair,
+// which only join votes: repairVoter), so that at most a minority kept
+// its memory; (ii) the pre-vote holds (a majority hears no leader);
 // (iii) an election timeout passed since it booted, so that members that
 // kept their memory show their votes first (they win by Fig. 7 l.106
 // when their log is ahead). Before that it is catching up as in Memory

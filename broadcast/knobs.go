@@ -63,6 +63,14 @@ type testingKnobs struct {
 	// synced, before the snapshot file is: a crash then leaves a log
 	// naming a snapshot that is not there (durability promise).
 	ackBeforeSnapSync bool
+	// netSaveUnsynced: the snapshot a diff installed goes to the store
+	// before the diff's records are synced, so that the store's removal
+	// of the snapshots it replaced can reach the disk before the log
+	// names the install: a crash then leaves the installed snapshot and a
+	// log that continues the removed one (TestNetSaveAfterDiffSynced,
+	// and the simulator's checkInstallNamed in TestSimAsyncMutants:
+	// "recoverable:").
+	netSaveUnsynced bool
 	// ackRefused: while the disk is full, the AcceptSST row (and a Sync
 	// leader's own count) carries Accepted: it acknowledges the entries
 	// of the batch the writer refused, which are not on disk (durability
@@ -126,6 +134,12 @@ type testingKnobs struct {
 	// onCloseWait (tests, not a bug): called by Close just before it
 	// waits for the goroutines persisting counts, with how many run.
 	onCloseWait func(running int)
+	// repairUncounted: in Async mode a member restarted in Repair (its
+	// log not replayed) neither counts among the members that lost their
+	// memory in a recovery election's condition nor votes (repairVoter):
+	// a majority crash that leaves one member from its disk and one in
+	// Repair never elects again (liveness).
+	repairUncounted bool
 
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool

@@ -49,7 +49,7 @@ const (
 	wForced      = 4 // VoteSST: 1 for an operator's forced vote (ForceLead), else 0
 	wFollows     = 5 // CommitSST: the epoch whose leader this member hears now (0: none); pre-vote and leader stickiness
 	wSeen        = 5 // VoteSST (Async): the highest commit index this member saw (its Commit records')
-	wFromDisk    = 6 // VoteSST (Async): 1 while this member, restarted from its disk, waits for a recovery election
+	wFromDisk    = 6 // VoteSST (Async): 1 while this member, restarted without its memory, waits for a recovery election (awaitsRecovery)
 	wCheck       = 7
 )
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/rdma"
@@ -275,4 +276,81 @@ func snapNames(t *testing.T, fs vfs.FS) []string {
 		names = append(names, e.Name())
 	}
 	return names
+}
+
+// TestNetSaveAfterDiffSynced: the snapshot a diff installed goes to the
+// store (whose save removes the files it replaced) only once the diff's
+// records are synced. Before, a crash could find the replaced file gone
+// and a log that does not name the install yet, so that recovery would
+// start from the installed snapshot below a log that continues the
+// removed one ("recoverable:"). Async writer here: its records wait for a
+// Flush, which diskSnapPoll asks for once the image is ready. Planted
+// netSaveUnsynced is caught.
+func TestNetSaveAfterDiffSynced(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		m := vfs.NewMem()
+		for _, d := range []string{"snap", "wal"} {
+			if err := m.MkdirAll(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var member []string
+		for i := 1; i <= 34; i++ {
+			member = append(member, groupEntry(i))
+		}
+		writeSnapFile(t, m, "snap", staleAt, member)
+		snap, _, err := LoadFor(m, "snap", nil)
+		if err != nil || snap == nil {
+			t.Fatalf("LoadFor: %v, %v", snap, err)
+		}
+		d := newStepDevice(m)
+		logDev, snapDev := wal.Share(d)
+		w, err := wal.Open(logDev, wal.Config{Dir: "wal", Mode: wal.Async, FsyncInterval: time.Hour, Member: 1, SegmentBytes: 64 << 10}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &Replica{cfg: Config{Members: staleMembers, Snapshots: NewSnapStore(snapDev, "snap", 1, snap)}, dur: &durable{w: w}}
+		r.knobs.netSaveUnsynced = planted
+		r.runPersist = func(func()) {} // the image is built below
+		r.walDiff(MsgHdr{E: staleNew}, staleNamed, nil, staleNamed, 28, []byte("meta"), []byte("state"))
+		ns := r.dur.net
+		ns.img = encodeSnapFile(ns.index, ns.at, 1, 0, []byte("meta"), []byte("state"))
+		ns.done.Store(true)
+		var failed error
+		check := func(when string) {
+			img := m.Clone()
+			img.DropUnsynced()
+			rec, err := wal.Recover(img, "wal", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slices.Contains(snapNames(t, img), SnapName(34, staleAt)) || lastInstall(rec.Records).ok {
+				return
+			}
+			failed = fmt.Errorf("recoverable: %s: a crash finds %s removed and a log that does not name the install (%d records): recovery would start from %q", when, SnapName(34, staleAt), len(rec.Records), snapNames(t, img))
+		}
+		for i := 0; i < 40 && failed == nil; i++ {
+			r.diskSnapPoll()
+			w.Poll(0)
+			d.step()
+			check(fmt.Sprintf("IO %d, the diff not synced", i))
+		}
+		w.Flush()
+		for i := 0; i < 60 && failed == nil && r.dur.netSaves == 0; i++ {
+			r.diskSnapPoll()
+			w.Poll(0)
+			d.step()
+			check(fmt.Sprintf("IO %d after the flush", i))
+		}
+		switch {
+		case !planted && failed != nil:
+			t.Fatalf("as written: %v", failed)
+		case !planted && (r.dur.netSaves != 1 || r.dur.gate != 0 || w.Synced() < ns.end):
+			t.Fatalf("as written: saves %d, gate %d, synced %d of %d: want the snapshot saved once the diff synced", r.dur.netSaves, r.dur.gate, w.Synced(), ns.end)
+		case planted && (failed == nil || !strings.HasPrefix(failed.Error(), "recoverable:")):
+			t.Fatalf("planted netSaveUnsynced not caught by recoverable: (%v)", failed)
+		case planted:
+			t.Logf("planted netSaveUnsynced caught: %v", failed)
+		}
+	}
 }

@@ -21,15 +21,17 @@ func (r *Replica) updateRows() {
 		rs[tAccept][wAckFull] = 1 // our leader counts us out (updateFull)
 	}
 	rs[tCommit] = row{uint64(r.committed.E), r.committed.Cnt, r.heartbeat, r.inc, r.index, uint64(r.follows())}
-	rv := r.recoveryVoter()
+	rv := r.awaitsRecovery()
 	if r.vote != (Vote{}) || rv {
 		rs[tVote] = row{uint64(r.vote.ENew), uint64(r.vote.Acpt.E), r.vote.Acpt.Cnt, r.inc}
 		if r.vote.Forced {
 			rs[tVote][wForced] = 1
 		}
 		if rv {
-			// Async: restarted from its disk, waiting for a recovery
-			// election; the highest commit index it saw (election.go).
+			// Async: restarted without its memory, waiting for a
+			// recovery election (a Repair member too, which does not
+			// vote: awaitsRecovery); the highest commit index it saw
+			// (election.go).
 			rs[tVote][wSeen] = r.seenIdx
 			rs[tVote][wFromDisk] = 1
 		}

@@ -597,6 +597,10 @@ type simRun struct {
 	ctr   struct{ wholeGroup int }
 	// stopping: a clean stop of the whole group is under way (cleanStop)
 	stopping bool
+	// rotted: a script corrupted the node's log while it was down; its
+	// next incarnation does not replay it (Repair) and counts as one
+	// that lost its disk (diskHolds, the async loss bound at restart).
+	rotted map[rdma.NodeID]bool
 	// resetAt (Async): per node, when a snapshot rolled its delivered
 	// prefix back (diffReset after a whole-group crash): what the
 	// incarnations that ended before left on its disk no longer counts
@@ -672,6 +676,10 @@ func (p *simProc) Start(env *sim.Env) error {
 			p.lostDisk = true
 			cfg.RejoinIncarnation = uint64(env.Incarnation())<<40 | env.Rand().Uint64()>>24
 		}
+	}
+	if p.h.rotted[env.ID()] {
+		p.lostDisk = true
+		delete(p.h.rotted, env.ID())
 	}
 	p.fsm = &checkFSM{id: env.ID(), c: p.h.c, seen: map[string]bool{}}
 	p.fsm.onRollback = func() { p.h.resetAt[env.ID()] = env.Now() }
@@ -811,11 +819,15 @@ func (p *simProc) Step(now time.Duration) bool {
 		}
 		p.next = now + time.Duration(p.env.Rand().Int64N(int64(every)))
 	}
-	var gate uint64
+	var gate, netSaves uint64
+	var saving *netSnapSave
 	if p.r.dur != nil {
-		gate = p.r.dur.gate
+		gate, netSaves, saving = p.r.dur.gate, p.r.dur.netSaves, p.r.dur.netSaving
 	}
 	progress := p.r.Poll(now)
+	if saving != nil && p.r.dur.netSaves > netSaves {
+		p.checkInstallNamed(saving)
+	}
 	if gate != 0 && p.r.dur.gate == 0 {
 		p.stalePending = true
 	}
@@ -1049,6 +1061,33 @@ func (p *simProc) checkStale() {
 		if f := parseSnapName(e.Name()); f.ok && in.stale(f.at) {
 			p.h.c.fail("stale: node %d incarnation %d: the gate passed the diff of epoch %v that installed %s, yet its disk image holds %s, which that diff replaced", p.env.ID(), p.env.Incarnation(), in.diff.E, SnapName(in.index, in.at), e.Name())
 		}
+	}
+}
+
+// checkInstallNamed runs when the snapshot a diff installed (ns) became
+// durable in the store, whose save removed the files it replaced (those
+// above it: install.stale) before it counted: the disk image, every
+// unsynced write dropped, has a log that names that install, so that a
+// crash now cannot find the replaced files gone and a log that continues
+// them ("recoverable:": recovery would start from the installed snapshot
+// below records that continue a removed one, refuse them as corrupt or
+// start behind what the member acknowledged). diskSnapPoll hands the
+// snapshot to the store only once the diff's records are synced
+// (planted netSaveUnsynced: before).
+func (p *simProc) checkInstallNamed(ns *netSnapSave) {
+	if len(p.r.cfg.Snapshots.stale) == 0 {
+		return // nothing replaced: an older file's removal comes after
+	}
+	fs := p.env.Disk().Files()
+	fs.DropUnsynced()
+	rec, err := wal.Recover(fs, "wal", uint64(p.env.ID()))
+	if err != nil {
+		p.h.c.fail("recoverable: node %d: its disk image does not recover: %v", p.env.ID(), err)
+		return
+	}
+	if in := lastInstall(rec.Records); !in.ok || in.at != ns.at || in.index != ns.index {
+		p.h.c.fail("recoverable: node %d incarnation %d: the snapshot %s its diff installed counts, the files it replaced (%v) removed, but its disk image's log does not name that install (its last names %s): a crash now restarts from it below a log that continues a removed file",
+			p.env.ID(), p.env.Incarnation(), SnapName(ns.index, ns.at), p.r.cfg.Snapshots.stale, SnapName(in.index, in.at))
 	}
 }
 

@@ -473,7 +473,9 @@ func (s *SnapStore) SaveImage(index uint64, at MsgHdr, img []byte) bool {
 	// counts, so that the gate passes the diff's SnapMark only once no
 	// crash can bring them back (LoadFor would set them aside, but a
 	// group where every member needed that could not recover at all if
-	// it also lost the log's mark).
+	// it also lost the log's mark). The save only starts once the diff's
+	// records are synced (diskSnapPoll): the log names the install before
+	// anything it replaced is gone.
 	s.stale = s.stale[:0]
 	for _, p := range s.oldFiles() {
 		if f := parseSnapName(filepath.Base(p)); f.ok && at.Less(f.at) && p != final {
@@ -689,12 +691,14 @@ func (r *Replica) diskSnapPoll() {
 	}
 	if ns := d.net; ns != nil {
 		// A snapshot a diff installed goes first; no periodic capture
-		// meanwhile. (It does not wait for the diff's records to be
-		// synced, though its save removes the files it replaced: a wait
-		// for the sync here left async groups of kv's TestSimDurable
-		// without convergence, seeds 9 and 44 of async-majority; see
-		// docs/broadcast.md for the window that leaves.)
+		// meanwhile. It goes once the diff's records are synced: the
+		// save removes the files it replaced (SaveImage), and a log that
+		// does not name the install yet continues them.
 		if !ns.done.Load() || s.Busy() {
+			return
+		}
+		if d.w.Synced() < ns.end && !r.knobs.netSaveUnsynced {
+			d.w.Flush() // Async: do not wait FsyncInterval for it
 			return
 		}
 		if s.SaveImage(ns.index, ns.at, ns.img) {

@@ -1392,6 +1392,12 @@ func (h *kvRun) dump() string {
 			e, lead := p.r.Multicast().Broadcast().Leading()
 			fmt.Fprintf(&b, "group %d node %d live %v gone %v: delivered %d, leading %v %v, header %+v\n", g, id, h.s.Live(id), h.gone[id],
 				p.r.Multicast().Delivered(), e, lead, p.r.t.Header())
+			st := p.r.Multicast().Broadcast().Status()
+			fmt.Fprintf(&b, "  broadcast: role %v ECur %v ENew %v accepted %v committed %v durable %v catching-up %v from-disk %v repair %v vote %+v\n",
+				st.Role, st.ECur, st.ENew, st.Accepted, st.Committed, st.Durable, st.CatchingUp, st.FromDisk, st.Repair, st.Vote)
+			for _, m := range st.Members {
+				fmt.Fprintf(&b, "    member %+v\n", m)
+			}
 		}
 	}
 	for id, p := range h.clients {
