@@ -39,7 +39,8 @@ type blobFSM struct {
 	// that allocates during a GC mark phase can be parked by the GC
 	// (mark assist) for as long as the phase, tens of ms, which is the
 	// FSM's cost, not the replica's
-	retired [][]byte // chunks copied away from while captures held them: spares once they are released
+	retired [][]byte           // chunks copied away from while captures held them: spares once no live capture holds them
+	live    map[*blobSnap]bool // captures not released yet
 	index   uint64
 	hash    uint64 // of the applied entries, in order
 }
@@ -48,7 +49,7 @@ const blobChunk = 64 << 10
 
 func newBlobFSM(mib int) *blobFSM {
 	n := mib << 20 / blobChunk
-	f := &blobFSM{chunks: make([][]byte, n), shared: make([]bool, n), spare: make([][]byte, n)}
+	f := &blobFSM{chunks: make([][]byte, n), shared: make([]bool, n), spare: make([][]byte, n), live: map[*blobSnap]bool{}}
 	backing := make([]byte, 2*n*blobChunk)
 	for i := range f.chunks {
 		f.chunks[i] = backing[i*blobChunk : (i+1)*blobChunk : (i+1)*blobChunk]
@@ -100,7 +101,9 @@ func (f *blobFSM) Snapshot() (FSMSnapshot, error) {
 	for i := range f.shared {
 		f.shared[i] = true
 	}
-	return &blobSnap{f: f, index: f.index, hash: f.hash, chunks: slices.Clone(f.chunks)}, nil
+	s := &blobSnap{f: f, index: f.index, hash: f.hash, chunks: slices.Clone(f.chunks)}
+	f.live[s] = true
+	return s, nil
 }
 
 func (s *blobSnap) Size() int { return 16 + len(s.chunks)*blobChunk }
@@ -114,13 +117,33 @@ func (s *blobSnap) Persist(dst []byte) error {
 	return nil
 }
 
-// Release returns the chunks Apply copied away from to the spares (one
-// capture at a time here: the replica serves one snapshot at a time).
+// Release returns to the spares the chunks Apply copied away from that no
+// live capture holds. The replica releases a capture off its polling
+// goroutine, so a Release may run after the next capture was taken and
+// Applies retired chunks that capture holds: returning every retired
+// chunk then (as this did) let Apply overwrite the next capture before
+// its Persist copied it, and a follower restored a state that no replica
+// had (CI: same index and entries, a different state hash).
 func (s *blobSnap) Release() {
-	s.f.mu.Lock()
-	defer s.f.mu.Unlock()
-	s.f.spare = append(s.f.spare, s.f.retired...)
-	s.f.retired = s.f.retired[:0]
+	f := s.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.live, s)
+	held := map[*byte]bool{}
+	for c := range f.live {
+		for _, b := range c.chunks {
+			held[&b[0]] = true
+		}
+	}
+	keep := f.retired[:0]
+	for _, b := range f.retired {
+		if held[&b[0]] {
+			keep = append(keep, b)
+		} else {
+			f.spare = append(f.spare, b)
+		}
+	}
+	f.retired = keep
 }
 
 // Restore adopts the fetched bytes: the chunks are slices of them.

@@ -33,7 +33,10 @@ type FSMSnapshot interface {
 	// Persist writes the snapshot into dst (len(dst) == Size()), registered
 	// memory that members read once Persist returned.
 	Persist(dst []byte) error
-	// Release frees what the capture holds.
+	// Release frees what the capture holds. The replica calls it off its
+	// polling goroutine (it may unmap large regions), so it may run
+	// concurrently with Apply and after a later Snapshot: it must free
+	// only this capture's holdings, not what a later capture shares.
 	Release()
 }
 
