@@ -526,7 +526,8 @@ func (p *Process) register(h *hosted) {
 	p.mu.Unlock()
 }
 
-// close closes a replica that build made and no poller polled.
+// close closes a replica that no poller polls (any more): one that build
+// made and the start abandoned, or one its poller let go.
 func (h *hosted) close() {
 	h.r.Close()
 	if h.st != nil {
@@ -612,15 +613,7 @@ func (p *Process) Stop(g, i int) {
 		p.flush(h)
 	}
 	h.h.Remove()
-	h.r.Close()
-	if h.st != nil {
-		h.st.Close()
-	}
-	h.dur.Close()
-	if h.stableDev != nil {
-		h.stableDev.Close()
-	}
-	h.node.Close()
+	h.close()
 }
 
 // flushTimeout bounds how long Stop waits for a log's queue to reach the
