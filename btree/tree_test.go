@@ -360,3 +360,75 @@ func TestDeleteMergesEmptyLeaves(t *testing.T) {
 		t.Fatalf("old pointer %v after its slot was reused: %v, want ErrNotNode", oldLeaf, err)
 	}
 }
+
+// TestDescendSamePath holds the writer's descent (innerChild over the
+// inner nodes' bytes, the leaf not read) to the decoding one
+// (decodedDescent: every node decoded, ChildFor at each level): the same
+// path for keys that are in the tree, between its keys, below the first
+// and past the last, over the geometries and through splits. The
+// planted childAfterKey is caught as a path that differs.
+func TestDescendSamePath(t *testing.T) {
+	for _, g := range geometries {
+		t.Run(fmt.Sprintf("node%d", g.cfg.NodeSize), func(t *testing.T) {
+			if err := descendSamePath(g.cfg, g.ops, g.keySpace, g.maxVal, testingKnobs{}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Run("childAfterKey", func(t *testing.T) {
+		g := geometries[1]
+		err := descendSamePath(g.cfg, g.ops, g.keySpace, g.maxVal, testingKnobs{childAfterKey: true})
+		mustCatch(t, "childAfterKey", err, `descent of .* path .* want`)
+	})
+}
+
+// descendSamePath fills a tree (knobs set) with random puts and deletes
+// and, every 50 ops and at the end, compares descend's path with the
+// decoding descent's for random keys and for every key in the tree.
+func descendSamePath(cfg Config, ops, keySpace, maxVal int, knobs testingKnobs) error {
+	r := rand.New(rand.NewPCG(uint64(cfg.NodeSize), 19))
+	tr, err := New(cfg, NewArena(cfg.NodeSize, 256, nil), 1)
+	if err != nil {
+		return err
+	}
+	tr.knobs = knobs
+	compare := func(k []byte) error {
+		tr.memoOK = false
+		got := slices.Clone(tr.descend(k))
+		tr.memoOK = false
+		want := tr.descendDecoded(k, []NodeID{tr.root})
+		tr.memoOK = false
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("descent of %q (height %d): path %v, want %v", k, tr.height(), got, want)
+		}
+		return nil
+	}
+	for i := range ops {
+		k := randKey(r, keySpace, cfg.MaxKey)
+		if r.IntN(10) < 8 {
+			if _, err := tr.Put(k, randVal(r, maxVal), 1, uint64(i+2)); err != nil {
+				return err
+			}
+		} else {
+			tr.Delete(k, uint64(i+2))
+		}
+		if i%50 == 0 {
+			for range 20 {
+				if err := compare(randKey(r, keySpace, cfg.MaxKey)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if tr.height() < 2 {
+		return fmt.Errorf("tree of height %d: want inner nodes", tr.height())
+	}
+	var keys [][]byte
+	tr.Ascend(nil, func(k, _ []byte) bool { keys = append(keys, slices.Clone(k)); return true })
+	for _, k := range append(keys, []byte{0}, []byte{0xff, 0xff}) {
+		if err := compare(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
