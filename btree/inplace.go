@@ -172,18 +172,8 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 // handled false (nothing changed) if it must split. prev is the key's
 // version before, when it existed. The writer's descent memo stays valid
 // (no inner node changes).
-//
-// It searches the leaf where it lies and builds the new bytes in scratch
-// in one pass: the bytes before the change, the new entry (and, for an
-// insert, its offset) and the bytes after it, each copied once to its
-// final place (leafWithGap), rather than copying the whole leaf and then
-// moving the bytes after the change within scratch (openGap), which
-// moved half a leaf twice.
 func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (handled, existed bool, prev uint64) {
-	if t.knobs.copyThenShift {
-		return t.putInPlaceShift(id, key, val, version, stamp)
-	}
-	l, ok := t.leafAt(id)
+	l, ok := t.inPlace(id)
 	if !ok {
 		return false, false, 0
 	}
@@ -196,100 +186,6 @@ func (t *Tree) putInPlace(id NodeID, key, val []byte, version, stamp uint64) (ha
 	if eq {
 		// Replace entry i-1: the entries after it move by the change in
 		// size.
-		i--
-		pos := l.entBase + int(leU16(l.slot[l.offsPos+offSize*i:]))
-		os := leafEnt + len(key) + int(le.Uint32(l.slot[pos+2:]))
-		d := ns - os
-		if (l.dataEnd+d+checkSize+7)&^7 > len(l.b) {
-			return false, false, 0
-		}
-		prev = le.Uint64(l.slot[pos+6:])
-		copy(l.b[:pos], l.slot[:pos])
-		copy(l.b[pos+ns:], l.slot[pos+os:l.dataEnd])
-		le.PutUint16(l.b[pos:], uint16(len(key)))
-		le.PutUint32(l.b[pos+2:], uint32(len(val)))
-		le.PutUint64(l.b[pos+6:], version)
-		copy(l.b[pos+leafEnt:], key)
-		copy(l.b[pos+leafEnt+len(key):], val)
-		for j := i + 1; j < l.n.Count; j++ {
-			l.setOff(j, l.off(j)+d)
-		}
-		t.seal(&l, l.offsPos+offSize*(i+1), l.n.Count, l.dataEnd+d, stamp)
-		t.pairs += snapPairSize(len(key), len(val)) - snapPairSize(len(key), os-leafEnt-len(key))
-		return true, true, prev
-	}
-	// Insert at i: offsets i.. and entries ..i-1 move by one offset,
-	// entries i.. by the offset and the new entry.
-	if (l.dataEnd+offSize+ns+checkSize+7)&^7 > len(l.b) {
-		return false, false, 0
-	}
-	rel := l.dataEnd - l.entBase // the new entry's offset
-	if i < l.n.Count {
-		rel = int(leU16(l.slot[l.offsPos+offSize*i:]))
-	}
-	pos := l.entBase + rel
-	at := l.offsPos + offSize*i
-	copy(l.b[:at], l.slot[:at])
-	copy(l.b[at+offSize:], l.slot[at:pos])
-	copy(l.b[pos+offSize+ns:], l.slot[pos:l.dataEnd])
-	l.setOff(i, rel)
-	for j := i + 1; j <= l.n.Count && !t.knobs.gapStaleOffsets; j++ {
-		l.setOff(j, l.off(j)+ns)
-	}
-	p := pos + offSize
-	le.PutUint16(l.b[p:], uint16(len(key)))
-	le.PutUint32(l.b[p+2:], uint32(len(val)))
-	le.PutUint64(l.b[p+6:], version)
-	copy(l.b[p+leafEnt:], key)
-	copy(l.b[p+leafEnt+len(key):], val)
-	t.seal(&l, at, l.n.Count+1, l.dataEnd+offSize+ns, stamp)
-	t.len++
-	t.pairs += snapPairSize(len(key), len(val))
-	return true, false, 0
-}
-
-// leafAt is inPlace without the copy into scratch: the leaf decoded where
-// it lies (l.n aliases the slot), l.b the scratch the caller fills.
-// False with noInPlace, or if id is not a leaf.
-func (t *Tree) leafAt(id NodeID) (inPlaceLeaf, bool) {
-	if t.knobs.noInPlace {
-		return inPlaceLeaf{}, false
-	}
-	slot := t.a.bytes(id.Slot())
-	n, err := decodeOwn(slot, id)
-	if err != nil || !n.Leaf {
-		return inPlaceLeaf{}, false
-	}
-	l := inPlaceLeaf{slot: slot, b: t.scratch, n: n}
-	l.offsPos = hdrSize + 2 + len(n.Low) + 2 + len(n.High)
-	l.entBase = l.offsPos + offSize*n.Count
-	l.dataEnd = l.entBase
-	if n.Count > 0 {
-		last := int(leU16(n.offs[offSize*(n.Count-1):]))
-		e, ok := n.entryAt(n.Count - 1)
-		if !ok {
-			return inPlaceLeaf{}, false
-		}
-		l.dataEnd = l.entBase + last + leafEnt + len(e.Key) + len(e.Value)
-	}
-	return l, true
-}
-
-// putInPlaceShift is putInPlace as it was before leafAt: the whole leaf
-// copied into scratch, then the bytes after the change moved there. The
-// reference TestInPlaceSameBytes holds putInPlace to (copyThenShift).
-func (t *Tree) putInPlaceShift(id NodeID, key, val []byte, version, stamp uint64) (handled, existed bool, prev uint64) {
-	l, ok := t.inPlace(id)
-	if !ok {
-		return false, false, 0
-	}
-	i, eq, ok := l.n.search(key)
-	if !ok {
-		return false, false, 0
-	}
-	le := binary.LittleEndian
-	ns := leafEnt + len(key) + len(val)
-	if eq {
 		i--
 		pos := l.entBase + l.off(i)
 		os := leafEnt + len(key) + int(le.Uint32(l.b[pos+2:]))
@@ -309,6 +205,8 @@ func (t *Tree) putInPlaceShift(id NodeID, key, val []byte, version, stamp uint64
 		t.pairs += snapPairSize(len(key), len(val)) - snapPairSize(len(key), os-leafEnt-len(key))
 		return true, true, prev
 	}
+	// Insert at i: offsets i.. and entries ..i-1 move by one offset,
+	// entries i.. by the offset and the new entry.
 	if (l.dataEnd+offSize+ns+checkSize+7)&^7 > len(l.b) {
 		return false, false, 0
 	}

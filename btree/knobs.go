@@ -26,22 +26,6 @@ type testingKnobs struct {
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool
-	// copyThenShift makes an in-place put copy the whole leaf into
-	// scratch and move the bytes after the change there (putInPlace
-	// before leafAt): the reference its bytes are held to.
-	copyThenShift bool
-	// gapStaleOffsets plants a bug: an insert in place (leafAt's one
-	// pass) leaves the offsets of the entries after the new one as they
-	// were, so they point into the entries before where their own moved.
-	gapStaleOffsets bool
-	// decodedDescent makes the writer's descent decode every node on its
-	// path, the leaf included, and bisect through ChildFor (descend before
-	// innerChild): the reference its paths are held to.
-	decodedDescent bool
-	// childAfterKey plants a bug: innerChild follows the child of the
-	// first entry above the key (the next one) instead of the last at or
-	// below it.
-	childAfterKey bool
 	// noBlindPut makes a blind put (one unconditional put) look its key
 	// up before the put, as every other write request does: the
 	// reference its result is held to.

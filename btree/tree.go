@@ -224,11 +224,6 @@ func (t *Tree) encode(dst []byte, m *image) {
 // descend returns the path of node ids from the root to the leaf whose
 // fences hold key, as the writer sees its own tree (no moves right: the
 // writer's parents are always current). The caller does not change it.
-// It reads only the inner nodes, and of each only its count, fences'
-// lengths and the offsets and keys its bisection visits (innerChild):
-// not the leaf, whose first bytes the caller reads next anyway, and not
-// a decoded view of each node (decodeOwn builds fences and slices the
-// descent never uses).
 func (t *Tree) descend(key []byte) []NodeID {
 	if t.memoOK && string(key) == string(t.memoKey) {
 		return t.memoPath
@@ -237,34 +232,6 @@ func (t *Tree) descend(key []byte) []NodeID {
 	// 4 KiB nodes make 3), so that the path is one allocation, not one
 	// per level.
 	path := append(make([]NodeID, 0, 4), t.root)
-	if t.knobs.decodedDescent {
-		return t.descendDecoded(key, path)
-	}
-	level := -1
-	for {
-		id := path[len(path)-1]
-		b := t.a.bytes(id.Slot())
-		if level < 0 {
-			// The root: its level says how many inner nodes follow.
-			level = int(leU16(b[offLevel:]))
-		}
-		if level == 0 {
-			t.memoKey, t.memoPath, t.memoOK = append(t.memoKey[:0], key...), path, true
-			return path
-		}
-		child := innerChild(b, key, t.knobs.childAfterKey)
-		if child == 0 {
-			panic(fmt.Sprintf("btree: writer's node %v at level %d has no child for %q", id, level, key))
-		}
-		path = append(path, child)
-		level--
-	}
-}
-
-// descendDecoded is descend through decodeOwn and ChildFor at every
-// level, the leaf included (what descend did before innerChild): the
-// reference TestDescendSamePath holds descend to.
-func (t *Tree) descendDecoded(key []byte, path []NodeID) []NodeID {
 	for {
 		n, err := decodeOwn(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
 		if err != nil {
@@ -276,40 +243,6 @@ func (t *Tree) descendDecoded(key []byte, path []NodeID) []NodeID {
 		}
 		path = append(path, n.ChildFor(key))
 	}
-}
-
-// innerChild is ChildFor on the bytes b of one of the writer's own inner
-// nodes (sealed by it, so not validated again): the child of the last
-// entry whose key is at most key, 0 if none. It reads the count, the
-// fences' lengths (to find the offsets), and the offset and key of each
-// entry its bisection visits. Malformed bytes (a writer's bug) panic on
-// a bounds check rather than answer.
-func innerChild(b []byte, key []byte, childAfterKey bool) NodeID {
-	count := int(leU16(b[offCount:]))
-	p := hdrSize
-	p += 2 + int(leU16(b[p:]))
-	p += 2 + int(leU16(b[p:]))
-	offs := b[p : p+offSize*count]
-	ents := b[p+offSize*count:]
-	lo, hi := 0, count
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		o := int(leU16(offs[offSize*mid:]))
-		kl := int(leU16(ents[o:]))
-		if string(ents[o+innerEnt:o+innerEnt+kl]) <= string(key) {
-			lo = mid + 1
-		} else {
-			hi = mid
-		}
-	}
-	if childAfterKey && lo < count {
-		lo++ // planted: the entry after the key's
-	}
-	if lo == 0 {
-		return 0
-	}
-	o := int(leU16(offs[offSize*(lo-1):]))
-	return NodeID(binary.LittleEndian.Uint64(ents[o+2:]))
 }
 
 // Get looks key up in the writer's tree: its entry (value and version,
