@@ -129,12 +129,7 @@ func closeUnderPersist(t *testing.T, uncounted persistKind) error {
 // snapshot store) that takes a disk snapshot after every log write.
 func diskReplica(t *testing.T, f FSM) (*Replica, *vfs.Mem) {
 	t.Helper()
-	m := vfs.NewMem()
-	for _, d := range []string{"snap", "wal"} {
-		if err := m.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m := newDataFS(t)
 	logDev, snapDev := wal.Share(&inlineDevice{x: wal.NewExecutor(m)})
 	w, err := wal.Open(logDev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: 1, SegmentBytes: 64 << 10}, nil)
 	if err != nil {
