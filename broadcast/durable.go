@@ -751,6 +751,7 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 	}
 	inDiff, left := false, 0
 	lastMark, markBegin, begin := -1, 0, 0 // the last SnapMark, its DiffBegin; the current DiffBegin
+	whole := -1                            // the last diff from base 0 (fromZero)
 	for i := range rec.Records {
 		x := &rec.Records[i]
 		bad := func(why string) error {
@@ -776,6 +777,9 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 				return nil, bad("malformed or nested diff")
 			}
 			inDiff, left, begin = true, int(binary.LittleEndian.Uint32(x.Data[32:])), i
+			if fromZero(x) {
+				whole = i
+			}
 		case wal.RecSnapMark:
 			if !inDiff || len(x.Data) != 24 {
 				return nil, bad("snapshot record outside a diff or malformed")
@@ -802,6 +806,18 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 	if lastMark >= 0 {
 		x := &rec.Records[lastMark]
 		at := getHdr(x.Data)
+		if (snap == nil || snap.At.Less(at)) && whole > lastMark {
+			// A diff from base 0 after the SnapMark replaced the whole
+			// Log (Fig. 5 l.62-63): the log from it on continues the
+			// snapshot loaded (or none), and what it holds before is
+			// superseded. This is a member that booted in Repair for
+			// that SnapMark and that a leader then synced from its empty
+			// commit point (Fig. 7 l.119-123; nothing pruned, so no
+			// snapshot): without the cut, every later crash before its
+			// next disk snapshot or install booted it in Repair again.
+			rc.recs = rec.Records[whole:]
+			return rc, nil
+		}
 		if snap == nil || snap.At.Less(at) {
 			// The snapshot the last SnapMark names is not on disk (never
 			// made durable, so nothing from its diff on was
@@ -828,6 +844,12 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 	}
 	rc.recs = rec.Records
 	return rc, nil
+}
+
+// fromZero reports whether the DiffBegin record x is of a diff from base
+// 0: it replaces the whole Log.
+func fromZero(x *wal.Record) bool {
+	return len(x.Data) == 40 && getHdr(x.Data[16:]) == MsgHdr{}
 }
 
 // heldBeforeMissing is the last header recs accepted (an entry outside a
