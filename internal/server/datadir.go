@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -38,7 +39,9 @@ func (c clusterIdentity) shape() string {
 // cluster's (another name, number of groups or replicas). It sets
 // pc.Prepare (a replica with stable state restarts as the member it was)
 // and pc.ReplicaDir; pc.Durable says what the replicas keep besides the
-// stable state.
+// stable state. In a durable mode the replicas write one log, dir/wal
+// (pc.SharedLog), unless a replica's dir holds a log of its own (a data
+// dir written before the shared log): then each keeps its own.
 func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 	m := pc.Map
 	if m == nil {
@@ -78,6 +81,7 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 		}
 	}
 	ran := false
+	var ownLogs []string // replicas' logs of their own that hold files
 	for _, ms := range m.Groups {
 		for _, id := range ms {
 			rd := replicaDir(dir, id)
@@ -87,7 +91,27 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 			if _, err := os.Stat(filepath.Join(rd, "stable")); err == nil {
 				ran = true
 			}
+			if n, err := dirEntries(vfs.OS, filepath.Join(rd, "wal")); err != nil {
+				return nil, fmt.Errorf("data dir: %w", err)
+			} else if n > 0 {
+				ownLogs = append(ownLogs, filepath.Join(rd, "wal"))
+			}
 		}
+	}
+	// One log per process (SharedLog) for a data dir that has no
+	// replica's log of its own; one that has (written before the shared
+	// log, or by a build without it) keeps them: nothing is ignored.
+	shared := filepath.Join(dir, "wal")
+	n, err := dirEntries(vfs.OS, shared)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("data dir: %w", err)
+	case len(ownLogs) > 0 && n > 0:
+		return nil, fmt.Errorf("data dir %s holds both the process's shared log (%s) and logs of single replicas (%s...): one of them is stale; move the data dir aside and restore a backup, or remove what is not wanted", dir, shared, ownLogs[0])
+	case len(ownLogs) == 0:
+		pc.SharedLog = shared
+	default:
+		pc.SharedLog = ""
 	}
 	rejoinInc := uint64(time.Now().UnixNano())
 	pc.ReplicaDir = func(id rdma.NodeID) string { return replicaDir(dir, id) }
