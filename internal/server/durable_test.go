@@ -102,6 +102,9 @@ func openClient(t *testing.T, p *server.Process, m *cluster.Map) *client.Client 
 // the file, and the refusal says what to do.
 func TestProcessDurableRestart(t *testing.T) {
 	dir := t.TempDir()
+	// A new data dir gets one shared log with RDMAKV_SHARED_LOG=1, and
+	// keeps it at the restarts below (with or without it).
+	t.Setenv("RDMAKV_SHARED_LOG", "1")
 	m := &cluster.Map{Name: "durable", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
 	if err := m.Fill(); err != nil {
 		t.Fatal(err)
@@ -160,6 +163,9 @@ func TestProcessDurableRestart(t *testing.T) {
 		}
 	}
 	c.Close()
+	if r := p.Replicas()[1].Status(); r.Disk.SharedLog != filepath.Join(dir, "wal") {
+		t.Errorf("replica 2's status: shared log %q, want %s", r.Disk.SharedLog, filepath.Join(dir, "wal"))
+	}
 	if r := p.Replicas()[1].Status(); !strings.HasPrefix(r.Disk.Recovery, "recovered snapshot index ") {
 		t.Errorf("recovery line %q: want one from a snapshot", r.Disk.Recovery)
 	}
@@ -185,6 +191,7 @@ func TestProcessDurableRestart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "wal")); err != nil {
 		t.Fatalf("no shared log: %v", err)
 	}
+	t.Setenv("RDMAKV_SHARED_LOG", "0") // the data dir's layout is kept
 	pc := server.ProcessConfig{Map: m, Durable: server.DurableConfig{Mode: broadcast.Sync}}
 	unlock, err := server.UseDataDir(&pc, dir)
 	if err != nil {
@@ -262,8 +269,11 @@ func diskFailStop(t *testing.T, m *cluster.Map, dir string, shared bool) {
 		t.Fatal(err)
 	}
 	defer unlock()
-	if !shared {
-		pc.SharedLog = "" // a log per replica
+	if pc.SharedLog != "" {
+		t.Fatalf("a new data dir without RDMAKV_SHARED_LOG=1 got the shared log %s", pc.SharedLog)
+	}
+	if shared {
+		pc.SharedLog = filepath.Join(dir, "wal")
 	}
 	p, err := server.StartProcess(pc)
 	if err != nil {

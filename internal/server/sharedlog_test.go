@@ -68,9 +68,7 @@ func serveSharedKill(in io.Reader, out io.Writer) error {
 		return err
 	}
 	defer unlock()
-	if pc.SharedLog == "" {
-		return fmt.Errorf("data dir %s: no shared log", cfg.Dir)
-	}
+	pc.SharedLog = filepath.Join(cfg.Dir, "wal") // (the restart finds it: UseDataDir keeps it)
 	p, err := server.StartProcess(pc)
 	if err != nil {
 		return err
