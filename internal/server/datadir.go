@@ -141,11 +141,13 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 // gets one shared log for all its replicas (UseDataDir): only when the
 // environment sets RDMAKV_SHARED_LOG=1. Off by default: measured on this
 // shared machine (2026-11-27, load 24-38, docs/benchmarks.md) it cut the
-// replicas' CPU per sync put at 64 writers (50-52 against 77 µs) but not
-// the put rate (4.9-5.2 k/s against 6.1 k/s), and one writer's sync p50
-// rose (1.7-2.2 ms against 1.35 ms): the followers' records wait for the
-// leader's batch's fsync (one batch in flight), two fsyncs one after the
-// other where separate logs sync in parallel.
+// fdatasyncs per sync put (0.23 against 0.87) and the replicas' CPU per
+// sync put at 64 writers (50-52 against 77-96 µs) but showed no higher
+// put rate (sync 4.9-5.2 k/s against 4.2-6.1 k/s, async 30-35 k/s against
+// 38.5 k/s), and one writer's sync p50 rose (1.7-2.2 ms against
+// 1.35-1.63 ms): the followers' records wait for the leader's batch's
+// fsync (one batch in flight), two fsyncs one after the other where
+// separate logs sync in parallel.
 func SharedLogDefault() bool { return os.Getenv("RDMAKV_SHARED_LOG") == "1" }
 
 func replicaDir(dir string, id rdma.NodeID) string {
