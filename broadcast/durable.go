@@ -47,6 +47,41 @@ import (
 // that may leave one, which LoadFor removes, starting from the snapshot
 // the SnapMark names and replaying the log from its diff.
 
+// WAL is the log a durable replica writes (Config.WAL): exactly the
+// methods the replica and its SnapStore call. A *wal.Writer (one log per
+// replica; the simulator's) and a *wal.Stream (one stream of a process's
+// shared log, wal.Mux: docs/dev/durability-plan.md, "One log per
+// process") both have them. Seqs are the log's own (a Stream's are its
+// stream seqs), so the replica's rules read the same over either.
+type WAL interface {
+	AppendFlags(typ wal.RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool)
+	AppendLazy(typ wal.RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool)
+	Poll(now time.Duration) bool
+	NextDeadline() time.Duration
+	Flush()
+	Synced() uint64
+	NextSeq() uint64
+	OldestUnsynced() time.Duration
+	DropBefore(seq uint64)
+	Err() error
+	Full() bool
+	CheckSpace()
+	Space() wal.Space
+	SpaceLow(wal.Space) bool
+	// UnsyncedBytes and MaxUnsyncedBytes are the whole log's (a Mux's
+	// queue is shared, and the Writer refuses records past twice the
+	// maximum): Async's back-pressure reads them.
+	UnsyncedBytes() int64
+	MaxUnsyncedBytes() int64
+	BytesWritten() uint64
+	Stats() wal.Stats
+}
+
+var (
+	_ WAL = (*wal.Writer)(nil)
+	_ WAL = (*wal.Stream)(nil)
+)
+
 // recInDiff flags an Entry record that belongs to a diff.
 const recInDiff = 1
 
@@ -59,7 +94,7 @@ type durMark struct {
 
 // durable is a Sync or Async replica's log state.
 type durable struct {
-	w    *wal.Writer
+	w    WAL
 	ring []durMark // not yet synced, in seq order
 	dA   MsgHdr    // durable accepted: the last synced mark
 	// commitSeq is the seq of the last Commit record (0: none yet);

@@ -59,6 +59,10 @@ type ProcessStatus struct {
 	// process runs none: no ordered keyspace, one group, or no replica
 	// of group 0 here).
 	Balancer *client.BalancerStatus `json:"balancer,omitempty"`
+	// SharedLog is the process's one log (absent: each replica has a log
+	// of its own, or memory mode): its batches and fsyncs, once; each
+	// replica's disk status shows its stream's records and bytes.
+	SharedLog *SharedLogStatus `json:"shared_log,omitempty"`
 }
 
 // StartControl listens on addr and serves the control port of the
@@ -95,6 +99,8 @@ type ControlOptions struct {
 	// (/status), and collector its metrics (StartProcess sets them).
 	balancer  func() *client.BalancerStatus
 	collector prometheus.Collector
+	// sharedLog, if set, is the process's shared log's state (/status).
+	sharedLog func() *SharedLogStatus
 }
 
 // ServeControl serves the control port on ln (see StartControl).
@@ -116,6 +122,9 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 		ps.Runtime = runtimeWindows.status()
 		if o.balancer != nil {
 			ps.Balancer = o.balancer()
+		}
+		if o.sharedLog != nil {
+			ps.SharedLog = o.sharedLog()
 		}
 		return ps
 	}

@@ -27,3 +27,17 @@ func CaptureThreadLocks(p *Process, g, i int) (int, error) {
 // SetStartPollEach plants the pollEach bug (startKnobs) in the process pc
 // starts.
 func SetStartPollEach(pc *ProcessConfig) { pc.startKnobs.pollEach = true }
+
+// SetSharedEarlySynced plants the earlySynced bug (sharedKnobs) in the
+// shared log of the process pc starts.
+func SetSharedEarlySynced(pc *ProcessConfig) { pc.startKnobs.shared.earlySynced = true }
+
+// SharedLogDir is the shared log the replica at (g, i) writes ("" if
+// none).
+func SharedLogDir(p *Process, g, i int) string {
+	h := p.get(g, i)
+	if h == nil || h.dur == nil {
+		return ""
+	}
+	return h.dur.sharedDir()
+}

@@ -82,6 +82,13 @@ type ProcessConfig struct {
 	// after Prepare), and Stop flushes and syncs what its log has queued.
 	Durable    DurableConfig
 	ReplicaDir func(id rdma.NodeID) string
+	// SharedLog, if set (and Durable is not memory mode), is the directory
+	// of the process's one log (SharedLog, wal.Mux): every replica writes
+	// its log records there as a stream, and one fdatasync covers all of
+	// them; its disk snapshots stay in ReplicaDir(id)/snap. "": each
+	// replica has a log of its own in ReplicaDir(id)/wal. UseDataDir sets
+	// it for a new data dir (docs/operations.md, "One log per process").
+	SharedLog string
 	// FS is the file system the durable state is on (nil: vfs.OS; tests
 	// inject faults with errorfs).
 	FS vfs.FS
@@ -106,6 +113,8 @@ type ProcessConfig struct {
 
 // startKnobs are StartProcess's planted bugs (tests only).
 type startKnobs struct {
+	// shared: the shared log's planted bugs (sharedlog.go).
+	shared sharedKnobs
 	// pollEach: each replica goes to its poller as soon as its own
 	// recovery ended, not once every replica's did: it votes and
 	// serves (and writes its data dir) while another replica of the
@@ -133,6 +142,10 @@ type Process struct {
 	backups *backups   // backup files of the replicas (backup.go)
 	// balancer is the tablet balancer (balancer.go); nil: none.
 	balancer *balancer
+	// shared is the process's one log (ProcessConfig.SharedLog); nil:
+	// none (each replica its own, or memory mode). Closed after every
+	// replica.
+	shared *SharedLog
 
 	mu      sync.Mutex
 	failed  chan error  // a replica stopped on a disk error (fail-stop)
@@ -248,7 +261,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	p.startBalancer()
 	if cfg.Control != nil {
 		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret, backups: p.backups,
-			balancer: p.BalancerStatus, collector: balancerCollector{p}}, cfg.Log)
+			balancer: p.BalancerStatus, collector: balancerCollector{p}, sharedLog: p.shared.Status}, cfg.Log)
 	}
 	return p, nil
 }
@@ -279,6 +292,23 @@ type opened struct {
 // every replica built is closed unpolled: nothing was started, and no
 // replica's data dir changed but by its recovery.
 func (p *Process) startAll(want []replicaPos) error {
+	if p.cfg.SharedLog != "" && p.cfg.Durable.Mode != broadcast.Memory {
+		// The shared log is read back before any replica (each takes
+		// its stream's records from it); the process closes it after
+		// every replica (Close).
+		ids := make([]rdma.NodeID, len(want))
+		for k, w := range want {
+			ids[k] = p.Map.Groups[w.g][w.i]
+		}
+		sh, err := openSharedLog(p.cfg.FS, p.cfg.SharedLog, ids, p.cfg.Durable, p.cfg.startKnobs.shared)
+		if err != nil {
+			return err
+		}
+		for _, w := range sh.Warnings {
+			p.cfg.Log.Warn(w, "dir", sh.Dir)
+		}
+		p.shared = sh
+	}
 	ops := make([]*opened, 0, len(want))
 	for _, w := range want {
 		o, err := p.open(w)
@@ -409,7 +439,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 		if fsys == nil {
 			fsys = vfs.OS
 		}
-		if dur, err = OpenDurable(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring); err != nil {
+		if dur, err = OpenDurableShared(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring, p.shared); err != nil {
 			closeStable()
 			node.Close()
 			return nil, err
@@ -569,7 +599,7 @@ func (p *Process) watchDisks(ctx context.Context) {
 			if err := r.r.Multicast().Broadcast().Status().DiskErr; err != nil {
 				where := "its stable state"
 				if r.dur != nil {
-					where = r.dur.Dir
+					where = r.dur.LogDir
 				}
 				p.failed <- fmt.Errorf("replica %d (group %d) stopped on a disk error in %s: %v: nothing it acknowledged is lost; check the disk (dmesg, df), then restart it", r.Node, r.Group, where, err)
 				return
@@ -635,7 +665,7 @@ func (p *Process) flush(h *hosted) {
 		if h.h.Do(func() {
 			w.Flush()
 			w.Poll(p.pollers.Now())
-			done = w.Idle() || w.Err() != nil
+			done = h.dur.logIdle() || w.Err() != nil
 		}) != nil || done {
 			return
 		}
@@ -752,6 +782,7 @@ func (p *Process) Close() {
 	}
 	p.stop()
 	<-p.done
+	p.shared.Close() // after every replica: each flushed its stream
 	p.backups.close()
 	p.mu.Lock()
 	defer p.mu.Unlock()
