@@ -45,6 +45,9 @@ type spinBudget struct {
 	// flows.
 	holdMax time.Duration
 	hold    bool
+	// notNow: the group does not hold now (its spare P given back:
+	// GroupConfig.SpareP); the poller spins as before a blocking park.
+	notNow bool
 
 	holdAfterTimeout bool // testing knob (planted bug): a park that timed out holds the next
 	holdSpins        bool // testing knob (planted bug): a poller spins before a held park
@@ -72,7 +75,7 @@ func newSpinBudget(full time.Duration) spinBudget {
 // writer 3-4x slower: docs/dev/write-path-plan.md, "Held parks and one
 // writer").
 func (b *spinBudget) spin() time.Duration {
-	if b.hold && !b.holdSpins {
+	if b.hold && !b.notNow && !b.holdSpins {
 		return 0
 	}
 	return b.cur
@@ -126,4 +129,68 @@ func (b *spinBudget) parked(rang bool, gap, parkedFor time.Duration) {
 	b.near = 0
 	b.cur = min(gap+gap/4, probeSpans*b.full)
 	b.probing = true
+}
+
+// density is a poller's view of how its stream loads it, for a group
+// that takes its spare P only while needed (GroupConfig.SpareP, "Held
+// parks" in poller.go). Pure: the poller hands it each busy spell (from
+// the end of a park or spin to the start of the next one: how long the
+// poller worked, and how many of its passes made progress), so that
+// tests drive it without a clock.
+//
+// One writer's stream gives a poller one message per wake: a spell of a
+// few passes and tens of µs, then the poller is idle until the client's
+// next request, a round trip later (a spin catches it). Many writers
+// give it batches: passes that find work back to back, for hundreds of
+// µs, between parks that a spin would not have caught (the client needs
+// the core to post the next batch). A spell is busy when it ran at least
+// denseSpell or denseProgress passes that made progress; the poller is
+// dense after a window of densityWindow spells with at least denseEnter
+// busy ones, and sparse again after one with at most denseLeave (the
+// band between them keeps the mode: no flapping on a stream at the
+// border). Measured (2026-11-27, brief hrule, x1 and x64 of kvbench kv
+// --embedded, chrt -r 50): one writer's busy spells 0.2-1%, 64
+// writers' 40-60%, with the spare P or without.
+type density struct {
+	n, busy int  // spells and busy ones in the current window
+	dense   bool // the last decided mode
+
+	enterOnOne   bool // testing knob (planted bug): one busy spell makes it dense
+	noHysteresis bool // testing knob (planted bug): one threshold for both ways
+}
+
+const (
+	densityWindow = 32
+	denseEnter    = 8 // busy spells of a window that make a sparse poller dense
+	denseLeave    = 2 // busy spells at most of a window that make a dense one sparse
+	denseProgress = 16
+	denseSpell    = 128 * time.Microsecond
+)
+
+// spell records a busy spell of length d with progress passes that made
+// progress, and reports whether the mode (dense) changed.
+func (m *density) spell(d time.Duration, progress int) bool {
+	busy := d >= denseSpell || progress >= denseProgress
+	if busy {
+		m.busy++
+	}
+	m.n++
+	if m.enterOnOne && busy && !m.dense {
+		m.dense, m.n, m.busy = true, 0, 0
+		return true
+	}
+	if m.n < densityWindow {
+		return false
+	}
+	was := m.dense
+	switch {
+	case m.noHysteresis:
+		m.dense = m.busy >= denseEnter
+	case m.busy >= denseEnter:
+		m.dense = true
+	case m.busy <= denseLeave:
+		m.dense = false
+	}
+	m.n, m.busy = 0, 0
+	return m.dense != was
 }

@@ -43,13 +43,13 @@ type ProcessConfig struct {
 	Pollers int
 	// Spin and MaxPark are the pollers' (poller.GroupConfig).
 	Spin, MaxPark time.Duration
-	// SpareP raises GOMAXPROCS to one above the pollers if it is not
-	// (the process's own setting: for a process that runs a Process and
-	// little else, as kvserver and the replica child do), so that the
-	// pollers' short parks keep their P (poller, "Held parks"): with
-	// one P more than pollers, the other goroutines still have one.
-	// kvserver and the replica child set it from HeldParks (off unless
-	// RDMAKV_HELD_PARKS=1).
+	// SpareP lets the pollers raise GOMAXPROCS to one above them while
+	// their stream is dense (poller.GroupConfig.SpareP: the process's
+	// own setting, for a process that runs a Process and little else, as
+	// kvserver and the replica child do), so that their short parks keep
+	// their P (poller, "Held parks"): with one P more than pollers, the
+	// other goroutines still have one. kvserver and the replica child
+	// set it from HeldParks.
 	SpareP bool
 	// Prepare, if set, is called for each replica with its node open and
 	// before the replica is built (it may probe the replica's peers): it
@@ -209,11 +209,8 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	if np <= 0 {
 		np = max(1, min(runtime.GOMAXPROCS(0), len(groups)))
 	}
-	if cfg.SpareP && runtime.GOMAXPROCS(0) <= np {
-		runtime.GOMAXPROCS(np + 1)
-	}
 	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
-		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
+		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark, SpareP: cfg.SpareP})}
 	p.backups = newBackups(m.Name, cfg.ReplicaDir, cfg.Log)
 	p.backups.knobs = cfg.backupKnobs
 	p.reps = make([][]*hosted, len(m.Groups))
