@@ -11,33 +11,33 @@ import (
 
 // densityFault drives the density rule (density.spell) through the
 // streams it tells apart and returns the first rule it breaks ("" for
-// none): one writer's stream (short spells of a few passes, a busy one
-// now and then) never turns dense; many writers' (half the spells busy)
-// turn dense within two windows and stay; a stream at the border (5 busy
-// spells a window) keeps the mode it found; an idle poller (heartbeat
-// passes) turns sparse within two windows.
+// none): one writer's stream (spells of a few passes, a long one now
+// and then) never turns dense; many writers' (a third of the spells
+// busy) turn dense within two windows and stay; a stream at the border
+// (3 busy spells a window) keeps the mode it found; an idle poller
+// (heartbeat passes) turns sparse within two windows.
 func densityFault(knobs func(*density)) string {
 	d := &density{}
 	knobs(d)
-	// One writer: spells of 8-64 µs with 2-7 passes that made progress,
-	// one busy spell in 100 (a preempted pass).
+	// One writer: spells of 2-15 passes that made progress, one of 16+
+	// in 100.
 	for i := range 10000 {
-		dur, prog := time.Duration(8+i%57)*us, 2+i%6
+		prog := 2 + i%14
 		if i%100 == 99 {
-			dur = 300 * us
+			prog = 20
 		}
-		d.spell(dur, prog)
+		d.spell(prog)
 		if d.dense {
 			return fmt.Sprintf("one writer's stream turned dense after %d spells", i+1)
 		}
 	}
-	// Many writers: every other spell busy (hundreds of µs, or 16+
-	// passes).
+	// Many writers: every third spell busy (16+ passes that made
+	// progress).
 	for i := range 2 * densityWindow {
-		if i%2 == 0 {
-			d.spell(40*us, 20)
+		if i%3 == 0 {
+			d.spell(20)
 		} else {
-			d.spell(40*us, 3)
+			d.spell(3)
 		}
 	}
 	if !d.dense {
@@ -46,29 +46,29 @@ func densityFault(knobs func(*density)) string {
 	flips := 0
 	border := func() {
 		for i := range 20 * densityWindow {
-			dur := 20 * us
-			if i%densityWindow < 5 {
-				dur = 200 * us
+			prog := 3
+			if i%densityWindow < 3 {
+				prog = 16
 			}
-			if d.spell(dur, 3) {
+			if d.spell(prog) {
 				flips++
 			}
 		}
 	}
 	border()
 	if !d.dense || flips != 0 {
-		return fmt.Sprintf("a border stream (5 busy spells a window) left dense: %d changes", flips)
+		return fmt.Sprintf("a border stream (3 busy spells a window) left dense: %d changes", flips)
 	}
 	// Idle: heartbeat passes.
 	for range 2 * densityWindow {
-		d.spell(5*us, 1)
+		d.spell(1)
 	}
 	if d.dense {
 		return "an idle poller still dense after two windows"
 	}
 	border()
 	if d.dense || flips != 0 {
-		return fmt.Sprintf("a border stream (5 busy spells a window) turned a sparse poller dense: %d changes", flips)
+		return fmt.Sprintf("a border stream (3 busy spells a window) turned a sparse poller dense: %d changes", flips)
 	}
 	return ""
 }
@@ -84,7 +84,7 @@ func TestDensityRule(t *testing.T) {
 	if f := densityFault(func(d *density) { d.enterOnOne = true }); f != "one writer's stream turned dense after 100 spells" {
 		t.Fatalf("planted enterOnOne: the check said %q, want one writer's stream dense", f)
 	}
-	if f := densityFault(func(d *density) { d.noHysteresis = true }); f != "a border stream (5 busy spells a window) left dense: 1 changes" {
+	if f := densityFault(func(d *density) { d.noHysteresis = true }); f != "a border stream (3 busy spells a window) left dense: 1 changes" {
 		t.Fatalf("planted noHysteresis: the check said %q, want a border stream leaving dense", f)
 	}
 }

@@ -478,10 +478,10 @@ type poller struct {
 	maxPass, curPass time.Duration
 	window           time.Duration
 	sched            time.Duration // a holding poller's last Gosched
-	// the busy spell under way (managed groups): its start (the end of
-	// the last spin or park) and its passes that made progress
+	// the busy spell under way (managed groups): its passes that made
+	// progress; spelled, a park ended one before
 	density     density
-	spellStart  time.Duration
+	spelled     bool
 	progressRun int
 }
 
@@ -666,13 +666,10 @@ func (p *poller) park(next time.Duration) {
 	}
 	enter := rdma.Mono()
 	if p.g.managed {
-		p.noteSpell(enter)
+		p.noteSpell()
 	}
 	holding := p.g.holding.Load()
 	p.budget.notNow = !holding
-	defer func() {
-		p.spellStart = rdma.Mono()
-	}()
 	if spin := p.budget.spin(); spin > 0 {
 		p.spins.Add(1)
 		probe := p.budget.probing
@@ -726,16 +723,17 @@ func (p *poller) park(next time.Duration) {
 	p.budget.parked(rang, end-enter, end-start)
 }
 
-// noteSpell ends the busy spell under way at enter (the poller goes
-// idle) and hands it to the density rule; a change of the poller's mode
-// goes to the group (noteDense).
-func (p *poller) noteSpell(enter time.Duration) {
+// noteSpell ends the busy spell under way (the poller goes idle) and
+// hands it to the density rule; a change of the poller's mode goes to
+// the group (noteDense).
+func (p *poller) noteSpell() {
 	run := p.progressRun
 	p.progressRun = 0
-	if p.spellStart == 0 {
-		return // the first spell: no park before it
+	if !p.spelled {
+		p.spelled = true
+		return // the first spell: the poller's start-up
 	}
-	if p.density.spell(enter-p.spellStart, run) {
+	if p.density.spell(run) {
 		p.isDense.Store(p.density.dense)
 		p.g.noteDense(p.density.dense)
 	}

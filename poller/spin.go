@@ -132,25 +132,27 @@ func (b *spinBudget) parked(rang bool, gap, parkedFor time.Duration) {
 }
 
 // density is a poller's view of how its stream loads it, for a group
-// that takes its spare P only while needed (GroupConfig.SpareP, "Held
-// parks" in poller.go). Pure: the poller hands it each busy spell (from
-// the end of a park or spin to the start of the next one: how long the
-// poller worked, and how many of its passes made progress), so that
-// tests drive it without a clock.
+// that takes its spare P only while needed (GroupConfig.SpareP, "The
+// spare P on demand" in poller.go). Pure: the poller hands it each busy
+// spell (from the end of a park or spin to the start of the next one)
+// as the number of its passes that made progress, so that tests drive
+// it without a clock.
 //
 // One writer's stream gives a poller one message per wake: a spell of a
-// few passes and tens of µs, then the poller is idle until the client's
-// next request, a round trip later (a spin catches it). Many writers
-// give it batches: passes that find work back to back, for hundreds of
-// µs, between parks that a spin would not have caught (the client needs
-// the core to post the next batch). A spell is busy when it ran at least
-// denseSpell or denseProgress passes that made progress; the poller is
-// dense after a window of densityWindow spells with at least denseEnter
-// busy ones, and sparse again after one with at most denseLeave (the
-// band between them keeps the mode: no flapping on a stream at the
-// border). Measured (2026-11-27, brief hrule, x1 and x64 of kvbench kv
-// --embedded, chrt -r 50): one writer's busy spells 0.2-1%, 64
-// writers' 40-60%, with the spare P or without.
+// few passes, then the poller is idle until the client's next request,
+// a round trip later (a spin catches it). Many writers give it batches:
+// passes that find work back to back, between parks that a spin would
+// not have caught (the client needs the core to post the next batch).
+// A spell is busy when denseProgress or more of its passes made
+// progress; the poller is dense after a window of densityWindow spells
+// with at least denseEnter busy ones, and sparse again after one with at
+// most denseLeave (the band between them keeps the mode: no flapping on
+// a stream at the border). Measured per park (2026-11-27, brief hrule,
+// kvbench kv --embedded): busy spells are 0.2-1% of one writer's, 12-35%
+// of 64 writers' (with held parks or without, at SCHED_RR or under load
+// 30), none of an idle cluster's heartbeats. A spell's length told them
+// apart as well at SCHED_RR, but not idle from busy under load (a
+// heartbeat's spell took 128 µs to 1 ms there).
 type density struct {
 	n, busy int  // spells and busy ones in the current window
 	dense   bool // the last decided mode
@@ -161,16 +163,15 @@ type density struct {
 
 const (
 	densityWindow = 32
-	denseEnter    = 8 // busy spells of a window that make a sparse poller dense
-	denseLeave    = 2 // busy spells at most of a window that make a dense one sparse
+	denseEnter    = 6 // busy spells of a window that make a sparse poller dense
+	denseLeave    = 1 // busy spells at most of a window that make a dense one sparse
 	denseProgress = 16
-	denseSpell    = 128 * time.Microsecond
 )
 
-// spell records a busy spell of length d with progress passes that made
-// progress, and reports whether the mode (dense) changed.
-func (m *density) spell(d time.Duration, progress int) bool {
-	busy := d >= denseSpell || progress >= denseProgress
+// spell records a busy spell of progress passes that made progress, and
+// reports whether the mode (dense) changed.
+func (m *density) spell(progress int) bool {
+	busy := progress >= denseProgress
 	if busy {
 		m.busy++
 	}
