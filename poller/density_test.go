@@ -14,8 +14,9 @@ import (
 // none): one writer's stream (spells of a few passes, a long one now
 // and then) never turns dense; many writers' (a third of the spells
 // busy) turn dense within two windows and stay; a stream at the border
-// (3 busy spells a window) keeps the mode it found; an idle poller
-// (heartbeat passes) turns sparse within two windows.
+// (3 busy spells a window) keeps the mode it found, and so does a dense
+// stream with a quiet window in three; an idle poller (heartbeat passes)
+// turns sparse within denseQuiet+1 windows.
 func densityFault(knobs func(*density)) string {
 	d := &density{}
 	knobs(d)
@@ -59,12 +60,27 @@ func densityFault(knobs func(*density)) string {
 	if !d.dense || flips != 0 {
 		return fmt.Sprintf("a border stream (3 busy spells a window) left dense: %d changes", flips)
 	}
+	// Dense, with a quiet window (one busy spell) in three.
+	for w := range 30 {
+		for i := range densityWindow {
+			prog := 3
+			if i == 0 || w%3 != 0 && i < 8 {
+				prog = 16
+			}
+			if d.spell(prog) {
+				flips++
+			}
+		}
+	}
+	if !d.dense || flips != 0 {
+		return fmt.Sprintf("a dense stream with a quiet window in three left dense: %d changes", flips)
+	}
 	// Idle: heartbeat passes.
-	for range 2 * densityWindow {
+	for range (denseQuiet + 1) * densityWindow {
 		d.spell(1)
 	}
 	if d.dense {
-		return "an idle poller still dense after two windows"
+		return "an idle poller still dense after denseQuiet+1 windows"
 	}
 	border()
 	if d.dense || flips != 0 {
@@ -75,8 +91,8 @@ func densityFault(knobs func(*density)) string {
 
 // TestDensityRule: the rule tells one writer from many and keeps its
 // mode on a stream between its thresholds; the planted enterOnOne (one
-// busy spell makes a poller dense) and noHysteresis (one threshold both
-// ways) are caught.
+// busy spell makes a poller dense), noHysteresis (one threshold both
+// ways) and leaveOnOne (one quiet window makes it sparse) are caught.
 func TestDensityRule(t *testing.T) {
 	if f := densityFault(func(*density) {}); f != "" {
 		t.Fatalf("density rule: %s", f)
@@ -86,6 +102,9 @@ func TestDensityRule(t *testing.T) {
 	}
 	if f := densityFault(func(d *density) { d.noHysteresis = true }); f != "a border stream (3 busy spells a window) left dense: 1 changes" {
 		t.Fatalf("planted noHysteresis: the check said %q, want a border stream leaving dense", f)
+	}
+	if f := densityFault(func(d *density) { d.leaveOnOne = true }); f != "a dense stream with a quiet window in three left dense: 20 changes" {
+		t.Fatalf("planted leaveOnOne: the check said %q, want a dense stream leaving dense", f)
 	}
 }
 

@@ -145,26 +145,32 @@ func (b *spinBudget) parked(rang bool, gap, parkedFor time.Duration) {
 // not have caught (the client needs the core to post the next batch).
 // A spell is busy when denseProgress or more of its passes made
 // progress; the poller is dense after a window of densityWindow spells
-// with at least denseEnter busy ones, and sparse again after one with at
-// most denseLeave (the band between them keeps the mode: no flapping on
-// a stream at the border). Measured per park (2026-11-27, brief hrule,
+// with at least denseEnter busy ones, and sparse again after denseQuiet
+// windows in a row with at most denseLeave each (the band between them
+// keeps the mode, and so does a quiet window among busy ones: no
+// flapping on a stream at the border). Measured per park (2026-11-27, brief hrule,
 // kvbench kv --embedded): busy spells are 0.2-1% of one writer's, 12-35%
 // of 64 writers' (with held parks or without, at SCHED_RR or under load
 // 30), none of an idle cluster's heartbeats. A spell's length told them
 // apart as well at SCHED_RR, but not idle from busy under load (a
-// heartbeat's spell took 128 µs to 1 ms there).
+// heartbeat's spell took 128 µs to 1 ms there). With one quiet window
+// enough to leave, 64 writers under load flapped every 0.1-0.5 s (each
+// switch a stop of the world).
 type density struct {
 	n, busy int  // spells and busy ones in the current window
+	quiet   int  // quiet windows in a row (at most denseLeave busy)
 	dense   bool // the last decided mode
 
 	enterOnOne   bool // testing knob (planted bug): one busy spell makes it dense
 	noHysteresis bool // testing knob (planted bug): one threshold for both ways
+	leaveOnOne   bool // testing knob (planted bug): one quiet window makes it sparse
 }
 
 const (
 	densityWindow = 32
 	denseEnter    = 6 // busy spells of a window that make a sparse poller dense
-	denseLeave    = 1 // busy spells at most of a window that make a dense one sparse
+	denseLeave    = 1 // busy spells at most of a quiet window
+	denseQuiet    = 4 // quiet windows in a row that make a dense poller sparse
 	denseProgress = 16
 )
 
@@ -188,9 +194,13 @@ func (m *density) spell(progress int) bool {
 	case m.noHysteresis:
 		m.dense = m.busy >= denseEnter
 	case m.busy >= denseEnter:
-		m.dense = true
+		m.dense, m.quiet = true, 0
 	case m.busy <= denseLeave:
-		m.dense = false
+		if m.quiet++; m.quiet >= denseQuiet || m.leaveOnOne {
+			m.dense = false
+		}
+	default:
+		m.quiet = 0
 	}
 	m.n, m.busy = 0, 0
 	return m.dense != was
