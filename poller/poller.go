@@ -94,9 +94,7 @@ type GroupConfig struct {
 	// P; a held park not bounded by Hold (until the task deadline)
 	holdNoSpare, holdUnbounded bool
 	holdSpins                  bool // planted: spin before a held park (spinBudget.spin)
-	// planted bugs of the spare P: a group that keeps it once taken; the
-	// density rule's (density.enterOnOne, density.noHysteresis)
-	spareStays, denseOnOne, denseFlaps bool
+	spareStays                 bool // planted: a SpareP group keeps its spare P once taken
 	// procs, if set, replaces runtime.GOMAXPROCS (tests: the spare P's
 	// switches without changing the test process's)
 	procs func(n int) int
@@ -115,7 +113,8 @@ type GroupConfig struct {
 // the P through the sleep: none of them. It is safe only while another P
 // is free for the process's other goroutines (a goroutine the poller made
 // runnable is then taken by that P's thread), so a group holds only when
-// GOMAXPROCS is above its pollers (server.ProcessConfig.SpareP), and only
+// GOMAXPROCS is above its pollers (or while it took a spare P: SpareP,
+// below), and only
 // while a stream flows: after a park that a ring ended within Hold
 // (spinBudget.hold), for at most Hold, then the ordinary park. An idle
 // poller (parks ended by deadlines or far rings) never holds.
@@ -593,7 +592,6 @@ func (p *poller) run() {
 		p.budget.holdMax = p.g.cfg.Hold
 	}
 	p.budget.holdSpins = p.g.cfg.holdSpins
-	p.density.enterOnOne, p.density.noHysteresis = p.g.cfg.denseOnOne, p.g.cfg.denseFlaps
 	defer func() {
 		if p.density.dense {
 			p.g.noteDense(false)

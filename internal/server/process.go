@@ -771,13 +771,13 @@ func position(m *cluster.Map, id rdma.NodeID) (g, i int, ok bool) {
 }
 
 // HeldParks reports whether kvserver and the replica child let their
-// pollers hold their P in short parks (ProcessConfig.SpareP): only when
-// the environment sets RDMAKV_HELD_PARKS=1. Off by default: measured
-// alone (2026-11-27, load 1-4, 2 runs each), held parks cut the
-// replicas' CPU per put at 64 writers (7.9-8.3 against 8.6-10.8 µs) but put
-// one writer's p50 at 70-77 µs against 18-21 µs without them
-// (docs/dev/write-path-plan.md, "Held parks"). With no spin before a held
-// park (poller, spinBudget.spin), one writer's p50 in a SCHED_RR stand-in
-// for the quiet machine is 22 against 15 µs off ("Held parks and one
-// writer"): still slower, so still off.
-func HeldParks() bool { return os.Getenv("RDMAKV_HELD_PARKS") == "1" }
+// pollers take a spare P and hold it in short parks while their stream
+// is dense (ProcessConfig.SpareP; poller, "The spare P on demand"): yes
+// unless the environment sets RDMAKV_HELD_PARKS=0. On by default since
+// the density rule: one writer's stream keeps the parks of a process
+// without the spare P (p50 12.3 against 12.0 µs, always-held 18.4), many
+// writers' takes it (x64 231 k/s and 8.1 µs CPU a put, against off's
+// 206 k and 9.1, always-held 225 k and 8.3; medians of 6 alternated
+// rounds at SCHED_RR, docs/dev/write-path-plan.md, "The spare P on
+// demand").
+func HeldParks() bool { return os.Getenv("RDMAKV_HELD_PARKS") != "0" }
