@@ -81,12 +81,23 @@ type GroupConfig struct {
 	// Hold bounds a held park (one that keeps the poller's P: see
 	// "Held parks" below); 0 means DefaultHold, negative never holds.
 	Hold time.Duration
+	// SpareP lets the group raise GOMAXPROCS to its pollers + 1 while
+	// one of its pollers is dense (density), and hold parks then; it
+	// sets GOMAXPROCS back when all are sparse again. For a process that
+	// runs a group and little else (kvserver, the replica child), whose
+	// GOMAXPROCS is at most the pollers: one already above them holds
+	// whenever a stream flows, SpareP or not.
+	SpareP bool
 
 	noProbe bool // testing knob: no probe spins (spinBudget)
 	// testing knobs, planted bugs of the held parks: hold with no spare
 	// P; a held park not bounded by Hold (until the task deadline)
 	holdNoSpare, holdUnbounded bool
 	holdSpins                  bool // planted: spin before a held park (spinBudget.spin)
+	spareStays                 bool // planted: a SpareP group keeps its spare P once taken
+	// procs, if set, replaces runtime.GOMAXPROCS (tests: the spare P's
+	// switches without changing the test process's)
+	procs func(n int) int
 }
 
 // Held parks. A poller parks in a system call (the WaitSet's futex sleep).
@@ -102,7 +113,8 @@ type GroupConfig struct {
 // the P through the sleep: none of them. It is safe only while another P
 // is free for the process's other goroutines (a goroutine the poller made
 // runnable is then taken by that P's thread), so a group holds only when
-// GOMAXPROCS is above its pollers (server.ProcessConfig.SpareP), and only
+// GOMAXPROCS is above its pollers (or while it took a spare P: SpareP,
+// below), and only
 // while a stream flows: after a park that a ring ended within Hold
 // (spinBudget.hold), for at most Hold, then the ordinary park. An idle
 // poller (parks ended by deadlines or far rings) never holds.
@@ -120,6 +132,19 @@ type GroupConfig struct {
 // two cores). Its other spins (before a blocking park, after an idle
 // spell) do not yield every 16 tries: with a P free, each yield only woke
 // a thread that found nothing to run.
+//
+// The spare P on demand (GroupConfig.SpareP). Held parks cost one writer
+// a futex wake-up per hop that the ordinary spin catches (its next
+// request comes a round trip after the last, within the spin), and a
+// spare P with ordinary parks is worse than none (the spin's Gosched and
+// each park's hand-off wake a thread for the idle P). So a SpareP group
+// starts with GOMAXPROCS as it found it and parks as without the spare
+// P, and each poller watches its busy spells (density): when a window
+// of them shows work back to back (many writers), the group raises
+// GOMAXPROCS to its pollers + 1 and its pollers hold; when every poller
+// is sparse again, it stops holding and sets GOMAXPROCS back. Each
+// switch stops the world once; the rule's windows and hysteresis keep
+// them to changes of the load.
 
 // DefaultHold bounds a held park.
 const DefaultHold = 4 * time.Millisecond
@@ -143,6 +168,15 @@ type Group struct {
 	ran    bool
 	stop   atomic.Bool // Run's ctx ended
 	hold   bool        // set by Run: pollers may hold their P in short parks
+	// holding: pollers hold now (hold, and the spare P taken if the group
+	// manages it: SpareP); managed, the group takes and gives back its
+	// spare P; base and spare are GOMAXPROCS without and with it
+	holding     atomic.Bool
+	managed     bool
+	base, spare int
+	spareMu     sync.Mutex // serializes the switches
+	dense       int        // dense pollers (spareMu)
+	switches    atomic.Uint64
 }
 
 // NewGroup returns a group of cfg.Pollers pollers; Run runs them.
@@ -232,8 +266,26 @@ func (g *Group) Run(ctx context.Context) error {
 		return errors.New("poller: Group.Run called twice")
 	}
 	g.ran = true
-	g.hold = g.cfg.Hold > 0 && (runtime.GOMAXPROCS(0) > len(g.ps) || g.cfg.holdNoSpare)
+	procs := g.cfg.procs
+	if procs == nil {
+		procs = runtime.GOMAXPROCS
+	}
+	g.base = procs(0)
+	g.managed = g.cfg.Hold > 0 && g.cfg.SpareP && g.base <= len(g.ps) && !g.cfg.holdNoSpare
+	g.spare = len(g.ps) + 1
+	g.hold = g.cfg.Hold > 0 && (g.base > len(g.ps) || g.cfg.holdNoSpare || g.managed)
+	g.holding.Store(g.hold && !g.managed)
 	g.mu.Unlock()
+	if g.managed {
+		defer func() {
+			g.spareMu.Lock()
+			if g.holding.Load() {
+				g.holding.Store(false)
+				procs(g.base)
+			}
+			g.spareMu.Unlock()
+		}()
+	}
 	for _, p := range g.ps {
 		p.mu.Lock()
 		p.running = true
@@ -278,7 +330,17 @@ type PollerStats struct {
 	// at least every PassWindow sees every long pass of an interval.
 	MaxPass       time.Duration
 	RecentMaxPass time.Duration
+	// Dense: the poller's stream is dense (density); only a group that
+	// manages its spare P (GroupConfig.SpareP) looks.
+	Dense bool
 }
+
+// SpareSwitches counts the times the group took or gave back its spare P
+// (GroupConfig.SpareP).
+func (g *Group) SpareSwitches() uint64 { return g.switches.Load() }
+
+// Holding reports whether the group's pollers hold their P in parks now.
+func (g *Group) Holding() bool { return g.holding.Load() }
 
 // PassWindow is the window of PollerStats.RecentMaxPass.
 const PassWindow = time.Second
@@ -297,7 +359,7 @@ func (g *Group) Stats() []PollerStats {
 			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
 			Probes: p.probes.Load(), ProbeHits: p.probeHits.Load(),
 			Holds: p.holds.Load(), HoldWakes: p.holdWakes.Load(),
-			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent})
+			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent, Dense: p.isDense.Load()})
 	}
 	return out
 }
@@ -402,6 +464,7 @@ type poller struct {
 	// longest passes (ns): since the start, in the current window and in
 	// the previous one (notePass)
 	passMax, passCur, passPrev atomic.Int64
+	isDense                    atomic.Bool // density.dense, for Stats
 
 	// owned by the poller goroutine
 	tasks   []Task
@@ -414,6 +477,11 @@ type poller struct {
 	maxPass, curPass time.Duration
 	window           time.Duration
 	sched            time.Duration // a holding poller's last Gosched
+	// the busy spell under way (managed groups): its passes that made
+	// progress; spelled, a park ended one before
+	density     density
+	spelled     bool
+	progressRun int
 }
 
 // changed tells a running poller to look at its handles.
@@ -524,13 +592,18 @@ func (p *poller) run() {
 		p.budget.holdMax = p.g.cfg.Hold
 	}
 	p.budget.holdSpins = p.g.cfg.holdSpins
+	defer func() {
+		if p.density.dense {
+			p.g.noteDense(false)
+		}
+	}()
 	for !p.g.stop.Load() {
 		if p.dirty.Load() {
 			p.refresh()
 		}
 		p.snap = p.ws.Snapshot(p.snap[:0])
 		now := p.g.Now()
-		if p.budget.hold && now-p.sched >= schedEvery {
+		if p.budget.hold && !p.budget.notNow && now-p.sched >= schedEvery {
 			p.sched = now
 			runtime.Gosched()
 		}
@@ -538,6 +611,7 @@ func (p *poller) run() {
 		p.passes.Add(1)
 		p.notePass(now, p.g.Now())
 		if progress {
+			p.progressRun++
 			continue
 		}
 		if len(p.tasks) == 0 {
@@ -589,6 +663,11 @@ func (p *poller) park(next time.Duration) {
 		deadline = p.g.origin + next
 	}
 	enter := rdma.Mono()
+	if p.g.managed {
+		p.noteSpell()
+	}
+	holding := p.g.holding.Load()
+	p.budget.notNow = !holding
 	if spin := p.budget.spin(); spin > 0 {
 		p.spins.Add(1)
 		probe := p.budget.probing
@@ -609,7 +688,7 @@ func (p *poller) park(next time.Duration) {
 				if rdma.Mono() >= end {
 					break
 				}
-				if !p.g.hold {
+				if !holding {
 					runtime.Gosched()
 				}
 			}
@@ -622,7 +701,7 @@ func (p *poller) park(next time.Duration) {
 	p.parks.Add(1)
 	start := rdma.Mono()
 	rang := false
-	if hs, ok := p.ws.(rdma.HoldingWaitSet); ok && p.budget.hold {
+	if hs, ok := p.ws.(rdma.HoldingWaitSet); ok && p.budget.hold && holding {
 		p.holds.Add(1)
 		until := min(deadline, start+p.g.cfg.Hold)
 		if p.g.cfg.holdUnbounded {
@@ -640,4 +719,49 @@ func (p *poller) park(next time.Duration) {
 	}
 	end := rdma.Mono()
 	p.budget.parked(rang, end-enter, end-start)
+}
+
+// noteSpell ends the busy spell under way (the poller goes idle) and
+// hands it to the density rule; a change of the poller's mode goes to
+// the group (noteDense).
+func (p *poller) noteSpell() {
+	run := p.progressRun
+	p.progressRun = 0
+	if !p.spelled {
+		p.spelled = true
+		return // the first spell: the poller's start-up
+	}
+	if p.density.spell(run) {
+		p.isDense.Store(p.density.dense)
+		p.g.noteDense(p.density.dense)
+	}
+}
+
+// noteDense counts a poller that turned dense (or sparse): the first
+// dense poller takes the group's spare P and lets the pollers hold, the
+// last one to turn sparse stops the holds and gives the P back. Each
+// switch stops the world once (runtime.GOMAXPROCS); the density rule's
+// windows bound how often.
+func (g *Group) noteDense(dense bool) {
+	g.spareMu.Lock()
+	defer g.spareMu.Unlock()
+	procs := g.cfg.procs
+	if procs == nil {
+		procs = runtime.GOMAXPROCS
+	}
+	if dense {
+		g.dense++
+		if g.dense == 1 && !g.holding.Load() {
+			procs(g.spare)
+			g.holding.Store(true)
+			g.switches.Add(1)
+		}
+		return
+	}
+	g.dense--
+	if g.dense == 0 && g.holding.Load() && !g.cfg.spareStays {
+		g.holding.Store(false)
+		procs(g.base)
+		g.switches.Add(1)
+	}
 }

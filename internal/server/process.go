@@ -43,13 +43,13 @@ type ProcessConfig struct {
 	Pollers int
 	// Spin and MaxPark are the pollers' (poller.GroupConfig).
 	Spin, MaxPark time.Duration
-	// SpareP raises GOMAXPROCS to one above the pollers if it is not
-	// (the process's own setting: for a process that runs a Process and
-	// little else, as kvserver and the replica child do), so that the
-	// pollers' short parks keep their P (poller, "Held parks"): with
-	// one P more than pollers, the other goroutines still have one.
-	// kvserver and the replica child set it from HeldParks (off unless
-	// RDMAKV_HELD_PARKS=1).
+	// SpareP lets the pollers raise GOMAXPROCS to one above them while
+	// their stream is dense (poller.GroupConfig.SpareP: the process's
+	// own setting, for a process that runs a Process and little else, as
+	// kvserver and the replica child do), so that their short parks keep
+	// their P (poller, "Held parks"): with one P more than pollers, the
+	// other goroutines still have one. kvserver and the replica child
+	// set it from HeldParks.
 	SpareP bool
 	// Prepare, if set, is called for each replica with its node open and
 	// before the replica is built (it may probe the replica's peers): it
@@ -222,11 +222,8 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	if np <= 0 {
 		np = max(1, min(runtime.GOMAXPROCS(0), len(groups)))
 	}
-	if cfg.SpareP && runtime.GOMAXPROCS(0) <= np {
-		runtime.GOMAXPROCS(np + 1)
-	}
 	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
-		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
+		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark, SpareP: cfg.SpareP})}
 	p.backups = newBackups(m.Name, cfg.ReplicaDir, cfg.Log)
 	p.backups.knobs = cfg.backupKnobs
 	p.reps = make([][]*hosted, len(m.Groups))
@@ -805,13 +802,13 @@ func position(m *cluster.Map, id rdma.NodeID) (g, i int, ok bool) {
 }
 
 // HeldParks reports whether kvserver and the replica child let their
-// pollers hold their P in short parks (ProcessConfig.SpareP): only when
-// the environment sets RDMAKV_HELD_PARKS=1. Off by default: measured
-// alone (2026-11-27, load 1-4, 2 runs each), held parks cut the
-// replicas' CPU per put at 64 writers (7.9-8.3 against 8.6-10.8 µs) but put
-// one writer's p50 at 70-77 µs against 18-21 µs without them
-// (docs/dev/write-path-plan.md, "Held parks"). With no spin before a held
-// park (poller, spinBudget.spin), one writer's p50 in a SCHED_RR stand-in
-// for the quiet machine is 22 against 15 µs off ("Held parks and one
-// writer"): still slower, so still off.
-func HeldParks() bool { return os.Getenv("RDMAKV_HELD_PARKS") == "1" }
+// pollers take a spare P and hold it in short parks while their stream
+// is dense (ProcessConfig.SpareP; poller, "The spare P on demand"): yes
+// unless the environment sets RDMAKV_HELD_PARKS=0. On by default since
+// the density rule: one writer's stream keeps the parks of a process
+// without the spare P (p50 12.3 against 12.0 µs, always-held 18.4), many
+// writers' takes it (x64 231 k/s and 8.1 µs CPU a put, against off's
+// 206 k and 9.1, always-held 225 k and 8.3; medians of 6 alternated
+// rounds at SCHED_RR, docs/dev/write-path-plan.md, "The spare P on
+// demand").
+func HeldParks() bool { return os.Getenv("RDMAKV_HELD_PARKS") != "0" }
