@@ -125,7 +125,19 @@ type options struct {
 	configFile  string
 	seed        string
 	degraded    bool
+	hold        int
+	holdSet     bool
 }
+
+// WithCombineHold sets the messages of single-key writes a group may have
+// in flight before a new write queues for one of them to complete rather
+// than posting a message of its own (write combining: the completion posts
+// the queue as one message): n >= 1, or 0 for the whole window
+// (client_slots: a write posts whenever a slot is free). A lone writer
+// never waits. The default is DefaultCombineHold (0). A hold of 1 sends
+// fewer, larger messages when many goroutines write at once, but makes
+// a few concurrent writers wait for each other's round trips.
+func WithCombineHold(n int) Option { return func(o *options) { o.hold, o.holdSet = n, true } }
 
 // WithMap uses the cluster map m.
 func WithMap(m *cluster.Map) Option { return func(o *options) { o.m = m } }
@@ -281,6 +293,9 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 			claimed.Close()
 		}
 	}()
+	if o.hold < 0 {
+		return nil, fmt.Errorf("rdmakv: open: WithCombineHold(%d): want 0 (the whole window) or more", o.hold)
+	}
 	if o.slot < 0 || o.slot >= len(m.ClientNodes) {
 		return nil, fmt.Errorf("rdmakv: open: client slot %d: the map has %d", o.slot, len(m.ClientNodes))
 	}
@@ -302,6 +317,13 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	}
 	c.knownTab = make([]atomic.Uint64, len(m.Groups))
 	c.comb = combiner{c: c, queued: make([][]*pendingOp, len(m.Groups)), inflight: make([]int, len(m.Groups)), sending: make([]bool, len(m.Groups))}
+	c.comb.hold = DefaultCombineHold
+	if o.holdSet {
+		c.comb.hold = o.hold
+	}
+	if c.comb.hold == 0 || c.comb.hold > m.Limits.ClientSlots {
+		c.comb.hold = m.Limits.ClientSlots
+	}
 	c.pools = make([]readerPool, len(m.Groups))
 	octx := ctx
 	if _, ok := ctx.Deadline(); !ok {

@@ -69,3 +69,19 @@ func PlantActivateFirst(c *Client) { c.ord.activateFirst = true }
 func NearTablets(c *Client, ctx context.Context) ([]TabletInfo, error) {
 	return c.tablets(ctx, kv.StaleOK)
 }
+
+// CombinerGroup is group g's messages under way and writes queued in c's
+// write combiner, and whether a caller is posting the group's queue.
+func CombinerGroup(c *Client, g uint32) (inflight, queued int, sending bool) {
+	c.comb.mu.Lock()
+	defer c.comb.mu.Unlock()
+	return c.comb.inflight[g], len(c.comb.queued[g]), c.comb.sending[g]
+}
+
+// PlantHoldAnyGroup plants a bug in c's write combiner: the hold counts
+// the messages in flight of every group, not the write's group's.
+func PlantHoldAnyGroup(c *Client) { c.comb.holdAnyGroup = true }
+
+// PlantDropOverflow plants a bug in c's write combiner: a write that does
+// not fit in the message being filled is removed from the queue unsent.
+func PlantDropOverflow(c *Client) { c.comb.dropOverflow = true }

@@ -147,6 +147,10 @@ const (
 // kvValueSize is the values' length: 100 bytes, or --value-size.
 var kvValueSize = 100
 
+// kvCombineHold is the client's write-combining hold (--combine-hold,
+// client.WithCombineHold).
+var kvCombineHold = client.DefaultCombineHold
+
 // kvFlags are the options of the kv benchmark.
 type kvFlags struct {
 	commonFlags
@@ -185,6 +189,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.IntVar(&o.records, "records", 1000000, "keys loaded (from an empty table) before the get and put rows")
 	threads := fs.String("threads", "1,8", "comma-separated goroutine counts of the get rows")
 	fs.IntVar(&o.putThreads, "put-threads", 64, "goroutines of the saturated put row (the other put row has 1)")
+	fs.IntVar(&kvCombineHold, "combine-hold", client.DefaultCombineHold, "the client's write-combining hold: messages a group may have in flight before a new write waits for a completion (client.WithCombineHold; 0: the whole window)")
 	fs.IntVar(&kvValueSize, "value-size", 100, "bytes per value (at least the 16-byte key, which each value starts with), of rdmakv's and Redis's rows")
 	fs.DurationVar(&o.interval, "interval", 100*time.Millisecond, "get-during-growth: the interval gets are counted in")
 	fs.DurationVar(&o.et, "election-timeout", time.Second, "the replicas' election timeout (long, so that a descheduled leader is not voted out mid-measurement)")
@@ -1009,7 +1014,7 @@ func (e *kvEnv) openEmbedded() (err error) {
 		}
 	}()
 	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	e.c, err = client.Open(octx, client.WithMapFile(e.srv.mapFile))
+	e.c, err = client.Open(octx, client.WithMapFile(e.srv.mapFile), client.WithCombineHold(kvCombineHold))
 	cancel()
 	if err != nil {
 		return err
@@ -1054,7 +1059,7 @@ func (e *kvEnv) openChild() (err error) {
 		return fmt.Errorf("the client's node: %w", err)
 	}
 	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	e.c, err = client.Open(octx, client.WithMap(e.m), client.WithNode(e.node))
+	e.c, err = client.Open(octx, client.WithMap(e.m), client.WithNode(e.node), client.WithCombineHold(kvCombineHold))
 	cancel()
 	if err != nil {
 		return err
@@ -1482,6 +1487,9 @@ type kvRow struct {
 	HugePages *rdma.HugePages `json:"huge_pages,omitempty"`
 	// get and put rows: the cost per op.
 	costCols
+	// put rows: the client's single-key writes per message it sent (its
+	// combining; medians over the runs that sent any).
+	WritesPerMessage float64 `json:"writes_per_message,omitempty"`
 	// get-during-growth (ops_per_s is the slowest interval of the load)
 	IntervalNS            int64   `json:"interval_ns,omitempty"`
 	BeforeOpsPerS         float64 `json:"before_ops_per_s,omitempty"`
@@ -1601,6 +1609,15 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 		r.OpsPerS = medianOf(ps, func(p kvPair) float64 { return p.ours.opsPerS })
 		r.N = uint64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.n) }))
 		r.OtherCPU = medianOf(ps, func(p kvPair) float64 { return p.ours.otherCPU })
+		var sent []kvPair
+		for _, p := range ps {
+			if p.ours.cost.writesPerMsg > 0 {
+				sent = append(sent, p)
+			}
+		}
+		if len(sent) > 0 {
+			r.WritesPerMessage = medianOf(sent, func(p kvPair) float64 { return p.ours.cost.writesPerMsg })
+		}
 		var based []kvPair
 		for _, p := range ps {
 			r.Retries += p.ours.retries
