@@ -27,3 +27,13 @@ func CaptureThreadLocks(p *Process, g, i int) (int, error) {
 // SetStartPollEach plants the pollEach bug (startKnobs) in the process pc
 // starts.
 func SetStartPollEach(pc *ProcessConfig) { pc.startKnobs.pollEach = true }
+
+// SetSaveBug plants the save passes' bug named bug ("noEnd", "noLeader")
+// in the process pc starts.
+func SetSaveBug(pc *ProcessConfig, bug string) {
+	pc.saveBug = map[string]saveBug{"noEnd": saveNoEnd, "noLeader": saveNoLeader}[bug]
+}
+
+// SavesOpen is how many disk snapshot saves the process's replicas have
+// under way (their intervals open in its Watch of saves).
+func SavesOpen(p *Process) int { return p.saves.Open() }

@@ -102,7 +102,20 @@ type ProcessConfig struct {
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
 	startKnobs  startKnobs  // planted bugs, tests only (StartProcess)
+	saveBug     saveBug     // planted bugs, tests only (Replica.watchSave)
 }
+
+// saveBug is a planted bug of the save passes' statistics (tests only).
+type saveBug int
+
+const (
+	saveOK saveBug = iota
+	// saveNoEnd: a replica never closes its interval in the Watch of
+	// saves (every later pass of a leader counts as a save pass)
+	saveNoEnd
+	// saveNoLeader: no replica watches its poller's passes (none counts)
+	saveNoLeader
+)
 
 // startKnobs are StartProcess's planted bugs (tests only).
 type startKnobs struct {
@@ -126,6 +139,9 @@ type Process struct {
 	cfg     ProcessConfig
 	spec    fabric.Spec
 	pollers *poller.Group
+	// saves: the disk snapshot saves under way (each durable replica
+	// opens an interval while it has one), watched by the pollers
+	saves   poller.Watch
 	stop    context.CancelFunc
 	done    chan struct{} // closed when the pollers and Watch returned
 	control *Control
@@ -212,8 +228,12 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	if cfg.SpareP && runtime.GOMAXPROCS(0) <= np {
 		runtime.GOMAXPROCS(np + 1)
 	}
-	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
-		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark})}
+	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1)}
+	// The pollers count the passes of a leader's poller during a disk
+	// snapshot's save apart (/status save_pass_*), against issue 19's
+	// bound: the election timeout / 20.
+	p.pollers = poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark,
+		Watch: &p.saves, WatchOver: electionTimeout(cfg.Broadcast) / 20})
 	p.backups = newBackups(m.Name, cfg.ReplicaDir, cfg.Log)
 	p.backups.knobs = cfg.backupKnobs
 	p.reps = make([][]*hosted, len(m.Groups))
@@ -501,6 +521,9 @@ func (p *Process) build(o *opened) (*hosted, error) {
 	sr = NewReplica(g, i, id, r)
 	sr.dur, sr.backups, sr.stable = dur, p.backups, ts
 	if dur != nil {
+		sr.saves, sr.saveBug = &p.saves, p.cfg.saveBug
+	}
+	if dur != nil {
 		dur.Replayed() // New replayed the log: the recovery's whole time
 		p.cfg.Log.Info(dur.Summary, "node", id, "group", g, "durability", dur.Mode.String(), "data_dir", dur.Dir)
 	}
@@ -529,6 +552,7 @@ func (p *Process) register(h *hosted) {
 // close closes a replica that no poller polls (any more): one that build
 // made and the start abandoned, or one its poller let go.
 func (h *hosted) close() {
+	h.sr.watchSave(false) // no Poll of it runs any more
 	h.r.Close()
 	if h.st != nil {
 		h.st.Close()
@@ -759,6 +783,14 @@ func (p *Process) Close() {
 		n.Close()
 		delete(p.clients, id)
 	}
+}
+
+// electionTimeout is bc's election timeout, broadcast's default if unset.
+func electionTimeout(bc broadcast.Config) time.Duration {
+	if bc.ElectionTimeout > 0 {
+		return bc.ElectionTimeout
+	}
+	return broadcast.DefaultElectionTimeout
 }
 
 // position is where node id sits in m's groups.
