@@ -149,6 +149,9 @@ type Process struct {
 	backups *backups   // backup files of the replicas (backup.go)
 	// balancer is the tablet balancer (balancer.go); nil: none.
 	balancer *balancer
+	// started is the start's phases (startAll; read-only once
+	// StartProcess returned)
+	started StartStatus
 
 	mu      sync.Mutex
 	failed  chan error  // a replica stopped on a disk error (fail-stop)
@@ -176,6 +179,7 @@ type hosted struct {
 // cfg.Control; it closes that listener on error). It does not wait for the groups to elect (WaitServing).
 // On error everything it opened is closed again.
 func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
+	began := time.Now()
 	if cfg.Control != nil {
 		defer func() {
 			if err != nil {
@@ -228,7 +232,8 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	if cfg.SpareP && runtime.GOMAXPROCS(0) <= np {
 		runtime.GOMAXPROCS(np + 1)
 	}
-	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1)}
+	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
+		started: StartStatus{Began: began}}
 	// The pollers count the passes of a leader's poller during a disk
 	// snapshot's save apart (/status save_pass_*), against issue 19's
 	// bound: the election timeout / 20.
@@ -268,7 +273,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	p.startBalancer()
 	if cfg.Control != nil {
 		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret, backups: p.backups,
-			balancer: p.BalancerStatus, collector: balancerCollector{p}}, cfg.Log)
+			balancer: p.BalancerStatus, collector: balancerCollector{p}, start: func() StartStatus { return p.started }}, cfg.Log)
 	}
 	return p, nil
 }
@@ -310,6 +315,8 @@ func (p *Process) startAll(want []replicaPos) error {
 		}
 		ops = append(ops, o)
 	}
+	since := func() float64 { return time.Since(p.started.Began).Seconds() }
+	p.started.OpenedSeconds = since()
 	built := make([]*hosted, len(ops))
 	errs := make([]error, len(ops))
 	workers := max(1, min(p.cfg.RecoverWorkers, len(ops)))
@@ -346,6 +353,7 @@ func (p *Process) startAll(want []replicaPos) error {
 		})
 	}
 	wg.Wait()
+	p.started.BuiltSeconds = since()
 	var first error
 	for k, err := range errs {
 		if err == nil {
@@ -370,6 +378,7 @@ func (p *Process) startAll(want []replicaPos) error {
 			p.register(h)
 		}
 	}
+	p.started.PolledSeconds = since()
 	return nil
 }
 
@@ -419,6 +428,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 		}
 	}
 	var dur *Durable
+	var readTook time.Duration
 	if p.cfg.Durable.Mode != broadcast.Memory {
 		if p.cfg.ReplicaDir == nil {
 			closeStable()
@@ -429,7 +439,10 @@ func (p *Process) build(o *opened) (*hosted, error) {
 		if fsys == nil {
 			fsys = vfs.OS
 		}
-		if dur, err = OpenDurable(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring); err != nil {
+		t0 := time.Now()
+		dur, err = OpenDurable(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring)
+		readTook = time.Since(t0)
+		if err != nil {
 			closeStable()
 			node.Close()
 			return nil, err
@@ -519,7 +532,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 		return nil, fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
 	sr = NewReplica(g, i, id, r)
-	sr.dur, sr.backups, sr.stable = dur, p.backups, ts
+	sr.dur, sr.backups, sr.stable, sr.readTook = dur, p.backups, ts, readTook
 	if dur != nil {
 		sr.saves, sr.saveBug = &p.saves, p.cfg.saveBug
 	}
