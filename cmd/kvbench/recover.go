@@ -198,9 +198,9 @@ type recoverRow struct {
 	FirstPutS       float64   `json:"first_put_s,omitempty"`
 	ReplicaS        []float64 `json:"replica_s,omitempty"`
 	ReplicaReadMaxS float64   `json:"replica_read_max_s,omitempty"`
-	// LoadRetries counts the load's batches retried after an unknown
-	// outcome (a client deadline on a loaded machine; the batch puts
-	// the same values again).
+	// LoadRetries counts the load's batches retried after a client
+	// deadline (on a loaded machine; the batch puts the same values
+	// again).
 	LoadRetries int64 `json:"load_retries,omitempty"`
 	// SchedLatencyMaxUS is the longest a runnable goroutine of kvserver
 	// waited for a processor while the row's sampling ran (/status
@@ -875,8 +875,8 @@ func (r *recoverRun) open() (*client.Client, *cluster.Map, error) {
 	return c, m, nil
 }
 
-// loadRetries bounds the retries of one batch whose outcome a client
-// deadline left unknown.
+// loadRetries bounds the retries of one batch that a client deadline
+// failed (its outcome unknown, or not sent: no leader yet).
 const loadRetries = 10
 
 // write puts keys 0..records-1 (again and again) in batches that fit one
@@ -900,7 +900,7 @@ func (r *recoverRun) write(c *client.Client, m *cluster.Map, records int, enough
 				first := b * batch
 				n := min(batch, records-first)
 				err := s.writeBatch(j, first, n)
-				for try := 1; err != nil && try <= loadRetries && errors.Is(err, client.ErrOutcomeUnknown) && runCtx.Err() == nil; try++ {
+				for try := 1; err != nil && try <= loadRetries && (errors.Is(err, client.ErrOutcomeUnknown) || errors.Is(err, context.DeadlineExceeded)) && runCtx.Err() == nil; try++ {
 					// a client deadline on a loaded machine (elections):
 					// the same puts again
 					r.retries.Add(1)
