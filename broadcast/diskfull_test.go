@@ -7,6 +7,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/sim"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // A full disk (durable.go, "A full disk"): windows in which one member's
@@ -315,7 +316,7 @@ func idleRun(seed uint64, knobs testingKnobs, low bool, total *Counters) error {
 				at[id] = now(id)
 				if low {
 					d := h.s.Disk(id)
-					d.SetCapacity(d.Used() + h.procs[id].r.dur.w.LowSpaceBytes()/2)
+					d.SetCapacity(d.Used() + h.procs[id].r.dur.w.(*wal.Writer).LowSpaceBytes()/2)
 				}
 			}
 		})

@@ -47,6 +47,41 @@ import (
 // that may leave one, which LoadFor removes, starting from the snapshot
 // the SnapMark names and replaying the log from its diff.
 
+// WAL is the log a durable replica writes (Config.WAL): exactly the
+// methods the replica and its SnapStore call. A *wal.Writer (one log per
+// replica; the simulator's) and a *wal.Stream (one stream of a process's
+// shared log, wal.Mux: docs/dev/durability-plan.md, "One log per
+// process") both have them. Seqs are the log's own (a Stream's are its
+// stream seqs), so the replica's rules read the same over either.
+type WAL interface {
+	AppendFlags(typ wal.RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool)
+	AppendLazy(typ wal.RecType, flags uint8, parts ...[]byte) (seq uint64, ok bool)
+	Poll(now time.Duration) bool
+	NextDeadline() time.Duration
+	Flush()
+	Synced() uint64
+	NextSeq() uint64
+	OldestUnsynced() time.Duration
+	DropBefore(seq uint64)
+	Err() error
+	Full() bool
+	CheckSpace()
+	Space() wal.Space
+	SpaceLow(wal.Space) bool
+	// UnsyncedBytes and MaxUnsyncedBytes are the whole log's (a Mux's
+	// queue is shared, and the Writer refuses records past twice the
+	// maximum): Async's back-pressure reads them.
+	UnsyncedBytes() int64
+	MaxUnsyncedBytes() int64
+	BytesWritten() uint64
+	Stats() wal.Stats
+}
+
+var (
+	_ WAL = (*wal.Writer)(nil)
+	_ WAL = (*wal.Stream)(nil)
+)
+
 // recInDiff flags an Entry record that belongs to a diff.
 const recInDiff = 1
 
@@ -59,7 +94,7 @@ type durMark struct {
 
 // durable is a Sync or Async replica's log state.
 type durable struct {
-	w    *wal.Writer
+	w    WAL
 	ring []durMark // not yet synced, in seq order
 	dA   MsgHdr    // durable accepted: the last synced mark
 	// commitSeq is the seq of the last Commit record (0: none yet);
@@ -767,6 +802,7 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 	}
 	inDiff, left := false, 0
 	lastMark, markBegin, begin := -1, 0, 0 // the last SnapMark, its DiffBegin; the current DiffBegin
+	whole := -1                            // the last diff from base 0 (fromZero)
 	for i := range rec.Records {
 		x := &rec.Records[i]
 		bad := func(why string) error {
@@ -792,6 +828,9 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 				return nil, bad("malformed or nested diff")
 			}
 			inDiff, left, begin = true, int(binary.LittleEndian.Uint32(x.Data[32:])), i
+			if fromZero(x) {
+				whole = i
+			}
 		case wal.RecSnapMark:
 			if !inDiff || len(x.Data) != 24 {
 				return nil, bad("snapshot record outside a diff or malformed")
@@ -818,6 +857,18 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 	if lastMark >= 0 {
 		x := &rec.Records[lastMark]
 		at := getHdr(x.Data)
+		if (snap == nil || snap.At.Less(at)) && whole > lastMark {
+			// A diff from base 0 after the SnapMark replaced the whole
+			// Log (Fig. 5 l.62-63): the log from it on continues the
+			// snapshot loaded (or none), and what it holds before is
+			// superseded. This is a member that booted in Repair for
+			// that SnapMark and that a leader then synced from its empty
+			// commit point (Fig. 7 l.119-123; nothing pruned, so no
+			// snapshot): without the cut, every later crash before its
+			// next disk snapshot or install booted it in Repair again.
+			rc.recs = rec.Records[whole:]
+			return rc, nil
+		}
 		if snap == nil || snap.At.Less(at) {
 			// The snapshot the last SnapMark names is not on disk (never
 			// made durable, so nothing from its diff on was
@@ -844,6 +895,12 @@ func recoverFrom(rec *wal.Recovered, snap *DiskSnap, k recoverKnobs) (*Recovery,
 	}
 	rc.recs = rec.Records
 	return rc, nil
+}
+
+// fromZero reports whether the DiffBegin record x is of a diff from base
+// 0: it replaces the whole Log.
+func fromZero(x *wal.Record) bool {
+	return len(x.Data) == 40 && getHdr(x.Data[16:]) == MsgHdr{}
 }
 
 // heldBeforeMissing is the last header recs accepted (an entry outside a

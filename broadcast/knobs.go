@@ -131,9 +131,10 @@ type testingKnobs struct {
 	// FSM's memory after Close returned, and its owner unmaps it then;
 	// the SIGSEGV in capture.Persist of 3de1b0c). TestCloseWaitsForPersist.
 	uncounted persistKind
-	// onCloseWait (tests, not a bug): called by Close just before it
-	// waits for the goroutines persisting counts, with how many run.
-	onCloseWait func(running int)
+	// closeSaveExpired (tests, not a bug): Close finds the time it gives
+	// a disk snapshot's save under way to finish (closeSaveTimeout)
+	// passed already, and abandons the save (TestCloseLeavesNoTmp).
+	closeSaveExpired bool
 	// repairUncounted: in Async mode a member restarted in Repair (its
 	// log not replayed) neither counts among the members that lost their
 	// memory in a recovery election's condition nor votes (repairVoter):

@@ -76,12 +76,7 @@ func walRec(typ wal.RecType, flags uint8, words ...uint64) (wal.RecType, uint8, 
 // It returns the group's state that recovery must give back.
 func staleDisk(t *testing.T, committed bool) (m *vfs.Mem, want []string) {
 	t.Helper()
-	m = vfs.NewMem()
-	for _, d := range []string{"snap", "wal"} {
-		if err := m.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m = newDataFS(t)
 	var group, member []string
 	for i := 1; i <= 34; i++ {
 		group = append(group, groupEntry(i))
@@ -90,46 +85,91 @@ func staleDisk(t *testing.T, committed bool) (m *vfs.Mem, want []string) {
 	writeSnapFile(t, m, "snap", staleNamed, group[:28])
 	writeSnapFile(t, m, "snap", staleAt, member)
 
-	d := newStepDevice(m)
+	l := newTestLog(t, m)
+	diffHdr := MsgHdr{E: staleNew}
+	l.diffBegin(diffHdr, staleNamed, 5)
+	l.snapMark(staleNamed, 28)
+	for c := 29; c <= 33; c++ {
+		l.entry(MsgHdr{E: staleOld, Cnt: uint64(c)}, recInDiff, groupEntry(c))
+	}
+	l.diffEnd(diffHdr)
+	want = group[:28]
+	if committed {
+		l.entry(MsgHdr{E: staleNew, Cnt: 1}, 0, groupEntry(34))
+		l.commit(MsgHdr{E: staleNew, Cnt: 1}, 34)
+		want = group
+	}
+	l.sync()
+	m.DropUnsynced()
+	return m, want
+}
+
+// newDataFS is an in-memory disk with a replica's snap/ and wal/.
+func newDataFS(t *testing.T) *vfs.Mem {
+	t.Helper()
+	m := vfs.NewMem()
+	for _, d := range []string{"snap", "wal"} {
+		if err := m.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m
+}
+
+// testLog writes member 1's log records into wal/ as this package does.
+type testLog struct {
+	t    *testing.T
+	w    *wal.Writer
+	d    *stepDevice
+	last uint64
+}
+
+func newTestLog(t *testing.T, fs vfs.FS) *testLog {
+	t.Helper()
+	d := newStepDevice(fs)
 	w, err := wal.Open(d, wal.Config{Dir: "wal", Mode: wal.Sync, Member: 1, SegmentBytes: 64 << 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var last uint64
-	app := func(typ wal.RecType, flags uint8, parts ...[]byte) {
-		seq, ok := w.AppendFlags(typ, flags, parts...)
-		if !ok {
-			t.Fatalf("append: %v", w.Err())
-		}
-		last = seq
+	return &testLog{t: t, w: w, d: d}
+}
+
+func (l *testLog) app(typ wal.RecType, flags uint8, parts ...[]byte) {
+	seq, ok := l.w.AppendFlags(typ, flags, parts...)
+	if !ok {
+		l.t.Fatalf("append: %v", l.w.Err())
 	}
-	entry := func(h MsgHdr, flags uint8, data string) {
-		typ, fl, b := walRec(wal.RecEntry, flags, uint64(h.E), h.Cnt, 0, 0)
-		app(typ, fl, b, []byte(data))
+	l.last = seq
+}
+
+func (l *testLog) entry(h MsgHdr, flags uint8, data string) {
+	typ, fl, b := walRec(wal.RecEntry, flags, uint64(h.E), h.Cnt, 0, 0)
+	l.app(typ, fl, b, []byte(data))
+}
+
+func (l *testLog) diffBegin(hdr, base MsgHdr, entries int) {
+	l.app(walRec(wal.RecDiffBegin, 0, uint64(hdr.E), hdr.Cnt, uint64(base.E), base.Cnt, uint64(entries)))
+}
+
+func (l *testLog) snapMark(at MsgHdr, index uint64) {
+	l.app(walRec(wal.RecSnapMark, 0, uint64(at.E), at.Cnt, index))
+}
+
+func (l *testLog) diffEnd(hdr MsgHdr) { l.app(walRec(wal.RecDiffEnd, 0, uint64(hdr.E), hdr.Cnt)) }
+
+func (l *testLog) commit(h MsgHdr, index uint64) {
+	l.app(walRec(wal.RecCommit, 0, uint64(h.E), h.Cnt, index, index))
+}
+
+// sync writes and syncs every record appended.
+func (l *testLog) sync() {
+	for i := 0; i < 1000 && l.w.Synced() < l.last; i++ {
+		l.w.Poll(0)
+		l.d.step()
 	}
-	diffHdr := MsgHdr{E: staleNew}
-	typ, fl, b := walRec(wal.RecDiffBegin, 0, uint64(diffHdr.E), diffHdr.Cnt, uint64(staleNamed.E), staleNamed.Cnt, 5)
-	app(typ, fl, b)
-	app(walRec(wal.RecSnapMark, 0, uint64(staleNamed.E), staleNamed.Cnt, 28))
-	for c := 29; c <= 33; c++ {
-		entry(MsgHdr{E: staleOld, Cnt: uint64(c)}, recInDiff, groupEntry(c))
+	if l.w.Synced() < l.last || l.w.Err() != nil {
+		l.t.Fatalf("log synced to %d of %d: %v", l.w.Synced(), l.last, l.w.Err())
 	}
-	app(walRec(wal.RecDiffEnd, 0, uint64(diffHdr.E), diffHdr.Cnt))
-	want = group[:28]
-	if committed {
-		entry(MsgHdr{E: staleNew, Cnt: 1}, 0, groupEntry(34))
-		app(walRec(wal.RecCommit, 0, uint64(staleNew), 1, 34, 34))
-		want = group
-	}
-	for i := 0; i < 1000 && w.Synced() < last; i++ {
-		w.Poll(0)
-		d.step()
-	}
-	if w.Synced() < last || w.Err() != nil {
-		t.Fatalf("log synced to %d of %d: %v", w.Synced(), last, w.Err())
-	}
-	m.DropUnsynced()
-	return m, want
 }
 
 // bootFrom recovers member 1 from m as internal/server.OpenDurable does
@@ -288,12 +328,7 @@ func snapNames(t *testing.T, fs vfs.FS) []string {
 // netSaveUnsynced is caught.
 func TestNetSaveAfterDiffSynced(t *testing.T) {
 	for _, planted := range []bool{false, true} {
-		m := vfs.NewMem()
-		for _, d := range []string{"snap", "wal"} {
-			if err := m.MkdirAll(d, 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
+		m := newDataFS(t)
 		var member []string
 		for i := 1; i <= 34; i++ {
 			member = append(member, groupEntry(i))
@@ -352,5 +387,64 @@ func TestNetSaveAfterDiffSynced(t *testing.T) {
 		case planted:
 			t.Logf("planted netSaveUnsynced caught: %v", failed)
 		}
+	}
+}
+
+// repairedDisk lays out the disk of a member that booted in Repair and
+// was then repaired by a plain diff, and crashed again: a disk snapshot
+// at (e1,2) (g1-g2; the log below it dropped); the first incarnation's
+// last diff, of epoch eMid, installed the group's snapshot at (e1,5)
+// (g1-g5) with g6 at (eMid,1), and the crash came before that snapshot
+// was durable (its file is missing). The member booted in Repair (empty:
+// the log not replayed), and the leader of staleNew synced it from its
+// commit point, nothing: a diff with base 0 that holds the whole Log,
+// g1-g6 (nothing pruned, so no snapshot); then g7 at (staleNew,1),
+// committed. It returns the group's state recovery must give back.
+func repairedDisk(t *testing.T) (m *vfs.Mem, want []string) {
+	t.Helper()
+	m = newDataFS(t)
+	for i := 1; i <= 7; i++ {
+		want = append(want, groupEntry(i))
+	}
+	e1, eMid := staleOld, MakeEpoch(2, 1)
+	writeSnapFile(t, m, "snap", MsgHdr{E: e1, Cnt: 2}, want[:2])
+	l := newTestLog(t, m)
+	l.diffBegin(MsgHdr{E: eMid, Cnt: 1}, MsgHdr{E: e1, Cnt: 5}, 1)
+	l.snapMark(MsgHdr{E: e1, Cnt: 5}, 5) // never durable
+	l.entry(MsgHdr{E: eMid, Cnt: 1}, recInDiff, groupEntry(6))
+	l.diffEnd(MsgHdr{E: eMid, Cnt: 1})
+	// The second incarnation, in Repair.
+	l.diffBegin(MsgHdr{E: staleNew}, MsgHdr{}, 6)
+	for c := 1; c <= 5; c++ {
+		l.entry(MsgHdr{E: e1, Cnt: uint64(c)}, recInDiff, groupEntry(c))
+	}
+	l.entry(MsgHdr{E: eMid, Cnt: 1}, recInDiff, groupEntry(6))
+	l.diffEnd(MsgHdr{E: staleNew})
+	l.entry(MsgHdr{E: staleNew, Cnt: 1}, 0, groupEntry(7))
+	l.commit(MsgHdr{E: staleNew, Cnt: 1}, 7)
+	l.sync()
+	m.DropUnsynced()
+	return m, want
+}
+
+// TestRecoverRepairedByPlainDiff: a member in Repair (its log's last
+// SnapMark names a snapshot that never became durable) that a leader
+// repaired with a plain diff from base 0 (Fig. 7 l.119-123 from its
+// empty commit point, nothing pruned) keeps that SnapMark as its log's
+// last; the diff replaced the whole Log, so it supersedes every record
+// before it. A second crash must boot it from its disk with the group's
+// state, not in Repair again (which it would until its next disk
+// snapshot or install: "repair: it boots catching up").
+func TestRecoverRepairedByPlainDiff(t *testing.T) {
+	m, want := repairedDisk(t)
+	r, fsm, warn, err := bootFrom(t, m, recoverKnobs{})
+	if err := checkStart(r, fsm, err, want); err != nil {
+		t.Fatal(err)
+	}
+	if len(warn) > 0 {
+		t.Errorf("warnings %q, want none", warn)
+	}
+	if st := r.Status(); !st.FromDisk || st.Index != uint64(len(want)) {
+		t.Errorf("status from disk %v index %d, want from disk at %d", st.FromDisk, st.Index, len(want))
 	}
 }

@@ -122,9 +122,9 @@ type Replica struct {
 	snap        *leaderSnap // the one this leader serves, or is making
 	snapSlot    int
 	snapRetryAt time.Duration
-	persisting  persistGroup // the goroutines startPersist runs; Close waits for them
-	runPersist  func(func()) // runs a snapshot's Persist: a goroutine (tests: inline)
-	fetched     uint64       // snapshot bytes fetched, all fetches: progress in our AcceptSST row
+	persisting  sync.WaitGroup // the goroutines startPersist runs; Close waits for them
+	runPersist  func(func())   // runs a snapshot's Persist: a goroutine (tests: inline)
+	fetched     uint64         // snapshot bytes fetched, all fetches: progress in our AcceptSST row
 
 	// Acuerdo Fig. 1 l.11-17.
 	eCur, eNew Epoch
@@ -376,13 +376,6 @@ const (
 	persistDiff                           // the file image of the snapshot a diff installed (durable.go)
 )
 
-// persistGroup counts the goroutines Close waits for: a WaitGroup, and
-// how many run (for the test hook knobs.onCloseWait).
-type persistGroup struct {
-	wg      sync.WaitGroup
-	running atomic.Int32
-}
-
 // startPersist runs fn off the polling goroutine (runPersist), counted
 // in persisting: Close waits for it. Every such goroutine must be: a
 // snapshot's Persist reads the FSM's memory (kv's table: mapped heap
@@ -392,22 +385,15 @@ func (r *Replica) startPersist(k persistKind, fn func()) {
 		r.runPersist(fn) // planted: Close does not wait for it
 		return
 	}
-	r.persisting.running.Add(1)
-	r.persisting.wg.Add(1)
+	r.persisting.Add(1)
 	r.runPersist(func() {
-		defer r.persisting.wg.Done()
-		defer r.persisting.running.Add(-1)
+		defer r.persisting.Done()
 		fn()
 	})
 }
 
 // waitPersist waits for every goroutine startPersist runs (Close).
-func (r *Replica) waitPersist() {
-	if h := r.knobs.onCloseWait; h != nil {
-		h(int(r.persisting.running.Load()))
-	}
-	r.persisting.wg.Wait()
-}
+func (r *Replica) waitPersist() { r.persisting.Wait() }
 
 // Close releases the replica's regions and connections and fails every
 // proposal not yet resolved with ErrStopped (outcome unknown). Call it once
@@ -433,6 +419,7 @@ func (r *Replica) Close() error {
 		}
 	}
 	r.closeRegions()
+	r.closeDiskSnap() // after closeRegions: the Persist goroutines ended
 	return nil
 }
 

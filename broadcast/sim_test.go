@@ -1103,10 +1103,10 @@ func (p *simProc) checkDiskBound() {
 	if p.h.o.snapLog == 0 || r.dur == nil || r.cfg.Snapshots == nil {
 		return
 	}
-	if _, _, ok := r.cfg.Snapshots.Newest(); !ok || r.dur.cut == 0 || r.dur.w.DropPending() {
+	if _, _, ok := r.cfg.Snapshots.Newest(); !ok || r.dur.cut == 0 || r.dur.w.(*wal.Writer).DropPending() {
 		return
 	}
-	segs := r.dur.w.Segments()
+	segs := r.dur.w.(*wal.Writer).Segments()
 	if len(segs) > 1 && segs[1].FirstSeq <= r.dur.cut {
 		p.h.c.fail("disk bound: node %d keeps segment %s (seqs %d-%d) below its snapshot's cut at seq %d", p.env.ID(), segs[0].Path, segs[0].FirstSeq, segs[1].FirstSeq-1, r.dur.cut)
 	}
@@ -1278,7 +1278,7 @@ func (h *simRun) settled() bool {
 	var acc MsgHdr
 	for k, id := range h.s.Nodes() {
 		p := h.procs[id]
-		if !h.s.Live(id) || p == nil || p.r.dur == nil || !p.r.dur.w.Idle() || p.r.role == Electing || p.r.committed != p.r.accepted {
+		if !h.s.Live(id) || p == nil || p.r.dur == nil || !p.r.dur.w.(*wal.Writer).Idle() || p.r.role == Electing || p.r.committed != p.r.accepted {
 			return false
 		}
 		if k > 0 && p.r.accepted != acc {

@@ -381,6 +381,10 @@ type SnapStore struct {
 	stale  []string  // files above the save in flight, removed before it is durable
 	staleN uint64    // saves that removed files above them (tests' statistics)
 	tmpN   uint64
+	tmp    string // the save in flight's tmp file
+
+	// closing: the replica is closing (closeDiskSnap): no capture starts.
+	closing bool
 
 	newest  *DiskSnap // the newest durable snapshot (Meta/State nil)
 	old     []string  // older snapshot files to remove
@@ -445,6 +449,7 @@ func (s *SnapStore) SaveImage(index uint64, at MsgHdr, img []byte) bool {
 	s.fullErr = nil
 	s.tmpN++
 	tmp := filepath.Join(s.dir, fmt.Sprintf("tmp-%d", s.tmpN))
+	s.tmp = tmp
 	final := filepath.Join(s.dir, SnapName(index, at))
 	s.saving = &DiskSnap{Path: final, Index: index, At: at, Member: s.member}
 	s.done = false
@@ -563,6 +568,28 @@ func (s *SnapStore) Poll(now time.Duration) (saved bool) {
 	return saved
 }
 
+// abandon ends the save in flight without letting it count (a clean stop
+// ran out of time, closeDiskSnap): the ops not submitted yet are dropped
+// and, unless it already counted, its tmp file is removed once the op in
+// flight completed (gone already if a rename in flight went through:
+// then the file is whole and synced, and LoadFor syncs its name). A save
+// that counted only drops the removals of older files it had left.
+func (s *SnapStore) abandon() {
+	if s.saving == nil {
+		return
+	}
+	s.ops = s.ops[:s.next]
+	if s.newest != s.saving { // it did not count: its tmp file may be there
+		s.ops = append(s.ops, wal.IO{Kind: wal.IORemove, Path: s.tmp})
+	}
+	s.done = true // nothing more counts as durable
+	if s.inDone == len(s.ops) {
+		s.saving = nil
+	} else {
+		s.submit()
+	}
+}
+
 // failed ends the save at a failed op. No space while creating or writing
 // the tmp file abandons it (removed; the old snapshot and the log are
 // intact; a later Save tries again). Any other failure, and every failed
@@ -573,8 +600,7 @@ func (s *SnapStore) failed(op wal.IO, err error) bool {
 	noSpace := errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 	if noSpace && !s.done && (op.Kind == wal.IOCreate || op.Kind == wal.IOWrite || op.Kind == wal.IOAllocate) {
 		s.fullErr = fmt.Errorf("%w: snapshot %s: %s: %w", wal.ErrDiskFull, filepath.Base(s.saving.Path), op.Kind, err)
-		tmp := s.ops[0].Path
-		s.ops = append(s.ops[:0], wal.IO{Kind: wal.IORemove, Path: tmp})
+		s.ops = append(s.ops[:0], wal.IO{Kind: wal.IORemove, Path: s.tmp})
 		s.next, s.inDone = 0, 0
 		s.done = true // nothing more counts as durable
 		return false
@@ -588,6 +614,54 @@ func (s *SnapStore) failed(op wal.IO, err error) bool {
 	s.failErr = fmt.Errorf("%w: snapshot %s: %s %s: %w", wal.ErrFailStop, filepath.Base(s.saving.Path), op.Kind, op.Path, err)
 	s.saving = nil
 	return true
+}
+
+// closeSaveTimeout bounds how long Close lets a disk snapshot's save run
+// on (closeDiskSnap); closeAbandonTimeout how long it then waits for the
+// op in flight and the removal of the save's tmp file.
+const (
+	closeSaveTimeout    = 10 * time.Second
+	closeAbandonTimeout = time.Second
+)
+
+// closeDiskSnap (Close, once the Persist goroutines ended: nothing polls
+// the replica any more) ends the disk snapshot work so that a clean stop
+// leaves no snap/tmp- file behind: it drives diskSnapPoll, which lets
+// the save under way run to its end and hands the store what was ready
+// for it (the snapshot a synced diff installed: the log names it, and
+// without it the next start would boot in Repair; or a persisted
+// capture), but starts no capture, for at most closeSaveTimeout. A save
+// still under way then is abandoned: its tmp file is removed once the op
+// in flight completed (closeAbandonTimeout; a device that does not
+// complete it leaves the file to the next start, which removes it).
+// A failed store or log (fail-stop) is left as it is.
+func (r *Replica) closeDiskSnap() {
+	d, s := r.dur, r.cfg.Snapshots
+	if d == nil || s == nil {
+		return
+	}
+	s.closing = true
+	deadline := time.Now().Add(closeSaveTimeout)
+	if r.knobs.closeSaveExpired {
+		deadline = time.Now()
+	}
+	for d.err == nil && time.Now().Before(deadline) {
+		r.diskSnapPoll()
+		if !s.Busy() {
+			return
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	if !s.Busy() || s.Err() != nil {
+		return
+	}
+	r.tracef("node %d closes with its disk snapshot %s unsaved: abandoned", r.self, filepath.Base(s.saving.Path))
+	s.abandon()
+	deadline = time.Now().Add(closeAbandonTimeout)
+	for s.Busy() && time.Now().Before(deadline) {
+		s.Poll(r.now)
+		time.Sleep(50 * time.Microsecond)
+	}
 }
 
 // diskSnapJob is a capture being persisted off Poll (runPersist).
@@ -723,7 +797,7 @@ func (r *Replica) diskSnapPoll() {
 		return
 	}
 	written := d.w.BytesWritten()
-	if s.Busy() || written-d.snapBytes < uint64(r.cfg.SnapshotLogBytes) || r.index == 0 {
+	if s.Busy() || s.closing || written-d.snapBytes < uint64(r.cfg.SnapshotLogBytes) || r.index == 0 {
 		return
 	}
 	if _, at, ok := s.Newest(); ok && !at.Less(r.committed) {

@@ -302,6 +302,18 @@ func checkRecoverable(fs vfs.FS, s *SnapStore) error {
 	return nil
 }
 
+// crashAfter runs the save in flight for n IOs, then crashes the disk
+// (unsynced writes dropped); it reports whether the save counted.
+func crashAfter(s *SnapStore, d *stepDevice, m *vfs.Mem, n int) (saved bool) {
+	for range n {
+		saved = s.Poll(0) || saved
+		d.step()
+	}
+	saved = s.Poll(0) || saved
+	m.DropUnsynced()
+	return saved
+}
+
 // TestSnapStoreRenameBeforeSync: the planted bug renameBeforeSync (the
 // rename and dir fsync before the data's fdatasync, counted durable then)
 // is caught by "recoverable:"; the store as written passes it at every
@@ -317,12 +329,7 @@ func TestSnapStoreRenameBeforeSync(t *testing.T) {
 			s.knobs.renameBeforeSync = planted
 			meta, state := snapState(2)
 			s.Save(0, 200, MsgHdr{E: 2, Cnt: 2}, meta, state)
-			for i := 0; i < crashAt; i++ {
-				s.Poll(0)
-				d.step()
-			}
-			s.Poll(0)
-			m.DropUnsynced()
+			crashAfter(s, d, m, crashAt)
 			failed = checkRecoverable(m, s)
 		}
 		switch {
@@ -445,13 +452,7 @@ func TestSnapStoreStaleRemovedFirst(t *testing.T) {
 			s.knobs.staleRemovedLate = planted
 			meta, state = snapState(2)
 			s.Save(0, 28, named, meta, state)
-			saved := false
-			for i := 0; i < crashAt; i++ {
-				saved = s.Poll(0) || saved
-				d.step()
-			}
-			saved = s.Poll(0) || saved
-			m.DropUnsynced()
+			saved := crashAfter(s, d, m, crashAt)
 			if err := checkRecoverable(m, s); err != nil {
 				t.Fatalf("planted %v, crash at %d: %v", planted, crashAt, err)
 			}

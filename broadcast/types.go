@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/wal"
 )
 
 // Epoch is the paper's epoch = (round, ldr) (Acuerdo Fig. 1 l.3) packed in
@@ -280,8 +279,9 @@ type Config struct {
 	// AppendRoom is 0 and proposals wait). Default 10 ms.
 	FsyncInterval time.Duration
 	// WAL is the log Sync and Async write (required with them, nil with Memory):
-	// a wal.Writer opened on the log Recover read, polled from Poll.
-	WAL *wal.Writer
+	// a *wal.Writer opened on the log Recover read, or a *wal.Stream of a
+	// process's shared log (wal.Mux), polled from Poll.
+	WAL WAL
 	// Recovery is what Recover made of the log at start (nil: an empty
 	// log). New replays it: the Log, Accepted, E_cur and the commit
 	// point, delivering the committed entries to the FSM before New

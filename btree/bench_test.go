@@ -359,3 +359,78 @@ func BenchmarkArenaFreshSlot(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTreeInsertFill measures what splits cost an insert right after
+// an ascending load (kvbench btree's insert row at the Tree: 100 k
+// 17-byte keys loaded in order, 100-byte values, then 10 k new keys
+// between them, then the measured ones), three trees applying each
+// insert in turn as a group's three replicas do on one poller. It
+// compares, in one process and alternated in blocks of 256 inserts (the
+// load of a shared machine falls on both alike), trees whose load left
+// their leaves RightFill full (full-cpu-ns/insert, the default: nearly
+// every leaf splits at its first new key) with trees split in halves
+// (halfSplits: leaves about half full, room for a dozen new keys each;
+// half-cpu-ns/insert). full-splits/k and half-splits/k are the leaf
+// splits per 1000 measured inserts. The arenas are one chunk each,
+// allocated before the measurement.
+func BenchmarkTreeInsertFill(b *testing.B) {
+	const n, trees, block = 100_000, 3, 256
+	key := func(i int) []byte { return fmt.Appendf(nil, "\x01k%015d", i) }
+	val := make([]byte, 100)
+	rng := rand.New(rand.NewPCG(7, 7))
+	news := make([][]byte, 1<<18)
+	for i := range news {
+		k := key(rng.IntN(n))
+		k[len(k)-1] = byte('a' + rng.IntN(26))
+		news[i] = k
+	}
+	mk := func(halves bool) []*Tree {
+		ts := make([]*Tree, trees)
+		for r := range ts {
+			t, err := New(DefaultConfig, NewArena(4096, 1<<15, nil), 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			t.knobs.halfSplits = halves
+			for i := range n {
+				if _, err := t.Put(key(i), val, uint64(i+1), 2); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range 10_000 {
+				t.Put(news[len(news)-1-i], val, 1, 3)
+			}
+			ts[r] = t
+		}
+		return ts
+	}
+	sets := [2][]*Tree{mk(false), mk(true)}
+	var cpu [2]int64
+	var splits0 [2]uint64
+	for s := range sets {
+		splits0[s] = sets[s][0].Usage().LeafSplits
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	i := 0
+	run := func(set, from int) {
+		c0 := threadCPU()
+		for j := from; j < from+block; j++ {
+			k := news[j%(len(news)-10_000)]
+			for _, t := range sets[set] {
+				t.Put(k, val, uint64(j), 4)
+			}
+		}
+		cpu[set] += threadCPU() - c0
+	}
+	for b.Loop() {
+		first := (i / block) % 2
+		run(first, i)
+		run(1-first, i)
+		i += block
+	}
+	for s, name := range []string{"full", "half"} {
+		b.ReportMetric(float64(cpu[s])/float64(i*trees), name+"-cpu-ns/insert")
+		b.ReportMetric(1000*float64(sets[s][0].Usage().LeafSplits-splits0[s])/float64(i), name+"-splits/k")
+	}
+}

@@ -21,22 +21,22 @@ var errAbandoned = errors.New("walk abandoned: the table's memory is unmapped")
 // closeNoWait (Close unmaps at once) is caught by "close:"; planted
 // walkAfterClose (a late Persist walks the unmapped table) by "refuse:".
 func TestCloseWaitsForWalks(t *testing.T) {
-	if err := closeDuringWalk(t, false); err != nil {
+	heldWalkRuns(t, closeDuringWalk, "closeNoWait", "close:")
+	heldWalkRuns(t, walkAfterClose, "walkAfterClose", "refuse:")
+}
+
+// heldWalkRuns runs check without its planted bug (it must pass), then
+// with it (it must fail with the check's prefix, want).
+func heldWalkRuns(t *testing.T, check func(t *testing.T, planted bool) error, bug, want string) {
+	t.Helper()
+	if err := check(t, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := walkAfterClose(t, false); err != nil {
-		t.Fatal(err)
+	err := check(t, true)
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("planted %s: %v, want %s", bug, err, want)
 	}
-	err := closeDuringWalk(t, true)
-	if err == nil || !strings.HasPrefix(err.Error(), "close:") {
-		t.Fatalf("planted closeNoWait: %v, want close:", err)
-	}
-	t.Logf("planted closeNoWait caught: %v", err)
-	err = walkAfterClose(t, true)
-	if err == nil || !strings.HasPrefix(err.Error(), "refuse:") {
-		t.Fatalf("planted walkAfterClose: %v, want refuse:", err)
-	}
-	t.Logf("planted walkAfterClose caught: %v", err)
+	t.Logf("planted %s caught: %v", bug, err)
 }
 
 // closedTestTable is a table of 300 records and its snapshot now.

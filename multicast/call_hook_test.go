@@ -56,16 +56,22 @@ var (
 	errHookAfterRelease = errors.New("the hook of a call released before it ran ran")
 )
 
-func onDoneHook(t *testing.T, c *Client, knobs testingKnobs) error {
+// plant sets c's knobs under its lock; undo clears them, and the hooks a
+// planted run left queued.
+func plant(c *Client, knobs testingKnobs) (undo func()) {
 	c.mu.Lock()
 	c.knobs = knobs
 	c.mu.Unlock()
-	defer func() {
+	return func() {
 		c.mu.Lock()
 		c.knobs = testingKnobs{}
-		c.rt.hooks = nil // a planted run's leftovers
+		c.rt.hooks = nil
 		c.mu.Unlock()
-	}()
+	}
+}
+
+func onDoneHook(t *testing.T, c *Client, knobs testingKnobs) error {
+	defer plant(c, knobs)()
 	dst := tree.Of(0)
 	bg := context.Background()
 
@@ -148,14 +154,7 @@ func TestAwaitEarlyDeadline(t *testing.T) {
 var errReaperNotRung = errors.New("the parked reaper was not rung for an earlier deadline")
 
 func awaitEarlyDeadline(t *testing.T, c *Client, knobs testingKnobs) error {
-	c.mu.Lock()
-	c.knobs = knobs
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		c.knobs = testingKnobs{}
-		c.mu.Unlock()
-	}()
+	defer plant(c, knobs)()
 	// A: the reaper, its call never sent, parked until a deadline 1 s
 	// away (context.Background: no 1 ms cap).
 	a, _, err := c.Begin(tree.Of(0), 8)

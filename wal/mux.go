@@ -695,3 +695,46 @@ func (s *Stream) Stats() Stats {
 	st.Records, st.BytesWritten, st.UnsyncedBytes = s.records, s.bytes, int64(s.appended-s.bytes)
 	return st
 }
+
+// UnsyncedBytes is the log's bytes appended and not yet synced (every
+// stream's: the queue is shared, and the Writer refuses records once it
+// passes twice MaxUnsyncedBytes).
+func (s *Stream) UnsyncedBytes() int64 {
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	return s.m.w.UnsyncedBytes()
+}
+
+// MaxUnsyncedBytes is the log's Writer.MaxUnsyncedBytes.
+func (s *Stream) MaxUnsyncedBytes() int64 { return s.m.w.MaxUnsyncedBytes() }
+
+// Idle reports that every record of the stream is synced (other streams'
+// may not be).
+func (s *Stream) Idle() bool {
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	return s.head == len(s.pend)
+}
+
+// Stats are the log's Writer.Stats (every stream's records, batches and
+// fsyncs), read under the Mux's lock (any goroutine).
+func (m *Mux) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.w.Stats()
+}
+
+// Idle reports that every record of every stream is synced and nothing
+// is in flight.
+func (m *Mux) Idle() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.w.Idle()
+}
+
+// Flush is the log's Writer.Flush.
+func (m *Mux) Flush() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.w.Flush()
+}

@@ -32,7 +32,7 @@ func TestEmbeddedBalancer(t *testing.T) {
 		t.Skip("builds and runs kvserver")
 	}
 	dir := t.TempDir()
-	kvserver := build(t, dir, "./cmd/kvserver")
+	kvserver := build(t, "./cmd/kvserver")
 	shmDir := filepath.Join(dir, "shm")
 	if err := os.Mkdir(shmDir, 0o755); err != nil {
 		t.Fatal(err)

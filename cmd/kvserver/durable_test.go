@@ -38,7 +38,7 @@ type durableEnv struct {
 
 func newDurableEnv(t *testing.T) *durableEnv {
 	dir := t.TempDir()
-	e := &durableEnv{t: t, dir: dir, kvserver: build(t, dir, "./cmd/kvserver"), shmDir: filepath.Join(dir, "shm"),
+	e := &durableEnv{t: t, dir: dir, kvserver: build(t, "./cmd/kvserver"), shmDir: filepath.Join(dir, "shm"),
 		state: filepath.Join(dir, "state"), mapFile: filepath.Join(dir, "run", "cluster.json"), name: fmt.Sprintf("dur%d", os.Getpid())}
 	tmp := filepath.Join(dir, "tmp")
 	for _, d := range []string{e.shmDir, tmp} {
@@ -458,7 +458,8 @@ func TestDurableEnvFailureLeavesNoSlotLock(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	child := exec.Command(os.Args[0], "-test.run=^TestDurableEnvFailureLeavesNoSlotLock$", "-test.v")
-	child.Env = append(os.Environ(), "RDMAKV_DURABLE_FAIL_CHILD=1", "TMPDIR="+tmp)
+	kvserver := build(t, "./cmd/kvserver") // the child runs this one
+	child.Env = append(os.Environ(), "RDMAKV_DURABLE_FAIL_CHILD=1", "TMPDIR="+tmp, builtEnv+"="+filepath.Dir(kvserver))
 	out, err := child.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "planted failure with a client open") {
 		t.Fatalf("the child test: %v, want its planted failure:\n%s", err, out)

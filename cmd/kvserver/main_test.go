@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,15 +18,57 @@ import (
 	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
 
-// build compiles a command of this module into dir.
-func build(t *testing.T, dir, pkg string) string {
-	t.Helper()
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = "../.."
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+// builtEnv names the directory of the commands a test binary built, for
+// the child test binaries it runs (TestDurableEnvFailureLeavesNoSlotLock's
+// child uses its parent's kvserver rather than building its own).
+const builtEnv = "RDMAKV_KVSERVER_TEST_BUILT"
+
+// The commands this test binary built (build), in a directory TestMain
+// removes: each is built once per test binary, not once per test (nine
+// go builds of kvserver and kvcli were seven links too many).
+var (
+	builtMu  sync.Mutex
+	builtDir = os.Getenv(builtEnv)
+	built    = map[string]string{}
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if os.Getenv(builtEnv) == "" && builtDir != "" {
+		os.RemoveAll(builtDir)
 	}
+	os.Exit(code)
+}
+
+// build compiles a command of this module (pkg: ./cmd/NAME) once per test
+// binary and returns the path of its executable. It stamps the commit
+// (-buildvcs=true: GOFLAGS may turn stamping off), which
+// TestVersionNamesCommit checks.
+func build(t *testing.T, pkg string) string {
+	t.Helper()
+	builtMu.Lock()
+	defer builtMu.Unlock()
+	if out, ok := built[pkg]; ok {
+		return out
+	}
+	if builtDir == "" {
+		d, err := os.MkdirTemp("", "rdmakv-kvserver-test-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		builtDir = d
+	}
+	out := filepath.Join(builtDir, filepath.Base(pkg))
+	if os.Getenv(builtEnv) == "" {
+		cmd := exec.Command("go", "build", "-buildvcs=true", "-o", out, pkg)
+		cmd.Dir = "../.."
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+		}
+	} else if _, err := os.Stat(out); err != nil {
+		t.Fatalf("%s from the parent test binary: %v", pkg, err)
+	}
+	built[pkg] = out
 	return out
 }
 
@@ -77,8 +120,8 @@ func TestLocalClusterWithKvcli(t *testing.T) {
 		t.Skip("builds and runs the commands")
 	}
 	dir := t.TempDir()
-	kvserver := build(t, dir, "./cmd/kvserver")
-	kvcli := build(t, dir, "./cmd/kvcli")
+	kvserver := build(t, "./cmd/kvserver")
+	kvcli := build(t, "./cmd/kvcli")
 	shmDir := filepath.Join(dir, "shm")
 	if err := os.Mkdir(shmDir, 0o755); err != nil {
 		t.Fatal(err)

@@ -25,8 +25,7 @@ func TestClosedOutputKeepsCleanup(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kvserver")
 	}
-	dir := t.TempDir()
-	kvserver := build(t, dir, "./cmd/kvserver")
+	kvserver := build(t, "./cmd/kvserver")
 
 	t.Run("embedded", func(t *testing.T) {
 		d := t.TempDir()

@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -19,15 +18,8 @@ func TestVersionNamesCommit(t *testing.T) {
 	if err != nil {
 		t.Skipf("not a git checkout: %v", err)
 	}
-	dir := t.TempDir()
 	for _, name := range []string{"kvserver", "kvcli"} {
-		bin := filepath.Join(dir, name)
-		// -buildvcs=true: GOFLAGS may turn stamping off.
-		b := exec.Command("go", "build", "-buildvcs=true", "-o", bin, "./cmd/"+name)
-		b.Dir = "../.."
-		if out, err := b.CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
-		}
+		bin := build(t, "./cmd/"+name) // with -buildvcs=true
 		out, err := exec.Command(bin, "--version").Output()
 		if strings.Contains(string(out), "no commit recorded") {
 			// Seen in a git worktree (git worktree add): the go

@@ -20,6 +20,7 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -473,6 +474,32 @@ func Restore(o RestoreOptions) error {
 				ri.aside = fmt.Sprintf("%s.before-restore-%s", dir, now.UTC().Format("20060102T150405"))
 			}
 			plan = append(plan, ri)
+		}
+	}
+	// An embedded cluster's shared log (UseDataDir: DataDir/wal) holds
+	// every replica's records: replayed over the restored snapshots it
+	// would undo the restore.
+	var sharedAside, shared string
+	if o.Config == nil {
+		shared = filepath.Join(o.DataDir, "wal")
+		if n, err := dirEntries(vfs.OS, shared); err != nil {
+			return err
+		} else if n > 0 {
+			if !o.Force {
+				return fmt.Errorf("the shared log %s is not empty: restore writes only into empty data dirs (--force moves it aside)", shared)
+			}
+			sharedAside = fmt.Sprintf("%s.before-restore-%s", shared, now.UTC().Format("20060102T150405"))
+		}
+	}
+	if sharedAside != "" {
+		if err := os.Rename(shared, sharedAside); err != nil {
+			return err
+		}
+		if err := syncDir(o.DataDir); err != nil {
+			return err
+		}
+		if o.Out != nil {
+			fmt.Fprintf(o.Out, "moved %s aside to %s\n", shared, sharedAside)
 		}
 	}
 	for _, ri := range plan {

@@ -59,6 +59,10 @@ type ProcessStatus struct {
 	// process runs none: no ordered keyspace, one group, or no replica
 	// of group 0 here).
 	Balancer *client.BalancerStatus `json:"balancer,omitempty"`
+	// SharedLog is the process's one log (absent: each replica has a log
+	// of its own, or memory mode): its batches and fsyncs, once; each
+	// replica's disk status shows its stream's records and bytes.
+	SharedLog *SharedLogStatus `json:"shared_log,omitempty"`
 	// Start is how the process's start went (absent for replicas run
 	// outside a Process).
 	Start *StartStatus `json:"start,omitempty"`
@@ -114,6 +118,8 @@ type ControlOptions struct {
 	collector prometheus.Collector
 	// start, if set, is the process's start (/status start).
 	start func() StartStatus
+	// sharedLog, if set, is the process's shared log's state (/status).
+	sharedLog func() *SharedLogStatus
 }
 
 // ServeControl serves the control port on ln (see StartControl).
@@ -139,6 +145,9 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 		if o.start != nil {
 			x := o.start()
 			ps.Start = &x
+		}
+		if o.sharedLog != nil {
+			ps.SharedLog = o.sharedLog()
 		}
 		return ps
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -38,7 +39,10 @@ func (c clusterIdentity) shape() string {
 // cluster's (another name, number of groups or replicas). It sets
 // pc.Prepare (a replica with stable state restarts as the member it was)
 // and pc.ReplicaDir; pc.Durable says what the replicas keep besides the
-// stable state.
+// stable state. In a durable mode each replica writes a log of its own
+// (dir/replica-<id>/wal), or all write one shared log, dir/wal
+// (pc.SharedLog): the one the data dir holds, and for a new data dir the
+// shared log only if SharedLogDefault.
 func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 	m := pc.Map
 	if m == nil {
@@ -78,6 +82,7 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 		}
 	}
 	ran := false
+	var ownLogs []string // replicas' logs of their own that hold files
 	for _, ms := range m.Groups {
 		for _, id := range ms {
 			rd := replicaDir(dir, id)
@@ -87,7 +92,29 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 			if _, err := os.Stat(filepath.Join(rd, "stable")); err == nil {
 				ran = true
 			}
+			if n, err := dirEntries(vfs.OS, filepath.Join(rd, "wal")); err != nil {
+				return nil, fmt.Errorf("data dir: %w", err)
+			} else if n > 0 {
+				ownLogs = append(ownLogs, filepath.Join(rd, "wal"))
+			}
 		}
+	}
+	// The log layout is the data dir's, chosen at its first durable
+	// start and kept: a shared log (SharedLog) that holds files is used,
+	// replicas' logs of their own are used, and a new data dir gets the
+	// shared log only with RDMAKV_SHARED_LOG=1 (SharedLogDefault). Nothing
+	// on disk is ever ignored.
+	shared := filepath.Join(dir, "wal")
+	n, err := dirEntries(vfs.OS, shared)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("data dir: %w", err)
+	case len(ownLogs) > 0 && n > 0:
+		return nil, fmt.Errorf("data dir %s holds both the process's shared log (%s) and logs of single replicas (%s...): one of them is stale; move the data dir aside and restore a backup, or remove what is not wanted", dir, shared, ownLogs[0])
+	case n > 0 || len(ownLogs) == 0 && SharedLogDefault():
+		pc.SharedLog = shared
+	default:
+		pc.SharedLog = ""
 	}
 	rejoinInc := uint64(time.Now().UnixNano())
 	pc.ReplicaDir = func(id rdma.NodeID) string { return replicaDir(dir, id) }
@@ -109,6 +136,19 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 	}
 	return unlock, nil
 }
+
+// SharedLogDefault reports whether a new data dir of an embedded cluster
+// gets one shared log for all its replicas (UseDataDir): only when the
+// environment sets RDMAKV_SHARED_LOG=1. Off by default: measured on this
+// shared machine (2026-11-27, load 24-38, docs/benchmarks.md) it cut the
+// fdatasyncs per sync put (0.23 against 0.87) and the replicas' CPU per
+// sync put at 64 writers (50-52 against 77-96 µs) but showed no higher
+// put rate (sync 4.9-5.2 k/s against 4.2-6.1 k/s, async 30-35 k/s against
+// 38.5 k/s), and one writer's sync p50 rose (1.7-2.2 ms against
+// 1.35-1.63 ms): the followers' records wait for the leader's batch's
+// fsync (one batch in flight), two fsyncs one after the other where
+// separate logs sync in parallel.
+func SharedLogDefault() bool { return os.Getenv("RDMAKV_SHARED_LOG") == "1" }
 
 func replicaDir(dir string, id rdma.NodeID) string {
 	return filepath.Join(dir, fmt.Sprintf("replica-%d", id))

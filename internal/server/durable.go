@@ -52,8 +52,14 @@ func ParseDurability(s string) (broadcast.Durability, error) {
 type Durable struct {
 	Mode broadcast.Durability
 	// Dir is the replica's data directory (wal/ and snap/ are in it).
-	Dir       string
-	WAL       *wal.Writer
+	Dir string
+	// LogDir is its log's directory: Dir/wal, or the process's shared
+	// log (Shared).
+	LogDir string
+	// WAL is its log: a wal.Writer of its own, or its stream of the
+	// process's shared log.
+	WAL       broadcast.WAL
+	Shared    *SharedLog // nil: a log of its own
 	Snapshots *broadcast.SnapStore
 	Recovery  *broadcast.Recovery
 	// SnapshotLogBytes and FsyncInterval are passed on to
@@ -90,27 +96,47 @@ type Durable struct {
 // names the replica's group in errors. Its errors are one line naming the
 // file and what to do.
 func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg DurableConfig, kick func()) (*Durable, error) {
+	return OpenDurableShared(fs, dir, member, group, cfg, kick, nil)
+}
+
+// OpenDurableShared is OpenDurable whose log is replica member's stream
+// of the process's shared log sh (nil: a log of its own in dir/wal): its
+// records are read from what OpenSharedLog read back, and its disk
+// snapshots keep their own device. A replica with a log of its own in
+// dir/wal is refused (its records would be ignored).
+func OpenDurableShared(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg DurableConfig, kick func(), sh *SharedLog) (*Durable, error) {
 	if cfg.Mode == broadcast.Memory {
 		return nil, nil
 	}
 	t0 := time.Now()
 	walDir, snapDir := filepath.Join(dir, "wal"), filepath.Join(dir, "snap")
-	d := &Durable{Mode: cfg.Mode, Dir: dir, SnapshotLogBytes: cfg.SnapshotLogBytes, FsyncInterval: cfg.FsyncInterval}
+	d := &Durable{Mode: cfg.Mode, Dir: dir, LogDir: walDir, Shared: sh, SnapshotLogBytes: cfg.SnapshotLogBytes, FsyncInterval: cfg.FsyncInterval}
 	// A replica that ran in memory mode has a stable state and no log:
 	// it may have acknowledged entries it has nowhere, so it must not
 	// come back as a voter with an empty log. It boots catching up, as a
 	// memory-mode restart does, and writes its log from the leader's diff.
+	// (With a shared log: no log of its own, and the shared log did not
+	// exist before this start.)
 	ranInMemory := false
 	if _, err := fs.Stat(filepath.Join(dir, "stable")); err == nil {
-		if _, err := fs.Stat(walDir); errors.Is(err, os.ErrNotExist) {
+		if _, err := fs.Stat(walDir); errors.Is(err, os.ErrNotExist) && (sh == nil || !sh.existed) {
 			ranInMemory = true
 		}
 	}
 	// The log first: which snapshot recovery starts from depends on it
 	// (broadcast.LoadFor: the one its last install names, not a newer
 	// file that install replaced).
-	rec, err := wal.Recover(fs, walDir, uint64(member))
-	if err != nil {
+	var rec *wal.Recovered
+	var err error
+	if sh != nil {
+		d.LogDir = sh.Dir
+		if n, err := dirEntries(fs, walDir); err != nil || n > 0 {
+			return nil, fmt.Errorf("replica %d: %s holds a log of its own (%d files, %v) but the process writes one shared log (%s): start it with the log it has (a data dir whose replicas have logs of their own keeps them), or move %s aside and start the replica with --rejoin", member, walDir, n, err, sh.Dir, walDir)
+		}
+		var w broadcast.WAL
+		rec, w = sh.stream(member, kick)
+		d.WAL = w
+	} else if rec, err = wal.Recover(fs, walDir, uint64(member)); err != nil {
 		return nil, fmt.Errorf("replica %d: the log in %s cannot be read (%v): %s", member, walDir, err, remedy(dir, group))
 	}
 	d.Warnings = append(d.Warnings, rec.Warnings...)
@@ -132,18 +158,21 @@ func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg Durab
 			}
 			return nil, fmt.Errorf("replica %d: no valid snapshot in %s (%s) and the log starts at record %d: refusing to start: %s", member, snapDir, why, rec.Segments[0].FirstSeq, remedy(dir, group))
 		}
-		return nil, fmt.Errorf("replica %d: the log in %s is corrupt (%v): %s", member, walDir, err, remedy(dir, group))
-	}
-	mode := wal.Sync
-	if cfg.Mode == broadcast.Async {
-		mode = wal.Async
+		return nil, fmt.Errorf("replica %d: the log in %s is corrupt (%v): %s", member, d.LogDir, err, remedy(dir, group))
 	}
 	d.dev = wal.NewFileDevice(fs, kick)
-	walDev, snapDev := wal.Share(d.dev)
-	d.WAL, err = wal.Open(walDev, wal.Config{Dir: walDir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: uint64(member)}, rec)
-	if err != nil {
-		d.dev.Close()
-		return nil, fmt.Errorf("replica %d: open the log in %s: %v", member, walDir, err)
+	snapDev := wal.Device(d.dev)
+	if sh == nil {
+		mode := wal.Sync
+		if cfg.Mode == broadcast.Async {
+			mode = wal.Async
+		}
+		var walDev wal.Device
+		walDev, snapDev = wal.Share(d.dev)
+		if d.WAL, err = wal.Open(walDev, wal.Config{Dir: walDir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: uint64(member)}, rec); err != nil {
+			d.dev.Close()
+			return nil, fmt.Errorf("replica %d: open the log in %s: %v", member, walDir, err)
+		}
 	}
 	d.Snapshots = broadcast.NewSnapStore(snapDev, snapDir, uint64(member), snap)
 	d.start, d.records = t0, len(rec.Records)
@@ -153,6 +182,9 @@ func OpenDurable(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg Durab
 	d.Replayed()
 	return d, nil
 }
+
+// logIdle reports that every record of the replica's log is synced.
+func (d *Durable) logIdle() bool { return d.WAL.(interface{ Idle() bool }).Idle() }
 
 // Replayed sets Took (from OpenDurable's start until now) and Summary:
 // the caller calls it again once the replica replayed the log (New), so

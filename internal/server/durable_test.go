@@ -102,6 +102,9 @@ func openClient(t *testing.T, p *server.Process, m *cluster.Map) *client.Client 
 // the file, and the refusal says what to do.
 func TestProcessDurableRestart(t *testing.T) {
 	dir := t.TempDir()
+	// A new data dir gets one shared log with RDMAKV_SHARED_LOG=1, and
+	// keeps it at the restarts below (with or without it).
+	t.Setenv("RDMAKV_SHARED_LOG", "1")
 	m := &cluster.Map{Name: "durable", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
 	if err := m.Fill(); err != nil {
 		t.Fatal(err)
@@ -160,6 +163,9 @@ func TestProcessDurableRestart(t *testing.T) {
 		}
 	}
 	c.Close()
+	if r := p.Replicas()[1].Status(); r.Disk.SharedLog != filepath.Join(dir, "wal") {
+		t.Errorf("replica 2's status: shared log %q, want %s", r.Disk.SharedLog, filepath.Join(dir, "wal"))
+	}
 	if r := p.Replicas()[1].Status(); !strings.HasPrefix(r.Disk.Recovery, "recovered snapshot index ") {
 		t.Errorf("recovery line %q: want one from a snapshot", r.Disk.Recovery)
 	}
@@ -180,7 +186,21 @@ func TestProcessDurableRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err = server.OpenDurable(vfs.OS, filepath.Join(dir, "replica-2"), 2, 0, server.DurableConfig{Mode: broadcast.Sync}, func() {})
+	// (The replicas write one shared log, dir/wal: the process's start
+	// reads replica 2's stream of it.)
+	if _, err := os.Stat(filepath.Join(dir, "wal")); err != nil {
+		t.Fatalf("no shared log: %v", err)
+	}
+	t.Setenv("RDMAKV_SHARED_LOG", "0") // the data dir's layout is kept
+	pc := server.ProcessConfig{Map: m, Durable: server.DurableConfig{Mode: broadcast.Sync}}
+	unlock, err := server.UseDataDir(&pc, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = server.StartProcess(pc); err == nil {
+		p.Close()
+	}
+	unlock()
 	if err == nil || !strings.Contains(err.Error(), "no valid snapshot in "+filepath.Join(dir, "replica-2", "snap")) ||
 		!strings.Contains(err.Error(), "refusing to start") || !strings.Contains(err.Error(), "--rejoin") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("corrupt snapshot, log cut below it: %v", err)
@@ -221,8 +241,20 @@ func TestProcessDiskFailStop(t *testing.T) {
 	if err := m.Fill(); err != nil {
 		t.Fatal(err)
 	}
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) { diskFailStop(t, m, filepath.Join(dir, fmt.Sprint(shared)), shared) })
+	}
+}
+
+// diskFailStop is TestProcessDiskFailStop with a log per replica (an
+// fsync of replica 2's fails) or the process's shared log (an fsync of
+// it fails: every replica stops at once, the process reports one).
+func diskFailStop(t *testing.T, m *cluster.Map, dir string, shared bool) {
 	var armed atomic.Bool
 	bad := filepath.Join(dir, "replica-2", "wal")
+	if shared {
+		bad = filepath.Join(dir, "wal")
+	}
 	pc := server.ProcessConfig{Map: m,
 		Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond},
 		Durable:   server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 64 << 10},
@@ -237,6 +269,12 @@ func TestProcessDiskFailStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unlock()
+	if pc.SharedLog != "" {
+		t.Fatalf("a new data dir without RDMAKV_SHARED_LOG=1 got the shared log %s", pc.SharedLog)
+	}
+	if shared {
+		pc.SharedLog = filepath.Join(dir, "wal")
+	}
 	p, err := server.StartProcess(pc)
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +288,31 @@ func TestProcessDiskFailStop(t *testing.T) {
 	c := openClient(t, p, m)
 	defer c.Close()
 	armed.Store(true)
+	if shared {
+		// Every replica stops at the first failed fsync: the put may
+		// fail (fail-stop), and the process reports it.
+		put, cancel := context.WithTimeout(ctx, 5*time.Second)
+		c.Put(put, []byte("k"), []byte("v"))
+		cancel()
+		select {
+		case err := <-p.Failed():
+			if !strings.Contains(err.Error(), "stopped on a disk error in "+bad) || !strings.Contains(err.Error(), "input/output error") {
+				t.Errorf("Failed: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("no fail-stop reported; replica 2: %+v", p.Replicas()[1].Status().DiskError)
+		}
+		for k, r := range p.Replicas() {
+			deadline := time.Now().Add(time.Minute)
+			for r.Status().DiskError == "" && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if r.Status().DiskError == "" {
+				t.Errorf("replica %d's status shows no disk error", k+1)
+			}
+		}
+		return
+	}
 	for i := range 50 {
 		if _, err := c.Put(ctx, fmt.Appendf(nil, "k%d", i), []byte("v")); err != nil {
 			t.Fatalf("put k%d: %v", i, err)

@@ -37,3 +37,17 @@ func SetSaveBug(pc *ProcessConfig, bug string) {
 // SavesOpen is how many disk snapshot saves the process's replicas have
 // under way (their intervals open in its Watch of saves).
 func SavesOpen(p *Process) int { return p.saves.Open() }
+
+// SetSharedEarlySynced plants the earlySynced bug (sharedKnobs) in the
+// shared log of the process pc starts.
+func SetSharedEarlySynced(pc *ProcessConfig) { pc.startKnobs.shared.earlySynced = true }
+
+// SharedLogDir is the shared log the replica at (g, i) writes ("" if
+// none).
+func SharedLogDir(p *Process, g, i int) string {
+	h := p.get(g, i)
+	if h == nil || h.dur == nil {
+		return ""
+	}
+	return h.dur.sharedDir()
+}

@@ -82,6 +82,13 @@ type ProcessConfig struct {
 	// after Prepare), and Stop flushes and syncs what its log has queued.
 	Durable    DurableConfig
 	ReplicaDir func(id rdma.NodeID) string
+	// SharedLog, if set (and Durable is not memory mode), is the directory
+	// of the process's one log (SharedLog, wal.Mux): every replica writes
+	// its log records there as a stream, and one fdatasync covers all of
+	// them; its disk snapshots stay in ReplicaDir(id)/snap. "": each
+	// replica has a log of its own in ReplicaDir(id)/wal. UseDataDir sets
+	// it for a new data dir (docs/operations.md, "One log per process").
+	SharedLog string
 	// FS is the file system the durable state is on (nil: vfs.OS; tests
 	// inject faults with errorfs).
 	FS vfs.FS
@@ -119,6 +126,8 @@ const (
 
 // startKnobs are StartProcess's planted bugs (tests only).
 type startKnobs struct {
+	// shared: the shared log's planted bugs (sharedlog.go).
+	shared sharedKnobs
 	// pollEach: each replica goes to its poller as soon as its own
 	// recovery ended, not once every replica's did: it votes and
 	// serves (and writes its data dir) while another replica of the
@@ -152,6 +161,10 @@ type Process struct {
 	// started is the start's phases (startAll; read-only once
 	// StartProcess returned)
 	started StartStatus
+	// shared is the process's one log (ProcessConfig.SharedLog); nil:
+	// none (each replica its own, or memory mode). Closed after every
+	// replica.
+	shared *SharedLog
 
 	mu      sync.Mutex
 	failed  chan error  // a replica stopped on a disk error (fail-stop)
@@ -273,7 +286,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	p.startBalancer()
 	if cfg.Control != nil {
 		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret, backups: p.backups,
-			balancer: p.BalancerStatus, collector: balancerCollector{p}, start: func() StartStatus { return p.started }}, cfg.Log)
+			balancer: p.BalancerStatus, collector: balancerCollector{p}, start: func() StartStatus { return p.started }, sharedLog: p.shared.Status}, cfg.Log)
 	}
 	return p, nil
 }
@@ -304,6 +317,23 @@ type opened struct {
 // every replica built is closed unpolled: nothing was started, and no
 // replica's data dir changed but by its recovery.
 func (p *Process) startAll(want []replicaPos) error {
+	if p.cfg.SharedLog != "" && p.cfg.Durable.Mode != broadcast.Memory {
+		// The shared log is read back before any replica (each takes
+		// its stream's records from it); the process closes it after
+		// every replica (Close).
+		ids := make([]rdma.NodeID, len(want))
+		for k, w := range want {
+			ids[k] = p.Map.Groups[w.g][w.i]
+		}
+		sh, err := openSharedLog(p.cfg.FS, p.cfg.SharedLog, ids, p.cfg.Durable, p.cfg.startKnobs.shared)
+		if err != nil {
+			return err
+		}
+		for _, w := range sh.Warnings {
+			p.cfg.Log.Warn(w, "dir", sh.Dir)
+		}
+		p.shared = sh
+	}
 	ops := make([]*opened, 0, len(want))
 	for _, w := range want {
 		o, err := p.open(w)
@@ -440,7 +470,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 			fsys = vfs.OS
 		}
 		t0 := time.Now()
-		dur, err = OpenDurable(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring)
+		dur, err = OpenDurableShared(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring, p.shared)
 		readTook = time.Since(t0)
 		if err != nil {
 			closeStable()
@@ -606,7 +636,7 @@ func (p *Process) watchDisks(ctx context.Context) {
 			if err := r.r.Multicast().Broadcast().Status().DiskErr; err != nil {
 				where := "its stable state"
 				if r.dur != nil {
-					where = r.dur.Dir
+					where = r.dur.LogDir
 				}
 				p.failed <- fmt.Errorf("replica %d (group %d) stopped on a disk error in %s: %v: nothing it acknowledged is lost; check the disk (dmesg, df), then restart it", r.Node, r.Group, where, err)
 				return
@@ -672,7 +702,7 @@ func (p *Process) flush(h *hosted) {
 		if h.h.Do(func() {
 			w.Flush()
 			w.Poll(p.pollers.Now())
-			done = w.Idle() || w.Err() != nil
+			done = h.dur.logIdle() || w.Err() != nil
 		}) != nil || done {
 			return
 		}
@@ -789,6 +819,7 @@ func (p *Process) Close() {
 	}
 	p.stop()
 	<-p.done
+	p.shared.Close() // after every replica: each flushed its stream
 	p.backups.close()
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -250,7 +250,12 @@ type ReplicaStatus struct {
 
 // DiskStatus is a durable replica's log and snapshots.
 type DiskStatus struct {
-	Dir             string  `json:"dir"`
+	Dir string `json:"dir"`
+	// SharedLog is the process's shared log the replica's log records
+	// are a stream of ("": a log of its own in Dir/wal). Then WALBytes
+	// and UnsyncedBytes are its stream's, and the segments, fsyncs and
+	// disk-full counts the shared log's (/status shared_log: once).
+	SharedLog       string  `json:"shared_log,omitempty"`
 	WALBytes        uint64  `json:"wal_bytes"`    // bytes of batches synced since start
 	WALSegments     int     `json:"wal_segments"` // live segment files
 	WALSegmentBytes int64   `json:"wal_segment_bytes"`
@@ -392,7 +397,7 @@ func (p *Replica) Status() ReplicaStatus {
 	if d := p.dur; d != nil {
 		s.Durability = d.Mode.String()
 		w := &dc.wal
-		ds := &DiskStatus{Dir: d.Dir, WALBytes: w.BytesWritten, WALSegments: w.Segments, WALSegmentBytes: w.SegmentBytes,
+		ds := &DiskStatus{Dir: d.Dir, SharedLog: d.sharedDir(), WALBytes: w.BytesWritten, WALSegments: w.Segments, WALSegmentBytes: w.SegmentBytes,
 			UnsyncedBytes: w.UnsyncedBytes, Fsyncs: w.Fsyncs, FsyncP50: w.FsyncLatency.Quantile(0.5).Seconds(),
 			FsyncP99: w.FsyncLatency.Quantile(0.99).Seconds(), DiskFull: w.DiskFull, RecoverySeconds: d.Took.Seconds(), Recovery: d.Summary, RecoveryReadSeconds: p.readTook.Seconds(),
 			Captures: dc.snap.Captures, CaptureMaxUs: us(dc.snap.CaptureMax), CaptureCPUMaxUs: us(dc.snap.CaptureCPUMax)}

@@ -1,0 +1,173 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync/atomic"
+
+	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/hist"
+	"github.com/rdmakv/rdmakv/internal/vfs"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
+)
+
+// SharedLog is a process's one log (wal.Mux, docs/dev/durability-plan.md,
+// "One log per process"): every durable replica of the process writes its
+// records as one stream of it (stream id: the replica's node id), so that
+// one fdatasync covers the batches of all of them. The process opens it
+// before its replicas (OpenSharedLog); each replica's OpenDurableShared
+// takes its stream's records and handle; the process closes it after
+// every replica (Close). Disk snapshots stay per replica, each on a
+// device of its own.
+type SharedLog struct {
+	// Dir is the log's directory.
+	Dir string
+	// Warnings are the recovery's lines to log (a torn tail cut back).
+	Warnings []string
+
+	mux     *wal.Mux
+	rec     *wal.MuxRecovered
+	dev     *wal.FileDevice
+	existed bool // Dir held log files before this start
+	knobs   sharedKnobs
+}
+
+// sharedKnobs are the shared log's planted bugs (tests only).
+type sharedKnobs struct {
+	// earlySynced: a replica's stream reports its records synced once
+	// they are appended, before the Mux's batch holding them is written
+	// and synced: sync mode acknowledges puts still in the process's
+	// memory, and kill -9 loses them. TestSharedLogKill must catch it
+	// ("acknowledged put ... lost").
+	earlySynced bool
+}
+
+// OpenSharedLog reads back the shared log in dir (made if missing) of a
+// process hosting the replicas ids (in map order; the first names the
+// log: its segments' member is wal.MuxMember | ids[0]) and opens it for
+// appends, on one device whose goroutine runs its IO. A log holding the
+// records of a replica the process does not host is refused (those
+// records would go stale while that replica runs elsewhere). Its errors
+// are one line naming the directory and what to do.
+func OpenSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig) (*SharedLog, error) {
+	return openSharedLog(fs, dir, ids, cfg, sharedKnobs{})
+}
+
+func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, knobs sharedKnobs) (*SharedLog, error) {
+	if len(ids) == 0 {
+		return nil, errors.New("server: a shared log of no replica")
+	}
+	if fs == nil {
+		fs = vfs.OS
+	}
+	s := &SharedLog{Dir: dir, knobs: knobs}
+	n, err := dirEntries(fs, dir)
+	if err != nil {
+		return nil, fmt.Errorf("the shared log %s: %v", dir, err)
+	}
+	s.existed = n > 0
+	member := wal.MuxMember | uint64(ids[0])
+	if s.rec, err = wal.RecoverMux(fs, dir, member); err != nil {
+		return nil, fmt.Errorf("the shared log in %s of replicas %v cannot be read (%v): move it aside and start every replica of the process with --rejoin (each catches up from its group: safe while a majority of every group is up elsewhere)", dir, ids, err)
+	}
+	for id := range s.rec.Streams {
+		if !slices.Contains(ids, rdma.NodeID(id)) {
+			return nil, fmt.Errorf("the shared log in %s holds records of replica %d, which this process (replicas %v) does not host: start the process with the replicas it ran with", dir, id, ids)
+		}
+	}
+	s.Warnings = s.rec.Warnings
+	mode := wal.Sync
+	if cfg.Mode == broadcast.Async {
+		mode = wal.Async
+	}
+	var mp atomic.Pointer[wal.Mux]
+	s.dev = wal.NewFileDevice(fs, func() {
+		if m := mp.Load(); m != nil {
+			m.Kick() // one sync covers every stream: each poller looks
+		}
+	})
+	s.mux, err = wal.OpenMux(s.dev, wal.Config{Dir: dir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: member}, s.rec)
+	if err != nil {
+		s.dev.Close()
+		return nil, fmt.Errorf("open the shared log in %s: %v", dir, err)
+	}
+	mp.Store(s.mux)
+	return s, nil
+}
+
+// dirEntries is how many entries dir holds (0 if it does not exist).
+func dirEntries(fs vfs.FS, dir string) (int, error) {
+	ents, err := fs.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	return len(ents), err
+}
+
+// stream is replica id's recovered records and its handle (kick: its
+// doorbell, rung after every completion of the log's device).
+func (s *SharedLog) stream(id rdma.NodeID, kick func()) (*wal.Recovered, broadcast.WAL) {
+	st := s.mux.Stream(uint32(id), kick)
+	if s.knobs.earlySynced {
+		return s.rec.For(uint32(id)), earlySynced{st}
+	}
+	return s.rec.For(uint32(id)), st
+}
+
+// earlySynced is the planted earlySynced bug: Synced is the stream's
+// last appended record.
+type earlySynced struct{ *wal.Stream }
+
+func (e earlySynced) Synced() uint64 { return e.NextSeq() - 1 }
+
+// sharedDir is the replica's shared log's directory ("" if none).
+func (d *Durable) sharedDir() string {
+	if d.Shared == nil {
+		return ""
+	}
+	return d.Shared.Dir
+}
+
+// Close stops the log's device (call it once every replica on it is
+// closed: each flushed its stream when it stopped).
+func (s *SharedLog) Close() error {
+	if s == nil || s.dev == nil {
+		return nil
+	}
+	dev := s.dev
+	s.dev = nil
+	return dev.Close()
+}
+
+// SharedLogStatus is a process's shared log as /status shows it (once per
+// process; each replica's disk status shows its stream's records and
+// bytes).
+type SharedLogStatus struct {
+	Dir             string  `json:"dir"`
+	Records         uint64  `json:"records"`   // records of every stream (and markers) appended since start
+	Batches         uint64  `json:"batches"`   // batches synced
+	WALBytes        uint64  `json:"wal_bytes"` // bytes of batches synced since start
+	WALSegments     int     `json:"wal_segments"`
+	WALSegmentBytes int64   `json:"wal_segment_bytes"`
+	UnsyncedBytes   int64   `json:"unsynced_bytes"`
+	Fsyncs          uint64  `json:"fsyncs"`
+	FsyncP50        float64 `json:"fsync_p50_seconds"`
+	FsyncP99        float64 `json:"fsync_p99_seconds"`
+	DiskFull        uint64  `json:"disk_full"`
+}
+
+// Status is the log's counters (any goroutine).
+func (s *SharedLog) Status() *SharedLogStatus {
+	if s == nil || s.mux == nil {
+		return nil
+	}
+	st := s.mux.Stats()
+	return &SharedLogStatus{Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
+		WALSegmentBytes: st.SegmentBytes, UnsyncedBytes: st.UnsyncedBytes, Fsyncs: st.Fsyncs, FsyncP50: quantile(&st.FsyncLatency, 0.5),
+		FsyncP99: quantile(&st.FsyncLatency, 0.99), DiskFull: st.DiskFull}
+}
+
+func quantile(h *hist.Hist, q float64) float64 { return h.Quantile(q).Seconds() }
