@@ -493,6 +493,22 @@ func (r *Replica) walAccept(e *entry) {
 	}
 }
 
+// DiskSnapSaving reports whether a disk snapshot is under way (polling
+// goroutine, between Polls): a capture being persisted off Poll, a
+// snapshot a diff installed waiting for the store, or a save in the store
+// (its files written, synced, renamed, older ones removed); false once
+// the replica stopped on a disk error. kvserver's
+// /status counts the passes of a leader's poller that overlap one
+// (issue 19 bounds them). It is a statistic's input: nothing in the
+// protocol reads it.
+func (r *Replica) DiskSnapSaving() bool {
+	d := r.dur
+	if d == nil || r.cfg.Snapshots == nil || d.err != nil {
+		return false // a stopped replica writes nothing more
+	}
+	return d.snapJob != nil || d.net != nil || d.netSaving != nil || r.cfg.Snapshots.Busy()
+}
+
 // cutUnits forgets the units at or below at and returns the seq the log
 // may be dropped before once a snapshot at at is durable: the first unit
 // above at, or the next seq if there is none.

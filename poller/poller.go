@@ -88,6 +88,14 @@ type GroupConfig struct {
 	// GOMAXPROCS is at most the pollers: one already above them holds
 	// whenever a stream flows, SpareP or not.
 	SpareP bool
+	// Watch, if set, marks intervals whose passes the pollers count
+	// apart (PollerStats.Watched*): a pass that overlaps one, of a
+	// poller with a task that reports it watches (PassWatcher) at the
+	// pass's end. WatchOver is the length above which such a pass counts
+	// in WatchedOver (0: none does). Statistics only: nothing the
+	// pollers do depends on them.
+	Watch     *Watch
+	WatchOver time.Duration
 
 	noProbe bool // testing knob: no probe spins (spinBudget)
 	// testing knobs, planted bugs of the held parks: hold with no spare
@@ -97,8 +105,24 @@ type GroupConfig struct {
 	spareStays                 bool // planted: a SpareP group keeps its spare P once taken
 	// procs, if set, replaces runtime.GOMAXPROCS (tests: the spare P's
 	// switches without changing the test process's)
-	procs func(n int) int
+	procs    func(n int) int
+	watchBug watchBug
 }
+
+// watchBug is a planted bug of the watched passes (tests only).
+type watchBug int
+
+const (
+	watchOK watchBug = iota
+	// watchAtStart: a pass counts only if an interval was open at its
+	// start (misses the pass in which a capture began one)
+	watchAtStart
+	// watchAnyTask: a pass counts with no task watching (a poller of
+	// followers only)
+	watchAnyTask
+	// watchEvery: every pass counts, interval or not
+	watchEvery
+)
 
 // Held parks. A poller parks in a system call (the WaitSet's futex sleep).
 // Its ordinary park enters it as a call known to block, which gives the
@@ -205,6 +229,9 @@ func NewGroup(cfg GroupConfig) *Group {
 	}
 	return g
 }
+
+// WatchOver is GroupConfig.WatchOver.
+func (g *Group) WatchOver() time.Duration { return g.cfg.WatchOver }
 
 // Now is the group's clock, the time its pollers pass to Poll.
 func (g *Group) Now() time.Duration { return rdma.Mono() - g.origin }
@@ -333,6 +360,11 @@ type PollerStats struct {
 	// Dense: the poller's stream is dense (density); only a group that
 	// manages its spare P (GroupConfig.SpareP) looks.
 	Dense bool
+	// The watched passes (GroupConfig.Watch): how many, how many were
+	// longer than GroupConfig.WatchOver, the longest since the start and
+	// in the last PassWindow to 2*PassWindow (as RecentMaxPass).
+	WatchedPasses, WatchedOver           uint64
+	WatchedMaxPass, WatchedRecentMaxPass time.Duration
 }
 
 // SpareSwitches counts the times the group took or gave back its spare P
@@ -345,6 +377,53 @@ func (g *Group) Holding() bool { return g.holding.Load() }
 // PassWindow is the window of PollerStats.RecentMaxPass.
 const PassWindow = time.Second
 
+// Watch marks intervals in which the pollers' passes count apart
+// (GroupConfig.Watch): kvserver opens one while a replica's disk snapshot
+// is captured and written, so that /status tells the longest pass a
+// leader waited through during a save from the others (issue 19 bounds
+// it). Begin and End may be called from any goroutine; every Begin needs
+// one End.
+type Watch struct {
+	// intervals begun << 32 | intervals open
+	x atomic.Uint64
+}
+
+// Begin opens an interval.
+func (w *Watch) Begin() { w.x.Add(1<<32 | 1) }
+
+// End closes an interval Begin opened.
+func (w *Watch) End() { w.x.Add(^uint64(0)) }
+
+// Open is the number of intervals open now.
+func (w *Watch) Open() int { return int(uint32(w.load())) }
+
+// Mark is the Watch's state now (0 for a nil Watch), for WatchOverlaps:
+// a task's owner reads it around a step of its own (kvserver: a
+// replica's Poll) to tell whether the step overlapped an interval.
+func (w *Watch) Mark() uint64 { return w.load() }
+
+// WatchOverlaps reports whether an interval was open between two Marks
+// a and b (a first): one was open at a, or one began since.
+func WatchOverlaps(a, b uint64) bool { return watchOverlaps(a, b) }
+
+func (w *Watch) load() uint64 {
+	if w == nil {
+		return 0
+	}
+	return w.x.Load()
+}
+
+// watchOverlaps reports whether an interval was open between reads a and
+// b of a Watch: one was open at a, or one began since.
+func watchOverlaps(a, b uint64) bool { return uint32(a) != 0 || a>>32 != b>>32 }
+
+// PassWatcher is a Task that says whether the passes of its poller count
+// as watched while a Watch interval is open (kvserver's replica: while
+// it leads). The poller asks only after a pass that overlapped one.
+type PassWatcher interface {
+	WatchesPasses() bool
+}
+
 // Stats returns every poller's counters.
 func (g *Group) Stats() []PollerStats {
 	var out []PollerStats
@@ -355,11 +434,15 @@ func (g *Group) Stats() []PollerStats {
 		// cur before prev: notePass moves cur to prev before it clears cur
 		recent := time.Duration(p.passCur.Load())
 		recent = max(recent, time.Duration(p.passPrev.Load()))
+		wrecent := time.Duration(p.wpassCur.Load())
+		wrecent = max(wrecent, time.Duration(p.wpassPrev.Load()))
 		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
 			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
 			Probes: p.probes.Load(), ProbeHits: p.probeHits.Load(),
 			Holds: p.holds.Load(), HoldWakes: p.holdWakes.Load(),
-			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent, Dense: p.isDense.Load()})
+			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent, Dense: p.isDense.Load(),
+			WatchedPasses: p.watched.Load(), WatchedOver: p.watchedOver.Load(),
+			WatchedMaxPass: time.Duration(p.wpassMax.Load()), WatchedRecentMaxPass: wrecent})
 	}
 	return out
 }
@@ -465,6 +548,9 @@ type poller struct {
 	// the previous one (notePass)
 	passMax, passCur, passPrev atomic.Int64
 	isDense                    atomic.Bool // density.dense, for Stats
+	// the watched passes (noteWatched), as the passes above
+	watched, watchedOver          atomic.Uint64
+	wpassMax, wpassCur, wpassPrev atomic.Int64
 
 	// owned by the poller goroutine
 	tasks   []Task
@@ -482,6 +568,9 @@ type poller struct {
 	density     density
 	spelled     bool
 	progressRun int
+	// noteWatched's copies
+	wmaxPass, wcurPass time.Duration
+	wwindow            time.Duration
 }
 
 // changed tells a running poller to look at its handles.
@@ -607,9 +696,14 @@ func (p *poller) run() {
 			p.sched = now
 			runtime.Gosched()
 		}
+		w0 := p.g.cfg.Watch.load()
 		progress, next := Pass(now, p.tasks)
 		p.passes.Add(1)
-		p.notePass(now, p.g.Now())
+		end := p.g.Now()
+		p.notePass(now, end)
+		if p.g.cfg.Watch != nil && p.watchedPass(w0) {
+			p.noteWatched(now, end)
+		}
 		if progress {
 			p.progressRun++
 			continue
@@ -647,6 +741,59 @@ func (p *poller) notePass(start, end time.Duration) {
 	if d > p.maxPass {
 		p.maxPass = d
 		p.passMax.Store(int64(d))
+	}
+}
+
+// watchedPass reports whether the pass that just ran, which read w0 from
+// the Watch before it, counts as watched.
+func (p *poller) watchedPass(w0 uint64) bool {
+	w1 := p.g.cfg.Watch.load()
+	switch p.g.cfg.watchBug {
+	case watchAtStart:
+		return uint32(w0) != 0 && p.watching()
+	case watchAnyTask:
+		return watchOverlaps(w0, w1)
+	case watchEvery:
+		return true
+	}
+	return watchOverlaps(w0, w1) && p.watching()
+}
+
+// watching reports whether a task of the poller watches its passes
+// (PassWatcher) now.
+func (p *poller) watching() bool {
+	for _, t := range p.tasks {
+		if w, ok := t.(PassWatcher); ok && w.WatchesPasses() {
+			return true
+		}
+	}
+	return false
+}
+
+// noteWatched records a watched pass (one that overlapped a Watch
+// interval) that ran from start to end, as notePass records every pass.
+func (p *poller) noteWatched(start, end time.Duration) {
+	d := end - start
+	p.watched.Add(1)
+	if o := p.g.cfg.WatchOver; o > 0 && d > o {
+		p.watchedOver.Add(1)
+	}
+	if start-p.wwindow >= PassWindow {
+		if start-p.wwindow >= 2*PassWindow {
+			p.wcurPass = 0
+		}
+		p.wpassPrev.Store(int64(p.wcurPass))
+		p.wcurPass = 0
+		p.wpassCur.Store(0)
+		p.wwindow = start
+	}
+	if d > p.wcurPass {
+		p.wcurPass = d
+		p.wpassCur.Store(int64(d))
+	}
+	if d > p.wmaxPass {
+		p.wmaxPass = d
+		p.wpassMax.Store(int64(d))
 	}
 }
 

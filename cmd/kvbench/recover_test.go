@@ -106,6 +106,25 @@ func TestRecoverJSON(t *testing.T) {
 	if n, wall, cpu := s["captures"].(float64), s["capture_max_us"].(float64), s["capture_cpu_max_us"].(float64); n < 6 || cpu <= 0 || cpu > wall+50 {
 		t.Errorf("snapshot row: %v captures, the longest %v µs, the most CPU %v µs: want at least one a replica, CPU in (0, wall]", n, wall, cpu)
 	}
+	// Every replica's disk snapshot was saved while its group had a
+	// leader: passes of a leader's poller overlapped the saves.
+	if n, over := s["save_passes"].(float64), s["save_passes_over"].(float64); n <= 0 || over > n || s["save_pass_max_us"].(float64) <= 0 {
+		t.Errorf("snapshot row: %v save passes, %v over ET/20, the longest %v µs: want some, and no more over than in all", n, over, s["save_pass_max_us"])
+	}
+	// A restart's phases come in order, each replica's recovery is there.
+	for name, r := range rows {
+		prev, prevName := 0.0, "kvserver's start"
+		for _, k := range []string{"start_s", "opened_s", "built_s", "polled_s", "up_s", "first_put_s"} {
+			v, _ := r[k].(float64)
+			if v <= 0 || v < prev {
+				t.Errorf("row %s: %s %v after %s %v: want the phases positive and in order", name, k, r[k], prevName, prev)
+			}
+			prev, prevName = v, k
+		}
+		if rs, _ := r["replica_s"].([]any); len(rs) != 6 || r["replica_read_max_s"].(float64) <= 0 {
+			t.Errorf("row %s: replica_s %v, replica_read_max_s %v: want the six replicas' recoveries", name, r["replica_s"], r["replica_read_max_s"])
+		}
+	}
 	ents, _ := os.ReadDir(tmp)
 	for _, e := range ents {
 		t.Errorf("left in $TMPDIR: %s", e.Name())

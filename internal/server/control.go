@@ -63,6 +63,23 @@ type ProcessStatus struct {
 	// of its own, or memory mode): its batches and fsyncs, once; each
 	// replica's disk status shows its stream's records and bytes.
 	SharedLog *SharedLogStatus `json:"shared_log,omitempty"`
+	// Start is how the process's start went (absent for replicas run
+	// outside a Process).
+	Start *StartStatus `json:"start,omitempty"`
+}
+
+// StartStatus is a Process's start in its phases (StartProcess): the
+// replicas' nodes opened and prepared one after another, then every
+// replica built (a durable one reads its snapshot and log and replays
+// them: its recovery), then every replica handed to its poller (from
+// there on the groups elect). The durations count from Began.
+type StartStatus struct {
+	Began time.Time `json:"began"` // StartProcess called
+	// Opened: every node open and prepared; Built: every replica built
+	// (recovered); Polled: every replica polled (0 while the start runs).
+	OpenedSeconds float64 `json:"opened_seconds"`
+	BuiltSeconds  float64 `json:"built_seconds"`
+	PolledSeconds float64 `json:"polled_seconds"`
 }
 
 // StartControl listens on addr and serves the control port of the
@@ -99,6 +116,8 @@ type ControlOptions struct {
 	// (/status), and collector its metrics (StartProcess sets them).
 	balancer  func() *client.BalancerStatus
 	collector prometheus.Collector
+	// start, if set, is the process's start (/status start).
+	start func() StartStatus
 	// sharedLog, if set, is the process's shared log's state (/status).
 	sharedLog func() *SharedLogStatus
 }
@@ -122,6 +141,10 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 		ps.Runtime = runtimeWindows.status()
 		if o.balancer != nil {
 			ps.Balancer = o.balancer()
+		}
+		if o.start != nil {
+			x := o.start()
+			ps.Start = &x
 		}
 		if o.sharedLog != nil {
 			ps.SharedLog = o.sharedLog()

@@ -28,6 +28,16 @@ func CaptureThreadLocks(p *Process, g, i int) (int, error) {
 // starts.
 func SetStartPollEach(pc *ProcessConfig) { pc.startKnobs.pollEach = true }
 
+// SetSaveBug plants the save passes' bug named bug ("noEnd", "noLeader")
+// in the process pc starts.
+func SetSaveBug(pc *ProcessConfig, bug string) {
+	pc.saveBug = map[string]saveBug{"noEnd": saveNoEnd, "noLeader": saveNoLeader}[bug]
+}
+
+// SavesOpen is how many disk snapshot saves the process's replicas have
+// under way (their intervals open in its Watch of saves).
+func SavesOpen(p *Process) int { return p.saves.Open() }
+
 // SetSharedEarlySynced plants the earlySynced bug (sharedKnobs) in the
 // shared log of the process pc starts.
 func SetSharedEarlySynced(pc *ProcessConfig) { pc.startKnobs.shared.earlySynced = true }

@@ -84,11 +84,13 @@ type pollMark struct {
 }
 
 // pollStats keeps a replica's longest Poll since the start and in the
-// last poller.PassWindow to 2 x PassWindow, with what each did (polling
-// goroutine).
+// last poller.PassWindow to 2 x PassWindow, with what each did, and its
+// longest Poll that overlapped a disk snapshot's save in the process
+// (polling goroutine).
 type pollStats struct {
 	max, cur, prev PollDetail
 	window         time.Duration
+	saving         PollDetail
 }
 
 func (p *Replica) mark() pollMark {
@@ -119,15 +121,29 @@ func (s *pollStats) note(now, d time.Duration, a, b pollMark) {
 	if x <= s.cur.Us && x <= s.max.Us {
 		return
 	}
-	det := PollDetail{Us: x, Applied: b.delivered - a.delivered, WALRecords: b.walSeq - a.walSeq,
-		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), CaptureCPUUs: us(b.cpu - a.cpu), StableSaves: b.saves - a.saves, StableUs: us(b.stable - a.stable), StoreUs: us(b.store - a.store),
-		TableUs: us(time.Duration(b.table - a.table)), IndexUs: us(time.Duration(b.index - a.index)),
-		OrderedUs: us(time.Duration(b.ordered - a.ordered))}
+	det := detail(x, a, b)
 	if x > s.cur.Us {
 		s.cur = det
 	}
 	if x > s.max.Us {
 		s.max = det
+	}
+}
+
+// detail is a Poll of x µs between marks a and b.
+func detail(x float64, a, b pollMark) PollDetail {
+	return PollDetail{Us: x, Applied: b.delivered - a.delivered, WALRecords: b.walSeq - a.walSeq,
+		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), CaptureCPUUs: us(b.cpu - a.cpu), StableSaves: b.saves - a.saves, StableUs: us(b.stable - a.stable), StoreUs: us(b.store - a.store),
+		TableUs: us(time.Duration(b.table - a.table)), IndexUs: us(time.Duration(b.index - a.index)),
+		OrderedUs: us(time.Duration(b.ordered - a.ordered))}
+}
+
+// noteSaving records a Poll that took d, between marks a and b, that
+// overlapped a disk snapshot's save in the process (the longest since
+// the start: saving).
+func (s *pollStats) noteSaving(d time.Duration, a, b pollMark) {
+	if x := us(d); x > s.saving.Us {
+		s.saving = detail(x, a, b)
 	}
 }
 

@@ -109,7 +109,20 @@ type ProcessConfig struct {
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
 	startKnobs  startKnobs  // planted bugs, tests only (StartProcess)
+	saveBug     saveBug     // planted bugs, tests only (Replica.watchSave)
 }
+
+// saveBug is a planted bug of the save passes' statistics (tests only).
+type saveBug int
+
+const (
+	saveOK saveBug = iota
+	// saveNoEnd: a replica never closes its interval in the Watch of
+	// saves (every later pass of a leader counts as a save pass)
+	saveNoEnd
+	// saveNoLeader: no replica watches its poller's passes (none counts)
+	saveNoLeader
+)
 
 // startKnobs are StartProcess's planted bugs (tests only).
 type startKnobs struct {
@@ -135,6 +148,9 @@ type Process struct {
 	cfg     ProcessConfig
 	spec    fabric.Spec
 	pollers *poller.Group
+	// saves: the disk snapshot saves under way (each durable replica
+	// opens an interval while it has one), watched by the pollers
+	saves   poller.Watch
 	stop    context.CancelFunc
 	done    chan struct{} // closed when the pollers and Watch returned
 	control *Control
@@ -142,6 +158,9 @@ type Process struct {
 	backups *backups   // backup files of the replicas (backup.go)
 	// balancer is the tablet balancer (balancer.go); nil: none.
 	balancer *balancer
+	// started is the start's phases (startAll; read-only once
+	// StartProcess returned)
+	started StartStatus
 	// shared is the process's one log (ProcessConfig.SharedLog); nil:
 	// none (each replica its own, or memory mode). Closed after every
 	// replica.
@@ -173,6 +192,7 @@ type hosted struct {
 // cfg.Control; it closes that listener on error). It does not wait for the groups to elect (WaitServing).
 // On error everything it opened is closed again.
 func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
+	began := time.Now()
 	if cfg.Control != nil {
 		defer func() {
 			if err != nil {
@@ -223,7 +243,12 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 		np = max(1, min(runtime.GOMAXPROCS(0), len(groups)))
 	}
 	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
-		pollers: poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark, SpareP: cfg.SpareP})}
+		started: StartStatus{Began: began}}
+	// The pollers count the passes of a leader's poller during a disk
+	// snapshot's save apart (/status save_pass_*), against issue 19's
+	// bound: the election timeout / 20.
+	p.pollers = poller.NewGroup(poller.GroupConfig{Pollers: np, Spin: cfg.Spin, MaxPark: cfg.MaxPark, SpareP: cfg.SpareP,
+		Watch: &p.saves, WatchOver: electionTimeout(cfg.Broadcast) / 20})
 	p.backups = newBackups(m.Name, cfg.ReplicaDir, cfg.Log)
 	p.backups.knobs = cfg.backupKnobs
 	p.reps = make([][]*hosted, len(m.Groups))
@@ -258,7 +283,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	p.startBalancer()
 	if cfg.Control != nil {
 		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret, backups: p.backups,
-			balancer: p.BalancerStatus, collector: balancerCollector{p}, sharedLog: p.shared.Status}, cfg.Log)
+			balancer: p.BalancerStatus, collector: balancerCollector{p}, start: func() StartStatus { return p.started }, sharedLog: p.shared.Status}, cfg.Log)
 	}
 	return p, nil
 }
@@ -317,6 +342,8 @@ func (p *Process) startAll(want []replicaPos) error {
 		}
 		ops = append(ops, o)
 	}
+	since := func() float64 { return time.Since(p.started.Began).Seconds() }
+	p.started.OpenedSeconds = since()
 	built := make([]*hosted, len(ops))
 	errs := make([]error, len(ops))
 	workers := max(1, min(p.cfg.RecoverWorkers, len(ops)))
@@ -353,6 +380,7 @@ func (p *Process) startAll(want []replicaPos) error {
 		})
 	}
 	wg.Wait()
+	p.started.BuiltSeconds = since()
 	var first error
 	for k, err := range errs {
 		if err == nil {
@@ -377,6 +405,7 @@ func (p *Process) startAll(want []replicaPos) error {
 			p.register(h)
 		}
 	}
+	p.started.PolledSeconds = since()
 	return nil
 }
 
@@ -426,6 +455,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 		}
 	}
 	var dur *Durable
+	var readTook time.Duration
 	if p.cfg.Durable.Mode != broadcast.Memory {
 		if p.cfg.ReplicaDir == nil {
 			closeStable()
@@ -436,7 +466,10 @@ func (p *Process) build(o *opened) (*hosted, error) {
 		if fsys == nil {
 			fsys = vfs.OS
 		}
-		if dur, err = OpenDurableShared(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring, p.shared); err != nil {
+		t0 := time.Now()
+		dur, err = OpenDurableShared(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring, p.shared)
+		readTook = time.Since(t0)
+		if err != nil {
 			closeStable()
 			node.Close()
 			return nil, err
@@ -526,7 +559,10 @@ func (p *Process) build(o *opened) (*hosted, error) {
 		return nil, fmt.Errorf("start replica %d (group %d): %w", id, g, err)
 	}
 	sr = NewReplica(g, i, id, r)
-	sr.dur, sr.backups, sr.stable = dur, p.backups, ts
+	sr.dur, sr.backups, sr.stable, sr.readTook = dur, p.backups, ts, readTook
+	if dur != nil {
+		sr.saves, sr.saveBug = &p.saves, p.cfg.saveBug
+	}
 	if dur != nil {
 		dur.Replayed() // New replayed the log: the recovery's whole time
 		p.cfg.Log.Info(dur.Summary, "node", id, "group", g, "durability", dur.Mode.String(), "data_dir", dur.Dir)
@@ -556,6 +592,7 @@ func (p *Process) register(h *hosted) {
 // close closes a replica that no poller polls (any more): one that build
 // made and the start abandoned, or one its poller let go.
 func (h *hosted) close() {
+	h.sr.watchSave(false) // no Poll of it runs any more
 	h.r.Close()
 	if h.st != nil {
 		h.st.Close()
@@ -787,6 +824,14 @@ func (p *Process) Close() {
 		n.Close()
 		delete(p.clients, id)
 	}
+}
+
+// electionTimeout is bc's election timeout, broadcast's default if unset.
+func electionTimeout(bc broadcast.Config) time.Duration {
+	if bc.ElectionTimeout > 0 {
+		return bc.ElectionTimeout
+	}
+	return broadcast.DefaultElectionTimeout
 }
 
 // position is where node id sits in m's groups.

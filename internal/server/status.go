@@ -49,6 +49,16 @@ type Replica struct {
 	pendingBackup []kv.BackupMarker
 	polls         pollStats    // polling goroutine
 	stable        *timedStable // nil: not counted
+	// saves is the process's Watch of disk snapshot saves (nil: none
+	// counted): the replica opens an interval while its broadcast
+	// replica has one under way (saving, polling goroutine), so that the
+	// pollers count a leader's passes during any save of the process
+	// apart (issue 19's bound), and PollMaxSaving its Polls in one.
+	// readTook: OpenDurable's part of the recovery (durable modes)
+	readTook time.Duration
+	saves    *poller.Watch
+	saving   bool
+	saveBug  saveBug // planted (tests)
 
 	mu   sync.Mutex
 	h    *poller.Handle // SetHandle: runs commands on the replica's poller
@@ -58,8 +68,9 @@ type Replica struct {
 	mc   multicast.Counters
 	dups uint64
 	disk diskCopy // durable modes: the log's and snapshots' state
-	// pollMax, pollRecent: the longest Polls (pollStats), copied
-	pollMax, pollRecent PollDetail
+	// pollMax, pollRecent, pollSaving: the longest Polls (pollStats),
+	// copied
+	pollMax, pollRecent, pollSaving PollDetail
 }
 
 // diskCopy is what a durable replica's log writer and snapshot store
@@ -87,13 +98,21 @@ func (p *Replica) KV() *kv.Replica { return p.r }
 
 // Poll implements poller.Task.
 func (p *Replica) Poll(now time.Duration) bool {
+	w0 := p.saves.Mark()
 	t0, m0 := time.Now(), p.mark()
 	progress := p.r.Poll(now)
 	d := time.Since(t0)
 	if p.dur != nil {
 		p.dur.unlockThread() // the capture's CPU clock kept the Poll on its thread
 	}
-	p.polls.note(now, d, m0, p.mark())
+	if p.saves != nil {
+		p.watchSave(p.r.Multicast().Broadcast().DiskSnapSaving())
+	}
+	m1 := p.mark()
+	p.polls.note(now, d, m0, m1)
+	if p.saves != nil && poller.WatchOverlaps(w0, p.saves.Mark()) {
+		p.polls.noteSaving(d, m0, m1)
+	}
 	if len(p.pendingBackup) > 0 {
 		p.backups.afterPoll(p)
 	}
@@ -112,13 +131,38 @@ func (p *Replica) Poll(now time.Duration) bool {
 		}
 		p.mu.Lock()
 		p.tab, p.hdr, p.mc, p.dups, p.disk = tab, hdr, mc, d, dc
-		p.pollMax, p.pollRecent = p.polls.max, p.polls.recent(now)
+		p.pollMax, p.pollRecent, p.pollSaving = p.polls.max, p.polls.recent(now), p.polls.saving
 		p.mu.Unlock()
 	}
 	if p.after != nil {
 		p.after(now, progress)
 	}
 	return progress
+}
+
+// watchSave opens or closes the replica's interval in the process's
+// Watch of saves as its disk snapshot work starts or ends (saving: a
+// snapshot under way now; polling goroutine, or after the last Poll).
+// The interval opens at the end of the Poll that captured, so the pass
+// of the capture counts, and closes in the Poll that found the save
+// durable, which counts too.
+func (p *Replica) watchSave(saving bool) {
+	if saving == p.saving || p.saves == nil || !saving && p.saveBug == saveNoEnd {
+		return
+	}
+	p.saving = saving
+	if saving {
+		p.saves.Begin()
+	} else {
+		p.saves.End()
+	}
+}
+
+// WatchesPasses implements poller.PassWatcher: the passes of a leader's
+// poller that overlap a save count apart (/status save_pass_max_us).
+func (p *Replica) WatchesPasses() bool {
+	_, ok := p.r.Multicast().Broadcast().Leading()
+	return ok && p.saveBug != saveNoLeader
 }
 
 // NextDeadline implements poller.Task.
@@ -162,9 +206,13 @@ type ReplicaStatus struct {
 	SnapshotMaxUs float64 `json:"snapshot_max_us"`
 	// PollMax is its longest Poll since the start and what it did (the
 	// replica's share of its poller's pass_max_us); PollMaxRecent the
-	// longest in the last 1 to 2 seconds (as of at most 50 ms ago).
+	// longest in the last 1 to 2 seconds (as of at most 50 ms ago);
+	// PollMaxSaving its longest Poll since the start that overlapped a
+	// disk snapshot's save of any replica of the process (a capture or a
+	// file being written: its share of a save_pass_max_us).
 	PollMax       PollDetail `json:"poll_max"`
 	PollMaxRecent PollDetail `json:"poll_max_recent"`
+	PollMaxSaving PollDetail `json:"poll_max_saving"`
 	// Members is how this replica sees each member of its group.
 	Members   []MemberStatus    `json:"members"`
 	Counters  BroadcastCounters `json:"counters"`
@@ -224,6 +272,11 @@ type DiskStatus struct {
 	SnapshotAge     float64 `json:"snapshot_age_seconds,omitempty"`
 	RecoverySeconds float64 `json:"recovery_seconds"`
 	Recovery        string  `json:"recovery"`
+	// RecoveryReadSeconds is the reading part of RecoverySeconds: the
+	// log and the snapshot read back and checked, the log's writer
+	// opened; the rest is the replay (the snapshot restored into the
+	// table, the log's records applied).
+	RecoveryReadSeconds float64 `json:"recovery_read_seconds"`
 	// Captures counts the disk snapshots captured on the poller since
 	// the start; CaptureMaxUs is the longest capture's wall time,
 	// CaptureCPUMaxUs the most CPU time one took on the polling thread
@@ -319,14 +372,14 @@ func (p *Replica) Status() ReplicaStatus {
 	bs := b.Status()
 	_, serving := b.Leading()
 	p.mu.Lock()
-	tab, hdr, mc, dc, pmax, precent := p.tab, p.hdr, p.mc, p.disk, p.pollMax, p.pollRecent
+	tab, hdr, mc, dc, pmax, precent, psaving := p.tab, p.hdr, p.mc, p.disk, p.pollMax, p.pollRecent, p.pollSaving
 	p.mu.Unlock()
 	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
 		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
 		ENew: bs.ENew, Accepted: Hdr{bs.Accepted.E, bs.Accepted.Cnt}, Committed: Hdr{bs.Committed.E, bs.Committed.Cnt},
 		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
 		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
-		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3, PollMax: pmax, PollMaxRecent: precent,
+		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3, PollMax: pmax, PollMaxRecent: precent, PollMaxSaving: psaving,
 		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),
 		HugePages: rdma.HugePagesOf(p.r.Table().Node())}
 	if l, ok := bs.Leader(); ok {
@@ -346,7 +399,7 @@ func (p *Replica) Status() ReplicaStatus {
 		w := &dc.wal
 		ds := &DiskStatus{Dir: d.Dir, SharedLog: d.sharedDir(), WALBytes: w.BytesWritten, WALSegments: w.Segments, WALSegmentBytes: w.SegmentBytes,
 			UnsyncedBytes: w.UnsyncedBytes, Fsyncs: w.Fsyncs, FsyncP50: w.FsyncLatency.Quantile(0.5).Seconds(),
-			FsyncP99: w.FsyncLatency.Quantile(0.99).Seconds(), DiskFull: w.DiskFull, RecoverySeconds: d.Took.Seconds(), Recovery: d.Summary,
+			FsyncP99: w.FsyncLatency.Quantile(0.99).Seconds(), DiskFull: w.DiskFull, RecoverySeconds: d.Took.Seconds(), Recovery: d.Summary, RecoveryReadSeconds: p.readTook.Seconds(),
 			Captures: dc.snap.Captures, CaptureMaxUs: us(dc.snap.CaptureMax), CaptureCPUMaxUs: us(dc.snap.CaptureCPUMax)}
 		if dc.snapOK {
 			path := filepath.Join(d.Dir, "snap", broadcast.SnapName(dc.snapIdx, dc.snapAt))
@@ -412,6 +465,19 @@ type PollerStatus struct {
 	// poll_max_us while a snapshot is written).
 	PassMaxUs       float64 `json:"pass_max_us"`
 	PassMaxRecentUs float64 `json:"pass_max_recent_us"`
+	// The save passes (issue 19: no leader Poll over ET/20 while a
+	// snapshot is written): the passes of this poller that overlapped a
+	// disk snapshot's save of any replica of the process (from the
+	// capture until the files are durable) while a replica of it led at
+	// the pass's end. SavePasses counts them, SavePassesOver those longer
+	// than SavePassBoundUs (the election timeout / 20);
+	// SavePassMaxUs is the longest since the start, SavePassMaxRecentUs
+	// in the last 1 to 2 seconds (as pass_max_recent_us).
+	SavePasses          uint64  `json:"save_passes"`
+	SavePassesOver      uint64  `json:"save_passes_over"`
+	SavePassBoundUs     float64 `json:"save_pass_bound_us"`
+	SavePassMaxUs       float64 `json:"save_pass_max_us"`
+	SavePassMaxRecentUs float64 `json:"save_pass_max_recent_us"`
 }
 
 // pollerStatus is the counters of the pollers that run reps (those of
@@ -425,7 +491,9 @@ func pollerStatus(reps []*Replica) []PollerStatus {
 		for i, st := range r.pollers.Stats() {
 			out = append(out, PollerStatus{Poller: i, Tasks: st.Tasks, Passes: st.Passes, Spins: st.Spins,
 				SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes, Probes: st.Probes, ProbeHits: st.ProbeHits,
-				PassMaxUs: float64(st.MaxPass.Nanoseconds()) / 1e3, PassMaxRecentUs: float64(st.RecentMaxPass.Nanoseconds()) / 1e3})
+				PassMaxUs: us(st.MaxPass), PassMaxRecentUs: us(st.RecentMaxPass),
+				SavePasses: st.WatchedPasses, SavePassesOver: st.WatchedOver, SavePassBoundUs: us(r.pollers.WatchOver()),
+				SavePassMaxUs: us(st.WatchedMaxPass), SavePassMaxRecentUs: us(st.WatchedRecentMaxPass)})
 		}
 		return out
 	}
