@@ -804,17 +804,20 @@ func (r *Replica) diskSnapPoll() {
 		return
 	}
 	d.snapBytes = written
+	// The CPU clock's reads lie inside the wall clock's, so that a
+	// capture's CPU time is never more than its wall time (a thread CPU
+	// clock read is a system call: outside, its cost counted as CPU and
+	// not as wall, 701 µs of CPU against 647 µs of wall under -race).
+	t0 := r.statNow()
 	var cpu0 time.Duration
 	if r.cfg.StatCPUClock != nil {
 		cpu0 = r.cfg.StatCPUClock()
 	}
-	t0 := r.statNow()
 	capture, err := r.fsm.Snapshot()
 	if err != nil {
 		r.tracef("node %d: disk snapshot: %v", r.self, err)
 		return
 	}
-	t1 := r.statNow()
 	if r.cfg.StatCPUClock != nil {
 		// A goroutine moved to another thread mid-capture reads
 		// another thread's clock: clamped, never negative.
@@ -822,6 +825,7 @@ func (r *Replica) diskSnapPoll() {
 		d.work.CaptureCPU += x
 		d.work.CaptureCPUMax = max(d.work.CaptureCPUMax, x)
 	}
+	t1 := r.statNow()
 	d.work.Captures++
 	d.work.Capture += t1 - t0
 	d.work.CaptureMax = max(d.work.CaptureMax, t1-t0)

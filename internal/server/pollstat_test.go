@@ -65,6 +65,11 @@ func TestHistMaxUs(t *testing.T) {
 
 // TestThreadCPU: the thread's CPU clock moves with work on it.
 func TestThreadCPU(t *testing.T) {
+	// One thread's clock both times: the scheduler may move an unlocked
+	// goroutine between the reads (read 33.8 ms, then another thread's
+	// 14.4 ms, under load).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	a := threadCPU()
 	x := 0
 	for i := range 50_000_000 {
