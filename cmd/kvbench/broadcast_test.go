@@ -157,9 +157,12 @@ func TestBroadcastKillFollower(t *testing.T) {
 	if fi, ti := obj["follower_index"].(float64), obj["target_index"].(float64); fi < ti {
 		t.Errorf("follower index %v below the target %v", fi, ti)
 	}
-	// At the kill, every 500ms of the 2s outage, and after the catch-up.
-	if s, _ := obj["samples"].([]any); len(s) < 5 {
-		t.Errorf("%d samples, want at least 5", len(s))
+	// At the kill, every 500ms of the 2s outage, and after the catch-up:
+	// five on a quiet machine, but a loaded one may run the sampler late
+	// and its ticker drops the ticks it missed (4 at load 30). At least
+	// one during the outage, beside the first and the last.
+	if s, _ := obj["samples"].([]any); len(s) < 3 {
+		t.Errorf("%d samples, want at least 3 (the kill, the outage, the catch-up)", len(s))
 	}
 	if !strings.Contains(stderr.String(), "caught up") {
 		t.Errorf("no catch-up progress line on stderr:\n%s", stderr.String())
