@@ -431,18 +431,13 @@ func (g *Group) Stats() []PollerStats {
 		p.mu.Lock()
 		n := len(p.handles)
 		p.mu.Unlock()
-		// cur before prev: notePass moves cur to prev before it clears cur
-		recent := time.Duration(p.passCur.Load())
-		recent = max(recent, time.Duration(p.passPrev.Load()))
-		wrecent := time.Duration(p.wpassCur.Load())
-		wrecent = max(wrecent, time.Duration(p.wpassPrev.Load()))
 		out = append(out, PollerStats{Tasks: n, Passes: p.passes.Load(), Spins: p.spins.Load(),
 			SpinHits: p.spinHits.Load(), Parks: p.parks.Load(), Wakes: p.wakes.Load(),
 			Probes: p.probes.Load(), ProbeHits: p.probeHits.Load(),
 			Holds: p.holds.Load(), HoldWakes: p.holdWakes.Load(),
-			MaxPass: time.Duration(p.passMax.Load()), RecentMaxPass: recent, Dense: p.isDense.Load(),
+			MaxPass: p.passLen.all(), RecentMaxPass: p.passLen.recent(), Dense: p.isDense.Load(),
 			WatchedPasses: p.watched.Load(), WatchedOver: p.watchedOver.Load(),
-			WatchedMaxPass: time.Duration(p.wpassMax.Load()), WatchedRecentMaxPass: wrecent})
+			WatchedMaxPass: p.watchedLen.all(), WatchedRecentMaxPass: p.watchedLen.recent()})
 	}
 	return out
 }
@@ -544,13 +539,11 @@ type poller struct {
 	parks, wakes,
 	probes, probeHits,
 	holds, holdWakes atomic.Uint64
-	// longest passes (ns): since the start, in the current window and in
-	// the previous one (notePass)
-	passMax, passCur, passPrev atomic.Int64
-	isDense                    atomic.Bool // density.dense, for Stats
-	// the watched passes (noteWatched), as the passes above
-	watched, watchedOver          atomic.Uint64
-	wpassMax, wpassCur, wpassPrev atomic.Int64
+	// the longest passes, of all (notePass) and of the watched ones
+	// (noteWatched)
+	passLen, watchedLen  passMaxima
+	isDense              atomic.Bool // density.dense, for Stats
+	watched, watchedOver atomic.Uint64
 
 	// owned by the poller goroutine
 	tasks   []Task
@@ -559,18 +552,12 @@ type poller struct {
 	maxPark time.Duration
 	budget  spinBudget // the adaptive spin budget
 	dos     []func()
-	// notePass's own copies of the longest passes, and its window's start
-	maxPass, curPass time.Duration
-	window           time.Duration
-	sched            time.Duration // a holding poller's last Gosched
+	sched   time.Duration // a holding poller's last Gosched
 	// the busy spell under way (managed groups): its passes that made
 	// progress; spelled, a park ended one before
 	density     density
 	spelled     bool
 	progressRun int
-	// noteWatched's copies
-	wmaxPass, wcurPass time.Duration
-	wwindow            time.Duration
 }
 
 // changed tells a running poller to look at its handles.
@@ -723,25 +710,47 @@ func (p *poller) run() {
 // notePass records a pass that ran from start to end (the group's
 // clock) in the longest-pass stats: one clock read per pass, and atomic
 // stores only when a maximum moves or a window ends.
-func (p *poller) notePass(start, end time.Duration) {
-	d := end - start
-	if start-p.window >= PassWindow {
-		if start-p.window >= 2*PassWindow {
-			p.curPass = 0 // no pass in the window after it
+func (p *poller) notePass(start, end time.Duration) { p.passLen.note(start, end-start) }
+
+// passMaxima keeps the longest of a series of passes: since the start,
+// in the current PassWindow and in the previous one. note runs on the
+// poller's goroutine (its own copies, stored to the atomics only when a
+// maximum moves or a window ends); all and recent from any goroutine.
+type passMaxima struct {
+	max, cur, prev  atomic.Int64 // ns, for all and recent
+	maxD, curD, win time.Duration
+}
+
+// note records a pass of length d that began at start.
+func (m *passMaxima) note(start, d time.Duration) {
+	if start-m.win >= PassWindow {
+		if start-m.win >= 2*PassWindow {
+			m.curD = 0 // no pass in the window after it
 		}
-		p.passPrev.Store(int64(p.curPass))
-		p.curPass = 0
-		p.passCur.Store(0)
-		p.window = start
+		m.prev.Store(int64(m.curD))
+		m.curD = 0
+		m.cur.Store(0)
+		m.win = start
 	}
-	if d > p.curPass {
-		p.curPass = d
-		p.passCur.Store(int64(d))
+	if d > m.curD {
+		m.curD = d
+		m.cur.Store(int64(d))
 	}
-	if d > p.maxPass {
-		p.maxPass = d
-		p.passMax.Store(int64(d))
+	if d > m.maxD {
+		m.maxD = d
+		m.max.Store(int64(d))
 	}
+}
+
+// all is the longest pass since the start.
+func (m *passMaxima) all() time.Duration { return time.Duration(m.max.Load()) }
+
+// recent is the longest pass of the current and the previous window
+// (RecentMaxPass). cur before prev: note moves cur to prev before it
+// clears cur.
+func (m *passMaxima) recent() time.Duration {
+	c := time.Duration(m.cur.Load())
+	return max(c, time.Duration(m.prev.Load()))
 }
 
 // watchedPass reports whether the pass that just ran, which read w0 from
@@ -778,23 +787,7 @@ func (p *poller) noteWatched(start, end time.Duration) {
 	if o := p.g.cfg.WatchOver; o > 0 && d > o {
 		p.watchedOver.Add(1)
 	}
-	if start-p.wwindow >= PassWindow {
-		if start-p.wwindow >= 2*PassWindow {
-			p.wcurPass = 0
-		}
-		p.wpassPrev.Store(int64(p.wcurPass))
-		p.wcurPass = 0
-		p.wpassCur.Store(0)
-		p.wwindow = start
-	}
-	if d > p.wcurPass {
-		p.wcurPass = d
-		p.wpassCur.Store(int64(d))
-	}
-	if d > p.wmaxPass {
-		p.wmaxPass = d
-		p.wpassMax.Store(int64(d))
-	}
+	p.watchedLen.note(start, d)
 }
 
 // park spins for the adaptive budget (spinBudget), then parks until the
