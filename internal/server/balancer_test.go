@@ -89,24 +89,40 @@ func TestProcessBalancer(t *testing.T) {
 			if st.Last == nil || st.Last.Source == st.Last.Target || st.Last.Err != "" || st.Interval != "100ms" {
 				t.Fatalf("balancer status %+v, last move %+v", st, st.Last)
 			}
-			resp, err := http.Get("http://" + p.ControlAddr() + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
 			// The groups' write load the rounds measured (per-tablet
 			// write counts: fewer than MinWrites here, so the count rule
 			// decided).
 			if len(st.Writes) != 3 {
 				t.Fatalf("balancer status %+v: want each group's writes", st)
 			}
-			for _, want := range []string{fmt.Sprintf("rdmakv_balancer_moves_total %d", st.Moves), "rdmakv_balancer_active 1", fmt.Sprintf(`rdmakv_balancer_tablets{group="2"} %d`, st.Tablets[2]),
-				"rdmakv_balancer_splits_total 0", `rdmakv_balancer_writes{group="0"}`, `rdmakv_balancer_garbage_keys{group="0"}`, "rdmakv_balancer_garbage_collected_total",
-				"rdmakv_balancer_leftovers_removed_total 0"} {
-				if !strings.Contains(string(b), want) {
-					t.Errorf("/metrics has no %q", want)
+			// /metrics shows the status it reads at that moment; the
+			// groups go on splitting tablets past FirstTabletMax and the
+			// balancer may move one more, so the status to compare with
+			// is read again until both agree (a count read between a
+			// change and the metrics once failed: group 2's tablets).
+			var missing []string
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				now := status().Balancer
+				resp, err := http.Get("http://" + p.ControlAddr() + "/metrics")
+				if err != nil {
+					t.Fatal(err)
 				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				missing = missing[:0]
+				for _, want := range []string{fmt.Sprintf("rdmakv_balancer_moves_total %d", now.Moves), "rdmakv_balancer_active 1", fmt.Sprintf(`rdmakv_balancer_tablets{group="2"} %d`, now.Tablets[2]),
+					"rdmakv_balancer_splits_total 0", `rdmakv_balancer_writes{group="0"}`, `rdmakv_balancer_garbage_keys{group="0"}`, "rdmakv_balancer_garbage_collected_total",
+					"rdmakv_balancer_leftovers_removed_total 0"} {
+					if !strings.Contains(string(b), want) {
+						missing = append(missing, want)
+					}
+				}
+				if len(missing) == 0 || time.Now().After(deadline) {
+					break
+				}
+			}
+			for _, want := range missing {
+				t.Errorf("/metrics has no %q", want)
 			}
 			i := 0
 			for kv, err := range ks.Scan(ctx, nil, nil) {
