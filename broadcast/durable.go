@@ -412,7 +412,7 @@ func (r *Replica) repairVoter() bool {
 // repairHeld is a Repair member's Acpt in a recovery election
 // (repairVoter).
 func (r *Replica) repairHeld() MsgHdr {
-	if rc := r.cfg.Recovery; rc != nil {
+	if rc := r.cfg.Recovery; rc != nil && !r.knobs.repairVoteZero {
 		return rc.held
 	}
 	return MsgHdr{}
