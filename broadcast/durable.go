@@ -404,7 +404,9 @@ func (r *Replica) awaitsRecovery() bool {
 // and votes, but only to join a candidate whose Acpt is at least what
 // its disk held before the install that never became durable
 // (Recovery.held; zero for a corrupt log): it has no state to lead with,
-// and a winner below that could lose entries a majority's disks hold.
+// and a winner below that could lose entries a majority's disks hold
+// (TestSimAsyncRepairHeld: a from-disk member with a shorter log would
+// win with its vote while the member whose disk holds the most is down).
 func (r *Replica) repairVoter() bool {
 	return r.repair && r.catchingUp && r.dur != nil && r.cfg.Durability == Async && !r.knobs.repairUncounted
 }
