@@ -404,7 +404,9 @@ func (r *Replica) awaitsRecovery() bool {
 // and votes, but only to join a candidate whose Acpt is at least what
 // its disk held before the install that never became durable
 // (Recovery.held; zero for a corrupt log): it has no state to lead with,
-// and a winner below that could lose entries a majority's disks hold.
+// and a winner below that could lose entries a majority's disks hold
+// (TestSimAsyncRepairHeld: a from-disk member with a shorter log would
+// win with its vote while the member whose disk holds the most is down).
 func (r *Replica) repairVoter() bool {
 	return r.repair && r.catchingUp && r.dur != nil && r.cfg.Durability == Async && !r.knobs.repairUncounted
 }
@@ -412,7 +414,7 @@ func (r *Replica) repairVoter() bool {
 // repairHeld is a Repair member's Acpt in a recovery election
 // (repairVoter).
 func (r *Replica) repairHeld() MsgHdr {
-	if rc := r.cfg.Recovery; rc != nil {
+	if rc := r.cfg.Recovery; rc != nil && !r.knobs.repairVoteZero {
 		return rc.held
 	}
 	return MsgHdr{}

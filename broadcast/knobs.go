@@ -141,6 +141,14 @@ type testingKnobs struct {
 	// a majority crash that leaves one member from its disk and one in
 	// Repair never elects again (liveness).
 	repairUncounted bool
+	// repairVoteZero: a member restarted in Repair votes in a recovery
+	// election with Acpt 0, not with what its disk held before the
+	// install that never became durable (Recovery.held): it joins any
+	// candidate, one from its disk whose log is shorter than its own
+	// among them, and with it wins while a member whose disk holds the
+	// entries both had acknowledged is still down: the entries are lost
+	// (TestSimAsyncRepairHeld: "async loss bound:").
+	repairVoteZero bool
 
 	// unsaved is voteUnsaved's state: E_new published, not saved yet.
 	unsaved bool

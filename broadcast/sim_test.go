@@ -601,6 +601,13 @@ type simRun struct {
 	// next incarnation does not replay it (Repair) and counts as one
 	// that lost its disk (diskHolds, the async loss bound at restart).
 	rotted map[rdma.NodeID]bool
+	// repairPlanted: a script appended to the node's log, while it was
+	// down, an install whose snapshot never became durable; its next
+	// incarnation boots in Repair (its log not replayed) although its
+	// disk holds what it held (Recovery.held): the restart's "async loss
+	// bound:" check, which counts the entries the incarnation replayed,
+	// skips it (TestSimAsyncRepairHeld checks what the recovery keeps).
+	repairPlanted map[rdma.NodeID]bool
 	// resetAt (Async): per node, when a snapshot rolled its delivered
 	// prefix back (diffReset after a whole-group crash): what the
 	// incarnations that ended before left on its disk no longer counts
@@ -681,6 +688,8 @@ func (p *simProc) Start(env *sim.Env) error {
 		p.lostDisk = true
 		delete(p.h.rotted, env.ID())
 	}
+	repairPlanted := p.h.repairPlanted[env.ID()]
+	delete(p.h.repairPlanted, env.ID())
 	p.fsm = &checkFSM{id: env.ID(), c: p.h.c, seen: map[string]bool{}}
 	p.fsm.onRollback = func() { p.h.resetAt[env.ID()] = env.Now() }
 	if p.h.o.durability != Memory {
@@ -765,7 +774,7 @@ func (p *simProc) Start(env *sim.Env) error {
 	}
 	p.r = r
 	r.knobs = p.h.o.knobs
-	if p.h.c.async && !p.lostDisk && !p.h.o.fullDisks() {
+	if p.h.c.async && !p.lostDisk && !p.h.o.fullDisks() && !repairPlanted {
 		// Its disk holds what it delivered more than asyncBound before
 		// its crash (the back-pressure bound): its log, replayed, and
 		// the entries above the commit point it recovered.
