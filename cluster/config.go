@@ -70,6 +70,17 @@ type Config struct {
 	// FsyncInterval bounds how long an async write waits for its fsync
 	// (default 10ms; only with durability "async").
 	FsyncInterval Duration `toml:"fsync_interval"`
+	// WALLayout is how the durable modes lay out the replicas' logs:
+	// "per-replica" (the default: each replica its own log in
+	// data_dir/replica-<id>/wal). "shared" (one log per process, one
+	// fsync for all its replicas) exists only in the embedded cluster
+	// (kvserver --wal-layout shared) and is refused here.
+	WALLayout string `toml:"wal_layout"`
+	// SpareP is the pollers' spare P: "auto" (the default: while a
+	// poller's stream is dense the process raises GOMAXPROCS to its
+	// pollers + 1 and the pollers hold their P in short parks) or "off"
+	// (never: GOMAXPROCS stays, every park gives the P up).
+	SpareP string `toml:"spare_p"`
 	// Snapshot tunes the disk snapshots of the durable modes.
 	Snapshot SnapshotConfig `toml:"snapshot"`
 	// Tree is the overlay tree in tree.Parse's form; empty: a chain.
@@ -210,6 +221,34 @@ const (
 	// DefaultFsyncInterval is fsync_interval's default.
 	DefaultFsyncInterval = 10 * time.Millisecond
 )
+
+// Log layouts (Config.WALLayout, kvserver --wal-layout).
+const (
+	WALPerReplica = "per-replica" // each replica writes a log of its own
+	WALShared     = "shared"      // a process's replicas write one log
+)
+
+// CheckWALLayout checks a log layout's name: "per-replica" or "shared".
+func CheckWALLayout(s string) error {
+	if s != WALPerReplica && s != WALShared {
+		return fmt.Errorf("%q: want %q or %q", s, WALPerReplica, WALShared)
+	}
+	return nil
+}
+
+// Spare P settings (Config.SpareP, kvserver --spare-p).
+const (
+	SparePAuto = "auto" // taken while a poller's stream is dense
+	SparePOff  = "off"  // never taken
+)
+
+// CheckSpareP checks a spare P setting: "auto" or "off".
+func CheckSpareP(s string) error {
+	if s != SparePAuto && s != SparePOff {
+		return fmt.Errorf("%q: want %q or %q", s, SparePAuto, SparePOff)
+	}
+	return nil
+}
 
 // Timing tunes failure detection. Durations are strings such as "10ms".
 type Timing struct {
@@ -671,6 +710,21 @@ func (v *validator) durability() error {
 		c.FsyncInterval = Duration(DefaultFsyncInterval)
 	case c.FsyncInterval < Duration(100*time.Microsecond) || c.FsyncInterval > Duration(10*time.Second):
 		return v.fail("fsync_interval", "%v: want 100µs to 10s", time.Duration(c.FsyncInterval))
+	}
+	switch {
+	case c.WALLayout != "" && c.Durability == DurabilityMemory:
+		return v.fail("wal_layout", "only for durability \"sync\" or \"async\" (memory mode keeps no log)")
+	case c.WALLayout == "":
+		c.WALLayout = WALPerReplica
+	case c.WALLayout == WALShared:
+		return v.fail("wal_layout", "%q: not built for kvserver --config yet (one log per process is the embedded cluster's: kvserver --wal-layout shared); want %q", c.WALLayout, WALPerReplica)
+	case c.WALLayout != WALPerReplica:
+		return v.fail("wal_layout", "%q: want %q (\"shared\" is the embedded cluster's only)", c.WALLayout, WALPerReplica)
+	}
+	if c.SpareP == "" {
+		c.SpareP = SparePAuto
+	} else if err := CheckSpareP(c.SpareP); err != nil {
+		return v.fail("spare_p", "%v", err)
 	}
 	if c.Snapshot.LogBytes != "" {
 		if c.Durability == DurabilityMemory {

@@ -196,6 +196,38 @@ fsync_interval = "5ms"`, 1)
 	}
 }
 
+// TestConfigSettings: wal_layout and spare_p default to per-replica and
+// auto (the example leaves them commented out) and take their values.
+func TestConfigSettings(t *testing.T) {
+	path := filepath.Join(exampleDir(t), "cluster.toml")
+	c, err := ParseConfig([]byte(ExampleConfig), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.WALLayout != WALPerReplica || c.SpareP != SparePAuto {
+		t.Errorf("example: wal_layout %q spare_p %q, want %q and %q", c.WALLayout, c.SpareP, WALPerReplica, SparePAuto)
+	}
+	doc := strings.Replace(ExampleConfig, `# wal_layout = "per-replica"`, `wal_layout = "per-replica"`, 1)
+	doc = strings.Replace(doc, `# spare_p = "auto"`, `spare_p = "off"`, 1)
+	if c, err = ParseConfig([]byte(doc), path); err != nil {
+		t.Fatal(err)
+	}
+	if c.WALLayout != WALPerReplica || c.SpareP != SparePOff {
+		t.Errorf("set: wal_layout %q spare_p %q, want %q and %q", c.WALLayout, c.SpareP, WALPerReplica, SparePOff)
+	}
+	for _, s := range []string{WALPerReplica, WALShared} {
+		if err := CheckWALLayout(s); err != nil {
+			t.Errorf("CheckWALLayout(%q): %v", s, err)
+		}
+	}
+	if err := CheckWALLayout("Shared"); err == nil || err.Error() != `"Shared": want "per-replica" or "shared"` {
+		t.Errorf("CheckWALLayout(Shared): %v", err)
+	}
+	if err := CheckSpareP("no"); err == nil || err.Error() != `"no": want "auto" or "off"` {
+		t.Errorf("CheckSpareP(no): %v", err)
+	}
+}
+
 // TestConfigErrors checks that each kind of bad config is refused with
 // the line and the field at fault.
 func TestConfigErrors(t *testing.T) {
@@ -265,6 +297,11 @@ balance_split_keys = 65537`), "ordered.balance_split_keys", "splits by itself pa
 # balance_split_keys = 64`, `[ordered]
 balance_min_writes = 10
 balance_split_keys = -64`), "ordered.balance_split_keys", "0: the default, 64", 0, `balance_split_keys = -64`},
+		{"wal layout", ex(`# wal_layout = "per-replica"`, `wal_layout = "shard"`), "wal_layout", `"shard": want "per-replica"`, 0, `wal_layout = "shard"`},
+		{"wal layout shared", ex(`# wal_layout = "per-replica"`, `wal_layout = "shared"`), "wal_layout", "not built for kvserver --config", 0, `wal_layout = "shared"`},
+		{"wal layout memory", ex(`durability = "sync"`, `durability = "memory"
+wal_layout = "per-replica"`), "wal_layout", "memory mode keeps no log", 0, `wal_layout = "per-replica"`},
+		{"spare p", ex(`# spare_p = "auto"`, `spare_p = "on"`), "spare_p", `"on": want "auto" or "off"`, 0, `spare_p = "on"`},
 		{"election too short", ex(`election_timeout = "150ms"`, `election_timeout = "20ms"`), "timing.election_timeout", "4 heartbeats", 0, `election_timeout = "20ms"`},
 		{"huge value limit", ex(`max_value = 1048576`, `max_value = 1099511627776`), "limits.max_value", "want 0 to", 0, `max_value = 1099511627776`},
 		{"slot size", ex(`slot_size = 4096`, `slot_size = 100`), "limits.slot_size", "multiple of 8", 0, `slot_size = 100`},

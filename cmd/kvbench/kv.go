@@ -164,9 +164,13 @@ type kvFlags struct {
 	embedded   bool
 	groups     int
 	kvserver   string
-	durability string   // --embedded: kvserver --durability
-	rows       []string // of kvRowNames
-	ordered    bool     // not a flag: kvbench btree's cluster, with an ordered keyspace
+	durability string // --embedded: kvserver --durability
+	// walLayout and spareP are kvserver's --wal-layout and --spare-p
+	// ("": not passed, kvserver's default), spareP also the replica
+	// child's (ChildConfig.SpareP)
+	walLayout, spareP string
+	rows              []string // of kvRowNames
+	ordered           bool     // not a flag: kvbench btree's cluster, with an ordered keyspace
 	// Not flags (kvbench btree --groups without --embedded): the child's
 	// groups of 3 replicas (0: 1) and the ordered keyspace's split points.
 	childGroups   int
@@ -199,6 +203,8 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.IntVar(&o.groups, "groups", 2, "--embedded: the embedded cluster's groups of 3 replicas (kvserver --groups)")
 	fs.StringVar(&o.kvserver, "kvserver", "", "--embedded: the kvserver `binary` to run (default: go build it from this module)")
 	fs.StringVar(&o.durability, "durability", "memory", "--embedded: what the replicas keep on disk (kvserver --durability): memory, async or sync; a durable mode's data dir is a fresh directory under $TMPDIR (put it on the disk to measure), removed at the end")
+	fs.StringVar(&o.walLayout, "wal-layout", "", "--embedded with --durability async or sync: kvserver --wal-layout, per-replica or shared (default: not passed, kvserver's per-replica)")
+	fs.StringVar(&o.spareP, "spare-p", "", "the replicas' pollers' spare P, auto or off: kvserver --spare-p with --embedded, else the replicas' process's (default: not passed, auto)")
 	rows := fs.String("rows", "", "comma-separated measurements: growth, memory, get, put (default all; with --embedded: put)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -234,6 +240,19 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	}
 	if !slices.Contains([]string{"memory", "async", "sync"}, o.durability) {
 		return nil, fmt.Errorf("kv: --durability %q: want memory, async or sync", o.durability)
+	}
+	if set["wal-layout"] {
+		if err := cluster.CheckWALLayout(o.walLayout); err != nil {
+			return nil, fmt.Errorf("kv: --wal-layout %v", err)
+		}
+		if !o.embedded || o.durability == "memory" {
+			return nil, errors.New("kv: --wal-layout goes with --embedded and --durability async or sync")
+		}
+	}
+	if set["spare-p"] {
+		if err := cluster.CheckSpareP(o.spareP); err != nil {
+			return nil, fmt.Errorf("kv: --spare-p %v", err)
+		}
 	}
 	if o.groups < 1 {
 		return nil, errors.New("kv: --groups must be positive")
@@ -360,7 +379,7 @@ type kvProc struct {
 
 // startKVProc starts the replicas' process of map m and waits until its
 // group has a leader.
-func startKVProc(m *cluster.Map, et time.Duration) (*kvProc, error) {
+func startKVProc(m *cluster.Map, et time.Duration, spareP string) (*kvProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("kvbench: find own executable: %w", err)
@@ -370,7 +389,7 @@ func startKVProc(m *cluster.Map, et time.Duration) (*kvProc, error) {
 		return nil, err
 	}
 	cmd.Stderr = os.Stderr
-	ch, err := server.SpawnChild(cmd, server.ChildConfig{Map: m, ElectionTimeout: et}, 40*time.Second)
+	ch, err := server.SpawnChild(cmd, server.ChildConfig{Map: m, ElectionTimeout: et, SpareP: spareP}, 40*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("kv replicas' process: %w", err)
 	}
@@ -1005,7 +1024,7 @@ func openKVEnv(o *kvFlags, kvserverBin, redisBin string, note func(string, ...an
 // openEmbedded starts kvserver's embedded cluster and opens the client on
 // the map file it wrote. On error, what was started is closed.
 func (e *kvEnv) openEmbedded() (err error) {
-	if e.srv, err = startKVServer(e.bin, e.wd, e.name, e.o.groups, e.o.et, e.o.durability); err != nil {
+	if e.srv, err = startKVServer(e.bin, e.wd, e.name, e.o.groups, e.o.et, e.o.durability, settingArgs(e.o.walLayout, e.o.spareP)...); err != nil {
 		return err
 	}
 	defer func() {
@@ -1024,8 +1043,8 @@ func (e *kvEnv) openEmbedded() (err error) {
 	}
 	e.ours = &rdmakvStore{c: e.c, ctx: e.ctx}
 	e.reps = []int{e.srv.pid()}
-	e.note("rdmakv: kvserver's embedded cluster (%s, %d x 3 replicas, durability %s) in process %d, cluster %s in %s (the client opened %s)",
-		e.bin, len(e.m.Groups), e.o.durability, e.srv.pid(), e.name, e.wd, e.srv.mapFile)
+	e.note("rdmakv: kvserver's embedded cluster (%s, %d x 3 replicas, durability %s%s) in process %d, cluster %s in %s (the client opened %s)",
+		e.bin, len(e.m.Groups), e.o.durability, strings.Join(append([]string{""}, settingArgs(e.o.walLayout, e.o.spareP)...), " "), e.srv.pid(), e.name, e.wd, e.srv.mapFile)
 	return nil
 }
 
@@ -1044,7 +1063,7 @@ func (e *kvEnv) openChild() (err error) {
 		e.m.Keyspaces = []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1, Splits: o.orderedSplits}}
 		e.m.ClientNodes = append(e.m.ClientNodes, kvClientID+1)
 	}
-	if e.proc, err = startKVProc(e.m, o.et); err != nil {
+	if e.proc, err = startKVProc(e.m, o.et, o.spareP); err != nil {
 		return err
 	}
 	defer func() {

@@ -49,8 +49,9 @@ type kvserverProc struct {
 // lock) in shmDir too, and waits until it says it is up. durability is
 // kvserver's --durability (memory, sync, async); a durable mode keeps
 // its data in a fresh directory under the temporary directory ($TMPDIR:
-// put it on the disk to be measured), which close removes.
-func startKVServer(bin, shmDir, name string, groups int, et time.Duration, durability string) (*kvserverProc, error) {
+// put it on the disk to be measured), which close removes. extra are
+// more of kvserver's flags (settingArgs).
+func startKVServer(bin, shmDir, name string, groups int, et time.Duration, durability string, extra ...string) (*kvserverProc, error) {
 	mapFile := filepath.Join(shmDir, name+".map.json")
 	// A control port on loopback: its /status gives the pollers' spin and
 	// park counts per op (kvPollerCost).
@@ -69,7 +70,7 @@ func startKVServer(bin, shmDir, name string, groups int, et time.Duration, durab
 		}
 		args = append(args, "--durability", durability, "--data-dir", filepath.Join(dataDir, "data"))
 	}
-	p, err := runKVServer(bin, mapFile, dataDir, args)
+	p, err := runKVServer(bin, mapFile, dataDir, append(args, extra...))
 	if err != nil && dataDir != "" {
 		os.RemoveAll(dataDir)
 	}
@@ -77,6 +78,20 @@ func startKVServer(bin, shmDir, name string, groups int, et time.Duration, durab
 		p.control = control
 	}
 	return p, err
+}
+
+// settingArgs are kvserver's --wal-layout and --spare-p flags for the
+// values given ("": the flag is not passed, so that a kvserver built
+// before the flags, an A/B run's base, still starts).
+func settingArgs(walLayout, spareP string) []string {
+	var args []string
+	if walLayout != "" {
+		args = append(args, "--wal-layout", walLayout)
+	}
+	if spareP != "" {
+		args = append(args, "--spare-p", spareP)
+	}
+	return args
 }
 
 // runKVServer starts bin with args and waits until it is up.

@@ -120,10 +120,13 @@ type recoverFlags struct {
 	groups     int
 	durability string
 	kvserver   string
-	et         time.Duration
-	shmDir     string
-	json       bool
-	quick      bool
+	// walLayout and spareP are kvserver's --wal-layout and --spare-p
+	// ("": not passed)
+	walLayout, spareP string
+	et                time.Duration
+	shmDir            string
+	json              bool
+	quick             bool
 	// trace: a Go execution trace of kvserver over the first
 	// traceFor of step 2's overwrites (its disk snapshots) goes there.
 	trace    string
@@ -223,6 +226,8 @@ func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
 	fs.IntVar(&o.groups, "groups", 2, "the embedded cluster's groups of 3 replicas (kvserver --groups)")
 	fs.StringVar(&o.durability, "durability", "sync", "kvserver --durability: sync or async")
 	fs.StringVar(&o.kvserver, "kvserver", "", "the kvserver `binary` to run (default: go build it from this module)")
+	fs.StringVar(&o.walLayout, "wal-layout", "", "kvserver --wal-layout of the data dir's first start: per-replica or shared (default: not passed, kvserver's per-replica)")
+	fs.StringVar(&o.spareP, "spare-p", "", "kvserver --spare-p: auto or off (default: not passed, auto)")
 	fs.DurationVar(&o.et, "election-timeout", 150*time.Millisecond, "kvserver --election-timeout (ET/20 is the poll max's bound)")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for the cluster's shared-memory files (kvbench's work directory in it, removed at the end)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per row instead of a table")
@@ -253,6 +258,10 @@ func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
 		return nil, errors.New("--election-timeout must be positive")
 	case o.rounds < 0:
 		return nil, fmt.Errorf("--rounds %d: want 0 or more", o.rounds)
+	case o.walLayout != "" && cluster.CheckWALLayout(o.walLayout) != nil:
+		return nil, fmt.Errorf("--wal-layout %v", cluster.CheckWALLayout(o.walLayout))
+	case o.spareP != "" && cluster.CheckSpareP(o.spareP) != nil:
+		return nil, fmt.Errorf("--spare-p %v", cluster.CheckSpareP(o.spareP))
 	}
 	return o, nil
 }
@@ -496,6 +505,7 @@ func (r *recoverRun) start(snapLog, control string) (time.Time, error) {
 	args := []string{"--groups", strconv.Itoa(r.o.groups), "--replicas", "3", "--name", r.name,
 		"--map", mapFile, "--shm-dir", r.wd, "--control", control, "--election-timeout", r.o.et.String(),
 		"--durability", r.o.durability, "--data-dir", r.data, "--snapshot-log-bytes", snapLog}
+	args = append(args, settingArgs(r.o.walLayout, r.o.spareP)...)
 	if r.o.trace != "" {
 		args = append(args, "--pprof")
 	}

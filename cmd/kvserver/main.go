@@ -144,6 +144,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	balance := fs.Duration("balance-interval", cluster.DefaultBalanceInterval, "the tablet balancer's pause between moves of the ordered keyspace's tablets (each round moves or splits at most one: by the tablets' write load, else from the group with the most to the one with the fewest); 0: no balancer (kvcli balance moves them)")
 	minWrites := fs.Int64("balance-min-writes", cluster.DefaultBalanceMinWrites, "the fewest writes (all groups together) between two balancer rounds for the balancer to go by the tablets' write load (fewer: by their count); 1 to 10^12 (0: the default), as [ordered] balance_min_writes in a config")
 	splitKeys := fs.Int64("balance-split-keys", cluster.DefaultBalanceSplitKeys, "the fewest keys a hot tablet must hold for the balancer to split it (going by load); 2 to 65536 (0: the default), as [ordered] balance_split_keys in a config")
+	walLayout := fs.String("wal-layout", cluster.WALPerReplica, "sync and async: how a new data dir lays out the logs: per-replica (each replica a log of its own: the writes of one writer are fastest) or shared (one log for all the replicas: one fsync covers them, fewer fsyncs and less CPU a put at many writers); a data dir keeps the layout it was made with")
+	spareP := fs.String("spare-p", cluster.SparePAuto, "the pollers' spare P: auto (raise GOMAXPROCS by one while a poller's stream is dense, so its short waits keep their core: more puts a second at many writers) or off (never: the least CPU)")
 	snapLog := fs.String("snapshot-log-bytes", "", "sync and async: how much log (bytes of synced batches, e.g. 64MiB: 1MiB to 1024MiB) a replica writes before it takes a disk snapshot and drops the log behind it (default 64MiB, as [snapshot] log_bytes in a config)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -185,10 +187,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvserver: --balance-split-keys %v\n", err)
 		return 2
 	}
+	if err := cluster.CheckWALLayout(*walLayout); err != nil {
+		fmt.Fprintf(stderr, "kvserver: --wal-layout %v\n", err)
+		return 2
+	}
+	if err := cluster.CheckSpareP(*spareP); err != nil {
+		fmt.Fprintf(stderr, "kvserver: --spare-p %v\n", err)
+		return 2
+	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	eo := embedOpts{control: *control, pprof: *pprofOn, log: log, balance: *balance, minWrites: uint64(*minWrites), splitKeys: uint64(*splitKeys),
-		logLevel: *logLevel, stderr: stderr}
+		logLevel: *logLevel, stderr: stderr, spareP: *spareP != cluster.SparePOff}
+	if explicit["wal-layout"] {
+		eo.walLayout = *walLayout
+	}
 	if *memory {
 		if explicit["durability"] && *durability != "memory" {
 			fmt.Fprintf(stderr, "kvserver: --memory and --durability %s: give one\n", *durability)
@@ -214,8 +227,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		eo.durable.SnapshotLogBytes = int64(n)
 	}
 	if mode == broadcast.Memory {
-		if explicit["data-dir"] || explicit["snapshot-log-bytes"] {
-			fmt.Fprintf(stderr, "kvserver: --data-dir or --snapshot-log-bytes with durability memory: memory mode keeps nothing on disk (leave them out, or --memory)\n")
+		if explicit["data-dir"] || explicit["snapshot-log-bytes"] || explicit["wal-layout"] {
+			fmt.Fprintf(stderr, "kvserver: --data-dir, --snapshot-log-bytes or --wal-layout with durability memory: memory mode keeps nothing on disk (leave them out, or --memory)\n")
 			return 2
 		}
 	} else {
@@ -299,6 +312,10 @@ type embedOpts struct {
 	minWrites, splitKeys uint64
 	logLevel             string
 	stderr               io.Writer
+	// walLayout is the log layout a new data dir gets ("": --wal-layout
+	// not given, per-replica); spareP is --spare-p auto.
+	walLayout string
+	spareP    bool
 }
 
 func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, stdout, stderr io.Writer) error {
@@ -336,7 +353,7 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
 		}
 	}
-	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable, SpareP: server.HeldParks(),
+	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable, SpareP: eo.spareP, WALLayout: eo.walLayout,
 		Balance: server.BalanceConfig{Interval: eo.balance, MinWrites: eo.minWrites, SplitKeys: eo.splitKeys}}
 	if eo.logLevel == "warn" && eo.stderr != nil {
 		// The default level hides info lines; the balancer's moves (a
@@ -353,7 +370,11 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 			return err
 		}
 		defer unlock()
-		dataLine = fmt.Sprintf("%s (durability %v; --memory keeps nothing)", eo.dataDir, eo.durable.Mode)
+		layout := "a log per replica"
+		if pc.SharedLog != "" {
+			layout = "one shared log"
+		}
+		dataLine = fmt.Sprintf("%s (durability %v, %s; --memory keeps nothing)", eo.dataDir, eo.durable.Mode, layout)
 	}
 	proc, err := server.StartProcess(pc)
 	if err != nil {
@@ -377,11 +398,12 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
   cluster map:  %s
   data:         %s
   control:      %s
+  spare P:      %s
   try:          go run ./cmd/kvcli put hello world && go run ./cmd/kvcli get hello
   from Go:      c, err := client.Open(ctx)   // package github.com/rdmakv/rdmakv/client
   ordered:      c.Keyspace("ordered")         // sorted keys and Scan (docs/client.md)
   stop:         Ctrl-C (or kill %d)
-`, m.Name, time.Since(start).Round(time.Millisecond), plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.ShmDir, os.Getpid(), mapFile, dataLine, controlLine, os.Getpid())
+`, m.Name, time.Since(start).Round(time.Millisecond), plural(len(m.Groups), "group"), plural(len(m.Groups[0]), "replica"), m.ShmDir, os.Getpid(), mapFile, dataLine, controlLine, spareLine(eo.spareP), os.Getpid())
 	select {
 	case <-ctx.Done():
 	case err := <-proc.Failed():
@@ -389,6 +411,14 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 	}
 	fmt.Fprintln(stdout, "kvserver: stopping")
 	return nil
+}
+
+// spareLine is the banner's line on the pollers' spare P.
+func spareLine(on bool) string {
+	if on {
+		return "auto: GOMAXPROCS one above the pollers while a stream is dense (--spare-p off: never)"
+	}
+	return "off (--spare-p): GOMAXPROCS stays; every wait gives its core up"
 }
 
 // plural is n and word, with an s unless n is 1 ("1 group", "3 groups").

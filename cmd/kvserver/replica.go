@@ -97,7 +97,7 @@ func runReplica(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	err = server.RunReplicas(ctx, cfg, ids, server.Options{Listen: *listen, Control: *control, Pprof: *pprofOn, Rejoin: *rejoin, SpareP: server.HeldParks(),
+	err = server.RunReplicas(ctx, cfg, ids, server.Options{Listen: *listen, Control: *control, Pprof: *pprofOn, Rejoin: *rejoin, SpareP: cfg.SpareP != cluster.SparePOff,
 		Ready: func(c string) {
 			if c != "" {
 				c = ", control http://" + c
@@ -218,6 +218,14 @@ func runCheck(cmd string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "  durability async: fsync at least every %v; a power cut of a whole group loses at most the writes of the last interval\n", time.Duration(cfg.FsyncInterval))
 	default:
 		fmt.Fprintf(stdout, "  durability %s: a write is acknowledged once a majority of its group has it on disk\n", cfg.Durability)
+	}
+	if cfg.Durability != cluster.DurabilityMemory {
+		fmt.Fprintf(stdout, "  wal_layout %s: each replica writes a log of its own in data_dir/replica-<id>/wal\n", cfg.WALLayout)
+	}
+	if cfg.SpareP == cluster.SparePOff {
+		fmt.Fprintf(stdout, "  spare_p off: a replica process's pollers never raise GOMAXPROCS; every wait gives its core up (the least CPU, fewer puts a second at many writers)\n")
+	} else {
+		fmt.Fprintf(stdout, "  spare_p %s: a replica process raises GOMAXPROCS to its pollers + 1 while a poller's stream is dense, and its pollers' short waits keep their core (spare_p = \"off\": never)\n", cfg.SpareP)
 	}
 	for g, gr := range cfg.Groups {
 		for _, r := range gr.Replicas {

@@ -74,6 +74,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	replicas := fs.Int("replicas", 3, "embedded cluster: replicas per group (odd)")
 	election := fs.Duration("election-timeout", time.Second, "embedded cluster: the replicas' election timeout")
 	heartbeat := fs.Duration("heartbeat", time.Millisecond, "embedded cluster: the replicas' heartbeat interval")
+	spareP := fs.String("spare-p", cluster.SparePAuto, "embedded cluster: the pollers' spare P, as kvserver --spare-p: auto or off")
 	progress := fs.Duration("progress", 5*time.Second, "interval of progress lines on stderr during a phase (0: none)")
 	jsonOut := fs.Bool("json", false, "print the results as one JSON document instead of the table")
 	var extra multiFlag
@@ -105,6 +106,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	if len(workloads) == 0 {
 		return usagef("bench: no workloads")
+	}
+	if err := cluster.CheckSpareP(*spareP); err != nil {
+		return usagef("bench: --spare-p %v", err)
 	}
 	if *ops == 0 {
 		*ops = *records
@@ -190,7 +194,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	loadProps.Set(prop.ThreadCount, strconv.Itoa(*loadThreads))
-	rd, err := openRdmakv(ctx, loadProps, true, embeddedConfig{*groups, *replicas, *heartbeat, *election}, stderr)
+	rd, err := openRdmakv(ctx, loadProps, true, embeddedConfig{*groups, *replicas, *heartbeat, *election, *spareP}, stderr)
 	if err != nil {
 		return err
 	}

@@ -66,7 +66,7 @@ func startChildCluster(ctx context.Context, ec embeddedConfig, stderr io.Writer)
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
-	if c.ch, err = server.SpawnChild(c.cmd, server.ChildConfig{Map: m, Heartbeat: ec.heartbeat, ElectionTimeout: ec.election}, timeout); err != nil {
+	if c.ch, err = server.SpawnChild(c.cmd, server.ChildConfig{Map: m, Heartbeat: ec.heartbeat, ElectionTimeout: ec.election, SpareP: ec.spareP}, timeout); err != nil {
 		return nil, fmt.Errorf("the cluster's process: %w", err)
 	}
 	if c.node, err = fabric.Open(fabric.ForMap(m), m.ClientNodes[0]); err != nil {

@@ -174,6 +174,7 @@ type flags struct {
 	replicas  int
 	election  time.Duration
 	heartbeat time.Duration
+	spareP    string
 	interval  int
 	progress  time.Duration
 	jsonOut   bool
@@ -199,6 +200,7 @@ func newFlags(out io.Writer) *flags {
 	fs.IntVar(&f.replicas, "replicas", 3, "with --embedded: replicas per group (odd)")
 	fs.DurationVar(&f.election, "election-timeout", time.Second, "with --embedded: the replicas' election timeout (long, so that a descheduled leader is not voted out mid-run)")
 	fs.DurationVar(&f.heartbeat, "heartbeat", time.Millisecond, "with --embedded: the replicas' heartbeat interval (broadcast's default; kvserver's is 10 ms, to idle cheaply)")
+	fs.StringVar(&f.spareP, "spare-p", cluster.SparePAuto, "with --embedded: the replicas' pollers' spare P, as kvserver --spare-p: auto (GOMAXPROCS one above the pollers while a stream is dense) or off")
 	fs.IntVar(&f.interval, "interval", 10, "seconds between go-ycsb's interim summaries (measurement.interval)")
 	fs.DurationVar(&f.progress, "progress", 3*time.Second, "interval of the progress lines on stderr (0: none)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print one JSON document with each phase's results on stdout instead of the text summary")
@@ -355,6 +357,8 @@ func runPhases(cmd string, args []string, stdout, stderr io.Writer) error {
 		return usagef("--threads %d: want at least 1", f.threads)
 	case f.embedded && (f.groups < 1 || f.replicas < 1 || f.replicas%2 == 0):
 		return usagef("--groups %d --replicas %d: want at least one group and an odd number of replicas", f.groups, f.replicas)
+	case cluster.CheckSpareP(f.spareP) != nil:
+		return usagef("--spare-p %v", cluster.CheckSpareP(f.spareP))
 	}
 	p, label, err := f.buildProps()
 	if err != nil {
@@ -383,7 +387,7 @@ func runPhases(cmd string, args []string, stdout, stderr io.Writer) error {
 
 	var env *dbEnv
 	if f.db == "rdmakv" {
-		env, err = openRdmakv(ctx, p, f.embedded, embeddedConfig{f.groups, f.replicas, f.heartbeat, f.election}, stderr)
+		env, err = openRdmakv(ctx, p, f.embedded, embeddedConfig{f.groups, f.replicas, f.heartbeat, f.election, f.spareP}, stderr)
 		if err != nil {
 			return err
 		}

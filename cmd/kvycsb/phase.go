@@ -111,6 +111,7 @@ const embeddedNodeSize = 8192
 type embeddedConfig struct {
 	groups, replicas    int
 	heartbeat, election time.Duration
+	spareP              string // server.ChildConfig.SpareP
 }
 
 // openRdmakv opens the binding: on the cluster of the map file, or on an

@@ -37,6 +37,14 @@ func Start(ctx context.Context, m *cluster.Map, bc broadcast.Config) (*Cluster, 
 type Options struct {
 	DataDir string
 	Durable server.DurableConfig
+	// WALLayout is the log layout a new data dir gets
+	// (server.ProcessConfig.WALLayout: cluster.WALShared, else a log
+	// per replica).
+	WALLayout string
+	// SpareP lets the pollers take a spare P while a stream is dense
+	// (server.ProcessConfig.SpareP; kvserver's default, off here: it
+	// changes the GOMAXPROCS of the whole test process).
+	SpareP bool
 }
 
 // StartWith is Start with o's durability.
@@ -44,7 +52,7 @@ func StartWith(ctx context.Context, m *cluster.Map, bc broadcast.Config, o Optio
 	if m.Fabric != "mem" && m.Fabric != "shm" {
 		return nil, fmt.Errorf("localcluster: fabric %q: want mem or shm", m.Fabric)
 	}
-	pc := server.ProcessConfig{Map: m, Broadcast: bc, Durable: o.Durable}
+	pc := server.ProcessConfig{Map: m, Broadcast: bc, Durable: o.Durable, WALLayout: o.WALLayout, SpareP: o.SpareP}
 	unlock := func() {}
 	if o.DataDir != "" {
 		var err error

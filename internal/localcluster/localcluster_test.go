@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -198,13 +199,21 @@ func TestPausedMemoryReadable(t *testing.T) {
 }
 
 // TestDurableRestart: a local cluster started with a data dir in sync mode
-// comes back with its data after Close (every replica at once); one of
-// another shape is refused on the same dir.
+// comes back with its data after Close (every replica at once), with a
+// log per replica and with one shared log (the layout it asked for: a
+// replica's status names the shared log or none); one of another shape
+// is refused on the same dir.
 func TestDurableRestart(t *testing.T) {
+	for _, layout := range []string{cluster.WALPerReplica, cluster.WALShared} {
+		t.Run(layout, func(t *testing.T) { durableRestart(t, layout) })
+	}
+}
+
+func durableRestart(t *testing.T, layout string) {
 	dir := t.TempDir()
 	m := &cluster.Map{Name: "dur", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}}, ClientNodes: []rdma.NodeID{100}}
 	bc := broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond}
-	o := localcluster.Options{DataDir: dir, Durable: server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 1 << 20}}
+	o := localcluster.Options{DataDir: dir, Durable: server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 1 << 20}, WALLayout: layout}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	lc, err := localcluster.StartWith(ctx, m, bc, o)
@@ -232,6 +241,13 @@ func TestDurableRestart(t *testing.T) {
 	// frees the regions its keeper goroutine reads (a defer ran first:
 	// a data race the race detector caught in CI).
 	t.Cleanup(lc.Close)
+	want := ""
+	if layout == cluster.WALShared {
+		want = filepath.Join(dir, "wal")
+	}
+	if st := lc.Replicas()[4].Status(); st.Disk == nil || st.Disk.SharedLog != want {
+		t.Errorf("wal layout %s: replica 5's disk status %+v, want shared log %q", layout, st.Disk, want)
+	}
 	c = openClient(t, lc, 0)
 	for i := range 100 {
 		v, err := c.Get(ctx, fmt.Appendf(nil, "k%d", i))

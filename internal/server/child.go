@@ -51,6 +51,10 @@ type ChildConfig struct {
 	// Control is the control port's address ("": none), e.g.
 	// "127.0.0.1:0"; the ready line says where it listens.
 	Control string `json:"control,omitempty"`
+	// SpareP is the pollers' spare P (ProcessConfig.SpareP):
+	// cluster.SparePAuto (or "") or cluster.SparePOff. The child takes
+	// it from here, never from its environment.
+	SpareP string `json:"spare_p,omitempty"`
 }
 
 // Child requests (ChildRequest.Cmd).
@@ -107,7 +111,15 @@ func ServeChild(in io.Reader, out io.Writer) error {
 		emit(ChildLine{Err: err.Error()})
 		return err
 	}
-	pc := ProcessConfig{Map: cfg.Map, IDs: cfg.IDs, Pollers: cfg.Pollers, SpareP: HeldParks(),
+	if cfg.SpareP == "" {
+		cfg.SpareP = cluster.SparePAuto
+	}
+	if err := cluster.CheckSpareP(cfg.SpareP); err != nil {
+		err = fmt.Errorf("replica child: spare_p %v", err)
+		emit(ChildLine{Err: err.Error()})
+		return err
+	}
+	pc := ProcessConfig{Map: cfg.Map, IDs: cfg.IDs, Pollers: cfg.Pollers, SpareP: cfg.SpareP != cluster.SparePOff,
 		Broadcast: broadcast.Config{HeartbeatInterval: cfg.Heartbeat, ElectionTimeout: cfg.ElectionTimeout}}
 	if cfg.Control != "" {
 		if pc.Control, err = ListenControl(cfg.Control); err != nil {

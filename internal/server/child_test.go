@@ -2,9 +2,12 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -111,5 +114,51 @@ func TestChildServesAndExitsOnSIGTERM(t *testing.T) {
 	left, _ := os.ReadDir(dir)
 	for _, e := range left {
 		t.Errorf("left in the shm directory after the child's exit: %s", e.Name())
+	}
+}
+
+// TestChildSpareP: a replica child runs its pollers with the spare P its
+// parent's ChildConfig names, and with none named takes the default,
+// auto, as kvserver does (/status spare_p). A child that ignored the
+// config (or read its environment instead) shows one answer for both. A
+// bad value ends the child with a line naming the key.
+func TestChildSpareP(t *testing.T) {
+	dir, err := os.MkdirTemp("/dev/shm", "rdmakv-childspare-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	for k, c := range []struct{ set, want string }{{"off", "off"}, {"", "auto"}, {"auto", "auto"}, {"never", ""}} {
+		m := &cluster.Map{Name: fmt.Sprintf("spare%d", k), Fabric: "shm", ShmDir: dir, Groups: [][]rdma.NodeID{{1}}, ClientNodes: []rdma.NodeID{100}}
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		ch, err := server.SpawnChild(cmd, server.ChildConfig{Map: m, Heartbeat: time.Millisecond, ElectionTimeout: 50 * time.Millisecond, Control: "127.0.0.1:0", SpareP: c.set}, time.Minute)
+		if c.want == "" {
+			if err == nil || !strings.Contains(err.Error(), `spare_p "never": want "auto" or "off"`) {
+				t.Errorf("spare_p %q: %v, want a refusal naming spare_p", c.set, err)
+			}
+			if err == nil {
+				ch.Kill()
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Get("http://" + ch.Ready.Control + "/status")
+		if err != nil {
+			ch.Kill()
+			t.Fatal(err)
+		}
+		var ps server.ProcessStatus
+		err = json.NewDecoder(resp.Body).Decode(&ps)
+		resp.Body.Close()
+		if err != nil || ps.SpareP != c.want {
+			t.Errorf("a child told spare_p %q: /status spare_p %q (%v), want %q", c.set, ps.SpareP, err, c.want)
+		}
+		if err := ch.Close(10 * time.Second); err != nil {
+			t.Errorf("the child's close: %v", err)
+		}
 	}
 }

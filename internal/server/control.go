@@ -63,6 +63,16 @@ type ProcessStatus struct {
 	// of its own, or memory mode): its batches and fsyncs, once; each
 	// replica's disk status shows its stream's records and bytes.
 	SharedLog *SharedLogStatus `json:"shared_log,omitempty"`
+	// WALLayout is the durable modes' log layout in force: "per-replica"
+	// (each replica a log of its own) or "shared" (shared_log). Absent
+	// in memory mode and for replicas run outside a Process.
+	WALLayout string `json:"wal_layout,omitempty"`
+	// SpareP is the pollers' spare P setting (ProcessConfig.SpareP):
+	// "auto" (taken while a poller's stream is dense) or "off";
+	// SparePSwitches counts the times the pollers took it or gave it
+	// back since the start. Absent outside a Process.
+	SpareP         string `json:"spare_p,omitempty"`
+	SparePSwitches uint64 `json:"spare_p_switches,omitempty"`
 	// Start is how the process's start went (absent for replicas run
 	// outside a Process).
 	Start *StartStatus `json:"start,omitempty"`
@@ -120,6 +130,9 @@ type ControlOptions struct {
 	start func() StartStatus
 	// sharedLog, if set, is the process's shared log's state (/status).
 	sharedLog func() *SharedLogStatus
+	// settings, if set, fills the process's settings in /status
+	// (wal_layout, spare_p).
+	settings func(*ProcessStatus)
 }
 
 // ServeControl serves the control port on ln (see StartControl).
@@ -148,6 +161,9 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 		}
 		if o.sharedLog != nil {
 			ps.SharedLog = o.sharedLog()
+		}
+		if o.settings != nil {
+			o.settings(&ps)
 		}
 		return ps
 	}

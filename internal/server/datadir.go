@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -42,11 +43,16 @@ func (c clusterIdentity) shape() string {
 // stable state. In a durable mode each replica writes a log of its own
 // (dir/replica-<id>/wal), or all write one shared log, dir/wal
 // (pc.SharedLog): the one the data dir holds, and for a new data dir the
-// shared log only if SharedLogDefault.
+// one pc.WALLayout names (per-replica unless it says shared).
 func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 	m := pc.Map
 	if m == nil {
 		return nil, errors.New("server: no cluster map")
+	}
+	if pc.WALLayout != "" {
+		if err := cluster.CheckWALLayout(pc.WALLayout); err != nil {
+			return nil, fmt.Errorf("wal layout %v", err)
+		}
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
@@ -102,8 +108,9 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 	// The log layout is the data dir's, chosen at its first durable
 	// start and kept: a shared log (SharedLog) that holds files is used,
 	// replicas' logs of their own are used, and a new data dir gets the
-	// shared log only with RDMAKV_SHARED_LOG=1 (SharedLogDefault). Nothing
-	// on disk is ever ignored.
+	// layout pc.WALLayout names (per-replica if none). Nothing on disk is
+	// ever ignored: asked for the other layout, the dir keeps its own
+	// and the log says so.
 	shared := filepath.Join(dir, "wal")
 	n, err := dirEntries(vfs.OS, shared)
 	switch {
@@ -111,10 +118,15 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 		return nil, fmt.Errorf("data dir: %w", err)
 	case len(ownLogs) > 0 && n > 0:
 		return nil, fmt.Errorf("data dir %s holds both the process's shared log (%s) and logs of single replicas (%s...): one of them is stale; move the data dir aside and restore a backup, or remove what is not wanted", dir, shared, ownLogs[0])
-	case n > 0 || len(ownLogs) == 0 && SharedLogDefault():
+	case n > 0:
+		pc.SharedLog = shared
+	case len(ownLogs) == 0 && pc.WALLayout == cluster.WALShared:
 		pc.SharedLog = shared
 	default:
 		pc.SharedLog = ""
+	}
+	if kept := keptLayout(pc.SharedLog != ""); pc.WALLayout != "" && pc.WALLayout != kept && pc.Durable.Mode != broadcast.Memory && pc.Log != nil {
+		pc.Log.Warn(fmt.Sprintf("data dir %s keeps its %s log layout (%s): wal layout %s applies to new data dirs only", dir, kept, layoutWhere(dir, kept), pc.WALLayout))
 	}
 	rejoinInc := uint64(time.Now().UnixNano())
 	pc.ReplicaDir = func(id rdma.NodeID) string { return replicaDir(dir, id) }
@@ -137,18 +149,22 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 	return unlock, nil
 }
 
-// SharedLogDefault reports whether a new data dir of an embedded cluster
-// gets one shared log for all its replicas (UseDataDir): only when the
-// environment sets RDMAKV_SHARED_LOG=1. Off by default: measured on this
-// shared machine (2026-11-27, load 24-38, docs/benchmarks.md) it cut the
-// fdatasyncs per sync put (0.23 against 0.87) and the replicas' CPU per
-// sync put at 64 writers (50-52 against 77-96 µs) but showed no higher
-// put rate (sync 4.9-5.2 k/s against 4.2-6.1 k/s, async 30-35 k/s against
-// 38.5 k/s), and one writer's sync p50 rose (1.7-2.2 ms against
-// 1.35-1.63 ms): the followers' records wait for the leader's batch's
-// fsync (one batch in flight), two fsyncs one after the other where
-// separate logs sync in parallel.
-func SharedLogDefault() bool { return os.Getenv("RDMAKV_SHARED_LOG") == "1" }
+// keptLayout names a data dir's log layout: cluster.WALShared if its
+// replicas write one shared log, else cluster.WALPerReplica.
+func keptLayout(shared bool) string {
+	if shared {
+		return cluster.WALShared
+	}
+	return cluster.WALPerReplica
+}
+
+// layoutWhere is where a data dir's logs of a layout are.
+func layoutWhere(dir, layout string) string {
+	if layout == cluster.WALShared {
+		return "one log in " + filepath.Join(dir, "wal")
+	}
+	return "a log per replica in " + filepath.Join(dir, "replica-<id>", "wal")
+}
 
 func replicaDir(dir string, id rdma.NodeID) string {
 	return filepath.Join(dir, fmt.Sprintf("replica-%d", id))

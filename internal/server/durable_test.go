@@ -102,16 +102,15 @@ func openClient(t *testing.T, p *server.Process, m *cluster.Map) *client.Client 
 // the file, and the refusal says what to do.
 func TestProcessDurableRestart(t *testing.T) {
 	dir := t.TempDir()
-	// A new data dir gets one shared log with RDMAKV_SHARED_LOG=1, and
-	// keeps it at the restarts below (with or without it).
-	t.Setenv("RDMAKV_SHARED_LOG", "1")
+	// A new data dir gets one shared log with WALLayout shared, and
+	// keeps it at the restarts below (asked for it or not).
 	m := &cluster.Map{Name: "durable", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}}, ClientNodes: []rdma.NodeID{100}}
 	if err := m.Fill(); err != nil {
 		t.Fatal(err)
 	}
 	val := strings.Repeat("x", 1000)
 	const n = 300
-	p, stop := startDurable(t, m, dir)
+	p, stop := startProcess(t, m, dir, func(pc *server.ProcessConfig) { pc.WALLayout = cluster.WALShared })
 	c := openClient(t, p, m)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -191,12 +190,19 @@ func TestProcessDurableRestart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "wal")); err != nil {
 		t.Fatalf("no shared log: %v", err)
 	}
-	t.Setenv("RDMAKV_SHARED_LOG", "0") // the data dir's layout is kept
-	pc := server.ProcessConfig{Map: m, Durable: server.DurableConfig{Mode: broadcast.Sync}}
+	// Asked for a log per replica, the data dir keeps its shared log,
+	// and the log says so.
+	var logged strings.Builder
+	pc := server.ProcessConfig{Map: m, Durable: server.DurableConfig{Mode: broadcast.Sync}, WALLayout: cluster.WALPerReplica,
+		Log: slog.New(slog.NewTextHandler(&logged, nil))}
 	unlock, err := server.UseDataDir(&pc, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if pc.SharedLog != filepath.Join(dir, "wal") || !strings.Contains(logged.String(), "keeps its shared log layout (one log in "+filepath.Join(dir, "wal")+"): wal layout per-replica applies to new data dirs only") {
+		t.Errorf("a shared-log data dir asked for per-replica logs: shared log %q, log %q", pc.SharedLog, logged.String())
+	}
+	pc.Log = nil
 	if p, err = server.StartProcess(pc); err == nil {
 		p.Close()
 	}
@@ -270,7 +276,7 @@ func diskFailStop(t *testing.T, m *cluster.Map, dir string, shared bool) {
 	}
 	defer unlock()
 	if pc.SharedLog != "" {
-		t.Fatalf("a new data dir without RDMAKV_SHARED_LOG=1 got the shared log %s", pc.SharedLog)
+		t.Fatalf("a new data dir without WALLayout shared got the shared log %s", pc.SharedLog)
 	}
 	if shared {
 		pc.SharedLog = filepath.Join(dir, "wal")

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -48,8 +47,14 @@ type ProcessConfig struct {
 	// own setting, for a process that runs a Process and little else, as
 	// kvserver and the replica child do), so that their short parks keep
 	// their P (poller, "Held parks"): with one P more than pollers, the
-	// other goroutines still have one. kvserver and the replica child
-	// set it from HeldParks.
+	// other goroutines still have one. kvserver (spare_p, --spare-p) and
+	// the replica child (ChildConfig.SpareP) set it unless told "off".
+	// Measured (docs/dev/write-path-plan.md, "The spare P on demand";
+	// medians of 6 alternated rounds at SCHED_RR): one writer's stream
+	// keeps the parks of a process without it (p50 12.3 against 12.0
+	// µs; always holding: 18.4), many writers' take it (x64 231 k/s and
+	// 8.1 µs CPU a put, against 206 k and 9.1 without, 225 k and 8.3
+	// always holding).
 	SpareP bool
 	// Prepare, if set, is called for each replica with its node open and
 	// before the replica is built (it may probe the replica's peers): it
@@ -87,8 +92,20 @@ type ProcessConfig struct {
 	// its log records there as a stream, and one fdatasync covers all of
 	// them; its disk snapshots stay in ReplicaDir(id)/snap. "": each
 	// replica has a log of its own in ReplicaDir(id)/wal. UseDataDir sets
-	// it for a new data dir (docs/operations.md, "One log per process").
+	// it (docs/operations.md, "One log per process").
 	SharedLog string
+	// WALLayout is the log layout UseDataDir gives a new data dir:
+	// cluster.WALShared (SharedLog) or cluster.WALPerReplica; "" is
+	// per-replica too, and a data dir that holds a log keeps its layout
+	// (with a warning in Log if WALLayout asked for the other). Shared
+	// is not the default: measured on this machine (2026-11-27,
+	// docs/benchmarks.md) it cut the fdatasyncs per sync put (0.23
+	// against 0.87) and the replicas' CPU per sync put at 64 writers
+	// (about half) for 1.2-1.7x the sync puts a second alone (no higher
+	// rate shown at load 24-38), but one writer's sync p50 rose (the
+	// followers' records wait for the leader's batch's fsync: two fsyncs
+	// in series where separate logs sync in parallel).
+	WALLayout string
 	// FS is the file system the durable state is on (nil: vfs.OS; tests
 	// inject faults with errorfs).
 	FS vfs.FS
@@ -283,9 +300,22 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	p.startBalancer()
 	if cfg.Control != nil {
 		p.control = ServeControlWith(cfg.Control, m, p.all, ControlOptions{Pprof: cfg.Pprof, Secret: cfg.Secret, backups: p.backups,
-			balancer: p.BalancerStatus, collector: balancerCollector{p}, start: func() StartStatus { return p.started }, sharedLog: p.shared.Status}, cfg.Log)
+			balancer: p.BalancerStatus, collector: balancerCollector{p}, start: func() StartStatus { return p.started }, sharedLog: p.shared.Status, settings: p.settings}, cfg.Log)
 	}
 	return p, nil
+}
+
+// settings fills the process's settings in its /status: the log layout
+// in force (the shared log open or not) and the pollers' spare P.
+func (p *Process) settings(ps *ProcessStatus) {
+	if p.cfg.Durable.Mode != broadcast.Memory {
+		ps.WALLayout = keptLayout(p.shared != nil)
+	}
+	ps.SpareP = cluster.SparePOff
+	if p.cfg.SpareP {
+		ps.SpareP = cluster.SparePAuto
+	}
+	ps.SparePSwitches = p.pollers.SpareSwitches()
 }
 
 // replicaPos is a replica's place in the map: group g, index i.
@@ -845,15 +875,3 @@ func position(m *cluster.Map, id rdma.NodeID) (g, i int, ok bool) {
 	}
 	return 0, 0, false
 }
-
-// HeldParks reports whether kvserver and the replica child let their
-// pollers take a spare P and hold it in short parks while their stream
-// is dense (ProcessConfig.SpareP; poller, "The spare P on demand"): yes
-// unless the environment sets RDMAKV_HELD_PARKS=0. On by default since
-// the density rule: one writer's stream keeps the parks of a process
-// without the spare P (p50 12.3 against 12.0 µs, always-held 18.4), many
-// writers' takes it (x64 231 k/s and 8.1 µs CPU a put, against off's
-// 206 k and 9.1, always-held 225 k and 8.3; medians of 6 alternated
-// rounds at SCHED_RR, docs/dev/write-path-plan.md, "The spare P on
-// demand").
-func HeldParks() bool { return os.Getenv("RDMAKV_HELD_PARKS") != "0" }
