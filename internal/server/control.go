@@ -52,6 +52,9 @@ type ProcessStatus struct {
 	// Pollers are the process's pollers' counters (none for replicas run
 	// outside a Process).
 	Pollers []PollerStatus `json:"pollers,omitempty"`
+	// SpareP is the pollers' spare P (none for replicas run outside a
+	// Process).
+	SpareP *SpareStatus `json:"spare_p,omitempty"`
 	// Runtime is what the Go runtime's pauses and scheduling did to the
 	// process's goroutines in the last 1 to 2 seconds.
 	Runtime RuntimeStatus `json:"runtime"`
@@ -138,6 +141,7 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 			ps.Replicas = append(ps.Replicas, r.Status())
 		}
 		ps.Pollers = pollerStatus(reps)
+		ps.SpareP = spareStatus(reps)
 		ps.Runtime = runtimeWindows.status()
 		if o.balancer != nil {
 			ps.Balancer = o.balancer()
