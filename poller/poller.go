@@ -360,6 +360,11 @@ type PollerStats struct {
 	// Dense: the poller's stream is dense (density); only a group that
 	// manages its spare P (GroupConfig.SpareP) looks.
 	Dense bool
+	// Spells are the poller's busy spells (from a wake to its next
+	// park), BusySpells those with denseProgress or more passes that made
+	// progress: what the density rule counts (in any group, SpareP or
+	// not; the first spell, the start-up, is not counted).
+	Spells, BusySpells uint64
 	// The watched passes (GroupConfig.Watch): how many, how many were
 	// longer than GroupConfig.WatchOver, the longest since the start and
 	// in the last PassWindow to 2*PassWindow (as RecentMaxPass).
@@ -373,6 +378,36 @@ func (g *Group) SpareSwitches() uint64 { return g.switches.Load() }
 
 // Holding reports whether the group's pollers hold their P in parks now.
 func (g *Group) Holding() bool { return g.holding.Load() }
+
+// Spare is a group's spare P (GroupConfig.SpareP) at one moment.
+type Spare struct {
+	// OnDemand: the group takes its spare P only while a poller is
+	// dense (SpareP, with GOMAXPROCS at most the pollers when Run
+	// started); false before Run.
+	OnDemand bool
+	// Held: it holds the spare P now (GOMAXPROCS is Procs = pollers + 1
+	// and the pollers hold their parks).
+	Held bool
+	// Switches counts the times it took the P or gave it back
+	// (SpareSwitches).
+	Switches uint64
+	// Procs is GOMAXPROCS (as the group sets it) read with the others.
+	Procs int
+}
+
+// Spare returns the group's spare P, read between two of its switches.
+func (g *Group) Spare() Spare {
+	g.mu.Lock()
+	managed := g.managed
+	g.mu.Unlock()
+	g.spareMu.Lock()
+	defer g.spareMu.Unlock()
+	procs := g.cfg.procs
+	if procs == nil {
+		procs = runtime.GOMAXPROCS
+	}
+	return Spare{OnDemand: managed, Held: managed && g.holding.Load(), Switches: g.switches.Load(), Procs: procs(0)}
+}
 
 // PassWindow is the window of PollerStats.RecentMaxPass.
 const PassWindow = time.Second
@@ -436,6 +471,7 @@ func (g *Group) Stats() []PollerStats {
 			Probes: p.probes.Load(), ProbeHits: p.probeHits.Load(),
 			Holds: p.holds.Load(), HoldWakes: p.holdWakes.Load(),
 			MaxPass: p.passLen.all(), RecentMaxPass: p.passLen.recent(), Dense: p.isDense.Load(),
+			Spells: p.spells.Load(), BusySpells: p.busySpells.Load(),
 			WatchedPasses: p.watched.Load(), WatchedOver: p.watchedOver.Load(),
 			WatchedMaxPass: p.watchedLen.all(), WatchedRecentMaxPass: p.watchedLen.recent()})
 	}
@@ -543,6 +579,7 @@ type poller struct {
 	// (noteWatched)
 	passLen, watchedLen  passMaxima
 	isDense              atomic.Bool // density.dense, for Stats
+	spells, busySpells   atomic.Uint64
 	watched, watchedOver atomic.Uint64
 
 	// owned by the poller goroutine
@@ -553,8 +590,8 @@ type poller struct {
 	budget  spinBudget // the adaptive spin budget
 	dos     []func()
 	sched   time.Duration // a holding poller's last Gosched
-	// the busy spell under way (managed groups): its passes that made
-	// progress; spelled, a park ended one before
+	// the busy spell under way: its passes that made progress; spelled,
+	// a park ended one before
 	density     density
 	spelled     bool
 	progressRun int
@@ -803,9 +840,7 @@ func (p *poller) park(next time.Duration) {
 		deadline = p.g.origin + next
 	}
 	enter := rdma.Mono()
-	if p.g.managed {
-		p.noteSpell()
-	}
+	p.noteSpell()
 	holding := p.g.holding.Load()
 	p.budget.notNow = !holding
 	if spin := p.budget.spin(); spin > 0 {
@@ -861,15 +896,23 @@ func (p *poller) park(next time.Duration) {
 	p.budget.parked(rang, end-enter, end-start)
 }
 
-// noteSpell ends the busy spell under way (the poller goes idle) and
-// hands it to the density rule; a change of the poller's mode goes to
-// the group (noteDense).
+// noteSpell ends the busy spell under way (the poller goes idle), counts
+// it (PollerStats.Spells) and, in a group that manages its spare P, hands
+// it to the density rule; a change of the poller's mode goes to the group
+// (noteDense).
 func (p *poller) noteSpell() {
 	run := p.progressRun
 	p.progressRun = 0
 	if !p.spelled {
 		p.spelled = true
 		return // the first spell: the poller's start-up
+	}
+	p.spells.Add(1)
+	if run >= denseProgress {
+		p.busySpells.Add(1)
+	}
+	if !p.g.managed {
+		return
 	}
 	if p.density.spell(run) {
 		p.isDense.Store(p.density.dense)

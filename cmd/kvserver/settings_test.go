@@ -73,9 +73,13 @@ func TestEmbeddedSettingsStatus(t *testing.T) {
 		}
 		var ps server.ProcessStatus
 		getStatus(t, banner, &ps)
-		if ps.WALLayout != c.layout || (ps.SharedLog != nil) != (c.layout == "shared") || ps.SpareP != c.spare {
-			t.Errorf("kvserver %v: /status wal_layout %q, shared_log %v, spare_p %q; want %q, shared log %v, %q",
-				c.flags, ps.WALLayout, ps.SharedLog != nil, ps.SpareP, c.layout, c.layout == "shared", c.spare)
+		spare := ""
+		if ps.SpareP != nil {
+			spare = ps.SpareP.Setting
+		}
+		if ps.WALLayout != c.layout || (ps.SharedLog != nil) != (c.layout == "shared") || spare != c.spare {
+			t.Errorf("kvserver %v: /status wal_layout %q, shared_log %v, spare_p.setting %q; want %q, shared log %v, %q",
+				c.flags, ps.WALLayout, ps.SharedLog != nil, spare, c.layout, c.layout == "shared", c.spare)
 		}
 		_, err := os.Stat(filepath.Join(data, "wal"))
 		if shared := err == nil; shared != (c.layout == "shared") {

@@ -154,8 +154,12 @@ func TestChildSpareP(t *testing.T) {
 		var ps server.ProcessStatus
 		err = json.NewDecoder(resp.Body).Decode(&ps)
 		resp.Body.Close()
-		if err != nil || ps.SpareP != c.want {
-			t.Errorf("a child told spare_p %q: /status spare_p %q (%v), want %q", c.set, ps.SpareP, err, c.want)
+		spare := ""
+		if ps.SpareP != nil {
+			spare = ps.SpareP.Setting
+		}
+		if err != nil || spare != c.want {
+			t.Errorf("a child told spare_p %q: /status spare_p.setting %q (%v), want %q", c.set, spare, err, c.want)
 		}
 		if err := ch.Close(10 * time.Second); err != nil {
 			t.Errorf("the child's close: %v", err)

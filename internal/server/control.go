@@ -52,6 +52,9 @@ type ProcessStatus struct {
 	// Pollers are the process's pollers' counters (none for replicas run
 	// outside a Process).
 	Pollers []PollerStatus `json:"pollers,omitempty"`
+	// SpareP is the pollers' spare P (none for replicas run outside a
+	// Process).
+	SpareP *SpareStatus `json:"spare_p,omitempty"`
 	// Runtime is what the Go runtime's pauses and scheduling did to the
 	// process's goroutines in the last 1 to 2 seconds.
 	Runtime RuntimeStatus `json:"runtime"`
@@ -67,12 +70,6 @@ type ProcessStatus struct {
 	// (each replica a log of its own) or "shared" (shared_log). Absent
 	// in memory mode and for replicas run outside a Process.
 	WALLayout string `json:"wal_layout,omitempty"`
-	// SpareP is the pollers' spare P setting (ProcessConfig.SpareP):
-	// "auto" (taken while a poller's stream is dense) or "off";
-	// SparePSwitches counts the times the pollers took it or gave it
-	// back since the start. Absent outside a Process.
-	SpareP         string `json:"spare_p,omitempty"`
-	SparePSwitches uint64 `json:"spare_p_switches,omitempty"`
 	// Start is how the process's start went (absent for replicas run
 	// outside a Process).
 	Start *StartStatus `json:"start,omitempty"`
@@ -151,6 +148,7 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 			ps.Replicas = append(ps.Replicas, r.Status())
 		}
 		ps.Pollers = pollerStatus(reps)
+		ps.SpareP = spareStatus(reps)
 		ps.Runtime = runtimeWindows.status()
 		if o.balancer != nil {
 			ps.Balancer = o.balancer()

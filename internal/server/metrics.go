@@ -78,6 +78,12 @@ var (
 	dParks       = prometheus.NewDesc("rdmakv_poller_parks_total", "Times a poller parked in its wait set.", pollerLabels, nil)
 	dWakes       = prometheus.NewDesc("rdmakv_poller_wakes_total", "Parks ended by a doorbell ring or a kick (the others timed out).", pollerLabels, nil)
 	dTasks       = prometheus.NewDesc("rdmakv_poller_tasks", "Replicas a poller owns.", pollerLabels, nil)
+	dDense       = prometheus.NewDesc("rdmakv_poller_dense", "1 while a poller's stream is dense (its busy spells come back to back: many writers); only a process that takes its spare P on demand looks.", pollerLabels, nil)
+	dSpells      = prometheus.NewDesc("rdmakv_poller_spells_total", "Busy spells of a poller (from a wake to its next park).", pollerLabels, nil)
+	dBusySpells  = prometheus.NewDesc("rdmakv_poller_busy_spells_total", "Busy spells with 16 or more passes that made progress (the density rule's input).", pollerLabels, nil)
+	dHolds       = prometheus.NewDesc("rdmakv_poller_held_parks_total", "Parks that kept the poller's P (held parks).", pollerLabels, nil)
+	dSpareHeld   = prometheus.NewDesc("rdmakv_spare_p_held", "1 while the pollers hold their spare P (GOMAXPROCS pollers + 1, held parks) because a poller is dense.", nil, nil)
+	dSwitches    = prometheus.NewDesc("rdmakv_spare_p_switches_total", "Times the pollers took their spare P or gave it back (each a stop of the world).", nil, nil)
 )
 
 type collector struct{ reps []*Replica }
@@ -85,7 +91,7 @@ type collector struct{ reps []*Replica }
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dRole, dServing, dRound, dDelivered, dApplied, dCatching, dRecords, dBytes, dMembers,
 		dElections, dElected, dRestored, dSnapSent, dDiffs, dReconnects, dDuplicates, dOrdered, dReplies, dMalformed,
-		dPasses, dSpins, dSpinHits, dParks, dWakes, dTasks,
+		dPasses, dSpins, dSpinHits, dParks, dWakes, dTasks, dDense, dSpells, dBusySpells, dHolds, dSpareHeld, dSwitches,
 		dDurability, dDiskStopped, dWALBytes, dWALSegs, dWALSegBytes, dUnsynced, dFsync, dDiskFull, dDiskFullNow, dSnapAge, dSnapBytes, dRecovery, dRecLost} {
 		ch <- d
 	}
@@ -99,16 +105,7 @@ func b2f(b bool) float64 {
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	for _, p := range pollerStatus(c.reps) {
-		l := strconv.Itoa(p.Poller)
-		for _, v := range []struct {
-			d *prometheus.Desc
-			n uint64
-		}{{dPasses, p.Passes}, {dSpins, p.Spins}, {dSpinHits, p.SpinHits}, {dParks, p.Parks}, {dWakes, p.Wakes}} {
-			ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), l)
-		}
-		ch <- prometheus.MustNewConstMetric(dTasks, prometheus.GaugeValue, float64(p.Tasks), l)
-	}
+	collectPollers(c.reps, ch)
 	for _, r := range c.reps {
 		s := r.Status()
 		l := []string{strconv.Itoa(s.Group), strconv.FormatUint(uint64(s.Node), 10)}
@@ -168,6 +165,27 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstHistogram(dFsync, h.N(), h.Sum().Seconds(), buckets, l...)
 		}
+	}
+}
+
+// collectPollers sends the metrics of the pollers that run reps and of
+// their spare P.
+func collectPollers(reps []*Replica, ch chan<- prometheus.Metric) {
+	for _, p := range pollerStatus(reps) {
+		l := strconv.Itoa(p.Poller)
+		for _, v := range []struct {
+			d *prometheus.Desc
+			n uint64
+		}{{dPasses, p.Passes}, {dSpins, p.Spins}, {dSpinHits, p.SpinHits}, {dParks, p.Parks}, {dWakes, p.Wakes},
+			{dSpells, p.Spells}, {dBusySpells, p.BusySpells}, {dHolds, p.Holds}} {
+			ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), l)
+		}
+		ch <- prometheus.MustNewConstMetric(dTasks, prometheus.GaugeValue, float64(p.Tasks), l)
+		ch <- prometheus.MustNewConstMetric(dDense, prometheus.GaugeValue, b2f(p.Dense), l)
+	}
+	if s := spareStatus(reps); s != nil {
+		ch <- prometheus.MustNewConstMetric(dSpareHeld, prometheus.GaugeValue, b2f(s.Held))
+		ch <- prometheus.MustNewConstMetric(dSwitches, prometheus.CounterValue, float64(s.Switches))
 	}
 }
 

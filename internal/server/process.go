@@ -311,11 +311,13 @@ func (p *Process) settings(ps *ProcessStatus) {
 	if p.cfg.Durable.Mode != broadcast.Memory {
 		ps.WALLayout = keptLayout(p.shared != nil)
 	}
-	ps.SpareP = cluster.SparePOff
-	if p.cfg.SpareP {
-		ps.SpareP = cluster.SparePAuto
+	if ps.SpareP == nil {
+		ps.SpareP = &SpareStatus{}
 	}
-	ps.SparePSwitches = p.pollers.SpareSwitches()
+	ps.SpareP.Setting = cluster.SparePOff
+	if p.cfg.SpareP {
+		ps.SpareP.Setting = cluster.SparePAuto
+	}
 }
 
 // replicaPos is a replica's place in the map: group g, index i.

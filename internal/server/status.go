@@ -478,24 +478,80 @@ type PollerStatus struct {
 	SavePassBoundUs     float64 `json:"save_pass_bound_us"`
 	SavePassMaxUs       float64 `json:"save_pass_max_us"`
 	SavePassMaxRecentUs float64 `json:"save_pass_max_recent_us"`
+	// The spare P on demand (poller, "The spare P on demand"): Dense,
+	// the poller's stream is dense now (only a process that takes its
+	// spare P on demand looks: spare_p.on_demand); Spells, its busy
+	// spells (a wake to the next park), BusySpells those with 16 or more
+	// passes that made progress, and BusyShare their share (since the
+	// start; the rule turns a poller dense at 6 busy spells in a window
+	// of 32). Holds are parks that kept the poller's P (held parks),
+	// HoldWakes those a ring or a kick ended.
+	Dense      bool    `json:"dense"`
+	Spells     uint64  `json:"spells"`
+	BusySpells uint64  `json:"busy_spells"`
+	BusyShare  float64 `json:"busy_share"`
+	Holds      uint64  `json:"holds"`
+	HoldWakes  uint64  `json:"hold_wakes"`
 }
 
-// pollerStatus is the counters of the pollers that run reps (those of
-// the first replica that has some: a process has one poller.Group).
-func pollerStatus(reps []*Replica) []PollerStatus {
+// SpareStatus is a process's spare P (poller.GroupConfig.SpareP) as
+// /status shows it: whether its pollers take one more P than they are
+// while one of them is dense (OnDemand), the setting asked for (Setting:
+// spare_p "auto" or "off", ProcessConfig.SpareP), whether they hold it now (Held: GOMAXPROCS is pollers + 1 and
+// they hold their parks), how many times they took it or gave it back
+// (Switches, each one stop of the world), and GOMAXPROCS now. Holding
+// is whether the pollers hold their P in parks now (Held, or a
+// GOMAXPROCS already above the pollers at the start).
+type SpareStatus struct {
+	Setting    string `json:"setting,omitempty"`
+	OnDemand   bool   `json:"on_demand"`
+	Held       bool   `json:"held"`
+	Holding    bool   `json:"holding"`
+	Switches   uint64 `json:"switches"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+}
+
+// groupOf is the poller group that runs reps (that of the first replica
+// that has one: a process has one poller.Group), nil for none.
+func groupOf(reps []*Replica) *poller.Group {
 	for _, r := range reps {
-		if r.pollers == nil {
-			continue
+		if r.pollers != nil {
+			return r.pollers
 		}
-		var out []PollerStatus
-		for i, st := range r.pollers.Stats() {
-			out = append(out, PollerStatus{Poller: i, Tasks: st.Tasks, Passes: st.Passes, Spins: st.Spins,
-				SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes, Probes: st.Probes, ProbeHits: st.ProbeHits,
-				PassMaxUs: us(st.MaxPass), PassMaxRecentUs: us(st.RecentMaxPass),
-				SavePasses: st.WatchedPasses, SavePassesOver: st.WatchedOver, SavePassBoundUs: us(r.pollers.WatchOver()),
-				SavePassMaxUs: us(st.WatchedMaxPass), SavePassMaxRecentUs: us(st.WatchedRecentMaxPass)})
-		}
-		return out
 	}
 	return nil
+}
+
+// pollerStatus is the counters of the pollers that run reps.
+func pollerStatus(reps []*Replica) []PollerStatus {
+	g := groupOf(reps)
+	if g == nil {
+		return nil
+	}
+	var out []PollerStatus
+	for i, st := range g.Stats() {
+		share := 0.0
+		if st.Spells > 0 {
+			share = float64(st.BusySpells) / float64(st.Spells)
+		}
+		out = append(out, PollerStatus{Poller: i, Tasks: st.Tasks, Passes: st.Passes, Spins: st.Spins,
+			SpinHits: st.SpinHits, Parks: st.Parks, Wakes: st.Wakes, Probes: st.Probes, ProbeHits: st.ProbeHits,
+			PassMaxUs: us(st.MaxPass), PassMaxRecentUs: us(st.RecentMaxPass),
+			SavePasses: st.WatchedPasses, SavePassesOver: st.WatchedOver, SavePassBoundUs: us(g.WatchOver()),
+			SavePassMaxUs: us(st.WatchedMaxPass), SavePassMaxRecentUs: us(st.WatchedRecentMaxPass),
+			Dense: st.Dense, Spells: st.Spells, BusySpells: st.BusySpells, BusyShare: share,
+			Holds: st.Holds, HoldWakes: st.HoldWakes})
+	}
+	return out
+}
+
+// spareStatus is the spare P of the pollers that run reps (nil for
+// none).
+func spareStatus(reps []*Replica) *SpareStatus {
+	g := groupOf(reps)
+	if g == nil {
+		return nil
+	}
+	sp := g.Spare()
+	return &SpareStatus{OnDemand: sp.OnDemand, Held: sp.Held, Holding: g.Holding(), Switches: sp.Switches, GOMAXPROCS: sp.Procs}
 }
