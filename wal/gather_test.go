@@ -18,6 +18,7 @@ import (
 //	streams came: a batch held after every stream it waits for wrote
 //	window:       a lone stream's batch held past GatherWindow
 //	in flight:    a batch whose records came during a batch's fsync held
+//	other starter: a batch held for the followers of another stream's round
 //	durable:      a record reported synced before an fsync after it ended
 func gatherRun(t *testing.T, knobs testingKnobs) []string {
 	const win = 50 * time.Microsecond
@@ -155,6 +156,27 @@ func gatherRun(t *testing.T, knobs testingKnobs) []string {
 		fail("in flight: a batch whose record came during an fsync is held after it")
 	}
 	idle()
+	// Two groups' leaders in one process, alternating: a batch waits for
+	// the followers of its own leader's last round, not the other's.
+	l2, a2, b2 := m.Stream(4, nil), m.Stream(5, nil), m.Stream(6, nil)
+	now += time.Millisecond
+	put(l2, now) // its first round: nothing known to wait for
+	m.Poll(now)
+	put(a2, now)
+	put(b2, now)
+	idle()
+	for _, g := range [][3]*Stream{{l, a, b}, {l2, a2, b2}} {
+		now += time.Millisecond
+		put(g[0], now)
+		m.Poll(now)
+		put(g[1], now)
+		put(g[2], now)
+		m.Poll(now + time.Microsecond)
+		if held() {
+			fail("other starter: stream %d's batch held after its followers %d and %d wrote", g[0].ID(), g[1].ID(), g[2].ID())
+		}
+		idle()
+	}
 	nh, to := m.GatherStats()
 	if nh == 0 || to == 0 {
 		fail("gather: counters held %d, timed out %d: both must have moved", nh, to)
@@ -177,6 +199,7 @@ func TestMuxGather(t *testing.T) {
 		{"gatherUnbounded", testingKnobs{gatherUnbounded: true}, "window:"},
 		{"gatherKeepsHolding", testingKnobs{gatherKeepsHolding: true}, "streams came:"},
 		{"gatherWhileBusy", testingKnobs{gatherWhileBusy: true}, "in flight:"},
+		{"gatherSharedRound", testingKnobs{gatherSharedRound: true}, "other starter:"},
 	} {
 		f := gatherRun(t, c.knobs)
 		if !slices.ContainsFunc(f, func(s string) bool { return strings.HasPrefix(s, c.want) }) {

@@ -64,4 +64,10 @@ type testingKnobs struct {
 	// already): the window adds to every batch under load. Caught by
 	// TestMuxGather ("in flight:").
 	gatherWhileBusy bool
+	// gatherSharedRound: a batch waits for the streams of the last round
+	// whoever started it, not of the last round its own first stream
+	// started: two groups' leaders alternating in one process each wait
+	// for the other's followers until the window ends. Caught by
+	// TestMuxGather ("other starter:").
+	gatherSharedRound bool
 }

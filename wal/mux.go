@@ -321,15 +321,17 @@ type Mux struct {
 	// is about (the Writer's openFirst; 0: none yet); gIdle: its first
 	// eager record came while no batch was in flight; gSet: the streams
 	// (bit Stream.idx, the first 64) with eager records in it. A round
-	// runs from one such idle batch's first record to the next's; round:
-	// the streams with eager records in the round so far; expect: those
-	// of the round before (the streams that wrote after an idle start
-	// last time: at one writer the leader's followers).
-	gBatch uint64
-	gIdle  bool
-	gSet   uint64
-	round  uint64
-	expect uint64
+	// runs from one such idle batch's first record (its starter's) to the
+	// next's; round: the streams with eager records in the round so far;
+	// follows[i]: those of the last round stream i started (at one writer
+	// a leader's followers); expect: the current round's starter's.
+	gBatch  uint64
+	gIdle   bool
+	gSet    uint64
+	round   uint64
+	starter int // -1: none yet
+	follows [64]uint64
+	expect  uint64
 }
 
 type muxSeg struct {
@@ -378,7 +380,7 @@ func OpenMux(dev Device, cfg Config, rec *MuxRecovered) (*Mux, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Mux{w: w, byID: map[uint32]*Stream{}}
+	m := &Mux{w: w, byID: map[uint32]*Stream{}, starter: -1}
 	m.kicks.Store(&[]func(){})
 	for _, g := range w.segs {
 		m.segs = append(m.segs, muxSeg{seq: g.Seq, firstG: g.FirstSeq})
@@ -597,7 +599,18 @@ func (m *Mux) noteEager(s *Stream) {
 		m.gBatch, m.gSet = w.openFirst, 0
 		m.gIdle = w.cur == nil || m.knobs.gatherWhileBusy
 		if m.gIdle {
-			m.expect, m.round = m.round, 0
+			// a round ends: it belongs to the stream that started it
+			prev := m.round
+			if m.starter >= 0 && m.starter < 64 {
+				m.follows[m.starter] = prev
+			}
+			m.round, m.starter, m.expect = 0, s.idx, 0
+			if s.idx < 64 {
+				m.expect = m.follows[s.idx]
+			}
+			if m.knobs.gatherSharedRound {
+				m.expect = prev
+			}
 		}
 	}
 	m.round |= bit
@@ -609,8 +622,8 @@ func (m *Mux) noteEager(s *Stream) {
 // gatherWanted: the open batch may wait for other streams' records
 // (Config.GatherWindow): its first eager record came while no batch was in
 // flight (one that came during a batch's fsync has waited already), and
-// some stream that wrote in the round before has no eager record in it
-// yet.
+// some stream that wrote in the last round its first record's stream
+// started has no eager record in it yet.
 func (m *Mux) gatherWanted() bool {
 	w := m.w
 	return len(w.open) > 0 && m.gBatch == w.openFirst && m.gIdle && m.gSet&m.expect != m.expect
