@@ -49,4 +49,25 @@ type testingKnobs struct {
 	// over the loss unreported). Caught by TestMuxCatchesHideLoss ("stream
 	// N: seq X follows Y" or "synced record lost").
 	muxHideLoss bool
+	// gatherUnbounded: the gather (Config.GatherWindow) holds a lone
+	// stream's batch until another stream's record comes, past the
+	// window: one writer's puts stall while no other stream writes.
+	// Caught by TestMuxGather ("window:").
+	gatherUnbounded bool
+	// gatherKeepsHolding: the gather keeps holding a batch after the
+	// streams it waits for wrote (the Mux notes only the batch's first
+	// stream): every commit waits for the whole window. Caught by
+	// TestMuxGather ("streams came:").
+	gatherKeepsHolding bool
+	// gatherWhileBusy: the gather also holds a batch whose first eager
+	// record came while a batch was in flight (it waited for that fsync
+	// already): the window adds to every batch under load. Caught by
+	// TestMuxGather ("in flight:").
+	gatherWhileBusy bool
+	// gatherSharedRound: a batch waits for the streams of the last round
+	// whoever started it, not of the last round its own first stream
+	// started: two groups' leaders alternating in one process each wait
+	// for the other's followers until the window ends. Caught by
+	// TestMuxGather ("other starter:").
+	gatherSharedRound bool
 }

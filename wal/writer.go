@@ -35,7 +35,9 @@ const (
 	Async Mode = iota
 	// Sync: a batch starts as soon as the previous one is synced (group
 	// commit): records wait for one fsync at most plus the one in flight.
-	// A batch of lazy records only (AppendLazy) waits as in Async.
+	// A batch of lazy records only (AppendLazy) waits as in Async. In a
+	// Mux, a batch may first wait Config.GatherWindow for a second
+	// stream's record.
 	Sync
 )
 
@@ -53,6 +55,15 @@ type Config struct {
 	// segments' preallocation plus twice MaxUnsyncedBytes (the most the
 	// Writer queues), 136 MiB with the other defaults.
 	LowSpaceBytes int64
+	// GatherWindow (Sync mode, a Mux's log only; 0: off): a batch whose
+	// first eager record was appended while no batch was in flight waits
+	// at most this long (from the first Poll that would have started it)
+	// for the streams that wrote after that record's stream last started
+	// a batch so (Mux.noteEager: its round) before it starts. At one writer the leader's record would otherwise
+	// start a batch alone and its followers' records, a few microseconds
+	// later, would wait for that batch's fsync and then their own: two
+	// fsyncs in series per commit instead of one.
+	GatherWindow time.Duration
 }
 
 func (c *Config) defaults() {
@@ -149,6 +160,15 @@ type Writer struct {
 	openSince time.Duration
 	openEager bool // a record other than AppendLazy's is open (Sync: the batch is due)
 	flush     bool
+	// The gather (Config.GatherWindow): hold is the owner's (the Mux's)
+	// word, set before every Poll and NextDeadline, that the open batch
+	// may wait for another stream; holding: a Poll found it due and held
+	// it, from holdFrom on.
+	hold     bool
+	holding  bool
+	holdFrom time.Duration
+	gathers  uint64 // batches a hold delayed
+	gatherTO uint64 // of them, those the window ended (no other stream came)
 
 	cur   *batch // sealed: being written, or waiting for space
 	spare []byte // the previous sealed batch's buffer, reused
@@ -390,6 +410,8 @@ func (w *Writer) NextDeadline() time.Duration {
 		return w.retryAt
 	case w.spaceWant:
 		return w.now
+	case len(w.open) > 0 && w.gatherOn() && w.holding:
+		return min(w.holdFrom+w.cfg.GatherWindow, w.openSince+w.cfg.FsyncInterval)
 	case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 		return w.now
 	case len(w.open) > 0:
@@ -446,7 +468,7 @@ func (w *Writer) Poll(now time.Duration) bool {
 			// never run and the log would grow behind its snapshots.
 			w.startDrop()
 			progress = true
-		case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
+		case len(w.open) > 0 && (w.cfg.Mode == Sync && w.openEager && !w.held(now) || w.flush || now-w.openSince >= w.cfg.FsyncInterval ||
 			int64(len(w.open)) >= w.cfg.MaxUnsyncedBytes):
 			w.seal()
 			w.startBatch()
@@ -463,8 +485,42 @@ func (w *Writer) Poll(now time.Duration) bool {
 	return progress
 }
 
+// gatherOn: the open batch is one the gather may hold (Config.GatherWindow):
+// Sync, due by an eager record, the owner says it may wait, and nothing
+// else makes it due at once.
+func (w *Writer) gatherOn() bool {
+	return w.cfg.Mode == Sync && w.cfg.GatherWindow > 0 && w.hold && w.openEager && !w.flush &&
+		int64(len(w.open)) < w.cfg.MaxUnsyncedBytes
+}
+
+// held reports that the gather holds the due open batch at now: the
+// first Poll that finds it due starts the window.
+func (w *Writer) held(now time.Duration) bool {
+	if !w.gatherOn() {
+		return false
+	}
+	if !w.holding {
+		w.holding, w.holdFrom = true, now
+		w.gathers++
+	}
+	if w.knobs.gatherUnbounded {
+		return true
+	}
+	if now-w.holdFrom >= w.cfg.GatherWindow {
+		w.gatherTO++
+		return false
+	}
+	return true
+}
+
+// GatherStats are the gather's counters (Config.GatherWindow): batches a
+// Poll held, and how many of them the window's end released (no second
+// stream's record came).
+func (w *Writer) GatherStats() (held, timedOut uint64) { return w.gathers, w.gatherTO }
+
 // seal closes the open batch: it becomes cur.
 func (w *Writer) seal() {
+	w.holding = false
 	buf := w.open
 	putBatch(buf, w.openFirst, w.openCount, w.lastBatchEnd)
 	w.cur = &batch{buf: buf, first: w.openFirst, last: w.nextSeq - 1, since: w.openSince}
