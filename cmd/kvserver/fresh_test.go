@@ -27,7 +27,9 @@ import (
 // first. A clone lives in a directory of its own, and go's build cache
 // keys every compiled package of the module by its directory (without
 // -trimpath): the clone compiled kvserver's and kvcli's packages of the
-// module a second time, for sources identical to the tree's.
+// module a second time, for sources identical to the tree's (the test
+// took 31 s of CPU and 192-208 s at load 21-23 with the clone, 6-9 s of
+// CPU and 45-69 s at load 19-20 in the tree, alternated).
 func TestReadmeRunOnFreshClone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("clones the repository and builds the commands")
