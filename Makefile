@@ -59,7 +59,8 @@ noalloc:
 # skipped under -race),
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
-# TestSim with all its seeds (760 per tree shape; 1 a case under -race),
+# TestSim with all its seeds (760 per tree shape; 1 a case under -race)
+# and TestSimMutants (single-goroutine runs: skipped under -race),
 # and kv's TestSim with all its seeds (100 a case, a third of that for the
 # batches case; 1 under -race)
 # and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
@@ -68,7 +69,7 @@ noalloc:
 norace:
 	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSimAcuerdo|TestSimForceLead|TestSimAsymmetricPartition|TestSimMutants)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^TestSim$$' ./multicast 2>&1 && \
+	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants)$$' ./multicast 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
