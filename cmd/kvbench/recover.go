@@ -184,8 +184,8 @@ type recoverRow struct {
 	SavePoll       server.PollDetail `json:"save_poll"`
 	// A restart's phases, from starting kvserver (restart rows; seconds):
 	// StartProcess called (StartS: kvserver's own setup before it), every
-	// node opened, every replica built (their recoveries, one after
-	// another unless RecoverWorkers), every replica polled, kvserver's
+	// node opened, every replica built (their recoveries, RecoverWorkers
+	// at once, default two), every replica polled, kvserver's
 	// "is up" (UpS), and a put to every group acknowledged (FirstPutS,
 	// a put per group from a client opened after "is up": what a user
 	// waits for). ReplicaS are the replicas' own recovery times (map
@@ -501,7 +501,7 @@ func (r *recoverRun) start(snapLog, control string) (time.Time, error) {
 	}
 	t0 := time.Now()
 	// A durable restart is up once every replica replayed its data,
-	// one after another (RecoverWorkers): 1 M records from the log
+	// two at a time (RecoverWorkers): one at a time, 1 M records from the log
 	// took 150-280 s at load 18-28 (2 cores), far past the 60 s other
 	// subcommands give a fresh cluster. The same bound as restart's
 	// wait for the records.
