@@ -47,6 +47,11 @@ type testingKnobs struct {
 	// anyVersion (reader): a record is accepted whatever its version,
 	// not only the slot's.
 	anyVersion bool
+	// replayDropsOld (table): a growth during the log's replay
+	// (Table.replaying) ends the migration without moving the old
+	// generation's slots, so the keys placed before it are lost
+	// (TestReplayGrowthKeepsRecords).
+	replayDropsOld bool
 	// movedFirst (table): migration sets a bucket's moved bit before it
 	// copies the bucket's slots into the new generation.
 	movedFirst bool

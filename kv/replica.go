@@ -43,11 +43,15 @@ func NewReplica(cfg ReplicaConfig, node rdma.Node, stable broadcast.Stable) (*Re
 			prev(e)
 		}
 	}
+	// broadcast.New replays a durable replica's log into t before it
+	// returns (Table.replaying: growth migrates at once).
+	t.replaying = true
 	mc, err := multicast.New(mcfg, node, t, stable)
 	if err != nil {
 		t.Close()
 		return nil, err
 	}
+	t.endReplay()
 	t.SetCatchingUp(mc.Broadcast().Status().CatchingUp)
 	return &Replica{mc: mc, t: t}, nil
 }

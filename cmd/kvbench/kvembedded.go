@@ -70,7 +70,7 @@ func startKVServer(bin, shmDir, name string, groups int, et time.Duration, durab
 		}
 		args = append(args, "--durability", durability, "--data-dir", filepath.Join(dataDir, "data"))
 	}
-	p, err := runKVServer(bin, mapFile, dataDir, append(args, extra...))
+	p, err := runKVServer(bin, mapFile, dataDir, append(args, extra...), 60*time.Second)
 	if err != nil && dataDir != "" {
 		os.RemoveAll(dataDir)
 	}
@@ -94,8 +94,9 @@ func settingArgs(walLayout, spareP string) []string {
 	return args
 }
 
-// runKVServer starts bin with args and waits until it is up.
-func runKVServer(bin, mapFile, dataDir string, args []string) (*kvserverProc, error) {
+// runKVServer starts bin with args and waits until it is up, at most
+// upWithin.
+func runKVServer(bin, mapFile, dataDir string, args []string, upWithin time.Duration) (*kvserverProc, error) {
 	cmd := exec.Command(bin, args...)
 	if err := childCmd(cmd); err != nil {
 		return nil, err
@@ -131,9 +132,9 @@ func runKVServer(bin, mapFile, dataDir string, args []string) (*kvserverProc, er
 			p.kill()
 			return nil, fmt.Errorf("%s exited before its cluster was up", bin)
 		}
-	case <-time.After(60 * time.Second):
+	case <-time.After(upWithin):
 		p.kill()
-		return nil, fmt.Errorf("%s: its cluster was not up in 60 s", bin)
+		return nil, fmt.Errorf("%s: its cluster was not up in %v", bin, upWithin)
 	case <-runCtx.Done():
 		p.kill()
 		return nil, errStopping

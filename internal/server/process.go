@@ -115,13 +115,15 @@ type ProcessConfig struct {
 	Balance BalanceConfig
 	// RecoverWorkers is how many replicas StartProcess builds at once
 	// (each reads its snapshot and log and replays them: a durable
-	// restart's recovery); 0: one at a time. On this shared 2-core
-	// machine (load 17-38, kvbench recover --records 200000, two A/B
-	// runs of two rounds) two at once were not told apart from one:
-	// from the log 47.5/53.3 s against 20.3/23.6 s in the first run,
-	// 42.1/29.1 against 33.5/35.0 in the second; from the snapshot
-	// 19.8/25.5 against 13.3/25.6, then 12.3/12.3 against 32.2/16.1.
-	// One at a time, as before, until a quiet machine tells them apart.
+	// restart's recovery); 0: DefaultRecoverWorkers. Under load 17-38
+	// (kvbench recover --records 200000) two at once were not told
+	// apart from one (from the log 47.5/53.3 s against 20.3/23.6 s,
+	// then 42.1/29.1 against 33.5/35.0). On a quiet machine they are:
+	// six replicas of 1 M records replayed from the log (sync, 2 x 3,
+	// 2 cores, alternated) were up in 7.9/9.1 s with two against
+	// 13.5/14.8 s with one at load 2, the process's CPU time the same
+	// (13.0/14.7 against 13.7/15.3 s); at load 6-10 9.1 and 34.2 s
+	// against 26.2 and 23.1 s.
 	RecoverWorkers int
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
@@ -320,6 +322,11 @@ func (p *Process) settings(ps *ProcessStatus) {
 	}
 }
 
+// DefaultRecoverWorkers is how many replicas a process builds at once by
+// default (ProcessConfig.RecoverWorkers 0): two, or one with a single
+// processor. Two were measured on 2 cores; more are not measured.
+func DefaultRecoverWorkers() int { return min(2, runtime.GOMAXPROCS(0)) }
+
 // replicaPos is a replica's place in the map: group g, index i.
 type replicaPos struct{ g, i int }
 
@@ -335,11 +342,10 @@ type opened struct {
 // startAll starts the replicas at want. Their nodes are opened and
 // prepared one after another in map order (Prepare may probe the
 // replica's peers); then the replicas are built, RecoverWorkers at once
-// (default one): each reads its snapshot and log and replays them (a
-// durable restart's recovery; issue 19: one after another, six replicas
-// of 1 M records took 3.1-3.7 s where the slowest alone took 0.6-0.9 s;
-// two at once were not told apart on a loaded machine, see
-// RecoverWorkers). Only
+// (default two, DefaultRecoverWorkers): each reads its snapshot and log
+// and replays them (a durable restart's recovery; issue 19: one after
+// another, six replicas of 1 M records took 3.1-3.7 s where the slowest
+// alone took 0.6-0.9 s; see RecoverWorkers for two at once). Only
 // once every replica is built does any go to its poller, in map order:
 // no replica votes, serves or writes its data dir before every replica
 // of the process recovered, and when one fails (its error names it),
@@ -378,7 +384,11 @@ func (p *Process) startAll(want []replicaPos) error {
 	p.started.OpenedSeconds = since()
 	built := make([]*hosted, len(ops))
 	errs := make([]error, len(ops))
-	workers := max(1, min(p.cfg.RecoverWorkers, len(ops)))
+	workers := p.cfg.RecoverWorkers
+	if workers <= 0 {
+		workers = DefaultRecoverWorkers()
+	}
+	workers = max(1, min(workers, len(ops)))
 	var (
 		wg     sync.WaitGroup
 		next   atomic.Int64
