@@ -757,6 +757,14 @@ type Recovery struct {
 	Entries, Diffs, Commits int
 }
 
+// release drops what New replayed: the log's records (whose bytes are
+// wal.Recover's read buffers) and the disk snapshot's image. Repair,
+// Reason, held and the counts stay. Kept, they held every read buffer
+// and the whole snapshot file for the replica's life (~145 MB of buffers
+// a replica after replaying a 1 M-record log): the entries the replica
+// keeps in its log hold only their own buffers, until they are pruned.
+func (rc *Recovery) release() { rc.recs, rc.snap = nil, nil }
+
 // Recover checks a log wal.Recover read back: every record is one this
 // package writes, well formed, diffs complete, and the log starts at its
 // first record (RecoverFrom: or continues a disk snapshot). A log

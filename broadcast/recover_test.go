@@ -209,6 +209,11 @@ func bootFrom(t *testing.T, m *vfs.Mem, k recoverKnobs) (r *Replica, fsm *logFSM
 	r, err = New(cfg, node, fsm, stable)
 	if err == nil {
 		t.Cleanup(func() { r.Close() })
+		// The replica must not hold what it replayed: the log's read
+		// buffers and the snapshot's image would stay for its life.
+		if rc.recs != nil || rc.snap != nil {
+			t.Errorf("kept: after New the recovery still holds %d log records and snapshot %v", len(rc.recs), rc.snap != nil)
+		}
 	}
 	return r, fsm, warn, err
 }

@@ -305,6 +305,9 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 		default:
 			r.catchingUp = false // an empty log: the initial state, durably
 		}
+		if rc := cfg.Recovery; rc != nil {
+			rc.release() // replayed (or not to be: Repair, rejoin)
+		}
 	}
 	if (r.catchingUp || r.dur != nil) && r.eNew != 0 {
 		// Publish the promise we kept on disk (with no accepted header, so

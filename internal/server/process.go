@@ -422,6 +422,11 @@ func (p *Process) startAll(want []replicaPos) error {
 		})
 	}
 	wg.Wait()
+	if p.shared != nil {
+		// Every replica took its stream's records: drop the log read
+		// back (its read buffers), or the process holds it for life.
+		p.shared.rec = nil
+	}
 	p.started.BuiltSeconds = since()
 	var first error
 	for k, err := range errs {

@@ -30,7 +30,7 @@ type SharedLog struct {
 	Warnings []string
 
 	mux     *wal.Mux
-	rec     *wal.MuxRecovered
+	rec     *wal.MuxRecovered // the log read back; nil once every replica took its stream (startAll)
 	dev     *wal.FileDevice
 	existed bool // Dir held log files before this start
 	knobs   sharedKnobs
