@@ -144,7 +144,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	balance := fs.Duration("balance-interval", cluster.DefaultBalanceInterval, "the tablet balancer's pause between moves of the ordered keyspace's tablets (each round moves or splits at most one: by the tablets' write load, else from the group with the most to the one with the fewest); 0: no balancer (kvcli balance moves them)")
 	minWrites := fs.Int64("balance-min-writes", cluster.DefaultBalanceMinWrites, "the fewest writes (all groups together) between two balancer rounds for the balancer to go by the tablets' write load (fewer: by their count); 1 to 10^12 (0: the default), as [ordered] balance_min_writes in a config")
 	splitKeys := fs.Int64("balance-split-keys", cluster.DefaultBalanceSplitKeys, "the fewest keys a hot tablet must hold for the balancer to split it (going by load); 2 to 65536 (0: the default), as [ordered] balance_split_keys in a config")
-	walLayout := fs.String("wal-layout", cluster.WALPerReplica, "sync and async: how a new data dir lays out the logs: per-replica (each replica a log of its own: the writes of one writer are fastest) or shared (one log for all the replicas: one fsync covers them, fewer fsyncs and less CPU a put at many writers); a data dir keeps the layout it was made with")
+	walLayout := fs.String("wal-layout", cluster.WALShared, "sync and async: how a new data dir lays out the logs: shared (one log for all the replicas of the process: one fsync covers them; the faster layout at one writer and at many on one disk) or per-replica (each replica a log of its own); a data dir keeps the layout it was made with")
 	spareP := fs.String("spare-p", cluster.SparePAuto, "the pollers' spare P: auto (raise GOMAXPROCS by one while a poller's stream is dense, so its short waits keep their core: more puts a second at many writers) or off (never: the least CPU)")
 	snapLog := fs.String("snapshot-log-bytes", "", "sync and async: how much log (bytes of synced batches, e.g. 64MiB: 1MiB to 1024MiB) a replica writes before it takes a disk snapshot and drops the log behind it (default 64MiB, as [snapshot] log_bytes in a config)")
 	if err := fs.Parse(args); err != nil {
@@ -199,9 +199,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	eo := embedOpts{control: *control, pprof: *pprofOn, log: log, balance: *balance, minWrites: uint64(*minWrites), splitKeys: uint64(*splitKeys),
 		logLevel: *logLevel, stderr: stderr, spareP: *spareP != cluster.SparePOff}
-	if explicit["wal-layout"] {
-		eo.walLayout = *walLayout
-	}
+	eo.walLayout, eo.walLayoutDefault = *walLayout, !explicit["wal-layout"]
 	if *memory {
 		if explicit["durability"] && *durability != "memory" {
 			fmt.Fprintf(stderr, "kvserver: --memory and --durability %s: give one\n", *durability)
@@ -312,10 +310,11 @@ type embedOpts struct {
 	minWrites, splitKeys uint64
 	logLevel             string
 	stderr               io.Writer
-	// walLayout is the log layout a new data dir gets ("": --wal-layout
-	// not given, per-replica); spareP is --spare-p auto.
-	walLayout string
-	spareP    bool
+	// walLayout is the log layout a new data dir gets (--wal-layout;
+	// walLayoutDefault: not given); spareP is --spare-p auto.
+	walLayout        string
+	walLayoutDefault bool
+	spareP           bool
 }
 
 func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, stdout, stderr io.Writer) error {
@@ -353,7 +352,7 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
 		}
 	}
-	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable, SpareP: eo.spareP, WALLayout: eo.walLayout,
+	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable, SpareP: eo.spareP, WALLayout: eo.walLayout, WALLayoutDefault: eo.walLayoutDefault,
 		Balance: server.BalanceConfig{Interval: eo.balance, MinWrites: eo.minWrites, SplitKeys: eo.splitKeys}}
 	if eo.logLevel == "warn" && eo.stderr != nil {
 		// The default level hides info lines; the balancer's moves (a

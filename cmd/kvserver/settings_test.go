@@ -61,7 +61,7 @@ func TestEmbeddedSettingsStatus(t *testing.T) {
 		banner, bannerSpr string
 	}{
 		{[]string{"--wal-layout", "shared", "--spare-p", "off"}, "shared", "off", "one shared log", "spare P:      off"},
-		{nil, "per-replica", "auto", "a log per replica", "spare P:      auto"},
+		{nil, "shared", "auto", "one shared log", "spare P:      auto"},
 	} {
 		name := fmt.Sprintf("settings%d-%d", os.Getpid(), k)
 		data := filepath.Join(dir, name)

@@ -125,7 +125,7 @@ func UseDataDir(pc *ProcessConfig, dir string) (_ func(), err error) {
 	default:
 		pc.SharedLog = ""
 	}
-	if kept := keptLayout(pc.SharedLog != ""); pc.WALLayout != "" && pc.WALLayout != kept && pc.Durable.Mode != broadcast.Memory && pc.Log != nil {
+	if kept := keptLayout(pc.SharedLog != ""); pc.WALLayout != "" && !pc.WALLayoutDefault && pc.WALLayout != kept && pc.Durable.Mode != broadcast.Memory && pc.Log != nil {
 		pc.Log.Warn(fmt.Sprintf("data dir %s keeps its %s log layout (%s): wal layout %s applies to new data dirs only", dir, kept, layoutWhere(dir, kept), pc.WALLayout))
 	}
 	rejoinInc := uint64(time.Now().UnixNano())

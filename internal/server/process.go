@@ -97,15 +97,17 @@ type ProcessConfig struct {
 	// WALLayout is the log layout UseDataDir gives a new data dir:
 	// cluster.WALShared (SharedLog) or cluster.WALPerReplica; "" is
 	// per-replica too, and a data dir that holds a log keeps its layout
-	// (with a warning in Log if WALLayout asked for the other). Shared
-	// is not the default: measured on this machine (2026-11-27,
-	// docs/benchmarks.md) it cut the fdatasyncs per sync put (0.23
-	// against 0.87) and the replicas' CPU per sync put at 64 writers
-	// (about half) for 1.2-1.7x the sync puts a second alone (no higher
-	// rate shown at load 24-38), but one writer's sync p50 rose (the
-	// followers' records wait for the leader's batch's fsync: two fsyncs
-	// in series where separate logs sync in parallel).
+	// (with a warning in Log if WALLayout asked for the other, unless
+	// WALLayoutDefault). kvserver's embedded cluster gives shared: alone
+	// on this machine (2026-11-27, docs/benchmarks.md) it was faster in
+	// every durable row (one writer's sync p50 684 / 782 against 758 /
+	// 1139 µs, 64 writers' sync puts 1.2-1.6x with about half the
+	// replicas' CPU per put, async 1.3-1.4x), since a sync batch gathers
+	// the followers' records with the leader's (wal.Config.GatherWindow).
 	WALLayout string
+	// WALLayoutDefault: WALLayout is the program's default, not asked
+	// for, so a data dir that keeps the other layout is no warning.
+	WALLayoutDefault bool
 	// FS is the file system the durable state is on (nil: vfs.OS; tests
 	// inject faults with errorfs).
 	FS vfs.FS
