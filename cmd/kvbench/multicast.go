@@ -62,7 +62,8 @@ messages (not deliveries) completed in the measured part.
           done after the crash), next to the normal p50. The replicas use
           --crash-election-timeout.
   client  the client path on shm: the replicas in one child process (kvbench
-          re-executes itself), one client in this process, W=1, single-group
+          re-executes itself) on one poller group, a group's replicas on one
+          poller as kvserver runs them, one client in this process, W=1, single-group
           messages (--groups 1 x --replicas 3); p50 beside the fabric's
           8-byte write one-way p50 measured in the same run (as 'kvbench
           broadcast': doorbell spin rdma.DefaultSpin then park, Notify writes);

@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"os"
+	goruntime "runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,12 @@ type mcSpec struct {
 	// a node of its own with a goroutine of its own. Shared replicas do
 	// not crash one by one (no table1).
 	shared bool
+	// runtime (not with shared) polls every replica with one poller group
+	// of GOMAXPROCS pollers, a group's replicas on one poller
+	// (poller.Group.AddTo), as kvserver's server.Process does: their
+	// messages to each other need no wake-up. Otherwise each replica has
+	// a poller group of its own.
+	runtime bool
 }
 
 // Node ids: group g's replica i, and client slot c.
@@ -80,6 +87,10 @@ type mcCluster struct {
 	// shared placement: the nodes and their drivers
 	nodes   map[rdma.NodeID]rdma.Node
 	drivers []*mcDriver
+	// runtime placement (mcSpec.runtime): the one poller group
+	pg       *poller.Group
+	pgCancel context.CancelFunc
+	pgDone   chan struct{}
 }
 
 // mcDriver polls the replicas of one shared node.
@@ -308,6 +319,20 @@ func (c *mcCluster) start(x *mcReplica) error {
 		}
 		return nil // the node's driver polls it (startDrivers)
 	}
+	if c.spec.runtime {
+		if c.pg == nil {
+			c.pg = poller.NewGroup(poller.GroupConfig{Pollers: max(1, min(goruntime.GOMAXPROCS(0), c.spec.tree.Len()))})
+			ctx, cancel := context.WithCancel(context.Background())
+			c.pgCancel, c.pgDone = cancel, make(chan struct{})
+			go func() { defer close(c.pgDone); c.pg.Run(ctx) }()
+		}
+		h := c.pg.AddTo(int(x.g), callPoller{x}, node)
+		done := make(chan struct{})
+		var once sync.Once
+		// stop: once Remove returns the replica is never polled again.
+		x.cancel, x.done = func() { once.Do(func() { h.Remove(); close(done) }) }, done
+		return nil
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel, x.done = cancel, make(chan struct{})
 	pg := poller.NewGroup(poller.GroupConfig{Pollers: 1})
@@ -504,6 +529,11 @@ func (c *mcCluster) close() error {
 		err = errors.Join(err, d.node.Close())
 	}
 	c.drivers, c.nodes = nil, nil
+	if c.pg != nil {
+		c.pgCancel()
+		<-c.pgDone
+		c.pg = nil
+	}
 	if c.dir != "" && c.spec.shmPath == "" {
 		err = errors.Join(err, os.RemoveAll(c.dir))
 	}

@@ -63,7 +63,7 @@ func mcServe(in io.Reader, out io.Writer) error {
 		return err
 	}
 	c, err := openMcCluster(context.Background(), mcSpec{fabric: "shm", tree: tr, replicas: cfg.Replicas, clients: len(cfg.ClientNodes),
-		window: cfg.Window, slotSize: cfg.SlotSize, et: cfg.ET, spin: cfg.Spin, shmPath: cfg.Dir, clientNodes: cfg.ClientNodes})
+		window: cfg.Window, slotSize: cfg.SlotSize, et: cfg.ET, spin: cfg.Spin, shmPath: cfg.Dir, clientNodes: cfg.ClientNodes, runtime: true})
 	if err != nil {
 		enc.Encode(mcProcReply{Err: err.Error()})
 		return err
