@@ -1,7 +1,6 @@
 package poller
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -162,13 +161,7 @@ func spareFault(t *testing.T, cfg GroupConfig) string {
 	task := &burstTask{}
 	task.burst.Store(20) // 20 passes of progress a wake: every spell busy
 	g.Add(task, holdNode{holdBell{s}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runGroup(t, g)
 	waitFor := func(what string, ok func() bool) bool {
 		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
 			if ok() {

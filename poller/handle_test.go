@@ -137,10 +137,7 @@ func TestPauseStopsPolls(t *testing.T) {
 	a, b := &stateTask{}, &stateTask{}
 	ha := g.Add(a, nodes[0])
 	g.Add(b, nodes[1])
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	poller.RunGroup(t, g)
 	waitPolls := func(s *stateTask, what string) {
 		t.Helper()
 		n := s.polls.Load()

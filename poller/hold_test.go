@@ -1,7 +1,6 @@
 package poller
 
 import (
-	"context"
 	"fmt"
 	"runtime"
 	"strings"
@@ -91,16 +90,13 @@ func heldRun(t *testing.T, procs, pollers int, cfg GroupConfig) (held int, longe
 	cfg.Pollers, cfg.MaxPark = pollers, time.Hour
 	g := NewGroup(cfg)
 	g.Add(&idleTask{}, holdNode{holdBell{s}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
+	stop := runGroup(t, g)
 	select {
 	case <-s.enough:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the poller parked fewer than 200 times in 30 s")
 	}
-	cancel()
-	<-done
+	stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.held, s.longest, s.tries

@@ -1,7 +1,6 @@
 package poller
 
 import (
-	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -64,16 +63,13 @@ func TestGroupMaxPass(t *testing.T) {
 	g := NewGroup(GroupConfig{Pollers: 1, MaxPark: time.Millisecond})
 	task := &slowTask{slow: 30 * time.Millisecond}
 	g.Add(task)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
+	stop := runGroup(t, g)
 	deadline := time.Now().Add(30 * time.Second)
 	for task.polls.Load() < 3 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	st := g.Stats()[0]
-	cancel()
-	<-done
+	stop()
 	if task.polls.Load() < 3 {
 		t.Fatalf("%d polls", task.polls.Load())
 	}

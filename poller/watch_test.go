@@ -1,7 +1,6 @@
 package poller
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -70,13 +69,7 @@ func runWatched(t *testing.T, bug watchBug) error {
 	g := NewGroup(GroupConfig{Pollers: 1, MaxPark: time.Millisecond, Spin: -1, Watch: w, WatchOver: slow / 2, watchBug: bug})
 	task := &watchTask{}
 	g.Add(task)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runGroup(t, g)
 	stats := func() PollerStats { return g.Stats()[0] }
 	sleep := func() { time.Sleep(slow) }
 
