@@ -1013,7 +1013,7 @@ func mcPlacement(fig, fabric string, shared bool) string {
 	case fabric == "mem":
 		return "goroutines"
 	case fig == "client" || fig == "tax":
-		return "replicas in one process, client in another"
+		return "replicas in one process, polled as kvserver polls them (a group on one poller), client in another"
 	}
 	return "shm nodes in one process"
 }
