@@ -64,6 +64,18 @@ type bgroup struct {
 	pgStop func()
 }
 
+// parks is the runtime placement's poller parks so far (-1 for another).
+func (g *bgroup) parks() int64 {
+	if g.pg == nil {
+		return -1
+	}
+	var n int64
+	for _, s := range g.pg.Stats() {
+		n += int64(s.Parks)
+	}
+	return n
+}
+
 // local reports whether the members run in this process.
 func (g *bgroup) local() bool { return g.memf != nil || g.pg != nil }
 

@@ -402,8 +402,13 @@ type mstat struct {
 	avg, sd, mn, mx time.Duration
 	otherCPU        float64
 	retries         int
-	run             int
-	baseName        string
+	total           uint64 // completions of the whole load (warm-up and drain too)
+	// parksPer: the replicas' pollers' parks per completed message over
+	// the whole load (runtime placement in this process; 0: not
+	// counted); baseParksPer the tax baseline's per commit
+	parksPer, baseParksPer float64
+	run                    int
+	baseName               string
 }
 
 // mcRow is one output line.
@@ -456,6 +461,13 @@ type mcRow struct {
 	Runs        int     `json:"runs"`
 	N           uint64  `json:"n"`
 	OtherCPU    float64 `json:"other_cpu"`
+	// ParksPerMsg: the replicas' pollers' parks (poller.PollerStats.Parks)
+	// per message completed in the whole load, warm-up included (runtime
+	// placement with the replicas in this process only); tax rows:
+	// BaselineParksPerOp, the broadcast baseline's poller's parks per
+	// commit (its ops/s times the load's wall time).
+	ParksPerMsg        float64 `json:"parks_per_msg,omitempty"`
+	BaselineParksPerOp float64 `json:"baseline_parks_per_op,omitempty"`
 	// soak rows: this process's VmRSS in KiB after the warm-up and now,
 	// and the elapsed load time.
 	RSSStartKB int64 `json:"rss_start_kb,omitempty"`
@@ -548,15 +560,18 @@ func measureLoad(ls []*mcLoader, sp *mcLoadSpec, tm timing, pids []int) (mstat, 
 	if m.n == 0 {
 		return mstat{}, fmt.Errorf("no message completed in %v (%d in all)", tm.dur, m.total)
 	}
-	return mstat{p50: m.p50, p99: m.p99, opsPerS: m.opsPerS, n: m.n, retried: m.retried, otherCPU: otherCPUs(a, b, runtime.NumCPU())}, nil
+	return mstat{p50: m.p50, p99: m.p99, opsPerS: m.opsPerS, n: m.n, total: m.total, retried: m.retried, otherCPU: otherCPUs(a, b, runtime.NumCPU())}, nil
 }
 
 // measure is measureLoad on c's clients, with the leader changes and the
 // replicas' counters meanwhile.
 func (c *mcCluster) measure(sp *mcLoadSpec, tm timing) (mstat, error) {
-	e0, k0 := c.leaderEpochs(), c.counters()
+	e0, k0, p0 := c.leaderEpochs(), c.counters(), c.parks()
 	st, err := measureLoad(c.loaders, sp, tm, nil)
-	e1, k1 := c.leaderEpochs(), c.counters()
+	e1, k1, p1 := c.leaderEpochs(), c.counters(), c.parks()
+	if p0 >= 0 && st.total > 0 {
+		st.parksPer = float64(p1-p0) / float64(st.total)
+	}
 	st.leaderChanges = epochChanges(e0, e1)
 	st.dropped, st.retransmits, st.blocked = k1.Dropped-k0.Dropped, k1.Retransmits-k0.Retransmits, k1.Blocked-k0.Blocked
 	return st, err
@@ -744,7 +759,7 @@ func mcTaxRunOn(ctx context.Context, o *mcFlags, f *mcFig, pl string, run int, t
 					errs = append(errs, fmt.Errorf("%s %s %dx%d %dB: %w", pl, tr.name, tr.t.Len(), nrep, size, err))
 					continue
 				}
-				mc.run, mc.base, mc.baseName = run, bc.p50, "broadcast W=1"
+				mc.run, mc.base, mc.baseName, mc.baseParksPer = run, bc.p50, "broadcast W=1", bc.baseParksPer
 				add(mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: 1, replicas: nrep, size: size, fabric: f.fabric, clients: 1, window: 1, placement: pl}, mc)
 				fmt.Fprintf(stderr, "[run %d/%d] tax %-4s %-7s %dx%d %5dB W=1  multicast p50 %-8s p99 %-8s  broadcast p50 %-8s p99 %-8s = %.2fx  other %.2f CPUs\n",
 					run, o.runs, f.fabric, pl, tr.t.Len(), nrep, size, fmtDur(mc.p50), fmtDur(mc.p99), fmtDur(bc.p50), fmtDur(bc.p99),
@@ -777,7 +792,9 @@ func mcBroadcastW1(ctx context.Context, o *mcFlags, fabric, pl string, nrep, siz
 	}
 	pids := g.pids()
 	a := cpuOf(pids)
+	p0, t0 := g.parks(), time.Now()
 	r, err := g.load(ctx, ldr, groupproc.LoadSpec{Window: 1, Size: size, Warmup: tm.warm, Duration: tm.dur})
+	p1, wall := g.parks(), time.Since(t0)
 	b := cpuOf(pids)
 	if err != nil {
 		return mstat{}, err
@@ -785,7 +802,11 @@ func mcBroadcastW1(ctx context.Context, o *mcFlags, fabric, pl string, nrep, siz
 	if r.N == 0 {
 		return mstat{}, fmt.Errorf("broadcast: nothing committed (%d failed: %s)", r.Failed, r.FirstErr)
 	}
-	return mstat{p50: r.P50, p99: r.P99, opsPerS: r.OpsPerS, n: r.N, otherCPU: otherCPUs(a, b, runtime.NumCPU())}, nil
+	st := mstat{p50: r.P50, p99: r.P99, opsPerS: r.OpsPerS, n: r.N, otherCPU: otherCPUs(a, b, runtime.NumCPU())}
+	if ops := r.OpsPerS * wall.Seconds(); p0 >= 0 && ops > 0 {
+		st.baseParksPer = float64(p1-p0) / ops
+	}
+	return st, nil
 }
 
 // mcTable1Run measures one run of table1: a normal part, then o.changes
@@ -998,6 +1019,8 @@ func summarizeMulticast(order []mkey, res map[mkey][]mstat) []mcRow {
 		r.MBPerS = r.OpsPerS * float64(k.size) / 1e6
 		r.N = uint64(med(sts, func(s mstat) float64 { return float64(s.n) }))
 		r.OtherCPU = med(sts, func(s mstat) float64 { return s.otherCPU })
+		r.ParksPerMsg = med(sts, func(s mstat) float64 { return s.parksPer })
+		r.BaselineParksPerOp = med(sts, func(s mstat) float64 { return s.baseParksPer })
 		for _, s := range sts {
 			r.Retried += s.retried
 			r.LeaderChanges += s.leaderChanges
@@ -1123,7 +1146,7 @@ func printMulticastTable(w io.Writer, out []mcRow, o *mcFlags) {
 				fmt.Fprintln(tw, "fabric\tplacement\tgroups\treplicas\tsize\tp50\tp99\tone-way p50\tratio\ttarget\t")
 			case "tax":
 				fmt.Fprintln(w, "single-group tax: W=1 single-group multicast against a plain Acuerdo group's W=1 commit, same size and run")
-				fmt.Fprintln(tw, "fabric\tplacement\treplicas\tsize\tmulticast p50\tp99\tbroadcast p50\tratio\ttarget\t")
+				fmt.Fprintln(tw, "fabric\tplacement\treplicas\tsize\tmulticast p50\tp99\tbroadcast p50\tratio\ttarget\tparks/msg\tbroadcast parks/op\t")
 			case "scale":
 				fmt.Fprintln(w, "throughput scaling: single-group messages to random groups, breadth trees, clients per group as given")
 				fmt.Fprintln(tw, "placement\tgroups\treplicas\tclients\tW\tsize\tmsgs/s\tspeedup\tp50\tp99\tother cpu\t")
@@ -1147,7 +1170,8 @@ func printMulticastTable(w io.Writer, out []mcRow, o *mcFlags) {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%.1fx\t<= %.0fx\t\n", r.Fabric, pl, r.Groups, r.Replicas, r.Size,
 				d(r.P50NS), d(r.P99NS), d(r.BaselineP50NS), r.Ratio, r.Target)
 		case "tax":
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%.2fx\t<= %.1fx\t\n", r.Fabric, pl, r.Replicas, r.Size, d(r.P50NS), d(r.P99NS), d(r.BaselineP50NS), r.Ratio, r.Target)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%.2fx\t<= %.1fx\t%.3f\t%.3f\t\n", r.Fabric, pl, r.Replicas, r.Size, d(r.P50NS), d(r.P99NS), d(r.BaselineP50NS), r.Ratio, r.Target,
+				r.ParksPerMsg, r.BaselineParksPerOp)
 		case "scale":
 			sp := "-"
 			if r.Speedup > 0 {

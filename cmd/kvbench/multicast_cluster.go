@@ -510,6 +510,19 @@ func (c *mcCluster) counters() multicast.Counters {
 	return sum
 }
 
+// parks is the runtime poller group's parks so far (-1 for another
+// placement).
+func (c *mcCluster) parks() int64 {
+	if c.pg == nil {
+		return -1
+	}
+	var n int64
+	for _, s := range c.pg.Stats() {
+		n += int64(s.Parks)
+	}
+	return n
+}
+
 // close stops every client and replica and removes the shm directory.
 func (c *mcCluster) close() error {
 	var err error
