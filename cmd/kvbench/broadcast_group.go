@@ -17,6 +17,7 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/groupproc"
+	"github.com/rdmakv/rdmakv/poller"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
 )
@@ -47,15 +48,36 @@ func parseGroups(s string) ([]groupSpec, error) {
 }
 
 // bgroup is a running broadcast group: member processes (shm, tcp) or
-// in-process members on one mem fabric.
+// in-process members on one mem fabric, each on a poller of its own; or
+// (openGroupRuntime) in-process members on mem or shm polled by one
+// poller group, the group on one poller, as kvserver polls a group's
+// replicas.
 type bgroup struct {
 	spec    groupSpec
 	cfgs    []groupproc.Config
 	procs   []*groupproc.Proc   // shm, tcp
-	members []*groupproc.Member // mem
+	members []*groupproc.Member // mem, or every fabric with pg
 	memf    *mem.Fabric
 	dir     string // shm cluster directory
+	// runtime placement: the poller group polling every member
+	pg     *poller.Group
+	pgStop func()
 }
+
+// parks is the runtime placement's poller parks so far (-1 for another).
+func (g *bgroup) parks() int64 {
+	if g.pg == nil {
+		return -1
+	}
+	var n int64
+	for _, s := range g.pg.Stats() {
+		n += int64(s.Parks)
+	}
+	return n
+}
+
+// local reports whether the members run in this process.
+func (g *bgroup) local() bool { return g.memf != nil || g.pg != nil }
 
 // openGroup starts a group of spec.n members with tuning and waits until
 // one leads an epoch whose diff has committed. spin is the nodes' doorbell
@@ -67,6 +89,22 @@ func openGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spi
 // openGroupWith is openGroup with a hook that adjusts every member's
 // Config (adjust may be nil) before the members start.
 func openGroupWith(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spin time.Duration, shmDir string, adjust func(*groupproc.Config)) (*bgroup, error) {
+	return openBGroup(ctx, spec, tuning, spin, shmDir, adjust, false)
+}
+
+// openGroupRuntime is openGroup with every member in this process (mem or
+// shm nodes) polled by one poller group, all on one poller (AddTo with
+// one key), as kvserver's server.Process polls a group's replicas: their
+// messages to each other need no wake-up. The multicast tax's baseline
+// runs so, as its multicast replicas do.
+func openGroupRuntime(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spin time.Duration, shmDir string) (*bgroup, error) {
+	if spec.fabric != "mem" && spec.fabric != "shm" {
+		return nil, fmt.Errorf("%v group: the runtime placement runs mem or shm members in this process", spec)
+	}
+	return openBGroup(ctx, spec, tuning, spin, shmDir, nil, true)
+}
+
+func openBGroup(ctx context.Context, spec groupSpec, tuning groupproc.Tuning, spin time.Duration, shmDir string, adjust func(*groupproc.Config), onePoller bool) (*bgroup, error) {
 	g := &bgroup{spec: spec}
 	ids := make([]rdma.NodeID, spec.n)
 	for i := range ids {
@@ -106,6 +144,13 @@ func openGroupWith(ctx context.Context, spec groupSpec, tuning groupproc.Tuning,
 	case "mem":
 		g.memf = mem.New(mem.Options{Spin: spin})
 	}
+	if onePoller {
+		g.pg = poller.NewGroup(poller.GroupConfig{Pollers: 1, Spin: spin})
+		pctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.pg.Run(pctx) }()
+		g.pgStop = func() { cancel(); <-done }
+	}
 	for _, id := range ids {
 		c := base
 		c.Self = id
@@ -133,14 +178,19 @@ func openGroupWith(ctx context.Context, spec groupSpec, tuning groupproc.Tuning,
 // start starts member i.
 func (g *bgroup) start(i int) error {
 	c := g.cfgs[i]
-	if g.memf != nil {
+	if g.local() {
 		s := c.FabricSpec()
 		s.Mem = g.memf
 		n, err := fabric.Open(s, c.Self)
 		if err != nil {
 			return err
 		}
-		m, err := groupproc.Start(c, n)
+		var m *groupproc.Member
+		if g.pg != nil {
+			m, err = groupproc.StartOn(c, n, g.pg, 0)
+		} else {
+			m, err = groupproc.Start(c, n)
+		}
 		if err != nil {
 			return err
 		}
@@ -171,14 +221,14 @@ func (g *bgroup) start(i int) error {
 }
 
 func (g *bgroup) alive(i int) bool {
-	if g.memf != nil {
+	if g.local() {
 		return g.members[i] != nil
 	}
 	return g.procs[i] != nil
 }
 
 func (g *bgroup) status(ctx context.Context, i int) (broadcast.Status, error) {
-	if g.memf != nil {
+	if g.local() {
 		return g.members[i].Replica().Status(), nil
 	}
 	return g.procs[i].Status(ctx)
@@ -208,7 +258,7 @@ func (g *bgroup) leader(ctx context.Context, not int) (int, error) {
 
 // load runs a client at member i.
 func (g *bgroup) load(ctx context.Context, i int, spec groupproc.LoadSpec) (groupproc.LoadResult, error) {
-	if g.memf != nil {
+	if g.local() {
 		return g.members[i].Load(ctx, spec)
 	}
 	r, err := g.procs[i].Call(ctx, groupproc.Request{Cmd: groupproc.CmdLoad, Load: &spec})
@@ -219,7 +269,7 @@ func (g *bgroup) load(ctx context.Context, i int, spec groupproc.LoadSpec) (grou
 }
 
 func (g *bgroup) events(ctx context.Context, i int) ([]groupproc.TimedEvent, error) {
-	if g.memf != nil {
+	if g.local() {
 		return g.members[i].Events(), nil
 	}
 	r, err := g.procs[i].Call(ctx, groupproc.Request{Cmd: groupproc.CmdEvents})
@@ -228,7 +278,7 @@ func (g *bgroup) events(ctx context.Context, i int) ([]groupproc.TimedEvent, err
 
 // kill crashes member i: kill -9 of its process, or Crash in process.
 func (g *bgroup) kill(i int) error {
-	if g.memf != nil {
+	if g.local() {
 		err := g.members[i].Crash()
 		g.members[i] = nil
 		return err
@@ -287,6 +337,10 @@ func (g *bgroup) close() error {
 			err = errors.Join(err, m.Close())
 			g.members[i] = nil
 		}
+	}
+	if g.pgStop != nil {
+		g.pgStop()
+		g.pgStop = nil
 	}
 	if g.dir != "" {
 		err = errors.Join(err, os.RemoveAll(g.dir))

@@ -27,9 +27,12 @@ import (
 const multicastUsage = `usage: kvbench multicast [flags]
 
 Measures TRAM atomic multicast (package multicast) across groups of
-Acuerdo replicas. Every replica is a node of its own (mem, or shm nodes)
-polled by a goroutine of its own; every client is a node of its own with a
-goroutine of its own, a closed loop keeping --window messages outstanding
+Acuerdo replicas. Every replica is a node of its own (mem, or shm nodes),
+polled as kvserver polls its replicas (--placement runtime, every
+figure's default): one poller group of min(GOMAXPROCS, groups) pollers,
+a group's replicas on one poller (poller.Group.AddTo), so that their
+messages to each other need no wake-up. Every client is a node of its
+own with a goroutine of its own, a closed loop keeping --window messages outstanding
 (its ClientSlots ring: bounded, and fair, since each leader scans its
 clients' rings round robin). Latency is a message's time from the client's
 write to its last reply landing in the client's memory; msgs/s counts
@@ -54,16 +57,16 @@ messages (not deliveries) completed in the measured part.
           part (--duration), every group's leader crashes at the same
           instant (its goroutine stops polling, then its replica and node
           close), --changes times: each time kvbench waits until every
-          group has a new leader of a committed epoch (the change), lets
-          the load settle, restarts the crashed replicas (stable state
+          group has a new leader of a committed epoch (the change; a
+          crashed replica is taken off its poller, poller.Handle.Remove,
+          before its replica and node close), lets the load settle, restarts the crashed replicas (stable state
           kept, memory empty) and waits until they caught up. Per change:
           count, avg, stddev, min and max latency of the messages delayed
           by it (in flight during it: sent before the change completed,
           done after the crash), next to the normal p50. The replicas use
           --crash-election-timeout.
   client  the client path on shm: the replicas in one child process (kvbench
-          re-executes itself) on one poller group, a group's replicas on one
-          poller as kvserver runs them, one client in this process, W=1, single-group
+          re-executes itself), one client in this process, W=1, single-group
           messages (--groups 1 x --replicas 3); p50 beside the fabric's
           8-byte write one-way p50 measured in the same run (as 'kvbench
           broadcast': doorbell spin rdma.DefaultSpin then park, Notify writes);
@@ -73,15 +76,23 @@ messages (not deliveries) completed in the measured part.
           fabric, ring and election timeout with a W=1 closed loop of
           proposals at its leader (as 'kvbench broadcast' commit rows), in
           the same run; ratio = multicast p50 / broadcast p50 (target
-          <= 1.2x). On shm the multicast replicas share one child process
-          and the broadcast replicas are a process each.
+          <= 1.5x). The broadcast group's replicas are placed as the
+          multicast ones: runtime, in this process on one poller (also on
+          shm, where the multicast replicas share one child process);
+          own, a poller group each (on shm a process each).
   scale   aggregate msgs/s of single-group messages (to a random group)
           with breadth trees of 1, 2, 4, 8 groups on mem, --clients clients
           per group; speedup = msgs/s / the same run's 1-group msgs/s of
-          the same placement. --placement own: a node and a polling
-          goroutine per replica; shared: replica i of every group on node
-          i, one poller per node (the embedded cluster's
-          layout); scale measures both by default.
+          the same placement; scale measures runtime and shared by default.
+
+--placement (comma-separated; each row's placement field names it):
+  runtime  a node per replica, one poller group, a group's replicas on one
+           poller (kvserver's server.Process); every figure's default
+  own      a node per replica, a poller group of one poller per replica
+           (the harness before 2026-11-27: on 2 cores every hop parks and
+           wakes; kept to compare)
+  shared   figures 5-8 and scale: replica i of every group on node i, one
+           poller per node
 
 Each figure's defaults (a flag given applies to every figure selected):
 
@@ -93,7 +104,7 @@ Each figure's defaults (a flag given applies to every figure selected):
   table1  breadth            8        3         8        64                      16       4
   client  base               1        3         1        64                      1        1
   tax     base               1        3         1        64                      1        1
-  scale   breadth            1,2,4,8  3         1        64                      2/group  4  (placements own and shared)
+  scale   breadth            1,2,4,8  3         1        64                      2/group  4  (placements runtime and shared)
 
 --tree takes shape names (base, breadth, depth; comma-separated, each
 built with every --groups count) or one tree in text form (parent:children
@@ -128,15 +139,15 @@ type mcFigDefault struct {
 }
 
 var mcFigDefaults = map[string]mcFigDefault{
-	"5":      {"base,breadth,depth", "8", "3", "1,2,4,8", "64", "mem", 8, 4, "own"},
-	"6":      {"base,breadth,depth", "8", "3", "2,4", "64", "mem", 8, 4, "own"},
-	"7":      {"base", "8", "3", "1,8", "64,256,1024,4096,16384", "mem", 8, 4, "own"},
-	"8":      {"0:1,2", "3", "3,5,7", "1,2,3", "64", "mem", 8, 4, "own"},
-	"table1": {"breadth", "8", "3", "8", "64", "mem", 16, 4, "own"},
-	"client": {"base", "1", "3", "1", "64", "shm", 1, 1, "own"},
-	"tax":    {"base", "1", "3", "1", "64", "mem", 1, 1, "own"},
-	"scale":  {"breadth", "1,2,4,8", "3", "1", "64", "mem", 2, 4, "own,shared"},
-	"soak":   {"base", "8", "3", "", "64", "mem", 8, 4, "own"},
+	"5":      {"base,breadth,depth", "8", "3", "1,2,4,8", "64", "mem", 8, 4, "runtime"},
+	"6":      {"base,breadth,depth", "8", "3", "2,4", "64", "mem", 8, 4, "runtime"},
+	"7":      {"base", "8", "3", "1,8", "64,256,1024,4096,16384", "mem", 8, 4, "runtime"},
+	"8":      {"0:1,2", "3", "3,5,7", "1,2,3", "64", "mem", 8, 4, "runtime"},
+	"table1": {"breadth", "8", "3", "8", "64", "mem", 16, 4, "runtime"},
+	"client": {"base", "1", "3", "1", "64", "shm", 1, 1, "runtime"},
+	"tax":    {"base", "1", "3", "1", "64", "mem", 1, 1, "runtime"},
+	"scale":  {"breadth", "1,2,4,8", "3", "1", "64", "mem", 2, 4, "runtime,shared"},
+	"soak":   {"base", "8", "3", "", "64", "mem", 8, 4, "runtime"},
 }
 
 // mcTree is one overlay to measure: its name in the rows and the tree.
@@ -155,10 +166,8 @@ type mcFig struct {
 	fabric   string
 	clients  int
 	window   int
-	// shared: the placements to measure (false: a node and goroutine per
-	// replica; true: replica i of every group on node i, one poller
-	// per node)
-	shared []bool
+	// placements to measure: mcRuntime, mcOwn, mcShared
+	placements []string
 }
 
 // mcFlags are the options of the multicast benchmark.
@@ -187,7 +196,7 @@ func parseMulticastFlags(args []string, stderr io.Writer) (*mcFlags, error) {
 	sizes := fs.String("size", "", "comma-separated payload sizes in bytes (default: per figure)")
 	fabric := fs.String("fabric", "", "mem or shm (default: per figure; mem and shm clusters other than the client path run every node in this process)")
 	clients := fs.Int("clients", 0, "closed-loop clients (scale: per group; default: per figure)")
-	placement := fs.String("placement", "", "figures 5-8 and scale: own (a node and a polling goroutine per replica), shared (replica i of every group on node i, one poller per node, as an embedded cluster), or own,shared (default: per figure; scale: both)")
+	placement := fs.String("placement", "", "comma-separated: runtime (a node per replica, one poller group, a group's replicas on one poller, as kvserver), own (a poller group per replica), shared (figures 5-8 and scale: replica i of every group on node i, one poller per node) (default: runtime; scale: runtime,shared)")
 	window := fs.Int("window", 0, "messages each client keeps outstanding, its ClientSlots (default: per figure; client and tax: 1)")
 	fs.DurationVar(&o.et, "election-timeout", 250*time.Millisecond, "the replicas' election timeout in every figure but table1 (long, so that a descheduled leader is not voted out mid-measurement)")
 	fs.DurationVar(&o.crashET, "crash-election-timeout", broadcast.DefaultElectionTimeout, "table1: the replicas' election timeout")
@@ -274,17 +283,17 @@ func parseMulticastFlags(args []string, stderr io.Writer) (*mcFlags, error) {
 		}
 		for _, pl := range splitList(pick("placement", *placement, d.placements)) {
 			switch {
-			case pl == "own":
-				f.shared = append(f.shared, false)
-			case pl == "shared" && (name == "table1" || name == "client" || name == "tax" || name == "soak"):
+			case pl == mcShared && (name == "table1" || name == "client" || name == "tax" || name == "soak"):
 				return nil, fmt.Errorf("multicast: --placement shared: %s runs each replica on a node of its own", name)
-			case pl == "shared":
-				f.shared = append(f.shared, true)
+			case pl == mcRuntime || pl == mcOwn || pl == mcShared:
+				if !slices.Contains(f.placements, pl) {
+					f.placements = append(f.placements, pl)
+				}
 			default:
-				return nil, fmt.Errorf("multicast: --placement %q: want own, shared or own,shared", pl)
+				return nil, fmt.Errorf("multicast: --placement %q: want runtime, own or shared", pl)
 			}
 		}
-		if len(f.shared) == 0 {
+		if len(f.placements) == 0 {
 			return nil, errors.New("multicast: --placement: empty")
 		}
 		return f, nil
@@ -362,18 +371,18 @@ func parseTrees(s string, groups []int) ([]mcTree, error) {
 
 // mkey names one multicast result row.
 type mkey struct {
-	fig      string
-	tree     string
-	groups   int
-	dests    int
-	adjacent bool
-	replicas int
-	size     int
-	fabric   string
-	clients  int
-	window   int
-	change   int // table1
-	shared   bool
+	fig       string
+	tree      string
+	groups    int
+	dests     int
+	adjacent  bool
+	replicas  int
+	size      int
+	fabric    string
+	clients   int
+	window    int
+	change    int // table1
+	placement string
 }
 
 // mstat is one measurement of a row.
@@ -393,8 +402,13 @@ type mstat struct {
 	avg, sd, mn, mx time.Duration
 	otherCPU        float64
 	retries         int
-	run             int
-	baseName        string
+	total           uint64 // completions of the whole load (warm-up and drain too)
+	// parksPer: the replicas' pollers' parks per completed message over
+	// the whole load (runtime placement in this process; 0: not
+	// counted); baseParksPer the tax baseline's per commit
+	parksPer, baseParksPer float64
+	run                    int
+	baseName               string
 }
 
 // mcRow is one output line.
@@ -447,6 +461,13 @@ type mcRow struct {
 	Runs        int     `json:"runs"`
 	N           uint64  `json:"n"`
 	OtherCPU    float64 `json:"other_cpu"`
+	// ParksPerMsg: the replicas' pollers' parks (poller.PollerStats.Parks)
+	// per message completed in the whole load, warm-up included (runtime
+	// placement with the replicas in this process only); tax rows:
+	// BaselineParksPerOp, the broadcast baseline's poller's parks per
+	// commit (its ops/s times the load's wall time).
+	ParksPerMsg        float64 `json:"parks_per_msg,omitempty"`
+	BaselineParksPerOp float64 `json:"baseline_parks_per_op,omitempty"`
 	// soak rows: this process's VmRSS in KiB after the warm-up and now,
 	// and the elapsed load time.
 	RSSStartKB int64 `json:"rss_start_kb,omitempty"`
@@ -539,15 +560,18 @@ func measureLoad(ls []*mcLoader, sp *mcLoadSpec, tm timing, pids []int) (mstat, 
 	if m.n == 0 {
 		return mstat{}, fmt.Errorf("no message completed in %v (%d in all)", tm.dur, m.total)
 	}
-	return mstat{p50: m.p50, p99: m.p99, opsPerS: m.opsPerS, n: m.n, retried: m.retried, otherCPU: otherCPUs(a, b, runtime.NumCPU())}, nil
+	return mstat{p50: m.p50, p99: m.p99, opsPerS: m.opsPerS, n: m.n, total: m.total, retried: m.retried, otherCPU: otherCPUs(a, b, runtime.NumCPU())}, nil
 }
 
 // measure is measureLoad on c's clients, with the leader changes and the
 // replicas' counters meanwhile.
 func (c *mcCluster) measure(sp *mcLoadSpec, tm timing) (mstat, error) {
-	e0, k0 := c.leaderEpochs(), c.counters()
+	e0, k0, p0 := c.leaderEpochs(), c.counters(), c.parks()
 	st, err := measureLoad(c.loaders, sp, tm, nil)
-	e1, k1 := c.leaderEpochs(), c.counters()
+	e1, k1, p1 := c.leaderEpochs(), c.counters(), c.parks()
+	if p0 >= 0 && st.total > 0 {
+		st.parksPer = float64(p1-p0) / float64(st.total)
+	}
 	st.leaderChanges = epochChanges(e0, e1)
 	st.dropped, st.retransmits, st.blocked = k1.Dropped-k0.Dropped, k1.Retransmits-k0.Retransmits, k1.Blocked-k0.Blocked
 	return st, err
@@ -579,7 +603,7 @@ func destKind(f *mcFig) string {
 // per tree, replica count and size, every k in it.
 func mcFigRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add func(mkey, mstat), stderr io.Writer) error {
 	var errs []error
-	for _, shared := range f.shared {
+	for _, pl := range f.placements {
 		for _, tr := range f.trees {
 			for _, nrep := range f.replicas {
 				for _, size := range f.sizes {
@@ -588,7 +612,7 @@ func mcFigRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add
 						clients *= tr.t.Len()
 					}
 					spec := mcSpec{fabric: f.fabric, tree: tr.t, replicas: nrep, clients: clients, window: f.window,
-						slotSize: mcSlotSize(size), et: o.et, shmDir: o.shmDir, shared: shared}
+						slotSize: mcSlotSize(size), et: o.et, shmDir: o.shmDir, placement: pl}
 					c, err := openMcCluster(ctx, spec)
 					if err != nil {
 						errs = append(errs, fmt.Errorf("%s %dx%d: %w", tr.name, tr.t.Len(), nrep, err))
@@ -610,7 +634,7 @@ func mcFigRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add
 						}
 						st.run = run
 						add(mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: k, adjacent: sp.adjacent, replicas: nrep, size: size,
-							fabric: f.fabric, clients: clients, window: f.window, shared: shared}, st)
+							fabric: f.fabric, clients: clients, window: f.window, placement: pl}, st)
 						note := ""
 						if st.leaderChanges > 0 {
 							note = fmt.Sprintf("  (%d leader change(s))", st.leaderChanges)
@@ -637,6 +661,15 @@ func mcFigRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add
 // in a child process (shm) or in this one (mem).
 func mcClientRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, h *hist.Hist, add func(mkey, mstat), stderr io.Writer) error {
 	var errs []error
+	for _, pl := range f.placements {
+		errs = append(errs, mcClientRunOn(ctx, o, f, pl, run, tm, h, add, stderr))
+	}
+	return errors.Join(errs...)
+}
+
+// mcClientRunOn is mcClientRun with the replicas placed as pl says.
+func mcClientRunOn(ctx context.Context, o *mcFlags, f *mcFig, pl string, run int, tm timing, h *hist.Hist, add func(mkey, mstat), stderr io.Writer) error {
+	var errs []error
 	for _, tr := range f.trees {
 		for _, nrep := range f.replicas {
 			for _, size := range f.sizes {
@@ -650,15 +683,15 @@ func mcClientRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, 
 				}
 				fmt.Fprintf(stderr, "[run %d/%d] client %-4s one-way write  p50 %-8s p99 %-8s other %.2f CPUs\n",
 					run, o.runs, f.fabric, fmtDur(base.p50), fmtDur(base.p99), base.otherCPU)
-				st, err := mcW1(ctx, o, f, tr.t, nrep, size, tm, stderr)
+				st, err := mcW1(ctx, o, f, pl, tr.t, nrep, size, tm, stderr)
 				if err != nil {
-					errs = append(errs, fmt.Errorf("%s %dx%d %dB: %w", tr.name, tr.t.Len(), nrep, size, err))
+					errs = append(errs, fmt.Errorf("%s %s %dx%d %dB: %w", pl, tr.name, tr.t.Len(), nrep, size, err))
 					continue
 				}
 				st.run, st.base, st.baseName = run, base.p50, "one-way write"
-				add(mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: 1, replicas: nrep, size: size, fabric: f.fabric, clients: 1, window: 1}, st)
-				fmt.Fprintf(stderr, "[run %d/%d] client %-4s %dx%d %5dB W=1  p50 %-8s p99 %-8s = %.1fx one-way  other %.2f CPUs\n",
-					run, o.runs, f.fabric, tr.t.Len(), nrep, size, fmtDur(st.p50), fmtDur(st.p99), float64(st.p50)/float64(base.p50), st.otherCPU)
+				add(mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: 1, replicas: nrep, size: size, fabric: f.fabric, clients: 1, window: 1, placement: pl}, st)
+				fmt.Fprintf(stderr, "[run %d/%d] client %-4s %-7s %dx%d %5dB W=1  p50 %-8s p99 %-8s = %.1fx one-way  other %.2f CPUs\n",
+					run, o.runs, f.fabric, pl, tr.t.Len(), nrep, size, fmtDur(st.p50), fmtDur(st.p99), float64(st.p50)/float64(base.p50), st.otherCPU)
 			}
 		}
 	}
@@ -667,8 +700,8 @@ func mcClientRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, 
 
 // mcW1 measures W=1 single-group multicast from one client: replicas in a
 // child process on shm, in this process on mem.
-func mcW1(ctx context.Context, o *mcFlags, f *mcFig, t *tree.Tree, nrep, size int, tm timing, stderr io.Writer) (mstat, error) {
-	spec := mcSpec{fabric: f.fabric, tree: t, replicas: nrep, clients: 1, window: 1, slotSize: mcSlotSize(size), et: o.et, shmDir: o.shmDir}
+func mcW1(ctx context.Context, o *mcFlags, f *mcFig, pl string, t *tree.Tree, nrep, size int, tm timing, stderr io.Writer) (mstat, error) {
+	spec := mcSpec{fabric: f.fabric, tree: t, replicas: nrep, clients: 1, window: 1, slotSize: mcSlotSize(size), et: o.et, shmDir: o.shmDir, placement: pl}
 	sp := &mcLoadSpec{dests: 1, window: 1, payload: payload(size)}
 	if f.fabric == "shm" {
 		m, err := openMcRemote(ctx, spec)
@@ -697,15 +730,24 @@ func mcW1(ctx context.Context, o *mcFlags, f *mcFig, t *tree.Tree, nrep, size in
 // first from run to run.
 func mcTaxRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add func(mkey, mstat), stderr io.Writer) error {
 	var errs []error
+	for _, pl := range f.placements {
+		errs = append(errs, mcTaxRunOn(ctx, o, f, pl, run, tm, add, stderr))
+	}
+	return errors.Join(errs...)
+}
+
+// mcTaxRunOn is mcTaxRun with both groups' replicas placed as pl says.
+func mcTaxRunOn(ctx context.Context, o *mcFlags, f *mcFig, pl string, run int, tm timing, add func(mkey, mstat), stderr io.Writer) error {
+	var errs []error
 	for _, tr := range f.trees {
 		for _, nrep := range f.replicas {
 			for _, size := range f.sizes {
 				var mc, bc mstat
 				var merr, berr error
 				bcast := func() {
-					bc, berr = retryDisturbed("multicast", o.commonFlags, stderr, func() (mstat, error) { return mcBroadcastW1(ctx, o, f.fabric, nrep, size, tm) })
+					bc, berr = retryDisturbed("multicast", o.commonFlags, stderr, func() (mstat, error) { return mcBroadcastW1(ctx, o, f.fabric, pl, nrep, size, tm) })
 				}
-				mcast := func() { mc, merr = mcW1(ctx, o, f, tr.t, nrep, size, tm, stderr) }
+				mcast := func() { mc, merr = mcW1(ctx, o, f, pl, tr.t, nrep, size, tm, stderr) }
 				if run%2 == 1 {
 					bcast()
 					mcast()
@@ -714,13 +756,13 @@ func mcTaxRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add
 					bcast()
 				}
 				if err := errors.Join(merr, berr); err != nil {
-					errs = append(errs, fmt.Errorf("%s %dx%d %dB: %w", tr.name, tr.t.Len(), nrep, size, err))
+					errs = append(errs, fmt.Errorf("%s %s %dx%d %dB: %w", pl, tr.name, tr.t.Len(), nrep, size, err))
 					continue
 				}
-				mc.run, mc.base, mc.baseName = run, bc.p50, "broadcast W=1"
-				add(mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: 1, replicas: nrep, size: size, fabric: f.fabric, clients: 1, window: 1}, mc)
-				fmt.Fprintf(stderr, "[run %d/%d] tax %-4s %dx%d %5dB W=1  multicast p50 %-8s p99 %-8s  broadcast p50 %-8s p99 %-8s = %.2fx  other %.2f CPUs\n",
-					run, o.runs, f.fabric, tr.t.Len(), nrep, size, fmtDur(mc.p50), fmtDur(mc.p99), fmtDur(bc.p50), fmtDur(bc.p99),
+				mc.run, mc.base, mc.baseName, mc.baseParksPer = run, bc.p50, "broadcast W=1", bc.baseParksPer
+				add(mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: 1, replicas: nrep, size: size, fabric: f.fabric, clients: 1, window: 1, placement: pl}, mc)
+				fmt.Fprintf(stderr, "[run %d/%d] tax %-4s %-7s %dx%d %5dB W=1  multicast p50 %-8s p99 %-8s  broadcast p50 %-8s p99 %-8s = %.2fx  other %.2f CPUs\n",
+					run, o.runs, f.fabric, pl, tr.t.Len(), nrep, size, fmtDur(mc.p50), fmtDur(mc.p99), fmtDur(bc.p50), fmtDur(bc.p99),
 					float64(mc.p50)/float64(bc.p50), mc.otherCPU)
 			}
 		}
@@ -730,9 +772,16 @@ func mcTaxRun(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add
 
 // mcBroadcastW1 is the tax's baseline: a fresh Acuerdo group of nrep
 // replicas (the multicast replicas' broadcast configuration: default
-// ring, the same election timeout) with a W=1 closed loop at its leader.
-func mcBroadcastW1(ctx context.Context, o *mcFlags, fabric string, nrep, size int, tm timing) (mstat, error) {
-	g, err := openGroup(ctx, groupSpec{fabric, nrep}, groupproc.Tuning{ElectionTimeout: o.et}, 0, o.shmDir)
+// ring, the same election timeout) with a W=1 closed loop at its leader,
+// placed as pl places the multicast replicas: runtime, in this process on
+// one poller (openGroupRuntime); own, a poller group each (on shm a
+// process each).
+func mcBroadcastW1(ctx context.Context, o *mcFlags, fabric, pl string, nrep, size int, tm timing) (mstat, error) {
+	open := openGroup
+	if pl == mcRuntime {
+		open = openGroupRuntime
+	}
+	g, err := open(ctx, groupSpec{fabric, nrep}, groupproc.Tuning{ElectionTimeout: o.et}, 0, o.shmDir)
 	if err != nil {
 		return mstat{}, err
 	}
@@ -743,7 +792,9 @@ func mcBroadcastW1(ctx context.Context, o *mcFlags, fabric string, nrep, size in
 	}
 	pids := g.pids()
 	a := cpuOf(pids)
+	p0, t0 := g.parks(), time.Now()
 	r, err := g.load(ctx, ldr, groupproc.LoadSpec{Window: 1, Size: size, Warmup: tm.warm, Duration: tm.dur})
+	p1, wall := g.parks(), time.Since(t0)
 	b := cpuOf(pids)
 	if err != nil {
 		return mstat{}, err
@@ -751,16 +802,29 @@ func mcBroadcastW1(ctx context.Context, o *mcFlags, fabric string, nrep, size in
 	if r.N == 0 {
 		return mstat{}, fmt.Errorf("broadcast: nothing committed (%d failed: %s)", r.Failed, r.FirstErr)
 	}
-	return mstat{p50: r.P50, p99: r.P99, opsPerS: r.OpsPerS, n: r.N, otherCPU: otherCPUs(a, b, runtime.NumCPU())}, nil
+	st := mstat{p50: r.P50, p99: r.P99, opsPerS: r.OpsPerS, n: r.N, otherCPU: otherCPUs(a, b, runtime.NumCPU())}
+	if ops := r.OpsPerS * wall.Seconds(); p0 >= 0 && ops > 0 {
+		st.baseParksPer = float64(p1-p0) / ops
+	}
+	return st, nil
 }
 
 // mcTable1Run measures one run of table1: a normal part, then o.changes
 // simultaneous crashes of every group's leader under load.
 func mcTable1Run(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, add func(mkey, mstat), stderr io.Writer) error {
+	var errs []error
+	for _, pl := range f.placements {
+		errs = append(errs, mcTable1RunOn(ctx, o, f, pl, run, tm, add, stderr))
+	}
+	return errors.Join(errs...)
+}
+
+// mcTable1RunOn is mcTable1Run with the replicas placed as pl says.
+func mcTable1RunOn(ctx context.Context, o *mcFlags, f *mcFig, pl string, run int, tm timing, add func(mkey, mstat), stderr io.Writer) error {
 	tr, nrep, size := f.trees[0], f.replicas[0], f.sizes[0]
 	k := min(f.dests[0], tr.t.Len())
 	spec := mcSpec{fabric: f.fabric, tree: tr.t, replicas: nrep, clients: f.clients, window: f.window,
-		slotSize: mcSlotSize(size), et: o.crashET, shmDir: o.shmDir}
+		slotSize: mcSlotSize(size), et: o.crashET, shmDir: o.shmDir, placement: pl}
 	c, err := openMcCluster(ctx, spec)
 	if err != nil {
 		return err
@@ -845,7 +909,7 @@ func mcTable1Run(ctx context.Context, o *mcFlags, f *mcFig, run int, tm timing, 
 		return errors.Join(errs...)
 	}
 	m := merge(sp, rs, tm.dur)
-	key := mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: k, replicas: nrep, size: size, fabric: f.fabric, clients: f.clients, window: f.window}
+	key := mkey{fig: f.name, tree: tr.name, groups: tr.t.Len(), dests: k, replicas: nrep, size: size, fabric: f.fabric, clients: f.clients, window: f.window, placement: pl}
 	for i, ch := range changes {
 		var lat []time.Duration
 		for _, r := range rs {
@@ -948,13 +1012,15 @@ func summarizeMulticast(order []mkey, res map[mkey][]mstat) []mcRow {
 			kind = "adjacent"
 		}
 		r := mcRow{Bench: "multicast", Fig: k.fig, Tree: k.tree, Groups: k.groups, Dests: k.dests, DestKind: kind, Replicas: k.replicas,
-			Size: k.size, Fabric: k.fabric, Placement: mcPlacement(k.fig, k.fabric, k.shared), Clients: k.clients, Window: k.window, Runs: len(sts), Change: k.change}
+			Size: k.size, Fabric: k.fabric, Placement: mcPlacement(k.fig, k.fabric, k.placement), Clients: k.clients, Window: k.window, Runs: len(sts), Change: k.change}
 		r.P50NS = int64(med(sts, func(s mstat) float64 { return float64(s.p50) }))
 		r.P99NS = int64(med(sts, func(s mstat) float64 { return float64(s.p99) }))
 		r.OpsPerS = med(sts, func(s mstat) float64 { return s.opsPerS })
 		r.MBPerS = r.OpsPerS * float64(k.size) / 1e6
 		r.N = uint64(med(sts, func(s mstat) float64 { return float64(s.n) }))
 		r.OtherCPU = med(sts, func(s mstat) float64 { return s.otherCPU })
+		r.ParksPerMsg = med(sts, func(s mstat) float64 { return s.parksPer })
+		r.BaselineParksPerOp = med(sts, func(s mstat) float64 { return s.baseParksPer })
 		for _, s := range sts {
 			r.Retried += s.retried
 			r.LeaderChanges += s.leaderChanges
@@ -976,7 +1042,7 @@ func summarizeMulticast(order []mkey, res map[mkey][]mstat) []mcRow {
 			case "client":
 				r.Target = 12
 			case "tax":
-				r.Target = 1.2
+				r.Target = 1.5
 			}
 		}
 		if k.change > 0 {
@@ -1005,23 +1071,55 @@ func summarizeMulticast(order []mkey, res map[mkey][]mstat) []mcRow {
 	return out
 }
 
-// mcPlacement says where a row's replicas and clients ran.
-func mcPlacement(fig, fabric string, shared bool) string {
-	switch {
-	case shared:
-		return "shared nodes"
-	case fabric == "mem":
-		return "goroutines"
-	case fig == "client" || fig == "tax":
-		return "replicas in one process, polled as kvserver polls them (a group on one poller), client in another"
+// The placements of the replicas (--placement; mcSpec.placement).
+const (
+	// mcRuntime: a node per replica, one poller group of min(GOMAXPROCS,
+	// groups) pollers, a group's replicas on one poller, as kvserver's
+	// server.Process.
+	mcRuntime = "runtime"
+	// mcOwn: a node per replica, each polled by a poller group of its own.
+	mcOwn = "own"
+	// mcShared: replica i of every group on node i, one poller per node.
+	mcShared = "shared"
+)
+
+// mcPlacement says where a row's replicas and clients ran (pl: mcRuntime,
+// mcOwn or mcShared).
+func mcPlacement(fig, fabric, pl string) string {
+	var s string
+	switch pl {
+	case mcShared:
+		s = "shared: replica i of every group on node i, one poller per node"
+	case mcOwn:
+		s = "own: a node per replica, a poller group per replica"
+	default:
+		s = "runtime: a node per replica, one poller group, a group's replicas on one poller (as kvserver)"
 	}
-	return "shm nodes in one process"
+	switch {
+	case fabric == "shm" && (fig == "client" || fig == "tax"):
+		s += "; the replicas in one child process, the client in this one"
+	case fabric == "shm":
+		s += "; shm nodes, replicas and clients in this process"
+	default:
+		s += "; clients on goroutines of their own"
+	}
+	if fig == "tax" {
+		switch {
+		case pl == mcRuntime:
+			s += "; the broadcast baseline's replicas in this process on one poller, proposing at the leader"
+		case fabric == "shm":
+			s += "; the broadcast baseline's replicas a process each, proposing at the leader"
+		default:
+			s += "; the broadcast baseline's replicas a poller group each, proposing at the leader"
+		}
+	}
+	return s
 }
 
 func printMulticastTable(w io.Writer, out []mcRow, o *mcFlags) {
 	fmt.Fprintf(w, "kvbench multicast  %s  %s, %d CPUs, %s  medians of %d run(s) x %v\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(), o.runs, o.duration)
-	fmt.Fprintf(w, "every replica and client a node of its own with a goroutine of its own; latency: client's write to its last reply in its memory\n")
+	fmt.Fprintf(w, "every replica and client a node of its own; replicas placed as each row's placement says (runtime: as kvserver), clients on goroutines of their own; latency: client's write to its last reply in its memory\n")
 	fmt.Fprintf(w, "election timeout %v (table1: %v); doorbells spin %v, then park\n\n", o.et, o.crashET, rdma.DefaultSpin)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	section := ""
@@ -1039,45 +1137,47 @@ func printMulticastTable(w io.Writer, out []mcRow, o *mcFlags) {
 			switch sec {
 			case "fig":
 				fmt.Fprintln(w, "latency and throughput (TRAM Fig. 5-8 analogues): closed-loop clients, W outstanding each")
-				fmt.Fprintln(tw, "fig\ttree\tgroups\treplicas\tdests\tsize\tfabric\tclients\tW\tp50\tp99\tmsgs/s\tMB/s\tretried\tdropped\tretrans\tldr chg\tother cpu\t")
+				fmt.Fprintln(tw, "fig\tplacement\ttree\tgroups\treplicas\tdests\tsize\tfabric\tclients\tW\tp50\tp99\tmsgs/s\tMB/s\tretried\tdropped\tretrans\tldr chg\tother cpu\t")
 			case "table1":
 				fmt.Fprintln(w, "leader changes under load (TRAM Table 1 analogue): every group's leader crashed at once; latency of the messages in flight during the change")
-				fmt.Fprintln(tw, "change\tgroups\treplicas\tdests\tclients\tW\tchange took\tdelayed\tavg\tstddev\tmin\tmax\tnormal p50\tavg/normal\t")
+				fmt.Fprintln(tw, "change\tplacement\tgroups\treplicas\tdests\tclients\tW\tchange took\tdelayed\tavg\tstddev\tmin\tmax\tnormal p50\tavg/normal\t")
 			case "client":
 				fmt.Fprintln(w, "client path (W=1, single-group messages): client write to reply in its memory, against the fabric's one-way write")
 				fmt.Fprintln(tw, "fabric\tplacement\tgroups\treplicas\tsize\tp50\tp99\tone-way p50\tratio\ttarget\t")
 			case "tax":
 				fmt.Fprintln(w, "single-group tax: W=1 single-group multicast against a plain Acuerdo group's W=1 commit, same size and run")
-				fmt.Fprintln(tw, "fabric\treplicas\tsize\tmulticast p50\tp99\tbroadcast p50\tratio\ttarget\t")
+				fmt.Fprintln(tw, "fabric\tplacement\treplicas\tsize\tmulticast p50\tp99\tbroadcast p50\tratio\ttarget\tparks/msg\tbroadcast parks/op\t")
 			case "scale":
 				fmt.Fprintln(w, "throughput scaling: single-group messages to random groups, breadth trees, clients per group as given")
 				fmt.Fprintln(tw, "placement\tgroups\treplicas\tclients\tW\tsize\tmsgs/s\tspeedup\tp50\tp99\tother cpu\t")
 			}
 		}
 		d := func(ns int64) string { return fmtDur(time.Duration(ns)) }
+		pl, _, _ := strings.Cut(r.Placement, ":") // the JSON field says the rest
 		switch sec {
 		case "fig":
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d %s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t%.1f\t%d\t%d\t%d\t%d\t%.2f\t\n", r.Fig, r.Tree, r.Groups, r.Replicas, r.Dests, r.DestKind,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d %s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t%.1f\t%d\t%d\t%d\t%d\t%.2f\t\n", r.Fig, pl, r.Tree, r.Groups, r.Replicas, r.Dests, r.DestKind,
 				r.Size, r.Fabric, r.Clients, r.Window, d(r.P50NS), d(r.P99NS), fmtOps(r.OpsPerS), r.MBPerS, r.Retried, r.Dropped, r.Retransmits, r.LeaderChanges, r.OtherCPU)
 		case "table1":
 			if r.Change == 0 {
-				fmt.Fprintf(tw, "normal\t%d\t%d\t%d\t%d\t%d\t\t%s msgs/s\tp50 %s\tp99 %s\t\t\t\t%s\t\t\n", r.Groups, r.Replicas, r.Dests, r.Clients, r.Window,
+				fmt.Fprintf(tw, "normal\t%s\t%d\t%d\t%d\t%d\t%d\t\t%s msgs/s\tp50 %s\tp99 %s\t\t\t\t%s\t\t\n", pl, r.Groups, r.Replicas, r.Dests, r.Clients, r.Window,
 					fmtOps(r.OpsPerS), d(r.P50NS), d(r.P99NS), d(r.P50NS))
 				continue
 			}
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.1fx\t\n", r.Change, r.Groups, r.Replicas, r.Dests, r.Clients, r.Window,
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.1fx\t\n", r.Change, pl, r.Groups, r.Replicas, r.Dests, r.Clients, r.Window,
 				d(r.ChangeNS), r.Count, d(r.AvgNS), d(r.StddevNS), d(r.MinNS), d(r.MaxNS), d(r.BaselineP50NS), r.Ratio)
 		case "client":
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%.1fx\t<= %.0fx\t\n", r.Fabric, r.Placement, r.Groups, r.Replicas, r.Size,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%.1fx\t<= %.0fx\t\n", r.Fabric, pl, r.Groups, r.Replicas, r.Size,
 				d(r.P50NS), d(r.P99NS), d(r.BaselineP50NS), r.Ratio, r.Target)
 		case "tax":
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%.2fx\t<= %.1fx\t\n", r.Fabric, r.Replicas, r.Size, d(r.P50NS), d(r.P99NS), d(r.BaselineP50NS), r.Ratio, r.Target)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%.2fx\t<= %.1fx\t%.3f\t%.3f\t\n", r.Fabric, pl, r.Replicas, r.Size, d(r.P50NS), d(r.P99NS), d(r.BaselineP50NS), r.Ratio, r.Target,
+				r.ParksPerMsg, r.BaselineParksPerOp)
 		case "scale":
 			sp := "-"
 			if r.Speedup > 0 {
 				sp = fmt.Sprintf("%.2fx", r.Speedup)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%.2f\t\n", r.Placement, r.Groups, r.Replicas, r.Clients, r.Window, r.Size, fmtOps(r.OpsPerS), sp,
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%.2f\t\n", pl, r.Groups, r.Replicas, r.Clients, r.Window, r.Size, fmtOps(r.OpsPerS), sp,
 				d(r.P50NS), d(r.P99NS), r.OtherCPU)
 		}
 	}
@@ -1089,7 +1189,8 @@ func printMulticastTable(w io.Writer, out []mcRow, o *mcFlags) {
 func runMcSoak(o *mcFlags, stdout, stderr io.Writer) error {
 	f := o.soakFig
 	tr, nrep, size := f.trees[0], f.replicas[0], f.sizes[0]
-	spec := mcSpec{fabric: f.fabric, tree: tr.t, replicas: nrep, clients: f.clients, window: f.window, slotSize: mcSlotSize(size), et: o.et, shmDir: o.shmDir}
+	spec := mcSpec{fabric: f.fabric, tree: tr.t, replicas: nrep, clients: f.clients, window: f.window, slotSize: mcSlotSize(size), et: o.et, shmDir: o.shmDir,
+		placement: f.placements[0]}
 	c, err := openMcCluster(runCtx, spec)
 	if err != nil {
 		return fmt.Errorf("multicast: soak: %w", err)
@@ -1110,7 +1211,7 @@ func runMcSoak(o *mcFlags, stdout, stderr io.Writer) error {
 		return err
 	}
 	base := mcRow{Bench: "multicast", Fig: "soak", Tree: tr.name, Groups: tr.t.Len(), Dests: sp.dests, DestKind: destKind(f), Replicas: nrep, Size: size,
-		Fabric: f.fabric, Placement: mcPlacement("soak", f.fabric, false), Clients: f.clients, Window: f.window, Runs: 1, RSSStartKB: start, RSSKB: start}
+		Fabric: f.fabric, Placement: mcPlacement("soak", f.fabric, spec.placement), Clients: f.clients, Window: f.window, Runs: 1, RSSStartKB: start, RSSKB: start}
 	emit := func(r mcRow) error {
 		if o.json {
 			return json.NewEncoder(stdout).Encode(r)

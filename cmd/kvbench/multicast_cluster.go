@@ -45,19 +45,21 @@ type mcSpec struct {
 	// clientNodes, if set, names the client slots' nodes, which live in
 	// another process (no loaders here).
 	clientNodes []rdma.NodeID
-	// shared places replica i of every group on node i (replicas nodes in
-	// all, as an embedded cluster does), each node's replicas polled by one
-	// poller (a poller.Group of one) on its one doorbell; otherwise every replica is
-	// a node of its own with a goroutine of its own. Shared replicas do
-	// not crash one by one (no table1).
-	shared bool
-	// runtime (not with shared) polls every replica with one poller group
-	// of GOMAXPROCS pollers, a group's replicas on one poller
-	// (poller.Group.AddTo), as kvserver's server.Process does: their
-	// messages to each other need no wake-up. Otherwise each replica has
-	// a poller group of its own.
-	runtime bool
+	// placement: mcRuntime ("" too) polls every replica, a node of its
+	// own, with one poller group of min(GOMAXPROCS, groups) pollers, a
+	// group's replicas on one poller (poller.Group.AddTo), as kvserver's
+	// server.Process does: their messages to each other need no wake-up;
+	// a crashed replica leaves its poller (Handle.Remove) and a restarted
+	// one joins its group's poller again. mcOwn gives each replica a
+	// poller group of its own. mcShared places replica i of every group on
+	// node i (replicas nodes in all), each node's replicas polled by one
+	// poller (a poller.Group of one) on its one doorbell; shared replicas
+	// do not crash one by one (no table1).
+	placement string
 }
+
+func (s *mcSpec) shared() bool  { return s.placement == mcShared }
+func (s *mcSpec) runtime() bool { return s.placement == mcRuntime || s.placement == "" }
 
 // Node ids: group g's replica i, and client slot c.
 func mcReplicaID(g, i, replicas int) rdma.NodeID { return rdma.NodeID(1 + g*replicas + i) }
@@ -170,7 +172,7 @@ func openMcCluster(ctx context.Context, spec mcSpec) (*mcCluster, error) {
 	for g := range n {
 		var ms []rdma.NodeID
 		for i := range spec.replicas {
-			if spec.shared {
+			if spec.shared() {
 				ms = append(ms, mcReplicaID(0, i, spec.replicas))
 			} else {
 				ms = append(ms, mcReplicaID(g, i, spec.replicas))
@@ -281,7 +283,7 @@ func registerAll(ctx context.Context, ls []*mcLoader) error {
 // its stable state and empty memory) and its polling goroutine.
 func (c *mcCluster) start(x *mcReplica) error {
 	var node rdma.Node
-	if c.spec.shared {
+	if c.spec.shared() {
 		if c.nodes == nil {
 			c.nodes = map[rdma.NodeID]rdma.Node{}
 		}
@@ -304,13 +306,13 @@ func (c *mcCluster) start(x *mcReplica) error {
 	x.app = &mcApp{}
 	r, err := multicast.New(x.cfg, node, x.app, x.stable)
 	if err != nil {
-		if !c.spec.shared {
+		if !c.spec.shared() {
 			node.Close()
 		}
 		return fmt.Errorf("group %d replica %d: %w", x.g, x.i, err)
 	}
 	x.node, x.r = node, r
-	if c.spec.shared {
+	if c.spec.shared() {
 		x.shared = true
 		for _, d := range c.drivers {
 			if d.node == node {
@@ -319,9 +321,9 @@ func (c *mcCluster) start(x *mcReplica) error {
 		}
 		return nil // the node's driver polls it (startDrivers)
 	}
-	if c.spec.runtime {
+	if c.spec.runtime() {
 		if c.pg == nil {
-			c.pg = poller.NewGroup(poller.GroupConfig{Pollers: max(1, min(goruntime.GOMAXPROCS(0), c.spec.tree.Len()))})
+			c.pg = poller.NewGroup(poller.GroupConfig{Pollers: max(1, min(goruntime.GOMAXPROCS(0), c.spec.tree.Len())), Spin: c.spec.spin})
 			ctx, cancel := context.WithCancel(context.Background())
 			c.pgCancel, c.pgDone = cancel, make(chan struct{})
 			go func() { defer close(c.pgDone); c.pg.Run(ctx) }()
@@ -506,6 +508,19 @@ func (c *mcCluster) counters() multicast.Counters {
 		}
 	}
 	return sum
+}
+
+// parks is the runtime poller group's parks so far (-1 for another
+// placement).
+func (c *mcCluster) parks() int64 {
+	if c.pg == nil {
+		return -1
+	}
+	var n int64
+	for _, s := range c.pg.Stats() {
+		n += int64(s.Parks)
+	}
+	return n
 }
 
 // close stops every client and replica and removes the shm directory.

@@ -18,7 +18,7 @@ import (
 
 // The client path across processes: every replica of the cluster runs in
 // one child process (kvbench re-executed as a child of kind mcastKind; each replica
-// an shm node of its own there, polled by its own goroutine), and the
+// an shm node of its own there, placed as mcSpec.placement says), and the
 // client in this process, on an shm node of its own. The child speaks
 // internal/childproc's lines: its mcProcConfig first, {"ready":true} once
 // every group has a leader, then one answer per request ("check": the
@@ -40,6 +40,7 @@ type mcProcConfig struct {
 	ET          time.Duration `json:"election_timeout"`
 	Spin        time.Duration `json:"spin"`
 	ClientNodes []rdma.NodeID `json:"client_nodes"`
+	Placement   string        `json:"placement,omitempty"` // mcSpec.placement ("": mcRuntime)
 }
 
 // mcProcReply answers the config (ready, ID 0) and each request (its ID).
@@ -63,7 +64,7 @@ func mcServe(in io.Reader, out io.Writer) error {
 		return err
 	}
 	c, err := openMcCluster(context.Background(), mcSpec{fabric: "shm", tree: tr, replicas: cfg.Replicas, clients: len(cfg.ClientNodes),
-		window: cfg.Window, slotSize: cfg.SlotSize, et: cfg.ET, spin: cfg.Spin, shmPath: cfg.Dir, clientNodes: cfg.ClientNodes, runtime: true})
+		window: cfg.Window, slotSize: cfg.SlotSize, et: cfg.ET, spin: cfg.Spin, shmPath: cfg.Dir, clientNodes: cfg.ClientNodes, placement: cfg.Placement})
 	if err != nil {
 		enc.Encode(mcProcReply{Err: err.Error()})
 		return err
@@ -185,7 +186,7 @@ func openMcRemote(ctx context.Context, spec mcSpec) (*mcRemote, error) {
 		cnodes = append(cnodes, id)
 	}
 	m.proc, err = startMcProc(mcProcConfig{Dir: m.dir, Tree: spec.tree.String(), Replicas: spec.replicas, Window: spec.window,
-		SlotSize: spec.slotSize, ET: spec.et, Spin: spec.spin, ClientNodes: cnodes})
+		SlotSize: spec.slotSize, ET: spec.et, Spin: spec.spin, ClientNodes: cnodes, Placement: spec.placement})
 	if err != nil {
 		m.close()
 		return nil, err

@@ -2,13 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rdmakv/rdmakv/internal/groupproc"
 	"github.com/rdmakv/rdmakv/multicast"
 	"github.com/rdmakv/rdmakv/multicast/tree"
 )
@@ -66,6 +69,9 @@ func TestMulticastJSON(t *testing.T) {
 		}
 		fig, _ := r["fig"].(string)
 		figs[fig]++
+		if p, _ := r["placement"].(string); !strings.HasPrefix(p, mcRuntime+":") {
+			t.Errorf("row %v: placement %q, want the default, runtime", r, p)
+		}
 		switch fig {
 		case "5":
 			positive(t, r, "p50_ns", "p99_ns", "ops_per_s", "dests")
@@ -106,8 +112,9 @@ func TestMulticastJSON(t *testing.T) {
 	}
 }
 
-// TestMulticastScale runs the scaling figure (both placements: a node per
-// replica, and nodes shared by the groups with one poller each) and
+// TestMulticastScale runs the scaling figure (both default placements: a
+// node per replica on kvserver's runtime, and nodes shared by the groups
+// with one poller each) and
 // Fig. 6 over breadth trees of 1 and 3 groups: the 3-group rows have a
 // speedup over the 1-group row of the same run and placement, and Fig.
 // 6's destinations are adjacent.
@@ -136,7 +143,7 @@ func TestMulticastScale(t *testing.T) {
 			}
 		}
 	}
-	if scale != 4 || six != 1 || placements["goroutines"] != 2 || placements["shared nodes"] != 2 {
+	if scale != 4 || six != 1 || placements[mcPlacement("scale", "mem", mcRuntime)] != 2 || placements[mcPlacement("scale", "mem", mcShared)] != 2 {
 		t.Errorf("%d scale rows (by placement %v), %d fig 6 rows; want 2 per placement and 1:\n%v", scale, placements, six, rows)
 	}
 }
@@ -184,22 +191,23 @@ func TestMulticastFlags(t *testing.T) {
 		for _, tr := range f.trees {
 			trees = append(trees, fmt.Sprintf("%s/%d", tr.name, tr.t.Len()))
 		}
-		got = append(got, fmt.Sprintf("%s %v r%v k%v s%v %s c%d w%d", f.name, trees, f.replicas, f.dests, f.sizes, f.fabric, f.clients, f.window))
+		got = append(got, fmt.Sprintf("%s %v r%v k%v s%v %s c%d w%d p%v", f.name, trees, f.replicas, f.dests, f.sizes, f.fabric, f.clients, f.window, f.placements))
 	}
 	want := []string{
-		"5 [base/8 breadth/8 depth/8] r[3] k[1 2 4 8] s[64] mem c8 w4",
-		"6 [base/8 breadth/8 depth/8] r[3] k[2 4] s[64] mem c8 w4",
-		"7 [base/8] r[3] k[1 8] s[64 256 1024 4096 16384] mem c8 w4",
-		"8 [0:1,2/3] r[3 5 7] k[1 2 3] s[64] mem c8 w4",
-		"table1 [breadth/8] r[3] k[8] s[64] mem c16 w4",
-		"client [base/1] r[3] k[1] s[64] shm c1 w1",
-		"tax [base/1] r[3] k[1] s[64] mem c1 w1",
-		"scale [breadth/1 breadth/2 breadth/4 breadth/8] r[3] k[1] s[64] mem c2 w4",
+		"5 [base/8 breadth/8 depth/8] r[3] k[1 2 4 8] s[64] mem c8 w4 p[runtime]",
+		"6 [base/8 breadth/8 depth/8] r[3] k[2 4] s[64] mem c8 w4 p[runtime]",
+		"7 [base/8] r[3] k[1 8] s[64 256 1024 4096 16384] mem c8 w4 p[runtime]",
+		"8 [0:1,2/3] r[3 5 7] k[1 2 3] s[64] mem c8 w4 p[runtime]",
+		"table1 [breadth/8] r[3] k[8] s[64] mem c16 w4 p[runtime]",
+		"client [base/1] r[3] k[1] s[64] shm c1 w1 p[runtime]",
+		"tax [base/1] r[3] k[1] s[64] mem c1 w1 p[runtime]",
+		"scale [breadth/1 breadth/2 breadth/4 breadth/8] r[3] k[1] s[64] mem c2 w4 p[runtime shared]",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("figure defaults:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	for _, bad := range [][]string{{"--fig", "9"}, {"--replicas", "4"}, {"--fabric", "tcp"}, {"--tree", "0:0"}, {"--size", "4"}, {"--fig", "table1", "--replicas", "1"}} {
+	for _, bad := range [][]string{{"--fig", "9"}, {"--replicas", "4"}, {"--fabric", "tcp"}, {"--tree", "0:0"}, {"--size", "4"}, {"--fig", "table1", "--replicas", "1"},
+		{"--placement", "goroutines"}, {"--fig", "tax", "--placement", "shared"}, {"--fig", "table1", "--placement", "runtime,shared"}} {
 		if _, err := parseMulticastFlags(bad, &stderr); err == nil {
 			t.Errorf("flags %v accepted", bad)
 		}
@@ -231,5 +239,92 @@ func TestMulticastLateCompletion(t *testing.T) {
 	// One op over at least the 2 s from the window's start to it.
 	if m.opsPerS <= 0 || m.opsPerS > 0.5 {
 		t.Errorf("ops/s %v, want over the lengthened window (at most 0.5)", m.opsPerS)
+	}
+}
+
+// goid is the calling goroutine's id (from its stack header).
+func goid() string {
+	b := make([]byte, 64)
+	b = b[:goruntime.Stack(b, false)]
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return ""
+	}
+	return f[1]
+}
+
+// TestMulticastPlacement checks where each placement polls the replicas:
+// runtime (every figure's default) polls a group's replicas on one
+// goroutine, as kvserver's pollers do, also after a replica crashed (left
+// its poller) and restarted (joined it again); own polls each replica on a
+// goroutine of its own. The tax's runtime baseline runs its group's
+// members as one poller's tasks.
+func TestMulticastPlacement(t *testing.T) {
+	ctx := context.Background()
+	tr, err := tree.Shape("breadth", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pollers := func(c *mcCluster, x *mcReplica) string {
+		var id string
+		if !x.do(func() { id = goid() }) {
+			t.Fatalf("group %d replica %d is not polled", x.g, x.i)
+		}
+		return id
+	}
+	for _, pl := range []string{mcRuntime, mcOwn} {
+		c, err := openMcCluster(ctx, mcSpec{fabric: "mem", tree: tr, replicas: 3, window: 1, slotSize: mcSlotSize(64), et: 50 * time.Millisecond, placement: pl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		groupsOf := func() (per [][]string, distinct int) {
+			seen := map[string]bool{}
+			for _, rs := range c.reps {
+				var ids []string
+				for _, x := range rs {
+					id := pollers(c, x)
+					ids = append(ids, id)
+					seen[id] = true
+				}
+				per = append(per, ids)
+			}
+			return per, len(seen)
+		}
+		per, n := groupsOf()
+		for g, ids := range per {
+			same := ids[0] == ids[1] && ids[1] == ids[2]
+			if pl == mcRuntime && !same || pl == mcOwn && n != 9 {
+				t.Errorf("placement %s: group %d's replicas polled on goroutines %v (%d distinct in all)", pl, g, ids, n)
+			}
+		}
+		if pl == mcRuntime {
+			// crash group 1's replica 0 and restart it: it joins its group's poller
+			x := c.reps[1][0]
+			x.cancel()
+			<-x.done
+			if err := x.halt(); err != nil {
+				t.Fatal(err)
+			}
+			if err := restart(ctx, c, []*mcReplica{x}); err != nil {
+				t.Fatal(err)
+			}
+			if per, _ := groupsOf(); per[1][0] != per[1][1] || per[1][1] != per[1][2] {
+				t.Errorf("after a restart, group 1's replicas polled on goroutines %v", per[1])
+			}
+		}
+		if err := c.check(); err != nil {
+			t.Error(err)
+		}
+		if err := c.close(); err != nil {
+			t.Error(err)
+		}
+	}
+	g, err := openGroupRuntime(ctx, groupSpec{"mem", 3}, groupproc.Tuning{ElectionTimeout: 50 * time.Millisecond}, 0, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.close()
+	if st := g.pg.Stats(); len(st) != 1 || st[0].Tasks != 3 {
+		t.Errorf("the runtime baseline's poller group: %+v, want one poller with the 3 members", st)
 	}
 }

@@ -153,8 +153,18 @@ type Member struct {
 // maxEvents bounds the event record (oldest dropped first).
 const maxEvents = 4096
 
-// Start runs a member on node (which it takes over: Close closes it).
+// Start runs a member on node (which it takes over: Close closes it),
+// polled by a poller group of one poller of its own.
 func Start(cfg Config, node rdma.Node) (*Member, error) {
+	return StartOn(cfg, node, nil, -1)
+}
+
+// StartOn is Start with the member polled by pg (running, or run by the
+// caller later) instead of a group of its own: added with affinity key
+// (poller.Group.AddTo) if key >= 0, so that the members of one group in
+// one process share a poller as kvserver's replicas do. Close and Crash
+// take it out of pg (Handle.Remove); pg stays the caller's.
+func StartOn(cfg Config, node rdma.Node, pg *poller.Group, key int) (*Member, error) {
 	m := &Member{cfg: cfg, node: node, fsm: NewStateFSM(cfg.Record, cfg.StateBytes), done: make(chan struct{})}
 	var stable broadcast.Stable = &broadcast.MemStable{}
 	if cfg.StablePath != "" {
@@ -179,6 +189,18 @@ func Start(cfg Config, node rdma.Node) (*Member, error) {
 		return nil, fmt.Errorf("groupproc: member %d: %w", cfg.Self, err)
 	}
 	m.r = r
+	if pg != nil {
+		var h *poller.Handle
+		if key >= 0 {
+			h = pg.AddTo(key, r, node)
+		} else {
+			h = pg.Add(r, node)
+		}
+		// stop: once Remove returns no Poll of r runs any more.
+		m.cancel = func() { h.Remove() }
+		close(m.done)
+		return m, nil
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
 	g := poller.NewGroup(poller.GroupConfig{Pollers: 1, Spin: cfg.Spin})
