@@ -743,8 +743,9 @@ func FuzzMuxRecover(f *testing.F) {
 }
 
 // Streams used from their own goroutines (each replica's poller) over one
-// FileDevice on real files; every stream's records read back (run with
-// -race).
+// FileDevice on real files, the device continuing the log as the shared
+// log's does (Continue, then Kick); every stream's records read back (run
+// with -race).
 func TestMuxConcurrentStreams(t *testing.T) {
 	dir := t.TempDir() + "/wal"
 	mr, err := RecoverMux(vfs.OS, dir, testMuxMember)
@@ -752,7 +753,7 @@ func TestMuxConcurrentStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	var m *Mux
-	dev := NewFileDevice(vfs.OS, func() { m.Kick() })
+	dev := NewFileDevice(vfs.OS, func() { m.Continue(0); m.Kick() })
 	defer dev.Close()
 	m, err = OpenMux(dev, Config{Dir: dir, Member: testMuxMember, Mode: Sync, SegmentBytes: 16 << 10, GatherWindow: 50 * time.Microsecond}, mr)
 	if err != nil {
