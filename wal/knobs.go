@@ -70,4 +70,8 @@ type testingKnobs struct {
 	// for the other's followers until the window ends. Caught by
 	// TestMuxGather ("other starter:").
 	gatherSharedRound bool
+	// continueNoStart: Mux.Continue does nothing (the next batch waits
+	// for a stream's Poll, as before Continue: the device idles between a
+	// sync and the next write while a poller is scheduled). Caught by TestMuxContinue ("continued:").
+	continueNoStart bool
 }

@@ -332,6 +332,10 @@ type Mux struct {
 	starter int // -1: none yet
 	follows [64]uint64
 	expect  uint64
+
+	// Continue's counters (ContinueStats); lastContinued: the first
+	// global seq of the last batch it started.
+	continues, continued, lastContinued uint64
 }
 
 type muxSeg struct {
@@ -451,6 +455,45 @@ func (m *Mux) Kick() {
 	for _, k := range *m.kicks.Load() {
 		k()
 	}
+}
+
+// Continue polls the log from its device's goroutine, right after a
+// completion (the shared log's device calls it, then Kick): it reaps the
+// completion, moves every stream's Synced, and starts the next batch at
+// once, so that the device goes from one batch's fsync to the next
+// batch's write without waiting for a poller to be scheduled (under CPU
+// load that wait was longer than the fsync). It is a Poll at now (at
+// least the latest time any Poll gave; 0: that time), with one
+// difference: it never starts the gather's window (Config.GatherWindow),
+// which is the streams' Polls' to start at their own time; a batch the
+// gather would hold waits for them. What counts as synced is the
+// Writer's rule, whoever polls.
+func (m *Mux) Continue(now time.Duration) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.continues++
+	if m.knobs.continueNoStart {
+		return false
+	}
+	m.w.noHoldStart = true
+	tag := m.w.tag
+	p := m.poll(now)
+	m.w.noHoldStart = false
+	if m.w.tag != tag && m.w.cur != nil && (m.w.phase == pWrite || m.w.phase == pCreate) && m.w.cur.first > m.lastContinued {
+		m.continued++ // this Continue started a batch
+		m.lastContinued = m.w.cur.first
+	}
+	return p
+}
+
+// ContinueStats: completions the device continued (Continue calls), and
+// of them those that started the next batch (the rest found nothing due:
+// every record appended was in the batch that ended, or the gather held
+// the open one).
+func (m *Mux) ContinueStats() (calls, started uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.continues, m.continued
 }
 
 // Writer is the Mux's log (its Stats, Segments; not to append to).

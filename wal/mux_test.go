@@ -172,6 +172,10 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 	// (From the seed, not rng: the other seeds' runs stay as they were.)
 	cfg.GatherWindow = time.Duration(seed%2) * 300 * time.Microsecond
 	grng := rand.New(rand.NewPCG(seed, 0x676174))
+	// Half the device's completions continue the log on the device's side
+	// (Mux.Continue, as the shared log's FileDevice does): a Poll at any
+	// moment must keep every rule. (Its own rng: the other draws stay.)
+	crng := rand.New(rand.NewPCG(seed, 0x636f6e))
 	m, err := OpenMux(d, cfg, mr)
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +217,10 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 				m.Poll(now)
 			}
 		case x < 17:
-			d.step()
+			quiet := len(d.queue) > 0 && d.queue[0].Quiet
+			if d.step() && !quiet && crng.IntN(2) == 0 {
+				m.Continue(now)
+			}
 		case x < 18:
 			now += time.Duration(rng.IntN(1500)) * time.Microsecond
 		default:
@@ -736,8 +743,9 @@ func FuzzMuxRecover(f *testing.F) {
 }
 
 // Streams used from their own goroutines (each replica's poller) over one
-// FileDevice on real files; every stream's records read back (run with
-// -race).
+// FileDevice on real files, the device continuing the log as the shared
+// log's does (Continue, then Kick); every stream's records read back (run
+// with -race).
 func TestMuxConcurrentStreams(t *testing.T) {
 	dir := t.TempDir() + "/wal"
 	mr, err := RecoverMux(vfs.OS, dir, testMuxMember)
@@ -745,7 +753,7 @@ func TestMuxConcurrentStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	var m *Mux
-	dev := NewFileDevice(vfs.OS, func() { m.Kick() })
+	dev := NewFileDevice(vfs.OS, func() { m.Continue(0); m.Kick() })
 	defer dev.Close()
 	m, err = OpenMux(dev, Config{Dir: dir, Member: testMuxMember, Mode: Sync, SegmentBytes: 16 << 10, GatherWindow: 50 * time.Microsecond}, mr)
 	if err != nil {

@@ -167,8 +167,12 @@ type Writer struct {
 	hold     bool
 	holding  bool
 	holdFrom time.Duration
-	gathers  uint64 // batches a hold delayed
-	gatherTO uint64 // of them, those the window ended (no other stream came)
+	// noHoldStart: this Poll may not start a hold's window (Mux.Continue,
+	// polled from the device's goroutine, leaves a batch the gather
+	// would hold to the streams' Polls).
+	noHoldStart bool
+	gathers     uint64 // batches a hold delayed
+	gatherTO    uint64 // of them, those the window ended (no other stream came)
 
 	cur   *batch // sealed: being written, or waiting for space
 	spare []byte // the previous sealed batch's buffer, reused
@@ -500,6 +504,9 @@ func (w *Writer) held(now time.Duration) bool {
 		return false
 	}
 	if !w.holding {
+		if w.noHoldStart {
+			return true
+		}
 		w.holding, w.holdFrom = true, now
 		w.gathers++
 	}

@@ -34,6 +34,10 @@ type SharedLog struct {
 	dev     *wal.FileDevice
 	existed bool // Dir held log files before this start
 	knobs   sharedKnobs
+	// clock is the pollers' (Group.Now: the time base of the streams'
+	// Polls), set once they run (setClock); the device's Continue reads
+	// it. Unset: Continue polls at the last time a stream's Poll gave.
+	clock atomic.Pointer[func() time.Duration]
 }
 
 // sharedKnobs are the shared log's planted bugs (tests only).
@@ -87,6 +91,13 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 	var mp atomic.Pointer[wal.Mux]
 	s.dev = wal.NewFileDevice(fs, func() {
 		if m := mp.Load(); m != nil {
+			// On the device's goroutine: reap the completion and start
+			// the next batch now, not when a poller gets a CPU (wal.Mux.Continue).
+			var now time.Duration
+			if c := s.clock.Load(); c != nil {
+				now = (*c)()
+			}
+			m.Continue(now)
 			m.Kick() // one sync covers every stream: each poller looks
 		}
 	})
@@ -98,6 +109,14 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 	}
 	mp.Store(s.mux)
 	return s, nil
+}
+
+// setClock gives the log the pollers' clock (the time base of the
+// streams' Polls; nil-safe).
+func (s *SharedLog) setClock(now func() time.Duration) {
+	if s != nil {
+		s.clock.Store(&now)
+	}
 }
 
 // SharedLogGather is the shared log's wal.Config.GatherWindow in sync mode:
@@ -169,6 +188,11 @@ type SharedLogStatus struct {
 	// the window's end released.
 	GatherHeld     uint64 `json:"gather_held"`
 	GatherTimedOut uint64 `json:"gather_timed_out"`
+	// ContinueCalls: the device's completions it continued on its own
+	// goroutine (wal.Mux.Continue); ContinueStarted: of them, those that
+	// started the next batch (the rest found no record due).
+	ContinueCalls   uint64 `json:"continue_calls"`
+	ContinueStarted uint64 `json:"continue_started"`
 }
 
 // Status is the log's counters (any goroutine).
@@ -178,7 +202,8 @@ func (s *SharedLog) Status() *SharedLogStatus {
 	}
 	st := s.mux.Stats()
 	held, to := s.mux.GatherStats()
-	return &SharedLogStatus{GatherHeld: held, GatherTimedOut: to, Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
+	cc, cs := s.mux.ContinueStats()
+	return &SharedLogStatus{GatherHeld: held, GatherTimedOut: to, ContinueCalls: cc, ContinueStarted: cs, Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
 		WALSegmentBytes: st.SegmentBytes, UnsyncedBytes: st.UnsyncedBytes, Fsyncs: st.Fsyncs, FsyncP50: quantile(&st.FsyncLatency, 0.5),
 		FsyncP99: quantile(&st.FsyncLatency, 0.99), DiskFull: st.DiskFull}
 }
