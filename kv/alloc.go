@@ -24,6 +24,13 @@ type heap struct {
 	deferred []uint64         // freed while a snapshot reads: (class<<48 | ref)
 	grant    func(rdma.Region) error
 	used     int // bytes in live records (class sizes)
+	// lookahead is TableConfig.PrefaultHeap: the bytes past the bump
+	// pointer the faulter keeps mapped (0: no faulter); ahead is the
+	// offset in region cur up to which it was asked to (heapfault.go).
+	lookahead int
+	ahead     int
+	faulter   *heapFaulter // started at the first allocation
+	knobs     *testingKnobs
 }
 
 func refOf(h int, off int) uint64 { return uint64(h)<<40 | uint64(off) }
@@ -64,13 +71,14 @@ func (hp *heap) alloc(size int) (uint64, error) {
 	ref := refOf(hp.cur, hp.bump)
 	hp.bump += c
 	hp.used += c
+	hp.prefaultAhead()
 	return ref, nil
 }
 
 func (hp *heap) grow() error {
 	if len(hp.regions) > 0 && hp.cur+1 < len(hp.regions) {
 		hp.cur++ // reuse a region after a reset
-		hp.bump = 0
+		hp.bump, hp.ahead = 0, 0
 		return nil
 	}
 	if len(hp.regions) == maxHeaps {
@@ -89,7 +97,7 @@ func (hp *heap) grow() error {
 	hp.regions = append(hp.regions, r)
 	hp.mems = append(hp.mems, r.Bytes())
 	hp.cur = len(hp.regions) - 1
-	hp.bump = 0
+	hp.bump, hp.ahead = 0, 0
 	return nil
 }
 
@@ -97,10 +105,10 @@ func (hp *heap) grow() error {
 // commits).
 func (hp *heap) ensure(n int) error {
 	for len(hp.regions) < n {
-		cur, bump := hp.cur, hp.bump
+		cur, bump, ahead := hp.cur, hp.bump, hp.ahead
 		hp.cur = len(hp.regions) - 1
 		err := hp.grow()
-		hp.cur, hp.bump = cur, bump
+		hp.cur, hp.bump, hp.ahead = cur, bump, ahead
 		if err != nil {
 			return err
 		}
@@ -136,7 +144,7 @@ func (hp *heap) reset() {
 	hp.used = 0
 	// Start over in region 0; later regions are reused as the bump
 	// pointer reaches them.
-	hp.cur, hp.bump = 0, 0
+	hp.cur, hp.bump, hp.ahead = 0, 0, 0
 }
 
 func (hp *heap) bytes(ref uint64, size int) []byte {
@@ -145,6 +153,7 @@ func (hp *heap) bytes(ref uint64, size int) []byte {
 }
 
 func (hp *heap) close() {
+	hp.stopFaulter() // before the regions it touches are unmapped
 	for _, r := range hp.regions {
 		r.Close()
 	}

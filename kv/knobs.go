@@ -112,6 +112,19 @@ type testingKnobs struct {
 	// waits for the Persist walks under way, with how many there are.
 	onCloseWait func(walking int)
 
+	// prefaultOnce (table): the heap's pre-fault goroutine is asked for
+	// the first PrefaultHeap bytes of the heap only, not for the pages
+	// ahead of the bump pointer as it moves (TestPrefaultHeap: pages
+	// past the bump found unmapped).
+	prefaultOnce bool
+	// genNotPrefaulted (table): a new index generation is not asked of
+	// the pre-fault goroutine (TestPrefaultHeap: its pages unmapped).
+	genNotPrefaulted bool
+	// touchChanges (table): the pre-fault goroutine touches a page with
+	// a plain store of zero instead of an add of zero, overwriting what
+	// the poller wrote there (TestPrefaultHeap: records changed).
+	touchChanges bool
+
 	// State of the bugs above (table).
 	lastServed uint64 // noQuorum: the last epoch this table served
 	promise    uint64 // latePromise: the promise not yet published

@@ -91,7 +91,18 @@ type TableConfig struct {
 	// then only a released capture's buffer). Off in the simulator (no
 	// goroutines there); a kvserver with a durable mode sets it.
 	PrefaultSpare bool
+	// PrefaultHeap is how many bytes past the heap's bump pointer (where
+	// inserts of new keys take their records) a goroutine of the table
+	// keeps faulted in, off the polling goroutine (heapfault.go): a
+	// fresh page's first store there cost the poller 15-30 µs on this
+	// project's VM, once per few records. 0: off (the simulator: no
+	// goroutines there); a kvserver replica sets DefaultPrefaultHeap.
+	// The cost is at most this much memory mapped before it is used.
+	PrefaultHeap int
 }
+
+// DefaultPrefaultHeap is the PrefaultHeap a kvserver replica uses.
+const DefaultPrefaultHeap = 4 << 20
 
 // DefaultMaxRequest is TableConfig.MaxRequest's default for the given key
 // and value limits: one key and one value, and 4 KiB of encoding and other
@@ -274,7 +285,8 @@ func NewTable(cfg TableConfig, node rdma.Node) (*Table, error) {
 		return nil, err
 	}
 	t := &Table{cfg: cfg, node: node, stages: map[uint32][]*stage{}}
-	t.heap = heap{node: node, group: cfg.Group, size: cfg.HeapRegionSize, free: map[int][]uint64{}, grant: t.grant}
+	t.heap = heap{node: node, group: cfg.Group, size: cfg.HeapRegionSize, free: map[int][]uint64{}, grant: t.grant,
+		lookahead: cfg.PrefaultHeap, knobs: &t.knobs}
 	var err error
 	if t.hdr, err = node.Register(headerRegion(cfg.Group), hdrSize); err != nil {
 		return nil, fmt.Errorf("kv: register header: %w", err)
@@ -320,6 +332,7 @@ func (t *Table) newGen(n, log int) (gen, error) {
 // Close releases every region.
 func (t *Table) Close() error {
 	t.prefaultWG.Wait()
+	t.heap.stopFaulter() // before the regions it touches are unmapped
 	t.closeWalks()
 	if t.hdr != nil {
 		t.hdr.Close()
@@ -453,6 +466,9 @@ type Stats struct {
 	// SparePrefaults the spares pre-faulted off it (PrefaultSpare).
 	FreshIndexCopies int
 	SparePrefaults   int
+	// HeapPrefaults: the heap's pages faulted in off the polling
+	// goroutine (PrefaultHeap).
+	HeapPrefaults HeapPrefaults
 	// Ordered is the ordered part's size and work (nil: none).
 	Ordered *btree.StoreStats `json:",omitempty"`
 }
@@ -462,7 +478,7 @@ func (t *Table) Stats() Stats {
 	s := Stats{Records: t.count, HeapBytes: t.heap.used, HeapRegions: len(t.heap.regions),
 		IndexBytes: len(t.cur.mem), Gen: t.cur.n, LogBuckets: t.cur.log, Migrating: t.old != nil, Restores: t.restores,
 		SnapshotMaxNs: t.snapMaxNs, FreshIndexCopies: t.freshCopies, SparePrefaults: int(t.spareFaults.Load()),
-		Ordered: t.orderedStats()}
+		HeapPrefaults: t.heap.prefaults(), Ordered: t.orderedStats()}
 	if t.old != nil {
 		s.IndexBytes += len(t.old.mem)
 	}
@@ -1074,8 +1090,15 @@ func (t *Table) startGrowth() error {
 		return err
 	}
 	if t.retire != nil {
+		t.heap.prefaultsDone() // it may still touch that generation
 		t.retire.region.Close()
 		t.retire = nil
+	}
+	// The migration and the inserts store into the new generation's
+	// buckets at their keys' hashes, all over it from the start: its
+	// pages are faulted in off the poller too (PrefaultHeap).
+	if !t.knobs.genNotPrefaulted {
+		t.heap.prefaultRange(ng.mem)
 	}
 	old := t.cur
 	t.old = &old
@@ -1743,6 +1766,7 @@ func (t *Table) Restore(b []byte) error {
 	// Nothing fails from here on. Captures still persisting would read
 	// records the copy below overwrites: they fail (heapEpoch).
 	t.heapEpoch.Add(1)
+	t.heap.prefaultsDone() // before the generations it touches go
 	for _, g := range []*gen{&t.cur, t.old, t.retire} {
 		if g != nil && g.region != nil {
 			g.region.Close()
