@@ -70,7 +70,7 @@ func TestOneWriterOnePoller(t *testing.T) {
 		c := openClient(t, p, m)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		groups := map[uint32]bool{}
-		for i := range 200 {
+		for i := range 100 {
 			key := fmt.Appendf(nil, "k%d", i)
 			groups[m.GroupOf(key)] = true
 			if _, err := c.Put(ctx, key, []byte("v")); err != nil {
