@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -169,8 +170,11 @@ type kvFlags struct {
 	// ("": not passed, kvserver's default), spareP also the replica
 	// child's (ChildConfig.SpareP)
 	walLayout, spareP string
-	rows              []string // of kvRowNames
-	ordered           bool     // not a flag: kvbench btree's cluster, with an ordered keyspace
+	// opLog: a file that gets every measured op of rdmakv's one-goroutine
+	// rows (--op-log)
+	opLog   string
+	rows    []string // of kvRowNames
+	ordered bool     // not a flag: kvbench btree's cluster, with an ordered keyspace
 	// Not flags (kvbench btree --groups without --embedded): the child's
 	// groups of 3 replicas (0: 1) and the ordered keyspace's split points.
 	childGroups   int
@@ -205,6 +209,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.StringVar(&o.durability, "durability", "memory", "--embedded: what the replicas keep on disk (kvserver --durability): memory, async or sync; a durable mode's data dir is a fresh directory under $TMPDIR (put it on the disk to measure), removed at the end")
 	fs.StringVar(&o.walLayout, "wal-layout", "", "--embedded with --durability async or sync: kvserver --wal-layout, per-replica or shared (default: not passed, kvserver's per-replica)")
 	fs.StringVar(&o.spareP, "spare-p", "", "the replicas' pollers' spare P, auto or off: kvserver --spare-p with --embedded, else the replicas' process's (default: not passed, auto)")
+	fs.StringVar(&o.opLog, "op-log", "", "append every measured op of rdmakv's one-goroutine get and put rows to `file`, a line each: the row, the run, the op's end (ns since the Unix epoch, wall clock) and its latency (ns), to line slow ops up with the replicas' events")
 	rows := fs.String("rows", "", "comma-separated measurements: growth, memory, get, put (default all; with --embedded: put)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -466,12 +471,19 @@ func (h *headerReader) read() (kv.Header, error) {
 // kvstat is one measurement of a get or put row.
 type kvstat struct {
 	p50, p99 time.Duration
-	n        uint64
-	opsPerS  float64
-	otherCPU float64 // -1: unknown
-	retries  int
-	total    uint64 // ops completed, warm-up included
-	cost     opCost // per op of total
+	// the rest of the distribution: mean (= 1 / the ops/s of one
+	// goroutine: an op's time runs from the end of the one before), p90,
+	// p99.9 and the slowest op
+	mean, p90, p999, max time.Duration
+	n                    uint64
+	// ends and lats: every measured op's end (wall clock, ns since the
+	// Unix epoch) and latency (ns), when asked for (--op-log)
+	ends, lats []int64
+	opsPerS    float64
+	otherCPU   float64 // -1: unknown
+	retries    int
+	total      uint64 // ops completed, warm-up included
+	cost       opCost // per op of total
 }
 
 func (s *kvstat) load() float64    { return s.otherCPU }
@@ -488,12 +500,19 @@ type kvOp func() error
 // on until it completes one, and ops/s is over the measured part so
 // lengthened: a slow machine gives slow figures, never no figure.
 func closedLoop(threads int, tm timing, mk func(g int) kvOp) (kvstat, error) {
+	return closedLoopLog(threads, tm, false, mk)
+}
+
+// closedLoopLog is closedLoop; with keep, it also returns every measured
+// op's end (wall clock) and latency (kvstat.ends, lats), for --op-log.
+func closedLoopLog(threads int, tm timing, keep bool, mk func(g int) kvOp) (kvstat, error) {
 	ops := make([]kvOp, threads)
 	for g := range ops {
 		ops[g] = mk(g)
 	}
 	type result struct {
 		samples []uint32 // ns
+		ends    []time.Duration
 		last    time.Duration
 		total   uint64
 		err     error
@@ -520,6 +539,9 @@ func closedLoop(threads int, tm timing, mk func(g int) kvOp) (kvstat, error) {
 				r.total++
 				if t1 >= warmEnd && (t1 < end || len(r.samples) == 0) {
 					r.samples = append(r.samples, uint32(min(t1-t0, math.MaxUint32)))
+					if keep {
+						r.ends = append(r.ends, t1)
+					}
 					r.last = t1
 				}
 				if t1 >= end || failed.Load() {
@@ -532,21 +554,47 @@ func closedLoop(threads int, tm timing, mk func(g int) kvOp) (kvstat, error) {
 	wg.Wait()
 	var h hist.Hist
 	var total uint64
+	var ends, lats []int64
 	measured := tm.dur
 	for _, r := range rs {
 		if r.err != nil {
 			return kvstat{}, r.err
 		}
 		total += r.total
-		for _, s := range r.samples {
+		for i, s := range r.samples {
 			h.Record(time.Duration(s))
+			if keep {
+				ends = append(ends, base.Add(r.ends[i]).UnixNano())
+				lats = append(lats, int64(s))
+			}
 		}
 		measured = max(measured, r.last-warmEnd)
 	}
 	if h.N() == 0 {
 		return kvstat{}, fmt.Errorf("no op completed in the measured %v", measured)
 	}
-	return kvstat{p50: h.Quantile(0.50), p99: h.Quantile(0.99), n: h.N(), total: total, opsPerS: float64(h.N()) / measured.Seconds()}, nil
+	return kvstat{p50: h.Quantile(0.50), p99: h.Quantile(0.99), mean: h.Mean(), p90: h.Quantile(0.90), p999: h.Quantile(0.999), max: h.Max(),
+		n: h.N(), total: total, opsPerS: float64(h.N()) / measured.Seconds(), ends: ends, lats: lats}, nil
+}
+
+// appendOpLog appends one row's measured ops to the file path (--op-log):
+// a line an op, "row run end_unix_ns latency_ns" (row with '_' for
+// spaces).
+func appendOpLog(path, row string, run int, ends, lats []int64) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	row = strings.ReplaceAll(row, " ", "_")
+	for i := range ends {
+		fmt.Fprintf(w, "%s %d %d %d\n", row, run, ends[i], lats[i])
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // ratio is a / b, or 0 if either is not positive (JSON has no Inf).
@@ -1340,7 +1388,14 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 			continue
 		}
 		p := kvPair{ours: st}
-		line := fmt.Sprintf("%-24s p50 %-8s p99 %-8s %8s ops/s", what, fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS))
+		if len(st.ends) > 0 {
+			if err := appendOpLog(o.opLog, what, run, st.ends, st.lats); err != nil {
+				e.note("--op-log: %v", err)
+			}
+			p.ours.ends, p.ours.lats = nil, nil
+		}
+		line := fmt.Sprintf("%-24s p50 %-8s p99 %-8s %8s ops/s (mean %s, p90 %s, p99.9 %s, max %s)", what, fmtDur(st.p50), fmtDur(st.p99), fmtOps(st.opsPerS),
+			fmtDur(st.mean), fmtDur(st.p90), fmtDur(st.p999), fmtDur(st.max))
 		if c := st.cost; c.ok {
 			line += fmt.Sprintf("; per op: %.1f allocs, wake-ups %.2f client (%.2f preempted) %.2f replicas (%.2f preempted), cpu %.1f µs client %.1f µs replicas",
 				c.allocs, c.clientWakeups, c.clientPreempts, c.serverWakeups, c.serverPreempts, c.clientCPU, c.serverCPU)
@@ -1392,7 +1447,7 @@ func (e *kvEnv) sample(tm timing, threads int, mk func(g int) kvOp, costed bool)
 			w0 = rs.c.Stats()
 		}
 	}
-	st, err := closedLoop(threads, tm, mk)
+	st, err := closedLoopLog(threads, tm, costed && threads == 1 && e.o.opLog != "", mk)
 	if costed {
 		c1 := takeCostAfter(e.reps)
 		c1.pollers = readPollerCounts(ctl)
@@ -1479,13 +1534,19 @@ func shmLeftovers(dir, name string) []string {
 
 // kvRow is one output line.
 type kvRow struct {
-	Bench           string  `json:"bench"`       // "kv"
-	Op              string  `json:"op"`          // get, put, get-during-growth, memory
-	Consistency     string  `json:"consistency"` // linearizable, stale-ok; "" for puts and memory
-	Threads         int     `json:"threads"`
-	Records         int     `json:"records"`
-	P50NS           int64   `json:"p50_ns"`
-	P99NS           int64   `json:"p99_ns"`
+	Bench       string `json:"bench"`       // "kv"
+	Op          string `json:"op"`          // get, put, get-during-growth, memory
+	Consistency string `json:"consistency"` // linearizable, stale-ok; "" for puts and memory
+	Threads     int    `json:"threads"`
+	Records     int    `json:"records"`
+	P50NS       int64  `json:"p50_ns"`
+	P99NS       int64  `json:"p99_ns"`
+	// get and put rows: the rest of the distribution (medians over runs);
+	// mean_ns is an op's mean time, its goroutine's 1 / ops/s
+	MeanNS          int64   `json:"mean_ns,omitempty"`
+	P90NS           int64   `json:"p90_ns,omitempty"`
+	P999NS          int64   `json:"p999_ns,omitempty"`
+	MaxNS           int64   `json:"max_ns,omitempty"`
 	OpsPerS         float64 `json:"ops_per_s"`
 	Baseline        string  `json:"baseline"` // "redis", or "" without redis-server
 	BaselineOpsPerS float64 `json:"baseline_ops_per_s"`
@@ -1625,6 +1686,10 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 		r.costCols = medianCost(ps, func(p kvPair) opCost { return p.ours.cost })
 		r.P50NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p50) }))
 		r.P99NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p99) }))
+		r.MeanNS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.mean) }))
+		r.P90NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p90) }))
+		r.P999NS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.p999) }))
+		r.MaxNS = int64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.max) }))
 		r.OpsPerS = medianOf(ps, func(p kvPair) float64 { return p.ours.opsPerS })
 		r.N = uint64(medianOf(ps, func(p kvPair) float64 { return float64(p.ours.n) }))
 		r.OtherCPU = medianOf(ps, func(p kvPair) float64 { return p.ours.otherCPU })

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,8 +51,9 @@ func TestClosedLoopSlowOps(t *testing.T) {
 // TestClosedLoopSlowOps), so every figure it checks is positive however
 // loaded the machine.
 func TestKVQuickJSON(t *testing.T) {
+	opLog := filepath.Join(t.TempDir(), "ops")
 	args := []string{"kv", "--quick", "--json", "--records", "20000", "--duration", "1ms", "--interval", "20ms",
-		"--retries", "0", "--threads", "1,4", "--put-threads", "16"}
+		"--retries", "0", "--threads", "1,4", "--put-threads", "16", "--op-log", opLog}
 	var stdout, stderr bytes.Buffer
 	if code := run(args, &stdout, &stderr); code != 0 {
 		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
@@ -89,7 +91,11 @@ func TestKVQuickJSON(t *testing.T) {
 			t.Errorf("no row %s; have %v", name, keys(rows))
 			continue
 		}
-		positive(t, r, "ops_per_s", "p50_ns", "p99_ns", "cost_ops")
+		positive(t, r, "ops_per_s", "p50_ns", "p99_ns", "cost_ops", "mean_ns", "p90_ns", "p999_ns", "max_ns")
+		// medians over one run: the distribution's own order
+		if q := []float64{num(r["p50_ns"]), num(r["p90_ns"]), num(r["p99_ns"]), num(r["p999_ns"]), num(r["max_ns"])}; !slices.IsSorted(q) || num(r["mean_ns"]) > q[4] {
+			t.Errorf("row %s: p50, p90, p99, p99.9, max %v and mean %v out of order", name, q, r["mean_ns"])
+		}
 		nonNegative(t, r, kvCostFields...)
 		if hp, _ := r["huge_pages"].(map[string]any); hp == nil || hp["mode"] == nil || hp["reason"] == nil {
 			t.Errorf("row %s: huge_pages %v, want a mode and a reason", name, r["huge_pages"])
@@ -103,6 +109,30 @@ func TestKVQuickJSON(t *testing.T) {
 				t.Errorf("row %s: baseline %v, want redis", name, r["baseline"])
 			}
 		}
+	}
+	// --op-log: a line for every measured op of the one-goroutine rows
+	// (gets of both consistencies, the put), none of the others'
+	b, err := os.ReadFile(opLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := map[string]float64{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var row string
+		var run int
+		var end, lat int64
+		if n, err := fmt.Sscanf(line, "%s %d %d %d", &row, &run, &end, &lat); n != 4 || err != nil || run != 1 || end < 1e18 || lat <= 0 {
+			t.Fatalf("--op-log line %q: want row, run 1, end ns since the epoch, latency ns (%v)", line, err)
+		}
+		logged[row]++
+	}
+	for row, name := range map[string]string{"get_stale-ok_x1": "get/stale-ok/1", "get_linearizable_x1": "get/linearizable/1", "put_x1": "put//1"} {
+		if r := rows[name]; r != nil && logged[row] != num(r["n"]) {
+			t.Errorf("--op-log: %v lines of %s, want the row's n %v", logged[row], row, r["n"])
+		}
+	}
+	if len(logged) != 3 {
+		t.Errorf("--op-log has rows %v, want the three one-goroutine rows", logged)
 	}
 	if g, ok := rows["get-during-growth/stale-ok/1"]; !ok {
 		t.Errorf("no get-during-growth row; have %v", keys(rows))
@@ -300,4 +330,10 @@ func TestKVRowsFlags(t *testing.T) {
 			t.Errorf("kv %v: no error", args)
 		}
 	}
+}
+
+// num is a JSON number of a row (0 if absent).
+func num(v any) float64 {
+	f, _ := v.(float64)
+	return f
 }

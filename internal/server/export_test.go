@@ -1,6 +1,10 @@
 package server
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/rdmakv/rdmakv/poller"
+)
 
 // SetBackupLateGroup plants the lateGroup bug (backupKnobs) in group g's
 // replicas of the process pc starts.
@@ -51,3 +55,7 @@ func SharedLogDir(p *Process, g, i int) string {
 	}
 	return h.dur.sharedDir()
 }
+
+// ProcessSpare is the spare P of p's pollers (poller.Group.Spare) and
+// whether they hold their parks now.
+func ProcessSpare(p *Process) (poller.Spare, bool) { return p.pollers.Spare(), p.pollers.Holding() }

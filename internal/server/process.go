@@ -37,8 +37,10 @@ type ProcessConfig struct {
 	// Broadcast is the Acuerdo configuration of every replica (Self is set
 	// per replica, and Start by Prepare).
 	Broadcast broadcast.Config
-	// Pollers is the number of poller goroutines; 0 means one per core,
-	// at most one per hosted group (a group's replicas share a poller).
+	// Pollers is the number of poller goroutines; 0 means
+	// DefaultPollers: one per core, at most one per hosted group (a
+	// group's replicas share a poller), and with SpareP on the shm
+	// fabric one core left to the clients.
 	Pollers int
 	// Spin and MaxPark are the pollers' (poller.GroupConfig).
 	Spin, MaxPark time.Duration
@@ -54,7 +56,11 @@ type ProcessConfig struct {
 	// keeps the parks of a process without it (p50 12.3 against 12.0
 	// µs; always holding: 18.4), many writers' take it (x64 231 k/s and
 	// 8.1 µs CPU a put, against 206 k and 9.1 without, 225 k and 8.3
-	// always holding).
+	// always holding). On shm SpareP also leaves a core to the clients
+	// (DefaultPollers), so with two cores or more the pollers are fewer
+	// than GOMAXPROCS and have the spare P from the start: they hold
+	// whenever a stream flows and never switch (one writer's mean put
+	// 15 against 61-75 µs, x64 385-396 against 223-259 k/s: DefaultPollers).
 	SpareP bool
 	// Prepare, if set, is called for each replica with its node open and
 	// before the replica is built (it may probe the replica's peers): it
@@ -261,7 +267,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	}
 	np := cfg.Pollers
 	if np <= 0 {
-		np = max(1, min(runtime.GOMAXPROCS(0), len(groups)))
+		np = DefaultPollers(runtime.GOMAXPROCS(0), len(groups), spec.Fabric == "shm" && cfg.SpareP)
 	}
 	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
 		started: StartStatus{Began: began}}
@@ -886,6 +892,33 @@ func electionTimeout(bc broadcast.Config) time.Duration {
 		return bc.ElectionTimeout
 	}
 	return broadcast.DefaultElectionTimeout
+}
+
+// DefaultPollers is a process's pollers (ProcessConfig.Pollers 0) for
+// procs cores (GOMAXPROCS) and groups hosted groups: one per core, at
+// most one per group, at least one; with clientCore, one core fewer (at
+// least one poller), left to the clients. kvserver and the replica child
+// (SpareP) on shm ask for it: every client of an shm cluster runs on the
+// replicas' host, and a writer waiting for its reply spins on a core.
+//
+// Why (issue 17, docs/dev/write-path-plan.md "One writer's slow puts"):
+// on 2 cores, one writer against the embedded cluster's 2 groups had two
+// pollers and the writer's spin wanting the 2 cores. A put to the group
+// whose poller had parked waited for a core until the other poller's or
+// the writer's spin ran out (the 80-100 µs puts), and once the pollers'
+// spin budgets ran down every put paid a park and a wake in each process
+// (150-350 µs): p50 11-12 µs but a mean of 40-66 µs. With one poller for
+// both groups (its passes at one writer rarely go idle) the mean fell to
+// 13-20 µs, and 64 writers did not lose (the client needs the other
+// core). The one poller then has a P to spare (GOMAXPROCS above the
+// pollers), so it holds its parks while a stream flows (poller, "Held
+// parks"), with no switches of GOMAXPROCS.
+func DefaultPollers(procs, groups int, clientCore bool) int {
+	n := procs
+	if clientCore {
+		n--
+	}
+	return max(1, min(n, groups))
 }
 
 // position is where node id sits in m's groups.
