@@ -232,7 +232,7 @@ func BenchmarkStoreApplyBatch(b *testing.B) {
 	}
 	val := make([]byte, 100)
 	for _, replicas := range []int{1, 3} {
-		for _, mode := range []string{"get", "blind"} {
+		for _, mode := range []string{"get", "blind", "off", "batch"} {
 			b.Run(fmt.Sprintf("replicas=%d/%s", replicas, mode), func(b *testing.B) {
 				stores := make([]*Store, replicas)
 				for r := range stores {
@@ -242,6 +242,7 @@ func BenchmarkStoreApplyBatch(b *testing.B) {
 					}
 					stores[r] = s
 					s.knobs.noBlindPut = mode == "get"
+					s.t.knobs.noPrefetch = mode == "off"
 					ops := make([]Op, MaxMulti)
 					idx := uint64(1)
 					for i := 0; i < n; i += MaxMulti {
@@ -270,9 +271,16 @@ func BenchmarkStoreApplyBatch(b *testing.B) {
 					}
 					idx++
 					for _, s := range stores {
+						if mode == "batch" {
+							for _, req := range reqs {
+								s.Prefetch(req)
+							}
+							s.TouchBatch()
+						}
 						for _, req := range reqs {
 							s.Apply(idx, req)
 						}
+						s.Publish(idx)
 					}
 				}
 				// As kvbench's x1 insert row before its x64 row: 10 k
@@ -432,5 +440,90 @@ func BenchmarkTreeInsertFill(b *testing.B) {
 	for s, name := range []string{"full", "half"} {
 		b.ReportMetric(float64(cpu[s])/float64(i*trees), name+"-cpu-ns/insert")
 		b.ReportMetric(1000*float64(sets[s][0].Usage().LeafSplits-splits0[s])/float64(i), name+"-splits/k")
+	}
+}
+
+// BenchmarkStoreApplyPrefetch compares a replica's apply of kvbench
+// btree's x64 insert row with and without the batch's prefetch
+// (prefetch.go), in one process: two sets of three Stores (a group's
+// replicas on one poller) of 100 k keys loaded in ascending order, then
+// 10 k inserts, then batch entries of 16 multi requests of 4 new keys
+// (as BenchmarkStoreApplyBatch), each batch applied by one set and then
+// by the other, which set goes first alternating, so the load of a
+// shared machine falls on both alike. off-cpu-ns/insert and
+// on-cpu-ns/insert are the thread's CPU per insert on one replica:
+// without prefetch (noPrefetch) and with it (Prefetch of every request,
+// TouchBatch, the applies, Publish, as kv.Table drives it).
+func BenchmarkStoreApplyPrefetch(b *testing.B) {
+	const n, msgs, per, replicas = 100_000, 16, 4, 3
+	key := func(i int) []byte { return fmt.Appendf(nil, "\x01k%015d", i) }
+	val := make([]byte, 100)
+	mk := func(off bool) []*Store {
+		stores := make([]*Store, replicas)
+		for r := range stores {
+			s, err := NewStore(StoreConfig{Tablets: []Tablet{All}, MaxChunks: 64, ChunkSlots: 4096}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.t.knobs.noPrefetch = off
+			ops := make([]Op, MaxMulti)
+			for i := 0; i < n; i += MaxMulti {
+				for j := range ops {
+					ops[j] = Op{Kind: OpPut, Key: key(i + j), Value: val}
+				}
+				s.Apply(uint64(i/MaxMulti+2), AppendMulti(nil, ops))
+			}
+			stores[r] = s
+		}
+		return stores
+	}
+	sets := [2][]*Store{mk(true), mk(false)}
+	rng := rand.New(rand.NewPCG(7, 7))
+	reqs := make([][]byte, msgs)
+	ops := make([]Op, per)
+	idx := uint64(1 << 20)
+	var cpu [2]int64
+	apply := func(set int) {
+		c0 := threadCPU()
+		for _, s := range sets[set] {
+			for _, req := range reqs {
+				s.Prefetch(req)
+			}
+			s.TouchBatch()
+			for _, req := range reqs {
+				s.Apply(idx, req)
+			}
+			s.Publish(idx)
+		}
+		cpu[set] += threadCPU() - c0
+	}
+	batch := func() {
+		for m := range reqs {
+			for j := range ops {
+				k := key(rng.IntN(n))
+				k[len(k)-1] = byte('a' + rng.IntN(26))
+				ops[j] = Op{Kind: OpPut, Key: k, Value: val}
+			}
+			reqs[m] = AppendMulti(reqs[m][:0], ops)
+		}
+		idx++
+	}
+	for range 10_000 / (msgs * per) {
+		batch()
+		apply(0)
+		apply(1)
+	}
+	cpu = [2]int64{}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	i := 0
+	for b.Loop() {
+		batch()
+		apply(i % 2)
+		apply(1 - i%2)
+		i++
+	}
+	for s, name := range []string{"off", "on"} {
+		b.ReportMetric(float64(cpu[s])/float64(i*msgs*per*replicas), name+"-cpu-ns/insert")
 	}
 }

@@ -93,6 +93,7 @@ func (t *Tree) relinkInPlace(id, prev NodeID, stamp uint64) bool {
 		return false
 	}
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	t.shape++
 	binary.LittleEndian.PutUint64(l.b[offPrev:], uint64(prev))
 	used := (l.dataEnd + checkSize + 7) &^ 7
 	t.seal(&l, used-checkSize, l.n.Count, l.dataEnd, stamp)
@@ -122,6 +123,7 @@ func (t *Tree) addChildInPlace(id, left NodeID, sep []byte, right NodeID, stamp 
 		return false
 	}
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	t.shape++
 	le := binary.LittleEndian
 	p := l.openGap(i, ns)
 	le.PutUint16(l.b[p:], uint16(len(sep)))

@@ -35,6 +35,16 @@ type testingKnobs struct {
 	// version it replaced is not used), so an overwrite looks like an
 	// insert to the client.
 	blindNoPrev bool
+	// noPrefetch turns the batch's prefetch off (prefetch.go): the
+	// reference its results and bytes are held to.
+	noPrefetch bool
+	// prefetchIgnoreShape plants a bug: a path kept by prefetch is taken
+	// even after a split changed the tree's shape, so a key whose leaf
+	// split since goes into the old leaf, outside its fences.
+	prefetchIgnoreShape bool
+	// prefetchSkipFence plants a bug: a kept leaf is taken after a split
+	// without checking that its fences still hold the key.
+	prefetchSkipFence bool
 	// halfSplits splits every node at half its bytes, the last of its
 	// level too (the comparison for splitAt's RightFill).
 	halfSplits bool

@@ -67,11 +67,16 @@ type Store struct {
 	// work counts what Apply did (Stats).
 	work StoreStats
 
-	ops   []Op
-	mops  []Op
-	mbuf  []byte
-	mfail int
-	res   []byte
+	ops  []Op
+	mops []Op
+	// preKeys are the keys of the batch's requests Prefetch kept for
+	// TouchBatch (prefetch.go); touched:
+	// TouchBatch kept paths for the batch being applied.
+	preKeys [][]byte
+	touched bool
+	mbuf    []byte
+	mfail   int
+	res     []byte
 }
 
 type pendingFree struct {
@@ -302,8 +307,13 @@ type StoreStats struct {
 	ArenaBytes int
 	Usage
 	Requests, Writes, Inserts, TabletSplits uint64
-	GarbageKeys, GarbageRanges              int
-	GarbageDeleted, GarbageCleared          uint64
+	// Prefetched counts the keys whose paths a prefetch kept
+	// (prefetch.go: a batch's, at TouchBatch, or a multi request's
+	// own), PrefetchUsed the lookups of the applies that took a kept
+	// leaf, PrefetchBatches the batches whose TouchBatch kept paths.
+	Prefetched, PrefetchUsed, PrefetchBatches uint64
+	GarbageKeys, GarbageRanges                int
+	GarbageDeleted, GarbageCleared            uint64
 }
 
 // Stats is the Store's size and work.
@@ -313,6 +323,7 @@ func (s *Store) Stats() StoreStats {
 	st.GarbageKeys, st.GarbageRanges = s.garbageKeys, len(s.garbage)
 	st.Slots, st.ArenaBytes = s.a.Slots(), len(s.a.chunks)*s.a.per*s.a.size
 	st.Usage = s.t.Usage()
+	st.Prefetched, st.PrefetchUsed = s.t.prefetchedKeys, s.t.prefetchUsed
 	return st
 }
 
@@ -323,6 +334,8 @@ func (s *Store) Stats() StoreStats {
 // more keys of dropped tablets.
 func (s *Store) Publish(applied uint64) {
 	s.gcLeft = s.cfg.GarbageStep
+	s.t.prefetchDone()
+	s.touched = false
 	if applied > s.applied {
 		s.applied = applied
 	}
@@ -433,6 +446,17 @@ func (s *Store) applyMulti(index uint64, data []byte) []byte {
 	case len(ops) > MaxMulti:
 		r := refusedRes(LimitMulti, MaxMulti, MaxMulti, len(ops))
 		return s.result(&r)
+	}
+	if !s.touched {
+		// A multi request outside a batch, or alone in its batch,
+		// touches its own ops' leaves (prefetch.go).
+		s.preKeys = s.preKeys[:0]
+		for i := range ops {
+			s.preKeys = append(s.preKeys, ops[i].Key)
+		}
+		s.t.prefetch(s.preKeys)
+		clear(s.preKeys)
+		s.preKeys = s.preKeys[:0]
 	}
 	out := appendMultiHeader(s.res[:0], len(ops))
 	for i := range ops {

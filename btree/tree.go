@@ -89,6 +89,21 @@ type Tree struct {
 	memoKey  []byte
 	memoPath []NodeID
 	memoOK   bool
+	// shape counts the writes that may change a path (every node write
+	// but a leaf's in place): a path kept by prefetch is the descent's
+	// while shape is what it was (prefetch.go). pre are the paths kept
+	// for the batch being applied, preCur the last one taken; sink sums
+	// prefetch's loads.
+	shape   uint64
+	pre     []prePath
+	preSeen []NodeID
+	preCur  int
+	sink    uint64
+	// prefetchedKeys and prefetchUsed count the paths kept and the
+	// applies that took one (StoreStats).
+	// prefetchLate counts those taken after the tree's shape changed
+	// (tests).
+	prefetchedKeys, prefetchUsed, prefetchLate uint64
 	// use is the tree's memory and split counts, kept at each node
 	// write (Usage).
 	use Usage
@@ -195,6 +210,7 @@ func (t *Tree) load(id NodeID) *image {
 // node changes.
 func (t *Tree) write(m *image) {
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	t.shape++
 	t.encode(t.scratch, m)
 	t.install(m.id, t.scratch)
 }
@@ -204,6 +220,7 @@ func (t *Tree) write(m *image) {
 // usage.
 func (t *Tree) install(id NodeID, img []byte) {
 	t.memoOK = t.memoOK && t.knobs.keepDescentMemo
+	t.shape++
 	slot := t.a.bytes(id.Slot())
 	t.account(slot, id, -1)
 	copy(t.a.beginWrite(id.Slot()), img)
@@ -228,6 +245,9 @@ func (t *Tree) descend(key []byte) []NodeID {
 	if t.memoOK && string(key) == string(t.memoKey) {
 		return t.memoPath
 	}
+	if path, exact := t.kept(key); exact {
+		return path
+	}
 	// Room for a path of 4 levels (a group's million keys of 16 bytes in
 	// 4 KiB nodes make 3), so that the path is one allocation, not one
 	// per level.
@@ -248,8 +268,8 @@ func (t *Tree) descend(key []byte) []NodeID {
 // Get looks key up in the writer's tree: its entry (value and version,
 // aliasing the arena until the next change) and whether it is there.
 func (t *Tree) Get(key []byte) (Entry, bool) {
-	path := t.descend(key)
-	n, _ := decodeOwn(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
+	id := t.leafFor(key)
+	n, _ := decodeOwn(t.a.bytes(id.Slot()), id)
 	return n.Find(key)
 }
 
@@ -275,10 +295,10 @@ func (t *Tree) put(key, val []byte, version, stamp uint64) (prev uint64, existed
 	if err := t.checkSizes(key, val); err != nil {
 		return 0, false, err
 	}
-	path := t.descend(key)
-	if handled, existed, prev := t.putInPlace(path[len(path)-1], key, val, version, stamp); handled {
+	if handled, existed, prev := t.putInPlace(t.leafFor(key), key, val, version, stamp); handled {
 		return prev, existed, nil
 	}
+	path := t.descend(key)
 	if t.splitInsert(path, key, val, version, stamp) {
 		return 0, false, nil
 	}

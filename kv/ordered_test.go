@@ -361,3 +361,44 @@ func TestCaptureOrderedIsStateAtCapture(t *testing.T) {
 		})
 	}
 }
+
+// TestTableOrderedPrefetch: a batch's ordered messages reach the ordered
+// part's prefetch (btree.Store.Prefetch, then TouchBatch at BeginBatch,
+// as hashed ones reach touchBatch): the batch's keys' leaves are found
+// before the applies, and the applies take them. With kv's noPrefetch no
+// batch is prefetched (a multi request still touches its own keys).
+func TestTableOrderedPrefetch(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		tb, st := orderedTable(t, []btree.Tablet{btree.All})
+		tb.knobs.noPrefetch = off
+		for i := range 40 {
+			orderedPut(tb, uint64(i+1), fmt.Sprintf("k%02d", i), "v")
+		}
+		var msgs [][]byte
+		for m := range 3 {
+			ops := []btree.Op{{Kind: btree.OpPut, Key: fmt.Appendf(nil, "k%02da", m), Value: []byte("w")},
+				{Kind: btree.OpPut, Key: fmt.Appendf(nil, "k%02d", 10+m), Value: []byte("w")}}
+			msgs = append(msgs, btree.AppendMulti(nil, ops))
+		}
+		before := st.Stats()
+		for _, m := range msgs {
+			tb.Prefetch(m)
+		}
+		tb.BeginBatch()
+		for j, m := range msgs {
+			tb.Apply(broadcast.Entry{Index: uint64(100 + j), Data: m})
+		}
+		tb.EndBatch()
+		after := st.Stats()
+		kept, used, batches := after.Prefetched-before.Prefetched, after.PrefetchUsed-before.PrefetchUsed, after.PrefetchBatches-before.PrefetchBatches
+		switch {
+		case off && batches != 0:
+			t.Fatalf("noPrefetch: %d batches prefetched", batches)
+		case !off && (batches != 1 || kept != 6 || used < 6):
+			t.Fatalf("%d batches prefetched, %d keys of the batch's 6, %d applies took a prefetched leaf", batches, kept, used)
+		}
+		if after.Keys != 43 {
+			t.Fatalf("%d keys after the batch, want 43", after.Keys)
+		}
+	}
+}

@@ -54,6 +54,17 @@ func (t *Table) touchBatch() bool {
 		clear(pays) // drop the references to the entry
 		t.prePay = pays[:0]
 	}()
+	if o, ok := t.cfg.Ordered.(orderedPrefetcher); ok && !t.knobs.noPrefetch {
+		// The ordered part finds and touches its requests' leaves
+		// (btree/prefetch.go), even for one message: a multi request's
+		// keys overlap.
+		for _, data := range pays {
+			if len(data) > 0 && data[0] == OrderedFormat {
+				o.Prefetch(data)
+			}
+		}
+		o.TouchBatch()
+	}
 	if len(pays) < 2 {
 		return false
 	}
@@ -177,3 +188,11 @@ func (t *Table) touch() {
 // maxKeyTouch: touch loads a record's first recHdr+maxKeyTouch bytes
 // (its header and a 16-byte key: find compares the key).
 const maxKeyTouch = 16
+
+// orderedPrefetcher is an ordered part that prefetches a batch
+// (btree.Store): Prefetch for each ordered message of the batch, then
+// TouchBatch, before the batch's applies.
+type orderedPrefetcher interface {
+	Prefetch(data []byte)
+	TouchBatch()
+}

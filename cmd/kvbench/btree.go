@@ -227,6 +227,9 @@ type srvWork struct {
 	ok                         bool
 	messages, writes           []uint64
 	inserts, leafSplits, tabSp uint64
+	// prefetched and prefetchUsed: the first replicas' keys whose
+	// leaves a batch's prefetch touched, and applies that took one.
+	prefetched, prefetchUsed uint64
 }
 
 // btreeKey names a row.
@@ -486,6 +489,8 @@ func workBetween(a, b []btree.StoreStats) srvWork {
 		w.inserts += b[g].Inserts - a[g].Inserts
 		w.leafSplits += b[g].LeafSplits - a[g].LeafSplits
 		w.tabSp += b[g].TabletSplits - a[g].TabletSplits
+		w.prefetched += b[g].Prefetched - a[g].Prefetched
+		w.prefetchUsed += b[g].PrefetchUsed - a[g].PrefetchUsed
 	}
 	return w
 }
@@ -503,7 +508,7 @@ func (w srvWork) String() string {
 		}
 		per = append(per, fmt.Sprintf("g%d %d msgs %.2f writes/msg", g, w.messages[g], wpm))
 	}
-	return fmt.Sprintf("%s; %d inserts, %.1f leaf splits per k inserts, %d tablet splits", strings.Join(per, ", "), w.inserts, w.splitsPerK(), w.tabSp)
+	return fmt.Sprintf("%s; %d inserts, %.1f leaf splits per k inserts, %d tablet splits; %d keys prefetched, %d applies took a prefetched leaf", strings.Join(per, ", "), w.inserts, w.splitsPerK(), w.tabSp, w.prefetched, w.prefetchUsed)
 }
 
 func (w srvWork) splitsPerK() float64 {
