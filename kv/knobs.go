@@ -26,6 +26,11 @@ type testingKnobs struct {
 	// buckets again after an earlier op of the request grew the index
 	// (the bug the metamorphic tests found).
 	noRemigrate bool
+	// restoreDupUnchecked (table): Restore places a snapshot's records
+	// without looking for an earlier one with the same key, so a
+	// snapshot holding a key twice is accepted with both copies
+	// (TestRestoreRefusesKeyTwice: "accepted:").
+	restoreDupUnchecked bool
 	// restoreKeeps (table): Restore keeps the table's records of keys the
 	// snapshot lacks (it merges instead of replacing): caught by the
 	// identical-tables check after a lagging follower's restore.

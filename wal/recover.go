@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/rdmakv/rdmakv/internal/prefault"
 	"github.com/rdmakv/rdmakv/internal/vfs"
 )
 
@@ -85,6 +86,9 @@ func (s *rseg) window(from, end int64) error {
 	}
 	n := max(0, min(s.info.Size-from, max(end-from, readChunk)))
 	buf := make([]byte, n)
+	// Its pages mapped at once, not one fault a page in the read (issue
+	// 19: a restart reads hundreds of megabytes of log).
+	prefault.Populate(buf)
 	have := int64(0)
 	if from >= s.base && from < s.base+int64(len(s.data)) {
 		have = int64(copy(buf, s.data[from-s.base:]))

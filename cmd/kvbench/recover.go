@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -136,6 +137,9 @@ type recoverFlags struct {
 	// the snapshot (after step 2).
 	compare string
 	rounds  int
+	// keep: copies of the data dir after step 1 (keep/log) and step 2
+	// (keep/snapshot) go there, for restarts by hand (profiles)
+	keep string
 }
 
 // recoverRow is one restart of kvbench recover.
@@ -235,6 +239,7 @@ func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
 	fs.StringVar(&o.trace, "trace", "", "write a Go execution trace of kvserver (its /debug/pprof/trace, kvserver --pprof) over the first --trace-for of step 2's overwrites, where the disk snapshots are captured, to `FILE` (go tool trace FILE)")
 	fs.DurationVar(&o.traceFor, "trace-for", 5*time.Second, "how long --trace records")
 	fs.StringVar(&o.compare, "compare", "", "a second kvserver `binary` (B) for --rounds' A/B restarts")
+	fs.StringVar(&o.keep, "keep", "", "copy the data dir after step 1 to `DIR`/log and after step 2 to DIR/snapshot (DIR must not hold them), for restarts by hand, e.g. under perf")
 	fs.IntVar(&o.rounds, "rounds", 0, "restart pairs of --kvserver (A) and --compare (B), alternated, measured from the log after step 1 and from the snapshot after step 2 (rows log-a, log-b, snapshot-a, snapshot-b; without --compare, restarts of A alone)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -366,6 +371,9 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 	if logRow.DiskBytes, logRow.WALBytes, logRow.SnapBytes, err = dataDirBytes(r.data); err != nil {
 		return nil, err
 	}
+	if err := r.keep("log"); err != nil {
+		return nil, err
+	}
 	extra, err := r.rounds("log", row)
 	if err != nil {
 		return nil, err
@@ -419,6 +427,9 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 		return nil, err
 	}
 	if snapRow.DiskBytes, snapRow.WALBytes, snapRow.SnapBytes, err = dataDirBytes(r.data); err != nil {
+		return nil, err
+	}
+	if err := r.keep("snapshot"); err != nil {
 		return nil, err
 	}
 	more, err := r.rounds("snapshot", row)
@@ -477,6 +488,25 @@ func (r *recoverRun) rounds(name string, row func(string) recoverRow) ([]recover
 		}
 	}
 	return rows, nil
+}
+
+// keep copies the data dir to --keep's name (a stopped kvserver's).
+func (r *recoverRun) keep(name string) error {
+	if r.o.keep == "" {
+		return nil
+	}
+	dst := filepath.Join(r.o.keep, name)
+	if _, err := os.Stat(dst); err == nil {
+		return fmt.Errorf("--keep: %s exists", dst)
+	}
+	if err := os.MkdirAll(r.o.keep, 0o755); err != nil {
+		return err
+	}
+	if out, err := exec.Command("cp", "-a", r.data, dst).CombinedOutput(); err != nil {
+		return fmt.Errorf("--keep: cp: %v: %s", err, out)
+	}
+	r.note("data dir kept in %s", dst)
+	return nil
 }
 
 // freeControl returns a free loopback address for kvserver's control

@@ -12,6 +12,7 @@ package vfs
 
 import (
 	"errors"
+	"github.com/rdmakv/rdmakv/internal/prefault"
 	"io"
 	"os"
 )
@@ -55,6 +56,11 @@ func ReadFile(fs FS, name string) ([]byte, error) {
 		return nil, err
 	}
 	b := make([]byte, st.Size())
+	if len(b) >= 1<<20 {
+		// A snapshot file: its pages mapped at once, not one fault a
+		// page in the read (issue 19).
+		prefault.Populate(b)
+	}
 	n, err := f.ReadAt(b, 0)
 	if err == io.EOF && int64(n) == st.Size() {
 		err = nil

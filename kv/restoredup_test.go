@@ -1,0 +1,77 @@
+package kv
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestRestoreRefusesKeyTwice: a snapshot holding one key in two records
+// (never from a correct table) is refused with the key named, and the
+// table is left as it was. Restore finds the earlier record among the
+// slots of the key's four places (restoreDup) instead of in a map of every
+// record's hash; the cases put the two copies next to each other, far
+// apart, with other versions and values, and among many keys so that
+// they share buckets with others. Planted restoreDupUnchecked (the
+// search skipped) must let such a snapshot in ("accepted:").
+func TestRestoreRefusesKeyTwice(t *testing.T) {
+	for _, c := range []struct{ n, first, second int }{{2, 0, 1}, {300, 0, 299}, {300, 150, 151}, {5000, 17, 4321}} {
+		name := fmt.Sprintf("%d-records-%d-and-%d", c.n, c.first, c.second)
+		t.Run(name, func(t *testing.T) {
+			if err := restoreKeyTwice(t, c.n, c.first, c.second, testingKnobs{}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	err := restoreKeyTwice(t, 300, 0, 299, testingKnobs{restoreDupUnchecked: true})
+	if err == nil || !strings.HasPrefix(err.Error(), "accepted:") {
+		t.Fatalf("planted restoreDupUnchecked: got %v, want the accepted: check to fail", err)
+	}
+}
+
+// restoreKeyTwice restores a snapshot of n records whose record second
+// holds record first's key, into a table of a few records, and returns the
+// first property that failed: "accepted:" (Restore took it), "message:"
+// (its error does not name the key), "changed:" (the failed Restore
+// changed the table), or a distinct-keys snapshot refused ("distinct:").
+func restoreKeyTwice(t *testing.T, n, first, second int, knobs testingKnobs) error {
+	build := func(dup bool) []byte {
+		snap := make([]byte, 32)
+		binary.LittleEndian.PutUint64(snap, snapMagic)
+		binary.LittleEndian.PutUint64(snap[8:], uint64(n))
+		binary.LittleEndian.PutUint64(snap[16:], 10)
+		binary.LittleEndian.PutUint64(snap[24:], 7)
+		for i := range n {
+			key := fmt.Appendf(nil, "key-%06d", i)
+			if dup && i == second {
+				key = fmt.Appendf(nil, "key-%06d", first)
+			}
+			value := fmt.Appendf(nil, "value-%d", i)
+			rec := make([]byte, recordSize(len(key), len(value)))
+			encodeRecord(rec, uint64(i+1)<<16, key, value)
+			snap = append(snap, rec...)
+		}
+		return append(snap, make([]byte, 16)...) // no staged requests, no ordered section
+	}
+	tb, _ := soloTable(t, TableConfig{})
+	tb.knobs = knobs
+	for i := range 3 {
+		put(tb, uint64(i+1), Op{Kind: OpPut, Key: fmt.Appendf(nil, "before-%d", i), Value: []byte("v")})
+	}
+	before := stateOf(t, tb)
+	err := tb.Restore(build(true))
+	switch {
+	case err == nil:
+		return fmt.Errorf("accepted: a snapshot holding key-%06d in records %d and %d (Len now %d)", first, first, second, tb.Len())
+	case !strings.Contains(err.Error(), fmt.Sprintf("key-%06d", first)) || !strings.Contains(err.Error(), "twice"):
+		return fmt.Errorf("message: %v does not name key-%06d twice", err, first)
+	}
+	if got := stateOf(t, tb); !got.equal(before) {
+		return fmt.Errorf("changed: the failed Restore (%v) left %d records, want %d", err, len(got.recs), len(before.recs))
+	}
+	if err := tb.Restore(build(false)); err != nil || tb.Len() != n {
+		return fmt.Errorf("distinct: the snapshot without the copy: %v, Len %d, want %d", err, tb.Len(), n)
+	}
+	return nil
+}
