@@ -1,11 +1,6 @@
 package btree
 
-import (
-	"os"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
-)
+import "github.com/rdmakv/rdmakv/internal/prefault"
 
 // populateBytes is how far ahead of the slots it hands out an arena has
 // the kernel map its chunk's pages writable, in one madvise
@@ -22,8 +17,6 @@ import (
 // dropped by branch ins); a window commits at most populateBytes ahead
 // of what the tree uses.
 const populateBytes = 64 << 10
-
-var pageSize = os.Getpagesize()
 
 // populateWindow is the number of slots a window covers (at least one).
 func (a *Arena) populateWindow() uint32 {
@@ -61,19 +54,6 @@ func (a *Arena) populateFrom(s uint32) {
 	}
 }
 
-// populate asks the kernel to map the whole pages of b writable now
-// (MADV_POPULATE_WRITE): it faults them in without changing a byte. The
-// partial pages at b's ends are left alone, so nothing outside b is
-// touched.
-func populate(b []byte) error {
-	if len(b) == 0 {
-		return nil
-	}
-	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	lo := (p + uintptr(pageSize) - 1) &^ uintptr(pageSize-1)
-	hi := (p + uintptr(len(b))) &^ uintptr(pageSize-1)
-	if hi <= lo {
-		return nil
-	}
-	return unix.Madvise(b[lo-p:hi-p], unix.MADV_POPULATE_WRITE)
-}
+// populate asks the kernel to map the whole pages of b writable now,
+// without changing a byte (internal/prefault.Populate).
+func populate(b []byte) error { return prefault.Populate(b) }

@@ -2,6 +2,7 @@ package btree
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -66,7 +67,7 @@ func TestArenaPopulate(t *testing.T) {
 // TestPopulateKeepsBytes: populate changes no byte, inside the range or
 // next to it (it madvises only the whole pages inside b).
 func TestPopulateKeepsBytes(t *testing.T) {
-	b := make([]byte, 5*pageSize)
+	b := make([]byte, 5*os.Getpagesize())
 	for i := range b {
 		b[i] = byte(i*7 + 1)
 	}

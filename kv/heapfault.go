@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/rdmakv/rdmakv/internal/prefault"
 )
 
 // Heap pre-faulting (TableConfig.PrefaultHeap). Inserts of new keys take
@@ -97,7 +97,7 @@ func (f *heapFaulter) fault(b []byte) {
 		end := min(off+piece, len(b))
 		// The error (a kernel before 5.14: EINVAL) only leaves the
 		// touch below to do the whole work.
-		_ = unix.Madvise(b[off:end], unix.MADV_POPULATE_WRITE)
+		_ = prefault.Populate(b[off:end])
 		for p := off; p < end; p += page {
 			f.touch(b, p)
 		}
