@@ -64,13 +64,21 @@ noalloc:
 # and kv's TestSim with all its seeds (100 a case, a third of that for the
 # batches case; 1 under -race)
 # and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
-# (skipped under -race), TestSimDurable and TestSimMoves with their mutants
-# (1 seed a case under -race). `make soak` runs the simulators longer.
+# (skipped under -race), TestSimDurable and TestSimMoves (1 seed a case
+# under -race). Deterministic single-goroutine tests that skip under -race
+# (simNoRace, singleNoRace) run here only: every TestSim* test of broadcast
+# (its disk-full, durable and async simulations among them), kv's
+# TestSimMutants, TestSimOrderedMutants, TestSimDurableMutants,
+# TestSimMovesMutants and TestSimDurableWindowFromUnsyncedCrash, and btree's
+# NORACE_BTREE (trees built and checked on the test's goroutine).
+# `make soak` runs the simulators longer.
+NORACE_BTREE := TestUsageMatchesWalk|TestStoreTabletSplit|TestInPlaceSameBytes|TestStoreMulti|TestLoad
 norace:
-	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSimAcuerdo|TestSimForceLead|TestSimAsymmetricPartition|TestSimMutants)$$' -v ./broadcast 2>&1 && \
+	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSim.*)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants)$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1); st=$$?; \
+	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1 && \
+	  $(GO) test -count=1 -timeout 10m -run '^($(NORACE_BTREE))$$' ./btree 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:

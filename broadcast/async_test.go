@@ -97,6 +97,7 @@ func TestSimAsync(t *testing.T) {
 // recovered group delivers differently fails "async loss bound:"), and
 // the recovery reports no loss.
 func TestSimAsyncCleanStop(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	var stats simStats
 	o := simOpts{n: 3, until: window, durability: Async, wholeGroup: 1, cleanStop: true, maxLog: 24, stats: &stats}
@@ -154,6 +155,7 @@ func minorityOpts() simOpts {
 // order above all): a member restarted from its disk does not vote while
 // a majority with memory may exist.
 func TestSimAsyncMinority(t *testing.T) {
+	simNoRace(t)
 	o := minorityOpts()
 	flags := simFlags.WithDefault(asyncSeeds(100))
 	flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), o, new(Counters)) })
@@ -385,6 +387,7 @@ func majorityRepairOpts(hit *int) simOpts {
 // healed" (kv's TestSimDurable, async-majority seed 9, once an
 // install's save waited for its diff's sync).
 func TestSimAsyncMajorityRepair(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(asyncSeeds(10))
 	for _, planted := range []bool{false, true} {
 		hit := 0

@@ -74,6 +74,7 @@ func TestSimDiskFull(t *testing.T) {
 // window. With the fullNoStepDown knob the leader keeps its epoch and
 // refuses; the step-down count is then 0.
 func TestSimDiskFullLeaderStepsDown(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	run := func(knobs testingKnobs) Counters {
 		var total Counters
@@ -208,6 +209,7 @@ func allFullRun(seed uint64, knobs testingKnobs, idle bool, total *Counters) err
 // fail "all full:" (the group elects and has no leader until space
 // returns).
 func TestSimDiskFullAllMembers(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(10)
 	if raceEnabled {
 		seeds = 3
@@ -250,6 +252,7 @@ func TestSimDiskFullAllMembers(t *testing.T) {
 // member finds out, as none has anything to write: the seeds must fail
 // "all full: node N does not know its disk is full".
 func TestSimDiskFullProbe(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(10)
 	if raceEnabled {
 		seeds = 3
@@ -344,6 +347,7 @@ func idleRun(seed uint64, knobs testingKnobs, low bool, total *Counters) error {
 // probeAlways knob (a probe each round without asking, the cost before
 // the free-space query) must fail "idle fsyncs:" on every seed.
 func TestSimIdleNoProbeSync(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(5)
 	if raceEnabled {
 		seeds = 2
@@ -430,6 +434,7 @@ func staggeredFullRun(seed uint64, knobs testingKnobs) error {
 // the spaceAlwaysPlenty knob (the followers' idle rounds never probe) it
 // fails "staggered full:" on every seed.
 func TestSimDiskFullStaggered(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(10)
 	if raceEnabled {
 		seeds = 3

@@ -1359,6 +1359,19 @@ func (h *simRun) scheduleFull(ids []rdma.NodeID) {
 	}
 }
 
+// simNoRace skips a simulator test under the race detector. Each of its
+// runs is one Sim on the test's goroutine, deterministic (the seed decides
+// every step), so the detector has no second goroutine to check and the
+// same seeds find the same bugs without it: make norace runs every TestSim*
+// test of the package in full (its -run selects them by name), and the
+// race pass of make test skips the ones that call this.
+func simNoRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("single-goroutine simulation: runs without -race (make norace)")
+	}
+}
+
 func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	opts := sd.Options()
 	opts.Faults = o.faults

@@ -1634,6 +1634,7 @@ func TestSimMoves(t *testing.T) {
 //     not hidden after the run; or linearizability, a key deleted
 //     meanwhile back).
 func TestSimMovesMutants(t *testing.T) {
+	simNoRace(t)
 	for _, m := range []struct {
 		name string
 		mo   moveOpts
