@@ -49,32 +49,32 @@ noalloc:
 
 # Tests that skip assertions or seeds under -race (it slows everything
 # several times) run here in full. A simulator seed is one goroutine, so
-# the race detector has little to check in it: under -race the simulators
-# run a token count (a seed or a few a case), here their whole count.
+# the race detector has nothing to check in it: under -race most
+# simulators skip (below) or run a token count, here their whole count.
 # broadcast's TestLargeSnapshotCatchUp (no Poll of the leader runs long
 # while a 64 MiB snapshot is taken and fetched), TestSimAcuerdo (2,000
-# seeds; 1 a case under -race), TestSimForceLead (300 and 150 seeds; 2
-# under -race), TestSimAsymmetricPartition (40 seeds a case, 1 under
-# -race), TestSimMutants (its deliver-uncommitted case needs ~1300 seeds:
-# skipped under -race),
+# seeds), TestSimForceLead (300 and 150 seeds), TestSimAsymmetricPartition
+# (40 seeds a case), TestSimMutants (its deliver-uncommitted case needs
+# ~1300 seeds), all skipped under -race,
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
 # TestSim with all its seeds (760 per tree shape; 1 a case under -race)
 # and TestSimMutants (single-goroutine runs: skipped under -race),
 # and kv's TestSim with all its seeds (100 a case, a third of that for the
-# batches case; 1 under -race)
-# and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
-# (skipped under -race), TestSimDurable and TestSimMoves (1 seed a case
-# under -race). Deterministic single-goroutine tests that skip under -race
+# batches case) and TestSimTorn (30 a case, 2 cases) and TestSimTornMutants,
+# TestSimDurable and TestSimMoves, all skipped under -race. Deterministic single-goroutine tests that skip under -race
 # (simNoRace, singleNoRace) run here only: every TestSim* test of broadcast
-# (its disk-full, durable and async simulations among them), kv's
-# TestSimMutants, TestSimOrderedMutants, TestSimDurableMutants,
-# TestSimMovesMutants and TestSimDurableWindowFromUnsyncedCrash, and btree's
-# NORACE_BTREE (trees built and checked on the test's goroutine).
+# (the token seeds above included) and TestStuckGroupParksCatchesNoBackoff
+# (a queued cluster in virtual time), kv's TestSim, TestSimTorn,
+# TestSimDurable, TestSimMoves (their token seeds), TestSimMutants,
+# TestSimOrderedMutants, TestSimDurableMutants, TestSimMovesMutants and
+# TestSimDurableWindowFromUnsyncedCrash, and btree's NORACE_BTREE (trees
+# built and checked on the test's goroutine). kv's TestSimOrdered still runs
+# 2 seeds a case under -race and is not in this pass.
 # `make soak` runs the simulators longer.
 NORACE_BTREE := TestUsageMatchesWalk|TestStoreTabletSplit|TestInPlaceSameBytes|TestStoreMulti|TestLoad
 norace:
-	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSim.*)$$' -v ./broadcast 2>&1 && \
+	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSim.*|TestStuckGroupParksCatchesNoBackoff)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants)$$' ./multicast 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1 && \

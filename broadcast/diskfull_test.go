@@ -46,6 +46,7 @@ func diskFullCases(window time.Duration) []struct {
 }
 
 func TestSimDiskFull(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	for _, tc := range diskFullCases(window) {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,6 +106,7 @@ func TestSimDiskFullLeaderStepsDown(t *testing.T) {
 // cut back and refused): the "durability promise:" check must catch it,
 // and not another.
 func TestSimDiskFullMutant(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	o := simOpts{knobs: testingKnobs{ackRefused: true}, n: 3, until: 4 * window, durability: Sync, promiseCheck: true, maxLog: 24, diskFull: 6}
 	catchMutant(t, "ack-refused", o, 100, "durability promise:")

@@ -757,6 +757,7 @@ var kvDurCases = []struct {
 // the race detector, a tenth with -short); -seeds N runs N (make soak).
 // A failing seed prints the command that reruns it.
 func TestSimDurable(t *testing.T) {
+	simNoRace(t)
 	def := kvDurSeeds
 	if raceEnabled {
 		def = 1

@@ -1253,6 +1253,7 @@ var kvSimCases = []struct {
 }
 
 func TestSim(t *testing.T) {
+	simNoRace(t)
 	// -seeds N (any N, kvSimSeeds included) runs N a case; without it
 	// kvSimSeeds a case (make norace; the batches case a third), 1 under the race detector (a seed
 	// is one goroutine: the detector has little to check in it), a tenth
