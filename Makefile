@@ -66,18 +66,18 @@ noalloc:
 # (simNoRace, singleNoRace) run here only: every TestSim* test of broadcast
 # (the token seeds above included) and TestStuckGroupParksCatchesNoBackoff
 # (a queued cluster in virtual time), kv's TestSim, TestSimTorn,
-# TestSimDurable, TestSimMoves (their token seeds), TestSimMutants,
+# TestSimDurable, TestSimMoves, TestSimOrdered (their token seeds), TestSimMutants,
 # TestSimOrderedMutants, TestSimDurableMutants, TestSimMovesMutants and
 # TestSimDurableWindowFromUnsyncedCrash, and btree's NORACE_BTREE (trees
-# built and checked on the test's goroutine). kv's TestSimOrdered still runs
-# 2 seeds a case under -race and is not in this pass.
+# built and checked on the test's goroutine). kv's TestSimOrdered runs here
+# with its default 20 seeds a case (it ran 2 a case under -race only).
 # `make soak` runs the simulators longer.
 NORACE_BTREE := TestUsageMatchesWalk|TestStoreTabletSplit|TestInPlaceSameBytes|TestStoreMulti|TestLoad
 norace:
 	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSim.*|TestStuckGroupParksCatchesNoBackoff)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants)$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1 && \
+	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants|TestSimOrdered|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1 && \
 	  $(GO) test -count=1 -timeout 10m -run '^($(NORACE_BTREE))$$' ./btree 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 

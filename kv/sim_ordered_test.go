@@ -451,6 +451,7 @@ func orderedRunOpts(o kvOpts) kvOpts {
 }
 
 func TestSimOrdered(t *testing.T) {
+	simNoRace(t)
 	def := kvSimOrderedSeeds
 	if raceEnabled {
 		def = 2
