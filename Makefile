@@ -49,28 +49,36 @@ noalloc:
 
 # Tests that skip assertions or seeds under -race (it slows everything
 # several times) run here in full. A simulator seed is one goroutine, so
-# the race detector has little to check in it: under -race the simulators
-# run a token count (a seed or a few a case), here their whole count.
+# the race detector has nothing to check in it: under -race most
+# simulators skip (below) or run a token count, here their whole count.
 # broadcast's TestLargeSnapshotCatchUp (no Poll of the leader runs long
 # while a 64 MiB snapshot is taken and fetched), TestSimAcuerdo (2,000
-# seeds; 1 a case under -race), TestSimForceLead (300 and 150 seeds; 2
-# under -race), TestSimAsymmetricPartition (40 seeds a case, 1 under
-# -race), TestSimMutants (its deliver-uncommitted case needs ~1300 seeds:
-# skipped under -race),
+# seeds), TestSimForceLead (300 and 150 seeds), TestSimAsymmetricPartition
+# (40 seeds a case), TestSimMutants (its deliver-uncommitted case needs
+# ~1300 seeds), all skipped under -race,
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
 # detector's instrumentation makes preemptible anyway), and multicast's
 # TestSim with all its seeds (760 per tree shape; 1 a case under -race)
 # and TestSimMutants (single-goroutine runs: skipped under -race),
 # and kv's TestSim with all its seeds (100 a case, a third of that for the
-# batches case; 1 under -race)
-# and TestSimTorn (30 a case, 2 cases; 1 under -race) and TestSimTornMutants
-# (skipped under -race), TestSimDurable and TestSimMoves with their mutants
-# (1 seed a case under -race). `make soak` runs the simulators longer.
+# batches case) and TestSimTorn (30 a case, 2 cases) and TestSimTornMutants,
+# TestSimDurable and TestSimMoves, all skipped under -race. Deterministic single-goroutine tests that skip under -race
+# (simNoRace, singleNoRace) run here only: every TestSim* test of broadcast
+# (the token seeds above included) and TestStuckGroupParksCatchesNoBackoff
+# (a queued cluster in virtual time), kv's TestSim, TestSimTorn,
+# TestSimDurable, TestSimMoves, TestSimOrdered (their token seeds), TestSimMutants,
+# TestSimOrderedMutants, TestSimDurableMutants, TestSimMovesMutants and
+# TestSimDurableWindowFromUnsyncedCrash, and btree's NORACE_BTREE (trees
+# built and checked on the test's goroutine). kv's TestSimOrdered runs here
+# with its default 20 seeds a case (it ran 2 a case under -race only).
+# `make soak` runs the simulators longer.
+NORACE_BTREE := TestUsageMatchesWalk|TestStoreTabletSplit|TestInPlaceSameBytes|TestStoreMulti|TestLoad
 norace:
-	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSimAcuerdo|TestSimForceLead|TestSimAsymmetricPartition|TestSimMutants)$$' -v ./broadcast 2>&1 && \
+	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSim.*|TestStuckGroupParksCatchesNoBackoff)$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants)$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1); st=$$?; \
+	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants|TestSimOrdered|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1 && \
+	  $(GO) test -count=1 -timeout 10m -run '^($(NORACE_BTREE))$$' ./btree 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:

@@ -26,6 +26,7 @@ import (
 // Every run ends with runSim's checks: safety, every member caught up and
 // every proposal resolved once the links heal, and no elections after.
 func TestSimAsymmetricPartition(t *testing.T) {
+	simNoRace(t)
 	for _, kind := range []string{"leader-to-follower", "follower-to-leader", "into-follower", "leader-cannot-reach"} {
 		for _, n := range []int{3, 5} {
 			t.Run(fmt.Sprintf("%s/n%d", kind, n), func(t *testing.T) {
@@ -47,6 +48,7 @@ func TestSimAsymmetricPartition(t *testing.T) {
 // follower cut off from its leader makes the group elect again and again;
 // the stickiness check (not any other) must say so.
 func TestSimAsymmetricMutant(t *testing.T) {
+	simNoRace(t)
 	catchMutant(t, "no-pre-vote", asymOpts("leader-to-follower", 3, testingKnobs{noPreVote: true}), 20, "stickiness:")
 }
 

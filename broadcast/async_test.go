@@ -72,6 +72,7 @@ func lateRows(o simOpts) simOpts {
 // that the runs restarted members from their logs and held recovery
 // elections, and that some seeds lost entries and reported it.
 func TestSimAsync(t *testing.T) {
+	simNoRace(t)
 	for _, tc := range asyncCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -97,6 +98,7 @@ func TestSimAsync(t *testing.T) {
 // recovered group delivers differently fails "async loss bound:"), and
 // the recovery reports no loss.
 func TestSimAsyncCleanStop(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	var stats simStats
 	o := simOpts{n: 3, until: window, durability: Async, wholeGroup: 1, cleanStop: true, maxLog: 24, stats: &stats}
@@ -154,6 +156,7 @@ func minorityOpts() simOpts {
 // order above all): a member restarted from its disk does not vote while
 // a majority with memory may exist.
 func TestSimAsyncMinority(t *testing.T) {
+	simNoRace(t)
 	o := minorityOpts()
 	flags := simFlags.WithDefault(asyncSeeds(100))
 	flags.Run(t, func(sd sim.Seed) error { return runSim(sd.WithLog(t), o, new(Counters)) })
@@ -169,6 +172,7 @@ func TestSimAsyncMinority(t *testing.T) {
 // group's next entries at other indices ("total order:"). Seed 10 of the
 // slow-disk case with back-pressure by age only makes it happen.
 func TestSimAsyncResetEpochStart(t *testing.T) {
+	simNoRace(t)
 	o := asyncCases()[1].o
 	o.knobs.timeOnlyBackpressure = true
 	if err := runSim(sim.Seed{Seed: 10}, o, new(Counters)); err != nil {
@@ -180,6 +184,7 @@ func TestSimAsyncResetEpochStart(t *testing.T) {
 // entries the recovery lost (seed 42 of the whole-group case): without
 // diffReset the member keeps them ("total order:").
 func TestSimAsyncResetLostEntries(t *testing.T) {
+	simNoRace(t)
 	if err := runSim(sim.Seed{Seed: 42}, asyncCases()[0].o, new(Counters)); err != nil {
 		t.Fatal(firstLine(err))
 	}
@@ -192,6 +197,7 @@ func TestSimAsyncResetLostEntries(t *testing.T) {
 // leader, the run reported 2 entries lost and lost none ("async loss
 // bound:").
 func TestSimAsyncCountOnCommit(t *testing.T) {
+	simNoRace(t)
 	if err := runSim(sim.Seed{Seed: 63}, asyncCases()[2].o, new(Counters)); err != nil {
 		t.Fatal(firstLine(err))
 	}
@@ -200,6 +206,7 @@ func TestSimAsyncCountOnCommit(t *testing.T) {
 // TestSimAsyncMutants plants the Async bugs, each caught by the check
 // aimed at it (the failed property named, not any failure).
 func TestSimAsyncMutants(t *testing.T) {
+	simNoRace(t)
 	cs := asyncCases()
 	whole, slow := cs[0].o, cs[1].o
 	noBP := slow
@@ -278,6 +285,7 @@ func TestSimAsyncMutants(t *testing.T) {
 // election timeouts late, far more than a real one (the case
 // n3-async-late-rows runs it over more seeds).
 func TestSimAsyncSyncWaitsCommitRow(t *testing.T) {
+	simNoRace(t)
 	o := asyncCases()[1].o
 	o.knobs.lateCommitRow = true
 	if err := runSim(sim.Seed{Seed: 262}, o, new(Counters)); err != nil {
@@ -300,6 +308,7 @@ func TestSimAsyncSyncWaitsCommitRow(t *testing.T) {
 // 4.45 ms before, the bound 4 ms). The run must pass and lose an entry
 // older than the bound.
 func TestSimAsyncLossAfterEarlierCrash(t *testing.T) {
+	simNoRace(t)
 	var stats simStats
 	o := asyncCases()[3].o
 	o.stats = &stats
@@ -385,6 +394,7 @@ func majorityRepairOpts(hit *int) simOpts {
 // healed" (kv's TestSimDurable, async-majority seed 9, once an
 // install's save waited for its diff's sync).
 func TestSimAsyncMajorityRepair(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(asyncSeeds(10))
 	for _, planted := range []bool{false, true} {
 		hit := 0

@@ -3,6 +3,7 @@ package broadcast
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"runtime"
@@ -314,13 +315,19 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 		}
 	}
 	// A closed-loop client at the leader, W=1, recording each commit's
-	// latency and when it completed.
+	// latency and when it completed. A proposal that found no leader
+	// within ProposeTimeout (ErrTimeout: not delivered, safe to retry)
+	// is proposed again and counted: on a loaded machine the two live
+	// members can go without a leader for that long (elections are
+	// reported, not asserted, below); any other error stops the client
+	// and fails the test.
 	type sample struct{ at, lat time.Duration }
 	var (
-		smu     sync.Mutex
-		samples = make([]sample, 0, 4<<20) // the callback runs in the leader's Poll: no allocation there
-		stopped atomic.Bool
-		clientE atomic.Value
+		smu      sync.Mutex
+		samples  = make([]sample, 0, 4<<20) // the callback runs in the leader's Poll: no allocation there
+		stopped  atomic.Bool
+		clientE  atomic.Value
+		timeouts atomic.Int64
 	)
 	t0 := time.Now()
 	msg := make([]byte, 64)
@@ -331,6 +338,11 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 		}
 		sent := time.Since(t0)
 		leader.r.ProposeFunc(msg, func(_ uint64, _ []byte, err error) {
+			if errors.Is(err, ErrTimeout) {
+				timeouts.Add(1)
+				next()
+				return
+			}
 			if err != nil {
 				clientE.Store(err)
 				return
@@ -355,7 +367,9 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 	// The follower crashes; the leader commits past MaxLogEntries.
 	fol.stop()
 	crashIndex := leader.r.Status().Index
-	if err := awaitCond("commits without the follower", testWait, cond(func() bool { return leader.r.Status().Index > crashIndex+3*1024 })); err != nil {
+	// (Bounded as the catch-up is: at load 49 a closed-loop client
+	// with no error took more than 30 s for these 3 k commits.)
+	if err := awaitCond("commits without the follower", 5*testWait, cond(func() bool { return leader.r.Status().Index > crashIndex+3*1024 })); err != nil {
 		t.Fatalf("the leader did not commit without the follower: %v (client: %v)", err, clientE.Load())
 	}
 	// It restarts with empty memory and catches up by snapshot.
@@ -382,6 +396,9 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 	// Poll's CPU time below, which load does not inflate.
 	if e := elections(); e != e0 {
 		t.Logf("%d elections started during the transfer", e-e0)
+	}
+	if n := timeouts.Load(); n > 0 {
+		t.Logf("%d proposals timed out without a leader and were proposed again", n)
 	}
 	// The bound is a quarter of the election timeout, not less: a Poll
 	// that pays the GC's mark assist (seen up to 10 ms of CPU in a Dial of

@@ -12,6 +12,7 @@ import (
 // the same trace hash (every op, step, fault and output, in order), so a
 // failing seed reproduces; different seeds give different runs.
 func TestSimDeterminism(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	cases := map[string]simOpts{
 		"crash-restart":      {n: 3, until: window, crashes: true, maxLog: 24},

@@ -46,6 +46,7 @@ func diskFullCases(window time.Duration) []struct {
 }
 
 func TestSimDiskFull(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	for _, tc := range diskFullCases(window) {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,6 +75,7 @@ func TestSimDiskFull(t *testing.T) {
 // window. With the fullNoStepDown knob the leader keeps its epoch and
 // refuses; the step-down count is then 0.
 func TestSimDiskFullLeaderStepsDown(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	run := func(knobs testingKnobs) Counters {
 		var total Counters
@@ -104,6 +106,7 @@ func TestSimDiskFullLeaderStepsDown(t *testing.T) {
 // cut back and refused): the "durability promise:" check must catch it,
 // and not another.
 func TestSimDiskFullMutant(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	o := simOpts{knobs: testingKnobs{ackRefused: true}, n: 3, until: 4 * window, durability: Sync, promiseCheck: true, maxLog: 24, diskFull: 6}
 	catchMutant(t, "ack-refused", o, 100, "durability promise:")
@@ -208,6 +211,7 @@ func allFullRun(seed uint64, knobs testingKnobs, idle bool, total *Counters) err
 // fail "all full:" (the group elects and has no leader until space
 // returns).
 func TestSimDiskFullAllMembers(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(10)
 	if raceEnabled {
 		seeds = 3
@@ -250,6 +254,7 @@ func TestSimDiskFullAllMembers(t *testing.T) {
 // member finds out, as none has anything to write: the seeds must fail
 // "all full: node N does not know its disk is full".
 func TestSimDiskFullProbe(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(10)
 	if raceEnabled {
 		seeds = 3
@@ -344,6 +349,7 @@ func idleRun(seed uint64, knobs testingKnobs, low bool, total *Counters) error {
 // probeAlways knob (a probe each round without asking, the cost before
 // the free-space query) must fail "idle fsyncs:" on every seed.
 func TestSimIdleNoProbeSync(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(5)
 	if raceEnabled {
 		seeds = 2
@@ -430,6 +436,7 @@ func staggeredFullRun(seed uint64, knobs testingKnobs) error {
 // the spaceAlwaysPlenty knob (the followers' idle rounds never probe) it
 // fails "staggered full:" on every seed.
 func TestSimDiskFullStaggered(t *testing.T) {
+	simNoRace(t)
 	seeds := uint64(10)
 	if raceEnabled {
 		seeds = 3

@@ -224,6 +224,7 @@ func TestDurabilityConfig(t *testing.T) {
 // the leader's diff, and the group loses nothing (the simulator's checks:
 // total order, acknowledged lost, liveness).
 func TestSimSyncCorruptLog(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	repaired := 0
 	for seed := uint64(1); seed <= 20; seed++ {
@@ -311,6 +312,7 @@ func corruptFirstRecord(fs vfs.FS) error {
 // restarted from what its disk kept, it catches up; nothing acknowledged
 // is lost.
 func TestSimSyncFailStop(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	stopped := 0
 	for seed := uint64(1); seed <= 20; seed++ {
@@ -338,6 +340,7 @@ func TestSimSyncFailStop(t *testing.T) {
 // last SnapMark names a snapshot that is not there) or from before the
 // diff, and nothing acknowledged is lost.
 func TestSimSyncSnapDiskFull(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	stopped := 0
 	for seed := uint64(1); seed <= 10; seed++ {
@@ -363,6 +366,7 @@ func TestSimSyncSnapDiskFull(t *testing.T) {
 // entry's and the commit's, and the next entry's batch waits for the
 // second.
 func TestSimSyncFsyncsPerEntry(t *testing.T) {
+	simNoRace(t)
 	run := func(knobs testingKnobs) float64 {
 		var stats simStats
 		for seed := uint64(1); seed <= 5; seed++ {

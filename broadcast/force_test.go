@@ -170,6 +170,7 @@ func forceScript(st *forceStats) func(h *simRun) {
 // MaxUncommitted. Many seeds per size (2 under -race: make norace runs
 // them all).
 func TestSimForceLead(t *testing.T) {
+	simNoRace(t)
 	const window = 40 * time.Millisecond
 	// n3-file-stable: the stable state saved off the polling goroutine
 	// (AsyncFileStable): the forced vote goes out once its

@@ -222,6 +222,7 @@ func plantMissingInstall(fs vfs.FS, id rdma.NodeID, index uint64) (MsgHdr, error
 // without the entries B's disk lacks: caught by "async loss bound:" (the
 // disks of a majority held them) at every seed.
 func TestSimAsyncRepairHeld(t *testing.T) {
+	simNoRace(t)
 	flags := simFlags.WithDefault(3)
 	seeds := []uint64{flags.Seed}
 	if flags.Seed == 0 {

@@ -1359,6 +1359,20 @@ func (h *simRun) scheduleFull(ids []rdma.NodeID) {
 	}
 }
 
+// simNoRace skips a simulator test under the race detector. Each of its
+// runs is one Sim on the test's goroutine (or a queued cluster polled in
+// virtual time), deterministic (the seed decides every step), so the
+// detector has no second goroutine to check and the same seeds find the
+// same bugs without it: make norace runs every TestSim* test of the
+// package in full (its -run selects them by name, and names the others
+// that call this), and the race pass of make test skips them.
+func simNoRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("single-goroutine simulation: runs without -race (make norace)")
+	}
+}
+
 func runSim(sd sim.Seed, o simOpts, total *Counters) error {
 	opts := sd.Options()
 	opts.Faults = o.faults
@@ -1671,6 +1685,7 @@ func (c *Counters) add(o Counters) {
 // -seeds K runs seeds 1..K of every case (default: 2000 seeds in all;
 // under -race 1 a case, make norace runs them all), -seed N one seed.
 func TestSimAcuerdo(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	cases := []struct {
 		name  string
@@ -1785,6 +1800,7 @@ func wantSnapshots(c Counters) error {
 // (a mutant caught only by a liveness timeout would prove nothing about
 // the safety checkers). Each runs until its first caught seed.
 func TestSimMutants(t *testing.T) {
+	simNoRace(t)
 	const window = 16 * time.Millisecond
 	partition := sim.Faults{Until: window, Partition: 1}
 	cases := []struct {

@@ -66,6 +66,7 @@ func TestStuckGroupParks(t *testing.T) {
 // TestStuckGroupParksCatchesNoBackoff: without the backoff the same
 // member asks to be polled again at the same instant forever.
 func TestStuckGroupParksCatchesNoBackoff(t *testing.T) {
+	simNoRace(t) // 100,000 passes of a queued cluster in virtual time: one goroutine
 	passes, r := stuckPolls(t, true)
 	hb := int(10 * r.cfg.ElectionTimeout / r.cfg.HeartbeatInterval)
 	if passes <= 3*hb+64 {

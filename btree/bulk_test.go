@@ -10,6 +10,7 @@ import (
 // its leaves near the fill asked for, and takes the slots bulkSlots said;
 // Put and Delete work on it afterwards.
 func TestLoad(t *testing.T) {
+	singleNoRace(t)
 	for _, ns := range []int{256, 1024, 4096} {
 		for _, fill := range []float64{0.5, 0.7, 1} {
 			for _, n := range []int{0, 1, 7, 300, 3000} {

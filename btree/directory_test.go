@@ -340,6 +340,7 @@ func tabletInvariant(s *Store, low []byte, max int) string {
 // and the split halves are published. The planted splitGap (the upper
 // half starts just past the median) is caught by the cover property.
 func TestStoreTabletSplit(t *testing.T) {
+	singleNoRace(t)
 	for _, plant := range []bool{false, true} {
 		low := []byte("b")
 		cfg := StoreConfig{Tree: Config{NodeSize: 512, MaxKey: 16}, TabletMax: 40, Tablets: []Tablet{{Low: low, HighInf: true}}}

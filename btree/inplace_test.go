@@ -15,6 +15,7 @@ import (
 // stay identical whichever path an apply takes, and the in-place path is
 // taken (most ops).
 func TestInPlaceSameBytes(t *testing.T) {
+	singleNoRace(t)
 	for _, g := range geometries {
 		t.Run(fmt.Sprintf("node%d", g.cfg.NodeSize), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(g.cfg.NodeSize), 11))

@@ -119,6 +119,7 @@ func multiRun(knobs testingKnobs, ns int, seed uint64, messages int) (err error)
 // its own result, whatever its neighbours' (TestStoreMetamorphic's model
 // decides each), over several node sizes and seeds.
 func TestStoreMulti(t *testing.T) {
+	singleNoRace(t)
 	for _, ns := range []int{256, 1024, 4096} {
 		for seed := range uint64(3) {
 			if err := multiRun(testingKnobs{}, ns, seed, 300); err != nil {

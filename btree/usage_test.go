@@ -37,6 +37,18 @@ func walkUsage(t *testing.T, tr *Tree) Usage {
 	return u
 }
 
+// singleNoRace skips a single-goroutine deterministic test under the race
+// detector: it builds and checks trees on the test's goroutine alone
+// (seeded inputs, no Store node, no reader), so the detector has no second
+// goroutine to check and the run is the same without it. make norace runs
+// these tests (NORACE_BTREE in the Makefile: a new one goes there too).
+func singleNoRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("single-goroutine deterministic test: runs without -race (make norace)")
+	}
+}
+
 // TestUsageMatchesWalk: the usage the writer keeps at each node write
 // (live leaves and inner nodes, the leaves' used bytes) equals what a
 // walk of the tree finds, after every kind of change: inserts, in-place
@@ -45,6 +57,7 @@ func walkUsage(t *testing.T, tr *Tree) Usage {
 // leaf split and every inner node from an inner split or a new root
 // (Inner = InnerSplits + height - 1, Leaves = LeafSplits + 1).
 func TestUsageMatchesWalk(t *testing.T) {
+	singleNoRace(t)
 	for _, g := range geometries {
 		t.Run(fmt.Sprintf("node%d", g.cfg.NodeSize), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(g.cfg.NodeSize), 17))

@@ -757,6 +757,7 @@ var kvDurCases = []struct {
 // the race detector, a tenth with -short); -seeds N runs N (make soak).
 // A failing seed prints the command that reruns it.
 func TestSimDurable(t *testing.T) {
+	simNoRace(t)
 	def := kvDurSeeds
 	if raceEnabled {
 		def = 1
@@ -824,6 +825,7 @@ func TestSimDurable(t *testing.T) {
 // TestSimDurableMutants plants a bug in the durable runs and checks that
 // the check aimed at it catches it, with the property it breaks.
 func TestSimDurableMutants(t *testing.T) {
+	simNoRace(t)
 	for _, m := range []struct {
 		name string
 		o    kvOpts
@@ -872,6 +874,7 @@ func TestSimDurableMutants(t *testing.T) {
 // (kvDurable.isolated); with downOnly (the reading that counted only the
 // members down at the crash) it counts from the whole-group crash.
 func TestSimDurableWindowFromUnsyncedCrash(t *testing.T) {
+	simNoRace(t)
 	o := kvOpts{ops: 100, slow: true, merges: true, durable: kvDurable{mode: broadcast.Async, isolated: true}}
 	o.groups, o.replicas, o.clients, o.keys = 2, 3, 3, 24
 	o.until = 60 * time.Millisecond

@@ -1539,6 +1539,7 @@ func moveRunOpts(o kvOpts) kvOpts {
 // comment at the top). A failing seed prints the command that runs it
 // alone. Longer: go test -run 'TestSimMoves$' -seeds 200 ./kv
 func TestSimMoves(t *testing.T) {
+	simNoRace(t)
 	def := kvSimMoveSeeds
 	if raceEnabled {
 		def = 1
@@ -1634,6 +1635,7 @@ func TestSimMoves(t *testing.T) {
 //     not hidden after the run; or linearizability, a key deleted
 //     meanwhile back).
 func TestSimMovesMutants(t *testing.T) {
+	simNoRace(t)
 	for _, m := range []struct {
 		name string
 		mo   moveOpts

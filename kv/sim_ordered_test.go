@@ -451,6 +451,7 @@ func orderedRunOpts(o kvOpts) kvOpts {
 }
 
 func TestSimOrdered(t *testing.T) {
+	simNoRace(t)
 	def := kvSimOrderedSeeds
 	if raceEnabled {
 		def = 2
@@ -502,6 +503,7 @@ func TestSimOrdered(t *testing.T) {
 //     word without f+1 promises, and a deposed leader cut off by a
 //     partition keeps saying it serves (linearizability).
 func TestSimOrderedMutants(t *testing.T) {
+	simNoRace(t)
 	for _, m := range []struct {
 		name     string
 		owner    bool

@@ -1253,6 +1253,7 @@ var kvSimCases = []struct {
 }
 
 func TestSim(t *testing.T) {
+	simNoRace(t)
 	// -seeds N (any N, kvSimSeeds included) runs N a case; without it
 	// kvSimSeeds a case (make norace; the batches case a third), 1 under the race detector (a seed
 	// is one goroutine: the detector has little to check in it), a tenth
@@ -1327,9 +1328,22 @@ func TestSim(t *testing.T) {
 	}
 }
 
+// simNoRace skips a simulator test under the race detector. Each of its
+// runs is one Sim on the test's goroutine (PersistInline), deterministic:
+// the detector has no second goroutine to check, and the same seeds catch
+// the same planted bugs without it. make norace runs these tests in full
+// (its kv -run list names them: a new one goes there too).
+func simNoRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("single-goroutine simulation: runs without -race (make norace)")
+	}
+}
+
 // TestSimMutants plants each bug and checks that the checker aimed at it
 // catches it within a few seeds.
 func TestSimMutants(t *testing.T) {
+	simNoRace(t)
 	for _, m := range []struct {
 		name  string
 		knobs testingKnobs

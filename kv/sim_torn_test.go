@@ -50,6 +50,7 @@ func kvTornOpts(o kvOpts) kvOpts {
 }
 
 func TestSimTorn(t *testing.T) {
+	simNoRace(t)
 	// -seeds N runs N a case; without it kvTornSeeds a case, 1 under the
 	// race detector, a tenth with -short.
 	def := kvTornSeeds

@@ -380,8 +380,13 @@ func diskFull(t *testing.T, who string) {
 		default:
 			t.Fatalf("put %s after %v: %v%s", k, time.Since(start).Round(time.Millisecond), err, c.describe())
 		}
-		if d := time.Since(start); d > 10*time.Second {
-			t.Fatalf("put %s took %v (%v)", k, d, err)
+		// A refusal comes at once, never after the put's deadline. (A
+		// put that succeeded did not wait for its deadline either,
+		// however long the machine's load made it: at load ~40 one
+		// before arming took 10.8 s, and failed a bound that was
+		// meant for refusals.)
+		if d := time.Since(start); err != nil && d > 10*time.Second {
+			t.Fatalf("put %s refused after %v (%v)", k, d, err)
 		}
 		return err
 	}
@@ -453,7 +458,17 @@ func diskFull(t *testing.T, who string) {
 		}
 		switch who {
 		case "follower":
-			put("filling", 1)
+			// A filling put may be refused, sent or unsent, as the
+			// during puts below may: once the victim's row says its
+			// log is full, a leader that did not hear the other
+			// follower for an election timeout (a loaded machine)
+			// counts fewer than a majority able to log
+			// (broadcast's updateFull) and fails the put, queued,
+			// with ErrDiskFull and ErrOutcomeUnknown. try counts
+			// it and keeps it for the read-back.
+			if try("filling") != nil {
+				time.Sleep(5 * time.Millisecond)
+			}
 		case "leader":
 			try("filling")
 		default:
