@@ -410,12 +410,23 @@ func printTable(w io.Writer, results []*phaseResult, workloads []string, threads
 		}
 	}
 	tw.Flush()
-	// The targets: rdmakv at least 5x Redis on A, B and C at 8 threads;
-	// on E, at least 3x the sorted-set baseline at 1 thread and 5x at 8.
+	// The targets (issue 17): at 8 threads rdmakv at least 3x Redis on the
+	// load, A and F, 5x on B and C; on E (issue 18), at least 3x the
+	// sorted-set baseline at 1 thread and 5x at 8.
 	verdict := func(wls []string, t int, want float64) []string {
 		var out []string
 		for _, wl := range wls {
-			rd, rs := find("rdmakv", "run", wl, t), find("redis", "run", wl, t)
+			ph, th := "run", t
+			if wl == "load" { // the main load: of the first workload other than E
+				ph, th = "load", 0
+				for _, w := range workloads {
+					if w != "e" {
+						wl = w
+						break
+					}
+				}
+			}
+			rd, rs := find("rdmakv", ph, wl, th), find("redis", ph, wl, th)
 			if rd == nil || rs == nil || rs.OpsPerSec == 0 {
 				continue
 			}
@@ -424,12 +435,19 @@ func printTable(w io.Writer, results []*phaseResult, workloads []string, threads
 			if x < want {
 				mark = "missed"
 			}
-			out = append(out, fmt.Sprintf("%s %.2fx (%s)", strings.ToUpper(wl), x, mark))
+			name := strings.ToUpper(wl)
+			if ph == "load" {
+				name = "load"
+			}
+			out = append(out, fmt.Sprintf("%s %.2fx (%s)", name, x, mark))
 		}
 		return out
 	}
-	if v := verdict([]string{"a", "b", "c"}, 8, 5); len(v) > 0 {
-		fmt.Fprintf(w, "\ntarget rdmakv >= 5x Redis at 8 threads: %s\n", strings.Join(v, ", "))
+	if v := verdict([]string{"load", "a", "f"}, 8, 3); len(v) > 0 {
+		fmt.Fprintf(w, "\ntarget rdmakv >= 3x Redis at 8 threads: %s\n", strings.Join(v, ", "))
+	}
+	if v := verdict([]string{"b", "c"}, 8, 5); len(v) > 0 {
+		fmt.Fprintf(w, "target rdmakv >= 5x Redis at 8 threads: %s\n", strings.Join(v, ", "))
 	}
 	var ve []string
 	for _, t := range []struct {
