@@ -65,12 +65,16 @@ type bgroup struct {
 }
 
 // parks is the runtime placement's poller parks so far (-1 for another).
-func (g *bgroup) parks() int64 {
-	if g.pg == nil {
+func (g *bgroup) parks() int64 { return groupParks(g.pg) }
+
+// groupParks is the parks of pg's pollers so far; -1 for no group (a
+// placement other than the runtime's).
+func groupParks(pg *poller.Group) int64 {
+	if pg == nil {
 		return -1
 	}
 	var n int64
-	for _, s := range g.pg.Stats() {
+	for _, s := range pg.Stats() {
 		n += int64(s.Parks)
 	}
 	return n

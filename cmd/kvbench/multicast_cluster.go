@@ -512,16 +512,7 @@ func (c *mcCluster) counters() multicast.Counters {
 
 // parks is the runtime poller group's parks so far (-1 for another
 // placement).
-func (c *mcCluster) parks() int64 {
-	if c.pg == nil {
-		return -1
-	}
-	var n int64
-	for _, s := range c.pg.Stats() {
-		n += int64(s.Parks)
-	}
-	return n
-}
+func (c *mcCluster) parks() int64 { return groupParks(c.pg) }
 
 // close stops every client and replica and removes the shm directory.
 func (c *mcCluster) close() error {
