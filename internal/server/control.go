@@ -147,8 +147,11 @@ func ServeControlWith(ln net.Listener, m *cluster.Map, reps []*Replica, o Contro
 		for _, r := range reps {
 			ps.Replicas = append(ps.Replicas, r.Status())
 		}
-		ps.Pollers = pollerStatus(reps)
+		// The spare P before the pollers: a poller clears its dense flag
+		// before it gives the spare P back, so this order never shows a
+		// returned spare P beside a poller still dense.
 		ps.SpareP = spareStatus(reps)
+		ps.Pollers = pollerStatus(reps)
 		ps.Runtime = runtimeWindows.status()
 		if o.balancer != nil {
 			ps.Balancer = o.balancer()

@@ -171,6 +171,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 // collectPollers sends the metrics of the pollers that run reps and of
 // their spare P.
 func collectPollers(reps []*Replica, ch chan<- prometheus.Metric) {
+	// The spare P first, as on /status (ServeControlWith).
+	if s := spareStatus(reps); s != nil {
+		ch <- prometheus.MustNewConstMetric(dSpareHeld, prometheus.GaugeValue, b2f(s.Held))
+		ch <- prometheus.MustNewConstMetric(dSwitches, prometheus.CounterValue, float64(s.Switches))
+	}
 	for _, p := range pollerStatus(reps) {
 		l := strconv.Itoa(p.Poller)
 		for _, v := range []struct {
@@ -182,10 +187,6 @@ func collectPollers(reps []*Replica, ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(dTasks, prometheus.GaugeValue, float64(p.Tasks), l)
 		ch <- prometheus.MustNewConstMetric(dDense, prometheus.GaugeValue, b2f(p.Dense), l)
-	}
-	if s := spareStatus(reps); s != nil {
-		ch <- prometheus.MustNewConstMetric(dSpareHeld, prometheus.GaugeValue, b2f(s.Held))
-		ch <- prometheus.MustNewConstMetric(dSwitches, prometheus.CounterValue, float64(s.Switches))
 	}
 }
 

@@ -65,7 +65,8 @@ func TestSpareStatus(t *testing.T) {
 	}
 	status := func() shown {
 		t.Helper()
-		b, err := json.Marshal(ProcessStatus{Pollers: pollerStatus(reps), SpareP: spareStatus(reps)})
+		sp := spareStatus(reps) // first, as ServeControlWith reads them
+		b, err := json.Marshal(ProcessStatus{Pollers: pollerStatus(reps), SpareP: sp})
 		if err != nil {
 			t.Fatal(err)
 		}
