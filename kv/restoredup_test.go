@@ -10,7 +10,7 @@ import (
 // TestRestoreRefusesKeyTwice: a snapshot holding one key in two records
 // (never from a correct table) is refused with the key named, and the
 // table is left as it was. Restore finds the earlier record among the
-// slots of the key's four places (restoreDup) instead of in a map of every
+// run of records of its first bucket (placeRecords) instead of in a map of every
 // record's hash; the cases put the two copies next to each other, far
 // apart, with other versions and values, and among many keys so that
 // they share buckets with others. Planted restoreDupUnchecked (the

@@ -2,7 +2,6 @@ package kv
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -1715,20 +1714,10 @@ func (t *Table) Restore(b []byte) error {
 		}
 		// Every bucket may take a slot: mapped at once (prefault).
 		prefault.Populate(ng.mem)
-		placed := true
-		for k := range recs {
-			r := &recs[k]
-			if j, dup := restoreDup(&ng, b, recs, r); dup && !t.knobs.restoreDupUnchecked {
-				ng.region.Close()
-				return fmt.Errorf("%w: key %q twice (records %d and %d)", ErrSnapshot, recs[j].key(b), j, k)
-			}
-			s := Slot{Version: r.version, FP: fpOf(r.h), Units: unitsOf(r.size), Heap: uint8(refHeap(r.ref)), Off: uint64(refOff(r.ref))}
-			bo, i, ok := freeSlot(&ng, r.h)
-			if !ok {
-				placed = false
-				break
-			}
-			storeSlot(ng.mem, bo, i, s)
+		placed, err := placeRecords(&ng, b, recs, t.knobs.restoreDupUnchecked)
+		if err != nil {
+			ng.region.Close()
+			return err
 		}
 		if placed {
 			break
@@ -1801,33 +1790,6 @@ type restoreRec struct {
 }
 
 func (r *restoreRec) key(b []byte) []byte { return b[r.off+recHdr : r.off+recHdr+r.klen] }
-
-// restoreDup finds a record placed before r (in ng, by Restore) with r's
-// key: one with its key's hash lies in one of r's four places (freeSlot
-// places a key nowhere else), in a slot with r's fingerprint, and its slot
-// names the heap place planned for it, which finds it in recs (ascending
-// refs). It replaces a map of every record's hash (issue 19: the map was
-// 9% of a 1 M-record restart from snapshots): the places are the ones
-// freeSlot reads next, in the cache.
-func restoreDup(ng *gen, b []byte, recs []restoreRec, r *restoreRec) (int, bool) {
-	fp := fpOf(r.h)
-	for _, bk := range places(r.h, ng.log) {
-		off := bk*bucketSize + bucketHdr
-		for i := range slotsPer {
-			so := off + i*slotSize
-			if ng.mem[so+8] != fp || binary.LittleEndian.Uint64(ng.mem[so:]) == 0 {
-				continue
-			}
-			s := slotOf(binary.LittleEndian.Uint64(ng.mem[so:]), binary.LittleEndian.Uint64(ng.mem[so+8:]))
-			ref := refOf(int(s.Heap), int(s.Off))
-			j, ok := slices.BinarySearchFunc(recs, ref, func(x restoreRec, ref uint64) int { return cmp.Compare(x.ref, ref) })
-			if ok && recs[j].h == r.h && bytes.Equal(recs[j].key(b), r.key(b)) {
-				return j, true
-			}
-		}
-	}
-	return 0, false
-}
 
 // stage is a request arriving in parts (ops.go, "Requests larger than one
 // client slot"), part of the replicated state.
