@@ -38,6 +38,8 @@
 //	rdmakv.keyspace     an ordered keyspace of the cluster (the embedded
 //	                    cluster of kvserver declares "ordered"): every
 //	                    operation goes there, and Scan works (workload E)
+//	rdmakv.combinehold  the client's write-combining hold
+//	                    (client.WithCombineHold; unset: the client's default)
 //
 // With rdmakv.keyspace, the operations use the client's Keyspace calls:
 // Update is one blind write there too (Keyspace.UpdateExistingFields, the
@@ -57,6 +59,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/magiconair/properties"
@@ -74,6 +78,7 @@ const (
 	PropConsistency = "rdmakv.consistency"
 	PropTimeout     = "rdmakv.timeout"
 	PropKeyspace    = "rdmakv.keyspace"
+	PropCombineHold = "rdmakv.combinehold"
 )
 
 // Defaults.
@@ -105,11 +110,14 @@ type Config struct {
 	Consistency client.Consistency
 	Timeout     time.Duration
 	Keyspace    string // "": the default (hashed) keyspace
+	// CombineHold is the client's write-combining hold
+	// (client.WithCombineHold); -1: the client's default.
+	CombineHold int
 }
 
 // ParseConfig reads the binding's properties (nil p: the defaults).
 func ParseConfig(p *properties.Properties) (Config, error) {
-	cfg := Config{MapFile: client.DefaultMapFile, Consistency: client.Linearizable, Timeout: DefaultTimeout}
+	cfg := Config{MapFile: client.DefaultMapFile, Consistency: client.Linearizable, Timeout: DefaultTimeout, CombineHold: -1}
 	if p == nil {
 		return cfg, nil
 	}
@@ -130,6 +138,13 @@ func ParseConfig(p *properties.Properties) (Config, error) {
 		}
 		cfg.Timeout = d
 	}
+	if s, ok := p.Get(PropCombineHold); ok {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("rdmakv ycsb: %s=%q: want 0 (the whole window) or more", PropCombineHold, s)
+		}
+		cfg.CombineHold = n
+	}
 	return cfg, nil
 }
 
@@ -141,11 +156,15 @@ func Open(ctx context.Context, p *properties.Properties, opts ...client.Option) 
 	if err != nil {
 		return nil, err
 	}
-	all := append([]client.Option{
+	all := []client.Option{
 		client.WithMapFile(cfg.MapFile),
 		client.WithConsistency(cfg.Consistency),
 		client.WithTimeout(cfg.Timeout),
-	}, opts...)
+	}
+	if cfg.CombineHold >= 0 {
+		all = append(all, client.WithCombineHold(cfg.CombineHold))
+	}
+	all = append(all, opts...)
 	c, err := client.Open(ctx, all...)
 	if err != nil {
 		return nil, err
@@ -243,8 +262,44 @@ func (db *DB) Close() error {
 	return nil
 }
 
-// InitThread does nothing: the threads share the client.
-func (db *DB) InitThread(ctx context.Context, _, _ int) context.Context { return ctx }
+// InitThread gives the thread's context its own record decoders (the
+// threads share the client): a Read through that context decodes with a
+// fielded.Selector of the thread, whose map keys are strings it already
+// holds, not a string allocated per field of every record.
+func (db *DB) InitThread(ctx context.Context, _, _ int) context.Context {
+	return context.WithValue(ctx, threadKey{}, &thread{})
+}
+
+// threadKey is the context key of a YCSB thread's *thread.
+type threadKey struct{}
+
+// thread is what one YCSB thread keeps between its operations (one
+// goroutine uses it: a Selector is not safe for concurrent use).
+type thread struct {
+	all    *fielded.Selector // every field
+	sel    *fielded.Selector // the fields of selFor
+	selFor []string
+}
+
+// decode decodes record v with the requested fields (all if fields is
+// empty): through ctx's thread's selectors when ctx came from InitThread,
+// else DecodeSelected.
+func decode(ctx context.Context, v []byte, fields []string) (map[string][]byte, error) {
+	t, _ := ctx.Value(threadKey{}).(*thread)
+	if t == nil {
+		return fielded.DecodeSelected(v, fields)
+	}
+	if len(fields) == 0 {
+		if t.all == nil {
+			t.all = fielded.NewSelector(nil)
+		}
+		return t.all.Decode(v)
+	}
+	if t.sel == nil || !slices.Equal(t.selFor, fields) {
+		t.sel, t.selFor = fielded.NewSelector(fields), slices.Clone(fields)
+	}
+	return t.sel.Decode(v)
+}
 
 // CleanupThread does nothing.
 func (db *DB) CleanupThread(context.Context) {}
@@ -269,7 +324,7 @@ func (db *DB) Read(ctx context.Context, table, key string, fields []string) (map
 	if err != nil {
 		return nil, fmt.Errorf("read %s/%s: %w", table, key, err)
 	}
-	m, err := DecodeSelected(v, fields)
+	m, err := decode(ctx, v, fields)
 	if err != nil {
 		return nil, fmt.Errorf("read %s/%s: %w", table, key, err)
 	}

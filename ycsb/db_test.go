@@ -250,15 +250,15 @@ func TestConcurrentUpdatesKeepFields(t *testing.T) {
 
 func TestConfig(t *testing.T) {
 	cfg, err := ParseConfig(properties.NewProperties())
-	if err != nil || cfg.Consistency != client.Linearizable || cfg.Timeout != DefaultTimeout || cfg.MapFile != client.DefaultMapFile {
+	if err != nil || cfg.Consistency != client.Linearizable || cfg.Timeout != DefaultTimeout || cfg.MapFile != client.DefaultMapFile || cfg.CombineHold != -1 {
 		t.Fatalf("defaults: %+v %v", cfg, err)
 	}
-	p := properties.MustLoadString("rdmakv.map=/x/y.json\nrdmakv.consistency=stale-ok\nrdmakv.timeout=250ms\n")
+	p := properties.MustLoadString("rdmakv.map=/x/y.json\nrdmakv.consistency=stale-ok\nrdmakv.timeout=250ms\nrdmakv.combinehold=1\n")
 	cfg, err = ParseConfig(p)
-	if err != nil || cfg.Consistency != client.StaleOK || cfg.Timeout != 250*time.Millisecond || cfg.MapFile != "/x/y.json" {
+	if err != nil || cfg.Consistency != client.StaleOK || cfg.Timeout != 250*time.Millisecond || cfg.MapFile != "/x/y.json" || cfg.CombineHold != 1 {
 		t.Fatalf("set: %+v %v", cfg, err)
 	}
-	for _, bad := range []string{"rdmakv.consistency=strong", "rdmakv.timeout=soon", "rdmakv.timeout=-1s"} {
+	for _, bad := range []string{"rdmakv.consistency=strong", "rdmakv.timeout=soon", "rdmakv.timeout=-1s", "rdmakv.combinehold=-1", "rdmakv.combinehold=x"} {
 		if _, err := ParseConfig(properties.MustLoadString(bad)); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
@@ -463,4 +463,68 @@ func TestOrderedUpdateIsOneWrite(t *testing.T) {
 	if _, err := db.Read(ctx, "t", "missing", nil); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("the update created the missing record: %v", err)
 	}
+}
+
+// TestThreadReads: reads through InitThread's contexts (each thread's own
+// record decoders) return what DecodeSelected gives, from 8 threads at once
+// over records of two field sets, with every field and with some named
+// (run it with -race: a thread's decoders are its own); and such a read
+// allocates at least a string per field less than one through a plain
+// context.
+func TestThreadReads(t *testing.T) {
+	db := startDB(t, nil)
+	ctx := context.Background()
+	recs := map[string]map[string][]byte{"r1": record("one", 10), "r2": {"a": []byte("x"), "b": nil, "field3": []byte("y")}}
+	for k, r := range recs {
+		if err := db.Insert(ctx, "usertable", k, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(k string, fields []string) map[string][]byte {
+		m, err := DecodeSelected(EncodeFields(recs[k]), fields)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for th := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tctx := db.InitThread(ctx, th, 8)
+			defer db.CleanupThread(tctx)
+			for i := range 100 {
+				k := []string{"r1", "r2"}[(i+th)%2]
+				fields := [][]string{nil, {"field3"}, {"b", "a"}}[(i/2+th)%3]
+				got, err := db.Read(tctx, "usertable", k, fields)
+				if err == nil && !equalFields(got, want(k, fields)) {
+					err = fmt.Errorf("thread %d: read %d of %s (fields %q) = %q, want %q", th, i, k, fields, got, want(k, fields))
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	tctx := db.InitThread(ctx, 0, 1)
+	read := func(c context.Context) float64 {
+		return testing.AllocsPerRun(100, func() {
+			if _, err := db.Read(c, "usertable", "r1", nil); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	plain, thread := read(ctx), read(tctx)
+	if thread > plain-9 {
+		t.Errorf("a read of 10 fields allocates %v objects through InitThread's context, %v through a plain one: want at least 9 fewer (the field names)", thread, plain)
+	}
+	t.Logf("allocations per read of 10 fields: %v through a plain context, %v through InitThread's", plain, thread)
 }

@@ -14,12 +14,12 @@
 package fielded
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
-	"strings"
 )
 
 // ErrMalformed is wrapped by every error of Decode, Valid and Merge.
@@ -95,7 +95,7 @@ func decodeFields(b []byte, want []string) (map[string][]byte, error) {
 		if value, off, err = readBytes(b, off); err != nil {
 			return nil, fmt.Errorf("%w: field %d (%.40q)'s value: %v", ErrMalformed, i, name, err)
 		}
-		if i > 0 && strings.Compare(string(name), prev) <= 0 {
+		if i > 0 && string(name) <= prev { // (compared without a copy of name)
 			return nil, fmt.Errorf("%w: field %d (%.40q) does not sort after field %d (%.40q)", ErrMalformed, i, name, i-1, prev)
 		}
 		prev = string(name)
@@ -313,7 +313,9 @@ func walk(cur []byte, nc int, upd []byte, nu int, f func(name, value []byte)) {
 	an, av, aok := a.next()
 	bn, bv, bok := b.next()
 	for aok || bok {
-		switch c := strings.Compare(string(an), string(bn)); {
+		// (bytes.Compare: strings.Compare(string(an), string(bn)) copied
+		// both names to the heap, 2 allocations a step on every replica)
+		switch c := bytes.Compare(an, bn); {
 		case !bok || aok && c < 0:
 			f(an, av)
 			an, av, aok = a.next()
