@@ -62,6 +62,13 @@ import (
 // not the default.
 const DefaultCombineHold = 0
 
+// DefaultSyncCombineHold is the hold of a client whose cluster map says
+// durability sync (cluster.Map.Durability), unless WithCombineHold says
+// otherwise: there a message waits for its group's fsync anyway, so a
+// write that queues behind one message in flight costs little and the
+// messages, and so the records of each fsync, are larger.
+const DefaultSyncCombineHold = 1
+
 type pendingOp struct {
 	op kv.Op
 	// ordered: op is an ordered keyspace's, its key the internal key (the
