@@ -196,6 +196,13 @@ func TestConfigDurability(t *testing.T) {
 	} else if m.Durability != DurabilityMemory {
 		t.Errorf("no durability field's map: durability %q, want memory", m.Durability)
 	}
+	// A map file's durability is one of the modes (or absent).
+	for d, ok := range map[string]bool{"": true, DurabilitySync: true, DurabilityAsync: true, DurabilityMemory: true, "fsync": false} {
+		m := &Map{Name: "d", Fabric: "mem", Groups: [][]rdma.NodeID{{1}}, ClientNodes: []rdma.NodeID{9}, Durability: d}
+		if err := m.Fill(); (err == nil) != ok || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("a map with durability %q: Fill %v, want ok %v", d, err, ok)
+		}
+	}
 	as := strings.Replace(ExampleConfig, `durability = "sync"
 # fsync_interval = "10ms"`, `durability = "async"
 fsync_interval = "5ms"`, 1)
