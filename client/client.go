@@ -134,9 +134,11 @@ type options struct {
 // than posting a message of its own (write combining: the completion posts
 // the queue as one message): n >= 1, or 0 for the whole window
 // (client_slots: a write posts whenever a slot is free). A lone writer
-// never waits. The default is DefaultCombineHold (0). A hold of 1 sends
-// fewer, larger messages when many goroutines write at once, but makes
-// a few concurrent writers wait for each other's round trips.
+// never waits. The default is DefaultCombineHold (0), or
+// DefaultSyncCombineHold (1) when the cluster map says the cluster's
+// durability is sync. A hold of 1 sends fewer, larger messages when many
+// goroutines write at once, but makes a few concurrent writers wait for
+// each other's round trips.
 func WithCombineHold(n int) Option { return func(o *options) { o.hold, o.holdSet = n, true } }
 
 // WithMap uses the cluster map m.
@@ -318,6 +320,9 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	c.knownTab = make([]atomic.Uint64, len(m.Groups))
 	c.comb = combiner{c: c, queued: make([][]*pendingOp, len(m.Groups)), inflight: make([]int, len(m.Groups)), sending: make([]bool, len(m.Groups))}
 	c.comb.hold = DefaultCombineHold
+	if m.Durability == cluster.DurabilitySync {
+		c.comb.hold = DefaultSyncCombineHold
+	}
 	if o.holdSet {
 		c.comb.hold = o.hold
 	}

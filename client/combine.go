@@ -33,7 +33,8 @@ import (
 // windows are per group so that a group that does not answer holds only
 // its own writes.
 //
-// The hold (WithCombineHold, off by default: the whole window) is
+// The hold (WithCombineHold; off by default, the whole window, but 1 on a
+// sync cluster: DefaultSyncCombineHold) is
 // Nagle-like: a write that finds its group with hold messages or more in
 // flight queues even if the window has room, and the next completion of
 // one of the group's messages posts the queue (its hook, as above). A
@@ -59,8 +60,15 @@ import (
 // for the next completion rather than posting a message of its own; 0, the
 // whole window (ClientSlots). A hold of 1 measured less CPU per put at 64
 // writers but more context switches and fewer puts a second at 8, so it is
-// not the default.
+// not the default in memory mode (DefaultSyncCombineHold: sync mode's).
 const DefaultCombineHold = 0
+
+// DefaultSyncCombineHold is the hold of a client whose cluster map says
+// durability sync (cluster.Map.Durability), unless WithCombineHold says
+// otherwise: there a message waits for its group's fsync anyway, so a
+// write that queues behind one message in flight costs little and the
+// messages, and so the records of each fsync, are larger.
+const DefaultSyncCombineHold = 1
 
 type pendingOp struct {
 	op kv.Op

@@ -85,3 +85,7 @@ func PlantHoldAnyGroup(c *Client) { c.comb.holdAnyGroup = true }
 // PlantDropOverflow plants a bug in c's write combiner: a write that does
 // not fit in the message being filled is removed from the queue unsent.
 func PlantDropOverflow(c *Client) { c.comb.dropOverflow = true }
+
+// CombineHold is c's write-combining hold: the messages of single-key
+// writes a group may have in flight before a write queues.
+func CombineHold(c *Client) int { return c.comb.hold }

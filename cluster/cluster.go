@@ -51,6 +51,12 @@ type Map struct {
 	// Keyspaces are the named keyspaces (ordered ones: keyspace.go);
 	// the default keyspace is hashed and not listed.
 	Keyspaces []Keyspace `json:"keyspaces,omitempty"`
+	// Durability is the replicas' durability mode (DurabilityMemory,
+	// DurabilitySync or DurabilityAsync; empty: not said, as memory).
+	// Clients choose defaults by it: a write on a sync cluster waits for
+	// an fsync anyway, so the client holds writes for larger messages
+	// (client.WithCombineHold).
+	Durability string `json:"durability,omitempty"`
 }
 
 // Limits are the cluster's size limits.
@@ -117,6 +123,8 @@ func (m *Map) Fill() error {
 		return bad("limits %+v", *l)
 	case l.SlotSize < 256 || l.SlotSize%8 != 0:
 		return bad("slot_size %d: want a multiple of 8, at least 256", l.SlotSize)
+	case m.Durability != "" && m.Durability != DurabilityMemory && m.Durability != DurabilitySync && m.Durability != DurabilityAsync:
+		return bad("durability %q: want memory, sync or async", m.Durability)
 	}
 	seen := map[rdma.NodeID]string{}
 	for g, ms := range m.Groups {

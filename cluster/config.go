@@ -975,7 +975,7 @@ func parseRange(s string) (lo, hi int, err error) {
 // Map is the cluster map the config describes (clients use it; the
 // secret is not part of it).
 func (c *Config) Map() (*Map, error) {
-	m := &Map{Name: c.Name, Fabric: c.Fabric, ShmDir: c.ShmDir, Tree: c.Tree, Limits: c.Limits}
+	m := &Map{Name: c.Name, Fabric: c.Fabric, ShmDir: c.ShmDir, Tree: c.Tree, Limits: c.Limits, Durability: c.Durability}
 	if c.Fabric == "tcp" {
 		m.Addrs = map[rdma.NodeID]string{}
 	}

@@ -177,6 +177,12 @@ func TestConfigDurability(t *testing.T) {
 	if c.Durability != DurabilitySync || c.Snapshot.LogBytesN != 64<<20 || time.Duration(c.FsyncInterval) != DefaultFsyncInterval {
 		t.Errorf("example: durability %q log_bytes %d fsync_interval %v", c.Durability, c.Snapshot.LogBytesN, time.Duration(c.FsyncInterval))
 	}
+	// The map tells clients the mode (they hold writes on a sync cluster).
+	if m, err := c.Map(); err != nil {
+		t.Fatal(err)
+	} else if m.Durability != DurabilitySync {
+		t.Errorf("example's map: durability %q, want sync", m.Durability)
+	}
 	old := strings.Replace(ExampleConfig, `durability = "sync"`, ``, 1)
 	old = strings.Replace(old, `log_bytes = "64MiB"`, ``, 1)
 	if c, err = ParseConfig([]byte(old), path); err != nil {
@@ -184,6 +190,18 @@ func TestConfigDurability(t *testing.T) {
 	}
 	if c.Durability != DurabilityMemory || c.Snapshot.LogBytesN != 0 {
 		t.Errorf("no durability field: durability %q log_bytes %d, want memory and 0", c.Durability, c.Snapshot.LogBytesN)
+	}
+	if m, err := c.Map(); err != nil {
+		t.Fatal(err)
+	} else if m.Durability != DurabilityMemory {
+		t.Errorf("no durability field's map: durability %q, want memory", m.Durability)
+	}
+	// A map file's durability is one of the modes (or absent).
+	for d, ok := range map[string]bool{"": true, DurabilitySync: true, DurabilityAsync: true, DurabilityMemory: true, "fsync": false} {
+		m := &Map{Name: "d", Fabric: "mem", Groups: [][]rdma.NodeID{{1}}, ClientNodes: []rdma.NodeID{9}, Durability: d}
+		if err := m.Fill(); (err == nil) != ok || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("a map with durability %q: Fill %v, want ok %v", d, err, ok)
+		}
 	}
 	as := strings.Replace(ExampleConfig, `durability = "sync"
 # fsync_interval = "10ms"`, `durability = "async"

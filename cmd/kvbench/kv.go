@@ -149,8 +149,19 @@ const (
 var kvValueSize = 100
 
 // kvCombineHold is the client's write-combining hold (--combine-hold,
-// client.WithCombineHold).
-var kvCombineHold = client.DefaultCombineHold
+// client.WithCombineHold); -1: the client's default for the cluster's
+// durability (client.DefaultSyncCombineHold on a sync cluster, else
+// client.DefaultCombineHold).
+var kvCombineHold = -1
+
+// kvHoldOpts is the client's options for kvCombineHold: none when it is
+// -1 (the client chooses by the map's durability).
+func kvHoldOpts() []client.Option {
+	if kvCombineHold < 0 {
+		return nil
+	}
+	return []client.Option{client.WithCombineHold(kvCombineHold)}
+}
 
 // kvFlags are the options of the kv benchmark.
 type kvFlags struct {
@@ -197,7 +208,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.IntVar(&o.records, "records", 1000000, "keys loaded (from an empty table) before the get and put rows")
 	threads := fs.String("threads", "1,8", "comma-separated goroutine counts of the get rows")
 	fs.IntVar(&o.putThreads, "put-threads", 64, "goroutines of the saturated put row (the other put row has 1)")
-	fs.IntVar(&kvCombineHold, "combine-hold", client.DefaultCombineHold, "the client's write-combining hold: messages a group may have in flight before a new write waits for a completion (client.WithCombineHold; 0: the whole window)")
+	fs.IntVar(&kvCombineHold, "combine-hold", -1, "the client's write-combining hold: messages a group may have in flight before a new write waits for a completion (client.WithCombineHold; 0: the whole window; -1: the client's default, 1 on a sync cluster, else the whole window)")
 	fs.IntVar(&kvValueSize, "value-size", 100, "bytes per value (at least the 16-byte key, which each value starts with), of rdmakv's and Redis's rows")
 	fs.DurationVar(&o.interval, "interval", 100*time.Millisecond, "get-during-growth: the interval gets are counted in")
 	fs.DurationVar(&o.et, "election-timeout", time.Second, "the replicas' election timeout (long, so that a descheduled leader is not voted out mid-measurement)")
@@ -1081,7 +1092,7 @@ func (e *kvEnv) openEmbedded() (err error) {
 		}
 	}()
 	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	e.c, err = client.Open(octx, client.WithMapFile(e.srv.mapFile), client.WithCombineHold(kvCombineHold))
+	e.c, err = client.Open(octx, append([]client.Option{client.WithMapFile(e.srv.mapFile)}, kvHoldOpts()...)...)
 	cancel()
 	if err != nil {
 		return err
@@ -1126,7 +1137,7 @@ func (e *kvEnv) openChild() (err error) {
 		return fmt.Errorf("the client's node: %w", err)
 	}
 	octx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	e.c, err = client.Open(octx, client.WithMap(e.m), client.WithNode(e.node), client.WithCombineHold(kvCombineHold))
+	e.c, err = client.Open(octx, append([]client.Option{client.WithMap(e.m), client.WithNode(e.node)}, kvHoldOpts()...)...)
 	cancel()
 	if err != nil {
 		return err

@@ -234,6 +234,11 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	if err := m.Fill(); err != nil {
 		return nil, err
 	}
+	if m.Durability == "" && cfg.Durable.Mode != broadcast.Memory {
+		// The map the process serves and kvserver saves tells clients
+		// the mode (a client holds writes on a sync cluster).
+		m.Durability = cfg.Durable.Mode.String()
+	}
 	var spec fabric.Spec
 	if cfg.Spec != nil {
 		spec = *cfg.Spec
