@@ -125,6 +125,10 @@ type durable struct {
 	// flushedFor (Async) is the append time of the oldest unsynced
 	// record when walPoll last flushed the writer for it.
 	flushedFor time.Duration
+	// late (Async): the last walPoll found the replica late (diskLate)
+	// since lateSince (Counters.DiskLateSpells, DiskLateNanos).
+	late      bool
+	lateSince time.Duration
 	// work: the snapshot work diskSnapPoll did on the polling goroutine
 	// (Config.StatClock; SnapWork).
 	work SnapWork
@@ -734,7 +738,25 @@ func (r *Replica) walPoll(now time.Duration) bool {
 		d.ring = d.ring[:n]
 		progress = true
 	}
+	if r.cfg.Durability == Async {
+		r.countLate(now)
+	}
 	return progress
+}
+
+// countLate follows Async's back-pressure spells for the counters: a
+// statistic (nothing in the protocol reads it).
+func (r *Replica) countLate(now time.Duration) {
+	d := r.dur
+	late := r.diskLate()
+	switch {
+	case late && !d.late:
+		d.late, d.lateSince = true, now
+		r.ctr.DiskLateSpells++
+	case !late && d.late:
+		d.late = false
+		r.ctr.DiskLateNanos += uint64(max(0, now-d.lateSince))
+	}
 }
 
 // Recovery is a log read back by Recover, checked, for New to replay.

@@ -1677,6 +1677,8 @@ func (c *Counters) add(o Counters) {
 	c.StableSaves += o.StableSaves
 	c.StableSaveNanos += o.StableSaveNanos
 	c.StableSavesFull += o.StableSavesFull
+	c.DiskLateSpells += o.DiskLateSpells
+	c.DiskLateNanos += o.DiskLateNanos
 }
 
 // TestSimAcuerdo runs the protocol in the deterministic simulator under

@@ -156,6 +156,13 @@ type Counters struct {
 	// asked to the one that reaped it; StableSavesFull the times a save
 	// found the disk full (retried; nothing published meanwhile).
 	StableSaves, StableSaveNanos, StableSavesFull uint64
+	// DiskLateSpells (Async): the times its back-pressure began (the
+	// oldest unsynced record older than 2 x FsyncInterval, or half the
+	// log's MaxUnsyncedBytes queued: it took no new entry until the disk
+	// caught up), as its Polls saw it; DiskLateNanos their total time,
+	// from the Poll that found the replica late to the one that found it
+	// caught up.
+	DiskLateSpells, DiskLateNanos uint64
 }
 
 // Leader returns the leader's node id if this replica follows or leads an
