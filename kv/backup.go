@@ -89,6 +89,19 @@ func (t *Table) Applied() uint64 { return t.applied }
 // growing, and the broadcast meta of a group that has delivered nothing
 // yet. member is the replica the file is for; created its time (ns).
 // It returns the file image and its name.
+//
+// The snapshot's header is BackupHeader(index), (0, index): epoch 0, as
+// no epoch of the new group has run (a replica recovered from it has
+// E_cur 0, at or below the E_new 0 of a member without stable state),
+// and a count of index, so that the state is ordered after the empty
+// one. The protocol tells states apart by their headers: at (0,0) a
+// member that starts empty (a replica that rejoins because the other two
+// elected before it started, kvserver's startMode) looked as far along as
+// the restored ones, a leader synced it with a diff from (0,0) and no
+// snapshot, and it followed with an empty table, and could lead (the
+// whole group's state gone: TestBackupRestoreProcesses under load,
+// TestRestoreRejoins). At (0, index) it is behind the pruned point
+// (0, index) of every restored replica, which sends it its snapshot.
 func BackupImage(cfg ReplicaConfig, member uint64, created int64, index uint64, table []byte) (name string, img []byte, err error) {
 	if index == 0 {
 		return "", nil, fmt.Errorf("kv: a backup at index 0")
@@ -98,6 +111,11 @@ func BackupImage(cfg ReplicaConfig, member uint64, created int64, index uint64, 
 		return "", nil, err
 	}
 	meta := broadcast.InitialSnapMeta(cfg.Multicast.Members[cfg.Multicast.Group], index, state)
-	img = broadcast.EncodeSnapFile(index, broadcast.MsgHdr{}, member, created, meta, state)
-	return broadcast.SnapName(index, broadcast.MsgHdr{}), img, nil
+	at := BackupHeader(index)
+	img = broadcast.EncodeSnapFile(index, at, member, created, meta, state)
+	return broadcast.SnapName(index, at), img, nil
 }
+
+// BackupHeader is the header of a group restored at index (BackupImage):
+// the last entry the restored state covers, (0, index).
+func BackupHeader(index uint64) broadcast.MsgHdr { return broadcast.MsgHdr{Cnt: index} }

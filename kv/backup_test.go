@@ -112,8 +112,10 @@ func TestBackupImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if name != broadcast.SnapName(77, broadcast.MsgHdr{}) || ds.Index != 77 || ds.Member != 2 {
-		t.Fatalf("name %s, index %d, member %d", name, ds.Index, ds.Member)
+	// The header orders the state after the empty one (0,0): a member
+	// that starts empty is behind it and gets its snapshot.
+	if at := (broadcast.MsgHdr{Cnt: 77}); name != broadcast.SnapName(77, at) || ds.Index != 77 || ds.At != at || ds.Member != 2 {
+		t.Fatalf("name %s, index %d, header %v, member %d", name, ds.Index, ds.At, ds.Member)
 	}
 	own := binary.LittleEndian.Uint64(ds.State)
 	if got := ds.State[8+own:]; string(got) != string(table) {

@@ -9,15 +9,21 @@ package backupcheck
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/kv"
+	"github.com/rdmakv/rdmakv/rdma"
 )
 
 // Write is one acknowledged put: its key's group, the index the group
@@ -208,5 +214,85 @@ func ClientRead(ctx context.Context, c *client.Client) Read {
 			return "", 0, false, err
 		}
 		return string(it.Value), it.Version, true, nil
+	}
+}
+
+// FileRead is a Read of the state backup files hold (each a disk
+// snapshot file whose state is a kv table's snapshot, as `kvserver
+// backup` writes DIR/group-<g>.snap): CheckState through it checks the
+// files themselves, before any restore, so that a failure says whether
+// the backup lacks a write or the restored cluster does.
+func FileRead(paths ...string) (Read, error) {
+	recs := map[string]record{}
+	for _, path := range paths {
+		img, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		ds, err := broadcast.DecodeSnapFile(img)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if err := tableRecords(ds.State, recs); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return func(key string) (string, uint64, bool, error) {
+		r, ok := recs[key]
+		return r.value, r.version, ok, nil
+	}, nil
+}
+
+// record is a key's value and version in a table snapshot.
+type record struct {
+	value   string
+	version uint64
+}
+
+// tableRecords adds the records of the kv table snapshot b (the bytes of
+// Table.Snapshot's Persist: a 32-byte header whose second word counts
+// the records that follow) to recs; a key already there is an error.
+func tableRecords(b []byte, recs map[string]record) error {
+	if len(b) < 32 {
+		return fmt.Errorf("a table snapshot of %d bytes", len(b))
+	}
+	count, p := binary.LittleEndian.Uint64(b[8:]), 32
+	for i := uint64(0); i < count; i++ {
+		if p > len(b) {
+			return fmt.Errorf("record %d of %d past the end", i, count)
+		}
+		ri, key, val, err := kv.DecodeRecord(b[p:])
+		if err != nil {
+			return fmt.Errorf("record %d of %d at byte %d: %w", i, count, p, err)
+		}
+		if _, dup := recs[string(key)]; dup {
+			return fmt.Errorf("key %q held twice", key)
+		}
+		recs[string(key)] = record{string(val), ri.Version}
+		p += ri.Size()
+	}
+	return nil
+}
+
+// ReplicaRead is a Read of the replicas in from only, through c, a client
+// whose stale-ok gets read them first (client.WithNearReplica): a get
+// that another replica served (one of from catching up answers
+// ErrCatchingUp, and the get reads another) is made again until ctx
+// ends.
+func ReplicaRead(ctx context.Context, c *client.Client, from map[rdma.NodeID]bool) Read {
+	return func(key string) (string, uint64, bool, error) {
+		for {
+			it, err := c.GetItem(ctx, []byte(key), client.StaleOK)
+			if err != nil && !errors.Is(err, client.ErrNotFound) {
+				return "", 0, false, err
+			}
+			if from[it.Replica] {
+				return string(it.Value), it.Version, err == nil, nil
+			}
+			if ctx.Err() != nil {
+				return "", 0, false, fmt.Errorf("no get of %s read replicas %v before the context ended (replica %d did): %w", key, slices.Sorted(maps.Keys(from)), it.Replica, ctx.Err())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 }

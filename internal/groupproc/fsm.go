@@ -57,6 +57,15 @@ type FSM struct {
 	gen    uint64
 	live   int
 	stats  FSMStats
+	knobs  fsmKnobs
+}
+
+// fsmKnobs are the planted bugs of the FSM's tests.
+type fsmKnobs struct {
+	// persistNoYield: Persist copies the chunks without yielding between
+	// them (TestFSMPersistPreemptible: no goroutine runs on the process's
+	// one P until it ends).
+	persistNoYield bool
 }
 
 // StateChunk is the ballast's chunk size, the unit of copy on write: what
@@ -287,7 +296,9 @@ func (c *capture) Persist(dst []byte) error {
 		// world (a GC cycle the driver goroutine's allocations start, or
 		// its mark termination) waits for the whole Persist, and so does
 		// the polling goroutine (52 ms for 64 MiB into fresh memory).
-		runtime.Gosched()
+		if !c.f.knobs.persistNoYield {
+			runtime.Gosched()
+		}
 	}
 	end := time.Now()
 	c.f.mu.Lock()

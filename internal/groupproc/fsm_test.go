@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -216,58 +217,94 @@ func TestFSMStateConcurrentPersist(t *testing.T) {
 	}
 }
 
-// TestFSMPersistPreemptible: a stop of the world (here runtime.GC, in the
-// process a GC cycle the driver goroutine's allocations start) does not
-// wait for a long Persist on another goroutine. Persist into fresh memory
-// (mmap, as a registered region is) takes tens of milliseconds for 32 MiB;
-// a loop of copies without a preemption point held the GC, and so the
-// polling goroutine, for all of it. Only a build without -race catches
-// that (the race detector's calls around each copy are preemption
-// points), and a -race process's own GC can outlast Persist: it skips
-// under -race, and make norace runs it.
+// TestFSMPersistPreemptible: a stop of the world (a GC cycle the driver
+// goroutine's allocations start, or its mark termination) must not wait
+// for a long Persist on another goroutine. Persist into fresh memory
+// (mmap, as a registered region is) takes tens of milliseconds for 32
+// MiB, and a loop of copies is all memmove, where the runtime cannot
+// preempt a goroutine: Persist has to reach a preemption point between
+// its chunks. The test asserts that behaviour, not a time: on one P
+// (GOMAXPROCS 1) and without asynchronous preemption (the test runs
+// itself with GODEBUG=asyncpreemptoff=1, so that only Persist's own
+// preemption points count), another goroutine runs while Persist is
+// under way (it has written the head into dst and not yet the last
+// chunk). Planted
+// fsmKnobs.persistNoYield (no yield between chunks): the other goroutine
+// runs only once Persist returned. (It measured runtime.GC against
+// Persist's end before: at load 40-50 a GC that did not wait still
+// returned 0.8 ms after Persist ended, a false failure.) Under -race the
+// detector's calls around each copy are preemption points already: it
+// skips, make norace runs it.
 func TestFSMPersistPreemptible(t *testing.T) {
 	if raceEnabled {
-		t.Skip("a timing test: make norace runs it without -race")
+		t.Skip("the race detector's calls are preemption points: make norace runs it")
 	}
-	const state = 32 << 20
-	f := NewStateFSM(false, state)
-	applyN(f, 0, 10)
-	measured := 0
-	for round := 0; round < 5 && measured < 2; round++ {
-		s, _ := f.Snapshot()
-		dst, err := unix.Mmap(-1, 0, s.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if os.Getenv(persistChildEnv) == "" {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestFSMPersistPreemptible$", "-test.v")
+		cmd.Env = append(os.Environ(), persistChildEnv+"=1", "GODEBUG=asyncpreemptoff=1")
+		out, err := cmd.CombinedOutput()
 		if err != nil {
-			t.Skipf("mmap: %v", err)
+			t.Fatalf("with GODEBUG=asyncpreemptoff=1: %v\n%s", err, out)
 		}
-		var persistEnd atomic.Int64
-		began := time.Now()
-		go func() {
-			if err := s.Persist(dst); err != nil {
-				t.Error(err)
-			}
-			persistEnd.Store(int64(time.Since(began)))
-		}()
-		time.Sleep(time.Millisecond)
-		gcAt := time.Since(began)
-		runtime.GC()
-		gcEnd := time.Since(began)
-		for persistEnd.Load() == 0 {
-			time.Sleep(time.Millisecond)
-		}
-		pe := time.Duration(persistEnd.Load())
-		s.Release()
-		unix.Munmap(dst)
-		if pe < gcAt+10*time.Millisecond {
-			t.Logf("round %d: Persist took %v, too short to tell", round, pe)
-			continue
-		}
-		measured++
-		t.Logf("round %d: Persist %v; runtime.GC from %v to %v", round, pe, gcAt, gcEnd)
-		if gcEnd >= pe {
-			t.Fatalf("round %d: runtime.GC started at %v waited for Persist: it returned at %v, Persist ended at %v", round, gcAt, gcEnd, pe)
+		t.Logf("with GODEBUG=asyncpreemptoff=1:\n%s", out)
+		return
+	}
+	for _, planted := range []bool{false, true} {
+		ran := persistOtherRan(t, planted)
+		switch {
+		case !planted && !ran:
+			t.Fatal("no other goroutine ran on the one P while Persist was under way: it has no preemption point between its chunks")
+		case planted && ran:
+			t.Fatal("planted persistNoYield: another goroutine ran during Persist all the same: the check cannot tell a Persist without preemption points")
+		case planted:
+			t.Log("planted persistNoYield caught: no other goroutine ran during Persist")
 		}
 	}
-	if measured == 0 {
-		t.Skip("every Persist was too short to tell")
+}
+
+// persistChildEnv marks TestFSMPersistPreemptible's run of itself.
+const persistChildEnv = "GROUPPROC_PERSIST_CHILD"
+
+// persistOtherRan persists a 32 MiB capture into fresh memory on a
+// goroutine of its own, with GOMAXPROCS 1, and reports whether this
+// goroutine ran while Persist was under way (dst's first bytes written,
+// its last ones not yet).
+func persistOtherRan(t *testing.T, noYield bool) bool {
+	t.Helper()
+	f := NewStateFSM(false, 32<<20)
+	f.knobs.persistNoYield = noYield
+	applyN(f, 0, 10)
+	s, _ := f.Snapshot()
+	defer s.Release()
+	dst, err := unix.Mmap(-1, 0, s.Size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Skipf("mmap: %v", err)
 	}
+	defer unix.Munmap(dst)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var done atomic.Bool
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		if err := s.Persist(dst); err != nil {
+			t.Error(err)
+		}
+		done.Store(true)
+	}()
+	// Under way: the head (copied first, not all zero) is written and
+	// the last chunk (not all zero either, checked after) is not yet.
+	nonzero := func(b []byte) bool { return slices.ContainsFunc(b, func(x byte) bool { return x != 0 }) }
+	tail := dst[len(dst)-StateChunk/2:]
+	ran := false
+	for !done.Load() {
+		if nonzero(dst[:64]) && !nonzero(tail) {
+			ran = true
+		}
+		runtime.Gosched()
+	}
+	<-finished
+	if !nonzero(dst[:64]) || !nonzero(tail) {
+		t.Fatal("a persisted capture's head or last chunk is all zero: the check cannot tell how far Persist got")
+	}
+	return ran
 }

@@ -360,6 +360,28 @@ type RestoreOptions struct {
 	Force bool
 	// Out gets a line per replica written.
 	Out io.Writer
+
+	knobs restoreKnobs
+}
+
+// restoreKnobs are the planted bugs of the restore tests.
+type restoreKnobs struct {
+	// zeroHeader: the replicas' snapshots have the header (0,0) instead
+	// of kv.BackupHeader's (0, index), as they had before: a member that
+	// starts empty and rejoins looks as far along as the restored ones,
+	// gets no snapshot, and follows with an empty table
+	// (TestRestoreRejoins: ErrState in the rejoined member's reads).
+	zeroHeader bool
+}
+
+// zeroHeaderImage is img (a disk snapshot file) with the header (0,0)
+// (restoreKnobs.zeroHeader), and its file name.
+func zeroHeaderImage(img []byte, created int64) (string, []byte, error) {
+	ds, err := broadcast.DecodeSnapFile(img)
+	if err != nil {
+		return "", nil, err
+	}
+	return broadcast.SnapName(ds.Index, broadcast.MsgHdr{}), broadcast.EncodeSnapFile(ds.Index, broadcast.MsgHdr{}, ds.Member, created, ds.Meta, ds.State), nil
 }
 
 // Restore writes a backup into the data directories of every replica of
@@ -453,6 +475,9 @@ func Restore(o RestoreOptions) error {
 		}
 		for i, node := range m.Groups[g] {
 			name, rimg, err := kv.BackupImage(rc, uint64(node), now.UnixNano(), ds.Index, ds.State)
+			if err == nil && o.knobs.zeroHeader {
+				name, rimg, err = zeroHeaderImage(rimg, now.UnixNano()) // planted
+			}
 			if err != nil {
 				return err
 			}

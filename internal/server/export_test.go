@@ -10,6 +10,9 @@ import (
 // replicas of the process pc starts.
 func SetBackupLateGroup(pc *ProcessConfig, g int) { pc.backupKnobs.lateGroup = g + 1 }
 
+// SetRestoreZeroHeader plants restoreKnobs.zeroHeader in o.
+func SetRestoreZeroHeader(o *RestoreOptions) { o.knobs.zeroHeader = true }
+
 // PollStableSaves is how many stable state saves r's Stable ran on its
 // polling goroutine (the boot save, and every save of a Stable that is
 // not an AsyncStable).
