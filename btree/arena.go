@@ -1,6 +1,10 @@
 package btree
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/rdmakv/rdmakv/internal/prefault"
+)
 
 // Arena is the memory nodes live in: fixed-size slots in chunks, with an
 // incarnation per slot that is bumped when the slot is freed, so a node id
@@ -28,7 +32,14 @@ type Arena struct {
 	// kernel populate yet (populate.go); noPopulate: the kernel cannot.
 	populated  uint32
 	noPopulate bool
-	knobs      testingKnobs
+	// prefault is how many slots past the one alloc hands out the
+	// faulter keeps mapped (0: off, populate windows on the poller
+	// instead); asked is the first new slot not asked of it
+	// (populate.go).
+	prefault int
+	asked    uint32
+	faulter  *prefault.Faulter
+	knobs    testingKnobs
 }
 
 // NewArena returns an arena of nodeSize-byte slots, chunkSlots slots per
@@ -75,7 +86,11 @@ func (a *Arena) alloc() NodeID {
 		}
 		a.chunks = append(a.chunks, b)
 	}
-	a.populateFrom(s)
+	if a.prefault > 0 {
+		a.prefaultFrom(s)
+	} else {
+		a.populateFrom(s)
+	}
 	a.n++
 	a.inc = append(a.inc, 1)
 	return makeID(s, 1)

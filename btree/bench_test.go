@@ -3,6 +3,7 @@ package btree
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/mem"
+	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
 // BenchmarkWarmLookup measures a warm lookup through a cache that holds
@@ -526,4 +528,116 @@ func BenchmarkStoreApplyPrefetch(b *testing.B) {
 	for s, name := range []string{"off", "on"} {
 		b.ReportMetric(float64(cpu[s])/float64(i*msgs*per*replicas), name+"-cpu-ns/insert")
 	}
+}
+
+// BenchmarkStoreApplyPrefault measures what the arena's faulter
+// (StoreConfig.PrefaultNodes) saves a replica's apply of kvbench btree's
+// x64 insert row, in one process: two sets of three Stores (a group's
+// replicas on one poller) whose arenas are regions of shm nodes in
+// /dev/shm (files mapped shared, as kvserver's), 100 k keys loaded in
+// ascending order, 10 k inserts, then batch entries of 16 multi requests
+// of 4 new keys applied as kv.Table drives them (Prefetch, TouchBatch,
+// the applies, Publish), each batch by one set and then by the other,
+// which set goes first alternating, so the load of a shared machine falls
+// on both alike. Set off populates windows on the writer (populate.go),
+// set on has the faulter (DefaultPrefaultNodes). off-cpu-ns/insert and
+// on-cpu-ns/insert are the applying thread's CPU per insert on one
+// replica (the poller's); on-total-cpu-ns/insert adds the faulters' CPU
+// (Faulter.CPU) over the same inserts; splits/k the leaf splits per 1000
+// inserts (the same in both sets).
+func BenchmarkStoreApplyPrefault(b *testing.B) {
+	const n, msgs, per, replicas = 100_000, 16, 4, 3
+	key := func(i int) []byte { return fmt.Appendf(nil, "\x01k%015d", i) }
+	val := make([]byte, 100)
+	mk := func(set int, on bool) []*Store {
+		node, err := shm.Open(rdma.NodeID(set+1), shm.Options{Cluster: fmt.Sprintf("btpf%d", os.Getpid())})
+		if err != nil {
+			b.Skipf("shm: %v", err)
+		}
+		b.Cleanup(func() { node.Close() })
+		stores := make([]*Store, replicas)
+		for r := range stores {
+			cfg := StoreConfig{Group: uint32(r), Tablets: []Tablet{All}, MaxChunks: 64}
+			if on {
+				cfg.PrefaultNodes = DefaultPrefaultNodes
+			}
+			s, err := NewStore(cfg, node)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			ops := make([]Op, MaxMulti)
+			for i := 0; i < n; i += MaxMulti {
+				for j := range ops {
+					ops[j] = Op{Kind: OpPut, Key: key(i + j), Value: val}
+				}
+				s.Apply(uint64(i/MaxMulti+2), AppendMulti(nil, ops))
+			}
+			stores[r] = s
+		}
+		return stores
+	}
+	sets := [2][]*Store{mk(0, false), mk(1, true)}
+	faulterCPU := func() (ns int64) {
+		for _, s := range sets[1] {
+			ns += s.Stats().PrefaultCPU
+		}
+		return ns
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	reqs := make([][]byte, msgs)
+	ops := make([]Op, per)
+	idx := uint64(1 << 20)
+	var cpu [2]int64
+	apply := func(set int) {
+		c0 := threadCPU()
+		for _, s := range sets[set] {
+			for _, req := range reqs {
+				s.Prefetch(req)
+			}
+			s.TouchBatch()
+			for _, req := range reqs {
+				s.Apply(idx, req)
+			}
+			s.Publish(idx)
+		}
+		cpu[set] += threadCPU() - c0
+	}
+	batch := func() {
+		for m := range reqs {
+			for j := range ops {
+				k := key(rng.IntN(n))
+				k[len(k)-1] = byte('a' + rng.IntN(26))
+				ops[j] = Op{Kind: OpPut, Key: k, Value: val}
+			}
+			reqs[m] = AppendMulti(reqs[m][:0], ops)
+		}
+		idx++
+	}
+	for range 10_000 / (msgs * per) {
+		batch()
+		apply(0)
+		apply(1)
+	}
+	cpu = [2]int64{}
+	splits0, ins0 := sets[0][0].Stats().LeafSplits, sets[0][0].Stats().Inserts
+	f0 := faulterCPU()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	i := 0
+	for b.Loop() {
+		batch()
+		apply(i % 2)
+		apply(1 - i%2)
+		i++
+	}
+	for _, s := range sets[1] {
+		s.a.faulter.Wait()
+	}
+	inserts := float64(i * msgs * per * replicas)
+	b.ReportMetric(float64(cpu[0])/inserts, "off-cpu-ns/insert")
+	b.ReportMetric(float64(cpu[1])/inserts, "on-cpu-ns/insert")
+	b.ReportMetric(float64(cpu[1]+faulterCPU()-f0)/inserts, "on-total-cpu-ns/insert")
+	st := sets[0][0].Stats()
+	b.ReportMetric(1000*float64(st.LeafSplits-splits0)/float64(max(st.Inserts-ins0, 1)), "splits/k")
 }

@@ -62,6 +62,15 @@ type testingKnobs struct {
 	// end of its chunk, so the madvise covers memory past the chunk (the
 	// next chunk's region, or none: an error that turns populating off).
 	populatePastChunk bool
+	// prefaultOnce plants a bug: the faulter (SetPrefault) is asked for
+	// the slots past the first new one only, not past each later one, so
+	// splits after the first lookahead write fresh pages on the writer.
+	prefaultOnce bool
+	// prefaultTouchZero plants a bug: the faulter touches a page with a
+	// plain store of zero instead of an atomic add of zero, so a touch
+	// that lands on a node the writer wrote (it fell behind the writer,
+	// or was asked for used slots) changes its bytes.
+	prefaultTouchZero bool
 
 	// On a Cache:
 	// skipFence answers from a leaf without checking that its fences

@@ -3,6 +3,7 @@ package kv
 import (
 	"fmt"
 
+	"github.com/rdmakv/rdmakv/internal/prefault"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -29,7 +30,7 @@ type heap struct {
 	// offset in region cur up to which it was asked to (heapfault.go).
 	lookahead int
 	ahead     int
-	faulter   *heapFaulter // started at the first allocation
+	faulter   *prefault.Faulter // started at the first allocation
 	knobs     *testingKnobs
 }
 

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
-	"unsafe"
 
+	"github.com/rdmakv/rdmakv/internal/prefault"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
 
@@ -71,7 +71,7 @@ func prefaultHeap(t *testing.T, knob string) string {
 	// the property is what the goroutine was asked to do, not how fast.
 	checkAhead := func(after int) string {
 		if tb.heap.faulter != nil {
-			tb.heap.faulter.wait()
+			tb.heap.faulter.Wait()
 		}
 		hp := &tb.heap
 		mem := hp.mems[hp.cur]
@@ -120,8 +120,8 @@ func prefaultHeap(t *testing.T, knob string) string {
 		// time (it fell behind, or a Restore reuses regions): have it
 		// touch the first region, all records, to see that a touch
 		// changes nothing whenever it lands.
-		f.ask(tb.heap.mems[0])
-		f.wait()
+		f.Ask(tb.heap.mems[0])
+		f.Wait()
 	}
 	if st := tb.Stats(); st.HeapRegions < 3 {
 		t.Fatalf("%d heap regions, want the records to span 3", st.HeapRegions)
@@ -151,17 +151,5 @@ func prefaultHeap(t *testing.T, knob string) string {
 }
 
 // pageMapped reports whether the page holding b[0] is mapped in this
-// process (its /proc/self/pagemap entry's present bit).
-func pageMapped(b []byte) (bool, error) {
-	f, err := os.Open("/proc/self/pagemap")
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	addr := uintptr(unsafe.Pointer(&b[0]))
-	var e [8]byte
-	if _, err := f.ReadAt(e[:], int64(addr/uintptr(os.Getpagesize()))*8); err != nil {
-		return false, err
-	}
-	return binary.LittleEndian.Uint64(e[:])&(1<<63) != 0, nil
-}
+// process (prefault.Mapped).
+func pageMapped(b []byte) (bool, error) { return prefault.Mapped(b) }
