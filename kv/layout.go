@@ -266,30 +266,7 @@ func unitsOf(size int) uint16 {
 
 // encodeRecord writes the record (version, key, value) into dst, which
 // holds recordSize(len(key), len(value)) bytes.
-//
-// dst is fresh heap memory, seldom in the cache (a released record's
-// space, or the bump pointer's next lines), so a record that fits
-// stageRecord bytes is built and hashed in a buffer on the stack and
-// then copied into dst: the checksum's loads then read the L1 cache,
-// not lines whose stores still wait for their misses (the hash of the
-// record written in place was 11-12% of the replicas' CPU at 64
-// writers, ~250 ns a record of 16 + 100 bytes). The bytes are the same.
 func encodeRecord(dst []byte, version uint64, key, value []byte) {
-	if recHdr+rdma.Round8(len(key)+len(value))+8 <= stageRecord {
-		var buf [stageRecord]byte
-		end := fillRecord(buf[:], version, key, value)
-		copy(dst, buf[:end+8])
-		return
-	}
-	fillRecord(dst, version, key, value)
-}
-
-// stageRecord is the largest record encodeRecord builds on the stack.
-const stageRecord = 512
-
-// fillRecord writes the record into dst and returns where its check word
-// starts.
-func fillRecord(dst []byte, version uint64, key, value []byte) int {
 	binary.LittleEndian.PutUint64(dst, version)
 	binary.LittleEndian.PutUint64(dst[8:], uint64(uint32(len(key)))|uint64(uint32(len(value)))<<32)
 	n := copy(dst[recHdr:], key)
@@ -297,7 +274,6 @@ func fillRecord(dst []byte, version uint64, key, value []byte) int {
 	end := recHdr + rdma.Round8(n)
 	clear(dst[recHdr+n : end])
 	binary.LittleEndian.PutUint64(dst[end:], xxhash.Sum64(dst[:end]))
-	return end
 }
 
 // RecordInfo is what a record's first 16 bytes say.
