@@ -111,15 +111,6 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // note records a Poll at now that took d, between marks a and b.
 func (s *pollStats) note(now, d time.Duration, a, b pollMark) {
-	if s.beats(now, d) {
-		s.record(d, a, b)
-	}
-}
-
-// beats moves the windows to now and reports whether a Poll that took d
-// is the window's or the replica's longest so far: only then does note
-// keep it, so a Poll that is neither needs no mark after it (Poll).
-func (s *pollStats) beats(now, d time.Duration) bool {
 	if now-s.window >= poller.PassWindow {
 		if now-s.window >= 2*poller.PassWindow {
 			s.cur = PollDetail{}
@@ -127,13 +118,9 @@ func (s *pollStats) beats(now, d time.Duration) bool {
 		s.prev, s.cur, s.window = s.cur, PollDetail{}, now
 	}
 	x := us(d)
-	return x > s.cur.Us || x > s.max.Us
-}
-
-// record keeps a Poll that took d, between marks a and b, that beats
-// said is a longest.
-func (s *pollStats) record(d time.Duration, a, b pollMark) {
-	x := us(d)
+	if x <= s.cur.Us && x <= s.max.Us {
+		return
+	}
 	det := detail(x, a, b)
 	if x > s.cur.Us {
 		s.cur = det

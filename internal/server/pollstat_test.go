@@ -142,31 +142,3 @@ func clockThreadMoves(unlocked bool) (between, after, locked int) {
 	<-done
 	return between, after, locked
 }
-
-// TestPollStatsBeats: beats is true exactly for the Polls note keeps, so
-// a Poll that skips its second mark when beats is false (Replica.Poll)
-// leaves the same longest Polls, windows and details as note given every
-// Poll's marks.
-func TestPollStatsBeats(t *testing.T) {
-	var all, skip pollStats
-	w := poller.PassWindow
-	now := w
-	for i := range 5000 {
-		now += time.Duration((i*7919)%int(w/8) + 1)
-		d := time.Duration((i*104729)%997+1) * time.Microsecond
-		a, b := pollMark{delivered: uint64(i)}, pollMark{delivered: uint64(i) + uint64(i%13)}
-		all.note(now, d, a, b)
-		if skip.beats(now, d) {
-			skip.record(d, a, b)
-		}
-		if all != skip {
-			t.Fatalf("poll %d (%v at %v): note keeps %+v, beats and record %+v", i, d, now, all, skip)
-		}
-		if all.recent(now) != skip.recent(now) {
-			t.Fatalf("poll %d: recent differs", i)
-		}
-	}
-	if all.max.Us == 0 || all.prev.Us == 0 {
-		t.Fatal("no longest Poll kept, or no window passed: tested nothing")
-	}
-}

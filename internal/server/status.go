@@ -96,38 +96,22 @@ func NewReplica(g, i int, node rdma.NodeID, r *kv.Replica) *Replica {
 // KV is the wrapped replica.
 func (p *Replica) KV() *kv.Replica { return p.r }
 
-// monoEpoch: monoNow's origin.
-var monoEpoch = time.Now()
-
-// monoNow is the monotonic clock alone (one read; time.Now reads the
-// wall clock as well).
-func monoNow() time.Duration { return time.Since(monoEpoch) }
-
 // Poll implements poller.Task.
 func (p *Replica) Poll(now time.Duration) bool {
 	w0 := p.saves.Mark()
-	// One monotonic clock read each side (time.Now reads the wall
-	// clock too), and the mark after the Poll only for a Poll that
-	// pollStats keeps: this bookkeeping was ~5% of the replicas' CPU at
-	// 64 writers, most Polls being short.
-	t0, m0 := monoNow(), p.mark()
+	t0, m0 := time.Now(), p.mark()
 	progress := p.r.Poll(now)
-	d := monoNow() - t0
+	d := time.Since(t0)
 	if p.dur != nil {
 		p.dur.unlockThread() // the capture's CPU clock kept the Poll on its thread
 	}
 	if p.saves != nil {
 		p.watchSave(p.r.Multicast().Broadcast().DiskSnapSaving())
 	}
-	saving := p.saves != nil && poller.WatchOverlaps(w0, p.saves.Mark()) && us(d) > p.polls.saving.Us
-	if keep := p.polls.beats(now, d); keep || saving {
-		m1 := p.mark()
-		if keep {
-			p.polls.record(d, m0, m1)
-		}
-		if saving {
-			p.polls.noteSaving(d, m0, m1)
-		}
+	m1 := p.mark()
+	p.polls.note(now, d, m0, m1)
+	if p.saves != nil && poller.WatchOverlaps(w0, p.saves.Mark()) {
+		p.polls.noteSaving(d, m0, m1)
 	}
 	if len(p.pendingBackup) > 0 {
 		p.backups.afterPoll(p)
