@@ -95,3 +95,42 @@ func TestTableBatchPublish(t *testing.T) {
 	}
 	t.Logf("%d requests, %d published only at EndBatch, %d grew or finished a migration", idx, quiet, grown)
 }
+
+// TestBatchClockOnce: a batch's messages share one clock read, at
+// BeginBatch, and the header EndBatch publishes says the batch was
+// applied at that time (not later than any of its messages was); a
+// request outside a batch reads the clock itself.
+func TestBatchClockOnce(t *testing.T) {
+	var now, reads int64
+	clock := func() int64 { reads++; return now }
+	tb, _ := soloTable(t, TableConfig{LogBuckets: 4, HeapRegionSize: 1 << 16, MaxValue: 1 << 10, Clock: clock})
+	idx := uint64(0)
+	for batch := 1; batch <= 20; batch++ {
+		now = int64(batch) * 1000
+		r0 := reads
+		tb.BeginBatch()
+		start := now
+		for m := range batch % 7 {
+			idx++
+			now++ // time passes while the batch applies
+			if res := put(tb, idx, Op{Kind: OpPut, Key: []byte(fmt.Sprintf("k%d", m)), Value: []byte("v")}); res.Status != StatusOK {
+				t.Fatalf("batch %d: %+v", batch, res)
+			}
+		}
+		tb.EndBatch()
+		if got := reads - r0; got != 1 {
+			t.Fatalf("batch %d of %d messages read the clock %d times, want once", batch, batch%7, got)
+		}
+		if h := tb.Header(); h.Applied != idx || (idx > 0 && h.AppliedAt != start) {
+			t.Fatalf("batch %d: header applied %d at %d, want %d at the batch's start %d", batch, h.Applied, h.AppliedAt, idx, start)
+		}
+	}
+	idx++
+	now, reads = 99_000, 0
+	if res := put(tb, idx, Op{Kind: OpPut, Key: []byte("alone"), Value: []byte("v")}); res.Status != StatusOK {
+		t.Fatal(res)
+	}
+	if h := tb.Header(); reads != 1 || h.Applied != idx || h.AppliedAt != 99_000 {
+		t.Fatalf("a request outside a batch: %d clock reads, header applied %d at %d; want 1, %d at 99000", reads, h.Applied, h.AppliedAt, idx)
+	}
+}

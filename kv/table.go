@@ -540,6 +540,10 @@ func (t *Table) requestDone() {
 // (prefetch.go).
 func (t *Table) BeginBatch() {
 	t.batching = true
+	// One clock read for the batch's messages (the entry's AppliedAt is
+	// then its start: an Item's Age errs on the old side), not one a
+	// message (time.Now was ~2% of the replicas' CPU at 64 writers).
+	t.appliedAt = t.cfg.Clock()
 	t.batchTouched = t.touchBatch()
 }
 
@@ -665,7 +669,9 @@ var ErrTableClosed = errors.New("kv: the table was closed before the snapshot wa
 // this group's keys, atomically (every condition is checked first).
 func (t *Table) Apply(e broadcast.Entry) []byte {
 	t.applied = e.Index
-	t.appliedAt = t.cfg.Clock()
+	if !t.batching {
+		t.appliedAt = t.cfg.Clock()
+	} // in a batch BeginBatch read the clock once for its messages
 	if t.snaps.Load() == 0 && len(t.heap.deferred) > 0 {
 		t.heap.undefer()
 	}
