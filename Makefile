@@ -19,6 +19,7 @@ test: vet noalloc norace unit fuzz-short
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum not tidy: run go mod tidy"; exit 1; }
+	@./scripts/check-norace $(NORACE_LISTS) -- '$(NOALLOC_PKGS)' '$(NOALLOC_RUN)'
 	$(GO) vet ./...
 
 # The testing.AllocsPerRun tests skip under -race (the race detector
@@ -26,7 +27,9 @@ vet:
 # -race. NOALLOC_RUN selects exactly them: each fabric's conformance
 # subtests NoAllocs, PostList/NoAllocs, WaitSet/NoAllocs and Link/NoAllocs (rdma/fabrictest), tcp's
 # TestSteadyStateAllocs, broadcast's TestSlabReuse (which also runs in
-# unit), kv's TestGetAllocs, client's TestPutAllocs (one Put, the
+# unit), kv's TestGetAllocs, TestMergeAllocs (a merge apply),
+# TestOrderedLookupAllocs and TestOrderedScanReusesBuffers (an
+# OrderedReader's warm lookups and scans), client's TestPutAllocs (one Put, the
 # replicas in 3 kvproc processes) and TestQueuedPutAllocs (a Put queued
 # behind a full window until its deadline), shm's TestProcWatchAllocs (the
 # periodic liveness check of a peer) and TestCheckLiveAllocs (what is left
@@ -35,16 +38,16 @@ vet:
 # them pass (a renamed test would otherwise drop out of the regexp silently);
 # a new allocation test goes into NOALLOC_RUN and NOALLOC_TESTS.
 NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast ./kv ./client ./poller ./btree
-NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
-# 3 fabrics x 4 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, client's TestPutAllocs and TestQueuedPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
-NOALLOC_TESTS := 21
+NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
+# 3 fabrics x 4 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, TestMergeAllocs, TestOrderedLookupAllocs and TestOrderedScanReusesBuffers, client's TestPutAllocs and TestQueuedPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
+NOALLOC_TESTS := 24
 
 noalloc:
 	@out=$$($(GO) test -v -timeout 5m -run '$(NOALLOC_RUN)' $(NOALLOC_PKGS) 2>&1); st=$$?; \
 	[ $$st -eq 0 ] || { printf '%s\n' "$$out"; exit $$st; }; \
 	printf '%s\n' "$$out" | grep -E -e '--- (PASS|SKIP)|^ok'; \
 	if printf '%s\n' "$$out" | grep -qE -e '--- SKIP|no tests to run'; then echo "noalloc: an allocation test was skipped or not selected"; exit 1; fi; \
-	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/((PostList|WaitSet|Link)/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs) '); \
+	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/((PostList|WaitSet|Link)/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs) '); \
 	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
 # Tests that skip assertions or seeds under -race (it slows everything
@@ -72,12 +75,21 @@ noalloc:
 # built and checked on the test's goroutine). kv's TestSimOrdered runs here
 # with its default 20 seeds a case (it ran 2 a case under -race only).
 # `make soak` runs the simulators longer.
+# The lists, one a package (Go regexps, unanchored): scripts/check-norace
+# (make vet) fails if a name in one is no test of its package (renamed or
+# deleted), or if a test that skips under -race is in none of them nor in
+# NOALLOC_RUN (it would run nowhere).
+NORACE_BROADCAST := TestLargeSnapshotCatchUp|TestSim.*|TestStuckGroupParksCatchesNoBackoff
+NORACE_GROUPPROC := TestFSMPersistPreemptible
+NORACE_MULTICAST := TestSim|TestSimMutants
+NORACE_KV := TestSim|TestSimMutants|TestSimOrdered|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants
 NORACE_BTREE := TestUsageMatchesWalk|TestStoreTabletSplit|TestInPlaceSameBytes|TestStoreMulti|TestLoad
+NORACE_LISTS := ./broadcast '$(NORACE_BROADCAST)' ./internal/groupproc '$(NORACE_GROUPPROC)' ./multicast '$(NORACE_MULTICAST)' ./kv '$(NORACE_KV)' ./btree '$(NORACE_BTREE)'
 norace:
-	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSim.*|TestStuckGroupParksCatchesNoBackoff)$$' -v ./broadcast 2>&1 && \
-	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants)$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants|TestSimOrdered|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1 && \
+	@out=$$($(GO) test -count=1 -timeout 30m -run '^($(NORACE_BROADCAST))$$' -v ./broadcast 2>&1 && \
+	  $(GO) test -count=1 -timeout 5m -run '^($(NORACE_GROUPPROC))$$' -v ./internal/groupproc 2>&1 && \
+	  $(GO) test -count=1 -timeout 30m -run '^($(NORACE_MULTICAST))$$' ./multicast 2>&1 && \
+	  $(GO) test -count=1 -timeout 30m -run '^($(NORACE_KV))$$' ./kv 2>&1 && \
 	  $(GO) test -count=1 -timeout 10m -run '^($(NORACE_BTREE))$$' ./btree 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
