@@ -60,9 +60,10 @@ noalloc:
 # (40 seeds a case), TestSimMutants (its deliver-uncommitted case needs
 # ~1300 seeds), all skipped under -race,
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
-# detector's instrumentation makes preemptible anyway), and multicast's
-# TestSim with all its seeds (760 per tree shape; 1 a case under -race)
-# and TestSimMutants (single-goroutine runs: skipped under -race),
+# detector's instrumentation makes preemptible anyway), multicast's
+# TestSim with all its seeds (760 per tree shape), TestSimAbandon (33 a
+# shape), TestSimClientRate and TestSimMutants (single-goroutine runs:
+# skipped under -race), sim's TestCounterSim (1,000 seeds; 20 under -race),
 # and kv's TestSim with all its seeds (100 a case, a third of that for the
 # batches case) and TestSimTorn (30 a case, 2 cases) and TestSimTornMutants,
 # TestSimDurable and TestSimMoves, all skipped under -race. Deterministic single-goroutine tests that skip under -race
@@ -81,16 +82,18 @@ noalloc:
 # NOALLOC_RUN (it would run nowhere).
 NORACE_BROADCAST := TestLargeSnapshotCatchUp|TestSim.*|TestStuckGroupParksCatchesNoBackoff
 NORACE_GROUPPROC := TestFSMPersistPreemptible
-NORACE_MULTICAST := TestSim|TestSimMutants
+NORACE_MULTICAST := TestSim|TestSimAbandon|TestSimClientRate|TestSimMutants
 NORACE_KV := TestSim|TestSimMutants|TestSimOrdered|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants
 NORACE_BTREE := TestUsageMatchesWalk|TestStoreTabletSplit|TestInPlaceSameBytes|TestStoreMulti|TestLoad
-NORACE_LISTS := ./broadcast '$(NORACE_BROADCAST)' ./internal/groupproc '$(NORACE_GROUPPROC)' ./multicast '$(NORACE_MULTICAST)' ./kv '$(NORACE_KV)' ./btree '$(NORACE_BTREE)'
+NORACE_SIM := TestCounterSim
+NORACE_LISTS := ./broadcast '$(NORACE_BROADCAST)' ./internal/groupproc '$(NORACE_GROUPPROC)' ./multicast '$(NORACE_MULTICAST)' ./kv '$(NORACE_KV)' ./btree '$(NORACE_BTREE)' ./sim '$(NORACE_SIM)'
 norace:
 	@out=$$($(GO) test -count=1 -timeout 30m -run '^($(NORACE_BROADCAST))$$' -v ./broadcast 2>&1 && \
 	  $(GO) test -count=1 -timeout 5m -run '^($(NORACE_GROUPPROC))$$' -v ./internal/groupproc 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^($(NORACE_MULTICAST))$$' ./multicast 2>&1 && \
 	  $(GO) test -count=1 -timeout 30m -run '^($(NORACE_KV))$$' ./kv 2>&1 && \
-	  $(GO) test -count=1 -timeout 10m -run '^($(NORACE_BTREE))$$' ./btree 2>&1); st=$$?; \
+	  $(GO) test -count=1 -timeout 10m -run '^($(NORACE_BTREE))$$' ./btree 2>&1 && \
+	  $(GO) test -count=1 -timeout 10m -run '^($(NORACE_SIM))$$' ./sim 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:
