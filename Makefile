@@ -14,11 +14,21 @@ FUZZTIME ?= 15000x
 
 test: vet noalloc norace unit fuzz-short
 
+# go test vets each package it builds (a subset of go vet's analyzers),
+# again in every pass: the race pass, noalloc, norace and fuzz-short's
+# fuzzing builds. make test's vet step has run go vet ./... (every
+# analyzer, test files included) first, so the passes skip it: a full
+# go vet of the module is ~66 s of CPU here with its cache cold (load ~30).
+# Only the few files built with -race alone (race_test.go: raceEnabled =
+# true) are not vetted; `make unit` by itself runs no vet.
+TESTVET ?= -vet=off
+
 # vet also fails when go.mod or go.sum is not tidy (go mod tidy -diff prints
 # the change it would make and exits 1): run `go mod tidy` and commit.
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum not tidy: run go mod tidy"; exit 1; }
+	@./scripts/check-norace $(NORACE_LISTS) -- '$(NOALLOC_PKGS)' '$(NOALLOC_RUN)'
 	$(GO) vet ./...
 
 # The testing.AllocsPerRun tests skip under -race (the race detector
@@ -26,7 +36,9 @@ vet:
 # -race. NOALLOC_RUN selects exactly them: each fabric's conformance
 # subtests NoAllocs, PostList/NoAllocs, WaitSet/NoAllocs and Link/NoAllocs (rdma/fabrictest), tcp's
 # TestSteadyStateAllocs, broadcast's TestSlabReuse (which also runs in
-# unit), kv's TestGetAllocs, client's TestPutAllocs (one Put, the
+# unit), kv's TestGetAllocs, TestMergeAllocs (a merge apply),
+# TestOrderedLookupAllocs and TestOrderedScanReusesBuffers (an
+# OrderedReader's warm lookups and scans), client's TestPutAllocs (one Put, the
 # replicas in 3 kvproc processes) and TestQueuedPutAllocs (a Put queued
 # behind a full window until its deadline), shm's TestProcWatchAllocs (the
 # periodic liveness check of a peer) and TestCheckLiveAllocs (what is left
@@ -35,16 +47,16 @@ vet:
 # them pass (a renamed test would otherwise drop out of the regexp silently);
 # a new allocation test goes into NOALLOC_RUN and NOALLOC_TESTS.
 NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast ./kv ./client ./poller ./btree
-NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
-# 3 fabrics x 4 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, client's TestPutAllocs and TestQueuedPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
-NOALLOC_TESTS := 21
+NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
+# 3 fabrics x 4 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, TestMergeAllocs, TestOrderedLookupAllocs and TestOrderedScanReusesBuffers, client's TestPutAllocs and TestQueuedPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
+NOALLOC_TESTS := 24
 
 noalloc:
-	@out=$$($(GO) test -v -timeout 5m -run '$(NOALLOC_RUN)' $(NOALLOC_PKGS) 2>&1); st=$$?; \
+	@out=$$($(GO) test $(TESTVET) -v -timeout 5m -run '$(NOALLOC_RUN)' $(NOALLOC_PKGS) 2>&1); st=$$?; \
 	[ $$st -eq 0 ] || { printf '%s\n' "$$out"; exit $$st; }; \
 	printf '%s\n' "$$out" | grep -E -e '--- (PASS|SKIP)|^ok'; \
 	if printf '%s\n' "$$out" | grep -qE -e '--- SKIP|no tests to run'; then echo "noalloc: an allocation test was skipped or not selected"; exit 1; fi; \
-	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/((PostList|WaitSet|Link)/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs) '); \
+	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/((PostList|WaitSet|Link)/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs) '); \
 	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
 # Tests that skip assertions or seeds under -race (it slows everything
@@ -57,9 +69,10 @@ noalloc:
 # (40 seeds a case), TestSimMutants (its deliver-uncommitted case needs
 # ~1300 seeds), all skipped under -race,
 # groupproc's TestFSMPersistPreemptible (a Persist loop that the race
-# detector's instrumentation makes preemptible anyway), and multicast's
-# TestSim with all its seeds (760 per tree shape; 1 a case under -race)
-# and TestSimMutants (single-goroutine runs: skipped under -race),
+# detector's instrumentation makes preemptible anyway), multicast's
+# TestSim with all its seeds (760 per tree shape), TestSimAbandon (33 a
+# shape), TestSimClientRate and TestSimMutants (single-goroutine runs:
+# skipped under -race), sim's TestCounterSim (1,000 seeds; 20 under -race),
 # and kv's TestSim with all its seeds (100 a case, a third of that for the
 # batches case) and TestSimTorn (30 a case, 2 cases) and TestSimTornMutants,
 # TestSimDurable and TestSimMoves, all skipped under -race. Deterministic single-goroutine tests that skip under -race
@@ -72,17 +85,28 @@ noalloc:
 # built and checked on the test's goroutine). kv's TestSimOrdered runs here
 # with its default 20 seeds a case (it ran 2 a case under -race only).
 # `make soak` runs the simulators longer.
+# The lists, one a package (Go regexps, unanchored): scripts/check-norace
+# (make vet) fails if a name in one is no test of its package (renamed or
+# deleted), or if a test that skips under -race is in none of them nor in
+# NOALLOC_RUN (it would run nowhere).
+NORACE_BROADCAST := TestLargeSnapshotCatchUp|TestSim.*|TestStuckGroupParksCatchesNoBackoff
+NORACE_GROUPPROC := TestFSMPersistPreemptible
+NORACE_MULTICAST := TestSim|TestSimAbandon|TestSimClientRate|TestSimMutants
+NORACE_KV := TestSim|TestSimMutants|TestSimOrdered|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants
 NORACE_BTREE := TestUsageMatchesWalk|TestStoreTabletSplit|TestInPlaceSameBytes|TestStoreMulti|TestLoad
+NORACE_SIM := TestCounterSim
+NORACE_LISTS := ./broadcast '$(NORACE_BROADCAST)' ./internal/groupproc '$(NORACE_GROUPPROC)' ./multicast '$(NORACE_MULTICAST)' ./kv '$(NORACE_KV)' ./btree '$(NORACE_BTREE)' ./sim '$(NORACE_SIM)'
 norace:
-	@out=$$($(GO) test -count=1 -timeout 30m -run '^(TestLargeSnapshotCatchUp|TestSim.*|TestStuckGroupParksCatchesNoBackoff)$$' -v ./broadcast 2>&1 && \
-	  $(GO) test -count=1 -timeout 5m -run '^TestFSMPersistPreemptible$$' -v ./internal/groupproc 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants)$$' ./multicast 2>&1 && \
-	  $(GO) test -count=1 -timeout 30m -run '^(TestSim|TestSimMutants|TestSimOrdered|TestSimOrderedMutants|TestSimTorn|TestSimTornMutants|TestSimDurable|TestSimDurableMutants|TestSimDurableWindowFromUnsyncedCrash|TestSimMoves|TestSimMovesMutants)$$' ./kv 2>&1 && \
-	  $(GO) test -count=1 -timeout 10m -run '^($(NORACE_BTREE))$$' ./btree 2>&1); st=$$?; \
+	@out=$$($(GO) test $(TESTVET) -count=1 -timeout 30m -run '^($(NORACE_BROADCAST))$$' -v ./broadcast 2>&1 && \
+	  $(GO) test $(TESTVET) -count=1 -timeout 5m -run '^($(NORACE_GROUPPROC))$$' -v ./internal/groupproc 2>&1 && \
+	  $(GO) test $(TESTVET) -count=1 -timeout 30m -run '^($(NORACE_MULTICAST))$$' ./multicast 2>&1 && \
+	  $(GO) test $(TESTVET) -count=1 -timeout 30m -run '^($(NORACE_KV))$$' ./kv 2>&1 && \
+	  $(GO) test $(TESTVET) -count=1 -timeout 10m -run '^($(NORACE_BTREE))$$' ./btree 2>&1 && \
+	  $(GO) test $(TESTVET) -count=1 -timeout 10m -run '^($(NORACE_SIM))$$' ./sim 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
 unit:
-	$(GO) test -race -timeout 30m ./...
+	$(GO) test $(TESTVET) -race -timeout 30m ./...
 
 # The simulators with long seed counts, without the race detector: about
 # ten times what make test runs (each test's -seeds is per case), times
@@ -104,7 +128,7 @@ soak:
 
 # Runs every fuzz target for $(FUZZTIME) executions (the seed corpora already ran in unit).
 fuzz-short:
-	FUZZTIME=$(FUZZTIME) ./scripts/fuzz-short
+	FUZZTIME=$(FUZZTIME) FUZZVET=$(TESTVET) ./scripts/fuzz-short
 
 # ARGS passes flags to kvserver (make run ARGS="--groups 4"). Built, then
 # exec'd rather than `go run`: Ctrl-C reaches kvserver, which stops cleanly

@@ -2,6 +2,6 @@
 
 package multicast
 
-// raceEnabled: the race detector slows the simulator several times, so
-// TestSim runs fewer seeds under it (make norace runs them all).
+// raceEnabled: the simulator tests skip under the race detector
+// (simNoRace; make norace runs them).
 const raceEnabled = true

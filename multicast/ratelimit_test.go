@@ -23,6 +23,7 @@ import (
 //   - without the bound the same clients issue three times the most the
 //     bound lets through (and stop there) in the same virtual time.
 func TestSimClientRate(t *testing.T) {
+	simNoRace(t)
 	const rate, until = 1000.0, 30 * time.Millisecond
 	const slots = 4 // runMC's ClientSlots: the bucket's depth and the client's window
 	upper := slots + int(rate*until.Seconds()) + 1 + slots
@@ -43,11 +44,7 @@ func TestSimClientRate(t *testing.T) {
 		}
 		return n
 	}
-	def := 3
-	if raceEnabled {
-		def = 1
-	}
-	simFlags.WithDefault(def).Run(t, func(sd sim.Seed) error {
+	simFlags.WithDefault(3).Run(t, func(sd sim.Seed) error {
 		limited := issued(sd, rate)
 		free := issued(sd, 0)
 		t.Logf("seed %d: in %v of virtual time, clients issued %v at ClientRate %v, %v without", sd.Seed, until, limited, rate, free)

@@ -865,17 +865,27 @@ var simCases = []struct {
 	{"batch-size", mcOpts{clients: 5, msgs: 80, until: 60 * time.Millisecond, gap: 100 * time.Microsecond, maxDst: 8, batchFaults: 8, size: 1200}},
 }
 
+// simNoRace skips a test whose runs are each one deterministic Sim on one
+// goroutine under the race detector: it has nothing to check in them,
+// and the same seeds find the same bugs without it. make norace runs
+// them (NORACE_MULTICAST in the Makefile; scripts/check-norace fails
+// when a test that calls this is not in it).
+func simNoRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("single-goroutine simulation: runs without -race (make norace)")
+	}
+}
+
 // Without -seeds (or -seed) each case runs simSeeds seeds, the three batch
 // cases a fifth of that: 760 seeds per tree shape (make norace runs
-// them); under the race detector 1 a case (a seed is one goroutine: the
-// detector has little to check in it). -short runs a tenth. -seeds N runs
+// them). It skips under the race detector (a seed is one goroutine: the
+// detector has nothing to check in it). -short runs a tenth. -seeds N runs
 // N a case, whatever N (-seeds 250 or -seeds 1000 included). The cases
 // run in parallel (each seed is its own single-goroutine Sim).
 func TestSim(t *testing.T) {
+	simNoRace(t)
 	def, batchDef := simSeeds, simSeeds/5 // the batch cases are 2 to 5 times longer
-	if raceEnabled {
-		def, batchDef = 1, 1
-	}
 	flags := simFlags.WithDefault(def)
 	batchFlags := simFlags.WithDefault(batchDef)
 	for _, shape := range []string{"breadth", "depth", "base"} {
@@ -934,10 +944,8 @@ func (h *mcRun) dump() string {
 // every property must still hold, and every client must converge (an
 // abandoned message leaves once its lca ordered it).
 func TestSimAbandon(t *testing.T) {
+	simNoRace(t)
 	def := simSeeds / 3
-	if raceEnabled {
-		def = 4
-	}
 	flags := simFlags.WithDefault(def)
 	for _, shape := range []string{"breadth", "depth", "base"} {
 		t.Run(shape, func(t *testing.T) {
@@ -958,9 +966,7 @@ func TestSimAbandon(t *testing.T) {
 // without: it runs in make norace (1.7 s of CPU there against 34 s under
 // -race, both at load ~25), and skips under -race.
 func TestSimMutants(t *testing.T) {
-	if raceEnabled {
-		t.Skip("single-goroutine simulations: run without -race (make norace)")
-	}
+	simNoRace(t)
 	cases := []struct {
 		name  string
 		knobs testingKnobs

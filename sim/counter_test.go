@@ -422,7 +422,13 @@ func runCounterWith(sd sim.Seed, cfg counterConfig, mutate func(*sim.Options), o
 
 func TestCounterSim(t *testing.T) {
 	t.Parallel()
-	simFlags.Run(t, func(sd sim.Seed) error {
+	f := *simFlags
+	if raceEnabled {
+		// A seed is one goroutine: under -race a token count, run beside
+		// the two Catches tests' Sims; make norace runs the 1,000.
+		f = f.WithDefault(20)
+	}
+	f.Run(t, func(sd sim.Seed) error {
 		_, err := runCounter(sd, counterConfig{}, nil)
 		return err
 	})
