@@ -458,8 +458,6 @@ func BenchmarkTreeInsertFill(b *testing.B) {
 // TouchBatch, the applies, Publish, as kv.Table drives it).
 func BenchmarkStoreApplyPrefetch(b *testing.B) {
 	const n, msgs, per, replicas = 100_000, 16, 4, 3
-	key := func(i int) []byte { return fmt.Appendf(nil, "\x01k%015d", i) }
-	val := make([]byte, 100)
 	mk := func(off bool) []*Store {
 		stores := make([]*Store, replicas)
 		for r := range stores {
@@ -468,66 +466,102 @@ func BenchmarkStoreApplyPrefetch(b *testing.B) {
 				b.Fatal(err)
 			}
 			s.t.knobs.noPrefetch = off
-			ops := make([]Op, MaxMulti)
-			for i := 0; i < n; i += MaxMulti {
-				for j := range ops {
-					ops[j] = Op{Kind: OpPut, Key: key(i + j), Value: val}
-				}
-				s.Apply(uint64(i/MaxMulti+2), AppendMulti(nil, ops))
-			}
+			abLoad(s, n)
 			stores[r] = s
 		}
 		return stores
 	}
-	sets := [2][]*Store{mk(true), mk(false)}
-	rng := rand.New(rand.NewPCG(7, 7))
-	reqs := make([][]byte, msgs)
-	ops := make([]Op, per)
-	idx := uint64(1 << 20)
-	var cpu [2]int64
-	apply := func(set int) {
-		c0 := threadCPU()
-		for _, s := range sets[set] {
-			for _, req := range reqs {
-				s.Prefetch(req)
-			}
-			s.TouchBatch()
-			for _, req := range reqs {
-				s.Apply(idx, req)
-			}
-			s.Publish(idx)
-		}
-		cpu[set] += threadCPU() - c0
-	}
-	batch := func() {
-		for m := range reqs {
-			for j := range ops {
-				k := key(rng.IntN(n))
-				k[len(k)-1] = byte('a' + rng.IntN(26))
-				ops[j] = Op{Kind: OpPut, Key: k, Value: val}
-			}
-			reqs[m] = AppendMulti(reqs[m][:0], ops)
-		}
-		idx++
-	}
-	for range 10_000 / (msgs * per) {
-		batch()
-		apply(0)
-		apply(1)
-	}
-	cpu = [2]int64{}
+	ab := newABInserts([2][]*Store{mk(true), mk(false)}, n, msgs, per)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	i := 0
 	for b.Loop() {
-		batch()
-		apply(i % 2)
-		apply(1 - i%2)
+		ab.round(i)
 		i++
 	}
 	for s, name := range []string{"off", "on"} {
-		b.ReportMetric(float64(cpu[s])/float64(i*msgs*per*replicas), name+"-cpu-ns/insert")
+		b.ReportMetric(float64(ab.cpu[s])/float64(i*msgs*per*replicas), name+"-cpu-ns/insert")
 	}
+}
+
+// abKey is the benchmarks' i-th key of abLoad's tree.
+func abKey(i int) []byte { return fmt.Appendf(nil, "\x01k%015d", i) }
+
+// abLoad loads n keys (abKey 0..n-1, 100-byte values) in ascending order
+// into s, MaxMulti a request.
+func abLoad(s *Store, n int) {
+	val := make([]byte, 100)
+	ops := make([]Op, MaxMulti)
+	for i := 0; i < n; i += MaxMulti {
+		for j := range ops {
+			ops[j] = Op{Kind: OpPut, Key: abKey(i + j), Value: val}
+		}
+		s.Apply(uint64(i/MaxMulti+2), AppendMulti(nil, ops))
+	}
+}
+
+// abInserts drives two sets of Stores (a group's replicas each, loaded
+// by abLoad with n keys) with the same batch entries of msgs multi
+// requests of per new keys, applied as kv.Table drives a batch (Prefetch
+// of every request, TouchBatch, the applies, Publish), each batch by one
+// set and then by the other, which set goes first alternating, so the
+// load of a shared machine falls on both alike. cpu is each set's
+// applying thread's CPU since newABInserts's 10 k warming inserts.
+type abInserts struct {
+	sets [2][]*Store
+	n    int
+	rng  *rand.Rand
+	reqs [][]byte
+	ops  []Op
+	val  []byte
+	idx  uint64
+	cpu  [2]int64
+}
+
+func newABInserts(sets [2][]*Store, n, msgs, per int) *abInserts {
+	ab := &abInserts{sets: sets, n: n, rng: rand.New(rand.NewPCG(7, 7)), reqs: make([][]byte, msgs),
+		ops: make([]Op, per), val: make([]byte, 100), idx: 1 << 20}
+	for range 10_000 / (msgs * per) {
+		ab.batch()
+		ab.apply(0)
+		ab.apply(1)
+	}
+	ab.cpu = [2]int64{}
+	return ab
+}
+
+// round applies the next batch by both sets, set i%2 first.
+func (ab *abInserts) round(i int) {
+	ab.batch()
+	ab.apply(i % 2)
+	ab.apply(1 - i%2)
+}
+
+func (ab *abInserts) apply(set int) {
+	c0 := threadCPU()
+	for _, s := range ab.sets[set] {
+		for _, req := range ab.reqs {
+			s.Prefetch(req)
+		}
+		s.TouchBatch()
+		for _, req := range ab.reqs {
+			s.Apply(ab.idx, req)
+		}
+		s.Publish(ab.idx)
+	}
+	ab.cpu[set] += threadCPU() - c0
+}
+
+func (ab *abInserts) batch() {
+	for m := range ab.reqs {
+		for j := range ab.ops {
+			k := abKey(ab.rng.IntN(ab.n))
+			k[len(k)-1] = byte('a' + ab.rng.IntN(26))
+			ab.ops[j] = Op{Kind: OpPut, Key: k, Value: ab.val}
+		}
+		ab.reqs[m] = AppendMulti(ab.reqs[m][:0], ab.ops)
+	}
+	ab.idx++
 }
 
 // BenchmarkStoreApplyPrefault measures what the arena's faulter
@@ -547,8 +581,6 @@ func BenchmarkStoreApplyPrefetch(b *testing.B) {
 // inserts (the same in both sets).
 func BenchmarkStoreApplyPrefault(b *testing.B) {
 	const n, msgs, per, replicas = 100_000, 16, 4, 3
-	key := func(i int) []byte { return fmt.Appendf(nil, "\x01k%015d", i) }
-	val := make([]byte, 100)
 	mk := func(set int, on bool) []*Store {
 		node, err := shm.Open(rdma.NodeID(set+1), shm.Options{Cluster: fmt.Sprintf("btpf%d", os.Getpid())})
 		if err != nil {
@@ -566,13 +598,7 @@ func BenchmarkStoreApplyPrefault(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { s.Close() })
-			ops := make([]Op, MaxMulti)
-			for i := 0; i < n; i += MaxMulti {
-				for j := range ops {
-					ops[j] = Op{Kind: OpPut, Key: key(i + j), Value: val}
-				}
-				s.Apply(uint64(i/MaxMulti+2), AppendMulti(nil, ops))
-			}
+			abLoad(s, n)
 			stores[r] = s
 		}
 		return stores
@@ -584,60 +610,23 @@ func BenchmarkStoreApplyPrefault(b *testing.B) {
 		}
 		return ns
 	}
-	rng := rand.New(rand.NewPCG(7, 7))
-	reqs := make([][]byte, msgs)
-	ops := make([]Op, per)
-	idx := uint64(1 << 20)
-	var cpu [2]int64
-	apply := func(set int) {
-		c0 := threadCPU()
-		for _, s := range sets[set] {
-			for _, req := range reqs {
-				s.Prefetch(req)
-			}
-			s.TouchBatch()
-			for _, req := range reqs {
-				s.Apply(idx, req)
-			}
-			s.Publish(idx)
-		}
-		cpu[set] += threadCPU() - c0
-	}
-	batch := func() {
-		for m := range reqs {
-			for j := range ops {
-				k := key(rng.IntN(n))
-				k[len(k)-1] = byte('a' + rng.IntN(26))
-				ops[j] = Op{Kind: OpPut, Key: k, Value: val}
-			}
-			reqs[m] = AppendMulti(reqs[m][:0], ops)
-		}
-		idx++
-	}
-	for range 10_000 / (msgs * per) {
-		batch()
-		apply(0)
-		apply(1)
-	}
-	cpu = [2]int64{}
+	ab := newABInserts(sets, n, msgs, per)
 	splits0, ins0 := sets[0][0].Stats().LeafSplits, sets[0][0].Stats().Inserts
 	f0 := faulterCPU()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	i := 0
 	for b.Loop() {
-		batch()
-		apply(i % 2)
-		apply(1 - i%2)
+		ab.round(i)
 		i++
 	}
 	for _, s := range sets[1] {
 		s.a.faulter.Wait()
 	}
 	inserts := float64(i * msgs * per * replicas)
-	b.ReportMetric(float64(cpu[0])/inserts, "off-cpu-ns/insert")
-	b.ReportMetric(float64(cpu[1])/inserts, "on-cpu-ns/insert")
-	b.ReportMetric(float64(cpu[1]+faulterCPU()-f0)/inserts, "on-total-cpu-ns/insert")
+	b.ReportMetric(float64(ab.cpu[0])/inserts, "off-cpu-ns/insert")
+	b.ReportMetric(float64(ab.cpu[1])/inserts, "on-cpu-ns/insert")
+	b.ReportMetric(float64(ab.cpu[1]+faulterCPU()-f0)/inserts, "on-total-cpu-ns/insert")
 	st := sets[0][0].Stats()
 	b.ReportMetric(1000*float64(st.LeafSplits-splits0)/float64(max(st.Inserts-ins0, 1)), "splits/k")
 }
