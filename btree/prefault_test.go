@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
+	"github.com/rdmakv/rdmakv/internal/planted"
 	"github.com/rdmakv/rdmakv/internal/prefault"
 )
 
@@ -24,26 +24,12 @@ import (
 // "not mapped" too; prefaultTouchZero (a plain store of zero as the touch)
 // by "changed", once the faulter is asked to touch the slots in use.
 func TestArenaPrefault(t *testing.T) {
-	for _, tc := range []struct{ name, want string }{
-		{"none", ""},
-		{"off", "not mapped"},
-		{"prefaultOnce", "not mapped"},
-		{"prefaultTouchZero", "changed"},
-	} {
-		t.Run("planted="+tc.name, func(t *testing.T) {
-			err := arenaPrefault(t, tc.name)
-			if tc.want == "" {
-				if err != "" {
-					t.Fatal(err)
-				}
-				return
-			}
-			t.Logf("planted %s: %s", tc.name, err)
-			if !strings.Contains(err, tc.want) {
-				t.Fatalf("planted %s: got %q, want the %q check to fail", tc.name, err, tc.want)
-			}
-		})
-	}
+	planted.Run(t, arenaPrefault, []planted.Case{
+		{Name: "none", Want: ""},
+		{Name: "off", Want: "not mapped"},
+		{Name: "prefaultOnce", Want: "not mapped"},
+		{Name: "prefaultTouchZero", Want: "changed"},
+	})
 }
 
 func arenaPrefault(t *testing.T, knob string) string {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/rdmakv/rdmakv/internal/planted"
 	"github.com/rdmakv/rdmakv/internal/prefault"
 	"github.com/rdmakv/rdmakv/rdma/shm"
 )
@@ -25,12 +26,12 @@ import (
 // touchChanges (a plain store of zero as the touch) by "changed". Without
 // PrefaultHeap no page past the bump is mapped (the check can fail).
 func TestPrefaultHeap(t *testing.T) {
-	runPlanted(t, prefaultHeap, []plantCase{
-		{"none", ""},
-		{"off", "not mapped"},
-		{"prefaultOnce", "not mapped"},
-		{"genNotPrefaulted", "of index generation"},
-		{"touchChanges", "changed"},
+	planted.Run(t, prefaultHeap, []planted.Case{
+		{Name: "none", Want: ""},
+		{Name: "off", Want: "not mapped"},
+		{Name: "prefaultOnce", Want: "not mapped"},
+		{Name: "genNotPrefaulted", Want: "of index generation"},
+		{Name: "touchChanges", Want: "changed"},
 	})
 }
 

@@ -3,6 +3,7 @@ package kv
 import (
 	"bytes"
 	"fmt"
+	"github.com/rdmakv/rdmakv/internal/planted"
 	"strings"
 	"testing"
 )
@@ -20,10 +21,10 @@ import (
 // Planted spareKeepsLast (a released capture's smaller buffer replaces the
 // spare pre-faulted for the grown index) is caught by the fresh-copy count.
 func TestPrefaultedSpare(t *testing.T) {
-	runPlanted(t, prefaultedSpare, []plantCase{
-		{"none", ""},
-		{"off", "fresh index copies"},
-		{"spareKeepsLast", "fresh index copies"},
+	planted.Run(t, prefaultedSpare, []planted.Case{
+		{Name: "none", Want: ""},
+		{Name: "off", Want: "fresh index copies"},
+		{Name: "spareKeepsLast", Want: "fresh index copies"},
 	})
 }
 
@@ -234,31 +235,6 @@ func TestPersistHandsOnIndexCopy(t *testing.T) {
 			}
 			if !same {
 				t.Fatalf("the second capture's snapshot differs from the one at its capture (err %v)", err)
-			}
-		})
-	}
-}
-
-// plantCase is one run of a planted-bug table: name is the knob ("none":
-// no plant), want the message of the check that must fail ("": none).
-type plantCase struct{ name, want string }
-
-// runPlanted runs check once per case as subtest "planted=NAME": with no
-// plant the check must pass; with one, its error must name the check
-// aimed at that plant.
-func runPlanted(t *testing.T, check func(*testing.T, string) string, cases []plantCase) {
-	for _, tc := range cases {
-		t.Run("planted="+tc.name, func(t *testing.T) {
-			err := check(t, tc.name)
-			if tc.want == "" {
-				if err != "" {
-					t.Fatal(err)
-				}
-				return
-			}
-			t.Logf("planted %s: %s", tc.name, err)
-			if !strings.Contains(err, tc.want) {
-				t.Fatalf("planted %s: got %q, want the %q check to fail", tc.name, err, tc.want)
 			}
 		})
 	}

@@ -304,39 +304,17 @@ func TestRestoreRejoins(t *testing.T) {
 // dir's Prepare chose how it starts.
 func startProcessPrepared(t *testing.T, m *cluster.Map, dir string, prepare func(rdma.Node, *broadcast.Config)) (*server.Process, func()) {
 	t.Helper()
-	cln, err := server.ListenControl("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := server.ProcessConfig{Map: m, Control: cln,
-		Broadcast: broadcast.Config{HeartbeatInterval: time.Millisecond, ElectionTimeout: 50 * time.Millisecond},
-		Durable:   server.DurableConfig{Mode: broadcast.Sync, SegmentBytes: 64 << 10, SnapshotLogBytes: 1 << 20}}
-	unlock, err := server.UseDataDir(&pc, dir)
-	if err != nil {
-		cln.Close()
-		t.Fatal(err)
-	}
-	base := pc.Prepare
-	pc.Prepare = func(node rdma.Node, g, i int, bc *broadcast.Config) (broadcast.Stable, error) {
-		st, err := base(node, g, i, bc)
-		if err == nil {
-			prepare(node, bc)
-		}
-		return st, err
-	}
-	p, err := server.StartProcess(pc)
-	if err != nil {
-		unlock()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.WaitServing(ctx); err != nil {
-		p.Close()
-		unlock()
-		t.Fatal(err)
-	}
-	return p, func() { p.Close(); unlock() }
+	return startProcessWith(t, m, dir, func(pc *server.ProcessConfig) { pc.Durable.SnapshotLogBytes = 1 << 20 },
+		func(pc *server.ProcessConfig) {
+			base := pc.Prepare
+			pc.Prepare = func(node rdma.Node, g, i int, bc *broadcast.Config) (broadcast.Stable, error) {
+				st, err := base(node, g, i, bc)
+				if err == nil {
+					prepare(node, bc)
+				}
+				return st, err
+			}
+		})
 }
 
 // TestRestoreRefuses: restore refuses, in one line and writing nothing,

@@ -47,6 +47,14 @@ func startDurableMode(t *testing.T, m *cluster.Map, dir string, mode broadcast.D
 // until every group serves.
 func startProcess(t *testing.T, m *cluster.Map, dir string, adjust func(*server.ProcessConfig)) (*server.Process, func()) {
 	t.Helper()
+	return startProcessWith(t, m, dir, adjust, nil)
+}
+
+// startProcessWith is startProcess with afterDir applied to the config
+// once the data dir set it up (server.UseDataDir: Prepare, the stable
+// state; nil: nothing).
+func startProcessWith(t *testing.T, m *cluster.Map, dir string, adjust, afterDir func(*server.ProcessConfig)) (*server.Process, func()) {
+	t.Helper()
 	cln, err := server.ListenControl("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +71,9 @@ func startProcess(t *testing.T, m *cluster.Map, dir string, adjust func(*server.
 			cln.Close()
 			t.Fatal(err)
 		}
+	}
+	if afterDir != nil {
+		afterDir(&pc)
 	}
 	p, err := server.StartProcess(pc)
 	if err != nil {
