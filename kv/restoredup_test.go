@@ -75,3 +75,71 @@ func restoreKeyTwice(t *testing.T, n, first, second int, knobs testingKnobs) err
 	}
 	return nil
 }
+
+// TestRestoreCrowdedBuckets: Restore places a record in its first pair
+// while that pair has room (restoreSlot), else where a put would
+// (freeSlot), and starts over with twice the buckets when a key finds all
+// four places full. Snapshots of 40 keys of one first bucket at the index
+// size Restore picks (the first pair holds 14) force the overflow into
+// the second pairs; 40 keys of one first and one second bucket (the four
+// places hold 28) force the retry. Every key must then be found, with its
+// value, by the one-sided reader (which reads both of a key's pairs), by a
+// stale-ok and a linearizable get alike.
+func TestRestoreCrowdedBuckets(t *testing.T) {
+	const n = 40
+	// Restore's index size for n records (its loop).
+	log := 2
+	for float64(n) > DefaultMaxLoad/2*float64(int(slotsPer)<<log) {
+		log++
+	}
+	for _, c := range []struct {
+		name    string
+		sameB2  bool
+		wantLog int
+	}{{"first-pair-full", false, log}, {"four-places-full", true, log + 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			var keys [][]byte
+			b2 := -1
+			for i := 0; len(keys) < n; i++ {
+				k := fmt.Appendf(nil, "crowd-%d", i)
+				x1, x2 := candidates(hashKey(k), log)
+				if x1 != 0 {
+					continue
+				}
+				if b2 < 0 {
+					b2 = x2
+				}
+				if !c.sameB2 || x2 == b2 {
+					keys = append(keys, k)
+				}
+			}
+			snap := make([]byte, 32)
+			binary.LittleEndian.PutUint64(snap, snapMagic)
+			binary.LittleEndian.PutUint64(snap[8:], n)
+			binary.LittleEndian.PutUint64(snap[16:], uint64(log))
+			binary.LittleEndian.PutUint64(snap[24:], 7)
+			for i, k := range keys {
+				v := fmt.Appendf(nil, "value-%d", i)
+				rec := make([]byte, recordSize(len(k), len(v)))
+				encodeRecord(rec, uint64(i+1)<<16, k, v)
+				snap = append(snap, rec...)
+			}
+			snap = append(snap, make([]byte, 16)...) // no staged requests, no ordered section
+			tb, r := soloTable(t, TableConfig{})
+			if err := tb.Restore(snap); err != nil {
+				t.Fatal(err)
+			}
+			if got := tb.cur.log; got != c.wantLog {
+				t.Fatalf("an index of 2^%d buckets after the restore, want 2^%d", got, c.wantLog)
+			}
+			for i, k := range keys {
+				for _, mode := range []Consistency{StaleOK, Linearizable} {
+					g, err := r.Get(k, mode)
+					if err != nil || !g.Found || string(g.Value) != fmt.Sprintf("value-%d", i) {
+						t.Fatalf("get %s (%v) after the restore: found %v %q, err %v; want value-%d", k, mode, g.Found, g.Value, err, i)
+					}
+				}
+			}
+		})
+	}
+}
