@@ -19,6 +19,8 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/internal/childproc"
 	"github.com/rdmakv/rdmakv/internal/server"
+	"github.com/rdmakv/rdmakv/internal/vfs"
+	"github.com/rdmakv/rdmakv/internal/vfs/errorfs"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -63,6 +65,19 @@ func serveSharedKill(in io.Reader, out io.Writer) error {
 	if cfg.Early {
 		server.SetSharedEarlySynced(&pc)
 	}
+	// A slow disk: every write of the shared log waits 5 ms first. What
+	// a stream reports synced before its batch is written (planted
+	// earlySynced) then sits in this process's memory only for most of
+	// a batch's life, and the kill loses it; without the wait, under
+	// -race, 3 kills in a row caught nothing once (CI, 2026-11-28). The
+	// correct code acknowledges nothing before its sync, so the wait
+	// costs it time only.
+	pc.FS = errorfs.Wrap(vfs.OS, errorfs.Func(func(op errorfs.Op) error {
+		if op.Kind == errorfs.OpWrite && strings.HasPrefix(op.Path, filepath.Join(cfg.Dir, "wal")) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return nil
+	}))
 	unlock, err := server.UseDataDir(&pc, cfg.Dir)
 	if err != nil {
 		return err
