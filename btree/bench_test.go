@@ -472,13 +472,7 @@ func BenchmarkStoreApplyPrefetch(b *testing.B) {
 		return stores
 	}
 	ab := newABInserts([2][]*Store{mk(true), mk(false)}, n, msgs, per)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	i := 0
-	for b.Loop() {
-		ab.round(i)
-		i++
-	}
+	i := ab.run(b)
 	for s, name := range []string{"off", "on"} {
 		b.ReportMetric(float64(ab.cpu[s])/float64(i*msgs*per*replicas), name+"-cpu-ns/insert")
 	}
@@ -528,6 +522,19 @@ func newABInserts(sets [2][]*Store, n, msgs, per int) *abInserts {
 	}
 	ab.cpu = [2]int64{}
 	return ab
+}
+
+// run applies a batch by both sets per iteration of b (on one locked
+// thread, which threadCPU measures) and returns the iterations.
+func (ab *abInserts) run(b *testing.B) int {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	i := 0
+	for b.Loop() {
+		ab.round(i)
+		i++
+	}
+	return i
 }
 
 // round applies the next batch by both sets, set i%2 first.
@@ -613,13 +620,7 @@ func BenchmarkStoreApplyPrefault(b *testing.B) {
 	ab := newABInserts(sets, n, msgs, per)
 	splits0, ins0 := sets[0][0].Stats().LeafSplits, sets[0][0].Stats().Inserts
 	f0 := faulterCPU()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	i := 0
-	for b.Loop() {
-		ab.round(i)
-		i++
-	}
+	i := ab.run(b)
 	for _, s := range sets[1] {
 		s.a.faulter.Wait()
 	}
