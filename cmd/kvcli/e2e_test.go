@@ -332,11 +332,15 @@ func (x *tmux) must(args ...string) string {
 	return out
 }
 
-// start runs kvcli in a new session of 120 x 40.
+// start runs kvcli in a new session of 120 x 40. The server outlives
+// its sessions (exit-empty off): otherwise a session started right after
+// the last one ended could reach a server on its way out ("server exited
+// unexpectedly", seen under load).
 func (x *tmux) start(session string) {
 	x.t.Helper()
 	x.must("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
-		fmt.Sprintf("exec %q --map %q", x.e.kvcli, x.e.mapFile))
+		fmt.Sprintf("exec %q --map %q", x.e.kvcli, x.e.mapFile),
+		";", "set-option", "-g", "exit-empty", "off")
 }
 
 // keys types text (literally) then presses keys.

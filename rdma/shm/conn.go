@@ -54,11 +54,13 @@ func (p *peer) checkLive() error {
 // procMonitor checks that one process of another still runs, for every
 // peer of this process whose target node it owns: the nodes of all the
 // replicas in one kvserver process share one check, whichever Node (of
-// this process) connected to them. The check (a /proc read) runs on a
-// timer's goroutine of the runtime's, every interval while ops use one of
-// the peers: an idle monitor costs no wake-ups, and the first op after
-// an idle spell re-arms it. dead is sticky: the process is gone for good
-// (procIdent names one process for its lifetime).
+// this process) connected to them. Where the kernel gives a pidfd, the
+// runtime's poller waits on it (exitwatch.go): no timer, no wake-up, no
+// /proc read while the process lives. Otherwise the check (a /proc read)
+// runs on a timer's goroutine of the runtime's, every interval while ops
+// use one of the peers: an idle monitor costs no wake-ups, and the first
+// op after an idle spell re-arms it. dead is sticky: the process is gone
+// for good (procIdent names one process for its lifetime).
 type procMonitor struct {
 	key   monitorKey
 	refs  int                        // peers holding it; guarded by monitors.mu
@@ -71,6 +73,8 @@ type procMonitor struct {
 	wmu   sync.Mutex
 	watch *procWatch
 	alive func() bool // the check (tests replace it); nil: watch.alive
+	// exit is the process's pidfd (nil: the timer checks); stop closes it.
+	exit *os.File
 }
 
 // monitorKey: one monitor per watched process and check interval (the
@@ -102,7 +106,11 @@ func acquireMonitor(owner procIdent, every time.Duration) *procMonitor {
 	if monitors.m == nil {
 		monitors.m = make(map[monitorKey]*procMonitor)
 	}
-	m := &procMonitor{key: k, refs: 1, watch: newProcWatch(owner)}
+	m := &procMonitor{key: k, refs: 1}
+	if f, dead, ok := openExitWatch(owner); ok {
+		m.exit = f
+		m.dead.Store(dead)
+	}
 	m.start()
 	if monitors.m[k] == nil {
 		monitors.m[k] = m
@@ -134,14 +142,38 @@ func (m *procMonitor) use() error {
 		m.used.Store(true)
 	}
 	if !m.armed.Load() && m.armed.CompareAndSwap(false, true) {
-		m.timer.Load().Reset(m.key.every)
+		if t := m.timer.Load(); t != nil { // nil: the exit watch, or dead at the start
+			t.Reset(m.key.every)
+		}
 	}
 	return nil
 }
 
-// start arms the monitor for its first check one interval from now (the
-// timer is stored before it can fire).
+// start starts the monitor: the exit watch if it has a pidfd, else the
+// timer; a process found gone at the start needs neither.
 func (m *procMonitor) start() {
+	switch {
+	case m.exit != nil:
+		go m.waitExit(m.exit)
+	case m.dead.Load():
+	default:
+		m.startTimer()
+	}
+}
+
+// startTimer arms the monitor for its first check one interval from now
+// (the timer is stored before it can fire), opening its stat file if the
+// check needs one.
+func (m *procMonitor) startTimer() {
+	m.wmu.Lock()
+	if m.gone.Load() {
+		m.wmu.Unlock()
+		return
+	}
+	if m.watch == nil && m.alive == nil {
+		m.watch = newProcWatch(m.key.owner)
+	}
+	m.wmu.Unlock()
 	m.armed.Store(true)
 	m.used.Store(true)
 	m.timer.Store(time.AfterFunc(time.Duration(1<<62), m.check))
@@ -182,7 +214,7 @@ func (m *procMonitor) check() {
 	}
 }
 
-// stop ends the monitor and releases its stat file.
+// stop ends the monitor and releases its stat file or pidfd.
 func (m *procMonitor) stop() {
 	m.gone.Store(true)
 	if t := m.timer.Load(); t != nil {
@@ -192,6 +224,10 @@ func (m *procMonitor) stop() {
 	if m.watch != nil {
 		m.watch.close()
 		m.watch = nil
+	}
+	if m.exit != nil {
+		m.exit.Close() // waitExit returns
+		m.exit = nil
 	}
 	m.wmu.Unlock()
 }
