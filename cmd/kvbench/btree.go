@@ -185,7 +185,7 @@ func parseBTreeFlags(args []string, stderr io.Writer) (*btreeFlags, error) {
 // kvFlags is the cluster setup of kvbench kv that btree shares: its
 // cluster, its client and its hashed baseline, with no Redis.
 func (o *btreeFlags) kvFlags() *kvFlags {
-	f := &kvFlags{commonFlags: o.commonFlags, records: o.records, threads: o.threads, putThreads: o.putThreads,
+	f := &kvFlags{commonFlags: o.commonFlags, records: o.records, threads: o.threads, putThreads: o.putThreads, putRows: []int{1, o.putThreads},
 		et: o.et, embedded: o.embedded, groups: o.groups, kvserver: o.kvserver, ordered: true}
 	if !o.embedded {
 		f.childGroups, f.orderedSplits = o.groups, btreeSplits(o.records, o.groups)

@@ -85,7 +85,9 @@ redis-server, then measures, rdmakv first and Redis right after it:
            same count.
   put      overwrites of random loaded keys at 1 and --put-threads
            goroutines (one client: at most 8 requests outstanding, the
-           rest queue in the client), against Redis SET.
+           rest queue in the client), against Redis SET. --put-threads
+           1,2,4,8,16,64 (a list) measures a put row at each count given
+           instead: the curve of writers.
 
 --embedded measures the path a user's program takes to the cluster that
 'make run' starts: kvbench builds kvserver (go build; or --kvserver FILE)
@@ -168,7 +170,8 @@ type kvFlags struct {
 	commonFlags
 	records    int
 	threads    []int
-	putThreads int
+	putThreads int   // the largest of putRows
+	putRows    []int // the put rows' goroutine counts: 1 and --put-threads N, or --put-threads' list
 	interval   time.Duration
 	et         time.Duration
 	redis      string
@@ -207,7 +210,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.Lookup("duration").DefValue = "2s"
 	fs.IntVar(&o.records, "records", 1000000, "keys loaded (from an empty table) before the get and put rows")
 	threads := fs.String("threads", "1,8", "comma-separated goroutine counts of the get rows")
-	fs.IntVar(&o.putThreads, "put-threads", 64, "goroutines of the saturated put row (the other put row has 1)")
+	putThreads := fs.String("put-threads", "64", "goroutines of the saturated put row (the other put row has 1); a comma-separated list (1,2,4,8,16,64): a put row at each count")
 	fs.IntVar(&kvCombineHold, "combine-hold", -1, "the client's write-combining hold: messages a group may have in flight before a new write waits for a completion (client.WithCombineHold; 0: the whole window; -1: the client's default, 1 on a sync cluster, else the whole window)")
 	fs.IntVar(&kvValueSize, "value-size", 100, "bytes per value (at least the 16-byte key, which each value starts with), of rdmakv's and Redis's rows")
 	fs.DurationVar(&o.interval, "interval", 100*time.Millisecond, "get-during-growth: the interval gets are counted in")
@@ -280,6 +283,10 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	if o.threads, err = parseThreads("kv", *threads, o.threads); err != nil {
 		return nil, err
 	}
+	if o.putRows, err = parsePutThreads(*putThreads); err != nil {
+		return nil, err
+	}
+	o.putThreads = slices.Max(o.putRows)
 	if err := o.commonFlags.check("kv"); err != nil {
 		return nil, err
 	}
@@ -288,8 +295,6 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 		return nil, errors.New("kv: --threads lists no goroutine count")
 	case o.records < 2*kvSeedKeys:
 		return nil, fmt.Errorf("kv: --records must be at least %d", 2*kvSeedKeys)
-	case o.putThreads <= 0:
-		return nil, errors.New("kv: --put-threads must be positive")
 	case kvValueSize < kvKeySize || kvValueSize > 1<<20:
 		return nil, fmt.Errorf("kv: --value-size %d: want %d to %d bytes", kvValueSize, kvKeySize, 1<<20)
 	case o.interval <= 0 || o.et <= 0:
@@ -1379,8 +1384,8 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 			specs = append(specs, sp)
 		}
 	}
-	for i, t := range []int{1, o.putThreads} {
-		if (i > 0 && t == 1) || !o.row("put") {
+	for i, t := range o.putRows {
+		if !o.row("put") {
 			break
 		}
 		sp := rowSpec{k: kvKey{"put", "", t}, ours: putOp(e.ours, byte('b'+i))}
@@ -1437,6 +1442,31 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 		e.note("%s; other %.2f CPUs", line, st.otherCPU)
 		res.add(sp.k, p)
 	}
+}
+
+// parsePutThreads reads --put-threads: one count N gives the put rows 1
+// and N (one row if N is 1); a list (a comma in it) gives a row at each
+// count listed, in its order, each once.
+func parsePutThreads(s string) ([]int, error) {
+	var rows []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("kv: --put-threads: bad goroutine count %q (want a positive count or a comma-separated list of them)", f)
+		}
+		if !slices.Contains(rows, n) {
+			rows = append(rows, n)
+		}
+	}
+	switch {
+	case len(rows) == 0:
+		return nil, errors.New("kv: --put-threads lists no goroutine count")
+	case strings.Contains(s, ","):
+		return rows, nil
+	case rows[0] == 1:
+		return []int{1}, nil
+	}
+	return []int{1, rows[0]}, nil
 }
 
 // sample is one closed-loop measurement of threads goroutines with the
