@@ -74,4 +74,18 @@ type testingKnobs struct {
 	// for a stream's Poll, as before Continue: the device idles between a
 	// sync and the next write while a poller is scheduled). Caught by TestMuxContinue ("continued:").
 	continueNoStart bool
+	// muxRefWrongTarget: RecoverMux resolves a reference to the whole
+	// record before its target. Caught by resolveRef's length and hash check
+	// (TestMuxRefCatches: "does not match it").
+	muxRefWrongTarget bool
+	// muxRefNoCheck: resolveRef skips the length and hash check. With
+	// muxRefWrongTarget, caught by muxRun's comparison with what was
+	// written (TestMuxRefCatches: "that it was not written").
+	muxRefNoCheck bool
+	// muxRefAcrossBatches: the Mux takes a table entry of an earlier
+	// batch for a match (length and hash, no batch tag, no bytes): a
+	// reference names a record of another batch, maybe of a segment
+	// dropped since. Caught by resolveRef (TestMuxRefCatches: "not
+	// earlier in its batch").
+	muxRefAcrossBatches bool
 }

@@ -32,6 +32,8 @@ import (
 // records were all dropped keeps its next seq in the log that way, and a
 // stream whose unfinished diff recovery dropped says that it continues at
 // the diff's seq, voiding the dropped records that are still in the file).
+// A record whose header has byte 6 set to 1 is a reference: its payload
+// is an earlier record's of the same batch (muxref.go).
 
 // RecMux is the Writer record type of a Mux's stream records.
 const RecMux RecType = 8
@@ -52,7 +54,10 @@ type MuxRecord struct {
 	Type   RecType
 	Flags  uint8
 	Seq    uint64 // the stream's seq (a marker's: the stream's next seq)
-	Data   []byte
+	// Ref: the record is a reference (byte 6 of its header is 1): Data
+	// is its 24-byte reference (ParseMuxRef), not the payload.
+	Ref  bool
+	Data []byte
 }
 
 func putMuxHdr(dst []byte, stream uint32, typ RecType, flags uint8, seq uint64) {
@@ -62,15 +67,17 @@ func putMuxHdr(dst []byte, stream uint32, typ RecType, flags uint8, seq uint64) 
 }
 
 // ParseMuxRecord decodes the payload of a RecMux record: ok is false if it
-// is too short, its reserved bytes are not zero, its type is RecBatch, its
-// seq is 0, or a marker carries data.
+// is too short, its reserved bytes are not zero (byte 6 may be 1: a
+// reference), its type is RecBatch, its seq is 0, a marker carries data,
+// or a reference is a marker or its payload is not 24 bytes.
 func ParseMuxRecord(b []byte) (MuxRecord, bool) {
-	if len(b) < muxHdrSize || b[6] != 0 || b[7] != 0 {
+	if len(b) < muxHdrSize || b[6] > muxRefFlag || b[7] != 0 {
 		return MuxRecord{}, false
 	}
 	r := MuxRecord{Stream: binary.LittleEndian.Uint32(b[0:]), Type: RecType(b[4]), Flags: b[5],
-		Seq: binary.LittleEndian.Uint64(b[8:]), Data: b[muxHdrSize:len(b):len(b)]}
-	if r.Type == RecBatch || r.Type == RecMux || r.Seq == 0 || r.Type == recMarker && (len(r.Data) != 0 || r.Flags != 0) {
+		Seq: binary.LittleEndian.Uint64(b[8:]), Ref: b[6] == muxRefFlag, Data: b[muxHdrSize:len(b):len(b)]}
+	if r.Type == RecBatch || r.Type == RecMux || r.Seq == 0 || r.Type == recMarker && (len(r.Data) != 0 || r.Flags != 0 || r.Ref) ||
+		r.Ref && len(r.Data) != muxRefSize {
 		return MuxRecord{}, false
 	}
 	return r, true
@@ -174,7 +181,7 @@ func splitMux(rec *Recovered, knobs testingKnobs) (*MuxRecovered, error) {
 		s.Corrupt = append(s.Corrupt, Corruption{At: c.At, Path: c.Path, FromSeq: s.NextSeq, ToSeq: to,
 			Reason: fmt.Sprintf("stream %d: records may be in the log's corrupt range (global seqs %d..%d: %s)", id, c.FromSeq, c.ToSeq, c.Reason)})
 	}
-	for _, r := range rec.Records {
+	for i, r := range rec.Records {
 		for passed < len(holes) && holes[passed].ToSeq < r.Seq {
 			passed++
 		}
@@ -184,6 +191,12 @@ func splitMux(rec *Recovered, knobs testingKnobs) (*MuxRecovered, error) {
 		m, ok := ParseMuxRecord(r.Data)
 		if !ok {
 			return nil, fmt.Errorf("%w: record seq %d at %+v: malformed stream header", ErrCorrupt, r.Seq, r.Pos)
+		}
+		if m.Ref {
+			var err error
+			if m.Data, err = resolveRef(rec.Records, i, rec.batches, m, knobs); err != nil {
+				return nil, err
+			}
 		}
 		s, in := stream(m.Stream)
 		switch {
@@ -314,8 +327,11 @@ type Mux struct {
 	parts   [][]byte
 	hdr     [muxHdrSize]byte
 	markHdr [muxHdrSize]byte
+	refBuf  [muxRefSize]byte
 
 	kicks atomic.Pointer[[]func()]
+
+	ref refTable // the open batch's whole records (muxref.go)
 
 	// The gather (Config.GatherWindow). gBatch: the open batch the rest
 	// is about (the Writer's openFirst; 0: none yet); gIdle: its first
@@ -353,8 +369,8 @@ type Stream struct {
 	next, synced uint64
 	mark         uint64 // DropBefore's
 	records      uint64
-	bytes        uint64 // bytes of its records synced
-	appended     uint64 // bytes of its records appended
+	bytes        uint64 // bytes of its records synced, as its own log would hold them (a reference: its target's size)
+	appended     uint64 // bytes of its records appended (as bytes)
 	pend         []muxPend
 	head         int
 	evidence     uint64 // global seq of its last synced record or marker
@@ -704,8 +720,25 @@ func (s *Stream) append(typ RecType, flags uint8, lazy bool, parts [][]byte) (ui
 	m := s.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
 	putMuxHdr(m.hdr[:], s.id, typ, flags, s.next)
-	m.parts = append(append(m.parts[:0], m.hdr[:]), parts...)
+	var h, target uint64
+	isRef := false
+	if n >= muxRefMin {
+		h = hashParts(parts)
+		target, isRef = m.findRef(h, n, parts)
+	}
+	if isRef {
+		// the payload is a record's of the open batch: a reference
+		m.hdr[6] = muxRefFlag
+		putMuxRef(m.refBuf[:], target, n, h)
+		m.parts = append(m.parts[:0], m.hdr[:], m.refBuf[:])
+	} else {
+		m.parts = append(append(m.parts[:0], m.hdr[:]), parts...)
+	}
 	var g uint64
 	var ok bool
 	if lazy {
@@ -717,12 +750,15 @@ func (s *Stream) append(typ RecType, flags uint8, lazy bool, parts [][]byte) (ui
 	if !ok {
 		return 0, false
 	}
+	switch {
+	case isRef:
+		m.ref.refs++
+		m.ref.saved += uint64(recSize(muxHdrSize+n) - recSize(muxHdrSize+muxRefSize))
+	case n >= muxRefMin:
+		m.noteRef(h, n, g)
+	}
 	if !lazy {
 		m.noteEager(s)
-	}
-	n := 0
-	for _, p := range parts {
-		n += len(p)
 	}
 	seq := s.next
 	s.next++

@@ -176,6 +176,11 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 	// (Mux.Continue, as the shared log's FileDevice does): a Poll at any
 	// moment must keep every rule. (Its own rng: the other draws stay.)
 	crng := rand.New(rand.NewPCG(seed, 0x636f6e))
+	// Half the records repeat the payload of the one before (of any
+	// stream), as a process's replicas write one entry each: the Mux
+	// writes references. (Its own rng too.)
+	rrng := rand.New(rand.NewPCG(seed, 0x726566))
+	var lastData []byte
 	m, err := OpenMux(d, cfg, mr)
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +212,12 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 			if rng.IntN(5) == 0 {
 				typ = RecCommit
 			}
-			mm.add(t, s, typ, uint8(rng.IntN(3)), payload(rng, uint64(step), rng.IntN(600)), rng.IntN(6) == 0)
+			flags, data := uint8(rng.IntN(3)), payload(rng, uint64(step), rng.IntN(600))
+			if lastData != nil && rrng.IntN(2) == 0 {
+				data = lastData
+			}
+			lastData = data
+			mm.add(t, s, typ, flags, data, rng.IntN(6) == 0)
 		case x < 13:
 			m.Poll(now)
 			if cfg.GatherWindow > 0 && grng.IntN(2) == 0 {
@@ -706,6 +716,12 @@ func FuzzMuxRecord(f *testing.F) {
 		if r, ok := ParseMuxRecord(b); ok {
 			enc := make([]byte, muxHdrSize)
 			putMuxHdr(enc, r.Stream, r.Type, r.Flags, r.Seq)
+			if r.Ref {
+				enc[6] = muxRefFlag
+				if r.Type == recMarker || len(r.Data) != muxRefSize {
+					t.Fatalf("accepted a reference %x: type %d, %d bytes", b, r.Type, len(r.Data))
+				}
+			}
 			if !bytes.Equal(append(enc, r.Data...), b) {
 				t.Fatalf("accepted %x, re-encodes as %x", b, append(enc, r.Data...))
 			}

@@ -49,6 +49,10 @@ type Recovered struct {
 	Segments []SegInfo
 	// Warnings are the lines to log (torn tail, unfinished rotation).
 	Warnings []string
+
+	// batches: the first seqs of the batches read, in order (a Mux's
+	// references name a record of their own batch).
+	batches []uint64
 }
 
 type rseg struct {
@@ -303,6 +307,7 @@ func (sc *scanner) scan() error {
 		r.Pos = Pos{Seg: s.info.Seq, Off: off}
 		if r.Type == RecBatch {
 			sc.batch, sc.inBatch, sc.batchAt = bi, true, r.Pos
+			sc.rec.batches = append(sc.rec.batches, r.Seq)
 		} else {
 			sc.rec.Records = append(sc.rec.Records, r)
 		}
