@@ -64,12 +64,25 @@ type testingKnobs struct {
 	// already): the window adds to every batch under load. Caught by
 	// TestMuxGather ("in flight:").
 	gatherWhileBusy bool
-	// gatherSharedRound: a batch waits for the streams of the last round
-	// whoever started it, not of the last round its own first stream
-	// started: two groups' leaders alternating in one process each wait
-	// for the other's followers until the window ends. Caught by
-	// TestMuxGather ("other starter:").
-	gatherSharedRound bool
+	// gatherNoPass: a stream the gather waits for keeps the batch held
+	// after it was polled without appending (only its record or the
+	// window ends the hold): a follower that accepts nothing this round
+	// delays its leader's commit by the whole window. Caught by
+	// TestMuxGather ("passed:").
+	gatherNoPass bool
+	// gatherAllGroups: a batch waits for every grouped stream of the log,
+	// not only for the groups of its records: at one writer over two
+	// groups each commit waits for the other group's replicas too.
+	// Caught by TestMuxGather ("other group:").
+	gatherAllGroups bool
+	// gatherRound: the gather before groups (27 Nov, slog2): a batch
+	// waits for the streams of the last round its first stream started,
+	// released by their records or by the window alone, whatever Polls
+	// ran. With the window the shared log had (50 us), followers polled
+	// in the pass after their leader's, once the pass took longer than
+	// the window, missed its batch: two fsyncs in series per commit.
+	// Caught by TestGroupCommitOneFsync ("fsyncs:").
+	gatherRound bool
 	// continueNoStart: Mux.Continue does nothing (the next batch waits
 	// for a stream's Poll, as before Continue: the device idles between a
 	// sync and the next write while a poller is scheduled). Caught by TestMuxContinue ("continued:").

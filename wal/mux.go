@@ -333,21 +333,8 @@ type Mux struct {
 
 	ref refTable // the open batch's whole records (muxref.go)
 
-	// The gather (Config.GatherWindow). gBatch: the open batch the rest
-	// is about (the Writer's openFirst; 0: none yet); gIdle: its first
-	// eager record came while no batch was in flight; gSet: the streams
-	// (bit Stream.idx, the first 64) with eager records in it. A round
-	// runs from one such idle batch's first record (its starter's) to the
-	// next's; round: the streams with eager records in the round so far;
-	// follows[i]: those of the last round stream i started (at one writer
-	// a leader's followers); expect: the current round's starter's.
-	gBatch  uint64
-	gIdle   bool
-	gSet    uint64
-	round   uint64
-	starter int // -1: none yet
-	follows [64]uint64
-	expect  uint64
+	// The gather (Config.GatherWindow; gather.go).
+	gather gatherState
 
 	// Continue's counters (ContinueStats); lastContinued: the first
 	// global seq of the last batch it started.
@@ -400,7 +387,8 @@ func OpenMux(dev Device, cfg Config, rec *MuxRecovered) (*Mux, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Mux{w: w, byID: map[uint32]*Stream{}, starter: -1}
+	m := &Mux{w: w, byID: map[uint32]*Stream{}}
+	m.gather.starter = -1
 	m.kicks.Store(&[]func(){})
 	for _, g := range w.segs {
 		m.segs = append(m.segs, muxSeg{seq: g.Seq, firstG: g.FirstSeq})
@@ -524,8 +512,12 @@ func (m *Mux) Poll(now time.Duration) bool {
 
 func (m *Mux) poll(now time.Duration) bool {
 	m.now = max(m.now, now)
-	m.w.hold = m.gatherWanted()
+	m.w.hold = m.wanted(true)
+	to := m.w.gatherTO
 	p := m.w.Poll(m.now)
+	if m.w.gatherTO != to {
+		m.gatherTimedOut()
+	}
 	m.trackSegs()
 	synced := m.w.Synced()
 	for _, s := range m.streams {
@@ -644,50 +636,6 @@ func (m *Mux) appendMarker(s *Stream) bool {
 	return ok
 }
 
-// noteEager follows the open batch's eager records for the gather (called
-// right after s appended one).
-func (m *Mux) noteEager(s *Stream) {
-	w := m.w
-	var bit uint64
-	if s.idx < 64 {
-		bit = 1 << s.idx
-	}
-	if m.gBatch != w.openFirst {
-		// the batch's first eager record (the tracking of an earlier
-		// batch is stale: its openFirst was lower)
-		m.gBatch, m.gSet = w.openFirst, 0
-		m.gIdle = w.cur == nil || m.knobs.gatherWhileBusy
-		if m.gIdle {
-			// a round ends: it belongs to the stream that started it
-			prev := m.round
-			if m.starter >= 0 && m.starter < 64 {
-				m.follows[m.starter] = prev
-			}
-			m.round, m.starter, m.expect = 0, s.idx, 0
-			if s.idx < 64 {
-				m.expect = m.follows[s.idx]
-			}
-			if m.knobs.gatherSharedRound {
-				m.expect = prev
-			}
-		}
-	}
-	m.round |= bit
-	if m.gSet == 0 || !m.knobs.gatherKeepsHolding {
-		m.gSet |= bit
-	}
-}
-
-// gatherWanted: the open batch may wait for other streams' records
-// (Config.GatherWindow): its first eager record came while no batch was in
-// flight (one that came during a batch's fsync has waited already), and
-// some stream that wrote in the last round its first record's stream
-// started has no eager record in it yet.
-func (m *Mux) gatherWanted() bool {
-	w := m.w
-	return len(w.open) > 0 && m.gBatch == w.openFirst && m.gIdle && m.gSet&m.expect != m.expect
-}
-
 // GatherStats is the log's Writer.GatherStats (any goroutine).
 func (m *Mux) GatherStats() (held, timedOut uint64) {
 	m.mu.Lock()
@@ -774,6 +722,7 @@ func (s *Stream) Poll(now time.Duration) bool {
 	m := s.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.gatherPolled(s)
 	p := m.poll(now)
 	if s.synced != s.polledSynced {
 		s.polledSynced = s.synced

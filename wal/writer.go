@@ -56,13 +56,14 @@ type Config struct {
 	// Writer queues), 136 MiB with the other defaults.
 	LowSpaceBytes int64
 	// GatherWindow (Sync mode, a Mux's log only; 0: off): a batch whose
-	// first eager record was appended while no batch was in flight waits
-	// at most this long (from the first Poll that would have started it)
-	// for the streams that wrote after that record's stream last started
-	// a batch so (Mux.noteEager: its round) before it starts. At one writer the leader's record would otherwise
-	// start a batch alone and its followers' records, a few microseconds
-	// later, would wait for that batch's fsync and then their own: two
-	// fsyncs in series per commit instead of one.
+	// first eager record was appended while no batch was in flight may
+	// wait for the other streams of its records' groups (Mux.noteEager,
+	// gather.go: until each appended or was polled once without), at
+	// most this long from the first Poll that would have started it. At
+	// one writer the leader's record would otherwise start a batch alone
+	// and its followers' records, a Poll later, would wait for that
+	// batch's fsync and then their own: two fsyncs in series per commit
+	// instead of one.
 	GatherWindow time.Duration
 }
 

@@ -134,7 +134,7 @@ func OpenDurableShared(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg
 			return nil, fmt.Errorf("replica %d: %s holds a log of its own (%d files, %v) but the process writes one shared log (%s): start it with the log it has (a data dir whose replicas have logs of their own keeps them), or move %s aside and start the replica with --rejoin", member, walDir, n, err, sh.Dir, walDir)
 		}
 		var w broadcast.WAL
-		rec, w = sh.stream(member, kick)
+		rec, w = sh.stream(member, group, kick)
 		d.WAL = w
 	} else if rec, err = wal.Recover(fs, walDir, uint64(member)); err != nil {
 		return nil, fmt.Errorf("replica %d: the log in %s cannot be read (%v): %s", member, walDir, err, remedy(dir, group))

@@ -119,10 +119,15 @@ func (s *SharedLog) setClock(now func() time.Duration) {
 	}
 }
 
-// SharedLogGather is the shared log's wal.Config.GatherWindow in sync mode:
-// at one writer the leader's batch waits this long at most for its
-// followers' records, so that one fsync covers the three.
-const SharedLogGather = 50 * time.Microsecond
+// SharedLogGather is the shared log's wal.Config.GatherWindow in sync mode.
+// A batch holding a group's record waits for the group's other replicas
+// in this process until each appended or was polled once without (the
+// gather, wal/gather.go: no clock); the window only bounds a hold on a
+// replica that is not polled at all (stopped on a disk error, paused).
+// It was the whole rule before (50 us): when the followers came in the
+// poller's next pass and the pass took longer, their records missed
+// the leader's batch and a commit waited for two fsyncs.
+const SharedLogGather = time.Millisecond
 
 // dirEntries is how many entries dir holds (0 if it does not exist).
 func dirEntries(fs vfs.FS, dir string) (int, error) {
@@ -134,9 +139,11 @@ func dirEntries(fs vfs.FS, dir string) (int, error) {
 }
 
 // stream is replica id's recovered records and its handle (kick: its
-// doorbell, rung after every completion of the log's device).
-func (s *SharedLog) stream(id rdma.NodeID, kick func()) (*wal.Recovered, broadcast.WAL) {
+// doorbell, rung after every completion of the log's device), a stream
+// of group's (the gather waits for a group's replicas in this process).
+func (s *SharedLog) stream(id rdma.NodeID, group int, kick func()) (*wal.Recovered, broadcast.WAL) {
 	st := s.mux.Stream(uint32(id), kick)
+	st.JoinGroup(uint32(group))
 	if s.knobs.earlySynced {
 		return s.rec.For(uint32(id)), earlySynced{st}
 	}
@@ -188,6 +195,9 @@ type SharedLogStatus struct {
 	// the window's end released.
 	GatherHeld     uint64 `json:"gather_held"`
 	GatherTimedOut uint64 `json:"gather_timed_out"`
+	// GatherPassed: of the holds, those that ended because the replicas
+	// still waited for were polled without a record (wal.Mux.GatherPassed).
+	GatherPassed uint64 `json:"gather_passed"`
 	// ContinueCalls: the device's completions it continued on its own
 	// goroutine (wal.Mux.Continue); ContinueStarted: of them, those that
 	// started the next batch (the rest found no record due).
@@ -203,7 +213,7 @@ func (s *SharedLog) Status() *SharedLogStatus {
 	st := s.mux.Stats()
 	held, to := s.mux.GatherStats()
 	cc, cs := s.mux.ContinueStats()
-	return &SharedLogStatus{GatherHeld: held, GatherTimedOut: to, ContinueCalls: cc, ContinueStarted: cs, Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
+	return &SharedLogStatus{GatherHeld: held, GatherTimedOut: to, GatherPassed: s.mux.GatherPassed(), ContinueCalls: cc, ContinueStarted: cs, Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
 		WALSegmentBytes: st.SegmentBytes, UnsyncedBytes: st.UnsyncedBytes, Fsyncs: st.Fsyncs, FsyncP50: quantile(&st.FsyncLatency, 0.5),
 		FsyncP99: quantile(&st.FsyncLatency, 0.99), DiskFull: st.DiskFull}
 }
