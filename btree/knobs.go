@@ -224,3 +224,10 @@ func PlantIngestOverLeftover(s *Store) { s.knobs.ingestOverLeftover = true }
 // none; tests of other packages read the published state between the
 // writes of one apply).
 func SetOnWrite(s *Store, f func()) { s.t.knobs.onWrite = f }
+
+// plantedDecodeAnyOffsets plants a bug in Decode (tests only, set by one
+// test at a time, never in parallel): an offset need not be the start of
+// an entry, so Decode accepts a node whose key-order walk reads entries
+// that are not the ones the node holds (FuzzDecode's property, and
+// TestDecodeOffsetsEntries, catch it).
+var plantedDecodeAnyOffsets bool
