@@ -175,13 +175,19 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, hi, count, used int, stamp uint64) {
 	if !t.knobs.inPlaceOldStamp {
 		le.PutUint64(b[offStamp:], stamp)
 	}
-	h := &t.hasher
-	h.Reset()
-	h.Write(b[:hdrSize])
-	h.Write(l.slot[hdrSize:lo])
-	h.Write(b[lo:hi])
-	h.Write(l.slot[hi : used-checkSize])
-	le.PutUint64(b[used-checkSize:], h.Sum64()^checkTag)
+	if t.knobs.sealStreaming {
+		h := &t.hasher
+		h.Reset()
+		h.Write(b[:hdrSize])
+		h.Write(l.slot[hdrSize:lo])
+		h.Write(b[lo:hi])
+		h.Write(l.slot[hi : used-checkSize])
+		le.PutUint64(b[used-checkSize:], h.Sum64()^checkTag)
+	} else {
+		copy(b[hdrSize:lo], l.slot[hdrSize:lo])
+		copy(b[hi:used-checkSize], l.slot[hi:used-checkSize])
+		le.PutUint64(b[used-checkSize:], nodeCheck(b[:used-checkSize]))
+	}
 	t.account(l.slot, l.n.ID, -1)
 	t.a.beginWrite(l.n.ID.Slot())
 	copy(l.slot[:hdrSize], b[:hdrSize])

@@ -26,6 +26,11 @@ type testingKnobs struct {
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool
+	// sealStreaming hashes an in-place change's check word with a
+	// streaming XXH3 over the pieces (header, kept bytes, new bytes)
+	// instead of copying the kept bytes into scratch and hashing once
+	// (the comparison: slower in BenchmarkStoreApplyBatch).
+	sealStreaming bool
 	// noBlindPut makes a blind put (one unconditional put) look its key
 	// up before the put, as every other write request does: the
 	// reference its result is held to.
