@@ -344,7 +344,10 @@ func TestSnapStoreRenameBeforeSync(t *testing.T) {
 }
 
 // TestSnapStoreSharedDevice: the store and a log writer share one device
-// through wal.Share; each sees only its own completions.
+// through wal.Share; each sees only its own completions. The log's
+// segments are 64 KiB, as in the package's other tests of a log on the
+// in-memory file system: a default 64 MiB segment there is a 64 MiB
+// buffer that each of the writer's syncs and DropUnsynced copied whole.
 func TestSnapStoreSharedDevice(t *testing.T) {
 	m := newSnapFS(t)
 	if err := m.MkdirAll("data/wal", 0o755); err != nil {
@@ -352,7 +355,7 @@ func TestSnapStoreSharedDevice(t *testing.T) {
 	}
 	d := newStepDevice(m)
 	logDev, snapDev := wal.Share(d)
-	w, err := wal.Open(logDev, wal.Config{Dir: "data/wal", Mode: wal.Sync, Member: 7}, nil)
+	w, err := wal.Open(logDev, wal.Config{Dir: "data/wal", Mode: wal.Sync, Member: 7, SegmentBytes: 64 << 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -243,7 +243,17 @@ func TestPlanBalanceWritesSplitsEnd(t *testing.T) {
 // end served by two groups, every key kept. The planted ignoreLoad (the
 // rule by count alone: one tablet a group looks balanced) leaves them on
 // one group, and the test catches it.
+//
+// Each round is 300 puts and one balancer round; the unplanted case
+// spreads in its third (the first has no earlier count to take the
+// writes from, the second splits, the third moves: 3 of 3 runs, and the
+// same split-then-move under -race at load 30). Both cases run at most
+// hotRounds rounds and the unplanted one must spread within them, so the
+// planted case, which never spreads and runs them all, has twice the
+// rounds the rule by load needs (it ran 12: 76 s of the package's race
+// pass at load 30).
 func TestBalancerMovesHotTablet(t *testing.T) {
+	const hotRounds = 6
 	for _, plant := range []string{"none", "ignoreLoad"} {
 		t.Run(plant, func(t *testing.T) {
 			lc, _ := balancerCluster(t, "balhot"+plant)
@@ -279,7 +289,9 @@ func TestBalancerMovesHotTablet(t *testing.T) {
 			users := c.Keyspace("users")
 			rng := rand.New(rand.NewPCG(1, 1))
 			var gs map[uint32]bool
-			for r := range 12 {
+			rounds := 0
+			for r := range hotRounds {
+				rounds++
 				for range 300 {
 					i := 100 + rng.IntN(200)
 					if _, err := users.Put(ctx, fmt.Appendf(nil, "k%04d", i), fmt.Appendf(nil, "v%d", i)); err != nil {
@@ -296,17 +308,17 @@ func TestBalancerMovesHotTablet(t *testing.T) {
 			st := b.Status()
 			switch {
 			case plant == "none" && len(gs) < 2:
-				t.Fatalf("after the rounds the hot keys are in groups %v (status %+v, last %+v), want two or more", gs, st, st.Last)
+				t.Fatalf("after %d rounds the hot keys are in groups %v (status %+v, last %+v), want two or more", rounds, gs, st, st.Last)
 			case plant != "none" && len(gs) >= 2:
 				t.Fatalf("the planted %s was not caught: the hot keys are in groups %v", plant, gs)
 			case plant != "none":
-				t.Logf("planted %s caught: the hot keys stay in groups %v (status: %d moves, %d splits)", plant, gs, st.Moves, st.Splits)
+				t.Logf("planted %s caught: the hot keys stay in groups %v after %d rounds (status: %d moves, %d splits)", plant, gs, rounds, st.Moves, st.Splits)
 				return
 			}
 			if st.Splits < 1 || st.LastSplit == nil || st.LastSplit.Source != 1 || st.Last == nil || st.Last.Rule != "load" || st.Last.Source != 1 || st.Last.Err != "" || len(st.Writes) != 3 || st.Writes[1] == 0 {
 				t.Fatalf("status %+v, last %+v: want a split and a move by load", st, st.Last)
 			}
-			t.Logf("the balancer's log:\n%s", logs.String())
+			t.Logf("spread in %d of %d rounds; the balancer's log:\n%s", rounds, hotRounds, logs.String())
 			tbs, _ := tabletsOf(t, c)
 			for _, tb := range tbs {
 				if !tb.HasLoad {
