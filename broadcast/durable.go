@@ -113,6 +113,14 @@ type durable struct {
 	snapDrop  uint64       // the save in flight: DropBefore this once durable
 	cut       uint64       // the newest durable snapshot's: the log below it is dropped
 
+	// savingImg is the file image of the periodic save in flight (nil:
+	// none, or a diff's install); spareImg the image of the last one
+	// that became durable, which the next capture's Persist writes into
+	// (snapImageInto): a fresh image of a 1 M-record table is tens of
+	// MB whose first writes fault every page in beside the pollers.
+	savingImg, spareImg []byte
+	imgReuses           uint64 // captures that took spareImg (tests)
+
 	// A network snapshot a diff installed, waiting for the store (net)
 	// and in it (netSaving). gate: marks at or above this seq do not
 	// move dA until the snapshot is durable (0: no gate). netDrop,

@@ -63,6 +63,16 @@ type testingKnobs struct {
 	// synced, before the snapshot file is: a crash then leaves a log
 	// naming a snapshot that is not there (durability promise).
 	ackBeforeSnapSync bool
+	// snapImgKept: a durable save's file image is not handed on to the
+	// next capture's Persist, which makes a fresh one (its pages faulted
+	// in beside the pollers): TestSnapImageReuse ("reuse:").
+	snapImgKept bool
+	// snapImgNoClear: an image handed on is written into without
+	// clearing what the new state's Persist and the seal do not write
+	// (paddings), so the file keeps an earlier image's bytes there
+	// (TestSnapImageReuse: "pad:"). poisonSpareImg (tests, not a bug)
+	// fills a handed-on image with 0xab before the capture takes it.
+	snapImgNoClear, poisonSpareImg bool
 	// netSaveUnsynced: the snapshot a diff installed goes to the store
 	// before the diff's records are synced, so that the store's removal
 	// of the snapshots it replaced can reach the disk before the log

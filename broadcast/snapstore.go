@@ -84,10 +84,35 @@ func encodeSnapFile(index uint64, at MsgHdr, member uint64, created time.Duratio
 // state of stateLen, and returns it with its state's bytes: a capture
 // persists straight into them (no copy of the state into the image).
 func snapImage(metaLen, stateLen int) (img, state []byte) {
+	return snapImageInto(nil, metaLen, stateLen, false)
+}
+
+// snapImageInto is snapImage in spare, the image of an earlier save that
+// the store is done with, when it fits and is not more than twice the
+// size (then the smaller one is made, so that a shrunk state gives the
+// memory back); a fresh image gets an eighth more room, so that the next
+// saves of a growing state still fit. What the state's Persist and
+// sealSnapImage do not write (the header's and meta's padding, the
+// state's) is cleared, so that the file's bytes do not depend on the
+// buffer.
+// (noClear: the planted bug knobs.snapImgNoClear.)
+func snapImageInto(spare []byte, metaLen, stateLen int, noClear bool) (img, state []byte) {
 	ml := pad8(metaLen)
-	img = make([]byte, snapHdrSize+ml+pad8(stateLen)+snapTrlSize)
+	n := snapHdrSize + ml + pad8(stateLen) + snapTrlSize
+	if cap(spare) >= n && cap(spare) <= 2*n+snapReserve {
+		img = spare[:n]
+		if !noClear {
+			clear(img[:snapHdrSize+ml])
+			clear(img[snapHdrSize+ml+stateLen:])
+		}
+	} else {
+		img = make([]byte, n, n+n/8)
+	}
 	return img, img[snapHdrSize+ml : snapHdrSize+ml+stateLen]
 }
+
+// snapReserve lets a small state keep its spare image (the bound above).
+const snapReserve = 1 << 20
 
 // sealSnapImage writes the header, the meta and the trailer of an image
 // snapImage made for meta and a state of stateLen bytes, once the state
@@ -686,6 +711,9 @@ type SnapWork struct {
 	// CaptureCPU is the polling thread's CPU time in the captures (by
 	// Config.StatCPUClock), CaptureCPUMax the largest.
 	CaptureCPU, CaptureCPUMax time.Duration
+	// CaptureRunDelay is the polling thread's time on the OS's run
+	// queue in the captures (by Config.StatRunDelay).
+	CaptureRunDelay time.Duration
 	// Store is the rest: a persisted image handed to the store, the log
 	// dropped below a durable snapshot.
 	Store    time.Duration
@@ -752,6 +780,12 @@ func (r *Replica) diskSnapPoll() {
 		r.tracef("node %d: the snapshot at %v (index %d) its diff installed is durable", r.self, ns.at, ns.index)
 	} else if saved {
 		t0 := r.statNow()
+		// The device wrote and synced the image: the next capture's
+		// Persist may write into it.
+		d.spareImg, d.savingImg = d.savingImg, nil
+		if r.knobs.snapImgKept {
+			d.spareImg = nil
+		}
 		d.cut = d.snapDrop
 		d.w.DropBefore(d.cut)
 		d.noteStore(r, t0)
@@ -792,6 +826,7 @@ func (r *Replica) diskSnapPoll() {
 		t0 := r.statNow()
 		if s.SaveImage(j.index, j.at, j.img) {
 			d.snapDrop = j.drop
+			d.savingImg = j.img
 		}
 		d.noteStore(r, t0)
 		return
@@ -809,14 +844,20 @@ func (r *Replica) diskSnapPoll() {
 	// clock read is a system call: outside, its cost counted as CPU and
 	// not as wall, 701 µs of CPU against 647 µs of wall under -race).
 	t0 := r.statNow()
-	var cpu0 time.Duration
+	var cpu0, wait0 time.Duration
 	if r.cfg.StatCPUClock != nil {
 		cpu0 = r.cfg.StatCPUClock()
+	}
+	if r.cfg.StatRunDelay != nil {
+		wait0 = r.cfg.StatRunDelay()
 	}
 	capture, err := r.fsm.Snapshot()
 	if err != nil {
 		r.tracef("node %d: disk snapshot: %v", r.self, err)
 		return
+	}
+	if r.cfg.StatRunDelay != nil {
+		d.work.CaptureRunDelay += max(r.cfg.StatRunDelay()-wait0, 0)
 	}
 	if r.cfg.StatCPUClock != nil {
 		// A goroutine moved to another thread mid-capture reads
@@ -835,6 +876,18 @@ func (r *Replica) diskSnapPoll() {
 	meta := snapMeta{index: r.index, table: append([]tableRec(nil), r.table...), keys: r.keys.capture()}
 	d.work.Meta += r.statNow() - t1
 	members, member, now := r.cfg.Members, s.member, r.now
+	spare := d.spareImg
+	d.spareImg = nil
+	if spare != nil {
+		d.imgReuses++
+		if r.knobs.poisonSpareImg {
+			p := spare[:cap(spare)]
+			for i := range p {
+				p[i] = 0xab
+			}
+		}
+	}
+	noClear := r.knobs.snapImgNoClear
 	r.tracef("node %d captures a disk snapshot at %v (index %d, %d bytes)", r.self, j.at, j.index, capture.Size())
 	// Close waits: the capture reads the FSM's memory, which its owner unmaps after Close
 	r.startPersist(persistDisk, func() {
@@ -842,7 +895,7 @@ func (r *Replica) diskSnapPoll() {
 		// The capture persists straight into the file image: the meta's
 		// length does not depend on the state's size and check word,
 		// which it records.
-		img, buf := snapImage(len(encodeSnapMeta(members, meta)), capture.Size())
+		img, buf := snapImageInto(spare, len(encodeSnapMeta(members, meta)), capture.Size(), noClear)
 		if err := capture.Persist(buf); err != nil {
 			j.err = err
 		} else {

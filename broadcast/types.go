@@ -308,6 +308,13 @@ type Config struct {
 	// capture's own work, without the time the thread waited for a
 	// processor. Operator's figures only, like StatClock.
 	StatCPUClock func() time.Duration
+	// StatRunDelay, if set, is the time the polling thread has waited
+	// on the OS's run queue (runnable, not running), read around each
+	// capture after StatCPUClock (SnapWork.CaptureRunDelay): of a
+	// capture's wall time, what neither its CPU nor this is, the thread
+	// slept (a page fault waiting, or the goroutine waiting for Go's
+	// scheduler). Operator's figures only.
+	StatRunDelay func() time.Duration
 }
 
 // Durability says what a replica keeps on disk (Config.Durability).

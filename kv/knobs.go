@@ -1,5 +1,7 @@
 package kv
 
+import "time"
+
 // testingKnobs are the planted bugs of this package's tests (STYLE.md: fault
 // knobs live in one unexported struct, as CockroachDB's TestingKnobs do),
 // with the little state a bug needs. Each switch breaks the table or the
@@ -113,6 +115,16 @@ type testingKnobs struct {
 	// once it holds its token); what it returns is called as the walk
 	// ends, before the token is given back.
 	onPersistWalk func() func()
+	// persistYieldCount (table): Persist's walk yields its processor
+	// every 4096 records whatever they cost (the rule before the time
+	// slice), so a slow walk holds it for milliseconds
+	// (TestPersistWalkSlices).
+	persistYieldCount bool
+	// walkClock (tests, not a bug): the clock of Persist's yields
+	// instead of rdma.Mono; onWalkYield: called at each of its yields
+	// with the records walked before it.
+	walkClock   func() time.Duration
+	onWalkYield func(recs int)
 	// onCloseWait (tests, not a bug): called by Close just before it
 	// waits for the Persist walks under way, with how many there are.
 	onCloseWait func(walking int)

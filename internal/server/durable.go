@@ -218,6 +218,7 @@ func (d *Durable) Apply(bc *broadcast.Config) {
 	bc.Durability, bc.WAL, bc.Recovery, bc.Snapshots, bc.SnapshotLogBytes = d.Mode, d.WAL, d.Recovery, d.Snapshots, d.SnapshotLogBytes
 	bc.StatClock = rdma.Mono // times the snapshot work in Poll (/status poll_max)
 	bc.StatCPUClock = d.cpuClock
+	bc.StatRunDelay = threadRunDelay
 	if d.FsyncInterval > 0 {
 		bc.FsyncInterval = d.FsyncInterval
 	}

@@ -32,9 +32,15 @@ type PollDetail struct {
 	// CaptureCPUUs is the polling thread's CPU time in the capture: its
 	// own work, without the time it waited for a processor.
 	CaptureCPUUs float64 `json:"capture_cpu_us"`
-	TableUs      float64 `json:"table_us"`
-	IndexUs      float64 `json:"index_us"`
-	OrderedUs    float64 `json:"ordered_us"`
+	// CaptureRunDelayUs is the polling thread's time in the capture
+	// runnable on the OS's run queue, not running (schedstat): what the
+	// OS's scheduler took. The rest of CaptureUs, less the CPU and this,
+	// the thread slept (a page fault waiting on a lock or the disk, or
+	// the goroutine waiting for Go's scheduler).
+	CaptureRunDelayUs float64 `json:"capture_run_delay_us"`
+	TableUs           float64 `json:"table_us"`
+	IndexUs           float64 `json:"index_us"`
+	OrderedUs         float64 `json:"ordered_us"`
 	// StoreUs: a persisted snapshot handed to the store, the log dropped
 	// below a durable one.
 	StoreUs float64 `json:"snap_store_us"`
@@ -80,6 +86,7 @@ func (s timedAsyncStable) Saved(dst []broadcast.StableSaved) []broadcast.StableS
 type pollMark struct {
 	delivered, walSeq, captures, saves uint64
 	capture, meta, store, cpu, stable  time.Duration
+	runDelay                           time.Duration
 	table, index, ordered              int64
 }
 
@@ -96,7 +103,7 @@ type pollStats struct {
 func (p *Replica) mark() pollMark {
 	b := p.r.Multicast().Broadcast()
 	sw, kw := b.SnapWork(), p.r.Table().SnapshotWork()
-	m := pollMark{delivered: b.Delivered(), captures: sw.Captures, capture: sw.Capture, meta: sw.Meta, store: sw.Store, cpu: sw.CaptureCPU,
+	m := pollMark{delivered: b.Delivered(), captures: sw.Captures, capture: sw.Capture, meta: sw.Meta, store: sw.Store, cpu: sw.CaptureCPU, runDelay: sw.CaptureRunDelay,
 		table: kw.Total, index: kw.Index, ordered: kw.Ordered}
 	if p.dur != nil {
 		m.walSeq = p.dur.WAL.NextSeq()
@@ -133,7 +140,7 @@ func (s *pollStats) note(now, d time.Duration, a, b pollMark) {
 // detail is a Poll of x µs between marks a and b.
 func detail(x float64, a, b pollMark) PollDetail {
 	return PollDetail{Us: x, Applied: b.delivered - a.delivered, WALRecords: b.walSeq - a.walSeq,
-		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), CaptureCPUUs: us(b.cpu - a.cpu), StableSaves: b.saves - a.saves, StableUs: us(b.stable - a.stable), StoreUs: us(b.store - a.store),
+		Captures: b.captures - a.captures, CaptureUs: us(b.capture - a.capture), MetaUs: us(b.meta - a.meta), CaptureCPUUs: us(b.cpu - a.cpu), CaptureRunDelayUs: us(b.runDelay - a.runDelay), StableSaves: b.saves - a.saves, StableUs: us(b.stable - a.stable), StoreUs: us(b.store - a.store),
 		TableUs: us(time.Duration(b.table - a.table)), IndexUs: us(time.Duration(b.index - a.index)),
 		OrderedUs: us(time.Duration(b.ordered - a.ordered))}
 }

@@ -80,6 +80,24 @@ func TestThreadCPU(t *testing.T) {
 	}
 }
 
+// TestRunDelayOf: the run delay is schedstat's second field, in ns (0
+// for a line it cannot read), and this thread's reads do not go back.
+func TestRunDelayOf(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want time.Duration
+	}{{"7764278 59631112 7\n", 59631112}, {"7764278\n", 0}, {"", 0}, {"1 x 2", 0}, {"1 -5 2", 0}} {
+		if got := runDelayOf([]byte(c.line)); got != c.want {
+			t.Errorf("runDelayOf(%q) = %v, want %v", c.line, got, c.want)
+		}
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if a, b := threadRunDelay(), threadRunDelay(); b < a {
+		t.Errorf("thread run delay %v then %v", a, b)
+	}
+}
+
 // TestCPUClockKeepsThread: from a capture's first CPU clock read
 // (Durable.cpuClock, broadcast's StatCPUClock) to the end of its Poll
 // (unlockThread) the polling goroutine stays on one thread, so the reads
