@@ -66,3 +66,26 @@ func TestSliceView(t *testing.T) {
 	}()
 	Slice[rec](buf, 5)
 }
+
+// TestPutPoisons: in test binaries a buffer put back is overwritten at
+// once, whether the pool keeps it or not (closed), so that a user that
+// kept an alias past its Put reads garbage in the restart tests.
+func TestPutPoisons(t *testing.T) {
+	for _, closed := range []bool{false, true} {
+		p := New(2)
+		if closed {
+			p.Close()
+		}
+		b := p.Get(64)
+		for i := range b {
+			b[i] = byte(i)
+		}
+		alias := b[8:16]
+		p.Put(b)
+		for i, c := range alias {
+			if c != 0xa5 {
+				t.Fatalf("closed %v: byte %d of an alias after Put is %#x, want the poison 0xa5", closed, i, c)
+			}
+		}
+	}
+}
