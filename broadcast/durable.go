@@ -793,7 +793,12 @@ type Recovery struct {
 // and the whole snapshot file for the replica's life (~145 MB of buffers
 // a replica after replaying a 1 M-record log): the entries the replica
 // keeps in its log hold only their own buffers, until they are pruned.
-func (rc *Recovery) release() { rc.recs, rc.snap = nil, nil }
+func (rc *Recovery) release() {
+	if rc.snap != nil {
+		rc.snap.recycle() // LoadForReuse's image: to the next replica's load
+	}
+	rc.recs, rc.snap = nil, nil
+}
 
 // Recover checks a log wal.Recover read back: every record is one this
 // package writes, well formed, diffs complete, and the log starts at its

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"unsafe"
 
-	"github.com/rdmakv/rdmakv/internal/prefault"
+	"github.com/rdmakv/rdmakv/internal/reuse"
 )
 
 // Placing a snapshot's records in a new index (Restore). The records come
@@ -45,12 +45,7 @@ const radixBits = 11
 // (2^log-1) (a stable LSD radix sort: records of one b1 stay in snapshot
 // order). The two buffers it uses are populated before they are written
 // (a fresh page's first write is the costly part on this project's VMs).
-func placeOrder(recs []restoreRec, log int) []placeRec {
-	n := len(recs)
-	a, b := make([]placeRec, n), make([]placeRec, n)
-	for _, s := range [][]placeRec{a, b} {
-		prefault.Populate(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), n*int(unsafe.Sizeof(placeRec{}))))
-	}
+func placeOrder(recs []restoreRec, log int, a, b []placeRec) []placeRec {
 	for k := range recs {
 		r := &recs[k]
 		a[k] = placeRec{h: r.h, version: r.version, ref: r.ref, k: uint32(k), size: uint32(r.size)}
@@ -81,8 +76,14 @@ func placeOrder(recs []restoreRec, log int) []placeRec {
 // on a key held twice (unless planted dupUnchecked). placed is false when
 // a key found its four buckets full (Restore tries again with twice the
 // buckets).
-func placeRecords(ng *gen, b []byte, recs []restoreRec, dupUnchecked bool) (placed bool, err error) {
-	ord := placeOrder(recs, ng.log)
+func placeRecords(ng *gen, b []byte, recs []restoreRec, dupUnchecked bool, scratch *reuse.Pool) (placed bool, err error) {
+	// The sort's two buffers: lent by scratch (the Restores before this
+	// one's), else fresh and populated before they are written.
+	n, size := len(recs), int(unsafe.Sizeof(placeRec{}))
+	bufA, bufB := scratch.Get(n*size), scratch.Get(n*size)
+	defer scratch.Put(bufA)
+	defer scratch.Put(bufB)
+	ord := placeOrder(recs, ng.log, reuse.Slice[placeRec](bufA, n), reuse.Slice[placeRec](bufB, n))
 	mask := uint64(1)<<ng.log - 1
 	for i := 0; i < len(ord); {
 		// The run of one first bucket: its records, sorted by hash, so

@@ -17,6 +17,7 @@ import (
 	"github.com/rdmakv/rdmakv/broadcast"
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/internal/prefault"
+	"github.com/rdmakv/rdmakv/internal/reuse"
 	"github.com/rdmakv/rdmakv/kv/fielded"
 	"github.com/rdmakv/rdmakv/rdma"
 )
@@ -101,6 +102,13 @@ type TableConfig struct {
 	// goroutines there); a kvserver replica sets DefaultPrefaultHeap.
 	// The cost is at most this much memory mapped before it is used.
 	PrefaultHeap int
+	// Scratch, if set, lends Restore its buffers (the snapshot's
+	// records and their placement order) and takes them back after:
+	// a process that builds its replicas one after another restores
+	// each into the buffers of the ones before (package reuse: first
+	// accesses to fresh buffers cost ~12 µs of CPU a page on this
+	// project's VMs). nil: fresh buffers each Restore.
+	Scratch *reuse.Pool
 }
 
 // DefaultPrefaultHeap is the PrefaultHeap a kvserver replica uses.
@@ -1651,8 +1659,9 @@ func (t *Table) Restore(b []byte) error {
 	if count > uint64(len(b))/(recHdr+8) {
 		return fmt.Errorf("%w: %d records in %d bytes", ErrSnapshot, count, len(b))
 	}
-	recs := make([]restoreRec, 0, count)
-	prefault.Populate(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(recs))), int(count)*int(unsafe.Sizeof(restoreRec{}))))
+	recBuf := t.cfg.Scratch.Get(int(count) * int(unsafe.Sizeof(restoreRec{})))
+	defer t.cfg.Scratch.Put(recBuf)
+	recs := reuse.Slice[restoreRec](recBuf, int(count))[:0]
 	// The heap the records will take, allocated as heap.alloc does from
 	// a reset heap: bump allocation from region 0.
 	hcur, hbump := 0, 0
@@ -1768,7 +1777,7 @@ func (t *Table) Restore(b []byte) error {
 		}
 		// Every bucket may take a slot: mapped at once (prefault).
 		prefault.Populate(ng.mem)
-		placed, err := placeRecords(&ng, b, recs, t.knobs.restoreDupUnchecked)
+		placed, err := placeRecords(&ng, b, recs, t.knobs.restoreDupUnchecked, t.cfg.Scratch)
 		if err != nil {
 			ng.region.Close()
 			return err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/broadcast"
+	"github.com/rdmakv/rdmakv/internal/reuse"
 	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/wal"
@@ -30,6 +31,10 @@ type DurableConfig struct {
 	// SegmentBytes is a log segment's preallocated size (default wal's,
 	// 64 MiB).
 	SegmentBytes int64
+
+	// images: the process's start reads disk snapshots into buffers of
+	// this pool (broadcast.LoadForReuse; nil: fresh buffers).
+	images *reuse.Pool
 }
 
 // ParseDurability reads a durability mode's name (memory, sync, async).
@@ -140,7 +145,7 @@ func OpenDurableShared(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg
 		return nil, fmt.Errorf("replica %d: the log in %s cannot be read (%v): %s", member, walDir, err, remedy(dir, group))
 	}
 	d.Warnings = append(d.Warnings, rec.Warnings...)
-	snap, warns, err := broadcast.LoadFor(fs, snapDir, rec)
+	snap, warns, err := broadcast.LoadForReuse(fs, snapDir, rec, cfg.images)
 	d.Warnings = append(d.Warnings, warns...)
 	if err != nil {
 		return nil, fmt.Errorf("replica %d: read the snapshots in %s: %v", member, snapDir, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/internal/reuse"
 	"github.com/rdmakv/rdmakv/internal/vfs"
 	"github.com/rdmakv/rdmakv/kv"
 	"github.com/rdmakv/rdmakv/poller"
@@ -188,6 +189,9 @@ type Process struct {
 	// started is the start's phases (startAll; read-only once
 	// StartProcess returned)
 	started StartStatus
+	// images and scratch lend the replicas built at the start the
+	// buffers of those built before them (startAll; closed after).
+	images, scratch *reuse.Pool
 	// shared is the process's one log (ProcessConfig.SharedLog); nil:
 	// none (each replica its own, or memory mode). Closed after every
 	// replica.
@@ -403,6 +407,14 @@ func (p *Process) startAll(want []replicaPos) error {
 		workers = DefaultRecoverWorkers()
 	}
 	workers = max(1, min(workers, len(ops)))
+	// The replicas built one after another reuse the buffers of those
+	// built before: the disk snapshots' images and Restore's scratch
+	// (package reuse; issue 19). Kept only for the start.
+	p.images, p.scratch = reuse.New(workers), reuse.New(3*workers)
+	defer func() {
+		p.images.Close()
+		p.scratch.Close()
+	}()
 	var (
 		wg     sync.WaitGroup
 		next   atomic.Int64
@@ -528,7 +540,9 @@ func (p *Process) build(o *opened) (*hosted, error) {
 			fsys = vfs.OS
 		}
 		t0 := time.Now()
-		dur, err = OpenDurableShared(fsys, p.cfg.ReplicaDir(id), id, g, p.cfg.Durable, node.Doorbell().Ring, p.shared)
+		dcfg := p.cfg.Durable
+		dcfg.images = p.images
+		dur, err = OpenDurableShared(fsys, p.cfg.ReplicaDir(id), id, g, dcfg, node.Doorbell().Ring, p.shared)
 		readTook = time.Since(t0)
 		if err != nil {
 			closeStable()
@@ -598,6 +612,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 	// in ahead of the bump pointer, off the polling goroutine (YCSB's
 	// load: the faults were 38% of the cluster's CPU, on the pollers).
 	rc.Table.PrefaultHeap = kv.DefaultPrefaultHeap
+	rc.Table.Scratch = p.scratch
 	// A backup marker (kv.BackupMarker) hands the table to the
 	// process's backups; one New replays from the log is ignored (its
 	// backup is long over), as sr is not set yet.
