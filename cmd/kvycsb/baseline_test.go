@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/rdmakv/rdmakv/internal/syncbuf"
 )
 
 // checkBaselineFrozen returns an error naming each Redis phase that ran
@@ -54,7 +56,9 @@ func TestBenchBaselineFrozen(t *testing.T) {
 		t.Run(fmt.Sprintf("keepClusterRunning=%v", planted), func(t *testing.T) {
 			benchKnobs.keepClusterRunning = planted
 			defer func() { benchKnobs.keepClusterRunning = false }()
-			var stdout, stderr bytes.Buffer
+			// stderr: the cluster's child writes to it too (exec's copier).
+			var stdout bytes.Buffer
+			var stderr syncbuf.Buffer
 			err := runBench([]string{"--records", "100", "--ops", "100", "--threads", "1", "--workloads", "a", "--load-threads", "2", "--progress", "0", "--json"}, &stdout, &stderr)
 			if err != nil {
 				t.Fatalf("bench: %v\nstderr:\n%s", err, stderr.String())
