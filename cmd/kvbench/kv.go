@@ -53,7 +53,9 @@ by go-redis v9 from the same number of goroutines. Without redis-server
 (apt-get install -y redis-server) the rdmakv rows are printed alone.
 
 Every run starts a fresh cluster (a new shm cluster name) and a fresh
-redis-server, then measures, rdmakv first and Redis right after it:
+redis-server, then measures, rdmakv first and Redis right after it (the
+get and put rows' Redis measurements with the replicas' process stopped,
+SIGSTOP, and resumed before rdmakv's next row: baseline_replicas):
 
   get-during-growth
            the load: --records keys written from empty, in batches of as
@@ -500,6 +502,11 @@ type kvstat struct {
 	retries    int
 	total      uint64 // ops completed, warm-up included
 	cost       opCost // per op of total
+	// replicas and replicasCPU (a Redis row): the replicas' processes'
+	// state letters at its start and end (T: stopped, basefreeze.go) and
+	// the CPU seconds they used meanwhile
+	replicas    string
+	replicasCPU float64
 }
 
 func (s *kvstat) load() float64    { return s.otherCPU }
@@ -1331,7 +1338,9 @@ func (e *kvEnv) rows(run int, stderr io.Writer, res *kvResults) {
 	}
 	// Redis's rows: the cost fields are ours only.
 	measureBase := func(threads int, mk func(g int) kvOp) (kvstat, error) {
-		return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) { return e.sample(tm, threads, mk, false) })
+		return e.frozen(func() (kvstat, error) {
+			return retryDisturbed("kv", o.commonFlags, stderr, func() (kvstat, error) { return e.sample(tm, threads, mk, false) })
+		})
 	}
 	getOp := func(s store, cons client.Consistency) func(int) kvOp {
 		return func(g int) kvOp {
@@ -1595,10 +1604,15 @@ type kvRow struct {
 	BaselineP99NS   int64   `json:"baseline_p99_ns"`
 	RatioOps        float64 `json:"ratio_ops"` // ops/s / Redis ops/s (median of per-run ratios)
 	RatioP50        float64 `json:"ratio_p50"` // p50 / Redis p50 (median of per-run ratios)
-	Runs            int     `json:"runs"`
-	N               uint64  `json:"n,omitempty"`
-	Retries         int     `json:"retries"`
-	OtherCPU        float64 `json:"other_cpu"`
+	// BaselineReplicas: "stopped" when the replicas' processes were
+	// stopped through every Redis measurement of the row (basefreeze.go),
+	// and the CPU seconds they used during one (median over runs).
+	BaselineReplicas     string  `json:"baseline_replicas,omitempty"`
+	BaselineReplicasCPUS float64 `json:"baseline_replicas_cpu_s,omitempty"`
+	Runs                 int     `json:"runs"`
+	N                    uint64  `json:"n,omitempty"`
+	Retries              int     `json:"retries"`
+	OtherCPU             float64 `json:"other_cpu"`
 	// Where the replicas ran: "embedded-kvserver" (--embedded) or
 	// "kvbench-child" (kvbench's own replicas' process); groups of 3.
 	Replicas string `json:"replicas"`
@@ -1757,6 +1771,8 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 			r.BaselineP99NS = int64(medianOf(based, func(p kvPair) float64 { return float64(p.base.p99) }))
 			r.RatioOps = medianOf(based, func(p kvPair) float64 { return ratio(p.ours.opsPerS, p.base.opsPerS) })
 			r.RatioP50 = medianOf(based, func(p kvPair) float64 { return ratio(float64(p.ours.p50), float64(p.base.p50)) })
+			r.BaselineReplicas = baselineReplicas(based)
+			r.BaselineReplicasCPUS = medianOf(based, func(p kvPair) float64 { return p.base.replicasCPU })
 		}
 		out = append(out, r)
 	}

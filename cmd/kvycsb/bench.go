@@ -48,7 +48,11 @@ rdmakv/Redis ratio.
 Each database is loaded once with --records records (--load-threads
 threads), then every workload runs at every thread count, --ops
 operations each, rdmakv first and Redis right after (so that both see the
-same machine), D after the others (its inserts add records). E comes last
+same machine), D after the others (its inserts add records). During
+each of Redis's phases the embedded cluster's process is stopped
+(SIGSTOP; SIGCONT after it, and the next rdmakv phase waits until every
+group serves again), so that the idle replicas take no CPU from the
+baseline; the output says so, with the cluster's CPU during them. E comes last
 of all, with a load of its own (the ordered keyspace; the hashes again
 and the index on Redis). ops/s = operations / wall time of the run, as
 YCSB's [OVERALL] throughput; a read-modify-write of F is one operation.
@@ -73,7 +77,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	groups := fs.Int("groups", 2, "embedded cluster: groups (shards)")
 	replicas := fs.Int("replicas", 3, "embedded cluster: replicas per group (odd)")
 	election := fs.Duration("election-timeout", time.Second, "embedded cluster: the replicas' election timeout")
-	heartbeat := fs.Duration("heartbeat", time.Millisecond, "embedded cluster: the replicas' heartbeat interval")
+	heartbeat := fs.Duration("heartbeat", 10*time.Millisecond, "embedded cluster: the replicas' heartbeat interval (kvserver's default, the cluster a user starts)")
 	spareP := fs.String("spare-p", cluster.SparePAuto, "embedded cluster: the pollers' spare P, as kvserver --spare-p: auto or off")
 	progress := fs.Duration("progress", 5*time.Second, "interval of progress lines on stderr during a phase (0: none)")
 	jsonOut := fs.Bool("json", false, "print the results as one JSON document instead of the table")
@@ -253,12 +257,34 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		if isRedisDB(env.name) {
 			p.Set("redis.addr", redisSrv.Addr)
 		}
+		// Redis's phases run with the cluster's process stopped, so
+		// that its idle replicas take no CPU from the baseline.
+		frozen := isRedisDB(env.name)
+		if frozen {
+			if err := rd.child.freeze(); err != nil {
+				return nil, fmt.Errorf("%s %s on %s: stop the rdmakv cluster: %w", ph, w, env.driver(), err)
+			}
+		}
+		during := rd.child.watch(frozen)
 		r, err := runPhase(ctx, phaseSpec{phase: ph, workload: w, db: env, props: p, progress: *progress, stderr: stderr, quiet: true})
+		during.end()
+		if frozen {
+			if terr := rd.child.thaw(ctx, rd.db.Client()); terr != nil && err == nil {
+				err = fmt.Errorf("resume the rdmakv cluster: %w", terr)
+			}
+		}
+		if r != nil {
+			r.Cluster = during
+		}
 		if err != nil {
 			return r, fmt.Errorf("%s %s on %s: %w", ph, w, env.driver(), err)
 		}
-		fmt.Fprintf(stderr, "kvycsb bench: %-4s %s %-12s %2d threads: %9.0f ops/s (%d ops in %.2f s, %d errors)\n",
-			ph, strings.ToUpper(w), env.driver(), r.Threads, r.OpsPerSec, r.Operations, r.Seconds, r.Errors)
+		note := fmt.Sprintf("the rdmakv cluster %.2f s CPU", during.CPUSeconds)
+		if frozen {
+			note = fmt.Sprintf("the rdmakv cluster stopped (state %s), %.2f s CPU", during.State, during.CPUSeconds)
+		}
+		fmt.Fprintf(stderr, "kvycsb bench: %-4s %s %-12s %2d threads: %9.0f ops/s (%d ops in %.2f s, %d errors; %s)\n",
+			ph, strings.ToUpper(w), env.driver(), r.Threads, r.OpsPerSec, r.Operations, r.Seconds, r.Errors, note)
 		return r, nil
 	}
 	var results []*phaseResult
@@ -313,6 +339,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		})
 	}
 	printTable(stdout, results, workloads, threads)
+	if redisSrv != nil {
+		fmt.Fprintf(stdout, "\norder: rdmakv's phase, then Redis's, per workload and thread count; %s\n", baselineNote(results))
+	}
 	fmt.Fprintf(stdout, "\n%d records, %d operations a run; %d CPUs; load average after the run: %s; took %v\n",
 		*records, *ops, numCPU(), load, time.Since(start).Round(time.Second))
 	return nil
@@ -478,4 +507,26 @@ func loadAvg() (string, error) {
 		return "unknown", nil
 	}
 	return strings.Join(f[:3], " "), nil
+}
+
+// baselineNote says how Redis's phases ran: with the embedded cluster's
+// process stopped, and the CPU it used during them (0 when stopped).
+func baselineNote(results []*phaseResult) string {
+	var cpu float64
+	var running []string
+	n := 0
+	for _, r := range results {
+		if !isRedisDB(r.DB) || r.Cluster == nil {
+			continue
+		}
+		n++
+		cpu += r.Cluster.CPUSeconds
+		if !r.Cluster.stopped() {
+			running = append(running, fmt.Sprintf("%s %s x%d (state %s)", r.Phase, strings.ToUpper(r.Workload), r.Threads, r.Cluster.State))
+		}
+	}
+	if len(running) > 0 {
+		return fmt.Sprintf("Redis's phases ran beside a running rdmakv cluster: %s; its CPU during Redis's %d phases: %.2f s", strings.Join(running, ", "), n, cpu)
+	}
+	return fmt.Sprintf("Redis's %d phases ran with the rdmakv cluster's process stopped (SIGSTOP), %.2f s of its CPU during them; kvycsb's idle rdmakv client stays open", n, cpu)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -9,8 +10,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
+	"github.com/rdmakv/rdmakv/internal/kvproc"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/rdma/shm"
@@ -84,4 +87,88 @@ func (c *childCluster) close() {
 		c.node = nil
 	}
 	c.ch.Close(10 * time.Second)
+}
+
+// clusterDuring is what the embedded cluster's process did during a
+// phase, from /proc/<pid>/stat: its state letter at the phase's start
+// and end (T: stopped) and the CPU it used meanwhile.
+type clusterDuring struct {
+	Pid        int     `json:"pid"`
+	Frozen     bool    `json:"frozen"` // bench stopped it for the phase (SIGSTOP)
+	State      string  `json:"state"`  // the letters at the start and the end, e.g. "TT"
+	CPUSeconds float64 `json:"cpu_seconds"`
+	ticks0     uint64
+}
+
+// clkTck is the kernel's USER_HZ, the unit of /proc/<pid>/stat's times
+// (100 on every Linux port Go supports).
+const clkTck = 100
+
+// watch starts a clusterDuring of the child's process.
+func (c *childCluster) watch(frozen bool) *clusterDuring {
+	d := &clusterDuring{Pid: c.ch.Pid(), Frozen: frozen}
+	t, s, err := kvproc.CPUTime(d.Pid)
+	if err != nil {
+		s = '?'
+	}
+	d.ticks0, d.State = t, string(s)
+	return d
+}
+
+// end completes d at the end of the phase.
+func (d *clusterDuring) end() {
+	t, s, err := kvproc.CPUTime(d.Pid)
+	if err != nil {
+		d.State += "?"
+		return
+	}
+	d.State += string(s)
+	d.CPUSeconds = float64(t-d.ticks0) / clkTck
+}
+
+// stopped reports whether the process was stopped at both ends.
+func (d *clusterDuring) stopped() bool { return d.State == "TT" }
+
+// freeze stops the cluster's process (a Redis phase runs without it).
+func (c *childCluster) freeze() error {
+	if benchKnobs.keepClusterRunning {
+		return nil
+	}
+	return kvproc.Freeze(c.ch.Pid())
+}
+
+// thaw resumes the cluster's process and returns once every group serves
+// a linearizable read again: a replica whose heartbeats paused may first
+// stand for election, and the next rdmakv phase must not measure that.
+func (c *childCluster) thaw(ctx context.Context, cl *client.Client) error {
+	if benchKnobs.keepClusterRunning {
+		return nil
+	}
+	if err := kvproc.Thaw(c.ch.Pid()); err != nil {
+		return err
+	}
+	return waitServes(ctx, cl, 30*time.Second)
+}
+
+// waitServes waits up to timeout until a linearizable read of each of 16
+// keys (spread over the groups by the hash) succeeds or finds no key.
+func waitServes(ctx context.Context, cl *client.Client, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for i := range 16 {
+		key := []byte(fmt.Sprintf("kvycsb-probe-%d", i))
+		for {
+			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := cl.GetItem(rctx, key, client.Linearizable)
+			rcancel()
+			if err == nil || errors.Is(err, client.ErrNotFound) {
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("the cluster does not serve after its thaw: %w", err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return nil
 }

@@ -199,7 +199,7 @@ func newFlags(out io.Writer) *flags {
 	fs.IntVar(&f.groups, "groups", 2, "with --embedded: groups (shards)")
 	fs.IntVar(&f.replicas, "replicas", 3, "with --embedded: replicas per group (odd)")
 	fs.DurationVar(&f.election, "election-timeout", time.Second, "with --embedded: the replicas' election timeout (long, so that a descheduled leader is not voted out mid-run)")
-	fs.DurationVar(&f.heartbeat, "heartbeat", time.Millisecond, "with --embedded: the replicas' heartbeat interval (broadcast's default; kvserver's is 10 ms, to idle cheaply)")
+	fs.DurationVar(&f.heartbeat, "heartbeat", 10*time.Millisecond, "with --embedded: the replicas' heartbeat interval (kvserver's default, the cluster a user starts)")
 	fs.StringVar(&f.spareP, "spare-p", cluster.SparePAuto, "with --embedded: the replicas' pollers' spare P, as kvserver --spare-p: auto (GOMAXPROCS one above the pollers while a stream is dense) or off")
 	fs.IntVar(&f.interval, "interval", 10, "seconds between go-ycsb's interim summaries (measurement.interval)")
 	fs.DurationVar(&f.progress, "progress", 3*time.Second, "interval of the progress lines on stderr (0: none)")

@@ -195,6 +195,9 @@ type phaseResult struct {
 	// client combined into one message.
 	WriteOps      uint64 `json:"write_ops,omitempty"`
 	WriteMessages uint64 `json:"write_messages,omitempty"`
+	// Cluster (bench) is the embedded cluster's process during the
+	// phase: stopped during Redis's phases.
+	Cluster *clusterDuring `json:"cluster,omitempty"`
 }
 
 type opStats struct {

@@ -1,0 +1,47 @@
+package kvproc
+
+import (
+	"fmt"
+	"syscall"
+	"time"
+)
+
+// Freeze stops process pid (SIGSTOP) and returns once /proc shows it
+// stopped (state T), so that a benchmark's baseline runs with none of the
+// process's CPU taken from it; Thaw resumes it. The process keeps its
+// memory, sockets and shm: a frozen cluster serves again after Thaw (its
+// replicas may first hold an election, their heartbeats having paused).
+// A stopped process still dies of SIGKILL.
+func Freeze(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("kvproc: stop process %d: %w", pid, err)
+	}
+	return waitState(pid, func(s byte) bool { return s == 'T' }, "stopped")
+}
+
+// Thaw resumes a process Freeze stopped (SIGCONT) and returns once /proc
+// no longer shows it stopped.
+func Thaw(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		return fmt.Errorf("kvproc: continue process %d: %w", pid, err)
+	}
+	return waitState(pid, func(s byte) bool { return s != 'T' }, "running")
+}
+
+// waitState waits up to 10 s for pid's state letter to satisfy ok.
+func waitState(pid int, ok func(byte) bool, want string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, s, err := CPUTime(pid)
+		if err != nil {
+			return err
+		}
+		if ok(s) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kvproc: process %d not %s after 10 s (state %c)", pid, want, s)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
