@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -255,23 +254,7 @@ func LoadForReuse(fs vfs.FS, dir string, rec *wal.Recovered, pool *reuse.Pool) (
 // readImage reads the file at p whole into a buffer of pool (nil: a new
 // one).
 func readImage(fs vfs.FS, p string, pool *reuse.Pool) ([]byte, error) {
-	if pool == nil {
-		return vfs.ReadFile(fs, p)
-	}
-	f, err := fs.OpenFile(p, os.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	b := pool.Get(int(st.Size()))
-	n, err := f.ReadAt(b, 0)
-	if err == io.EOF && n == len(b) {
-		err = nil
-	}
+	b, err := vfs.ReadFileInto(fs, p, pool.Get)
 	if err != nil {
 		pool.Put(b)
 		return nil, err

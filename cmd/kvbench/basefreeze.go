@@ -68,25 +68,15 @@ func (e *kvEnv) thaw(pids []int) error {
 	if err != nil || e.c == nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	defer cancel()
 	key := make([]byte, kvKeySize)
-	for i := range 16 {
+	return kvproc.WaitServes(e.ctx, 30*time.Second, func(ctx context.Context, i int) error {
 		fillKey(key, i)
-		for {
-			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := e.c.GetItem(rctx, key, client.Linearizable)
-			rcancel()
-			if err == nil || errors.Is(err, client.ErrNotFound) {
-				break
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("the cluster does not serve after its thaw: %w", err)
-			}
-			time.Sleep(5 * time.Millisecond)
+		_, err := e.c.GetItem(ctx, key, client.Linearizable)
+		if errors.Is(err, client.ErrNotFound) {
+			return nil
 		}
-	}
-	return nil
+		return err
+	})
 }
 
 // baselineReplicas is a row's baseline_replicas: "stopped" when the

@@ -153,22 +153,11 @@ func (c *childCluster) thaw(ctx context.Context, cl *client.Client) error {
 // waitServes waits up to timeout until a linearizable read of each of 16
 // keys (spread over the groups by the hash) succeeds or finds no key.
 func waitServes(ctx context.Context, cl *client.Client, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for i := range 16 {
-		key := []byte(fmt.Sprintf("kvycsb-probe-%d", i))
-		for {
-			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := cl.GetItem(rctx, key, client.Linearizable)
-			rcancel()
-			if err == nil || errors.Is(err, client.ErrNotFound) {
-				break
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("the cluster does not serve after its thaw: %w", err)
-			}
-			time.Sleep(5 * time.Millisecond)
+	return kvproc.WaitServes(ctx, timeout, func(ctx context.Context, i int) error {
+		_, err := cl.GetItem(ctx, []byte(fmt.Sprintf("kvycsb-probe-%d", i)), client.Linearizable)
+		if errors.Is(err, client.ErrNotFound) {
+			return nil
 		}
-	}
-	return nil
+		return err
+	})
 }

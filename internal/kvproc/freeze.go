@@ -1,6 +1,7 @@
 package kvproc
 
 import (
+	"context"
 	"fmt"
 	"syscall"
 	"time"
@@ -44,4 +45,29 @@ func waitState(pid int, ok func(byte) bool, want string) error {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// WaitServes waits up to timeout until read(ctx, i) succeeds for each i
+// of 16 (the caller's keys, spread over the groups: a linearizable read
+// that succeeds or finds no key), each try bounded by 2 s, so that a
+// thawed cluster serves every group again before the next measurement
+// (a replica whose heartbeats paused may first stand for election).
+func WaitServes(ctx context.Context, timeout time.Duration, read func(ctx context.Context, i int) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for i := range 16 {
+		for {
+			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+			err := read(rctx, i)
+			rcancel()
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("the cluster does not serve after its thaw: %w", err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return nil
 }

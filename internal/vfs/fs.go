@@ -46,6 +46,21 @@ type File interface {
 
 // ReadFile reads the whole of name.
 func ReadFile(fs FS, name string) ([]byte, error) {
+	return ReadFileInto(fs, name, func(n int) []byte {
+		b := make([]byte, n)
+		if n >= 1<<20 {
+			// A snapshot file: its pages mapped at once, not one fault a
+			// page in the read (issue 19).
+			prefault.Populate(b)
+		}
+		return b
+	})
+}
+
+// ReadFileInto reads the whole of name into get(its size): the bytes read,
+// and on an error the buffer get gave (nil if it was not called), for its
+// owner to take back.
+func ReadFileInto(fs FS, name string, get func(n int) []byte) ([]byte, error) {
 	f, err := fs.OpenFile(name, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
@@ -55,12 +70,7 @@ func ReadFile(fs FS, name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := make([]byte, st.Size())
-	if len(b) >= 1<<20 {
-		// A snapshot file: its pages mapped at once, not one fault a
-		// page in the read (issue 19).
-		prefault.Populate(b)
-	}
+	b := get(int(st.Size()))
 	n, err := f.ReadAt(b, 0)
 	if err == io.EOF && int64(n) == st.Size() {
 		err = nil
