@@ -60,8 +60,8 @@ type gatherState struct {
 	// polled without an eager record (GatherPassed).
 	passed uint64
 
-	// The rule before groups (knob gatherRound, TestGroupCommitOneFsync's
-	// planted bug): a round runs from one idle batch's first record (its
+	// The rule before groups, kept only while the planted knob
+	// gatherRound is on (TestGroupCommitOneFsync): a round runs from one idle batch's first record (its
 	// starter's) to the next's; round: the streams with eager records in
 	// the round so far; follows[i]: those of the last round stream i
 	// started; expect: the current round's starter's. The batch waits
@@ -111,11 +111,13 @@ func (m *Mux) noteEager(s *Stream) {
 		// batch is stale: its openFirst was lower)
 		gs.batch, gs.set, gs.want = w.openFirst, 0, 0
 		gs.idle = w.cur == nil || m.knobs.gatherWhileBusy
-		if gs.idle {
+		if gs.idle && m.knobs.gatherRound {
 			gs.newRound(s)
 		}
 	}
-	gs.round |= bit
+	if m.knobs.gatherRound {
+		gs.round |= bit
+	}
 	if bit != 0 && gs.set&gs.mates[s.idx] == 0 {
 		// the group's first record in the batch: its other streams may
 		// follow within one Poll of theirs

@@ -58,7 +58,7 @@ type Config struct {
 	// GatherWindow (Sync mode, a Mux's log only; 0: off): a batch whose
 	// first eager record was appended while no batch was in flight may
 	// wait for the other streams of its records' groups (Mux.noteEager,
-	// gather.go: until each appended or was polled once without), at
+	// gather.go: until each appended or was polled through one whole Poll without), at
 	// most this long from the first Poll that would have started it. At
 	// one writer the leader's record would otherwise start a batch alone
 	// and its followers' records, a Poll later, would wait for that
