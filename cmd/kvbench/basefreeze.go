@@ -35,21 +35,10 @@ func (e *kvEnv) frozen(f func() (kvstat, error)) (kvstat, error) {
 			}
 		}
 	}
-	var t0 uint64
-	var states strings.Builder
-	for _, pid := range e.reps {
-		t, s, _ := kvproc.CPUTime(pid)
-		t0 += t
-		states.WriteByte(s)
-	}
+	during := kvproc.Watch(e.reps...)
 	st, err := f()
-	var t1 uint64
-	for _, pid := range e.reps {
-		t, s, _ := kvproc.CPUTime(pid)
-		t1 += t
-		states.WriteByte(s)
-	}
-	st.replicas, st.replicasCPU = states.String(), float64(t1-t0)/100 // USER_HZ
+	during.End()
+	st.replicas, st.replicasCPU = during.State, during.CPUSeconds
 	if !baseKnobs.keepReplicasRunning {
 		if terr := e.thaw(e.reps); terr != nil && err == nil {
 			err = terr
@@ -85,7 +74,7 @@ func (e *kvEnv) thaw(pids []int) error {
 func baselineReplicas(ps []kvPair) string {
 	var seen []string
 	for _, p := range ps {
-		if strings.Trim(p.base.replicas, "T") != "" || p.base.replicas == "" {
+		if !kvproc.Stopped(p.base.replicas) {
 			seen = append(seen, p.base.replicas)
 		}
 	}

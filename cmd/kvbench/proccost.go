@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rdmakv/rdmakv/internal/kvproc"
 	"github.com/rdmakv/rdmakv/rdma"
 )
 
@@ -30,8 +31,8 @@ import (
 // deltas are divided by every op the measurement completed (warm-up
 // included), not only the timed ones.
 
-// userHZ is the unit of /proc/PID/stat's times: USER_HZ, 100 on Linux.
-const userHZ = 100
+// userHZ is the unit of /proc/PID/stat's times.
+const userHZ = kvproc.UserHZ
 
 // procCounters are one process's wake-up and CPU counters.
 type procCounters struct {

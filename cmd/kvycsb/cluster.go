@@ -90,44 +90,29 @@ func (c *childCluster) close() {
 }
 
 // clusterDuring is what the embedded cluster's process did during a
-// phase, from /proc/<pid>/stat: its state letter at the phase's start
-// and end (T: stopped) and the CPU it used meanwhile.
+// phase (kvproc.During): its state letters at the phase's start and end
+// (T: stopped) and the CPU it used meanwhile.
 type clusterDuring struct {
-	Pid        int     `json:"pid"`
-	Frozen     bool    `json:"frozen"` // bench stopped it for the phase (SIGSTOP)
-	State      string  `json:"state"`  // the letters at the start and the end, e.g. "TT"
-	CPUSeconds float64 `json:"cpu_seconds"`
-	ticks0     uint64
+	Pid        int            `json:"pid"`
+	Frozen     bool           `json:"frozen"` // bench stopped it for the phase (SIGSTOP)
+	State      string         `json:"state"`  // the letters at the start and the end, e.g. "TT"
+	CPUSeconds float64        `json:"cpu_seconds"`
+	d          *kvproc.During // nil once decoded from JSON
 }
-
-// clkTck is the kernel's USER_HZ, the unit of /proc/<pid>/stat's times
-// (100 on every Linux port Go supports).
-const clkTck = 100
 
 // watch starts a clusterDuring of the child's process.
 func (c *childCluster) watch(frozen bool) *clusterDuring {
-	d := &clusterDuring{Pid: c.ch.Pid(), Frozen: frozen}
-	t, s, err := kvproc.CPUTime(d.Pid)
-	if err != nil {
-		s = '?'
-	}
-	d.ticks0, d.State = t, string(s)
-	return d
+	return &clusterDuring{Pid: c.ch.Pid(), Frozen: frozen, d: kvproc.Watch(c.ch.Pid())}
 }
 
 // end completes d at the end of the phase.
 func (d *clusterDuring) end() {
-	t, s, err := kvproc.CPUTime(d.Pid)
-	if err != nil {
-		d.State += "?"
-		return
-	}
-	d.State += string(s)
-	d.CPUSeconds = float64(t-d.ticks0) / clkTck
+	d.d.End()
+	d.State, d.CPUSeconds = d.d.State, d.d.CPUSeconds
 }
 
 // stopped reports whether the process was stopped at both ends.
-func (d *clusterDuring) stopped() bool { return d.State == "TT" }
+func (d *clusterDuring) stopped() bool { return kvproc.Stopped(d.State) }
 
 // freeze stops the cluster's process (a Redis phase runs without it).
 func (c *childCluster) freeze() error {

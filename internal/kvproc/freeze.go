@@ -3,6 +3,7 @@ package kvproc
 import (
 	"context"
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -71,3 +72,49 @@ func WaitServes(ctx context.Context, timeout time.Duration, read func(ctx contex
 	}
 	return nil
 }
+
+// UserHZ is the unit of /proc/<pid>/stat's times (USER_HZ: 100 on every
+// Linux port Go supports).
+const UserHZ = 100
+
+// During is what processes did over a span (a baseline's measurement):
+// their state letters at its start and at its end (T: stopped), and the
+// CPU they used meanwhile. Watch starts it, End completes it.
+type During struct {
+	State      string
+	CPUSeconds float64
+	pids       []int
+	ticks0     uint64
+}
+
+// Watch starts a During of pids (a process /proc cannot read shows '?').
+func Watch(pids ...int) *During {
+	d := &During{pids: pids}
+	d.ticks0 = d.sample()
+	return d
+}
+
+// End completes d at the end of the span.
+func (d *During) End() {
+	t := d.sample()
+	d.CPUSeconds = float64(t-min(t, d.ticks0)) / UserHZ
+}
+
+func (d *During) sample() (ticks uint64) {
+	for _, pid := range d.pids {
+		t, s, err := CPUTime(pid)
+		if err != nil {
+			s = '?'
+		}
+		ticks += t
+		d.State += string(s)
+	}
+	return ticks
+}
+
+// Stopped reports whether every process was stopped at both ends.
+func (d *During) Stopped() bool { return Stopped(d.State) }
+
+// Stopped reports whether a During's State says stopped throughout: some
+// letters, all T.
+func Stopped(state string) bool { return state != "" && strings.Trim(state, "T") == "" }
