@@ -121,9 +121,10 @@ func (s *SharedLog) setClock(now func() time.Duration) {
 
 // SharedLogGather is the shared log's wal.Config.GatherWindow in sync mode.
 // A batch holding a group's record waits for the group's other replicas
-// in this process until each appended or was polled once without (the
-// gather, wal/gather.go: no clock); the window only bounds a hold on a
-// replica that is not polled at all (stopped on a disk error, paused).
+// in this process until each appended or was polled through one whole
+// Poll without (the gather, wal/gather.go: no clock); the window only
+// bounds a hold on a replica that is not polled at all (stopped on a disk
+// error, paused).
 // It was the whole rule before (50 us): when the followers came in the
 // poller's next pass and the pass took longer, their records missed
 // the leader's batch and a commit waited for two fsyncs.
