@@ -220,6 +220,31 @@ func BenchmarkNodeCheck(b *testing.B) {
 // benchmark thread's CPU time per insert on one replica; splits/k the
 // leaf splits per 1000 inserts.
 func BenchmarkStoreApplyBatch(b *testing.B) {
+	for _, replicas := range []int{1, 3} {
+		for _, mode := range []string{"get", "blind", "off", "batch"} {
+			b.Run(fmt.Sprintf("replicas=%d/%s", replicas, mode), func(b *testing.B) {
+				benchStoreApply(b, Config{}, replicas, mode)
+			})
+		}
+	}
+}
+
+// BenchmarkStoreApplyNodeSize is BenchmarkStoreApplyBatch's
+// replicas=3/batch at node sizes of 1, 2, 4 and 8 KiB (keys of at most
+// 64 bytes, so that 1 KiB nodes are valid; kvbench's keys are 17). Run
+// with -count N to alternate the sizes in the same minutes. nodes/k is
+// the arena's new slots per 1000 inserts, pages/k the same in pages.
+func BenchmarkStoreApplyNodeSize(b *testing.B) {
+	for _, size := range []int{1024, 2048, 4096, 8192} {
+		b.Run(fmt.Sprintf("node=%d", size), func(b *testing.B) {
+			benchStoreApply(b, Config{NodeSize: size, MaxKey: 64}, 3, "batch")
+		})
+	}
+}
+
+// benchStoreApply is the body of BenchmarkStoreApplyBatch for one
+// geometry, replica count and mode.
+func benchStoreApply(b *testing.B, tree Config, replicas int, mode string) {
 	const n, msgs, per = 100_000, 16, 4
 	key := func(dst []byte, i int) []byte {
 		dst = append(dst[:0], 1, 'k')
@@ -233,81 +258,80 @@ func BenchmarkStoreApplyBatch(b *testing.B) {
 		return dst
 	}
 	val := make([]byte, 100)
-	for _, replicas := range []int{1, 3} {
-		for _, mode := range []string{"get", "blind", "off", "batch"} {
-			b.Run(fmt.Sprintf("replicas=%d/%s", replicas, mode), func(b *testing.B) {
-				stores := make([]*Store, replicas)
-				for r := range stores {
-					s, err := NewStore(StoreConfig{Tablets: []Tablet{All}, MaxChunks: 64, ChunkSlots: 4096}, nil)
-					if err != nil {
-						b.Fatal(err)
-					}
-					stores[r] = s
-					s.knobs.noBlindPut = mode == "get"
-					s.t.knobs.noPrefetch = mode == "off"
-					ops := make([]Op, MaxMulti)
-					idx := uint64(1)
-					for i := 0; i < n; i += MaxMulti {
-						for j := range ops {
-							ops[j] = Op{Kind: OpPut, Key: key(nil, i+j), Value: val}
-						}
-						idx++
-						s.Apply(idx, AppendMulti(nil, ops))
-					}
-				}
-				rng := rand.New(rand.NewPCG(7, 7))
-				reqs := make([][]byte, msgs)
-				ops := make([]Op, per)
-				for i := range ops {
-					ops[i] = Op{Kind: OpPut, Value: val}
-				}
-				idx := uint64(1 << 20)
-				applyBatch := func() {
-					for m := range reqs {
-						for j := range ops {
-							k := key(ops[j].Key, rng.IntN(n))
-							k[len(k)-1] = byte('a' + rng.IntN(26))
-							ops[j].Key = k
-						}
-						reqs[m] = AppendMulti(reqs[m][:0], ops)
-					}
-					idx++
-					for _, s := range stores {
-						if mode == "batch" {
-							for _, req := range reqs {
-								s.Prefetch(req)
-							}
-							s.TouchBatch()
-						}
-						for _, req := range reqs {
-							s.Apply(idx, req)
-						}
-						s.Publish(idx)
-					}
-				}
-				// As kvbench's x1 insert row before its x64 row: 10 k
-				// inserts split the leaves that the ascending load left full.
-				for range 10_000 / (msgs * per) {
-					applyBatch()
-				}
-				splits0 := stores[0].Stats().LeafSplits
-				ins0 := stores[0].Stats().Inserts
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-				cpu0 := threadCPU()
-				inserts := 0
-				b.ReportAllocs()
-				for b.Loop() {
-					applyBatch()
-					inserts += msgs * per
-				}
-				cpu := threadCPU() - cpu0
-				st := stores[0].Stats()
-				b.ReportMetric(float64(cpu)/float64(inserts*replicas), "cpu-ns/insert")
-				b.ReportMetric(1000*float64(st.LeafSplits-splits0)/float64(max(st.Inserts-ins0, 1)), "splits/k")
-			})
+	stores := make([]*Store, replicas)
+	for r := range stores {
+		s, err := NewStore(StoreConfig{Tree: tree, Tablets: []Tablet{All}, MaxChunks: min(127, 64*4096/tree.withDefaults().NodeSize), ChunkSlots: 4096}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		stores[r] = s
+		s.knobs.noBlindPut = mode == "get"
+		s.t.knobs.noPrefetch = mode == "off"
+		ops := make([]Op, MaxMulti)
+		idx := uint64(1)
+		for i := 0; i < n; i += MaxMulti {
+			for j := range ops {
+				ops[j] = Op{Kind: OpPut, Key: key(nil, i+j), Value: val}
+			}
+			idx++
+			s.Apply(idx, AppendMulti(nil, ops))
 		}
 	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	reqs := make([][]byte, msgs)
+	ops := make([]Op, per)
+	for i := range ops {
+		ops[i] = Op{Kind: OpPut, Value: val}
+	}
+	idx := uint64(1 << 20)
+	applyBatch := func() {
+		for m := range reqs {
+			for j := range ops {
+				k := key(ops[j].Key, rng.IntN(n))
+				k[len(k)-1] = byte('a' + rng.IntN(26))
+				ops[j].Key = k
+			}
+			reqs[m] = AppendMulti(reqs[m][:0], ops)
+		}
+		idx++
+		for _, s := range stores {
+			if mode == "batch" {
+				for _, req := range reqs {
+					s.Prefetch(req)
+				}
+				s.TouchBatch()
+			}
+			for _, req := range reqs {
+				s.Apply(idx, req)
+			}
+			s.Publish(idx)
+		}
+	}
+	// As kvbench's x1 insert row before its x64 row: 10 k
+	// inserts split the leaves that the ascending load left full.
+	for range 10_000 / (msgs * per) {
+		applyBatch()
+	}
+	splits0 := stores[0].Stats().LeafSplits
+	ins0 := stores[0].Stats().Inserts
+	slots0 := stores[0].a.Slots()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0 := threadCPU()
+	inserts := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		applyBatch()
+		inserts += msgs * per
+	}
+	cpu := threadCPU() - cpu0
+	st := stores[0].Stats()
+	ins := float64(max(st.Inserts-ins0, 1))
+	b.ReportMetric(float64(cpu)/float64(inserts*replicas), "cpu-ns/insert")
+	b.ReportMetric(1000*float64(st.LeafSplits-splits0)/ins, "splits/k")
+	newSlots := float64(stores[0].a.Slots() - slots0)
+	b.ReportMetric(1000*newSlots/ins, "nodes/k")
+	b.ReportMetric(1000*newSlots*float64(stores[0].cfg.Tree.NodeSize)/4096/ins, "pages/k")
 }
 
 // threadCPU is the calling thread's CPU time in nanoseconds.

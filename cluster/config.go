@@ -315,7 +315,7 @@ type SlotRange struct {
 //	[[keyspace]]
 //	name = "users"
 //	kind = "ordered"
-//	node_size = "4KiB"   # optional
+//	node_size = "4KiB"   # optional, the default (docs/btree.md: why)
 //	splits = ["user3", "user6"]   # optional: split points
 //	uniform_splits = 8             # optional, instead: 8 tablets over
 //	split_prefix = "user"          #   "user" + decimal digits

@@ -106,6 +106,7 @@ type btreeFlags struct {
 	kvserver   string
 	rows       []string // of btreeRowNames
 	insertPct  int
+	nodeSize   int
 }
 
 var btreeRowNames = []string{"memory", "lookup", "mixed", "scan", "put", "insert", "cold"}
@@ -132,6 +133,7 @@ func parseBTreeFlags(args []string, stderr io.Writer) (*btreeFlags, error) {
 	fs.StringVar(&o.kvserver, "kvserver", "", "--embedded: the kvserver `binary` to run (default: go build it from this module)")
 	rows := fs.String("rows", "", "comma-separated measurements: memory, lookup, mixed, scan, put, insert, cold (default all)")
 	fs.IntVar(&o.insertPct, "insert-pct", 5, "percent of inserts among the mixed row's lookups")
+	nodeSize := fs.String("node-size", "", "the ordered keyspace's node `size` (e.g. 2KiB; default the cluster's, 4 KiB); below what keys of 255 bytes need, the cluster's max_key is 64")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -153,6 +155,19 @@ func parseBTreeFlags(args []string, stderr io.Writer) (*btreeFlags, error) {
 	}
 	if !o.embedded && set["kvserver"] {
 		return nil, errors.New("btree: --kvserver goes with --embedded")
+	}
+	if *nodeSize != "" {
+		if o.embedded {
+			return nil, errors.New("btree: --node-size goes without --embedded")
+		}
+		n, err := cluster.ParseByteSize(*nodeSize)
+		if err == nil {
+			err = (btree.Config{NodeSize: n, MaxKey: 64 + cluster.KeyspacePrefix}).Validate()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("btree: --node-size: %w", err)
+		}
+		o.nodeSize = n
 	}
 	if o.embedded && !set["groups"] {
 		o.groups = 2
@@ -188,7 +203,7 @@ func (o *btreeFlags) kvFlags() *kvFlags {
 	f := &kvFlags{commonFlags: o.commonFlags, records: o.records, threads: o.threads, putThreads: o.putThreads, putRows: []int{1, o.putThreads},
 		et: o.et, embedded: o.embedded, groups: o.groups, kvserver: o.kvserver, ordered: true}
 	if !o.embedded {
-		f.childGroups, f.orderedSplits = o.groups, btreeSplits(o.records, o.groups)
+		f.childGroups, f.orderedSplits, f.orderedNodeSize = o.groups, btreeSplits(o.records, o.groups), o.nodeSize
 	}
 	return f
 }

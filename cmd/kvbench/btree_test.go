@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -182,4 +183,43 @@ func TestBTreeGroupsQuick(t *testing.T) {
 		t.Fatalf("rows by op %v, want 2 insert (x1, x4) and 2 scan (both consistencies)", ops)
 	}
 	checkKVLeftovers(t, stderr.String())
+}
+
+// TestBTreeNodeSize runs kvbench btree --node-size 1KiB with the memory
+// and insert rows: the child's tree has the asked node size (the memory
+// row's node_size), although 1 KiB nodes cannot hold keys of 255 bytes
+// (the cluster's max_key is then 64), and inserts are measured. Sizes
+// that are not a node size, and --node-size with --embedded, are refused.
+func TestBTreeNodeSize(t *testing.T) {
+	args := []string{"btree", "--json", "--records", "2000", "--duration", "1ms", "--runs", "1", "--retries", "0",
+		"--put-threads", "4", "--rows", "memory,insert", "--node-size", "1KiB"}
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	}
+	ops := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil {
+			t.Fatalf("line %q is not JSON: %v", line, err)
+		}
+		switch obj["op"] {
+		case "memory":
+			if obj["node_size"] != float64(1024) || obj["keys"] != float64(2000) {
+				t.Errorf("memory row: node_size %v, keys %v; want 1024, 2000", obj["node_size"], obj["keys"])
+			}
+		case "insert":
+			positive(t, obj, "ops_per_s", "baseline_ops_per_s", "ratio_ops")
+		}
+		ops[fmt.Sprint(obj["op"])]++
+	}
+	if ops["memory"] != 1 || ops["insert"] != 2 {
+		t.Fatalf("rows by op %v, want 1 memory and 2 insert (x1, x4)", ops)
+	}
+	checkKVLeftovers(t, stderr.String())
+	for _, bad := range [][]string{{"--node-size", "1000"}, {"--node-size", "128"}, {"--node-size", "x"}, {"--embedded", "--node-size", "2KiB"}} {
+		if _, err := parseBTreeFlags(bad, io.Discard); err == nil || !strings.Contains(err.Error(), "--node-size") {
+			t.Errorf("btree %s: error %v, want one about --node-size", strings.Join(bad, " "), err)
+		}
+	}
 }

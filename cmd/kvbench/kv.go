@@ -22,6 +22,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
@@ -195,6 +196,9 @@ type kvFlags struct {
 	// groups of 3 replicas (0: 1) and the ordered keyspace's split points.
 	childGroups   int
 	orderedSplits []string
+	// orderedNodeSize: the ordered keyspace's node size in bytes (0: the
+	// default; kvbench btree --node-size)
+	orderedNodeSize int
 }
 
 // kvRowNames are --rows' names, in the order they are measured.
@@ -1131,7 +1135,12 @@ func (e *kvEnv) openChild() (err error) {
 	if o.ordered {
 		// kvbench btree: the ordered keyspace kvserver's embedded cluster
 		// declares, and a node for a second client (its cold rows).
-		e.m.Keyspaces = []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1, Splits: o.orderedSplits}}
+		e.m.Keyspaces = []cluster.Keyspace{{Name: cluster.DefaultOrderedKeyspace, Kind: cluster.KindOrdered, ID: 1, Splits: o.orderedSplits, NodeSize: o.orderedNodeSize}}
+		if o.orderedNodeSize > 0 && (btree.Config{NodeSize: o.orderedNodeSize, MaxKey: cluster.DefaultOrderedMaxKey + cluster.KeyspacePrefix}).Validate() != nil {
+			// Nodes too small for keys of 255 bytes: the cluster's keys
+			// are bounded at 64 bytes (kvbench's are 16).
+			e.m.Limits.MaxKey = 64
+		}
 		e.m.ClientNodes = append(e.m.ClientNodes, kvClientID+1)
 	}
 	if e.proc, err = startKVProc(e.m, o.et, o.spareP); err != nil {
