@@ -103,6 +103,7 @@ type GroupConfig struct {
 	holdNoSpare, holdUnbounded bool
 	holdSpins                  bool // planted: spin before a held park (spinBudget.spin)
 	spareStays                 bool // planted: a SpareP group keeps its spare P once taken
+	kickFirstOnly              bool // planted: Group.Kick wakes the first poller only
 	// procs, if set, replaces runtime.GOMAXPROCS (tests: the spare P's
 	// switches without changing the test process's)
 	procs    func(n int) int
@@ -228,6 +229,25 @@ func NewGroup(cfg GroupConfig) *Group {
 		g.ps = append(g.ps, p)
 	}
 	return g
+}
+
+// Kick wakes every poller of the group once (its WaitSet's Kick: an
+// atomic add, and a futex wake only if it is parked), so that each runs a
+// pass over all its tasks. For an event that concerns every task at once,
+// such as the process's shared log's fsync completion (every replica's
+// stream moved): ringing each task's doorbell instead costs a system call
+// per task, and when the woken poller runs a pass and parks again between
+// two rings, a wake-up per ring (internal/server's shared log).
+func (g *Group) Kick() {
+	for i, p := range g.ps {
+		if i > 0 && g.cfg.kickFirstOnly {
+			break
+		}
+		p.mu.Lock()
+		ws := p.ws
+		p.mu.Unlock()
+		ws.Kick()
+	}
 }
 
 // WatchOver is GroupConfig.WatchOver.

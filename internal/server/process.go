@@ -304,7 +304,8 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 		p.Close()
 		return nil, err
 	}
-	p.shared.setClock(p.pollers.Now) // the device's Continue polls in the pollers' time
+	p.shared.setClock(p.pollers.Now)    // the device's Continue polls in the pollers' time
+	p.shared.setPollers(p.pollers.Kick) // and its completion wakes each poller once
 	// Watch reads every replica's full status 50 times a second to log
 	// role changes (at Info and Warn): with a log that drops those
 	// lines it would only cost CPU and allocations (an allocation test
