@@ -79,6 +79,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	election := fs.Duration("election-timeout", time.Second, "embedded cluster: the replicas' election timeout")
 	heartbeat := fs.Duration("heartbeat", 10*time.Millisecond, "embedded cluster: the replicas' heartbeat interval (kvserver's default, the cluster a user starts)")
 	spareP := fs.String("spare-p", cluster.SparePAuto, "embedded cluster: the pollers' spare P, as kvserver --spare-p: auto or off")
+	shmDir := fs.String("shm-dir", "/dev/shm", "embedded cluster: the directory of its shared-memory files (a tmpfs; one mounted with huge pages: docs/operations.md, Huge pages)")
 	progress := fs.Duration("progress", 5*time.Second, "interval of progress lines on stderr during a phase (0: none)")
 	jsonOut := fs.Bool("json", false, "print the results as one JSON document instead of the table")
 	var extra multiFlag
@@ -198,7 +199,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	loadProps.Set(prop.ThreadCount, strconv.Itoa(*loadThreads))
-	rd, err := openRdmakv(ctx, loadProps, true, embeddedConfig{*groups, *replicas, *heartbeat, *election, *spareP}, stderr)
+	rd, err := openRdmakv(ctx, loadProps, true, embeddedConfig{*groups, *replicas, *heartbeat, *election, *spareP, *shmDir}, stderr)
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,7 @@ type childCluster struct {
 // startChildCluster starts the cluster of ec in a child process and opens
 // the client slot's shm node.
 func startChildCluster(ctx context.Context, ec embeddedConfig, stderr io.Writer) (*childCluster, error) {
-	m := embeddedMap(ec.groups, ec.replicas)
+	m := embeddedMap(ec.groups, ec.replicas, ec.shmDir)
 	if err := m.Fill(); err != nil {
 		return nil, err
 	}

@@ -75,7 +75,10 @@ func runBin(t *testing.T, timeout time.Duration, args ...string) (int, string, s
 }
 
 func TestLoadRunEmbedded(t *testing.T) {
-	code, out, errOut := runBin(t, 60*time.Second, "loadrun", "a", "--embedded", "--records", "300", "--ops", "300", "--threads", "4")
+	// In a directory of its own (--shm-dir): the cluster's files are
+	// made there, and stderr names it and its huge page mode.
+	dir := t.TempDir()
+	code, out, errOut := runBin(t, 60*time.Second, "loadrun", "a", "--embedded", "--records", "300", "--ops", "300", "--threads", "4", "--shm-dir", dir)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
@@ -93,15 +96,26 @@ func TestLoadRunEmbedded(t *testing.T) {
 	if m == nil {
 		t.Fatalf("stderr does not say where it ran:\n%s", errOut)
 	}
+	if want := "; shm in " + dir + ", huge pages "; !strings.Contains(errOut, want) {
+		t.Errorf("stderr lacks %q:\n%s", want, errOut)
+	}
 	// Nothing left: the cluster's process and its shm files are gone.
 	if _, err := os.Stat("/proc/" + m[2]); err == nil {
 		t.Errorf("the cluster's process %s still exists", m[2])
 	}
-	ents, _ := os.ReadDir("/dev/shm")
-	for _, e := range ents {
-		if strings.Contains(e.Name(), m[1]+".") {
-			t.Errorf("left in /dev/shm: %s", e.Name())
+	for _, d := range []string{dir, "/dev/shm"} {
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			if strings.Contains(e.Name(), m[1]+".") {
+				t.Errorf("left in %s: %s", d, e.Name())
+			}
 		}
+	}
+	// A directory that is not there: the cluster's start fails, naming it.
+	missing := filepath.Join(dir, "missing")
+	code, _, errOut = runBin(t, 60*time.Second, "loadrun", "a", "--embedded", "--records", "10", "--ops", "10", "--shm-dir", missing)
+	if code == 0 || !strings.Contains(errOut, "open directory "+missing) {
+		t.Errorf("--shm-dir %s: exit %d, stderr:\n%s", missing, code, errOut)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,6 +28,7 @@ import (
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/rdma/shm"
 	rdycsb "github.com/rdmakv/rdmakv/ycsb"
 )
 
@@ -80,10 +82,10 @@ func (e *dbEnv) driver() string {
 }
 
 // embeddedMap is the map of an embedded cluster: groups x replicas on shm
-// under a name of its own (so that it never meets a kvserver's), and a
-// few client slots.
-func embeddedMap(groups, replicas int) *cluster.Map {
-	m := &cluster.Map{Name: fmt.Sprintf("kvycsb-%d", os.Getpid()), Fabric: "shm", ShmDir: "/dev/shm",
+// in shmDir ("": /dev/shm) under a name of its own (so that it never
+// meets a kvserver's), and a few client slots.
+func embeddedMap(groups, replicas int, shmDir string) *cluster.Map {
+	m := &cluster.Map{Name: fmt.Sprintf("kvycsb-%d", os.Getpid()), Fabric: "shm", ShmDir: cmp.Or(shmDir, "/dev/shm"),
 		// The ordered keyspace workload E scans (rdmakv.keyspace): 8 KiB
 		// nodes, so that YCSB's default records (10 fields of 100 bytes)
 		// fit in a leaf.
@@ -112,6 +114,7 @@ type embeddedConfig struct {
 	groups, replicas    int
 	heartbeat, election time.Duration
 	spareP              string // server.ChildConfig.SpareP
+	shmDir              string // the map's ShmDir ("": /dev/shm)
 }
 
 // openRdmakv opens the binding: on the cluster of the map file, or on an
@@ -128,8 +131,12 @@ func openRdmakv(ctx context.Context, p *properties.Properties, embedded bool, ec
 			return nil, fmt.Errorf("start the embedded cluster: %w", err)
 		}
 		env.child = child
-		env.desc = fmt.Sprintf("embedded cluster %s: %d groups x %d replicas on shm in process %d, up in %v",
-			child.m.Name, ec.groups, ec.replicas, child.cmd.Process.Pid, time.Since(start).Round(time.Millisecond))
+		// The huge page mode its regions get (rdma/shm's probe of the
+		// directory), and why: a reader of the rates knows whether the
+		// fresh pages of the load paid 4 KiB first writes.
+		hp := shm.ProbeHugePages("", child.m.ShmDir)
+		env.desc = fmt.Sprintf("embedded cluster %s: %d groups x %d replicas on shm in process %d, up in %v; shm in %s, huge pages %s (%s)",
+			child.m.Name, ec.groups, ec.replicas, child.cmd.Process.Pid, time.Since(start).Round(time.Millisecond), child.m.ShmDir, hp.Mode, hp.Reason)
 		// kvycsb's one client takes slot 0 through the node opened for
 		// it (no slot lock file to claim).
 		opts = append(opts, client.WithMap(child.m), client.WithNode(child.node), client.WithSlot(0))
