@@ -311,7 +311,8 @@ func cmpU64(a, b uint64) int {
 // Mux is one log shared by several streams. Its Stream handles offer
 // what broadcast uses of a Writer; they may be called from different
 // goroutines (a mutex guards the Mux; appends copy into the shared batch
-// under it).
+// under it; the getters a poller calls most read what the Mux published
+// under it, without taking it: publish).
 type Mux struct {
 	mu    sync.Mutex
 	w     *Writer
