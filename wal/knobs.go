@@ -101,4 +101,11 @@ type testingKnobs struct {
 	// dropped since. Caught by resolveRef (TestMuxRefCatches: "not
 	// earlier in its batch").
 	muxRefAcrossBatches bool
+	// muxStalePub: the Mux does not publish what its streams' getters
+	// read without its mutex (Mux.publish): OldestUnsynced, Synced,
+	// NextSeq, BytesWritten, UnsyncedBytes, Err and Full keep the values
+	// they had when the stream was made. Caught by muxRun's check of every
+	// getter against the locked state (TestMuxCatchesStalePub:
+	// "published").
+	muxStalePub bool
 }

@@ -311,7 +311,8 @@ func cmpU64(a, b uint64) int {
 // Mux is one log shared by several streams. Its Stream handles offer
 // what broadcast uses of a Writer; they may be called from different
 // goroutines (a mutex guards the Mux; appends copy into the shared batch
-// under it).
+// under it; the getters a poller calls most read what the Mux published
+// under it, without taking it: publish).
 type Mux struct {
 	mu    sync.Mutex
 	w     *Writer
@@ -339,6 +340,12 @@ type Mux struct {
 	// Continue's counters (ContinueStats); lastContinued: the first
 	// global seq of the last batch it started.
 	continues, continued, lastContinued uint64
+
+	// The log's state the streams' pollers ask for most (UnsyncedBytes,
+	// Err, Full), published under mu by publish and read without it.
+	pubUnsynced atomic.Int64
+	pubErr      atomic.Bool
+	pubFull     atomic.Bool
 }
 
 type muxSeg struct {
@@ -363,6 +370,20 @@ type Stream struct {
 	evidence     uint64 // global seq of its last synced record or marker
 	markerG      uint64 // global seq of its marker in flight (0: none)
 	polledSynced uint64
+
+	// pub: what its poller asks for between (and within) Polls, published
+	// under the Mux's mutex (Mux.publish) and read without it: the getters
+	// below (OldestUnsynced, Synced, NextSeq, BytesWritten) are called for
+	// every record a replica reads from a ring (Async's back-pressure) and
+	// several times a Poll; taking the Mux's mutex for each made its cache
+	// line bounce between the process's pollers and the device's goroutine.
+	pub streamPub
+}
+
+// streamPub is a Stream's published state (Stream.pub).
+type streamPub struct {
+	oldest              atomic.Int64 // OldestUnsynced (-1: none)
+	synced, next, bytes atomic.Uint64
 }
 
 type muxPend struct {
@@ -422,6 +443,7 @@ func OpenMux(dev Device, cfg Config, rec *MuxRecovered) (*Mux, error) {
 			}
 		}
 	}
+	m.publish()
 	return m, nil
 }
 
@@ -450,6 +472,7 @@ func (m *Mux) stream(id uint32) *Stream {
 	for j := range m.segs {
 		m.segs[j].first = append(m.segs[j].first, 1)
 	}
+	m.publishStream(s)
 	return s
 }
 
@@ -537,6 +560,7 @@ func (m *Mux) poll(now time.Duration) bool {
 		}
 	}
 	m.planDrop()
+	m.publish()
 	return p
 }
 
@@ -636,6 +660,53 @@ func (m *Mux) appendMarker(s *Stream) bool {
 	return ok
 }
 
+// publish stores what the getters read without the mutex (Stream.pub,
+// pubUnsynced, pubErr, pubFull): every method that changes it calls it
+// before unlocking (poll, Stream.append, OpenMux, stream). A value is
+// stored only when it changed, so that a Poll that moved nothing writes no
+// cache line the other pollers read.
+func (m *Mux) publish() {
+	if m.knobs.muxStalePub {
+		return // planted: the getters keep what they read first
+	}
+	for _, s := range m.streams {
+		m.publishStream(s)
+	}
+	m.publishLog()
+}
+
+func (m *Mux) publishLog() {
+	if u := m.w.unsynced(); m.pubUnsynced.Load() != u {
+		m.pubUnsynced.Store(u)
+	}
+	if e := m.w.Err() != nil; m.pubErr.Load() != e {
+		m.pubErr.Store(e)
+	}
+	if f := m.w.Full(); m.pubFull.Load() != f {
+		m.pubFull.Store(f)
+	}
+}
+
+func (m *Mux) publishStream(s *Stream) {
+	o := time.Duration(-1)
+	if s.head < len(s.pend) {
+		o = s.pend[s.head].at
+	}
+	p := &s.pub
+	if int64(o) != p.oldest.Load() {
+		p.oldest.Store(int64(o))
+	}
+	if p.synced.Load() != s.synced {
+		p.synced.Store(s.synced)
+	}
+	if p.next.Load() != s.next {
+		p.next.Store(s.next)
+	}
+	if p.bytes.Load() != s.bytes {
+		p.bytes.Store(s.bytes)
+	}
+}
+
 // GatherStats is the log's Writer.GatherStats (any goroutine).
 func (m *Mux) GatherStats() (held, timedOut uint64) {
 	m.mu.Lock()
@@ -713,6 +784,10 @@ func (s *Stream) append(typ RecType, flags uint8, lazy bool, parts [][]byte) (ui
 	s.records++
 	s.appended += uint64(recSize(muxHdrSize + n))
 	s.pend = append(s.pend, muxPend{g: g, s: seq, at: m.w.now, bytes: s.appended})
+	if !m.knobs.muxStalePub {
+		m.publishStream(s)
+		m.publishLog()
+	}
 	return seq, true
 }
 
@@ -733,10 +808,10 @@ func (s *Stream) Poll(now time.Duration) bool {
 
 // Synced is the stream seq up to which every record of the stream is on
 // disk.
-func (s *Stream) Synced() uint64 { s.m.mu.Lock(); defer s.m.mu.Unlock(); return s.synced }
+func (s *Stream) Synced() uint64 { return s.pub.synced.Load() }
 
 // NextSeq is the stream seq its next record gets.
-func (s *Stream) NextSeq() uint64 { s.m.mu.Lock(); defer s.m.mu.Unlock(); return s.next }
+func (s *Stream) NextSeq() uint64 { return s.pub.next.Load() }
 
 // DropBefore lets the Mux drop the segments whose records of this stream
 // all have stream seqs below seq, once every other stream lets it too.
@@ -748,20 +823,20 @@ func (s *Stream) DropBefore(seq uint64) {
 
 // OldestUnsynced is when (the Poll clock) the stream's oldest record not
 // yet synced was appended, or -1.
-func (s *Stream) OldestUnsynced() time.Duration {
-	s.m.mu.Lock()
-	defer s.m.mu.Unlock()
-	if s.head < len(s.pend) {
-		return s.pend[s.head].at
-	}
-	return -1
-}
+func (s *Stream) OldestUnsynced() time.Duration { return time.Duration(s.pub.oldest.Load()) }
 
 // Err is the log's (shared by every stream: a failed sync stops them all).
-func (s *Stream) Err() error { s.m.mu.Lock(); defer s.m.mu.Unlock(); return s.m.w.Err() }
+func (s *Stream) Err() error {
+	if !s.m.pubErr.Load() {
+		return nil
+	}
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	return s.m.w.Err()
+}
 
 // Full is the log's Writer.Full.
-func (s *Stream) Full() bool { s.m.mu.Lock(); defer s.m.mu.Unlock(); return s.m.w.Full() }
+func (s *Stream) Full() bool { return s.m.pubFull.Load() }
 
 // Flush flushes the log (every stream's records).
 func (s *Stream) Flush() { s.m.mu.Lock(); defer s.m.mu.Unlock(); s.m.w.Flush() }
@@ -784,7 +859,7 @@ func (s *Stream) NextDeadline() time.Duration {
 }
 
 // BytesWritten is the bytes of the stream's records synced.
-func (s *Stream) BytesWritten() uint64 { s.m.mu.Lock(); defer s.m.mu.Unlock(); return s.bytes }
+func (s *Stream) BytesWritten() uint64 { return s.pub.bytes.Load() }
 
 // Stats are the log's, but Records, BytesWritten and UnsyncedBytes are
 // the stream's.
@@ -799,11 +874,7 @@ func (s *Stream) Stats() Stats {
 // UnsyncedBytes is the log's bytes appended and not yet synced (every
 // stream's: the queue is shared, and the Writer refuses records once it
 // passes twice MaxUnsyncedBytes).
-func (s *Stream) UnsyncedBytes() int64 {
-	s.m.mu.Lock()
-	defer s.m.mu.Unlock()
-	return s.m.w.UnsyncedBytes()
-}
+func (s *Stream) UnsyncedBytes() int64 { return s.m.pubUnsynced.Load() }
 
 // MaxUnsyncedBytes is the log's Writer.MaxUnsyncedBytes.
 func (s *Stream) MaxUnsyncedBytes() int64 { return s.m.w.MaxUnsyncedBytes() }

@@ -242,6 +242,9 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 				s.DropBefore(1 + uint64(rng.IntN(int(s.Synced())+1)))
 			}
 		}
+		if f := checkPub(m); f != "" {
+			return []string{fmt.Sprintf("step %d: %s", step, f)}
+		}
 	}
 	if err := m.w.Err(); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
@@ -307,6 +310,40 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 	}
 	_ = segsBefore
 	return failed
+}
+
+// checkPub compares what every stream's getters read without the Mux's
+// mutex (Mux.publish) with the state under it: "" when they agree.
+func checkPub(m *Mux) string {
+	type want struct {
+		oldest              time.Duration
+		synced, next, bytes uint64
+	}
+	m.mu.Lock()
+	ws := make([]want, len(m.streams))
+	for i, s := range m.streams {
+		ws[i] = want{oldest: -1, synced: s.synced, next: s.next, bytes: s.bytes}
+		if s.head < len(s.pend) {
+			ws[i].oldest = s.pend[s.head].at
+		}
+	}
+	unsynced, err, full := m.w.unsynced(), m.w.Err(), m.w.Full()
+	streams := slices.Clone(m.streams)
+	m.mu.Unlock()
+	for i, s := range streams {
+		w := ws[i]
+		got := want{oldest: s.OldestUnsynced(), synced: s.Synced(), next: s.NextSeq(), bytes: s.BytesWritten()}
+		if got != w {
+			return fmt.Sprintf("stream %d: published %+v, the Mux holds %+v", s.id, got, w)
+		}
+		if u := s.UnsyncedBytes(); u != unsynced {
+			return fmt.Sprintf("stream %d: published UnsyncedBytes %d, the log holds %d", s.id, u, unsynced)
+		}
+		if e := s.Err(); (e == nil) != (err == nil) || s.Full() != full {
+			return fmt.Sprintf("stream %d: published Err %v Full %v, the log's %v %v", s.id, e, s.Full(), err, full)
+		}
+	}
+	return ""
 }
 
 // flipAndCheck flips bits in records with global seqs up to below (each
@@ -432,6 +469,14 @@ func caughtBy(t *testing.T, knobs testingKnobs, seeds uint64, want string) {
 // stream still needs.
 func TestMuxCatchesDropOwnMark(t *testing.T) {
 	caughtBy(t, testingKnobs{muxDropOwnMark: true}, 60, "synced record lost")
+}
+
+// The getters a poller calls without the Mux's mutex (OldestUnsynced for
+// Async's back-pressure at every ring record, Synced, NextSeq, ...) read
+// what the Mux published: stale values would let a late replica take
+// records, or hold a dA back.
+func TestMuxCatchesStalePub(t *testing.T) {
+	caughtBy(t, testingKnobs{muxStalePub: true}, 10, "published")
 }
 
 // Recovery must not mix streams (ids 1 and 257 share a low byte).
