@@ -242,9 +242,6 @@ func New(cfg Config, node rdma.Node, fsm FSM, stable Stable) (*Replica, error) {
 	}
 	r.slabs.size(maxProposal(cfg.MaxRecord)) // entries up to a whole proposal reuse slabs
 	r.runPersist = func(fn func()) { go fn() }
-	if cfg.RunPersist != nil {
-		r.runPersist = cfg.RunPersist
-	}
 	if cfg.PersistInline {
 		r.runPersist = func(fn func()) { fn() }
 	}

@@ -245,12 +245,6 @@ type Config struct {
 	// must not depend on goroutine scheduling. A large state then makes
 	// one Poll as long as its serialisation.
 	PersistInline bool
-	// RunPersist, if set, runs a snapshot's Persist (and the image's
-	// hash) off the polling goroutine in place of a plain goroutine:
-	// kvserver's runs it on a thread of its own at a lower priority, so
-	// that the OS runs the pollers' threads first (issue 19). It must run
-	// fn once, without waiting for it. PersistInline wins over it.
-	RunPersist func(fn func())
 	// Trace, if set, receives one line per protocol event (votes, role
 	// changes, diffs), for tests and debugging.
 	Trace func(format string, args ...any)

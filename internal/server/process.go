@@ -527,8 +527,6 @@ func (p *Process) build(o *opened) (*hosted, error) {
 			stableDev.Close()
 		}
 	}
-	// Snapshots' Persist (disk and network) on a niced thread of their own.
-	bc.RunPersist = runNiced
 	var dur *Durable
 	var readTook time.Duration
 	if p.cfg.Durable.Mode != broadcast.Memory {
