@@ -189,6 +189,10 @@ type recoverRow struct {
 	SavePassesOver uint64            `json:"save_passes_over"`
 	SavePassMaxUS  float64           `json:"save_pass_max_us"`
 	SavePoll       server.PollDetail `json:"save_poll"`
+	// SavePollRead is the longest replica Poll in a save whose thread
+	// was read (/status poll_max_saving_read): its CPU, run delay, the
+	// rest, faults and switches (thread_*).
+	SavePollRead server.PollDetail `json:"save_poll_read"`
 	// A restart's phases, from starting kvserver (restart rows; seconds):
 	// StartProcess called (StartS: kvserver's own setup before it), every
 	// node opened, every replica built (their recoveries, RecoverWorkers
@@ -732,6 +736,7 @@ type pollSample struct {
 	savePasses, saveOver uint64
 	saveMax              float64
 	savePoll             server.PollDetail
+	saveRead             server.PollDetail // the longest replica Poll in a save with its thread's counters
 }
 
 // fill sets x's poll and capture figures.
@@ -740,6 +745,7 @@ func (s pollSample) fill(x *recoverRow) {
 	x.CapturePollUS, x.CapturePollCapUS, x.CapturePollCPUUS, x.CapturePollIdxUS = s.capPoll.Us, s.capPoll.CaptureUs, s.capPoll.CaptureCPUUs, s.capPoll.IndexUs
 	x.SchedLatencyMaxUS = s.schedLatUs
 	x.SavePasses, x.SavePassesOver, x.SavePassMaxUS, x.SavePoll = s.savePasses, s.saveOver, s.saveMax, s.savePoll
+	x.SavePollRead = s.saveRead
 }
 
 // samplePollMax samples the pollers' pass_max_recent_us and the
@@ -819,15 +825,22 @@ func (r *recoverRun) samplePollMax() func() pollSample {
 			res.saveOver += x.SavePassesOver
 			res.saveMax = max(res.saveMax, x.SavePassMaxUs)
 		}
+		whoRead := ""
 		for _, rep := range last.Replicas {
 			if d := rep.PollMaxSaving; d.Us > res.savePoll.Us {
 				res.savePoll, whoSave = d, fmt.Sprintf("group %d replica %d (%s)", rep.Group, rep.Index, rep.Role)
+			}
+			if d := rep.PollMaxSavingRead; d.Us > res.saveRead.Us {
+				res.saveRead, whoRead = d, fmt.Sprintf("group %d replica %d (%s)", rep.Group, rep.Index, rep.Role)
 			}
 		}
 		if res.savePasses > 0 {
 			b, _ := json.Marshal(res.savePoll)
 			r.note("%d save passes (a leader's poller's passes during a disk snapshot's save), %d over ET/20, the longest %.1f ms; the longest replica Poll in a save: %s: %s",
 				res.savePasses, res.saveOver, res.saveMax/1e3, whoSave, b)
+			if line := threadLine(res.saveRead); line != "" {
+				r.note("the longest replica Poll in a save whose thread was read (one that started in a save): %s: %s", whoRead, line)
+			}
 		}
 		for _, rep := range last.Replicas {
 			if d := rep.Disk; d != nil && d.Captures > capsAt[rep.Node] {
@@ -1028,4 +1041,26 @@ func printRecoverTable(w io.Writer, rows []recoverRow, o *recoverFlags, r *recov
 	for _, x := range rows {
 		fmt.Fprintf(w, "  %s: slowest replica: %s\n", x.Row, x.Recovery)
 	}
+}
+
+// threadLine says where a replica Poll's wall time went on its thread
+// (PollDetail's thread_*: read only for a Poll that started in a save):
+// its own CPU, the OS's run queue (other threads on the cores), or
+// neither (asleep, or its goroutine waiting in Go's scheduler); "" if
+// the Poll's thread was not read.
+func threadLine(d server.PollDetail) string {
+	if !d.Thread || d.Us <= 0 {
+		return ""
+	}
+	pct := func(x float64) float64 { return 100 * x / d.Us }
+	what := "its own CPU"
+	switch {
+	case d.ThreadRunDelayUs >= d.ThreadCPUUs && d.ThreadRunDelayUs >= d.ThreadOffUs:
+		what = "waiting for a core on the OS's run queue"
+	case d.ThreadOffUs >= d.ThreadCPUUs:
+		what = "off the CPU and off the run queue (asleep, or waiting in Go's scheduler)"
+	}
+	return fmt.Sprintf("%.1f ms, mostly %s: on a CPU %.1f ms (%.0f%%), runnable waiting for one %.1f ms (%.0f%%), neither %.1f ms (%.0f%%); %d minor and %d major page faults, %d sleeps, %d preemptions by the OS",
+		d.Us/1e3, what, d.ThreadCPUUs/1e3, pct(d.ThreadCPUUs), d.ThreadRunDelayUs/1e3, pct(d.ThreadRunDelayUs), d.ThreadOffUs/1e3, pct(d.ThreadOffUs),
+		d.ThreadMinFaults, d.ThreadMajFaults, d.ThreadSleeps, d.ThreadPreempted)
 }

@@ -51,6 +51,24 @@ type PollDetail struct {
 	// those).
 	StableSaves uint64  `json:"stable_saves"`
 	StableUs    float64 `json:"stable_us"`
+	// Thread: the Poll overlapped a save from its start, and its
+	// goroutine was locked to its thread for it, whose counters were read
+	// before and after (threadSched): ThreadCPUUs is the thread's time on
+	// a CPU, ThreadRunDelayUs its time runnable on the OS's run queue
+	// (the cores busy with other threads); the rest of Us, ThreadOffUs,
+	// it was neither: asleep (a page fault's read, a lock) or its
+	// goroutine waiting in Go's scheduler for a processor (a locked
+	// thread sleeps meanwhile). ThreadMinFaults and ThreadMajFaults are
+	// its page faults, ThreadSleeps its voluntary context switches,
+	// ThreadPreempted the OS's preemptions of it (involuntary).
+	Thread           bool    `json:"thread"`
+	ThreadCPUUs      float64 `json:"thread_cpu_us"`
+	ThreadRunDelayUs float64 `json:"thread_run_delay_us"`
+	ThreadOffUs      float64 `json:"thread_off_us"`
+	ThreadMinFaults  int64   `json:"thread_min_faults"`
+	ThreadMajFaults  int64   `json:"thread_maj_faults"`
+	ThreadSleeps     int64   `json:"thread_sleeps"`
+	ThreadPreempted  int64   `json:"thread_preempted"`
 }
 
 // timedStable counts a replica's stable saves and their time (Save runs
@@ -88,6 +106,7 @@ type pollMark struct {
 	capture, meta, store, cpu, stable  time.Duration
 	runDelay                           time.Duration
 	table, index, ordered              int64
+	th                                 threadSched // read only around a watched Poll (Replica.Poll)
 }
 
 // pollStats keeps a replica's longest Poll since the start and in the
@@ -98,6 +117,7 @@ type pollStats struct {
 	max, cur, prev PollDetail
 	window         time.Duration
 	saving         PollDetail
+	savingRead     PollDetail // the longest of those with its thread read (Thread)
 }
 
 func (p *Replica) mark() pollMark {
@@ -145,12 +165,35 @@ func detail(x float64, a, b pollMark) PollDetail {
 		OrderedUs: us(time.Duration(b.ordered - a.ordered))}
 }
 
+// threadDetail adds to det what the polling thread did between a and b
+// (readThreadSched before and after a Poll of x µs on one thread); none
+// if either read failed or the two are of different threads.
+func threadDetail(det *PollDetail, x float64, a, b threadSched) {
+	if !a.ok || !b.ok || a.tid != b.tid {
+		return
+	}
+	det.Thread = true
+	det.ThreadCPUUs, det.ThreadRunDelayUs = us(max(b.cpu-a.cpu, 0)), us(max(b.runDelay-a.runDelay, 0))
+	det.ThreadOffUs = max(x-det.ThreadCPUUs-det.ThreadRunDelayUs, 0)
+	det.ThreadMinFaults, det.ThreadMajFaults = b.minflt-a.minflt, b.majflt-a.majflt
+	det.ThreadSleeps, det.ThreadPreempted = b.nvcsw-a.nvcsw, b.nivcsw-a.nivcsw
+}
+
 // noteSaving records a Poll that took d, between marks a and b, that
 // overlapped a disk snapshot's save in the process (the longest since
 // the start: saving).
 func (s *pollStats) noteSaving(d time.Duration, a, b pollMark) {
-	if x := us(d); x > s.saving.Us {
-		s.saving = detail(x, a, b)
+	x := us(d)
+	if x <= s.saving.Us && x <= s.savingRead.Us {
+		return
+	}
+	det := detail(x, a, b)
+	threadDetail(&det, x, a.th, b.th)
+	if x > s.saving.Us {
+		s.saving = det
+	}
+	if det.Thread && x > s.savingRead.Us {
+		s.savingRead = det
 	}
 }
 

@@ -160,3 +160,36 @@ func clockThreadMoves(unlocked bool) (between, after, locked int) {
 	<-done
 	return between, after, locked
 }
+
+// TestThreadDetail: a saving Poll's thread counters split its wall time
+// into CPU, run delay and the rest, with the faults and switches; a Poll
+// whose thread was not read, or read on two threads, has none, and
+// noteSaving keeps the longest with them apart from the longest of all.
+func TestThreadDetail(t *testing.T) {
+	a := threadSched{ok: true, tid: 7, cpu: time.Millisecond, runDelay: 2 * time.Millisecond, minflt: 10, majflt: 1, nvcsw: 3, nivcsw: 4}
+	b := threadSched{ok: true, tid: 7, cpu: 3 * time.Millisecond, runDelay: 7 * time.Millisecond, minflt: 15, majflt: 1, nvcsw: 5, nivcsw: 9}
+	var d PollDetail
+	threadDetail(&d, 10000, a, b)
+	want := PollDetail{Thread: true, ThreadCPUUs: 2000, ThreadRunDelayUs: 5000, ThreadOffUs: 3000, ThreadMinFaults: 5, ThreadSleeps: 2, ThreadPreempted: 5}
+	if d != want {
+		t.Fatalf("threadDetail = %+v, want %+v", d, want)
+	}
+	moved := b
+	moved.tid = 8
+	for _, c := range [][2]threadSched{{a, moved}, {{}, b}, {a, {}}} {
+		var d PollDetail
+		if threadDetail(&d, 10000, c[0], c[1]); d.Thread {
+			t.Fatalf("thread read on %+v and %+v: %+v", c[0], c[1], d)
+		}
+	}
+	var s pollStats
+	s.noteSaving(20*time.Millisecond, pollMark{}, pollMark{}) // not read
+	s.noteSaving(10*time.Millisecond, pollMark{th: a}, pollMark{th: b})
+	s.noteSaving(5*time.Millisecond, pollMark{th: a}, pollMark{th: b})
+	if s.saving.Us != 20000 || s.saving.Thread {
+		t.Fatalf("longest in a save: %+v", s.saving)
+	}
+	if s.savingRead.Us != 10000 || !s.savingRead.Thread || s.savingRead.ThreadOffUs != 3000 {
+		t.Fatalf("longest in a save with its thread read: %+v", s.savingRead)
+	}
+}

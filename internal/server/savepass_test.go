@@ -133,6 +133,22 @@ func runSavePasses(t *testing.T, bug string) error {
 	case over > saves || maxUs > passMaxUs:
 		return fmt.Errorf("counts: %d of %d save passes over the bound, the longest %.0f µs of %.0f µs", over, saves, maxUs, passMaxUs)
 	}
+	// A Poll that started in a save has its thread's counters, and
+	// its CPU and run delay lie within its wall time.
+	read := false
+	for _, r := range st.Replicas {
+		d := r.PollMaxSavingRead
+		if !d.Thread {
+			continue
+		}
+		read = true
+		if d.ThreadCPUUs+d.ThreadRunDelayUs > d.Us || d.ThreadCPUUs <= 0 {
+			return fmt.Errorf("thread: a Poll of %.0f µs read %.0f µs of CPU and %.0f µs of run delay", d.Us, d.ThreadCPUUs, d.ThreadRunDelayUs)
+		}
+	}
+	if !read {
+		return fmt.Errorf("thread: no Poll in a save had its thread read")
+	}
 	// No save under way: the pollers pass on (heartbeats), and none of
 	// those passes counts.
 	waitPasses(20)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -71,6 +72,7 @@ type Replica struct {
 	// pollMax, pollRecent, pollSaving: the longest Polls (pollStats),
 	// copied
 	pollMax, pollRecent, pollSaving PollDetail
+	pollSavingRead                  PollDetail
 }
 
 // diskCopy is what a durable replica's log writer and snapshot store
@@ -99,9 +101,26 @@ func (p *Replica) KV() *kv.Replica { return p.r }
 // Poll implements poller.Task.
 func (p *Replica) Poll(now time.Duration) bool {
 	w0 := p.saves.Mark()
-	t0, m0 := time.Now(), p.mark()
+	// A Poll that starts while a save is open runs locked to its thread,
+	// whose counters are read around it (PollDetail's thread_*): a few
+	// µs, only during saves.
+	// The reads lie inside the wall clock's: a thread's CPU time is never
+	// more than the Poll's wall time.
+	var th0, th1 threadSched
+	watched := p.saves != nil && p.saves.Open() > 0
+	t0 := time.Now()
+	if watched {
+		runtime.LockOSThread()
+		th0 = readThreadSched()
+	}
+	m0 := p.mark()
 	progress := p.r.Poll(now)
+	if watched {
+		th1 = readThreadSched()
+		runtime.UnlockOSThread()
+	}
 	d := time.Since(t0)
+	m0.th = th0
 	if p.dur != nil {
 		p.dur.unlockThread() // the capture's CPU clock kept the Poll on its thread
 	}
@@ -109,6 +128,7 @@ func (p *Replica) Poll(now time.Duration) bool {
 		p.watchSave(p.r.Multicast().Broadcast().DiskSnapSaving())
 	}
 	m1 := p.mark()
+	m1.th = th1
 	p.polls.note(now, d, m0, m1)
 	if p.saves != nil && poller.WatchOverlaps(w0, p.saves.Mark()) {
 		p.polls.noteSaving(d, m0, m1)
@@ -132,6 +152,7 @@ func (p *Replica) Poll(now time.Duration) bool {
 		p.mu.Lock()
 		p.tab, p.hdr, p.mc, p.dups, p.disk = tab, hdr, mc, d, dc
 		p.pollMax, p.pollRecent, p.pollSaving = p.polls.max, p.polls.recent(now), p.polls.saving
+		p.pollSavingRead = p.polls.savingRead
 		p.mu.Unlock()
 	}
 	if p.after != nil {
@@ -213,6 +234,10 @@ type ReplicaStatus struct {
 	PollMax       PollDetail `json:"poll_max"`
 	PollMaxRecent PollDetail `json:"poll_max_recent"`
 	PollMaxSaving PollDetail `json:"poll_max_saving"`
+	// PollMaxSavingRead is the longest of those whose thread was read
+	// (PollDetail.Thread: the Poll started in a save): where its wall
+	// time went, CPU, the OS's run queue, or neither.
+	PollMaxSavingRead PollDetail `json:"poll_max_saving_read"`
 	// Members is how this replica sees each member of its group.
 	Members   []MemberStatus    `json:"members"`
 	Counters  BroadcastCounters `json:"counters"`
@@ -373,13 +398,14 @@ func (p *Replica) Status() ReplicaStatus {
 	_, serving := b.Leading()
 	p.mu.Lock()
 	tab, hdr, mc, dc, pmax, precent, psaving := p.tab, p.hdr, p.mc, p.disk, p.pollMax, p.pollRecent, p.pollSaving
+	psread := p.pollSavingRead
 	p.mu.Unlock()
 	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
 		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
 		ENew: bs.ENew, Accepted: Hdr{bs.Accepted.E, bs.Accepted.Cnt}, Committed: Hdr{bs.Committed.E, bs.Committed.Cnt},
 		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
 		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
-		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3, PollMax: pmax, PollMaxRecent: precent, PollMaxSaving: psaving,
+		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3, PollMax: pmax, PollMaxRecent: precent, PollMaxSaving: psaving, PollMaxSavingRead: psread,
 		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),
 		HugePages: rdma.HugePagesOf(p.r.Table().Node())}
 	if l, ok := bs.Leader(); ok {
