@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -92,6 +93,13 @@ func settingArgs(walLayout, spareP string) []string {
 		args = append(args, "--spare-p", spareP)
 	}
 	return args
+}
+
+// kvserverHasFlag reports whether kvserver binary bin knows flag name
+// (its --help lists "-name"): kvbench measures older kvservers too.
+func kvserverHasFlag(bin, name string) bool {
+	out, _ := exec.Command(bin, "--help").CombinedOutput()
+	return bytes.Contains(out, []byte("  -"+name+" ")) || bytes.Contains(out, []byte("  -"+name+"\n"))
 }
 
 // runKVServer starts bin with args and waits until it is up, at most

@@ -539,6 +539,9 @@ func (r *recoverRun) start(snapLog, control string) (time.Time, error) {
 	args := []string{"--groups", strconv.Itoa(r.o.groups), "--replicas", "3", "--name", r.name,
 		"--map", mapFile, "--shm-dir", r.wd, "--control", control, "--election-timeout", r.o.et.String(),
 		"--durability", r.o.durability, "--data-dir", r.data, "--snapshot-log-bytes", snapLog}
+	if kvserverHasFlag(r.bin, "save-poll-detail") { // kvservers before it have no such flag
+		args = append(args, "--save-poll-detail")
+	}
 	args = append(args, settingArgs(r.o.walLayout, r.o.spareP)...)
 	if r.o.trace != "" {
 		args = append(args, "--pprof")

@@ -134,6 +134,14 @@ type ProcessConfig struct {
 	// (13.0/14.7 against 13.7/15.3 s); at load 6-10 9.1 and 34.2 s
 	// against 26.2 and 23.1 s.
 	RecoverWorkers int
+	// SavePollDetail reads the polling thread's counters (its CPU clock,
+	// its wait on the OS's run queue, page faults, context switches)
+	// around every replica Poll while a disk snapshot is being saved, so
+	// that /status poll_max_saving_read says where a long one's time went
+	// (kvserver --save-poll-detail; kvbench recover sets it). A
+	// diagnostic: about ten system calls a Poll during saves, and the
+	// Poll locked to its thread.
+	SavePollDetail bool
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
 	startKnobs  startKnobs  // planted bugs, tests only (StartProcess)
@@ -642,7 +650,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 	sr = NewReplica(g, i, id, r)
 	sr.dur, sr.backups, sr.stable, sr.readTook = dur, p.backups, ts, readTook
 	if dur != nil {
-		sr.saves, sr.saveBug = &p.saves, p.cfg.saveBug
+		sr.saves, sr.saveBug, sr.threadDetail = &p.saves, p.cfg.saveBug, p.cfg.SavePollDetail
 	}
 	if dur != nil {
 		dur.Replayed() // New replayed the log: the recovery's whole time

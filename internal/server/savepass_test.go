@@ -26,6 +26,7 @@ func runSavePasses(t *testing.T, bug string) error {
 	}
 	p, stop := startProcess(t, m, t.TempDir(), func(pc *server.ProcessConfig) {
 		pc.Durable.Mode = broadcast.Sync
+		pc.SavePollDetail = true
 		if bug != "" {
 			server.SetSaveBug(pc, bug)
 		}

@@ -60,6 +60,9 @@ type Replica struct {
 	saves    *poller.Watch
 	saving   bool
 	saveBug  saveBug // planted (tests)
+	// threadDetail: read the thread's counters around a Poll in a save
+	// (ProcessConfig.SavePollDetail)
+	threadDetail bool
 
 	mu   sync.Mutex
 	h    *poller.Handle // SetHandle: runs commands on the replica's poller
@@ -107,7 +110,7 @@ func (p *Replica) Poll(now time.Duration) bool {
 	// The reads lie inside the wall clock's: a thread's CPU time is never
 	// more than the Poll's wall time.
 	var th0, th1 threadSched
-	watched := p.saves != nil && p.saves.Open() > 0
+	watched := p.threadDetail && p.saves != nil && p.saves.Open() > 0
 	t0 := time.Now()
 	if watched {
 		runtime.LockOSThread()
