@@ -101,4 +101,10 @@ type testingKnobs struct {
 	// dropped since. Caught by resolveRef (TestMuxRefCatches: "not
 	// earlier in its batch").
 	muxRefAcrossBatches bool
+	// zeroAlignDown: a zero-ahead write (Config.ZeroAhead) starts at the
+	// page boundary below the tail, not at the tail: it overwrites the
+	// synced records of the tail's page with zeros. Caught by
+	// TestMuxCatchesZeroAlignDown ("synced record lost" in the crash
+	// seeds) and TestZeroAhead ("recovered:").
+	zeroAlignDown bool
 }
