@@ -174,7 +174,8 @@ func OpenDurableShared(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg
 		}
 		var walDev wal.Device
 		walDev, snapDev = wal.Share(d.dev)
-		if d.WAL, err = wal.Open(walDev, wal.Config{Dir: walDir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: uint64(member)}, rec); err != nil {
+		if d.WAL, err = wal.Open(walDev, wal.Config{Dir: walDir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: uint64(member),
+			ZeroAhead: wal.DefaultZeroAhead}, rec); err != nil {
 			d.dev.Close()
 			return nil, fmt.Errorf("replica %d: open the log in %s: %v", member, walDir, err)
 		}
