@@ -108,4 +108,10 @@ type testingKnobs struct {
 	// getter against the locked state (TestMuxCatchesStalePub:
 	// "published").
 	muxStalePub bool
+	// zeroAlignDown: a zero-ahead write (Config.ZeroAhead) starts at the
+	// page boundary below the tail, not at the tail: it overwrites the
+	// synced records of the tail's page with zeros. Caught by
+	// TestMuxCatchesZeroAlignDown ("synced record lost" in the crash
+	// seeds) and TestZeroAhead ("recovered:").
+	zeroAlignDown bool
 }

@@ -171,6 +171,11 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 	// Odd seeds gather (Sync only): held batches must keep every rule.
 	// (From the seed, not rng: the other seeds' runs stay as they were.)
 	cfg.GatherWindow = time.Duration(seed%2) * 300 * time.Microsecond
+	// Seeds 2 and 3 mod 4 zero-write ahead of the tail (a page to three,
+	// from the seed too): zeros after the tail keep every rule.
+	if seed%4 >= 2 {
+		cfg.ZeroAhead = int64(4096 * (1 + seed%3))
+	}
 	grng := rand.New(rand.NewPCG(seed, 0x676174))
 	// Half the device's completions continue the log on the device's side
 	// (Mux.Continue, as the shared log's FileDevice does): a Poll at any
@@ -249,6 +254,7 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 	if err := m.w.Err(); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
+	muxZeroWrites.Add(m.w.stats.ZeroWrites)
 	st := snapState(m)
 	segsBefore := len(m.w.segs)
 	if rng.IntN(2) == 0 {
@@ -401,16 +407,30 @@ func flipAndCheck(t testing.TB, rng *rand.Rand, mem *vfs.Mem, below uint64, flip
 	return checkMuxCorrupt(mm, st, mr, flipped)
 }
 
+// muxZeroWrites sums the zero-ahead writes of muxRun's Mux logs before
+// their crash (Config.ZeroAhead, seeds 2 and 3 mod 4).
+var muxZeroWrites atomic.Uint64
+
 func TestMuxCrashSeeds(t *testing.T) {
 	n := uint64(150)
 	if testing.Short() {
 		n = 60
 	}
+	z := muxZeroWrites.Load()
 	for seed := range n {
 		if f := muxRun(t, seed, 400, testingKnobs{}); len(f) > 0 {
 			t.Fatalf("seed %d: %q", seed, f)
 		}
 	}
+	if muxZeroWrites.Load() == z {
+		t.Fatal("no zero-ahead write in the seeds: the crash property never saw one")
+	}
+}
+
+// A zero-ahead write that starts at the page below the tail zeroes
+// synced records: the crash seeds that zero-write must catch it.
+func TestMuxCatchesZeroAlignDown(t *testing.T) {
+	caughtBy(t, testingKnobs{zeroAlignDown: true}, 40, "synced record lost")
 }
 
 // Bit rot below the last synced batch: each stream loses only records a

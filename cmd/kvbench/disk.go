@@ -35,9 +35,20 @@ Rows (--ops writes each, one at a time; p50, p99 and mean per write):
                     log (package wal) does per batch, where the first
                     write to a preallocated extent also commits its
                     conversion to written
+  written+fdatasync pwrite of --size bytes at the next offset of a file
+                    whose blocks were written with zeros and synced
+                    beforehand, then fdatasync: the log's pattern in a
+                    segment zero-written ahead of its tail (no extent to
+                    convert, so no journal commit per fdatasync)
+  reused+fdatasync  the same into a file that holds old data (written
+                    and synced beforehand): a recycled segment
 
---json prints one object per row: row, fs, dir, size, ops, p50_us,
-p99_us, mean_us, max_us.
+--rounds N runs every row N times in turn (each time --ops writes into a
+fresh file), so that the rows share the same minutes of a loaded machine;
+each row's figures are over all its rounds.
+
+--json prints one object per row: row, fs, dir, size, ops, rounds,
+p50_us, p99_us, mean_us, max_us.
 
 `
 
@@ -49,6 +60,7 @@ type diskFlags struct {
 	ops      int
 	json     bool
 	quick    bool
+	rounds   int
 }
 
 // diskRow is one row of kvbench disk.
@@ -58,6 +70,7 @@ type diskRow struct {
 	Dir    string  `json:"dir"`
 	Size   int     `json:"size"`
 	Ops    int     `json:"ops"`
+	Rounds int     `json:"rounds"`
 	P50US  float64 `json:"p50_us"`
 	P99US  float64 `json:"p99_us"`
 	MeanUS float64 `json:"mean_us"`
@@ -78,6 +91,7 @@ func runDisk(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.ops, "ops", 1000, "writes per row")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per row instead of a table")
 	fs.BoolVar(&o.quick, "quick", false, "a smoke test: 50 writes per row (unless --ops is given)")
+	fs.IntVar(&o.rounds, "rounds", 1, "run the rows this many times in turn (figures over all rounds)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -92,36 +106,43 @@ func runDisk(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case !o.rawFsync:
 		return errors.New("nothing to measure (--raw-fsync=false)")
-	case o.size <= 0 || o.ops <= 0:
-		return fmt.Errorf("--size %d --ops %d: want both positive", o.size, o.ops)
+	case o.size <= 0 || o.ops <= 0 || o.rounds <= 0:
+		return fmt.Errorf("--size %d --ops %d --rounds %d: want all positive", o.size, o.ops, o.rounds)
 	}
 	fsType, err := fsTypeOf(o.dir)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "kvbench disk: %d writes of %d B per row in %s (%s); load average %s\n", o.ops, o.size, o.dir, fsType, loadAvg())
-	var rows []diskRow
-	for _, m := range []struct {
+	fmt.Fprintf(stderr, "kvbench disk: %d writes of %d B per row and round, %d rounds, in %s (%s); load average %s\n", o.ops, o.size, o.rounds, o.dir, fsType, loadAvg())
+	meas := []struct {
 		name string
 		run  func(dir string, size, ops int, h *hist.Hist) error
-	}{{"write+fdatasync", rawOverwrite(false)}, {"O_DSYNC", rawOverwrite(true)}, {"append+fdatasync", rawAppend}} {
-		if runCtx.Err() != nil {
-			return errStopping
+	}{{"write+fdatasync", rawOverwrite(false)}, {"O_DSYNC", rawOverwrite(true)}, {"append+fdatasync", rawAppend(fillNone)},
+		{"written+fdatasync", rawAppend(fillZeros)}, {"reused+fdatasync", rawAppend(fillOld)}}
+	hs := make([]hist.Hist, len(meas))
+	for range o.rounds {
+		for i, m := range meas {
+			if runCtx.Err() != nil {
+				return errStopping
+			}
+			if err := m.run(o.dir, o.size, o.ops, &hs[i]); err != nil {
+				return fmt.Errorf("%s: %w", m.name, err)
+			}
 		}
-		var h hist.Hist
-		if err := m.run(o.dir, o.size, o.ops, &h); err != nil {
-			return fmt.Errorf("%s: %w", m.name, err)
-		}
+	}
+	var rows []diskRow
+	for i, m := range meas {
+		h := &hs[i]
 		us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-		rows = append(rows, diskRow{Row: m.name, FS: fsType, Dir: o.dir, Size: o.size, Ops: o.ops,
+		rows = append(rows, diskRow{Row: m.name, FS: fsType, Dir: o.dir, Size: o.size, Ops: o.ops, Rounds: o.rounds,
 			P50US: us(h.Quantile(0.5)), P99US: us(h.Quantile(0.99)), MeanUS: us(h.Mean()), MaxUS: us(h.Max())})
 	}
 	return emitRows("disk", stdout, stderr, rows, o.json, func() { printDiskTable(stdout, rows, &o, fsType) }, nil)
 }
 
 func printDiskTable(w io.Writer, rows []diskRow, o *diskFlags, fsType string) {
-	fmt.Fprintf(w, "kvbench disk --raw-fsync  %s  %s, %d CPUs, %s\n%s (%s), %d writes of %d B per row\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(), o.dir, fsType, o.ops, o.size)
+	fmt.Fprintf(w, "kvbench disk --raw-fsync  %s  %s, %d CPUs, %s\n%s (%s), %d writes of %d B per row and round, %d rounds; load average %s\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(), o.dir, fsType, o.ops, o.size, o.rounds, loadAvg())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "row\tp50\tp99\tmean\tmax\t")
 	for _, r := range rows {
@@ -190,36 +211,61 @@ func rawOverwrite(dsync bool) func(dir string, size, ops int, h *hist.Hist) erro
 	}
 }
 
-// rawAppend measures pwrite at the next offset of a preallocated file,
-// then fdatasync.
-func rawAppend(dir string, size, ops int, h *hist.Hist) error {
-	f, done, err := diskFile(dir, 0)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)*int64(ops)); err != nil {
-		return fmt.Errorf("fallocate: %w", err)
-	}
-	if err := unix.Fsync(int(f.Fd())); err != nil {
-		return err
-	}
-	buf := make([]byte, size)
-	for i := range ops {
-		if runCtx.Err() != nil {
-			return errStopping
-		}
-		buf[i%size]++
-		t0 := time.Now()
-		if _, err := f.WriteAt(buf, int64(i)*int64(size)); err != nil {
+// How rawAppend's file is made before its writes.
+const (
+	fillNone  = iota // preallocated (fallocate): unwritten extents
+	fillZeros        // zeros written and synced
+	fillOld          // old data written and synced (a file's earlier life)
+)
+
+// rawAppend measures pwrite at the next offset of a file made as fill
+// says, then fdatasync.
+func rawAppend(fill int) func(dir string, size, ops int, h *hist.Hist) error {
+	return func(dir string, size, ops int, h *hist.Hist) error {
+		f, done, err := diskFile(dir, 0)
+		if err != nil {
 			return err
 		}
-		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		defer done()
+		total := int64(size) * int64(ops)
+		switch fill {
+		case fillNone:
+			if err := unix.Fallocate(int(f.Fd()), 0, 0, total); err != nil {
+				return fmt.Errorf("fallocate: %w", err)
+			}
+		default:
+			chunk := make([]byte, 1<<20)
+			if fill == fillOld {
+				for i := range chunk {
+					chunk[i] = byte(i*7 + 1)
+				}
+			}
+			for off := int64(0); off < total; off += int64(len(chunk)) {
+				if _, err := f.WriteAt(chunk[:min(int64(len(chunk)), total-off)], off); err != nil {
+					return err
+				}
+			}
+		}
+		if err := unix.Fsync(int(f.Fd())); err != nil {
 			return err
 		}
-		h.Record(time.Since(t0))
+		buf := make([]byte, size)
+		for i := range ops {
+			if runCtx.Err() != nil {
+				return errStopping
+			}
+			buf[i%size]++
+			t0 := time.Now()
+			if _, err := f.WriteAt(buf, int64(i)*int64(size)); err != nil {
+				return err
+			}
+			if err := unix.Fdatasync(int(f.Fd())); err != nil {
+				return err
+			}
+			h.Record(time.Since(t0))
+		}
+		return nil
 	}
-	return nil
 }
 
 // fsTypes names the statfs magics of the common Linux file systems.

@@ -23,23 +23,23 @@ func jsonRows(t *testing.T, out string) map[string]map[string]any {
 	return rows
 }
 
-// TestDiskJSON: kvbench disk --raw-fsync measures its three rows in --dir
+// TestDiskJSON: kvbench disk --raw-fsync measures its five rows in --dir
 // (named with its file system type) and leaves no file there.
 func TestDiskJSON(t *testing.T) {
 	dir := t.TempDir()
-	args := []string{"disk", "--raw-fsync", "--json", "--ops", "5", "--dir", dir}
+	args := []string{"disk", "--raw-fsync", "--json", "--ops", "5", "--rounds", "2", "--dir", dir}
 	var stdout, stderr bytes.Buffer
 	if code := run(args, &stdout, &stderr); code != 0 {
 		t.Fatalf("kvbench %s exited %d; stderr:\n%s", strings.Join(args, " "), code, stderr.String())
 	}
 	rows := jsonRows(t, stdout.String())
-	if got := strings.Join(keys(rows), " "); got != "O_DSYNC append+fdatasync write+fdatasync" {
+	if got := strings.Join(keys(rows), " "); got != "O_DSYNC append+fdatasync reused+fdatasync write+fdatasync written+fdatasync" {
 		t.Fatalf("rows %s; stdout:\n%s", got, stdout.String())
 	}
 	for name, r := range rows {
 		positive(t, r, "p50_us", "p99_us", "mean_us", "max_us")
-		if r["fs"] == "" || r["dir"] != dir || r["ops"] != float64(5) || r["size"] != float64(4096) {
-			t.Errorf("row %s: fs %v, dir %v, ops %v, size %v", name, r["fs"], r["dir"], r["ops"], r["size"])
+		if r["fs"] == "" || r["dir"] != dir || r["ops"] != float64(5) || r["rounds"] != float64(2) || r["size"] != float64(4096) {
+			t.Errorf("row %s: fs %v, dir %v, ops %v, rounds %v, size %v", name, r["fs"], r["dir"], r["ops"], r["rounds"], r["size"])
 		}
 		if r["p99_us"].(float64) < r["p50_us"].(float64) || r["max_us"].(float64) < r["p99_us"].(float64) {
 			t.Errorf("row %s: p50 %v, p99 %v, max %v not in order", name, r["p50_us"], r["p99_us"], r["max_us"])

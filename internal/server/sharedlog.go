@@ -119,7 +119,7 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 		}
 	})
 	s.mux, err = wal.OpenMux(s.dev, wal.Config{Dir: dir, Mode: mode, FsyncInterval: cfg.FsyncInterval, SegmentBytes: cfg.SegmentBytes, Member: member,
-		GatherWindow: SharedLogGather}, s.rec)
+		GatherWindow: SharedLogGather, ZeroAhead: zeroAhead(mode)}, s.rec)
 	if err != nil {
 		s.dev.Close()
 		return nil, fmt.Errorf("open the shared log in %s: %v", dir, err)
