@@ -27,6 +27,7 @@ import (
 	"github.com/rdmakv/rdmakv/cluster"
 	"github.com/rdmakv/rdmakv/fabric"
 	"github.com/rdmakv/rdmakv/internal/hist"
+	"github.com/rdmakv/rdmakv/internal/kvproc"
 	"github.com/rdmakv/rdmakv/internal/redisproc"
 	"github.com/rdmakv/rdmakv/internal/server"
 	"github.com/rdmakv/rdmakv/kv"
@@ -54,9 +55,15 @@ by go-redis v9 from the same number of goroutines. Without redis-server
 (apt-get install -y redis-server) the rdmakv rows are printed alone.
 
 Every run starts a fresh cluster (a new shm cluster name) and a fresh
-redis-server, then measures, rdmakv first and Redis right after it (the
-get and put rows' Redis measurements with the replicas' process stopped,
-SIGSTOP, and resumed before rdmakv's next row: baseline_replicas):
+redis-server, then measures, rdmakv first and Redis right after it.
+Redis's part of every row runs with the replicas' process stopped
+(SIGSTOP), so that the idle replicas take no CPU from it: the get and put
+measurements, and the load (its seed keys, gets and puts) that the
+get-during-growth and memory rows measure; the process is resumed
+(SIGCONT), and serves a linearizable read again, before anything of
+rdmakv's runs next. Each row says so: baseline_replicas "stopped" (else
+the states seen) and baseline_replicas_cpu_s. An error while it is
+stopped resumes it; a Ctrl-C kills it with kvbench's other children.
 
   get-during-growth
            the load: --records keys written from empty, in batches of as
@@ -667,6 +674,10 @@ type growthStat struct {
 	intervals           int
 	loadOpsPerS         float64
 	notFound            uint64
+	// replicas and replicasCPU (Redis's side): what the replicas'
+	// processes did during Redis's seed keys, gets and load (basefreeze.go)
+	replicas    string
+	replicasCPU float64
 }
 
 // interval is one --interval of the growth figure's getter.
@@ -949,8 +960,12 @@ type memStat struct {
 	bytes, index, heap, rss, shm float64 // per record per replica
 	base, baseRSS                float64 // Redis, per record
 	hasBase                      bool
-	gen, logBuckets              int
-	migrating                    bool
+	// replicas and replicasCPU: what the replicas' processes did during
+	// Redis's load, which base measures (basefreeze.go)
+	replicas        string
+	replicasCPU     float64
+	gen, logBuckets int
+	migrating       bool
 }
 
 // kvKey names a get or put row.
@@ -1061,6 +1076,9 @@ type kvEnv struct {
 	redis *redisStore // nil: no baseline
 	pids  []int       // the replicas' process and redis-server
 	reps  []int       // the replicas' process
+	// baseLoad: what the replicas' processes did during Redis's load
+	// (load or plainLoad), for the memory row
+	baseLoad kvproc.During
 }
 
 // openKVEnv starts a fresh cluster under a new name, opens the client, and
@@ -1250,6 +1268,7 @@ func kvRunOnce(o *kvFlags, run int, kvserverBin, redisBin string, res *kvResults
 			return err
 		}
 		ms.hasBase = true
+		ms.replicas, ms.replicasCPU = e.baseLoad.State, e.baseLoad.CPUSeconds
 		ms.base = float64(rm.used-redisMem0.used) / float64(o.records)
 		ms.baseRSS = float64(rm.rss-redisMem0.rss) / float64(o.records)
 	}
@@ -1277,17 +1296,33 @@ func (e *kvEnv) load() (growthPair, error) {
 		sides = append(sides, side{"redis", e.redis, &gp.base})
 	}
 	for _, side := range sides {
-		for first := 0; first < kvSeedKeys; first += batch {
-			if err := side.s.writeBatch(0, first, min(batch, kvSeedKeys-first)); err != nil {
-				return gp, fmt.Errorf("%s: seed keys: %w", side.name, err)
+		var st growthStat
+		do := func() error {
+			for first := 0; first < kvSeedKeys; first += batch {
+				if err := side.s.writeBatch(0, first, min(batch, kvSeedKeys-first)); err != nil {
+					return fmt.Errorf("%s: seed keys: %w", side.name, err)
+				}
 			}
+			e.note("%s: load of %d keys (batches of %d on %d goroutines) with stale-ok gets alongside", side.name, o.records, batch, kvLoaders)
+			var err error
+			st, err = growth(side.s, kvSeedKeys, o.records, batch, o.interval, before, func(done, all int, el time.Duration) {
+				e.note("%s: loaded %d/%d keys in %.1fs (%s keys/s)", side.name, done, all, el.Seconds(), fmtOps(float64(done-kvSeedKeys)/el.Seconds()))
+			})
+			if err != nil {
+				return fmt.Errorf("%s load: %w", side.name, err)
+			}
+			return nil
 		}
-		e.note("%s: load of %d keys (batches of %d on %d goroutines) with stale-ok gets alongside", side.name, o.records, batch, kvLoaders)
-		st, err := growth(side.s, kvSeedKeys, o.records, batch, o.interval, before, func(done, all int, el time.Duration) {
-			e.note("%s: loaded %d/%d keys in %.1fs (%s keys/s)", side.name, done, all, el.Seconds(), fmtOps(float64(done-kvSeedKeys)/el.Seconds()))
-		})
-		if err != nil {
-			return gp, fmt.Errorf("%s load: %w", side.name, err)
+		if side.name == "redis" {
+			// Redis's side with the replicas' process stopped.
+			d, err := e.frozenDo(do)
+			st.replicas, st.replicasCPU = d.State, d.CPUSeconds
+			e.baseLoad = d
+			if err != nil {
+				return gp, err
+			}
+		} else if err := do(); err != nil {
+			return gp, err
 		}
 		*side.st = st
 		gens := ""
@@ -1311,28 +1346,43 @@ func (e *kvEnv) plainLoad() error {
 		stores, names = append(stores, e.redis), append(names, "redis")
 	}
 	for i, s := range stores {
-		start := time.Now()
-		nb := (o.records + batch - 1) / batch
-		var next atomic.Int64
-		errs := make([]error, kvLoaders)
-		var wg sync.WaitGroup
-		for j := range kvLoaders {
-			wg.Go(func() {
-				for b := int(next.Add(1) - 1); b < nb; b = int(next.Add(1) - 1) {
-					first := b * batch
-					if err := s.writeBatch(j, first, min(batch, o.records-first)); err != nil {
-						errs[j] = fmt.Errorf("load keys %d..: %w", first, err)
-						next.Store(int64(nb))
-						return
+		do := func() error {
+			start := time.Now()
+			nb := (o.records + batch - 1) / batch
+			var next atomic.Int64
+			errs := make([]error, kvLoaders)
+			var wg sync.WaitGroup
+			for j := range kvLoaders {
+				wg.Go(func() {
+					for b := int(next.Add(1) - 1); b < nb; b = int(next.Add(1) - 1) {
+						first := b * batch
+						if err := s.writeBatch(j, first, min(batch, o.records-first)); err != nil {
+							errs[j] = fmt.Errorf("load keys %d..: %w", first, err)
+							next.Store(int64(nb))
+							return
+						}
 					}
-				}
-			})
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return fmt.Errorf("%s load: %w", names[i], err)
+			}
+			e.note("%s: loaded %d keys (batches of %d on %d goroutines) in %.1fs", names[i], o.records, batch, kvLoaders, time.Since(start).Seconds())
+			return nil
 		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return fmt.Errorf("%s load: %w", names[i], err)
+		if names[i] != "redis" {
+			if err := do(); err != nil {
+				return err
+			}
+			continue
 		}
-		e.note("%s: loaded %d keys (batches of %d on %d goroutines) in %.1fs", names[i], o.records, batch, kvLoaders, time.Since(start).Seconds())
+		// Redis's load (the memory row's baseline) with the replicas'
+		// process stopped.
+		var err error
+		if e.baseLoad, err = e.frozenDo(do); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -1780,7 +1830,7 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 			r.BaselineP99NS = int64(medianOf(based, func(p kvPair) float64 { return float64(p.base.p99) }))
 			r.RatioOps = medianOf(based, func(p kvPair) float64 { return ratio(p.ours.opsPerS, p.base.opsPerS) })
 			r.RatioP50 = medianOf(based, func(p kvPair) float64 { return ratio(float64(p.ours.p50), float64(p.base.p50)) })
-			r.BaselineReplicas = baselineReplicas(based)
+			r.BaselineReplicas = baselineReplicas(mapOf(based, func(p kvPair) string { return p.base.replicas }))
 			r.BaselineReplicasCPUS = medianOf(based, func(p kvPair) float64 { return p.base.replicasCPU })
 		}
 		out = append(out, r)
@@ -1825,6 +1875,8 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 			r.BaselineLoadOpsPerS = bmed(func(g growthStat) float64 { return g.loadOpsPerS })
 			r.RatioOps = medianOf(based, func(g growthPair) float64 { return ratio(g.ours.min, g.base.min) })
 			r.RatioP50 = medianOf(based, func(g growthPair) float64 { return ratio(float64(g.ours.p50), float64(g.base.p50)) })
+			r.BaselineReplicas = baselineReplicas(mapOf(based, func(g growthPair) string { return g.base.replicas }))
+			r.BaselineReplicasCPUS = bmed(func(g growthStat) float64 { return g.replicasCPU })
 		}
 		out = append(out, r)
 	}
@@ -1852,6 +1904,8 @@ func summarizeKV(res *kvResults, o *kvFlags) []kvRow {
 			r.Baseline = "redis"
 			r.BaselineBytesPerRecord = medianOf(based, func(m memStat) float64 { return m.base })
 			r.BaselineRSSBytesPerRecord = medianOf(based, func(m memStat) float64 { return m.baseRSS })
+			r.BaselineReplicas = baselineReplicas(mapOf(based, func(m memStat) string { return m.replicas }))
+			r.BaselineReplicasCPUS = medianOf(based, func(m memStat) float64 { return m.replicasCPU })
 		}
 		out = append(out, r)
 	}
