@@ -1622,7 +1622,10 @@ func (t *Table) prefaultSpares(after <-chan struct{}) {
 	made := int64(0)
 	for {
 		if n := t.spareWant.Load(); n > made {
-			b := prefaulted(int(n))
+			b := prefaulted(int(n), t.closing)
+			if b == nil {
+				return // the table closes: Close waits for this goroutine
+			}
 			t.offerSpare(&b)
 			t.spareFaults.Add(1)
 			made = n
@@ -1645,13 +1648,20 @@ const prefaultYield = 64 << 10
 
 // prefaulted is a buffer of n bytes whose pages are all mapped: a store to
 // each page faults it in here, not in a capture's copy on the polling
-// goroutine.
-func prefaulted(n int) []byte {
+// goroutine. It gives up (nil) at a yield once stop is closed: a spare
+// made late (SpareAfter) must not hold up the table's Close for the
+// seconds it may take on a loaded machine.
+func prefaulted(n int, stop <-chan struct{}) []byte {
 	b := make([]byte, n)
 	page := os.Getpagesize()
 	for i := 0; i < n; i += page {
 		b[i] = 0
 		if i%prefaultYield == 0 && i > 0 {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
 			runtime.Gosched()
 		}
 	}
