@@ -23,7 +23,10 @@ func TestSpareAfter(t *testing.T) {
 
 func spareAfter(t *testing.T, knob string) string {
 	src, _ := soloTable(t, TableConfig{})
-	const n = 3000
+	// 200 records: an index of 16 KiB, under prefaulted's first yield
+	// (64 KiB), so the planted goroutine makes its spare whole even when
+	// Close comes meanwhile (it gives up only at a yield).
+	const n = 200
 	for i := range n {
 		put(src, uint64(i+1), Op{Kind: OpPut, Key: fmt.Appendf(nil, "k%06d", i), Value: fmt.Appendf(nil, "v%d", i)})
 	}
@@ -41,6 +44,9 @@ func spareAfter(t *testing.T, knob string) string {
 		}
 		if tb.Len() != n {
 			t.Fatalf("restored %d records, want %d", tb.Len(), n)
+		}
+		if c := tb.indexCopySize(); c >= prefaultYield {
+			t.Fatalf("an index copy of %d bytes: a planted spare could give up at a yield", c)
 		}
 		return tb
 	}
