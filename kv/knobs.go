@@ -99,6 +99,11 @@ type testingKnobs struct {
 	// index, and the next capture faults a fresh buffer in on the poller
 	// (TestPrefaultedSpare).
 	spareKeepsLast bool
+	// spareIgnoresAfter (table): the spare's pre-fault goroutine does not
+	// wait for TableConfig.SpareAfter, so a process's start makes its
+	// tables' spares beside the builds of its other replicas
+	// (TestSpareAfter: a spare made while the gate was shut).
+	spareIgnoresAfter bool
 	// handOnTwice (table): a capture's Release offers its index copy as
 	// the spare although its Persist handed it on already, so a later
 	// capture copies into the buffer of one alive (TestPersistHandsOnIndexCopy).

@@ -94,6 +94,13 @@ type TableConfig struct {
 	// then only a released capture's buffer). Off in the simulator (no
 	// goroutines there); a kvserver with a durable mode sets it.
 	PrefaultSpare bool
+	// SpareAfter, if set, holds PrefaultSpare's goroutine until it is
+	// closed (or the table closes): no spare is made before, and then
+	// one of the size last asked. A process that builds its replicas at
+	// its start closes it once every replica is built, so that the
+	// spares' fresh pages (an index's size each) do not take processors
+	// from the builds (issue 19). nil: spares are made at once.
+	SpareAfter <-chan struct{}
 	// PrefaultHeap is how many bytes past the heap's bump pointer (where
 	// inserts of new keys take their records) a goroutine of the table
 	// keeps faulted in, off the polling goroutine (heapfault.go): a
@@ -249,6 +256,10 @@ type Table struct {
 	prefaulting atomic.Bool
 	prefaultWG  sync.WaitGroup
 	spareFaults atomic.Int64
+	// closing is closed by Close, before it waits for the pre-fault
+	// goroutine (one held by SpareAfter then makes no spare).
+	closing   chan struct{}
+	closeOnce sync.Once
 	// walks counts the captures' Persist walks under way (any
 	// goroutine); Close waits for them and refuses later ones
 	// (beginWalk), as they read the memory it unmaps.
@@ -294,7 +305,7 @@ func NewTable(cfg TableConfig, node rdma.Node) (*Table, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	t := &Table{cfg: cfg, node: node, stages: map[uint32][]*stage{}}
+	t := &Table{cfg: cfg, node: node, stages: map[uint32][]*stage{}, closing: make(chan struct{})}
 	t.heap = heap{node: node, group: cfg.Group, size: cfg.HeapRegionSize, free: map[int][]uint64{}, grant: t.grant,
 		lookahead: cfg.PrefaultHeap, knobs: &t.knobs}
 	var err error
@@ -341,6 +352,7 @@ func (t *Table) newGen(n, log int) (gen, error) {
 
 // Close releases every region.
 func (t *Table) Close() error {
+	t.closeOnce.Do(func() { close(t.closing) })
 	t.prefaultWG.Wait()
 	t.heap.stopFaulter() // before the regions it touches are unmapped
 	t.closeWalks()
@@ -1584,20 +1596,36 @@ func (t *Table) ensureSpare() {
 	}
 	t.spareWant.Store(n)
 	if t.prefaulting.CompareAndSwap(false, true) {
+		after := t.cfg.SpareAfter
+		if t.knobs.spareIgnoresAfter {
+			after = nil
+		}
 		t.prefaultWG.Add(1)
-		go t.prefaultSpares()
+		go t.prefaultSpares(after)
 	}
 }
 
 // prefaultSpares makes spares of spareWant's size, their pages touched,
 // until it has made one of the last size asked; one goroutine at a time
 // (prefaulting).
-func (t *Table) prefaultSpares() {
+func (t *Table) prefaultSpares(after <-chan struct{}) {
 	defer t.prefaultWG.Done()
+	if after != nil {
+		select {
+		case <-after:
+		case <-t.closing:
+			// Made none: a later ensureSpare does not start the
+			// goroutine again (the table is closed).
+			return
+		}
+	}
 	made := int64(0)
 	for {
 		if n := t.spareWant.Load(); n > made {
-			b := prefaulted(int(n))
+			b := prefaulted(int(n), t.closing)
+			if b == nil {
+				return // the table closes: Close waits for this goroutine
+			}
 			t.offerSpare(&b)
 			t.spareFaults.Add(1)
 			made = n
@@ -1620,13 +1648,20 @@ const prefaultYield = 64 << 10
 
 // prefaulted is a buffer of n bytes whose pages are all mapped: a store to
 // each page faults it in here, not in a capture's copy on the polling
-// goroutine.
-func prefaulted(n int) []byte {
+// goroutine. It gives up (nil) at a yield once stop is closed: a spare
+// made late (SpareAfter) must not hold up the table's Close for the
+// seconds it may take on a loaded machine.
+func prefaulted(n int, stop <-chan struct{}) []byte {
 	b := make([]byte, n)
 	page := os.Getpagesize()
 	for i := 0; i < n; i += page {
 		b[i] = 0
 		if i%prefaultYield == 0 && i > 0 {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
 			runtime.Gosched()
 		}
 	}
