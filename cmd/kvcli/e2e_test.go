@@ -533,8 +533,9 @@ func TestMain(m *testing.M) {
 }
 
 // build compiles the module's package pkg (e.g. "./cmd/kvcli") once per
-// test binary, into a directory TestMain removes, and returns the
-// binary's path.
+// test binary, into a directory TestMain removes (or takes it from
+// RDMAKV_TEST_BIN, where make unit built it), and returns the binary's
+// path.
 func build(t *testing.T, pkg string) string {
 	t.Helper()
 	builtMu.Lock()
@@ -542,12 +543,21 @@ func build(t *testing.T, pkg string) string {
 	if out, ok := built[pkg]; ok {
 		return out
 	}
-	if builtDir == "" {
+	if builtDir == "" && os.Getenv("RDMAKV_TEST_BIN") == "" {
 		d, err := os.MkdirTemp("", "rdmakv-kvcli-test-bin-")
 		if err != nil {
 			t.Fatal(err)
 		}
 		builtDir = d
+	}
+	if d := os.Getenv("RDMAKV_TEST_BIN"); d != "" {
+		// make unit built kvserver and kvcli once for every package.
+		out := filepath.Join(d, filepath.Base(pkg))
+		if _, err := os.Stat(out); err != nil {
+			t.Fatalf("%s from RDMAKV_TEST_BIN: %v", pkg, err)
+		}
+		built[pkg] = out
+		return out
 	}
 	out := filepath.Join(builtDir, filepath.Base(pkg))
 	cmd := exec.Command("go", "build", "-o", out, pkg)
