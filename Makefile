@@ -105,8 +105,18 @@ norace:
 	  $(GO) test $(TESTVET) -count=1 -timeout 10m -run '^($(NORACE_SIM))$$' ./sim 2>&1); st=$$?; \
 	if [ $$st -eq 0 ]; then printf '%s\n' "$$out" | grep -E -e '--- |^(ok|FAIL)|bigsnap_test'; else printf '%s\n' "$$out"; fi; exit $$st
 
+# The commands that tests run as processes (kvserver, kvcli, kvbench: the
+# e2e, kvcli, kvserver and kvbench tests) are built once, without -race,
+# before the race pass, and handed to every package's tests in
+# RDMAKV_TEST_BIN: each of those packages built kvserver (or kvbench) by
+# itself, and the cmd packages' tests, run side by side, compiled the same
+# packages at once. Without RDMAKV_TEST_BIN (go test by hand) a test
+# binary builds what it runs, once.
 unit:
-	$(GO) test $(TESTVET) -race -timeout 30m ./...
+	bin=$$(mktemp -d "$${TMPDIR:-/tmp}/rdmakv-test-bin-XXXXXX") && \
+	  $(GO) build -buildvcs=true -o "$$bin/" ./cmd/kvserver ./cmd/kvcli ./cmd/kvbench && \
+	  RDMAKV_TEST_BIN=$$bin $(GO) test $(TESTVET) -race -timeout 30m ./...; \
+	  st=$$?; rm -rf "$$bin"; exit $$st
 
 # The simulators with long seed counts, without the race detector: about
 # ten times what make test runs (each test's -seeds is per case), times

@@ -262,14 +262,25 @@ func (m *bigMember) stop() {
 // the pruned Log catches up by a snapshot of a large state (64 MiB here,
 // -bigstate 1024 for the 1 GiB) on the mem fabric while a client
 // keeps proposing at the leader. The capture is taken in Poll, the copy
-// off it: no Poll of the leader runs for more than a quarter of the
-// election timeout on CPU, no election starts, and the follower ends with the
-// same state (-persistinpoll, serialising on the polling goroutine as the
-// replica once did, fails it).
+// off it: no Poll of the leader runs for more than pollCPUBound (25 ms)
+// on CPU, and the follower ends with the same state (-persistinpoll,
+// serialising on the polling goroutine as the replica once did, fails it:
+// a Persist copies and hashes the whole state in one Poll).
 // It reports the catch-up time and the leader's commit latencies during
 // the transfer against those before it. The bound is on the CPU time of
 // a Poll: its wall-clock time on this 2-core machine mostly measures the
 // OS scheduler (the log shows both).
+//
+// The election timeout is 1 s, the bound a fixed 25 ms (it was a quarter
+// of a 100 ms timeout): the property is the Poll's CPU time, which load
+// does not inflate, while a 100 ms timeout is one the OS scheduler breaks
+// at load 30-40 (a polling thread not run for 100 ms), and each election
+// ended the follower's fetch of the snapshot: CI failed 'the follower did
+// not catch up' in 150 s after 44-206 elections.
+// pollCPUBound is TestLargeSnapshotCatchUp's bound on the CPU time of one
+// Poll of the leader during the transfer.
+const pollCPUBound = 25 * time.Millisecond
+
 func TestLargeSnapshotCatchUp(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
@@ -278,7 +289,7 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 	if raceEnabled {
 		mib = min(mib, 16) // for the race detector's sake; the timing is checked without it
 	}
-	const et = 100 * time.Millisecond
+	const et = time.Second
 	f := mem.New(mem.Options{})
 	ids := []rdma.NodeID{1, 2, 3}
 	cfg := Config{Members: ids, Start: StartNew, HeartbeatInterval: time.Millisecond, ElectionTimeout: et,
@@ -400,14 +411,14 @@ func TestLargeSnapshotCatchUp(t *testing.T) {
 	if n := timeouts.Load(); n > 0 {
 		t.Logf("%d proposals timed out without a leader and were proposed again", n)
 	}
-	// The bound is a quarter of the election timeout, not less: a Poll
+	// The bound is 25 ms, not less: a Poll
 	// that pays the GC's mark assist (seen up to 10 ms of CPU in a Dial of
 	// the restarted follower, with 200 MiB of blob state in the process)
 	// or first touches of the test FSM's copy-on-write pages (up to 6 ms)
 	// is not blocked by the snapshot; a Persist on the polling goroutine
 	// (-persistinpoll) copies and hashes all 64 MiB, far more.
-	if maxCPU > et/4 && !raceEnabled {
-		t.Errorf("a Poll of the leader ran %v on CPU during the transfer (election timeout %v): the snapshot blocks the polling goroutine", maxCPU, et)
+	if maxCPU > pollCPUBound && !raceEnabled {
+		t.Errorf("a Poll of the leader ran %v on CPU during the transfer (bound %v, election timeout %v): the snapshot blocks the polling goroutine", maxCPU, pollCPUBound, et)
 	}
 	fs := fol.r.Status()
 	if fs.Counters.SnapshotsRestored == 0 {

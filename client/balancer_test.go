@@ -261,9 +261,24 @@ func TestBalancerTakesOver(t *testing.T) {
 				}
 				t0 := time.Now()
 				var err error
+				// t1 is the end of the first round, which saw the tablet
+				// busy: a round begun StuckAfter after it finishes the
+				// move (the none case). The planted one is caught after 3
+				// such rounds, not the whole 5 s.
+				var t1 time.Time
+				late := 0
 				for time.Since(t0) < 5*time.Second && b.Status().Resumed == 0 {
+					if plant == "noTakeover" && late >= 3 {
+						break
+					}
+					if !t1.IsZero() && time.Since(t1) >= stuck {
+						late++
+					}
 					if err = b.Round(context.Background(), bc); err != nil {
 						t.Fatalf("round: %v", err)
+					}
+					if t1.IsZero() {
+						t1 = time.Now()
 					}
 					if st := b.Status(); st.Resumed == 0 && st.State != "waiting" {
 						t.Fatalf("state %q with a tablet %s", st.State, state)
@@ -282,7 +297,7 @@ func TestBalancerTakesOver(t *testing.T) {
 					if st.Resumed != 0 || got == nil || got.State == "serving" {
 						t.Fatalf("the planted noTakeover finished the move: %+v %+v", st, got)
 					}
-					t.Logf("planted noTakeover caught: tablet %q still %s after %v", got.Low, got.State, time.Since(t0).Round(time.Millisecond))
+					t.Logf("planted noTakeover caught: tablet %q still %s after %v (%d rounds past StuckAfter)", got.Low, got.State, time.Since(t0).Round(time.Millisecond), late)
 					return
 				}
 				if st.Resumed != 1 || st.Moves != 1 || time.Since(t0) < stuck {
@@ -405,6 +420,17 @@ func balancerAbortsFailingMove(t *testing.T, plant string) {
 		client.PlantBalancerNoAbort(b)
 	}
 	for r := 0; b.Status().Aborted == 0; r++ {
+		mu.Lock()
+		tried := ingests
+		mu.Unlock()
+		if plant == "noAbort" && tried >= 2*3 {
+			// The balancer undoes its move on the round after its 3rd
+			// failed ingest (the none case checks exactly 3): twice that
+			// many without an abort is the planted bug.
+			tbs, _ := tabletsOf(t, bc)
+			t.Logf("planted noAbort caught: no abort after %d rounds, %d ingests tried, tablets %+v", r, tried, tbs)
+			return
+		}
 		if r > 20 {
 			tbs, _ := tabletsOf(t, bc)
 			if plant == "noAbort" {

@@ -27,10 +27,19 @@ var (
 	buildErr  error
 )
 
-// kvbenchBin builds kvbench once per test binary run.
+// kvbenchBin builds kvbench once per test binary run (or takes the one
+// make unit built, RDMAKV_TEST_BIN).
 func kvbenchBin(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if d := os.Getenv("RDMAKV_TEST_BIN"); d != "" {
+			// make unit built kvbench once (not under -race).
+			buildBin = filepath.Join(d, "kvbench")
+			if _, err := os.Stat(buildBin); err != nil {
+				buildErr = &buildError{err: err}
+			}
+			return
+		}
 		buildDir, buildErr = os.MkdirTemp("", "kvbench-bin-")
 		if buildErr != nil {
 			return

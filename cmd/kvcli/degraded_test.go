@@ -85,8 +85,8 @@ func startProcCluster(t *testing.T, fabric string, groups int) *procCluster {
 		t.Skip("builds and runs kvserver and kvcli")
 	}
 	dir := t.TempDir()
-	kvserver := build(t, dir, "./cmd/kvserver")
-	c := &procCluster{t: t, dir: dir, kvcli: build(t, dir, "./cmd/kvcli"), config: filepath.Join(dir, "cluster.toml"),
+	kvserver := build(t, "./cmd/kvserver")
+	c := &procCluster{t: t, dir: dir, kvcli: build(t, "./cmd/kvcli"), config: filepath.Join(dir, "cluster.toml"),
 		ctl: map[int]string{}, procs: map[int]*exec.Cmd{}}
 	for _, d := range []string{"home", "state", "tmp"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ import (
 // e2e is a running kvserver (the embedded local cluster, on a private map,
 // name and shm directory) and the kvcli binary to drive it.
 type e2e struct {
-	dir     string // everything of the test: binaries, map, shm, HOME, TMPDIR
+	dir     string // everything of the test: map, shm, HOME, TMPDIR
 	kvcli   string
 	mapFile string
 	name    string
@@ -33,8 +34,8 @@ func startE2E(t *testing.T, extra ...string) *e2e {
 		t.Skip("builds and runs kvserver and kvcli")
 	}
 	dir := t.TempDir()
-	kvserver := build(t, dir, "./cmd/kvserver")
-	e := &e2e{dir: dir, kvcli: build(t, dir, "./cmd/kvcli"), mapFile: filepath.Join(dir, "run", "cluster.json"), name: fmt.Sprintf("kvcli%d", os.Getpid())}
+	kvserver := build(t, "./cmd/kvserver")
+	e := &e2e{dir: dir, kvcli: build(t, "./cmd/kvcli"), mapFile: filepath.Join(dir, "run", "cluster.json"), name: fmt.Sprintf("kvcli%d", os.Getpid())}
 	for _, d := range []string{"shm", "home", "state", "tmp"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -514,16 +515,57 @@ func testShell(t *testing.T, e *e2e) {
 	x.waitGone(s2)
 }
 
-// build compiles the module's package pkg (e.g. "./cmd/kvcli") into dir
-// and returns the binary's path.
-func build(t *testing.T, dir, pkg string) string {
+// The binaries build made, one per package for the whole test binary:
+// TestEndToEnd, TestTabletOps and the degraded tests each built kvserver
+// and kvcli again (ten links of the same two programs a run).
+var (
+	builtMu  sync.Mutex
+	builtDir string
+	built    = map[string]string{}
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtDir != "" {
+		os.RemoveAll(builtDir)
+	}
+	os.Exit(code)
+}
+
+// build compiles the module's package pkg (e.g. "./cmd/kvcli") once per
+// test binary, into a directory TestMain removes (or takes it from
+// RDMAKV_TEST_BIN, where make unit built it), and returns the binary's
+// path.
+func build(t *testing.T, pkg string) string {
 	t.Helper()
-	out := filepath.Join(dir, filepath.Base(pkg))
+	builtMu.Lock()
+	defer builtMu.Unlock()
+	if out, ok := built[pkg]; ok {
+		return out
+	}
+	if builtDir == "" && os.Getenv("RDMAKV_TEST_BIN") == "" {
+		d, err := os.MkdirTemp("", "rdmakv-kvcli-test-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		builtDir = d
+	}
+	if d := os.Getenv("RDMAKV_TEST_BIN"); d != "" {
+		// make unit built kvserver and kvcli once for every package.
+		out := filepath.Join(d, filepath.Base(pkg))
+		if _, err := os.Stat(out); err != nil {
+			t.Fatalf("%s from RDMAKV_TEST_BIN: %v", pkg, err)
+		}
+		built[pkg] = out
+		return out
+	}
+	out := filepath.Join(builtDir, filepath.Base(pkg))
 	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = "../.."
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
+	built[pkg] = out
 	return out
 }
 

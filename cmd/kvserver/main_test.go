@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -23,18 +24,25 @@ import (
 // child uses its parent's kvserver rather than building its own).
 const builtEnv = "RDMAKV_KVSERVER_TEST_BUILT"
 
+// testBinEnv names a directory of kvserver, kvcli and kvbench that make
+// unit built once (with -buildvcs=true) for every package's tests that run
+// them as processes (e2e, kvcli, kvserver, kvbench): set, build takes the
+// command from there and builds nothing.
+const testBinEnv = "RDMAKV_TEST_BIN"
+
 // The commands this test binary built (build), in a directory TestMain
 // removes: each is built once per test binary, not once per test (nine
 // go builds of kvserver and kvcli were seven links too many).
 var (
 	builtMu  sync.Mutex
-	builtDir = os.Getenv(builtEnv)
+	builtDir = cmp.Or(os.Getenv(builtEnv), os.Getenv(testBinEnv))
+	prebuilt = builtDir != "" // a parent's or make unit's: not ours to build or remove
 	built    = map[string]string{}
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if os.Getenv(builtEnv) == "" && builtDir != "" {
+	if !prebuilt && builtDir != "" {
 		os.RemoveAll(builtDir)
 	}
 	os.Exit(code)
@@ -59,14 +67,14 @@ func build(t *testing.T, pkg string) string {
 		builtDir = d
 	}
 	out := filepath.Join(builtDir, filepath.Base(pkg))
-	if os.Getenv(builtEnv) == "" {
+	if !prebuilt {
 		cmd := exec.Command("go", "build", "-buildvcs=true", "-o", out, pkg)
 		cmd.Dir = "../.."
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 		}
 	} else if _, err := os.Stat(out); err != nil {
-		t.Fatalf("%s from the parent test binary: %v", pkg, err)
+		t.Fatalf("%s from the parent test binary or %s: %v", pkg, testBinEnv, err)
 	}
 	built[pkg] = out
 	return out

@@ -37,6 +37,11 @@ const helperEnv = "RDMAKV_E2E_HELPER"
 // default; the test binary's own -race covers the client).
 const raceServerEnv = "RDMAKV_E2E_RACE_SERVER"
 
+// testBinEnv names a directory where make unit built kvserver (and kvcli,
+// kvbench) once for every package's tests: kvserverBin takes it from
+// there, unless raceServerEnv asks for a -race build.
+const testBinEnv = "RDMAKV_TEST_BIN"
+
 var (
 	buildOnce sync.Once
 	buildDir  string
@@ -57,11 +62,20 @@ func TestMain(m *testing.M) {
 }
 
 // kvserverBin builds kvserver once per test binary, into a temporary
-// directory TestMain removes, and returns its path.
+// directory TestMain removes (or takes make unit's, testBinEnv), and
+// returns its path.
 func kvserverBin(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		start := time.Now()
+		if d := os.Getenv(testBinEnv); d != "" && os.Getenv(raceServerEnv) == "" {
+			// make unit built kvserver once for every package's tests.
+			buildBin = filepath.Join(d, "kvserver")
+			if _, buildErr = os.Stat(buildBin); buildErr != nil {
+				buildErr = fmt.Errorf("kvserver from %s: %w", testBinEnv, buildErr)
+			}
+			return
+		}
 		buildDir, buildErr = os.MkdirTemp("", "rdmakv-e2e-bin-")
 		if buildErr != nil {
 			return
