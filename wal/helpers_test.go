@@ -105,6 +105,24 @@ func (wr written) check(t testing.TB, rec *Recovered) {
 	}
 }
 
+// syncedLost drops what mem holds unsynced, recovers it and checks that
+// every recovered record was written (wr.check), and returns the first
+// record at or below synced that wr holds and the disk lost (0: none),
+// with what it recovered.
+func (wr written) syncedLost(t testing.TB, mem *vfs.Mem, synced uint64) (uint64, *Recovered) {
+	t.Helper()
+	mem.DropUnsynced()
+	rec := mustRecover(t, mem)
+	wr.check(t, rec)
+	got := seqs(rec)
+	for s := uint64(1); s <= synced; s++ {
+		if _, ok := wr[s]; ok && !got[s] {
+			return s, rec
+		}
+	}
+	return 0, rec
+}
+
 // seqs of the recovered records.
 func seqs(rec *Recovered) map[uint64]bool {
 	m := map[uint64]bool{}

@@ -52,15 +52,9 @@ func zeroRun(t *testing.T, knobs testingKnobs, noSpace bool) ([]string, Stats) {
 			break
 		}
 	}
-	mem.DropUnsynced()
-	rec := mustRecover(t, mem)
-	wr.check(t, rec)
-	got := seqs(rec)
-	for s := uint64(1); s <= w.Synced(); s++ {
-		if _, ok := wr[s]; ok && !got[s] {
-			failed = append(failed, fmt.Sprintf("recovered: seq %d <= Synced %d is not on the disk", s, w.Synced()))
-			break
-		}
+	s, rec := wr.syncedLost(t, mem, w.Synced())
+	if s != 0 {
+		failed = append(failed, fmt.Sprintf("recovered: seq %d <= Synced %d is not on the disk", s, w.Synced()))
 	}
 	if len(rec.Corrupt) > 0 {
 		failed = append(failed, fmt.Sprintf("recovered: corruption %+v", rec.Corrupt))
