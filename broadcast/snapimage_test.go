@@ -44,9 +44,26 @@ func snapImageRun(t *testing.T, kept, noClear bool) error {
 	r, m := diskReplica(t, &logFSM{})
 	defer r.Close()
 	r.knobs.snapImgKept, r.knobs.snapImgNoClear, r.knobs.poisonSpareImg = kept, noClear, true
-	seen := map[string]bool{}
+	// Every file every time: a later save at the same index (a commit
+	// record and no new entry between) rewrites a file of the same name,
+	// possibly from a handed-on image, so a name seen before says nothing.
+	check := func() error {
+		for _, n := range snapNames(t, m) {
+			if !strings.HasSuffix(n, ".snap") {
+				continue
+			}
+			if err := snapPads(m, "snap/"+n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	now := r.now
-	for i := 0; r.cfg.Snapshots.Saves() < saves; i++ {
+	// A planted noClear run goes on until a capture wrote into a handed-on
+	// image and a save after it became durable (under -race the first
+	// saves may all find no image to reuse: nothing to catch then).
+	reusedAt := int64(-1)
+	for i := 0; r.cfg.Snapshots.Saves() < saves || noClear && (reusedAt < 0 || int64(r.cfg.Snapshots.Saves()) <= reusedAt); i++ {
 		if i == 200000 {
 			t.Fatalf("%d of %d disk snapshots durable after %d polls", r.cfg.Snapshots.Saves(), saves, i)
 		}
@@ -55,15 +72,16 @@ func snapImageRun(t *testing.T, kept, noClear bool) error {
 		if e, _ := r.Leading(); e != 0 && i%4 == 0 {
 			r.Propose(fmt.Appendf(nil, "entry %d", i))
 		}
-		for _, n := range snapNames(t, m) {
-			if !strings.HasSuffix(n, ".snap") || seen[n] {
-				continue
-			}
-			seen[n] = true
-			if err := snapPads(m, "snap/"+n); err != nil {
-				return err
-			}
+		if reusedAt < 0 && r.dur.imgReuses > 0 {
+			reusedAt = int64(r.cfg.Snapshots.Saves())
 		}
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	// The last save may have become durable after the loop's last look.
+	if err := check(); err != nil {
+		return err
 	}
 	if r.dur.imgReuses < saves-1 {
 		return fmt.Errorf("reuse: %d of the %d captures after the first wrote into the last durable save's image", r.dur.imgReuses, saves-1)
