@@ -328,12 +328,23 @@ func TestRestoreRefuses(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	p, stop := startBackupProcess(t, m, "", broadcast.Memory, nil)
-	out := filepath.Join(t.TempDir(), "backup")
-	_, man, err := backupUnderLoad(t, p, m, out)
-	stop()
-	if err != nil {
-		t.Fatalf("backup of a memory-mode cluster: %v", err)
+	// The load's single-group writes make the groups' indices differ,
+	// but not always (CI once saw both at 178): another backup under
+	// more load then, a few times at most.
+	var out string
+	var man *server.Manifest
+	for try := 0; ; try++ {
+		out = filepath.Join(t.TempDir(), "backup")
+		var err error
+		if _, man, err = backupUnderLoad(t, p, m, out); err != nil {
+			stop()
+			t.Fatalf("backup of a memory-mode cluster: %v", err)
+		}
+		if len(man.Groups) != 2 || man.Groups[0].Index != man.Groups[1].Index || try == 4 {
+			break
+		}
 	}
+	stop()
 	if len(man.Groups) != 2 || man.Groups[0].Index == man.Groups[1].Index {
 		t.Fatalf("manifest: %+v (the load's single-group writes should make the indices differ)", man)
 	}
