@@ -234,7 +234,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.IntVar(&o.groups, "groups", 2, "--embedded: the embedded cluster's groups of 3 replicas (kvserver --groups)")
 	fs.StringVar(&o.kvserver, "kvserver", "", "--embedded: the kvserver `binary` to run (default: go build it from this module)")
 	fs.StringVar(&o.durability, "durability", "memory", "--embedded: what the replicas keep on disk (kvserver --durability): memory, async or sync; a durable mode's data dir is a fresh directory under $TMPDIR (put it on the disk to measure), removed at the end")
-	fs.StringVar(&o.walLayout, "wal-layout", "", "--embedded with --durability async or sync: kvserver --wal-layout, per-replica or shared (default: not passed, kvserver's per-replica)")
+	fs.StringVar(&o.walLayout, "wal-layout", "", "--embedded with --durability async or sync: kvserver --wal-layout, per-replica or shared (default: not passed, so kvserver's default: shared)")
 	fs.StringVar(&o.spareP, "spare-p", "", "the replicas' pollers' spare P, auto or off: kvserver --spare-p with --embedded, else the replicas' process's (default: not passed, auto)")
 	fs.StringVar(&o.opLog, "op-log", "", "append every measured op of rdmakv's one-goroutine get and put rows to `file`, a line each: the row, the run, the op's end (ns since the Unix epoch, wall clock) and its latency (ns), to line slow ops up with the replicas' events")
 	rows := fs.String("rows", "", "comma-separated measurements: growth, memory, get, put (default all; with --embedded: put)")

@@ -234,7 +234,7 @@ func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
 	fs.IntVar(&o.groups, "groups", 2, "the embedded cluster's groups of 3 replicas (kvserver --groups)")
 	fs.StringVar(&o.durability, "durability", "sync", "kvserver --durability: sync or async")
 	fs.StringVar(&o.kvserver, "kvserver", "", "the kvserver `binary` to run (default: go build it from this module)")
-	fs.StringVar(&o.walLayout, "wal-layout", "", "kvserver --wal-layout of the data dir's first start: per-replica or shared (default: not passed, kvserver's per-replica)")
+	fs.StringVar(&o.walLayout, "wal-layout", "", "kvserver --wal-layout of the data dir's first start: per-replica or shared (default: not passed, so kvserver's default: shared)")
 	fs.StringVar(&o.spareP, "spare-p", "", "kvserver --spare-p: auto or off (default: not passed, auto)")
 	fs.DurationVar(&o.et, "election-timeout", 150*time.Millisecond, "kvserver --election-timeout (ET/20 is the poll max's bound)")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory for the cluster's shared-memory files (kvbench's work directory in it, removed at the end)")
