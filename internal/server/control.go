@@ -256,7 +256,11 @@ func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 				case now.catching && !last[i].catching:
 					lg.Info("catching up with the group", "epoch", s.Epoch.String())
 				case now.role != last[i].role || now.epoch != last[i].epoch:
-					if s.Role == "electing" {
+					if s.Role == "electing" && first {
+						// A replica that starts has no leader yet: its
+						// first election is the normal start, not a loss.
+						lg.Info("electing a leader", "last_epoch", s.Epoch.String())
+					} else if s.Role == "electing" {
 						lg.Warn("no leader: electing", "last_epoch", s.Epoch.String())
 					} else {
 						lg.Info("role", "role", s.Role, "epoch", s.Epoch.String(), "leader", s.Leader)
