@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	goruntime "runtime"
@@ -20,19 +19,7 @@ import (
 // its rows.
 func runMulticastJSON(t *testing.T, args ...string) []map[string]any {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	args = append([]string{"multicast", "--json", "--runs", "1", "--retries", "0", "--shm-dir", t.TempDir()}, args...)
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
-	var rows []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
-		rows = append(rows, obj)
-	}
+	rows, _ := runJSONLines(t, append([]string{"multicast", "--json", "--runs", "1", "--retries", "0", "--shm-dir", t.TempDir()}, args...)...)
 	return rows
 }
 
