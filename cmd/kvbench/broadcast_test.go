@@ -23,11 +23,7 @@ func TestBroadcastMemJSON(t *testing.T) {
 	tables := map[string]int{}
 	windows := map[float64]bool{}
 	for _, obj := range rows {
-		for _, k := range required {
-			if _, ok := obj[k]; !ok {
-				t.Errorf("row %v lacks key %q", obj, k)
-			}
-		}
+		hasKeys(t, obj, required...)
 		if obj["bench"] != "broadcast" || obj["fabric"] != "mem" {
 			t.Errorf("row %v: bench %v fabric %v, want broadcast on mem", obj, obj["bench"], obj["fabric"])
 		}

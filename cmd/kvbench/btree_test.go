@@ -29,11 +29,7 @@ func TestBTreeQuickJSON(t *testing.T) {
 		"baseline", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "runs", "replicas", "groups"}
 	rows := map[string]map[string]any{}
 	for _, obj := range lines {
-		for _, k := range required {
-			if _, ok := obj[k]; !ok {
-				t.Errorf("row %v lacks key %q", obj, k)
-			}
-		}
+		hasKeys(t, obj, required...)
 		if obj["bench"] != "btree" || obj["records"] != float64(2000) || obj["replicas"] != "kvbench-child" || obj["groups"] != float64(1) {
 			t.Errorf("row %v: want bench btree, 2000 records, kvbench-child, 1 group", obj)
 		}

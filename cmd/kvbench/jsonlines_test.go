@@ -43,3 +43,13 @@ func runJSONLines(t *testing.T, args ...string) (rows []map[string]any, stderr s
 	stdout, stderr := runKVBench(t, args...)
 	return jsonLines[map[string]any](t, stdout), stderr
 }
+
+// hasKeys checks that row has every key of keys.
+func hasKeys(t *testing.T, row map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, ok := row[k]; !ok {
+			t.Errorf("row %v lacks key %q", row, k)
+		}
+	}
+}

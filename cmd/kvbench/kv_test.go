@@ -61,11 +61,7 @@ func TestKVQuickJSON(t *testing.T) {
 		"baseline", "baseline_ops_per_s", "baseline_p50_ns"}
 	rows := map[string]map[string]any{}
 	for _, obj := range lines {
-		for _, k := range required {
-			if _, ok := obj[k]; !ok {
-				t.Errorf("row %v lacks key %q", obj, k)
-			}
-		}
+		hasKeys(t, obj, required...)
 		if obj["bench"] != "kv" {
 			t.Errorf("row %v: bench = %v, want kv", obj, obj["bench"])
 		}

@@ -36,11 +36,7 @@ func TestFabricMemJSON(t *testing.T) {
 	seen := map[string]map[string]any{}
 	measured := map[any]bool{} // fabric names with rows, baselines included
 	for _, obj := range rows {
-		for _, k := range required {
-			if _, ok := obj[k]; !ok {
-				t.Errorf("row %v lacks key %q", obj, k)
-			}
-		}
+		hasKeys(t, obj, required...)
 		if obj["bench"] != "fabric" {
 			t.Errorf("row %v: bench = %v, want fabric", obj, obj["bench"])
 		}

@@ -46,11 +46,7 @@ func TestMulticastJSON(t *testing.T) {
 	changes := map[float64]bool{}
 	trees := map[any]int{}
 	for _, r := range rows {
-		for _, k := range required {
-			if _, ok := r[k]; !ok {
-				t.Errorf("row %v lacks key %q", r, k)
-			}
-		}
+		hasKeys(t, r, required...)
 		if r["bench"] != "multicast" || r["groups"] != 2.0 || r["replicas"] != 3.0 {
 			t.Errorf("row %v: want bench multicast, 2 groups of 3", r)
 		}
