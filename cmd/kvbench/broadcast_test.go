@@ -18,7 +18,7 @@ import (
 // with its duration, and the one-way baseline they compare to.
 func TestBroadcastMemJSON(t *testing.T) {
 	rows, _ := runJSONLines(t, "broadcast", "--groups", "mem:3", "--election-groups", "mem:3", "--elections", "1",
-		"--sizes", "10", "--max-window", "2", "--duration", "30ms", "--runs", "1", "--json")
+		"--sizes", "10", "--max-window", "2", "--duration", "30ms", "--runs", "1", "--retries", "0", "--json")
 	required := []string{"bench", "fabric", "replicas", "window", "size", "p50_ns", "p99_ns", "ops_per_s", "baseline_p50_ns"}
 	tables := map[string]int{}
 	windows := map[float64]bool{}
@@ -82,7 +82,7 @@ func TestBroadcastPin(t *testing.T) {
 		t.Skip("--pin needs 2 CPUs")
 	}
 	stdout, _ := runKVBench(t, "broadcast", "--groups", "shm:3", "--tables", "commit", "--sizes", "10", "--max-window", "1",
-		"--duration", "30ms", "--runs", "1", "--json", "--pin", "--shm-dir", t.TempDir())
+		"--duration", "30ms", "--runs", "1", "--retries", "0", "--json", "--pin", "--shm-dir", t.TempDir())
 	rows := jsonLines[map[string]any](t, stdout)
 	for _, obj := range rows {
 		if obj["placement"] != "processes, pinned" {

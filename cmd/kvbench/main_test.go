@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 // and checks the JSON lines: every line parses, carries the required keys,
 // and every selected row and its baseline are present.
 func TestFabricMemJSON(t *testing.T) {
-	rows, _ := runJSONLines(t, "fabric", "--fabrics", "mem", "--duration", "20ms", "--runs", "1", "--json")
+	rows, _ := runJSONLines(t, "fabric", "--fabrics", "mem", "--duration", "20ms", "--runs", "1", "--retries", "0", "--json")
 	required := []string{"bench", "fabric", "mode", "op", "size", "p50_ns", "p99_ns", "ops_per_s",
 		"baseline", "baseline_p50_ns", "baseline_ops_per_s"}
 	seen := map[string]map[string]any{}
