@@ -67,6 +67,23 @@ func (c *countPolls) NextDeadline() time.Duration { return c.p.NextDeadline() }
 
 const testSecret = "multicast test cluster secret, at least 32 bytes"
 
+// hangBound is how long a wait of tb's may last before it counts as a
+// hang, not a slow machine: nine tenths of what is left until the test
+// binary's deadline (go test -timeout; make unit gives 30 m), so that a
+// hang fails with the test's own message before the binary's timeout
+// panics. A bound of seconds is a timing assertion: under -race at load
+// 35 (2 cores) a tcp cluster needed more than 10 s for what takes
+// milliseconds alone. Without a deadline (a benchmark, -timeout 0): an
+// hour.
+func hangBound(tb testing.TB) time.Duration {
+	if d, ok := tb.(interface{ Deadline() (time.Time, bool) }); ok {
+		if dl, ok := d.Deadline(); ok {
+			return time.Until(dl) * 9 / 10
+		}
+	}
+	return time.Hour
+}
+
 func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -144,7 +161,8 @@ func startCluster(tb testing.TB, sp clusterSpec) *testCluster {
 // waitLeaders waits until every group has a leader of a committed epoch.
 func (c *testCluster) waitLeaders(tb testing.TB) {
 	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	bound := hangBound(tb)
+	deadline := time.Now().Add(bound)
 	for {
 		led := map[tree.Group]bool{}
 		for _, r := range c.reps {
@@ -156,7 +174,7 @@ func (c *testCluster) waitLeaders(tb testing.TB) {
 			return
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("groups led after 10 s: %v of %d", led, len(c.spec.members))
+			tb.Fatalf("groups led after %v: %v of %d", bound.Round(time.Second), led, len(c.spec.members))
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -165,7 +183,7 @@ func (c *testCluster) waitLeaders(tb testing.TB) {
 // client starts client slot k on node id (registered with every group).
 func (c *testCluster) client(tb testing.TB, k uint32, id rdma.NodeID) *Client {
 	tb.Helper()
-	sctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	sctx, cancel := context.WithTimeout(c.ctx, hangBound(tb))
 	defer cancel()
 	cr, err := StartClient(sctx, ClientConfig{Slot: k, Inc: uint64(time.Now().UnixNano()), Tree: c.spec.tree, Members: c.spec.members}, c.nodes[id])
 	if err != nil {

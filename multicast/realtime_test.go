@@ -95,6 +95,10 @@ func runRealTimeOn(t *testing.T, fabric string, shared bool) {
 		runners = append(runners, c.client(t, uint32(k), id))
 	}
 	const perClient = 200
+	// Every wait below is bounded for a hang, not for speed (hangBound):
+	// CI under -race at load 35 on tcp once needed more than 10 s for a
+	// multicast.
+	deadline := time.Now().Add(hangBound(t))
 	var cwg sync.WaitGroup
 	errs := make(chan error, len(runners)*4*perClient)
 	for k, cr := range runners {
@@ -104,9 +108,7 @@ func runRealTimeOn(t *testing.T, fabric string, shared bool) {
 				defer cwg.Done()
 				for i := range perClient / 4 {
 					dst := tree.Set(1+(i*7+w*3+k)%7) & tr.All()
-					// Bounded for a hang, not for speed: CI under -race
-					// at load 35 on tcp once needed more than 10 s.
-					mctx, mcancel := context.WithTimeout(ctx, time.Minute)
+					mctx, mcancel := context.WithDeadline(ctx, deadline)
 					o, err := cr.DoID(mctx, dst, func(id MsgID) []byte {
 						if err := chk.Multicast(checkID(id), uint64(dst)); err != nil {
 							errs <- err
@@ -136,18 +138,19 @@ func runRealTimeOn(t *testing.T, fabric string, shared bool) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	// let followers apply, then check everything (bounded generously: a
-	// loaded machine under -race was seen to need more than 5 s)
+	// let followers apply, then check everything
 	want := chk.Stats().GroupLen
-	deadline := time.Now().Add(time.Minute)
 	for _, r := range reps {
 		for {
 			fsm := r.st.app.(*lockedFSM)
 			fsm.mu.Lock()
 			n := fsm.n
 			fsm.mu.Unlock()
-			if n >= want[r.g] || time.Now().After(deadline) {
+			if n >= want[r.g] {
 				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("a replica of group %d applied up to index %d of the %d its group delivered, and no further before the test's deadline", r.g, n, want[r.g])
 			}
 			time.Sleep(5 * time.Millisecond)
 		}

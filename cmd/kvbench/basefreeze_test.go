@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -24,21 +22,14 @@ func TestKVBaselineFrozen(t *testing.T) {
 			defer func() { baseKnobs.keepReplicasRunning = false }()
 			args := []string{"kv", "--quick", "--json", "--records", "2000", "--duration", "1ms", "--interval", "20ms",
 				"--retries", "0", "--threads", "1", "--put-threads", "1", "--rows", "get,put"}
-			var stdout, stderr bytes.Buffer
-			if code := run(args, &stdout, &stderr); code != 0 {
-				t.Fatalf("kvbench %s exited %d; stderr:\n%s", strings.Join(args, " "), code, stderr.String())
-			}
+			stdout, _ := runKVBench(t, args...)
 			n := 0
-			for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-				var r struct {
-					Op, Consistency, Baseline string
-					BaselineReplicas          string  `json:"baseline_replicas"`
-					CPU                       float64 `json:"baseline_replicas_cpu_s"`
-					OpsPerS                   float64 `json:"ops_per_s"`
-				}
-				if err := json.Unmarshal([]byte(line), &r); err != nil {
-					t.Fatalf("line %q: %v", line, err)
-				}
+			for _, r := range jsonLines[struct {
+				Op, Consistency, Baseline string
+				BaselineReplicas          string  `json:"baseline_replicas"`
+				CPU                       float64 `json:"baseline_replicas_cpu_s"`
+				OpsPerS                   float64 `json:"ops_per_s"`
+			}](t, stdout) {
 				if r.Baseline != "redis" {
 					continue
 				}
@@ -54,7 +45,7 @@ func TestKVBaselineFrozen(t *testing.T) {
 				}
 			}
 			if n != 3 {
-				t.Errorf("%d rows with a Redis baseline, want 3 (get stale-ok, get linearizable, put):\n%s", n, stdout.String())
+				t.Errorf("%d rows with a Redis baseline, want 3 (get stale-ok, get linearizable, put):\n%s", n, stdout)
 			}
 		})
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -26,25 +24,14 @@ import (
 func TestBTreeQuickJSON(t *testing.T) {
 	args := []string{"btree", "--json", "--records", "2000", "--duration", "1ms", "--runs", "1", "--retries", "0",
 		"--threads", "1,2", "--put-threads", "4", "--scan-length", "20", "--cold", "40"}
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
+	lines, stderr := runJSONLines(t, args...)
 	required := []string{"bench", "op", "consistency", "threads", "records", "p50_ns", "p99_ns", "ops_per_s",
 		"baseline", "baseline_ops_per_s", "ratio_ops", "ratio_p50", "runs", "replicas", "groups"}
 	rows := map[string]map[string]any{}
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
-		for _, k := range required {
-			if _, ok := obj[k]; !ok {
-				t.Errorf("line %q lacks key %q", line, k)
-			}
-		}
+	for _, obj := range lines {
+		hasKeys(t, obj, required...)
 		if obj["bench"] != "btree" || obj["records"] != float64(2000) || obj["replicas"] != "kvbench-child" || obj["groups"] != float64(1) {
-			t.Errorf("line %q: want bench btree, 2000 records, kvbench-child, 1 group", line)
+			t.Errorf("row %v: want bench btree, 2000 records, kvbench-child, 1 group", obj)
 		}
 		name := fmt.Sprintf("%v/%v/%v", obj["op"], obj["consistency"], obj["threads"])
 		if _, dup := rows[name]; dup {
@@ -149,7 +136,7 @@ func TestBTreeQuickJSON(t *testing.T) {
 			t.Errorf("cold row: first_reads %v, want at least 2 (2000 records take several leaves under a root)", r["first_reads"])
 		}
 	}
-	checkKVLeftovers(t, stderr.String())
+	checkKVLeftovers(t, stderr)
 }
 
 // TestBTreeGroupsQuick runs kvbench btree --groups 2 (the child's 2
@@ -160,18 +147,11 @@ func TestBTreeQuickJSON(t *testing.T) {
 func TestBTreeGroupsQuick(t *testing.T) {
 	args := []string{"btree", "--json", "--records", "2000", "--duration", "1ms", "--runs", "1", "--retries", "0",
 		"--threads", "1", "--put-threads", "4", "--scan-length", "20", "--groups", "2", "--rows", "insert,scan"}
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
+	rows, stderr := runJSONLines(t, args...)
 	ops := map[string]int{}
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
+	for _, obj := range rows {
 		if obj["groups"] != float64(2) {
-			t.Errorf("line %q: want groups 2", line)
+			t.Errorf("row %v: want groups 2", obj)
 		}
 		positive(t, obj, "ops_per_s")
 		if obj["op"] == "insert" {
@@ -182,7 +162,7 @@ func TestBTreeGroupsQuick(t *testing.T) {
 	if ops["insert"] != 2 || ops["scan"] != 2 {
 		t.Fatalf("rows by op %v, want 2 insert (x1, x4) and 2 scan (both consistencies)", ops)
 	}
-	checkKVLeftovers(t, stderr.String())
+	checkKVLeftovers(t, stderr)
 }
 
 // TestBTreeNodeSize runs kvbench btree --node-size 1KiB with the memory
@@ -193,16 +173,9 @@ func TestBTreeGroupsQuick(t *testing.T) {
 func TestBTreeNodeSize(t *testing.T) {
 	args := []string{"btree", "--json", "--records", "2000", "--duration", "1ms", "--runs", "1", "--retries", "0",
 		"--put-threads", "4", "--rows", "memory,insert", "--node-size", "1KiB"}
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
+	rows, stderr := runJSONLines(t, args...)
 	ops := map[string]int{}
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
+	for _, obj := range rows {
 		switch obj["op"] {
 		case "memory":
 			if obj["node_size"] != float64(1024) || obj["keys"] != float64(2000) {
@@ -216,7 +189,7 @@ func TestBTreeNodeSize(t *testing.T) {
 	if ops["memory"] != 1 || ops["insert"] != 2 {
 		t.Fatalf("rows by op %v, want 1 memory and 2 insert (x1, x4)", ops)
 	}
-	checkKVLeftovers(t, stderr.String())
+	checkKVLeftovers(t, stderr)
 	for _, bad := range [][]string{{"--node-size", "1000"}, {"--node-size", "128"}, {"--node-size", "x"}, {"--embedded", "--node-size", "2KiB"}} {
 		if _, err := parseBTreeFlags(bad, io.Discard); err == nil || !strings.Contains(err.Error(), "--node-size") {
 			t.Errorf("btree %s: error %v, want one about --node-size", strings.Join(bad, " "), err)

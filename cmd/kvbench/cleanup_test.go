@@ -168,7 +168,7 @@ func TestSignalCleansUp(t *testing.T) {
 		nodes int // node files to wait for before the signal
 	}{
 		{"SIGINT broadcast", syscall.SIGINT, []string{"broadcast", "--groups", "shm:3", "--tables", "commit", "--sizes", "10",
-			"--max-window", "1", "--duration", "3s", "--runs", "1"}, 3}, // one-way baseline 3s, then the group
+			"--max-window", "1", "--duration", "3s", "--runs", "1", "--retries", "0"}, 3}, // one-way baseline 3s, then the group
 		{"SIGTERM fabric", syscall.SIGTERM, []string{"fabric", "--fabrics", "shm", "--modes", "spin", "--ops", "write",
 			"--no-baselines", "--duration", "20s", "--runs", "1"}, 2},
 	}

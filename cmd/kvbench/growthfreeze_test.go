@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -34,21 +32,14 @@ func TestKVGrowthBaselineFrozen(t *testing.T) {
 			defer func() { baseKnobs.keepReplicasRunning = false }()
 			args := []string{"kv", "--quick", "--json", "--records", "2000", "--duration", "1ms", "--interval", "20ms",
 				"--retries", "0", "--rows", c.rows}
-			var stdout, stderr bytes.Buffer
-			if code := run(args, &stdout, &stderr); code != 0 {
-				t.Fatalf("kvbench %s exited %d; stderr:\n%s", strings.Join(args, " "), code, stderr.String())
-			}
+			stdout, _ := runKVBench(t, args...)
 			seen := map[string]bool{}
-			for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-				var r struct {
-					Op, Baseline     string
-					BaselineReplicas string  `json:"baseline_replicas"`
-					CPU              float64 `json:"baseline_replicas_cpu_s"`
-					Bytes            float64 `json:"bytes_per_record"`
-				}
-				if err := json.Unmarshal([]byte(line), &r); err != nil {
-					t.Fatalf("line %q: %v", line, err)
-				}
+			for _, r := range jsonLines[struct {
+				Op, Baseline     string
+				BaselineReplicas string  `json:"baseline_replicas"`
+				CPU              float64 `json:"baseline_replicas_cpu_s"`
+				Bytes            float64 `json:"bytes_per_record"`
+			}](t, stdout) {
 				seen[r.Op] = true
 				if r.Baseline != "redis" {
 					t.Errorf("row %s: baseline %q, want redis", r.Op, r.Baseline)
@@ -66,7 +57,7 @@ func TestKVGrowthBaselineFrozen(t *testing.T) {
 			want := strings.ReplaceAll(c.rows, "growth", "get-during-growth")
 			for _, op := range strings.Split(want, ",") {
 				if !seen[op] {
-					t.Errorf("no %s row:\n%s", op, stdout.String())
+					t.Errorf("no %s row:\n%s", op, stdout)
 				}
 			}
 		})

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -54,10 +52,7 @@ func TestKVQuickJSON(t *testing.T) {
 	opLog := filepath.Join(t.TempDir(), "ops")
 	args := []string{"kv", "--quick", "--json", "--records", "20000", "--duration", "1ms", "--interval", "20ms",
 		"--retries", "0", "--threads", "1,4", "--put-threads", "16", "--op-log", opLog}
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
+	lines, stderr := runJSONLines(t, args...)
 	_, redisErr := exec.LookPath("redis-server")
 	if redisErr != nil {
 		t.Logf("no redis-server: the rows have no baseline (apt-get install -y redis-server)")
@@ -65,18 +60,10 @@ func TestKVQuickJSON(t *testing.T) {
 	required := []string{"bench", "op", "consistency", "threads", "p50_ns", "p99_ns", "ops_per_s",
 		"baseline", "baseline_ops_per_s", "baseline_p50_ns"}
 	rows := map[string]map[string]any{}
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
-		for _, k := range required {
-			if _, ok := obj[k]; !ok {
-				t.Errorf("line %q lacks key %q", line, k)
-			}
-		}
+	for _, obj := range lines {
+		hasKeys(t, obj, required...)
 		if obj["bench"] != "kv" {
-			t.Errorf("line %q: bench = %v, want kv", line, obj["bench"])
+			t.Errorf("row %v: bench = %v, want kv", obj, obj["bench"])
 		}
 		rows[fmt.Sprintf("%v/%v/%v", obj["op"], obj["consistency"], obj["threads"])] = obj
 	}
@@ -153,7 +140,7 @@ func TestKVQuickJSON(t *testing.T) {
 			positive(t, m, "baseline_bytes_per_record")
 		}
 	}
-	checkKVLeftovers(t, stderr.String())
+	checkKVLeftovers(t, stderr)
 }
 
 // checkKVLeftovers checks that nothing of the run's cluster (kvbench kv's
@@ -214,20 +201,13 @@ func TestKVEmbeddedJSON(t *testing.T) {
 	}
 	args := []string{"kv", "--embedded", "--quick", "--json", "--records", "2000", "--duration", "1ms",
 		"--retries", "0", "--put-threads", "4", "--redis-server", ""}
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
+	stdout, stderr := runKVBench(t, args...)
 	rows := map[string]map[string]any{}
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
+	for _, obj := range jsonLines[map[string]any](t, stdout) {
 		rows[fmt.Sprintf("%v/%v/%v", obj["op"], obj["consistency"], obj["threads"])] = obj
 	}
 	if got := keys(rows); strings.Join(got, " ") != "put//1 put//4" {
-		t.Fatalf("rows %v, want put//1 and put//4 only; stdout:\n%s", got, stdout.String())
+		t.Fatalf("rows %v, want put//1 and put//4 only; stdout:\n%s", got, stdout)
 	}
 	for name, r := range rows {
 		if r["bench"] != "kv" || r["replicas"] != "embedded-kvserver" || r["groups"] != float64(2) || r["records"] != float64(2000) {
@@ -244,14 +224,14 @@ func TestKVEmbeddedJSON(t *testing.T) {
 		}
 	}
 	// kvserver is gone, and so is everything of the run's cluster.
-	if pid := regexp.MustCompile(`in process (\d+)`).FindStringSubmatch(stderr.String()); pid == nil {
-		t.Errorf("stderr names no kvserver process:\n%s", stderr.String())
+	if pid := regexp.MustCompile(`in process (\d+)`).FindStringSubmatch(stderr); pid == nil {
+		t.Errorf("stderr names no kvserver process:\n%s", stderr)
 	} else if _, err := os.Stat("/proc/" + pid[1] + "/status"); err == nil {
 		t.Errorf("kvserver (process %s) still runs", pid[1])
 	}
-	where := regexp.MustCompile(`cluster (\S+) in (\S+)`).FindStringSubmatch(stderr.String())
+	where := regexp.MustCompile(`cluster (\S+) in (\S+)`).FindStringSubmatch(stderr)
 	if where == nil {
-		t.Fatalf("stderr names no cluster:\n%s", stderr.String())
+		t.Fatalf("stderr names no cluster:\n%s", stderr)
 	}
 	if _, err := os.Stat(where[2]); !os.IsNotExist(err) {
 		t.Errorf("work directory %s still there (%v)", where[2], err)
@@ -280,12 +260,9 @@ func TestKVEmbeddedDurability(t *testing.T) {
 	t.Setenv("TMPDIR", tmp)
 	args := []string{"kv", "--embedded", "--durability", "async", "--quick", "--json", "--records", "2000", "--duration", "1ms",
 		"--retries", "0", "--put-threads", "4", "--redis-server", ""}
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
-	if !strings.Contains(stderr.String(), "durability async) in process") {
-		t.Errorf("stderr does not say the embedded cluster runs in async mode:\n%s", stderr.String())
+	_, stderr := runKVBench(t, args...)
+	if !strings.Contains(stderr, "durability async) in process") {
+		t.Errorf("stderr does not say the embedded cluster runs in async mode:\n%s", stderr)
 	}
 	ents, _ := os.ReadDir(tmp)
 	for _, e := range ents {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -98,8 +99,38 @@ func settingArgs(walLayout, spareP string) []string {
 // kvserverHasFlag reports whether kvserver binary bin knows flag name
 // (its --help lists "-name"): kvbench measures older kvservers too.
 func kvserverHasFlag(bin, name string) bool {
-	out, _ := exec.Command(bin, "--help").CombinedOutput()
+	out := kvserverHelp(bin)
 	return bytes.Contains(out, []byte("  -"+name+" ")) || bytes.Contains(out, []byte("  -"+name+"\n"))
+}
+
+// helpKey names one kvserver binary: its path, and its file's size and
+// modification time, so that a binary rebuilt in place is asked again.
+type helpKey struct {
+	path  string
+	size  int64
+	mtime int64
+}
+
+// helpCache holds each kvserver binary's --help output (helpKey ->
+// []byte): kvbench recover starts kvserver several times a run, and each
+// start ran kvserver --help anew.
+var helpCache sync.Map
+
+// kvserverHelp is kvserver binary bin's --help output, run once a binary
+// (helpCache); a binary it cannot stat is asked every time.
+func kvserverHelp(bin string) []byte {
+	fi, err := os.Stat(bin)
+	if err != nil {
+		out, _ := exec.Command(bin, "--help").CombinedOutput()
+		return out
+	}
+	k := helpKey{bin, fi.Size(), fi.ModTime().UnixNano()}
+	if out, ok := helpCache.Load(k); ok {
+		return out.([]byte)
+	}
+	out, _ := exec.Command(bin, "--help").CombinedOutput()
+	helpCache.Store(k, out)
+	return out
 }
 
 // runKVServer starts bin with args and waits until it is up, at most

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -31,30 +30,18 @@ func TestMain(m *testing.M) {
 // and checks the JSON lines: every line parses, carries the required keys,
 // and every selected row and its baseline are present.
 func TestFabricMemJSON(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"fabric", "--fabrics", "mem", "--duration", "20ms", "--runs", "1", "--json"}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("kvbench fabric exited %d; stderr:\n%s", code, stderr.String())
-	}
+	rows, _ := runJSONLines(t, "fabric", "--fabrics", "mem", "--duration", "20ms", "--runs", "1", "--retries", "0", "--json")
 	required := []string{"bench", "fabric", "mode", "op", "size", "p50_ns", "p99_ns", "ops_per_s",
 		"baseline", "baseline_p50_ns", "baseline_ops_per_s"}
 	seen := map[string]map[string]any{}
 	measured := map[any]bool{} // fabric names with rows, baselines included
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
-		for _, k := range required {
-			if _, ok := obj[k]; !ok {
-				t.Errorf("line %q lacks key %q", line, k)
-			}
-		}
+	for _, obj := range rows {
+		hasKeys(t, obj, required...)
 		if obj["bench"] != "fabric" {
-			t.Errorf("line %q: bench = %v, want fabric", line, obj["bench"])
+			t.Errorf("row %v: bench = %v, want fabric", obj, obj["bench"])
 		}
 		if ops, _ := obj["ops_per_s"].(float64); ops <= 0 {
-			t.Errorf("line %q: ops_per_s = %v, want > 0", line, obj["ops_per_s"])
+			t.Errorf("row %v: ops_per_s = %v, want > 0", obj, obj["ops_per_s"])
 		}
 		seen[fmt.Sprintf("%v/%v/%v/%v", obj["fabric"], obj["mode"], obj["op"], obj["size"])] = obj
 		measured[obj["fabric"]] = true

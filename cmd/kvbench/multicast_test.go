@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	goruntime "runtime"
@@ -20,19 +19,7 @@ import (
 // its rows.
 func runMulticastJSON(t *testing.T, args ...string) []map[string]any {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	args = append([]string{"multicast", "--json", "--runs", "1", "--retries", "0", "--shm-dir", t.TempDir()}, args...)
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
-	var rows []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
-		rows = append(rows, obj)
-	}
+	rows, _ := runJSONLines(t, append([]string{"multicast", "--json", "--runs", "1", "--retries", "0", "--shm-dir", t.TempDir()}, args...)...)
 	return rows
 }
 
@@ -59,11 +46,7 @@ func TestMulticastJSON(t *testing.T) {
 	changes := map[float64]bool{}
 	trees := map[any]int{}
 	for _, r := range rows {
-		for _, k := range required {
-			if _, ok := r[k]; !ok {
-				t.Errorf("row %v lacks key %q", r, k)
-			}
-		}
+		hasKeys(t, r, required...)
 		if r["bench"] != "multicast" || r["groups"] != 2.0 || r["replicas"] != 3.0 {
 			t.Errorf("row %v: want bench multicast, 2 groups of 3", r)
 		}

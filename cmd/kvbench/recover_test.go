@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"io"
 	"os"
 	"strings"
@@ -13,11 +11,7 @@ import (
 func jsonRows(t *testing.T, out string) map[string]map[string]any {
 	t.Helper()
 	rows := map[string]map[string]any{}
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		var obj map[string]any
-		if err := json.Unmarshal([]byte(line), &obj); err != nil {
-			t.Fatalf("line %q is not JSON: %v", line, err)
-		}
+	for _, obj := range jsonLines[map[string]any](t, out) {
 		rows[obj["row"].(string)] = obj
 	}
 	return rows
@@ -28,13 +22,10 @@ func jsonRows(t *testing.T, out string) map[string]map[string]any {
 func TestDiskJSON(t *testing.T) {
 	dir := t.TempDir()
 	args := []string{"disk", "--raw-fsync", "--json", "--ops", "5", "--rounds", "2", "--dir", dir}
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stderr:\n%s", strings.Join(args, " "), code, stderr.String())
-	}
-	rows := jsonRows(t, stdout.String())
+	stdout, _ := runKVBench(t, args...)
+	rows := jsonRows(t, stdout)
 	if got := strings.Join(keys(rows), " "); got != "O_DSYNC append+fdatasync reused+fdatasync write+fdatasync written+fdatasync" {
-		t.Fatalf("rows %s; stdout:\n%s", got, stdout.String())
+		t.Fatalf("rows %s; stdout:\n%s", got, stdout)
 	}
 	for name, r := range rows {
 		positive(t, r, "p50_us", "p99_us", "mean_us", "max_us")
@@ -77,13 +68,10 @@ func TestRecoverJSON(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	args := []string{"recover", "--json", "--records", "3000", "--durability", "async"}
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("kvbench %s exited %d; stdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	}
-	rows := jsonRows(t, stdout.String())
+	stdout, _ := runKVBench(t, args...)
+	rows := jsonRows(t, stdout)
 	if got := strings.Join(keys(rows), " "); got != "log snapshot" {
-		t.Fatalf("rows %s; stdout:\n%s", got, stdout.String())
+		t.Fatalf("rows %s; stdout:\n%s", got, stdout)
 	}
 	for name, r := range rows {
 		positive(t, r, "recover_s", "up_s", "replica_recovery_max_s", "disk_bytes", "wal_bytes", "disk_bytes_per_record", "disk_x_raw", "et_over_20_us")
