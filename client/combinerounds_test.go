@@ -9,6 +9,7 @@ import (
 
 	"github.com/rdmakv/rdmakv/client"
 	"github.com/rdmakv/rdmakv/cluster"
+	"github.com/rdmakv/rdmakv/internal/localcluster"
 )
 
 // The failures combineRounds tells apart.
@@ -57,6 +58,23 @@ func TestCombineRounds(t *testing.T) {
 	}
 }
 
+// pauseAll pauses every replica of group g; the function it returns
+// resumes them (once, whoever calls it again).
+func pauseAll(lc *localcluster.Cluster, g int) (resume func()) {
+	for i := range lc.Map.Groups[g] {
+		lc.Pause(g, i)
+	}
+	resumed := false
+	return func() {
+		if !resumed {
+			resumed = true
+			for i := range lc.Map.Groups[g] {
+				lc.ResumeReplica(g, i)
+			}
+		}
+	}
+}
+
 func combineRounds(t *testing.T, plant string, hold bool) error {
 	lc := startLocal(t, testMap("combrounds", "mem", 2, 1))
 	c := open(t, lc, 0, client.WithTimeout(time.Minute), client.WithCombineHold(1), client.WithCombineRounds(true))
@@ -86,18 +104,7 @@ func combineRounds(t *testing.T, plant string, hold bool) error {
 		}
 		return nil
 	}
-	for i := range lc.Map.Groups[0] {
-		lc.Pause(0, i)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			for i := range lc.Map.Groups[0] {
-				lc.ResumeReplica(0, i)
-			}
-		}
-	}
+	resume := pauseAll(lc, 0)
 	defer resume()
 	put := func(k []byte, v string) chan error {
 		ch := make(chan error, 1)
