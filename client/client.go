@@ -127,6 +127,8 @@ type options struct {
 	degraded    bool
 	hold        int
 	holdSet     bool
+	rounds      bool
+	roundsSet   bool
 }
 
 // WithCombineHold sets the messages of single-key writes a group may have
@@ -140,6 +142,20 @@ type options struct {
 // goroutines write at once, but makes a few concurrent writers wait for
 // each other's round trips.
 func WithCombineHold(n int) Option { return func(o *options) { o.hold, o.holdSet = n, true } }
+
+// WithCombineRounds says whether the write combiner sends its groups'
+// messages in rounds: a write to a group waits, besides its group's hold,
+// while another group has a message in flight posted less than a few
+// milliseconds ago, so that the groups' messages go out together when the
+// last completes. It suits groups that share a disk (the embedded
+// cluster's one log a process, in sync mode: their records then go in
+// one fsync instead of alternate ones); groups on disks of their own
+// wait for each other's commits. The default is DefaultSyncCombineRounds
+// (on) when the cluster map says the cluster's durability is sync, else
+// off. A lone writer never waits.
+func WithCombineRounds(on bool) Option {
+	return func(o *options) { o.rounds, o.roundsSet = on, true }
+}
 
 // WithMap uses the cluster map m.
 func WithMap(m *cluster.Map) Option { return func(o *options) { o.m = m } }
@@ -326,6 +342,11 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	if o.holdSet {
 		c.comb.hold = o.hold
 	}
+	c.comb.rounds = m.Durability == cluster.DurabilitySync && DefaultSyncCombineRounds
+	if o.roundsSet {
+		c.comb.rounds = o.rounds
+	}
+	c.comb.roundWait, c.comb.posted = roundMax, make([]time.Time, len(m.Groups))
 	if c.comb.hold == 0 || c.comb.hold > m.Limits.ClientSlots {
 		c.comb.hold = m.Limits.ClientSlots
 	}

@@ -43,7 +43,25 @@ import (
 // nothing in flight and posts at once; under load, fewer and larger
 // messages go out (64 writers on 2 groups: ~12 writes a message with a hold
 // of 1 against ~2.6). A group with queued writes always has a message in
-// flight or a caller posting, so a queued write is never left behind.
+// flight or a caller posting, or is held by a round (below) whose bound a
+// queued caller wakes for, so a queued write is never left behind.
+//
+// Rounds (WithCombineRounds; on by default on a sync cluster:
+// DefaultSyncCombineRounds): a group's queue also waits while another
+// group has a message in flight posted less than roundMax ago, so that
+// the groups' messages go out together when the last of them completes.
+// Why (docs/dev/durability-plan.md, spipe's paragraph): in sync mode the
+// embedded cluster's groups share one log, whose device starts the next
+// batch at a completion with the records waiting then. With a hold of 1
+// per group the two groups' messages fell into alternate batches: a
+// message posted at its group's completion came after the other group's
+// batch had started, so it waited for that whole fsync and then its own
+// (two fsyncs in flight, one message a batch). Posted in one round, both
+// groups' records join one batch, which the gather holds for both groups'
+// followers (wal/gather.go), and they complete in the same fsync. A young
+// message only: a group that does not answer (paused, its disk slow)
+// holds the others for roundMax at most, and a queued caller wakes by
+// then to post its group's queue.
 //
 // Every caller waits for its own op (multicast.Client.Await on the op's
 // Waiter); one of the waiting callers is the multicast client's reaper.
@@ -69,6 +87,19 @@ const DefaultCombineHold = 0
 // write that queues behind one message in flight costs little and the
 // messages, and so the records of each fsync, are larger.
 const DefaultSyncCombineHold = 1
+
+// DefaultSyncCombineRounds says whether a client whose cluster map says
+// durability sync sends its groups' messages in rounds (WithCombineRounds,
+// above), unless WithCombineRounds says otherwise. Elsewhere rounds are
+// off: without a disk a message completes in microseconds, and waiting
+// for another group's would only add its latency.
+const DefaultSyncCombineRounds = true
+
+// roundMax bounds the wait a round imposes: a group's queue waits for
+// another group's message only while that message was posted less than
+// roundMax ago (a few of this VM's fsyncs under load). It is also how
+// often a queued caller of a client with rounds looks again.
+const roundMax = 5 * time.Millisecond
 
 type pendingOp struct {
 	op kv.Op
@@ -126,6 +157,12 @@ type combiner struct {
 	// queues for the next completion instead of posting its own (1 to
 	// ClientSlots; ClientSlots: post whenever the window has room).
 	hold int
+	// rounds: a group's queue also waits for other groups' young messages
+	// (posted less than roundWait ago; posted[g] is when group g's latest
+	// message went out), so that the groups' messages go out together.
+	rounds    bool
+	roundWait time.Duration
+	posted    []time.Time
 
 	messages, nops atomic.Uint64
 	// holdAnyGroup plants a bug (tests): the hold counts the messages in
@@ -133,6 +170,13 @@ type combiner struct {
 	// queues behind another group's, where no completion of its own
 	// group posts it.
 	holdAnyGroup bool
+	// roundForever plants a bug (tests): a round holds a group's queue
+	// behind another group's message however old it is, so a group
+	// that does not answer holds every other group's writes.
+	roundForever bool
+	// roundNone plants a bug (tests): rounds hold nothing (a group with
+	// nothing of its own in flight posts at once).
+	roundNone bool
 	// dropOverflow plants a bug (tests): an op that does not fit in the
 	// message being filled is removed from the queue, never sent.
 	dropOverflow bool
@@ -241,11 +285,22 @@ func (c *Client) combine(ctx context.Context, deadline time.Time, g uint32, op k
 		if p.state == opQueued && c.closed.Load() {
 			return cb.giveUp(p, ErrClosed)
 		}
+		wait := deadline
+		if cb.rounds && p.state == opQueued {
+			// A round may hold the queue with no completion of its
+			// group to post it: look again once its bound passed.
+			if until := time.Now().Add(cb.roundWait); wait.IsZero() || until.Before(wait) {
+				wait = until
+			}
+		}
 		cb.mu.Unlock()
-		err := c.mc.Await(ctx, deadline, p.w)
+		err := c.mc.Await(ctx, wait, p.w)
 		cb.mu.Lock()
 		if errors.Is(err, multicast.ErrClosed) && p.state != opDone {
 			return cb.giveUp(p, ErrClosed)
+		}
+		if p.state == opQueued && !cb.sending[p.g] && !cb.held(p.g) && cb.inflight[p.g] < c.m.Limits.ClientSlots {
+			cb.flush(p.g)
 		}
 	}
 }
@@ -260,7 +315,31 @@ func (cb *combiner) held(g uint32) bool {
 			inflight += n
 		}
 	}
-	return inflight >= cb.hold
+	return inflight >= cb.hold || cb.roundHeld(g)
+}
+
+// roundHeld says whether a round holds group g's queue (mu held): another
+// group has a message in flight posted less than roundWait ago.
+func (cb *combiner) roundHeld(g uint32) bool {
+	if !cb.rounds || cb.roundNone {
+		return false
+	}
+	var now time.Time
+	for h, n := range cb.inflight {
+		if n == 0 || uint32(h) == g {
+			continue
+		}
+		if cb.roundForever {
+			return true
+		}
+		if now.IsZero() {
+			now = time.Now()
+		}
+		if now.Sub(cb.posted[h]) < cb.roundWait {
+			return true
+		}
+	}
+	return false
 }
 
 // ctxEnded is ctx's error, or context.DeadlineExceeded once deadline (if
@@ -343,11 +422,35 @@ func (m *message) forget(p *pendingOp) {
 }
 
 // done frees m's window slot and sends what queued meanwhile (mu held;
-// flush may unlock it for a while).
+// flush may unlock it for a while). With rounds, a group's queue goes
+// once no other group's young message is in flight: m's own, and the
+// other groups' that waited for m.
 func (cb *combiner) done(m *message) {
 	cb.inflight[m.g]--
-	if len(cb.queued[m.g]) > 0 && !cb.sending[m.g] {
-		cb.flush(m.g)
+	if !cb.rounds {
+		if len(cb.queued[m.g]) > 0 && !cb.sending[m.g] {
+			cb.flush(m.g)
+		}
+		return
+	}
+	// Which groups go is decided before any posts: a group posted now
+	// is young and would hold the others for another round.
+	// (flush unlocks mu: the list is this call's own)
+	var buf [8]uint32
+	due := buf[:0]
+	for h := range cb.queued {
+		g := uint32(h)
+		if len(cb.queued[g]) == 0 || cb.sending[g] || cb.inflight[g] >= cb.c.m.Limits.ClientSlots || cb.roundHeld(g) {
+			continue
+		}
+		if g == m.g || cb.inflight[g] < cb.hold {
+			due = append(due, g)
+		}
+	}
+	for _, g := range due {
+		if len(cb.queued[g]) > 0 && !cb.sending[g] {
+			cb.flush(g)
+		}
 	}
 }
 
@@ -362,6 +465,9 @@ func (cb *combiner) flush(g uint32) {
 		var m *message
 		m, full = cb.take(g)
 		cb.inflight[g]++
+		if cb.rounds {
+			cb.posted[g] = time.Now()
+		}
 		cb.mu.Unlock()
 		call, err := cb.post(m)
 		cb.mu.Lock()

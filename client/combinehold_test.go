@@ -122,18 +122,7 @@ func combineHold(t *testing.T, plant string) error {
 		return stalled()
 	}
 
-	for i := range lc.Map.Groups[0] {
-		lc.Pause(0, i)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			for i := range lc.Map.Groups[0] {
-				lc.ResumeReplica(0, i)
-			}
-		}
-	}
+	resume := pauseAll(lc, 0)
 	var wg sync.WaitGroup
 	defer func() { cancel(); resume(); wg.Wait() }()
 	// 40 writers put to group 0's keys, which cannot complete.

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"time"
 
 	"github.com/rdmakv/rdmakv/btree"
 	"github.com/rdmakv/rdmakv/kv"
@@ -89,3 +90,22 @@ func PlantDropOverflow(c *Client) { c.comb.dropOverflow = true }
 // CombineHold is c's write-combining hold: the messages of single-key
 // writes a group may have in flight before a write queues.
 func CombineHold(c *Client) int { return c.comb.hold }
+
+// CombineRounds says whether c's write combiner sends its groups'
+// messages in rounds (WithCombineRounds).
+func CombineRounds(c *Client) bool { return c.comb.rounds }
+
+// SetCombineRoundWait sets how young another group's message must be to
+// hold a group's queue in c's write combiner (roundMax by default).
+func SetCombineRoundWait(c *Client, d time.Duration) {
+	c.comb.mu.Lock()
+	defer c.comb.mu.Unlock()
+	c.comb.roundWait = d
+}
+
+// PlantRoundForever plants a bug in c's write combiner: a round holds a
+// group's queue behind another group's message however old it is.
+func PlantRoundForever(c *Client) { c.comb.roundForever = true }
+
+// PlantRoundNone plants a bug in c's write combiner: rounds hold nothing.
+func PlantRoundNone(c *Client) { c.comb.roundNone = true }

@@ -166,13 +166,24 @@ var kvValueSize = 100
 // client.DefaultCombineHold).
 var kvCombineHold = -1
 
-// kvHoldOpts is the client's options for kvCombineHold: none when it is
-// -1 (the client chooses by the map's durability).
+// kvCombineRounds is the client's rounds (--combine-rounds,
+// client.WithCombineRounds): auto (the client's default for the cluster's
+// durability, client.DefaultSyncCombineRounds on a sync cluster), on or
+// off.
+var kvCombineRounds = "auto"
+
+// kvHoldOpts is the client's options for kvCombineHold and
+// kvCombineRounds: none when they are -1 and auto (the client chooses by
+// the map's durability).
 func kvHoldOpts() []client.Option {
-	if kvCombineHold < 0 {
-		return nil
+	var opts []client.Option
+	if kvCombineHold >= 0 {
+		opts = append(opts, client.WithCombineHold(kvCombineHold))
 	}
-	return []client.Option{client.WithCombineHold(kvCombineHold)}
+	if kvCombineRounds != "auto" {
+		opts = append(opts, client.WithCombineRounds(kvCombineRounds == "on"))
+	}
+	return opts
 }
 
 // kvFlags are the options of the kv benchmark.
@@ -224,6 +235,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.IntVar(&o.records, "records", 1000000, "keys loaded (from an empty table) before the get and put rows")
 	threads := fs.String("threads", "1,8", "comma-separated goroutine counts of the get rows")
 	putThreads := fs.String("put-threads", "64", "goroutines of the saturated put row (the other put row has 1); a comma-separated list (1,2,4,8,16,64): a put row at each count")
+	fs.StringVar(&kvCombineRounds, "combine-rounds", "auto", "the client's rounds: auto (the client's default: on on a sync cluster, else off), on or off (client.WithCombineRounds: a group's writes also wait for another group's message posted less than a few ms ago, so that the groups' messages go out together)")
 	fs.IntVar(&kvCombineHold, "combine-hold", -1, "the client's write-combining hold: messages a group may have in flight before a new write waits for a completion (client.WithCombineHold; 0: the whole window; -1: the client's default, 1 on a sync cluster, else the whole window)")
 	fs.IntVar(&kvValueSize, "value-size", 100, "bytes per value (at least the 16-byte key, which each value starts with), of rdmakv's and Redis's rows")
 	fs.DurationVar(&o.interval, "interval", 100*time.Millisecond, "get-during-growth: the interval gets are counted in")
@@ -272,6 +284,9 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	}
 	if !slices.Contains([]string{"memory", "async", "sync"}, o.durability) {
 		return nil, fmt.Errorf("kv: --durability %q: want memory, async or sync", o.durability)
+	}
+	if !slices.Contains([]string{"auto", "on", "off"}, kvCombineRounds) {
+		return nil, fmt.Errorf("kv: --combine-rounds %q: want auto, on or off", kvCombineRounds)
 	}
 	if set["wal-layout"] {
 		if err := cluster.CheckWALLayout(o.walLayout); err != nil {
