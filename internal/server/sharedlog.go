@@ -125,6 +125,10 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 		return nil, fmt.Errorf("open the shared log in %s: %v", dir, err)
 	}
 	mp.Store(s.mux)
+	// Its device continues the log after each completion from now on
+	// (above): the streams' Polls skip the log's mutex while nothing can
+	// happen (wal.Mux.SetDeviceContinues; Async only).
+	s.mux.SetDeviceContinues()
 	return s, nil
 }
 
@@ -229,6 +233,10 @@ type SharedLogStatus struct {
 	// started the next batch (the rest found no record due).
 	ContinueCalls   uint64 `json:"continue_calls"`
 	ContinueStarted uint64 `json:"continue_started"`
+	// PollSkips: the replicas' polls of the log that returned without
+	// its mutex, nothing being due or able to complete (Async;
+	// wal.Mux.Skipped).
+	PollSkips uint64 `json:"poll_skips"`
 }
 
 // Status is the log's counters (any goroutine).
@@ -239,7 +247,7 @@ func (s *SharedLog) Status() *SharedLogStatus {
 	st := s.mux.Stats()
 	held, to := s.mux.GatherStats()
 	cc, cs := s.mux.ContinueStats()
-	return &SharedLogStatus{GatherHeld: held, GatherTimedOut: to, GatherPassed: s.mux.GatherPassed(), ContinueCalls: cc, ContinueStarted: cs, Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
+	return &SharedLogStatus{GatherHeld: held, GatherTimedOut: to, GatherPassed: s.mux.GatherPassed(), ContinueCalls: cc, ContinueStarted: cs, PollSkips: s.mux.Skipped(), Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
 		WALSegmentBytes: st.SegmentBytes, UnsyncedBytes: st.UnsyncedBytes, Fsyncs: st.Fsyncs, FsyncP50: quantile(&st.FsyncLatency, 0.5),
 		FsyncP99: quantile(&st.FsyncLatency, 0.99), DiskFull: st.DiskFull}
 }
