@@ -741,14 +741,16 @@ func (m *Mux) publishQuiet() {
 // every completion of an IO that is not Quiet (the shared log's device
 // does): the streams' Polls may then skip the mutex while an IO is in
 // flight too (Mux.quietUntil), since that completion's Continue reaps it
-// and republishes. Call it once the device calls Continue: it polls
-// first, reaping what completed before (whose Continue may have been
-// missed), so that nothing in flight now can complete unseen.
+// and republishes. Call it once the device calls Continue: an Async log
+// polls first, reaping what completed before (whose Continue may have
+// been missed), so that nothing in flight now can complete unseen.
 func (m *Mux) SetDeviceContinues() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.devContinues = true
-	m.poll(m.now)
+	if m.w.cfg.Mode == Async { // Sync never skips (publishQuiet)
+		m.poll(m.now)
+	}
 }
 
 // catchUpClock takes the latest time a Stream's Poll skipped at for the
