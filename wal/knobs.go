@@ -114,4 +114,26 @@ type testingKnobs struct {
 	// TestMuxCatchesZeroAlignDown ("synced record lost" in the crash
 	// seeds) and TestZeroAhead ("recovered:").
 	zeroAlignDown bool
+	// muxQuietKeepsFlush: Flush does not republish the Mux's quietUntil,
+	// so the streams' Polls go on skipping until the open batch's
+	// interval ends: a flush (a stopping process's, an Async replica's
+	// at its interval) waits. Caught by TestMuxQuietPollsCatches
+	// ("flush:"; muxRun flushes nothing).
+	muxQuietKeepsFlush bool
+	// muxQuietStaleAppend: an append does not republish quietUntil: the
+	// first record of an empty batch leaves it at Never (nothing was
+	// open), and the streams' Polls never start the batch. Caught by
+	// TestMuxQuietPollsCatches ("interval:", and muxRun's check of
+	// quietUntil: "quiet:").
+	muxQuietStaleAppend bool
+	// muxQuietInFlight: quietUntil is set while an IO is in flight
+	// although the device does not continue the log after completions
+	// (no SetDeviceContinues): nothing reaps the completion, and the
+	// streams' Polls skip for ever. Caught by TestMuxQuietPollsCatches
+	// ("synced:", and muxRun's "quiet:").
+	muxQuietInFlight bool
+	// muxQuietAlways: quietUntil is Never whatever the state: every
+	// Stream Poll skips. The check's own planted case
+	// (TestMuxQuietPollsCatches: muxRun's "quiet:").
+	muxQuietAlways bool
 }

@@ -346,6 +346,20 @@ type Mux struct {
 	pubUnsynced atomic.Int64
 	pubErr      atomic.Bool
 	pubFull     atomic.Bool
+
+	// The streams' Polls that need not take the mutex (Async; quietUntil).
+	// quietUntil: a Poll before this time (the Poll clock) would find
+	// the log as the last one left it, with nothing to do: no IO in
+	// flight or queued (so no completion can come), nothing due before
+	// it (the open batch's interval, a flush, a drop, a space query);
+	// 0: none of that holds, poll. Published under mu by every method
+	// that changes the Writer (publishQuiet); a Stream's Poll before it
+	// returns without the mutex (Stream.skipNow, Stream.skips).
+	quietUntil atomic.Int64
+	// devContinues: the device calls Continue after every completion but
+	// a Quiet IO's (SetDeviceContinues), so an IO in flight does not end
+	// quietUntil: its completion's Continue republishes it.
+	devContinues bool
 }
 
 type muxSeg struct {
@@ -367,9 +381,15 @@ type Stream struct {
 	appended     uint64 // bytes of its records appended (as bytes)
 	pend         []muxPend
 	head         int
-	evidence     uint64 // global seq of its last synced record or marker
-	markerG      uint64 // global seq of its marker in flight (0: none)
-	polledSynced uint64
+	evidence     uint64        // global seq of its last synced record or marker
+	markerG      uint64        // global seq of its marker in flight (0: none)
+	polledSynced atomic.Uint64 // Synced at its last Poll (Poll's report)
+	// skipNow: the latest time a Poll of it returned without the mutex
+	// (Mux.quietUntil), which the next locked method takes for the
+	// Writer's clock (the records' append times), as if it had polled;
+	// skips counts those Polls. Written by its poller only.
+	skipNow atomic.Int64
+	skips   atomic.Uint64
 
 	// pub: what its poller asks for between (and within) Polls, published
 	// under the Mux's mutex (Mux.publish) and read without it: the getters
@@ -426,7 +446,7 @@ func OpenMux(dev Device, cfg Config, rec *MuxRecovered) (*Mux, error) {
 			s := m.stream(id)
 			s.next = sr.NextSeq
 			s.synced = s.next - 1
-			s.polledSynced = s.synced
+			s.polledSynced.Store(s.synced)
 			s.evidence = in.evidence
 			for j := range m.segs {
 				if j < len(sr.Segments) {
@@ -444,6 +464,7 @@ func OpenMux(dev Device, cfg Config, rec *MuxRecovered) (*Mux, error) {
 		}
 	}
 	m.publish()
+	m.publishQuiet()
 	return m, nil
 }
 
@@ -534,6 +555,7 @@ func (m *Mux) Poll(now time.Duration) bool {
 }
 
 func (m *Mux) poll(now time.Duration) bool {
+	m.catchUpClock()
 	m.now = max(m.now, now)
 	m.w.hold = m.wanted(true)
 	to := m.w.gatherTO
@@ -561,6 +583,7 @@ func (m *Mux) poll(now time.Duration) bool {
 	}
 	m.planDrop()
 	m.publish()
+	m.publishQuiet()
 	return p
 }
 
@@ -687,6 +710,73 @@ func (m *Mux) publishLog() {
 	}
 }
 
+// publishQuiet stores quietUntil (Mux.quietUntil) from the Writer's
+// state: only in Async (in Sync every eager record is due at once, and
+// the gather counts the streams' Polls), with no IO in flight (unless
+// the device continues the log after each completion:
+// SetDeviceContinues) or waiting to be submitted, and no failure, when
+// the Writer's next deadline is later than its clock (while an IO is in
+// flight it is Never: the completion's Continue publishes again). Writer.Poll before
+// that deadline would then do nothing (its cases are the deadline's:
+// NextDeadline), and so would the rest of Mux.poll: the streams' synced
+// marks move only with completions, and a drop is planned from marks
+// that DropBefore changes (it publishes 0: the next Poll plans).
+func (m *Mux) publishQuiet() {
+	q := int64(0)
+	w := m.w
+	if w.cfg.Mode == Async && (w.phase == pIdle || m.devContinues || m.knobs.muxQuietInFlight) && w.failErr == nil && len(w.queued) == 0 && !m.knobs.muxQuietAlways {
+		if d := w.NextDeadline(); d > w.now {
+			q = int64(d)
+		}
+	}
+	if m.knobs.muxQuietAlways {
+		q = int64(Never)
+	}
+	if m.quietUntil.Load() != q {
+		m.quietUntil.Store(q)
+	}
+}
+
+// SetDeviceContinues tells the Mux that its device calls Continue after
+// every completion of an IO that is not Quiet (the shared log's device
+// does): the streams' Polls may then skip the mutex while an IO is in
+// flight too (Mux.quietUntil), since that completion's Continue reaps it
+// and republishes. Call it once the device calls Continue: an Async log
+// polls first, reaping what completed before (whose Continue may have
+// been missed), so that nothing in flight now can complete unseen.
+func (m *Mux) SetDeviceContinues() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.devContinues = true
+	if m.w.cfg.Mode == Async { // Sync never skips (publishQuiet)
+		m.poll(m.now)
+	}
+}
+
+// catchUpClock takes the latest time a Stream's Poll skipped at for the
+// Writer's clock (locked methods that append or poll call it first).
+func (m *Mux) catchUpClock() {
+	for _, s := range m.streams {
+		if n := time.Duration(s.skipNow.Load()); n > m.now {
+			m.now = n
+			m.w.now = max(m.w.now, n)
+		}
+	}
+}
+
+// Skipped is how many Stream Polls returned without the mutex
+// (quietUntil; any goroutine).
+func (m *Mux) Skipped() uint64 {
+	m.mu.Lock()
+	streams := m.streams
+	m.mu.Unlock()
+	n := uint64(0)
+	for _, s := range streams {
+		n += s.skips.Load()
+	}
+	return n
+}
+
 func (m *Mux) publishStream(s *Stream) {
 	o := time.Duration(-1)
 	if s.head < len(s.pend) {
@@ -739,6 +829,7 @@ func (s *Stream) append(typ RecType, flags uint8, lazy bool, parts [][]byte) (ui
 	m := s.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.catchUpClock()
 	n := 0
 	for _, p := range parts {
 		n += len(p)
@@ -769,6 +860,9 @@ func (s *Stream) append(typ RecType, flags uint8, lazy bool, parts [][]byte) (ui
 	if !ok {
 		return 0, false
 	}
+	if !m.knobs.muxQuietStaleAppend {
+		m.publishQuiet() // a first record opens the batch: its interval starts
+	}
 	switch {
 	case isRef:
 		m.ref.refs++
@@ -795,12 +889,21 @@ func (s *Stream) append(typ RecType, flags uint8, lazy bool, parts [][]byte) (ui
 // log moved or the stream's Synced did since its last Poll.
 func (s *Stream) Poll(now time.Duration) bool {
 	m := s.m
+	if q := m.quietUntil.Load(); q != 0 && int64(now) < q && s.pub.synced.Load() == s.polledSynced.Load() {
+		// Nothing to do before q (publishQuiet): no completion can
+		// come, nothing is due. Keep the clock for the next append.
+		if int64(now) > s.skipNow.Load() {
+			s.skipNow.Store(int64(now))
+		}
+		s.skips.Add(1)
+		return false
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.gatherPolled(s)
 	p := m.poll(now)
-	if s.synced != s.polledSynced {
-		s.polledSynced = s.synced
+	if s.synced != s.polledSynced.Load() {
+		s.polledSynced.Store(s.synced)
 		p = true
 	}
 	return p
@@ -819,6 +922,7 @@ func (s *Stream) DropBefore(seq uint64) {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
 	s.mark = max(s.mark, seq)
+	s.m.quietUntil.Store(0) // the next Poll plans the drop
 }
 
 // OldestUnsynced is when (the Poll clock) the stream's oldest record not
@@ -839,10 +943,15 @@ func (s *Stream) Err() error {
 func (s *Stream) Full() bool { return s.m.pubFull.Load() }
 
 // Flush flushes the log (every stream's records).
-func (s *Stream) Flush() { s.m.mu.Lock(); defer s.m.mu.Unlock(); s.m.w.Flush() }
+func (s *Stream) Flush() { s.m.Flush() }
 
 // CheckSpace is the log's Writer.CheckSpace.
-func (s *Stream) CheckSpace() { s.m.mu.Lock(); defer s.m.mu.Unlock(); s.m.w.CheckSpace() }
+func (s *Stream) CheckSpace() {
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	s.m.w.CheckSpace()
+	s.m.publishQuiet()
+}
 
 // Space is the log's last free-space answer.
 func (s *Stream) Space() Space { s.m.mu.Lock(); defer s.m.mu.Unlock(); return s.m.w.Space() }
@@ -907,5 +1016,9 @@ func (m *Mux) Idle() bool {
 func (m *Mux) Flush() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.catchUpClock()
 	m.w.Flush()
+	if !m.knobs.muxQuietKeepsFlush {
+		m.publishQuiet()
+	}
 }

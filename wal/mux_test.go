@@ -250,6 +250,9 @@ func muxRunFlips(t testing.TB, seed uint64, steps, flips int, knobs testingKnobs
 		if f := checkPub(m); f != "" {
 			return []string{fmt.Sprintf("step %d: %s", step, f)}
 		}
+		if f := checkQuiet(m); f != "" {
+			return []string{fmt.Sprintf("step %d: %s", step, f)}
+		}
 	}
 	if err := m.w.Err(); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
@@ -348,6 +351,33 @@ func checkPub(m *Mux) string {
 		if e := s.Err(); (e == nil) != (err == nil) || s.Full() != full {
 			return fmt.Sprintf("stream %d: published Err %v Full %v, the log's %v %v", s.id, e, s.Full(), err, full)
 		}
+	}
+	return ""
+}
+
+// checkQuiet checks the Mux's published quietUntil (the streams' Polls
+// that skip the mutex) against its state: when set, it is what
+// publishQuiet would store now, and nothing could complete or be due
+// before it.
+func checkQuiet(m *Mux) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	got := m.quietUntil.Load()
+	knobs := m.knobs
+	m.knobs.muxQuietAlways = false
+	m.publishQuiet()
+	want := m.quietUntil.Load()
+	m.knobs = knobs
+	m.quietUntil.Store(got)
+	// 0 (poll) is always safe: DropBefore stores it for the next Poll
+	// to plan the drop.
+	if got != 0 && got != want {
+		return fmt.Sprintf("quiet: published until %v, the Writer's state gives %v (phase %d, %d bytes open since %v, flush %v)",
+			time.Duration(got), time.Duration(want), m.w.phase, len(m.w.open), m.w.openSince, m.w.flush)
+	}
+	if got != 0 && (m.w.phase != pIdle && !m.devContinues || m.w.flush || len(m.w.open) > 0 && time.Duration(got) > m.w.openSince+m.w.cfg.FsyncInterval) {
+		return fmt.Sprintf("quiet: until %v with phase %d, flush %v, %d bytes open since %v",
+			time.Duration(got), m.w.phase, m.w.flush, len(m.w.open), m.w.openSince)
 	}
 	return ""
 }

@@ -139,6 +139,10 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 	dp.Store(s.dev)
 	s.stats = s.dev
 	mp.Store(s.mux)
+	// Its device continues the log after each completion from now on
+	// (above): the streams' Polls skip the log's mutex while nothing can
+	// happen (wal.Mux.SetDeviceContinues; Async only).
+	s.mux.SetDeviceContinues()
 	return s, nil
 }
 
@@ -269,6 +273,10 @@ type SharedLogStatus struct {
 	DeviceGapP50     float64 `json:"device_gap_p50_seconds"`
 	DeviceGapP90     float64 `json:"device_gap_p90_seconds"`
 	DeviceGapP10     float64 `json:"device_gap_p10_seconds"`
+	// PollSkips: the replicas' polls of the log that returned without
+	// its mutex, nothing being due or able to complete (Async;
+	// wal.Mux.Skipped).
+	PollSkips uint64 `json:"poll_skips"`
 }
 
 // Status is the log's counters (any goroutine).
@@ -284,7 +292,7 @@ func (s *SharedLog) Status() *SharedLogStatus {
 		ds = s.stats.Stats()
 	}
 	return &SharedLogStatus{DeviceInline: ds.Inline,
-		DeviceStartP50: quantile(&ds.Start, 0.5), DeviceStartP90: quantile(&ds.Start, 0.9), DeviceStartCount: ds.Start.N(), DeviceGapP50: quantile(&ds.Gap, 0.5), DeviceGapP90: quantile(&ds.Gap, 0.9), DeviceGapP10: quantile(&ds.Gap, 0.1), GatherHeld: held, GatherTimedOut: to, GatherPassed: s.mux.GatherPassed(), ContinueCalls: cc, ContinueStarted: cs, Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
+		DeviceStartP50: quantile(&ds.Start, 0.5), DeviceStartP90: quantile(&ds.Start, 0.9), DeviceStartCount: ds.Start.N(), DeviceGapP50: quantile(&ds.Gap, 0.5), DeviceGapP90: quantile(&ds.Gap, 0.9), DeviceGapP10: quantile(&ds.Gap, 0.1), GatherHeld: held, GatherTimedOut: to, GatherPassed: s.mux.GatherPassed(), ContinueCalls: cc, ContinueStarted: cs, PollSkips: s.mux.Skipped(), Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
 		WALSegmentBytes: st.SegmentBytes, UnsyncedBytes: st.UnsyncedBytes, Fsyncs: st.Fsyncs, FsyncP50: quantile(&st.FsyncLatency, 0.5),
 		FsyncP99: quantile(&st.FsyncLatency, 0.99), DiskFull: st.DiskFull}
 }
