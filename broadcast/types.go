@@ -299,6 +299,10 @@ type Config struct {
 	// SnapshotLogBytes is how much log (bytes of synced batches) triggers
 	// a disk snapshot; 64 MiB if zero.
 	SnapshotLogBytes int64
+	// SaveGate, if set, is shared by the replicas of a process: one of
+	// them at a time captures and saves a periodic disk snapshot
+	// (savegate.go). nil: each replica saves when its log says.
+	SaveGate *SaveGate
 	// StatClock, if set, times the disk snapshot work done in Poll
 	// (SnapWork) for the operator's figures; nothing the protocol
 	// decides reads it (the simulator leaves it nil).
