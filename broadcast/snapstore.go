@@ -766,6 +766,9 @@ type SnapWork struct {
 	// GateWaits counts the Polls at which a capture was due and another
 	// replica held the Config.SaveGate.
 	GateWaits uint64
+	// ReadyWaits counts the Polls at which a capture was due and
+	// Config.CaptureReady said not yet.
+	ReadyWaits uint64
 }
 
 // SnapWork returns the replica's disk snapshot work (polling goroutine).
@@ -894,6 +897,10 @@ func (r *Replica) diskSnapStep() {
 	}
 	if _, at, ok := s.Newest(); ok && !at.Less(r.committed) {
 		return
+	}
+	if f := r.cfg.CaptureReady; f != nil && !f() {
+		d.work.ReadyWaits++
+		return // the FSM asks for a later Poll
 	}
 	if !r.saveGateTake() {
 		d.work.GateWaits++
