@@ -142,6 +142,11 @@ type ProcessConfig struct {
 	// diagnostic: about ten system calls a Poll during saves, and the
 	// Poll locked to its thread.
 	SavePollDetail bool
+	// SavesAtOnce lets each durable replica save its periodic disk
+	// snapshots when its log says, at once with the others (kvserver
+	// --saves-at-once: to compare). By default a process's replicas
+	// save them one at a time (broadcast.SaveGate; issue 19).
+	SavesAtOnce bool
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
 	startKnobs  startKnobs  // planted bugs, tests only (StartProcess)
@@ -613,7 +618,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 			p.cfg.Log.Warn(w, "node", id, "group", g)
 		}
 		dur.Apply(&bc)
-		if p.cfg.saveBug != saveNoGate {
+		if p.cfg.saveBug != saveNoGate && !p.cfg.SavesAtOnce {
 			bc.SaveGate = p.saveGate
 		}
 		{
