@@ -1589,8 +1589,8 @@ func (t *Table) offerSpare(b *[]byte) {
 // false only while the pre-fault goroutine makes a spare that the copy
 // needs (PrefaultSpare: the spare is smaller than the copy, and the one
 // being made is large enough). A capture held back meanwhile costs the
-// poller no page faults (a fresh 24-36 MiB copy took 30 ms of the
-// polling thread's CPU at 1 M records: issue 19); the spare is made in
+// poller no page faults (a fresh copy took 32-35 ms of the polling
+// thread's CPU at 500 k records: issue 19); the spare is made in
 // bounded work (its size's page touches), so the hold ends. A spare
 // waiting for SpareAfter is not being made: no hold then.
 func (t *Table) SnapshotReady() bool {
