@@ -73,6 +73,15 @@ type testingKnobs struct {
 	// (TestSnapImageReuse: "pad:"). poisonSpareImg (tests, not a bug)
 	// fills a handed-on image with 0xab before the capture takes it.
 	snapImgNoClear, poisonSpareImg bool
+	// saveGateIgnored: a periodic capture starts without taking the
+	// Config.SaveGate, so that replicas sharing it save at once
+	// (TestSaveGate: "overlap:"). saveGateKept: a replica keeps the gate
+	// after its save (and captures again with it), so that the others never capture again
+	// (TestSaveGate: "starved:"). saveGateUnfair: the last holder takes
+	// a free gate again before a replica refused it, so that the first
+	// in the poll order saves again and again (TestSaveGate:
+	// "starved:").
+	saveGateIgnored, saveGateKept, saveGateUnfair bool
 	// netSaveUnsynced: the snapshot a diff installed goes to the store
 	// before the diff's records are synced, so that the store's removal
 	// of the snapshots it replaced can reach the disk before the log

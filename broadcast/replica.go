@@ -423,6 +423,7 @@ func (r *Replica) Close() error {
 	}
 	r.closeRegions()
 	r.closeDiskSnap() // after closeRegions: the Persist goroutines ended
+	r.saveGateClose()
 	return nil
 }
 

@@ -763,6 +763,12 @@ type SnapWork struct {
 	// dropped below a durable snapshot.
 	Store    time.Duration
 	StoreMax time.Duration
+	// GateWaits counts the Polls at which a capture was due and another
+	// replica held the Config.SaveGate.
+	GateWaits uint64
+	// ReadyWaits counts the Polls at which a capture was due and
+	// Config.CaptureReady said not yet.
+	ReadyWaits uint64
 }
 
 // SnapWork returns the replica's disk snapshot work (polling goroutine).
@@ -795,8 +801,17 @@ func (d *durable) noteStore(r *Replica, t0 time.Duration) {
 // snapshots along: it reaps the store, drops the log below a snapshot
 // that became durable, hands a persisted capture to the store, and
 // captures the FSM at the commit point when the log grew
-// SnapshotLogBytes since the last capture. One snapshot at a time.
+// SnapshotLogBytes since the last capture. One snapshot at a time, and
+// with a Config.SaveGate one periodic save at a time among the replicas
+// that share it (the gate is taken before the capture and given back at
+// the end of the call that finds the save over).
 func (r *Replica) diskSnapPoll() {
+	r.saveGateBegin()
+	r.diskSnapStep()
+	r.saveGateCheck()
+}
+
+func (r *Replica) diskSnapStep() {
 	d, s := r.dur, r.cfg.Snapshots
 	if s == nil || d.err != nil {
 		return
@@ -882,6 +897,14 @@ func (r *Replica) diskSnapPoll() {
 	}
 	if _, at, ok := s.Newest(); ok && !at.Less(r.committed) {
 		return
+	}
+	if f := r.cfg.CaptureReady; f != nil && !f() {
+		d.work.ReadyWaits++
+		return // the FSM asks for a later Poll
+	}
+	if !r.saveGateTake() {
+		d.work.GateWaits++
+		return // another replica of the process saves: at a later Poll
 	}
 	d.snapBytes = written
 	// The CPU clock's reads lie inside the wall clock's, so that a

@@ -299,6 +299,16 @@ type Config struct {
 	// SnapshotLogBytes is how much log (bytes of synced batches) triggers
 	// a disk snapshot; 64 MiB if zero.
 	SnapshotLogBytes int64
+	// SaveGate, if set, is shared by the replicas of a process: one of
+	// them at a time captures and saves a periodic disk snapshot
+	// (savegate.go). nil: each replica saves when its log says.
+	SaveGate *SaveGate
+	// CaptureReady, if set, is asked before a periodic disk snapshot's
+	// capture (polling goroutine): false holds the capture back to a
+	// later Poll (kv's Table.SnapshotReady: while the buffer its index
+	// copy needs is being faulted in off the poller). It must turn true
+	// within bounded work, or the log grows without a snapshot.
+	CaptureReady func() bool
 	// StatClock, if set, times the disk snapshot work done in Poll
 	// (SnapWork) for the operator's figures; nothing the protocol
 	// decides reads it (the simulator leaves it nil).

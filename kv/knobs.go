@@ -99,6 +99,13 @@ type testingKnobs struct {
 	// index, and the next capture faults a fresh buffer in on the poller
 	// (TestPrefaultedSpare).
 	spareKeepsLast bool
+	// readyIgnoresSpare (table): SnapshotReady says true while the spare
+	// a capture needs is being made, so the capture copies the index
+	// into a fresh buffer on the poller (TestSnapshotReady: "fresh:").
+	// onSpareMaking (tests, not a bug) runs in the pre-fault goroutine
+	// before it makes a spare.
+	readyIgnoresSpare bool
+	onSpareMaking     func()
 	// spareIgnoresAfter (table): the spare's pre-fault goroutine does not
 	// wait for TableConfig.SpareAfter, so a process's start makes its
 	// tables' spares beside the builds of its other replicas

@@ -239,3 +239,70 @@ func TestPersistHandsOnIndexCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotReady: while the pre-fault goroutine makes the spare a
+// capture's index copy needs (after a growth), SnapshotReady is false,
+// and a capture taken once it is true copies into no fresh buffer (the
+// capture a broadcast replica holds back with Config.CaptureReady).
+// The goroutine is held while it makes the spare (knobs.onSpareMaking).
+// Without PrefaultSpare it is always true. Planted readyIgnoresSpare
+// (true while the spare is made) is caught by "fresh:".
+func TestSnapshotReady(t *testing.T) {
+	planted.Run(t, snapshotReady, []planted.Case{
+		{Name: "none", Want: ""},
+		{Name: "readyIgnoresSpare", Want: "fresh:"},
+	})
+}
+
+func snapshotReady(t *testing.T, knob string) string {
+	cfg := TableConfig{LogBuckets: 3, MigrateStep: 1, HeapRegionSize: 1 << 20, MaxValue: 1 << 10, PrefaultSpare: true}
+	tb, _ := soloTable(t, cfg)
+	tb.prefaultWG.Wait() // the knobs are read by the pre-fault goroutine
+	tb.knobs.readyIgnoresSpare = knob == "readyIgnoresSpare"
+	making, release := make(chan struct{}, 1), make(chan struct{})
+	tb.knobs.onSpareMaking = func() {
+		making <- struct{}{}
+		<-release
+	}
+	if !tb.SnapshotReady() {
+		return "ready: false with the spare made at the start"
+	}
+	idx := uint64(0)
+	for !tb.Stats().Migrating { // a growth asks for a larger spare
+		idx++
+		if res := put(tb, idx, Op{Kind: OpPut, Key: fmt.Appendf(nil, "k%d", idx), Value: []byte("v")}); res.Status != StatusOK {
+			t.Fatalf("entry %d: %+v", idx, res)
+		}
+	}
+	<-making // the goroutine makes the grown index's spare, held
+	ready := tb.SnapshotReady()
+	if ready && knob == "" {
+		close(release)
+		return fmt.Sprintf("ready: true while the spare is made (spare %d bytes, the copy %d)", spareCap(tb), tb.indexCopySize())
+	}
+	fresh := tb.Stats().FreshIndexCopies
+	if ready {
+		// What a replica would do: capture now.
+		c, err := tb.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
+	}
+	close(release)
+	tb.prefaultWG.Wait()
+	if !tb.SnapshotReady() {
+		return "ready: false once the spare is made"
+	}
+	if !ready {
+		c, err := tb.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
+	}
+	if n := tb.Stats().FreshIndexCopies - fresh; n != 0 {
+		return fmt.Sprintf("fresh: the capture SnapshotReady let go copied into %d fresh buffers", n)
+	}
+	return ""
+}

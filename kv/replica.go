@@ -43,6 +43,12 @@ func NewReplica(cfg ReplicaConfig, node rdma.Node, stable broadcast.Stable) (*Re
 			prev(e)
 		}
 	}
+	// A durable replica's periodic capture waits for the spare its index
+	// copy needs while it is being made (issue 19: no page faults of a
+	// fresh copy on the poller).
+	if mcfg.Broadcast.CaptureReady == nil {
+		mcfg.Broadcast.CaptureReady = t.SnapshotReady
+	}
 	// broadcast.New replays a durable replica's log into t before it
 	// returns (Table.replaying: growth migrates at once).
 	t.replaying = true

@@ -146,6 +146,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	splitKeys := fs.Int64("balance-split-keys", cluster.DefaultBalanceSplitKeys, "the fewest keys a hot tablet must hold for the balancer to split it (going by load); 2 to 65536 (0: the default), as [ordered] balance_split_keys in a config")
 	walLayout := fs.String("wal-layout", cluster.WALShared, "sync and async: how a new data dir lays out the logs: shared (one log for all the replicas of the process: one fsync covers them; the faster layout at one writer and at many on one disk) or per-replica (each replica a log of its own); a data dir keeps the layout it was made with")
 	spareP := fs.String("spare-p", cluster.SparePAuto, "the pollers' spare P: auto (raise GOMAXPROCS by one while a poller's stream is dense, so its short waits keep their core: more puts a second at many writers) or off (never: the least CPU)")
+	savesAtOnce := fs.Bool("saves-at-once", false, "durable modes: the process's replicas save their disk snapshots each when its log says, all at once (to compare; by default one at a time)")
 	savePollDetail := fs.Bool("save-poll-detail", false, "a diagnostic: while a disk snapshot is saved, read each replica Poll's thread counters (CPU, run-queue wait, faults, switches: /status poll_max_saving_read), about ten system calls a Poll")
 	snapLog := fs.String("snapshot-log-bytes", "", "sync and async: how much log (bytes of synced batches, e.g. 64MiB: 1MiB to 1024MiB) a replica writes before it takes a disk snapshot and drops the log behind it (default 64MiB, as [snapshot] log_bytes in a config)")
 	if err := fs.Parse(args); err != nil {
@@ -199,7 +200,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	eo := embedOpts{control: *control, pprof: *pprofOn, log: log, balance: *balance, minWrites: uint64(*minWrites), splitKeys: uint64(*splitKeys),
-		logLevel: *logLevel, stderr: stderr, spareP: *spareP != cluster.SparePOff, savePollDetail: *savePollDetail}
+		logLevel: *logLevel, stderr: stderr, spareP: *spareP != cluster.SparePOff, savePollDetail: *savePollDetail, savesAtOnce: *savesAtOnce}
 	eo.walLayout, eo.walLayoutDefault = *walLayout, !explicit["wal-layout"]
 	if *memory {
 		if explicit["durability"] && *durability != "memory" {
@@ -317,6 +318,7 @@ type embedOpts struct {
 	walLayoutDefault bool
 	spareP           bool
 	savePollDetail   bool // --save-poll-detail
+	savesAtOnce      bool // --saves-at-once
 }
 
 func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, stdout, stderr io.Writer) error {
@@ -354,7 +356,7 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 			return fmt.Errorf("%w (give another --control, or \"-\" for none)", err)
 		}
 	}
-	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable, SpareP: eo.spareP, WALLayout: eo.walLayout, WALLayoutDefault: eo.walLayoutDefault, SavePollDetail: eo.savePollDetail,
+	pc := server.ProcessConfig{Map: m, Broadcast: bc, Control: cln, Pprof: eo.pprof, Log: eo.log, Durable: eo.durable, SpareP: eo.spareP, WALLayout: eo.walLayout, WALLayoutDefault: eo.walLayoutDefault, SavePollDetail: eo.savePollDetail, SavesAtOnce: eo.savesAtOnce,
 		Balance: server.BalanceConfig{Interval: eo.balance, MinWrites: eo.minWrites, SplitKeys: eo.splitKeys}}
 	if eo.logLevel == "warn" && eo.stderr != nil {
 		// The default level hides info lines; the balancer's moves (a

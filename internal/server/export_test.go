@@ -38,12 +38,16 @@ func SetStartPollEach(pc *ProcessConfig) { pc.startKnobs.pollEach = true }
 // SetSaveBug plants the save passes' bug named bug ("noEnd", "noLeader")
 // in the process pc starts.
 func SetSaveBug(pc *ProcessConfig, bug string) {
-	pc.saveBug = map[string]saveBug{"noEnd": saveNoEnd, "noLeader": saveNoLeader}[bug]
+	pc.saveBug = map[string]saveBug{"noEnd": saveNoEnd, "noLeader": saveNoLeader, "noGate": saveNoGate}[bug]
 }
 
 // SavesOpen is how many disk snapshot saves the process's replicas have
 // under way (their intervals open in its Watch of saves).
 func SavesOpen(p *Process) int { return p.saves.Open() }
+
+// SaveGateTaken is how many disk snapshot captures the process's
+// SaveGate let start.
+func SaveGateTaken(p *Process) uint64 { return p.saveGate.Taken() }
 
 // SetSharedEarlySynced plants the earlySynced bug (sharedKnobs) in the
 // shared log of the process pc starts.

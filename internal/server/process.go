@@ -142,6 +142,11 @@ type ProcessConfig struct {
 	// diagnostic: about ten system calls a Poll during saves, and the
 	// Poll locked to its thread.
 	SavePollDetail bool
+	// SavesAtOnce lets each durable replica save its periodic disk
+	// snapshots when its log says, at once with the others (kvserver
+	// --saves-at-once: to compare). By default a process's replicas
+	// save them one at a time (broadcast.SaveGate; issue 19).
+	SavesAtOnce bool
 
 	backupKnobs backupKnobs // planted bugs, tests only (backup.go)
 	startKnobs  startKnobs  // planted bugs, tests only (StartProcess)
@@ -158,6 +163,9 @@ const (
 	saveNoEnd
 	// saveNoLeader: no replica watches its poller's passes (none counts)
 	saveNoLeader
+	// saveNoGate: the replicas are not given the process's SaveGate
+	// (each saves when its log says, all at once)
+	saveNoGate
 )
 
 // startKnobs are StartProcess's planted bugs (tests only).
@@ -186,12 +194,15 @@ type Process struct {
 	pollers *poller.Group
 	// saves: the disk snapshot saves under way (each durable replica
 	// opens an interval while it has one), watched by the pollers
-	saves   poller.Watch
-	stop    context.CancelFunc
-	done    chan struct{} // closed when the pollers and Watch returned
-	control *Control
-	all     []*Replica // every replica started, in map order, for the control port
-	backups *backups   // backup files of the replicas (backup.go)
+	saves poller.Watch
+	// saveGate: the durable replicas save their periodic disk snapshots
+	// one at a time (broadcast.SaveGate; issue 19)
+	saveGate *broadcast.SaveGate
+	stop     context.CancelFunc
+	done     chan struct{} // closed when the pollers and Watch returned
+	control  *Control
+	all      []*Replica // every replica started, in map order, for the control port
+	backups  *backups   // backup files of the replicas (backup.go)
 	// balancer is the tablet balancer (balancer.go); nil: none.
 	balancer *balancer
 	// started is the start's phases (startAll; read-only once
@@ -291,7 +302,7 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 		np = DefaultPollers(runtime.GOMAXPROCS(0), len(groups), spec.Fabric == "shm" && cfg.SpareP)
 	}
 	p := &Process{Map: m, cfg: cfg, spec: spec, clients: map[rdma.NodeID]rdma.Node{}, done: make(chan struct{}), failed: make(chan error, 1),
-		started: StartStatus{Began: began}}
+		started: StartStatus{Began: began}, saveGate: broadcast.NewSaveGate()}
 	// The pollers count the passes of a leader's poller during a disk
 	// snapshot's save apart (/status save_pass_*), against issue 19's
 	// bound: the election timeout / 20.
@@ -607,6 +618,9 @@ func (p *Process) build(o *opened) (*hosted, error) {
 			p.cfg.Log.Warn(w, "node", id, "group", g)
 		}
 		dur.Apply(&bc)
+		if p.cfg.saveBug != saveNoGate && !p.cfg.SavesAtOnce {
+			bc.SaveGate = p.saveGate
+		}
 		{
 			// A full disk: one line when the log finds it full, one
 			// when a write succeeds again (not one per retry).

@@ -134,6 +134,16 @@ func runSavePasses(t *testing.T, bug string) error {
 	case over > saves || maxUs > passMaxUs:
 		return fmt.Errorf("counts: %d of %d save passes over the bound, the longest %.0f µs of %.0f µs", over, saves, maxUs, passMaxUs)
 	}
+	// Every capture went through the process's save gate (its
+	// replicas save one at a time: broadcast.SaveGate).
+	gateWaits := uint64(0)
+	for _, r := range st.Replicas {
+		gateWaits += r.Disk.CaptureGateWaits
+	}
+	t.Logf("save gate: %d captures taken, %d Polls held back", server.SaveGateTaken(p), gateWaits)
+	if taken := server.SaveGateTaken(p); taken != captures {
+		return fmt.Errorf("gate: the process's save gate let %d captures start, the replicas captured %d", taken, captures)
+	}
 	// A Poll that started in a save has its thread's counters, and
 	// its CPU and run delay lie within its wall time.
 	read := false
@@ -164,8 +174,10 @@ func runSavePasses(t *testing.T, bug string) error {
 // TestSavePassStatus: a durable process's /status counts the passes of
 // a leader's poller that overlap a disk snapshot's save (issue 19's
 // bound is on those), none before the first write or after every save
-// ended, and its replicas show their longest Poll in a save. Planted:
-// an interval never closed (noEnd), no replica watching (noLeader).
+// ended, and its replicas show their longest Poll in a save; every
+// capture went through the process's save gate. Planted: an interval
+// never closed (noEnd), no replica watching (noLeader), replicas
+// without the gate (noGate).
 func TestSavePassStatus(t *testing.T) {
 	if err := runSavePasses(t, ""); err != nil {
 		t.Fatal(err)
@@ -173,6 +185,7 @@ func TestSavePassStatus(t *testing.T) {
 	for _, c := range []struct{ bug, want string }{
 		{"noEnd", "open:"},
 		{"noLeader", "none:"},
+		{"noGate", "gate:"},
 	} {
 		t.Run(c.bug, func(t *testing.T) {
 			err := runSavePasses(t, c.bug)

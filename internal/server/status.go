@@ -313,6 +313,17 @@ type DiskStatus struct {
 	Captures        uint64  `json:"captures"`
 	CaptureMaxUs    float64 `json:"capture_max_us"`
 	CaptureCPUMaxUs float64 `json:"capture_cpu_max_us"`
+	// CaptureGateWaits counts the Polls at which the replica's capture
+	// was due while another replica of the process saved a snapshot:
+	// the process's replicas save one at a time (broadcast.SaveGate),
+	// so the log grows past snapshot_log_bytes by what the others'
+	// saves take.
+	CaptureGateWaits uint64 `json:"capture_gate_waits"`
+	// CaptureReadyWaits counts the Polls at which its capture was due
+	// while its table's spare buffer for the index copy was being made
+	// (the capture waits for it rather than fault a fresh copy in on
+	// the poller).
+	CaptureReadyWaits uint64 `json:"capture_ready_waits"`
 }
 
 // Hdr is a message header (broadcast.MsgHdr): an epoch and a count in it.
@@ -429,7 +440,8 @@ func (p *Replica) Status() ReplicaStatus {
 		ds := &DiskStatus{Dir: d.Dir, SharedLog: d.sharedDir(), WALBytes: w.BytesWritten, WALSegments: w.Segments, WALSegmentBytes: w.SegmentBytes,
 			UnsyncedBytes: w.UnsyncedBytes, Fsyncs: w.Fsyncs, FsyncP50: w.FsyncLatency.Quantile(0.5).Seconds(),
 			FsyncP99: w.FsyncLatency.Quantile(0.99).Seconds(), DiskFull: w.DiskFull, RecoverySeconds: d.Took.Seconds(), Recovery: d.Summary, RecoveryReadSeconds: p.readTook.Seconds(),
-			Captures: dc.snap.Captures, CaptureMaxUs: us(dc.snap.CaptureMax), CaptureCPUMaxUs: us(dc.snap.CaptureCPUMax)}
+			Captures: dc.snap.Captures, CaptureMaxUs: us(dc.snap.CaptureMax), CaptureCPUMaxUs: us(dc.snap.CaptureCPUMax),
+			CaptureGateWaits: dc.snap.GateWaits, CaptureReadyWaits: dc.snap.ReadyWaits}
 		if dc.snapOK {
 			path := filepath.Join(d.Dir, "snap", broadcast.SnapName(dc.snapIdx, dc.snapAt))
 			ds.Snapshot, ds.SnapshotIndex = path, dc.snapIdx
