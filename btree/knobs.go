@@ -26,6 +26,11 @@ type testingKnobs struct {
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool
+	// sealStreaming hashes an in-place change's check word with a
+	// streaming XXH3 over the pieces (header, kept bytes, new bytes)
+	// instead of copying the kept bytes into scratch and hashing once
+	// (the comparison: slower in BenchmarkStoreApplyBatch).
+	sealStreaming bool
 	// noBlindPut makes a blind put (one unconditional put) look its key
 	// up before the put, as every other write request does: the
 	// reference its result is held to.
@@ -224,3 +229,10 @@ func PlantIngestOverLeftover(s *Store) { s.knobs.ingestOverLeftover = true }
 // none; tests of other packages read the published state between the
 // writes of one apply).
 func SetOnWrite(s *Store, f func()) { s.t.knobs.onWrite = f }
+
+// plantedDecodeAnyOffsets plants a bug in Decode (tests only, set by one
+// test at a time, never in parallel): an offset need not be the start of
+// an entry, so Decode accepts a node whose key-order walk reads entries
+// that are not the ones the node holds (FuzzDecode's property, and
+// TestDecodeOffsetsEntries, catch it).
+var plantedDecodeAnyOffsets bool

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 )
@@ -11,17 +12,22 @@ import (
 // Every byte of a tree node that another process reads is declared here,
 // once, with one function each way (docs/dev/btree-plan.md, section 2).
 //
-// A node is NodeSize bytes in a slot of the group's node arena. It is
-// written whole (built in a scratch image, sealed, then copied into its
-// slot), so a reader sees either a sealed image or bytes whose check word
-// does not match:
+// A node is NodeSize bytes in a slot of the group's node arena. A new
+// node is built in a scratch image, sealed, then copied into its slot; a
+// change of one entry (inplace.go) writes the header, the bytes from the
+// change on and the check word. Either way a reader sees a sealed node or
+// bytes whose check word does not match. Layout 2 (layout 1, before,
+// kept the entries in key order and the offsets before them, so an
+// insert moved every entry):
 //
 //	0      8       16      24      32       34       36      38      40
 //	[id   ][stamp ][next  ][prev  ][level  ][count  ][used  ][flags ]
 //	40: [low len u16][low fence][high len u16][high fence]
-//	    [off 0 u16] ... [off count-1 u16]
-//	    [entry 0][entry 1] ... [entry count-1]
-//	    [zero padding to 8][check u64]            (ends at used)
+//	    [entry][entry] ... (count entries, back to back, in the order
+//	                        they were written)
+//	    [zero padding, 0 to 7 bytes]
+//	    [off 0 u16] ... [off count-1 u16]  (in key order)
+//	    [check u64]                        (ends at used)
 //	    zero to NodeSize
 //
 //	id     the node's id: arena slot (low 32 bits) and the slot's
@@ -38,24 +44,31 @@ import (
 //	       freed: a reader holding a pointer to it must look again)
 //	fences the node holds keys k with low <= k < high (bytes.Compare);
 //	       the lowest node of a level has the empty low fence
-//	off    where entry i starts, counted from entry 0's first byte: the
-//	       entries are variable-sized, and these offsets let a search
-//	       bisect them (Find, ChildFor) instead of walking them in order.
-//	       Entries lie in key order, back to back (off 0 is 0, off i+1
-//	       is off i plus entry i's size), so a node's bytes are a
-//	       function of its contents: every replica writes the same bytes
-//	       (Decode checks it)
-//	check  XXH3 (64 bits) of bytes [0, used-8): nodeCheck
+//	entry  the entries tile the bytes from the end of the high fence to
+//	       the padding, with no gap, but in no particular order: an
+//	       insert appends its entry after the last one written (a split
+//	       and the whole-image path write them in key order)
+//	off    where the entry of key rank i starts, counted from the first
+//	       entry's first byte: the offsets are in key order, so a search
+//	       bisects them (Find, ChildFor) and an iteration follows them.
+//	       They sit at the end, just before the check word, at a place
+//	       used and count give (used - 8 - 2*count), so an insert rewrites
+//	       only its entry, the offsets and the check word, not the
+//	       entries. Decode checks that the offsets are the entries'
+//	       starts, each once, in key order. Replicas apply the same
+//	       changes in the same order, so they still write the same bytes
+//	check  XXH3 (64 bits) of bytes [0, used-8), xor checkTag: nodeCheck
 //
-// Leaf entry, sorted by key:
+// Leaf entry:
 //
 //	[klen u16][vlen u32][version u64][key][value]
 //
 //	version  the version of the write that stored the value (kv's: entry
 //	         index << 16 | op number), for compare-and-swap
 //
-// Inner entry, sorted by key; child i holds [key i, key i+1), the last
-// child up to the node's high fence, and key 0 equals the low fence:
+// Inner entry; child i (of the entry of key rank i) holds [key i, key
+// i+1), the last child up to the node's high fence, and key 0 equals the
+// low fence:
 //
 //	[klen u16][child id u64][key]
 const (
@@ -73,6 +86,12 @@ const (
 	leafEnt   = 14 // klen u16 + vlen u32 + version u64
 	innerEnt  = 10 // klen u16 + child u64
 	offSize   = 2  // an entry's offset (off i), besides its entry
+
+	// checkTag is xored into every node's check word (layout 2): a
+	// reader of layout 1 (offsets before the entries) finds no node's
+	// check word right and reads every node as torn, never as entries it
+	// would misplace.
+	checkTag = 0x4c41594f55543202 // "LAYOUT2\x02" (big-endian)
 
 	flagLeaf    = 1
 	flagHighInf = 2
@@ -125,8 +144,8 @@ type Node struct {
 	Low     []byte
 	High    []byte // meaningless when HighInf
 	Count   int
-	offs    []byte // the entries' offsets, u16 each
-	ents    []byte // the entries, in order
+	offs    []byte // the entries' offsets, u16 each, in key order
+	ents    []byte // the entries, as written, and the padding after them
 }
 
 // Decode validates b as the image of node want (want 0 accepts any id)
@@ -140,15 +159,34 @@ func Decode(b []byte, want NodeID) (Node, error) {
 	if err != nil {
 		return n, err
 	}
-	// Walk the entries once: every length in bounds and the keys sorted,
-	// inside the fences.
-	it := n.Entries()
+	// Walk the entries as they lie: every length in bounds, count of
+	// them, then only the zero padding (less than 8 bytes) before the
+	// offsets.
+	starts := make([]int, 0, n.Count)
+	pit := physIter{leaf: n.Leaf, left: n.Count, rest: n.ents}
+	for range n.Count {
+		starts = append(starts, len(n.ents)-len(pit.rest))
+		if !pit.next() {
+			return n, ErrMalformed
+		}
+	}
+	if len(pit.rest) >= 8 {
+		return n, ErrMalformed
+	}
+	for _, c := range pit.rest {
+		if c != 0 {
+			return n, ErrMalformed
+		}
+	}
+	// Then in key order, through the offsets: each the start of an
+	// entry, the keys strictly rising (so no entry twice: with count
+	// offsets, each entry once), inside the fences.
 	var prev []byte
 	for i := 0; i < n.Count; i++ {
-		if int(leU16(n.offs[2*i:])) != len(n.ents)-len(it.rest) {
-			return n, ErrMalformed // entries not back to back, in order
+		if _, at := slices.BinarySearch(starts, int(leU16(n.offs[offSize*i:]))); !at && !plantedDecodeAnyOffsets {
+			return n, ErrMalformed // an offset into the middle of an entry
 		}
-		e, ok := it.next()
+		e, ok := n.entryAt(i)
 		if !ok {
 			return n, ErrMalformed
 		}
@@ -162,15 +200,6 @@ func Decode(b []byte, want NodeID) (Node, error) {
 			return n, ErrMalformed
 		}
 		prev = e.Key
-	}
-	// What follows the entries is the zero padding to 8 bytes.
-	if len(it.rest) >= 8 {
-		return n, ErrMalformed
-	}
-	for _, c := range it.rest {
-		if c != 0 {
-			return n, ErrMalformed
-		}
 	}
 	return n, nil
 }
@@ -235,7 +264,8 @@ func decodeHeader(b []byte, want NodeID, check bool) (Node, error) {
 	if len(body) < offSize*n.Count {
 		return n, ErrMalformed
 	}
-	n.offs, n.ents = body[:offSize*n.Count], body[offSize*n.Count:]
+	k := len(body) - offSize*n.Count
+	n.ents, n.offs = body[:k], body[k:]
 	return n, nil
 }
 
@@ -265,51 +295,81 @@ type Entry struct {
 }
 
 // Entries iterates the node's entries in key order.
-func (n *Node) Entries() EntryIter { return EntryIter{leaf: n.Leaf, left: n.Count, rest: n.ents} }
+func (n *Node) Entries() EntryIter {
+	return EntryIter{leaf: n.Leaf, left: n.Count, offs: n.offs, ents: n.ents}
+}
 
-// EntryIter walks a node's entries.
+// EntryIter walks a node's entries in key order, through the offsets.
 type EntryIter struct {
 	leaf bool
-	left int // entries not yet returned
-	rest []byte
+	left int    // entries not yet returned
+	offs []byte // the offsets not yet followed
+	ents []byte
 }
 
 // Next returns the next entry, false at the end.
 func (it *EntryIter) Next() (Entry, bool) { return it.next() }
 
 func (it *EntryIter) next() (Entry, bool) {
-	var e Entry
-	b := it.rest
-	if it.left <= 0 {
-		return e, false
+	if it.left <= 0 || len(it.offs) < offSize {
+		return Entry{}, false
 	}
 	it.left--
-	if it.leaf {
+	o := int(leU16(it.offs))
+	it.offs = it.offs[offSize:]
+	if o > len(it.ents) {
+		return Entry{}, false
+	}
+	e, _, ok := entryFrom(it.ents[o:], it.leaf)
+	return e, ok
+}
+
+// entryFrom decodes the entry at the start of b and its size, false if
+// it does not fit in b.
+func entryFrom(b []byte, leaf bool) (e Entry, size int, ok bool) {
+	if leaf {
 		if len(b) < leafEnt {
-			return e, false
+			return e, 0, false
 		}
 		kl := int(binary.LittleEndian.Uint16(b))
 		vl := int(binary.LittleEndian.Uint32(b[2:]))
 		if vl < 0 || len(b)-leafEnt < kl || len(b)-leafEnt-kl < vl {
-			return e, false
+			return e, 0, false
 		}
 		e.Version = binary.LittleEndian.Uint64(b[6:])
 		e.Key = b[leafEnt : leafEnt+kl]
 		e.Value = b[leafEnt+kl : leafEnt+kl+vl]
-		it.rest = b[leafEnt+kl+vl:]
-		return e, true
+		return e, leafEnt + kl + vl, true
 	}
 	if len(b) < innerEnt {
-		return e, false
+		return e, 0, false
 	}
 	kl := int(binary.LittleEndian.Uint16(b))
 	if len(b)-innerEnt < kl {
-		return e, false
+		return e, 0, false
 	}
 	e.Child = NodeID(binary.LittleEndian.Uint64(b[2:]))
 	e.Key = b[innerEnt : innerEnt+kl]
-	it.rest = b[innerEnt+kl:]
-	return e, true
+	return e, innerEnt + kl, true
+}
+
+// physIter walks a node's entries as they lie (Decode's walk).
+type physIter struct {
+	leaf bool
+	left int
+	rest []byte
+}
+
+func (it *physIter) next() bool {
+	if it.left <= 0 {
+		return false
+	}
+	it.left--
+	_, size, ok := entryFrom(it.rest, it.leaf)
+	if ok {
+		it.rest = it.rest[size:]
+	}
+	return ok
 }
 
 // entryAt is entry i (i < Count) through its offset, false if it does
@@ -319,8 +379,8 @@ func (n *Node) entryAt(i int) (Entry, bool) {
 	if o > len(n.ents) {
 		return Entry{}, false
 	}
-	it := EntryIter{leaf: n.Leaf, left: 1, rest: n.ents[o:]}
-	return it.next()
+	e, _, ok := entryFrom(n.ents[o:], n.Leaf)
+	return e, ok
 }
 
 // keyAt is the key of entry i (i < Count), false if it does not fit.
@@ -389,12 +449,11 @@ func (n *Node) ChildFor(key []byte) NodeID {
 
 // lastChild is an inner node's rightmost child.
 func (n *Node) lastChild() NodeID {
-	it := n.Entries()
-	var child NodeID
-	for e, ok := it.next(); ok; e, ok = it.next() {
-		child = e.Child
+	if n.Count == 0 {
+		return 0
 	}
-	return child
+	e, _ := n.entryAt(n.Count - 1)
+	return e.Child
 }
 
 func cmp(a, b []byte) int {
@@ -467,11 +526,7 @@ func (m *image) encode(dst []byte) {
 	} else {
 		p = putBytes(dst, p, m.high)
 	}
-	offs := p
-	p += offSize * len(m.keys)
-	base := p
 	for i, k := range m.keys {
-		le.PutUint16(dst[offs+offSize*i:], uint16(p-base))
 		le.PutUint16(dst[p:], uint16(len(k)))
 		if m.leaf() {
 			le.PutUint32(dst[p+2:], uint32(len(m.vals[i])))
@@ -485,10 +540,28 @@ func (m *image) encode(dst []byte) {
 			p += copy(dst[p:], k)
 		}
 	}
-	used := (p + checkSize + 7) &^ 7
-	clear(dst[p : used-checkSize])
-	le.PutUint16(dst[offUsed:], uint16(used))
-	le.PutUint64(dst[used-checkSize:], nodeCheck(dst[:used-checkSize]))
+	// The entries lie in key order: their offsets are their starts.
+	used, offs := tailAt(p, len(m.keys))
+	clear(dst[p:offs])
+	for i, o := 0, 0; i < len(m.keys); i++ {
+		le.PutUint16(dst[offs+offSize*i:], uint16(o))
+		o += m.entSize(i) - offSize
+	}
+	seal(dst, used)
+}
+
+// tailAt is where a node whose entries end at dataEnd, with count of
+// them, ends (used) and where its offsets start.
+func tailAt(dataEnd, count int) (used, offs int) {
+	used = (dataEnd + offSize*count + checkSize + 7) &^ 7
+	return used, used - checkSize - offSize*count
+}
+
+// seal writes used and the check word of the node image dst, and zeroes
+// dst past used.
+func seal(dst []byte, used int) {
+	binary.LittleEndian.PutUint16(dst[offUsed:], uint16(used))
+	binary.LittleEndian.PutUint64(dst[used-checkSize:], nodeCheck(dst[:used-checkSize]))
 	clear(dst[used:])
 }
 
@@ -500,7 +573,7 @@ func leU16(b []byte) uint16 { return binary.LittleEndian.Uint16(b) }
 // node's used bytes, and XXH3's vectorized loop does that several times
 // faster (BenchmarkNodeCheck); both are 64-bit hashes of every byte, so
 // a torn read (a mix of two images) passes either with probability 2^-64.
-func nodeCheck(b []byte) uint64 { return xxh3.Hash(b) }
+func nodeCheck(b []byte) uint64 { return xxh3.Hash(b) ^ checkTag }
 
 func putBytes(dst []byte, p int, b []byte) int {
 	binary.LittleEndian.PutUint16(dst[p:], uint16(len(b)))

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/zeebo/xxh3"
 )
 
 // Config is the geometry of a tree.
@@ -73,6 +75,9 @@ type Tree struct {
 	a       *Arena
 	root    NodeID
 	scratch []byte
+	// hasher is seal's: the check word over the pieces of a node
+	// changed in place.
+	hasher xxh3.Hasher
 	// img and entBuf are splitInsert's: the image it builds, and the new
 	// entry's bytes.
 	img, entBuf []byte
