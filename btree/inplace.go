@@ -164,9 +164,16 @@ func (t *Tree) appendSeal(l *inPlaceLeaf, i, ns int, stamp uint64) {
 // the slot's bytes [hdrSize, lo), scratch's [lo, hi), the slot's [hi,
 // used-8) (only when used is the slot's: the tail stays), and the check
 // word. seal writes count, used and stamp into scratch's header, the
-// check word over those pieces into scratch, and copies into the slot
-// the header, [lo, hi) and the check word, and zeroes what the slot no
-// longer uses.
+// check word into scratch, and copies into the slot the header, [lo, hi)
+// and the check word, and zeroes what the slot no longer uses.
+//
+// The check word (nodeCheck: a sum of the hashes of 128-byte segments)
+// is the slot's old one with the old hashes of the segments the change
+// wrote taken out and their new ones put in (checkAfter): the header's
+// segment and those from lo's on. The segments before lo are not read,
+// which is what the layout is for: an insert writes its entry, the
+// offsets and the check word at the end of the node, so it reads and
+// hashes a few segments, not the leaf.
 func (t *Tree) seal(l *inPlaceLeaf, lo, hi, count, used int, stamp uint64) {
 	le := binary.LittleEndian
 	b := t.scratch
@@ -175,24 +182,19 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, hi, count, used int, stamp uint64) {
 	if !t.knobs.inPlaceOldStamp {
 		le.PutUint64(b[offStamp:], stamp)
 	}
-	if t.knobs.sealStreaming {
-		h := &t.hasher
-		h.Reset()
-		h.Write(b[:hdrSize])
-		h.Write(l.slot[hdrSize:lo])
-		h.Write(b[lo:hi])
-		h.Write(l.slot[hi : used-checkSize])
-		le.PutUint64(b[used-checkSize:], h.Sum64()^checkTag)
-	} else {
+	end := used - checkSize
+	if t.knobs.sealWhole || hi < end && used != l.used {
 		copy(b[hdrSize:lo], l.slot[hdrSize:lo])
-		copy(b[hi:used-checkSize], l.slot[hi:used-checkSize])
-		le.PutUint64(b[used-checkSize:], nodeCheck(b[:used-checkSize]))
+		copy(b[hi:end], l.slot[hi:end])
+		le.PutUint64(b[end:], nodeCheck(b[:end]))
+	} else {
+		le.PutUint64(b[end:], t.checkAfter(l, lo, hi, end))
 	}
 	t.account(l.slot, l.n.ID, -1)
 	t.a.beginWrite(l.n.ID.Slot())
 	copy(l.slot[:hdrSize], b[:hdrSize])
 	copy(l.slot[lo:hi], b[lo:hi])
-	copy(l.slot[used-checkSize:used], b[used-checkSize:used])
+	copy(l.slot[end:used], b[end:used])
 	if l.used > used {
 		clear(l.slot[used:l.used])
 	}
@@ -201,6 +203,62 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, hi, count, used int, stamp uint64) {
 	if t.knobs.onWrite != nil {
 		t.knobs.onWrite()
 	}
+}
+
+// checkAfter is the check word of seal's new node (hashed bytes [0,
+// end)) from the slot's old one: the segments that changed are the
+// header's (0) and those from lo's on, to hi's when the tail stays
+// (end is the old one's: hi < end), else to the end of the old node
+// (their old hashes) and of the new one (their new hashes).
+func (t *Tree) checkAfter(l *inPlaceLeaf, lo, hi, end int) uint64 {
+	const S = segSize
+	oldEnd := l.used - checkSize
+	sum := binary.LittleEndian.Uint64(l.slot[oldEnd:]) ^ checkTag
+	k0 := lo / S
+	if t.knobs.sealSkipLoSegment {
+		k0++
+	}
+	oldK, newK := (oldEnd+S-1)/S, (end+S-1)/S
+	if hi < end {
+		oldK = (hi + S - 1) / S
+		newK = oldK
+	}
+	if k0 > 0 {
+		sum -= segHash(0, l.slot[:min(S, oldEnd)])
+		sum += segHash(0, t.newBytes(l, 0, min(S, end), lo, hi))
+	}
+	for k := k0; k < oldK; k++ {
+		sum -= segHash(k, l.slot[k*S:min(oldEnd, (k+1)*S)])
+	}
+	for k := k0; k < newK; k++ {
+		sum += segHash(k, t.newBytes(l, k*S, min(end, (k+1)*S), lo, hi))
+	}
+	return sum ^ checkTag
+}
+
+// newBytes is seal's new node's bytes [from, to) (at most a segment),
+// gathered from its pieces: scratch's header, the slot's bytes up to lo,
+// scratch's [lo, hi), the slot's after.
+func (t *Tree) newBytes(l *inPlaceLeaf, from, to, lo, hi int) []byte {
+	if from >= lo && to <= hi {
+		return t.scratch[from:to]
+	}
+	d := t.segBuf[:to-from]
+	for p := from; p < to; {
+		src, e := l.slot, to
+		switch {
+		case p < hdrSize:
+			src, e = t.scratch, hdrSize
+		case p < lo:
+			e = lo
+		case p < hi:
+			src, e = t.scratch, hi
+		}
+		e = min(e, to)
+		copy(d[p-from:], src[p:e])
+		p = e
+	}
+	return d
 }
 
 // moveSeal seals a change that replaces the entry at offset rel (key

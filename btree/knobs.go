@@ -26,11 +26,16 @@ type testingKnobs struct {
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool
-	// sealStreaming hashes an in-place change's check word with a
-	// streaming XXH3 over the pieces (header, kept bytes, new bytes)
-	// instead of copying the kept bytes into scratch and hashing once
-	// (the comparison: slower in BenchmarkStoreApplyBatch).
-	sealStreaming bool
+	// sealWhole makes an in-place change's check word over the whole
+	// node (the kept bytes copied into scratch, nodeCheck) instead of
+	// from the old one and the segments the change wrote (checkAfter):
+	// the reference for checkAfter (no test of its own yet: the tree
+	// tests' whole-node checks held it) and the benchmarks' comparison.
+	sealWhole bool
+	// sealSkipLoSegment (planted) leaves the segment of a change's first
+	// byte out of checkAfter's update when that is not the header's:
+	// the node's check word goes wrong (not yet aimed at by a test).
+	sealSkipLoSegment bool
 	// noBlindPut makes a blind put (one unconditional put) look its key
 	// up before the put, as every other write request does: the
 	// reference its result is held to.
@@ -236,3 +241,9 @@ func SetOnWrite(s *Store, f func()) { s.t.knobs.onWrite = f }
 // that are not the ones the node holds (FuzzDecode's property, and
 // TestDecodeOffsetsEntries, catch it).
 var plantedDecodeAnyOffsets bool
+
+// plantedCheckUnseeded plants a bug in nodeCheck (tests only, one test
+// at a time): the segments' hashes are not seeded by their index, so a
+// node whose segments trade places keeps its check word (not yet aimed
+// at by a test).
+var plantedCheckUnseeded bool

@@ -57,7 +57,11 @@ import (
 //	       entries. Decode checks that the offsets are the entries'
 //	       starts, each once, in key order. Replicas apply the same
 //	       changes in the same order, so they still write the same bytes
-//	check  XXH3 (64 bits) of bytes [0, used-8), xor checkTag: nodeCheck
+//	check  of bytes [0, used-8), cut into segments of 128 bytes: the sum
+//	       of each segment's XXH3 (64 bits, seeded by the segment's
+//	       index), xor checkTag: nodeCheck. A change re-hashes only the
+//	       segments it writes (the header's and those from its first
+//	       byte on)
 //
 // Leaf entry:
 //
@@ -90,8 +94,18 @@ const (
 	// checkTag is xored into every node's check word (layout 2): a
 	// reader of layout 1 (offsets before the entries) finds no node's
 	// check word right and reads every node as torn, never as entries it
-	// would misplace.
-	checkTag = 0x4c41594f55543202 // "LAYOUT2\x02" (big-endian)
+	// would misplace; its last byte, 3, marks the check word made of
+	// segments (a reader of one XXH3 over the node sees every node torn
+	// too).
+	checkTag = 0x4c41594f55543203 // "LAYOUT2\x03" (big-endian)
+
+	// segSize is the bytes of a check word's segment (nodeCheck): 128,
+	// XXH3's cheapest length range for more than a few words (17-128
+	// bytes), two cache lines.
+	segSize = 128
+	// segSeed spreads the segments' seeds (index+1 times an odd
+	// constant, XXH3's PRIME64_1).
+	segSeed = 0x9E3779B185EBCA87
 
 	flagLeaf    = 1
 	flagHighInf = 2
@@ -568,12 +582,31 @@ func seal(dst []byte, used int) {
 func leU16(b []byte) uint16 { return binary.LittleEndian.Uint16(b) }
 
 // nodeCheck is a node's check word over its bytes b (all it uses before
-// the word). XXH3, not the XXH64 (xxhash) of the other check words: every
-// node read (each warm lookup's leaf, each leaf of a scan) hashes the
-// node's used bytes, and XXH3's vectorized loop does that several times
-// faster (BenchmarkNodeCheck); both are 64-bit hashes of every byte, so
-// a torn read (a mix of two images) passes either with probability 2^-64.
-func nodeCheck(b []byte) uint64 { return xxh3.Hash(b) ^ checkTag }
+// the word): the sum (mod 2^64) over the segments of segSize bytes that
+// b falls into (the last one shorter) of each segment's XXH3 seeded by
+// its index, xor checkTag. A 64-bit hash of every byte, as one XXH3 of
+// the whole node was, but made of parts: a writer that changes some
+// segments takes their old hashes out of the sum and puts their new ones
+// in, without reading the segments it does not change (Tree.seal). A
+// torn read (segments of two images, or a segment half written) passes
+// only if the hashes of what it mixed cancel out, with probability
+// 2^-64; the seed is the segment's index, so segments that trade places
+// change the sum too.
+func nodeCheck(b []byte) uint64 {
+	var s uint64
+	for k := 0; k*segSize < len(b); k++ {
+		s += segHash(k, b[k*segSize:min(len(b), (k+1)*segSize)])
+	}
+	return s ^ checkTag
+}
+
+// segHash is segment k's part of a node's check word.
+func segHash(k int, seg []byte) uint64 {
+	if plantedCheckUnseeded {
+		return xxh3.Hash(seg)
+	}
+	return xxh3.HashSeed(seg, uint64(k+1)*segSeed)
+}
 
 func putBytes(dst []byte, p int, b []byte) int {
 	binary.LittleEndian.PutUint16(dst[p:], uint16(len(b)))

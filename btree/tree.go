@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/zeebo/xxh3"
 )
 
 // Config is the geometry of a tree.
@@ -75,9 +73,9 @@ type Tree struct {
 	a       *Arena
 	root    NodeID
 	scratch []byte
-	// hasher is seal's: the check word over the pieces of a node
-	// changed in place.
-	hasher xxh3.Hasher
+	// segBuf is seal's: a segment of a node changed in place,
+	// gathered from its pieces for its hash.
+	segBuf [segSize]byte
 	// img and entBuf are splitInsert's: the image it builds, and the new
 	// entry's bytes.
 	img, entBuf []byte
