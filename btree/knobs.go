@@ -26,16 +26,6 @@ type testingKnobs struct {
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool
-	// sealWhole makes an in-place change's check word over the whole
-	// node (the kept bytes copied into scratch, nodeCheck) instead of
-	// from the old one and the segments the change wrote (checkAfter):
-	// the reference for checkAfter (no test of its own yet: the tree
-	// tests' whole-node checks held it) and the benchmarks' comparison.
-	sealWhole bool
-	// sealSkipLoSegment (planted) leaves the segment of a change's first
-	// byte out of checkAfter's update when that is not the header's:
-	// the node's check word goes wrong (not yet aimed at by a test).
-	sealSkipLoSegment bool
 	// noBlindPut makes a blind put (one unconditional put) look its key
 	// up before the put, as every other write request does: the
 	// reference its result is held to.
@@ -234,16 +224,3 @@ func PlantIngestOverLeftover(s *Store) { s.knobs.ingestOverLeftover = true }
 // none; tests of other packages read the published state between the
 // writes of one apply).
 func SetOnWrite(s *Store, f func()) { s.t.knobs.onWrite = f }
-
-// plantedDecodeAnyOffsets plants a bug in Decode (tests only, set by one
-// test at a time, never in parallel): an offset need not be the start of
-// an entry, so Decode accepts a node whose key-order walk reads entries
-// that are not the ones the node holds (FuzzDecode's property, and
-// TestDecodeOffsetsEntries, catch it).
-var plantedDecodeAnyOffsets bool
-
-// plantedCheckUnseeded plants a bug in nodeCheck (tests only, one test
-// at a time): the segments' hashes are not seeded by their index, so a
-// node whose segments trade places keeps its check word (not yet aimed
-// at by a test).
-var plantedCheckUnseeded bool

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/zeebo/xxh3"
 )
@@ -12,22 +11,17 @@ import (
 // Every byte of a tree node that another process reads is declared here,
 // once, with one function each way (docs/dev/btree-plan.md, section 2).
 //
-// A node is NodeSize bytes in a slot of the group's node arena. A new
-// node is built in a scratch image, sealed, then copied into its slot; a
-// change of one entry (inplace.go) writes the header, the bytes from the
-// change on and the check word. Either way a reader sees a sealed node or
-// bytes whose check word does not match. Layout 2 (layout 1, before,
-// kept the entries in key order and the offsets before them, so an
-// insert moved every entry):
+// A node is NodeSize bytes in a slot of the group's node arena. It is
+// written whole (built in a scratch image, sealed, then copied into its
+// slot), so a reader sees either a sealed image or bytes whose check word
+// does not match:
 //
 //	0      8       16      24      32       34       36      38      40
 //	[id   ][stamp ][next  ][prev  ][level  ][count  ][used  ][flags ]
 //	40: [low len u16][low fence][high len u16][high fence]
-//	    [entry][entry] ... (count entries, back to back, in the order
-//	                        they were written)
-//	    [zero padding, 0 to 7 bytes]
-//	    [off 0 u16] ... [off count-1 u16]  (in key order)
-//	    [check u64]                        (ends at used)
+//	    [off 0 u16] ... [off count-1 u16]
+//	    [entry 0][entry 1] ... [entry count-1]
+//	    [zero padding to 8][check u64]            (ends at used)
 //	    zero to NodeSize
 //
 //	id     the node's id: arena slot (low 32 bits) and the slot's
@@ -44,35 +38,24 @@ import (
 //	       freed: a reader holding a pointer to it must look again)
 //	fences the node holds keys k with low <= k < high (bytes.Compare);
 //	       the lowest node of a level has the empty low fence
-//	entry  the entries tile the bytes from the end of the high fence to
-//	       the padding, with no gap, but in no particular order: an
-//	       insert appends its entry after the last one written (a split
-//	       and the whole-image path write them in key order)
-//	off    where the entry of key rank i starts, counted from the first
-//	       entry's first byte: the offsets are in key order, so a search
-//	       bisects them (Find, ChildFor) and an iteration follows them.
-//	       They sit at the end, just before the check word, at a place
-//	       used and count give (used - 8 - 2*count), so an insert rewrites
-//	       only its entry, the offsets and the check word, not the
-//	       entries. Decode checks that the offsets are the entries'
-//	       starts, each once, in key order. Replicas apply the same
-//	       changes in the same order, so they still write the same bytes
-//	check  of bytes [0, used-8), cut into segments of 128 bytes: the sum
-//	       of each segment's XXH3 (64 bits, seeded by the segment's
-//	       index), xor checkTag: nodeCheck. A change re-hashes only the
-//	       segments it writes (the header's and those from its first
-//	       byte on)
+//	off    where entry i starts, counted from entry 0's first byte: the
+//	       entries are variable-sized, and these offsets let a search
+//	       bisect them (Find, ChildFor) instead of walking them in order.
+//	       Entries lie in key order, back to back (off 0 is 0, off i+1
+//	       is off i plus entry i's size), so a node's bytes are a
+//	       function of its contents: every replica writes the same bytes
+//	       (Decode checks it)
+//	check  XXH3 (64 bits) of bytes [0, used-8): nodeCheck
 //
-// Leaf entry:
+// Leaf entry, sorted by key:
 //
 //	[klen u16][vlen u32][version u64][key][value]
 //
 //	version  the version of the write that stored the value (kv's: entry
 //	         index << 16 | op number), for compare-and-swap
 //
-// Inner entry; child i (of the entry of key rank i) holds [key i, key
-// i+1), the last child up to the node's high fence, and key 0 equals the
-// low fence:
+// Inner entry, sorted by key; child i holds [key i, key i+1), the last
+// child up to the node's high fence, and key 0 equals the low fence:
 //
 //	[klen u16][child id u64][key]
 const (
@@ -90,22 +73,6 @@ const (
 	leafEnt   = 14 // klen u16 + vlen u32 + version u64
 	innerEnt  = 10 // klen u16 + child u64
 	offSize   = 2  // an entry's offset (off i), besides its entry
-
-	// checkTag is xored into every node's check word (layout 2): a
-	// reader of layout 1 (offsets before the entries) finds no node's
-	// check word right and reads every node as torn, never as entries it
-	// would misplace; its last byte, 3, marks the check word made of
-	// segments (a reader of one XXH3 over the node sees every node torn
-	// too).
-	checkTag = 0x4c41594f55543203 // "LAYOUT2\x03" (big-endian)
-
-	// segSize is the bytes of a check word's segment (nodeCheck): 128,
-	// XXH3's cheapest length range for more than a few words (17-128
-	// bytes), two cache lines.
-	segSize = 128
-	// segSeed spreads the segments' seeds (index+1 times an odd
-	// constant, XXH3's PRIME64_1).
-	segSeed = 0x9E3779B185EBCA87
 
 	flagLeaf    = 1
 	flagHighInf = 2
@@ -158,8 +125,8 @@ type Node struct {
 	Low     []byte
 	High    []byte // meaningless when HighInf
 	Count   int
-	offs    []byte // the entries' offsets, u16 each, in key order
-	ents    []byte // the entries, as written, and the padding after them
+	offs    []byte // the entries' offsets, u16 each
+	ents    []byte // the entries, in order
 }
 
 // Decode validates b as the image of node want (want 0 accepts any id)
@@ -173,34 +140,15 @@ func Decode(b []byte, want NodeID) (Node, error) {
 	if err != nil {
 		return n, err
 	}
-	// Walk the entries as they lie: every length in bounds, count of
-	// them, then only the zero padding (less than 8 bytes) before the
-	// offsets.
-	starts := make([]int, 0, n.Count)
-	pit := physIter{leaf: n.Leaf, left: n.Count, rest: n.ents}
-	for range n.Count {
-		starts = append(starts, len(n.ents)-len(pit.rest))
-		if !pit.next() {
-			return n, ErrMalformed
-		}
-	}
-	if len(pit.rest) >= 8 {
-		return n, ErrMalformed
-	}
-	for _, c := range pit.rest {
-		if c != 0 {
-			return n, ErrMalformed
-		}
-	}
-	// Then in key order, through the offsets: each the start of an
-	// entry, the keys strictly rising (so no entry twice: with count
-	// offsets, each entry once), inside the fences.
+	// Walk the entries once: every length in bounds and the keys sorted,
+	// inside the fences.
+	it := n.Entries()
 	var prev []byte
 	for i := 0; i < n.Count; i++ {
-		if _, at := slices.BinarySearch(starts, int(leU16(n.offs[offSize*i:]))); !at && !plantedDecodeAnyOffsets {
-			return n, ErrMalformed // an offset into the middle of an entry
+		if int(leU16(n.offs[2*i:])) != len(n.ents)-len(it.rest) {
+			return n, ErrMalformed // entries not back to back, in order
 		}
-		e, ok := n.entryAt(i)
+		e, ok := it.next()
 		if !ok {
 			return n, ErrMalformed
 		}
@@ -214,6 +162,15 @@ func Decode(b []byte, want NodeID) (Node, error) {
 			return n, ErrMalformed
 		}
 		prev = e.Key
+	}
+	// What follows the entries is the zero padding to 8 bytes.
+	if len(it.rest) >= 8 {
+		return n, ErrMalformed
+	}
+	for _, c := range it.rest {
+		if c != 0 {
+			return n, ErrMalformed
+		}
 	}
 	return n, nil
 }
@@ -278,8 +235,7 @@ func decodeHeader(b []byte, want NodeID, check bool) (Node, error) {
 	if len(body) < offSize*n.Count {
 		return n, ErrMalformed
 	}
-	k := len(body) - offSize*n.Count
-	n.ents, n.offs = body[:k], body[k:]
+	n.offs, n.ents = body[:offSize*n.Count], body[offSize*n.Count:]
 	return n, nil
 }
 
@@ -309,81 +265,51 @@ type Entry struct {
 }
 
 // Entries iterates the node's entries in key order.
-func (n *Node) Entries() EntryIter {
-	return EntryIter{leaf: n.Leaf, left: n.Count, offs: n.offs, ents: n.ents}
-}
+func (n *Node) Entries() EntryIter { return EntryIter{leaf: n.Leaf, left: n.Count, rest: n.ents} }
 
-// EntryIter walks a node's entries in key order, through the offsets.
+// EntryIter walks a node's entries.
 type EntryIter struct {
 	leaf bool
-	left int    // entries not yet returned
-	offs []byte // the offsets not yet followed
-	ents []byte
+	left int // entries not yet returned
+	rest []byte
 }
 
 // Next returns the next entry, false at the end.
 func (it *EntryIter) Next() (Entry, bool) { return it.next() }
 
 func (it *EntryIter) next() (Entry, bool) {
-	if it.left <= 0 || len(it.offs) < offSize {
-		return Entry{}, false
+	var e Entry
+	b := it.rest
+	if it.left <= 0 {
+		return e, false
 	}
 	it.left--
-	o := int(leU16(it.offs))
-	it.offs = it.offs[offSize:]
-	if o > len(it.ents) {
-		return Entry{}, false
-	}
-	e, _, ok := entryFrom(it.ents[o:], it.leaf)
-	return e, ok
-}
-
-// entryFrom decodes the entry at the start of b and its size, false if
-// it does not fit in b.
-func entryFrom(b []byte, leaf bool) (e Entry, size int, ok bool) {
-	if leaf {
+	if it.leaf {
 		if len(b) < leafEnt {
-			return e, 0, false
+			return e, false
 		}
 		kl := int(binary.LittleEndian.Uint16(b))
 		vl := int(binary.LittleEndian.Uint32(b[2:]))
 		if vl < 0 || len(b)-leafEnt < kl || len(b)-leafEnt-kl < vl {
-			return e, 0, false
+			return e, false
 		}
 		e.Version = binary.LittleEndian.Uint64(b[6:])
 		e.Key = b[leafEnt : leafEnt+kl]
 		e.Value = b[leafEnt+kl : leafEnt+kl+vl]
-		return e, leafEnt + kl + vl, true
+		it.rest = b[leafEnt+kl+vl:]
+		return e, true
 	}
 	if len(b) < innerEnt {
-		return e, 0, false
+		return e, false
 	}
 	kl := int(binary.LittleEndian.Uint16(b))
 	if len(b)-innerEnt < kl {
-		return e, 0, false
+		return e, false
 	}
 	e.Child = NodeID(binary.LittleEndian.Uint64(b[2:]))
 	e.Key = b[innerEnt : innerEnt+kl]
-	return e, innerEnt + kl, true
-}
-
-// physIter walks a node's entries as they lie (Decode's walk).
-type physIter struct {
-	leaf bool
-	left int
-	rest []byte
-}
-
-func (it *physIter) next() bool {
-	if it.left <= 0 {
-		return false
-	}
-	it.left--
-	_, size, ok := entryFrom(it.rest, it.leaf)
-	if ok {
-		it.rest = it.rest[size:]
-	}
-	return ok
+	it.rest = b[innerEnt+kl:]
+	return e, true
 }
 
 // entryAt is entry i (i < Count) through its offset, false if it does
@@ -393,8 +319,8 @@ func (n *Node) entryAt(i int) (Entry, bool) {
 	if o > len(n.ents) {
 		return Entry{}, false
 	}
-	e, _, ok := entryFrom(n.ents[o:], n.Leaf)
-	return e, ok
+	it := EntryIter{leaf: n.Leaf, left: 1, rest: n.ents[o:]}
+	return it.next()
 }
 
 // keyAt is the key of entry i (i < Count), false if it does not fit.
@@ -463,11 +389,12 @@ func (n *Node) ChildFor(key []byte) NodeID {
 
 // lastChild is an inner node's rightmost child.
 func (n *Node) lastChild() NodeID {
-	if n.Count == 0 {
-		return 0
+	it := n.Entries()
+	var child NodeID
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		child = e.Child
 	}
-	e, _ := n.entryAt(n.Count - 1)
-	return e.Child
+	return child
 }
 
 func cmp(a, b []byte) int {
@@ -540,7 +467,11 @@ func (m *image) encode(dst []byte) {
 	} else {
 		p = putBytes(dst, p, m.high)
 	}
+	offs := p
+	p += offSize * len(m.keys)
+	base := p
 	for i, k := range m.keys {
+		le.PutUint16(dst[offs+offSize*i:], uint16(p-base))
 		le.PutUint16(dst[p:], uint16(len(k)))
 		if m.leaf() {
 			le.PutUint32(dst[p+2:], uint32(len(m.vals[i])))
@@ -554,59 +485,22 @@ func (m *image) encode(dst []byte) {
 			p += copy(dst[p:], k)
 		}
 	}
-	// The entries lie in key order: their offsets are their starts.
-	used, offs := tailAt(p, len(m.keys))
-	clear(dst[p:offs])
-	for i, o := 0, 0; i < len(m.keys); i++ {
-		le.PutUint16(dst[offs+offSize*i:], uint16(o))
-		o += m.entSize(i) - offSize
-	}
-	seal(dst, used)
-}
-
-// tailAt is where a node whose entries end at dataEnd, with count of
-// them, ends (used) and where its offsets start.
-func tailAt(dataEnd, count int) (used, offs int) {
-	used = (dataEnd + offSize*count + checkSize + 7) &^ 7
-	return used, used - checkSize - offSize*count
-}
-
-// seal writes used and the check word of the node image dst, and zeroes
-// dst past used.
-func seal(dst []byte, used int) {
-	binary.LittleEndian.PutUint16(dst[offUsed:], uint16(used))
-	binary.LittleEndian.PutUint64(dst[used-checkSize:], nodeCheck(dst[:used-checkSize]))
+	used := (p + checkSize + 7) &^ 7
+	clear(dst[p : used-checkSize])
+	le.PutUint16(dst[offUsed:], uint16(used))
+	le.PutUint64(dst[used-checkSize:], nodeCheck(dst[:used-checkSize]))
 	clear(dst[used:])
 }
 
 func leU16(b []byte) uint16 { return binary.LittleEndian.Uint16(b) }
 
 // nodeCheck is a node's check word over its bytes b (all it uses before
-// the word): the sum (mod 2^64) over the segments of segSize bytes that
-// b falls into (the last one shorter) of each segment's XXH3 seeded by
-// its index, xor checkTag. A 64-bit hash of every byte, as one XXH3 of
-// the whole node was, but made of parts: a writer that changes some
-// segments takes their old hashes out of the sum and puts their new ones
-// in, without reading the segments it does not change (Tree.seal). A
-// torn read (segments of two images, or a segment half written) passes
-// only if the hashes of what it mixed cancel out, with probability
-// 2^-64; the seed is the segment's index, so segments that trade places
-// change the sum too.
-func nodeCheck(b []byte) uint64 {
-	var s uint64
-	for k := 0; k*segSize < len(b); k++ {
-		s += segHash(k, b[k*segSize:min(len(b), (k+1)*segSize)])
-	}
-	return s ^ checkTag
-}
-
-// segHash is segment k's part of a node's check word.
-func segHash(k int, seg []byte) uint64 {
-	if plantedCheckUnseeded {
-		return xxh3.Hash(seg)
-	}
-	return xxh3.HashSeed(seg, uint64(k+1)*segSeed)
-}
+// the word). XXH3, not the XXH64 (xxhash) of the other check words: every
+// node read (each warm lookup's leaf, each leaf of a scan) hashes the
+// node's used bytes, and XXH3's vectorized loop does that several times
+// faster (BenchmarkNodeCheck); both are 64-bit hashes of every byte, so
+// a torn read (a mix of two images) passes either with probability 2^-64.
+func nodeCheck(b []byte) uint64 { return xxh3.Hash(b) }
 
 func putBytes(dst []byte, p int, b []byte) int {
 	binary.LittleEndian.PutUint16(dst[p:], uint16(len(b)))

@@ -127,19 +127,6 @@ func (t *Tree) prefetch(keys [][]byte) {
 			}
 		}
 	}
-	// Then the lines of their offsets (layout 2: at the end, before the
-	// check word), which every search of the leaf reads first: their
-	// place is in the header line the loop above asked for.
-	for i := range t.pre {
-		if p := &t.pre[i]; p.n > 0 {
-			b := t.a.bytes(p.path[p.n-1].Slot())
-			used := int(leU16(b[offUsed:]))
-			from := max(used-checkSize-offSize*int(leU16(b[offCount:])), touchLines*64) &^ 63
-			for o := from; o < min(used, len(b)); o += 64 {
-				sink += uint64(b[o])
-			}
-		}
-	}
 	t.sink += sink
 	t.prefetchedKeys += uint64(len(t.pre))
 }

@@ -73,9 +73,6 @@ type Tree struct {
 	a       *Arena
 	root    NodeID
 	scratch []byte
-	// segBuf is seal's: a segment of a node changed in place,
-	// gathered from its pieces for its hash.
-	segBuf [segSize]byte
 	// img and entBuf are splitInsert's: the image it builds, and the new
 	// entry's bytes.
 	img, entBuf []byte
