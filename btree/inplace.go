@@ -129,7 +129,13 @@ func (t *Tree) addChildInPlace(id, left NodeID, sep []byte, right NodeID, stamp 
 	le.PutUint16(l.b[p:], uint16(len(sep)))
 	le.PutUint64(l.b[p+2:], uint64(right))
 	copy(l.b[p+innerEnt:], sep)
+	m := t.takeMemo(id)
 	t.seal(&l, l.offsPos+offSize*i, l.n.Count+1, l.dataEnd+offSize+ns, stamp)
+	if m != nil && m.add(i, sep, right, t.knobs.memoAddAnyKey) {
+		// The node's memo gains the entry too (a split of a leaf
+		// under it would otherwise cost a new memo of every key).
+		t.memos[id.Slot()] = m
+	}
 	return true
 }
 
@@ -160,6 +166,7 @@ func (t *Tree) seal(l *inPlaceLeaf, lo, count, dataEnd int, stamp uint64) {
 	}
 	le.PutUint64(b[used-checkSize:], nodeCheck(b[:used-checkSize]))
 	t.account(l.slot, l.n.ID, -1)
+	t.dropMemo(l.n.ID.Slot())
 	t.a.beginWrite(l.n.ID.Slot())
 	copy(l.slot[:hdrSize], b[:hdrSize])
 	copy(l.slot[lo:max(used, oldUsed)], b[lo:max(used, oldUsed)])

@@ -26,6 +26,18 @@ type testingKnobs struct {
 	// keepDescentMemo keeps the writer's last descent across node writes
 	// (a split or a new root leaves it pointing at the wrong leaf).
 	keepDescentMemo bool
+	// noInnerMemo makes the writer search its inner nodes in place
+	// (Node.ChildFor) instead of in their memos (innermemo.go): the
+	// benchmarks' comparison.
+	noInnerMemo bool
+	// memoKeepOnWrite (planted) keeps an inner node's memo across a
+	// write of its slot: the descent then follows the node's old keys
+	// (TestInnerMemo catches it).
+	memoKeepOnWrite bool
+	// memoAddAnyKey (planted): a separator added to an inner node
+	// after its last key keeps the node's memo even when it lacks the
+	// prefix the memo skips (TestInnerMemo catches it).
+	memoAddAnyKey bool
 	// noBlindPut makes a blind put (one unconditional put) look its key
 	// up before the put, as every other write request does: the
 	// reference its result is held to.

@@ -1,7 +1,6 @@
 package btree
 
 import (
-	"fmt"
 	"slices"
 
 	"github.com/rdmakv/rdmakv/kv/opwire"
@@ -96,6 +95,16 @@ func (t *Tree) prefetch(keys [][]byte) {
 		}
 		t.preSeen = seen[:0]
 		if d > 0 { // (the root is read by every descent: it is in cache)
+			// (A node with a memo is searched in the memo: its lines
+			// are not read.)
+			k := 0
+			for _, id := range seen {
+				if !t.hasMemo(id) {
+					seen[k] = id
+					k++
+				}
+			}
+			seen = seen[:k]
 			for _, id := range seen {
 				sink += uint64(t.a.bytes(id.Slot())[offUsed])
 			}
@@ -108,12 +117,7 @@ func (t *Tree) prefetch(keys [][]byte) {
 		}
 		for i := range t.pre {
 			p := &t.pre[i]
-			id := p.path[d]
-			n, err := decodeOwn(t.a.bytes(id.Slot()), id)
-			if err != nil {
-				panic(fmt.Sprintf("btree: writer's node %v: %v", id, err))
-			}
-			p.path[d+1] = n.ChildFor(p.key)
+			p.path[d+1] = t.childFor(p.path[d], p.key)
 			p.n = d + 2
 		}
 	}

@@ -106,6 +106,9 @@ type Tree struct {
 	// prefetchLate counts those taken after the tree's shape changed
 	// (tests).
 	prefetchedKeys, prefetchUsed, prefetchLate uint64
+	// memos is the writer's index of its inner nodes by slot
+	// (innermemo.go).
+	memos map[uint32]*innerMemo
 	// use is the tree's memory and split counts, kept at each node
 	// write (Usage).
 	use Usage
@@ -225,6 +228,7 @@ func (t *Tree) install(id NodeID, img []byte) {
 	t.shape++
 	slot := t.a.bytes(id.Slot())
 	t.account(slot, id, -1)
+	t.dropMemo(id.Slot())
 	copy(t.a.beginWrite(id.Slot()), img)
 	t.a.endWrite()
 	t.account(slot, id, 1)
@@ -255,15 +259,15 @@ func (t *Tree) descend(key []byte) []NodeID {
 	// per level.
 	path := append(make([]NodeID, 0, 4), t.root)
 	for {
-		n, err := decodeOwn(t.a.bytes(path[len(path)-1].Slot()), path[len(path)-1])
-		if err != nil {
-			panic(fmt.Sprintf("btree: writer's node %v: %v", path[len(path)-1], err))
-		}
-		if n.Leaf {
+		id := path[len(path)-1]
+		if leU16(t.a.bytes(id.Slot())[offLevel:]) == 0 {
+			if _, err := decodeOwn(t.a.bytes(id.Slot()), id); err != nil {
+				panic(fmt.Sprintf("btree: writer's node %v: %v", id, err))
+			}
 			t.memoKey, t.memoPath, t.memoOK = append(t.memoKey[:0], key...), path, true
 			return path
 		}
-		path = append(path, n.ChildFor(key))
+		path = append(path, t.childFor(id, key))
 	}
 }
 

@@ -1,0 +1,160 @@
+package btree
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+)
+
+// The writer's index of its inner nodes (the descent's searches). A
+// writer descends its own tree on every write (Tree.descend, and the
+// batch prefetch's descent of every key), and a search of an inner node
+// in place bisects its offsets and compares whole keys that lie on as
+// many lines as it probes: at 4 KiB, the level-1 searches and their
+// lines were a fifth of an ordered insert's apply (BenchmarkApplyInsertTwin,
+// docs/dev/btree-plan.md, branch bt1g). innerMemo is an inner node's
+// keys as the search needs them: the prefix every key of the node shares
+// (skipped), then each key's next 8 bytes as a big-endian word, in
+// order, with the children: a bisection over a few lines of words, and a
+// whole comparison only between keys whose words are equal. It is the
+// writer's private memory, never read by another process, and made
+// from the node's bytes; every write of a node's slot (install, seal)
+// drops its memo, so a memo is always its node's current keys (planted
+// memoKeepOnWrite: TestInnerMemo).
+type innerMemo struct {
+	id     NodeID
+	prefix string
+	heads  []uint64
+	kids   []NodeID
+}
+
+// head is the first 8 bytes of b as a big-endian word, zero-padded:
+// head(a) < head(b) implies a < b (bytes.Compare), and the reverse.
+func head(b []byte) uint64 {
+	if len(b) >= 8 {
+		return binary.BigEndian.Uint64(b)
+	}
+	var w [8]byte
+	copy(w[:], b)
+	return binary.BigEndian.Uint64(w[:])
+}
+
+// newInnerMemo indexes inner node n.
+func newInnerMemo(n *Node) *innerMemo {
+	m := &innerMemo{id: n.ID, heads: make([]uint64, 0, n.Count+8), kids: make([]NodeID, 0, n.Count+8)}
+	if n.Count > 0 {
+		first, _ := n.keyAt(0)
+		last, _ := n.keyAt(n.Count - 1)
+		p := 0
+		for p < len(first) && p < len(last) && first[p] == last[p] {
+			p++
+		}
+		m.prefix = string(first[:p])
+	}
+	p := len(m.prefix)
+	it := n.Entries()
+	for e, ok := it.next(); ok; e, ok = it.next() {
+		m.heads = append(m.heads, head(e.Key[p:]))
+		m.kids = append(m.kids, e.Child)
+	}
+	return m
+}
+
+// add puts into the memo the key sep and its child at rank i: what
+// addChildInPlace wrote into the node. False (the memo is no longer
+// the node's) if sep lacks the prefix: a key past the last one need not
+// have it. anyKey plants a bug (knob memoAddAnyKey): such a separator
+// keeps the memo, its word taken from the wrong bytes.
+func (m *innerMemo) add(i int, sep []byte, child NodeID, anyKey bool) bool {
+	p := len(m.prefix)
+	if len(sep) < p || string(sep[:p]) != m.prefix {
+		if !anyKey {
+			return false
+		}
+		p = min(p, len(sep))
+	}
+	m.heads = slices.Insert(m.heads, i, head(sep[p:]))
+	m.kids = slices.Insert(m.kids, i, child)
+	return true
+}
+
+// childFor is Node.ChildFor over the memo of node n (its bytes, read
+// only when key's word equals a key's): the child of the last key at or
+// below key, 0 if key is below every key.
+func (m *innerMemo) childFor(key []byte, node []byte) NodeID {
+	p := len(m.prefix)
+	i := 0
+	switch {
+	case len(key) >= p && string(key[:p]) == m.prefix:
+		h := head(key[p:])
+		lo, hi := 0, len(m.heads)
+		for lo < hi {
+			mid := int(uint(lo+hi) >> 1)
+			if m.heads[mid] <= h {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		if lo > 0 && m.heads[lo-1] == h {
+			// Keys whose words equal key's: the node's bisection
+			// (rare: a key and its neighbour alike in 8 bytes past
+			// the prefix).
+			n, _ := decodeOwn(node, m.id)
+			return n.ChildFor(key)
+		}
+		i = lo
+	case string(key) > m.prefix:
+		i = len(m.kids)
+	}
+	if i == 0 {
+		return 0
+	}
+	return m.kids[i-1]
+}
+
+// childFor is the child of the writer's inner node id that holds key,
+// through the node's memo (made if it has none).
+func (t *Tree) childFor(id NodeID, key []byte) NodeID {
+	if m := t.memos[id.Slot()]; m != nil && m.id == id && !t.knobs.noInnerMemo {
+		return m.childFor(key, t.a.bytes(id.Slot()))
+	}
+	n, err := decodeOwn(t.a.bytes(id.Slot()), id)
+	if err != nil {
+		panic(fmt.Sprintf("btree: writer's node %v: %v", id, err))
+	}
+	if n.Leaf || t.knobs.noInnerMemo {
+		return n.ChildFor(key)
+	}
+	m := newInnerMemo(&n)
+	if t.memos == nil {
+		t.memos = make(map[uint32]*innerMemo)
+	}
+	t.memos[id.Slot()] = m
+	return m.childFor(key, t.a.bytes(id.Slot()))
+}
+
+// hasMemo reports whether inner node id has a current memo (the
+// prefetch need not touch its lines).
+func (t *Tree) hasMemo(id NodeID) bool {
+	m := t.memos[id.Slot()]
+	return m != nil && m.id == id && !t.knobs.noInnerMemo
+}
+
+// takeMemo is id's current memo, dropped from the memos (nil if none):
+// a change that updates the memo puts it back (putMemo) after its write.
+func (t *Tree) takeMemo(id NodeID) *innerMemo {
+	if !t.hasMemo(id) {
+		return nil
+	}
+	m := t.memos[id.Slot()]
+	delete(t.memos, id.Slot())
+	return m
+}
+
+// dropMemo forgets slot's memo: called at every write of the slot.
+func (t *Tree) dropMemo(slot uint32) {
+	if t.memos != nil && !t.knobs.memoKeepOnWrite {
+		delete(t.memos, slot)
+	}
+}
