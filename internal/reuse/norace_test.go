@@ -1,0 +1,5 @@
+//go:build !race
+
+package reuse
+
+const raceEnabled = false
