@@ -551,9 +551,7 @@ func (p *Process) warmImages(want []replicaPos, workers int) {
 			if !strings.HasSuffix(e.Name(), ".snap") {
 				continue
 			}
-			// (The entry's own Info: no Stat through the FS, which the
-			// start's tests gate to order a replica's recovery.)
-			if fi, err := e.Info(); err == nil {
+			if fi, err := fsys.Stat(filepath.Join(dir, e.Name())); err == nil {
 				n = max(n, fi.Size())
 			}
 		}
