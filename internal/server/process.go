@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -398,20 +396,6 @@ type opened struct {
 // replica's data dir changed but by its recovery. The tables' spares are
 // made after (openSpares).
 func (p *Process) startAll(want []replicaPos) error {
-	workers := p.cfg.RecoverWorkers
-	if workers <= 0 {
-		workers = DefaultRecoverWorkers()
-	}
-	workers = max(1, min(workers, len(want)))
-	// The replicas built one after another reuse the buffers of those
-	// built before: the disk snapshots' images and Restore's scratch
-	// (package reuse; issue 19). Kept only for the start.
-	p.images, p.scratch = reuse.New(workers), reuse.New(3*workers)
-	defer func() {
-		p.images.Close()
-		p.scratch.Close()
-	}()
-	p.warmImages(want, workers)
 	if p.cfg.SharedLog != "" && p.cfg.Durable.Mode != broadcast.Memory {
 		// The shared log is read back before any replica (each takes
 		// its stream's records from it); the process closes it after
@@ -444,6 +428,19 @@ func (p *Process) startAll(want []replicaPos) error {
 	p.started.OpenedSeconds = since()
 	built := make([]*hosted, len(ops))
 	errs := make([]error, len(ops))
+	workers := p.cfg.RecoverWorkers
+	if workers <= 0 {
+		workers = DefaultRecoverWorkers()
+	}
+	workers = max(1, min(workers, len(ops)))
+	// The replicas built one after another reuse the buffers of those
+	// built before: the disk snapshots' images and Restore's scratch
+	// (package reuse; issue 19). Kept only for the start.
+	p.images, p.scratch = reuse.New(workers), reuse.New(3*workers)
+	defer func() {
+		p.images.Close()
+		p.scratch.Close()
+	}()
 	// The tables' spares (kv.TableConfig.PrefaultSpare: an index-sized
 	// buffer each, its pages touched) are made once the replicas are
 	// built and know a leader (openSpares), not beside the builds nor
@@ -520,63 +517,6 @@ func (p *Process) startAll(want []replicaPos) error {
 	return nil
 }
 
-// warmImages has the image pool make, off this goroutine, a buffer for
-// each of the first replicas built at once (workers), as large as the
-// largest disk snapshot file in the replicas' snap directories, with its
-// pages written once (reuse.Pool.Warm): the first builds' reads and checks
-// of their snapshots then run on pages already mapped, and the making
-// runs while this goroutine reads the shared log and opens the nodes,
-// which leave the other processors idle. Issue 19, measured (a restart of
-// 1 M records, 2 x 3 replicas, at SCHED_RR): a fresh 72 MB image took
-// 170 ms to read into and 140-200 ms to check in the first two builds,
-// a reused one 7 and 6 ms. A file recovery does not start from (an
-// older one, or a corrupt one) only costs the buffer's making.
-func (p *Process) warmImages(want []replicaPos, workers int) {
-	if p.cfg.Durable.Mode == broadcast.Memory || p.cfg.ReplicaDir == nil {
-		return
-	}
-	fsys := p.cfg.FS
-	if fsys == nil {
-		fsys = vfs.OS
-	}
-	largest, files := int64(0), 0
-	for _, w := range want {
-		dir := filepath.Join(p.cfg.ReplicaDir(p.Map.Groups[w.g][w.i]), "snap")
-		ents, err := fsys.ReadDir(dir)
-		if err != nil {
-			continue // none yet: recovery says what is wrong, if anything
-		}
-		n := int64(0)
-		for _, e := range ents {
-			if !strings.HasSuffix(e.Name(), ".snap") {
-				continue
-			}
-			if fi, err := fsys.Stat(filepath.Join(dir, e.Name())); err == nil {
-				n = max(n, fi.Size())
-			}
-		}
-		if n > 0 {
-			files++
-			largest = max(largest, n)
-		}
-	}
-	if largest < minWarm || largest > maxWarm {
-		return
-	}
-	// One goroutine makes them one after another: the log's read keeps
-	// its processor (with one goroutine each, the log's read of the
-	// same restart took 0.56-0.80 s against 0.17-0.38 s).
-	p.images.Warm(int(largest), min(workers, files))
-}
-
-// minWarm and maxWarm bound the snapshot images warmImages makes ahead:
-// a small one costs little to make in the build, and a file larger than
-// maxWarm is not trusted to be a snapshot's (its read would fail first).
-const (
-	minWarm = 1 << 20
-	maxWarm = 1 << 40
-)
-
 // openSpares opens the gate of the tables' spare pre-faults
 // (spareAfter) once every replica of the process follows or leads an
 // epoch (its last Poll's role is not Electing), or after 20 election
@@ -585,8 +525,6 @@ const (
 // sooner (it waits for SnapshotLogBytes of new log).
 func (p *Process) openSpares(ctx context.Context) {
 	defer p.spareGo()
-	defer func() {
-	}()
 	bound := time.After(20 * electionTimeout(p.cfg.Broadcast))
 	for {
 		electing := false
