@@ -13,9 +13,6 @@
 package reuse
 
 import (
-	"os"
-	"runtime"
-	"slices"
 	"sync"
 	"testing"
 	"unsafe"
@@ -33,33 +30,13 @@ type Pool struct {
 	max    int
 	reused int
 	fresh  int
-	// warming counts the buffers Warm is making (their capacities):
-	// a Get that one of them will hold waits for it (cond).
-	warming []int
-	cond    sync.Cond
-	warmWG  sync.WaitGroup
 	// doublePut: planted bug (tests): Put keeps a buffer that is
 	// already free, so two Gets may hand out the same memory.
 	doublePut bool
-	// warmEarly: planted bug (tests): Warm hands its buffer to the pool
-	// before it touched its pages, so a Get may take it while the
-	// touches still write it.
-	warmEarly bool
 }
 
 // New returns a pool that keeps up to max free buffers until Close.
-func New(max int) *Pool {
-	p := &Pool{open: true, max: max}
-	p.cond.L = &p.mu
-	return p
-}
-
-// room is the capacity a fresh buffer of n bytes gets: n and a 32nd
-// more, so that a slightly larger Get (the next group's snapshot, a few
-// more records) still finds it: at a restart of 1 M records the second
-// group's images and Restore scratch were a few KB larger than the
-// first's, and its replicas took fresh ones (issue 19).
-func room(n int) int { return n + n/32 }
+func New(max int) *Pool { return &Pool{open: true, max: max} }
 
 // Get returns a buffer of n bytes: the smallest free one that holds n,
 // else a new one whose pages are populated (prefault). Its bytes are
@@ -67,115 +44,27 @@ func room(n int) int { return n + n/32 }
 func (p *Pool) Get(n int) []byte {
 	if p != nil {
 		p.mu.Lock()
-		for {
-			best := -1
-			for i, b := range p.free {
-				if cap(b) >= n && (best < 0 || cap(b) < cap(p.free[best])) {
-					best = i
-				}
+		best := -1
+		for i, b := range p.free {
+			if cap(b) >= n && (best < 0 || cap(b) < cap(p.free[best])) {
+				best = i
 			}
-			if best >= 0 {
-				b := p.free[best]
-				p.free = append(p.free[:best], p.free[best+1:]...)
-				p.reused++
-				p.mu.Unlock()
-				return b[:n]
-			}
-			if !slices.ContainsFunc(p.warming, func(c int) bool { return c >= n }) {
-				break
-			}
-			p.cond.Wait() // a buffer Warm is making will hold n
+		}
+		if best >= 0 {
+			b := p.free[best]
+			p.free = append(p.free[:best], p.free[best+1:]...)
+			p.reused++
+			p.mu.Unlock()
+			return b[:n]
 		}
 		p.fresh++
 		p.mu.Unlock()
 	}
-	b := make([]byte, n, room(n))
+	b := make([]byte, n)
 	if n >= 1<<20 {
-		prefault.Populate(b[:cap(b)])
+		prefault.Populate(b)
 	}
 	return b
-}
-
-// Warm makes k buffers for Gets of up to n bytes, one after another on
-// one goroutine of its own (it takes one processor, not k), each with
-// its pages written once (touched), and puts each in the pool when made:
-// a Get that one of them holds waits for it rather than making one. A restart calls
-// it for the snapshot images before it reads its log, so that the pages'
-// first writes (on this project's VMs ~8 µs each even when populated:
-// package doc) are paid on a processor the log's read leaves idle, not
-// in the first replicas' reads and checks of their snapshots. A nil or
-// closed pool ignores it.
-func (p *Pool) Warm(n, k int) {
-	if p == nil || n <= 0 || k <= 0 {
-		return
-	}
-	c := room(n)
-	p.mu.Lock()
-	if !p.open {
-		p.mu.Unlock()
-		return
-	}
-	for range k {
-		p.warming = append(p.warming, c)
-	}
-	p.mu.Unlock()
-	p.warmWG.Add(1)
-	go func() {
-		defer p.warmWG.Done()
-		for range k {
-			p.warmOne(c)
-		}
-	}()
-}
-
-// warmOne makes one of Warm's buffers, of capacity c.
-func (p *Pool) warmOne(c int) {
-	{
-		b := make([]byte, c)
-		if p.warmEarly {
-			p.warmed(b, c) // planted: lent before its touches
-			for p.holds(b) {
-				runtime.Gosched() // (until a Get took it: the test's)
-			}
-		}
-		prefault.Populate(b)
-		page := os.Getpagesize()
-		for i := 0; i < len(b); i += page {
-			b[i] = 0 // fresh memory is zero: the store changes nothing
-			if i%(64<<10) == 0 {
-				runtime.Gosched()
-			}
-		}
-		if !p.warmEarly {
-			p.warmed(b, c)
-		}
-	}
-}
-
-// warmed ends Warm's buffer b of capacity c: into the pool, and the Gets
-// waiting for it woken.
-func (p *Pool) warmed(b []byte, c int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if i := slices.Index(p.warming, c); i >= 0 {
-		p.warming = slices.Delete(p.warming, i, i+1)
-	}
-	p.keep(b) // in the same hold: a woken Get finds it
-	p.cond.Broadcast()
-}
-
-// holds reports whether b is free in the pool (the planted warmEarly).
-func (p *Pool) holds(b []byte) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.ContainsFunc(p.free, func(f []byte) bool { return unsafe.SliceData(f) == unsafe.SliceData(b) })
-}
-
-// WaitWarm returns once every Warm called so far has ended (tests).
-func (p *Pool) WaitWarm() {
-	if p != nil {
-		p.warmWG.Wait()
-	}
 }
 
 // Put gives b back for a later Get: nothing may use b after (not a slice
@@ -197,11 +86,6 @@ func (p *Pool) Put(b []byte) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.keep(b)
-}
-
-// keep is Put's work under p.mu (Put, warmed).
-func (p *Pool) keep(b []byte) {
 	if !p.open {
 		return
 	}
@@ -234,7 +118,6 @@ func (p *Pool) Close() {
 	}
 	p.mu.Lock()
 	p.open, p.free = false, nil
-	p.cond.Broadcast() // (a warming buffer still ends in Put, which drops it)
 	p.mu.Unlock()
 }
 

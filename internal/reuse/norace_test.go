@@ -1,5 +1,0 @@
-//go:build !race
-
-package reuse
-
-const raceEnabled = false
