@@ -150,9 +150,9 @@ func WithCombineHold(n int) Option { return func(o *options) { o.hold, o.holdSet
 // last completes. It suits groups that share a disk (the embedded
 // cluster's one log a process, in sync mode: their records then go in
 // one fsync instead of alternate ones); groups on disks of their own
-// wait for each other's commits. The default is DefaultSyncCombineRounds
-// (on) when the cluster map says the cluster's durability is sync, else
-// off. A lone writer never waits.
+// wait for each other's commits. The default is off
+// (DefaultSyncCombineRounds: alone they were not faster). A lone writer
+// never waits.
 func WithCombineRounds(on bool) Option {
 	return func(o *options) { o.rounds, o.roundsSet = on, true }
 }

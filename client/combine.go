@@ -46,8 +46,8 @@ import (
 // flight or a caller posting, or is held by a round (below) whose bound a
 // queued caller wakes for, so a queued write is never left behind.
 //
-// Rounds (WithCombineRounds; on by default on a sync cluster:
-// DefaultSyncCombineRounds): a group's queue also waits while another
+// Rounds (WithCombineRounds; off by default, DefaultSyncCombineRounds,
+// since alone they were not faster): a group's queue also waits while another
 // group has a message in flight posted less than roundMax ago, so that
 // the groups' messages go out together when the last of them completes.
 // Why (docs/dev/durability-plan.md, spipe's paragraph): in sync mode the
@@ -90,10 +90,14 @@ const DefaultSyncCombineHold = 1
 
 // DefaultSyncCombineRounds says whether a client whose cluster map says
 // durability sync sends its groups' messages in rounds (WithCombineRounds,
-// above), unless WithCombineRounds says otherwise. Elsewhere rounds are
-// off: without a disk a message completes in microseconds, and waiting
-// for another group's would only add its latency.
-const DefaultSyncCombineRounds = true
+// above), unless WithCombineRounds says otherwise. Off: measured alone
+// (2026-11-28, 2 rounds against the embedded cluster, 64 writers), rounds
+// gave 41.1 and 32.2 k puts/s against 41.1 and 43.2 without them in the
+// same build; the gain spipe saw under load did not hold on a quiet
+// machine. Elsewhere rounds are off anyway: without a disk a message
+// completes in microseconds, and waiting for another group's would only
+// add its latency.
+const DefaultSyncCombineRounds = false
 
 // roundMax bounds the wait a round imposes: a group's queue waits for
 // another group's message only while that message was posted less than

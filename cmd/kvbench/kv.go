@@ -168,7 +168,7 @@ var kvCombineHold = -1
 
 // kvCombineRounds is the client's rounds (--combine-rounds,
 // client.WithCombineRounds): auto (the client's default for the cluster's
-// durability, client.DefaultSyncCombineRounds on a sync cluster), on or
+// durability, client.DefaultSyncCombineRounds: off), on or
 // off.
 var kvCombineRounds = "auto"
 
@@ -235,7 +235,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	fs.IntVar(&o.records, "records", 1000000, "keys loaded (from an empty table) before the get and put rows")
 	threads := fs.String("threads", "1,8", "comma-separated goroutine counts of the get rows")
 	putThreads := fs.String("put-threads", "64", "goroutines of the saturated put row (the other put row has 1); a comma-separated list (1,2,4,8,16,64): a put row at each count")
-	fs.StringVar(&kvCombineRounds, "combine-rounds", "auto", "the client's rounds: auto (the client's default: on on a sync cluster, else off), on or off (client.WithCombineRounds: a group's writes also wait for another group's message posted less than a few ms ago, so that the groups' messages go out together)")
+	fs.StringVar(&kvCombineRounds, "combine-rounds", "auto", "the client's rounds: auto (the client's default: off, client.DefaultSyncCombineRounds), on or off (client.WithCombineRounds: a group's writes also wait for another group's message posted less than a few ms ago, so that the groups' messages go out together)")
 	fs.IntVar(&kvCombineHold, "combine-hold", -1, "the client's write-combining hold: messages a group may have in flight before a new write waits for a completion (client.WithCombineHold; 0: the whole window; -1: the client's default, 1 on a sync cluster, else the whole window)")
 	fs.IntVar(&kvValueSize, "value-size", 100, "bytes per value (at least the 16-byte key, which each value starts with), of rdmakv's and Redis's rows")
 	fs.DurationVar(&o.interval, "interval", 100*time.Millisecond, "get-during-growth: the interval gets are counted in")
