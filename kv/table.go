@@ -1624,14 +1624,17 @@ func (t *Table) ensureSpare() {
 			after = nil
 		}
 		t.prefaultWG.Add(1)
-		go t.prefaultSpares(after)
+		// The test hook is read here, on the caller's goroutine, not
+		// in the pre-fault goroutine: tests set t.knobs after NewTable
+		// (whose ensureSpare may have started one).
+		go t.prefaultSpares(after, t.knobs.onSpareMaking)
 	}
 }
 
 // prefaultSpares makes spares of spareWant's size, their pages touched,
 // until it has made one of the last size asked; one goroutine at a time
 // (prefaulting).
-func (t *Table) prefaultSpares(after <-chan struct{}) {
+func (t *Table) prefaultSpares(after <-chan struct{}, onMaking func()) {
 	defer t.prefaultWG.Done()
 	if after != nil {
 		select {
@@ -1646,8 +1649,8 @@ func (t *Table) prefaultSpares(after <-chan struct{}) {
 	for {
 		if n := t.spareWant.Load(); n > made {
 			t.spareMaking.Store(n)
-			if h := t.knobs.onSpareMaking; h != nil {
-				h()
+			if onMaking != nil {
+				onMaking()
 			}
 			b := prefaulted(int(n), t.closing)
 			t.spareMaking.Store(0)
