@@ -63,10 +63,6 @@ type Done struct {
 	// Free is an IOStatFS's answer: the bytes an unprivileged writer can
 	// still allocate there (vfs.FreeSpace).
 	Free int64
-	// Took: how long the IO ran, if the device measured it (a
-	// FileDevice's inline IOs: the Writer's poll clock does not move
-	// while they run).
-	Took time.Duration
 }
 
 // Device runs IOs in the order they were submitted and reports their
@@ -183,8 +179,7 @@ func (x *Executor) Close() error {
 
 // FileDevice is the production Device: one goroutine runs the IOs in
 // order on a vfs.FS, and kick wakes the poller after each completion
-// (but a Quiet IO's). With SetInline, a small write or a sync submitted
-// to an idle device runs on the submitter's goroutine instead.
+// (but a Quiet IO's).
 type FileDevice struct {
 	ops  chan IO
 	kick func()
@@ -194,21 +189,8 @@ type FileDevice struct {
 	done  []Done
 	stats DeviceStats
 
-	// Inline running (SetInline): pending counts the IOs submitted and
-	// not completed; an IO runs inline only when it is 0 (nothing queued
-	// or running: the order holds), claimed by a CAS to 1. run holds
-	// runMu while it runs an IO and records its completion, so that an
-	// IO queued behind an inline one waits for it.
-	inline  atomic.Pointer[func()] // the wake after an inline completion; nil: off
-	rule    inlineRule             // under mu
-	pending atomic.Int64
-	runMu   sync.Mutex
-	lastEnd atomic.Int64 // devClock at the end of the last completion that kicked (or woke)
-	inKick  atomic.Bool  // the device goroutine is in kick (its Continue may submit: never inline)
-	// inlineBusy: planted (tests): an IO runs inline whatever else is
-	// queued or running (no pending check, no runMu: the order breaks). TestFileDeviceInline must
-	// catch it ("order:").
-	inlineBusy bool
+	pending atomic.Int64 // IOs submitted and not completed (Gap: a write to an idle device)
+	lastEnd atomic.Int64 // devClock at the end of the last completion that kicked
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -218,20 +200,13 @@ type FileDevice struct {
 type DeviceStats struct {
 	// Start: from an IO's Submit to its start on the device's goroutine,
 	// for IOs that came to an idle device (the goroutine's wake-up); IOs
-	// queued behind a running one, or run inline, are not counted.
+	// queued behind a running one are not counted.
 	Start hist.Hist
 	// Gap: from a completion that woke the submitter to the next write
 	// submitted to an idle device (the time the next batch took to
 	// come).
 	Gap hist.Hist
-	// Inline: IOs run on the submitter's goroutine (SetInline).
-	Inline uint64
 }
-
-// InlineMax is the largest write SetInline runs on the submitter's
-// goroutine (a batch of a few records; a zero-ahead chunk goes to the
-// device's goroutine).
-const InlineMax = 64 << 10
 
 // FileDeviceQueue is how many IOs a FileDevice holds before Submit
 // refuses.
@@ -243,32 +218,6 @@ func NewFileDevice(fs vfs.FS, kick func()) *FileDevice {
 	d.wg.Add(1)
 	go d.run()
 	return d
-}
-
-// SetInline lets Submit run a batch's write (at most InlineMax bytes) and
-// its sync on the submitter's goroutine when nothing else is queued or
-// running and the stream is sparse (inlineRule; nil wake: off). Such an
-// IO completes before Submit returns (Reap has it), with no hand-off to
-// the device's goroutine and no wake-up of it: the submitter blocks for
-// the IO (a batch's fdatasync) instead. After an inline completion that
-// is not Quiet, wake is called (not kick: kick may be the submitter's own
-// caller; wake must only wake pollers). The device's kick reports, with
-// Continued, whether a completion it continued found records due.
-func (d *FileDevice) SetInline(wake func()) {
-	if wake == nil {
-		d.inline.Store(nil)
-		return
-	}
-	d.inline.Store(&wake)
-}
-
-// Continued tells the inline rule whether the continuation of a
-// completion on the device's goroutine (its kick) started a batch:
-// records came during that batch's fdatasync (a dense stream).
-func (d *FileDevice) Continued(started bool) {
-	d.mu.Lock()
-	d.rule.continued(started)
-	d.mu.Unlock()
 }
 
 // devEpoch is devClock's origin.
@@ -287,7 +236,6 @@ func (d *FileDevice) run() {
 		case <-d.stop:
 			return
 		}
-		d.runMu.Lock()
 		start := devClock()
 		if op.at >= idleFrom {
 			d.mu.Lock()
@@ -298,13 +246,10 @@ func (d *FileDevice) run() {
 		d.mu.Lock()
 		d.done = append(d.done, done)
 		d.mu.Unlock()
-		d.runMu.Unlock()
 		d.pending.Add(-1)
 		if d.kick != nil && !op.Quiet {
 			d.lastEnd.Store(int64(devClock()))
-			d.inKick.Store(true)
 			d.kick()
-			d.inKick.Store(false)
 		}
 		idleFrom = devClock()
 	}
@@ -317,51 +262,6 @@ func (d *FileDevice) Stats() DeviceStats {
 	return d.stats
 }
 
-// runInline runs op on the caller's goroutine if SetInline allows it and
-// the device is idle; false: queue it.
-func (d *FileDevice) runInline(op IO) bool {
-	w := d.inline.Load()
-	if w == nil || op.Kind != IOWrite && op.Kind != IOSync || d.inKick.Load() {
-		return false
-	}
-	idle := d.inlineBusy || d.pending.Load() == 0
-	d.mu.Lock()
-	var ok bool
-	switch {
-	case op.Kind == IOSync:
-		ok = idle && d.rule.sync()
-	case idle && len(op.Data) <= InlineMax:
-		ok = d.rule.write()
-	default:
-		d.rule.lastWrite = false // its sync follows it to the device's goroutine
-	}
-	d.mu.Unlock()
-	if !ok || !d.inlineBusy && !d.pending.CompareAndSwap(0, 1) {
-		return false
-	}
-	if !d.inlineBusy {
-		d.runMu.Lock()
-	}
-	t0 := devClock()
-	done := d.x.Run(op)
-	done.Took = devClock() - t0
-	d.mu.Lock()
-	d.done = append(d.done, done)
-	d.stats.Inline++
-	d.mu.Unlock()
-	if !op.Quiet {
-		d.lastEnd.Store(int64(devClock()))
-	}
-	if !d.inlineBusy {
-		d.runMu.Unlock()
-		d.pending.Add(-1)
-	}
-	if !op.Quiet {
-		(*w)()
-	}
-	return true
-}
-
 // Submit queues op without blocking.
 func (d *FileDevice) Submit(op IO) bool {
 	op.at = devClock()
@@ -371,9 +271,6 @@ func (d *FileDevice) Submit(op IO) bool {
 			d.stats.Gap.Record(op.at - time.Duration(end))
 			d.mu.Unlock()
 		}
-	}
-	if d.runInline(op) {
-		return true
 	}
 	d.pending.Add(1)
 	select {

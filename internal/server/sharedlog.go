@@ -43,7 +43,6 @@ type SharedLog struct {
 	// every replica of it. Unset: it rings every stream's doorbell
 	// (wal.Mux.Kick).
 	wake atomic.Pointer[func()]
-	sync bool // sync mode
 	// stats is dev, for Status (Close clears dev)
 	stats *wal.FileDevice
 }
@@ -97,8 +96,6 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 		mode = wal.Async
 	}
 	var mp atomic.Pointer[wal.Mux]
-	var dp atomic.Pointer[wal.FileDevice]
-	s.sync = mode == wal.Sync
 	s.dev = wal.NewFileDevice(fs, func() {
 		if m := mp.Load(); m != nil {
 			// On the device's goroutine: reap the completion and start
@@ -107,14 +104,7 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 			if c := s.clock.Load(); c != nil {
 				now = (*c)()
 			}
-			if sharedLogInline {
-				_, before := m.ContinueStats()
-				m.Continue(now)
-				_, after := m.ContinueStats()
-				dp.Load().Continued(after != before)
-			} else {
-				m.Continue(now)
-			}
+			m.Continue(now)
 			// One sync covers every stream: each poller looks. One
 			// wake per poller, not a ring per stream: the device
 			// goroutine rang six doorbells after each fsync of an
@@ -136,7 +126,6 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 		s.dev.Close()
 		return nil, fmt.Errorf("open the shared log in %s: %v", dir, err)
 	}
-	dp.Store(s.dev)
 	s.stats = s.dev
 	mp.Store(s.mux)
 	// Its device continues the log after each completion from now on
@@ -147,17 +136,10 @@ func openSharedLog(fs vfs.FS, dir string, ids []rdma.NodeID, cfg DurableConfig, 
 }
 
 // setPollers gives the log the pollers' one wake for all (Group.Kick;
-// nil-safe): from now on a completion wakes each poller once. n is how
-// many pollers there are: with one, in sync mode, a batch's write and
-// fdatasync run on the poller that starts the batch when the device is
-// idle (wal.FileDevice.SetInline).
-func (s *SharedLog) setPollers(kick func(), n int) {
-	if s == nil {
-		return
-	}
-	s.wake.Store(&kick)
-	if sharedLogInline && s.sync && n == 1 {
-		s.dev.SetInline(kick)
+// nil-safe): from now on a completion wakes each poller once.
+func (s *SharedLog) setPollers(kick func()) {
+	if s != nil {
+		s.wake.Store(&kick)
 	}
 }
 
@@ -179,14 +161,6 @@ func (s *SharedLog) setClock(now func() time.Duration) {
 // poller's next pass and the pass took longer, their records missed
 // the leader's batch and a commit waited for two fsyncs.
 const SharedLogGather = time.Millisecond
-
-// sharedLogInline: with one poller, in sync mode, a sparse stream's
-// batches run their write and fdatasync on the poller
-// (wal.FileDevice.SetInline). Off: measured under load (durability-plan,
-// sx1's paragraph), one writer's sync put was not told apart and
-// sync x64 lost, with the device goroutine's start delayed by
-// milliseconds at times while the poller waited in an fdatasync.
-const sharedLogInline = false
 
 // dirEntries is how many entries dir holds (0 if it does not exist).
 func dirEntries(fs vfs.FS, dir string) (int, error) {
@@ -262,11 +236,10 @@ type SharedLogStatus struct {
 	// started the next batch (the rest found no record due).
 	ContinueCalls   uint64 `json:"continue_calls"`
 	ContinueStarted uint64 `json:"continue_started"`
-	// The device (wal.DeviceStats): IOs run on the poller (inline), and
-	// of those queued to its goroutine while it was idle, from the
-	// Submit to the start (its wake-up), and from a completion that
-	// woke the pollers to that Submit (the gap).
-	DeviceInline     uint64  `json:"device_inline"`
+	// The device (wal.DeviceStats): of the IOs that came to its
+	// goroutine while it was idle, from the Submit to the start (its
+	// wake-up), and from a completion that woke the pollers to that
+	// Submit (the gap).
 	DeviceStartP50   float64 `json:"device_start_p50_seconds"`
 	DeviceStartP90   float64 `json:"device_start_p90_seconds"`
 	DeviceStartCount uint64  `json:"device_starts"`
@@ -291,7 +264,7 @@ func (s *SharedLog) Status() *SharedLogStatus {
 	if s.stats != nil {
 		ds = s.stats.Stats()
 	}
-	return &SharedLogStatus{DeviceInline: ds.Inline,
+	return &SharedLogStatus{
 		DeviceStartP50: quantile(&ds.Start, 0.5), DeviceStartP90: quantile(&ds.Start, 0.9), DeviceStartCount: ds.Start.N(), DeviceGapP50: quantile(&ds.Gap, 0.5), DeviceGapP90: quantile(&ds.Gap, 0.9), DeviceGapP10: quantile(&ds.Gap, 0.1), GatherHeld: held, GatherTimedOut: to, GatherPassed: s.mux.GatherPassed(), ContinueCalls: cc, ContinueStarted: cs, PollSkips: s.mux.Skipped(), Dir: s.Dir, Records: st.Records, Batches: st.Batches, WALBytes: st.BytesWritten, WALSegments: st.Segments,
 		WALSegmentBytes: st.SegmentBytes, UnsyncedBytes: st.UnsyncedBytes, Fsyncs: st.Fsyncs, FsyncP50: quantile(&st.FsyncLatency, 0.5),
 		FsyncP99: quantile(&st.FsyncLatency, 0.99), DiskFull: st.DiskFull}
