@@ -687,9 +687,15 @@ func (b *btreeRun) mixed() {
 		return func(g int) kvOp {
 			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(g)))
 			key, val := make([]byte, kvKeySize), make([]byte, kvValueSize)
+			i := 0
 			return func() error {
 				fillKey(key, rng.IntN(b.o.records))
-				if rng.IntN(100) < pct {
+				// Inserts spread evenly, pct of every 100 ops, the first
+				// op a lookup: a short run (a goroutine may complete
+				// one op) still measures lookups, and each run has the
+				// mix it names.
+				i++
+				if i*pct/100 > (i-1)*pct/100 {
 					key[kvKeySize-1] = byte('a' + rng.IntN(26))
 					fillValue(val, key, 'm')
 					return put(key, val)
