@@ -245,7 +245,7 @@ func Watch(ctx context.Context, reps []*Replica, log *slog.Logger) {
 	defer t.Stop()
 	for first := true; ; first = false {
 		for i, r := range reps {
-			s := r.Status()
+			s := r.watchStatus()
 			_, why := s.Ready()
 			now := seen{s.Role, s.Epoch, s.CatchingUp, s.Counters.SnapshotsRestored, why}
 			if first || now != last[i] {
