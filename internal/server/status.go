@@ -411,7 +411,7 @@ func (p *Replica) Status() ReplicaStatus { return p.status(true) }
 // watchStatus is Status without what Watch never reads: the disk's
 // counters (a copy of its latency histograms, their quantiles, an
 // os.Stat of the snapshot), the multicast counters, the pollers' maxima,
-// the uptime and the huge pages. Watch looks 50 times a second at every
+// the uptime and the huge pages. Watch looks 20 to 50 times a second at every
 // replica: the full Status was most of an idle embedded cluster's
 // user CPU (issue 17).
 func (p *Replica) watchStatus() ReplicaStatus { return p.status(false) }

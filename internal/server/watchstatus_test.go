@@ -21,7 +21,7 @@ func watched(s server.ReplicaStatus) string {
 		s.Group, s.Node, s.Role, s.Epoch, s.Leader, s.Members, s.CatchingUp, s.Counters.SnapshotsRestored, s.Records, s.Applied, ok, why)
 }
 
-// TestWatchStatus: the light status Watch reads 50 times a second says
+// TestWatchStatus: the light status Watch reads 20 to 50 times a second says
 // what the full Status says about every field Watch and Ready read, and
 // leaves out the costly parts (uptime, huge pages).
 func TestWatchStatus(t *testing.T) {
