@@ -41,7 +41,8 @@
 //   - TestWholeGroupRestart: a group whose every replica stopped does not
 //     come back on its own, and starts over once its data dirs are
 //     removed (the procedure docs/deploy.md gives).
-//   - TestBalancerProcesses (shm, tcp), TestBalancerKilledMidMove: the
+//   - TestBalancerProcesses (shm), TestBalancerProcessesTCP (tcp; make
+//     test runs it without -race), TestBalancerKilledMidMove: the
 //     tablet balancer of the process hosting group 0's leader spreads an
 //     ordered load over the groups with no kvcli call (porcupine-checked
 //     history), and the next leader's process finishes a move whose

@@ -66,3 +66,6 @@ func SharedLogDir(p *Process, g, i int) string {
 // ProcessSpare is the spare P of p's pollers (poller.Group.Spare) and
 // whether they hold their parks now.
 func ProcessSpare(p *Process) (poller.Spare, bool) { return p.pollers.Spare(), p.pollers.Holding() }
+
+// WatchStatus is what Watch reads of r (watchStatus).
+func WatchStatus(r *Replica) ReplicaStatus { return r.watchStatus() }

@@ -330,12 +330,12 @@ func StartProcess(cfg ProcessConfig) (_ *Process, err error) {
 	p.shared.setClock(p.pollers.Now)    // the device's Continue polls in the pollers' time
 	p.shared.setPollers(p.pollers.Kick) // and its completion wakes each poller once
 	wg.Go(func() { p.openSpares(ctx) })
-	// Watch reads every replica's full status 50 times a second to log
+	// Watch reads every replica's status 20 to 50 times a second to log
 	// role changes (at Info and Warn): with a log that drops those
 	// lines it would only cost CPU and allocations (an allocation test
 	// counts the whole process's).
 	if cfg.Log.Enabled(ctx, slog.LevelWarn) {
-		wg.Go(func() { Watch(ctx, p.all, cfg.Log) })
+		wg.Go(func() { watch(ctx, p.all, cfg.Log, watchEvery(electionTimeout(cfg.Broadcast))) })
 	}
 	if cfg.Durable.Mode != broadcast.Memory || cfg.Prepare != nil {
 		// (A stable state in a file fails a replica too: ErrDisk.)

@@ -406,22 +406,42 @@ type MemberStatus struct {
 }
 
 // Status is the replica's state now (any goroutine).
-func (p *Replica) Status() ReplicaStatus {
+func (p *Replica) Status() ReplicaStatus { return p.status(true) }
+
+// watchStatus is Status without what Watch never reads: the disk's
+// counters (a copy of its latency histograms, their quantiles, an
+// os.Stat of the snapshot), the multicast counters, the pollers' maxima,
+// the uptime and the huge pages. Watch looks 20 to 50 times a second at every
+// replica: the full Status was most of an idle embedded cluster's
+// user CPU (issue 17).
+func (p *Replica) watchStatus() ReplicaStatus { return p.status(false) }
+
+func (p *Replica) status(full bool) ReplicaStatus {
 	b := p.r.Multicast().Broadcast()
 	bs := b.Status()
 	_, serving := b.Leading()
 	p.mu.Lock()
-	tab, hdr, mc, dc, pmax, precent, psaving := p.tab, p.hdr, p.mc, p.disk, p.pollMax, p.pollRecent, p.pollSaving
-	psread := p.pollSavingRead
+	tab, hdr := p.tab, p.hdr
+	var mc multicast.Counters
+	var dc diskCopy
+	var pmax, precent, psaving, psread PollDetail
+	if full {
+		mc, dc, pmax, precent, psaving = p.mc, p.disk, p.pollMax, p.pollRecent, p.pollSaving
+		psread = p.pollSavingRead
+	}
 	p.mu.Unlock()
 	s := ReplicaStatus{Group: p.Group, Index: p.Index, Node: p.Node, Role: bs.Role.String(),
 		Epoch: bs.ECur, Round: bs.ECur.Round(), Serving: serving,
 		ENew: bs.ENew, Accepted: Hdr{bs.Accepted.E, bs.Accepted.Cnt}, Committed: Hdr{bs.Committed.E, bs.Committed.Cnt},
 		Delivered: bs.Index, Applied: hdr.Applied, CatchingUp: bs.CatchingUp,
 		Records: tab.Records, IndexBytes: tab.IndexBytes, HeapBytes: tab.HeapBytes, Migrating: tab.Migrating,
-		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3, PollMax: pmax, PollMaxRecent: precent, PollMaxSaving: psaving, PollMaxSavingRead: psread,
-		Counters: BroadcastCounters(bs.Counters), Multicast: MulticastCounters(mc), Uptime: time.Since(p.started).Round(time.Second).String(),
-		HugePages: rdma.HugePagesOf(p.r.Table().Node())}
+		SnapshotMaxUs: float64(tab.SnapshotMaxNs) / 1e3,
+		Counters:      BroadcastCounters(bs.Counters)}
+	if full {
+		s.PollMax, s.PollMaxRecent, s.PollMaxSaving, s.PollMaxSavingRead = pmax, precent, psaving, psread
+		s.Multicast, s.Uptime = MulticastCounters(mc), time.Since(p.started).Round(time.Second).String()
+		s.HugePages = rdma.HugePagesOf(p.r.Table().Node())
+	}
 	if l, ok := bs.Leader(); ok {
 		s.Leader = l
 	}
@@ -436,6 +456,8 @@ func (p *Replica) Status() ReplicaStatus {
 	s.RefusingWrites = bs.GroupDiskFull
 	if d := p.dur; d != nil {
 		s.Durability = d.Mode.String()
+	}
+	if d := p.dur; d != nil && full {
 		w := &dc.wal
 		ds := &DiskStatus{Dir: d.Dir, SharedLog: d.sharedDir(), WALBytes: w.BytesWritten, WALSegments: w.Segments, WALSegmentBytes: w.SegmentBytes,
 			UnsyncedBytes: w.UnsyncedBytes, Fsyncs: w.Fsyncs, FsyncP50: w.FsyncLatency.Quantile(0.5).Seconds(),
