@@ -64,6 +64,14 @@ type testingKnobs struct {
 	// already): the window adds to every batch under load. Caught by
 	// TestMuxGather ("in flight:").
 	gatherWhileBusy bool
+	// prepareWhileBusy: a Mux prepares its device (Preparer) for a batch
+	// whose first record came while a batch was in flight: the device's
+	// goroutine spins for an IO the completion's Continue submits anyway.
+	// Caught by TestMuxPrepare ("busy:").
+	prepareWhileBusy bool
+	// prepareEveryRecord: a Mux prepares its device at every eager
+	// record, not once a batch. Caught by TestMuxPrepare ("once:").
+	prepareEveryRecord bool
 	// gatherNoPass: a stream the gather waits for keeps the batch held
 	// after it was polled without appending (only its record or the
 	// window ends the hold): a follower that accepts nothing this round

@@ -318,6 +318,9 @@ type Mux struct {
 	w     *Writer
 	knobs testingKnobs
 	now   time.Duration
+	// prep: the device, in Sync mode, if it is a Preparer (the batch
+	// that opens at an idle log prepares it: Stream.append).
+	prep Preparer
 
 	streams []*Stream // in creation order; Stream.idx
 	byID    map[uint32]*Stream
@@ -429,6 +432,9 @@ func OpenMux(dev Device, cfg Config, rec *MuxRecovered) (*Mux, error) {
 		return nil, err
 	}
 	m := &Mux{w: w, byID: map[uint32]*Stream{}}
+	if p, ok := dev.(Preparer); ok && cfg.Mode == Sync {
+		m.prep = p
+	}
 	m.gather.starter = -1
 	m.kicks.Store(&[]func(){})
 	for _, g := range w.segs {
@@ -827,6 +833,15 @@ func (s *Stream) append(typ RecType, flags uint8, lazy bool, parts [][]byte) (ui
 		return 0, false
 	}
 	m := s.m
+	// A Sync batch opened at an idle log prepares the device (after the
+	// mutex: the wake is a system call): its Submit comes later in this
+	// pass or, held by the gather, after the group's other streams wrote.
+	prep := false
+	defer func() {
+		if prep {
+			m.prep.Prepare()
+		}
+	}()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.catchUpClock()
@@ -871,7 +886,9 @@ func (s *Stream) append(typ RecType, flags uint8, lazy bool, parts [][]byte) (ui
 		m.noteRef(h, n, g)
 	}
 	if !lazy {
+		opens := m.gather.batch != m.w.openFirst
 		m.noteEager(s)
+		prep = m.prep != nil && (opens && (m.w.cur == nil || m.knobs.prepareWhileBusy) || m.knobs.prepareEveryRecord)
 	}
 	seq := s.next
 	s.next++
