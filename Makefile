@@ -36,7 +36,7 @@ vet:
 # -race. NOALLOC_RUN selects exactly them: each fabric's conformance
 # subtests NoAllocs, PostList/NoAllocs, WaitSet/NoAllocs and Link/NoAllocs (rdma/fabrictest), tcp's
 # TestSteadyStateAllocs, broadcast's TestSlabReuse (which also runs in
-# unit), kv's TestGetAllocs, TestMergeAllocs (a merge apply),
+# unit) and TestWALEntryAllocs (an entry's log record), kv's TestGetAllocs, TestMergeAllocs (a merge apply),
 # TestOrderedLookupAllocs and TestOrderedScanReusesBuffers (an
 # OrderedReader's warm lookups and scans), client's TestPutAllocs (one Put, the
 # replicas in 3 kvproc processes) and TestQueuedPutAllocs (a Put queued
@@ -47,9 +47,9 @@ vet:
 # them pass (a renamed test would otherwise drop out of the regexp silently);
 # a new allocation test goes into NOALLOC_RUN and NOALLOC_TESTS.
 NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast ./kv ./client ./poller ./btree
-NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
+NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestWALEntryAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
 # 3 fabrics x 4 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, TestMergeAllocs, TestOrderedLookupAllocs and TestOrderedScanReusesBuffers, client's TestPutAllocs and TestQueuedPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
-NOALLOC_TESTS := 24
+NOALLOC_TESTS := 25
 
 noalloc:
 	@out=$$($(GO) test $(TESTVET) -v -timeout 5m -run '$(NOALLOC_RUN)' $(NOALLOC_PKGS) 2>&1); st=$$?; \

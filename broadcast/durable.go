@@ -103,6 +103,11 @@ type durable struct {
 	commitLogged MsgHdr
 	err          error // sticky: the writer failed or refused a record (fail-stop)
 	hdr          [48]byte
+	// parts is walEntry's record parts (its header, the entry's data):
+	// a variadic call through the WAL interface escaped and allocated a
+	// slice per entry on every replica (branch asy5's profile of async
+	// x64). Cleared after each append.
+	parts [2][]byte
 	// units are the (first seq, header) of every entry and diff written
 	// since the last disk snapshot's capture, in seq (and header) order:
 	// a capture at commit point C may drop the log below the first unit
@@ -494,7 +499,11 @@ func (r *Replica) walEntry(e *entry, flags uint8) uint64 {
 	binary.LittleEndian.PutUint64(b[0:], uint64(e.hdr.E))
 	binary.LittleEndian.PutUint64(b[8:], e.hdr.Cnt)
 	putMeta(b[16:], e.id)
-	return r.walAppend(wal.RecEntry, flags, b, e.data)
+	p := &r.dur.parts
+	p[0], p[1] = b, e.data
+	seq := r.walAdd(false, wal.RecEntry, flags, p[:])
+	*p = [2][]byte{} // the entry's data is not kept alive
+	return seq
 }
 
 // walAccept logs an entry this replica accepted (follower, Fig. 5 l.49) or

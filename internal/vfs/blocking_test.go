@@ -2,6 +2,7 @@ package vfs
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,10 +21,6 @@ import (
 // goroutines of the other replicas that the same poller pass made
 // runnable wait behind it (docs/dev/durability-plan.md, "dio").
 func TestSyncGivesUpP(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
 	dir := t.TempDir()
 	f, err := OS.OpenFile(filepath.Join(dir, "f"), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -33,11 +30,61 @@ func TestSyncGivesUpP(t *testing.T) {
 	if _, err := f.WriteAt(make([]byte, 64<<10), 0); err != nil {
 		t.Fatal(err)
 	}
+	checkGivesUpP(t, dir, "osFile.Sync", "fdatasync", func() error { return f.Sync() })
+}
+
+// TestBigWriteGivesUpP: a WriteAt of BigWrite bytes or more hands its P
+// off as it enters pwrite (as TestSyncGivesUpP), and writes the bytes
+// where they belong; a shorter one is os.File's.
+func TestBigWriteGivesUpP(t *testing.T) {
+	dir := t.TempDir()
+	f, err := OS.OpenFile(filepath.Join(dir, "f"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	big := bytes.Repeat([]byte("0123456789abcdef"), BigWrite/16+1)
+	small := []byte("small write")
+	checkGivesUpP(t, dir, "osFile.WriteAt", "pwrite", func() error {
+		if n, err := f.WriteAt(big, 4096); err != nil || n != len(big) {
+			return fmt.Errorf("big WriteAt: %d of %d bytes, %v", n, len(big), err)
+		}
+		return nil
+	})
+	if n, err := f.WriteAt(small, 100); err != nil || n != len(small) {
+		t.Fatalf("small WriteAt: %d of %d bytes, %v", n, len(small), err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 4096+len(big))
+	copy(want[4096:], big)
+	copy(want[100:], small)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the file holds %d bytes, not the %d written (or other bytes)", len(got), len(want))
+	}
+	if _, err := f.WriteAt(big, -1); err == nil {
+		t.Fatal("a big WriteAt at a negative offset succeeded")
+	}
+}
+
+// checkGivesUpP runs call under the execution trace and checks that the
+// thread entering the system call sys from the function from (both in
+// the event's stack) next gives its P up: its next event is the P going
+// idle (Running->Idle), not the thread taking the P back at the call's
+// end or sysmon stealing it (an event of another thread).
+func checkGivesUpP(t *testing.T, dir, from, sys string, call func() error) {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
 	var buf bytes.Buffer
 	if err := trace.Start(&buf); err != nil {
 		t.Skipf("execution trace unavailable: %v", err)
 	}
-	err = f.Sync()
+	err = call()
 	trace.Stop()
 	if err != nil {
 		t.Fatal(err)
@@ -61,9 +108,10 @@ func TestSyncGivesUpP(t *testing.T) {
 	}
 	found := false
 	for i, ev := range evs {
-		// The fdatasync itself (its stack names it: vfs.fdatasync, or
-		// unix.Fdatasync), not another system call Sync might make.
-		if !strings.Contains(ev, "Running->Syscall") || !strings.Contains(ev, "osFile.Sync") || !strings.Contains(strings.ToLower(ev), "fdatasync") {
+		// The system call itself (its stack names it: vfs.fdatasync or
+		// vfs.pwrite; unix.Fdatasync, or the os package's pwrite, with a
+		// plain system call), not another one the function might make.
+		if !strings.Contains(ev, "Running->Syscall") || !strings.Contains(ev, from) || !strings.Contains(strings.ToLower(ev), sys) {
 			continue
 		}
 		found = true
@@ -76,10 +124,10 @@ func TestSyncGivesUpP(t *testing.T) {
 			}
 		}
 		if !strings.Contains(next, "ProcID=") || !strings.Contains(next, "Running->Idle") {
-			t.Fatalf("the thread that entered fdatasync from osFile.Sync kept its P: its next event is %q, want its P going idle (Running->Idle)", next)
+			t.Fatalf("the thread that entered %s from %s kept its P: its next event is %q, want its P going idle (Running->Idle)", sys, from, next)
 		}
 	}
 	if !found {
-		t.Fatalf("no fdatasync system call from osFile.Sync in the trace (%d events): the parsed trace's format changed?", len(evs))
+		t.Fatalf("no %s system call from %s in the trace (%d events): the parsed trace's format changed?", sys, from, len(evs))
 	}
 }

@@ -1,6 +1,7 @@
 package vfs
 
 import (
+	"errors"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -55,6 +56,22 @@ func (osFS) SyncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// WriteAt is os.File's, but a write of BigWrite bytes or more enters the
+// kernel as a blocking system call (pwrite): its P is handed off at once.
+func (f osFile) WriteAt(b []byte, off int64) (int, error) {
+	if len(b) < BigWrite {
+		return f.File.WriteAt(b, off)
+	}
+	if off < 0 {
+		return 0, &os.PathError{Op: "writeat", Path: f.Name(), Err: errors.New("negative offset")}
+	}
+	n, err := pwrite(int(f.Fd()), b, off)
+	if err != nil {
+		return n, &os.PathError{Op: "write", Path: f.Name(), Err: err}
+	}
+	return n, nil
 }
 
 // Sync is fdatasync: the data and the size, not the other metadata.
