@@ -29,6 +29,12 @@ const (
 	DefaultLogBuckets     = 10
 	DefaultHeapRegionSize = 64 << 20
 	DefaultMigrateStep    = 8
+	// DefaultQuadGrowthLog: the index grows into four times its buckets
+	// while the new generation has at most 2^16 buckets (an 8 MiB index,
+	// 459 k slots), then into twice (TableConfig.QuadGrowthLog): from 2^16
+	// buckets on, a table's generations are those doubling gives, so its
+	// index's memory per record is doubling's too.
+	DefaultQuadGrowthLog = 16
 	// DefaultMaxLoad is the fill (of all slots) at which the index grows.
 	DefaultMaxLoad = 0.75
 )
@@ -56,8 +62,20 @@ type TableConfig struct {
 	// MaxKey+MaxValue bytes.
 	HeapRegionSize int
 	// MaxLoad is the fraction of index slots in use at which the index
-	// grows into a generation of twice as many buckets. Default 0.75.
+	// grows into a generation of more buckets (QuadGrowthLog). Default
+	// 0.75.
 	MaxLoad float64
+	// QuadGrowthLog bounds the growths that take four times the buckets:
+	// a growth whose new generation has at most 2^QuadGrowthLog buckets
+	// makes four times the current buckets, a larger one twice. Each
+	// growth rehashes every key of the old generation (migrateBucket,
+	// which reads the key from the heap), so four times moves each key a
+	// third as often as twice over a table's growth (N/3 moves against
+	// N), for an index that is up to twice as large right after a growth
+	// (a fill of MaxLoad/4 against MaxLoad/2); the bound keeps that extra
+	// index memory under 2^QuadGrowthLog buckets x 128 bytes. Default
+	// DefaultQuadGrowthLog; -1: always twice.
+	QuadGrowthLog int
 	// MaxRequest bounds a request's encoded bytes (a large put, a batch),
 	// and so what a group stages for one request sent in parts. Default
 	// MaxKey + MaxValue + 4 KiB.
@@ -144,6 +162,9 @@ func (c *TableConfig) fill() error {
 	}
 	if c.MaxRequest == 0 {
 		c.MaxRequest = DefaultMaxRequest(c.MaxKey, c.MaxValue)
+	}
+	if c.QuadGrowthLog == 0 {
+		c.QuadGrowthLog = DefaultQuadGrowthLog
 	}
 	if c.MigrateStep == 0 {
 		c.MigrateStep = DefaultMigrateStep
@@ -1107,8 +1128,9 @@ func (t *Table) maybeGrow() {
 	t.startGrowth()
 }
 
-// startGrowth makes a generation of twice the buckets current; the old
-// one is migrated bucket by bucket (step, migrateKey).
+// startGrowth makes a generation of four or two times the buckets
+// current (growthLog); the old one is migrated bucket by bucket (step,
+// migrateKey).
 func (t *Table) startGrowth() error {
 	if t.old != nil {
 		t.finishMigration()
@@ -1116,7 +1138,7 @@ func (t *Table) startGrowth() error {
 	if t.cur.log >= 30 {
 		return ErrTableFull
 	}
-	ng, err := t.newGen(t.cur.n+1, t.cur.log+1)
+	ng, err := t.newGen(t.cur.n+1, t.growthLog())
 	if err != nil {
 		return err
 	}
@@ -1149,6 +1171,16 @@ func (t *Table) startGrowth() error {
 	}
 	t.ensureSpare()
 	return nil
+}
+
+// growthLog is the log of the buckets of the next generation: four times
+// the current ones while that stays within QuadGrowthLog (and 2^30), else
+// twice.
+func (t *Table) growthLog() int {
+	if l := t.cur.log + 2; l <= t.cfg.QuadGrowthLog && l <= 30 {
+		return l
+	}
+	return t.cur.log + 1
 }
 
 // endReplay ends the log's replay (NewReplica, once broadcast.New
@@ -1222,10 +1254,10 @@ func (t *Table) migrateBucket(b int) {
 		h := hashKey(t.recordKey(s))
 		nb, ni, ok := freeSlot(&t.cur, h)
 		if !ok {
-			// All four places full in a generation of twice the
-			// buckets, filled to at most MaxLoad/2: with 28 slots per
-			// key this does not happen in practice; stopping is better
-			// than losing the key.
+			// All four places full in a generation of at least twice
+			// the buckets (growthLog), filled to at most MaxLoad/2: with
+			// 28 slots per key this does not happen in practice;
+			// stopping is better than losing the key.
 			panic(fmt.Sprintf("kv: migration found both candidates of a key full in a generation of %d buckets", t.cur.buckets()))
 		}
 		storeSlot(t.cur.mem, nb, ni, s)

@@ -73,7 +73,10 @@ func TestReadersWhileTableChanges(t *testing.T) {
 		}
 		run, rounds = d, max(1, int(d/(5*time.Second)))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second+2*run)
+	// 240 s: the fill past two growths is 21.6 k keys since the index
+	// grows four times while small (31 s for the test at load ~48 without
+	// the race detector).
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second+2*run)
 	defer cancel()
 	const nreaders = 3
 	// A short log: a follower that misses 3 x 64 entries restores a
@@ -111,8 +114,9 @@ func TestReadersWhileTableChanges(t *testing.T) {
 	var wg sync.WaitGroup
 
 	// The filler: batches of 64 new keys, past two growths of the index
-	// (it grows at 75% of 1,024 x 7 slots, then at 75% of twice that),
-	// then on, slower, for the restores' log.
+	// (it grows at 75% of 1,024 x 7 slots, then at 75% of four times
+	// that: kv.TableConfig.QuadGrowthLog), then on, slower, for the
+	// restores' log.
 	wg.Go(func() {
 		rng := rand.New(rand.NewPCG(1, 1))
 		for n := 0; !done.Load(); {
@@ -225,8 +229,9 @@ func TestReadersWhileTableChanges(t *testing.T) {
 		wg.Go(func() { reader(cl, uint64(10+k)) })
 	}
 
-	// Two growths: 75% of 7,168 slots, then of 14,336.
-	grown := int64(kv.DefaultMaxLoad*float64(2*7<<kv.DefaultLogBuckets)) + 64
+	// Two growths: 75% of 7,168 slots, then of 28,672 (four times the
+	// buckets while the index is small: kv.DefaultQuadGrowthLog).
+	grown := int64(kv.DefaultMaxLoad*float64(4*7<<kv.DefaultLogBuckets)) + 64
 	for filled.Load() < grown && !done.Load() && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
 	}
