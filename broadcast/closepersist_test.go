@@ -180,6 +180,7 @@ func TestCloseLeavesNoTmp(t *testing.T) {
 	for _, expired := range []bool{false, true} {
 		r, m := diskReplica(t, &logFSM{})
 		r.knobs.closeSaveExpired = expired
+		r.knobs.closeClock = (&stepClock{t: time.Now()}).now // closeSaveBudget in reads, not in the machine's time
 		pollUntil(t, r, r.cfg.Snapshots.Busy, "disk snapshot save under way")
 		if !slices.ContainsFunc(snapNames(t, m), func(n string) bool { return strings.HasPrefix(n, "tmp-") }) {
 			t.Fatalf("expired %v: a save under way and no tmp- file in snap/: %q", expired, snapNames(t, m))
