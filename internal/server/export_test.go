@@ -2,8 +2,12 @@ package server
 
 import (
 	"fmt"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
 
 	"github.com/rdmakv/rdmakv/poller"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // SetBackupLateGroup plants the lateGroup bug (backupKnobs) in group g's
@@ -66,3 +70,32 @@ func SharedLogDir(p *Process, g, i int) string {
 // ProcessSpare is the spare P of p's pollers (poller.Group.Spare) and
 // whether they hold their parks now.
 func ProcessSpare(p *Process) (poller.Spare, bool) { return p.pollers.Spare(), p.pollers.Holding() }
+
+// SaveHold holds every disk snapshot save of a process between its
+// write and its fsync, for good: the device refuses the fsync of a tmp-
+// file as a full queue does (the store asks again at its next Poll).
+type SaveHold struct{ refused atomic.Int64 }
+
+// Refused is how many fsyncs of a held save the device refused.
+func (h *SaveHold) Refused() int64 { return h.refused.Load() }
+
+type holdDevice struct {
+	wal.Device
+	h *SaveHold
+}
+
+func (d holdDevice) Submit(op wal.IO) bool {
+	if op.Kind == wal.IOSync && strings.HasPrefix(filepath.Base(op.Path), "tmp-") {
+		d.h.refused.Add(1)
+		return false
+	}
+	return d.Device.Submit(op)
+}
+
+// HoldSaves holds every disk snapshot save of the process pc starts
+// (SaveHold).
+func HoldSaves(pc *ProcessConfig) *SaveHold {
+	h := &SaveHold{}
+	pc.Durable.snapDev = func(d wal.Device) wal.Device { return holdDevice{d, h} }
+	return h
+}
