@@ -694,7 +694,7 @@ func (s *SnapStore) failed(op wal.IO, err error) bool {
 // durable); closeAbandonTimeout how long it then waits for the op in
 // flight and the removal of the save's tmp file.
 const (
-	closeSaveTimeout    = 10 * time.Second
+	closeSaveTimeout    = 5 * time.Second
 	closeSaveBudget     = time.Second
 	closeAbandonTimeout = time.Second
 )
