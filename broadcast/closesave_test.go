@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/rdmakv/rdmakv/internal/vfs"
-	"github.com/rdmakv/rdmakv/rdma"
-	"github.com/rdmakv/rdmakv/rdma/mem"
 	"github.com/rdmakv/rdmakv/wal"
 )
 
@@ -63,25 +61,11 @@ func (d *holdDevice) Submit(op wal.IO) bool {
 // snapshot saves go through a holdDevice, sharing gate (nil: none).
 func heldDiskReplica(t *testing.T, f FSM, gate *SaveGate) (*Replica, *vfs.Mem, *holdDevice) {
 	t.Helper()
-	m := newDataFS(t)
-	logDev, snapDev := wal.Share(&inlineDevice{x: wal.NewExecutor(m)})
-	hd := &holdDevice{Device: snapDev}
-	w, err := wal.Open(logDev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: 1, SegmentBytes: 64 << 10}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node, err := mem.New(mem.Options{}).NewNode(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close() })
-	cfg := Config{Self: 1, Members: []rdma.NodeID{1}, Start: StartNew, RingSize: 1 << 14,
-		HeartbeatInterval: time.Millisecond, ElectionTimeout: 10 * time.Millisecond,
-		Durability: Sync, WAL: w, Snapshots: NewSnapStore(hd, "snap", 1, nil), SnapshotLogBytes: 1, SaveGate: gate}
-	r, err := New(cfg, node, f, &MemStable{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var hd *holdDevice
+	r, m := diskReplicaOn(t, f, func(d wal.Device) wal.Device {
+		hd = &holdDevice{Device: d}
+		return hd
+	}, gate)
 	return r, m, hd
 }
 
