@@ -35,10 +35,10 @@ type DurableConfig struct {
 	// images: the process's start reads disk snapshots into buffers of
 	// this pool (broadcast.LoadForReuse; nil: fresh buffers).
 	images *reuse.Pool
-	// snapDev wraps the device the replica's disk snapshots are written
+	// snapDev wraps the device member's disk snapshots are written
 	// through (tests: a save held between its write and its fsync; nil:
 	// none).
-	snapDev func(wal.Device) wal.Device
+	snapDev func(member rdma.NodeID, d wal.Device) wal.Device
 }
 
 // ParseDurability reads a durability mode's name (memory, sync, async).
@@ -185,7 +185,7 @@ func OpenDurableShared(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg
 		}
 	}
 	if cfg.snapDev != nil {
-		snapDev = cfg.snapDev(snapDev)
+		snapDev = cfg.snapDev(member, snapDev)
 	}
 	d.Snapshots = broadcast.NewSnapStore(snapDev, snapDir, uint64(member), snap)
 	d.start, d.records = t0, len(rec.Records)

@@ -528,8 +528,9 @@ func TestStableSavesOffPoller(t *testing.T) {
 }
 
 // TestCloseHeldSaves: a process stopped while a disk snapshot's save is
-// held (its fsync never goes through) and its other replicas wait for
-// the SaveGate stops without waiting for it: Close returns, no replica
+// held (its fsync never goes through: a replica of each group has its
+// saves held) and its other replicas wait for the SaveGate stops
+// without waiting for it: Close returns, no replica
 // started a capture once it began ("queued:"), the held save was
 // abandoned with an INFO line naming it and left no snap/tmp- file, and
 // a restart from the data dir reads every acknowledged put (sync) back
@@ -546,10 +547,10 @@ func TestCloseHeldSaves(t *testing.T) {
 	p, stop := startProcess(t, m, dir, func(pc *server.ProcessConfig) {
 		pc.WALLayout = cluster.WALShared
 		pc.Log = slog.New(slog.NewTextHandler(&logs, nil))
-		hold = server.HoldSaves(pc)
+		hold = server.HoldSaves(pc, 1, 4) // one replica a group: the other two commit on without it
 	})
 	c := openClient(t, p, m)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	val := strings.Repeat("v", 1000)
 	const n = 400 // ~200 KB of log a group: past SnapshotLogBytes (64 KiB) in every replica
@@ -559,10 +560,10 @@ func TestCloseHeldSaves(t *testing.T) {
 		}
 	}
 	c.Close()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	for hold.Refused() == 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("no disk snapshot save held a minute after the writes")
+			t.Fatal("no disk snapshot save held 5 minutes after the writes")
 		}
 		time.Sleep(time.Millisecond)
 	}

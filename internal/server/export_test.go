@@ -3,10 +3,12 @@ package server
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 
 	"github.com/rdmakv/rdmakv/poller"
+	"github.com/rdmakv/rdmakv/rdma"
 	"github.com/rdmakv/rdmakv/wal"
 )
 
@@ -71,8 +73,8 @@ func SharedLogDir(p *Process, g, i int) string {
 // whether they hold their parks now.
 func ProcessSpare(p *Process) (poller.Spare, bool) { return p.pollers.Spare(), p.pollers.Holding() }
 
-// SaveHold holds every disk snapshot save of a process between its
-// write and its fsync, for good: the device refuses the fsync of a tmp-
+// SaveHold holds disk snapshot saves between their write and their
+// fsync, for good: the device refuses the fsync of a tmp-
 // file as a full queue does (the store asks again at its next Poll).
 type SaveHold struct{ refused atomic.Int64 }
 
@@ -92,10 +94,17 @@ func (d holdDevice) Submit(op wal.IO) bool {
 	return d.Device.Submit(op)
 }
 
-// HoldSaves holds every disk snapshot save of the process pc starts
-// (SaveHold).
-func HoldSaves(pc *ProcessConfig) *SaveHold {
+// HoldSaves holds every disk snapshot save of members of the process
+// pc starts (SaveHold). Hold one member a group: a follower's install
+// of its leader's snapshot is held too, and its acknowledgements wait
+// for it.
+func HoldSaves(pc *ProcessConfig, members ...rdma.NodeID) *SaveHold {
 	h := &SaveHold{}
-	pc.Durable.snapDev = func(d wal.Device) wal.Device { return holdDevice{d, h} }
+	pc.Durable.snapDev = func(id rdma.NodeID, d wal.Device) wal.Device {
+		if !slices.Contains(members, id) {
+			return d
+		}
+		return holdDevice{d, h}
+	}
 	return h
 }
