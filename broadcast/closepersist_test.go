@@ -129,8 +129,18 @@ func closeUnderPersist(t *testing.T, uncounted persistKind) error {
 // snapshot store) that takes a disk snapshot after every log write.
 func diskReplica(t *testing.T, f FSM) (*Replica, *vfs.Mem) {
 	t.Helper()
+	return diskReplicaOn(t, f, nil, nil)
+}
+
+// diskReplicaOn is diskReplica with its snapshots written through
+// wrap's device (nil: the log's) and sharing gate (nil: none).
+func diskReplicaOn(t *testing.T, f FSM, wrap func(wal.Device) wal.Device, gate *SaveGate) (*Replica, *vfs.Mem) {
+	t.Helper()
 	m := newDataFS(t)
 	logDev, snapDev := wal.Share(&inlineDevice{x: wal.NewExecutor(m)})
+	if wrap != nil {
+		snapDev = wrap(snapDev)
+	}
 	w, err := wal.Open(logDev, wal.Config{Dir: "wal", Mode: wal.Sync, Member: 1, SegmentBytes: 64 << 10}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +152,7 @@ func diskReplica(t *testing.T, f FSM) (*Replica, *vfs.Mem) {
 	t.Cleanup(func() { node.Close() })
 	cfg := Config{Self: 1, Members: []rdma.NodeID{1}, Start: StartNew, RingSize: 1 << 14,
 		HeartbeatInterval: time.Millisecond, ElectionTimeout: 10 * time.Millisecond,
-		Durability: Sync, WAL: w, Snapshots: NewSnapStore(snapDev, "snap", 1, nil), SnapshotLogBytes: 1}
+		Durability: Sync, WAL: w, Snapshots: NewSnapStore(snapDev, "snap", 1, nil), SnapshotLogBytes: 1, SaveGate: gate}
 	r, err := New(cfg, node, f, &MemStable{})
 	if err != nil {
 		t.Fatal(err)
@@ -180,6 +190,7 @@ func TestCloseLeavesNoTmp(t *testing.T) {
 	for _, expired := range []bool{false, true} {
 		r, m := diskReplica(t, &logFSM{})
 		r.knobs.closeSaveExpired = expired
+		r.knobs.closeClock = (&stepClock{t: time.Now()}).now // closeSaveBudget in reads, not in the machine's time
 		pollUntil(t, r, r.cfg.Snapshots.Busy, "disk snapshot save under way")
 		if !slices.ContainsFunc(snapNames(t, m), func(n string) bool { return strings.HasPrefix(n, "tmp-") }) {
 			t.Fatalf("expired %v: a save under way and no tmp- file in snap/: %q", expired, snapNames(t, m))

@@ -1,5 +1,7 @@
 package broadcast
 
+import "time"
+
 // testingKnobs are the planted bugs of this package's tests (STYLE.md: fault
 // knobs live in one unexported struct, as CockroachDB's TestingKnobs do).
 // Each switch makes a Replica break the protocol in one way that a
@@ -154,6 +156,20 @@ type testingKnobs struct {
 	// a disk snapshot's save under way to finish (closeSaveTimeout)
 	// passed already, and abandons the save (TestCloseLeavesNoTmp).
 	closeSaveExpired bool
+	// closeWaitsSave: Close lets a periodic disk snapshot's save under
+	// way run until it ends, however long (and hands a persisted capture
+	// to the store first), instead of abandoning it after closeSaveBudget:
+	// a slow or queued save holds up the stop (TestCloseAbandonsHeldSave:
+	// "waited:"). saveGateOpenAtClose: a closed SaveGate still lets a
+	// replica that waited for it capture, so that the replicas of a
+	// closing process save one after another as each closes
+	// (TestSaveGateClosed: "queued:").
+	closeWaitsSave, saveGateOpenAtClose bool
+	// closeClock (tests, not a bug): closeDiskSnap reads this clock
+	// instead of the wall clock and does not sleep between its Polls, so
+	// that its budgets pass in a known number of Polls whatever the
+	// machine's load (TestCloseAbandonsHeldSave).
+	closeClock func() time.Time
 	// repairUncounted: in Async mode a member restarted in Repair (its
 	// log not replayed) neither counts among the members that lost their
 	// memory in a recovery election's condition nor votes (repairVoter):

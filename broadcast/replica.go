@@ -192,6 +192,7 @@ type Replica struct {
 	fullRefuse                       bool          // a leader that refuses new entries with ErrDiskFull (durable.go, updateFull)
 	electedFrom                      MsgHdr        // our Accepted when we won our epoch (Async: diffReset)
 	bootAt                           time.Duration // the first Poll's time (-1 before it): the recovery election waits an election timeout after it
+	closeUnsaved                     []string      // disk snapshots Close dropped or abandoned (ClosedUnsaved)
 
 	now    time.Duration
 	ctr    Counters

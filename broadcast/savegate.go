@@ -27,7 +27,17 @@ type SaveGate struct {
 	// at its last Poll (the last holder lets it go first).
 	holder, last, wanted atomic.Pointer[Replica]
 	deferred, taken      atomic.Uint64
+	// closed: the process is stopping (Close): no capture starts.
+	closed atomic.Bool
 }
+
+// Close refuses the gate to every replica from now on (a process's stop,
+// before it closes its replicas): a replica that waits for its turn
+// gives up at once instead of capturing and saving when the one ahead of
+// it closed, which made a process's stop wait for its replicas' saves one
+// after another. A save under way goes on (its replica's Close bounds
+// it). For good: a stopped process does not reopen it.
+func (g *SaveGate) Close() { g.closed.Store(true) }
 
 // NewSaveGate returns a free gate.
 func NewSaveGate() *SaveGate { return &SaveGate{} }
@@ -49,6 +59,10 @@ func (g *SaveGate) Held() bool { return g.holder.Load() != nil }
 // its last Poll; so a free gate goes to the next replica in the poll
 // order that wants it.
 func (g *SaveGate) tryTake(r *Replica) bool {
+	if g.closed.Load() && !r.knobs.saveGateOpenAtClose {
+		g.wanted.CompareAndSwap(r, nil)
+		return false
+	}
 	if r.knobs.saveGateKept && g.holder.Load() == r {
 		g.taken.Add(1)
 		return true // planted: the gate stays with its holder

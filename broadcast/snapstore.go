@@ -686,24 +686,36 @@ func (s *SnapStore) failed(op wal.IO, err error) bool {
 	return true
 }
 
-// closeSaveTimeout bounds how long Close lets a disk snapshot's save run
-// on (closeDiskSnap); closeAbandonTimeout how long it then waits for the
-// op in flight and the removal of the save's tmp file.
+// closeSaveTimeout bounds how long Close lets the save of a snapshot a
+// diff installed run on (closeDiskSnap: the log names it, and without it
+// the next start boots catching up from its group); closeSaveBudget how
+// long it lets a periodic save run on (an optimisation of the next
+// start's recovery: the log below it is only dropped once it is
+// durable); closeAbandonTimeout how long it then waits for the op in
+// flight and the removal of the save's tmp file.
 const (
-	closeSaveTimeout    = 10 * time.Second
+	closeSaveTimeout    = 5 * time.Second
+	closeSaveBudget     = time.Second
 	closeAbandonTimeout = time.Second
 )
 
 // closeDiskSnap (Close, once the Persist goroutines ended: nothing polls
 // the replica any more) ends the disk snapshot work so that a clean stop
-// leaves no snap/tmp- file behind: it drives diskSnapPoll, which lets
-// the save under way run to its end and hands the store what was ready
-// for it (the snapshot a synced diff installed: the log names it, and
-// without it the next start would boot in Repair; or a persisted
-// capture), but starts no capture, for at most closeSaveTimeout. A save
-// still under way then is abandoned: its tmp file is removed once the op
-// in flight completed (closeAbandonTimeout; a device that does not
-// complete it leaves the file to the next start, which removes it).
+// leaves no snap/tmp- file behind and takes seconds, not the length of a
+// save: it drops a periodic capture persisted and not yet handed to the
+// store (nothing saved; the log still holds what it covered), then
+// drives diskSnapPoll, which lets the save under way go on and hands the
+// store the snapshot a synced diff installed (the log names it, and
+// without it the next start would boot in Repair), but starts no
+// capture: for at most closeSaveBudget while only a periodic save is
+// under way, closeSaveTimeout while a diff's install is. A save still
+// under way then is abandoned: its tmp file is removed once the op in
+// flight completed (closeAbandonTimeout; a device that does not complete
+// it leaves the file to the next start, which removes it). An abandoned
+// periodic save costs nothing but a longer replay at the next start: the
+// log is dropped below a snapshot only once it is durable (diskSnapStep),
+// and an abandoned save never counts (SnapStore.abandon). Every snapshot
+// dropped or abandoned is named in ClosedUnsaved.
 // A failed store or log (fail-stop) is left as it is.
 func (r *Replica) closeDiskSnap() {
 	d, s := r.dur, r.cfg.Snapshots
@@ -711,28 +723,54 @@ func (r *Replica) closeDiskSnap() {
 		return
 	}
 	s.closing = true
-	deadline := time.Now().Add(closeSaveTimeout)
-	if r.knobs.closeSaveExpired {
-		deadline = time.Now()
+	if j := d.snapJob; j != nil && !r.knobs.closeWaitsSave {
+		d.snapJob = nil
+		if j.err == nil {
+			r.closeUnsaved = append(r.closeUnsaved, SnapName(j.index, j.at))
+			r.tracef("node %d closes with its disk snapshot at %v (index %d) captured and not saved: dropped", r.self, j.at, j.index)
+		}
 	}
-	for d.err == nil && time.Now().Before(deadline) {
+	now, sleep := time.Now, func() { time.Sleep(50 * time.Microsecond) }
+	if c := r.knobs.closeClock; c != nil {
+		now, sleep = c, func() {}
+	}
+	start := now()
+	for d.err == nil {
 		r.diskSnapPoll()
 		if !s.Busy() {
 			return
 		}
-		time.Sleep(50 * time.Microsecond)
+		budget := closeSaveTimeout
+		if d.net == nil && d.netSaving == nil {
+			budget = closeSaveBudget // only a periodic save under way
+		}
+		if r.knobs.closeSaveExpired {
+			budget = 0
+		}
+		if now().Sub(start) >= budget && !(r.knobs.closeWaitsSave && d.netSaving == nil) {
+			break
+		}
+		sleep()
 	}
 	if !s.Busy() || s.Err() != nil {
 		return
 	}
-	r.tracef("node %d closes with its disk snapshot %s unsaved: abandoned", r.self, filepath.Base(s.saving.Path))
+	name := filepath.Base(s.saving.Path)
+	r.closeUnsaved = append(r.closeUnsaved, name)
+	r.tracef("node %d closes with its disk snapshot %s unsaved: abandoned", r.self, name)
 	s.abandon()
-	deadline = time.Now().Add(closeAbandonTimeout)
-	for s.Busy() && time.Now().Before(deadline) {
+	deadline := now().Add(closeAbandonTimeout)
+	for s.Busy() && now().Before(deadline) {
 		s.Poll(r.now)
-		time.Sleep(50 * time.Microsecond)
+		sleep()
 	}
 }
+
+// ClosedUnsaved names the disk snapshots Close did not save (read it
+// after Close): a periodic capture it dropped or a save under way it
+// abandoned (closeDiskSnap). The next start recovers from the snapshot
+// before and replays the longer log; nothing is lost.
+func (r *Replica) ClosedUnsaved() []string { return r.closeUnsaved }
 
 // diskSnapJob is a capture being persisted off Poll (runPersist).
 type diskSnapJob struct {

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -105,6 +106,10 @@ and N more from the snapshot after step 2 (rows log-a, snapshot-a); with
 first in even rounds), in the same minutes (rows log-a, log-b,
 snapshot-a, snapshot-b): an A/B of the recovery on a shared machine.
 
+--kvserver-args "FLAGS" passes more flags to every kvserver start, e.g.
+the save gate's A/B in two runs of one binary: --kvserver K, then
+--kvserver K --kvserver-args=--saves-at-once (each saves at once).
+
 --trace FILE records a Go execution trace of kvserver over the first
 --trace-for of the overwrites (go tool trace FILE): which goroutines held
 the processors while a poller waited.
@@ -137,6 +142,9 @@ type recoverFlags struct {
 	// the snapshot (after step 2).
 	compare string
 	rounds  int
+	// kvserverArgs are more kvserver flags for every start (A and B):
+	// --kvserver-args, split on spaces.
+	kvserverArgs []string
 	// keep: copies of the data dir after step 1 (keep/log) and step 2
 	// (keep/snapshot) go there, for restarts by hand (profiles)
 	keep string
@@ -147,6 +155,7 @@ type recoverRow struct {
 	Row           string  `json:"row"`              // log or snapshot
 	Binary        string  `json:"binary,omitempty"` // --rounds' rows: a (--kvserver) or b (--compare)
 	Durability    string  `json:"durability"`
+	KVServerArgs  string  `json:"kvserver_args,omitempty"` // --kvserver-args
 	Records       int     `json:"records"`
 	ValueSize     int     `json:"value_size"`
 	Groups        int     `json:"groups"`
@@ -243,6 +252,10 @@ func parseRecoverFlags(args []string, stderr io.Writer) (*recoverFlags, error) {
 	fs.StringVar(&o.trace, "trace", "", "write a Go execution trace of kvserver (its /debug/pprof/trace, kvserver --pprof) over the first --trace-for of step 2's overwrites, where the disk snapshots are captured, to `FILE` (go tool trace FILE)")
 	fs.DurationVar(&o.traceFor, "trace-for", 5*time.Second, "how long --trace records")
 	fs.StringVar(&o.compare, "compare", "", "a second kvserver `binary` (B) for --rounds' A/B restarts")
+	fs.Func("kvserver-args", "more kvserver `flags` for every start of --kvserver (and --compare), split on spaces, e.g. --kvserver-args=--saves-at-once: the save gate's A/B is two runs of one binary, with and without it", func(v string) error {
+		o.kvserverArgs = append(o.kvserverArgs, strings.Fields(v)...)
+		return nil
+	})
 	fs.StringVar(&o.keep, "keep", "", "copy the data dir after step 1 to `DIR`/log and after step 2 to DIR/snapshot (DIR must not hold them), for restarts by hand, e.g. under perf")
 	fs.IntVar(&o.rounds, "rounds", 0, "restart pairs of --kvserver (A) and --compare (B), alternated, measured from the log after step 1 and from the snapshot after step 2 (rows log-a, log-b, snapshot-a, snapshot-b; without --compare, restarts of A alone)")
 	if err := fs.Parse(args); err != nil {
@@ -338,7 +351,7 @@ func (r *recoverRun) run() (rows []recoverRow, err error) {
 	}()
 	raw := kvKeySize + kvValueSize
 	row := func(name string) recoverRow {
-		return recoverRow{Row: name, Durability: o.durability, Records: o.records, ValueSize: kvValueSize, Groups: o.groups,
+		return recoverRow{Row: name, Durability: o.durability, KVServerArgs: strings.Join(o.kvserverArgs, " "), Records: o.records, ValueSize: kvValueSize, Groups: o.groups,
 			RawPerRecord: raw, ETOver20US: float64(o.et.Microseconds()) / 20, FS: r.fs}
 	}
 	logRow, snapRow := row("log"), row("snapshot")
@@ -543,6 +556,7 @@ func (r *recoverRun) start(snapLog, control string) (time.Time, error) {
 		args = append(args, "--save-poll-detail")
 	}
 	args = append(args, settingArgs(r.o.walLayout, r.o.spareP)...)
+	args = append(args, r.o.kvserverArgs...)
 	if r.o.trace != "" {
 		args = append(args, "--pprof")
 	}
@@ -1024,6 +1038,9 @@ func printRecoverTable(w io.Writer, rows []recoverRow, o *recoverFlags, r *recov
 	fmt.Fprintf(w, "kvbench recover  %s  %s, %d CPUs, %s\n%d records, %d B keys, %d B values (raw %d B), durability %s; kvserver's embedded cluster (%d x 3 replicas on shm), data dir under %s (%s)\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), cpuModel(), runtime.NumCPU(), runtime.Version(),
 		o.records, kvKeySize, kvValueSize, kvKeySize+kvValueSize, o.durability, o.groups, os.TempDir(), r.fs)
+	if len(o.kvserverArgs) > 0 {
+		fmt.Fprintf(w, "kvserver started with %s\n\n", strings.Join(o.kvserverArgs, " "))
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "row\trecover\tup\tput\treplica\tdisk/rec\tx raw\twal MiB\tsnap MiB\tpoll max\tsave max\tover\tET/20\tcapture\t")
 	sec := func(s float64) string { return fmtDur(time.Duration(s * float64(time.Second))) }

@@ -35,6 +35,10 @@ type DurableConfig struct {
 	// images: the process's start reads disk snapshots into buffers of
 	// this pool (broadcast.LoadForReuse; nil: fresh buffers).
 	images *reuse.Pool
+	// snapDev wraps the device member's disk snapshots are written
+	// through (tests: a save held between its write and its fsync; nil:
+	// none).
+	snapDev func(member rdma.NodeID, d wal.Device) wal.Device
 }
 
 // ParseDurability reads a durability mode's name (memory, sync, async).
@@ -179,6 +183,9 @@ func OpenDurableShared(fs vfs.FS, dir string, member rdma.NodeID, group int, cfg
 			d.dev.Close()
 			return nil, fmt.Errorf("replica %d: open the log in %s: %v", member, walDir, err)
 		}
+	}
+	if cfg.snapDev != nil {
+		snapDev = cfg.snapDev(member, snapDev)
 	}
 	d.Snapshots = broadcast.NewSnapStore(snapDev, snapDir, uint64(member), snap)
 	d.start, d.records = t0, len(rec.Records)

@@ -526,3 +526,76 @@ func TestStableSavesOffPoller(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseHeldSaves: a process stopped while a disk snapshot's save is
+// held (its fsync never goes through: a replica of each group has its
+// saves held) and its other replicas wait for the SaveGate stops
+// without waiting for it: Close returns, no replica
+// started a capture once it began ("queued:"), the held save was
+// abandoned with an INFO line naming it and left no snap/tmp- file, and
+// a restart from the data dir reads every acknowledged put (sync) back
+// from the logs. (The planted bugs of the stop are broadcast's:
+// TestCloseAbandonsHeldSave, TestSaveGateClosed.)
+func TestCloseHeldSaves(t *testing.T) {
+	dir := t.TempDir()
+	m := &cluster.Map{Name: "heldsaves", Fabric: "mem", Groups: [][]rdma.NodeID{{1, 2, 3}, {4, 5, 6}}, ClientNodes: []rdma.NodeID{100}}
+	if err := m.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncbuf.Buffer
+	var hold *server.SaveHold
+	p, stop := startProcess(t, m, dir, func(pc *server.ProcessConfig) {
+		pc.WALLayout = cluster.WALShared
+		pc.Log = slog.New(slog.NewTextHandler(&logs, nil))
+		hold = server.HoldSaves(pc, 1, 4) // one replica a group: the other two commit on without it
+	})
+	c := openClient(t, p, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	val := strings.Repeat("v", 1000)
+	const n = 400 // ~200 KB of log a group: past SnapshotLogBytes (64 KiB) in every replica
+	for i := range n {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "k%d", i), []byte(val)); err != nil {
+			t.Fatalf("put k%d: %v", i, err)
+		}
+	}
+	c.Close()
+	deadline := time.Now().Add(5 * time.Minute)
+	for hold.Refused() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no disk snapshot save held 5 minutes after the writes")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	taken := server.SaveGateTaken(p)
+	done := make(chan struct{})
+	go func() {
+		stop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Minute): // liveness only: the hold is never released
+		t.Fatal("close: the process did not stop while a save was held")
+	}
+	if got := server.SaveGateTaken(p); got != taken {
+		t.Errorf("queued: %d captures started once the stop began", got-taken)
+	}
+	if tmp, _ := filepath.Glob(filepath.Join(dir, "replica-*", "snap", "tmp-*")); len(tmp) > 0 {
+		t.Errorf("tmp: the stop left %q", tmp)
+	}
+	if !strings.Contains(logs.String(), "disk snapshot abandoned at the stop") || !strings.Contains(logs.String(), ".snap") {
+		t.Errorf("logged: no INFO line names the abandoned save:\n%s", logs.String())
+	}
+
+	p, stop = startDurable(t, m, dir)
+	defer stop()
+	c = openClient(t, p, m)
+	defer c.Close()
+	for i := range n {
+		v, err := c.Get(ctx, fmt.Appendf(nil, "k%d", i))
+		if err != nil || string(v) != val {
+			t.Fatalf("after the restart k%d: %d bytes, %v", i, len(v), err)
+		}
+	}
+}

@@ -2,8 +2,14 @@ package server
 
 import (
 	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
 
 	"github.com/rdmakv/rdmakv/poller"
+	"github.com/rdmakv/rdmakv/rdma"
+	"github.com/rdmakv/rdmakv/wal"
 )
 
 // SetBackupLateGroup plants the lateGroup bug (backupKnobs) in group g's
@@ -69,3 +75,39 @@ func ProcessSpare(p *Process) (poller.Spare, bool) { return p.pollers.Spare(), p
 
 // WatchStatus is what Watch reads of r (watchStatus).
 func WatchStatus(r *Replica) ReplicaStatus { return r.watchStatus() }
+
+// SaveHold holds disk snapshot saves between their write and their
+// fsync, for good: the device refuses the fsync of a tmp-
+// file as a full queue does (the store asks again at its next Poll).
+type SaveHold struct{ refused atomic.Int64 }
+
+// Refused is how many fsyncs of a held save the device refused.
+func (h *SaveHold) Refused() int64 { return h.refused.Load() }
+
+type holdDevice struct {
+	wal.Device
+	h *SaveHold
+}
+
+func (d holdDevice) Submit(op wal.IO) bool {
+	if op.Kind == wal.IOSync && strings.HasPrefix(filepath.Base(op.Path), "tmp-") {
+		d.h.refused.Add(1)
+		return false
+	}
+	return d.Device.Submit(op)
+}
+
+// HoldSaves holds every disk snapshot save of members of the process
+// pc starts (SaveHold). Hold one member a group: a follower's install
+// of its leader's snapshot is held too, and its acknowledgements wait
+// for it.
+func HoldSaves(pc *ProcessConfig, members ...rdma.NodeID) *SaveHold {
+	h := &SaveHold{}
+	pc.Durable.snapDev = func(id rdma.NodeID, d wal.Device) wal.Device {
+		if !slices.Contains(members, id) {
+			return d
+		}
+		return holdDevice{d, h}
+	}
+	return h
+}
