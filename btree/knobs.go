@@ -47,6 +47,10 @@ type testingKnobs struct {
 	// every key, even at or past a first key that lacks the prefix
 	// (TestInnerMemo catches it).
 	memoLowIgnored bool
+	// unwrittenAll (planted): every install takes its slot for a new
+	// one's first write, and leaves the node it overwrites in the usage
+	// (TestUsageMatchesWalk catches it).
+	unwrittenAll bool
 	// noBlindPut makes a blind put (one unconditional put) look its key
 	// up before the put, as every other write request does: the
 	// reference its result is held to.
