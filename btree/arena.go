@@ -39,7 +39,11 @@ type Arena struct {
 	prefault int
 	asked    uint32
 	faulter  *prefault.Faulter
-	knobs    testingKnobs
+	// unwritten is the last id alloc handed out from a new slot, until
+	// its first install (0: none): its slot holds zeros, no node to
+	// take out of the usage (Tree.install).
+	unwritten NodeID
+	knobs     testingKnobs
 }
 
 // NewArena returns an arena of nodeSize-byte slots, chunkSlots slots per
@@ -93,7 +97,8 @@ func (a *Arena) alloc() NodeID {
 	}
 	a.n++
 	a.inc = append(a.inc, 1)
-	return makeID(s, 1)
+	a.unwritten = makeID(s, 1)
+	return a.unwritten
 }
 
 func (a *Arena) release(id NodeID) {

@@ -21,11 +21,27 @@ import (
 // from the node's bytes; every write of a node's slot (install, seal)
 // drops its memo, so a memo is always its node's current keys (planted
 // memoKeepOnWrite: TestInnerMemo).
+//
+// The prefix is the one the node's keys from its second on share: an
+// inner node's first key is often shorter than the rest (the leftmost
+// node of a level has the empty key, below every key), and a prefix that
+// had to cover it would be empty, every key's word then its first 8
+// bytes, alike in all keys that share those (kvbench's "\x01k0000..."),
+// and every search of the root would end in the node's bisection
+// (branch bt3; planted memoPrefixFromFirst: TestInnerMemoWords). A
+// first key without the prefix is below every key with it (the keys are
+// in order), so it is kept whole (low) and its word is 0.
 type innerMemo struct {
 	id     NodeID
 	prefix string
+	// low is the first key when it lacks the prefix (lowOut).
+	low    string
+	lowOut bool
 	heads  []uint64
 	kids   []NodeID
+	// slow counts the searches that ended in the node's bisection
+	// (words equal), for TestInnerMemoWords.
+	slow int
 }
 
 // head is the first 8 bytes of b as a big-endian word, zero-padded:
@@ -39,22 +55,36 @@ func head(b []byte) uint64 {
 	return binary.BigEndian.Uint64(w[:])
 }
 
-// newInnerMemo indexes inner node n.
-func newInnerMemo(n *Node) *innerMemo {
+// newInnerMemo indexes inner node n. fromFirst plants a bug (knob
+// memoPrefixFromFirst): the prefix is the one all keys share, the first
+// included (the memo stays right, its searches slow).
+func newInnerMemo(n *Node, fromFirst bool) *innerMemo {
 	m := &innerMemo{id: n.ID, heads: make([]uint64, 0, n.Count+8), kids: make([]NodeID, 0, n.Count+8)}
 	if n.Count > 0 {
 		first, _ := n.keyAt(0)
+		from := first
+		if n.Count > 1 && !fromFirst {
+			from, _ = n.keyAt(1)
+		}
 		last, _ := n.keyAt(n.Count - 1)
 		p := 0
-		for p < len(first) && p < len(last) && first[p] == last[p] {
+		for p < len(from) && p < len(last) && from[p] == last[p] {
 			p++
 		}
-		m.prefix = string(first[:p])
+		m.prefix = string(from[:p])
+		m.lowOut = len(first) < p || string(first[:p]) != m.prefix
+		if m.lowOut {
+			m.low = string(first)
+		}
 	}
 	p := len(m.prefix)
 	it := n.Entries()
 	for e, ok := it.next(); ok; e, ok = it.next() {
-		m.heads = append(m.heads, head(e.Key[p:]))
+		if len(m.heads) == 0 && m.lowOut {
+			m.heads = append(m.heads, 0) // (low: below every key with the prefix)
+		} else {
+			m.heads = append(m.heads, head(e.Key[p:]))
+		}
 		m.kids = append(m.kids, e.Child)
 	}
 	return m
@@ -67,6 +97,9 @@ func newInnerMemo(n *Node) *innerMemo {
 // keeps the memo, its word taken from the wrong bytes.
 func (m *innerMemo) add(i int, sep []byte, child NodeID, anyKey bool) bool {
 	p := len(m.prefix)
+	if i == 0 && m.lowOut {
+		return false // (a new first key: low would be another)
+	}
 	if len(sep) < p || string(sep[:p]) != m.prefix {
 		if !anyKey {
 			return false
@@ -81,7 +114,7 @@ func (m *innerMemo) add(i int, sep []byte, child NodeID, anyKey bool) bool {
 // childFor is Node.ChildFor over the memo of node n (its bytes, read
 // only when key's word equals a key's): the child of the last key at or
 // below key, 0 if key is below every key.
-func (m *innerMemo) childFor(key []byte, node []byte) NodeID {
+func (m *innerMemo) childFor(key []byte, node []byte, lowPlanted bool) NodeID {
 	p := len(m.prefix)
 	i := 0
 	switch {
@@ -100,12 +133,15 @@ func (m *innerMemo) childFor(key []byte, node []byte) NodeID {
 			// Keys whose words equal key's: the node's bisection
 			// (rare: a key and its neighbour alike in 8 bytes past
 			// the prefix).
+			m.slow++
 			n, _ := decodeOwn(node, m.id)
 			return n.ChildFor(key)
 		}
 		i = lo
 	case string(key) > m.prefix:
 		i = len(m.kids)
+	case m.lowOut && string(key) >= m.low && !lowPlanted:
+		i = 1 // (at or past the first key, below the second)
 	}
 	if i == 0 {
 		return 0
@@ -117,7 +153,7 @@ func (m *innerMemo) childFor(key []byte, node []byte) NodeID {
 // through the node's memo (made if it has none).
 func (t *Tree) childFor(id NodeID, key []byte) NodeID {
 	if m := t.memos[id.Slot()]; m != nil && m.id == id && !t.knobs.noInnerMemo {
-		return m.childFor(key, t.a.bytes(id.Slot()))
+		return m.childFor(key, t.a.bytes(id.Slot()), t.knobs.memoLowIgnored)
 	}
 	n, err := decodeOwn(t.a.bytes(id.Slot()), id)
 	if err != nil {
@@ -126,12 +162,12 @@ func (t *Tree) childFor(id NodeID, key []byte) NodeID {
 	if n.Leaf || t.knobs.noInnerMemo {
 		return n.ChildFor(key)
 	}
-	m := newInnerMemo(&n)
+	m := newInnerMemo(&n, t.knobs.memoPrefixFromFirst)
 	if t.memos == nil {
 		t.memos = make(map[uint32]*innerMemo)
 	}
 	t.memos[id.Slot()] = m
-	return m.childFor(key, t.a.bytes(id.Slot()))
+	return m.childFor(key, t.a.bytes(id.Slot()), t.knobs.memoLowIgnored)
 }
 
 // hasMemo reports whether inner node id has a current memo (the

@@ -14,8 +14,10 @@ import (
 // key need not share the node's prefix) and random ones, with keys alike
 // for more than 8 bytes past their common prefix (the memo's ties). The
 // planted memoKeepOnWrite (a memo kept across its node's write) and
-// memoAddAnyKey (a separator without the prefix added to the memo) must
-// each be caught as a memo that disagrees with its node.
+// memoAddAnyKey (a separator without the prefix added to the memo) and
+// memoLowIgnored (a key between a first key without the prefix and the
+// prefix taken as below every key) must each be caught as a memo that
+// disagrees with its node.
 func TestInnerMemo(t *testing.T) {
 	run := func(t *testing.T, knobs testingKnobs) (bad string) {
 		cfg := Config{NodeSize: 512, MaxKey: 24}
@@ -60,7 +62,7 @@ func TestInnerMemo(t *testing.T) {
 					if !n.Covers(probe) {
 						continue
 					}
-					if got, want := m.childFor(probe, tr.a.bytes(slot)), n.ChildFor(probe); got != want {
+					if got, want := m.childFor(probe, tr.a.bytes(slot), tr.knobs.memoLowIgnored), n.ChildFor(probe); got != want {
 						return fmt.Sprintf("after put %d: memo of node %v gives child %v for %q, the node %v", i, m.id, got, probe, want)
 					}
 				}
@@ -88,6 +90,7 @@ func TestInnerMemo(t *testing.T) {
 	}{
 		{"memoKeepOnWrite", testingKnobs{memoKeepOnWrite: true}},
 		{"memoAddAnyKey", testingKnobs{memoAddAnyKey: true}},
+		{"memoLowIgnored", testingKnobs{memoLowIgnored: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			bad := func() (bad string) {
@@ -104,4 +107,78 @@ func TestInnerMemo(t *testing.T) {
 			t.Logf("planted %s caught: %s", c.name, bad)
 		})
 	}
+}
+
+// TestInnerMemoWords: with kvbench's keys ("\x01k" and 15 digits, all
+// alike in their first 12 bytes), every inner node's search of a key
+// that is none of its keys ends in the memo's words, never in the node's
+// bisection: the root's first key is empty, and the memo's prefix is the
+// one the keys after it share (branch bt3). Each search is checked
+// against the node's own (Node.ChildFor). The planted memoPrefixFromFirst
+// (the prefix of all keys, the empty one included: no prefix) must be
+// caught as searches that ended in the node's bisection.
+func TestInnerMemoWords(t *testing.T) {
+	run := func(knobs testingKnobs) (slow, searches int, bad string) {
+		cfg := Config{NodeSize: 512, MaxKey: 24}
+		tr, err := New(cfg, NewArena(cfg.NodeSize, 64, nil), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.knobs = knobs
+		const n = 20_000
+		for i := range n {
+			k := fmt.Appendf(nil, "\x01k%015d", (i*7919)%n)
+			if _, err := tr.Put(k, []byte("v"), uint64(i+2), uint64(i+2)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if tr.height() < 3 {
+			t.Fatalf("tree of %d levels: the test needs inner nodes under the root", tr.height())
+		}
+		slowSum := func() (sum int) {
+			for _, m := range tr.memos {
+				sum += m.slow
+			}
+			return sum
+		}
+		slow = -slowSum() // (the load's own descents not counted)
+		rng := rand.New(rand.NewPCG(5, 6))
+		for range 2000 {
+			// A key that is not in the tree (its last digit a letter).
+			k := fmt.Appendf(nil, "\x01k%015d", rng.IntN(n))
+			k[len(k)-1] = byte('a' + rng.IntN(26))
+			id := tr.root
+			for {
+				node, err := decodeOwn(tr.a.bytes(id.Slot()), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if node.Leaf {
+					break
+				}
+				got := tr.childFor(id, k)
+				if want := node.ChildFor(k); got != want {
+					return 0, 0, fmt.Sprintf("node %v: memo gives child %v for %q, the node %v", id, got, k, want)
+				}
+				searches++
+				id = got
+			}
+		}
+		return slow + slowSum(), searches, ""
+	}
+	slow, searches, bad := run(testingKnobs{})
+	if bad != "" {
+		t.Fatal(bad)
+	}
+	if slow != 0 {
+		t.Fatalf("%d of %d inner searches ended in the node's bisection", slow, searches)
+	}
+	slow, searches, bad = run(testingKnobs{memoPrefixFromFirst: true})
+	if bad != "" {
+		t.Fatalf("planted memoPrefixFromFirst: %s (want right children, slow searches)", bad)
+	}
+	if slow < searches/4 {
+		t.Fatalf("planted memoPrefixFromFirst not caught: %d of %d inner searches in the node's bisection", slow, searches)
+	}
+	t.Logf("planted memoPrefixFromFirst caught: %d of %d inner searches in the node's bisection", slow, searches)
 }

@@ -38,6 +38,19 @@ type testingKnobs struct {
 	// after its last key keeps the node's memo even when it lacks the
 	// prefix the memo skips (TestInnerMemo catches it).
 	memoAddAnyKey bool
+	// memoPrefixFromFirst (planted): an inner node's memo skips the
+	// prefix of all its keys, the first included, as before branch bt3
+	// (the root's first key is empty: no prefix, every search of the
+	// root ends in the node's bisection; TestInnerMemoWords catches it).
+	memoPrefixFromFirst bool
+	// memoLowIgnored (planted): a key below the memo's prefix is below
+	// every key, even at or past a first key that lacks the prefix
+	// (TestInnerMemo catches it).
+	memoLowIgnored bool
+	// unwrittenAll (planted): every install takes its slot for a new
+	// one's first write, and leaves the node it overwrites in the usage
+	// (TestUsageMatchesWalk catches it).
+	unwrittenAll bool
 	// noBlindPut makes a blind put (one unconditional put) look its key
 	// up before the put, as every other write request does: the
 	// reference its result is held to.

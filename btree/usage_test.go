@@ -3,6 +3,7 @@ package btree
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -56,63 +57,90 @@ func singleNoRace(t *testing.T) {
 // a bulk load. While only puts run, every leaf but the first comes from a
 // leaf split and every inner node from an inner split or a new root
 // (Inner = InnerSplits + height - 1, Leaves = LeafSplits + 1).
+//
+// A new slot's first install does not read the slot (its zeros are no
+// node; branch bt3): the planted unwrittenAll (every install taken for
+// one) must be caught as a usage the walk does not find.
 func TestUsageMatchesWalk(t *testing.T) {
 	singleNoRace(t)
 	for _, g := range geometries {
 		t.Run(fmt.Sprintf("node%d", g.cfg.NodeSize), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(uint64(g.cfg.NodeSize), 17))
-			a := NewArena(g.cfg.NodeSize, 64, nil)
-			tr, err := New(g.cfg, a, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			check := func(i int) {
-				t.Helper()
-				got, want := tr.Usage(), walkUsage(t, tr)
-				if got.Leaves != want.Leaves || got.Inner != want.Inner || got.LeafBytes != want.LeafBytes {
-					t.Fatalf("op %d: usage %+v, a walk finds %+v", i, got, want)
-				}
-			}
-			for i := 0; i < g.ops; i++ {
-				stamp := uint64(i + 2)
-				if _, err := tr.Put(randKey(r, g.keySpace, g.cfg.MaxKey), randVal(r, g.maxVal), stamp<<16, stamp); err != nil {
-					t.Fatal(err)
-				}
-				if i%97 == 0 || i == g.ops-1 {
-					check(i)
-				}
-			}
-			u := tr.Usage()
-			if u.LeafSplits == 0 || u.Leaves != int(u.LeafSplits)+1 || u.Inner != int(u.InnerSplits)+height(t, tr)-1 {
-				t.Fatalf("puts only: usage %+v, height %d", u, height(t, tr))
-			}
-			for i := 0; i < g.ops; i++ {
-				stamp := uint64(g.ops + i + 2)
-				k := randKey(r, g.keySpace, g.cfg.MaxKey)
-				if r.IntN(4) == 0 {
-					if _, err := tr.Put(k, randVal(r, g.maxVal), stamp<<16, stamp); err != nil {
-						t.Fatal(err)
-					}
-				} else {
-					tr.Delete(k, stamp)
-				}
-				if i%97 == 0 || i == g.ops-1 {
-					check(i)
-				}
-			}
-			// A bulk load of what is left into the same arena, reset.
-			var ents []KVV
-			tr.ascend(nil, func(e Entry) bool {
-				ents = append(ents, KVV{Key: append([]byte(nil), e.Key...), Value: append([]byte(nil), e.Value...), Version: e.Version})
-				return true
-			})
-			a.reset()
-			if tr, err = Load(g.cfg, a, ents, 0.7, 1); err != nil {
-				t.Fatal(err)
-			}
-			check(-1)
+			usageMatchesWalk(t, g.cfg, g.ops, g.keySpace, g.maxVal, testingKnobs{}, true)
 		})
 	}
+	t.Run("planted-unwrittenAll", func(t *testing.T) {
+		g := geometries[0]
+		bad := usageMatchesWalk(t, g.cfg, g.ops, g.keySpace, g.maxVal, testingKnobs{unwrittenAll: true}, false)
+		if !strings.Contains(bad, "a walk finds") {
+			t.Fatalf("planted unwrittenAll not caught as a usage the walk does not find: %q", bad)
+		}
+		t.Logf("planted unwrittenAll caught: %s", bad)
+	})
+}
+
+// usageMatchesWalk runs TestUsageMatchesWalk's changes on one geometry:
+// the first mismatch, fatal if fatal, else returned ("" if none).
+func usageMatchesWalk(t *testing.T, cfg Config, ops, keySpace, maxVal int, knobs testingKnobs, fatal bool) (bad string) {
+	g := struct {
+		cfg                   Config
+		ops, keySpace, maxVal int
+	}{cfg, ops, keySpace, maxVal}
+	r := rand.New(rand.NewPCG(uint64(g.cfg.NodeSize), 17))
+	a := NewArena(g.cfg.NodeSize, 64, nil)
+	tr, err := New(g.cfg, a, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.knobs = knobs
+	check := func(i int) {
+		t.Helper()
+		got, want := tr.Usage(), walkUsage(t, tr)
+		if (got.Leaves != want.Leaves || got.Inner != want.Inner || got.LeafBytes != want.LeafBytes) && bad == "" {
+			bad = fmt.Sprintf("op %d: usage %+v, a walk finds %+v", i, got, want)
+			if fatal {
+				t.Fatal(bad)
+			}
+		}
+	}
+	for i := 0; i < g.ops; i++ {
+		stamp := uint64(i + 2)
+		if _, err := tr.Put(randKey(r, g.keySpace, g.cfg.MaxKey), randVal(r, g.maxVal), stamp<<16, stamp); err != nil {
+			t.Fatal(err)
+		}
+		if i%97 == 0 || i == g.ops-1 {
+			check(i)
+		}
+	}
+	u := tr.Usage()
+	if (u.LeafSplits == 0 || u.Leaves != int(u.LeafSplits)+1 || u.Inner != int(u.InnerSplits)+height(t, tr)-1) && fatal {
+		t.Fatalf("puts only: usage %+v, height %d", u, height(t, tr))
+	}
+	for i := 0; i < g.ops; i++ {
+		stamp := uint64(g.ops + i + 2)
+		k := randKey(r, g.keySpace, g.cfg.MaxKey)
+		if r.IntN(4) == 0 {
+			if _, err := tr.Put(k, randVal(r, g.maxVal), stamp<<16, stamp); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			tr.Delete(k, stamp)
+		}
+		if i%97 == 0 || i == g.ops-1 {
+			check(i)
+		}
+	}
+	// A bulk load of what is left into the same arena, reset.
+	var ents []KVV
+	tr.ascend(nil, func(e Entry) bool {
+		ents = append(ents, KVV{Key: append([]byte(nil), e.Key...), Value: append([]byte(nil), e.Value...), Version: e.Version})
+		return true
+	})
+	a.reset()
+	if tr, err = Load(g.cfg, a, ents, 0.7, 1); err != nil {
+		t.Fatal(err)
+	}
+	check(-1)
+	return bad
 }
 
 // TestDefaultArenaHoldsAMillion: a Store of the default geometry has room
