@@ -32,20 +32,26 @@ var (
 // first write stalls, errStalled), busyStuck (a busy group never turns
 // back: errStillBusy).
 func TestCombineBusyHold(t *testing.T) {
-	for _, tc := range []struct {
-		plant string
-		want  error
-	}{
-		{"", nil},
-		{"busyNoFlight", errStalled},
-		{"busyStuck", errStillBusy},
-	} {
+	runPlanted(t, []planted{{"", nil}, {"busyNoFlight", errStalled}, {"busyStuck", errStillBusy}}, combineBusy)
+}
+
+// planted is a planted bug's name ("": none) and the failure it must
+// cause (nil: none).
+type planted struct {
+	plant string
+	want  error
+}
+
+// runPlanted runs f for each case in a subtest and checks that it failed
+// with the case's failure.
+func runPlanted(t *testing.T, cases []planted, f func(t *testing.T, plant string) error) {
+	for _, tc := range cases {
 		name := tc.plant
 		if name == "" {
 			name = "correct"
 		}
 		t.Run(name, func(t *testing.T) {
-			err := combineBusy(t, tc.plant)
+			err := f(t, tc.plant)
 			switch {
 			case tc.want == nil && err != nil:
 				t.Fatal(err)
@@ -56,6 +62,33 @@ func TestCombineBusyHold(t *testing.T) {
 			}
 		})
 	}
+}
+
+// combinerWaits returns checks of c's write combiner on its first groups:
+// stalled, its liveness rule (a group with writes queued has a message in
+// flight or a caller posting), and waitFor, which polls cond until it
+// holds, the rule fails, or a minute passes.
+func combinerWaits(c *client.Client, groups uint32) (stalled func() error, waitFor func(what string, cond func() bool) error) {
+	stalled = func() error {
+		for g := range groups {
+			if n, q, s := client.CombinerGroup(c, g); q > 0 && n == 0 && !s {
+				return fmt.Errorf("%w: group %d has %d writes queued", errStalled, g, q)
+			}
+		}
+		return nil
+	}
+	waitFor = func(what string, cond func() bool) error {
+		for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(100 * time.Microsecond) {
+			if err := stalled(); err != nil {
+				return fmt.Errorf("waiting for %s: %w", what, err)
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("a minute without %s", what)
+			}
+		}
+		return stalled()
+	}
+	return stalled, waitFor
 }
 
 func combineBusy(t *testing.T, plant string) error {
@@ -72,25 +105,7 @@ func combineBusy(t *testing.T, plant string) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stalled := func() error {
-		for g := range uint32(2) {
-			if n, q, s := client.CombinerGroup(c, g); q > 0 && n == 0 && !s {
-				return fmt.Errorf("%w: group %d has %d writes queued", errStalled, g, q)
-			}
-		}
-		return nil
-	}
-	waitFor := func(what string, cond func() bool) error {
-		for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(100 * time.Microsecond) {
-			if err := stalled(); err != nil {
-				return fmt.Errorf("waiting for %s: %w", what, err)
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("a minute without %s", what)
-			}
-		}
-		return stalled()
-	}
+	_, waitFor := combinerWaits(c, 2)
 	// lone: one writer's 20 puts to group 0, each its own message.
 	lone := func(tag string) error {
 		st0 := c.Stats()
