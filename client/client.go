@@ -136,11 +136,13 @@ type options struct {
 // than posting a message of its own (write combining: the completion posts
 // the queue as one message): n >= 1, or 0 for the whole window
 // (client_slots: a write posts whenever a slot is free). A lone writer
-// never waits. The default is DefaultCombineHold (0), or
-// DefaultSyncCombineHold (1) when the cluster map says the cluster's
-// durability is sync. A hold of 1 sends fewer, larger messages when many
-// goroutines write at once, but makes a few concurrent writers wait for
-// each other's round trips.
+// never waits. The default is DefaultCombineHold (0) with the busy hold
+// (DefaultCombineBusyHold: a hold of 1 while many writes arrive for the
+// group during a round trip), or DefaultSyncCombineHold (1) when the
+// cluster map says the cluster's durability is sync. A hold set here
+// replaces the busy hold. A hold of 1 sends fewer, larger messages when
+// many goroutines write at once, but makes a few concurrent writers wait
+// for each other's round trips.
 func WithCombineHold(n int) Option { return func(o *options) { o.hold, o.holdSet = n, true } }
 
 // WithCombineRounds says whether the write combiner sends its groups'
@@ -342,6 +344,8 @@ func Open(ctx context.Context, opts ...Option) (*Client, error) {
 	if o.holdSet {
 		c.comb.hold = o.hold
 	}
+	c.comb.busy = DefaultCombineBusyHold && !o.holdSet && m.Durability != cluster.DurabilitySync
+	c.comb.arrivals, c.comb.busyAvg, c.comb.busyOn = make([]uint64, len(m.Groups)), make([]uint32, len(m.Groups)), make([]bool, len(m.Groups))
 	c.comb.rounds = m.Durability == cluster.DurabilitySync && DefaultSyncCombineRounds
 	if o.roundsSet {
 		c.comb.rounds = o.rounds

@@ -42,31 +42,7 @@ var (
 // fit the message being filled leaves the queue unsent, errDropped),
 // shiftResults (op i of a message gets op i+1's result, errNotOwn).
 func TestCombineHold(t *testing.T) {
-	for _, tc := range []struct {
-		plant string
-		want  error
-	}{
-		{"", nil},
-		{"holdAnyGroup", errStalled},
-		{"dropOverflow", errDropped},
-		{"shiftResults", errNotOwn},
-	} {
-		name := tc.plant
-		if name == "" {
-			name = "correct"
-		}
-		t.Run(name, func(t *testing.T) {
-			err := combineHold(t, tc.plant)
-			switch {
-			case tc.want == nil && err != nil:
-				t.Fatal(err)
-			case tc.want != nil && !errors.Is(err, tc.want):
-				t.Fatalf("planted %s: got %v, want %v", tc.plant, err, tc.want)
-			case tc.want != nil:
-				t.Logf("caught: %v", err)
-			}
-		})
-	}
+	runPlanted(t, []planted{{"", nil}, {"holdAnyGroup", errStalled}, {"dropOverflow", errDropped}, {"shiftResults", errNotOwn}}, combineHold)
 }
 
 func combineHold(t *testing.T, plant string) error {
@@ -99,28 +75,7 @@ func combineHold(t *testing.T, plant string) error {
 	if _, err := c.Put(ctx, keyIn(c, 1, "g1-"), val("before")); err != nil {
 		t.Fatal(err)
 	}
-	// stalled checks the liveness rule on both groups.
-	stalled := func() error {
-		for g := range uint32(2) {
-			if n, q, s := client.CombinerGroup(c, g); q > 0 && n == 0 && !s {
-				return fmt.Errorf("%w: group %d has %d writes queued", errStalled, g, q)
-			}
-		}
-		return nil
-	}
-	// waitFor polls cond until it holds (nil), the liveness rule fails,
-	// or a minute passes (a hang).
-	waitFor := func(what string, cond func() bool) error {
-		for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(100 * time.Microsecond) {
-			if err := stalled(); err != nil {
-				return fmt.Errorf("waiting for %s: %w", what, err)
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("a minute without %s", what)
-			}
-		}
-		return stalled()
-	}
+	_, waitFor := combinerWaits(c, 2)
 
 	resume := pauseAll(lc, 0)
 	var wg sync.WaitGroup

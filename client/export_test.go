@@ -87,6 +87,22 @@ func PlantHoldAnyGroup(c *Client) { c.comb.holdAnyGroup = true }
 // not fit in the message being filled is removed from the queue unsent.
 func PlantDropOverflow(c *Client) { c.comb.dropOverflow = true }
 
+// CombineBusy says whether c's write combiner uses the busy hold, and
+// whether it holds group g now (the group is busy).
+func CombineBusy(c *Client, g uint32) (on, busy bool) {
+	c.comb.mu.Lock()
+	defer c.comb.mu.Unlock()
+	return c.comb.busy, c.comb.busyOn[g]
+}
+
+// PlantBusyNoFlight plants a bug in c's write combiner: the busy hold
+// holds a busy group with nothing of its own in flight.
+func PlantBusyNoFlight(c *Client) { c.comb.busyNoFlight = true }
+
+// PlantBusyStuck plants a bug in c's write combiner: a group once busy
+// stays busy.
+func PlantBusyStuck(c *Client) { c.comb.busyStuck = true }
+
 // CombineHold is c's write-combining hold: the messages of single-key
 // writes a group may have in flight before a write queues.
 func CombineHold(c *Client) int { return c.comb.hold }

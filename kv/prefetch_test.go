@@ -177,10 +177,13 @@ func imageDiff(a, b *Table) string {
 			return fmt.Sprintf("heap region %d differs", i)
 		}
 	}
-	for c, l := range a.heap.free {
-		if !slices.Equal(l, b.heap.free[c]) {
-			return fmt.Sprintf("free lists of class %d differ", c)
-		}
+	diff := ""
+	for _, ab := range [2][2]*heap{{&a.heap, &b.heap}, {&b.heap, &a.heap}} {
+		ab[0].free.each(func(c int, l []uint64) {
+			if diff == "" && !slices.Equal(l, ab[1].free.list(c)) {
+				diff = fmt.Sprintf("free lists of class %d differ", c)
+			}
+		})
 	}
-	return ""
+	return diff
 }

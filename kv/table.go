@@ -330,7 +330,7 @@ func NewTable(cfg TableConfig, node rdma.Node) (*Table, error) {
 		return nil, err
 	}
 	t := &Table{cfg: cfg, node: node, stages: map[uint32][]*stage{}, closing: make(chan struct{})}
-	t.heap = heap{node: node, group: cfg.Group, size: cfg.HeapRegionSize, free: map[int][]uint64{}, grant: t.grant,
+	t.heap = heap{node: node, group: cfg.Group, size: cfg.HeapRegionSize, grant: t.grant,
 		lookahead: cfg.PrefaultHeap, knobs: &t.knobs}
 	var err error
 	if t.hdr, err = node.Register(headerRegion(cfg.Group), hdrSize); err != nil {
@@ -528,9 +528,7 @@ func (t *Table) Stats() Stats {
 	if t.old != nil {
 		s.IndexBytes += len(t.old.mem)
 	}
-	for _, l := range t.heap.free {
-		s.FreeListRefs += len(l)
-	}
+	t.heap.free.each(func(_ int, l []uint64) { s.FreeListRefs += len(l) })
 	return s
 }
 
@@ -1033,7 +1031,7 @@ func (t *Table) heapFits(ops []Op) bool {
 			continue
 		}
 		c := classOf(recordSize(len(op.Key), len(op.Value)))
-		if taken[c] < len(hp.free[c]) {
+		if taken[c] < len(hp.free.list(c)) {
 			taken[c]++
 			continue
 		}

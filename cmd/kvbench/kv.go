@@ -163,7 +163,7 @@ var kvValueSize = 100
 // kvCombineHold is the client's write-combining hold (--combine-hold,
 // client.WithCombineHold); -1: the client's default for the cluster's
 // durability (client.DefaultSyncCombineHold on a sync cluster, else
-// client.DefaultCombineHold).
+// client.DefaultCombineHold with the busy hold, client.DefaultCombineBusyHold).
 var kvCombineHold = -1
 
 // kvCombineRounds is the client's rounds (--combine-rounds,
@@ -236,7 +236,7 @@ func parseKVFlags(args []string, stderr io.Writer) (*kvFlags, error) {
 	threads := fs.String("threads", "1,8", "comma-separated goroutine counts of the get rows")
 	putThreads := fs.String("put-threads", "64", "goroutines of the saturated put row (the other put row has 1); a comma-separated list (1,2,4,8,16,64): a put row at each count")
 	fs.StringVar(&kvCombineRounds, "combine-rounds", "auto", "the client's rounds: auto (the client's default: off, client.DefaultSyncCombineRounds), on or off (client.WithCombineRounds: a group's writes also wait for another group's message posted less than a few ms ago, so that the groups' messages go out together)")
-	fs.IntVar(&kvCombineHold, "combine-hold", -1, "the client's write-combining hold: messages a group may have in flight before a new write waits for a completion (client.WithCombineHold; 0: the whole window; -1: the client's default, 1 on a sync cluster, else the whole window)")
+	fs.IntVar(&kvCombineHold, "combine-hold", -1, "the client's write-combining hold: messages a group may have in flight before a new write waits for a completion (client.WithCombineHold; 0: the whole window; -1: the client's default, 1 on a sync cluster, else the busy hold; any other value turns the busy hold off)")
 	fs.IntVar(&kvValueSize, "value-size", 100, "bytes per value (at least the 16-byte key, which each value starts with), of rdmakv's and Redis's rows")
 	fs.DurationVar(&o.interval, "interval", 100*time.Millisecond, "get-during-growth: the interval gets are counted in")
 	fs.DurationVar(&o.et, "election-timeout", time.Second, "the replicas' election timeout (long, so that a descheduled leader is not voted out mid-measurement)")
