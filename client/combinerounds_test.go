@@ -141,12 +141,25 @@ func combineRounds(t *testing.T, plant string, hold bool) error {
 		resume()
 		return <-done0
 	}
-	// (1) group 1's write arrives: queued (the round) or posted.
-	if err := waitFor("group 1's write queued or sent", time.Minute, func() bool {
+	// (1) group 1's write arrives: queued (the round), posted, or, posted
+	// at once to the running group 1, already completed (the in-flight
+	// window of a posted write may be shorter than a poll's sleep).
+	completed := false
+	if err := waitFor("group 1's write queued, sent or completed", time.Minute, func() bool {
+		select {
+		case err := <-done1:
+			completed, done1 = true, make(chan error, 1)
+			done1 <- err
+			return true
+		default:
+		}
 		n, q, s := client.CombinerGroup(c, 1)
 		return !s && n+q == 1
 	}); err != nil {
 		return err
+	}
+	if completed {
+		return fmt.Errorf("%w: group 1's write completed while group 0's message was in flight", errNotRound)
 	}
 	if n, q, _ := client.CombinerGroup(c, 1); n != 0 || q != 1 {
 		return fmt.Errorf("%w: group 1 has %d messages in flight and %d writes queued, want 0 and 1", errNotRound, n, q)
