@@ -412,7 +412,10 @@ func serve(m *cluster.Map, bc broadcast.Config, mapFile string, eo embedOpts, st
 	case err := <-proc.Failed():
 		return err
 	}
-	fmt.Fprintln(stdout, "kvserver: stopping")
+	// A second Ctrl-C or SIGTERM during the stop ends the process at once
+	// (the signal's default action), as kill -9 would.
+	stop()
+	fmt.Fprintln(stdout, "kvserver: stopping (a second Ctrl-C exits at once, as kill -9 does)")
 	return nil
 }
 

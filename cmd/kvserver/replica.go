@@ -97,6 +97,9 @@ func runReplica(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Once the stop begins, a second SIGINT or SIGTERM ends the process at
+	// once (the signal's default action), as kill -9 would.
+	go func() { <-ctx.Done(); stop() }()
 	err = server.RunReplicas(ctx, cfg, ids, server.Options{Listen: *listen, Control: *control, Pprof: *pprofOn, Rejoin: *rejoin, SpareP: cfg.SpareP != cluster.SparePOff,
 		Ready: func(c string) {
 			if c != "" {
