@@ -48,7 +48,7 @@ vet:
 # a new allocation test goes into NOALLOC_RUN and NOALLOC_TESTS.
 NOALLOC_PKGS := ./rdma/mem ./rdma/shm ./rdma/tcp ./broadcast ./kv ./client ./poller ./btree
 NOALLOC_RUN := ^(TestConformance|TestSteadyStateAllocs|TestWALEntryAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs)$$/^(NoAllocs|PostList|WaitSet|Link)$$/^NoAllocs$$
-# 3 fabrics x 4 subtests, TestSteadyStateAllocs, TestSlabReuse, kv's TestGetAllocs, TestMergeAllocs, TestOrderedLookupAllocs and TestOrderedScanReusesBuffers, client's TestPutAllocs and TestQueuedPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
+# 3 fabrics x 4 subtests, TestSteadyStateAllocs, broadcast's TestWALEntryAllocs, TestSlabReuse, kv's TestGetAllocs, TestMergeAllocs, TestOrderedLookupAllocs and TestOrderedScanReusesBuffers, client's TestPutAllocs and TestQueuedPutAllocs, shm's TestProcWatchAllocs and TestCheckLiveAllocs, poller's TestPassNoAllocs, btree's TestWarmLookupAllocs:
 NOALLOC_TESTS := 25
 
 noalloc:
@@ -56,7 +56,7 @@ noalloc:
 	[ $$st -eq 0 ] || { printf '%s\n' "$$out"; exit $$st; }; \
 	printf '%s\n' "$$out" | grep -E -e '--- (PASS|SKIP)|^ok'; \
 	if printf '%s\n' "$$out" | grep -qE -e '--- SKIP|no tests to run'; then echo "noalloc: an allocation test was skipped or not selected"; exit 1; fi; \
-	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/((PostList|WaitSet|Link)/)?NoAllocs|TestSteadyStateAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs) '); \
+	n=$$(printf '%s\n' "$$out" | grep -cE -e '--- PASS: (TestConformance/((PostList|WaitSet|Link)/)?NoAllocs|TestSteadyStateAllocs|TestWALEntryAllocs|TestSlabReuse|TestGetAllocs|TestMergeAllocs|TestOrderedLookupAllocs|TestOrderedScanReusesBuffers|TestPutAllocs|TestQueuedPutAllocs|TestProcWatchAllocs|TestCheckLiveAllocs|TestPassNoAllocs|TestWarmLookupAllocs) '); \
 	[ "$$n" -eq $(NOALLOC_TESTS) ] || { echo "noalloc: $$n allocation tests passed, want $(NOALLOC_TESTS)"; exit 1; }
 
 # Tests that skip assertions or seeds under -race (it slows everything
