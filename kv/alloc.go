@@ -42,10 +42,10 @@ func refOff(ref uint64) int  { return int(ref & (1<<40 - 1)) }
 // classOf is the allocation size for a record of size bytes: exact
 // 16-byte steps up to 2 KiB, then eight steps per power of two.
 func classOf(size int) int {
-	if size <= 2048 {
+	if size <= smallClasses {
 		return (size + recAlign - 1) &^ (recAlign - 1)
 	}
-	p := 2048
+	p := smallClasses
 	for p*2 < size {
 		p *= 2
 	}

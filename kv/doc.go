@@ -19,8 +19,9 @@
 // and where the record lies; a record carries the same version, its key and
 // a check word, so a reader that validates it holds exactly the bytes of the
 // write the slot named, whatever the memory went through since. When the
-// index is 75% full it grows into a generation of twice the buckets, a few
-// buckets migrated per applied op, with no stop-the-world step; readers read
+// index is 75% full it grows into a generation of four times the buckets
+// while small (twice past 2^QuadGrowthLog buckets), a few buckets
+// migrated per applied op, with no stop-the-world step; readers read
 // the old generation before the new one while it migrates.
 //
 // A get (GroupReader) reads, in one posted list, the key's bucket pairs

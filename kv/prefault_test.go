@@ -245,7 +245,7 @@ func TestPersistHandsOnIndexCopy(t *testing.T) {
 // and a capture taken once it is true copies into no fresh buffer (the
 // capture a broadcast replica holds back with Config.CaptureReady).
 // The goroutine is held while it makes the spare (knobs.onSpareMaking).
-// Without PrefaultSpare it is always true. Planted readyIgnoresSpare
+// Planted readyIgnoresSpare
 // (true while the spare is made) is caught by "fresh:".
 func TestSnapshotReady(t *testing.T) {
 	planted.Run(t, snapshotReady, []planted.Case{
@@ -257,7 +257,7 @@ func TestSnapshotReady(t *testing.T) {
 func snapshotReady(t *testing.T, knob string) string {
 	cfg := TableConfig{LogBuckets: 3, MigrateStep: 1, HeapRegionSize: 1 << 20, MaxValue: 1 << 10, PrefaultSpare: true}
 	tb, _ := soloTable(t, cfg)
-	tb.prefaultWG.Wait() // the knobs are read by the pre-fault goroutine
+	tb.prefaultWG.Wait() // the first spare made: no pre-fault goroutine runs while the knobs are set
 	tb.knobs.readyIgnoresSpare = knob == "readyIgnoresSpare"
 	making, release := make(chan struct{}, 1), make(chan struct{})
 	tb.knobs.onSpareMaking = func() {

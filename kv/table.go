@@ -1683,11 +1683,14 @@ func (t *Table) prefaultSpares(after <-chan struct{}, onMaking func()) {
 				onMaking()
 			}
 			b := prefaulted(int(n), t.closing)
-			t.spareMaking.Store(0)
 			if b == nil {
+				t.spareMaking.Store(0)
 				return // the table closes: Close waits for this goroutine
 			}
+			// Offered before the mark is cleared, so that SnapshotReady
+			// sees either the spare or its making, never a gap between.
 			t.offerSpare(&b)
+			t.spareMaking.Store(0)
 			t.spareFaults.Add(1)
 			made = n
 			continue
