@@ -328,7 +328,7 @@ func (c *Client) combine(ctx context.Context, deadline time.Time, g uint32, op k
 	cb.mu.Lock()
 	cb.queued[p.g] = append(cb.queued[p.g], p)
 	cb.arrivals[p.g]++
-	if !cb.sending[p.g] && !cb.held(p.g) && cb.inflight[p.g] < c.m.Limits.ClientSlots {
+	if cb.canPost(p.g) {
 		cb.flush(p.g)
 	}
 	for {
@@ -357,10 +357,19 @@ func (c *Client) combine(ctx context.Context, deadline time.Time, g uint32, op k
 		if errors.Is(err, multicast.ErrClosed) && p.state != opDone {
 			return cb.giveUp(p, ErrClosed)
 		}
-		if p.state == opQueued && !cb.sending[p.g] && !cb.held(p.g) && cb.inflight[p.g] < c.m.Limits.ClientSlots {
+		// Rounds only: a round may hold the queue with no completion of
+		// its group to post it (without rounds a queued write always has
+		// one coming). Not for a caller about to give up.
+		if cb.rounds && p.state == opQueued && ctxEnded(ctx, deadline) == nil && cb.canPost(p.g) {
 			cb.flush(p.g)
 		}
 	}
+}
+
+// canPost says whether group g's queue may be posted now (mu held): no
+// flush of it under way, not held, and room in its window.
+func (cb *combiner) canPost(g uint32) bool {
+	return !cb.sending[g] && !cb.held(g) && cb.inflight[g] < cb.c.m.Limits.ClientSlots
 }
 
 // held says whether group g's queue waits for one of the group's messages
@@ -528,7 +537,7 @@ func (cb *combiner) done(m *message) {
 		if len(cb.queued[g]) == 0 || cb.sending[g] || cb.inflight[g] >= cb.c.m.Limits.ClientSlots || cb.roundHeld(g) {
 			continue
 		}
-		if g == m.g || cb.inflight[g] < cb.hold {
+		if g == m.g || !cb.held(g) {
 			due = append(due, g)
 		}
 	}

@@ -34,28 +34,12 @@ var (
 // is not asserted here, the benchmark's deliv_per_fsync is (durability
 // plan, spipe's paragraph).
 func TestCombineRounds(t *testing.T) {
-	for _, tc := range []struct {
-		name, plant string
-		hold        bool // (1), else (2)
-		want        error
-	}{
-		{"held", "", true, nil},
-		{"bounded", "", false, nil},
-		{"roundNone", "roundNone", true, errNotRound},
-		{"roundForever", "roundForever", false, errStuck},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := combineRounds(t, tc.plant, tc.hold)
-			switch {
-			case tc.want == nil && err != nil:
-				t.Fatal(err)
-			case tc.want != nil && !errors.Is(err, tc.want):
-				t.Fatalf("planted %s: got %v, want %v", tc.plant, err, tc.want)
-			case tc.want != nil:
-				t.Logf("caught: %v", err)
-			}
-		})
-	}
+	t.Run("held", func(t *testing.T) {
+		runPlanted(t, []planted{{"", nil}, {"roundNone", errNotRound}}, func(t *testing.T, plant string) error { return combineRounds(t, plant, true) })
+	})
+	t.Run("bounded", func(t *testing.T) {
+		runPlanted(t, []planted{{"", nil}, {"roundForever", errStuck}}, func(t *testing.T, plant string) error { return combineRounds(t, plant, false) })
+	})
 }
 
 // pauseAll pauses every replica of group g; the function it returns
@@ -182,9 +166,9 @@ func combineRounds(t *testing.T, plant string, hold bool) error {
 	return nil
 }
 
-// TestCombineRoundsDefault: rounds are on by default on a sync cluster's
-// map (DefaultSyncCombineRounds), off on any other, and WithCombineRounds
-// wins either way.
+// TestCombineRoundsDefault: rounds on a sync cluster's map follow
+// DefaultSyncCombineRounds (off), they are off on any other, and
+// WithCombineRounds wins either way.
 func TestCombineRoundsDefault(t *testing.T) {
 	lc := startLocal(t, testMap("roundsdef", "mem", 2, 4))
 	for slot, tc := range []struct {
