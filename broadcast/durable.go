@@ -103,10 +103,8 @@ type durable struct {
 	commitLogged MsgHdr
 	err          error // sticky: the writer failed or refused a record (fail-stop)
 	hdr          [48]byte
-	// parts is walEntry's record parts (its header, the entry's data):
-	// a variadic call through the WAL interface escaped and allocated a
-	// slice per entry on every replica (branch asy5's profile of async
-	// x64). Cleared after each append.
+	// parts holds a record's parts while walAdd appends it (cleared
+	// after): see walAdd.
 	parts [2][]byte
 	// units are the (first seq, header) of every entry and diff written
 	// since the last disk snapshot's capture, in seq (and header) order:
@@ -460,13 +458,21 @@ func (r *Replica) walAdd(lazy bool, typ wal.RecType, flags uint8, parts [][]byte
 	if d.err != nil {
 		return 0
 	}
+	// The parts go to the WAL interface through d.parts: the callers'
+	// slices then stay on their stacks (passed on directly they escaped,
+	// an allocation a record on every replica: branch asy5).
+	if len(parts) > len(d.parts) {
+		panic(fmt.Sprintf("broadcast: a %d-part log record (at most %d)", len(parts), len(d.parts)))
+	}
+	p := d.parts[:copy(d.parts[:], parts)]
 	var seq uint64
 	var ok bool
 	if lazy && !r.knobs.eagerCommit {
-		seq, ok = d.w.AppendLazy(typ, flags, parts...)
+		seq, ok = d.w.AppendLazy(typ, flags, p...)
 	} else {
-		seq, ok = d.w.AppendFlags(typ, flags, parts...)
+		seq, ok = d.w.AppendFlags(typ, flags, p...)
 	}
+	clear(d.parts[:]) // the records' data is not kept alive
 	if !ok {
 		d.err = d.w.Err()
 		if d.err == nil {
@@ -499,11 +505,7 @@ func (r *Replica) walEntry(e *entry, flags uint8) uint64 {
 	binary.LittleEndian.PutUint64(b[0:], uint64(e.hdr.E))
 	binary.LittleEndian.PutUint64(b[8:], e.hdr.Cnt)
 	putMeta(b[16:], e.id)
-	p := &r.dur.parts
-	p[0], p[1] = b, e.data
-	seq := r.walAdd(false, wal.RecEntry, flags, p[:])
-	*p = [2][]byte{} // the entry's data is not kept alive
-	return seq
+	return r.walAppend(wal.RecEntry, flags, b, e.data)
 }
 
 // walAccept logs an entry this replica accepted (follower, Fig. 5 l.49) or

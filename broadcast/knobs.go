@@ -153,8 +153,9 @@ type testingKnobs struct {
 	// the SIGSEGV in capture.Persist of 3de1b0c). TestCloseWaitsForPersist.
 	uncounted persistKind
 	// closeSaveExpired (tests, not a bug): Close finds the time it gives
-	// a disk snapshot's save under way to finish (closeSaveTimeout)
-	// passed already, and abandons the save (TestCloseLeavesNoTmp).
+	// a disk snapshot's save under way to finish passed already (the
+	// periodic save's closeSaveBudget and an install's closeSaveTimeout
+	// both 0), and abandons the save (TestCloseLeavesNoTmp).
 	closeSaveExpired bool
 	// closeWaitsSave: Close lets a periodic disk snapshot's save under
 	// way run until it ends, however long (and hands a persisted capture

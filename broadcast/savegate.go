@@ -90,7 +90,9 @@ func (g *SaveGate) release(r *Replica) { g.holder.CompareAndSwap(r, nil) }
 // the gate lasts until its next Poll, which sets it again if it is
 // refused again (a replica that stopped on a disk error wants no more).
 func (r *Replica) saveGateBegin() {
-	if g := r.cfg.SaveGate; g != nil {
+	// Load first: this runs every Poll, and a CAS takes the shared
+	// gate's cache line even when it fails.
+	if g := r.cfg.SaveGate; g != nil && g.wanted.Load() == r {
 		g.wanted.CompareAndSwap(r, nil)
 	}
 }
