@@ -730,7 +730,7 @@ func (m *Mux) publishLog() {
 func (m *Mux) publishQuiet() {
 	q := int64(0)
 	w := m.w
-	if w.cfg.Mode == Async && (w.phase == pIdle || m.devContinues || m.knobs.muxQuietInFlight) && w.failErr == nil && len(w.queued) == 0 && !m.knobs.muxQuietAlways {
+	if w.cfg.Mode == Async && (w.phase == pIdle || m.devContinues || m.knobs.muxQuietInFlight) && w.failErr == nil && len(w.queued) == 0 {
 		if d := w.NextDeadline(); d > w.now {
 			q = int64(d)
 		}
@@ -762,6 +762,9 @@ func (m *Mux) SetDeviceContinues() {
 // catchUpClock takes the latest time a Stream's Poll skipped at for the
 // Writer's clock (locked methods that append or poll call it first).
 func (m *Mux) catchUpClock() {
+	if m.w.cfg.Mode != Async {
+		return // quietUntil is 0 in Sync: no Stream Poll skips
+	}
 	for _, s := range m.streams {
 		if n := time.Duration(s.skipNow.Load()); n > m.now {
 			m.now = n
