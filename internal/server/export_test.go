@@ -42,9 +42,14 @@ func CaptureThreadLocks(p *Process, g, i int) (int, error) {
 func SetStartPollEach(pc *ProcessConfig) { pc.startKnobs.pollEach = true }
 
 // SetSaveBug plants the save passes' bug named bug ("noEnd", "noLeader")
-// in the process pc starts.
+// in the process pc starts; "noGate" is the process without its SaveGate
+// (ProcessConfig.SavesAtOnce: the replicas save all at once).
 func SetSaveBug(pc *ProcessConfig, bug string) {
-	pc.saveBug = map[string]saveBug{"noEnd": saveNoEnd, "noLeader": saveNoLeader, "noGate": saveNoGate}[bug]
+	if bug == "noGate" {
+		pc.SavesAtOnce = true
+		return
+	}
+	pc.saveBug = map[string]saveBug{"noEnd": saveNoEnd, "noLeader": saveNoLeader}[bug]
 }
 
 // SavesOpen is how many disk snapshot saves the process's replicas have

@@ -163,9 +163,6 @@ const (
 	saveNoEnd
 	// saveNoLeader: no replica watches its poller's passes (none counts)
 	saveNoLeader
-	// saveNoGate: the replicas are not given the process's SaveGate
-	// (each saves when its log says, all at once)
-	saveNoGate
 )
 
 // startKnobs are StartProcess's planted bugs (tests only).
@@ -618,7 +615,7 @@ func (p *Process) build(o *opened) (*hosted, error) {
 			p.cfg.Log.Warn(w, "node", id, "group", g)
 		}
 		dur.Apply(&bc)
-		if p.cfg.saveBug != saveNoGate && !p.cfg.SavesAtOnce {
+		if !p.cfg.SavesAtOnce {
 			bc.SaveGate = p.saveGate
 		}
 		{
